@@ -1,0 +1,11 @@
+//! Omni infrastructure provider for Proxmox VE: turns Omni MachineRequests into Talos VMs.
+//!
+//! Layout follows the data flow: [`omni`] speaks to Omni, [`controller`] reconciles requests,
+//! [`pipeline`] holds the provisioning steps and their pure decision functions, [`proxmox`] is the typed
+//! Proxmox VE client, and [`cli`] holds one module per subcommand.
+pub mod cli;
+pub mod config;
+pub mod did_you_mean;
+pub mod proxmox;
+pub mod secret;
+pub mod yaml;

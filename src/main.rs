@@ -1,0 +1,55 @@
+//! The `omni-infra-provider-proxmox` binary: parse flags, dispatch to a subcommand, report errors.
+//!
+//! With no subcommand it runs the provider, taking the official provider's flags and environment
+//! variables so an existing `docker run` or Compose file works unchanged.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use omni_infra_provider_proxmox::cli;
+
+#[derive(Parser)]
+#[command(name = "omni-infra-provider-proxmox", version, about, long_about = None)]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: cli::run::RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the Proxmox cluster as the provider sees it: nodes, storages, templates.
+    Cluster(cli::cluster::ClusterArgs),
+    /// Run an in-memory Omni state server for local development and tests.
+    DevOmni(cli::dev_omni::DevOmniArgs),
+}
+
+fn main() -> ExitCode {
+    let args = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match args.command {
+            None => cli::run::run(args.run).await,
+            Some(Command::Cluster(a)) => cli::cluster::run(a).await,
+            Some(Command::DevOmni(a)) => cli::dev_omni::run(a).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", cli::render_error(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}

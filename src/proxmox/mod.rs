@@ -1,0 +1,1 @@
+//! Typed Proxmox VE client.

@@ -1,0 +1,56 @@
+//! A string that must never be printed: Proxmox passwords and token secrets, the Omni key, join tokens.
+//!
+//! `Debug` and `Display` both print a fixed placeholder, so a secret that ends up inside a struct that is
+//! logged, or inside an error, cannot leak. Code that really needs the value calls [`Secret::expose`],
+//! which makes every such place easy to find.
+
+use std::fmt;
+
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself. Only for building an auth header, a signature or a seed file.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Secret)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_prints_the_value() {
+        let s = Secret::new("hunter2");
+        assert!(!format!("{s:?}").contains("hunter2"));
+        assert!(!format!("{s}").contains("hunter2"));
+        assert_eq!(s.expose(), "hunter2");
+    }
+}
