@@ -1,16 +1,405 @@
-//! `cluster`: what the provider sees of the Proxmox cluster. Placeholder.
+//! `cluster`: the Proxmox cluster as the provider sees it, for an admin about to write machine classes.
+//!
+//! Shows each node (online or not, CPU, memory, VMs), each storage per node (type, content, shared,
+//! active, usage, and whether it can hold VM disks), and the VM templates. An offline node is shown as
+//! offline, not treated as an error: that is exactly what an admin wants to see.
+//!
+//! `--output json` prints a stable document for scripts (fields are only ever added):
+//!
+//! ```json
+//! { "api_url": "https://pve:8006/api2/json", "version": "9.0.10",
+//!   "nodes": [ { "name": "pve1", "status": "online", "cpu_usage": 0.02, "cpus": 4,
+//!                "memory_used": 2147483648, "memory_total": 8589934592, "uptime": 3600,
+//!                "vms": 2, "running_vms": 1,
+//!                "storages": [ { "name": "local-lvm", "type": "lvmthin", "content": ["images", "rootdir"],
+//!                                "shared": false, "active": true, "enabled": true, "used": 0,
+//!                                "total": 107374182400, "available": 107374182400,
+//!                                "holds_vm_disks": true, "holds_iso": false } ],
+//!                "storage_error": null } ],
+//!   "templates": [ { "vmid": 9000, "name": "talos-template", "node": "pve1" } ] }
+//! ```
+//! Figures a node does not report (an offline node's memory) are `null`; `storages` is `null` when the
+//! node could not be asked, with the reason in `storage_error`.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use serde::Serialize;
+
 use super::CliResult;
+use crate::config::ProviderConfig;
+use crate::proxmox::types::{
+    ClusterResource, NodeName, NodeState, NodeStorage, StorageFilter, VmResource,
+};
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
     /// Provider config file with the `proxmox:` connection settings.
-    #[arg(long)]
+    #[arg(long, env = "CONFIG_FILE")]
     pub config_file: PathBuf,
+    /// `table` for people, `json` for scripts.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
 }
 
-pub async fn run(_args: ClusterArgs) -> CliResult {
-    Err("cluster is not implemented yet".into())
+#[derive(Debug, Serialize, PartialEq)]
+pub struct ClusterReport {
+    pub api_url: String,
+    pub version: String,
+    pub nodes: Vec<NodeReport>,
+    pub templates: Vec<TemplateReport>,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct NodeReport {
+    pub name: String,
+    pub status: NodeState,
+    pub cpu_usage: Option<f64>,
+    pub cpus: Option<u64>,
+    pub memory_used: Option<u64>,
+    pub memory_total: Option<u64>,
+    pub uptime: Option<u64>,
+    pub vms: usize,
+    pub running_vms: usize,
+    pub storages: Option<Vec<StorageReport>>,
+    pub storage_error: Option<String>,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct StorageReport {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub storage_type: String,
+    pub content: Vec<String>,
+    pub shared: bool,
+    pub active: bool,
+    pub enabled: bool,
+    pub used: Option<u64>,
+    pub total: Option<u64>,
+    pub available: Option<u64>,
+    pub holds_vm_disks: bool,
+    pub holds_iso: bool,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct TemplateReport {
+    pub vmid: u32,
+    pub name: Option<String>,
+    pub node: String,
+}
+
+pub async fn run(args: ClusterArgs) -> CliResult {
+    // Warnings (such as TLS verification being off) go to stderr; stdout stays clean for `--output json`.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::WARN)
+        .try_init();
+    let config = ProviderConfig::load(&args.config_file)?;
+    let client = ProxmoxClient::new(&config.proxmox)?;
+    let report = gather(&client).await?;
+    match args.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Table => print!("{}", render_table(&report)),
+    }
+    Ok(())
+}
+
+/// Reads the cluster: one `/cluster/resources`, then the storages of each online node in parallel.
+pub async fn gather(client: &ProxmoxClient) -> Result<ClusterReport, ProxmoxError> {
+    let version = client.version().await?;
+    let resources = client.cluster_resources(None).await?;
+    let online: Vec<NodeName> = resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Node(n) if n.status == NodeState::Online => Some(n.node.clone()),
+            _ => None,
+        })
+        .collect();
+    let filter = StorageFilter::default();
+    let answers = futures_util::future::join_all(
+        online
+            .iter()
+            .map(|node| async { (node.clone(), client.node_storages(node, &filter).await) }),
+    )
+    .await;
+    let storages = answers
+        .into_iter()
+        .map(|(node, r)| (node, r.map_err(|e| e.to_string())))
+        .collect();
+    Ok(build_report(
+        client.api_url().as_str(),
+        &version.version,
+        &resources,
+        &storages,
+    ))
+}
+
+/// Pure: turns the API answers into the report.
+pub fn build_report(
+    api_url: &str,
+    version: &str,
+    resources: &[ClusterResource],
+    storages: &BTreeMap<NodeName, Result<Vec<NodeStorage>, String>>,
+) -> ClusterReport {
+    let vms: Vec<&VmResource> = resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm) => Some(vm),
+            _ => None,
+        })
+        .collect();
+    let mut nodes: Vec<NodeReport> = resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Node(n) => Some(n),
+            _ => None,
+        })
+        .map(|n| {
+            let on_node = || vms.iter().filter(|vm| vm.node == n.node && !vm.template);
+            let (storages, storage_error) = match storages.get(&n.node) {
+                Some(Ok(list)) => (Some(list.iter().map(storage_report).collect()), None),
+                Some(Err(e)) => (None, Some(e.clone())),
+                None => (None, Some(format!("node is {}", state_word(n.status)))),
+            };
+            NodeReport {
+                name: n.node.to_string(),
+                status: n.status,
+                cpu_usage: n.cpu,
+                cpus: n.maxcpu,
+                memory_used: n.mem,
+                memory_total: n.maxmem,
+                uptime: n.uptime,
+                vms: on_node().count(),
+                running_vms: on_node().filter(|vm| vm.is_running()).count(),
+                storages,
+                storage_error,
+            }
+        })
+        .collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut templates: Vec<TemplateReport> = vms
+        .iter()
+        .filter(|vm| vm.template)
+        .map(|vm| TemplateReport {
+            vmid: vm.vmid.get(),
+            name: vm.name.clone(),
+            node: vm.node.to_string(),
+        })
+        .collect();
+    templates.sort_by_key(|t| t.vmid);
+    ClusterReport {
+        api_url: api_url.to_owned(),
+        version: version.to_owned(),
+        nodes,
+        templates,
+    }
+}
+
+fn storage_report(s: &NodeStorage) -> StorageReport {
+    StorageReport {
+        name: s.storage.clone(),
+        storage_type: s.storage_type.clone(),
+        content: s
+            .content
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        shared: s.shared,
+        active: s.active,
+        enabled: s.enabled,
+        used: s.used,
+        total: s.total,
+        available: s.avail,
+        holds_vm_disks: s.holds("images"),
+        holds_iso: s.holds("iso"),
+    }
+}
+
+fn state_word(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Online => "online",
+        NodeState::Offline => "offline",
+        NodeState::Unknown => "in an unknown state",
+    }
+}
+
+/// Pure: the human-readable view.
+pub fn render_table(r: &ClusterReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Proxmox VE {} at {}\n", r.version, r.api_url);
+    let rows: Vec<Vec<String>> = r
+        .nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.name.clone(),
+                state_word(n.status).to_owned(),
+                match (n.cpu_usage, n.cpus) {
+                    (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
+                    _ => "-".into(),
+                },
+                match (n.memory_used, n.memory_total) {
+                    (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
+                    _ => "-".into(),
+                },
+                format!("{} ({} running)", n.vms, n.running_vms),
+            ]
+        })
+        .collect();
+    table(&mut out, &["NODE", "STATUS", "CPU", "MEMORY", "VMS"], &rows);
+
+    out.push('\n');
+    let mut rows = Vec::new();
+    for n in &r.nodes {
+        match (&n.storages, &n.storage_error) {
+            (Some(list), _) => {
+                for s in list {
+                    rows.push(vec![
+                        n.name.clone(),
+                        s.name.clone(),
+                        s.storage_type.clone(),
+                        s.content.join(","),
+                        yes_no(s.shared),
+                        yes_no(s.active && s.enabled),
+                        match (s.used, s.total) {
+                            (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
+                            _ => "-".into(),
+                        },
+                        yes_no(s.holds_vm_disks),
+                    ]);
+                }
+            }
+            (None, reason) => rows.push(vec![
+                n.name.clone(),
+                format!(
+                    "(storages not shown: {})",
+                    reason.as_deref().unwrap_or("unknown")
+                ),
+            ]),
+        }
+    }
+    table(
+        &mut out,
+        &[
+            "NODE",
+            "STORAGE",
+            "TYPE",
+            "CONTENT",
+            "SHARED",
+            "ACTIVE",
+            "USED / TOTAL",
+            "VM DISKS",
+        ],
+        &rows,
+    );
+
+    out.push('\n');
+    if r.templates.is_empty() {
+        out.push_str("No VM templates (boot mode `clone` needs one).\n");
+    } else {
+        let rows: Vec<Vec<String>> = r
+            .templates
+            .iter()
+            .map(|t| {
+                vec![
+                    t.vmid.to_string(),
+                    t.name.clone().unwrap_or_default(),
+                    t.node.clone(),
+                ]
+            })
+            .collect();
+        table(&mut out, &["TEMPLATE VMID", "NAME", "NODE"], &rows);
+    }
+    out
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_owned()
+}
+
+fn bytes(n: u64) -> String {
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    const MIB: f64 = 1024.0 * 1024.0;
+    let f = n as f64;
+    if f >= GIB {
+        format!("{:.1} GiB", f / GIB)
+    } else {
+        format!("{:.0} MiB", f / MIB)
+    }
+}
+
+fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if i < widths.len() && i + 1 < row.len() {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let n = cells.len();
+        let mut text = String::new();
+        for (i, c) in cells.into_iter().enumerate() {
+            if i + 1 == n {
+                text.push_str(c);
+            } else {
+                let _ = write!(text, "{c:<w$}  ", w = widths[i]);
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec(), out);
+    for row in rows {
+        line(row.iter().map(String::as_str).collect(), out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offline_nodes_are_shown_not_failed() {
+        let resources: Vec<ClusterResource> = serde_json::from_str(
+            r#"[
+            {"type":"node","node":"pve1","status":"online","cpu":0.25,"maxcpu":4,"mem":1073741824,"maxmem":8589934592},
+            {"type":"node","node":"pve2","status":"offline"},
+            {"type":"qemu","vmid":9000,"node":"pve1","name":"talos","template":1,"status":"stopped"},
+            {"type":"qemu","vmid":100,"node":"pve1","name":"a","status":"running"},
+            {"type":"qemu","vmid":101,"node":"pve2","name":"b","status":"unknown"}
+        ]"#,
+        )
+        .unwrap();
+        let storages: BTreeMap<NodeName, Result<Vec<NodeStorage>, String>> = [(
+            NodeName::new("pve1").unwrap(),
+            Ok(serde_json::from_str(
+                r#"[{"storage":"local-lvm","type":"lvmthin","content":"images,rootdir","active":1,"avail":100,"total":200,"used":100}]"#,
+            )
+            .unwrap()),
+        )]
+        .into();
+        let r = build_report("https://x/api2/json", "9.0", &resources, &storages);
+        assert_eq!(r.nodes[0].vms, 1);
+        assert_eq!(r.nodes[0].running_vms, 1);
+        assert_eq!(r.nodes[1].status, NodeState::Offline);
+        assert_eq!(r.nodes[1].storage_error.as_deref(), Some("node is offline"));
+        assert!(r.nodes[0].storages.as_ref().unwrap()[0].holds_vm_disks);
+        assert_eq!(r.templates[0].vmid, 9000);
+        let text = render_table(&r);
+        assert!(text.contains("pve2  offline"), "{text}");
+        assert!(text.contains("25% of 4"), "{text}");
+        assert!(text.contains("9000"), "{text}");
+    }
 }

@@ -1,1 +1,17 @@
 //! Typed Proxmox VE client.
+//!
+//! [`ProxmoxClient`] is the transport (auth, TLS, retries, errors); the API areas add their calls to it
+//! in their own modules: [`cluster`] (version, nodes, `/cluster/resources`, next VMID), [`storage`],
+//! [`vms`], [`tasks`]. Responses are typed in [`types`], tolerant of Proxmox's loose JSON.
+
+pub mod client;
+pub mod cluster;
+pub mod error;
+pub mod storage;
+pub mod tasks;
+pub mod types;
+pub mod vms;
+
+pub use client::{ProxmoxClient, RetryPolicy};
+pub use error::ProxmoxError;
+pub use types::{NodeName, Upid, VmId};

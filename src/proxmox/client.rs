@@ -1,0 +1,777 @@
+//! Transport for the Proxmox VE API: TLS, authentication, retries, error mapping, tracing.
+//!
+//! Shaped by what goes wrong in long-running daemons that talk to Proxmox:
+//! - Password logins expire after two hours (the official provider needs a restart then). We renew the
+//!   ticket well before that, and a 401 triggers one transparent re-login and replay.
+//! - Networks and pveproxy hiccup. Reads and other idempotent calls are retried with jittered
+//!   exponential backoff; a POST that may already have taken effect (create, clone, start) is retried
+//!   only when the request provably never left (connect error), so nothing is ever done twice.
+//! - Errors must say what to fix, so every error names the call and carries Proxmox's message and its
+//!   per-parameter `errors`.
+//!
+//! Secrets (token secret, password, ticket, CSRF token) live only in sensitive header values and
+//! [`Secret`]s; nothing here logs a request body.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::header::HeaderValue;
+use reqwest::{Method, StatusCode};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use serde::de::DeserializeOwned;
+use tokio::sync::{Mutex, RwLock};
+
+use super::error::{Call, ProxmoxError};
+use crate::config::{ProxmoxAuth, ProxmoxSettings, TlsTrust};
+use crate::secret::Secret;
+
+/// A cheap-to-clone handle to one Proxmox VE API endpoint.
+#[derive(Clone)]
+pub struct ProxmoxClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ProxmoxClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxmoxClient")
+            .field("api_url", &self.inner.base.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    http: reqwest::Client,
+    base: url::Url,
+    auth: Auth,
+    retry: RetryPolicy,
+    requests: AtomicU64,
+}
+
+enum Auth {
+    Token(HeaderValue),
+    Ticket(TicketAuth),
+}
+
+struct TicketAuth {
+    username: String,
+    password: Secret,
+    session: RwLock<Option<Arc<Session>>>,
+    /// One login at a time: a burst of requests after expiry must not log in fifty times.
+    login: Mutex<()>,
+    renew_after: Duration,
+}
+
+struct Session {
+    cookie: HeaderValue,
+    csrf: HeaderValue,
+    obtained: Instant,
+}
+
+/// How often and how patiently to retry transient failures.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Total tries, the first included.
+    pub attempts: u32,
+    pub initial_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 5,
+            initial_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Full jitter around an exponential curve: spreads retries of many workers apart.
+    fn delay(&self, attempt: u32) -> Duration {
+        let exp = self
+            .initial_delay
+            .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1)))
+            .min(self.max_delay);
+        let factor = 0.5 + rand::random::<f64>() * 0.5;
+        exp.mul_f64(factor)
+    }
+}
+
+/// Whether a call may be sent again after a failure that might have reached Proxmox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Reads, and writes that set absolute values: repeating them changes nothing.
+    Safe,
+    /// Creates, clones, starts, deletes: only retried when the request never left.
+    OnlyIfUnsent,
+}
+
+/// Parameters of a call: query string for GET/DELETE, form body for POST/PUT.
+#[derive(Debug, Clone, Default)]
+pub struct Params(pub Vec<(String, String)>);
+
+impl Params {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with(mut self, key: &str, value: impl ToString) -> Self {
+        self.0.push((key.to_owned(), value.to_string()));
+        self
+    }
+
+    pub fn with_opt(self, key: &str, value: Option<impl ToString>) -> Self {
+        match value {
+            Some(v) => self.with(key, v),
+            None => self,
+        }
+    }
+
+    pub fn extend(mut self, pairs: impl IntoIterator<Item = (String, String)>) -> Self {
+        self.0.extend(pairs);
+        self
+    }
+}
+
+/// A file sent as `multipart/form-data` (storage upload).
+#[derive(Debug, Clone)]
+pub struct Upload {
+    pub fields: Vec<(String, String)>,
+    pub file_name: String,
+    pub bytes: Vec<u8>,
+}
+
+enum Body<'a> {
+    Params(&'a Params),
+    Upload(&'a Upload),
+}
+
+#[derive(serde::Deserialize)]
+struct Envelope<T> {
+    data: T,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct ErrorBody {
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    errors: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+#[derive(serde::Deserialize)]
+struct TicketAnswer {
+    ticket: String,
+    #[serde(rename = "CSRFPreventionToken")]
+    csrf: String,
+}
+
+const TICKET_RENEW_AFTER: Duration = Duration::from_secs(90 * 60);
+
+impl ProxmoxClient {
+    pub fn new(settings: &ProxmoxSettings) -> Result<Self, ProxmoxError> {
+        Self::with_retry(settings, RetryPolicy::default())
+    }
+
+    pub fn with_retry(
+        settings: &ProxmoxSettings,
+        retry: RetryPolicy,
+    ) -> Result<Self, ProxmoxError> {
+        let tls = tls_config(&settings.tls)?;
+        if settings.tls == TlsTrust::InsecureSkipVerify {
+            tracing::warn!(
+                url = %settings.api_url,
+                "TLS certificate verification of the Proxmox API is OFF (proxmox.insecureSkipVerify); \
+                 prefer proxmox.caFile with the cluster's CA"
+            );
+        }
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(120))
+            .pool_idle_timeout(Duration::from_secs(50))
+            .user_agent(concat!(
+                "omni-infra-provider-proxmox/",
+                env!("CARGO_PKG_VERSION")
+            ))
+            .build()
+            .map_err(|e| ProxmoxError::Setup(format!("cannot build the HTTP client: {e}")))?;
+        let auth = match &settings.auth {
+            ProxmoxAuth::Token { id, secret } => {
+                let mut v =
+                    HeaderValue::from_str(&format!("PVEAPIToken={id}={}", secret.expose()))
+                        .map_err(|_| {
+                            ProxmoxError::Setup(
+                                "proxmox.tokenID or proxmox.tokenSecret contains characters not allowed in an HTTP header"
+                                    .into(),
+                            )
+                        })?;
+                v.set_sensitive(true);
+                Auth::Token(v)
+            }
+            ProxmoxAuth::Password { username, password } => Auth::Ticket(TicketAuth {
+                username: username.clone(),
+                password: password.clone(),
+                session: RwLock::new(None),
+                login: Mutex::new(()),
+                renew_after: TICKET_RENEW_AFTER,
+            }),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http,
+                base: settings.api_url.clone(),
+                auth,
+                retry,
+                requests: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The API base URL (ending in `/api2/json`).
+    pub fn api_url(&self) -> &url::Url {
+        &self.inner.base
+    }
+
+    /// HTTP requests sent so far (logins and retries included): the benchmark's cost measure.
+    pub fn request_count(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    pub(crate) async fn get<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        params: Params,
+    ) -> Result<T, ProxmoxError> {
+        self.call(Method::GET, path, Body::Params(&params), Replay::Safe)
+            .await
+    }
+
+    pub(crate) async fn post<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        params: Params,
+        replay: Replay,
+    ) -> Result<T, ProxmoxError> {
+        self.call(Method::POST, path, Body::Params(&params), replay)
+            .await
+    }
+
+    pub(crate) async fn put<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        params: Params,
+        replay: Replay,
+    ) -> Result<T, ProxmoxError> {
+        self.call(Method::PUT, path, Body::Params(&params), replay)
+            .await
+    }
+
+    pub(crate) async fn delete<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        params: Params,
+    ) -> Result<T, ProxmoxError> {
+        self.call(
+            Method::DELETE,
+            path,
+            Body::Params(&params),
+            Replay::OnlyIfUnsent,
+        )
+        .await
+    }
+
+    pub(crate) async fn upload<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        upload: &Upload,
+    ) -> Result<T, ProxmoxError> {
+        self.call(
+            Method::POST,
+            path,
+            Body::Upload(upload),
+            Replay::OnlyIfUnsent,
+        )
+        .await
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &[&str],
+        body: Body<'_>,
+        replay: Replay,
+    ) -> Result<T, ProxmoxError> {
+        let call = Call {
+            method: method_name(&method),
+            path: format!("/{}", path.join("/")),
+        };
+        let mut attempt = 1;
+        let mut relogged = false;
+        loop {
+            let session = self.session(&call).await?;
+            match self
+                .send_once(&method, path, &body, &call, session.as_deref())
+                .await
+            {
+                Err(ProxmoxError::Unauthorized { .. })
+                    if !relogged && matches!(self.inner.auth, Auth::Ticket(_)) =>
+                {
+                    // The ticket expired or was revoked: log in again and replay once. A 401 means
+                    // Proxmox did not act on the request, so even a POST is safe to replay.
+                    relogged = true;
+                    tracing::info!(%call, "Proxmox ticket refused; logging in again");
+                    self.invalidate(session.as_ref()).await;
+                }
+                Err(e) if attempt < self.inner.retry.attempts && may_retry(&e, replay) => {
+                    let delay = self.inner.retry.delay(attempt);
+                    tracing::debug!(%call, attempt, ?delay, error = %e, "retrying Proxmox call");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn send_once<T: DeserializeOwned>(
+        &self,
+        method: &Method,
+        path: &[&str],
+        body: &Body<'_>,
+        call: &Call,
+        session: Option<&Session>,
+    ) -> Result<T, ProxmoxError> {
+        let url = self.url(path);
+        let mut req = self.inner.http.request(method.clone(), url);
+        match &self.inner.auth {
+            Auth::Token(header) => {
+                req = req.header(reqwest::header::AUTHORIZATION, header.clone());
+            }
+            Auth::Ticket(_) => {
+                if let Some(s) = session {
+                    req = req.header(reqwest::header::COOKIE, s.cookie.clone());
+                    if method != Method::GET {
+                        req = req.header("CSRFPreventionToken", s.csrf.clone());
+                    }
+                }
+            }
+        }
+        req = match body {
+            Body::Params(p) if *method == Method::GET || *method == Method::DELETE => {
+                req.query(&p.0)
+            }
+            Body::Params(p) => req.form(&p.0),
+            Body::Upload(u) => {
+                let mut form = reqwest::multipart::Form::new();
+                for (k, v) in &u.fields {
+                    form = form.text(k.clone(), v.clone());
+                }
+                let part = reqwest::multipart::Part::bytes(u.bytes.clone())
+                    .file_name(u.file_name.clone())
+                    .mime_str("application/octet-stream")
+                    .map_err(|e| ProxmoxError::Setup(format!("multipart: {e}")))?;
+                req.multipart(form.part("filename", part))
+            }
+        };
+        self.execute(req, call).await
+    }
+
+    async fn execute<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        call: &Call,
+    ) -> Result<T, ProxmoxError> {
+        let started = Instant::now();
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        let response = req.send().await;
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let response = match response {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(method = call.method, path = %call.path, elapsed_ms, error = %e, "proxmox request failed");
+                return Err(transport_error(call, &e));
+            }
+        };
+        let status = response.status();
+        tracing::debug!(method = call.method, path = %call.path, status = status.as_u16(), elapsed_ms, "proxmox request");
+        let reason = status.canonical_reason().unwrap_or("").to_owned();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(call, &e))?;
+        if status.is_success() {
+            return serde_json::from_slice::<Envelope<T>>(&bytes)
+                .map(|env| env.data)
+                .map_err(|e| ProxmoxError::Decode {
+                    call: call.clone(),
+                    message: e.to_string(),
+                });
+        }
+        Err(status_error(call, status, &reason, &bytes))
+    }
+
+    fn url(&self, path: &[&str]) -> url::Url {
+        let mut url = self.inner.base.clone();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.pop_if_empty().extend(path);
+        }
+        url
+    }
+
+    /// The current ticket session, logging in (or renewing) first when needed.
+    async fn session(&self, call: &Call) -> Result<Option<Arc<Session>>, ProxmoxError> {
+        let Auth::Ticket(t) = &self.inner.auth else {
+            return Ok(None);
+        };
+        if let Some(s) = t.session.read().await.as_ref()
+            && s.obtained.elapsed() < t.renew_after
+        {
+            return Ok(Some(s.clone()));
+        }
+        let _one_login = t.login.lock().await;
+        // Another task may have logged in while we waited.
+        if let Some(s) = t.session.read().await.as_ref()
+            && s.obtained.elapsed() < t.renew_after
+        {
+            return Ok(Some(s.clone()));
+        }
+        let session = Arc::new(self.login(t, call).await?);
+        *t.session.write().await = Some(session.clone());
+        Ok(Some(session))
+    }
+
+    async fn invalidate(&self, used: Option<&Arc<Session>>) {
+        if let Auth::Ticket(t) = &self.inner.auth {
+            let mut guard = t.session.write().await;
+            // Only drop the session that failed; a newer one from a concurrent login stays.
+            if let (Some(current), Some(used)) = (guard.as_ref(), used)
+                && Arc::ptr_eq(current, used)
+            {
+                *guard = None;
+            }
+        }
+    }
+
+    async fn login(&self, t: &TicketAuth, during: &Call) -> Result<Session, ProxmoxError> {
+        let call = Call {
+            method: "POST",
+            path: "/access/ticket".into(),
+        };
+        tracing::debug!(user = %t.username, during = %during, "logging in to Proxmox");
+        let form = [
+            ("username", t.username.as_str()),
+            ("password", t.password.expose()),
+        ];
+        let req = self
+            .inner
+            .http
+            .post(self.url(&["access", "ticket"]))
+            .form(&form);
+        let answer: TicketAnswer = match self.execute(req, &call).await {
+            Ok(a) => a,
+            Err(ProxmoxError::Unauthorized { call, message }) => {
+                return Err(ProxmoxError::Unauthorized {
+                    call,
+                    message: format!("login as {} failed: {message}", t.username),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let sensitive = |v: String| {
+            HeaderValue::from_str(&v)
+                .map(|mut h| {
+                    h.set_sensitive(true);
+                    h
+                })
+                .map_err(|_| ProxmoxError::Decode {
+                    call: call.clone(),
+                    message: "the ticket contains characters not allowed in a header".into(),
+                })
+        };
+        Ok(Session {
+            cookie: sensitive(format!("PVEAuthCookie={}", answer.ticket))?,
+            csrf: sensitive(answer.csrf)?,
+            obtained: Instant::now(),
+        })
+    }
+}
+
+fn method_name(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        _ => "OTHER",
+    }
+}
+
+fn may_retry(e: &ProxmoxError, replay: Replay) -> bool {
+    match e {
+        ProxmoxError::Transient { request_sent, .. } => replay == Replay::Safe || !request_sent,
+        _ => false,
+    }
+}
+
+fn transport_error(call: &Call, e: &reqwest::Error) -> ProxmoxError {
+    let message = crate::cli::render_error(e);
+    if e.is_decode() {
+        return ProxmoxError::Decode {
+            call: call.clone(),
+            message,
+        };
+    }
+    ProxmoxError::Transient {
+        call: call.clone(),
+        status: None,
+        message,
+        request_sent: !e.is_connect(),
+    }
+}
+
+/// Maps a non-2xx answer to the error kind the caller acts on.
+fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> ProxmoxError {
+    let parsed: ErrorBody = serde_json::from_slice(body).unwrap_or_default();
+    let message = parsed
+        .message
+        .map(|m| m.trim().to_owned())
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| {
+            let text = String::from_utf8_lossy(body);
+            let text = text.trim();
+            if text.is_empty() || text.starts_with('<') || text.len() > 300 {
+                reason.to_owned()
+            } else {
+                text.to_owned()
+            }
+        });
+    let call = call.clone();
+    match status.as_u16() {
+        401 => ProxmoxError::Unauthorized { call, message },
+        403 => ProxmoxError::PermissionDenied { call, message },
+        404 => ProxmoxError::NotFound { call, message },
+        // 595/596: pveproxy could not reach the node (offline, network) — the node may come back.
+        code @ (408 | 429 | 502 | 503 | 504 | 595 | 596) => ProxmoxError::Transient {
+            call,
+            status: Some(code),
+            message,
+            request_sent: true,
+        },
+        500 if is_missing(&message) => ProxmoxError::NotFound { call, message },
+        code => ProxmoxError::Api {
+            call,
+            status: code,
+            message,
+            field_errors: parsed
+                .errors
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| {
+                    let text = match v {
+                        serde_json::Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    (k, text.trim().to_owned())
+                })
+                .collect(),
+        },
+    }
+}
+
+/// Proxmox reports missing objects as 500 with one of these texts.
+fn is_missing(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("does not exist")
+        || m.contains("no such vm")
+        || m.contains("no such node")
+        || (m.contains("hostname lookup") && m.contains("failed"))
+}
+
+fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig, ProxmoxError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ProxmoxError::Setup(format!("TLS setup failed: {e}")))?;
+    let webpki =
+        || rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    let config = match trust {
+        TlsTrust::WebPki => builder
+            .with_root_certificates(webpki())
+            .with_no_client_auth(),
+        TlsTrust::CaFile(path) => {
+            let shown = path.display();
+            let mut roots = webpki();
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| {
+                    ProxmoxError::Setup(format!("cannot read proxmox.caFile {shown}: {e}"))
+                })?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| {
+                    ProxmoxError::Setup(format!("proxmox.caFile {shown} is not valid PEM: {e}"))
+                })?;
+            if certs.is_empty() {
+                return Err(ProxmoxError::Setup(format!(
+                    "proxmox.caFile {shown} contains no PEM certificate (expected -----BEGIN CERTIFICATE-----)"
+                )));
+            }
+            for cert in certs {
+                roots.add(cert).map_err(|e| {
+                    ProxmoxError::Setup(format!(
+                        "proxmox.caFile {shown} holds a certificate rustls cannot use as a trust anchor: {e}"
+                    ))
+                })?;
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+        TlsTrust::InsecureSkipVerify => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(insecure::AcceptAnyServerCert(provider)))
+            .with_no_client_auth(),
+    };
+    Ok(config)
+}
+
+/// `insecureSkipVerify: true`: accept any certificate, but still check handshake signatures so the
+/// connection is at least consistent with the certificate presented.
+mod insecure {
+    use std::sync::Arc;
+
+    use rustls::DigitallySignedStruct;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::crypto::CryptoProvider;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+
+    #[derive(Debug)]
+    pub struct AcceptAnyServerCert(pub Arc<CryptoProvider>);
+
+    impl ServerCertVerifier for AcceptAnyServerCert {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call() -> Call {
+        Call {
+            method: "GET",
+            path: "/x".into(),
+        }
+    }
+
+    #[test]
+    fn status_mapping() {
+        let e = status_error(
+            &call(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "",
+            br#"{"data":null,"message":"Configuration file 'nodes/pve1/qemu-server/9999.conf' does not exist\n"}"#,
+        );
+        assert!(e.is_not_found(), "{e}");
+        let e = status_error(
+            &call(),
+            StatusCode::from_u16(595).unwrap(),
+            "No route to host",
+            b"",
+        );
+        assert!(e.is_transient(), "{e}");
+        assert!(e.to_string().contains("No route to host"));
+        let e = status_error(
+            &call(),
+            StatusCode::BAD_REQUEST,
+            "Parameter verification failed.",
+            br#"{"data":null,"message":"Parameter verification failed.\n","errors":{"vmid":"invalid"}}"#,
+        );
+        assert!(
+            matches!(&e, ProxmoxError::Api { status: 400, field_errors, .. } if field_errors["vmid"] == "invalid")
+        );
+        let e = status_error(
+            &call(),
+            StatusCode::UNAUTHORIZED,
+            "authentication failure",
+            b"",
+        );
+        assert!(
+            matches!(e, ProxmoxError::Unauthorized { ref message, .. } if message == "authentication failure")
+        );
+    }
+
+    #[test]
+    fn replay_rules() {
+        let sent = ProxmoxError::Transient {
+            call: call(),
+            status: Some(503),
+            message: String::new(),
+            request_sent: true,
+        };
+        let unsent = ProxmoxError::Transient {
+            call: call(),
+            status: None,
+            message: String::new(),
+            request_sent: false,
+        };
+        assert!(may_retry(&sent, Replay::Safe));
+        assert!(!may_retry(&sent, Replay::OnlyIfUnsent));
+        assert!(may_retry(&unsent, Replay::OnlyIfUnsent));
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let p = RetryPolicy {
+            attempts: 10,
+            initial_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(800),
+        };
+        assert!(p.delay(1) <= Duration::from_millis(100));
+        assert!(p.delay(1) >= Duration::from_millis(50));
+        assert!(p.delay(9) <= Duration::from_millis(800));
+        assert!(p.delay(9) >= Duration::from_millis(400));
+    }
+}

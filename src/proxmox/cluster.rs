@@ -1,0 +1,46 @@
+//! Cluster-wide reads. `/cluster/resources` is the workhorse: one call gives every node, guest and
+//! storage, so placement and VM lookup never cost one call per node, and a VM is always found on the
+//! node it is on now (after a live migration too).
+
+use super::client::{Params, ProxmoxClient};
+use super::error::ProxmoxError;
+use super::types::{ClusterResource, NodeStatus, ResourceKind, Version, VmId, lenient};
+
+impl ProxmoxClient {
+    /// `GET /version`: cheap, and needs valid credentials: the health check.
+    pub async fn version(&self) -> Result<Version, ProxmoxError> {
+        self.get(&["version"], Params::new()).await
+    }
+
+    /// `GET /nodes`.
+    pub async fn nodes(&self) -> Result<Vec<NodeStatus>, ProxmoxError> {
+        self.get(&["nodes"], Params::new()).await
+    }
+
+    /// `GET /cluster/resources[?type=…]`.
+    pub async fn cluster_resources(
+        &self,
+        kind: Option<ResourceKind>,
+    ) -> Result<Vec<ClusterResource>, ProxmoxError> {
+        let params = Params::new().with_opt("type", kind.map(ResourceKind::as_query));
+        self.get(&["cluster", "resources"], params).await
+    }
+
+    /// `GET /cluster/nextid`: the lowest free VMID at this instant (Proxmox sends it as a string). Not a
+    /// reservation: a concurrent create can take it, which the caller handles by choosing again.
+    pub async fn next_vmid(&self) -> Result<VmId, ProxmoxError> {
+        #[derive(serde::Deserialize)]
+        struct Id(#[serde(deserialize_with = "lenient::u64")] u64);
+        let Id(n) = self.get(&["cluster", "nextid"], Params::new()).await?;
+        u32::try_from(n)
+            .ok()
+            .and_then(|n| VmId::new(n).ok())
+            .ok_or_else(|| ProxmoxError::Decode {
+                call: super::error::Call {
+                    method: "GET",
+                    path: "/cluster/nextid".into(),
+                },
+                message: format!("{n} is not a valid VMID"),
+            })
+    }
+}

@@ -1,0 +1,191 @@
+//! What can go wrong talking to Proxmox, sorted by what the caller should do about it.
+//!
+//! The pipeline decides from the kind alone: `NotFound` is often success (deleting what is gone),
+//! `Transient` is retried, `Unauthorized` is a configuration problem, `Api` carries Proxmox's own words
+//! (including its per-parameter `errors`) for the user, and `TaskFailed` carries the tail of the task log,
+//! which is where Proxmox explains why a clone or start failed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use super::types::{NodeName, Upid};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxmoxError {
+    /// The VM, node, storage or volume does not exist (404, or PVE's 500 "does not exist" family).
+    #[error("not found: {call}: {message}")]
+    NotFound { call: Call, message: String },
+
+    /// Credentials refused (401) even after a fresh login.
+    #[error(
+        "Proxmox refused the credentials: {call}: {message} (check proxmox.tokenID/tokenSecret or username/password/realm in the config file)"
+    )]
+    Unauthorized { call: Call, message: String },
+
+    /// Logged in but not allowed (403): the token or user lacks a privilege.
+    #[error(
+        "permission denied: {call}: {message} (grant the provider's user or token the missing privilege on that path)"
+    )]
+    PermissionDenied { call: Call, message: String },
+
+    /// Proxmox understood the request and said no (400 bad parameters, 500 with a reason, ...).
+    #[error(
+        "Proxmox rejected {call}: {status} {message}{}",
+        FieldErrors(field_errors)
+    )]
+    Api {
+        call: Call,
+        status: u16,
+        message: String,
+        field_errors: BTreeMap<String, String>,
+    },
+
+    /// The API could not be reached or was overloaded (connect error, timeout, 502/503/504, 595 node
+    /// unreachable). Worth retrying later.
+    #[error("Proxmox unreachable: {call}: {message}")]
+    Transient {
+        call: Call,
+        status: Option<u16>,
+        message: String,
+        /// False when the connection failed before the request was sent: then even a create is safe to
+        /// send again.
+        request_sent: bool,
+    },
+
+    /// A task ran and ended with an error.
+    #[error(
+        "Proxmox task {task_type} on {node} failed: {exit_status}{}",
+        LogTail(log_tail)
+    )]
+    TaskFailed {
+        upid: Upid,
+        node: NodeName,
+        task_type: String,
+        exit_status: String,
+        log_tail: Vec<String>,
+    },
+
+    /// A task did not finish before our deadline (it may still be running on Proxmox).
+    #[error("Proxmox task {upid} still running after {waited:?}")]
+    TaskTimeout { upid: Upid, waited: Duration },
+
+    /// The answer was not what the API documents.
+    #[error("unexpected answer to {call}: {message}")]
+    Decode { call: Call, message: String },
+
+    /// The client could not be built (bad CA file, bad URL).
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl ProxmoxError {
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound { .. })
+    }
+
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Transient { .. } | Self::TaskTimeout { .. })
+    }
+
+    /// Proxmox refuses a create or clone whose VMID is taken with "VM 104 already exists" (sometimes
+    /// inside the task, sometimes as the HTTP answer).
+    pub fn is_vmid_taken(&self) -> bool {
+        let text = match self {
+            Self::Api { message, .. } => message.as_str(),
+            Self::TaskFailed {
+                exit_status,
+                log_tail,
+                ..
+            } => {
+                return exit_status.contains("already exists")
+                    || log_tail.iter().any(|l| l.contains("already exists"));
+            }
+            _ => return false,
+        };
+        text.contains("already exists")
+    }
+
+    /// The HTTP status Proxmox answered with, if there was an answer.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Self::Api { status, .. } => Some(*status),
+            Self::Transient { status, .. } => *status,
+            Self::NotFound { .. } => Some(404),
+            Self::Unauthorized { .. } => Some(401),
+            Self::PermissionDenied { .. } => Some(403),
+            _ => None,
+        }
+    }
+}
+
+/// Which API call failed, for error messages: `POST /nodes/pve1/qemu`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub method: &'static str,
+    pub path: String,
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.method, self.path)
+    }
+}
+
+struct FieldErrors<'a>(&'a BTreeMap<String, String>);
+
+impl fmt::Display for FieldErrors<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (field, msg)) in self.0.iter().enumerate() {
+            let sep = if i == 0 { " (" } else { "; " };
+            write!(f, "{sep}{field}: {}", msg.trim())?;
+        }
+        if !self.0.is_empty() {
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
+}
+
+struct LogTail<'a>(&'a [String]);
+
+impl fmt::Display for LogTail<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        write!(f, "; task log: {}", self.0.join(" | "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_carry_what_the_user_needs() {
+        let e = ProxmoxError::Api {
+            call: Call {
+                method: "POST",
+                path: "/nodes/pve1/qemu".into(),
+            },
+            status: 400,
+            message: "Parameter verification failed.".into(),
+            field_errors: [("net0".to_string(), "invalid format\n".to_string())].into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "Proxmox rejected POST /nodes/pve1/qemu: 400 Parameter verification failed. (net0: invalid format)"
+        );
+        let t = ProxmoxError::TaskFailed {
+            upid: Upid::parse("UPID:pve2:1:2:3:qmstart:104:root@pam:").unwrap(),
+            node: NodeName::new("pve2").unwrap(),
+            task_type: "qmstart".into(),
+            exit_status: "start failed".into(),
+            log_tail: vec!["kvm: no memory".into(), "TASK ERROR: start failed".into()],
+        };
+        assert!(t.to_string().contains(
+            "qmstart on pve2 failed: start failed; task log: kvm: no memory | TASK ERROR"
+        ));
+    }
+}

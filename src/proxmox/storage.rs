@@ -1,0 +1,119 @@
+//! Storage calls: what a node can store, what is stored, and putting ISOs there.
+
+use super::client::{Params, ProxmoxClient, Replay, Upload};
+use super::error::ProxmoxError;
+use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid, check_storage_id};
+
+/// A file for the node to fetch itself (`download-url`), so large images never pass through us.
+#[derive(Debug, Clone)]
+pub struct DownloadRequest {
+    pub url: String,
+    pub file_name: String,
+    /// `iso` or `vztmpl` or `import`.
+    pub content: String,
+    /// (`sha256`, hex) to have Proxmox verify the download.
+    pub checksum: Option<(String, String)>,
+}
+
+impl ProxmoxClient {
+    /// `GET /nodes/{node}/storage`: storages as the node sees them, with real free space.
+    pub async fn node_storages(
+        &self,
+        node: &NodeName,
+        filter: &StorageFilter,
+    ) -> Result<Vec<NodeStorage>, ProxmoxError> {
+        let params = Params::new()
+            .with_opt("content", filter.content.as_deref())
+            .with_opt("enabled", filter.enabled_only.then_some(1));
+        self.get(&["nodes", node.as_str(), "storage"], params).await
+    }
+
+    /// `GET /nodes/{node}/storage/{storage}/content[?content=…][&vmid=…]`.
+    pub async fn storage_content(
+        &self,
+        node: &NodeName,
+        storage: &str,
+        content: Option<&str>,
+    ) -> Result<Vec<StorageVolume>, ProxmoxError> {
+        check_storage(storage)?;
+        let params = Params::new().with_opt("content", content);
+        self.get(
+            &["nodes", node.as_str(), "storage", storage, "content"],
+            params,
+        )
+        .await
+    }
+
+    /// `POST /nodes/{node}/storage/{storage}/download-url`: returns the download task.
+    pub async fn download_url(
+        &self,
+        node: &NodeName,
+        storage: &str,
+        request: &DownloadRequest,
+    ) -> Result<Upid, ProxmoxError> {
+        check_storage(storage)?;
+        let mut params = Params::new()
+            .with("content", &request.content)
+            .with("filename", &request.file_name)
+            .with("url", &request.url);
+        if let Some((algorithm, sum)) = &request.checksum {
+            params = params
+                .with("checksum-algorithm", algorithm)
+                .with("checksum", sum);
+        }
+        self.post(
+            &["nodes", node.as_str(), "storage", storage, "download-url"],
+            params,
+            Replay::OnlyIfUnsent,
+        )
+        .await
+    }
+
+    /// `POST /nodes/{node}/storage/{storage}/upload` (multipart): returns the import task.
+    pub async fn upload_file(
+        &self,
+        node: &NodeName,
+        storage: &str,
+        content: &str,
+        file_name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<Upid, ProxmoxError> {
+        check_storage(storage)?;
+        let upload = Upload {
+            fields: vec![("content".into(), content.into())],
+            file_name: file_name.into(),
+            bytes,
+        };
+        self.upload(
+            &["nodes", node.as_str(), "storage", storage, "upload"],
+            &upload,
+        )
+        .await
+    }
+
+    /// `DELETE /nodes/{node}/storage/{storage}/content/{volume}`. Proxmox answers with a task or nothing.
+    pub async fn delete_volume(
+        &self,
+        node: &NodeName,
+        storage: &str,
+        volume_id: &str,
+    ) -> Result<Option<Upid>, ProxmoxError> {
+        check_storage(storage)?;
+        self.delete(
+            &[
+                "nodes",
+                node.as_str(),
+                "storage",
+                storage,
+                "content",
+                volume_id,
+            ],
+            Params::new(),
+        )
+        .await
+    }
+}
+
+fn check_storage(storage: &str) -> Result<(), ProxmoxError> {
+    check_storage_id(storage).map_err(|e| ProxmoxError::Setup(e.to_string()))
+}

@@ -1,0 +1,617 @@
+//! Proxmox VE API types: identifiers and the responses we read.
+//!
+//! Proxmox is loose with JSON types: the same field arrives as `4` from one endpoint and `"4"` from
+//! another (values written through the form API come back as strings), booleans arrive as `0`/`1`, and
+//! optional fields are often simply missing (for instance every usage figure of an offline node). The
+//! [`lenient`] deserializers accept all of those forms so one odd field never fails a whole listing.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A Proxmox guest ID (VMID). Proxmox allows 100 ..= 999_999_999.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct VmId(u32);
+
+impl VmId {
+    pub const MIN: u32 = 100;
+    pub const MAX: u32 = 999_999_999;
+
+    pub fn new(id: u32) -> Result<Self, InvalidId> {
+        if (Self::MIN..=Self::MAX).contains(&id) {
+            Ok(Self(id))
+        } else {
+            Err(InvalidId(format!(
+                "VMID {id} is outside Proxmox's range {}..={}",
+                Self::MIN,
+                Self::MAX
+            )))
+        }
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for VmId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for VmId {
+    type Err = InvalidId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let n: u32 = s
+            .trim()
+            .parse()
+            .map_err(|_| InvalidId(format!("{s:?} is not a VMID (a number from 100)")))?;
+        Self::new(n)
+    }
+}
+
+impl<'de> Deserialize<'de> for VmId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = lenient::u64(d)?;
+        u32::try_from(n)
+            .map_err(|_| InvalidId(format!("VMID {n} is too large")))
+            .and_then(VmId::new)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidId(pub String);
+
+/// A Proxmox cluster node name (`pve1`). Validated when it comes from a user, because it goes into URL
+/// paths: Proxmox node names are DNS labels.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NodeName(String);
+
+impl NodeName {
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidId> {
+        let name = name.into();
+        let valid = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            && !name.starts_with('-');
+        if valid {
+            Ok(Self(name))
+        } else {
+            Err(InvalidId(format!(
+                "{name:?} is not a valid Proxmox node name (letters, digits, '-' and '.')"
+            )))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for NodeName {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+/// A storage ID (`local-lvm`). Checked like node names since it also goes into URL paths.
+pub fn check_storage_id(id: &str) -> Result<(), InvalidId> {
+    let valid = !id.is_empty()
+        && id.len() <= 100
+        && id.starts_with(|c: char| c.is_ascii_alphabetic())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(InvalidId(format!(
+            "{id:?} is not a valid Proxmox storage ID (a letter, then letters, digits, '-', '_', '.')"
+        )))
+    }
+}
+
+/// A task ID: `UPID:<node>:<pid>:<pstart>:<starttime>:<type>:<id>:<user>:`. The node in it is where the
+/// task runs, which is where its status must be asked (a clone to another node runs on the source).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Upid(String);
+
+impl Upid {
+    pub fn parse(raw: &str) -> Result<Self, InvalidId> {
+        let mut parts = raw.split(':');
+        match (parts.next(), parts.next()) {
+            (Some("UPID"), Some(node)) if NodeName::new(node).is_ok() && parts.count() >= 6 => {
+                Ok(Self(raw.to_owned()))
+            }
+            _ => Err(InvalidId(format!(
+                "{raw:?} is not a Proxmox task ID (UPID)"
+            ))),
+        }
+    }
+
+    pub fn node(&self) -> NodeName {
+        // parse() checked there is a valid node name in the second field.
+        NodeName(self.0.split(':').nth(1).unwrap_or_default().to_owned())
+    }
+
+    /// The task type, e.g. `qmclone`, `qmstart`, `download`.
+    pub fn task_type(&self) -> &str {
+        self.0.split(':').nth(5).unwrap_or_default()
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Upid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct Version {
+    pub version: String,
+    #[serde(default)]
+    pub release: Option<String>,
+    #[serde(default)]
+    pub repoid: Option<String>,
+}
+
+/// Online state of a node as `/nodes` and `/cluster/resources` report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    Online,
+    Offline,
+    Unknown,
+}
+
+impl<'de> Deserialize<'de> for NodeState {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match String::deserialize(d)?.as_str() {
+            "online" => Self::Online,
+            "offline" => Self::Offline,
+            _ => Self::Unknown,
+        })
+    }
+}
+
+/// One entry of `GET /nodes`. Usage figures are absent for offline nodes.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct NodeStatus {
+    pub node: NodeName,
+    pub status: NodeState,
+    #[serde(default, deserialize_with = "lenient::opt_f64")]
+    pub cpu: Option<f64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub maxcpu: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub mem: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub maxmem: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub uptime: Option<u64>,
+}
+
+/// `GET /cluster/resources`: one call that describes the whole cluster (nodes, guests, storages).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type")]
+pub enum ClusterResource {
+    #[serde(rename = "qemu")]
+    Vm(VmResource),
+    #[serde(rename = "lxc")]
+    Container(VmResource),
+    #[serde(rename = "node")]
+    Node(NodeResource),
+    #[serde(rename = "storage")]
+    Storage(StorageResource),
+    /// Pools, SDN zones and whatever later versions add.
+    #[serde(other)]
+    Other,
+}
+
+/// The kinds `/cluster/resources` can be filtered to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResourceKind {
+    Vm,
+    Node,
+    Storage,
+}
+
+impl ResourceKind {
+    pub fn as_query(self) -> &'static str {
+        match self {
+            Self::Vm => "vm",
+            Self::Node => "node",
+            Self::Storage => "storage",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct VmResource {
+    pub vmid: VmId,
+    pub node: NodeName,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default, deserialize_with = "lenient::bool")]
+    pub template: bool,
+    /// Semicolon-separated, as Proxmox stores them.
+    #[serde(default)]
+    pub tags: Option<String>,
+    #[serde(default)]
+    pub pool: Option<String>,
+    #[serde(default)]
+    pub lock: Option<String>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub maxmem: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub mem: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub maxdisk: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub maxcpu: Option<u64>,
+}
+
+impl VmResource {
+    /// Tags split the way Proxmox writes them (`;`, also `,` and spaces in older versions).
+    pub fn tag_list(&self) -> Vec<&str> {
+        split_tags(self.tags.as_deref().unwrap_or_default())
+    }
+
+    pub fn has_tag(&self, tag: &str) -> bool {
+        self.tag_list().contains(&tag)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.status.as_deref() == Some("running")
+    }
+}
+
+/// Splits a Proxmox tag list (`a;b`, `a,b` or `a b`).
+pub fn split_tags(tags: &str) -> Vec<&str> {
+    tags.split([';', ',', ' '])
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct NodeResource {
+    pub node: NodeName,
+    #[serde(default = "unknown_state")]
+    pub status: NodeState,
+    #[serde(default, deserialize_with = "lenient::opt_f64")]
+    pub cpu: Option<f64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub maxcpu: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub mem: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub maxmem: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub uptime: Option<u64>,
+}
+
+fn unknown_state() -> NodeState {
+    NodeState::Unknown
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct StorageResource {
+    pub storage: String,
+    pub node: NodeName,
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default)]
+    pub plugintype: Option<String>,
+    #[serde(default, deserialize_with = "lenient::bool")]
+    pub shared: bool,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub disk: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub maxdisk: Option<u64>,
+}
+
+/// One entry of `GET /nodes/{node}/storage`: the storages as seen from that node, with real free space.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct NodeStorage {
+    pub storage: String,
+    #[serde(rename = "type")]
+    pub storage_type: String,
+    /// Comma-separated content types (`images,rootdir`, `iso,vztmpl,backup`).
+    #[serde(default)]
+    pub content: String,
+    #[serde(default, deserialize_with = "lenient::bool")]
+    pub shared: bool,
+    #[serde(default, deserialize_with = "lenient::bool")]
+    pub active: bool,
+    #[serde(default = "yes", deserialize_with = "lenient::bool")]
+    pub enabled: bool,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub avail: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub total: Option<u64>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub used: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl NodeStorage {
+    pub fn holds(&self, content: &str) -> bool {
+        self.content.split(',').any(|c| c.trim() == content)
+    }
+}
+
+/// Filters for `GET /nodes/{node}/storage`.
+#[derive(Debug, Clone, Default)]
+pub struct StorageFilter {
+    /// Only storages that accept this content type (`images`, `iso`).
+    pub content: Option<String>,
+    /// Only enabled storages.
+    pub enabled_only: bool,
+}
+
+/// One volume from `GET /nodes/{node}/storage/{storage}/content`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct StorageVolume {
+    pub volid: String,
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default)]
+    pub format: Option<String>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub size: Option<u64>,
+    #[serde(default)]
+    pub vmid: Option<VmId>,
+}
+
+/// `GET /nodes/{node}/qemu/{vmid}/status/current`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct VmStatus {
+    pub status: String,
+    #[serde(default)]
+    pub qmpstatus: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub lock: Option<String>,
+    #[serde(default)]
+    pub tags: Option<String>,
+    #[serde(default, deserialize_with = "lenient::bool")]
+    pub template: bool,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub uptime: Option<u64>,
+}
+
+impl VmStatus {
+    pub fn is_running(&self) -> bool {
+        self.status == "running"
+    }
+}
+
+/// A VM's configuration as `GET …/config` returns it. Values stay as JSON because Proxmox mixes numbers
+/// and strings; [`VmConfig::get`] gives every value as the text Proxmox would show.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct VmConfig(pub BTreeMap<String, serde_json::Value>);
+
+impl VmConfig {
+    pub fn get(&self, key: &str) -> Option<String> {
+        match self.0.get(key)? {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Null => None,
+            other => Some(other.to_string()),
+        }
+    }
+
+    pub fn digest(&self) -> Option<String> {
+        self.get("digest")
+    }
+}
+
+/// `GET /nodes/{node}/tasks/{upid}/status`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct TaskStatus {
+    /// `running` or `stopped`.
+    pub status: String,
+    #[serde(default)]
+    pub exitstatus: Option<String>,
+    #[serde(default, rename = "type")]
+    pub task_type: Option<String>,
+}
+
+impl TaskStatus {
+    pub fn is_running(&self) -> bool {
+        self.status == "running"
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct TaskLogLine {
+    #[serde(default, deserialize_with = "lenient::u64")]
+    pub n: u64,
+    #[serde(default)]
+    pub t: String,
+}
+
+/// How a finished task ended. Proxmox ends tasks with `OK`, `WARNINGS: n` (success with warnings) or an
+/// error text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskOutcome {
+    pub exit_status: String,
+}
+
+impl TaskOutcome {
+    pub fn has_warnings(&self) -> bool {
+        self.exit_status.starts_with("WARNINGS")
+    }
+}
+
+/// The guest agent's answer to `network-get-interfaces`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct AgentInterfaces {
+    #[serde(default)]
+    pub result: Vec<GuestInterface>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct GuestInterface {
+    pub name: String,
+    #[serde(default, rename = "hardware-address")]
+    pub hardware_address: Option<String>,
+    #[serde(default, rename = "ip-addresses")]
+    pub ip_addresses: Vec<GuestAddress>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct GuestAddress {
+    #[serde(rename = "ip-address")]
+    pub ip_address: String,
+    #[serde(default, rename = "ip-address-type")]
+    pub ip_address_type: Option<String>,
+    #[serde(default, deserialize_with = "lenient::opt_u64")]
+    pub prefix: Option<u64>,
+}
+
+/// Deserializers that accept what Proxmox actually sends.
+pub mod lenient {
+    use serde::Deserialize;
+    use serde::de::{Deserializer, Error};
+    use serde_json::Value;
+
+    fn number(v: &Value) -> Option<f64> {
+        match v {
+            Value::Number(n) => n.as_f64(),
+            Value::String(s) => s.trim().parse().ok(),
+            Value::Bool(b) => Some(f64::from(u8::from(*b))),
+            _ => None,
+        }
+    }
+
+    pub fn opt_f64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        let v = Value::deserialize(d)?;
+        match v {
+            Value::Null => Ok(None),
+            Value::String(ref s) if s.trim().is_empty() => Ok(None),
+            other => number(&other)
+                .map(Some)
+                .ok_or_else(|| D::Error::custom(format!("expected a number, found {other}"))),
+        }
+    }
+
+    pub fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        let v = Value::deserialize(d)?;
+        if let Value::Number(n) = &v
+            && let Some(u) = n.as_u64()
+        {
+            return Ok(Some(u));
+        }
+        if let Value::String(s) = &v
+            && let Ok(u) = s.trim().parse::<u64>()
+        {
+            return Ok(Some(u));
+        }
+        Ok(opt_f64(v).map_err(D::Error::custom)?.map(|f| {
+            // Usage figures may be fractional or (briefly) negative; clamp into u64.
+            if f.is_finite() && f > 0.0 {
+                f as u64
+            } else {
+                0
+            }
+        }))
+    }
+
+    pub fn u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        opt_u64(d)?.ok_or_else(|| D::Error::custom("expected a number, found nothing"))
+    }
+
+    pub fn bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        Ok(match Value::deserialize(d)? {
+            Value::Bool(b) => b,
+            Value::Null => false,
+            Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+            Value::String(s) => matches!(s.trim(), "1" | "true" | "yes" | "on"),
+            other => {
+                return Err(D::Error::custom(format!(
+                    "expected a boolean, found {other}"
+                )));
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_as_strings_and_missing_fields() {
+        let json = r#"[
+            {"type":"qemu","vmid":"105","node":"pve2","name":"a","template":"1","maxmem":"2147483648","tags":"x;machine-request.set1"},
+            {"type":"node","node":"pve3","status":"offline"},
+            {"type":"storage","storage":"local","node":"pve1","shared":0,"disk":1.5e3,"maxdisk":100},
+            {"type":"pool","pool":"p"},
+            {"type":"sdn","sdn":"z"}
+        ]"#;
+        let r: Vec<ClusterResource> = serde_json::from_str(json).unwrap();
+        match &r[0] {
+            ClusterResource::Vm(vm) => {
+                assert_eq!(vm.vmid.get(), 105);
+                assert!(vm.template);
+                assert_eq!(vm.maxmem, Some(2_147_483_648));
+                assert!(vm.has_tag("machine-request.set1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(&r[1], ClusterResource::Node(n) if n.status == NodeState::Offline && n.mem.is_none())
+        );
+        assert!(matches!(&r[2], ClusterResource::Storage(s) if s.disk == Some(1500)));
+        assert!(matches!(r[3], ClusterResource::Other));
+    }
+
+    #[test]
+    fn upid_parsing() {
+        let u = Upid::parse("UPID:pve1:000A1B2C:0001E240:65A1B2C3:qmclone:9000:root@pam:").unwrap();
+        assert_eq!(u.node().as_str(), "pve1");
+        assert_eq!(u.task_type(), "qmclone");
+        assert!(Upid::parse("UPID:../x:1").is_err());
+        assert!(Upid::parse("nonsense").is_err());
+    }
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(VmId::new(99).is_err());
+        assert_eq!("104".parse::<VmId>().unwrap().get(), 104);
+        assert!(NodeName::new("pve1").is_ok());
+        assert!(NodeName::new("../etc").is_err());
+        assert!(check_storage_id("local-lvm").is_ok());
+        assert!(check_storage_id("local/../x").is_err());
+    }
+}

@@ -1,0 +1,223 @@
+//! VM calls: create, clone, configure, power, delete, guest agent.
+//!
+//! Every call names the node explicitly; callers find the node through `/cluster/resources` first, so a
+//! VM migrated since we created it is addressed where it is now.
+
+use super::client::{Params, ProxmoxClient, Replay};
+use super::error::ProxmoxError;
+use super::types::{AgentInterfaces, NodeName, Upid, VmConfig, VmId, VmStatus};
+
+#[derive(Debug, Clone)]
+pub struct CloneRequest {
+    pub new_id: VmId,
+    pub name: Option<String>,
+    /// Node the clone lands on; the task runs on the template's node.
+    pub target: Option<NodeName>,
+    /// Full copy (true) or linked clone of a template (false).
+    pub full: bool,
+    /// Storage for a full clone's disks.
+    pub storage: Option<String>,
+    pub pool: Option<String>,
+    pub description: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct DeleteRequest {
+    /// Also remove the VMID from backup jobs, replication, HA and pools.
+    pub purge: bool,
+    /// Also destroy disks that belong to the VMID but are not in its config.
+    pub destroy_unreferenced_disks: bool,
+}
+
+impl Default for DeleteRequest {
+    fn default() -> Self {
+        Self {
+            purge: true,
+            destroy_unreferenced_disks: true,
+        }
+    }
+}
+
+fn qemu<'a>(node: &'a NodeName, id: &'a str) -> [&'a str; 4] {
+    ["nodes", node.as_str(), "qemu", id]
+}
+
+impl ProxmoxClient {
+    /// `POST /nodes/{node}/qemu`: all options in one call. Returns the create task.
+    pub async fn create_vm(
+        &self,
+        node: &NodeName,
+        vmid: VmId,
+        options: Vec<(String, String)>,
+    ) -> Result<Upid, ProxmoxError> {
+        let params = Params::new().with("vmid", vmid).extend(options);
+        self.post(
+            &["nodes", node.as_str(), "qemu"],
+            params,
+            Replay::OnlyIfUnsent,
+        )
+        .await
+    }
+
+    /// `POST /nodes/{node}/qemu/{vmid}/clone`. Returns the clone task (it runs on `node`).
+    pub async fn clone_vm(
+        &self,
+        node: &NodeName,
+        template: VmId,
+        request: &CloneRequest,
+    ) -> Result<Upid, ProxmoxError> {
+        let id = template.to_string();
+        let params = Params::new()
+            .with("newid", request.new_id)
+            .with_opt("name", request.name.as_deref())
+            .with_opt("target", request.target.as_ref())
+            .with("full", u8::from(request.full))
+            .with_opt("storage", request.storage.as_deref())
+            .with_opt("pool", request.pool.as_deref())
+            .with_opt("description", request.description.as_deref());
+        let [a, b, c, d] = qemu(node, &id);
+        self.post(&[a, b, c, d, "clone"], params, Replay::OnlyIfUnsent)
+            .await
+    }
+
+    /// `GET /nodes/{node}/qemu/{vmid}/config` (current values, pending changes applied).
+    pub async fn vm_config(&self, node: &NodeName, vmid: VmId) -> Result<VmConfig, ProxmoxError> {
+        let id = vmid.to_string();
+        let [a, b, c, d] = qemu(node, &id);
+        self.get(&[a, b, c, d, "config"], Params::new()).await
+    }
+
+    /// `POST …/config`: asynchronous update, returns the task (use for changes that allocate disks).
+    pub async fn update_vm_config_async(
+        &self,
+        node: &NodeName,
+        vmid: VmId,
+        options: Vec<(String, String)>,
+    ) -> Result<Upid, ProxmoxError> {
+        let id = vmid.to_string();
+        let [a, b, c, d] = qemu(node, &id);
+        self.post(
+            &[a, b, c, d, "config"],
+            Params::new().extend(options),
+            Replay::OnlyIfUnsent,
+        )
+        .await
+    }
+
+    /// `PUT …/config`: synchronous update of absolute values, so safe to replay.
+    pub async fn update_vm_config(
+        &self,
+        node: &NodeName,
+        vmid: VmId,
+        options: Vec<(String, String)>,
+    ) -> Result<(), ProxmoxError> {
+        let id = vmid.to_string();
+        let [a, b, c, d] = qemu(node, &id);
+        let _: serde_json::Value = self
+            .put(
+                &[a, b, c, d, "config"],
+                Params::new().extend(options),
+                Replay::Safe,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `PUT …/resize` to an absolute size such as `50G` (never shrinks; Proxmox refuses that).
+    /// Proxmox 8+ answers with a task, older versions with nothing.
+    pub async fn resize_disk(
+        &self,
+        node: &NodeName,
+        vmid: VmId,
+        disk: &str,
+        size: &str,
+    ) -> Result<Option<Upid>, ProxmoxError> {
+        let id = vmid.to_string();
+        let [a, b, c, d] = qemu(node, &id);
+        let params = Params::new().with("disk", disk).with("size", size);
+        self.put(&[a, b, c, d, "resize"], params, Replay::Safe)
+            .await
+    }
+
+    /// `GET …/status/current`.
+    pub async fn vm_status(&self, node: &NodeName, vmid: VmId) -> Result<VmStatus, ProxmoxError> {
+        let id = vmid.to_string();
+        let [a, b, c, d] = qemu(node, &id);
+        self.get(&[a, b, c, d, "status", "current"], Params::new())
+            .await
+    }
+
+    /// `POST …/status/start`.
+    pub async fn start_vm(&self, node: &NodeName, vmid: VmId) -> Result<Upid, ProxmoxError> {
+        self.power(node, vmid, "start", Params::new()).await
+    }
+
+    /// `POST …/status/shutdown`: ACPI (or guest agent) shutdown; with `force_stop` Proxmox stops the VM
+    /// when `timeout` seconds pass.
+    pub async fn shutdown_vm(
+        &self,
+        node: &NodeName,
+        vmid: VmId,
+        timeout_secs: u32,
+        force_stop: bool,
+    ) -> Result<Upid, ProxmoxError> {
+        let params = Params::new()
+            .with("timeout", timeout_secs)
+            .with("forceStop", u8::from(force_stop));
+        self.power(node, vmid, "shutdown", params).await
+    }
+
+    /// `POST …/status/stop`: immediate power-off.
+    pub async fn stop_vm(&self, node: &NodeName, vmid: VmId) -> Result<Upid, ProxmoxError> {
+        self.power(node, vmid, "stop", Params::new()).await
+    }
+
+    async fn power(
+        &self,
+        node: &NodeName,
+        vmid: VmId,
+        action: &str,
+        params: Params,
+    ) -> Result<Upid, ProxmoxError> {
+        let id = vmid.to_string();
+        let [a, b, c, d] = qemu(node, &id);
+        self.post(
+            &[a, b, c, d, "status", action],
+            params,
+            Replay::OnlyIfUnsent,
+        )
+        .await
+    }
+
+    /// `DELETE /nodes/{node}/qemu/{vmid}`. Returns the destroy task.
+    pub async fn delete_vm(
+        &self,
+        node: &NodeName,
+        vmid: VmId,
+        request: DeleteRequest,
+    ) -> Result<Upid, ProxmoxError> {
+        let id = vmid.to_string();
+        let params = Params::new()
+            .with_opt("purge", request.purge.then_some(1))
+            .with_opt(
+                "destroy-unreferenced-disks",
+                request.destroy_unreferenced_disks.then_some(1),
+            );
+        self.delete(&qemu(node, &id), params).await
+    }
+
+    /// `GET …/agent/network-get-interfaces`. Fails (500) while the guest agent is not running yet.
+    pub async fn agent_network_interfaces(
+        &self,
+        node: &NodeName,
+        vmid: VmId,
+    ) -> Result<AgentInterfaces, ProxmoxError> {
+        let id = vmid.to_string();
+        let [a, b, c, d] = qemu(node, &id);
+        self.get(
+            &[a, b, c, d, "agent", "network-get-interfaces"],
+            Params::new(),
+        )
+        .await
+    }
+}

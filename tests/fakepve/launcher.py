@@ -1,0 +1,152 @@
+# SPDX-License-Identifier: AGPL-3.0-or-later
+#
+# Test-only launcher for fakepve (AGPL), used by our integration tests and the demo. It is run as a
+# separate process and never ships with the provider; nothing in the Rust crate links to it.
+#
+# It does what the fakepve CLI cannot: register API tokens, add nodes without guests, configure
+# storages, give VMs created through the API a guest agent (so IP discovery can be tested), and take
+# control commands while running (node offline, migrations, injected failures, request counts).
+#
+# Usage: python launcher.py SCENARIO.json
+#   prints "fakepve listening on https://HOST:PORT" once ready, then reads one JSON command per line on
+#   stdin and answers one JSON line on stdout: {"ok": true, "result": ...} or {"ok": false, "error": "..."}.
+#   EOF on stdin stops the server.
+
+import asyncio
+import json
+import sys
+
+from fakepve.model import PveError
+from fakepve.server import FakePve
+
+
+class LauncherPve(FakePve):
+    """FakePve whose VMs with `agent: 1` in their config answer guest-agent calls once running."""
+
+    agent_default = False
+
+    async def _agent_call(self, match, values):
+        vm = self.find(values['node'], values['vmid'])
+        if self.agent_default and vm is not None and vm.agent is None and agent_enabled(vm.config):
+            vm.agent = {'interfaces': default_interfaces(vm.vmid)}
+        return await super()._agent_call(match, values)
+
+
+def agent_enabled(config):
+    value = str(config.get('agent', '0'))
+    first = value.split(',')[0]
+    return first in ('1', 'enabled=1') or 'enabled=1' in value
+
+
+def default_interfaces(vmid):
+    """Loopback, a link-local IPv6 and one IPv4 derived from the VMID, like a DHCP lease."""
+    ip = '10.99.{0}.{1}'.format((vmid // 250) % 250, vmid % 250 + 2)
+    return [
+        {'name': 'lo', 'hardware-address': '00:00:00:00:00:00',
+         'ip-addresses': [{'ip-address': '127.0.0.1', 'ip-address-type': 'ipv4', 'prefix': 8},
+                          {'ip-address': '::1', 'ip-address-type': 'ipv6', 'prefix': 128}]},
+        {'name': 'eth0', 'hardware-address': 'bc:24:11:00:{0:02x}:{1:02x}'.format((vmid >> 8) & 255, vmid & 255),
+         'ip-addresses': [{'ip-address': 'fe80::be24:11ff:fe00:1', 'ip-address-type': 'ipv6', 'prefix': 64},
+                          {'ip-address': ip, 'ip-address-type': 'ipv4', 'prefix': 24}]},
+    ]
+
+
+def build(scenario):
+    pve = LauncherPve(user=scenario.get('user', 'root@pam'), password=scenario.get('password', 'secret'),
+                      host=scenario.get('host', '127.0.0.1'), port=scenario.get('port', 0))
+    pve.time_scale = float(scenario.get('time_scale', 0))
+    pve.agent_default = bool(scenario.get('agent_default', False))
+    for node in scenario.get('nodes', []):
+        pve.add_node(node['name'], online=node.get('online', True))
+    for guest in scenario.get('guests', []):
+        vm = pve.add_vm(guest['vmid'], guest['name'], node=guest.get('node', 'pve1'),
+                        status=guest.get('status', 'stopped'), config=guest.get('config', {}),
+                        template=guest.get('template', False), lock=guest.get('lock'))
+        for key in ('shutdown_secs', 'start_secs', 'stop_secs', 'start_error', 'agent', 'acpi'):
+            if key in guest:
+                setattr(vm, key, guest[key])
+    for tokenid, secret in scenario.get('tokens', {}).items():
+        pve.apitokens[tokenid] = secret
+    for name, options in scenario.get('storages', {}).items():
+        store = pve.storages.setdefault(name, {'files': set(), 'active': 1})
+        store.setdefault('files', set())
+        store.update(options)
+    return pve
+
+
+def vm_view(vm):
+    return {'vmid': vm.vmid, 'name': vm.name, 'node': vm.node, 'status': vm.status, 'template': bool(vm.template),
+            'lock': vm.lock, 'config': dict(vm.config)}
+
+
+async def command(pve, cmd):
+    op = cmd.get('op')
+    if op == 'set_node_offline':
+        pve.set_node_offline(cmd['node'], cmd.get('offline', True))
+    elif op == 'revoke_tickets':
+        pve.revoke_tickets()
+    elif op == 'ticket_ttl':
+        pve.ticket_ttl = cmd['seconds']
+    elif op == 'migrate':
+        return await pve.migrate(cmd['vmid'], cmd['target'], secs=0)
+    elif op == 'fail':
+        pve.fail(cmd['method'], cmd['suffix'], status=cmd.get('status'), message=cmd.get('message'),
+                 error=cmd.get('error'), times=cmd.get('times'))
+    elif op == 'clear_failures':
+        pve.failures.clear()
+    elif op == 'requests':
+        return [[m, p] for (m, p, *_rest) in pve.requests]
+    elif op == 'reset_requests':
+        pve.requests.clear()
+    elif op == 'vm':
+        vm = pve.guest(cmd['vmid'])
+        return vm_view(vm) if vm is not None else None
+    elif op == 'vms':
+        return [vm_view(vm) for vm in pve.vms]
+    elif op == 'add_vm':
+        vm = pve.add_vm(cmd['vmid'], cmd['name'], node=cmd.get('node', 'pve1'), status=cmd.get('status', 'stopped'),
+                        config=cmd.get('config', {}))
+        return vm_view(vm)
+    elif op == 'remove_vm':
+        pve.vms = [vm for vm in pve.vms if vm.vmid != cmd['vmid']]
+    elif op == 'set_agent':
+        pve.guest(cmd['vmid']).agent = {'interfaces': cmd['interfaces']} if cmd.get('interfaces') is not None else None
+    elif op == 'storage_volumes':
+        store = pve.storages[cmd['storage']]
+        return sorted(store.get('volumes', {}).keys())
+    elif op == 'set_storage':
+        pve.storages.setdefault(cmd['name'], {'files': set(), 'active': 1}).update(cmd['options'])
+    elif op == 'ping':
+        return 'pong'
+    else:
+        raise ValueError('unknown op {0!r}'.format(op))
+    return None
+
+
+async def main():
+    with open(sys.argv[1]) as f:
+        scenario = json.load(f)
+    pve = build(scenario)
+    await pve.start(scenario['cert'], scenario['key'])
+    print('fakepve listening on {0}'.format(pve.url), flush=True)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while True:
+        line = await reader.readline()
+        if not line:
+            break
+        try:
+            result = await command(pve, json.loads(line))
+            answer = {'ok': True, 'result': result}
+        except (PveError, Exception) as e:  # noqa: BLE001 - every failure goes back to the test
+            answer = {'ok': False, 'error': '{0}: {1}'.format(type(e).__name__, e)}
+        print(json.dumps(answer, default=str), flush=True)
+    await pve.stop()
+
+
+if __name__ == '__main__':
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass

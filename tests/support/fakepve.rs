@@ -1,0 +1,211 @@
+//! Runs fakepve (the fake Proxmox VE API, installed by `scripts/setup-test-env.sh` into `.venv`) through
+//! our test-only launcher `tests/fakepve/launcher.py`, on 127.0.0.1 with a free port and a certificate
+//! from a private test CA.
+//!
+//! When fakepve is not installed the test is skipped with a message, except under `CI=true` or
+//! `REQUIRE_FAKEPVE=1`, where a missing fakepve fails the test: nothing silently passes in CI.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use serde_json::{Value, json};
+
+use super::certs::TestPki;
+
+pub const TOKEN_ID: &str = "omni@pve!provider";
+pub const TOKEN_SECRET: &str = "token-secret-7f3a";
+pub const USER: &str = "root@pam";
+pub const PASSWORD: &str = "fake-password-91c2";
+
+pub struct FakePve {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// `https://127.0.0.1:PORT`
+    pub url: String,
+    pub pki: TestPki,
+    pub dir: tempfile::TempDir,
+}
+
+/// How the provider logs in, for [`FakePve::config_yaml`].
+#[derive(Debug, Clone, Copy)]
+pub enum Login {
+    Token,
+    Password,
+}
+
+/// How the provider trusts the server certificate, for [`FakePve::config_yaml`].
+#[derive(Debug, Clone, Copy)]
+pub enum Trust {
+    CaFile,
+    InsecureSkipVerify,
+}
+
+fn python() -> Option<PathBuf> {
+    let candidate = std::env::var_os("FAKEPVE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    let ok = Command::new(&candidate)
+        .args(["-c", "import fakepve"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(candidate)
+}
+
+fn required() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+        || std::env::var("REQUIRE_FAKEPVE").is_ok_and(|v| v == "1")
+}
+
+/// Three nodes, a Talos template on pve1, one foreign VM on pve2, and storages as a small real cluster
+/// has them: `local` (ISO, per node), `local-lvm` (VM disks, per node), `shared-nfs` (both, shared).
+pub fn three_node_scenario() -> Value {
+    json!({
+        "nodes": [{"name": "pve1"}, {"name": "pve2"}, {"name": "pve3"}],
+        "guests": [
+            {"vmid": 9000, "name": "talos-template", "node": "pve1", "template": true,
+             "config": {"memory": 2048, "cores": 2, "agent": "1", "scsihw": "virtio-scsi-single",
+                        "scsi0": "local-lvm:base-9000-disk-0,size=8G", "net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"}},
+            {"vmid": 100, "name": "someone-elses-vm", "node": "pve2", "status": "running",
+             "config": {"memory": 1024, "cores": 1}}
+        ],
+        "storages": {
+            "shared-nfs": {"type": "nfs", "content": "images,iso", "shared": 1, "active": 1,
+                           "server": "192.0.2.1", "export": "/export", "path": "/mnt/pve/shared-nfs"}
+        },
+        "tokens": {TOKEN_ID: TOKEN_SECRET},
+        "agent_default": true
+    })
+}
+
+impl FakePve {
+    /// Starts fakepve with `scenario` (see the launcher for its keys). `None` means skipped.
+    pub fn start(mut scenario: Value, time_scale: f64) -> Option<FakePve> {
+        let Some(python) = python() else {
+            let msg = "fakepve is not installed: run `scripts/setup-test-env.sh` (creates .venv) or set FAKEPVE_PYTHON";
+            if required() {
+                panic!("{msg} (required because CI=true or REQUIRE_FAKEPVE=1)");
+            }
+            eprintln!("SKIPPED: {msg}");
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let pki = TestPki::create(dir.path());
+        let obj = scenario.as_object_mut().unwrap();
+        obj.insert("host".into(), json!("127.0.0.1"));
+        obj.insert("port".into(), json!(0));
+        obj.insert("user".into(), json!(USER));
+        obj.insert("password".into(), json!(PASSWORD));
+        obj.insert("time_scale".into(), json!(time_scale));
+        obj.insert("cert".into(), json!(pki.chain_pem));
+        obj.insert("key".into(), json!(pki.key_pem));
+        let scenario_path = dir.path().join("scenario.json");
+        std::fs::write(&scenario_path, scenario.to_string()).unwrap();
+        let launcher = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakepve/launcher.py");
+        let mut child = Command::new(python)
+            .arg(launcher)
+            .arg(&scenario_path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("cannot start the fakepve launcher");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("fakepve listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from fakepve: {line:?}"))
+            .to_owned();
+        Some(FakePve {
+            child,
+            stdin,
+            stdout,
+            url,
+            pki,
+            dir,
+        })
+    }
+
+    /// Sends a control command to the launcher and returns its result.
+    pub fn control(&mut self, cmd: Value) -> Value {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let answer: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("bad answer {line:?} to {cmd}: {e}"));
+        assert_eq!(
+            answer["ok"],
+            json!(true),
+            "fakepve control {cmd} failed: {answer}"
+        );
+        answer["result"].clone()
+    }
+
+    /// The VM as fakepve holds it (`null` when it does not exist).
+    pub fn vm(&mut self, vmid: u32) -> Value {
+        self.control(json!({"op": "vm", "vmid": vmid}))
+    }
+
+    /// Requests fakepve has seen, as (method, path).
+    pub fn requests(&mut self) -> Vec<(String, String)> {
+        serde_json::from_value(self.control(json!({"op": "requests"}))).unwrap()
+    }
+
+    /// A provider config file's text for this fakepve.
+    pub fn config_yaml(&self, login: Login, trust: Trust) -> String {
+        let mut text = format!("proxmox:\n  url: \"{}/api2/json\"\n", self.url);
+        match login {
+            Login::Token => text.push_str(&format!(
+                "  tokenID: \"{TOKEN_ID}\"\n  tokenSecret: \"{TOKEN_SECRET}\"\n"
+            )),
+            Login::Password => {
+                let (user, realm) = USER.split_once('@').unwrap();
+                text.push_str(&format!(
+                    "  username: \"{user}\"\n  password: \"{PASSWORD}\"\n  realm: \"{realm}\"\n"
+                ))
+            }
+        }
+        match trust {
+            Trust::CaFile => {
+                text.push_str(&format!("  caFile: \"{}\"\n", self.pki.ca_pem.display()))
+            }
+            Trust::InsecureSkipVerify => text.push_str("  insecureSkipVerify: true\n"),
+        }
+        text
+    }
+
+    /// Writes [`FakePve::config_yaml`] to a file in the temp dir and returns its path.
+    pub fn write_config(&self, login: Login, trust: Trust) -> PathBuf {
+        let path = self
+            .dir
+            .path()
+            .join(format!("config-{login:?}-{trust:?}.yaml"));
+        std::fs::write(&path, self.config_yaml(login, trust)).unwrap();
+        path
+    }
+
+    /// Connection settings for the Rust client.
+    pub fn settings(
+        &self,
+        login: Login,
+        trust: Trust,
+    ) -> omni_infra_provider_proxmox::config::ProxmoxSettings {
+        omni_infra_provider_proxmox::config::ProviderConfig::parse(&self.config_yaml(login, trust))
+            .unwrap()
+            .proxmox
+    }
+}
+
+impl Drop for FakePve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
