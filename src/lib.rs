@@ -5,6 +5,7 @@
 //! Proxmox VE client, and [`cli`] holds one module per subcommand.
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod did_you_mean;
 pub mod proxmox;
 pub mod secret;

@@ -114,7 +114,10 @@ async fn ticket_cookie_on_reads_and_csrf_on_writes() {
     pve.update_vm_config(
         &pve1(),
         VmId::new(105).unwrap(),
-        vec![("cores".into(), "4".into()), ("memory".into(), "4096".into())],
+        vec![
+            ("cores".into(), "4".into()),
+            ("memory".into(), "4096".into()),
+        ],
     )
     .await
     .unwrap();
@@ -126,7 +129,9 @@ async fn relogin_once_after_401() {
     mount_login(&server, 2).await;
     Mock::given(method("GET"))
         .and(path("/api2/json/version"))
-        .respond_with(ResponseTemplate::new(401).set_body_json(json!({"data": null, "message": "permission denied - invalid PVE ticket"})))
+        .respond_with(ResponseTemplate::new(401).set_body_json(
+            json!({"data": null, "message": "permission denied - invalid PVE ticket"}),
+        ))
         .up_to_n_times(1)
         .expect(1)
         .mount(&server)
@@ -161,14 +166,18 @@ async fn clone_create_delete_send_exact_requests() {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/api2/json/nodes/pve1/qemu/9000/clone"))
-        .and(body_string("newid=105&name=req-abc&target=pve2&full=1&storage=shared-nfs&pool=omni"))
+        .and(body_string(
+            "newid=105&name=req-abc&target=pve2&full=1&storage=shared-nfs&pool=omni",
+        ))
         .respond_with(data(json!(UPID)))
         .expect(1)
         .mount(&server)
         .await;
     Mock::given(method("POST"))
         .and(path("/api2/json/nodes/pve2/qemu"))
-        .and(body_string("vmid=106&name=req-def&net0=virtio%2Cbridge%3Dvmbr0%2Ctag%3D10"))
+        .and(body_string(
+            "vmid=106&name=req-def&net0=virtio%2Cbridge%3Dvmbr0%2Ctag%3D10",
+        ))
         .respond_with(data(json!(UPID)))
         .expect(1)
         .mount(&server)
@@ -182,7 +191,9 @@ async fn clone_create_delete_send_exact_requests() {
         .mount(&server)
         .await;
     Mock::given(method("DELETE"))
-        .and(path("/api2/json/nodes/pve2/storage/local/content/local:iso%2Fomni-seed-req-def.iso"))
+        .and(path(
+            "/api2/json/nodes/pve2/storage/local/content/local:iso%2Fomni-seed-req-def.iso",
+        ))
         .respond_with(data(json!(null)))
         .expect(1)
         .mount(&server)
@@ -267,7 +278,10 @@ async fn no_retry_on_400_nor_of_a_post_that_may_have_taken_effect() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("vmid: invalid format"), "{err}");
-    let err = pve.start_vm(&pve1(), VmId::new(105).unwrap()).await.unwrap_err();
+    let err = pve
+        .start_vm(&pve1(), VmId::new(105).unwrap())
+        .await
+        .unwrap_err();
     assert!(err.is_transient(), "{err:?}");
 }
 
@@ -281,18 +295,28 @@ async fn error_kinds() {
         .await;
     Mock::given(method("GET"))
         .and(path("/api2/json/nodes/pve1/qemu/998/status/current"))
-        .respond_with(ResponseTemplate::new(403).set_body_json(json!({"data": null, "message": "Permission check failed (/vms/998, VM.Audit)\n"})))
+        .respond_with(ResponseTemplate::new(403).set_body_json(
+            json!({"data": null, "message": "Permission check failed (/vms/998, VM.Audit)\n"}),
+        ))
         .mount(&server)
         .await;
     Mock::given(method("POST"))
         .and(path("/api2/json/nodes/pve1/qemu"))
-        .respond_with(ResponseTemplate::new(500).set_body_json(json!({"data": null, "message": "VM 105 already exists on node 'pve2'\n"})))
+        .respond_with(ResponseTemplate::new(500).set_body_json(
+            json!({"data": null, "message": "VM 105 already exists on node 'pve2'\n"}),
+        ))
         .mount(&server)
         .await;
     let pve = token_client(&server);
-    let e = pve.vm_status(&pve1(), VmId::new(999).unwrap()).await.unwrap_err();
+    let e = pve
+        .vm_status(&pve1(), VmId::new(999).unwrap())
+        .await
+        .unwrap_err();
     assert!(e.is_not_found(), "{e:?}");
-    let e = pve.vm_status(&pve1(), VmId::new(998).unwrap()).await.unwrap_err();
+    let e = pve
+        .vm_status(&pve1(), VmId::new(998).unwrap())
+        .await
+        .unwrap_err();
     assert!(matches!(e, ProxmoxError::PermissionDenied { .. }), "{e:?}");
     assert!(e.to_string().contains("VM.Audit"));
     let e = pve
@@ -308,7 +332,9 @@ async fn task_wait_polls_until_done_and_tolerates_an_invisible_task() {
     let status_path = format!("/api2/json/nodes/pve1/tasks/{UPID}/status");
     Mock::given(method("GET"))
         .and(path(status_path.clone()))
-        .respond_with(ResponseTemplate::new(500).set_body_json(json!({"data": null, "message": format!("unable to parse worker upid '{UPID}'\n")})))
+        .respond_with(ResponseTemplate::new(500).set_body_json(
+            json!({"data": null, "message": format!("unable to parse worker upid '{UPID}'\n")}),
+        ))
         .up_to_n_times(1)
         .mount(&server)
         .await;
@@ -338,7 +364,9 @@ async fn failed_task_carries_its_log_tail_and_a_slow_one_times_out() {
     let server = MockServer::start().await;
     Mock::given(method("GET"))
         .and(path(format!("/api2/json/nodes/pve1/tasks/{UPID}/status")))
-        .respond_with(data(json!({"status": "stopped", "exitstatus": "clone failed: no space"})))
+        .respond_with(data(
+            json!({"status": "stopped", "exitstatus": "clone failed: no space"}),
+        ))
         .mount(&server)
         .await;
     let lines: Vec<_> = (1..=12)
@@ -361,7 +389,11 @@ async fn failed_task_carries_its_log_tail_and_a_slow_one_times_out() {
         .await
         .unwrap_err();
     match &err {
-        ProxmoxError::TaskFailed { log_tail, exit_status, .. } => {
+        ProxmoxError::TaskFailed {
+            log_tail,
+            exit_status,
+            ..
+        } => {
             assert_eq!(exit_status, "clone failed: no space");
             assert_eq!(log_tail.first().map(String::as_str), Some("line 5"));
             assert_eq!(log_tail.last().map(String::as_str), Some("line 12"));

@@ -1,0 +1,232 @@
+//! The reconcile queue: which MachineRequest to work on next, and when.
+//!
+//! Guarantees the controller relies on:
+//! - A key is never handed to two workers at once. An event for a key that is being reconciled is kept
+//!   and the key comes back as soon as the running reconcile finishes, so no change is lost.
+//! - A key waits in the queue at most once: adding it again keeps the earliest due time. A requeue in
+//!   five minutes is brought forward by a watch event now (the Go runtime behaves the same way).
+//! - Workers sleep until the earliest due time or until something is added; nothing polls.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+pub struct WorkQueue<K> {
+    state: Mutex<State<K>>,
+    changed: Notify,
+}
+
+struct State<K> {
+    /// Keys waiting, with the instant they become due.
+    waiting: HashMap<K, Instant>,
+    /// Keys a worker holds right now.
+    active: HashSet<K>,
+    /// Keys added while active: due again when their reconcile ends.
+    again: HashMap<K, Instant>,
+    closed: bool,
+}
+
+impl<K: Clone + Eq + Hash> Default for WorkQueue<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Clone + Eq + Hash> WorkQueue<K> {
+    pub fn new() -> Self {
+        Self {
+            state: Mutex::new(State {
+                waiting: HashMap::new(),
+                active: HashSet::new(),
+                again: HashMap::new(),
+                closed: false,
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
+        // A panic while holding this lock cannot leave the maps inconsistent (every update is a single
+        // insert or remove), so a poisoned lock is safe to keep using.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Schedules `key` now.
+    pub fn add(&self, key: K) {
+        self.add_at(key, Instant::now());
+    }
+
+    /// Schedules `key` after `delay` (or earlier, if it is already due earlier).
+    pub fn add_after(&self, key: K, delay: Duration) {
+        self.add_at(key, Instant::now() + delay);
+    }
+
+    pub fn add_at(&self, key: K, due: Instant) {
+        {
+            let mut s = self.lock();
+            if s.closed {
+                return;
+            }
+            let slot = if s.active.contains(&key) {
+                &mut s.again
+            } else {
+                &mut s.waiting
+            };
+            slot.entry(key)
+                .and_modify(|d| *d = (*d).min(due))
+                .or_insert(due);
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Forgets a waiting key (the request is gone). An active key finishes normally.
+    pub fn forget(&self, key: &K) {
+        let mut s = self.lock();
+        s.waiting.remove(key);
+        s.again.remove(key);
+    }
+
+    /// Waits for the next due key and marks it active; `None` once the queue is closed.
+    pub async fn next(&self) -> Option<K> {
+        loop {
+            // Register interest before looking, so an add between the look and the wait is not missed.
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let wake_at = {
+                let mut s = self.lock();
+                if s.closed {
+                    return None;
+                }
+                let now = Instant::now();
+                let earliest = s
+                    .waiting
+                    .iter()
+                    .min_by_key(|(_, due)| **due)
+                    .map(|(k, due)| (k.clone(), *due));
+                match earliest {
+                    Some((key, due)) if due <= now => {
+                        s.waiting.remove(&key);
+                        s.active.insert(key.clone());
+                        return Some(key);
+                    }
+                    Some((_, due)) => Some(due),
+                    None => None,
+                }
+            };
+            match wake_at {
+                Some(at) => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Releases a key a worker got from [`WorkQueue::next`]; an add that arrived meanwhile takes effect.
+    pub fn done(&self, key: &K) {
+        {
+            let mut s = self.lock();
+            s.active.remove(key);
+            if let Some(due) = s.again.remove(key) {
+                s.waiting
+                    .entry(key.clone())
+                    .and_modify(|d| *d = (*d).min(due))
+                    .or_insert(due);
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Wakes every waiting worker with `None`; pending keys are dropped.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.changed.notify_waiters();
+    }
+
+    /// Keys waiting or active (for metrics and tests).
+    pub fn len(&self) -> usize {
+        let s = self.lock();
+        s.waiting.len() + s.active.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn earliest_due_time_wins_and_delays_are_honoured() {
+        let q = WorkQueue::new();
+        q.add_after("a", Duration::from_secs(60));
+        q.add_after("b", Duration::from_secs(10));
+        q.add_after("a", Duration::from_secs(5));
+        let t0 = Instant::now();
+        assert_eq!(q.next().await, Some("a"));
+        assert!(t0.elapsed() >= Duration::from_secs(5));
+        assert_eq!(q.next().await, Some("b"));
+        assert!(t0.elapsed() >= Duration::from_secs(10) && t0.elapsed() < Duration::from_secs(60));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_active_key_is_not_handed_out_twice_and_events_are_kept() {
+        let q = Arc::new(WorkQueue::new());
+        q.add("k");
+        assert_eq!(q.next().await, Some("k"));
+        q.add("k"); // an event while the key is being reconciled
+        let q2 = q.clone();
+        let second = tokio::spawn(async move { q2.next().await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !second.is_finished(),
+            "must wait until the first reconcile is done"
+        );
+        q.done(&"k");
+        assert_eq!(second.await.unwrap(), Some("k"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_brings_a_requeue_forward() {
+        let q = Arc::new(WorkQueue::new());
+        q.add_after("k", Duration::from_secs(300));
+        let q2 = q.clone();
+        let waiter = tokio::spawn(async move { q2.next().await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        q.add("k");
+        let t0 = Instant::now();
+        assert_eq!(waiter.await.unwrap(), Some("k"));
+        assert!(t0.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn close_releases_workers() {
+        let q: Arc<WorkQueue<&str>> = Arc::new(WorkQueue::new());
+        let q2 = q.clone();
+        let waiter = tokio::spawn(async move { q2.next().await });
+        tokio::task::yield_now().await;
+        q.close();
+        assert_eq!(waiter.await.unwrap(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn forget_drops_a_waiting_key() {
+        let q = WorkQueue::new();
+        q.add("gone");
+        q.add_after("later", Duration::from_secs(1));
+        q.forget(&"gone");
+        assert_eq!(q.next().await, Some("later"));
+    }
+}
