@@ -5,7 +5,10 @@
 //! Proxmox VE client, and [`cli`] holds one module per subcommand.
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod did_you_mean;
+pub mod omni;
 pub mod proxmox;
 pub mod secret;
+pub mod telemetry;
 pub mod yaml;
