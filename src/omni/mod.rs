@@ -6,6 +6,7 @@
 //! (§1.4, §6.2, ...) point there.
 
 pub mod auth;
+pub mod client;
 pub mod management;
 pub mod memstate;
 pub mod resources;
