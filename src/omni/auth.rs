@@ -510,10 +510,10 @@ fn check_pgp_signature(
             )));
         }
     }
-    if let Some(created) = s.created() {
-        if i64::from(created.as_secs()) > now_unix + MAX_CLOCK_SKEW_SECS {
-            return Err(VerifyError::Invalid("signature made in the future".into()));
-        }
+    if let Some(created) = s.created()
+        && i64::from(created.as_secs()) > now_unix + MAX_CLOCK_SKEW_SECS
+    {
+        return Err(VerifyError::Invalid("signature made in the future".into()));
     }
     let by_primary = sig.verify(&key.primary_key, data).is_ok();
     let by_subkey = || {
