@@ -1,5 +1,24 @@
-//! Compiles our hand-written `.proto` files with protox (pure Rust), so no machine needs `protoc`.
+//! Compiles our `.proto` files with protox (pure Rust, no `protoc` on any machine) and generates
+//! tonic client and server stubs: the client talks to Omni, the server is the in-memory Omni.
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("cargo:rerun-if-changed=proto");
+    let files = [
+        "proto/cosi/resource.proto",
+        "proto/cosi/state.proto",
+        "proto/cosi/meta.proto",
+        "proto/omni/specs/infra.proto",
+        "proto/omni/specs/omni.proto",
+        "proto/omni/specs/siderolink.proto",
+        "proto/omni/management.proto",
+        "proto/provider/machine.proto",
+    ];
+    for f in files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let fds = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
     Ok(())
 }

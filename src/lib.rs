@@ -7,6 +7,8 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod did_you_mean;
+pub mod omni;
 pub mod proxmox;
 pub mod secret;
+pub mod telemetry;
 pub mod yaml;

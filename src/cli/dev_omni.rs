@@ -1,14 +1,83 @@
-//! `dev-omni`: an in-memory Omni state server for local development. Placeholder.
+//! `dev-omni`: an in-memory Omni for local development and demos.
+//!
+//! It registers one provider, prints the address and the key that provider should use, and serves
+//! until SIGINT/SIGTERM. Nothing is persisted.
+
+use std::path::PathBuf;
 
 use super::CliResult;
+use crate::omni::memstate::MemState;
+use crate::omni::transport;
 
 #[derive(Debug, clap::Args)]
 pub struct DevOmniArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: String,
+    /// Provider ID to register (like `omnictl infraprovider create <id>`).
+    #[arg(long, default_value = "proxmox")]
+    pub provider_id: String,
+    /// Serve TLS with this certificate (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
-pub async fn run(_args: DevOmniArgs) -> CliResult {
-    Err("dev-omni is not implemented yet".into())
+#[derive(Debug, thiserror::Error)]
+pub enum DevOmniError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot register provider {id:?}: {message}")]
+    Register { id: String, message: String },
+}
+
+pub async fn run(args: DevOmniArgs) -> CliResult {
+    transport::install_crypto_provider();
+    let state = MemState::new();
+    let key = state
+        .register_provider(&args.provider_id)
+        .map_err(|message| DevOmniError::Register {
+            id: args.provider_id.clone(),
+            message,
+        })?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let read = |p: &PathBuf| {
+                std::fs::read(p).map_err(|source| DevOmniError::Read {
+                    path: p.clone(),
+                    source,
+                })
+            };
+            Some(tonic::transport::ServerTlsConfig::new().identity(
+                tonic::transport::Identity::from_pem(read(cert)?, read(key)?),
+            ))
+        }
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|source| DevOmniError::Listen {
+            addr: args.listen.clone(),
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    let server = state.serve(listener, tls)?;
+    // Printing the key is the purpose of this command (a throwaway key for a throwaway Omni).
+    println!("OMNI_ENDPOINT={scheme}://{addr}");
+    println!("OMNI_SERVICE_ACCOUNT_KEY={}", key.expose());
+    println!("provider id: {}", args.provider_id);
+    super::run::shutdown_signal().await;
+    server.stop().await;
+    Ok(())
 }

@@ -1,18 +1,262 @@
-//! The default command: run the provider (connect to Omni, register, heartbeat, reconcile requests).
+//! The default command: run the provider.
 //!
-//! Placeholder until the Omni connection lands; the flags are the official provider's.
+//! Start-up checks everything a user can get wrong before touching Omni (config file, key, flags),
+//! then connects, registers, and runs three things until SIGTERM/SIGINT: the heartbeat, the
+//! MachineRequest watch feeding the reconcile queue, and (later) the provisioning controller.
+//! Flags and environment variables are the official provider's, plus a few of ours.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
 
 use super::CliResult;
+use crate::config::ProviderConfig;
+use crate::controller::health::{self, HealthCheck};
+use crate::controller::registration::{self, ProviderInfo};
+use crate::controller::requests::{self, RequestQueueEvent};
+use crate::omni::auth::ProviderKey;
+use crate::omni::client::OmniClient;
+use crate::omni::transport::{self, OmniEndpoint, OmniTls};
+use crate::secret::Secret;
+use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// Provider config file (Proxmox connection, defaults, per-node overrides).
     #[arg(long, env = "CONFIG_FILE")]
     pub config_file: Option<PathBuf>,
+    /// Omni API endpoint, e.g. https://omni.example.com (any path is ignored).
+    #[arg(long, env = "OMNI_ENDPOINT")]
+    pub omni_api_endpoint: Option<String>,
+    /// Infra provider key printed by `omnictl infraprovider create <id>`.
+    #[arg(long, env = "OMNI_SERVICE_ACCOUNT_KEY", hide_env_values = true, value_parser = parse_secret)]
+    pub omni_service_account_key: Option<Secret>,
+    /// Provider ID; must match the ID the key was created for.
+    #[arg(long, default_value = "proxmox")]
+    pub id: String,
+    /// Provider name shown in Omni.
+    #[arg(long, default_value = "Proxmox")]
+    pub provider_name: String,
+    /// Provider description shown in Omni.
+    #[arg(long, default_value = "Proxmox infrastructure provider")]
+    pub provider_description: String,
+    /// Skip TLS verification of the Omni endpoint.
+    #[arg(long)]
+    pub insecure_skip_verify: bool,
+    /// PEM file with extra CA certificates to trust for the Omni endpoint.
+    #[arg(long, env = "OMNI_CA_FILE")]
+    pub omni_ca_file: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log level or filter (RUST_LOG overrides it).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Interval between heartbeats to Omni (Omni shows the provider disconnected after 31 s).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub health_interval: Duration,
 }
 
-pub async fn run(_args: RunArgs) -> CliResult {
-    Err("running the provider is not implemented yet".into())
+fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
+    Ok(Secret::new(s))
+}
+
+/// `10s`, `500ms`, `1m`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 10s, 500ms or 1m"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
+    };
+    if d.is_zero() {
+        return Err("the interval must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(
+        "--config-file (or CONFIG_FILE) is required: the provider needs the Proxmox connection settings"
+    )]
+    NoConfigFile,
+    #[error("--omni-api-endpoint (or OMNI_ENDPOINT) is required")]
+    NoEndpoint,
+    #[error(
+        "the key was made for provider {key_id:?} but --id is {flag_id:?}; run with --id {key_id} or create a key for {flag_id:?} with `omnictl infraprovider create {flag_id}`"
+    )]
+    IdMismatch { key_id: String, flag_id: String },
+    #[error("--insecure-skip-verify and --omni-ca-file cannot be used together")]
+    TlsFlags,
+}
+
+/// Everything the provider needs, checked; built before any network call.
+pub struct Settings {
+    pub config: ProviderConfig,
+    pub endpoint: OmniEndpoint,
+    pub key: Arc<ProviderKey>,
+    pub info: ProviderInfo,
+    pub health_interval: Duration,
+}
+
+impl Settings {
+    pub fn from_args(args: &RunArgs) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let path = args.config_file.as_ref().ok_or(RunError::NoConfigFile)?;
+        let config = ProviderConfig::load(path)?;
+        let url = args
+            .omni_api_endpoint
+            .clone()
+            .filter(|u| !u.is_empty())
+            .ok_or(RunError::NoEndpoint)?;
+        let key = ProviderKey::parse(&args.omni_service_account_key.clone().unwrap_or_default())?;
+        if let Some(key_id) = key.provider_id()
+            && key_id != args.id
+        {
+            return Err(RunError::IdMismatch {
+                key_id: key_id.to_owned(),
+                flag_id: args.id.clone(),
+            }
+            .into());
+        }
+        let tls = match (&args.omni_ca_file, args.insecure_skip_verify) {
+            (Some(_), true) => return Err(RunError::TlsFlags.into()),
+            (Some(p), false) => OmniTls::CaFile(p.clone()),
+            (None, true) => OmniTls::InsecureSkipVerify,
+            (None, false) => OmniTls::WebPki,
+        };
+        Ok(Self {
+            config,
+            endpoint: OmniEndpoint { url, tls },
+            key: Arc::new(key),
+            info: ProviderInfo::new(&args.id, &args.provider_name, &args.provider_description),
+            health_interval: args.health_interval,
+        })
+    }
+}
+
+pub async fn run(args: RunArgs) -> CliResult {
+    telemetry::init_logging(args.log_format, &args.log_level)?;
+    transport::install_crypto_provider();
+    let settings = Settings::from_args(&args)?;
+    run_with(settings, health::always_healthy(), shutdown_signal()).await
+}
+
+/// The provider proper, with the health check and shutdown trigger injected (the Proxmox check
+/// plugs in here; tests pass their own shutdown future).
+pub async fn run_with(
+    settings: Settings,
+    health_check: HealthCheck,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> CliResult {
+    if settings.endpoint.tls == OmniTls::InsecureSkipVerify {
+        tracing::warn!(
+            "TLS verification of the Omni endpoint is disabled (--insecure-skip-verify)"
+        );
+    }
+    let provider_id = settings.info.id.clone();
+    tracing::info!(
+        endpoint = %settings.endpoint.url,
+        provider_id = %provider_id,
+        identity = settings.key.identity(),
+        proxmox = %settings.config.proxmox.api_url,
+        "starting"
+    );
+    let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
+    let mode = crate::controller::detect_join_mode(&omni.state).await?;
+    tracing::info!(?mode, "detected Omni join mode");
+    registration::register(&omni.state, &settings.info).await?;
+    tracing::info!("registered provider status");
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let heartbeat = tokio::spawn(health::run(
+        omni.state.clone(),
+        provider_id.clone(),
+        settings.health_interval,
+        health_check,
+        stop_rx.clone(),
+    ));
+    let mut queue = requests::watch(&omni.state, &provider_id);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            ev = queue.recv() => match ev {
+                Some(ev) => log_request_event(&ev),
+                None => break,
+            },
+        }
+    }
+    tracing::info!("shutting down");
+    drop(queue);
+    let _ = stop_tx.send(true);
+    let _ = heartbeat.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn log_request_event(ev: &RequestQueueEvent) {
+    match ev {
+        RequestQueueEvent::Changed(r) => tracing::info!(
+            request = r.id(),
+            tearing_down = r.is_tearing_down(),
+            talos_version = %r.spec.talos_version,
+            "machine request changed"
+        ),
+        RequestQueueEvent::Destroyed { id } => {
+            tracing::info!(request = %id, "machine request gone")
+        }
+        RequestQueueEvent::Synced => tracing::info!("machine requests listed"),
+        RequestQueueEvent::Resync => {
+            tracing::info!("machine request watch re-established; relisting")
+        }
+        RequestQueueEvent::Error(e) => tracing::error!(error = %e, "machine request watch"),
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("10h").is_err());
+    }
 }

@@ -12,6 +12,15 @@ impl ProxmoxClient {
         self.get(&["version"], Params::new()).await
     }
 
+    /// The provider's health as Omni shows it: `None` when the API answers and accepts our credentials,
+    /// else a sentence saying what is wrong (never a secret).
+    pub async fn health(&self) -> Option<String> {
+        match self.version().await {
+            Ok(_) => None,
+            Err(e) => Some(format!("Proxmox API at {} is not usable: {e}", self.api_url())),
+        }
+    }
+
     /// `GET /nodes`.
     pub async fn nodes(&self) -> Result<Vec<NodeStatus>, ProxmoxError> {
         self.get(&["nodes"], Params::new()).await

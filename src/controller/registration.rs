@@ -1,0 +1,103 @@
+//! Registering the provider with Omni (§3.1 step 4): name, description, icon, provider-data schema
+//! and version, shown in Omni's UI and used to validate machine classes.
+
+use base64::Engine as _;
+
+use crate::omni::proto::specs::InfraProviderStatusSpec;
+use crate::omni::resources::{InfraProviderStatus, PHASE_RUNNING};
+use crate::omni::state::{StateClient, StateError};
+
+/// Our icon, shipped in the repository.
+pub const ICON_SVG: &str = include_str!("../../assets/icon.svg");
+/// JSON schema of the provider data a machine class may carry.
+pub const PROVIDER_DATA_SCHEMA: &str = include_str!("../../schema/provider-data.schema.json");
+
+/// What Omni shows about the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderInfo {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub icon_svg: String,
+    pub schema: String,
+    pub version: String,
+}
+
+impl ProviderInfo {
+    /// Our defaults for a provider ID, name and description (the flags' values).
+    pub fn new(id: &str, name: &str, description: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            description: description.to_owned(),
+            icon_svg: ICON_SVG.to_owned(),
+            schema: PROVIDER_DATA_SCHEMA.to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+
+    /// The status spec; the icon is unpadded standard base64 like the Go provider's.
+    pub fn status_spec(&self) -> InfraProviderStatusSpec {
+        InfraProviderStatusSpec {
+            schema: self.schema.clone(),
+            name: self.name.clone(),
+            description: self.description.clone(),
+            icon: base64::engine::general_purpose::STANDARD_NO_PAD.encode(&self.icon_svg),
+            version: self.version.clone(),
+        }
+    }
+}
+
+/// Creates `InfraProviderStatuses/<id>` (no owner) or, if it exists, replaces its spec,
+/// retrying version conflicts.
+pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), StateError> {
+    let spec = info.status_spec();
+    match state
+        .create(
+            &InfraProviderStatus,
+            &info.id,
+            &spec,
+            Default::default(),
+            "",
+        )
+        .await
+    {
+        Ok(_) => return Ok(()),
+        Err(StateError::AlreadyExists { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    loop {
+        let mut current = state.get(&InfraProviderStatus, &info.id).await?;
+        if current.spec == spec {
+            return Ok(());
+        }
+        current.spec = spec.clone();
+        let owner = current.metadata.owner.clone();
+        match state
+            .update(&InfraProviderStatus, &current, &owner, Some(PHASE_RUNNING))
+            .await
+        {
+            Err(e) if e.is_conflict() => continue,
+            other => return other.map(|_| ()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_spec_carries_everything() {
+        let info = ProviderInfo::new("proxmox", "Proxmox", "Proxmox infrastructure provider");
+        let spec = info.status_spec();
+        assert_eq!(spec.name, "Proxmox");
+        assert!(!spec.icon.ends_with('='));
+        let svg = base64::engine::general_purpose::STANDARD_NO_PAD
+            .decode(&spec.icon)
+            .unwrap();
+        assert!(String::from_utf8(svg).unwrap().contains("<svg"));
+        assert_eq!(spec.version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(spec.schema, PROVIDER_DATA_SCHEMA);
+    }
+}

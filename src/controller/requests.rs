@@ -1,0 +1,57 @@
+//! Turns the MachineRequest watch into reconcile work items.
+//!
+//! A reconcile loop wants keys, not events: "look at request X again". Events for the same request
+//! collapse into one key, and a re-bootstrap after a lost watch says "everything may have changed".
+//! That is what [`RequestQueueEvent`] carries; the provisioning controller consumes it.
+
+use tokio::sync::mpsc;
+
+use crate::omni::proto::specs::MachineRequestSpec;
+use crate::omni::resources::{Kind, MachineRequest, label};
+use crate::omni::state::{LabelSelector, StateClient, StateError, Typed, WatchEvent};
+
+/// Something the reconcile loop must look at.
+#[derive(Debug, Clone)]
+pub enum RequestQueueEvent {
+    /// Request created or changed (including entering `tearingDown`).
+    Changed(Box<Typed<MachineRequestSpec>>),
+    /// Request gone from Omni.
+    Destroyed { id: String },
+    /// The initial listing is complete: requests not announced since the last `Resync` no longer
+    /// exist.
+    Synced,
+    /// The watch lost its place; a fresh listing follows.
+    Resync,
+    /// The watch reported an error that needs a human (permission, signature).
+    Error(StateError),
+}
+
+/// Watches the MachineRequests labelled with our provider ID. Dropping the receiver stops it.
+pub fn watch(state: &StateClient, provider_id: &str) -> mpsc::Receiver<RequestQueueEvent> {
+    let mut events = state.watch_kind(
+        &MachineRequest.namespace(),
+        &MachineRequest.resource_type(),
+        vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id)],
+    );
+    let (tx, rx) = mpsc::channel(256);
+    tokio::spawn(async move {
+        while let Some(ev) = events.recv().await {
+            let item = match ev {
+                Ok(WatchEvent::Created(r)) | Ok(WatchEvent::Updated(r)) => match Typed::decode(r) {
+                    Ok(t) => RequestQueueEvent::Changed(Box::new(t)),
+                    Err(e) => RequestQueueEvent::Error(e),
+                },
+                Ok(WatchEvent::Destroyed(r)) => RequestQueueEvent::Destroyed {
+                    id: r.metadata.map(|m| m.id).unwrap_or_default(),
+                },
+                Ok(WatchEvent::Bootstrapped) => RequestQueueEvent::Synced,
+                Ok(WatchEvent::Resync) => RequestQueueEvent::Resync,
+                Err(e) => RequestQueueEvent::Error(e),
+            };
+            if tx.send(item).await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}

@@ -1,0 +1,37 @@
+//! Everything that speaks to Omni: request signing, the connection, the typed COSI State client,
+//! the typed resources a provider touches, the management (schematic) call, and an in-memory Omni
+//! that serves the same wire protocol for tests, the demo and local development.
+//!
+//! The wire contract is `shared/reference/omni-infra-protocol.md`; section numbers in comments
+//! (§1.4, §6.2, ...) point there.
+
+pub mod auth;
+pub mod client;
+pub mod management;
+pub mod memstate;
+pub mod resources;
+pub mod state;
+pub mod transport;
+
+/// Generated protobuf and gRPC code, one module per proto package.
+pub mod proto {
+    pub mod cosi {
+        pub mod resource {
+            tonic::include_proto!("cosi.resource");
+            pub mod meta {
+                tonic::include_proto!("cosi.resource.meta");
+            }
+        }
+    }
+    /// Omni spec messages (proto package `specs`).
+    pub mod specs {
+        tonic::include_proto!("specs");
+    }
+    pub mod management {
+        tonic::include_proto!("management");
+    }
+    /// Our provider state spec (proto package `provider`).
+    pub mod provider {
+        tonic::include_proto!("provider");
+    }
+}

@@ -1,0 +1,247 @@
+//! The Omni resources a provider reads and writes (§2), as typed kinds.
+//!
+//! A [`Kind`] ties a namespace and a type string to its spec message, so the state client can hand
+//! out decoded specs and nobody spells `MachineRequestStatuses.omni.sidero.dev` twice. The provider's
+//! own state kind ([`ProviderMachine`]) is a value, not a constant, because its namespace and type
+//! carry the provider ID.
+
+use crate::omni::proto::cosi::resource::meta::ResourceDefinitionSpec;
+use crate::omni::proto::provider::MachineSpec;
+use crate::omni::proto::specs;
+
+/// Namespaces (§2).
+pub mod namespace {
+    pub const DEFAULT: &str = "default";
+    pub const INFRA_PROVIDER: &str = "infra-provider";
+    /// Not persisted across Omni restarts: heartbeats live here.
+    pub const INFRA_PROVIDER_EPHEMERAL: &str = "infra-provider-ephemeral";
+    pub const META: &str = "meta";
+    /// Prefix of the provider-private namespace `infra-provider:<id>`.
+    pub const PROVIDER_PRIVATE_PREFIX: &str = "infra-provider:";
+}
+
+/// Label keys (§2).
+pub mod label {
+    pub const INFRA_PROVIDER_ID: &str = "omni.sidero.dev/infra-provider-id";
+    pub const MACHINE_REQUEST: &str = "omni.sidero.dev/machine-request";
+    pub const MACHINE_REQUEST_SET: &str = "omni.sidero.dev/machine-request-set";
+    /// Provider-specific machine ID (note: not "machine-infra-id").
+    pub const INFRA_ID: &str = "omni.sidero.dev/infra-id";
+    pub const IS_STATIC_INFRA_PROVIDER: &str = "omni.sidero.dev/is-static-infra-provider";
+    pub const MACHINE: &str = "omni.sidero.dev/machine";
+    pub const SYSTEM_PATCH: &str = "omni.sidero.dev/system-patch";
+}
+
+/// Annotation keys (§2).
+pub mod annotation {
+    /// Last persisted provision step, shared with the Go library so its state can be resumed.
+    pub const STEP: &str = "infra.omni.sidero.dev/step";
+}
+
+/// Fixed IDs.
+pub const SIDEROLINK_CONFIG_ID: &str = "siderolink-config";
+/// ResourceDefinition ID whose presence means Omni ≥ 1.0 (v2 join tokens, §3.1).
+pub const PROVIDER_JOIN_CONFIG_DEFINITION_ID: &str = "providerjoinconfigs.omni.sidero.dev";
+
+/// Phases (§1.2).
+pub const PHASE_RUNNING: &str = "running";
+pub const PHASE_TEARING_DOWN: &str = "tearingDown";
+
+/// Controller names the Go library uses; we keep them so state written by the official provider is
+/// ours to continue (§2, §3).
+pub fn provision_controller_name(provider_id: &str) -> String {
+    format!("{provider_id}.ProvisionController")
+}
+
+pub fn health_controller_name(provider_id: &str) -> String {
+    format!("{provider_id}.ProviderHealthStatusController")
+}
+
+pub fn provider_namespace(provider_id: &str) -> String {
+    format!("{}{provider_id}", namespace::PROVIDER_PRIVATE_PREFIX)
+}
+
+/// A resource kind: where it lives and what its spec is.
+pub trait Kind: Send + Sync {
+    type Spec: prost::Message + Default + Clone + PartialEq + Send + Sync + 'static;
+    fn namespace(&self) -> String;
+    fn resource_type(&self) -> String;
+    /// Best-effort YAML of the spec (§1.6). Omni regenerates it for its own types, so only kinds
+    /// Omni does not know (our provider state) need one.
+    fn yaml(&self, _spec: &Self::Spec) -> String {
+        String::new()
+    }
+}
+
+macro_rules! omni_kind {
+    ($(#[$doc:meta])* $name:ident, $ns:expr, $ty:literal, $spec:ty) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default)]
+        pub struct $name;
+        impl $name {
+            pub const TYPE: &'static str = $ty;
+            pub const NAMESPACE: &'static str = $ns;
+        }
+        impl Kind for $name {
+            type Spec = $spec;
+            fn namespace(&self) -> String {
+                $ns.to_owned()
+            }
+            fn resource_type(&self) -> String {
+                $ty.to_owned()
+            }
+        }
+    };
+}
+
+omni_kind!(
+    /// What Omni wants provisioned. Read-only for providers except finalizers.
+    MachineRequest,
+    namespace::INFRA_PROVIDER,
+    "MachineRequests.omni.sidero.dev",
+    specs::MachineRequestSpec
+);
+omni_kind!(
+    /// Progress of one request as Omni shows it; ID = MachineRequest ID.
+    MachineRequestStatus,
+    namespace::INFRA_PROVIDER,
+    "MachineRequestStatuses.omni.sidero.dev",
+    specs::MachineRequestStatusSpec
+);
+omni_kind!(
+    /// Provider registration (name, icon, schema); ID = provider ID.
+    InfraProviderStatus,
+    namespace::INFRA_PROVIDER,
+    "InfraProviderStatuses.omni.sidero.dev",
+    specs::InfraProviderStatusSpec
+);
+omni_kind!(
+    /// Heartbeat; ID = provider ID; lost when Omni restarts.
+    InfraProviderHealthStatus,
+    namespace::INFRA_PROVIDER_EPHEMERAL,
+    "InfraProviderHealthStatuses.omni.sidero.dev",
+    specs::InfraProviderHealthStatusSpec
+);
+omni_kind!(
+    /// Created by Omni when a provider-requested machine joins; ID = machine UUID.
+    MachineRegistration,
+    namespace::INFRA_PROVIDER,
+    "InfraMachineRegistrations.omni.sidero.dev",
+    specs::MachineRegistrationSpec
+);
+omni_kind!(
+    /// A config patch the provider asks Omni to apply to a machine.
+    ConfigPatchRequest,
+    namespace::INFRA_PROVIDER,
+    "ConfigPatchRequests.omni.sidero.dev",
+    specs::ConfigPatchSpec
+);
+omni_kind!(
+    /// Per-provider join token (Omni ≥ 1.0); ID = provider ID.
+    ProviderJoinConfig,
+    namespace::INFRA_PROVIDER,
+    "ProviderJoinConfigs.omni.sidero.dev",
+    specs::ProviderJoinConfigSpec
+);
+omni_kind!(
+    /// SideroLink endpoints (Omni ≥ 1.0); ID `siderolink-config`.
+    SiderolinkApiConfig,
+    namespace::DEFAULT,
+    "SiderolinkAPIConfigs.omni.sidero.dev",
+    specs::SiderolinkApiConfigSpec
+);
+omni_kind!(
+    /// Legacy join parameters (Omni < 1.0); ID `siderolink-config`.
+    ConnectionParams,
+    namespace::DEFAULT,
+    "ConnectionParams.omni.sidero.dev",
+    specs::ConnectionParamsSpec
+);
+omni_kind!(
+    /// Admin-created registration of the provider ID (`omnictl infraprovider create`).
+    InfraProvider,
+    namespace::INFRA_PROVIDER,
+    "InfraProviders.omni.sidero.dev",
+    specs::InfraProviderSpec
+);
+omni_kind!(
+    /// COSI resource definitions; listing them tells which Omni features exist.
+    ResourceDefinition,
+    namespace::META,
+    "ResourceDefinitions.meta.cosi.dev",
+    ResourceDefinitionSpec
+);
+
+/// Our provider state: `Machine.<id>.infraprovider.sidero.dev` in `infra-provider:<id>`, same
+/// type and namespace as the official provider so its state is found.
+#[derive(Debug, Clone)]
+pub struct ProviderMachine {
+    pub provider_id: String,
+}
+
+impl ProviderMachine {
+    pub fn new(provider_id: impl Into<String>) -> Self {
+        Self {
+            provider_id: provider_id.into(),
+        }
+    }
+}
+
+impl Kind for ProviderMachine {
+    type Spec = MachineSpec;
+    fn namespace(&self) -> String {
+        provider_namespace(&self.provider_id)
+    }
+    fn resource_type(&self) -> String {
+        format!("Machine.{}.infraprovider.sidero.dev", self.provider_id)
+    }
+    /// Omni does not know this type, so it keeps our YAML verbatim for `omnictl get`; field names
+    /// are the Go provider's lower-cased ones.
+    fn yaml(&self, s: &MachineSpec) -> String {
+        let mut out = String::new();
+        let mut field = |k: &str, v: String| {
+            out.push_str(k);
+            out.push_str(": ");
+            out.push_str(&serde_json::Value::String(v).to_string());
+            out.push('\n');
+        };
+        field("uuid", s.uuid.clone());
+        field("schematic", s.schematic.clone());
+        field("talosversion", s.talos_version.clone());
+        field("volumeid", s.volume_id.clone());
+        field("node", s.node.clone());
+        field("vmid", s.vmid.to_string());
+        field("reservedvmid", s.reserved_vmid.to_string());
+        field("step", s.step.clone());
+        field("seedisovolume", s.seed_iso_volume.clone());
+        field("addresses", s.addresses.join(","));
+        field("lasterror", s.last_error.clone());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_machine_kind_carries_the_id() {
+        let k = ProviderMachine::new("proxmox");
+        assert_eq!(k.namespace(), "infra-provider:proxmox");
+        assert_eq!(
+            k.resource_type(),
+            "Machine.proxmox.infraprovider.sidero.dev"
+        );
+        let yaml = k.yaml(&MachineSpec {
+            node: "pve1".into(),
+            vmid: 104,
+            ..Default::default()
+        });
+        assert!(yaml.contains("node: \"pve1\"\n"));
+        assert!(yaml.contains("vmid: \"104\"\n"));
+        assert_eq!(
+            provision_controller_name("proxmox"),
+            "proxmox.ProvisionController"
+        );
+    }
+}

@@ -1,0 +1,311 @@
+//! Dialing Omni (§6.7) and signing every call on the way out (§6.2).
+//!
+//! Signing happens in a tower service wrapped around the tonic [`Channel`] rather than in a tonic
+//! `Interceptor`, because the signed payload names the full gRPC method path and only the HTTP
+//! request carries it. Every generated client (State, Management) is built on a [`SignedChannel`],
+//! so no call can leave unsigned, and streams are signed at their start like unary calls.
+//!
+//! The channel is lazy: it connects on first use and reconnects by itself after a failure; callers
+//! that hold long streams (watch) add their own backoff on top.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tonic::body::Body;
+use tonic::codegen::Service;
+use tonic::codegen::http::{self, HeaderValue};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use super::auth::{PAYLOAD_HEADER, ProviderKey, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+
+/// Largest message accepted either way (Omni's `GRPCMaxMessageSize`).
+pub const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
+/// Metadata key the Omni COSI client adds to every State call (§6.6).
+pub const PROVIDER_ID_HEADER: &str = "providerid";
+
+/// Installs rustls' ring crypto provider once per process; harmless when already installed.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// How to reach Omni.
+#[derive(Debug, Clone)]
+pub struct OmniEndpoint {
+    pub url: String,
+    pub tls: OmniTls,
+}
+
+/// Which server certificates to accept on `https://`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OmniTls {
+    /// Public web PKI roots.
+    WebPki,
+    /// Public roots plus the certificates in this PEM file (a private CA).
+    CaFile(PathBuf),
+    /// Accept any certificate (`--insecure-skip-verify`).
+    InsecureSkipVerify,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("Omni endpoint {url:?} is not a URL: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("cannot read Omni CA file {path}: {source}")]
+    CaFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot set up the connection to {url}: {source}")]
+    Transport {
+        url: String,
+        source: tonic::transport::Error,
+    },
+}
+
+/// The gRPC target derived from an Omni URL: the path is ignored, `http` means plaintext h2c.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+}
+
+impl Target {
+    /// Parses `https://omni.example/any/path`, `http://127.0.0.1:8080`, `grpc://host:port`.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let url = url::Url::parse(raw).map_err(|e| e.to_string())?;
+        let tls = match url.scheme() {
+            "https" => true,
+            "http" | "grpc" => false,
+            other => {
+                return Err(format!(
+                    "unsupported scheme {other:?} (use https, http or grpc)"
+                ));
+            }
+        };
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or("no host")?
+            .to_owned();
+        let port = url.port().unwrap_or(if tls { 443 } else { 80 });
+        Ok(Self { tls, host, port })
+    }
+
+    fn uri(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}:{}", self.host, self.port)
+    }
+
+    /// Host without IPv6 brackets, for SNI.
+    fn server_name(&self) -> &str {
+        self.host.trim_start_matches('[').trim_end_matches(']')
+    }
+}
+
+/// Builds a lazily connecting channel to Omni.
+pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
+    let target = Target::parse(&endpoint.url).map_err(|reason| ConnectError::BadUrl {
+        url: endpoint.url.clone(),
+        reason,
+    })?;
+    let transport = |source| ConnectError::Transport {
+        url: endpoint.url.clone(),
+        source,
+    };
+    let mut ep = Endpoint::from_shared(target.uri())
+        .map_err(transport)?
+        .connect_timeout(Duration::from_secs(10))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .http2_keep_alive_interval(Duration::from_secs(60))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true)
+        .user_agent(concat!(
+            "omni-infra-provider-proxmox/",
+            env!("CARGO_PKG_VERSION")
+        ))
+        .map_err(transport)?;
+    if target.tls {
+        let base = ClientTlsConfig::new()
+            .domain_name(target.server_name())
+            .assume_http2(true);
+        ep = match &endpoint.tls {
+            OmniTls::WebPki => ep.tls_config(base.with_webpki_roots()),
+            OmniTls::CaFile(path) => {
+                let pem = std::fs::read(path).map_err(|source| ConnectError::CaFile {
+                    path: path.clone(),
+                    source,
+                })?;
+                ep.tls_config(
+                    base.with_webpki_roots()
+                        .ca_certificate(Certificate::from_pem(pem)),
+                )
+            }
+            OmniTls::InsecureSkipVerify => {
+                ep.tls_config_with_verifier(base, Arc::new(insecure::AcceptAnyCert::new()))
+            }
+        }
+        .map_err(transport)?;
+    }
+    Ok(ep.connect_lazy())
+}
+
+/// A channel that signs every request with the provider key and, for COSI calls, adds the
+/// `providerid` header.
+#[derive(Clone)]
+pub struct SignedChannel {
+    inner: Channel,
+    key: Arc<ProviderKey>,
+    provider_id: Option<String>,
+    /// Added to the clock when signing; zero except in tests that simulate a skewed clock.
+    clock_offset_secs: i64,
+}
+
+impl SignedChannel {
+    pub fn new(inner: Channel, key: Arc<ProviderKey>, provider_id: Option<String>) -> Self {
+        Self {
+            inner,
+            key,
+            provider_id,
+            clock_offset_secs: 0,
+        }
+    }
+
+    /// The same channel signing with a clock that is `secs` off (tests of Omni's skew check).
+    pub fn with_clock_offset(mut self, secs: i64) -> Self {
+        self.clock_offset_secs = secs;
+        self
+    }
+
+    fn sign(&self, req: &mut http::Request<Body>) -> Result<(), tonic::codegen::StdError> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0)
+            + self.clock_offset_secs;
+        let method = req.uri().path().to_owned();
+        let signed = self.key.sign_call(&method, now)?;
+        let headers = req.headers_mut();
+        headers.remove(PAYLOAD_HEADER);
+        headers.remove(SIGNATURE_HEADER);
+        headers.insert(TIMESTAMP_HEADER, HeaderValue::from_str(&signed.timestamp)?);
+        headers.insert(PAYLOAD_HEADER, HeaderValue::from_str(&signed.payload)?);
+        headers.insert(SIGNATURE_HEADER, HeaderValue::from_str(&signed.signature)?);
+        if let Some(id) = &self.provider_id {
+            headers.insert(PROVIDER_ID_HEADER, HeaderValue::from_str(id)?);
+        }
+        Ok(())
+    }
+}
+
+impl Service<http::Request<Body>> for SignedChannel {
+    type Response = http::Response<Body>;
+    type Error = tonic::codegen::StdError;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Service::poll_ready(&mut self.inner, cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+        // Keep the instance that was polled ready; leave a fresh clone in its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let signed = self.sign(&mut req);
+        Box::pin(async move {
+            signed?;
+            inner.call(req).await.map_err(Into::into)
+        })
+    }
+}
+
+/// `--insecure-skip-verify`: a rustls verifier that accepts any server certificate but still
+/// checks handshake signatures (so the session is at least bound to the presented key).
+mod insecure {
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, Error, SignatureScheme};
+
+    #[derive(Debug)]
+    pub struct AcceptAnyCert(CryptoProvider);
+
+    impl AcceptAnyCert {
+        pub fn new() -> Self {
+            Self(rustls::crypto::ring::default_provider())
+        }
+    }
+
+    impl ServerCertVerifier for AcceptAnyCert {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp_response: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_ignores_path_and_maps_schemes() {
+        let t = Target::parse("https://omni.example.com/some/path").unwrap();
+        assert_eq!(
+            t,
+            Target {
+                tls: true,
+                host: "omni.example.com".into(),
+                port: 443
+            }
+        );
+        let t = Target::parse("http://127.0.0.1:8080").unwrap();
+        assert!(!t.tls);
+        assert_eq!(t.port, 8080);
+        assert_eq!(Target::parse("grpc://omni").unwrap().port, 80);
+        assert!(Target::parse("ftp://x").is_err());
+        assert!(Target::parse("not a url").is_err());
+    }
+}

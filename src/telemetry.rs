@@ -1,0 +1,38 @@
+//! Logging setup: human-readable text for terminals, JSON lines for log collectors.
+//!
+//! `RUST_LOG` wins over `--log-level` so a single module can be turned up without a flag change.
+
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("invalid log level {level:?}: {message}")]
+    BadLevel { level: String, message: String },
+}
+
+/// Installs the global tracing subscriber (once; later calls are ignored, which keeps tests that
+/// run several commands in one process working).
+pub fn init_logging(format: LogFormat, level: &str) -> Result<(), TelemetryError> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.is_empty() => EnvFilter::try_new(v),
+        _ => EnvFilter::try_new(level),
+    }
+    .map_err(|e| TelemetryError::BadLevel {
+        level: level.to_owned(),
+        message: e.to_string(),
+    })?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    Ok(())
+}

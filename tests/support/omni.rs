@@ -1,0 +1,71 @@
+//! Shared set-up for tests against the in-memory Omni.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use omni_infra_provider_proxmox::omni::auth::ProviderKey;
+use omni_infra_provider_proxmox::omni::client::OmniClient;
+use omni_infra_provider_proxmox::omni::memstate::{MemServer, MemState};
+use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls, SignedChannel};
+
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub struct Omni {
+    pub state: MemState,
+    pub server: Option<MemServer>,
+    pub addr: std::net::SocketAddr,
+    pub key: Arc<ProviderKey>,
+}
+
+impl Omni {
+    pub async fn start(provider_id: &str) -> Self {
+        transport::install_crypto_provider();
+        let state = MemState::new();
+        let encoded = state.register_provider(provider_id).unwrap();
+        let key = Arc::new(ProviderKey::parse(&encoded).unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = state.serve(listener, None).unwrap();
+        Self {
+            state,
+            server: Some(server),
+            addr,
+            key,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn client(&self, provider_id: &str) -> OmniClient {
+        self.client_with_offset(provider_id, 0)
+    }
+
+    pub fn client_with_offset(&self, provider_id: &str, offset: i64) -> OmniClient {
+        let channel = transport::channel(&OmniEndpoint {
+            url: self.url(),
+            tls: OmniTls::WebPki,
+        })
+        .unwrap();
+        OmniClient::from_channels(
+            SignedChannel::new(channel.clone(), self.key.clone(), Some(provider_id.into()))
+                .with_clock_offset(offset),
+            SignedChannel::new(channel, self.key.clone(), None).with_clock_offset(offset),
+            provider_id,
+        )
+    }
+
+    pub async fn stop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.stop().await;
+        }
+    }
+
+    /// Serves the same state again on the same port.
+    pub async fn restart(&mut self) {
+        let listener = tokio::net::TcpListener::bind(self.addr).await.unwrap();
+        self.server = Some(self.state.serve(listener, None).unwrap());
+    }
+}
