@@ -6,6 +6,8 @@
 pub mod cli;
 pub mod config;
 pub mod did_you_mean;
+pub mod omni;
+pub mod pipeline;
 pub mod proxmox;
 pub mod secret;
 pub mod yaml;
