@@ -73,7 +73,10 @@ pub enum ConfigError {
     #[error("config file {path} is not valid YAML: {message}")]
     Yaml { path: PathBuf, message: String },
     #[error("config file {path}: {}", problems.join("; "))]
-    Invalid { path: PathBuf, problems: Vec<String> },
+    Invalid {
+        path: PathBuf,
+        problems: Vec<String>,
+    },
 }
 
 const TOP_KEYS: &[&str] = &["proxmox", "defaults", "nodes"];
@@ -217,11 +220,13 @@ impl ProxmoxSettings {
                 })
             }
             (Some(_), None, _, _) => {
-                problems.push("`proxmox.tokenID` is set but `proxmox.tokenSecret` is missing".into());
+                problems
+                    .push("`proxmox.tokenID` is set but `proxmox.tokenSecret` is missing".into());
                 None
             }
             (None, Some(_), _, _) => {
-                problems.push("`proxmox.tokenSecret` is set but `proxmox.tokenID` is missing".into());
+                problems
+                    .push("`proxmox.tokenSecret` is set but `proxmox.tokenID` is missing".into());
                 None
             }
             (None, None, Some(user), Some(password)) => {
@@ -322,7 +327,11 @@ fn string_key(map: &Map<String, Value>, key: &str, problems: &mut Vec<String>) -
     }
 }
 
-fn optional_map(root: &Map<String, Value>, key: &str, problems: &mut Vec<String>) -> Map<String, Value> {
+fn optional_map(
+    root: &Map<String, Value>,
+    key: &str,
+    problems: &mut Vec<String>,
+) -> Map<String, Value> {
     match root.get(key) {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m.clone(),
@@ -363,7 +372,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.proxmox.api_url.as_str(), "https://pve:8006/api2/json");
-        assert!(matches!(&c.proxmox.auth, ProxmoxAuth::Password { username, .. } if username == "root@pam"));
+        assert!(
+            matches!(&c.proxmox.auth, ProxmoxAuth::Password { username, .. } if username == "root@pam")
+        );
         assert_eq!(c.proxmox.tls, TlsTrust::InsecureSkipVerify);
         assert!(!format!("{c:?}").contains("s3cret"));
     }
@@ -384,7 +395,10 @@ mod tests {
             "proxmox:\n  url: ftp://x\n  tokenId: a@b!c\n  username: root\n  insecureSkipVerify: yes please\n",
         );
         let all = p.join("\n");
-        assert!(all.contains("unknown key `proxmox.tokenId` (did you mean `tokenID`?)"), "{all}");
+        assert!(
+            all.contains("unknown key `proxmox.tokenId` (did you mean `tokenID`?)"),
+            "{all}"
+        );
         assert!(all.contains("`proxmox.url`"), "{all}");
         assert!(all.contains("`proxmox.password` is missing"), "{all}");
         assert!(all.contains("insecureSkipVerify"), "{all}");

@@ -46,7 +46,10 @@ mod tests {
     fn suggests_close_keys_only() {
         let known = ["tokenID", "tokenSecret", "insecureSkipVerify", "url"];
         assert_eq!(suggest("tokenId", &known), Some("tokenID"));
-        assert_eq!(suggest("insecureSkipVerfy", &known), Some("insecureSkipVerify"));
+        assert_eq!(
+            suggest("insecureSkipVerfy", &known),
+            Some("insecureSkipVerify")
+        );
         assert_eq!(suggest("completely-different", &known), None);
         assert_eq!(hint("urll", &known), " (did you mean `url`?)");
     }

@@ -3,3 +3,4 @@
 //! Everything in here that decides something (placement, validation, rendering) is a pure function
 //! so it can be tested without Proxmox or Omni; the steps that call the clients live beside them.
 pub mod schematic;
+pub mod storage_selector;

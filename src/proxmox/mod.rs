@@ -1,1 +1,2 @@
 //! Typed Proxmox VE client.
+pub mod property;
