@@ -44,6 +44,11 @@ macro_rules! name_type {
                 if check(&value) { Ok(Self(value)) } else { Err(invalid($what, &value, $expected)) }
             }
 
+            /// [`Self::new`] for a borrowed string.
+            pub fn parse(value: &str) -> Result<Self, PropertyError> {
+                Self::new(value)
+            }
+
             pub fn as_str(&self) -> &str {
                 &self.0
             }
