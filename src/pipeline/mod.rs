@@ -6,3 +6,4 @@ pub mod placement;
 pub mod provider_data;
 pub mod schematic;
 pub mod storage_selector;
+pub mod vm_config;
