@@ -8,6 +8,7 @@ pub mod config;
 pub mod controller;
 pub mod did_you_mean;
 pub mod omni;
+pub mod pipeline;
 pub mod proxmox;
 pub mod secret;
 pub mod telemetry;

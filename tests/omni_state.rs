@@ -53,7 +53,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
         omni_infra_provider_proxmox::controller::detect_join_mode(&client.state)
             .await
             .unwrap(),
-        omni_infra_provider_proxmox::controller::JoinMode::V2
+        omni_infra_provider_proxmox::omni::join::JoinMode::V2
     );
     let mut info = ProviderInfo::new("proxmox", "Proxmox", "first");
     registration::register(&client.state, &info).await.unwrap();

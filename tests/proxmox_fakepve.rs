@@ -268,10 +268,10 @@ async fn missing_vm_and_failed_task_errors_say_what_happened() {
         ProxmoxError::TaskFailed {
             exit_status,
             log_tail,
-            node,
+            upid,
             ..
         } => {
-            assert_eq!(node.as_str(), "pve2");
+            assert_eq!(upid.node().as_str(), "pve2");
             assert!(exit_status.contains("QEMU exited with code 1"), "{err}");
             assert!(
                 log_tail.iter().any(|l| l.contains("TASK ERROR")),

@@ -9,29 +9,15 @@ pub mod registration;
 pub mod requests;
 pub mod workqueue;
 
+use crate::omni::join::JoinMode;
 use crate::omni::resources::{PROVIDER_JOIN_CONFIG_DEFINITION_ID, ResourceDefinition};
 use crate::omni::state::{StateClient, StateError};
-
-/// How join tokens are made (§3.1, §4.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JoinMode {
-    /// Omni ≥ 1.0: per-provider ProviderJoinConfig + SiderolinkAPIConfig, `v2:` tokens.
-    V2,
-    /// Older Omni: ConnectionParams, `v1:` tokens.
-    Legacy,
-}
 
 /// Lists resource definitions: if Omni knows ProviderJoinConfigs, it is v2 mode.
 pub async fn detect_join_mode(state: &StateClient) -> Result<JoinMode, StateError> {
     let defs = state.list(&ResourceDefinition, vec![]).await?;
-    Ok(
-        if defs
-            .iter()
-            .any(|d| d.id() == PROVIDER_JOIN_CONFIG_DEFINITION_ID)
-        {
-            JoinMode::V2
-        } else {
-            JoinMode::Legacy
-        },
-    )
+    Ok(JoinMode::detect(
+        defs.iter()
+            .any(|d| d.id() == PROVIDER_JOIN_CONFIG_DEFINITION_ID),
+    ))
 }

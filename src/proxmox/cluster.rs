@@ -17,7 +17,10 @@ impl ProxmoxClient {
     pub async fn health(&self) -> Option<String> {
         match self.version().await {
             Ok(_) => None,
-            Err(e) => Some(format!("Proxmox API at {} is not usable: {e}", self.api_url())),
+            Err(e) => Some(format!(
+                "Proxmox API at {} is not usable: {e}",
+                self.api_url()
+            )),
         }
     }
 

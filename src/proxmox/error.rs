@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use super::types::{NodeName, Upid};
+use super::types::Upid;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxmoxError {
@@ -55,12 +55,12 @@ pub enum ProxmoxError {
 
     /// A task ran and ended with an error.
     #[error(
-        "Proxmox task {task_type} on {node} failed: {exit_status}{}",
+        "Proxmox task {task_type} on {} failed: {exit_status}{}",
+        upid.node(),
         LogTail(log_tail)
     )]
     TaskFailed {
         upid: Upid,
-        node: NodeName,
         task_type: String,
         exit_status: String,
         log_tail: Vec<String>,
@@ -179,7 +179,6 @@ mod tests {
         );
         let t = ProxmoxError::TaskFailed {
             upid: Upid::parse("UPID:pve2:1:2:3:qmstart:104:root@pam:").unwrap(),
-            node: NodeName::new("pve2").unwrap(),
             task_type: "qmstart".into(),
             exit_status: "start failed".into(),
             log_tail: vec!["kvm: no memory".into(), "TASK ERROR: start failed".into()],

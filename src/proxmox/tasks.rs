@@ -107,7 +107,6 @@ impl ProxmoxClient {
             return Ok(TaskOutcome { exit_status });
         }
         Err(ProxmoxError::TaskFailed {
-            node: upid.node(),
             task_type: upid.task_type().to_owned(),
             log_tail: self.task_log_tail(upid).await,
             upid: upid.clone(),

@@ -68,101 +68,66 @@ impl<'de> Deserialize<'de> for VmId {
 #[error("{0}")]
 pub struct InvalidId(pub String);
 
-/// A Proxmox cluster node name (`pve1`). Validated when it comes from a user, because it goes into URL
-/// paths: Proxmox node names are DNS labels.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct NodeName(String);
+pub use super::property::NodeName;
 
-impl NodeName {
-    pub fn new(name: impl Into<String>) -> Result<Self, InvalidId> {
-        let name = name.into();
-        let valid = !name.is_empty()
-            && name.len() <= 63
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-            && !name.starts_with('-');
-        if valid {
-            Ok(Self(name))
-        } else {
-            Err(InvalidId(format!(
-                "{name:?} is not a valid Proxmox node name (letters, digits, '-' and '.')"
-            )))
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for NodeName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl PartialEq<str> for NodeName {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-/// A storage ID (`local-lvm`). Checked like node names since it also goes into URL paths.
+/// A storage ID (`local-lvm`), checked because it goes into URL paths.
 pub fn check_storage_id(id: &str) -> Result<(), InvalidId> {
-    let valid = !id.is_empty()
-        && id.len() <= 100
-        && id.starts_with(|c: char| c.is_ascii_alphabetic())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if valid {
-        Ok(())
-    } else {
-        Err(InvalidId(format!(
-            "{id:?} is not a valid Proxmox storage ID (a letter, then letters, digits, '-', '_', '.')"
-        )))
-    }
+    super::property::StorageId::new(id)
+        .map(|_| ())
+        .map_err(|e| InvalidId(e.to_string()))
 }
 
 /// A task ID: `UPID:<node>:<pid>:<pstart>:<starttime>:<type>:<id>:<user>:`. The node in it is where the
 /// task runs, which is where its status must be asked (a clone to another node runs on the source).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Upid(String);
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Upid {
+    raw: String,
+    node: NodeName,
+}
 
 impl Upid {
     pub fn parse(raw: &str) -> Result<Self, InvalidId> {
+        let invalid = || InvalidId(format!("{raw:?} is not a Proxmox task ID (UPID)"));
         let mut parts = raw.split(':');
         match (parts.next(), parts.next()) {
-            (Some("UPID"), Some(node)) if NodeName::new(node).is_ok() && parts.count() >= 6 => {
-                Ok(Self(raw.to_owned()))
-            }
-            _ => Err(InvalidId(format!(
-                "{raw:?} is not a Proxmox task ID (UPID)"
-            ))),
+            (Some("UPID"), Some(node)) if parts.count() >= 6 => Ok(Self {
+                raw: raw.to_owned(),
+                node: NodeName::new(node).map_err(|_| invalid())?,
+            }),
+            _ => Err(invalid()),
         }
     }
 
+    /// The node the task runs on.
     pub fn node(&self) -> NodeName {
-        // parse() checked there is a valid node name in the second field.
-        NodeName(self.0.split(':').nth(1).unwrap_or_default().to_owned())
+        self.node.clone()
     }
 
     /// The task type, e.g. `qmclone`, `qmstart`, `download`.
     pub fn task_type(&self) -> &str {
-        self.0.split(':').nth(5).unwrap_or_default()
+        self.raw.split(':').nth(5).unwrap_or_default()
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.raw
+    }
+}
+
+impl Serialize for Upid {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.raw)
+    }
+}
+
+impl<'de> Deserialize<'de> for Upid {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Upid::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
 impl fmt::Display for Upid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.raw)
     }
 }
 

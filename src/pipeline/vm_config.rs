@@ -1,0 +1,598 @@
+//! The VM's configuration as Proxmox parameters, and the identity that lets us find it again.
+//!
+//! Everything goes into one create (or one config update after a clone) so a VM costs one request
+//! (design §7). The identity is threefold so a restart can adopt a half-made VM and a deprovision
+//! never touches someone else's: the name is the request ID, the tags carry the machine set and our
+//! provider ID, and the description carries a marker naming both the request and the provider.
+
+use crate::pipeline::placement::set_tag;
+use crate::pipeline::provider_data::{Bios, ProviderData};
+use crate::proxmox::property::{
+    self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, IsoVolume, MacAddr, NewDisk, Nic,
+    PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
+};
+
+/// The tag marking every VM this provider made: `omni-provider.<provider id>`.
+pub fn provider_tag(provider_id: &str) -> String {
+    format!("omni-provider.{provider_id}")
+}
+
+/// Slot of the Talos ISO (boot mode `iso`).
+pub const TALOS_CDROM: Slot = Slot::Ide(2);
+/// Slot of the NoCloud seed ISO (found by its `cidata` label, so the slot does not matter to Talos).
+pub const SEED_CDROM: Slot = Slot::Ide(3);
+
+const MARKER_HEADER: &str =
+    "Managed by the Omni infrastructure provider for Proxmox VE. Do not edit the two lines below.";
+const MARKER_PROVIDER: &str = "omni-provider-id";
+const MARKER_REQUEST: &str = "omni-machine-request";
+
+/// Who the VM is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmIdentity<'a> {
+    pub request_id: &'a str,
+    pub set_id: Option<&'a str>,
+    pub provider_id: &'a str,
+}
+
+/// Where and with what the VM is made; all of it decided by earlier steps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmTarget {
+    pub vmid: u32,
+    /// Storage for the boot disk (and the EFI disk).
+    pub storage: StorageId,
+    /// One storage per `additional_disks` entry, in order.
+    pub additional_disk_storages: Vec<StorageId>,
+    pub smbios_uuid: uuid::Uuid,
+    /// The Talos ISO (boot mode `iso`).
+    pub boot_iso: Option<IsoVolume>,
+    pub seed_iso: IsoVolume,
+    /// MAC of the first NIC, when the network config needs to know it (static addresses).
+    pub mac: Option<MacAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    #[error("cannot build the VM's tags: {0}")]
+    Tag(PropertyError),
+    #[error(
+        "{expected} additional disk(s) are configured but {got} storage(s) were chosen for them"
+    )]
+    DiskStorageCount { expected: usize, got: usize },
+    #[error("boot mode iso needs the Talos ISO volume")]
+    MissingBootIso,
+    #[error("too many {0} devices for Proxmox")]
+    TooMany(&'static str),
+}
+
+/// The description written on the VM: a sentence for people, then the machine-readable marker.
+pub fn description_marker(identity: &VmIdentity<'_>) -> String {
+    format!(
+        "{MARKER_HEADER}\n{MARKER_PROVIDER}: {}\n{MARKER_REQUEST}: {}\n",
+        identity.provider_id, identity.request_id
+    )
+}
+
+/// The marker read back from a description (Proxmox returns it decoded).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Marker {
+    pub provider_id: Option<String>,
+    pub request_id: Option<String>,
+}
+
+pub fn parse_marker(description: &str) -> Marker {
+    let mut marker = Marker::default();
+    for line in description.lines() {
+        if let Some((key, value)) = line.split_once(':') {
+            let value = value.trim();
+            match key.trim() {
+                MARKER_PROVIDER if marker.provider_id.is_none() => {
+                    marker.provider_id = Some(value.to_string())
+                }
+                MARKER_REQUEST if marker.request_id.is_none() => {
+                    marker.request_id = Some(value.to_string())
+                }
+                _ => {}
+            }
+        }
+    }
+    marker
+}
+
+/// Whether a VM belongs to a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    /// Our marker names this request and provider, and the name matches.
+    Ours,
+    /// No marker, but named after the request and tagged with a machine-request set, as the official
+    /// provider makes VMs: safe to delete when the provider state recorded this VMID, not to adopt.
+    Legacy,
+    NotOurs(String),
+}
+
+/// Decides ownership from what `/cluster/resources` and the VM config show.
+pub fn check_ownership(
+    name: &str,
+    tags: &[String],
+    description: &str,
+    request_id: &str,
+    provider_id: &str,
+) -> Ownership {
+    let marker = parse_marker(description);
+    if marker.provider_id.is_some() || marker.request_id.is_some() {
+        if marker.provider_id.as_deref() != Some(provider_id) {
+            return Ownership::NotOurs(format!(
+                "its description marker names provider {:?}, not {provider_id:?}",
+                marker.provider_id.unwrap_or_default()
+            ));
+        }
+        if marker.request_id.as_deref() != Some(request_id) {
+            return Ownership::NotOurs(format!(
+                "its description marker names request {:?}, not {request_id:?}",
+                marker.request_id.unwrap_or_default()
+            ));
+        }
+        if name != request_id {
+            return Ownership::NotOurs(format!("it is named {name:?}, not {request_id:?}"));
+        }
+        return Ownership::Ours;
+    }
+    if name == request_id
+        && tags
+            .iter()
+            .any(|t| t.to_ascii_lowercase().starts_with("machine-request."))
+    {
+        return Ownership::Legacy;
+    }
+    Ownership::NotOurs(format!(
+        "it has no ownership marker and is named {name:?}, not {request_id:?}"
+    ))
+}
+
+fn tags(data: &ProviderData, identity: &VmIdentity<'_>) -> Result<String, RenderError> {
+    let mut all = Vec::new();
+    if let Some(set) = identity.set_id {
+        all.push(Tag::new(set_tag(set)).map_err(RenderError::Tag)?);
+    }
+    all.push(Tag::new(provider_tag(identity.provider_id)).map_err(RenderError::Tag)?);
+    all.extend(data.tags.iter().cloned());
+    Ok(property::tags(&all))
+}
+
+fn slot(s: Slot, what: &'static str) -> Result<String, RenderError> {
+    s.checked()
+        .map(|s| s.to_string())
+        .ok_or(RenderError::TooMany(what))
+}
+
+fn index(i: usize, what: &'static str) -> Result<u8, RenderError> {
+    u8::try_from(i).map_err(|_| RenderError::TooMany(what))
+}
+
+/// Settings shared by create and post-clone config: everything but the boot disk, the Talos ISO and
+/// the things only a create takes (`vmid`, `name`, `pool`).
+fn common(
+    data: &ProviderData,
+    identity: &VmIdentity<'_>,
+    target: &VmTarget,
+    out: &mut Vec<(String, String)>,
+) -> Result<(), RenderError> {
+    let mut push = |k: &str, v: String| out.push((k.to_string(), v));
+    push("description", description_marker(identity));
+    push("tags", tags(data, identity)?);
+    push("ostype", "l26".into());
+    push("cores", data.cores.to_string());
+    push("sockets", data.sockets.to_string());
+    push("memory", data.memory_mb.to_string());
+    if data.balloon == Some(false) {
+        push("balloon", "0".into());
+    }
+    push("cpu", property::cpu(&data.cpu_type));
+    if let Some(machine) = data.machine_type {
+        push("machine", machine.as_str().into());
+    }
+    push("bios", data.bios.as_str().into());
+    push("scsihw", "virtio-scsi-single".into());
+    push("agent", property::agent_enabled());
+    push("onboot", "1".into());
+    push("serial0", "socket".into());
+    if let Some(vga) = data.vga {
+        push("vga", vga.render().into());
+    }
+    if data.numa {
+        push("numa", property::numa(true));
+    }
+    if let Some(h) = data.hugepages {
+        push("hugepages", h.render().into());
+    }
+    push(
+        "smbios1",
+        Smbios1 {
+            uuid: target.smbios_uuid,
+        }
+        .render(),
+    );
+
+    let net0 = Nic {
+        bridge: data.network_bridge.clone(),
+        firewall: data.network_firewall,
+        vlan: data.vlan,
+        mac: target.mac,
+    };
+    out.push(("net0".into(), net0.render()));
+    for (i, nic) in data.additional_nics.iter().enumerate() {
+        let nic = Nic {
+            bridge: nic.bridge.clone(),
+            firewall: nic.firewall,
+            vlan: nic.vlan,
+            mac: None,
+        };
+        out.push((
+            slot(Slot::Net(index(i + 1, "network")?), "network")?,
+            nic.render(),
+        ));
+    }
+
+    if data.additional_disks.len() != target.additional_disk_storages.len() {
+        return Err(RenderError::DiskStorageCount {
+            expected: data.additional_disks.len(),
+            got: target.additional_disk_storages.len(),
+        });
+    }
+    for (i, (disk, storage)) in data
+        .additional_disks
+        .iter()
+        .zip(&target.additional_disk_storages)
+        .enumerate()
+    {
+        let new = NewDisk {
+            storage: storage.clone(),
+            size_gb: disk.size_gb,
+            options: disk.options,
+        };
+        out.push((
+            slot(Slot::Scsi(index(i + 1, "disk")?), "disk")?,
+            new.render(),
+        ));
+    }
+    for (i, pci) in data.pci_devices.iter().enumerate() {
+        out.push((
+            slot(Slot::HostPci(index(i, "PCI")?), "PCI")?,
+            HostPci::render(pci),
+        ));
+    }
+    for (i, usb) in data.usb_devices.iter().enumerate() {
+        out.push((slot(Slot::Usb(index(i, "USB")?), "USB")?, Usb::render(usb)));
+    }
+    out.push((
+        SEED_CDROM.to_string(),
+        Cdrom::Iso(target.seed_iso.clone()).render(),
+    ));
+    Ok(())
+}
+
+/// Parameters for `POST /nodes/{node}/qemu` (boot mode `iso`).
+pub fn render(
+    data: &ProviderData,
+    identity: &VmIdentity<'_>,
+    target: &VmTarget,
+) -> Result<Vec<(String, String)>, RenderError> {
+    let boot_iso = target.boot_iso.clone().ok_or(RenderError::MissingBootIso)?;
+    let mut out = vec![
+        ("vmid".to_string(), target.vmid.to_string()),
+        ("name".to_string(), identity.request_id.to_string()),
+    ];
+    if let Some(pool) = &data.pool {
+        out.push(("pool".into(), pool.to_string()));
+    }
+    common(data, identity, target, &mut out)?;
+    let boot_disk = NewDisk {
+        storage: target.storage.clone(),
+        size_gb: data.disk_size_gb,
+        options: data.disk,
+    };
+    out.push(("scsi0".into(), boot_disk.render()));
+    if data.bios == Bios::Ovmf {
+        out.push((
+            "efidisk0".into(),
+            EfiDisk {
+                storage: target.storage.clone(),
+            }
+            .render(),
+        ));
+    }
+    out.push((TALOS_CDROM.to_string(), Cdrom::Iso(boot_iso).render()));
+    // An empty disk fails over to the ISO; once Talos is installed the disk boots first.
+    out.push((
+        "boot".into(),
+        property::boot_order(&[Slot::Scsi(0), TALOS_CDROM, Slot::Net(0)]),
+    ));
+    Ok(out)
+}
+
+/// Parameters for `POST /nodes/{node}/qemu/{vmid}/config` after cloning the template (boot mode
+/// `clone`). The name and pool go with the clone call; the boot disk keeps the template's volume
+/// (`cloned_boot_volume`, from the clone's config, gets the class's disk options when given) and is
+/// grown with [`boot_disk_resize`]. An EFI disk is expected to come with an OVMF template.
+pub fn render_after_clone(
+    data: &ProviderData,
+    identity: &VmIdentity<'_>,
+    target: &VmTarget,
+    cloned_boot_volume: Option<&str>,
+) -> Result<Vec<(String, String)>, RenderError> {
+    let mut out = Vec::new();
+    common(data, identity, target, &mut out)?;
+    if let Some(volume) = cloned_boot_volume
+        && data.disk != DiskOptions::default()
+        && let Ok(disk) = ExistingDisk::new(volume, data.disk)
+    {
+        out.push(("scsi0".into(), disk.render()));
+    }
+    out.push((
+        "boot".into(),
+        property::boot_order(&[Slot::Scsi(0), Slot::Net(0)]),
+    ));
+    Ok(out)
+}
+
+/// `PUT /nodes/{node}/qemu/{vmid}/resize` parameters growing the cloned boot disk to `disk_size`.
+pub fn boot_disk_resize(data: &ProviderData) -> [(String, String); 2] {
+    [
+        ("disk".into(), "scsi0".into()),
+        ("size".into(), format!("{}G", data.disk_size_gb)),
+    ]
+}
+
+/// Parameters for the clone call itself.
+pub fn clone_params(
+    data: &ProviderData,
+    identity: &VmIdentity<'_>,
+    newid: u32,
+    node: &str,
+    storage: &StorageId,
+) -> Vec<(String, String)> {
+    let mut out = vec![
+        ("newid".to_string(), newid.to_string()),
+        ("name".to_string(), identity.request_id.to_string()),
+        ("target".to_string(), node.to_string()),
+        ("full".to_string(), "1".to_string()),
+        ("storage".to_string(), storage.to_string()),
+    ];
+    if let Some(pool) = &data.pool {
+        out.push(("pool".into(), pool.to_string()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::provider_data::ProviderDataSchema;
+    use proptest::prelude::*;
+    use serde_json::Map;
+
+    fn data(extra: &str) -> ProviderData {
+        let yaml =
+            format!("cores: 2\nmemory: 4096\ndisk_size: 20\nstorage_selector: 'true'\n{extra}");
+        ProviderDataSchema::new()
+            .unwrap()
+            .resolve(&yaml, None, &Map::new())
+            .unwrap()
+    }
+
+    fn identity() -> VmIdentity<'static> {
+        VmIdentity {
+            request_id: "req-1",
+            set_id: Some("workers"),
+            provider_id: "proxmox",
+        }
+    }
+
+    fn target(disks: usize) -> VmTarget {
+        VmTarget {
+            vmid: 104,
+            storage: StorageId::new("local-lvm").unwrap(),
+            additional_disk_storages: vec![StorageId::new("ceph").unwrap(); disks],
+            smbios_uuid: uuid::Uuid::nil(),
+            boot_iso: Some(IsoVolume::parse("local:iso/talos.iso").unwrap()),
+            seed_iso: IsoVolume::parse("local:iso/omni-seed-req-1.iso").unwrap(),
+            mac: None,
+        }
+    }
+
+    fn get<'a>(params: &'a [(String, String)], key: &str) -> Option<&'a str> {
+        params
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn minimal_create_request() {
+        let params = render(&data(""), &identity(), &target(0)).unwrap();
+        let expect = [
+            ("vmid", "104"),
+            ("name", "req-1"),
+            ("tags", "machine-request.workers;omni-provider.proxmox"),
+            ("cores", "2"),
+            ("sockets", "1"),
+            ("memory", "4096"),
+            ("cpu", "x86-64-v2-AES"),
+            ("bios", "seabios"),
+            ("scsihw", "virtio-scsi-single"),
+            ("scsi0", "local-lvm:20"),
+            ("net0", "virtio,bridge=vmbr0,firewall=1"),
+            ("agent", "enabled=1"),
+            ("onboot", "1"),
+            ("serial0", "socket"),
+            ("ide2", "local:iso/talos.iso,media=cdrom"),
+            ("ide3", "local:iso/omni-seed-req-1.iso,media=cdrom"),
+            ("boot", "order=scsi0;ide2;net0"),
+            ("smbios1", "uuid=00000000-0000-0000-0000-000000000000"),
+        ];
+        for (k, v) in expect {
+            assert_eq!(get(&params, k), Some(v), "{k}");
+        }
+        for absent in [
+            "balloon",
+            "machine",
+            "efidisk0",
+            "pool",
+            "numa",
+            "hugepages",
+            "vga",
+            "net1",
+            "scsi1",
+        ] {
+            assert_eq!(get(&params, absent), None, "{absent}");
+        }
+        let mut keys: Vec<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
+        let n = keys.len();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), n, "duplicate keys");
+        let marker = parse_marker(get(&params, "description").unwrap());
+        assert_eq!(
+            marker,
+            Marker {
+                provider_id: Some("proxmox".into()),
+                request_id: Some("req-1".into())
+            }
+        );
+    }
+
+    #[test]
+    fn full_create_request() {
+        let d = data(
+            "balloon: false\nmachine_type: q35\nbios: ovmf\nnuma: true\nhugepages: 2MB\nvga: serial0\npool: omni\ntags: [talos]\n\
+             vlan: 7\nnetwork_firewall: false\ndisk_ssd: true\ndisk_discard: true\n\
+             additional_nics: [{bridge: vmbr1, vlan: 9}]\nadditional_disks: [{disk_size: 50, storage_selector: 'true', disk_iothread: true}]\n\
+             pci_devices: [{mapping: gpu1, pcie: true}]\nusb_devices: [{mapping: sdr, usb3: true}]\n",
+        );
+        let mut t = target(1);
+        t.mac = Some(MacAddr::parse("BC:24:11:AA:BB:CC").unwrap());
+        let params = render(&d, &identity(), &t).unwrap();
+        for (k, v) in [
+            ("balloon", "0"),
+            ("machine", "q35"),
+            ("bios", "ovmf"),
+            ("efidisk0", "local-lvm:1,efitype=4m,pre-enrolled-keys=0"),
+            ("numa", "1"),
+            ("hugepages", "2"),
+            ("vga", "serial0"),
+            ("pool", "omni"),
+            (
+                "tags",
+                "machine-request.workers;omni-provider.proxmox;talos",
+            ),
+            (
+                "net0",
+                "virtio=BC:24:11:AA:BB:CC,bridge=vmbr0,firewall=0,tag=7",
+            ),
+            ("net1", "virtio,bridge=vmbr1,firewall=0,tag=9"),
+            ("scsi0", "local-lvm:20,discard=on,ssd=1"),
+            ("scsi1", "ceph:50,iothread=1"),
+            ("hostpci0", "mapping=gpu1,pcie=1"),
+            ("usb0", "mapping=sdr,usb3=1"),
+        ] {
+            assert_eq!(get(&params, k), Some(v), "{k}");
+        }
+        assert_eq!(
+            render(&d, &identity(), &target(0)),
+            Err(RenderError::DiskStorageCount {
+                expected: 1,
+                got: 0
+            })
+        );
+        assert_eq!(
+            render(
+                &d,
+                &identity(),
+                &VmTarget {
+                    boot_iso: None,
+                    ..t
+                }
+            ),
+            Err(RenderError::MissingBootIso)
+        );
+    }
+
+    #[test]
+    fn clone_variant() {
+        let d = data("boot: clone\ntemplate: 9000\ndisk_ssd: true\npool: omni\n");
+        let mut t = target(0);
+        t.boot_iso = None;
+        let params =
+            render_after_clone(&d, &identity(), &t, Some("local-lvm:vm-104-disk-0")).unwrap();
+        assert_eq!(get(&params, "scsi0"), Some("local-lvm:vm-104-disk-0,ssd=1"));
+        assert_eq!(get(&params, "boot"), Some("order=scsi0;net0"));
+        for absent in ["vmid", "name", "pool", "ide2", "efidisk0"] {
+            assert_eq!(get(&params, absent), None, "{absent}");
+        }
+        assert_eq!(
+            get(&params, "ide3"),
+            Some("local:iso/omni-seed-req-1.iso,media=cdrom")
+        );
+        assert_eq!(boot_disk_resize(&d)[1].1, "20G");
+        let clone = clone_params(&d, &identity(), 104, "pve2", &t.storage);
+        assert_eq!(get(&clone, "pool"), Some("omni"));
+        assert_eq!(get(&clone, "target"), Some("pve2"));
+    }
+
+    #[test]
+    fn ownership() {
+        let description = description_marker(&identity());
+        let tags = vec![
+            "machine-request.workers".to_string(),
+            provider_tag("proxmox"),
+        ];
+        assert_eq!(
+            check_ownership("req-1", &tags, &description, "req-1", "proxmox"),
+            Ownership::Ours
+        );
+        let other_req = check_ownership("req-1", &tags, &description, "req-2", "proxmox");
+        assert!(matches!(other_req, Ownership::NotOurs(ref why) if why.contains("req-1")));
+        assert!(matches!(
+            check_ownership("req-1", &tags, &description, "req-1", "other"),
+            Ownership::NotOurs(_)
+        ));
+        assert!(matches!(
+            check_ownership("renamed", &tags, &description, "req-1", "proxmox"),
+            Ownership::NotOurs(_)
+        ));
+        assert_eq!(
+            check_ownership("req-1", &tags[..1], "", "req-1", "proxmox"),
+            Ownership::Legacy
+        );
+        assert!(matches!(
+            check_ownership("req-1", &[], "", "req-1", "proxmox"),
+            Ownership::NotOurs(_)
+        ));
+        assert!(matches!(
+            check_ownership("web", &[], "my web server", "req-1", "proxmox"),
+            Ownership::NotOurs(_)
+        ));
+        // A user note above the marker does not break it.
+        let edited = format!("note: keep this\n{description}");
+        assert_eq!(
+            check_ownership("req-1", &tags, &edited, "req-1", "proxmox"),
+            Ownership::Ours
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn marker_round_trips(request in "[a-z0-9][a-z0-9-]{0,40}", provider in "[a-z0-9][a-z0-9-]{0,20}") {
+            let id = VmIdentity { request_id: &request, set_id: None, provider_id: &provider };
+            let marker = parse_marker(&description_marker(&id));
+            prop_assert_eq!(marker.request_id.as_deref(), Some(request.as_str()));
+            prop_assert_eq!(marker.provider_id.as_deref(), Some(provider.as_str()));
+            prop_assert_eq!(check_ownership(&request, &[], &description_marker(&id), &request, &provider), Ownership::Ours);
+        }
+
+        #[test]
+        fn arbitrary_descriptions_never_panic(text in "\\PC{0,200}", name in "\\PC{0,20}") {
+            let _ = check_ownership(&name, &[], &text, "req-1", "proxmox");
+        }
+    }
+}

@@ -1,0 +1,936 @@
+//! The one place that builds Proxmox property strings (`net0`, `scsi0`, `hostpci0`, …).
+//!
+//! A property string is `key=value` pairs joined by commas; a user-supplied value containing `,` or `=`
+//! could therefore add keys of its own (`vmbr0,firewall=0`), and `;` separates list items in `tags` and
+//! `boot`. Every user-supplied part is a newtype here whose constructor checks it against the character
+//! set Proxmox itself accepts, so a value that could smuggle a key never gets this far, and the error
+//! says which setting was wrong. Rendering from the newtypes cannot fail.
+
+use std::fmt;
+
+/// A user-supplied part that Proxmox would not accept, or that could inject extra keys.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {value:?} is not valid: {expected}")]
+pub struct PropertyError {
+    /// What the value is (e.g. "network bridge"), for the message.
+    pub what: &'static str,
+    pub value: String,
+    /// What Proxmox accepts.
+    pub expected: &'static str,
+}
+
+fn invalid(what: &'static str, value: &str, expected: &'static str) -> PropertyError {
+    PropertyError {
+        what,
+        value: value.to_string(),
+        expected,
+    }
+}
+
+fn all_in(s: &str, ok: impl Fn(char) -> bool) -> bool {
+    s.chars().all(ok)
+}
+
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $expected:literal, $check:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn new(value: impl Into<String>) -> Result<Self, PropertyError> {
+                let value = value.into();
+                let check: fn(&str) -> bool = $check;
+                if check(&value) { Ok(Self(value)) } else { Err(invalid($what, &value, $expected)) }
+            }
+
+            /// [`Self::new`] for a borrowed string.
+            pub fn parse(value: &str) -> Result<Self, PropertyError> {
+                Self::new(value)
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = PropertyError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::new(s)
+            }
+        }
+    };
+}
+
+name_type!(
+    /// A storage ID (`pve-storage-id`): `local-lvm`, `ceph_pool.1`.
+    StorageId,
+    "storage",
+    "a letter, then letters, digits, '-', '_' or '.', ending in a letter or digit (e.g. local-lvm)",
+    |s| {
+        let b = s.as_bytes();
+        b.len() >= 2
+            && b.len() <= 64
+            && b[0].is_ascii_alphabetic()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    }
+);
+
+name_type!(
+    /// A Linux bridge name (`pve-bridge-id`), at most 15 characters like every interface name.
+    BridgeName,
+    "network bridge",
+    "1 to 15 letters, digits, '-', '_' or '.' (e.g. vmbr0)",
+    |s| !s.is_empty() && s.len() <= 15 && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+);
+
+name_type!(
+    /// A resource-mapping ID (`pve-configid`) for PCI or USB passthrough.
+    MappingId,
+    "resource mapping",
+    "a letter, then letters, digits, '-' or '_' (e.g. nvidia-gpu-1)",
+    |s| {
+        s.len() >= 2
+            && s.len() <= 128
+            && s.starts_with(|c: char| c.is_ascii_alphabetic())
+            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+    }
+);
+
+name_type!(
+    /// A mediated-device type (`mdev`), e.g. `nvidia-180` or `i915-GVTg_V5_4`.
+    MdevType,
+    "mediated device type",
+    "letters, digits, '-', '_' or '.' (e.g. nvidia-180)",
+    |s| !s.is_empty() && s.len() <= 128 && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+);
+
+name_type!(
+    /// A VM tag (`pve-tag`).
+    Tag,
+    "tag",
+    "a letter, digit or '_', then letters, digits, '_', '-', '+' or '.' (e.g. talos)",
+    |s| {
+        !s.is_empty()
+            && s.len() <= 128
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '+' | '.'))
+    }
+);
+
+name_type!(
+    /// A resource pool ID (`pve-poolid`; `/` separates nested pools).
+    PoolId,
+    "pool",
+    "letters, digits, '-', '_' or '.', with '/' between nested pools (e.g. omni)",
+    |s| {
+        !s.is_empty()
+            && s.len() <= 64
+            && !s.starts_with('/')
+            && !s.ends_with('/')
+            && !s.contains("//")
+            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+    }
+);
+
+name_type!(
+    /// A CPU model (`cpu` option's `cputype`): a built-in model or `custom-<name>`.
+    CpuType,
+    "CPU type",
+    "a CPU model name made of letters, digits, '-', '_', '.' or '+' (e.g. x86-64-v2-AES or host)",
+    |s| !s.is_empty() && s.len() <= 64 && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'))
+);
+
+name_type!(
+    /// A cluster node name (`pve-node`): a DNS label.
+    NodeName,
+    "node",
+    "a host name: letters, digits and '-', not starting or ending with '-' (e.g. pve1)",
+    |s| {
+        !s.is_empty()
+            && s.len() <= 63
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+            && all_in(s, |c| c.is_ascii_alphanumeric() || c == '-')
+    }
+);
+
+impl serde::Serialize for NodeName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for NodeName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        NodeName::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+impl PartialEq<str> for NodeName {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+name_type!(
+    /// The file part of a volume in ISO storage (`<storage>:iso/<file>`).
+    IsoFileName,
+    "ISO file name",
+    "letters, digits, '-', '_', '.' or '+', ending in .iso",
+    |s| {
+        s.len() > 4
+            && s.len() <= 200
+            && s.ends_with(".iso")
+            && !s.starts_with('.')
+            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'))
+    }
+);
+
+/// A volume in ISO storage: `local:iso/talos.iso`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IsoVolume {
+    pub storage: StorageId,
+    pub file: IsoFileName,
+}
+
+impl IsoVolume {
+    /// Parses a volume ID as Proxmox reports it (`local:iso/x.iso`).
+    pub fn parse(volid: &str) -> Result<Self, PropertyError> {
+        let expected = "<storage>:iso/<file>.iso (e.g. local:iso/talos.iso)";
+        let (storage, rest) = volid
+            .split_once(':')
+            .ok_or_else(|| invalid("ISO volume", volid, expected))?;
+        let file = rest
+            .strip_prefix("iso/")
+            .ok_or_else(|| invalid("ISO volume", volid, expected))?;
+        Ok(Self {
+            storage: StorageId::new(storage)?,
+            file: IsoFileName::new(file)?,
+        })
+    }
+}
+
+impl fmt::Display for IsoVolume {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:iso/{}", self.storage, self.file)
+    }
+}
+
+/// A VLAN tag, 1 to 4094 (0 means "untagged" and is represented by `None` where a VLAN is optional).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VlanTag(u16);
+
+impl VlanTag {
+    pub fn new(tag: u64) -> Result<Self, PropertyError> {
+        match u16::try_from(tag) {
+            Ok(t) if (1..=4094).contains(&t) => Ok(Self(t)),
+            _ => Err(invalid(
+                "VLAN tag",
+                &tag.to_string(),
+                "1 to 4094 (or 0 for untagged)",
+            )),
+        }
+    }
+
+    /// `0` means untagged.
+    pub fn optional(tag: u64) -> Result<Option<Self>, PropertyError> {
+        if tag == 0 {
+            Ok(None)
+        } else {
+            Self::new(tag).map(Some)
+        }
+    }
+
+    pub fn get(self) -> u16 {
+        self.0
+    }
+}
+
+/// A unicast MAC address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl MacAddr {
+    pub fn parse(s: &str) -> Result<Self, PropertyError> {
+        let expected =
+            "six hex pairs separated by ':' with the multicast bit clear (e.g. BC:24:11:00:00:01)";
+        let parts: Vec<&str> = s.split(':').collect();
+        if parts.len() != 6 {
+            return Err(invalid("MAC address", s, expected));
+        }
+        let mut bytes = [0u8; 6];
+        for (b, p) in bytes.iter_mut().zip(&parts) {
+            if p.len() != 2 || !p.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(invalid("MAC address", s, expected));
+            }
+            *b = u8::from_str_radix(p, 16).map_err(|_| invalid("MAC address", s, expected))?;
+        }
+        if bytes[0] & 1 == 1 {
+            return Err(invalid("MAC address", s, expected));
+        }
+        Ok(Self(bytes))
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        write!(
+            f,
+            "{:02X}:{:02X}:{:02X}:{:02X}:{:02X}:{:02X}",
+            b[0], b[1], b[2], b[3], b[4], b[5]
+        )
+    }
+}
+
+/// A device slot in the VM config, which is also the option key (`scsi0`, `ide2`, `net1`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Slot {
+    Scsi(u8),
+    Virtio(u8),
+    Ide(u8),
+    Net(u8),
+    HostPci(u8),
+    Usb(u8),
+    EfiDisk0,
+}
+
+impl Slot {
+    /// The slot, if its index is within Proxmox's limits.
+    pub fn checked(self) -> Option<Self> {
+        let ok = match self {
+            Slot::Scsi(i) => i <= 30,
+            Slot::Virtio(i) => i <= 15,
+            Slot::Ide(i) => i <= 3,
+            Slot::Net(i) => i <= 31,
+            Slot::HostPci(i) => i <= 15,
+            Slot::Usb(i) => i <= 14,
+            Slot::EfiDisk0 => true,
+        };
+        ok.then_some(self)
+    }
+}
+
+impl fmt::Display for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Slot::Scsi(i) => write!(f, "scsi{i}"),
+            Slot::Virtio(i) => write!(f, "virtio{i}"),
+            Slot::Ide(i) => write!(f, "ide{i}"),
+            Slot::Net(i) => write!(f, "net{i}"),
+            Slot::HostPci(i) => write!(f, "hostpci{i}"),
+            Slot::Usb(i) => write!(f, "usb{i}"),
+            Slot::EfiDisk0 => f.write_str("efidisk0"),
+        }
+    }
+}
+
+fn flag(on: bool) -> &'static str {
+    if on { "1" } else { "0" }
+}
+
+/// `netN`: a virtio NIC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nic {
+    pub bridge: BridgeName,
+    pub firewall: bool,
+    pub vlan: Option<VlanTag>,
+    pub mac: Option<MacAddr>,
+}
+
+impl Nic {
+    /// `virtio[=<mac>],bridge=<bridge>,firewall=<0|1>[,tag=<vlan>]`
+    pub fn render(&self) -> String {
+        let mut s = match self.mac {
+            Some(mac) => format!("virtio={mac}"),
+            None => "virtio".to_string(),
+        };
+        s.push_str(&format!(
+            ",bridge={},firewall={}",
+            self.bridge,
+            flag(self.firewall)
+        ));
+        if let Some(tag) = self.vlan {
+            s.push_str(&format!(",tag={}", tag.get()));
+        }
+        s
+    }
+}
+
+/// `disk_cache`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskCache {
+    None,
+    Writethrough,
+    Writeback,
+    Directsync,
+    Unsafe,
+}
+
+impl DiskCache {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskCache::None => "none",
+            DiskCache::Writethrough => "writethrough",
+            DiskCache::Writeback => "writeback",
+            DiskCache::Directsync => "directsync",
+            DiskCache::Unsafe => "unsafe",
+        }
+    }
+}
+
+/// `disk_aio`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskAio {
+    Native,
+    Threads,
+    IoUring,
+}
+
+impl DiskAio {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskAio::Native => "native",
+            DiskAio::Threads => "threads",
+            DiskAio::IoUring => "io_uring",
+        }
+    }
+}
+
+/// Per-disk performance options shared by the boot disk and additional disks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiskOptions {
+    pub ssd: bool,
+    pub discard: bool,
+    pub iothread: bool,
+    pub cache: Option<DiskCache>,
+    pub aio: Option<DiskAio>,
+}
+
+impl DiskOptions {
+    fn render_into(&self, s: &mut String) {
+        if let Some(cache) = self.cache {
+            s.push_str(&format!(",cache={}", cache.as_str()));
+        }
+        if let Some(aio) = self.aio {
+            s.push_str(&format!(",aio={}", aio.as_str()));
+        }
+        if self.iothread {
+            s.push_str(",iothread=1");
+        }
+        if self.discard {
+            s.push_str(",discard=on");
+        }
+        if self.ssd {
+            s.push_str(",ssd=1");
+        }
+    }
+}
+
+/// A disk to allocate on create: `<storage>:<size GiB>[,cache=…][,aio=…][,iothread=1][,discard=on][,ssd=1]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDisk {
+    pub storage: StorageId,
+    pub size_gb: u64,
+    pub options: DiskOptions,
+}
+
+impl NewDisk {
+    pub fn render(&self) -> String {
+        let mut s = format!("{}:{}", self.storage, self.size_gb);
+        self.options.render_into(&mut s);
+        s
+    }
+}
+
+/// Options for a disk that already exists (a cloned template's disk): `<volume>,<options>`.
+/// The volume ID comes from Proxmox's own config, so it is checked for separators only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExistingDisk {
+    volume: String,
+    pub options: DiskOptions,
+}
+
+impl ExistingDisk {
+    pub fn new(volume: &str, options: DiskOptions) -> Result<Self, PropertyError> {
+        let ok = !volume.is_empty()
+            && volume.contains(':')
+            && all_in(volume, |c| {
+                c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/' | '+')
+            });
+        if ok {
+            Ok(Self {
+                volume: volume.to_string(),
+                options,
+            })
+        } else {
+            Err(invalid(
+                "disk volume",
+                volume,
+                "<storage>:<volume name> (e.g. local-lvm:vm-104-disk-0)",
+            ))
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = self.volume.clone();
+        self.options.render_into(&mut s);
+        s
+    }
+}
+
+/// `ideN` as a CD-ROM drive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cdrom {
+    Iso(IsoVolume),
+    Empty,
+}
+
+impl Cdrom {
+    pub fn render(&self) -> String {
+        match self {
+            Cdrom::Iso(volume) => format!("{volume},media=cdrom"),
+            Cdrom::Empty => "none,media=cdrom".to_string(),
+        }
+    }
+}
+
+/// `efidisk0`: 4 MiB OVMF vars without pre-enrolled Microsoft keys (Talos brings its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EfiDisk {
+    pub storage: StorageId,
+}
+
+impl EfiDisk {
+    pub fn render(&self) -> String {
+        format!("{}:1,efitype=4m,pre-enrolled-keys=0", self.storage)
+    }
+}
+
+/// `smbios1`: the SMBIOS UUID, which Talos reports as its machine UUID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Smbios1 {
+    pub uuid: uuid::Uuid,
+}
+
+impl Smbios1 {
+    pub fn render(&self) -> String {
+        format!("uuid={}", self.uuid.hyphenated())
+    }
+}
+
+/// `hostpciN` through a resource mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPci {
+    pub mapping: MappingId,
+    pub mdev: Option<MdevType>,
+    pub pcie: bool,
+    /// `None` leaves Proxmox's default (on).
+    pub rombar: Option<bool>,
+    pub primary_gpu: bool,
+}
+
+impl HostPci {
+    pub fn render(&self) -> String {
+        let mut s = format!("mapping={}", self.mapping);
+        if let Some(mdev) = &self.mdev {
+            s.push_str(&format!(",mdev={mdev}"));
+        }
+        if self.pcie {
+            s.push_str(",pcie=1");
+        }
+        if let Some(rombar) = self.rombar {
+            s.push_str(&format!(",rombar={}", flag(rombar)));
+        }
+        if self.primary_gpu {
+            s.push_str(",x-vga=1");
+        }
+        s
+    }
+}
+
+/// `usbN` through a resource mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usb {
+    pub mapping: MappingId,
+    pub usb3: bool,
+}
+
+impl Usb {
+    pub fn render(&self) -> String {
+        if self.usb3 {
+            format!("mapping={},usb3=1", self.mapping)
+        } else {
+            format!("mapping={}", self.mapping)
+        }
+    }
+}
+
+/// `agent`: the QEMU guest agent channel.
+pub fn agent_enabled() -> String {
+    "enabled=1".to_string()
+}
+
+/// `tags`: `;`-separated, deduplicated, in the order given.
+pub fn tags(tags: &[Tag]) -> String {
+    let mut seen = std::collections::BTreeSet::new();
+    tags.iter()
+        .filter(|t| seen.insert(t.as_str().to_ascii_lowercase()))
+        .map(Tag::as_str)
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// Splits a `tags` value as Proxmox reports it (it accepts `;`, `,` and spaces as separators).
+pub fn parse_tags(value: &str) -> Vec<String> {
+    value
+        .split([';', ',', ' '])
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// `boot`: `order=<slot>;<slot>…`.
+pub fn boot_order(slots: &[Slot]) -> String {
+    format!(
+        "order={}",
+        slots
+            .iter()
+            .map(Slot::to_string)
+            .collect::<Vec<_>>()
+            .join(";")
+    )
+}
+
+/// `ipconfigN` (cloud-init style static or DHCP address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IpConfig {
+    Dhcp,
+    Static {
+        address: std::net::IpAddr,
+        prefix: u8,
+        gateway: Option<std::net::IpAddr>,
+    },
+}
+
+impl IpConfig {
+    pub fn render(&self) -> String {
+        match self {
+            IpConfig::Dhcp => "ip=dhcp".to_string(),
+            IpConfig::Static {
+                address,
+                prefix,
+                gateway,
+            } => {
+                let (ip_key, gw_key) = if address.is_ipv6() {
+                    ("ip6", "gw6")
+                } else {
+                    ("ip", "gw")
+                };
+                let mut s = format!("{ip_key}={address}/{prefix}");
+                if let Some(gw) = gateway {
+                    s.push_str(&format!(",{gw_key}={gw}"));
+                }
+                s
+            }
+        }
+    }
+}
+
+/// `hugepages`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hugepages {
+    TwoMb,
+    OneGb,
+    Any,
+}
+
+impl Hugepages {
+    /// Accepts the provider-data spellings (`2MB`, `1GB`) and Proxmox's own (`2`, `1024`, `any`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "2MB" | "2" => Some(Hugepages::TwoMb),
+            "1GB" | "1024" => Some(Hugepages::OneGb),
+            "any" => Some(Hugepages::Any),
+            _ => None,
+        }
+    }
+
+    pub fn render(self) -> &'static str {
+        match self {
+            Hugepages::TwoMb => "2",
+            Hugepages::OneGb => "1024",
+            Hugepages::Any => "any",
+        }
+    }
+}
+
+/// `cpu`: the CPU model only.
+pub fn cpu(cpu_type: &CpuType) -> String {
+    cpu_type.to_string()
+}
+
+/// `numa`.
+pub fn numa(on: bool) -> String {
+    flag(on).to_string()
+}
+
+/// `vga`: the display type (no options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vga(&'static str);
+
+impl Vga {
+    const TYPES: &'static [&'static str] = &[
+        "cirrus",
+        "none",
+        "qxl",
+        "qxl2",
+        "qxl3",
+        "qxl4",
+        "serial0",
+        "serial1",
+        "serial2",
+        "serial3",
+        "std",
+        "virtio",
+        "virtio-gl",
+        "vmware",
+    ];
+
+    pub fn new(s: &str) -> Result<Self, PropertyError> {
+        Self::TYPES
+            .iter()
+            .find(|t| **t == s)
+            .map(|t| Vga(t))
+            .ok_or_else(|| {
+                invalid(
+                    "display type",
+                    s,
+                    "one of cirrus, none, qxl, qxl2-4, serial0-3, std, virtio, virtio-gl, vmware",
+                )
+            })
+    }
+
+    pub fn render(self) -> &'static str {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Splits a property string the way Proxmox does and returns its keys (the first item may be a
+    /// bare default-key value).
+    fn keys(s: &str) -> Vec<String> {
+        s.split(',')
+            .map(|kv| {
+                kv.split_once('=')
+                    .map_or("<default>", |(k, _)| k)
+                    .to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn renders_every_property() {
+        let nic = Nic {
+            bridge: BridgeName::new("vmbr0").unwrap(),
+            firewall: true,
+            vlan: VlanTag::optional(10).unwrap(),
+            mac: Some(MacAddr::parse("bc:24:11:00:00:01").unwrap()),
+        };
+        assert_eq!(
+            nic.render(),
+            "virtio=BC:24:11:00:00:01,bridge=vmbr0,firewall=1,tag=10"
+        );
+        let plain = Nic {
+            bridge: BridgeName::new("vmbr1").unwrap(),
+            firewall: false,
+            vlan: None,
+            mac: None,
+        };
+        assert_eq!(plain.render(), "virtio,bridge=vmbr1,firewall=0");
+
+        let options = DiskOptions {
+            ssd: true,
+            discard: true,
+            iothread: true,
+            cache: Some(DiskCache::Writeback),
+            aio: Some(DiskAio::IoUring),
+        };
+        let disk = NewDisk {
+            storage: StorageId::new("local-lvm").unwrap(),
+            size_gb: 20,
+            options,
+        };
+        assert_eq!(
+            disk.render(),
+            "local-lvm:20,cache=writeback,aio=io_uring,iothread=1,discard=on,ssd=1"
+        );
+        let bare = NewDisk {
+            storage: StorageId::new("ceph").unwrap(),
+            size_gb: 5,
+            options: DiskOptions::default(),
+        };
+        assert_eq!(bare.render(), "ceph:5");
+        let existing = ExistingDisk::new(
+            "local-lvm:vm-104-disk-0",
+            DiskOptions {
+                ssd: true,
+                ..Default::default()
+            },
+        );
+        assert_eq!(existing.unwrap().render(), "local-lvm:vm-104-disk-0,ssd=1");
+
+        let iso = IsoVolume::parse("local:iso/talos-1.iso").unwrap();
+        assert_eq!(
+            Cdrom::Iso(iso).render(),
+            "local:iso/talos-1.iso,media=cdrom"
+        );
+        assert_eq!(Cdrom::Empty.render(), "none,media=cdrom");
+        assert_eq!(
+            EfiDisk {
+                storage: StorageId::new("local-lvm").unwrap()
+            }
+            .render(),
+            "local-lvm:1,efitype=4m,pre-enrolled-keys=0"
+        );
+        let uuid = uuid::Uuid::parse_str("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0").unwrap();
+        assert_eq!(
+            Smbios1 { uuid }.render(),
+            "uuid=0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+        );
+
+        let pci = HostPci {
+            mapping: MappingId::new("nvidia-gpu-1").unwrap(),
+            mdev: Some(MdevType::new("nvidia-180").unwrap()),
+            pcie: true,
+            rombar: Some(false),
+            primary_gpu: true,
+        };
+        assert_eq!(
+            pci.render(),
+            "mapping=nvidia-gpu-1,mdev=nvidia-180,pcie=1,rombar=0,x-vga=1"
+        );
+        let usb = Usb {
+            mapping: MappingId::new("rtl-sdr").unwrap(),
+            usb3: true,
+        };
+        assert_eq!(usb.render(), "mapping=rtl-sdr,usb3=1");
+        assert_eq!(agent_enabled(), "enabled=1");
+        let t = |s: &str| Tag::new(s).unwrap();
+        assert_eq!(
+            tags(&[t("machine-request.set1"), t("talos"), t("TALOS")]),
+            "machine-request.set1;talos"
+        );
+        assert_eq!(parse_tags("a;b,c d"), vec!["a", "b", "c", "d"]);
+        assert_eq!(
+            boot_order(&[Slot::Scsi(0), Slot::Ide(2), Slot::Net(0)]),
+            "order=scsi0;ide2;net0"
+        );
+        let ip = IpConfig::Static {
+            address: "10.0.0.5".parse().unwrap(),
+            prefix: 24,
+            gateway: Some("10.0.0.1".parse().unwrap()),
+        };
+        assert_eq!(ip.render(), "ip=10.0.0.5/24,gw=10.0.0.1");
+        assert_eq!(IpConfig::Dhcp.render(), "ip=dhcp");
+        assert_eq!(Hugepages::parse("2MB").map(Hugepages::render), Some("2"));
+        assert_eq!(Hugepages::parse("1GB").map(Hugepages::render), Some("1024"));
+        assert_eq!(Hugepages::parse("3MB"), None);
+        assert_eq!(
+            cpu(&CpuType::new("x86-64-v2-AES").unwrap()),
+            "x86-64-v2-AES"
+        );
+        assert_eq!(numa(true), "1");
+        assert_eq!(Vga::new("serial0").unwrap().render(), "serial0");
+        assert!(Vga::new("std,memory=4").is_err());
+        assert_eq!(Slot::HostPci(16).checked(), None);
+        assert_eq!(Slot::Usb(3).to_string(), "usb3");
+    }
+
+    #[test]
+    fn rejects_smuggled_keys_and_names_the_setting() {
+        let err = BridgeName::new("vmbr0,firewall=0").unwrap_err();
+        assert_eq!(err.what, "network bridge");
+        assert!(err.to_string().contains("vmbr0,firewall=0"));
+        assert!(StorageId::new("local;x").is_err());
+        assert!(StorageId::new("1local").is_err());
+        assert!(Tag::new("a;b").is_err());
+        assert!(Tag::new("-a").is_err());
+        assert!(PoolId::new("pool=x").is_err());
+        assert!(MappingId::new("gpu\n").is_err());
+        assert!(CpuType::new("host,flags=+aes").is_err());
+        assert!(IsoVolume::parse("local:iso/x.iso,media=disk").is_err());
+        assert!(IsoVolume::parse("local:images/x.iso").is_err());
+        assert!(MacAddr::parse("01:00:00:00:00:00").is_err());
+        assert!(VlanTag::new(4095).is_err());
+        assert!(ExistingDisk::new("local-lvm:vm-1,ssd=1", DiskOptions::default()).is_err());
+    }
+
+    fn arb_options() -> impl Strategy<Value = DiskOptions> {
+        (any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(ssd, discard, iothread)| {
+            DiskOptions {
+                ssd,
+                discard,
+                iothread,
+                cache: Some(DiskCache::None),
+                aio: Some(DiskAio::Native),
+            }
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_names_never_yield_extra_keys(s in "\\PC{0,24}|[a-z0-9,=;_.+-]{0,16}", vlan in 0u64..5000, opts in arb_options()) {
+            if let Ok(bridge) = BridgeName::new(s.clone()) {
+                let vlan = VlanTag::optional(vlan).ok().flatten();
+                let nic = Nic { bridge, firewall: true, vlan, mac: None };
+                let mut expected = vec!["<default>", "bridge", "firewall"];
+                if vlan.is_some() { expected.push("tag"); }
+                prop_assert_eq!(keys(&nic.render()), expected);
+            }
+            if let Ok(storage) = StorageId::new(s.clone()) {
+                let disk = NewDisk { storage, size_gb: 1, options: opts };
+                let rendered = disk.render();
+                prop_assert_eq!(rendered.matches(',').count(), keys(&rendered).len() - 1);
+                prop_assert!(keys(&rendered).iter().all(|k| ["<default>", "cache", "aio", "iothread", "discard", "ssd"].contains(&k.as_str())));
+                prop_assert_eq!(rendered.split(',').next().unwrap().matches(':').count(), 1);
+            }
+            if let Ok(mapping) = MappingId::new(s.clone()) {
+                prop_assert_eq!(keys(&Usb { mapping: mapping.clone(), usb3: false }.render()), vec!["mapping"]);
+                let pci = HostPci { mapping, mdev: MdevType::new(s.clone()).ok(), pcie: false, rombar: None, primary_gpu: false };
+                let k = keys(&pci.render());
+                prop_assert!(k.len() <= 2 && k[0] == "mapping");
+            }
+            if let Ok(tag) = Tag::new(s.clone()) {
+                let rendered = tags(&[tag.clone(), tag]);
+                prop_assert!(!rendered.contains(';') && !rendered.contains(',') && !rendered.contains('='));
+            }
+            for ok in [PoolId::new(s.clone()).is_ok(), CpuType::new(s.clone()).is_ok(), NodeName::new(s.clone()).is_ok(),
+                       IsoFileName::new(s.clone()).is_ok(), MdevType::new(s.clone()).is_ok()] {
+                if ok {
+                    prop_assert!(!s.contains([',', '=', ';', '\n', ' ', '\r', '\t', '\0']));
+                }
+            }
+            if let Ok(volume) = IsoVolume::parse(&s) {
+                prop_assert_eq!(keys(&Cdrom::Iso(volume).render()), vec!["<default>", "media"]);
+            }
+            let _ = MacAddr::parse(&s);
+            let _ = Vga::new(&s);
+        }
+    }
+}
