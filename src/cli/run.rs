@@ -15,7 +15,11 @@ use super::CliResult;
 use crate::config::ProviderConfig;
 use crate::controller::health::{self, HealthCheck};
 use crate::controller::registration::{self, ProviderInfo};
-use crate::controller::requests::{self, RequestQueueEvent};
+use crate::controller::provision::Provisioner;
+use crate::controller::runner::Controller;
+use crate::pipeline::provider_data::ProviderDataSchema;
+use crate::pipeline::step::{Services, Timeouts};
+use crate::proxmox::ProxmoxClient;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
 use crate::omni::transport::{self, OmniEndpoint, OmniTls};
@@ -57,6 +61,12 @@ pub struct RunArgs {
     /// Interval between heartbeats to Omni (Omni shows the provider disconnected after 31 s).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub health_interval: Duration,
+    /// How many machine requests are worked on at once (each request's Proxmox calls stay sequential).
+    #[arg(long, env = "CONCURRENCY", default_value_t = 4)]
+    pub concurrency: usize,
+    /// Image Factory that serves the Talos boot ISOs (boot mode `iso`).
+    #[arg(long, env = "IMAGE_FACTORY_URL", default_value = "https://factory.talos.dev")]
+    pub image_factory_url: String,
 }
 
 fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
@@ -104,6 +114,8 @@ pub enum RunError {
 /// Everything the provider needs, checked; built before any network call.
 pub struct Settings {
     pub config: ProviderConfig,
+    pub concurrency: usize,
+    pub image_factory_url: String,
     pub endpoint: OmniEndpoint,
     pub key: Arc<ProviderKey>,
     pub info: ProviderInfo,
@@ -114,6 +126,16 @@ impl Settings {
     pub fn from_args(args: &RunArgs) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let path = args.config_file.as_ref().ok_or(RunError::NoConfigFile)?;
         let config = ProviderConfig::load(path)?;
+        let schema = ProviderDataSchema::new()?;
+        let problems = schema.validate_config_overrides(&config.defaults, &config.nodes);
+        if !problems.is_empty() {
+            return Err(format!(
+                "config file {}: {}",
+                path.display(),
+                crate::pipeline::provider_data::describe(&problems)
+            )
+            .into());
+        }
         let url = args
             .omni_api_endpoint
             .clone()
@@ -137,6 +159,8 @@ impl Settings {
         };
         Ok(Self {
             config,
+            concurrency: args.concurrency,
+            image_factory_url: args.image_factory_url.clone(),
             endpoint: OmniEndpoint { url, tls },
             key: Arc::new(key),
             info: ProviderInfo::new(&args.id, &args.provider_name, &args.provider_description),
@@ -149,13 +173,20 @@ pub async fn run(args: RunArgs) -> CliResult {
     telemetry::init_logging(args.log_format, &args.log_level)?;
     transport::install_crypto_provider();
     let settings = Settings::from_args(&args)?;
-    run_with(settings, health::always_healthy(), shutdown_signal()).await
+    let pve = ProxmoxClient::new(&settings.config.proxmox)?;
+    let check = pve.clone();
+    let health_check = health::health_check(move || {
+        let pve = check.clone();
+        async move { pve.health().await }
+    });
+    run_with(settings, pve, health_check, shutdown_signal()).await
 }
 
 /// The provider proper, with the health check and shutdown trigger injected (the Proxmox check
 /// plugs in here; tests pass their own shutdown future).
 pub async fn run_with(
     settings: Settings,
+    pve: ProxmoxClient,
     health_check: HealthCheck,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> CliResult {
@@ -186,43 +217,31 @@ pub async fn run_with(
         health_check,
         stop_rx.clone(),
     ));
-    let mut queue = requests::watch(&omni.state, &provider_id);
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            ev = queue.recv() => match ev {
-                Some(ev) => log_request_event(&ev),
-                None => break,
-            },
-        }
-    }
+    let services = Arc::new(Services {
+        provider_id: provider_id.clone(),
+        pve,
+        management: omni.management.clone(),
+        schema: ProviderDataSchema::new()?,
+        config: settings.config,
+        reservations: Default::default(),
+        vmids_in_flight: Default::default(),
+        image_locks: Default::default(),
+        image_factory_url: settings.image_factory_url,
+        timeouts: Timeouts::default(),
+    });
+    let provisioner = Arc::new(Provisioner::new(services, omni.state.clone(), mode));
+    let controller = Controller::new(provisioner, settings.concurrency);
+    let reconciling = tokio::spawn(controller.run(stop_rx.clone()));
+    tracing::info!(concurrency = settings.concurrency, "watching machine requests");
+    shutdown.await;
     tracing::info!("shutting down");
-    drop(queue);
     let _ = stop_tx.send(true);
+    let _ = reconciling.await;
     let _ = heartbeat.await;
     tracing::info!("stopped");
     Ok(())
 }
 
-fn log_request_event(ev: &RequestQueueEvent) {
-    match ev {
-        RequestQueueEvent::Changed(r) => tracing::info!(
-            request = r.id(),
-            tearing_down = r.is_tearing_down(),
-            talos_version = %r.spec.talos_version,
-            "machine request changed"
-        ),
-        RequestQueueEvent::Destroyed { id } => {
-            tracing::info!(request = %id, "machine request gone")
-        }
-        RequestQueueEvent::Synced => tracing::info!("machine requests listed"),
-        RequestQueueEvent::Resync => {
-            tracing::info!("machine request watch re-established; relisting")
-        }
-        RequestQueueEvent::Error(e) => tracing::error!(error = %e, "machine request watch"),
-    }
-}
 
 /// Resolves on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {

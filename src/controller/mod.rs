@@ -5,8 +5,11 @@
 //! module only decides *what* needs attention, never *how* to provision it.
 
 pub mod health;
+pub mod provision;
 pub mod registration;
 pub mod requests;
+pub mod runner;
+pub mod teardown;
 pub mod workqueue;
 
 use crate::omni::join::JoinMode;

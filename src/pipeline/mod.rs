@@ -8,3 +8,25 @@ pub mod provider_data;
 pub mod schematic;
 pub mod storage_selector;
 pub mod vm_config;
+
+pub mod configure_vm;
+pub mod create_vm;
+pub mod discover_ip;
+pub mod pick_node;
+pub mod prepare_image;
+pub mod start_vm;
+pub mod step;
+
+use step::{Step, StepContext, StepError, StepOutcome};
+
+/// Runs one step.
+pub async fn run_step(step: Step, ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    match step {
+        Step::PickNode => pick_node::run(ctx).await,
+        Step::PrepareImage => prepare_image::run(ctx).await,
+        Step::CreateVm => create_vm::run(ctx).await,
+        Step::ConfigureVm => configure_vm::run(ctx).await,
+        Step::StartVm => start_vm::run(ctx).await,
+        Step::DiscoverIp => discover_ip::run(ctx).await,
+    }
+}

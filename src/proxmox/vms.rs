@@ -66,7 +66,6 @@ impl ProxmoxClient {
         template: VmId,
         request: &CloneRequest,
     ) -> Result<Upid, ProxmoxError> {
-        let id = template.to_string();
         let params = Params::new()
             .with("newid", request.new_id)
             .with_opt("name", request.name.as_deref())
@@ -75,9 +74,24 @@ impl ProxmoxClient {
             .with_opt("storage", request.storage.as_deref())
             .with_opt("pool", request.pool.as_deref())
             .with_opt("description", request.description.as_deref());
+        self.clone_vm_with(node, template, params.0).await
+    }
+
+    /// The clone call with parameters rendered elsewhere (`pipeline::vm_config::clone_params`).
+    pub async fn clone_vm_with(
+        &self,
+        node: &NodeName,
+        template: VmId,
+        params: Vec<(String, String)>,
+    ) -> Result<Upid, ProxmoxError> {
+        let id = template.to_string();
         let [a, b, c, d] = qemu(node, &id);
-        self.post(&[a, b, c, d, "clone"], params, Replay::OnlyIfUnsent)
-            .await
+        self.post(
+            &[a, b, c, d, "clone"],
+            Params(params),
+            Replay::OnlyIfUnsent,
+        )
+        .await
     }
 
     /// `GET /nodes/{node}/qemu/{vmid}/config` (current values, pending changes applied).

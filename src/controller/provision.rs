@@ -1,0 +1,501 @@
+//! One reconcile of one MachineRequest: what Omni expects of a provision controller (reference §3),
+//! with the official Go library's known weaknesses fixed.
+//!
+//! Running phase: finalizer, MachineRequestStatus (stage PROVISIONING, the request's labels), provider
+//! state, then the steps from where the state says we stopped. Progress goes to the status text
+//! ("Running step 3/6 create_vm: cloning template 9000 to VM 104 on pve2"). Unlike the Go library:
+//! - a failure is written as stage FAILED with the error and **stays visible** until the step succeeds
+//!   on a retry (the Go library cleared it on every retry, omni#2629);
+//! - an unknown step name restarts from the beginning instead of skipping to PROVISIONED;
+//! - the `infra-id` label is kept when the request is marked PROVISIONED;
+//! - the status `id` is set to the SMBIOS UUID as soon as the VM exists, and the request ID is encoded
+//!   in the join token, so Omni links the machine to its request either way (§3.5).
+//!
+//! Tearing down: see [`super::teardown`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use crate::omni::join::{self, ConnectionParams, JoinInputs, JoinMode};
+use crate::omni::proto::provider::MachineSpec;
+use crate::omni::proto::specs::{
+    MachineRequestSpec, MachineRequestStatusSpec, machine_request_status_spec::Stage,
+};
+use crate::omni::resources::{
+    ConnectionParams as LegacyConnectionParams, MachineRequest, MachineRequestStatus,
+    ProviderJoinConfig, ProviderMachine, SIDEROLINK_CONFIG_ID, SiderolinkApiConfig, annotation,
+    label, provision_controller_name,
+};
+use crate::omni::state::{ResourceRef, StateClient, StateError, Typed};
+use crate::pipeline::step::{
+    ClusterView, Progress, RequestInfo, Services, Step, StepContext, StepError, StepOutcome,
+};
+use crate::pipeline::run_step;
+
+/// What the work queue should do with the request after a reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing more until the request changes.
+    Done,
+    /// Look again after this long.
+    RequeueAfter(Duration),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("{0}")]
+    Step(#[from] StepError),
+    #[error("{doing}: {source}")]
+    Omni {
+        doing: &'static str,
+        #[source]
+        source: Box<StateError>,
+    },
+    #[error("cannot build the join configuration: {0}")]
+    Join(String),
+    #[error("{0}")]
+    Teardown(String),
+}
+
+fn omni(doing: &'static str) -> impl FnOnce(StateError) -> ReconcileError {
+    move |source| ReconcileError::Omni {
+        doing,
+        source: Box::new(source),
+    }
+}
+
+pub struct Provisioner {
+    pub services: Arc<Services>,
+    pub state: StateClient,
+    pub join_mode: JoinMode,
+    /// `<id>.ProvisionController`: our finalizer and the owner of what we write.
+    pub owner: String,
+}
+
+impl Provisioner {
+    pub fn new(services: Arc<Services>, state: StateClient, join_mode: JoinMode) -> Self {
+        let owner = provision_controller_name(&services.provider_id);
+        Self {
+            services,
+            state,
+            join_mode,
+            owner,
+        }
+    }
+
+    pub fn provider_id(&self) -> &str {
+        &self.services.provider_id
+    }
+
+    pub async fn reconcile(&self, id: &str) -> Result<Action, ReconcileError> {
+        let Some(request) = self
+            .state
+            .find(&MachineRequest, id)
+            .await
+            .map_err(omni("reading the machine request"))?
+        else {
+            self.forget(id);
+            return Ok(Action::Done);
+        };
+        if request.label(label::INFRA_PROVIDER_ID) != Some(self.provider_id()) {
+            return Ok(Action::Done);
+        }
+        if request.is_tearing_down() {
+            return super::teardown::run(self, &request).await;
+        }
+        if !request.has_finalizer(&self.owner) {
+            self.state
+                .add_finalizer(&ResourceRef::of(&MachineRequest, id), &self.owner)
+                .await
+                .map_err(omni("adding our finalizer to the machine request"))?;
+        }
+        let labels: BTreeMap<String, String> = request
+            .metadata
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let status = self.status(id).await?;
+        if status
+            .as_ref()
+            .is_some_and(|s| s.spec.stage == Stage::Provisioned as i32)
+        {
+            return Ok(Action::Done);
+        }
+        if status.is_none() {
+            self.write_status(id, &labels, |s| {
+                s.stage = Stage::Provisioning as i32;
+                s.status = "Queued".into();
+            })
+            .await?;
+        }
+
+        let info = request_info(&request);
+        // Provider data is validated before anything is created; bad data can never succeed, so it
+        // is reported once and the request waits for a change (the provider restarting with a new
+        // config counts: every request is reconciled at start).
+        if let Err(e) = self.services.provider_data(&info, None) {
+            self.fail(id, &labels, "validating provider data", &e.to_string())
+                .await?;
+            return Ok(Action::Done);
+        }
+        let join = self.connection_params(&request).await?;
+        let machine = self
+            .state
+            .modify(&ProviderMachine::new(self.provider_id()), id, &self.owner, |_| {})
+            .await
+            .map_err(omni("creating the provider state"))?;
+        let mut spec = machine.spec.clone();
+        let start = Step::resume_index(
+            &spec.step,
+            machine
+                .metadata
+                .annotations
+                .get(annotation::STEP)
+                .map(String::as_str),
+        );
+        self.run_steps(id, &labels, &info, &join, &mut spec, start)
+            .await
+    }
+
+    async fn run_steps(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+        info: &RequestInfo,
+        join: &ConnectionParams,
+        spec: &mut MachineSpec,
+        start: usize,
+    ) -> Result<Action, ReconcileError> {
+        let total = Step::ALL.len();
+        let mut cluster: Option<ClusterView> = None;
+        for step in &Step::ALL[start.min(total)..] {
+            let step = *step;
+            let node = (!spec.node.is_empty()).then(|| spec.node.clone());
+            let data = self.services.provider_data(info, node.as_deref())?;
+            let progress = StatusProgress {
+                provisioner: self,
+                id,
+                labels,
+                step,
+            };
+            progress.set_text(String::new()).await;
+            let outcome = {
+                let mut ctx = StepContext {
+                    services: &self.services,
+                    request: info,
+                    data,
+                    join,
+                    state: spec,
+                    progress: &progress,
+                    cluster: &mut cluster,
+                };
+                run_step(step, &mut ctx).await
+            };
+            match outcome {
+                Ok(StepOutcome::Done) => {
+                    spec.step = step.name().to_owned();
+                    let recovered = !std::mem::take(&mut spec.last_error).is_empty();
+                    self.save_state(id, spec).await?;
+                    if recovered {
+                        self.write_status(id, labels, |s| {
+                            s.stage = Stage::Provisioning as i32;
+                            s.error.clear();
+                        })
+                        .await?;
+                    }
+                    if step == Step::CreateVm {
+                        self.link_machine(id, labels, spec).await?;
+                    }
+                }
+                Ok(StepOutcome::Requeue { after, why }) => {
+                    self.save_state(id, spec).await?;
+                    progress.set_text(why).await;
+                    return Ok(Action::RequeueAfter(after));
+                }
+                Err(e) => {
+                    let text = format!(
+                        "step {}/{total} {} failed: {e}",
+                        step.number(),
+                        step.name()
+                    );
+                    spec.last_error = text.clone();
+                    // Best effort: the decisions the step recorded before failing are kept.
+                    if let Err(save) = self.save_state(id, spec).await {
+                        tracing::warn!(request = %id, error = %save, "cannot record the provider state after a failure");
+                    }
+                    self.fail(id, labels, step.name(), &e.to_string()).await?;
+                    if e.is_config() {
+                        return Ok(Action::Done);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        self.services
+            .reservations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release(id);
+        let summary = format!(
+            "Provisioned: VM {} on {}{}",
+            spec.vmid,
+            spec.node,
+            if spec.addresses.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", spec.addresses.join(", "))
+            }
+        );
+        tracing::info!(request = %id, vmid = spec.vmid, node = %spec.node, addresses = ?spec.addresses, "provisioned");
+        let uuid = spec.uuid.clone();
+        let infra_id = spec.vmid.to_string();
+        self.write_status(id, labels, |s| {
+            s.stage = Stage::Provisioned as i32;
+            s.status = summary.clone();
+            s.error.clear();
+            s.id = uuid.clone();
+        })
+        .await?;
+        self.set_infra_id(id, labels, &infra_id).await?;
+        Ok(Action::Done)
+    }
+
+    /// Status `id` = SMBIOS UUID (Omni links the machine by it), label `infra-id` = VMID.
+    async fn link_machine(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+        spec: &MachineSpec,
+    ) -> Result<(), ReconcileError> {
+        let uuid = spec.uuid.clone();
+        self.write_status(id, labels, |s| s.id = uuid.clone()).await?;
+        self.set_infra_id(id, labels, &spec.vmid.to_string()).await
+    }
+
+    async fn set_infra_id(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+        infra_id: &str,
+    ) -> Result<(), ReconcileError> {
+        let mut with = labels.clone();
+        with.insert(label::INFRA_ID.to_owned(), infra_id.to_owned());
+        self.write_status(id, &with, |_| {}).await
+    }
+
+    async fn status(
+        &self,
+        id: &str,
+    ) -> Result<Option<Typed<MachineRequestStatusSpec>>, ReconcileError> {
+        self.state
+            .find(&MachineRequestStatus, id)
+            .await
+            .map_err(omni("reading the machine request status"))
+    }
+
+    /// Modifies the status (creating it with the request's labels); labels we add are kept.
+    pub(crate) async fn write_status(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+        mut mutate: impl FnMut(&mut MachineRequestStatusSpec),
+    ) -> Result<(), ReconcileError> {
+        self.state
+            .modify(&MachineRequestStatus, id, &self.owner, |s| {
+                for (k, v) in labels {
+                    s.metadata.labels.insert(k.clone(), v.clone());
+                }
+                mutate(&mut s.spec);
+            })
+            .await
+            .map(|_| ())
+            .map_err(omni("writing the machine request status"))
+    }
+
+    async fn fail(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+        doing: &str,
+        error: &str,
+    ) -> Result<(), ReconcileError> {
+        tracing::warn!(request = %id, step = doing, error, "provisioning step failed");
+        self.write_status(id, labels, |s| {
+            s.stage = Stage::Failed as i32;
+            s.error = error.to_owned();
+            s.status = format!("Failed in {doing}; retrying");
+        })
+        .await
+    }
+
+    async fn save_state(&self, id: &str, spec: &MachineSpec) -> Result<(), ReconcileError> {
+        save_machine(&self.state, self.provider_id(), &self.owner, id, spec)
+            .await
+            .map_err(omni("recording the provider state"))
+    }
+
+    /// The join configuration for this request (§4): v2 tokens from ProviderJoinConfig and
+    /// SiderolinkAPIConfig, or legacy ConnectionParams on Omni before 1.0.
+    async fn connection_params(
+        &self,
+        request: &Typed<MachineRequestSpec>,
+    ) -> Result<ConnectionParams, ReconcileError> {
+        let (token, api_url, events_port, logs_port) = match self.join_mode {
+            JoinMode::V2 => {
+                let join = self
+                    .state
+                    .get(&ProviderJoinConfig, self.provider_id())
+                    .await
+                    .map_err(omni("reading the provider join config"))?;
+                let api = self
+                    .state
+                    .get(&SiderolinkApiConfig, SIDEROLINK_CONFIG_ID)
+                    .await
+                    .map_err(omni("reading the SideroLink API config"))?;
+                (
+                    join.spec.join_token,
+                    api.spec.machine_api_advertised_url,
+                    api.spec.events_port,
+                    api.spec.logs_port,
+                )
+            }
+            JoinMode::Legacy => {
+                let p = self
+                    .state
+                    .get(&LegacyConnectionParams, SIDEROLINK_CONFIG_ID)
+                    .await
+                    .map_err(omni("reading the connection params"))?;
+                (
+                    p.spec.join_token,
+                    p.spec.api_endpoint,
+                    p.spec.events_port,
+                    p.spec.logs_port,
+                )
+            }
+        };
+        join::connection_params(&JoinInputs {
+            mode: self.join_mode,
+            join_token: crate::secret::Secret::new(token),
+            api_url,
+            events_port: u32::try_from(events_port).unwrap_or(0),
+            logs_port: u32::try_from(logs_port).unwrap_or(0),
+            grpc_tunnel: request.spec.grpc_tunnel == 1,
+            provider_id: self.provider_id().to_owned(),
+            request_id: Some(request.id().to_owned()),
+        })
+        .map_err(|e| ReconcileError::Join(e.to_string()))
+    }
+
+    /// Drops in-memory bookkeeping for a request that is gone.
+    pub fn forget(&self, id: &str) {
+        self.services
+            .reservations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release(id);
+    }
+}
+
+/// Writes the provider state spec (and the step annotation the official provider reads).
+pub(crate) async fn save_machine(
+    state: &StateClient,
+    provider_id: &str,
+    owner: &str,
+    id: &str,
+    spec: &MachineSpec,
+) -> Result<(), StateError> {
+    state
+        .modify(&ProviderMachine::new(provider_id), id, owner, |m| {
+            m.spec = spec.clone();
+            if !spec.step.is_empty() {
+                m.metadata
+                    .annotations
+                    .insert(annotation::STEP.to_owned(), spec.step.clone());
+            }
+        })
+        .await
+        .map(|_| ())
+}
+
+pub fn request_info(request: &Typed<MachineRequestSpec>) -> RequestInfo {
+    let spec = &request.spec;
+    RequestInfo {
+        id: request.id().to_owned(),
+        set_id: request
+            .label(label::MACHINE_REQUEST_SET)
+            .map(str::to_owned),
+        talos_version: spec.talos_version.clone(),
+        extensions: spec.extensions.clone(),
+        kernel_args: spec.kernel_args.clone(),
+        meta_values: spec
+            .meta_values
+            .iter()
+            .map(|m| (m.key, m.value.clone()))
+            .collect(),
+        overlay: spec
+            .overlay
+            .as_ref()
+            .filter(|o| !o.image.is_empty() || !o.name.is_empty())
+            .map(|o| (o.image.clone(), o.name.clone())),
+        provider_data: spec.provider_data.clone(),
+    }
+}
+
+/// Writes step progress into the MachineRequestStatus.
+struct StatusProgress<'a> {
+    provisioner: &'a Provisioner,
+    id: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    step: Step,
+}
+
+impl StatusProgress<'_> {
+    async fn set_text(&self, detail: String) {
+        let text = format!(
+            "Running step {}/{} {}{}",
+            self.step.number(),
+            Step::ALL.len(),
+            self.step.name(),
+            if detail.is_empty() {
+                String::new()
+            } else {
+                format!(": {detail}")
+            }
+        );
+        tracing::debug!(request = %self.id, step = self.step.name(), "{text}");
+        // The error of an earlier failed attempt stays until this step succeeds; the stage stays FAILED
+        // meanwhile so Omni keeps showing it.
+        if let Err(e) = self
+            .provisioner
+            .write_status(self.id, self.labels, |s| {
+                if s.stage != Stage::Failed as i32 {
+                    s.stage = Stage::Provisioning as i32;
+                }
+                s.status = text.clone();
+            })
+            .await
+        {
+            tracing::warn!(request = %self.id, error = %e, "cannot write progress to Omni");
+        }
+    }
+}
+
+impl Progress for StatusProgress<'_> {
+    fn report(&self, detail: String) -> BoxFuture<'_, ()> {
+        Box::pin(self.set_text(detail))
+    }
+
+    fn persist<'a>(&'a self, state: &'a MachineSpec) -> BoxFuture<'a, Result<(), StateError>> {
+        Box::pin(save_machine(
+            &self.provisioner.state,
+            self.provisioner.provider_id(),
+            &self.provisioner.owner,
+            self.id,
+            state,
+        ))
+    }
+}

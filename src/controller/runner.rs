@@ -1,0 +1,131 @@
+//! The controller loop: the MachineRequest watch feeds the [`WorkQueue`], `concurrency` workers take
+//! keys from it and reconcile them, and the outcome decides when the key comes back.
+//!
+//! Shaped like kube-runtime's controller: the reconcile returns an [`Action`], failures go through an
+//! error policy (exponential backoff per request, reset on success), and the loop itself knows nothing
+//! about provisioning. Reconciles of different requests run concurrently; one request is never
+//! reconciled twice at once (the queue guarantees it).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::provision::{Action, Provisioner};
+use super::requests::{self, RequestQueueEvent};
+use super::workqueue::WorkQueue;
+
+/// First retry delay after a failure; doubles per consecutive failure up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// How long workers may finish their current reconcile at shutdown. Everything is resumable, so
+/// cutting a reconcile short loses nothing but time.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+pub struct Controller {
+    provisioner: Arc<Provisioner>,
+    queue: Arc<WorkQueue<String>>,
+    failures: Mutex<HashMap<String, u32>>,
+    concurrency: usize,
+}
+
+impl Controller {
+    pub fn new(provisioner: Arc<Provisioner>, concurrency: usize) -> Arc<Self> {
+        Arc::new(Self {
+            provisioner,
+            queue: Arc::new(WorkQueue::new()),
+            failures: Mutex::new(HashMap::new()),
+            concurrency: concurrency.max(1),
+        })
+    }
+
+    /// Runs until `stop` turns true.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut events = requests::watch(
+            &self.provisioner.state,
+            &self.provisioner.services.provider_id,
+        );
+        let workers: Vec<_> = (0..self.concurrency)
+            .map(|n| {
+                let me = self.clone();
+                tokio::spawn(async move { me.worker(n).await })
+            })
+            .collect();
+        loop {
+            tokio::select! {
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        break;
+                    }
+                }
+                ev = events.recv() => match ev {
+                    Some(ev) => self.on_event(ev),
+                    None => break,
+                },
+            }
+        }
+        drop(events);
+        self.queue.close();
+        let all = futures_util::future::join_all(workers);
+        if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
+            tracing::warn!("reconciles still running at shutdown were cut short; they resume at the next start");
+        }
+    }
+
+    fn on_event(&self, ev: RequestQueueEvent) {
+        match ev {
+            RequestQueueEvent::Changed(r) => self.queue.add(r.id().to_owned()),
+            RequestQueueEvent::Destroyed { id } => {
+                self.queue.forget(&id);
+                self.provisioner.forget(&id);
+                self.reset(&id);
+            }
+            RequestQueueEvent::Synced => tracing::debug!("machine requests listed"),
+            RequestQueueEvent::Resync => tracing::info!("machine request watch re-established; relisting"),
+            RequestQueueEvent::Error(e) => tracing::error!(error = %e, "machine request watch"),
+        }
+    }
+
+    async fn worker(self: Arc<Self>, n: usize) {
+        while let Some(id) = self.queue.next().await {
+            let span = tracing::info_span!("reconcile", request = %id, worker = n);
+            let result = self.provisioner.reconcile(&id).instrument(span).await;
+            match result {
+                Ok(Action::Done) => self.reset(&id),
+                Ok(Action::RequeueAfter(d)) => {
+                    self.reset(&id);
+                    self.queue.add_after(id.clone(), d);
+                }
+                Err(e) => {
+                    let delay = self.backoff(&id);
+                    tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
+                    self.queue.add_after(id.clone(), delay);
+                }
+            }
+            self.queue.done(&id);
+        }
+    }
+
+    fn reset(&self, id: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+
+    fn backoff(&self, id: &str) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = failures.entry(id.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+        FIRST_BACKOFF
+            .saturating_mul(2u32.saturating_pow((*n - 1).min(16)))
+            .min(MAX_BACKOFF)
+    }
+
+    /// Requests waiting or being reconciled.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+}

@@ -1,0 +1,146 @@
+//! Step 4, `configure_vm`: the VM's settings and its NoCloud seed.
+//!
+//! The seed ISO (label `cidata`: `user-data` = the join config, `meta-data` = instance ID and
+//! hostname, `network-config`) is built in memory and uploaded to ISO storage on the VM's node, then
+//! attached as a CD-ROM. Boot mode `iso` needs the seed at creation, so `create_vm` uploads it and
+//! creates the VM fully configured; this step then has nothing left to do. Boot mode `clone` sets
+//! everything here in one synchronous config write and grows the cloned boot disk.
+
+use super::cloud_init::{NetworkConfig, seed_files, seed_iso, seed_iso_file_name};
+use super::create_vm::target;
+use super::prepare_image::iso_storage;
+use super::provider_data::BootMode;
+use super::step::{StepContext, StepError, StepOutcome, volume_storage};
+use super::vm_config::{self, VmIdentity};
+use crate::proxmox::property::IsoVolume;
+use crate::proxmox::types::NodeName;
+
+pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    if ctx.data.boot == BootMode::Iso {
+        ctx.report("configured at creation").await;
+        return Ok(StepOutcome::Done);
+    }
+    let node = ctx.node()?;
+    let vmid = ctx.vmid()?;
+    let seed = upload_seed(ctx, &node).await?;
+    let resources = ctx.cluster(false).await?.to_vec();
+    let target = target(ctx, &node, vmid, &resources, Some(seed))?;
+    let pve = &ctx.services.pve;
+    let current = pve
+        .vm_config(&node, vmid)
+        .await
+        .map_err(StepError::proxmox(format!("reading VM {vmid} on {node}")))?;
+    let boot_volume = current.get("scsi0");
+    let identity = VmIdentity {
+        request_id: &ctx.request.id,
+        set_id: ctx.request.set_id.as_deref(),
+        provider_id: &ctx.services.provider_id,
+    };
+    let params = vm_config::render_after_clone(
+        &ctx.data,
+        &identity,
+        &target,
+        boot_volume.as_deref().map(volume_part),
+    )
+    .map_err(|e| StepError::Config(format!("cannot build the VM configuration: {e}")))?;
+    let doing = format!("configuring VM {vmid} on {node}");
+    ctx.report(doing.clone()).await;
+    pve.update_vm_config(&node, vmid, params)
+        .await
+        .map_err(StepError::proxmox(doing))?;
+
+    let wanted_gb = ctx.data.disk_size_gb;
+    let current_gb = boot_volume.as_deref().and_then(size_gb).unwrap_or(0);
+    if wanted_gb > current_gb {
+        let doing = format!("growing the boot disk of VM {vmid} to {wanted_gb} GB");
+        ctx.report(doing.clone()).await;
+        let [disk, size] = vm_config::boot_disk_resize(&ctx.data);
+        if let Some(task) = pve
+            .resize_disk(&node, vmid, &disk.1, &size.1)
+            .await
+            .map_err(StepError::proxmox(doing.clone()))?
+        {
+            pve.wait_for_task(&task, ctx.services.timeouts.task)
+                .await
+                .map_err(StepError::proxmox(doing))?;
+        }
+    }
+    Ok(StepOutcome::Done)
+}
+
+/// Builds and uploads this request's seed ISO (once; the state records it), returning its volume.
+pub async fn upload_seed(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<IsoVolume, StepError> {
+    if !ctx.state.seed_iso_volume.is_empty()
+        && let Ok(v) = IsoVolume::parse(&ctx.state.seed_iso_volume)
+    {
+        return Ok(v);
+    }
+    // Beside the boot ISO when there is one, else on the ISO storage the selector picks.
+    let storage = match volume_storage(&ctx.state.volume_id) {
+        Some(s) => s.to_owned(),
+        None => iso_storage(ctx, node).await?.0,
+    };
+    let instance_id = uuid::Uuid::parse_str(&ctx.state.uuid)
+        .map_err(|e| StepError::Cluster(format!("recorded SMBIOS UUID is not usable: {e}")))?;
+    let files = seed_files(
+        &ctx.join.join_config,
+        instance_id,
+        &ctx.request.id,
+        &NetworkConfig::Dhcp,
+    );
+    let bytes = seed_iso::build_seed(&files)
+        .map_err(|e| StepError::Cluster(format!("cannot build the seed ISO: {e}")))?;
+    let file_name = seed_iso_file_name(&ctx.request.id);
+    let volid = format!("{storage}:iso/{file_name}");
+    let volume = IsoVolume::parse(&volid)
+        .map_err(|e| StepError::Cluster(format!("seed ISO volume {volid}: {e}")))?;
+    let doing = format!("uploading the NoCloud seed to {storage} on {node}");
+    ctx.report(doing.clone()).await;
+    let pve = &ctx.services.pve;
+    let task = pve
+        .upload_file(node, &storage, "iso", &file_name, bytes)
+        .await
+        .map_err(StepError::proxmox(doing.clone()))?;
+    pve.wait_for_task(&task, ctx.services.timeouts.task)
+        .await
+        .map_err(StepError::proxmox(doing))?;
+    ctx.state.seed_iso_volume = volid;
+    ctx.persist().await?;
+    Ok(volume)
+}
+
+/// `local-lvm:vm-104-disk-0,size=8G` -> `local-lvm:vm-104-disk-0`.
+fn volume_part(drive: &str) -> &str {
+    drive.split(',').next().unwrap_or(drive)
+}
+
+/// The `size=` of a drive string in whole GB (rounded up), if present.
+pub fn size_gb(drive: &str) -> Option<u64> {
+    let size = drive
+        .split(',')
+        .find_map(|p| p.trim().strip_prefix("size="))?;
+    let (num, unit) = size.split_at(size.find(|c: char| c.is_ascii_alphabetic())?);
+    let n: f64 = num.parse().ok()?;
+    let gib = match unit {
+        "K" => n / (1024.0 * 1024.0),
+        "M" => n / 1024.0,
+        "G" => n,
+        "T" => n * 1024.0,
+        _ => return None,
+    };
+    Some(gib.ceil() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drive_parsing() {
+        assert_eq!(size_gb("local-lvm:vm-1-disk-0,size=8G"), Some(8));
+        assert_eq!(size_gb("local-lvm:vm-1-disk-0,iothread=1,size=512M"), Some(1));
+        assert_eq!(size_gb("x:y,size=1T"), Some(1024));
+        assert_eq!(size_gb("x:y"), None);
+        assert_eq!(volume_part("local-lvm:vm-1-disk-0,size=8G"), "local-lvm:vm-1-disk-0");
+    }
+}

@@ -1,0 +1,101 @@
+//! Step 6, `discover_ip`: the addresses the guest reports through the QEMU guest agent.
+//!
+//! Talos takes a while to boot and start the agent, so this step asks once per reconcile and requeues
+//! in between instead of holding a worker. The start time is recorded so the timeout holds across
+//! restarts. `ip_discovery_timeout: 0` turns the step off.
+
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::step::{StepContext, StepError, StepOutcome};
+use crate::proxmox::types::AgentInterfaces;
+
+pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    let timeout = ctx.data.ip_discovery_timeout;
+    if timeout.is_zero() || !ctx.state.addresses.is_empty() {
+        return Ok(StepOutcome::Done);
+    }
+    let node = ctx.node()?;
+    let vmid = ctx.vmid()?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    if ctx.state.ip_discovery_started == 0 {
+        ctx.state.ip_discovery_started = now;
+    }
+    let waited = Duration::from_secs(now.saturating_sub(ctx.state.ip_discovery_started) as u64);
+    let answer = ctx.services.pve.agent_network_interfaces(&node, vmid).await;
+    let why = match answer {
+        Ok(interfaces) => {
+            let addresses = usable_addresses(&interfaces);
+            if !addresses.is_empty() {
+                tracing::info!(request = %ctx.request.id, %vmid, %node, ?addresses, "guest reported its addresses");
+                ctx.state.addresses = addresses;
+                return Ok(StepOutcome::Done);
+            }
+            "the guest agent reports no usable address yet".to_string()
+        }
+        Err(e) if e.is_transient() => format!("cannot ask the guest agent: {e}"),
+        // 500 "QEMU guest agent is not running" while Talos boots.
+        Err(crate::proxmox::ProxmoxError::Api { message, .. }) => {
+            format!("waiting for the guest agent ({})", message.trim())
+        }
+        Err(e) => return Err(StepError::proxmox(format!("asking the guest agent of VM {vmid} on {node}"))(e)),
+    };
+    if waited >= timeout {
+        return Err(StepError::Cluster(format!(
+            "VM {vmid} on {node} reported no usable IP address within {}s ({why}); check that the VM boots, \
+             gets an address (DHCP on its bridge/VLAN) and that the qemu-guest-agent extension is in its image, \
+             or set ip_discovery_timeout: 0 to skip this check",
+            timeout.as_secs()
+        )));
+    }
+    let left = timeout - waited;
+    Ok(StepOutcome::Requeue {
+        after: ctx.services.timeouts.agent_poll.min(left),
+        why: format!("{why}; {}s left", left.as_secs()),
+    })
+}
+
+/// Pure: global and private addresses, without loopback, link-local and unspecified ones.
+pub fn usable_addresses(interfaces: &AgentInterfaces) -> Vec<String> {
+    let mut out = Vec::new();
+    for iface in &interfaces.result {
+        for a in &iface.ip_addresses {
+            let Ok(ip) = a.ip_address.parse::<IpAddr>() else {
+                continue;
+            };
+            let usable = match ip {
+                IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified(),
+                IpAddr::V6(v6) => {
+                    !v6.is_loopback()
+                        && !v6.is_unspecified()
+                        && (v6.segments()[0] & 0xffc0) != 0xfe80
+                }
+            };
+            if usable && !out.contains(&a.ip_address) {
+                out.push(a.ip_address.clone());
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_usable_addresses() {
+        let i: AgentInterfaces = serde_json::from_str(
+            r#"{"result":[
+              {"name":"lo","ip-addresses":[{"ip-address":"127.0.0.1"},{"ip-address":"::1"}]},
+              {"name":"eth0","ip-addresses":[{"ip-address":"fe80::1"},{"ip-address":"169.254.3.4"},
+                {"ip-address":"10.0.0.5"},{"ip-address":"2001:db8::5"},{"ip-address":"bogus"}]}
+            ]}"#,
+        )
+        .unwrap();
+        assert_eq!(usable_addresses(&i), ["10.0.0.5", "2001:db8::5"]);
+    }
+}

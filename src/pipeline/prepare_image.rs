@@ -1,0 +1,280 @@
+//! Step 2, `prepare_image`: what the VM boots from.
+//!
+//! Boot mode `iso` (the default, as upstream): the schematic (request extensions plus the QEMU guest
+//! agent, never connection parameters: those are per request and go in the NoCloud seed) is created
+//! through Omni, and the chosen node downloads the Image Factory's nocloud ISO into ISO storage itself,
+//! so the image never passes through the provider. The file is named like the official provider names
+//! it (hex SHA-256 of the URL), so ISOs it already downloaded are reused. Concurrent requests for the
+//! same image wait for one download.
+//!
+//! Boot mode `clone`: the template is found through `/cluster/resources` by VMID or name.
+
+use sha2::{Digest, Sha256};
+
+use super::provider_data::{BootMode, TemplateRef};
+use super::schematic::{Overlay, SchematicRequest, schematic_yaml};
+use super::step::{StepContext, StepError, StepOutcome};
+use super::storage_selector::StorageFacts;
+use crate::omni::management::ManagementError;
+use crate::proxmox::storage::DownloadRequest;
+use crate::proxmox::types::{ClusterResource, NodeName, VmResource};
+
+pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    match ctx.data.boot {
+        BootMode::Iso => prepare_iso(ctx).await,
+        BootMode::Clone => find_template(ctx).await,
+    }
+}
+
+async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    ctx.state.boot_mode = "iso".into();
+    let version = talos_version(&ctx.request.talos_version);
+    if ctx.state.schematic.is_empty() {
+        ctx.report("creating the image schematic through Omni").await;
+        let yaml = schematic_yaml(&SchematicRequest {
+            extensions: ctx.request.extensions.clone(),
+            kernel_args: ctx.request.kernel_args.clone(),
+            meta_values: ctx.request.meta_values.clone(),
+            overlay: ctx
+                .request
+                .overlay
+                .clone()
+                .map(|(image, name)| Overlay { image, name }),
+        })
+        .map_err(|e| StepError::Config(format!("cannot build the image schematic: {e}")))?;
+        let id = ctx
+            .services
+            .management
+            .create_schematic_from_raw(&yaml, &version)
+            .await
+            .map_err(|e| match e {
+                ManagementError::OmniTooOld => StepError::Cluster(format!(
+                    "{e}; upgrade Omni, or use `boot: clone` with a Talos template"
+                )),
+                other => StepError::Cluster(format!("creating the image schematic: {other}")),
+            })?;
+        ctx.state.schematic = id;
+        ctx.state.talos_version = version.clone();
+    }
+    let node = ctx.node()?;
+    let url = format!(
+        "{}/image/{}/{}/nocloud-amd64.iso",
+        ctx.services.image_factory_url.trim_end_matches('/'),
+        ctx.state.schematic,
+        version
+    );
+    let file_name = format!("{}.iso", hex(&Sha256::digest(url.as_bytes())));
+    let (storage, shared) = iso_storage(ctx, &node).await?;
+    let volid = format!("{storage}:iso/{file_name}");
+    if ctx.state.volume_id == volid {
+        return Ok(StepOutcome::Done);
+    }
+    // One download per image and storage, however many requests want it at once.
+    let lock_key = if shared {
+        volid.clone()
+    } else {
+        format!("{node}/{volid}")
+    };
+    let lock = ctx.services.image_lock(&lock_key);
+    let _guard = lock.lock().await;
+    let pve = &ctx.services.pve;
+    let present = pve
+        .storage_content(&node, &storage, Some("iso"))
+        .await
+        .map_err(StepError::proxmox(format!(
+            "listing ISO images in storage {storage} on {node}"
+        )))?
+        .iter()
+        .any(|v| v.volid == volid);
+    if !present {
+        let doing = format!("downloading the Talos {version} ISO to {storage} on {node}");
+        ctx.report(doing.clone()).await;
+        let task = pve
+            .download_url(
+                &node,
+                &storage,
+                &DownloadRequest {
+                    url,
+                    file_name,
+                    content: "iso".into(),
+                    checksum: None,
+                },
+            )
+            .await
+            .map_err(StepError::proxmox(doing.clone()))?;
+        pve.wait_for_task(&task, ctx.services.timeouts.download)
+            .await
+            .map_err(StepError::proxmox(doing))?;
+    }
+    ctx.state.volume_id = volid;
+    Ok(StepOutcome::Done)
+}
+
+/// The ISO storage on `node`: the first that matches `iso_storage_selector` (or any that holds ISOs
+/// when none is set), in API order like upstream. Returns (storage, shared).
+pub(super) async fn iso_storage(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<(String, bool), StepError> {
+    let selector = ctx.data.iso_storage_selector.clone();
+    let resources = ctx.cluster(false).await?;
+    let mut seen = Vec::new();
+    for r in resources {
+        let ClusterResource::Storage(s) = r else { continue };
+        if s.node != *node {
+            continue;
+        }
+        let holds_iso = s
+            .content
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .any(|c| c.trim() == "iso");
+        if !holds_iso || s.status.as_deref() != Some("available") {
+            continue;
+        }
+        seen.push(s.storage.clone());
+        let available = s.maxdisk.unwrap_or(0).saturating_sub(s.disk.unwrap_or(0));
+        let wanted = match &selector {
+            None => true,
+            Some(sel) => sel
+                .matches(&StorageFacts {
+                    name: s.storage.clone(),
+                    node: node.to_string(),
+                    storage_type: s.plugintype.clone().unwrap_or_default(),
+                    available_space: available,
+                })
+                .map_err(|e| StepError::Config(format!("iso_storage_selector: {e}")))?,
+        };
+        if wanted {
+            return Ok((s.storage.clone(), s.shared));
+        }
+    }
+    // Without a selector the first ISO storage was taken, so reaching here means a selector rejected
+    // every one, or there is none.
+    Err(StepError::Cluster(match selector {
+        Some(sel) if !seen.is_empty() => format!(
+            "iso_storage_selector `{}` matches none of the ISO storages on {node}: {}",
+            sel.expression(),
+            seen.join(", ")
+        ),
+        _ => format!(
+            "node {node} has no active storage that holds ISO images; enable the `iso` content type on one (Datacenter > Storage)"
+        ),
+    }))
+}
+
+async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    ctx.state.boot_mode = "clone".into();
+    let Some(wanted) = ctx.data.template.clone() else {
+        return Err(StepError::Config(
+            "boot mode `clone` needs `template` (a VMID or a template name)".into(),
+        ));
+    };
+    let node = ctx.node()?;
+    ctx.report(format!("looking for template {wanted}")).await;
+    let resources = ctx.cluster(false).await?;
+    let template = choose_template(resources, &wanted, &node)?;
+    ctx.state.template_vmid = i32::try_from(template.vmid.get()).unwrap_or_default();
+    Ok(StepOutcome::Done)
+}
+
+/// Pure: the template to clone, preferring one on the chosen node.
+pub fn choose_template<'a>(
+    resources: &'a [ClusterResource],
+    wanted: &TemplateRef,
+    node: &NodeName,
+) -> Result<&'a VmResource, StepError> {
+    let vms: Vec<&VmResource> = resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm) => Some(vm),
+            _ => None,
+        })
+        .collect();
+    let matching: Vec<&VmResource> = vms
+        .iter()
+        .copied()
+        .filter(|vm| match wanted {
+            TemplateRef::VmId(id) => vm.vmid.get() == *id,
+            TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
+        })
+        .collect();
+    let templates: Vec<&VmResource> = matching.iter().copied().filter(|vm| vm.template).collect();
+    if let Some(t) = templates
+        .iter()
+        .find(|vm| vm.node == *node)
+        .or(templates.first())
+    {
+        return Ok(t);
+    }
+    if let Some(vm) = matching.first() {
+        return Err(StepError::Cluster(format!(
+            "VM {} ({}) on {} is not a template; convert it with `qm template {}` or name another `template`",
+            vm.vmid,
+            vm.name.as_deref().unwrap_or("unnamed"),
+            vm.node,
+            vm.vmid
+        )));
+    }
+    let available: Vec<String> = vms
+        .iter()
+        .filter(|vm| vm.template)
+        .map(|vm| format!("{} ({})", vm.vmid, vm.name.as_deref().unwrap_or("unnamed")))
+        .collect();
+    Err(StepError::Cluster(format!(
+        "template {wanted} not found in the cluster; templates there: {}",
+        if available.is_empty() {
+            "none".to_string()
+        } else {
+            available.join(", ")
+        }
+    )))
+}
+
+/// Image Factory paths need the `v` prefix; Omni may send the version with or without it.
+pub fn talos_version(v: &str) -> String {
+    let v = v.trim();
+    if v.starts_with('v') {
+        v.to_owned()
+    } else {
+        format!("v{v}")
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resources() -> Vec<ClusterResource> {
+        serde_json::from_str(
+            r#"[
+            {"type":"qemu","vmid":9000,"node":"pve1","name":"talos","template":1},
+            {"type":"qemu","vmid":9001,"node":"pve2","name":"talos","template":1},
+            {"type":"qemu","vmid":105,"node":"pve2","name":"plain"}
+        ]"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn template_lookup() {
+        let r = resources();
+        let pve2 = NodeName::new("pve2").unwrap();
+        let t = choose_template(&r, &TemplateRef::Name("talos".into()), &pve2).unwrap();
+        assert_eq!(t.vmid.get(), 9001, "prefers the chosen node");
+        let t = choose_template(&r, &TemplateRef::VmId(9000), &pve2).unwrap();
+        assert_eq!(t.vmid.get(), 9000);
+        let e = choose_template(&r, &TemplateRef::VmId(105), &pve2).unwrap_err();
+        assert!(e.to_string().contains("not a template"), "{e}");
+        let e = choose_template(&r, &TemplateRef::Name("nope".into()), &pve2).unwrap_err();
+        assert!(e.to_string().contains("9000 (talos), 9001 (talos)"), "{e}");
+    }
+
+    #[test]
+    fn version_prefix() {
+        assert_eq!(talos_version("1.11.0"), "v1.11.0");
+        assert_eq!(talos_version("v1.11.0"), "v1.11.0");
+    }
+}

@@ -1,0 +1,350 @@
+//! The six provisioning steps, what they share, and how they report.
+//!
+//! Steps run in order; each reads what the previous ones recorded in the provider state
+//! ([`MachineSpec`]) and records what it decided, so a restart at any point resumes at the first step
+//! not yet done, and re-running a step is always safe. A step returns [`StepOutcome::Done`], asks to
+//! be called again later ([`StepOutcome::Requeue`], for waits that take long, such as a guest agent
+//! coming up: a requeue never holds a worker), or fails with a [`StepError`] whose text is what the
+//! user reads in Omni.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::config::ProviderConfig;
+use crate::omni::join::ConnectionParams;
+use crate::omni::management::ManagementClient;
+use crate::omni::proto::provider::MachineSpec;
+use crate::omni::state::StateError;
+use crate::pipeline::placement::Reservations;
+use crate::pipeline::provider_data::{ProviderData, ProviderDataSchema, describe};
+use crate::proxmox::types::{ClusterResource, NodeName, VmId};
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
+
+/// The steps, in order. Names are persisted in the provider state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    PickNode,
+    PrepareImage,
+    CreateVm,
+    ConfigureVm,
+    StartVm,
+    DiscoverIp,
+}
+
+impl Step {
+    pub const ALL: [Step; 6] = [
+        Step::PickNode,
+        Step::PrepareImage,
+        Step::CreateVm,
+        Step::ConfigureVm,
+        Step::StartVm,
+        Step::DiscoverIp,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::PickNode => "pick_node",
+            Step::PrepareImage => "prepare_image",
+            Step::CreateVm => "create_vm",
+            Step::ConfigureVm => "configure_vm",
+            Step::StartVm => "start_vm",
+            Step::DiscoverIp => "discover_ip",
+        }
+    }
+
+    /// 1-based position, for "step 3/6".
+    pub fn number(self) -> usize {
+        Self::ALL.iter().position(|s| *s == self).unwrap_or(0) + 1
+    }
+
+    /// Where to resume. `last_done` is our own record (the last step completed); `go_annotation` is
+    /// the official provider's step annotation, which names the step to run again. Unknown names
+    /// start from the beginning (the Go library instead skipped every step, reference §8 item 5b).
+    pub fn resume_index(last_done: &str, go_annotation: Option<&str>) -> usize {
+        if let Some(i) = Self::ALL.iter().position(|s| s.name() == last_done) {
+            return i + 1;
+        }
+        let go = match go_annotation {
+            Some("pickNode") => Some(Step::PickNode),
+            Some("createSchematic" | "uploadISO") => Some(Step::PrepareImage),
+            Some("syncVM") => Some(Step::CreateVm),
+            Some("startVM") => Some(Step::StartVm),
+            _ => None,
+        };
+        go.map(|s| s.number() - 1).unwrap_or(0)
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a step asks the controller to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepOutcome {
+    Done,
+    /// Run this step again after `after`; `why` is shown in Omni meanwhile.
+    Requeue { after: Duration, why: String },
+}
+
+/// A step failure, worded for the person reading Omni's machine status.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// Provider data or config that cannot work; retrying will not help until it changes.
+    #[error("{0}")]
+    Config(String),
+    /// Proxmox refused or failed; `doing` says what we were doing ("cloning template 9000 to VM 104
+    /// on pve2").
+    #[error("{doing}: {source}")]
+    Proxmox {
+        doing: String,
+        #[source]
+        source: Box<ProxmoxError>,
+    },
+    #[error("{doing}: {source}")]
+    Omni {
+        doing: String,
+        #[source]
+        source: Box<StateError>,
+    },
+    /// The cluster is not in a state where the step can succeed (no template, no ISO storage, ...).
+    #[error("{0}")]
+    Cluster(String),
+}
+
+impl StepError {
+    pub fn proxmox(doing: impl Into<String>) -> impl FnOnce(ProxmoxError) -> StepError {
+        let doing = doing.into();
+        move |source| StepError::Proxmox {
+            doing,
+            source: Box::new(source),
+        }
+    }
+
+    pub fn omni(doing: impl Into<String>) -> impl FnOnce(StateError) -> StepError {
+        let doing = doing.into();
+        move |source| StepError::Omni {
+            doing,
+            source: Box::new(source),
+        }
+    }
+
+    /// Worth retrying soon (the network, a node that is briefly away), rather than a problem to fix.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StepError::Proxmox { source, .. } => source.is_transient(),
+            StepError::Omni { source, .. } => matches!(
+                **source,
+                StateError::Transport { .. } | StateError::Conflict { .. }
+            ),
+            _ => false,
+        }
+    }
+
+    pub fn is_config(&self) -> bool {
+        matches!(self, StepError::Config(_))
+    }
+}
+
+/// The MachineRequest as the steps need it.
+#[derive(Debug, Clone)]
+pub struct RequestInfo {
+    pub id: String,
+    pub set_id: Option<String>,
+    pub talos_version: String,
+    pub extensions: Vec<String>,
+    pub kernel_args: Vec<String>,
+    pub meta_values: Vec<(u32, String)>,
+    pub overlay: Option<(String, String)>,
+    pub provider_data: String,
+}
+
+/// Long-lived pieces every reconcile shares: clients, config, and the in-memory ledgers that make
+/// concurrent requests behave (placement reservations, VMIDs being created, images being fetched).
+pub struct Services {
+    pub provider_id: String,
+    pub pve: ProxmoxClient,
+    pub management: ManagementClient,
+    pub config: ProviderConfig,
+    pub schema: ProviderDataSchema,
+    pub reservations: Mutex<Reservations>,
+    /// VMIDs chosen by requests in flight and not yet visible in `/cluster/resources`.
+    pub vmids_in_flight: Mutex<BTreeSet<u32>>,
+    /// One lock per (node, ISO volume): concurrent requests for one image download it once.
+    pub image_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Image factory base URL for boot ISOs.
+    pub image_factory_url: String,
+    pub timeouts: Timeouts,
+}
+
+#[derive(Debug, Clone)]
+pub struct Timeouts {
+    /// Create, clone, config, upload, start tasks.
+    pub task: Duration,
+    /// Image downloads by the node.
+    pub download: Duration,
+    /// How often to ask the guest agent while waiting for an address.
+    pub agent_poll: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            task: Duration::from_secs(600),
+            download: Duration::from_secs(1800),
+            agent_poll: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Services {
+    /// A lock shared by everyone handling this key; entries live as long as the process (there is one
+    /// per image and node, a handful).
+    pub fn image_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.image_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(key.to_owned()).or_default().clone()
+    }
+
+    pub fn release_vmid(&self, vmid: u32) {
+        self.vmids_in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&vmid);
+    }
+
+    /// Resolves provider data for `request`, with the chosen node's override once it is known.
+    pub fn provider_data(
+        &self,
+        request: &RequestInfo,
+        node: Option<&str>,
+    ) -> Result<ProviderData, StepError> {
+        let override_map = node.and_then(|n| match self.config.nodes.get(n) {
+            Some(serde_json::Value::Object(m)) => Some((n, m)),
+            _ => None,
+        });
+        self.schema
+            .resolve(&request.provider_data, override_map, &self.config.defaults)
+            .map_err(|problems| {
+                StepError::Config(format!("invalid provider data: {}", describe(&problems)))
+            })
+    }
+}
+
+/// How a step reports progress in Omni while it works (written to the MachineRequestStatus).
+pub trait Progress: Send + Sync {
+    fn report(&self, detail: String) -> futures_util::future::BoxFuture<'_, ()>;
+    /// Writes the provider state now (a step records a decision before acting on it).
+    fn persist<'a>(
+        &'a self,
+        state: &'a MachineSpec,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), StateError>>;
+}
+
+/// What one step run gets.
+pub struct StepContext<'a> {
+    pub services: &'a Services,
+    pub request: &'a RequestInfo,
+    /// Provider data, resolved with the chosen node's override once there is a node.
+    pub data: ProviderData,
+    pub join: &'a ConnectionParams,
+    pub state: &'a mut MachineSpec,
+    pub progress: &'a dyn Progress,
+    /// `/cluster/resources` read earlier in this reconcile, reused while fresh.
+    pub cluster: &'a mut Option<ClusterView>,
+}
+
+/// One `/cluster/resources` answer and when it was read.
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    pub resources: Vec<ClusterResource>,
+    pub read_at: std::time::Instant,
+}
+
+/// Reads reused within one reconcile are this fresh at most.
+const CLUSTER_VIEW_MAX_AGE: Duration = Duration::from_secs(2);
+
+impl StepContext<'_> {
+    pub fn node(&self) -> Result<NodeName, StepError> {
+        NodeName::new(self.state.node.clone()).map_err(|e| {
+            StepError::Cluster(format!("the provider state has no valid node yet ({e})"))
+        })
+    }
+
+    pub fn vmid(&self) -> Result<VmId, StepError> {
+        u32::try_from(self.state.vmid)
+            .ok()
+            .and_then(|v| VmId::new(v).ok())
+            .ok_or_else(|| StepError::Cluster("the provider state has no VMID yet".into()))
+    }
+
+    /// The cluster as `/cluster/resources` shows it; re-read unless read moments ago in this reconcile.
+    pub async fn cluster(&mut self, fresh: bool) -> Result<&[ClusterResource], StepError> {
+        let stale = match self.cluster.as_ref() {
+            Some(v) => fresh || v.read_at.elapsed() > CLUSTER_VIEW_MAX_AGE,
+            None => true,
+        };
+        if stale {
+            let resources = self
+                .services
+                .pve
+                .cluster_resources(None)
+                .await
+                .map_err(StepError::proxmox("reading the cluster state"))?;
+            *self.cluster = Some(ClusterView {
+                resources,
+                read_at: std::time::Instant::now(),
+            });
+        }
+        Ok(self
+            .cluster
+            .as_ref()
+            .map(|v| v.resources.as_slice())
+            .unwrap_or_default())
+    }
+
+    pub async fn report(&self, detail: impl Into<String>) {
+        self.progress.report(detail.into()).await;
+    }
+
+    pub async fn persist(&self) -> Result<(), StepError> {
+        self.progress
+            .persist(self.state)
+            .await
+            .map_err(StepError::omni("recording the provider state"))
+    }
+}
+
+/// Splits a volume ID `storage:path` into its storage.
+pub fn volume_storage(volid: &str) -> Option<&str> {
+    volid.split_once(':').map(|(s, _)| s)
+}
+
+/// Node -> config override map lookup helper for per-node selectors.
+pub fn node_overrides(config: &ProviderConfig) -> BTreeMap<String, serde_json::Map<String, serde_json::Value>> {
+    config
+        .nodes
+        .iter()
+        .filter_map(|(k, v)| v.as_object().map(|m| (k.clone(), m.clone())))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_points() {
+        assert_eq!(Step::resume_index("", None), 0);
+        assert_eq!(Step::resume_index("pick_node", None), 1);
+        assert_eq!(Step::resume_index("discover_ip", None), 6);
+        // The Go provider's annotation names the step to run again.
+        assert_eq!(Step::resume_index("", Some("syncVM")), 2);
+        assert_eq!(Step::resume_index("", Some("startVM")), 4);
+        assert_eq!(Step::resume_index("", Some("bogus")), 0);
+        assert_eq!(Step::CreateVm.number(), 3);
+    }
+}
