@@ -14,15 +14,15 @@ use tokio::sync::watch;
 use super::CliResult;
 use crate::config::ProviderConfig;
 use crate::controller::health::{self, HealthCheck};
-use crate::controller::registration::{self, ProviderInfo};
 use crate::controller::provision::Provisioner;
+use crate::controller::registration::{self, ProviderInfo};
 use crate::controller::runner::Controller;
-use crate::pipeline::provider_data::ProviderDataSchema;
-use crate::pipeline::step::{Services, Timeouts};
-use crate::proxmox::ProxmoxClient;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
 use crate::omni::transport::{self, OmniEndpoint, OmniTls};
+use crate::pipeline::provider_data::ProviderDataSchema;
+use crate::pipeline::step::{Services, Timeouts};
+use crate::proxmox::ProxmoxClient;
 use crate::secret::Secret;
 use crate::telemetry::{self, LogFormat};
 
@@ -65,7 +65,11 @@ pub struct RunArgs {
     #[arg(long, env = "CONCURRENCY", default_value_t = 4)]
     pub concurrency: usize,
     /// Image Factory that serves the Talos boot ISOs (boot mode `iso`).
-    #[arg(long, env = "IMAGE_FACTORY_URL", default_value = "https://factory.talos.dev")]
+    #[arg(
+        long,
+        env = "IMAGE_FACTORY_URL",
+        default_value = "https://factory.talos.dev"
+    )]
     pub image_factory_url: String,
 }
 
@@ -232,7 +236,10 @@ pub async fn run_with(
     let provisioner = Arc::new(Provisioner::new(services, omni.state.clone(), mode));
     let controller = Controller::new(provisioner, settings.concurrency);
     let reconciling = tokio::spawn(controller.run(stop_rx.clone()));
-    tracing::info!(concurrency = settings.concurrency, "watching machine requests");
+    tracing::info!(
+        concurrency = settings.concurrency,
+        "watching machine requests"
+    );
     shutdown.await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
@@ -241,7 +248,6 @@ pub async fn run_with(
     tracing::info!("stopped");
     Ok(())
 }
-
 
 /// Resolves on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {

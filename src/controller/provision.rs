@@ -30,10 +30,10 @@ use crate::omni::resources::{
     label, provision_controller_name,
 };
 use crate::omni::state::{ResourceRef, StateClient, StateError, Typed};
+use crate::pipeline::run_step;
 use crate::pipeline::step::{
     ClusterView, Progress, RequestInfo, Services, Step, StepContext, StepError, StepOutcome,
 };
-use crate::pipeline::run_step;
 
 /// What the work queue should do with the request after a reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +145,12 @@ impl Provisioner {
         let join = self.connection_params(&request).await?;
         let machine = self
             .state
-            .modify(&ProviderMachine::new(self.provider_id()), id, &self.owner, |_| {})
+            .modify(
+                &ProviderMachine::new(self.provider_id()),
+                id,
+                &self.owner,
+                |_| {},
+            )
             .await
             .map_err(omni("creating the provider state"))?;
         let mut spec = machine.spec.clone();
@@ -217,11 +222,8 @@ impl Provisioner {
                     return Ok(Action::RequeueAfter(after));
                 }
                 Err(e) => {
-                    let text = format!(
-                        "step {}/{total} {} failed: {e}",
-                        step.number(),
-                        step.name()
-                    );
+                    let text =
+                        format!("step {}/{total} {} failed: {e}", step.number(), step.name());
                     spec.last_error = text.clone();
                     // Best effort: the decisions the step recorded before failing are kept.
                     if let Err(save) = self.save_state(id, spec).await {
@@ -272,7 +274,8 @@ impl Provisioner {
         spec: &MachineSpec,
     ) -> Result<(), ReconcileError> {
         let uuid = spec.uuid.clone();
-        self.write_status(id, labels, |s| s.id = uuid.clone()).await?;
+        self.write_status(id, labels, |s| s.id = uuid.clone())
+            .await?;
         self.set_infra_id(id, labels, &spec.vmid.to_string()).await
     }
 
@@ -425,9 +428,7 @@ pub fn request_info(request: &Typed<MachineRequestSpec>) -> RequestInfo {
     let spec = &request.spec;
     RequestInfo {
         id: request.id().to_owned(),
-        set_id: request
-            .label(label::MACHINE_REQUEST_SET)
-            .map(str::to_owned),
+        set_id: request.label(label::MACHINE_REQUEST_SET).map(str::to_owned),
         talos_version: spec.talos_version.clone(),
         extensions: spec.extensions.clone(),
         kernel_args: spec.kernel_args.clone(),

@@ -70,7 +70,9 @@ impl Controller {
         self.queue.close();
         let all = futures_util::future::join_all(workers);
         if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
-            tracing::warn!("reconciles still running at shutdown were cut short; they resume at the next start");
+            tracing::warn!(
+                "reconciles still running at shutdown were cut short; they resume at the next start"
+            );
         }
     }
 
@@ -83,7 +85,9 @@ impl Controller {
                 self.reset(&id);
             }
             RequestQueueEvent::Synced => tracing::debug!("machine requests listed"),
-            RequestQueueEvent::Resync => tracing::info!("machine request watch re-established; relisting"),
+            RequestQueueEvent::Resync => {
+                tracing::info!("machine request watch re-established; relisting")
+            }
             RequestQueueEvent::Error(e) => tracing::error!(error = %e, "machine request watch"),
         }
     }

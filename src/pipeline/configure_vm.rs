@@ -69,7 +69,10 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
 }
 
 /// Builds and uploads this request's seed ISO (once; the state records it), returning its volume.
-pub async fn upload_seed(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<IsoVolume, StepError> {
+pub async fn upload_seed(
+    ctx: &mut StepContext<'_>,
+    node: &NodeName,
+) -> Result<IsoVolume, StepError> {
     if !ctx.state.seed_iso_volume.is_empty()
         && let Ok(v) = IsoVolume::parse(&ctx.state.seed_iso_volume)
     {
@@ -138,9 +141,15 @@ mod tests {
     #[test]
     fn drive_parsing() {
         assert_eq!(size_gb("local-lvm:vm-1-disk-0,size=8G"), Some(8));
-        assert_eq!(size_gb("local-lvm:vm-1-disk-0,iothread=1,size=512M"), Some(1));
+        assert_eq!(
+            size_gb("local-lvm:vm-1-disk-0,iothread=1,size=512M"),
+            Some(1)
+        );
         assert_eq!(size_gb("x:y,size=1T"), Some(1024));
         assert_eq!(size_gb("x:y"), None);
-        assert_eq!(volume_part("local-lvm:vm-1-disk-0,size=8G"), "local-lvm:vm-1-disk-0");
+        assert_eq!(
+            volume_part("local-lvm:vm-1-disk-0,size=8G"),
+            "local-lvm:vm-1-disk-0"
+        );
     }
 }

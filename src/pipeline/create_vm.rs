@@ -225,8 +225,7 @@ pub fn target(
         Some(s) => s,
         None => IsoVolume::parse(&ctx.state.seed_iso_volume).map_err(|e| bad("seed ISO", &e))?,
     };
-    let smbios_uuid =
-        uuid::Uuid::parse_str(&ctx.state.uuid).map_err(|e| bad("SMBIOS UUID", &e))?;
+    let smbios_uuid = uuid::Uuid::parse_str(&ctx.state.uuid).map_err(|e| bad("SMBIOS UUID", &e))?;
     let mut additional_disk_storages = Vec::new();
     for (i, disk) in ctx.data.additional_disks.iter().enumerate() {
         additional_disk_storages.push(disk_storage(resources, node, disk, i)?);
@@ -251,7 +250,9 @@ fn disk_storage(
     index: usize,
 ) -> Result<StorageId, StepError> {
     for r in resources {
-        let ClusterResource::Storage(s) = r else { continue };
+        let ClusterResource::Storage(s) = r else {
+            continue;
+        };
         let images = s
             .content
             .as_deref()

@@ -41,7 +41,11 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         Err(crate::proxmox::ProxmoxError::Api { message, .. }) => {
             format!("waiting for the guest agent ({})", message.trim())
         }
-        Err(e) => return Err(StepError::proxmox(format!("asking the guest agent of VM {vmid} on {node}"))(e)),
+        Err(e) => {
+            return Err(StepError::proxmox(format!(
+                "asking the guest agent of VM {vmid} on {node}"
+            ))(e));
+        }
     };
     if waited >= timeout {
         return Err(StepError::Cluster(format!(

@@ -84,9 +84,8 @@ fn node_selectors(ctx: &StepContext<'_>) -> Result<BTreeMap<String, StorageSelec
     let mut out = BTreeMap::new();
     for (node, value) in &ctx.services.config.nodes {
         if let Some(expr) = value.get("storage_selector").and_then(|v| v.as_str()) {
-            let selector = StorageSelector::new(expr).map_err(|e| {
-                StepError::Config(format!("nodes.{node}.storage_selector: {e}"))
-            })?;
+            let selector = StorageSelector::new(expr)
+                .map_err(|e| StepError::Config(format!("nodes.{node}.storage_selector: {e}")))?;
             out.insert(node.clone(), selector);
         }
     }

@@ -30,7 +30,8 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
     ctx.state.boot_mode = "iso".into();
     let version = talos_version(&ctx.request.talos_version);
     if ctx.state.schematic.is_empty() {
-        ctx.report("creating the image schematic through Omni").await;
+        ctx.report("creating the image schematic through Omni")
+            .await;
         let yaml = schematic_yaml(&SchematicRequest {
             extensions: ctx.request.extensions.clone(),
             kernel_args: ctx.request.kernel_args.clone(),
@@ -112,12 +113,17 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
 
 /// The ISO storage on `node`: the first that matches `iso_storage_selector` (or any that holds ISOs
 /// when none is set), in API order like upstream. Returns (storage, shared).
-pub(super) async fn iso_storage(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<(String, bool), StepError> {
+pub(super) async fn iso_storage(
+    ctx: &mut StepContext<'_>,
+    node: &NodeName,
+) -> Result<(String, bool), StepError> {
     let selector = ctx.data.iso_storage_selector.clone();
     let resources = ctx.cluster(false).await?;
     let mut seen = Vec::new();
     for r in resources {
-        let ClusterResource::Storage(s) = r else { continue };
+        let ClusterResource::Storage(s) = r else {
+            continue;
+        };
         if s.node != *node {
             continue;
         }

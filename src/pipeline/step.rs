@@ -88,7 +88,10 @@ impl fmt::Display for Step {
 pub enum StepOutcome {
     Done,
     /// Run this step again after `after`; `why` is shown in Omni meanwhile.
-    Requeue { after: Duration, why: String },
+    Requeue {
+        after: Duration,
+        why: String,
+    },
 }
 
 /// A step failure, worded for the person reading Omni's machine status.
@@ -324,7 +327,9 @@ pub fn volume_storage(volid: &str) -> Option<&str> {
 }
 
 /// Node -> config override map lookup helper for per-node selectors.
-pub fn node_overrides(config: &ProviderConfig) -> BTreeMap<String, serde_json::Map<String, serde_json::Value>> {
+pub fn node_overrides(
+    config: &ProviderConfig,
+) -> BTreeMap<String, serde_json::Map<String, serde_json::Value>> {
     config
         .nodes
         .iter()

@@ -86,12 +86,8 @@ impl ProxmoxClient {
     ) -> Result<Upid, ProxmoxError> {
         let id = template.to_string();
         let [a, b, c, d] = qemu(node, &id);
-        self.post(
-            &[a, b, c, d, "clone"],
-            Params(params),
-            Replay::OnlyIfUnsent,
-        )
-        .await
+        self.post(&[a, b, c, d, "clone"], Params(params), Replay::OnlyIfUnsent)
+            .await
     }
 
     /// `GET /nodes/{node}/qemu/{vmid}/config` (current values, pending changes applied).

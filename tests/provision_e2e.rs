@@ -1,0 +1,501 @@
+//! Provisioning end to end: the in-memory Omni over real gRPC, fakepve over real HTTPS, and the real
+//! controller with the real pipeline in between.
+
+#[path = "support/omni.rs"]
+mod omni_support;
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use omni_infra_provider_proxmox::config::ProviderConfig;
+use omni_infra_provider_proxmox::controller::provision::Provisioner;
+use omni_infra_provider_proxmox::controller::runner::Controller;
+use omni_infra_provider_proxmox::omni::join::JoinMode;
+use omni_infra_provider_proxmox::omni::proto::specs::{
+    MachineRequestSpec, MachineRequestStatusSpec, machine_request_status_spec::Stage,
+};
+use omni_infra_provider_proxmox::omni::resources::{MachineRequestStatus, ProviderMachine, label};
+use omni_infra_provider_proxmox::omni::state::Typed;
+use omni_infra_provider_proxmox::pipeline::provider_data::ProviderDataSchema;
+use omni_infra_provider_proxmox::pipeline::step::{Services, Timeouts};
+use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
+use serde_json::{Value, json};
+use support::fakepve::{FakePve, Login, Trust, three_node_scenario};
+use tokio::sync::watch;
+
+const PROVIDER: &str = "proxmox";
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Harness {
+    pve: FakePve,
+    omni: omni_support::Omni,
+    stop: Option<watch::Sender<bool>>,
+    running: Option<tokio::task::JoinHandle<()>>,
+    config: ProviderConfig,
+}
+
+impl Harness {
+    async fn start(extra_config: &str) -> Option<Harness> {
+        let pve = FakePve::start(three_node_scenario(), 0.0)?;
+        let omni = omni_support::Omni::start(PROVIDER).await;
+        let config = ProviderConfig::parse(&format!(
+            "{}{extra_config}",
+            pve.config_yaml(Login::Token, Trust::CaFile)
+        ))
+        .unwrap();
+        let mut h = Harness {
+            pve,
+            omni,
+            stop: None,
+            running: None,
+            config,
+        };
+        h.start_controller();
+        Some(h)
+    }
+
+    fn start_controller(&mut self) {
+        let client = self.omni.client(PROVIDER);
+        let services = Arc::new(Services {
+            provider_id: PROVIDER.into(),
+            pve: ProxmoxClient::new(&self.config.proxmox).unwrap(),
+            management: client.management.clone(),
+            config: self.config.clone(),
+            schema: ProviderDataSchema::new().unwrap(),
+            reservations: Default::default(),
+            vmids_in_flight: Default::default(),
+            image_locks: Default::default(),
+            image_factory_url: "https://factory.talos.dev".into(),
+            timeouts: Timeouts {
+                agent_poll: Duration::from_millis(50),
+                ..Timeouts::default()
+            },
+        });
+        let provisioner = Arc::new(Provisioner::new(
+            services,
+            client.state.clone(),
+            JoinMode::V2,
+        ));
+        let controller = Controller::new(provisioner, 4);
+        let (tx, rx) = watch::channel(false);
+        self.running = Some(tokio::spawn(controller.run(rx)));
+        self.stop = Some(tx);
+    }
+
+    async fn stop_controller(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(true);
+        }
+        if let Some(h) = self.running.take() {
+            h.await.unwrap();
+        }
+    }
+
+    fn request(&self, id: &str, set: &str, provider_data: &str) {
+        let spec = MachineRequestSpec {
+            talos_version: "v1.11.3".into(),
+            extensions: vec!["siderolabs/iscsi-tools".into()],
+            provider_data: provider_data.into(),
+            ..Default::default()
+        };
+        self.omni
+            .state
+            .create_machine_request(id, PROVIDER, set, &spec);
+    }
+
+    fn status(&self, id: &str) -> Option<Typed<MachineRequestStatusSpec>> {
+        self.omni.state.get(&MachineRequestStatus, id)
+    }
+
+    async fn wait_stage(&self, id: &str, stage: Stage) -> Typed<MachineRequestStatusSpec> {
+        let ok = self
+            .omni
+            .state
+            .wait_for(WAIT, |s| {
+                s.get(&MachineRequestStatus, id)
+                    .is_some_and(|st| st.spec.stage == stage as i32)
+            })
+            .await;
+        let status = self.status(id);
+        assert!(ok, "{id} did not reach {stage:?}; status: {status:?}");
+        status.unwrap()
+    }
+
+    /// The VMs fakepve holds for request `id` (by name).
+    fn vms_named(&mut self, id: &str) -> Vec<Value> {
+        let vms = self.pve.control(json!({"op": "vms"}));
+        vms.as_array()
+            .unwrap()
+            .iter()
+            .filter(|vm| vm["name"] == json!(id))
+            .cloned()
+            .collect()
+    }
+
+    fn machine_state(
+        &self,
+        id: &str,
+    ) -> Typed<omni_infra_provider_proxmox::omni::proto::provider::MachineSpec> {
+        self.omni
+            .state
+            .get(&ProviderMachine::new(PROVIDER), id)
+            .unwrap()
+    }
+}
+
+const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\ntags: [talos]\n";
+const SPREAD: &str = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'storageType == \"lvmthin\"'\nip_discovery_timeout: 0\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_class_lands_on_its_node_fully_configured_and_running() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.request("workers-abc123", "workers", PINNED_PVE2);
+    let status = h.wait_stage("workers-abc123", Stage::Provisioned).await;
+
+    let vms = h.vms_named("workers-abc123");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let vm = &vms[0];
+    assert_eq!(vm["node"], json!("pve2"));
+    assert_eq!(vm["status"], json!("running"));
+    let config = &vm["config"];
+    assert_eq!(config["cores"].to_string().trim_matches('"'), "2");
+    assert_eq!(config["memory"].to_string().trim_matches('"'), "2048");
+    let tags = config["tags"].as_str().unwrap();
+    for tag in ["machine-request.workers", "omni-provider.proxmox", "talos"] {
+        assert!(tags.contains(tag), "{tags}");
+    }
+    assert!(
+        config["scsi0"].as_str().unwrap().starts_with("local-lvm:"),
+        "{config}"
+    );
+    assert!(
+        config["ide2"].as_str().unwrap().contains("media=cdrom"),
+        "Talos ISO: {config}"
+    );
+    let seed = config["ide3"].as_str().unwrap();
+    assert!(
+        seed.contains("omni-seed-workers-abc123.iso"),
+        "seed: {seed}"
+    );
+    let description = config["description"].as_str().unwrap();
+    assert!(description.contains("workers-abc123") && description.contains("proxmox"));
+    let smbios = config["smbios1"].as_str().unwrap();
+    assert!(!status.spec.id.is_empty());
+    assert!(
+        smbios.contains(&status.spec.id),
+        "status id {} vs {smbios}",
+        status.spec.id
+    );
+
+    assert_eq!(
+        status
+            .metadata
+            .labels
+            .get(label::MACHINE_REQUEST_SET)
+            .map(String::as_str),
+        Some("workers")
+    );
+    let vmid = vm["vmid"].as_u64().unwrap().to_string();
+    assert_eq!(status.metadata.labels.get(label::INFRA_ID), Some(&vmid));
+    assert!(
+        status.spec.status.contains("pve2"),
+        "{}",
+        status.spec.status
+    );
+
+    let state = h.machine_state("workers-abc123");
+    assert_eq!(state.spec.node, "pve2");
+    assert_eq!(state.spec.step, "discover_ip");
+    assert!(
+        state.spec.addresses.iter().any(|a| a.starts_with("10.99.")),
+        "{:?}",
+        state.spec.addresses
+    );
+    // The Talos ISO was downloaded once into ISO storage, and the seed uploaded beside it.
+    let volumes = h
+        .pve
+        .control(json!({"op": "storage_volumes", "storage": "local"}));
+    let isos: Vec<&str> = volumes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(
+        isos.iter()
+            .filter(|v| v.starts_with("iso/") && !v.contains("omni-seed"))
+            .count(),
+        1,
+        "{isos:?}"
+    );
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_requests_of_one_set_spread_two_per_node() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    for i in 0..6 {
+        h.request(&format!("spread-{i}"), "spread", SPREAD);
+    }
+    for i in 0..6 {
+        h.wait_stage(&format!("spread-{i}"), Stage::Provisioned)
+            .await;
+    }
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..6 {
+        let vms = h.vms_named(&format!("spread-{i}"));
+        assert_eq!(vms.len(), 1);
+        *per_node
+            .entry(vms[0]["node"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_node,
+        BTreeMap::from([("pve1".into(), 2), ("pve2".into(), 2), ("pve3".into(), 2)])
+    );
+    // Concurrent requests for the same image downloaded it once per ISO storage.
+    let downloads = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.ends_with("/download-url"))
+        .count();
+    assert!(
+        downloads <= 3,
+        "one download per node's local ISO storage at most: {downloads}"
+    );
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_mode_clones_the_template_and_configures_it() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.request(
+        "clone-1",
+        "clones",
+        "cores: 4\nmemory: 4096\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\n",
+    );
+    h.wait_stage("clone-1", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-1");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let config = &vms[0]["config"];
+    assert_eq!(vms[0]["node"], json!("pve1"));
+    assert_eq!(config["cores"].to_string().trim_matches('"'), "4");
+    assert!(
+        config["ide3"]
+            .as_str()
+            .unwrap()
+            .contains("omni-seed-clone-1.iso"),
+        "{config}"
+    );
+    assert!(
+        config.get("ide2").is_none() || !config["ide2"].as_str().unwrap_or("").contains("nocloud")
+    );
+    let state = h.machine_state("clone-1");
+    assert_eq!(state.spec.template_vmid, 9000);
+    assert_eq!(state.spec.boot_mode, "clone");
+    let resized = h
+        .pve
+        .requests()
+        .iter()
+        .any(|(m, p)| m == "PUT" && p.ends_with(&format!("/qemu/{}/resize", vms[0]["vmid"])));
+    assert!(resized, "the 8G template disk is grown to 16G");
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_provider_data_fails_with_every_problem_and_creates_nothing() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let before = h
+        .pve
+        .control(json!({"op": "vms"}))
+        .as_array()
+        .unwrap()
+        .len();
+    h.request(
+        "bad-1",
+        "bad",
+        "cores: 0\nmemory: 1024\ndisk_sise: 10\nstorage_selector: local-lvm\n",
+    );
+    let status = h.wait_stage("bad-1", Stage::Failed).await;
+    let error = status.spec.error;
+    for needle in [
+        "cores",
+        "memory",
+        "disk_sise",
+        "did you mean `disk_size`",
+        "storage_selector",
+        "name == \"local-lvm\"",
+    ] {
+        assert!(error.contains(needle), "missing {needle:?} in: {error}");
+    }
+    let after = h
+        .pve
+        .control(json!({"op": "vms"}))
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(before, after, "nothing was created");
+    assert!(
+        h.pve.requests().iter().all(|(m, _)| m == "GET"),
+        "no write reached Proxmox"
+    );
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_template_is_a_clear_error() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.request(
+        "clone-missing",
+        "clones",
+        "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nboot: clone\ntemplate: talos-v9\n",
+    );
+    let status = h.wait_stage("clone-missing", Stage::Failed).await;
+    assert!(
+        status.spec.error.contains("template talos-v9 not found")
+            && status.spec.error.contains("9000 (talos-template)"),
+        "{}",
+        status.spec.error
+    );
+    assert!(h.vms_named("clone-missing").is_empty());
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_show_each_step_and_a_failure_stays_visible_until_it_heals() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    // Record every status text Omni sees.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let recorder = {
+        let seen = seen.clone();
+        let state = h.omni.state.clone();
+        tokio::spawn(async move {
+            loop {
+                state
+                    .wait_for(Duration::from_millis(200), |s| {
+                        if let Some(st) = s.get(&MachineRequestStatus, "steps-1") {
+                            let mut seen = seen.lock().unwrap();
+                            if seen.last() != Some(&st.spec.status) {
+                                seen.push(st.spec.status.clone());
+                            }
+                        }
+                        false
+                    })
+                    .await;
+            }
+        })
+    };
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/status/start",
+                         "status": 500, "message": "start refused by test", "times": 1}),
+    );
+    h.request("steps-1", "steps", PINNED_PVE2);
+    let failed = h.wait_stage("steps-1", Stage::Failed).await;
+    assert!(
+        failed.spec.error.contains("start refused by test"),
+        "{}",
+        failed.spec.error
+    );
+    assert!(
+        failed.spec.error.contains("starting VM"),
+        "{}",
+        failed.spec.error
+    );
+    h.wait_stage("steps-1", Stage::Provisioned).await;
+    recorder.abort();
+    let seen = seen.lock().unwrap().clone();
+    for step in [
+        "Running step 1/6 pick_node",
+        "Running step 2/6 prepare_image",
+        "Running step 3/6 create_vm",
+        "Running step 4/6 configure_vm",
+        "Running step 5/6 start_vm",
+        "Running step 6/6 discover_ip",
+    ] {
+        assert!(
+            seen.iter().any(|s| s.starts_with(step)),
+            "{step} never shown: {seen:#?}"
+        );
+    }
+    assert!(
+        seen.iter()
+            .any(|s| s.contains("creating VM") && s.contains("on pve2")),
+        "{seen:#?}"
+    );
+    assert_eq!(h.vms_named("steps-1").len(), 1);
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_between_steps_and_inside_create_vm_leaves_exactly_one_vm() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    // 1. The controller stops while the create call keeps failing: the VMID is already recorded.
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu",
+                         "status": 503, "message": "proxy went away"}),
+    );
+    h.request("restart-1", "restart", PINNED_PVE2);
+    h.wait_stage("restart-1", Stage::Failed).await;
+    h.stop_controller().await;
+    let state = h.machine_state("restart-1");
+    assert_eq!(state.spec.step, "prepare_image", "stopped inside create_vm");
+    let reserved = state.spec.reserved_vmid;
+    assert!(
+        reserved >= 100,
+        "the VMID is recorded before the create call"
+    );
+    assert!(h.vms_named("restart-1").is_empty());
+
+    // 2. While the provider is down, the create "happens" anyway (an answer lost on the way back):
+    //    the VM exists with our name and tags. The new controller must adopt it, not make a second.
+    h.pve.control(json!({"op": "clear_failures"}));
+    let uuid = uuid::Uuid::parse_str(&state.spec.uuid).unwrap();
+    h.pve.control(json!({"op": "add_vm", "vmid": reserved, "name": "restart-1", "node": "pve2",
+        "config": {"tags": "machine-request.restart;omni-provider.proxmox", "memory": 2048, "cores": 2,
+                   "agent": "enabled=1", "smbios1": format!("uuid={uuid}"),
+                   "description": "omni-provider-id: proxmox\nomni-machine-request: restart-1\n"}}));
+    h.start_controller();
+    h.wait_stage("restart-1", Stage::Provisioned).await;
+    let vms = h.vms_named("restart-1");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(vms[0]["vmid"].as_i64(), Some(reserved as i64));
+
+    // 3. A second request stopped between steps (start fails) resumes after a restart.
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/status/start",
+                         "status": 500, "message": "not now"}),
+    );
+    h.request("restart-2", "restart", PINNED_PVE2);
+    h.wait_stage("restart-2", Stage::Failed).await;
+    h.stop_controller().await;
+    assert_eq!(h.machine_state("restart-2").spec.step, "configure_vm");
+    h.pve.control(json!({"op": "clear_failures"}));
+    h.start_controller();
+    h.wait_stage("restart-2", Stage::Provisioned).await;
+    assert_eq!(h.vms_named("restart-2").len(), 1);
+    let creates = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.ends_with("/nodes/pve2/qemu"))
+        .count();
+    assert!(creates <= 3, "no duplicate creates: {creates}");
+    h.stop_controller().await;
+}
