@@ -68,6 +68,7 @@ impl Harness {
             vmids_in_flight: Default::default(),
             image_locks: Default::default(),
             image_factory_url: "https://factory.talos.dev".into(),
+            factory_http: reqwest::Client::new(),
             timeouts: Timeouts {
                 agent_poll: Duration::from_millis(50),
                 ..Timeouts::default()

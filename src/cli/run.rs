@@ -231,6 +231,7 @@ pub async fn run_with(
         vmids_in_flight: Default::default(),
         image_locks: Default::default(),
         image_factory_url: settings.image_factory_url,
+        factory_http: crate::pipeline::image_factory::http_client()?,
         timeouts: Timeouts::default(),
     });
     let provisioner = Arc::new(Provisioner::new(services, omni.state.clone(), mode));

@@ -11,6 +11,7 @@
 
 use sha2::{Digest, Sha256};
 
+use super::image_factory;
 use super::provider_data::{BootMode, TemplateRef};
 use super::schematic::{Overlay, SchematicRequest, schematic_yaml};
 use super::step::{StepContext, StepError, StepOutcome};
@@ -43,17 +44,31 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
                 .map(|(image, name)| Overlay { image, name }),
         })
         .map_err(|e| StepError::Config(format!("cannot build the image schematic: {e}")))?;
-        let id = ctx
-            .services
+        let services = ctx.services;
+        let id = match services
             .management
             .create_schematic_from_raw(&yaml, &version)
             .await
-            .map_err(|e| match e {
-                ManagementError::OmniTooOld => StepError::Cluster(format!(
-                    "{e}; upgrade Omni, or use `boot: clone` with a Talos template"
-                )),
-                other => StepError::Cluster(format!("creating the image schematic: {other}")),
-            })?;
+        {
+            Ok(id) => id,
+            // Omni before 1.8: ask the factory ourselves, as the older Go library did.
+            Err(ManagementError::OmniTooOld) => image_factory::create_schematic(
+                &services.factory_http,
+                &services.image_factory_url,
+                &yaml,
+            )
+            .await
+            .map_err(|e| {
+                StepError::Cluster(format!(
+                    "this Omni is older than 1.8, so the schematic went to the Image Factory directly, which failed: {e}"
+                ))
+            })?,
+            Err(other) => {
+                return Err(StepError::Cluster(format!(
+                    "creating the image schematic through Omni: {other}"
+                )));
+            }
+        };
         ctx.state.schematic = id;
         ctx.state.talos_version = version.clone();
     }

@@ -181,6 +181,8 @@ pub struct Services {
     pub image_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Image factory base URL for boot ISOs.
     pub image_factory_url: String,
+    /// HTTP client for the Image Factory (schematics on Omni before 1.8).
+    pub factory_http: reqwest::Client,
     pub timeouts: Timeouts,
 }
 

@@ -592,7 +592,8 @@ fn is_missing(message: &str) -> bool {
         || (m.contains("hostname lookup") && m.contains("failed"))
 }
 
-fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig, ProxmoxError> {
+/// The rustls configuration for a trust setting (also used for the Image Factory).
+pub(crate) fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig, ProxmoxError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
