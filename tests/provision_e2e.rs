@@ -68,7 +68,8 @@ impl Harness {
             vmids_in_flight: Default::default(),
             image_locks: Default::default(),
             image_factory_url: "https://factory.talos.dev".into(),
-            factory_http: reqwest::Client::new(),
+            factory_http: omni_infra_provider_proxmox::pipeline::image_factory::http_client()
+                .unwrap(),
             timeouts: Timeouts {
                 agent_poll: Duration::from_millis(50),
                 ..Timeouts::default()

@@ -11,7 +11,11 @@ pub enum FactoryError {
     #[error("cannot reach the Image Factory at {url}: {message}")]
     Unreachable { url: String, message: String },
     #[error("the Image Factory at {url} refused the schematic: {status} {body}")]
-    Refused { url: String, status: u16, body: String },
+    Refused {
+        url: String,
+        status: u16,
+        body: String,
+    },
     #[error("unexpected answer from the Image Factory at {url}: {message}")]
     Decode { url: String, message: String },
 }
@@ -23,7 +27,10 @@ pub fn http_client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .timeout(Duration::from_secs(30))
-        .user_agent(concat!("omni-infra-provider-proxmox/", env!("CARGO_PKG_VERSION")))
+        .user_agent(concat!(
+            "omni-infra-provider-proxmox/",
+            env!("CARGO_PKG_VERSION")
+        ))
         .build()
         .map_err(|e| e.to_string())
 }
@@ -83,7 +90,9 @@ mod tests {
             .and(path("/schematics"))
             .and(header("content-type", "application/yaml"))
             .and(body_string("customization: {}\n"))
-            .respond_with(ResponseTemplate::new(201).set_body_json(serde_json::json!({"id": "abc123"})))
+            .respond_with(
+                ResponseTemplate::new(201).set_body_json(serde_json::json!({"id": "abc123"})),
+            )
             .mount(&server)
             .await;
         Mock::given(method("POST"))
@@ -91,7 +100,7 @@ mod tests {
             .respond_with(ResponseTemplate::new(400).set_body_string("unknown extension"))
             .mount(&server)
             .await;
-        let http = reqwest::Client::new();
+        let http = http_client().unwrap();
         let id = create_schematic(&http, &server.uri(), "customization: {}\n")
             .await
             .unwrap();
