@@ -74,6 +74,7 @@ impl Harness {
                 agent_poll: Duration::from_millis(50),
                 ..Timeouts::default()
             },
+            metrics: Default::default(),
         });
         let provisioner = Arc::new(Provisioner::new(
             services,

@@ -17,6 +17,7 @@ use crate::controller::health::{self, HealthCheck};
 use crate::controller::provision::Provisioner;
 use crate::controller::registration::{self, ProviderInfo};
 use crate::controller::runner::Controller;
+use crate::metrics::Metrics;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
 use crate::omni::transport::{self, OmniEndpoint, OmniTls};
@@ -64,6 +65,9 @@ pub struct RunArgs {
     /// How many machine requests are worked on at once (each request's Proxmox calls stay sequential).
     #[arg(long, env = "CONCURRENCY", default_value_t = 4)]
     pub concurrency: usize,
+    /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9100); off by default.
+    #[arg(long, env = "METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Image Factory that serves the Talos boot ISOs (boot mode `iso`).
     #[arg(
         long,
@@ -118,6 +122,7 @@ pub enum RunError {
 /// Everything the provider needs, checked; built before any network call.
 pub struct Settings {
     pub config: ProviderConfig,
+    pub metrics_listen: Option<std::net::SocketAddr>,
     pub concurrency: usize,
     pub image_factory_url: String,
     pub endpoint: OmniEndpoint,
@@ -164,6 +169,7 @@ impl Settings {
         Ok(Self {
             config,
             concurrency: args.concurrency,
+            metrics_listen: args.metrics_listen,
             image_factory_url: args.image_factory_url.clone(),
             endpoint: OmniEndpoint { url, tls },
             key: Arc::new(key),
@@ -214,12 +220,32 @@ pub async fn run_with(
     tracing::info!("registered provider status");
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let metrics = Arc::new(Metrics::new());
+    {
+        let metrics = metrics.clone();
+        pve.set_observer(Arc::new(move |method, status, took| {
+            metrics.proxmox_request(method, status, took)
+        }));
+    }
+    let metrics_server = settings.metrics_listen.map(|listen| {
+        let mut stop = stop_rx.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = crate::metrics::serve(listen, metrics, shutdown).await {
+                tracing::error!(%listen, error = %e, "cannot serve metrics");
+            }
+        })
+    });
     let heartbeat = tokio::spawn(health::run(
         omni.state.clone(),
         provider_id.clone(),
         settings.health_interval,
         health_check,
         stop_rx.clone(),
+        metrics.clone(),
     ));
     let services = Arc::new(Services {
         provider_id: provider_id.clone(),
@@ -233,6 +259,7 @@ pub async fn run_with(
         image_factory_url: settings.image_factory_url,
         factory_http: crate::pipeline::image_factory::http_client()?,
         timeouts: Timeouts::default(),
+        metrics,
     });
     let provisioner = Arc::new(Provisioner::new(services, omni.state.clone(), mode));
     let controller = Controller::new(provisioner, settings.concurrency);
@@ -246,6 +273,9 @@ pub async fn run_with(
     let _ = stop_tx.send(true);
     let _ = reconciling.await;
     let _ = heartbeat.await;
+    if let Some(server) = metrics_server {
+        let _ = server.await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

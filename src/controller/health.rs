@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
+use crate::metrics::Metrics;
 use crate::omni::resources::{InfraProviderHealthStatus, health_controller_name};
 use crate::omni::state::{StateClient, StateError};
 
@@ -39,8 +40,9 @@ pub async fn beat(
     state: &StateClient,
     provider_id: &str,
     check: &HealthCheck,
-) -> Result<(), StateError> {
-    let error = check().await.unwrap_or_default();
+) -> Result<Option<String>, StateError> {
+    let problem = check().await;
+    let error = problem.clone().unwrap_or_default();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
@@ -59,7 +61,7 @@ pub async fn beat(
             },
         )
         .await
-        .map(|_| ())
+        .map(|_| problem)
 }
 
 /// Beats every `interval` until `shutdown` turns true; a beat in progress is finished first.
@@ -69,6 +71,7 @@ pub async fn run(
     interval: Duration,
     check: HealthCheck,
     mut shutdown: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -78,8 +81,18 @@ pub async fn run(
             _ = ticker.tick() => {}
         }
         match beat(&state, &provider_id, &check).await {
-            Ok(()) => tracing::debug!("heartbeat sent"),
-            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+            Ok(None) => {
+                tracing::debug!("heartbeat sent");
+                metrics.heartbeat(true, true);
+            }
+            Ok(Some(problem)) => {
+                tracing::warn!(%problem, "heartbeat sent with a health problem");
+                metrics.heartbeat(true, false);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "heartbeat failed");
+                metrics.heartbeat(false, false);
+            }
         }
     }
 }

@@ -198,7 +198,10 @@ impl Provisioner {
                     progress: &progress,
                     cluster: &mut cluster,
                 };
-                run_step(step, &mut ctx).await
+                let started = std::time::Instant::now();
+                let outcome = run_step(step, &mut ctx).await;
+                self.services.metrics.step(step.name(), started.elapsed());
+                outcome
             };
             match outcome {
                 Ok(StepOutcome::Done) => {
@@ -229,6 +232,7 @@ impl Provisioner {
                     if let Err(save) = self.save_state(id, spec).await {
                         tracing::warn!(request = %id, error = %save, "cannot record the provider state after a failure");
                     }
+                    self.services.metrics.provision("failure");
                     self.fail(id, labels, step.name(), &e.to_string()).await?;
                     if e.is_config() {
                         return Ok(Action::Done);
@@ -253,6 +257,7 @@ impl Provisioner {
             }
         );
         tracing::info!(request = %id, vmid = spec.vmid, node = %spec.node, addresses = ?spec.addresses, "provisioned");
+        self.services.metrics.provision("success");
         let uuid = spec.uuid.clone();
         let infra_id = spec.vmid.to_string();
         self.write_status(id, labels, |s| {

@@ -94,6 +94,7 @@ impl Controller {
 
     async fn worker(self: Arc<Self>, n: usize) {
         while let Some(id) = self.queue.next().await {
+            self.gauge();
             let span = tracing::info_span!("reconcile", request = %id, worker = n);
             let result = self.provisioner.reconcile(&id).instrument(span).await;
             match result {
@@ -109,7 +110,16 @@ impl Controller {
                 }
             }
             self.queue.done(&id);
+            self.gauge();
         }
+    }
+
+    fn gauge(&self) {
+        self.provisioner
+            .services
+            .metrics
+            .requests_in_flight
+            .set(self.queue.len() as i64);
     }
 
     fn reset(&self, id: &str) {

@@ -184,6 +184,7 @@ pub struct Services {
     /// HTTP client for the Image Factory (schematics on Omni before 1.8).
     pub factory_http: reqwest::Client,
     pub timeouts: Timeouts,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 #[derive(Debug, Clone)]

@@ -48,7 +48,11 @@ struct Inner {
     auth: Auth,
     retry: RetryPolicy,
     requests: AtomicU64,
+    observer: std::sync::OnceLock<RequestObserver>,
 }
+
+/// Called after every HTTP request with its method, status (`None`: no answer) and duration.
+pub type RequestObserver = Arc<dyn Fn(&'static str, Option<u16>, Duration) + Send + Sync>;
 
 enum Auth {
     Token(HeaderValue),
@@ -228,6 +232,7 @@ impl ProxmoxClient {
                 auth,
                 retry,
                 requests: AtomicU64::new(0),
+                observer: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -235,6 +240,11 @@ impl ProxmoxClient {
     /// The API base URL (ending in `/api2/json`).
     pub fn api_url(&self) -> &url::Url {
         &self.inner.base
+    }
+
+    /// Reports every request to `observer` (metrics). Set once; later calls are ignored.
+    pub fn set_observer(&self, observer: RequestObserver) {
+        let _ = self.inner.observer.set(observer);
     }
 
     /// HTTP requests sent so far (logins and retries included): the benchmark's cost measure.
@@ -389,7 +399,15 @@ impl ProxmoxClient {
         let started = Instant::now();
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
         let response = req.send().await;
-        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let elapsed = started.elapsed();
+        let elapsed_ms = elapsed.as_millis() as u64;
+        if let Some(observe) = self.inner.observer.get() {
+            observe(
+                call.method,
+                response.as_ref().ok().map(|r| r.status().as_u16()),
+                elapsed,
+            );
+        }
         let response = match response {
             Ok(r) => r,
             Err(e) => {

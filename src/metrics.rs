@@ -1,0 +1,287 @@
+//! Metrics and health endpoints (`--metrics-listen`): `/metrics` (Prometheus text), `/healthz` (the
+//! process is alive) and `/readyz` (connected to Omni and Proxmox answering).
+//!
+//! One explicit registry, no globals: the pieces that count things hold an `Arc<Metrics>`. Label sets
+//! are small and bounded (outcome, step, HTTP method and status), so the series count stays fixed no
+//! matter how many machines come and go.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    pub step: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    pub method: &'static str,
+    /// HTTP status, or `error` when there was no answer.
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub provisions: Family<OutcomeLabels, Counter>,
+    pub deprovisions: Family<OutcomeLabels, Counter>,
+    pub step_seconds: HistogramFamily<StepLabels>,
+    pub proxmox_requests: Family<ApiLabels, Counter>,
+    pub proxmox_seconds: HistogramFamily<MethodLabels>,
+    pub requests_in_flight: Gauge,
+    pub omni_connected: Gauge,
+    pub last_heartbeat: Gauge,
+    ready: Readiness,
+}
+
+/// What `/readyz` answers from: updated by every heartbeat.
+#[derive(Default)]
+struct Readiness {
+    omni: AtomicBool,
+    proxmox: AtomicBool,
+    /// Unix seconds of the last successful heartbeat.
+    beat_at: AtomicI64,
+}
+
+fn step_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 16))
+}
+
+fn api_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("omni_proxmox");
+        let provisions = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "provisions",
+            "Machine requests provisioned (success) or failed in a step (failure)",
+            provisions.clone(),
+        );
+        let deprovisions = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "deprovisions",
+            "Machine requests torn down (success) or failing to tear down (failure)",
+            deprovisions.clone(),
+        );
+        let step_seconds: HistogramFamily<StepLabels> =
+            Family::new_with_constructor(step_buckets as fn() -> Histogram);
+        registry.register(
+            "step_duration_seconds",
+            "Time spent in each pipeline step run",
+            step_seconds.clone(),
+        );
+        let proxmox_requests = Family::<ApiLabels, Counter>::default();
+        registry.register(
+            "proxmox_api_requests",
+            "Proxmox API requests by method and HTTP status",
+            proxmox_requests.clone(),
+        );
+        let proxmox_seconds: HistogramFamily<MethodLabels> =
+            Family::new_with_constructor(api_buckets as fn() -> Histogram);
+        registry.register(
+            "proxmox_api_request_duration_seconds",
+            "Proxmox API request latency",
+            proxmox_seconds.clone(),
+        );
+        let requests_in_flight = Gauge::default();
+        registry.register(
+            "machine_requests_in_flight",
+            "Machine requests waiting for or in a reconcile",
+            requests_in_flight.clone(),
+        );
+        let omni_connected = Gauge::default();
+        registry.register(
+            "omni_connected",
+            "1 when the last heartbeat reached Omni",
+            omni_connected.clone(),
+        );
+        let last_heartbeat = Gauge::default();
+        registry.register(
+            "last_heartbeat_timestamp_seconds",
+            "Unix time of the last heartbeat Omni accepted",
+            last_heartbeat.clone(),
+        );
+        Self {
+            registry,
+            provisions,
+            deprovisions,
+            step_seconds,
+            proxmox_requests,
+            proxmox_seconds,
+            requests_in_flight,
+            omni_connected,
+            last_heartbeat,
+            ready: Readiness::default(),
+        }
+    }
+
+    /// Records one Proxmox API request (the client's observer).
+    pub fn proxmox_request(&self, method: &'static str, status: Option<u16>, took: Duration) {
+        let status = status.map_or_else(|| "error".to_owned(), |s| s.to_string());
+        self.proxmox_requests
+            .get_or_create(&ApiLabels { method, status })
+            .inc();
+        self.proxmox_seconds
+            .get_or_create(&MethodLabels { method })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn step(&self, step: &'static str, took: Duration) {
+        self.step_seconds
+            .get_or_create(&StepLabels { step })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn provision(&self, outcome: &'static str) {
+        self.provisions
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    pub fn deprovision(&self, outcome: &'static str) {
+        self.deprovisions
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Called after every heartbeat: did Omni take it, and did the Proxmox check pass?
+    pub fn heartbeat(&self, omni_ok: bool, proxmox_ok: bool) {
+        self.ready.omni.store(omni_ok, Ordering::Relaxed);
+        self.ready.proxmox.store(proxmox_ok, Ordering::Relaxed);
+        self.omni_connected.set(i64::from(omni_ok));
+        if omni_ok {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0);
+            self.ready.beat_at.store(now, Ordering::Relaxed);
+            self.last_heartbeat.set(now);
+        }
+    }
+
+    /// `None` when ready, else why not.
+    pub fn not_ready(&self) -> Option<String> {
+        let mut why = Vec::new();
+        if !self.ready.omni.load(Ordering::Relaxed) {
+            why.push("not connected to Omni (no heartbeat accepted yet, or the last one failed)");
+        }
+        if !self.ready.proxmox.load(Ordering::Relaxed) {
+            why.push("the Proxmox API does not answer or refuses the credentials");
+        }
+        (!why.is_empty()).then(|| why.join("; "))
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves.
+pub async fn serve(
+    listen: SocketAddr,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), std::io::Error> {
+    use axum::Router;
+    use axum::extract::State;
+    use axum::http::{StatusCode, header};
+    use axum::routing::get;
+
+    async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl axum::response::IntoResponse {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            m.encode(),
+        )
+    }
+    async fn ready(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
+        match m.not_ready() {
+            None => (StatusCode::OK, "ready\n".into()),
+            Some(why) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
+        }
+    }
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(metrics);
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_readiness() {
+        let m = Metrics::new();
+        m.proxmox_request("GET", Some(200), Duration::from_millis(3));
+        m.proxmox_request("POST", None, Duration::from_millis(3));
+        m.provision("success");
+        m.step("create_vm", Duration::from_millis(40));
+        let text = m.encode();
+        assert!(
+            text.contains(
+                r#"omni_proxmox_proxmox_api_requests_total{method="GET",status="200"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains(r#"status="error""#), "{text}");
+        assert!(
+            text.contains(r#"omni_proxmox_provisions_total{outcome="success"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"omni_proxmox_step_duration_seconds_count{step="create_vm"} 1"#),
+            "{text}"
+        );
+        assert!(m.not_ready().is_some());
+        m.heartbeat(true, true);
+        assert!(m.not_ready().is_none());
+        m.heartbeat(true, false);
+        assert!(m.not_ready().unwrap().contains("Proxmox"));
+    }
+}
