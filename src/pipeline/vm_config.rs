@@ -193,6 +193,35 @@ pub fn owned_by_listing(
     name == Some(request_id) && has(&provider) && has(&request)
 }
 
+/// What the `/cluster/resources` listing (name + tags) says about a VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListingVerdict {
+    /// Named after the request, with our provider tag and the request tag: ours, no config read.
+    Ours,
+    /// Not named after the request: neither our marker nor the official provider's naming can make
+    /// it ours, so no config read either.
+    NotOurs(String),
+    /// Named after the request but not tagged conclusively: the config's marker decides.
+    NeedsConfig,
+}
+
+/// Ownership as far as the listing can decide it (see [`ListingVerdict`]).
+pub fn listing_ownership(
+    name: Option<&str>,
+    tags: &[&str],
+    request_id: &str,
+    provider_id: &str,
+) -> ListingVerdict {
+    if owned_by_listing(name, tags, request_id, provider_id) {
+        return ListingVerdict::Ours;
+    }
+    match name {
+        Some(n) if n == request_id => ListingVerdict::NeedsConfig,
+        Some(n) => ListingVerdict::NotOurs(format!("it is named {n:?}, not {request_id:?}")),
+        None => ListingVerdict::NotOurs(format!("it has no name, not {request_id:?}")),
+    }
+}
+
 /// The `uuid=` of an `smbios1` value (`uuid=…,serial=…`).
 pub fn smbios_uuid(smbios1: &str) -> Option<&str> {
     smbios1
@@ -727,6 +756,34 @@ mod tests {
             &["omni-provider.proxmox"],
             "a b",
             "proxmox"
+        ));
+    }
+
+    #[test]
+    fn listing_verdicts() {
+        let ours = ["omni-provider.proxmox", "omni-request.req-1"];
+        assert_eq!(
+            listing_ownership(Some("req-1"), &ours, "req-1", "proxmox"),
+            ListingVerdict::Ours
+        );
+        // Named after the request, but tags incomplete (older VM, official provider's VM): the
+        // config decides.
+        assert_eq!(
+            listing_ownership(Some("req-1"), &ours[..1], "req-1", "proxmox"),
+            ListingVerdict::NeedsConfig
+        );
+        assert_eq!(
+            listing_ownership(Some("req-1"), &["machine-request.set"], "req-1", "proxmox"),
+            ListingVerdict::NeedsConfig
+        );
+        // A reused VMID: another name, whatever the tags say.
+        assert!(matches!(
+            listing_ownership(Some("web-1"), &ours, "req-1", "proxmox"),
+            ListingVerdict::NotOurs(ref why) if why.contains("web-1")
+        ));
+        assert!(matches!(
+            listing_ownership(None, &[], "req-1", "proxmox"),
+            ListingVerdict::NotOurs(_)
         ));
     }
 
