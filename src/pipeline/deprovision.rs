@@ -683,6 +683,9 @@ pub struct OrphanIso {
 pub struct Orphans {
     pub vms: Vec<OrphanVm>,
     pub seed_isos: Vec<OrphanIso>,
+    /// What the search could not look at (offline nodes, unreadable storages): orphans there are
+    /// not listed.
+    pub problems: Vec<String>,
 }
 
 /// An ISO volume as found in a storage's content, with where it was found.
@@ -725,9 +728,10 @@ pub fn is_seed_iso(volume: &str) -> bool {
 }
 
 /// Decides what is orphaned: VMs with our provider tag whose request is not live, and seed ISOs that
-/// no config in `used_isos` references and that no live request will use (a request being
-/// provisioned uploads its seed before its VM exists). `used_isos` maps VMIDs of our VMs to the ISO
-/// volumes their configs use.
+/// no config in `used_isos` references, that no live request will use (a request being provisioned
+/// uploads its seed before its VM exists) and that are not named after one of our VMs (whose config
+/// may not have been readable; such a seed goes with its VM). `used_isos` maps VMIDs of our VMs to
+/// the ISO volumes their configs use.
 pub fn find_orphans(
     vms: &[VmResource],
     live_requests: &BTreeSet<String>,
@@ -761,10 +765,19 @@ pub fn find_orphans(
         });
     }
     let used: BTreeSet<&str> = used_isos.values().flatten().map(String::as_str).collect();
-    let live_seeds: BTreeSet<String> = live_requests
+    let mut protected_seeds: BTreeSet<String> = live_requests
         .iter()
         .map(|r| seed_iso_file_name(r))
         .collect();
+    for vm in our_vms(vms, provider_id) {
+        let tags = vm.tag_list();
+        for request in [vm_config::tagged_request(&tags), vm.name.as_deref()]
+            .into_iter()
+            .flatten()
+        {
+            protected_seeds.insert(seed_iso_file_name(request));
+        }
+    }
     let mut seen = BTreeSet::new();
     for found in isos {
         let volume = found.volume.volid.as_str();
@@ -772,7 +785,7 @@ pub fn find_orphans(
             continue;
         }
         let file = volume.rsplit('/').next().unwrap_or(volume);
-        if live_seeds.contains(file) {
+        if protected_seeds.contains(file) {
             continue;
         }
         // A shared storage lists the same volume on every node; node-local ones are distinct files.
@@ -825,6 +838,11 @@ mod tests {
             vm(
                 serde_json::json!({"vmid": 108, "node": "pve3", "name": "dead-3", "tags": "omni-provider.other"}),
             ),
+            // Ours, request dead, config not readable (node offline): listed, and its seed is not
+            // listed apart from it.
+            vm(
+                serde_json::json!({"vmid": 109, "node": "pve3", "name": "dead-4", "tags": "omni-provider.proxmox;omni-request.dead-4", "status": "unknown"}),
+            ),
             // A template with our tag is never an orphan.
             vm(
                 serde_json::json!({"vmid": 9000, "node": "pve1", "name": "tmpl", "template": 1, "tags": "omni-provider.proxmox"}),
@@ -855,9 +873,12 @@ mod tests {
             // A live request being provisioned: seed uploaded, VM not created yet.
             iso("pve1", "local:iso/omni-seed-live-3.iso"),
             iso("pve1", "local:iso/talos.iso"),
+            iso("pve3", "local:iso/omni-seed-dead-4.iso"),
         ];
         let orphans = find_orphans(&vms, &live, "proxmox", &isos, &used);
-        assert_eq!(orphans.vms.len(), 1, "{orphans:?}");
+        let ids: Vec<u32> = orphans.vms.iter().map(|v| v.vmid.get()).collect();
+        assert_eq!(ids, [105, 109], "{orphans:?}");
+        assert!(orphans.vms[1].seed_isos.is_empty());
         let o = &orphans.vms[0];
         assert_eq!(o.vmid.get(), 105);
         assert_eq!(o.request_id.as_deref(), Some("dead-1"));
