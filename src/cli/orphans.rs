@@ -110,9 +110,10 @@ struct JsonReport<'a> {
     deletion: Option<&'a DeletionReport>,
 }
 
-pub async fn run(args: OrphansArgs) -> CliResult {
-    telemetry::init_logging(LogFormat::Text, "warn")?;
-    let config = ProviderConfig::load(&args.config_file)?;
+/// The Omni connection from the flags; refuses without one (see the module docs).
+fn omni_endpoint(
+    args: &OrphansArgs,
+) -> Result<(OmniEndpoint, ProviderKey), Box<dyn std::error::Error + Send + Sync>> {
     let url = args
         .omni_api_endpoint
         .clone()
@@ -139,8 +140,15 @@ pub async fn run(args: OrphansArgs) -> CliResult {
         (None, true) => OmniTls::InsecureSkipVerify,
         (None, false) => OmniTls::WebPki,
     };
+    Ok((OmniEndpoint { url, tls }, key))
+}
+
+pub async fn run(args: OrphansArgs) -> CliResult {
+    telemetry::init_logging(LogFormat::Text, "warn")?;
+    let (endpoint, key) = omni_endpoint(&args)?;
+    let config = ProviderConfig::load(&args.config_file)?;
     transport::install_crypto_provider();
-    let omni = OmniClient::connect(&OmniEndpoint { url, tls }, Arc::new(key), &args.id)?;
+    let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.id)?;
     let live = live_requests(&omni, &args.id).await?;
 
     let pve = ProxmoxClient::new(&config.proxmox)?;
@@ -436,6 +444,31 @@ fn render_table(
 mod tests {
     use super::*;
     use crate::pipeline::deprovision::{OrphanIso, OrphanVm};
+
+    #[test]
+    fn refuses_without_omni() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: OrphansArgs,
+        }
+        let cli = Cli::try_parse_from(["x", "--config-file", "c.yaml", "--delete"]).unwrap();
+        let err = omni_endpoint(&cli.args).unwrap_err().to_string();
+        assert!(
+            err.contains("--omni-api-endpoint") && err.contains("live MachineRequests"),
+            "{err}"
+        );
+        let cli = Cli::try_parse_from([
+            "x",
+            "--config-file",
+            "c.yaml",
+            "--omni-api-endpoint",
+            "https://omni.example.com",
+        ])
+        .unwrap();
+        assert!(omni_endpoint(&cli.args).is_err(), "a key is needed too");
+    }
 
     #[test]
     fn table_lists_orphans_and_says_how_to_delete() {
