@@ -24,6 +24,8 @@ enum Command {
     Cluster(cli::cluster::ClusterArgs),
     /// Run an in-memory Omni state server for local development and tests.
     DevOmni(cli::dev_omni::DevOmniArgs),
+    /// List VMs and seed ISOs that belong to no live MachineRequest; delete them with --delete.
+    Orphans(cli::orphans::OrphansArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
             None => cli::run::run(args.run).await,
             Some(Command::Cluster(a)) => cli::cluster::run(a).await,
             Some(Command::DevOmni(a)) => cli::dev_omni::run(a).await,
+            Some(Command::Orphans(a)) => cli::orphans::run(a).await,
         }
     });
     match result {

@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod dev_omni;
+pub mod orphans;
 pub mod run;
 
 /// What every subcommand returns; the error is printed with its whole source chain.

@@ -4,6 +4,11 @@
 //! (design §7). The identity is threefold so a restart can adopt a half-made VM and a deprovision
 //! never touches someone else's: the name is the request ID, the tags carry the machine set and our
 //! provider ID, and the description carries a marker naming both the request and the provider.
+//!
+//! The tags also carry the request itself (`omni-request.<id>`), so that a deprovision can tell a VM
+//! is ours from one `/cluster/resources` listing (name + tags) without reading its config: that is
+//! one request saved on every teardown. The description marker stays the authority whenever the
+//! listing alone is not conclusive (VMs made before the request tag existed, renamed or retagged VMs).
 
 use crate::pipeline::placement::set_tag;
 use crate::pipeline::provider_data::{Bios, ProviderData};
@@ -15,6 +20,29 @@ use crate::proxmox::property::{
 /// The tag marking every VM this provider made: `omni-provider.<provider id>`.
 pub fn provider_tag(provider_id: &str) -> String {
     format!("omni-provider.{provider_id}")
+}
+
+/// The tag naming the request a VM was made for: `omni-request.<request id>`. `None` when the ID is not
+/// a valid Proxmox tag (Omni's IDs always are; the VM then simply goes without it).
+pub fn request_tag(request_id: &str) -> Option<String> {
+    if request_id.is_empty() {
+        return None;
+    }
+    Tag::new(format!("{REQUEST_TAG_PREFIX}{request_id}"))
+        .ok()
+        .map(|t| t.as_str().to_owned())
+}
+
+const REQUEST_TAG_PREFIX: &str = "omni-request.";
+
+/// The request a VM's tags name (`omni-request.<id>`), if any.
+pub fn tagged_request<'a>(tags: &[&'a str]) -> Option<&'a str> {
+    tags.iter().find_map(|t| {
+        t.get(..REQUEST_TAG_PREFIX.len())
+            .filter(|p| p.eq_ignore_ascii_case(REQUEST_TAG_PREFIX))
+            .map(|_| &t[REQUEST_TAG_PREFIX.len()..])
+            .filter(|id| !id.is_empty())
+    })
 }
 
 /// Slot of the Talos ISO (boot mode `iso`).
@@ -149,12 +177,100 @@ pub fn check_ownership(
     ))
 }
 
+/// Whether the `/cluster/resources` listing alone proves the VM is ours: named after the request and
+/// tagged with both our provider tag and the request tag. Anything less needs the config's marker.
+pub fn owned_by_listing(
+    name: Option<&str>,
+    tags: &[&str],
+    request_id: &str,
+    provider_id: &str,
+) -> bool {
+    let Some(request) = request_tag(request_id) else {
+        return false;
+    };
+    let provider = provider_tag(provider_id);
+    let has = |wanted: &str| tags.iter().any(|t| t.eq_ignore_ascii_case(wanted));
+    name == Some(request_id) && has(&provider) && has(&request)
+}
+
+/// What the `/cluster/resources` listing (name + tags) says about a VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListingVerdict {
+    /// Named after the request, with our provider tag and the request tag: ours, no config read.
+    Ours,
+    /// Not named after the request: neither our marker nor the official provider's naming can make
+    /// it ours, so no config read either.
+    NotOurs(String),
+    /// Named after the request but not tagged conclusively: the config's marker decides.
+    NeedsConfig,
+}
+
+/// Ownership as far as the listing can decide it (see [`ListingVerdict`]).
+pub fn listing_ownership(
+    name: Option<&str>,
+    tags: &[&str],
+    request_id: &str,
+    provider_id: &str,
+) -> ListingVerdict {
+    if owned_by_listing(name, tags, request_id, provider_id) {
+        return ListingVerdict::Ours;
+    }
+    match name {
+        Some(n) if n == request_id => ListingVerdict::NeedsConfig,
+        Some(n) => ListingVerdict::NotOurs(format!("it is named {n:?}, not {request_id:?}")),
+        None => ListingVerdict::NotOurs(format!("it has no name, not {request_id:?}")),
+    }
+}
+
+/// The `uuid=` of an `smbios1` value (`uuid=…,serial=…`).
+pub fn smbios_uuid(smbios1: &str) -> Option<&str> {
+    smbios1
+        .split(',')
+        .find_map(|part| part.trim().strip_prefix("uuid="))
+        .map(str::trim)
+}
+
+/// [`check_ownership`] plus the SMBIOS UUID, for when the config has been read: when the caller
+/// recorded the UUID it gave the VM, a VM with a different (or no) UUID is not the one we made,
+/// whatever its name and description say (a VM cloned from ours by hand carries our marker too).
+pub fn check_ownership_with_uuid(
+    name: &str,
+    tags: &[String],
+    description: &str,
+    smbios1: Option<&str>,
+    expected_uuid: Option<&str>,
+    request_id: &str,
+    provider_id: &str,
+) -> Ownership {
+    let verdict = check_ownership(name, tags, description, request_id, provider_id);
+    let Some(expected) = expected_uuid.map(str::trim).filter(|u| !u.is_empty()) else {
+        return verdict;
+    };
+    if matches!(verdict, Ownership::NotOurs(_)) {
+        return verdict;
+    }
+    match smbios1.and_then(smbios_uuid) {
+        Some(actual) if actual.eq_ignore_ascii_case(expected) => verdict,
+        Some(actual) => Ownership::NotOurs(format!(
+            "its SMBIOS UUID is {actual}, not the recorded {expected}"
+        )),
+        None => Ownership::NotOurs(format!(
+            "it has no SMBIOS UUID, but {expected} was recorded"
+        )),
+    }
+}
+
 fn tags(data: &ProviderData, identity: &VmIdentity<'_>) -> Result<String, RenderError> {
     let mut all = Vec::new();
     if let Some(set) = identity.set_id {
         all.push(Tag::new(set_tag(set)).map_err(RenderError::Tag)?);
     }
     all.push(Tag::new(provider_tag(identity.provider_id)).map_err(RenderError::Tag)?);
+    // Skipped, not an error, for an ID Proxmox would not take as a tag: the marker still identifies
+    // the VM, only the one-listing ownership check is lost.
+    if let Some(request) = request_tag(identity.request_id).and_then(|t| Tag::new(t).ok()) {
+        all.push(request);
+    }
     all.extend(data.tags.iter().cloned());
     Ok(property::tags(&all))
 }
@@ -413,7 +529,10 @@ mod tests {
         let expect = [
             ("vmid", "104"),
             ("name", "req-1"),
-            ("tags", "machine-request.workers;omni-provider.proxmox"),
+            (
+                "tags",
+                "machine-request.workers;omni-provider.proxmox;omni-request.req-1",
+            ),
             ("cores", "2"),
             ("sockets", "1"),
             ("memory", "4096"),
@@ -483,7 +602,7 @@ mod tests {
             ("pool", "omni"),
             (
                 "tags",
-                "machine-request.workers;omni-provider.proxmox;talos",
+                "machine-request.workers;omni-provider.proxmox;omni-request.req-1;talos",
             ),
             (
                 "net0",
@@ -580,7 +699,175 @@ mod tests {
         );
     }
 
+    #[test]
+    fn request_tag_is_a_valid_tag_or_nothing() {
+        assert_eq!(request_tag("req-1").as_deref(), Some("omni-request.req-1"));
+        assert_eq!(request_tag("has space"), None);
+        assert_eq!(request_tag(""), None);
+        assert_eq!(request_tag("a;b"), None);
+        assert_eq!(request_tag(&"x".repeat(200)), None);
+        assert_eq!(
+            tagged_request(&["talos", "omni-request.req-1"]),
+            Some("req-1")
+        );
+        assert_eq!(tagged_request(&["OMNI-REQUEST.req-1"]), Some("req-1"));
+        assert_eq!(tagged_request(&["omni-request."]), None);
+        assert_eq!(tagged_request(&["omni-provider.proxmox"]), None);
+        // A request ID that is not a tag renders without the tag and without an error.
+        let id = VmIdentity {
+            request_id: "odd id",
+            set_id: None,
+            provider_id: "proxmox",
+        };
+        let params = render(&data(""), &id, &target(0)).unwrap();
+        assert_eq!(get(&params, "tags"), Some("omni-provider.proxmox"));
+    }
+
+    #[test]
+    fn ownership_from_the_listing_alone() {
+        let ours = [
+            "machine-request.workers",
+            "omni-provider.proxmox",
+            "omni-request.req-1",
+        ];
+        assert!(owned_by_listing(Some("req-1"), &ours, "req-1", "proxmox"));
+        // Proxmox may show tags in another case than we wrote them.
+        let upper = ["OMNI-PROVIDER.proxmox", "Omni-Request.req-1"];
+        assert!(owned_by_listing(Some("req-1"), &upper, "req-1", "proxmox"));
+        // Anything missing: the listing is not enough, the config decides.
+        assert!(!owned_by_listing(Some("req-2"), &ours, "req-1", "proxmox"));
+        assert!(!owned_by_listing(None, &ours, "req-1", "proxmox"));
+        assert!(!owned_by_listing(
+            Some("req-1"),
+            &ours[..2],
+            "req-1",
+            "proxmox"
+        ));
+        assert!(!owned_by_listing(Some("req-1"), &ours, "req-1", "other"));
+        assert!(!owned_by_listing(
+            Some("req-1"),
+            &["omni-provider.proxmox", "omni-request.req-2"],
+            "req-1",
+            "proxmox"
+        ));
+        // An ID that cannot be a tag never matches through the listing.
+        assert!(!owned_by_listing(
+            Some("a b"),
+            &["omni-provider.proxmox"],
+            "a b",
+            "proxmox"
+        ));
+    }
+
+    #[test]
+    fn listing_verdicts() {
+        let ours = ["omni-provider.proxmox", "omni-request.req-1"];
+        assert_eq!(
+            listing_ownership(Some("req-1"), &ours, "req-1", "proxmox"),
+            ListingVerdict::Ours
+        );
+        // Named after the request, but tags incomplete (older VM, official provider's VM): the
+        // config decides.
+        assert_eq!(
+            listing_ownership(Some("req-1"), &ours[..1], "req-1", "proxmox"),
+            ListingVerdict::NeedsConfig
+        );
+        assert_eq!(
+            listing_ownership(Some("req-1"), &["machine-request.set"], "req-1", "proxmox"),
+            ListingVerdict::NeedsConfig
+        );
+        // A reused VMID: another name, whatever the tags say.
+        assert!(matches!(
+            listing_ownership(Some("web-1"), &ours, "req-1", "proxmox"),
+            ListingVerdict::NotOurs(ref why) if why.contains("web-1")
+        ));
+        assert!(matches!(
+            listing_ownership(None, &[], "req-1", "proxmox"),
+            ListingVerdict::NotOurs(_)
+        ));
+    }
+
+    #[test]
+    fn ownership_with_the_smbios_uuid() {
+        let description = description_marker(&identity());
+        let tags = vec![provider_tag("proxmox")];
+        let uuid = "5c1f0a52-9d3e-4c1b-8f57-0d6f1f4a2b10";
+        let smbios = format!("uuid={uuid},serial=x");
+        let check = |smbios1: Option<&str>, expected: Option<&str>| {
+            check_ownership_with_uuid(
+                "req-1",
+                &tags,
+                &description,
+                smbios1,
+                expected,
+                "req-1",
+                "proxmox",
+            )
+        };
+        assert_eq!(check(Some(&smbios), Some(uuid)), Ownership::Ours);
+        assert_eq!(
+            check(Some(&smbios), Some(&uuid.to_uppercase())),
+            Ownership::Ours
+        );
+        // Nothing recorded: the marker alone decides.
+        assert_eq!(check(None, None), Ownership::Ours);
+        assert_eq!(check(Some(&smbios), Some("")), Ownership::Ours);
+        let other = check(
+            Some("uuid=00000000-0000-0000-0000-000000000001"),
+            Some(uuid),
+        );
+        assert!(
+            matches!(other, Ownership::NotOurs(ref why) if why.contains("SMBIOS")),
+            "{other:?}"
+        );
+        assert!(matches!(check(None, Some(uuid)), Ownership::NotOurs(_)));
+        // A legacy VM with the wrong UUID is not ours either.
+        let legacy = check_ownership_with_uuid(
+            "req-1",
+            &["machine-request.set".to_string()],
+            "",
+            Some("uuid=00000000-0000-0000-0000-000000000001"),
+            Some(uuid),
+            "req-1",
+            "proxmox",
+        );
+        assert!(matches!(legacy, Ownership::NotOurs(_)));
+        let legacy_ok = check_ownership_with_uuid(
+            "req-1",
+            &["machine-request.set".to_string()],
+            "",
+            Some(&smbios),
+            Some(uuid),
+            "req-1",
+            "proxmox",
+        );
+        assert_eq!(legacy_ok, Ownership::Legacy);
+        // A foreign VM stays foreign whatever its UUID.
+        assert!(matches!(
+            check_ownership_with_uuid(
+                "web",
+                &[],
+                "",
+                Some(&smbios),
+                Some(uuid),
+                "req-1",
+                "proxmox"
+            ),
+            Ownership::NotOurs(_)
+        ));
+        assert_eq!(smbios_uuid("serial=a, uuid=abc"), Some("abc"));
+        assert_eq!(smbios_uuid("serial=a"), None);
+    }
+
     proptest! {
+        #[test]
+        fn request_tags_are_tags_or_absent(request in "\\PC{0,60}") {
+            if let Some(tag) = request_tag(&request) {
+                prop_assert!(Tag::new(tag.clone()).is_ok());
+                prop_assert_eq!(tagged_request(&[tag.as_str()]), Some(request.as_str()));
+            }
+        }
+
         #[test]
         fn marker_round_trips(request in "[a-z0-9][a-z0-9-]{0,40}", provider in "[a-z0-9][a-z0-9-]{0,20}") {
             let id = VmIdentity { request_id: &request, set_id: None, provider_id: &provider };

@@ -17,6 +17,7 @@ import json
 import sys
 
 from fakepve.model import PveError
+from fakepve.qemu import volume_ref
 from fakepve.server import FakePve
 
 
@@ -30,6 +31,15 @@ class LauncherPve(FakePve):
         if self.agent_default and vm is not None and vm.agent is None and agent_enabled(vm.config):
             vm.agent = {'interfaces': default_interfaces(vm.vmid)}
         return await super()._agent_call(match, values)
+
+    def _qm_free(self, volid):
+        """Real PVE never frees an ISO image through a VM (destroy skips CD-ROM drives); fakepve 0.5.0
+        frees every drive's volume, which would make "the seed ISO was deleted" pass by itself."""
+        sid, name = volume_ref(volid)
+        vol = self.storages.get(sid, {}).get('volumes', {}).get(name) if sid else None
+        if vol is not None and vol.get('content') in ('iso', 'vztmpl'):
+            return
+        super()._qm_free(volid)
 
 
 def agent_enabled(config):

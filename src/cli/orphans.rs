@@ -1,0 +1,500 @@
+//! `orphans`: what deprovisioning left behind, and (with `--delete`) getting rid of it.
+//!
+//! An orphan is a VM carrying our provider tag whose MachineRequest no longer exists in Omni, or a
+//! seed ISO (`omni-seed-*.iso`) no VM uses. They appear when a VM was made but its state was lost,
+//! when someone removed a request's finalizer by hand, or when a seed ISO delete failed.
+//!
+//! Deciding "no longer exists" needs the live MachineRequests, so the command connects to Omni with
+//! the provider's own flags and refuses to run without them: with no list, every VM would look
+//! orphaned. Deletion goes through [`deprovision`] with its ownership checks (the listing or the
+//! description marker must name the request; official-provider VMs without a marker are never
+//! deleted from here), and nothing is deleted without `--delete`.
+//!
+//! The Proxmox cost of a scan: one listing, one config read per VM of ours on an online node, one
+//! content listing per ISO storage (once for a shared one).
+//!
+//! `--output json` prints `{"orphans": {"vms": [...], "seed_isos": [...], "problems": [...]},
+//! "deletion": null | {"deleted_vms": [...], "deleted_isos": [...], "left_alone": [...], "failures": [...]}}`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::CliResult;
+use super::cluster::OutputFormat;
+use crate::config::ProviderConfig;
+use crate::omni::auth::ProviderKey;
+use crate::omni::client::OmniClient;
+use crate::omni::resources::{Kind, MachineRequest, label};
+use crate::omni::state::LabelSelector;
+use crate::omni::transport::{self, OmniEndpoint, OmniTls};
+use crate::pipeline::deprovision::{
+    ClusterView, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
+    deprovision, find_orphans, iso_volumes_in, our_vms,
+};
+use crate::pipeline::vm_config;
+use crate::proxmox::types::{NodeName, NodeState, VmId};
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::secret::Secret;
+use crate::telemetry::{self, LogFormat};
+
+#[derive(Debug, clap::Args)]
+pub struct OrphansArgs {
+    /// Provider config file with the `proxmox:` connection settings.
+    #[arg(long, env = "CONFIG_FILE")]
+    pub config_file: PathBuf,
+    /// Delete the orphans found (VMs after the ownership checks, then unused seed ISOs).
+    #[arg(long)]
+    pub delete: bool,
+    /// `table` for people, `json` for scripts.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
+    /// Omni API endpoint, e.g. https://omni.example.com: needed to know which requests are live.
+    #[arg(long, env = "OMNI_ENDPOINT")]
+    pub omni_api_endpoint: Option<String>,
+    /// Infra provider key printed by `omnictl infraprovider create <id>`.
+    #[arg(long, env = "OMNI_SERVICE_ACCOUNT_KEY", hide_env_values = true, value_parser = parse_secret)]
+    pub omni_service_account_key: Option<Secret>,
+    /// Provider ID; must match the ID the key was created for.
+    #[arg(long, default_value = "proxmox")]
+    pub id: String,
+    /// PEM file with extra CA certificates to trust for the Omni endpoint.
+    #[arg(long, env = "OMNI_CA_FILE")]
+    pub omni_ca_file: Option<PathBuf>,
+    /// Skip TLS verification of the Omni endpoint.
+    #[arg(long)]
+    pub insecure_skip_verify: bool,
+}
+
+fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
+    Ok(Secret::new(s))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OrphansError {
+    #[error(
+        "orphans needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): without the list of live MachineRequests every VM of ours would look orphaned"
+    )]
+    NoOmni,
+    #[error(
+        "the key was made for provider {key_id:?} but --id is {flag_id:?}; run with --id {key_id}"
+    )]
+    IdMismatch { key_id: String, flag_id: String },
+    #[error("--insecure-skip-verify and --omni-ca-file cannot be used together")]
+    TlsFlags,
+    #[error("cannot list the MachineRequests of provider {provider_id} in Omni: {message}")]
+    Omni {
+        provider_id: String,
+        message: String,
+    },
+    #[error("{0} orphan(s) could not be deleted (see above)")]
+    DeleteFailed(usize),
+}
+
+/// What `--delete` did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DeletionReport {
+    pub deleted_vms: Vec<VmId>,
+    pub deleted_isos: Vec<String>,
+    /// VMs the ownership check refused, with why.
+    pub left_alone: Vec<(VmId, String)>,
+    pub failures: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    orphans: &'a Orphans,
+    deletion: Option<&'a DeletionReport>,
+}
+
+/// The Omni connection from the flags; refuses without one (see the module docs).
+fn omni_endpoint(
+    args: &OrphansArgs,
+) -> Result<(OmniEndpoint, ProviderKey), Box<dyn std::error::Error + Send + Sync>> {
+    let url = args
+        .omni_api_endpoint
+        .clone()
+        .filter(|u| !u.is_empty())
+        .ok_or(OrphansError::NoOmni)?;
+    let key = args
+        .omni_service_account_key
+        .clone()
+        .filter(|k| !k.expose().is_empty())
+        .ok_or(OrphansError::NoOmni)?;
+    let key = ProviderKey::parse(&key)?;
+    if let Some(key_id) = key.provider_id()
+        && key_id != args.id
+    {
+        return Err(OrphansError::IdMismatch {
+            key_id: key_id.to_owned(),
+            flag_id: args.id.clone(),
+        }
+        .into());
+    }
+    let tls = match (&args.omni_ca_file, args.insecure_skip_verify) {
+        (Some(_), true) => return Err(OrphansError::TlsFlags.into()),
+        (Some(p), false) => OmniTls::CaFile(p.clone()),
+        (None, true) => OmniTls::InsecureSkipVerify,
+        (None, false) => OmniTls::WebPki,
+    };
+    Ok((OmniEndpoint { url, tls }, key))
+}
+
+pub async fn run(args: OrphansArgs) -> CliResult {
+    telemetry::init_logging(LogFormat::Text, "warn")?;
+    let (endpoint, key) = omni_endpoint(&args)?;
+    let config = ProviderConfig::load(&args.config_file)?;
+    transport::install_crypto_provider();
+    let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.id)?;
+    let live = live_requests(&omni, &args.id).await?;
+
+    let pve = ProxmoxClient::new(&config.proxmox)?;
+    let orphans = scan(&pve, &args.id, &live).await?;
+    let deletion = if args.delete {
+        let report_line = |line: &str| {
+            if args.output == OutputFormat::Table {
+                println!("{line}");
+            }
+        };
+        Some(delete(&pve, &args.id, &orphans, &report_line).await)
+    } else {
+        None
+    };
+    match args.output {
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&JsonReport {
+                orphans: &orphans,
+                deletion: deletion.as_ref(),
+            })?
+        ),
+        OutputFormat::Table => print!(
+            "{}",
+            render_table(&args.id, &orphans, deletion.as_ref(), live.len())
+        ),
+    }
+    match deletion {
+        Some(d) if !d.failures.is_empty() => {
+            Err(OrphansError::DeleteFailed(d.failures.len()).into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// IDs of the MachineRequests meant for this provider, whatever their phase (one being torn down
+/// is the controller's to finish, not ours).
+async fn live_requests(
+    omni: &OmniClient,
+    provider_id: &str,
+) -> Result<BTreeSet<String>, OrphansError> {
+    let requests = omni
+        .state
+        .list(
+            &MachineRequest,
+            vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id)],
+        )
+        .await
+        .map_err(|e| OrphansError::Omni {
+            provider_id: provider_id.to_owned(),
+            message: super::render_error(&e),
+        })?;
+    tracing::debug!(namespace = %MachineRequest.namespace(), count = requests.len(), "live machine requests");
+    Ok(requests.iter().map(|r| r.id().to_owned()).collect())
+}
+
+/// Lists the orphans: one cluster listing, the configs of our VMs (for the ISOs they use), and the
+/// ISO content of every storage that holds ISOs.
+pub async fn scan(
+    pve: &ProxmoxClient,
+    provider_id: &str,
+    live_requests: &BTreeSet<String>,
+) -> Result<Orphans, ProxmoxError> {
+    let view = ClusterView::new(pve.cluster_resources(None).await?);
+    let online = |n: &NodeName| view.node_state(n) == Some(NodeState::Online);
+    let mut problems = Vec::new();
+
+    let mut used: BTreeMap<VmId, Vec<String>> = BTreeMap::new();
+    for vm in our_vms(&view.vms, provider_id) {
+        if !online(&vm.node) {
+            problems.push(format!(
+                "node {} is not online: cannot read the config of VM {}",
+                vm.node, vm.vmid
+            ));
+            continue;
+        }
+        match pve.vm_config(&vm.node, vm.vmid).await {
+            Ok(config) => {
+                used.insert(vm.vmid, iso_volumes_in(&config));
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid)),
+        }
+    }
+
+    let mut isos = Vec::new();
+    let mut shared_done = BTreeSet::new();
+    let mut offline_nodes = BTreeSet::new();
+    for storage in &view.storages {
+        let holds_iso = storage
+            .content
+            .as_deref()
+            .is_some_and(|c| c.split(',').any(|c| c.trim() == "iso"));
+        if !holds_iso || (storage.shared && shared_done.contains(&storage.storage)) {
+            continue;
+        }
+        if !online(&storage.node) {
+            offline_nodes.insert(storage.node.clone());
+            continue;
+        }
+        match pve
+            .storage_content(&storage.node, &storage.storage, Some("iso"))
+            .await
+        {
+            Ok(volumes) => {
+                if storage.shared {
+                    shared_done.insert(storage.storage.clone());
+                }
+                isos.extend(volumes.into_iter().map(|volume| FoundIso {
+                    node: storage.node.clone(),
+                    storage: storage.storage.clone(),
+                    volume,
+                }));
+            }
+            Err(e) => problems.push(format!(
+                "cannot list storage {} on {}: {e}",
+                storage.storage, storage.node
+            )),
+        }
+    }
+    for node in offline_nodes {
+        problems.push(format!(
+            "node {node} is not online: its ISO storages were not searched"
+        ));
+    }
+    let mut orphans = find_orphans(&view.vms, live_requests, provider_id, &isos, &used);
+    orphans.problems = problems;
+    Ok(orphans)
+}
+
+/// Deletes what [`scan`] found: VMs through [`deprovision`] (ownership checked again, official
+/// provider VMs refused), then seed ISOs. Failures are collected, not fatal.
+pub async fn delete(
+    pve: &ProxmoxClient,
+    provider_id: &str,
+    orphans: &Orphans,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> DeletionReport {
+    let mut report = DeletionReport::default();
+    let options = DeprovisionOptions {
+        accept_legacy: false,
+        ..DeprovisionOptions::default()
+    };
+    for vm in &orphans.vms {
+        let Some(request_id) = vm.request_id.clone() else {
+            report
+                .left_alone
+                .push((vm.vmid, "it names no request".into()));
+            continue;
+        };
+        let mut seeds = vm.seed_isos.iter();
+        let target = DeprovisionTarget {
+            request_id,
+            provider_id: provider_id.to_owned(),
+            vmid: Some(vm.vmid),
+            recorded_node: Some(vm.node.clone()),
+            smbios_uuid: None,
+            seed_iso_volume: seeds.next().cloned(),
+            seed_iso_node: Some(vm.node.clone()),
+        };
+        match deprovision(pve, &target, &options, progress).await {
+            Ok(DeprovisionOutcome::Deleted { vmid, .. }) => {
+                report.deleted_vms.push(vmid);
+                report.deleted_isos.extend(target.seed_iso_volume);
+            }
+            Ok(DeprovisionOutcome::NotOurs { vmid, reason }) => {
+                report.left_alone.push((vmid, reason));
+                continue;
+            }
+            Ok(DeprovisionOutcome::AlreadyGone | DeprovisionOutcome::NothingRecorded) => {
+                report.deleted_isos.extend(target.seed_iso_volume);
+            }
+            Err(e) => {
+                report.failures.push(format!("VM {}: {e}", vm.vmid));
+                continue;
+            }
+        }
+        for volume in seeds {
+            delete_iso(pve, &vm.node, volume, progress, &mut report).await;
+        }
+    }
+    for iso in &orphans.seed_isos {
+        delete_iso(pve, &iso.node, &iso.volume, progress, &mut report).await;
+    }
+    report
+}
+
+async fn delete_iso(
+    pve: &ProxmoxClient,
+    node: &NodeName,
+    volume: &str,
+    progress: &(dyn Fn(&str) + Send + Sync),
+    report: &mut DeletionReport,
+) {
+    let storage = volume.split(':').next().unwrap_or_default();
+    progress(&format!("deleting seed ISO {volume} on {node}"));
+    let result = match pve.delete_volume(node, storage, volume).await {
+        Ok(Some(upid)) => pve
+            .wait_for_task(&upid, DeprovisionOptions::default().task_timeout)
+            .await
+            .map(|_| ()),
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => report.deleted_isos.push(volume.to_owned()),
+        Err(e) if e.is_not_found() => {}
+        Err(e) => report
+            .failures
+            .push(format!("seed ISO {volume} on {node}: {e}")),
+    }
+}
+
+fn render_table(
+    provider_id: &str,
+    orphans: &Orphans,
+    deletion: Option<&DeletionReport>,
+    live: usize,
+) -> String {
+    let mut out = String::new();
+    let tag = vm_config::provider_tag(provider_id);
+    let _ = writeln!(
+        out,
+        "{live} live MachineRequest(s) for provider {provider_id}."
+    );
+    if orphans.vms.is_empty() {
+        let _ = writeln!(out, "No orphan VMs (tag {tag}).");
+    } else {
+        let _ = writeln!(
+            out,
+            "VMs tagged {tag} whose MachineRequest is gone:\n{:<10} {:<12} {:<10} {:<32} REQUEST",
+            "VMID", "NODE", "STATUS", "NAME"
+        );
+        for vm in &orphans.vms {
+            let _ = writeln!(
+                out,
+                "{:<10} {:<12} {:<10} {:<32} {}",
+                vm.vmid.to_string(),
+                vm.node.to_string(),
+                vm.status.as_deref().unwrap_or("-"),
+                vm.name.as_deref().unwrap_or("-"),
+                vm.request_id.as_deref().unwrap_or("-")
+            );
+        }
+    }
+    if orphans.seed_isos.is_empty() {
+        let _ = writeln!(out, "No orphan seed ISOs.");
+    } else {
+        let _ = writeln!(
+            out,
+            "Seed ISOs no VM uses:\n{:<12} {:<12} VOLUME",
+            "NODE", "SIZE"
+        );
+        for iso in &orphans.seed_isos {
+            let _ = writeln!(
+                out,
+                "{:<12} {:<12} {}",
+                iso.node.to_string(),
+                iso.size
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                iso.volume
+            );
+        }
+    }
+    for problem in &orphans.problems {
+        let _ = writeln!(out, "not checked: {problem}");
+    }
+    match deletion {
+        None if !orphans.vms.is_empty() || !orphans.seed_isos.is_empty() => {
+            let _ = writeln!(out, "Run again with --delete to delete them.");
+        }
+        None => {}
+        Some(d) => {
+            let _ = writeln!(
+                out,
+                "Deleted {} VM(s) and {} ISO(s).",
+                d.deleted_vms.len(),
+                d.deleted_isos.len()
+            );
+            for (vmid, why) in &d.left_alone {
+                let _ = writeln!(out, "left VM {vmid} alone: {why}");
+            }
+            for failure in &d.failures {
+                let _ = writeln!(out, "failed: {failure}");
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::deprovision::{OrphanIso, OrphanVm};
+
+    #[test]
+    fn refuses_without_omni() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: OrphansArgs,
+        }
+        let cli = Cli::try_parse_from(["x", "--config-file", "c.yaml", "--delete"]).unwrap();
+        let err = omni_endpoint(&cli.args).unwrap_err().to_string();
+        assert!(
+            err.contains("--omni-api-endpoint") && err.contains("live MachineRequests"),
+            "{err}"
+        );
+        let cli = Cli::try_parse_from([
+            "x",
+            "--config-file",
+            "c.yaml",
+            "--omni-api-endpoint",
+            "https://omni.example.com",
+        ])
+        .unwrap();
+        assert!(omni_endpoint(&cli.args).is_err(), "a key is needed too");
+    }
+
+    #[test]
+    fn table_lists_orphans_and_says_how_to_delete() {
+        let orphans = Orphans {
+            vms: vec![OrphanVm {
+                vmid: VmId::new(141).unwrap(),
+                node: NodeName::new("pve2").unwrap(),
+                name: Some("req-dead".into()),
+                request_id: Some("req-dead".into()),
+                status: Some("running".into()),
+                seed_isos: vec![],
+            }],
+            seed_isos: vec![OrphanIso {
+                volume: "local:iso/omni-seed-x.iso".into(),
+                storage: "local".into(),
+                node: NodeName::new("pve3").unwrap(),
+                size: Some(2048),
+            }],
+            problems: vec!["node pve4 is not online: its ISO storages were not searched".into()],
+        };
+        let text = render_table("proxmox", &orphans, None, 1);
+        assert!(text.contains("141") && text.contains("req-dead"), "{text}");
+        assert!(text.contains("local:iso/omni-seed-x.iso"), "{text}");
+        assert!(text.contains("not checked: node pve4"), "{text}");
+        assert!(text.contains("--delete"), "{text}");
+        let empty = render_table("proxmox", &Orphans::default(), None, 0);
+        assert!(!empty.contains("--delete"), "{empty}");
+    }
+}
