@@ -184,12 +184,37 @@ pub async fn run(args: RunArgs) -> CliResult {
     transport::install_crypto_provider();
     let settings = Settings::from_args(&args)?;
     let pve = ProxmoxClient::new(&settings.config.proxmox)?;
-    let check = pve.clone();
-    let health_check = health::health_check(move || {
-        let pve = check.clone();
-        async move { pve.health().await }
-    });
+    let health_check = proxmox_health(pve.clone(), settings.health_interval);
     run_with(settings, pve, health_check, shutdown_signal()).await
+}
+
+/// The heartbeat's health check: the last result of a Proxmox check that runs on its own schedule,
+/// so a slow or unreachable Proxmox never delays a heartbeat (Omni marks a provider disconnected
+/// after 31 s without one).
+fn proxmox_health(pve: ProxmoxClient, interval: Duration) -> HealthCheck {
+    let last: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let writer = last.clone();
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let result = match tokio::time::timeout(
+                interval.max(Duration::from_secs(5)),
+                pve.health(),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Some(format!("Proxmox API at {} does not answer", pve.api_url())),
+            };
+            *writer.lock().unwrap_or_else(|p| p.into_inner()) = result;
+        }
+    });
+    health::health_check(move || {
+        let last = last.clone();
+        async move { last.lock().unwrap_or_else(|p| p.into_inner()).clone() }
+    })
 }
 
 /// The provider proper, with the health check and shutdown trigger injected (the Proxmox check

@@ -97,6 +97,14 @@ impl Provisioner {
             .await
             .map_err(omni("reading the machine request"))?
         else {
+            let machine = self
+                .state
+                .find(&ProviderMachine::new(self.provider_id()), id)
+                .await
+                .map_err(omni("reading the provider state"))?;
+            if machine.is_some() {
+                return super::teardown::clean_up_orphaned_state(self, id).await;
+            }
             self.forget(id);
             return Ok(Action::Done);
         };

@@ -16,6 +16,7 @@ use tracing::Instrument;
 use super::provision::{Action, Provisioner};
 use super::requests::{self, RequestQueueEvent};
 use super::workqueue::WorkQueue;
+use crate::omni::resources::ProviderMachine;
 
 /// First retry delay after a failure; doubles per consecutive failure up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -47,6 +48,7 @@ impl Controller {
             &self.provisioner.state,
             &self.provisioner.services.provider_id,
         );
+        self.enqueue_existing_state().await;
         let workers: Vec<_> = (0..self.concurrency)
             .map(|n| {
                 let me = self.clone();
@@ -76,13 +78,30 @@ impl Controller {
         }
     }
 
+    /// Provider state whose request may be gone (deleted while we were not running) gets a reconcile
+    /// too; requests themselves arrive through the watch.
+    async fn enqueue_existing_state(&self) {
+        let kind = ProviderMachine::new(&self.provisioner.services.provider_id);
+        match self.provisioner.state.list(&kind, vec![]).await {
+            Ok(machines) => {
+                for m in machines {
+                    self.queue.add(m.id().to_owned());
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list provider state at start; orphaned state is cleaned up when its request is seen")
+            }
+        }
+    }
+
     fn on_event(&self, ev: RequestQueueEvent) {
         match ev {
             RequestQueueEvent::Changed(r) => self.queue.add(r.id().to_owned()),
+            // Normally our finalizer kept it until we cleaned up; if it was removed by force, the
+            // reconcile finds the provider state without a request and deletes the VM.
             RequestQueueEvent::Destroyed { id } => {
-                self.queue.forget(&id);
-                self.provisioner.forget(&id);
                 self.reset(&id);
+                self.queue.add(id);
             }
             RequestQueueEvent::Synced => tracing::debug!("machine requests listed"),
             RequestQueueEvent::Resync => {

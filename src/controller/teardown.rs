@@ -1,14 +1,31 @@
-//! Tearing a MachineRequest down (reference §3.6), in Omni's order: our config patch requests, the
-//! MachineRequestStatus (waiting for Omni's own finalizers), the VM, the provider state, and last our
-//! finalizer on the request. Unlike the Go library, a missing provider state does not stop the
-//! teardown forever: there is simply nothing to deprovision.
+//! Tearing a MachineRequest down (reference §3.6): the MachineRequestStatus is torn down first and we
+//! wait until Omni's own finalizer on it is gone (the machine has left its cluster), then the VM is
+//! deprovisioned, then the status and the provider state are destroyed, and last our finalizer leaves
+//! the request so Omni can delete it.
+//!
+//! Different from the Go library, on purpose:
+//! - The status is destroyed *after* the VM is gone, not before, so while the VM is being shut down
+//!   and deleted Omni still shows what is happening, and why it is stuck if it is (an offline node).
+//! - A missing provider state does not stop the teardown forever (reference §8 item 5a): there is
+//!   simply no VM to delete.
+//! - Deprovision finds the VM where it is now and proves it is ours before touching it
+//!   ([`crate::pipeline::deprovision`]); a VMID taken over by someone else's VM is left alone.
+//!
+//! The same path cleans up provider state whose MachineRequest is gone (reference §3.7): at start
+//! every state is reconciled, and one without a request is deprovisioned and destroyed.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::provision::{Action, Provisioner, ReconcileError};
+use crate::omni::proto::provider::MachineSpec;
 use crate::omni::proto::specs::MachineRequestSpec;
 use crate::omni::resources::{MachineRequest, MachineRequestStatus, ProviderMachine};
 use crate::omni::state::{ResourceRef, StateError, Typed};
+use crate::pipeline::deprovision::{
+    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, deprovision,
+};
+use crate::proxmox::types::{NodeName, VmId};
 
 /// How often to look again while Omni still holds a finalizer on something we tore down.
 pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(2);
@@ -19,27 +36,26 @@ pub async fn run(
 ) -> Result<Action, ReconcileError> {
     let id = request.id();
     if !request.has_finalizer(&p.owner) {
-        // Not ours to clean up (never reconciled, or done already).
+        // Never reconciled by us, or already released: nothing of ours to clean up.
         p.forget(id);
         return Ok(Action::Done);
     }
-    // The status first: Omni holds it until the machine left its cluster and its Link is gone.
     let status_ref = ResourceRef::of(&MachineRequestStatus, id);
-    if !teardown_and_destroy(p, &status_ref).await? {
-        return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
-    }
-    let machine_kind = ProviderMachine::new(p.provider_id());
-    let machine = p
-        .state
-        .find(&machine_kind, id)
-        .await
-        .map_err(|e| teardown_error("reading the provider state", e))?;
-    if let Some(machine) = &machine {
-        deprovision_vm(p, id, &machine.spec).await?;
-        let machine_ref = ResourceRef::of(&machine_kind, id);
-        if !teardown_and_destroy(p, &machine_ref).await? {
-            return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
-        }
+    let status_exists = match p.state.teardown(&status_ref, &p.owner).await {
+        Ok(true) => true,
+        Ok(false) => return Ok(Action::RequeueAfter(WAIT_FOR_OMNI)),
+        Err(e) if e.is_not_found() => false,
+        Err(e) => return Err(teardown_error("tearing down the machine request status", e)),
+    };
+    let labels: BTreeMap<String, String> = request
+        .metadata
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    remove_vm_and_state(p, id, status_exists.then_some(&labels)).await?;
+    if status_exists {
+        destroy(p, &status_ref).await?;
     }
     p.state
         .remove_finalizer(&ResourceRef::of(&MachineRequest, id), &p.owner)
@@ -47,23 +63,133 @@ pub async fn run(
         .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })
         .map_err(|e| teardown_error("removing our finalizer from the machine request", e))?;
     p.forget(id);
+    p.services.metrics.deprovision("success");
     tracing::info!(request = %id, "machine request torn down");
     Ok(Action::Done)
 }
 
-/// Tears down then destroys; `false` while someone else's finalizer is still on it. Gone = done.
-async fn teardown_and_destroy(p: &Provisioner, what: &ResourceRef) -> Result<bool, ReconcileError> {
-    match p.state.teardown(what, &p.owner).await {
-        Ok(true) => {}
-        Ok(false) => return Ok(false),
-        Err(e) if e.is_not_found() => return Ok(true),
-        Err(e) => return Err(teardown_error("tearing down", e)),
+/// Provider state left without a MachineRequest (deleted while we were not running, or forcibly):
+/// delete its VM by the same rules, then the state.
+pub async fn clean_up_orphaned_state(p: &Provisioner, id: &str) -> Result<Action, ReconcileError> {
+    tracing::info!(request = %id, "provider state without a machine request: deleting its VM");
+    remove_vm_and_state(p, id, None).await?;
+    p.forget(id);
+    Ok(Action::Done)
+}
+
+/// Deprovisions the VM recorded in the provider state (if any), then destroys the state.
+/// `status_labels`: the status still exists, so progress and errors are written there.
+async fn remove_vm_and_state(
+    p: &Provisioner,
+    id: &str,
+    status_labels: Option<&BTreeMap<String, String>>,
+) -> Result<(), ReconcileError> {
+    let machine_kind = ProviderMachine::new(p.provider_id());
+    let machine = p
+        .state
+        .find(&machine_kind, id)
+        .await
+        .map_err(|e| teardown_error("reading the provider state", e))?;
+    let Some(machine) = machine else {
+        return Ok(());
+    };
+    if let Err(e) = deprovision_vm(p, id, &machine.spec, status_labels).await {
+        p.services.metrics.deprovision("failure");
+        if let Some(labels) = status_labels {
+            let text = e.to_string();
+            let _ = p
+                .write_status(id, labels, |s| {
+                    s.status = "Deprovisioning: retrying".into();
+                    s.error = text.clone();
+                })
+                .await;
+        }
+        return Err(e);
     }
+    let machine_ref = ResourceRef::of(&machine_kind, id);
+    match p.state.teardown(&machine_ref, &p.owner).await {
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => return Ok(()),
+        Err(e) => return Err(teardown_error("tearing down the provider state", e)),
+    }
+    destroy(p, &machine_ref).await
+}
+
+async fn deprovision_vm(
+    p: &Provisioner,
+    id: &str,
+    spec: &MachineSpec,
+    status_labels: Option<&BTreeMap<String, String>>,
+) -> Result<(), ReconcileError> {
+    let target = target(id, p.provider_id(), spec);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let progress = move |text: &str| {
+        tracing::info!(request = %id, "{text}");
+        let _ = tx.send(text.to_owned());
+    };
+    let options = DeprovisionOptions {
+        wait_for_seed_iso: true,
+        ..DeprovisionOptions::default()
+    };
+    let work = async {
+        let result = deprovision(&p.services.pve, &target, &options, &progress).await;
+        drop(progress);
+        result
+    };
+    let show = async {
+        while let Some(text) = rx.recv().await {
+            if let Some(labels) = status_labels {
+                let _ = p
+                    .write_status(id, labels, |s| s.status = format!("Deprovisioning: {text}"))
+                    .await;
+            }
+        }
+    };
+    let (result, ()) = tokio::join!(work, show);
+    match result {
+        Ok(DeprovisionOutcome::Deleted { node, vmid }) => {
+            tracing::info!(request = %id, %vmid, %node, "VM deleted");
+        }
+        Ok(DeprovisionOutcome::NotOurs { vmid, reason }) => {
+            tracing::warn!(request = %id, %vmid, %reason, "VMID now belongs to another VM; ours is gone, theirs was left alone");
+        }
+        Ok(DeprovisionOutcome::AlreadyGone) => {
+            tracing::info!(request = %id, "VM already gone");
+        }
+        Ok(DeprovisionOutcome::NothingRecorded) => {
+            tracing::info!(request = %id, "no VM was ever created for this request");
+        }
+        Err(e) => {
+            return Err(ReconcileError::Teardown(format!("deprovisioning: {e}")));
+        }
+    }
+    Ok(())
+}
+
+/// Pure: what the provider state says about the VM (ours, or the Go provider's `vmid` + `node`).
+pub fn target(id: &str, provider_id: &str, spec: &MachineSpec) -> DeprovisionTarget {
+    let vmid = [spec.vmid, spec.reserved_vmid]
+        .into_iter()
+        .find(|v| *v > 0)
+        .and_then(|v| u32::try_from(v).ok())
+        .and_then(|v| VmId::new(v).ok());
+    let node = NodeName::new(spec.node.clone()).ok();
+    DeprovisionTarget {
+        request_id: id.to_owned(),
+        provider_id: provider_id.to_owned(),
+        vmid,
+        recorded_node: node.clone(),
+        smbios_uuid: (!spec.uuid.is_empty()).then(|| spec.uuid.clone()),
+        seed_iso_volume: (!spec.seed_iso_volume.is_empty()).then(|| spec.seed_iso_volume.clone()),
+        seed_iso_node: node,
+    }
+}
+
+/// Destroys a torn-down resource; gone already is fine, a finalizer that is still there is retried.
+async fn destroy(p: &Provisioner, what: &ResourceRef) -> Result<(), ReconcileError> {
     match p.state.destroy(what, &p.owner).await {
-        Ok(()) => Ok(true),
-        Err(e) if e.is_not_found() => Ok(true),
-        // A finalizer arrived between teardown and destroy.
-        Err(e) if e.is_conflict() => Ok(false),
+        Ok(()) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(teardown_error("destroying", e)),
     }
 }
@@ -72,12 +198,29 @@ fn teardown_error(doing: &str, e: StateError) -> ReconcileError {
     ReconcileError::Teardown(format!("{doing}: {e}"))
 }
 
-async fn deprovision_vm(
-    _p: &Provisioner,
-    _id: &str,
-    _spec: &crate::omni::proto::provider::MachineSpec,
-) -> Result<(), ReconcileError> {
-    Err(ReconcileError::Teardown(
-        "deprovisioning is being wired in".into(),
-    ))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_from_go_provider_state() {
+        let spec = MachineSpec {
+            vmid: 104,
+            node: "pve2".into(),
+            ..Default::default()
+        };
+        let t = target("req-1", "proxmox", &spec);
+        assert_eq!(t.vmid.map(VmId::get), Some(104));
+        assert_eq!(t.recorded_node.as_ref().map(NodeName::as_str), Some("pve2"));
+        assert!(t.smbios_uuid.is_none() && t.seed_iso_volume.is_none());
+        let reserved_only = MachineSpec {
+            reserved_vmid: 120,
+            ..Default::default()
+        };
+        assert_eq!(
+            target("r", "p", &reserved_only).vmid.map(VmId::get),
+            Some(120)
+        );
+        assert!(target("r", "p", &MachineSpec::default()).vmid.is_none());
+    }
 }

@@ -32,7 +32,7 @@ pub const DEFAULT_IP_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Tag prefixes the provider sets itself; user tags may not use them (placement and ownership checks
 /// count them).
-pub const RESERVED_TAG_PREFIXES: &[&str] = &["machine-request.", "omni-provider."];
+pub const RESERVED_TAG_PREFIXES: &[&str] = &["machine-request.", "omni-provider.", "omni-request."];
 
 /// One thing wrong with the provider data.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,6 +3,8 @@
 
 pub mod certs;
 pub mod fakepve;
+pub mod harness;
+pub mod omni;
 
 use std::time::{Duration, Instant};
 

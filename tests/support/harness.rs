@@ -1,0 +1,147 @@
+//! The provider in-process against the in-memory Omni (real gRPC) and fakepve (real HTTPS): the
+//! harness for end-to-end tests of provisioning and teardown.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use omni_infra_provider_proxmox::config::ProviderConfig;
+use omni_infra_provider_proxmox::controller::provision::Provisioner;
+use omni_infra_provider_proxmox::controller::runner::Controller;
+use omni_infra_provider_proxmox::omni::join::JoinMode;
+use omni_infra_provider_proxmox::omni::proto::specs::{
+    MachineRequestSpec, MachineRequestStatusSpec, machine_request_status_spec::Stage,
+};
+use omni_infra_provider_proxmox::omni::resources::{MachineRequestStatus, ProviderMachine};
+use omni_infra_provider_proxmox::omni::state::Typed;
+use omni_infra_provider_proxmox::pipeline::provider_data::ProviderDataSchema;
+use omni_infra_provider_proxmox::pipeline::step::{Services, Timeouts};
+use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::fakepve::{FakePve, Login, Trust, three_node_scenario};
+use super::omni as omni_support;
+
+pub const PROVIDER: &str = "proxmox";
+pub const WAIT: Duration = Duration::from_secs(60);
+
+pub struct Harness {
+    pub pve: FakePve,
+    pub omni: omni_support::Omni,
+    stop: Option<watch::Sender<bool>>,
+    running: Option<tokio::task::JoinHandle<()>>,
+    pub config: ProviderConfig,
+}
+
+impl Harness {
+    pub async fn start(extra_config: &str) -> Option<Harness> {
+        let pve = FakePve::start(three_node_scenario(), 0.0)?;
+        let omni = omni_support::Omni::start(PROVIDER).await;
+        let config = ProviderConfig::parse(&format!(
+            "{}{extra_config}",
+            pve.config_yaml(Login::Token, Trust::CaFile)
+        ))
+        .unwrap();
+        let mut h = Harness {
+            pve,
+            omni,
+            stop: None,
+            running: None,
+            config,
+        };
+        h.start_controller();
+        Some(h)
+    }
+
+    pub fn start_controller(&mut self) {
+        let client = self.omni.client(PROVIDER);
+        let services = Arc::new(Services {
+            provider_id: PROVIDER.into(),
+            pve: ProxmoxClient::new(&self.config.proxmox).unwrap(),
+            management: client.management.clone(),
+            config: self.config.clone(),
+            schema: ProviderDataSchema::new().unwrap(),
+            reservations: Default::default(),
+            vmids_in_flight: Default::default(),
+            image_locks: Default::default(),
+            image_factory_url: "https://factory.talos.dev".into(),
+            factory_http: omni_infra_provider_proxmox::pipeline::image_factory::http_client()
+                .unwrap(),
+            timeouts: Timeouts {
+                agent_poll: Duration::from_millis(50),
+                ..Timeouts::default()
+            },
+            metrics: Default::default(),
+        });
+        let provisioner = Arc::new(Provisioner::new(
+            services,
+            client.state.clone(),
+            JoinMode::V2,
+        ));
+        let controller = Controller::new(provisioner, 4);
+        let (tx, rx) = watch::channel(false);
+        self.running = Some(tokio::spawn(controller.run(rx)));
+        self.stop = Some(tx);
+    }
+
+    pub async fn stop_controller(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(true);
+        }
+        if let Some(h) = self.running.take() {
+            h.await.unwrap();
+        }
+    }
+
+    pub fn request(&self, id: &str, set: &str, provider_data: &str) {
+        let spec = MachineRequestSpec {
+            talos_version: "v1.11.3".into(),
+            extensions: vec!["siderolabs/iscsi-tools".into()],
+            provider_data: provider_data.into(),
+            ..Default::default()
+        };
+        self.omni
+            .state
+            .create_machine_request(id, PROVIDER, set, &spec);
+    }
+
+    pub fn status(&self, id: &str) -> Option<Typed<MachineRequestStatusSpec>> {
+        self.omni.state.get(&MachineRequestStatus, id)
+    }
+
+    pub async fn wait_stage(&self, id: &str, stage: Stage) -> Typed<MachineRequestStatusSpec> {
+        let ok = self
+            .omni
+            .state
+            .wait_for(WAIT, |s| {
+                s.get(&MachineRequestStatus, id)
+                    .is_some_and(|st| st.spec.stage == stage as i32)
+            })
+            .await;
+        let status = self.status(id);
+        assert!(ok, "{id} did not reach {stage:?}; status: {status:?}");
+        status.unwrap()
+    }
+
+    /// The VMs fakepve holds for request `id` (by name).
+    pub fn vms_named(&mut self, id: &str) -> Vec<Value> {
+        let vms = self.pve.control(json!({"op": "vms"}));
+        vms.as_array()
+            .unwrap()
+            .iter()
+            .filter(|vm| vm["name"] == json!(id))
+            .cloned()
+            .collect()
+    }
+
+    pub fn machine_state(
+        &self,
+        id: &str,
+    ) -> Typed<omni_infra_provider_proxmox::omni::proto::provider::MachineSpec> {
+        self.omni
+            .state
+            .get(&ProviderMachine::new(PROVIDER), id)
+            .unwrap()
+    }
+}

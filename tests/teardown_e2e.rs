@@ -1,0 +1,257 @@
+//! Teardown end to end: Omni tears a MachineRequest down, the real controller deletes the VM where it
+//! is now, only if it is ours, and releases the request, whatever state things are in.
+
+mod support;
+
+use std::time::Duration;
+
+use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
+use omni_infra_provider_proxmox::omni::resources::{
+    MachineRequest, MachineRequestStatus, ProviderMachine,
+};
+use serde_json::{Value, json};
+use support::harness::{Harness, PROVIDER, WAIT};
+
+const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
+
+impl Harness {
+    /// Provisions `id` pinned to pve2 and returns its VMID.
+    async fn provisioned(&mut self, id: &str) -> u64 {
+        self.request(id, "teardown", PINNED_PVE2);
+        self.wait_stage(id, Stage::Provisioned).await;
+        let vms = self.vms_named(id);
+        assert_eq!(vms.len(), 1);
+        vms[0]["vmid"].as_u64().unwrap()
+    }
+
+    /// Omni starts tearing the request down.
+    fn tear_down(&self, id: &str) {
+        assert!(self.omni.state.teardown(&MachineRequest, id));
+    }
+
+    /// Waits until Omni could delete the request (our finalizer gone) and deletes it, as Omni does.
+    async fn wait_released(&self, id: &str) {
+        let state = self.omni.state.clone();
+        let released = self
+            .omni
+            .state
+            .wait_for(WAIT, |s| {
+                s.collect_torn_down(&MachineRequest);
+                s.get(&MachineRequest, id).is_none()
+            })
+            .await;
+        let status = state.get(&MachineRequestStatus, id);
+        assert!(released, "{id} was not released; status: {status:?}");
+        assert!(
+            state.get(&MachineRequestStatus, id).is_none(),
+            "status destroyed"
+        );
+        assert!(
+            state.get(&ProviderMachine::new(PROVIDER), id).is_none(),
+            "provider state destroyed"
+        );
+    }
+
+    fn vm(&mut self, vmid: u64) -> Value {
+        self.pve.vm(vmid as u32)
+    }
+
+    fn volumes(&mut self, storage: &str) -> String {
+        self.pve
+            .control(json!({"op": "storage_volumes", "storage": storage}))
+            .to_string()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teardown_deletes_vm_disks_and_seed_and_releases_the_request() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let vmid = h.provisioned("td-1").await;
+    assert!(h.volumes("local").contains("omni-seed-td-1.iso"));
+    assert!(h.volumes("local-lvm").contains(&format!("vm-{vmid}-disk")));
+    h.tear_down("td-1");
+    h.wait_released("td-1").await;
+    assert!(h.vm(vmid).is_null(), "VM deleted");
+    assert!(
+        !h.volumes("local-lvm").contains(&format!("vm-{vmid}-disk")),
+        "disks deleted"
+    );
+    assert!(
+        !h.volumes("local").contains("omni-seed-td-1.iso"),
+        "seed ISO deleted"
+    );
+    let requests = h.pve.requests();
+    assert!(
+        requests
+            .iter()
+            .any(|(m, p)| m == "POST" && p.ends_with(&format!("/qemu/{vmid}/status/shutdown"))),
+        "graceful shutdown first: {requests:?}"
+    );
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrated_vm_is_deleted_where_it_is_now() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let vmid = h.provisioned("td-migrated").await;
+    h.pve
+        .control(json!({"op": "migrate", "vmid": vmid, "target": "pve3"}));
+    assert_eq!(h.vm(vmid)["node"], json!("pve3"));
+    h.tear_down("td-migrated");
+    h.wait_released("td-migrated").await;
+    assert!(h.vm(vmid).is_null());
+    let deletes: Vec<_> = h
+        .pve
+        .requests()
+        .into_iter()
+        .filter(|(m, p)| m == "DELETE" && p.contains(&format!("/qemu/{vmid}")))
+        .collect();
+    assert!(
+        deletes.iter().all(|(_, p)| p.contains("/nodes/pve3/")),
+        "{deletes:?}"
+    );
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_vmid_is_left_alone_and_the_request_still_finishes() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let vmid = h.provisioned("td-reused").await;
+    // Someone deletes our VM by hand and creates their own with the same VMID.
+    h.pve.control(json!({"op": "remove_vm", "vmid": vmid}));
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": vmid, "name": "important-database", "node": "pve2",
+                         "status": "running", "config": {"memory": 8192, "tags": "prod"}}),
+    );
+    h.tear_down("td-reused");
+    h.wait_released("td-reused").await;
+    let theirs = h.vm(vmid);
+    assert_eq!(theirs["name"], json!("important-database"));
+    assert_eq!(theirs["status"], json!("running"), "not even shut down");
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_vm_never_created_vm_and_missing_state_all_finish() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    // Deleted by hand.
+    let vmid = h.provisioned("td-gone").await;
+    h.pve.control(json!({"op": "remove_vm", "vmid": vmid}));
+    h.tear_down("td-gone");
+    h.wait_released("td-gone").await;
+
+    // Never created: bad provider data stopped it before any VM.
+    h.request("td-never", "teardown", "cores: 0\n");
+    h.wait_stage("td-never", Stage::Failed).await;
+    h.tear_down("td-never");
+    h.wait_released("td-never").await;
+
+    // The provider state resource is missing (the Go library hangs here forever).
+    h.provisioned("td-nostate").await;
+    assert!(
+        h.omni
+            .state
+            .remove(&ProviderMachine::new(PROVIDER), "td-nostate")
+    );
+    h.tear_down("td-nostate");
+    h.wait_released("td-nostate").await;
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_node_keeps_the_request_waiting_with_a_readable_error() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let vmid = h.provisioned("td-offline").await;
+    h.pve
+        .control(json!({"op": "set_node_offline", "node": "pve2"}));
+    h.tear_down("td-offline");
+    let shown = h
+        .omni
+        .state
+        .wait_for(WAIT, |s| {
+            s.get(&MachineRequestStatus, "td-offline")
+                .is_some_and(|st| st.spec.error.contains("pve2"))
+        })
+        .await;
+    let status = h.status("td-offline");
+    assert!(shown, "{status:?}");
+    let error = status.unwrap().spec.error;
+    assert!(
+        error.contains("offline") || error.contains("No route"),
+        "{error}"
+    );
+    assert!(
+        h.omni.state.get(&MachineRequest, "td-offline").is_some(),
+        "still held"
+    );
+    assert!(
+        !h.vm(vmid).is_null(),
+        "never marked done while the VM may exist"
+    );
+
+    h.pve
+        .control(json!({"op": "set_node_offline", "node": "pve2", "offline": false}));
+    h.wait_released("td-offline").await;
+    assert!(h.vm(vmid).is_null());
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_destroy_task_is_retried() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let vmid = h.provisioned("td-retry").await;
+    h.pve.control(
+        json!({"op": "fail", "method": "DELETE", "suffix": format!("/nodes/pve2/qemu/{vmid}"),
+                         "error": "failed_remove_config_file", "times": 1}),
+    );
+    h.tear_down("td-retry");
+    h.wait_released("td-retry").await;
+    assert!(h.vm(vmid).is_null());
+    let destroys = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "DELETE" && p.ends_with(&format!("/qemu/{vmid}")))
+        .count();
+    assert_eq!(destroys, 2, "one failed destroy, one retry");
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_left_without_its_request_is_cleaned_up_at_start() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let vmid = h.provisioned("td-dangling").await;
+    h.stop_controller().await;
+    // The request disappears while the provider is down (deleted by force).
+    assert!(h.omni.state.remove(&MachineRequest, "td-dangling"));
+    h.start_controller();
+    let cleaned = h
+        .omni
+        .state
+        .wait_for(WAIT, |s| {
+            s.get(&ProviderMachine::new(PROVIDER), "td-dangling")
+                .is_none()
+        })
+        .await;
+    assert!(cleaned, "provider state torn down");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !h.vm(vmid).is_null() {
+        assert!(std::time::Instant::now() < deadline, "VM not deleted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.stop_controller().await;
+}
