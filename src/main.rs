@@ -24,6 +24,8 @@ enum Command {
     Cluster(cli::cluster::ClusterArgs),
     /// Run an in-memory Omni state server for local development and tests.
     DevOmni(cli::dev_omni::DevOmniArgs),
+    /// Check a machine class's provider data against the schema and the live cluster.
+    Validate(cli::validate::ValidateArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
             None => cli::run::run(args.run).await,
             Some(Command::Cluster(a)) => cli::cluster::run(a).await,
             Some(Command::DevOmni(a)) => cli::dev_omni::run(a).await,
+            Some(Command::Validate(a)) => cli::validate::run(a).await,
         }
     });
     match result {
