@@ -1047,3 +1047,228 @@ fn summarize(problems: impl Iterator<Item = Finding>) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// pve1 (online, 6 GiB free, local-lvm + iso storage, vmbr0/vmbr1), pve2 (online, 1 GiB free,
+    /// local-lvm only, vmbr0), pve3 offline; template 9000 on pve1, VM 100 on pve2.
+    fn view() -> ClusterView {
+        let resources: Vec<ClusterResource> = serde_json::from_value(json!([
+            {"type":"node","node":"pve1","status":"online","mem":2147483648u64,"maxmem":8589934592u64},
+            {"type":"node","node":"pve2","status":"online","mem":7516192768u64,"maxmem":8589934592u64},
+            {"type":"node","node":"pve3","status":"offline"},
+            {"type":"qemu","vmid":9000,"node":"pve1","name":"talos","template":1},
+            {"type":"qemu","vmid":100,"node":"pve2","name":"web"},
+            {"type":"storage","storage":"local","node":"pve1","content":"iso,backup","status":"available","disk":0,"maxdisk":107374182400u64,"plugintype":"dir"},
+            {"type":"storage","storage":"local-lvm","node":"pve1","content":"images,rootdir","status":"available","disk":0,"maxdisk":107374182400u64,"plugintype":"lvmthin"},
+            {"type":"storage","storage":"local-lvm","node":"pve2","content":"images,rootdir","status":"available","disk":0,"maxdisk":10737418240u64,"plugintype":"lvmthin"}
+        ]))
+        .unwrap();
+        ClusterView {
+            resources,
+            bridges: [
+                ("pve1".to_string(), Ok(vec!["vmbr0".into(), "vmbr1".into()])),
+                ("pve2".to_string(), Ok(vec!["vmbr0".into()])),
+            ]
+            .into(),
+            pci_mappings: None,
+            usb_mappings: None,
+        }
+    }
+
+    fn run(class: &str, defaults: Value, nodes: Value) -> Report {
+        let schema = ProviderDataSchema::new().unwrap();
+        let defaults = defaults.as_object().unwrap().clone();
+        let nodes = nodes.as_object().unwrap().clone();
+        let layers = Layers {
+            class_yaml: class,
+            defaults: &defaults,
+            nodes: &nodes,
+        };
+        let (mut findings, data) = check_schema(&schema, &layers);
+        if let Some(data) = data {
+            findings.extend(check_cluster(&schema, &layers, &data, &view()));
+        }
+        Report::new(findings)
+    }
+
+    fn problem<'a>(r: &'a Report, key: &str, node: Option<&str>) -> Option<&'a Finding> {
+        r.problems()
+            .find(|f| f.key == key && f.node.as_deref() == node)
+    }
+
+    const BASE: &str = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\n";
+
+    #[test]
+    fn a_good_pinned_class_passes() {
+        let r = run(BASE, json!({}), json!({}));
+        assert!(r.ok, "{}", r.render_text());
+        assert_eq!(r.warnings, 0);
+        assert!(r.render_text().contains("OK: no problems found"));
+    }
+
+    #[test]
+    fn storage_reasons_are_given_per_storage() {
+        let r = run(
+            &BASE
+                .replace("node: pve1\n", "node: pve2\n")
+                .replace("disk_size: 5", "disk_size: 50"),
+            json!({}),
+            json!({}),
+        );
+        let f = problem(&r, "storage_selector", Some("pve2")).expect("too small on pve2");
+        assert!(
+            f.message
+                .contains("local-lvm: selected, but only 10 GiB free of 50 GiB needed"),
+            "{f}"
+        );
+        // No ISO storage on pve2 for boot mode iso.
+        let f = problem(&r, "iso_storage_selector", Some("pve2")).expect("no ISO storage");
+        assert!(
+            f.message
+                .starts_with("there is no active storage for ISO images on pve2"),
+            "{f}"
+        );
+    }
+
+    #[test]
+    fn spread_checks_every_online_candidate_and_warns_for_offline_ones() {
+        let class = BASE.replace("node: pve1\n", "");
+        let r = run(&class, json!({}), json!({}));
+        assert!(problem(&r, "iso_storage_selector", Some("pve2")).is_some());
+        assert!(r.findings.iter().any(|f| f.outcome == Outcome::Warning
+            && f.node.as_deref() == Some("pve3")
+            && f.message.contains("offline")));
+        // Limited to pve1: fine.
+        let r = run(
+            &format!("{class}allowed_nodes: [pve1]\n"),
+            json!({}),
+            json!({}),
+        );
+        assert!(r.ok, "{}", r.render_text());
+    }
+
+    #[test]
+    fn memory_must_fit_somewhere_and_a_tight_node_is_a_warning() {
+        let class = BASE.replace(
+            "node: pve1\n",
+            "allowed_nodes: [pve1, pve2]\niso_storage_selector: \"true\"\n",
+        );
+        let r = run(
+            &class.replace("memory: 2048", "memory: 4096"),
+            json!({}),
+            json!({}),
+        );
+        assert!(problem(&r, "memory", None).is_none(), "{}", r.render_text());
+        assert!(r.findings.iter().any(|f| f.outcome == Outcome::Warning
+            && f.key == "memory"
+            && f.node.as_deref() == Some("pve2")));
+        let r = run(
+            &class.replace("memory: 2048", "memory: 16384"),
+            json!({}),
+            json!({}),
+        );
+        let f = problem(&r, "memory", None).expect("fits nowhere");
+        assert!(f.message.contains("pve1 6144 MiB, pve2 1024 MiB"), "{f}");
+    }
+
+    #[test]
+    fn keys_name_the_layer_the_value_came_from() {
+        let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nnode: pve1\n";
+        let r = run(
+            class,
+            json!({"storage_selector": "name == \"local-lvm\""}),
+            json!({"pve1": {"network_bridge": "vmbr9"}, "pve7": {"cores": 2}}),
+        );
+        assert!(
+            problem(&r, "nodes.pve1.network_bridge", Some("pve1")).is_some(),
+            "{}",
+            r.render_text()
+        );
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.key == "defaults.storage_selector" && f.outcome == Outcome::Pass)
+        );
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.key == "nodes.pve7" && f.outcome == Outcome::Warning)
+        );
+    }
+
+    #[test]
+    fn unknown_bridges_and_mappings_are_not_guessed() {
+        let mut v = view();
+        v.bridges
+            .insert("pve1".into(), Err("permission denied".into()));
+        v.pci_mappings = Some(Err("501 not implemented".into()));
+        let schema = ProviderDataSchema::new().unwrap();
+        let empty = Map::new();
+        let class = format!("{BASE}pci_devices:\n  - mapping: gpu\n");
+        let layers = Layers {
+            class_yaml: &class,
+            defaults: &empty,
+            nodes: &empty,
+        };
+        let (_, data) = check_schema(&schema, &layers);
+        let findings = check_cluster(&schema, &layers, &data.unwrap(), &v);
+        let r = Report::new(findings);
+        assert!(r.ok, "{}", r.render_text());
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.outcome == Outcome::Warning && f.message.contains("permission denied"))
+        );
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.outcome == Outcome::Skipped && f.key == "pci_devices[0].mapping")
+        );
+    }
+
+    #[test]
+    fn defaults_are_judged_only_on_what_they_set() {
+        let schema = ProviderDataSchema::new().unwrap();
+        let empty = Map::new();
+        let check = |defaults: Value| {
+            check_defaults_against(&schema, defaults.as_object().unwrap(), &empty, &view())
+                .into_iter()
+                .filter(|f| f.outcome == Outcome::Problem)
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+        };
+        // Nothing set that could be wrong: no ISO, bridge, memory or storage findings.
+        assert_eq!(check(json!({"cores": 4})), Vec::<String>::new());
+        let problems = check(json!({"storage_selector": "name == \"ceph\""}));
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0].starts_with("defaults.storage_selector (on pve1)"),
+            "{problems:?}"
+        );
+        let problems = check(json!({"boot": "clone", "template": 4242}));
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("defaults.template: template 4242 not found")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn health_text_is_short() {
+        let many = (0..40).map(|i| {
+            Finding::new(
+                Outcome::Problem,
+                format!("additional_disks[{i}].storage_selector"),
+                Some("pve1"),
+                "x".repeat(60),
+            )
+        });
+        let text = summarize(many);
+        assert!(text.len() < HEALTH_TEXT_MAX + 60, "{}", text.len());
+        assert!(text.contains("more (run `validate`)"), "{text}");
+    }
+}
