@@ -471,3 +471,76 @@ async fn check_defaults_reports_only_what_defaults_set() {
     );
     assert!(text.len() < 600, "{text}");
 }
+
+// The examples under `examples/` are documentation users copy; these keep them valid.
+
+fn examples_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples")
+}
+
+#[test]
+fn example_config_loads_and_its_overrides_are_valid() {
+    use omni_infra_provider_proxmox::pipeline::provider_data::ProviderDataSchema;
+    let text = std::fs::read_to_string(examples_dir().join("config.yaml")).unwrap();
+    let config = ProviderConfig::parse(&text).unwrap_or_else(|e| panic!("{e:?}"));
+    let schema = ProviderDataSchema::new().unwrap();
+    let problems = schema.validate_config_overrides(&config.defaults, &config.nodes);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert!(!config.defaults.is_empty() && !config.nodes.is_empty());
+}
+
+#[test]
+fn example_machine_classes_pass_the_schema_alone_and_with_the_example_config() {
+    use omni_infra_provider_proxmox::pipeline::provider_data::{ProviderDataSchema, describe};
+    let schema = ProviderDataSchema::new().unwrap();
+    let config = ProviderConfig::parse(
+        &std::fs::read_to_string(examples_dir().join("config.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir(examples_dir().join("machine-classes")).unwrap() {
+        let path = entry.unwrap().path();
+        let yaml = std::fs::read_to_string(&path).unwrap();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if let Err(problems) = schema.resolve(&yaml, None, &serde_json::Map::new()) {
+            panic!("{name}: {}", describe(&problems));
+        }
+        for (node, over) in &config.nodes {
+            let over = over.as_object().unwrap();
+            if let Err(problems) = schema.resolve(&yaml, Some((node, over)), &config.defaults) {
+                panic!("{name} on {node}: {}", describe(&problems));
+            }
+        }
+        seen.push(name);
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "clone-from-template.yaml",
+            "extra-disk.yaml",
+            "pinned-node.yaml",
+            "spread-set.yaml",
+            "vlan.yaml"
+        ]
+    );
+}
+
+#[test]
+fn example_pinned_class_passes_validate_against_fakepve() {
+    let Some(fake) = start() else { return };
+    let cfg = config(&fake, "plain", "");
+    let class =
+        std::fs::read_to_string(examples_dir().join("machine-classes/pinned-node.yaml")).unwrap();
+    let run = validate(
+        &cfg,
+        &class.replace("memory: 8192", "memory: 4096"),
+        "table",
+    );
+    assert!(run.ok, "{}", run.stdout);
+    let clone =
+        std::fs::read_to_string(examples_dir().join("machine-classes/clone-from-template.yaml"))
+            .unwrap();
+    let run = validate(&cfg, &clone, "table");
+    assert!(run.ok, "{}", run.stdout);
+}
