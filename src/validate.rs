@@ -429,6 +429,7 @@ fn check_cluster_inner(
         );
         let main_storage = main.as_ref().ok().map(|s| s.name.clone());
         if !origin.is_stand_in("storage_selector", Some(n)) {
+            let skipped_by_placement = data.node.is_none() && main.is_err();
             out.push(storage_finding(
                 origin.key("storage_selector", Some(n)),
                 n,
@@ -437,6 +438,11 @@ fn check_cluster_inner(
                 main,
                 "VM disks",
             ));
+            if skipped_by_placement && let Some(last) = out.last_mut() {
+                last.message.push_str(&format!(
+                    " (placement would skip {n}; fix the selector, add a `nodes.{n}.storage_selector` override, or leave {n} out of `allowed_nodes`)"
+                ));
+            }
         }
         for (i, disk) in here.additional_disks.iter().enumerate() {
             let result = check_storage(node, Some(&disk.storage_selector), disk.size_gb, "images");
