@@ -13,4 +13,5 @@ pub mod pipeline;
 pub mod proxmox;
 pub mod secret;
 pub mod telemetry;
+pub mod validate;
 pub mod yaml;

@@ -4,6 +4,7 @@ pub mod cluster;
 pub mod dev_omni;
 pub mod orphans;
 pub mod run;
+pub mod validate;
 
 /// What every subcommand returns; the error is printed with its whole source chain.
 pub type CliResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

@@ -7,6 +7,7 @@
 pub mod client;
 pub mod cluster;
 pub mod error;
+pub mod network;
 pub mod property;
 pub mod storage;
 pub mod tasks;

@@ -5,7 +5,9 @@
 #
 # It does what the fakepve CLI cannot: register API tokens, add nodes without guests, configure
 # storages, give VMs created through the API a guest agent (so IP discovery can be tested), and take
-# control commands while running (node offline, migrations, injected failures, request counts).
+# control commands while running (node offline, migrations, injected failures, request counts), and
+# answer the node network list and the PCI/USB resource mappings from the scenario (`bridges`,
+# `mappings`; ops `set_bridges`, `set_mappings`).
 #
 # Usage: python launcher.py SCENARIO.json
 #   prints "fakepve listening on https://HOST:PORT" once ready, then reads one JSON command per line on
@@ -18,13 +20,38 @@ import sys
 
 from fakepve.model import PveError
 from fakepve.qemu import volume_ref
-from fakepve.server import FakePve
+from fakepve.server import GENERIC, USER, FakePve, ok, params
 
 
 class LauncherPve(FakePve):
     """FakePve whose VMs with `agent: 1` in their config answer guest-agent calls once running."""
 
     agent_default = False
+    # Node name -> bridge names, answered by GET /nodes/{node}/network (nodes not listed get fakepve's
+    # generic answer: vmbr0 only). Kind -> mappings, answered by GET /cluster/mapping/{pci,usb}.
+    bridges = None
+    mappings = None
+
+    async def _generic(self, request):
+        match = request[GENERIC]
+        if request.method == 'GET' and match is not None:
+            answer = None
+            if match.template == '/nodes/{node}/network' and match.params.get('node') in (self.bridges or {}):
+                names = self.bridges[match.params['node']]
+
+                async def answer(_match, _values):
+                    return [{'iface': name, 'type': 'bridge', 'active': 1, 'autostart': 1, 'exists': 1,
+                             'families': ['inet'], 'method': 'manual', 'method6': 'manual', 'priority': 3}
+                            for name in names]
+            elif match.template in ('/cluster/mapping/pci', '/cluster/mapping/usb') and self.mappings is not None:
+                kind = match.template.rsplit('/', 1)[-1]
+
+                async def answer(_match, _values):
+                    return [{'id': m['id'], 'description': m.get('description', ''), 'map': m.get('map', [])}
+                            for m in self.mappings.get(kind, [])]
+            if answer is not None:
+                return ok(await self.answer(request, match, await params(request), request[USER], call=answer))
+        return await super()._generic(request)
 
     async def _agent_call(self, match, values):
         vm = self.find(values['node'], values['vmid'])
@@ -75,6 +102,10 @@ def build(scenario):
         for key in ('shutdown_secs', 'start_secs', 'stop_secs', 'start_error', 'agent', 'acpi'):
             if key in guest:
                 setattr(vm, key, guest[key])
+    if 'bridges' in scenario:
+        pve.bridges = dict(scenario['bridges'])
+    if 'mappings' in scenario:
+        pve.mappings = dict(scenario['mappings'])
     for tokenid, secret in scenario.get('tokens', {}).items():
         pve.apitokens[tokenid] = secret
     for name, options in scenario.get('storages', {}).items():
@@ -126,6 +157,10 @@ async def command(pve, cmd):
         return sorted(store.get('volumes', {}).keys())
     elif op == 'set_storage':
         pve.storages.setdefault(cmd['name'], {'files': set(), 'active': 1}).update(cmd['options'])
+    elif op == 'set_bridges':
+        pve.bridges = dict(pve.bridges or {}, **{cmd['node']: cmd['bridges']})
+    elif op == 'set_mappings':
+        pve.mappings = dict(pve.mappings or {}, **{cmd['kind']: cmd['mappings']})
     elif op == 'ping':
         return 'pong'
     else:

@@ -1,0 +1,99 @@
+//! `validate`: check a machine class's provider data before using it.
+//!
+//! `omni-infra-provider-proxmox validate --config-file config.yaml class.yaml` (or `-` for stdin) runs
+//! the checks of [`crate::validate`]: the schema and the pipeline's rules first, then the live cluster
+//! from the config file, node by node. It prints every finding (key, node, what was found) and exits
+//! non-zero on any problem, so it fits in CI beside the machine classes.
+//!
+//! `--output json` prints the [`Report`] for scripts (fields are only ever added):
+//!
+//! ```json
+//! { "ok": false, "problems": 1, "warnings": 0,
+//!   "findings": [ { "outcome": "problem", "key": "storage_selector", "node": "pve3",
+//!                   "message": "`name == \"fast\"` matches no active storage ..." } ] }
+//! ```
+//! `outcome` is one of `pass`, `skipped`, `warning`, `problem`; `node` is `null` when the finding is
+//! not about one node.
+
+use std::io::Read as _;
+use std::path::PathBuf;
+
+use super::CliResult;
+use super::cluster::OutputFormat;
+use crate::config::ProviderConfig;
+use crate::pipeline::provider_data::ProviderDataSchema;
+use crate::proxmox::ProxmoxClient;
+use crate::validate::{Layers, Report, validate_class};
+
+#[derive(Debug, clap::Args)]
+pub struct ValidateArgs {
+    /// Provider config file: how to reach Proxmox, and the `defaults:`/`nodes:` the data is merged with.
+    #[arg(long, env = "CONFIG_FILE")]
+    pub config_file: PathBuf,
+    /// `table` for people, `json` for scripts.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
+    /// The machine class's provider data (YAML), or `-` to read it from stdin.
+    pub provider_data: PathBuf,
+}
+
+/// The provider data has problems; the report above says which.
+#[derive(Debug, thiserror::Error)]
+#[error("the provider data has {problems} problem(s); see the report")]
+pub struct ValidationFailed {
+    pub problems: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read provider data from {path}: {source}")]
+pub struct ReadError {
+    path: String,
+    source: std::io::Error,
+}
+
+pub async fn run(args: ValidateArgs) -> CliResult {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::WARN)
+        .try_init();
+    let class_yaml = read_provider_data(&args.provider_data)?;
+    let config = ProviderConfig::load(&args.config_file)?;
+    let schema = ProviderDataSchema::new()?;
+    let client = ProxmoxClient::new(&config.proxmox)?;
+    let report = validate_class(&client, &schema, &Layers::new(&class_yaml, &config)).await?;
+    print_report(&report, args.output)?;
+    if report.ok {
+        Ok(())
+    } else {
+        Err(Box::new(ValidationFailed {
+            problems: report.problems,
+        }))
+    }
+}
+
+fn print_report(report: &Report, output: OutputFormat) -> CliResult {
+    match output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(report)?),
+        OutputFormat::Table => print!("{}", report.render_text()),
+    }
+    Ok(())
+}
+
+fn read_provider_data(path: &PathBuf) -> Result<String, ReadError> {
+    let shown = path.display().to_string();
+    if shown == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|source| ReadError {
+                path: "stdin".into(),
+                source,
+            })?;
+        Ok(text)
+    } else {
+        std::fs::read_to_string(path).map_err(|source| ReadError {
+            path: shown,
+            source,
+        })
+    }
+}

@@ -1,0 +1,125 @@
+//! Node network reads: which bridges a node has, so a machine class naming `vmbr1` can be checked
+//! before a VM is created with a NIC on a bridge that does not exist there (Proxmox would only refuse
+//! at start time, on that one node).
+
+use serde::Deserialize;
+
+use super::client::{Params, ProxmoxClient};
+use super::error::ProxmoxError;
+use super::types::{NodeName, lenient};
+use mapping::ResourceMapping;
+
+/// The `type` filter of `GET /nodes/{node}/network`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkFilter {
+    /// Linux and OVS bridges (every Proxmox VE version).
+    AnyBridge,
+    /// Bridges plus SDN VNets, which guests can use as a `bridge=` too (Proxmox VE 8.3 and later).
+    BridgesAndVnets,
+}
+
+impl NetworkFilter {
+    fn as_query(self) -> &'static str {
+        match self {
+            NetworkFilter::AnyBridge => "any_bridge",
+            NetworkFilter::BridgesAndVnets => "include_sdn",
+        }
+    }
+}
+
+/// One entry of `GET /nodes/{node}/network`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NetworkInterface {
+    pub iface: String,
+    /// `bridge`, `OVSBridge`, `vnet`, `eth`, `bond`, ...
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    #[serde(default, deserialize_with = "lenient::bool")]
+    pub active: bool,
+}
+
+impl NetworkInterface {
+    /// Whether a guest NIC can be attached to it (`net0: ...,bridge=<iface>`).
+    pub fn is_guest_bridge(&self) -> bool {
+        matches!(self.kind.as_str(), "bridge" | "OVSBridge" | "vnet")
+    }
+}
+
+impl ProxmoxClient {
+    /// `GET /nodes/{node}/network[?type=…]`.
+    pub async fn node_networks(
+        &self,
+        node: &NodeName,
+        filter: Option<NetworkFilter>,
+    ) -> Result<Vec<NetworkInterface>, ProxmoxError> {
+        let params = Params::new().with_opt("type", filter.map(NetworkFilter::as_query));
+        self.get(&["nodes", node.as_str(), "network"], params).await
+    }
+
+    /// `GET /cluster/mapping/pci` or `/cluster/mapping/usb`: the resource mappings that
+    /// `pci_devices[].mapping` and `usb_devices[].mapping` name.
+    pub async fn resource_mappings(
+        &self,
+        kind: MappingKind,
+    ) -> Result<Vec<ResourceMapping>, ProxmoxError> {
+        self.get(&["cluster", "mapping", kind.as_path()], Params::new())
+            .await
+    }
+}
+
+/// Which mapping list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MappingKind {
+    Pci,
+    Usb,
+}
+
+impl MappingKind {
+    fn as_path(self) -> &'static str {
+        match self {
+            MappingKind::Pci => "pci",
+            MappingKind::Usb => "usb",
+        }
+    }
+}
+
+pub mod mapping {
+    use serde::Deserialize;
+
+    /// One resource mapping: its ID and one `map` entry per node (`node=pve1,path=0000:01:00.0,...`).
+    #[derive(Debug, Clone, Deserialize)]
+    pub struct ResourceMapping {
+        pub id: String,
+        #[serde(default)]
+        pub map: Vec<String>,
+    }
+
+    impl ResourceMapping {
+        /// The nodes the mapping has a device on.
+        pub fn nodes(&self) -> Vec<String> {
+            self.map
+                .iter()
+                .filter_map(|entry| {
+                    entry
+                        .split(',')
+                        .find_map(|kv| kv.trim().strip_prefix("node="))
+                        .map(str::to_owned)
+                })
+                .collect()
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn mapping_nodes() {
+            let m: ResourceMapping = serde_json::from_str(
+                r#"{"id":"gpu","map":["node=pve1,path=0000:01:00.0,id=10de:2204","id=1:2,node=pve2"]}"#,
+            )
+            .unwrap();
+            assert_eq!(m.nodes(), ["pve1", "pve2"]);
+        }
+    }
+}
