@@ -67,11 +67,24 @@ async fn run() -> Result<(), String> {
     stack.reset_proxmox_requests();
 
     let mut machines: Vec<Machine> = Vec::new();
-    for (i, class) in [("cp", CONTROL_PLANE), ("cp", CONTROL_PLANE)].iter().enumerate() {
-        machines.push(new_machine(&stack, &format!("{}-demo{i}", class.0), "control-plane", class.1));
+    for (i, class) in [("cp", CONTROL_PLANE), ("cp", CONTROL_PLANE)]
+        .iter()
+        .enumerate()
+    {
+        machines.push(new_machine(
+            &stack,
+            &format!("{}-demo{i}", class.0),
+            "control-plane",
+            class.1,
+        ));
     }
     for i in 0..3 {
-        machines.push(new_machine(&stack, &format!("workers-demo{i}"), "workers", WORKERS));
+        machines.push(new_machine(
+            &stack,
+            &format!("workers-demo{i}"),
+            "workers",
+            WORKERS,
+        ));
     }
     let started = Instant::now();
     let tty = std::io::stdout().is_terminal();
@@ -94,7 +107,11 @@ async fn run() -> Result<(), String> {
     let provision_calls = stack.proxmox_requests().len();
     let placements = placements(&stack, &machines);
 
-    println!("\nAll {} machines provisioned in {:.1}s. Tearing everything down...", machines.len(), provision_time.as_secs_f64());
+    println!(
+        "\nAll {} machines provisioned in {:.1}s. Tearing everything down...",
+        machines.len(),
+        provision_time.as_secs_f64()
+    );
     stack.reset_proxmox_requests();
     let ids: Vec<String> = machines.iter().map(|m| m.id.clone()).collect();
     let teardown_started = Instant::now();
@@ -111,7 +128,14 @@ async fn run() -> Result<(), String> {
     let teardown_calls = stack.proxmox_requests().len();
     let leftovers = leftovers(&mut stack, &ids);
 
-    summary(&machines, &placements, provision_time, provision_calls, teardown_time, teardown_calls);
+    summary(
+        &machines,
+        &placements,
+        provision_time,
+        provision_calls,
+        teardown_time,
+        teardown_calls,
+    );
     stack.stop().await?;
     if !leftovers.is_empty() {
         return Err(format!("left behind: {}", leftovers.join(", ")));
@@ -163,11 +187,20 @@ fn observe(stack: &Stack, machines: &mut [Machine]) -> bool {
 fn step_name(text: &str) -> Option<&str> {
     let rest = text.strip_prefix("Running step ")?;
     let after_number = rest.split_once(' ')?.1;
-    Some(after_number.split(':').next().unwrap_or(after_number).trim())
+    Some(
+        after_number
+            .split(':')
+            .next()
+            .unwrap_or(after_number)
+            .trim(),
+    )
 }
 
 fn draw(stack: &Stack, machines: &[Machine], previous: usize, tty: bool) -> usize {
-    let mut lines = vec![format!("{:<16} {:<14} {:<12} {:<6} {}", "MACHINE", "CLASS", "STAGE", "NODE", "PROGRESS")];
+    let mut lines = vec![format!(
+        "{:<16} {:<14} {:<12} {:<6} {}",
+        "MACHINE", "CLASS", "STAGE", "NODE", "PROGRESS"
+    )];
     for m in machines {
         let status = stack.omni.get(&MachineRequestStatus, &m.id);
         let stage = match status.as_ref().map(|s| s.spec.stage) {
@@ -183,7 +216,10 @@ fn draw(stack: &Stack, machines: &[Machine], previous: usize, tty: bool) -> usiz
             .unwrap_or_default();
         let mut text = m.last_text.clone();
         text.truncate(70);
-        lines.push(format!("{:<16} {:<14} {:<12} {:<6} {}", m.id, m.class, stage, node, text));
+        lines.push(format!(
+            "{:<16} {:<14} {:<12} {:<6} {}",
+            m.id, m.class, stage, node, text
+        ));
     }
     let mut out = std::io::stdout().lock();
     if tty {
@@ -254,7 +290,12 @@ fn summary(
     println!("\nWhere each VM landed:");
     for m in machines {
         let (node, vmid, addrs) = placements.get(&m.id).cloned().unwrap_or_default();
-        println!("  {:<16} {:<14} VM {vmid:<5} on {node}  {}", m.id, m.class, addrs.join(", "));
+        println!(
+            "  {:<16} {:<14} VM {vmid:<5} on {node}  {}",
+            m.id,
+            m.class,
+            addrs.join(", ")
+        );
     }
     println!("\nTime per step (average over machines, ms):");
     let mut per_step: BTreeMap<usize, (String, Vec<f64>)> = BTreeMap::new();
@@ -290,8 +331,15 @@ fn summary(
 }
 
 fn step_order(step: &str) -> usize {
-    ["pick_node", "prepare_image", "create_vm", "configure_vm", "start_vm", "discover_ip"]
-        .iter()
-        .position(|s| *s == step)
-        .unwrap_or(99)
+    [
+        "pick_node",
+        "prepare_image",
+        "create_vm",
+        "configure_vm",
+        "start_vm",
+        "discover_ip",
+    ]
+    .iter()
+    .position(|s| *s == step)
+    .unwrap_or(99)
 }

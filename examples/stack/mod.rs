@@ -128,7 +128,8 @@ impl Stack {
     /// Deletes released requests as Omni does; true when none of `ids` is left.
     pub fn all_released(&self, ids: &[String]) -> bool {
         self.omni.collect_torn_down(&MachineRequest);
-        ids.iter().all(|id| self.omni.get(&MachineRequest, id).is_none())
+        ids.iter()
+            .all(|id| self.omni.get(&MachineRequest, id).is_none())
     }
 
     /// Resident memory of the provider process, in KiB.
@@ -147,7 +148,8 @@ impl Stack {
     }
 
     pub fn reset_proxmox_requests(&mut self) {
-        self.pve.control(serde_json::json!({"op": "reset_requests"}));
+        self.pve
+            .control(serde_json::json!({"op": "reset_requests"}));
     }
 
     /// Stops the provider with SIGTERM (it must exit 0), then the servers.

@@ -4,6 +4,7 @@
 //! Provisioning itself plugs in later as the consumer of [`requests::RequestQueueEvent`]s; this
 //! module only decides *what* needs attention, never *how* to provision it.
 
+pub mod cache;
 pub mod health;
 pub mod provision;
 pub mod registration;

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
+use super::cache::WriteCache;
 use crate::omni::join::{self, ConnectionParams, JoinInputs, JoinMode};
 use crate::omni::proto::provider::MachineSpec;
 use crate::omni::proto::specs::{
@@ -73,16 +74,21 @@ pub struct Provisioner {
     pub join_mode: JoinMode,
     /// `<id>.ProvisionController`: our finalizer and the owner of what we write.
     pub owner: String,
+    statuses: WriteCache<MachineRequestStatus>,
+    machines: WriteCache<ProviderMachine>,
 }
 
 impl Provisioner {
     pub fn new(services: Arc<Services>, state: StateClient, join_mode: JoinMode) -> Self {
         let owner = provision_controller_name(&services.provider_id);
+        let machines = WriteCache::new(ProviderMachine::new(&services.provider_id));
         Self {
             services,
             state,
             join_mode,
             owner,
+            statuses: WriteCache::new(MachineRequestStatus),
+            machines,
         }
     }
 
@@ -320,8 +326,8 @@ impl Provisioner {
         labels: &BTreeMap<String, String>,
         mut mutate: impl FnMut(&mut MachineRequestStatusSpec),
     ) -> Result<(), ReconcileError> {
-        self.state
-            .modify(&MachineRequestStatus, id, &self.owner, |s| {
+        self.statuses
+            .modify(&self.state, id, &self.owner, |s| {
                 for (k, v) in labels {
                     s.metadata.labels.insert(k.clone(), v.clone());
                 }
@@ -349,9 +355,24 @@ impl Provisioner {
     }
 
     async fn save_state(&self, id: &str, spec: &MachineSpec) -> Result<(), ReconcileError> {
-        save_machine(&self.state, self.provider_id(), &self.owner, id, spec)
+        self.save_machine(id, spec)
             .await
             .map_err(omni("recording the provider state"))
+    }
+
+    /// Writes the provider state spec (and the step annotation the official provider reads).
+    async fn save_machine(&self, id: &str, spec: &MachineSpec) -> Result<(), StateError> {
+        self.machines
+            .modify(&self.state, id, &self.owner, |m| {
+                m.spec = spec.clone();
+                if !spec.step.is_empty() {
+                    m.metadata
+                        .annotations
+                        .insert(annotation::STEP.to_owned(), spec.step.clone());
+                }
+            })
+            .await
+            .map(|_| ())
     }
 
     /// The join configuration for this request (§4): v2 tokens from ProviderJoinConfig and
@@ -408,33 +429,14 @@ impl Provisioner {
 
     /// Drops in-memory bookkeeping for a request that is gone.
     pub fn forget(&self, id: &str) {
+        self.statuses.forget(id);
+        self.machines.forget(id);
         self.services
             .reservations
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .release(id);
     }
-}
-
-/// Writes the provider state spec (and the step annotation the official provider reads).
-pub(crate) async fn save_machine(
-    state: &StateClient,
-    provider_id: &str,
-    owner: &str,
-    id: &str,
-    spec: &MachineSpec,
-) -> Result<(), StateError> {
-    state
-        .modify(&ProviderMachine::new(provider_id), id, owner, |m| {
-            m.spec = spec.clone();
-            if !spec.step.is_empty() {
-                m.metadata
-                    .annotations
-                    .insert(annotation::STEP.to_owned(), spec.step.clone());
-            }
-        })
-        .await
-        .map(|_| ())
 }
 
 pub fn request_info(request: &Typed<MachineRequestSpec>) -> RequestInfo {
@@ -504,12 +506,6 @@ impl Progress for StatusProgress<'_> {
     }
 
     fn persist<'a>(&'a self, state: &'a MachineSpec) -> BoxFuture<'a, Result<(), StateError>> {
-        Box::pin(save_machine(
-            &self.provisioner.state,
-            self.provisioner.provider_id(),
-            &self.provisioner.owner,
-            self.id,
-            state,
-        ))
+        Box::pin(self.provisioner.save_machine(self.id, state))
     }
 }

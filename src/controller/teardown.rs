@@ -127,10 +127,10 @@ async fn deprovision_vm(
         tracing::info!(request = %id, "{text}");
         let _ = tx.send(text.to_owned());
     };
-    let options = DeprovisionOptions {
-        wait_for_seed_iso: true,
-        ..DeprovisionOptions::default()
-    };
+    // The seed ISO delete is sent but not waited for (DeprovisionOptions' default): deleting a file is
+    // near instant, the poll would be a seventh request per machine, and an ISO left behind is
+    // harmless and listed by `orphans`.
+    let options = DeprovisionOptions::default();
     let work = async {
         let result = deprovision(&p.services.pve, &target, &options, &progress).await;
         drop(progress);

@@ -1,0 +1,259 @@
+//! Benchmark report (`make bench`): what one machine costs in Proxmox requests and time, how 100
+//! simultaneous requests go, and how much memory the provider uses, held against design.md §7's
+//! targets and the official provider's cost (reference/upstream-cost.md).
+//!
+//! Runs the real provider binary (build it in release mode first) against fakepve with instant tasks
+//! and the in-memory Omni. Prints a report; exits non-zero only if the run itself fails, since targets
+//! are measured here, not asserted.
+
+mod stack;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
+use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
+use stack::Stack;
+
+const CLASS: &str = "\
+cores: 2
+memory: 2048
+disk_size: 10
+storage_selector: 'storageType == \"lvmthin\"'
+";
+const MANY: usize = 100;
+const DEADLINE: Duration = Duration::from_secs(300);
+
+struct Row {
+    what: String,
+    measured: String,
+    target: String,
+    ok: Option<bool>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(rows) => {
+            print_report(&rows);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("benchmark FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<Vec<Row>, String> {
+    // Heartbeat health checks (GET /version) would otherwise be counted as machine requests.
+    let mut stack = Stack::start(0.0, &["--health-interval", "10m"]).await?;
+    let mut rows = Vec::new();
+    // Let start-up work (registration, first heartbeats, health checks) settle before measuring.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle_rss = stack.provider_rss_kib().unwrap_or(0);
+
+    // One machine, image not yet on the node: includes the ISO download.
+    let (first_time, first_calls) = provision_one(&mut stack, "bench-first").await?;
+    // One machine with the image present: the steady state.
+    let (time, calls) = provision_one(&mut stack, "bench-one").await?;
+    rows.push(row_calls(
+        "Proxmox requests, one machine (image present)",
+        calls.len(),
+        12,
+        26,
+    ));
+    rows.push(Row {
+        what: "  first machine on a node (downloads the image)".into(),
+        measured: first_calls.len().to_string(),
+        target: "-".into(),
+        ok: None,
+    });
+    rows.push(Row {
+        what: "Created to PROVISIONED, one machine".into(),
+        measured: format!("{} ms", time.as_millis()),
+        target: "< 250 ms (upstream: >= 11 s)".into(),
+        ok: Some(time < Duration::from_millis(250)),
+    });
+    rows.push(Row {
+        what: "  first machine on a node".into(),
+        measured: format!("{} ms", first_time.as_millis()),
+        target: "-".into(),
+        ok: None,
+    });
+
+    let (teardown_time, teardown_calls) = tear_down(&mut stack, &["bench-one".to_owned()]).await?;
+    rows.push(row_calls(
+        "Proxmox requests, one deprovision",
+        teardown_calls.len(),
+        6,
+        13,
+    ));
+    rows.push(Row {
+        what: "  deprovision time".into(),
+        measured: format!("{} ms", teardown_time.as_millis()),
+        target: "(upstream: >= 10 s)".into(),
+        ok: None,
+    });
+
+    // Many at once.
+    stack.reset_proxmox_requests();
+    let ids: Vec<String> = (0..MANY).map(|i| format!("bench-many-{i:03}")).collect();
+    let started = Instant::now();
+    for id in &ids {
+        stack.request(id, "bench-many", CLASS);
+    }
+    wait_provisioned(&stack, &ids).await?;
+    let many_time = started.elapsed();
+    let many_calls = stack.proxmox_requests().len();
+    rows.push(Row {
+        what: format!("{MANY} simultaneous requests to PROVISIONED"),
+        measured: format!("{:.1} s", many_time.as_secs_f64()),
+        target: "< 30 s".into(),
+        ok: Some(many_time < Duration::from_secs(30)),
+    });
+    rows.push(Row {
+        what: "  Proxmox requests per machine in that burst".into(),
+        measured: format!("{:.1}", many_calls as f64 / MANY as f64),
+        target: "<= 12".into(),
+        ok: Some(many_calls <= 12 * MANY),
+    });
+    let busy_rss = stack.provider_rss_kib().unwrap_or(0);
+    let (many_teardown, many_teardown_calls) = tear_down(&mut stack, &ids).await?;
+    rows.push(Row {
+        what: format!("{MANY} simultaneous teardowns"),
+        measured: format!(
+            "{:.1} s, {:.1} requests each",
+            many_teardown.as_secs_f64(),
+            many_teardown_calls.len() as f64 / MANY as f64
+        ),
+        target: "<= 6 requests each".into(),
+        ok: Some(many_teardown_calls.len() <= 6 * MANY),
+    });
+    rows.push(Row {
+        what: "Idle RSS of the provider".into(),
+        measured: format!("{:.1} MiB", idle_rss as f64 / 1024.0),
+        target: "< 20 MiB".into(),
+        ok: Some(idle_rss > 0 && idle_rss < 20 * 1024),
+    });
+    rows.push(Row {
+        what: format!("  RSS with {MANY} machines in flight"),
+        measured: format!("{:.1} MiB", busy_rss as f64 / 1024.0),
+        target: "-".into(),
+        ok: None,
+    });
+
+    println!("\nRequests for one machine (image present), in order:");
+    for (method, path) in &calls {
+        println!("  {method:<6} {path}");
+    }
+    println!("\nRequests for one deprovision, in order:");
+    for (method, path) in &teardown_calls {
+        println!("  {method:<6} {path}");
+    }
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for (m, p) in &first_calls {
+        *by_kind.entry(format!("{m} {}", shape(p))).or_default() += 1;
+    }
+    println!("\nRequests for the first machine (with image download), by kind:");
+    for (k, n) in by_kind {
+        println!("  {n:>3}  {k}");
+    }
+    stack.stop().await?;
+    Ok(rows)
+}
+
+fn row_calls(what: &str, n: usize, target: usize, upstream: usize) -> Row {
+    Row {
+        what: what.into(),
+        measured: n.to_string(),
+        target: format!("<= {target} (upstream: {upstream})"),
+        ok: Some(n <= target),
+    }
+}
+
+/// `/api2/json/nodes/pve1/qemu/104/status/start` -> `/nodes/{node}/qemu/{vmid}/status/start`.
+fn shape(path: &str) -> String {
+    let path = path.strip_prefix("/api2/json").unwrap_or(path);
+    let parts: Vec<&str> = path.split('/').collect();
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| match (i.checked_sub(1).map(|j| parts[j]), p) {
+            (Some("nodes"), _) => "{node}".to_string(),
+            (Some("qemu"), _) => "{vmid}".to_string(),
+            (Some("storage"), _) => "{storage}".to_string(),
+            (Some("tasks"), _) => "{upid}".to_string(),
+            (_, p) => p.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+async fn provision_one(
+    stack: &mut Stack,
+    id: &str,
+) -> Result<(Duration, Vec<(String, String)>), String> {
+    stack.reset_proxmox_requests();
+    let started = Instant::now();
+    stack.request(id, "bench", CLASS);
+    wait_provisioned(stack, &[id.to_owned()]).await?;
+    let took = started.elapsed();
+    Ok((took, stack.proxmox_requests()))
+}
+
+async fn wait_provisioned(stack: &Stack, ids: &[String]) -> Result<(), String> {
+    let done = stack
+        .omni
+        .wait_for(DEADLINE, |s| {
+            ids.iter().all(|id| {
+                s.get(&MachineRequestStatus, id)
+                    .is_some_and(|st| st.spec.stage == Stage::Provisioned as i32)
+            })
+        })
+        .await;
+    if done {
+        Ok(())
+    } else {
+        Err(format!(
+            "not all of {} requests were provisioned; provider log: {}",
+            ids.len(),
+            stack.log.display()
+        ))
+    }
+}
+
+async fn tear_down(
+    stack: &mut Stack,
+    ids: &[String],
+) -> Result<(Duration, Vec<(String, String)>), String> {
+    stack.reset_proxmox_requests();
+    let started = Instant::now();
+    for id in ids {
+        stack.tear_down(id);
+    }
+    while !stack.all_released(ids) {
+        if started.elapsed() > DEADLINE {
+            return Err("teardown did not finish".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = started.elapsed();
+    Ok((took, stack.proxmox_requests()))
+}
+
+fn print_report(rows: &[Row]) {
+    println!("\nBenchmark report (fakepve with instant tasks, in-memory Omni, release build)\n");
+    let w = rows.iter().map(|r| r.what.len()).max().unwrap_or(10);
+    let m = rows.iter().map(|r| r.measured.len()).max().unwrap_or(10);
+    println!("{:<w$}  {:<m$}  TARGET", "WHAT", "MEASURED");
+    for r in rows {
+        let verdict = match r.ok {
+            Some(true) => "  ok",
+            Some(false) => "  MISSED",
+            None => "",
+        };
+        println!("{:<w$}  {:<m$}  {}{verdict}", r.what, r.measured, r.target);
+    }
+}
