@@ -366,3 +366,23 @@ async fn a_restart_between_steps_and_inside_create_vm_leaves_exactly_one_vm() {
     assert!(creates <= 3, "no duplicate creates: {creates}");
     h.stop_controller().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_settings_register_the_vm_with_the_ha_manager() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.request(
+        "ha-1",
+        "ha",
+        &format!("{PINNED_PVE2}ha:\n  state: started\n  max_restart: 2\n  comment: omni\n"),
+    );
+    h.wait_stage("ha-1", Stage::Provisioned).await;
+    let registered = h
+        .pve
+        .requests()
+        .iter()
+        .any(|(m, p)| m == "POST" && p.ends_with("/cluster/ha/resources"));
+    assert!(registered, "HA resource registered");
+    h.stop_controller().await;
+}

@@ -832,6 +832,18 @@ fn extract(
                     &[("negative", "negative"), ("positive", "positive")],
                 )
                 .map(str::to_string);
+            // Registering the HA resource is supported; managing HA rules is not yet. Refusing them
+            // beats accepting them and silently doing nothing.
+            let unsupported = "is not supported by this provider yet: create or edit the HA rule in Proxmox (Datacenter > HA > Rules) and remove this key";
+            if !rules.is_empty() {
+                h.problem("rules", unsupported.to_string());
+            }
+            if !node_affinity_nodes.is_empty() {
+                h.problem("node_affinity_nodes", unsupported.to_string());
+            }
+            if resource_affinity.is_some() {
+                h.problem("resource_affinity", unsupported.to_string());
+            }
             Some(HaSettings {
                 state,
                 comment,
@@ -1114,6 +1126,20 @@ mod tests {
     }
 
     #[test]
+    fn ha_rules_are_refused_not_ignored() {
+        let problems = parse(
+            "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nha:\n  rules: [r1]\n  node_affinity_nodes: [pve1]\n  resource_affinity: negative\n",
+        )
+        .unwrap_err();
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["ha.rules", "ha.node_affinity_nodes", "ha.resource_affinity"]
+        );
+        assert!(problems[0].message.contains("not supported"));
+    }
+
+    #[test]
     fn every_key_is_accepted() {
         let yaml = r#"
 cores: 4
@@ -1146,10 +1172,7 @@ ha:
   max_restart: 2
   max_relocate: 1
   failback: true
-  rules: [rule-1]
-  node_affinity_nodes: [pve1, pve2]
   node_affinity_strict: true
-  resource_affinity: negative
 additional_nics:
   - bridge: vmbr2
     vlan: 30
@@ -1183,7 +1206,7 @@ ip_discovery_timeout: 0
         assert_eq!(data.machine_type, Some(MachineType::Q35));
         assert_eq!(data.bios, Bios::Ovmf);
         assert_eq!(data.hugepages, Some(Hugepages::OneGb));
-        assert_eq!(data.ha.as_ref().unwrap().node_affinity_nodes.len(), 2);
+        assert_eq!(data.ha.as_ref().unwrap().max_restart, Some(2));
         assert_eq!(data.additional_nics[0].bridge.as_str(), "vmbr2");
         assert!(data.usb_devices[0].usb3);
         assert_eq!(data.pci_devices[0].rombar, Some(true));

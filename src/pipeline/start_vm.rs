@@ -1,7 +1,9 @@
-//! Step 5, `start_vm`: power on and wait for the start task. Already running (a restart after the
+//! Step 5, `start_vm`: power on, wait for the start task, and register the VM with Proxmox HA when
+//! the class asks for it. Already running (a restart after the
 //! start) is success; Proxmox says so in the task, so no status read is spent before starting.
 
 use super::step::{StepContext, StepError, StepOutcome};
+use crate::proxmox::cluster::HaResource;
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let node = ctx.node()?;
@@ -14,9 +16,25 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         .await
         .map_err(StepError::proxmox(doing.clone()))?;
     match pve.wait_for_task(&task, ctx.services.timeouts.task).await {
-        Ok(_) => Ok(StepOutcome::Done),
+        Ok(_) => {}
         // A retry after a lost answer: the VM was started by the earlier attempt.
-        Err(e) if e.to_string().contains("already running") => Ok(StepOutcome::Done),
-        Err(e) => Err(StepError::proxmox(doing)(e)),
+        Err(e) if e.to_string().contains("already running") => {}
+        Err(e) => return Err(StepError::proxmox(doing)(e)),
     }
+    if let Some(ha) = &ctx.data.ha {
+        // Like the official provider, register with HA once the VM runs.
+        let doing = format!("registering VM {vmid} with Proxmox HA");
+        ctx.report(doing.clone()).await;
+        let resource = HaResource {
+            state: ha.state.clone(),
+            comment: ha.comment.clone(),
+            max_restart: ha.max_restart,
+            max_relocate: ha.max_relocate,
+            failback: ha.failback,
+        };
+        pve.add_ha_resource(vmid, &resource)
+            .await
+            .map_err(StepError::proxmox(doing))?;
+    }
+    Ok(StepOutcome::Done)
 }

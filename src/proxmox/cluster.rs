@@ -56,3 +56,42 @@ impl ProxmoxClient {
             })
     }
 }
+
+/// An HA resource registration (`POST /cluster/ha/resources`).
+#[derive(Debug, Clone, Default)]
+pub struct HaResource {
+    pub state: Option<String>,
+    pub comment: Option<String>,
+    pub max_restart: Option<u32>,
+    pub max_relocate: Option<u32>,
+    pub failback: Option<bool>,
+}
+
+impl ProxmoxClient {
+    /// Registers the VM with the HA manager. Already registered is success.
+    pub async fn add_ha_resource(
+        &self,
+        vmid: VmId,
+        resource: &HaResource,
+    ) -> Result<(), ProxmoxError> {
+        let params = Params::new()
+            .with("sid", format!("vm:{vmid}"))
+            .with_opt("state", resource.state.as_deref())
+            .with_opt("comment", resource.comment.as_deref())
+            .with_opt("max_restart", resource.max_restart)
+            .with_opt("max_relocate", resource.max_relocate)
+            .with_opt("failback", resource.failback.map(u8::from));
+        match self
+            .post::<serde_json::Value>(
+                &["cluster", "ha", "resources"],
+                params,
+                super::client::Replay::OnlyIfUnsent,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(ProxmoxError::Api { message, .. }) if message.contains("already defined") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
