@@ -184,31 +184,46 @@ pub async fn run(args: RunArgs) -> CliResult {
     transport::install_crypto_provider();
     let settings = Settings::from_args(&args)?;
     let pve = ProxmoxClient::new(&settings.config.proxmox)?;
-    let health_check = proxmox_health(pve.clone(), settings.health_interval);
+    let health_check = proxmox_health(
+        pve.clone(),
+        settings.config.clone(),
+        settings.health_interval,
+    );
     run_with(settings, pve, health_check, shutdown_signal()).await
 }
 
-/// The heartbeat's health check: the last result of a Proxmox check that runs on its own schedule,
-/// so a slow or unreachable Proxmox never delays a heartbeat (Omni marks a provider disconnected
-/// after 31 s without one).
-fn proxmox_health(pve: ProxmoxClient, interval: Duration) -> HealthCheck {
+/// The heartbeat's health check: the last result of checks that run on their own schedule, so a
+/// slow or unreachable Proxmox never delays a heartbeat (Omni marks a provider disconnected after
+/// 31 s without one). Every interval: the Proxmox API answers and accepts our credentials. Every few
+/// minutes (and at start): the config's `defaults:` and `nodes:` still fit the cluster (storages,
+/// bridges, template), which costs a few more requests.
+fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration) -> HealthCheck {
+    const DEFAULTS_EVERY: Duration = Duration::from_secs(300);
     let last: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let writer = last.clone();
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let limit = interval.max(Duration::from_secs(5));
+        let mut defaults_problem: Option<String> = None;
+        let mut defaults_checked: Option<tokio::time::Instant> = None;
         loop {
             ticker.tick().await;
-            let result = match tokio::time::timeout(
-                interval.max(Duration::from_secs(5)),
-                pve.health(),
-            )
-            .await
-            {
+            let api = match tokio::time::timeout(limit, pve.health()).await {
                 Ok(r) => r,
                 Err(_) => Some(format!("Proxmox API at {} does not answer", pve.api_url())),
             };
-            *writer.lock().unwrap_or_else(|p| p.into_inner()) = result;
+            if api.is_none() && defaults_checked.is_none_or(|t| t.elapsed() >= DEFAULTS_EVERY) {
+                defaults_problem =
+                    tokio::time::timeout(limit * 3, crate::validate::check_defaults(&pve, &config))
+                        .await
+                        .unwrap_or(None);
+                if let Some(p) = &defaults_problem {
+                    tracing::warn!(problem = %p, "the config's defaults do not fit the cluster");
+                }
+                defaults_checked = Some(tokio::time::Instant::now());
+            }
+            *writer.lock().unwrap_or_else(|p| p.into_inner()) = api.or(defaults_problem.clone());
         }
     });
     health::health_check(move || {
@@ -217,8 +232,6 @@ fn proxmox_health(pve: ProxmoxClient, interval: Duration) -> HealthCheck {
     })
 }
 
-/// The provider proper, with the health check and shutdown trigger injected (the Proxmox check
-/// plugs in here; tests pass their own shutdown future).
 pub async fn run_with(
     settings: Settings,
     pve: ProxmoxClient,
