@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: test lint check setup build
+.PHONY: test lint check setup build demo bench
 
 # Everything the tests need (fakepve in .venv), then every test. fakepve is required here, so a missing
 # fake fails the run instead of silently skipping the end-to-end tests.
@@ -17,3 +17,14 @@ check: lint test
 
 build:
 	cargo build --release --locked
+
+# The provider doing its job against a fake 3-node Proxmox and an in-memory Omni (debug build: it
+# reuses what `make test` compiled).
+demo: setup
+	cargo build --bins --examples --locked
+	target/debug/examples/demo
+
+# Benchmark report against the design targets (release build).
+bench: setup
+	cargo build --release --bins --examples --locked
+	target/release/examples/bench
