@@ -75,7 +75,16 @@ impl Stack {
         let provider = Command::new(binary)
             .arg("--config-file")
             .arg(&config)
-            .args(["--health-interval", "2s", "--log-level", "info"])
+            .args([
+                "--log-level",
+                &std::env::var("PROVIDER_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            ])
+            .args(
+                (!extra_args.contains(&"--health-interval"))
+                    .then_some(["--health-interval", "2s"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(["--metrics-listen", &metrics.to_string()])
             .args(extra_args)
             .env("OMNI_ENDPOINT", format!("http://{addr}"))
@@ -180,6 +189,11 @@ impl Stack {
         }
         if let Some(server) = self.server.take() {
             server.stop().await;
+        }
+        // Keep the provider's log past the temporary directory, for a look after the run.
+        let kept = std::env::temp_dir().join("omni-infra-provider-proxmox-last-run.log");
+        if std::fs::copy(&self.log, &kept).is_ok() {
+            println!("\nProvider log: {}", kept.display());
         }
         result
     }

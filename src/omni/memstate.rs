@@ -401,7 +401,16 @@ impl MemState {
         let router = builder
             .add_service(StateServer::new(svc).max_decoding_message_size(32 << 20))
             .add_service(ManagementServiceServer::new(mgmt));
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Without TCP_NODELAY every small gRPC answer waits for the client's delayed ACK (~40 ms).
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |conn| {
+                if let Ok(stream) = &conn {
+                    let _ = stream.set_nodelay(true);
+                }
+                conn
+            },
+        );
         let mut shutdown = stop_rx;
         let task = tokio::spawn(async move {
             let signal = async move {

@@ -120,6 +120,7 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
         .map_err(transport)?
         .connect_timeout(Duration::from_secs(10))
         .tcp_keepalive(Some(Duration::from_secs(60)))
+        .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(60))
         .keep_alive_timeout(Duration::from_secs(20))
         .keep_alive_while_idle(true)
