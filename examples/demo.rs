@@ -128,8 +128,10 @@ async fn run() -> Result<(), String> {
     let teardown_calls = stack.proxmox_requests().len();
     let leftovers = leftovers(&mut stack, &ids);
 
+    let steps = stack.step_seconds().await.unwrap_or_default();
     summary(
         &machines,
+        &steps,
         &placements,
         provision_time,
         provision_calls,
@@ -281,6 +283,7 @@ fn leftovers(stack: &mut Stack, ids: &[String]) -> Vec<String> {
 
 fn summary(
     machines: &[Machine],
+    steps: &[(String, f64, u64)],
     placements: &BTreeMap<String, (String, i32, Vec<String>)>,
     provision_time: Duration,
     provision_calls: usize,
@@ -297,24 +300,12 @@ fn summary(
             addrs.join(", ")
         );
     }
-    println!("\nTime per step (average over machines, ms):");
-    let mut per_step: BTreeMap<usize, (String, Vec<f64>)> = BTreeMap::new();
-    for m in machines {
-        for (i, (step, at)) in m.steps.iter().enumerate() {
-            let end = m.steps.get(i + 1).map(|(_, t)| *t).or(m.provisioned);
-            if let Some(end) = end {
-                let order = step_order(step);
-                per_step
-                    .entry(order)
-                    .or_insert_with(|| (step.clone(), Vec::new()))
-                    .1
-                    .push(end.duration_since(*at).as_secs_f64() * 1000.0);
-            }
-        }
-    }
-    for (step, times) in per_step.values() {
-        let avg = times.iter().sum::<f64>() / times.len().max(1) as f64;
-        println!("  {step:<14} {avg:>8.0}");
+    println!("\nTime per step run (average, from the provider's /metrics):");
+    for (step, sum, count) in steps {
+        println!(
+            "  {step:<14} {:>7.1} ms  ({count} runs)",
+            sum * 1000.0 / (*count).max(1) as f64
+        );
     }
     println!("\nProxmox API calls:");
     println!(
@@ -328,18 +319,4 @@ fn summary(
         teardown_calls as f64 / machines.len() as f64,
         teardown_time.as_secs_f64()
     );
-}
-
-fn step_order(step: &str) -> usize {
-    [
-        "pick_node",
-        "prepare_image",
-        "create_vm",
-        "configure_vm",
-        "start_vm",
-        "discover_ip",
-    ]
-    .iter()
-    .position(|s| *s == step)
-    .unwrap_or(99)
 }

@@ -151,9 +151,49 @@ impl Stack {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     }
 
-    /// Proxmox requests fakepve saw since the last reset.
+    /// Proxmox requests fakepve saw since the last reset, without the health checks (`GET /version`
+    /// on the heartbeat's schedule), which are not machine work.
     pub fn proxmox_requests(&mut self) -> Vec<(String, String)> {
-        self.pve.requests()
+        self.pve
+            .requests()
+            .into_iter()
+            .filter(|(m, p)| !(m == "GET" && p.ends_with("/version")))
+            .collect()
+    }
+
+    /// Average duration of each pipeline step, in seconds, from the provider's own `/metrics`.
+    pub async fn step_seconds(&self) -> Result<Vec<(String, f64, u64)>, String> {
+        let http = omni_infra_provider_proxmox::pipeline::image_factory::http_client()?;
+        let text = http
+            .get(format!("http://{}/metrics", self.metrics))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        let value = |line: &str| line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        let mut steps: Vec<(String, f64, u64)> = Vec::new();
+        for step in [
+            "pick_node",
+            "prepare_image",
+            "create_vm",
+            "configure_vm",
+            "start_vm",
+            "discover_ip",
+        ] {
+            let find = |suffix: &str| {
+                let prefix =
+                    format!("omni_proxmox_step_duration_seconds_{suffix}{{step=\"{step}\"}}");
+                text.lines()
+                    .find(|l| l.starts_with(&prefix))
+                    .and_then(value)
+            };
+            if let (Some(sum), Some(count)) = (find("sum"), find("count")) {
+                steps.push((step.to_owned(), sum, count as u64));
+            }
+        }
+        Ok(steps)
     }
 
     pub fn reset_proxmox_requests(&mut self) {

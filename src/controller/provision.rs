@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use tracing::Instrument;
 
 use super::cache::WriteCache;
 use crate::omni::join::{self, ConnectionParams, JoinInputs, JoinMode};
@@ -213,7 +214,10 @@ impl Provisioner {
                     cluster: &mut cluster,
                 };
                 let started = std::time::Instant::now();
-                let outcome = run_step(step, &mut ctx).await;
+                // Every log line inside the step carries the step and node (the reconcile span
+                // around it carries the request ID).
+                let span = tracing::info_span!("step", step = step.name(), node = %ctx.state.node);
+                let outcome = run_step(step, &mut ctx).instrument(span).await;
                 self.services.metrics.step(step.name(), started.elapsed());
                 outcome
             };
