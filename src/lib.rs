@@ -13,5 +13,6 @@ pub mod pipeline;
 pub mod proxmox;
 pub mod secret;
 pub mod telemetry;
+pub mod tls;
 pub mod validate;
 pub mod yaml;

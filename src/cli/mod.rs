@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod dev_omni;
+pub mod omni_args;
 pub mod orphans;
 pub mod run;
 pub mod validate;

@@ -25,12 +25,13 @@ use serde::Serialize;
 
 use super::CliResult;
 use super::cluster::OutputFormat;
+use super::omni_args::OmniArgs;
 use crate::config::ProviderConfig;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
 use crate::omni::resources::{Kind, MachineRequest, label};
 use crate::omni::state::LabelSelector;
-use crate::omni::transport::{self, OmniEndpoint, OmniTls};
+use crate::omni::transport::{self, OmniEndpoint};
 use crate::pipeline::deprovision::{
     ClusterView, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
     deprovision, find_orphans, iso_volumes_in, our_vms,
@@ -38,7 +39,6 @@ use crate::pipeline::deprovision::{
 use crate::pipeline::vm_config;
 use crate::proxmox::types::{NodeName, NodeState, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
-use crate::secret::Secret;
 use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
@@ -52,25 +52,9 @@ pub struct OrphansArgs {
     /// `table` for people, `json` for scripts.
     #[arg(long, value_enum, default_value = "table")]
     pub output: OutputFormat,
-    /// Omni API endpoint, e.g. https://omni.example.com: needed to know which requests are live.
-    #[arg(long, env = "OMNI_ENDPOINT")]
-    pub omni_api_endpoint: Option<String>,
-    /// Infra provider key printed by `omnictl infraprovider create <id>`.
-    #[arg(long, env = "OMNI_SERVICE_ACCOUNT_KEY", hide_env_values = true, value_parser = parse_secret)]
-    pub omni_service_account_key: Option<Secret>,
-    /// Provider ID; must match the ID the key was created for.
-    #[arg(long, default_value = "proxmox")]
-    pub id: String,
-    /// PEM file with extra CA certificates to trust for the Omni endpoint.
-    #[arg(long, env = "OMNI_CA_FILE")]
-    pub omni_ca_file: Option<PathBuf>,
-    /// Skip TLS verification of the Omni endpoint.
-    #[arg(long)]
-    pub insecure_skip_verify: bool,
-}
-
-fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
-    Ok(Secret::new(s))
+    /// Omni connection: needed to know which requests are live.
+    #[command(flatten)]
+    pub omni: OmniArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,12 +63,6 @@ pub enum OrphansError {
         "orphans needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): without the list of live MachineRequests every VM of ours would look orphaned"
     )]
     NoOmni,
-    #[error(
-        "the key was made for provider {key_id:?} but --id is {flag_id:?}; run with --id {key_id}"
-    )]
-    IdMismatch { key_id: String, flag_id: String },
-    #[error("--insecure-skip-verify and --omni-ca-file cannot be used together")]
-    TlsFlags,
     #[error("cannot list the MachineRequests of provider {provider_id} in Omni: {message}")]
     Omni {
         provider_id: String,
@@ -114,33 +92,10 @@ struct JsonReport<'a> {
 fn omni_endpoint(
     args: &OrphansArgs,
 ) -> Result<(OmniEndpoint, ProviderKey), Box<dyn std::error::Error + Send + Sync>> {
-    let url = args
-        .omni_api_endpoint
-        .clone()
-        .filter(|u| !u.is_empty())
-        .ok_or(OrphansError::NoOmni)?;
-    let key = args
-        .omni_service_account_key
-        .clone()
-        .filter(|k| !k.expose().is_empty())
-        .ok_or(OrphansError::NoOmni)?;
-    let key = ProviderKey::parse(&key)?;
-    if let Some(key_id) = key.provider_id()
-        && key_id != args.id
-    {
-        return Err(OrphansError::IdMismatch {
-            key_id: key_id.to_owned(),
-            flag_id: args.id.clone(),
-        }
-        .into());
+    if !args.omni.is_set() {
+        return Err(OrphansError::NoOmni.into());
     }
-    let tls = match (&args.omni_ca_file, args.insecure_skip_verify) {
-        (Some(_), true) => return Err(OrphansError::TlsFlags.into()),
-        (Some(p), false) => OmniTls::CaFile(p.clone()),
-        (None, true) => OmniTls::InsecureSkipVerify,
-        (None, false) => OmniTls::WebPki,
-    };
-    Ok((OmniEndpoint { url, tls }, key))
+    Ok(args.omni.connection()?)
 }
 
 pub async fn run(args: OrphansArgs) -> CliResult {
@@ -148,18 +103,18 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     let (endpoint, key) = omni_endpoint(&args)?;
     let config = ProviderConfig::load(&args.config_file)?;
     transport::install_crypto_provider();
-    let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.id)?;
-    let live = live_requests(&omni, &args.id).await?;
+    let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.omni.id)?;
+    let live = live_requests(&omni, &args.omni.id).await?;
 
     let pve = ProxmoxClient::new(&config.proxmox)?;
-    let orphans = scan(&pve, &args.id, &live).await?;
+    let orphans = scan(&pve, &args.omni.id, &live).await?;
     let deletion = if args.delete {
         let report_line = |line: &str| {
             if args.output == OutputFormat::Table {
                 println!("{line}");
             }
         };
-        Some(delete(&pve, &args.id, &orphans, &report_line).await)
+        Some(delete(&pve, &args.omni.id, &orphans, &report_line).await)
     } else {
         None
     };
@@ -173,7 +128,7 @@ pub async fn run(args: OrphansArgs) -> CliResult {
         ),
         OutputFormat::Table => print!(
             "{}",
-            render_table(&args.id, &orphans, deletion.as_ref(), live.len())
+            render_table(&args.omni.id, &orphans, deletion.as_ref(), live.len())
         ),
     }
     match deletion {

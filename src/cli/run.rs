@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::CliResult;
+use super::omni_args::OmniArgs;
 use crate::config::ProviderConfig;
 use crate::controller::health::{self, HealthCheck};
 use crate::controller::provision::Provisioner;
@@ -24,7 +25,6 @@ use crate::omni::transport::{self, OmniEndpoint, OmniTls};
 use crate::pipeline::provider_data::ProviderDataSchema;
 use crate::pipeline::step::{Services, Timeouts};
 use crate::proxmox::ProxmoxClient;
-use crate::secret::Secret;
 use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
@@ -32,27 +32,14 @@ pub struct RunArgs {
     /// Provider config file (Proxmox connection, defaults, per-node overrides).
     #[arg(long, env = "CONFIG_FILE")]
     pub config_file: Option<PathBuf>,
-    /// Omni API endpoint, e.g. https://omni.example.com (any path is ignored).
-    #[arg(long, env = "OMNI_ENDPOINT")]
-    pub omni_api_endpoint: Option<String>,
-    /// Infra provider key printed by `omnictl infraprovider create <id>`.
-    #[arg(long, env = "OMNI_SERVICE_ACCOUNT_KEY", hide_env_values = true, value_parser = parse_secret)]
-    pub omni_service_account_key: Option<Secret>,
-    /// Provider ID; must match the ID the key was created for.
-    #[arg(long, default_value = "proxmox")]
-    pub id: String,
+    #[command(flatten)]
+    pub omni: OmniArgs,
     /// Provider name shown in Omni.
     #[arg(long, default_value = "Proxmox")]
     pub provider_name: String,
     /// Provider description shown in Omni.
     #[arg(long, default_value = "Proxmox infrastructure provider")]
     pub provider_description: String,
-    /// Skip TLS verification of the Omni endpoint.
-    #[arg(long)]
-    pub insecure_skip_verify: bool,
-    /// PEM file with extra CA certificates to trust for the Omni endpoint.
-    #[arg(long, env = "OMNI_CA_FILE")]
-    pub omni_ca_file: Option<PathBuf>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -75,10 +62,6 @@ pub struct RunArgs {
         default_value = "https://factory.talos.dev"
     )]
     pub image_factory_url: String,
-}
-
-fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
-    Ok(Secret::new(s))
 }
 
 /// `10s`, `500ms`, `1m`, or plain seconds.
@@ -109,14 +92,6 @@ pub enum RunError {
         "--config-file (or CONFIG_FILE) is required: the provider needs the Proxmox connection settings"
     )]
     NoConfigFile,
-    #[error("--omni-api-endpoint (or OMNI_ENDPOINT) is required")]
-    NoEndpoint,
-    #[error(
-        "the key was made for provider {key_id:?} but --id is {flag_id:?}; run with --id {key_id} or create a key for {flag_id:?} with `omnictl infraprovider create {flag_id}`"
-    )]
-    IdMismatch { key_id: String, flag_id: String },
-    #[error("--insecure-skip-verify and --omni-ca-file cannot be used together")]
-    TlsFlags,
 }
 
 /// Everything the provider needs, checked; built before any network call.
@@ -145,35 +120,19 @@ impl Settings {
             )
             .into());
         }
-        let url = args
-            .omni_api_endpoint
-            .clone()
-            .filter(|u| !u.is_empty())
-            .ok_or(RunError::NoEndpoint)?;
-        let key = ProviderKey::parse(&args.omni_service_account_key.clone().unwrap_or_default())?;
-        if let Some(key_id) = key.provider_id()
-            && key_id != args.id
-        {
-            return Err(RunError::IdMismatch {
-                key_id: key_id.to_owned(),
-                flag_id: args.id.clone(),
-            }
-            .into());
-        }
-        let tls = match (&args.omni_ca_file, args.insecure_skip_verify) {
-            (Some(_), true) => return Err(RunError::TlsFlags.into()),
-            (Some(p), false) => OmniTls::CaFile(p.clone()),
-            (None, true) => OmniTls::InsecureSkipVerify,
-            (None, false) => OmniTls::WebPki,
-        };
+        let (endpoint, key) = args.omni.connection()?;
         Ok(Self {
             config,
             concurrency: args.concurrency,
             metrics_listen: args.metrics_listen,
             image_factory_url: args.image_factory_url.clone(),
-            endpoint: OmniEndpoint { url, tls },
+            endpoint,
             key: Arc::new(key),
-            info: ProviderInfo::new(&args.id, &args.provider_name, &args.provider_description),
+            info: ProviderInfo::new(
+                &args.omni.id,
+                &args.provider_name,
+                &args.provider_description,
+            ),
             health_interval: args.health_interval,
         })
     }

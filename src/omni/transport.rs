@@ -145,9 +145,10 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
                         .ca_certificate(Certificate::from_pem(pem)),
                 )
             }
-            OmniTls::InsecureSkipVerify => {
-                ep.tls_config_with_verifier(base, Arc::new(insecure::AcceptAnyCert::new()))
-            }
+            OmniTls::InsecureSkipVerify => ep.tls_config_with_verifier(
+                base,
+                Arc::new(crate::tls::AcceptAnyServerCert::with_ring()),
+            ),
         }
         .map_err(transport)?;
     }
@@ -221,69 +222,6 @@ impl Service<http::Request<Body>> for SignedChannel {
             signed?;
             inner.call(req).await.map_err(Into::into)
         })
-    }
-}
-
-/// `--insecure-skip-verify`: a rustls verifier that accepts any server certificate but still
-/// checks handshake signatures (so the session is at least bound to the presented key).
-mod insecure {
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
-    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-    use rustls::{DigitallySignedStruct, Error, SignatureScheme};
-
-    #[derive(Debug)]
-    pub struct AcceptAnyCert(CryptoProvider);
-
-    impl AcceptAnyCert {
-        pub fn new() -> Self {
-            Self(rustls::crypto::ring::default_provider())
-        }
-    }
-
-    impl ServerCertVerifier for AcceptAnyCert {
-        fn verify_server_cert(
-            &self,
-            _end_entity: &CertificateDer<'_>,
-            _intermediates: &[CertificateDer<'_>],
-            _server_name: &ServerName<'_>,
-            _ocsp_response: &[u8],
-            _now: UnixTime,
-        ) -> Result<ServerCertVerified, Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, Error> {
-            verify_tls12_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, Error> {
-            verify_tls13_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
-        }
     }
 }
 

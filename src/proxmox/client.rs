@@ -27,6 +27,7 @@ use tokio::sync::{Mutex, RwLock};
 use super::error::{Call, ProxmoxError};
 use crate::config::{ProxmoxAuth, ProxmoxSettings, TlsTrust};
 use crate::secret::Secret;
+use crate::tls::AcceptAnyServerCert;
 
 /// A cheap-to-clone handle to one Proxmox VE API endpoint.
 #[derive(Clone)]
@@ -649,69 +650,10 @@ pub(crate) fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig, Proxm
         }
         TlsTrust::InsecureSkipVerify => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(insecure::AcceptAnyServerCert(provider)))
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCert::new(provider)))
             .with_no_client_auth(),
     };
     Ok(config)
-}
-
-/// `insecureSkipVerify: true`: accept any certificate, but still check handshake signatures so the
-/// connection is at least consistent with the certificate presented.
-mod insecure {
-    use std::sync::Arc;
-
-    use rustls::DigitallySignedStruct;
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::crypto::CryptoProvider;
-    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-
-    #[derive(Debug)]
-    pub struct AcceptAnyServerCert(pub Arc<CryptoProvider>);
-
-    impl ServerCertVerifier for AcceptAnyServerCert {
-        fn verify_server_cert(
-            &self,
-            _end_entity: &CertificateDer<'_>,
-            _intermediates: &[CertificateDer<'_>],
-            _server_name: &ServerName<'_>,
-            _ocsp: &[u8],
-            _now: UnixTime,
-        ) -> Result<ServerCertVerified, rustls::Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,72 @@
+//! TLS pieces shared by the Proxmox and Omni connections.
+//!
+//! Both sides offer the same three choices (public roots, a private CA file, no verification); the
+//! "no verification" verifier lives here once so both behave the same.
+
+use std::sync::Arc;
+
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+
+/// `insecureSkipVerify` / `--insecure-skip-verify`: accepts any server certificate, but still checks
+/// the handshake signatures, so the session is at least bound to the key the server presented.
+#[derive(Debug)]
+pub struct AcceptAnyServerCert(Arc<CryptoProvider>);
+
+impl AcceptAnyServerCert {
+    pub fn new(provider: Arc<CryptoProvider>) -> Self {
+        Self(provider)
+    }
+
+    /// With the ring provider, the one the whole crate uses.
+    pub fn with_ring() -> Self {
+        Self(Arc::new(rustls::crypto::ring::default_provider()))
+    }
+}
+
+impl ServerCertVerifier for AcceptAnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
