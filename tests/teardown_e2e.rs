@@ -255,3 +255,38 @@ async fn state_left_without_its_request_is_cleaned_up_at_start() {
     }
     h.stop_controller().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_set_pool_is_created_and_removed_with_its_last_machine() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let a = h.provisioned("pool-a").await;
+    let b = h.provisioned("pool-b").await;
+    assert_eq!(
+        h.vm(a)["pool"],
+        json!("teardown"),
+        "VMs go to the set's pool, as upstream"
+    );
+    let pools = h.pve.control(json!({"op": "pools"}));
+    assert_eq!(pools["teardown"], json!([a, b]));
+    h.tear_down("pool-a");
+    h.wait_released("pool-a").await;
+    assert!(
+        h.pve
+            .control(json!({"op": "pools"}))
+            .get("teardown")
+            .is_some(),
+        "pool-b still uses it"
+    );
+    h.tear_down("pool-b");
+    h.wait_released("pool-b").await;
+    assert!(
+        h.pve
+            .control(json!({"op": "pools"}))
+            .get("teardown")
+            .is_none(),
+        "last machine gone, pool gone"
+    );
+    h.stop_controller().await;
+}

@@ -253,6 +253,7 @@ pub async fn run_with(
         reservations: Default::default(),
         vmids_in_flight: Default::default(),
         image_locks: Default::default(),
+        pools_created: Default::default(),
         image_factory_url: settings.image_factory_url,
         factory_http: crate::pipeline::image_factory::http_client()?,
         timeouts: Timeouts::default(),

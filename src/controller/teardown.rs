@@ -20,8 +20,9 @@ use std::time::Duration;
 use super::provision::{Action, Provisioner, ReconcileError};
 use crate::omni::proto::provider::MachineSpec;
 use crate::omni::proto::specs::MachineRequestSpec;
+use crate::omni::resources::label;
 use crate::omni::resources::{MachineRequest, MachineRequestStatus, ProviderMachine};
-use crate::omni::state::{ResourceRef, StateError, Typed};
+use crate::omni::state::{LabelSelector, ResourceRef, StateError, Typed};
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, deprovision,
 };
@@ -93,7 +94,11 @@ async fn remove_vm_and_state(
     let Some(machine) = machine else {
         return Ok(());
     };
-    if let Err(e) = deprovision_vm(p, id, &machine.spec, status_labels).await {
+    let deprovisioned = match deprovision_vm(p, id, &machine.spec, status_labels).await {
+        Ok(()) => remove_default_pool_when_set_is_gone(p, id, &machine.spec).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = deprovisioned {
         p.services.metrics.deprovision("failure");
         if let Some(labels) = status_labels {
             let text = e.to_string();
@@ -113,6 +118,54 @@ async fn remove_vm_and_state(
         Err(e) => return Err(teardown_error("tearing down the provider state", e)),
     }
     destroy(p, &machine_ref).await
+}
+
+/// The pool we created for the request's machine-request set goes once no machine of the set is
+/// left running. Each teardown tries after deleting its own VM, so the last one to finish removes
+/// it; a pool that is not empty (someone else's VM, another machine still being deleted) stays.
+async fn remove_default_pool_when_set_is_gone(
+    p: &Provisioner,
+    id: &str,
+    spec: &MachineSpec,
+) -> Result<(), ReconcileError> {
+    if spec.default_pool.is_empty() {
+        return Ok(());
+    }
+    let selector = LabelSelector::new()
+        .equal(label::INFRA_PROVIDER_ID, p.provider_id())
+        .equal(label::MACHINE_REQUEST_SET, &spec.request_set);
+    let siblings = p
+        .state
+        .list(&MachineRequest, vec![selector])
+        .await
+        .map_err(|e| teardown_error("listing the machine-request set", e))?;
+    if siblings
+        .iter()
+        .any(|r| r.id() != id && !r.is_tearing_down())
+    {
+        return Ok(());
+    }
+    match p
+        .services
+        .pve
+        .delete_pool_if_empty(&spec.default_pool)
+        .await
+    {
+        Ok(true) => {
+            tracing::info!(request = %id, pool = %spec.default_pool, "removed the empty pool of the machine-request set")
+        }
+        Ok(false) => {}
+        // Leaving an empty pool behind is harmless; not worth holding the teardown.
+        Err(e) => {
+            tracing::warn!(request = %id, pool = %spec.default_pool, error = %e, "cannot remove the pool of the machine-request set")
+        }
+    }
+    p.services
+        .pools_created
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&spec.default_pool);
+    Ok(())
 }
 
 async fn deprovision_vm(

@@ -16,7 +16,7 @@ use super::configure_vm::upload_seed;
 use super::step::{StepContext, StepError, StepOutcome};
 use super::storage_selector::StorageFacts;
 use super::vm_config::{self, VmIdentity, VmTarget};
-use crate::proxmox::property::{IsoVolume, StorageId};
+use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{ClusterResource, NodeName, VmId, VmResource};
 
 /// How many taken VMIDs to step over before giving up (each costs one refused create).
@@ -38,6 +38,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         return Ok(StepOutcome::Done);
     }
 
+    default_pool(ctx).await?;
     let mut refused: Vec<u32> = Vec::new();
     for _ in 0..VMID_ATTEMPTS {
         let vmid = choose_vmid(ctx, &resources, &refused)?;
@@ -65,6 +66,52 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     Err(StepError::Cluster(format!(
         "could not find a free VMID after {VMID_ATTEMPTS} tries (refused: {refused:?}); something else is creating VMs very fast"
     )))
+}
+
+/// Without a `pool` in the class, the VM goes into a pool named after its machine-request set, created
+/// on demand (as the official provider does). Created once per set and process.
+async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
+    if ctx.data.pool.is_some() {
+        return Ok(());
+    }
+    let Some(set) = ctx.request.set_id.clone() else {
+        return Ok(());
+    };
+    let pool = match PoolId::new(set.clone()) {
+        Ok(p) if set.starts_with(|c: char| c.is_ascii_alphabetic()) => p,
+        _ => {
+            tracing::info!(request = %ctx.request.id, set = %set, "set ID is not a valid pool name; no default pool");
+            return Ok(());
+        }
+    };
+    let known = ctx
+        .services
+        .pools_created
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(pool.as_str());
+    if !known {
+        let doing = format!("creating pool {pool} for machine-request set {set}");
+        ctx.report(doing.clone()).await;
+        ctx.services
+            .pve
+            .ensure_pool(
+                pool.as_str(),
+                &format!(
+                    "Created by the Omni infrastructure provider for machine-request set {set}"
+                ),
+            )
+            .await
+            .map_err(StepError::proxmox(doing))?;
+        ctx.services
+            .pools_created
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pool.as_str().to_owned());
+    }
+    ctx.state.default_pool = pool.as_str().to_owned();
+    ctx.data.pool = Some(pool);
+    Ok(())
 }
 
 /// The VM this request made earlier, if any: named after the request and carrying our tag.

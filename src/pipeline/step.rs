@@ -177,6 +177,8 @@ pub struct Services {
     pub reservations: Mutex<Reservations>,
     /// VMIDs chosen by requests in flight and not yet visible in `/cluster/resources`.
     pub vmids_in_flight: Mutex<BTreeSet<u32>>,
+    /// Default pools (named after machine-request sets) this process made sure exist.
+    pub pools_created: Mutex<std::collections::HashSet<String>>,
     /// One lock per (node, ISO volume): concurrent requests for one image download it once.
     pub image_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Image factory base URL for boot ISOs.

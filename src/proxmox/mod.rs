@@ -8,6 +8,7 @@ pub mod client;
 pub mod cluster;
 pub mod error;
 pub mod network;
+pub mod pools;
 pub mod property;
 pub mod storage;
 pub mod tasks;

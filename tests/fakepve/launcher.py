@@ -117,7 +117,7 @@ def build(scenario):
 
 def vm_view(vm):
     return {'vmid': vm.vmid, 'name': vm.name, 'node': vm.node, 'status': vm.status, 'template': bool(vm.template),
-            'lock': vm.lock, 'config': dict(vm.config)}
+            'lock': vm.lock, 'pool': vm.pool, 'config': dict(vm.config)}
 
 
 async def command(pve, cmd):
@@ -161,6 +161,8 @@ async def command(pve, cmd):
         pve.bridges = dict(pve.bridges or {}, **{cmd['node']: cmd['bridges']})
     elif op == 'set_mappings':
         pve.mappings = dict(pve.mappings or {}, **{cmd['kind']: cmd['mappings']})
+    elif op == 'pools':
+        return dict((name, sorted(members)) for name, members in pve.pools.items())
     elif op == 'ping':
         return 'pong'
     else:

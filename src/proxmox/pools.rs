@@ -1,0 +1,38 @@
+//! Resource pools: the official provider puts each machine-request set's VMs in a pool named after
+//! the set unless the class names one, creates it on demand and removes it once empty. We do the same.
+
+use super::client::{Params, ProxmoxClient, Replay};
+use super::error::ProxmoxError;
+
+impl ProxmoxClient {
+    /// `POST /pools`. A pool that already exists is success.
+    pub async fn ensure_pool(&self, pool: &str, comment: &str) -> Result<(), ProxmoxError> {
+        let params = Params::new().with("poolid", pool).with("comment", comment);
+        match self
+            .post::<serde_json::Value>(&["pools"], params, Replay::OnlyIfUnsent)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(ProxmoxError::Api { message, .. }) if message.contains("already exists") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `DELETE /pools?poolid=…`. Returns false when the pool is not empty or already gone, which is
+    /// not an error for someone cleaning up.
+    pub async fn delete_pool_if_empty(&self, pool: &str) -> Result<bool, ProxmoxError> {
+        match self
+            .delete::<serde_json::Value>(&["pools"], Params::new().with("poolid", pool))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(ProxmoxError::Api { message, .. })
+                if message.contains("not empty") || message.contains("does not exist") =>
+            {
+                Ok(false)
+            }
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
