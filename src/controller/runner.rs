@@ -156,9 +156,4 @@ impl Controller {
             .saturating_mul(2u32.saturating_pow((*n - 1).min(16)))
             .min(MAX_BACKOFF)
     }
-
-    /// Requests waiting or being reconciled.
-    pub fn queued(&self) -> usize {
-        self.queue.len()
-    }
 }

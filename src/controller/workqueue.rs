@@ -83,13 +83,6 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         self.changed.notify_waiters();
     }
 
-    /// Forgets a waiting key (the request is gone). An active key finishes normally.
-    pub fn forget(&self, key: &K) {
-        let mut s = self.lock();
-        s.waiting.remove(key);
-        s.again.remove(key);
-    }
-
     /// Waits for the next due key and marks it active; `None` once the queue is closed.
     pub async fn next(&self) -> Option<K> {
         loop {
@@ -219,14 +212,5 @@ mod tests {
         tokio::task::yield_now().await;
         q.close();
         assert_eq!(waiter.await.unwrap(), None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn forget_drops_a_waiting_key() {
-        let q = WorkQueue::new();
-        q.add("gone");
-        q.add_after("later", Duration::from_secs(1));
-        q.forget(&"gone");
-        assert_eq!(q.next().await, Some("later"));
     }
 }

@@ -7,7 +7,7 @@
 //! coming up: a requeue never holds a worker), or fails with a [`StepError`] whose text is what the
 //! user reads in Omni.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -329,17 +329,6 @@ impl StepContext<'_> {
 /// Splits a volume ID `storage:path` into its storage.
 pub fn volume_storage(volid: &str) -> Option<&str> {
     volid.split_once(':').map(|(s, _)| s)
-}
-
-/// Node -> config override map lookup helper for per-node selectors.
-pub fn node_overrides(
-    config: &ProviderConfig,
-) -> BTreeMap<String, serde_json::Map<String, serde_json::Value>> {
-    config
-        .nodes
-        .iter()
-        .filter_map(|(k, v)| v.as_object().map(|m| (k.clone(), m.clone())))
-        .collect()
 }
 
 #[cfg(test)]
