@@ -126,6 +126,7 @@ async fn provision(
         smbios_uuid: Some(uuid.to_string()),
         seed_iso_volume: Some(seed_volume),
         seed_iso_node: Some(node(on)),
+        default_pool: None,
     }
 }
 
@@ -366,6 +367,7 @@ async fn nothing_recorded_and_crash_before_recording() {
         smbios_uuid: None,
         seed_iso_volume: None,
         seed_iso_node: None,
+        default_pool: None,
     };
     let (result, _) = run(&pve, &never).await;
     assert_eq!(result.unwrap(), DeprovisionOutcome::NothingRecorded);
@@ -424,6 +426,7 @@ async fn official_provider_vm_is_deleted_through_its_recorded_vmid() {
         smbios_uuid: Some("6f1c3b9e-2a4d-4e8f-9c0b-1d2e3f4a5b6c".into()),
         seed_iso_volume: None,
         seed_iso_node: None,
+        default_pool: None,
     };
     // Without the recorded VMID it is not found (no provider tag) and not touched.
     let unrecorded = DeprovisionTarget {

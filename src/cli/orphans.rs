@@ -263,6 +263,7 @@ pub async fn delete(
             smbios_uuid: None,
             seed_iso_volume: seeds.next().cloned(),
             seed_iso_node: Some(vm.node.clone()),
+            default_pool: None,
         };
         match deprovision(pve, &target, &options, progress).await {
             Ok(DeprovisionOutcome::Deleted { vmid, .. }) => {

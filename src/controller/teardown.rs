@@ -20,9 +20,8 @@ use std::time::Duration;
 use super::provision::{Action, Provisioner, ReconcileError};
 use crate::omni::proto::provider::MachineSpec;
 use crate::omni::proto::specs::MachineRequestSpec;
-use crate::omni::resources::label;
 use crate::omni::resources::{MachineRequest, MachineRequestStatus, ProviderMachine};
-use crate::omni::state::{LabelSelector, ResourceRef, StateError, Typed};
+use crate::omni::state::{ResourceRef, StateError, Typed};
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, deprovision,
 };
@@ -94,11 +93,7 @@ async fn remove_vm_and_state(
     let Some(machine) = machine else {
         return Ok(());
     };
-    let deprovisioned = match deprovision_vm(p, id, &machine.spec, status_labels).await {
-        Ok(()) => remove_default_pool_when_set_is_gone(p, id, &machine.spec).await,
-        Err(e) => Err(e),
-    };
-    if let Err(e) = deprovisioned {
+    if let Err(e) = deprovision_vm(p, id, &machine.spec, status_labels).await {
         p.services.metrics.deprovision("failure");
         if let Some(labels) = status_labels {
             let text = e.to_string();
@@ -118,54 +113,6 @@ async fn remove_vm_and_state(
         Err(e) => return Err(teardown_error("tearing down the provider state", e)),
     }
     destroy(p, &machine_ref).await
-}
-
-/// The pool we created for the request's machine-request set goes once no machine of the set is
-/// left running. Each teardown tries after deleting its own VM, so the last one to finish removes
-/// it; a pool that is not empty (someone else's VM, another machine still being deleted) stays.
-async fn remove_default_pool_when_set_is_gone(
-    p: &Provisioner,
-    id: &str,
-    spec: &MachineSpec,
-) -> Result<(), ReconcileError> {
-    if spec.default_pool.is_empty() {
-        return Ok(());
-    }
-    let selector = LabelSelector::new()
-        .equal(label::INFRA_PROVIDER_ID, p.provider_id())
-        .equal(label::MACHINE_REQUEST_SET, &spec.request_set);
-    let siblings = p
-        .state
-        .list(&MachineRequest, vec![selector])
-        .await
-        .map_err(|e| teardown_error("listing the machine-request set", e))?;
-    if siblings
-        .iter()
-        .any(|r| r.id() != id && !r.is_tearing_down())
-    {
-        return Ok(());
-    }
-    match p
-        .services
-        .pve
-        .delete_pool_if_empty(&spec.default_pool)
-        .await
-    {
-        Ok(true) => {
-            tracing::info!(request = %id, pool = %spec.default_pool, "removed the empty pool of the machine-request set")
-        }
-        Ok(false) => {}
-        // Leaving an empty pool behind is harmless; not worth holding the teardown.
-        Err(e) => {
-            tracing::warn!(request = %id, pool = %spec.default_pool, error = %e, "cannot remove the pool of the machine-request set")
-        }
-    }
-    p.services
-        .pools_created
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&spec.default_pool);
-    Ok(())
 }
 
 async fn deprovision_vm(
@@ -199,6 +146,14 @@ async fn deprovision_vm(
         }
     };
     let (result, ()) = tokio::join!(work, show);
+    if !spec.default_pool.is_empty() {
+        // Made again on demand if the set comes back.
+        p.services
+            .pools_created
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&spec.default_pool);
+    }
     match result {
         Ok(DeprovisionOutcome::Deleted { node, vmid }) => {
             tracing::info!(request = %id, %vmid, %node, "VM deleted");
@@ -235,6 +190,7 @@ pub fn target(id: &str, provider_id: &str, spec: &MachineSpec) -> DeprovisionTar
         smbios_uuid: (!spec.uuid.is_empty()).then(|| spec.uuid.clone()),
         seed_iso_volume: (!spec.seed_iso_volume.is_empty()).then(|| spec.seed_iso_volume.clone()),
         seed_iso_node: node,
+        default_pool: (!spec.default_pool.is_empty()).then(|| spec.default_pool.clone()),
     }
 }
 

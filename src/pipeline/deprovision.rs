@@ -55,6 +55,9 @@ pub struct DeprovisionTarget {
     pub seed_iso_volume: Option<String>,
     /// The node the seed ISO was uploaded to (it matters for node-local storage).
     pub seed_iso_node: Option<NodeName>,
+    /// The machine-request set's pool the VM was put in by default: removed when the listing shows
+    /// no other guest in it.
+    pub default_pool: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -348,6 +351,13 @@ pub async fn deprovision(
         _ => None,
     };
     delete_seed_iso(pve, &view, target, vm_node, options, progress).await?;
+    if let Some(pool) = &target.default_pool {
+        let deleted = match &outcome {
+            DeprovisionOutcome::Deleted { vmid, .. } => Some(*vmid),
+            _ => None,
+        };
+        remove_pool_if_unused(pve, &view, pool, deleted, &target.request_id).await;
+    }
     match &outcome {
         DeprovisionOutcome::Deleted { node, vmid } => {
             tracing::info!(request = %target.request_id, %vmid, %node, "VM deleted");
@@ -364,6 +374,35 @@ pub async fn deprovision(
         }
     }
     Ok(outcome)
+}
+
+/// Deletes the set's pool when the listing shows no guest left in it but the one just deleted. Costs
+/// a request only then, so tearing down a whole set at once tries (about) once. Best effort: an empty
+/// pool left behind is harmless.
+async fn remove_pool_if_unused(
+    pve: &ProxmoxClient,
+    view: &ClusterView,
+    pool: &str,
+    deleted: Option<VmId>,
+    request_id: &str,
+) {
+    let others = view
+        .vms
+        .iter()
+        .chain(&view.containers)
+        .any(|g| g.pool.as_deref() == Some(pool) && Some(g.vmid) != deleted);
+    if others {
+        return;
+    }
+    match pve.delete_pool_if_empty(pool).await {
+        Ok(true) => {
+            tracing::info!(request = %request_id, %pool, "removed the machine-request set's pool, now empty")
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(request = %request_id, %pool, error = %e, "cannot remove the machine-request set's pool")
+        }
+    }
 }
 
 /// The VM part, against a listing already made.
