@@ -4,7 +4,7 @@
 # Everything the tests need (fakepve in .venv), then every test. fakepve is required here, so a missing
 # fake fails the run instead of silently skipping the end-to-end tests.
 test: setup
-	REQUIRE_FAKEPVE=1 cargo test --all-targets --locked
+	REQUIRE_FAKEPVE=1 cargo test --lib --bins --tests --locked
 
 setup:
 	scripts/setup-test-env.sh
