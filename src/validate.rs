@@ -23,7 +23,7 @@ use crate::pipeline::pick_node;
 use crate::pipeline::placement::{NodeSnapshot, StorageSnapshot};
 use crate::pipeline::prepare_image::choose_template;
 use crate::pipeline::provider_data::{BootMode, ProviderData, ProviderDataSchema};
-use crate::pipeline::storage_selector::{StorageFacts, StorageSelector};
+use crate::pipeline::storage_selector::StorageSelector;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::{ClusterResource, NodeName};
@@ -696,12 +696,7 @@ fn check_storage<'n>(
         } else if !s.enabled || !s.active {
             Some("is not active".to_string())
         } else {
-            let facts = StorageFacts {
-                name: s.name.clone(),
-                node: node.name.clone(),
-                storage_type: s.storage_type.clone(),
-                available_space: s.available,
-            };
+            let facts = s.facts(&node.name);
             match selector.map_or(Ok(true), |sel| sel.matches(&facts)) {
                 Err(e) => Some(e.to_string()),
                 Ok(false) => Some("not selected by the selector".to_string()),

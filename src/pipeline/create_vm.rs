@@ -13,8 +13,8 @@
 //! uploaded first; boot mode `clone` clones here and configures in the next step.
 
 use super::configure_vm::upload_seed;
+use super::pick_node::node_storages;
 use super::step::{StepContext, StepError, StepOutcome};
-use super::storage_selector::StorageFacts;
 use super::vm_config::{self, VmIdentity, VmTarget};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{ClusterResource, NodeName, VmId, VmResource};
@@ -296,35 +296,19 @@ fn disk_storage(
     disk: &super::provider_data::AdditionalDisk,
     index: usize,
 ) -> Result<StorageId, StepError> {
-    for r in resources {
-        let ClusterResource::Storage(s) = r else {
-            continue;
-        };
-        let images = s
-            .content
-            .as_deref()
-            .unwrap_or_default()
-            .split(',')
-            .any(|c| c.trim() == "images");
-        if s.node != *node || !images || s.status.as_deref() != Some("available") {
-            continue;
-        }
-        let available = s.maxdisk.unwrap_or(0).saturating_sub(s.disk.unwrap_or(0));
-        if available < disk.size_gb.saturating_mul(1024 * 1024 * 1024) {
-            continue;
-        }
-        let facts = StorageFacts {
-            name: s.storage.clone(),
-            node: node.to_string(),
-            storage_type: s.plugintype.clone().unwrap_or_default(),
-            available_space: available,
-        };
-        let matches = disk.storage_selector.matches(&facts).map_err(|e| {
-            StepError::Config(format!("additional_disks[{index}].storage_selector: {e}"))
-        })?;
+    let needed = disk.size_gb.saturating_mul(1024 * 1024 * 1024);
+    for s in node_storages(resources, node.as_str())
+        .iter()
+        .filter(|s| s.holds("images") && s.active && s.available >= needed)
+    {
+        let matches = disk
+            .storage_selector
+            .matches(&s.facts(node.as_str()))
+            .map_err(|e| {
+                StepError::Config(format!("additional_disks[{index}].storage_selector: {e}"))
+            })?;
         if matches {
-            return StorageId::new(s.storage.clone())
-                .map_err(|e| StepError::Cluster(e.to_string()));
+            return StorageId::new(s.name.clone()).map_err(|e| StepError::Cluster(e.to_string()));
         }
     }
     Err(StepError::Cluster(format!(

@@ -92,6 +92,15 @@ fn node_selectors(ctx: &StepContext<'_>) -> Result<BTreeMap<String, StorageSelec
     Ok(out)
 }
 
+/// Pure: the storages of one node as placement sees them (API order kept).
+pub fn node_storages(resources: &[ClusterResource], node: &str) -> Vec<StorageSnapshot> {
+    snapshot(resources)
+        .into_iter()
+        .find(|n| n.name == node)
+        .map(|n| n.storages)
+        .unwrap_or_default()
+}
+
 /// Pure: the placement view of `/cluster/resources`.
 pub fn snapshot(resources: &[ClusterResource]) -> Vec<NodeSnapshot> {
     let mut nodes: BTreeMap<String, NodeSnapshot> = BTreeMap::new();

@@ -44,6 +44,16 @@ impl StorageSnapshot {
     pub fn holds(&self, content: &str) -> bool {
         self.content.iter().any(|c| c == content)
     }
+
+    /// What a CEL storage selector sees of this storage on `node`.
+    pub fn facts(&self, node: &str) -> StorageFacts {
+        StorageFacts {
+            name: self.name.clone(),
+            node: node.to_owned(),
+            storage_type: self.storage_type.clone(),
+            available_space: self.available,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -364,13 +374,7 @@ fn choose_storage(
         if !storage.enabled || !storage.active || !storage.holds("images") {
             continue;
         }
-        let facts = StorageFacts {
-            name: storage.name.clone(),
-            node: node.name.clone(),
-            storage_type: storage.storage_type.clone(),
-            available_space: storage.available,
-        };
-        if !selector.matches(&facts)? {
+        if !selector.matches(&storage.facts(&node.name))? {
             continue;
         }
         if storage.available < disk_bytes {

@@ -12,10 +12,10 @@
 use sha2::{Digest, Sha256};
 
 use super::image_factory;
+use super::pick_node::node_storages;
 use super::provider_data::{BootMode, TemplateRef};
 use super::schematic::{Overlay, SchematicRequest, schematic_yaml};
 use super::step::{StepContext, StepError, StepOutcome};
-use super::storage_selector::StorageFacts;
 use crate::omni::management::ManagementError;
 use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::{ClusterResource, NodeName, VmResource};
@@ -133,39 +133,18 @@ pub(super) async fn iso_storage(
     node: &NodeName,
 ) -> Result<(String, bool), StepError> {
     let selector = ctx.data.iso_storage_selector.clone();
-    let resources = ctx.cluster(false).await?;
+    let storages = node_storages(ctx.cluster(false).await?, node.as_str());
     let mut seen = Vec::new();
-    for r in resources {
-        let ClusterResource::Storage(s) = r else {
-            continue;
-        };
-        if s.node != *node {
-            continue;
-        }
-        let holds_iso = s
-            .content
-            .as_deref()
-            .unwrap_or_default()
-            .split(',')
-            .any(|c| c.trim() == "iso");
-        if !holds_iso || s.status.as_deref() != Some("available") {
-            continue;
-        }
-        seen.push(s.storage.clone());
-        let available = s.maxdisk.unwrap_or(0).saturating_sub(s.disk.unwrap_or(0));
+    for s in storages.iter().filter(|s| s.holds("iso") && s.active) {
+        seen.push(s.name.clone());
         let wanted = match &selector {
             None => true,
             Some(sel) => sel
-                .matches(&StorageFacts {
-                    name: s.storage.clone(),
-                    node: node.to_string(),
-                    storage_type: s.plugintype.clone().unwrap_or_default(),
-                    available_space: available,
-                })
+                .matches(&s.facts(node.as_str()))
                 .map_err(|e| StepError::Config(format!("iso_storage_selector: {e}")))?,
         };
         if wanted {
-            return Ok((s.storage.clone(), s.shared));
+            return Ok((s.name.clone(), s.shared));
         }
     }
     // Without a selector the first ISO storage was taken, so reaching here means a selector rejected
