@@ -277,15 +277,13 @@ impl Provisioner {
         tracing::info!(request = %id, vmid = spec.vmid, node = %spec.node, addresses = ?spec.addresses, "provisioned");
         self.services.metrics.provision("success");
         let uuid = spec.uuid.clone();
-        let infra_id = spec.vmid.to_string();
-        self.write_status(id, labels, |s| {
+        self.write_status(id, &with_infra_id(labels, spec), |s| {
             s.stage = Stage::Provisioned as i32;
             s.status = summary.clone();
             s.error.clear();
             s.id = uuid.clone();
         })
         .await?;
-        self.set_infra_id(id, labels, &infra_id).await?;
         Ok(Action::Done)
     }
 
@@ -297,20 +295,8 @@ impl Provisioner {
         spec: &MachineSpec,
     ) -> Result<(), ReconcileError> {
         let uuid = spec.uuid.clone();
-        self.write_status(id, labels, |s| s.id = uuid.clone())
-            .await?;
-        self.set_infra_id(id, labels, &spec.vmid.to_string()).await
-    }
-
-    async fn set_infra_id(
-        &self,
-        id: &str,
-        labels: &BTreeMap<String, String>,
-        infra_id: &str,
-    ) -> Result<(), ReconcileError> {
-        let mut with = labels.clone();
-        with.insert(label::INFRA_ID.to_owned(), infra_id.to_owned());
-        self.write_status(id, &with, |_| {}).await
+        self.write_status(id, &with_infra_id(labels, spec), |s| s.id = uuid.clone())
+            .await
     }
 
     async fn status(
@@ -441,6 +427,17 @@ impl Provisioner {
             .unwrap_or_else(|p| p.into_inner())
             .release(id);
     }
+}
+
+/// The request's labels plus `omni.sidero.dev/infra-id` = VMID (kept at PROVISIONED, unlike the Go
+/// library, which dropped it).
+fn with_infra_id(
+    labels: &BTreeMap<String, String>,
+    spec: &MachineSpec,
+) -> BTreeMap<String, String> {
+    let mut with = labels.clone();
+    with.insert(label::INFRA_ID.to_owned(), spec.vmid.to_string());
+    with
 }
 
 pub fn request_info(request: &Typed<MachineRequestSpec>) -> RequestInfo {
