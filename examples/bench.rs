@@ -1,6 +1,6 @@
 //! Benchmark report (`make bench`): what one machine costs in Proxmox requests and time, how 100
-//! simultaneous requests go, and how much memory the provider uses, held against design.md §7's
-//! targets and the official provider's cost (reference/upstream-cost.md).
+//! simultaneous requests go, and how much memory the provider uses, held against the targets
+//! and the official provider's cost in `docs/performance.md`.
 //!
 //! Runs the real provider binary (build it in release mode first) against fakepve with instant tasks
 //! and the in-memory Omni. Prints a report; exits non-zero only if the run itself fails, since targets

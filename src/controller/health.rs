@@ -1,6 +1,6 @@
 //! The heartbeat (§3.2): Omni shows a provider as disconnected 31 s after its last beat, so we beat
-//! every `--health-interval` (10 s by default, well inside that window; §8 question 10: we do not
-//! rely on Omni widening the window for longer intervals) and report what the health check says.
+//! every `--health-interval` (10 s by default, well inside that window: Omni's window is its own
+//! constant, so a longer interval would not widen it) and report what the health check says.
 //!
 //! The health check is a plain async closure so the Proxmox check (reachable, credentials
 //! accepted) plugs in without this module knowing about Proxmox.

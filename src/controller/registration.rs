@@ -1,4 +1,4 @@
-//! Registering the provider with Omni (§3.1 step 4): name, description, icon, provider-data schema
+//! Registering the provider with Omni (§3.1): name, description, icon, provider-data schema
 //! and version, shown in Omni's UI and used to validate machine classes.
 
 use base64::Engine as _;

@@ -114,7 +114,7 @@ impl fmt::Debug for ConnectionParams {
     }
 }
 
-/// Builds the join token, kernel args and join config (reference §4).
+/// Builds the join token, kernel args and join config (§4).
 pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinError> {
     if inputs.join_token.is_empty() {
         return Err(JoinError::EmptyToken);

@@ -2,7 +2,7 @@
 //! the typed resources a provider touches, the management (schematic) call, and an in-memory Omni
 //! that serves the same wire protocol for tests, the demo and local development.
 //!
-//! The wire contract is `shared/reference/omni-infra-protocol.md`; section numbers in comments
+//! The wire contract is written down in `docs/omni-protocol.md`; section numbers in comments
 //! (§1.4, §6.2, ...) point there.
 
 pub mod auth;

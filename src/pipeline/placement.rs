@@ -221,7 +221,7 @@ struct Candidate<'a> {
     free_memory: u64,
 }
 
-/// Picks the node and storage for a request (design §4 step 1).
+/// Picks the node and storage for a request (`docs/architecture.md`, step `pick_node`).
 pub fn pick(
     nodes: &[NodeSnapshot],
     request: &PlacementRequest<'_>,
