@@ -664,7 +664,7 @@ async fn watch_rebootstraps_when_the_bookmark_is_unknown() {
 fn raw_state(omni: &Omni) -> pb::state_client::StateClient<transport::SignedChannel> {
     let channel = transport::channel(&transport::OmniEndpoint {
         url: omni.url(),
-        tls: transport::OmniTls::WebPki,
+        tls: transport::OmniTls::SystemAndPublicRoots,
     })
     .unwrap();
     pb::state_client::StateClient::new(transport::SignedChannel::new(
