@@ -1,4 +1,4 @@
-//! The infra-provider key and Omni's per-call request signature (§6), both directions.
+//! The infra-provider key and Omni's per-call request signature, both directions.
 //!
 //! Omni authenticates every gRPC call by an OpenPGP detached signature over a small JSON payload that
 //! names the method and ten metadata headers. The client half ([`ProviderKey`]) parses the key the
@@ -35,7 +35,7 @@ pub const PAYLOAD_HEADER: &str = "x-sidero-payload";
 pub const SIGNATURE_HEADER: &str = "x-sidero-signature";
 /// The only signature scheme Omni knows.
 pub const SIGNATURE_VERSION: &str = "siderov1";
-/// Timestamps and signature creation times may be this far from the server clock (§6.3).
+/// Timestamps and signature creation times may be this far from the server clock.
 pub const MAX_CLOCK_SKEW_SECS: i64 = 5 * 60;
 
 /// Prefix of the service-account name of an infra-provider key as `omnictl infraprovider create`
@@ -45,7 +45,7 @@ pub const INFRA_PROVIDER_NAME_PREFIX: &str = "infra-provider:";
 /// `omnictl` and from the Omni UI.
 pub const INFRA_PROVIDER_EMAIL_DOMAIN: &str = "infra-provider.serviceaccount.omni.sidero.dev";
 
-/// The ten metadata keys whose values are part of the signed payload (§6.2 step 3).
+/// The ten metadata keys whose values are part of the signed payload.
 ///
 /// Go serialises the payload's header map with sorted keys; this list is in that order so the
 /// payload we sign is byte-identical to the Go client's.
@@ -232,8 +232,8 @@ impl ProviderKey {
             .map_err(|e| SignError(e.to_string()))
     }
 
-    /// A binary detached signature over `data` (SHA-512 like gopenpgp; §8 question 2: the server
-    /// accepts any SHA-2, we pick the gopenpgp v2 default).
+    /// A binary detached signature over `data` (SHA-512 like gopenpgp: the server accepts any
+    /// SHA-2, we pick the gopenpgp v2 default).
     pub fn detached_signature(&self, data: &[u8]) -> Result<Vec<u8>, SignError> {
         let sig = DetachedSignature::sign_binary_data(
             rand::rngs::OsRng,
@@ -386,7 +386,7 @@ pub struct RegisteredKey {
     pub key: SignedPublicKey,
 }
 
-/// Omni's server-side check (§6.3) against a set of registered public keys.
+/// Omni's server-side check against a set of registered public keys.
 #[derive(Clone, Debug, Default)]
 pub struct Verifier {
     keys: BTreeMap<String, RegisteredKey>,
@@ -503,7 +503,7 @@ fn check_payload(method: &str, payload: &str, metadata: &MetadataMap) -> Result<
             }
         };
         // Omni looks `fieldSelectors` up with its camel-case name in lower-cased metadata, so it is
-        // always absent there (§6.2 step 6).
+        // always absent there.
         let actual: Option<Vec<String>> = if key == "fieldSelectors" {
             None
         } else {

@@ -1,8 +1,8 @@
-//! Typed client of Omni's COSI State service (§1).
+//! Typed client of Omni's COSI State service.
 //!
 //! The raw RPCs are thin; the value is in the helpers the Go runtime has and Omni's rules require:
 //! finalizer loops that echo the received spec bytes (Omni compares specs of read-only resources
-//! byte-for-byte after decoding, §1.6), modify-with-conflict-retry (Omni's controllers add their
+//! byte-for-byte after decoding), modify-with-conflict-retry (Omni's controllers add their
 //! finalizers right after we create a resource, so our next update usually conflicts once),
 //! teardown with a fallback for Omni < 1.8, and a watch that survives reconnects.
 //!
@@ -167,7 +167,7 @@ impl LabelSelector {
         self.0.terms.push(pb::LabelTerm {
             key: key.to_owned(),
             op: pb::label_term::Operation::Equal as i32,
-            // The server reads value[0]; always send exactly one (§1.2).
+            // The server reads value[0]; always send exactly one.
             value: vec![value.to_owned()],
             invert: false,
         });
@@ -378,7 +378,7 @@ impl StateClient {
     }
 
     /// Moves a resource to `tearingDown`; returns whether it can be destroyed now (no finalizers).
-    /// Uses the Teardown RPC, and Get+Update on Omni < 1.8 (§1.4).
+    /// Uses the Teardown RPC, and Get+Update on Omni < 1.8.
     pub async fn teardown(&self, what: &ResourceRef, owner: &str) -> Result<bool, StateError> {
         if !self.teardown_unsupported.load(Ordering::Relaxed) {
             let req = pb::TeardownRequest {
@@ -424,7 +424,7 @@ impl StateClient {
     }
 
     /// Adds a finalizer, echoing the received spec bytes and acting as the resource's current
-    /// owner, with no expected phase (§1.4, §2.4 rules 5 and 8). Retries version conflicts.
+    /// owner, with no expected phase, as Omni allows providers on read-only resources. Retries version conflicts.
     pub async fn add_finalizer(
         &self,
         what: &ResourceRef,

@@ -1,4 +1,4 @@
-//! Dialing Omni (§6.7) and signing every call on the way out (§6.2).
+//! Dialing Omni and signing every call on the way out.
 //!
 //! Signing happens in a tower service wrapped around the tonic [`Channel`] rather than in a tonic
 //! `Interceptor`, because the signed payload names the full gRPC method path and only the HTTP
@@ -23,7 +23,7 @@ use super::auth::{PAYLOAD_HEADER, ProviderKey, SIGNATURE_HEADER, TIMESTAMP_HEADE
 
 /// Largest message accepted either way (Omni's `GRPCMaxMessageSize`).
 pub const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
-/// Metadata key the Omni COSI client adds to every State call (§6.6).
+/// Metadata key the Omni COSI client adds to every State call.
 pub const PROVIDER_ID_HEADER: &str = "providerid";
 
 /// Installs rustls' ring crypto provider once per process; harmless when already installed.
