@@ -285,21 +285,8 @@ fn binary_refuses_a_ui_made_key_for_another_id_at_start() {
 #[tokio::test]
 async fn binary_connects_over_tls_with_a_private_ca() {
     transport::install_crypto_provider();
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
-    let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-        .unwrap()
-        .signed_by(&leaf_key, &ca)
-        .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    let tls = tonic::transport::ServerTlsConfig::new().identity(
-        tonic::transport::Identity::from_pem(leaf.pem(), leaf_key.serialize_pem()),
-    );
+    let (ca_file, tls) = private_ca(dir.path());
 
     let state = MemState::new();
     let key = state.register_provider("proxmox").unwrap();
