@@ -4,6 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::memstate::{MemServer, MemState};
 use omni_infra_provider_proxmox::omni::resources::{
     InfraProviderHealthStatus, InfraProviderStatus,
@@ -40,14 +41,49 @@ async fn run_provider(
     extra: &[&str],
     dir: &std::path::Path,
 ) {
+    run_provider_with_env(
+        state,
+        endpoint,
+        key,
+        &[("OMNI_SERVICE_ACCOUNT_KEY", key)],
+        extra,
+        dir,
+    )
+    .await
+}
+
+/// The provider binary with a clean environment for what it reads (key variables, CA store
+/// variables) plus `env`.
+fn provider_command(endpoint: &str, env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"));
+    cmd.env("OMNI_ENDPOINT", endpoint);
+    for var in [
+        "OMNI_SERVICE_ACCOUNT_KEY",
+        "SIDERO_SERVICE_ACCOUNT_KEY",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "OMNI_CA_FILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    cmd
+}
+
+async fn run_provider_with_env(
+    state: &MemState,
+    endpoint: &str,
+    key: &str,
+    env: &[(&str, &str)],
+    extra: &[&str],
+    dir: &std::path::Path,
+) {
     let config = write_config(dir);
-    let child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
+    let child = provider_command(endpoint, env)
         .arg("--config-file")
         .arg(&config)
         .args(["--health-interval", "100ms", "--log-level", "debug"])
         .args(extra)
-        .env("OMNI_ENDPOINT", endpoint)
-        .env("OMNI_SERVICE_ACCOUNT_KEY", key)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -122,9 +158,8 @@ async fn binary_registers_beats_and_stops_over_plaintext() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn binary_connects_over_tls_with_a_private_ca() {
-    transport::install_crypto_provider();
+/// A private CA (written to `dir/ca.pem`) and the TLS config of a server for 127.0.0.1 signed by it.
+fn private_ca(dir: &std::path::Path) -> (std::path::PathBuf, tonic::transport::ServerTlsConfig) {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -134,12 +169,124 @@ async fn binary_connects_over_tls_with_a_private_ca() {
         .unwrap()
         .signed_by(&leaf_key, &ca)
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ca_file = dir.path().join("ca.pem");
+    let ca_file = dir.join("ca.pem");
     std::fs::write(&ca_file, ca.pem()).unwrap();
     let tls = tonic::transport::ServerTlsConfig::new().identity(
         tonic::transport::Identity::from_pem(leaf.pem(), leaf_key.serialize_pem()),
     );
+    (ca_file, tls)
+}
+
+/// The official provider dials Omni with Go's default TLS config (omni client/pkg/client/client.go,
+/// New: `credentials.NewTLS` without RootCAs), i.e. the system pool, which Go's crypto/x509 reads
+/// from `SSL_CERT_FILE` / `SSL_CERT_DIR` when they are set. A CA installed that way must be trusted
+/// without `--omni-ca-file`.
+#[tokio::test]
+async fn binary_trusts_the_system_ca_store_from_ssl_cert_file_and_dir() {
+    transport::install_crypto_provider();
+    for var in ["SSL_CERT_FILE", "SSL_CERT_DIR"] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        std::fs::create_dir(&store).unwrap();
+        let (ca_file, tls) = private_ca(&store);
+        let value = match var {
+            "SSL_CERT_FILE" => ca_file.to_str().unwrap().to_owned(),
+            _ => store.to_str().unwrap().to_owned(),
+        };
+        let state = MemState::new();
+        let key = state.register_provider("proxmox").unwrap();
+        let (server, addr) = serve(&state, Some(tls)).await;
+        run_provider_with_env(
+            &state,
+            &format!("https://{addr}"),
+            key.expose(),
+            &[("OMNI_SERVICE_ACCOUNT_KEY", key.expose()), (var, &value)],
+            &[],
+            dir.path(),
+        )
+        .await;
+        server.stop().await;
+    }
+}
+
+/// go-api-signature pkg/serviceaccount/serviceaccount.go, GetFromEnv: the Go client also takes the
+/// key from SIDERO_SERVICE_ACCOUNT_KEY. The key here is named as the Omni UI names it (the bare
+/// provider ID, omni frontend/src/methods/user.ts, createServiceAccount); Omni knows it as the
+/// account `infra-provider:proxmox` either way.
+#[tokio::test]
+async fn binary_takes_a_ui_made_key_from_sidero_service_account_key() {
+    transport::install_crypto_provider();
+    let state = MemState::new();
+    let omnictl_key = state.register_provider("proxmox").unwrap();
+    let ui_key = ProviderKey::parse(&omnictl_key)
+        .unwrap()
+        .to_encoded_as("proxmox")
+        .unwrap();
+    let (server, addr) = serve(&state, None).await;
+    let dir = tempfile::tempdir().unwrap();
+    run_provider_with_env(
+        &state,
+        &format!("http://{addr}"),
+        ui_key.expose(),
+        &[("SIDERO_SERVICE_ACCOUNT_KEY", ui_key.expose())],
+        &[],
+        dir.path(),
+    )
+    .await;
+    server.stop().await;
+}
+
+/// A UI-made key names its provider only by its bare name; `--id` must still be checked against it
+/// before anything is sent to Omni.
+#[test]
+fn binary_refuses_a_ui_made_key_for_another_id_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let ui_key = ProviderKey::generate("proxmox")
+        .unwrap()
+        .to_encoded_as("proxmox")
+        .unwrap();
+    let mut child = provider_command(
+        "http://127.0.0.1:1",
+        &[("OMNI_SERVICE_ACCOUNT_KEY", ui_key.expose())],
+    )
+    .arg("--config-file")
+    .arg(&config)
+    .args(["--id", "other"])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "provider kept running with a key for another ID: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().unwrap();
+    assert!(!status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("\"proxmox\"") && stderr.contains("--id"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(ui_key.expose()), "key leaked: {stderr}");
+}
+
+#[tokio::test]
+async fn binary_connects_over_tls_with_a_private_ca() {
+    transport::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let (ca_file, tls) = private_ca(dir.path());
 
     let state = MemState::new();
     let key = state.register_provider("proxmox").unwrap();

@@ -12,9 +12,15 @@ pub struct OmniArgs {
     /// Omni API endpoint, e.g. https://omni.example.com (any path is ignored).
     #[arg(long, env = "OMNI_ENDPOINT")]
     pub omni_api_endpoint: Option<String>,
-    /// Infra provider key printed by `omnictl infraprovider create <id>`.
+    /// Infra provider key printed by `omnictl infraprovider create <id>` (or made in the Omni UI).
     #[arg(long, env = "OMNI_SERVICE_ACCOUNT_KEY", hide_env_values = true, value_parser = parse_secret)]
     pub omni_service_account_key: Option<Secret>,
+    /// `SIDERO_SERVICE_ACCOUNT_KEY`, used when neither the flag nor `OMNI_SERVICE_ACCOUNT_KEY` gives
+    /// a key: the Go client library reads it too (go-api-signature
+    /// pkg/serviceaccount/serviceaccount.go, GetFromEnv), so a deployment made for the official
+    /// provider may carry the key there.
+    #[arg(skip = sidero_key_from_env())]
+    pub sidero_service_account_key: Option<Secret>,
     /// Provider ID; must match the ID the key was created for.
     #[arg(long, default_value = "proxmox")]
     pub id: String,
@@ -28,6 +34,13 @@ pub struct OmniArgs {
 
 fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
     Ok(Secret::new(s))
+}
+
+/// The environment variable go-api-signature also reads a service-account key from.
+pub const SIDERO_KEY_ENV: &str = "SIDERO_SERVICE_ACCOUNT_KEY";
+
+fn sidero_key_from_env() -> Option<Secret> {
+    std::env::var(SIDERO_KEY_ENV).ok().map(Secret::new)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +65,7 @@ impl OmniArgs {
             .clone()
             .filter(|u| !u.is_empty())
             .ok_or(OmniArgsError::NoEndpoint)?;
-        let key = ProviderKey::parse(&self.omni_service_account_key.clone().unwrap_or_default())?;
+        let key = ProviderKey::parse(&self.key().cloned().unwrap_or_default())?;
         if let Some(key_id) = key.provider_id()
             && key_id != self.id
         {
@@ -65,7 +78,7 @@ impl OmniArgs {
             (Some(_), true) => return Err(OmniArgsError::TlsFlags),
             (Some(p), false) => OmniTls::CaFile(p.clone()),
             (None, true) => OmniTls::InsecureSkipVerify,
-            (None, false) => OmniTls::WebPki,
+            (None, false) => OmniTls::SystemAndPublicRoots,
         };
         Ok((OmniEndpoint { url, tls }, key))
     }
@@ -75,9 +88,69 @@ impl OmniArgs {
         self.omni_api_endpoint
             .as_deref()
             .is_some_and(|u| !u.is_empty())
-            && self
-                .omni_service_account_key
-                .as_ref()
-                .is_some_and(|k| !k.is_empty())
+            && self.key().is_some()
+    }
+
+    /// The key to use: the flag or `OMNI_SERVICE_ACCOUNT_KEY`, else `SIDERO_SERVICE_ACCOUNT_KEY`.
+    fn key(&self) -> Option<&Secret> {
+        [
+            &self.omni_service_account_key,
+            &self.sidero_service_account_key,
+        ]
+        .into_iter()
+        .flatten()
+        .find(|k| !k.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(omni: Option<&Secret>, sidero: Option<&Secret>, id: &str) -> OmniArgs {
+        OmniArgs {
+            omni_api_endpoint: Some("https://omni.example".into()),
+            omni_service_account_key: omni.cloned(),
+            sidero_service_account_key: sidero.cloned(),
+            id: id.into(),
+            insecure_skip_verify: false,
+            omni_ca_file: None,
+        }
+    }
+
+    /// go-api-signature pkg/serviceaccount/serviceaccount.go, GetFromEnv, is only consulted when no
+    /// key was passed explicitly, and the official provider always passes its flag (defaulting to
+    /// OMNI_SERVICE_ACCOUNT_KEY): SIDERO_SERVICE_ACCOUNT_KEY is the fallback.
+    #[test]
+    fn sidero_service_account_key_is_the_fallback() {
+        let a = ProviderKey::generate("a").unwrap().to_encoded().unwrap();
+        let b = ProviderKey::generate("b").unwrap().to_encoded().unwrap();
+        let (_, key) = args(None, Some(&b), "b").connection().unwrap();
+        assert_eq!(key.provider_id(), Some("b"));
+        let (_, key) = args(Some(&a), Some(&b), "a").connection().unwrap();
+        assert_eq!(key.provider_id(), Some("a"));
+        let (_, key) = args(Some(&Secret::new("")), Some(&b), "b")
+            .connection()
+            .unwrap();
+        assert_eq!(key.provider_id(), Some("b"));
+        assert!(args(None, Some(&b), "b").is_set());
+        assert!(matches!(
+            args(None, None, "b").connection(),
+            Err(OmniArgsError::Key(KeyError::Empty))
+        ));
+    }
+
+    #[test]
+    fn a_ui_made_key_is_checked_against_the_id() {
+        let ui = ProviderKey::generate("proxmox")
+            .unwrap()
+            .to_encoded_as("proxmox")
+            .unwrap();
+        assert!(args(Some(&ui), None, "proxmox").connection().is_ok());
+        let err = args(Some(&ui), None, "other").connection().unwrap_err();
+        assert!(
+            matches!(&err, OmniArgsError::IdMismatch { key_id, .. } if key_id == "proxmox"),
+            "{err}"
+        );
     }
 }

@@ -49,6 +49,8 @@ impl Controller {
             &self.provisioner.services.provider_id,
         );
         self.enqueue_existing_state().await;
+        // Set by a Resync, cleared by the Synced that completes the fresh listing.
+        let mut relisting = false;
         let workers: Vec<_> = (0..self.concurrency)
             .map(|n| {
                 let me = self.clone();
@@ -63,7 +65,7 @@ impl Controller {
                     }
                 }
                 ev = events.recv() => match ev {
-                    Some(ev) => self.on_event(ev),
+                    Some(ev) => self.on_event(ev, &mut relisting).await,
                     None => break,
                 },
             }
@@ -78,8 +80,10 @@ impl Controller {
         }
     }
 
-    /// Provider state whose request may be gone (deleted while we were not running) gets a reconcile
-    /// too; requests themselves arrive through the watch.
+    /// Provider state whose request may be gone (deleted while we were not running or while the
+    /// watch was down) gets a reconcile too; requests themselves arrive through the watch. Run at
+    /// start and after every re-bootstrap of the watch: a request removed by force in the gap has
+    /// no Destroyed event to announce it, only its provider state is left to tell.
     async fn enqueue_existing_state(&self) {
         let kind = ProviderMachine::new(&self.provisioner.services.provider_id);
         match self.provisioner.state.list(&kind, vec![]).await {
@@ -94,7 +98,7 @@ impl Controller {
         }
     }
 
-    fn on_event(&self, ev: RequestQueueEvent) {
+    async fn on_event(&self, ev: RequestQueueEvent, relisting: &mut bool) {
         match ev {
             RequestQueueEvent::Changed(r) => self.queue.add(r.id().to_owned()),
             // Normally our finalizer kept it until we cleaned up; if it was removed by force, the
@@ -103,9 +107,17 @@ impl Controller {
                 self.reset(&id);
                 self.queue.add(id);
             }
+            // Every request of the listing came as `Changed` and is queued already.
+            RequestQueueEvent::Synced if std::mem::take(relisting) => {
+                tracing::info!(
+                    "machine requests listed again; checking provider state for requests that vanished meanwhile"
+                );
+                self.enqueue_existing_state().await;
+            }
             RequestQueueEvent::Synced => tracing::debug!("machine requests listed"),
             RequestQueueEvent::Resync => {
-                tracing::info!("machine request watch re-established; relisting")
+                tracing::info!("machine request watch re-established; relisting");
+                *relisting = true;
             }
             RequestQueueEvent::Error(e) => tracing::error!(error = %e, "machine request watch"),
         }

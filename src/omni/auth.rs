@@ -1,4 +1,4 @@
-//! The infra-provider key and Omni's per-call request signature (§6), both directions.
+//! The infra-provider key and Omni's per-call request signature, both directions.
 //!
 //! Omni authenticates every gRPC call by an OpenPGP detached signature over a small JSON payload that
 //! names the method and ten metadata headers. The client half ([`ProviderKey`]) parses the key the
@@ -35,10 +35,17 @@ pub const PAYLOAD_HEADER: &str = "x-sidero-payload";
 pub const SIGNATURE_HEADER: &str = "x-sidero-signature";
 /// The only signature scheme Omni knows.
 pub const SIGNATURE_VERSION: &str = "siderov1";
-/// Timestamps and signature creation times may be this far from the server clock (§6.3).
+/// Timestamps and signature creation times may be this far from the server clock.
 pub const MAX_CLOCK_SKEW_SECS: i64 = 5 * 60;
 
-/// The ten metadata keys whose values are part of the signed payload (§6.2 step 3).
+/// Prefix of the service-account name of an infra-provider key as `omnictl infraprovider create`
+/// writes it (`infra-provider:<id>`).
+pub const INFRA_PROVIDER_NAME_PREFIX: &str = "infra-provider:";
+/// Domain of the e-mail in an infra-provider key's OpenPGP user ID (`<id>@<this>`), the same from
+/// `omnictl` and from the Omni UI.
+pub const INFRA_PROVIDER_EMAIL_DOMAIN: &str = "infra-provider.serviceaccount.omni.sidero.dev";
+
+/// The ten metadata keys whose values are part of the signed payload.
 ///
 /// Go serialises the payload's header map with sorted keys; this list is in that order so the
 /// payload we sign is byte-identical to the Go client's.
@@ -59,7 +66,7 @@ pub const SIGNED_HEADERS: [&str; 10] = [
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     #[error(
-        "the Omni service account key is empty: pass --omni-service-account-key or set OMNI_SERVICE_ACCOUNT_KEY to the key printed by `omnictl infraprovider create`"
+        "the Omni service account key is empty: pass --omni-service-account-key or set OMNI_SERVICE_ACCOUNT_KEY (or SIDERO_SERVICE_ACCOUNT_KEY) to the key printed by `omnictl infraprovider create`"
     )]
     Empty,
     #[error(
@@ -70,7 +77,9 @@ pub enum KeyError {
         "the Omni service account key decodes from base64 but is not the expected JSON object with `name` and `pgp_key` ({0})"
     )]
     NotJson(String),
-    #[error("the Omni service account key has no `name` (expected `infra-provider:<id>`)")]
+    #[error(
+        "the Omni service account key has no `name` (expected `infra-provider:<id>`, or `<id>` for a key made in the Omni UI)"
+    )]
     NoName,
     #[error("the Omni service account key has no `pgp_key`")]
     NoKey,
@@ -91,12 +100,15 @@ pub enum KeyError {
 #[error("cannot sign the Omni request: {0}")]
 pub struct SignError(String);
 
-/// The parsed infra-provider key: identity (`infra-provider:<id>`) and the OpenPGP private key.
+/// The parsed infra-provider key: identity (`infra-provider:<id>` from `omnictl`, the bare `<id>`
+/// from the Omni UI) and the OpenPGP private key.
 #[derive(Clone)]
 pub struct ProviderKey {
     identity: String,
     key: SignedSecretKey,
     fingerprint: String,
+    /// The e-mail of the key's primary OpenPGP user ID, which says what kind of account made it.
+    email: Option<String>,
 }
 
 impl fmt::Debug for ProviderKey {
@@ -179,21 +191,33 @@ impl ProviderKey {
             return Err(KeyError::PassphraseProtected);
         }
         let fingerprint = format!("{:x}", key.primary_key.fingerprint());
+        let email = primary_email(&key);
         Ok(Self {
             identity,
             key,
             fingerprint,
+            email,
         })
     }
 
-    /// `infra-provider:<id>` for a provider key.
+    /// The name the key was issued under: `infra-provider:<id>` from `omnictl`, `<id>` from the UI.
     pub fn identity(&self) -> &str {
         &self.identity
     }
 
     /// The provider ID the key was made for, if it is an infra-provider key.
+    ///
+    /// `omnictl infraprovider create` names the key `infra-provider:<id>`; the Omni UI names it
+    /// `<id>` and only the OpenPGP user ID (`<id>@infra-provider.serviceaccount.omni.sidero.dev`)
+    /// says it belongs to an infra provider (omni frontend/src/methods/user.ts,
+    /// createServiceAccount). Omni itself authenticates by fingerprint and takes the provider ID
+    /// from the account the key was registered for, which is `infra-provider:<name>` either way.
     pub fn provider_id(&self) -> Option<&str> {
-        self.identity.strip_prefix("infra-provider:")
+        if let Some(id) = self.identity.strip_prefix(INFRA_PROVIDER_NAME_PREFIX) {
+            return Some(id);
+        }
+        let domain = self.email.as_deref()?.rsplit_once('@')?.1;
+        (domain == INFRA_PROVIDER_EMAIL_DOMAIN).then_some(self.identity.as_str())
     }
 
     /// Lower-case hex v4 fingerprint of the primary key, as sent in the signature header.
@@ -208,8 +232,8 @@ impl ProviderKey {
             .map_err(|e| SignError(e.to_string()))
     }
 
-    /// A binary detached signature over `data` (SHA-512 like gopenpgp; §8 question 2: the server
-    /// accepts any SHA-2, we pick the gopenpgp v2 default).
+    /// A binary detached signature over `data` (SHA-512 like gopenpgp: the server accepts any
+    /// SHA-2, we pick the gopenpgp v2 default).
     pub fn detached_signature(&self, data: &[u8]) -> Result<Vec<u8>, SignError> {
         let sig = DetachedSignature::sign_binary_data(
             rand::rngs::OsRng,
@@ -260,21 +284,39 @@ impl ProviderKey {
         );
         let key = generate_key(&uid, None)?;
         let fingerprint = format!("{:x}", key.primary_key.fingerprint());
+        let email = primary_email(&key);
         Ok(Self {
             identity,
             key,
             fingerprint,
+            email,
         })
     }
 
     /// The key in `omnictl`'s transport form: base64 of `{"name", "pgp_key"}`.
     pub fn to_encoded(&self) -> Result<Secret, SignError> {
+        self.to_encoded_as(&self.identity)
+    }
+
+    /// The same key in transport form under another `name`: the Omni UI writes the bare provider
+    /// ID where `omnictl` writes `infra-provider:<id>`.
+    pub fn to_encoded_as(&self, name: &str) -> Result<Secret, SignError> {
         let armored = self
             .key
             .to_armored_string(ArmorOptions::default())
             .map_err(|e| SignError(e.to_string()))?;
-        Ok(Secret::new(encode_key_json(&self.identity, &armored)))
+        Ok(Secret::new(encode_key_json(name, &armored)))
     }
+}
+
+/// The e-mail of the first user ID (`Name (comment) <e-mail>` or a bare `<e-mail>`), if any.
+fn primary_email(key: &SignedSecretKey) -> Option<String> {
+    let uid = String::from_utf8_lossy(key.details.users.first()?.id.id()).into_owned();
+    let email = match (uid.rfind('<'), uid.rfind('>')) {
+        (Some(open), Some(close)) if open < close => &uid[open + 1..close],
+        _ => uid.trim(),
+    };
+    email.contains('@').then(|| email.to_owned())
 }
 
 /// base64 of the key JSON; also used by tests to build deliberately broken keys.
@@ -344,7 +386,7 @@ pub struct RegisteredKey {
     pub key: SignedPublicKey,
 }
 
-/// Omni's server-side check (§6.3) against a set of registered public keys.
+/// Omni's server-side check against a set of registered public keys.
 #[derive(Clone, Debug, Default)]
 pub struct Verifier {
     keys: BTreeMap<String, RegisteredKey>,
@@ -461,7 +503,7 @@ fn check_payload(method: &str, payload: &str, metadata: &MetadataMap) -> Result<
             }
         };
         // Omni looks `fieldSelectors` up with its camel-case name in lower-cased metadata, so it is
-        // always absent there (§6.2 step 6).
+        // always absent there.
         let actual: Option<Vec<String>> = if key == "fieldSelectors" {
             None
         } else {
@@ -566,6 +608,28 @@ mod tests {
             ProviderKey::parse(&Secret::new(garbage)),
             Err(KeyError::InvalidKey(_))
         ));
+    }
+
+    /// omni frontend/src/methods/user.ts, createServiceAccount: the UI names the key with the bare
+    /// name and gives the OpenPGP key only an e-mail user ID, `<name>@infra-provider.<domain>` for
+    /// the InfraProvider role and `<name>@serviceaccount.omni.sidero.dev` otherwise.
+    #[test]
+    fn ui_made_keys_have_a_bare_name_and_still_name_their_provider() {
+        let ui_key = |email: &str| {
+            let key = generate_key(&format!("<{email}>"), None).unwrap();
+            let armored = key.to_armored_string(ArmorOptions::default()).unwrap();
+            ProviderKey::parse(&Secret::new(encode_key_json("proxmox", &armored))).unwrap()
+        };
+        let provider = ui_key("proxmox@infra-provider.serviceaccount.omni.sidero.dev");
+        assert_eq!(provider.identity(), "proxmox");
+        assert_eq!(provider.provider_id(), Some("proxmox"));
+        let plain = ui_key("proxmox@serviceaccount.omni.sidero.dev");
+        assert_eq!(plain.provider_id(), None);
+        // An omnictl key keeps working, and renaming it as the UI does changes nothing.
+        let omnictl = ProviderKey::generate("proxmox").unwrap();
+        let renamed = ProviderKey::parse(&omnictl.to_encoded_as("proxmox").unwrap()).unwrap();
+        assert_eq!(renamed.identity(), "proxmox");
+        assert_eq!(renamed.provider_id(), Some("proxmox"));
     }
 
     #[test]

@@ -38,8 +38,15 @@ use super::resources::{
 use super::state::Typed;
 use crate::secret::Secret;
 
-/// Events kept for bookmark resumes; an older bookmark is refused (FailedPrecondition).
+/// Events kept for bookmark resumes. Older history is compacted away, as etcd (Omni's default
+/// store) compacts its revisions; resuming from before the compaction gets an ERRORED event.
 const EVENT_LOG_CAPACITY: usize = 10_000;
+
+/// What Omni's etcd store reports for a bookmark older than the compacted history (etcd's
+/// `ErrCompacted` text, passed through unchanged as the ERRORED event's error).
+pub const COMPACTED_ERROR: &str = "etcdserver: mvcc: required revision has been compacted";
+/// What it reports for a bookmark ahead of the store (another store, or a restored one).
+pub const FUTURE_REVISION_ERROR: &str = "etcdserver: mvcc: required revision is a future revision";
 
 type Key = (String, String, String);
 
@@ -56,6 +63,8 @@ struct Store {
     resources: BTreeMap<Key, pb::Resource>,
     seq: u64,
     log: VecDeque<LoggedEvent>,
+    /// Sequence number of the newest event dropped from `log`; bookmarks before it are compacted.
+    compacted: u64,
     verifier: Verifier,
     teardown_unimplemented: bool,
     /// Counts calls per method, for tests ("heartbeats arrive", "no Teardown RPC used").
@@ -130,8 +139,10 @@ impl MemState {
             old,
         };
         store.log.push_back(ev.clone());
-        if store.log.len() > EVENT_LOG_CAPACITY {
-            store.log.pop_front();
+        if store.log.len() > EVENT_LOG_CAPACITY
+            && let Some(dropped) = store.log.pop_front()
+        {
+            store.compacted = dropped.seq;
         }
         let _ = self.events.send(ev);
         self.changed.send_modify(|c| *c += 1);
@@ -186,6 +197,14 @@ impl MemState {
             BTreeMap::new(),
         );
         key.to_encoded().map_err(|e| e.to_string())
+    }
+
+    /// Drops the whole event history, as etcd's periodic compaction does (Omni keeps about five
+    /// hours): a watch resuming from any bookmark handed out so far gets an ERRORED event.
+    pub fn compact(&self) {
+        let mut store = self.lock();
+        store.compacted = store.seq;
+        store.log.clear();
     }
 
     /// Trusts an existing key (its identity decides the provider ID it acts as).
@@ -1000,19 +1019,22 @@ impl State for StateService {
                 queries: opts.label_query.clone(),
             };
             let mut err = None;
+            let mut errored = None;
             if let Some(b) = &opts.start_from_bookmark {
+                // state-etcd pkg/state/impl/etcd/etcd.go (watchKind): a bookmark that does not decode
+                // fails the call (FailedPrecondition); a compacted or future revision is only found
+                // by etcd's watch, and arrives as an ERRORED event on the established stream.
                 match parse_bookmark(b) {
-                    Some(seq)
-                        if seq <= store.seq
-                            && store.log.front().is_none_or(|f| f.seq <= seq + 1) =>
-                    {
+                    None => err = Some(Status::failed_precondition("invalid watch bookmark")),
+                    Some(seq) if seq > store.seq => errored = Some(FUTURE_REVISION_ERROR),
+                    Some(seq) if seq < store.compacted => errored = Some(COMPACTED_ERROR),
+                    Some(seq) => {
                         for ev in store.log.iter().filter(|e| e.seq > seq) {
                             if let Some(e) = filter.map(ev)? {
                                 initial.push(e);
                             }
                         }
                     }
-                    _ => err = Some(Status::failed_precondition("invalid or expired bookmark")),
                 }
             } else if let Some(id) = &r.id {
                 let k = (r.namespace.clone(), r.r#type.clone(), id.clone());
@@ -1066,6 +1088,32 @@ impl State for StateService {
                     .await
                     .is_err()
                 {
+                    return;
+                }
+                if let Some(message) = errored {
+                    let mut e = event(
+                        pb::EventType::Errored,
+                        tombstone(&filter.namespace, &filter.resource_type, ""),
+                        None,
+                        0,
+                    );
+                    e.resource = None;
+                    e.bookmark = None;
+                    e.error = Some(message.into());
+                    if api_v1
+                        && tx
+                            .send(Ok(pb::WatchResponse { event: vec![e] }))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                    // The backend's watch is over but cosi's server keeps the stream open, silent,
+                    // until the client goes away.
+                    tokio::select! {
+                        _ = tx.closed() => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
                     return;
                 }
                 for e in initial {

@@ -1,8 +1,8 @@
-//! Typed client of Omni's COSI State service (§1).
+//! Typed client of Omni's COSI State service.
 //!
 //! The raw RPCs are thin; the value is in the helpers the Go runtime has and Omni's rules require:
 //! finalizer loops that echo the received spec bytes (Omni compares specs of read-only resources
-//! byte-for-byte after decoding, §1.6), modify-with-conflict-retry (Omni's controllers add their
+//! byte-for-byte after decoding), modify-with-conflict-retry (Omni's controllers add their
 //! finalizers right after we create a resource, so our next update usually conflicts once),
 //! teardown with a fallback for Omni < 1.8, and a watch that survives reconnects.
 //!
@@ -167,7 +167,7 @@ impl LabelSelector {
         self.0.terms.push(pb::LabelTerm {
             key: key.to_owned(),
             op: pb::label_term::Operation::Equal as i32,
-            // The server reads value[0]; always send exactly one (§1.2).
+            // The server reads value[0]; always send exactly one.
             value: vec![value.to_owned()],
             invert: false,
         });
@@ -378,7 +378,7 @@ impl StateClient {
     }
 
     /// Moves a resource to `tearingDown`; returns whether it can be destroyed now (no finalizers).
-    /// Uses the Teardown RPC, and Get+Update on Omni < 1.8 (§1.4).
+    /// Uses the Teardown RPC, and Get+Update on Omni < 1.8.
     pub async fn teardown(&self, what: &ResourceRef, owner: &str) -> Result<bool, StateError> {
         if !self.teardown_unsupported.load(Ordering::Relaxed) {
             let req = pb::TeardownRequest {
@@ -424,7 +424,7 @@ impl StateClient {
     }
 
     /// Adds a finalizer, echoing the received spec bytes and acting as the resource's current
-    /// owner, with no expected phase (§1.4, §2.4 rules 5 and 8). Retries version conflicts.
+    /// owner, with no expected phase, as Omni allows providers on read-only resources. Retries version conflicts.
     pub async fn add_finalizer(
         &self,
         what: &ResourceRef,
@@ -592,7 +592,8 @@ impl StateClient {
     /// Watches all resources of a kind matching `selectors` (bootstrap first). Events arrive on the
     /// returned receiver; dropping it stops the watch. Broken streams are re-established with
     /// backoff, resuming from the last bookmark, or re-bootstrapping (after a
-    /// [`WatchEvent::Resync`]) when there is none or Omni refuses it.
+    /// [`WatchEvent::Resync`]) when there is none, Omni refuses it, or the stream ended with an
+    /// ERRORED event (how Omni's etcd store reports a bookmark older than its compacted history).
     pub fn watch_kind(
         &self,
         namespace: &str,
@@ -638,6 +639,12 @@ impl StateClient {
                 StreamEnd::ReceiverGone => return,
                 StreamEnd::BookmarkRefused => {
                     tracing::info!(watch = %what, "Omni refused the watch bookmark; re-bootstrapping");
+                    bookmark = None;
+                }
+                StreamEnd::Errored(message) => {
+                    // Resuming would only replay the same error (a compacted revision stays
+                    // compacted): start over with a full listing.
+                    tracing::warn!(watch = %what, error = %message, "Omni ended the watch with an error; re-bootstrapping");
                     bookmark = None;
                 }
                 StreamEnd::Broken(e) => {
@@ -688,10 +695,6 @@ impl StateClient {
             // The first message is empty ("established"); aggregated messages may also be empty
             // after Omni's per-provider filtering. Neither is an error.
             for event in msg.event {
-                *backoff = self.reconnect.0;
-                if let Some(b) = &event.bookmark {
-                    *bookmark = Some(b.clone());
-                }
                 let mapped = match pb::EventType::try_from(event.event_type) {
                     Ok(pb::EventType::Created) => event.resource.map(WatchEvent::Created),
                     Ok(pb::EventType::Updated) => event.resource.map(WatchEvent::Updated),
@@ -699,13 +702,18 @@ impl StateClient {
                     Ok(pb::EventType::Bootstrapped) => Some(WatchEvent::Bootstrapped),
                     Ok(pb::EventType::Noop) => None,
                     Ok(pb::EventType::Errored) | Err(_) => {
-                        // "buffer overrun" and the like: the stream is useless now.
-                        return StreamEnd::Broken(StateError::Other {
-                            what: what.clone(),
-                            message: format!("watch error: {}", event.error.unwrap_or_default()),
-                        });
+                        // The backend's watch has ended; the server keeps the stream open but sends
+                        // nothing more. On Omni's etcd store this is how an expired bookmark is
+                        // reported ("required revision has been compacted"), so the bookmark must
+                        // go with the stream.
+                        return StreamEnd::Errored(event.error.unwrap_or_default());
                     }
                 };
+                // A working stream: the next break starts its backoff afresh.
+                *backoff = self.reconnect.0;
+                if let Some(b) = &event.bookmark {
+                    *bookmark = Some(b.clone());
+                }
                 if let Some(ev) = mapped
                     && tx.send(Ok(ev)).await.is_err()
                 {
@@ -718,7 +726,10 @@ impl StateClient {
 
 enum StreamEnd {
     ReceiverGone,
+    /// The call itself was refused because of the bookmark (FailedPrecondition).
     BookmarkRefused,
+    /// An ERRORED event: the stream is dead and its bookmark is not to be trusted.
+    Errored(String),
     Broken(StateError),
 }
 

@@ -1,4 +1,4 @@
-//! Dialing Omni (§6.7) and signing every call on the way out (§6.2).
+//! Dialing Omni and signing every call on the way out.
 //!
 //! Signing happens in a tower service wrapped around the tonic [`Channel`] rather than in a tonic
 //! `Interceptor`, because the signed payload names the full gRPC method path and only the HTTP
@@ -23,7 +23,7 @@ use super::auth::{PAYLOAD_HEADER, ProviderKey, SIGNATURE_HEADER, TIMESTAMP_HEADE
 
 /// Largest message accepted either way (Omni's `GRPCMaxMessageSize`).
 pub const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
-/// Metadata key the Omni COSI client adds to every State call (§6.6).
+/// Metadata key the Omni COSI client adds to every State call.
 pub const PROVIDER_ID_HEADER: &str = "providerid";
 
 /// Installs rustls' ring crypto provider once per process; harmless when already installed.
@@ -41,9 +41,12 @@ pub struct OmniEndpoint {
 /// Which server certificates to accept on `https://`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OmniTls {
-    /// Public web PKI roots.
-    WebPki,
-    /// Public roots plus the certificates in this PEM file (a private CA).
+    /// The system's CA store plus the public web PKI roots bundled with us. The system store is
+    /// what the official Go provider trusts (Go's crypto/x509 system pool, which honours
+    /// `SSL_CERT_FILE` and `SSL_CERT_DIR`), so an Omni behind a company CA installed on the host
+    /// works without extra flags; the bundled roots keep a bare container working.
+    SystemAndPublicRoots,
+    /// Those roots plus the certificates in this PEM file (a private CA).
     CaFile(PathBuf),
     /// Accept any certificate (`--insecure-skip-verify`).
     InsecureSkipVerify,
@@ -134,7 +137,10 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
             .domain_name(target.server_name())
             .assume_http2(true);
         ep = match &endpoint.tls {
-            OmniTls::WebPki => ep.tls_config(base.with_webpki_roots()),
+            OmniTls::SystemAndPublicRoots => ep.tls_config(
+                base.with_webpki_roots()
+                    .trust_anchors(system_trust_anchors()),
+            ),
             OmniTls::CaFile(path) => {
                 let pem = std::fs::read(path).map_err(|source| ConnectError::CaFile {
                     path: path.clone(),
@@ -142,6 +148,7 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
                 })?;
                 ep.tls_config(
                     base.with_webpki_roots()
+                        .trust_anchors(system_trust_anchors())
                         .ca_certificate(Certificate::from_pem(pem)),
                 )
             }
@@ -153,6 +160,24 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
         .map_err(transport)?;
     }
     Ok(ep.connect_lazy())
+}
+
+/// The system's CA certificates: `SSL_CERT_FILE` / `SSL_CERT_DIR` when set, else the distribution's
+/// bundle (as found by openssl-probe). Unreadable or unparsable entries are skipped with a warning,
+/// never fatal: the bundled public roots remain.
+fn system_trust_anchors() -> Vec<rustls::pki_types::TrustAnchor<'static>> {
+    let found = rustls_native_certs::load_native_certs();
+    for e in &found.errors {
+        tracing::warn!(error = %e, "cannot read a system CA certificate for the Omni connection; skipping it");
+    }
+    let mut store = rustls::RootCertStore::empty();
+    let (added, ignored) = store.add_parsable_certificates(found.certs);
+    tracing::debug!(
+        added,
+        ignored,
+        "system CA certificates for the Omni connection"
+    );
+    store.roots
 }
 
 /// A channel that signs every request with the provider key and, for COSI calls, adds the

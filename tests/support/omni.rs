@@ -46,7 +46,7 @@ impl Omni {
     pub fn client_with_offset(&self, provider_id: &str, offset: i64) -> OmniClient {
         let channel = transport::channel(&OmniEndpoint {
             url: self.url(),
-            tls: OmniTls::WebPki,
+            tls: OmniTls::SystemAndPublicRoots,
         })
         .unwrap();
         OmniClient::from_channels(
