@@ -206,14 +206,28 @@ pub fn check_schema(
     schema: &ProviderDataSchema,
     layers: &Layers<'_>,
 ) -> (Vec<Finding>, Option<ProviderData>) {
-    let mut findings: Vec<Finding> = schema
-        .validate_config_overrides(layers.defaults, layers.nodes)
+    let overrides = schema.check_config_overrides(layers.defaults, layers.nodes);
+    let mut findings: Vec<Finding> = overrides
+        .problems
         .into_iter()
         .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
+        .chain(
+            overrides
+                .warnings
+                .into_iter()
+                .map(|p| Finding::new(Outcome::Warning, p.key, None, p.message)),
+        )
         .collect();
     match layers.resolve_on(schema, None) {
         Ok(data) => {
-            if findings.is_empty() {
+            // Unknown keys of `defaults:` were reported with the overrides above.
+            findings.extend(
+                data.warnings
+                    .iter()
+                    .filter(|w| !w.key.starts_with("defaults."))
+                    .map(|w| Finding::new(Outcome::Warning, &w.key, None, w.message.clone())),
+            );
+            if !findings.iter().any(|f| f.outcome == Outcome::Problem) {
                 findings.push(Finding::new(
                     Outcome::Pass,
                     "provider_data",
@@ -975,6 +989,16 @@ pub async fn validate_class(
     Ok(Report::new(findings))
 }
 
+/// The config file's own warnings (unknown keys, a token and a password both set), as findings to
+/// show before the provider data's.
+pub fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
+    config
+        .warnings
+        .iter()
+        .map(|w| Finding::new(Outcome::Warning, "config", None, w.clone()))
+        .collect()
+}
+
 /// The longest health text [`check_defaults`] returns; Omni shows it in one line.
 const HEALTH_TEXT_MAX: usize = 480;
 
@@ -986,7 +1010,7 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
         return None;
     }
     let schema = match ProviderDataSchema::new() {
-        Ok(s) => s,
+        Ok(s) => s.strict(config.strict),
         Err(e) => return Some(e.to_string()),
     };
     let (filled, _) = with_stand_ins(&config.defaults);
@@ -1101,6 +1125,60 @@ mod tests {
     }
 
     const BASE: &str = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\n";
+
+    #[test]
+    fn unknown_keys_are_warnings_with_a_suggestion_and_the_class_still_passes() {
+        let r = run(
+            &format!("{BASE}disk_sise: 5\n"),
+            json!({"coers": 2}),
+            json!({"pve1": {"network_bridg": "vmbr1"}}),
+        );
+        assert!(r.ok, "{}", r.render_text());
+        let warned: Vec<(&str, &str)> = r
+            .findings
+            .iter()
+            .filter(|f| f.outcome == Outcome::Warning)
+            .map(|f| (f.key.as_str(), f.message.as_str()))
+            .collect();
+        assert_eq!(warned.len(), 3, "{warned:?}");
+        for (key, hint) in [
+            ("defaults.coers", "`cores`"),
+            ("nodes.pve1.network_bridg", "`network_bridge`"),
+            ("disk_sise", "`disk_size`"),
+        ] {
+            assert!(
+                warned
+                    .iter()
+                    .any(|(k, m)| *k == key && m.contains(&format!("did you mean {hint}?"))),
+                "{key}: {warned:?}"
+            );
+        }
+        assert!(r.render_text().contains("warn"), "{}", r.render_text());
+        let config = ProviderConfig::parse(
+            "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\n  urll: x\n",
+        )
+        .unwrap();
+        let found = config_file_findings(&config);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].outcome, Outcome::Warning);
+        assert!(found[0].message.contains("did you mean `url`?"), "{found:?}");
+    }
+
+    #[test]
+    fn strict_mode_fails_unknown_keys() {
+        let schema = ProviderDataSchema::new().unwrap().strict(true);
+        let class = format!("{BASE}disk_sise: 5\n");
+        let (empty, nodes) = (Map::new(), Map::new());
+        let layers = Layers {
+            class_yaml: &class,
+            defaults: &empty,
+            nodes: &nodes,
+        };
+        let (findings, data) = check_schema(&schema, &layers);
+        assert!(data.is_none());
+        let r = Report::new(findings);
+        assert!(problem(&r, "disk_sise", None).is_some(), "{}", r.render_text());
+    }
 
     #[test]
     fn a_good_pinned_class_passes() {
