@@ -307,7 +307,10 @@ fn token_login(
     }
     if realm.is_some() {
         // The official provider ignores it too, so a file that works there is not refused.
-        warnings.push("`proxmox.realm` is ignored with an API token: the token's realm is part of `tokenID`".into());
+        warnings.push(
+            "`proxmox.realm` is ignored with an API token: the token's realm is part of `tokenID`"
+                .into(),
+        );
     }
     Some(ProxmoxAuth::Token {
         id,
@@ -506,7 +509,9 @@ mod tests {
         assert_eq!(c.proxmox.tls, TlsTrust::WebPki);
         let all = problems(&format!("strict: true\n{text}")).join("\n");
         assert!(
-            all.contains("unknown key `proxmox.insecureSkipVerfy` (did you mean `insecureSkipVerify`?)"),
+            all.contains(
+                "unknown key `proxmox.insecureSkipVerfy` (did you mean `insecureSkipVerify`?)"
+            ),
             "{all}"
         );
         assert!(all.contains("unknown key `logLevel`"), "{all}");
@@ -537,7 +542,11 @@ mod tests {
             c.proxmox.auth
         );
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
-        assert!(c.warnings[0].contains("using the password login"), "{:?}", c.warnings);
+        assert!(
+            c.warnings[0].contains("using the password login"),
+            "{:?}",
+            c.warnings
+        );
         assert!(!c.warnings[0].contains("s3cr3t"));
 
         // A token ID without its secret does not stop a complete password login either.

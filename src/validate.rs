@@ -1161,7 +1161,10 @@ mod tests {
         let found = config_file_findings(&config);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].outcome, Outcome::Warning);
-        assert!(found[0].message.contains("did you mean `url`?"), "{found:?}");
+        assert!(
+            found[0].message.contains("did you mean `url`?"),
+            "{found:?}"
+        );
     }
 
     #[test]
@@ -1177,7 +1180,11 @@ mod tests {
         let (findings, data) = check_schema(&schema, &layers);
         assert!(data.is_none());
         let r = Report::new(findings);
-        assert!(problem(&r, "disk_sise", None).is_some(), "{}", r.render_text());
+        assert!(
+            problem(&r, "disk_sise", None).is_some(),
+            "{}",
+            r.render_text()
+        );
     }
 
     #[test]

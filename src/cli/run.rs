@@ -214,7 +214,8 @@ pub async fn run_with(
     for warning in &settings.config.warnings {
         tracing::warn!("config file: {warning}");
     }
-    let overrides = schema.check_config_overrides(&settings.config.defaults, &settings.config.nodes);
+    let overrides =
+        schema.check_config_overrides(&settings.config.defaults, &settings.config.nodes);
     for warning in &overrides.warnings {
         tracing::warn!("config file: {warning}");
     }

@@ -407,10 +407,17 @@ impl ProviderDataSchema {
         self.schema_problems("", &value, &mut problems);
         for key in REQUIRED {
             if !merged.contains_key(*key) {
+                // A misspelling of it is only a warning, so point at it here where it matters.
+                let near_miss = merged
+                    .keys()
+                    .filter(|k| !TOP_KEYS.contains(&k.as_str()))
+                    .find(|k| did_you_mean::suggest(k, &[key]).is_some())
+                    .map(|k| format!(" (`{k}` is set: did you mean `{key}`?)"))
+                    .unwrap_or_default();
                 problems.push(
                     key,
                     format!(
-                        "is required: set it in the machine class (or under `defaults:` in the provider config){}",
+                        "is required: set it in the machine class (or under `defaults:` in the provider config){}{near_miss}",
                         required_example(key)
                     ),
                 );
@@ -1561,11 +1568,23 @@ boot: clone
             data.warnings
         );
         let text = describe(&data.warnings);
-        assert!(text.contains("ignored (did you mean `disk_size`?)"), "{text}");
+        assert!(
+            text.contains("ignored (did you mean `disk_size`?)"),
+            "{text}"
+        );
         assert!(text.contains("did you mean `max_restart`?"), "{text}");
         assert!(text.contains("did you mean `disk_cache`?"), "{text}");
         assert_eq!(data.disk_size_gb, 20);
         assert!(parse(MINIMAL).unwrap().warnings.is_empty());
+        // When the misspelled key was a required one, the problem points at it.
+        let p =
+            parse("cores: 2\nmemory: 4096\ndisk_sise: 20\nstorage_selector: 'true'\n").unwrap_err();
+        assert_eq!(keys_of(&p), vec!["disk_size"]);
+        assert!(
+            p[0].message
+                .contains("`disk_sise` is set: did you mean `disk_size`?"),
+            "{p:?}"
+        );
 
         let problems = parse_strict(&yaml).unwrap_err();
         assert_eq!(keys_of(&problems), keys);
@@ -1610,19 +1629,30 @@ boot: clone
         assert!(p[0].message.contains("numa: true"), "{p:?}");
 
         let base = "cores: 2\ndisk_size: 20\nstorage_selector: 'true'\nballoon: false\n";
-        let ok = parse(&format!("{base}numa: true\nhugepages: 1GB\nsockets: 2\nmemory: 4096\n"));
+        let ok = parse(&format!(
+            "{base}numa: true\nhugepages: 1GB\nsockets: 2\nmemory: 4096\n"
+        ));
         assert!(ok.is_ok(), "{ok:?}");
         // 6144 MB over 4 sockets is 1536 MB per node: not whole 1GB pages.
-        let p = parse(&format!("{base}numa: true\nhugepages: 1GB\nsockets: 4\nmemory: 6144\n"))
-            .unwrap_err();
+        let p = parse(&format!(
+            "{base}numa: true\nhugepages: 1GB\nsockets: 4\nmemory: 6144\n"
+        ))
+        .unwrap_err();
         assert_eq!(keys_of(&p), vec!["memory"]);
         assert!(p[0].message.contains("multiple of 4096 MB"), "{p:?}");
         assert!(p[0].message.contains("memory: 4096"), "{p:?}");
         // 4098 MB over 2 sockets is 2049 MB per node: not whole 2MB pages.
-        let p = parse(&format!("{base}numa: true\nhugepages: 2MB\nsockets: 2\nmemory: 4098\n"))
-            .unwrap_err();
+        let p = parse(&format!(
+            "{base}numa: true\nhugepages: 2MB\nsockets: 2\nmemory: 4098\n"
+        ))
+        .unwrap_err();
         assert_eq!(keys_of(&p), vec!["memory"]);
-        assert!(parse(&format!("{base}numa: true\nhugepages: 2MB\nsockets: 2\nmemory: 4100\n")).is_ok());
+        assert!(
+            parse(&format!(
+                "{base}numa: true\nhugepages: 2MB\nsockets: 2\nmemory: 4100\n"
+            ))
+            .is_ok()
+        );
     }
 
     #[test]
