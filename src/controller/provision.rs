@@ -158,13 +158,21 @@ impl Provisioner {
                     .await?;
                 return Ok(Action::Done);
             }
-            // Logged once, when the request is first seen; the status text repeats them meanwhile.
-            Ok(data) if status.is_none() => {
-                for warning in &data.warnings {
-                    tracing::warn!(request = %id, "provider data: {warning}");
+            Ok(data) => {
+                // Logged once, when the request is first seen; the status text repeats them.
+                if status.is_none() {
+                    for warning in &data.warnings {
+                        tracing::warn!(request = %id, "provider data: {warning}");
+                    }
+                }
+                if let Some(problem) =
+                    crate::validate::release_problem(&self.services.pve, &data).await
+                {
+                    self.fail(id, &labels, "checking the Proxmox VE release", &problem)
+                        .await?;
+                    return Ok(Action::Done);
                 }
             }
-            Ok(_) => {}
         }
         let join = self.connection_params(&request).await?;
         let machine = self

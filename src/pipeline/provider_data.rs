@@ -1203,6 +1203,23 @@ fn hugepages_problems(
     problems
 }
 
+/// The first Proxmox VE major release whose HA resources have `failback` (pve-ha-manager 5.0.2, the
+/// PVE 9 series); older clusters answer 400 to it.
+pub const HA_FAILBACK_SINCE_PVE: u32 = 9;
+
+/// `ha.failback` on a cluster that does not know it, given `GET /version`'s `version` ("8.4.1"). A
+/// version that cannot be read is let through: Proxmox then says what it thinks.
+pub fn ha_failback_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
+    data.ha.as_ref()?.failback?;
+    let major: u32 = pve_version.split('.').next()?.trim().parse().ok()?;
+    (major < HA_FAILBACK_SINCE_PVE).then(|| Problem {
+        key: "ha.failback".into(),
+        message: format!(
+            "needs Proxmox VE {HA_FAILBACK_SINCE_PVE} or later; this cluster runs {pve_version}: remove `failback` (on PVE 8, set it on an HA group instead) or upgrade"
+        ),
+    })
+}
+
 fn join_names(names: &[NodeName]) -> String {
     names
         .iter()
@@ -1653,6 +1670,29 @@ boot: clone
             ))
             .is_ok()
         );
+    }
+
+    /// pve-ha-manager src/PVE/HA/Resources.pm: the `failback` property of an HA resource came with
+    /// commit "resources: introduce failback property in ha resource config" (version 5.0.2, the
+    /// trixie-based PVE 9 series); PVE 8 (4.0.x, bookworm) rejects the unknown parameter with a 400.
+    #[test]
+    fn ha_failback_is_refused_before_pve_9() {
+        let with = parse(&format!(
+            "{MINIMAL}ha:\n  state: started\n  failback: false\n"
+        ))
+        .unwrap();
+        let p = ha_failback_problem(&with, "8.4.1").unwrap();
+        assert_eq!(p.key, "ha.failback");
+        assert!(
+            p.message.contains("Proxmox VE 9") && p.message.contains("8.4.1"),
+            "{p}"
+        );
+        assert_eq!(ha_failback_problem(&with, "9.0.10"), None);
+        assert_eq!(ha_failback_problem(&with, "10.1"), None);
+        assert_eq!(ha_failback_problem(&with, "garbage"), None);
+        let without = parse(&format!("{MINIMAL}ha:\n  state: started\n")).unwrap();
+        assert_eq!(ha_failback_problem(&without, "8.4.1"), None);
+        assert_eq!(ha_failback_problem(&parse(MINIMAL).unwrap(), "7.4"), None);
     }
 
     #[test]
