@@ -173,7 +173,10 @@ impl ProviderConfig {
                 strict: found.strict,
                 warnings: found.warnings,
             }),
-            _ => Err(ParseError::Invalid(found.problems)),
+            // What was ignored often explains what is missing (`tokenId` for `tokenID`).
+            _ => Err(ParseError::Invalid(
+                found.problems.into_iter().chain(found.warnings).collect(),
+            )),
         }
     }
 }
