@@ -223,15 +223,19 @@ pub fn check_schema(
                 .map(|p| Finding::new(Outcome::Warning, p.key, None, p.message)),
         )
         .collect();
+    // The class's own warnings (those of `defaults:` and `nodes:` came with the overrides above),
+    // also when the class fails: an ignored misspelling often explains a missing key.
+    if let Ok(class) = ProviderDataSchema::class_map(layers.class_yaml) {
+        findings.extend(
+            schema
+                .check_layer("", &Value::Object(class))
+                .warnings
+                .into_iter()
+                .map(|w| Finding::new(Outcome::Warning, w.key, None, w.message)),
+        );
+    }
     match layers.resolve_on(schema, None) {
         Ok(data) => {
-            // Unknown keys of `defaults:` were reported with the overrides above.
-            findings.extend(
-                data.warnings
-                    .iter()
-                    .filter(|w| !w.key.starts_with("defaults."))
-                    .map(|w| Finding::new(Outcome::Warning, &w.key, None, w.message.clone())),
-            );
             if !findings.iter().any(|f| f.outcome == Outcome::Problem) {
                 findings.push(Finding::new(
                     Outcome::Pass,
