@@ -14,9 +14,11 @@
 //!   caFile: /etc/omni-proxmox/ca.pem             # ours: trust a private CA
 //! ```
 //!
-//! plus our additions (`defaults:` and per-node `nodes:` overrides for provider data). The file is
-//! validated completely on load: every problem names its key, and an unknown key gets a suggestion,
-//! because a misspelled `insecureSkipVerify` silently ignored is worse than a refusal to start.
+//! plus our additions (`defaults:` and per-node `nodes:` overrides for provider data, and `strict:`).
+//! The file is validated completely on load: every problem names its key. An unknown key is a
+//! warning with a suggestion (the official provider ignores it silently, so a file that works there
+//! must load here); `strict: true` at the top of the file makes unknown keys errors, here and in
+//! provider data.
 
 use std::path::{Path, PathBuf};
 
@@ -33,6 +35,11 @@ pub struct ProviderConfig {
     pub defaults: Map<String, Value>,
     /// `nodes:`: per-node provider-data overrides, applied after the node is chosen.
     pub nodes: Map<String, Value>,
+    /// `strict: true`: unknown keys (here and in provider data) are errors, not warnings.
+    pub strict: bool,
+    /// What was ignored or chosen for the user (unknown keys, a token and a password both set): logged
+    /// at start and shown by `validate`.
+    pub warnings: Vec<String>,
 }
 
 /// How to reach and log in to the Proxmox VE API.
@@ -79,7 +86,7 @@ pub enum ConfigError {
     },
 }
 
-const TOP_KEYS: &[&str] = &["proxmox", "defaults", "nodes"];
+const TOP_KEYS: &[&str] = &["proxmox", "defaults", "nodes", "strict"];
 const PROXMOX_KEYS: &[&str] = &[
     "url",
     "tokenID",
@@ -112,7 +119,6 @@ impl ProviderConfig {
     /// Parses the text of a config file; all problems are reported together.
     pub fn parse(text: &str) -> Result<Self, ParseError> {
         let root: Value = crate::yaml::from_str(text).map_err(ParseError::Yaml)?;
-        let mut problems = Vec::new();
         let root = match root {
             Value::Object(map) => map,
             Value::Null => Map::new(),
@@ -123,33 +129,54 @@ impl ProviderConfig {
                 )]));
             }
         };
-        check_keys(&root, TOP_KEYS, "", &mut problems);
+        let (strict, strict_problem) = match root.get("strict") {
+            None | Some(Value::Null) => (false, None),
+            Some(Value::Bool(b)) => (*b, None),
+            Some(other) => (
+                false,
+                Some(format!(
+                    "`strict` must be true or false, found {}",
+                    kind(other)
+                )),
+            ),
+        };
+        let mut found = Found {
+            problems: strict_problem.into_iter().collect(),
+            warnings: Vec::new(),
+            strict,
+        };
+        found.check_keys(&root, TOP_KEYS, "");
         let proxmox = match root.get("proxmox") {
-            Some(Value::Object(p)) => ProxmoxSettings::from_map(p, &mut problems),
+            Some(Value::Object(p)) => ProxmoxSettings::from_map(p, &mut found),
             Some(other) => {
-                problems.push(format!(
+                found.problems.push(format!(
                     "`proxmox` must be a mapping of connection settings, found {}",
                     kind(other)
                 ));
                 None
             }
             None => {
-                problems.push(
+                found.problems.push(
                     "missing `proxmox:` section (needs at least `url` and either `tokenID`+`tokenSecret` or `username`+`password`)"
                         .to_owned(),
                 );
                 None
             }
         };
-        let defaults = optional_map(&root, "defaults", &mut problems);
-        let nodes = optional_map(&root, "nodes", &mut problems);
-        match (proxmox, problems.is_empty()) {
+        let defaults = optional_map(&root, "defaults", &mut found.problems);
+        let nodes = optional_map(&root, "nodes", &mut found.problems);
+        match (proxmox, found.problems.is_empty()) {
             (Some(proxmox), true) => Ok(Self {
                 proxmox,
                 defaults,
                 nodes,
+                strict: found.strict,
+                warnings: found.warnings,
             }),
-            _ => Err(ParseError::Invalid(problems)),
+            // What was ignored often explains what is missing (`tokenId` for `tokenID`).
+            _ => Err(ParseError::Invalid(
+                found.problems.into_iter().chain(found.warnings).collect(),
+            )),
         }
     }
 }
@@ -161,9 +188,12 @@ pub enum ParseError {
 }
 
 impl ProxmoxSettings {
-    fn from_map(p: &Map<String, Value>, problems: &mut Vec<String>) -> Option<Self> {
+    fn from_map(p: &Map<String, Value>, found: &mut Found) -> Option<Self> {
+        found.check_keys(p, PROXMOX_KEYS, "proxmox.");
+        let Found {
+            problems, warnings, ..
+        } = found;
         let before = problems.len();
-        check_keys(p, PROXMOX_KEYS, "proxmox.", problems);
         let s = |k: &str, problems: &mut Vec<String>| string_key(p, k, problems);
         let url = s("url", problems);
         let token_id = s("tokenID", problems);
@@ -201,23 +231,23 @@ impl ProxmoxSettings {
         };
 
         let auth = match (token_id, token_secret, username, password) {
-            (Some(_), Some(_), Some(_), _) | (Some(_), Some(_), _, Some(_)) => {
-                problems.push("`proxmox` has both an API token (`tokenID`/`tokenSecret`) and a password login (`username`/`password`): keep only one".into());
-                None
+            // The official provider logs in with the password whenever username and password are both
+            // set, and only otherwise uses the token; do the same so either provider behaves alike.
+            (id, secret, Some(user), Some(password)) if id.is_some() || secret.is_some() => {
+                warnings.push("`proxmox` has both an API token (`tokenID`/`tokenSecret`) and a password login (`username`/`password`): using the password login, as the official provider does; remove the one you do not want".into());
+                password_login(user, password, realm, problems)
             }
-            (Some(id), Some(secret), None, None) => {
-                if !id.contains('!') || !id.contains('@') {
-                    problems.push(format!(
-                        "`proxmox.tokenID` {id:?} must look like user@realm!tokenname, e.g. \"omni@pve!provider\""
-                    ));
+            (Some(id), Some(secret), user, password) => {
+                // Only one of username and password (both is the arm above).
+                if user.is_some() || password.is_some() {
+                    let (set, missing) = if user.is_some() {
+                        ("username", "password")
+                    } else {
+                        ("password", "username")
+                    };
+                    warnings.push(format!("`proxmox.{set}` is ignored without `proxmox.{missing}`: using the API token, as the official provider does"));
                 }
-                if realm.is_some() {
-                    problems.push("`proxmox.realm` applies to password login only; the realm of an API token is part of `tokenID`".into());
-                }
-                Some(ProxmoxAuth::Token {
-                    id,
-                    secret: Secret::new(secret),
-                })
+                token_login(id, secret, realm, warnings, problems)
             }
             (Some(_), None, _, _) => {
                 problems
@@ -230,19 +260,7 @@ impl ProxmoxSettings {
                 None
             }
             (None, None, Some(user), Some(password)) => {
-                // Upstream takes `username` and `realm` separately; accept "root@pam" too.
-                let username = match (user.contains('@'), realm) {
-                    (true, None) => user,
-                    (true, Some(r)) => {
-                        problems.push(format!("`proxmox.username` {user:?} already names a realm, and `proxmox.realm` is {r:?}: keep only one"));
-                        user
-                    }
-                    (false, r) => format!("{user}@{}", r.unwrap_or_else(|| "pam".into())),
-                };
-                Some(ProxmoxAuth::Password {
-                    username,
-                    password: Secret::new(password),
-                })
+                password_login(user, password, realm, problems)
             }
             (None, None, Some(_), None) => {
                 problems.push("`proxmox.username` is set but `proxmox.password` is missing".into());
@@ -278,6 +296,76 @@ impl ProxmoxSettings {
     }
 }
 
+fn token_login(
+    id: String,
+    secret: String,
+    realm: Option<String>,
+    warnings: &mut Vec<String>,
+    problems: &mut Vec<String>,
+) -> Option<ProxmoxAuth> {
+    if !id.contains('!') || !id.contains('@') {
+        problems.push(format!(
+            "`proxmox.tokenID` {id:?} must look like user@realm!tokenname, e.g. \"omni@pve!provider\""
+        ));
+    }
+    if realm.is_some() {
+        // The official provider ignores it too, so a file that works there is not refused.
+        warnings.push(
+            "`proxmox.realm` is ignored with an API token: the token's realm is part of `tokenID`"
+                .into(),
+        );
+    }
+    Some(ProxmoxAuth::Token {
+        id,
+        secret: Secret::new(secret),
+    })
+}
+
+fn password_login(
+    user: String,
+    password: String,
+    realm: Option<String>,
+    problems: &mut Vec<String>,
+) -> Option<ProxmoxAuth> {
+    // Upstream takes `username` and `realm` separately; accept "root@pam" too.
+    let username = match (user.contains('@'), realm) {
+        (true, None) => user,
+        (true, Some(r)) => {
+            problems.push(format!("`proxmox.username` {user:?} already names a realm, and `proxmox.realm` is {r:?}: keep only one"));
+            user
+        }
+        (false, r) => format!("{user}@{}", r.unwrap_or_else(|| "pam".into())),
+    };
+    Some(ProxmoxAuth::Password {
+        username,
+        password: Secret::new(password),
+    })
+}
+
+/// Problems and warnings while reading the file.
+struct Found {
+    problems: Vec<String>,
+    warnings: Vec<String>,
+    /// Unknown keys are problems rather than warnings.
+    strict: bool,
+}
+
+impl Found {
+    fn check_keys(&mut self, map: &Map<String, Value>, known: &[&str], prefix: &str) {
+        for key in map.keys().filter(|k| !known.contains(&k.as_str())) {
+            let hint = did_you_mean::hint(key, known);
+            if self.strict {
+                self.problems.push(format!(
+                    "unknown key `{prefix}{key}`{hint} (refused because of `strict: true`)"
+                ));
+            } else {
+                self.warnings
+                    .push(format!("unknown key `{prefix}{key}` is ignored{hint}"));
+            }
+        }
+    }
+}
+
 /// Accepts `https://host:8006`, `https://host:8006/`, `https://host:8006/api2/json[/]`.
 pub fn normalize_api_url(raw: &str) -> Result<url::Url, String> {
     let mut u = url::Url::parse(raw.trim()).map_err(|e| format!("is not a URL: {e}"))?;
@@ -297,17 +385,6 @@ pub fn normalize_api_url(raw: &str) -> Result<url::Url, String> {
     let path = path.strip_suffix("/api2/json").unwrap_or(path).to_owned();
     u.set_path(&format!("{path}/api2/json"));
     Ok(u)
-}
-
-fn check_keys(map: &Map<String, Value>, known: &[&str], prefix: &str, problems: &mut Vec<String>) {
-    for key in map.keys() {
-        if !known.contains(&key.as_str()) {
-            problems.push(format!(
-                "unknown key `{prefix}{key}`{}",
-                did_you_mean::hint(key, known)
-            ));
-        }
-    }
 }
 
 fn string_key(map: &Map<String, Value>, key: &str, problems: &mut Vec<String>) -> Option<String> {
@@ -392,7 +469,7 @@ mod tests {
     #[test]
     fn every_problem_is_reported_with_its_key() {
         let p = problems(
-            "proxmox:\n  url: ftp://x\n  tokenId: a@b!c\n  username: root\n  insecureSkipVerify: yes please\n",
+            "strict: true\nproxmox:\n  url: ftp://x\n  tokenId: a@b!c\n  username: root\n  insecureSkipVerify: yes please\n",
         );
         let all = p.join("\n");
         assert!(
@@ -407,11 +484,93 @@ mod tests {
     #[test]
     fn contradictions_are_refused() {
         let all = problems(
-            "proxmox:\n  url: https://x\n  tokenID: a@b!c\n  tokenSecret: s\n  username: u\n  password: p\n  insecureSkipVerify: true\n  caFile: /x\n",
+            "proxmox:\n  url: https://x\n  username: u@pve\n  realm: pam\n  password: p\n  insecureSkipVerify: true\n  caFile: /x\n",
         )
         .join("\n");
         assert!(all.contains("keep only one"), "{all}");
         assert!(all.contains("contradict"), "{all}");
         assert!(problems("").join("").contains("missing `proxmox:`"));
+    }
+
+    /// The official provider decodes its config with a plain yaml.Decoder (no KnownFields), so an
+    /// unknown key is ignored there (omni-infra-provider-proxmox cmd/omni-infra-provider-proxmox/
+    /// main.go, the root command's RunE; internal/pkg/config/config.go). It must load here too, with
+    /// a warning; `strict: true` refuses it.
+    #[test]
+    fn unknown_keys_are_warnings_unless_strict() {
+        let text = "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n  insecureSkipVerfy: true\nlogLevel: debug\n";
+        let c = ProviderConfig::parse(text).unwrap();
+        assert!(!c.strict);
+        assert_eq!(
+            c.warnings,
+            vec![
+                "unknown key `logLevel` is ignored".to_string(),
+                "unknown key `proxmox.insecureSkipVerfy` is ignored (did you mean `insecureSkipVerify`?)"
+                    .to_string(),
+            ]
+        );
+        assert_eq!(c.proxmox.tls, TlsTrust::WebPki);
+        let all = problems(&format!("strict: true\n{text}")).join("\n");
+        assert!(
+            all.contains(
+                "unknown key `proxmox.insecureSkipVerfy` (did you mean `insecureSkipVerify`?)"
+            ),
+            "{all}"
+        );
+        assert!(all.contains("unknown key `logLevel`"), "{all}");
+        assert!(ProviderConfig::parse(&format!("strict: true\n{text}")).is_err());
+        let strict_ok = ProviderConfig::parse(
+            "strict: true\nproxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n",
+        )
+        .unwrap();
+        assert!(strict_ok.strict && strict_ok.warnings.is_empty());
+        assert!(problems("strict: yes please\nproxmox:\n  url: https://x\n  tokenID: a@b!c\n  tokenSecret: s\n")
+            .join("")
+            .contains("`strict` must be true or false"));
+    }
+
+    /// The official provider's credential choice (cmd/omni-infra-provider-proxmox/main.go, the switch
+    /// before building the Proxmox client): username and password both set win, else the token pair;
+    /// the realm is only used with the password. Same choice here, with a warning.
+    #[test]
+    fn token_and_password_choose_what_the_official_provider_chooses() {
+        let base = "proxmox:\n  url: https://pve:8006\n";
+        let c = ProviderConfig::parse(&format!(
+            "{base}  tokenID: omni@pve!p\n  tokenSecret: s3cr3t-tok\n  username: root\n  password: s3cr3t-pw\n  realm: pve\n"
+        ))
+        .unwrap();
+        assert!(
+            matches!(&c.proxmox.auth, ProxmoxAuth::Password { username, .. } if username == "root@pve"),
+            "{:?}",
+            c.proxmox.auth
+        );
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        assert!(
+            c.warnings[0].contains("using the password login"),
+            "{:?}",
+            c.warnings
+        );
+        assert!(!c.warnings[0].contains("s3cr3t"));
+
+        // A token ID without its secret does not stop a complete password login either.
+        let c = ProviderConfig::parse(&format!(
+            "{base}  tokenID: omni@pve!p\n  username: root\n  password: pw\n"
+        ))
+        .unwrap();
+        assert!(matches!(c.proxmox.auth, ProxmoxAuth::Password { .. }));
+        assert_eq!(c.warnings.len(), 1);
+
+        let c = ProviderConfig::parse(&format!(
+            "{base}  tokenID: omni@pve!p\n  tokenSecret: tok\n  username: root\n  realm: pam\n"
+        ))
+        .unwrap();
+        assert!(
+            matches!(&c.proxmox.auth, ProxmoxAuth::Token { id, .. } if id == "omni@pve!p"),
+            "{:?}",
+            c.proxmox.auth
+        );
+        let all = c.warnings.join("\n");
+        assert!(all.contains("`proxmox.username` is ignored"), "{all}");
+        assert!(all.contains("`proxmox.realm` is ignored"), "{all}");
     }
 }

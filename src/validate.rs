@@ -22,7 +22,9 @@ use crate::config::ProviderConfig;
 use crate::pipeline::pick_node;
 use crate::pipeline::placement::{NodeSnapshot, StorageSnapshot};
 use crate::pipeline::prepare_image::choose_template;
-use crate::pipeline::provider_data::{BootMode, ProviderData, ProviderDataSchema};
+use crate::pipeline::provider_data::{
+    BootMode, ProviderData, ProviderDataSchema, ha_failback_problem,
+};
 use crate::pipeline::storage_selector::StorageSelector;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
@@ -166,6 +168,9 @@ pub struct ClusterView {
     /// `None`: not read (not needed); `Some(Err)`: could not be read.
     pub pci_mappings: Option<Result<Vec<ResourceMapping>, String>>,
     pub usb_mappings: Option<Result<Vec<ResourceMapping>, String>>,
+    /// `GET /version`'s `version` ("8.4.1"), read when a key needs a minimum release (`ha.failback`);
+    /// `None`: not read.
+    pub pve_version: Option<Result<String, String>>,
 }
 
 /// Where the provider data comes from: the class's YAML over the config's `nodes:` and `defaults:`.
@@ -206,14 +211,32 @@ pub fn check_schema(
     schema: &ProviderDataSchema,
     layers: &Layers<'_>,
 ) -> (Vec<Finding>, Option<ProviderData>) {
-    let mut findings: Vec<Finding> = schema
-        .validate_config_overrides(layers.defaults, layers.nodes)
+    let overrides = schema.check_config_overrides(layers.defaults, layers.nodes);
+    let mut findings: Vec<Finding> = overrides
+        .problems
         .into_iter()
         .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
+        .chain(
+            overrides
+                .warnings
+                .into_iter()
+                .map(|p| Finding::new(Outcome::Warning, p.key, None, p.message)),
+        )
         .collect();
+    // The class's own warnings (those of `defaults:` and `nodes:` came with the overrides above),
+    // also when the class fails: an ignored misspelling often explains a missing key.
+    if let Ok(class) = ProviderDataSchema::class_map(layers.class_yaml) {
+        findings.extend(
+            schema
+                .check_layer("", &Value::Object(class))
+                .warnings
+                .into_iter()
+                .map(|w| Finding::new(Outcome::Warning, w.key, None, w.message)),
+        );
+    }
     match layers.resolve_on(schema, None) {
         Ok(data) => {
-            if findings.is_empty() {
+            if !findings.iter().any(|f| f.outcome == Outcome::Problem) {
                 findings.push(Finding::new(
                     Outcome::Pass,
                     "provider_data",
@@ -282,6 +305,22 @@ fn check_cluster_inner(
         stand_ins,
     };
     let mut out = Vec::new();
+    match &view.pve_version {
+        Some(Ok(version)) => {
+            if let Some(p) = ha_failback_problem(data, version) {
+                out.push(Finding::new(Outcome::Problem, p.key, None, p.message));
+            }
+        }
+        Some(Err(why)) => out.push(Finding::new(
+            Outcome::Skipped,
+            "ha.failback",
+            None,
+            format!(
+                "cannot read the Proxmox VE version to check that the cluster supports it: {why}"
+            ),
+        )),
+        None => {}
+    }
     let existing: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     let existing_text = if existing.is_empty() {
         "none".to_string()
@@ -927,11 +966,22 @@ pub async fn gather(
     } else {
         None
     };
+    let pve_version = if needs_version(data) {
+        Some(
+            pve.version()
+                .await
+                .map(|v| v.version)
+                .map_err(|e| e.to_string()),
+        )
+    } else {
+        None
+    };
     Ok(ClusterView {
         resources,
         bridges: answers.into_iter().collect(),
         pci_mappings,
         usb_mappings,
+        pve_version,
     })
 }
 
@@ -975,6 +1025,38 @@ pub async fn validate_class(
     Ok(Report::new(findings))
 }
 
+/// Whether `data` uses a key that only some Proxmox VE releases accept.
+fn needs_version(data: &ProviderData) -> bool {
+    data.ha.as_ref().is_some_and(|ha| ha.failback.is_some())
+}
+
+/// Before provisioning: a key the cluster's Proxmox VE release does not accept (`ha.failback` before
+/// PVE 9), as a sentence; `None` when all is well or the version cannot be read (Proxmox then
+/// answers for itself when the key is sent).
+pub async fn release_problem(pve: &ProxmoxClient, data: &ProviderData) -> Option<String> {
+    if !needs_version(data) {
+        return None;
+    }
+    let version = match pve.version().await {
+        Ok(v) => v.version,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the Proxmox VE version");
+            return None;
+        }
+    };
+    ha_failback_problem(data, &version).map(|p| p.to_string())
+}
+
+/// The config file's own warnings (unknown keys, a token and a password both set), as findings to
+/// show before the provider data's.
+pub fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
+    config
+        .warnings
+        .iter()
+        .map(|w| Finding::new(Outcome::Warning, "config", None, w.clone()))
+        .collect()
+}
+
 /// The longest health text [`check_defaults`] returns; Omni shows it in one line.
 const HEALTH_TEXT_MAX: usize = 480;
 
@@ -986,7 +1068,7 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
         return None;
     }
     let schema = match ProviderDataSchema::new() {
-        Ok(s) => s,
+        Ok(s) => s.strict(config.strict),
         Err(e) => return Some(e.to_string()),
     };
     let (filled, _) = with_stand_ins(&config.defaults);
@@ -1076,6 +1158,7 @@ mod tests {
             .into(),
             pci_mappings: None,
             usb_mappings: None,
+            pve_version: None,
         }
     }
 
@@ -1101,6 +1184,136 @@ mod tests {
     }
 
     const BASE: &str = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\n";
+
+    #[test]
+    fn unknown_keys_are_warnings_with_a_suggestion_and_the_class_still_passes() {
+        let r = run(
+            &format!("{BASE}disk_sise: 5\n"),
+            json!({"coers": 2}),
+            json!({"pve1": {"network_bridg": "vmbr1"}}),
+        );
+        assert!(r.ok, "{}", r.render_text());
+        let warned: Vec<(&str, &str)> = r
+            .findings
+            .iter()
+            .filter(|f| f.outcome == Outcome::Warning)
+            .map(|f| (f.key.as_str(), f.message.as_str()))
+            .collect();
+        assert_eq!(warned.len(), 3, "{warned:?}");
+        for (key, hint) in [
+            ("defaults.coers", "`cores`"),
+            ("nodes.pve1.network_bridg", "`network_bridge`"),
+            ("disk_sise", "`disk_size`"),
+        ] {
+            assert!(
+                warned
+                    .iter()
+                    .any(|(k, m)| *k == key && m.contains(&format!("did you mean {hint}?"))),
+                "{key}: {warned:?}"
+            );
+        }
+        assert!(r.render_text().contains("warn"), "{}", r.render_text());
+        let config = ProviderConfig::parse(
+            "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\n  urll: x\n",
+        )
+        .unwrap();
+        let found = config_file_findings(&config);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].outcome, Outcome::Warning);
+        assert!(
+            found[0].message.contains("did you mean `url`?"),
+            "{found:?}"
+        );
+    }
+
+    /// pve-ha-manager src/PVE/HA/Resources.pm: `failback` exists on HA resources only from 5.0.2
+    /// (PVE 9); PVE 8 answers 400, after the VM was already created and started. Refuse up front.
+    #[test]
+    fn ha_failback_is_a_problem_on_a_pve_8_cluster() {
+        let schema = ProviderDataSchema::new().unwrap();
+        let class = format!("{BASE}ha:\n  state: started\n  failback: true\n");
+        let (empty, nodes) = (Map::new(), Map::new());
+        let layers = Layers {
+            class_yaml: &class,
+            defaults: &empty,
+            nodes: &nodes,
+        };
+        let (_, data) = check_schema(&schema, &layers);
+        let data = data.unwrap();
+        assert!(needs_version(&data));
+        let on = |version: Option<Result<String, String>>| {
+            let mut v = view();
+            v.pve_version = version;
+            Report::new(check_cluster(&schema, &layers, &data, &v))
+        };
+        let r = on(Some(Ok("8.4.1".into())));
+        let f = problem(&r, "ha.failback", None).expect("a problem");
+        assert!(
+            f.message.contains("8.4.1") && f.message.contains("Proxmox VE 9"),
+            "{f}"
+        );
+        assert!(problem(&on(Some(Ok("9.0.10".into()))), "ha.failback", None).is_none());
+        let r = on(Some(Err("timeout".into())));
+        assert!(
+            r.findings
+                .iter()
+                .any(|f| f.key == "ha.failback" && f.outcome == Outcome::Skipped)
+        );
+    }
+
+    /// Provisioning asks `GET /version` before anything is created, and only when `ha.failback` is
+    /// set; on PVE 8 the request is refused naming the version instead of failing at HA registration.
+    #[tokio::test]
+    async fn release_problem_reads_the_version_only_for_failback() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/api2/json/version"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(
+                json!({"data": {"version": "8.4.1", "release": "8.4", "repoid": "abc"}}),
+            ))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let config = ProviderConfig::parse(&format!(
+            "proxmox:\n  url: {}\n  tokenID: a@pve!t\n  tokenSecret: s\n",
+            server.uri()
+        ))
+        .unwrap();
+        let pve = ProxmoxClient::new(&config.proxmox).unwrap();
+        let schema = ProviderDataSchema::new().unwrap();
+        let resolve = |yaml: String| schema.resolve(&yaml, None, &Map::new()).unwrap();
+        let plain = resolve(format!("{BASE}ha:\n  state: started\n"));
+        assert_eq!(release_problem(&pve, &plain).await, None);
+        let failback = resolve(format!("{BASE}ha:\n  failback: false\n"));
+        let problem = release_problem(&pve, &failback).await.expect("refused");
+        assert!(
+            problem.starts_with("ha.failback: needs Proxmox VE 9"),
+            "{problem}"
+        );
+        assert!(problem.contains("8.4.1"), "{problem}");
+    }
+
+    #[test]
+    fn strict_mode_fails_unknown_keys() {
+        let schema = ProviderDataSchema::new().unwrap().strict(true);
+        let class = format!("{BASE}disk_sise: 5\n");
+        let (empty, nodes) = (Map::new(), Map::new());
+        let layers = Layers {
+            class_yaml: &class,
+            defaults: &empty,
+            nodes: &nodes,
+        };
+        let (findings, data) = check_schema(&schema, &layers);
+        assert!(data.is_none());
+        let r = Report::new(findings);
+        assert!(
+            problem(&r, "disk_sise", None).is_some(),
+            "{}",
+            r.render_text()
+        );
+    }
 
     #[test]
     fn a_good_pinned_class_passes() {

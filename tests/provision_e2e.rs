@@ -220,6 +220,93 @@ async fn bad_provider_data_fails_with_every_problem_and_creates_nothing() {
     h.stop_controller().await;
 }
 
+/// Every status text the request `id` shows, in order, until the returned task is aborted.
+fn record_statuses(
+    h: &Harness,
+    id: &'static str,
+) -> (
+    Arc<std::sync::Mutex<Vec<String>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let recorder = {
+        let seen = seen.clone();
+        let state = h.omni.state.clone();
+        tokio::spawn(async move {
+            loop {
+                state
+                    .wait_for(Duration::from_millis(200), |s| {
+                        if let Some(st) = s.get(&MachineRequestStatus, id) {
+                            let mut seen = seen.lock().unwrap();
+                            if seen.last() != Some(&st.spec.status) {
+                                seen.push(st.spec.status.clone());
+                            }
+                        }
+                        false
+                    })
+                    .await;
+            }
+        })
+    };
+    (seen, recorder)
+}
+
+/// The official provider unmarshals provider data with a plain YAML unmarshal (omni
+/// client/pkg/infra/provision/context.go, `UnmarshalProviderData`), so a class with a key it does not
+/// know provisions there. It must here too, and the user sees in Omni what was ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_key_provisions_with_a_warning_in_the_status() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let (seen, recorder) = record_statuses(&h, "warn-1");
+    h.request("warn-1", "warn", &format!("{PINNED_PVE2}disk_sise: 10\n"));
+    let status = h.wait_stage("warn-1", Stage::Provisioned).await;
+    recorder.abort();
+    assert!(status.spec.error.is_empty(), "{}", status.spec.error);
+    let seen = seen.lock().unwrap().clone();
+    let warning = "disk_sise: is not a known key and is ignored (did you mean `disk_size`?)";
+    let running: Vec<&String> = seen
+        .iter()
+        .filter(|s| s.starts_with("Running step"))
+        .collect();
+    assert!(!running.is_empty(), "{seen:#?}");
+    // The step stays readable in front; the warning follows it.
+    for text in &running {
+        assert!(text.contains(warning), "{text}");
+    }
+    assert!(
+        running
+            .iter()
+            .any(|s| s.starts_with("Running step 3/6 create_vm: creating VM")),
+        "{seen:#?}"
+    );
+    assert_eq!(h.vms_named("warn-1").len(), 1);
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_strict_an_unknown_key_fails_the_request() {
+    let Some(mut h) = Harness::start("strict: true\n").await else {
+        return;
+    };
+    h.request(
+        "strict-1",
+        "strict",
+        &format!("{PINNED_PVE2}disk_sise: 10\n"),
+    );
+    let status = h.wait_stage("strict-1", Stage::Failed).await;
+    for needle in ["disk_sise", "did you mean `disk_size`", "strict: true"] {
+        assert!(
+            status.spec.error.contains(needle),
+            "missing {needle:?} in: {}",
+            status.spec.error
+        );
+    }
+    assert!(h.vms_named("strict-1").is_empty());
+    h.stop_controller().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_template_is_a_clear_error() {
     let Some(mut h) = Harness::start("").await else {

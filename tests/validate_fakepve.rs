@@ -384,12 +384,34 @@ fn schema_errors_are_all_reported_at_once_and_json_has_a_stable_shape() {
         .filter(|f| f["outcome"] == "problem")
         .map(|f| f["key"].as_str().unwrap())
         .collect();
-    for key in ["cores", "memorry", "memory", "disk_size", "vlan"] {
+    for key in ["cores", "memory", "disk_size", "vlan"] {
         assert!(
             problem_keys.contains(&key),
             "{key} missing from {problem_keys:?}"
         );
     }
+    // An unknown key is a warning (the official provider ignores it), with its suggestion; the
+    // missing key it was meant to be points back at it.
+    let warned = |key: &str| {
+        findings
+            .iter()
+            .find(|f| f["outcome"] == "warning" && f["key"] == key)
+            .and_then(|f| f["message"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        warned("memorry").contains("did you mean `memory`?"),
+        "{findings:#?}"
+    );
+    assert!(
+        findings.iter().any(|f| f["key"] == "memory"
+            && f["message"]
+                .as_str()
+                .unwrap()
+                .contains("`memorry` is set: did you mean `memory`?")),
+        "{findings:#?}"
+    );
     assert_eq!(report["problems"], json!(problem_keys.len()));
     assert!(
         findings

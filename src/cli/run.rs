@@ -110,7 +110,7 @@ impl Settings {
     pub fn from_args(args: &RunArgs) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let path = args.config_file.as_ref().ok_or(RunError::NoConfigFile)?;
         let config = ProviderConfig::load(path)?;
-        let schema = ProviderDataSchema::new()?;
+        let schema = ProviderDataSchema::new()?.strict(config.strict);
         let problems = schema.validate_config_overrides(&config.defaults, &config.nodes);
         if !problems.is_empty() {
             return Err(format!(
@@ -210,6 +210,15 @@ pub async fn run_with(
         proxmox = %settings.config.proxmox.api_url,
         "starting"
     );
+    let schema = ProviderDataSchema::new()?.strict(settings.config.strict);
+    for warning in &settings.config.warnings {
+        tracing::warn!("config file: {warning}");
+    }
+    let overrides =
+        schema.check_config_overrides(&settings.config.defaults, &settings.config.nodes);
+    for warning in &overrides.warnings {
+        tracing::warn!("config file: {warning}");
+    }
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
     let mode = crate::controller::detect_join_mode(&omni.state).await?;
     tracing::info!(?mode, "detected Omni join mode");
@@ -248,7 +257,7 @@ pub async fn run_with(
         provider_id: provider_id.clone(),
         pve,
         management: omni.management.clone(),
-        schema: ProviderDataSchema::new()?,
+        schema,
         config: settings.config,
         reservations: Default::default(),
         vmids_in_flight: Default::default(),

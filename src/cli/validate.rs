@@ -23,7 +23,7 @@ use super::cluster::OutputFormat;
 use crate::config::ProviderConfig;
 use crate::pipeline::provider_data::ProviderDataSchema;
 use crate::proxmox::ProxmoxClient;
-use crate::validate::{Layers, Report, validate_class};
+use crate::validate::{Layers, Report, config_file_findings, validate_class};
 
 #[derive(Debug, clap::Args)]
 pub struct ValidateArgs {
@@ -58,9 +58,15 @@ pub async fn run(args: ValidateArgs) -> CliResult {
         .try_init();
     let class_yaml = read_provider_data(&args.provider_data)?;
     let config = ProviderConfig::load(&args.config_file)?;
-    let schema = ProviderDataSchema::new()?;
+    let schema = ProviderDataSchema::new()?.strict(config.strict);
     let client = ProxmoxClient::new(&config.proxmox)?;
     let report = validate_class(&client, &schema, &Layers::new(&class_yaml, &config)).await?;
+    let report = Report::new(
+        config_file_findings(&config)
+            .into_iter()
+            .chain(report.findings)
+            .collect(),
+    );
     print_report(&report, args.output)?;
     if report.ok {
         Ok(())

@@ -152,10 +152,27 @@ impl Provisioner {
         // Provider data is validated before anything is created; bad data can never succeed, so it
         // is reported once and the request waits for a change (the provider restarting with a new
         // config counts: every request is reconciled at start).
-        if let Err(e) = self.services.provider_data(&info, None) {
-            self.fail(id, &labels, "validating provider data", &e.to_string())
-                .await?;
-            return Ok(Action::Done);
+        match self.services.provider_data(&info, None) {
+            Err(e) => {
+                self.fail(id, &labels, "validating provider data", &e.to_string())
+                    .await?;
+                return Ok(Action::Done);
+            }
+            Ok(data) => {
+                // Logged once, when the request is first seen; the status text repeats them.
+                if status.is_none() {
+                    for warning in &data.warnings {
+                        tracing::warn!(request = %id, "provider data: {warning}");
+                    }
+                }
+                if let Some(problem) =
+                    crate::validate::release_problem(&self.services.pve, &data).await
+                {
+                    self.fail(id, &labels, "checking the Proxmox VE release", &problem)
+                        .await?;
+                    return Ok(Action::Done);
+                }
+            }
         }
         let join = self.connection_params(&request).await?;
         let machine = self
@@ -201,6 +218,7 @@ impl Provisioner {
                 id,
                 labels,
                 step,
+                warnings: warnings_text(&data.warnings),
             };
             progress.set_text(String::new()).await;
             let outcome = {
@@ -468,12 +486,28 @@ struct StatusProgress<'a> {
     id: &'a str,
     labels: &'a BTreeMap<String, String>,
     step: Step,
+    /// Appended to every progress text so the user sees in Omni what was ignored.
+    warnings: String,
+}
+
+/// ` (warning: disk_sise: is not a known key and is ignored (did you mean `disk_size`?))`, or nothing.
+fn warnings_text(warnings: &[crate::pipeline::provider_data::Problem]) -> String {
+    if warnings.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+    let noun = if list.len() == 1 {
+        "warning"
+    } else {
+        "warnings"
+    };
+    format!(" ({noun}: {})", list.join("; "))
 }
 
 impl StatusProgress<'_> {
     async fn set_text(&self, detail: String) {
         let text = format!(
-            "Running step {}/{} {}{}",
+            "Running step {}/{} {}{}{}",
             self.step.number(),
             Step::ALL.len(),
             self.step.name(),
@@ -481,7 +515,8 @@ impl StatusProgress<'_> {
                 String::new()
             } else {
                 format!(": {detail}")
-            }
+            },
+            self.warnings
         );
         tracing::debug!(request = %self.id, step = self.step.name(), "{text}");
         // The error of an earlier failed attempt stays until this step succeeds; the stage stays FAILED

@@ -5,7 +5,9 @@
 //! the VM, so mistakes surface late or never. Here every layer goes through the JSON schema (the same
 //! one Omni shows for machine classes), then through semantic checks (selectors compile and yield a
 //! bool, names are what Proxmox accepts, cross-field rules), and every problem is reported at once with
-//! its key path and how to fix it. Names that end up in property strings are stored as the validated
+//! its key path and how to fix it. Unknown keys are the exception: a class that works with the
+//! official provider must work here too, so they are warnings (with a "did you mean") carried in
+//! [`ProviderData::warnings`], unless the config asks for `strict: true`. Names that end up in property strings are stored as the validated
 //! newtypes of [`crate::proxmox::property`], so rendering them later cannot fail or inject keys.
 
 use std::fmt;
@@ -190,6 +192,9 @@ pub struct ProviderData {
     pub iso_storage_selector: Option<StorageSelector>,
     /// Zero turns IP discovery off.
     pub ip_discovery_timeout: Duration,
+    /// Keys that were ignored (unknown ones, each with a suggestion when one is close): not fatal, as
+    /// with the official provider, but shown in the machine's status, the log and `validate`.
+    pub warnings: Vec<Problem>,
 }
 
 impl ProviderData {
@@ -276,6 +281,17 @@ pub struct SchemaError(String);
 /// The compiled schema; build once at start-up and share.
 pub struct ProviderDataSchema {
     validator: jsonschema::Validator,
+    /// `strict: true` in the config: unknown keys are problems instead of warnings.
+    strict: bool,
+}
+
+/// What checking one layer (or the config's overrides) found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LayerCheck {
+    /// The layer cannot be used as it is.
+    pub problems: Vec<Problem>,
+    /// Ignored, but worth telling the user (unknown keys).
+    pub warnings: Vec<Problem>,
 }
 
 impl fmt::Debug for ProviderDataSchema {
@@ -309,7 +325,17 @@ impl ProviderDataSchema {
             serde_json::from_str(SCHEMA_JSON).map_err(|e| SchemaError(e.to_string()))?;
         let validator =
             jsonschema::validator_for(&schema).map_err(|e| SchemaError(e.to_string()))?;
-        Ok(Self { validator })
+        Ok(Self {
+            validator,
+            strict: false,
+        })
+    }
+
+    /// With `true` (the config's `strict: true`), unknown keys are refused instead of ignored with a
+    /// warning.
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
     }
 
     /// Parses a machine class's provider-data YAML into a map, or explains why it is not one.
@@ -343,44 +369,55 @@ impl ProviderDataSchema {
     ) -> Result<ProviderData, Vec<Problem>> {
         let class = Self::class_map(class_yaml)?;
         let merged = merge_layers(&class, node_override.map(|(_, m)| m), defaults);
-        self.parse_merged(&merged).map_err(|problems| {
-            problems
-                .into_iter()
-                .map(|mut p| {
-                    let top = p
-                        .key
-                        .split(['.', '['])
-                        .next()
-                        .unwrap_or_default()
-                        .to_string();
-                    if !class.contains_key(&top) {
-                        match node_override {
-                            Some((node, over)) if over.contains_key(&top) => {
-                                p.key = format!("nodes.{node}.{}", p.key)
-                            }
-                            _ if defaults.contains_key(&top) => {
-                                p.key = format!("defaults.{}", p.key)
-                            }
-                            _ => {}
-                        }
+        // A finding about a value that came from a lower layer is reported under that layer's path.
+        let locate = |mut p: Problem| {
+            let top = p
+                .key
+                .split(['.', '['])
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            if !class.contains_key(&top) {
+                match node_override {
+                    Some((node, over)) if over.contains_key(&top) => {
+                        p.key = format!("nodes.{node}.{}", p.key)
                     }
-                    p
-                })
-                .collect()
-        })
+                    _ if defaults.contains_key(&top) => p.key = format!("defaults.{}", p.key),
+                    _ => {}
+                }
+            }
+            p
+        };
+        match self.parse_merged(&merged) {
+            Ok(mut data) => {
+                data.warnings = std::mem::take(&mut data.warnings)
+                    .into_iter()
+                    .map(locate)
+                    .collect();
+                Ok(data)
+            }
+            Err(problems) => Err(problems.into_iter().map(locate).collect()),
+        }
     }
 
     /// Validates and types an already merged map: schema, unknown keys, semantics, required keys.
     pub fn parse_merged(&self, merged: &Map<String, Value>) -> Result<ProviderData, Vec<Problem>> {
         let value = Value::Object(merged.clone());
-        let mut problems = Problems::default();
+        let mut problems = Problems::new(self.strict);
         self.schema_problems("", &value, &mut problems);
         for key in REQUIRED {
             if !merged.contains_key(*key) {
+                // A misspelling of it is only a warning, so point at it here where it matters.
+                let near_miss = merged
+                    .keys()
+                    .filter(|k| !TOP_KEYS.contains(&k.as_str()))
+                    .find(|k| did_you_mean::suggest(k, &[key]).is_some())
+                    .map(|k| format!(" (`{k}` is set: did you mean `{key}`?)"))
+                    .unwrap_or_default();
                 problems.push(
                     key,
                     format!(
-                        "is required: set it in the machine class (or under `defaults:` in the provider config){}",
+                        "is required: set it in the machine class (or under `defaults:` in the provider config){}{near_miss}",
                         required_example(key)
                     ),
                 );
@@ -388,15 +425,18 @@ impl ProviderDataSchema {
         }
         let data = extract(merged, "", &mut problems, true);
         match data {
-            Some(data) if problems.0.is_empty() => Ok(data),
-            _ => Err(problems.0),
+            Some(mut data) if problems.errors.is_empty() => {
+                data.warnings = problems.warnings;
+                Ok(data)
+            }
+            _ => Err(problems.errors),
         }
     }
 
     /// Checks one layer on its own (no required keys): the machine class, `defaults`, or a node
     /// override. `prefix` is put before every key path (e.g. `nodes.pve2.`).
-    pub fn check_layer(&self, prefix: &str, layer: &Value) -> Vec<Problem> {
-        let mut problems = Problems::default();
+    pub fn check_layer(&self, prefix: &str, layer: &Value) -> LayerCheck {
+        let mut problems = Problems::new(self.strict);
         match layer {
             Value::Null => {}
             Value::Object(map) => {
@@ -411,35 +451,50 @@ impl ProviderDataSchema {
                 ),
             ),
         }
-        problems.0
+        LayerCheck {
+            problems: problems.errors,
+            warnings: problems.warnings,
+        }
     }
 
-    /// Validates the provider config's `defaults:` and `nodes:` at load time.
+    /// The problems of the provider config's `defaults:` and `nodes:`, checked at load time (see
+    /// [`Self::check_config_overrides`] for the warnings too).
     pub fn validate_config_overrides(
         &self,
         defaults: &Map<String, Value>,
         nodes: &Map<String, Value>,
     ) -> Vec<Problem> {
-        let mut problems = self.check_layer("defaults.", &Value::Object(defaults.clone()));
+        self.check_config_overrides(defaults, nodes).problems
+    }
+
+    /// Checks the provider config's `defaults:` and `nodes:`: problems and warnings.
+    pub fn check_config_overrides(
+        &self,
+        defaults: &Map<String, Value>,
+        nodes: &Map<String, Value>,
+    ) -> LayerCheck {
+        let mut found = self.check_layer("defaults.", &Value::Object(defaults.clone()));
         for (node, layer) in nodes {
             let prefix = format!("nodes.{node}.");
             if let Err(e) = NodeName::new(node.clone()) {
-                problems.push(Problem {
+                found.problems.push(Problem {
                     key: format!("nodes.{node}"),
                     message: e.to_string(),
                 });
             }
-            problems.extend(self.check_layer(&prefix, layer));
+            let layer_found = self.check_layer(&prefix, layer);
+            found.problems.extend(layer_found.problems);
+            found.warnings.extend(layer_found.warnings);
             if let Value::Object(map) = layer {
                 for key in NOT_PER_NODE.iter().filter(|k| map.contains_key(**k)) {
-                    problems.push(Problem {
+                    found.problems.push(Problem {
                         key: format!("{prefix}{key}"),
                         message: "cannot be set per node: it decides which node is chosen; set it under `defaults:` or in the machine class".into(),
                     });
                 }
             }
         }
-        problems
+        found
     }
 
     fn schema_problems(&self, prefix: &str, value: &Value, problems: &mut Problems) {
@@ -505,16 +560,45 @@ fn json_kind(v: &Value) -> &'static str {
 }
 
 /// Problems, one per key path at most (the schema and the typed reading would otherwise both
-/// complain about a mistyped value).
-#[derive(Default)]
-struct Problems(Vec<Problem>);
+/// complain about a mistyped value), and warnings.
+struct Problems {
+    errors: Vec<Problem>,
+    warnings: Vec<Problem>,
+    /// Unknown keys are errors rather than warnings.
+    strict: bool,
+}
 
 impl Problems {
+    fn new(strict: bool) -> Self {
+        Self {
+            errors: Vec::new(),
+            warnings: Vec::new(),
+            strict,
+        }
+    }
+
     fn push(&mut self, key: &str, message: String) {
-        if !self.0.iter().any(|p| p.key == key) {
-            self.0.push(Problem {
+        if !self.errors.iter().any(|p| p.key == key) {
+            self.errors.push(Problem {
                 key: key.to_string(),
                 message,
+            });
+        }
+    }
+
+    /// A key the provider does not know: ignored with a warning, as the official provider ignores it
+    /// silently, or refused in strict mode.
+    fn unknown_key(&mut self, at: &str, key: &str, known: &[&str]) {
+        let hint = did_you_mean::hint(key, known);
+        if self.strict {
+            self.push(
+                at,
+                format!("is not a known key{hint} (refused because the provider config has `strict: true`)"),
+            );
+        } else {
+            self.warnings.push(Problem {
+                key: at.to_string(),
+                message: format!("is not a known key and is ignored{hint}"),
             });
         }
     }
@@ -540,10 +624,7 @@ impl<'a, 'p> Fields<'a, 'p> {
             } else {
                 format!("{path}.{key}")
             };
-            problems.push(
-                &at,
-                format!("is not a known key{}", did_you_mean::hint(key, known)),
-            );
+            problems.unknown_key(&at, key, known);
         }
         Self {
             map,
@@ -1035,6 +1116,11 @@ fn extract(
                 .into(),
         );
     }
+    if let Some(pages) = hugepages {
+        for (key, message) in hugepages_problems(pages, numa, memory_mb, sockets.unwrap_or(1)) {
+            f.problem(key, message);
+        }
+    }
     if pci_devices.iter().any(|p| p.pcie) && machine_type != Some(MachineType::Q35) {
         f.problem(
             "machine_type",
@@ -1073,8 +1159,65 @@ fn extract(
         allowed_nodes,
         iso_storage_selector,
         ip_discovery_timeout: ip_discovery_timeout.unwrap_or(DEFAULT_IP_DISCOVERY_TIMEOUT),
+        warnings: Vec::new(),
     };
     Some(data)
+}
+
+/// Proxmox accepts `hugepages` in any VM config but refuses to start the VM unless NUMA is on, and
+/// backs each NUMA node (one per socket, the memory split evenly) with whole pages; a class that
+/// breaks either rule would create a VM that never starts.
+fn hugepages_problems(
+    pages: Hugepages,
+    numa: Option<bool>,
+    memory_mb: Option<u64>,
+    sockets: u32,
+) -> Vec<(&'static str, String)> {
+    let mut problems = Vec::new();
+    if numa != Some(true) {
+        problems.push((
+            "numa",
+            "must be true with hugepages: Proxmox refuses to start a VM that has hugepages without NUMA; set `numa: true` or remove hugepages".to_string(),
+        ));
+    }
+    let (page_mb, page_name) = match pages {
+        Hugepages::TwoMb => (2, "2MB"),
+        Hugepages::OneGb => (1024, "1GB"),
+        // Proxmox picks 1GB pages when they divide the memory, else 2MB: even is the least it needs.
+        Hugepages::Any => (2, "2MB (the smallest `any` may choose)"),
+    };
+    let sockets = u64::from(sockets.max(1));
+    if let Some(memory) = memory_mb {
+        let per_node = memory / sockets;
+        if memory % sockets != 0 || per_node % page_mb != 0 {
+            let step = page_mb * sockets;
+            let suggestion = (memory / step).max(1) * step;
+            problems.push((
+                "memory",
+                format!(
+                    "{memory} MB split over {sockets} NUMA node(s) (one per socket) is not a whole number of {page_name} hugepages per node; use a multiple of {step} MB, e.g. `memory: {suggestion}`"
+                ),
+            ));
+        }
+    }
+    problems
+}
+
+/// The first Proxmox VE major release whose HA resources have `failback` (pve-ha-manager 5.0.2, the
+/// PVE 9 series); older clusters answer 400 to it.
+pub const HA_FAILBACK_SINCE_PVE: u32 = 9;
+
+/// `ha.failback` on a cluster that does not know it, given `GET /version`'s `version` ("8.4.1"). A
+/// version that cannot be read is let through: Proxmox then says what it thinks.
+pub fn ha_failback_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
+    data.ha.as_ref()?.failback?;
+    let major: u32 = pve_version.split('.').next()?.trim().parse().ok()?;
+    (major < HA_FAILBACK_SINCE_PVE).then(|| Problem {
+        key: "ha.failback".into(),
+        message: format!(
+            "needs Proxmox VE {HA_FAILBACK_SINCE_PVE} or later; this cluster runs {pve_version}: remove `failback` (on PVE 8, set it on an HA group instead) or upgrade"
+        ),
+    })
 }
 
 fn join_names(names: &[NodeName]) -> String {
@@ -1097,6 +1240,10 @@ mod tests {
 
     fn parse(yaml: &str) -> Result<ProviderData, Vec<Problem>> {
         schema().resolve(yaml, None, &Map::new())
+    }
+
+    fn parse_strict(yaml: &str) -> Result<ProviderData, Vec<Problem>> {
+        schema().strict(true).resolve(yaml, None, &Map::new())
     }
 
     fn keys_of(problems: &[Problem]) -> Vec<&str> {
@@ -1265,7 +1412,8 @@ pci_devices:
   - mapping: "gpu=1"
 boot: clone
 "#;
-        let problems = parse(yaml).unwrap_err();
+        // Strict, so the misspelled keys are problems too (by default they are warnings).
+        let problems = parse_strict(yaml).unwrap_err();
         let keys = keys_of(&problems);
         for expected in [
             "cores",
@@ -1387,7 +1535,9 @@ boot: clone
     fn config_overrides_are_validated_at_load() {
         let defaults = json!({"coers": 2, "network_bridge": "bad bridge"});
         let nodes = json!({"pve2": {"node": "pve2", "storage_selector": "ceph"}, "pve3": "x", "bad_node!": {}});
+        // Strict, so the misspelled key is a problem too (by default it is a warning).
         let problems = schema()
+            .strict(true)
             .validate_config_overrides(defaults.as_object().unwrap(), nodes.as_object().unwrap());
         let keys = keys_of(&problems);
         for expected in [
@@ -1409,6 +1559,140 @@ boot: clone
                 .validate_config_overrides(&Map::new(), &Map::new())
                 .is_empty()
         );
+    }
+
+    /// The official provider reads provider data with a plain YAML unmarshal into its struct, so an
+    /// unknown key is silently dropped (omni client/pkg/infra/provision/context.go,
+    /// `UnmarshalProviderData`; its data/schema.json sets no `additionalProperties`). A class that
+    /// works there must work here: unknown keys are warnings with a suggestion, errors only in strict
+    /// mode.
+    #[test]
+    fn unknown_keys_are_warnings_unless_strict() {
+        let yaml = format!(
+            "{MINIMAL}disk_sise: 20\nha:\n  state: started\n  max_restrat: 2\nadditional_disks:\n  - disk_size: 10\n    storage_selector: 'true'\n    disk_cahce: none\nfuture_key: 1\n"
+        );
+        let data = parse(&yaml).unwrap();
+        let keys = keys_of(&data.warnings);
+        assert_eq!(
+            keys,
+            vec![
+                "disk_sise",
+                "future_key",
+                "ha.max_restrat",
+                "additional_disks[0].disk_cahce"
+            ],
+            "{:#?}",
+            data.warnings
+        );
+        let text = describe(&data.warnings);
+        assert!(
+            text.contains("ignored (did you mean `disk_size`?)"),
+            "{text}"
+        );
+        assert!(text.contains("did you mean `max_restart`?"), "{text}");
+        assert!(text.contains("did you mean `disk_cache`?"), "{text}");
+        assert_eq!(data.disk_size_gb, 20);
+        assert!(parse(MINIMAL).unwrap().warnings.is_empty());
+        // When the misspelled key was a required one, the problem points at it.
+        let p =
+            parse("cores: 2\nmemory: 4096\ndisk_sise: 20\nstorage_selector: 'true'\n").unwrap_err();
+        assert_eq!(keys_of(&p), vec!["disk_size"]);
+        assert!(
+            p[0].message
+                .contains("`disk_sise` is set: did you mean `disk_size`?"),
+            "{p:?}"
+        );
+
+        let problems = parse_strict(&yaml).unwrap_err();
+        assert_eq!(keys_of(&problems), keys);
+        assert!(describe(&problems).contains("strict: true"));
+    }
+
+    #[test]
+    fn unknown_keys_in_lower_layers_are_warnings_with_their_layer_path() {
+        let defaults = json!({"coers": 2});
+        let node = json!({"network_bridg": "vmbr1"});
+        let data = schema()
+            .resolve(
+                MINIMAL,
+                Some(("pve2", node.as_object().unwrap())),
+                defaults.as_object().unwrap(),
+            )
+            .unwrap();
+        assert_eq!(
+            keys_of(&data.warnings),
+            vec!["defaults.coers", "nodes.pve2.network_bridg"]
+        );
+        let found = schema().check_config_overrides(
+            defaults.as_object().unwrap(),
+            &json!({"pve2": node}).as_object().unwrap().clone(),
+        );
+        assert!(found.problems.is_empty(), "{found:?}");
+        assert_eq!(
+            keys_of(&found.warnings),
+            vec!["defaults.coers", "nodes.pve2.network_bridg"]
+        );
+        assert!(describe(&found.warnings).contains("did you mean `cores`?"));
+    }
+
+    /// qemu-server src/PVE/QemuServer/Memory.pm, `config`: dies with "numa needs to be enabled to use
+    /// hugepages" when hugepages is set without numa (at start, not when the config is written);
+    /// without custom numaN entries it splits the memory evenly over one NUMA node per socket, and
+    /// `hugepages_size` dies unless each node's share is a multiple of the page size (2 or 1024 MB).
+    #[test]
+    fn hugepages_need_numa_and_whole_pages_per_numa_node() {
+        let p = parse(&format!("{MINIMAL}hugepages: 2MB\nballoon: false\n")).unwrap_err();
+        assert_eq!(keys_of(&p), vec!["numa"]);
+        assert!(p[0].message.contains("numa: true"), "{p:?}");
+
+        let base = "cores: 2\ndisk_size: 20\nstorage_selector: 'true'\nballoon: false\n";
+        let ok = parse(&format!(
+            "{base}numa: true\nhugepages: 1GB\nsockets: 2\nmemory: 4096\n"
+        ));
+        assert!(ok.is_ok(), "{ok:?}");
+        // 6144 MB over 4 sockets is 1536 MB per node: not whole 1GB pages.
+        let p = parse(&format!(
+            "{base}numa: true\nhugepages: 1GB\nsockets: 4\nmemory: 6144\n"
+        ))
+        .unwrap_err();
+        assert_eq!(keys_of(&p), vec!["memory"]);
+        assert!(p[0].message.contains("multiple of 4096 MB"), "{p:?}");
+        assert!(p[0].message.contains("memory: 4096"), "{p:?}");
+        // 4098 MB over 2 sockets is 2049 MB per node: not whole 2MB pages.
+        let p = parse(&format!(
+            "{base}numa: true\nhugepages: 2MB\nsockets: 2\nmemory: 4098\n"
+        ))
+        .unwrap_err();
+        assert_eq!(keys_of(&p), vec!["memory"]);
+        assert!(
+            parse(&format!(
+                "{base}numa: true\nhugepages: 2MB\nsockets: 2\nmemory: 4100\n"
+            ))
+            .is_ok()
+        );
+    }
+
+    /// pve-ha-manager src/PVE/HA/Resources.pm: the `failback` property of an HA resource came with
+    /// commit "resources: introduce failback property in ha resource config" (version 5.0.2, the
+    /// trixie-based PVE 9 series); PVE 8 (4.0.x, bookworm) rejects the unknown parameter with a 400.
+    #[test]
+    fn ha_failback_is_refused_before_pve_9() {
+        let with = parse(&format!(
+            "{MINIMAL}ha:\n  state: started\n  failback: false\n"
+        ))
+        .unwrap();
+        let p = ha_failback_problem(&with, "8.4.1").unwrap();
+        assert_eq!(p.key, "ha.failback");
+        assert!(
+            p.message.contains("Proxmox VE 9") && p.message.contains("8.4.1"),
+            "{p}"
+        );
+        assert_eq!(ha_failback_problem(&with, "9.0.10"), None);
+        assert_eq!(ha_failback_problem(&with, "10.1"), None);
+        assert_eq!(ha_failback_problem(&with, "garbage"), None);
+        let without = parse(&format!("{MINIMAL}ha:\n  state: started\n")).unwrap();
+        assert_eq!(ha_failback_problem(&without, "8.4.1"), None);
+        assert_eq!(ha_failback_problem(&parse(MINIMAL).unwrap(), "7.4"), None);
     }
 
     #[test]

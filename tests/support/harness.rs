@@ -61,7 +61,9 @@ impl Harness {
             pve: ProxmoxClient::new(&self.config.proxmox).unwrap(),
             management: client.management.clone(),
             config: self.config.clone(),
-            schema: ProviderDataSchema::new().unwrap(),
+            schema: ProviderDataSchema::new()
+                .unwrap()
+                .strict(self.config.strict),
             reservations: Default::default(),
             vmids_in_flight: Default::default(),
             image_locks: Default::default(),
