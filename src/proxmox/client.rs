@@ -173,9 +173,16 @@ struct TicketAnswer {
     ticket: String,
     #[serde(rename = "CSRFPreventionToken")]
     csrf: String,
+    /// Set for users with a second factor (TOTP, WebAuthn, …): the ticket is only a half-ticket that
+    /// pve-access-control (AccessControl.pm, create_ticket) accepts for nothing but the TFA challenge.
+    #[serde(rename = "NeedTFA", default)]
+    need_tfa: Option<serde_json::Value>,
 }
 
 const TICKET_RENEW_AFTER: Duration = Duration::from_secs(90 * 60);
+
+/// Below pveproxy's 5 s keep-alive timeout.
+pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 impl ProxmoxClient {
     pub fn new(settings: &ProxmoxSettings) -> Result<Self, ProxmoxError> {
@@ -198,7 +205,10 @@ impl ProxmoxClient {
             .use_preconfigured_tls(tls)
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(120))
-            .pool_idle_timeout(Duration::from_secs(50))
+            // pveproxy closes a keep-alive connection after 5 s idle (pve-http-server
+            // APIServer/AnyEvent.pm, default `timeout`); reusing one just as it closes fails the
+            // request, so we drop idle connections first.
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .user_agent(concat!(
                 "omni-infra-provider-proxmox/",
                 env!("CARGO_PKG_VERSION")
@@ -418,7 +428,7 @@ impl ProxmoxClient {
         };
         let status = response.status();
         tracing::debug!(method = call.method, path = %call.path, status = status.as_u16(), elapsed_ms, "proxmox request");
-        let reason = status.canonical_reason().unwrap_or("").to_owned();
+        let reason = reason_phrase(&response);
         let bytes = response
             .bytes()
             .await
@@ -501,6 +511,20 @@ impl ProxmoxClient {
             }
             Err(e) => return Err(e),
         };
+        if answer
+            .need_tfa
+            .as_ref()
+            .is_some_and(|v| v.as_u64() == Some(1) || v.as_bool() == Some(true) || v.as_str() == Some("1"))
+        {
+            return Err(ProxmoxError::Unauthorized {
+                call,
+                message: format!(
+                    "{} has two-factor authentication (TOTP/WebAuthn), which a daemon cannot answer; \
+                     use an API token (proxmox.tokenID/tokenSecret) or a user without a second factor",
+                    t.username
+                ),
+            });
+        }
         let sensitive = |v: String| {
             HeaderValue::from_str(&v)
                 .map(|mut h| {
@@ -553,9 +577,22 @@ fn transport_error(call: &Call, e: &reqwest::Error) -> ProxmoxError {
     }
 }
 
+/// The HTTP reason phrase as Proxmox sent it. PVE puts its error message there; PVE 8 before
+/// pve-http-server's fix #6503 (January 2025) put it *only* there, answering `{"data":null}`.
+fn reason_phrase(response: &reqwest::Response) -> String {
+    response
+        .extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
+        .or_else(|| response.status().canonical_reason().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 /// Maps a non-2xx answer to the error kind the caller acts on.
 fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> ProxmoxError {
-    let parsed: ErrorBody = serde_json::from_slice(body).unwrap_or_default();
+    let json: Option<ErrorBody> = serde_json::from_slice(body).ok();
+    let is_json = json.is_some();
+    let parsed = json.unwrap_or_default();
     let message = parsed
         .message
         .map(|m| m.trim().to_owned())
@@ -563,8 +600,10 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
         .unwrap_or_else(|| {
             let text = String::from_utf8_lossy(body);
             let text = text.trim();
-            if text.is_empty() || text.starts_with('<') || text.len() > 300 {
-                reason.to_owned()
+            // A JSON body without `message` (old PVE 8) has its text in the reason phrase; so has
+            // an empty or HTML answer.
+            if is_json || text.is_empty() || text.starts_with('<') || text.len() > 300 {
+                reason.trim().to_owned()
             } else {
                 text.to_owned()
             }
@@ -582,6 +621,15 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
             request_sent: true,
         },
         500 if is_missing(&message) => ProxmoxError::NotFound { call, message },
+        // Another worker held the guest's or storage's lock past PVE's wait (`lock_file` dies with
+        // "got timeout" before the handler changed anything): nothing happened, so sending it again
+        // is safe even for a create, and mature clients do exactly that.
+        500 if is_lock_timeout(&message) => ProxmoxError::Transient {
+            call,
+            status: Some(500),
+            message,
+            request_sent: false,
+        },
         code => ProxmoxError::Api {
             call,
             status: code,
@@ -600,6 +648,12 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
                 .collect(),
         },
     }
+}
+
+/// pve-common Tools.pm `lock_file_full` / `run_with_timeout`: "can't lock file '…' - got timeout".
+fn is_lock_timeout(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("got timeout") && (m.contains("lock") || m.contains("can't"))
 }
 
 /// Proxmox reports missing objects as 500 with one of these texts.

@@ -48,8 +48,9 @@ pub enum ProxmoxError {
         call: Call,
         status: Option<u16>,
         message: String,
-        /// False when the connection failed before the request was sent: then even a create is safe to
-        /// send again.
+        /// False when Proxmox provably did not act on the request (the connection failed before it was
+        /// sent, or PVE refused it for a lock timeout before changing anything): then even a create is
+        /// safe to send again.
         request_sent: bool,
     },
 
