@@ -611,7 +611,13 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
     let call = call.clone();
     match status.as_u16() {
         401 => ProxmoxError::Unauthorized { call, message },
-        403 => ProxmoxError::PermissionDenied { call, message },
+        403 => {
+            let message = match unnamed_privilege(&call, &message) {
+                Some(hint) => format!("{message} ({hint})"),
+                None => message,
+            };
+            ProxmoxError::PermissionDenied { call, message }
+        }
         404 => ProxmoxError::NotFound { call, message },
         // 595/596: pveproxy could not reach the node (offline, network) — the node may come back.
         code @ (408 | 429 | 502 | 503 | 504 | 595 | 596) => ProxmoxError::Transient {
@@ -647,6 +653,24 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
                 })
                 .collect(),
         },
+    }
+}
+
+/// Some checks refuse without naming the privilege: qemu-server's create_vm ends its VM.Allocate check
+/// with a bare "Permission check failed", so we name it from the call.
+fn unnamed_privilege(call: &Call, message: &str) -> Option<&'static str> {
+    if message.contains(',') {
+        return None; // "Permission check failed (/path, Privilege)": PVE named it
+    }
+    let segments: Vec<&str> = call.path.trim_matches('/').split('/').collect();
+    match (call.method, segments.as_slice()) {
+        ("POST", ["nodes", _, "qemu"]) => {
+            Some("creating a VM needs VM.Allocate on /vms/<vmid> or on the pool it goes to")
+        }
+        ("POST", ["nodes", _, "qemu", _, "clone"]) => Some(
+            "cloning needs VM.Clone on the template and VM.Allocate on the new VMID or its pool",
+        ),
+        _ => None,
     }
 }
 

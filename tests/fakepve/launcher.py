@@ -136,6 +136,14 @@ class LauncherPve(FakePve):
         return ok(await self.task(node, 'download', name, user, body,
                                   log=['downloading {0} to {1}'.format(p.get('url'), filename)]))
 
+    async def _qm_create(self, v, user):
+        """qemu-server's create_vm checks SDN.Use on every bridge (QemuServer::check_bridge_access, the
+        local bridges under /sdn/zones/localnetwork/); fakepve 0.5.0 does so only for containers."""
+        for key in sorted(v):
+            if re.fullmatch(r'net\d+', key) and v[key]:
+                self._check_bridge(user, v[key])
+        return await super()._qm_create(v, user)
+
     def _storage_path(self, name):
         store = self.storages.get(name, {})
         return store.get('path') or ('/var/lib/vz' if name == 'local' else '/mnt/pve/' + name)
@@ -213,10 +221,15 @@ def build_client_conformance(pve, scenario):
 
 
 async def client_conformance_command(pve, cmd):
-    """Ops for the Proxmox client's conformance: `grant` (who, path, privs), `old_pve8_errors` (on)."""
+    """Ops for the Proxmox client's conformance: `grant` (who, path, privs), `set_acl` (who, entries),
+    `old_pve8_errors` (on)."""
     op = cmd.get('op')
     if op == 'grant':
         pve.grant(cmd['who'], cmd['path'], *cmd['privs'])
+    elif op == 'set_acl':
+        # Replaces what `who` holds: entries [[path, [privs]]].
+        pve.grant(cmd['who'], '/')
+        pve.acl[cmd['who']] = [(path.rstrip('/') or '/', set(privs)) for path, privs in cmd['entries']]
     elif op == 'old_pve8_errors':
         pve.old_pve8_errors = bool(cmd.get('on', True))
     else:
@@ -274,7 +287,7 @@ async def command(pve, cmd):
         return dict((name, sorted(members)) for name, members in pve.pools.items())
     elif op == 'ping':
         return 'pong'
-    elif op in ('grant', 'old_pve8_errors'):
+    elif op in ('grant', 'set_acl', 'old_pve8_errors'):
         return await client_conformance_command(pve, cmd)
     else:
         raise ValueError('unknown op {0!r}'.format(op))
