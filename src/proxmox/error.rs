@@ -107,6 +107,21 @@ impl ProxmoxError {
         text.contains("already exists")
     }
 
+    /// `download-url` found the file already in storage: its task refuses to replace it (pve-common
+    /// Tools.pm, download_file_from_url). The file being there is what the caller wanted.
+    pub fn is_file_already_present(&self) -> bool {
+        match self {
+            Self::TaskFailed {
+                exit_status,
+                log_tail,
+                ..
+            } => std::iter::once(exit_status)
+                .chain(log_tail)
+                .any(|l| l.contains("refusing to override existing file")),
+            _ => false,
+        }
+    }
+
     /// The HTTP status Proxmox answered with, if there was an answer.
     pub fn status(&self) -> Option<u16> {
         match self {
