@@ -148,3 +148,20 @@ async fn deprovision_without_datastore_allocate_names_it() {
     assert!(text.contains("permission"), "{text}");
     h.stop_controller().await;
 }
+
+// pve-guest-common src/PVE/GuestHelpers.pm, assert_tag_permissions/get_allowed_tags: without Sys.Modify
+// on `/`, a tag must be allowed by datacenter.cfg's user-tag-access (default `free`) and not be in
+// registered-tags. The error must point at that setting, not only at Sys.Modify.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_tags_point_at_user_tag_access() {
+    let mut scenario = scenario_with_role(&readme_role());
+    scenario["user_tag_access"] = json!({"user-allow": "none"});
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    h.request("perm-4", "perms", PINNED_PVE2);
+    let text = wait_status_containing(&h, "perm-4", "user-tag-access").await;
+    assert!(text.contains("Sys.Modify"), "{text}");
+    assert!(h.vms_named("perm-4").is_empty(), "no VM made");
+    h.stop_controller().await;
+}

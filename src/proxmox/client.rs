@@ -656,9 +656,17 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
     }
 }
 
-/// Some checks refuse without naming the privilege: qemu-server's create_vm ends its VM.Allocate check
-/// with a bare "Permission check failed", so we name it from the call.
+/// What to do about a refusal whose text does not say it: qemu-server's create_vm ends its VM.Allocate
+/// check with a bare "Permission check failed", and a tag refusal names Sys.Modify but not the
+/// datacenter option that decides it.
 fn unnamed_privilege(call: &Call, message: &str) -> Option<&'static str> {
+    // pve-guest-common GuestHelpers.pm, assert_tag_permissions: "(/, Sys.Modify for modifying tag 'x')".
+    if message.contains("modifying tag") {
+        return Some(
+            "the datacenter's user-tag-access (Datacenter > Options > User Tag Access) does not let this \
+             token set that tag, or it is a registered tag: allow it there, or grant Sys.Modify on /",
+        );
+    }
     if message.contains(',') {
         return None; // "Permission check failed (/path, Privilege)": PVE named it
     }

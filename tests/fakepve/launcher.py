@@ -142,7 +142,28 @@ class LauncherPve(FakePve):
         for key in sorted(v):
             if re.fullmatch(r'net\d+', key) and v[key]:
                 self._check_bridge(user, v[key])
+        self._check_tags(user, v.get('tags'))
         return await super()._qm_create(v, user)
+
+    # datacenter.cfg `user-tag-access` ({'user-allow': free|existing|list|none, 'user-allow-list': [...]})
+    # and `registered-tags`.
+    user_tag_access = None
+    registered_tags = ()
+
+    def _check_tags(self, user, tags):
+        """pve-guest-common GuestHelpers.pm assert_tag_permissions: without Sys.Modify on / a tag must be
+        allowed by user-tag-access and not registered."""
+        if not tags or self.allowed(user, '/', 'Sys.Modify'):
+            return
+        access = self.user_tag_access or {}
+        allow = access.get('user-allow', 'free')
+        listed = set(access.get('user-allow-list', [])) if allow != 'none' else set()
+        if allow == 'existing':
+            for vm in self.vms:
+                listed.update(t for t in re.split(r'[;, ]+', str(vm.config.get('tags', ''))) if t)
+        for tag in (t for t in re.split(r'[;, ]+', tags) if t):
+            if (tag not in listed and allow != 'free') or tag in self.registered_tags:
+                raise PveError(403, "Permission check failed (/, Sys.Modify for modifying tag '{0}')".format(tag))
 
     def _storage_path(self, name):
         store = self.storages.get(name, {})
@@ -208,7 +229,7 @@ def build(scenario):
 def build_client_conformance(pve, scenario):
     """Scenario keys for the Proxmox client's conformance: `acl` ({user or token: [[path, [privs]]]}, after
     which only granted privileges hold), `old_pve8_errors`, `pve_version` ("8.0.4"), `next_id`
-    ([lower, upper])."""
+    ([lower, upper]), `user_tag_access` ({"user-allow": ..., "user-allow-list": [...]}), `registered_tags`."""
     for who, entries in scenario.get('acl', {}).items():
         for path, privs in entries:
             pve.grant(who, path, *privs)
@@ -218,6 +239,9 @@ def build_client_conformance(pve, scenario):
         pve.release_version = '.'.join(scenario['pve_version'].split('.')[:2])
     if 'next_id' in scenario:
         pve.next_id_range = tuple(scenario['next_id'])
+    if 'user_tag_access' in scenario:
+        pve.user_tag_access = dict(scenario['user_tag_access'])
+    pve.registered_tags = tuple(scenario.get('registered_tags', ()))
 
 
 async def client_conformance_command(pve, cmd):
