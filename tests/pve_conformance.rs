@@ -115,3 +115,20 @@ fn omni_privs() -> Vec<&'static str> {
         .unwrap();
     line.split('"').nth(1).unwrap().split(',').collect()
 }
+
+// pve-manager PVE/API2/Pool.pm: `DELETE /pools?poolid=` (delete_pool) came with nested pools in PVE 8.1;
+// 8.0 has only `DELETE /pools/{poolid}` and answers the other with 501 "Method … not implemented"
+// (pve-http-server AnyEvent.pm, rest_handler).
+#[tokio::test]
+async fn pools_are_deleted_on_pve_8_0_too() {
+    let mut scenario = three_node_scenario();
+    scenario["pve_version"] = json!("8.0.4");
+    let Some(mut fake) = FakePve::start(scenario, 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    pve.ensure_pool("old-set", "set").await.unwrap();
+    assert!(pve.delete_pool_if_empty("old-set").await.unwrap());
+    let pools = fake.control(json!({"op": "pools"}));
+    assert!(pools.get("old-set").is_none(), "{pools}");
+}

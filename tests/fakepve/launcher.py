@@ -35,8 +35,30 @@ class LauncherPve(FakePve):
     bridges = None
     mappings = None
 
+    def _pve_before(self, *version):
+        """Whether the emulated PVE (`pve_version`) is older than `version`, e.g. (8, 1)."""
+        have = tuple(int(x) for x in re.findall(r'\d+', self.version)[:len(version)])
+        return have < version
+
+    def _routes_pools(self):
+        """`DELETE /pools?poolid=` came with nested pools in PVE 8.1 (pve-manager Pool.pm, delete_pool);
+        before, only `DELETE /pools/{poolid}` existed and the other answered 501."""
+        routes = super()._routes_pools()
+
+        async def delete(*args, **kwargs):
+            if self._pve_before(8, 1):
+                raise PveError(501, "Method 'DELETE /pools' not implemented")
+            return await self._pool_delete(*args, **kwargs)
+        return [(m, p, delete if (m, p) == ('DELETE', '/pools') else h) for m, p, h in routes]
+
     async def _generic(self, request):
         match = request[GENERIC]
+        if (request.method == 'GET' and match is not None and match.template == '/nodes/{node}/network'
+                and request.query.get('type') == 'include_sdn' and self._pve_before(9)):
+            # pve-manager Network.pm: the `include_sdn` type filter is PVE 9's.
+            raise PveError(400, 'Parameter verification failed.',
+                           {'type': "value 'include_sdn' does not have a value in the enumeration 'bridge, bond, "
+                                    "eth, alias, vlan, OVSBridge, OVSBond, OVSPort, OVSIntPort, any_bridge'"})
         if request.method == 'GET' and match is not None:
             answer = None
             if match.template == '/nodes/{node}/network' and match.params.get('node') in (self.bridges or {}):
