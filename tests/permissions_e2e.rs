@@ -142,7 +142,8 @@ async fn deprovision_without_datastore_allocate_names_it() {
         .filter(|p| *p != "Datastore.Allocate")
         .cloned()
         .collect();
-    h.pve.control(json!({"op": "set_acl", "who": TOKEN_ID, "entries": [["/", fewer]]}));
+    h.pve
+        .control(json!({"op": "set_acl", "who": TOKEN_ID, "entries": [["/", fewer]]}));
     assert!(h.omni.state.teardown(&MachineRequest, "perm-3"));
     let text = wait_status_containing(&h, "perm-3", "Datastore.Allocate").await;
     assert!(text.contains("permission"), "{text}");

@@ -41,7 +41,10 @@ async fn old_pve8_errors_are_read_from_the_reason_phrase() {
     pve.ensure_pool("old-pve8", "set").await.unwrap();
 
     // A missing VM is NotFound (500 "Configuration file … does not exist"), and the message says so.
-    let err = pve.vm_config(&pve1(), VmId::new(4242).unwrap()).await.unwrap_err();
+    let err = pve
+        .vm_config(&pve1(), VmId::new(4242).unwrap())
+        .await
+        .unwrap_err();
     assert!(err.is_not_found(), "{err}");
     assert!(err.to_string().contains("does not exist"), "{err}");
     assert!(!err.to_string().contains("\"data\""), "{err}");
@@ -64,10 +67,7 @@ async fn download_url_refusing_an_existing_file_means_it_is_present() {
     let first = pve.download_url(&pve1(), "local", &request).await.unwrap();
     pve.wait_for_task(&first, TASK_TIMEOUT).await.unwrap();
     let again = pve.download_url(&pve1(), "local", &request).await.unwrap();
-    let err = pve
-        .wait_for_task(&again, TASK_TIMEOUT)
-        .await
-        .unwrap_err();
+    let err = pve.wait_for_task(&again, TASK_TIMEOUT).await.unwrap_err();
     assert!(
         matches!(err, ProxmoxError::TaskFailed { .. }) && err.is_file_already_present(),
         "{err}"

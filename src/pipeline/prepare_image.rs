@@ -118,7 +118,10 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
             )
             .await
             .map_err(StepError::proxmox(doing.clone()))?;
-        match pve.wait_for_task(&task, ctx.services.timeouts.download).await {
+        match pve
+            .wait_for_task(&task, ctx.services.timeouts.download)
+            .await
+        {
             // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
             Err(e) if e.is_file_already_present() => {}
             other => {

@@ -511,11 +511,9 @@ impl ProxmoxClient {
             }
             Err(e) => return Err(e),
         };
-        if answer
-            .need_tfa
-            .as_ref()
-            .is_some_and(|v| v.as_u64() == Some(1) || v.as_bool() == Some(true) || v.as_str() == Some("1"))
-        {
+        if answer.need_tfa.as_ref().is_some_and(|v| {
+            v.as_u64() == Some(1) || v.as_bool() == Some(true) || v.as_str() == Some("1")
+        }) {
             return Err(ProxmoxError::Unauthorized {
                 call,
                 message: format!(
@@ -788,6 +786,77 @@ mod tests {
         assert!(
             matches!(e, ProxmoxError::Unauthorized { ref message, .. } if message == "authentication failure")
         );
+    }
+
+    #[test]
+    fn old_pve8_error_text_comes_from_the_reason_phrase() {
+        // PVE 8 before pve-http-server's fix #6503: `{"data":null}` and the text in the status line.
+        let e = status_error(
+            &Call {
+                method: "POST",
+                path: "/pools".into(),
+            },
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "pool 'workers' already exists",
+            br#"{"data":null}"#,
+        );
+        assert!(
+            matches!(&e, ProxmoxError::Api { message, .. } if message == "pool 'workers' already exists"),
+            "{e:?}"
+        );
+        let e = status_error(
+            &call(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Configuration file 'nodes/pve1/qemu-server/9.conf' does not exist",
+            br#"{"data":null}"#,
+        );
+        assert!(e.is_not_found(), "{e:?}");
+    }
+
+    #[test]
+    fn lock_timeouts_are_transient_and_safe_to_resend() {
+        let e = status_error(
+            &call(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "",
+            br#"{"data":null,"message":"can't lock file '/var/lock/qemu-server/lock-104.conf' - got timeout\n"}"#,
+        );
+        assert!(may_retry(&e, Replay::OnlyIfUnsent), "{e:?}");
+    }
+
+    #[test]
+    fn refusals_that_do_not_name_the_privilege_get_it_named() {
+        let create = Call {
+            method: "POST",
+            path: "/nodes/pve1/qemu".into(),
+        };
+        let e = status_error(
+            &create,
+            StatusCode::FORBIDDEN,
+            "",
+            br#"{"data":null,"message":"Permission check failed\n"}"#,
+        );
+        assert!(e.to_string().contains("VM.Allocate"), "{e}");
+        let e = status_error(
+            &create,
+            StatusCode::FORBIDDEN,
+            "",
+            br#"{"data":null,"message":"Permission check failed (/, Sys.Modify for modifying tag 'talos')\n"}"#,
+        );
+        assert!(e.to_string().contains("user-tag-access"), "{e}");
+        let e = status_error(
+            &create,
+            StatusCode::FORBIDDEN,
+            "",
+            br#"{"data":null,"message":"Permission check failed (/storage/local, Datastore.AllocateSpace)\n"}"#,
+        );
+        assert!(!e.to_string().contains("VM.Allocate"), "{e}");
+    }
+
+    #[test]
+    fn idle_connections_are_dropped_before_pveproxy_closes_them() {
+        // pve-http-server APIServer/AnyEvent.pm: keep-alive connections idle for 5 s are closed.
+        assert!(POOL_IDLE_TIMEOUT < Duration::from_secs(5));
     }
 
     #[test]
