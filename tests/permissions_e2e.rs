@@ -105,14 +105,38 @@ async fn the_documented_role_provisions_and_deprovisions() {
     h.stop_controller().await;
 }
 
+// qemu-server src/PVE/API2/Qemu.pm, clone_vm: VM.Clone on the template, VM.Allocate on the new VMID or
+// its pool, Datastore.AllocateSpace on the target storage; then update_vm's per-option checks and
+// resize_vm's VM.Config.Disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_role_clones_too() {
+    let Some(mut h) = Harness::start_with(scenario_with_role(&readme_role()), "").await else {
+        return;
+    };
+    h.request(
+        "perm-clone",
+        "perms",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\nip_discovery_timeout: 0\n",
+    );
+    h.wait_stage("perm-clone", Stage::Provisioned).await;
+    assert_eq!(h.vms_named("perm-clone").len(), 1);
+    assert!(h.omni.state.teardown(&MachineRequest, "perm-clone"));
+    wait_released(&h, "perm-clone").await;
+    assert!(h.vms_named("perm-clone").is_empty(), "clone deleted");
+    h.stop_controller().await;
+}
+
 /// Each of these privileges is needed, and its absence is reported by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_one_privilege_the_error_names_it() {
     let role = readme_role();
     for missing in [
         "Datastore.AllocateTemplate",
+        "Datastore.AllocateSpace",
+        "Sys.AccessNetwork",
         "Pool.Allocate",
         "VM.Allocate",
+        "VM.Config.Memory",
         "SDN.Use",
     ] {
         assert!(role.iter().any(|p| p == missing), "{missing} not in role");

@@ -655,8 +655,8 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
 }
 
 /// What to do about a refusal whose text does not say it: qemu-server's create_vm ends its VM.Allocate
-/// check with a bare "Permission check failed", and a tag refusal names Sys.Modify but not the
-/// datacenter option that decides it.
+/// check with a bare "Permission check failed", so does any failed "or" of privileges (download-url's
+/// network access), and a tag refusal names Sys.Modify but not the datacenter option that decides it.
 fn unnamed_privilege(call: &Call, message: &str) -> Option<&'static str> {
     // pve-guest-common GuestHelpers.pm, assert_tag_permissions: "(/, Sys.Modify for modifying tag 'x')".
     if message.contains("modifying tag") {
@@ -673,6 +673,9 @@ fn unnamed_privilege(call: &Call, message: &str) -> Option<&'static str> {
         ("POST", ["nodes", _, "qemu"]) => {
             Some("creating a VM needs VM.Allocate on /vms/<vmid> or on the pool it goes to")
         }
+        ("POST", ["nodes", _, "storage", _, "download-url"]) => Some(
+            "download-url needs Sys.AccessNetwork on /nodes/<node>, or Sys.Audit and Sys.Modify on /",
+        ),
         ("POST", ["nodes", _, "qemu", _, "clone"]) => Some(
             "cloning needs VM.Clone on the template and VM.Allocate on the new VMID or its pool",
         ),
