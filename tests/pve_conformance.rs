@@ -132,3 +132,43 @@ async fn pools_are_deleted_on_pve_8_0_too() {
     let pools = fake.control(json!({"op": "pools"}));
     assert!(pools.get("old-set").is_none(), "{pools}");
 }
+
+// The listing said the Talos ISO was missing, but it was there when download-url ran (another provider
+// or a lost answer of our own): pve-common Tools.pm download_file_from_url refuses to overwrite it, and
+// the image step must take that as the ISO being present, not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_overwrite_of_the_talos_iso_counts_as_present() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
+    h.request("iso-1", "isos", class);
+    h.wait_stage("iso-1", Stage::Provisioned).await;
+    let volumes = h
+        .pve
+        .control(json!({"op": "storage_volumes", "storage": "local"}));
+    let talos: Vec<String> = volumes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .filter(|v| v.starts_with("iso/") && !v.contains("omni-seed"))
+        .map(|v| format!("local:{v}"))
+        .collect();
+    assert_eq!(talos.len(), 1, "{volumes}");
+    h.pve
+        .control(json!({"op": "unlist_volume", "volid": talos[0]}));
+    h.request("iso-2", "isos", class);
+    h.wait_stage("iso-2", Stage::Provisioned).await;
+    let downloads = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.ends_with("/download-url"))
+        .count();
+    assert_eq!(
+        downloads, 2,
+        "the second request tried, was refused, and went on"
+    );
+    h.stop_controller().await;
+}

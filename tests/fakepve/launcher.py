@@ -187,6 +187,14 @@ class LauncherPve(FakePve):
             if (tag not in listed and allow != 'free') or tag in self.registered_tags:
                 raise PveError(403, "Permission check failed (/, Sys.Modify for modifying tag '{0}')".format(tag))
 
+    # Volume IDs the content listing leaves out, as a listing read just before another client stored
+    # the file would (op `unlist_volume`).
+    unlisted_volumes = ()
+
+    async def _content_list(self, v, user):
+        listed = await super()._content_list(v, user)
+        return [e for e in listed if e.get('volid') not in self.unlisted_volumes]
+
     def _storage_path(self, name):
         store = self.storages.get(name, {})
         return store.get('path') or ('/var/lib/vz' if name == 'local' else '/mnt/pve/' + name)
@@ -268,7 +276,7 @@ def build_client_conformance(pve, scenario):
 
 async def client_conformance_command(pve, cmd):
     """Ops for the Proxmox client's conformance: `grant` (who, path, privs), `set_acl` (who, entries),
-    `old_pve8_errors` (on)."""
+    `old_pve8_errors` (on), `unlist_volume` (volid)."""
     op = cmd.get('op')
     if op == 'grant':
         pve.grant(cmd['who'], cmd['path'], *cmd['privs'])
@@ -278,6 +286,8 @@ async def client_conformance_command(pve, cmd):
         pve.acl[cmd['who']] = [(path.rstrip('/') or '/', set(privs)) for path, privs in cmd['entries']]
     elif op == 'old_pve8_errors':
         pve.old_pve8_errors = bool(cmd.get('on', True))
+    elif op == 'unlist_volume':
+        pve.unlisted_volumes = tuple(pve.unlisted_volumes) + (cmd['volid'],)
     else:
         raise ValueError('unknown op {0!r}'.format(op))
     return None
@@ -333,7 +343,7 @@ async def command(pve, cmd):
         return dict((name, sorted(members)) for name, members in pve.pools.items())
     elif op == 'ping':
         return 'pong'
-    elif op in ('grant', 'set_acl', 'old_pve8_errors'):
+    elif op in ('grant', 'set_acl', 'old_pve8_errors', 'unlist_volume'):
         return await client_conformance_command(pve, cmd)
     else:
         raise ValueError('unknown op {0!r}'.format(op))
