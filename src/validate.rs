@@ -985,14 +985,18 @@ pub async fn gather(
     })
 }
 
-/// Bridges and SDN VNets of a node; Proxmox before 8.3 does not know `include_sdn`, so a refusal of
-/// the filter falls back to plain bridges.
+/// Bridges and SDN VNets of a node; Proxmox before 9.0 does not know `include_sdn` (a parameter error
+/// on `type`), so that refusal falls back to plain bridges.
 async fn bridges(pve: &ProxmoxClient, node: &NodeName) -> Result<Vec<String>, String> {
     let list = match pve
         .node_networks(node, Some(NetworkFilter::BridgesAndVnets))
         .await
     {
-        Err(ProxmoxError::Api { status: 400, .. }) => {
+        Err(ProxmoxError::Api {
+            status: 400,
+            field_errors,
+            ..
+        }) if field_errors.contains_key("type") => {
             pve.node_networks(node, Some(NetworkFilter::AnyBridge))
                 .await
         }

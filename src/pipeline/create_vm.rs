@@ -2,9 +2,9 @@
 //!
 //! - First look: a VM that already belongs to this request (named after it and carrying our provider
 //!   tag) anywhere in the cluster is adopted, wherever it is now.
-//! - Otherwise choose a VMID locally from the same `/cluster/resources` read (no `/cluster/nextid`
-//!   round trip, and the in-flight set keeps concurrent requests apart), **record it in the provider
-//!   state before the create call**, then create or clone. A crash at any instant leaves either no VM
+//! - Otherwise ask `/cluster/nextid` (it sees guests the token cannot list and honours the datacenter's
+//!   `next-id` range), step over VMIDs of requests in flight, **record it in the provider state before
+//!   the create call**, then create or clone. A crash at any instant leaves either no VM
 //!   or a VM we find again by that VMID or by name.
 //! - Proxmox answering "already exists" (someone else took the VMID between our read and the create)
 //!   means: choose another.
@@ -41,7 +41,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     default_pool(ctx).await?;
     let mut refused: Vec<u32> = Vec::new();
     for _ in 0..VMID_ATTEMPTS {
-        let vmid = choose_vmid(ctx, &resources, &refused)?;
+        let vmid = choose_vmid(ctx, &resources, &refused).await?;
         ctx.state.reserved_vmid = vmid.get() as i32;
         ctx.persist().await?;
         let result = match ctx.data.boot {
@@ -131,37 +131,77 @@ pub fn find_own_vm<'a>(
     })
 }
 
-/// The recorded VMID when it is still free, else the lowest VMID no VM, no request in flight and no
-/// earlier refusal uses.
-fn choose_vmid(
+/// How many VMIDs above `/cluster/nextid`'s answer to check before giving up.
+const VMID_PROBES: u32 = 64;
+
+/// The recorded VMID when it is still free, else the first VMID from `/cluster/nextid` on that no
+/// request in flight and no earlier refusal uses. Proxmox decides what is free: the listing hides
+/// guests the token may not audit, and only nextid knows the datacenter's `next-id` range.
+async fn choose_vmid(
     ctx: &StepContext<'_>,
     resources: &[ClusterResource],
     refused: &[u32],
 ) -> Result<VmId, StepError> {
-    let used: std::collections::BTreeSet<u32> = resources
+    let listed: std::collections::BTreeSet<u32> = resources
         .iter()
         .filter_map(|r| match r {
             ClusterResource::Vm(vm) | ClusterResource::Container(vm) => Some(vm.vmid.get()),
             _ => None,
         })
         .collect();
-    let mut in_flight = ctx
-        .services
+    let pve = &ctx.services.pve;
+    let asking = "choosing a VMID (GET /cluster/nextid)";
+    let usable = |id: u32| !listed.contains(&id) && !refused.contains(&id);
+    let reserved = u32::try_from(ctx.state.reserved_vmid)
+        .ok()
+        .and_then(|id| VmId::new(id).ok())
+        .filter(|id| usable(id.get()));
+    if let Some(id) = reserved
+        && pve
+            .vmid_is_free(id)
+            .await
+            .map_err(StepError::proxmox(asking))?
+        && take_vmid(ctx, id)
+    {
+        return Ok(id);
+    }
+    let first = pve.next_vmid().await.map_err(StepError::proxmox(asking))?;
+    for id in (first.get()..=VmId::MAX).take(VMID_PROBES as usize) {
+        let Ok(id) = VmId::new(id) else { break };
+        if !usable(id.get()) || in_flight(ctx, id) {
+            continue;
+        }
+        // nextid vouched for its own answer; any higher VMID is checked the same way.
+        let free = id == first
+            || pve
+                .vmid_is_free(id)
+                .await
+                .map_err(StepError::proxmox(asking))?;
+        if free && take_vmid(ctx, id) {
+            return Ok(id);
+        }
+    }
+    Err(StepError::Cluster(format!(
+        "no free VMID among the {VMID_PROBES} from {first} on (Proxmox's next free VMID); \
+         widen the datacenter's next-id range (Datacenter > Options > Next Free VMID Range)"
+    )))
+}
+
+fn in_flight(ctx: &StepContext<'_>, id: VmId) -> bool {
+    ctx.services
         .vmids_in_flight
         .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    let reserved = u32::try_from(ctx.state.reserved_vmid).unwrap_or(0);
-    let free = |id: u32| !used.contains(&id) && !refused.contains(&id);
-    let id = if reserved >= VmId::MIN && free(reserved) {
-        Some(reserved)
-    } else {
-        (VmId::MIN..=VmId::MAX).find(|id| free(*id) && !in_flight.contains(id))
-    };
-    let vmid = id
-        .and_then(|id| VmId::new(id).ok())
-        .ok_or_else(|| StepError::Cluster("no free VMID left in the cluster".into()))?;
-    in_flight.insert(vmid.get());
-    Ok(vmid)
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&id.get())
+}
+
+/// Marks `id` as in flight; false when a concurrent request took it first.
+fn take_vmid(ctx: &StepContext<'_>, id: VmId) -> bool {
+    ctx.services
+        .vmids_in_flight
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id.get())
 }
 
 async fn create(

@@ -118,9 +118,16 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
             )
             .await
             .map_err(StepError::proxmox(doing.clone()))?;
-        pve.wait_for_task(&task, ctx.services.timeouts.download)
+        match pve
+            .wait_for_task(&task, ctx.services.timeouts.download)
             .await
-            .map_err(StepError::proxmox(doing))?;
+        {
+            // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
+            Err(e) if e.is_file_already_present() => {}
+            other => {
+                other.map_err(StepError::proxmox(doing))?;
+            }
+        }
     }
     ctx.state.volume_id = volid;
     Ok(StepOutcome::Done)

@@ -173,9 +173,16 @@ struct TicketAnswer {
     ticket: String,
     #[serde(rename = "CSRFPreventionToken")]
     csrf: String,
+    /// Set for users with a second factor (TOTP, WebAuthn, …): the ticket is only a half-ticket that
+    /// pve-access-control (AccessControl.pm, create_ticket) accepts for nothing but the TFA challenge.
+    #[serde(rename = "NeedTFA", default)]
+    need_tfa: Option<serde_json::Value>,
 }
 
 const TICKET_RENEW_AFTER: Duration = Duration::from_secs(90 * 60);
+
+/// Below pveproxy's 5 s keep-alive timeout.
+pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 impl ProxmoxClient {
     pub fn new(settings: &ProxmoxSettings) -> Result<Self, ProxmoxError> {
@@ -198,7 +205,10 @@ impl ProxmoxClient {
             .use_preconfigured_tls(tls)
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(120))
-            .pool_idle_timeout(Duration::from_secs(50))
+            // pveproxy closes a keep-alive connection after 5 s idle (pve-http-server
+            // APIServer/AnyEvent.pm, default `timeout`); reusing one just as it closes fails the
+            // request, so we drop idle connections first.
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .user_agent(concat!(
                 "omni-infra-provider-proxmox/",
                 env!("CARGO_PKG_VERSION")
@@ -418,7 +428,7 @@ impl ProxmoxClient {
         };
         let status = response.status();
         tracing::debug!(method = call.method, path = %call.path, status = status.as_u16(), elapsed_ms, "proxmox request");
-        let reason = status.canonical_reason().unwrap_or("").to_owned();
+        let reason = reason_phrase(&response);
         let bytes = response
             .bytes()
             .await
@@ -501,6 +511,18 @@ impl ProxmoxClient {
             }
             Err(e) => return Err(e),
         };
+        if answer.need_tfa.as_ref().is_some_and(|v| {
+            v.as_u64() == Some(1) || v.as_bool() == Some(true) || v.as_str() == Some("1")
+        }) {
+            return Err(ProxmoxError::Unauthorized {
+                call,
+                message: format!(
+                    "{} has two-factor authentication (TOTP/WebAuthn), which a daemon cannot answer; \
+                     use an API token (proxmox.tokenID/tokenSecret) or a user without a second factor",
+                    t.username
+                ),
+            });
+        }
         let sensitive = |v: String| {
             HeaderValue::from_str(&v)
                 .map(|mut h| {
@@ -553,9 +575,22 @@ fn transport_error(call: &Call, e: &reqwest::Error) -> ProxmoxError {
     }
 }
 
+/// The HTTP reason phrase as Proxmox sent it. PVE puts its error message there; PVE 8 before
+/// pve-http-server's fix #6503 (January 2025) put it *only* there, answering `{"data":null}`.
+fn reason_phrase(response: &reqwest::Response) -> String {
+    response
+        .extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
+        .or_else(|| response.status().canonical_reason().map(str::to_owned))
+        .unwrap_or_default()
+}
+
 /// Maps a non-2xx answer to the error kind the caller acts on.
 fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> ProxmoxError {
-    let parsed: ErrorBody = serde_json::from_slice(body).unwrap_or_default();
+    let json: Option<ErrorBody> = serde_json::from_slice(body).ok();
+    let is_json = json.is_some();
+    let parsed = json.unwrap_or_default();
     let message = parsed
         .message
         .map(|m| m.trim().to_owned())
@@ -563,8 +598,10 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
         .unwrap_or_else(|| {
             let text = String::from_utf8_lossy(body);
             let text = text.trim();
-            if text.is_empty() || text.starts_with('<') || text.len() > 300 {
-                reason.to_owned()
+            // A JSON body without `message` (old PVE 8) has its text in the reason phrase; so has
+            // an empty or HTML answer.
+            if is_json || text.is_empty() || text.starts_with('<') || text.len() > 300 {
+                reason.trim().to_owned()
             } else {
                 text.to_owned()
             }
@@ -572,7 +609,13 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
     let call = call.clone();
     match status.as_u16() {
         401 => ProxmoxError::Unauthorized { call, message },
-        403 => ProxmoxError::PermissionDenied { call, message },
+        403 => {
+            let message = match unnamed_privilege(&call, &message) {
+                Some(hint) => format!("{message} ({hint})"),
+                None => message,
+            };
+            ProxmoxError::PermissionDenied { call, message }
+        }
         404 => ProxmoxError::NotFound { call, message },
         // 595/596: pveproxy could not reach the node (offline, network) — the node may come back.
         code @ (408 | 429 | 502 | 503 | 504 | 595 | 596) => ProxmoxError::Transient {
@@ -582,6 +625,15 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
             request_sent: true,
         },
         500 if is_missing(&message) => ProxmoxError::NotFound { call, message },
+        // Another worker held the guest's or storage's lock past PVE's wait (`lock_file` dies with
+        // "got timeout" before the handler changed anything): nothing happened, so sending it again
+        // is safe even for a create, and mature clients do exactly that.
+        500 if is_lock_timeout(&message) => ProxmoxError::Transient {
+            call,
+            status: Some(500),
+            message,
+            request_sent: false,
+        },
         code => ProxmoxError::Api {
             call,
             status: code,
@@ -600,6 +652,41 @@ fn status_error(call: &Call, status: StatusCode, reason: &str, body: &[u8]) -> P
                 .collect(),
         },
     }
+}
+
+/// What to do about a refusal whose text does not say it: qemu-server's create_vm ends its VM.Allocate
+/// check with a bare "Permission check failed", so does any failed "or" of privileges (download-url's
+/// network access), and a tag refusal names Sys.Modify but not the datacenter option that decides it.
+fn unnamed_privilege(call: &Call, message: &str) -> Option<&'static str> {
+    // pve-guest-common GuestHelpers.pm, assert_tag_permissions: "(/, Sys.Modify for modifying tag 'x')".
+    if message.contains("modifying tag") {
+        return Some(
+            "the datacenter's user-tag-access (Datacenter > Options > User Tag Access) does not let this \
+             token set that tag, or it is a registered tag: allow it there, or grant Sys.Modify on /",
+        );
+    }
+    if message.contains(',') {
+        return None; // "Permission check failed (/path, Privilege)": PVE named it
+    }
+    let segments: Vec<&str> = call.path.trim_matches('/').split('/').collect();
+    match (call.method, segments.as_slice()) {
+        ("POST", ["nodes", _, "qemu"]) => {
+            Some("creating a VM needs VM.Allocate on /vms/<vmid> or on the pool it goes to")
+        }
+        ("POST", ["nodes", _, "storage", _, "download-url"]) => Some(
+            "download-url needs Sys.AccessNetwork on /nodes/<node>, or Sys.Audit and Sys.Modify on /",
+        ),
+        ("POST", ["nodes", _, "qemu", _, "clone"]) => Some(
+            "cloning needs VM.Clone on the template and VM.Allocate on the new VMID or its pool",
+        ),
+        _ => None,
+    }
+}
+
+/// pve-common Tools.pm `lock_file_full` / `run_with_timeout`: "can't lock file '…' - got timeout".
+fn is_lock_timeout(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("got timeout") && (m.contains("lock") || m.contains("can't"))
 }
 
 /// Proxmox reports missing objects as 500 with one of these texts.
@@ -702,6 +789,77 @@ mod tests {
         assert!(
             matches!(e, ProxmoxError::Unauthorized { ref message, .. } if message == "authentication failure")
         );
+    }
+
+    #[test]
+    fn old_pve8_error_text_comes_from_the_reason_phrase() {
+        // PVE 8 before pve-http-server's fix #6503: `{"data":null}` and the text in the status line.
+        let e = status_error(
+            &Call {
+                method: "POST",
+                path: "/pools".into(),
+            },
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "pool 'workers' already exists",
+            br#"{"data":null}"#,
+        );
+        assert!(
+            matches!(&e, ProxmoxError::Api { message, .. } if message == "pool 'workers' already exists"),
+            "{e:?}"
+        );
+        let e = status_error(
+            &call(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Configuration file 'nodes/pve1/qemu-server/9.conf' does not exist",
+            br#"{"data":null}"#,
+        );
+        assert!(e.is_not_found(), "{e:?}");
+    }
+
+    #[test]
+    fn lock_timeouts_are_transient_and_safe_to_resend() {
+        let e = status_error(
+            &call(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "",
+            br#"{"data":null,"message":"can't lock file '/var/lock/qemu-server/lock-104.conf' - got timeout\n"}"#,
+        );
+        assert!(may_retry(&e, Replay::OnlyIfUnsent), "{e:?}");
+    }
+
+    #[test]
+    fn refusals_that_do_not_name_the_privilege_get_it_named() {
+        let create = Call {
+            method: "POST",
+            path: "/nodes/pve1/qemu".into(),
+        };
+        let e = status_error(
+            &create,
+            StatusCode::FORBIDDEN,
+            "",
+            br#"{"data":null,"message":"Permission check failed\n"}"#,
+        );
+        assert!(e.to_string().contains("VM.Allocate"), "{e}");
+        let e = status_error(
+            &create,
+            StatusCode::FORBIDDEN,
+            "",
+            br#"{"data":null,"message":"Permission check failed (/, Sys.Modify for modifying tag 'talos')\n"}"#,
+        );
+        assert!(e.to_string().contains("user-tag-access"), "{e}");
+        let e = status_error(
+            &create,
+            StatusCode::FORBIDDEN,
+            "",
+            br#"{"data":null,"message":"Permission check failed (/storage/local, Datastore.AllocateSpace)\n"}"#,
+        );
+        assert!(!e.to_string().contains("VM.Allocate"), "{e}");
+    }
+
+    #[test]
+    fn idle_connections_are_dropped_before_pveproxy_closes_them() {
+        // pve-http-server APIServer/AnyEvent.pm: keep-alive connections idle for 5 s are closed.
+        assert!(POOL_IDLE_TIMEOUT < Duration::from_secs(5));
     }
 
     #[test]

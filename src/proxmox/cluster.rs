@@ -55,6 +55,24 @@ impl ProxmoxClient {
                 message: format!("{n} is not a valid VMID"),
             })
     }
+
+    /// `GET /cluster/nextid?vmid=…`: whether no guest in the whole cluster has this VMID, those the
+    /// token cannot see included (the listing hides them). pve-manager answers a taken VMID with a
+    /// parameter error on `vmid`, which we read by status and field, not by text.
+    pub async fn vmid_is_free(&self, vmid: VmId) -> Result<bool, ProxmoxError> {
+        match self
+            .get::<serde_json::Value>(&["cluster", "nextid"], Params::new().with("vmid", vmid))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(ProxmoxError::Api {
+                status: 400,
+                field_errors,
+                ..
+            }) if field_errors.contains_key("vmid") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// An HA resource registration (`POST /cluster/ha/resources`).

@@ -48,8 +48,9 @@ pub enum ProxmoxError {
         call: Call,
         status: Option<u16>,
         message: String,
-        /// False when the connection failed before the request was sent: then even a create is safe to
-        /// send again.
+        /// False when Proxmox provably did not act on the request (the connection failed before it was
+        /// sent, or PVE refused it for a lock timeout before changing anything): then even a create is
+        /// safe to send again.
         request_sent: bool,
     },
 
@@ -104,6 +105,21 @@ impl ProxmoxError {
             _ => return false,
         };
         text.contains("already exists")
+    }
+
+    /// `download-url` found the file already in storage: its task refuses to replace it (pve-common
+    /// Tools.pm, download_file_from_url). The file being there is what the caller wanted.
+    pub fn is_file_already_present(&self) -> bool {
+        match self {
+            Self::TaskFailed {
+                exit_status,
+                log_tail,
+                ..
+            } => std::iter::once(exit_status)
+                .chain(log_tail)
+                .any(|l| l.contains("refusing to override existing file")),
+            _ => false,
+        }
     }
 
     /// The HTTP status Proxmox answered with, if there was an answer.

@@ -14,7 +14,7 @@ use mapping::ResourceMapping;
 pub enum NetworkFilter {
     /// Linux and OVS bridges (every Proxmox VE version).
     AnyBridge,
-    /// Bridges plus SDN VNets, which guests can use as a `bridge=` too (Proxmox VE 8.3 and later).
+    /// Bridges plus SDN VNets, which guests can use as a `bridge=` too (Proxmox VE 9.0 and later).
     BridgesAndVnets,
 }
 

@@ -18,13 +18,22 @@ impl ProxmoxClient {
         }
     }
 
-    /// `DELETE /pools?poolid=…`. Returns false when the pool is not empty or already gone, which is
-    /// not an error for someone cleaning up.
+    /// `DELETE /pools?poolid=…` (PVE 8.1 and later), else `DELETE /pools/{poolid}`, which older PVE
+    /// have (pve-manager Pool.pm: the query form came with nested pools and answers 501 before).
+    /// Returns false when the pool is not empty or already gone, which is not an error for someone
+    /// cleaning up.
     pub async fn delete_pool_if_empty(&self, pool: &str) -> Result<bool, ProxmoxError> {
-        match self
+        let answer = match self
             .delete::<serde_json::Value>(&["pools"], Params::new().with("poolid", pool))
             .await
         {
+            Err(ProxmoxError::Api { status: 501, .. }) => {
+                self.delete::<serde_json::Value>(&["pools", pool], Params::new())
+                    .await
+            }
+            other => other,
+        };
+        match answer {
             Ok(_) => Ok(true),
             Err(ProxmoxError::Api { message, .. })
                 if message.contains("not empty") || message.contains("does not exist") =>

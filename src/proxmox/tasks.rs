@@ -118,13 +118,22 @@ impl ProxmoxClient {
 fn not_visible_yet(e: &ProxmoxError) -> bool {
     match e {
         ProxmoxError::NotFound { .. } => true,
+        // pve-manager answers a task whose status file is not written yet with a parameter error on
+        // `upid` (400 "Parameter verification failed.", the reason in `errors.upid`).
         ProxmoxError::Api {
-            status, message, ..
-        } => {
-            let m = message.to_ascii_lowercase();
-            (*status == 500 || *status == 400)
-                && (m.contains("unable to parse worker upid") || m.contains("no such task"))
-        }
+            status,
+            message,
+            field_errors,
+            ..
+        } if *status == 400 || *status == 500 => field_errors
+            .get("upid")
+            .map(String::as_str)
+            .into_iter()
+            .chain([message.as_str()])
+            .any(|text| {
+                let t = text.to_ascii_lowercase();
+                t.contains("unable to parse worker upid") || t.contains("no such task")
+            }),
         _ => false,
     }
 }

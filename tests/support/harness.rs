@@ -36,7 +36,12 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(extra_config: &str) -> Option<Harness> {
-        let pve = FakePve::start(three_node_scenario(), 0.0)?;
+        Self::start_with(three_node_scenario(), extra_config).await
+    }
+
+    /// Like [`Harness::start`] with a scenario of one's own (see the launcher for its keys).
+    pub async fn start_with(scenario: Value, extra_config: &str) -> Option<Harness> {
+        let pve = FakePve::start(scenario, 0.0)?;
         let omni = omni_support::Omni::start(PROVIDER).await;
         let config = ProviderConfig::parse(&format!(
             "{}{extra_config}",

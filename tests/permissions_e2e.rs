@@ -1,0 +1,192 @@
+//! The provider with a token that holds exactly the README's `OmniProvider` role: a whole provision and
+//! deprovision works, and without any one of a few key privileges the failure names it. Also how it
+//! chooses VMIDs when the token cannot see every guest and the datacenter narrows the next-id range.
+
+mod support;
+
+use std::time::Duration;
+
+use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
+use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
+use serde_json::{Value, json};
+use support::fakepve::{TOKEN_ID, three_node_scenario};
+use support::harness::{Harness, WAIT};
+
+const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\ntags: [talos]\nip_discovery_timeout: 0\n";
+
+/// The privileges of `pveum role add OmniProvider --privs "…"` as the README documents them (PVE 9).
+fn readme_role() -> Vec<String> {
+    let readme = include_str!("../README.md");
+    let line = readme
+        .lines()
+        .find(|l| l.contains("pveum role add OmniProvider"))
+        .expect("README documents `pveum role add OmniProvider`");
+    let privs = line
+        .split("--privs")
+        .nth(1)
+        .and_then(|rest| rest.split('"').nth(1))
+        .expect("--privs \"…\"");
+    privs.split(',').map(|p| p.trim().to_owned()).collect()
+}
+
+/// The standard scenario with the token holding `privs` on `/` (fakepve enforces an ACL once one is
+/// given) and nothing else.
+fn scenario_with_role(privs: &[String]) -> Value {
+    let mut s = three_node_scenario();
+    s["acl"] = json!({ TOKEN_ID: [["/", privs]] });
+    s
+}
+
+async fn wait_released(h: &Harness, id: &str) {
+    let released = h
+        .omni
+        .state
+        .wait_for(WAIT, |s| {
+            s.collect_torn_down(&MachineRequest);
+            s.get(&MachineRequest, id).is_none()
+        })
+        .await;
+    assert!(
+        released,
+        "{id} was not released; status: {:?}",
+        h.omni.state.get(&MachineRequestStatus, id)
+    );
+}
+
+/// The status text of `id` once it mentions `needle` (the failure is reported, then retried).
+async fn wait_status_containing(h: &Harness, id: &str, needle: &str) -> String {
+    let found = h
+        .omni
+        .state
+        .wait_for(Duration::from_secs(30), |s| {
+            s.get(&MachineRequestStatus, id)
+                .is_some_and(|st| st.spec.error.contains(needle) || st.spec.status.contains(needle))
+        })
+        .await;
+    let status = h.omni.state.get(&MachineRequestStatus, id);
+    assert!(found, "{id}: no status naming {needle}: {status:?}");
+    let spec = status.unwrap().spec;
+    format!("{} {}", spec.status, spec.error)
+}
+
+// Privileges, from what each call checks upstream:
+// - qemu-server src/PVE/API2/Qemu.pm, create_vm: VM.Allocate on the VM or its pool; per option
+//   VM.Config.{CPU,Memory,HWType,Options,Disk,Network,CDROM}; Datastore.AllocateSpace for new disks;
+//   SDN.Use on every bridge (check_bridge_access); tags through assert_tag_permissions.
+// - pve-storage src/PVE/API2/Storage/Status.pm, upload: Datastore.AllocateTemplate; download_url:
+//   Datastore.AllocateTemplate and (Sys.Audit+Sys.Modify on / or Sys.AccessNetwork on the node).
+// - pve-storage src/PVE/API2/Storage/Content.pm, delete: Datastore.Allocate (the seed ISO).
+// - pve-manager PVE/API2/Pool.pm, create_pool/delete_pool: Pool.Allocate on /pool/{poolid}.
+// - pve-manager PVE/API2/Cluster.pm, resources: only guests with VM.Audit are listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_role_provisions_and_deprovisions() {
+    let role = readme_role();
+    let Some(mut h) = Harness::start_with(scenario_with_role(&role), "").await else {
+        return;
+    };
+    h.request("perm-1", "perms", PINNED_PVE2);
+    h.wait_stage("perm-1", Stage::Provisioned).await;
+    let vms = h.vms_named("perm-1");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let vmid = vms[0]["vmid"].as_u64().unwrap();
+    assert_eq!(vms[0]["pool"], json!("perms"));
+    assert!(h.omni.state.teardown(&MachineRequest, "perm-1"));
+    wait_released(&h, "perm-1").await;
+    assert!(h.pve.vm(vmid as u32).is_null(), "VM deleted");
+    let local = h
+        .pve
+        .control(json!({"op": "storage_volumes", "storage": "local"}))
+        .to_string();
+    assert!(!local.contains("omni-seed-perm-1"), "seed deleted: {local}");
+    assert!(
+        h.pve.control(json!({"op": "pools"})).get("perms").is_none(),
+        "pool deleted"
+    );
+    h.stop_controller().await;
+}
+
+// qemu-server src/PVE/API2/Qemu.pm, clone_vm: VM.Clone on the template, VM.Allocate on the new VMID or
+// its pool, Datastore.AllocateSpace on the target storage; then update_vm's per-option checks and
+// resize_vm's VM.Config.Disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_role_clones_too() {
+    let Some(mut h) = Harness::start_with(scenario_with_role(&readme_role()), "").await else {
+        return;
+    };
+    h.request(
+        "perm-clone",
+        "perms",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\nip_discovery_timeout: 0\n",
+    );
+    h.wait_stage("perm-clone", Stage::Provisioned).await;
+    assert_eq!(h.vms_named("perm-clone").len(), 1);
+    assert!(h.omni.state.teardown(&MachineRequest, "perm-clone"));
+    wait_released(&h, "perm-clone").await;
+    assert!(h.vms_named("perm-clone").is_empty(), "clone deleted");
+    h.stop_controller().await;
+}
+
+/// Each of these privileges is needed, and its absence is reported by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_one_privilege_the_error_names_it() {
+    let role = readme_role();
+    for missing in [
+        "Datastore.AllocateTemplate",
+        "Datastore.AllocateSpace",
+        "Sys.AccessNetwork",
+        "Pool.Allocate",
+        "VM.Allocate",
+        "VM.Config.Memory",
+        "SDN.Use",
+    ] {
+        assert!(role.iter().any(|p| p == missing), "{missing} not in role");
+        let privs: Vec<String> = role.iter().filter(|p| *p != missing).cloned().collect();
+        let Some(mut h) = Harness::start_with(scenario_with_role(&privs), "").await else {
+            return;
+        };
+        h.request("perm-2", "perms", PINNED_PVE2);
+        let text = wait_status_containing(&h, "perm-2", missing).await;
+        assert!(text.contains("permission"), "{missing}: {text}");
+        h.stop_controller().await;
+    }
+}
+
+/// The seed ISO's deletion needs Datastore.Allocate: without it the teardown says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deprovision_without_datastore_allocate_names_it() {
+    let role = readme_role();
+    let Some(mut h) = Harness::start_with(scenario_with_role(&role), "").await else {
+        return;
+    };
+    h.request("perm-3", "perms", PINNED_PVE2);
+    h.wait_stage("perm-3", Stage::Provisioned).await;
+    // The token loses Datastore.Allocate: fakepve's ACL is additive, so start from a fresh one.
+    let fewer: Vec<String> = role
+        .iter()
+        .filter(|p| *p != "Datastore.Allocate")
+        .cloned()
+        .collect();
+    h.pve
+        .control(json!({"op": "set_acl", "who": TOKEN_ID, "entries": [["/", fewer]]}));
+    assert!(h.omni.state.teardown(&MachineRequest, "perm-3"));
+    let text = wait_status_containing(&h, "perm-3", "Datastore.Allocate").await;
+    assert!(text.contains("permission"), "{text}");
+    h.stop_controller().await;
+}
+
+// pve-guest-common src/PVE/GuestHelpers.pm, assert_tag_permissions/get_allowed_tags: without Sys.Modify
+// on `/`, a tag must be allowed by datacenter.cfg's user-tag-access (default `free`) and not be in
+// registered-tags. The error must point at that setting, not only at Sys.Modify.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_tags_point_at_user_tag_access() {
+    let mut scenario = scenario_with_role(&readme_role());
+    scenario["user_tag_access"] = json!({"user-allow": "none"});
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    h.request("perm-4", "perms", PINNED_PVE2);
+    let text = wait_status_containing(&h, "perm-4", "user-tag-access").await;
+    assert!(text.contains("Sys.Modify"), "{text}");
+    assert!(h.vms_named("perm-4").is_empty(), "no VM made");
+    h.stop_controller().await;
+}

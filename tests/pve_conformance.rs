@@ -1,0 +1,174 @@
+//! The Proxmox client against behaviours of real PVE that fakepve alone is kinder about, emulated by
+//! our launcher: PVE 8's error text only in the HTTP reason phrase, download-url refusing an existing
+//! file, and VMIDs when the token cannot see every guest and the datacenter narrows the next-id range.
+
+mod support;
+
+use std::time::Duration;
+
+use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
+use omni_infra_provider_proxmox::proxmox::storage::DownloadRequest;
+use omni_infra_provider_proxmox::proxmox::types::{NodeName, VmId};
+use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError};
+use serde_json::json;
+use support::fakepve::{FakePve, Login, TOKEN_ID, Trust, three_node_scenario};
+use support::harness::Harness;
+
+const TASK_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn client(fake: &FakePve) -> ProxmoxClient {
+    ProxmoxClient::new(&fake.settings(Login::Token, Trust::CaFile)).unwrap()
+}
+
+fn pve1() -> NodeName {
+    NodeName::new("pve1").unwrap()
+}
+
+// pve-http-server src/PVE/APIServer/Formatter/Standard.pm: only since "fix #6503" (January 2025) does
+// the JSON body of an error carry `message`; before, PVE 8 answered `{"data":null}` and put the text in
+// the HTTP status line (AnyEvent.pm builds the response with the message as reason phrase).
+#[tokio::test]
+async fn old_pve8_errors_are_read_from_the_reason_phrase() {
+    let mut scenario = three_node_scenario();
+    scenario["old_pve8_errors"] = json!(true);
+    let Some(fake) = FakePve::start(scenario, 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    // pve-manager PVE/API2/Pool.pm, create_pool: "pool '…' already exists" (500): a provider restart
+    // meets the set's pool again and must take it as there.
+    pve.ensure_pool("old-pve8", "set").await.unwrap();
+    pve.ensure_pool("old-pve8", "set").await.unwrap();
+
+    // A missing VM is NotFound (500 "Configuration file … does not exist"), and the message says so.
+    let err = pve
+        .vm_config(&pve1(), VmId::new(4242).unwrap())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    assert!(!err.to_string().contains("\"data\""), "{err}");
+}
+
+// pve-common src/PVE/Tools.pm, download_file_from_url: without a checksum an existing destination is
+// refused ("refusing to override existing file"), which ends the download task with an error.
+#[tokio::test]
+async fn download_url_refusing_an_existing_file_means_it_is_present() {
+    let Some(fake) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    let request = DownloadRequest {
+        url: "https://factory.talos.dev/image/abc/v1.11.0/nocloud-amd64.iso".into(),
+        file_name: "talos-abc.iso".into(),
+        content: "iso".into(),
+        checksum: None,
+    };
+    let first = pve.download_url(&pve1(), "local", &request).await.unwrap();
+    pve.wait_for_task(&first, TASK_TIMEOUT).await.unwrap();
+    let again = pve.download_url(&pve1(), "local", &request).await.unwrap();
+    let err = pve.wait_for_task(&again, TASK_TIMEOUT).await.unwrap_err();
+    assert!(
+        matches!(err, ProxmoxError::TaskFailed { .. }) && err.is_file_already_present(),
+        "{err}"
+    );
+}
+
+// pve-manager PVE/API2/Cluster.pm: `resources` lists only guests the token has VM.Audit on, and
+// `nextid` picks from datacenter.cfg's next-id range (default 100 up to one million) among all guests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vmids_come_from_nextid_past_hidden_guests_and_inside_the_range() {
+    let mut scenario = three_node_scenario();
+    scenario["next_id"] = json!([5000, 6000]);
+    let guests = scenario["guests"].as_array_mut().unwrap();
+    for vmid in 5000..5004 {
+        guests.push(json!({"vmid": vmid, "name": format!("hidden-{vmid}"), "node": "pve3"}));
+    }
+    // Everything on `/` but VM.Audit, which the token has only on the set's pool: the guests above
+    // (and 100, 9000) are invisible to it, as on a cluster shared between teams.
+    let mut privs: Vec<&str> = omni_privs();
+    privs.retain(|p| *p != "VM.Audit");
+    scenario["acl"] = json!({ TOKEN_ID: [["/", privs], ["/pool/ids", ["VM.Audit"]]] });
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    h.request("ids-1", "ids", "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n");
+    h.wait_stage("ids-1", Stage::Provisioned).await;
+    let vms = h.vms_named("ids-1");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(vms[0]["vmid"], json!(5004), "{vms:?}");
+    let refused_creates = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.ends_with("/qemu"))
+        .count();
+    assert_eq!(refused_creates, 1, "one create, no VMID guessed wrong");
+    h.stop_controller().await;
+}
+
+fn omni_privs() -> Vec<&'static str> {
+    let readme = include_str!("../README.md");
+    let line = readme
+        .lines()
+        .find(|l| l.contains("pveum role add OmniProvider"))
+        .unwrap();
+    line.split('"').nth(1).unwrap().split(',').collect()
+}
+
+// pve-manager PVE/API2/Pool.pm: `DELETE /pools?poolid=` (delete_pool) came with nested pools in PVE 8.1;
+// 8.0 has only `DELETE /pools/{poolid}` and answers the other with 501 "Method … not implemented"
+// (pve-http-server AnyEvent.pm, rest_handler).
+#[tokio::test]
+async fn pools_are_deleted_on_pve_8_0_too() {
+    let mut scenario = three_node_scenario();
+    scenario["pve_version"] = json!("8.0.4");
+    let Some(mut fake) = FakePve::start(scenario, 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    pve.ensure_pool("old-set", "set").await.unwrap();
+    assert!(pve.delete_pool_if_empty("old-set").await.unwrap());
+    let pools = fake.control(json!({"op": "pools"}));
+    assert!(pools.get("old-set").is_none(), "{pools}");
+}
+
+// The listing said the Talos ISO was missing, but it was there when download-url ran (another provider
+// or a lost answer of our own): pve-common Tools.pm download_file_from_url refuses to overwrite it, and
+// the image step must take that as the ISO being present, not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_overwrite_of_the_talos_iso_counts_as_present() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
+    h.request("iso-1", "isos", class);
+    h.wait_stage("iso-1", Stage::Provisioned).await;
+    let volumes = h
+        .pve
+        .control(json!({"op": "storage_volumes", "storage": "local"}));
+    let talos: Vec<String> = volumes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .filter(|v| v.starts_with("iso/") && !v.contains("omni-seed"))
+        .map(|v| format!("local:{v}"))
+        .collect();
+    assert_eq!(talos.len(), 1, "{volumes}");
+    h.pve
+        .control(json!({"op": "unlist_volume", "volid": talos[0]}));
+    h.request("iso-2", "isos", class);
+    h.wait_stage("iso-2", Stage::Provisioned).await;
+    let downloads = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.ends_with("/download-url"))
+        .count();
+    assert_eq!(
+        downloads, 2,
+        "the second request tried, was refused, and went on"
+    );
+    h.stop_controller().await;
+}
