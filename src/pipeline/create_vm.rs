@@ -16,8 +16,12 @@ use super::configure_vm::upload_seed;
 use super::pick_node::node_storages;
 use super::step::{StepContext, StepError, StepOutcome};
 use super::vm_config::{self, VmIdentity, VmTarget};
+use crate::proxmox::property::parse_tags;
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
-use crate::proxmox::types::{ClusterResource, NodeName, VmId, VmResource};
+use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmId, VmResource};
+
+/// How long to wait before looking again at a recorded VM that cannot be identified yet.
+const WAIT_FOR_IDENTITY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How many taken VMIDs to step over before giving up (each costs one refused create).
 const VMID_ATTEMPTS: usize = 5;
@@ -36,6 +40,24 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         ctx.state.node = vm.node.to_string();
         ctx.services.release_vmid(vm.vmid.get());
         return Ok(StepOutcome::Done);
+    }
+    if let Some(vm) = unnamed_recorded_vm(&resources, recorded_vmid(ctx)) {
+        match identify_unnamed(ctx, vm, &resources).await? {
+            Unnamed::Ours => {
+                tracing::info!(request = %request_id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier (identified by its config)");
+                ctx.state.vmid = vm.vmid.get() as i32;
+                ctx.state.node = vm.node.to_string();
+                ctx.services.release_vmid(vm.vmid.get());
+                return Ok(StepOutcome::Done);
+            }
+            Unnamed::NotOurs => {}
+            Unnamed::CannotTell(why) => {
+                return Ok(StepOutcome::Requeue {
+                    after: WAIT_FOR_IDENTITY,
+                    why,
+                });
+            }
+        }
     }
 
     default_pool(ctx).await?;
@@ -114,20 +136,103 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     Ok(())
 }
 
-/// The VM this request made earlier, if any: named after the request and carrying our tag.
+/// The VM this request made earlier, if any: named after the request and carrying our tag (in any
+/// case: Proxmox lowercases tags by default).
 pub fn find_own_vm<'a>(
     resources: &'a [ClusterResource],
     request_id: &str,
     provider_id: &str,
 ) -> Option<&'a VmResource> {
-    let tag = vm_config::provider_tag(provider_id);
     resources.iter().find_map(|r| match r {
-        ClusterResource::Vm(vm)
-            if !vm.template && vm.name.as_deref() == Some(request_id) && vm.has_tag(&tag) =>
-        {
+        ClusterResource::Vm(vm) if vm_config::listed_as_ours(vm, Some(request_id), provider_id) => {
             Some(vm)
         }
         _ => None,
+    })
+}
+
+/// The VMID this request recorded: its `vmid`, else the `reserved_vmid` written before the create.
+fn recorded_vmid(ctx: &StepContext<'_>) -> Option<VmId> {
+    [ctx.state.vmid, ctx.state.reserved_vmid]
+        .into_iter()
+        .find(|v| *v > 0)
+        .and_then(|v| u32::try_from(v).ok())
+        .and_then(|v| VmId::new(v).ok())
+}
+
+/// The VM at the recorded VMID when the listing shows it without a name. The listing takes name,
+/// status and template from what pvestatd last reported, which a VM made seconds ago, or one on a
+/// node offline for minutes, does not have yet: such a VM may well be ours, and creating another
+/// would leave two.
+pub fn unnamed_recorded_vm(
+    resources: &[ClusterResource],
+    recorded: Option<VmId>,
+) -> Option<&VmResource> {
+    let recorded = recorded?;
+    resources.iter().find_map(|r| match r {
+        ClusterResource::Vm(vm) if vm.vmid == recorded && vm.name.is_none() => Some(vm),
+        _ => None,
+    })
+}
+
+/// What the config of an unnamed recorded VM says.
+enum Unnamed {
+    Ours,
+    /// Someone else's (or gone): the VMID is simply taken, choose another.
+    NotOurs,
+    /// Its node cannot be asked: wait, never replace it.
+    CannotTell(String),
+}
+
+async fn identify_unnamed(
+    ctx: &StepContext<'_>,
+    vm: &VmResource,
+    resources: &[ClusterResource],
+) -> Result<Unnamed, StepError> {
+    let online = resources.iter().any(|r| {
+        matches!(r, ClusterResource::Node(n) if n.node == vm.node && n.status == NodeState::Online)
+    });
+    if !online {
+        return Ok(Unnamed::CannotTell(format!(
+            "VM {} recorded for this request is on node {}, which is not online, and the listing cannot say whose it is; waiting for the node rather than creating a second VM",
+            vm.vmid, vm.node
+        )));
+    }
+    let doing = format!(
+        "reading the config of VM {} on {} to see whether it is this request's",
+        vm.vmid, vm.node
+    );
+    let config = match ctx.services.pve.vm_config(&vm.node, vm.vmid).await {
+        Ok(c) => c,
+        Err(e) if e.is_not_found() => return Ok(Unnamed::NotOurs),
+        Err(e) => return Err(StepError::proxmox(doing)(e)),
+    };
+    if config.get("template").as_deref() == Some("1") {
+        return Ok(Unnamed::NotOurs);
+    }
+    if let Some(lock) = config.get("lock").filter(|l| !l.is_empty()) {
+        // A create or clone still running: its config is not complete yet.
+        return Ok(Unnamed::CannotTell(format!(
+            "VM {} recorded for this request is locked ({lock}) on {}; waiting for it rather than creating a second VM",
+            vm.vmid, vm.node
+        )));
+    }
+    let tags = config
+        .get("tags")
+        .map(|t| parse_tags(&t))
+        .unwrap_or_default();
+    let ownership = vm_config::check_ownership_with_uuid(
+        &config.get("name").unwrap_or_default(),
+        &tags,
+        &config.get("description").unwrap_or_default(),
+        config.get("smbios1").as_deref(),
+        Some(ctx.state.uuid.as_str()),
+        &ctx.request.id,
+        &ctx.services.provider_id,
+    );
+    Ok(match ownership {
+        vm_config::Ownership::Ours => Unnamed::Ours,
+        vm_config::Ownership::Legacy | vm_config::Ownership::NotOurs(_) => Unnamed::NotOurs,
     })
 }
 

@@ -100,6 +100,17 @@ pub enum DeprovisionOutcome {
     NothingRecorded,
 }
 
+/// A deprovision's outcome plus what it had to leave behind.
+#[derive(Debug)]
+pub struct Deprovisioned {
+    pub outcome: DeprovisionOutcome,
+    /// The seed ISO could not be deleted (its delete failed, or its node is away). The VM is gone,
+    /// so the teardown finishes anyway: retrying it for a file would block the request's deletion
+    /// for ever when the storage refuses. The ISO is then an orphan: no VM uses it and no live
+    /// request will, so the `orphans` command lists it and `orphans --delete` removes it.
+    pub leftover_seed_iso: Option<DeprovisionError>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DeprovisionError {
     #[error("cannot list the Proxmox cluster to find the VM of request {request_id}: {source}")]
@@ -146,11 +157,9 @@ pub enum DeprovisionError {
         source: ProxmoxError,
     },
 
-    /// The VM part is done (deleted or already gone); only the seed ISO is left.
-    #[error(
-        "the VM is gone, but its seed ISO {volume} on {node} could not be deleted: {source}{}",
-        RetryHint(source)
-    )]
+    /// The VM part is done (deleted or already gone); only the seed ISO is left. Reported in
+    /// [`Deprovisioned::leftover_seed_iso`], never returned as the deprovision's error.
+    #[error("the VM is gone, but its seed ISO {volume} on {node} could not be deleted: {source}")]
     SeedIso {
         volume: String,
         node: NodeName,
@@ -158,10 +167,9 @@ pub enum DeprovisionError {
         source: ProxmoxError,
     },
 
-    /// The VM part is done; the seed ISO's node cannot be reached.
-    #[error(
-        "the VM is gone, but its seed ISO {volume} cannot be deleted: node {node} is {state}; will retry"
-    )]
+    /// The VM part is done; the seed ISO's node cannot be reached. Reported like
+    /// [`DeprovisionError::SeedIso`].
+    #[error("the VM is gone, but its seed ISO {volume} cannot be deleted: node {node} is {state}")]
     SeedIsoNodeOffline {
         volume: String,
         node: NodeName,
@@ -281,14 +289,9 @@ impl ClusterView {
     /// VMs that look like the request's: named after it and carrying our provider tag (templates
     /// never are).
     pub fn by_identity(&self, request_id: &str, provider_id: &str) -> Vec<&VmResource> {
-        let tag = vm_config::provider_tag(provider_id);
         self.vms
             .iter()
-            .filter(|vm| {
-                !vm.template
-                    && vm.name.as_deref() == Some(request_id)
-                    && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag))
-            })
+            .filter(|vm| vm_config::listed_as_ours(vm, Some(request_id), provider_id))
             .collect()
     }
 
@@ -330,6 +333,18 @@ pub async fn deprovision(
     options: &DeprovisionOptions,
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
+    deprovision_reporting(pve, target, options, progress)
+        .await
+        .map(|d| d.outcome)
+}
+
+/// [`deprovision`], also saying what was left behind (see [`Deprovisioned::leftover_seed_iso`]).
+pub async fn deprovision_reporting(
+    pve: &ProxmoxClient,
+    target: &DeprovisionTarget,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<Deprovisioned, DeprovisionError> {
     progress(&match target.vmid {
         Some(id) => format!("looking up VM {id} in the Proxmox cluster"),
         None => format!(
@@ -350,7 +365,14 @@ pub async fn deprovision(
         DeprovisionOutcome::Deleted { node, .. } => Some(node.clone()),
         _ => None,
     };
-    delete_seed_iso(pve, &view, target, vm_node, options, progress).await?;
+    let leftover_seed_iso = delete_seed_iso(pve, &view, target, vm_node, options, progress)
+        .await
+        .err();
+    if let Some(e) = &leftover_seed_iso {
+        tracing::warn!(request = %target.request_id, error = %e,
+            "seed ISO left behind; the teardown goes on (`orphans` lists it, `orphans --delete` removes it)");
+        progress(&format!("{e}; left for the `orphans` command"));
+    }
     if let Some(pool) = &target.default_pool {
         let deleted = match &outcome {
             DeprovisionOutcome::Deleted { vmid, .. } => Some(*vmid),
@@ -373,7 +395,10 @@ pub async fn deprovision(
             tracing::info!(request = %target.request_id, "no VM was ever created")
         }
     }
-    Ok(outcome)
+    Ok(Deprovisioned {
+        outcome,
+        leftover_seed_iso,
+    })
 }
 
 /// Deletes the set's pool when the listing shows no guest left in it but the one just deleted. Costs
@@ -505,12 +530,17 @@ async fn verdict(
             });
         }
     };
+    // The listing may lack name and template (pvestatd has not reported the VM): the config has them.
+    if config.get("template").as_deref() == Some("1") {
+        return Ok(Verdict::NotOurs("it is a template".into()));
+    }
+    let name = vm.name.clone().or_else(|| config.get("name"));
     let owned_tags = config
         .get("tags")
         .map(|t| parse_tags(&t))
         .unwrap_or_else(|| tags.iter().map(|t| t.to_string()).collect());
     let ownership = vm_config::check_ownership_with_uuid(
-        vm.name.as_deref().unwrap_or_default(),
+        name.as_deref().unwrap_or_default(),
         &owned_tags,
         &config.get("description").unwrap_or_default(),
         config.get("smbios1").as_deref(),
@@ -737,9 +767,8 @@ pub struct FoundIso {
 
 /// Our VMs (provider tag), the only ones whose configs the orphan search reads.
 pub fn our_vms<'a>(vms: &'a [VmResource], provider_id: &str) -> Vec<&'a VmResource> {
-    let tag = vm_config::provider_tag(provider_id);
     vms.iter()
-        .filter(|vm| !vm.template && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag)))
+        .filter(|vm| vm_config::listed_as_ours(vm, None, provider_id))
         .collect()
 }
 
@@ -779,15 +808,25 @@ pub fn find_orphans(
     used_isos: &BTreeMap<VmId, Vec<String>>,
 ) -> Orphans {
     let mut orphans = Orphans::default();
+    // Tags come back lowercased (PVE's default tag style), names do not: request IDs are compared
+    // without case, and the name is preferred when it is the tagged request in another case.
+    let live_lower: BTreeSet<String> = live_requests
+        .iter()
+        .map(|r| r.to_ascii_lowercase())
+        .collect();
     for vm in our_vms(vms, provider_id) {
         let tags = vm.tag_list();
-        let request = vm_config::tagged_request(&tags)
-            .map(str::to_owned)
-            .or_else(|| vm.name.clone());
+        let request = match (vm_config::tagged_request(&tags), vm.name.as_deref()) {
+            (Some(tagged), Some(name)) if tagged.eq_ignore_ascii_case(name) => {
+                Some(name.to_owned())
+            }
+            (Some(tagged), _) => Some(tagged.to_owned()),
+            (None, name) => name.map(str::to_owned),
+        };
         let live = [request.as_deref(), vm.name.as_deref()]
             .into_iter()
             .flatten()
-            .any(|id| live_requests.contains(id));
+            .any(|id| live_lower.contains(&id.to_ascii_lowercase()));
         if live {
             continue;
         }
@@ -806,7 +845,7 @@ pub fn find_orphans(
     let used: BTreeSet<&str> = used_isos.values().flatten().map(String::as_str).collect();
     let mut protected_seeds: BTreeSet<String> = live_requests
         .iter()
-        .map(|r| seed_iso_file_name(r))
+        .map(|r| seed_iso_file_name(r).to_ascii_lowercase())
         .collect();
     for vm in our_vms(vms, provider_id) {
         let tags = vm.tag_list();
@@ -814,7 +853,7 @@ pub fn find_orphans(
             .into_iter()
             .flatten()
         {
-            protected_seeds.insert(seed_iso_file_name(request));
+            protected_seeds.insert(seed_iso_file_name(request).to_ascii_lowercase());
         }
     }
     let mut seen = BTreeSet::new();
@@ -824,7 +863,7 @@ pub fn find_orphans(
             continue;
         }
         let file = volume.rsplit('/').next().unwrap_or(volume);
-        if protected_seeds.contains(file) {
+        if protected_seeds.contains(&file.to_ascii_lowercase()) {
             continue;
         }
         // A shared storage lists the same volume on every node; node-local ones are distinct files.

@@ -16,10 +16,29 @@ use crate::proxmox::property::{
     self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, IsoVolume, MacAddr, NewDisk, Nic,
     PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
 };
+use crate::proxmox::types::VmResource;
 
 /// The tag marking every VM this provider made: `omni-provider.<provider id>`.
 pub fn provider_tag(provider_id: &str) -> String {
     format!("omni-provider.{provider_id}")
+}
+
+/// Whether `tags` carry `wanted`. Proxmox lowercases tags by default (datacenter.cfg `tag-style`,
+/// `case-sensitive` off), so a provider ID or request ID with capitals comes back lowercased: every
+/// tag comparison of ours ignores case, and goes through here.
+pub fn has_tag(tags: &[&str], wanted: &str) -> bool {
+    tags.iter().any(|t| t.eq_ignore_ascii_case(wanted))
+}
+
+/// The one listing-level answer to "does this VM look like ours?", used by adoption (`create_vm`),
+/// teardown (`deprovision`) and the `orphans` search alike: not a template, carrying our provider
+/// tag (any case), and, when `request_id` is given, named after that request. A VM whose listing
+/// entry has no name yet (pvestatd has not reported it) does not match here; callers that hold a
+/// recorded VMID read its config instead (see [`ListingVerdict::NeedsConfig`]).
+pub fn listed_as_ours(vm: &VmResource, request_id: Option<&str>, provider_id: &str) -> bool {
+    !vm.template
+        && has_tag(&vm.tag_list(), &provider_tag(provider_id))
+        && request_id.is_none_or(|id| vm.name.as_deref() == Some(id))
 }
 
 /// The tag naming the request a VM was made for: `omni-request.<request id>`. `None` when the ID is not
@@ -188,9 +207,7 @@ pub fn owned_by_listing(
     let Some(request) = request_tag(request_id) else {
         return false;
     };
-    let provider = provider_tag(provider_id);
-    let has = |wanted: &str| tags.iter().any(|t| t.eq_ignore_ascii_case(wanted));
-    name == Some(request_id) && has(&provider) && has(&request)
+    name == Some(request_id) && has_tag(tags, &provider_tag(provider_id)) && has_tag(tags, &request)
 }
 
 /// What the `/cluster/resources` listing (name + tags) says about a VM.
@@ -218,7 +235,9 @@ pub fn listing_ownership(
     match name {
         Some(n) if n == request_id => ListingVerdict::NeedsConfig,
         Some(n) => ListingVerdict::NotOurs(format!("it is named {n:?}, not {request_id:?}")),
-        None => ListingVerdict::NotOurs(format!("it has no name, not {request_id:?}")),
+        // No name: pvestatd has not reported the VM yet (created seconds ago, or its node has been
+        // away for minutes and its RRD entry expired). The listing cannot tell; the config can.
+        None => ListingVerdict::NeedsConfig,
     }
 }
 
@@ -781,9 +800,51 @@ mod tests {
             listing_ownership(Some("web-1"), &ours, "req-1", "proxmox"),
             ListingVerdict::NotOurs(ref why) if why.contains("web-1")
         ));
-        assert!(matches!(
+        // pve-manager PVE/API2/Cluster.pm, `resources`, fills a VM's entry through
+        // PVE/API2Tools.pm `extract_vm_stats`, which takes name, status and template from the RRD
+        // data pvestatd broadcasts; without it (a VM created seconds ago, a node offline for
+        // minutes) the entry has only vmid/node/type, status "unknown", plus tags and lock from the
+        // config. A missing name proves nothing: the config decides.
+        assert_eq!(
             listing_ownership(None, &[], "req-1", "proxmox"),
-            ListingVerdict::NotOurs(_)
+            ListingVerdict::NeedsConfig
+        );
+        assert_eq!(
+            listing_ownership(None, &ours, "req-1", "proxmox"),
+            ListingVerdict::NeedsConfig
+        );
+    }
+
+    fn listed(json: serde_json::Value) -> VmResource {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn one_ownership_predicate_ignores_tag_case() {
+        // PVE lowercases tags unless datacenter.cfg `tag-style` sets case-sensitive (pve-manager
+        // and qemu-server store them through PVE::JSONSchema's tag list, lowercased by default):
+        // a provider ID with capitals comes back lowercased.
+        let vm = listed(serde_json::json!({
+            "vmid": 104, "node": "pve1", "name": "Req-1",
+            "tags": "omni-provider.my-proxmox;omni-request.req-1"
+        }));
+        assert!(listed_as_ours(&vm, Some("Req-1"), "My-Proxmox"));
+        assert!(listed_as_ours(&vm, None, "MY-PROXMOX"));
+        assert!(
+            !listed_as_ours(&vm, Some("req-1"), "My-Proxmox"),
+            "names are exact"
+        );
+        assert!(!listed_as_ours(&vm, None, "other"));
+        let template = listed(serde_json::json!({
+            "vmid": 9000, "node": "pve1", "name": "Req-1", "template": 1,
+            "tags": "omni-provider.my-proxmox"
+        }));
+        assert!(!listed_as_ours(&template, None, "My-Proxmox"));
+        assert!(owned_by_listing(
+            Some("Req-1"),
+            &["OMNI-PROVIDER.my-proxmox", "omni-request.req-1"],
+            "Req-1",
+            "My-Proxmox"
         ));
     }
 

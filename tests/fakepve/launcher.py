@@ -17,6 +17,7 @@
 import asyncio
 import json
 import sys
+import time
 
 from fakepve.model import PveError
 from fakepve.qemu import volume_ref
@@ -58,6 +59,42 @@ class LauncherPve(FakePve):
         if self.agent_default and vm is not None and vm.agent is None and agent_enabled(vm.config):
             vm.agent = {'interfaces': default_interfaces(vm.vmid)}
         return await super()._agent_call(match, values)
+
+    # --- VM lifecycle conformance: the listing's pvestatd lag (ops `listing_without_stats`,
+    # `stats_lag`). pve-manager PVE/API2/Cluster.pm `resources` builds each VM entry with
+    # PVE/API2Tools.pm `extract_vm_stats`, which takes name, status, template and the usage numbers
+    # from the RRD data pvestatd broadcasts (PVE/Service/pvestatd.pm); lock and tags come from the
+    # config. Without RRD data (a VM created seconds ago, every VM of a node offline for minutes) an
+    # entry has only id/vmid/node/type, status "unknown", and pool/tags/lock. fakepve always fills
+    # everything in.
+    stats_missing_vmids = None
+    stats_missing_nodes = None
+    stats_lag_secs = 0.0
+    _stats_first_seen = None
+
+    def _without_stats(self, item):
+        if item.get('type') != 'qemu':
+            return False
+        if item.get('vmid') in (self.stats_missing_vmids or ()) or item.get('node') in (self.stats_missing_nodes or ()):
+            return True
+        if not self.stats_lag_secs:
+            return False
+        seen = self._stats_first_seen.setdefault(item.get('vmid'), time.monotonic())
+        return time.monotonic() - seen < self.stats_lag_secs * (self.time_scale or 1)
+
+    async def _resources(self, request):
+        response = await super()._resources(request)
+        if self._stats_first_seen is None:
+            self._stats_first_seen = {}
+        if response.status != 200:
+            return response
+        data = json.loads(response.text).get('data') or []
+        for item in data:
+            if self._without_stats(item):
+                kept = {k: v for k, v in item.items() if k in ('id', 'vmid', 'node', 'type', 'pool', 'tags', 'lock', 'hastate')}
+                item.clear()
+                item.update(kept, status='unknown')
+        return ok(data)
 
     def _qm_free(self, volid):
         """Real PVE never frees an ISO image through a VM (destroy skips CD-ROM drives); fakepve 0.5.0
@@ -163,6 +200,21 @@ async def command(pve, cmd):
         pve.mappings = dict(pve.mappings or {}, **{cmd['kind']: cmd['mappings']})
     elif op == 'pools':
         return dict((name, sorted(members)) for name, members in pve.pools.items())
+    elif op == 'listing_without_stats':
+        # The listing shows these VMs (a `vmid`) or every VM of a `node` as pvestatd-less entries until
+        # called again with on=false.
+        attr = 'stats_missing_vmids' if 'vmid' in cmd else 'stats_missing_nodes'
+        key = cmd['vmid'] if 'vmid' in cmd else cmd['node']
+        current = set(getattr(pve, attr) or ())
+        if cmd.get('on', True):
+            current.add(key)
+        else:
+            current.discard(key)
+        setattr(pve, attr, current)
+    elif op == 'stats_lag':
+        # A VM's first `seconds` in the listing (from the first listing that shows it) go without stats.
+        pve.stats_lag_secs = float(cmd['seconds'])
+        pve._stats_first_seen = {vm.vmid: time.monotonic() - 1e9 for vm in pve.vms}
     elif op == 'ping':
         return 'pong'
     else:
