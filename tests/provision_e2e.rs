@@ -386,3 +386,47 @@ async fn ha_settings_register_the_vm_with_the_ha_manager() {
     assert!(registered, "HA resource registered");
     h.stop_controller().await;
 }
+
+/// pve-manager PVE/API2/Cluster.pm `resources` (through PVE/API2Tools.pm `extract_vm_stats`) lists a
+/// VM that pvestatd has not reported yet (created seconds ago) without name, template and with
+/// status "unknown"; tags come from the config. A crash right after the create leaves exactly such
+/// a VM at the recorded VMID: it must be identified from its config and adopted, never replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_vm_listed_without_name_is_adopted_not_replaced() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu",
+                         "status": 503, "message": "proxy went away"}),
+    );
+    h.request("nostats-1", "nostats", PINNED_PVE2);
+    h.wait_stage("nostats-1", Stage::Failed).await;
+    h.stop_controller().await;
+    let state = h.machine_state("nostats-1");
+    let reserved = state.spec.reserved_vmid;
+    assert!(reserved >= 100);
+
+    // The create went through after all, seconds before the restart: pvestatd has not seen it.
+    h.pve.control(json!({"op": "clear_failures"}));
+    let uuid = uuid::Uuid::parse_str(&state.spec.uuid).unwrap();
+    h.pve.control(json!({"op": "add_vm", "vmid": reserved, "name": "nostats-1", "node": "pve2",
+        "config": {"tags": "machine-request.nostats;omni-provider.proxmox;omni-request.nostats-1",
+                   "memory": 2048, "cores": 2, "agent": "enabled=1", "smbios1": format!("uuid={uuid}"),
+                   "description": "omni-provider-id: proxmox\nomni-machine-request: nostats-1\n"}}));
+    h.pve
+        .control(json!({"op": "listing_without_stats", "vmid": reserved}));
+    h.start_controller();
+    support::eventually(Duration::from_secs(30), "the VMID to be adopted", || {
+        let vmid = h.machine_state("nostats-1").spec.vmid;
+        async move { (vmid == reserved).then_some(()) }
+    })
+    .await;
+    h.pve
+        .control(json!({"op": "listing_without_stats", "vmid": reserved, "on": false}));
+    h.wait_stage("nostats-1", Stage::Provisioned).await;
+    let vms = h.vms_named("nostats-1");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(vms[0]["vmid"].as_i64(), Some(reserved as i64));
+    h.stop_controller().await;
+}

@@ -422,3 +422,41 @@ fn disk_storage(
         disk.size_gb
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listing(json: serde_json::Value) -> Vec<ClusterResource> {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn adoption_finds_our_vm_whatever_the_case_of_its_tags() {
+        // PVE stores tags lowercased by default: provider "Prox-A" finds "omni-provider.prox-a".
+        let resources = listing(serde_json::json!([
+            {"type": "qemu", "vmid": 104, "node": "pve1", "name": "Req-1",
+             "tags": "omni-provider.prox-a;omni-request.req-1"},
+            {"type": "qemu", "vmid": 105, "node": "pve1", "name": "Req-1", "template": 1,
+             "tags": "omni-provider.prox-a"}
+        ]));
+        let found = find_own_vm(&resources, "Req-1", "Prox-A").map(|vm| vm.vmid.get());
+        assert_eq!(found, Some(104));
+        assert!(find_own_vm(&resources, "Req-1", "other").is_none());
+    }
+
+    #[test]
+    fn a_recorded_vmid_listed_without_name_needs_its_config() {
+        // pve-manager PVE/API2Tools.pm extract_vm_stats: no RRD data yet, no name.
+        let resources = listing(serde_json::json!([
+            {"type": "qemu", "vmid": 104, "node": "pve1", "status": "unknown",
+             "tags": "omni-provider.proxmox"},
+            {"type": "qemu", "vmid": 105, "node": "pve1", "name": "other"}
+        ]));
+        let at = |id| unnamed_recorded_vm(&resources, VmId::new(id).ok()).map(|vm| vm.vmid.get());
+        assert_eq!(at(104), Some(104));
+        assert_eq!(at(105), None, "named: the listing decides");
+        assert_eq!(at(106), None);
+        assert_eq!(unnamed_recorded_vm(&resources, None).map(|v| v.vmid), None);
+    }
+}
