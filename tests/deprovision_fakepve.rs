@@ -728,3 +728,71 @@ async fn mixed_case_provider_and_request_ids_survive_lowercased_tags() {
     );
     assert_eq!(fake.vm(153), Value::Null);
 }
+
+/// qemu-server src/PVE/API2/Qemu.pm: `vm_shutdown` of an HA-managed VM (PVE::HA::Config::
+/// vm_is_ha_managed) only runs `ha-manager crm-command stop` in a `hastop` worker that ends at once,
+/// and `destroy_vm` refuses a running VM ("VM <id> is running - destroy failed"). The VM must leave
+/// HA first (pve-ha-manager src/PVE/API2/HA/Resources.pm `delete`), then be shut down, then destroyed,
+/// in one deprovision.
+#[tokio::test]
+async fn ha_managed_vm_leaves_ha_then_is_shut_down_and_destroyed() {
+    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    let target = provision(&pve, "req-ha", 154, "pve1", true).await;
+    pve.add_ha_resource(
+        vmid(154),
+        &omni_infra_provider_proxmox::proxmox::cluster::HaResource {
+            state: Some("started".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    fake.control(json!({"op": "reset_requests"}));
+
+    let (result, progress) = run(&pve, &target).await;
+    assert_eq!(
+        result.unwrap(),
+        DeprovisionOutcome::Deleted {
+            node: node("pve1"),
+            vmid: vmid(154)
+        },
+        "{progress:?}"
+    );
+    assert_eq!(fake.vm(154), Value::Null);
+    let seen = fake.requests();
+    let at = |m: &str, suffix: &str| {
+        seen.iter()
+            .rposition(|(method, p)| method == m && p.ends_with(suffix))
+            .unwrap_or_else(|| panic!("no {m} …{suffix}: {seen:?}"))
+    };
+    let removed = at("DELETE", "/cluster/ha/resources/vm:154");
+    let shutdown = at("POST", "/qemu/154/status/shutdown");
+    let destroyed = at("DELETE", "/nodes/pve1/qemu/154");
+    assert!(removed < shutdown && shutdown < destroyed, "{seen:?}");
+}
+
+/// The listing's status is what pvestatd last reported (up to ~10 s old): a VM listed as stopped may
+/// be running. qemu-server's `destroy_vm` then refuses ("VM <id> is running - destroy failed"): the
+/// deprovision shuts it down and destroys it again instead of failing.
+#[tokio::test]
+async fn destroy_refused_as_running_shuts_down_and_retries() {
+    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    let target = provision(&pve, "req-stale", 155, "pve2", true).await;
+    // pvestatd has not reported the start yet: the listing still says "stopped".
+    fake.control(json!({"op": "listing_status", "vmid": 155, "status": "stopped"}));
+    let (result, _) = run(&pve, &target).await;
+    assert_eq!(
+        result.unwrap(),
+        DeprovisionOutcome::Deleted {
+            node: node("pve2"),
+            vmid: vmid(155)
+        }
+    );
+    assert_eq!(fake.vm(155), Value::Null);
+}

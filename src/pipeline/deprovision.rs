@@ -210,6 +210,7 @@ impl DeprovisionError {
 pub enum Action {
     ReadConfig,
     ShutDown,
+    RemoveFromHa,
     Stop,
     Destroy,
 }
@@ -219,6 +220,7 @@ impl fmt::Display for Action {
         f.write_str(match self {
             Self::ReadConfig => "read the config of",
             Self::ShutDown => "shut down",
+            Self::RemoveFromHa => "take out of HA",
             Self::Stop => "stop",
             Self::Destroy => "destroy",
         })
@@ -577,50 +579,104 @@ async fn destroy(
             lock: lock.to_owned(),
         });
     }
+    if vm.status.as_deref() != Some("stopped")
+        && let Some(gone) = shut_down(pve, &node, vmid, options, progress).await?
+    {
+        return Ok(gone);
+    }
+    match destroy_once(pve, &node, vmid, options, progress).await {
+        // The listing's status is what pvestatd reported up to ~10 s ago (or the HA manager started
+        // the VM again meanwhile): qemu-server refuses to destroy a running VM, so shut it down and
+        // destroy again, once.
+        Err(DeprovisionError::Proxmox { source, .. }) if refused_as_running(&source) => {
+            tracing::info!(%vmid, %node, "destroy refused: the VM is running after all; shutting it down first");
+            if let Some(gone) = shut_down(pve, &node, vmid, options, progress).await? {
+                return Ok(gone);
+            }
+            destroy_once(pve, &node, vmid, options, progress).await
+        }
+        other => other,
+    }
+}
+
+/// Shuts the VM down (stopping it if the guest does not), taking it out of the HA manager first when
+/// it is HA-managed. `Some` when the VM turned out to be gone.
+///
+/// qemu-server src/PVE/API2/Qemu.pm, `vm_shutdown`: for an HA-managed VM the API only asks the HA
+/// manager to stop it (a `hastop` task that ends at once, the VM still running), and `destroy_vm`
+/// then refuses a running VM. So on a `hastop` task the VM leaves HA (it keeps running; the destroy's
+/// `purge` would have removed the resource anyway) and is shut down for real.
+async fn shut_down(
+    pve: &ProxmoxClient,
+    node: &NodeName,
+    vmid: VmId,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<Option<DeprovisionOutcome>, DeprovisionError> {
     let fail = |action, source| DeprovisionError::Proxmox {
         action,
         vmid,
         node: node.clone(),
         source,
     };
-
-    if vm.status.as_deref() != Some("stopped") {
-        let secs = u32::try_from(options.shutdown_timeout.as_secs()).unwrap_or(u32::MAX);
+    let secs = u32::try_from(options.shutdown_timeout.as_secs()).unwrap_or(u32::MAX);
+    progress(&format!(
+        "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
+    ));
+    let mut task = pve.shutdown_vm(node, vmid, secs, true).await;
+    if let Ok(upid) = &task
+        && upid.task_type() == "hastop"
+    {
         progress(&format!(
-            "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
+            "VM {vmid} is HA-managed: taking it out of HA so it can be shut down and destroyed"
         ));
-        let shutdown = match pve.shutdown_vm(&node, vmid, secs, true).await {
-            Ok(upid) => {
-                pve.wait_for_task(&upid, options.shutdown_timeout + options.task_timeout)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        match shutdown {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => return Ok(DeprovisionOutcome::AlreadyGone),
-            Err(e) if e.is_transient() => return Err(fail(Action::ShutDown, e)),
-            // Paused VMs refuse a shutdown, a guest can make it fail: power off instead.
-            Err(e) => {
-                tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
-                progress(&format!("stopping VM {vmid} on {node}"));
-                let stop = match pve.stop_vm(&node, vmid).await {
-                    Ok(upid) => pve.wait_for_task(&upid, options.task_timeout).await,
-                    Err(e) => Err(e),
-                };
-                match stop {
-                    Ok(_) => {}
-                    Err(e) if e.is_not_found() => return Ok(DeprovisionOutcome::AlreadyGone),
-                    Err(e) => return Err(fail(Action::Stop, e)),
-                }
+        match pve.remove_ha_resource(vmid).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => return Ok(Some(DeprovisionOutcome::AlreadyGone)),
+            Err(e) => return Err(fail(Action::RemoveFromHa, e)),
+        }
+        task = pve.shutdown_vm(node, vmid, secs, true).await;
+    }
+    let shutdown = match task {
+        Ok(upid) => {
+            pve.wait_for_task(&upid, options.shutdown_timeout + options.task_timeout)
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    match shutdown {
+        Ok(_) => Ok(None),
+        Err(e) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
+        Err(e) if e.is_transient() => Err(fail(Action::ShutDown, e)),
+        // Paused VMs refuse a shutdown, a guest can make it fail: power off instead.
+        Err(e) => {
+            tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
+            progress(&format!("stopping VM {vmid} on {node}"));
+            let stop = match pve.stop_vm(node, vmid).await {
+                Ok(upid) => pve.wait_for_task(&upid, options.task_timeout).await,
+                Err(e) => Err(e),
+            };
+            match stop {
+                Ok(_) => Ok(None),
+                Err(e) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
+                Err(e) => Err(fail(Action::Stop, e)),
             }
         }
     }
+}
 
+/// One destroy call, with its disks, waited for.
+async fn destroy_once(
+    pve: &ProxmoxClient,
+    node: &NodeName,
+    vmid: VmId,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<DeprovisionOutcome, DeprovisionError> {
     progress(&format!("destroying VM {vmid} on {node} with its disks"));
     let destroyed = match pve
         .delete_vm(
-            &node,
+            node,
             vmid,
             DeleteRequest {
                 purge: true,
@@ -633,9 +689,30 @@ async fn destroy(
         Err(e) => Err(e),
     };
     match destroyed {
-        Ok(_) => Ok(DeprovisionOutcome::Deleted { node, vmid }),
+        Ok(_) => Ok(DeprovisionOutcome::Deleted {
+            node: node.clone(),
+            vmid,
+        }),
         Err(e) if e.is_not_found() || task_says_gone(&e) => Ok(DeprovisionOutcome::AlreadyGone),
-        Err(e) => Err(fail(Action::Destroy, e)),
+        Err(source) => Err(DeprovisionError::Proxmox {
+            action: Action::Destroy,
+            vmid,
+            node: node.clone(),
+            source,
+        }),
+    }
+}
+
+/// qemu-server src/PVE/API2/Qemu.pm, `destroy_vm`'s early check: "VM <id> is running - destroy
+/// failed".
+fn refused_as_running(e: &ProxmoxError) -> bool {
+    match e {
+        ProxmoxError::Api { message, .. }
+        | ProxmoxError::TaskFailed {
+            exit_status: message,
+            ..
+        } => message.contains("is running - destroy failed"),
+        _ => false,
     }
 }
 

@@ -52,7 +52,51 @@ class LauncherPve(FakePve):
                             for m in self.mappings.get(kind, [])]
             if answer is not None:
                 return ok(await self.answer(request, match, await params(request), request[USER], call=answer))
+        ha = await self._ha_resources(request, match)
+        if ha is not None:
+            return ha
         return await super()._generic(request)
+
+    # --- VM lifecycle conformance: HA resources that are really HA-managed VMs. fakepve answers
+    # /cluster/ha/resources generically and stores nothing, so a VM registered there never became
+    # HA-managed. pve-ha-manager src/PVE/API2/HA/Resources.pm: `create` refuses a sid already
+    # defined, `delete` refuses a sid that is not HA-managed ("cannot delete service '<sid>', not HA
+    # managed!") and otherwise removes it from the config, leaving the VM as it is.
+    async def _ha_resources(self, request, match):
+        if match is None or match.template not in ('/cluster/ha/resources', '/cluster/ha/resources/{sid}'):
+            return None
+        if request.method not in ('POST', 'DELETE'):
+            return None
+        values = dict(await params(request))
+        values.update(match.params)
+        sid = str(values.get('sid', ''))
+        vmid = sid.split(':', 1)[1] if sid.startswith('vm:') else sid
+        vm = self.guest(int(vmid)) if vmid.isdigit() else None
+        if vm is None:
+            return None
+        if request.method == 'POST' and vm.ha_managed:
+            raise PveError(500, "resource ID '{0}' already defined".format(sid))
+        if request.method == 'DELETE' and not vm.ha_managed:
+            raise PveError(500, "cannot delete service '{0}', not HA managed!".format(sid))
+        response = await super()._generic(request)
+        if response.status == 200:
+            vm.ha_state = values.get('state', 'started') if request.method == 'POST' else None
+        return response
+
+    # qemu-server src/PVE/API2/Qemu.pm, `vm_shutdown`/`vm_stop`: for an HA-managed VM the API only runs
+    # `ha-manager crm-command stop` in a `hastop` worker, which ends at once; the CRM stops the VM
+    # later, on its own schedule. fakepve stops the VM inside that task when time_scale is 0; here
+    # it stays running (the CRM has not acted yet) unless `ha_stop_applies` is set.
+    ha_stop_applies = False
+
+    async def _ha_request(self, vm, user, state):
+        if state != 'stopped' or self.ha_stop_applies:
+            return await super()._ha_request(vm, user, state)
+
+        async def body():
+            return None
+        return await self.task(vm.node, 'hastop', vm.vmid, user, body, lock=False,
+                               log=['Requesting HA stop for VM {0}'.format(vm.vmid)])
 
     async def _agent_call(self, match, values):
         vm = self.find(values['node'], values['vmid'])
@@ -70,6 +114,8 @@ class LauncherPve(FakePve):
     stats_missing_vmids = None
     stats_missing_nodes = None
     stats_lag_secs = 0.0
+    # VMID -> the status pvestatd last reported (~10 s stale on real PVE), shown instead of the real one.
+    stats_stale_status = None
     _stats_first_seen = None
 
     def _without_stats(self, item):
@@ -90,6 +136,8 @@ class LauncherPve(FakePve):
             return response
         data = json.loads(response.text).get('data') or []
         for item in data:
+            if item.get('type') == 'qemu' and item.get('vmid') in (self.stats_stale_status or {}):
+                item['status'] = self.stats_stale_status[item['vmid']]
             if self._without_stats(item):
                 kept = {k: v for k, v in item.items() if k in ('id', 'vmid', 'node', 'type', 'pool', 'tags', 'lock', 'hastate')}
                 item.clear()
@@ -211,6 +259,14 @@ async def command(pve, cmd):
         else:
             current.discard(key)
         setattr(pve, attr, current)
+    elif op == 'listing_status':
+        # The listing shows `status` for `vmid` (pvestatd's stale view) until called with status null.
+        stale = dict(pve.stats_stale_status or {})
+        if cmd.get('status') is None:
+            stale.pop(cmd['vmid'], None)
+        else:
+            stale[cmd['vmid']] = cmd['status']
+        pve.stats_stale_status = stale
     elif op == 'stats_lag':
         # A VM's first `seconds` in the listing (from the first listing that shows it) go without stats.
         pve.stats_lag_secs = float(cmd['seconds'])
