@@ -796,3 +796,30 @@ async fn destroy_refused_as_running_shuts_down_and_retries() {
     );
     assert_eq!(fake.vm(155), Value::Null);
 }
+
+/// qemu-server src/PVE/QemuServer.pm `destroy_vm` with `destroy-unreferenced-disks`: after freeing the
+/// referenced disks it lists every image storage (PVE::Storage::vdisk_list), and an offline one
+/// fails the task before the config is removed. An unrelated storage being down must not keep the
+/// VM alive.
+#[tokio::test]
+async fn an_offline_image_storage_elsewhere_does_not_block_the_destroy() {
+    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    let target = provision(&pve, "req-nfsdown", 156, "pve1", false).await;
+    fake.control(json!({"op": "set_storage", "name": "shared-nfs", "options": {"active": 0}}));
+    let (result, _) = run(&pve, &target).await;
+    assert_eq!(
+        result.unwrap(),
+        DeprovisionOutcome::Deleted {
+            node: node("pve1"),
+            vmid: vmid(156)
+        }
+    );
+    assert_eq!(fake.vm(156), Value::Null);
+    assert!(
+        disks_of(&mut fake, 156).is_empty(),
+        "referenced disks freed"
+    );
+}

@@ -584,7 +584,7 @@ async fn destroy(
     {
         return Ok(gone);
     }
-    match destroy_once(pve, &node, vmid, options, progress).await {
+    match destroy_tolerating_offline_storage(pve, &node, vmid, options, progress).await {
         // The listing's status is what pvestatd reported up to ~10 s ago (or the HA manager started
         // the VM again meanwhile): qemu-server refuses to destroy a running VM, so shut it down and
         // destroy again, once.
@@ -593,9 +593,46 @@ async fn destroy(
             if let Some(gone) = shut_down(pve, &node, vmid, options, progress).await? {
                 return Ok(gone);
             }
-            destroy_once(pve, &node, vmid, options, progress).await
+            destroy_tolerating_offline_storage(pve, &node, vmid, options, progress).await
         }
         other => other,
+    }
+}
+
+/// Destroys with `destroy-unreferenced-disks` (a disk Proxmox lost track of goes too), and when an
+/// offline storage makes that fail, again without it.
+///
+/// qemu-server src/PVE/QemuServer.pm, `destroy_vm`: the referenced disks are freed first; then the
+/// unreferenced-disk search lists every image storage of the cluster, and one that is offline fails
+/// the task before the config is removed. Retried as is, the destroy would fail for as long as any
+/// storage anywhere is down. The second call destroys the VM (its referenced disks are already
+/// gone); a leftover on the offline storage is logged.
+async fn destroy_tolerating_offline_storage(
+    pve: &ProxmoxClient,
+    node: &NodeName,
+    vmid: VmId,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    match destroy_once(pve, node, vmid, true, options, progress).await {
+        Err(DeprovisionError::Proxmox { source, .. }) if storage_offline(&source) => {
+            tracing::warn!(%vmid, %node, error = %source,
+                "destroy with the search for unreferenced disks failed on an offline storage; destroying without it (a disk of this VM on that storage may be left behind)");
+            destroy_once(pve, node, vmid, false, options, progress).await
+        }
+        other => other,
+    }
+}
+
+/// A task or answer saying a storage is not online (pve-storage's `activate_storage`).
+fn storage_offline(e: &ProxmoxError) -> bool {
+    match e {
+        ProxmoxError::Api { message, .. }
+        | ProxmoxError::TaskFailed {
+            exit_status: message,
+            ..
+        } => message.contains("storage '") && message.contains("is not online"),
+        _ => false,
     }
 }
 
@@ -670,6 +707,7 @@ async fn destroy_once(
     pve: &ProxmoxClient,
     node: &NodeName,
     vmid: VmId,
+    destroy_unreferenced_disks: bool,
     options: &DeprovisionOptions,
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
@@ -680,7 +718,7 @@ async fn destroy_once(
             vmid,
             DeleteRequest {
                 purge: true,
-                destroy_unreferenced_disks: true,
+                destroy_unreferenced_disks,
             },
         )
         .await

@@ -19,8 +19,8 @@ import json
 import sys
 import time
 
-from fakepve.model import PveError
-from fakepve.qemu import volume_ref
+from fakepve.model import PveError, TaskError
+from fakepve.qemu import drives_of, volume_ref
 from fakepve.server import GENERIC, USER, FakePve, ok, params
 
 
@@ -143,6 +143,32 @@ class LauncherPve(FakePve):
                 item.clear()
                 item.update(kept, status='unknown')
         return ok(data)
+
+    # --- VM lifecycle conformance: `destroy-unreferenced-disks` with an image storage offline.
+    # qemu-server src/PVE/QemuServer.pm `destroy_vm`: the disks the config references are freed
+    # first (failures only warned about), then with purge_unreferenced `PVE::Storage::vdisk_list`
+    # walks every image storage, and one that is not online dies, failing the task before the config
+    # is removed: the VM stays, and every retry with the flag fails the same way. fakepve skips
+    # offline storages silently.
+    async def _qm_destroy(self, v, user):
+        unreferenced = str(v.get('destroy-unreferenced-disks', '0')) in ('1', 'true')
+        offline = sorted(sid for sid, store in self.storages.items()
+                         if not store.get('active', 1) and 'images' in str(store.get('content', 'images')))
+        if not unreferenced or not offline:
+            return await super()._qm_destroy(v, user)
+        vm = self.find(v['node'], v['vmid'])
+        self._qm_check_protection(vm, "can't remove VM {0}".format(vm.vmid))
+        if vm.status == 'running':
+            raise PveError(500, 'VM {0} is running - destroy failed'.format(vm.vmid))
+
+        async def body():
+            for _key, volume, _props in drives_of(vm.config):
+                try:
+                    self._qm_free(volume)
+                except Exception:  # noqa: BLE001 - PVE only warns here
+                    pass
+            raise TaskError("storage '{0}' is not online".format(offline[0]))
+        return await self.task(vm.node, 'qmdestroy', vm.vmid, user, body, vm=vm)
 
     def _qm_free(self, volid):
         """Real PVE never frees an ISO image through a VM (destroy skips CD-ROM drives); fakepve 0.5.0
