@@ -430,3 +430,48 @@ async fn a_recorded_vm_listed_without_name_is_adopted_not_replaced() {
     assert_eq!(vms[0]["vmid"].as_i64(), Some(reserved as i64));
     h.stop_controller().await;
 }
+
+/// qemu-server src/PVE/API2/Qemu.pm `update_vm` (through PVE::QemuServer::Network's `parse_net`): a
+/// NIC given without a MAC gets a new random one at every call (and `<storage>:<GiB>` allocates a new
+/// disk). The clone's config update must keep what the clone already has, so that neither the
+/// client's replay of a lost answer nor the step's retry changes the MAC (a new DHCP lease, a new
+/// machine for anything keyed on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_configure_answer_keeps_the_clones_mac() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    // Stop right after the clone (the seed upload fails), to read the MAC the clone was given.
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/storage/local/upload",
+                         "status": 500, "message": "not now"}),
+    );
+    h.pve
+        .control(json!({"op": "lose_answer", "method": "PUT", "suffix": "/config", "times": 1}));
+    h.request(
+        "clone-lost",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\n",
+    );
+    h.wait_stage("clone-lost", Stage::Failed).await;
+    let cloned = h.vms_named("clone-lost");
+    assert_eq!(cloned.len(), 1, "{cloned:?}");
+    let mac = |net0: &serde_json::Value| {
+        net0.as_str()
+            .and_then(|v| v.split(',').next())
+            .and_then(|m| m.split_once('='))
+            .map(|(_, mac)| mac.to_ascii_uppercase())
+    };
+    let cloned_mac = mac(&cloned[0]["config"]["net0"]).expect("the clone has a MAC");
+    h.pve.control(json!({"op": "clear_failures"}));
+    h.wait_stage("clone-lost", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-lost");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(
+        mac(&vms[0]["config"]["net0"]),
+        Some(cloned_mac),
+        "{:?}",
+        vms[0]["config"]
+    );
+    h.stop_controller().await;
+}

@@ -43,11 +43,24 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         boot_volume.as_deref().map(volume_part),
     )
     .map_err(|e| StepError::Config(format!("cannot build the VM configuration: {e}")))?;
+    // A retry of this step (the first answer lost, a crash) must not allocate disks or MACs again.
+    let params = vm_config::without_repeated_allocations(params, &current);
     let doing = format!("configuring VM {vmid} on {node}");
     ctx.report(doing.clone()).await;
-    pve.update_vm_config(&node, vmid, params)
-        .await
-        .map_err(StepError::proxmox(doing))?;
+    if params.iter().any(|(k, v)| vm_config::allocates(k, v)) {
+        // Never replayed by the client: a second delivery would allocate a second time.
+        let task = pve
+            .update_vm_config_async(&node, vmid, params)
+            .await
+            .map_err(StepError::proxmox(doing.clone()))?;
+        pve.wait_for_task(&task, ctx.services.timeouts.task)
+            .await
+            .map_err(StepError::proxmox(doing))?;
+    } else {
+        pve.update_vm_config(&node, vmid, params)
+            .await
+            .map_err(StepError::proxmox(doing))?;
+    }
 
     let wanted_gb = ctx.data.disk_size_gb;
     let current_gb = boot_volume.as_deref().and_then(size_gb).unwrap_or(0);

@@ -470,6 +470,82 @@ pub fn render_after_clone(
     Ok(out)
 }
 
+/// Whether a config value makes Proxmox allocate something new each time it is applied: a drive given
+/// as `<storage>:<size in GiB>` (a new volume; qemu-server src/PVE/API2/Qemu.pm, `update_vm` →
+/// `create_disks`), or a NIC without a MAC (PVE generates a random one). Such an update must never
+/// be replayed blindly.
+pub fn allocates(key: &str, value: &str) -> bool {
+    let first = value.split(',').next().unwrap_or(value).trim();
+    if is_nic_key(key) {
+        return !first.contains('=') && !value.contains("macaddr=");
+    }
+    if !is_drive_key(key) {
+        return false;
+    }
+    match first.split_once(':') {
+        Some((storage, size)) => {
+            !storage.is_empty()
+                && !size.is_empty()
+                && size.chars().all(|c| c.is_ascii_digit() || c == '.')
+        }
+        None => false,
+    }
+}
+
+fn is_nic_key(key: &str) -> bool {
+    key.strip_prefix("net")
+        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+fn is_drive_key(key: &str) -> bool {
+    ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"]
+        .iter()
+        .any(|prefix| {
+            key.strip_prefix(prefix)
+                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        })
+}
+
+/// Makes a config update safe to apply a second time (a step retried after an answer that was lost
+/// on the way back): a drive slot the VM already has keeps its volume instead of allocating another
+/// one, and a NIC the VM already has keeps its MAC. Everything else is an absolute value and is
+/// sent as is.
+pub fn without_repeated_allocations(
+    params: Vec<(String, String)>,
+    current: &crate::proxmox::types::VmConfig,
+) -> Vec<(String, String)> {
+    params
+        .into_iter()
+        .filter_map(|(key, value)| {
+            if !allocates(&key, &value) {
+                return Some((key, value));
+            }
+            let existing = current.get(&key)?;
+            if is_drive_key(&key) {
+                // Already allocated by the first attempt: keep it.
+                return None;
+            }
+            let mac = existing
+                .split(',')
+                .next()
+                .and_then(|model| model.split_once('='))
+                .map(|(_, mac)| mac.to_owned());
+            match mac {
+                Some(mac) => {
+                    let (model, rest) = value.split_once(',').unwrap_or((value.as_str(), ""));
+                    let with_mac = if rest.is_empty() {
+                        format!("{model}={mac}")
+                    } else {
+                        format!("{model}={mac},{rest}")
+                    };
+                    Some((key, with_mac))
+                }
+                None => Some((key, value)),
+            }
+        })
+        .collect()
+}
+
 /// `PUT /nodes/{node}/qemu/{vmid}/resize` parameters growing the cloned boot disk to `disk_size`.
 pub fn boot_disk_resize(data: &ProviderData) -> [(String, String); 2] {
     [
@@ -812,6 +888,45 @@ mod tests {
         assert_eq!(
             listing_ownership(None, &ours, "req-1", "proxmox"),
             ListingVerdict::NeedsConfig
+        );
+    }
+
+    #[test]
+    fn a_config_update_never_allocates_twice() {
+        // qemu-server src/PVE/API2/Qemu.pm `update_vm`: `<storage>:<GiB>` creates a new volume and a
+        // NIC without MAC gets a fresh random one, at every call.
+        assert!(allocates("scsi1", "local-lvm:2,iothread=1"));
+        assert!(allocates("efidisk0", "local-lvm:1,efitype=4m"));
+        assert!(!allocates("scsi1", "local-lvm:vm-104-disk-1,size=2G"));
+        assert!(!allocates("ide3", "local:iso/omni-seed-r.iso,media=cdrom"));
+        assert!(allocates("net0", "virtio,bridge=vmbr0"));
+        assert!(!allocates("net0", "virtio=BC:24:11:00:00:01,bridge=vmbr0"));
+        assert!(!allocates("cores", "2"));
+
+        let current: crate::proxmox::types::VmConfig = serde_json::from_value(serde_json::json!({
+            "scsi1": "local-lvm:vm-104-disk-1,size=2G",
+            "net0": "virtio=BC:24:11:AA:BB:CC,bridge=vmbr0"
+        }))
+        .unwrap();
+        let params = vec![
+            ("cores".to_string(), "2".to_string()),
+            ("scsi1".into(), "local-lvm:2,iothread=1".into()),
+            ("scsi2".into(), "local-lvm:3".into()),
+            ("net0".into(), "virtio,bridge=vmbr1,firewall=1".into()),
+            ("net1".into(), "virtio,bridge=vmbr0".into()),
+        ];
+        let again = without_repeated_allocations(params, &current);
+        assert_eq!(
+            again,
+            [
+                ("cores".to_string(), "2".to_string()),
+                ("scsi2".into(), "local-lvm:3".into()),
+                (
+                    "net0".into(),
+                    "virtio=BC:24:11:AA:BB:CC,bridge=vmbr1,firewall=1".into()
+                ),
+                ("net1".into(), "virtio,bridge=vmbr0".into()),
+            ]
         );
     }
 

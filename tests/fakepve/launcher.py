@@ -21,7 +21,7 @@ import time
 
 from fakepve.model import PveError, TaskError
 from fakepve.qemu import drives_of, volume_ref
-from fakepve.server import GENERIC, USER, FakePve, ok, params
+from fakepve.server import GENERIC, USER, FakePve, error, ok, params
 
 
 class LauncherPve(FakePve):
@@ -170,6 +170,23 @@ class LauncherPve(FakePve):
             raise TaskError("storage '{0}' is not online".format(offline[0]))
         return await self.task(vm.node, 'qmdestroy', vm.vmid, user, body, vm=vm)
 
+    # --- VM lifecycle conformance: an answer lost after the change was applied (a proxy timing out,
+    # a connection reset), op `lose_answer` {method, suffix, times}. fakepve's `fail` refuses before
+    # applying; on a real cluster the change is often made and only the answer is lost.
+    lost_answers = None
+
+    async def _answer(self, request, handler, generic, path_node):
+        response = await super()._answer(request, handler, generic, path_node)
+        for key, times in list((self.lost_answers or {}).items()):
+            if request.method != key[0] or not request.path.endswith(key[1]) or response.status != 200:
+                continue
+            if times <= 1:
+                del self.lost_answers[key]
+            else:
+                self.lost_answers[key] = times - 1
+            return error(502, 'Bad Gateway (fakepve: the change was applied, its answer lost)')
+        return response
+
     def _qm_free(self, volid):
         """Real PVE never frees an ISO image through a VM (destroy skips CD-ROM drives); fakepve 0.5.0
         frees every drive's volume, which would make "the seed ISO was deleted" pass by itself."""
@@ -285,6 +302,10 @@ async def command(pve, cmd):
         else:
             current.discard(key)
         setattr(pve, attr, current)
+    elif op == 'lose_answer':
+        lost = dict(pve.lost_answers or {})
+        lost[(cmd['method'], cmd['suffix'])] = int(cmd.get('times', 1))
+        pve.lost_answers = lost
     elif op == 'listing_status':
         # The listing shows `status` for `vmid` (pvestatd's stale view) until called with status null.
         stale = dict(pve.stats_stale_status or {})
