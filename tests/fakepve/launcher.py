@@ -20,7 +20,7 @@ import sys
 import time
 
 from fakepve.model import PveError, TaskError
-from fakepve.qemu import drives_of, volume_ref
+from fakepve.qemu import drives_of, volume_ref, with_mac
 from fakepve.server import GENERIC, USER, FakePve, error, ok, params
 
 
@@ -174,6 +174,15 @@ class LauncherPve(FakePve):
     # a connection reset), op `lose_answer` {method, suffix, times}. fakepve's `fail` refuses before
     # applying; on a real cluster the change is often made and only the answer is lost.
     lost_answers = None
+
+    # qemu-server src/PVE/API2/Qemu.pm `update_vm` parses every netN through parse_net, which makes
+    # up a MAC when none is given: a config update without MAC changes the NIC's MAC. fakepve keeps
+    # the value as sent.
+    async def _apply_config(self, vm, user, p):
+        for key in list(p):
+            if key.startswith('net') and key[3:].isdigit() and p[key]:
+                p[key] = with_mac(str(p[key]))
+        return await super()._apply_config(vm, user, p)
 
     async def _answer(self, request, handler, generic, path_node):
         response = await super()._answer(request, handler, generic, path_node)
