@@ -475,3 +475,40 @@ async fn a_lost_configure_answer_keeps_the_clones_mac() {
     );
     h.stop_controller().await;
 }
+
+/// A template made by hand may boot from `virtio0` (qemu-server's `boot: order=` names the devices
+/// in boot order; the clone copies it). Clone mode must keep that disk first in the boot order and
+/// grow that disk, not a `scsi0` the VM does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_booting_from_virtio0_is_cloned_grown_and_booted_from_virtio0() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 9001, "name": "talos-virtio", "node": "pve1",
+        "template": true,
+        "config": {"memory": 2048, "cores": 2, "agent": "1",
+                   "virtio0": "local-lvm:base-9001-disk-0,size=8G",
+                   "boot": "order=virtio0;net0",
+                   "net0": "virtio=BC:24:11:00:00:02,bridge=vmbr0"}}),
+    );
+    h.request(
+        "clone-virtio",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9001\n",
+    );
+    h.wait_stage("clone-virtio", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-virtio");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let config = &vms[0]["config"];
+    assert_eq!(config["boot"], json!("order=virtio0;net0"), "{config}");
+    assert!(
+        config["virtio0"]
+            .as_str()
+            .unwrap_or("")
+            .contains("size=16G"),
+        "{config}"
+    );
+    assert!(config.get("scsi0").is_none(), "{config}");
+    h.stop_controller().await;
+}

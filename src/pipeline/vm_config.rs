@@ -453,21 +453,85 @@ pub fn render_after_clone(
     data: &ProviderData,
     identity: &VmIdentity<'_>,
     target: &VmTarget,
-    cloned_boot_volume: Option<&str>,
+    cloned_boot: Option<&BootDisk>,
 ) -> Result<Vec<(String, String)>, RenderError> {
     let mut out = Vec::new();
     common(data, identity, target, &mut out)?;
-    if let Some(volume) = cloned_boot_volume
+    let slot = cloned_boot.map_or("scsi0", |b| b.slot.as_str());
+    if let Some(boot) = cloned_boot
         && data.disk != DiskOptions::default()
-        && let Ok(disk) = ExistingDisk::new(volume, data.disk)
+        && let Ok(disk) = ExistingDisk::new(boot.volume(), data.disk)
     {
-        out.push(("scsi0".into(), disk.render()));
+        out.push((boot.slot.clone(), disk.render()));
     }
-    out.push((
-        "boot".into(),
-        property::boot_order(&[Slot::Scsi(0), Slot::Net(0)]),
-    ));
+    out.push(("boot".into(), format!("order={slot};{}", Slot::Net(0))));
     Ok(out)
+}
+
+/// The boot disk a clone inherited from its template: its slot (`scsi0`, `virtio0`, `sata0`, …) and
+/// drive value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootDisk {
+    pub slot: String,
+    pub drive: String,
+}
+
+impl BootDisk {
+    /// The volume part of the drive (`local-lvm:vm-104-disk-0`).
+    pub fn volume(&self) -> &str {
+        self.drive.split(',').next().unwrap_or(&self.drive)
+    }
+
+    /// Finds it in a config copied from a template: the first disk of `boot: order=…` that is not a
+    /// CD-ROM, else the legacy `bootdisk`, else the first disk among scsi, virtio, sata and ide
+    /// slots. A template made by hand may boot from `virtio0` or `sata0`; assuming `scsi0` would
+    /// set a boot order without the disk and resize a disk that does not exist.
+    pub fn of(config: &crate::proxmox::types::VmConfig) -> Option<BootDisk> {
+        let disk = |slot: &str| {
+            config
+                .get(slot)
+                .filter(|d| is_drive_key(slot) && !is_cdrom(d))
+                .map(|drive| BootDisk {
+                    slot: slot.to_owned(),
+                    drive,
+                })
+        };
+        let order = config.get("boot").and_then(|b| {
+            b.split(',')
+                .find_map(|p| p.trim().strip_prefix("order=").map(str::to_owned))
+        });
+        if let Some(found) = order
+            .iter()
+            .flat_map(|o| o.split(';'))
+            .find_map(|slot| disk(slot.trim()))
+        {
+            return Some(found);
+        }
+        if let Some(found) = config.get("bootdisk").and_then(|s| disk(&s)) {
+            return Some(found);
+        }
+        let mut slots: Vec<(usize, u32, &String)> = config
+            .0
+            .keys()
+            .filter_map(|k| {
+                let rank = ["scsi", "virtio", "sata", "ide"]
+                    .iter()
+                    .position(|p| k.starts_with(p))?;
+                let n: u32 = k
+                    .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                    .parse()
+                    .ok()?;
+                Some((rank, n, k))
+            })
+            .collect();
+        slots.sort();
+        slots.into_iter().find_map(|(_, _, k)| disk(k))
+    }
+}
+
+fn is_cdrom(drive: &str) -> bool {
+    let first = drive.split(',').next().unwrap_or(drive);
+    first == "none" || first == "cdrom" || drive.split(',').any(|p| p.trim() == "media=cdrom")
 }
 
 /// Whether a config value makes Proxmox allocate something new each time it is applied: a drive given
@@ -546,10 +610,11 @@ pub fn without_repeated_allocations(
         .collect()
 }
 
-/// `PUT /nodes/{node}/qemu/{vmid}/resize` parameters growing the cloned boot disk to `disk_size`.
-pub fn boot_disk_resize(data: &ProviderData) -> [(String, String); 2] {
+/// `PUT /nodes/{node}/qemu/{vmid}/resize` parameters growing the cloned boot disk (in `slot`) to
+/// `disk_size`.
+pub fn boot_disk_resize(data: &ProviderData, slot: &str) -> [(String, String); 2] {
     [
-        ("disk".into(), "scsi0".into()),
+        ("disk".into(), slot.to_owned()),
         ("size".into(), format!("{}G", data.disk_size_gb)),
     ]
 }
@@ -736,8 +801,11 @@ mod tests {
         let d = data("boot: clone\ntemplate: 9000\ndisk_ssd: true\npool: omni\n");
         let mut t = target(0);
         t.boot_iso = None;
-        let params =
-            render_after_clone(&d, &identity(), &t, Some("local-lvm:vm-104-disk-0")).unwrap();
+        let boot = BootDisk {
+            slot: "scsi0".into(),
+            drive: "local-lvm:vm-104-disk-0,size=8G".into(),
+        };
+        let params = render_after_clone(&d, &identity(), &t, Some(&boot)).unwrap();
         assert_eq!(get(&params, "scsi0"), Some("local-lvm:vm-104-disk-0,ssd=1"));
         assert_eq!(get(&params, "boot"), Some("order=scsi0;net0"));
         for absent in ["vmid", "name", "pool", "ide2", "efidisk0"] {
@@ -747,7 +815,7 @@ mod tests {
             get(&params, "ide3"),
             Some("local:iso/omni-seed-req-1.iso,media=cdrom")
         );
-        assert_eq!(boot_disk_resize(&d)[1].1, "20G");
+        assert_eq!(boot_disk_resize(&d, "scsi0")[1].1, "20G");
         let clone = clone_params(&d, &identity(), 104, "pve2", &t.storage);
         assert_eq!(get(&clone, "pool"), Some("omni"));
         assert_eq!(get(&clone, "target"), Some("pve2"));
@@ -889,6 +957,40 @@ mod tests {
             listing_ownership(None, &ours, "req-1", "proxmox"),
             ListingVerdict::NeedsConfig
         );
+    }
+
+    #[test]
+    fn the_boot_disk_comes_from_the_templates_config() {
+        let config = |json: serde_json::Value| -> crate::proxmox::types::VmConfig {
+            serde_json::from_value(json).unwrap()
+        };
+        // qemu-server: `boot: order=` lists devices in boot order (CD-ROMs and NICs too); older
+        // configs use `bootdisk`.
+        let virtio = config(serde_json::json!({
+            "ide2": "local:iso/talos.iso,media=cdrom",
+            "virtio0": "local-lvm:vm-104-disk-0,size=8G",
+            "scsi1": "local-lvm:vm-104-disk-1,size=2G",
+            "boot": "order=ide2;virtio0;net0"
+        }));
+        let found = BootDisk::of(&virtio).unwrap();
+        assert_eq!(found.slot, "virtio0");
+        assert_eq!(found.volume(), "local-lvm:vm-104-disk-0");
+        let legacy = config(serde_json::json!({
+            "sata0": "local-lvm:vm-104-disk-0,size=8G", "bootdisk": "sata0"
+        }));
+        assert_eq!(BootDisk::of(&legacy).unwrap().slot, "sata0");
+        let bare = config(serde_json::json!({
+            "ide0": "local-lvm:vm-104-disk-1,size=8G",
+            "ide2": "none,media=cdrom",
+            "virtio1": "local-lvm:vm-104-disk-0,size=8G"
+        }));
+        assert_eq!(BootDisk::of(&bare).unwrap().slot, "virtio1");
+        let d = data("boot: clone\ntemplate: 9000\n");
+        let mut t = target(0);
+        t.boot_iso = None;
+        let params = render_after_clone(&d, &identity(), &t, Some(&found)).unwrap();
+        assert_eq!(get(&params, "boot"), Some("order=virtio0;net0"));
+        assert_eq!(boot_disk_resize(&d, &found.slot)[0].1, "virtio0");
     }
 
     #[test]

@@ -55,6 +55,9 @@ class LauncherPve(FakePve):
         ha = await self._ha_resources(request, match)
         if ha is not None:
             return ha
+        resized = await self._qm_resize(request, match)
+        if resized is not None:
+            return resized
         return await super()._generic(request)
 
     # --- VM lifecycle conformance: HA resources that are really HA-managed VMs. fakepve answers
@@ -81,6 +84,27 @@ class LauncherPve(FakePve):
         response = await super()._generic(request)
         if response.status == 200:
             vm.ha_state = values.get('state', 'started') if request.method == 'POST' else None
+        return response
+
+    # --- VM lifecycle conformance: qemu resize. fakepve answers it generically (any disk, nothing
+    # changes); qemu-server src/PVE/API2/Qemu.pm `resize_vm` refuses a disk the config does not have
+    # ("disk '<disk>' does not exist") or a CD-ROM, and records the new size in the drive.
+    async def _qm_resize(self, request, match):
+        if match is None or match.template != '/nodes/{node}/qemu/{vmid}/resize' or request.method != 'PUT':
+            return None
+        values = dict(await params(request))
+        vm = self.find(match.params['node'], int(match.params['vmid']))
+        disk = str(values.get('disk', ''))
+        drive = vm.config.get(disk)
+        if not drive:
+            raise PveError(500, "disk '{0}' does not exist".format(disk))
+        if 'media=cdrom' in str(drive):
+            raise PveError(500, "you can't resize a cdrom")
+        size = str(values.get('size', ''))
+        response = await super()._generic(request)
+        if response.status == 200 and not size.startswith('+'):
+            parts = [p for p in str(drive).split(',') if not p.startswith('size=')]
+            vm.config[disk] = ','.join(parts + ['size=' + size])
         return response
 
     # qemu-server src/PVE/API2/Qemu.pm, `vm_shutdown`/`vm_stop`: for an HA-managed VM the API only runs
@@ -283,7 +307,7 @@ async def command(pve, cmd):
         return [vm_view(vm) for vm in pve.vms]
     elif op == 'add_vm':
         vm = pve.add_vm(cmd['vmid'], cmd['name'], node=cmd.get('node', 'pve1'), status=cmd.get('status', 'stopped'),
-                        config=cmd.get('config', {}))
+                        config=cmd.get('config', {}), template=cmd.get('template', False))
         return vm_view(vm)
     elif op == 'remove_vm':
         pve.vms = [vm for vm in pve.vms if vm.vmid != cmd['vmid']]
