@@ -584,7 +584,10 @@ pub fn without_repeated_allocations(
             if !allocates(&key, &value) {
                 return Some((key, value));
             }
-            let existing = current.get(&key)?;
+            let Some(existing) = current.get(&key) else {
+                // Nothing there yet: this is the first allocation.
+                return Some((key, value));
+            };
             if is_drive_key(&key) {
                 // Already allocated by the first attempt: keep it.
                 return None;
