@@ -512,3 +512,45 @@ async fn a_template_booting_from_virtio0_is_cloned_grown_and_booted_from_virtio0
     assert!(config.get("scsi0").is_none(), "{config}");
     h.stop_controller().await;
 }
+
+/// A template prepared for cloud-init carries its own cloud-init drive; qemu-server regenerates it at
+/// every start as an ISO labelled `cidata` (src/PVE/QemuServer/Cloudinit.pm,
+/// `commit_cloudinit_disk`), so the clone would offer Talos two NoCloud sources. The clone must keep
+/// only our seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_templates_cloud_init_drive_is_removed_from_the_clone() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 9002, "name": "talos-ci", "node": "pve1",
+        "template": true,
+        "config": {"memory": 2048, "cores": 2, "agent": "1", "scsihw": "virtio-scsi-single",
+                   "scsi0": "local-lvm:base-9002-disk-0,size=8G",
+                   "ide0": "local-lvm:vm-9002-cloudinit,media=cdrom",
+                   "boot": "order=scsi0;net0",
+                   "net0": "virtio=BC:24:11:00:00:03,bridge=vmbr0"}}),
+    );
+    h.request(
+        "clone-ci",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9002\n",
+    );
+    h.wait_stage("clone-ci", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-ci");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let config = vms[0]["config"].as_object().unwrap();
+    let cloud_init: Vec<_> = config
+        .iter()
+        .filter(|(_, v)| v.as_str().is_some_and(|v| v.contains("cloudinit")))
+        .collect();
+    assert!(cloud_init.is_empty(), "{config:?}");
+    assert!(
+        config["ide3"]
+            .as_str()
+            .unwrap_or("")
+            .contains("omni-seed-clone-ci.iso"),
+        "{config:?}"
+    );
+    h.stop_controller().await;
+}

@@ -39,7 +39,16 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let params = vm_config::render_after_clone(&ctx.data, &identity, &target, boot.as_ref())
         .map_err(|e| StepError::Config(format!("cannot build the VM configuration: {e}")))?;
     // A retry of this step (the first answer lost, a crash) must not allocate disks or MACs again.
-    let params = vm_config::without_repeated_allocations(params, &current);
+    let mut params = vm_config::without_repeated_allocations(params, &current);
+    // The template's own cloud-init drive would be a second `cidata` source: remove it (a slot we
+    // set ourselves, e.g. the seed's, is simply replaced).
+    let inherited: Vec<String> = vm_config::cloud_init_drives(&current)
+        .into_iter()
+        .filter(|slot| !params.iter().any(|(k, _)| k == slot))
+        .collect();
+    if !inherited.is_empty() {
+        params.push(("delete".into(), inherited.join(",")));
+    }
     let doing = format!("configuring VM {vmid} on {node}");
     ctx.report(doing.clone()).await;
     if params.iter().any(|(k, v)| vm_config::allocates(k, v)) {

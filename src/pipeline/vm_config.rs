@@ -613,6 +613,40 @@ pub fn without_repeated_allocations(
         .collect()
 }
 
+/// Slots of cloud-init drives a clone inherited from its template. Proxmox regenerates such a drive
+/// at every start as an ISO labelled `cidata` (NoCloud; qemu-server src/PVE/QemuServer/Cloudinit.pm
+/// `commit_cloudinit_disk`), which would give Talos two `cidata` sources beside our seed: they
+/// are deleted in the clone's config update. Recognised as qemu-server's `drive_is_cloudinit`
+/// (src/PVE/QemuServer/Drive.pm) does: a volume named `cloudinit` or `vm-<id>-cloudinit`.
+pub fn cloud_init_drives(config: &crate::proxmox::types::VmConfig) -> Vec<String> {
+    let mut slots: Vec<String> = config
+        .0
+        .keys()
+        .filter(|k| is_drive_key(k))
+        .filter(|k| {
+            config.get(k).is_some_and(|drive| {
+                let volume = drive.split(',').next().unwrap_or_default();
+                let name = volume.rsplit([':', '/']).next().unwrap_or_default();
+                let stem = ["raw", "qcow2", "vmdk"]
+                    .iter()
+                    .find_map(|ext| name.strip_suffix(&format!(".{ext}")))
+                    .unwrap_or(name);
+                volume.contains([':', '/'])
+                    && (stem == "cloudinit"
+                        || stem
+                            .strip_prefix("vm-")
+                            .and_then(|rest| rest.strip_suffix("-cloudinit"))
+                            .is_some_and(|id| {
+                                !id.is_empty() && id.chars().all(|c| c.is_ascii_digit())
+                            }))
+            })
+        })
+        .cloned()
+        .collect();
+    slots.sort();
+    slots
+}
+
 /// `PUT /nodes/{node}/qemu/{vmid}/resize` parameters growing the cloned boot disk (in `slot`) to
 /// `disk_size`.
 pub fn boot_disk_resize(data: &ProviderData, slot: &str) -> [(String, String); 2] {
@@ -994,6 +1028,20 @@ mod tests {
         let params = render_after_clone(&d, &identity(), &t, Some(&found)).unwrap();
         assert_eq!(get(&params, "boot"), Some("order=virtio0;net0"));
         assert_eq!(boot_disk_resize(&d, &found.slot)[0].1, "virtio0");
+    }
+
+    #[test]
+    fn a_templates_cloud_init_drive_is_found() {
+        let config: crate::proxmox::types::VmConfig = serde_json::from_value(serde_json::json!({
+            "ide0": "local-lvm:vm-104-cloudinit,media=cdrom",
+            "ide1": "nfs:104/vm-104-cloudinit.qcow2,media=cdrom",
+            "ide2": "local:iso/talos.iso,media=cdrom",
+            "ide3": "local:iso/omni-seed-r.iso,media=cdrom",
+            "scsi0": "local-lvm:vm-104-disk-0,size=8G",
+            "description": "vm-1-cloudinit"
+        }))
+        .unwrap();
+        assert_eq!(cloud_init_drives(&config), ["ide0", "ide1"]);
     }
 
     #[test]
