@@ -554,3 +554,43 @@ async fn a_templates_cloud_init_drive_is_removed_from_the_clone() {
     );
     h.stop_controller().await;
 }
+
+/// qemu-server src/PVE/API2/Qemu.pm `clone_vm`: a clone to another node needs every drive of the
+/// template on shared storage, its CD-ROM ISOs included (`$check_storage_access_clone`), not only the
+/// target storage. A template whose ISO sits on node-local storage fails with a message naming that
+/// drive, before any clone is attempted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_node_clone_checks_the_templates_drives_are_shared() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 9003, "name": "talos-shared", "node": "pve1",
+        "template": true,
+        "config": {"memory": 2048, "cores": 2, "agent": "1", "scsihw": "virtio-scsi-single",
+                   "scsi0": "shared-nfs:9003/base-9003-disk-0.qcow2,size=8G",
+                   "ide2": "local:iso/talos.iso,media=cdrom",
+                   "boot": "order=scsi0;net0",
+                   "net0": "virtio=BC:24:11:00:00:04,bridge=vmbr0"}}),
+    );
+    h.request(
+        "clone-far",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"shared-nfs\"'\nnode: pve2\nboot: clone\ntemplate: 9003\n",
+    );
+    let status = h.wait_stage("clone-far", Stage::Failed).await;
+    let error = status.spec.error.clone();
+    assert!(
+        error.contains("ide2") && error.contains("shared storage"),
+        "{error}"
+    );
+    let clones = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.ends_with("/qemu/9003/clone"))
+        .count();
+    assert_eq!(clones, 0, "refused before the clone call");
+    assert!(h.vms_named("clone-far").is_empty());
+    h.stop_controller().await;
+}

@@ -107,6 +107,23 @@ class LauncherPve(FakePve):
             vm.config[disk] = ','.join(parts + ['size=' + size])
         return response
 
+    # --- VM lifecycle conformance: clone to another node. qemu-server src/PVE/API2/Qemu.pm
+    # `clone_vm` (through `$check_storage_access_clone`) requires every drive of the source, CD-ROM
+    # ISOs included, to be on shared storage ("can't clone VM to node '<target>' (VM uses local
+    # storage)"), whatever the target storage. fakepve checks only the target storage.
+    async def _qm_clone(self, v, user):
+        vm = self.find(v['node'], v['vmid'])
+        target = v.get('target')
+        if vm is not None and target and target not in (vm.node, 'localhost'):
+            for _key, volume, _props in drives_of(vm.config):
+                sid, _name = volume_ref(volume)
+                if sid is None:
+                    continue
+                store = self.storages.get(sid, {})
+                if not store.get('shared'):
+                    raise PveError(500, "can't clone VM to node '{0}' (VM uses local storage)".format(target))
+        return await super()._qm_clone(v, user)
+
     # qemu-server src/PVE/API2/Qemu.pm, `vm_shutdown`/`vm_stop`: for an HA-managed VM the API only runs
     # `ha-manager crm-command stop` in a `hastop` worker, which ends at once; the CRM stops the VM
     # later, on its own schedule. fakepve stops the VM inside that task when time_scale is 0; here
