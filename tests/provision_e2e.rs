@@ -594,3 +594,33 @@ async fn a_cross_node_clone_checks_the_templates_drives_are_shared() {
     assert!(h.vms_named("clone-far").is_empty());
     h.stop_controller().await;
 }
+
+/// qemu-server src/PVE/API2/Qemu.pm `clone_vm` takes a name and a description but no tags: until
+/// `configure_vm` runs, a clone carries none of our tags. When the clone's answer is lost (or we
+/// crash before recording the VMID), the retry must recognise the clone at the reserved VMID (its
+/// name and the marker given at clone time) and adopt it, not clone a second VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_whose_answer_was_lost_is_adopted_not_cloned_again() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "lose_answer", "method": "POST", "suffix": "/qemu/9000/clone", "times": 1}),
+    );
+    h.request(
+        "clone-again",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\n",
+    );
+    h.wait_stage("clone-again", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-again");
+    assert_eq!(vms.len(), 1, "one clone, adopted: {vms:?}");
+    let clones = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.ends_with("/qemu/9000/clone"))
+        .count();
+    assert_eq!(clones, 1);
+    h.stop_controller().await;
+}

@@ -41,7 +41,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         ctx.services.release_vmid(vm.vmid.get());
         return Ok(StepOutcome::Done);
     }
-    if let Some(vm) = unnamed_recorded_vm(&resources, recorded_vmid(ctx)) {
+    if let Some(vm) =
+        unidentified_recorded_vm(&resources, recorded_vmid(ctx), &request_id, &provider_id)
+    {
         match identify_unnamed(ctx, vm, &resources).await? {
             Unnamed::Ours => {
                 tracing::info!(request = %request_id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier (identified by its config)");
@@ -160,17 +162,27 @@ fn recorded_vmid(ctx: &StepContext<'_>) -> Option<VmId> {
         .and_then(|v| VmId::new(v).ok())
 }
 
-/// The VM at the recorded VMID when the listing shows it without a name. The listing takes name,
-/// status and template from what pvestatd last reported, which a VM made seconds ago, or one on a
-/// node offline for minutes, does not have yet: such a VM may well be ours, and creating another
-/// would leave two.
-pub fn unnamed_recorded_vm(
-    resources: &[ClusterResource],
+/// The VM at the recorded VMID when the listing cannot say whether it is ours: listed without a name
+/// (the listing takes name, status and template from what pvestatd last reported, which a VM made
+/// seconds ago, or one on a node offline for minutes, does not have yet), or named after the request
+/// without our tags (a clone not configured yet: the clone call takes no tags). Such a VM may well
+/// be ours, and creating another would leave two.
+pub fn unidentified_recorded_vm<'a>(
+    resources: &'a [ClusterResource],
     recorded: Option<VmId>,
-) -> Option<&VmResource> {
+    request_id: &str,
+    provider_id: &str,
+) -> Option<&'a VmResource> {
     let recorded = recorded?;
     resources.iter().find_map(|r| match r {
-        ClusterResource::Vm(vm) if vm.vmid == recorded && vm.name.is_none() => Some(vm),
+        ClusterResource::Vm(vm)
+            if vm.vmid == recorded
+                && (vm.name.is_none()
+                    || (vm.name.as_deref() == Some(request_id)
+                        && !vm_config::listed_as_ours(vm, Some(request_id), provider_id))) =>
+        {
+            Some(vm)
+        }
         _ => None,
     })
 }
@@ -221,12 +233,19 @@ async fn identify_unnamed(
         .get("tags")
         .map(|t| parse_tags(&t))
         .unwrap_or_default();
+    let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
+    let configured = vm_config::has_tag(
+        &tag_refs,
+        &vm_config::provider_tag(&ctx.services.provider_id),
+    );
+    // A clone not configured yet still has the SMBIOS UUID Proxmox gave it at clone time; ours is
+    // set by `configure_vm`, so it is checked only once the VM carries our tags.
     let ownership = vm_config::check_ownership_with_uuid(
         &config.get("name").unwrap_or_default(),
         &tags,
         &config.get("description").unwrap_or_default(),
         config.get("smbios1").as_deref(),
-        Some(ctx.state.uuid.as_str()),
+        configured.then_some(ctx.state.uuid.as_str()),
         &ctx.request.id,
         &ctx.services.provider_id,
     );
@@ -531,12 +550,22 @@ mod tests {
         let resources = listing(serde_json::json!([
             {"type": "qemu", "vmid": 104, "node": "pve1", "status": "unknown",
              "tags": "omni-provider.proxmox"},
-            {"type": "qemu", "vmid": 105, "node": "pve1", "name": "other"}
+            {"type": "qemu", "vmid": 105, "node": "pve1", "name": "other"},
+            {"type": "qemu", "vmid": 106, "node": "pve1", "name": "req-1"},
+            {"type": "qemu", "vmid": 107, "node": "pve1", "name": "req-1",
+             "tags": "omni-provider.proxmox"}
         ]));
-        let at = |id| unnamed_recorded_vm(&resources, VmId::new(id).ok()).map(|vm| vm.vmid.get());
+        let at = |id| {
+            unidentified_recorded_vm(&resources, VmId::new(id).ok(), "req-1", "proxmox")
+                .map(|vm| vm.vmid.get())
+        };
         assert_eq!(at(104), Some(104));
-        assert_eq!(at(105), None, "named: the listing decides");
-        assert_eq!(at(106), None);
-        assert_eq!(unnamed_recorded_vm(&resources, None).map(|v| v.vmid), None);
+        assert_eq!(at(105), None, "named otherwise: the listing decides");
+        assert_eq!(at(106), Some(106), "an untagged clone of this request");
+        assert_eq!(at(107), None, "ours by the listing: adopted directly");
+        assert_eq!(
+            unidentified_recorded_vm(&resources, None, "req-1", "proxmox").map(|v| v.vmid),
+            None
+        );
     }
 }

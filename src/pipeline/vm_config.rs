@@ -664,9 +664,13 @@ pub fn clone_params(
     node: &str,
     storage: &StorageId,
 ) -> Vec<(String, String)> {
+    // The clone call takes no tags, but it takes a description: the marker goes on at clone time, so
+    // a crash (or a clone task outliving our wait) before `configure_vm` leaves a VM we can still
+    // prove is ours from its config.
     let mut out = vec![
         ("newid".to_string(), newid.to_string()),
         ("name".to_string(), identity.request_id.to_string()),
+        ("description".to_string(), description_marker(identity)),
         ("target".to_string(), node.to_string()),
         ("full".to_string(), "1".to_string()),
         ("storage".to_string(), storage.to_string()),
