@@ -823,3 +823,35 @@ async fn an_offline_image_storage_elsewhere_does_not_block_the_destroy() {
         "referenced disks freed"
     );
 }
+
+/// qemu-server src/PVE/API2/Qemu.pm `clone_vm` gives the clone a fresh SMBIOS UUID and takes no
+/// tags: a clone left by a crash before `configure_vm` has our name and the marker given at clone
+/// time, not our tags nor the UUID the state recorded. It is ours and must be deleted, not leaked.
+#[tokio::test]
+async fn an_unconfigured_clone_is_deleted() {
+    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    fake.control(
+        json!({"op": "add_vm", "vmid": 157, "name": "req-clone", "node": "pve1",
+        "config": {"memory": 2048, "smbios1": "uuid=11111111-2222-3333-4444-555555555555",
+                   "description": "omni-provider-id: proxmox\nomni-machine-request: req-clone\n"}}),
+    );
+    let target = DeprovisionTarget {
+        request_id: "req-clone".into(),
+        provider_id: PROVIDER.into(),
+        vmid: Some(vmid(157)),
+        recorded_node: Some(node("pve1")),
+        smbios_uuid: Some("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee".into()),
+        seed_iso_volume: None,
+        seed_iso_node: None,
+        default_pool: None,
+    };
+    let (result, _) = run(&pve, &target).await;
+    assert!(
+        matches!(result.unwrap(), DeprovisionOutcome::Deleted { .. }),
+        "ours by its marker"
+    );
+    assert_eq!(fake.vm(157), Value::Null);
+}

@@ -541,12 +541,16 @@ async fn verdict(
         .get("tags")
         .map(|t| parse_tags(&t))
         .unwrap_or_else(|| tags.iter().map(|t| t.to_string()).collect());
+    // A clone that never got to `configure_vm` has our marker (given at clone time) but neither our
+    // tags nor our SMBIOS UUID yet: the UUID is checked once the VM carries our tags.
+    let tag_refs: Vec<&str> = owned_tags.iter().map(String::as_str).collect();
+    let configured = vm_config::has_tag(&tag_refs, &vm_config::provider_tag(&target.provider_id));
     let ownership = vm_config::check_ownership_with_uuid(
         name.as_deref().unwrap_or_default(),
         &owned_tags,
         &config.get("description").unwrap_or_default(),
         config.get("smbios1").as_deref(),
-        target.smbios_uuid.as_deref(),
+        target.smbios_uuid.as_deref().filter(|_| configured),
         &target.request_id,
         &target.provider_id,
     );
