@@ -23,6 +23,11 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StepLabels {
     pub step: &'static str,
 }
@@ -45,6 +50,7 @@ pub struct Metrics {
     registry: Registry,
     pub provisions: Family<OutcomeLabels, Counter>,
     pub deprovisions: Family<OutcomeLabels, Counter>,
+    pub leftovers: Family<KindLabels, Counter>,
     pub step_seconds: HistogramFamily<StepLabels>,
     pub proxmox_requests: Family<ApiLabels, Counter>,
     pub proxmox_seconds: HistogramFamily<MethodLabels>,
@@ -92,6 +98,12 @@ impl Metrics {
             "Machine requests torn down (success) or failing to tear down (failure)",
             deprovisions.clone(),
         );
+        let leftovers = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "teardown_leftovers",
+            "Things a finished teardown had to leave behind (kind=seed_iso: its delete failed); the `orphans` command lists and deletes them",
+            leftovers.clone(),
+        );
         let step_seconds: HistogramFamily<StepLabels> =
             Family::new_with_constructor(step_buckets as fn() -> Histogram);
         registry.register(
@@ -134,6 +146,7 @@ impl Metrics {
             registry,
             provisions,
             deprovisions,
+            leftovers,
             step_seconds,
             proxmox_requests,
             proxmox_seconds,
@@ -171,6 +184,11 @@ impl Metrics {
         self.deprovisions
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
+    }
+
+    /// A teardown finished but left `kind` behind (see the `orphans` command).
+    pub fn leftover(&self, kind: &'static str) {
+        self.leftovers.get_or_create(&KindLabels { kind }).inc();
     }
 
     /// Called after every heartbeat: did Omni take it, and did the Proxmox check pass?

@@ -473,3 +473,241 @@ async fn ha_settings_register_the_vm_with_the_ha_manager() {
     assert!(registered, "HA resource registered");
     h.stop_controller().await;
 }
+
+/// pve-manager PVE/API2/Cluster.pm `resources` (through PVE/API2Tools.pm `extract_vm_stats`) lists a
+/// VM that pvestatd has not reported yet (created seconds ago) without name, template and with
+/// status "unknown"; tags come from the config. A crash right after the create leaves exactly such
+/// a VM at the recorded VMID: it must be identified from its config and adopted, never replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_vm_listed_without_name_is_adopted_not_replaced() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu",
+                         "status": 503, "message": "proxy went away"}),
+    );
+    h.request("nostats-1", "nostats", PINNED_PVE2);
+    h.wait_stage("nostats-1", Stage::Failed).await;
+    h.stop_controller().await;
+    let state = h.machine_state("nostats-1");
+    let reserved = state.spec.reserved_vmid;
+    assert!(reserved >= 100);
+
+    // The create went through after all, seconds before the restart: pvestatd has not seen it.
+    h.pve.control(json!({"op": "clear_failures"}));
+    let uuid = uuid::Uuid::parse_str(&state.spec.uuid).unwrap();
+    h.pve.control(json!({"op": "add_vm", "vmid": reserved, "name": "nostats-1", "node": "pve2",
+        "config": {"tags": "machine-request.nostats;omni-provider.proxmox;omni-request.nostats-1",
+                   "memory": 2048, "cores": 2, "agent": "enabled=1", "smbios1": format!("uuid={uuid}"),
+                   "description": "omni-provider-id: proxmox\nomni-machine-request: nostats-1\n"}}));
+    h.pve
+        .control(json!({"op": "listing_without_stats", "vmid": reserved}));
+    h.start_controller();
+    support::eventually(Duration::from_secs(30), "the VMID to be adopted", || {
+        let vmid = h.machine_state("nostats-1").spec.vmid;
+        async move { (vmid == reserved).then_some(()) }
+    })
+    .await;
+    h.pve
+        .control(json!({"op": "listing_without_stats", "vmid": reserved, "on": false}));
+    h.wait_stage("nostats-1", Stage::Provisioned).await;
+    let vms = h.vms_named("nostats-1");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(vms[0]["vmid"].as_i64(), Some(reserved as i64));
+    h.stop_controller().await;
+}
+
+/// qemu-server src/PVE/API2/Qemu.pm `update_vm` (through PVE::QemuServer::Network's `parse_net`): a
+/// NIC given without a MAC gets a new random one at every call (and `<storage>:<GiB>` allocates a new
+/// disk). The clone's config update must keep what the clone already has, so that neither the
+/// client's replay of a lost answer nor the step's retry changes the MAC (a new DHCP lease, a new
+/// machine for anything keyed on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_configure_answer_keeps_the_clones_mac() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    // Stop right after the clone (the seed upload fails), to read the MAC the clone was given.
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/storage/local/upload",
+                         "status": 500, "message": "not now"}),
+    );
+    h.pve
+        .control(json!({"op": "lose_answer", "method": "PUT", "suffix": "/config", "times": 1}));
+    h.request(
+        "clone-lost",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\n",
+    );
+    h.wait_stage("clone-lost", Stage::Failed).await;
+    let cloned = h.vms_named("clone-lost");
+    assert_eq!(cloned.len(), 1, "{cloned:?}");
+    let mac = |net0: &serde_json::Value| {
+        net0.as_str()
+            .and_then(|v| v.split(',').next())
+            .and_then(|m| m.split_once('='))
+            .map(|(_, mac)| mac.to_ascii_uppercase())
+    };
+    let cloned_mac = mac(&cloned[0]["config"]["net0"]).expect("the clone has a MAC");
+    h.pve.control(json!({"op": "clear_failures"}));
+    h.wait_stage("clone-lost", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-lost");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(
+        mac(&vms[0]["config"]["net0"]),
+        Some(cloned_mac),
+        "{:?}",
+        vms[0]["config"]
+    );
+    h.stop_controller().await;
+}
+
+/// A template made by hand may boot from `virtio0` (qemu-server's `boot: order=` names the devices
+/// in boot order; the clone copies it). Clone mode must keep that disk first in the boot order and
+/// grow that disk, not a `scsi0` the VM does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_booting_from_virtio0_is_cloned_grown_and_booted_from_virtio0() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 9001, "name": "talos-virtio", "node": "pve1",
+        "template": true,
+        "config": {"memory": 2048, "cores": 2, "agent": "1",
+                   "virtio0": "local-lvm:base-9001-disk-0,size=8G",
+                   "boot": "order=virtio0;net0",
+                   "net0": "virtio=BC:24:11:00:00:02,bridge=vmbr0"}}),
+    );
+    h.request(
+        "clone-virtio",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9001\n",
+    );
+    h.wait_stage("clone-virtio", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-virtio");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let config = &vms[0]["config"];
+    assert_eq!(config["boot"], json!("order=virtio0;net0"), "{config}");
+    assert!(
+        config["virtio0"]
+            .as_str()
+            .unwrap_or("")
+            .contains("size=16G"),
+        "{config}"
+    );
+    assert!(config.get("scsi0").is_none(), "{config}");
+    h.stop_controller().await;
+}
+
+/// A template prepared for cloud-init carries its own cloud-init drive; qemu-server regenerates it at
+/// every start as an ISO labelled `cidata` (src/PVE/QemuServer/Cloudinit.pm,
+/// `commit_cloudinit_disk`), so the clone would offer Talos two NoCloud sources. The clone must keep
+/// only our seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_templates_cloud_init_drive_is_removed_from_the_clone() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 9002, "name": "talos-ci", "node": "pve1",
+        "template": true,
+        "config": {"memory": 2048, "cores": 2, "agent": "1", "scsihw": "virtio-scsi-single",
+                   "scsi0": "local-lvm:base-9002-disk-0,size=8G",
+                   "ide0": "local-lvm:vm-9002-cloudinit,media=cdrom",
+                   "boot": "order=scsi0;net0",
+                   "net0": "virtio=BC:24:11:00:00:03,bridge=vmbr0"}}),
+    );
+    h.request(
+        "clone-ci",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9002\n",
+    );
+    h.wait_stage("clone-ci", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-ci");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let config = vms[0]["config"].as_object().unwrap();
+    let cloud_init: Vec<_> = config
+        .iter()
+        .filter(|(_, v)| v.as_str().is_some_and(|v| v.contains("cloudinit")))
+        .collect();
+    assert!(cloud_init.is_empty(), "{config:?}");
+    assert!(
+        config["ide3"]
+            .as_str()
+            .unwrap_or("")
+            .contains("omni-seed-clone-ci.iso"),
+        "{config:?}"
+    );
+    h.stop_controller().await;
+}
+
+/// qemu-server src/PVE/API2/Qemu.pm `clone_vm`: a clone to another node needs every drive of the
+/// template on shared storage, its CD-ROM ISOs included (`$check_storage_access_clone`), not only the
+/// target storage. A template whose ISO sits on node-local storage fails with a message naming that
+/// drive, before any clone is attempted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_node_clone_checks_the_templates_drives_are_shared() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 9003, "name": "talos-shared", "node": "pve1",
+        "template": true,
+        "config": {"memory": 2048, "cores": 2, "agent": "1", "scsihw": "virtio-scsi-single",
+                   "scsi0": "shared-nfs:9003/base-9003-disk-0.qcow2,size=8G",
+                   "ide2": "local:iso/talos.iso,media=cdrom",
+                   "boot": "order=scsi0;net0",
+                   "net0": "virtio=BC:24:11:00:00:04,bridge=vmbr0"}}),
+    );
+    h.request(
+        "clone-far",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"shared-nfs\"'\nnode: pve2\nboot: clone\ntemplate: 9003\n",
+    );
+    let status = h.wait_stage("clone-far", Stage::Failed).await;
+    let error = status.spec.error.clone();
+    assert!(
+        error.contains("ide2") && error.contains("shared storage"),
+        "{error}"
+    );
+    let clones = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.ends_with("/qemu/9003/clone"))
+        .count();
+    assert_eq!(clones, 0, "refused before the clone call");
+    assert!(h.vms_named("clone-far").is_empty());
+    h.stop_controller().await;
+}
+
+/// qemu-server src/PVE/API2/Qemu.pm `clone_vm` takes a name and a description but no tags: until
+/// `configure_vm` runs, a clone carries none of our tags. When the clone's answer is lost (or we
+/// crash before recording the VMID), the retry must recognise the clone at the reserved VMID (its
+/// name and the marker given at clone time) and adopt it, not clone a second VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_whose_answer_was_lost_is_adopted_not_cloned_again() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "lose_answer", "method": "POST", "suffix": "/qemu/9000/clone", "times": 1}),
+    );
+    h.request(
+        "clone-again",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\n",
+    );
+    h.wait_stage("clone-again", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-again");
+    assert_eq!(vms.len(), 1, "one clone, adopted: {vms:?}");
+    let clones = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.ends_with("/qemu/9000/clone"))
+        .count();
+    assert_eq!(clones, 1);
+    h.stop_controller().await;
+}

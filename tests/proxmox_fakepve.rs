@@ -102,12 +102,21 @@ async fn clone_configure_start_delete_with_real_task_polling() {
         return;
     };
     let pve = client(&fake, Login::Token, Trust::CaFile);
+    // qemu-server src/PVE/API2/Qemu.pm `clone_vm`: a clone to another node needs every drive of the
+    // source on shared storage (the scenario's template 9000 is on node-local local-lvm).
+    fake.control(
+        json!({"op": "add_vm", "vmid": 9100, "name": "talos-shared", "node": "pve1",
+        "template": true,
+        "config": {"memory": 2048, "cores": 2, "agent": "1", "scsihw": "virtio-scsi-single",
+                   "scsi0": "shared-nfs:9100/base-9100-disk-0.qcow2,size=8G",
+                   "net0": "virtio=BC:24:11:00:00:05,bridge=vmbr0"}}),
+    );
     let new = pve.next_vmid().await.unwrap();
 
     let clone = pve
         .clone_vm(
             &node("pve1"),
-            vmid(9000),
+            vmid(9100),
             &CloneRequest {
                 new_id: new,
                 name: Some("talos-cp-1".into()),

@@ -290,3 +290,32 @@ async fn the_set_pool_is_created_and_removed_with_its_last_machine() {
     );
     h.stop_controller().await;
 }
+
+/// pve-storage PVE/API2/Storage/Content.pm `delete` can keep failing (storage offline, a broken
+/// mount, permissions). The VM is gone by then, so the teardown must finish: the request is
+/// released, the leftover is counted in `omni_proxmox_teardown_leftovers_total{kind="seed_iso"}`,
+/// and the `orphans` search (find_orphans) lists it since no live request will use it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_iso_that_cannot_be_deleted_does_not_hold_the_teardown() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let vmid = h.provisioned("td-seed").await;
+    h.pve.control(
+        json!({"op": "fail", "method": "DELETE", "suffix": "omni-seed-td-seed.iso",
+                         "status": 500, "message": "storage 'local' is not online"}),
+    );
+    h.tear_down("td-seed");
+    h.wait_released("td-seed").await;
+    assert!(h.vm(vmid).is_null(), "VM deleted");
+    assert!(
+        h.volumes("local").contains("omni-seed-td-seed.iso"),
+        "the seed ISO is left behind"
+    );
+    let text = h.metrics.encode();
+    assert!(
+        text.contains(r#"omni_proxmox_teardown_leftovers_total{kind="seed_iso"} 1"#),
+        "{text}"
+    );
+    h.stop_controller().await;
+}

@@ -6,7 +6,7 @@
 //!
 //! Deciding "no longer exists" needs the live MachineRequests, so the command connects to Omni with
 //! the provider's own flags and refuses to run without them: with no list, every VM would look
-//! orphaned. Deletion goes through [`deprovision`] with its ownership checks (the listing or the
+//! orphaned. Deletion goes through [`deprovision_reporting`] with its ownership checks (the listing or the
 //! description marker must name the request; official-provider VMs without a marker are never
 //! deleted from here), and nothing is deleted without `--delete`.
 //!
@@ -34,7 +34,7 @@ use crate::omni::state::LabelSelector;
 use crate::omni::transport::{self, OmniEndpoint};
 use crate::pipeline::deprovision::{
     ClusterView, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
-    deprovision, find_orphans, iso_volumes_in, our_vms,
+    deprovision_reporting, find_orphans, iso_volumes_in, our_vms,
 };
 use crate::pipeline::vm_config;
 use crate::proxmox::types::{NodeName, NodeState, VmId};
@@ -234,7 +234,7 @@ pub async fn scan(
     Ok(orphans)
 }
 
-/// Deletes what [`scan`] found: VMs through [`deprovision`] (ownership checked again, official
+/// Deletes what [`scan`] found: VMs through [`deprovision_reporting`] (ownership checked again, official
 /// provider VMs refused), then seed ISOs. Failures are collected, not fatal.
 pub async fn delete(
     pve: &ProxmoxClient,
@@ -265,17 +265,29 @@ pub async fn delete(
             seed_iso_node: Some(vm.node.clone()),
             default_pool: None,
         };
-        match deprovision(pve, &target, &options, progress).await {
+        let (outcome, seed_kept) =
+            match deprovision_reporting(pve, &target, &options, progress).await {
+                Ok(d) => {
+                    let kept = d.leftover_seed_iso.map(|e| e.to_string());
+                    (Ok(d.outcome), kept)
+                }
+                Err(e) => (Err(e), None),
+            };
+        let seed_done = |report: &mut DeletionReport| match &seed_kept {
+            Some(why) => report.failures.push(why.clone()),
+            None => report.deleted_isos.extend(target.seed_iso_volume.clone()),
+        };
+        match outcome {
             Ok(DeprovisionOutcome::Deleted { vmid, .. }) => {
                 report.deleted_vms.push(vmid);
-                report.deleted_isos.extend(target.seed_iso_volume);
+                seed_done(&mut report);
             }
             Ok(DeprovisionOutcome::NotOurs { vmid, reason }) => {
                 report.left_alone.push((vmid, reason));
                 continue;
             }
             Ok(DeprovisionOutcome::AlreadyGone | DeprovisionOutcome::NothingRecorded) => {
-                report.deleted_isos.extend(target.seed_iso_volume);
+                seed_done(&mut report);
             }
             Err(e) => {
                 report.failures.push(format!("VM {}: {e}", vm.vmid));

@@ -23,7 +23,7 @@ use crate::omni::proto::specs::MachineRequestSpec;
 use crate::omni::resources::{MachineRequest, MachineRequestStatus, ProviderMachine};
 use crate::omni::state::{ResourceRef, StateError, Typed};
 use crate::pipeline::deprovision::{
-    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, deprovision,
+    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
 use crate::proxmox::types::{NodeName, VmId};
 
@@ -132,7 +132,7 @@ async fn deprovision_vm(
     // harmless and listed by `orphans`.
     let options = DeprovisionOptions::default();
     let work = async {
-        let result = deprovision(&p.services.pve, &target, &options, &progress).await;
+        let result = deprovision_reporting(&p.services.pve, &target, &options, &progress).await;
         drop(progress);
         result
     };
@@ -154,6 +154,14 @@ async fn deprovision_vm(
             .unwrap_or_else(|p| p.into_inner())
             .remove(&spec.default_pool);
     }
+    // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
+    // counted and logged, and the `orphans` command lists it once the request is gone.
+    let result = result.map(|d: Deprovisioned| {
+        if d.leftover_seed_iso.is_some() {
+            p.services.metrics.leftover("seed_iso");
+        }
+        d.outcome
+    });
     match result {
         Ok(DeprovisionOutcome::Deleted { node, vmid }) => {
             tracing::info!(request = %id, %vmid, %node, "VM deleted");

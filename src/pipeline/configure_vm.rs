@@ -30,31 +30,49 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         .vm_config(&node, vmid)
         .await
         .map_err(StepError::proxmox(format!("reading VM {vmid} on {node}")))?;
-    let boot_volume = current.get("scsi0");
+    let boot = vm_config::BootDisk::of(&current);
     let identity = VmIdentity {
         request_id: &ctx.request.id,
         set_id: ctx.request.set_id.as_deref(),
         provider_id: &ctx.services.provider_id,
     };
-    let params = vm_config::render_after_clone(
-        &ctx.data,
-        &identity,
-        &target,
-        boot_volume.as_deref().map(volume_part),
-    )
-    .map_err(|e| StepError::Config(format!("cannot build the VM configuration: {e}")))?;
+    let params = vm_config::render_after_clone(&ctx.data, &identity, &target, boot.as_ref())
+        .map_err(|e| StepError::Config(format!("cannot build the VM configuration: {e}")))?;
+    // A retry of this step (the first answer lost, a crash) must not allocate disks or MACs again.
+    let mut params = vm_config::without_repeated_allocations(params, &current);
+    // The template's own cloud-init drive would be a second `cidata` source: remove it (a slot we
+    // set ourselves, e.g. the seed's, is simply replaced).
+    let inherited: Vec<String> = vm_config::cloud_init_drives(&current)
+        .into_iter()
+        .filter(|slot| !params.iter().any(|(k, _)| k == slot))
+        .collect();
+    if !inherited.is_empty() {
+        params.push(("delete".into(), inherited.join(",")));
+    }
     let doing = format!("configuring VM {vmid} on {node}");
     ctx.report(doing.clone()).await;
-    pve.update_vm_config(&node, vmid, params)
-        .await
-        .map_err(StepError::proxmox(doing))?;
+    if params.iter().any(|(k, v)| vm_config::allocates(k, v)) {
+        // Never replayed by the client: a second delivery would allocate a second time.
+        let task = pve
+            .update_vm_config_async(&node, vmid, params)
+            .await
+            .map_err(StepError::proxmox(doing.clone()))?;
+        pve.wait_for_task(&task, ctx.services.timeouts.task)
+            .await
+            .map_err(StepError::proxmox(doing))?;
+    } else {
+        pve.update_vm_config(&node, vmid, params)
+            .await
+            .map_err(StepError::proxmox(doing))?;
+    }
 
     let wanted_gb = ctx.data.disk_size_gb;
-    let current_gb = boot_volume.as_deref().and_then(size_gb).unwrap_or(0);
+    let current_gb = boot.as_ref().and_then(|b| size_gb(&b.drive)).unwrap_or(0);
     if wanted_gb > current_gb {
         let doing = format!("growing the boot disk of VM {vmid} to {wanted_gb} GB");
         ctx.report(doing.clone()).await;
-        let [disk, size] = vm_config::boot_disk_resize(&ctx.data);
+        let slot = boot.as_ref().map_or("scsi0", |b| b.slot.as_str());
+        let [disk, size] = vm_config::boot_disk_resize(&ctx.data, slot);
         if let Some(task) = pve
             .resize_disk(&node, vmid, &disk.1, &size.1)
             .await
@@ -112,11 +130,6 @@ pub async fn upload_seed(
     Ok(volume)
 }
 
-/// `local-lvm:vm-104-disk-0,size=8G` -> `local-lvm:vm-104-disk-0`.
-fn volume_part(drive: &str) -> &str {
-    drive.split(',').next().unwrap_or(drive)
-}
-
 /// The `size=` of a drive string in whole GB (rounded up), if present.
 pub fn size_gb(drive: &str) -> Option<u64> {
     let size = drive
@@ -147,9 +160,5 @@ mod tests {
         );
         assert_eq!(size_gb("x:y,size=1T"), Some(1024));
         assert_eq!(size_gb("x:y"), None);
-        assert_eq!(
-            volume_part("local-lvm:vm-1-disk-0,size=8G"),
-            "local-lvm:vm-1-disk-0"
-        );
     }
 }

@@ -16,8 +16,12 @@ use super::configure_vm::upload_seed;
 use super::pick_node::node_storages;
 use super::step::{StepContext, StepError, StepOutcome};
 use super::vm_config::{self, VmIdentity, VmTarget};
+use crate::proxmox::property::parse_tags;
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
-use crate::proxmox::types::{ClusterResource, NodeName, VmId, VmResource};
+use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmId, VmResource};
+
+/// How long to wait before looking again at a recorded VM that cannot be identified yet.
+const WAIT_FOR_IDENTITY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How many taken VMIDs to step over before giving up (each costs one refused create).
 const VMID_ATTEMPTS: usize = 5;
@@ -36,6 +40,26 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         ctx.state.node = vm.node.to_string();
         ctx.services.release_vmid(vm.vmid.get());
         return Ok(StepOutcome::Done);
+    }
+    if let Some(vm) =
+        unidentified_recorded_vm(&resources, recorded_vmid(ctx), &request_id, &provider_id)
+    {
+        match identify_unnamed(ctx, vm, &resources).await? {
+            Unnamed::Ours => {
+                tracing::info!(request = %request_id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier (identified by its config)");
+                ctx.state.vmid = vm.vmid.get() as i32;
+                ctx.state.node = vm.node.to_string();
+                ctx.services.release_vmid(vm.vmid.get());
+                return Ok(StepOutcome::Done);
+            }
+            Unnamed::NotOurs => {}
+            Unnamed::CannotTell(why) => {
+                return Ok(StepOutcome::Requeue {
+                    after: WAIT_FOR_IDENTITY,
+                    why,
+                });
+            }
+        }
     }
 
     default_pool(ctx).await?;
@@ -114,20 +138,120 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     Ok(())
 }
 
-/// The VM this request made earlier, if any: named after the request and carrying our tag.
+/// The VM this request made earlier, if any: named after the request and carrying our tag (in any
+/// case: Proxmox lowercases tags by default).
 pub fn find_own_vm<'a>(
     resources: &'a [ClusterResource],
     request_id: &str,
     provider_id: &str,
 ) -> Option<&'a VmResource> {
-    let tag = vm_config::provider_tag(provider_id);
+    resources.iter().find_map(|r| match r {
+        ClusterResource::Vm(vm) if vm_config::listed_as_ours(vm, Some(request_id), provider_id) => {
+            Some(vm)
+        }
+        _ => None,
+    })
+}
+
+/// The VMID this request recorded: its `vmid`, else the `reserved_vmid` written before the create.
+fn recorded_vmid(ctx: &StepContext<'_>) -> Option<VmId> {
+    [ctx.state.vmid, ctx.state.reserved_vmid]
+        .into_iter()
+        .find(|v| *v > 0)
+        .and_then(|v| u32::try_from(v).ok())
+        .and_then(|v| VmId::new(v).ok())
+}
+
+/// The VM at the recorded VMID when the listing cannot say whether it is ours: listed without a name
+/// (the listing takes name, status and template from what pvestatd last reported, which a VM made
+/// seconds ago, or one on a node offline for minutes, does not have yet), or named after the request
+/// without our tags (a clone not configured yet: the clone call takes no tags). Such a VM may well
+/// be ours, and creating another would leave two.
+pub fn unidentified_recorded_vm<'a>(
+    resources: &'a [ClusterResource],
+    recorded: Option<VmId>,
+    request_id: &str,
+    provider_id: &str,
+) -> Option<&'a VmResource> {
+    let recorded = recorded?;
     resources.iter().find_map(|r| match r {
         ClusterResource::Vm(vm)
-            if !vm.template && vm.name.as_deref() == Some(request_id) && vm.has_tag(&tag) =>
+            if vm.vmid == recorded
+                && (vm.name.is_none()
+                    || (vm.name.as_deref() == Some(request_id)
+                        && !vm_config::listed_as_ours(vm, Some(request_id), provider_id))) =>
         {
             Some(vm)
         }
         _ => None,
+    })
+}
+
+/// What the config of an unnamed recorded VM says.
+enum Unnamed {
+    Ours,
+    /// Someone else's (or gone): the VMID is simply taken, choose another.
+    NotOurs,
+    /// Its node cannot be asked: wait, never replace it.
+    CannotTell(String),
+}
+
+async fn identify_unnamed(
+    ctx: &StepContext<'_>,
+    vm: &VmResource,
+    resources: &[ClusterResource],
+) -> Result<Unnamed, StepError> {
+    let online = resources.iter().any(|r| {
+        matches!(r, ClusterResource::Node(n) if n.node == vm.node && n.status == NodeState::Online)
+    });
+    if !online {
+        return Ok(Unnamed::CannotTell(format!(
+            "VM {} recorded for this request is on node {}, which is not online, and the listing cannot say whose it is; waiting for the node rather than creating a second VM",
+            vm.vmid, vm.node
+        )));
+    }
+    let doing = format!(
+        "reading the config of VM {} on {} to see whether it is this request's",
+        vm.vmid, vm.node
+    );
+    let config = match ctx.services.pve.vm_config(&vm.node, vm.vmid).await {
+        Ok(c) => c,
+        Err(e) if e.is_not_found() => return Ok(Unnamed::NotOurs),
+        Err(e) => return Err(StepError::proxmox(doing)(e)),
+    };
+    if config.get("template").as_deref() == Some("1") {
+        return Ok(Unnamed::NotOurs);
+    }
+    if let Some(lock) = config.get("lock").filter(|l| !l.is_empty()) {
+        // A create or clone still running: its config is not complete yet.
+        return Ok(Unnamed::CannotTell(format!(
+            "VM {} recorded for this request is locked ({lock}) on {}; waiting for it rather than creating a second VM",
+            vm.vmid, vm.node
+        )));
+    }
+    let tags = config
+        .get("tags")
+        .map(|t| parse_tags(&t))
+        .unwrap_or_default();
+    let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
+    let configured = vm_config::has_tag(
+        &tag_refs,
+        &vm_config::provider_tag(&ctx.services.provider_id),
+    );
+    // A clone not configured yet still has the SMBIOS UUID Proxmox gave it at clone time; ours is
+    // set by `configure_vm`, so it is checked only once the VM carries our tags.
+    let ownership = vm_config::check_ownership_with_uuid(
+        &config.get("name").unwrap_or_default(),
+        &tags,
+        &config.get("description").unwrap_or_default(),
+        config.get("smbios1").as_deref(),
+        configured.then_some(ctx.state.uuid.as_str()),
+        &ctx.request.id,
+        &ctx.services.provider_id,
+    );
+    Ok(match ownership {
+        vm_config::Ownership::Ours => Unnamed::Ours,
+        vm_config::Ownership::Legacy | vm_config::Ownership::NotOurs(_) => Unnamed::NotOurs,
     })
 }
 
@@ -262,6 +386,27 @@ async fn clone(
             template.node, template.node
         )));
     }
+    if template.node != *node {
+        let doing = format!(
+            "reading the config of template {template_id} on {}",
+            template.node
+        );
+        let config = ctx
+            .services
+            .pve
+            .vm_config(&template.node, template_id)
+            .await
+            .map_err(StepError::proxmox(doing))?;
+        let local = template_drives_on_local_storage(&config, resources);
+        if !local.is_empty() {
+            return Err(StepError::Cluster(format!(
+                "template {template_id} is on {} but the VM goes to {node}, and Proxmox clones to another node only when every drive of the template, CD-ROMs included, is on shared storage; these are not: {}. Move them to shared storage (or detach the CD-ROM), keep a copy of the template on {node}, or pin `node: {}`",
+                template.node,
+                local.join(", "),
+                template.node
+            )));
+        }
+    }
     let identity = VmIdentity {
         request_id: &ctx.request.id,
         set_id: ctx.request.set_id.as_deref(),
@@ -282,6 +427,41 @@ async fn clone(
         .await
         .map_err(StepError::proxmox(doing))?;
     Ok(())
+}
+
+/// The template's drives (`slot (volume)`) that are not on shared storage. qemu-server
+/// src/PVE/API2/Qemu.pm `clone_vm` (`$check_storage_access_clone`) refuses a clone to another node
+/// when any drive of the source is on non-shared storage, CD-ROM ISOs included and whatever the
+/// target storage.
+pub fn template_drives_on_local_storage(
+    config: &crate::proxmox::types::VmConfig,
+    resources: &[ClusterResource],
+) -> Vec<String> {
+    let shared = |sid: &str| {
+        resources
+            .iter()
+            .any(|r| matches!(r, ClusterResource::Storage(s) if s.storage == sid && s.shared))
+    };
+    let mut local: Vec<String> = config
+        .0
+        .keys()
+        .filter(|k| {
+            ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"]
+                .iter()
+                .any(|p| {
+                    k.strip_prefix(p)
+                        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+                })
+        })
+        .filter_map(|k| {
+            let drive = config.get(k)?;
+            let volume = drive.split(',').next()?.trim().to_owned();
+            let (sid, _) = volume.split_once(':')?;
+            (!volume.starts_with('/') && !shared(sid)).then(|| format!("{k} ({volume})"))
+        })
+        .collect();
+    local.sort();
+    local
 }
 
 fn storage_is_shared(resources: &[ClusterResource], node: &NodeName, storage: &StorageId) -> bool {
@@ -356,4 +536,76 @@ fn disk_storage(
         disk.storage_selector.expression(),
         disk.size_gb
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listing(json: serde_json::Value) -> Vec<ClusterResource> {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn adoption_finds_our_vm_whatever_the_case_of_its_tags() {
+        // PVE stores tags lowercased by default: provider "Prox-A" finds "omni-provider.prox-a".
+        let resources = listing(serde_json::json!([
+            {"type": "qemu", "vmid": 104, "node": "pve1", "name": "Req-1",
+             "tags": "omni-provider.prox-a;omni-request.req-1"},
+            {"type": "qemu", "vmid": 105, "node": "pve1", "name": "Req-1", "template": 1,
+             "tags": "omni-provider.prox-a"}
+        ]));
+        let found = find_own_vm(&resources, "Req-1", "Prox-A").map(|vm| vm.vmid.get());
+        assert_eq!(found, Some(104));
+        assert!(find_own_vm(&resources, "Req-1", "other").is_none());
+    }
+
+    #[test]
+    fn a_cross_node_clone_needs_every_template_drive_shared() {
+        let resources = listing(serde_json::json!([
+            {"type": "storage", "storage": "local", "node": "pve1", "shared": 0},
+            {"type": "storage", "storage": "local-lvm", "node": "pve1", "shared": 0},
+            {"type": "storage", "storage": "nfs", "node": "pve1", "shared": 1}
+        ]));
+        let config: crate::proxmox::types::VmConfig = serde_json::from_value(serde_json::json!({
+            "scsi0": "nfs:9000/base-9000-disk-0.qcow2,size=8G",
+            "ide2": "local:iso/talos.iso,media=cdrom",
+            "ide0": "none,media=cdrom",
+            "efidisk0": "local-lvm:base-9000-disk-1,size=4M",
+            "name": "tmpl"
+        }))
+        .unwrap();
+        assert_eq!(
+            template_drives_on_local_storage(&config, &resources),
+            [
+                "efidisk0 (local-lvm:base-9000-disk-1)",
+                "ide2 (local:iso/talos.iso)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_recorded_vmid_listed_without_name_needs_its_config() {
+        // pve-manager PVE/API2Tools.pm extract_vm_stats: no RRD data yet, no name.
+        let resources = listing(serde_json::json!([
+            {"type": "qemu", "vmid": 104, "node": "pve1", "status": "unknown",
+             "tags": "omni-provider.proxmox"},
+            {"type": "qemu", "vmid": 105, "node": "pve1", "name": "other"},
+            {"type": "qemu", "vmid": 106, "node": "pve1", "name": "req-1"},
+            {"type": "qemu", "vmid": 107, "node": "pve1", "name": "req-1",
+             "tags": "omni-provider.proxmox"}
+        ]));
+        let at = |id| {
+            unidentified_recorded_vm(&resources, VmId::new(id).ok(), "req-1", "proxmox")
+                .map(|vm| vm.vmid.get())
+        };
+        assert_eq!(at(104), Some(104));
+        assert_eq!(at(105), None, "named otherwise: the listing decides");
+        assert_eq!(at(106), Some(106), "an untagged clone of this request");
+        assert_eq!(at(107), None, "ours by the listing: adopted directly");
+        assert_eq!(
+            unidentified_recorded_vm(&resources, None, "req-1", "proxmox").map(|v| v.vmid),
+            None
+        );
+    }
 }

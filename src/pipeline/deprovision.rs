@@ -100,6 +100,17 @@ pub enum DeprovisionOutcome {
     NothingRecorded,
 }
 
+/// A deprovision's outcome plus what it had to leave behind.
+#[derive(Debug)]
+pub struct Deprovisioned {
+    pub outcome: DeprovisionOutcome,
+    /// The seed ISO could not be deleted (its delete failed, or its node is away). The VM is gone,
+    /// so the teardown finishes anyway: retrying it for a file would block the request's deletion
+    /// for ever when the storage refuses. The ISO is then an orphan: no VM uses it and no live
+    /// request will, so the `orphans` command lists it and `orphans --delete` removes it.
+    pub leftover_seed_iso: Option<DeprovisionError>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DeprovisionError {
     #[error("cannot list the Proxmox cluster to find the VM of request {request_id}: {source}")]
@@ -146,11 +157,9 @@ pub enum DeprovisionError {
         source: ProxmoxError,
     },
 
-    /// The VM part is done (deleted or already gone); only the seed ISO is left.
-    #[error(
-        "the VM is gone, but its seed ISO {volume} on {node} could not be deleted: {source}{}",
-        RetryHint(source)
-    )]
+    /// The VM part is done (deleted or already gone); only the seed ISO is left. Reported in
+    /// [`Deprovisioned::leftover_seed_iso`], never returned as the deprovision's error.
+    #[error("the VM is gone, but its seed ISO {volume} on {node} could not be deleted: {source}")]
     SeedIso {
         volume: String,
         node: NodeName,
@@ -158,10 +167,9 @@ pub enum DeprovisionError {
         source: ProxmoxError,
     },
 
-    /// The VM part is done; the seed ISO's node cannot be reached.
-    #[error(
-        "the VM is gone, but its seed ISO {volume} cannot be deleted: node {node} is {state}; will retry"
-    )]
+    /// The VM part is done; the seed ISO's node cannot be reached. Reported like
+    /// [`DeprovisionError::SeedIso`].
+    #[error("the VM is gone, but its seed ISO {volume} cannot be deleted: node {node} is {state}")]
     SeedIsoNodeOffline {
         volume: String,
         node: NodeName,
@@ -202,6 +210,7 @@ impl DeprovisionError {
 pub enum Action {
     ReadConfig,
     ShutDown,
+    RemoveFromHa,
     Stop,
     Destroy,
 }
@@ -211,6 +220,7 @@ impl fmt::Display for Action {
         f.write_str(match self {
             Self::ReadConfig => "read the config of",
             Self::ShutDown => "shut down",
+            Self::RemoveFromHa => "take out of HA",
             Self::Stop => "stop",
             Self::Destroy => "destroy",
         })
@@ -281,14 +291,9 @@ impl ClusterView {
     /// VMs that look like the request's: named after it and carrying our provider tag (templates
     /// never are).
     pub fn by_identity(&self, request_id: &str, provider_id: &str) -> Vec<&VmResource> {
-        let tag = vm_config::provider_tag(provider_id);
         self.vms
             .iter()
-            .filter(|vm| {
-                !vm.template
-                    && vm.name.as_deref() == Some(request_id)
-                    && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag))
-            })
+            .filter(|vm| vm_config::listed_as_ours(vm, Some(request_id), provider_id))
             .collect()
     }
 
@@ -330,6 +335,18 @@ pub async fn deprovision(
     options: &DeprovisionOptions,
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
+    deprovision_reporting(pve, target, options, progress)
+        .await
+        .map(|d| d.outcome)
+}
+
+/// [`deprovision`], also saying what was left behind (see [`Deprovisioned::leftover_seed_iso`]).
+pub async fn deprovision_reporting(
+    pve: &ProxmoxClient,
+    target: &DeprovisionTarget,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<Deprovisioned, DeprovisionError> {
     progress(&match target.vmid {
         Some(id) => format!("looking up VM {id} in the Proxmox cluster"),
         None => format!(
@@ -350,7 +367,14 @@ pub async fn deprovision(
         DeprovisionOutcome::Deleted { node, .. } => Some(node.clone()),
         _ => None,
     };
-    delete_seed_iso(pve, &view, target, vm_node, options, progress).await?;
+    let leftover_seed_iso = delete_seed_iso(pve, &view, target, vm_node, options, progress)
+        .await
+        .err();
+    if let Some(e) = &leftover_seed_iso {
+        tracing::warn!(request = %target.request_id, error = %e,
+            "seed ISO left behind; the teardown goes on (`orphans` lists it, `orphans --delete` removes it)");
+        progress(&format!("{e}; left for the `orphans` command"));
+    }
     if let Some(pool) = &target.default_pool {
         let deleted = match &outcome {
             DeprovisionOutcome::Deleted { vmid, .. } => Some(*vmid),
@@ -373,7 +397,10 @@ pub async fn deprovision(
             tracing::info!(request = %target.request_id, "no VM was ever created")
         }
     }
-    Ok(outcome)
+    Ok(Deprovisioned {
+        outcome,
+        leftover_seed_iso,
+    })
 }
 
 /// Deletes the set's pool when the listing shows no guest left in it but the one just deleted. Costs
@@ -505,16 +532,25 @@ async fn verdict(
             });
         }
     };
+    // The listing may lack name and template (pvestatd has not reported the VM): the config has them.
+    if config.get("template").as_deref() == Some("1") {
+        return Ok(Verdict::NotOurs("it is a template".into()));
+    }
+    let name = vm.name.clone().or_else(|| config.get("name"));
     let owned_tags = config
         .get("tags")
         .map(|t| parse_tags(&t))
         .unwrap_or_else(|| tags.iter().map(|t| t.to_string()).collect());
+    // A clone that never got to `configure_vm` has our marker (given at clone time) but neither our
+    // tags nor our SMBIOS UUID yet: the UUID is checked once the VM carries our tags.
+    let tag_refs: Vec<&str> = owned_tags.iter().map(String::as_str).collect();
+    let configured = vm_config::has_tag(&tag_refs, &vm_config::provider_tag(&target.provider_id));
     let ownership = vm_config::check_ownership_with_uuid(
-        vm.name.as_deref().unwrap_or_default(),
+        name.as_deref().unwrap_or_default(),
         &owned_tags,
         &config.get("description").unwrap_or_default(),
         config.get("smbios1").as_deref(),
-        target.smbios_uuid.as_deref(),
+        target.smbios_uuid.as_deref().filter(|_| configured),
         &target.request_id,
         &target.provider_id,
     );
@@ -547,54 +583,146 @@ async fn destroy(
             lock: lock.to_owned(),
         });
     }
+    if vm.status.as_deref() != Some("stopped")
+        && let Some(gone) = shut_down(pve, &node, vmid, options, progress).await?
+    {
+        return Ok(gone);
+    }
+    match destroy_tolerating_offline_storage(pve, &node, vmid, options, progress).await {
+        // The listing's status is what pvestatd reported up to ~10 s ago (or the HA manager started
+        // the VM again meanwhile): qemu-server refuses to destroy a running VM, so shut it down and
+        // destroy again, once.
+        Err(DeprovisionError::Proxmox { source, .. }) if refused_as_running(&source) => {
+            tracing::info!(%vmid, %node, "destroy refused: the VM is running after all; shutting it down first");
+            if let Some(gone) = shut_down(pve, &node, vmid, options, progress).await? {
+                return Ok(gone);
+            }
+            destroy_tolerating_offline_storage(pve, &node, vmid, options, progress).await
+        }
+        other => other,
+    }
+}
+
+/// Destroys with `destroy-unreferenced-disks` (a disk Proxmox lost track of goes too), and when an
+/// offline storage makes that fail, again without it.
+///
+/// qemu-server src/PVE/QemuServer.pm, `destroy_vm`: the referenced disks are freed first; then the
+/// unreferenced-disk search lists every image storage of the cluster, and one that is offline fails
+/// the task before the config is removed. Retried as is, the destroy would fail for as long as any
+/// storage anywhere is down. The second call destroys the VM (its referenced disks are already
+/// gone); a leftover on the offline storage is logged.
+async fn destroy_tolerating_offline_storage(
+    pve: &ProxmoxClient,
+    node: &NodeName,
+    vmid: VmId,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    match destroy_once(pve, node, vmid, true, options, progress).await {
+        Err(DeprovisionError::Proxmox { source, .. }) if storage_offline(&source) => {
+            tracing::warn!(%vmid, %node, error = %source,
+                "destroy with the search for unreferenced disks failed on an offline storage; destroying without it (a disk of this VM on that storage may be left behind)");
+            destroy_once(pve, node, vmid, false, options, progress).await
+        }
+        other => other,
+    }
+}
+
+/// A task or answer saying a storage is not online (pve-storage's `activate_storage`).
+fn storage_offline(e: &ProxmoxError) -> bool {
+    match e {
+        ProxmoxError::Api { message, .. }
+        | ProxmoxError::TaskFailed {
+            exit_status: message,
+            ..
+        } => message.contains("storage '") && message.contains("is not online"),
+        _ => false,
+    }
+}
+
+/// Shuts the VM down (stopping it if the guest does not), taking it out of the HA manager first when
+/// it is HA-managed. `Some` when the VM turned out to be gone.
+///
+/// qemu-server src/PVE/API2/Qemu.pm, `vm_shutdown`: for an HA-managed VM the API only asks the HA
+/// manager to stop it (a `hastop` task that ends at once, the VM still running), and `destroy_vm`
+/// then refuses a running VM. So on a `hastop` task the VM leaves HA (it keeps running; the destroy's
+/// `purge` would have removed the resource anyway) and is shut down for real.
+async fn shut_down(
+    pve: &ProxmoxClient,
+    node: &NodeName,
+    vmid: VmId,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<Option<DeprovisionOutcome>, DeprovisionError> {
     let fail = |action, source| DeprovisionError::Proxmox {
         action,
         vmid,
         node: node.clone(),
         source,
     };
-
-    if vm.status.as_deref() != Some("stopped") {
-        let secs = u32::try_from(options.shutdown_timeout.as_secs()).unwrap_or(u32::MAX);
+    let secs = u32::try_from(options.shutdown_timeout.as_secs()).unwrap_or(u32::MAX);
+    progress(&format!(
+        "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
+    ));
+    let mut task = pve.shutdown_vm(node, vmid, secs, true).await;
+    if let Ok(upid) = &task
+        && upid.task_type() == "hastop"
+    {
         progress(&format!(
-            "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
+            "VM {vmid} is HA-managed: taking it out of HA so it can be shut down and destroyed"
         ));
-        let shutdown = match pve.shutdown_vm(&node, vmid, secs, true).await {
-            Ok(upid) => {
-                pve.wait_for_task(&upid, options.shutdown_timeout + options.task_timeout)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        match shutdown {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => return Ok(DeprovisionOutcome::AlreadyGone),
-            Err(e) if e.is_transient() => return Err(fail(Action::ShutDown, e)),
-            // Paused VMs refuse a shutdown, a guest can make it fail: power off instead.
-            Err(e) => {
-                tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
-                progress(&format!("stopping VM {vmid} on {node}"));
-                let stop = match pve.stop_vm(&node, vmid).await {
-                    Ok(upid) => pve.wait_for_task(&upid, options.task_timeout).await,
-                    Err(e) => Err(e),
-                };
-                match stop {
-                    Ok(_) => {}
-                    Err(e) if e.is_not_found() => return Ok(DeprovisionOutcome::AlreadyGone),
-                    Err(e) => return Err(fail(Action::Stop, e)),
-                }
+        match pve.remove_ha_resource(vmid).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => return Ok(Some(DeprovisionOutcome::AlreadyGone)),
+            Err(e) => return Err(fail(Action::RemoveFromHa, e)),
+        }
+        task = pve.shutdown_vm(node, vmid, secs, true).await;
+    }
+    let shutdown = match task {
+        Ok(upid) => {
+            pve.wait_for_task(&upid, options.shutdown_timeout + options.task_timeout)
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    match shutdown {
+        Ok(_) => Ok(None),
+        Err(e) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
+        Err(e) if e.is_transient() => Err(fail(Action::ShutDown, e)),
+        // Paused VMs refuse a shutdown, a guest can make it fail: power off instead.
+        Err(e) => {
+            tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
+            progress(&format!("stopping VM {vmid} on {node}"));
+            let stop = match pve.stop_vm(node, vmid).await {
+                Ok(upid) => pve.wait_for_task(&upid, options.task_timeout).await,
+                Err(e) => Err(e),
+            };
+            match stop {
+                Ok(_) => Ok(None),
+                Err(e) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
+                Err(e) => Err(fail(Action::Stop, e)),
             }
         }
     }
+}
 
+/// One destroy call, with its disks, waited for.
+async fn destroy_once(
+    pve: &ProxmoxClient,
+    node: &NodeName,
+    vmid: VmId,
+    destroy_unreferenced_disks: bool,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<DeprovisionOutcome, DeprovisionError> {
     progress(&format!("destroying VM {vmid} on {node} with its disks"));
     let destroyed = match pve
         .delete_vm(
-            &node,
+            node,
             vmid,
             DeleteRequest {
                 purge: true,
-                destroy_unreferenced_disks: true,
+                destroy_unreferenced_disks,
             },
         )
         .await
@@ -603,9 +731,30 @@ async fn destroy(
         Err(e) => Err(e),
     };
     match destroyed {
-        Ok(_) => Ok(DeprovisionOutcome::Deleted { node, vmid }),
+        Ok(_) => Ok(DeprovisionOutcome::Deleted {
+            node: node.clone(),
+            vmid,
+        }),
         Err(e) if e.is_not_found() || task_says_gone(&e) => Ok(DeprovisionOutcome::AlreadyGone),
-        Err(e) => Err(fail(Action::Destroy, e)),
+        Err(source) => Err(DeprovisionError::Proxmox {
+            action: Action::Destroy,
+            vmid,
+            node: node.clone(),
+            source,
+        }),
+    }
+}
+
+/// qemu-server src/PVE/API2/Qemu.pm, `destroy_vm`'s early check: "VM <id> is running - destroy
+/// failed".
+fn refused_as_running(e: &ProxmoxError) -> bool {
+    match e {
+        ProxmoxError::Api { message, .. }
+        | ProxmoxError::TaskFailed {
+            exit_status: message,
+            ..
+        } => message.contains("is running - destroy failed"),
+        _ => false,
     }
 }
 
@@ -737,9 +886,8 @@ pub struct FoundIso {
 
 /// Our VMs (provider tag), the only ones whose configs the orphan search reads.
 pub fn our_vms<'a>(vms: &'a [VmResource], provider_id: &str) -> Vec<&'a VmResource> {
-    let tag = vm_config::provider_tag(provider_id);
     vms.iter()
-        .filter(|vm| !vm.template && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag)))
+        .filter(|vm| vm_config::listed_as_ours(vm, None, provider_id))
         .collect()
 }
 
@@ -779,15 +927,25 @@ pub fn find_orphans(
     used_isos: &BTreeMap<VmId, Vec<String>>,
 ) -> Orphans {
     let mut orphans = Orphans::default();
+    // Tags come back lowercased (PVE's default tag style), names do not: request IDs are compared
+    // without case, and the name is preferred when it is the tagged request in another case.
+    let live_lower: BTreeSet<String> = live_requests
+        .iter()
+        .map(|r| r.to_ascii_lowercase())
+        .collect();
     for vm in our_vms(vms, provider_id) {
         let tags = vm.tag_list();
-        let request = vm_config::tagged_request(&tags)
-            .map(str::to_owned)
-            .or_else(|| vm.name.clone());
+        let request = match (vm_config::tagged_request(&tags), vm.name.as_deref()) {
+            (Some(tagged), Some(name)) if tagged.eq_ignore_ascii_case(name) => {
+                Some(name.to_owned())
+            }
+            (Some(tagged), _) => Some(tagged.to_owned()),
+            (None, name) => name.map(str::to_owned),
+        };
         let live = [request.as_deref(), vm.name.as_deref()]
             .into_iter()
             .flatten()
-            .any(|id| live_requests.contains(id));
+            .any(|id| live_lower.contains(&id.to_ascii_lowercase()));
         if live {
             continue;
         }
@@ -806,7 +964,7 @@ pub fn find_orphans(
     let used: BTreeSet<&str> = used_isos.values().flatten().map(String::as_str).collect();
     let mut protected_seeds: BTreeSet<String> = live_requests
         .iter()
-        .map(|r| seed_iso_file_name(r))
+        .map(|r| seed_iso_file_name(r).to_ascii_lowercase())
         .collect();
     for vm in our_vms(vms, provider_id) {
         let tags = vm.tag_list();
@@ -814,7 +972,7 @@ pub fn find_orphans(
             .into_iter()
             .flatten()
         {
-            protected_seeds.insert(seed_iso_file_name(request));
+            protected_seeds.insert(seed_iso_file_name(request).to_ascii_lowercase());
         }
     }
     let mut seen = BTreeSet::new();
@@ -824,7 +982,7 @@ pub fn find_orphans(
             continue;
         }
         let file = volume.rsplit('/').next().unwrap_or(volume);
-        if protected_seeds.contains(file) {
+        if protected_seeds.contains(&file.to_ascii_lowercase()) {
             continue;
         }
         // A shared storage lists the same volume on every node; node-local ones are distinct files.

@@ -16,10 +16,29 @@ use crate::proxmox::property::{
     self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, IsoVolume, MacAddr, NewDisk, Nic,
     PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
 };
+use crate::proxmox::types::VmResource;
 
 /// The tag marking every VM this provider made: `omni-provider.<provider id>`.
 pub fn provider_tag(provider_id: &str) -> String {
     format!("omni-provider.{provider_id}")
+}
+
+/// Whether `tags` carry `wanted`. Proxmox lowercases tags by default (datacenter.cfg `tag-style`,
+/// `case-sensitive` off), so a provider ID or request ID with capitals comes back lowercased: every
+/// tag comparison of ours ignores case, and goes through here.
+pub fn has_tag(tags: &[&str], wanted: &str) -> bool {
+    tags.iter().any(|t| t.eq_ignore_ascii_case(wanted))
+}
+
+/// The one listing-level answer to "does this VM look like ours?", used by adoption (`create_vm`),
+/// teardown (`deprovision`) and the `orphans` search alike: not a template, carrying our provider
+/// tag (any case), and, when `request_id` is given, named after that request. A VM whose listing
+/// entry has no name yet (pvestatd has not reported it) does not match here; callers that hold a
+/// recorded VMID read its config instead (see [`ListingVerdict::NeedsConfig`]).
+pub fn listed_as_ours(vm: &VmResource, request_id: Option<&str>, provider_id: &str) -> bool {
+    !vm.template
+        && has_tag(&vm.tag_list(), &provider_tag(provider_id))
+        && request_id.is_none_or(|id| vm.name.as_deref() == Some(id))
 }
 
 /// The tag naming the request a VM was made for: `omni-request.<request id>`. `None` when the ID is not
@@ -188,9 +207,7 @@ pub fn owned_by_listing(
     let Some(request) = request_tag(request_id) else {
         return false;
     };
-    let provider = provider_tag(provider_id);
-    let has = |wanted: &str| tags.iter().any(|t| t.eq_ignore_ascii_case(wanted));
-    name == Some(request_id) && has(&provider) && has(&request)
+    name == Some(request_id) && has_tag(tags, &provider_tag(provider_id)) && has_tag(tags, &request)
 }
 
 /// What the `/cluster/resources` listing (name + tags) says about a VM.
@@ -218,7 +235,9 @@ pub fn listing_ownership(
     match name {
         Some(n) if n == request_id => ListingVerdict::NeedsConfig,
         Some(n) => ListingVerdict::NotOurs(format!("it is named {n:?}, not {request_id:?}")),
-        None => ListingVerdict::NotOurs(format!("it has no name, not {request_id:?}")),
+        // No name: pvestatd has not reported the VM yet (created seconds ago, or its node has been
+        // away for minutes and its RRD entry expired). The listing cannot tell; the config can.
+        None => ListingVerdict::NeedsConfig,
     }
 }
 
@@ -434,27 +453,205 @@ pub fn render_after_clone(
     data: &ProviderData,
     identity: &VmIdentity<'_>,
     target: &VmTarget,
-    cloned_boot_volume: Option<&str>,
+    cloned_boot: Option<&BootDisk>,
 ) -> Result<Vec<(String, String)>, RenderError> {
     let mut out = Vec::new();
     common(data, identity, target, &mut out)?;
-    if let Some(volume) = cloned_boot_volume
+    let slot = cloned_boot.map_or("scsi0", |b| b.slot.as_str());
+    if let Some(boot) = cloned_boot
         && data.disk != DiskOptions::default()
-        && let Ok(disk) = ExistingDisk::new(volume, data.disk)
+        && let Ok(disk) = ExistingDisk::new(boot.volume(), data.disk)
     {
-        out.push(("scsi0".into(), disk.render()));
+        out.push((boot.slot.clone(), disk.render()));
     }
-    out.push((
-        "boot".into(),
-        property::boot_order(&[Slot::Scsi(0), Slot::Net(0)]),
-    ));
+    out.push(("boot".into(), format!("order={slot};{}", Slot::Net(0))));
     Ok(out)
 }
 
-/// `PUT /nodes/{node}/qemu/{vmid}/resize` parameters growing the cloned boot disk to `disk_size`.
-pub fn boot_disk_resize(data: &ProviderData) -> [(String, String); 2] {
+/// The boot disk a clone inherited from its template: its slot (`scsi0`, `virtio0`, `sata0`, …) and
+/// drive value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootDisk {
+    pub slot: String,
+    pub drive: String,
+}
+
+impl BootDisk {
+    /// The volume part of the drive (`local-lvm:vm-104-disk-0`).
+    pub fn volume(&self) -> &str {
+        self.drive.split(',').next().unwrap_or(&self.drive)
+    }
+
+    /// Finds it in a config copied from a template: the first disk of `boot: order=…` that is not a
+    /// CD-ROM, else the legacy `bootdisk`, else the first disk among scsi, virtio, sata and ide
+    /// slots. A template made by hand may boot from `virtio0` or `sata0`; assuming `scsi0` would
+    /// set a boot order without the disk and resize a disk that does not exist.
+    pub fn of(config: &crate::proxmox::types::VmConfig) -> Option<BootDisk> {
+        let disk = |slot: &str| {
+            config
+                .get(slot)
+                .filter(|d| is_drive_key(slot) && !is_cdrom(d))
+                .map(|drive| BootDisk {
+                    slot: slot.to_owned(),
+                    drive,
+                })
+        };
+        let order = config.get("boot").and_then(|b| {
+            b.split(',')
+                .find_map(|p| p.trim().strip_prefix("order=").map(str::to_owned))
+        });
+        if let Some(found) = order
+            .iter()
+            .flat_map(|o| o.split(';'))
+            .find_map(|slot| disk(slot.trim()))
+        {
+            return Some(found);
+        }
+        if let Some(found) = config.get("bootdisk").and_then(|s| disk(&s)) {
+            return Some(found);
+        }
+        let mut slots: Vec<(usize, u32, &String)> = config
+            .0
+            .keys()
+            .filter_map(|k| {
+                let rank = ["scsi", "virtio", "sata", "ide"]
+                    .iter()
+                    .position(|p| k.starts_with(p))?;
+                let n: u32 = k
+                    .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                    .parse()
+                    .ok()?;
+                Some((rank, n, k))
+            })
+            .collect();
+        slots.sort();
+        slots.into_iter().find_map(|(_, _, k)| disk(k))
+    }
+}
+
+fn is_cdrom(drive: &str) -> bool {
+    let first = drive.split(',').next().unwrap_or(drive);
+    first == "none" || first == "cdrom" || drive.split(',').any(|p| p.trim() == "media=cdrom")
+}
+
+/// Whether a config value makes Proxmox allocate something new each time it is applied: a drive given
+/// as `<storage>:<size in GiB>` (a new volume; qemu-server src/PVE/API2/Qemu.pm, `update_vm` →
+/// `create_disks`), or a NIC without a MAC (PVE generates a random one). Such an update must never
+/// be replayed blindly.
+pub fn allocates(key: &str, value: &str) -> bool {
+    let first = value.split(',').next().unwrap_or(value).trim();
+    if is_nic_key(key) {
+        return !first.contains('=') && !value.contains("macaddr=");
+    }
+    if !is_drive_key(key) {
+        return false;
+    }
+    match first.split_once(':') {
+        Some((storage, size)) => {
+            !storage.is_empty()
+                && !size.is_empty()
+                && size.chars().all(|c| c.is_ascii_digit() || c == '.')
+        }
+        None => false,
+    }
+}
+
+fn is_nic_key(key: &str) -> bool {
+    key.strip_prefix("net")
+        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+fn is_drive_key(key: &str) -> bool {
+    ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"]
+        .iter()
+        .any(|prefix| {
+            key.strip_prefix(prefix)
+                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        })
+}
+
+/// Makes a config update safe to apply a second time (a step retried after an answer that was lost
+/// on the way back): a drive slot the VM already has keeps its volume instead of allocating another
+/// one, and a NIC the VM already has keeps its MAC. Everything else is an absolute value and is
+/// sent as is.
+pub fn without_repeated_allocations(
+    params: Vec<(String, String)>,
+    current: &crate::proxmox::types::VmConfig,
+) -> Vec<(String, String)> {
+    params
+        .into_iter()
+        .filter_map(|(key, value)| {
+            if !allocates(&key, &value) {
+                return Some((key, value));
+            }
+            let Some(existing) = current.get(&key) else {
+                // Nothing there yet: this is the first allocation.
+                return Some((key, value));
+            };
+            if is_drive_key(&key) {
+                // Already allocated by the first attempt: keep it.
+                return None;
+            }
+            let mac = existing
+                .split(',')
+                .next()
+                .and_then(|model| model.split_once('='))
+                .map(|(_, mac)| mac.to_owned());
+            match mac {
+                Some(mac) => {
+                    let (model, rest) = value.split_once(',').unwrap_or((value.as_str(), ""));
+                    let with_mac = if rest.is_empty() {
+                        format!("{model}={mac}")
+                    } else {
+                        format!("{model}={mac},{rest}")
+                    };
+                    Some((key, with_mac))
+                }
+                None => Some((key, value)),
+            }
+        })
+        .collect()
+}
+
+/// Slots of cloud-init drives a clone inherited from its template. Proxmox regenerates such a drive
+/// at every start as an ISO labelled `cidata` (NoCloud; qemu-server src/PVE/QemuServer/Cloudinit.pm
+/// `commit_cloudinit_disk`), which would give Talos two `cidata` sources beside our seed: they
+/// are deleted in the clone's config update. Recognised as qemu-server's `drive_is_cloudinit`
+/// (src/PVE/QemuServer/Drive.pm) does: a volume named `cloudinit` or `vm-<id>-cloudinit`.
+pub fn cloud_init_drives(config: &crate::proxmox::types::VmConfig) -> Vec<String> {
+    let mut slots: Vec<String> = config
+        .0
+        .keys()
+        .filter(|k| is_drive_key(k))
+        .filter(|k| {
+            config.get(k).is_some_and(|drive| {
+                let volume = drive.split(',').next().unwrap_or_default();
+                let name = volume.rsplit([':', '/']).next().unwrap_or_default();
+                let stem = ["raw", "qcow2", "vmdk"]
+                    .iter()
+                    .find_map(|ext| name.strip_suffix(&format!(".{ext}")))
+                    .unwrap_or(name);
+                volume.contains([':', '/'])
+                    && (stem == "cloudinit"
+                        || stem
+                            .strip_prefix("vm-")
+                            .and_then(|rest| rest.strip_suffix("-cloudinit"))
+                            .is_some_and(|id| {
+                                !id.is_empty() && id.chars().all(|c| c.is_ascii_digit())
+                            }))
+            })
+        })
+        .cloned()
+        .collect();
+    slots.sort();
+    slots
+}
+
+/// `PUT /nodes/{node}/qemu/{vmid}/resize` parameters growing the cloned boot disk (in `slot`) to
+/// `disk_size`.
+pub fn boot_disk_resize(data: &ProviderData, slot: &str) -> [(String, String); 2] {
     [
-        ("disk".into(), "scsi0".into()),
+        ("disk".into(), slot.to_owned()),
         ("size".into(), format!("{}G", data.disk_size_gb)),
     ]
 }
@@ -467,9 +664,13 @@ pub fn clone_params(
     node: &str,
     storage: &StorageId,
 ) -> Vec<(String, String)> {
+    // The clone call takes no tags, but it takes a description: the marker goes on at clone time, so
+    // a crash (or a clone task outliving our wait) before `configure_vm` leaves a VM we can still
+    // prove is ours from its config.
     let mut out = vec![
         ("newid".to_string(), newid.to_string()),
         ("name".to_string(), identity.request_id.to_string()),
+        ("description".to_string(), description_marker(identity)),
         ("target".to_string(), node.to_string()),
         ("full".to_string(), "1".to_string()),
         ("storage".to_string(), storage.to_string()),
@@ -641,8 +842,11 @@ mod tests {
         let d = data("boot: clone\ntemplate: 9000\ndisk_ssd: true\npool: omni\n");
         let mut t = target(0);
         t.boot_iso = None;
-        let params =
-            render_after_clone(&d, &identity(), &t, Some("local-lvm:vm-104-disk-0")).unwrap();
+        let boot = BootDisk {
+            slot: "scsi0".into(),
+            drive: "local-lvm:vm-104-disk-0,size=8G".into(),
+        };
+        let params = render_after_clone(&d, &identity(), &t, Some(&boot)).unwrap();
         assert_eq!(get(&params, "scsi0"), Some("local-lvm:vm-104-disk-0,ssd=1"));
         assert_eq!(get(&params, "boot"), Some("order=scsi0;net0"));
         for absent in ["vmid", "name", "pool", "ide2", "efidisk0"] {
@@ -652,7 +856,7 @@ mod tests {
             get(&params, "ide3"),
             Some("local:iso/omni-seed-req-1.iso,media=cdrom")
         );
-        assert_eq!(boot_disk_resize(&d)[1].1, "20G");
+        assert_eq!(boot_disk_resize(&d, "scsi0")[1].1, "20G");
         let clone = clone_params(&d, &identity(), 104, "pve2", &t.storage);
         assert_eq!(get(&clone, "pool"), Some("omni"));
         assert_eq!(get(&clone, "target"), Some("pve2"));
@@ -781,9 +985,138 @@ mod tests {
             listing_ownership(Some("web-1"), &ours, "req-1", "proxmox"),
             ListingVerdict::NotOurs(ref why) if why.contains("web-1")
         ));
-        assert!(matches!(
+        // pve-manager PVE/API2/Cluster.pm, `resources`, fills a VM's entry through
+        // PVE/API2Tools.pm `extract_vm_stats`, which takes name, status and template from the RRD
+        // data pvestatd broadcasts; without it (a VM created seconds ago, a node offline for
+        // minutes) the entry has only vmid/node/type, status "unknown", plus tags and lock from the
+        // config. A missing name proves nothing: the config decides.
+        assert_eq!(
             listing_ownership(None, &[], "req-1", "proxmox"),
-            ListingVerdict::NotOurs(_)
+            ListingVerdict::NeedsConfig
+        );
+        assert_eq!(
+            listing_ownership(None, &ours, "req-1", "proxmox"),
+            ListingVerdict::NeedsConfig
+        );
+    }
+
+    #[test]
+    fn the_boot_disk_comes_from_the_templates_config() {
+        let config = |json: serde_json::Value| -> crate::proxmox::types::VmConfig {
+            serde_json::from_value(json).unwrap()
+        };
+        // qemu-server: `boot: order=` lists devices in boot order (CD-ROMs and NICs too); older
+        // configs use `bootdisk`.
+        let virtio = config(serde_json::json!({
+            "ide2": "local:iso/talos.iso,media=cdrom",
+            "virtio0": "local-lvm:vm-104-disk-0,size=8G",
+            "scsi1": "local-lvm:vm-104-disk-1,size=2G",
+            "boot": "order=ide2;virtio0;net0"
+        }));
+        let found = BootDisk::of(&virtio).unwrap();
+        assert_eq!(found.slot, "virtio0");
+        assert_eq!(found.volume(), "local-lvm:vm-104-disk-0");
+        let legacy = config(serde_json::json!({
+            "sata0": "local-lvm:vm-104-disk-0,size=8G", "bootdisk": "sata0"
+        }));
+        assert_eq!(BootDisk::of(&legacy).unwrap().slot, "sata0");
+        let bare = config(serde_json::json!({
+            "ide0": "local-lvm:vm-104-disk-1,size=8G",
+            "ide2": "none,media=cdrom",
+            "virtio1": "local-lvm:vm-104-disk-0,size=8G"
+        }));
+        assert_eq!(BootDisk::of(&bare).unwrap().slot, "virtio1");
+        let d = data("boot: clone\ntemplate: 9000\n");
+        let mut t = target(0);
+        t.boot_iso = None;
+        let params = render_after_clone(&d, &identity(), &t, Some(&found)).unwrap();
+        assert_eq!(get(&params, "boot"), Some("order=virtio0;net0"));
+        assert_eq!(boot_disk_resize(&d, &found.slot)[0].1, "virtio0");
+    }
+
+    #[test]
+    fn a_templates_cloud_init_drive_is_found() {
+        let config: crate::proxmox::types::VmConfig = serde_json::from_value(serde_json::json!({
+            "ide0": "local-lvm:vm-104-cloudinit,media=cdrom",
+            "ide1": "nfs:104/vm-104-cloudinit.qcow2,media=cdrom",
+            "ide2": "local:iso/talos.iso,media=cdrom",
+            "ide3": "local:iso/omni-seed-r.iso,media=cdrom",
+            "scsi0": "local-lvm:vm-104-disk-0,size=8G",
+            "description": "vm-1-cloudinit"
+        }))
+        .unwrap();
+        assert_eq!(cloud_init_drives(&config), ["ide0", "ide1"]);
+    }
+
+    #[test]
+    fn a_config_update_never_allocates_twice() {
+        // qemu-server src/PVE/API2/Qemu.pm `update_vm`: `<storage>:<GiB>` creates a new volume and a
+        // NIC without MAC gets a fresh random one, at every call.
+        assert!(allocates("scsi1", "local-lvm:2,iothread=1"));
+        assert!(allocates("efidisk0", "local-lvm:1,efitype=4m"));
+        assert!(!allocates("scsi1", "local-lvm:vm-104-disk-1,size=2G"));
+        assert!(!allocates("ide3", "local:iso/omni-seed-r.iso,media=cdrom"));
+        assert!(allocates("net0", "virtio,bridge=vmbr0"));
+        assert!(!allocates("net0", "virtio=BC:24:11:00:00:01,bridge=vmbr0"));
+        assert!(!allocates("cores", "2"));
+
+        let current: crate::proxmox::types::VmConfig = serde_json::from_value(serde_json::json!({
+            "scsi1": "local-lvm:vm-104-disk-1,size=2G",
+            "net0": "virtio=BC:24:11:AA:BB:CC,bridge=vmbr0"
+        }))
+        .unwrap();
+        let params = vec![
+            ("cores".to_string(), "2".to_string()),
+            ("scsi1".into(), "local-lvm:2,iothread=1".into()),
+            ("scsi2".into(), "local-lvm:3".into()),
+            ("net0".into(), "virtio,bridge=vmbr1,firewall=1".into()),
+            ("net1".into(), "virtio,bridge=vmbr0".into()),
+        ];
+        let again = without_repeated_allocations(params, &current);
+        assert_eq!(
+            again,
+            [
+                ("cores".to_string(), "2".to_string()),
+                ("scsi2".into(), "local-lvm:3".into()),
+                (
+                    "net0".into(),
+                    "virtio=BC:24:11:AA:BB:CC,bridge=vmbr1,firewall=1".into()
+                ),
+                ("net1".into(), "virtio,bridge=vmbr0".into()),
+            ]
+        );
+    }
+
+    fn listed(json: serde_json::Value) -> VmResource {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn one_ownership_predicate_ignores_tag_case() {
+        // PVE lowercases tags unless datacenter.cfg `tag-style` sets case-sensitive (pve-manager
+        // and qemu-server store them through PVE::JSONSchema's tag list, lowercased by default):
+        // a provider ID with capitals comes back lowercased.
+        let vm = listed(serde_json::json!({
+            "vmid": 104, "node": "pve1", "name": "Req-1",
+            "tags": "omni-provider.my-proxmox;omni-request.req-1"
+        }));
+        assert!(listed_as_ours(&vm, Some("Req-1"), "My-Proxmox"));
+        assert!(listed_as_ours(&vm, None, "MY-PROXMOX"));
+        assert!(
+            !listed_as_ours(&vm, Some("req-1"), "My-Proxmox"),
+            "names are exact"
+        );
+        assert!(!listed_as_ours(&vm, None, "other"));
+        let template = listed(serde_json::json!({
+            "vmid": 9000, "node": "pve1", "name": "Req-1", "template": 1,
+            "tags": "omni-provider.my-proxmox"
+        }));
+        assert!(!listed_as_ours(&template, None, "My-Proxmox"));
+        assert!(owned_by_listing(
+            Some("Req-1"),
+            &["OMNI-PROVIDER.my-proxmox", "omni-request.req-1"],
+            "Req-1",
+            "My-Proxmox"
         ));
     }
 

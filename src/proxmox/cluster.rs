@@ -113,3 +113,22 @@ impl ProxmoxClient {
         }
     }
 }
+
+impl ProxmoxClient {
+    /// Takes the VM out of the HA manager (`DELETE /cluster/ha/resources/vm:<id>`), leaving it in
+    /// whatever state it is. Not HA-managed (any more) is success.
+    pub async fn remove_ha_resource(&self, vmid: VmId) -> Result<(), ProxmoxError> {
+        let sid = format!("vm:{vmid}");
+        match self
+            .delete::<serde_json::Value>(&["cluster", "ha", "resources", &sid], Params::new())
+            .await
+        {
+            Ok(_) => Ok(()),
+            // pve-ha-manager src/PVE/API2/HA/Resources.pm, `delete`: "cannot delete service
+            // '<sid>', not HA managed!"
+            Err(ProxmoxError::Api { message, .. }) if message.contains("not HA managed") => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -18,12 +18,13 @@ import asyncio
 import json
 import re
 import sys
+import time
 
 from aiohttp import web
 from fakepve.model import PveError, TaskError
-from fakepve.qemu import volume_ref
+from fakepve.qemu import drives_of, volume_ref, with_mac
 from fakepve.routing import die, split_list
-from fakepve.server import GENERIC, USER, FakePve, int_param, ok, params
+from fakepve.server import GENERIC, USER, FakePve, error, int_param, ok, params
 
 
 class LauncherPve(FakePve):
@@ -76,7 +77,92 @@ class LauncherPve(FakePve):
                             for m in self.mappings.get(kind, [])]
             if answer is not None:
                 return ok(await self.answer(request, match, await params(request), request[USER], call=answer))
+        ha = await self._ha_resources(request, match)
+        if ha is not None:
+            return ha
+        resized = await self._qm_resize(request, match)
+        if resized is not None:
+            return resized
         return await super()._generic(request)
+
+    # --- VM lifecycle conformance: HA resources that are really HA-managed VMs. fakepve answers
+    # /cluster/ha/resources generically and stores nothing, so a VM registered there never became
+    # HA-managed. pve-ha-manager src/PVE/API2/HA/Resources.pm: `create` refuses a sid already
+    # defined, `delete` refuses a sid that is not HA-managed ("cannot delete service '<sid>', not HA
+    # managed!") and otherwise removes it from the config, leaving the VM as it is.
+    async def _ha_resources(self, request, match):
+        if match is None or match.template not in ('/cluster/ha/resources', '/cluster/ha/resources/{sid}'):
+            return None
+        if request.method not in ('POST', 'DELETE'):
+            return None
+        values = dict(await params(request))
+        values.update(match.params)
+        sid = str(values.get('sid', ''))
+        vmid = sid.split(':', 1)[1] if sid.startswith('vm:') else sid
+        vm = self.guest(int(vmid)) if vmid.isdigit() else None
+        if vm is None:
+            return None
+        if request.method == 'POST' and vm.ha_managed:
+            raise PveError(500, "resource ID '{0}' already defined".format(sid))
+        if request.method == 'DELETE' and not vm.ha_managed:
+            raise PveError(500, "cannot delete service '{0}', not HA managed!".format(sid))
+        response = await super()._generic(request)
+        if response.status == 200:
+            vm.ha_state = values.get('state', 'started') if request.method == 'POST' else None
+        return response
+
+    # --- VM lifecycle conformance: qemu resize. fakepve answers it generically (any disk, nothing
+    # changes); qemu-server src/PVE/API2/Qemu.pm `resize_vm` refuses a disk the config does not have
+    # ("disk '<disk>' does not exist") or a CD-ROM, and records the new size in the drive.
+    async def _qm_resize(self, request, match):
+        if match is None or match.template != '/nodes/{node}/qemu/{vmid}/resize' or request.method != 'PUT':
+            return None
+        values = dict(await params(request))
+        vm = self.find(match.params['node'], int(match.params['vmid']))
+        disk = str(values.get('disk', ''))
+        drive = vm.config.get(disk)
+        if not drive:
+            raise PveError(500, "disk '{0}' does not exist".format(disk))
+        if 'media=cdrom' in str(drive):
+            raise PveError(500, "you can't resize a cdrom")
+        size = str(values.get('size', ''))
+        response = await super()._generic(request)
+        if response.status == 200 and not size.startswith('+'):
+            parts = [p for p in str(drive).split(',') if not p.startswith('size=')]
+            vm.config[disk] = ','.join(parts + ['size=' + size])
+        return response
+
+    # --- VM lifecycle conformance: clone to another node. qemu-server src/PVE/API2/Qemu.pm
+    # `clone_vm` (through `$check_storage_access_clone`) requires every drive of the source, CD-ROM
+    # ISOs included, to be on shared storage ("can't clone VM to node '<target>' (VM uses local
+    # storage)"), whatever the target storage. fakepve checks only the target storage.
+    async def _qm_clone(self, v, user):
+        vm = self.find(v['node'], v['vmid'])
+        target = v.get('target')
+        if vm is not None and target and target not in (vm.node, 'localhost'):
+            for _key, volume, _props in drives_of(vm.config):
+                sid, _name = volume_ref(volume)
+                if sid is None:
+                    continue
+                store = self.storages.get(sid, {})
+                if not store.get('shared'):
+                    raise PveError(500, "can't clone VM to node '{0}' (VM uses local storage)".format(target))
+        return await super()._qm_clone(v, user)
+
+    # qemu-server src/PVE/API2/Qemu.pm, `vm_shutdown`/`vm_stop`: for an HA-managed VM the API only runs
+    # `ha-manager crm-command stop` in a `hastop` worker, which ends at once; the CRM stops the VM
+    # later, on its own schedule. fakepve stops the VM inside that task when time_scale is 0; here
+    # it stays running (the CRM has not acted yet) unless `ha_stop_applies` is set.
+    ha_stop_applies = False
+
+    async def _ha_request(self, vm, user, state):
+        if state != 'stopped' or self.ha_stop_applies:
+            return await super()._ha_request(vm, user, state)
+
+        async def body():
+            return None
+        return await self.task(vm.node, 'hastop', vm.vmid, user, body, lock=False,
+                               log=['Requesting HA stop for VM {0}'.format(vm.vmid)])
 
     async def _agent_call(self, match, values):
         vm = self.find(values['node'], values['vmid'])
@@ -198,6 +284,98 @@ class LauncherPve(FakePve):
     def _storage_path(self, name):
         store = self.storages.get(name, {})
         return store.get('path') or ('/var/lib/vz' if name == 'local' else '/mnt/pve/' + name)
+
+    # --- VM lifecycle conformance: the listing's pvestatd lag (ops `listing_without_stats`,
+    # `stats_lag`). pve-manager PVE/API2/Cluster.pm `resources` builds each VM entry with
+    # PVE/API2Tools.pm `extract_vm_stats`, which takes name, status, template and the usage numbers
+    # from the RRD data pvestatd broadcasts (PVE/Service/pvestatd.pm); lock and tags come from the
+    # config. Without RRD data (a VM created seconds ago, every VM of a node offline for minutes) an
+    # entry has only id/vmid/node/type, status "unknown", and pool/tags/lock. fakepve always fills
+    # everything in.
+    stats_missing_vmids = None
+    stats_missing_nodes = None
+    stats_lag_secs = 0.0
+    # VMID -> the status pvestatd last reported (~10 s stale on real PVE), shown instead of the real one.
+    stats_stale_status = None
+    _stats_first_seen = None
+
+    def _without_stats(self, item):
+        if item.get('type') != 'qemu':
+            return False
+        if item.get('vmid') in (self.stats_missing_vmids or ()) or item.get('node') in (self.stats_missing_nodes or ()):
+            return True
+        if not self.stats_lag_secs:
+            return False
+        seen = self._stats_first_seen.setdefault(item.get('vmid'), time.monotonic())
+        return time.monotonic() - seen < self.stats_lag_secs * (self.time_scale or 1)
+
+    async def _resources(self, request):
+        response = await super()._resources(request)
+        if self._stats_first_seen is None:
+            self._stats_first_seen = {}
+        if response.status != 200:
+            return response
+        data = json.loads(response.text).get('data') or []
+        for item in data:
+            if item.get('type') == 'qemu' and item.get('vmid') in (self.stats_stale_status or {}):
+                item['status'] = self.stats_stale_status[item['vmid']]
+            if self._without_stats(item):
+                kept = {k: v for k, v in item.items() if k in ('id', 'vmid', 'node', 'type', 'pool', 'tags', 'lock', 'hastate')}
+                item.clear()
+                item.update(kept, status='unknown')
+        return ok(data)
+
+    # --- VM lifecycle conformance: `destroy-unreferenced-disks` with an image storage offline.
+    # qemu-server src/PVE/QemuServer.pm `destroy_vm`: the disks the config references are freed
+    # first (failures only warned about), then with purge_unreferenced `PVE::Storage::vdisk_list`
+    # walks every image storage, and one that is not online dies, failing the task before the config
+    # is removed: the VM stays, and every retry with the flag fails the same way. fakepve skips
+    # offline storages silently.
+    async def _qm_destroy(self, v, user):
+        unreferenced = str(v.get('destroy-unreferenced-disks', '0')) in ('1', 'true')
+        offline = sorted(sid for sid, store in self.storages.items()
+                         if not store.get('active', 1) and 'images' in str(store.get('content', 'images')))
+        if not unreferenced or not offline:
+            return await super()._qm_destroy(v, user)
+        vm = self.find(v['node'], v['vmid'])
+        self._qm_check_protection(vm, "can't remove VM {0}".format(vm.vmid))
+        if vm.status == 'running':
+            raise PveError(500, 'VM {0} is running - destroy failed'.format(vm.vmid))
+
+        async def body():
+            for _key, volume, _props in drives_of(vm.config):
+                try:
+                    self._qm_free(volume)
+                except Exception:  # noqa: BLE001 - PVE only warns here
+                    pass
+            raise TaskError("storage '{0}' is not online".format(offline[0]))
+        return await self.task(vm.node, 'qmdestroy', vm.vmid, user, body, vm=vm)
+
+    # --- VM lifecycle conformance: an answer lost after the change was applied (a proxy timing out,
+    # a connection reset), op `lose_answer` {method, suffix, times}. fakepve's `fail` refuses before
+    # applying; on a real cluster the change is often made and only the answer is lost.
+    lost_answers = None
+
+    # qemu-server src/PVE/API2/Qemu.pm `update_vm` parses every netN through parse_net, which makes
+    # up a MAC when none is given: a config update without MAC changes the NIC's MAC. fakepve keeps
+    # the value as sent.
+    async def _apply_config(self, vm, user, p):
+        for key in list(p):
+            if key.startswith('net') and key[3:].isdigit() and p[key]:
+                p[key] = with_mac(str(p[key]))
+        return await super()._apply_config(vm, user, p)
+
+    async def _answer(self, request, handler, generic, path_node):
+        response = await super()._answer(request, handler, generic, path_node)
+        for key, times in list((self.lost_answers or {}).items()):
+            if request.method != key[0] or not request.path.endswith(key[1]) or response.status != 200:
+                continue
+            if times <= 1:
+                del self.lost_answers[key]
+            else:
+                self.lost_answers[key] = times - 1
+            return error(502, 'Bad Gateway (fakepve: the change was applied, its answer lost)')
+        return response
 
     def _qm_free(self, volid):
         """Real PVE never frees an ISO image through a VM (destroy skips CD-ROM drives); fakepve 0.5.0
@@ -324,7 +502,7 @@ async def command(pve, cmd):
         return [vm_view(vm) for vm in pve.vms]
     elif op == 'add_vm':
         vm = pve.add_vm(cmd['vmid'], cmd['name'], node=cmd.get('node', 'pve1'), status=cmd.get('status', 'stopped'),
-                        config=cmd.get('config', {}))
+                        config=cmd.get('config', {}), template=cmd.get('template', False))
         return vm_view(vm)
     elif op == 'remove_vm':
         pve.vms = [vm for vm in pve.vms if vm.vmid != cmd['vmid']]
@@ -341,6 +519,33 @@ async def command(pve, cmd):
         pve.mappings = dict(pve.mappings or {}, **{cmd['kind']: cmd['mappings']})
     elif op == 'pools':
         return dict((name, sorted(members)) for name, members in pve.pools.items())
+    elif op == 'listing_without_stats':
+        # The listing shows these VMs (a `vmid`) or every VM of a `node` as pvestatd-less entries until
+        # called again with on=false.
+        attr = 'stats_missing_vmids' if 'vmid' in cmd else 'stats_missing_nodes'
+        key = cmd['vmid'] if 'vmid' in cmd else cmd['node']
+        current = set(getattr(pve, attr) or ())
+        if cmd.get('on', True):
+            current.add(key)
+        else:
+            current.discard(key)
+        setattr(pve, attr, current)
+    elif op == 'lose_answer':
+        lost = dict(pve.lost_answers or {})
+        lost[(cmd['method'], cmd['suffix'])] = int(cmd.get('times', 1))
+        pve.lost_answers = lost
+    elif op == 'listing_status':
+        # The listing shows `status` for `vmid` (pvestatd's stale view) until called with status null.
+        stale = dict(pve.stats_stale_status or {})
+        if cmd.get('status') is None:
+            stale.pop(cmd['vmid'], None)
+        else:
+            stale[cmd['vmid']] = cmd['status']
+        pve.stats_stale_status = stale
+    elif op == 'stats_lag':
+        # A VM's first `seconds` in the listing (from the first listing that shows it) go without stats.
+        pve.stats_lag_secs = float(cmd['seconds'])
+        pve._stats_first_seen = {vm.vmid: time.monotonic() - 1e9 for vm in pve.vms}
     elif op == 'ping':
         return 'pong'
     elif op in ('grant', 'set_acl', 'old_pve8_errors', 'unlist_volume'):

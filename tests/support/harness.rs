@@ -32,6 +32,8 @@ pub struct Harness {
     stop: Option<watch::Sender<bool>>,
     running: Option<tokio::task::JoinHandle<()>>,
     pub config: ProviderConfig,
+    /// The running controller's metrics (replaced at each `start_controller`).
+    pub metrics: Arc<omni_infra_provider_proxmox::metrics::Metrics>,
 }
 
 impl Harness {
@@ -54,12 +56,14 @@ impl Harness {
             stop: None,
             running: None,
             config,
+            metrics: Default::default(),
         };
         h.start_controller();
         Some(h)
     }
 
     pub fn start_controller(&mut self) {
+        self.metrics = Default::default();
         let client = self.omni.client(PROVIDER);
         let services = Arc::new(Services {
             provider_id: PROVIDER.into(),
@@ -80,7 +84,7 @@ impl Harness {
                 agent_poll: Duration::from_millis(50),
                 ..Timeouts::default()
             },
-            metrics: Default::default(),
+            metrics: self.metrics.clone(),
         });
         let provisioner = Arc::new(Provisioner::new(
             services,
