@@ -254,7 +254,11 @@ pub async fn run_with(
         vmids_in_flight: Default::default(),
         image_locks: Default::default(),
         pools_created: Default::default(),
-        image_factory_url: settings.image_factory_url,
+        image_factory_url: crate::pipeline::image_factory::resolve_factory(
+            &omni.state,
+            &settings.image_factory_url,
+        )
+        .await,
         factory_http: crate::pipeline::image_factory::http_client()?,
         timeouts: Timeouts::default(),
         metrics,

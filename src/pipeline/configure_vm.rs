@@ -79,7 +79,7 @@ pub async fn upload_seed(
         return Ok(v);
     }
     // Beside the boot ISO when there is one, else on the ISO storage the selector picks.
-    let storage = match volume_storage(&ctx.state.volume_id) {
+    let storage = match volume_storage(&ctx.state.boot_iso_volume) {
         Some(s) => s.to_owned(),
         None => iso_storage(ctx, node).await?.0,
     };
