@@ -301,6 +301,24 @@ mod tests {
     }
 
     #[test]
+    fn iso_url_and_name_are_the_official_providers() {
+        // omni-infra-provider-proxmox internal/pkg/provider/provision.go, step uploadISO: the URL is
+        // the factory base joined with "image", the schematic, the request's Talos version as given
+        // (GetTalosVersion, no prefix added) and "nocloud-amd64.iso"; the file is the hex SHA-256 of
+        // that URL string plus ".iso". Expected values computed independently (Python hashlib).
+        let schematic = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
+        let url = iso_url("https://factory.talos.dev/", schematic, "1.11.4");
+        assert_eq!(
+            url,
+            format!("https://factory.talos.dev/image/{schematic}/1.11.4/nocloud-amd64.iso")
+        );
+        assert_eq!(
+            iso_file_name(&url),
+            "9d4a60553b0968e85b3fb1b2a532d5903df42db7eaf708b1b663b44a3cb6caee.iso"
+        );
+    }
+
+    #[test]
     fn version_prefix() {
         assert_eq!(talos_version("1.11.0"), "v1.11.0");
         assert_eq!(talos_version("v1.11.0"), "v1.11.0");
