@@ -45,7 +45,9 @@ fn request(h: &Harness, id: &str, set: &str) {
         provider_data: PINNED_PVE2.into(),
         ..Default::default()
     };
-    h.omni.state.create_machine_request(id, PROVIDER, set, &spec);
+    h.omni
+        .state
+        .create_machine_request(id, PROVIDER, set, &spec);
 }
 
 fn step_annotation(h: &Harness, id: &str) -> Option<String> {
@@ -85,10 +87,7 @@ async fn iso_file_name_equals_the_official_providers_for_a_version_without_v() {
     );
     let vm = &h.vms_named("iso-1")[0];
     assert!(
-        vm["config"]["ide2"]
-            .as_str()
-            .unwrap()
-            .contains(&expected),
+        vm["config"]["ide2"].as_str().unwrap().contains(&expected),
         "{vm}"
     );
     h.stop_controller().await;
@@ -108,8 +107,10 @@ async fn where_we_stop_the_go_provider_reads_its_own_step_names_and_fields() {
 
     // 1. Stopped inside create_vm (the create call fails): Go re-runs syncVM, which creates the VM
     //    (none exists, no create task recorded).
-    h.pve.control(json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu",
-                         "status": 503, "message": "proxy went away"}));
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu",
+                         "status": 503, "message": "proxy went away"}),
+    );
     request(&h, "stop-1", "stop");
     h.wait_stage("stop-1", Stage::Failed).await;
     h.stop_controller().await;
@@ -125,8 +126,10 @@ async fn where_we_stop_the_go_provider_reads_its_own_step_names_and_fields() {
 
     // 2. Stopped inside start_vm (the start call fails): the VM exists and its create task is recorded,
     //    so Go's syncVM checks that task instead of creating a second VM.
-    h.pve.control(json!({"op": "fail", "method": "POST", "suffix": "/status/start",
-                         "status": 500, "message": "not now"}));
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/status/start",
+                         "status": 500, "message": "not now"}),
+    );
     h.start_controller();
     h.wait_stage("stop-1", Stage::Failed).await;
     let failed_start = h
@@ -209,11 +212,13 @@ async fn we_continue_a_request_the_go_provider_left_after_creating_its_vm() {
     let uuid = uuid::Uuid::new_v4().to_string();
     // What the Go provider's syncVM leaves: a VM named after the request, tagged only with its set,
     // booting the ISO, no join config yet (its startVM would add it), create task and VMID recorded.
-    h.pve.control(json!({"op": "add_vm", "vmid": 150, "name": "go-1", "node": "pve2",
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 150, "name": "go-1", "node": "pve2",
         "config": {"tags": "machine-request.goset", "memory": 2048, "cores": 2,
                    "agent": "enabled=1", "smbios1": format!("uuid={uuid}"),
                    "ide2": format!("local:iso/{iso},media=cdrom"),
-                   "scsi0": "local-lvm:vm-150-disk-0,size=10G"}}));
+                   "scsi0": "local-lvm:vm-150-disk-0,size=10G"}}),
+    );
     write_go_state(
         &h,
         "go-1",
@@ -244,7 +249,10 @@ async fn we_continue_a_request_the_go_provider_left_after_creating_its_vm() {
         "the join config is attached: {vm}"
     );
     let st = h.machine_state("go-1").spec;
-    assert_eq!(st.uuid, uuid, "the SMBIOS UUID the Go provider chose is kept");
+    assert_eq!(
+        st.uuid, uuid,
+        "the SMBIOS UUID the Go provider chose is kept"
+    );
     assert_eq!(st.volume_id, iso);
     assert_eq!(step_annotation(&h, "go-1").as_deref(), Some("startVM"));
     h.stop_controller().await;

@@ -102,7 +102,9 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
     // A download the official provider (or an earlier run) started may still be running: wait for it
     // rather than start a second one into the same file. How it ended is read from the storage below.
     if let Ok(task) = crate::proxmox::types::Upid::parse(&ctx.state.volume_upload_task) {
-        let _ = pve.wait_for_task(&task, ctx.services.timeouts.download).await;
+        let _ = pve
+            .wait_for_task(&task, ctx.services.timeouts.download)
+            .await;
     }
     let present = pve
         .storage_content(&node, &storage, Some("iso"))
