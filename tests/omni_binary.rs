@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::memstate::{MemServer, MemState};
+use omni_infra_provider_proxmox::omni::proto::specs::FeaturesConfigSpec;
 use omni_infra_provider_proxmox::omni::resources::{
-    InfraProviderHealthStatus, InfraProviderStatus,
+    FEATURES_CONFIG_ID, FeaturesConfig, InfraProviderHealthStatus, InfraProviderStatus,
 };
 use omni_infra_provider_proxmox::omni::transport;
 
@@ -40,7 +41,7 @@ async fn run_provider(
     key: &str,
     extra: &[&str],
     dir: &std::path::Path,
-) {
+) -> String {
     run_provider_with_env(
         state,
         endpoint,
@@ -77,7 +78,7 @@ async fn run_provider_with_env(
     env: &[(&str, &str)],
     extra: &[&str],
     dir: &std::path::Path,
-) {
+) -> String {
     let config = write_config(dir);
     let child = provider_command(endpoint, env)
         .arg("--config-file")
@@ -129,6 +130,7 @@ async fn run_provider_with_env(
     // The key never shows up in the logs.
     assert!(!stderr.contains(key), "key leaked into logs");
     assert!(!stderr.contains("PRIVATE KEY"), "key leaked into logs");
+    stderr.into_owned()
 }
 
 async fn serve(
@@ -156,6 +158,42 @@ async fn binary_registers_beats_and_stops_over_plaintext() {
     )
     .await;
     server.stop().await;
+}
+
+#[tokio::test]
+async fn binary_takes_the_image_factory_from_omni_and_says_so() {
+    transport::install_crypto_provider();
+    let state = MemState::new();
+    let key = state.register_provider("proxmox").unwrap();
+    // Omni publishes the factory it creates schematics on in its features configuration
+    // (omni client/api/omni/specs/omni.proto, FeaturesConfigSpec.image_factory_base_url), readable by
+    // infra providers (internal/backend/runtime/omni/state_access.go, filterAccess: valid signature).
+    state.put(
+        &FeaturesConfig,
+        FEATURES_CONFIG_ID,
+        &FeaturesConfigSpec {
+            image_factory_base_url: "https://factory.internal.example".into(),
+        },
+        Default::default(),
+    );
+    let (server, addr) = serve(&state, None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = run_provider(
+        &state,
+        &format!("http://{addr}"),
+        key.expose(),
+        &["--image-factory-url", "https://flag.example"],
+        dir.path(),
+    )
+    .await;
+    server.stop().await;
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("Image Factory"))
+        .unwrap_or_else(|| panic!("no log line names the factory: {stderr}"));
+    assert!(line.contains("https://factory.internal.example"), "{line}");
+    assert!(line.contains("features configuration"), "{line}");
+    assert!(!line.contains("flag.example"), "{line}");
 }
 
 /// A private CA (written to `dir/ca.pem`) and the TLS config of a server for 127.0.0.1 signed by it.

@@ -572,6 +572,91 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
 }
 
 #[tokio::test]
+async fn providers_read_the_features_config_and_manage_their_config_patch_requests() {
+    // Omni's internal/backend/runtime/omni/state_access.go, filterAccess: FeaturesConfigs need only a
+    // valid signature (read-only for providers); infraprovider/state.go, getResourceConfig: in the
+    // shared namespace only the listed types exist for providers, ConfigPatchRequests among them
+    // (read and write, label-checked); any other type there is refused.
+    let omni = Omni::start("proxmox").await;
+    omni.state.put(
+        &FeaturesConfig,
+        FEATURES_CONFIG_ID,
+        &specs::FeaturesConfigSpec {
+            image_factory_base_url: "https://factory.internal.example".into(),
+        },
+        BTreeMap::new(),
+    );
+    let client = omni.client("proxmox");
+    let features = client
+        .state
+        .get(&FeaturesConfig, FEATURES_CONFIG_ID)
+        .await
+        .unwrap();
+    assert_eq!(
+        features.spec.image_factory_base_url,
+        "https://factory.internal.example"
+    );
+    let err = client
+        .state
+        .update(&FeaturesConfig, &features, "", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
+
+    let owner = provision_controller_name("proxmox");
+    let patch = client
+        .state
+        .modify(&ConfigPatchRequest, "000-hostname-r1", &owner, |p| {
+            p.metadata
+                .labels
+                .insert(label::MACHINE_REQUEST.into(), "r1".into());
+            p.spec.data = "machine: {}".into();
+        })
+        .await
+        .unwrap();
+    assert_eq!(patch.label(label::INFRA_PROVIDER_ID), Some("proxmox"));
+    let found = client
+        .state
+        .list(
+            &ConfigPatchRequest,
+            vec![LabelSelector::new().equal(label::MACHINE_REQUEST, "r1")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert!(
+        client
+            .state
+            .teardown(
+                &ResourceRef::of(&ConfigPatchRequest, "000-hostname-r1"),
+                &owner
+            )
+            .await
+            .unwrap()
+    );
+    client
+        .state
+        .destroy(
+            &ResourceRef::of(&ConfigPatchRequest, "000-hostname-r1"),
+            &owner,
+        )
+        .await
+        .unwrap();
+    assert!(
+        omni.state
+            .get(&ConfigPatchRequest, "000-hostname-r1")
+            .is_none()
+    );
+
+    let err = client
+        .state
+        .list_raw("infra-provider", "Clusters.omni.sidero.dev", vec![])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
+}
+
+#[tokio::test]
 async fn schematic_through_management() {
     let omni = Omni::start("proxmox").await;
     let client = omni.client("proxmox");

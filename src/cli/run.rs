@@ -224,6 +224,9 @@ pub async fn run_with(
     tracing::info!(?mode, "detected Omni join mode");
     registration::register(&omni.state, &settings.info).await?;
     tracing::info!("registered provider status");
+    let image_factory_url =
+        crate::pipeline::image_factory::resolve_factory(&omni.state, &settings.image_factory_url)
+            .await;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let metrics = Arc::new(Metrics::new());
@@ -263,7 +266,7 @@ pub async fn run_with(
         vmids_in_flight: Default::default(),
         image_locks: Default::default(),
         pools_created: Default::default(),
-        image_factory_url: settings.image_factory_url,
+        image_factory_url,
         factory_http: crate::pipeline::image_factory::http_client()?,
         timeouts: Timeouts::default(),
         metrics,

@@ -7,6 +7,9 @@
 //! - a failure is written as stage FAILED with the error and **stays visible** until the step succeeds
 //!   on a retry (the Go library cleared it on every retry, omni#2629);
 //! - an unknown step name restarts from the beginning instead of skipping to PROVISIONED;
+//! - the step annotation and the state fields the Go library and the official provider read are
+//!   written in their names and formats ([`Step::go_name`]), so either provider continues the other's
+//!   requests at any step;
 //! - the `infra-id` label is kept when the request is marked PROVISIONED;
 //! - the status `id` is set to the SMBIOS UUID as soon as the VM exists, and the request ID is encoded
 //!   in the join token, so Omni links the machine to its request either way (§3.5).
@@ -193,6 +196,7 @@ impl Provisioner {
                 .annotations
                 .get(annotation::STEP)
                 .map(String::as_str),
+            &spec,
         );
         self.run_steps(id, &labels, &info, &join, &mut spec, start)
             .await
@@ -243,7 +247,7 @@ impl Provisioner {
                 Ok(StepOutcome::Done) => {
                     spec.step = step.name().to_owned();
                     let recovered = !std::mem::take(&mut spec.last_error).is_empty();
-                    self.save_state(id, spec).await?;
+                    self.save_state(id, step, spec).await?;
                     if recovered {
                         self.write_status(id, labels, |s| {
                             s.stage = Stage::Provisioning as i32;
@@ -256,7 +260,7 @@ impl Provisioner {
                     }
                 }
                 Ok(StepOutcome::Requeue { after, why }) => {
-                    self.save_state(id, spec).await?;
+                    self.save_state(id, step, spec).await?;
                     progress.set_text(why).await;
                     return Ok(Action::RequeueAfter(after));
                 }
@@ -265,7 +269,7 @@ impl Provisioner {
                         format!("step {}/{total} {} failed: {e}", step.number(), step.name());
                     spec.last_error = text.clone();
                     // Best effort: the decisions the step recorded before failing are kept.
-                    if let Err(save) = self.save_state(id, spec).await {
+                    if let Err(save) = self.save_state(id, step, spec).await {
                         tracing::warn!(request = %id, error = %save, "cannot record the provider state after a failure");
                     }
                     self.services.metrics.provision("failure");
@@ -362,22 +366,31 @@ impl Provisioner {
         .await
     }
 
-    async fn save_state(&self, id: &str, spec: &MachineSpec) -> Result<(), ReconcileError> {
-        self.save_machine(id, spec)
+    async fn save_state(
+        &self,
+        id: &str,
+        step: Step,
+        spec: &MachineSpec,
+    ) -> Result<(), ReconcileError> {
+        self.save_machine(id, step, spec)
             .await
             .map_err(omni("recording the provider state"))
     }
 
-    /// Writes the provider state spec (and the step annotation the official provider reads).
-    async fn save_machine(&self, id: &str, spec: &MachineSpec) -> Result<(), StateError> {
+    /// Writes the provider state spec, and in the step annotation the official provider's name for
+    /// the step that ran ([`Step::go_name`]), so it can continue from here.
+    async fn save_machine(
+        &self,
+        id: &str,
+        step: Step,
+        spec: &MachineSpec,
+    ) -> Result<(), StateError> {
         self.machines
             .modify(&self.state, id, &self.owner, |m| {
                 m.spec = spec.clone();
-                if !spec.step.is_empty() {
-                    m.metadata
-                        .annotations
-                        .insert(annotation::STEP.to_owned(), spec.step.clone());
-                }
+                m.metadata
+                    .annotations
+                    .insert(annotation::STEP.to_owned(), step.go_name(spec).to_owned());
             })
             .await
             .map(|_| ())
@@ -542,6 +555,6 @@ impl Progress for StatusProgress<'_> {
     }
 
     fn persist<'a>(&'a self, state: &'a MachineSpec) -> BoxFuture<'a, Result<(), StateError>> {
-        Box::pin(self.provisioner.save_machine(self.id, state))
+        Box::pin(self.provisioner.save_machine(self.id, self.step, state))
     }
 }

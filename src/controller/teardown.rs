@@ -1,4 +1,5 @@
-//! Tearing a MachineRequest down (reference §3.6): the MachineRequestStatus is torn down first and we
+//! Tearing a MachineRequest down: the config patches requested for the machine are removed (as the Go
+//! library does), then the MachineRequestStatus is torn down and we
 //! wait until Omni's own finalizer on it is gone (the machine has left its cluster), then the VM is
 //! deprovisioned, then the status and the provider state are destroyed, and last our finalizer leaves
 //! the request so Omni can delete it.
@@ -20,8 +21,10 @@ use std::time::Duration;
 use super::provision::{Action, Provisioner, ReconcileError};
 use crate::omni::proto::provider::MachineSpec;
 use crate::omni::proto::specs::MachineRequestSpec;
-use crate::omni::resources::{MachineRequest, MachineRequestStatus, ProviderMachine};
-use crate::omni::state::{ResourceRef, StateError, Typed};
+use crate::omni::resources::{
+    ConfigPatchRequest, MachineRequest, MachineRequestStatus, ProviderMachine, label,
+};
+use crate::omni::state::{LabelSelector, ResourceRef, StateError, Typed};
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
@@ -39,6 +42,9 @@ pub async fn run(
         // Never reconciled by us, or already released: nothing of ours to clean up.
         p.forget(id);
         return Ok(Action::Done);
+    }
+    if !remove_config_patches(p, id).await? {
+        return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
     }
     let status_ref = ResourceRef::of(&MachineRequestStatus, id);
     let status_exists = match p.state.teardown(&status_ref, &p.owner).await {
@@ -66,6 +72,36 @@ pub async fn run(
     p.services.metrics.deprovision("success");
     tracing::info!(request = %id, "machine request torn down");
     Ok(Action::Done)
+}
+
+/// Removes the config patches requested for this machine request (the official provider made one per
+/// request for the hostname in its releases from November 2025 to February 2026), as the Go library
+/// does first in its teardown: every ConfigPatchRequest labelled with our provider ID and the request
+/// ID is torn down and destroyed. Returns false while Omni still holds a finalizer on one of them.
+async fn remove_config_patches(p: &Provisioner, id: &str) -> Result<bool, ReconcileError> {
+    let patches = p
+        .state
+        .list(
+            &ConfigPatchRequest,
+            vec![
+                LabelSelector::new()
+                    .equal(label::INFRA_PROVIDER_ID, p.provider_id())
+                    .equal(label::MACHINE_REQUEST, id),
+            ],
+        )
+        .await
+        .map_err(|e| teardown_error("listing the config patch requests of the request", e))?;
+    let mut all_gone = true;
+    for patch in patches {
+        let what = ResourceRef::of(&ConfigPatchRequest, patch.id());
+        match p.state.teardown(&what, &p.owner).await {
+            Ok(true) => destroy(p, &what).await?,
+            Ok(false) => all_gone = false,
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(teardown_error("tearing down a config patch request", e)),
+        }
+    }
+    Ok(all_gone)
 }
 
 /// Provider state left without a MachineRequest (deleted while we were not running, or forcibly):

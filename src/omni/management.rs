@@ -1,8 +1,10 @@
-//! Omni's management API, as far as a provider uses it: creating image-factory schematics (§5).
+//! Omni's management API, as far as a provider uses it: creating image-factory schematics.
 //!
-//! Omni (not the provider) talks to the image factory, so factory credentials and private factories
-//! configured in Omni just work. The call is signed like every other but carries no `providerid`
-//! header (§5.1).
+//! Omni (not the provider) creates the schematic, on the image factory Omni is configured with, using
+//! Omni's credentials for it. That covers the schematic only: the boot ISO is then downloaded by the
+//! Proxmox node from a URL, so it must name the same factory (see [`crate::pipeline::image_factory`]
+//! for how that factory is found), and a factory that wants credentials for downloads cannot be used
+//! for boot ISOs. The call is signed like every other but carries no `providerid` header.
 
 use super::proto::management as pb;
 use super::proto::management::management_service_client::ManagementServiceClient;

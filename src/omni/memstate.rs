@@ -555,6 +555,23 @@ const READ_ONLY_FOR_PROVIDERS: &[&str] = &[
     "InfraMachines.omni.sidero.dev",
     "BMCConfigs.omni.sidero.dev",
 ];
+/// The types Omni manages for infra providers in the shared namespaces (Omni's
+/// internal/backend/runtime/omni/infraprovider/state.go, getResourceConfig); any other type there is
+/// refused, as Omni's general access filter refuses types it does not list. ConfigPatchRequests are
+/// readable and writable, label-checked like the rest of the shared namespace.
+const SHARED_TYPES: &[&str] = &[
+    "MachineRequests.omni.sidero.dev",
+    "MachineRequestStatuses.omni.sidero.dev",
+    "InfraMachineRegistrations.omni.sidero.dev",
+    "ProviderJoinConfigs.omni.sidero.dev",
+    "InfraMachines.omni.sidero.dev",
+    "InfraMachineStatuses.omni.sidero.dev",
+    "InfraProviderStatuses.omni.sidero.dev",
+    "InfraProviderHealthStatuses.omni.sidero.dev",
+    "InfraProviders.omni.sidero.dev",
+    "ConfigPatchRequests.omni.sidero.dev",
+    "BMCConfigs.omni.sidero.dev",
+];
 /// Types whose ID must be the provider ID.
 const CHECK_ID_TYPES: &[&str] = &[
     "InfraProviderStatuses.omni.sidero.dev",
@@ -593,6 +610,9 @@ impl Caller {
     fn scope(&self, store: &Store, ns: &str, ty: &str, access: Access) -> Result<Scope, Status> {
         let scope = if ns == namespace::INFRA_PROVIDER || ns == namespace::INFRA_PROVIDER_EPHEMERAL
         {
+            if !SHARED_TYPES.contains(&ty) {
+                return Err(Status::permission_denied("no access is permitted"));
+            }
             Scope::Shared
         } else if let Some(other) = ns.strip_prefix(namespace::PROVIDER_PRIVATE_PREFIX) {
             if other != self.provider_id {

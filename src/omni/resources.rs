@@ -40,6 +40,7 @@ pub mod annotation {
 
 /// Fixed IDs.
 pub const SIDEROLINK_CONFIG_ID: &str = "siderolink-config";
+pub const FEATURES_CONFIG_ID: &str = "features-config";
 /// ResourceDefinition ID whose presence means Omni ≥ 1.0 (v2 join tokens, §3.1).
 pub const PROVIDER_JOIN_CONFIG_DEFINITION_ID: &str = "providerjoinconfigs.omni.sidero.dev";
 
@@ -165,6 +166,14 @@ omni_kind!(
     specs::InfraProviderSpec
 );
 omni_kind!(
+    /// Omni's features configuration; ID [`FEATURES_CONFIG_ID`]. Readable by any signed caller,
+    /// infra providers included; it names the Image Factory Omni uses.
+    FeaturesConfig,
+    namespace::DEFAULT,
+    "FeaturesConfigs.omni.sidero.dev",
+    specs::FeaturesConfigSpec
+);
+omni_kind!(
     /// COSI resource definitions; listing them tells which Omni features exist.
     ResourceDefinition,
     namespace::META,
@@ -210,6 +219,9 @@ impl Kind for ProviderMachine {
         field("talosversion", s.talos_version.clone());
         field("volumeid", s.volume_id.clone());
         field("node", s.node.clone());
+        field("volumeuploadtask", s.volume_upload_task.clone());
+        field("vmcreatetask", s.vm_create_task.clone());
+        field("vmstarttask", s.vm_start_task.clone());
         field("vmid", s.vmid.to_string());
         field("reservedvmid", s.reserved_vmid.to_string());
         field("step", s.step.clone());

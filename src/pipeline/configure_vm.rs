@@ -17,6 +17,11 @@ use crate::proxmox::types::NodeName;
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     if ctx.data.boot == BootMode::Iso {
+        if ctx.state.seed_iso_volume.is_empty() {
+            // A VM the official provider created (its create step does not attach the join config;
+            // its start step would): attach our NoCloud seed now.
+            return attach_seed(ctx).await;
+        }
         ctx.report("configured at creation").await;
         return Ok(StepOutcome::Done);
     }
@@ -86,6 +91,24 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     Ok(StepOutcome::Done)
 }
 
+async fn attach_seed(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    let node = ctx.node()?;
+    let vmid = ctx.vmid()?;
+    let seed = upload_seed(ctx, &node).await?;
+    let doing = format!("attaching the NoCloud seed to VM {vmid} on {node}");
+    ctx.report(doing.clone()).await;
+    let params = vec![(
+        vm_config::SEED_CDROM.to_string(),
+        crate::proxmox::property::Cdrom::Iso(seed).render(),
+    )];
+    ctx.services
+        .pve
+        .update_vm_config(&node, vmid, params)
+        .await
+        .map_err(StepError::proxmox(doing))?;
+    Ok(StepOutcome::Done)
+}
+
 /// Builds and uploads this request's seed ISO (once; the state records it), returning its volume.
 pub async fn upload_seed(
     ctx: &mut StepContext<'_>,
@@ -97,7 +120,7 @@ pub async fn upload_seed(
         return Ok(v);
     }
     // Beside the boot ISO when there is one, else on the ISO storage the selector picks.
-    let storage = match volume_storage(&ctx.state.volume_id) {
+    let storage = match volume_storage(&ctx.state.boot_iso_volume) {
         Some(s) => s.to_owned(),
         None => iso_storage(ctx, node).await?.0,
     };

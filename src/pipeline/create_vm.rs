@@ -41,6 +41,14 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         ctx.services.release_vmid(vm.vmid.get());
         return Ok(StepOutcome::Done);
     }
+    // The official provider records the VMID it created (named after the request, without our tag):
+    // continuing its request, that VM is the request's, not a reason to create a second.
+    if let Some(vm) = recorded_vm(&resources, ctx.state.vmid, &request_id) {
+        tracing::info!(request = %request_id, vmid = %vm.vmid, node = %vm.node, "continuing with the VM the provider state records");
+        ctx.state.node = vm.node.to_string();
+        ctx.services.release_vmid(vm.vmid.get());
+        return Ok(StepOutcome::Done);
+    }
     if let Some(vm) =
         unidentified_recorded_vm(&resources, recorded_vmid(ctx), &request_id, &provider_id)
     {
@@ -251,7 +259,30 @@ async fn identify_unnamed(
     );
     Ok(match ownership {
         vm_config::Ownership::Ours => Unnamed::Ours,
+        // The official provider's VM at the VMID its state records: the rule of `recorded_vm`, for a
+        // listing that cannot show the name yet.
+        vm_config::Ownership::Legacy if i64::from(vm.vmid.get()) == i64::from(ctx.state.vmid) => {
+            Unnamed::Ours
+        }
         vm_config::Ownership::Legacy | vm_config::Ownership::NotOurs(_) => Unnamed::NotOurs,
+    })
+}
+
+/// The VM the state's `vmid` names, if it exists and is named after the request.
+fn recorded_vm<'a>(
+    resources: &'a [ClusterResource],
+    vmid: i32,
+    request_id: &str,
+) -> Option<&'a VmResource> {
+    resources.iter().find_map(|r| match r {
+        ClusterResource::Vm(vm)
+            if !vm.template
+                && i64::from(vm.vmid.get()) == i64::from(vmid)
+                && vm.name.as_deref() == Some(request_id) =>
+        {
+            Some(vm)
+        }
+        _ => None,
     })
 }
 
@@ -353,6 +384,8 @@ async fn create(
         .create_vm(node, vmid, params)
         .await
         .map_err(StepError::proxmox(doing.clone()))?;
+    record_create_task(ctx, vmid, &task).await?;
+    let pve = &ctx.services.pve;
     pve.wait_for_task(&task, ctx.services.timeouts.task)
         .await
         .map_err(StepError::proxmox(doing))?;
@@ -423,6 +456,8 @@ async fn clone(
         .clone_vm_with(&template.node, template_id, params)
         .await
         .map_err(StepError::proxmox(doing.clone()))?;
+    record_create_task(ctx, vmid, &task).await?;
+    let pve = &ctx.services.pve;
     pve.wait_for_task(&task, ctx.services.timeouts.task)
         .await
         .map_err(StepError::proxmox(doing))?;
@@ -464,6 +499,18 @@ pub fn template_drives_on_local_storage(
     local
 }
 
+/// The create (or clone) task and its VMID, recorded as the official provider records them: when it
+/// re-runs its VM step it checks this task instead of creating another VM.
+async fn record_create_task(
+    ctx: &mut StepContext<'_>,
+    vmid: VmId,
+    task: &crate::proxmox::types::Upid,
+) -> Result<(), StepError> {
+    ctx.state.vm_create_task = task.to_string();
+    ctx.state.vmid = vmid.get() as i32;
+    ctx.persist().await
+}
+
 fn storage_is_shared(resources: &[ClusterResource], node: &NodeName, storage: &StorageId) -> bool {
     resources.iter().any(|r| {
         matches!(r, ClusterResource::Storage(s)
@@ -483,10 +530,10 @@ pub fn target(
         StepError::Cluster(format!("recorded {what} is not usable: {e}"))
     };
     let storage = StorageId::new(ctx.state.storage.clone()).map_err(|e| bad("storage", &e))?;
-    let boot_iso = if ctx.state.volume_id.is_empty() {
+    let boot_iso = if ctx.state.boot_iso_volume.is_empty() {
         None
     } else {
-        Some(IsoVolume::parse(&ctx.state.volume_id).map_err(|e| bad("boot ISO", &e))?)
+        Some(IsoVolume::parse(&ctx.state.boot_iso_volume).map_err(|e| bad("boot ISO", &e))?)
     };
     let seed_iso = match seed_iso {
         Some(s) => s,

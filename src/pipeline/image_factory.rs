@@ -1,8 +1,18 @@
-//! Talking to the Image Factory directly, for Omni older than 1.8 (no `CreateSchematicFromRaw`).
+//! Which Image Factory boot ISOs come from, and talking to it directly for Omni older than 1.8 (no
+//! `CreateSchematicFromRaw`).
 //!
-//! Newer Omni creates schematics itself (and knows about on-prem or authenticated factories), so this
-//! is only the fallback the older Go library used: `POST <factory>/schematics` with the YAML, answered
-//! with `{"id": "..."}`.
+//! Schematics are created through Omni, on the factory *Omni* is configured with. The ISO must be
+//! downloaded from that same factory, or a private factory's schematic is unknown where the node looks
+//! for it. Omni publishes its factory in its features configuration, which every signed caller,
+//! infra providers included, may read; `--image-factory-url` is the fallback when Omni does not say
+//! (older Omni, or the read fails). An authenticated factory that needs credentials in the download
+//! is still out of reach: Proxmox downloads the ISO itself, with a bare URL.
+//!
+//! The direct fallback is what the older Go library did: `POST <factory>/schematics` with the YAML,
+//! answered with `{"id": "..."}`.
+
+use crate::omni::resources::{FEATURES_CONFIG_ID, FeaturesConfig};
+use crate::omni::state::StateClient;
 
 use std::time::Duration;
 
@@ -18,6 +28,46 @@ pub enum FactoryError {
     },
     #[error("unexpected answer from the Image Factory at {url}: {message}")]
     Decode { url: String, message: String },
+}
+
+/// Where the factory URL in use came from (logged at start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FactorySource {
+    /// Omni's features configuration.
+    Omni,
+    /// `--image-factory-url`, because Omni does not publish one.
+    Flag,
+}
+
+/// Omni's factory when it publishes one, else the flag's.
+pub fn choose_factory(published: Option<&str>, flag: &str) -> (String, FactorySource) {
+    match published.map(str::trim).filter(|u| !u.is_empty()) {
+        Some(url) => (url.trim_end_matches('/').to_owned(), FactorySource::Omni),
+        None => (flag.trim_end_matches('/').to_owned(), FactorySource::Flag),
+    }
+}
+
+/// Reads Omni's features configuration and chooses the factory, saying in the log which one and why.
+pub async fn resolve_factory(state: &StateClient, flag: &str) -> String {
+    let published = match state.find(&FeaturesConfig, FEATURES_CONFIG_ID).await {
+        Ok(found) => found.map(|f| f.spec.image_factory_base_url),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read Omni's features configuration; using --image-factory-url");
+            None
+        }
+    };
+    let (url, source) = choose_factory(published.as_deref(), flag);
+    match source {
+        FactorySource::Omni => tracing::info!(
+            image_factory = %url,
+            "boot ISOs come from the Image Factory Omni is configured with (its features configuration)"
+        ),
+        FactorySource::Flag => tracing::info!(
+            image_factory = %url,
+            "Omni does not publish its Image Factory; boot ISOs come from --image-factory-url"
+        ),
+    }
+    url
 }
 
 /// A client for the factory, with the public web PKI roots.
@@ -80,6 +130,26 @@ pub async fn create_schematic(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn omni_factory_wins_over_the_flag() {
+        let flag = "https://factory.talos.dev";
+        assert_eq!(
+            choose_factory(Some("https://factory.internal.example/"), flag),
+            (
+                "https://factory.internal.example".to_owned(),
+                FactorySource::Omni
+            )
+        );
+        assert_eq!(
+            choose_factory(Some(""), flag),
+            (flag.to_owned(), FactorySource::Flag)
+        );
+        assert_eq!(
+            choose_factory(None, flag),
+            (flag.to_owned(), FactorySource::Flag)
+        );
+    }
     use wiremock::matchers::{body_string, header, method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};
 

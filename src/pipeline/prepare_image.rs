@@ -3,9 +3,15 @@
 //! Boot mode `iso` (the default, as upstream): the schematic (request extensions plus the QEMU guest
 //! agent, never connection parameters: those are per request and go in the NoCloud seed) is created
 //! through Omni, and the chosen node downloads the Image Factory's nocloud ISO into ISO storage itself,
-//! so the image never passes through the provider. The file is named like the official provider names
-//! it (hex SHA-256 of the URL), so ISOs it already downloaded are reused. Concurrent requests for the
-//! same image wait for one download.
+//! so the image never passes through the provider. The URL and the file name are built exactly as the
+//! official provider builds them: `<factory>/image/<schematic>/<Talos version as the request gives
+//! it>/nocloud-amd64.iso` (no `v` added: auto-provisioned requests carry `1.11.4`), named by the hex
+//! SHA-256 of that URL, so ISOs it already downloaded are reused and none is downloaded twice.
+//! Concurrent requests for the same image wait for one download.
+//!
+//! The state records what the official provider records, in its formats: the request's Talos
+//! version (field 3), the bare file name (field 4) and the download task (field 6); the full volume ID
+//! is ours (field 31).
 //!
 //! Boot mode `clone`: the template is found through `/cluster/resources` by VMID or name.
 
@@ -70,19 +76,18 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
             }
         };
         ctx.state.schematic = id;
-        ctx.state.talos_version = version.clone();
     }
     let node = ctx.node()?;
-    let url = format!(
-        "{}/image/{}/{}/nocloud-amd64.iso",
-        ctx.services.image_factory_url.trim_end_matches('/'),
-        ctx.state.schematic,
-        version
+    ctx.state.talos_version = ctx.request.talos_version.clone();
+    let url = iso_url(
+        &ctx.services.image_factory_url,
+        &ctx.state.schematic,
+        &ctx.request.talos_version,
     );
-    let file_name = format!("{}.iso", hex(&Sha256::digest(url.as_bytes())));
+    let file_name = iso_file_name(&url);
     let (storage, shared) = iso_storage(ctx, &node).await?;
     let volid = format!("{storage}:iso/{file_name}");
-    if ctx.state.volume_id == volid {
+    if ctx.state.boot_iso_volume == volid && ctx.state.volume_id == file_name {
         return Ok(StepOutcome::Done);
     }
     // One download per image and storage, however many requests want it at once.
@@ -94,6 +99,13 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
     let lock = ctx.services.image_lock(&lock_key);
     let _guard = lock.lock().await;
     let pve = &ctx.services.pve;
+    // A download the official provider (or an earlier run) started may still be running: wait for it
+    // rather than start a second one into the same file. How it ended is read from the storage below.
+    if let Ok(task) = crate::proxmox::types::Upid::parse(&ctx.state.volume_upload_task) {
+        let _ = pve
+            .wait_for_task(&task, ctx.services.timeouts.download)
+            .await;
+    }
     let present = pve
         .storage_content(&node, &storage, Some("iso"))
         .await
@@ -111,13 +123,16 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
                 &storage,
                 &DownloadRequest {
                     url,
-                    file_name,
+                    file_name: file_name.clone(),
                     content: "iso".into(),
                     checksum: None,
                 },
             )
             .await
             .map_err(StepError::proxmox(doing.clone()))?;
+        ctx.state.volume_id = file_name.clone();
+        ctx.state.volume_upload_task = task.to_string();
+        ctx.persist().await?;
         match pve
             .wait_for_task(&task, ctx.services.timeouts.download)
             .await
@@ -129,7 +144,8 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
             }
         }
     }
-    ctx.state.volume_id = volid;
+    ctx.state.volume_id = file_name;
+    ctx.state.boot_iso_volume = volid;
     Ok(StepOutcome::Done)
 }
 
@@ -236,7 +252,21 @@ pub fn choose_template<'a>(
     )))
 }
 
-/// Image Factory paths need the `v` prefix; Omni may send the version with or without it.
+/// The nocloud ISO's URL on `factory`, with the Talos version exactly as the request gives it (the
+/// official provider joins the same four parts onto its factory URL).
+pub fn iso_url(factory: &str, schematic: &str, talos_version: &str) -> String {
+    format!(
+        "{}/image/{schematic}/{talos_version}/nocloud-amd64.iso",
+        factory.trim_end_matches('/')
+    )
+}
+
+/// The ISO's file name in storage: hex SHA-256 of its URL, as the official provider names it.
+pub fn iso_file_name(url: &str) -> String {
+    format!("{}.iso", hex(&Sha256::digest(url.as_bytes())))
+}
+
+/// The version for Omni's schematic call, which wants the `v` prefix; Omni may send the version with or without it.
 pub fn talos_version(v: &str) -> String {
     let v = v.trim();
     if v.starts_with('v') {
@@ -277,6 +307,24 @@ mod tests {
         assert!(e.to_string().contains("not a template"), "{e}");
         let e = choose_template(&r, &TemplateRef::Name("nope".into()), &pve2).unwrap_err();
         assert!(e.to_string().contains("9000 (talos), 9001 (talos)"), "{e}");
+    }
+
+    #[test]
+    fn iso_url_and_name_are_the_official_providers() {
+        // omni-infra-provider-proxmox internal/pkg/provider/provision.go, step uploadISO: the URL is
+        // the factory base joined with "image", the schematic, the request's Talos version as given
+        // (GetTalosVersion, no prefix added) and "nocloud-amd64.iso"; the file is the hex SHA-256 of
+        // that URL string plus ".iso". Expected values computed independently (Python hashlib).
+        let schematic = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
+        let url = iso_url("https://factory.talos.dev/", schematic, "1.11.4");
+        assert_eq!(
+            url,
+            format!("https://factory.talos.dev/image/{schematic}/1.11.4/nocloud-amd64.iso")
+        );
+        assert_eq!(
+            iso_file_name(&url),
+            "9d4a60553b0968e85b3fb1b2a532d5903df42db7eaf708b1b663b44a3cb6caee.iso"
+        );
     }
 
     #[test]

@@ -16,7 +16,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         .await
         .map_err(StepError::proxmox(doing.clone()))?;
     match pve.wait_for_task(&task, ctx.services.timeouts.task).await {
-        Ok(_) => {}
+        // Recorded like the official provider does: re-running its start step, it checks this task.
+        // A task that failed because the VM already ran is not recorded (it would read as a failure).
+        Ok(_) => ctx.state.vm_start_task = task.to_string(),
         // A retry after a lost answer: the VM was started by the earlier attempt.
         Err(e) if e.to_string().contains("already running") => {}
         Err(e) => return Err(StepError::proxmox(doing)(e)),

@@ -59,21 +59,65 @@ impl Step {
         Self::ALL.iter().position(|s| *s == self).unwrap_or(0) + 1
     }
 
-    /// Where to resume. `last_done` is our own record (the last step completed); `go_annotation` is
-    /// the official provider's step annotation, which names the step to run again. Unknown names
-    /// start from the beginning (the Go library instead skipped every step, reference §8 item 5b).
-    pub fn resume_index(last_done: &str, go_annotation: Option<&str>) -> usize {
-        if let Some(i) = Self::ALL.iter().position(|s| s.name() == last_done) {
-            return i + 1;
+    /// The official provider's name for the step of its own that this step's work corresponds to,
+    /// written to the `infra.omni.sidero.dev/step` annotation after the step ran (done or not), as the
+    /// Go library writes the name of the step it last ran.
+    ///
+    /// The Go library resumes by skipping every step until the annotated one and running that one
+    /// again (an unknown name skips them all and marks the request provisioned with no VM), so the
+    /// name must be one of its steps and its re-run must be harmless given the state fields we wrote:
+    /// - `pickNode` picks a node again (nothing exists yet);
+    /// - `uploadISO` checks the recorded download task, or finds the ISO by name, or downloads it;
+    ///   without a schematic (clone mode) it could build no URL, so `createSchematic` is named instead;
+    /// - `syncVM` checks the recorded create task instead of creating a VM;
+    /// - `startVM` checks the recorded start task instead of starting again.
+    pub fn go_name(self, state: &MachineSpec) -> &'static str {
+        match self {
+            Step::PickNode => "pickNode",
+            Step::PrepareImage if state.schematic.is_empty() => "createSchematic",
+            Step::PrepareImage => "uploadISO",
+            Step::CreateVm | Step::ConfigureVm => "syncVM",
+            Step::StartVm | Step::DiscoverIp => "startVM",
         }
-        let go = match go_annotation {
-            Some("pickNode") => Some(Step::PickNode),
-            Some("createSchematic" | "uploadISO") => Some(Step::PrepareImage),
-            Some("syncVM") => Some(Step::CreateVm),
-            Some("startVM") => Some(Step::StartVm),
+    }
+
+    /// Where to resume. `last_done` is our own record (field 21: the last step completed);
+    /// `annotation` is the step annotation, written by us or by the official provider, naming the
+    /// Go step last run (to be run again).
+    ///
+    /// When the annotation agrees with our record (it names the Go step of `last_done` or of the step
+    /// after it), our finer record decides. Otherwise the official provider ran last and its
+    /// annotation decides: its step is run again in our terms. A Go step before the VM exists maps to
+    /// `prepare_image` at the latest, which is cheap and fills our own fields (the full ISO volume ID)
+    /// from its bare ones; `syncVM` then finds its VM by the recorded VMID.
+    pub fn resume_index(last_done: &str, annotation: Option<&str>, state: &MachineSpec) -> usize {
+        let ours = Self::ALL.iter().position(|s| s.name() == last_done);
+        let Some(annotation) = annotation else {
+            return ours.map_or(0, |i| i + 1);
+        };
+        if let Some(i) = ours {
+            let agrees = Self::ALL[i].go_name(state) == annotation
+                || Self::ALL
+                    .get(i + 1)
+                    .is_some_and(|next| next.go_name(state) == annotation);
+            if agrees {
+                return i + 1;
+            }
+        }
+        let go = match annotation {
+            "pickNode" => Some(Step::PickNode),
+            "createSchematic" | "uploadISO" | "configureHostname" | "syncVM" => {
+                Some(Step::PrepareImage)
+            }
+            "startVM" => Some(Step::StartVm),
             _ => None,
         };
-        go.map(|s| s.number() - 1).unwrap_or(0)
+        match (go, ours) {
+            (Some(step), _) => step.number() - 1,
+            // Our own step names, written by earlier versions of this provider.
+            (None, Some(i)) => i + 1,
+            (None, None) => 0,
+        }
     }
 }
 
@@ -337,13 +381,48 @@ mod tests {
 
     #[test]
     fn resume_points() {
-        assert_eq!(Step::resume_index("", None), 0);
-        assert_eq!(Step::resume_index("pick_node", None), 1);
-        assert_eq!(Step::resume_index("discover_ip", None), 6);
+        let st = MachineSpec::default();
+        assert_eq!(Step::resume_index("", None, &st), 0);
+        assert_eq!(Step::resume_index("pick_node", None, &st), 1);
+        assert_eq!(Step::resume_index("discover_ip", None, &st), 6);
         // The Go provider's annotation names the step to run again.
-        assert_eq!(Step::resume_index("", Some("syncVM")), 2);
-        assert_eq!(Step::resume_index("", Some("startVM")), 4);
-        assert_eq!(Step::resume_index("", Some("bogus")), 0);
+        assert_eq!(Step::resume_index("", Some("pickNode"), &st), 0);
+        assert_eq!(Step::resume_index("", Some("syncVM"), &st), 1);
+        assert_eq!(Step::resume_index("", Some("configureHostname"), &st), 1);
+        assert_eq!(Step::resume_index("", Some("startVM"), &st), 4);
+        assert_eq!(Step::resume_index("", Some("bogus"), &st), 0);
+        // Our record and our annotation agree: our record decides.
+        assert_eq!(Step::resume_index("create_vm", Some("syncVM"), &st), 3);
+        assert_eq!(Step::resume_index("configure_vm", Some("startVM"), &st), 4);
+        // The Go provider ran after us (its annotation is ahead of our record): it decides.
+        assert_eq!(Step::resume_index("pick_node", Some("startVM"), &st), 4);
+        // Our old snake_case annotation.
+        assert_eq!(Step::resume_index("create_vm", Some("create_vm"), &st), 3);
         assert_eq!(Step::CreateVm.number(), 3);
+    }
+
+    #[test]
+    fn annotation_names_are_go_step_names() {
+        // omni-infra-provider-proxmox internal/pkg/provider/provision.go, ProvisionSteps: the Go
+        // provider's steps are pickNode, createSchematic, uploadISO, (configureHostname from Nov 2025
+        // to Feb 2026), syncVM, startVM; Omni's client/pkg/infra/controllers/provision.go,
+        // reconcileRunning, skips steps until the annotated name, so only these names are safe.
+        let go = [
+            "pickNode",
+            "createSchematic",
+            "uploadISO",
+            "configureHostname",
+            "syncVM",
+            "startVM",
+        ];
+        let iso = MachineSpec {
+            schematic: "abc".into(),
+            ..Default::default()
+        };
+        for st in [MachineSpec::default(), iso] {
+            for step in Step::ALL {
+                assert!(go.contains(&step.go_name(&st)), "{step}");
+            }
+        }
     }
 }

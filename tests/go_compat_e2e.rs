@@ -1,0 +1,396 @@
+//! Drop-in compatibility with the official Go provider (siderolabs/omni-infra-provider-proxmox) and
+//! Omni's infra-provider library, end to end: state and annotations written the Go way are continued
+//! by us, ours are what the Go code reads, ISO names match its names, and its config patches are
+//! removed on teardown.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
+use omni_infra_provider_proxmox::omni::proto::specs::{
+    ConfigPatchSpec, FeaturesConfigSpec, MachineRequestSpec, machine_request_status_spec::Stage,
+};
+use omni_infra_provider_proxmox::omni::resources::{
+    ConfigPatchRequest, FEATURES_CONFIG_ID, FeaturesConfig, MachineRequest, ProviderMachine,
+    annotation, label, provision_controller_name,
+};
+use omni_infra_provider_proxmox::pipeline::image_factory::resolve_factory;
+use omni_infra_provider_proxmox::pipeline::schematic::{SchematicRequest, schematic_yaml};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use support::harness::{Harness, PROVIDER, WAIT};
+
+const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\n";
+/// Auto-provisioned requests carry the Talos version without a `v`.
+const TALOS: &str = "1.11.4";
+const FACTORY: &str = "https://factory.talos.dev";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The ISO file name the Go provider computes (omni-infra-provider-proxmox
+/// internal/pkg/provider/provision.go, step uploadISO): hex SHA-256 of
+/// `<factory>/image/<schematic>/<request's Talos version>/nocloud-amd64.iso`, plus `.iso`.
+fn go_iso_name(schematic: &str, talos: &str) -> String {
+    let url = format!("{FACTORY}/image/{schematic}/{talos}/nocloud-amd64.iso");
+    format!("{}.iso", hex(&Sha256::digest(url.as_bytes())))
+}
+
+fn request(h: &Harness, id: &str, set: &str) {
+    let spec = MachineRequestSpec {
+        talos_version: TALOS.into(),
+        extensions: vec!["siderolabs/iscsi-tools".into()],
+        provider_data: PINNED_PVE2.into(),
+        ..Default::default()
+    };
+    h.omni
+        .state
+        .create_machine_request(id, PROVIDER, set, &spec);
+}
+
+fn step_annotation(h: &Harness, id: &str) -> Option<String> {
+    h.machine_state(id)
+        .metadata
+        .annotations
+        .get(annotation::STEP)
+        .cloned()
+}
+
+fn is_upid(s: &str) -> bool {
+    s.starts_with("UPID:")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iso_file_name_equals_the_official_providers_for_a_version_without_v() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    request(&h, "iso-1", "iso");
+    h.wait_stage("iso-1", Stage::Provisioned).await;
+    let state = h.machine_state("iso-1").spec;
+    let expected = go_iso_name(&state.schematic, TALOS);
+    // Field 3 holds the request's version as given, field 4 the bare file name (the Go formats).
+    assert_eq!(state.talos_version, TALOS);
+    assert_eq!(state.volume_id, expected);
+    assert_eq!(state.boot_iso_volume, format!("local:iso/{expected}"));
+    let volumes = h
+        .pve
+        .control(json!({"op": "storage_volumes", "storage": "local"}));
+    assert!(
+        volumes
+            .as_array()
+            .unwrap()
+            .contains(&json!(format!("iso/{expected}"))),
+        "the ISO the Go provider would have downloaded is the one in storage: {volumes}"
+    );
+    let vm = &h.vms_named("iso-1")[0];
+    assert!(
+        vm["config"]["ide2"].as_str().unwrap().contains(&expected),
+        "{vm}"
+    );
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_we_stop_the_go_provider_reads_its_own_step_names_and_fields() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    // Omni's client/pkg/infra/controllers/provision.go, reconcileRunning: the annotation
+    // infra.omni.sidero.dev/step names the step last run; on resume the library skips steps until
+    // that name and runs it again; a name it does not know skips every step and marks the request
+    // PROVISIONED. The Go provider's steps (internal/pkg/provider/provision.go) re-run safely only
+    // with their fields: uploadISO reads volume_upload_task (6) or finds volume_id (4, a bare file
+    // name in the node's ISO storage); syncVM reads vm_create_task (7); startVM reads vm_start_task (8).
+
+    // 1. Stopped inside create_vm (the create call fails): Go re-runs syncVM, which creates the VM
+    //    (none exists, no create task recorded).
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu",
+                         "status": 503, "message": "proxy went away"}),
+    );
+    request(&h, "stop-1", "stop");
+    h.wait_stage("stop-1", Stage::Failed).await;
+    h.stop_controller().await;
+    let st = h.machine_state("stop-1").spec;
+    assert_eq!(step_annotation(&h, "stop-1").as_deref(), Some("syncVM"));
+    assert_eq!(st.vm_create_task, "");
+    assert_eq!(st.vmid, 0);
+    assert_eq!(st.node, "pve2");
+    assert_eq!(st.talos_version, TALOS);
+    assert_eq!(st.volume_id, go_iso_name(&st.schematic, TALOS));
+    assert!(is_upid(&st.volume_upload_task), "{st:?}");
+    h.pve.control(json!({"op": "clear_failures"}));
+
+    // 2. Stopped inside start_vm (the start call fails): the VM exists and its create task is recorded,
+    //    so Go's syncVM checks that task instead of creating a second VM.
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/status/start",
+                         "status": 500, "message": "not now"}),
+    );
+    h.start_controller();
+    h.wait_stage("stop-1", Stage::Failed).await;
+    let failed_start = h
+        .omni
+        .state
+        .wait_for(WAIT, |s| {
+            s.get(&ProviderMachine::new(PROVIDER), "stop-1")
+                .is_some_and(|m| m.spec.vmid != 0)
+        })
+        .await;
+    assert!(failed_start);
+    h.stop_controller().await;
+    let st = h.machine_state("stop-1").spec;
+    let vmid = h.vms_named("stop-1")[0]["vmid"].as_i64().unwrap();
+    assert_eq!(i64::from(st.vmid), vmid);
+    assert!(is_upid(&st.vm_create_task), "{st:?}");
+    assert!(
+        st.vm_create_task.contains(&format!(":{vmid}:")),
+        "{}",
+        st.vm_create_task
+    );
+    assert!(
+        matches!(
+            step_annotation(&h, "stop-1").as_deref(),
+            Some("syncVM" | "startVM")
+        ),
+        "{:?}",
+        step_annotation(&h, "stop-1")
+    );
+    h.pve.control(json!({"op": "clear_failures"}));
+
+    // 3. Done: Go re-runs startVM, which only checks the recorded start task.
+    h.start_controller();
+    h.wait_stage("stop-1", Stage::Provisioned).await;
+    h.stop_controller().await;
+    let st = h.machine_state("stop-1").spec;
+    assert_eq!(step_annotation(&h, "stop-1").as_deref(), Some("startVM"));
+    assert!(is_upid(&st.vm_start_task), "{st:?}");
+    assert!(!st.uuid.is_empty());
+    assert!(!st.volume_id.contains(':'), "{}", st.volume_id);
+    assert_eq!(h.vms_named("stop-1").len(), 1);
+}
+
+/// Writes provider state through the provider API as the Go library does (owner = its controller
+/// name, the step annotation beside the spec).
+async fn write_go_state(h: &Harness, id: &str, spec: MachineSpec, step: &str) {
+    let client = h.omni.client(PROVIDER);
+    client
+        .state
+        .modify(
+            &ProviderMachine::new(PROVIDER),
+            id,
+            &provision_controller_name(PROVIDER),
+            |m| {
+                m.spec = spec.clone();
+                m.metadata
+                    .annotations
+                    .insert(annotation::STEP.to_owned(), step.to_owned());
+            },
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn we_continue_a_request_the_go_provider_left_after_creating_its_vm() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.stop_controller().await;
+    request(&h, "go-1", "goset");
+    // The schematic Omni would return for this request (memstate: SHA-256 of the YAML).
+    let yaml = schematic_yaml(&SchematicRequest {
+        extensions: vec!["siderolabs/iscsi-tools".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    let schematic = hex(&Sha256::digest(yaml.as_bytes()));
+    let iso = go_iso_name(&schematic, TALOS);
+    let uuid = uuid::Uuid::new_v4().to_string();
+    // What the Go provider's syncVM leaves: a VM named after the request, tagged only with its set,
+    // booting the ISO, no join config yet (its startVM would add it), create task and VMID recorded.
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 150, "name": "go-1", "node": "pve2",
+        "config": {"tags": "machine-request.goset", "memory": 2048, "cores": 2,
+                   "agent": "enabled=1", "smbios1": format!("uuid={uuid}"),
+                   "ide2": format!("local:iso/{iso},media=cdrom"),
+                   "scsi0": "local-lvm:vm-150-disk-0,size=10G"}}),
+    );
+    write_go_state(
+        &h,
+        "go-1",
+        MachineSpec {
+            uuid: uuid.clone(),
+            schematic: schematic.clone(),
+            talos_version: TALOS.into(),
+            volume_id: iso.clone(),
+            node: "pve2".into(),
+            vm_create_task: "UPID:pve2:00001234:00005678:65000000:qmcreate:150:root@pam:".into(),
+            vmid: 150,
+            ..Default::default()
+        },
+        "syncVM",
+    )
+    .await;
+    h.start_controller();
+    h.wait_stage("go-1", Stage::Provisioned).await;
+    let vms = h.vms_named("go-1");
+    assert_eq!(vms.len(), 1, "no second VM: {vms:?}");
+    let vm = &vms[0];
+    assert_eq!(vm["vmid"], json!(150));
+    assert_eq!(vm["status"], json!("running"));
+    assert!(
+        vm["config"]["ide3"]
+            .as_str()
+            .is_some_and(|s| s.contains("omni-seed-go-1.iso")),
+        "the join config is attached: {vm}"
+    );
+    let st = h.machine_state("go-1").spec;
+    assert_eq!(
+        st.uuid, uuid,
+        "the SMBIOS UUID the Go provider chose is kept"
+    );
+    assert_eq!(st.volume_id, iso);
+    assert_eq!(step_annotation(&h, "go-1").as_deref(), Some("startVM"));
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn we_continue_a_request_the_go_provider_left_at_upload_iso() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    // An ISO of the same image already downloaded (by us, with the Go name).
+    request(&h, "first", "up");
+    h.wait_stage("first", Stage::Provisioned).await;
+    let first = h.machine_state("first").spec;
+    h.stop_controller().await;
+    request(&h, "go-2", "up");
+    write_go_state(
+        &h,
+        "go-2",
+        MachineSpec {
+            schematic: first.schematic.clone(),
+            talos_version: TALOS.into(),
+            volume_id: first.volume_id.clone(),
+            node: "pve2".into(),
+            ..Default::default()
+        },
+        "uploadISO",
+    )
+    .await;
+    h.pve.control(json!({"op": "reset_requests"}));
+    h.start_controller();
+    h.wait_stage("go-2", Stage::Provisioned).await;
+    let downloads = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.contains("download-url"))
+        .count();
+    assert_eq!(downloads, 0, "the ISO the Go state names is reused");
+    let vm = &h.vms_named("go-2")[0];
+    assert!(
+        vm["config"]["ide2"]
+            .as_str()
+            .unwrap()
+            .contains(&first.volume_id),
+        "{vm}"
+    );
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teardown_removes_the_config_patches_of_the_request() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    request(&h, "patched", "patch");
+    request(&h, "other", "patch");
+    h.wait_stage("patched", Stage::Provisioned).await;
+    h.wait_stage("other", Stage::Provisioned).await;
+    // Omni's client/pkg/infra/provision/context.go, CreateConfigPatch: a ConfigPatchRequest in the
+    // infra-provider namespace labelled with the provider ID and the request ID. The Go provider
+    // named its hostname patch "000-hostname-%s" + request ID (provision.go, configureHostname, in its
+    // releases from November 2025 to February 2026).
+    let client = h.omni.client(PROVIDER);
+    for id in ["patched", "other"] {
+        client
+            .state
+            .modify(
+                &ConfigPatchRequest,
+                &format!("000-hostname-%s{id}"),
+                &provision_controller_name(PROVIDER),
+                |p| {
+                    p.metadata
+                        .labels
+                        .insert(label::INFRA_PROVIDER_ID.into(), PROVIDER.into());
+                    p.metadata
+                        .labels
+                        .insert(label::MACHINE_REQUEST.into(), id.into());
+                    p.spec = ConfigPatchSpec {
+                        data: format!("machine:\n  network:\n    hostname: {id}"),
+                        ..Default::default()
+                    };
+                },
+            )
+            .await
+            .unwrap();
+    }
+    // client/pkg/infra/controllers/provision.go, reconcileTearingDown: removePatches lists them by
+    // those two labels and tears them down and destroys them before anything else.
+    assert!(h.omni.state.teardown(&MachineRequest, "patched"));
+    let gone = h
+        .omni
+        .state
+        .wait_for(WAIT, |s| {
+            s.collect_torn_down(&MachineRequest);
+            s.get(&MachineRequest, "patched").is_none()
+        })
+        .await;
+    assert!(gone, "request released");
+    assert!(
+        h.omni
+            .state
+            .get(&ConfigPatchRequest, "000-hostname-%spatched")
+            .is_none(),
+        "the request's patch is removed"
+    );
+    assert!(
+        h.omni
+            .state
+            .get(&ConfigPatchRequest, "000-hostname-%sother")
+            .is_some(),
+        "another request's patch stays"
+    );
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boot_isos_come_from_the_factory_omni_publishes() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let client = h.omni.client(PROVIDER);
+    // Without a features configuration: the flag.
+    assert_eq!(resolve_factory(&client.state, FACTORY).await, FACTORY);
+    // Omni's internal/backend/runtime/omni/state_access.go, filterAccess: FeaturesConfigs need only a
+    // valid signature, so an infra provider may read it; its image_factory_base_url (field 5 of
+    // FeaturesConfigSpec, client/api/omni/specs/omni.proto) is the factory Omni creates schematics on.
+    h.omni.state.put(
+        &FeaturesConfig,
+        FEATURES_CONFIG_ID,
+        &FeaturesConfigSpec {
+            image_factory_base_url: "https://factory.internal.example/".into(),
+        },
+        BTreeMap::new(),
+    );
+    assert_eq!(
+        resolve_factory(&client.state, FACTORY).await,
+        "https://factory.internal.example"
+    );
+    h.stop_controller().await;
+}
