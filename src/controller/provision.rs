@@ -1,4 +1,4 @@
-//! One reconcile of one MachineRequest: what Omni expects of a provision controller (reference §3),
+//! One reconcile of one MachineRequest: what Omni expects of a provision controller (docs/omni-protocol.md §3),
 //! with the official Go library's known weaknesses fixed.
 //!
 //! Running phase: finalizer, MachineRequestStatus (stage PROVISIONING, the request's labels), provider

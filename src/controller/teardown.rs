@@ -7,12 +7,12 @@
 //! Different from the Go library, on purpose:
 //! - The status is destroyed *after* the VM is gone, not before, so while the VM is being shut down
 //!   and deleted Omni still shows what is happening, and why it is stuck if it is (an offline node).
-//! - A missing provider state does not stop the teardown forever (reference §8 item 5a): there is
+//! - A missing provider state does not stop the teardown forever (docs/omni-protocol.md §3.6): there is
 //!   simply no VM to delete.
 //! - Deprovision finds the VM where it is now and proves it is ours before touching it
 //!   ([`crate::pipeline::deprovision`]); a VMID taken over by someone else's VM is left alone.
 //!
-//! The same path cleans up provider state whose MachineRequest is gone (reference §3.7): at start
+//! The same path cleans up provider state whose MachineRequest is gone (docs/omni-protocol.md §3.7): at start
 //! every state is reconciled, and one without a request is deprovisioned and destroyed.
 
 use std::collections::BTreeMap;

@@ -17,7 +17,7 @@
 //! What must not happen is a silent "done" while the VM may still exist: a node that is offline or
 //! unreachable is a transient [`DeprovisionError`] naming the node, and the caller retries.
 //!
-//! Cost (design §7, target ≤ 6 requests per deprovision whatever the node count): one listing, then
+//! Cost (docs/performance.md; target ≤ 6 requests per deprovision whatever the node count): one listing, then
 //! one call plus one poll per task (shutdown, destroy), then the seed ISO delete, whose task is not
 //! polled by default (see [`DeprovisionOptions::wait_for_seed_iso`]): 6 requests for a running VM
 //! whose tasks finish at once, 4 for a stopped one.

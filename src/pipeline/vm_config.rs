@@ -1,7 +1,7 @@
 //! The VM's configuration as Proxmox parameters, and the identity that lets us find it again.
 //!
 //! Everything goes into one create (or one config update after a clone) so a VM costs one request
-//! (design §7). The identity is threefold so a restart can adopt a half-made VM and a deprovision
+//! (see docs/performance.md). The identity is threefold so a restart can adopt a half-made VM and a deprovision
 //! never touches someone else's: the name is the request ID, the tags carry the machine set and our
 //! provider ID, and the description carries a marker naming both the request and the provider.
 //!
