@@ -178,6 +178,51 @@ async fn clone_mode_clones_the_template_and_configures_it() {
     h.stop_controller().await;
 }
 
+/// Clone mode sets the class's additional disks in the config write after the clone (the clone
+/// call itself copies only the template's drives). That write allocates (`<storage>:<GiB>`, which
+/// qemu-server's `update_vm` turns into a new disk at every call), so when its answer is lost the
+/// retry must not allocate a second disk: the VM ends with exactly one extra disk and no `unused`
+/// leftover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_mode_adds_the_additional_disks_once() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve
+        .control(json!({"op": "lose_answer", "method": "POST", "suffix": "/config", "times": 1}));
+    h.request(
+        "clone-disks",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\nadditional_disks: [{disk_size: 4, storage_selector: 'name == \"local-lvm\"'}]\n",
+    );
+    h.wait_stage("clone-disks", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-disks");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let config = &vms[0]["config"];
+    let extra = config["scsi1"].as_str().unwrap_or_default();
+    assert!(
+        extra.starts_with("local-lvm:") && extra.contains("size=4G"),
+        "the additional disk is missing: {config}"
+    );
+    let keys: Vec<&String> = config.as_object().unwrap().keys().collect();
+    assert!(
+        !keys.iter().any(|k| k.starts_with("unused")),
+        "a retried config write allocated again: {config}"
+    );
+    let vmid = vms[0]["vmid"].to_string();
+    let writes = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m != "GET" && p.ends_with(&format!("/qemu/{vmid}/config")))
+        .count();
+    assert!(
+        writes >= 2,
+        "the lost answer led to a second config write ({writes})"
+    );
+    h.stop_controller().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_provider_data_fails_with_every_problem_and_creates_nothing() {
     let Some(mut h) = Harness::start("").await else {
@@ -709,5 +754,81 @@ async fn a_clone_whose_answer_was_lost_is_adopted_not_cloned_again() {
         .filter(|(m, p)| m == "POST" && p.ends_with("/qemu/9000/clone"))
         .count();
     assert_eq!(clones, 1);
+    h.stop_controller().await;
+}
+
+/// Another client takes the VMID on another node between our `/cluster/nextid` and our clone.
+/// qemu-server's `clone_vm` checks only the source node's config directory before it forks, so the
+/// clone is accepted and its *task* fails when pmxcfs refuses the config file ("close (rename)
+/// atomic file … failed: File exists"; pve-cluster src/pmxcfs/memdb.c, memdb_rename). That is a
+/// taken VMID like "already exists": choose another, leave the other client's VM alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_onto_a_vmid_just_taken_on_another_node_chooses_another() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve
+        .control(json!({"op": "race_vmid", "suffix": "/qemu/9000/clone", "node": "pve2"}));
+    h.request(
+        "clone-raced",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\n",
+    );
+    h.wait_stage("clone-raced", Stage::Provisioned).await;
+    let vms = h.vms_named("clone-raced");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let all = h.pve.control(json!({"op": "vms"}));
+    let raced: Vec<&serde_json::Value> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|vm| vm["name"].as_str().unwrap_or("").starts_with("raced-"))
+        .collect();
+    assert_eq!(raced.len(), 1, "the race happened: {all}");
+    assert_eq!(raced[0]["node"], json!("pve2"));
+    assert_ne!(raced[0]["vmid"], vms[0]["vmid"]);
+    let state = h.machine_state("clone-raced");
+    assert_eq!(state.spec.vmid as i64, vms[0]["vmid"].as_i64().unwrap());
+    let clones = h
+        .pve
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "POST" && p.ends_with("/qemu/9000/clone"))
+        .count();
+    assert_eq!(
+        clones, 2,
+        "one refused inside its task, one that made the VM"
+    );
+    // Recognised as a taken VMID within the step, not retried as a failed provision.
+    let metrics = h.metrics.encode();
+    assert!(
+        !metrics.contains(r#"omni_proxmox_provisions_total{outcome="failure"}"#),
+        "{metrics}"
+    );
+    h.stop_controller().await;
+}
+
+/// `ha.failback` exists only from Proxmox VE 9 (pve-ha-manager src/PVE/HA/Resources.pm, 5.0.2); PVE 8
+/// answers the HA registration with 400 after the VM was made and started. Refused up front, naming
+/// the key and the release, with nothing created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_failback_on_pve_8_fails_before_anything_is_created() {
+    let mut scenario = support::fakepve::three_node_scenario();
+    scenario["pve_version"] = json!("8.4.1");
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    h.request(
+        "failback-8",
+        "ha",
+        "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nha:\n  state: started\n  failback: true\n",
+    );
+    let status = h.wait_stage("failback-8", Stage::Failed).await;
+    let error = status.spec.error;
+    assert!(error.contains("ha.failback"), "{error}");
+    assert!(error.contains("8.4.1"), "{error}");
+    assert!(h.vms_named("failback-8").is_empty());
+    let writes = h.pve.requests().iter().filter(|(m, _)| m != "GET").count();
+    assert_eq!(writes, 0, "nothing is written to Proxmox");
     h.stop_controller().await;
 }

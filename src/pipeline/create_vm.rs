@@ -89,6 +89,11 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             }
             Err(StepError::Proxmox { source, .. }) if source.is_vmid_taken() => {
                 tracing::info!(request = %request_id, %vmid, "VMID taken meanwhile; choosing another");
+                // The task was recorded as if it would make our VM; the VMID is someone else's.
+                if i64::from(ctx.state.vmid) == i64::from(vmid.get()) {
+                    ctx.state.vmid = 0;
+                    ctx.state.vm_create_task.clear();
+                }
                 ctx.services.release_vmid(vmid.get());
                 refused.push(vmid.get());
             }

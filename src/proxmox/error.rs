@@ -90,21 +90,23 @@ impl ProxmoxError {
     }
 
     /// Proxmox refuses a create or clone whose VMID is taken with "VM 104 already exists" (sometimes
-    /// inside the task, sometimes as the HTTP answer).
+    /// inside the task, sometimes as the HTTP answer). A clone onto a VMID another node holds passes
+    /// the API's early check (it looks only at the source node's config directory) and fails inside
+    /// its task, when the cluster file system refuses the new config file: "close (rename) atomic
+    /// file '/etc/pve/nodes/pve1/qemu-server/104.conf' failed: File exists".
     pub fn is_vmid_taken(&self) -> bool {
-        let text = match self {
-            Self::Api { message, .. } => message.as_str(),
+        let says_taken = |t: &str| {
+            t.contains("already exists") || (t.contains(".conf'") && t.contains("File exists"))
+        };
+        match self {
+            Self::Api { message, .. } => says_taken(message),
             Self::TaskFailed {
                 exit_status,
                 log_tail,
                 ..
-            } => {
-                return exit_status.contains("already exists")
-                    || log_tail.iter().any(|l| l.contains("already exists"));
-            }
-            _ => return false,
-        };
-        text.contains("already exists")
+            } => says_taken(exit_status) || log_tail.iter().any(|l| says_taken(l)),
+            _ => false,
+        }
     }
 
     /// `download-url` found the file already in storage: its task refuses to replace it (pve-common

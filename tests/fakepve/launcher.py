@@ -22,7 +22,7 @@ import time
 
 from aiohttp import web
 from fakepve.model import PveError, TaskError
-from fakepve.qemu import drives_of, volume_ref, with_mac
+from fakepve.qemu import DRIVE_KEY, NEW_DISK, drives_of, is_cdrom, split_drive, volume_ref, with_mac
 from fakepve.routing import die, split_list
 from fakepve.server import GENERIC, USER, FakePve, error, int_param, ok, params
 
@@ -104,6 +104,12 @@ class LauncherPve(FakePve):
             return None
         if request.method == 'POST' and vm.ha_managed:
             raise PveError(500, "resource ID '{0}' already defined".format(sid))
+        if request.method == 'POST' and 'failback' in values and self._pve_before(9):
+            # pve-ha-manager src/PVE/HA/Resources.pm: `failback` came with 5.0.2 (PVE 9); the schema
+            # of PVE 8 has no such property.
+            raise PveError(400, 'Parameter verification failed.',
+                           {'failback': 'property is not defined in schema and the schema does not allow '
+                                        'additional properties'})
         if request.method == 'DELETE' and not vm.ha_managed:
             raise PveError(500, "cannot delete service '{0}', not HA managed!".format(sid))
         response = await super()._generic(request)
@@ -359,13 +365,79 @@ class LauncherPve(FakePve):
     # qemu-server src/PVE/API2/Qemu.pm `update_vm` parses every netN through parse_net, which makes
     # up a MAC when none is given: a config update without MAC changes the NIC's MAC. fakepve keeps
     # the value as sent.
+    #
+    # The same `update_vm` allocates a new disk for every drive given in `<storage>:<GiB>` syntax
+    # (its worker calls `create_disks`, after `check_storage_access` asked for
+    # Datastore.AllocateSpace on the storage); a disk the slot held before becomes `unusedN`.
+    # fakepve 0.5.0 stores `local-lvm:4` as the drive's value and allocates nothing.
     async def _apply_config(self, vm, user, p):
         for key in list(p):
             if key.startswith('net') and key[3:].isdigit() and p[key]:
                 p[key] = with_mac(str(p[key]))
-        return await super()._apply_config(vm, user, p)
+        made = []
+        replaced = []
+        try:
+            for key in sorted(p):
+                if not DRIVE_KEY.match(key) or not p[key]:
+                    continue
+                volume, props = split_drive(str(p[key]))
+                found = NEW_DISK.match(volume)
+                if not found or is_cdrom(volume, props):
+                    continue
+                self._qm_image_store(found.group(1) or '', user)
+                p[key], volids = self._qm_new_drive(vm.vmid, key, str(p[key]), None)
+                made.extend(volids)
+                old = vm.config.get(key)
+                if old and not is_cdrom(*split_drive(str(old))):
+                    replaced.append(split_drive(str(old))[0])
+            result = await super()._apply_config(vm, user, p)
+        except BaseException:
+            for volid in made:
+                self._qm_free(volid)
+            raise
+        for volume in replaced:
+            n = 0
+            while 'unused{0}'.format(n) in vm.config:
+                n += 1
+            vm.config['unused{0}'.format(n)] = volume
+        return result
+
+    # --- A VMID taken on another node, for a clone. qemu-server src/PVE/API2/Qemu.pm `clone_vm`: the
+    # early check (`$load_and_check`, before the worker forks) only tests `-f` on the config file in
+    # the *source node's* directory, so a VMID held on another node passes it. The worker then writes
+    # its temporary config with PVE::File `file_set_contents`, whose rename pmxcfs refuses with EEXIST
+    # for a VMID another node holds (pve-cluster src/pmxcfs/memdb.c, memdb_rename:
+    # `vmlist_different_vm_exists`): the *task* fails with "close (rename) atomic file ... failed:
+    # File exists". fakepve refuses every taken VMID early with "config file already exists".
+    async def _qm_clone(self, v, user):
+        newid, node = int(v['newid']), v['node']
+        holder = self.vm(newid) or self.guest(newid)
+        if holder is None or holder.node == node:
+            return await super()._qm_clone(v, user)
+        self._qm_check_pool(v.get('pool'))
+        self._qm_perm(user, newid, v.get('pool'), 'VM.Allocate')
+        self.need_quorum()
+        self.find(node, int(v['vmid']))
+
+        async def body():
+            raise TaskError("close (rename) atomic file '/etc/pve/nodes/{0}/qemu-server/{1}.conf' failed: "
+                            "File exists".format(node, newid))
+        return await self.task(node, 'qmclone', int(v['vmid']), user, body, log=[
+            'creating a clone of VM {0} with ID {1}'.format(v['vmid'], newid)])
+
+    # Op `race_vmid` {suffix, node}: the next POST ending in `suffix` finds its VMID (`newid`, else
+    # `vmid`) just taken by another client's VM on `node`, as between a caller's /cluster/nextid and
+    # its create.
+    vmid_races = None
 
     async def _answer(self, request, handler, generic, path_node):
+        for suffix, node in list((self.vmid_races or {}).items()):
+            if request.method == 'POST' and request.path.endswith(suffix):
+                del self.vmid_races[suffix]
+                p = await params(request)
+                taken = int(p.get('newid') or p.get('vmid') or 0)
+                if taken and not self._qm_taken(taken):
+                    self.add_vm(taken, 'raced-{0}'.format(taken), node=node)
         response = await super()._answer(request, handler, generic, path_node)
         for key, times in list((self.lost_answers or {}).items()):
             if request.method != key[0] or not request.path.endswith(key[1]) or response.status != 200:
@@ -534,6 +606,8 @@ async def command(pve, cmd):
         lost = dict(pve.lost_answers or {})
         lost[(cmd['method'], cmd['suffix'])] = int(cmd.get('times', 1))
         pve.lost_answers = lost
+    elif op == 'race_vmid':
+        pve.vmid_races = dict(pve.vmid_races or {}, **{cmd['suffix']: cmd['node']})
     elif op == 'listing_status':
         # The listing shows `status` for `vmid` (pvestatd's stale view) until called with status null.
         stale = dict(pve.stats_stale_status or {})
