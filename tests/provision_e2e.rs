@@ -127,12 +127,7 @@ async fn six_requests_of_one_set_spread_two_per_node() {
         BTreeMap::from([("pve1".into(), 2), ("pve2".into(), 2), ("pve3".into(), 2)])
     );
     // Concurrent requests for the same image downloaded it once per ISO storage.
-    let downloads = h
-        .pve
-        .requests()
-        .iter()
-        .filter(|(m, p)| m == "POST" && p.ends_with("/download-url"))
-        .count();
+    let downloads = h.pve.count("POST", "/download-url");
     assert!(
         downloads <= 3,
         "one download per node's local ISO storage at most: {downloads}"
@@ -489,12 +484,7 @@ async fn a_restart_between_steps_and_inside_create_vm_leaves_exactly_one_vm() {
     h.start_controller();
     h.wait_stage("restart-2", Stage::Provisioned).await;
     assert_eq!(h.vms_named("restart-2").len(), 1);
-    let creates = h
-        .pve
-        .requests()
-        .iter()
-        .filter(|(m, p)| m == "POST" && p.ends_with("/nodes/pve2/qemu"))
-        .count();
+    let creates = h.pve.count("POST", "/nodes/pve2/qemu");
     assert!(creates <= 3, "no duplicate creates: {creates}");
     h.stop_controller().await;
 }
@@ -716,12 +706,7 @@ async fn a_cross_node_clone_checks_the_templates_drives_are_shared() {
         error.contains("ide2") && error.contains("shared storage"),
         "{error}"
     );
-    let clones = h
-        .pve
-        .requests()
-        .iter()
-        .filter(|(m, p)| m == "POST" && p.ends_with("/qemu/9003/clone"))
-        .count();
+    let clones = h.pve.count("POST", "/qemu/9003/clone");
     assert_eq!(clones, 0, "refused before the clone call");
     assert!(h.vms_named("clone-far").is_empty());
     h.stop_controller().await;
@@ -747,12 +732,7 @@ async fn a_clone_whose_answer_was_lost_is_adopted_not_cloned_again() {
     h.wait_stage("clone-again", Stage::Provisioned).await;
     let vms = h.vms_named("clone-again");
     assert_eq!(vms.len(), 1, "one clone, adopted: {vms:?}");
-    let clones = h
-        .pve
-        .requests()
-        .iter()
-        .filter(|(m, p)| m == "POST" && p.ends_with("/qemu/9000/clone"))
-        .count();
+    let clones = h.pve.count("POST", "/qemu/9000/clone");
     assert_eq!(clones, 1);
     h.stop_controller().await;
 }
@@ -789,12 +769,7 @@ async fn a_clone_onto_a_vmid_just_taken_on_another_node_chooses_another() {
     assert_ne!(raced[0]["vmid"], vms[0]["vmid"]);
     let state = h.machine_state("clone-raced");
     assert_eq!(state.spec.vmid as i64, vms[0]["vmid"].as_i64().unwrap());
-    let clones = h
-        .pve
-        .requests()
-        .iter()
-        .filter(|(m, p)| m == "POST" && p.ends_with("/qemu/9000/clone"))
-        .count();
+    let clones = h.pve.count("POST", "/qemu/9000/clone");
     assert_eq!(
         clones, 2,
         "one refused inside its task, one that made the VM"

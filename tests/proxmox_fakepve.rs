@@ -337,11 +337,7 @@ async fn password_login_relogs_after_the_ticket_is_revoked() {
     )
     .await
     .unwrap();
-    let logins = fake
-        .requests()
-        .iter()
-        .filter(|(m, p)| m == "POST" && p.ends_with("/access/ticket"))
-        .count();
+    let logins = fake.count("POST", "/access/ticket");
     assert_eq!(logins, 2, "one login at start, one after the revocation");
 }
 

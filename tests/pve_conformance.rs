@@ -97,12 +97,7 @@ async fn vmids_come_from_nextid_past_hidden_guests_and_inside_the_range() {
     let vms = h.vms_named("ids-1");
     assert_eq!(vms.len(), 1, "{vms:?}");
     assert_eq!(vms[0]["vmid"], json!(5004), "{vms:?}");
-    let refused_creates = h
-        .pve
-        .requests()
-        .iter()
-        .filter(|(m, p)| m == "POST" && p.ends_with("/qemu"))
-        .count();
+    let refused_creates = h.pve.count("POST", "/qemu");
     assert_eq!(refused_creates, 1, "one create, no VMID guessed wrong");
     h.stop_controller().await;
 }
@@ -160,12 +155,7 @@ async fn a_refused_overwrite_of_the_talos_iso_counts_as_present() {
         .control(json!({"op": "unlist_volume", "volid": talos[0]}));
     h.request("iso-2", "isos", class);
     h.wait_stage("iso-2", Stage::Provisioned).await;
-    let downloads = h
-        .pve
-        .requests()
-        .iter()
-        .filter(|(m, p)| m == "POST" && p.ends_with("/download-url"))
-        .count();
+    let downloads = h.pve.count("POST", "/download-url");
     assert_eq!(
         downloads, 2,
         "the second request tried, was refused, and went on"

@@ -219,12 +219,7 @@ async fn a_failed_destroy_task_is_retried() {
     h.tear_down("td-retry");
     h.wait_released("td-retry").await;
     assert!(h.vm(vmid).is_null());
-    let destroys = h
-        .pve
-        .requests()
-        .iter()
-        .filter(|(m, p)| m == "DELETE" && p.ends_with(&format!("/qemu/{vmid}")))
-        .count();
+    let destroys = h.pve.count("DELETE", &format!("/qemu/{vmid}"));
     assert_eq!(destroys, 2, "one failed destroy, one retry");
     h.stop_controller().await;
 }

@@ -158,6 +158,14 @@ impl FakePve {
         serde_json::from_value(self.control(json!({"op": "requests"}))).unwrap()
     }
 
+    /// How many `method` requests whose path ends with `suffix` fakepve has answered.
+    pub fn count(&mut self, method: &str, suffix: &str) -> usize {
+        self.requests()
+            .iter()
+            .filter(|(m, p)| m == method && p.ends_with(suffix))
+            .count()
+    }
+
     /// A provider config file's text for this fakepve.
     pub fn config_yaml(&self, login: Login, trust: Trust) -> String {
         let mut text = format!("proxmox:\n  url: \"{}/api2/json\"\n", self.url);
