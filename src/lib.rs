@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod did_you_mean;
+pub mod error_chain;
 pub mod metrics;
 pub mod omni;
 pub mod pipeline;

@@ -5,6 +5,7 @@
 //! module only decides *what* needs attention, never *how* to provision it.
 
 pub mod cache;
+pub mod error_policy;
 pub mod health;
 pub mod provision;
 pub mod registration;

@@ -4,8 +4,8 @@
 //! Running phase: finalizer, MachineRequestStatus (stage PROVISIONING, the request's labels), provider
 //! state, then the steps from where the state says we stopped. Progress goes to the status text
 //! ("Running step 3/6 create_vm: cloning template 9000 to VM 104 on pve2"). Unlike the Go library:
-//! - a failure is written as stage FAILED with the error and **stays visible** until the step succeeds
-//!   on a retry (the Go library cleared it on every retry, omni#2629);
+//! - a failure is shown as the error policy words it ([`super::error_policy`]) and **stays visible**
+//!   until the step succeeds on a retry (the Go library cleared it on every retry, omni#2629);
 //! - an unknown step name restarts from the beginning instead of skipping to PROVISIONED;
 //! - the step annotation and the state fields the Go library and the official provider read are
 //!   written in their names and formats ([`Step::go_name`]), so either provider continues the other's
@@ -24,6 +24,7 @@ use futures_util::future::BoxFuture;
 use tracing::Instrument;
 
 use super::cache::WriteCache;
+use super::error_policy::{self, ReconcileError};
 use crate::omni::join::{self, ConnectionParams, JoinInputs, JoinMode};
 use crate::omni::proto::provider::MachineSpec;
 use crate::omni::proto::specs::{
@@ -37,7 +38,7 @@ use crate::omni::resources::{
 use crate::omni::state::{ResourceRef, StateClient, StateError, Typed};
 use crate::pipeline::run_step;
 use crate::pipeline::step::{
-    ClusterView, Progress, RequestInfo, Services, Step, StepContext, StepError, StepOutcome,
+    ClusterView, Progress, RequestInfo, Services, Step, StepContext, StepOutcome,
 };
 
 /// What the work queue should do with the request after a reconcile.
@@ -49,27 +50,8 @@ pub enum Action {
     RequeueAfter(Duration),
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error("{0}")]
-    Step(#[from] StepError),
-    #[error("{doing}: {source}")]
-    Omni {
-        doing: &'static str,
-        #[source]
-        source: Box<StateError>,
-    },
-    #[error("cannot build the join configuration: {0}")]
-    Join(String),
-    #[error("{0}")]
-    Teardown(String),
-}
-
 fn omni(doing: &'static str) -> impl FnOnce(StateError) -> ReconcileError {
-    move |source| ReconcileError::Omni {
-        doing,
-        source: Box::new(source),
-    }
+    ReconcileError::omni(doing)
 }
 
 pub struct Provisioner {
@@ -124,18 +106,33 @@ impl Provisioner {
         if request.is_tearing_down() {
             return super::teardown::run(self, &request).await;
         }
-        if !request.has_finalizer(&self.owner) {
-            self.state
-                .add_finalizer(&ResourceRef::of(&MachineRequest, id), &self.owner)
-                .await
-                .map_err(omni("adding our finalizer to the machine request"))?;
-        }
         let labels: BTreeMap<String, String> = request
             .metadata
             .labels
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let result = self.provision(&request, &labels).await;
+        if let Err(e) = &result {
+            self.report_failure(id, &labels, e).await;
+        }
+        result
+    }
+
+    /// The running phase (§3.4), up to the first failure; what the status says about the failure is
+    /// the error policy's to decide.
+    async fn provision(
+        &self,
+        request: &Typed<MachineRequestSpec>,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Action, ReconcileError> {
+        let id = request.id();
+        if !request.has_finalizer(&self.owner) {
+            self.state
+                .add_finalizer(&ResourceRef::of(&MachineRequest, id), &self.owner)
+                .await
+                .map_err(omni("adding our finalizer to the machine request"))?;
+        }
         let status = self.status(id).await?;
         if status
             .as_ref()
@@ -144,22 +141,22 @@ impl Provisioner {
             return Ok(Action::Done);
         }
         if status.is_none() {
-            self.write_status(id, &labels, |s| {
+            self.write_status(id, labels, |s| {
                 s.stage = Stage::Provisioning as i32;
                 s.status = "Queued".into();
             })
             .await?;
         }
 
-        let info = request_info(&request);
-        // Provider data is validated before anything is created; bad data can never succeed, so it
-        // is reported once and the request waits for a change (the provider restarting with a new
-        // config counts: every request is reconciled at start).
+        let info = request_info(request);
+        // Provider data is validated before anything is created; bad data never gets as far as
+        // Proxmox.
         match self.services.provider_data(&info, None) {
             Err(e) => {
-                self.fail(id, &labels, "validating provider data", &e.to_string())
-                    .await?;
-                return Ok(Action::Done);
+                return Err(ReconcileError::Refused {
+                    doing: "validating provider data",
+                    problem: e.to_string(),
+                });
             }
             Ok(data) => {
                 // Logged once, when the request is first seen; the status text repeats them.
@@ -171,13 +168,14 @@ impl Provisioner {
                 if let Some(problem) =
                     crate::validate::release_problem(&self.services.pve, &data).await
                 {
-                    self.fail(id, &labels, "checking the Proxmox VE release", &problem)
-                        .await?;
-                    return Ok(Action::Done);
+                    return Err(ReconcileError::Refused {
+                        doing: "checking the Proxmox VE release",
+                        problem,
+                    });
                 }
             }
         }
-        let join = self.connection_params(&request).await?;
+        let join = self.connection_params(request).await?;
         let machine = self
             .state
             .modify(
@@ -198,7 +196,7 @@ impl Provisioner {
                 .map(String::as_str),
             &spec,
         );
-        self.run_steps(id, &labels, &info, &join, &mut spec, start)
+        self.run_steps(id, labels, &info, &join, &mut spec, start)
             .await
     }
 
@@ -216,7 +214,10 @@ impl Provisioner {
         for step in &Step::ALL[start.min(total)..] {
             let step = *step;
             let node = (!spec.node.is_empty()).then(|| spec.node.clone());
-            let data = self.services.provider_data(info, node.as_deref())?;
+            let data = self
+                .services
+                .provider_data(info, node.as_deref())
+                .map_err(|source| ReconcileError::Step { step, source })?;
             let progress = StatusProgress {
                 provisioner: self,
                 id,
@@ -264,20 +265,15 @@ impl Provisioner {
                     progress.set_text(why).await;
                     return Ok(Action::RequeueAfter(after));
                 }
-                Err(e) => {
-                    let text =
-                        format!("step {}/{total} {} failed: {e}", step.number(), step.name());
-                    spec.last_error = text.clone();
+                Err(source) => {
+                    let e = ReconcileError::Step { step, source };
+                    spec.last_error = e.to_string();
                     // Best effort: the decisions the step recorded before failing are kept.
                     if let Err(save) = self.save_state(id, step, spec).await {
                         tracing::warn!(request = %id, error = %save, "cannot record the provider state after a failure");
                     }
                     self.services.metrics.provision("failure");
-                    self.fail(id, labels, step.name(), &e.to_string()).await?;
-                    if e.is_config() {
-                        return Ok(Action::Done);
-                    }
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }
@@ -350,20 +346,29 @@ impl Provisioner {
             .map_err(omni("writing the machine request status"))
     }
 
-    async fn fail(
+    /// Shows a failure in the status as the error policy words it. Best effort: the retry comes
+    /// either way, and a status that cannot be written now is written by the next attempt.
+    pub(crate) async fn report_failure(
         &self,
         id: &str,
         labels: &BTreeMap<String, String>,
-        doing: &str,
-        error: &str,
-    ) -> Result<(), ReconcileError> {
-        tracing::warn!(request = %id, step = doing, error, "provisioning step failed");
-        self.write_status(id, labels, |s| {
-            s.stage = Stage::Failed as i32;
-            s.error = error.to_owned();
-            s.status = format!("Failed in {doing}; retrying");
-        })
-        .await
+        error: &ReconcileError,
+    ) {
+        let Some(report) = error_policy::report(error) else {
+            return;
+        };
+        let written = self
+            .write_status(id, labels, |s| {
+                if let Some(stage) = report.stage {
+                    s.stage = stage as i32;
+                }
+                s.status = report.status.clone();
+                s.error = report.error.clone();
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(request = %id, error = %e, "cannot show the failure in Omni");
+        }
     }
 
     async fn save_state(
@@ -445,7 +450,7 @@ impl Provisioner {
             provider_id: self.provider_id().to_owned(),
             request_id: Some(request.id().to_owned()),
         })
-        .map_err(|e| ReconcileError::Join(e.to_string()))
+        .map_err(ReconcileError::Join)
     }
 
     /// Drops in-memory bookkeeping for a request that is gone.

@@ -13,14 +13,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use super::error_policy::error_policy;
 use super::provision::{Action, Provisioner};
 use super::requests::{self, RequestQueueEvent};
 use super::workqueue::WorkQueue;
 use crate::omni::resources::ProviderMachine;
 
-/// First retry delay after a failure; doubles per consecutive failure up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// How long workers may finish their current reconcile at shutdown. Everything is resumable, so
 /// cutting a reconcile short loses nothing but time.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -135,8 +133,9 @@ impl Controller {
                     self.queue.add_after(id.clone(), d);
                 }
                 Err(e) => {
-                    let delay = self.backoff(&id);
-                    tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
+                    let verdict = error_policy(&e, self.count_failure(&id));
+                    let delay = verdict.retry_after;
+                    tracing::warn!(request = %id, error = %e, kind = ?verdict.kind, retry_in = ?delay, "reconcile failed");
                     self.queue.add_after(id.clone(), delay);
                 }
             }
@@ -160,12 +159,11 @@ impl Controller {
             .remove(id);
     }
 
-    fn backoff(&self, id: &str) -> Duration {
+    /// This failure's number in the request's run of consecutive failures (1 = the first).
+    fn count_failure(&self, id: &str) -> u32 {
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         let n = failures.entry(id.to_owned()).or_insert(0);
         *n = n.saturating_add(1);
-        FIRST_BACKOFF
-            .saturating_mul(2u32.saturating_pow((*n - 1).min(16)))
-            .min(MAX_BACKOFF)
+        *n
     }
 }

@@ -18,7 +18,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::provision::{Action, Provisioner, ReconcileError};
+use super::error_policy::ReconcileError;
+use super::provision::{Action, Provisioner};
 use crate::omni::proto::provider::MachineSpec;
 use crate::omni::proto::specs::MachineRequestSpec;
 use crate::omni::resources::{
@@ -132,13 +133,7 @@ async fn remove_vm_and_state(
     if let Err(e) = deprovision_vm(p, id, &machine.spec, status_labels).await {
         p.services.metrics.deprovision("failure");
         if let Some(labels) = status_labels {
-            let text = e.to_string();
-            let _ = p
-                .write_status(id, labels, |s| {
-                    s.status = "Deprovisioning: retrying".into();
-                    s.error = text.clone();
-                })
-                .await;
+            p.report_failure(id, labels, &e).await;
         }
         return Err(e);
     }
@@ -211,9 +206,7 @@ async fn deprovision_vm(
         Ok(DeprovisionOutcome::NothingRecorded) => {
             tracing::info!(request = %id, "no VM was ever created for this request");
         }
-        Err(e) => {
-            return Err(ReconcileError::Teardown(format!("deprovisioning: {e}")));
-        }
+        Err(e) => return Err(ReconcileError::Deprovision(Box::new(e))),
     }
     Ok(())
 }
@@ -247,8 +240,8 @@ async fn destroy(p: &Provisioner, what: &ResourceRef) -> Result<(), ReconcileErr
     }
 }
 
-fn teardown_error(doing: &str, e: StateError) -> ReconcileError {
-    ReconcileError::Teardown(format!("{doing}: {e}"))
+fn teardown_error(doing: &'static str, e: StateError) -> ReconcileError {
+    ReconcileError::omni(doing)(e)
 }
 
 #[cfg(test)]

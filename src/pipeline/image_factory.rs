@@ -103,7 +103,7 @@ pub async fn create_schematic(
         .await
         .map_err(|e| FactoryError::Unreachable {
             url: url.clone(),
-            message: crate::cli::render_error(&e),
+            message: crate::error_chain::render(&e),
         })?;
     let status = response.status();
     let body = response.text().await.unwrap_or_default();

@@ -20,7 +20,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         // A task that failed because the VM already ran is not recorded (it would read as a failure).
         Ok(_) => ctx.state.vm_start_task = task.to_string(),
         // A retry after a lost answer: the VM was started by the earlier attempt.
-        Err(e) if e.to_string().contains("already running") => {}
+        Err(e) if e.is_already_running() => {}
         Err(e) => return Err(StepError::proxmox(doing)(e)),
     }
     if let Some(ha) = &ctx.data.ha {

@@ -138,7 +138,8 @@ pub enum StepOutcome {
     },
 }
 
-/// A step failure, worded for the person reading Omni's machine status.
+/// A step failure, worded for the person reading Omni's machine status. What happens next is the
+/// controller's error policy's to decide, from the variant and the Proxmox or Omni error inside.
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
     /// Provider data or config that cannot work; retrying will not help until it changes.
@@ -178,22 +179,6 @@ impl StepError {
             doing,
             source: Box::new(source),
         }
-    }
-
-    /// Worth retrying soon (the network, a node that is briefly away), rather than a problem to fix.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            StepError::Proxmox { source, .. } => source.is_transient(),
-            StepError::Omni { source, .. } => matches!(
-                **source,
-                StateError::Transport { .. } | StateError::Conflict { .. }
-            ),
-            _ => false,
-        }
-    }
-
-    pub fn is_config(&self) -> bool {
-        matches!(self, StepError::Config(_))
     }
 }
 

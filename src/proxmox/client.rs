@@ -560,7 +560,7 @@ fn may_retry(e: &ProxmoxError, replay: Replay) -> bool {
 }
 
 fn transport_error(call: &Call, e: &reqwest::Error) -> ProxmoxError {
-    let message = crate::cli::render_error(e);
+    let message = crate::error_chain::render(e);
     if e.is_decode() {
         return ProxmoxError::Decode {
             call: call.clone(),

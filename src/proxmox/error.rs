@@ -124,6 +124,50 @@ impl ProxmoxError {
         }
     }
 
+    /// pveproxy could not reach the node the call was for (595/596: the node is offline or cut off):
+    /// the call may work once the node is back, which can take minutes or hours.
+    pub fn is_node_unreachable(&self) -> bool {
+        matches!(
+            self,
+            Self::Transient {
+                status: Some(595 | 596),
+                ..
+            }
+        )
+    }
+
+    /// The guest holds a lock (pve-guest-common AbstractConfig.pm `check_lock`: "VM is locked
+    /// (clone)"): another operation on it is still running, or one died and left the lock for a human
+    /// to clear with `qm unlock`.
+    pub fn is_guest_locked(&self) -> bool {
+        self.says(|t| t.contains("is locked ("))
+    }
+
+    /// A storage the call needs is not active on its node (pve-storage `activate_storage`: "storage
+    /// 'x' is not online"), e.g. an NFS server that is down.
+    pub fn is_storage_offline(&self) -> bool {
+        self.says(|t| t.contains("storage '") && t.contains("is not online"))
+    }
+
+    /// A start refused because the VM runs already (qemu-server `vm_start`: "VM 104 already
+    /// running"), which is what a start sent again after a lost answer meets.
+    pub fn is_already_running(&self) -> bool {
+        self.says(|t| t.contains("already running"))
+    }
+
+    /// Proxmox's own words (the answer's message, or a task's exit status and log tail) say `what`.
+    fn says(&self, what: impl Fn(&str) -> bool) -> bool {
+        match self {
+            Self::Api { message, .. } => what(message),
+            Self::TaskFailed {
+                exit_status,
+                log_tail,
+                ..
+            } => what(exit_status) || log_tail.iter().any(|l| what(l)),
+            _ => false,
+        }
+    }
+
     /// The HTTP status Proxmox answered with, if there was an answer.
     pub fn status(&self) -> Option<u16> {
         match self {
@@ -179,6 +223,49 @@ impl fmt::Display for LogTail<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn task_failed(exit_status: &str) -> ProxmoxError {
+        ProxmoxError::TaskFailed {
+            upid: Upid::parse("UPID:pve2:1:2:3:qmstart:104:root@pam:").unwrap(),
+            task_type: "qmstart".into(),
+            exit_status: exit_status.into(),
+            log_tail: vec![format!("TASK ERROR: {exit_status}")],
+        }
+    }
+
+    fn api(status: u16, message: &str) -> ProxmoxError {
+        ProxmoxError::Api {
+            call: Call {
+                method: "POST",
+                path: "/nodes/pve2/qemu/104/status/start".into(),
+            },
+            status,
+            message: message.into(),
+            field_errors: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn what_proxmox_says_is_recognised_in_answers_and_tasks() {
+        assert!(task_failed("VM 104 already running").is_already_running());
+        assert!(api(500, "VM 104 already running").is_already_running());
+        assert!(!task_failed("start failed: no memory").is_already_running());
+        assert!(api(500, "VM is locked (clone)").is_guest_locked());
+        assert!(task_failed("VM is locked (backup)").is_guest_locked());
+        assert!(task_failed("storage 'nfs' is not online").is_storage_offline());
+        assert!(!api(500, "storage 'nfs' does not exist").is_storage_offline());
+        let unreachable = |status| ProxmoxError::Transient {
+            call: Call {
+                method: "GET",
+                path: "/nodes/pve3/qemu".into(),
+            },
+            status: Some(status),
+            message: "No route to host".into(),
+            request_sent: true,
+        };
+        assert!(unreachable(595).is_node_unreachable());
+        assert!(!unreachable(503).is_node_unreachable());
+    }
 
     #[test]
     fn messages_carry_what_the_user_needs() {
