@@ -277,11 +277,7 @@ impl Provisioner {
                 }
             }
         }
-        self.services
-            .reservations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .release(id);
+        self.services.ledgers.release_reservation(id);
         let summary = format!(
             "Provisioned: VM {} on {}{}",
             spec.vmid,
@@ -457,11 +453,7 @@ impl Provisioner {
     pub fn forget(&self, id: &str) {
         self.statuses.forget(id);
         self.machines.forget(id);
-        self.services
-            .reservations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .release(id);
+        self.services.ledgers.release_reservation(id);
     }
 }
 

@@ -179,11 +179,7 @@ async fn deprovision_vm(
     let (result, ()) = tokio::join!(work, show);
     if !spec.default_pool.is_empty() {
         // Made again on demand if the set comes back.
-        p.services
-            .pools_created
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&spec.default_pool);
+        p.services.ledgers.forget_pool(&spec.default_pool);
     }
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
     // counted and logged, and the `orphans` command lists it once the request is gone.

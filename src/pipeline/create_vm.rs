@@ -38,7 +38,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         tracing::info!(request = %request_id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier");
         ctx.state.vmid = vm.vmid.get() as i32;
         ctx.state.node = vm.node.to_string();
-        ctx.services.release_vmid(vm.vmid.get());
+        ctx.services.ledgers.release_vmid(vm.vmid.get());
         return Ok(StepOutcome::Done);
     }
     // The official provider records the VMID it created (named after the request, without our tag):
@@ -46,7 +46,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     if let Some(vm) = recorded_vm(&resources, ctx.state.vmid, &request_id) {
         tracing::info!(request = %request_id, vmid = %vm.vmid, node = %vm.node, "continuing with the VM the provider state records");
         ctx.state.node = vm.node.to_string();
-        ctx.services.release_vmid(vm.vmid.get());
+        ctx.services.ledgers.release_vmid(vm.vmid.get());
         return Ok(StepOutcome::Done);
     }
     if let Some(vm) =
@@ -57,7 +57,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
                 tracing::info!(request = %request_id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier (identified by its config)");
                 ctx.state.vmid = vm.vmid.get() as i32;
                 ctx.state.node = vm.node.to_string();
-                ctx.services.release_vmid(vm.vmid.get());
+                ctx.services.ledgers.release_vmid(vm.vmid.get());
                 return Ok(StepOutcome::Done);
             }
             Unnamed::NotOurs => {}
@@ -84,7 +84,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             Ok(()) => {
                 ctx.state.vmid = vmid.get() as i32;
                 ctx.persist().await?;
-                ctx.services.release_vmid(vmid.get());
+                ctx.services.ledgers.release_vmid(vmid.get());
                 return Ok(StepOutcome::Done);
             }
             Err(StepError::Proxmox { source, .. }) if source.is_vmid_taken() => {
@@ -94,7 +94,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
                     ctx.state.vmid = 0;
                     ctx.state.vm_create_task.clear();
                 }
-                ctx.services.release_vmid(vmid.get());
+                ctx.services.ledgers.release_vmid(vmid.get());
                 refused.push(vmid.get());
             }
             Err(e) => return Err(e),
@@ -121,12 +121,7 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
             return Ok(());
         }
     };
-    let known = ctx
-        .services
-        .pools_created
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains(pool.as_str());
+    let known = ctx.services.ledgers.pool_known(pool.as_str());
     if !known {
         let doing = format!("creating pool {pool} for machine-request set {set}");
         ctx.report(doing.clone()).await;
@@ -140,11 +135,7 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
             )
             .await
             .map_err(StepError::proxmox(doing))?;
-        ctx.services
-            .pools_created
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(pool.as_str().to_owned());
+        ctx.services.ledgers.pool_created(pool.as_str());
     }
     ctx.state.default_pool = pool.as_str().to_owned();
     ctx.data.pool = Some(pool);
@@ -348,20 +339,12 @@ async fn choose_vmid(
 }
 
 fn in_flight(ctx: &StepContext<'_>, id: VmId) -> bool {
-    ctx.services
-        .vmids_in_flight
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains(&id.get())
+    ctx.services.ledgers.vmid_in_flight(id.get())
 }
 
 /// Marks `id` as in flight; false when a concurrent request took it first.
 fn take_vmid(ctx: &StepContext<'_>, id: VmId) -> bool {
-    ctx.services
-        .vmids_in_flight
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(id.get())
+    ctx.services.ledgers.take_vmid(id.get())
 }
 
 async fn create(

@@ -38,15 +38,11 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         set_id: ctx.request.set_id.as_deref(),
         strategy: ctx.data.placement_strategy,
     };
-    let choice = {
-        let reservations = ctx
-            .services
-            .reservations
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        placement::pick(&snapshot, &request, &reservations)
-            .map_err(|e| StepError::Cluster(e.to_string()))?
-    };
+    let choice = ctx
+        .services
+        .ledgers
+        .with_reservations(|reservations| placement::pick(&snapshot, &request, reservations))
+        .map_err(|e| StepError::Cluster(e.to_string()))?;
     tracing::info!(
         request = %ctx.request.id,
         node = %choice.node,
@@ -67,16 +63,12 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
 }
 
 fn reserve(ctx: &StepContext<'_>) {
-    ctx.services
-        .reservations
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .reserve(
-            &ctx.request.id,
-            &ctx.state.node,
-            ctx.request.set_id.as_deref(),
-            ctx.data.memory_mb,
-        );
+    ctx.services.ledgers.reserve(
+        &ctx.request.id,
+        &ctx.state.node,
+        ctx.request.set_id.as_deref(),
+        ctx.data.memory_mb,
+    );
 }
 
 /// Per-node storage selectors from the config's `nodes:` overrides.

@@ -96,7 +96,7 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
     } else {
         format!("{node}/{volid}")
     };
-    let lock = ctx.services.image_lock(&lock_key);
+    let lock = ctx.services.ledgers.image_lock(&lock_key);
     let _guard = lock.lock().await;
     let pve = &ctx.services.pve;
     // A download the official provider (or an earlier run) started may still be running: wait for it

@@ -7,7 +7,7 @@
 //! coming up: a requeue never holds a worker), or fails with a [`StepError`] whose text is what the
 //! user reads in Omni.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -196,20 +196,14 @@ pub struct RequestInfo {
 }
 
 /// Long-lived pieces every reconcile shares: clients, config, and the in-memory ledgers that make
-/// concurrent requests behave (placement reservations, VMIDs being created, images being fetched).
+/// concurrent requests behave.
 pub struct Services {
     pub provider_id: String,
     pub pve: ProxmoxClient,
     pub management: ManagementClient,
     pub config: ProviderConfig,
     pub schema: ProviderDataSchema,
-    pub reservations: Mutex<Reservations>,
-    /// VMIDs chosen by requests in flight and not yet visible in `/cluster/resources`.
-    pub vmids_in_flight: Mutex<BTreeSet<u32>>,
-    /// Default pools (named after machine-request sets) this process made sure exist.
-    pub pools_created: Mutex<std::collections::HashSet<String>>,
-    /// One lock per (node, ISO volume): concurrent requests for one image download it once.
-    pub image_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub ledgers: Ledgers,
     /// Image factory base URL for boot ISOs.
     pub image_factory_url: String,
     /// HTTP client for the Image Factory (schematics on Omni before 1.8).
@@ -238,21 +232,77 @@ impl Default for Timeouts {
     }
 }
 
-impl Services {
-    /// A lock shared by everyone handling this key; entries live as long as the process (there is one
-    /// per image and node, a handful).
-    pub fn image_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.image_locks.lock().unwrap_or_else(|p| p.into_inner());
-        locks.entry(key.to_owned()).or_default().clone()
+/// What concurrent requests in this process must know of each other before Proxmox shows it: the
+/// placements not yet visible as VMs, the VMIDs being created, the pools made, the images being
+/// fetched. Lost at a restart by design: each entry is either visible in Proxmox by then or redone.
+#[derive(Default)]
+pub struct Ledgers {
+    reservations: Mutex<Reservations>,
+    /// VMIDs chosen by requests in flight and not yet visible in `/cluster/resources`.
+    vmids_in_flight: Mutex<BTreeSet<u32>>,
+    /// Default pools (named after machine-request sets) this process made sure exist.
+    pools_created: Mutex<HashSet<String>>,
+    /// One lock per (node, ISO volume): concurrent requests for one image download it once.
+    image_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A poisoned ledger is still right: every update is a single insert or remove.
+fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    ledger.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Ledgers {
+    /// Placement decided on what the reservations of the other requests in flight leave free.
+    pub fn with_reservations<T>(&self, decide: impl FnOnce(&Reservations) -> T) -> T {
+        decide(&entry(&self.reservations))
+    }
+
+    pub fn reserve(&self, request_id: &str, node: &str, set_id: Option<&str>, memory_mb: u64) {
+        entry(&self.reservations).reserve(request_id, node, set_id, memory_mb);
+    }
+
+    /// The request's VM is visible now (or never will be): it counts through the listing again.
+    pub fn release_reservation(&self, request_id: &str) {
+        entry(&self.reservations).release(request_id);
+    }
+
+    pub fn vmid_in_flight(&self, vmid: u32) -> bool {
+        entry(&self.vmids_in_flight).contains(&vmid)
+    }
+
+    /// Marks `vmid` as in flight; false when a concurrent request took it first.
+    pub fn take_vmid(&self, vmid: u32) -> bool {
+        entry(&self.vmids_in_flight).insert(vmid)
     }
 
     pub fn release_vmid(&self, vmid: u32) {
-        self.vmids_in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&vmid);
+        entry(&self.vmids_in_flight).remove(&vmid);
     }
 
+    pub fn pool_known(&self, pool: &str) -> bool {
+        entry(&self.pools_created).contains(pool)
+    }
+
+    pub fn pool_created(&self, pool: &str) {
+        entry(&self.pools_created).insert(pool.to_owned());
+    }
+
+    /// Made again on demand if its set comes back.
+    pub fn forget_pool(&self, pool: &str) {
+        entry(&self.pools_created).remove(pool);
+    }
+
+    /// A lock shared by everyone handling this key; entries live as long as the process (there is one
+    /// per image and node, a handful).
+    pub fn image_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        entry(&self.image_locks)
+            .entry(key.to_owned())
+            .or_default()
+            .clone()
+    }
+}
+
+impl Services {
     /// Resolves provider data for `request`, with the chosen node's override once it is known.
     pub fn provider_data(
         &self,

@@ -73,10 +73,7 @@ impl Harness {
             schema: ProviderDataSchema::new()
                 .unwrap()
                 .strict(self.config.strict),
-            reservations: Default::default(),
-            vmids_in_flight: Default::default(),
-            image_locks: Default::default(),
-            pools_created: Default::default(),
+            ledgers: Default::default(),
             image_factory_url: "https://factory.talos.dev".into(),
             factory_http: omni_infra_provider_proxmox::pipeline::image_factory::http_client()
                 .unwrap(),
