@@ -14,8 +14,8 @@ use tokio::sync::watch;
 use super::CliResult;
 use super::omni_args::OmniArgs;
 use crate::config::ProviderConfig;
+use crate::controller::context::Context;
 use crate::controller::health::{self, HealthCheck};
-use crate::controller::provision::Provisioner;
 use crate::controller::registration::{self, ProviderInfo};
 use crate::controller::runner::Controller;
 use crate::metrics::Metrics;
@@ -268,8 +268,8 @@ pub async fn run_with(
         timeouts: Timeouts::default(),
         metrics,
     });
-    let provisioner = Arc::new(Provisioner::new(services, omni.state.clone(), mode));
-    let controller = Controller::new(provisioner, settings.concurrency);
+    let context = Arc::new(Context::new(services, omni.state.clone(), mode));
+    let controller = Controller::new(context, settings.concurrency);
     let reconciling = tokio::spawn(controller.run(stop_rx.clone()));
     tracing::info!(
         concurrency = settings.concurrency,

@@ -1,12 +1,23 @@
-//! The provider's long-running duties towards Omni: registration, heartbeat, turning the
-//! MachineRequest watch into reconcile work, and the work queue that schedules it.
+//! The provider's long-running duties towards Omni: registration, heartbeat, and reconciling
+//! MachineRequests.
 //!
-//! Provisioning itself plugs in later as the consumer of [`requests::RequestQueueEvent`]s; this
-//! module only decides *what* needs attention, never *how* to provision it.
+//! How a request travels, and where each part lives:
+//! - [`requests`] turns the MachineRequest watch into keys and the requests it delivered;
+//! - [`workqueue`] hands each key to one worker at a time, at its due time;
+//! - [`runner`] is the generic loop (watch → queue → workers → [`runner::Action`]), driving anything
+//!   that implements [`runner::Reconcile`];
+//! - [`machine`] is that implementation for [`context::Context`]: it dispatches a key to
+//!   [`provision::apply`], [`teardown::cleanup`] or [`teardown::orphan`];
+//! - [`error_policy`] decides, from the kind of a failure, when to retry and what the status says;
+//! - [`progress`] is where progress goes (the status text); [`context`] holds the clients, the
+//!   ledgers and the write caches ([`cache`]) every reconcile shares.
 
 pub mod cache;
+pub mod context;
 pub mod error_policy;
 pub mod health;
+pub mod machine;
+pub mod progress;
 pub mod provision;
 pub mod registration;
 pub mod requests;

@@ -10,11 +10,14 @@ use crate::omni::proto::specs::MachineRequestSpec;
 use crate::omni::resources::{Kind, MachineRequest, label};
 use crate::omni::state::{LabelSelector, StateClient, StateError, Typed, WatchEvent};
 
+/// A MachineRequest as the watch delivers it.
+pub type Request = Typed<MachineRequestSpec>;
+
 /// Something the reconcile loop must look at.
 #[derive(Debug, Clone)]
 pub enum RequestQueueEvent {
     /// Request created or changed (including entering `tearingDown`).
-    Changed(Box<Typed<MachineRequestSpec>>),
+    Changed(Box<Request>),
     /// Request gone from Omni.
     Destroyed { id: String },
     /// The initial listing is complete: requests not announced since the last `Resync` no longer

@@ -2,51 +2,88 @@
 //! keys from it and reconcile them, and the outcome decides when the key comes back.
 //!
 //! Shaped like kube-runtime's controller: the reconcile returns an [`Action`], failures go through an
-//! error policy (exponential backoff per request, reset on success), and the loop itself knows nothing
-//! about provisioning. Reconciles of different requests run concurrently; one request is never
-//! reconciled twice at once (the queue guarantees it).
+//! error policy (its delay grows with the request's consecutive failures, reset on success), and the
+//! loop knows nothing about provisioning: what a key means is the [`Reconcile`] implementation's
+//! business. Reconciles of different requests run concurrently; one request is never reconciled twice
+//! at once (the queue guarantees it).
+//!
+//! Like kube-runtime's reflector store, the loop keeps the last version of each request the watch
+//! delivered and hands it to the reconcile, which then need not read it again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use futures_util::future::BoxFuture;
+use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-use super::error_policy::error_policy;
-use super::provision::{Action, Provisioner};
-use super::requests::{self, RequestQueueEvent};
+use super::requests::{Request, RequestQueueEvent};
 use super::workqueue::WorkQueue;
-use crate::omni::resources::ProviderMachine;
 
 /// How long workers may finish their current reconcile at shutdown. Everything is resumable, so
 /// cutting a reconcile short loses nothing but time.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-pub struct Controller {
-    provisioner: Arc<Provisioner>,
+/// What the work queue should do with the request after a reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing more until the request changes.
+    Done,
+    /// Look again after this long.
+    RequeueAfter(Duration),
+}
+
+/// What the loop needs from the controller it drives.
+pub trait Reconcile: Send + Sync + 'static {
+    type Error: std::fmt::Display + Send;
+
+    /// The requests to reconcile, as they change.
+    fn watch(&self) -> mpsc::Receiver<RequestQueueEvent>;
+
+    /// Keys the watch cannot announce: state left by requests that may be gone (§3.7).
+    fn dangling_keys(&self) -> BoxFuture<'_, Vec<String>>;
+
+    /// One reconcile of `id`. `delivered` is the request as the watch last delivered it, if it did
+    /// since the last relisting; it is the newest version the watch has seen, not necessarily the
+    /// newest that exists, and the reconcile decides whether that suffices.
+    fn reconcile<'a>(
+        &'a self,
+        id: &'a str,
+        delivered: Option<Arc<Request>>,
+    ) -> BoxFuture<'a, Result<Action, Self::Error>>;
+
+    /// When to try again after `error`, the `attempt`-th failure in a row (1 = the first).
+    fn error_policy(&self, error: &Self::Error, attempt: u32) -> Duration;
+
+    /// The number of keys waiting or being worked on, for the metrics.
+    fn queue_depth(&self, _depth: usize) {}
+}
+
+pub struct Controller<R: Reconcile> {
+    reconciler: Arc<R>,
     queue: Arc<WorkQueue<String>>,
     failures: Mutex<HashMap<String, u32>>,
+    /// The last version of each request the watch delivered.
+    delivered: Mutex<HashMap<String, Arc<Request>>>,
     concurrency: usize,
 }
 
-impl Controller {
-    pub fn new(provisioner: Arc<Provisioner>, concurrency: usize) -> Arc<Self> {
+impl<R: Reconcile> Controller<R> {
+    pub fn new(reconciler: Arc<R>, concurrency: usize) -> Arc<Self> {
         Arc::new(Self {
-            provisioner,
+            reconciler,
             queue: Arc::new(WorkQueue::new()),
             failures: Mutex::new(HashMap::new()),
+            delivered: Mutex::new(HashMap::new()),
             concurrency: concurrency.max(1),
         })
     }
 
     /// Runs until `stop` turns true.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let mut events = requests::watch(
-            &self.provisioner.state,
-            &self.provisioner.services.provider_id,
-        );
-        self.enqueue_existing_state().await;
+        let mut events = self.reconciler.watch();
+        self.enqueue_dangling().await;
         // Set by a Resync, cleared by the Synced that completes the fresh listing.
         let mut relisting = false;
         let workers: Vec<_> = (0..self.concurrency)
@@ -78,30 +115,25 @@ impl Controller {
         }
     }
 
-    /// Provider state whose request may be gone (deleted while we were not running or while the
-    /// watch was down) gets a reconcile too; requests themselves arrive through the watch. Run at
-    /// start and after every re-bootstrap of the watch: a request removed by force in the gap has
-    /// no Destroyed event to announce it, only its provider state is left to tell.
-    async fn enqueue_existing_state(&self) {
-        let kind = ProviderMachine::new(&self.provisioner.services.provider_id);
-        match self.provisioner.state.list(&kind, vec![]).await {
-            Ok(machines) => {
-                for m in machines {
-                    self.queue.add(m.id().to_owned());
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list provider state at start; orphaned state is cleaned up when its request is seen")
-            }
+    /// Run at start and after every re-bootstrap of the watch: a request removed by force in the gap
+    /// has no Destroyed event to announce it, only its provider state is left to tell.
+    async fn enqueue_dangling(&self) {
+        for id in self.reconciler.dangling_keys().await {
+            self.queue.add(id);
         }
     }
 
     async fn on_event(&self, ev: RequestQueueEvent, relisting: &mut bool) {
         match ev {
-            RequestQueueEvent::Changed(r) => self.queue.add(r.id().to_owned()),
+            RequestQueueEvent::Changed(r) => {
+                let id = r.id().to_owned();
+                self.remember(Arc::from(r));
+                self.queue.add(id);
+            }
             // Normally our finalizer kept it until we cleaned up; if it was removed by force, the
             // reconcile finds the provider state without a request and deletes the VM.
             RequestQueueEvent::Destroyed { id } => {
+                self.delivered_map().remove(&id);
                 self.reset(&id);
                 self.queue.add(id);
             }
@@ -110,22 +142,45 @@ impl Controller {
                 tracing::info!(
                     "machine requests listed again; checking provider state for requests that vanished meanwhile"
                 );
-                self.enqueue_existing_state().await;
+                self.enqueue_dangling().await;
             }
             RequestQueueEvent::Synced => tracing::debug!("machine requests listed"),
             RequestQueueEvent::Resync => {
                 tracing::info!("machine request watch re-established; relisting");
+                // What was delivered before may have been deleted in the gap without an event: until
+                // the listing delivers a request again, reconciles read it from Omni.
+                self.delivered_map().clear();
                 *relisting = true;
             }
             RequestQueueEvent::Error(e) => tracing::error!(error = %e, "machine request watch"),
         }
     }
 
+    /// Keeps `request` unless a newer version was delivered already (a relisting racing an update).
+    fn remember(&self, request: Arc<Request>) {
+        let mut delivered = self.delivered_map();
+        let newer_known = delivered
+            .get(request.id())
+            .is_some_and(|known| version(known) > version(&request));
+        if !newer_known {
+            delivered.insert(request.id().to_owned(), request);
+        }
+    }
+
+    fn delivered_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Request>>> {
+        self.delivered.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn worker(self: Arc<Self>, n: usize) {
         while let Some(id) = self.queue.next().await {
             self.gauge();
             let span = tracing::info_span!("reconcile", request = %id, worker = n);
-            let result = self.provisioner.reconcile(&id).instrument(span).await;
+            let delivered = self.delivered_map().get(&id).cloned();
+            let result = self
+                .reconciler
+                .reconcile(&id, delivered)
+                .instrument(span)
+                .await;
             match result {
                 Ok(Action::Done) => self.reset(&id),
                 Ok(Action::RequeueAfter(d)) => {
@@ -133,9 +188,8 @@ impl Controller {
                     self.queue.add_after(id.clone(), d);
                 }
                 Err(e) => {
-                    let verdict = error_policy(&e, self.count_failure(&id));
-                    let delay = verdict.retry_after;
-                    tracing::warn!(request = %id, error = %e, kind = ?verdict.kind, retry_in = ?delay, "reconcile failed");
+                    let delay = self.reconciler.error_policy(&e, self.count_failure(&id));
+                    tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
                     self.queue.add_after(id.clone(), delay);
                 }
             }
@@ -145,11 +199,7 @@ impl Controller {
     }
 
     fn gauge(&self) {
-        self.provisioner
-            .services
-            .metrics
-            .requests_in_flight
-            .set(self.queue.len() as i64);
+        self.reconciler.queue_depth(self.queue.len());
     }
 
     fn reset(&self, id: &str) {
@@ -165,5 +215,95 @@ impl Controller {
         let n = failures.entry(id.to_owned()).or_insert(0);
         *n = n.saturating_add(1);
         *n
+    }
+}
+
+/// COSI versions count up from 1 per resource; one that does not parse sorts first, so a delivery
+/// always replaces it.
+fn version(request: &Request) -> u64 {
+    request.metadata.version.parse().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::omni::proto::specs::MachineRequestSpec;
+    use crate::omni::state::Typed;
+
+    /// Fails every reconcile, recording what it was handed and the attempts the policy saw.
+    #[derive(Default)]
+    struct Recorder {
+        events: Mutex<Option<mpsc::Receiver<RequestQueueEvent>>>,
+        seen: Mutex<Vec<(String, Option<String>)>>,
+        attempts: Mutex<Vec<u32>>,
+    }
+
+    impl Reconcile for Recorder {
+        type Error = String;
+
+        fn watch(&self) -> mpsc::Receiver<RequestQueueEvent> {
+            let taken = self.events.lock().unwrap().take();
+            taken.unwrap_or_else(|| mpsc::channel(1).1)
+        }
+
+        fn dangling_keys(&self) -> BoxFuture<'_, Vec<String>> {
+            Box::pin(async { vec!["dangling".to_owned()] })
+        }
+
+        fn reconcile<'a>(
+            &'a self,
+            id: &'a str,
+            delivered: Option<Arc<Request>>,
+        ) -> BoxFuture<'a, Result<Action, String>> {
+            let version = delivered.map(|r| r.metadata.version.clone());
+            self.seen.lock().unwrap().push((id.to_owned(), version));
+            Box::pin(async { Err("no".to_owned()) })
+        }
+
+        fn error_policy(&self, _: &String, attempt: u32) -> Duration {
+            self.attempts.lock().unwrap().push(attempt);
+            Duration::from_millis(10)
+        }
+    }
+
+    fn request(version: &str) -> Box<Request> {
+        let mut r = Typed {
+            metadata: Default::default(),
+            spec: MachineRequestSpec::default(),
+        };
+        r.metadata.id = "req-1".into();
+        r.metadata.version = version.into();
+        Box::new(r)
+    }
+
+    #[tokio::test]
+    async fn the_delivered_request_is_handed_over_and_failures_are_counted() {
+        let (tx, rx) = mpsc::channel(8);
+        let recorder = Arc::new(Recorder {
+            events: Mutex::new(Some(rx)),
+            ..Default::default()
+        });
+        let controller = Controller::new(recorder.clone(), 1);
+        // A relisting's older copy arriving after a newer one does not replace it.
+        controller.remember(Arc::from(request("3")));
+        controller.remember(Arc::from(request("2")));
+        let (stop_tx, stop) = watch::channel(false);
+        let running = tokio::spawn(controller.clone().run(stop));
+        tx.send(RequestQueueEvent::Changed(request("1")))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = stop_tx.send(true);
+        running.await.unwrap();
+        let seen = recorder.seen.lock().unwrap().clone();
+        assert!(seen.contains(&("dangling".to_owned(), None)), "{seen:?}");
+        let versions: Vec<_> = seen.iter().filter(|(id, _)| id == "req-1").collect();
+        assert!(versions.len() >= 2, "retried: {seen:?}");
+        assert!(
+            versions.iter().all(|(_, v)| v.as_deref() == Some("3")),
+            "{seen:?}"
+        );
+        let attempts = recorder.attempts.lock().unwrap().clone();
+        assert!(attempts.contains(&2), "{attempts:?}");
     }
 }

@@ -13,19 +13,19 @@
 //!   ([`crate::pipeline::deprovision`]); a VMID taken over by someone else's VM is left alone.
 //!
 //! The same path cleans up provider state whose MachineRequest is gone (docs/omni-protocol.md §3.7): at start
-//! every state is reconciled, and one without a request is deprovisioned and destroyed.
+//! every state is reconciled, and one without a request is deprovisioned and destroyed ([`orphan`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::context::{self, Context};
 use super::error_policy::ReconcileError;
-use super::provision::{Action, Provisioner};
+use super::progress::{Phase, StatusSink};
+use super::requests::Request;
+use super::runner::Action;
 use crate::omni::proto::provider::MachineSpec;
-use crate::omni::proto::specs::MachineRequestSpec;
-use crate::omni::resources::{
-    ConfigPatchRequest, MachineRequest, MachineRequestStatus, ProviderMachine, label,
-};
-use crate::omni::state::{LabelSelector, ResourceRef, StateError, Typed};
+use crate::omni::resources::{ConfigPatchRequest, MachineRequest, MachineRequestStatus, label};
+use crate::omni::state::{LabelSelector, ResourceRef, StateError};
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
@@ -34,43 +34,36 @@ use crate::proxmox::types::{NodeName, VmId};
 /// How often to look again while Omni still holds a finalizer on something we tore down.
 pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(2);
 
-pub async fn run(
-    p: &Provisioner,
-    request: &Typed<MachineRequestSpec>,
-) -> Result<Action, ReconcileError> {
+/// Cleans up after `request`, which is being torn down (§3.6).
+pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, ReconcileError> {
     let id = request.id();
-    if !request.has_finalizer(&p.owner) {
+    if !request.has_finalizer(&ctx.owner) {
         // Never reconciled by us, or already released: nothing of ours to clean up.
-        p.forget(id);
+        ctx.forget(id);
         return Ok(Action::Done);
     }
-    if !remove_config_patches(p, id).await? {
+    if !remove_config_patches(ctx, id).await? {
         return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
     }
     let status_ref = ResourceRef::of(&MachineRequestStatus, id);
-    let status_exists = match p.state.teardown(&status_ref, &p.owner).await {
+    let status_exists = match ctx.state.teardown(&status_ref, &ctx.owner).await {
         Ok(true) => true,
         Ok(false) => return Ok(Action::RequeueAfter(WAIT_FOR_OMNI)),
         Err(e) if e.is_not_found() => false,
         Err(e) => return Err(teardown_error("tearing down the machine request status", e)),
     };
-    let labels: BTreeMap<String, String> = request
-        .metadata
-        .labels
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    remove_vm_and_state(p, id, status_exists.then_some(&labels)).await?;
+    let labels = context::labels(request);
+    remove_vm_and_state(ctx, id, status_exists.then_some(&labels)).await?;
     if status_exists {
-        destroy(p, &status_ref).await?;
+        destroy(ctx, &status_ref).await?;
     }
-    p.state
-        .remove_finalizer(&ResourceRef::of(&MachineRequest, id), &p.owner)
+    ctx.state
+        .remove_finalizer(&ResourceRef::of(&MachineRequest, id), &ctx.owner)
         .await
         .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })
         .map_err(|e| teardown_error("removing our finalizer from the machine request", e))?;
-    p.forget(id);
-    p.services.metrics.deprovision("success");
+    ctx.forget(id);
+    ctx.services.metrics.deprovision("success");
     tracing::info!(request = %id, "machine request torn down");
     Ok(Action::Done)
 }
@@ -79,14 +72,14 @@ pub async fn run(
 /// request for the hostname in its releases from November 2025 to February 2026), as the Go library
 /// does first in its teardown: every ConfigPatchRequest labelled with our provider ID and the request
 /// ID is torn down and destroyed. Returns false while Omni still holds a finalizer on one of them.
-async fn remove_config_patches(p: &Provisioner, id: &str) -> Result<bool, ReconcileError> {
-    let patches = p
+async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, ReconcileError> {
+    let patches = ctx
         .state
         .list(
             &ConfigPatchRequest,
             vec![
                 LabelSelector::new()
-                    .equal(label::INFRA_PROVIDER_ID, p.provider_id())
+                    .equal(label::INFRA_PROVIDER_ID, ctx.provider_id())
                     .equal(label::MACHINE_REQUEST, id),
             ],
         )
@@ -95,8 +88,8 @@ async fn remove_config_patches(p: &Provisioner, id: &str) -> Result<bool, Reconc
     let mut all_gone = true;
     for patch in patches {
         let what = ResourceRef::of(&ConfigPatchRequest, patch.id());
-        match p.state.teardown(&what, &p.owner).await {
-            Ok(true) => destroy(p, &what).await?,
+        match ctx.state.teardown(&what, &ctx.owner).await {
+            Ok(true) => destroy(ctx, &what).await?,
             Ok(false) => all_gone = false,
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(teardown_error("tearing down a config patch request", e)),
@@ -107,52 +100,46 @@ async fn remove_config_patches(p: &Provisioner, id: &str) -> Result<bool, Reconc
 
 /// Provider state left without a MachineRequest (deleted while we were not running, or forcibly):
 /// delete its VM by the same rules, then the state.
-pub async fn clean_up_orphaned_state(p: &Provisioner, id: &str) -> Result<Action, ReconcileError> {
+pub async fn orphan(ctx: &Context, id: &str) -> Result<Action, ReconcileError> {
     tracing::info!(request = %id, "provider state without a machine request: deleting its VM");
-    remove_vm_and_state(p, id, None).await?;
-    p.forget(id);
+    remove_vm_and_state(ctx, id, None).await?;
+    ctx.forget(id);
     Ok(Action::Done)
 }
 
 /// Deprovisions the VM recorded in the provider state (if any), then destroys the state.
 /// `status_labels`: the status still exists, so progress and errors are written there.
 async fn remove_vm_and_state(
-    p: &Provisioner,
+    ctx: &Context,
     id: &str,
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
-    let machine_kind = ProviderMachine::new(p.provider_id());
-    let machine = p
-        .state
-        .find(&machine_kind, id)
-        .await
-        .map_err(|e| teardown_error("reading the provider state", e))?;
-    let Some(machine) = machine else {
+    let Some(machine) = ctx.find_machine(id).await? else {
         return Ok(());
     };
-    if let Err(e) = deprovision_vm(p, id, &machine.spec, status_labels).await {
-        p.services.metrics.deprovision("failure");
+    if let Err(e) = deprovision_vm(ctx, id, &machine.spec, status_labels).await {
+        ctx.services.metrics.deprovision("failure");
         if let Some(labels) = status_labels {
-            p.report_failure(id, labels, &e).await;
+            ctx.report_failure(id, labels, &e).await;
         }
         return Err(e);
     }
-    let machine_ref = ResourceRef::of(&machine_kind, id);
-    match p.state.teardown(&machine_ref, &p.owner).await {
+    let machine_ref = ResourceRef::of(&ctx.machine_kind(), id);
+    match ctx.state.teardown(&machine_ref, &ctx.owner).await {
         Ok(_) => {}
         Err(e) if e.is_not_found() => return Ok(()),
         Err(e) => return Err(teardown_error("tearing down the provider state", e)),
     }
-    destroy(p, &machine_ref).await
+    destroy(ctx, &machine_ref).await
 }
 
 async fn deprovision_vm(
-    p: &Provisioner,
+    ctx: &Context,
     id: &str,
     spec: &MachineSpec,
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
-    let target = target(id, p.provider_id(), spec);
+    let target = target(id, ctx.provider_id(), spec);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let progress = move |text: &str| {
         tracing::info!(request = %id, "{text}");
@@ -163,29 +150,29 @@ async fn deprovision_vm(
     // harmless and listed by `orphans`.
     let options = DeprovisionOptions::default();
     let work = async {
-        let result = deprovision_reporting(&p.services.pve, &target, &options, &progress).await;
+        let result = deprovision_reporting(&ctx.services.pve, &target, &options, &progress).await;
         drop(progress);
         result
     };
     let show = async {
+        let sink =
+            status_labels.map(|labels| StatusSink::new(ctx, id, labels, Phase::Deprovisioning));
         while let Some(text) = rx.recv().await {
-            if let Some(labels) = status_labels {
-                let _ = p
-                    .write_status(id, labels, |s| s.status = format!("Deprovisioning: {text}"))
-                    .await;
+            if let Some(sink) = &sink {
+                sink.show(&text).await;
             }
         }
     };
     let (result, ()) = tokio::join!(work, show);
     if !spec.default_pool.is_empty() {
         // Made again on demand if the set comes back.
-        p.services.ledgers.forget_pool(&spec.default_pool);
+        ctx.services.ledgers.forget_pool(&spec.default_pool);
     }
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
     // counted and logged, and the `orphans` command lists it once the request is gone.
     let result = result.map(|d: Deprovisioned| {
         if d.leftover_seed_iso.is_some() {
-            p.services.metrics.leftover("seed_iso");
+            ctx.services.metrics.leftover("seed_iso");
         }
         d.outcome
     });
@@ -228,8 +215,8 @@ pub fn target(id: &str, provider_id: &str, spec: &MachineSpec) -> DeprovisionTar
 }
 
 /// Destroys a torn-down resource; gone already is fine, a finalizer that is still there is retried.
-async fn destroy(p: &Provisioner, what: &ResourceRef) -> Result<(), ReconcileError> {
-    match p.state.destroy(what, &p.owner).await {
+async fn destroy(ctx: &Context, what: &ResourceRef) -> Result<(), ReconcileError> {
+    match ctx.state.destroy(what, &ctx.owner).await {
         Ok(()) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(teardown_error("destroying", e)),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::config::ProviderConfig;
-use omni_infra_provider_proxmox::controller::provision::Provisioner;
+use omni_infra_provider_proxmox::controller::context::Context;
 use omni_infra_provider_proxmox::controller::runner::Controller;
 use omni_infra_provider_proxmox::omni::join::JoinMode;
 use omni_infra_provider_proxmox::omni::proto::specs::{
@@ -83,12 +83,8 @@ impl Harness {
             },
             metrics: self.metrics.clone(),
         });
-        let provisioner = Arc::new(Provisioner::new(
-            services,
-            client.state.clone(),
-            JoinMode::V2,
-        ));
-        let controller = Controller::new(provisioner, 4);
+        let context = Arc::new(Context::new(services, client.state.clone(), JoinMode::V2));
+        let controller = Controller::new(context, 4);
         let (tx, rx) = watch::channel(false);
         self.running = Some(tokio::spawn(controller.run(rx)));
         self.stop = Some(tx);

@@ -1,0 +1,197 @@
+//! What every reconcile of every request shares: the Proxmox and Omni clients, the in-memory ledgers
+//! (in [`Services`]), and the copies of what this process wrote to Omni last.
+//!
+//! Writes to the two resources the provider owns per request (its MachineRequestStatus and its
+//! provider state) go through here, so that every part of the controller writes them the same way.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use super::cache::WriteCache;
+use super::error_policy::{self, ReconcileError};
+use super::requests::Request;
+use crate::omni::join::JoinMode;
+use crate::omni::proto::provider::MachineSpec;
+use crate::omni::proto::specs::MachineRequestStatusSpec;
+use crate::omni::resources::provision_controller_name;
+use crate::omni::resources::{MachineRequestStatus, ProviderMachine, annotation};
+use crate::omni::state::{StateClient, StateError, Typed};
+use crate::pipeline::step::{Services, Step};
+
+pub struct Context {
+    pub services: Arc<Services>,
+    pub state: StateClient,
+    pub join_mode: JoinMode,
+    /// `<id>.ProvisionController`: our finalizer and the owner of what we write.
+    pub owner: String,
+    statuses: WriteCache<MachineRequestStatus>,
+    machines: WriteCache<ProviderMachine>,
+    /// Requests this process added its finalizer to: a delivered version without it predates that
+    /// write (see [`Context::is_current`]).
+    finalized: Mutex<HashSet<String>>,
+}
+
+impl Context {
+    pub fn new(services: Arc<Services>, state: StateClient, join_mode: JoinMode) -> Self {
+        let owner = provision_controller_name(&services.provider_id);
+        let machines = WriteCache::new(ProviderMachine::new(&services.provider_id));
+        Self {
+            services,
+            state,
+            join_mode,
+            owner,
+            statuses: WriteCache::new(MachineRequestStatus),
+            machines,
+            finalized: Mutex::new(HashSet::new()),
+        }
+    }
+
+    pub fn provider_id(&self) -> &str {
+        &self.services.provider_id
+    }
+
+    pub fn machine_kind(&self) -> ProviderMachine {
+        ProviderMachine::new(self.provider_id())
+    }
+
+    /// Whether a request the watch delivered may stand in for reading it again. The watch delivers
+    /// every version in order, and a later change queues another reconcile with it; the one thing
+    /// the delivered copy can be behind on is our own write, the finalizer, and a copy without our
+    /// finalizer after we added it is older than that write.
+    pub fn is_current(&self, delivered: &Request) -> bool {
+        let we_added = self.finalized_set().contains(delivered.id());
+        delivered_is_current(delivered, &self.owner, we_added)
+    }
+
+    pub fn finalizer_added(&self, id: &str) {
+        self.finalized_set().insert(id.to_owned());
+    }
+
+    fn finalized_set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.finalized.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Modifies the status (creating it with the request's labels); labels we add are kept.
+    pub async fn write_status(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+        mut mutate: impl FnMut(&mut MachineRequestStatusSpec),
+    ) -> Result<(), ReconcileError> {
+        self.statuses
+            .modify(&self.state, id, &self.owner, |s| {
+                for (k, v) in labels {
+                    s.metadata.labels.insert(k.clone(), v.clone());
+                }
+                mutate(&mut s.spec);
+            })
+            .await
+            .map(|_| ())
+            .map_err(ReconcileError::omni("writing the machine request status"))
+    }
+
+    /// Shows a failure in the status as the error policy words it. Best effort: the retry comes
+    /// either way, and a status that cannot be written now is written by the next attempt.
+    pub async fn report_failure(
+        &self,
+        id: &str,
+        labels: &BTreeMap<String, String>,
+        error: &ReconcileError,
+    ) {
+        let Some(report) = error_policy::report(error) else {
+            return;
+        };
+        let written = self
+            .write_status(id, labels, |s| {
+                if let Some(stage) = report.stage {
+                    s.stage = stage as i32;
+                }
+                s.status = report.status.clone();
+                s.error = report.error.clone();
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(request = %id, error = %e, "cannot show the failure in Omni");
+        }
+    }
+
+    /// Writes the provider state spec, and in the step annotation the official provider's name for
+    /// the step that ran ([`Step::go_name`]), so it can continue from here.
+    pub async fn save_machine(
+        &self,
+        id: &str,
+        step: Step,
+        spec: &MachineSpec,
+    ) -> Result<(), StateError> {
+        self.machines
+            .modify(&self.state, id, &self.owner, |m| {
+                m.spec = spec.clone();
+                m.metadata
+                    .annotations
+                    .insert(annotation::STEP.to_owned(), step.go_name(spec).to_owned());
+            })
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn find_machine(
+        &self,
+        id: &str,
+    ) -> Result<Option<Typed<MachineSpec>>, ReconcileError> {
+        self.state
+            .find(&self.machine_kind(), id)
+            .await
+            .map_err(ReconcileError::omni("reading the provider state"))
+    }
+
+    /// Drops in-memory bookkeeping for a request that is gone.
+    pub fn forget(&self, id: &str) {
+        self.statuses.forget(id);
+        self.machines.forget(id);
+        self.finalized_set().remove(id);
+        self.services.ledgers.release_reservation(id);
+    }
+}
+
+/// The request's labels, which its status carries too.
+pub fn labels(request: &Request) -> BTreeMap<String, String> {
+    request
+        .metadata
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn delivered_is_current(delivered: &Request, owner: &str, we_added_finalizer: bool) -> bool {
+    delivered.has_finalizer(owner) || !we_added_finalizer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::omni::proto::specs::MachineRequestSpec;
+
+    fn request(finalizers: &[&str]) -> Request {
+        let mut r = Typed {
+            metadata: Default::default(),
+            spec: MachineRequestSpec::default(),
+        };
+        r.metadata.id = "req-1".into();
+        r.metadata.finalizers = finalizers.iter().map(|f| f.to_string()).collect();
+        r
+    }
+
+    #[test]
+    fn a_delivered_request_older_than_our_finalizer_is_read_again() {
+        let owner = "proxmox.ProvisionController";
+        // First sight: nothing of ours written yet, the delivered copy is all there is to know.
+        assert!(delivered_is_current(&request(&[]), owner, false));
+        // We added the finalizer; a copy without it was delivered before that write.
+        assert!(!delivered_is_current(&request(&[]), owner, true));
+        assert!(!delivered_is_current(&request(&["other"]), owner, true));
+        // A copy with it is at least as new as our write (after a restart too).
+        assert!(delivered_is_current(&request(&[owner]), owner, true));
+        assert!(delivered_is_current(&request(&[owner]), owner, false));
+    }
+}

@@ -1,0 +1,86 @@
+//! One reconcile of one request key, dispatched the way kube-runtime's `finalizer()` does: a live
+//! request is **applied** ([`provision`]), a request being torn down is **cleaned up**
+//! ([`teardown::cleanup`]), and provider state whose request is gone is an **orphan**
+//! ([`teardown::orphan`], docs/omni-protocol.md §3.7).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use super::context::Context;
+use super::error_policy::{ReconcileError, error_policy};
+use super::requests::{self, Request, RequestQueueEvent};
+use super::runner::{Action, Reconcile};
+use super::{provision, teardown};
+use crate::omni::resources::{MachineRequest, label};
+
+impl Reconcile for Context {
+    type Error = ReconcileError;
+
+    fn watch(&self) -> tokio::sync::mpsc::Receiver<RequestQueueEvent> {
+        requests::watch(&self.state, self.provider_id())
+    }
+
+    fn dangling_keys(&self) -> BoxFuture<'_, Vec<String>> {
+        Box::pin(async move {
+            match self.state.list(&self.machine_kind(), vec![]).await {
+                Ok(machines) => machines.iter().map(|m| m.id().to_owned()).collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list provider state; orphaned state is cleaned up when its request is seen");
+                    Vec::new()
+                }
+            }
+        })
+    }
+
+    fn reconcile<'a>(
+        &'a self,
+        id: &'a str,
+        delivered: Option<Arc<Request>>,
+    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
+        Box::pin(reconcile(self, id, delivered))
+    }
+
+    fn error_policy(&self, error: &ReconcileError, attempt: u32) -> Duration {
+        error_policy(error, attempt).retry_after
+    }
+
+    fn queue_depth(&self, depth: usize) {
+        self.services
+            .metrics
+            .requests_in_flight
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+    }
+}
+
+async fn reconcile(
+    ctx: &Context,
+    id: &str,
+    delivered: Option<Arc<Request>>,
+) -> Result<Action, ReconcileError> {
+    let request = match delivered.filter(|r| ctx.is_current(r)) {
+        Some(r) => Some(r),
+        None => ctx
+            .state
+            .find(&MachineRequest, id)
+            .await
+            .map_err(ReconcileError::omni("reading the machine request"))?
+            .map(Arc::new),
+    };
+    let Some(request) = request else {
+        if ctx.find_machine(id).await?.is_some() {
+            return teardown::orphan(ctx, id).await;
+        }
+        ctx.forget(id);
+        return Ok(Action::Done);
+    };
+    if request.label(label::INFRA_PROVIDER_ID) != Some(ctx.provider_id()) {
+        return Ok(Action::Done);
+    }
+    if request.is_tearing_down() {
+        teardown::cleanup(ctx, &request).await
+    } else {
+        provision::apply(ctx, &request).await
+    }
+}

@@ -1,0 +1,116 @@
+//! The one place a request's progress goes: the text of its MachineRequestStatus, which is what Omni
+//! shows ("Running step 3/6 create_vm: cloning template 9000 to VM 104 on pve2", "Deprovisioning:
+//! shutting down VM 104 on pve2").
+
+use std::collections::BTreeMap;
+
+use futures_util::future::BoxFuture;
+
+use super::context::Context;
+use crate::omni::proto::provider::MachineSpec;
+use crate::omni::proto::specs::machine_request_status_spec::Stage;
+use crate::omni::state::StateError;
+use crate::pipeline::provider_data::Problem;
+use crate::pipeline::step::{Progress, Step};
+
+/// What the request is going through, which words the text.
+pub enum Phase {
+    /// A provisioning step; `warnings` (about the provider data) end every text, so the user sees in
+    /// Omni what was ignored.
+    Step {
+        step: Step,
+        warnings: String,
+    },
+    Deprovisioning,
+}
+
+pub struct StatusSink<'a> {
+    ctx: &'a Context,
+    id: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    phase: Phase,
+}
+
+impl<'a> StatusSink<'a> {
+    pub fn new(
+        ctx: &'a Context,
+        id: &'a str,
+        labels: &'a BTreeMap<String, String>,
+        phase: Phase,
+    ) -> Self {
+        Self {
+            ctx,
+            id,
+            labels,
+            phase,
+        }
+    }
+
+    fn text(&self, detail: &str) -> String {
+        match &self.phase {
+            Phase::Step { step, warnings } => format!(
+                "Running step {}/{} {}{}{warnings}",
+                step.number(),
+                Step::ALL.len(),
+                step.name(),
+                if detail.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {detail}")
+                },
+            ),
+            Phase::Deprovisioning => format!("Deprovisioning: {detail}"),
+        }
+    }
+
+    /// Best effort: progress that cannot be written is logged, and the work goes on.
+    pub async fn show(&self, detail: &str) {
+        let text = self.text(detail);
+        tracing::debug!(request = %self.id, "{text}");
+        let provisioning = matches!(self.phase, Phase::Step { .. });
+        let written = self
+            .ctx
+            .write_status(self.id, self.labels, |s| {
+                // The error of an earlier failed attempt stays until this step succeeds; the stage
+                // stays FAILED meanwhile so Omni keeps showing it.
+                if provisioning && s.stage != Stage::Failed as i32 {
+                    s.stage = Stage::Provisioning as i32;
+                }
+                s.status = text.clone();
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(request = %self.id, error = %e, "cannot write progress to Omni");
+        }
+    }
+}
+
+impl Progress for StatusSink<'_> {
+    fn report(&self, detail: String) -> BoxFuture<'_, ()> {
+        Box::pin(async move { self.show(&detail).await })
+    }
+
+    /// Only steps record decisions; a deprovision has nothing to record before it acts.
+    fn persist<'a>(&'a self, state: &'a MachineSpec) -> BoxFuture<'a, Result<(), StateError>> {
+        Box::pin(async move {
+            match self.phase {
+                Phase::Step { step, .. } => self.ctx.save_machine(self.id, step, state).await,
+                Phase::Deprovisioning => Ok(()),
+            }
+        })
+    }
+}
+
+/// ` (warning: disk_sise: is not a known key and is ignored (did you mean `disk_size`?))`, or nothing.
+pub fn warnings_text(warnings: &[Problem]) -> String {
+    if warnings.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+    let noun = if list.len() == 1 {
+        "warning"
+    } else {
+        "warnings"
+    };
+    format!(" ({noun}: {})", list.join("; "))
+}
