@@ -1,70 +1,23 @@
-//! Which node (and which storage on it) a new VM goes to.
+//! Which node a new VM goes to, and why every other node was left out.
 //!
-//! Pure: the caller reads `/cluster/resources` and the node storages once, passes the snapshot in, and
-//! gets a decision with its reason. Concurrent requests of one machine set would all see the same
-//! snapshot and pile onto one node, so decisions also count the in-flight [`Reservations`] that
-//! earlier decisions made until their VMs show up in the snapshot.
+//! Pure: the caller reads the cluster once ([`ClusterSnapshot`]), passes it in, and gets a decision
+//! with its reasons. [`node_verdict`] is the rule for one node; [`pick`] applies it to every node and
+//! ranks the eligible ones by strategy; `validate` renders the same verdicts for people. Concurrent
+//! requests of one machine set would all see the same snapshot and pile onto one node, so decisions
+//! also count the in-flight [`Reservations`] that earlier decisions made until their VMs show up in
+//! the snapshot.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::model::{ClusterSnapshot, GIB, MIB, NodeSnapshot, StorageSnapshot};
 use crate::pipeline::provider_data::PlacementStrategy;
-use crate::pipeline::storage_selector::{SelectorError, StorageFacts, StorageSelector};
+use crate::pipeline::storage_selector::{SelectorError, StorageSelector};
+use crate::rules::storage::{self, Rejection, StorageChoice, StorageNeed};
 
 /// The tag the provider (and the official one) puts on every VM of a machine-request set.
 pub fn set_tag(set_id: &str) -> String {
     format!("machine-request.{set_id}")
-}
-
-const GIB: u64 = 1024 * 1024 * 1024;
-const MIB: u64 = 1024 * 1024;
-
-/// A VM as `/cluster/resources` lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VmSummary {
-    pub name: String,
-    pub tags: Vec<String>,
-}
-
-/// A storage as `GET /nodes/{node}/storage` lists it, in API order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageSnapshot {
-    pub name: String,
-    pub storage_type: String,
-    /// Content types (`images`, `iso`, …).
-    pub content: Vec<String>,
-    pub enabled: bool,
-    pub active: bool,
-    pub shared: bool,
-    /// Free bytes.
-    pub available: u64,
-}
-
-impl StorageSnapshot {
-    pub fn holds(&self, content: &str) -> bool {
-        self.content.iter().any(|c| c == content)
-    }
-
-    /// What a CEL storage selector sees of this storage on `node`.
-    pub fn facts(&self, node: &str) -> StorageFacts {
-        StorageFacts {
-            name: self.name.clone(),
-            node: node.to_owned(),
-            storage_type: self.storage_type.clone(),
-            available_space: self.available,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeSnapshot {
-    pub name: String,
-    pub online: bool,
-    /// Bytes in use and in total (`mem`, `maxmem`).
-    pub memory_used: u64,
-    pub memory_max: u64,
-    pub vms: Vec<VmSummary>,
-    pub storages: Vec<StorageSnapshot>,
 }
 
 /// What the request needs.
@@ -84,6 +37,100 @@ pub struct PlacementRequest<'a> {
     pub strategy: PlacementStrategy,
 }
 
+impl PlacementRequest<'_> {
+    /// Whether placement looks at `node` at all: the pinned node only, else the allowed ones.
+    pub fn considers(&self, node: &str) -> bool {
+        match self.pinned_node {
+            Some(pinned) => pinned == node,
+            None => self.allowed(node),
+        }
+    }
+
+    fn allowed(&self, node: &str) -> bool {
+        self.allowed_nodes.is_empty() || self.allowed_nodes.iter().any(|a| a == node)
+    }
+
+    fn selector_for(&self, node: &str) -> &StorageSelector {
+        self.node_selectors.get(node).unwrap_or(self.selector)
+    }
+
+    fn memory_bytes(&self) -> u64 {
+        self.memory_mb.saturating_mul(MIB)
+    }
+}
+
+/// A node placement may choose, with what it would get there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Eligible {
+    pub storage: StorageSnapshot,
+    /// Free memory after the reservations of other requests.
+    pub free_memory: u64,
+}
+
+/// Why a node was left out, with the numbers behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeftOut {
+    NotAllowed,
+    Offline,
+    MemoryShort {
+        free_memory: u64,
+        needed_mb: u64,
+    },
+    /// `rejected`: every storage of the node with the reason it was passed over.
+    NoStorage {
+        need_gb: u64,
+        selector: String,
+        rejected: Vec<(String, Rejection)>,
+    },
+}
+
+impl fmt::Display for LeftOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeftOut::NotAllowed => f.write_str("not in allowed_nodes"),
+            LeftOut::Offline => f.write_str("offline"),
+            LeftOut::MemoryShort {
+                free_memory,
+                needed_mb,
+            } => write!(
+                f,
+                "{} MiB free memory, {needed_mb} MiB needed",
+                free_memory / MIB
+            ),
+            LeftOut::NoStorage {
+                need_gb,
+                selector,
+                rejected,
+            } => {
+                let too_small: Vec<String> = rejected
+                    .iter()
+                    .filter_map(|(name, why)| match why {
+                        Rejection::TooSmall { available, .. } => {
+                            Some(format!("{name} has {} GiB free", available / GIB))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                if too_small.is_empty() {
+                    write!(
+                        f,
+                        "no active storage for VM images matches the storage selector `{selector}`"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "not enough disk space for {need_gb} GiB ({})",
+                        too_small.join(", ")
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// The verdict on one node.
+pub type NodeVerdict = Result<Eligible, LeftOut>;
+
 /// The decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
@@ -101,7 +148,7 @@ pub enum PlacementReason {
         same_set_vms: usize,
         free_memory: u64,
         candidates: usize,
-        rejected: Vec<(String, String)>,
+        rejected: Vec<(String, LeftOut)>,
     },
 }
 
@@ -136,14 +183,14 @@ pub enum PlacementError {
     #[error("node {node:?} from provider data is offline")]
     PinnedNodeOffline { node: String },
     #[error("node {node:?} from provider data has no usable storage: {reason}")]
-    PinnedNodeNoStorage { node: String, reason: String },
+    PinnedNodeNoStorage { node: String, reason: LeftOut },
     #[error("no node can take this VM: {}", describe_rejections(.rejected))]
-    NothingFits { rejected: Vec<(String, String)> },
+    NothingFits { rejected: Vec<(String, LeftOut)> },
     #[error(transparent)]
     Selector(#[from] SelectorError),
 }
 
-fn describe_rejections(rejected: &[(String, String)]) -> String {
+fn describe_rejections(rejected: &[(String, LeftOut)]) -> String {
     if rejected.is_empty() {
         return "the cluster reports no nodes".to_string();
     }
@@ -213,6 +260,77 @@ impl Reservations {
     }
 }
 
+/// The storage the boot disk (with the additional disks) would get on `node`, with the node's own
+/// selector from `nodes:` when it has one.
+pub fn boot_disk_storage(node: &NodeSnapshot, request: &PlacementRequest<'_>) -> StorageChoice {
+    storage::choose(
+        node,
+        &StorageNeed::boot_disk(request.selector_for(&node.name), request.disk_gb),
+    )
+}
+
+/// Free memory on `node` once other requests' reservations are counted, or why it is too little.
+pub fn memory_fit(
+    node: &NodeSnapshot,
+    request: &PlacementRequest<'_>,
+    reservations: &Reservations,
+) -> Result<u64, LeftOut> {
+    let reserved: u64 = reservations
+        .pending(node, request.request_id)
+        .map(|r| r.memory_bytes)
+        .sum();
+    let free_memory = node.free_memory().saturating_sub(reserved);
+    if free_memory < request.memory_bytes() {
+        return Err(LeftOut::MemoryShort {
+            free_memory,
+            needed_mb: request.memory_mb,
+        });
+    }
+    Ok(free_memory)
+}
+
+/// The storage verdict as a node verdict; a selector that fails is a configuration error.
+fn storage_verdict(
+    node: &NodeSnapshot,
+    request: &PlacementRequest<'_>,
+) -> Result<Result<StorageSnapshot, LeftOut>, SelectorError> {
+    let choice = boot_disk_storage(node, request);
+    if let Some(e) = choice.selector_error() {
+        return Err(e.clone());
+    }
+    Ok(match choice.chosen {
+        Some(storage) => Ok(storage),
+        None => Err(LeftOut::NoStorage {
+            need_gb: request.disk_gb,
+            selector: request.selector_for(&node.name).to_string(),
+            rejected: choice.rejected,
+        }),
+    })
+}
+
+/// The rule for one node when placement chooses: allowed, online, enough memory, a storage that fits,
+/// checked in that order (the first failure is the reason).
+pub fn node_verdict(
+    node: &NodeSnapshot,
+    request: &PlacementRequest<'_>,
+    reservations: &Reservations,
+) -> Result<NodeVerdict, SelectorError> {
+    if !request.allowed(&node.name) {
+        return Ok(Err(LeftOut::NotAllowed));
+    }
+    if !node.online {
+        return Ok(Err(LeftOut::Offline));
+    }
+    let free_memory = match memory_fit(node, request, reservations) {
+        Ok(free) => free,
+        Err(short) => return Ok(Err(short)),
+    };
+    Ok(storage_verdict(node, request)?.map(|storage| Eligible {
+        storage,
+        free_memory,
+    }))
+}
+
 struct Candidate<'a> {
     node: &'a NodeSnapshot,
     storage: String,
@@ -221,81 +339,14 @@ struct Candidate<'a> {
     free_memory: u64,
 }
 
-/// Picks the node and storage for a request (`docs/architecture.md`, step `pick_node`).
-pub fn pick(
-    nodes: &[NodeSnapshot],
-    request: &PlacementRequest<'_>,
-    reservations: &Reservations,
-) -> Result<Placement, PlacementError> {
-    let disk_bytes = request.disk_gb.saturating_mul(GIB);
-    let memory_bytes = request.memory_mb.saturating_mul(MIB);
-
-    if let Some(pinned) = request.pinned_node {
-        let Some(node) = nodes.iter().find(|n| n.name == pinned) else {
-            let mut existing: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-            existing.sort();
-            return Err(PlacementError::PinnedNodeMissing {
-                node: pinned.to_string(),
-                existing,
-            });
-        };
-        if !node.online {
-            return Err(PlacementError::PinnedNodeOffline {
-                node: pinned.to_string(),
-            });
-        }
-        return match choose_storage(node, selector_for(request, &node.name), disk_bytes)? {
-            Ok(storage) => Ok(Placement {
-                node: node.name.clone(),
-                storage,
-                reason: PlacementReason::Pinned,
-            }),
-            Err(reason) => Err(PlacementError::PinnedNodeNoStorage {
-                node: pinned.to_string(),
-                reason,
-            }),
-        };
-    }
-
-    let mut rejected = Vec::new();
-    let mut candidates = Vec::new();
-    for node in nodes {
-        if !request.allowed_nodes.is_empty()
-            && !request.allowed_nodes.iter().any(|a| a == &node.name)
-        {
-            rejected.push((node.name.clone(), "not in allowed_nodes".to_string()));
-            continue;
-        }
-        if !node.online {
-            rejected.push((node.name.clone(), "offline".to_string()));
-            continue;
-        }
-        let reserved_memory: u64 = reservations
-            .pending(node, request.request_id)
-            .map(|r| r.memory_bytes)
-            .sum();
-        let free_memory = node
-            .memory_max
-            .saturating_sub(node.memory_used)
-            .saturating_sub(reserved_memory);
-        if free_memory < memory_bytes {
-            rejected.push((
-                node.name.clone(),
-                format!(
-                    "{} MiB free memory, {} MiB needed",
-                    free_memory / MIB,
-                    request.memory_mb
-                ),
-            ));
-            continue;
-        }
-        let storage = match choose_storage(node, selector_for(request, &node.name), disk_bytes)? {
-            Ok(storage) => storage,
-            Err(reason) => {
-                rejected.push((node.name.clone(), reason));
-                continue;
-            }
-        };
+impl<'a> Candidate<'a> {
+    fn new(
+        node: &'a NodeSnapshot,
+        eligible: Eligible,
+        request: &PlacementRequest<'_>,
+        reservations: &Reservations,
+    ) -> Self {
+        let pending = || reservations.pending(node, request.request_id);
         let same_set = match request.set_id {
             Some(set) => {
                 let tag = set_tag(set);
@@ -303,47 +354,41 @@ pub fn pick(
                     .iter()
                     .filter(|vm| vm.tags.iter().any(|t| t.eq_ignore_ascii_case(&tag)))
                     .count()
-                    + reservations
-                        .pending(node, request.request_id)
+                    + pending()
                         .filter(|r| r.set_id.as_deref() == Some(set))
                         .count()
             }
             None => 0,
         };
-        let total_vms = node.vms.len() + reservations.pending(node, request.request_id).count();
-        candidates.push(Candidate {
+        Self {
             node,
-            storage,
+            storage: eligible.storage.name,
             same_set,
-            total_vms,
-            free_memory,
-        });
+            total_vms: node.vms.len() + pending().count(),
+            free_memory: eligible.free_memory,
+        }
     }
+}
 
+/// Picks the node and storage for a request (`docs/architecture.md`, step `pick_node`).
+pub fn pick(
+    cluster: &ClusterSnapshot,
+    request: &PlacementRequest<'_>,
+    reservations: &Reservations,
+) -> Result<Placement, PlacementError> {
+    if let Some(pinned) = request.pinned_node {
+        return pick_pinned(cluster, request, pinned);
+    }
+    let mut rejected = Vec::new();
+    let mut candidates = Vec::new();
+    for node in &cluster.nodes {
+        match node_verdict(node, request, reservations)? {
+            Ok(eligible) => candidates.push(Candidate::new(node, eligible, request, reservations)),
+            Err(why) => rejected.push((node.name.clone(), why)),
+        }
+    }
     let count = candidates.len();
-    let best = match request.strategy {
-        PlacementStrategy::Spread => candidates.into_iter().min_by(|a, b| {
-            (a.same_set, std::cmp::Reverse(a.free_memory), &a.node.name).cmp(&(
-                b.same_set,
-                std::cmp::Reverse(b.free_memory),
-                &b.node.name,
-            ))
-        }),
-        PlacementStrategy::FewerVms => candidates.into_iter().min_by(|a, b| {
-            (a.total_vms, std::cmp::Reverse(a.free_memory), &a.node.name).cmp(&(
-                b.total_vms,
-                std::cmp::Reverse(b.free_memory),
-                &b.node.name,
-            ))
-        }),
-        PlacementStrategy::RoundRobin => candidates
-            .into_iter()
-            .min_by(|a, b| (a.same_set, &a.node.name).cmp(&(b.same_set, &b.node.name))),
-        PlacementStrategy::Binpack => candidates
-            .into_iter()
-            .min_by(|a, b| (a.free_memory, &a.node.name).cmp(&(b.free_memory, &b.node.name))),
-    };
-    match best {
+    match best(candidates, request.strategy) {
         Some(c) => Ok(Placement {
             node: c.node.name.clone(),
             storage: c.storage,
@@ -358,50 +403,98 @@ pub fn pick(
     }
 }
 
-fn selector_for<'a>(request: &'a PlacementRequest<'_>, node: &str) -> &'a StorageSelector {
-    request.node_selectors.get(node).unwrap_or(request.selector)
+/// A pinned node is the user's choice: it must exist, be online and have a storage. Memory is not
+/// checked here (there is nowhere else to go); `validate` reports a shortfall.
+fn pick_pinned(
+    cluster: &ClusterSnapshot,
+    request: &PlacementRequest<'_>,
+    pinned: &str,
+) -> Result<Placement, PlacementError> {
+    let node = pinned_node(cluster, pinned)?;
+    match storage_verdict(node, request)? {
+        Ok(storage) => Ok(Placement {
+            node: node.name.clone(),
+            storage: storage.name,
+            reason: PlacementReason::Pinned,
+        }),
+        Err(reason) => Err(PlacementError::PinnedNodeNoStorage {
+            node: pinned.to_string(),
+            reason,
+        }),
+    }
 }
 
-/// The first storage in API order that is usable for VM disks, matches the selector and has room.
-/// The outer error is a broken selector (configuration); the inner one says why nothing fits here.
-fn choose_storage(
-    node: &NodeSnapshot,
-    selector: &StorageSelector,
-    disk_bytes: u64,
-) -> Result<Result<String, String>, SelectorError> {
-    let mut too_small = Vec::new();
-    for storage in &node.storages {
-        if !storage.enabled || !storage.active || !storage.holds("images") {
-            continue;
-        }
-        if !selector.matches(&storage.facts(&node.name))? {
-            continue;
-        }
-        if storage.available < disk_bytes {
-            too_small.push(format!(
-                "{} has {} GiB free",
-                storage.name,
-                storage.available / GIB
-            ));
-            continue;
-        }
-        return Ok(Ok(storage.name.clone()));
+/// The pinned node, if it exists and is online; else [`PlacementError::PinnedNodeMissing`] or
+/// [`PlacementError::PinnedNodeOffline`].
+pub fn pinned_node<'c>(
+    cluster: &'c ClusterSnapshot,
+    pinned: &str,
+) -> Result<&'c NodeSnapshot, PlacementError> {
+    let Some(node) = cluster.node(pinned) else {
+        let mut existing: Vec<String> = cluster
+            .node_names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        existing.sort();
+        return Err(PlacementError::PinnedNodeMissing {
+            node: pinned.to_string(),
+            existing,
+        });
+    };
+    if !node.online {
+        return Err(PlacementError::PinnedNodeOffline {
+            node: pinned.to_string(),
+        });
     }
-    Ok(Err(if too_small.is_empty() {
-        format!("no active storage for VM images matches the storage selector `{selector}`")
-    } else {
-        format!(
-            "not enough disk space for {} GiB ({})",
-            disk_bytes / GIB,
-            too_small.join(", ")
-        )
-    }))
+    Ok(node)
+}
+
+/// The best candidate by strategy; ties go to the node name, so the choice is deterministic.
+fn best(candidates: Vec<Candidate<'_>>, strategy: PlacementStrategy) -> Option<Candidate<'_>> {
+    use std::cmp::Reverse;
+    let iter = candidates.into_iter();
+    match strategy {
+        PlacementStrategy::Spread => iter.min_by(|a, b| {
+            (a.same_set, Reverse(a.free_memory), &a.node.name).cmp(&(
+                b.same_set,
+                Reverse(b.free_memory),
+                &b.node.name,
+            ))
+        }),
+        PlacementStrategy::FewerVms => iter.min_by(|a, b| {
+            (a.total_vms, Reverse(a.free_memory), &a.node.name).cmp(&(
+                b.total_vms,
+                Reverse(b.free_memory),
+                &b.node.name,
+            ))
+        }),
+        PlacementStrategy::RoundRobin => {
+            iter.min_by(|a, b| (a.same_set, &a.node.name).cmp(&(b.same_set, &b.node.name)))
+        }
+        PlacementStrategy::Binpack => {
+            iter.min_by(|a, b| (a.free_memory, &a.node.name).cmp(&(b.free_memory, &b.node.name)))
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::VmSummary;
     use proptest::prelude::*;
+
+    fn pick(
+        nodes: &[NodeSnapshot],
+        request: &PlacementRequest<'_>,
+        reservations: &Reservations,
+    ) -> Result<Placement, PlacementError> {
+        super::pick(
+            &ClusterSnapshot::from(nodes.to_vec()),
+            request,
+            reservations,
+        )
+    }
 
     fn storage(name: &str, available_gib: u64) -> StorageSnapshot {
         StorageSnapshot {
