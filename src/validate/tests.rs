@@ -361,3 +361,94 @@ fn health_text_is_short() {
     assert!(text.len() < HEALTH_TEXT_MAX + 60, "{}", text.len());
     assert!(text.contains("more (run `validate`)"), "{text}");
 }
+
+/// `validate` and the pipeline's placement must agree: the nodes validate says placement would skip
+/// are exactly the nodes `rules::placement::pick` leaves out (besides those outside `allowed_nodes`),
+/// and the storage validate names on the chosen node is the one placement picks.
+#[test]
+fn validate_and_placement_give_the_same_verdict() {
+    use std::collections::BTreeSet;
+
+    use crate::model::ClusterSnapshot;
+    use crate::rules::placement::{self, LeftOut, PlacementError, PlacementReason, Reservations};
+
+    let schema = ProviderDataSchema::new().unwrap();
+    // As `view()`, but pve2 has 4 GiB free.
+    let mut view = view();
+    view.resources = serde_json::from_value(json!([
+        {"type":"node","node":"pve1","status":"online","mem":2147483648u64,"maxmem":8589934592u64},
+        {"type":"node","node":"pve2","status":"online","mem":4294967296u64,"maxmem":8589934592u64},
+        {"type":"node","node":"pve3","status":"offline"},
+        {"type":"storage","storage":"local","node":"pve1","content":"iso,backup","status":"available","disk":0,"maxdisk":107374182400u64,"plugintype":"dir"},
+        {"type":"storage","storage":"local-lvm","node":"pve1","content":"images,rootdir","status":"available","disk":0,"maxdisk":107374182400u64,"plugintype":"lvmthin"},
+        {"type":"storage","storage":"local-lvm","node":"pve2","content":"images,rootdir","status":"available","disk":0,"maxdisk":10737418240u64,"plugintype":"lvmthin"}
+    ]))
+    .unwrap();
+    let base =
+        "cores: 1\nstorage_selector: name == \"local-lvm\"\niso_storage_selector: \"true\"\n";
+    let classes = [
+        // pve2 is short of memory, pve3 offline: pve1.
+        format!("{base}memory: 6000\ndisk_size: 5\n"),
+        // pve2's local-lvm is too small: pve1.
+        format!("{base}memory: 2048\ndisk_size: 50\n"),
+        // Only pve2 allowed, and it fits.
+        format!("{base}memory: 2048\ndisk_size: 5\nallowed_nodes: [pve2]\n"),
+        // Only pve2 allowed, and its disk is too small: nothing fits.
+        format!("{base}memory: 2048\ndisk_size: 50\nallowed_nodes: [pve2]\n"),
+        // pve2 short of memory and disk, pve3 allowed but offline: pve1.
+        format!("{base}memory: 5000\ndisk_size: 20\nallowed_nodes: [pve1, pve2, pve3]\n"),
+    ];
+    let cluster = ClusterSnapshot::from_resources(&view.resources);
+    let (empty, nodes) = (Map::new(), Map::new());
+    for class in &classes {
+        let layers = Layers {
+            class_yaml: class,
+            defaults: &empty,
+            nodes: &nodes,
+        };
+        let data = schema.resolve(class, None, &empty).unwrap();
+        let report = Report::new(check_cluster(&schema, &layers, &data, &view));
+        let facts = super::cluster::ClassPlacement::new(&data);
+        let request = facts.request(&data);
+        let placed = placement::pick(&cluster, &request, &Reservations::default());
+        let rejected = match &placed {
+            Ok(p) => match &p.reason {
+                PlacementReason::Automatic { rejected, .. } => rejected.clone(),
+                PlacementReason::Pinned => Vec::new(),
+            },
+            Err(PlacementError::NothingFits { rejected }) => rejected.clone(),
+            Err(e) => panic!("{class}: {e}"),
+        };
+        let left_out: BTreeSet<String> = rejected
+            .into_iter()
+            .filter(|(_, why)| *why != LeftOut::NotAllowed)
+            .map(|(node, _)| node)
+            .collect();
+        let skipped: BTreeSet<String> = report
+            .findings
+            .iter()
+            .filter(|f| {
+                (f.outcome == Outcome::Warning
+                    && (f.key == "memory" || f.message.contains("offline")))
+                    || f.message.contains("placement would skip")
+            })
+            .filter_map(|f| f.node.clone())
+            .collect();
+        assert_eq!(skipped, left_out, "{class}\n{}", report.render_text());
+        assert!(!left_out.is_empty() || placed.is_ok(), "{class}");
+        if let Ok(p) = placed {
+            let chosen = report
+                .findings
+                .iter()
+                .find(|f| f.key == "storage_selector" && f.node.as_deref() == Some(&p.node))
+                .expect("a storage finding on the chosen node");
+            assert_eq!(chosen.outcome, Outcome::Pass, "{class}");
+            assert!(
+                chosen
+                    .message
+                    .starts_with(&format!("VM disks go to {} ", p.storage)),
+                "{class}: {chosen}"
+            );
+        }
+    }
+}
