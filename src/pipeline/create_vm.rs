@@ -13,12 +13,13 @@
 //! uploaded first; boot mode `clone` clones here and configures in the next step.
 
 use super::configure_vm::upload_seed;
-use super::pick_node::node_storages;
 use super::step::{StepContext, StepError, StepOutcome};
 use super::vm_config::{self, VmIdentity, VmTarget};
+use crate::model::ClusterSnapshot;
 use crate::proxmox::property::parse_tags;
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmId, VmResource};
+use crate::rules::storage::{self, StorageNeed};
 
 /// How long to wait before looking again at a recorded VM that cannot be identified yet.
 const WAIT_FOR_IDENTITY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -401,7 +402,11 @@ async fn clone(
         })?;
     let storage = StorageId::new(ctx.state.storage.clone())
         .map_err(|e| StepError::Cluster(format!("recorded storage: {e}")))?;
-    if template.node != *node && !storage_is_shared(resources, node, &storage) {
+    let reaches = template.node == *node
+        || ClusterSnapshot::from_resources(resources)
+            .node(node.as_str())
+            .is_some_and(|n| storage::clone_reaches(template.node.as_str(), n, storage.as_str()));
+    if !reaches {
         return Err(StepError::Cluster(format!(
             "template {template_id} is on {} but the VM goes to {node}, and Proxmox clones to another node only onto shared storage ({storage} is local to {node}); keep a copy of the template on {node}, pin `node: {}`, or select a shared storage with storage_selector",
             template.node, template.node
@@ -499,13 +504,6 @@ async fn record_create_task(
     ctx.persist().await
 }
 
-fn storage_is_shared(resources: &[ClusterResource], node: &NodeName, storage: &StorageId) -> bool {
-    resources.iter().any(|r| {
-        matches!(r, ClusterResource::Storage(s)
-            if s.node == *node && s.storage == storage.as_str() && s.shared)
-    })
-}
-
 /// Everything `vm_config::render` needs that earlier steps decided.
 pub fn target(
     ctx: &StepContext<'_>,
@@ -543,34 +541,33 @@ pub fn target(
     })
 }
 
-/// The storage for an additional disk: the first on the node (API order) that holds VM images, is
-/// active, matches the disk's own selector and has room.
+/// The storage for an additional disk, by the disk's own selector, on the node placement picked.
 fn disk_storage(
     resources: &[ClusterResource],
     node: &NodeName,
     disk: &super::provider_data::AdditionalDisk,
     index: usize,
 ) -> Result<StorageId, StepError> {
-    let needed = disk.size_gb.saturating_mul(1024 * 1024 * 1024);
-    for s in node_storages(resources, node.as_str())
-        .iter()
-        .filter(|s| s.holds("images") && s.active && s.available >= needed)
-    {
-        let matches = disk
-            .storage_selector
-            .matches(&s.facts(node.as_str()))
-            .map_err(|e| {
-                StepError::Config(format!("additional_disks[{index}].storage_selector: {e}"))
-            })?;
-        if matches {
-            return StorageId::new(s.name.clone()).map_err(|e| StepError::Cluster(e.to_string()));
-        }
+    let cluster = ClusterSnapshot::from_resources(resources);
+    let choice = cluster.node(node.as_str()).map(|n| {
+        storage::choose(
+            n,
+            &StorageNeed::additional_disk(&disk.storage_selector, disk.size_gb),
+        )
+    });
+    if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {
+        return Err(StepError::Config(format!(
+            "additional_disks[{index}].storage_selector: {e}"
+        )));
     }
-    Err(StepError::Cluster(format!(
-        "additional_disks[{index}]: no storage on {node} matches `{}` with {} GB free",
-        disk.storage_selector.expression(),
-        disk.size_gb
-    )))
+    match choice.and_then(|c| c.chosen) {
+        Some(s) => StorageId::new(s.name).map_err(|e| StepError::Cluster(e.to_string())),
+        None => Err(StepError::Cluster(format!(
+            "additional_disks[{index}]: no storage on {node} matches `{}` with {} GB free",
+            disk.storage_selector.expression(),
+            disk.size_gb
+        ))),
+    }
 }
 
 #[cfg(test)]

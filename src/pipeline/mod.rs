@@ -4,7 +4,6 @@
 //! so it can be tested without Proxmox or Omni; the steps that call the clients live beside them.
 pub mod cloud_init;
 pub mod deprovision;
-pub mod placement;
 pub mod provider_data;
 pub mod schematic;
 pub mod storage_selector;

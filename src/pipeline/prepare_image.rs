@@ -18,13 +18,14 @@
 use sha2::{Digest, Sha256};
 
 use super::image_factory;
-use super::pick_node::node_storages;
 use super::provider_data::{BootMode, TemplateRef};
 use super::schematic::{Overlay, SchematicRequest, schematic_yaml};
 use super::step::{StepContext, StepError, StepOutcome};
+use crate::model::ClusterSnapshot;
 use crate::omni::management::ManagementError;
 use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::{ClusterResource, NodeName, VmResource};
+use crate::rules::storage::{self, StorageChoice, StorageNeed};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     match ctx.data.boot {
@@ -156,22 +157,23 @@ pub(super) async fn iso_storage(
     node: &NodeName,
 ) -> Result<(String, bool), StepError> {
     let selector = ctx.data.iso_storage_selector.clone();
-    let storages = node_storages(ctx.cluster(false).await?, node.as_str());
-    let mut seen = Vec::new();
-    for s in storages.iter().filter(|s| s.holds("iso") && s.active) {
-        seen.push(s.name.clone());
-        let wanted = match &selector {
-            None => true,
-            Some(sel) => sel
-                .matches(&s.facts(node.as_str()))
-                .map_err(|e| StepError::Config(format!("iso_storage_selector: {e}")))?,
-        };
-        if wanted {
-            return Ok((s.name.clone(), s.shared));
-        }
+    let cluster = ClusterSnapshot::from_resources(ctx.cluster(false).await?);
+    let choice = match cluster.node(node.as_str()) {
+        Some(n) => storage::choose(n, &StorageNeed::iso(selector.as_ref())),
+        None => StorageChoice {
+            chosen: None,
+            rejected: Vec::new(),
+        },
+    };
+    if let Some(e) = choice.selector_error() {
+        return Err(StepError::Config(format!("iso_storage_selector: {e}")));
+    }
+    if let Some(s) = choice.chosen {
+        return Ok((s.name, s.shared));
     }
     // Without a selector the first ISO storage was taken, so reaching here means a selector rejected
     // every one, or there is none.
+    let seen: Vec<&str> = choice.usable().collect();
     Err(StepError::Cluster(match selector {
         Some(sel) if !seen.is_empty() => format!(
             "iso_storage_selector `{}` matches none of the ISO storages on {node}: {}",

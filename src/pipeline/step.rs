@@ -17,10 +17,10 @@ use crate::omni::join::ConnectionParams;
 use crate::omni::management::ManagementClient;
 use crate::omni::proto::provider::MachineSpec;
 use crate::omni::state::StateError;
-use crate::pipeline::placement::Reservations;
 use crate::pipeline::provider_data::{ProviderData, ProviderDataSchema, describe};
 use crate::proxmox::types::{ClusterResource, NodeName, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::rules::placement::Reservations;
 
 /// The steps, in order. Names are persisted in the provider state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,13 +10,13 @@
 //! one request saved on every teardown. The description marker stays the authority whenever the
 //! listing alone is not conclusive (VMs made before the request tag existed, renamed or retagged VMs).
 
-use crate::pipeline::placement::set_tag;
 use crate::pipeline::provider_data::{Bios, ProviderData};
 use crate::proxmox::property::{
     self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, IsoVolume, MacAddr, NewDisk, Nic,
     PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
 };
 use crate::proxmox::types::VmResource;
+use crate::rules::placement::set_tag;
 
 /// The tag marking every VM this provider made: `omni-provider.<provider id>`.
 pub fn provider_tag(provider_id: &str) -> String {

@@ -1,0 +1,185 @@
+//! The cluster as one `/cluster/resources` read describes it: nodes, the storages of each node (in API
+//! order, which is the order "the first storage that fits" walks), and the VMs on each node.
+
+use std::collections::BTreeMap;
+
+use crate::pipeline::storage_selector::StorageFacts;
+use crate::proxmox::types::{ClusterResource, NodeState, split_tags};
+
+pub const GIB: u64 = 1024 * 1024 * 1024;
+pub const MIB: u64 = 1024 * 1024;
+
+/// A VM as `/cluster/resources` lists it (templates are not counted: they are not VMs of a set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmSummary {
+    pub name: String,
+    pub tags: Vec<String>,
+}
+
+/// A storage of one node, as `/cluster/resources` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageSnapshot {
+    pub name: String,
+    pub storage_type: String,
+    /// Content types (`images`, `iso`, …).
+    pub content: Vec<String>,
+    pub enabled: bool,
+    pub active: bool,
+    pub shared: bool,
+    /// Free bytes.
+    pub available: u64,
+}
+
+impl StorageSnapshot {
+    pub fn holds(&self, content: &str) -> bool {
+        self.content.iter().any(|c| c == content)
+    }
+
+    /// What a CEL storage selector sees of this storage on `node`.
+    pub fn facts(&self, node: &str) -> StorageFacts {
+        StorageFacts {
+            name: self.name.clone(),
+            node: node.to_owned(),
+            storage_type: self.storage_type.clone(),
+            available_space: self.available,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSnapshot {
+    pub name: String,
+    pub online: bool,
+    /// Bytes in use and in total (`mem`, `maxmem`).
+    pub memory_used: u64,
+    pub memory_max: u64,
+    pub vms: Vec<VmSummary>,
+    pub storages: Vec<StorageSnapshot>,
+}
+
+impl NodeSnapshot {
+    pub fn storage(&self, name: &str) -> Option<&StorageSnapshot> {
+        self.storages.iter().find(|s| s.name == name)
+    }
+
+    /// Memory not in use now, before any reservation.
+    pub fn free_memory(&self) -> u64 {
+        self.memory_max.saturating_sub(self.memory_used)
+    }
+}
+
+/// Every node of the cluster, sorted by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterSnapshot {
+    pub nodes: Vec<NodeSnapshot>,
+}
+
+impl From<Vec<NodeSnapshot>> for ClusterSnapshot {
+    fn from(mut nodes: Vec<NodeSnapshot>) -> Self {
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        Self { nodes }
+    }
+}
+
+impl ClusterSnapshot {
+    /// Reads one `/cluster/resources` listing. Storages and VMs of a node the listing does not name
+    /// are dropped: nothing can be placed there.
+    pub fn from_resources(resources: &[ClusterResource]) -> Self {
+        let mut nodes: BTreeMap<String, NodeSnapshot> = BTreeMap::new();
+        for r in resources {
+            if let ClusterResource::Node(n) = r {
+                nodes.insert(
+                    n.node.to_string(),
+                    NodeSnapshot {
+                        name: n.node.to_string(),
+                        online: n.status == NodeState::Online,
+                        memory_used: n.mem.unwrap_or(0),
+                        memory_max: n.maxmem.unwrap_or(0),
+                        vms: Vec::new(),
+                        storages: Vec::new(),
+                    },
+                );
+            }
+        }
+        for r in resources {
+            match r {
+                ClusterResource::Vm(vm) if !vm.template => {
+                    if let Some(node) = nodes.get_mut(vm.node.as_str()) {
+                        node.vms.push(VmSummary {
+                            name: vm.name.clone().unwrap_or_default(),
+                            tags: split_tags(vm.tags.as_deref().unwrap_or_default())
+                                .into_iter()
+                                .map(str::to_owned)
+                                .collect(),
+                        });
+                    }
+                }
+                ClusterResource::Storage(s) => {
+                    if let Some(node) = nodes.get_mut(s.node.as_str()) {
+                        let total = s.maxdisk.unwrap_or(0);
+                        node.storages.push(StorageSnapshot {
+                            name: s.storage.clone(),
+                            storage_type: s.plugintype.clone().unwrap_or_default(),
+                            content: s
+                                .content
+                                .as_deref()
+                                .unwrap_or_default()
+                                .split(',')
+                                .map(|c| c.trim().to_owned())
+                                .filter(|c| !c.is_empty())
+                                .collect(),
+                            // `/cluster/resources` lists only storages enabled on that node.
+                            enabled: true,
+                            active: s.status.as_deref() == Some("available"),
+                            shared: s.shared,
+                            available: total.saturating_sub(s.disk.unwrap_or(0)),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        Self {
+            nodes: nodes.into_values().collect(),
+        }
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeSnapshot> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// Node names, sorted.
+    pub fn node_names(&self) -> Vec<&str> {
+        self.nodes.iter().map(|n| n.name.as_str()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_from_resources() {
+        let r: Vec<ClusterResource> = serde_json::from_str(
+            r#"[
+            {"type":"node","node":"pve1","status":"online","mem":100,"maxmem":1000},
+            {"type":"node","node":"pve2","status":"offline"},
+            {"type":"qemu","vmid":101,"node":"pve1","name":"r1","tags":"machine-request.s;x"},
+            {"type":"qemu","vmid":9000,"node":"pve1","name":"t","template":1},
+            {"type":"storage","storage":"local-lvm","node":"pve1","content":"images,rootdir","status":"available","disk":10,"maxdisk":110,"plugintype":"lvmthin"},
+            {"type":"storage","storage":"orphan","node":"pve9","content":"images"}
+        ]"#,
+        )
+        .unwrap();
+        let s = ClusterSnapshot::from_resources(&r);
+        assert_eq!(s.node_names(), ["pve1", "pve2"]);
+        let pve1 = s.node("pve1").unwrap();
+        assert_eq!(pve1.vms.len(), 1, "templates are not VMs of a set");
+        assert_eq!(pve1.vms[0].tags, ["machine-request.s", "x"]);
+        assert_eq!(pve1.free_memory(), 900);
+        let lvm = pve1.storage("local-lvm").unwrap();
+        assert_eq!(lvm.available, 100);
+        assert!(lvm.active && lvm.holds("images"));
+        assert!(!s.node("pve2").unwrap().online);
+    }
+}

@@ -1,0 +1,473 @@
+//! Placement against hand-built clusters: the per-node verdicts, the strategies, reservations.
+
+use super::*;
+use crate::model::VmSummary;
+use proptest::prelude::*;
+
+fn pick(
+    nodes: &[NodeSnapshot],
+    request: &PlacementRequest<'_>,
+    reservations: &Reservations,
+) -> Result<Placement, PlacementError> {
+    super::pick(
+        &ClusterSnapshot::from(nodes.to_vec()),
+        request,
+        reservations,
+    )
+}
+
+fn storage(name: &str, available_gib: u64) -> StorageSnapshot {
+    StorageSnapshot {
+        name: name.into(),
+        storage_type: "lvmthin".into(),
+        content: vec!["images".into(), "rootdir".into()],
+        enabled: true,
+        active: true,
+        shared: false,
+        available: available_gib * GIB,
+    }
+}
+
+fn node(name: &str, free_gib: u64) -> NodeSnapshot {
+    NodeSnapshot {
+        name: name.into(),
+        online: true,
+        memory_used: 0,
+        memory_max: free_gib * GIB,
+        vms: vec![],
+        storages: vec![
+            StorageSnapshot {
+                content: vec!["iso".into()],
+                ..storage("local", 50)
+            },
+            storage("local-lvm", 100),
+        ],
+    }
+}
+
+fn request<'a>(
+    selector: &'a StorageSelector,
+    empty: &'a BTreeMap<String, StorageSelector>,
+) -> PlacementRequest<'a> {
+    PlacementRequest {
+        request_id: "req-1",
+        memory_mb: 4096,
+        disk_gb: 20,
+        selector,
+        node_selectors: empty,
+        pinned_node: None,
+        allowed_nodes: &[],
+        set_id: Some("workers"),
+        strategy: PlacementStrategy::Spread,
+    }
+}
+
+fn any_storage() -> StorageSelector {
+    StorageSelector::new("true").unwrap()
+}
+
+/// The rule for one node, as a table: (case, node, request changes, verdict as placement says it).
+#[test]
+fn node_verdicts_say_why_with_numbers() {
+    let sel = any_storage();
+    let ceph = StorageSelector::new("name == \"ceph\"").unwrap();
+    let empty = BTreeMap::new();
+    let allowed = vec!["pve1".to_string()];
+    let mut reserved = Reservations::default();
+    reserved.reserve("other", "pve1", None, 30 * 1024);
+    let small_disk = {
+        let mut n = node("pve1", 64);
+        n.storages[1].available = 10 * GIB;
+        n
+    };
+    type Case<'a> = (
+        &'a str,
+        NodeSnapshot,
+        PlacementRequest<'a>,
+        &'a Reservations,
+        &'a str,
+    );
+    let none = Reservations::default();
+    let base = request(&sel, &empty);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "fits",
+            node("pve1", 64),
+            base.clone(),
+            &none,
+            "eligible: local-lvm, 65536 MiB free",
+        ),
+        (
+            "not allowed",
+            node("pve2", 64),
+            PlacementRequest {
+                allowed_nodes: &allowed,
+                ..base.clone()
+            },
+            &none,
+            "not in allowed_nodes",
+        ),
+        (
+            "offline",
+            NodeSnapshot {
+                online: false,
+                ..node("pve1", 64)
+            },
+            base.clone(),
+            &none,
+            "offline",
+        ),
+        (
+            "memory short",
+            node("pve1", 2),
+            base.clone(),
+            &none,
+            "2048 MiB free memory, 4096 MiB needed",
+        ),
+        (
+            "memory short once another request's reservation counts",
+            node("pve1", 32),
+            base.clone(),
+            &reserved,
+            "2048 MiB free memory, 4096 MiB needed",
+        ),
+        (
+            "no storage matching",
+            node("pve1", 64),
+            PlacementRequest {
+                selector: &ceph,
+                ..base.clone()
+            },
+            &none,
+            "no active storage for VM images matches the storage selector `name == \"ceph\"`",
+        ),
+        (
+            "disk too small",
+            small_disk,
+            base.clone(),
+            &none,
+            "not enough disk space for 20 GiB (local-lvm has 10 GiB free)",
+        ),
+    ];
+    for (case, node, req, reservations, want) in cases {
+        let got = match node_verdict(&node, &req, reservations).unwrap() {
+            Ok(e) => format!(
+                "eligible: {}, {} MiB free",
+                e.storage.name,
+                e.free_memory / MIB
+            ),
+            Err(why) => why.to_string(),
+        };
+        assert_eq!(got, want, "{case}");
+    }
+}
+
+#[test]
+fn a_pinned_node_is_used_even_when_its_memory_is_short() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    let req = PlacementRequest {
+        pinned_node: Some("pve1"),
+        ..request(&sel, &empty)
+    };
+    let tight = node("pve1", 2);
+    assert!(matches!(
+        node_verdict(&tight, &req, &Reservations::default()).unwrap(),
+        Err(LeftOut::MemoryShort { .. })
+    ));
+    let placed = pick(&[tight], &req, &Reservations::default()).unwrap();
+    assert_eq!(placed.reason, PlacementReason::Pinned);
+}
+
+#[test]
+fn pinned_node_must_exist_be_online_and_have_storage() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    let nodes = vec![
+        node("pve1", 32),
+        NodeSnapshot {
+            online: false,
+            ..node("pve2", 32)
+        },
+    ];
+    let mut req = request(&sel, &empty);
+    req.pinned_node = Some("pve9");
+    let err = pick(&nodes, &req, &Reservations::default()).unwrap_err();
+    assert_eq!(
+        err,
+        PlacementError::PinnedNodeMissing {
+            node: "pve9".into(),
+            existing: vec!["pve1".into(), "pve2".into()]
+        }
+    );
+    assert!(err.to_string().contains("pve1, pve2"));
+    req.pinned_node = Some("pve2");
+    assert!(matches!(
+        pick(&nodes, &req, &Reservations::default()),
+        Err(PlacementError::PinnedNodeOffline { .. })
+    ));
+    req.pinned_node = Some("pve1");
+    let placed = pick(&nodes, &req, &Reservations::default()).unwrap();
+    assert_eq!(
+        (
+            placed.node.as_str(),
+            placed.storage.as_str(),
+            placed.reason.clone()
+        ),
+        ("pve1", "local-lvm", PlacementReason::Pinned)
+    );
+    let ceph = StorageSelector::new("name == \"ceph\"").unwrap();
+    let req = PlacementRequest {
+        selector: &ceph,
+        ..req
+    };
+    let err = pick(&nodes, &req, &Reservations::default()).unwrap_err();
+    assert!(matches!(err, PlacementError::PinnedNodeNoStorage { .. }));
+    assert!(err.to_string().contains("name == \"ceph\""), "{err}");
+}
+
+#[test]
+fn prefers_fewest_of_the_set_then_most_memory_then_name() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    let tagged = |n: &str| VmSummary {
+        name: n.into(),
+        tags: vec!["machine-request.workers".into()],
+    };
+    let mut a = node("pve1", 64);
+    a.vms.push(tagged("w1"));
+    let b = node("pve2", 16);
+    let c = node("pve3", 32);
+    let placed = pick(
+        &[a.clone(), b.clone(), c.clone()],
+        &request(&sel, &empty),
+        &Reservations::default(),
+    )
+    .unwrap();
+    assert_eq!(placed.node, "pve3");
+    assert!(
+        placed
+            .reason
+            .to_string()
+            .starts_with("automatically picked node")
+    );
+    let equal = [node("pveb", 8), node("pvea", 8)];
+    assert_eq!(
+        pick(&equal, &request(&sel, &empty), &Reservations::default())
+            .unwrap()
+            .node,
+        "pvea"
+    );
+    let mut binpack = request(&sel, &empty);
+    binpack.strategy = PlacementStrategy::Binpack;
+    assert_eq!(
+        pick(
+            &[a.clone(), b.clone(), c.clone()],
+            &binpack,
+            &Reservations::default()
+        )
+        .unwrap()
+        .node,
+        "pve2"
+    );
+    let mut fewer = request(&sel, &empty);
+    fewer.strategy = PlacementStrategy::FewerVms;
+    assert_eq!(
+        pick(&[a, b, c], &fewer, &Reservations::default())
+            .unwrap()
+            .node,
+        "pve3"
+    );
+}
+
+#[test]
+fn rejects_nodes_that_do_not_fit_and_says_why() {
+    let sel = StorageSelector::new("storageType == \"lvmthin\"").unwrap();
+    let empty = BTreeMap::new();
+    let mut small_disk = node("pve1", 64);
+    small_disk.storages[1].available = 10 * GIB;
+    let low_memory = node("pve2", 2);
+    let offline = NodeSnapshot {
+        online: false,
+        ..node("pve3", 64)
+    };
+    let outside = node("pve4", 64);
+    let allowed = vec!["pve1".to_string(), "pve2".to_string(), "pve3".to_string()];
+    let mut req = request(&sel, &empty);
+    req.allowed_nodes = &allowed;
+    let err = pick(
+        &[small_disk, low_memory, offline, outside],
+        &req,
+        &Reservations::default(),
+    )
+    .unwrap_err();
+    let PlacementError::NothingFits { rejected } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(rejected.len(), 4);
+    let text = err.to_string();
+    assert!(
+        text.contains("pve1: not enough disk space for 20 GiB (local-lvm has 10 GiB free)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pve2: 2048 MiB free memory, 4096 MiB needed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pve3: offline") && text.contains("pve4: not in allowed_nodes"),
+        "{text}"
+    );
+    let err = pick(&[], &req, &Reservations::default()).unwrap_err();
+    assert!(err.to_string().contains("no nodes"));
+}
+
+#[test]
+fn first_matching_storage_in_api_order_and_per_node_selectors() {
+    let sel = any_storage();
+    let mut n = node("pve1", 64);
+    n.storages.push(storage("ceph", 500));
+    n.storages.insert(
+        1,
+        StorageSnapshot {
+            active: false,
+            ..storage("dead", 500)
+        },
+    );
+    let empty = BTreeMap::new();
+    assert_eq!(
+        pick(
+            std::slice::from_ref(&n),
+            &request(&sel, &empty),
+            &Reservations::default()
+        )
+        .unwrap()
+        .storage,
+        "local-lvm"
+    );
+    let overrides = BTreeMap::from([(
+        "pve1".to_string(),
+        StorageSelector::new("name == \"ceph\"").unwrap(),
+    )]);
+    assert_eq!(
+        pick(&[n], &request(&sel, &overrides), &Reservations::default())
+            .unwrap()
+            .storage,
+        "ceph"
+    );
+}
+
+#[test]
+fn selector_runtime_errors_are_configuration_errors() {
+    let sel = StorageSelector::new("availableSpace - 1000000000000000u > 0u").unwrap();
+    let empty = BTreeMap::new();
+    assert!(matches!(
+        pick(
+            &[node("pve1", 64)],
+            &request(&sel, &empty),
+            &Reservations::default()
+        ),
+        Err(PlacementError::Selector(_))
+    ));
+}
+
+#[test]
+fn reservations_count_until_the_vm_appears() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    let mut reservations = Reservations::default();
+    reservations.reserve("other", "pve1", Some("workers"), 4096);
+    let nodes = [node("pve1", 64), node("pve2", 32)];
+    assert_eq!(
+        pick(&nodes, &request(&sel, &empty), &reservations)
+            .unwrap()
+            .node,
+        "pve2"
+    );
+    // Once the VM is visible with its tag, the reservation is not counted twice.
+    let mut with_vm = nodes.clone();
+    with_vm[0].vms.push(VmSummary {
+        name: "other".into(),
+        tags: vec!["machine-request.workers".into()],
+    });
+    with_vm[1].vms.push(VmSummary {
+        name: "x".into(),
+        tags: vec!["machine-request.workers".into()],
+    });
+    assert_eq!(
+        pick(&with_vm, &request(&sel, &empty), &reservations)
+            .unwrap()
+            .node,
+        "pve1"
+    );
+    assert!(reservations.release("other").is_some());
+    assert!(reservations.is_empty());
+}
+
+proptest! {
+    #[test]
+    fn a_set_spreads_evenly_over_equal_nodes(nodes_n in 1usize..5, per_node in 1usize..4, memory in 2048u64..8192) {
+        let sel = any_storage();
+        let empty = BTreeMap::new();
+        let nodes: Vec<NodeSnapshot> = (0..nodes_n).map(|i| node(&format!("pve{i}"), 256)).collect();
+        let mut reservations = Reservations::default();
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for r in 0..nodes_n * per_node {
+            let id = format!("req-{r}");
+            let req = PlacementRequest { request_id: &id, memory_mb: memory, ..request(&sel, &empty) };
+            let placed = pick(&nodes, &req, &reservations).unwrap();
+            reservations.reserve(&id, &placed.node, Some("workers"), memory);
+            *counts.entry(placed.node).or_default() += 1;
+        }
+        prop_assert_eq!(counts.len(), nodes_n);
+        prop_assert!(counts.values().all(|c| *c == per_node), "{:?}", counts);
+    }
+
+    #[test]
+    fn never_picks_an_ineligible_node(
+        specs in proptest::collection::vec((any::<bool>(), 0u64..64, 0u64..200, 0usize..4), 1..6),
+        memory_mb in 2048u64..16384,
+        disk_gb in 5u64..150,
+    ) {
+        let sel = any_storage();
+        let empty = BTreeMap::new();
+        let nodes: Vec<NodeSnapshot> = specs.iter().enumerate().map(|(i, (online, mem, disk, vms))| {
+            let mut n = node(&format!("n{i}"), *mem);
+            n.online = *online;
+            n.storages[1].available = disk * GIB;
+            n.vms = (0..*vms).map(|v| VmSummary { name: format!("vm{i}-{v}"), tags: vec![] }).collect();
+            n
+        }).collect();
+        let req = PlacementRequest { memory_mb, disk_gb, ..request(&sel, &empty) };
+        match pick(&nodes, &req, &Reservations::default()) {
+            Ok(p) => {
+                let n = nodes.iter().find(|n| n.name == p.node).unwrap();
+                prop_assert!(n.online);
+                prop_assert!(n.memory_max - n.memory_used >= memory_mb * MIB);
+                prop_assert!(n.storages[1].available >= disk_gb * GIB);
+            }
+            Err(PlacementError::NothingFits { rejected }) => prop_assert_eq!(rejected.len(), nodes.len()),
+            Err(e) => prop_assert!(false, "unexpected {e}"),
+        }
+    }
+}
+
+#[test]
+fn six_requests_of_one_set_spread_two_per_node() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    let nodes = [node("pve1", 64), node("pve2", 64), node("pve3", 64)];
+    let mut reservations = Reservations::default();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for r in 0..6 {
+        let id = format!("req-{r}");
+        let req = PlacementRequest {
+            request_id: &id,
+            ..request(&sel, &empty)
+        };
+        let placed = pick(&nodes, &req, &reservations).unwrap();
+        reservations.reserve(&id, &placed.node, Some("workers"), 4096);
+        *counts.entry(placed.node).or_default() += 1;
+    }
+    assert_eq!(counts.into_values().collect::<Vec<_>>(), vec![2, 2, 2]);
+}

@@ -1,0 +1,369 @@
+//! Which storage of a node takes a boot disk, an additional disk or an ISO image: the first one, in
+//! the API's order (as the official provider walks them), that holds the content, is active, is
+//! selected and has room. Placement, the steps and `validate` all ask [`choose`], so they cannot
+//! disagree about a storage.
+
+use std::fmt;
+
+use crate::model::{GIB, NodeSnapshot, StorageSnapshot};
+use crate::pipeline::storage_selector::{SelectorError, StorageSelector};
+
+/// What a storage must be able to hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Content {
+    VmDisks,
+    IsoImages,
+}
+
+impl Content {
+    /// The Proxmox content type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Content::VmDisks => "images",
+            Content::IsoImages => "iso",
+        }
+    }
+
+    /// For messages: "VM disks go to …".
+    pub fn describe(self) -> &'static str {
+        match self {
+            Content::VmDisks => "VM disks",
+            Content::IsoImages => "ISO images",
+        }
+    }
+}
+
+/// One thing to store. No selector means any storage that holds the content will do (ISO storage
+/// without `iso_storage_selector`).
+#[derive(Debug, Clone, Copy)]
+pub struct StorageNeed<'a> {
+    pub content: Content,
+    pub selector: Option<&'a StorageSelector>,
+    pub size_gb: u64,
+}
+
+impl<'a> StorageNeed<'a> {
+    /// The boot disk together with the additional disks: placement wants all of them on one storage.
+    pub fn boot_disk(selector: &'a StorageSelector, size_gb: u64) -> Self {
+        Self {
+            content: Content::VmDisks,
+            selector: Some(selector),
+            size_gb,
+        }
+    }
+
+    /// An additional disk, chosen on the node placement picked, with the disk's own selector.
+    pub fn additional_disk(selector: &'a StorageSelector, size_gb: u64) -> Self {
+        Self::boot_disk(selector, size_gb)
+    }
+
+    /// The Talos ISO and the seed ISO; their size is not known up front, so room is not checked.
+    pub fn iso(selector: Option<&'a StorageSelector>) -> Self {
+        Self {
+            content: Content::IsoImages,
+            selector,
+            size_gb: 0,
+        }
+    }
+}
+
+/// Why a storage was passed over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    WrongContent {
+        content: Vec<String>,
+        wanted: Content,
+    },
+    Inactive,
+    NotSelected,
+    /// The selector failed on this storage: a configuration error, not a fact about the storage.
+    SelectorFailed(SelectorError),
+    TooSmall {
+        available: u64,
+        needed_gb: u64,
+    },
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::WrongContent { content, wanted } => write!(
+                f,
+                "does not hold {} (content: {})",
+                wanted.as_str(),
+                if content.is_empty() {
+                    "none".to_string()
+                } else {
+                    content.join(",")
+                }
+            ),
+            Rejection::Inactive => f.write_str("is not active"),
+            Rejection::NotSelected => f.write_str("not selected by the selector"),
+            Rejection::SelectorFailed(e) => write!(f, "{e}"),
+            Rejection::TooSmall {
+                available,
+                needed_gb,
+            } => write!(
+                f,
+                "selected, but only {} GiB free of {needed_gb} GiB needed",
+                available / GIB
+            ),
+        }
+    }
+}
+
+/// The verdict on one node's storages: the chosen one (if any) and why each storage before it was
+/// passed over, in API order. Storages after the chosen one were not looked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageChoice {
+    pub chosen: Option<StorageSnapshot>,
+    pub rejected: Vec<(String, Rejection)>,
+}
+
+impl StorageChoice {
+    /// A selector that failed on a storage before one was chosen. Callers that act on the choice
+    /// treat it as a configuration error, so a broken selector is not hidden by a later storage.
+    pub fn selector_error(&self) -> Option<&SelectorError> {
+        self.rejected.iter().find_map(|(_, why)| match why {
+            Rejection::SelectorFailed(e) => Some(e),
+            _ => None,
+        })
+    }
+
+    /// Storages that hold the content and are active (selected or not), in API order.
+    pub fn usable(&self) -> impl Iterator<Item = &str> {
+        self.rejected
+            .iter()
+            .filter(|(_, why)| !matches!(why, Rejection::WrongContent { .. } | Rejection::Inactive))
+            .map(|(name, _)| name.as_str())
+            .chain(self.chosen.iter().map(|s| s.name.as_str()))
+    }
+}
+
+/// The first storage on `node` that takes `need`, with the reason for every storage before it.
+pub fn choose(node: &NodeSnapshot, need: &StorageNeed<'_>) -> StorageChoice {
+    let mut rejected = Vec::new();
+    for storage in &node.storages {
+        match judge(node, storage, need) {
+            None => {
+                return StorageChoice {
+                    chosen: Some(storage.clone()),
+                    rejected,
+                };
+            }
+            Some(why) => rejected.push((storage.name.clone(), why)),
+        }
+    }
+    StorageChoice {
+        chosen: None,
+        rejected,
+    }
+}
+
+fn judge(
+    node: &NodeSnapshot,
+    storage: &StorageSnapshot,
+    need: &StorageNeed<'_>,
+) -> Option<Rejection> {
+    if !storage.holds(need.content.as_str()) {
+        return Some(Rejection::WrongContent {
+            content: storage.content.clone(),
+            wanted: need.content,
+        });
+    }
+    if !storage.enabled || !storage.active {
+        return Some(Rejection::Inactive);
+    }
+    if let Some(selector) = need.selector {
+        match selector.matches(&storage.facts(&node.name)) {
+            Err(e) => return Some(Rejection::SelectorFailed(e)),
+            Ok(false) => return Some(Rejection::NotSelected),
+            Ok(true) => {}
+        }
+    }
+    if storage.available < need.size_gb.saturating_mul(GIB) {
+        return Some(Rejection::TooSmall {
+            available: storage.available,
+            needed_gb: need.size_gb,
+        });
+    }
+    None
+}
+
+/// Proxmox clones a template to another node only onto storage shared with it: a clone from
+/// `template_node` onto `storage` of `node` can work.
+pub fn clone_reaches(template_node: &str, node: &NodeSnapshot, storage: &str) -> bool {
+    template_node == node.name || node.storage(storage).is_some_and(|s| s.shared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn storage(name: &str, content: &[&str], available_gib: u64) -> StorageSnapshot {
+        StorageSnapshot {
+            name: name.into(),
+            storage_type: "lvmthin".into(),
+            content: content.iter().map(|c| c.to_string()).collect(),
+            enabled: true,
+            active: true,
+            shared: false,
+            available: available_gib * GIB,
+        }
+    }
+
+    fn node(storages: Vec<StorageSnapshot>) -> NodeSnapshot {
+        NodeSnapshot {
+            name: "pve1".into(),
+            online: true,
+            memory_used: 0,
+            memory_max: 8 * GIB,
+            vms: vec![],
+            storages,
+        }
+    }
+
+    fn sel(expr: &str) -> StorageSelector {
+        StorageSelector::new(expr).unwrap()
+    }
+
+    /// (case, storages, need, chosen, reasons of the storages before it)
+    type Case<'a> = (
+        &'a str,
+        Vec<StorageSnapshot>,
+        StorageNeed<'a>,
+        Option<&'a str>,
+        Vec<&'a str>,
+    );
+
+    #[test]
+    fn first_storage_that_fits_in_api_order() {
+        let any = sel("true");
+        let lvm = sel("name == \"local-lvm\"");
+        let ceph = sel("name == \"ceph\"");
+        let broken = sel("availableSpace - 1000000000000000u > 0u");
+        let dead = StorageSnapshot {
+            active: false,
+            ..storage("dead", &["images"], 500)
+        };
+        let standard = vec![
+            storage("local", &["iso", "backup"], 50),
+            dead.clone(),
+            storage("local-lvm", &["images", "rootdir"], 100),
+            storage("ceph", &["images"], 500),
+        ];
+        let nfs = sel("name == \"nfs\"");
+        let cases: Vec<Case<'_>> = vec![
+            (
+                "boot disk skips ISO-only and inactive storages",
+                standard.clone(),
+                StorageNeed::boot_disk(&any, 20),
+                Some("local-lvm"),
+                vec![
+                    "does not hold images (content: iso,backup)",
+                    "is not active",
+                ],
+            ),
+            (
+                "a later storage the selector names",
+                standard.clone(),
+                StorageNeed::boot_disk(&ceph, 20),
+                Some("ceph"),
+                vec![
+                    "does not hold images (content: iso,backup)",
+                    "is not active",
+                    "not selected by the selector",
+                ],
+            ),
+            (
+                "selected but too small",
+                standard.clone(),
+                StorageNeed::additional_disk(&lvm, 200),
+                None,
+                vec![
+                    "does not hold images (content: iso,backup)",
+                    "is not active",
+                    "selected, but only 100 GiB free of 200 GiB needed",
+                    "not selected by the selector",
+                ],
+            ),
+            (
+                "no storage matching",
+                standard.clone(),
+                StorageNeed::boot_disk(&nfs, 1),
+                None,
+                vec![
+                    "does not hold images (content: iso,backup)",
+                    "is not active",
+                    "not selected by the selector",
+                    "not selected by the selector",
+                ],
+            ),
+            (
+                "ISO without a selector takes the first ISO storage, whatever its room",
+                standard.clone(),
+                StorageNeed::iso(None),
+                Some("local"),
+                vec![],
+            ),
+            (
+                "ISO with a selector that matches no ISO storage",
+                standard.clone(),
+                StorageNeed::iso(Some(&lvm)),
+                None,
+                vec![
+                    "not selected by the selector",
+                    "does not hold iso (content: images)",
+                    "does not hold iso (content: images,rootdir)",
+                    "does not hold iso (content: images)",
+                ],
+            ),
+            (
+                "a node without storages",
+                vec![],
+                StorageNeed::boot_disk(&any, 1),
+                None,
+                vec![],
+            ),
+        ];
+        for (case, storages, need, chosen, reasons) in cases {
+            let choice = choose(&node(storages), &need);
+            assert_eq!(
+                choice.chosen.as_ref().map(|s| s.name.as_str()),
+                chosen,
+                "{case}"
+            );
+            let got: Vec<String> = choice.rejected.iter().map(|(_, w)| w.to_string()).collect();
+            assert_eq!(got, reasons, "{case}");
+        }
+        let failing = choose(&node(standard), &StorageNeed::boot_disk(&broken, 1));
+        assert!(failing.chosen.is_none());
+        assert!(failing.selector_error().is_some());
+    }
+
+    #[test]
+    fn usable_lists_the_storages_a_selector_could_have_taken() {
+        let n = node(vec![
+            storage("local", &["iso"], 50),
+            storage("a", &["images"], 5),
+        ]);
+        let iso = choose(&n, &StorageNeed::iso(Some(&sel("false"))));
+        assert_eq!(iso.usable().collect::<Vec<_>>(), ["local"]);
+    }
+
+    #[test]
+    fn a_clone_reaches_another_node_only_onto_shared_storage() {
+        let mut n = node(vec![storage("local-lvm", &["images"], 100)]);
+        n.storages.push(StorageSnapshot {
+            shared: true,
+            ..storage("nfs", &["images"], 100)
+        });
+        assert!(clone_reaches("pve1", &n, "local-lvm"), "same node");
+        assert!(
+            !clone_reaches("pve2", &n, "local-lvm"),
+            "local template elsewhere"
+        );
+        assert!(clone_reaches("pve2", &n, "nfs"));
+        assert!(!clone_reaches("pve2", &n, "missing"));
+    }
+}

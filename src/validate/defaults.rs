@@ -1,0 +1,119 @@
+//! The config's `defaults:` and `nodes:` against the cluster: the provider's health status.
+
+use std::fmt::Write as _;
+
+use serde_json::{Map, Value};
+
+use super::cluster::{ClusterView, check_cluster_inner};
+use super::gather::gather;
+use super::layers::{Layers, with_stand_ins};
+use super::report::{Finding, Outcome};
+use crate::config::ProviderConfig;
+use crate::pipeline::provider_data::ProviderDataSchema;
+use crate::proxmox::ProxmoxClient;
+
+/// The config's `defaults:` (with its `nodes:` overrides) against the cluster, pure. `defaults` may
+/// lack keys a machine class must have, so stand-ins fill them and checks of stand-ins are dropped:
+/// only what is actually set is judged.
+pub fn check_defaults_against(
+    schema: &ProviderDataSchema,
+    defaults: &Map<String, Value>,
+    nodes: &Map<String, Value>,
+    view: &ClusterView,
+) -> Vec<Finding> {
+    let (filled, stand_ins) = with_stand_ins(defaults);
+    let layers = Layers {
+        class_yaml: "{}",
+        defaults: &filled,
+        nodes,
+    };
+    let written = Layers {
+        class_yaml: "{}",
+        defaults,
+        nodes,
+    };
+    let data = match layers.resolve_on(schema, None) {
+        Ok(d) => d,
+        Err(problems) => {
+            return problems
+                .into_iter()
+                .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
+                .collect();
+        }
+    };
+    check_cluster_inner(schema, &layers, &written, &data, view, &stand_ins)
+}
+
+/// The longest health text [`check_defaults`] returns; Omni shows it in one line.
+pub(crate) const HEALTH_TEXT_MAX: usize = 480;
+
+/// The config's `defaults:` and `nodes:` checked against the live cluster, for the provider's health
+/// status: `None` when nothing is wrong (or nothing is set), else a short text naming the keys and
+/// nodes to fix. Only problems count; warnings (an offline node) do not make the provider unhealthy.
+pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Option<String> {
+    if config.defaults.is_empty() && config.nodes.is_empty() {
+        return None;
+    }
+    let schema = match ProviderDataSchema::new() {
+        Ok(s) => s.strict(config.strict),
+        Err(e) => return Some(e.to_string()),
+    };
+    let (filled, _) = with_stand_ins(&config.defaults);
+    let layers = Layers {
+        class_yaml: "{}",
+        defaults: &filled,
+        nodes: &config.nodes,
+    };
+    let data = match layers.resolve_on(&schema, None) {
+        Ok(d) => d,
+        Err(problems) => {
+            return Some(summarize(
+                problems
+                    .into_iter()
+                    .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message)),
+            ));
+        }
+    };
+    let view = match gather(pve, &data, &config.nodes).await {
+        Ok(v) => v,
+        Err(e) => {
+            return Some(format!(
+                "cannot check the config defaults against Proxmox: {e}"
+            ));
+        }
+    };
+    let findings = check_defaults_against(&schema, &config.defaults, &config.nodes, &view);
+    let problems: Vec<Finding> = findings
+        .into_iter()
+        .filter(|f| f.outcome == Outcome::Problem)
+        .collect();
+    (!problems.is_empty()).then(|| summarize(problems.into_iter()))
+}
+
+/// `provider config: KEY (on NODE): MESSAGE; ... and N more`, cut to [`HEALTH_TEXT_MAX`].
+pub(crate) fn summarize(problems: impl Iterator<Item = Finding>) -> String {
+    let all: Vec<String> = problems.map(|f| f.to_string()).collect();
+    let mut text = String::from("provider config: ");
+    let mut shown = 0;
+    for (i, p) in all.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "; " };
+        if text.len() + sep.len() + p.len() > HEALTH_TEXT_MAX && shown > 0 {
+            break;
+        }
+        text.push_str(sep);
+        text.push_str(p);
+        shown += 1;
+    }
+    if shown < all.len() {
+        let _ = write!(text, "; and {} more (run `validate`)", all.len() - shown);
+    }
+    if text.len() > HEALTH_TEXT_MAX + 40 {
+        let mut cut = HEALTH_TEXT_MAX;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}

@@ -1,0 +1,137 @@
+//! The reads, at the edge: one `/cluster/resources`, the bridges of the candidate nodes (in parallel),
+//! the PCI/USB resource mappings and the Proxmox VE version only when the data needs them.
+
+use serde_json::{Map, Value};
+
+use super::check_schema;
+use super::cluster::{ClusterView, candidate_nodes, check_cluster};
+use super::layers::Layers;
+use super::report::Report;
+use crate::model::ClusterSnapshot;
+use crate::pipeline::provider_data::{ProviderData, ProviderDataSchema, ha_failback_problem};
+use crate::proxmox::network::mapping::ResourceMapping;
+use crate::proxmox::network::{MappingKind, NetworkFilter};
+use crate::proxmox::types::NodeName;
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
+
+/// Reads what the checks need for `data`: `/cluster/resources`, the bridges of every online candidate
+/// node (in parallel), and the PCI/USB mappings when the data (or a node override) names devices.
+pub async fn gather(
+    pve: &ProxmoxClient,
+    data: &ProviderData,
+    config_nodes: &Map<String, Value>,
+) -> Result<ClusterView, ProxmoxError> {
+    let resources = pve.cluster_resources(None).await?;
+    let cluster = ClusterSnapshot::from_resources(&resources);
+    let online: Vec<NodeName> = candidate_nodes(data, &cluster)
+        .into_iter()
+        .filter(|(_, online)| *online)
+        .filter_map(|(n, _)| NodeName::new(n).ok())
+        .collect();
+    let answers = futures_util::future::join_all(
+        online
+            .iter()
+            .map(|node| async move { (node.to_string(), bridges(pve, node).await) }),
+    )
+    .await;
+    let uses = |key: &str, list_empty: bool| {
+        !list_empty
+            || config_nodes.values().any(|v| {
+                v.get(key)
+                    .is_some_and(|l| l.as_array().is_some_and(|a| !a.is_empty()))
+            })
+    };
+    let pci_mappings = if uses("pci_devices", data.pci_devices.is_empty()) {
+        Some(mappings(pve, MappingKind::Pci).await)
+    } else {
+        None
+    };
+    let usb_mappings = if uses("usb_devices", data.usb_devices.is_empty()) {
+        Some(mappings(pve, MappingKind::Usb).await)
+    } else {
+        None
+    };
+    let pve_version = if needs_version(data) {
+        Some(
+            pve.version()
+                .await
+                .map(|v| v.version)
+                .map_err(|e| e.to_string()),
+        )
+    } else {
+        None
+    };
+    Ok(ClusterView {
+        resources,
+        bridges: answers.into_iter().collect(),
+        pci_mappings,
+        usb_mappings,
+        pve_version,
+    })
+}
+
+/// Bridges and SDN VNets of a node; Proxmox before 9.0 does not know `include_sdn` (a parameter error
+/// on `type`), so that refusal falls back to plain bridges.
+async fn bridges(pve: &ProxmoxClient, node: &NodeName) -> Result<Vec<String>, String> {
+    let list = match pve
+        .node_networks(node, Some(NetworkFilter::BridgesAndVnets))
+        .await
+    {
+        Err(ProxmoxError::Api {
+            status: 400,
+            field_errors,
+            ..
+        }) if field_errors.contains_key("type") => {
+            pve.node_networks(node, Some(NetworkFilter::AnyBridge))
+                .await
+        }
+        other => other,
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(list
+        .into_iter()
+        .filter(|i| i.is_guest_bridge())
+        .map(|i| i.iface)
+        .collect())
+}
+
+async fn mappings(pve: &ProxmoxClient, kind: MappingKind) -> Result<Vec<ResourceMapping>, String> {
+    pve.resource_mappings(kind).await.map_err(|e| e.to_string())
+}
+
+/// The whole check of one machine class's provider data: schema, then (if that passes) the cluster.
+/// `Err` only when the cluster cannot be read.
+pub async fn validate_class(
+    pve: &ProxmoxClient,
+    schema: &ProviderDataSchema,
+    layers: &Layers<'_>,
+) -> Result<Report, ProxmoxError> {
+    let (mut findings, data) = check_schema(schema, layers);
+    if let Some(data) = data {
+        let view = gather(pve, &data, layers.nodes).await?;
+        findings.extend(check_cluster(schema, layers, &data, &view));
+    }
+    Ok(Report::new(findings))
+}
+
+/// Whether `data` uses a key that only some Proxmox VE releases accept.
+pub(crate) fn needs_version(data: &ProviderData) -> bool {
+    data.ha.as_ref().is_some_and(|ha| ha.failback.is_some())
+}
+
+/// Before provisioning: a key the cluster's Proxmox VE release does not accept (`ha.failback` before
+/// PVE 9), as a sentence; `None` when all is well or the version cannot be read (Proxmox then
+/// answers for itself when the key is sent).
+pub async fn release_problem(pve: &ProxmoxClient, data: &ProviderData) -> Option<String> {
+    if !needs_version(data) {
+        return None;
+    }
+    let version = match pve.version().await {
+        Ok(v) => v.version,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the Proxmox VE version");
+            return None;
+        }
+    };
+    ha_failback_problem(data, &version).map(|p| p.to_string())
+}

@@ -1,0 +1,114 @@
+//! Where a value comes from: the class's YAML over the config's `nodes:` and `defaults:`, so each
+//! finding names the key where the user must change it.
+
+use serde_json::{Map, Value, json};
+
+use crate::config::ProviderConfig;
+use crate::pipeline::provider_data::{Problem, ProviderData, ProviderDataSchema};
+
+/// Where the provider data comes from: the class's YAML over the config's `nodes:` and `defaults:`.
+#[derive(Debug, Clone, Copy)]
+pub struct Layers<'a> {
+    pub class_yaml: &'a str,
+    pub defaults: &'a Map<String, Value>,
+    pub nodes: &'a Map<String, Value>,
+}
+
+impl<'a> Layers<'a> {
+    pub fn new(class_yaml: &'a str, config: &'a ProviderConfig) -> Self {
+        Self {
+            class_yaml,
+            defaults: &config.defaults,
+            nodes: &config.nodes,
+        }
+    }
+
+    pub(crate) fn node_override(&self, node: &str) -> Option<&'a Map<String, Value>> {
+        self.nodes.get(node).and_then(Value::as_object)
+    }
+
+    /// The provider data as it would be on `node` (its override applied), or the problems.
+    pub(crate) fn resolve_on(
+        &self,
+        schema: &ProviderDataSchema,
+        node: Option<&str>,
+    ) -> Result<ProviderData, Vec<Problem>> {
+        let over = node.and_then(|n| self.node_override(n).map(|m| (n, m)));
+        schema.resolve(self.class_yaml, over, self.defaults)
+    }
+}
+
+/// Which layer a key's value comes from, for the key path of a finding.
+pub(crate) struct Origin<'a, 'b> {
+    pub layers: &'b Layers<'a>,
+    pub stand_ins: &'b [&'b str],
+}
+
+impl Origin<'_, '_> {
+    fn class_has(&self, key: &str) -> bool {
+        ProviderDataSchema::class_map(self.layers.class_yaml)
+            .map(|m| m.contains_key(key))
+            .unwrap_or(false)
+    }
+
+    /// `key` as the user must change it: in the class, under `nodes.<node>.`, or under `defaults.`.
+    pub(crate) fn key(&self, key: &str, node: Option<&str>) -> String {
+        if self.class_has(key) {
+            return key.to_string();
+        }
+        if let Some(n) = node
+            && self
+                .layers
+                .node_override(n)
+                .is_some_and(|m| m.contains_key(key))
+        {
+            return format!("nodes.{n}.{key}");
+        }
+        if self.layers.defaults.contains_key(key) {
+            return format!("defaults.{key}");
+        }
+        key.to_string()
+    }
+
+    /// True when the value is a stand-in (checking `defaults:`, the key is set nowhere real).
+    pub(crate) fn is_stand_in(&self, key: &str, node: Option<&str>) -> bool {
+        self.stand_ins.contains(&key)
+            && !self.class_has(key)
+            && !node
+                .and_then(|n| self.layers.node_override(n))
+                .is_some_and(|m| m.contains_key(key))
+            && !self.layers.defaults.contains_key(key)
+    }
+}
+
+/// Values that satisfy the schema for the keys a machine class must set, used when `defaults:` leaves
+/// them out; findings about them are dropped.
+fn required_stand_in(key: &str) -> Option<Value> {
+    match key {
+        "cores" => Some(json!(1)),
+        "memory" => Some(json!(2048)),
+        "disk_size" => Some(json!(5)),
+        "storage_selector" => Some(json!("true")),
+        _ => None,
+    }
+}
+
+const REQUIRED: [&str; 4] = ["cores", "memory", "disk_size", "storage_selector"];
+
+/// Keys whose built-in default a machine class usually relies on; checked for `defaults:` only when
+/// set there (or in a node override).
+const CHECKED_ONLY_WHEN_SET: [&str; 2] = ["network_bridge", "iso_storage_selector"];
+
+pub(crate) fn with_stand_ins(
+    defaults: &Map<String, Value>,
+) -> (Map<String, Value>, Vec<&'static str>) {
+    let mut filled = defaults.clone();
+    let mut stand_ins: Vec<&'static str> = CHECKED_ONLY_WHEN_SET.to_vec();
+    for key in REQUIRED {
+        if let Some(value) = required_stand_in(key).filter(|_| !defaults.contains_key(key)) {
+            filled.insert(key.to_string(), value);
+            stand_ins.push(key);
+        }
+    }
+    (filled, stand_ins)
+}

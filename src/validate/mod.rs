@@ -1,0 +1,104 @@
+//! Checking a machine class's provider data (or the config's `defaults:`) before it is used.
+//!
+//! The official provider finds out that a storage selector matches nothing, a bridge is missing or a
+//! template is not a template only when it creates a VM, on whichever node it picked, and then shows
+//! "Provisioning" forever. Here the same data goes through the schema and the pipeline's rules, then
+//! through the live cluster, node by node for every node placement could choose, and every finding is
+//! reported with the key to change and the node it concerns.
+//!
+//! The decisions are pure ([`check_schema`], [`check_cluster`], [`check_defaults_against`]): they take
+//! parsed data and a [`ClusterView`] and return findings, so they are tested without a network. They
+//! do not re-derive placement: which node is considered, whether memory fits and which storage takes
+//! a disk or an ISO are the verdicts of [`crate::rules`], the same functions the pipeline acts on,
+//! rendered here with the key to change. The reads ([`gather`]) are at the edge: one
+//! `/cluster/resources`, the bridges of the candidate nodes (in parallel), and the PCI/USB resource
+//! mappings only when the data uses them. The `validate` command and the provider's health check
+//! ([`check_defaults`]) share all of it.
+
+mod cluster;
+mod defaults;
+mod gather;
+mod layers;
+mod node;
+mod report;
+#[cfg(test)]
+mod tests;
+
+use serde_json::Value;
+
+pub use cluster::{ClusterView, candidate_nodes, check_cluster};
+pub use defaults::{check_defaults, check_defaults_against};
+pub use gather::{gather, release_problem, validate_class};
+pub use layers::Layers;
+pub use report::{Finding, Outcome, Report};
+
+use crate::config::ProviderConfig;
+use crate::pipeline::provider_data::{ProviderData, ProviderDataSchema};
+
+/// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
+/// overrides). `Ok` carries the data as it is before any per-node override, for the cluster checks.
+pub fn check_schema(
+    schema: &ProviderDataSchema,
+    layers: &Layers<'_>,
+) -> (Vec<Finding>, Option<ProviderData>) {
+    let overrides = schema.check_config_overrides(layers.defaults, layers.nodes);
+    let mut findings: Vec<Finding> = overrides
+        .problems
+        .into_iter()
+        .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
+        .chain(
+            overrides
+                .warnings
+                .into_iter()
+                .map(|p| Finding::new(Outcome::Warning, p.key, None, p.message)),
+        )
+        .collect();
+    // The class's own warnings (those of `defaults:` and `nodes:` came with the overrides above),
+    // also when the class fails: an ignored misspelling often explains a missing key.
+    if let Ok(class) = ProviderDataSchema::class_map(layers.class_yaml) {
+        findings.extend(
+            schema
+                .check_layer("", &Value::Object(class))
+                .warnings
+                .into_iter()
+                .map(|w| Finding::new(Outcome::Warning, w.key, None, w.message)),
+        );
+    }
+    match layers.resolve_on(schema, None) {
+        Ok(data) => {
+            if !findings.iter().any(|f| f.outcome == Outcome::Problem) {
+                findings.push(Finding::new(
+                    Outcome::Pass,
+                    "provider_data",
+                    None,
+                    "matches the schema and the pipeline's rules".into(),
+                ));
+            }
+            (findings, Some(data))
+        }
+        Err(problems) => {
+            findings.extend(
+                problems
+                    .into_iter()
+                    .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message)),
+            );
+            findings.push(Finding::new(
+                Outcome::Skipped,
+                "cluster",
+                None,
+                "not checked against the cluster until the problems above are fixed".into(),
+            ));
+            (findings, None)
+        }
+    }
+}
+
+/// The config file's own warnings (unknown keys, a token and a password both set), as findings to
+/// show before the provider data's.
+pub fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
+    config
+        .warnings
+        .iter()
+        .map(|w| Finding::new(Outcome::Warning, "config", None, w.clone()))
+        .collect()
+}

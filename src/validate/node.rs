@@ -1,0 +1,334 @@
+//! One node placement could choose, with the data resolved as it would be there (its `nodes:`
+//! override applied): storages, boot image, bridges and passthrough devices. The storage verdicts
+//! are those of [`crate::rules::storage::choose`] and [`placement::boot_disk_storage`], rendered with
+//! the reason for every storage passed over.
+
+use super::cluster::ClusterCheck;
+use super::report::{Finding, Outcome};
+use crate::model::{GIB, NodeSnapshot, StorageSnapshot};
+use crate::pipeline::provider_data::{BootMode, ProviderData};
+use crate::pipeline::storage_selector::StorageSelector;
+use crate::proxmox::network::mapping::ResourceMapping;
+use crate::rules::placement::{self, LeftOut, Reservations};
+use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
+
+/// Checks `node` into `out`; returns placement's memory verdict there, or `None` when the data does
+/// not even resolve on this node (those problems are in `out`).
+pub(crate) fn check_node(
+    check: &ClusterCheck<'_>,
+    node: &NodeSnapshot,
+    template_node: Option<&str>,
+    out: &mut Vec<Finding>,
+) -> Option<Result<u64, LeftOut>> {
+    let here = match check.layers.resolve_on(check.schema, Some(&node.name)) {
+        Ok(d) => d,
+        Err(problems) => {
+            out.extend(
+                problems
+                    .into_iter()
+                    .map(|p| Finding::new(Outcome::Problem, p.key, Some(&node.name), p.message)),
+            );
+            return None;
+        }
+    };
+    let request = check.class.request(&here);
+    let main = placement::boot_disk_storage(node, &request);
+    disk_findings(check, node, &here, &main, out);
+    boot_image_findings(check, node, &here, template_node, main.chosen.as_ref(), out);
+    network_findings(check, node, &here, out);
+    device_findings(check, node, &here, out);
+    Some(placement::memory_fit(
+        node,
+        &request,
+        &Reservations::default(),
+    ))
+}
+
+/// The boot disk (with the additional disks, as placement wants them) and each additional disk.
+fn disk_findings(
+    check: &ClusterCheck<'_>,
+    node: &NodeSnapshot,
+    here: &ProviderData,
+    main: &StorageChoice,
+    out: &mut Vec<Finding>,
+) {
+    let n = node.name.as_str();
+    let origin = &check.origin;
+    if !origin.is_stand_in("storage_selector", Some(n)) {
+        let mut finding = storage_finding(
+            origin.key("storage_selector", Some(n)),
+            n,
+            Some(&here.storage_selector),
+            here.total_disk_gb(),
+            main,
+            Content::VmDisks,
+        );
+        if check.data.node.is_none() && main.chosen.is_none() {
+            finding.message.push_str(&format!(
+                " (placement would skip {n}; fix the selector, add a `nodes.{n}.storage_selector` override, or leave {n} out of `allowed_nodes`)"
+            ));
+        }
+        out.push(finding);
+    }
+    for (i, disk) in here.additional_disks.iter().enumerate() {
+        let choice = storage::choose(
+            node,
+            &StorageNeed::additional_disk(&disk.storage_selector, disk.size_gb),
+        );
+        out.push(storage_finding(
+            format!(
+                "{}[{i}].storage_selector",
+                origin.key("additional_disks", Some(n))
+            ),
+            n,
+            Some(&disk.storage_selector),
+            disk.size_gb,
+            &choice,
+            Content::VmDisks,
+        ));
+    }
+}
+
+/// ISO storage for boot mode `iso`; for `clone`, whether the template reaches this node.
+fn boot_image_findings(
+    check: &ClusterCheck<'_>,
+    node: &NodeSnapshot,
+    here: &ProviderData,
+    template_node: Option<&str>,
+    main_storage: Option<&StorageSnapshot>,
+    out: &mut Vec<Finding>,
+) {
+    let n = node.name.as_str();
+    let origin = &check.origin;
+    match here.boot {
+        BootMode::Iso if !origin.is_stand_in("iso_storage_selector", Some(n)) => {
+            let selector = here.iso_storage_selector.as_ref();
+            let choice = storage::choose(node, &StorageNeed::iso(selector));
+            out.push(storage_finding(
+                origin.key("iso_storage_selector", Some(n)),
+                n,
+                selector,
+                0,
+                &choice,
+                Content::IsoImages,
+            ));
+        }
+        BootMode::Iso => {}
+        BootMode::Clone => {
+            let (Some(template_node), Some(storage)) = (template_node, main_storage) else {
+                return;
+            };
+            if !storage::clone_reaches(template_node, node, &storage.name) {
+                out.push(Finding::new(
+                    Outcome::Problem,
+                    origin.key("template", Some(n)),
+                    Some(n),
+                    format!(
+                        "the template is on {template_node}, and Proxmox clones to another node only onto shared storage ({} is local to {n}); keep a copy of the template on {n}, limit the class with `node`/`allowed_nodes`, or select a shared storage with storage_selector",
+                        storage.name
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// The chosen storage, or why each storage on the node was passed over.
+fn storage_finding(
+    key: String,
+    node: &str,
+    selector: Option<&StorageSelector>,
+    need_gb: u64,
+    choice: &StorageChoice,
+    content: Content,
+) -> Finding {
+    let what = content.describe();
+    if let Some(s) = &choice.chosen {
+        let message = if need_gb > 0 {
+            format!(
+                "{what} go to {} ({} GiB free, {need_gb} GiB needed)",
+                s.name,
+                s.available / GIB
+            )
+        } else {
+            format!("{what} go to {}", s.name)
+        };
+        return Finding::new(Outcome::Pass, key, Some(node), message);
+    }
+    let reasons = if choice.rejected.is_empty() {
+        "the node reports no storages".to_string()
+    } else {
+        choice
+            .rejected
+            .iter()
+            .map(|(s, why)| format!("{s}: {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let matched = match selector {
+        Some(sel) => format!("`{}` matches no", sel.expression()),
+        None => "there is no".to_string(),
+    };
+    let room = if need_gb > 0 {
+        format!(" with {need_gb} GiB free")
+    } else {
+        String::new()
+    };
+    Finding::new(
+        Outcome::Problem,
+        key,
+        Some(node),
+        format!("{matched} active storage for {what} on {node}{room}: {reasons}"),
+    )
+}
+
+/// The bridges of the NICs, when the node's bridges could be read.
+fn network_findings(
+    check: &ClusterCheck<'_>,
+    node: &NodeSnapshot,
+    here: &ProviderData,
+    out: &mut Vec<Finding>,
+) {
+    let n = node.name.as_str();
+    let origin = &check.origin;
+    let mut wanted = Vec::new();
+    if !origin.is_stand_in("network_bridge", Some(n)) {
+        wanted.push((
+            origin.key("network_bridge", Some(n)),
+            here.network_bridge.to_string(),
+        ));
+    }
+    for (i, nic) in here.additional_nics.iter().enumerate() {
+        wanted.push((
+            format!("{}[{i}].bridge", origin.key("additional_nics", Some(n))),
+            nic.bridge.to_string(),
+        ));
+    }
+    match check.view.bridges.get(n) {
+        None => {}
+        Some(Err(why)) => out.push(Finding::new(
+            Outcome::Warning,
+            origin.key("network_bridge", Some(n)),
+            Some(n),
+            format!("bridges not checked: {why}"),
+        )),
+        Some(Ok(bridges)) => {
+            for (key, bridge) in wanted {
+                out.push(if bridges.iter().any(|b| b == &bridge) {
+                    Finding::new(
+                        Outcome::Pass,
+                        key,
+                        Some(n),
+                        format!("bridge {bridge} exists"),
+                    )
+                } else {
+                    Finding::new(
+                        Outcome::Problem,
+                        key,
+                        Some(n),
+                        format!(
+                            "bridge {bridge:?} does not exist on {n}; its bridges: {}",
+                            list_or_none(bridges)
+                        ),
+                    )
+                });
+            }
+        }
+    }
+}
+
+/// PCI and USB passthrough: the resource mappings must exist and have a device on this node.
+fn device_findings(
+    check: &ClusterCheck<'_>,
+    node: &NodeSnapshot,
+    here: &ProviderData,
+    out: &mut Vec<Finding>,
+) {
+    let n = node.name.as_str();
+    let keyed = |list: &str, ids: Vec<String>| -> Vec<(String, String)> {
+        ids.into_iter()
+            .enumerate()
+            .map(|(i, id)| {
+                (
+                    format!("{}[{i}].mapping", check.origin.key(list, Some(n))),
+                    id,
+                )
+            })
+            .collect()
+    };
+    let pci = keyed(
+        "pci_devices",
+        here.pci_devices
+            .iter()
+            .map(|d| d.mapping.to_string())
+            .collect(),
+    );
+    let usb = keyed(
+        "usb_devices",
+        here.usb_devices
+            .iter()
+            .map(|d| d.mapping.to_string())
+            .collect(),
+    );
+    check_mappings(out, n, "PCI", &pci, check.view.pci_mappings.as_ref());
+    check_mappings(out, n, "USB", &usb, check.view.usb_mappings.as_ref());
+}
+
+fn check_mappings(
+    out: &mut Vec<Finding>,
+    node: &str,
+    kind: &str,
+    wanted: &[(String, String)],
+    known: Option<&Result<Vec<ResourceMapping>, String>>,
+) {
+    if wanted.is_empty() {
+        return;
+    }
+    let Some(known) = known else {
+        return;
+    };
+    for (key, id) in wanted {
+        match known {
+            Err(why) => out.push(Finding::new(
+                Outcome::Skipped,
+                key.clone(),
+                Some(node),
+                format!("{kind} resource mappings not checked: {why}"),
+            )),
+            Ok(list) => match list.iter().find(|m| &m.id == id) {
+                None => out.push(Finding::new(
+                    Outcome::Problem,
+                    key.clone(),
+                    Some(node),
+                    format!(
+                        "{kind} resource mapping {id:?} does not exist (Datacenter > Resource Mappings); existing: {}",
+                        list_or_none(&list.iter().map(|m| m.id.clone()).collect::<Vec<_>>())
+                    ),
+                )),
+                Some(m) if !m.nodes().iter().any(|n| n == node) => out.push(Finding::new(
+                    Outcome::Problem,
+                    key.clone(),
+                    Some(node),
+                    format!(
+                        "{kind} resource mapping {id:?} has no device on {node} (it has: {})",
+                        list_or_none(&m.nodes())
+                    ),
+                )),
+                Some(_) => out.push(Finding::new(
+                    Outcome::Pass,
+                    key.clone(),
+                    Some(node),
+                    format!("{kind} resource mapping {id} has a device here"),
+                )),
+            },
+        }
+    }
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
+    }
+}

@@ -1,0 +1,133 @@
+//! What the checks found, and how it is shown to people and scripts.
+
+use std::fmt::{self, Write as _};
+
+use serde::Serialize;
+
+/// How one check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Fine.
+    Pass,
+    /// Could not be checked (the cluster does not offer the data); says why.
+    Skipped,
+    /// Worth knowing, but provisioning can work (a candidate node is offline, ...).
+    Warning,
+    /// Provisioning would fail (or fail on some node): fix the key named.
+    Problem,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Pass => "ok",
+            Outcome::Skipped => "skip",
+            Outcome::Warning => "warn",
+            Outcome::Problem => "FAIL",
+        }
+    }
+}
+
+/// One result: which key, on which node, and what was found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub outcome: Outcome,
+    /// The key to change, with the layer it came from: `storage_selector`,
+    /// `additional_disks[0].storage_selector`, `nodes.pve2.network_bridge`, `defaults.template`.
+    pub key: String,
+    /// The node the finding is about, when it is about one.
+    pub node: Option<String>,
+    pub message: String,
+}
+
+impl Finding {
+    pub(crate) fn new(
+        outcome: Outcome,
+        key: impl Into<String>,
+        node: Option<&str>,
+        message: String,
+    ) -> Self {
+        Self {
+            outcome,
+            key: key.into(),
+            node: node.map(str::to_owned),
+            message,
+        }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.node {
+            Some(node) => write!(f, "{} (on {node}): {}", self.key, self.message),
+            None => write!(f, "{}: {}", self.key, self.message),
+        }
+    }
+}
+
+/// Everything found, in check order. `ok` is false when there is at least one problem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub ok: bool,
+    pub problems: usize,
+    pub warnings: usize,
+    pub findings: Vec<Finding>,
+}
+
+impl Report {
+    pub fn new(findings: Vec<Finding>) -> Self {
+        let count = |o| findings.iter().filter(|f| f.outcome == o).count();
+        let problems = count(Outcome::Problem);
+        Self {
+            ok: problems == 0,
+            problems,
+            warnings: count(Outcome::Warning),
+            findings,
+        }
+    }
+
+    pub fn problems(&self) -> impl Iterator<Item = &Finding> {
+        self.findings
+            .iter()
+            .filter(|f| f.outcome == Outcome::Problem)
+    }
+
+    /// The report for people: one line per finding, then a verdict.
+    pub fn render_text(&self) -> String {
+        let key_width = self
+            .findings
+            .iter()
+            .map(|f| f.key.chars().count())
+            .max()
+            .unwrap_or(0);
+        let node_width = self
+            .findings
+            .iter()
+            .map(|f| f.node.as_deref().unwrap_or("-").chars().count())
+            .max()
+            .unwrap_or(0);
+        let mut out = String::new();
+        for f in &self.findings {
+            let _ = writeln!(
+                out,
+                "{:<4}  {:<key_width$}  {:<node_width$}  {}",
+                f.outcome.label(),
+                f.key,
+                f.node.as_deref().unwrap_or("-"),
+                f.message
+            );
+        }
+        out.push('\n');
+        if self.ok {
+            let _ = writeln!(out, "OK: no problems found ({} warning(s)).", self.warnings);
+        } else {
+            let _ = writeln!(
+                out,
+                "{} problem(s), {} warning(s): fix the keys marked FAIL before using this provider data.",
+                self.problems, self.warnings
+            );
+        }
+        out
+    }
+}

@@ -1,0 +1,454 @@
+//! The checks against a fixed cluster, without a network.
+
+use serde_json::{Map, Value, json};
+
+use super::defaults::{HEALTH_TEXT_MAX, summarize};
+use super::gather::needs_version;
+use super::*;
+use crate::config::ProviderConfig;
+use crate::pipeline::provider_data::ProviderDataSchema;
+use crate::proxmox::ProxmoxClient;
+use crate::proxmox::types::ClusterResource;
+
+/// pve1 (online, 6 GiB free, local-lvm + iso storage, vmbr0/vmbr1), pve2 (online, 1 GiB free,
+/// local-lvm only, vmbr0), pve3 offline; template 9000 on pve1, VM 100 on pve2.
+fn view() -> ClusterView {
+    let resources: Vec<ClusterResource> = serde_json::from_value(json!([
+        {"type":"node","node":"pve1","status":"online","mem":2147483648u64,"maxmem":8589934592u64},
+        {"type":"node","node":"pve2","status":"online","mem":7516192768u64,"maxmem":8589934592u64},
+        {"type":"node","node":"pve3","status":"offline"},
+        {"type":"qemu","vmid":9000,"node":"pve1","name":"talos","template":1},
+        {"type":"qemu","vmid":100,"node":"pve2","name":"web"},
+        {"type":"storage","storage":"local","node":"pve1","content":"iso,backup","status":"available","disk":0,"maxdisk":107374182400u64,"plugintype":"dir"},
+        {"type":"storage","storage":"local-lvm","node":"pve1","content":"images,rootdir","status":"available","disk":0,"maxdisk":107374182400u64,"plugintype":"lvmthin"},
+        {"type":"storage","storage":"local-lvm","node":"pve2","content":"images,rootdir","status":"available","disk":0,"maxdisk":10737418240u64,"plugintype":"lvmthin"}
+    ]))
+    .unwrap();
+    ClusterView {
+        resources,
+        bridges: [
+            ("pve1".to_string(), Ok(vec!["vmbr0".into(), "vmbr1".into()])),
+            ("pve2".to_string(), Ok(vec!["vmbr0".into()])),
+        ]
+        .into(),
+        pci_mappings: None,
+        usb_mappings: None,
+        pve_version: None,
+    }
+}
+
+fn run(class: &str, defaults: Value, nodes: Value) -> Report {
+    let schema = ProviderDataSchema::new().unwrap();
+    let defaults = defaults.as_object().unwrap().clone();
+    let nodes = nodes.as_object().unwrap().clone();
+    let layers = Layers {
+        class_yaml: class,
+        defaults: &defaults,
+        nodes: &nodes,
+    };
+    let (mut findings, data) = check_schema(&schema, &layers);
+    if let Some(data) = data {
+        findings.extend(check_cluster(&schema, &layers, &data, &view()));
+    }
+    Report::new(findings)
+}
+
+fn problem<'a>(r: &'a Report, key: &str, node: Option<&str>) -> Option<&'a Finding> {
+    r.problems()
+        .find(|f| f.key == key && f.node.as_deref() == node)
+}
+
+const BASE: &str =
+    "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\n";
+
+#[test]
+fn unknown_keys_are_warnings_with_a_suggestion_and_the_class_still_passes() {
+    let r = run(
+        &format!("{BASE}disk_sise: 5\n"),
+        json!({"coers": 2}),
+        json!({"pve1": {"network_bridg": "vmbr1"}}),
+    );
+    assert!(r.ok, "{}", r.render_text());
+    let warned: Vec<(&str, &str)> = r
+        .findings
+        .iter()
+        .filter(|f| f.outcome == Outcome::Warning)
+        .map(|f| (f.key.as_str(), f.message.as_str()))
+        .collect();
+    assert_eq!(warned.len(), 3, "{warned:?}");
+    for (key, hint) in [
+        ("defaults.coers", "`cores`"),
+        ("nodes.pve1.network_bridg", "`network_bridge`"),
+        ("disk_sise", "`disk_size`"),
+    ] {
+        assert!(
+            warned
+                .iter()
+                .any(|(k, m)| *k == key && m.contains(&format!("did you mean {hint}?"))),
+            "{key}: {warned:?}"
+        );
+    }
+    assert!(r.render_text().contains("warn"), "{}", r.render_text());
+    let config = ProviderConfig::parse(
+        "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\n  urll: x\n",
+    )
+    .unwrap();
+    let found = config_file_findings(&config);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].outcome, Outcome::Warning);
+    assert!(
+        found[0].message.contains("did you mean `url`?"),
+        "{found:?}"
+    );
+}
+
+/// pve-ha-manager src/PVE/HA/Resources.pm: `failback` exists on HA resources only from 5.0.2
+/// (PVE 9); PVE 8 answers 400, after the VM was already created and started. Refuse up front.
+#[test]
+fn ha_failback_is_a_problem_on_a_pve_8_cluster() {
+    let schema = ProviderDataSchema::new().unwrap();
+    let class = format!("{BASE}ha:\n  state: started\n  failback: true\n");
+    let (empty, nodes) = (Map::new(), Map::new());
+    let layers = Layers {
+        class_yaml: &class,
+        defaults: &empty,
+        nodes: &nodes,
+    };
+    let (_, data) = check_schema(&schema, &layers);
+    let data = data.unwrap();
+    assert!(needs_version(&data));
+    let on = |version: Option<Result<String, String>>| {
+        let mut v = view();
+        v.pve_version = version;
+        Report::new(check_cluster(&schema, &layers, &data, &v))
+    };
+    let r = on(Some(Ok("8.4.1".into())));
+    let f = problem(&r, "ha.failback", None).expect("a problem");
+    assert!(
+        f.message.contains("8.4.1") && f.message.contains("Proxmox VE 9"),
+        "{f}"
+    );
+    assert!(problem(&on(Some(Ok("9.0.10".into()))), "ha.failback", None).is_none());
+    let r = on(Some(Err("timeout".into())));
+    assert!(
+        r.findings
+            .iter()
+            .any(|f| f.key == "ha.failback" && f.outcome == Outcome::Skipped)
+    );
+}
+
+/// Provisioning asks `GET /version` before anything is created, and only when `ha.failback` is
+/// set; on PVE 8 the request is refused naming the version instead of failing at HA registration.
+#[tokio::test]
+async fn release_problem_reads_the_version_only_for_failback() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/api2/json/version"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"data": {"version": "8.4.1", "release": "8.4", "repoid": "abc"}}),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let config = ProviderConfig::parse(&format!(
+        "proxmox:\n  url: {}\n  tokenID: a@pve!t\n  tokenSecret: s\n",
+        server.uri()
+    ))
+    .unwrap();
+    let pve = ProxmoxClient::new(&config.proxmox).unwrap();
+    let schema = ProviderDataSchema::new().unwrap();
+    let resolve = |yaml: String| schema.resolve(&yaml, None, &Map::new()).unwrap();
+    let plain = resolve(format!("{BASE}ha:\n  state: started\n"));
+    assert_eq!(release_problem(&pve, &plain).await, None);
+    let failback = resolve(format!("{BASE}ha:\n  failback: false\n"));
+    let problem = release_problem(&pve, &failback).await.expect("refused");
+    assert!(
+        problem.starts_with("ha.failback: needs Proxmox VE 9"),
+        "{problem}"
+    );
+    assert!(problem.contains("8.4.1"), "{problem}");
+}
+
+#[test]
+fn strict_mode_fails_unknown_keys() {
+    let schema = ProviderDataSchema::new().unwrap().strict(true);
+    let class = format!("{BASE}disk_sise: 5\n");
+    let (empty, nodes) = (Map::new(), Map::new());
+    let layers = Layers {
+        class_yaml: &class,
+        defaults: &empty,
+        nodes: &nodes,
+    };
+    let (findings, data) = check_schema(&schema, &layers);
+    assert!(data.is_none());
+    let r = Report::new(findings);
+    assert!(
+        problem(&r, "disk_sise", None).is_some(),
+        "{}",
+        r.render_text()
+    );
+}
+
+#[test]
+fn a_good_pinned_class_passes() {
+    let r = run(BASE, json!({}), json!({}));
+    assert!(r.ok, "{}", r.render_text());
+    assert_eq!(r.warnings, 0);
+    assert!(r.render_text().contains("OK: no problems found"));
+}
+
+#[test]
+fn storage_reasons_are_given_per_storage() {
+    let r = run(
+        &BASE
+            .replace("node: pve1\n", "node: pve2\n")
+            .replace("disk_size: 5", "disk_size: 50"),
+        json!({}),
+        json!({}),
+    );
+    let f = problem(&r, "storage_selector", Some("pve2")).expect("too small on pve2");
+    assert!(
+        f.message
+            .contains("local-lvm: selected, but only 10 GiB free of 50 GiB needed"),
+        "{f}"
+    );
+    // No ISO storage on pve2 for boot mode iso.
+    let f = problem(&r, "iso_storage_selector", Some("pve2")).expect("no ISO storage");
+    assert!(
+        f.message
+            .starts_with("there is no active storage for ISO images on pve2"),
+        "{f}"
+    );
+}
+
+#[test]
+fn spread_checks_every_online_candidate_and_warns_for_offline_ones() {
+    let class = BASE.replace("node: pve1\n", "");
+    let r = run(&class, json!({}), json!({}));
+    assert!(problem(&r, "iso_storage_selector", Some("pve2")).is_some());
+    assert!(r.findings.iter().any(|f| f.outcome == Outcome::Warning
+        && f.node.as_deref() == Some("pve3")
+        && f.message.contains("offline")));
+    // Limited to pve1: fine.
+    let r = run(
+        &format!("{class}allowed_nodes: [pve1]\n"),
+        json!({}),
+        json!({}),
+    );
+    assert!(r.ok, "{}", r.render_text());
+}
+
+#[test]
+fn memory_must_fit_somewhere_and_a_tight_node_is_a_warning() {
+    let class = BASE.replace(
+        "node: pve1\n",
+        "allowed_nodes: [pve1, pve2]\niso_storage_selector: \"true\"\n",
+    );
+    let r = run(
+        &class.replace("memory: 2048", "memory: 4096"),
+        json!({}),
+        json!({}),
+    );
+    assert!(problem(&r, "memory", None).is_none(), "{}", r.render_text());
+    assert!(r.findings.iter().any(|f| f.outcome == Outcome::Warning
+        && f.key == "memory"
+        && f.node.as_deref() == Some("pve2")));
+    let r = run(
+        &class.replace("memory: 2048", "memory: 16384"),
+        json!({}),
+        json!({}),
+    );
+    let f = problem(&r, "memory", None).expect("fits nowhere");
+    assert!(f.message.contains("pve1 6144 MiB, pve2 1024 MiB"), "{f}");
+}
+
+#[test]
+fn keys_name_the_layer_the_value_came_from() {
+    let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nnode: pve1\n";
+    let r = run(
+        class,
+        json!({"storage_selector": "name == \"local-lvm\""}),
+        json!({"pve1": {"network_bridge": "vmbr9"}, "pve7": {"cores": 2}}),
+    );
+    assert!(
+        problem(&r, "nodes.pve1.network_bridge", Some("pve1")).is_some(),
+        "{}",
+        r.render_text()
+    );
+    assert!(
+        r.findings
+            .iter()
+            .any(|f| f.key == "defaults.storage_selector" && f.outcome == Outcome::Pass)
+    );
+    assert!(
+        r.findings
+            .iter()
+            .any(|f| f.key == "nodes.pve7" && f.outcome == Outcome::Warning)
+    );
+}
+
+#[test]
+fn unknown_bridges_and_mappings_are_not_guessed() {
+    let mut v = view();
+    v.bridges
+        .insert("pve1".into(), Err("permission denied".into()));
+    v.pci_mappings = Some(Err("501 not implemented".into()));
+    let schema = ProviderDataSchema::new().unwrap();
+    let empty = Map::new();
+    let class = format!("{BASE}pci_devices:\n  - mapping: gpu\n");
+    let layers = Layers {
+        class_yaml: &class,
+        defaults: &empty,
+        nodes: &empty,
+    };
+    let (_, data) = check_schema(&schema, &layers);
+    let findings = check_cluster(&schema, &layers, &data.unwrap(), &v);
+    let r = Report::new(findings);
+    assert!(r.ok, "{}", r.render_text());
+    assert!(
+        r.findings
+            .iter()
+            .any(|f| f.outcome == Outcome::Warning && f.message.contains("permission denied"))
+    );
+    assert!(
+        r.findings
+            .iter()
+            .any(|f| f.outcome == Outcome::Skipped && f.key == "pci_devices[0].mapping")
+    );
+}
+
+#[test]
+fn defaults_are_judged_only_on_what_they_set() {
+    let schema = ProviderDataSchema::new().unwrap();
+    let empty = Map::new();
+    let check = |defaults: Value| {
+        check_defaults_against(&schema, defaults.as_object().unwrap(), &empty, &view())
+            .into_iter()
+            .filter(|f| f.outcome == Outcome::Problem)
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+    };
+    // Nothing set that could be wrong: no ISO, bridge, memory or storage findings.
+    assert_eq!(check(json!({"cores": 4})), Vec::<String>::new());
+    let problems = check(json!({"storage_selector": "name == \"ceph\""}));
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems[0].starts_with("defaults.storage_selector (on pve1)"),
+        "{problems:?}"
+    );
+    let problems = check(json!({"boot": "clone", "template": 4242}));
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.starts_with("defaults.template: template 4242 not found")),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn health_text_is_short() {
+    let many = (0..40).map(|i| {
+        Finding::new(
+            Outcome::Problem,
+            format!("additional_disks[{i}].storage_selector"),
+            Some("pve1"),
+            "x".repeat(60),
+        )
+    });
+    let text = summarize(many);
+    assert!(text.len() < HEALTH_TEXT_MAX + 60, "{}", text.len());
+    assert!(text.contains("more (run `validate`)"), "{text}");
+}
+
+/// `validate` and the pipeline's placement must agree: the nodes validate says placement would skip
+/// are exactly the nodes `rules::placement::pick` leaves out (besides those outside `allowed_nodes`),
+/// and the storage validate names on the chosen node is the one placement picks.
+#[test]
+fn validate_and_placement_give_the_same_verdict() {
+    use std::collections::BTreeSet;
+
+    use crate::model::ClusterSnapshot;
+    use crate::rules::placement::{self, LeftOut, PlacementError, PlacementReason, Reservations};
+
+    let schema = ProviderDataSchema::new().unwrap();
+    // As `view()`, but pve2 has 4 GiB free.
+    let mut view = view();
+    view.resources = serde_json::from_value(json!([
+        {"type":"node","node":"pve1","status":"online","mem":2147483648u64,"maxmem":8589934592u64},
+        {"type":"node","node":"pve2","status":"online","mem":4294967296u64,"maxmem":8589934592u64},
+        {"type":"node","node":"pve3","status":"offline"},
+        {"type":"storage","storage":"local","node":"pve1","content":"iso,backup","status":"available","disk":0,"maxdisk":107374182400u64,"plugintype":"dir"},
+        {"type":"storage","storage":"local-lvm","node":"pve1","content":"images,rootdir","status":"available","disk":0,"maxdisk":107374182400u64,"plugintype":"lvmthin"},
+        {"type":"storage","storage":"local-lvm","node":"pve2","content":"images,rootdir","status":"available","disk":0,"maxdisk":10737418240u64,"plugintype":"lvmthin"}
+    ]))
+    .unwrap();
+    let base =
+        "cores: 1\nstorage_selector: name == \"local-lvm\"\niso_storage_selector: \"true\"\n";
+    let classes = [
+        // pve2 is short of memory, pve3 offline: pve1.
+        format!("{base}memory: 6000\ndisk_size: 5\n"),
+        // pve2's local-lvm is too small: pve1.
+        format!("{base}memory: 2048\ndisk_size: 50\n"),
+        // Only pve2 allowed, and it fits.
+        format!("{base}memory: 2048\ndisk_size: 5\nallowed_nodes: [pve2]\n"),
+        // Only pve2 allowed, and its disk is too small: nothing fits.
+        format!("{base}memory: 2048\ndisk_size: 50\nallowed_nodes: [pve2]\n"),
+        // pve2 short of memory and disk, pve3 allowed but offline: pve1.
+        format!("{base}memory: 5000\ndisk_size: 20\nallowed_nodes: [pve1, pve2, pve3]\n"),
+    ];
+    let cluster = ClusterSnapshot::from_resources(&view.resources);
+    let (empty, nodes) = (Map::new(), Map::new());
+    for class in &classes {
+        let layers = Layers {
+            class_yaml: class,
+            defaults: &empty,
+            nodes: &nodes,
+        };
+        let data = schema.resolve(class, None, &empty).unwrap();
+        let report = Report::new(check_cluster(&schema, &layers, &data, &view));
+        let facts = super::cluster::ClassPlacement::new(&data);
+        let request = facts.request(&data);
+        let placed = placement::pick(&cluster, &request, &Reservations::default());
+        let rejected = match &placed {
+            Ok(p) => match &p.reason {
+                PlacementReason::Automatic { rejected, .. } => rejected.clone(),
+                PlacementReason::Pinned => Vec::new(),
+            },
+            Err(PlacementError::NothingFits { rejected }) => rejected.clone(),
+            Err(e) => panic!("{class}: {e}"),
+        };
+        let left_out: BTreeSet<String> = rejected
+            .into_iter()
+            .filter(|(_, why)| *why != LeftOut::NotAllowed)
+            .map(|(node, _)| node)
+            .collect();
+        let skipped: BTreeSet<String> = report
+            .findings
+            .iter()
+            .filter(|f| {
+                (f.outcome == Outcome::Warning
+                    && (f.key == "memory" || f.message.contains("offline")))
+                    || f.message.contains("placement would skip")
+            })
+            .filter_map(|f| f.node.clone())
+            .collect();
+        assert_eq!(skipped, left_out, "{class}\n{}", report.render_text());
+        assert!(!left_out.is_empty() || placed.is_ok(), "{class}");
+        if let Ok(p) = placed {
+            let chosen = report
+                .findings
+                .iter()
+                .find(|f| f.key == "storage_selector" && f.node.as_deref() == Some(&p.node))
+                .expect("a storage finding on the chosen node");
+            assert_eq!(chosen.outcome, Outcome::Pass, "{class}");
+            assert!(
+                chosen
+                    .message
+                    .starts_with(&format!("VM disks go to {} ", p.storage)),
+                "{class}: {chosen}"
+            );
+        }
+    }
+}
