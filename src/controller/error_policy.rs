@@ -180,6 +180,8 @@ fn step_kind(e: &StepError) -> ErrorKind {
         // Provider data that cannot work, or a cluster without what the class names (a template,
         // an ISO storage, room on any node): a person changes the class or the cluster.
         StepError::Config(_) | StepError::Cluster(_) => ErrorKind::NeedsHuman,
+        // No room anywhere right now: VMs going away or a node coming back make room.
+        StepError::Capacity(_) => ErrorKind::WaitingOnCluster,
     }
 }
 
@@ -370,6 +372,20 @@ mod tests {
                 secs(60..=60),
                 None,
                 "",
+            ),
+            row(
+                ReconcileError::Step {
+                    step: Step::PickNode,
+                    source: StepError::Capacity(
+                        "no node can take this VM: pve1: 1024 MiB free memory, 4096 MiB needed"
+                            .into(),
+                    ),
+                },
+                WaitingOnCluster,
+                secs(5..=5),
+                secs(120..=120),
+                Some(Stage::Provisioning),
+                "Waiting in pick_node for the cluster",
             ),
             row(
                 in_step(Step::CreateVm, transient(Some(595), "No route to host")),

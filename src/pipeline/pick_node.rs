@@ -42,7 +42,13 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         .services
         .ledgers
         .with_reservations(|reservations| placement::pick(&cluster, &request, reservations))
-        .map_err(|e| StepError::Cluster(e.to_string()))?;
+        .map_err(|e| {
+            if e.may_heal() {
+                StepError::Capacity(e.to_string())
+            } else {
+                StepError::Cluster(e.to_string())
+            }
+        })?;
     tracing::info!(
         request = %ctx.request.id,
         node = %choice.node,

@@ -162,6 +162,10 @@ pub enum StepError {
     /// The cluster is not in a state where the step can succeed (no template, no ISO storage, ...).
     #[error("{0}")]
     Cluster(String),
+    /// The cluster has no room for the VM right now (nodes offline, memory or storage short) but may
+    /// make room by itself: waited for, not a failure someone must fix.
+    #[error("{0}")]
+    Capacity(String),
 }
 
 impl StepError {

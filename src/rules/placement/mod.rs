@@ -190,6 +190,35 @@ pub enum PlacementError {
     Selector(#[from] SelectorError),
 }
 
+impl PlacementError {
+    /// Whether the cluster may make room by itself (a node comes back, VMs go away, a storage fills
+    /// less), as opposed to a class that names what does not exist or cannot match. The first is
+    /// waited for; the second needs someone to change the class or the cluster.
+    pub fn may_heal(&self) -> bool {
+        match self {
+            PlacementError::PinnedNodeOffline { .. } => true,
+            PlacementError::PinnedNodeNoStorage { reason, .. } => reason.may_heal(),
+            PlacementError::NothingFits { rejected } => {
+                rejected.iter().any(|(_, why)| why.may_heal())
+            }
+            PlacementError::PinnedNodeMissing { .. } | PlacementError::Selector(_) => false,
+        }
+    }
+}
+
+impl LeftOut {
+    /// Whether the node could take the VM later without anyone changing the class.
+    pub fn may_heal(&self) -> bool {
+        match self {
+            LeftOut::NotAllowed => false,
+            LeftOut::Offline | LeftOut::MemoryShort { .. } => true,
+            LeftOut::NoStorage { rejected, .. } => rejected
+                .iter()
+                .any(|(_, why)| matches!(why, Rejection::Inactive | Rejection::TooSmall { .. })),
+        }
+    }
+}
+
 fn describe_rejections(rejected: &[(String, LeftOut)]) -> String {
     if rejected.is_empty() {
         return "the cluster reports no nodes".to_string();

@@ -471,3 +471,68 @@ fn six_requests_of_one_set_spread_two_per_node() {
     }
     assert_eq!(counts.into_values().collect::<Vec<_>>(), vec![2, 2, 2]);
 }
+
+/// Room that may come back (a node offline, memory or space short) is waited for; a class that
+/// names what is not there or cannot match needs someone to change it.
+#[test]
+fn placement_failures_say_whether_they_may_heal() {
+    use super::{LeftOut, PlacementError};
+    use crate::rules::storage::Rejection;
+    let no_storage = |why: Rejection| LeftOut::NoStorage {
+        need_gb: 10,
+        selector: "true".into(),
+        rejected: vec![("local-lvm".into(), why)],
+    };
+    let cases = [
+        (
+            PlacementError::PinnedNodeOffline {
+                node: "pve1".into(),
+            },
+            true,
+        ),
+        (
+            PlacementError::PinnedNodeMissing {
+                node: "pve9".into(),
+                existing: vec!["pve1".into()],
+            },
+            false,
+        ),
+        (
+            PlacementError::NothingFits {
+                rejected: vec![(
+                    "pve1".into(),
+                    LeftOut::MemoryShort {
+                        free_memory: 1,
+                        needed_mb: 4096,
+                    },
+                )],
+            },
+            true,
+        ),
+        (
+            PlacementError::NothingFits {
+                rejected: vec![("pve1".into(), LeftOut::NotAllowed)],
+            },
+            false,
+        ),
+        (
+            PlacementError::NothingFits {
+                rejected: vec![("pve1".into(), no_storage(Rejection::NotSelected))],
+            },
+            false,
+        ),
+        (
+            PlacementError::PinnedNodeNoStorage {
+                node: "pve1".into(),
+                reason: no_storage(Rejection::TooSmall {
+                    available: 0,
+                    needed_gb: 10,
+                }),
+            },
+            true,
+        ),
+    ];
+    for (error, heals) in cases {
+        assert_eq!(error.may_heal(), heals, "{error}");
+    }
+}
