@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::did_you_mean;
+use crate::pipeline::provider_data::ConfigLayers;
 use crate::secret::Secret;
 
 /// Everything in the config file, validated.
@@ -35,6 +36,9 @@ pub struct ProviderConfig {
     pub defaults: Map<String, Value>,
     /// `nodes:`: per-node provider-data overrides, applied after the node is chosen.
     pub nodes: Map<String, Value>,
+    /// `defaults:` and `nodes:` read into typed provider-data layers once, here, so that resolving a
+    /// request's provider data only reads the machine class.
+    pub layers: ConfigLayers,
     /// `strict: true`: unknown keys (here and in provider data) are errors, not warnings.
     pub strict: bool,
     /// What was ignored or chosen for the user (unknown keys, a token and a password both set): logged
@@ -168,6 +172,7 @@ impl ProviderConfig {
         match (proxmox, found.problems.is_empty()) {
             (Some(proxmox), true) => Ok(Self {
                 proxmox,
+                layers: ConfigLayers::read(&defaults, &nodes),
                 defaults,
                 nodes,
                 strict: found.strict,

@@ -111,7 +111,7 @@ impl Settings {
         let path = args.config_file.as_ref().ok_or(RunError::NoConfigFile)?;
         let config = ProviderConfig::load(path)?;
         let schema = ProviderDataSchema::new()?.strict(config.strict);
-        let problems = schema.validate_config_overrides(&config.defaults, &config.nodes);
+        let problems = schema.check_config(&config.layers).problems;
         if !problems.is_empty() {
             return Err(format!(
                 "config file {}: {}",
@@ -214,8 +214,7 @@ pub async fn run_with(
     for warning in &settings.config.warnings {
         tracing::warn!("config file: {warning}");
     }
-    let overrides =
-        schema.check_config_overrides(&settings.config.defaults, &settings.config.nodes);
+    let overrides = schema.check_config(&settings.config.layers);
     for warning in &overrides.warnings {
         tracing::warn!("config file: {warning}");
     }

@@ -313,12 +313,8 @@ impl Services {
         request: &RequestInfo,
         node: Option<&str>,
     ) -> Result<ProviderData, StepError> {
-        let override_map = node.and_then(|n| match self.config.nodes.get(n) {
-            Some(serde_json::Value::Object(m)) => Some((n, m)),
-            _ => None,
-        });
         self.schema
-            .resolve(&request.provider_data, override_map, &self.config.defaults)
+            .resolve_with(&request.provider_data, node, &self.config.layers)
             .map_err(|problems| {
                 StepError::Config(format!("invalid provider data: {}", describe(&problems)))
             })

@@ -1,0 +1,160 @@
+//! The typed provider data the pipeline works from, every default filled in, and the enums its keys
+//! choose between.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::Problem;
+use crate::pipeline::storage_selector::StorageSelector;
+use crate::proxmox::property::{
+    BridgeName, CpuType, DiskOptions, HostPci, Hugepages, NodeName, PoolId, Tag, Usb, Vga, VlanTag,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PlacementStrategy {
+    #[default]
+    Spread,
+    FewerVms,
+    RoundRobin,
+    Binpack,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineType {
+    Q35,
+    I440fx,
+}
+
+impl MachineType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachineType::Q35 => "q35",
+            MachineType::I440fx => "pc",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Bios {
+    #[default]
+    Seabios,
+    Ovmf,
+}
+
+impl Bios {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bios::Seabios => "seabios",
+            Bios::Ovmf => "ovmf",
+        }
+    }
+}
+
+/// How the VM gets Talos.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BootMode {
+    /// Boot the Image Factory nocloud ISO (upstream behaviour).
+    #[default]
+    Iso,
+    /// Clone a template.
+    Clone,
+}
+
+/// The template to clone: by VMID or by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateRef {
+    VmId(u32),
+    Name(String),
+}
+
+impl fmt::Display for TemplateRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TemplateRef::VmId(id) => write!(f, "{id}"),
+            TemplateRef::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+/// `ha:` (Proxmox HA resource), kept as given; HA registration reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HaSettings {
+    pub state: Option<String>,
+    pub comment: Option<String>,
+    pub max_restart: Option<u32>,
+    pub max_relocate: Option<u32>,
+    pub failback: Option<bool>,
+    pub rules: Vec<String>,
+    pub node_affinity_nodes: Vec<NodeName>,
+    pub node_affinity_strict: bool,
+    pub resource_affinity: Option<String>,
+}
+
+/// `additional_nics[]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdditionalNic {
+    pub bridge: BridgeName,
+    pub vlan: Option<VlanTag>,
+    /// Default false (upstream: storage networks usually bypass the firewall).
+    pub firewall: bool,
+}
+
+/// `additional_disks[]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdditionalDisk {
+    pub size_gb: u64,
+    pub storage_selector: StorageSelector,
+    pub options: DiskOptions,
+}
+
+/// Validated provider data with every default filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderData {
+    pub cores: u32,
+    pub sockets: u32,
+    pub memory_mb: u64,
+    pub disk_size_gb: u64,
+    pub storage_selector: StorageSelector,
+    pub node: Option<NodeName>,
+    pub placement_strategy: PlacementStrategy,
+    pub network_bridge: BridgeName,
+    pub vlan: Option<VlanTag>,
+    pub network_firewall: bool,
+    pub disk: DiskOptions,
+    pub cpu_type: CpuType,
+    pub machine_type: Option<MachineType>,
+    pub bios: Bios,
+    pub vga: Option<Vga>,
+    pub numa: bool,
+    pub hugepages: Option<Hugepages>,
+    /// `Some(false)` turns the balloon device off; `None` leaves Proxmox's default.
+    pub balloon: Option<bool>,
+    pub pool: Option<PoolId>,
+    pub tags: Vec<Tag>,
+    pub ha: Option<HaSettings>,
+    pub additional_nics: Vec<AdditionalNic>,
+    pub usb_devices: Vec<Usb>,
+    pub pci_devices: Vec<HostPci>,
+    pub additional_disks: Vec<AdditionalDisk>,
+    pub boot: BootMode,
+    pub template: Option<TemplateRef>,
+    pub allowed_nodes: Vec<NodeName>,
+    pub iso_storage_selector: Option<StorageSelector>,
+    /// Zero turns IP discovery off.
+    pub ip_discovery_timeout: Duration,
+    /// Keys that were ignored (unknown ones, each with a suggestion when one is close): not fatal, as
+    /// with the official provider, but shown in the machine's status, the log and `validate`.
+    pub warnings: Vec<Problem>,
+}
+
+impl ProviderData {
+    /// Disk space the VM needs on its main storage: boot disk plus additional disks, in GB.
+    pub fn total_disk_gb(&self) -> u64 {
+        self.disk_size_gb.saturating_add(
+            self.additional_disks
+                .iter()
+                .map(|d| d.size_gb)
+                .fold(0, u64::saturating_add),
+        )
+    }
+}

@@ -1,0 +1,439 @@
+//! Provider data comes in layers: the machine class over the chosen node's `nodes.<name>:` override
+//! over the config's `defaults:`. Each layer is read into typed [`Settings`] on its own, with what is
+//! wrong in it, once: the config's layers when the config is loaded, the class when it is used. The
+//! effective data takes each top-level key whole from the highest layer that writes it (`ha` and lists
+//! are replaced, never merged), and a finding about a value is reported under the path of the layer it
+//! came from (`nodes.pve2.network_bridge`, `defaults.cores`).
+
+use std::collections::BTreeSet;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::data::{
+    AdditionalDisk, AdditionalNic, Bios, BootMode, HaSettings, MachineType, PlacementStrategy,
+    TemplateRef,
+};
+use super::keys::{self, Place};
+use super::{LayerCheck, Problem, json_kind, read};
+use crate::did_you_mean;
+use crate::pipeline::storage_selector::StorageSelector;
+use crate::proxmox::property::{
+    BridgeName, CpuType, DiskAio, DiskCache, HostPci, Hugepages, NodeName, PoolId, Tag, Usb, Vga,
+    VlanTag,
+};
+
+/// Declares [`Settings`], one optional field per top-level key, named as the key.
+macro_rules! settings {
+    ($($key:ident: $ty:ty,)*) => {
+        /// What one layer (or the layers together) sets, typed. `None`: not written, or written wrong
+        /// (the problem is among the layer's findings).
+        #[derive(Debug, Clone, Default)]
+        pub(super) struct Settings {
+            $(pub $key: Option<$ty>,)*
+        }
+
+        impl Settings {
+            /// The keys of the fields, in order; a test holds them to the declared top-level keys.
+            #[cfg(test)]
+            pub const KEYS: &[&str] = &[$(stringify!($key)),*];
+
+            /// Each key from the first of `layers` (highest precedence first) that writes it.
+            fn layered(layers: &[&Layer]) -> Self {
+                let from = |key: &str| layers.iter().find(|l| l.writes(key));
+                Self {
+                    $($key: from(stringify!($key)).and_then(|l| l.settings.$key.clone()),)*
+                }
+            }
+        }
+    };
+}
+
+settings! {
+    cores: u32,
+    sockets: u32,
+    memory: u64,
+    disk_size: u64,
+    storage_selector: StorageSelector,
+    node: NodeName,
+    placement_strategy: PlacementStrategy,
+    network_bridge: BridgeName,
+    vlan: Option<VlanTag>,
+    network_firewall: bool,
+    disk_ssd: bool,
+    disk_discard: bool,
+    disk_iothread: bool,
+    disk_cache: DiskCache,
+    disk_aio: DiskAio,
+    cpu_type: CpuType,
+    machine_type: MachineType,
+    bios: Bios,
+    vga: Vga,
+    numa: bool,
+    hugepages: Hugepages,
+    balloon: bool,
+    pool: PoolId,
+    tags: Vec<Tag>,
+    ha: HaSettings,
+    additional_nics: Vec<AdditionalNic>,
+    usb_devices: Vec<Usb>,
+    pci_devices: Vec<HostPci>,
+    additional_disks: Vec<AdditionalDisk>,
+    boot: BootMode,
+    template: TemplateRef,
+    allowed_nodes: Vec<NodeName>,
+    iso_storage_selector: StorageSelector,
+    ip_discovery_timeout: Duration,
+}
+
+/// When a finding was made; findings are reported in this order, as one reading of the merged
+/// document would: the schema's, the missing required keys, each key as it is read, then the rules
+/// between keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Phase {
+    Schema,
+    Required,
+    Read,
+    Rules,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Note {
+    Problem(String),
+    /// A key the provider does not know: ignored with a warning, as the official provider ignores it
+    /// silently, or refused when the config says `strict: true`. `hint` is the "did you mean".
+    Unknown {
+        hint: String,
+    },
+}
+
+/// One finding, its path relative to the layer (`additional_disks[1].disk_size`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Finding {
+    pub phase: Phase,
+    pub path: String,
+    pub note: Note,
+}
+
+impl Finding {
+    /// The top-level key the finding is about, which decides the layer it is reported from.
+    fn top(&self) -> &str {
+        top_key(&self.path)
+    }
+}
+
+fn top_key(path: &str) -> &str {
+    path.split(['.', '[']).next().unwrap_or_default()
+}
+
+/// Collects the findings of one reading.
+pub(super) struct Findings {
+    pub list: Vec<Finding>,
+    pub phase: Phase,
+}
+
+impl Findings {
+    pub fn new(phase: Phase) -> Self {
+        Self {
+            list: Vec::new(),
+            phase,
+        }
+    }
+
+    pub fn push(&mut self, path: &str, message: String) {
+        self.list.push(Finding {
+            phase: self.phase,
+            path: path.to_string(),
+            note: Note::Problem(message),
+        });
+    }
+
+    pub fn unknown_key(&mut self, path: &str, key: &str, known: &[&str]) {
+        self.list.push(Finding {
+            phase: self.phase,
+            path: path.to_string(),
+            note: Note::Unknown {
+                hint: did_you_mean::hint(key, known),
+            },
+        });
+    }
+}
+
+/// Problems (one per key path: the schema and the typed reading would otherwise both complain about
+/// a mistyped value) and warnings, with their layer's path.
+#[derive(Default)]
+pub(super) struct Report {
+    pub problems: Vec<Problem>,
+    pub warnings: Vec<Problem>,
+}
+
+impl Report {
+    pub fn add(&mut self, prefix: &str, finding: &Finding, strict: bool) {
+        let key = if finding.path.is_empty() {
+            prefix.trim_end_matches('.').to_string()
+        } else {
+            format!("{prefix}{}", finding.path)
+        };
+        match &finding.note {
+            Note::Problem(message) => self.problem(key, message.clone()),
+            Note::Unknown { hint } if strict => self.problem(
+                key,
+                format!("is not a known key{hint} (refused because the provider config has `strict: true`)"),
+            ),
+            Note::Unknown { hint } => self.warnings.push(Problem {
+                key,
+                message: format!("is not a known key and is ignored{hint}"),
+            }),
+        }
+    }
+
+    fn problem(&mut self, key: String, message: String) {
+        if !self.problems.iter().any(|p| p.key == key) {
+            self.problems.push(Problem { key, message });
+        }
+    }
+
+    pub fn into_check(self) -> LayerCheck {
+        LayerCheck {
+            problems: self.problems,
+            warnings: self.warnings,
+        }
+    }
+}
+
+/// The schema the declarations generate, compiled once for the process.
+static VALIDATOR: LazyLock<Result<jsonschema::Validator, String>> = LazyLock::new(|| {
+    let schema = serde_json::to_value(super::schema::schema()).map_err(|e| e.to_string())?;
+    jsonschema::validator_for(&schema).map_err(|e| e.to_string())
+});
+
+/// Compiles the schema (if not yet), for a start-up error instead of a finding on every layer.
+pub(super) fn validator_ready() -> Result<(), String> {
+    VALIDATOR.as_ref().map(|_| ()).map_err(Clone::clone)
+}
+
+fn schema_findings(value: &Value, findings: &mut Findings) {
+    let validator = match VALIDATOR.as_ref() {
+        Ok(v) => v,
+        Err(e) => {
+            findings.push("", format!("the provider-data JSON schema is invalid: {e}"));
+            return;
+        }
+    };
+    for error in validator.iter_errors(value) {
+        let key = pointer_to_key(error.instance_path().as_str());
+        if let jsonschema::error::ValidationErrorKind::Required { property } = error.kind() {
+            let property = property.as_str().unwrap_or_default();
+            let key = if key.is_empty() {
+                property.to_string()
+            } else {
+                format!("{key}.{property}")
+            };
+            findings.push(&key, "is required here".to_string());
+            continue;
+        }
+        findings.push(&key, error.to_string());
+    }
+}
+
+/// `/additional_disks/1/disk_size` → `additional_disks[1].disk_size`.
+pub(super) fn pointer_to_key(pointer: &str) -> String {
+    let mut key = String::new();
+    for segment in pointer.split('/').skip(1) {
+        let segment = segment.replace("~1", "/").replace("~0", "~");
+        if !segment.is_empty() && segment.chars().all(|c| c.is_ascii_digit()) {
+            key.push_str(&format!("[{segment}]"));
+        } else {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(&segment);
+        }
+    }
+    key
+}
+
+/// One layer of provider data, read.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Layer {
+    /// The top-level keys written, `null` included: it still hides a lower layer's value.
+    written: BTreeSet<String>,
+    pub(super) settings: Settings,
+    findings: Vec<Finding>,
+    /// What the layer was instead of a mapping (`"a list"`), when it was not one.
+    not_a_mapping: Option<&'static str>,
+}
+
+impl Layer {
+    /// Reads one layer on its own: the schema, then each key (no required keys, no rules between
+    /// keys: those need every layer).
+    pub(super) fn read(map: &Map<String, Value>) -> Self {
+        let mut findings = Findings::new(Phase::Schema);
+        schema_findings(&Value::Object(map.clone()), &mut findings);
+        findings.phase = Phase::Read;
+        let settings = read::settings(map, &mut findings);
+        Self {
+            written: map.keys().cloned().collect(),
+            settings,
+            findings: findings.list,
+            not_a_mapping: None,
+        }
+    }
+
+    /// A layer as the config file gives it: a mapping, nothing (`null`), or a mistake.
+    pub(super) fn read_value(value: &Value) -> Self {
+        match value {
+            Value::Object(map) => Self::read(map),
+            Value::Null => Self::default(),
+            other => Self {
+                not_a_mapping: Some(json_kind(other)),
+                ..Self::default()
+            },
+        }
+    }
+
+    pub(super) fn writes(&self, key: &str) -> bool {
+        self.written.contains(key)
+    }
+
+    /// The written keys the provider does not know.
+    pub(super) fn unknown_keys(&self) -> impl Iterator<Item = &str> {
+        self.written
+            .iter()
+            .map(String::as_str)
+            .filter(|k| keys::get(Place::Top, k).is_none())
+    }
+
+    /// What is wrong with the layer on its own, under `prefix` (`nodes.pve2.`).
+    pub(super) fn check(&self, prefix: &str, strict: bool) -> LayerCheck {
+        let mut report = Report::default();
+        if let Some(kind) = self.not_a_mapping {
+            report.problem(
+                prefix.trim_end_matches('.').to_string(),
+                format!("must be a mapping of provider-data keys, not {kind}"),
+            );
+        }
+        for finding in &self.findings {
+            report.add(prefix, finding, strict);
+        }
+        report.into_check()
+    }
+}
+
+/// The layers of one request, highest precedence first, each with the path prefix its findings are
+/// reported under.
+pub(super) struct Stack<'a> {
+    layers: Vec<(String, &'a Layer)>,
+}
+
+impl<'a> Stack<'a> {
+    pub fn new(class: &'a Layer, node: Option<(&str, &'a Layer)>, defaults: &'a Layer) -> Self {
+        let mut layers = vec![(String::new(), class)];
+        if let Some((name, layer)) = node {
+            layers.push((format!("nodes.{name}."), layer));
+        }
+        layers.push(("defaults.".to_string(), defaults));
+        Self { layers }
+    }
+
+    /// The prefix of the layer `key`'s value comes from ("" when none writes it).
+    pub fn prefix_of(&self, key: &str) -> &str {
+        self.layers
+            .iter()
+            .find(|(_, l)| l.writes(top_key(key)))
+            .map_or("", |(p, _)| p.as_str())
+    }
+
+    pub fn writes(&self, key: &str) -> bool {
+        self.layers.iter().any(|(_, l)| l.writes(key))
+    }
+
+    /// Unknown keys written in any layer (each once), in name order.
+    pub fn unknown_keys(&self) -> BTreeSet<&str> {
+        self.layers
+            .iter()
+            .flat_map(|(_, l)| l.unknown_keys())
+            .collect()
+    }
+
+    pub fn settings(&self) -> Settings {
+        let layers: Vec<&Layer> = self.layers.iter().map(|(_, l)| *l).collect();
+        Settings::layered(&layers)
+    }
+
+    /// The findings of `phase` about the values that take effect (those of the highest layer writing
+    /// each key), in the order one reading of the merged document would make them.
+    pub fn findings(&self, phase: Phase) -> Vec<(&str, &Finding)> {
+        let mut out: Vec<(&str, &Finding)> = self
+            .layers
+            .iter()
+            .flat_map(|(prefix, layer)| {
+                layer
+                    .findings
+                    .iter()
+                    .filter(move |f| f.phase == phase && self.prefix_of(f.top()) == prefix)
+                    .map(move |f| (prefix.as_str(), f))
+            })
+            .collect();
+        // The schema reports keys in name order; reading goes through unknown keys (in name order),
+        // then the known ones in declaration order.
+        out.sort_by_key(|(_, f)| match phase {
+            Phase::Read => match keys::position(f.top()) {
+                usize::MAX => (0, 0, f.top().to_string()),
+                n => (1, n, String::new()),
+            },
+            _ => (0, 0, f.top().to_string()),
+        });
+        out
+    }
+}
+
+/// The provider config's `defaults:` and `nodes:`, read once when the config is loaded.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigLayers {
+    pub(super) defaults: Layer,
+    /// In the config's order.
+    nodes: Vec<(String, Layer)>,
+}
+
+impl ConfigLayers {
+    pub fn read(defaults: &Map<String, Value>, nodes: &Map<String, Value>) -> Self {
+        Self {
+            defaults: Layer::read(defaults),
+            nodes: nodes
+                .iter()
+                .map(|(name, value)| (name.clone(), Layer::read_value(value)))
+                .collect(),
+        }
+    }
+
+    /// The override of `node`, if the config has one.
+    pub(super) fn node(&self, node: &str) -> Option<&Layer> {
+        self.nodes.iter().find(|(n, _)| n == node).map(|(_, l)| l)
+    }
+
+    /// Problems and warnings of `defaults:` and every `nodes.<name>:`.
+    pub fn check(&self, strict: bool) -> LayerCheck {
+        let mut found = self.defaults.check("defaults.", strict);
+        for (node, layer) in &self.nodes {
+            let prefix = format!("nodes.{node}.");
+            if let Err(e) = NodeName::new(node.clone()) {
+                found.problems.push(Problem {
+                    key: format!("nodes.{node}"),
+                    message: e.to_string(),
+                });
+            }
+            let layer_found = layer.check(&prefix, strict);
+            found.problems.extend(layer_found.problems);
+            found.warnings.extend(layer_found.warnings);
+            for key in keys::at(Place::Top).filter(|k| !k.per_node && layer.writes(k.name)) {
+                found.problems.push(Problem {
+                    key: format!("{prefix}{}", key.name),
+                    message: "cannot be set per node: it decides which node is chosen; set it under `defaults:` or in the machine class".into(),
+                });
+            }
+        }
+        found
+    }
+}

@@ -1,0 +1,234 @@
+//! Provider data: the machine class's `provider_data` YAML, over the provider config's per-node
+//! `nodes:` overrides and `defaults:`, validated and turned into a typed [`ProviderData`].
+//!
+//! The official provider ignores unknown keys and compiles the storage selector only when it creates
+//! the VM, so mistakes surface late or never. Here every layer goes through the JSON schema (the same
+//! one Omni shows for machine classes), then through semantic checks (selectors compile and yield a
+//! bool, names are what Proxmox accepts, cross-field rules), and every problem is reported at once with
+//! its key path and how to fix it. Unknown keys are the exception: a class that works with the
+//! official provider must work here too, so they are warnings (with a "did you mean") carried in
+//! [`ProviderData::warnings`], unless the config asks for `strict: true`.
+//!
+//! - `keys.rs`, `nested_keys.rs`: one declaration per key; `schema.rs` generates the JSON schema and
+//!   the README table from them.
+//! - `read.rs`: one layer's keys, typed.
+//! - `layers.rs`: layers, their findings, and the config's `defaults:` / `nodes:` read once at load.
+//! - `effective.rs`: the layers merged, rules between keys, defaults filled in.
+
+mod data;
+mod effective;
+pub mod keys;
+mod layers;
+mod nested_keys;
+mod read;
+pub mod schema;
+
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+pub use data::{
+    AdditionalDisk, AdditionalNic, Bios, BootMode, HaSettings, MachineType, PlacementStrategy,
+    ProviderData, TemplateRef,
+};
+pub use layers::ConfigLayers;
+
+use layers::{Layer, Stack};
+
+/// The JSON schema registered with Omni (shown for machine classes); a test keeps it what the key
+/// declarations generate ([`schema::schema_text`]).
+pub const SCHEMA_JSON: &str = include_str!("../../../schema/provider-data.schema.json");
+
+/// Default bridge of the first NIC, as upstream.
+pub const DEFAULT_NETWORK_BRIDGE: &str = "vmbr0";
+/// Default CPU model, as upstream.
+pub const DEFAULT_CPU_TYPE: &str = "x86-64-v2-AES";
+/// Default time to wait for the guest agent to report an address.
+pub const DEFAULT_IP_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Tag prefixes the provider sets itself; user tags may not use them (placement and ownership checks
+/// count them).
+pub const RESERVED_TAG_PREFIXES: &[&str] = &["machine-request.", "omni-provider.", "omni-request."];
+
+/// One thing wrong with the provider data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Where: `memory`, `additional_disks[1].disk_size`, `nodes.pve2.network_bridge`.
+    pub key: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// Formats a list of problems as one message, one per line.
+pub fn describe(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(Problem::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The embedded schema could not be compiled (a bug caught by the tests).
+#[derive(Debug, thiserror::Error)]
+#[error("the provider-data JSON schema is invalid: {0}")]
+pub struct SchemaError(String);
+
+/// How provider data is checked: the compiled schema (shared by the process) and whether unknown keys
+/// are refused. Build once at start-up and share.
+pub struct ProviderDataSchema {
+    /// `strict: true` in the config: unknown keys are problems instead of warnings.
+    strict: bool,
+}
+
+/// What checking one layer (or the config's overrides) found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LayerCheck {
+    /// The layer cannot be used as it is.
+    pub problems: Vec<Problem>,
+    /// Ignored, but worth telling the user (unknown keys).
+    pub warnings: Vec<Problem>,
+}
+
+impl fmt::Debug for ProviderDataSchema {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProviderDataSchema")
+    }
+}
+
+impl ProviderDataSchema {
+    pub fn new() -> Result<Self, SchemaError> {
+        layers::validator_ready().map_err(SchemaError)?;
+        Ok(Self { strict: false })
+    }
+
+    /// With `true` (the config's `strict: true`), unknown keys are refused instead of ignored with a
+    /// warning.
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+
+    /// Parses a machine class's provider-data YAML into a map, or explains why it is not one.
+    pub fn class_map(yaml: &str) -> Result<Map<String, Value>, Vec<Problem>> {
+        let root = |message: String| {
+            vec![Problem {
+                key: "provider_data".into(),
+                message,
+            }]
+        };
+        match crate::yaml::from_str(yaml) {
+            Ok(Value::Null) => Ok(Map::new()),
+            Ok(Value::Object(map)) => Ok(map),
+            Ok(other) => Err(root(format!(
+                "must be a mapping of keys to values, not {}",
+                json_kind(&other)
+            ))),
+            Err(e) => Err(root(format!("is not valid YAML: {e}"))),
+        }
+    }
+
+    /// The provider data for one request from the config's layers as read at load: the class YAML
+    /// over `node`'s override (once the node is known) over `defaults:`.
+    pub fn resolve_with(
+        &self,
+        class_yaml: &str,
+        node: Option<&str>,
+        config: &ConfigLayers,
+    ) -> Result<ProviderData, Vec<Problem>> {
+        let class = Layer::read(&Self::class_map(class_yaml)?);
+        let node = node.and_then(|n| config.node(n).map(|layer| (n, layer)));
+        effective::resolve(&Stack::new(&class, node, &config.defaults), self.strict)
+    }
+
+    /// As [`Self::resolve_with`], from the layers as raw maps: the class YAML, the chosen node's
+    /// override (`(node name, override)`, once the node is known) and the config defaults. A problem
+    /// with a value that came from a lower layer is reported under that layer's key path
+    /// (`nodes.pve2.network_bridge`, `defaults.cores`).
+    pub fn resolve(
+        &self,
+        class_yaml: &str,
+        node_override: Option<(&str, &Map<String, Value>)>,
+        defaults: &Map<String, Value>,
+    ) -> Result<ProviderData, Vec<Problem>> {
+        let class = Layer::read(&Self::class_map(class_yaml)?);
+        let node = node_override.map(|(name, map)| (name, Layer::read(map)));
+        let defaults = Layer::read(defaults);
+        let node = node.as_ref().map(|(name, layer)| (*name, layer));
+        effective::resolve(&Stack::new(&class, node, &defaults), self.strict)
+    }
+
+    /// Validates and types one complete document: schema, unknown keys, semantics, required keys.
+    pub fn parse_merged(&self, merged: &Map<String, Value>) -> Result<ProviderData, Vec<Problem>> {
+        let layer = Layer::read(merged);
+        let none = Layer::default();
+        effective::resolve(&Stack::new(&layer, None, &none), self.strict)
+    }
+
+    /// Checks one layer on its own (no required keys): the machine class, `defaults`, or a node
+    /// override. `prefix` is put before every key path (e.g. `nodes.pve2.`).
+    pub fn check_layer(&self, prefix: &str, layer: &Value) -> LayerCheck {
+        Layer::read_value(layer).check(prefix, self.strict)
+    }
+
+    /// The problems of the provider config's `defaults:` and `nodes:`, checked at load time (see
+    /// [`Self::check_config_overrides`] for the warnings too).
+    pub fn validate_config_overrides(
+        &self,
+        defaults: &Map<String, Value>,
+        nodes: &Map<String, Value>,
+    ) -> Vec<Problem> {
+        self.check_config_overrides(defaults, nodes).problems
+    }
+
+    /// Checks the provider config's `defaults:` and `nodes:`: problems and warnings.
+    pub fn check_config_overrides(
+        &self,
+        defaults: &Map<String, Value>,
+        nodes: &Map<String, Value>,
+    ) -> LayerCheck {
+        self.check_config(&ConfigLayers::read(defaults, nodes))
+    }
+
+    /// Checks the config's layers as read at load: problems and warnings.
+    pub fn check_config(&self, layers: &ConfigLayers) -> LayerCheck {
+        layers.check(self.strict)
+    }
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+/// The first Proxmox VE major release whose HA resources have `failback` (pve-ha-manager 5.0.2, the
+/// PVE 9 series); older clusters answer 400 to it.
+pub const HA_FAILBACK_SINCE_PVE: u32 = 9;
+
+/// `ha.failback` on a cluster that does not know it, given `GET /version`'s `version` ("8.4.1"). A
+/// version that cannot be read is let through: Proxmox then says what it thinks.
+pub fn ha_failback_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
+    data.ha.as_ref()?.failback?;
+    let major: u32 = pve_version.split('.').next()?.trim().parse().ok()?;
+    (major < HA_FAILBACK_SINCE_PVE).then(|| Problem {
+        key: "ha.failback".into(),
+        message: format!(
+            "needs Proxmox VE {HA_FAILBACK_SINCE_PVE} or later; this cluster runs {pve_version}: remove `failback` (on PVE 8, set it on an HA group instead) or upgrade"
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,547 @@
+//! The provider-data reading, layering and rules, and the key declarations they read from.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+
+use super::keys::{self, Place};
+use super::layers::pointer_to_key;
+use super::*;
+use crate::proxmox::property::{DiskCache, Hugepages, NodeName, VlanTag};
+
+fn schema() -> ProviderDataSchema {
+    ProviderDataSchema::new().unwrap()
+}
+
+fn parse(yaml: &str) -> Result<ProviderData, Vec<Problem>> {
+    schema().resolve(yaml, None, &Map::new())
+}
+
+fn parse_strict(yaml: &str) -> Result<ProviderData, Vec<Problem>> {
+    schema().strict(true).resolve(yaml, None, &Map::new())
+}
+
+fn keys_of(problems: &[Problem]) -> Vec<&str> {
+    problems.iter().map(|p| p.key.as_str()).collect()
+}
+
+const MINIMAL: &str =
+    "cores: 2\nmemory: 4096\ndisk_size: 20\nstorage_selector: name == \"local-lvm\"\n";
+
+#[test]
+fn minimal_class_gets_upstream_defaults() {
+    let data = parse(MINIMAL).unwrap();
+    assert_eq!(
+        (data.cores, data.sockets, data.memory_mb, data.disk_size_gb),
+        (2, 1, 4096, 20)
+    );
+    assert_eq!(data.network_bridge.as_str(), "vmbr0");
+    assert_eq!(data.cpu_type.as_str(), "x86-64-v2-AES");
+    assert!(data.network_firewall);
+    assert_eq!(data.vlan, None);
+    assert_eq!(data.boot, BootMode::Iso);
+    assert_eq!(data.placement_strategy, PlacementStrategy::Spread);
+    assert_eq!(data.ip_discovery_timeout, Duration::from_secs(300));
+    assert_eq!(data.bios, Bios::Seabios);
+    assert_eq!(data.balloon, None);
+    assert_eq!(data.total_disk_gb(), 20);
+}
+
+#[test]
+fn ha_rules_are_refused_not_ignored() {
+    let problems = parse(
+        "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nha:\n  rules: [r1]\n  node_affinity_nodes: [pve1]\n  resource_affinity: negative\n",
+    )
+    .unwrap_err();
+    let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["ha.rules", "ha.node_affinity_nodes", "ha.resource_affinity"]
+    );
+    assert!(problems[0].message.contains("not supported"));
+}
+
+#[test]
+fn every_key_is_accepted() {
+    let yaml = r#"
+cores: 4
+sockets: 2
+memory: 8192
+disk_size: 40
+storage_selector: name == "local-lvm"
+node: pve2
+placement_strategy: binpack
+network_bridge: vmbr1
+vlan: 20
+network_firewall: false
+disk_ssd: true
+disk_discard: true
+disk_iothread: true
+disk_cache: writeback
+disk_aio: io_uring
+cpu_type: host
+machine_type: q35
+bios: ovmf
+vga: serial0
+numa: true
+hugepages: 1GB
+balloon: false
+pool: omni
+tags: [talos, prod]
+ha:
+  state: started
+  comment: hi
+  max_restart: 2
+  max_relocate: 1
+  failback: true
+  node_affinity_strict: true
+additional_nics:
+  - bridge: vmbr2
+    vlan: 30
+    firewall: true
+usb_devices:
+  - mapping: rtl-sdr
+    usb3: true
+pci_devices:
+  - mapping: nvidia-gpu-1
+    mdev: nvidia-180
+    pcie: true
+    primary_gpu: true
+    rombar: true
+additional_disks:
+  - disk_size: 100
+    storage_selector: storageType == "zfspool"
+    disk_ssd: true
+    disk_cache: none
+    disk_aio: native
+boot: clone
+template: 9000
+allowed_nodes: [pve1, pve2]
+iso_storage_selector: name == "local"
+ip_discovery_timeout: 0
+"#;
+    let data = parse(yaml).unwrap();
+    assert_eq!(data.node.as_ref().map(NodeName::as_str), Some("pve2"));
+    assert_eq!(data.vlan.map(VlanTag::get), Some(20));
+    assert!(!data.network_firewall);
+    assert_eq!(data.disk.cache, Some(DiskCache::Writeback));
+    assert_eq!(data.machine_type, Some(MachineType::Q35));
+    assert_eq!(data.bios, Bios::Ovmf);
+    assert_eq!(data.hugepages, Some(Hugepages::OneGb));
+    assert_eq!(data.ha.as_ref().unwrap().max_restart, Some(2));
+    assert_eq!(data.additional_nics[0].bridge.as_str(), "vmbr2");
+    assert!(data.usb_devices[0].usb3);
+    assert_eq!(data.pci_devices[0].rombar, Some(true));
+    assert_eq!(data.additional_disks[0].size_gb, 100);
+    assert_eq!(data.template, Some(TemplateRef::VmId(9000)));
+    assert_eq!(data.ip_discovery_timeout, Duration::ZERO);
+    assert_eq!(data.total_disk_gb(), 140);
+    assert_eq!(data.placement_strategy, PlacementStrategy::Binpack);
+}
+
+#[test]
+fn schema_lists_every_key_the_parser_knows() {
+    let schema: Value = serde_json::from_str(SCHEMA_JSON).unwrap();
+    let props = schema["properties"].as_object().unwrap();
+    let mut listed: Vec<&str> = props.keys().map(String::as_str).collect();
+    let mut known = keys::names(Place::Top);
+    listed.sort_unstable();
+    known.sort_unstable();
+    assert_eq!(listed, known);
+    for (key, sub) in props {
+        assert!(sub["description"].is_string(), "{key} has no description");
+    }
+    let items = |k: &str| {
+        props[k]["items"]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        items("additional_nics").len(),
+        keys::names(Place::AdditionalNics).len()
+    );
+    assert_eq!(
+        items("usb_devices").len(),
+        keys::names(Place::UsbDevices).len()
+    );
+    assert_eq!(
+        items("pci_devices").len(),
+        keys::names(Place::PciDevices).len()
+    );
+    assert_eq!(
+        items("additional_disks").len(),
+        keys::names(Place::AdditionalDisks).len()
+    );
+    assert_eq!(
+        props["ha"]["properties"].as_object().unwrap().len(),
+        keys::names(Place::Ha).len()
+    );
+}
+
+/// Layers read once at load give what reading them from the maps on every call gives.
+#[test]
+fn config_layers_read_at_load_resolve_as_the_maps() {
+    let defaults = json!({"cores": 1, "memory": 2048, "disk_size": 10, "storage_selector": "name == \"local-lvm\"", "coers": 3, "network_bridge": "vmbr9"});
+    let nodes = json!({"pve2": {"network_bridge": "vmbr5", "memory": 3072, "vlan": 5000}, "pve3": {"network_bridge": "vmbr6"}});
+    let (defaults, nodes) = (defaults.as_object().unwrap(), nodes.as_object().unwrap());
+    let layers = ConfigLayers::read(defaults, nodes);
+    for class in ["memory: 8192\n", "", "cores: 0\nbogus: 1\n", "- a\n"] {
+        for node in [None, Some("pve2"), Some("pve3"), Some("pve9")] {
+            let over = node.and_then(|n| nodes.get(n).and_then(Value::as_object).map(|m| (n, m)));
+            assert_eq!(
+                schema().resolve_with(class, node, &layers),
+                schema().resolve(class, over, defaults),
+                "{class:?} on {node:?}"
+            );
+        }
+    }
+    assert_eq!(
+        schema().check_config(&layers),
+        schema().check_config_overrides(defaults, nodes)
+    );
+}
+
+#[test]
+fn reports_every_problem_at_once() {
+    let yaml = r#"
+cores: 0
+memory: 1024
+disk_sise: 20
+storage_selector: local-lvm
+network_bridge: "vmbr0,firewall=0"
+tags: ["ok", "bad;tag", "machine-request.x"]
+additional_disks:
+  - disk_size: 0
+    storage_selector: name ==
+  - storage_selector: "true"
+    disk_cahce: none
+pci_devices:
+  - mapping: "gpu=1"
+boot: clone
+"#;
+    // Strict, so the misspelled keys are problems too (by default they are warnings).
+    let problems = parse_strict(yaml).unwrap_err();
+    let keys = keys_of(&problems);
+    for expected in [
+        "cores",
+        "memory",
+        "disk_sise",
+        "disk_size",
+        "storage_selector",
+        "network_bridge",
+        "tags[1]",
+        "tags[2]",
+        "additional_disks[0].disk_size",
+        "additional_disks[0].storage_selector",
+        "additional_disks[1].disk_size",
+        "additional_disks[1].disk_cahce",
+        "pci_devices[0].mapping",
+        "template",
+    ] {
+        assert!(
+            keys.contains(&expected),
+            "missing {expected} in {problems:#?}"
+        );
+    }
+    let text = describe(&problems);
+    assert!(text.contains("did you mean `disk_size`?"), "{text}");
+    assert!(text.contains("did you mean `disk_cache`?"), "{text}");
+    assert!(
+        text.contains("name == \\\"local-lvm\\\"") || text.contains("name == \"local-lvm\""),
+        "{text}"
+    );
+    // One problem per key.
+    let mut sorted = keys.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), keys.len(), "{problems:#?}");
+}
+
+#[test]
+fn type_mistakes_name_the_key() {
+    let problems =
+        parse("cores: '2'\nmemory: 4096\ndisk_size: 20\nstorage_selector: 'true'\nvlan: no\n")
+            .unwrap_err();
+    assert_eq!(keys_of(&problems), vec!["cores", "vlan"]);
+    assert!(problems[0].message.contains("integer"), "{problems:?}");
+}
+
+#[test]
+fn not_a_mapping() {
+    let problems = parse("- a\n- b\n").unwrap_err();
+    assert_eq!(problems[0].key, "provider_data");
+    let problems = parse("cores: [").unwrap_err();
+    assert!(problems[0].message.contains("YAML"));
+}
+
+#[test]
+fn cross_field_rules() {
+    let p = parse(&format!("{MINIMAL}template: base\n")).unwrap_err();
+    assert_eq!(keys_of(&p), vec!["template"]);
+    let p = parse(&format!("{MINIMAL}node: pve3\nallowed_nodes: [pve1]\n")).unwrap_err();
+    assert_eq!(keys_of(&p), vec!["node"]);
+    let data = parse(&format!("{MINIMAL}boot: clone\ntemplate: talos-template\n")).unwrap();
+    assert_eq!(
+        data.template,
+        Some(TemplateRef::Name("talos-template".into()))
+    );
+    let data = parse(&format!("{MINIMAL}boot: clone\ntemplate: '9001'\n")).unwrap();
+    assert_eq!(data.template, Some(TemplateRef::VmId(9001)));
+    let p = parse(&format!(
+        "{MINIMAL}pci_devices: [{{mapping: gpu1, pcie: true}}]\n"
+    ))
+    .unwrap_err();
+    assert_eq!(keys_of(&p), vec!["machine_type"]);
+}
+
+#[test]
+fn layers_merge_with_the_right_precedence() {
+    let defaults = json!({"cores": 1, "memory": 2048, "disk_size": 10, "storage_selector": "name == \"local-lvm\"", "network_bridge": "vmbr9"});
+    let node = json!({"network_bridge": "vmbr5", "memory": 3072});
+    let data = schema()
+        .resolve(
+            "memory: 8192\n",
+            Some(("pve2", node.as_object().unwrap())),
+            defaults.as_object().unwrap(),
+        )
+        .unwrap();
+    assert_eq!(data.memory_mb, 8192);
+    assert_eq!(data.network_bridge.as_str(), "vmbr5");
+    assert_eq!(data.cores, 1);
+    let data = schema()
+        .resolve("", None, defaults.as_object().unwrap())
+        .unwrap();
+    assert_eq!(data.network_bridge.as_str(), "vmbr9");
+    let problems = schema().resolve("", None, &Map::new()).unwrap_err();
+    assert_eq!(
+        keys_of(&problems),
+        vec!["cores", "memory", "disk_size", "storage_selector"]
+    );
+    assert!(problems[3].message.contains("defaults"));
+    let bad_node = json!({"network_bridge": "a,b"});
+    let problems = schema()
+        .resolve(
+            MINIMAL,
+            Some(("pve2", bad_node.as_object().unwrap())),
+            &Map::new(),
+        )
+        .unwrap_err();
+    assert_eq!(keys_of(&problems), vec!["nodes.pve2.network_bridge"]);
+    let bad_default = json!({"cores": 0});
+    let problems = schema()
+        .resolve(
+            "memory: 4096\ndisk_size: 5\nstorage_selector: 'true'\n",
+            None,
+            bad_default.as_object().unwrap(),
+        )
+        .unwrap_err();
+    assert_eq!(keys_of(&problems), vec!["defaults.cores"]);
+}
+
+#[test]
+fn config_overrides_are_validated_at_load() {
+    let defaults = json!({"coers": 2, "network_bridge": "bad bridge"});
+    let nodes =
+        json!({"pve2": {"node": "pve2", "storage_selector": "ceph"}, "pve3": "x", "bad_node!": {}});
+    // Strict, so the misspelled key is a problem too (by default it is a warning).
+    let problems = schema()
+        .strict(true)
+        .validate_config_overrides(defaults.as_object().unwrap(), nodes.as_object().unwrap());
+    let keys = keys_of(&problems);
+    for expected in [
+        "defaults.coers",
+        "defaults.network_bridge",
+        "nodes.pve2.node",
+        "nodes.pve2.storage_selector",
+        "nodes.pve3",
+        "nodes.bad_node!",
+    ] {
+        assert!(
+            keys.contains(&expected),
+            "missing {expected} in {problems:#?}"
+        );
+    }
+    assert!(describe(&problems).contains("did you mean `cores`?"));
+    assert!(
+        schema()
+            .validate_config_overrides(&Map::new(), &Map::new())
+            .is_empty()
+    );
+}
+
+/// The official provider reads provider data with a plain YAML unmarshal into its struct, so an
+/// unknown key is silently dropped (omni client/pkg/infra/provision/context.go,
+/// `UnmarshalProviderData`; its data/schema.json sets no `additionalProperties`). A class that
+/// works there must work here: unknown keys are warnings with a suggestion, errors only in strict
+/// mode.
+#[test]
+fn unknown_keys_are_warnings_unless_strict() {
+    let yaml = format!(
+        "{MINIMAL}disk_sise: 20\nha:\n  state: started\n  max_restrat: 2\nadditional_disks:\n  - disk_size: 10\n    storage_selector: 'true'\n    disk_cahce: none\nfuture_key: 1\n"
+    );
+    let data = parse(&yaml).unwrap();
+    let keys = keys_of(&data.warnings);
+    assert_eq!(
+        keys,
+        vec![
+            "disk_sise",
+            "future_key",
+            "ha.max_restrat",
+            "additional_disks[0].disk_cahce"
+        ],
+        "{:#?}",
+        data.warnings
+    );
+    let text = describe(&data.warnings);
+    assert!(
+        text.contains("ignored (did you mean `disk_size`?)"),
+        "{text}"
+    );
+    assert!(text.contains("did you mean `max_restart`?"), "{text}");
+    assert!(text.contains("did you mean `disk_cache`?"), "{text}");
+    assert_eq!(data.disk_size_gb, 20);
+    assert!(parse(MINIMAL).unwrap().warnings.is_empty());
+    // When the misspelled key was a required one, the problem points at it.
+    let p = parse("cores: 2\nmemory: 4096\ndisk_sise: 20\nstorage_selector: 'true'\n").unwrap_err();
+    assert_eq!(keys_of(&p), vec!["disk_size"]);
+    assert!(
+        p[0].message
+            .contains("`disk_sise` is set: did you mean `disk_size`?"),
+        "{p:?}"
+    );
+
+    let problems = parse_strict(&yaml).unwrap_err();
+    assert_eq!(keys_of(&problems), keys);
+    assert!(describe(&problems).contains("strict: true"));
+}
+
+#[test]
+fn unknown_keys_in_lower_layers_are_warnings_with_their_layer_path() {
+    let defaults = json!({"coers": 2});
+    let node = json!({"network_bridg": "vmbr1"});
+    let data = schema()
+        .resolve(
+            MINIMAL,
+            Some(("pve2", node.as_object().unwrap())),
+            defaults.as_object().unwrap(),
+        )
+        .unwrap();
+    assert_eq!(
+        keys_of(&data.warnings),
+        vec!["defaults.coers", "nodes.pve2.network_bridg"]
+    );
+    let found = schema().check_config_overrides(
+        defaults.as_object().unwrap(),
+        &json!({"pve2": node}).as_object().unwrap().clone(),
+    );
+    assert!(found.problems.is_empty(), "{found:?}");
+    assert_eq!(
+        keys_of(&found.warnings),
+        vec!["defaults.coers", "nodes.pve2.network_bridg"]
+    );
+    assert!(describe(&found.warnings).contains("did you mean `cores`?"));
+}
+
+/// qemu-server src/PVE/QemuServer/Memory.pm, `config`: dies with "numa needs to be enabled to use
+/// hugepages" when hugepages is set without numa (at start, not when the config is written);
+/// without custom numaN entries it splits the memory evenly over one NUMA node per socket, and
+/// `hugepages_size` dies unless each node's share is a multiple of the page size (2 or 1024 MB).
+#[test]
+fn hugepages_need_numa_and_whole_pages_per_numa_node() {
+    let p = parse(&format!("{MINIMAL}hugepages: 2MB\nballoon: false\n")).unwrap_err();
+    assert_eq!(keys_of(&p), vec!["numa"]);
+    assert!(p[0].message.contains("numa: true"), "{p:?}");
+
+    let base = "cores: 2\ndisk_size: 20\nstorage_selector: 'true'\nballoon: false\n";
+    let ok = parse(&format!(
+        "{base}numa: true\nhugepages: 1GB\nsockets: 2\nmemory: 4096\n"
+    ));
+    assert!(ok.is_ok(), "{ok:?}");
+    // 6144 MB over 4 sockets is 1536 MB per node: not whole 1GB pages.
+    let p = parse(&format!(
+        "{base}numa: true\nhugepages: 1GB\nsockets: 4\nmemory: 6144\n"
+    ))
+    .unwrap_err();
+    assert_eq!(keys_of(&p), vec!["memory"]);
+    assert!(p[0].message.contains("multiple of 4096 MB"), "{p:?}");
+    assert!(p[0].message.contains("memory: 4096"), "{p:?}");
+    // 4098 MB over 2 sockets is 2049 MB per node: not whole 2MB pages.
+    let p = parse(&format!(
+        "{base}numa: true\nhugepages: 2MB\nsockets: 2\nmemory: 4098\n"
+    ))
+    .unwrap_err();
+    assert_eq!(keys_of(&p), vec!["memory"]);
+    assert!(
+        parse(&format!(
+            "{base}numa: true\nhugepages: 2MB\nsockets: 2\nmemory: 4100\n"
+        ))
+        .is_ok()
+    );
+}
+
+/// pve-ha-manager src/PVE/HA/Resources.pm: the `failback` property of an HA resource came with
+/// commit "resources: introduce failback property in ha resource config" (version 5.0.2, the
+/// trixie-based PVE 9 series); PVE 8 (4.0.x, bookworm) rejects the unknown parameter with a 400.
+#[test]
+fn ha_failback_is_refused_before_pve_9() {
+    let with = parse(&format!(
+        "{MINIMAL}ha:\n  state: started\n  failback: false\n"
+    ))
+    .unwrap();
+    let p = ha_failback_problem(&with, "8.4.1").unwrap();
+    assert_eq!(p.key, "ha.failback");
+    assert!(
+        p.message.contains("Proxmox VE 9") && p.message.contains("8.4.1"),
+        "{p}"
+    );
+    assert_eq!(ha_failback_problem(&with, "9.0.10"), None);
+    assert_eq!(ha_failback_problem(&with, "10.1"), None);
+    assert_eq!(ha_failback_problem(&with, "garbage"), None);
+    let without = parse(&format!("{MINIMAL}ha:\n  state: started\n")).unwrap();
+    assert_eq!(ha_failback_problem(&without, "8.4.1"), None);
+    assert_eq!(ha_failback_problem(&parse(MINIMAL).unwrap(), "7.4"), None);
+}
+
+#[test]
+fn pointer_paths_become_key_paths() {
+    assert_eq!(
+        pointer_to_key("/additional_disks/1/disk_size"),
+        "additional_disks[1].disk_size"
+    );
+    assert_eq!(pointer_to_key(""), "");
+    assert_eq!(pointer_to_key("/a~1b"), "a/b");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn arbitrary_yaml_never_panics(text in "\\PC{0,80}") {
+        let _ = parse(&text);
+    }
+
+    #[test]
+    fn arbitrary_values_never_panic_and_always_name_a_key(
+        key in prop::sample::select(keys::names(Place::Top)),
+        value in prop_oneof![
+            any::<i64>().prop_map(|n| json!(n)),
+            "\\PC{0,12}".prop_map(|s| json!(s)),
+            any::<bool>().prop_map(|b| json!(b)),
+            Just(json!([1, "x", {"a": 1}])),
+            Just(json!({"bridge": 1})),
+        ],
+    ) {
+        let mut map: Map<String, Value> = serde_json::from_str(r#"{"cores":2,"memory":4096,"disk_size":20,"storage_selector":"true"}"#).unwrap();
+        map.insert(key.to_string(), value);
+        if let Err(problems) = schema().parse_merged(&map) {
+            prop_assert!(!problems.is_empty());
+            for p in &problems {
+                prop_assert!(!p.key.is_empty());
+                prop_assert!(!p.message.is_empty());
+            }
+        }
+    }
+}
