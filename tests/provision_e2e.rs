@@ -807,3 +807,27 @@ async fn ha_failback_on_pve_8_fails_before_anything_is_created() {
     assert_eq!(writes, 0, "nothing is written to Proxmox");
     h.stop_controller().await;
 }
+
+/// Provider data precedence is the class, then the node's override under `nodes:`, then `defaults:`
+/// (README). Placement must follow it like every later step: a class that sets `storage_selector`
+/// outranks `nodes.pve1.storage_selector`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_class_storage_selector_outranks_a_node_override_in_placement() {
+    let Some(mut h) =
+        Harness::start("nodes:\n  pve1:\n    storage_selector: name == \"no-such-storage\"\n")
+            .await
+    else {
+        return;
+    };
+    h.request(
+        "outranked",
+        "precedence",
+        "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\n",
+    );
+    h.wait_stage("outranked", Stage::Provisioned).await;
+    let vms = h.vms_named("outranked");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let disk = vms[0]["config"]["scsi0"].as_str().unwrap_or_default();
+    assert!(disk.starts_with("local-lvm:"), "{disk}");
+    h.stop_controller().await;
+}

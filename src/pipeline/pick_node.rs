@@ -77,15 +77,14 @@ fn reserve(ctx: &StepContext<'_>) {
     );
 }
 
-/// Per-node storage selectors from the config's `nodes:` overrides.
+/// The storage selector each node with a `nodes:` override would use, by the same precedence as
+/// every other key (the class, then the node's override, then `defaults:`): resolving the provider
+/// data for that node is the one rule, so placement cannot prefer an override the class outranks.
 fn node_selectors(ctx: &StepContext<'_>) -> Result<BTreeMap<String, StorageSelector>, StepError> {
     let mut out = BTreeMap::new();
-    for (node, value) in &ctx.services.config.nodes {
-        if let Some(expr) = value.get("storage_selector").and_then(|v| v.as_str()) {
-            let selector = StorageSelector::new(expr)
-                .map_err(|e| StepError::Config(format!("nodes.{node}.storage_selector: {e}")))?;
-            out.insert(node.clone(), selector);
-        }
+    for node in ctx.services.config.nodes.keys() {
+        let data = ctx.services.provider_data(ctx.request, Some(node))?;
+        out.insert(node.clone(), data.storage_selector);
     }
     Ok(out)
 }
