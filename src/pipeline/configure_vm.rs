@@ -1,19 +1,16 @@
 //! Step 4, `configure_vm`: the VM's settings and its NoCloud seed.
 //!
-//! The seed ISO (label `cidata`: `user-data` = the join config, `meta-data` = instance ID and
+//! The seed ISO ([`super::seed`]: label `cidata`, `user-data` = the join config, `meta-data` = instance ID and
 //! hostname, `network-config`) is built in memory and uploaded to ISO storage on the VM's node, then
 //! attached as a CD-ROM. Boot mode `iso` needs the seed at creation, so `create_vm` uploads it and
 //! creates the VM fully configured; this step then has nothing left to do. Boot mode `clone` sets
 //! everything here in one synchronous config write and grows the cloned boot disk.
 
-use super::cloud_init::{NetworkConfig, seed_files, seed_iso, seed_iso_file_name};
 use super::create_vm::target;
-use super::prepare_image::iso_storage;
 use super::provider_data::BootMode;
-use super::step::{StepContext, StepError, StepOutcome, volume_storage};
+use super::seed::upload_seed;
+use super::step::{StepContext, StepError, StepOutcome};
 use super::vm_config::{self, VmIdentity};
-use crate::proxmox::property::IsoVolume;
-use crate::proxmox::types::NodeName;
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     if ctx.data.boot == BootMode::Iso {
@@ -107,50 +104,6 @@ async fn attach_seed(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
         .await
         .map_err(StepError::proxmox(doing))?;
     Ok(StepOutcome::Done)
-}
-
-/// Builds and uploads this request's seed ISO (once; the state records it), returning its volume.
-pub async fn upload_seed(
-    ctx: &mut StepContext<'_>,
-    node: &NodeName,
-) -> Result<IsoVolume, StepError> {
-    if !ctx.state.seed_iso_volume.is_empty()
-        && let Ok(v) = IsoVolume::parse(&ctx.state.seed_iso_volume)
-    {
-        return Ok(v);
-    }
-    // Beside the boot ISO when there is one, else on the ISO storage the selector picks.
-    let storage = match volume_storage(&ctx.state.boot_iso_volume) {
-        Some(s) => s.to_owned(),
-        None => iso_storage(ctx, node).await?.0,
-    };
-    let instance_id = uuid::Uuid::parse_str(&ctx.state.uuid)
-        .map_err(|e| StepError::Cluster(format!("recorded SMBIOS UUID is not usable: {e}")))?;
-    let files = seed_files(
-        &ctx.join.join_config,
-        instance_id,
-        &ctx.request.id,
-        &NetworkConfig::Dhcp,
-    );
-    let bytes = seed_iso::build_seed(&files)
-        .map_err(|e| StepError::Cluster(format!("cannot build the seed ISO: {e}")))?;
-    let file_name = seed_iso_file_name(&ctx.request.id);
-    let volid = format!("{storage}:iso/{file_name}");
-    let volume = IsoVolume::parse(&volid)
-        .map_err(|e| StepError::Cluster(format!("seed ISO volume {volid}: {e}")))?;
-    let doing = format!("uploading the NoCloud seed to {storage} on {node}");
-    ctx.report(doing.clone()).await;
-    let pve = &ctx.services.pve;
-    let task = pve
-        .upload_file(node, &storage, "iso", &file_name, bytes)
-        .await
-        .map_err(StepError::proxmox(doing.clone()))?;
-    pve.wait_for_task(&task, ctx.services.timeouts.task)
-        .await
-        .map_err(StepError::proxmox(doing))?;
-    ctx.state.seed_iso_volume = volid;
-    ctx.persist().await?;
-    Ok(volume)
 }
 
 /// The `size=` of a drive string in whole GB (rounded up), if present.

@@ -12,7 +12,7 @@
 //! Boot mode `iso` creates the VM with its whole configuration in one call, so the NoCloud seed is
 //! uploaded first; boot mode `clone` clones here and configures in the next step.
 
-use super::configure_vm::upload_seed;
+use super::seed::upload_seed;
 use super::step::{StepContext, StepError, StepOutcome};
 use super::vm_config::{self, VmIdentity, VmTarget};
 use crate::model::ClusterSnapshot;

@@ -15,6 +15,7 @@ pub mod discover_ip;
 pub mod image_factory;
 pub mod pick_node;
 pub mod prepare_image;
+pub mod seed;
 pub mod start_vm;
 pub mod step;
 
