@@ -1,11 +1,22 @@
 //! Omni infrastructure provider for Proxmox VE: turns Omni MachineRequests into Talos VMs.
 //!
-//! Layout follows the data flow: [`omni`] speaks to Omni, [`controller`] reconciles requests,
-//! [`pipeline`] holds the provisioning steps and their pure decision functions, [`proxmox`] is the typed
-//! Proxmox VE client, and [`cli`] holds one module per subcommand.
+//! A map of the crate, in the order a request travels (details in `docs/architecture.md`):
 //!
-//! - [`model`]: the cluster snapshot, built once from `/cluster/resources`.
-//! - [`rules`]: "which node" ([`rules::placement::pick`]) and "which storage" ([`rules::storage::choose`]).
+//! - [`omni`]: everything that speaks Omni (signing, the State client and its watch, join configs,
+//!   schematics) and `memstate`, the in-memory Omni the tests and the demo run against.
+//! - [`controller`]: the long-running duties. [`controller::runner`] drives the watch, the queue and
+//!   the workers; [`controller::machine`] dispatches a key to apply, cleanup or orphan;
+//!   "what after this error" is [`controller::error_policy::error_policy`].
+//! - [`pipeline`]: the provisioning steps (one module each, [`pipeline::step`] for what they share),
+//!   the provider-data reader ([`pipeline::provider_data`]) and [`pipeline::deprovision`].
+//! - [`model`]: the world as plain values ([`model::ClusterSnapshot`], built once per listing).
+//! - [`rules`]: the pure decisions the pipeline, `validate` and the health check share: "which node"
+//!   ([`rules::placement::pick`]) and "which storage" ([`rules::storage::choose`]). "Is this VM ours"
+//!   is [`pipeline::vm_config::check_ownership_with_uuid`] with the listing-level
+//!   [`pipeline::vm_config::listed_as_ours`].
+//! - [`proxmox`]: the typed Proxmox VE client; errors sorted by what the caller does next.
+//! - [`validate`]: the `validate` command and the `defaults` health check, rendering `rules` verdicts.
+//! - [`cli`]: one module per subcommand; nothing below it imports from it.
 pub mod cli;
 pub mod config;
 pub mod controller;

@@ -9,7 +9,7 @@ use crate::secret::Secret;
 
 #[derive(Debug, clap::Args)]
 pub struct OmniArgs {
-    /// Omni API endpoint, e.g. https://omni.example.com (any path is ignored).
+    /// Omni API endpoint, e.g. `https://omni.example.com` (any path is ignored).
     #[arg(long, env = "OMNI_ENDPOINT")]
     pub omni_api_endpoint: Option<String>,
     /// Infra provider key printed by `omnictl infraprovider create <id>` (or made in the Omni UI).

@@ -2,7 +2,7 @@
 //! what Omni shows for it and what the README says. The JSON schema registered with Omni, the list of
 //! known keys behind "is not a known key (did you mean …)", the required keys, the keys a `nodes:`
 //! override may not set, and the README's provider-data table are all read from [`TOP_LEVEL`] and
-//! [`NESTED`] (see `schema.rs`).
+//! `NESTED` (see `schema.rs`).
 //!
 //! The upstream keys keep the official provider's names and meanings (its data/schema.json); ours are
 //! marked [`Origin::Ours`].
