@@ -691,7 +691,8 @@ pub fn numa(on: bool) -> String {
 pub struct Vga(&'static str);
 
 impl Vga {
-    const TYPES: &'static [&'static str] = &[
+    /// The display adapters qemu-server accepts for `vga: type=` (also the provider-data schema enum).
+    pub const TYPES: &'static [&'static str] = &[
         "cirrus",
         "none",
         "qxl",

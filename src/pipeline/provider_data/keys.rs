@@ -320,22 +320,7 @@ pub const TOP_LEVEL: &[Key] = &[
         name: "vga",
         description: "Display adapter, e.g. 'std', 'serial0' or 'none'.",
         doc: "Display adapter.",
-        one_of: &[
-            "cirrus",
-            "none",
-            "qxl",
-            "qxl2",
-            "qxl3",
-            "qxl4",
-            "serial0",
-            "serial1",
-            "serial2",
-            "serial3",
-            "std",
-            "virtio",
-            "virtio-gl",
-            "vmware",
-        ],
+        one_of: crate::proxmox::property::Vga::TYPES,
         ..Key::BASE
     },
     Key {
