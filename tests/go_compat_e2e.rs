@@ -343,15 +343,7 @@ async fn teardown_removes_the_config_patches_of_the_request() {
     // client/pkg/infra/controllers/provision.go, reconcileTearingDown: removePatches lists them by
     // those two labels and tears them down and destroys them before anything else.
     assert!(h.omni.state.teardown(&MachineRequest, "patched"));
-    let gone = h
-        .omni
-        .state
-        .wait_for(WAIT, |s| {
-            s.collect_torn_down(&MachineRequest);
-            s.get(&MachineRequest, "patched").is_none()
-        })
-        .await;
-    assert!(gone, "request released");
+    h.wait_released("patched").await;
     assert!(
         h.omni
             .state

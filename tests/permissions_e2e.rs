@@ -10,7 +10,7 @@ use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec
 use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
 use serde_json::{Value, json};
 use support::fakepve::{TOKEN_ID, three_node_scenario};
-use support::harness::{Harness, WAIT};
+use support::harness::Harness;
 
 const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\ntags: [talos]\nip_discovery_timeout: 0\n";
 
@@ -35,22 +35,6 @@ fn scenario_with_role(privs: &[String]) -> Value {
     let mut s = three_node_scenario();
     s["acl"] = json!({ TOKEN_ID: [["/", privs]] });
     s
-}
-
-async fn wait_released(h: &Harness, id: &str) {
-    let released = h
-        .omni
-        .state
-        .wait_for(WAIT, |s| {
-            s.collect_torn_down(&MachineRequest);
-            s.get(&MachineRequest, id).is_none()
-        })
-        .await;
-    assert!(
-        released,
-        "{id} was not released; status: {:?}",
-        h.omni.state.get(&MachineRequestStatus, id)
-    );
 }
 
 /// The status text of `id` once it mentions `needle` (the failure is reported, then retried).
@@ -91,7 +75,7 @@ async fn the_documented_role_provisions_and_deprovisions() {
     let vmid = vms[0]["vmid"].as_u64().unwrap();
     assert_eq!(vms[0]["pool"], json!("perms"));
     assert!(h.omni.state.teardown(&MachineRequest, "perm-1"));
-    wait_released(&h, "perm-1").await;
+    h.wait_released("perm-1").await;
     assert!(h.pve.vm(vmid as u32).is_null(), "VM deleted");
     let local = h
         .pve
@@ -121,7 +105,7 @@ async fn the_documented_role_clones_too() {
     h.wait_stage("perm-clone", Stage::Provisioned).await;
     assert_eq!(h.vms_named("perm-clone").len(), 1);
     assert!(h.omni.state.teardown(&MachineRequest, "perm-clone"));
-    wait_released(&h, "perm-clone").await;
+    h.wait_released("perm-clone").await;
     assert!(h.vms_named("perm-clone").is_empty(), "clone deleted");
     h.stop_controller().await;
 }

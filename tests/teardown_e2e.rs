@@ -29,29 +29,6 @@ impl Harness {
         assert!(self.omni.state.teardown(&MachineRequest, id));
     }
 
-    /// Waits until Omni could delete the request (our finalizer gone) and deletes it, as Omni does.
-    async fn wait_released(&self, id: &str) {
-        let state = self.omni.state.clone();
-        let released = self
-            .omni
-            .state
-            .wait_for(WAIT, |s| {
-                s.collect_torn_down(&MachineRequest);
-                s.get(&MachineRequest, id).is_none()
-            })
-            .await;
-        let status = state.get(&MachineRequestStatus, id);
-        assert!(released, "{id} was not released; status: {status:?}");
-        assert!(
-            state.get(&MachineRequestStatus, id).is_none(),
-            "status destroyed"
-        );
-        assert!(
-            state.get(&ProviderMachine::new(PROVIDER), id).is_none(),
-            "provider state destroyed"
-        );
-    }
-
     fn vm(&mut self, vmid: u64) -> Value {
         self.pve.vm(vmid as u32)
     }

@@ -12,7 +12,9 @@ use omni_infra_provider_proxmox::omni::join::JoinMode;
 use omni_infra_provider_proxmox::omni::proto::specs::{
     MachineRequestSpec, MachineRequestStatusSpec, machine_request_status_spec::Stage,
 };
-use omni_infra_provider_proxmox::omni::resources::{MachineRequestStatus, ProviderMachine};
+use omni_infra_provider_proxmox::omni::resources::{
+    MachineRequest, MachineRequestStatus, ProviderMachine,
+};
 use omni_infra_provider_proxmox::omni::state::Typed;
 use omni_infra_provider_proxmox::pipeline::provider_data::ProviderDataSchema;
 use omni_infra_provider_proxmox::pipeline::step::{Services, Timeouts};
@@ -127,6 +129,29 @@ impl Harness {
         let status = self.status(id);
         assert!(ok, "{id} did not reach {stage:?}; status: {status:?}");
         status.unwrap()
+    }
+
+    /// Waits until Omni could delete the request (our finalizer gone) and deletes it, as Omni does.
+    pub async fn wait_released(&self, id: &str) {
+        let state = self.omni.state.clone();
+        let released = self
+            .omni
+            .state
+            .wait_for(WAIT, |s| {
+                s.collect_torn_down(&MachineRequest);
+                s.get(&MachineRequest, id).is_none()
+            })
+            .await;
+        let status = state.get(&MachineRequestStatus, id);
+        assert!(released, "{id} was not released; status: {status:?}");
+        assert!(
+            state.get(&MachineRequestStatus, id).is_none(),
+            "status destroyed"
+        );
+        assert!(
+            state.get(&ProviderMachine::new(PROVIDER), id).is_none(),
+            "provider state destroyed"
+        );
     }
 
     /// The VMs fakepve holds for request `id` (by name).
