@@ -95,18 +95,9 @@ impl ProxmoxError {
     /// its task, when the cluster file system refuses the new config file: "close (rename) atomic
     /// file '/etc/pve/nodes/pve1/qemu-server/104.conf' failed: File exists".
     pub fn is_vmid_taken(&self) -> bool {
-        let says_taken = |t: &str| {
+        self.says(|t| {
             t.contains("already exists") || (t.contains(".conf'") && t.contains("File exists"))
-        };
-        match self {
-            Self::Api { message, .. } => says_taken(message),
-            Self::TaskFailed {
-                exit_status,
-                log_tail,
-                ..
-            } => says_taken(exit_status) || log_tail.iter().any(|l| says_taken(l)),
-            _ => false,
-        }
+        })
     }
 
     /// `download-url` found the file already in storage: its task refuses to replace it (pve-common
