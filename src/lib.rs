@@ -9,11 +9,12 @@
 //!   "what after this error" is [`controller::error_policy::error_policy`].
 //! - [`pipeline`]: the provisioning steps (one module each, [`pipeline::step`] for what they share),
 //!   the provider-data reader ([`pipeline::provider_data`]) and [`pipeline::deprovision`].
-//! - [`model`]: the world as plain values ([`model::ClusterSnapshot`], built once per listing).
+//! - [`model`]: the world as plain values ([`model::ClusterSnapshot`], built once per listing), and
+//!   "is this VM ours" ([`model::identity::judge_listing`], then [`model::identity::judge_config`]
+//!   when the listing cannot say; [`pipeline::identify`] fetches the config) for adoption, teardown
+//!   and `orphans` alike.
 //! - [`rules`]: the pure decisions the pipeline, `validate` and the health check share: "which node"
-//!   ([`rules::placement::pick`]) and "which storage" ([`rules::storage::choose`]). "Is this VM ours"
-//!   is [`pipeline::vm_config::check_ownership_with_uuid`] with the listing-level
-//!   [`pipeline::vm_config::listed_as_ours`].
+//!   ([`rules::placement::pick`]) and "which storage" ([`rules::storage::choose`]).
 //! - [`proxmox`]: the typed Proxmox VE client; errors sorted by what the caller does next.
 //! - [`validate`]: the `validate` command and the `defaults` health check, rendering `rules` verdicts.
 //! - [`cli`]: one module per subcommand; nothing below it imports from it.

@@ -600,6 +600,41 @@ async fn vm_listed_without_name_is_identified_from_its_config_and_deleted() {
     assert!(disks_of(&mut fake, 150).is_empty());
 }
 
+/// qemu-server src/PVE/API2/Qemu.pm `create_vm` writes a config holding only `lock: create`
+/// (`create_and_lock_config`) before forking its worker, and the full config (name, tags, our
+/// marker) only once every disk is allocated, which can take minutes. A teardown arriving meanwhile
+/// (the request deleted while its create runs) sees a nameless, markerless VM at the recorded VMID:
+/// it must wait for the create instead of calling the VM someone else's and leaving it behind.
+#[tokio::test]
+async fn a_vm_still_being_created_is_waited_for_not_left_behind() {
+    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    let target = provision(&pve, "req-creating", 152, "pve1", false).await;
+    let full = fake.vm(152)["config"].clone();
+    fake.control(json!({"op": "set_vm", "vmid": 152, "config": {}, "lock": "create"}));
+    fake.control(json!({"op": "listing_without_stats", "vmid": 152}));
+
+    let (result, _) = run(&pve, &target).await;
+    let err = result.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert!(err.to_string().contains("create"), "{err}");
+    assert_ne!(fake.vm(152), Value::Null, "left for the create to finish");
+
+    // The worker writes the full config and drops the lock: now it is ours and goes.
+    fake.control(json!({"op": "set_vm", "vmid": 152, "config": full, "lock": null}));
+    let (result, _) = run(&pve, &target).await;
+    assert_eq!(
+        result.unwrap(),
+        DeprovisionOutcome::Deleted {
+            node: node("pve1"),
+            vmid: vmid(152)
+        }
+    );
+    assert_eq!(fake.vm(152), Value::Null);
+}
+
 /// The same listing for a node that has been offline for minutes: the VM cannot be identified, so
 /// the teardown waits for the node (transient error) instead of calling the VM someone else's.
 #[tokio::test]

@@ -36,7 +36,6 @@ use crate::pipeline::deprovision::{
     ClusterView, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
     deprovision_reporting, find_orphans, iso_volumes_in, our_vms,
 };
-use crate::pipeline::vm_config;
 use crate::proxmox::types::{NodeName, NodeState, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::telemetry::{self, LogFormat};
@@ -337,7 +336,7 @@ fn render_table(
     live: usize,
 ) -> String {
     let mut out = String::new();
-    let tag = vm_config::provider_tag(provider_id);
+    let tag = crate::model::identity::provider_tag(provider_id);
     let _ = writeln!(
         out,
         "{live} live MachineRequest(s) for provider {provider_id}."

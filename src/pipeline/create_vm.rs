@@ -1,7 +1,7 @@
 //! Step 3, `create_vm`: the VM exists exactly once, whatever crashes or races happen.
 //!
-//! - First look: a VM that already belongs to this request (named after it and carrying our provider
-//!   tag) anywhere in the cluster is adopted, wherever it is now.
+//! - First look: a VM that already belongs to this request (by `model::identity`, the rule teardown
+//!   uses too) is adopted, wherever it is now.
 //! - Otherwise ask `/cluster/nextid` (it sees guests the token cannot list and honours the datacenter's
 //!   `next-id` range), step over VMIDs of requests in flight, **record it in the provider state before
 //!   the create call**, then create or clone. A crash at any instant leaves either no VM
@@ -12,11 +12,12 @@
 //! Boot mode `iso` creates the VM with its whole configuration in one call, so the NoCloud seed is
 //! uploaded first; boot mode `clone` clones here and configures in the next step.
 
+use super::identify::{Identified, identify};
 use super::seed::upload_seed;
 use super::step::{StepContext, StepError, StepOutcome};
 use super::vm_config::{self, VmIdentity, VmTarget};
 use crate::model::ClusterSnapshot;
-use crate::proxmox::property::parse_tags;
+use crate::model::identity::{self, Claim};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmId, VmResource};
 use crate::rules::storage::{self, StorageNeed};
@@ -33,42 +34,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     }
     let node = ctx.node()?;
     let request_id = ctx.request.id.clone();
-    let provider_id = ctx.services.provider_id.clone();
     let resources = ctx.cluster(true).await?.to_vec();
-    if let Some(vm) = find_own_vm(&resources, &request_id, &provider_id) {
-        tracing::info!(request = %request_id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier");
-        ctx.state.vmid = vm.vmid.get() as i32;
-        ctx.state.node = vm.node.to_string();
-        ctx.services.ledgers.release_vmid(vm.vmid.get());
-        return Ok(StepOutcome::Done);
-    }
-    // The official provider records the VMID it created (named after the request, without our tag):
-    // continuing its request, that VM is the request's, not a reason to create a second.
-    if let Some(vm) = recorded_vm(&resources, ctx.state.vmid, &request_id) {
-        tracing::info!(request = %request_id, vmid = %vm.vmid, node = %vm.node, "continuing with the VM the provider state records");
-        ctx.state.node = vm.node.to_string();
-        ctx.services.ledgers.release_vmid(vm.vmid.get());
-        return Ok(StepOutcome::Done);
-    }
-    if let Some(vm) =
-        unidentified_recorded_vm(&resources, recorded_vmid(ctx), &request_id, &provider_id)
-    {
-        match identify_unnamed(ctx, vm, &resources).await? {
-            Unnamed::Ours => {
-                tracing::info!(request = %request_id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier (identified by its config)");
-                ctx.state.vmid = vm.vmid.get() as i32;
-                ctx.state.node = vm.node.to_string();
-                ctx.services.ledgers.release_vmid(vm.vmid.get());
-                return Ok(StepOutcome::Done);
-            }
-            Unnamed::NotOurs => {}
-            Unnamed::CannotTell(why) => {
-                return Ok(StepOutcome::Requeue {
-                    after: WAIT_FOR_IDENTITY,
-                    why,
-                });
-            }
-        }
+    if let Some(outcome) = adopt(ctx, &resources).await? {
+        return Ok(outcome);
     }
 
     default_pool(ctx).await?;
@@ -143,21 +111,6 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     Ok(())
 }
 
-/// The VM this request made earlier, if any: named after the request and carrying our tag (in any
-/// case: Proxmox lowercases tags by default).
-pub fn find_own_vm<'a>(
-    resources: &'a [ClusterResource],
-    request_id: &str,
-    provider_id: &str,
-) -> Option<&'a VmResource> {
-    resources.iter().find_map(|r| match r {
-        ClusterResource::Vm(vm) if vm_config::listed_as_ours(vm, Some(request_id), provider_id) => {
-            Some(vm)
-        }
-        _ => None,
-    })
-}
-
 /// The VMID this request recorded: its `vmid`, else the `reserved_vmid` written before the create.
 fn recorded_vmid(ctx: &StepContext<'_>) -> Option<VmId> {
     [ctx.state.vmid, ctx.state.reserved_vmid]
@@ -167,120 +120,72 @@ fn recorded_vmid(ctx: &StepContext<'_>) -> Option<VmId> {
         .and_then(|v| VmId::new(v).ok())
 }
 
-/// The VM at the recorded VMID when the listing cannot say whether it is ours: listed without a name
-/// (the listing takes name, status and template from what pvestatd last reported, which a VM made
-/// seconds ago, or one on a node offline for minutes, does not have yet), or named after the request
-/// without our tags (a clone not configured yet: the clone call takes no tags). Such a VM may well
-/// be ours, and creating another would leave two.
-pub fn unidentified_recorded_vm<'a>(
-    resources: &'a [ClusterResource],
-    recorded: Option<VmId>,
-    request_id: &str,
-    provider_id: &str,
-) -> Option<&'a VmResource> {
-    let recorded = recorded?;
-    resources.iter().find_map(|r| match r {
-        ClusterResource::Vm(vm)
-            if vm.vmid == recorded
-                && (vm.name.is_none()
-                    || (vm.name.as_deref() == Some(request_id)
-                        && !vm_config::listed_as_ours(vm, Some(request_id), provider_id))) =>
-        {
-            Some(vm)
-        }
-        _ => None,
-    })
-}
-
-/// What the config of an unnamed recorded VM says.
-enum Unnamed {
-    Ours,
-    /// Someone else's (or gone): the VMID is simply taken, choose another.
-    NotOurs,
-    /// Its node cannot be asked: wait, never replace it.
-    CannotTell(String),
-}
-
-async fn identify_unnamed(
-    ctx: &StepContext<'_>,
-    vm: &VmResource,
+/// Takes over the VM made for this request earlier, if the cluster has one (made by us before a
+/// crash, or by the official provider at the VMID its state records): `Some(Done)` once adopted,
+/// `Some(Requeue)` while a candidate cannot be identified (its node is away, or it is locked), since
+/// creating another would leave two. Ownership is `model::identity`'s, as for teardown.
+async fn adopt(
+    ctx: &mut StepContext<'_>,
     resources: &[ClusterResource],
-) -> Result<Unnamed, StepError> {
-    let online = resources.iter().any(|r| {
-        matches!(r, ClusterResource::Node(n) if n.node == vm.node && n.status == NodeState::Online)
-    });
-    if !online {
-        return Ok(Unnamed::CannotTell(format!(
-            "VM {} recorded for this request is on node {}, which is not online, and the listing cannot say whose it is; waiting for the node rather than creating a second VM",
-            vm.vmid, vm.node
-        )));
-    }
-    let doing = format!(
-        "reading the config of VM {} on {} to see whether it is this request's",
-        vm.vmid, vm.node
-    );
-    let config = match ctx.services.pve.vm_config(&vm.node, vm.vmid).await {
-        Ok(c) => c,
-        Err(e) if e.is_not_found() => return Ok(Unnamed::NotOurs),
-        Err(e) => return Err(StepError::proxmox(doing)(e)),
+) -> Result<Option<StepOutcome>, StepError> {
+    let vms: Vec<VmResource> = resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm) => Some(vm.clone()),
+            _ => None,
+        })
+        .collect();
+    let uuid = ctx.state.uuid.clone();
+    let claim = Claim {
+        request_id: &ctx.request.id,
+        provider_id: &ctx.services.provider_id,
+        recorded_vmid: recorded_vmid(ctx),
+        smbios_uuid: Some(&uuid),
     };
-    if config.get("template").as_deref() == Some("1") {
-        return Ok(Unnamed::NotOurs);
-    }
-    if let Some(lock) = config.get("lock").filter(|l| !l.is_empty()) {
-        // A create or clone still running: its config is not complete yet.
-        return Ok(Unnamed::CannotTell(format!(
-            "VM {} recorded for this request is locked ({lock}) on {}; waiting for it rather than creating a second VM",
+    let mut found = None;
+    for vm in identity::candidates(&vms, &claim) {
+        let online = resources.iter().any(|r| {
+            matches!(r, ClusterResource::Node(n) if n.node == vm.node && n.status == NodeState::Online)
+        });
+        let doing = format!(
+            "reading the config of VM {} on {} to see whether it is this request's",
             vm.vmid, vm.node
-        )));
-    }
-    let tags = config
-        .get("tags")
-        .map(|t| parse_tags(&t))
-        .unwrap_or_default();
-    let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
-    let configured = vm_config::has_tag(
-        &tag_refs,
-        &vm_config::provider_tag(&ctx.services.provider_id),
-    );
-    // A clone not configured yet still has the SMBIOS UUID Proxmox gave it at clone time; ours is
-    // set by `configure_vm`, so it is checked only once the VM carries our tags.
-    let ownership = vm_config::check_ownership_with_uuid(
-        &config.get("name").unwrap_or_default(),
-        &tags,
-        &config.get("description").unwrap_or_default(),
-        config.get("smbios1").as_deref(),
-        configured.then_some(ctx.state.uuid.as_str()),
-        &ctx.request.id,
-        &ctx.services.provider_id,
-    );
-    Ok(match ownership {
-        vm_config::Ownership::Ours => Unnamed::Ours,
-        // The official provider's VM at the VMID its state records: the rule of `recorded_vm`, for a
-        // listing that cannot show the name yet.
-        vm_config::Ownership::Legacy if i64::from(vm.vmid.get()) == i64::from(ctx.state.vmid) => {
-            Unnamed::Ours
-        }
-        vm_config::Ownership::Legacy | vm_config::Ownership::NotOurs(_) => Unnamed::NotOurs,
-    })
-}
-
-/// The VM the state's `vmid` names, if it exists and is named after the request.
-fn recorded_vm<'a>(
-    resources: &'a [ClusterResource],
-    vmid: i32,
-    request_id: &str,
-) -> Option<&'a VmResource> {
-    resources.iter().find_map(|r| match r {
-        ClusterResource::Vm(vm)
-            if !vm.template
-                && i64::from(vm.vmid.get()) == i64::from(vmid)
-                && vm.name.as_deref() == Some(request_id) =>
+        );
+        let why = match identify(&ctx.services.pve, online, vm, &claim)
+            .await
+            .map_err(StepError::proxmox(doing))?
         {
-            Some(vm)
-        }
-        _ => None,
-    })
+            Identified::Ours => {
+                found = Some(vm);
+                break;
+            }
+            Identified::NotOurs(reason) => {
+                tracing::debug!(request = %claim.request_id, vmid = %vm.vmid, %reason, "not this request's VM");
+                continue;
+            }
+            Identified::Gone => continue,
+            Identified::NodeAway => format!(
+                "VM {} may be this request's, but its node {} is not online and the listing cannot say whose it is; waiting for the node rather than creating a second VM",
+                vm.vmid, vm.node
+            ),
+            Identified::Locked(lock) => format!(
+                "VM {} may be this request's, but it is locked ({lock}) on {}; waiting for it rather than creating a second VM",
+                vm.vmid, vm.node
+            ),
+        };
+        return Ok(Some(StepOutcome::Requeue {
+            after: WAIT_FOR_IDENTITY,
+            why,
+        }));
+    }
+    let Some(vm) = found else {
+        return Ok(None);
+    };
+    tracing::info!(request = %ctx.request.id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier");
+    ctx.state.vmid = vm.vmid.get() as i32;
+    ctx.state.node = vm.node.to_string();
+    ctx.services.ledgers.release_vmid(vm.vmid.get());
+    Ok(Some(StepOutcome::Done))
 }
 
 /// How many VMIDs above `/cluster/nextid`'s answer to check before giving up.
@@ -579,20 +484,6 @@ mod tests {
     }
 
     #[test]
-    fn adoption_finds_our_vm_whatever_the_case_of_its_tags() {
-        // PVE stores tags lowercased by default: provider "Prox-A" finds "omni-provider.prox-a".
-        let resources = listing(serde_json::json!([
-            {"type": "qemu", "vmid": 104, "node": "pve1", "name": "Req-1",
-             "tags": "omni-provider.prox-a;omni-request.req-1"},
-            {"type": "qemu", "vmid": 105, "node": "pve1", "name": "Req-1", "template": 1,
-             "tags": "omni-provider.prox-a"}
-        ]));
-        let found = find_own_vm(&resources, "Req-1", "Prox-A").map(|vm| vm.vmid.get());
-        assert_eq!(found, Some(104));
-        assert!(find_own_vm(&resources, "Req-1", "other").is_none());
-    }
-
-    #[test]
     fn a_cross_node_clone_needs_every_template_drive_shared() {
         let resources = listing(serde_json::json!([
             {"type": "storage", "storage": "local", "node": "pve1", "shared": 0},
@@ -613,31 +504,6 @@ mod tests {
                 "efidisk0 (local-lvm:base-9000-disk-1)",
                 "ide2 (local:iso/talos.iso)"
             ]
-        );
-    }
-
-    #[test]
-    fn a_recorded_vmid_listed_without_name_needs_its_config() {
-        // pve-manager PVE/API2Tools.pm extract_vm_stats: no RRD data yet, no name.
-        let resources = listing(serde_json::json!([
-            {"type": "qemu", "vmid": 104, "node": "pve1", "status": "unknown",
-             "tags": "omni-provider.proxmox"},
-            {"type": "qemu", "vmid": 105, "node": "pve1", "name": "other"},
-            {"type": "qemu", "vmid": 106, "node": "pve1", "name": "req-1"},
-            {"type": "qemu", "vmid": 107, "node": "pve1", "name": "req-1",
-             "tags": "omni-provider.proxmox"}
-        ]));
-        let at = |id| {
-            unidentified_recorded_vm(&resources, VmId::new(id).ok(), "req-1", "proxmox")
-                .map(|vm| vm.vmid.get())
-        };
-        assert_eq!(at(104), Some(104));
-        assert_eq!(at(105), None, "named otherwise: the listing decides");
-        assert_eq!(at(106), Some(106), "an untagged clone of this request");
-        assert_eq!(at(107), None, "ours by the listing: adopted directly");
-        assert_eq!(
-            unidentified_recorded_vm(&resources, None, "req-1", "proxmox").map(|v| v.vmid),
-            None
         );
     }
 }

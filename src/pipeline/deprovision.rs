@@ -28,9 +28,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::model::identity::{self, Claim};
 use crate::pipeline::cloud_init::seed_iso_file_name;
-use crate::pipeline::vm_config::{self, ListingVerdict, Ownership};
-use crate::proxmox::property::{IsoVolume, parse_tags};
+use crate::pipeline::identify::{Identified, identify};
+use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::{
     ClusterResource, NodeName, NodeState, StorageResource, StorageVolume, VmConfig, VmId,
     VmResource,
@@ -293,7 +294,7 @@ impl ClusterView {
     pub fn by_identity(&self, request_id: &str, provider_id: &str) -> Vec<&VmResource> {
         self.vms
             .iter()
-            .filter(|vm| vm_config::listed_as_ours(vm, Some(request_id), provider_id))
+            .filter(|vm| identity::looks_like(vm, request_id, provider_id))
             .collect()
     }
 
@@ -440,10 +441,16 @@ async fn deprovision_in(
     options: &DeprovisionOptions,
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
+    let claim = Claim {
+        request_id: &target.request_id,
+        provider_id: &target.provider_id,
+        recorded_vmid: target.vmid.filter(|_| options.accept_legacy),
+        smbios_uuid: target.smbios_uuid.as_deref(),
+    };
     let mut foreign: Option<(VmId, String)> = None;
     if let Some(id) = target.vmid {
         if let Some(vm) = view.vm(id) {
-            match verdict(pve, view, vm, target, options.accept_legacy).await? {
+            match verdict(pve, view, vm, &claim).await? {
                 Verdict::Delete => return destroy(pve, view, vm, options, progress).await,
                 Verdict::Gone => return Ok(DeprovisionOutcome::AlreadyGone),
                 Verdict::NotOurs(reason) => foreign = Some((id, reason)),
@@ -461,7 +468,7 @@ async fn deprovision_in(
         .collect();
     match candidates.as_slice() {
         [] => {}
-        [vm] => match verdict(pve, view, vm, target, false).await? {
+        [vm] => match verdict(pve, view, vm, &claim).await? {
             Verdict::Delete => return destroy(pve, view, vm, options, progress).await,
             Verdict::Gone => {}
             Verdict::NotOurs(reason) => {
@@ -495,73 +502,41 @@ fn node_down(view: &ClusterView, vm: &VmResource) -> Option<DeprovisionError> {
     }
 }
 
-/// Whether `vm` is the request's: from the listing when it is conclusive, else from the config.
+/// Whether `vm` is the request's, by `model::identity` (the rule adoption uses too). A VM whose
+/// node is away or that is locked mid-create cannot be ruled out: an error, so the teardown waits.
 async fn verdict(
     pve: &ProxmoxClient,
     view: &ClusterView,
     vm: &VmResource,
-    target: &DeprovisionTarget,
-    accept_legacy: bool,
+    claim: &Claim<'_>,
 ) -> Result<Verdict, DeprovisionError> {
-    if vm.template {
-        return Ok(Verdict::NotOurs("it is a template".into()));
-    }
-    let tags = vm.tag_list();
-    match vm_config::listing_ownership(
-        vm.name.as_deref(),
-        &tags,
-        &target.request_id,
-        &target.provider_id,
-    ) {
-        ListingVerdict::Ours => return Ok(Verdict::Delete),
-        ListingVerdict::NotOurs(reason) => return Ok(Verdict::NotOurs(reason)),
-        ListingVerdict::NeedsConfig => {}
-    }
-    if let Some(e) = node_down(view, vm) {
-        return Err(e);
-    }
-    let config = match pve.vm_config(&vm.node, vm.vmid).await {
-        Ok(c) => c,
-        Err(e) if e.is_not_found() => return Ok(Verdict::Gone),
-        Err(source) => {
-            return Err(DeprovisionError::Proxmox {
+    let online = view.node_state(&vm.node) == Some(NodeState::Online);
+    let identified =
+        identify(pve, online, vm, claim)
+            .await
+            .map_err(|source| DeprovisionError::Proxmox {
                 action: Action::ReadConfig,
                 vmid: vm.vmid,
                 node: vm.node.clone(),
                 source,
-            });
-        }
-    };
-    // The listing may lack name and template (pvestatd has not reported the VM): the config has them.
-    if config.get("template").as_deref() == Some("1") {
-        return Ok(Verdict::NotOurs("it is a template".into()));
-    }
-    let name = vm.name.clone().or_else(|| config.get("name"));
-    let owned_tags = config
-        .get("tags")
-        .map(|t| parse_tags(&t))
-        .unwrap_or_else(|| tags.iter().map(|t| t.to_string()).collect());
-    // A clone that never got to `configure_vm` has our marker (given at clone time) but neither our
-    // tags nor our SMBIOS UUID yet: the UUID is checked once the VM carries our tags.
-    let tag_refs: Vec<&str> = owned_tags.iter().map(String::as_str).collect();
-    let configured = vm_config::has_tag(&tag_refs, &vm_config::provider_tag(&target.provider_id));
-    let ownership = vm_config::check_ownership_with_uuid(
-        name.as_deref().unwrap_or_default(),
-        &owned_tags,
-        &config.get("description").unwrap_or_default(),
-        config.get("smbios1").as_deref(),
-        target.smbios_uuid.as_deref().filter(|_| configured),
-        &target.request_id,
-        &target.provider_id,
-    );
-    Ok(match ownership {
-        Ownership::Ours => Verdict::Delete,
-        Ownership::Legacy if accept_legacy => Verdict::Delete,
-        Ownership::Legacy => Verdict::NotOurs(
-            "it has no ownership marker (made by the official provider?) and its VMID was not recorded for this request".into(),
+            })?;
+    match identified {
+        Identified::Ours => Ok(Verdict::Delete),
+        Identified::NotOurs(reason) => Ok(Verdict::NotOurs(reason)),
+        Identified::Gone => Ok(Verdict::Gone),
+        Identified::NodeAway => Err(
+            node_down(view, vm).unwrap_or(DeprovisionError::NodeOffline {
+                node: vm.node.clone(),
+                vmid: vm.vmid,
+                state: state_word(None),
+            }),
         ),
-        Ownership::NotOurs(reason) => Verdict::NotOurs(reason),
-    })
+        Identified::Locked(lock) => Err(DeprovisionError::Locked {
+            node: vm.node.clone(),
+            vmid: vm.vmid,
+            lock,
+        }),
+    }
 }
 
 /// Shutdown (if running), destroy. The VM is known to be ours.
@@ -887,7 +862,7 @@ pub struct FoundIso {
 /// Our VMs (provider tag), the only ones whose configs the orphan search reads.
 pub fn our_vms<'a>(vms: &'a [VmResource], provider_id: &str) -> Vec<&'a VmResource> {
     vms.iter()
-        .filter(|vm| vm_config::listed_as_ours(vm, None, provider_id))
+        .filter(|vm| identity::made_by(vm, provider_id))
         .collect()
 }
 
@@ -935,7 +910,7 @@ pub fn find_orphans(
         .collect();
     for vm in our_vms(vms, provider_id) {
         let tags = vm.tag_list();
-        let request = match (vm_config::tagged_request(&tags), vm.name.as_deref()) {
+        let request = match (identity::tagged_request(&tags), vm.name.as_deref()) {
             (Some(tagged), Some(name)) if tagged.eq_ignore_ascii_case(name) => {
                 Some(name.to_owned())
             }
@@ -968,7 +943,7 @@ pub fn find_orphans(
         .collect();
     for vm in our_vms(vms, provider_id) {
         let tags = vm.tag_list();
-        for request in [vm_config::tagged_request(&tags), vm.name.as_deref()]
+        for request in [identity::tagged_request(&tags), vm.name.as_deref()]
             .into_iter()
             .flatten()
         {

@@ -12,6 +12,7 @@ pub mod vm_config;
 pub mod configure_vm;
 pub mod create_vm;
 pub mod discover_ip;
+pub mod identify;
 pub mod image_factory;
 pub mod pick_node;
 pub mod prepare_image;

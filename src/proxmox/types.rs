@@ -244,8 +244,9 @@ impl VmResource {
         split_tags(self.tags.as_deref().unwrap_or_default())
     }
 
+    /// In any case: Proxmox lowercases tags unless datacenter.cfg's `tag-style` is case-sensitive.
     pub fn has_tag(&self, tag: &str) -> bool {
-        self.tag_list().contains(&tag)
+        self.tag_list().iter().any(|t| t.eq_ignore_ascii_case(tag))
     }
 
     pub fn is_running(&self) -> bool {

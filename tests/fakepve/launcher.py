@@ -576,6 +576,17 @@ async def command(pve, cmd):
         vm = pve.add_vm(cmd['vmid'], cmd['name'], node=cmd.get('node', 'pve1'), status=cmd.get('status', 'stopped'),
                         config=cmd.get('config', {}), template=cmd.get('template', False))
         return vm_view(vm)
+    elif op == 'set_vm':
+        # Rewrites a VM's config and lock in place, e.g. to show it the way qemu-server's create does
+        # while its worker runs: src/PVE/API2/Qemu.pm `create_vm` calls `create_and_lock_config`
+        # (a config holding only `lock: create`) before forking the worker, which writes the full
+        # config only after every disk is allocated.
+        vm = pve.guest(cmd['vmid'])
+        if 'config' in cmd:
+            vm.config = dict(cmd['config'])
+        if 'lock' in cmd:
+            pve._qm_lock(vm, cmd['lock'])
+        return vm_view(vm)
     elif op == 'remove_vm':
         pve.vms = [vm for vm in pve.vms if vm.vmid != cmd['vmid']]
     elif op == 'set_agent':

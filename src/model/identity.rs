@@ -1,0 +1,275 @@
+//! "Is this VM ours?": the one answer, used by adoption (`create_vm`), teardown (`deprovision`) and
+//! the `orphans` search alike, so that a VM one of them would adopt is never one another would leave
+//! alone, or the other way round.
+//!
+//! A VM carries our identity three ways: its name is the request ID, its tags carry our provider tag
+//! (`omni-provider.<id>`) and the request (`omni-request.<id>`), and its description carries a marker
+//! naming both. The `/cluster/resources` listing shows name and tags, so most VMs are recognised
+//! without reading their config ([`judge_listing`]); when the listing cannot say (no name yet, tags
+//! incomplete) the config's marker decides ([`judge_config`]). What our provider state recorded (the
+//! VMID, the SMBIOS UUID) sharpens the answer: a VM at the recorded VMID named like the official
+//! provider names them is the request's, and a VM with another UUID than the one we gave is not.
+//!
+//! Every tag comparison ignores case: Proxmox lowercases tags unless datacenter.cfg's `tag-style`
+//! says `case-sensitive`, so a provider ID with capitals comes back lowercased.
+
+use crate::proxmox::property::{Tag, parse_tags};
+use crate::proxmox::types::{VmConfig, VmId, VmResource};
+
+/// The tag marking every VM this provider made: `omni-provider.<provider id>`.
+pub fn provider_tag(provider_id: &str) -> String {
+    format!("omni-provider.{provider_id}")
+}
+
+/// Whether `tags` carry `wanted`, in any case.
+pub fn has_tag(tags: &[&str], wanted: &str) -> bool {
+    tags.iter().any(|t| t.eq_ignore_ascii_case(wanted))
+}
+
+const REQUEST_TAG_PREFIX: &str = "omni-request.";
+
+/// The tag naming the request a VM was made for: `omni-request.<request id>`. `None` when the ID is not
+/// a valid Proxmox tag (Omni's IDs always are; the VM then simply goes without it).
+pub fn request_tag(request_id: &str) -> Option<String> {
+    if request_id.is_empty() {
+        return None;
+    }
+    Tag::new(format!("{REQUEST_TAG_PREFIX}{request_id}"))
+        .ok()
+        .map(|t| t.as_str().to_owned())
+}
+
+/// The request a VM's tags name (`omni-request.<id>`), if any.
+pub fn tagged_request<'a>(tags: &[&'a str]) -> Option<&'a str> {
+    tags.iter().find_map(|t| {
+        t.get(..REQUEST_TAG_PREFIX.len())
+            .filter(|p| p.eq_ignore_ascii_case(REQUEST_TAG_PREFIX))
+            .map(|_| &t[REQUEST_TAG_PREFIX.len()..])
+            .filter(|id| !id.is_empty())
+    })
+}
+
+/// Whether this provider made the VM, for whichever request: not a template and carrying our
+/// provider tag. The `orphans` search starts from these (and still judges each one per request).
+pub fn made_by(vm: &VmResource, provider_id: &str) -> bool {
+    !vm.template && has_tag(&vm.tag_list(), &provider_tag(provider_id))
+}
+
+/// Whether the listing shows a VM dressed as the request's: made by us and named after the request.
+/// Such a VM is a candidate wherever it is; it still goes through [`judge_listing`].
+pub fn looks_like(vm: &VmResource, request_id: &str, provider_id: &str) -> bool {
+    made_by(vm, provider_id) && vm.name.as_deref() == Some(request_id)
+}
+
+const MARKER_HEADER: &str =
+    "Managed by the Omni infrastructure provider for Proxmox VE. Do not edit the two lines below.";
+const MARKER_PROVIDER: &str = "omni-provider-id";
+const MARKER_REQUEST: &str = "omni-machine-request";
+
+/// The description written on the VM: a sentence for people, then the machine-readable marker.
+pub fn description_marker(provider_id: &str, request_id: &str) -> String {
+    format!("{MARKER_HEADER}\n{MARKER_PROVIDER}: {provider_id}\n{MARKER_REQUEST}: {request_id}\n")
+}
+
+/// The marker read back from a description (Proxmox returns it decoded).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Marker {
+    pub provider_id: Option<String>,
+    pub request_id: Option<String>,
+}
+
+/// Reads the marker wherever it sits in the description: a user may write notes above it.
+pub fn parse_marker(description: &str) -> Marker {
+    let mut marker = Marker::default();
+    for line in description.lines() {
+        if let Some((key, value)) = line.split_once(':') {
+            let value = value.trim();
+            match key.trim() {
+                MARKER_PROVIDER if marker.provider_id.is_none() => {
+                    marker.provider_id = Some(value.to_string())
+                }
+                MARKER_REQUEST if marker.request_id.is_none() => {
+                    marker.request_id = Some(value.to_string())
+                }
+                _ => {}
+            }
+        }
+    }
+    marker
+}
+
+/// The `uuid=` of an `smbios1` value (`uuid=…,serial=…`).
+pub fn smbios_uuid(smbios1: &str) -> Option<&str> {
+    smbios1
+        .split(',')
+        .find_map(|part| part.trim().strip_prefix("uuid="))
+        .map(str::trim)
+}
+
+/// What a provider state claims about a request's VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim<'a> {
+    pub request_id: &'a str,
+    pub provider_id: &'a str,
+    /// The VMID a provider state recorded (ours or the official provider's): the `vmid`, else the
+    /// `reserved_vmid` written before the create. `None` when the question comes from a listing
+    /// (the `orphans` search), which makes a VM without our marker never the request's.
+    pub recorded_vmid: Option<VmId>,
+    /// The SMBIOS UUID we gave the VM, when recorded.
+    pub smbios_uuid: Option<&'a str>,
+}
+
+/// Whether a VM is the request's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    Ours,
+    /// Not the request's VM; the reason is for people (logs, status).
+    NotOurs(String),
+}
+
+/// What the listing (name + tags) says about a VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListingVerdict {
+    /// Named after the request, with our provider tag and the request tag: ours, no config read.
+    Ours,
+    /// A template, or named otherwise: neither our marker nor the official provider's naming can make
+    /// it ours, so no config read either.
+    NotOurs(String),
+    /// Named after the request (or not named yet) but not tagged conclusively: the config decides.
+    NeedsConfig,
+}
+
+/// The VMs worth judging for a claim: the one at the recorded VMID first (whatever the listing shows
+/// of it), then any other that looks like the request's (see [`looks_like`]).
+pub fn candidates<'a>(vms: &'a [VmResource], claim: &Claim<'_>) -> Vec<&'a VmResource> {
+    let recorded = claim
+        .recorded_vmid
+        .and_then(|id| vms.iter().find(|vm| vm.vmid == id));
+    let lookalikes = vms.iter().filter(|vm| {
+        Some(vm.vmid) != claim.recorded_vmid && looks_like(vm, claim.request_id, claim.provider_id)
+    });
+    recorded.into_iter().chain(lookalikes).collect()
+}
+
+/// Ownership as far as the listing can decide it.
+pub fn judge_listing(vm: &VmResource, claim: &Claim<'_>) -> ListingVerdict {
+    if vm.template {
+        return ListingVerdict::NotOurs("it is a template".into());
+    }
+    let tags = vm.tag_list();
+    let tagged = request_tag(claim.request_id).is_some_and(|request| {
+        has_tag(&tags, &provider_tag(claim.provider_id)) && has_tag(&tags, &request)
+    });
+    match vm.name.as_deref() {
+        Some(name) if name == claim.request_id && tagged => ListingVerdict::Ours,
+        Some(name) if name == claim.request_id => ListingVerdict::NeedsConfig,
+        Some(name) => {
+            ListingVerdict::NotOurs(format!("it is named {name:?}, not {:?}", claim.request_id))
+        }
+        // pvestatd has not reported the VM yet (created seconds ago, or its node has been away for
+        // minutes and its RRD entry expired): the listing cannot tell, the config can.
+        None => ListingVerdict::NeedsConfig,
+    }
+}
+
+/// Ownership from the VM's config, for when [`judge_listing`] could not decide. The listing's name
+/// and tags stand in for what the config lacks.
+pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ownership {
+    if vm.template || config.get("template").as_deref() == Some("1") {
+        return Ownership::NotOurs("it is a template".into());
+    }
+    let name = config
+        .get("name")
+        .or_else(|| vm.name.clone())
+        .unwrap_or_default();
+    let tags = config
+        .get("tags")
+        .map(|t| parse_tags(&t))
+        .unwrap_or_else(|| vm.tag_list().iter().map(|t| t.to_string()).collect());
+    let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
+    let verdict = by_marker(
+        &name,
+        &tag_refs,
+        &config.get("description").unwrap_or_default(),
+        claim,
+    );
+    let verdict = match verdict {
+        Marked::Ours => Ownership::Ours,
+        Marked::Legacy if claim.recorded_vmid == Some(vm.vmid) => Ownership::Ours,
+        Marked::Legacy => {
+            return Ownership::NotOurs(
+                "it has no ownership marker (made by the official provider?) and its VMID was not recorded for this request".into(),
+            );
+        }
+        Marked::NotOurs(reason) => return Ownership::NotOurs(reason),
+    };
+    // A clone not configured yet carries the UUID Proxmox gave it at clone time; ours is set with our
+    // tags, so the UUID is checked only once the VM carries them.
+    let configured = has_tag(&tag_refs, &provider_tag(claim.provider_id));
+    match claim.smbios_uuid.map(str::trim).filter(|u| !u.is_empty()) {
+        Some(expected) if configured => uuid_verdict(config, expected).unwrap_or(verdict),
+        _ => verdict,
+    }
+}
+
+/// `Some(NotOurs)` when the VM's SMBIOS UUID is not the one recorded: a VM cloned from ours by hand
+/// carries our marker too, but never our UUID.
+fn uuid_verdict(config: &VmConfig, expected: &str) -> Option<Ownership> {
+    let smbios1 = config.get("smbios1");
+    match smbios1.as_deref().and_then(smbios_uuid) {
+        Some(actual) if actual.eq_ignore_ascii_case(expected) => None,
+        Some(actual) => Some(Ownership::NotOurs(format!(
+            "its SMBIOS UUID is {actual}, not the recorded {expected}"
+        ))),
+        None => Some(Ownership::NotOurs(format!(
+            "it has no SMBIOS UUID, but {expected} was recorded"
+        ))),
+    }
+}
+
+/// What the description marker (or its absence) says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Marked {
+    /// Our marker names this request and provider, and the name matches.
+    Ours,
+    /// No marker, but named after the request and tagged with a machine-request set, as the official
+    /// provider makes VMs: the request's only at the VMID its state recorded.
+    Legacy,
+    NotOurs(String),
+}
+
+fn by_marker(name: &str, tags: &[&str], description: &str, claim: &Claim<'_>) -> Marked {
+    let (request_id, provider_id) = (claim.request_id, claim.provider_id);
+    let marker = parse_marker(description);
+    if marker.provider_id.is_some() || marker.request_id.is_some() {
+        if marker.provider_id.as_deref() != Some(provider_id) {
+            return Marked::NotOurs(format!(
+                "its description marker names provider {:?}, not {provider_id:?}",
+                marker.provider_id.unwrap_or_default()
+            ));
+        }
+        if marker.request_id.as_deref() != Some(request_id) {
+            return Marked::NotOurs(format!(
+                "its description marker names request {:?}, not {request_id:?}",
+                marker.request_id.unwrap_or_default()
+            ));
+        }
+        if name != request_id {
+            return Marked::NotOurs(format!("it is named {name:?}, not {request_id:?}"));
+        }
+        return Marked::Ours;
+    }
+    if name == request_id
+        && tags
+            .iter()
+            .any(|t| t.to_ascii_lowercase().starts_with("machine-request."))
+    {
+        return Marked::Legacy;
+    }
+    Marked::NotOurs(format!(
+        "it has no ownership marker and is named {name:?}, not {request_id:?}"
+    ))
+}
+
+#[cfg(test)]
+mod tests;
