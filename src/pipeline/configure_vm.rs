@@ -9,7 +9,7 @@
 use super::create_vm::target;
 use super::provider_data::BootMode;
 use super::seed::upload_seed;
-use super::step::{StepContext, StepError, StepOutcome};
+use super::step::{StartedTask, StepContext, StepError, StepOutcome};
 use super::vm_config::{self, VmIdentity};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
@@ -52,17 +52,16 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         params.push(("delete".into(), inherited.join(",")));
     }
     let doing = format!("configuring VM {vmid} on {node}");
-    ctx.report(doing.clone()).await;
     if params.iter().any(|(k, v)| vm_config::allocates(k, v)) {
         // Never replayed by the client: a second delivery would allocate a second time.
-        let task = pve
-            .update_vm_config_async(&node, vmid, params)
-            .await
-            .map_err(StepError::proxmox(doing.clone()))?;
-        pve.wait_for_task(&task, ctx.services.timeouts.task)
-            .await
-            .map_err(StepError::proxmox(doing))?;
+        ctx.run_task(
+            doing,
+            ctx.services.timeouts.task,
+            pve.update_vm_config_async(&node, vmid, params),
+        )
+        .await?;
     } else {
+        ctx.report(doing.clone()).await;
         pve.update_vm_config(&node, vmid, params)
             .await
             .map_err(StepError::proxmox(doing))?;
@@ -75,14 +74,14 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         ctx.report(doing.clone()).await;
         let slot = boot.as_ref().map_or("scsi0", |b| b.slot.as_str());
         let [disk, size] = vm_config::boot_disk_resize(&ctx.data, slot);
-        if let Some(task) = pve
+        // Proxmox answers with a task only where the resize takes one (storage-dependent).
+        if let Some(upid) = pve
             .resize_disk(&node, vmid, &disk.1, &size.1)
             .await
             .map_err(StepError::proxmox(doing.clone()))?
         {
-            pve.wait_for_task(&task, ctx.services.timeouts.task)
-                .await
-                .map_err(StepError::proxmox(doing))?;
+            let task = StartedTask { upid, doing };
+            ctx.finish_task(task, ctx.services.timeouts.task).await?;
         }
     }
     Ok(StepOutcome::Done)

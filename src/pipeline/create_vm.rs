@@ -271,18 +271,14 @@ async fn create(
         .into_iter()
         .filter(|(k, _)| k != "vmid")
         .collect();
-    let doing = format!("creating VM {vmid} on {node}");
-    ctx.report(doing.clone()).await;
-    let pve = &ctx.services.pve;
-    let task = pve
-        .create_vm(node, vmid, params)
-        .await
-        .map_err(StepError::proxmox(doing.clone()))?;
-    record_create_task(ctx, vmid, &task).await?;
-    let pve = &ctx.services.pve;
-    pve.wait_for_task(&task, ctx.services.timeouts.task)
-        .await
-        .map_err(StepError::proxmox(doing))?;
+    let task = ctx
+        .start_task(
+            format!("creating VM {vmid} on {node}"),
+            ctx.services.pve.create_vm(node, vmid, params),
+        )
+        .await?;
+    record_create_task(ctx, vmid, &task.upid).await?;
+    ctx.finish_task(task, ctx.services.timeouts.task).await?;
     Ok(())
 }
 
@@ -348,17 +344,16 @@ async fn clone(
         "cloning template {template_id} on {} to VM {vmid} on {node}",
         template.node
     );
-    ctx.report(doing.clone()).await;
-    let pve = &ctx.services.pve;
-    let task = pve
-        .clone_vm_with(&template.node, template_id, params)
-        .await
-        .map_err(StepError::proxmox(doing.clone()))?;
-    record_create_task(ctx, vmid, &task).await?;
-    let pve = &ctx.services.pve;
-    pve.wait_for_task(&task, ctx.services.timeouts.task)
-        .await
-        .map_err(StepError::proxmox(doing))?;
+    let task = ctx
+        .start_task(
+            doing,
+            ctx.services
+                .pve
+                .clone_vm_with(&template.node, template_id, params),
+        )
+        .await?;
+    record_create_task(ctx, vmid, &task.upid).await?;
+    ctx.finish_task(task, ctx.services.timeouts.task).await?;
     Ok(())
 }
 

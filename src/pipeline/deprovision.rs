@@ -653,13 +653,12 @@ async fn shut_down(
         }
         task = pve.shutdown_vm(node, vmid, secs, true).await;
     }
-    let shutdown = match task {
-        Ok(upid) => {
-            pve.wait_for_task(&upid, options.shutdown_timeout + options.task_timeout)
-                .await
-        }
-        Err(e) => Err(e),
-    };
+    let shutdown = pve
+        .run_task(
+            std::future::ready(task),
+            options.shutdown_timeout + options.task_timeout,
+        )
+        .await;
     match shutdown {
         Ok(_) => Ok(None),
         Err(e) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
@@ -668,10 +667,9 @@ async fn shut_down(
         Err(e) => {
             tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
             progress(&format!("stopping VM {vmid} on {node}"));
-            let stop = match pve.stop_vm(node, vmid).await {
-                Ok(upid) => pve.wait_for_task(&upid, options.task_timeout).await,
-                Err(e) => Err(e),
-            };
+            let stop = pve
+                .run_task(pve.stop_vm(node, vmid), options.task_timeout)
+                .await;
             match stop {
                 Ok(_) => Ok(None),
                 Err(e) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
@@ -691,20 +689,13 @@ async fn destroy_once(
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
     progress(&format!("destroying VM {vmid} on {node} with its disks"));
-    let destroyed = match pve
-        .delete_vm(
-            node,
-            vmid,
-            DeleteRequest {
-                purge: true,
-                destroy_unreferenced_disks,
-            },
-        )
-        .await
-    {
-        Ok(upid) => pve.wait_for_task(&upid, options.task_timeout).await,
-        Err(e) => Err(e),
+    let request = DeleteRequest {
+        purge: true,
+        destroy_unreferenced_disks,
     };
+    let destroyed = pve
+        .run_task(pve.delete_vm(node, vmid, request), options.task_timeout)
+        .await;
     match destroyed {
         Ok(_) => Ok(DeprovisionOutcome::Deleted {
             node: node.clone(),

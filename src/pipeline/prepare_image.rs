@@ -38,45 +38,7 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
     ctx.state.boot_mode = "iso".into();
     let version = talos_version(&ctx.request.talos_version);
     if ctx.state.schematic.is_empty() {
-        ctx.report("creating the image schematic through Omni")
-            .await;
-        let yaml = schematic_yaml(&SchematicRequest {
-            extensions: ctx.request.extensions.clone(),
-            kernel_args: ctx.request.kernel_args.clone(),
-            meta_values: ctx.request.meta_values.clone(),
-            overlay: ctx
-                .request
-                .overlay
-                .clone()
-                .map(|(image, name)| Overlay { image, name }),
-        })
-        .map_err(|e| StepError::Config(format!("cannot build the image schematic: {e}")))?;
-        let services = ctx.services;
-        let id = match services
-            .management
-            .create_schematic_from_raw(&yaml, &version)
-            .await
-        {
-            Ok(id) => id,
-            // Omni before 1.8: ask the factory ourselves, as the older Go library did.
-            Err(ManagementError::OmniTooOld) => image_factory::create_schematic(
-                &services.factory_http,
-                &services.image_factory_url,
-                &yaml,
-            )
-            .await
-            .map_err(|e| {
-                StepError::Cluster(format!(
-                    "this Omni is older than 1.8, so the schematic went to the Image Factory directly, which failed: {e}"
-                ))
-            })?,
-            Err(other) => {
-                return Err(StepError::Cluster(format!(
-                    "creating the image schematic through Omni: {other}"
-                )));
-            }
-        };
-        ctx.state.schematic = id;
+        ctx.state.schematic = create_schematic(ctx, &version).await?;
     }
     let node = ctx.node()?;
     ctx.state.talos_version = ctx.request.talos_version.clone();
@@ -116,32 +78,26 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
         .iter()
         .any(|v| v.volid == volid);
     if !present {
-        let doing = format!("downloading the Talos {version} ISO to {storage} on {node}");
-        ctx.report(doing.clone()).await;
-        let task = pve
-            .download_url(
-                &node,
-                &storage,
-                &DownloadRequest {
-                    url,
-                    file_name: file_name.clone(),
-                    content: "iso".into(),
-                    checksum: None,
-                },
+        let download = DownloadRequest {
+            url,
+            file_name: file_name.clone(),
+            content: "iso".into(),
+            checksum: None,
+        };
+        let task = ctx
+            .start_task(
+                format!("downloading the Talos {version} ISO to {storage} on {node}"),
+                pve.download_url(&node, &storage, &download),
             )
-            .await
-            .map_err(StepError::proxmox(doing.clone()))?;
+            .await?;
         ctx.state.volume_id = file_name.clone();
-        ctx.state.volume_upload_task = task.to_string();
+        ctx.state.volume_upload_task = task.upid.to_string();
         ctx.persist().await?;
-        match pve
-            .wait_for_task(&task, ctx.services.timeouts.download)
-            .await
-        {
+        match ctx.finish_task(task, ctx.services.timeouts.download).await {
             // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
-            Err(e) if e.is_file_already_present() => {}
+            Err(StepError::Proxmox { source, .. }) if source.is_file_already_present() => {}
             other => {
-                other.map_err(StepError::proxmox(doing))?;
+                other?;
             }
         }
     }
@@ -184,6 +140,50 @@ pub(super) async fn iso_storage(
             "node {node} has no active storage that holds ISO images; enable the `iso` content type on one (Datacenter > Storage)"
         ),
     }))
+}
+
+/// The schematic ID for the request's extensions, kernel args, meta values and overlay: from Omni,
+/// or from the Image Factory directly when Omni is older than 1.8 (as the older Go library did).
+async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String, StepError> {
+    ctx.report("creating the image schematic through Omni")
+        .await;
+    let yaml = schematic_yaml(&SchematicRequest {
+        extensions: ctx.request.extensions.clone(),
+        kernel_args: ctx.request.kernel_args.clone(),
+        meta_values: ctx.request.meta_values.clone(),
+        overlay: ctx
+            .request
+            .overlay
+            .clone()
+            .map(|(image, name)| Overlay { image, name }),
+    })
+    .map_err(|e| StepError::Config(format!("cannot build the image schematic: {e}")))?;
+    let services = ctx.services;
+    let id = match services
+        .management
+        .create_schematic_from_raw(&yaml, version)
+        .await
+    {
+        Ok(id) => id,
+        // Omni before 1.8: ask the factory ourselves, as the older Go library did.
+        Err(ManagementError::OmniTooOld) => image_factory::create_schematic(
+            &services.factory_http,
+            &services.image_factory_url,
+            &yaml,
+        )
+        .await
+        .map_err(|e| {
+            StepError::Cluster(format!(
+                "this Omni is older than 1.8, so the schematic went to the Image Factory directly, which failed: {e}"
+            ))
+        })?,
+        Err(other) => {
+            return Err(StepError::Cluster(format!(
+                "creating the image schematic through Omni: {other}"
+            )));
+        }
+    };
+    Ok(id)
 }
 
 async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {

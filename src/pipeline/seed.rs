@@ -38,16 +38,14 @@ pub async fn upload_seed(
     let volid = format!("{storage}:iso/{file_name}");
     let volume = IsoVolume::parse(&volid)
         .map_err(|e| StepError::Cluster(format!("seed ISO volume {volid}: {e}")))?;
-    let doing = format!("uploading the NoCloud seed to {storage} on {node}");
-    ctx.report(doing.clone()).await;
-    let pve = &ctx.services.pve;
-    let task = pve
-        .upload_file(node, &storage, "iso", &file_name, bytes)
-        .await
-        .map_err(StepError::proxmox(doing.clone()))?;
-    pve.wait_for_task(&task, ctx.services.timeouts.task)
-        .await
-        .map_err(StepError::proxmox(doing))?;
+    ctx.run_task(
+        format!("uploading the NoCloud seed to {storage} on {node}"),
+        ctx.services.timeouts.task,
+        ctx.services
+            .pve
+            .upload_file(node, &storage, "iso", &file_name, bytes),
+    )
+    .await?;
     ctx.state.seed_iso_volume = volid;
     ctx.persist().await?;
     Ok(volume)

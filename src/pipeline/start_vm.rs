@@ -9,19 +9,19 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let node = ctx.node()?;
     let vmid = ctx.vmid()?;
     let pve = &ctx.services.pve;
-    let doing = format!("starting VM {vmid} on {node}");
-    ctx.report(doing.clone()).await;
-    let task = pve
-        .start_vm(&node, vmid)
-        .await
-        .map_err(StepError::proxmox(doing.clone()))?;
-    match pve.wait_for_task(&task, ctx.services.timeouts.task).await {
+    let task = ctx
+        .start_task(
+            format!("starting VM {vmid} on {node}"),
+            pve.start_vm(&node, vmid),
+        )
+        .await?;
+    match ctx.finish_task(task, ctx.services.timeouts.task).await {
         // Recorded like the official provider does: re-running its start step, it checks this task.
         // A task that failed because the VM already ran is not recorded (it would read as a failure).
-        Ok(_) => ctx.state.vm_start_task = task.to_string(),
+        Ok(upid) => ctx.state.vm_start_task = upid.to_string(),
         // A retry after a lost answer: the VM was started by the earlier attempt.
-        Err(e) if e.is_already_running() => {}
-        Err(e) => return Err(StepError::proxmox(doing)(e)),
+        Err(StepError::Proxmox { source, .. }) if source.is_already_running() => {}
+        Err(e) => return Err(e),
     }
     if let Some(ha) = &ctx.data.ha {
         // Like the official provider, register with HA once the VM runs.

@@ -18,7 +18,7 @@ use crate::omni::management::ManagementClient;
 use crate::omni::proto::provider::MachineSpec;
 use crate::omni::state::StateError;
 use crate::pipeline::provider_data::{ProviderData, ProviderDataSchema, describe};
-use crate::proxmox::types::{ClusterResource, NodeName, VmId};
+use crate::proxmox::types::{ClusterResource, NodeName, Upid, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::Reservations;
 
@@ -344,6 +344,13 @@ pub struct StepContext<'a> {
     pub cluster: &'a mut Option<ClusterView>,
 }
 
+/// A Proxmox task a step started, with the words its progress line and errors use.
+#[derive(Debug)]
+pub struct StartedTask {
+    pub upid: Upid,
+    pub doing: String,
+}
+
 /// One `/cluster/resources` answer and when it was read.
 #[derive(Debug, Clone)]
 pub struct ClusterView {
@@ -395,6 +402,45 @@ impl StepContext<'_> {
 
     pub async fn report(&self, detail: impl Into<String>) {
         self.progress.report(detail.into()).await;
+    }
+
+    /// Says what the step is doing (the machine's status text), then makes `call`, which starts a
+    /// Proxmox task. Any error names what was being done. Use [`Self::finish_task`] after recording
+    /// the task where a crash must find it again, or [`Self::run_task`] for both at once.
+    pub async fn start_task(
+        &self,
+        doing: String,
+        call: impl Future<Output = Result<Upid, ProxmoxError>>,
+    ) -> Result<StartedTask, StepError> {
+        self.report(doing.clone()).await;
+        match call.await {
+            Ok(upid) => Ok(StartedTask { upid, doing }),
+            Err(e) => Err(StepError::proxmox(doing)(e)),
+        }
+    }
+
+    /// Waits for a task [`Self::start_task`] started, for at most `timeout`. A failed task's error
+    /// names what was being done and carries the task log's last lines.
+    pub async fn finish_task(
+        &self,
+        task: StartedTask,
+        timeout: Duration,
+    ) -> Result<Upid, StepError> {
+        match self.services.pve.wait_for_task(&task.upid, timeout).await {
+            Ok(_) => Ok(task.upid),
+            Err(e) => Err(StepError::proxmox(task.doing)(e)),
+        }
+    }
+
+    /// [`Self::start_task`] and [`Self::finish_task`], for a task with nothing to record in between.
+    pub async fn run_task(
+        &self,
+        doing: String,
+        timeout: Duration,
+        call: impl Future<Output = Result<Upid, ProxmoxError>>,
+    ) -> Result<Upid, StepError> {
+        let task = self.start_task(doing, call).await?;
+        self.finish_task(task, timeout).await
     }
 
     pub async fn persist(&self) -> Result<(), StepError> {

@@ -64,6 +64,17 @@ impl ProxmoxClient {
         }
     }
 
+    /// Makes `call`, which starts a task, then waits for the task. One error for both halves: callers
+    /// decide by what the error says (gone, locked, already running), not by which half it came from.
+    pub async fn run_task(
+        &self,
+        call: impl Future<Output = Result<Upid, ProxmoxError>>,
+        timeout: Duration,
+    ) -> Result<TaskOutcome, ProxmoxError> {
+        let upid = call.await?;
+        self.wait_for_task(&upid, timeout).await
+    }
+
     /// Waits until the task ends or `timeout` passes. `Ok` for `OK` and `WARNINGS: n`.
     pub async fn wait_for_task(
         &self,
