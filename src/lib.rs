@@ -9,7 +9,8 @@
 //!   "what after this error" is [`controller::error_policy::error_policy`].
 //! - [`pipeline`]: the provisioning steps (one module each, [`pipeline::step`] for what they share),
 //!   the provider-data reader ([`pipeline::provider_data`]) and [`pipeline::deprovision`].
-//! - [`model`]: the world as plain values ([`model::ClusterSnapshot`], built once per listing), and
+//! - [`model`]: the world as plain values ([`model::ClusterSnapshot`], built once per listing; the
+//!   typed provider state [`model::MachineState`], the one conversion to and from the protobuf), and
 //!   "is this VM ours" ([`model::identity::judge_listing`], then [`model::identity::judge_config`]
 //!   when the listing cannot say; [`pipeline::identify`] fetches the config) for adoption, teardown
 //!   and `orphans` alike.

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use super::cache::WriteCache;
 use super::error_policy::{self, ReconcileError};
 use super::requests::Request;
+use crate::model::MachineState;
 use crate::omni::join::JoinMode;
 use crate::omni::proto::provider::MachineSpec;
 use crate::omni::proto::specs::MachineRequestStatusSpec;
@@ -121,14 +122,15 @@ impl Context {
         &self,
         id: &str,
         step: Step,
-        spec: &MachineSpec,
+        state: &MachineState,
     ) -> Result<(), StateError> {
+        let spec = state.to_spec();
         self.machines
             .modify(&self.state, id, &self.owner, |m| {
                 m.spec = spec.clone();
                 m.metadata
                     .annotations
-                    .insert(annotation::STEP.to_owned(), step.go_name(spec).to_owned());
+                    .insert(annotation::STEP.to_owned(), step.go_name(state).to_owned());
             })
             .await
             .map(|_| ())

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use futures_util::future::BoxFuture;
 
 use super::context::Context;
-use crate::omni::proto::provider::MachineSpec;
+use crate::model::MachineState;
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
 use crate::omni::state::StateError;
 use crate::pipeline::provider_data::Problem;
@@ -91,7 +91,7 @@ impl Progress for StatusSink<'_> {
     }
 
     /// Only steps record decisions; a deprovision has nothing to record before it acts.
-    fn persist<'a>(&'a self, state: &'a MachineSpec) -> BoxFuture<'a, Result<(), StateError>> {
+    fn persist<'a>(&'a self, state: &'a MachineState) -> BoxFuture<'a, Result<(), StateError>> {
         Box::pin(async move {
             match self.phase {
                 Phase::Step { step, .. } => self.ctx.save_machine(self.id, step, state).await,

@@ -23,8 +23,8 @@ use super::error_policy::ReconcileError;
 use super::progress::{Phase, StatusSink, warnings_text};
 use super::requests::Request;
 use super::runner::Action;
+use crate::model::MachineState;
 use crate::omni::join::{self, ConnectionParams, JoinInputs, JoinMode};
-use crate::omni::proto::provider::MachineSpec;
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
 use crate::omni::resources::{
     ConnectionParams as LegacyConnectionParams, MachineRequest, MachineRequestStatus,
@@ -97,17 +97,17 @@ impl Provisioning<'_> {
             .modify(&ctx.machine_kind(), id, &ctx.owner, |_| {})
             .await
             .map_err(omni("creating the provider state"))?;
-        let mut spec = machine.spec.clone();
+        let mut state = MachineState::from_spec(&machine.spec);
         let start = Step::resume_index(
-            &spec.step,
+            state.step.as_deref().unwrap_or_default(),
             machine
                 .metadata
                 .annotations
                 .get(annotation::STEP)
                 .map(String::as_str),
-            &spec,
+            &state,
         );
-        self.run_steps(&info, &join, &mut spec, start).await
+        self.run_steps(&info, &join, &mut state, start).await
     }
 
     /// Provider data is validated before anything is created; bad data never gets as far as
@@ -143,25 +143,25 @@ impl Provisioning<'_> {
         &self,
         info: &RequestInfo,
         join: &ConnectionParams,
-        spec: &mut MachineSpec,
+        state: &mut MachineState,
         start: usize,
     ) -> Result<Action, ReconcileError> {
         let mut cluster: Option<ClusterView> = None;
         for step in &Step::ALL[start.min(Step::ALL.len())..] {
             let step = *step;
-            let (outcome, progress) = self.run_step(step, info, join, spec, &mut cluster).await?;
+            let (outcome, progress) = self.run_step(step, info, join, state, &mut cluster).await?;
             match outcome {
-                Ok(StepOutcome::Done) => self.step_done(step, spec).await?,
+                Ok(StepOutcome::Done) => self.step_done(step, state).await?,
                 Ok(StepOutcome::Requeue { after, why }) => {
-                    self.save_state(step, spec).await?;
+                    self.save_state(step, state).await?;
                     progress.show(&why).await;
                     return Ok(Action::RequeueAfter(after));
                 }
                 Err(source) => {
                     let e = ReconcileError::Step { step, source };
-                    spec.last_error = e.to_string();
+                    state.last_error = Some(e.to_string());
                     // Best effort: the decisions the step recorded before failing are kept.
-                    if let Err(save) = self.save_state(step, spec).await {
+                    if let Err(save) = self.save_state(step, state).await {
                         tracing::warn!(request = %self.id, error = %save, "cannot record the provider state after a failure");
                     }
                     self.ctx.services.metrics.provision("failure");
@@ -169,7 +169,7 @@ impl Provisioning<'_> {
                 }
             }
         }
-        self.provisioned(spec).await
+        self.provisioned(state).await
     }
 
     /// Runs one step with its progress going to the status; the sink is handed back for the text of
@@ -179,13 +179,13 @@ impl Provisioning<'_> {
         step: Step,
         info: &RequestInfo,
         join: &ConnectionParams,
-        spec: &mut MachineSpec,
+        state: &mut MachineState,
         cluster: &mut Option<ClusterView>,
     ) -> Result<(Result<StepOutcome, StepError>, StatusSink<'_>), ReconcileError> {
         let services = &self.ctx.services;
-        let node = (!spec.node.is_empty()).then(|| spec.node.clone());
+        let node = state.node.as_ref().map(|n| n.as_str());
         let data = services
-            .provider_data(info, node.as_deref())
+            .provider_data(info, node)
             .map_err(|source| ReconcileError::Step { step, source })?;
         let progress = StatusSink::new(
             self.ctx,
@@ -202,23 +202,24 @@ impl Provisioning<'_> {
             request: info,
             data,
             join,
-            state: spec,
+            state,
             progress: &progress,
             cluster,
         };
         let started = std::time::Instant::now();
         // Every log line inside the step carries the step and node (the reconcile span around it
         // carries the request ID).
-        let span = tracing::info_span!("step", step = step.name(), node = %step_ctx.state.node);
+        let node = step_ctx.state.node.as_ref().map_or("", |n| n.as_str());
+        let span = tracing::info_span!("step", step = step.name(), node = %node);
         let outcome = run_step(step, &mut step_ctx).instrument(span).await;
         services.metrics.step(step.name(), started.elapsed());
         Ok((outcome, progress))
     }
 
-    async fn step_done(&self, step: Step, spec: &mut MachineSpec) -> Result<(), ReconcileError> {
-        spec.step = step.name().to_owned();
-        let recovered = !std::mem::take(&mut spec.last_error).is_empty();
-        self.save_state(step, spec).await?;
+    async fn step_done(&self, step: Step, state: &mut MachineState) -> Result<(), ReconcileError> {
+        state.step = Some(step.name().to_owned());
+        let recovered = state.last_error.take().is_some();
+        self.save_state(step, state).await?;
         if recovered {
             self.ctx
                 .write_status(self.id, &self.labels, |s| {
@@ -229,9 +230,9 @@ impl Provisioning<'_> {
         }
         if step == Step::CreateVm {
             // Status `id` = SMBIOS UUID (Omni links the machine by it), label `infra-id` = VMID.
-            let uuid = spec.uuid.clone();
+            let uuid = text(&state.uuid);
             self.ctx
-                .write_status(self.id, &with_infra_id(&self.labels, spec), |s| {
+                .write_status(self.id, &with_infra_id(&self.labels, state), |s| {
                     s.id = uuid.clone()
                 })
                 .await?;
@@ -239,23 +240,22 @@ impl Provisioning<'_> {
         Ok(())
     }
 
-    async fn provisioned(&self, spec: &MachineSpec) -> Result<Action, ReconcileError> {
+    async fn provisioned(&self, state: &MachineState) -> Result<Action, ReconcileError> {
         let (ctx, id) = (self.ctx, self.id);
         ctx.services.ledgers.release_reservation(id);
+        let (vmid, node) = (text(&state.vmid), text(&state.node));
         let summary = format!(
-            "Provisioned: VM {} on {}{}",
-            spec.vmid,
-            spec.node,
-            if spec.addresses.is_empty() {
+            "Provisioned: VM {vmid} on {node}{}",
+            if state.addresses.is_empty() {
                 String::new()
             } else {
-                format!(" ({})", spec.addresses.join(", "))
+                format!(" ({})", state.addresses.join(", "))
             }
         );
-        tracing::info!(request = %id, vmid = spec.vmid, node = %spec.node, addresses = ?spec.addresses, "provisioned");
+        tracing::info!(request = %id, %vmid, %node, addresses = ?state.addresses, "provisioned");
         ctx.services.metrics.provision("success");
-        let uuid = spec.uuid.clone();
-        ctx.write_status(id, &with_infra_id(&self.labels, spec), |s| {
+        let uuid = text(&state.uuid);
+        ctx.write_status(id, &with_infra_id(&self.labels, state), |s| {
             s.stage = Stage::Provisioned as i32;
             s.status = summary.clone();
             s.error.clear();
@@ -265,9 +265,9 @@ impl Provisioning<'_> {
         Ok(Action::Done)
     }
 
-    async fn save_state(&self, step: Step, spec: &MachineSpec) -> Result<(), ReconcileError> {
+    async fn save_state(&self, step: Step, state: &MachineState) -> Result<(), ReconcileError> {
         self.ctx
-            .save_machine(self.id, step, spec)
+            .save_machine(self.id, step, state)
             .await
             .map_err(omni("recording the provider state"))
     }
@@ -330,11 +330,17 @@ impl Provisioning<'_> {
 /// library, which dropped it).
 fn with_infra_id(
     labels: &BTreeMap<String, String>,
-    spec: &MachineSpec,
+    state: &MachineState,
 ) -> BTreeMap<String, String> {
     let mut with = labels.clone();
-    with.insert(label::INFRA_ID.to_owned(), spec.vmid.to_string());
+    let vmid = state.vmid.map_or(0, |v| v.get());
+    with.insert(label::INFRA_ID.to_owned(), vmid.to_string());
     with
+}
+
+/// An optional value as status text ("" when absent, as the protobuf has it).
+fn text<T: ToString>(value: &Option<T>) -> String {
+    value.as_ref().map(T::to_string).unwrap_or_default()
 }
 
 pub fn request_info(request: &Request) -> RequestInfo {

@@ -23,13 +23,12 @@ use super::error_policy::ReconcileError;
 use super::progress::{Phase, StatusSink};
 use super::requests::Request;
 use super::runner::Action;
-use crate::omni::proto::provider::MachineSpec;
+use crate::model::MachineState;
 use crate::omni::resources::{ConfigPatchRequest, MachineRequest, MachineRequestStatus, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
-use crate::proxmox::types::{NodeName, VmId};
 
 /// How often to look again while Omni still holds a finalizer on something we tore down.
 pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(2);
@@ -117,7 +116,8 @@ async fn remove_vm_and_state(
     let Some(machine) = ctx.find_machine(id).await? else {
         return Ok(());
     };
-    if let Err(e) = deprovision_vm(ctx, id, &machine.spec, status_labels).await {
+    let state = MachineState::from_spec(&machine.spec);
+    if let Err(e) = deprovision_vm(ctx, id, &state, status_labels).await {
         ctx.services.metrics.deprovision("failure");
         if let Some(labels) = status_labels {
             ctx.report_failure(id, labels, &e).await;
@@ -136,10 +136,10 @@ async fn remove_vm_and_state(
 async fn deprovision_vm(
     ctx: &Context,
     id: &str,
-    spec: &MachineSpec,
+    state: &MachineState,
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
-    let target = target(id, ctx.provider_id(), spec);
+    let target = target(id, ctx.provider_id(), state);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let progress = move |text: &str| {
         tracing::info!(request = %id, "{text}");
@@ -164,9 +164,9 @@ async fn deprovision_vm(
         }
     };
     let (result, ()) = tokio::join!(work, show);
-    if !spec.default_pool.is_empty() {
+    if let Some(pool) = &state.default_pool {
         // Made again on demand if the set comes back.
-        ctx.services.ledgers.forget_pool(&spec.default_pool);
+        ctx.services.ledgers.forget_pool(pool.as_str());
     }
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
     // counted and logged, and the `orphans` command lists it once the request is gone.
@@ -195,22 +195,16 @@ async fn deprovision_vm(
 }
 
 /// Pure: what the provider state says about the VM (ours, or the Go provider's `vmid` + `node`).
-pub fn target(id: &str, provider_id: &str, spec: &MachineSpec) -> DeprovisionTarget {
-    let vmid = [spec.vmid, spec.reserved_vmid]
-        .into_iter()
-        .find(|v| *v > 0)
-        .and_then(|v| u32::try_from(v).ok())
-        .and_then(|v| VmId::new(v).ok());
-    let node = NodeName::new(spec.node.clone()).ok();
+pub fn target(id: &str, provider_id: &str, state: &MachineState) -> DeprovisionTarget {
     DeprovisionTarget {
         request_id: id.to_owned(),
         provider_id: provider_id.to_owned(),
-        vmid,
-        recorded_node: node.clone(),
-        smbios_uuid: (!spec.uuid.is_empty()).then(|| spec.uuid.clone()),
-        seed_iso_volume: (!spec.seed_iso_volume.is_empty()).then(|| spec.seed_iso_volume.clone()),
-        seed_iso_node: node,
-        default_pool: (!spec.default_pool.is_empty()).then(|| spec.default_pool.clone()),
+        vmid: state.recorded_vmid(),
+        recorded_node: state.node.clone(),
+        smbios_uuid: state.uuid.map(|u| u.to_string()),
+        seed_iso_volume: state.seed_iso.as_ref().map(ToString::to_string),
+        seed_iso_node: state.node.clone(),
+        default_pool: state.default_pool.as_ref().map(ToString::to_string),
     }
 }
 
@@ -230,6 +224,8 @@ fn teardown_error(doing: &'static str, e: StateError) -> ReconcileError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::omni::proto::provider::MachineSpec;
+    use crate::proxmox::types::{NodeName, VmId};
 
     #[test]
     fn target_from_go_provider_state() {
@@ -238,7 +234,7 @@ mod tests {
             node: "pve2".into(),
             ..Default::default()
         };
-        let t = target("req-1", "proxmox", &spec);
+        let t = target("req-1", "proxmox", &MachineState::from_spec(&spec));
         assert_eq!(t.vmid.map(VmId::get), Some(104));
         assert_eq!(t.recorded_node.as_ref().map(NodeName::as_str), Some("pve2"));
         assert!(t.smbios_uuid.is_none() && t.seed_iso_volume.is_none());
@@ -247,9 +243,11 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            target("r", "p", &reserved_only).vmid.map(VmId::get),
+            target("r", "p", &MachineState::from_spec(&reserved_only))
+                .vmid
+                .map(VmId::get),
             Some(120)
         );
-        assert!(target("r", "p", &MachineSpec::default()).vmid.is_none());
+        assert!(target("r", "p", &MachineState::default()).vmid.is_none());
     }
 }

@@ -4,5 +4,7 @@
 //! `validate` command and the health check all see the cluster the same way.
 pub mod cluster;
 pub mod identity;
+pub mod machine;
 
 pub use cluster::{ClusterSnapshot, GIB, MIB, NodeSnapshot, StorageSnapshot, VmSummary};
+pub use machine::MachineState;

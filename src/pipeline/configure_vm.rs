@@ -14,7 +14,7 @@ use super::vm_config::{self, VmIdentity};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     if ctx.data.boot == BootMode::Iso {
-        if ctx.state.seed_iso_volume.is_empty() {
+        if ctx.state.seed_iso.is_none() {
             // A VM the official provider created (its create step does not attach the join config;
             // its start step would): attach our NoCloud seed now.
             return attach_seed(ctx).await;

@@ -29,8 +29,8 @@ const WAIT_FOR_IDENTITY: std::time::Duration = std::time::Duration::from_secs(5)
 const VMID_ATTEMPTS: usize = 5;
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
-    if ctx.state.uuid.is_empty() {
-        ctx.state.uuid = uuid::Uuid::new_v4().to_string();
+    if ctx.state.uuid.is_none() {
+        ctx.state.uuid = Some(uuid::Uuid::new_v4());
     }
     let node = ctx.node()?;
     let request_id = ctx.request.id.clone();
@@ -43,7 +43,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let mut refused: Vec<u32> = Vec::new();
     for _ in 0..VMID_ATTEMPTS {
         let vmid = choose_vmid(ctx, &resources, &refused).await?;
-        ctx.state.reserved_vmid = vmid.get() as i32;
+        ctx.state.reserved_vmid = Some(vmid);
         ctx.persist().await?;
         let result = match ctx.data.boot {
             super::provider_data::BootMode::Iso => create(ctx, &node, vmid, &resources).await,
@@ -51,7 +51,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         };
         match result {
             Ok(()) => {
-                ctx.state.vmid = vmid.get() as i32;
+                ctx.state.vmid = Some(vmid);
                 ctx.persist().await?;
                 ctx.services.ledgers.release_vmid(vmid.get());
                 return Ok(StepOutcome::Done);
@@ -59,9 +59,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             Err(StepError::Proxmox { source, .. }) if source.is_vmid_taken() => {
                 tracing::info!(request = %request_id, %vmid, "VMID taken meanwhile; choosing another");
                 // The task was recorded as if it would make our VM; the VMID is someone else's.
-                if i64::from(ctx.state.vmid) == i64::from(vmid.get()) {
-                    ctx.state.vmid = 0;
-                    ctx.state.vm_create_task.clear();
+                if ctx.state.vmid == Some(vmid) {
+                    ctx.state.vmid = None;
+                    ctx.state.vm_create_task = None;
                 }
                 ctx.services.ledgers.release_vmid(vmid.get());
                 refused.push(vmid.get());
@@ -106,18 +106,9 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
             .map_err(StepError::proxmox(doing))?;
         ctx.services.ledgers.pool_created(pool.as_str());
     }
-    ctx.state.default_pool = pool.as_str().to_owned();
+    ctx.state.default_pool = Some(pool.clone());
     ctx.data.pool = Some(pool);
     Ok(())
-}
-
-/// The VMID this request recorded: its `vmid`, else the `reserved_vmid` written before the create.
-fn recorded_vmid(ctx: &StepContext<'_>) -> Option<VmId> {
-    [ctx.state.vmid, ctx.state.reserved_vmid]
-        .into_iter()
-        .find(|v| *v > 0)
-        .and_then(|v| u32::try_from(v).ok())
-        .and_then(|v| VmId::new(v).ok())
 }
 
 /// Takes over the VM made for this request earlier, if the cluster has one (made by us before a
@@ -135,12 +126,12 @@ async fn adopt(
             _ => None,
         })
         .collect();
-    let uuid = ctx.state.uuid.clone();
+    let uuid = ctx.state.uuid.map(|u| u.to_string());
     let claim = Claim {
         request_id: &ctx.request.id,
         provider_id: &ctx.services.provider_id,
-        recorded_vmid: recorded_vmid(ctx),
-        smbios_uuid: Some(&uuid),
+        recorded_vmid: ctx.state.recorded_vmid(),
+        smbios_uuid: uuid.as_deref(),
     };
     let mut found = None;
     for vm in identity::candidates(&vms, &claim) {
@@ -182,8 +173,8 @@ async fn adopt(
         return Ok(None);
     };
     tracing::info!(request = %ctx.request.id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier");
-    ctx.state.vmid = vm.vmid.get() as i32;
-    ctx.state.node = vm.node.to_string();
+    ctx.state.vmid = Some(vm.vmid);
+    ctx.state.node = Some(vm.node.clone());
     ctx.services.ledgers.release_vmid(vm.vmid.get());
     Ok(Some(StepOutcome::Done))
 }
@@ -209,10 +200,7 @@ async fn choose_vmid(
     let pve = &ctx.services.pve;
     let asking = "choosing a VMID (GET /cluster/nextid)";
     let usable = |id: u32| !listed.contains(&id) && !refused.contains(&id);
-    let reserved = u32::try_from(ctx.state.reserved_vmid)
-        .ok()
-        .and_then(|id| VmId::new(id).ok())
-        .filter(|id| usable(id.get()));
+    let reserved = ctx.state.reserved_vmid.filter(|id| usable(id.get()));
     if let Some(id) = reserved
         && pve
             .vmid_is_free(id)
@@ -288,9 +276,9 @@ async fn clone(
     vmid: VmId,
     resources: &[ClusterResource],
 ) -> Result<(), StepError> {
-    let template_id = u32::try_from(ctx.state.template_vmid)
-        .ok()
-        .and_then(|v| VmId::new(v).ok())
+    let template_id = ctx
+        .state
+        .template_vmid
         .ok_or_else(|| StepError::Cluster("no template recorded by prepare_image".into()))?;
     let template = resources
         .iter()
@@ -301,8 +289,7 @@ async fn clone(
         .ok_or_else(|| {
             StepError::Cluster(format!("template {template_id} is gone from the cluster"))
         })?;
-    let storage = StorageId::new(ctx.state.storage.clone())
-        .map_err(|e| StepError::Cluster(format!("recorded storage: {e}")))?;
+    let storage = recorded_storage(ctx)?;
     let reaches = template.node == *node
         || ClusterSnapshot::from_resources(resources)
             .node(node.as_str())
@@ -399,9 +386,16 @@ async fn record_create_task(
     vmid: VmId,
     task: &crate::proxmox::types::Upid,
 ) -> Result<(), StepError> {
-    ctx.state.vm_create_task = task.to_string();
-    ctx.state.vmid = vmid.get() as i32;
+    ctx.state.vm_create_task = Some(task.clone());
+    ctx.state.vmid = Some(vmid);
     ctx.persist().await
+}
+
+/// The boot disk's storage `pick_node` recorded.
+fn recorded_storage(ctx: &StepContext<'_>) -> Result<StorageId, StepError> {
+    ctx.state.storage.clone().ok_or_else(|| {
+        StepError::Cluster("the provider state records no storage for the boot disk".into())
+    })
 }
 
 /// Everything `vm_config::render` needs that earlier steps decided.
@@ -412,20 +406,14 @@ pub fn target(
     resources: &[ClusterResource],
     seed_iso: Option<IsoVolume>,
 ) -> Result<VmTarget, StepError> {
-    let bad = |what: &str, e: &dyn std::fmt::Display| {
-        StepError::Cluster(format!("recorded {what} is not usable: {e}"))
-    };
-    let storage = StorageId::new(ctx.state.storage.clone()).map_err(|e| bad("storage", &e))?;
-    let boot_iso = if ctx.state.boot_iso_volume.is_empty() {
-        None
-    } else {
-        Some(IsoVolume::parse(&ctx.state.boot_iso_volume).map_err(|e| bad("boot ISO", &e))?)
-    };
-    let seed_iso = match seed_iso {
+    let missing = |what: &str| StepError::Cluster(format!("the provider state records no {what}"));
+    let storage = recorded_storage(ctx)?;
+    let boot_iso = ctx.state.boot_iso.clone();
+    let seed_iso = match seed_iso.or_else(|| ctx.state.seed_iso.clone()) {
         Some(s) => s,
-        None => IsoVolume::parse(&ctx.state.seed_iso_volume).map_err(|e| bad("seed ISO", &e))?,
+        None => return Err(missing("seed ISO")),
     };
-    let smbios_uuid = uuid::Uuid::parse_str(&ctx.state.uuid).map_err(|e| bad("SMBIOS UUID", &e))?;
+    let smbios_uuid = ctx.state.uuid.ok_or_else(|| missing("SMBIOS UUID"))?;
     let mut additional_disk_storages = Vec::new();
     for (i, disk) in ctx.data.additional_disks.iter().enumerate() {
         additional_disk_storages.push(disk_storage(resources, node, disk, i)?);

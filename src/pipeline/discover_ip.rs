@@ -21,10 +21,8 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
-    if ctx.state.ip_discovery_started == 0 {
-        ctx.state.ip_discovery_started = now;
-    }
-    let waited = Duration::from_secs(now.saturating_sub(ctx.state.ip_discovery_started) as u64);
+    let started = *ctx.state.ip_discovery_started.get_or_insert(now);
+    let waited = Duration::from_secs(now.saturating_sub(started).max(0) as u64);
     let answer = ctx.services.pve.agent_network_interfaces(&node, vmid).await;
     let why = match answer {
         Ok(interfaces) => {

@@ -9,10 +9,12 @@ use std::collections::BTreeMap;
 use super::step::{StepContext, StepError, StepOutcome};
 use super::storage_selector::StorageSelector;
 use crate::model::ClusterSnapshot;
+use crate::proxmox::property::StorageId;
+use crate::proxmox::types::NodeName;
 use crate::rules::placement::{self, PlacementRequest};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
-    if !ctx.state.node.is_empty() && !ctx.state.storage.is_empty() {
+    if ctx.state.node.is_some() && ctx.state.storage.is_some() {
         // Decided before a restart: keep the decision (and the ledger entry that spreads others).
         reserve(ctx);
         return Ok(StepOutcome::Done);
@@ -61,17 +63,22 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             "automatically picked node"
         }
     );
-    ctx.state.node = choice.node;
-    ctx.state.storage = choice.storage;
-    ctx.state.request_set = ctx.request.set_id.clone().unwrap_or_default();
+    // Names the listing gave: they parse, or the listing itself was unusable.
+    let unusable = |what: &str, e: &dyn std::fmt::Display| {
+        StepError::Cluster(format!("the listing's {what} name is unusable: {e}"))
+    };
+    ctx.state.node = Some(NodeName::new(choice.node).map_err(|e| unusable("node", &e))?);
+    ctx.state.storage = Some(StorageId::new(choice.storage).map_err(|e| unusable("storage", &e))?);
+    ctx.state.request_set = ctx.request.set_id.clone();
     reserve(ctx);
     Ok(StepOutcome::Done)
 }
 
 fn reserve(ctx: &StepContext<'_>) {
+    let node = ctx.state.node.as_ref().map_or("", |n| n.as_str());
     ctx.services.ledgers.reserve(
         &ctx.request.id,
-        &ctx.state.node,
+        node,
         ctx.request.set_id.as_deref(),
         ctx.data.memory_mb,
     );

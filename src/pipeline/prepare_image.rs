@@ -15,6 +15,7 @@
 //!
 //! Boot mode `clone`: the template is found through `/cluster/resources` by VMID or name.
 
+use crate::proxmox::property::IsoVolume;
 use sha2::{Digest, Sha256};
 
 use super::image_factory;
@@ -35,22 +36,28 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
 }
 
 async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
-    ctx.state.boot_mode = "iso".into();
+    ctx.state.boot_mode = Some("iso".into());
     let version = talos_version(&ctx.request.talos_version);
-    if ctx.state.schematic.is_empty() {
-        ctx.state.schematic = create_schematic(ctx, &version).await?;
-    }
+    let schematic = match ctx.state.schematic.clone() {
+        Some(id) => id,
+        None => create_schematic(ctx, &version).await?,
+    };
+    ctx.state.schematic = Some(schematic.clone());
     let node = ctx.node()?;
-    ctx.state.talos_version = ctx.request.talos_version.clone();
+    ctx.state.talos_version = Some(ctx.request.talos_version.clone());
     let url = iso_url(
         &ctx.services.image_factory_url,
-        &ctx.state.schematic,
+        &schematic,
         &ctx.request.talos_version,
     );
     let file_name = iso_file_name(&url);
     let (storage, shared) = iso_storage(ctx, &node).await?;
     let volid = format!("{storage}:iso/{file_name}");
-    if ctx.state.boot_iso_volume == volid && ctx.state.volume_id == file_name {
+    let volume = IsoVolume::parse(&volid)
+        .map_err(|e| StepError::Cluster(format!("Talos ISO volume {volid}: {e}")))?;
+    if ctx.state.boot_iso.as_ref() == Some(&volume)
+        && ctx.state.iso_file.as_deref() == Some(&file_name)
+    {
         return Ok(StepOutcome::Done);
     }
     // One download per image and storage, however many requests want it at once.
@@ -64,7 +71,7 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
     let pve = &ctx.services.pve;
     // A download the official provider (or an earlier run) started may still be running: wait for it
     // rather than start a second one into the same file. How it ended is read from the storage below.
-    if let Ok(task) = crate::proxmox::types::Upid::parse(&ctx.state.volume_upload_task) {
+    if let Some(task) = ctx.state.iso_download_task.clone() {
         let _ = pve
             .wait_for_task(&task, ctx.services.timeouts.download)
             .await;
@@ -90,8 +97,8 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
                 pve.download_url(&node, &storage, &download),
             )
             .await?;
-        ctx.state.volume_id = file_name.clone();
-        ctx.state.volume_upload_task = task.upid.to_string();
+        ctx.state.iso_file = Some(file_name.clone());
+        ctx.state.iso_download_task = Some(task.upid.clone());
         ctx.persist().await?;
         match ctx.finish_task(task, ctx.services.timeouts.download).await {
             // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
@@ -101,8 +108,8 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
             }
         }
     }
-    ctx.state.volume_id = file_name;
-    ctx.state.boot_iso_volume = volid;
+    ctx.state.iso_file = Some(file_name);
+    ctx.state.boot_iso = Some(volume);
     Ok(StepOutcome::Done)
 }
 
@@ -187,7 +194,7 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
 }
 
 async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
-    ctx.state.boot_mode = "clone".into();
+    ctx.state.boot_mode = Some("clone".into());
     let Some(wanted) = ctx.data.template.clone() else {
         return Err(StepError::Config(
             "boot mode `clone` needs `template` (a VMID or a template name)".into(),
@@ -197,7 +204,7 @@ async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepErr
     ctx.report(format!("looking for template {wanted}")).await;
     let resources = ctx.cluster(false).await?;
     let template = choose_template(resources, &wanted, &node)?;
-    ctx.state.template_vmid = i32::try_from(template.vmid.get()).unwrap_or_default();
+    ctx.state.template_vmid = Some(template.vmid);
     Ok(StepOutcome::Done)
 }
 

@@ -5,7 +5,7 @@
 
 use super::cloud_init::{NetworkConfig, seed_files, seed_iso, seed_iso_file_name};
 use super::prepare_image::iso_storage;
-use super::step::{StepContext, StepError, volume_storage};
+use super::step::{StepContext, StepError};
 use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::NodeName;
 
@@ -14,18 +14,18 @@ pub async fn upload_seed(
     ctx: &mut StepContext<'_>,
     node: &NodeName,
 ) -> Result<IsoVolume, StepError> {
-    if !ctx.state.seed_iso_volume.is_empty()
-        && let Ok(v) = IsoVolume::parse(&ctx.state.seed_iso_volume)
-    {
-        return Ok(v);
+    if let Some(v) = &ctx.state.seed_iso {
+        return Ok(v.clone());
     }
     // Beside the boot ISO when there is one, else on the ISO storage the selector picks.
-    let storage = match volume_storage(&ctx.state.boot_iso_volume) {
-        Some(s) => s.to_owned(),
+    let storage = match &ctx.state.boot_iso {
+        Some(boot) => boot.storage.to_string(),
         None => iso_storage(ctx, node).await?.0,
     };
-    let instance_id = uuid::Uuid::parse_str(&ctx.state.uuid)
-        .map_err(|e| StepError::Cluster(format!("recorded SMBIOS UUID is not usable: {e}")))?;
+    let instance_id = ctx
+        .state
+        .uuid
+        .ok_or_else(|| StepError::Cluster("the provider state records no SMBIOS UUID".into()))?;
     let files = seed_files(
         &ctx.join.join_config,
         instance_id,
@@ -46,7 +46,7 @@ pub async fn upload_seed(
             .upload_file(node, &storage, "iso", &file_name, bytes),
     )
     .await?;
-    ctx.state.seed_iso_volume = volid;
+    ctx.state.seed_iso = Some(volume.clone());
     ctx.persist().await?;
     Ok(volume)
 }

@@ -18,7 +18,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     match ctx.finish_task(task, ctx.services.timeouts.task).await {
         // Recorded like the official provider does: re-running its start step, it checks this task.
         // A task that failed because the VM already ran is not recorded (it would read as a failure).
-        Ok(upid) => ctx.state.vm_start_task = upid.to_string(),
+        Ok(upid) => ctx.state.vm_start_task = Some(upid),
         // A retry after a lost answer: the VM was started by the earlier attempt.
         Err(StepError::Proxmox { source, .. }) if source.is_already_running() => {}
         Err(e) => return Err(e),

@@ -1,7 +1,7 @@
 //! The six provisioning steps, what they share, and how they report.
 //!
 //! Steps run in order; each reads what the previous ones recorded in the provider state
-//! ([`MachineSpec`]) and records what it decided, so a restart at any point resumes at the first step
+//! ([`MachineState`]) and records what it decided, so a restart at any point resumes at the first step
 //! not yet done, and re-running a step is always safe. A step returns [`StepOutcome::Done`], asks to
 //! be called again later ([`StepOutcome::Requeue`], for waits that take long, such as a guest agent
 //! coming up: a requeue never holds a worker), or fails with a [`StepError`] whose text is what the
@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::ProviderConfig;
+use crate::model::MachineState;
 use crate::omni::join::ConnectionParams;
 use crate::omni::management::ManagementClient;
-use crate::omni::proto::provider::MachineSpec;
 use crate::omni::state::StateError;
 use crate::pipeline::provider_data::{ProviderData, ProviderDataSchema, describe};
 use crate::proxmox::types::{ClusterResource, NodeName, Upid, VmId};
@@ -71,10 +71,10 @@ impl Step {
     ///   without a schematic (clone mode) it could build no URL, so `createSchematic` is named instead;
     /// - `syncVM` checks the recorded create task instead of creating a VM;
     /// - `startVM` checks the recorded start task instead of starting again.
-    pub fn go_name(self, state: &MachineSpec) -> &'static str {
+    pub fn go_name(self, state: &MachineState) -> &'static str {
         match self {
             Step::PickNode => "pickNode",
-            Step::PrepareImage if state.schematic.is_empty() => "createSchematic",
+            Step::PrepareImage if state.schematic.is_none() => "createSchematic",
             Step::PrepareImage => "uploadISO",
             Step::CreateVm | Step::ConfigureVm => "syncVM",
             Step::StartVm | Step::DiscoverIp => "startVM",
@@ -90,7 +90,7 @@ impl Step {
     /// annotation decides: its step is run again in our terms. A Go step before the VM exists maps to
     /// `prepare_image` at the latest, which is cheap and fills our own fields (the full ISO volume ID)
     /// from its bare ones; `syncVM` then finds its VM by the recorded VMID.
-    pub fn resume_index(last_done: &str, annotation: Option<&str>, state: &MachineSpec) -> usize {
+    pub fn resume_index(last_done: &str, annotation: Option<&str>, state: &MachineState) -> usize {
         let ours = Self::ALL.iter().position(|s| s.name() == last_done);
         let Some(annotation) = annotation else {
             return ours.map_or(0, |i| i + 1);
@@ -327,7 +327,7 @@ pub trait Progress: Send + Sync {
     /// Writes the provider state now (a step records a decision before acting on it).
     fn persist<'a>(
         &'a self,
-        state: &'a MachineSpec,
+        state: &'a MachineState,
     ) -> futures_util::future::BoxFuture<'a, Result<(), StateError>>;
 }
 
@@ -338,7 +338,7 @@ pub struct StepContext<'a> {
     /// Provider data, resolved with the chosen node's override once there is a node.
     pub data: ProviderData,
     pub join: &'a ConnectionParams,
-    pub state: &'a mut MachineSpec,
+    pub state: &'a mut MachineState,
     pub progress: &'a dyn Progress,
     /// `/cluster/resources` read earlier in this reconcile, reused while fresh.
     pub cluster: &'a mut Option<ClusterView>,
@@ -363,15 +363,15 @@ const CLUSTER_VIEW_MAX_AGE: Duration = Duration::from_secs(2);
 
 impl StepContext<'_> {
     pub fn node(&self) -> Result<NodeName, StepError> {
-        NodeName::new(self.state.node.clone()).map_err(|e| {
-            StepError::Cluster(format!("the provider state has no valid node yet ({e})"))
-        })
+        self.state
+            .node
+            .clone()
+            .ok_or_else(|| StepError::Cluster("the provider state has no valid node yet".into()))
     }
 
     pub fn vmid(&self) -> Result<VmId, StepError> {
-        u32::try_from(self.state.vmid)
-            .ok()
-            .and_then(|v| VmId::new(v).ok())
+        self.state
+            .vmid
             .ok_or_else(|| StepError::Cluster("the provider state has no VMID yet".into()))
     }
 
@@ -451,18 +451,13 @@ impl StepContext<'_> {
     }
 }
 
-/// Splits a volume ID `storage:path` into its storage.
-pub fn volume_storage(volid: &str) -> Option<&str> {
-    volid.split_once(':').map(|(s, _)| s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn resume_points() {
-        let st = MachineSpec::default();
+        let st = MachineState::default();
         assert_eq!(Step::resume_index("", None, &st), 0);
         assert_eq!(Step::resume_index("pick_node", None, &st), 1);
         assert_eq!(Step::resume_index("discover_ip", None, &st), 6);
@@ -496,11 +491,9 @@ mod tests {
             "syncVM",
             "startVM",
         ];
-        let iso = MachineSpec {
-            schematic: "abc".into(),
-            ..Default::default()
-        };
-        for st in [MachineSpec::default(), iso] {
+        let mut iso = MachineState::default();
+        iso.schematic = Some("abc".into());
+        for st in [MachineState::default(), iso] {
             for step in Step::ALL {
                 assert!(go.contains(&step.go_name(&st)), "{step}");
             }
