@@ -1,0 +1,200 @@
+//! Shutting a VM down and destroying it with its disks, once it is known to be ours.
+
+use super::error::Action;
+use super::{ClusterView, DeprovisionError, DeprovisionOptions, DeprovisionOutcome, node_down};
+use crate::proxmox::types::{NodeName, VmId, VmResource};
+use crate::proxmox::vms::DeleteRequest;
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
+
+/// Shutdown (if running), destroy. The VM is known to be ours.
+pub(super) async fn destroy(
+    pve: &ProxmoxClient,
+    view: &ClusterView,
+    vm: &VmResource,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    let (node, vmid) = (vm.node.clone(), vm.vmid);
+    if let Some(e) = node_down(view, vm) {
+        return Err(e);
+    }
+    if let Some(lock) = vm.lock.as_deref().filter(|l| !l.is_empty()) {
+        return Err(DeprovisionError::Locked {
+            node,
+            vmid,
+            lock: lock.to_owned(),
+        });
+    }
+    if vm.status.as_deref() != Some("stopped")
+        && let Some(gone) = shut_down(pve, &node, vmid, options, progress).await?
+    {
+        return Ok(gone);
+    }
+    match destroy_tolerating_offline_storage(pve, &node, vmid, options, progress).await {
+        // The listing's status is what pvestatd reported up to ~10 s ago (or the HA manager started
+        // the VM again meanwhile): qemu-server refuses to destroy a running VM, so shut it down and
+        // destroy again, once.
+        Err(DeprovisionError::Proxmox { source, .. }) if refused_as_running(&source) => {
+            tracing::info!(%vmid, %node, "destroy refused: the VM is running after all; shutting it down first");
+            if let Some(gone) = shut_down(pve, &node, vmid, options, progress).await? {
+                return Ok(gone);
+            }
+            destroy_tolerating_offline_storage(pve, &node, vmid, options, progress).await
+        }
+        other => other,
+    }
+}
+
+/// Destroys with `destroy-unreferenced-disks` (a disk Proxmox lost track of goes too), and when an
+/// offline storage makes that fail, again without it.
+///
+/// qemu-server src/PVE/QemuServer.pm, `destroy_vm`: the referenced disks are freed first; then the
+/// unreferenced-disk search lists every image storage of the cluster, and one that is offline fails
+/// the task before the config is removed. Retried as is, the destroy would fail for as long as any
+/// storage anywhere is down. The second call destroys the VM (its referenced disks are already
+/// gone); a leftover on the offline storage is logged.
+async fn destroy_tolerating_offline_storage(
+    pve: &ProxmoxClient,
+    node: &NodeName,
+    vmid: VmId,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    match destroy_once(pve, node, vmid, true, options, progress).await {
+        Err(DeprovisionError::Proxmox { source, .. }) if storage_offline(&source) => {
+            tracing::warn!(%vmid, %node, error = %source,
+                "destroy with the search for unreferenced disks failed on an offline storage; destroying without it (a disk of this VM on that storage may be left behind)");
+            destroy_once(pve, node, vmid, false, options, progress).await
+        }
+        other => other,
+    }
+}
+
+/// A task or answer saying a storage is not online (pve-storage's `activate_storage`).
+fn storage_offline(e: &ProxmoxError) -> bool {
+    match e {
+        ProxmoxError::Api { message, .. }
+        | ProxmoxError::TaskFailed {
+            exit_status: message,
+            ..
+        } => message.contains("storage '") && message.contains("is not online"),
+        _ => false,
+    }
+}
+
+/// Shuts the VM down (stopping it if the guest does not), taking it out of the HA manager first when
+/// it is HA-managed. `Some` when the VM turned out to be gone.
+///
+/// qemu-server src/PVE/API2/Qemu.pm, `vm_shutdown`: for an HA-managed VM the API only asks the HA
+/// manager to stop it (a `hastop` task that ends at once, the VM still running), and `destroy_vm`
+/// then refuses a running VM. So on a `hastop` task the VM leaves HA (it keeps running; the destroy's
+/// `purge` would have removed the resource anyway) and is shut down for real.
+async fn shut_down(
+    pve: &ProxmoxClient,
+    node: &NodeName,
+    vmid: VmId,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<Option<DeprovisionOutcome>, DeprovisionError> {
+    let fail = |action, source| DeprovisionError::Proxmox {
+        action,
+        vmid,
+        node: node.clone(),
+        source,
+    };
+    let secs = u32::try_from(options.shutdown_timeout.as_secs()).unwrap_or(u32::MAX);
+    progress(&format!(
+        "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
+    ));
+    let mut task = pve.shutdown_vm(node, vmid, secs, true).await;
+    if let Ok(upid) = &task
+        && upid.task_type() == "hastop"
+    {
+        progress(&format!(
+            "VM {vmid} is HA-managed: taking it out of HA so it can be shut down and destroyed"
+        ));
+        match pve.remove_ha_resource(vmid).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => return Ok(Some(DeprovisionOutcome::AlreadyGone)),
+            Err(e) => return Err(fail(Action::RemoveFromHa, e)),
+        }
+        task = pve.shutdown_vm(node, vmid, secs, true).await;
+    }
+    let shutdown = pve
+        .run_task(
+            std::future::ready(task),
+            options.shutdown_timeout + options.task_timeout,
+        )
+        .await;
+    match shutdown {
+        Ok(_) => Ok(None),
+        Err(e) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
+        Err(e) if e.is_transient() => Err(fail(Action::ShutDown, e)),
+        // Paused VMs refuse a shutdown, a guest can make it fail: power off instead.
+        Err(e) => {
+            tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
+            progress(&format!("stopping VM {vmid} on {node}"));
+            let stop = pve
+                .run_task(pve.stop_vm(node, vmid), options.task_timeout)
+                .await;
+            match stop {
+                Ok(_) => Ok(None),
+                Err(e) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
+                Err(e) => Err(fail(Action::Stop, e)),
+            }
+        }
+    }
+}
+
+/// One destroy call, with its disks, waited for.
+async fn destroy_once(
+    pve: &ProxmoxClient,
+    node: &NodeName,
+    vmid: VmId,
+    destroy_unreferenced_disks: bool,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    progress(&format!("destroying VM {vmid} on {node} with its disks"));
+    let request = DeleteRequest {
+        purge: true,
+        destroy_unreferenced_disks,
+    };
+    let destroyed = pve
+        .run_task(pve.delete_vm(node, vmid, request), options.task_timeout)
+        .await;
+    match destroyed {
+        Ok(_) => Ok(DeprovisionOutcome::Deleted {
+            node: node.clone(),
+            vmid,
+        }),
+        Err(e) if e.is_not_found() || task_says_gone(&e) => Ok(DeprovisionOutcome::AlreadyGone),
+        Err(source) => Err(DeprovisionError::Proxmox {
+            action: Action::Destroy,
+            vmid,
+            node: node.clone(),
+            source,
+        }),
+    }
+}
+
+/// qemu-server src/PVE/API2/Qemu.pm, `destroy_vm`'s early check: "VM <id> is running - destroy
+/// failed".
+fn refused_as_running(e: &ProxmoxError) -> bool {
+    match e {
+        ProxmoxError::Api { message, .. }
+        | ProxmoxError::TaskFailed {
+            exit_status: message,
+            ..
+        } => message.contains("is running - destroy failed"),
+        _ => false,
+    }
+}
+
+/// A destroy task that failed because the VM vanished meanwhile.
+pub(super) fn task_says_gone(e: &ProxmoxError) -> bool {
+    match e {
+        ProxmoxError::TaskFailed { exit_status, .. } => exit_status.contains("does not exist"),
+        _ => false,
+    }
+}

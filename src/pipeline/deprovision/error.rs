@@ -1,0 +1,157 @@
+//! What can stop a deprovision, worded for the status text, and whether a retry can help.
+
+use std::fmt;
+
+use crate::proxmox::ProxmoxError;
+use crate::proxmox::types::{NodeName, NodeState, VmId};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeprovisionError {
+    #[error("cannot list the Proxmox cluster to find the VM of request {request_id}: {source}")]
+    Listing {
+        request_id: String,
+        #[source]
+        source: ProxmoxError,
+    },
+
+    #[error(
+        "Proxmox node {node} is {state}: VM {vmid} may still exist there; deprovisioning will be retried until the node is back"
+    )]
+    NodeOffline {
+        node: NodeName,
+        vmid: VmId,
+        state: &'static str,
+    },
+
+    #[error(
+        "VM {vmid} on {node} is locked ({lock}); deprovisioning will be retried (if the lock stays, clear it with `qm unlock {vmid}` on {node})"
+    )]
+    Locked {
+        node: NodeName,
+        vmid: VmId,
+        lock: String,
+    },
+
+    #[error(
+        "{} VMs are named {request_id:?} and carry our provider tag (VMIDs {}); refusing to guess which one to delete: delete the extra ones by hand",
+        vmids.len(),
+        VmIds(vmids)
+    )]
+    Ambiguous {
+        request_id: String,
+        vmids: Vec<VmId>,
+    },
+
+    #[error("cannot {action} VM {vmid} on {node}: {source}{}", RetryHint(source))]
+    Proxmox {
+        action: Action,
+        vmid: VmId,
+        node: NodeName,
+        #[source]
+        source: ProxmoxError,
+    },
+
+    /// The VM part is done (deleted or already gone); only the seed ISO is left. Reported in
+    /// [`Deprovisioned::leftover_seed_iso`], never returned as the deprovision's error.
+    #[error("the VM is gone, but its seed ISO {volume} on {node} could not be deleted: {source}")]
+    SeedIso {
+        volume: String,
+        node: NodeName,
+        #[source]
+        source: ProxmoxError,
+    },
+
+    /// The VM part is done; the seed ISO's node cannot be reached. Reported like
+    /// [`DeprovisionError::SeedIso`].
+    #[error("the VM is gone, but its seed ISO {volume} cannot be deleted: node {node} is {state}")]
+    SeedIsoNodeOffline {
+        volume: String,
+        node: NodeName,
+        state: &'static str,
+    },
+}
+
+impl DeprovisionError {
+    /// Worth retrying as is (node offline, network, lock, task still running); the rest needs a
+    /// human (permissions, Proxmox refusing) but is still safe to retry.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::NodeOffline { .. } | Self::Locked { .. } | Self::SeedIsoNodeOffline { .. } => {
+                true
+            }
+            Self::Ambiguous { .. } => false,
+            Self::Listing { source, .. }
+            | Self::Proxmox { source, .. }
+            | Self::SeedIso { source, .. } => source.is_transient(),
+        }
+    }
+
+    /// The node the error is about, when there is one.
+    pub fn node(&self) -> Option<&NodeName> {
+        match self {
+            Self::NodeOffline { node, .. }
+            | Self::Locked { node, .. }
+            | Self::Proxmox { node, .. }
+            | Self::SeedIso { node, .. }
+            | Self::SeedIsoNodeOffline { node, .. } => Some(node),
+            Self::Listing { .. } | Self::Ambiguous { .. } => None,
+        }
+    }
+}
+
+/// The step a [`DeprovisionError::Proxmox`] failed at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    ReadConfig,
+    ShutDown,
+    RemoveFromHa,
+    Stop,
+    Destroy,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::ReadConfig => "read the config of",
+            Self::ShutDown => "shut down",
+            Self::RemoveFromHa => "take out of HA",
+            Self::Stop => "stop",
+            Self::Destroy => "destroy",
+        })
+    }
+}
+
+struct RetryHint<'a>(&'a ProxmoxError);
+
+impl fmt::Display for RetryHint<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_transient() {
+            f.write_str(" (the VM may still exist; will retry)")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+struct VmIds<'a>(&'a [VmId]);
+
+impl fmt::Display for VmIds<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, id) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{id}")?;
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn state_word(state: Option<NodeState>) -> &'static str {
+    match state {
+        Some(NodeState::Online) => "online",
+        Some(NodeState::Offline) => "offline",
+        Some(NodeState::Unknown) => "in an unknown state",
+        None => "not in the cluster",
+    }
+}

@@ -1,0 +1,396 @@
+//! Deprovision: find the VM where it is now, make sure it is ours, shut it down, destroy it with its
+//! disks, delete its seed ISO; and find what a deprovision left behind (orphans).
+//!
+//! Shaped by the two worst failures of the official provider (landscape pain points 1 and 3):
+//! - **Teardown that never ends.** Everything that means "the VM is not there" (not in the listing,
+//!   "does not exist" at any later call) is success, so a VM deleted by hand, never created, or
+//!   whose recorded node was renamed never blocks a teardown. A VM migrated by hand or by HA is
+//!   deleted on the node it is on now, found in one `/cluster/resources` listing; we never move it
+//!   back and report the node where it was seen so the caller can update its state.
+//! - **Deleting someone else's VM.** VMIDs are reused. Before anything destructive the VM must prove
+//!   it is ours: from the listing alone when it is named after the request and carries both our
+//!   provider tag and the request tag, else from its config (description marker, and the SMBIOS UUID
+//!   when recorded). A VMID now held by another VM means ours is already gone: we return
+//!   [`DeprovisionOutcome::NotOurs`] and never touch it. VMs made by the official Go provider (no
+//!   marker) are deleted only through the VMID its state recorded.
+//!
+//! What must not happen is a silent "done" while the VM may still exist: a node that is offline or
+//! unreachable is a transient [`DeprovisionError`] naming the node, and the caller retries.
+//!
+//! Cost (docs/performance.md; target ≤ 6 requests per deprovision whatever the node count): one listing, then
+//! one call plus one poll per task (shutdown, destroy), then the seed ISO delete, whose task is not
+//! polled by default (see [`DeprovisionOptions::wait_for_seed_iso`]): 6 requests for a running VM
+//! whose tasks finish at once, 4 for a stopped one.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::model::identity::{self, Claim};
+use crate::pipeline::identify::{Identified, identify};
+use crate::proxmox::ProxmoxClient;
+use crate::proxmox::types::{
+    ClusterResource, NodeName, NodeState, StorageResource, VmId, VmResource,
+};
+
+mod destroy;
+mod error;
+mod orphans;
+mod seed_iso;
+
+use destroy::destroy;
+use error::state_word;
+pub use error::{Action, DeprovisionError};
+pub use orphans::*;
+use seed_iso::delete_seed_iso;
+
+/// What the provider state knows about a request's VM. Every field but the IDs may be missing: a
+/// crash can come before anything was recorded, and the official provider records only `vmid` and
+/// `node`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeprovisionTarget {
+    pub request_id: String,
+    pub provider_id: String,
+    /// The state's `vmid`, else its `reserved_vmid`.
+    pub vmid: Option<VmId>,
+    /// Where the VM was created or last seen (it may have moved since).
+    pub recorded_node: Option<NodeName>,
+    /// The SMBIOS UUID the VM was given, checked whenever the VM's config is read.
+    pub smbios_uuid: Option<String>,
+    /// The NoCloud seed ISO, e.g. `local:iso/omni-seed-<request>.iso`.
+    pub seed_iso_volume: Option<String>,
+    /// The node the seed ISO was uploaded to (it matters for node-local storage).
+    pub seed_iso_node: Option<NodeName>,
+    /// The machine-request set's pool the VM was put in by default: removed when the listing shows
+    /// no other guest in it.
+    pub default_pool: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeprovisionOptions {
+    /// How long the guest gets to shut down before Proxmox stops it (`forceStop`).
+    pub shutdown_timeout: Duration,
+    /// How long to wait for a task (on top of `shutdown_timeout` for the shutdown).
+    pub task_timeout: Duration,
+    /// Poll the seed ISO delete task until it ends. Off by default: deleting a file is near instant,
+    /// the poll would be the 7th request, and an ISO left behind is harmless and listed by the
+    /// `orphans` command.
+    pub wait_for_seed_iso: bool,
+    /// Accept a VM without our marker but named and tagged as the official provider makes them, when
+    /// it sits at the recorded VMID. The `orphans` command turns this off: its VMIDs come from a
+    /// listing, not from a provider state.
+    pub accept_legacy: bool,
+}
+
+impl Default for DeprovisionOptions {
+    fn default() -> Self {
+        Self {
+            shutdown_timeout: Duration::from_secs(60),
+            task_timeout: Duration::from_secs(120),
+            wait_for_seed_iso: false,
+            accept_legacy: true,
+        }
+    }
+}
+
+/// How a deprovision ended. Every variant means the request's VM no longer exists on Proxmox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeprovisionOutcome {
+    /// We destroyed it, on `node` (where it was found, which may differ from the recorded node).
+    Deleted { node: NodeName, vmid: VmId },
+    /// It was gone before we got to it (deleted by hand, or never created).
+    AlreadyGone,
+    /// The VMID now belongs to a VM that is not ours, so ours is gone; theirs was left alone.
+    NotOurs { vmid: VmId, reason: String },
+    /// No VMID was recorded and no VM carries the request's identity: it was never created.
+    NothingRecorded,
+}
+
+/// A deprovision's outcome plus what it had to leave behind.
+#[derive(Debug)]
+pub struct Deprovisioned {
+    pub outcome: DeprovisionOutcome,
+    /// The seed ISO could not be deleted (its delete failed, or its node is away). The VM is gone,
+    /// so the teardown finishes anyway: retrying it for a file would block the request's deletion
+    /// for ever when the storage refuses. The ISO is then an orphan: no VM uses it and no live
+    /// request will, so the `orphans` command lists it and `orphans --delete` removes it.
+    pub leftover_seed_iso: Option<DeprovisionError>,
+}
+
+/// One `/cluster/resources` listing, indexed for the questions a deprovision asks.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterView {
+    pub nodes: BTreeMap<NodeName, NodeState>,
+    pub vms: Vec<VmResource>,
+    pub containers: Vec<VmResource>,
+    pub storages: Vec<StorageResource>,
+}
+
+impl ClusterView {
+    pub fn new(resources: Vec<ClusterResource>) -> Self {
+        let mut view = Self::default();
+        for r in resources {
+            match r {
+                ClusterResource::Vm(vm) => view.vms.push(vm),
+                ClusterResource::Container(ct) => view.containers.push(ct),
+                ClusterResource::Node(n) => {
+                    view.nodes.insert(n.node, n.status);
+                }
+                ClusterResource::Storage(s) => view.storages.push(s),
+                ClusterResource::Other => {}
+            }
+        }
+        view
+    }
+
+    pub fn vm(&self, vmid: VmId) -> Option<&VmResource> {
+        self.vms.iter().find(|vm| vm.vmid == vmid)
+    }
+
+    /// `None` when the node is not in the cluster (any more).
+    pub fn node_state(&self, node: &NodeName) -> Option<NodeState> {
+        self.nodes.get(node).copied()
+    }
+
+    /// VMs that look like the request's: named after it and carrying our provider tag (templates
+    /// never are).
+    pub fn by_identity(&self, request_id: &str, provider_id: &str) -> Vec<&VmResource> {
+        self.vms
+            .iter()
+            .filter(|vm| identity::looks_like(vm, request_id, provider_id))
+            .collect()
+    }
+
+    /// An online node that can reach `storage`: the preferred ones first, then any node where a shared
+    /// storage of that name is listed.
+    fn online_node_for(&self, storage: &str, preferred: &[NodeName]) -> Option<NodeName> {
+        let online = |n: &NodeName| self.node_state(n) == Some(NodeState::Online);
+        if let Some(n) = preferred.iter().find(|n| online(n)) {
+            return Some(n.clone());
+        }
+        self.storages
+            .iter()
+            .find(|s| s.storage == storage && s.shared && online(&s.node))
+            .map(|s| s.node.clone())
+    }
+}
+
+/// What to do with a VM after the ownership check.
+enum Verdict {
+    Delete,
+    NotOurs(String),
+    Gone,
+}
+
+/// Deletes the request's VM and seed ISO. See the module docs for the rules; `progress` gets readable
+/// status lines ("shutting down VM 104 on pve2 …") for the MachineRequestStatus.
+pub async fn deprovision(
+    pve: &ProxmoxClient,
+    target: &DeprovisionTarget,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    deprovision_reporting(pve, target, options, progress)
+        .await
+        .map(|d| d.outcome)
+}
+
+/// [`deprovision`], also saying what was left behind (see [`Deprovisioned::leftover_seed_iso`]).
+pub async fn deprovision_reporting(
+    pve: &ProxmoxClient,
+    target: &DeprovisionTarget,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<Deprovisioned, DeprovisionError> {
+    progress(&match target.vmid {
+        Some(id) => format!("looking up VM {id} in the Proxmox cluster"),
+        None => format!(
+            "looking up the VM of request {} in the Proxmox cluster",
+            target.request_id
+        ),
+    });
+    let view = pve
+        .cluster_resources(None)
+        .await
+        .map(ClusterView::new)
+        .map_err(|source| DeprovisionError::Listing {
+            request_id: target.request_id.clone(),
+            source,
+        })?;
+    let outcome = deprovision_in(pve, &view, target, options, progress).await?;
+    let vm_node = match &outcome {
+        DeprovisionOutcome::Deleted { node, .. } => Some(node.clone()),
+        _ => None,
+    };
+    let leftover_seed_iso = delete_seed_iso(pve, &view, target, vm_node, options, progress)
+        .await
+        .err();
+    if let Some(e) = &leftover_seed_iso {
+        tracing::warn!(request = %target.request_id, error = %e,
+            "seed ISO left behind; the teardown goes on (`orphans` lists it, `orphans --delete` removes it)");
+        progress(&format!("{e}; left for the `orphans` command"));
+    }
+    if let Some(pool) = &target.default_pool {
+        let deleted = match &outcome {
+            DeprovisionOutcome::Deleted { vmid, .. } => Some(*vmid),
+            _ => None,
+        };
+        remove_pool_if_unused(pve, &view, pool, deleted, &target.request_id).await;
+    }
+    match &outcome {
+        DeprovisionOutcome::Deleted { node, vmid } => {
+            tracing::info!(request = %target.request_id, %vmid, %node, "VM deleted");
+        }
+        DeprovisionOutcome::NotOurs { vmid, reason } => tracing::warn!(
+            request = %target.request_id, %vmid, %reason,
+            "the recorded VMID now belongs to a VM that is not ours; ours is gone, theirs was left alone"
+        ),
+        DeprovisionOutcome::AlreadyGone => {
+            tracing::info!(request = %target.request_id, vmid = ?target.vmid, "VM already gone")
+        }
+        DeprovisionOutcome::NothingRecorded => {
+            tracing::info!(request = %target.request_id, "no VM was ever created")
+        }
+    }
+    Ok(Deprovisioned {
+        outcome,
+        leftover_seed_iso,
+    })
+}
+
+/// Deletes the set's pool when the listing shows no guest left in it but the one just deleted. Costs
+/// a request only then, so tearing down a whole set at once tries (about) once. Best effort: an empty
+/// pool left behind is harmless.
+async fn remove_pool_if_unused(
+    pve: &ProxmoxClient,
+    view: &ClusterView,
+    pool: &str,
+    deleted: Option<VmId>,
+    request_id: &str,
+) {
+    let others = view
+        .vms
+        .iter()
+        .chain(&view.containers)
+        .any(|g| g.pool.as_deref() == Some(pool) && Some(g.vmid) != deleted);
+    if others {
+        return;
+    }
+    match pve.delete_pool_if_empty(pool).await {
+        Ok(true) => {
+            tracing::info!(request = %request_id, %pool, "removed the machine-request set's pool, now empty")
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(request = %request_id, %pool, error = %e, "cannot remove the machine-request set's pool")
+        }
+    }
+}
+
+/// The VM part, against a listing already made.
+async fn deprovision_in(
+    pve: &ProxmoxClient,
+    view: &ClusterView,
+    target: &DeprovisionTarget,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<DeprovisionOutcome, DeprovisionError> {
+    let claim = Claim {
+        request_id: &target.request_id,
+        provider_id: &target.provider_id,
+        recorded_vmid: target.vmid.filter(|_| options.accept_legacy),
+        smbios_uuid: target.smbios_uuid.as_deref(),
+    };
+    let mut foreign: Option<(VmId, String)> = None;
+    if let Some(id) = target.vmid {
+        if let Some(vm) = view.vm(id) {
+            match verdict(pve, view, vm, &claim).await? {
+                Verdict::Delete => return destroy(pve, view, vm, options, progress).await,
+                Verdict::Gone => return Ok(DeprovisionOutcome::AlreadyGone),
+                Verdict::NotOurs(reason) => foreign = Some((id, reason)),
+            }
+        } else if view.containers.iter().any(|ct| ct.vmid == id) {
+            foreign = Some((id, "it is now a container".into()));
+        }
+    }
+    // No VMID recorded (a crash between create and recording it), or the recorded one is gone or
+    // someone else's: look for the request's identity, which costs nothing more.
+    let candidates: Vec<&VmResource> = view
+        .by_identity(&target.request_id, &target.provider_id)
+        .into_iter()
+        .filter(|vm| Some(vm.vmid) != target.vmid)
+        .collect();
+    match candidates.as_slice() {
+        [] => {}
+        [vm] => match verdict(pve, view, vm, &claim).await? {
+            Verdict::Delete => return destroy(pve, view, vm, options, progress).await,
+            Verdict::Gone => {}
+            Verdict::NotOurs(reason) => {
+                tracing::warn!(request = %target.request_id, vmid = %vm.vmid, %reason,
+                    "a VM named after the request is not ours; left alone");
+            }
+        },
+        many => {
+            return Err(DeprovisionError::Ambiguous {
+                request_id: target.request_id.clone(),
+                vmids: many.iter().map(|vm| vm.vmid).collect(),
+            });
+        }
+    }
+    Ok(match (foreign, target.vmid) {
+        (Some((vmid, reason)), _) => DeprovisionOutcome::NotOurs { vmid, reason },
+        (None, Some(_)) => DeprovisionOutcome::AlreadyGone,
+        (None, None) => DeprovisionOutcome::NothingRecorded,
+    })
+}
+
+/// The error for a VM whose node cannot be asked (offline, unknown, or missing from the listing).
+fn node_down(view: &ClusterView, vm: &VmResource) -> Option<DeprovisionError> {
+    match view.node_state(&vm.node) {
+        Some(NodeState::Online) => None,
+        state => Some(DeprovisionError::NodeOffline {
+            node: vm.node.clone(),
+            vmid: vm.vmid,
+            state: state_word(state),
+        }),
+    }
+}
+
+/// Whether `vm` is the request's, by `model::identity` (the rule adoption uses too). A VM whose
+/// node is away or that is locked mid-create cannot be ruled out: an error, so the teardown waits.
+async fn verdict(
+    pve: &ProxmoxClient,
+    view: &ClusterView,
+    vm: &VmResource,
+    claim: &Claim<'_>,
+) -> Result<Verdict, DeprovisionError> {
+    let online = view.node_state(&vm.node) == Some(NodeState::Online);
+    let identified =
+        identify(pve, online, vm, claim)
+            .await
+            .map_err(|source| DeprovisionError::Proxmox {
+                action: Action::ReadConfig,
+                vmid: vm.vmid,
+                node: vm.node.clone(),
+                source,
+            })?;
+    match identified {
+        Identified::Ours => Ok(Verdict::Delete),
+        Identified::NotOurs(reason) => Ok(Verdict::NotOurs(reason)),
+        Identified::Gone => Ok(Verdict::Gone),
+        Identified::NodeAway => Err(
+            node_down(view, vm).unwrap_or(DeprovisionError::NodeOffline {
+                node: vm.node.clone(),
+                vmid: vm.vmid,
+                state: state_word(None),
+            }),
+        ),
+        Identified::Locked(lock) => Err(DeprovisionError::Locked {
+            node: vm.node.clone(),
+            vmid: vm.vmid,
+            lock,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,165 @@
+//! What deprovisions left behind: VMs of ours whose request is gone, seed ISOs no VM uses.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::model::identity;
+use crate::pipeline::cloud_init::seed_iso_file_name;
+use crate::proxmox::property::IsoVolume;
+use crate::proxmox::types::{NodeName, StorageVolume, VmConfig, VmId, VmResource};
+
+/// A VM with our provider tag whose MachineRequest no longer exists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OrphanVm {
+    pub vmid: VmId,
+    pub node: NodeName,
+    pub name: Option<String>,
+    /// The request it was made for (its request tag, else its name).
+    pub request_id: Option<String>,
+    pub status: Option<String>,
+    /// Seed ISOs its config uses (deleted with it).
+    pub seed_isos: Vec<String>,
+}
+
+/// A seed ISO no VM uses and no live request will use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OrphanIso {
+    pub volume: String,
+    pub storage: String,
+    /// A node that holds it (any node, for shared storage).
+    pub node: NodeName,
+    pub size: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Orphans {
+    pub vms: Vec<OrphanVm>,
+    pub seed_isos: Vec<OrphanIso>,
+    /// What the search could not look at (offline nodes, unreadable storages): orphans there are
+    /// not listed.
+    pub problems: Vec<String>,
+}
+
+/// An ISO volume as found in a storage's content, with where it was found.
+#[derive(Debug, Clone)]
+pub struct FoundIso {
+    pub node: NodeName,
+    pub storage: String,
+    pub volume: StorageVolume,
+}
+
+/// Our VMs (provider tag), the only ones whose configs the orphan search reads.
+pub fn our_vms<'a>(vms: &'a [VmResource], provider_id: &str) -> Vec<&'a VmResource> {
+    vms.iter()
+        .filter(|vm| identity::made_by(vm, provider_id))
+        .collect()
+}
+
+/// The ISO volumes a VM config uses (CD-ROM drives: `ide2: local:iso/x.iso,media=cdrom`).
+pub fn iso_volumes_in(config: &VmConfig) -> Vec<String> {
+    config
+        .0
+        .keys()
+        .filter_map(|key| config.get(key))
+        .filter_map(|value| {
+            let volume = value.split(',').next()?.trim();
+            IsoVolume::parse(volume).ok().map(|_| volume.to_owned())
+        })
+        .collect()
+}
+
+/// Whether a file name is one of our seed ISOs.
+pub fn is_seed_iso(volume: &str) -> bool {
+    IsoVolume::parse(volume)
+        .map(|iso| {
+            let f = iso.file.to_string();
+            f.starts_with("omni-seed-") && f.ends_with(".iso")
+        })
+        .unwrap_or(false)
+}
+
+/// Decides what is orphaned: VMs with our provider tag whose request is not live, and seed ISOs that
+/// no config in `used_isos` references, that no live request will use (a request being provisioned
+/// uploads its seed before its VM exists) and that are not named after one of our VMs (whose config
+/// may not have been readable; such a seed goes with its VM). `used_isos` maps VMIDs of our VMs to
+/// the ISO volumes their configs use.
+pub fn find_orphans(
+    vms: &[VmResource],
+    live_requests: &BTreeSet<String>,
+    provider_id: &str,
+    isos: &[FoundIso],
+    used_isos: &BTreeMap<VmId, Vec<String>>,
+) -> Orphans {
+    let mut orphans = Orphans::default();
+    // Tags come back lowercased (PVE's default tag style), names do not: request IDs are compared
+    // without case, and the name is preferred when it is the tagged request in another case.
+    let live_lower: BTreeSet<String> = live_requests
+        .iter()
+        .map(|r| r.to_ascii_lowercase())
+        .collect();
+    for vm in our_vms(vms, provider_id) {
+        let tags = vm.tag_list();
+        let request = match (identity::tagged_request(&tags), vm.name.as_deref()) {
+            (Some(tagged), Some(name)) if tagged.eq_ignore_ascii_case(name) => {
+                Some(name.to_owned())
+            }
+            (Some(tagged), _) => Some(tagged.to_owned()),
+            (None, name) => name.map(str::to_owned),
+        };
+        let live = [request.as_deref(), vm.name.as_deref()]
+            .into_iter()
+            .flatten()
+            .any(|id| live_lower.contains(&id.to_ascii_lowercase()));
+        if live {
+            continue;
+        }
+        orphans.vms.push(OrphanVm {
+            vmid: vm.vmid,
+            node: vm.node.clone(),
+            name: vm.name.clone(),
+            request_id: request,
+            status: vm.status.clone(),
+            seed_isos: used_isos
+                .get(&vm.vmid)
+                .map(|v| v.iter().filter(|v| is_seed_iso(v)).cloned().collect())
+                .unwrap_or_default(),
+        });
+    }
+    let used: BTreeSet<&str> = used_isos.values().flatten().map(String::as_str).collect();
+    let mut protected_seeds: BTreeSet<String> = live_requests
+        .iter()
+        .map(|r| seed_iso_file_name(r).to_ascii_lowercase())
+        .collect();
+    for vm in our_vms(vms, provider_id) {
+        let tags = vm.tag_list();
+        for request in [identity::tagged_request(&tags), vm.name.as_deref()]
+            .into_iter()
+            .flatten()
+        {
+            protected_seeds.insert(seed_iso_file_name(request).to_ascii_lowercase());
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for found in isos {
+        let volume = found.volume.volid.as_str();
+        if !is_seed_iso(volume) || used.contains(volume) {
+            continue;
+        }
+        let file = volume.rsplit('/').next().unwrap_or(volume);
+        if protected_seeds.contains(&file.to_ascii_lowercase()) {
+            continue;
+        }
+        // A shared storage lists the same volume on every node; node-local ones are distinct files.
+        if !seen.insert((found.node.clone(), volume.to_owned())) {
+            continue;
+        }
+        orphans.seed_isos.push(OrphanIso {
+            volume: volume.to_owned(),
+            storage: found.storage.clone(),
+            node: found.node.clone(),
+            size: found.volume.size,
+        });
+    }
+    orphans
+}

@@ -1,0 +1,84 @@
+//! Deleting the request's NoCloud seed ISO after its VM.
+
+use super::destroy::task_says_gone;
+use super::error::state_word;
+use super::{ClusterView, DeprovisionError, DeprovisionOptions, DeprovisionTarget};
+use crate::proxmox::property::IsoVolume;
+use crate::proxmox::types::NodeName;
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
+
+/// Deletes the recorded seed ISO, from the first online node among the recorded seed node, the
+/// recorded VM node and the node the VM was deleted on (or any node, for shared storage).
+pub(super) async fn delete_seed_iso(
+    pve: &ProxmoxClient,
+    view: &ClusterView,
+    target: &DeprovisionTarget,
+    vm_node: Option<NodeName>,
+    options: &DeprovisionOptions,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<(), DeprovisionError> {
+    let Some(volume) = target.seed_iso_volume.as_deref().filter(|v| !v.is_empty()) else {
+        return Ok(());
+    };
+    let Ok(iso) = IsoVolume::parse(volume) else {
+        // We never record such a volume; nothing we could delete safely.
+        tracing::warn!(request = %target.request_id, %volume, "recorded seed ISO is not an ISO volume ID; skipping it");
+        return Ok(());
+    };
+    let storage = iso.storage.to_string();
+    let mut preferred: Vec<NodeName> = Vec::new();
+    for n in [
+        target.seed_iso_node.clone(),
+        target.recorded_node.clone(),
+        vm_node,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !preferred.contains(&n) {
+            preferred.push(n);
+        }
+    }
+    let Some(node) = view.online_node_for(&storage, &preferred) else {
+        if let Some(n) = preferred.iter().find(|n| view.node_state(n).is_some()) {
+            return Err(DeprovisionError::SeedIsoNodeOffline {
+                volume: volume.to_owned(),
+                node: n.clone(),
+                state: state_word(view.node_state(n)),
+            });
+        }
+        // The node is no longer in the cluster: the ISO went with it.
+        tracing::warn!(request = %target.request_id, %volume, nodes = ?preferred,
+            "no node that could hold the seed ISO is in the cluster; skipping it");
+        return Ok(());
+    };
+    progress(&format!("deleting seed ISO {volume} on {node}"));
+    let fail = |source| DeprovisionError::SeedIso {
+        volume: volume.to_owned(),
+        node: node.clone(),
+        source,
+    };
+    match pve.delete_volume(&node, &storage, volume).await {
+        Ok(Some(upid)) if options.wait_for_seed_iso => {
+            match pve.wait_for_task(&upid, options.task_timeout).await {
+                Ok(_) => Ok(()),
+                Err(e) if task_says_gone(&e) => Ok(()),
+                Err(e) => Err(fail(e)),
+            }
+        }
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() || volume_gone(&e) => Ok(()),
+        Err(e) => Err(fail(e)),
+    }
+}
+
+/// Proxmox words a missing volume in several ways, not all of which map to "not found".
+fn volume_gone(e: &ProxmoxError) -> bool {
+    match e {
+        ProxmoxError::Api { message, .. } => {
+            let m = message.to_ascii_lowercase();
+            m.contains("does not exist") || m.contains("no such volume")
+        }
+        _ => false,
+    }
+}

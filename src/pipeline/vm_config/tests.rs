@@ -1,0 +1,275 @@
+use super::*;
+use crate::pipeline::provider_data::ProviderDataSchema;
+use serde_json::Map;
+
+fn data(extra: &str) -> ProviderData {
+    let yaml = format!("cores: 2\nmemory: 4096\ndisk_size: 20\nstorage_selector: 'true'\n{extra}");
+    ProviderDataSchema::new()
+        .unwrap()
+        .resolve(&yaml, None, &Map::new())
+        .unwrap()
+}
+
+fn identity() -> VmIdentity<'static> {
+    VmIdentity {
+        request_id: "req-1",
+        set_id: Some("workers"),
+        provider_id: "proxmox",
+    }
+}
+
+fn target(disks: usize) -> VmTarget {
+    VmTarget {
+        vmid: 104,
+        storage: StorageId::new("local-lvm").unwrap(),
+        additional_disk_storages: vec![StorageId::new("ceph").unwrap(); disks],
+        smbios_uuid: uuid::Uuid::nil(),
+        boot_iso: Some(IsoVolume::parse("local:iso/talos.iso").unwrap()),
+        seed_iso: IsoVolume::parse("local:iso/omni-seed-req-1.iso").unwrap(),
+        mac: None,
+    }
+}
+
+fn get<'a>(params: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    params
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn minimal_create_request() {
+    let params = render(&data(""), &identity(), &target(0)).unwrap();
+    let expect = [
+        ("vmid", "104"),
+        ("name", "req-1"),
+        (
+            "tags",
+            "machine-request.workers;omni-provider.proxmox;omni-request.req-1",
+        ),
+        ("cores", "2"),
+        ("sockets", "1"),
+        ("memory", "4096"),
+        ("cpu", "x86-64-v2-AES"),
+        ("bios", "seabios"),
+        ("scsihw", "virtio-scsi-single"),
+        ("scsi0", "local-lvm:20"),
+        ("net0", "virtio,bridge=vmbr0,firewall=1"),
+        ("agent", "enabled=1"),
+        ("onboot", "1"),
+        ("serial0", "socket"),
+        ("ide2", "local:iso/talos.iso,media=cdrom"),
+        ("ide3", "local:iso/omni-seed-req-1.iso,media=cdrom"),
+        ("boot", "order=scsi0;ide2;net0"),
+        ("smbios1", "uuid=00000000-0000-0000-0000-000000000000"),
+    ];
+    for (k, v) in expect {
+        assert_eq!(get(&params, k), Some(v), "{k}");
+    }
+    for absent in [
+        "balloon",
+        "machine",
+        "efidisk0",
+        "pool",
+        "numa",
+        "hugepages",
+        "vga",
+        "net1",
+        "scsi1",
+    ] {
+        assert_eq!(get(&params, absent), None, "{absent}");
+    }
+    let mut keys: Vec<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
+    let n = keys.len();
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len(), n, "duplicate keys");
+    let marker = identity::parse_marker(get(&params, "description").unwrap());
+    assert_eq!(
+        marker,
+        identity::Marker {
+            provider_id: Some("proxmox".into()),
+            request_id: Some("req-1".into())
+        }
+    );
+}
+
+#[test]
+fn full_create_request() {
+    let d = data(
+        "balloon: false\nmachine_type: q35\nbios: ovmf\nnuma: true\nhugepages: 2MB\nvga: serial0\npool: omni\ntags: [talos]\n\
+         vlan: 7\nnetwork_firewall: false\ndisk_ssd: true\ndisk_discard: true\n\
+         additional_nics: [{bridge: vmbr1, vlan: 9}]\nadditional_disks: [{disk_size: 50, storage_selector: 'true', disk_iothread: true}]\n\
+         pci_devices: [{mapping: gpu1, pcie: true}]\nusb_devices: [{mapping: sdr, usb3: true}]\n",
+    );
+    let mut t = target(1);
+    t.mac = Some(MacAddr::parse("BC:24:11:AA:BB:CC").unwrap());
+    let params = render(&d, &identity(), &t).unwrap();
+    for (k, v) in [
+        ("balloon", "0"),
+        ("machine", "q35"),
+        ("bios", "ovmf"),
+        ("efidisk0", "local-lvm:1,efitype=4m,pre-enrolled-keys=0"),
+        ("numa", "1"),
+        ("hugepages", "2"),
+        ("vga", "serial0"),
+        ("pool", "omni"),
+        (
+            "tags",
+            "machine-request.workers;omni-provider.proxmox;omni-request.req-1;talos",
+        ),
+        (
+            "net0",
+            "virtio=BC:24:11:AA:BB:CC,bridge=vmbr0,firewall=0,tag=7",
+        ),
+        ("net1", "virtio,bridge=vmbr1,firewall=0,tag=9"),
+        ("scsi0", "local-lvm:20,discard=on,ssd=1"),
+        ("scsi1", "ceph:50,iothread=1"),
+        ("hostpci0", "mapping=gpu1,pcie=1"),
+        ("usb0", "mapping=sdr,usb3=1"),
+    ] {
+        assert_eq!(get(&params, k), Some(v), "{k}");
+    }
+    assert_eq!(
+        render(&d, &identity(), &target(0)),
+        Err(RenderError::DiskStorageCount {
+            expected: 1,
+            got: 0
+        })
+    );
+    assert_eq!(
+        render(
+            &d,
+            &identity(),
+            &VmTarget {
+                boot_iso: None,
+                ..t
+            }
+        ),
+        Err(RenderError::MissingBootIso)
+    );
+}
+
+#[test]
+fn clone_variant() {
+    let d = data("boot: clone\ntemplate: 9000\ndisk_ssd: true\npool: omni\n");
+    let mut t = target(0);
+    t.boot_iso = None;
+    let boot = BootDisk {
+        slot: "scsi0".into(),
+        drive: "local-lvm:vm-104-disk-0,size=8G".into(),
+    };
+    let params = render_after_clone(&d, &identity(), &t, Some(&boot)).unwrap();
+    assert_eq!(get(&params, "scsi0"), Some("local-lvm:vm-104-disk-0,ssd=1"));
+    assert_eq!(get(&params, "boot"), Some("order=scsi0;net0"));
+    for absent in ["vmid", "name", "pool", "ide2", "efidisk0"] {
+        assert_eq!(get(&params, absent), None, "{absent}");
+    }
+    assert_eq!(
+        get(&params, "ide3"),
+        Some("local:iso/omni-seed-req-1.iso,media=cdrom")
+    );
+    assert_eq!(boot_disk_resize(&d, "scsi0")[1].1, "20G");
+    let clone = clone_params(&d, &identity(), 104, "pve2", &t.storage);
+    assert_eq!(get(&clone, "pool"), Some("omni"));
+    assert_eq!(get(&clone, "target"), Some("pve2"));
+}
+
+#[test]
+fn a_request_id_that_is_not_a_tag_renders_without_the_request_tag() {
+    // A request ID that is not a tag renders without the tag and without an error.
+    let id = VmIdentity {
+        request_id: "odd id",
+        set_id: None,
+        provider_id: "proxmox",
+    };
+    let params = render(&data(""), &id, &target(0)).unwrap();
+    assert_eq!(get(&params, "tags"), Some("omni-provider.proxmox"));
+}
+
+#[test]
+fn the_boot_disk_comes_from_the_templates_config() {
+    let config = |json: serde_json::Value| -> crate::proxmox::types::VmConfig {
+        serde_json::from_value(json).unwrap()
+    };
+    // qemu-server: `boot: order=` lists devices in boot order (CD-ROMs and NICs too); older
+    // configs use `bootdisk`.
+    let virtio = config(serde_json::json!({
+        "ide2": "local:iso/talos.iso,media=cdrom",
+        "virtio0": "local-lvm:vm-104-disk-0,size=8G",
+        "scsi1": "local-lvm:vm-104-disk-1,size=2G",
+        "boot": "order=ide2;virtio0;net0"
+    }));
+    let found = BootDisk::of(&virtio).unwrap();
+    assert_eq!(found.slot, "virtio0");
+    assert_eq!(found.volume(), "local-lvm:vm-104-disk-0");
+    let legacy = config(serde_json::json!({
+        "sata0": "local-lvm:vm-104-disk-0,size=8G", "bootdisk": "sata0"
+    }));
+    assert_eq!(BootDisk::of(&legacy).unwrap().slot, "sata0");
+    let bare = config(serde_json::json!({
+        "ide0": "local-lvm:vm-104-disk-1,size=8G",
+        "ide2": "none,media=cdrom",
+        "virtio1": "local-lvm:vm-104-disk-0,size=8G"
+    }));
+    assert_eq!(BootDisk::of(&bare).unwrap().slot, "virtio1");
+    let d = data("boot: clone\ntemplate: 9000\n");
+    let mut t = target(0);
+    t.boot_iso = None;
+    let params = render_after_clone(&d, &identity(), &t, Some(&found)).unwrap();
+    assert_eq!(get(&params, "boot"), Some("order=virtio0;net0"));
+    assert_eq!(boot_disk_resize(&d, &found.slot)[0].1, "virtio0");
+}
+
+#[test]
+fn a_templates_cloud_init_drive_is_found() {
+    let config: crate::proxmox::types::VmConfig = serde_json::from_value(serde_json::json!({
+        "ide0": "local-lvm:vm-104-cloudinit,media=cdrom",
+        "ide1": "nfs:104/vm-104-cloudinit.qcow2,media=cdrom",
+        "ide2": "local:iso/talos.iso,media=cdrom",
+        "ide3": "local:iso/omni-seed-r.iso,media=cdrom",
+        "scsi0": "local-lvm:vm-104-disk-0,size=8G",
+        "description": "vm-1-cloudinit"
+    }))
+    .unwrap();
+    assert_eq!(cloud_init_drives(&config), ["ide0", "ide1"]);
+}
+
+#[test]
+fn a_config_update_never_allocates_twice() {
+    // qemu-server src/PVE/API2/Qemu.pm `update_vm`: `<storage>:<GiB>` creates a new volume and a
+    // NIC without MAC gets a fresh random one, at every call.
+    assert!(allocates("scsi1", "local-lvm:2,iothread=1"));
+    assert!(allocates("efidisk0", "local-lvm:1,efitype=4m"));
+    assert!(!allocates("scsi1", "local-lvm:vm-104-disk-1,size=2G"));
+    assert!(!allocates("ide3", "local:iso/omni-seed-r.iso,media=cdrom"));
+    assert!(allocates("net0", "virtio,bridge=vmbr0"));
+    assert!(!allocates("net0", "virtio=BC:24:11:00:00:01,bridge=vmbr0"));
+    assert!(!allocates("cores", "2"));
+
+    let current: crate::proxmox::types::VmConfig = serde_json::from_value(serde_json::json!({
+        "scsi1": "local-lvm:vm-104-disk-1,size=2G",
+        "net0": "virtio=BC:24:11:AA:BB:CC,bridge=vmbr0"
+    }))
+    .unwrap();
+    let params = vec![
+        ("cores".to_string(), "2".to_string()),
+        ("scsi1".into(), "local-lvm:2,iothread=1".into()),
+        ("scsi2".into(), "local-lvm:3".into()),
+        ("net0".into(), "virtio,bridge=vmbr1,firewall=1".into()),
+        ("net1".into(), "virtio,bridge=vmbr0".into()),
+    ];
+    let again = without_repeated_allocations(params, &current);
+    assert_eq!(
+        again,
+        [
+            ("cores".to_string(), "2".to_string()),
+            ("scsi2".into(), "local-lvm:3".into()),
+            (
+                "net0".into(),
+                "virtio=BC:24:11:AA:BB:CC,bridge=vmbr1,firewall=1".into()
+            ),
+            ("net1".into(), "virtio,bridge=vmbr0".into()),
+        ]
+    );
+}
