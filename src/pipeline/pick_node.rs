@@ -43,7 +43,12 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let choice = ctx
         .services
         .ledgers
-        .with_reservations(|reservations| placement::pick(&cluster, &request, reservations))
+        .place(
+            &ctx.request.id,
+            ctx.request.set_id.as_deref(),
+            ctx.data.memory_mb,
+            |reservations| placement::pick(&cluster, &request, reservations),
+        )
         .map_err(|e| {
             if e.may_heal() {
                 StepError::Capacity(e.to_string())
@@ -70,7 +75,6 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     ctx.state.node = Some(NodeName::new(choice.node).map_err(|e| unusable("node", &e))?);
     ctx.state.storage = Some(StorageId::new(choice.storage).map_err(|e| unusable("storage", &e))?);
     ctx.state.request_set = ctx.request.set_id.clone();
-    reserve(ctx);
     Ok(StepOutcome::Done)
 }
 

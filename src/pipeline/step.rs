@@ -20,7 +20,7 @@ use crate::omni::state::StateError;
 use crate::pipeline::provider_data::{ProviderData, ProviderDataSchema, describe};
 use crate::proxmox::types::{ClusterResource, NodeName, Upid, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
-use crate::rules::placement::Reservations;
+use crate::rules::placement::{Placement, PlacementError, Reservations};
 
 /// The steps, in order. Names are persisted in the provider state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,9 +256,20 @@ fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Ledgers {
-    /// Placement decided on what the reservations of the other requests in flight leave free.
-    pub fn with_reservations<T>(&self, decide: impl FnOnce(&Reservations) -> T) -> T {
-        decide(&entry(&self.reservations))
+    /// Places a request with the reservations of requests in flight counted, and reserves the
+    /// chosen node for it under the same lock: two requests placed at once cannot both take the last
+    /// room on a node.
+    pub fn place(
+        &self,
+        request_id: &str,
+        set_id: Option<&str>,
+        memory_mb: u64,
+        decide: impl FnOnce(&Reservations) -> Result<Placement, PlacementError>,
+    ) -> Result<Placement, PlacementError> {
+        let mut reservations = entry(&self.reservations);
+        let placement = decide(&reservations)?;
+        reservations.reserve(request_id, &placement.node, set_id, memory_mb);
+        Ok(placement)
     }
 
     pub fn reserve(&self, request_id: &str, node: &str, set_id: Option<&str>, memory_mb: u64) {
@@ -454,6 +465,33 @@ impl StepContext<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_placement_is_reserved_under_the_lock_it_was_decided_with() {
+        let ledgers = Ledgers::default();
+        let place = |id: &str| {
+            ledgers.place(id, Some("set"), 1024, |reservations| {
+                // What the next decision sees already holds every earlier one.
+                let node = format!("pve{}", reservations.len() + 1);
+                Ok(Placement {
+                    node,
+                    storage: "local-lvm".into(),
+                    reason: crate::rules::placement::PlacementReason::Pinned,
+                })
+            })
+        };
+        assert_eq!(place("a").map(|p| p.node).ok().as_deref(), Some("pve1"));
+        assert_eq!(place("b").map(|p| p.node).ok().as_deref(), Some("pve2"));
+        let _ = ledgers.place("c", None, 1024, |r| {
+            assert_eq!(r.get("b").map(|r| r.node.as_str()), Some("pve2"));
+            assert_eq!(r.get("b").map(|r| r.memory_bytes), Some(1024 * 1024 * 1024));
+            Ok(Placement {
+                node: "pve3".into(),
+                storage: "local-lvm".into(),
+                reason: crate::rules::placement::PlacementReason::Pinned,
+            })
+        });
+    }
 
     #[test]
     fn resume_points() {
