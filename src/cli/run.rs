@@ -1,8 +1,8 @@
 //! The default command: run the provider.
 //!
 //! Start-up checks everything a user can get wrong before touching Omni (config file, key, flags),
-//! then connects, registers, and runs three things until SIGTERM/SIGINT: the heartbeat, the
-//! MachineRequest watch feeding the reconcile queue, and (later) the provisioning controller.
+//! then connects, registers, and runs until SIGTERM/SIGINT: the heartbeat, the MachineRequest watch
+//! feeding the reconcile workers, and the loop keeping topology labels in step with the VMs.
 //! Flags and environment variables are the official provider's, plus a few of ours.
 
 use std::path::PathBuf;
@@ -49,6 +49,10 @@ pub struct RunArgs {
     /// Interval between heartbeats to Omni (Omni shows the provider disconnected after 31 s).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub health_interval: Duration,
+    /// How often the Kubernetes topology labels (provider data `topology_labels`) are checked against
+    /// where each VM runs; a migrated VM is relabelled within this time.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub topology_interval: Duration,
     /// How many machine requests are worked on at once (each request's Proxmox calls stay sequential).
     #[arg(long, env = "CONCURRENCY", default_value_t = 4)]
     pub concurrency: usize,
@@ -104,6 +108,7 @@ pub struct Settings {
     pub key: Arc<ProviderKey>,
     pub info: ProviderInfo,
     pub health_interval: Duration,
+    pub topology_interval: Duration,
 }
 
 impl Settings {
@@ -134,6 +139,7 @@ impl Settings {
                 &args.provider_description,
             ),
             health_interval: args.health_interval,
+            topology_interval: args.topology_interval,
         })
     }
 }
@@ -268,7 +274,13 @@ pub async fn run_with(
         metrics,
     });
     let context = Arc::new(Context::new(services, omni.state.clone(), mode));
-    let controller = Controller::new(context, settings.concurrency);
+    let controller = Controller::new(context.clone(), settings.concurrency);
+    let topology = tokio::spawn(crate::controller::topology::run(
+        context.clone(),
+        settings.topology_interval,
+        context.topology.clone(),
+        stop_rx.clone(),
+    ));
     let reconciling = tokio::spawn(controller.run(stop_rx.clone()));
     tracing::info!(
         concurrency = settings.concurrency,
@@ -278,6 +290,7 @@ pub async fn run_with(
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     let _ = reconciling.await;
+    let _ = topology.await;
     let _ = heartbeat.await;
     if let Some(server) = metrics_server {
         let _ = server.await;

@@ -30,6 +30,8 @@ pub struct Context {
     /// Requests this process added its finalizer to: a delivered version without it predates that
     /// write (see [`Context::is_current`]).
     finalized: Mutex<HashSet<String>>,
+    /// Wakes the topology-label loop ([`super::topology`]) when a machine is provisioned.
+    pub topology: Arc<tokio::sync::Notify>,
 }
 
 impl Context {
@@ -44,6 +46,7 @@ impl Context {
             statuses: WriteCache::new(MachineRequestStatus),
             machines,
             finalized: Mutex::new(HashSet::new()),
+            topology: Arc::new(tokio::sync::Notify::new()),
         }
     }
 

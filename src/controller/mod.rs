@@ -9,6 +9,8 @@
 //! - [`machine`] is that implementation for [`context::Context`]: it dispatches a key to
 //!   [`provision::apply`], [`teardown::cleanup`] or [`teardown::orphan`];
 //! - [`error_policy`] decides, from the kind of a failure, when to retry and what the status says;
+//! - [`topology`] keeps each machine's Kubernetes zone/region labels (an Omni config patch) in step
+//!   with the node its VM runs on;
 //! - [`progress`] is where progress goes (the status text); [`context`] holds the clients, the
 //!   ledgers and the write caches ([`cache`]) every reconcile shares.
 
@@ -23,6 +25,7 @@ pub mod registration;
 pub mod requests;
 pub mod runner;
 pub mod teardown;
+pub mod topology;
 pub mod workqueue;
 
 use crate::omni::join::JoinMode;

@@ -254,6 +254,7 @@ impl Provisioning<'_> {
         );
         tracing::info!(request = %id, %vmid, %node, addresses = ?state.addresses, "provisioned");
         ctx.services.metrics.provision("success");
+        ctx.topology.notify_one();
         let uuid = text(&state.uuid);
         ctx.write_status(id, &with_infra_id(&self.labels, state), |s| {
             s.stage = Stage::Provisioned as i32;

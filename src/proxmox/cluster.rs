@@ -73,6 +73,27 @@ impl ProxmoxClient {
             Err(e) => Err(e),
         }
     }
+
+    /// The cluster's name from `GET /cluster/status` (Sys.Audit on `/`), or `None` for a standalone
+    /// node: pve-manager PVE/API2/Cluster.pm `get_status` lists a `type: cluster` entry only when
+    /// pmxcfs knows a corosync cluster, and just the local node otherwise.
+    pub async fn cluster_name(&self) -> Result<Option<String>, ProxmoxError> {
+        let entries: Vec<ClusterStatusEntry> =
+            self.get(&["cluster", "status"], Params::new()).await?;
+        Ok(entries
+            .into_iter()
+            .find(|e| e.kind == "cluster")
+            .and_then(|e| e.name)
+            .filter(|n| !n.is_empty()))
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ClusterStatusEntry {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    name: Option<String>,
 }
 
 /// An HA resource registration (`POST /cluster/ha/resources`).

@@ -315,6 +315,18 @@ class LauncherPve(FakePve):
         seen = self._stats_first_seen.setdefault(item.get('vmid'), time.monotonic())
         return time.monotonic() - seen < self.stats_lag_secs * (self.time_scale or 1)
 
+    # --- `/cluster/status` of a standalone node (scenario key `standalone`). pve-manager
+    # PVE/API2/Cluster.pm `get_status` lists a `type: cluster` entry only when pmxcfs knows a corosync
+    # cluster; a node never joined to one answers with just its own entry. fakepve always has a cluster.
+    standalone = False
+
+    async def _cluster_status(self, request):
+        response = await super()._cluster_status(request)
+        if not self.standalone or response.status != 200:
+            return response
+        data = [e for e in json.loads(response.text).get('data') or [] if e.get('type') != 'cluster']
+        return ok(data[:1])
+
     async def _resources(self, request):
         response = await super()._resources(request)
         if self._stats_first_seen is None:
@@ -482,6 +494,9 @@ def build(scenario):
     pve = LauncherPve(user=scenario.get('user', 'root@pam'), password=scenario.get('password', 'secret'),
                       host=scenario.get('host', '127.0.0.1'), port=scenario.get('port', 0))
     pve.time_scale = float(scenario.get('time_scale', 0))
+    pve.standalone = bool(scenario.get('standalone', False))
+    if 'cluster_name' in scenario:
+        pve.cluster_name = scenario['cluster_name']
     pve.agent_default = bool(scenario.get('agent_default', False))
     for node in scenario.get('nodes', []):
         pve.add_node(node['name'], online=node.get('online', True))

@@ -8,6 +8,7 @@ use std::time::Duration;
 use omni_infra_provider_proxmox::config::ProviderConfig;
 use omni_infra_provider_proxmox::controller::context::Context;
 use omni_infra_provider_proxmox::controller::runner::Controller;
+use omni_infra_provider_proxmox::controller::topology;
 use omni_infra_provider_proxmox::omni::join::JoinMode;
 use omni_infra_provider_proxmox::omni::proto::specs::{
     MachineRequestSpec, MachineRequestStatusSpec, machine_request_status_spec::Stage,
@@ -36,6 +37,10 @@ pub struct Harness {
     pub config: ProviderConfig,
     /// The running controller's metrics (replaced at each `start_controller`).
     pub metrics: Arc<omni_infra_provider_proxmox::metrics::Metrics>,
+    /// Run the topology-label loop beside the controller, this often (off unless a test asks: it
+    /// adds Proxmox and Omni reads that request-counting tests do not expect).
+    pub topology_every: Option<Duration>,
+    topology: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Harness {
@@ -59,6 +64,8 @@ impl Harness {
             running: None,
             config,
             metrics: Default::default(),
+            topology_every: None,
+            topology: None,
         };
         h.start_controller();
         Some(h)
@@ -86,10 +93,25 @@ impl Harness {
             metrics: self.metrics.clone(),
         });
         let context = Arc::new(Context::new(services, client.state.clone(), JoinMode::V2));
-        let controller = Controller::new(context, 4);
+        let controller = Controller::new(context.clone(), 4);
         let (tx, rx) = watch::channel(false);
+        if let Some(every) = self.topology_every {
+            self.topology = Some(tokio::spawn(topology::run(
+                context.clone(),
+                every,
+                context.topology.clone(),
+                rx.clone(),
+            )));
+        }
         self.running = Some(tokio::spawn(controller.run(rx)));
         self.stop = Some(tx);
+    }
+
+    /// Restarts the controller with the topology-label loop running every `every`.
+    pub async fn run_topology(&mut self, every: Duration) {
+        self.stop_controller().await;
+        self.topology_every = Some(every);
+        self.start_controller();
     }
 
     pub async fn stop_controller(&mut self) {
@@ -97,6 +119,9 @@ impl Harness {
             let _ = tx.send(true);
         }
         if let Some(h) = self.running.take() {
+            h.await.unwrap();
+        }
+        if let Some(h) = self.topology.take() {
             h.await.unwrap();
         }
     }

@@ -131,6 +131,9 @@ pub struct ProviderData {
     pub balloon: Option<bool>,
     pub pool: Option<PoolId>,
     pub tags: Vec<Tag>,
+    /// Kubernetes topology labels (zone = Proxmox node, region = Proxmox cluster) through a config
+    /// patch the provider keeps in step with where the VM runs.
+    pub topology_labels: bool,
     pub ha: Option<HaSettings>,
     pub additional_nics: Vec<AdditionalNic>,
     pub usb_devices: Vec<Usb>,

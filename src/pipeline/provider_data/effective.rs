@@ -136,6 +136,7 @@ fn provider_data(s: Settings) -> Option<ProviderData> {
         balloon: s.balloon,
         pool: s.pool,
         tags: s.tags.unwrap_or_default(),
+        topology_labels: s.topology_labels.unwrap_or(true),
         ha: s.ha,
         additional_nics: s.additional_nics.unwrap_or_default(),
         usb_devices: s.usb_devices.unwrap_or_default(),

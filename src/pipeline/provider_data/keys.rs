@@ -400,6 +400,15 @@ pub const TOP_LEVEL: &[Key] = &[
         ..Key::BASE
     },
     Key {
+        name: "topology_labels",
+        kind: Kind::Boolean,
+        origin: Origin::Ours,
+        description: "Label the Kubernetes node with topology.kubernetes.io/zone (its Proxmox node, kept current when the VM migrates) and topology.kubernetes.io/region (the Proxmox cluster name), through a config patch. Default true.",
+        doc: "Kubernetes node labels `topology.kubernetes.io/zone` = the Proxmox node (kept current when the VM migrates) and `topology.kubernetes.io/region` = the Proxmox cluster name, through an Omni config patch; `false` turns them off.",
+        default: "`true`",
+        ..Key::BASE
+    },
+    Key {
         name: "boot",
         origin: Origin::Ours,
         description: "How the VM gets Talos: 'iso' (default) boots the Image Factory nocloud ISO; 'clone' clones 'template'.",

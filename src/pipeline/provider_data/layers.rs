@@ -71,6 +71,7 @@ settings! {
     bios: Bios,
     vga: Vga,
     numa: bool,
+    topology_labels: bool,
     hugepages: Hugepages,
     balloon: bool,
     pool: PoolId,

@@ -87,6 +87,7 @@ fn network_and_disk(f: &mut Fields<'_, '_>, s: &mut Settings) {
     s.bios = f.choice("bios", &[("seabios", Bios::Seabios), ("ovmf", Bios::Ovmf)]);
     s.vga = f.named("vga", Vga::new);
     s.numa = f.bool("numa");
+    s.topology_labels = f.bool("topology_labels");
     s.hugepages = f.choice(
         "hugepages",
         &[("2MB", Hugepages::TwoMb), ("1GB", Hugepages::OneGb)],

@@ -1,0 +1,405 @@
+//! Kubernetes topology labels that follow the VM (provider data `topology_labels`, on by default).
+//!
+//! Each machine gets `topology.kubernetes.io/zone` = the Proxmox node its VM runs on and
+//! `topology.kubernetes.io/region` = the Proxmox cluster name (left out on a standalone node), as
+//! Talos `machine.nodeLabels` in a ConfigPatchRequest. That is the one way Omni lets a provider patch
+//! a machine's config: Omni's ConfigPatchRequestController
+//! (internal/backend/runtime/omni/controllers/omni/infra_provider_config_patch.go) copies a
+//! ConfigPatchRequest labelled with a machine request into a ConfigPatch for the machine that
+//! request's status names (its `id`, the SMBIOS UUID), and destroys it when the status goes. We label
+//! it as the Go library's `provision.Context.CreateConfigPatch` does (provider ID, request ID), so the
+//! teardown that removes every patch so labelled (ours or the official provider's hostname patches)
+//! removes it too.
+//!
+//! One loop keeps every patch in step: each round (every minute, and soon after a machine is
+//! provisioned) reads the requests, the provider states and our patches from Omni, and one
+//! `/cluster/resources` listing from Proxmox, whatever the number of machines, then writes only the
+//! patches whose labels changed. A VM migrated by hand or by the HA manager is relabelled within a
+//! round; a class or `defaults:` turning the labels off removes the patch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+
+use super::context::Context;
+use super::provision::request_info;
+use super::requests::Request;
+use crate::model::MachineState;
+use crate::model::identity::{self, Claim, ListingVerdict};
+use crate::omni::resources::{ConfigPatchRequest, MachineRequest, label};
+use crate::omni::state::{LabelSelector, ResourceRef, StateError};
+use crate::proxmox::types::{ClusterResource, VmResource};
+
+/// Our patch IDs: `<prefix><request id>`. Omni applies a machine's patches in ID order; this sorts
+/// after the official provider's `000-hostname-…` and before patches people add (`400-…` and up in
+/// Omni's UI), so theirs win where they set the same labels.
+pub const PATCH_PREFIX: &str = "100-topology-";
+
+/// How often the loop looks when nothing nudges it.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+
+pub fn patch_id(request_id: &str) -> String {
+    format!("{PATCH_PREFIX}{request_id}")
+}
+
+/// The Talos machine config patch setting the two labels. Node and cluster names are Proxmox
+/// identifiers (letters, digits, `-`, `.`, `_`), so they need no quoting; they are quoted anyway so
+/// a purely numeric name stays a string.
+pub fn patch_yaml(zone: &str, region: Option<&str>) -> String {
+    let mut yaml = format!(
+        "machine:\n  nodeLabels:\n    topology.kubernetes.io/zone: \"{}\"\n",
+        escape(zone)
+    );
+    if let Some(region) = region {
+        yaml.push_str(&format!(
+            "    topology.kubernetes.io/region: \"{}\"\n",
+            escape(region)
+        ));
+    }
+    yaml
+}
+
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// What one machine's patch should say, as far as this round could tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wanted {
+    /// The patch with this content.
+    Patch(String),
+    /// No patch: the labels are turned off for this machine.
+    Nothing,
+    /// Cannot tell this round (no VM yet, VM not identifiable from the listing, invalid provider
+    /// data): leave whatever is there.
+    Unknown,
+}
+
+/// A write the round makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Write { request_id: String, yaml: String },
+    Remove { request_id: String },
+}
+
+/// Pure: the writes that bring `existing` (request ID → our patch's content) to `wanted`.
+pub fn plan(wanted: &BTreeMap<String, Wanted>, existing: &BTreeMap<String, String>) -> Vec<Change> {
+    let mut changes = Vec::new();
+    for (request_id, want) in wanted {
+        let have = existing.get(request_id);
+        match want {
+            Wanted::Patch(yaml) if have != Some(yaml) => changes.push(Change::Write {
+                request_id: request_id.clone(),
+                yaml: yaml.clone(),
+            }),
+            Wanted::Nothing if have.is_some() => changes.push(Change::Remove {
+                request_id: request_id.clone(),
+            }),
+            _ => {}
+        }
+    }
+    changes
+}
+
+/// Pure: what `request`'s patch should say, given its recorded VMID and the listing.
+pub fn wanted(
+    enabled: Option<bool>,
+    claim: &Claim<'_>,
+    vms: &[VmResource],
+    region: Option<&str>,
+) -> Wanted {
+    match enabled {
+        None => return Wanted::Unknown,
+        Some(false) => return Wanted::Nothing,
+        Some(true) => {}
+    }
+    let Some(vmid) = claim.recorded_vmid else {
+        return Wanted::Unknown;
+    };
+    match vms.iter().find(|vm| vm.vmid == vmid) {
+        // Only a VM the listing alone proves ours: a round never spends a config read per machine.
+        Some(vm) if identity::judge_listing(vm, claim) == ListingVerdict::Ours => {
+            Wanted::Patch(patch_yaml(vm.node.as_str(), region))
+        }
+        _ => Wanted::Unknown,
+    }
+}
+
+/// Runs rounds until `stop`: every `interval`, and shortly after `nudge` (a machine provisioned).
+pub async fn run(
+    ctx: Arc<Context>,
+    interval: Duration,
+    nudge: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut region: Option<Option<String>> = None;
+    loop {
+        if let Err(e) = round(&ctx, &mut region).await {
+            tracing::warn!(error = %e, "cannot bring the topology labels up to date; trying again next round");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = nudge.notified() => {
+                // Several machines finishing together make one round.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ = async { stop.wait_for(|s| *s).await.is_ok() } => return,
+        }
+    }
+}
+
+/// Why a round stopped short.
+#[derive(Debug, thiserror::Error)]
+pub enum RoundError {
+    #[error("{doing}: {source}")]
+    Omni {
+        doing: &'static str,
+        #[source]
+        source: StateError,
+    },
+    #[error("listing the Proxmox cluster: {0}")]
+    Proxmox(#[from] crate::proxmox::ProxmoxError),
+}
+
+fn omni(doing: &'static str) -> impl FnOnce(StateError) -> RoundError {
+    move |source| RoundError::Omni { doing, source }
+}
+
+/// One round; `region` caches the cluster name once read (a Proxmox cluster cannot be renamed).
+pub async fn round(
+    ctx: &Context,
+    region: &mut Option<Option<String>>,
+) -> Result<Vec<Change>, RoundError> {
+    let ours = || vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, ctx.provider_id())];
+    let requests: Vec<Request> = ctx
+        .state
+        .list(&MachineRequest, ours())
+        .await
+        .map_err(omni("listing the machine requests"))?
+        .into_iter()
+        .filter(|r| !r.is_tearing_down() && r.has_finalizer(&ctx.owner))
+        .collect();
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    let states: BTreeMap<String, MachineState> = ctx
+        .state
+        .list(&ctx.machine_kind(), Vec::new())
+        .await
+        .map_err(omni("listing the provider states"))?
+        .into_iter()
+        .map(|m| (m.metadata.id.clone(), MachineState::from_spec(&m.spec)))
+        .collect();
+    let existing: BTreeMap<String, String> = ctx
+        .state
+        .list(&ConfigPatchRequest, ours())
+        .await
+        .map_err(omni("listing our config patch requests"))?
+        .into_iter()
+        .filter_map(|p| {
+            let request_id = p.metadata.id.strip_prefix(PATCH_PREFIX)?.to_owned();
+            Some((request_id, p.spec.data))
+        })
+        .collect();
+    let pve = &ctx.services.pve;
+    let vms: Vec<VmResource> = pve
+        .cluster_resources(None)
+        .await?
+        .into_iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm) => Some(vm),
+            _ => None,
+        })
+        .collect();
+    if region.is_none() {
+        match pve.cluster_name().await {
+            Ok(name) => *region = Some(name),
+            // Without it this round writes nothing: a patch without the region would be rewritten
+            // with it next round, relabelling every node twice.
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let region = region.clone().flatten();
+    let wanted: BTreeMap<String, Wanted> = requests
+        .iter()
+        .map(|request| {
+            let id = request.id().to_owned();
+            let state = states.get(&id);
+            let want = match state {
+                Some(state) => wanted_for(ctx, request, state, &vms, region.as_deref()),
+                None => Wanted::Unknown,
+            };
+            (id, want)
+        })
+        .collect();
+    let changes = plan(&wanted, &existing);
+    for change in &changes {
+        apply(ctx, change).await?;
+    }
+    Ok(changes)
+}
+
+fn wanted_for(
+    ctx: &Context,
+    request: &Request,
+    state: &MachineState,
+    vms: &[VmResource],
+    region: Option<&str>,
+) -> Wanted {
+    let uuid = state.uuid.map(|u| u.to_string());
+    let claim = Claim {
+        request_id: request.id(),
+        provider_id: ctx.provider_id(),
+        recorded_vmid: state.vmid,
+        smbios_uuid: uuid.as_deref(),
+    };
+    // The node the VM is on now decides which `nodes:` override applies, as for every other key.
+    let node = state
+        .vmid
+        .and_then(|id| vms.iter().find(|vm| vm.vmid == id))
+        .map(|vm| vm.node.to_string());
+    let enabled = ctx
+        .services
+        .provider_data(&request_info(request), node.as_deref())
+        .ok()
+        .map(|data| data.topology_labels);
+    wanted(enabled, &claim, vms, region)
+}
+
+async fn apply(ctx: &Context, change: &Change) -> Result<(), RoundError> {
+    match change {
+        Change::Write { request_id, yaml } => {
+            let provider_id = ctx.provider_id().to_owned();
+            ctx.state
+                .modify(
+                    &ConfigPatchRequest,
+                    &patch_id(request_id),
+                    &ctx.owner,
+                    |patch| {
+                        let labels = &mut patch.metadata.labels;
+                        labels.insert(label::INFRA_PROVIDER_ID.into(), provider_id.clone());
+                        labels.insert(label::MACHINE_REQUEST.into(), request_id.clone());
+                        patch.spec.data = yaml.clone();
+                        patch.spec.compressed_data.clear();
+                    },
+                )
+                .await
+                .map_err(omni("writing a topology config patch request"))?;
+            tracing::info!(request = %request_id, "topology labels written: {}", yaml.replace('\n', " "));
+        }
+        Change::Remove { request_id } => {
+            let what = ResourceRef::of(&ConfigPatchRequest, &patch_id(request_id));
+            match ctx.state.teardown(&what, &ctx.owner).await {
+                Ok(true) => ctx
+                    .state
+                    .destroy(&what, &ctx.owner)
+                    .await
+                    .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })
+                    .map_err(omni("destroying a topology config patch request"))?,
+                // Omni still holds a finalizer: destroyed in a later round.
+                Ok(false) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(omni("tearing down a topology config patch request")(e)),
+            }
+            tracing::info!(request = %request_id, "topology labels turned off; config patch removed");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxmox::types::VmId;
+    use serde_json::json;
+
+    fn vm(value: serde_json::Value) -> VmResource {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn the_patch_sets_zone_and_region_as_strings() {
+        assert_eq!(
+            patch_yaml("pve1", Some("homelab")),
+            "machine:\n  nodeLabels:\n    topology.kubernetes.io/zone: \"pve1\"\n    topology.kubernetes.io/region: \"homelab\"\n"
+        );
+        // A standalone node has no cluster name: zone only.
+        assert_eq!(
+            patch_yaml("2024", None),
+            "machine:\n  nodeLabels:\n    topology.kubernetes.io/zone: \"2024\"\n"
+        );
+        let parsed: serde_json::Value =
+            serde_saphyr::from_str(&patch_yaml("pve1", Some("a\"b"))).unwrap();
+        assert_eq!(
+            parsed["machine"]["nodeLabels"]["topology.kubernetes.io/region"],
+            json!("a\"b")
+        );
+    }
+
+    #[test]
+    fn the_zone_is_where_the_listing_shows_our_vm_now() {
+        let vms = vec![
+            vm(json!({"vmid": 104, "node": "pve3", "name": "req-1",
+                "tags": "omni-provider.proxmox;omni-request.req-1"})),
+            vm(json!({"vmid": 105, "node": "pve2", "name": "someone-else"})),
+            vm(json!({"vmid": 106, "node": "pve2"})),
+        ];
+        let claim = |id: u32| Claim {
+            request_id: "req-1",
+            provider_id: "proxmox",
+            recorded_vmid: VmId::new(id).ok(),
+            smbios_uuid: None,
+        };
+        assert_eq!(
+            wanted(Some(true), &claim(104), &vms, Some("lab")),
+            Wanted::Patch(patch_yaml("pve3", Some("lab")))
+        );
+        // Someone else's VM at the recorded VMID, a VM the listing cannot identify (no name
+        // yet), or none at all: nothing is decided this round.
+        assert_eq!(wanted(Some(true), &claim(105), &vms, None), Wanted::Unknown);
+        assert_eq!(wanted(Some(true), &claim(106), &vms, None), Wanted::Unknown);
+        assert_eq!(wanted(Some(true), &claim(999), &vms, None), Wanted::Unknown);
+        assert_eq!(
+            wanted(Some(false), &claim(104), &vms, None),
+            Wanted::Nothing
+        );
+        assert_eq!(wanted(None, &claim(104), &vms, None), Wanted::Unknown);
+    }
+
+    #[test]
+    fn a_round_writes_only_what_changed() {
+        let yaml = |node| patch_yaml(node, Some("lab"));
+        let wanted = BTreeMap::from([
+            ("same".to_string(), Wanted::Patch(yaml("pve1"))),
+            ("moved".to_string(), Wanted::Patch(yaml("pve2"))),
+            ("new".to_string(), Wanted::Patch(yaml("pve3"))),
+            ("off".to_string(), Wanted::Nothing),
+            ("off-already".to_string(), Wanted::Nothing),
+            ("unknown".to_string(), Wanted::Unknown),
+        ]);
+        let existing = BTreeMap::from([
+            ("same".to_string(), yaml("pve1")),
+            ("moved".to_string(), yaml("pve1")),
+            ("off".to_string(), yaml("pve1")),
+            ("unknown".to_string(), yaml("pve1")),
+        ]);
+        assert_eq!(
+            plan(&wanted, &existing),
+            vec![
+                Change::Write {
+                    request_id: "moved".into(),
+                    yaml: yaml("pve2")
+                },
+                Change::Write {
+                    request_id: "new".into(),
+                    yaml: yaml("pve3")
+                },
+                Change::Remove {
+                    request_id: "off".into()
+                },
+            ]
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! Topology labels end to end: the provider writes each machine's Kubernetes zone (its Proxmox node)
+//! and region (the Proxmox cluster name) as an Omni ConfigPatchRequest, follows the VM when it
+//! migrates, and the patch goes with the request.
+//!
+//! What Omni does with the patch request is its ConfigPatchRequestController's
+//! (internal/backend/runtime/omni/controllers/omni/infra_provider_config_patch.go): it needs the
+//! `omni.sidero.dev/machine-request` label and copies the patch to the machine the request's status
+//! names. The labels and the ID shape follow the Go library's `provision.Context.CreateConfigPatch`
+//! (client/pkg/infra/provision/context.go).
+
+mod support;
+
+use std::time::Duration;
+
+use omni_infra_provider_proxmox::controller::topology::{PATCH_PREFIX, patch_yaml};
+use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
+use omni_infra_provider_proxmox::omni::resources::{ConfigPatchRequest, MachineRequest, label};
+use serde_json::json;
+use support::fakepve::three_node_scenario;
+use support::harness::{Harness, PROVIDER, WAIT};
+
+const ROUND: Duration = Duration::from_millis(200);
+
+fn class(node: &str, extra: &str) -> String {
+    format!(
+        "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: {node}\nip_discovery_timeout: 0\n{extra}"
+    )
+}
+
+impl Harness {
+    /// The data of the request's topology patch once it is `want` (None: once it is gone).
+    async fn patch_becomes(&self, id: &str, want: Option<&str>) -> bool {
+        let patch_id = format!("{PATCH_PREFIX}{id}");
+        self.omni
+            .state
+            .wait_for(WAIT, |s| {
+                let patch = s.get(&ConfigPatchRequest, &patch_id);
+                patch.map(|p| p.spec.data).as_deref() == want
+            })
+            .await
+    }
+}
+
+#[tokio::test]
+async fn zone_and_region_follow_the_vm_and_go_with_the_request() {
+    let mut scenario = three_node_scenario();
+    scenario["cluster_name"] = json!("homelab");
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    h.run_topology(ROUND).await;
+    h.request("topo-1", "topology", &class("pve1", ""));
+    h.wait_stage("topo-1", Stage::Provisioned).await;
+    let on_pve1 = patch_yaml("pve1", Some("homelab"));
+    assert!(
+        h.patch_becomes("topo-1", Some(&on_pve1)).await,
+        "patch with zone pve1 and region homelab"
+    );
+    let patch = h
+        .omni
+        .state
+        .get(&ConfigPatchRequest, "100-topology-topo-1")
+        .unwrap();
+    let labels = &patch.metadata.labels;
+    assert_eq!(
+        labels.get(label::INFRA_PROVIDER_ID).map(String::as_str),
+        Some(PROVIDER)
+    );
+    assert_eq!(
+        labels.get(label::MACHINE_REQUEST).map(String::as_str),
+        Some("topo-1")
+    );
+
+    // Migrated by hand (or by the HA manager): the zone follows within a round.
+    let vmid = h.vms_named("topo-1")[0]["vmid"].as_u64().unwrap();
+    h.pve
+        .control(json!({"op": "migrate", "vmid": vmid, "target": "pve3"}));
+    let on_pve3 = patch_yaml("pve3", Some("homelab"));
+    assert!(
+        h.patch_becomes("topo-1", Some(&on_pve3)).await,
+        "zone updated to pve3"
+    );
+
+    // Torn down: the patch goes with the request (first, as the Go library does).
+    assert!(h.omni.state.teardown(&MachineRequest, "topo-1"));
+    h.wait_released("topo-1").await;
+    assert!(h.patch_becomes("topo-1", None).await, "patch removed");
+}
+
+#[tokio::test]
+async fn labels_can_be_turned_off_and_a_standalone_node_has_no_region() {
+    let mut scenario = three_node_scenario();
+    scenario["standalone"] = json!(true);
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    h.run_topology(ROUND).await;
+    h.request(
+        "topo-off",
+        "topology",
+        &class("pve2", "topology_labels: false\n"),
+    );
+    h.request("topo-solo", "topology", &class("pve2", ""));
+    h.wait_stage("topo-off", Stage::Provisioned).await;
+    h.wait_stage("topo-solo", Stage::Provisioned).await;
+    // pve-manager's /cluster/status has no cluster entry on a standalone node: zone only.
+    assert!(
+        h.patch_becomes("topo-solo", Some(&patch_yaml("pve2", None)))
+            .await
+    );
+    // Several rounds later still nothing for the class that turned the labels off.
+    tokio::time::sleep(ROUND * 5).await;
+    assert!(
+        h.omni
+            .state
+            .get(&ConfigPatchRequest, "100-topology-topo-off")
+            .is_none()
+    );
+}
