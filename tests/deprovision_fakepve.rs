@@ -104,6 +104,7 @@ async fn provision(
         additional_disk_storages: vec![StorageId::new("local-lvm").unwrap()],
         smbios_uuid: uuid,
         boot_iso: Some(IsoVolume::parse("local:iso/talos.iso").unwrap()),
+        boot_image: None,
         seed_iso: IsoVolume::parse(&seed_volume).unwrap(),
         mac: None,
     };

@@ -130,7 +130,7 @@ impl Provisioning<'_> {
                 tracing::warn!(request = %self.id, "provider data: {warning}");
             }
         }
-        match crate::validate::release_problem(&services.pve, &data).await {
+        match crate::validate::release_problem(&services.pve, &data, &services.ledgers).await {
             Some(problem) => Err(ReconcileError::Refused {
                 doing: "checking the Proxmox VE release",
                 problem,

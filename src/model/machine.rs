@@ -8,7 +8,7 @@
 //! provider can take over from ours at any step with everything it wrote still there.
 
 use crate::omni::proto::provider::MachineSpec;
-use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
+use crate::proxmox::property::{ImportVolume, IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{NodeName, Upid, VmId};
 
 /// The typed provider state of one machine. Every field is `None` (or empty) until a step records it.
@@ -47,6 +47,8 @@ pub struct MachineState {
     /// The machine-request set's pool we put the VM in because the class named none.
     pub default_pool: Option<PoolId>,
     pub boot_iso: Option<IsoVolume>,
+    /// The Talos disk image in `import` storage the boot disk is made from (`boot: image`).
+    pub boot_image: Option<ImportVolume>,
     /// The protobuf this state was read from: unchanged fields are written back from it verbatim.
     read_from: MachineSpec,
 }
@@ -107,6 +109,7 @@ impl MachineState {
                 .then_some(spec.ip_discovery_started),
             default_pool: parsed(&spec.default_pool, PoolId::parse),
             boot_iso: parsed(&spec.boot_iso_volume, IsoVolume::parse),
+            boot_image: parsed(&spec.boot_image_volume, ImportVolume::parse),
             read_from: spec.clone(),
         }
     }
@@ -157,6 +160,13 @@ impl MachineState {
         let iso = |r: &String| parsed(r, IsoVolume::parse);
         merge(&mut spec.seed_iso_volume, &self.seed_iso, iso, text_raw);
         merge(&mut spec.boot_iso_volume, &self.boot_iso, iso, text_raw);
+        let image = |r: &String| parsed(r, ImportVolume::parse);
+        merge(
+            &mut spec.boot_image_volume,
+            &self.boot_image,
+            image,
+            text_raw,
+        );
         spec.addresses.clone_from(&self.addresses);
         merge(&mut spec.boot_mode, &self.boot_mode, |r| text(r), text_raw);
         merge(

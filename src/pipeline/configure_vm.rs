@@ -3,8 +3,10 @@
 //! The seed ISO ([`super::seed`]: label `cidata`, `user-data` = the join config, `meta-data` = instance ID and
 //! hostname, `network-config`) is built in memory and uploaded to ISO storage on the VM's node, then
 //! attached as a CD-ROM. Boot mode `iso` needs the seed at creation, so `create_vm` uploads it and
-//! creates the VM fully configured; this step then has nothing left to do. Boot mode `clone` sets
-//! everything here in one synchronous config write and grows the cloned boot disk.
+//! creates the VM fully configured; this step then has nothing left to do. Boot mode `image` creates
+//! it fully configured too, its boot disk the size of the Talos image: this step grows it to
+//! `disk_size`. Boot mode `clone` sets everything here in one synchronous config write and grows the
+//! cloned boot disk.
 
 use super::create_vm::target;
 use super::provider_data::BootMode;
@@ -20,6 +22,18 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             return attach_seed(ctx).await;
         }
         ctx.report("configured at creation").await;
+        return Ok(StepOutcome::Done);
+    }
+    if ctx.data.boot == BootMode::Image {
+        // Created fully configured, its disk the size of the Talos image: only the growing is left.
+        let (node, vmid) = (ctx.node()?, ctx.vmid()?);
+        let current = ctx
+            .services
+            .pve
+            .vm_config(&node, vmid)
+            .await
+            .map_err(StepError::proxmox(format!("reading VM {vmid} on {node}")))?;
+        grow_boot_disk(ctx, vm_config::BootDisk::of(&current)).await?;
         return Ok(StepOutcome::Done);
     }
     let node = ctx.node()?;
@@ -67,24 +81,38 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             .map_err(StepError::proxmox(doing))?;
     }
 
+    grow_boot_disk(ctx, boot).await?;
+    Ok(StepOutcome::Done)
+}
+
+/// Grows the boot disk (a cloned template's, or one made from the disk image) to `disk_size` when it
+/// is smaller; never shrinks (Proxmox cannot).
+async fn grow_boot_disk(
+    ctx: &StepContext<'_>,
+    boot: Option<vm_config::BootDisk>,
+) -> Result<(), StepError> {
+    let (node, vmid) = (ctx.node()?, ctx.vmid()?);
     let wanted_gb = ctx.data.disk_size_gb;
     let current_gb = boot.as_ref().and_then(|b| size_gb(&b.drive)).unwrap_or(0);
-    if wanted_gb > current_gb {
-        let doing = format!("growing the boot disk of VM {vmid} to {wanted_gb} GB");
-        ctx.report(doing.clone()).await;
-        let slot = boot.as_ref().map_or("scsi0", |b| b.slot.as_str());
-        let [disk, size] = vm_config::boot_disk_resize(&ctx.data, slot);
-        // Proxmox answers with a task only where the resize takes one (storage-dependent).
-        if let Some(upid) = pve
-            .resize_disk(&node, vmid, &disk.1, &size.1)
-            .await
-            .map_err(StepError::proxmox(doing.clone()))?
-        {
-            let task = StartedTask { upid, doing };
-            ctx.finish_task(task, ctx.services.timeouts.task).await?;
-        }
+    if wanted_gb <= current_gb {
+        return Ok(());
     }
-    Ok(StepOutcome::Done)
+    let doing = format!("growing the boot disk of VM {vmid} to {wanted_gb} GB");
+    ctx.report(doing.clone()).await;
+    let slot = boot.as_ref().map_or("scsi0", |b| b.slot.as_str());
+    let [disk, size] = vm_config::boot_disk_resize(&ctx.data, slot);
+    // Proxmox answers with a task only where the resize takes one (storage-dependent).
+    if let Some(upid) = ctx
+        .services
+        .pve
+        .resize_disk(&node, vmid, &disk.1, &size.1)
+        .await
+        .map_err(StepError::proxmox(doing.clone()))?
+    {
+        let task = StartedTask { upid, doing };
+        ctx.finish_task(task, ctx.services.timeouts.task).await?;
+    }
+    Ok(())
 }
 
 async fn attach_seed(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {

@@ -46,7 +46,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         ctx.state.reserved_vmid = Some(vmid);
         ctx.persist().await?;
         let result = match ctx.data.boot {
-            super::provider_data::BootMode::Iso => create(ctx, &node, vmid, &resources).await,
+            super::provider_data::BootMode::Iso | super::provider_data::BootMode::Image => {
+                create(ctx, &node, vmid, &resources).await
+            }
             super::provider_data::BootMode::Clone => clone(ctx, &node, vmid, &resources).await,
         };
         match result {
@@ -409,6 +411,7 @@ pub fn target(
     let missing = |what: &str| StepError::Cluster(format!("the provider state records no {what}"));
     let storage = recorded_storage(ctx)?;
     let boot_iso = ctx.state.boot_iso.clone();
+    let boot_image = ctx.state.boot_image.clone();
     let seed_iso = match seed_iso.or_else(|| ctx.state.seed_iso.clone()) {
         Some(s) => s,
         None => return Err(missing("seed ISO")),
@@ -424,6 +427,7 @@ pub fn target(
         additional_disk_storages,
         smbios_uuid,
         boot_iso,
+        boot_image,
         seed_iso,
         mac: None,
     })

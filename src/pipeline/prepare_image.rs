@@ -13,9 +13,14 @@
 //! version (field 3), the bare file name (field 4) and the download task (field 6); the full volume ID
 //! is ours (field 31).
 //!
+//! Boot mode `image` (ours): the same schematic, but the node downloads the nocloud *disk* image
+//! (`nocloud-amd64.qcow2`, see [`BootImage::Disk`]) into a storage with the `import` content type,
+//! named by the SHA-256 of its URL with a `.qcow2` extension, once per storage; `create_vm` makes the
+//! boot disk from it. Its volume ID is ours (field 32); fields 4 and 31 stay empty.
+//!
 //! Boot mode `clone`: the template is found through `/cluster/resources` by VMID or name.
 
-use crate::proxmox::property::IsoVolume;
+use crate::proxmox::property::{ImportVolume, IsoVolume};
 use sha2::{Digest, Sha256};
 
 use super::image_factory;
@@ -26,17 +31,56 @@ use crate::model::ClusterSnapshot;
 use crate::omni::management::ManagementError;
 use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::{ClusterResource, NodeName, VmResource};
-use crate::rules::storage::{self, StorageChoice, StorageNeed};
+use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     match ctx.data.boot {
-        BootMode::Iso => prepare_iso(ctx).await,
+        BootMode::Iso => download(ctx, BootImage::Iso).await,
+        BootMode::Image => download(ctx, BootImage::Disk).await,
         BootMode::Clone => find_template(ctx).await,
     }
 }
 
-async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
-    ctx.state.boot_mode = Some("iso".into());
+/// What the node downloads from the Image Factory for the VM to boot from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootImage {
+    /// `nocloud-amd64.iso` into ISO storage (`boot: iso`).
+    Iso,
+    /// `nocloud-amd64.qcow2` into `import` storage (`boot: image`): qcow2 because download-url
+    /// decompresses only ISOs (pve-storage Status.pm `download_url`: "decompression not supported"
+    /// for other content, and never `xz`), and the raw image is the full 8 GiB disk; the Image
+    /// Factory serves any platform image as `.qcow2` (image-factory internal/profile/profile.go
+    /// `ParseFromPath`).
+    Disk,
+}
+
+impl BootImage {
+    fn content(self) -> Content {
+        match self {
+            BootImage::Iso => Content::IsoImages,
+            BootImage::Disk => Content::DiskImages,
+        }
+    }
+
+    fn file(self) -> &'static str {
+        match self {
+            BootImage::Iso => "nocloud-amd64.iso",
+            BootImage::Disk => "nocloud-amd64.qcow2",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            BootImage::Iso => "ISO",
+            BootImage::Disk => "disk image",
+        }
+    }
+}
+
+/// Downloads the boot image once per storage (the node fetches it itself, so it never passes through
+/// the provider), and records where it is.
+async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutcome, StepError> {
+    ctx.state.boot_mode = Some(ctx.data.boot.as_str().into());
     let version = talos_version(&ctx.request.talos_version);
     let schematic = match ctx.state.schematic.clone() {
         Some(id) => id,
@@ -45,19 +89,25 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
     ctx.state.schematic = Some(schematic.clone());
     let node = ctx.node()?;
     ctx.state.talos_version = Some(ctx.request.talos_version.clone());
-    let url = iso_url(
+    let url = image_url(
         &ctx.services.image_factory_url,
         &schematic,
         &ctx.request.talos_version,
+        kind.file(),
     );
-    let file_name = iso_file_name(&url);
-    let (storage, shared) = iso_storage(ctx, &node).await?;
-    let volid = format!("{storage}:iso/{file_name}");
-    let volume = IsoVolume::parse(&volid)
-        .map_err(|e| StepError::Cluster(format!("Talos ISO volume {volid}: {e}")))?;
-    if ctx.state.boot_iso.as_ref() == Some(&volume)
-        && ctx.state.iso_file.as_deref() == Some(&file_name)
-    {
+    let file_name = image_file_name(&url, kind);
+    let (storage, shared) = download_storage(ctx, &node, kind.content()).await?;
+    let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
+    let recorded = match kind {
+        BootImage::Iso => ctx
+            .state
+            .boot_iso
+            .as_ref()
+            .map(ToString::to_string)
+            .filter(|_| ctx.state.iso_file.as_deref() == Some(&file_name)),
+        BootImage::Disk => ctx.state.boot_image.as_ref().map(ToString::to_string),
+    };
+    if recorded.as_deref() == Some(&volid) {
         return Ok(StepOutcome::Done);
     }
     // One download per image and storage, however many requests want it at once.
@@ -76,11 +126,13 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
             .wait_for_task(&task, ctx.services.timeouts.download)
             .await;
     }
+    let content = kind.content().as_str();
     let present = pve
-        .storage_content(&node, &storage, Some("iso"))
+        .storage_content(&node, &storage, Some(content))
         .await
         .map_err(StepError::proxmox(format!(
-            "listing ISO images in storage {storage} on {node}"
+            "listing {} in storage {storage} on {node}",
+            kind.content().describe()
         )))?
         .iter()
         .any(|v| v.volid == volid);
@@ -88,16 +140,21 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
         let download = DownloadRequest {
             url,
             file_name: file_name.clone(),
-            content: "iso".into(),
+            content: content.into(),
             checksum: None,
         };
         let task = ctx
             .start_task(
-                format!("downloading the Talos {version} ISO to {storage} on {node}"),
+                format!(
+                    "downloading the Talos {version} {} to {storage} on {node}",
+                    kind.what()
+                ),
                 pve.download_url(&node, &storage, &download),
             )
             .await?;
-        ctx.state.iso_file = Some(file_name.clone());
+        if kind == BootImage::Iso {
+            ctx.state.iso_file = Some(file_name.clone());
+        }
         ctx.state.iso_download_task = Some(task.upid.clone());
         ctx.persist().await?;
         match ctx.finish_task(task, ctx.services.timeouts.download).await {
@@ -108,21 +165,33 @@ async fn prepare_iso(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
             }
         }
     }
-    ctx.state.iso_file = Some(file_name);
-    ctx.state.boot_iso = Some(volume);
+    let unusable = |e: &dyn std::fmt::Display| {
+        StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()))
+    };
+    match kind {
+        BootImage::Iso => {
+            ctx.state.iso_file = Some(file_name);
+            ctx.state.boot_iso = Some(IsoVolume::parse(&volid).map_err(|e| unusable(&e))?);
+        }
+        BootImage::Disk => {
+            ctx.state.boot_image = Some(ImportVolume::parse(&volid).map_err(|e| unusable(&e))?);
+        }
+    }
     Ok(StepOutcome::Done)
 }
 
-/// The ISO storage on `node`: the first that matches `iso_storage_selector` (or any that holds ISOs
-/// when none is set), in API order like upstream. Returns (storage, shared).
-pub(super) async fn iso_storage(
+/// The storage on `node` a boot image goes to: the first that matches `iso_storage_selector` (or
+/// any that holds the content when none is set), in API order like upstream. Returns (storage,
+/// shared).
+pub(super) async fn download_storage(
     ctx: &mut StepContext<'_>,
     node: &NodeName,
+    content: Content,
 ) -> Result<(String, bool), StepError> {
     let selector = ctx.data.iso_storage_selector.clone();
     let cluster = ClusterSnapshot::from_resources(ctx.cluster(false).await?);
     let choice = match cluster.node(node.as_str()) {
-        Some(n) => storage::choose(n, &StorageNeed::iso(selector.as_ref())),
+        Some(n) => storage::choose(n, &StorageNeed::download(content, selector.as_ref())),
         None => StorageChoice {
             chosen: None,
             rejected: Vec::new(),
@@ -134,17 +203,21 @@ pub(super) async fn iso_storage(
     if let Some(s) = choice.chosen {
         return Ok((s.name, s.shared));
     }
-    // Without a selector the first ISO storage was taken, so reaching here means a selector rejected
-    // every one, or there is none.
+    // Without a selector the first storage with the content was taken, so reaching here means a
+    // selector rejected every one, or there is none.
     let seen: Vec<&str> = choice.usable().collect();
+    let (kind, what) = (content.as_str(), content.describe());
     Err(StepError::Cluster(match selector {
         Some(sel) if !seen.is_empty() => format!(
-            "iso_storage_selector `{}` matches none of the ISO storages on {node}: {}",
+            "iso_storage_selector `{}` matches none of the storages for {what} on {node}: {}",
             sel.expression(),
             seen.join(", ")
         ),
+        _ if content == Content::DiskImages => format!(
+            "node {node} has no active storage that holds {what}; enable the `{kind}` content type on a directory, NFS, CIFS or CephFS storage (Datacenter > Storage > Edit > Content: Import), or use `boot: iso`"
+        ),
         _ => format!(
-            "node {node} has no active storage that holds ISO images; enable the `iso` content type on one (Datacenter > Storage)"
+            "node {node} has no active storage that holds {what}; enable the `{kind}` content type on one (Datacenter > Storage)"
         ),
     }))
 }
@@ -194,7 +267,7 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
 }
 
 async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
-    ctx.state.boot_mode = Some("clone".into());
+    ctx.state.boot_mode = Some(BootMode::Clone.as_str().into());
     let Some(wanted) = ctx.data.template.clone() else {
         return Err(StepError::Config(
             "boot mode `clone` needs `template` (a VMID or a template name)".into(),
@@ -264,15 +337,31 @@ pub fn choose_template<'a>(
 /// The nocloud ISO's URL on `factory`, with the Talos version exactly as the request gives it (the
 /// official provider joins the same four parts onto its factory URL).
 pub fn iso_url(factory: &str, schematic: &str, talos_version: &str) -> String {
+    image_url(factory, schematic, talos_version, BootImage::Iso.file())
+}
+
+/// `<factory>/image/<schematic>/<version>/<file>`. The factory adds a missing `v` itself
+/// (image-factory internal/frontend/http/image.go, `handleImage`).
+pub fn image_url(factory: &str, schematic: &str, talos_version: &str, file: &str) -> String {
     format!(
-        "{}/image/{schematic}/{talos_version}/nocloud-amd64.iso",
+        "{}/image/{schematic}/{talos_version}/{file}",
         factory.trim_end_matches('/')
     )
 }
 
 /// The ISO's file name in storage: hex SHA-256 of its URL, as the official provider names it.
 pub fn iso_file_name(url: &str) -> String {
-    format!("{}.iso", hex(&Sha256::digest(url.as_bytes())))
+    image_file_name(url, BootImage::Iso)
+}
+
+/// A boot image's file name in storage: the hex SHA-256 of its URL, with the extension Proxmox
+/// wants for the content (`.iso`, `.qcow2`), so the same image is found again by name.
+pub fn image_file_name(url: &str, kind: BootImage) -> String {
+    let ext = match kind {
+        BootImage::Iso => "iso",
+        BootImage::Disk => "qcow2",
+    };
+    format!("{}.{ext}", hex(&Sha256::digest(url.as_bytes())))
 }
 
 /// The version for Omni's schematic call, which wants the `v` prefix; Omni may send the version with or without it.

@@ -4,10 +4,11 @@
 //! write after the clone, so both steps use this module rather than each other.
 
 use super::cloud_init::{NetworkConfig, seed_files, seed_iso, seed_iso_file_name};
-use super::prepare_image::iso_storage;
+use super::prepare_image::download_storage;
 use super::step::{StepContext, StepError};
 use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::NodeName;
+use crate::rules::storage::Content;
 
 /// Builds and uploads this request's seed ISO (once; the state records it), returning its volume.
 pub async fn upload_seed(
@@ -20,7 +21,7 @@ pub async fn upload_seed(
     // Beside the boot ISO when there is one, else on the ISO storage the selector picks.
     let storage = match &ctx.state.boot_iso {
         Some(boot) => boot.storage.to_string(),
-        None => iso_storage(ctx, node).await?.0,
+        None => download_storage(ctx, node, Content::IsoImages).await?.0,
     };
     let instance_id = ctx
         .state

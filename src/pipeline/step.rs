@@ -248,6 +248,9 @@ pub struct Ledgers {
     pools_created: Mutex<HashSet<String>>,
     /// One lock per (node, ISO volume): concurrent requests for one image download it once.
     image_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The Proxmox VE version last read, and when: keys that need a release check it on every
+    /// reconcile, which must not cost a request each time.
+    pve_version: Mutex<Option<(String, std::time::Instant)>>,
 }
 
 /// A poisoned ledger is still right: every update is a single insert or remove.
@@ -255,7 +258,22 @@ fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     ledger.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How long a Proxmox VE version read is trusted: an upgrade is noticed within this time.
+pub const PVE_VERSION_MAX_AGE: Duration = Duration::from_secs(600);
+
 impl Ledgers {
+    /// The Proxmox VE version read within [`PVE_VERSION_MAX_AGE`], if any.
+    pub fn pve_version(&self) -> Option<String> {
+        entry(&self.pve_version)
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < PVE_VERSION_MAX_AGE)
+            .map(|(v, _)| v.clone())
+    }
+
+    pub fn remember_pve_version(&self, version: &str) {
+        *entry(&self.pve_version) = Some((version.to_owned(), std::time::Instant::now()));
+    }
+
     /// Places a request with the reservations of requests in flight counted, and reserves the
     /// chosen node for it under the same lock: two requests placed at once cannot both take the last
     /// room on a node.

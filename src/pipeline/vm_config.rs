@@ -6,10 +6,10 @@
 //! someone else's.
 
 use crate::model::identity;
-use crate::pipeline::provider_data::{Bios, ProviderData};
+use crate::pipeline::provider_data::{Bios, BootMode, ProviderData};
 use crate::proxmox::property::{
-    self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, IsoVolume, MacAddr, NewDisk, Nic,
-    PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
+    self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, ImportVolume, ImportedDisk,
+    IsoVolume, MacAddr, NewDisk, Nic, PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
 };
 use crate::rules::placement::set_tag;
 
@@ -37,6 +37,8 @@ pub struct VmTarget {
     pub smbios_uuid: uuid::Uuid,
     /// The Talos ISO (boot mode `iso`).
     pub boot_iso: Option<IsoVolume>,
+    /// The Talos disk image the boot disk is made from (boot mode `image`).
+    pub boot_image: Option<ImportVolume>,
     pub seed_iso: IsoVolume,
     /// MAC of the first NIC, when the network config needs to know it (static addresses).
     pub mac: Option<MacAddr>,
@@ -52,6 +54,8 @@ pub enum RenderError {
     DiskStorageCount { expected: usize, got: usize },
     #[error("boot mode iso needs the Talos ISO volume")]
     MissingBootIso,
+    #[error("boot mode image needs the Talos disk image volume")]
+    MissingBootImage,
     #[error("too many {0} devices for Proxmox")]
     TooMany(&'static str),
 }
@@ -202,7 +206,6 @@ pub fn render(
     identity: &VmIdentity<'_>,
     target: &VmTarget,
 ) -> Result<Vec<(String, String)>, RenderError> {
-    let boot_iso = target.boot_iso.clone().ok_or(RenderError::MissingBootIso)?;
     let mut out = vec![
         ("vmid".to_string(), target.vmid.to_string()),
         ("name".to_string(), identity.request_id.to_string()),
@@ -211,12 +214,33 @@ pub fn render(
         out.push(("pool".into(), pool.to_string()));
     }
     common(data, identity, target, &mut out)?;
-    let boot_disk = NewDisk {
-        storage: target.storage.clone(),
-        size_gb: data.disk_size_gb,
-        options: data.disk,
+    // `image`: the disk is the Talos disk image (grown to `disk_size` by configure_vm), nothing to
+    // install; `iso`: an empty disk the ISO installs Talos onto.
+    let talos_cdrom = match data.boot {
+        BootMode::Image => {
+            let source = target
+                .boot_image
+                .clone()
+                .ok_or(RenderError::MissingBootImage)?;
+            let disk = ImportedDisk {
+                storage: target.storage.clone(),
+                source,
+                options: data.disk,
+            };
+            out.push(("scsi0".into(), disk.render()));
+            None
+        }
+        BootMode::Iso | BootMode::Clone => {
+            let boot_iso = target.boot_iso.clone().ok_or(RenderError::MissingBootIso)?;
+            let disk = NewDisk {
+                storage: target.storage.clone(),
+                size_gb: data.disk_size_gb,
+                options: data.disk,
+            };
+            out.push(("scsi0".into(), disk.render()));
+            Some(boot_iso)
+        }
     };
-    out.push(("scsi0".into(), boot_disk.render()));
     if data.bios == Bios::Ovmf {
         out.push((
             "efidisk0".into(),
@@ -226,12 +250,15 @@ pub fn render(
             .render(),
         ));
     }
-    out.push((TALOS_CDROM.to_string(), Cdrom::Iso(boot_iso).render()));
-    // An empty disk fails over to the ISO; once Talos is installed the disk boots first.
-    out.push((
-        "boot".into(),
-        property::boot_order(&[Slot::Scsi(0), TALOS_CDROM, Slot::Net(0)]),
-    ));
+    let order = match talos_cdrom {
+        Some(iso) => {
+            out.push((TALOS_CDROM.to_string(), Cdrom::Iso(iso).render()));
+            // An empty disk fails over to the ISO; once Talos is installed the disk boots first.
+            vec![Slot::Scsi(0), TALOS_CDROM, Slot::Net(0)]
+        }
+        None => vec![Slot::Scsi(0), Slot::Net(0)],
+    };
+    out.push(("boot".into(), property::boot_order(&order)));
     Ok(out)
 }
 

@@ -195,6 +195,74 @@ name_type!(
     }
 );
 
+name_type!(
+    /// The file part of a disk image in `import` storage (`<storage>:import/<file>`). pve-storage
+    /// src/PVE/API2/Storage/Status.pm `download_url` takes for `import` content only names of
+    /// `[a-zA-Z0-9-.+=_]` ending in `.ova`, `.qcow2`, `.raw` or `.vmdk` (Storage.pm
+    /// `UPLOAD_IMPORT_EXT_RE_1`, case-sensitive); of those, a disk can be made from all but `.ova`.
+    ImportFileName,
+    "disk image file name",
+    "letters, digits, '-', '_', '.', '+' or '=', ending in .qcow2, .raw or .vmdk",
+    |s| {
+        s.len() <= 200
+            && !s.starts_with('.')
+            && [".qcow2", ".raw", ".vmdk"]
+                .iter()
+                .any(|ext| s.len() > ext.len() && s.ends_with(ext))
+            && all_in(s, |c| {
+                c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+' | '=')
+            })
+    }
+);
+
+/// A disk image in `import` storage: `local:import/talos.qcow2` (pve-storage Plugin.pm
+/// `parse_volname`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ImportVolume {
+    pub storage: StorageId,
+    pub file: ImportFileName,
+}
+
+impl ImportVolume {
+    pub fn parse(volid: &str) -> Result<Self, PropertyError> {
+        let expected = "<storage>:import/<file>.qcow2 (e.g. local:import/talos.qcow2)";
+        let (storage, rest) = volid
+            .split_once(':')
+            .ok_or_else(|| invalid("import volume", volid, expected))?;
+        let file = rest
+            .strip_prefix("import/")
+            .ok_or_else(|| invalid("import volume", volid, expected))?;
+        Ok(Self {
+            storage: StorageId::new(storage)?,
+            file: ImportFileName::new(file)?,
+        })
+    }
+}
+
+impl fmt::Display for ImportVolume {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:import/{}", self.storage, self.file)
+    }
+}
+
+/// A new disk made from a disk image: `<storage>:0,import-from=<volume>,<options>`. qemu-server
+/// src/PVE/API2/Qemu.pm `$check_drive_param` refuses any size but `0` with `import-from`; the disk
+/// takes the image's virtual size and is grown afterwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportedDisk {
+    pub storage: StorageId,
+    pub source: ImportVolume,
+    pub options: DiskOptions,
+}
+
+impl ImportedDisk {
+    pub fn render(&self) -> String {
+        let mut s = format!("{}:0,import-from={}", self.storage, self.source);
+        self.options.render_into(&mut s);
+        s
+    }
+}
+
 /// A volume in ISO storage: `local:iso/talos.iso`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IsoVolume {

@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::model::{GIB, NodeSnapshot, StorageSnapshot};
+use crate::pipeline::provider_data::BootMode;
 use crate::pipeline::storage_selector::{SelectorError, StorageSelector};
 
 /// What a storage must be able to hold.
@@ -13,6 +14,8 @@ use crate::pipeline::storage_selector::{SelectorError, StorageSelector};
 pub enum Content {
     VmDisks,
     IsoImages,
+    /// Disk images to import (`boot: image`): pve-storage's `import` content type.
+    DiskImages,
 }
 
 impl Content {
@@ -21,6 +24,7 @@ impl Content {
         match self {
             Content::VmDisks => "images",
             Content::IsoImages => "iso",
+            Content::DiskImages => "import",
         }
     }
 
@@ -29,7 +33,16 @@ impl Content {
         match self {
             Content::VmDisks => "VM disks",
             Content::IsoImages => "ISO images",
+            Content::DiskImages => "disk images to import",
         }
+    }
+}
+
+/// What a boot mode downloads into storage: the ISO, or for `image` the disk image to import.
+pub fn download_content(boot: BootMode) -> Content {
+    match boot {
+        BootMode::Image => Content::DiskImages,
+        BootMode::Iso | BootMode::Clone => Content::IsoImages,
     }
 }
 
@@ -63,6 +76,22 @@ impl<'a> StorageNeed<'a> {
             content: Content::IsoImages,
             selector,
             size_gb: 0,
+        }
+    }
+
+    /// The Talos disk image (`boot: image`), chosen like the ISO, by `iso_storage_selector`.
+    pub fn disk_image(selector: Option<&'a StorageSelector>) -> Self {
+        Self {
+            content: Content::DiskImages,
+            ..Self::iso(selector)
+        }
+    }
+
+    /// What a boot mode downloads: the ISO, or the disk image.
+    pub fn download(content: Content, selector: Option<&'a StorageSelector>) -> Self {
+        Self {
+            content,
+            ..Self::iso(selector)
         }
     }
 }

@@ -10,7 +10,7 @@ use super::report::{Finding, Outcome};
 use crate::model::{ClusterSnapshot, MIB};
 use crate::pipeline::prepare_image::choose_template;
 use crate::pipeline::provider_data::{
-    BootMode, ProviderData, ProviderDataSchema, ha_failback_problem,
+    BootMode, ProviderData, ProviderDataSchema, release_problems,
 };
 use crate::pipeline::storage_selector::StorageSelector;
 use crate::proxmox::network::mapping::ResourceMapping;
@@ -154,13 +154,17 @@ pub(crate) fn check_cluster_inner(
 /// Keys the cluster's Proxmox VE release must support.
 fn release_findings(data: &ProviderData, view: &ClusterView) -> Vec<Finding> {
     match &view.pve_version {
-        Some(Ok(version)) => ha_failback_problem(data, version)
-            .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
+        Some(Ok(version)) => release_problems(data, version)
             .into_iter()
+            .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
             .collect(),
         Some(Err(why)) => vec![Finding::new(
             Outcome::Skipped,
-            "ha.failback",
+            if data.boot == BootMode::Image {
+                "boot"
+            } else {
+                "ha.failback"
+            },
             None,
             format!(
                 "cannot read the Proxmox VE version to check that the cluster supports it: {why}"

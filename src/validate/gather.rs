@@ -8,7 +8,10 @@ use super::cluster::{ClusterView, candidate_nodes, check_cluster};
 use super::layers::Layers;
 use super::report::Report;
 use crate::model::ClusterSnapshot;
-use crate::pipeline::provider_data::{ProviderData, ProviderDataSchema, ha_failback_problem};
+use crate::pipeline::provider_data::{
+    BootMode, ProviderData, ProviderDataSchema, describe, release_problems,
+};
+use crate::pipeline::step::Ledgers;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
@@ -116,22 +119,33 @@ pub async fn validate_class(
 
 /// Whether `data` uses a key that only some Proxmox VE releases accept.
 pub(crate) fn needs_version(data: &ProviderData) -> bool {
-    data.ha.as_ref().is_some_and(|ha| ha.failback.is_some())
+    data.ha.as_ref().is_some_and(|ha| ha.failback.is_some()) || data.boot == BootMode::Image
 }
 
 /// Before provisioning: a key the cluster's Proxmox VE release does not accept (`ha.failback` before
 /// PVE 9), as a sentence; `None` when all is well or the version cannot be read (Proxmox then
 /// answers for itself when the key is sent).
-pub async fn release_problem(pve: &ProxmoxClient, data: &ProviderData) -> Option<String> {
+pub async fn release_problem(
+    pve: &ProxmoxClient,
+    data: &ProviderData,
+    known: &Ledgers,
+) -> Option<String> {
     if !needs_version(data) {
         return None;
     }
-    let version = match pve.version().await {
-        Ok(v) => v.version,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot read the Proxmox VE version");
-            return None;
-        }
+    let version = match known.pve_version() {
+        Some(v) => v,
+        None => match pve.version().await {
+            Ok(v) => {
+                known.remember_pve_version(&v.version);
+                v.version
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the Proxmox VE version");
+                return None;
+            }
+        },
     };
-    ha_failback_problem(data, &version).map(|p| p.to_string())
+    let problems = release_problems(data, &version);
+    (!problems.is_empty()).then(|| describe(&problems))
 }

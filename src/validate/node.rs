@@ -89,7 +89,8 @@ fn disk_findings(
     }
 }
 
-/// ISO storage for boot mode `iso`; for `clone`, whether the template reaches this node.
+/// ISO (or disk image) storage for boot modes `iso` and `image`; for `clone`, whether the template
+/// reaches this node.
 fn boot_image_findings(
     check: &ClusterCheck<'_>,
     node: &NodeSnapshot,
@@ -101,19 +102,20 @@ fn boot_image_findings(
     let n = node.name.as_str();
     let origin = &check.origin;
     match here.boot {
-        BootMode::Iso if !origin.is_stand_in("iso_storage_selector", Some(n)) => {
+        BootMode::Iso | BootMode::Image if !origin.is_stand_in("iso_storage_selector", Some(n)) => {
             let selector = here.iso_storage_selector.as_ref();
-            let choice = storage::choose(node, &StorageNeed::iso(selector));
+            let content = storage::download_content(here.boot);
+            let choice = storage::choose(node, &StorageNeed::download(content, selector));
             out.push(storage_finding(
                 origin.key("iso_storage_selector", Some(n)),
                 n,
                 selector,
                 0,
                 &choice,
-                Content::IsoImages,
+                content,
             ));
         }
-        BootMode::Iso => {}
+        BootMode::Iso | BootMode::Image => {}
         BootMode::Clone => {
             let (Some(template_node), Some(storage)) = (template_node, main_storage) else {
                 return;

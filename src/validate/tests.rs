@@ -137,10 +137,11 @@ fn ha_failback_is_a_problem_on_a_pve_8_cluster() {
     );
 }
 
-/// Provisioning asks `GET /version` before anything is created, and only when `ha.failback` is
-/// set; on PVE 8 the request is refused naming the version instead of failing at HA registration.
+/// Provisioning asks `GET /version` before anything is created, only when a key needs a release
+/// (`ha.failback`, `boot: image`), and once per ten minutes whatever the number of reconciles; on
+/// PVE 8 the request is refused naming the version instead of failing at HA registration.
 #[tokio::test]
-async fn release_problem_reads_the_version_only_for_failback() {
+async fn release_problem_reads_the_version_only_when_needed_and_once() {
     use wiremock::matchers::{method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};
     let server = MockServer::start().await;
@@ -161,14 +162,21 @@ async fn release_problem_reads_the_version_only_for_failback() {
     let schema = ProviderDataSchema::new().unwrap();
     let resolve = |yaml: String| schema.resolve(&yaml, None, &Map::new()).unwrap();
     let plain = resolve(format!("{BASE}ha:\n  state: started\n"));
-    assert_eq!(release_problem(&pve, &plain).await, None);
+    let known = crate::pipeline::step::Ledgers::default();
+    assert_eq!(release_problem(&pve, &plain, &known).await, None);
     let failback = resolve(format!("{BASE}ha:\n  failback: false\n"));
-    let problem = release_problem(&pve, &failback).await.expect("refused");
+    let problem = release_problem(&pve, &failback, &known)
+        .await
+        .expect("refused");
     assert!(
         problem.starts_with("ha.failback: needs Proxmox VE 9"),
         "{problem}"
     );
     assert!(problem.contains("8.4.1"), "{problem}");
+    // Again, and for `boot: image` (fine on 8.4): answered from what was read (`expect(1)`).
+    assert!(release_problem(&pve, &failback, &known).await.is_some());
+    let image = resolve(format!("{BASE}boot: image\n"));
+    assert_eq!(release_problem(&pve, &image, &known).await, None);
 }
 
 #[test]

@@ -58,6 +58,19 @@ pub enum BootMode {
     Iso,
     /// Clone a template.
     Clone,
+    /// Boot from the Image Factory's nocloud disk image, imported as the boot disk (ours).
+    Image,
+}
+
+impl BootMode {
+    /// The value as written in provider data (and recorded in the provider state).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootMode::Iso => "iso",
+            BootMode::Clone => "clone",
+            BootMode::Image => "image",
+        }
+    }
 }
 
 /// The template to clone: by VMID or by name.

@@ -63,7 +63,7 @@ fn rules(s: &Settings) -> Vec<Finding> {
     if boot == BootMode::Clone && s.template.is_none() {
         f.push("template", "is required with `boot: clone`: give the template's VMID or name, e.g. `template: 9000`".into());
     }
-    if boot == BootMode::Iso && s.template.is_some() {
+    if boot != BootMode::Clone && s.template.is_some() {
         f.push(
             "template",
             "is only used with `boot: clone`; add `boot: clone` or remove `template`".into(),

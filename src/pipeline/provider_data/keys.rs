@@ -411,10 +411,10 @@ pub const TOP_LEVEL: &[Key] = &[
     Key {
         name: "boot",
         origin: Origin::Ours,
-        description: "How the VM gets Talos: 'iso' (default) boots the Image Factory nocloud ISO; 'clone' clones 'template'.",
-        doc: "`iso` boots the Image Factory nocloud ISO (as upstream); `clone` clones `template`.",
+        description: "How the VM gets Talos: 'iso' (default) boots the Image Factory nocloud ISO; 'clone' clones 'template'; 'image' creates the boot disk from the Image Factory nocloud disk image (Proxmox VE 8.4+, a storage with the 'import' content type).",
+        doc: "`iso` boots the Image Factory nocloud ISO (as upstream); `clone` clones `template`; `image` creates the boot disk from the Image Factory's nocloud disk image, downloaded once into a storage with the `import` content type (Proxmox VE 8.4 and later): no installer run, no ISO attached.",
         default: "`iso`",
-        one_of: &["iso", "clone"],
+        one_of: &["iso", "clone", "image"],
         ..Key::BASE
     },
     Key {

@@ -230,5 +230,41 @@ pub fn ha_failback_problem(data: &ProviderData, pve_version: &str) -> Option<Pro
     })
 }
 
+/// `boot: image` downloads the disk image into `import` storage and creates the boot disk from it
+/// with `import-from`: download-url takes `.qcow2` into `import` from libpve-storage-perl 8.3.6
+/// (pve-storage src/PVE/API2/Storage/Status.pm `download_url`, `UPLOAD_IMPORT_EXT_RE_1`), which
+/// Proxmox VE 8.4 is the first release to require (pve-manager debian/control).
+pub const BOOT_IMAGE_SINCE_PVE: (u32, u32) = (8, 4);
+
+/// `boot: image` on a Proxmox VE release before 8.4, as a problem naming the release.
+pub fn boot_image_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
+    if data.boot != BootMode::Image {
+        return None;
+    }
+    let mut parts = pve_version.split('.').map(|p| p.trim().parse::<u32>());
+    let (Some(Ok(major)), minor) = (parts.next(), parts.next()) else {
+        return None;
+    };
+    let minor = minor.and_then(Result::ok).unwrap_or(0);
+    let (since_major, since_minor) = BOOT_IMAGE_SINCE_PVE;
+    ((major, minor) < BOOT_IMAGE_SINCE_PVE).then(|| Problem {
+        key: "boot".into(),
+        message: format!(
+            "`image` needs Proxmox VE {since_major}.{since_minor} or later (disk images downloaded into `import` storage); this cluster runs {pve_version}: use `boot: iso` or upgrade"
+        ),
+    })
+}
+
+/// Every key the cluster's Proxmox VE release does not accept.
+pub fn release_problems(data: &ProviderData, pve_version: &str) -> Vec<Problem> {
+    [
+        ha_failback_problem(data, pve_version),
+        boot_image_problem(data, pve_version),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
 #[cfg(test)]
 mod tests;

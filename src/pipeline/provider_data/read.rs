@@ -35,7 +35,11 @@ pub(super) fn settings(map: &Map<String, Value>, findings: &mut Findings) -> Set
     s.additional_disks = f.get("additional_disks").map(|_| additional_disks(&mut f));
     s.boot = f.choice(
         "boot",
-        &[("iso", BootMode::Iso), ("clone", BootMode::Clone)],
+        &[
+            ("iso", BootMode::Iso),
+            ("clone", BootMode::Clone),
+            ("image", BootMode::Image),
+        ],
     );
     s.template = template(&mut f);
     s.allowed_nodes = f

@@ -506,6 +506,34 @@ fn ha_failback_is_refused_before_pve_9() {
     assert_eq!(ha_failback_problem(&parse(MINIMAL).unwrap(), "7.4"), None);
 }
 
+/// `boot: image` needs download-url to take `.qcow2` into `import` storage: libpve-storage-perl
+/// 8.3.6 (pve-storage src/PVE/API2/Storage/Status.pm `download_url`, `UPLOAD_IMPORT_EXT_RE_1`),
+/// first required by Proxmox VE 8.4 (pve-manager debian/control). Also a template is `clone`-only.
+#[test]
+fn boot_image_is_refused_before_pve_8_4() {
+    let image = parse(&format!("{MINIMAL}boot: image\n")).unwrap();
+    assert_eq!(image.boot, BootMode::Image);
+    let p = boot_image_problem(&image, "8.3.5").unwrap();
+    assert_eq!(p.key, "boot");
+    assert!(
+        p.message.contains("8.4") && p.message.contains("8.3.5"),
+        "{p}"
+    );
+    assert!(boot_image_problem(&image, "7.4").is_some());
+    assert_eq!(boot_image_problem(&image, "8.4.0"), None);
+    assert_eq!(boot_image_problem(&image, "9.1.2"), None);
+    assert_eq!(boot_image_problem(&image, "garbage"), None);
+    assert_eq!(boot_image_problem(&parse(MINIMAL).unwrap(), "7.4"), None);
+    assert_eq!(release_problems(&image, "8.3.5").len(), 1);
+    let with_template = parse(&format!("{MINIMAL}boot: image\ntemplate: 9000\n")).unwrap_err();
+    assert!(
+        with_template
+            .iter()
+            .any(|p| p.key == "template" && p.message.contains("boot: clone")),
+        "{with_template:?}"
+    );
+}
+
 #[test]
 fn pointer_paths_become_key_paths() {
     assert_eq!(

@@ -25,6 +25,7 @@ fn target(disks: usize) -> VmTarget {
         additional_disk_storages: vec![StorageId::new("ceph").unwrap(); disks],
         smbios_uuid: uuid::Uuid::nil(),
         boot_iso: Some(IsoVolume::parse("local:iso/talos.iso").unwrap()),
+        boot_image: None,
         seed_iso: IsoVolume::parse("local:iso/omni-seed-req-1.iso").unwrap(),
         mac: None,
     }
@@ -271,5 +272,37 @@ fn a_config_update_never_allocates_twice() {
             ),
             ("net1".into(), "virtio,bridge=vmbr0".into()),
         ]
+    );
+}
+
+#[test]
+fn boot_image_makes_the_disk_from_the_image_with_no_iso_attached() {
+    let d = data("boot: image\n");
+    let image = ImportVolume::parse("local:import/abc.qcow2").unwrap();
+    let t = VmTarget {
+        boot_iso: None,
+        boot_image: Some(image),
+        ..target(0)
+    };
+    let params = render(&d, &identity(), &t).unwrap();
+    // qemu-server `$check_drive_param`: size 0 is the only size `import-from` takes.
+    assert!(
+        get(&params, "scsi0")
+            .unwrap()
+            .starts_with("local-lvm:0,import-from=local:import/abc.qcow2")
+    );
+    assert_eq!(get(&params, &TALOS_CDROM.to_string()), None, "no ISO");
+    assert!(
+        get(&params, &SEED_CDROM.to_string()).is_some(),
+        "the seed stays"
+    );
+    assert_eq!(get(&params, "boot"), Some("order=scsi0;net0"));
+    let missing = VmTarget {
+        boot_image: None,
+        ..t
+    };
+    assert_eq!(
+        render(&d, &identity(), &missing),
+        Err(RenderError::MissingBootImage)
     );
 }
