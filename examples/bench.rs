@@ -22,6 +22,25 @@ memory: 2048
 disk_size: 10
 storage_selector: 'storageType == \"lvmthin\"'
 ";
+/// The same machine booted from a clone of the scenario's template (on pve1's local-lvm).
+const CLONE_CLASS: &str = "\
+cores: 2
+memory: 2048
+disk_size: 10
+storage_selector: 'name == \"local-lvm\"'
+node: pve1
+boot: clone
+template: 9000
+";
+/// The same machine booted from the Image Factory's disk image (`import` storage enabled on `local`).
+const IMAGE_CLASS: &str = "\
+cores: 2
+memory: 2048
+disk_size: 10
+storage_selector: 'storageType == \"lvmthin\"'
+node: pve1
+boot: image
+";
 const MANY: usize = 100;
 const DEADLINE: Duration = Duration::from_secs(300);
 
@@ -47,17 +66,22 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<Vec<Row>, String> {
-    // Heartbeat health checks (GET /version) would otherwise be counted as machine requests.
-    let mut stack = Stack::start(0.0, &["--health-interval", "10m"]).await?;
+    // Heartbeat health checks (GET /version) and the topology loop's rounds (one listing a minute for
+    // all machines) would otherwise be counted as machine requests.
+    let mut stack = Stack::start(
+        0.0,
+        &["--health-interval", "10m", "--topology-interval", "60m"],
+    )
+    .await?;
     let mut rows = Vec::new();
     // Let start-up work (registration, first heartbeats, health checks) settle before measuring.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let idle_rss = stack.provider_rss_kib().unwrap_or(0);
 
     // One machine, image not yet on the node: includes the ISO download.
-    let (first_time, first_calls) = provision_one(&mut stack, "bench-first").await?;
+    let (first_time, first_calls) = provision_one(&mut stack, "bench-first", CLASS).await?;
     // One machine with the image present: the steady state.
-    let (time, calls) = provision_one(&mut stack, "bench-one").await?;
+    let (time, calls) = provision_one(&mut stack, "bench-one", CLASS).await?;
     rows.push(row_calls(
         "Proxmox requests, one machine (image present)",
         calls.len(),
@@ -82,6 +106,8 @@ async fn run() -> Result<Vec<Row>, String> {
         target: "-".into(),
         ok: None,
     });
+
+    rows.extend(boot_modes(&mut stack, calls.len(), time).await?);
 
     let (teardown_time, teardown_calls) = tear_down(&mut stack, &["bench-one".to_owned()]).await?;
     rows.push(row_calls(
@@ -191,13 +217,62 @@ fn shape(path: &str) -> String {
         .join("/")
 }
 
+/// One machine per boot mode, the image already on the node (the first `image` machine downloads
+/// it and is reported apart), beside `iso`'s figures.
+async fn boot_modes(
+    stack: &mut Stack,
+    iso_calls: usize,
+    iso_time: Duration,
+) -> Result<Vec<Row>, String> {
+    stack
+        .pve
+        .control(serde_json::json!({"op": "set_storage", "name": "local",
+        "options": {"content": "iso,vztmpl,backup,import"}}));
+    let (clone_time, clone_calls) = provision_one(stack, "bench-clone", CLONE_CLASS).await?;
+    let (first_image_time, first_image_calls) =
+        provision_one(stack, "bench-image-first", IMAGE_CLASS).await?;
+    let (image_time, image_calls) = provision_one(stack, "bench-image", IMAGE_CLASS).await?;
+    let row = |mode: &str, calls: usize, time: Duration| Row {
+        what: format!("  boot: {mode}"),
+        measured: format!("{calls} requests, {} ms", time.as_millis()),
+        target: "-".into(),
+        ok: None,
+    };
+    tear_down(
+        stack,
+        &[
+            "bench-clone".to_owned(),
+            "bench-image-first".to_owned(),
+            "bench-image".to_owned(),
+        ],
+    )
+    .await?;
+    Ok(vec![
+        Row {
+            what: "One machine by boot mode (image present):".into(),
+            measured: String::new(),
+            target: String::new(),
+            ok: None,
+        },
+        row("iso", iso_calls, iso_time),
+        row("clone", clone_calls.len(), clone_time),
+        row("image", image_calls.len(), image_time),
+        row(
+            "image, first on the node (downloads it)",
+            first_image_calls.len(),
+            first_image_time,
+        ),
+    ])
+}
+
 async fn provision_one(
     stack: &mut Stack,
     id: &str,
+    class: &str,
 ) -> Result<(Duration, Vec<(String, String)>), String> {
     stack.reset_proxmox_requests();
     let started = Instant::now();
-    stack.request(id, "bench", CLASS);
+    stack.request(id, "bench", class);
     wait_provisioned(stack, &[id.to_owned()]).await?;
     let took = started.elapsed();
     Ok((took, stack.proxmox_requests()))

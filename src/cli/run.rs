@@ -278,7 +278,6 @@ pub async fn run_with(
     let topology = tokio::spawn(crate::controller::topology::run(
         context.clone(),
         settings.topology_interval,
-        context.topology.clone(),
         stop_rx.clone(),
     ));
     let reconciling = tokio::spawn(controller.run(stop_rx.clone()));

@@ -30,8 +30,8 @@ pub struct Context {
     /// Requests this process added its finalizer to: a delivered version without it predates that
     /// write (see [`Context::is_current`]).
     finalized: Mutex<HashSet<String>>,
-    /// Wakes the topology-label loop ([`super::topology`]) when a machine is provisioned.
-    pub topology: Arc<tokio::sync::Notify>,
+    /// The Proxmox cluster's name (`None`: a standalone node), read once, for the topology labels.
+    pub cluster_name: tokio::sync::OnceCell<Option<String>>,
 }
 
 impl Context {
@@ -46,7 +46,7 @@ impl Context {
             statuses: WriteCache::new(MachineRequestStatus),
             machines,
             finalized: Mutex::new(HashSet::new()),
-            topology: Arc::new(tokio::sync::Notify::new()),
+            cluster_name: tokio::sync::OnceCell::new(),
         }
     }
 

@@ -23,6 +23,7 @@ use super::error_policy::ReconcileError;
 use super::progress::{Phase, StatusSink, warnings_text};
 use super::requests::Request;
 use super::runner::Action;
+use super::topology;
 use crate::model::MachineState;
 use crate::omni::join::{self, ConnectionParams, JoinInputs, JoinMode};
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
@@ -169,7 +170,27 @@ impl Provisioning<'_> {
                 }
             }
         }
+        self.label_topology(info, state).await;
         self.provisioned(state).await
+    }
+
+    /// The machine's topology labels (zone = its node), unless its provider data turns them off. A
+    /// failure here does not fail the machine: the topology loop writes the patch on its next round.
+    async fn label_topology(&self, info: &RequestInfo, state: &MachineState) {
+        let Some(node) = state.node.as_ref() else {
+            return;
+        };
+        let enabled = self
+            .ctx
+            .services
+            .provider_data(info, Some(node.as_str()))
+            .is_ok_and(|data| data.topology_labels);
+        if !enabled {
+            return;
+        }
+        if let Err(e) = topology::label(self.ctx, self.id, node.as_str()).await {
+            tracing::warn!(request = %self.id, error = %e, "cannot write the topology labels now; the topology loop will");
+        }
     }
 
     /// Runs one step with its progress going to the status; the sink is handed back for the text of
@@ -254,7 +275,6 @@ impl Provisioning<'_> {
         );
         tracing::info!(request = %id, %vmid, %node, addresses = ?state.addresses, "provisioned");
         ctx.services.metrics.provision("success");
-        ctx.topology.notify_one();
         let uuid = text(&state.uuid);
         ctx.write_status(id, &with_infra_id(&self.labels, state), |s| {
             s.stage = Stage::Provisioned as i32;

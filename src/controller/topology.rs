@@ -11,17 +11,18 @@
 //! teardown that removes every patch so labelled (ours or the official provider's hostname patches)
 //! removes it too.
 //!
-//! One loop keeps every patch in step: each round (every minute, and soon after a machine is
-//! provisioned) reads the requests, the provider states and our patches from Omni, and one
-//! `/cluster/resources` listing from Proxmox, whatever the number of machines, then writes only the
-//! patches whose labels changed. A VM migrated by hand or by the HA manager is relabelled within a
-//! round; a class or `defaults:` turning the labels off removes the patch.
+//! A machine gets its patch when it is provisioned (its node is known then, so that costs no Proxmox
+//! request). One loop keeps every patch in step after that: each round (every minute) reads the
+//! requests, the provider states and our patches from Omni, and one `/cluster/resources` listing from
+//! Proxmox, whatever the number of machines, then writes only the patches whose labels changed. A VM
+//! migrated by hand or by the HA manager is relabelled within a round; machines provisioned before
+//! the labels existed get theirs; a class or `defaults:` turning the labels off removes the patch.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 use super::context::Context;
 use super::provision::request_info;
@@ -127,27 +128,37 @@ pub fn wanted(
     }
 }
 
-/// Runs rounds until `stop`: every `interval`, and shortly after `nudge` (a machine provisioned).
-pub async fn run(
-    ctx: Arc<Context>,
-    interval: Duration,
-    nudge: Arc<Notify>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut region: Option<Option<String>> = None;
+/// Runs rounds until `stop`, every `interval`.
+pub async fn run(ctx: Arc<Context>, interval: Duration, mut stop: watch::Receiver<bool>) {
     loop {
-        if let Err(e) = round(&ctx, &mut region).await {
+        if let Err(e) = round(&ctx).await {
             tracing::warn!(error = %e, "cannot bring the topology labels up to date; trying again next round");
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = nudge.notified() => {
-                // Several machines finishing together make one round.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
             _ = async { stop.wait_for(|s| *s).await.is_ok() } => return,
         }
     }
+}
+
+/// Labels a machine just provisioned on `node`: its patch, without waiting for the next round.
+pub async fn label(ctx: &Context, request_id: &str, node: &str) -> Result<(), RoundError> {
+    let region = region(ctx).await?;
+    let yaml = patch_yaml(node, region.as_deref());
+    let change = Change::Write {
+        request_id: request_id.to_owned(),
+        yaml,
+    };
+    apply(ctx, &change).await
+}
+
+/// The Proxmox cluster's name, read once per process (a Proxmox cluster cannot be renamed).
+async fn region(ctx: &Context) -> Result<Option<String>, RoundError> {
+    let name = ctx
+        .cluster_name
+        .get_or_try_init(|| ctx.services.pve.cluster_name())
+        .await?;
+    Ok(name.clone())
 }
 
 /// Why a round stopped short.
@@ -167,11 +178,8 @@ fn omni(doing: &'static str) -> impl FnOnce(StateError) -> RoundError {
     move |source| RoundError::Omni { doing, source }
 }
 
-/// One round; `region` caches the cluster name once read (a Proxmox cluster cannot be renamed).
-pub async fn round(
-    ctx: &Context,
-    region: &mut Option<Option<String>>,
-) -> Result<Vec<Change>, RoundError> {
+/// One round.
+pub async fn round(ctx: &Context) -> Result<Vec<Change>, RoundError> {
     let ours = || vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, ctx.provider_id())];
     let requests: Vec<Request> = ctx
         .state
@@ -213,15 +221,9 @@ pub async fn round(
             _ => None,
         })
         .collect();
-    if region.is_none() {
-        match pve.cluster_name().await {
-            Ok(name) => *region = Some(name),
-            // Without it this round writes nothing: a patch without the region would be rewritten
-            // with it next round, relabelling every node twice.
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let region = region.clone().flatten();
+    // Without the region this round writes nothing: a patch without it would be rewritten with it
+    // next round, relabelling every node twice.
+    let region = region(ctx).await?;
     let wanted: BTreeMap<String, Wanted> = requests
         .iter()
         .map(|request| {

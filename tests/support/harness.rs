@@ -99,7 +99,6 @@ impl Harness {
             self.topology = Some(tokio::spawn(topology::run(
                 context.clone(),
                 every,
-                context.topology.clone(),
                 rx.clone(),
             )));
         }
