@@ -3,5 +3,7 @@
 //! The rules (`crate::rules`) decide on these values, never on raw API listings, so the pipeline, the
 //! `validate` command and the health check all see the cluster the same way.
 pub mod cluster;
+pub mod template;
 
 pub use cluster::{ClusterSnapshot, GIB, MIB, NodeSnapshot, StorageSnapshot, VmSummary};
+pub use template::{TemplateDrive, TemplateFacts};

@@ -261,8 +261,15 @@ impl Ledgers {
         decide(&entry(&self.reservations))
     }
 
-    pub fn reserve(&self, request_id: &str, node: &str, set_id: Option<&str>, memory_mb: u64) {
-        entry(&self.reservations).reserve(request_id, node, set_id, memory_mb);
+    pub fn reserve(
+        &self,
+        request_id: &str,
+        node: &str,
+        set_id: Option<&str>,
+        memory_mb: u64,
+        vcpus: u64,
+    ) {
+        entry(&self.reservations).reserve(request_id, node, set_id, memory_mb, vcpus);
     }
 
     /// The request's VM is visible now (or never will be): it counts through the listing again.

@@ -656,13 +656,16 @@ pub fn boot_disk_resize(data: &ProviderData, slot: &str) -> [(String, String); 2
     ]
 }
 
-/// Parameters for the clone call itself.
+/// Parameters for the clone call itself. A linked clone takes neither `storage` nor `format`
+/// (qemu-server src/PVE/API2/Qemu.pm `clone_vm` refuses both with `full` = 0): its disks stay on the
+/// template's storage, which placement recorded as `storage`.
 pub fn clone_params(
     data: &ProviderData,
     identity: &VmIdentity<'_>,
     newid: u32,
     node: &str,
     storage: &StorageId,
+    mode: super::provider_data::CloneMode,
 ) -> Vec<(String, String)> {
     // The clone call takes no tags, but it takes a description: the marker goes on at clone time, so
     // a crash (or a clone task outliving our wait) before `configure_vm` leaves a VM we can still
@@ -672,9 +675,14 @@ pub fn clone_params(
         ("name".to_string(), identity.request_id.to_string()),
         ("description".to_string(), description_marker(identity)),
         ("target".to_string(), node.to_string()),
-        ("full".to_string(), "1".to_string()),
-        ("storage".to_string(), storage.to_string()),
     ];
+    match mode {
+        super::provider_data::CloneMode::Full => {
+            out.push(("full".to_string(), "1".to_string()));
+            out.push(("storage".to_string(), storage.to_string()));
+        }
+        super::provider_data::CloneMode::Linked => out.push(("full".to_string(), "0".to_string())),
+    }
     if let Some(pool) = &data.pool {
         out.push(("pool".into(), pool.to_string()));
     }
@@ -857,9 +865,17 @@ mod tests {
             Some("local:iso/omni-seed-req-1.iso,media=cdrom")
         );
         assert_eq!(boot_disk_resize(&d, "scsi0")[1].1, "20G");
-        let clone = clone_params(&d, &identity(), 104, "pve2", &t.storage);
+        use crate::pipeline::provider_data::CloneMode;
+        let clone = clone_params(&d, &identity(), 104, "pve2", &t.storage, CloneMode::Full);
         assert_eq!(get(&clone, "pool"), Some("omni"));
         assert_eq!(get(&clone, "target"), Some("pve2"));
+        assert_eq!(get(&clone, "full"), Some("1"));
+        assert_eq!(get(&clone, "storage"), Some("local-lvm"));
+        // qemu-server src/PVE/API2/Qemu.pm `clone_vm`: "parameter 'storage' not allowed for
+        // linked clones".
+        let linked = clone_params(&d, &identity(), 104, "pve2", &t.storage, CloneMode::Linked);
+        assert_eq!(get(&linked, "full"), Some("0"));
+        assert_eq!(get(&linked, "storage"), None);
     }
 
     #[test]
