@@ -373,7 +373,9 @@ impl ClusterCheck<'_> {
         }
         let data = self.data;
         let key_for = |why: &LeftOut| match why {
-            LeftOut::CpusCommitted { .. } => self.origin.key("cores", None),
+            LeftOut::CpusCommitted { .. } | LeftOut::TooFewCpus { .. } => {
+                self.origin.key("cores", None)
+            }
             _ => self.origin.key("memory", None),
         };
         let fitting: Vec<&str> = fits

@@ -133,16 +133,6 @@ impl PlacementRequest<'_> {
     fn memory_bytes(&self) -> u64 {
         self.memory_mb.saturating_mul(MIB)
     }
-
-    /// vCPUs as Proxmox will count the VM on `node`: never more than the node's CPUs (qemu-server
-    /// src/PVE/QemuServer.pm `vmstatus` caps `cpus`, which the listing shows as `maxcpu`).
-    fn vcpus_on(&self, node: &NodeSnapshot) -> u64 {
-        if node.cpus == 0 {
-            self.vcpus
-        } else {
-            self.vcpus.min(node.cpus)
-        }
-    }
 }
 
 /// A node placement may choose, with what it would get there.
@@ -170,6 +160,12 @@ pub enum LeftOut {
         needed_mb: u64,
         limit: u64,
         ratio: f64,
+    },
+    /// More vCPUs than the node has CPUs: qemu-server src/PVE/QemuServer.pm (`config_to_command`)
+    /// refuses to start such a VM ("MAX <n> vcpus allowed per VM on this node").
+    TooFewCpus {
+        vcpus: u64,
+        cpus: u64,
     },
     /// vCPUs given to VMs would pass the node's CPUs × `cpuOvercommit`.
     CpusCommitted {
@@ -222,6 +218,10 @@ impl fmt::Display for LeftOut {
             } => write!(
                 f,
                 "{allocated} vCPUs given to VMs, {needed} more would pass the limit of {limit} ({cpus} CPUs × cpuOvercommit {ratio})"
+            ),
+            LeftOut::TooFewCpus { vcpus, cpus } => write!(
+                f,
+                "{vcpus} vCPUs are more than its {cpus} CPUs (Proxmox will not start the VM there)"
             ),
             LeftOut::Clone(refusal) => write!(f, "{refusal}"),
             LeftOut::NoStorage {
@@ -313,6 +313,8 @@ pub enum PlacementError {
     PinnedNodeOffline { node: String },
     #[error("node {node:?} from provider data has no usable storage: {reason}")]
     PinnedNodeNoStorage { node: String, reason: LeftOut },
+    #[error("node {node:?} from provider data cannot run this VM: {reason}")]
+    PinnedNodeTooSmall { node: String, reason: LeftOut },
     #[error("node {node:?} from provider data cannot take this VM: {reason}")]
     PinnedNodeCannotClone {
         node: String,
@@ -333,6 +335,7 @@ impl PlacementError {
             PlacementError::PinnedNodeOffline { .. } => true,
             PlacementError::PinnedNodeNoStorage { reason, .. } => reason.may_heal(),
             PlacementError::PinnedNodeCannotClone { reason, .. } => reason.may_heal(),
+            PlacementError::PinnedNodeTooSmall { reason, .. } => reason.may_heal(),
             PlacementError::NothingFits { rejected } => {
                 rejected.iter().any(|(_, why)| why.may_heal())
             }
@@ -345,7 +348,7 @@ impl LeftOut {
     /// Whether the node could take the VM later without anyone changing the class.
     pub fn may_heal(&self) -> bool {
         match self {
-            LeftOut::NotAllowed => false,
+            LeftOut::NotAllowed | LeftOut::TooFewCpus { .. } => false,
             LeftOut::Offline
             | LeftOut::MemoryShort { .. }
             | LeftOut::MemoryCommitted { .. }
@@ -477,7 +480,13 @@ pub fn capacity_fit(
             ratio: limits.memory_overcommit,
         });
     }
-    let needed = request.vcpus_on(node);
+    if node.cpus > 0 && request.vcpus > node.cpus {
+        return Err(LeftOut::TooFewCpus {
+            vcpus: request.vcpus,
+            cpus: node.cpus,
+        });
+    }
+    let needed = request.vcpus;
     if let Some(limit) = a.cpus_limit
         && a.cpus_allocated.saturating_add(needed) > limit
     {
@@ -639,15 +648,25 @@ pub fn pick(
     }
 }
 
-/// A pinned node is the user's choice: it must exist, be online, have a storage, and (with `boot:
-/// clone`) be reachable by a clone of the template. Memory and vCPUs are not checked here (there
-/// is nowhere else to go); `validate` reports a shortfall.
+/// A pinned node is the user's choice: it must exist, be online, have as many CPUs as the VM has
+/// vCPUs, have a storage, and (with `boot: clone`) be reachable by a clone of the template. Free
+/// memory and the overcommit limits are not checked here (there is nowhere else to go, and they
+/// change); `validate` reports a shortfall.
 fn pick_pinned(
     cluster: &ClusterSnapshot,
     request: &PlacementRequest<'_>,
     pinned: &str,
 ) -> Result<Placement, PlacementError> {
     let node = pinned_node(cluster, pinned)?;
+    if node.cpus > 0 && request.vcpus > node.cpus {
+        return Err(PlacementError::PinnedNodeTooSmall {
+            node: pinned.to_string(),
+            reason: LeftOut::TooFewCpus {
+                vcpus: request.vcpus,
+                cpus: node.cpus,
+            },
+        });
+    }
     match disk_verdict(node, request)? {
         Ok((storage, template)) => Ok(Placement {
             node: node.name.clone(),

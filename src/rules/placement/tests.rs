@@ -777,10 +777,21 @@ fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
         capacity_fit(&full, &req, &reserved),
         Err(LeftOut::CpusCommitted { allocated: 16, .. })
     ));
-    // Proxmox counts a VM's vCPUs at most the node's CPUs (qemu-server `vmstatus`): so does the rule.
-    req.vcpus = 64;
-    let a = capacity_fit(&roomy, &req, &Reservations::default());
-    assert!(a.is_ok(), "{a:?}");
+    // More vCPUs than the node has CPUs never starts there (qemu-server `config_to_command`).
+    req.vcpus = 8;
+    assert_eq!(
+        capacity_fit(&roomy, &req, &Reservations::default())
+            .unwrap_err()
+            .to_string(),
+        "8 vCPUs are more than its 4 CPUs (Proxmox will not start the VM there)"
+    );
+    req.pinned_node = Some("pve2");
+    let err = pick(&nodes, &req, &Reservations::default()).unwrap_err();
+    assert!(
+        matches!(err, PlacementError::PinnedNodeTooSmall { .. }) && !err.may_heal(),
+        "{err}"
+    );
+    req.pinned_node = None;
     // A larger ratio lets more in.
     req.vcpus = 4;
     req.limits.cpu_overcommit = 5.0;
