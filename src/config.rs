@@ -14,7 +14,9 @@
 //!   caFile: /etc/omni-proxmox/ca.pem             # ours: trust a private CA
 //! ```
 //!
-//! plus our additions (`defaults:` and per-node `nodes:` overrides for provider data, and `strict:`).
+//! plus our additions (`defaults:` and per-node `nodes:` overrides for provider data, `strict:`, and
+//! `placement:` with the overcommit limits automatic placement keeps to:
+//! `placement: {cpuOvercommit: 4.0, memoryOvercommit: 1.0}`, those being the defaults).
 //! The file is validated completely on load: every problem names its key. An unknown key is a
 //! warning with a suggestion (the official provider ignores it silently, so a file that works there
 //! must load here); `strict: true` at the top of the file makes unknown keys errors, here and in
@@ -26,6 +28,7 @@ use serde_json::{Map, Value};
 
 use crate::did_you_mean;
 use crate::pipeline::provider_data::ConfigLayers;
+use crate::rules::placement::PlacementLimits;
 use crate::secret::Secret;
 
 /// Everything in the config file, validated.
@@ -41,6 +44,8 @@ pub struct ProviderConfig {
     pub layers: ConfigLayers,
     /// `strict: true`: unknown keys (here and in provider data) are errors, not warnings.
     pub strict: bool,
+    /// `placement:`: how far automatic placement may commit a node's CPUs and memory.
+    pub placement: PlacementLimits,
     /// What was ignored or chosen for the user (unknown keys, a token and a password both set): logged
     /// at start and shown by `validate`.
     pub warnings: Vec<String>,
@@ -90,7 +95,10 @@ pub enum ConfigError {
     },
 }
 
-const TOP_KEYS: &[&str] = &["proxmox", "defaults", "nodes", "strict"];
+const TOP_KEYS: &[&str] = &["proxmox", "defaults", "nodes", "strict", "placement"];
+const PLACEMENT_KEYS: &[&str] = &["cpuOvercommit", "memoryOvercommit"];
+/// No cluster runs usefully at more vCPUs per CPU than this; a larger value is a typo.
+const MAX_OVERCOMMIT: f64 = 64.0;
 const PROXMOX_KEYS: &[&str] = &[
     "url",
     "tokenID",
@@ -169,9 +177,11 @@ impl ProviderConfig {
         };
         let defaults = optional_map(&root, "defaults", &mut found.problems);
         let nodes = optional_map(&root, "nodes", &mut found.problems);
+        let placement = placement_limits(&root, &mut found);
         match (proxmox, found.problems.is_empty()) {
             (Some(proxmox), true) => Ok(Self {
                 proxmox,
+                placement,
                 layers: ConfigLayers::read(&defaults, &nodes),
                 defaults,
                 nodes,
@@ -371,6 +381,49 @@ impl Found {
     }
 }
 
+/// `placement:`, every problem named with its key and how to write it.
+fn placement_limits(root: &Map<String, Value>, found: &mut Found) -> PlacementLimits {
+    let mut limits = PlacementLimits::default();
+    let map = match root.get("placement") {
+        None | Some(Value::Null) => return limits,
+        Some(Value::Object(m)) => m,
+        Some(other) => {
+            found.problems.push(format!(
+                "`placement` must be a mapping, e.g. `placement: {{cpuOvercommit: 4.0, memoryOvercommit: 1.0}}`, found {}",
+                kind(other)
+            ));
+            return limits;
+        }
+    };
+    found.check_keys(map, PLACEMENT_KEYS, "placement.");
+    let mut ratio = |key: &str, what: &str, slot: &mut f64| {
+        match map.get(key) {
+        None | Some(Value::Null) => {}
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|r| r > 0.0 && r <= MAX_OVERCOMMIT) => {
+            *slot = n.as_f64().unwrap_or(*slot);
+        }
+        Some(other) => found.problems.push(format!(
+            "`placement.{key}` must be a number above 0 and at most {MAX_OVERCOMMIT} ({what}), found {}",
+            match other {
+                Value::Number(n) => n.to_string(),
+                other => kind(other).to_owned(),
+            }
+        )),
+    }
+    };
+    ratio(
+        "cpuOvercommit",
+        "vCPUs given to VMs per CPU of the node, e.g. 4.0",
+        &mut limits.cpu_overcommit,
+    );
+    ratio(
+        "memoryOvercommit",
+        "memory given to VMs per byte of the node's memory, e.g. 1.0 to never overcommit",
+        &mut limits.memory_overcommit,
+    );
+    limits
+}
+
 /// Accepts `https://host:8006`, `https://host:8006/`, `https://host:8006/api2/json[/]`.
 pub fn normalize_api_url(raw: &str) -> Result<url::Url, String> {
     let mut u = url::Url::parse(raw.trim()).map_err(|e| format!("is not a URL: {e}"))?;
@@ -532,6 +585,49 @@ mod tests {
         assert!(problems("strict: yes please\nproxmox:\n  url: https://x\n  tokenID: a@b!c\n  tokenSecret: s\n")
             .join("")
             .contains("`strict` must be true or false"));
+    }
+
+    #[test]
+    fn placement_limits_default_and_are_checked() {
+        let base = "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n";
+        let c = ProviderConfig::parse(base).unwrap();
+        assert_eq!(c.placement, PlacementLimits::default());
+        assert_eq!(
+            (c.placement.cpu_overcommit, c.placement.memory_overcommit),
+            (4.0, 1.0)
+        );
+        let c = ProviderConfig::parse(&format!(
+            "{base}placement:\n  cpuOvercommit: 2\n  memoryOvercommit: 1.5\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            (c.placement.cpu_overcommit, c.placement.memory_overcommit),
+            (2.0, 1.5)
+        );
+        let all = problems(&format!(
+            "{base}placement:\n  cpuOvercommit: 0\n  memoryOvercommit: lots\n  cpuOvercomit: 3\n"
+        ))
+        .join("\n");
+        assert!(
+            all.contains("`placement.cpuOvercommit` must be a number above 0 and at most 64 (vCPUs given to VMs per CPU of the node, e.g. 4.0), found 0"),
+            "{all}"
+        );
+        assert!(
+            all.contains("`placement.memoryOvercommit` must be a number above 0")
+                && all.contains("found a string"),
+            "{all}"
+        );
+        assert!(
+            all.contains(
+                "unknown key `placement.cpuOvercomit` is ignored (did you mean `cpuOvercommit`?)"
+            ),
+            "{all}"
+        );
+        assert!(
+            problems(&format!("{base}placement: 4\n"))
+                .join("")
+                .contains("`placement` must be a mapping")
+        );
     }
 
     /// The official provider's credential choice (cmd/omni-infra-provider-proxmox/main.go, the switch

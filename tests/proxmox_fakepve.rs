@@ -313,7 +313,7 @@ async fn offline_node_is_transient_and_cluster_still_lists_it() {
     assert!(err.is_transient(), "{err:?}");
     assert!(err.to_string().contains("No route to host"), "{err}");
 
-    let report = omni_infra_provider_proxmox::cli::cluster::gather(&pve)
+    let report = omni_infra_provider_proxmox::cli::cluster::gather(&pve, &Default::default())
         .await
         .unwrap();
     let pve3 = report.nodes.iter().find(|n| n.name == "pve3").unwrap();

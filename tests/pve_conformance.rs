@@ -162,3 +162,113 @@ async fn a_refused_overwrite_of_the_talos_iso_counts_as_present() {
     );
     h.stop_controller().await;
 }
+
+/// A scenario with a plain-LVM storage `thick` and a template on it on pve3, and sized nodes.
+fn clone_scenario() -> serde_json::Value {
+    let mut scenario = three_node_scenario();
+    scenario["nodes"] = json!([
+        {"name": "pve1", "maxcpu": 2, "maxmem": 4294967296u64},
+        {"name": "pve2"},
+        {"name": "pve3"}
+    ]);
+    scenario["storages"]["thick"] =
+        json!({"type": "lvm", "content": "images", "active": 1, "vgname": "pve"});
+    scenario["guests"].as_array_mut().unwrap().extend([
+        json!({"vmid": 9005, "name": "talos-thick", "node": "pve3", "template": true,
+               "config": {"memory": 2048, "cores": 2, "scsi0": "thick:base-9005-disk-0,size=8G"}}),
+        json!({"vmid": 120, "name": "wide", "node": "pve1",
+               "config": {"memory": 1024, "cores": 4, "sockets": 2}}),
+        json!({"vmid": 121, "name": "pinned-vcpus", "node": "pve2",
+               "config": {"memory": 1024, "cores": 4, "vcpus": 3}}),
+    ]);
+    scenario
+}
+
+fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+// qemu-server src/PVE/API2/Qemu.pm `clone_vm`: `$check_storage_access_clone` marks the source as
+// not shared when any drive is on non-shared storage, and `$load_and_check` then dies "can't clone
+// VM to node '<target>' (VM uses local storage)" whatever the target storage. For a linked clone
+// (`full` = 0) every disk must have the storage's 'clone' feature (pve-storage
+// `volume_has_feature`; LVMPlugin.pm has none): "Linked clone feature is not supported for …".
+// The placement rule (`rules::placement::clone`) is written from the same source; these pin the
+// fake to it, so the end-to-end tests cannot pass on a fake kinder than Proxmox.
+#[tokio::test]
+async fn clones_are_refused_where_proxmox_refuses_them() {
+    let Some(fake) = FakePve::start(clone_scenario(), 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    let err = pve
+        .clone_vm_with(
+            &pve1(),
+            VmId::new(9000).unwrap(),
+            params(&[
+                ("newid", "200"),
+                ("target", "pve2"),
+                ("full", "1"),
+                ("storage", "shared-nfs"),
+            ]),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("can't clone VM to node 'pve2' (VM uses local storage)"),
+        "{err}"
+    );
+    let err = pve
+        .clone_vm_with(
+            &NodeName::new("pve3").unwrap(),
+            VmId::new(9005).unwrap(),
+            params(&[("newid", "201"), ("full", "0")]),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("Linked clone feature is not supported for 'thick:base-9005-disk-0' (scsi0)"),
+        "{err}"
+    );
+    // A linked clone of a template on lvmthin on its own node works.
+    let task = pve
+        .clone_vm_with(
+            &pve1(),
+            VmId::new(9000).unwrap(),
+            params(&[("newid", "202"), ("full", "0"), ("name", "linked")]),
+        )
+        .await
+        .unwrap();
+    pve.wait_for_task(&task, TASK_TIMEOUT).await.unwrap();
+}
+
+// pve-manager PVE/API2Tools.pm `extract_node_stats`/`extract_vm_stats`: `maxcpu` is what pvestatd
+// broadcast, for a node its CPU count, for a VM qemu-server src/PVE/QemuServer.pm `vmstatus` `cpus`
+// (sockets × cores capped at the host's CPUs; `vcpus` when set). Placement counts vCPUs from these.
+#[tokio::test]
+async fn the_listing_counts_vcpus_as_proxmox_does() {
+    let Some(fake) = FakePve::start(clone_scenario(), 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    let resources = pve.cluster_resources(None).await.unwrap();
+    let cluster = omni_infra_provider_proxmox::model::ClusterSnapshot::from_resources(&resources);
+    let pve1 = cluster.node("pve1").unwrap();
+    assert_eq!((pve1.cpus, pve1.memory_max), (2, 4294967296));
+    assert_eq!(pve1.vms.iter().find(|v| v.name == "wide").unwrap().cpus, 2);
+    let pve2 = cluster.node("pve2").unwrap();
+    assert_eq!(pve2.cpus, 4);
+    assert_eq!(
+        pve2.vms
+            .iter()
+            .find(|v| v.name == "pinned-vcpus")
+            .unwrap()
+            .cpus,
+        3
+    );
+}

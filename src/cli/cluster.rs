@@ -1,6 +1,7 @@
 //! `cluster`: the Proxmox cluster as the provider sees it, for an admin about to write machine classes.
 //!
-//! Shows each node (online or not, CPU, memory, VMs), each storage per node (type, content, shared,
+//! Shows each node (online or not, CPU, memory, VMs, and the vCPUs and memory given to VMs against
+//! the limits of the config's `placement:`, as automatic placement counts them), each storage per node (type, content, shared,
 //! active, usage, and whether it can hold VM disks), and the VM templates. An offline node is shown as
 //! offline, not treated as an error: that is exactly what an admin wants to see.
 //!
@@ -11,14 +12,17 @@
 //!   "nodes": [ { "name": "pve1", "status": "online", "cpu_usage": 0.02, "cpus": 4,
 //!                "memory_used": 2147483648, "memory_total": 8589934592, "uptime": 3600,
 //!                "vms": 2, "running_vms": 1,
+//!                "vcpus_allocated": 6, "vcpus_limit": 16,
+//!                "memory_allocated": 4294967296, "memory_limit": 8589934592,
 //!                "storages": [ { "name": "local-lvm", "type": "lvmthin", "content": ["images", "rootdir"],
 //!                                "shared": false, "active": true, "enabled": true, "used": 0,
 //!                                "total": 107374182400, "available": 107374182400,
 //!                                "holds_vm_disks": true, "holds_iso": false } ],
 //!                "storage_error": null } ],
-//!   "templates": [ { "vmid": 9000, "name": "talos-template", "node": "pve1" } ] }
+//!   "templates": [ { "vmid": 9000, "name": "talos-template", "node": "pve1" } ],
+//!   "cpu_overcommit": 4.0, "memory_overcommit": 1.0 }
 //! ```
-//! Figures a node does not report (an offline node's memory) are `null`; `storages` is `null` when the
+//! Figures a node does not report (an offline node's memory, and so its limits) are `null`; `storages` is `null` when the
 //! node could not be asked, with the reason in `storage_error`.
 
 use std::collections::BTreeMap;
@@ -29,10 +33,12 @@ use serde::Serialize;
 
 use super::CliResult;
 use crate::config::ProviderConfig;
+use crate::model::ClusterSnapshot;
 use crate::proxmox::types::{
     ClusterResource, NodeName, NodeState, NodeStorage, StorageFilter, VmResource,
 };
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::rules::placement::{self, PlacementLimits, Reservations};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
@@ -56,6 +62,9 @@ pub struct ClusterReport {
     pub version: String,
     pub nodes: Vec<NodeReport>,
     pub templates: Vec<TemplateReport>,
+    /// The config's `placement:` limits the nodes' `vcpus_limit` and `memory_limit` come from.
+    pub cpu_overcommit: f64,
+    pub memory_overcommit: f64,
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -69,6 +78,14 @@ pub struct NodeReport {
     pub uptime: Option<u64>,
     pub vms: usize,
     pub running_vms: usize,
+    /// vCPUs given to the node's VMs, running or stopped (placement's count).
+    pub vcpus_allocated: u64,
+    /// The node's CPUs × `placement.cpuOvercommit`.
+    pub vcpus_limit: Option<u64>,
+    /// Memory given to the node's VMs, in bytes.
+    pub memory_allocated: u64,
+    /// The node's memory × `placement.memoryOvercommit`, in bytes.
+    pub memory_limit: Option<u64>,
     pub storages: Option<Vec<StorageReport>>,
     pub storage_error: Option<String>,
 }
@@ -104,7 +121,7 @@ pub async fn run(args: ClusterArgs) -> CliResult {
         .try_init();
     let config = ProviderConfig::load(&args.config_file)?;
     let client = ProxmoxClient::new(&config.proxmox)?;
-    let report = gather(&client).await?;
+    let report = gather(&client, &config.placement).await?;
     match args.output {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         OutputFormat::Table => print!("{}", render_table(&report)),
@@ -113,7 +130,10 @@ pub async fn run(args: ClusterArgs) -> CliResult {
 }
 
 /// Reads the cluster: one `/cluster/resources`, then the storages of each online node in parallel.
-pub async fn gather(client: &ProxmoxClient) -> Result<ClusterReport, ProxmoxError> {
+pub async fn gather(
+    client: &ProxmoxClient,
+    limits: &PlacementLimits,
+) -> Result<ClusterReport, ProxmoxError> {
     let version = client.version().await?;
     let resources = client.cluster_resources(None).await?;
     let online: Vec<NodeName> = resources
@@ -139,6 +159,7 @@ pub async fn gather(client: &ProxmoxClient) -> Result<ClusterReport, ProxmoxErro
         &version.version,
         &resources,
         &storages,
+        limits,
     ))
 }
 
@@ -148,7 +169,9 @@ pub fn build_report(
     version: &str,
     resources: &[ClusterResource],
     storages: &BTreeMap<NodeName, Result<Vec<NodeStorage>, String>>,
+    limits: &PlacementLimits,
 ) -> ClusterReport {
+    let snapshot = ClusterSnapshot::from_resources(resources);
     let vms: Vec<&VmResource> = resources
         .iter()
         .filter_map(|r| match r {
@@ -169,6 +192,9 @@ pub fn build_report(
                 Some(Err(e)) => (None, Some(e.clone())),
                 None => (None, Some(format!("node is {}", state_word(n.status)))),
             };
+            let given = snapshot
+                .node(n.node.as_str())
+                .map(|node| placement::allocation(node, limits, &Reservations::default(), ""));
             NodeReport {
                 name: n.node.to_string(),
                 status: n.status,
@@ -179,6 +205,10 @@ pub fn build_report(
                 uptime: n.uptime,
                 vms: on_node().count(),
                 running_vms: on_node().filter(|vm| vm.is_running()).count(),
+                vcpus_allocated: given.map_or(0, |a| a.cpus_allocated),
+                vcpus_limit: given.and_then(|a| a.cpus_limit),
+                memory_allocated: given.map_or(0, |a| a.memory_allocated),
+                memory_limit: given.and_then(|a| a.memory_limit),
                 storages,
                 storage_error,
             }
@@ -200,6 +230,8 @@ pub fn build_report(
         version: version.to_owned(),
         nodes,
         templates,
+        cpu_overcommit: limits.cpu_overcommit,
+        memory_overcommit: limits.memory_overcommit,
     }
 }
 
@@ -252,11 +284,36 @@ pub fn render_table(r: &ClusterReport) -> String {
                     (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
                     _ => "-".into(),
                 },
+                match n.vcpus_limit {
+                    Some(limit) => format!("{} / {limit}", n.vcpus_allocated),
+                    None => format!("{} / -", n.vcpus_allocated),
+                },
+                match n.memory_limit {
+                    Some(limit) => format!("{} / {}", bytes(n.memory_allocated), bytes(limit)),
+                    None => format!("{} / -", bytes(n.memory_allocated)),
+                },
                 format!("{} ({} running)", n.vms, n.running_vms),
             ]
         })
         .collect();
-    table(&mut out, &["NODE", "STATUS", "CPU", "MEMORY", "VMS"], &rows);
+    table(
+        &mut out,
+        &[
+            "NODE",
+            "STATUS",
+            "CPU",
+            "MEMORY",
+            "VCPUS GIVEN / LIMIT",
+            "MEMORY GIVEN / LIMIT",
+            "VMS",
+        ],
+        &rows,
+    );
+    let _ = writeln!(
+        out,
+        "(given: to the node's VMs, running or stopped; limit: CPUs × placement.cpuOvercommit {}, memory × placement.memoryOvercommit {})",
+        r.cpu_overcommit, r.memory_overcommit
+    );
 
     out.push('\n');
     let mut rows = Vec::new();
@@ -377,7 +434,8 @@ mod tests {
             {"type":"node","node":"pve1","status":"online","cpu":0.25,"maxcpu":4,"mem":1073741824,"maxmem":8589934592},
             {"type":"node","node":"pve2","status":"offline"},
             {"type":"qemu","vmid":9000,"node":"pve1","name":"talos","template":1,"status":"stopped"},
-            {"type":"qemu","vmid":100,"node":"pve1","name":"a","status":"running"},
+            {"type":"qemu","vmid":100,"node":"pve1","name":"a","status":"running","maxcpu":2,"maxmem":2147483648},
+            {"type":"qemu","vmid":102,"node":"pve1","name":"c","status":"stopped","maxcpu":4,"maxmem":1073741824},
             {"type":"qemu","vmid":101,"node":"pve2","name":"b","status":"unknown"}
         ]"#,
         )
@@ -390,8 +448,25 @@ mod tests {
             .unwrap()),
         )]
         .into();
-        let r = build_report("https://x/api2/json", "9.0", &resources, &storages);
-        assert_eq!(r.nodes[0].vms, 1);
+        let limits = PlacementLimits {
+            cpu_overcommit: 1.5,
+            memory_overcommit: 1.0,
+        };
+        let r = build_report("https://x/api2/json", "9.0", &resources, &storages, &limits);
+        assert_eq!(r.nodes[0].vms, 2);
+        // Running or stopped, every VM's vCPUs and memory count; the template's do not.
+        assert_eq!(
+            (r.nodes[0].vcpus_allocated, r.nodes[0].vcpus_limit),
+            (6, Some(6))
+        );
+        assert_eq!(
+            (r.nodes[0].memory_allocated, r.nodes[0].memory_limit),
+            (3 * 1073741824, Some(8589934592))
+        );
+        assert_eq!(
+            r.nodes[1].vcpus_limit, None,
+            "an offline node reports no CPUs"
+        );
         assert_eq!(r.nodes[0].running_vms, 1);
         assert_eq!(r.nodes[1].status, NodeState::Offline);
         assert_eq!(r.nodes[1].storage_error.as_deref(), Some("node is offline"));
@@ -401,5 +476,8 @@ mod tests {
         assert!(text.contains("pve2  offline"), "{text}");
         assert!(text.contains("25% of 4"), "{text}");
         assert!(text.contains("9000"), "{text}");
+        assert!(text.contains("6 / 6"), "{text}");
+        assert!(text.contains("3.0 GiB / 8.0 GiB"), "{text}");
+        assert!(text.contains("placement.cpuOvercommit 1.5"), "{text}");
     }
 }

@@ -60,7 +60,13 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     let config = ProviderConfig::load(&args.config_file)?;
     let schema = ProviderDataSchema::new()?.strict(config.strict);
     let client = ProxmoxClient::new(&config.proxmox)?;
-    let report = validate_class(&client, &schema, &Layers::new(&class_yaml, &config)).await?;
+    let report = validate_class(
+        &client,
+        &schema,
+        &Layers::new(&class_yaml, &config),
+        config.placement,
+    )
+    .await?;
     let report = Report::new(
         config_file_findings(&config)
             .into_iter()

@@ -9,11 +9,17 @@ use crate::proxmox::types::{ClusterResource, NodeState, split_tags};
 pub const GIB: u64 = 1024 * 1024 * 1024;
 pub const MIB: u64 = 1024 * 1024;
 
-/// A VM as `/cluster/resources` lists it (templates are not counted: they are not VMs of a set).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A VM as `/cluster/resources` lists it (templates are not counted: they are not VMs of a set, and
+/// they never run).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VmSummary {
     pub name: String,
     pub tags: Vec<String>,
+    /// vCPUs as Proxmox counts them (`maxcpu`: sockets × cores capped at the host's CPUs, or
+    /// `vcpus`); 0 when the listing has no figures for the VM yet.
+    pub cpus: u64,
+    /// Configured memory in bytes (`maxmem`); 0 when the listing has no figures yet.
+    pub memory: u64,
 }
 
 /// A storage of one node, as `/cluster/resources` lists it.
@@ -46,13 +52,15 @@ impl StorageSnapshot {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeSnapshot {
     pub name: String,
     pub online: bool,
     /// Bytes in use and in total (`mem`, `maxmem`).
     pub memory_used: u64,
     pub memory_max: u64,
+    /// Logical CPUs (`maxcpu`); 0 when the node reports none (offline).
+    pub cpus: u64,
     pub vms: Vec<VmSummary>,
     pub storages: Vec<StorageSnapshot>,
 }
@@ -65,6 +73,22 @@ impl NodeSnapshot {
     /// Memory not in use now, before any reservation.
     pub fn free_memory(&self) -> u64 {
         self.memory_max.saturating_sub(self.memory_used)
+    }
+
+    /// vCPUs given to the node's VMs, running or stopped (a stopped VM may be started at any time).
+    pub fn allocated_cpus(&self) -> u64 {
+        self.vms
+            .iter()
+            .map(|vm| vm.cpus)
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Memory given to the node's VMs, running or stopped, in bytes.
+    pub fn allocated_memory(&self) -> u64 {
+        self.vms
+            .iter()
+            .map(|vm| vm.memory)
+            .fold(0, u64::saturating_add)
     }
 }
 
@@ -95,6 +119,7 @@ impl ClusterSnapshot {
                         online: n.status == NodeState::Online,
                         memory_used: n.mem.unwrap_or(0),
                         memory_max: n.maxmem.unwrap_or(0),
+                        cpus: n.maxcpu.unwrap_or(0),
                         vms: Vec::new(),
                         storages: Vec::new(),
                     },
@@ -111,6 +136,8 @@ impl ClusterSnapshot {
                                 .into_iter()
                                 .map(str::to_owned)
                                 .collect(),
+                            cpus: vm.maxcpu.unwrap_or(0),
+                            memory: vm.maxmem.unwrap_or(0),
                         });
                     }
                 }
@@ -162,10 +189,10 @@ mod tests {
     fn snapshot_from_resources() {
         let r: Vec<ClusterResource> = serde_json::from_str(
             r#"[
-            {"type":"node","node":"pve1","status":"online","mem":100,"maxmem":1000},
+            {"type":"node","node":"pve1","status":"online","mem":100,"maxmem":1000,"maxcpu":8},
             {"type":"node","node":"pve2","status":"offline"},
-            {"type":"qemu","vmid":101,"node":"pve1","name":"r1","tags":"machine-request.s;x"},
-            {"type":"qemu","vmid":9000,"node":"pve1","name":"t","template":1},
+            {"type":"qemu","vmid":101,"node":"pve1","name":"r1","tags":"machine-request.s;x","maxcpu":2,"maxmem":400},
+            {"type":"qemu","vmid":9000,"node":"pve1","name":"t","template":1,"maxcpu":2,"maxmem":300},
             {"type":"storage","storage":"local-lvm","node":"pve1","content":"images,rootdir","status":"available","disk":10,"maxdisk":110,"plugintype":"lvmthin"},
             {"type":"storage","storage":"orphan","node":"pve9","content":"images"}
         ]"#,
@@ -177,6 +204,12 @@ mod tests {
         assert_eq!(pve1.vms.len(), 1, "templates are not VMs of a set");
         assert_eq!(pve1.vms[0].tags, ["machine-request.s", "x"]);
         assert_eq!(pve1.free_memory(), 900);
+        assert_eq!((pve1.cpus, pve1.allocated_cpus()), (8, 2));
+        assert_eq!(
+            pve1.allocated_memory(),
+            400,
+            "the template's memory is not counted"
+        );
         let lvm = pve1.storage("local-lvm").unwrap();
         assert_eq!(lvm.available, 100);
         assert!(lvm.active && lvm.holds("images"));

@@ -5,6 +5,8 @@
 pub mod cluster;
 pub mod identity;
 pub mod machine;
+pub mod template;
 
 pub use cluster::{ClusterSnapshot, GIB, MIB, NodeSnapshot, StorageSnapshot, VmSummary};
 pub use machine::MachineState;
+pub use template::{TemplateDrive, TemplateFacts};

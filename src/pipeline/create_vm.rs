@@ -292,43 +292,22 @@ async fn clone(
             StepError::Cluster(format!("template {template_id} is gone from the cluster"))
         })?;
     let storage = recorded_storage(ctx)?;
-    let reaches = template.node == *node
-        || ClusterSnapshot::from_resources(resources)
-            .node(node.as_str())
-            .is_some_and(|n| storage::clone_reaches(template.node.as_str(), n, storage.as_str()));
-    if !reaches {
-        return Err(StepError::Cluster(format!(
-            "template {template_id} is on {} but the VM goes to {node}, and Proxmox clones to another node only onto shared storage ({storage} is local to {node}); keep a copy of the template on {node}, pin `node: {}`, or select a shared storage with storage_selector",
-            template.node, template.node
-        )));
-    }
-    if template.node != *node {
-        let doing = format!(
-            "reading the config of template {template_id} on {}",
-            template.node
-        );
-        let config = ctx
-            .services
-            .pve
-            .vm_config(&template.node, template_id)
-            .await
-            .map_err(StepError::proxmox(doing))?;
-        let local = template_drives_on_local_storage(&config, resources);
-        if !local.is_empty() {
-            return Err(StepError::Cluster(format!(
-                "template {template_id} is on {} but the VM goes to {node}, and Proxmox clones to another node only when every drive of the template, CD-ROMs included, is on shared storage; these are not: {}. Move them to shared storage (or detach the CD-ROM), keep a copy of the template on {node}, or pin `node: {}`",
-                template.node,
-                local.join(", "),
-                template.node
-            )));
-        }
-    }
+    // Whether a clone of this template reaches `node` (and `storage`) was decided by the placement
+    // rule (`rules::placement::clone_verdict`) in `pick_node` or `prepare_image`, before anything
+    // was written.
     let identity = VmIdentity {
         request_id: &ctx.request.id,
         set_id: ctx.request.set_id.as_deref(),
         provider_id: &ctx.services.provider_id,
     };
-    let params = vm_config::clone_params(&ctx.data, &identity, vmid.get(), node.as_str(), &storage);
+    let params = vm_config::clone_params(
+        &ctx.data,
+        &identity,
+        vmid.get(),
+        node.as_str(),
+        &storage,
+        ctx.data.clone_mode,
+    );
     let doing = format!(
         "cloning template {template_id} on {} to VM {vmid} on {node}",
         template.node
@@ -344,41 +323,6 @@ async fn clone(
     record_create_task(ctx, vmid, &task.upid).await?;
     ctx.finish_task(task, ctx.services.timeouts.task).await?;
     Ok(())
-}
-
-/// The template's drives (`slot (volume)`) that are not on shared storage. qemu-server
-/// src/PVE/API2/Qemu.pm `clone_vm` (`$check_storage_access_clone`) refuses a clone to another node
-/// when any drive of the source is on non-shared storage, CD-ROM ISOs included and whatever the
-/// target storage.
-pub fn template_drives_on_local_storage(
-    config: &crate::proxmox::types::VmConfig,
-    resources: &[ClusterResource],
-) -> Vec<String> {
-    let shared = |sid: &str| {
-        resources
-            .iter()
-            .any(|r| matches!(r, ClusterResource::Storage(s) if s.storage == sid && s.shared))
-    };
-    let mut local: Vec<String> = config
-        .0
-        .keys()
-        .filter(|k| {
-            ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"]
-                .iter()
-                .any(|p| {
-                    k.strip_prefix(p)
-                        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-                })
-        })
-        .filter_map(|k| {
-            let drive = config.get(k)?;
-            let volume = drive.split(',').next()?.trim().to_owned();
-            let (sid, _) = volume.split_once(':')?;
-            (!volume.starts_with('/') && !shared(sid)).then(|| format!("{k} ({volume})"))
-        })
-        .collect();
-    local.sort();
-    local
 }
 
 /// The create (or clone) task and its VMID, recorded as the official provider records them: when it
@@ -459,38 +403,5 @@ fn disk_storage(
             disk.storage_selector.expression(),
             disk.size_gb
         ))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn listing(json: serde_json::Value) -> Vec<ClusterResource> {
-        serde_json::from_value(json).unwrap()
-    }
-
-    #[test]
-    fn a_cross_node_clone_needs_every_template_drive_shared() {
-        let resources = listing(serde_json::json!([
-            {"type": "storage", "storage": "local", "node": "pve1", "shared": 0},
-            {"type": "storage", "storage": "local-lvm", "node": "pve1", "shared": 0},
-            {"type": "storage", "storage": "nfs", "node": "pve1", "shared": 1}
-        ]));
-        let config: crate::proxmox::types::VmConfig = serde_json::from_value(serde_json::json!({
-            "scsi0": "nfs:9000/base-9000-disk-0.qcow2,size=8G",
-            "ide2": "local:iso/talos.iso,media=cdrom",
-            "ide0": "none,media=cdrom",
-            "efidisk0": "local-lvm:base-9000-disk-1,size=4M",
-            "name": "tmpl"
-        }))
-        .unwrap();
-        assert_eq!(
-            template_drives_on_local_storage(&config, &resources),
-            [
-                "efidisk0 (local-lvm:base-9000-disk-1)",
-                "ide2 (local:iso/talos.iso)"
-            ]
-        );
     }
 }

@@ -2,15 +2,19 @@
 //!
 //! One `/cluster/resources` read describes every node, VM and storage; [`placement::pick`] decides;
 //! the decision is reserved in the in-memory ledger so requests running at the same moment spread
-//! instead of all seeing the same "emptiest" node.
+//! instead of all seeing the same "emptiest" node. With `boot: clone` the copies of the template are
+//! read first (one config read each), so that placement only picks a node a clone can reach, and
+//! the copy to clone is recorded with the node: nothing is written to Proxmox before that is known.
 
 use std::collections::BTreeMap;
 
+use super::prepare_image::clone_source;
+use super::provider_data::BootMode;
 use super::step::{StepContext, StepError, StepOutcome};
 use super::storage_selector::StorageSelector;
 use crate::model::ClusterSnapshot;
 use crate::proxmox::property::StorageId;
-use crate::proxmox::types::NodeName;
+use crate::proxmox::types::{NodeName, VmId};
 use crate::rules::placement::{self, PlacementRequest};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
@@ -20,7 +24,26 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         return Ok(StepOutcome::Done);
     }
     ctx.report("reading nodes and storages").await;
-    let cluster = ClusterSnapshot::from_resources(ctx.cluster(false).await?);
+    let resources = ctx.cluster(false).await?.to_vec();
+    let cluster = ClusterSnapshot::from_resources(&resources);
+    let clone = match (ctx.data.boot, &ctx.data.template) {
+        (BootMode::Clone, Some(wanted)) => {
+            ctx.report(format!("looking for template {wanted}")).await;
+            let wanted = wanted.clone();
+            Some(
+                clone_source(
+                    &ctx.services.pve,
+                    &resources,
+                    &cluster,
+                    &wanted,
+                    ctx.data.clone_mode,
+                )
+                .await
+                .map_err(|e| e.into_step())?,
+            )
+        }
+        _ => None,
+    };
     let node_selectors = node_selectors(ctx)?;
     let allowed: Vec<String> = ctx
         .data
@@ -39,6 +62,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         allowed_nodes: &allowed,
         set_id: ctx.request.set_id.as_deref(),
         strategy: ctx.data.placement_strategy,
+        vcpus: vcpus(ctx),
+        limits: ctx.services.config.placement,
+        clone: clone.as_ref(),
     };
     let choice = ctx
         .services
@@ -46,7 +72,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         .place(
             &ctx.request.id,
             ctx.request.set_id.as_deref(),
-            ctx.data.memory_mb,
+            (ctx.data.memory_mb, vcpus(ctx)),
             |reservations| placement::pick(&cluster, &request, reservations),
         )
         .map_err(|e| {
@@ -75,6 +101,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     ctx.state.node = Some(NodeName::new(choice.node).map_err(|e| unusable("node", &e))?);
     ctx.state.storage = Some(StorageId::new(choice.storage).map_err(|e| unusable("storage", &e))?);
     ctx.state.request_set = ctx.request.set_id.clone();
+    if let Some(template) = choice.template {
+        ctx.state.template_vmid = VmId::new(template).ok();
+    }
     Ok(StepOutcome::Done)
 }
 
@@ -85,7 +114,13 @@ fn reserve(ctx: &StepContext<'_>) {
         node,
         ctx.request.set_id.as_deref(),
         ctx.data.memory_mb,
+        vcpus(ctx),
     );
+}
+
+/// The VM's vCPUs, as placement counts them.
+fn vcpus(ctx: &StepContext<'_>) -> u64 {
+    u64::from(ctx.data.cores).saturating_mul(u64::from(ctx.data.sockets.max(1)))
 }
 
 /// The storage selector each node with a `nodes:` override would use, by the same precedence as

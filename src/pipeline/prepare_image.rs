@@ -18,19 +18,23 @@
 //! named by the SHA-256 of its URL with a `.qcow2` extension, once per storage; `create_vm` makes the
 //! boot disk from it. Its volume ID is ours (field 32); fields 4 and 31 stay empty.
 //!
-//! Boot mode `clone`: the template is found through `/cluster/resources` by VMID or name.
+//! Boot mode `clone`: the copy of the template `pick_node` chose by the placement rule (which nodes
+//! a clone reaches is `rules::placement::clone_verdict`); a state recorded before placement knew
+//! templates gets the same rule applied here, before anything is written.
 
-use crate::proxmox::property::{ImportVolume, IsoVolume};
+use crate::proxmox::property::{ImportVolume, IsoVolume, StorageId};
 use sha2::{Digest, Sha256};
 
 use super::image_factory;
-use super::provider_data::{BootMode, TemplateRef};
+use super::provider_data::{BootMode, CloneMode, TemplateRef};
 use super::schematic::{Overlay, SchematicRequest, schematic_yaml};
 use super::step::{StepContext, StepError, StepOutcome};
-use crate::model::ClusterSnapshot;
+use crate::model::{ClusterSnapshot, TemplateFacts};
 use crate::omni::management::ManagementError;
 use crate::proxmox::storage::DownloadRequest;
-use crate::proxmox::types::{ClusterResource, NodeName, VmResource};
+use crate::proxmox::types::{ClusterResource, NodeName, VmId, VmResource};
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::rules::placement::{CloneSource, CloneVerdict, clone_verdict};
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
@@ -275,10 +279,148 @@ async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepErr
     };
     let node = ctx.node()?;
     ctx.report(format!("looking for template {wanted}")).await;
-    let resources = ctx.cluster(false).await?;
-    let template = choose_template(resources, &wanted, &node)?;
-    ctx.state.template_vmid = Some(template.vmid);
-    Ok(StepOutcome::Done)
+    let resources = ctx.cluster(false).await?.to_vec();
+    let recorded = ctx.state.template_vmid;
+    let still_there = resources
+        .iter()
+        .any(|r| matches!(r, ClusterResource::Vm(vm) if vm.template && Some(vm.vmid) == recorded));
+    if still_there {
+        // Chosen by placement for this node and storage.
+        return Ok(StepOutcome::Done);
+    }
+    let cluster = ClusterSnapshot::from_resources(&resources);
+    let source = clone_source(
+        &ctx.services.pve,
+        &resources,
+        &cluster,
+        &wanted,
+        ctx.data.clone_mode,
+    )
+    .await
+    .map_err(TemplateError::into_step)?;
+    let Some(here) = cluster.node(node.as_str()) else {
+        return Err(StepError::Cluster(format!(
+            "node {node} recorded for this machine is not in the cluster"
+        )));
+    };
+    match clone_verdict(
+        here,
+        &source,
+        &ctx.data.storage_selector,
+        ctx.data.total_disk_gb(),
+    ) {
+        CloneVerdict::Clones(target) => {
+            ctx.state.template_vmid = VmId::new(target.template).ok();
+            ctx.state.storage = Some(StorageId::new(target.storage.name).map_err(|e| {
+                StepError::Cluster(format!("the listing's storage name is unusable: {e}"))
+            })?);
+            Ok(StepOutcome::Done)
+        }
+        CloneVerdict::NoStorage(choice) => Err(StepError::Cluster(format!(
+            "no storage on {node} for the clone: {}",
+            choice
+                .rejected
+                .iter()
+                .map(|(s, why)| format!("{s}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))),
+        CloneVerdict::Refused(why) => Err(StepError::Cluster(format!(
+            "node {node} cannot take this clone: {why}"
+        ))),
+    }
+}
+
+/// Why the copies of a template could not be gathered.
+#[derive(Debug)]
+pub enum TemplateError {
+    /// Not found, or not a template: the class must change (the message says how).
+    Missing(String),
+    /// A template's config could not be read.
+    Read { doing: String, source: ProxmoxError },
+}
+
+impl TemplateError {
+    pub fn into_step(self) -> StepError {
+        match self {
+            TemplateError::Missing(why) => StepError::Cluster(why),
+            TemplateError::Read { doing, source } => StepError::proxmox(doing)(source),
+        }
+    }
+}
+
+impl std::fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TemplateError::Missing(why) => f.write_str(why),
+            TemplateError::Read { doing, source } => write!(f, "{doing}: {source}"),
+        }
+    }
+}
+
+/// Every copy of the template `wanted` on an online node, with where its drives are: what the
+/// placement rule needs to tell which nodes a clone reaches. The listing does not say where a
+/// template's disks are, so each copy's config is read (one request per copy; a clone runs on the
+/// copy's node, so copies on offline nodes could not be cloned anyway and are named as such).
+pub async fn clone_source(
+    pve: &ProxmoxClient,
+    resources: &[ClusterResource],
+    cluster: &ClusterSnapshot,
+    wanted: &TemplateRef,
+    mode: CloneMode,
+) -> Result<CloneSource, TemplateError> {
+    let copies = matching_templates(resources, wanted).map_err(TemplateError::Missing)?;
+    let mut templates = Vec::new();
+    let mut offline = Vec::new();
+    for vm in copies {
+        if !cluster.node(vm.node.as_str()).is_some_and(|n| n.online) {
+            offline.push(vm.node.to_string());
+            continue;
+        }
+        let config =
+            pve.vm_config(&vm.node, vm.vmid)
+                .await
+                .map_err(|source| TemplateError::Read {
+                    doing: format!("reading the config of template {} on {}", vm.vmid, vm.node),
+                    source,
+                })?;
+        templates.push(TemplateFacts::from_config(vm, &config, cluster));
+    }
+    Ok(CloneSource {
+        wanted: wanted.to_string(),
+        mode,
+        templates,
+        offline,
+    })
+}
+
+/// Every template matching `wanted` by VMID or name, or why there is none (with what there is).
+pub fn matching_templates<'a>(
+    resources: &'a [ClusterResource],
+    wanted: &TemplateRef,
+) -> Result<Vec<&'a VmResource>, String> {
+    let anchor = resources.iter().find_map(|r| match r {
+        ClusterResource::Vm(vm) => Some(vm.node.clone()),
+        _ => None,
+    });
+    let Some(anchor) = anchor else {
+        return Err(format!(
+            "template {wanted} not found in the cluster; templates there: none"
+        ));
+    };
+    // The lookup's words (not found, not a template) are `choose_template`'s.
+    choose_template(resources, wanted, &anchor).map_err(|e| e.to_string())?;
+    Ok(resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm) if vm.template => Some(vm),
+            _ => None,
+        })
+        .filter(|vm| match wanted {
+            TemplateRef::VmId(id) => vm.vmid.get() == *id,
+            TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
+        })
+        .collect())
 }
 
 /// Pure: the template to clone, preferring one on the chosen node.

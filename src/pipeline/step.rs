@@ -281,17 +281,24 @@ impl Ledgers {
         &self,
         request_id: &str,
         set_id: Option<&str>,
-        memory_mb: u64,
+        (memory_mb, vcpus): (u64, u64),
         decide: impl FnOnce(&Reservations) -> Result<Placement, PlacementError>,
     ) -> Result<Placement, PlacementError> {
         let mut reservations = entry(&self.reservations);
         let placement = decide(&reservations)?;
-        reservations.reserve(request_id, &placement.node, set_id, memory_mb);
+        reservations.reserve(request_id, &placement.node, set_id, memory_mb, vcpus);
         Ok(placement)
     }
 
-    pub fn reserve(&self, request_id: &str, node: &str, set_id: Option<&str>, memory_mb: u64) {
-        entry(&self.reservations).reserve(request_id, node, set_id, memory_mb);
+    pub fn reserve(
+        &self,
+        request_id: &str,
+        node: &str,
+        set_id: Option<&str>,
+        memory_mb: u64,
+        vcpus: u64,
+    ) {
+        entry(&self.reservations).reserve(request_id, node, set_id, memory_mb, vcpus);
     }
 
     /// The request's VM is visible now (or never will be): it counts through the listing again.
@@ -488,25 +495,27 @@ mod tests {
     fn a_placement_is_reserved_under_the_lock_it_was_decided_with() {
         let ledgers = Ledgers::default();
         let place = |id: &str| {
-            ledgers.place(id, Some("set"), 1024, |reservations| {
+            ledgers.place(id, Some("set"), (1024, 2), |reservations| {
                 // What the next decision sees already holds every earlier one.
                 let node = format!("pve{}", reservations.len() + 1);
                 Ok(Placement {
                     node,
                     storage: "local-lvm".into(),
                     reason: crate::rules::placement::PlacementReason::Pinned,
+                    template: None,
                 })
             })
         };
         assert_eq!(place("a").map(|p| p.node).ok().as_deref(), Some("pve1"));
         assert_eq!(place("b").map(|p| p.node).ok().as_deref(), Some("pve2"));
-        let _ = ledgers.place("c", None, 1024, |r| {
+        let _ = ledgers.place("c", None, (1024, 2), |r| {
             assert_eq!(r.get("b").map(|r| r.node.as_str()), Some("pve2"));
             assert_eq!(r.get("b").map(|r| r.memory_bytes), Some(1024 * 1024 * 1024));
             Ok(Placement {
                 node: "pve3".into(),
                 storage: "local-lvm".into(),
                 reason: crate::rules::placement::PlacementReason::Pinned,
+                template: None,
             })
         });
     }

@@ -473,13 +473,16 @@ pub fn boot_disk_resize(data: &ProviderData, slot: &str) -> [(String, String); 2
     ]
 }
 
-/// Parameters for the clone call itself.
+/// Parameters for the clone call itself. A linked clone takes neither `storage` nor `format`
+/// (qemu-server src/PVE/API2/Qemu.pm `clone_vm` refuses both with `full` = 0): its disks stay on the
+/// template's storage, which placement recorded as `storage`.
 pub fn clone_params(
     data: &ProviderData,
     identity: &VmIdentity<'_>,
     newid: u32,
     node: &str,
     storage: &StorageId,
+    mode: super::provider_data::CloneMode,
 ) -> Vec<(String, String)> {
     // The clone call takes no tags, but it takes a description: the marker goes on at clone time, so
     // a crash (or a clone task outliving our wait) before `configure_vm` leaves a VM we can still
@@ -492,9 +495,14 @@ pub fn clone_params(
             identity::description_marker(identity.provider_id, identity.request_id),
         ),
         ("target".to_string(), node.to_string()),
-        ("full".to_string(), "1".to_string()),
-        ("storage".to_string(), storage.to_string()),
     ];
+    match mode {
+        super::provider_data::CloneMode::Full => {
+            out.push(("full".to_string(), "1".to_string()));
+            out.push(("storage".to_string(), storage.to_string()));
+        }
+        super::provider_data::CloneMode::Linked => out.push(("full".to_string(), "0".to_string())),
+    }
     if let Some(pool) = &data.pool {
         out.push(("pool".into(), pool.to_string()));
     }

@@ -53,6 +53,9 @@ pub struct StorageNeed<'a> {
     pub content: Content,
     pub selector: Option<&'a StorageSelector>,
     pub size_gb: u64,
+    /// Only shared storage will do: a full clone from a template on another node (qemu-server
+    /// src/PVE/API2/Qemu.pm `clone_vm` refuses a `target` node with a non-shared `storage`).
+    pub shared_only: bool,
 }
 
 impl<'a> StorageNeed<'a> {
@@ -62,6 +65,15 @@ impl<'a> StorageNeed<'a> {
             content: Content::VmDisks,
             selector: Some(selector),
             size_gb,
+            shared_only: false,
+        }
+    }
+
+    /// The same need, on shared storage only.
+    pub fn shared(self) -> Self {
+        Self {
+            shared_only: true,
+            ..self
         }
     }
 
@@ -76,6 +88,7 @@ impl<'a> StorageNeed<'a> {
             content: Content::IsoImages,
             selector,
             size_gb: 0,
+            shared_only: false,
         }
     }
 
@@ -111,6 +124,10 @@ pub enum Rejection {
         available: u64,
         needed_gb: u64,
     },
+    /// Selected, but local to the node where shared storage is needed.
+    NotShared,
+    /// Not available on the node at all (asked for by name).
+    NotOnNode,
 }
 
 impl fmt::Display for Rejection {
@@ -137,6 +154,8 @@ impl fmt::Display for Rejection {
                 "selected, but only {} GiB free of {needed_gb} GiB needed",
                 available / GIB
             ),
+            Rejection::NotShared => f.write_str("selected, but not shared"),
+            Rejection::NotOnNode => f.write_str("is not available on this node"),
         }
     }
 }
@@ -210,6 +229,9 @@ fn judge(
             Ok(true) => {}
         }
     }
+    if need.shared_only && !storage.shared {
+        return Some(Rejection::NotShared);
+    }
     if storage.available < need.size_gb.saturating_mul(GIB) {
         return Some(Rejection::TooSmall {
             available: storage.available,
@@ -219,10 +241,34 @@ fn judge(
     None
 }
 
-/// Proxmox clones a template to another node only onto storage shared with it: a clone from
-/// `template_node` onto `storage` of `node` can work.
-pub fn clone_reaches(template_node: &str, node: &NodeSnapshot, storage: &str) -> bool {
-    template_node == node.name || node.storage(storage).is_some_and(|s| s.shared)
+/// Whether the storage named `name` on `node` takes `need`, by the rule of [`choose`]: for a disk
+/// that must go to one particular storage (a linked clone stays on its template's storage).
+pub fn judge_named(
+    node: &NodeSnapshot,
+    name: &str,
+    need: &StorageNeed<'_>,
+) -> Result<StorageSnapshot, Rejection> {
+    let Some(storage) = node.storage(name) else {
+        return Err(Rejection::NotOnNode);
+    };
+    match judge(node, storage, need) {
+        None => Ok(storage.clone()),
+        Some(why) => Err(why),
+    }
+}
+
+/// Whether a storage of this plugin type can hold a linked clone of a template's disk. pve-storage
+/// answers per plugin in `volume_has_feature(..., 'clone', ...)` for a template's base volume:
+/// the file-based plugins (src/PVE/Storage/Plugin.pm: dir, NFS, CIFS, …, for raw, qcow2 and vmdk),
+/// LvmThinPlugin.pm, ZFSPoolPlugin.pm, ZFSPlugin.pm, RBDPlugin.pm and BTRFSPlugin.pm can; plain LVM
+/// (LVMPlugin.pm has `clone` commented out), iSCSI (ISCSIPlugin.pm, ISCSIDirectPlugin.pm: `copy`
+/// only), PBS and ESXi cannot. A type we do not know (a third-party plugin) is given the benefit
+/// of the doubt: Proxmox then answers for itself.
+pub fn links_clones(storage_type: &str) -> bool {
+    !matches!(
+        storage_type,
+        "lvm" | "iscsi" | "iscsidirect" | "pbs" | "esxi"
+    )
 }
 
 #[cfg(test)]
@@ -245,10 +291,9 @@ mod tests {
         NodeSnapshot {
             name: "pve1".into(),
             online: true,
-            memory_used: 0,
             memory_max: 8 * GIB,
-            vms: vec![],
             storages,
+            ..Default::default()
         }
     }
 
@@ -381,18 +426,24 @@ mod tests {
     }
 
     #[test]
-    fn a_clone_reaches_another_node_only_onto_shared_storage() {
+    fn shared_only_and_named_storages() {
+        let any = sel("true");
         let mut n = node(vec![storage("local-lvm", &["images"], 100)]);
         n.storages.push(StorageSnapshot {
             shared: true,
             ..storage("nfs", &["images"], 100)
         });
-        assert!(clone_reaches("pve1", &n, "local-lvm"), "same node");
-        assert!(
-            !clone_reaches("pve2", &n, "local-lvm"),
-            "local template elsewhere"
+        let choice = choose(&n, &StorageNeed::boot_disk(&any, 10).shared());
+        assert_eq!(choice.chosen.map(|s| s.name).as_deref(), Some("nfs"));
+        assert_eq!(choice.rejected[0].1.to_string(), "selected, but not shared");
+        let need = StorageNeed::boot_disk(&any, 0);
+        assert!(judge_named(&n, "local-lvm", &need).is_ok());
+        assert_eq!(judge_named(&n, "ceph", &need), Err(Rejection::NotOnNode));
+        assert_eq!(
+            judge_named(&n, "nfs", &StorageNeed::boot_disk(&sel("name == \"x\""), 0)),
+            Err(Rejection::NotSelected)
         );
-        assert!(clone_reaches("pve2", &n, "nfs"));
-        assert!(!clone_reaches("pve2", &n, "missing"));
+        assert!(links_clones("lvmthin") && links_clones("nfs") && links_clones("zfspool"));
+        assert!(!links_clones("lvm") && !links_clones("iscsi"));
     }
 }

@@ -1,21 +1,22 @@
 //! The provider data against the cluster as a whole: which nodes placement would consider, the
-//! template, and whether the memory fits somewhere. Each node placement could choose is checked in
+//! template and which nodes a clone of it reaches, and whether the memory and vCPUs fit somewhere. Each node placement could choose is checked in
 //! [`super::node`].
 
 use std::collections::BTreeMap;
 
 use super::layers::{Layers, Origin};
-use super::node::check_node;
+use super::node::{NodeOutcome, check_node};
 use super::report::{Finding, Outcome};
 use crate::model::{ClusterSnapshot, MIB};
-use crate::pipeline::prepare_image::choose_template;
 use crate::pipeline::provider_data::{
     BootMode, ProviderData, ProviderDataSchema, release_problems,
 };
 use crate::pipeline::storage_selector::StorageSelector;
 use crate::proxmox::network::mapping::ResourceMapping;
-use crate::proxmox::types::{ClusterResource, NodeName};
-use crate::rules::placement::{self, LeftOut, PlacementError, PlacementRequest};
+use crate::proxmox::types::ClusterResource;
+use crate::rules::placement::{
+    self, CloneRefusal, CloneSource, LeftOut, PlacementError, PlacementLimits, PlacementRequest,
+};
 
 /// The cluster as the checks see it.
 #[derive(Debug, Clone, Default)]
@@ -31,6 +32,11 @@ pub struct ClusterView {
     /// `GET /version`'s `version` ("8.4.1"), read when a key needs a minimum release (`ha.failback`);
     /// `None`: not read.
     pub pve_version: Option<Result<String, String>>,
+    /// `boot: clone`: every copy of the template with where its drives are (`None`: not a clone;
+    /// `Some(Err)`: not found, or a copy could not be read).
+    pub clone_source: Option<Result<CloneSource, String>>,
+    /// The config's `placement:` limits, which placement's verdicts count against.
+    pub placement: PlacementLimits,
 }
 
 /// What placement is asked for a class. The data checked on a node is already resolved with that
@@ -38,13 +44,21 @@ pub struct ClusterView {
 pub(crate) struct ClassPlacement {
     allowed: Vec<String>,
     no_overrides: BTreeMap<String, StorageSelector>,
+    limits: PlacementLimits,
+    clone: Option<CloneSource>,
 }
 
 impl ClassPlacement {
-    pub(crate) fn new(data: &ProviderData) -> Self {
+    pub(crate) fn new(
+        data: &ProviderData,
+        limits: PlacementLimits,
+        clone: Option<CloneSource>,
+    ) -> Self {
         Self {
             allowed: data.allowed_nodes.iter().map(|n| n.to_string()).collect(),
             no_overrides: BTreeMap::new(),
+            limits,
+            clone,
         }
     }
 
@@ -60,6 +74,9 @@ impl ClassPlacement {
             allowed_nodes: &self.allowed,
             set_id: None,
             strategy: data.placement_strategy,
+            vcpus: u64::from(data.cores).saturating_mul(u64::from(data.sockets.max(1))),
+            limits: self.limits,
+            clone: self.clone.as_ref(),
         }
     }
 }
@@ -67,7 +84,7 @@ impl ClassPlacement {
 /// The nodes placement could choose for `data`, as (name, online). A pinned node that does not exist
 /// yields nothing (reported by [`check_cluster`]).
 pub fn candidate_nodes(data: &ProviderData, cluster: &ClusterSnapshot) -> Vec<(String, bool)> {
-    let class = ClassPlacement::new(data);
+    let class = ClassPlacement::new(data, PlacementLimits::default(), None);
     let request = class.request(data);
     cluster
         .nodes
@@ -128,26 +145,33 @@ pub(crate) fn check_cluster_inner(
         },
         data,
         view,
-        class: ClassPlacement::new(data),
+        class: ClassPlacement::new(
+            data,
+            view.placement,
+            view.clone_source.clone().and_then(Result::ok),
+        ),
         cluster,
         existing,
     };
     let mut out = release_findings(data, view);
     check.placement_findings(&mut out);
-    let template = check.template(&mut out);
+    check.template(&mut out);
     let request = check.class.request(data);
-    let mut memory = Vec::new();
+    let mut outcomes = Vec::new();
     for node in check
         .cluster
         .nodes
         .iter()
         .filter(|n| n.online && request.considers(&n.name))
     {
-        if let Some(fit) = check_node(&check, node, template.as_deref(), &mut out) {
-            memory.push((node.name.clone(), fit));
+        if let Some(outcome) = check_node(&check, node, &mut out) {
+            outcomes.push((node.name.clone(), outcome));
         }
     }
-    check.memory_findings(&memory, &mut out);
+    check.clone_findings(&outcomes, &mut out);
+    let capacity: Vec<(String, Result<u64, LeftOut>)> =
+        outcomes.into_iter().map(|(n, o)| (n, o.capacity)).collect();
+    check.memory_findings(&capacity, &mut out);
     out
 }
 
@@ -268,92 +292,175 @@ impl ClusterCheck<'_> {
         }
     }
 
-    /// The template is one for the whole cluster: the node it is on, when it is found.
-    fn template(&self, out: &mut Vec<Finding>) -> Option<String> {
-        let (BootMode::Clone, Some(wanted)) = (self.data.boot, &self.data.template) else {
-            return None;
+    /// The template for the whole cluster: its copies, or why there are none.
+    fn template(&self, out: &mut Vec<Finding>) {
+        let Some(found) = &self.view.clone_source else {
+            return;
         };
         let key = self.origin.key("template", None);
-        let anchor = candidate_nodes(self.data, &self.cluster)
-            .into_iter()
-            .next()
-            .and_then(|(n, _)| NodeName::new(n).ok())?;
-        match choose_template(&self.view.resources, wanted, &anchor) {
-            Ok(t) => {
-                out.push(Finding::new(
-                    Outcome::Pass,
-                    key,
-                    None,
-                    format!(
-                        "template {} ({}) is on {}",
-                        t.vmid,
-                        t.name.as_deref().unwrap_or("unnamed"),
-                        t.node
-                    ),
-                ));
-                Some(t.node.to_string())
+        match found {
+            Ok(source) => {
+                let copies: Vec<String> = source
+                    .templates
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "{} ({}) on {}",
+                            t.vmid,
+                            t.name.as_deref().unwrap_or("unnamed"),
+                            t.node
+                        )
+                    })
+                    .collect();
+                if !copies.is_empty() {
+                    out.push(Finding::new(
+                        Outcome::Pass,
+                        key.clone(),
+                        None,
+                        format!("template {}", copies.join(", ")),
+                    ));
+                }
+                for node in &source.offline {
+                    out.push(Finding::new(
+                        Outcome::Warning,
+                        key.clone(),
+                        Some(node),
+                        "a copy of the template is on this node, which is offline: it cannot be cloned until the node is back".into(),
+                    ));
+                }
             }
-            Err(e) => {
-                out.push(Finding::new(Outcome::Problem, key, None, e.to_string()));
-                None
-            }
+            Err(why) => out.push(Finding::new(Outcome::Problem, key, None, why.clone())),
         }
     }
 
-    /// Memory must fit somewhere: placement leaves out the nodes where it does not
-    /// ([`placement::memory_fit`]), so those are warnings and "nowhere" is the problem.
+    /// Which nodes a clone of the template reaches, by placement's rule: a pinned node that cannot is
+    /// a problem; otherwise a node left out is a warning, and no node at all the problem.
+    fn clone_findings(&self, outcomes: &[(String, NodeOutcome)], out: &mut Vec<Finding>) {
+        let verdicts: Vec<(&str, &Result<String, CloneRefusal>)> = outcomes
+            .iter()
+            .filter_map(|(n, o)| o.clone.as_ref().map(|c| (n.as_str(), c)))
+            .collect();
+        if verdicts.is_empty() {
+            return;
+        }
+        let key = self.origin.key("template", None);
+        let pinned = self.data.node.is_some();
+        for (node, verdict) in &verdicts {
+            out.push(match verdict {
+                Ok(how) => Finding::new(Outcome::Pass, key.clone(), Some(node), how.clone()),
+                Err(why) if pinned => {
+                    Finding::new(Outcome::Problem, key.clone(), Some(node), why.to_string())
+                }
+                Err(why) => Finding::new(
+                    Outcome::Warning,
+                    key.clone(),
+                    Some(node),
+                    format!("placement leaves {node} out: {why}"),
+                ),
+            });
+        }
+        if !pinned && verdicts.iter().all(|(_, v)| v.is_err()) {
+            out.push(Finding::new(
+                Outcome::Problem,
+                key,
+                None,
+                "no candidate node can take a clone of the template (see the warnings per node); keep a copy of the template on a node, or put it and the selected storage on shared storage".into(),
+            ));
+        }
+    }
+
+    /// Memory and vCPUs must fit somewhere: placement leaves out the nodes where they do not
+    /// ([`placement::capacity_fit`]: free memory, then memory and vCPUs given to VMs against the
+    /// config's `placement:` limits), so those are warnings and "nowhere" is the problem. A node
+    /// left out for its vCPUs is reported under `cores`, for memory under `memory`.
     fn memory_findings(&self, fits: &[(String, Result<u64, LeftOut>)], out: &mut Vec<Finding>) {
         if fits.is_empty() || self.origin.is_stand_in("memory", None) {
             return;
         }
         let data = self.data;
-        let key = self.origin.key("memory", None);
-        let free = |fit: &Result<u64, LeftOut>| match fit {
-            Ok(free)
-            | Err(LeftOut::MemoryShort {
-                free_memory: free, ..
-            }) => *free,
-            Err(_) => 0,
+        let key_for = |why: &LeftOut| match why {
+            LeftOut::CpusCommitted { .. } | LeftOut::TooFewCpus { .. } => {
+                self.origin.key("cores", None)
+            }
+            _ => self.origin.key("memory", None),
         };
         let fitting: Vec<&str> = fits
             .iter()
             .filter(|(_, fit)| fit.is_ok())
             .map(|(n, _)| n.as_str())
             .collect();
+        let vcpus = u64::from(data.cores).saturating_mul(u64::from(data.sockets.max(1)));
         if fitting.is_empty() {
-            let all: Vec<String> = fits
+            let short: Vec<(&str, u64)> = fits
                 .iter()
-                .map(|(n, fit)| format!("{n} {} MiB", free(fit) / MIB))
+                .filter_map(|(n, fit)| match fit {
+                    Err(LeftOut::MemoryShort { free_memory, .. }) => {
+                        Some((n.as_str(), *free_memory))
+                    }
+                    _ => None,
+                })
                 .collect();
+            let (key, message) = if short.len() == fits.len() {
+                let all: Vec<String> = short
+                    .iter()
+                    .map(|(n, free)| format!("{n} {} MiB", free / MIB))
+                    .collect();
+                (
+                    self.origin.key("memory", None),
+                    format!(
+                        "{} MiB fits on no candidate node (free memory: {})",
+                        data.memory_mb,
+                        all.join(", ")
+                    ),
+                )
+            } else {
+                let all: Vec<String> = fits
+                    .iter()
+                    .filter_map(|(n, fit)| fit.as_ref().err().map(|why| format!("{n}: {why}")))
+                    .collect();
+                let key = fits
+                    .iter()
+                    .find_map(|(_, fit)| fit.as_ref().err().map(key_for))
+                    .unwrap_or_else(|| self.origin.key("memory", None));
+                (
+                    key,
+                    format!(
+                        "{} MiB and {vcpus} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
+                        data.memory_mb,
+                        all.join("; ")
+                    ),
+                )
+            };
             out.push(Finding::new(
                 Outcome::Problem,
                 key,
                 data.node.as_ref().map(|n| n.as_str()),
-                format!(
-                    "{} MiB fits on no candidate node (free memory: {})",
-                    data.memory_mb,
-                    all.join(", ")
-                ),
+                message,
             ));
             return;
         }
         out.push(Finding::new(
             Outcome::Pass,
-            key.clone(),
+            self.origin.key("memory", None),
             None,
-            format!("{} MiB fits on {}", data.memory_mb, fitting.join(", ")),
+            format!(
+                "{} MiB and {vcpus} vCPUs fit on {}",
+                data.memory_mb,
+                fitting.join(", ")
+            ),
         ));
-        for (node, fit) in fits.iter().filter(|(_, fit)| fit.is_err()) {
-            out.push(Finding::new(
-                Outcome::Warning,
-                key.clone(),
-                Some(node),
-                format!(
+        for (node, fit) in fits {
+            let message = match fit {
+                Ok(_) => continue,
+                Err(LeftOut::MemoryShort { free_memory, .. }) => format!(
                     "only {} MiB free now, {} MiB needed: this node will be skipped",
-                    free(fit) / MIB,
+                    free_memory / MIB,
                     data.memory_mb
                 ),
-            ));
+                Err(why) => format!("{why}: this node will be skipped"),
+            };
+            let key = fit.as_ref().err().map(key_for).unwrap_or_default();
+            out.push(Finding::new(Outcome::Warning, key, Some(node), message));
         }
     }
 }

@@ -74,7 +74,7 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
             ));
         }
     };
-    let view = match gather(pve, &data, &config.nodes).await {
+    let view = match gather(pve, &data, &config.nodes, config.placement).await {
         Ok(v) => v,
         Err(e) => {
             return Some(format!(

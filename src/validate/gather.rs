@@ -1,5 +1,6 @@
 //! The reads, at the edge: one `/cluster/resources`, the bridges of the candidate nodes (in parallel),
-//! the PCI/USB resource mappings and the Proxmox VE version only when the data needs them.
+//! the PCI/USB resource mappings and the Proxmox VE version only when the data needs them, and with
+//! `boot: clone` the config of each copy of the template (where its drives are).
 
 use serde_json::{Map, Value};
 
@@ -8,6 +9,7 @@ use super::cluster::{ClusterView, candidate_nodes, check_cluster};
 use super::layers::Layers;
 use super::report::Report;
 use crate::model::ClusterSnapshot;
+use crate::pipeline::prepare_image::clone_source;
 use crate::pipeline::provider_data::{
     BootMode, ProviderData, ProviderDataSchema, describe, release_problems,
 };
@@ -16,6 +18,7 @@ use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::rules::placement::PlacementLimits;
 
 /// Reads what the checks need for `data`: `/cluster/resources`, the bridges of every online candidate
 /// node (in parallel), and the PCI/USB mappings when the data (or a node override) names devices.
@@ -23,6 +26,7 @@ pub async fn gather(
     pve: &ProxmoxClient,
     data: &ProviderData,
     config_nodes: &Map<String, Value>,
+    placement: PlacementLimits,
 ) -> Result<ClusterView, ProxmoxError> {
     let resources = pve.cluster_resources(None).await?;
     let cluster = ClusterSnapshot::from_resources(&resources);
@@ -64,7 +68,17 @@ pub async fn gather(
     } else {
         None
     };
+    let clone_source = match (data.boot, &data.template) {
+        (BootMode::Clone, Some(wanted)) => Some(
+            clone_source(pve, &resources, &cluster, wanted, data.clone_mode)
+                .await
+                .map_err(|e| e.to_string()),
+        ),
+        _ => None,
+    };
     Ok(ClusterView {
+        clone_source,
+        placement,
         resources,
         bridges: answers.into_iter().collect(),
         pci_mappings,
@@ -108,10 +122,11 @@ pub async fn validate_class(
     pve: &ProxmoxClient,
     schema: &ProviderDataSchema,
     layers: &Layers<'_>,
+    placement: PlacementLimits,
 ) -> Result<Report, ProxmoxError> {
     let (mut findings, data) = check_schema(schema, layers);
     if let Some(data) = data {
-        let view = gather(pve, &data, layers.nodes).await?;
+        let view = gather(pve, &data, layers.nodes, placement).await?;
         findings.extend(check_cluster(schema, layers, &data, &view));
     }
     Ok(Report::new(findings))

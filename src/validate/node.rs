@@ -5,21 +5,28 @@
 
 use super::cluster::ClusterCheck;
 use super::report::{Finding, Outcome};
-use crate::model::{GIB, NodeSnapshot, StorageSnapshot};
+use crate::model::{GIB, NodeSnapshot};
 use crate::pipeline::provider_data::{BootMode, ProviderData};
 use crate::pipeline::storage_selector::StorageSelector;
 use crate::proxmox::network::mapping::ResourceMapping;
-use crate::rules::placement::{self, LeftOut, Reservations};
+use crate::rules::placement::{self, CloneRefusal, LeftOut, Reservations};
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 
-/// Checks `node` into `out`; returns placement's memory verdict there, or `None` when the data does
-/// not even resolve on this node (those problems are in `out`).
+/// Placement's verdicts on one node, for the findings about the cluster as a whole.
+pub(crate) struct NodeOutcome {
+    /// Memory and vCPUs ([`placement::capacity_fit`]).
+    pub capacity: Result<u64, LeftOut>,
+    /// `boot: clone`: what a clone onto this node would be (a sentence), or why there is none.
+    pub clone: Option<Result<String, CloneRefusal>>,
+}
+
+/// Checks `node` into `out`; returns placement's verdicts there, or `None` when the data does not
+/// even resolve on this node (those problems are in `out`).
 pub(crate) fn check_node(
     check: &ClusterCheck<'_>,
     node: &NodeSnapshot,
-    template_node: Option<&str>,
     out: &mut Vec<Finding>,
-) -> Option<Result<u64, LeftOut>> {
+) -> Option<NodeOutcome> {
     let here = match check.layers.resolve_on(check.schema, Some(&node.name)) {
         Ok(d) => d,
         Err(problems) => {
@@ -34,14 +41,32 @@ pub(crate) fn check_node(
     let request = check.class.request(&here);
     let main = placement::boot_disk_storage(node, &request);
     disk_findings(check, node, &here, &main, out);
-    boot_image_findings(check, node, &here, template_node, main.chosen.as_ref(), out);
+    iso_findings(check, node, &here, out);
     network_findings(check, node, &here, out);
     device_findings(check, node, &here, out);
-    Some(placement::memory_fit(
-        node,
-        &request,
-        &Reservations::default(),
-    ))
+    // The clone verdict is placement's own (`disk_verdict`); a plain storage shortfall or a
+    // failing selector is already reported by the disk findings above.
+    let clone = request
+        .clone
+        .and_then(|source| match placement::disk_verdict(node, &request) {
+            Ok(Ok((storage, Some(vmid)))) => Some(Ok(format!(
+                "a {} clone of template {} ({vmid} on {}) goes to {}",
+                source.mode.as_str(),
+                source.wanted,
+                source
+                    .templates
+                    .iter()
+                    .find(|t| t.vmid == vmid)
+                    .map_or("?", |t| t.node.as_str()),
+                storage.name
+            ))),
+            Ok(Err(LeftOut::Clone(refusal))) => Some(Err(*refusal)),
+            _ => None,
+        });
+    Some(NodeOutcome {
+        capacity: placement::capacity_fit(node, &request, &Reservations::default()),
+        clone,
+    })
 }
 
 /// The boot disk (with the additional disks, as placement wants them) and each additional disk.
@@ -89,49 +114,29 @@ fn disk_findings(
     }
 }
 
-/// ISO (or disk image) storage for boot modes `iso` and `image`; for `clone`, whether the template
-/// reaches this node.
-fn boot_image_findings(
+/// ISO (or disk image) storage for boot modes `iso` and `image`.
+fn iso_findings(
     check: &ClusterCheck<'_>,
     node: &NodeSnapshot,
     here: &ProviderData,
-    template_node: Option<&str>,
-    main_storage: Option<&StorageSnapshot>,
     out: &mut Vec<Finding>,
 ) {
     let n = node.name.as_str();
     let origin = &check.origin;
-    match here.boot {
-        BootMode::Iso | BootMode::Image if !origin.is_stand_in("iso_storage_selector", Some(n)) => {
-            let selector = here.iso_storage_selector.as_ref();
-            let content = storage::download_content(here.boot);
-            let choice = storage::choose(node, &StorageNeed::download(content, selector));
-            out.push(storage_finding(
-                origin.key("iso_storage_selector", Some(n)),
-                n,
-                selector,
-                0,
-                &choice,
-                content,
-            ));
-        }
-        BootMode::Iso | BootMode::Image => {}
-        BootMode::Clone => {
-            let (Some(template_node), Some(storage)) = (template_node, main_storage) else {
-                return;
-            };
-            if !storage::clone_reaches(template_node, node, &storage.name) {
-                out.push(Finding::new(
-                    Outcome::Problem,
-                    origin.key("template", Some(n)),
-                    Some(n),
-                    format!(
-                        "the template is on {template_node}, and Proxmox clones to another node only onto shared storage ({} is local to {n}); keep a copy of the template on {n}, limit the class with `node`/`allowed_nodes`, or select a shared storage with storage_selector",
-                        storage.name
-                    ),
-                ));
-            }
-        }
+    if matches!(here.boot, BootMode::Iso | BootMode::Image)
+        && !origin.is_stand_in("iso_storage_selector", Some(n))
+    {
+        let selector = here.iso_storage_selector.as_ref();
+        let content = storage::download_content(here.boot);
+        let choice = storage::choose(node, &StorageNeed::download(content, selector));
+        out.push(storage_finding(
+            origin.key("iso_storage_selector", Some(n)),
+            n,
+            selector,
+            0,
+            &choice,
+            content,
+        ));
     }
 }
 

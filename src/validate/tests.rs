@@ -34,7 +34,37 @@ fn view() -> ClusterView {
         pci_mappings: None,
         usb_mappings: None,
         pve_version: None,
+        clone_source: None,
+        placement: Default::default(),
     }
+}
+
+/// `view()` with what `gather` reads for a clone of `data`'s template: each copy's drives, here
+/// the boot disk on local-lvm of the copy's node.
+fn view_for(data: &crate::pipeline::provider_data::ProviderData) -> ClusterView {
+    use crate::pipeline::provider_data::BootMode;
+    use crate::rules::placement::CloneSource;
+    let mut view = view();
+    let (BootMode::Clone, Some(wanted)) = (data.boot, &data.template) else {
+        return view;
+    };
+    let cluster = crate::model::ClusterSnapshot::from_resources(&view.resources);
+    let config: crate::proxmox::types::VmConfig =
+        serde_json::from_value(json!({"scsi0": "local-lvm:base-9000-disk-0,size=8G"})).unwrap();
+    view.clone_source = Some(
+        crate::pipeline::prepare_image::matching_templates(&view.resources, wanted).map(|vms| {
+            CloneSource {
+                wanted: wanted.to_string(),
+                mode: data.clone_mode,
+                templates: vms
+                    .into_iter()
+                    .map(|vm| crate::model::TemplateFacts::from_config(vm, &config, &cluster))
+                    .collect(),
+                offline: Vec::new(),
+            }
+        }),
+    );
+    view
 }
 
 fn run(class: &str, defaults: Value, nodes: Value) -> Report {
@@ -48,7 +78,7 @@ fn run(class: &str, defaults: Value, nodes: Value) -> Report {
     };
     let (mut findings, data) = check_schema(&schema, &layers);
     if let Some(data) = data {
-        findings.extend(check_cluster(&schema, &layers, &data, &view()));
+        findings.extend(check_cluster(&schema, &layers, &data, &view_for(&data)));
     }
     Report::new(findings)
 }
@@ -332,7 +362,16 @@ fn defaults_are_judged_only_on_what_they_set() {
     let schema = ProviderDataSchema::new().unwrap();
     let empty = Map::new();
     let check = |defaults: Value| {
-        check_defaults_against(&schema, defaults.as_object().unwrap(), &empty, &view())
+        let defaults = defaults.as_object().unwrap().clone();
+        // What `gather` reads for the data `defaults:` resolve to (a template's copies).
+        let data = Layers {
+            class_yaml: "{}",
+            defaults: &super::layers::with_stand_ins(&defaults).0,
+            nodes: &empty,
+        }
+        .resolve_on(&schema, None)
+        .unwrap();
+        check_defaults_against(&schema, &defaults, &empty, &view_for(&data))
             .into_iter()
             .filter(|f| f.outcome == Outcome::Problem)
             .map(|f| f.to_string())
@@ -416,7 +455,7 @@ fn validate_and_placement_give_the_same_verdict() {
         };
         let data = schema.resolve(class, None, &empty).unwrap();
         let report = Report::new(check_cluster(&schema, &layers, &data, &view));
-        let facts = super::cluster::ClassPlacement::new(&data);
+        let facts = super::cluster::ClassPlacement::new(&data, Default::default(), None);
         let request = facts.request(&data);
         let placed = placement::pick(&cluster, &request, &Reservations::default());
         let rejected = match &placed {

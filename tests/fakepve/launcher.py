@@ -7,7 +7,7 @@
 # storages, give VMs created through the API a guest agent (so IP discovery can be tested), and take
 # control commands while running (node offline, migrations, injected failures, request counts), and
 # answer the node network list and the PCI/USB resource mappings from the scenario (`bridges`,
-# `mappings`; ops `set_bridges`, `set_mappings`).
+# `mappings`; ops `set_bridges`, `set_mappings`), and size nodes (`maxcpu`, `maxmem` per node).
 #
 # Usage: python launcher.py SCENARIO.json
 #   prints "fakepve listening on https://HOST:PORT" once ready, then reads one JSON command per line on
@@ -142,11 +142,12 @@ class LauncherPve(FakePve):
     # --- VM lifecycle conformance: clone to another node. qemu-server src/PVE/API2/Qemu.pm
     # `clone_vm` (through `$check_storage_access_clone`) requires every drive of the source, CD-ROM
     # ISOs included, to be on shared storage ("can't clone VM to node '<target>' (VM uses local
-    # storage)"), whatever the target storage. fakepve checks only the target storage.
-    async def _qm_clone(self, v, user):
-        vm = self.find(v['node'], v['vmid'])
+    # storage)"), whatever the target storage. fakepve checks only the target storage. Called by
+    # `_qm_clone` below, before the VMID checks, where `$load_and_check` makes it.
+    def _check_clone_source_shared(self, v):
+        vm = self.guest(int(v['vmid']))
         target = v.get('target')
-        if vm is not None and target and target not in (vm.node, 'localhost'):
+        if vm is not None and vm.node == v['node'] and target and target not in (vm.node, 'localhost'):
             for _key, volume, _props in drives_of(vm.config):
                 sid, _name = volume_ref(volume)
                 if sid is None:
@@ -154,7 +155,29 @@ class LauncherPve(FakePve):
                 store = self.storages.get(sid, {})
                 if not store.get('shared'):
                     raise PveError(500, "can't clone VM to node '{0}' (VM uses local storage)".format(target))
-        return await super()._qm_clone(v, user)
+
+    # --- Linked clones on storage without the feature. qemu-server `clone_vm` asks pve-storage
+    # `volume_has_feature(..., 'clone', ...)` for every disk of a linked clone (`full` = 0, the
+    # default for a template) and dies with "Linked clone feature is not supported for '<volid>'
+    # (<opt>)"; CD-ROMs are only referenced, cloud-init drives and tpmstate0 are always copied.
+    # pve-storage answers no for plain LVM (LVMPlugin.pm: `clone` commented out) and iSCSI
+    # (ISCSIPlugin.pm, ISCSIDirectPlugin.pm: `copy` only). fakepve refuses only non-base volumes.
+    def _check_linked_clone_storage(self, v):
+        vm = self.guest(int(v['vmid']))
+        if vm is None or vm.node != v['node']:
+            return
+        full = v.get('full')
+        if full is None:
+            full = not vm.template
+        if str(full) in ('1', 'true', 'True'):
+            return
+        for key, volume, props in drives_of(vm.config):
+            sid, _name = volume_ref(volume)
+            if sid is None or is_cdrom(volume, props) or key.startswith('tpmstate') or 'cloudinit' in volume:
+                continue
+            kind = self.storages.get(sid, {}).get('type', 'dir')
+            if kind in ('lvm', 'iscsi', 'iscsidirect'):
+                raise PveError(500, "Linked clone feature is not supported for '{0}' ({1})".format(volume, key))
 
     # qemu-server src/PVE/API2/Qemu.pm, `vm_shutdown`/`vm_stop`: for an HA-managed VM the API only runs
     # `ha-manager crm-command stop` in a `hastop` worker, which ends at once; the CRM stops the VM
@@ -388,12 +411,43 @@ class LauncherPve(FakePve):
             return response
         data = json.loads(response.text).get('data') or []
         for item in data:
+            self._sized(item)
             if item.get('type') == 'qemu' and item.get('vmid') in (self.stats_stale_status or {}):
                 item['status'] = self.stats_stale_status[item['vmid']]
             if self._without_stats(item):
                 kept = {k: v for k, v in item.items() if k in ('id', 'vmid', 'node', 'type', 'pool', 'tags', 'lock', 'hastate')}
                 item.clear()
                 item.update(kept, status='unknown')
+        return ok(data)
+
+    # --- Node sizes and vCPU counts (scenario `nodes: [{"name", "maxcpu", "maxmem"}]`). fakepve gives
+    # every node 4 CPUs and 8 GiB and every VM sockets × cores. pve-manager PVE/API2Tools.pm
+    # `extract_node_stats` and `extract_vm_stats` take `maxcpu` from what pvestatd broadcasts: the
+    # node's CPU count, and for a VM qemu-server src/PVE/QemuServer.pm `vmstatus` `cpus`: sockets ×
+    # cores, capped at the host's CPU count, replaced by `vcpus` when that is set.
+    node_sizes = None
+
+    def _sized(self, item):
+        size = (self.node_sizes or {}).get(item.get('node'), {})
+        if item.get('type') == 'node' and item.get('status') == 'online':
+            item.update((k, size[k]) for k in ('maxcpu', 'maxmem') if k in size)
+        elif item.get('type') == 'qemu' and 'maxcpu' in item:
+            vm = self.guest(item.get('vmid'))
+            host_cpus = size.get('maxcpu', 4)
+            if vm is not None:
+                cfg = vm.config
+                cpus = min(int(cfg.get('sockets', 1)) * int(cfg.get('cores', 1)), host_cpus)
+                if cfg.get('vcpus'):
+                    cpus = int(cfg['vcpus'])
+                item['maxcpu'] = cpus
+
+    async def _nodes(self, request):
+        response = await super()._nodes(request)
+        if response.status != 200 or not self.node_sizes:
+            return response
+        data = json.loads(response.text).get('data') or []
+        for item in data:
+            self._sized(item)
         return ok(data)
 
     # --- VM lifecycle conformance: `destroy-unreferenced-disks` with an image storage offline.
@@ -475,6 +529,8 @@ class LauncherPve(FakePve):
     # `vmlist_different_vm_exists`): the *task* fails with "close (rename) atomic file ... failed:
     # File exists". fakepve refuses every taken VMID early with "config file already exists".
     async def _qm_clone(self, v, user):
+        self._check_clone_source_shared(v)
+        self._check_linked_clone_storage(v)
         newid, node = int(v['newid']), v['node']
         holder = self.vm(newid) or self.guest(newid)
         if holder is None or holder.node == node:
@@ -553,6 +609,9 @@ def build(scenario):
     pve.agent_default = bool(scenario.get('agent_default', False))
     for node in scenario.get('nodes', []):
         pve.add_node(node['name'], online=node.get('online', True))
+        size = dict((k, node[k]) for k in ('maxcpu', 'maxmem') if k in node)
+        if size:
+            pve.node_sizes = dict(pve.node_sizes or {}, **{node['name']: size})
     for guest in scenario.get('guests', []):
         vm = pve.add_vm(guest['vmid'], guest['name'], node=guest.get('node', 'pve1'),
                         status=guest.get('status', 'stopped'), config=guest.get('config', {}),

@@ -73,6 +73,27 @@ impl BootMode {
     }
 }
 
+/// How a clone copies the template's disks (`clone_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CloneMode {
+    /// A full copy onto the storage placement chose: works on any storage, and across nodes when
+    /// the template and that storage are shared.
+    #[default]
+    Full,
+    /// Disks that share the template's base volumes, on the template's own storage: quick and small,
+    /// but only on storage that supports it and never onto another storage.
+    Linked,
+}
+
+impl CloneMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloneMode::Full => "full",
+            CloneMode::Linked => "linked",
+        }
+    }
+}
+
 /// The template to clone: by VMID or by name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TemplateRef {
@@ -154,6 +175,8 @@ pub struct ProviderData {
     pub additional_disks: Vec<AdditionalDisk>,
     pub boot: BootMode,
     pub template: Option<TemplateRef>,
+    /// Only used with `boot: clone`.
+    pub clone_mode: CloneMode,
     pub allowed_nodes: Vec<NodeName>,
     pub iso_storage_selector: Option<StorageSelector>,
     /// Zero turns IP discovery off.

@@ -69,6 +69,13 @@ fn rules(s: &Settings) -> Vec<Finding> {
             "is only used with `boot: clone`; add `boot: clone` or remove `template`".into(),
         );
     }
+    if boot == BootMode::Iso && s.clone_mode.is_some() {
+        f.push(
+            "clone_mode",
+            "is only used with `boot: clone`; add `boot: clone` and `template`, or remove `clone_mode`"
+                .into(),
+        );
+    }
     let allowed = s.allowed_nodes.as_deref().unwrap_or_default();
     if let Some(node) = &s.node
         && !allowed.is_empty()
@@ -144,6 +151,7 @@ fn provider_data(s: Settings) -> Option<ProviderData> {
         additional_disks: s.additional_disks.unwrap_or_default(),
         boot: s.boot.unwrap_or_default(),
         template: s.template,
+        clone_mode: s.clone_mode.unwrap_or_default(),
         allowed_nodes: s.allowed_nodes.unwrap_or_default(),
         iso_storage_selector: s.iso_storage_selector,
         ip_discovery_timeout: s

@@ -428,6 +428,16 @@ pub const TOP_LEVEL: &[Key] = &[
         ..Key::BASE
     },
     Key {
+        name: "clone_mode",
+        origin: Origin::Ours,
+        description: "With boot 'clone': 'full' (default) copies the template's disks onto the storage storage_selector chooses; 'linked' makes a linked clone that shares the template's disks on the template's own storage (which storage_selector must select; not on lvm or iSCSI storage).",
+        doc: "with `boot: clone`: `full` copies the template's disks onto the selected storage; `linked` shares them on the template's own storage (which `storage_selector` must select; storage with linked-clone support, not `lvm` or iSCSI). See [Placement](#placement).",
+        default: "`full`",
+        per_node: false,
+        one_of: &["full", "linked"],
+        ..Key::BASE
+    },
+    Key {
         name: "allowed_nodes",
         kind: Kind::Strings,
         origin: Origin::Ours,

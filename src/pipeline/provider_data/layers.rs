@@ -12,8 +12,8 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::data::{
-    AdditionalDisk, AdditionalNic, Bios, BootMode, HaSettings, MachineType, PlacementStrategy,
-    TemplateRef,
+    AdditionalDisk, AdditionalNic, Bios, BootMode, CloneMode, HaSettings, MachineType,
+    PlacementStrategy, TemplateRef,
 };
 use super::keys::{self, Place};
 use super::{LayerCheck, Problem, json_kind, read};
@@ -83,6 +83,7 @@ settings! {
     topology_labels: bool,
     boot: BootMode,
     template: TemplateRef,
+    clone_mode: CloneMode,
     allowed_nodes: Vec<NodeName>,
     iso_storage_selector: StorageSelector,
     ip_discovery_timeout: Duration,

@@ -29,8 +29,8 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 pub use data::{
-    AdditionalDisk, AdditionalNic, Bios, BootMode, HaSettings, MachineType, PlacementStrategy,
-    ProviderData, TemplateRef,
+    AdditionalDisk, AdditionalNic, Bios, BootMode, CloneMode, HaSettings, MachineType,
+    PlacementStrategy, ProviderData, TemplateRef,
 };
 pub use layers::ConfigLayers;
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::data::{
-    AdditionalDisk, AdditionalNic, Bios, BootMode, HaSettings, MachineType, PlacementStrategy,
-    TemplateRef,
+    AdditionalDisk, AdditionalNic, Bios, BootMode, CloneMode, HaSettings, MachineType,
+    PlacementStrategy, TemplateRef,
 };
 use super::keys::{self, Place};
 use super::layers::{Findings, Settings};
@@ -42,6 +42,10 @@ pub(super) fn settings(map: &Map<String, Value>, findings: &mut Findings) -> Set
         ],
     );
     s.template = template(&mut f);
+    s.clone_mode = f.choice(
+        "clone_mode",
+        &[("full", CloneMode::Full), ("linked", CloneMode::Linked)],
+    );
     s.allowed_nodes = f
         .get("allowed_nodes")
         .map(|_| f.named_list("allowed_nodes", NodeName::parse));

@@ -117,6 +117,7 @@ additional_disks:
     disk_aio: native
 boot: clone
 template: 9000
+clone_mode: linked
 allowed_nodes: [pve1, pve2]
 iso_storage_selector: name == "local"
 ip_discovery_timeout: 0
@@ -135,6 +136,7 @@ ip_discovery_timeout: 0
     assert_eq!(data.pci_devices[0].rombar, Some(true));
     assert_eq!(data.additional_disks[0].size_gb, 100);
     assert_eq!(data.template, Some(TemplateRef::VmId(9000)));
+    assert_eq!(data.clone_mode, CloneMode::Linked);
     assert_eq!(data.ip_discovery_timeout, Duration::ZERO);
     assert_eq!(data.total_disk_gb(), 140);
     assert_eq!(data.placement_strategy, PlacementStrategy::Binpack);
@@ -291,6 +293,30 @@ fn cross_field_rules() {
     );
     let data = parse(&format!("{MINIMAL}boot: clone\ntemplate: '9001'\n")).unwrap();
     assert_eq!(data.template, Some(TemplateRef::VmId(9001)));
+    assert_eq!(data.clone_mode, CloneMode::Full, "full unless asked");
+    // clone_mode without a clone, and a value that is not one of the modes, each with the fix.
+    let p = parse(&format!("{MINIMAL}clone_mode: linked\n")).unwrap_err();
+    assert_eq!(keys_of(&p), vec!["clone_mode"]);
+    assert!(p[0].message.contains("add `boot: clone`"), "{p:?}");
+    let p = parse(&format!(
+        "{MINIMAL}boot: clone\ntemplate: 9000\nclone_mode: linkd\nclone_mod: full\n"
+    ))
+    .unwrap_err();
+    assert_eq!(keys_of(&p), vec!["clone_mode"]);
+    assert!(
+        p[0].message
+            .contains("\"linkd\" is not one of \"full\" or \"linked\""),
+        "{p:?}"
+    );
+    let warned = parse(&format!(
+        "{MINIMAL}boot: clone\ntemplate: 9000\nclone_mod: full\n"
+    ))
+    .unwrap()
+    .warnings;
+    assert!(
+        warned[0].message.contains("did you mean `clone_mode`"),
+        "{warned:?}"
+    );
     let p = parse(&format!(
         "{MINIMAL}pci_devices: [{{mapping: gpu1, pcie: true}}]\n"
     ))

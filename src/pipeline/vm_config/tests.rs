@@ -171,9 +171,17 @@ fn clone_variant() {
         Some("local:iso/omni-seed-req-1.iso,media=cdrom")
     );
     assert_eq!(boot_disk_resize(&d, "scsi0")[1].1, "20G");
-    let clone = clone_params(&d, &identity(), 104, "pve2", &t.storage);
+    use crate::pipeline::provider_data::CloneMode;
+    let clone = clone_params(&d, &identity(), 104, "pve2", &t.storage, CloneMode::Full);
     assert_eq!(get(&clone, "pool"), Some("omni"));
     assert_eq!(get(&clone, "target"), Some("pve2"));
+    assert_eq!(get(&clone, "full"), Some("1"));
+    assert_eq!(get(&clone, "storage"), Some("local-lvm"));
+    // qemu-server src/PVE/API2/Qemu.pm `clone_vm`: "parameter 'storage' not allowed for
+    // linked clones".
+    let linked = clone_params(&d, &identity(), 104, "pve2", &t.storage, CloneMode::Linked);
+    assert_eq!(get(&linked, "full"), Some("0"));
+    assert_eq!(get(&linked, "storage"), None);
 }
 
 #[test]

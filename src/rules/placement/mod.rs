@@ -6,6 +6,12 @@
 //! requests of one machine set would all see the same snapshot and pile onto one node, so decisions
 //! also count the in-flight [`Reservations`] that earlier decisions made until their VMs show up in
 //! the snapshot.
+//!
+//! A node is eligible when it is allowed and online, has the memory free, stays within the config's
+//! [`PlacementLimits`] for vCPUs and memory given to VMs, and has a storage for the disks; with
+//! `boot: clone` the storage must also be one a clone of the template can reach ([`clone`]).
+
+pub mod clone;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,6 +20,70 @@ use crate::model::{ClusterSnapshot, GIB, MIB, NodeSnapshot, StorageSnapshot};
 use crate::pipeline::provider_data::PlacementStrategy;
 use crate::pipeline::storage_selector::{SelectorError, StorageSelector};
 use crate::rules::storage::{self, Rejection, StorageChoice, StorageNeed};
+
+pub use clone::{CloneRefusal, CloneSource, CloneTarget, CloneVerdict, clone_verdict};
+
+/// How far placement may commit a node (the config's `placement:`): vCPUs given to VMs up to the
+/// node's CPUs times `cpu_overcommit`, memory given to VMs up to its memory times
+/// `memory_overcommit`. Every VM on the node counts, running or stopped: a stopped VM may be
+/// started at any moment (by a person, by HA, by Omni).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlacementLimits {
+    pub cpu_overcommit: f64,
+    pub memory_overcommit: f64,
+}
+
+impl PlacementLimits {
+    pub const DEFAULT_CPU_OVERCOMMIT: f64 = 4.0;
+    pub const DEFAULT_MEMORY_OVERCOMMIT: f64 = 1.0;
+}
+
+impl Default for PlacementLimits {
+    fn default() -> Self {
+        Self {
+            cpu_overcommit: Self::DEFAULT_CPU_OVERCOMMIT,
+            memory_overcommit: Self::DEFAULT_MEMORY_OVERCOMMIT,
+        }
+    }
+}
+
+/// What a node has given to VMs (with the reservations of requests in flight) against what the
+/// limits allow. A limit of `None`: the node reports no figure (offline, or no stats yet), so
+/// there is nothing to count against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Allocation {
+    pub cpus_allocated: u64,
+    pub cpus_limit: Option<u64>,
+    pub memory_allocated: u64,
+    pub memory_limit: Option<u64>,
+}
+
+/// `node`'s allocation: its VMs (from the listing) plus the reservations not yet visible there,
+/// except `except`'s own.
+pub fn allocation(
+    node: &NodeSnapshot,
+    limits: &PlacementLimits,
+    reservations: &Reservations,
+    except: &str,
+) -> Allocation {
+    let pending: Vec<&Reservation> = reservations.pending(node, except).collect();
+    let scaled = |total: u64, ratio: f64| {
+        // Whole units: 4 CPUs × 1.5 allow 6 vCPUs, 8 GiB × 1.0 allow 8 GiB.
+        (total > 0).then(|| (total as f64 * ratio).floor() as u64)
+    };
+    Allocation {
+        cpus_allocated: pending
+            .iter()
+            .map(|r| r.vcpus)
+            .fold(node.allocated_cpus(), u64::saturating_add),
+        cpus_limit: scaled(node.cpus, limits.cpu_overcommit),
+        memory_allocated: pending
+            .iter()
+            .map(|r| r.memory_bytes)
+            .fold(node.allocated_memory(), u64::saturating_add),
+        memory_limit: scaled(node.memory_max, limits.memory_overcommit),
+    }
+}
 
 /// The tag the provider (and the official one) puts on every VM of a machine-request set.
 pub fn set_tag(set_id: &str) -> String {
@@ -35,6 +105,12 @@ pub struct PlacementRequest<'a> {
     pub allowed_nodes: &'a [String],
     pub set_id: Option<&'a str>,
     pub strategy: PlacementStrategy,
+    /// vCPUs the VM gets (sockets × cores).
+    pub vcpus: u64,
+    /// The config's `placement:` limits.
+    pub limits: PlacementLimits,
+    /// `boot: clone`: the template and every copy of it; `None` for an ISO boot.
+    pub clone: Option<&'a CloneSource>,
 }
 
 impl PlacementRequest<'_> {
@@ -65,10 +141,12 @@ pub struct Eligible {
     pub storage: StorageSnapshot,
     /// Free memory after the reservations of other requests.
     pub free_memory: u64,
+    /// `boot: clone`: the VMID of the copy of the template the clone comes from.
+    pub template: Option<u32>,
 }
 
 /// Why a node was left out, with the numbers behind it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum LeftOut {
     NotAllowed,
     Offline,
@@ -76,6 +154,29 @@ pub enum LeftOut {
         free_memory: u64,
         needed_mb: u64,
     },
+    /// Memory given to VMs would pass the node's memory × `memoryOvercommit`.
+    MemoryCommitted {
+        allocated: u64,
+        needed_mb: u64,
+        limit: u64,
+        ratio: f64,
+    },
+    /// More vCPUs than the node has CPUs: qemu-server src/PVE/QemuServer.pm (`config_to_command`)
+    /// refuses to start such a VM ("MAX <n> vcpus allowed per VM on this node").
+    TooFewCpus {
+        vcpus: u64,
+        cpus: u64,
+    },
+    /// vCPUs given to VMs would pass the node's CPUs × `cpuOvercommit`.
+    CpusCommitted {
+        allocated: u64,
+        needed: u64,
+        cpus: u64,
+        limit: u64,
+        ratio: f64,
+    },
+    /// `boot: clone`: no clone of the template can be made here (boxed: it is the largest reason).
+    Clone(Box<CloneRefusal>),
     /// `rejected`: every storage of the node with the reason it was passed over.
     NoStorage {
         need_gb: u64,
@@ -97,6 +198,32 @@ impl fmt::Display for LeftOut {
                 "{} MiB free memory, {needed_mb} MiB needed",
                 free_memory / MIB
             ),
+            LeftOut::MemoryCommitted {
+                allocated,
+                needed_mb,
+                limit,
+                ratio,
+            } => write!(
+                f,
+                "{} MiB of memory given to VMs, {needed_mb} MiB more would pass the limit of {} MiB (memory × memoryOvercommit {ratio})",
+                allocated / MIB,
+                limit / MIB
+            ),
+            LeftOut::CpusCommitted {
+                allocated,
+                needed,
+                cpus,
+                limit,
+                ratio,
+            } => write!(
+                f,
+                "{allocated} vCPUs given to VMs, {needed} more would pass the limit of {limit} ({cpus} CPUs × cpuOvercommit {ratio})"
+            ),
+            LeftOut::TooFewCpus { vcpus, cpus } => write!(
+                f,
+                "{vcpus} vCPUs are more than its {cpus} CPUs (Proxmox will not start the VM there)"
+            ),
+            LeftOut::Clone(refusal) => write!(f, "{refusal}"),
             LeftOut::NoStorage {
                 need_gb,
                 selector,
@@ -132,14 +259,16 @@ impl fmt::Display for LeftOut {
 pub type NodeVerdict = Result<Eligible, LeftOut>;
 
 /// The decision.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Placement {
     pub node: String,
     pub storage: String,
+    /// `boot: clone`: the VMID of the copy of the template to clone.
+    pub template: Option<u32>,
     pub reason: PlacementReason,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum PlacementReason {
     /// `node` was set in the provider data.
     Pinned,
@@ -176,7 +305,7 @@ impl fmt::Display for PlacementReason {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlacementError {
     #[error("node {node:?} from provider data does not exist; the cluster has: {}", existing.join(", "))]
     PinnedNodeMissing { node: String, existing: Vec<String> },
@@ -184,6 +313,13 @@ pub enum PlacementError {
     PinnedNodeOffline { node: String },
     #[error("node {node:?} from provider data has no usable storage: {reason}")]
     PinnedNodeNoStorage { node: String, reason: LeftOut },
+    #[error("node {node:?} from provider data cannot run this VM: {reason}")]
+    PinnedNodeTooSmall { node: String, reason: LeftOut },
+    #[error("node {node:?} from provider data cannot take this VM: {reason}")]
+    PinnedNodeCannotClone {
+        node: String,
+        reason: Box<CloneRefusal>,
+    },
     #[error("no node can take this VM: {}", describe_rejections(.rejected))]
     NothingFits { rejected: Vec<(String, LeftOut)> },
     #[error(transparent)]
@@ -198,6 +334,8 @@ impl PlacementError {
         match self {
             PlacementError::PinnedNodeOffline { .. } => true,
             PlacementError::PinnedNodeNoStorage { reason, .. } => reason.may_heal(),
+            PlacementError::PinnedNodeCannotClone { reason, .. } => reason.may_heal(),
+            PlacementError::PinnedNodeTooSmall { reason, .. } => reason.may_heal(),
             PlacementError::NothingFits { rejected } => {
                 rejected.iter().any(|(_, why)| why.may_heal())
             }
@@ -210,8 +348,12 @@ impl LeftOut {
     /// Whether the node could take the VM later without anyone changing the class.
     pub fn may_heal(&self) -> bool {
         match self {
-            LeftOut::NotAllowed => false,
-            LeftOut::Offline | LeftOut::MemoryShort { .. } => true,
+            LeftOut::NotAllowed | LeftOut::TooFewCpus { .. } => false,
+            LeftOut::Offline
+            | LeftOut::MemoryShort { .. }
+            | LeftOut::MemoryCommitted { .. }
+            | LeftOut::CpusCommitted { .. } => true,
+            LeftOut::Clone(refusal) => refusal.may_heal(),
             LeftOut::NoStorage { rejected, .. } => rejected
                 .iter()
                 .any(|(_, why)| matches!(why, Rejection::Inactive | Rejection::TooSmall { .. })),
@@ -242,16 +384,25 @@ pub struct Reservation {
     pub node: String,
     pub set_id: Option<String>,
     pub memory_bytes: u64,
+    pub vcpus: u64,
 }
 
 impl Reservations {
-    pub fn reserve(&mut self, request_id: &str, node: &str, set_id: Option<&str>, memory_mb: u64) {
+    pub fn reserve(
+        &mut self,
+        request_id: &str,
+        node: &str,
+        set_id: Option<&str>,
+        memory_mb: u64,
+        vcpus: u64,
+    ) {
         self.by_request.insert(
             request_id.to_string(),
             Reservation {
                 node: node.to_string(),
                 set_id: set_id.map(str::to_string),
                 memory_bytes: memory_mb.saturating_mul(MIB),
+                vcpus,
             },
         );
     }
@@ -298,8 +449,10 @@ pub fn boot_disk_storage(node: &NodeSnapshot, request: &PlacementRequest<'_>) ->
     )
 }
 
-/// Free memory on `node` once other requests' reservations are counted, or why it is too little.
-pub fn memory_fit(
+/// Whether `node` has room for the VM: memory free now (once other requests' reservations are
+/// counted), then memory and vCPUs given to VMs against the [`PlacementLimits`]. `Ok` carries the
+/// free memory; `Err` the first limit passed, with its numbers.
+pub fn capacity_fit(
     node: &NodeSnapshot,
     request: &PlacementRequest<'_>,
     reservations: &Reservations,
@@ -315,30 +468,87 @@ pub fn memory_fit(
             needed_mb: request.memory_mb,
         });
     }
+    let limits = &request.limits;
+    let a = allocation(node, limits, reservations, request.request_id);
+    if let Some(limit) = a.memory_limit
+        && a.memory_allocated.saturating_add(request.memory_bytes()) > limit
+    {
+        return Err(LeftOut::MemoryCommitted {
+            allocated: a.memory_allocated,
+            needed_mb: request.memory_mb,
+            limit,
+            ratio: limits.memory_overcommit,
+        });
+    }
+    if node.cpus > 0 && request.vcpus > node.cpus {
+        return Err(LeftOut::TooFewCpus {
+            vcpus: request.vcpus,
+            cpus: node.cpus,
+        });
+    }
+    let needed = request.vcpus;
+    if let Some(limit) = a.cpus_limit
+        && a.cpus_allocated.saturating_add(needed) > limit
+    {
+        return Err(LeftOut::CpusCommitted {
+            allocated: a.cpus_allocated,
+            needed,
+            cpus: node.cpus,
+            limit,
+            ratio: limits.cpu_overcommit,
+        });
+    }
     Ok(free_memory)
 }
 
-/// The storage verdict as a node verdict; a selector that fails is a configuration error.
-fn storage_verdict(
+/// Where the disks go on `node` (and, for a clone, from which copy of the template), or why they
+/// cannot; a selector that fails is a configuration error.
+pub fn disk_verdict(
     node: &NodeSnapshot,
     request: &PlacementRequest<'_>,
-) -> Result<Result<StorageSnapshot, LeftOut>, SelectorError> {
-    let choice = boot_disk_storage(node, request);
-    if let Some(e) = choice.selector_error() {
-        return Err(e.clone());
-    }
-    Ok(match choice.chosen {
-        Some(storage) => Ok(storage),
-        None => Err(LeftOut::NoStorage {
+) -> Result<Result<(StorageSnapshot, Option<u32>), LeftOut>, SelectorError> {
+    let no_storage = |choice: StorageChoice| -> Result<_, SelectorError> {
+        if let Some(e) = choice.selector_error() {
+            return Err(e.clone());
+        }
+        Ok(Err(LeftOut::NoStorage {
             need_gb: request.disk_gb,
             selector: request.selector_for(&node.name).to_string(),
             rejected: choice.rejected,
-        }),
-    })
+        }))
+    };
+    let Some(source) = request.clone else {
+        let choice = boot_disk_storage(node, request);
+        return match choice.chosen {
+            Some(storage) if choice.selector_error().is_none() => Ok(Ok((storage, None))),
+            _ => no_storage(choice),
+        };
+    };
+    let selector = request.selector_for(&node.name);
+    match clone_verdict(node, source, selector, request.disk_gb) {
+        CloneVerdict::Clones(t) => Ok(Ok((t.storage, Some(t.template)))),
+        CloneVerdict::NoStorage(choice) => no_storage(choice),
+        CloneVerdict::Refused(CloneRefusal::LinkedStorage {
+            why: Rejection::SelectorFailed(e),
+            ..
+        }) => Err(e),
+        CloneVerdict::Refused(CloneRefusal::NoSharedTarget { rejected, .. })
+            if rejected
+                .iter()
+                .any(|(_, why)| matches!(why, Rejection::SelectorFailed(_))) =>
+        {
+            no_storage(StorageChoice {
+                chosen: None,
+                rejected,
+            })
+        }
+        CloneVerdict::Refused(refusal) => Ok(Err(LeftOut::Clone(Box::new(refusal)))),
+    }
 }
 
-/// The rule for one node when placement chooses: allowed, online, enough memory, a storage that fits,
-/// checked in that order (the first failure is the reason).
+/// The rule for one node when placement chooses: allowed, online, enough memory and vCPUs
+/// ([`capacity_fit`]), a storage that fits (reachable by a clone of the template), checked in that
+/// order (the first failure is the reason).
 pub fn node_verdict(
     node: &NodeSnapshot,
     request: &PlacementRequest<'_>,
@@ -350,19 +560,23 @@ pub fn node_verdict(
     if !node.online {
         return Ok(Err(LeftOut::Offline));
     }
-    let free_memory = match memory_fit(node, request, reservations) {
+    let free_memory = match capacity_fit(node, request, reservations) {
         Ok(free) => free,
         Err(short) => return Ok(Err(short)),
     };
-    Ok(storage_verdict(node, request)?.map(|storage| Eligible {
-        storage,
-        free_memory,
-    }))
+    Ok(
+        disk_verdict(node, request)?.map(|(storage, template)| Eligible {
+            storage,
+            free_memory,
+            template,
+        }),
+    )
 }
 
 struct Candidate<'a> {
     node: &'a NodeSnapshot,
     storage: String,
+    template: Option<u32>,
     same_set: usize,
     total_vms: usize,
     free_memory: u64,
@@ -392,6 +606,7 @@ impl<'a> Candidate<'a> {
         Self {
             node,
             storage: eligible.storage.name,
+            template: eligible.template,
             same_set,
             total_vms: node.vms.len() + pending().count(),
             free_memory: eligible.free_memory,
@@ -421,6 +636,7 @@ pub fn pick(
         Some(c) => Ok(Placement {
             node: c.node.name.clone(),
             storage: c.storage,
+            template: c.template,
             reason: PlacementReason::Automatic {
                 same_set_vms: c.same_set,
                 free_memory: c.free_memory,
@@ -432,19 +648,35 @@ pub fn pick(
     }
 }
 
-/// A pinned node is the user's choice: it must exist, be online and have a storage. Memory is not
-/// checked here (there is nowhere else to go); `validate` reports a shortfall.
+/// A pinned node is the user's choice: it must exist, be online, have as many CPUs as the VM has
+/// vCPUs, have a storage, and (with `boot: clone`) be reachable by a clone of the template. Free
+/// memory and the overcommit limits are not checked here (there is nowhere else to go, and they
+/// change); `validate` reports a shortfall.
 fn pick_pinned(
     cluster: &ClusterSnapshot,
     request: &PlacementRequest<'_>,
     pinned: &str,
 ) -> Result<Placement, PlacementError> {
     let node = pinned_node(cluster, pinned)?;
-    match storage_verdict(node, request)? {
-        Ok(storage) => Ok(Placement {
+    if node.cpus > 0 && request.vcpus > node.cpus {
+        return Err(PlacementError::PinnedNodeTooSmall {
+            node: pinned.to_string(),
+            reason: LeftOut::TooFewCpus {
+                vcpus: request.vcpus,
+                cpus: node.cpus,
+            },
+        });
+    }
+    match disk_verdict(node, request)? {
+        Ok((storage, template)) => Ok(Placement {
             node: node.name.clone(),
             storage: storage.name,
+            template,
             reason: PlacementReason::Pinned,
+        }),
+        Err(LeftOut::Clone(reason)) => Err(PlacementError::PinnedNodeCannotClone {
+            node: pinned.to_string(),
+            reason,
         }),
         Err(reason) => Err(PlacementError::PinnedNodeNoStorage {
             node: pinned.to_string(),

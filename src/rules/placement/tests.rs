@@ -1,7 +1,8 @@
 //! Placement against hand-built clusters: the per-node verdicts, the strategies, reservations.
 
 use super::*;
-use crate::model::VmSummary;
+use crate::model::{TemplateFacts, VmSummary};
+use crate::pipeline::provider_data::CloneMode;
 use proptest::prelude::*;
 
 fn pick(
@@ -34,6 +35,7 @@ fn node(name: &str, free_gib: u64) -> NodeSnapshot {
         online: true,
         memory_used: 0,
         memory_max: free_gib * GIB,
+        cpus: 64,
         vms: vec![],
         storages: vec![
             StorageSnapshot {
@@ -59,6 +61,9 @@ fn request<'a>(
         allowed_nodes: &[],
         set_id: Some("workers"),
         strategy: PlacementStrategy::Spread,
+        vcpus: 2,
+        limits: PlacementLimits::default(),
+        clone: None,
     }
 }
 
@@ -74,7 +79,7 @@ fn node_verdicts_say_why_with_numbers() {
     let empty = BTreeMap::new();
     let allowed = vec!["pve1".to_string()];
     let mut reserved = Reservations::default();
-    reserved.reserve("other", "pve1", None, 30 * 1024);
+    reserved.reserve("other", "pve1", None, 30 * 1024, 2);
     let small_disk = {
         let mut n = node("pve1", 64);
         n.storages[1].available = 10 * GIB;
@@ -233,6 +238,7 @@ fn prefers_fewest_of_the_set_then_most_memory_then_name() {
     let tagged = |n: &str| VmSummary {
         name: n.into(),
         tags: vec!["machine-request.workers".into()],
+        ..Default::default()
     };
     let mut a = node("pve1", 64);
     a.vms.push(tagged("w1"));
@@ -376,7 +382,7 @@ fn reservations_count_until_the_vm_appears() {
     let sel = any_storage();
     let empty = BTreeMap::new();
     let mut reservations = Reservations::default();
-    reservations.reserve("other", "pve1", Some("workers"), 4096);
+    reservations.reserve("other", "pve1", Some("workers"), 4096, 2);
     let nodes = [node("pve1", 64), node("pve2", 32)];
     assert_eq!(
         pick(&nodes, &request(&sel, &empty), &reservations)
@@ -389,10 +395,12 @@ fn reservations_count_until_the_vm_appears() {
     with_vm[0].vms.push(VmSummary {
         name: "other".into(),
         tags: vec!["machine-request.workers".into()],
+        ..Default::default()
     });
     with_vm[1].vms.push(VmSummary {
         name: "x".into(),
         tags: vec!["machine-request.workers".into()],
+        ..Default::default()
     });
     assert_eq!(
         pick(&with_vm, &request(&sel, &empty), &reservations)
@@ -416,7 +424,7 @@ proptest! {
             let id = format!("req-{r}");
             let req = PlacementRequest { request_id: &id, memory_mb: memory, ..request(&sel, &empty) };
             let placed = pick(&nodes, &req, &reservations).unwrap();
-            reservations.reserve(&id, &placed.node, Some("workers"), memory);
+            reservations.reserve(&id, &placed.node, Some("workers"), memory, 2);
             *counts.entry(placed.node).or_default() += 1;
         }
         prop_assert_eq!(counts.len(), nodes_n);
@@ -435,7 +443,7 @@ proptest! {
             let mut n = node(&format!("n{i}"), *mem);
             n.online = *online;
             n.storages[1].available = disk * GIB;
-            n.vms = (0..*vms).map(|v| VmSummary { name: format!("vm{i}-{v}"), tags: vec![] }).collect();
+            n.vms = (0..*vms).map(|v| VmSummary { name: format!("vm{i}-{v}"), ..Default::default() }).collect();
             n
         }).collect();
         let req = PlacementRequest { memory_mb, disk_gb, ..request(&sel, &empty) };
@@ -466,7 +474,7 @@ fn six_requests_of_one_set_spread_two_per_node() {
             ..request(&sel, &empty)
         };
         let placed = pick(&nodes, &req, &reservations).unwrap();
-        reservations.reserve(&id, &placed.node, Some("workers"), 4096);
+        reservations.reserve(&id, &placed.node, Some("workers"), 4096, 2);
         *counts.entry(placed.node).or_default() += 1;
     }
     assert_eq!(counts.into_values().collect::<Vec<_>>(), vec![2, 2, 2]);
@@ -535,4 +543,287 @@ fn placement_failures_say_whether_they_may_heal() {
     for (error, heals) in cases {
         assert_eq!(error.may_heal(), heals, "{error}");
     }
+}
+
+/// pve1 to pve3 with local-lvm (lvmthin, local), shared-nfs (nfs, shared) and on pve3 `thick`
+/// (plain lvm).
+fn clone_cluster() -> ClusterSnapshot {
+    let shared = StorageSnapshot {
+        name: "shared-nfs".into(),
+        storage_type: "nfs".into(),
+        shared: true,
+        ..storage("shared-nfs", 500)
+    };
+    let thick = StorageSnapshot {
+        storage_type: "lvm".into(),
+        ..storage("thick", 500)
+    };
+    let mut nodes: Vec<NodeSnapshot> = ["pve1", "pve2", "pve3"]
+        .iter()
+        .map(|n| {
+            let mut node = node(n, 64);
+            node.storages.push(shared.clone());
+            node
+        })
+        .collect();
+    nodes[2].storages.push(thick);
+    ClusterSnapshot::from(nodes)
+}
+
+/// A template `vmid` on `node` whose boot disk is on `storage` (as the cluster lists it there).
+fn template_on(cluster: &ClusterSnapshot, vmid: u32, node: &str, storage: &str) -> TemplateFacts {
+    let listed = cluster.node(node).and_then(|n| n.storage(storage));
+    TemplateFacts {
+        vmid,
+        name: Some("talos-1.11".into()),
+        node: node.into(),
+        drives: vec![crate::model::TemplateDrive {
+            slot: "scsi0".into(),
+            storage: storage.into(),
+            shared: listed.is_some_and(|s| s.shared),
+            storage_type: listed.map(|s| s.storage_type.clone()).unwrap_or_default(),
+            linked: true,
+        }],
+        boot_storage: Some(storage.into()),
+    }
+}
+
+fn source(mode: CloneMode, templates: Vec<TemplateFacts>) -> CloneSource {
+    CloneSource {
+        wanted: "talos-1.11".into(),
+        mode,
+        templates,
+        offline: vec![],
+    }
+}
+
+/// Template-aware placement: each case is (case, clone source, selector, pinned node, expected
+/// verdict per node as placement says it). qemu-server src/PVE/API2/Qemu.pm `clone_vm` is the
+/// source of the rules (see `clone.rs`).
+#[test]
+fn a_clone_goes_only_where_proxmox_can_make_it() {
+    use crate::pipeline::provider_data::CloneMode::{Full, Linked};
+    let cluster = clone_cluster();
+    let local = template_on(&cluster, 9000, "pve1", "local-lvm");
+    let shared = template_on(&cluster, 9001, "pve1", "shared-nfs");
+    let thick = template_on(&cluster, 9002, "pve3", "thick");
+    let local_copy = template_on(&cluster, 9003, "pve2", "local-lvm");
+    let no_copy = "no copy of template talos-1.11 on pve2; its disks are on local-lvm (local to pve1: scsi0), and Proxmox clones to another node only a template wholly on shared storage";
+    let no_copy3 = no_copy.replace("on pve2", "on pve3");
+    let cases: Vec<(&str, CloneSource, &str, [&str; 3])> = vec![
+        (
+            "a local template: only its node",
+            source(Full, vec![local.clone()]),
+            "true",
+            ["local-lvm from 9000", no_copy, &no_copy3],
+        ),
+        (
+            "a copy on two nodes: each clones its own",
+            source(Full, vec![local.clone(), local_copy.clone()]),
+            "true",
+            [
+                "local-lvm from 9000",
+                "local-lvm from 9003",
+                "no copy of template talos-1.11 on pve3; its disks are on local-lvm (local to pve1: scsi0); its disks are on local-lvm (local to pve2: scsi0), and Proxmox clones to another node only a template wholly on shared storage",
+            ],
+        ),
+        (
+            "a shared template: other nodes clone onto a shared storage the selector takes",
+            source(Full, vec![shared.clone()]),
+            "true",
+            [
+                "local-lvm from 9001",
+                "shared-nfs from 9001",
+                "shared-nfs from 9001",
+            ],
+        ),
+        (
+            "a shared template, a selector of local storage only",
+            source(Full, vec![shared.clone()]),
+            "name == \"local-lvm\"",
+            [
+                "local-lvm from 9001",
+                "template talos-1.11 is elsewhere, so the clone needs a shared storage here, and `name == \"local-lvm\"` selects none (local: does not hold images (content: iso); local-lvm: selected, but not shared; shared-nfs: not selected by the selector)",
+                "template talos-1.11 is elsewhere, so the clone needs a shared storage here, and `name == \"local-lvm\"` selects none (local: does not hold images (content: iso); local-lvm: selected, but not shared; shared-nfs: not selected by the selector; thick: not selected by the selector)",
+            ],
+        ),
+        (
+            "linked: on the template's own storage, wherever the template reaches",
+            source(Linked, vec![shared.clone()]),
+            "true",
+            [
+                "shared-nfs from 9001",
+                "shared-nfs from 9001",
+                "shared-nfs from 9001",
+            ],
+        ),
+        (
+            "linked: the selector must take the template's storage",
+            source(Linked, vec![local.clone()]),
+            "name == \"ceph\"",
+            [
+                "clone_mode linked keeps the clone's disks on local-lvm, the storage of template talos-1.11, which `name == \"ceph\"` does not select",
+                no_copy,
+                &no_copy3,
+            ],
+        ),
+        (
+            "linked: not on plain LVM",
+            source(Linked, vec![thick.clone()]),
+            "true",
+            [
+                "no copy of template talos-1.11 on pve1; its disks are on thick (local to pve3: scsi0), and Proxmox clones to another node only a template wholly on shared storage",
+                "no copy of template talos-1.11 on pve2; its disks are on thick (local to pve3: scsi0), and Proxmox clones to another node only a template wholly on shared storage",
+                "clone_mode linked: scsi0 of template talos-1.11 is on thick (lvm), which cannot hold linked clones; use `clone_mode: full` or move the template to storage that can (e.g. lvmthin, zfspool, rbd, or qcow2 on a directory)",
+            ],
+        ),
+    ];
+    let empty = BTreeMap::new();
+    for (case, src, selector, want) in cases {
+        let sel = StorageSelector::new(selector).unwrap();
+        let mut req = request(&sel, &empty);
+        req.clone = Some(&src);
+        let got: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(
+                |n| match node_verdict(n, &req, &Reservations::default()).unwrap() {
+                    Ok(e) => format!("{} from {}", e.storage.name, e.template.unwrap_or(0)),
+                    Err(why) => why.to_string(),
+                },
+            )
+            .collect();
+        assert_eq!(got, want, "{case}");
+    }
+
+    // Automatic placement: a local template sends every VM to its node, and says why not elsewhere.
+    let src = source(Full, vec![local.clone()]);
+    let sel = any_storage();
+    let mut req = request(&sel, &empty);
+    req.clone = Some(&src);
+    let placed = super::pick(&cluster, &req, &Reservations::default()).unwrap();
+    assert_eq!(
+        (placed.node.as_str(), placed.template),
+        ("pve1", Some(9000))
+    );
+    assert!(
+        placed
+            .reason
+            .to_string()
+            .contains(&format!("pve2 not eligible: {no_copy}"))
+    );
+    // Pinned to a node that cannot clone: refused up front with the same reason, as a problem for a
+    // person (nothing heals it).
+    req.pinned_node = Some("pve2");
+    let err = super::pick(&cluster, &req, &Reservations::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("node \"pve2\" from provider data cannot take this VM: {no_copy}")
+    );
+    assert!(!err.may_heal());
+    // The template's node offline: said so, and waited for.
+    let gone = CloneSource {
+        templates: vec![],
+        offline: vec!["pve1".into()],
+        ..src.clone()
+    };
+    req.clone = Some(&gone);
+    let err = super::pick(&cluster, &req, &Reservations::default()).unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "no copy of template talos-1.11 on pve2; the copy on pve1 is on an offline node"
+        ),
+        "{err}"
+    );
+    assert!(err.may_heal());
+}
+
+/// CPU- and memory-aware placement: vCPUs (`maxcpu`) and memory (`maxmem`) of every VM on the
+/// node, plus reservations in flight, against the node's CPUs and memory times the overcommit.
+#[test]
+fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    let vm = |cpus: u64, memory_gib: u64| VmSummary {
+        name: "vm".into(),
+        cpus,
+        memory: memory_gib * GIB,
+        ..Default::default()
+    };
+    let mut full = node("pve1", 64);
+    full.cpus = 4;
+    full.vms = vec![vm(8, 4), vm(6, 4)];
+    let mut roomy = node("pve2", 64);
+    roomy.cpus = 4;
+    let mut req = request(&sel, &empty);
+    req.vcpus = 4;
+    let nodes = vec![full.clone(), roomy.clone()];
+    let placed = pick(&nodes, &req, &Reservations::default()).unwrap();
+    assert_eq!(placed.node, "pve2");
+    let PlacementReason::Automatic { rejected, .. } = &placed.reason else {
+        panic!("automatic")
+    };
+    assert_eq!(
+        rejected[0].1.to_string(),
+        "14 vCPUs given to VMs, 4 more would pass the limit of 16 (4 CPUs × cpuOvercommit 4)"
+    );
+    // Within the limit exactly: 14 + 2 = 16.
+    req.vcpus = 2;
+    assert!(capacity_fit(&full, &req, &Reservations::default()).is_ok());
+    // A reservation in flight counts until its VM is listed.
+    let mut reserved = Reservations::default();
+    reserved.reserve("other", "pve1", None, 2048, 2);
+    assert!(matches!(
+        capacity_fit(&full, &req, &reserved),
+        Err(LeftOut::CpusCommitted { allocated: 16, .. })
+    ));
+    // More vCPUs than the node has CPUs never starts there (qemu-server `config_to_command`).
+    req.vcpus = 8;
+    assert_eq!(
+        capacity_fit(&roomy, &req, &Reservations::default())
+            .unwrap_err()
+            .to_string(),
+        "8 vCPUs are more than its 4 CPUs (Proxmox will not start the VM there)"
+    );
+    req.pinned_node = Some("pve2");
+    let err = pick(&nodes, &req, &Reservations::default()).unwrap_err();
+    assert!(
+        matches!(err, PlacementError::PinnedNodeTooSmall { .. }) && !err.may_heal(),
+        "{err}"
+    );
+    req.pinned_node = None;
+    // A larger ratio lets more in.
+    req.vcpus = 4;
+    req.limits.cpu_overcommit = 5.0;
+    assert!(capacity_fit(&full, &req, &Reservations::default()).is_ok());
+
+    // Memory: 60 GiB given on a 64 GiB node (free memory itself is plenty), 8 GiB more is past
+    // 64 × 1.0, but within 64 × 1.5.
+    let mut committed = node("pve1", 64);
+    committed.vms = vec![vm(1, 60)];
+    req.memory_mb = 8192;
+    assert_eq!(
+        capacity_fit(&committed, &req, &Reservations::default())
+            .unwrap_err()
+            .to_string(),
+        "61440 MiB of memory given to VMs, 8192 MiB more would pass the limit of 65536 MiB (memory × memoryOvercommit 1)"
+    );
+    req.limits.memory_overcommit = 1.5;
+    assert!(capacity_fit(&committed, &req, &Reservations::default()).is_ok());
+    // A node that reports no CPUs (no stats yet) is not judged on them.
+    let mut unknown = node("pve1", 64);
+    unknown.cpus = 0;
+    unknown.vms = vec![vm(100, 1)];
+    assert!(capacity_fit(&unknown, &req, &Reservations::default()).is_ok());
+    let a = allocation(
+        &full,
+        &PlacementLimits::default(),
+        &Reservations::default(),
+        "",
+    );
+    assert_eq!((a.cpus_allocated, a.cpus_limit), (14, Some(16)));
+    assert_eq!(
+        (a.memory_allocated, a.memory_limit),
+        (8 * GIB, Some(64 * GIB))
+    );
 }

@@ -1,0 +1,284 @@
+//! Whether a clone of the class's template can be made on a node, from which copy of the template,
+//! and onto which storage: the part of a node's verdict that `boot: clone` adds.
+//!
+//! What Proxmox allows, from qemu-server src/PVE/API2/Qemu.pm `clone_vm`:
+//!
+//! - A clone to another node (`target`) needs every drive of the template, CD-ROM images included,
+//!   on shared storage (`$check_storage_access_clone` yields "VM uses local storage" otherwise), and
+//!   a full clone's target `storage` must be shared too ("can't clone to non-shared storage").
+//! - A linked clone (`full` = 0, only from a template) takes no `storage`: its disks stay on the
+//!   template's storage, each of which must support linked clones (`volume_has_feature` 'clone' on
+//!   the base volume, see [`storage::links_clones`]).
+//!
+//! So a node is eligible when a copy of the template is on it, or when a copy elsewhere is wholly
+//! on shared storage and (full) a shared storage is selected on the node, or (linked) the
+//! template's storage is selected and usable there.
+
+use std::fmt;
+
+use crate::model::{NodeSnapshot, StorageSnapshot, TemplateFacts};
+use crate::pipeline::provider_data::CloneMode;
+use crate::pipeline::storage_selector::StorageSelector;
+use crate::rules::storage::{self, Rejection, StorageNeed};
+
+/// The template a class clones, with every copy of it the cluster has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloneSource {
+    /// As the class names it (`talos-1.11`, `9000`).
+    pub wanted: String,
+    pub mode: CloneMode,
+    /// Every template matching `wanted` on an online node (one per node that keeps a copy, usually).
+    pub templates: Vec<TemplateFacts>,
+    /// Nodes with a copy that are offline: a clone runs on its template's node, so those copies
+    /// cannot be cloned until their node is back.
+    pub offline: Vec<String>,
+}
+
+/// Why a clone cannot be made on a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloneRefusal {
+    /// No copy of the template on the node, and every copy elsewhere has drives on local storage.
+    NoCopy {
+        template: String,
+        node: String,
+        /// (node of a copy, its storages that are not shared, the drives on them)
+        elsewhere: Vec<(String, Vec<String>, Vec<String>)>,
+        /// Nodes with a copy that are offline.
+        offline: Vec<String>,
+    },
+    /// A copy on shared storage could be cloned here, but the selector picks no shared storage on
+    /// the node. `rejected`: every storage with the reason it was passed over.
+    NoSharedTarget {
+        template: String,
+        selector: String,
+        rejected: Vec<(String, Rejection)>,
+    },
+    /// Linked: a disk of the template is on a storage type without linked clones.
+    LinkedUnsupported {
+        template: String,
+        slot: String,
+        storage: String,
+        storage_type: String,
+    },
+    /// Linked: the template has no disk to share.
+    NoDisk { template: String },
+    /// Linked: the clone stays on the template's storage, which does not take it on this node.
+    LinkedStorage {
+        template: String,
+        storage: String,
+        selector: String,
+        why: Rejection,
+    },
+}
+
+impl fmt::Display for CloneRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CloneRefusal::NoCopy {
+                template,
+                node,
+                elsewhere,
+                offline,
+            } => {
+                write!(f, "no copy of template {template} on {node}")?;
+                for (copy_node, local, slots) in elsewhere {
+                    write!(
+                        f,
+                        "; its disks are on {} (local to {copy_node}: {})",
+                        local.join(", "),
+                        slots.join(", ")
+                    )?;
+                }
+                for copy_node in offline {
+                    write!(f, "; the copy on {copy_node} is on an offline node")?;
+                }
+                if !elsewhere.is_empty() {
+                    f.write_str(
+                        ", and Proxmox clones to another node only a template wholly on shared storage",
+                    )?;
+                }
+                Ok(())
+            }
+            CloneRefusal::NoSharedTarget {
+                template,
+                selector,
+                rejected,
+            } => {
+                write!(
+                    f,
+                    "template {template} is elsewhere, so the clone needs a shared storage here, and `{selector}` selects none"
+                )?;
+                let reasons: Vec<String> = rejected
+                    .iter()
+                    .map(|(name, why)| format!("{name}: {why}"))
+                    .collect();
+                if !reasons.is_empty() {
+                    write!(f, " ({})", reasons.join("; "))?;
+                }
+                Ok(())
+            }
+            CloneRefusal::LinkedUnsupported {
+                template,
+                slot,
+                storage,
+                storage_type,
+            } => write!(
+                f,
+                "clone_mode linked: {slot} of template {template} is on {storage} ({storage_type}), which cannot hold linked clones; use `clone_mode: full` or move the template to storage that can (e.g. lvmthin, zfspool, rbd, or qcow2 on a directory)"
+            ),
+            CloneRefusal::NoDisk { template } => write!(
+                f,
+                "clone_mode linked: template {template} has no disk to share; use `clone_mode: full`"
+            ),
+            CloneRefusal::LinkedStorage {
+                template,
+                storage,
+                selector,
+                why,
+            } => write!(
+                f,
+                "clone_mode linked keeps the clone's disks on {storage}, the storage of template {template}, which {}",
+                match why {
+                    Rejection::NotSelected => format!("`{selector}` does not select"),
+                    other => format!("{other}"),
+                }
+            ),
+        }
+    }
+}
+
+impl CloneRefusal {
+    /// Only a storage coming back (active again) heals by itself; the rest needs the class, the
+    /// template or the cluster's storage changed.
+    pub fn may_heal(&self) -> bool {
+        matches!(self, CloneRefusal::NoCopy { offline, .. } if !offline.is_empty())
+            || matches!(
+                self,
+                CloneRefusal::LinkedStorage {
+                    why: Rejection::Inactive | Rejection::TooSmall { .. },
+                    ..
+                }
+            )
+            || matches!(self, CloneRefusal::NoSharedTarget { rejected, .. }
+            if rejected.iter().any(|(_, why)| matches!(why, Rejection::Inactive | Rejection::TooSmall { .. })))
+    }
+}
+
+/// Where a clone onto `node` would come from and go to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloneTarget {
+    pub template: u32,
+    pub storage: StorageSnapshot,
+}
+
+/// What [`clone_verdict`] says when the node has a copy and a full clone finds no storage: the
+/// plain storage verdict (the same as for an ISO boot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloneVerdict {
+    Clones(CloneTarget),
+    /// A copy is here; the storage choice (`storage::choose`) failed as it would for any VM.
+    NoStorage(storage::StorageChoice),
+    Refused(CloneRefusal),
+}
+
+/// The rule for cloning `source` onto `node` with the boot disk's `selector` and `disk_gb`.
+pub fn clone_verdict(
+    node: &NodeSnapshot,
+    source: &CloneSource,
+    selector: &StorageSelector,
+    disk_gb: u64,
+) -> CloneVerdict {
+    let here = source.templates.iter().find(|t| t.node == node.name);
+    let reachable = || {
+        source
+            .templates
+            .iter()
+            .find(|t| t.node != node.name && t.all_shared())
+    };
+    let Some(template) = here.or_else(reachable) else {
+        return CloneVerdict::Refused(no_copy(node, source));
+    };
+    match source.mode {
+        CloneMode::Full => {
+            let need = StorageNeed::boot_disk(selector, disk_gb);
+            let need = if here.is_some() { need } else { need.shared() };
+            let choice = storage::choose(node, &need);
+            match (choice.chosen.clone(), here) {
+                (Some(storage), _) => CloneVerdict::Clones(CloneTarget {
+                    template: template.vmid,
+                    storage,
+                }),
+                (None, Some(_)) => CloneVerdict::NoStorage(choice),
+                (None, None) if choice.selector_error().is_some() => {
+                    CloneVerdict::NoStorage(choice)
+                }
+                (None, None) => CloneVerdict::Refused(CloneRefusal::NoSharedTarget {
+                    template: source.wanted.clone(),
+                    selector: selector.to_string(),
+                    rejected: choice.rejected,
+                }),
+            }
+        }
+        CloneMode::Linked => linked(node, source, template, selector),
+    }
+}
+
+fn linked(
+    node: &NodeSnapshot,
+    source: &CloneSource,
+    template: &TemplateFacts,
+    selector: &StorageSelector,
+) -> CloneVerdict {
+    let name = || source.wanted.clone();
+    if let Some(d) = template
+        .drives
+        .iter()
+        .find(|d| d.linked && !storage::links_clones(&d.storage_type))
+    {
+        return CloneVerdict::Refused(CloneRefusal::LinkedUnsupported {
+            template: name(),
+            slot: d.slot.clone(),
+            storage: d.storage.clone(),
+            storage_type: d.storage_type.clone(),
+        });
+    }
+    let Some(boot) = &template.boot_storage else {
+        return CloneVerdict::Refused(CloneRefusal::NoDisk { template: name() });
+    };
+    // Thin: a linked clone takes only what it writes, so no room is asked for up front.
+    match storage::judge_named(node, boot, &StorageNeed::boot_disk(selector, 0)) {
+        Ok(storage) => CloneVerdict::Clones(CloneTarget {
+            template: template.vmid,
+            storage,
+        }),
+        Err(why) => CloneVerdict::Refused(CloneRefusal::LinkedStorage {
+            template: name(),
+            storage: boot.clone(),
+            selector: selector.to_string(),
+            why,
+        }),
+    }
+}
+
+fn no_copy(node: &NodeSnapshot, source: &CloneSource) -> CloneRefusal {
+    CloneRefusal::NoCopy {
+        template: source.wanted.clone(),
+        node: node.name.clone(),
+        elsewhere: source
+            .templates
+            .iter()
+            .map(|t| {
+                (
+                    t.node.clone(),
+                    t.local_storages().into_iter().map(str::to_owned).collect(),
+                    t.drives
+                        .iter()
+                        .filter(|d| !d.shared)
+                        .map(|d| d.slot.clone())
+                        .collect(),
+                )
+            })
+            .collect(),
+        offline: source.offline.clone(),
+    }
+}
