@@ -201,41 +201,81 @@ impl ProxmoxSettings {
         let before = problems.len();
         let s = |k: &str, problems: &mut Vec<String>| string_key(p, k, problems);
         let url = s("url", problems);
-        let token_id = s("tokenID", problems);
-        let token_secret = s("tokenSecret", problems);
-        let username = s("username", problems);
-        let password = s("password", problems);
-        let realm = s("realm", problems);
-        let ca_file = s("caFile", problems);
-        let insecure = match p.get("insecureSkipVerify") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(other) => {
-                problems.push(format!(
-                    "`proxmox.insecureSkipVerify` must be true or false, found {}",
-                    kind(other)
-                ));
-                false
-            }
+        let credentials = Credentials {
+            token_id: s("tokenID", problems),
+            token_secret: s("tokenSecret", problems),
+            username: s("username", problems),
+            password: s("password", problems),
+            realm: s("realm", problems),
         };
+        let ca_file = s("caFile", problems);
+        let insecure = insecure_skip_verify(p, problems);
 
-        let api_url = match url.as_deref() {
-            None => {
-                problems.push(
-                    "`proxmox.url` is required, e.g. \"https://pve.example:8006/api2/json\"".into(),
-                );
+        let api_url = api_url(url.as_deref(), problems);
+        let auth = credentials.login(warnings, problems);
+        let tls = tls_trust(insecure, ca_file, problems);
+        if problems.len() > before {
+            return None;
+        }
+        Some(Self {
+            api_url: api_url?,
+            auth: auth?,
+            tls: tls?,
+        })
+    }
+}
+
+fn insecure_skip_verify(p: &Map<String, Value>, problems: &mut Vec<String>) -> bool {
+    match p.get("insecureSkipVerify") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            problems.push(format!(
+                "`proxmox.insecureSkipVerify` must be true or false, found {}",
+                kind(other)
+            ));
+            false
+        }
+    }
+}
+
+fn api_url(url: Option<&str>, problems: &mut Vec<String>) -> Option<url::Url> {
+    match url {
+        None => {
+            problems.push(
+                "`proxmox.url` is required, e.g. \"https://pve.example:8006/api2/json\"".into(),
+            );
+            None
+        }
+        Some(raw) => match normalize_api_url(raw) {
+            Ok(u) => Some(u),
+            Err(why) => {
+                problems.push(format!("`proxmox.url` {raw:?} {why}"));
                 None
             }
-            Some(raw) => match normalize_api_url(raw) {
-                Ok(u) => Some(u),
-                Err(why) => {
-                    problems.push(format!("`proxmox.url` {raw:?} {why}"));
-                    None
-                }
-            },
-        };
+        },
+    }
+}
 
-        let auth = match (token_id, token_secret, username, password) {
+/// The login keys as written; which login they make is decided together, as upstream decides it.
+struct Credentials {
+    token_id: Option<String>,
+    token_secret: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+    realm: Option<String>,
+}
+
+impl Credentials {
+    fn login(self, warnings: &mut Vec<String>, problems: &mut Vec<String>) -> Option<ProxmoxAuth> {
+        let Self {
+            token_id,
+            token_secret,
+            username,
+            password,
+            realm,
+        } = self;
+        match (token_id, token_secret, username, password) {
             // The official provider logs in with the password whenever username and password are both
             // set, and only otherwise uses the token; do the same so either provider behaves alike.
             (id, secret, Some(user), Some(password)) if id.is_some() || secret.is_some() => {
@@ -279,25 +319,23 @@ impl ProxmoxSettings {
                 problems.push("`proxmox` needs credentials: `tokenID` + `tokenSecret` (recommended) or `username` + `password` (+ `realm`, default pam)".into());
                 None
             }
-        };
-
-        let tls = match (insecure, ca_file) {
-            (true, Some(_)) => {
-                problems.push("`proxmox.insecureSkipVerify: true` and `proxmox.caFile` contradict each other: with a CA file, verification can stay on".into());
-                None
-            }
-            (true, None) => Some(TlsTrust::InsecureSkipVerify),
-            (false, Some(path)) => Some(TlsTrust::CaFile(PathBuf::from(path))),
-            (false, None) => Some(TlsTrust::WebPki),
-        };
-        if problems.len() > before {
-            return None;
         }
-        Some(Self {
-            api_url: api_url?,
-            auth: auth?,
-            tls: tls?,
-        })
+    }
+}
+
+fn tls_trust(
+    insecure: bool,
+    ca_file: Option<String>,
+    problems: &mut Vec<String>,
+) -> Option<TlsTrust> {
+    match (insecure, ca_file) {
+        (true, Some(_)) => {
+            problems.push("`proxmox.insecureSkipVerify: true` and `proxmox.caFile` contradict each other: with a CA file, verification can stay on".into());
+            None
+        }
+        (true, None) => Some(TlsTrust::InsecureSkipVerify),
+        (false, Some(path)) => Some(TlsTrust::CaFile(PathBuf::from(path))),
+        (false, None) => Some(TlsTrust::WebPki),
     }
 }
 
