@@ -7,15 +7,15 @@
 //! differs. Everything that embeds the token (kernel args, join config) is a [`Secret`], so none of it
 //! can reach a log line or a `Debug` dump.
 
+mod render;
+mod token;
+
 use std::collections::BTreeMap;
 use std::fmt;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
-
 use crate::secret::Secret;
+use render::{render_join_config, siderolink_api_url};
+pub use token::{DecodedToken, decode, extended_token, verify};
 
 /// Extra-data key carrying our provider ID; Omni labels the machine's Link with it.
 pub const PROVIDER_ID_KEY: &str = "omni.sidero.dev/infra-provider-id";
@@ -170,248 +170,12 @@ fn check_port(port: u32, which: &'static str) -> Result<u16, JoinError> {
     u16::try_from(port).map_err(|_| JoinError::PortOutOfRange { which, port })
 }
 
-/// `<prefix><base64({"extra_data":{…},"signature":"…"})>`; a token already carrying a `v1:`/`v2:`
-/// prefix is returned unchanged, as the Go library does.
-pub fn extended_token(
-    mode: JoinMode,
-    plain: &Secret,
-    extra_data: &BTreeMap<String, String>,
-) -> Secret {
-    let plain_text = plain.expose();
-    if plain_text.starts_with("v1:") || plain_text.starts_with("v2:") {
-        return plain.clone();
-    }
-    let extra_json = go_json_string_map(extra_data);
-    let signature = BASE64.encode(sign(plain_text.as_bytes(), extra_json.as_bytes()));
-    let body = format!(
-        "{{\"extra_data\":{extra_json},\"signature\":{}}}",
-        go_json_string(&signature)
-    );
-    Secret::new(format!("{}{}", mode.token_prefix(), BASE64.encode(body)))
-}
-
-fn sign(key: &[u8], message: &[u8]) -> Vec<u8> {
-    // HMAC accepts keys of any length, so construction cannot fail.
-    let mut mac = match <Hmac<Sha256> as Mac>::new_from_slice(key) {
-        Ok(mac) => mac,
-        Err(_) => unreachable!("HMAC-SHA256 accepts keys of every length"),
-    };
-    mac.update(message);
-    mac.finalize().into_bytes().to_vec()
-}
-
-/// Go's `json.Marshal(map[string]string)`: keys sorted by bytes (a BTreeMap already is), compact.
-fn go_json_string_map(map: &BTreeMap<String, String>) -> String {
-    let mut out = String::from("{");
-    for (i, (k, v)) in map.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&go_json_string(k));
-        out.push(':');
-        out.push_str(&go_json_string(v));
-    }
-    out.push('}');
-    out
-}
-
-/// A JSON string literal escaped the way Go's `encoding/json` does (HTML-safe, Go ≥ 1.22).
-fn go_json_string(s: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '<' | '>' | '&' | '\u{2028}' | '\u{2029}' => {
-                out.push_str(&format!("\\u{:04x}", c as u32))
-            }
-            c if (c as u32) < 0x20 => {
-                let b = c as u8;
-                out.push_str("\\u00");
-                out.push(HEX[usize::from(b >> 4)] as char);
-                out.push(HEX[usize::from(b & 0xf)] as char);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// The API URL with `jointoken` (and `grpc_tunnel=true`) added to its query, re-encoded the way Go's
-/// `url.Values.Encode` does (keys sorted, form escaping); everything before the query is kept verbatim.
-fn siderolink_api_url(api_url: &str, token: &Secret, grpc_tunnel: bool) -> String {
-    let (without_fragment, fragment) = match api_url.split_once('#') {
-        Some((a, f)) => (a, Some(f)),
-        None => (api_url, None),
-    };
-    let (base, query) = match without_fragment.split_once('?') {
-        Some((b, q)) => (b, q),
-        None => (without_fragment, ""),
-    };
-    let mut values: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        values
-            .entry(query_unescape(k))
-            .or_default()
-            .push(query_unescape(v));
-    }
-    values
-        .entry("jointoken".into())
-        .or_default()
-        .push(token.expose().to_string());
-    if grpc_tunnel {
-        values
-            .entry("grpc_tunnel".into())
-            .or_default()
-            .push("true".into());
-    }
-    let encoded: Vec<String> = values
-        .iter()
-        .flat_map(|(k, vs)| {
-            vs.iter()
-                .map(move |v| format!("{}={}", query_escape(k), query_escape(v)))
-        })
-        .collect();
-    let mut out = format!("{base}?{}", encoded.join("&"));
-    if let Some(f) = fragment {
-        out.push('#');
-        out.push_str(f);
-    }
-    out
-}
-
-/// Go's `url.QueryEscape`.
-fn query_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                out.push(b as char)
-            }
-            b' ' => out.push('+'),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
-}
-
-/// Go's `url.QueryUnescape`, lenient: a malformed escape is kept as written.
-fn query_unescape(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len()
-                && bytes[i + 1].is_ascii_hexdigit()
-                && bytes[i + 2].is_ascii_hexdigit() =>
-            {
-                out.push(hex_value(bytes[i + 1]) << 4 | hex_value(bytes[i + 2]));
-                i += 2;
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex_value(b: u8) -> u8 {
-    match b {
-        b'0'..=b'9' => b - b'0',
-        b'a'..=b'f' => b - b'a' + 10,
-        b'A'..=b'F' => b - b'A' + 10,
-        _ => 0,
-    }
-}
-
-/// The three Talos documents, apiVersion and kind first, `---` between them, trailing newline.
-fn render_join_config(api_url: &str, events_sink: &str, logs_url: &str) -> String {
-    format!(
-        "apiVersion: v1alpha1\nkind: SideroLinkConfig\napiUrl: {}\n---\n\
-         apiVersion: v1alpha1\nkind: EventSinkConfig\nendpoint: {}\n---\n\
-         apiVersion: v1alpha1\nkind: KmsgLogConfig\nname: omni-kmsg\nurl: {}\n",
-        yaml_scalar(api_url),
-        yaml_scalar(events_sink),
-        yaml_scalar(logs_url)
-    )
-}
-
-/// A YAML scalar: plain when it is unambiguous, else single-quoted (as the Go emitter does for
-/// `[fdae:…]:port`, which would otherwise start a flow sequence).
-fn yaml_scalar(s: &str) -> String {
-    let plain_safe = !s.is_empty()
-        && s.chars().all(|c| c.is_ascii_graphic())
-        && !s.starts_with(|c: char| "[]{}!&*#|>'\"%@`,?:-".contains(c))
-        && !s.contains(": ")
-        && !s.contains(" #")
-        && !s.ends_with(':');
-    if plain_safe {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "''"))
-    }
-}
-
-/// A decoded extended token, for checks and tests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DecodedToken {
-    pub version: u8,
-    pub extra_data: BTreeMap<String, String>,
-    /// Base64 of the 32-byte MAC.
-    pub signature: String,
-}
-
-/// Decodes an extended token (not its signature check: see [`verify`]).
-pub fn decode(token: &Secret) -> Option<DecodedToken> {
-    let text = token.expose();
-    let (version, rest) = if let Some(r) = text.strip_prefix("v1:") {
-        (1, r)
-    } else if let Some(r) = text.strip_prefix("v2:") {
-        (2, r)
-    } else {
-        return None;
-    };
-    let json = BASE64.decode(rest).ok()?;
-    #[derive(serde::Deserialize)]
-    struct Body {
-        extra_data: BTreeMap<String, String>,
-        signature: String,
-    }
-    let body: Body = serde_json::from_slice(&json).ok()?;
-    Some(DecodedToken {
-        version,
-        extra_data: body.extra_data,
-        signature: body.signature,
-    })
-}
-
-/// Whether the token's MAC matches `plain` as key, the way Omni checks it.
-pub fn verify(token: &Secret, plain: &Secret) -> bool {
-    let Some(decoded) = decode(token) else {
-        return false;
-    };
-    let expected = BASE64.encode(sign(
-        plain.expose().as_bytes(),
-        go_json_string_map(&decoded.extra_data).as_bytes(),
-    ));
-    expected == decoded.signature
-}
-
 #[cfg(test)]
 mod tests {
+    use super::render::query_escape;
     use super::*;
-    use proptest::prelude::*;
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD as BASE64;
 
     fn inputs() -> JoinInputs {
         JoinInputs {
@@ -488,19 +252,6 @@ mod tests {
             .unwrap();
             assert_eq!(params.join_token.expose(), t);
         }
-    }
-
-    #[test]
-    fn go_escaping() {
-        assert_eq!(
-            go_json_string("a<b>&c\u{2028}\u{2029}/"),
-            r#""a\u003cb\u003e\u0026c\u2028\u2029/""#
-        );
-        assert_eq!(
-            go_json_string("q\"\\\n\r\t\u{1}\u{8}\u{c}"),
-            r#""q\"\\\n\r\t\u0001\b\f""#
-        );
-        assert_eq!(go_json_string("é"), "\"é\"");
     }
 
     #[test]
@@ -597,24 +348,5 @@ mod tests {
         let dump = format!("{params:?} {:?}", inputs());
         assert!(!dump.contains("hunter2"));
         assert!(!dump.contains(&params.join_token.expose()[3..20]));
-    }
-
-    proptest! {
-        #[test]
-        fn any_extra_data_signs_and_verifies(
-            key in "[ -~]{1,40}",
-            entries in proptest::collection::btree_map("[\\PC<>&\u{2028}]{0,12}", "[\\PC<>&\u{2029}\n]{0,12}", 0..4),
-        ) {
-            prop_assume!(!key.starts_with("v1:") && !key.starts_with("v2:"));
-            let token = extended_token(JoinMode::V2, &Secret::new(key.clone()), &entries);
-            let decoded = decode(&token).unwrap();
-            prop_assert_eq!(&decoded.extra_data, &entries);
-            prop_assert!(verify(&token, &Secret::new(key)));
-        }
-
-        #[test]
-        fn query_escape_round_trips(s in "\\PC{0,30}") {
-            prop_assert_eq!(query_unescape(&query_escape(&s)), s);
-        }
     }
 }

@@ -8,116 +8,22 @@
 //!
 //! Every error names the resource it was about, so a log line is enough to go and look.
 
+mod error;
+mod watch;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tonic::Code;
 
 use super::proto::cosi::resource as pb;
 use super::proto::cosi::resource::state_client::StateClient as RawClient;
 use super::resources::{Kind, PHASE_RUNNING, PHASE_TEARING_DOWN};
 use super::transport::{MAX_MESSAGE_BYTES, SignedChannel};
-
-/// `namespace/type/id`, for error messages and logs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResourceRef {
-    pub namespace: String,
-    pub resource_type: String,
-    pub id: String,
-}
-
-impl ResourceRef {
-    pub fn new(
-        namespace: impl Into<String>,
-        resource_type: impl Into<String>,
-        id: impl Into<String>,
-    ) -> Self {
-        Self {
-            namespace: namespace.into(),
-            resource_type: resource_type.into(),
-            id: id.into(),
-        }
-    }
-
-    pub fn of<K: Kind>(kind: &K, id: &str) -> Self {
-        Self::new(kind.namespace(), kind.resource_type(), id)
-    }
-
-    pub fn from_metadata(md: &pb::Metadata) -> Self {
-        Self::new(&md.namespace, &md.r#type, &md.id)
-    }
-}
-
-impl std::fmt::Display for ResourceRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.id.is_empty() {
-            write!(f, "{}({})", self.resource_type, self.namespace)
-        } else {
-            write!(f, "{}({})/{}", self.resource_type, self.namespace, self.id)
-        }
-    }
-}
-
-/// What went wrong talking to the State service, by what the caller can do about it.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StateError {
-    #[error("{what} not found")]
-    NotFound { what: ResourceRef },
-    /// Version conflict (someone else wrote first) or pending finalizers on destroy.
-    #[error("{what}: conflict: {message}")]
-    Conflict { what: ResourceRef, message: String },
-    #[error("{what} already exists")]
-    AlreadyExists { what: ResourceRef },
-    #[error(
-        "{what}: permission denied by Omni: {message} (is the key an infra-provider key for this provider ID?)"
-    )]
-    PermissionDenied { what: ResourceRef, message: String },
-    #[error("{what}: Omni rejected the request signature: {message} (check the key and the clock)")]
-    Unauthenticated { what: ResourceRef, message: String },
-    #[error("{what}: invalid request: {message}")]
-    InvalidArgument { what: ResourceRef, message: String },
-    #[error("{what}: not supported by this Omni: {message}")]
-    Unimplemented { what: ResourceRef, message: String },
-    #[error("{what}: cannot reach Omni: {message}")]
-    Transport { what: ResourceRef, message: String },
-    #[error("{what}: {message}")]
-    Other { what: ResourceRef, message: String },
-    #[error("{what}: spec does not decode: {message}")]
-    Decode { what: ResourceRef, message: String },
-}
-
-impl StateError {
-    pub fn from_status(what: ResourceRef, status: &tonic::Status) -> Self {
-        let message = status.message().to_owned();
-        match status.code() {
-            Code::NotFound => Self::NotFound { what },
-            Code::FailedPrecondition => Self::Conflict { what, message },
-            Code::AlreadyExists => Self::AlreadyExists { what },
-            Code::PermissionDenied => Self::PermissionDenied { what, message },
-            Code::Unauthenticated => Self::Unauthenticated { what, message },
-            Code::InvalidArgument => Self::InvalidArgument { what, message },
-            Code::Unimplemented => Self::Unimplemented { what, message },
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
-                Self::Transport { what, message }
-            }
-            _ => Self::Other {
-                what,
-                message: format!("{:?}: {message}", status.code()),
-            },
-        }
-    }
-
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, Self::NotFound { .. })
-    }
-
-    pub fn is_conflict(&self) -> bool {
-        matches!(self, Self::Conflict { .. })
-    }
-}
+pub use error::{ResourceRef, StateError};
+pub use watch::WatchEvent;
 
 /// A resource with its spec decoded, keeping the raw form to echo back.
 #[derive(Debug, Clone, PartialEq)]
@@ -186,29 +92,6 @@ impl LabelSelector {
 
     pub fn into_query(self) -> pb::LabelQuery {
         self.0
-    }
-}
-
-/// What a watch delivers, already reduced to what a reconcile queue needs.
-#[derive(Debug, Clone, PartialEq)]
-pub enum WatchEvent {
-    Created(pb::Resource),
-    Updated(pb::Resource),
-    Destroyed(pb::Resource),
-    /// The initial listing is complete; everything that exists has been delivered as `Created`.
-    Bootstrapped,
-    /// The stream was re-established without a usable bookmark: a fresh bootstrap follows, so
-    /// consumers should treat anything not re-announced as possibly gone.
-    Resync,
-}
-
-impl WatchEvent {
-    /// The resource the event is about, if any.
-    pub fn resource(&self) -> Option<&pb::Resource> {
-        match self {
-            Self::Created(r) | Self::Updated(r) | Self::Destroyed(r) => Some(r),
-            Self::Bootstrapped | Self::Resync => None,
-        }
     }
 }
 
@@ -586,226 +469,11 @@ impl StateClient {
             }
         }
     }
-
-    // ---- watch -----------------------------------------------------------------------------------
-
-    /// Watches all resources of a kind matching `selectors` (bootstrap first). Events arrive on the
-    /// returned receiver; dropping it stops the watch. Broken streams are re-established with
-    /// backoff, resuming from the last bookmark, or re-bootstrapping (after a
-    /// [`WatchEvent::Resync`]) when there is none, Omni refuses it, or the stream ended with an
-    /// ERRORED event (how Omni's etcd store reports a bookmark older than its compacted history).
-    pub fn watch_kind(
-        &self,
-        namespace: &str,
-        resource_type: &str,
-        selectors: Vec<LabelSelector>,
-    ) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
-        let (tx, rx) = mpsc::channel(256);
-        let client = self.clone();
-        let what = ResourceRef::new(namespace, resource_type, "");
-        let queries: Vec<pb::LabelQuery> = selectors
-            .into_iter()
-            .map(LabelSelector::into_query)
-            .collect();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = tx.closed() => {}
-                _ = client.run_watch(what, queries, &tx) => {}
-            }
-        });
-        rx
-    }
-
-    async fn run_watch(
-        &self,
-        what: ResourceRef,
-        queries: Vec<pb::LabelQuery>,
-        tx: &mpsc::Sender<Result<WatchEvent, StateError>>,
-    ) {
-        let mut bookmark: Option<Vec<u8>> = None;
-        let mut first = true;
-        let mut backoff = self.reconnect.0;
-        loop {
-            let resume = bookmark.clone();
-            if resume.is_none() && !first && tx.send(Ok(WatchEvent::Resync)).await.is_err() {
-                return;
-            }
-            first = false;
-            let req = watch_request(&what, &queries, resume.clone());
-            let result = self
-                .stream_events(&what, req, &mut bookmark, tx, &mut backoff)
-                .await;
-            match result {
-                StreamEnd::ReceiverGone => return,
-                StreamEnd::BookmarkRefused => {
-                    tracing::info!(watch = %what, "Omni refused the watch bookmark; re-bootstrapping");
-                    bookmark = None;
-                }
-                StreamEnd::Errored(message) => {
-                    // Resuming would only replay the same error (a compacted revision stays
-                    // compacted): start over with a full listing.
-                    tracing::warn!(watch = %what, error = %message, "Omni ended the watch with an error; re-bootstrapping");
-                    bookmark = None;
-                }
-                StreamEnd::Broken(e) => {
-                    tracing::warn!(watch = %what, error = %e, retry_in = ?backoff, "watch broken; reconnecting");
-                    if e.is_permanent() && tx.send(Err(e)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(self.reconnect.1);
-        }
-    }
-
-    async fn stream_events(
-        &self,
-        what: &ResourceRef,
-        req: pb::WatchRequest,
-        bookmark: &mut Option<Vec<u8>>,
-        tx: &mpsc::Sender<Result<WatchEvent, StateError>>,
-        backoff: &mut Duration,
-    ) -> StreamEnd {
-        let resuming = req
-            .options
-            .as_ref()
-            .is_some_and(|o| o.start_from_bookmark.is_some());
-        let mut stream = match self.raw.clone().watch(req).await {
-            Ok(s) => s.into_inner(),
-            Err(s) if resuming && s.code() == Code::FailedPrecondition => {
-                return StreamEnd::BookmarkRefused;
-            }
-            Err(s) => return StreamEnd::Broken(StateError::from_status(what.clone(), &s)),
-        };
-        loop {
-            let msg = match stream.message().await {
-                Ok(Some(m)) => m,
-                Ok(None) => {
-                    return StreamEnd::Broken(StateError::Transport {
-                        what: what.clone(),
-                        message: "watch stream ended".into(),
-                    });
-                }
-                Err(s) if resuming && s.code() == Code::FailedPrecondition => {
-                    return StreamEnd::BookmarkRefused;
-                }
-                Err(s) => return StreamEnd::Broken(StateError::from_status(what.clone(), &s)),
-            };
-            // The first message is empty ("established"); aggregated messages may also be empty
-            // after Omni's per-provider filtering. Neither is an error.
-            for event in msg.event {
-                let mapped = match pb::EventType::try_from(event.event_type) {
-                    Ok(pb::EventType::Created) => event.resource.map(WatchEvent::Created),
-                    Ok(pb::EventType::Updated) => event.resource.map(WatchEvent::Updated),
-                    Ok(pb::EventType::Destroyed) => event.resource.map(WatchEvent::Destroyed),
-                    Ok(pb::EventType::Bootstrapped) => Some(WatchEvent::Bootstrapped),
-                    Ok(pb::EventType::Noop) => None,
-                    Ok(pb::EventType::Errored) | Err(_) => {
-                        // The backend's watch has ended; the server keeps the stream open but sends
-                        // nothing more. On Omni's etcd store this is how an expired bookmark is
-                        // reported ("required revision has been compacted"), so the bookmark must
-                        // go with the stream.
-                        return StreamEnd::Errored(event.error.unwrap_or_default());
-                    }
-                };
-                // A working stream: the next break starts its backoff afresh.
-                *backoff = self.reconnect.0;
-                if let Some(b) = &event.bookmark {
-                    *bookmark = Some(b.clone());
-                }
-                if let Some(ev) = mapped
-                    && tx.send(Ok(ev)).await.is_err()
-                {
-                    return StreamEnd::ReceiverGone;
-                }
-            }
-        }
-    }
-}
-
-enum StreamEnd {
-    ReceiverGone,
-    /// The call itself was refused because of the bookmark (FailedPrecondition).
-    BookmarkRefused,
-    /// An ERRORED event: the stream is dead and its bookmark is not to be trusted.
-    Errored(String),
-    Broken(StateError),
-}
-
-impl StateError {
-    /// Errors a reconnect will not fix; reported to the watcher (the watch still retries, since
-    /// e.g. a key registration may be fixed while we run).
-    fn is_permanent(&self) -> bool {
-        matches!(
-            self,
-            Self::PermissionDenied { .. }
-                | Self::Unauthenticated { .. }
-                | Self::InvalidArgument { .. }
-        )
-    }
-}
-
-fn watch_request(
-    what: &ResourceRef,
-    queries: &[pb::LabelQuery],
-    resume: Option<Vec<u8>>,
-) -> pb::WatchRequest {
-    let bootstrap = resume.is_none();
-    pb::WatchRequest {
-        namespace: what.namespace.clone(),
-        r#type: what.resource_type.clone(),
-        id: None,
-        options: Some(pb::WatchOptions {
-            bootstrap_contents: bootstrap,
-            tail_events: 0,
-            label_query: queries.to_vec(),
-            id_query: None,
-            aggregated: false,
-            start_from_bookmark: resume,
-            bootstrap_bookmark: false,
-        }),
-        // 0 would make the server drop BOOTSTRAPPED and ERRORED events.
-        api_version: 1,
-    }
 }
 
 fn encode_spec<K: Kind>(kind: &K, spec: &K::Spec) -> pb::Spec {
     pb::Spec {
         proto_spec: prost::Message::encode_to_vec(spec),
         yaml_spec: kind.yaml(spec),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_codes_map_to_typed_errors() {
-        let what = ResourceRef::new("infra-provider", "MachineRequests.omni.sidero.dev", "r1");
-        let e = StateError::from_status(what.clone(), &tonic::Status::not_found("x"));
-        assert!(e.is_not_found());
-        assert!(
-            e.to_string()
-                .contains("MachineRequests.omni.sidero.dev(infra-provider)/r1")
-        );
-        let e =
-            StateError::from_status(what.clone(), &tonic::Status::failed_precondition("version"));
-        assert!(e.is_conflict());
-        let e = StateError::from_status(what, &tonic::Status::permission_denied("nope"));
-        assert!(matches!(e, StateError::PermissionDenied { .. }));
-    }
-
-    #[test]
-    fn bootstrap_or_resume() {
-        let what = ResourceRef::new("ns", "T", "");
-        let r = watch_request(&what, &[], None);
-        let o = r.options.unwrap();
-        assert!(o.bootstrap_contents && o.start_from_bookmark.is_none());
-        assert_eq!(r.api_version, 1);
-        let r = watch_request(&what, &[], Some(vec![1]));
-        let o = r.options.unwrap();
-        assert!(!o.bootstrap_contents && o.start_from_bookmark == Some(vec![1]));
     }
 }

@@ -22,6 +22,8 @@
 //! must load here); `strict: true` at the top of the file makes unknown keys errors, here and in
 //! provider data.
 
+mod proxmox;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
@@ -29,7 +31,7 @@ use serde_json::{Map, Value};
 use crate::did_you_mean;
 use crate::pipeline::provider_data::ConfigLayers;
 use crate::rules::placement::PlacementLimits;
-use crate::secret::Secret;
+pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
 
 /// Everything in the config file, validated.
 #[derive(Debug, Clone)]
@@ -49,34 +51,6 @@ pub struct ProviderConfig {
     /// What was ignored or chosen for the user (unknown keys, a token and a password both set): logged
     /// at start and shown by `validate`.
     pub warnings: Vec<String>,
-}
-
-/// How to reach and log in to the Proxmox VE API.
-#[derive(Debug, Clone)]
-pub struct ProxmoxSettings {
-    /// Base URL ending in `/api2/json`, whatever the user wrote.
-    pub api_url: url::Url,
-    pub auth: ProxmoxAuth,
-    pub tls: TlsTrust,
-}
-
-#[derive(Debug, Clone)]
-pub enum ProxmoxAuth {
-    /// `Authorization: PVEAPIToken=<id>=<secret>`; no CSRF token, never expires.
-    Token { id: String, secret: Secret },
-    /// Ticket login at `/access/ticket` as `<username>@<realm>`.
-    Password { username: String, password: Secret },
-}
-
-/// Which server certificates to accept.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TlsTrust {
-    /// Public web PKI roots.
-    WebPki,
-    /// Public roots plus the certificates in this PEM file (a private CA or a pinned self-signed cert).
-    CaFile(PathBuf),
-    /// No verification at all (`insecureSkipVerify: true`); logged as a warning at start.
-    InsecureSkipVerify,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,17 +73,6 @@ const TOP_KEYS: &[&str] = &["proxmox", "defaults", "nodes", "strict", "placement
 const PLACEMENT_KEYS: &[&str] = &["cpuOvercommit", "memoryOvercommit"];
 /// No cluster runs usefully at more vCPUs per CPU than this; a larger value is a typo.
 const MAX_OVERCOMMIT: f64 = 64.0;
-const PROXMOX_KEYS: &[&str] = &[
-    "url",
-    "tokenID",
-    "tokenSecret",
-    "username",
-    "password",
-    "realm",
-    "insecureSkipVerify",
-    "caFile",
-];
-
 impl ProviderConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -202,161 +165,6 @@ pub enum ParseError {
     Invalid(Vec<String>),
 }
 
-impl ProxmoxSettings {
-    fn from_map(p: &Map<String, Value>, found: &mut Found) -> Option<Self> {
-        found.check_keys(p, PROXMOX_KEYS, "proxmox.");
-        let Found {
-            problems, warnings, ..
-        } = found;
-        let before = problems.len();
-        let s = |k: &str, problems: &mut Vec<String>| string_key(p, k, problems);
-        let url = s("url", problems);
-        let token_id = s("tokenID", problems);
-        let token_secret = s("tokenSecret", problems);
-        let username = s("username", problems);
-        let password = s("password", problems);
-        let realm = s("realm", problems);
-        let ca_file = s("caFile", problems);
-        let insecure = match p.get("insecureSkipVerify") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(other) => {
-                problems.push(format!(
-                    "`proxmox.insecureSkipVerify` must be true or false, found {}",
-                    kind(other)
-                ));
-                false
-            }
-        };
-
-        let api_url = match url.as_deref() {
-            None => {
-                problems.push(
-                    "`proxmox.url` is required, e.g. \"https://pve.example:8006/api2/json\"".into(),
-                );
-                None
-            }
-            Some(raw) => match normalize_api_url(raw) {
-                Ok(u) => Some(u),
-                Err(why) => {
-                    problems.push(format!("`proxmox.url` {raw:?} {why}"));
-                    None
-                }
-            },
-        };
-
-        let auth = match (token_id, token_secret, username, password) {
-            // The official provider logs in with the password whenever username and password are both
-            // set, and only otherwise uses the token; do the same so either provider behaves alike.
-            (id, secret, Some(user), Some(password)) if id.is_some() || secret.is_some() => {
-                warnings.push("`proxmox` has both an API token (`tokenID`/`tokenSecret`) and a password login (`username`/`password`): using the password login, as the official provider does; remove the one you do not want".into());
-                password_login(user, password, realm, problems)
-            }
-            (Some(id), Some(secret), user, password) => {
-                // Only one of username and password (both is the arm above).
-                if user.is_some() || password.is_some() {
-                    let (set, missing) = if user.is_some() {
-                        ("username", "password")
-                    } else {
-                        ("password", "username")
-                    };
-                    warnings.push(format!("`proxmox.{set}` is ignored without `proxmox.{missing}`: using the API token, as the official provider does"));
-                }
-                token_login(id, secret, realm, warnings, problems)
-            }
-            (Some(_), None, _, _) => {
-                problems
-                    .push("`proxmox.tokenID` is set but `proxmox.tokenSecret` is missing".into());
-                None
-            }
-            (None, Some(_), _, _) => {
-                problems
-                    .push("`proxmox.tokenSecret` is set but `proxmox.tokenID` is missing".into());
-                None
-            }
-            (None, None, Some(user), Some(password)) => {
-                password_login(user, password, realm, problems)
-            }
-            (None, None, Some(_), None) => {
-                problems.push("`proxmox.username` is set but `proxmox.password` is missing".into());
-                None
-            }
-            (None, None, None, Some(_)) => {
-                problems.push("`proxmox.password` is set but `proxmox.username` is missing".into());
-                None
-            }
-            (None, None, None, None) => {
-                problems.push("`proxmox` needs credentials: `tokenID` + `tokenSecret` (recommended) or `username` + `password` (+ `realm`, default pam)".into());
-                None
-            }
-        };
-
-        let tls = match (insecure, ca_file) {
-            (true, Some(_)) => {
-                problems.push("`proxmox.insecureSkipVerify: true` and `proxmox.caFile` contradict each other: with a CA file, verification can stay on".into());
-                None
-            }
-            (true, None) => Some(TlsTrust::InsecureSkipVerify),
-            (false, Some(path)) => Some(TlsTrust::CaFile(PathBuf::from(path))),
-            (false, None) => Some(TlsTrust::WebPki),
-        };
-        if problems.len() > before {
-            return None;
-        }
-        Some(Self {
-            api_url: api_url?,
-            auth: auth?,
-            tls: tls?,
-        })
-    }
-}
-
-fn token_login(
-    id: String,
-    secret: String,
-    realm: Option<String>,
-    warnings: &mut Vec<String>,
-    problems: &mut Vec<String>,
-) -> Option<ProxmoxAuth> {
-    if !id.contains('!') || !id.contains('@') {
-        problems.push(format!(
-            "`proxmox.tokenID` {id:?} must look like user@realm!tokenname, e.g. \"omni@pve!provider\""
-        ));
-    }
-    if realm.is_some() {
-        // The official provider ignores it too, so a file that works there is not refused.
-        warnings.push(
-            "`proxmox.realm` is ignored with an API token: the token's realm is part of `tokenID`"
-                .into(),
-        );
-    }
-    Some(ProxmoxAuth::Token {
-        id,
-        secret: Secret::new(secret),
-    })
-}
-
-fn password_login(
-    user: String,
-    password: String,
-    realm: Option<String>,
-    problems: &mut Vec<String>,
-) -> Option<ProxmoxAuth> {
-    // Upstream takes `username` and `realm` separately; accept "root@pam" too.
-    let username = match (user.contains('@'), realm) {
-        (true, None) => user,
-        (true, Some(r)) => {
-            problems.push(format!("`proxmox.username` {user:?} already names a realm, and `proxmox.realm` is {r:?}: keep only one"));
-            user
-        }
-        (false, r) => format!("{user}@{}", r.unwrap_or_else(|| "pam".into())),
-    };
-    Some(ProxmoxAuth::Password {
-        username,
-        password: Secret::new(password),
-    })
-}
-
 /// Problems and warnings while reading the file.
 struct Found {
     problems: Vec<String>,
@@ -422,44 +230,6 @@ fn placement_limits(root: &Map<String, Value>, found: &mut Found) -> PlacementLi
         &mut limits.memory_overcommit,
     );
     limits
-}
-
-/// Accepts `https://host:8006`, `https://host:8006/`, `https://host:8006/api2/json[/]`.
-pub fn normalize_api_url(raw: &str) -> Result<url::Url, String> {
-    let mut u = url::Url::parse(raw.trim()).map_err(|e| format!("is not a URL: {e}"))?;
-    if u.scheme() != "https" && u.scheme() != "http" {
-        return Err(format!(
-            "must start with https:// (found scheme {:?})",
-            u.scheme()
-        ));
-    }
-    if u.host_str().is_none_or(str::is_empty) {
-        return Err("has no host".into());
-    }
-    if u.query().is_some() || u.fragment().is_some() {
-        return Err("must not have a query or fragment".into());
-    }
-    let path = u.path().trim_end_matches('/');
-    let path = path.strip_suffix("/api2/json").unwrap_or(path).to_owned();
-    u.set_path(&format!("{path}/api2/json"));
-    Ok(u)
-}
-
-fn string_key(map: &Map<String, Value>, key: &str, problems: &mut Vec<String>) -> Option<String> {
-    match map.get(key) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.trim().is_empty() => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        // YAML turns `password: 1234` into a number; the user meant the text.
-        Some(Value::Number(n)) => Some(n.to_string()),
-        Some(other) => {
-            problems.push(format!(
-                "`proxmox.{key}` must be a string, found {}",
-                kind(other)
-            ));
-            None
-        }
-    }
 }
 
 fn optional_map(

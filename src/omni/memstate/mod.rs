@@ -1,0 +1,312 @@
+//! An in-memory Omni: a real tonic server of the COSI State service and of the management
+//! schematic call, with the semantics a provider depends on (§1), Omni's access rules for
+//! infra-provider callers (§2.4) and Omni's signature check (§6.3).
+//!
+//! It exists so the provider can be tested and demonstrated end to end over real gRPC without an
+//! Omni installation. Being strict is the point: whatever the real Omni would refuse (an update of
+//! a MachineRequest that changes more than finalizers, a wrong owner, a stale version, a bad
+//! signature) is refused here with the same status code, so our client cannot grow habits that only
+//! work against a lenient fake.
+//!
+//! Besides gRPC it offers an in-process API ([`MemState`]) through which tests and the demo act as
+//! Omni itself: seed a provider, create and tear down MachineRequests, read what the provider wrote.
+
+mod access;
+mod query;
+mod service;
+mod store;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use super::auth::ProviderKey;
+use super::proto::cosi::resource as pb;
+use super::proto::cosi::resource::meta::ResourceDefinitionSpec;
+use super::proto::specs;
+use super::resources::{
+    self, InfraProvider, Kind, MachineRequest, PHASE_RUNNING, PHASE_TEARING_DOWN,
+    ProviderJoinConfig, ResourceDefinition, SiderolinkApiConfig, label, namespace,
+};
+use super::state::Typed;
+use crate::secret::Secret;
+pub use service::MemServer;
+pub use store::{COMPACTED_ERROR, FUTURE_REVISION_ERROR};
+use store::{Key, LoggedEvent, Store, key_of, md, next_version, now_ts};
+
+/// The in-memory Omni state. Cheap to clone; all clones share the same store.
+#[derive(Clone)]
+pub struct MemState {
+    store: Arc<Mutex<Store>>,
+    events: broadcast::Sender<LoggedEvent>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for MemState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemState {
+    pub fn new() -> Self {
+        let (events, _) = broadcast::channel(4096);
+        let (changed, _) = tokio::sync::watch::channel(0);
+        Self {
+            store: Arc::new(Mutex::new(Store::default())),
+            events,
+            changed,
+        }
+    }
+
+    // ---- in-process "Omni" API -------------------------------------------------------------------
+
+    /// Registers a provider the way `omnictl infraprovider create <id>` does: the `InfraProviders`
+    /// resource, a fresh key (returned in `omnictl`'s base64 form), plus what Omni ≥ 1.0 provides:
+    /// the ProviderJoinConfig, the SideroLink API config and the resource definition that signals
+    /// v2 join tokens.
+    pub fn register_provider(&self, provider_id: &str) -> Result<Secret, String> {
+        let key = ProviderKey::generate(provider_id).map_err(|e| e.to_string())?;
+        self.register_key(&key)?;
+        let mut labels = BTreeMap::new();
+        labels.insert(label::INFRA_PROVIDER_ID.to_owned(), provider_id.to_owned());
+        self.put(
+            &InfraProvider,
+            provider_id,
+            &specs::InfraProviderSpec {},
+            BTreeMap::new(),
+        );
+        self.put(
+            &ProviderJoinConfig,
+            provider_id,
+            &specs::ProviderJoinConfigSpec {
+                config: None,
+                join_token: format!("{provider_id}-join-token"),
+            },
+            labels,
+        );
+        self.put(
+            &SiderolinkApiConfig,
+            resources::SIDEROLINK_CONFIG_ID,
+            &specs::SiderolinkApiConfigSpec {
+                machine_api_advertised_url: "grpc://127.0.0.1:8090".into(),
+                wireguard_advertised_endpoint: "127.0.0.1:50180".into(),
+                enforce_grpc_tunnel: false,
+                events_port: 8091,
+                logs_port: 8092,
+            },
+            BTreeMap::new(),
+        );
+        self.put(
+            &ResourceDefinition,
+            resources::PROVIDER_JOIN_CONFIG_DEFINITION_ID,
+            &ResourceDefinitionSpec {
+                resource_type: ProviderJoinConfig::TYPE.into(),
+                default_namespace: namespace::INFRA_PROVIDER.into(),
+                ..Default::default()
+            },
+            BTreeMap::new(),
+        );
+        key.to_encoded().map_err(|e| e.to_string())
+    }
+
+    /// Drops the whole event history, as etcd's periodic compaction does (Omni keeps about five
+    /// hours): a watch resuming from any bookmark handed out so far gets an ERRORED event.
+    pub fn compact(&self) {
+        let mut store = self.lock();
+        store.compacted = store.seq;
+        store.log.clear();
+    }
+
+    /// Trusts an existing key (its identity decides the provider ID it acts as).
+    pub fn register_key(&self, key: &ProviderKey) -> Result<(), String> {
+        let public = key.public_key_armored().map_err(|e| e.to_string())?;
+        self.lock()
+            .verifier
+            .register(key.identity(), &public)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Creates or replaces a resource as Omni itself (no access rules, owner `""`).
+    pub fn put<K: Kind>(
+        &self,
+        kind: &K,
+        id: &str,
+        spec: &K::Spec,
+        labels: BTreeMap<String, String>,
+    ) {
+        let resource = pb::Resource {
+            metadata: Some(pb::Metadata {
+                namespace: kind.namespace(),
+                r#type: kind.resource_type(),
+                id: id.to_owned(),
+                phase: PHASE_RUNNING.into(),
+                labels: labels.into_iter().collect(),
+                ..Default::default()
+            }),
+            spec: Some(pb::Spec {
+                proto_spec: prost::Message::encode_to_vec(spec),
+                yaml_spec: String::new(),
+            }),
+        };
+        let mut store = self.lock();
+        let k = key_of(md(&resource));
+        let old = store.resources.get(&k).cloned();
+        let mut resource = resource;
+        let m = resource.metadata.get_or_insert_with(Default::default);
+        match &old {
+            Some(o) => {
+                let om = md(o);
+                m.version = next_version(&om.version);
+                m.created = om.created;
+                m.finalizers = om.finalizers.clone();
+                m.owner = om.owner.clone();
+            }
+            None => {
+                m.version = "1".into();
+                m.created = Some(now_ts());
+            }
+        }
+        m.updated = Some(now_ts());
+        store.resources.insert(k, resource.clone());
+        let kind = if old.is_some() {
+            pb::EventType::Updated
+        } else {
+            pb::EventType::Created
+        };
+        self.emit(&mut store, kind, resource, old);
+    }
+
+    /// Creates a MachineRequest the way Omni's MachineRequestSet controller does (owner `""`,
+    /// labels provider ID and request set).
+    pub fn create_machine_request(
+        &self,
+        id: &str,
+        provider_id: &str,
+        request_set: &str,
+        spec: &specs::MachineRequestSpec,
+    ) {
+        let mut labels = BTreeMap::new();
+        labels.insert(label::INFRA_PROVIDER_ID.to_owned(), provider_id.to_owned());
+        labels.insert(
+            label::MACHINE_REQUEST_SET.to_owned(),
+            request_set.to_owned(),
+        );
+        self.put(&MachineRequest, id, spec, labels);
+    }
+
+    /// Starts tearing a resource down as Omni would; it is destroyed once its finalizers are gone
+    /// (see [`Self::collect_torn_down`]).
+    pub fn teardown<K: Kind>(&self, kind: &K, id: &str) -> bool {
+        let mut store = self.lock();
+        let k = (kind.namespace(), kind.resource_type(), id.to_owned());
+        let Some(old) = store.resources.get(&k).cloned() else {
+            return false;
+        };
+        let mut new = old.clone();
+        let m = new.metadata.get_or_insert_with(Default::default);
+        if m.phase != PHASE_TEARING_DOWN {
+            m.phase = PHASE_TEARING_DOWN.into();
+            m.version = next_version(&m.version);
+            store.resources.insert(k, new.clone());
+            self.emit(&mut store, pb::EventType::Updated, new, Some(old));
+        }
+        true
+    }
+
+    /// Destroys every torn-down resource of `kind` whose finalizers are gone, as Omni's
+    /// controllers do; returns how many were destroyed.
+    pub fn collect_torn_down<K: Kind>(&self, kind: &K) -> usize {
+        let mut store = self.lock();
+        let (ns, ty) = (kind.namespace(), kind.resource_type());
+        let ready: Vec<Key> = store
+            .resources
+            .iter()
+            .filter(|((n, t, _), r)| {
+                *n == ns
+                    && *t == ty
+                    && md(r).phase == PHASE_TEARING_DOWN
+                    && md(r).finalizers.is_empty()
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &ready {
+            if let Some(r) = store.resources.remove(k) {
+                self.emit(&mut store, pb::EventType::Destroyed, r, None);
+            }
+        }
+        ready.len()
+    }
+
+    /// Destroys a resource as Omni (ignores finalizers and owners).
+    pub fn remove<K: Kind>(&self, kind: &K, id: &str) -> bool {
+        let mut store = self.lock();
+        let k = (kind.namespace(), kind.resource_type(), id.to_owned());
+        match store.resources.remove(&k) {
+            Some(r) => {
+                self.emit(&mut store, pb::EventType::Destroyed, r, None);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn get_raw(&self, namespace: &str, resource_type: &str, id: &str) -> Option<pb::Resource> {
+        self.lock()
+            .resources
+            .get(&(
+                namespace.to_owned(),
+                resource_type.to_owned(),
+                id.to_owned(),
+            ))
+            .cloned()
+    }
+
+    pub fn get<K: Kind>(&self, kind: &K, id: &str) -> Option<Typed<K::Spec>> {
+        self.get_raw(&kind.namespace(), &kind.resource_type(), id)
+            .and_then(|r| Typed::decode(r).ok())
+    }
+
+    pub fn list<K: Kind>(&self, kind: &K) -> Vec<Typed<K::Spec>> {
+        let (ns, ty) = (kind.namespace(), kind.resource_type());
+        self.lock()
+            .resources
+            .iter()
+            .filter(|((n, t, _), _)| *n == ns && *t == ty)
+            .filter_map(|(_, r)| Typed::decode(r.clone()).ok())
+            .collect()
+    }
+
+    /// How many signed calls of `method` (e.g. `/cosi.resource.State/Teardown`) were accepted.
+    pub fn calls(&self, method: &str) -> u64 {
+        self.lock().calls.get(method).copied().unwrap_or(0)
+    }
+
+    /// Makes Teardown/TeardownAndDestroy answer `Unimplemented`, like Omni before 1.8.
+    pub fn set_teardown_unimplemented(&self, on: bool) {
+        self.lock().teardown_unimplemented = on;
+    }
+
+    /// Waits until `condition` holds, re-checking after every change, for at most `timeout`.
+    pub async fn wait_for(
+        &self,
+        timeout: Duration,
+        mut condition: impl FnMut(&MemState) -> bool,
+    ) -> bool {
+        let mut rx = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if condition(self) {
+                return true;
+            }
+            tokio::select! {
+                r = rx.changed() => { if r.is_err() { return condition(self); } }
+                _ = tokio::time::sleep_until(deadline) => return condition(self),
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! The State watch that survives reconnects: resumes from the last bookmark, and re-bootstraps
+//! (announcing a [`WatchEvent::Resync`]) when there is none or Omni will not honour it.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tonic::Code;
+
+use super::{LabelSelector, ResourceRef, StateClient, StateError};
+use crate::omni::proto::cosi::resource as pb;
+
+/// What a watch delivers, already reduced to what a reconcile queue needs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchEvent {
+    Created(pb::Resource),
+    Updated(pb::Resource),
+    Destroyed(pb::Resource),
+    /// The initial listing is complete; everything that exists has been delivered as `Created`.
+    Bootstrapped,
+    /// The stream was re-established without a usable bookmark: a fresh bootstrap follows, so
+    /// consumers should treat anything not re-announced as possibly gone.
+    Resync,
+}
+
+impl WatchEvent {
+    /// The resource the event is about, if any.
+    pub fn resource(&self) -> Option<&pb::Resource> {
+        match self {
+            Self::Created(r) | Self::Updated(r) | Self::Destroyed(r) => Some(r),
+            Self::Bootstrapped | Self::Resync => None,
+        }
+    }
+}
+
+impl StateClient {
+    /// Watches all resources of a kind matching `selectors` (bootstrap first). Events arrive on the
+    /// returned receiver; dropping it stops the watch. Broken streams are re-established with
+    /// backoff, resuming from the last bookmark, or re-bootstrapping (after a
+    /// [`WatchEvent::Resync`]) when there is none, Omni refuses it, or the stream ended with an
+    /// ERRORED event (how Omni's etcd store reports a bookmark older than its compacted history).
+    pub fn watch_kind(
+        &self,
+        namespace: &str,
+        resource_type: &str,
+        selectors: Vec<LabelSelector>,
+    ) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
+        let (tx, rx) = mpsc::channel(256);
+        let client = self.clone();
+        let what = ResourceRef::new(namespace, resource_type, "");
+        let queries: Vec<pb::LabelQuery> = selectors
+            .into_iter()
+            .map(LabelSelector::into_query)
+            .collect();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tx.closed() => {}
+                _ = client.run_watch(what, queries, &tx) => {}
+            }
+        });
+        rx
+    }
+
+    async fn run_watch(
+        &self,
+        what: ResourceRef,
+        queries: Vec<pb::LabelQuery>,
+        tx: &mpsc::Sender<Result<WatchEvent, StateError>>,
+    ) {
+        let mut bookmark: Option<Vec<u8>> = None;
+        let mut first = true;
+        let mut backoff = self.reconnect.0;
+        loop {
+            let resume = bookmark.clone();
+            if resume.is_none() && !first && tx.send(Ok(WatchEvent::Resync)).await.is_err() {
+                return;
+            }
+            first = false;
+            let req = watch_request(&what, &queries, resume.clone());
+            let result = self
+                .stream_events(&what, req, &mut bookmark, tx, &mut backoff)
+                .await;
+            match result {
+                StreamEnd::ReceiverGone => return,
+                StreamEnd::BookmarkRefused => {
+                    tracing::info!(watch = %what, "Omni refused the watch bookmark; re-bootstrapping");
+                    bookmark = None;
+                }
+                StreamEnd::Errored(message) => {
+                    // Resuming would only replay the same error (a compacted revision stays
+                    // compacted): start over with a full listing.
+                    tracing::warn!(watch = %what, error = %message, "Omni ended the watch with an error; re-bootstrapping");
+                    bookmark = None;
+                }
+                StreamEnd::Broken(e) => {
+                    tracing::warn!(watch = %what, error = %e, retry_in = ?backoff, "watch broken; reconnecting");
+                    if e.is_permanent() && tx.send(Err(e)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(self.reconnect.1);
+        }
+    }
+
+    async fn stream_events(
+        &self,
+        what: &ResourceRef,
+        req: pb::WatchRequest,
+        bookmark: &mut Option<Vec<u8>>,
+        tx: &mpsc::Sender<Result<WatchEvent, StateError>>,
+        backoff: &mut Duration,
+    ) -> StreamEnd {
+        let resuming = req
+            .options
+            .as_ref()
+            .is_some_and(|o| o.start_from_bookmark.is_some());
+        let mut stream = match self.raw.clone().watch(req).await {
+            Ok(s) => s.into_inner(),
+            Err(s) if resuming && s.code() == Code::FailedPrecondition => {
+                return StreamEnd::BookmarkRefused;
+            }
+            Err(s) => return StreamEnd::Broken(StateError::from_status(what.clone(), &s)),
+        };
+        loop {
+            let msg = match stream.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    return StreamEnd::Broken(StateError::Transport {
+                        what: what.clone(),
+                        message: "watch stream ended".into(),
+                    });
+                }
+                Err(s) if resuming && s.code() == Code::FailedPrecondition => {
+                    return StreamEnd::BookmarkRefused;
+                }
+                Err(s) => return StreamEnd::Broken(StateError::from_status(what.clone(), &s)),
+            };
+            // The first message is empty ("established"); aggregated messages may also be empty
+            // after Omni's per-provider filtering. Neither is an error.
+            for event in msg.event {
+                let mapped = match pb::EventType::try_from(event.event_type) {
+                    Ok(pb::EventType::Created) => event.resource.map(WatchEvent::Created),
+                    Ok(pb::EventType::Updated) => event.resource.map(WatchEvent::Updated),
+                    Ok(pb::EventType::Destroyed) => event.resource.map(WatchEvent::Destroyed),
+                    Ok(pb::EventType::Bootstrapped) => Some(WatchEvent::Bootstrapped),
+                    Ok(pb::EventType::Noop) => None,
+                    Ok(pb::EventType::Errored) | Err(_) => {
+                        // The backend's watch has ended; the server keeps the stream open but sends
+                        // nothing more. On Omni's etcd store this is how an expired bookmark is
+                        // reported ("required revision has been compacted"), so the bookmark must
+                        // go with the stream.
+                        return StreamEnd::Errored(event.error.unwrap_or_default());
+                    }
+                };
+                // A working stream: the next break starts its backoff afresh.
+                *backoff = self.reconnect.0;
+                if let Some(b) = &event.bookmark {
+                    *bookmark = Some(b.clone());
+                }
+                if let Some(ev) = mapped
+                    && tx.send(Ok(ev)).await.is_err()
+                {
+                    return StreamEnd::ReceiverGone;
+                }
+            }
+        }
+    }
+}
+
+enum StreamEnd {
+    ReceiverGone,
+    /// The call itself was refused because of the bookmark (FailedPrecondition).
+    BookmarkRefused,
+    /// An ERRORED event: the stream is dead and its bookmark is not to be trusted.
+    Errored(String),
+    Broken(StateError),
+}
+
+impl StateError {
+    /// Errors a reconnect will not fix; reported to the watcher (the watch still retries, since
+    /// e.g. a key registration may be fixed while we run).
+    fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Self::PermissionDenied { .. }
+                | Self::Unauthenticated { .. }
+                | Self::InvalidArgument { .. }
+        )
+    }
+}
+
+fn watch_request(
+    what: &ResourceRef,
+    queries: &[pb::LabelQuery],
+    resume: Option<Vec<u8>>,
+) -> pb::WatchRequest {
+    let bootstrap = resume.is_none();
+    pb::WatchRequest {
+        namespace: what.namespace.clone(),
+        r#type: what.resource_type.clone(),
+        id: None,
+        options: Some(pb::WatchOptions {
+            bootstrap_contents: bootstrap,
+            tail_events: 0,
+            label_query: queries.to_vec(),
+            id_query: None,
+            aggregated: false,
+            start_from_bookmark: resume,
+            bootstrap_bookmark: false,
+        }),
+        // 0 would make the server drop BOOTSTRAPPED and ERRORED events.
+        api_version: 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bootstrap_or_resume() {
+        let what = ResourceRef::new("ns", "T", "");
+        let r = watch_request(&what, &[], None);
+        let o = r.options.unwrap();
+        assert!(o.bootstrap_contents && o.start_from_bookmark.is_none());
+        assert_eq!(r.api_version, 1);
+        let r = watch_request(&what, &[], Some(vec![1]));
+        let o = r.options.unwrap();
+        assert!(!o.bootstrap_contents && o.start_from_bookmark == Some(vec![1]));
+    }
+}

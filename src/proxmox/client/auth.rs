@@ -1,0 +1,164 @@
+//! How calls authenticate: an API token header, or a ticket session from a password login, renewed
+//! well before Proxmox's two-hour expiry and re-established after a 401.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::header::HeaderValue;
+use tokio::sync::{Mutex, RwLock};
+
+use super::ProxmoxClient;
+use crate::config::ProxmoxAuth;
+use crate::proxmox::error::{Call, ProxmoxError};
+use crate::secret::Secret;
+
+pub(super) enum Auth {
+    Token(HeaderValue),
+    Ticket(TicketAuth),
+}
+
+pub(super) struct TicketAuth {
+    username: String,
+    password: Secret,
+    session: RwLock<Option<Arc<Session>>>,
+    /// One login at a time: a burst of requests after expiry must not log in fifty times.
+    login: Mutex<()>,
+    renew_after: Duration,
+}
+
+pub(super) struct Session {
+    pub(super) cookie: HeaderValue,
+    pub(super) csrf: HeaderValue,
+    obtained: Instant,
+}
+
+#[derive(serde::Deserialize)]
+struct TicketAnswer {
+    ticket: String,
+    #[serde(rename = "CSRFPreventionToken")]
+    csrf: String,
+    /// Set for users with a second factor (TOTP, WebAuthn, …): the ticket is only a half-ticket that
+    /// pve-access-control (AccessControl.pm, create_ticket) accepts for nothing but the TFA challenge.
+    #[serde(rename = "NeedTFA", default)]
+    need_tfa: Option<serde_json::Value>,
+}
+
+const TICKET_RENEW_AFTER: Duration = Duration::from_secs(90 * 60);
+
+impl Auth {
+    /// The token header is built once and marked sensitive, so no request dump can show it.
+    pub(super) fn from_settings(auth: &ProxmoxAuth) -> Result<Self, ProxmoxError> {
+        Ok(match auth {
+            ProxmoxAuth::Token { id, secret } => {
+                let mut v =
+                    HeaderValue::from_str(&format!("PVEAPIToken={id}={}", secret.expose()))
+                        .map_err(|_| {
+                            ProxmoxError::Setup(
+                                "proxmox.tokenID or proxmox.tokenSecret contains characters not allowed in an HTTP header"
+                                    .into(),
+                            )
+                        })?;
+                v.set_sensitive(true);
+                Auth::Token(v)
+            }
+            ProxmoxAuth::Password { username, password } => Auth::Ticket(TicketAuth {
+                username: username.clone(),
+                password: password.clone(),
+                session: RwLock::new(None),
+                login: Mutex::new(()),
+                renew_after: TICKET_RENEW_AFTER,
+            }),
+        })
+    }
+}
+
+impl ProxmoxClient {
+    /// The current ticket session, logging in (or renewing) first when needed.
+    pub(super) async fn session(&self, call: &Call) -> Result<Option<Arc<Session>>, ProxmoxError> {
+        let Auth::Ticket(t) = &self.inner.auth else {
+            return Ok(None);
+        };
+        if let Some(s) = t.session.read().await.as_ref()
+            && s.obtained.elapsed() < t.renew_after
+        {
+            return Ok(Some(s.clone()));
+        }
+        let _one_login = t.login.lock().await;
+        // Another task may have logged in while we waited.
+        if let Some(s) = t.session.read().await.as_ref()
+            && s.obtained.elapsed() < t.renew_after
+        {
+            return Ok(Some(s.clone()));
+        }
+        let session = Arc::new(self.login(t, call).await?);
+        *t.session.write().await = Some(session.clone());
+        Ok(Some(session))
+    }
+
+    pub(super) async fn invalidate(&self, used: Option<&Arc<Session>>) {
+        if let Auth::Ticket(t) = &self.inner.auth {
+            let mut guard = t.session.write().await;
+            // Only drop the session that failed; a newer one from a concurrent login stays.
+            if let (Some(current), Some(used)) = (guard.as_ref(), used)
+                && Arc::ptr_eq(current, used)
+            {
+                *guard = None;
+            }
+        }
+    }
+
+    async fn login(&self, t: &TicketAuth, during: &Call) -> Result<Session, ProxmoxError> {
+        let call = Call {
+            method: "POST",
+            path: "/access/ticket".into(),
+        };
+        tracing::debug!(user = %t.username, during = %during, "logging in to Proxmox");
+        let form = [
+            ("username", t.username.as_str()),
+            ("password", t.password.expose()),
+        ];
+        let req = self
+            .inner
+            .http
+            .post(self.url(&["access", "ticket"]))
+            .form(&form);
+        let answer: TicketAnswer = match self.execute(req, &call).await {
+            Ok(a) => a,
+            Err(ProxmoxError::Unauthorized { call, message }) => {
+                return Err(ProxmoxError::Unauthorized {
+                    call,
+                    message: format!("login as {} failed: {message}", t.username),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        if answer.need_tfa.as_ref().is_some_and(|v| {
+            v.as_u64() == Some(1) || v.as_bool() == Some(true) || v.as_str() == Some("1")
+        }) {
+            return Err(ProxmoxError::Unauthorized {
+                call,
+                message: format!(
+                    "{} has two-factor authentication (TOTP/WebAuthn), which a daemon cannot answer; \
+                     use an API token (proxmox.tokenID/tokenSecret) or a user without a second factor",
+                    t.username
+                ),
+            });
+        }
+        let sensitive = |v: String| {
+            HeaderValue::from_str(&v)
+                .map(|mut h| {
+                    h.set_sensitive(true);
+                    h
+                })
+                .map_err(|_| ProxmoxError::Decode {
+                    call: call.clone(),
+                    message: "the ticket contains characters not allowed in a header".into(),
+                })
+        };
+        Ok(Session {
+            cookie: sensitive(format!("PVEAuthCookie={}", answer.ticket))?,
+            csrf: sensitive(answer.csrf)?,
+            obtained: Instant::now(),
+        })
+    }
+}

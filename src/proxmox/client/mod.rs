@@ -1,0 +1,460 @@
+//! Transport for the Proxmox VE API: TLS, authentication, retries, error mapping, tracing.
+//!
+//! Shaped by what goes wrong in long-running daemons that talk to Proxmox:
+//! - Password logins expire after two hours (the official provider needs a restart then). We renew the
+//!   ticket well before that, and a 401 triggers one transparent re-login and replay.
+//! - Networks and pveproxy hiccup. Reads and other idempotent calls are retried with jittered
+//!   exponential backoff; a POST that may already have taken effect (create, clone, start) is retried
+//!   only when the request provably never left (connect error), so nothing is ever done twice.
+//! - Errors must say what to fix, so every error names the call and carries Proxmox's message and its
+//!   per-parameter `errors`.
+//!
+//! Secrets (token secret, password, ticket, CSRF token) live only in sensitive header values and
+//! [`Secret`]s; nothing here logs a request body.
+
+mod auth;
+mod error_mapping;
+mod tls;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde::de::DeserializeOwned;
+
+use super::error::{Call, ProxmoxError};
+use crate::config::{ProxmoxSettings, TlsTrust};
+use auth::{Auth, Session};
+use error_mapping::{reason_phrase, status_error, transport_error};
+pub(crate) use tls::tls_config;
+
+/// A cheap-to-clone handle to one Proxmox VE API endpoint.
+#[derive(Clone)]
+pub struct ProxmoxClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ProxmoxClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxmoxClient")
+            .field("api_url", &self.inner.base.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    http: reqwest::Client,
+    base: url::Url,
+    auth: Auth,
+    retry: RetryPolicy,
+    requests: AtomicU64,
+    observer: std::sync::OnceLock<RequestObserver>,
+}
+
+/// Called after every HTTP request with its method, status (`None`: no answer) and duration.
+pub type RequestObserver = Arc<dyn Fn(&'static str, Option<u16>, Duration) + Send + Sync>;
+
+/// How often and how patiently to retry transient failures.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Total tries, the first included.
+    pub attempts: u32,
+    pub initial_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 5,
+            initial_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Full jitter around an exponential curve: spreads retries of many workers apart.
+    fn delay(&self, attempt: u32) -> Duration {
+        let exp = self
+            .initial_delay
+            .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1)))
+            .min(self.max_delay);
+        let factor = 0.5 + rand::random::<f64>() * 0.5;
+        exp.mul_f64(factor)
+    }
+}
+
+/// Whether a call may be sent again after a failure that might have reached Proxmox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Reads, and writes that set absolute values: repeating them changes nothing.
+    Safe,
+    /// Creates, clones, starts, deletes: only retried when the request never left.
+    OnlyIfUnsent,
+}
+
+/// Parameters of a call: query string for GET/DELETE, form body for POST/PUT.
+#[derive(Debug, Clone, Default)]
+pub struct Params(pub Vec<(String, String)>);
+
+impl Params {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with(mut self, key: &str, value: impl ToString) -> Self {
+        self.0.push((key.to_owned(), value.to_string()));
+        self
+    }
+
+    pub fn with_opt(self, key: &str, value: Option<impl ToString>) -> Self {
+        match value {
+            Some(v) => self.with(key, v),
+            None => self,
+        }
+    }
+
+    pub fn extend(mut self, pairs: impl IntoIterator<Item = (String, String)>) -> Self {
+        self.0.extend(pairs);
+        self
+    }
+}
+
+/// A file sent as `multipart/form-data` (storage upload).
+#[derive(Debug, Clone)]
+pub struct Upload {
+    pub fields: Vec<(String, String)>,
+    pub file_name: String,
+    pub bytes: Vec<u8>,
+}
+
+enum Body<'a> {
+    Params(&'a Params),
+    Upload(&'a Upload),
+}
+
+#[derive(serde::Deserialize)]
+struct Envelope<T> {
+    data: T,
+}
+
+/// Below pveproxy's 5 s keep-alive timeout.
+pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+impl ProxmoxClient {
+    pub fn new(settings: &ProxmoxSettings) -> Result<Self, ProxmoxError> {
+        Self::with_retry(settings, RetryPolicy::default())
+    }
+
+    pub fn with_retry(
+        settings: &ProxmoxSettings,
+        retry: RetryPolicy,
+    ) -> Result<Self, ProxmoxError> {
+        let tls = tls_config(&settings.tls)?;
+        if settings.tls == TlsTrust::InsecureSkipVerify {
+            tracing::warn!(
+                url = %settings.api_url,
+                "TLS certificate verification of the Proxmox API is OFF (proxmox.insecureSkipVerify); \
+                 prefer proxmox.caFile with the cluster's CA"
+            );
+        }
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(120))
+            // pveproxy closes a keep-alive connection after 5 s idle (pve-http-server
+            // APIServer/AnyEvent.pm, default `timeout`); reusing one just as it closes fails the
+            // request, so we drop idle connections first.
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .user_agent(concat!(
+                "omni-infra-provider-proxmox/",
+                env!("CARGO_PKG_VERSION")
+            ))
+            .build()
+            .map_err(|e| ProxmoxError::Setup(format!("cannot build the HTTP client: {e}")))?;
+        let auth = Auth::from_settings(&settings.auth)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http,
+                base: settings.api_url.clone(),
+                auth,
+                retry,
+                requests: AtomicU64::new(0),
+                observer: std::sync::OnceLock::new(),
+            }),
+        })
+    }
+
+    /// The API base URL (ending in `/api2/json`).
+    pub fn api_url(&self) -> &url::Url {
+        &self.inner.base
+    }
+
+    /// Reports every request to `observer` (metrics). Set once; later calls are ignored.
+    pub fn set_observer(&self, observer: RequestObserver) {
+        let _ = self.inner.observer.set(observer);
+    }
+
+    /// HTTP requests sent so far (logins and retries included): the benchmark's cost measure.
+    pub fn request_count(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    pub(crate) async fn get<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        params: Params,
+    ) -> Result<T, ProxmoxError> {
+        self.call(Method::GET, path, Body::Params(&params), Replay::Safe)
+            .await
+    }
+
+    pub(crate) async fn post<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        params: Params,
+        replay: Replay,
+    ) -> Result<T, ProxmoxError> {
+        self.call(Method::POST, path, Body::Params(&params), replay)
+            .await
+    }
+
+    pub(crate) async fn put<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        params: Params,
+        replay: Replay,
+    ) -> Result<T, ProxmoxError> {
+        self.call(Method::PUT, path, Body::Params(&params), replay)
+            .await
+    }
+
+    pub(crate) async fn delete<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        params: Params,
+    ) -> Result<T, ProxmoxError> {
+        self.call(
+            Method::DELETE,
+            path,
+            Body::Params(&params),
+            Replay::OnlyIfUnsent,
+        )
+        .await
+    }
+
+    pub(crate) async fn upload<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        upload: &Upload,
+    ) -> Result<T, ProxmoxError> {
+        self.call(
+            Method::POST,
+            path,
+            Body::Upload(upload),
+            Replay::OnlyIfUnsent,
+        )
+        .await
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &[&str],
+        body: Body<'_>,
+        replay: Replay,
+    ) -> Result<T, ProxmoxError> {
+        let call = Call {
+            method: method_name(&method),
+            path: format!("/{}", path.join("/")),
+        };
+        let mut attempt = 1;
+        let mut relogged = false;
+        loop {
+            let session = self.session(&call).await?;
+            match self
+                .send_once(&method, path, &body, &call, session.as_deref())
+                .await
+            {
+                Err(ProxmoxError::Unauthorized { .. })
+                    if !relogged && matches!(self.inner.auth, Auth::Ticket(_)) =>
+                {
+                    // The ticket expired or was revoked: log in again and replay once. A 401 means
+                    // Proxmox did not act on the request, so even a POST is safe to replay.
+                    relogged = true;
+                    tracing::info!(%call, "Proxmox ticket refused; logging in again");
+                    self.invalidate(session.as_ref()).await;
+                }
+                Err(e) if attempt < self.inner.retry.attempts && may_retry(&e, replay) => {
+                    let delay = self.inner.retry.delay(attempt);
+                    tracing::debug!(%call, attempt, ?delay, error = %e, "retrying Proxmox call");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn send_once<T: DeserializeOwned>(
+        &self,
+        method: &Method,
+        path: &[&str],
+        body: &Body<'_>,
+        call: &Call,
+        session: Option<&Session>,
+    ) -> Result<T, ProxmoxError> {
+        let url = self.url(path);
+        let mut req = self.inner.http.request(method.clone(), url);
+        match &self.inner.auth {
+            Auth::Token(header) => {
+                req = req.header(reqwest::header::AUTHORIZATION, header.clone());
+            }
+            Auth::Ticket(_) => {
+                if let Some(s) = session {
+                    req = req.header(reqwest::header::COOKIE, s.cookie.clone());
+                    if method != Method::GET {
+                        req = req.header("CSRFPreventionToken", s.csrf.clone());
+                    }
+                }
+            }
+        }
+        req = match body {
+            Body::Params(p) if *method == Method::GET || *method == Method::DELETE => {
+                req.query(&p.0)
+            }
+            Body::Params(p) => req.form(&p.0),
+            Body::Upload(u) => {
+                let mut form = reqwest::multipart::Form::new();
+                for (k, v) in &u.fields {
+                    form = form.text(k.clone(), v.clone());
+                }
+                let part = reqwest::multipart::Part::bytes(u.bytes.clone())
+                    .file_name(u.file_name.clone())
+                    .mime_str("application/octet-stream")
+                    .map_err(|e| ProxmoxError::Setup(format!("multipart: {e}")))?;
+                req.multipart(form.part("filename", part))
+            }
+        };
+        self.execute(req, call).await
+    }
+
+    async fn execute<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        call: &Call,
+    ) -> Result<T, ProxmoxError> {
+        let started = Instant::now();
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        let response = req.send().await;
+        let elapsed = started.elapsed();
+        let elapsed_ms = elapsed.as_millis() as u64;
+        if let Some(observe) = self.inner.observer.get() {
+            observe(
+                call.method,
+                response.as_ref().ok().map(|r| r.status().as_u16()),
+                elapsed,
+            );
+        }
+        let response = match response {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(method = call.method, path = %call.path, elapsed_ms, error = %e, "proxmox request failed");
+                return Err(transport_error(call, &e));
+            }
+        };
+        let status = response.status();
+        tracing::debug!(method = call.method, path = %call.path, status = status.as_u16(), elapsed_ms, "proxmox request");
+        let reason = reason_phrase(&response);
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| transport_error(call, &e))?;
+        if status.is_success() {
+            return serde_json::from_slice::<Envelope<T>>(&bytes)
+                .map(|env| env.data)
+                .map_err(|e| ProxmoxError::Decode {
+                    call: call.clone(),
+                    message: e.to_string(),
+                });
+        }
+        Err(status_error(call, status, &reason, &bytes))
+    }
+
+    fn url(&self, path: &[&str]) -> url::Url {
+        let mut url = self.inner.base.clone();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.pop_if_empty().extend(path);
+        }
+        url
+    }
+}
+
+fn method_name(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        _ => "OTHER",
+    }
+}
+
+fn may_retry(e: &ProxmoxError, replay: Replay) -> bool {
+    match e {
+        ProxmoxError::Transient { request_sent, .. } => replay == Replay::Safe || !request_sent,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call() -> Call {
+        Call {
+            method: "GET",
+            path: "/x".into(),
+        }
+    }
+
+    #[test]
+    fn idle_connections_are_dropped_before_pveproxy_closes_them() {
+        // pve-http-server APIServer/AnyEvent.pm: keep-alive connections idle for 5 s are closed.
+        assert!(POOL_IDLE_TIMEOUT < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn replay_rules() {
+        let sent = ProxmoxError::Transient {
+            call: call(),
+            status: Some(503),
+            message: String::new(),
+            request_sent: true,
+        };
+        let unsent = ProxmoxError::Transient {
+            call: call(),
+            status: None,
+            message: String::new(),
+            request_sent: false,
+        };
+        assert!(may_retry(&sent, Replay::Safe));
+        assert!(!may_retry(&sent, Replay::OnlyIfUnsent));
+        assert!(may_retry(&unsent, Replay::OnlyIfUnsent));
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let p = RetryPolicy {
+            attempts: 10,
+            initial_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(800),
+        };
+        assert!(p.delay(1) <= Duration::from_millis(100));
+        assert!(p.delay(1) >= Duration::from_millis(50));
+        assert!(p.delay(9) <= Duration::from_millis(800));
+        assert!(p.delay(9) >= Duration::from_millis(400));
+    }
+}
