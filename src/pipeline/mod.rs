@@ -19,6 +19,7 @@ pub mod prepare_image;
 pub mod seed;
 pub mod start_vm;
 pub mod step;
+pub mod template;
 
 use step::{Step, StepContext, StepError, StepOutcome};
 

@@ -8,10 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use super::prepare_image::clone_source;
 use super::provider_data::BootMode;
 use super::step::{StepContext, StepError, StepOutcome};
 use super::storage_selector::StorageSelector;
+use super::template::clone_source;
 use crate::model::ClusterSnapshot;
 use crate::proxmox::property::StorageId;
 use crate::proxmox::types::{NodeName, VmId};

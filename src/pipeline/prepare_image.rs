@@ -22,26 +22,24 @@
 //! a clone reaches is `rules::placement::clone_verdict`); a state recorded before placement knew
 //! templates gets the same rule applied here, before anything is written.
 
-use crate::proxmox::property::{ImportVolume, IsoVolume, StorageId};
+use crate::proxmox::property::{ImportVolume, IsoVolume};
 use sha2::{Digest, Sha256};
 
 use super::image_factory;
-use super::provider_data::{BootMode, CloneMode, TemplateRef};
+use super::provider_data::BootMode;
 use super::schematic::{Overlay, SchematicRequest, schematic_yaml};
 use super::step::{StepContext, StepError, StepOutcome};
-use crate::model::{ClusterSnapshot, TemplateFacts};
+use crate::model::ClusterSnapshot;
 use crate::omni::management::ManagementError;
 use crate::proxmox::storage::DownloadRequest;
-use crate::proxmox::types::{ClusterResource, NodeName, VmId, VmResource};
-use crate::proxmox::{ProxmoxClient, ProxmoxError};
-use crate::rules::placement::{CloneSource, CloneVerdict, clone_verdict};
+use crate::proxmox::types::NodeName;
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     match ctx.data.boot {
         BootMode::Iso => download(ctx, BootImage::Iso).await,
         BootMode::Image => download(ctx, BootImage::Disk).await,
-        BootMode::Clone => find_template(ctx).await,
+        BootMode::Clone => super::template::find_template(ctx).await,
     }
 }
 
@@ -122,53 +120,14 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
     };
     let lock = ctx.services.ledgers.image_lock(&lock_key);
     let _guard = lock.lock().await;
-    let pve = &ctx.services.pve;
-    // A download the official provider (or an earlier run) started may still be running: wait for it
-    // rather than start a second one into the same file. How it ended is read from the storage below.
-    if let Some(task) = ctx.state.iso_download_task.clone() {
-        let _ = pve
-            .wait_for_task(&task, ctx.services.timeouts.download)
-            .await;
-    }
-    let content = kind.content().as_str();
-    let present = pve
-        .storage_content(&node, &storage, Some(content))
-        .await
-        .map_err(StepError::proxmox(format!(
-            "listing {} in storage {storage} on {node}",
-            kind.content().describe()
-        )))?
-        .iter()
-        .any(|v| v.volid == volid);
-    if !present {
-        let download = DownloadRequest {
-            url,
-            file_name: file_name.clone(),
-            content: content.into(),
-            checksum: None,
-        };
-        let task = ctx
-            .start_task(
-                format!(
-                    "downloading the Talos {version} {} to {storage} on {node}",
-                    kind.what()
-                ),
-                pve.download_url(&node, &storage, &download),
-            )
-            .await?;
-        if kind == BootImage::Iso {
-            ctx.state.iso_file = Some(file_name.clone());
-        }
-        ctx.state.iso_download_task = Some(task.upid.clone());
-        ctx.persist().await?;
-        match ctx.finish_task(task, ctx.services.timeouts.download).await {
-            // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
-            Err(StepError::Proxmox { source, .. }) if source.is_file_already_present() => {}
-            other => {
-                other?;
-            }
-        }
-    }
+    let wanted = Wanted {
+        kind,
+        node: &node,
+        storage: &storage,
+        volid: &volid,
+        file_name: &file_name,
+    };
+    fetch(ctx, &wanted, url, &version).await?;
     let unusable = |e: &dyn std::fmt::Display| {
         StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()))
     };
@@ -182,6 +141,80 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
         }
     }
     Ok(StepOutcome::Done)
+}
+
+/// The boot image a download must put in place.
+struct Wanted<'a> {
+    kind: BootImage,
+    node: &'a NodeName,
+    storage: &'a str,
+    volid: &'a str,
+    file_name: &'a str,
+}
+
+/// Makes sure the image is in the storage: there already (another request, another provider, an
+/// earlier try), or downloaded by the node now, its task recorded before it is waited for.
+async fn fetch(
+    ctx: &mut StepContext<'_>,
+    wanted: &Wanted<'_>,
+    url: String,
+    version: &str,
+) -> Result<(), StepError> {
+    let Wanted {
+        kind,
+        node,
+        storage,
+        volid,
+        file_name,
+    } = *wanted;
+    let pve = &ctx.services.pve;
+    // A download the official provider (or an earlier run) started may still be running: wait for it
+    // rather than start a second one into the same file. How it ended is read from the storage below.
+    if let Some(task) = ctx.state.iso_download_task.clone() {
+        let _ = pve
+            .wait_for_task(&task, ctx.services.timeouts.download)
+            .await;
+    }
+    let content = kind.content().as_str();
+    let present = pve
+        .storage_content(node, storage, Some(content))
+        .await
+        .map_err(StepError::proxmox(format!(
+            "listing {} in storage {storage} on {node}",
+            kind.content().describe()
+        )))?
+        .iter()
+        .any(|v| v.volid == volid);
+    if !present {
+        let download = DownloadRequest {
+            url,
+            file_name: file_name.to_owned(),
+            content: content.into(),
+            checksum: None,
+        };
+        let task = ctx
+            .start_task(
+                format!(
+                    "downloading the Talos {version} {} to {storage} on {node}",
+                    kind.what()
+                ),
+                pve.download_url(node, storage, &download),
+            )
+            .await?;
+        if kind == BootImage::Iso {
+            ctx.state.iso_file = Some(file_name.to_owned());
+        }
+        ctx.state.iso_download_task = Some(task.upid.clone());
+        ctx.persist().await?;
+        match ctx.finish_task(task, ctx.services.timeouts.download).await {
+            // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
+            Err(StepError::Proxmox { source, .. }) if source.is_file_already_present() => {}
+            other => {
+                other?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The storage on `node` a boot image goes to: the first that matches `iso_storage_selector` (or
@@ -270,212 +303,6 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
     Ok(id)
 }
 
-async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
-    ctx.state.boot_mode = Some(BootMode::Clone.as_str().into());
-    let Some(wanted) = ctx.data.template.clone() else {
-        return Err(StepError::Config(
-            "boot mode `clone` needs `template` (a VMID or a template name)".into(),
-        ));
-    };
-    let node = ctx.node()?;
-    ctx.report(format!("looking for template {wanted}")).await;
-    let resources = ctx.cluster(false).await?.to_vec();
-    let recorded = ctx.state.template_vmid;
-    let still_there = resources
-        .iter()
-        .any(|r| matches!(r, ClusterResource::Vm(vm) if vm.template && Some(vm.vmid) == recorded));
-    if still_there {
-        // Chosen by placement for this node and storage.
-        return Ok(StepOutcome::Done);
-    }
-    let cluster = ClusterSnapshot::from_resources(&resources);
-    let source = clone_source(
-        &ctx.services.pve,
-        &resources,
-        &cluster,
-        &wanted,
-        ctx.data.clone_mode,
-    )
-    .await
-    .map_err(TemplateError::into_step)?;
-    let Some(here) = cluster.node(node.as_str()) else {
-        return Err(StepError::Cluster(format!(
-            "node {node} recorded for this machine is not in the cluster"
-        )));
-    };
-    match clone_verdict(
-        here,
-        &source,
-        &ctx.data.storage_selector,
-        ctx.data.total_disk_gb(),
-    ) {
-        CloneVerdict::Clones(target) => {
-            ctx.state.template_vmid = VmId::new(target.template).ok();
-            ctx.state.storage = Some(StorageId::new(target.storage.name).map_err(|e| {
-                StepError::Cluster(format!("the listing's storage name is unusable: {e}"))
-            })?);
-            Ok(StepOutcome::Done)
-        }
-        CloneVerdict::NoStorage(choice) => Err(StepError::Cluster(format!(
-            "no storage on {node} for the clone: {}",
-            choice
-                .rejected
-                .iter()
-                .map(|(s, why)| format!("{s}: {why}"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        ))),
-        CloneVerdict::Refused(why) => Err(StepError::Cluster(format!(
-            "node {node} cannot take this clone: {why}"
-        ))),
-    }
-}
-
-/// Why the copies of a template could not be gathered.
-#[derive(Debug)]
-pub enum TemplateError {
-    /// Not found, or not a template: the class must change (the message says how).
-    Missing(String),
-    /// A template's config could not be read.
-    Read { doing: String, source: ProxmoxError },
-}
-
-impl TemplateError {
-    pub fn into_step(self) -> StepError {
-        match self {
-            TemplateError::Missing(why) => StepError::Cluster(why),
-            TemplateError::Read { doing, source } => StepError::proxmox(doing)(source),
-        }
-    }
-}
-
-impl std::fmt::Display for TemplateError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TemplateError::Missing(why) => f.write_str(why),
-            TemplateError::Read { doing, source } => write!(f, "{doing}: {source}"),
-        }
-    }
-}
-
-/// Every copy of the template `wanted` on an online node, with where its drives are: what the
-/// placement rule needs to tell which nodes a clone reaches. The listing does not say where a
-/// template's disks are, so each copy's config is read (one request per copy; a clone runs on the
-/// copy's node, so copies on offline nodes could not be cloned anyway and are named as such).
-pub async fn clone_source(
-    pve: &ProxmoxClient,
-    resources: &[ClusterResource],
-    cluster: &ClusterSnapshot,
-    wanted: &TemplateRef,
-    mode: CloneMode,
-) -> Result<CloneSource, TemplateError> {
-    let copies = matching_templates(resources, wanted).map_err(TemplateError::Missing)?;
-    let mut templates = Vec::new();
-    let mut offline = Vec::new();
-    for vm in copies {
-        if !cluster.node(vm.node.as_str()).is_some_and(|n| n.online) {
-            offline.push(vm.node.to_string());
-            continue;
-        }
-        let config =
-            pve.vm_config(&vm.node, vm.vmid)
-                .await
-                .map_err(|source| TemplateError::Read {
-                    doing: format!("reading the config of template {} on {}", vm.vmid, vm.node),
-                    source,
-                })?;
-        templates.push(TemplateFacts::from_config(vm, &config, cluster));
-    }
-    Ok(CloneSource {
-        wanted: wanted.to_string(),
-        mode,
-        templates,
-        offline,
-    })
-}
-
-/// Every template matching `wanted` by VMID or name, or why there is none (with what there is).
-pub fn matching_templates<'a>(
-    resources: &'a [ClusterResource],
-    wanted: &TemplateRef,
-) -> Result<Vec<&'a VmResource>, String> {
-    let anchor = resources.iter().find_map(|r| match r {
-        ClusterResource::Vm(vm) => Some(vm.node.clone()),
-        _ => None,
-    });
-    let Some(anchor) = anchor else {
-        return Err(format!(
-            "template {wanted} not found in the cluster; templates there: none"
-        ));
-    };
-    // The lookup's words (not found, not a template) are `choose_template`'s.
-    choose_template(resources, wanted, &anchor).map_err(|e| e.to_string())?;
-    Ok(resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) if vm.template => Some(vm),
-            _ => None,
-        })
-        .filter(|vm| match wanted {
-            TemplateRef::VmId(id) => vm.vmid.get() == *id,
-            TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
-        })
-        .collect())
-}
-
-/// Pure: the template to clone, preferring one on the chosen node.
-pub fn choose_template<'a>(
-    resources: &'a [ClusterResource],
-    wanted: &TemplateRef,
-    node: &NodeName,
-) -> Result<&'a VmResource, StepError> {
-    let vms: Vec<&VmResource> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) => Some(vm),
-            _ => None,
-        })
-        .collect();
-    let matching: Vec<&VmResource> = vms
-        .iter()
-        .copied()
-        .filter(|vm| match wanted {
-            TemplateRef::VmId(id) => vm.vmid.get() == *id,
-            TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
-        })
-        .collect();
-    let templates: Vec<&VmResource> = matching.iter().copied().filter(|vm| vm.template).collect();
-    if let Some(t) = templates
-        .iter()
-        .find(|vm| vm.node == *node)
-        .or(templates.first())
-    {
-        return Ok(t);
-    }
-    if let Some(vm) = matching.first() {
-        return Err(StepError::Cluster(format!(
-            "VM {} ({}) on {} is not a template; convert it with `qm template {}` or name another `template`",
-            vm.vmid,
-            vm.name.as_deref().unwrap_or("unnamed"),
-            vm.node,
-            vm.vmid
-        )));
-    }
-    let available: Vec<String> = vms
-        .iter()
-        .filter(|vm| vm.template)
-        .map(|vm| format!("{} ({})", vm.vmid, vm.name.as_deref().unwrap_or("unnamed")))
-        .collect();
-    Err(StepError::Cluster(format!(
-        "template {wanted} not found in the cluster; templates there: {}",
-        if available.is_empty() {
-            "none".to_string()
-        } else {
-            available.join(", ")
-        }
-    )))
-}
-
 /// The nocloud ISO's URL on `factory`, with the Talos version exactly as the request gives it (the
 /// official provider joins the same four parts onto its factory URL).
 pub fn iso_url(factory: &str, schematic: &str, talos_version: &str) -> String {
@@ -523,31 +350,6 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn resources() -> Vec<ClusterResource> {
-        serde_json::from_str(
-            r#"[
-            {"type":"qemu","vmid":9000,"node":"pve1","name":"talos","template":1},
-            {"type":"qemu","vmid":9001,"node":"pve2","name":"talos","template":1},
-            {"type":"qemu","vmid":105,"node":"pve2","name":"plain"}
-        ]"#,
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn template_lookup() {
-        let r = resources();
-        let pve2 = NodeName::new("pve2").unwrap();
-        let t = choose_template(&r, &TemplateRef::Name("talos".into()), &pve2).unwrap();
-        assert_eq!(t.vmid.get(), 9001, "prefers the chosen node");
-        let t = choose_template(&r, &TemplateRef::VmId(9000), &pve2).unwrap();
-        assert_eq!(t.vmid.get(), 9000);
-        let e = choose_template(&r, &TemplateRef::VmId(105), &pve2).unwrap_err();
-        assert!(e.to_string().contains("not a template"), "{e}");
-        let e = choose_template(&r, &TemplateRef::Name("nope".into()), &pve2).unwrap_err();
-        assert!(e.to_string().contains("9000 (talos), 9001 (talos)"), "{e}");
-    }
 
     #[test]
     fn iso_url_and_name_are_the_official_providers() {

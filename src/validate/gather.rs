@@ -9,11 +9,11 @@ use super::cluster::{ClusterView, candidate_nodes, check_cluster};
 use super::layers::Layers;
 use super::report::Report;
 use crate::model::ClusterSnapshot;
-use crate::pipeline::prepare_image::clone_source;
 use crate::pipeline::provider_data::{
     BootMode, ProviderData, ProviderDataSchema, describe, release_problems,
 };
 use crate::pipeline::step::Ledgers;
+use crate::pipeline::template::clone_source;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;

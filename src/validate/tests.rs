@@ -52,7 +52,7 @@ fn view_for(data: &crate::pipeline::provider_data::ProviderData) -> ClusterView 
     let config: crate::proxmox::types::VmConfig =
         serde_json::from_value(json!({"scsi0": "local-lvm:base-9000-disk-0,size=8G"})).unwrap();
     view.clone_source = Some(
-        crate::pipeline::prepare_image::matching_templates(&view.resources, wanted).map(|vms| {
+        crate::pipeline::template::matching_templates(&view.resources, wanted).map(|vms| {
             CloneSource {
                 wanted: wanted.to_string(),
                 mode: data.clone_mode,

@@ -1,0 +1,248 @@
+//! Boot mode `clone`: which copy of the template to clone, and where each copy's drives are (what
+//! the placement rule needs to tell which nodes a clone reaches). `pick_node` gathers the copies
+//! before placing; `prepare_image` applies the same rule to a state recorded before placement knew
+//! templates, so nothing is written before the clone is known to work.
+
+use super::provider_data::{BootMode, CloneMode, TemplateRef};
+use super::step::{StepContext, StepError, StepOutcome};
+use crate::model::{ClusterSnapshot, TemplateFacts};
+use crate::proxmox::property::StorageId;
+use crate::proxmox::types::{ClusterResource, NodeName, VmId, VmResource};
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::rules::placement::{CloneSource, CloneVerdict, clone_verdict};
+
+pub(super) async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    ctx.state.boot_mode = Some(BootMode::Clone.as_str().into());
+    let Some(wanted) = ctx.data.template.clone() else {
+        return Err(StepError::Config(
+            "boot mode `clone` needs `template` (a VMID or a template name)".into(),
+        ));
+    };
+    let node = ctx.node()?;
+    ctx.report(format!("looking for template {wanted}")).await;
+    let resources = ctx.cluster(false).await?.to_vec();
+    let recorded = ctx.state.template_vmid;
+    let still_there = resources
+        .iter()
+        .any(|r| matches!(r, ClusterResource::Vm(vm) if vm.template && Some(vm.vmid) == recorded));
+    if still_there {
+        // Chosen by placement for this node and storage.
+        return Ok(StepOutcome::Done);
+    }
+    let cluster = ClusterSnapshot::from_resources(&resources);
+    let source = clone_source(
+        &ctx.services.pve,
+        &resources,
+        &cluster,
+        &wanted,
+        ctx.data.clone_mode,
+    )
+    .await
+    .map_err(TemplateError::into_step)?;
+    let Some(here) = cluster.node(node.as_str()) else {
+        return Err(StepError::Cluster(format!(
+            "node {node} recorded for this machine is not in the cluster"
+        )));
+    };
+    match clone_verdict(
+        here,
+        &source,
+        &ctx.data.storage_selector,
+        ctx.data.total_disk_gb(),
+    ) {
+        CloneVerdict::Clones(target) => {
+            ctx.state.template_vmid = VmId::new(target.template).ok();
+            ctx.state.storage = Some(StorageId::new(target.storage.name).map_err(|e| {
+                StepError::Cluster(format!("the listing's storage name is unusable: {e}"))
+            })?);
+            Ok(StepOutcome::Done)
+        }
+        CloneVerdict::NoStorage(choice) => Err(StepError::Cluster(format!(
+            "no storage on {node} for the clone: {}",
+            choice
+                .rejected
+                .iter()
+                .map(|(s, why)| format!("{s}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))),
+        CloneVerdict::Refused(why) => Err(StepError::Cluster(format!(
+            "node {node} cannot take this clone: {why}"
+        ))),
+    }
+}
+
+/// Why the copies of a template could not be gathered.
+#[derive(Debug)]
+pub enum TemplateError {
+    /// Not found, or not a template: the class must change (the message says how).
+    Missing(String),
+    /// A template's config could not be read.
+    Read { doing: String, source: ProxmoxError },
+}
+
+impl TemplateError {
+    pub fn into_step(self) -> StepError {
+        match self {
+            TemplateError::Missing(why) => StepError::Cluster(why),
+            TemplateError::Read { doing, source } => StepError::proxmox(doing)(source),
+        }
+    }
+}
+
+impl std::fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TemplateError::Missing(why) => f.write_str(why),
+            TemplateError::Read { doing, source } => write!(f, "{doing}: {source}"),
+        }
+    }
+}
+
+/// Every copy of the template `wanted` on an online node, with where its drives are: what the
+/// placement rule needs to tell which nodes a clone reaches. The listing does not say where a
+/// template's disks are, so each copy's config is read (one request per copy; a clone runs on the
+/// copy's node, so copies on offline nodes could not be cloned anyway and are named as such).
+pub async fn clone_source(
+    pve: &ProxmoxClient,
+    resources: &[ClusterResource],
+    cluster: &ClusterSnapshot,
+    wanted: &TemplateRef,
+    mode: CloneMode,
+) -> Result<CloneSource, TemplateError> {
+    let copies = matching_templates(resources, wanted).map_err(TemplateError::Missing)?;
+    let mut templates = Vec::new();
+    let mut offline = Vec::new();
+    for vm in copies {
+        if !cluster.node(vm.node.as_str()).is_some_and(|n| n.online) {
+            offline.push(vm.node.to_string());
+            continue;
+        }
+        let config =
+            pve.vm_config(&vm.node, vm.vmid)
+                .await
+                .map_err(|source| TemplateError::Read {
+                    doing: format!("reading the config of template {} on {}", vm.vmid, vm.node),
+                    source,
+                })?;
+        templates.push(TemplateFacts::from_config(vm, &config, cluster));
+    }
+    Ok(CloneSource {
+        wanted: wanted.to_string(),
+        mode,
+        templates,
+        offline,
+    })
+}
+
+/// Every template matching `wanted` by VMID or name, or why there is none (with what there is).
+pub fn matching_templates<'a>(
+    resources: &'a [ClusterResource],
+    wanted: &TemplateRef,
+) -> Result<Vec<&'a VmResource>, String> {
+    let anchor = resources.iter().find_map(|r| match r {
+        ClusterResource::Vm(vm) => Some(vm.node.clone()),
+        _ => None,
+    });
+    let Some(anchor) = anchor else {
+        return Err(format!(
+            "template {wanted} not found in the cluster; templates there: none"
+        ));
+    };
+    // The lookup's words (not found, not a template) are `choose_template`'s.
+    choose_template(resources, wanted, &anchor).map_err(|e| e.to_string())?;
+    Ok(resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm) if vm.template => Some(vm),
+            _ => None,
+        })
+        .filter(|vm| match wanted {
+            TemplateRef::VmId(id) => vm.vmid.get() == *id,
+            TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
+        })
+        .collect())
+}
+
+/// Pure: the template to clone, preferring one on the chosen node.
+pub fn choose_template<'a>(
+    resources: &'a [ClusterResource],
+    wanted: &TemplateRef,
+    node: &NodeName,
+) -> Result<&'a VmResource, StepError> {
+    let vms: Vec<&VmResource> = resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm) => Some(vm),
+            _ => None,
+        })
+        .collect();
+    let matching: Vec<&VmResource> = vms
+        .iter()
+        .copied()
+        .filter(|vm| match wanted {
+            TemplateRef::VmId(id) => vm.vmid.get() == *id,
+            TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
+        })
+        .collect();
+    let templates: Vec<&VmResource> = matching.iter().copied().filter(|vm| vm.template).collect();
+    if let Some(t) = templates
+        .iter()
+        .find(|vm| vm.node == *node)
+        .or(templates.first())
+    {
+        return Ok(t);
+    }
+    if let Some(vm) = matching.first() {
+        return Err(StepError::Cluster(format!(
+            "VM {} ({}) on {} is not a template; convert it with `qm template {}` or name another `template`",
+            vm.vmid,
+            vm.name.as_deref().unwrap_or("unnamed"),
+            vm.node,
+            vm.vmid
+        )));
+    }
+    let available: Vec<String> = vms
+        .iter()
+        .filter(|vm| vm.template)
+        .map(|vm| format!("{} ({})", vm.vmid, vm.name.as_deref().unwrap_or("unnamed")))
+        .collect();
+    Err(StepError::Cluster(format!(
+        "template {wanted} not found in the cluster; templates there: {}",
+        if available.is_empty() {
+            "none".to_string()
+        } else {
+            available.join(", ")
+        }
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resources() -> Vec<ClusterResource> {
+        serde_json::from_str(
+            r#"[
+            {"type":"qemu","vmid":9000,"node":"pve1","name":"talos","template":1},
+            {"type":"qemu","vmid":9001,"node":"pve2","name":"talos","template":1},
+            {"type":"qemu","vmid":105,"node":"pve2","name":"plain"}
+        ]"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn template_lookup() {
+        let r = resources();
+        let pve2 = NodeName::new("pve2").unwrap();
+        let t = choose_template(&r, &TemplateRef::Name("talos".into()), &pve2).unwrap();
+        assert_eq!(t.vmid.get(), 9001, "prefers the chosen node");
+        let t = choose_template(&r, &TemplateRef::VmId(9000), &pve2).unwrap();
+        assert_eq!(t.vmid.get(), 9000);
+        let e = choose_template(&r, &TemplateRef::VmId(105), &pve2).unwrap_err();
+        assert!(e.to_string().contains("not a template"), "{e}");
+        let e = choose_template(&r, &TemplateRef::Name("nope".into()), &pve2).unwrap_err();
+        assert!(e.to_string().contains("9000 (talos), 9001 (talos)"), "{e}");
+    }
+}
