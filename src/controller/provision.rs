@@ -21,7 +21,7 @@ use tracing::Instrument;
 use super::context::{self, Context};
 use super::error_policy::ReconcileError;
 use super::progress::{Phase, StatusSink, warnings_text};
-use super::requests::Request;
+use super::requests::{Request, request_info};
 use super::runner::Action;
 use super::topology;
 use crate::model::MachineState;
@@ -362,26 +362,4 @@ fn with_infra_id(
 /// An optional value as status text ("" when absent, as the protobuf has it).
 fn text<T: ToString>(value: &Option<T>) -> String {
     value.as_ref().map(T::to_string).unwrap_or_default()
-}
-
-pub fn request_info(request: &Request) -> RequestInfo {
-    let spec = &request.spec;
-    RequestInfo {
-        id: request.id().to_owned(),
-        set_id: request.label(label::MACHINE_REQUEST_SET).map(str::to_owned),
-        talos_version: spec.talos_version.clone(),
-        extensions: spec.extensions.clone(),
-        kernel_args: spec.kernel_args.clone(),
-        meta_values: spec
-            .meta_values
-            .iter()
-            .map(|m| (m.key, m.value.clone()))
-            .collect(),
-        overlay: spec
-            .overlay
-            .as_ref()
-            .filter(|o| !o.image.is_empty() || !o.name.is_empty())
-            .map(|o| (o.image.clone(), o.name.clone())),
-        provider_data: spec.provider_data.clone(),
-    }
 }

@@ -6,12 +6,37 @@
 
 use tokio::sync::mpsc;
 
+use crate::pipeline::step::RequestInfo;
+
 use crate::omni::proto::specs::MachineRequestSpec;
 use crate::omni::resources::{Kind, MachineRequest, label};
 use crate::omni::state::{LabelSelector, StateClient, StateError, Typed, WatchEvent};
 
 /// A MachineRequest as the watch delivers it.
 pub type Request = Typed<MachineRequestSpec>;
+
+/// What the steps need of a request, taken from the copy the watch delivered.
+pub fn request_info(request: &Request) -> RequestInfo {
+    let spec = &request.spec;
+    RequestInfo {
+        id: request.id().to_owned(),
+        set_id: request.label(label::MACHINE_REQUEST_SET).map(str::to_owned),
+        talos_version: spec.talos_version.clone(),
+        extensions: spec.extensions.clone(),
+        kernel_args: spec.kernel_args.clone(),
+        meta_values: spec
+            .meta_values
+            .iter()
+            .map(|m| (m.key, m.value.clone()))
+            .collect(),
+        overlay: spec
+            .overlay
+            .as_ref()
+            .filter(|o| !o.image.is_empty() || !o.name.is_empty())
+            .map(|o| (o.image.clone(), o.name.clone())),
+        provider_data: spec.provider_data.clone(),
+    }
+}
 
 /// Something the reconcile loop must look at.
 #[derive(Debug, Clone)]

@@ -25,8 +25,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::context::Context;
-use super::provision::request_info;
 use super::requests::Request;
+use super::requests::request_info;
 use crate::model::MachineState;
 use crate::model::identity::{self, Claim, ListingVerdict};
 use crate::omni::resources::{ConfigPatchRequest, MachineRequest, label};

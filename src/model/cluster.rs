@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::pipeline::storage_selector::StorageFacts;
 use crate::proxmox::types::{ClusterResource, NodeState, split_tags};
 
 pub const GIB: u64 = 1024 * 1024 * 1024;
@@ -215,4 +214,14 @@ mod tests {
         assert!(lvm.active && lvm.holds("images"));
         assert!(!s.node("pve2").unwrap().online);
     }
+}
+
+/// The variables a selector sees, one storage of one node at a time (same names as the Go provider).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageFacts {
+    pub name: String,
+    pub node: String,
+    pub storage_type: String,
+    /// Free bytes (`avail`), a CEL `uint`.
+    pub available_space: u64,
 }

@@ -6,7 +6,10 @@ pub mod cluster;
 pub mod identity;
 pub mod machine;
 pub mod template;
+pub mod vm;
 
-pub use cluster::{ClusterSnapshot, GIB, MIB, NodeSnapshot, StorageSnapshot, VmSummary};
+pub use cluster::{
+    ClusterSnapshot, GIB, MIB, NodeSnapshot, StorageFacts, StorageSnapshot, VmSummary,
+};
 pub use machine::MachineState;
 pub use template::{TemplateDrive, TemplateFacts};

@@ -4,7 +4,7 @@
 //! those storages is shared, and of which type).
 
 use super::cluster::ClusterSnapshot;
-use crate::pipeline::vm_config::{BootDisk, cloud_init_drives};
+use super::vm::{BootDisk, cloud_init_drives};
 use crate::proxmox::types::{VmConfig, VmResource};
 
 /// One template, as a clone of it would see it.

@@ -13,6 +13,7 @@ use super::provider_data::BootMode;
 use super::seed::upload_seed;
 use super::step::{StartedTask, StepContext, StepError, StepOutcome};
 use super::vm_config::{self, VmIdentity};
+use crate::model::vm::{BootDisk, cloud_init_drives};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     if ctx.data.boot == BootMode::Iso {
@@ -33,7 +34,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             .vm_config(&node, vmid)
             .await
             .map_err(StepError::proxmox(format!("reading VM {vmid} on {node}")))?;
-        grow_boot_disk(ctx, vm_config::BootDisk::of(&current)).await?;
+        grow_boot_disk(ctx, BootDisk::of(&current)).await?;
         return Ok(StepOutcome::Done);
     }
     let node = ctx.node()?;
@@ -46,7 +47,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         .vm_config(&node, vmid)
         .await
         .map_err(StepError::proxmox(format!("reading VM {vmid} on {node}")))?;
-    let boot = vm_config::BootDisk::of(&current);
+    let boot = BootDisk::of(&current);
     let identity = VmIdentity {
         request_id: &ctx.request.id,
         set_id: ctx.request.set_id.as_deref(),
@@ -58,7 +59,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let mut params = vm_config::without_repeated_allocations(params, &current);
     // The template's own cloud-init drive would be a second `cidata` source: remove it (a slot we
     // set ourselves, e.g. the seed's, is simply replaced).
-    let inherited: Vec<String> = vm_config::cloud_init_drives(&current)
+    let inherited: Vec<String> = cloud_init_drives(&current)
         .into_iter()
         .filter(|slot| !params.iter().any(|(k, _)| k == slot))
         .collect();
@@ -87,10 +88,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
 
 /// Grows the boot disk (a cloned template's, or one made from the disk image) to `disk_size` when it
 /// is smaller; never shrinks (Proxmox cannot).
-async fn grow_boot_disk(
-    ctx: &StepContext<'_>,
-    boot: Option<vm_config::BootDisk>,
-) -> Result<(), StepError> {
+async fn grow_boot_disk(ctx: &StepContext<'_>, boot: Option<BootDisk>) -> Result<(), StepError> {
     let (node, vmid) = (ctx.node()?, ctx.vmid()?);
     let wanted_gb = ctx.data.disk_size_gb;
     let current_gb = boot.as_ref().and_then(|b| size_gb(&b.drive)).unwrap_or(0);

@@ -11,15 +11,7 @@ use std::sync::Arc;
 
 use cel::{Context, Program, Value};
 
-/// The variables a selector sees, one storage of one node at a time (same names as the Go provider).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageFacts {
-    pub name: String,
-    pub node: String,
-    pub storage_type: String,
-    /// Free bytes (`avail`), a CEL `uint`.
-    pub available_space: u64,
-}
+pub use crate::model::StorageFacts;
 
 /// A compiled, checked selector. Cheap to clone.
 #[derive(Clone)]

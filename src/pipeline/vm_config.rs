@@ -6,6 +6,7 @@
 //! someone else's.
 
 use crate::model::identity;
+use crate::model::vm::{BootDisk, is_drive_key};
 use crate::pipeline::provider_data::{Bios, BootMode, ProviderData};
 use crate::proxmox::property::{
     self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, ImportVolume, ImportedDisk,
@@ -285,72 +286,6 @@ pub fn render_after_clone(
     Ok(out)
 }
 
-/// The boot disk a clone inherited from its template: its slot (`scsi0`, `virtio0`, `sata0`, …) and
-/// drive value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BootDisk {
-    pub slot: String,
-    pub drive: String,
-}
-
-impl BootDisk {
-    /// The volume part of the drive (`local-lvm:vm-104-disk-0`).
-    pub fn volume(&self) -> &str {
-        self.drive.split(',').next().unwrap_or(&self.drive)
-    }
-
-    /// Finds it in a config copied from a template: the first disk of `boot: order=…` that is not a
-    /// CD-ROM, else the legacy `bootdisk`, else the first disk among scsi, virtio, sata and ide
-    /// slots. A template made by hand may boot from `virtio0` or `sata0`; assuming `scsi0` would
-    /// set a boot order without the disk and resize a disk that does not exist.
-    pub fn of(config: &crate::proxmox::types::VmConfig) -> Option<BootDisk> {
-        let disk = |slot: &str| {
-            config
-                .get(slot)
-                .filter(|d| is_drive_key(slot) && !is_cdrom(d))
-                .map(|drive| BootDisk {
-                    slot: slot.to_owned(),
-                    drive,
-                })
-        };
-        let order = config.get("boot").and_then(|b| {
-            b.split(',')
-                .find_map(|p| p.trim().strip_prefix("order=").map(str::to_owned))
-        });
-        if let Some(found) = order
-            .iter()
-            .flat_map(|o| o.split(';'))
-            .find_map(|slot| disk(slot.trim()))
-        {
-            return Some(found);
-        }
-        if let Some(found) = config.get("bootdisk").and_then(|s| disk(&s)) {
-            return Some(found);
-        }
-        let mut slots: Vec<(usize, u32, &String)> = config
-            .0
-            .keys()
-            .filter_map(|k| {
-                let rank = ["scsi", "virtio", "sata", "ide"]
-                    .iter()
-                    .position(|p| k.starts_with(p))?;
-                let n: u32 = k
-                    .trim_start_matches(|c: char| c.is_ascii_alphabetic())
-                    .parse()
-                    .ok()?;
-                Some((rank, n, k))
-            })
-            .collect();
-        slots.sort();
-        slots.into_iter().find_map(|(_, _, k)| disk(k))
-    }
-}
-
-fn is_cdrom(drive: &str) -> bool {
-    let first = drive.split(',').next().unwrap_or(drive);
-    first == "none" || first == "cdrom" || drive.split(',').any(|p| p.trim() == "media=cdrom")
-}
-
 /// Whether a config value makes Proxmox allocate something new each time it is applied: a drive given
 /// as `<storage>:<size in GiB>` (a new volume; qemu-server src/PVE/API2/Qemu.pm, `update_vm` →
 /// `create_disks`), or a NIC without a MAC (PVE generates a random one). Such an update must never
@@ -376,15 +311,6 @@ pub fn allocates(key: &str, value: &str) -> bool {
 fn is_nic_key(key: &str) -> bool {
     key.strip_prefix("net")
         .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-}
-
-fn is_drive_key(key: &str) -> bool {
-    ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"]
-        .iter()
-        .any(|prefix| {
-            key.strip_prefix(prefix)
-                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-        })
 }
 
 /// Makes a config update safe to apply a second time (a step retried after an answer that was lost
@@ -428,40 +354,6 @@ pub fn without_repeated_allocations(
             }
         })
         .collect()
-}
-
-/// Slots of cloud-init drives a clone inherited from its template. Proxmox regenerates such a drive
-/// at every start as an ISO labelled `cidata` (NoCloud; qemu-server src/PVE/QemuServer/Cloudinit.pm
-/// `commit_cloudinit_disk`), which would give Talos two `cidata` sources beside our seed: they
-/// are deleted in the clone's config update. Recognised as qemu-server's `drive_is_cloudinit`
-/// (src/PVE/QemuServer/Drive.pm) does: a volume named `cloudinit` or `vm-<id>-cloudinit`.
-pub fn cloud_init_drives(config: &crate::proxmox::types::VmConfig) -> Vec<String> {
-    let mut slots: Vec<String> = config
-        .0
-        .keys()
-        .filter(|k| is_drive_key(k))
-        .filter(|k| {
-            config.get(k).is_some_and(|drive| {
-                let volume = drive.split(',').next().unwrap_or_default();
-                let name = volume.rsplit([':', '/']).next().unwrap_or_default();
-                let stem = ["raw", "qcow2", "vmdk"]
-                    .iter()
-                    .find_map(|ext| name.strip_suffix(&format!(".{ext}")))
-                    .unwrap_or(name);
-                volume.contains([':', '/'])
-                    && (stem == "cloudinit"
-                        || stem
-                            .strip_prefix("vm-")
-                            .and_then(|rest| rest.strip_suffix("-cloudinit"))
-                            .is_some_and(|id| {
-                                !id.is_empty() && id.chars().all(|c| c.is_ascii_digit())
-                            }))
-            })
-        })
-        .cloned()
-        .collect();
-    slots.sort();
-    slots
 }
 
 /// `PUT /nodes/{node}/qemu/{vmid}/resize` parameters growing the cloned boot disk (in `slot`) to

@@ -197,54 +197,6 @@ fn a_request_id_that_is_not_a_tag_renders_without_the_request_tag() {
 }
 
 #[test]
-fn the_boot_disk_comes_from_the_templates_config() {
-    let config = |json: serde_json::Value| -> crate::proxmox::types::VmConfig {
-        serde_json::from_value(json).unwrap()
-    };
-    // qemu-server: `boot: order=` lists devices in boot order (CD-ROMs and NICs too); older
-    // configs use `bootdisk`.
-    let virtio = config(serde_json::json!({
-        "ide2": "local:iso/talos.iso,media=cdrom",
-        "virtio0": "local-lvm:vm-104-disk-0,size=8G",
-        "scsi1": "local-lvm:vm-104-disk-1,size=2G",
-        "boot": "order=ide2;virtio0;net0"
-    }));
-    let found = BootDisk::of(&virtio).unwrap();
-    assert_eq!(found.slot, "virtio0");
-    assert_eq!(found.volume(), "local-lvm:vm-104-disk-0");
-    let legacy = config(serde_json::json!({
-        "sata0": "local-lvm:vm-104-disk-0,size=8G", "bootdisk": "sata0"
-    }));
-    assert_eq!(BootDisk::of(&legacy).unwrap().slot, "sata0");
-    let bare = config(serde_json::json!({
-        "ide0": "local-lvm:vm-104-disk-1,size=8G",
-        "ide2": "none,media=cdrom",
-        "virtio1": "local-lvm:vm-104-disk-0,size=8G"
-    }));
-    assert_eq!(BootDisk::of(&bare).unwrap().slot, "virtio1");
-    let d = data("boot: clone\ntemplate: 9000\n");
-    let mut t = target(0);
-    t.boot_iso = None;
-    let params = render_after_clone(&d, &identity(), &t, Some(&found)).unwrap();
-    assert_eq!(get(&params, "boot"), Some("order=virtio0;net0"));
-    assert_eq!(boot_disk_resize(&d, &found.slot)[0].1, "virtio0");
-}
-
-#[test]
-fn a_templates_cloud_init_drive_is_found() {
-    let config: crate::proxmox::types::VmConfig = serde_json::from_value(serde_json::json!({
-        "ide0": "local-lvm:vm-104-cloudinit,media=cdrom",
-        "ide1": "nfs:104/vm-104-cloudinit.qcow2,media=cdrom",
-        "ide2": "local:iso/talos.iso,media=cdrom",
-        "ide3": "local:iso/omni-seed-r.iso,media=cdrom",
-        "scsi0": "local-lvm:vm-104-disk-0,size=8G",
-        "description": "vm-1-cloudinit"
-    }))
-    .unwrap();
-    assert_eq!(cloud_init_drives(&config), ["ide0", "ide1"]);
-}
-
-#[test]
 fn a_config_update_never_allocates_twice() {
     // qemu-server src/PVE/API2/Qemu.pm `update_vm`: `<storage>:<GiB>` creates a new volume and a
     // NIC without MAC gets a fresh random one, at every call.
@@ -313,4 +265,21 @@ fn boot_image_makes_the_disk_from_the_image_with_no_iso_attached() {
         render(&d, &identity(), &missing),
         Err(RenderError::MissingBootImage)
     );
+}
+
+#[test]
+fn a_clone_boots_from_and_grows_the_templates_boot_disk() {
+    let config: crate::proxmox::types::VmConfig = serde_json::from_value(serde_json::json!({
+        "ide2": "local:iso/talos.iso,media=cdrom",
+        "virtio0": "local-lvm:vm-104-disk-0,size=8G",
+        "boot": "order=ide2;virtio0;net0"
+    }))
+    .unwrap();
+    let found = crate::model::vm::BootDisk::of(&config).unwrap();
+    let d = data("boot: clone\ntemplate: 9000\n");
+    let mut t = target(0);
+    t.boot_iso = None;
+    let params = render_after_clone(&d, &identity(), &t, Some(&found)).unwrap();
+    assert_eq!(get(&params, "boot"), Some("order=virtio0;net0"));
+    assert_eq!(boot_disk_resize(&d, &found.slot)[0].1, "virtio0");
 }
