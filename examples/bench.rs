@@ -68,7 +68,14 @@ async fn main() -> ExitCode {
 async fn run() -> Result<Vec<Row>, String> {
     // Heartbeat health checks (GET /version) and the topology loop's rounds (one listing a minute for
     // all machines) would otherwise be counted as machine requests.
-    let mut stack = Stack::start(
+    // Nodes big enough for every machine of the burst: placement counts the memory and vCPUs given to
+    // VMs against each node's size, and this measures speed, not capacity.
+    let mut scenario = stack::three_node_scenario();
+    scenario["nodes"] = serde_json::json!(["pve1", "pve2", "pve3"].map(|name| serde_json::json!(
+        {"name": name, "maxcpu": 64, "maxmem": 256u64 << 30}
+    )));
+    let mut stack = Stack::start_with(
+        scenario,
         0.0,
         &["--health-interval", "10m", "--topology-interval", "60m"],
     )

@@ -57,9 +57,18 @@ fn free_port() -> Result<SocketAddr, String> {
 impl Stack {
     /// Starts everything; `time_scale` is fakepve's real seconds per Proxmox second (0 = instant tasks).
     pub async fn start(time_scale: f64, extra_args: &[&str]) -> Result<Stack, String> {
+        Self::start_with(three_node_scenario(), time_scale, extra_args).await
+    }
+
+    /// [`Stack::start`] with a fakepve scenario of one's own (see the launcher for its keys).
+    pub async fn start_with(
+        scenario: serde_json::Value,
+        time_scale: f64,
+        extra_args: &[&str],
+    ) -> Result<Stack, String> {
         transport::install_crypto_provider();
         let binary = provider_binary()?;
-        let pve = FakePve::start(three_node_scenario(), time_scale)
+        let pve = FakePve::start(scenario, time_scale)
             .ok_or("fakepve is not installed: run scripts/setup-test-env.sh")?;
         let omni = MemState::new();
         let key = omni.register_provider(PROVIDER)?;
