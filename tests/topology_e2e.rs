@@ -116,4 +116,11 @@ async fn labels_can_be_turned_off_and_a_standalone_node_has_no_region() {
             .get(&ConfigPatchRequest, "100-topology-topo-off")
             .is_none()
     );
+
+    // A request removed by force (no teardown ran): its patch request is not left behind.
+    assert!(h.omni.state.remove(&MachineRequest, "topo-solo"));
+    assert!(
+        h.patch_becomes("topo-solo", None).await,
+        "leftover patch removed"
+    );
 }

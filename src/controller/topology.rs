@@ -185,21 +185,7 @@ pub async fn round(ctx: &Context) -> Result<Vec<Change>, RoundError> {
         .state
         .list(&MachineRequest, ours())
         .await
-        .map_err(omni("listing the machine requests"))?
-        .into_iter()
-        .filter(|r| !r.is_tearing_down() && r.has_finalizer(&ctx.owner))
-        .collect();
-    if requests.is_empty() {
-        return Ok(Vec::new());
-    }
-    let states: BTreeMap<String, MachineState> = ctx
-        .state
-        .list(&ctx.machine_kind(), Vec::new())
-        .await
-        .map_err(omni("listing the provider states"))?
-        .into_iter()
-        .map(|m| (m.metadata.id.clone(), MachineState::from_spec(&m.spec)))
-        .collect();
+        .map_err(omni("listing the machine requests"))?;
     let existing: BTreeMap<String, String> = ctx
         .state
         .list(&ConfigPatchRequest, ours())
@@ -211,8 +197,45 @@ pub async fn round(ctx: &Context) -> Result<Vec<Change>, RoundError> {
             Some((request_id, p.spec.data))
         })
         .collect();
-    let pve = &ctx.services.pve;
-    let vms: Vec<VmResource> = pve
+    // Left behind by a request that is gone without our teardown (removed by force): Omni already
+    // dropped the machine's patch with the status, the request for it goes here.
+    let mut wanted: BTreeMap<String, Wanted> = existing
+        .keys()
+        .filter(|id| !requests.iter().any(|r| r.id() == id.as_str()))
+        .map(|id| (id.clone(), Wanted::Nothing))
+        .collect();
+    // Being torn down: the teardown removes the patch; this round leaves it alone.
+    let live: Vec<&Request> = requests
+        .iter()
+        .filter(|r| !r.is_tearing_down() && r.has_finalizer(&ctx.owner))
+        .collect();
+    if !live.is_empty() {
+        wanted.extend(wanted_for_live(ctx, &live).await?);
+    }
+    let changes = plan(&wanted, &existing);
+    for change in &changes {
+        apply(ctx, change).await?;
+    }
+    Ok(changes)
+}
+
+/// What each live request's patch should say: one listing of the provider states from Omni and one
+/// of the cluster from Proxmox for all of them.
+async fn wanted_for_live(
+    ctx: &Context,
+    live: &[&Request],
+) -> Result<BTreeMap<String, Wanted>, RoundError> {
+    let states: BTreeMap<String, MachineState> = ctx
+        .state
+        .list(&ctx.machine_kind(), Vec::new())
+        .await
+        .map_err(omni("listing the provider states"))?
+        .into_iter()
+        .map(|m| (m.metadata.id.clone(), MachineState::from_spec(&m.spec)))
+        .collect();
+    let vms: Vec<VmResource> = ctx
+        .services
+        .pve
         .cluster_resources(None)
         .await?
         .into_iter()
@@ -224,23 +247,17 @@ pub async fn round(ctx: &Context) -> Result<Vec<Change>, RoundError> {
     // Without the region this round writes nothing: a patch without it would be rewritten with it
     // next round, relabelling every node twice.
     let region = region(ctx).await?;
-    let wanted: BTreeMap<String, Wanted> = requests
+    Ok(live
         .iter()
         .map(|request| {
             let id = request.id().to_owned();
-            let state = states.get(&id);
-            let want = match state {
+            let want = match states.get(&id) {
                 Some(state) => wanted_for(ctx, request, state, &vms, region.as_deref()),
                 None => Wanted::Unknown,
             };
             (id, want)
         })
-        .collect();
-    let changes = plan(&wanted, &existing);
-    for change in &changes {
-        apply(ctx, change).await?;
-    }
-    Ok(changes)
+        .collect())
 }
 
 fn wanted_for(
