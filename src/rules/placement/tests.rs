@@ -1,7 +1,7 @@
 //! Placement against hand-built clusters: the per-node verdicts, the strategies, reservations.
 
 use super::*;
-use crate::model::{TemplateFacts, VmSummary};
+use crate::model::{ClusterSnapshot, GIB, NodeSnapshot, StorageSnapshot, TemplateFacts, VmSummary};
 use crate::pipeline::provider_data::CloneMode;
 use proptest::prelude::*;
 
