@@ -269,35 +269,19 @@ fn state_word(s: NodeState) -> &'static str {
 pub fn render_table(r: &ClusterReport) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "Proxmox VE {} at {}\n", r.version, r.api_url);
-    let rows: Vec<Vec<String>> = r
-        .nodes
-        .iter()
-        .map(|n| {
-            vec![
-                n.name.clone(),
-                state_word(n.status).to_owned(),
-                match (n.cpu_usage, n.cpus) {
-                    (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
-                    _ => "-".into(),
-                },
-                match (n.memory_used, n.memory_total) {
-                    (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
-                    _ => "-".into(),
-                },
-                match n.vcpus_limit {
-                    Some(limit) => format!("{} / {limit}", n.vcpus_allocated),
-                    None => format!("{} / -", n.vcpus_allocated),
-                },
-                match n.memory_limit {
-                    Some(limit) => format!("{} / {}", bytes(n.memory_allocated), bytes(limit)),
-                    None => format!("{} / -", bytes(n.memory_allocated)),
-                },
-                format!("{} ({} running)", n.vms, n.running_vms),
-            ]
-        })
-        .collect();
+    render_nodes(&mut out, r);
+    out.push('\n');
+    render_storages(&mut out, &r.nodes);
+    out.push('\n');
+    render_templates(&mut out, &r.templates);
+    out
+}
+
+/// One row per node, what it has and what it has given to VMs, then what the limits are made of.
+fn render_nodes(out: &mut String, r: &ClusterReport) {
+    let rows: Vec<Vec<String>> = r.nodes.iter().map(node_row).collect();
     table(
-        &mut out,
+        out,
         &[
             "NODE",
             "STATUS",
@@ -314,39 +298,37 @@ pub fn render_table(r: &ClusterReport) -> String {
         "(given: to the node's VMs, running or stopped; limit: CPUs × placement.cpuOvercommit {}, memory × placement.memoryOvercommit {})",
         r.cpu_overcommit, r.memory_overcommit
     );
+}
 
-    out.push('\n');
-    let mut rows = Vec::new();
-    for n in &r.nodes {
-        match (&n.storages, &n.storage_error) {
-            (Some(list), _) => {
-                for s in list {
-                    rows.push(vec![
-                        n.name.clone(),
-                        s.name.clone(),
-                        s.storage_type.clone(),
-                        s.content.join(","),
-                        yes_no(s.shared),
-                        yes_no(s.active && s.enabled),
-                        match (s.used, s.total) {
-                            (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
-                            _ => "-".into(),
-                        },
-                        yes_no(s.holds_vm_disks),
-                    ]);
-                }
-            }
-            (None, reason) => rows.push(vec![
-                n.name.clone(),
-                format!(
-                    "(storages not shown: {})",
-                    reason.as_deref().unwrap_or("unknown")
-                ),
-            ]),
-        }
-    }
+fn node_row(n: &NodeReport) -> Vec<String> {
+    vec![
+        n.name.clone(),
+        state_word(n.status).to_owned(),
+        match (n.cpu_usage, n.cpus) {
+            (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
+            _ => "-".into(),
+        },
+        match (n.memory_used, n.memory_total) {
+            (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
+            _ => "-".into(),
+        },
+        match n.vcpus_limit {
+            Some(limit) => format!("{} / {limit}", n.vcpus_allocated),
+            None => format!("{} / -", n.vcpus_allocated),
+        },
+        match n.memory_limit {
+            Some(limit) => format!("{} / {}", bytes(n.memory_allocated), bytes(limit)),
+            None => format!("{} / -", bytes(n.memory_allocated)),
+        },
+        format!("{} ({} running)", n.vms, n.running_vms),
+    ]
+}
+
+/// Every storage of every node; a node whose storages could not be read says why in their place.
+fn render_storages(out: &mut String, nodes: &[NodeReport]) {
+    let rows: Vec<Vec<String>> = nodes.iter().flat_map(storage_rows).collect();
     table(
-        &mut out,
+        out,
         &[
             "NODE",
             "STORAGE",
@@ -359,25 +341,53 @@ pub fn render_table(r: &ClusterReport) -> String {
         ],
         &rows,
     );
+}
 
-    out.push('\n');
-    if r.templates.is_empty() {
+fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
+    let Some(list) = &n.storages else {
+        return vec![vec![
+            n.name.clone(),
+            format!(
+                "(storages not shown: {})",
+                n.storage_error.as_deref().unwrap_or("unknown")
+            ),
+        ]];
+    };
+    list.iter()
+        .map(|s| {
+            vec![
+                n.name.clone(),
+                s.name.clone(),
+                s.storage_type.clone(),
+                s.content.join(","),
+                yes_no(s.shared),
+                yes_no(s.active && s.enabled),
+                match (s.used, s.total) {
+                    (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
+                    _ => "-".into(),
+                },
+                yes_no(s.holds_vm_disks),
+            ]
+        })
+        .collect()
+}
+
+fn render_templates(out: &mut String, templates: &[TemplateReport]) {
+    if templates.is_empty() {
         out.push_str("No VM templates (boot mode `clone` needs one).\n");
-    } else {
-        let rows: Vec<Vec<String>> = r
-            .templates
-            .iter()
-            .map(|t| {
-                vec![
-                    t.vmid.to_string(),
-                    t.name.clone().unwrap_or_default(),
-                    t.node.clone(),
-                ]
-            })
-            .collect();
-        table(&mut out, &["TEMPLATE VMID", "NAME", "NODE"], &rows);
+        return;
     }
-    out
+    let rows: Vec<Vec<String>> = templates
+        .iter()
+        .map(|t| {
+            vec![
+                t.vmid.to_string(),
+                t.name.clone().unwrap_or_default(),
+                t.node.clone(),
+            ]
+        })
+        .collect();
+    table(out, &["TEMPLATE VMID", "NAME", "NODE"], &rows);
 }
 
 fn yes_no(b: bool) -> String {

@@ -5,11 +5,13 @@
 //! feeding the reconcile workers, and the loop keeping topology labels in step with the VMs.
 //! Flags and environment variables are the official provider's, plus a few of ours.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use super::CliResult;
 use super::omni_args::OmniArgs;
@@ -22,7 +24,7 @@ use crate::metrics::Metrics;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
 use crate::omni::transport::{self, OmniEndpoint, OmniTls};
-use crate::pipeline::provider_data::ProviderDataSchema;
+use crate::pipeline::provider_data::{ProviderDataSchema, SchemaError};
 use crate::pipeline::step::{Services, Timeouts};
 use crate::proxmox::ProxmoxClient;
 use crate::telemetry::{self, LogFormat};
@@ -216,14 +218,7 @@ pub async fn run_with(
         proxmox = %settings.config.proxmox.api_url,
         "starting"
     );
-    let schema = ProviderDataSchema::new()?.strict(settings.config.strict);
-    for warning in &settings.config.warnings {
-        tracing::warn!("config file: {warning}");
-    }
-    let overrides = schema.check_config(&settings.config.layers);
-    for warning in &overrides.warnings {
-        tracing::warn!("config file: {warning}");
-    }
+    let schema = provider_data_schema(&settings.config)?;
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
     let mode = crate::controller::detect_join_mode(&omni.state).await?;
     tracing::info!(?mode, "detected Omni join mode");
@@ -234,25 +229,7 @@ pub async fn run_with(
             .await;
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let metrics = Arc::new(Metrics::new());
-    {
-        let metrics = metrics.clone();
-        pve.set_observer(Arc::new(move |method, status, took| {
-            metrics.proxmox_request(method, status, took)
-        }));
-    }
-    let metrics_server = settings.metrics_listen.map(|listen| {
-        let mut stop = stop_rx.clone();
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            if let Err(e) = crate::metrics::serve(listen, metrics, shutdown).await {
-                tracing::error!(%listen, error = %e, "cannot serve metrics");
-            }
-        })
-    });
+    let (metrics, metrics_server) = start_metrics(&pve, settings.metrics_listen, &stop_rx);
     let heartbeat = tokio::spawn(health::run(
         omni.state.clone(),
         provider_id.clone(),
@@ -296,6 +273,51 @@ pub async fn run_with(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The schema provider data is checked against, with `strict:` from the config. What the config
+/// file got wrong without stopping the provider (unknown keys in it or in `defaults:` and `nodes:`,
+/// a token and a password both set) is logged once, here at start.
+fn provider_data_schema(config: &ProviderConfig) -> Result<ProviderDataSchema, SchemaError> {
+    let schema = ProviderDataSchema::new()?.strict(config.strict);
+    for warning in &config.warnings {
+        tracing::warn!("config file: {warning}");
+    }
+    let overrides = schema.check_config(&config.layers);
+    for warning in &overrides.warnings {
+        tracing::warn!("config file: {warning}");
+    }
+    Ok(schema)
+}
+
+/// The metrics every part counts into, with each Proxmox request observed from here on, and the
+/// server of `/metrics` and the health endpoints when `--metrics-listen` is set: it stops when
+/// `stop` turns true, and its task is awaited at shutdown.
+fn start_metrics(
+    pve: &ProxmoxClient,
+    listen: Option<SocketAddr>,
+    stop: &watch::Receiver<bool>,
+) -> (Arc<Metrics>, Option<JoinHandle<()>>) {
+    let metrics = Arc::new(Metrics::new());
+    {
+        let metrics = metrics.clone();
+        pve.set_observer(Arc::new(move |method, status, took| {
+            metrics.proxmox_request(method, status, took)
+        }));
+    }
+    let server = listen.map(|listen| {
+        let mut stop = stop.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = crate::metrics::serve(listen, metrics, shutdown).await {
+                tracing::error!(%listen, error = %e, "cannot serve metrics");
+            }
+        })
+    });
+    (metrics, server)
 }
 
 /// Resolves on SIGTERM or SIGINT.

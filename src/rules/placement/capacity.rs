@@ -1,0 +1,121 @@
+//! How much a node may still take. Free memory alone lets a node fill up with stopped VMs that all
+//! start later (by a person, by HA, by Omni), so placement also counts what every VM on the node
+//! was given, and the requests still in flight, against the config's overcommit limits; `validate`
+//! and `cluster` show the same figures, so they come from here.
+
+use super::{LeftOut, PlacementRequest, Reservation, Reservations};
+use crate::model::NodeSnapshot;
+
+/// How far placement may commit a node (the config's `placement:`): vCPUs given to VMs up to the
+/// node's CPUs times `cpu_overcommit`, memory given to VMs up to its memory times
+/// `memory_overcommit`. Every VM on the node counts, running or stopped: a stopped VM may be
+/// started at any moment (by a person, by HA, by Omni).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlacementLimits {
+    pub cpu_overcommit: f64,
+    pub memory_overcommit: f64,
+}
+
+impl PlacementLimits {
+    pub const DEFAULT_CPU_OVERCOMMIT: f64 = 4.0;
+    pub const DEFAULT_MEMORY_OVERCOMMIT: f64 = 1.0;
+}
+
+impl Default for PlacementLimits {
+    fn default() -> Self {
+        Self {
+            cpu_overcommit: Self::DEFAULT_CPU_OVERCOMMIT,
+            memory_overcommit: Self::DEFAULT_MEMORY_OVERCOMMIT,
+        }
+    }
+}
+
+/// What a node has given to VMs (with the reservations of requests in flight) against what the
+/// limits allow. A limit of `None`: the node reports no figure (offline, or no stats yet), so
+/// there is nothing to count against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Allocation {
+    pub cpus_allocated: u64,
+    pub cpus_limit: Option<u64>,
+    pub memory_allocated: u64,
+    pub memory_limit: Option<u64>,
+}
+
+/// `node`'s allocation: its VMs (from the listing) plus the reservations not yet visible there,
+/// except `except`'s own.
+pub fn allocation(
+    node: &NodeSnapshot,
+    limits: &PlacementLimits,
+    reservations: &Reservations,
+    except: &str,
+) -> Allocation {
+    let pending: Vec<&Reservation> = reservations.pending(node, except).collect();
+    let scaled = |total: u64, ratio: f64| {
+        // Whole units: 4 CPUs × 1.5 allow 6 vCPUs, 8 GiB × 1.0 allow 8 GiB.
+        (total > 0).then(|| (total as f64 * ratio).floor() as u64)
+    };
+    Allocation {
+        cpus_allocated: pending
+            .iter()
+            .map(|r| r.vcpus)
+            .fold(node.allocated_cpus(), u64::saturating_add),
+        cpus_limit: scaled(node.cpus, limits.cpu_overcommit),
+        memory_allocated: pending
+            .iter()
+            .map(|r| r.memory_bytes)
+            .fold(node.allocated_memory(), u64::saturating_add),
+        memory_limit: scaled(node.memory_max, limits.memory_overcommit),
+    }
+}
+
+/// Whether `node` has room for the VM: memory free now (once other requests' reservations are
+/// counted), then memory and vCPUs given to VMs against the [`PlacementLimits`]. `Ok` carries the
+/// free memory; `Err` the first limit passed, with its numbers.
+pub fn capacity_fit(
+    node: &NodeSnapshot,
+    request: &PlacementRequest<'_>,
+    reservations: &Reservations,
+) -> Result<u64, LeftOut> {
+    let reserved: u64 = reservations
+        .pending(node, request.request_id)
+        .map(|r| r.memory_bytes)
+        .sum();
+    let free_memory = node.free_memory().saturating_sub(reserved);
+    if free_memory < request.memory_bytes() {
+        return Err(LeftOut::MemoryShort {
+            free_memory,
+            needed_mb: request.memory_mb,
+        });
+    }
+    let limits = &request.limits;
+    let a = allocation(node, limits, reservations, request.request_id);
+    if let Some(limit) = a.memory_limit
+        && a.memory_allocated.saturating_add(request.memory_bytes()) > limit
+    {
+        return Err(LeftOut::MemoryCommitted {
+            allocated: a.memory_allocated,
+            needed_mb: request.memory_mb,
+            limit,
+            ratio: limits.memory_overcommit,
+        });
+    }
+    if node.cpus > 0 && request.vcpus > node.cpus {
+        return Err(LeftOut::TooFewCpus {
+            vcpus: request.vcpus,
+            cpus: node.cpus,
+        });
+    }
+    let needed = request.vcpus;
+    if let Some(limit) = a.cpus_limit
+        && a.cpus_allocated.saturating_add(needed) > limit
+    {
+        return Err(LeftOut::CpusCommitted {
+            allocated: a.cpus_allocated,
+            needed,
+            cpus: node.cpus,
+            limit,
+            ratio: limits.cpu_overcommit,
+        });
+    }
+    Ok(free_memory)
+}

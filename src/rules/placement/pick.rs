@@ -1,0 +1,205 @@
+//! The decision for a request and the errors it ends in. A pinned node is the user's choice and is
+//! checked only for what would certainly fail there; otherwise every node gets its verdict and the
+//! strategy ranks the eligible ones. The errors say whether waiting may help, so the pipeline knows
+//! whether to retry or to report a class someone must fix.
+
+use std::fmt;
+
+use super::strategy::{Candidate, best};
+use super::{CloneRefusal, LeftOut, PlacementRequest, Reservations, disk_verdict, node_verdict};
+use crate::model::{ClusterSnapshot, GIB, NodeSnapshot};
+use crate::pipeline::storage_selector::SelectorError;
+
+/// The decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    pub node: String,
+    pub storage: String,
+    /// `boot: clone`: the VMID of the copy of the template to clone.
+    pub template: Option<u32>,
+    pub reason: PlacementReason,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlacementReason {
+    /// `node` was set in the provider data.
+    Pinned,
+    /// Chosen among `candidates` eligible nodes.
+    Automatic {
+        same_set_vms: usize,
+        free_memory: u64,
+        candidates: usize,
+        rejected: Vec<(String, LeftOut)>,
+    },
+}
+
+impl fmt::Display for PlacementReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlacementReason::Pinned => f.write_str("using configured node"),
+            PlacementReason::Automatic {
+                same_set_vms,
+                free_memory,
+                candidates,
+                rejected,
+            } => {
+                write!(
+                    f,
+                    "automatically picked node: {same_set_vms} VM(s) of the same set, {} GiB free memory, best of {candidates} eligible node(s)",
+                    free_memory / GIB
+                )?;
+                for (node, why) in rejected {
+                    write!(f, "; {node} not eligible: {why}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlacementError {
+    #[error("node {node:?} from provider data does not exist; the cluster has: {}", existing.join(", "))]
+    PinnedNodeMissing { node: String, existing: Vec<String> },
+    #[error("node {node:?} from provider data is offline")]
+    PinnedNodeOffline { node: String },
+    #[error("node {node:?} from provider data has no usable storage: {reason}")]
+    PinnedNodeNoStorage { node: String, reason: LeftOut },
+    #[error("node {node:?} from provider data cannot run this VM: {reason}")]
+    PinnedNodeTooSmall { node: String, reason: LeftOut },
+    #[error("node {node:?} from provider data cannot take this VM: {reason}")]
+    PinnedNodeCannotClone {
+        node: String,
+        reason: Box<CloneRefusal>,
+    },
+    #[error("no node can take this VM: {}", describe_rejections(.rejected))]
+    NothingFits { rejected: Vec<(String, LeftOut)> },
+    #[error(transparent)]
+    Selector(#[from] SelectorError),
+}
+
+impl PlacementError {
+    /// Whether the cluster may make room by itself (a node comes back, VMs go away, a storage fills
+    /// less), as opposed to a class that names what does not exist or cannot match. The first is
+    /// waited for; the second needs someone to change the class or the cluster.
+    pub fn may_heal(&self) -> bool {
+        match self {
+            PlacementError::PinnedNodeOffline { .. } => true,
+            PlacementError::PinnedNodeNoStorage { reason, .. } => reason.may_heal(),
+            PlacementError::PinnedNodeCannotClone { reason, .. } => reason.may_heal(),
+            PlacementError::PinnedNodeTooSmall { reason, .. } => reason.may_heal(),
+            PlacementError::NothingFits { rejected } => {
+                rejected.iter().any(|(_, why)| why.may_heal())
+            }
+            PlacementError::PinnedNodeMissing { .. } | PlacementError::Selector(_) => false,
+        }
+    }
+}
+
+fn describe_rejections(rejected: &[(String, LeftOut)]) -> String {
+    if rejected.is_empty() {
+        return "the cluster reports no nodes".to_string();
+    }
+    rejected
+        .iter()
+        .map(|(n, why)| format!("{n}: {why}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Picks the node and storage for a request (`docs/architecture.md`, step `pick_node`).
+pub fn pick(
+    cluster: &ClusterSnapshot,
+    request: &PlacementRequest<'_>,
+    reservations: &Reservations,
+) -> Result<Placement, PlacementError> {
+    if let Some(pinned) = request.pinned_node {
+        return pick_pinned(cluster, request, pinned);
+    }
+    let mut rejected = Vec::new();
+    let mut candidates = Vec::new();
+    for node in &cluster.nodes {
+        match node_verdict(node, request, reservations)? {
+            Ok(eligible) => candidates.push(Candidate::new(node, eligible, request, reservations)),
+            Err(why) => rejected.push((node.name.clone(), why)),
+        }
+    }
+    let count = candidates.len();
+    match best(candidates, request.strategy) {
+        Some(c) => Ok(Placement {
+            node: c.node.name.clone(),
+            storage: c.storage,
+            template: c.template,
+            reason: PlacementReason::Automatic {
+                same_set_vms: c.same_set,
+                free_memory: c.free_memory,
+                candidates: count,
+                rejected,
+            },
+        }),
+        None => Err(PlacementError::NothingFits { rejected }),
+    }
+}
+
+/// A pinned node is the user's choice: it must exist, be online, have as many CPUs as the VM has
+/// vCPUs, have a storage, and (with `boot: clone`) be reachable by a clone of the template. Free
+/// memory and the overcommit limits are not checked here (there is nowhere else to go, and they
+/// change); `validate` reports a shortfall.
+fn pick_pinned(
+    cluster: &ClusterSnapshot,
+    request: &PlacementRequest<'_>,
+    pinned: &str,
+) -> Result<Placement, PlacementError> {
+    let node = pinned_node(cluster, pinned)?;
+    if node.cpus > 0 && request.vcpus > node.cpus {
+        return Err(PlacementError::PinnedNodeTooSmall {
+            node: pinned.to_string(),
+            reason: LeftOut::TooFewCpus {
+                vcpus: request.vcpus,
+                cpus: node.cpus,
+            },
+        });
+    }
+    match disk_verdict(node, request)? {
+        Ok((storage, template)) => Ok(Placement {
+            node: node.name.clone(),
+            storage: storage.name,
+            template,
+            reason: PlacementReason::Pinned,
+        }),
+        Err(LeftOut::Clone(reason)) => Err(PlacementError::PinnedNodeCannotClone {
+            node: pinned.to_string(),
+            reason,
+        }),
+        Err(reason) => Err(PlacementError::PinnedNodeNoStorage {
+            node: pinned.to_string(),
+            reason,
+        }),
+    }
+}
+
+/// The pinned node, if it exists and is online; else [`PlacementError::PinnedNodeMissing`] or
+/// [`PlacementError::PinnedNodeOffline`].
+pub fn pinned_node<'c>(
+    cluster: &'c ClusterSnapshot,
+    pinned: &str,
+) -> Result<&'c NodeSnapshot, PlacementError> {
+    let Some(node) = cluster.node(pinned) else {
+        let mut existing: Vec<String> = cluster
+            .node_names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        existing.sort();
+        return Err(PlacementError::PinnedNodeMissing {
+            node: pinned.to_string(),
+            existing,
+        });
+    };
+    if !node.online {
+        return Err(PlacementError::PinnedNodeOffline {
+            node: pinned.to_string(),
+        });
+    }
+    Ok(node)
+}

@@ -1,0 +1,81 @@
+//! Placement against hand-built clusters: the per-node verdicts, the strategies, reservations.
+//! Each file takes one concern; the cluster and request builders they share are here.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::model::{ClusterSnapshot, GIB, NodeSnapshot, StorageSnapshot};
+use crate::pipeline::provider_data::PlacementStrategy;
+use crate::pipeline::storage_selector::StorageSelector;
+
+mod capacity;
+mod pinned;
+mod strategy;
+mod template;
+mod verdict;
+
+fn pick(
+    nodes: &[NodeSnapshot],
+    request: &PlacementRequest<'_>,
+    reservations: &Reservations,
+) -> Result<Placement, PlacementError> {
+    super::pick(
+        &ClusterSnapshot::from(nodes.to_vec()),
+        request,
+        reservations,
+    )
+}
+
+fn storage(name: &str, available_gib: u64) -> StorageSnapshot {
+    StorageSnapshot {
+        name: name.into(),
+        storage_type: "lvmthin".into(),
+        content: vec!["images".into(), "rootdir".into()],
+        enabled: true,
+        active: true,
+        shared: false,
+        available: available_gib * GIB,
+    }
+}
+
+fn node(name: &str, free_gib: u64) -> NodeSnapshot {
+    NodeSnapshot {
+        name: name.into(),
+        online: true,
+        memory_used: 0,
+        memory_max: free_gib * GIB,
+        cpus: 64,
+        vms: vec![],
+        storages: vec![
+            StorageSnapshot {
+                content: vec!["iso".into()],
+                ..storage("local", 50)
+            },
+            storage("local-lvm", 100),
+        ],
+    }
+}
+
+fn request<'a>(
+    selector: &'a StorageSelector,
+    empty: &'a BTreeMap<String, StorageSelector>,
+) -> PlacementRequest<'a> {
+    PlacementRequest {
+        request_id: "req-1",
+        memory_mb: 4096,
+        disk_gb: 20,
+        selector,
+        node_selectors: empty,
+        pinned_node: None,
+        allowed_nodes: &[],
+        set_id: Some("workers"),
+        strategy: PlacementStrategy::Spread,
+        vcpus: 2,
+        limits: PlacementLimits::default(),
+        clone: None,
+    }
+}
+
+fn any_storage() -> StorageSelector {
+    StorageSelector::new("true").unwrap()
+}

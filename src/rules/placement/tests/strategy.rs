@@ -1,0 +1,135 @@
+//! How eligible nodes are ranked, and how reservations keep concurrent requests of one set apart.
+
+use super::*;
+use crate::model::VmSummary;
+use proptest::prelude::*;
+
+#[test]
+fn prefers_fewest_of_the_set_then_most_memory_then_name() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    let tagged = |n: &str| VmSummary {
+        name: n.into(),
+        tags: vec!["machine-request.workers".into()],
+        ..Default::default()
+    };
+    let mut a = node("pve1", 64);
+    a.vms.push(tagged("w1"));
+    let b = node("pve2", 16);
+    let c = node("pve3", 32);
+    let placed = pick(
+        &[a.clone(), b.clone(), c.clone()],
+        &request(&sel, &empty),
+        &Reservations::default(),
+    )
+    .unwrap();
+    assert_eq!(placed.node, "pve3");
+    assert!(
+        placed
+            .reason
+            .to_string()
+            .starts_with("automatically picked node")
+    );
+    let equal = [node("pveb", 8), node("pvea", 8)];
+    assert_eq!(
+        pick(&equal, &request(&sel, &empty), &Reservations::default())
+            .unwrap()
+            .node,
+        "pvea"
+    );
+    let mut binpack = request(&sel, &empty);
+    binpack.strategy = PlacementStrategy::Binpack;
+    assert_eq!(
+        pick(
+            &[a.clone(), b.clone(), c.clone()],
+            &binpack,
+            &Reservations::default()
+        )
+        .unwrap()
+        .node,
+        "pve2"
+    );
+    let mut fewer = request(&sel, &empty);
+    fewer.strategy = PlacementStrategy::FewerVms;
+    assert_eq!(
+        pick(&[a, b, c], &fewer, &Reservations::default())
+            .unwrap()
+            .node,
+        "pve3"
+    );
+}
+
+#[test]
+fn reservations_count_until_the_vm_appears() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    let mut reservations = Reservations::default();
+    reservations.reserve("other", "pve1", Some("workers"), 4096, 2);
+    let nodes = [node("pve1", 64), node("pve2", 32)];
+    assert_eq!(
+        pick(&nodes, &request(&sel, &empty), &reservations)
+            .unwrap()
+            .node,
+        "pve2"
+    );
+    // Once the VM is visible with its tag, the reservation is not counted twice.
+    let mut with_vm = nodes.clone();
+    with_vm[0].vms.push(VmSummary {
+        name: "other".into(),
+        tags: vec!["machine-request.workers".into()],
+        ..Default::default()
+    });
+    with_vm[1].vms.push(VmSummary {
+        name: "x".into(),
+        tags: vec!["machine-request.workers".into()],
+        ..Default::default()
+    });
+    assert_eq!(
+        pick(&with_vm, &request(&sel, &empty), &reservations)
+            .unwrap()
+            .node,
+        "pve1"
+    );
+    assert!(reservations.release("other").is_some());
+    assert!(reservations.is_empty());
+}
+
+proptest! {
+    #[test]
+    fn a_set_spreads_evenly_over_equal_nodes(nodes_n in 1usize..5, per_node in 1usize..4, memory in 2048u64..8192) {
+        let sel = any_storage();
+        let empty = BTreeMap::new();
+        let nodes: Vec<NodeSnapshot> = (0..nodes_n).map(|i| node(&format!("pve{i}"), 256)).collect();
+        let mut reservations = Reservations::default();
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for r in 0..nodes_n * per_node {
+            let id = format!("req-{r}");
+            let req = PlacementRequest { request_id: &id, memory_mb: memory, ..request(&sel, &empty) };
+            let placed = pick(&nodes, &req, &reservations).unwrap();
+            reservations.reserve(&id, &placed.node, Some("workers"), memory, 2);
+            *counts.entry(placed.node).or_default() += 1;
+        }
+        prop_assert_eq!(counts.len(), nodes_n);
+        prop_assert!(counts.values().all(|c| *c == per_node), "{:?}", counts);
+    }
+}
+
+#[test]
+fn six_requests_of_one_set_spread_two_per_node() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    let nodes = [node("pve1", 64), node("pve2", 64), node("pve3", 64)];
+    let mut reservations = Reservations::default();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for r in 0..6 {
+        let id = format!("req-{r}");
+        let req = PlacementRequest {
+            request_id: &id,
+            ..request(&sel, &empty)
+        };
+        let placed = pick(&nodes, &req, &reservations).unwrap();
+        reservations.reserve(&id, &placed.node, Some("workers"), 4096, 2);
+        *counts.entry(placed.node).or_default() += 1;
+    }
+    assert_eq!(counts.into_values().collect::<Vec<_>>(), vec![2, 2, 2]);
+}
