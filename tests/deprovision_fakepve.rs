@@ -9,15 +9,15 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::cli::orphans;
-use omni_infra_provider_proxmox::pipeline::cloud_init::seed_iso_file_name;
 use omni_infra_provider_proxmox::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, deprovision,
 };
-use omni_infra_provider_proxmox::pipeline::provider_data::ProviderDataSchema;
-use omni_infra_provider_proxmox::pipeline::vm_config::{self, VmIdentity, VmTarget};
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
 use omni_infra_provider_proxmox::proxmox::property::{IsoVolume, StorageId};
 use omni_infra_provider_proxmox::proxmox::types::{ClusterResource, NodeName, VmId};
+use omni_infra_provider_proxmox::rules::cloud_init::seed_iso_file_name;
+use omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema;
+use omni_infra_provider_proxmox::rules::vm_config::{self, VmIdentity, VmTarget};
 use serde_json::{Value, json};
 use support::fakepve::{FakePve, Login, Trust, three_node_scenario};
 

@@ -16,7 +16,7 @@ use omni_infra_provider_proxmox::omni::resources::{
     annotation, label, provision_controller_name,
 };
 use omni_infra_provider_proxmox::pipeline::image_factory::resolve_factory;
-use omni_infra_provider_proxmox::pipeline::schematic::{SchematicRequest, schematic_yaml};
+use omni_infra_provider_proxmox::rules::schematic::{SchematicRequest, schematic_yaml};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use support::harness::{Harness, PROVIDER, WAIT};

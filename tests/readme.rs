@@ -1,8 +1,8 @@
 //! The README's provider-data reference stays in step with the schema Omni shows and with the key
 //! declarations both are generated from.
 
-use omni_infra_provider_proxmox::pipeline::provider_data::keys::{self, Place};
-use omni_infra_provider_proxmox::pipeline::provider_data::schema;
+use omni_infra_provider_proxmox::rules::provider_data::keys::{self, Place};
+use omni_infra_provider_proxmox::rules::provider_data::schema;
 
 #[test]
 fn readme_documents_every_provider_data_key() {
@@ -75,7 +75,7 @@ fn readme_table_is_the_key_declarations() {
     for (found, wanted) in table.iter().zip(&expected) {
         assert_eq!(
             found, wanted,
-            "the README row differs from the key's declaration (src/pipeline/provider_data/keys.rs)"
+            "the README row differs from the key's declaration (src/rules/provider_data/keys.rs)"
         );
     }
     assert_eq!(table.len(), expected.len(), "{}", expected.join("\n"));

@@ -511,7 +511,7 @@ fn examples_dir() -> PathBuf {
 
 #[test]
 fn example_config_loads_and_its_overrides_are_valid() {
-    use omni_infra_provider_proxmox::pipeline::provider_data::ProviderDataSchema;
+    use omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema;
     let text = std::fs::read_to_string(examples_dir().join("config.yaml")).unwrap();
     let config = ProviderConfig::parse(&text).unwrap_or_else(|e| panic!("{e:?}"));
     let schema = ProviderDataSchema::new().unwrap();
@@ -522,7 +522,7 @@ fn example_config_loads_and_its_overrides_are_valid() {
 
 #[test]
 fn example_machine_classes_pass_the_schema_alone_and_with_the_example_config() {
-    use omni_infra_provider_proxmox::pipeline::provider_data::{ProviderDataSchema, describe};
+    use omni_infra_provider_proxmox::rules::provider_data::{ProviderDataSchema, describe};
     let schema = ProviderDataSchema::new().unwrap();
     let config = ProviderConfig::parse(
         &std::fs::read_to_string(examples_dir().join("config.yaml")).unwrap(),

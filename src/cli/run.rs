@@ -24,9 +24,9 @@ use crate::metrics::Metrics;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
 use crate::omni::transport::{self, OmniEndpoint, OmniTls};
-use crate::pipeline::provider_data::{ProviderDataSchema, SchemaError};
 use crate::pipeline::step::{Services, Timeouts};
 use crate::proxmox::ProxmoxClient;
+use crate::rules::provider_data::{ProviderDataSchema, SchemaError};
 use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
@@ -123,7 +123,7 @@ impl Settings {
             return Err(format!(
                 "config file {}: {}",
                 path.display(),
-                crate::pipeline::provider_data::describe(&problems)
+                crate::rules::provider_data::describe(&problems)
             )
             .into());
         }

@@ -21,8 +21,8 @@ use std::path::PathBuf;
 use super::CliResult;
 use super::cluster::OutputFormat;
 use crate::config::ProviderConfig;
-use crate::pipeline::provider_data::ProviderDataSchema;
 use crate::proxmox::ProxmoxClient;
+use crate::rules::provider_data::ProviderDataSchema;
 use crate::validate::{Layers, Report, config_file_findings, validate_class};
 
 #[derive(Debug, clap::Args)]

@@ -29,8 +29,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::did_you_mean;
-use crate::pipeline::provider_data::ConfigLayers;
 use crate::rules::placement::PlacementLimits;
+use crate::rules::provider_data::ConfigLayers;
 pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
 
 /// Everything in the config file, validated.

@@ -9,33 +9,7 @@ use serde_json::{Map, Value};
 use super::{Found, kind};
 use crate::secret::Secret;
 
-/// How to reach and log in to the Proxmox VE API.
-#[derive(Debug, Clone)]
-pub struct ProxmoxSettings {
-    /// Base URL ending in `/api2/json`, whatever the user wrote.
-    pub api_url: url::Url,
-    pub auth: ProxmoxAuth,
-    pub tls: TlsTrust,
-}
-
-#[derive(Debug, Clone)]
-pub enum ProxmoxAuth {
-    /// `Authorization: PVEAPIToken=<id>=<secret>`; no CSRF token, never expires.
-    Token { id: String, secret: Secret },
-    /// Ticket login at `/access/ticket` as `<username>@<realm>`.
-    Password { username: String, password: Secret },
-}
-
-/// Which server certificates to accept.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TlsTrust {
-    /// Public web PKI roots.
-    WebPki,
-    /// Public roots plus the certificates in this PEM file (a private CA or a pinned self-signed cert).
-    CaFile(PathBuf),
-    /// No verification at all (`insecureSkipVerify: true`); logged as a warning at start.
-    InsecureSkipVerify,
-}
+pub use crate::proxmox::settings::{ProxmoxAuth, ProxmoxSettings, TlsTrust};
 
 const PROXMOX_KEYS: &[&str] = &[
     "url",

@@ -10,8 +10,8 @@ use super::context::Context;
 use crate::model::MachineState;
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
 use crate::omni::state::StateError;
-use crate::pipeline::provider_data::Problem;
 use crate::pipeline::step::{Progress, Step};
+use crate::rules::provider_data::Problem;
 
 /// What the request is going through, which words the text.
 pub enum Phase {

@@ -9,11 +9,11 @@
 //! cloned boot disk.
 
 use super::create_vm::target;
-use super::provider_data::BootMode;
 use super::seed::upload_seed;
 use super::step::{StartedTask, StepContext, StepError, StepOutcome};
-use super::vm_config::{self, VmIdentity};
 use crate::model::vm::{BootDisk, cloud_init_drives};
+use crate::rules::provider_data::BootMode;
+use crate::rules::vm_config::{self, VmIdentity};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     if ctx.data.boot == BootMode::Iso {

@@ -15,12 +15,12 @@
 use super::identify::{Identified, identify};
 use super::seed::upload_seed;
 use super::step::{StepContext, StepError, StepOutcome};
-use super::vm_config::{self, VmIdentity, VmTarget};
 use crate::model::ClusterSnapshot;
 use crate::model::identity::{self, Claim};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmId, VmResource};
 use crate::rules::storage::{self, StorageNeed};
+use crate::rules::vm_config::{self, VmIdentity, VmTarget};
 
 /// How long to wait before looking again at a recorded VM that cannot be identified yet.
 const WAIT_FOR_IDENTITY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -46,10 +46,13 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         ctx.state.reserved_vmid = Some(vmid);
         ctx.persist().await?;
         let result = match ctx.data.boot {
-            super::provider_data::BootMode::Iso | super::provider_data::BootMode::Image => {
+            crate::rules::provider_data::BootMode::Iso
+            | crate::rules::provider_data::BootMode::Image => {
                 create(ctx, &node, vmid, &resources).await
             }
-            super::provider_data::BootMode::Clone => clone(ctx, &node, vmid, &resources).await,
+            crate::rules::provider_data::BootMode::Clone => {
+                clone(ctx, &node, vmid, &resources).await
+            }
         };
         match result {
             Ok(()) => {
@@ -381,7 +384,7 @@ pub fn target(
 fn disk_storage(
     resources: &[ClusterResource],
     node: &NodeName,
-    disk: &super::provider_data::AdditionalDisk,
+    disk: &crate::rules::provider_data::AdditionalDisk,
     index: usize,
 ) -> Result<StorageId, StepError> {
     let cluster = ClusterSnapshot::from_resources(resources);

@@ -1,13 +1,7 @@
-//! The provisioning pipeline: the steps and the pure decisions they are glued from.
-//!
-//! Everything in here that decides something (placement, validation, rendering) is a pure function
-//! so it can be tested without Proxmox or Omni; the steps that call the clients live beside them.
-pub mod cloud_init;
+//! The provisioning pipeline: the steps, and the deprovision. Each step glues decisions from
+//! [`crate::rules`] to the Proxmox and Omni clients; what decides something is there, pure and tested
+//! without a network.
 pub mod deprovision;
-pub mod provider_data;
-pub mod schematic;
-pub mod storage_selector;
-pub mod vm_config;
 
 pub mod configure_vm;
 pub mod create_vm;

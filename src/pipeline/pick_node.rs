@@ -8,14 +8,14 @@
 
 use std::collections::BTreeMap;
 
-use super::provider_data::BootMode;
 use super::step::{StepContext, StepError, StepOutcome};
-use super::storage_selector::StorageSelector;
 use super::template::clone_source;
 use crate::model::ClusterSnapshot;
 use crate::proxmox::property::StorageId;
 use crate::proxmox::types::{NodeName, VmId};
 use crate::rules::placement::{self, PlacementRequest};
+use crate::rules::provider_data::BootMode;
+use crate::rules::storage_selector::StorageSelector;
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     if ctx.state.node.is_some() && ctx.state.storage.is_some() {

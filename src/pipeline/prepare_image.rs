@@ -26,13 +26,13 @@ use crate::proxmox::property::{ImportVolume, IsoVolume};
 use sha2::{Digest, Sha256};
 
 use super::image_factory;
-use super::provider_data::BootMode;
-use super::schematic::{Overlay, SchematicRequest, schematic_yaml};
 use super::step::{StepContext, StepError, StepOutcome};
 use crate::model::ClusterSnapshot;
 use crate::omni::management::ManagementError;
 use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::NodeName;
+use crate::rules::provider_data::BootMode;
+use crate::rules::schematic::{Overlay, SchematicRequest, schematic_yaml};
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {

@@ -3,11 +3,11 @@
 //! the VM's node. Boot mode `iso` needs it before the create call, boot mode `clone` in the config
 //! write after the clone, so both steps use this module rather than each other.
 
-use super::cloud_init::{NetworkConfig, seed_files, seed_iso, seed_iso_file_name};
 use super::prepare_image::download_storage;
 use super::step::{StepContext, StepError};
 use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::NodeName;
+use crate::rules::cloud_init::{NetworkConfig, seed_files, seed_iso, seed_iso_file_name};
 use crate::rules::storage::Content;
 
 /// Builds and uploads this request's seed ISO (once; the state records it), returning its volume.

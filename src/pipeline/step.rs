@@ -17,10 +17,10 @@ use crate::model::MachineState;
 use crate::omni::join::ConnectionParams;
 use crate::omni::management::ManagementClient;
 use crate::omni::state::StateError;
-use crate::pipeline::provider_data::{ProviderData, ProviderDataSchema, describe};
 use crate::proxmox::types::{ClusterResource, NodeName, Upid, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::{Placement, PlacementError, Reservations};
+use crate::rules::provider_data::{ProviderData, ProviderDataSchema, describe};
 
 /// The steps, in order. Names are persisted in the provider state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

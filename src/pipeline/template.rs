@@ -3,13 +3,13 @@
 //! before placing; `prepare_image` applies the same rule to a state recorded before placement knew
 //! templates, so nothing is written before the clone is known to work.
 
-use super::provider_data::{BootMode, CloneMode, TemplateRef};
 use super::step::{StepContext, StepError, StepOutcome};
 use crate::model::{ClusterSnapshot, TemplateFacts};
 use crate::proxmox::property::StorageId;
 use crate::proxmox::types::{ClusterResource, NodeName, VmId, VmResource};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::{CloneSource, CloneVerdict, clone_verdict};
+use crate::rules::provider_data::{BootMode, CloneMode, TemplateRef};
 
 pub(super) async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     ctx.state.boot_mode = Some(BootMode::Clone.as_str().into());

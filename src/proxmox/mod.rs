@@ -10,6 +10,7 @@ pub mod error;
 pub mod network;
 pub mod pools;
 pub mod property;
+pub mod settings;
 pub mod storage;
 pub mod tasks;
 pub mod types;

@@ -77,7 +77,7 @@ impl ProxmoxClient {
         self.clone_vm_with(node, template, params.0).await
     }
 
-    /// The clone call with parameters rendered elsewhere (`pipeline::vm_config::clone_params`).
+    /// The clone call with parameters rendered elsewhere (`rules::vm_config::clone_params`).
     pub async fn clone_vm_with(
         &self,
         node: &NodeName,

@@ -1,8 +1,18 @@
 //! The decisions, as pure functions over [`crate::model`] values: the pipeline acts on them, and
 //! `validate` and the health check render them, so all three answer "which node" and "which storage"
-//! the same way.
+//! the same way. Nothing here talks to Proxmox or Omni.
 //!
 //! - "Which node": [`placement::pick`], built on the per-node rule [`placement::node_verdict`].
-//! - "Which storage": [`storage::choose`], for boot disks, additional disks and ISO images.
+//! - "Which storage": [`storage::choose`], for boot disks, additional disks and downloaded images,
+//!   with [`storage_selector`] evaluating the user's CEL expressions.
+//! - What a machine class says: [`provider_data`] (one declaration per key; schema, layering and
+//!   every problem at once).
+//! - What the VM gets: [`vm_config`] (the Proxmox parameters), [`cloud_init`] (the NoCloud seed),
+//!   [`schematic`] (the Image Factory schematic).
+pub mod cloud_init;
 pub mod placement;
+pub mod provider_data;
+pub mod schematic;
 pub mod storage;
+pub mod storage_selector;
+pub mod vm_config;

@@ -6,8 +6,8 @@
 use std::fmt;
 
 use crate::model::{GIB, NodeSnapshot, StorageSnapshot};
-use crate::pipeline::provider_data::BootMode;
-use crate::pipeline::storage_selector::{SelectorError, StorageSelector};
+use crate::rules::provider_data::BootMode;
+use crate::rules::storage_selector::{SelectorError, StorageSelector};
 
 /// What a storage must be able to hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

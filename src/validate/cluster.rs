@@ -8,15 +8,13 @@ use super::layers::{Layers, Origin};
 use super::node::{NodeOutcome, check_node};
 use super::report::{Finding, Outcome};
 use crate::model::{ClusterSnapshot, MIB};
-use crate::pipeline::provider_data::{
-    BootMode, ProviderData, ProviderDataSchema, release_problems,
-};
-use crate::pipeline::storage_selector::StorageSelector;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::types::ClusterResource;
 use crate::rules::placement::{
     self, CloneRefusal, CloneSource, LeftOut, PlacementError, PlacementLimits, PlacementRequest,
 };
+use crate::rules::provider_data::{BootMode, ProviderData, ProviderDataSchema, release_problems};
+use crate::rules::storage_selector::StorageSelector;
 
 /// The cluster as the checks see it.
 #[derive(Debug, Clone, Default)]

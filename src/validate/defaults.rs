@@ -9,8 +9,8 @@ use super::gather::gather;
 use super::layers::{Layers, with_stand_ins};
 use super::report::{Finding, Outcome};
 use crate::config::ProviderConfig;
-use crate::pipeline::provider_data::ProviderDataSchema;
 use crate::proxmox::ProxmoxClient;
+use crate::rules::provider_data::ProviderDataSchema;
 
 /// The config's `defaults:` (with its `nodes:` overrides) against the cluster, pure. `defaults` may
 /// lack keys a machine class must have, so stand-ins fill them and checks of stand-ins are dropped:

@@ -9,9 +9,6 @@ use super::cluster::{ClusterView, candidate_nodes, check_cluster};
 use super::layers::Layers;
 use super::report::Report;
 use crate::model::ClusterSnapshot;
-use crate::pipeline::provider_data::{
-    BootMode, ProviderData, ProviderDataSchema, describe, release_problems,
-};
 use crate::pipeline::step::Ledgers;
 use crate::pipeline::template::clone_source;
 use crate::proxmox::network::mapping::ResourceMapping;
@@ -19,6 +16,9 @@ use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::PlacementLimits;
+use crate::rules::provider_data::{
+    BootMode, ProviderData, ProviderDataSchema, describe, release_problems,
+};
 
 /// Reads what the checks need for `data`: `/cluster/resources`, the bridges of every online candidate
 /// node (in parallel), and the PCI/USB mappings when the data (or a node override) names devices.

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::config::ProviderConfig;
-use crate::pipeline::provider_data::{Problem, ProviderData, ProviderDataSchema};
+use crate::rules::provider_data::{Problem, ProviderData, ProviderDataSchema};
 
 /// Where the provider data comes from: the class's YAML over the config's `nodes:` and `defaults:`.
 #[derive(Debug, Clone, Copy)]

@@ -33,7 +33,7 @@ pub use layers::Layers;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
-use crate::pipeline::provider_data::{ProviderData, ProviderDataSchema};
+use crate::rules::provider_data::{ProviderData, ProviderDataSchema};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
 /// overrides). `Ok` carries the data as it is before any per-node override, for the cluster checks.

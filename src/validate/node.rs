@@ -6,11 +6,11 @@
 use super::cluster::ClusterCheck;
 use super::report::{Finding, Outcome};
 use crate::model::{GIB, NodeSnapshot};
-use crate::pipeline::provider_data::{BootMode, ProviderData};
-use crate::pipeline::storage_selector::StorageSelector;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::rules::placement::{self, CloneRefusal, LeftOut, Reservations};
+use crate::rules::provider_data::{BootMode, ProviderData};
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
+use crate::rules::storage_selector::StorageSelector;
 
 /// Placement's verdicts on one node, for the findings about the cluster as a whole.
 pub(crate) struct NodeOutcome {

@@ -6,9 +6,9 @@ use super::defaults::{HEALTH_TEXT_MAX, summarize};
 use super::gather::needs_version;
 use super::*;
 use crate::config::ProviderConfig;
-use crate::pipeline::provider_data::ProviderDataSchema;
 use crate::proxmox::ProxmoxClient;
 use crate::proxmox::types::ClusterResource;
+use crate::rules::provider_data::ProviderDataSchema;
 
 /// pve1 (online, 6 GiB free, local-lvm + iso storage, vmbr0/vmbr1), pve2 (online, 1 GiB free,
 /// local-lvm only, vmbr0), pve3 offline; template 9000 on pve1, VM 100 on pve2.
@@ -41,9 +41,9 @@ fn view() -> ClusterView {
 
 /// `view()` with what `gather` reads for a clone of `data`'s template: each copy's drives, here
 /// the boot disk on local-lvm of the copy's node.
-fn view_for(data: &crate::pipeline::provider_data::ProviderData) -> ClusterView {
-    use crate::pipeline::provider_data::BootMode;
+fn view_for(data: &crate::rules::provider_data::ProviderData) -> ClusterView {
     use crate::rules::placement::CloneSource;
+    use crate::rules::provider_data::BootMode;
     let mut view = view();
     let (BootMode::Clone, Some(wanted)) = (data.boot, &data.template) else {
         return view;

@@ -17,9 +17,9 @@ use omni_infra_provider_proxmox::omni::resources::{
     MachineRequest, MachineRequestStatus, ProviderMachine,
 };
 use omni_infra_provider_proxmox::omni::state::Typed;
-use omni_infra_provider_proxmox::pipeline::provider_data::ProviderDataSchema;
 use omni_infra_provider_proxmox::pipeline::step::{Services, Timeouts};
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
+use omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 

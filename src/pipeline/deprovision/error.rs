@@ -52,7 +52,7 @@ pub enum DeprovisionError {
     },
 
     /// The VM part is done (deleted or already gone); only the seed ISO is left. Reported in
-    /// [`Deprovisioned::leftover_seed_iso`], never returned as the deprovision's error.
+    /// [`super::Deprovisioned::leftover_seed_iso`], never returned as the deprovision's error.
     #[error("the VM is gone, but its seed ISO {volume} on {node} could not be deleted: {source}")]
     SeedIso {
         volume: String,

@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use crate::model::identity;
-use crate::pipeline::cloud_init::seed_iso_file_name;
 use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::{NodeName, StorageVolume, VmConfig, VmId, VmResource};
+use crate::rules::cloud_init::seed_iso_file_name;
 
 /// A VM with our provider tag whose MachineRequest no longer exists.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

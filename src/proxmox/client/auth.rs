@@ -8,8 +8,8 @@ use reqwest::header::HeaderValue;
 use tokio::sync::{Mutex, RwLock};
 
 use super::ProxmoxClient;
-use crate::config::ProxmoxAuth;
 use crate::proxmox::error::{Call, ProxmoxError};
+use crate::proxmox::settings::ProxmoxAuth;
 use crate::secret::Secret;
 
 pub(super) enum Auth {

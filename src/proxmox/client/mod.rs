@@ -10,7 +10,7 @@
 //!   per-parameter `errors`.
 //!
 //! Secrets (token secret, password, ticket, CSRF token) live only in sensitive header values and
-//! [`Secret`]s; nothing here logs a request body.
+//! [`Secret`](crate::secret::Secret)s; nothing here logs a request body.
 
 mod auth;
 mod error_mapping;
@@ -24,7 +24,7 @@ use reqwest::Method;
 use serde::de::DeserializeOwned;
 
 use super::error::{Call, ProxmoxError};
-use crate::config::{ProxmoxSettings, TlsTrust};
+use crate::proxmox::settings::{ProxmoxSettings, TlsTrust};
 use auth::{Auth, Session};
 use error_mapping::{reason_phrase, status_error, transport_error};
 pub(crate) use tls::tls_config;

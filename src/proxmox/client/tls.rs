@@ -5,8 +5,8 @@ use std::sync::Arc;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
-use crate::config::TlsTrust;
 use crate::proxmox::error::ProxmoxError;
+use crate::proxmox::settings::TlsTrust;
 use crate::tls::AcceptAnyServerCert;
 
 /// The rustls configuration for a trust setting (also used for the Image Factory).

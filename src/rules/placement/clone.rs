@@ -17,9 +17,9 @@
 use std::fmt;
 
 use crate::model::{NodeSnapshot, StorageSnapshot, TemplateFacts};
-use crate::pipeline::provider_data::CloneMode;
-use crate::pipeline::storage_selector::StorageSelector;
+use crate::rules::provider_data::CloneMode;
 use crate::rules::storage::{self, Rejection, StorageNeed};
+use crate::rules::storage_selector::StorageSelector;
 
 /// The template a class clones, with every copy of it the cluster has.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,8 +21,8 @@ mod verdict;
 use std::collections::BTreeMap;
 
 use crate::model::MIB;
-use crate::pipeline::provider_data::PlacementStrategy;
-use crate::pipeline::storage_selector::StorageSelector;
+use crate::rules::provider_data::PlacementStrategy;
+use crate::rules::storage_selector::StorageSelector;
 
 pub use capacity::{Allocation, PlacementLimits, allocation, capacity_fit};
 pub use clone::{CloneRefusal, CloneSource, CloneTarget, CloneVerdict, clone_verdict};

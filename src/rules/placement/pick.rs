@@ -8,7 +8,7 @@ use std::fmt;
 use super::strategy::{Candidate, best};
 use super::{CloneRefusal, LeftOut, PlacementRequest, Reservations, disk_verdict, node_verdict};
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot};
-use crate::pipeline::storage_selector::SelectorError;
+use crate::rules::storage_selector::SelectorError;
 
 /// The decision.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,7 +4,7 @@
 
 use super::{Eligible, PlacementRequest, Reservations};
 use crate::model::NodeSnapshot;
-use crate::pipeline::provider_data::PlacementStrategy;
+use crate::rules::provider_data::PlacementStrategy;
 
 /// The tag the provider (and the official one) puts on every VM of a machine-request set.
 pub fn set_tag(set_id: &str) -> String {

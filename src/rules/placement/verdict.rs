@@ -8,8 +8,8 @@ use super::{
     CloneRefusal, CloneVerdict, PlacementRequest, Reservations, capacity_fit, clone_verdict,
 };
 use crate::model::{GIB, MIB, NodeSnapshot, StorageSnapshot};
-use crate::pipeline::storage_selector::SelectorError;
 use crate::rules::storage::{self, Rejection, StorageChoice, StorageNeed};
+use crate::rules::storage_selector::SelectorError;
 
 /// A node placement may choose, with what it would get there.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub enum LeftOut {
         ratio: f64,
     },
     /// More vCPUs than the node has CPUs: qemu-server src/PVE/QemuServer.pm (`config_to_command`)
-    /// refuses to start such a VM ("MAX <n> vcpus allowed per VM on this node").
+    /// refuses to start such a VM (`MAX <n> vcpus allowed per VM on this node`).
     TooFewCpus {
         vcpus: u64,
         cpus: u64,

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot, StorageSnapshot};
-use crate::pipeline::provider_data::PlacementStrategy;
-use crate::pipeline::storage_selector::StorageSelector;
+use crate::rules::provider_data::PlacementStrategy;
+use crate::rules::storage_selector::StorageSelector;
 
 mod capacity;
 mod pinned;

@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::model::TemplateFacts;
-use crate::pipeline::provider_data::CloneMode;
 use crate::rules::placement;
+use crate::rules::provider_data::CloneMode;
 
 /// pve1 to pve3 with local-lvm (lvmthin, local), shared-nfs (nfs, shared) and on pve3 `thick`
 /// (plain lvm).
@@ -62,7 +62,7 @@ fn source(mode: CloneMode, templates: Vec<TemplateFacts>) -> CloneSource {
 /// source of the rules (see `clone.rs`).
 #[test]
 fn a_clone_goes_only_where_proxmox_can_make_it() {
-    use crate::pipeline::provider_data::CloneMode::{Full, Linked};
+    use crate::rules::provider_data::CloneMode::{Full, Linked};
     let cluster = clone_cluster();
     let local = template_on(&cluster, 9000, "pve1", "local-lvm");
     let shared = template_on(&cluster, 9001, "pve1", "shared-nfs");

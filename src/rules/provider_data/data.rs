@@ -5,10 +5,10 @@ use std::fmt;
 use std::time::Duration;
 
 use super::Problem;
-use crate::pipeline::storage_selector::StorageSelector;
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskOptions, HostPci, Hugepages, NodeName, PoolId, Tag, Usb, Vga, VlanTag,
 };
+use crate::rules::storage_selector::StorageSelector;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PlacementStrategy {

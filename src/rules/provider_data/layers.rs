@@ -18,11 +18,11 @@ use super::data::{
 use super::keys::{self, Place};
 use super::{LayerCheck, Problem, json_kind, read};
 use crate::did_you_mean;
-use crate::pipeline::storage_selector::StorageSelector;
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, HostPci, Hugepages, NodeName, PoolId, Tag, Usb, Vga,
     VlanTag,
 };
+use crate::rules::storage_selector::StorageSelector;
 
 /// Declares [`Settings`], one optional field per top-level key, named as the key.
 macro_rules! settings {

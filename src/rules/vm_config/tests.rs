@@ -1,5 +1,5 @@
 use super::*;
-use crate::pipeline::provider_data::ProviderDataSchema;
+use crate::rules::provider_data::ProviderDataSchema;
 use serde_json::Map;
 
 fn data(extra: &str) -> ProviderData {
@@ -171,7 +171,7 @@ fn clone_variant() {
         Some("local:iso/omni-seed-req-1.iso,media=cdrom")
     );
     assert_eq!(boot_disk_resize(&d, "scsi0")[1].1, "20G");
-    use crate::pipeline::provider_data::CloneMode;
+    use crate::rules::provider_data::CloneMode;
     let clone = clone_params(&d, &identity(), 104, "pve2", &t.storage, CloneMode::Full);
     assert_eq!(get(&clone, "pool"), Some("omni"));
     assert_eq!(get(&clone, "target"), Some("pve2"));

@@ -7,12 +7,12 @@
 
 use crate::model::identity;
 use crate::model::vm::{BootDisk, is_drive_key};
-use crate::pipeline::provider_data::{Bios, BootMode, ProviderData};
 use crate::proxmox::property::{
     self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, ImportVolume, ImportedDisk,
     IsoVolume, MacAddr, NewDisk, Nic, PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
 };
 use crate::rules::placement::set_tag;
+use crate::rules::provider_data::{Bios, BootMode, ProviderData};
 
 /// Slot of the Talos ISO (boot mode `iso`).
 pub const TALOS_CDROM: Slot = Slot::Ide(2);

@@ -15,11 +15,11 @@ use super::data::{
 use super::keys::{self, Place};
 use super::layers::{Findings, Settings};
 use super::{RESERVED_TAG_PREFIXES, json_kind};
-use crate::pipeline::storage_selector::StorageSelector;
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, DiskOptions, HostPci, Hugepages, MappingId, MdevType,
     NodeName, PoolId, PropertyError, Tag, Usb, Vga, VlanTag,
 };
+use crate::rules::storage_selector::StorageSelector;
 
 /// Reads every key of one layer.
 pub(super) fn settings(map: &Map<String, Value>, findings: &mut Findings) -> Settings {
