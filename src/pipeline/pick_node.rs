@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use super::step::{StepContext, StepError, StepOutcome};
-use super::template::clone_source;
+use super::template::copies_of;
 use crate::model::ClusterSnapshot;
 use crate::proxmox::property::StorageId;
 use crate::proxmox::types::{NodeName, VmId};
@@ -28,19 +28,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let cluster = ClusterSnapshot::from_resources(&resources);
     let clone = match (ctx.data.boot, &ctx.data.template) {
         (BootMode::Clone, Some(wanted)) => {
-            ctx.report(format!("looking for template {wanted}")).await;
-            let wanted = wanted.clone();
-            Some(
-                clone_source(
-                    &ctx.services.pve,
-                    &resources,
-                    &cluster,
-                    &wanted,
-                    ctx.data.clone_mode,
-                )
-                .await
-                .map_err(|e| e.into_step())?,
-            )
+            Some(copies_of(ctx, wanted, &resources, &cluster).await?)
         }
         _ => None,
     };

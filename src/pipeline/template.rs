@@ -19,7 +19,6 @@ pub(super) async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutco
         ));
     };
     let node = ctx.node()?;
-    ctx.report(format!("looking for template {wanted}")).await;
     let resources = ctx.cluster(false).await?.to_vec();
     let recorded = ctx.state.template_vmid;
     let still_there = resources
@@ -30,15 +29,7 @@ pub(super) async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutco
         return Ok(StepOutcome::Done);
     }
     let cluster = ClusterSnapshot::from_resources(&resources);
-    let source = clone_source(
-        &ctx.services.pve,
-        &resources,
-        &cluster,
-        &wanted,
-        ctx.data.clone_mode,
-    )
-    .await
-    .map_err(TemplateError::into_step)?;
+    let source = copies_of(ctx, &wanted, &resources, &cluster).await?;
     let Some(here) = cluster.node(node.as_str()) else {
         return Err(StepError::Cluster(format!(
             "node {node} recorded for this machine is not in the cluster"
@@ -70,6 +61,20 @@ pub(super) async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutco
             "node {node} cannot take this clone: {why}"
         ))),
     }
+}
+
+/// The copies of the class's template, as a step reports and fails on them.
+pub(super) async fn copies_of(
+    ctx: &StepContext<'_>,
+    wanted: &TemplateRef,
+    resources: &[ClusterResource],
+    cluster: &ClusterSnapshot,
+) -> Result<CloneSource, StepError> {
+    ctx.report(format!("looking for template {wanted}")).await;
+    let pve = &ctx.services.pve;
+    clone_source(pve, resources, cluster, wanted, ctx.data.clone_mode)
+        .await
+        .map_err(TemplateError::into_step)
 }
 
 /// Why the copies of a template could not be gathered.
