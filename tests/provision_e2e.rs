@@ -831,3 +831,22 @@ async fn the_class_storage_selector_outranks_a_node_override_in_placement() {
     assert!(disk.starts_with("local-lvm:"), "{disk}");
     h.stop_controller().await;
 }
+
+/// A request with no VMID recorded cannot have a VM yet (ours is recorded before the create call, the
+/// official provider records its own), so `create_vm` adopts from the listing placement read moments
+/// before in the same reconcile: one `/cluster/resources` read per machine, not two. With a VMID
+/// recorded (a restart after the create), the listing is read fresh to find that VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_machine_reads_the_cluster_listing_once() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.request(
+        "one-listing",
+        "listing",
+        "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nip_discovery_timeout: 0\n",
+    );
+    h.wait_stage("one-listing", Stage::Provisioned).await;
+    assert_eq!(h.pve.count("GET", "/cluster/resources"), 1);
+    h.stop_controller().await;
+}

@@ -1,7 +1,8 @@
 //! Step 3, `create_vm`: the VM exists exactly once, whatever crashes or races happen.
 //!
 //! - First look: a VM that already belongs to this request (by `model::identity`, the rule teardown
-//!   uses too) is adopted, wherever it is now.
+//!   uses too) is adopted, wherever it is now. The listing is read again for that only when a VMID
+//!   was recorded: without one, no VM of the request can exist.
 //! - Otherwise ask `/cluster/nextid` (it sees guests the token cannot list and honours the datacenter's
 //!   `next-id` range), step over VMIDs of requests in flight, **record it in the provider state before
 //!   the create call**, then create or clone. A crash at any instant leaves either no VM
@@ -34,7 +35,12 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     }
     let node = ctx.node()?;
     let request_id = ctx.request.id.clone();
-    let resources = ctx.cluster(true).await?.to_vec();
+    // A VM of this request can exist only if a VMID was recorded for it (ours is recorded before the
+    // create call; the official provider records its own): only then must the listing be fresh to
+    // adopt it. Otherwise the listing placement read moments ago in this reconcile will do, and
+    // `/cluster/nextid` (not the listing) decides which VMID is free.
+    let must_be_fresh = ctx.state.recorded_vmid().is_some();
+    let resources = ctx.cluster(must_be_fresh).await?.to_vec();
     if let Some(outcome) = adopt(ctx, &resources).await? {
         return Ok(outcome);
     }
