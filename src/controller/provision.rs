@@ -1,8 +1,8 @@
 //! Applying a MachineRequest: the running phase of what Omni expects of a provision controller
 //! (docs/omni-protocol.md §3.4), with the official Go library's known weaknesses fixed.
 //!
-//! Finalizer, MachineRequestStatus (stage PROVISIONING, the request's labels), provider state, then
-//! the steps from where the state says we stopped. Progress goes to the status text through the
+//! Finalizer, then the steps from where the provider state says we stopped; the first step's line
+//! creates the MachineRequestStatus (stage PROVISIONING, the request's labels). Progress goes to the status text through the
 //! [`StatusSink`]. Unlike the Go library:
 //! - a failure is shown as the error policy words it ([`super::error_policy`]) and **stays visible**
 //!   until the step succeeds on a retry (the Go library cleared it on every retry, omni#2629);
@@ -11,7 +11,7 @@
 //!   written in their names and formats ([`Step::go_name`]), so either provider continues the other's
 //!   requests at any step;
 //! - the `infra-id` label is kept when the request is marked PROVISIONED;
-//! - the status `id` is set to the SMBIOS UUID as soon as the VM exists, and the request ID is encoded
+//! - the status `id` is set to the SMBIOS UUID with the first line after the VM exists, and the request ID is encoded
 //!   in the join token, so Omni links the machine to its request either way (§3.5).
 
 use std::collections::BTreeMap;
