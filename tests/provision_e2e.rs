@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::{MachineRequestStatus, label};
+use omni_infra_provider_proxmox::omni::resources::{
+    Kind, MachineRequestStatus, ProviderMachine, label,
+};
 use serde_json::json;
 use support::harness::Harness;
 
@@ -848,5 +850,86 @@ async fn a_new_machine_reads_the_cluster_listing_once() {
     );
     h.wait_stage("one-listing", Stage::Provisioned).await;
     assert_eq!(h.pve.count("GET", "/cluster/resources"), 1);
+    h.stop_controller().await;
+}
+
+/// Omni calls made between two snapshots of [`MemState::typed_calls`], `(method, type) -> count`.
+fn calls_since(
+    before: &BTreeMap<(String, String), u64>,
+    after: &BTreeMap<(String, String), u64>,
+) -> BTreeMap<(String, String), u64> {
+    after
+        .iter()
+        .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// Status and provider-state writes (Create and Update) among `calls`.
+fn writes(calls: &BTreeMap<(String, String), u64>) -> (u64, u64) {
+    let status_type = MachineRequestStatus.resource_type();
+    let state_type = ProviderMachine::new(support::harness::PROVIDER).resource_type();
+    let of = |ty: &str| -> u64 {
+        calls
+            .iter()
+            .filter(|((method, t), _)| t == ty && (method == "Create" || method == "Update"))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    (of(&status_type), of(&state_type))
+}
+
+/// One machine from its request to PROVISIONED (the image already on the node, its set's pool
+/// made) writes its status and its provider state at most 12 times in all, and still shows every
+/// step: each of the six appears in some version of the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_machine_costs_at_most_twelve_status_and_state_writes_and_shows_every_step() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    // The first of the set downloads the image and makes the pool: two more lines, one more record.
+    let before = h.omni.state.typed_calls();
+    h.request("writes-0", "writes", PINNED_PVE2);
+    h.wait_stage("writes-0", Stage::Provisioned).await;
+    let first = calls_since(&before, &h.omni.state.typed_calls());
+    let (status, state) = writes(&first);
+    eprintln!("first machine: {status} status + {state} provider-state writes");
+    assert!(status + state <= 15, "{first:#?}");
+
+    let before = h.omni.state.typed_calls();
+    h.request("writes-1", "writes", PINNED_PVE2);
+    h.wait_stage("writes-1", Stage::Provisioned).await;
+    let calls = calls_since(&before, &h.omni.state.typed_calls());
+    let (status_writes, state_writes) = writes(&calls);
+    eprintln!("Omni calls for one machine: {calls:#?}");
+    let history: Vec<String> = h
+        .omni
+        .state
+        .history(&MachineRequestStatus, "writes-1")
+        .into_iter()
+        .map(|s| s.spec.status)
+        .collect();
+    eprintln!("status history: {history:#?}");
+    for step in [
+        "Running step 1/6 pick_node",
+        "Running step 2/6 prepare_image",
+        "Running step 3/6 create_vm",
+        "Running step 4/6 configure_vm",
+        "Running step 5/6 start_vm",
+        "Running step 6/6 discover_ip",
+    ] {
+        assert!(
+            history.iter().any(|s| s.starts_with(step)),
+            "{step} never shown: {history:#?}"
+        );
+    }
+    assert!(
+        status_writes + state_writes <= 12,
+        "{status_writes} status writes + {state_writes} provider-state writes: {calls:#?}\nstatus history: {history:#?}"
+    );
+    // The VM is linked and labelled all the same.
+    let status = h.status("writes-1").unwrap();
+    assert!(!status.spec.id.is_empty());
+    assert!(status.metadata.labels.contains_key(label::INFRA_ID));
     h.stop_controller().await;
 }

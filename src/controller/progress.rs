@@ -2,7 +2,9 @@
 //! shows ("Running step 3/6 create_vm: cloning template 9000 to VM 104 on pve2", "Deprovisioning:
 //! shutting down VM 104 on pve2").
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::BoxFuture;
 
@@ -27,8 +29,13 @@ pub enum Phase {
 pub struct StatusSink<'a> {
     ctx: &'a Context,
     id: &'a str,
-    labels: &'a BTreeMap<String, String>,
+    labels: Cow<'a, BTreeMap<String, String>>,
     phase: Phase,
+    /// The status `id` (the VM's SMBIOS UUID) every write of this sink sets, once the VM exists, so
+    /// linking the machine costs no write of its own.
+    machine_id: Option<String>,
+    /// Some text of this sink was written (see [`StatusSink::ensure_shown`]).
+    shown: AtomicBool,
 }
 
 impl<'a> StatusSink<'a> {
@@ -41,8 +48,27 @@ impl<'a> StatusSink<'a> {
         Self {
             ctx,
             id,
-            labels,
+            labels: Cow::Borrowed(labels),
             phase,
+            machine_id: None,
+            shown: AtomicBool::new(false),
+        }
+    }
+
+    /// Once the VM exists: every write also sets the status `id` (`machine_id`) and these labels
+    /// (the request's plus `infra-id`).
+    pub fn with_vm(mut self, machine_id: String, labels: BTreeMap<String, String>) -> Self {
+        self.machine_id = Some(machine_id);
+        self.labels = Cow::Owned(labels);
+        self
+    }
+
+    /// Writes the bare line ("Running step 4/6 configure_vm") unless this sink wrote a line already:
+    /// a step that says what it is doing straight away costs one write, not two, and a step that
+    /// says nothing still shows.
+    pub async fn ensure_shown(&self) {
+        if !self.shown.load(Ordering::Relaxed) {
+            self.show("").await;
         }
     }
 
@@ -68,15 +94,19 @@ impl<'a> StatusSink<'a> {
         let text = self.text(detail);
         tracing::debug!(request = %self.id, "{text}");
         let provisioning = matches!(self.phase, Phase::Step { .. });
+        self.shown.store(true, Ordering::Relaxed);
         let written = self
             .ctx
-            .write_status(self.id, self.labels, |s| {
+            .write_status(self.id, &self.labels, |s| {
                 // The error of an earlier failed attempt stays until this step succeeds; the stage
                 // stays FAILED meanwhile so Omni keeps showing it.
                 if provisioning && s.stage != Stage::Failed as i32 {
                     s.stage = Stage::Provisioning as i32;
                 }
                 s.status = text.clone();
+                if let Some(id) = &self.machine_id {
+                    s.id = id.clone();
+                }
             })
             .await;
         if let Err(e) = written {

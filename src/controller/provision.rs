@@ -1,8 +1,8 @@
 //! Applying a MachineRequest: the running phase of what Omni expects of a provision controller
 //! (docs/omni-protocol.md §3.4), with the official Go library's known weaknesses fixed.
 //!
-//! Finalizer, MachineRequestStatus (stage PROVISIONING, the request's labels), provider state, then
-//! the steps from where the state says we stopped. Progress goes to the status text through the
+//! Finalizer, then the steps from where the provider state says we stopped; the first step's line
+//! creates the MachineRequestStatus (stage PROVISIONING, the request's labels). Progress goes to the status text through the
 //! [`StatusSink`]. Unlike the Go library:
 //! - a failure is shown as the error policy words it ([`super::error_policy`]) and **stays visible**
 //!   until the step succeeds on a retry (the Go library cleared it on every retry, omni#2629);
@@ -11,7 +11,7 @@
 //!   written in their names and formats ([`Step::go_name`]), so either provider continues the other's
 //!   requests at any step;
 //! - the `infra-id` label is kept when the request is marked PROVISIONED;
-//! - the status `id` is set to the SMBIOS UUID as soon as the VM exists, and the request ID is encoded
+//! - the status `id` is set to the SMBIOS UUID with the first line after the VM exists, and the request ID is encoded
 //!   in the join token, so Omni links the machine to its request either way (§3.5).
 
 use std::collections::BTreeMap;
@@ -34,6 +34,9 @@ use crate::omni::resources::{
 use crate::omni::state::ResourceRef;
 use crate::pipeline::run_step;
 use crate::pipeline::step::{ClusterView, RequestInfo, Step, StepContext, StepError, StepOutcome};
+
+/// How long a step may work without saying what it does before its bare line is written.
+const SILENT_STEP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn omni(doing: &'static str) -> impl FnOnce(crate::omni::state::StateError) -> ReconcileError {
     ReconcileError::omni(doing)
@@ -83,28 +86,23 @@ impl Provisioning<'_> {
         {
             return Ok(Action::Done);
         }
-        if status.is_none() {
-            ctx.write_status(id, &self.labels, |s| {
-                s.stage = Stage::Provisioning as i32;
-                s.status = "Queued".into();
-            })
-            .await?;
-        }
+        // A new request's status is created by its first step's line (or by its error): a "Queued"
+        // of its own would cost a write shown for milliseconds.
         let info = request_info(request);
         self.check_request(&info, status.is_none()).await?;
         let join = self.connection_params(request).await?;
-        let machine = ctx
-            .state
-            .modify(&ctx.machine_kind(), id, &ctx.owner, |_| {})
-            .await
-            .map_err(omni("creating the provider state"))?;
-        let mut state = MachineState::from_spec(&machine.spec);
+        // The provider state is created by the first decision a step records (or at the end), not
+        // here: until then there is nothing in Proxmox a crash or a teardown would need to find.
+        let machine = ctx.find_machine(id).await?;
+        let mut state = machine
+            .as_ref()
+            .map(|m| MachineState::from_spec(&m.spec))
+            .unwrap_or_default();
         let start = Step::resume_index(
             state.step.as_deref().unwrap_or_default(),
             machine
-                .metadata
-                .annotations
-                .get(annotation::STEP)
+                .as_ref()
+                .and_then(|m| m.metadata.annotations.get(annotation::STEP))
                 .map(String::as_str),
             &state,
         );
@@ -208,7 +206,7 @@ impl Provisioning<'_> {
         let data = services
             .provider_data(info, node)
             .map_err(|source| ReconcileError::Step { step, source })?;
-        let progress = StatusSink::new(
+        let mut progress = StatusSink::new(
             self.ctx,
             self.id,
             &self.labels,
@@ -217,7 +215,11 @@ impl Provisioning<'_> {
                 warnings: warnings_text(&data.warnings),
             },
         );
-        progress.show("").await;
+        if state.vmid.is_some() {
+            // Status `id` = SMBIOS UUID (Omni links the machine by it), label `infra-id` = VMID,
+            // written with the first line of the step after the VM came to exist.
+            progress = progress.with_vm(text(&state.uuid), with_infra_id(&self.labels, state));
+        }
         let mut step_ctx = StepContext {
             services,
             request: info,
@@ -232,29 +234,42 @@ impl Provisioning<'_> {
         // carries the request ID).
         let node = step_ctx.state.node.as_ref().map_or("", |n| n.as_str());
         let span = tracing::info_span!("step", step = step.name(), node = %node);
-        let outcome = run_step(step, &mut step_ctx).instrument(span).await;
+        // The step's bare line is written only if the step says nothing for a moment: most steps
+        // say what they are doing at once, and that line names the step too.
+        let outcome = {
+            let work = run_step(step, &mut step_ctx).instrument(span);
+            tokio::pin!(work);
+            tokio::select! {
+                biased;
+                outcome = &mut work => outcome,
+                () = tokio::time::sleep(SILENT_STEP_GRACE) => {
+                    progress.ensure_shown().await;
+                    work.await
+                }
+            }
+        };
+        drop(step_ctx);
+        if matches!(outcome, Ok(StepOutcome::Done)) {
+            // A quick step that said nothing still appears in the status once.
+            progress.ensure_shown().await;
+        }
         services.metrics.step(step.name(), started.elapsed());
         Ok((outcome, progress))
     }
 
+    /// Marks `step` done in the state. The state is written here only after a retry healed a
+    /// failure; otherwise the next write takes it along: a decision a step must keep before acting
+    /// on Proxmox is written by the step itself ([`StepContext::persist`]), a requeue, a failure and
+    /// the end write the state, and a crash in between re-runs steps that find their work done.
     async fn step_done(&self, step: Step, state: &mut MachineState) -> Result<(), ReconcileError> {
         state.step = Some(step.name().to_owned());
         let recovered = state.last_error.take().is_some();
-        self.save_state(step, state).await?;
         if recovered {
+            self.save_state(step, state).await?;
             self.ctx
                 .write_status(self.id, &self.labels, |s| {
                     s.stage = Stage::Provisioning as i32;
                     s.error.clear();
-                })
-                .await?;
-        }
-        if step == Step::CreateVm {
-            // Status `id` = SMBIOS UUID (Omni links the machine by it), label `infra-id` = VMID.
-            let uuid = text(&state.uuid);
-            self.ctx
-                .write_status(self.id, &with_infra_id(&self.labels, state), |s| {
-                    s.id = uuid.clone()
                 })
                 .await?;
         }
@@ -263,6 +278,8 @@ impl Provisioning<'_> {
 
     async fn provisioned(&self, state: &MachineState) -> Result<Action, ReconcileError> {
         let (ctx, id) = (self.ctx, self.id);
+        self.save_state(Step::ALL[Step::ALL.len() - 1], state)
+            .await?;
         ctx.services.ledgers.release_reservation(id);
         let (vmid, node) = (text(&state.vmid), text(&state.node));
         let summary = format!(

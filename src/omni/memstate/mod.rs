@@ -271,6 +271,21 @@ impl MemState {
             .and_then(|r| Typed::decode(r).ok())
     }
 
+    /// Every version of one resource that was created or updated, oldest first, as far back as the
+    /// event log reaches (the last 10,000 changes): what a watcher of it would have seen.
+    pub fn history<K: Kind>(&self, kind: &K, id: &str) -> Vec<Typed<K::Spec>> {
+        let (ns, ty) = (kind.namespace(), kind.resource_type());
+        self.lock()
+            .log
+            .iter()
+            .filter(|e| matches!(e.kind, pb::EventType::Created | pb::EventType::Updated))
+            .filter(|e| {
+                store::key_of(store::md(&e.resource)) == (ns.clone(), ty.clone(), id.to_owned())
+            })
+            .filter_map(|e| Typed::decode(e.resource.clone()).ok())
+            .collect()
+    }
+
     pub fn list<K: Kind>(&self, kind: &K) -> Vec<Typed<K::Spec>> {
         let (ns, ty) = (kind.namespace(), kind.resource_type());
         self.lock()
@@ -284,6 +299,13 @@ impl MemState {
     /// How many signed calls of `method` (e.g. `/cosi.resource.State/Teardown`) were accepted.
     pub fn calls(&self, method: &str) -> u64 {
         self.lock().calls.get(method).copied().unwrap_or(0)
+    }
+
+    /// How many resource calls were made, per (method, resource type): `("Update",
+    /// "MachineRequestStatuses.omni.sidero.dev") -> 9`. Counted once a call is signed and well
+    /// formed, whether it then succeeds or not (a version conflict costs a call too).
+    pub fn typed_calls(&self) -> BTreeMap<(String, String), u64> {
+        self.lock().typed_calls.clone()
     }
 
     /// Makes Teardown/TeardownAndDestroy answer `Unimplemented`, like Omni before 1.8.

@@ -113,6 +113,16 @@ impl StateService {
         Ok(Caller { provider_id })
     }
 
+    /// Counts an accepted call of `method` on resources of type `ty` (see [`MemState::typed_calls`]).
+    fn tally(&self, method: &str, ty: &str) {
+        *self
+            .state
+            .lock()
+            .typed_calls
+            .entry((method.to_owned(), ty.to_owned()))
+            .or_default() += 1;
+    }
+
     fn teardown_impl(
         &self,
         caller: &Caller,
@@ -209,6 +219,7 @@ impl State for StateService {
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
         let caller = self.authenticate(&req, "Get")?;
         let r = req.into_inner();
+        self.tally("Get", &r.r#type);
         let store = self.state.lock();
         let scope = caller.scope(&store, &r.namespace, &r.r#type, Access::Read)?;
         let found = store
@@ -230,6 +241,7 @@ impl State for StateService {
     ) -> Result<Response<Self::ListStream>, Status> {
         let caller = self.authenticate(&req, "List")?;
         let r = req.into_inner();
+        self.tally("List", &r.r#type);
         let queries = r.options.map(|o| o.label_query).unwrap_or_default();
         let store = self.state.lock();
         let scope = caller.scope(&store, &r.namespace, &r.r#type, Access::Read)?;
@@ -259,6 +271,7 @@ impl State for StateService {
             .resource
             .ok_or_else(|| Status::unknown("resource is missing"))?;
         validate_resource(&res)?;
+        self.tally("Create", &key_of(md(&res)).1);
         let mut store = self.state.lock();
         let (ns, ty, id) = key_of(md(&res));
         let scope = caller.scope(&store, &ns, &ty, Access::Write)?;
@@ -308,6 +321,7 @@ impl State for StateService {
             .new_resource
             .ok_or_else(|| Status::unknown("resource is missing"))?;
         validate_resource(&res)?;
+        self.tally("Update", &key_of(md(&res)).1);
         let mut store = self.state.lock();
         let (ns, ty, id) = key_of(md(&res));
         let scope = caller.scope(&store, &ns, &ty, Access::Write)?;
@@ -378,6 +392,7 @@ impl State for StateService {
     ) -> Result<Response<pb::DestroyResponse>, Status> {
         let caller = self.authenticate(&req, "Destroy")?;
         let r = req.into_inner();
+        self.tally("Destroy", &r.r#type);
         let owner = r.options.map(|o| o.owner).unwrap_or_default();
         self.destroy_impl(&caller, &r.namespace, &r.r#type, &r.id, &owner)?;
         Ok(Response::new(pb::DestroyResponse {}))
@@ -389,6 +404,7 @@ impl State for StateService {
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let caller = self.authenticate(&req, "Watch")?;
+        self.tally("Watch", &req.get_ref().r#type);
         self.open_watch(caller, req.into_inner()).map(Response::new)
     }
 
@@ -398,6 +414,7 @@ impl State for StateService {
     ) -> Result<Response<pb::TeardownResponse>, Status> {
         let caller = self.authenticate(&req, "Teardown")?;
         let r = req.into_inner();
+        self.tally("Teardown", &r.r#type);
         let owner = r.options.map(|o| o.owner).unwrap_or_default();
         let ready = self.teardown_impl(&caller, &r.namespace, &r.r#type, &r.id, &owner)?;
         Ok(Response::new(pb::TeardownResponse {
@@ -411,6 +428,7 @@ impl State for StateService {
     ) -> Result<Response<pb::TeardownAndDestroyResponse>, Status> {
         let caller = self.authenticate(&req, "TeardownAndDestroy")?;
         let r = req.into_inner();
+        self.tally("TeardownAndDestroy", &r.r#type);
         let owner = r.options.map(|o| o.owner).unwrap_or_default();
         let mut changes = self.state.changed.subscribe();
         loop {

@@ -40,6 +40,9 @@ pub(super) struct Store {
     pub(super) teardown_unimplemented: bool,
     /// Counts calls per method, for tests ("heartbeats arrive", "no Teardown RPC used").
     pub(super) calls: BTreeMap<String, u64>,
+    /// Counts accepted resource calls per (method, resource type), e.g. (`Update`,
+    /// `MachineRequestStatuses.omni.sidero.dev`): what a provider costs Omni, by kind.
+    pub(super) typed_calls: BTreeMap<(String, String), u64>,
 }
 
 pub(super) fn now_unix() -> i64 {
