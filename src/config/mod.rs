@@ -177,6 +177,8 @@ impl Found {
     fn check_keys(&mut self, map: &Map<String, Value>, known: &[&str], prefix: &str) {
         for key in map.keys().filter(|k| !known.contains(&k.as_str())) {
             let hint = did_you_mean::hint(key, known);
+            // An empty key (`"": 1`) is shown quoted, or the message would name no key.
+            let key = if key.is_empty() { "\"\"" } else { key.as_str() };
             if self.strict {
                 self.problems.push(format!(
                     "unknown key `{prefix}{key}`{hint} (refused because of `strict: true`)"
@@ -443,5 +445,181 @@ mod tests {
         let all = c.warnings.join("\n");
         assert!(all.contains("`proxmox.username` is ignored"), "{all}");
         assert!(all.contains("`proxmox.realm` is ignored"), "{all}");
+    }
+
+    /// As in provider data: an empty key was reported as "unknown key ``", naming no key.
+    #[test]
+    fn an_empty_key_is_named_quoted() {
+        let p = problems(
+            "strict: true\n\"\": 1\nproxmox:\n  url: https://pve:8006\n  tokenID: a@pve!b\n  tokenSecret: c\n  \"\": 2\n",
+        );
+        assert_eq!(
+            p,
+            [
+                "unknown key `\"\"` (refused because of `strict: true`)",
+                "unknown key `proxmox.\"\"` (refused because of `strict: true`)"
+            ]
+        );
+    }
+
+    mod fuzz {
+        use super::super::proxmox::PROXMOX_KEYS;
+        use super::*;
+        use proptest::prelude::*;
+        use serde_json::json;
+
+        fn junk() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                Just(json!(u64::MAX)),
+                any::<f64>()
+                    .prop_filter("finite", |f| f.is_finite())
+                    .prop_map(Value::from),
+                "\\PC{0,20}".prop_map(Value::from),
+                prop::sample::select(vec![
+                    "",
+                    " ",
+                    "https://pve:8006",
+                    "https://pve:8006/api2/json",
+                    "http://x",
+                    "ftp://x",
+                    "pve:8006",
+                    "https://[::1",
+                    "root",
+                    "root@pam",
+                    "omni@pve!p",
+                    "secret",
+                    "pam",
+                    "pve",
+                    "/ca.pem",
+                    "true",
+                    "yes",
+                    "4.0",
+                    "0",
+                    "-1",
+                    "1e400",
+                    "ünïcødé",
+                ])
+                .prop_map(Value::from),
+            ];
+            leaf.prop_recursive(2, 16, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                    prop::collection::btree_map("[a-z]{0,4}", inner, 0..3)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn section(keys: &'static [&'static str]) -> impl Strategy<Value = Value> {
+            let key = prop_oneof![
+                4 => prop::sample::select(keys).prop_map(str::to_string),
+                1 => prop_oneof![Just(String::new()), "[a-zA-Z]{1,8}"],
+            ];
+            prop_oneof![
+                4 => prop::collection::btree_map(key, junk(), 0..8)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+                1 => junk(),
+            ]
+        }
+
+        /// A config file: the known sections and keys with values of any type, unknown keys.
+        fn config() -> impl Strategy<Value = Map<String, Value>> {
+            (
+                prop::option::of(section(PROXMOX_KEYS)),
+                prop::option::of(section(PLACEMENT_KEYS)),
+                prop::option::of(junk()),
+                prop::option::of(junk()),
+                prop::option::of(prop_oneof![any::<bool>().prop_map(Value::from), junk()]),
+                prop::collection::btree_map(
+                    prop_oneof![Just(String::new()), "[a-z]{1,8}"],
+                    junk(),
+                    0..2,
+                ),
+            )
+                .prop_map(|(proxmox, placement, defaults, nodes, strict, extra)| {
+                    let mut m: Map<String, Value> = extra.into_iter().collect();
+                    for (k, v) in [
+                        ("proxmox", proxmox),
+                        ("placement", placement),
+                        ("defaults", defaults),
+                        ("nodes", nodes),
+                        ("strict", strict),
+                    ] {
+                        if let Some(v) = v {
+                            m.insert(k.to_string(), v);
+                        }
+                    }
+                    m
+                })
+        }
+
+        /// The spans of a message in backquotes.
+        fn quoted(message: &str) -> Vec<&str> {
+            message.split('`').skip(1).step_by(2).collect()
+        }
+
+        /// A key path the file can have: a known one, or an unknown one as it is written.
+        fn is_key(path: &str, file: &Map<String, Value>) -> bool {
+            let path = path.trim_end_matches(':');
+            if path.is_empty() || path.ends_with('.') {
+                return false;
+            }
+            let (section, key) = match path.split_once('.') {
+                Some((s, k)) => (s, Some(k)),
+                None => (path, None),
+            };
+            let written = |map: Option<&Map<String, Value>>, k: &str| {
+                let k = if k == "\"\"" { "" } else { k };
+                map.is_some_and(|m| m.contains_key(k))
+            };
+            match key {
+                None => TOP_KEYS.contains(&section) || written(Some(file), section),
+                Some(k) => {
+                    let known: &[&str] = match section {
+                        "proxmox" => PROXMOX_KEYS,
+                        "placement" => PLACEMENT_KEYS,
+                        _ => return false,
+                    };
+                    known.contains(&k) || written(file.get(section).and_then(Value::as_object), k)
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any text: parsed or refused, never a panic.
+            #[test]
+            fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+                let _ = ProviderConfig::parse(&text);
+            }
+
+            /// Known keys with values of any type, unknown keys (empty ones too): every problem (and
+            /// warning) names a key of the file in backquotes.
+            #[test]
+            fn config_junk_is_refused_by_key(file in config()) {
+                let text = Value::Object(file.clone()).to_string();
+                let messages = match ProviderConfig::parse(&text) {
+                    Ok(c) => c.warnings,
+                    Err(ParseError::Invalid(problems)) => {
+                        prop_assert!(!problems.is_empty());
+                        problems
+                    }
+                    Err(ParseError::Yaml(e)) => {
+                        prop_assert!(false, "JSON is YAML, yet: {e}");
+                        unreachable!()
+                    }
+                };
+                for m in &messages {
+                    prop_assert!(
+                        quoted(m).iter().any(|q| is_key(q, &file)),
+                        "{m:?} names no key of {text}"
+                    );
+                }
+            }
+        }
     }
 }

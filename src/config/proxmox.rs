@@ -11,7 +11,7 @@ use crate::secret::Secret;
 
 pub use crate::proxmox::settings::{ProxmoxAuth, ProxmoxSettings, TlsTrust};
 
-const PROXMOX_KEYS: &[&str] = &[
+pub(super) const PROXMOX_KEYS: &[&str] = &[
     "url",
     "tokenID",
     "tokenSecret",

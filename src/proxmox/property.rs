@@ -1002,4 +1002,74 @@ mod tests {
             let _ = Vga::new(&s);
         }
     }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any value with a separator in it is refused by every constructor, and the error names
+        /// the setting and quotes the value.
+        #[test]
+        fn separators_are_refused_naming_the_setting(
+            before in "[a-z0-9]{0,6}",
+            sep in prop::sample::select(vec![",", "=", ";", "\n", "\r", " ", "\0"]),
+            after in "[a-z0-9]{0,6}",
+        ) {
+            let s = format!("{before}{sep}{after}");
+            let results = [
+                StorageId::new(s.clone()).err(),
+                BridgeName::new(s.clone()).err(),
+                MappingId::new(s.clone()).err(),
+                MdevType::new(s.clone()).err(),
+                Tag::new(s.clone()).err(),
+                PoolId::new(s.clone()).err(),
+                CpuType::new(s.clone()).err(),
+                NodeName::new(s.clone()).err(),
+                IsoFileName::new(format!("{s}.iso")).err(),
+                IsoVolume::parse(&format!("local:iso/{s}.iso")).err(),
+                IsoVolume::parse(&format!("{s}:iso/a.iso")).err(),
+                ImportVolume::parse(&format!("{s}:import/a.qcow2")).err(),
+                ExistingDisk::new(&format!("local:{s}"), DiskOptions::default()).err(),
+                Vga::new(&s).err(),
+            ];
+            for (i, e) in results.iter().enumerate() {
+                let e = e.as_ref();
+                prop_assert!(e.is_some(), "constructor {i} accepted {s:?}");
+                let e = e.unwrap();
+                prop_assert!(!e.what.is_empty() && e.value.contains(&s), "{e:?}");
+                prop_assert!(e.to_string().starts_with(e.what), "{e}");
+            }
+            // `=` is a file-name character to pve-storage; `,`, `;` and blanks are not.
+            if sep != "=" {
+                let file = format!("{s}.qcow2");
+                prop_assert!(ImportFileName::new(file).is_err());
+            }
+        }
+
+        /// The disk, EFI and import builders: only their own keys, whatever the accepted names.
+        #[test]
+        fn disk_builders_carry_only_their_keys(
+            storage in "[a-zA-Z][a-zA-Z0-9_.=,-]{0,10}[a-zA-Z0-9]",
+            file in "[a-zA-Z0-9_.+=,-]{1,12}",
+            volume in "[a-zA-Z0-9_.:/+=,-]{1,20}",
+            opts in arb_options(),
+        ) {
+            let options = ["<default>", "cache", "aio", "iothread", "discard", "ssd"];
+            if let Ok(storage) = StorageId::new(storage) {
+                let efi = EfiDisk { storage: storage.clone() }.render();
+                prop_assert_eq!(keys(&efi), vec!["<default>", "efitype", "pre-enrolled-keys"]);
+                if let Ok(source) = ImportVolume::parse(&format!("{storage}:import/{file}.qcow2")) {
+                    let rendered = ImportedDisk { storage, source, options: opts }.render();
+                    let k = keys(&rendered);
+                    prop_assert_eq!(&k[..2], &["<default>", "import-from"]);
+                    prop_assert!(k[2..].iter().all(|k| options.contains(&k.as_str())), "{}", rendered);
+                    prop_assert!(!rendered.contains('\n'));
+                }
+            }
+            if let Ok(disk) = ExistingDisk::new(&volume, opts) {
+                let rendered = disk.render();
+                prop_assert!(keys(&rendered).iter().all(|k| options.contains(&k.as_str())), "{}", rendered);
+                prop_assert!(!volume.contains([',', '=']));
+            }
+        }
+    }
 }

@@ -374,10 +374,12 @@ impl<'a, 'p> Fields<'a, 'p> {
     ) -> Self {
         let known = keys::names(place);
         for key in map.keys().filter(|k| !known.contains(&k.as_str())) {
+            // An empty key (`"": 1`) is shown quoted, or the problem would name no key at all.
+            let shown = if key.is_empty() { "\"\"" } else { key.as_str() };
             let at = if path.is_empty() {
-                key.clone()
+                shown.to_string()
             } else {
-                format!("{path}.{key}")
+                format!("{path}.{shown}")
             };
             problems.unknown_key(&at, key, &known);
         }

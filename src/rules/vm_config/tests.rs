@@ -283,3 +283,82 @@ fn a_clone_boots_from_and_grows_the_templates_boot_disk() {
     assert_eq!(get(&params, "boot"), Some("order=virtio0;net0"));
     assert_eq!(boot_disk_resize(&d, &found.slot)[0].1, "virtio0");
 }
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            8 => "[a-z][a-z0-9_.-]{0,8}[a-z0-9]",
+            1 => "[a-zA-Z0-9_.+:=,; -]{1,12}",
+            1 => prop::sample::select(vec![
+                "vmbr0,firewall=0",
+                "vmbr0\nnet1: x",
+                "gpu=1",
+                "a;b",
+                "talos",
+                "vmbr1",
+                "nvidia-180",
+                "x86-64-v2-AES",
+                "pool/sub",
+            ])
+            .prop_map(str::to_string),
+        ]
+    }
+
+    /// The keys each rendered property string may carry (the first item may be a bare value).
+    fn allowed(key: &str) -> &'static [&'static str] {
+        match key.trim_end_matches(|c: char| c.is_ascii_digit()) {
+            "net" => &["<default>", "virtio", "bridge", "firewall", "tag"],
+            "scsi" => &["<default>", "cache", "aio", "iothread", "discard", "ssd"],
+            "ide" => &["<default>", "media"],
+            "efidisk" => &["<default>", "efitype", "pre-enrolled-keys"],
+            "hostpci" => &["mapping", "mdev", "pcie", "rombar", "x-vga"],
+            "usb" => &["mapping", "usb3"],
+            "smbios" => &["uuid"],
+            "agent" => &["enabled"],
+            "boot" => &["order"],
+            _ => &[],
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever names a class gives (bridges, tags, CPU type, pool, mappings, mdev), once the
+        /// provider data accepts them the rendered parameters carry no key, item or line the user
+        /// wrote: every property string has only its own keys, no value has a newline.
+        #[test]
+        fn user_names_never_add_keys(
+            bridge in name(), nic_bridge in name(), tag in name(), cpu in name(), pool in name(),
+            mapping in name(), mdev in name(), usb in name(),
+        ) {
+            let q = |s: &str| serde_json::to_string(s).unwrap();
+            let extra = format!(
+                "network_bridge: {}\nadditional_nics: [{{bridge: {}}}]\ntags: [{}]\ncpu_type: {}\npool: {}\npci_devices: [{{mapping: {}, mdev: {}}}]\nusb_devices: [{{mapping: {}}}]\n",
+                q(&bridge), q(&nic_bridge), q(&tag), q(&cpu), q(&pool), q(&mapping), q(&mdev), q(&usb),
+            );
+            let yaml = format!("cores: 2\nmemory: 4096\ndisk_size: 20\nstorage_selector: 'true'\n{extra}");
+            let Ok(data) = ProviderDataSchema::new().unwrap().resolve(&yaml, None, &Map::new()) else {
+                return Ok(());
+            };
+            let params = render(&data, &identity(), &target(0)).unwrap();
+            for (key, value) in &params {
+                // The description is ours (the ownership marker), multi-line by design.
+                prop_assert!(key == "description" || !value.contains(['\n', '\r']), "{key}={value:?}");
+                let allowed = allowed(key);
+                if !allowed.is_empty() {
+                    for part in value.split(',') {
+                        let k = part.split_once('=').map_or("<default>", |(k, _)| k);
+                        prop_assert!(allowed.contains(&k), "{key}={value:?}");
+                    }
+                }
+            }
+            let tags = get(&params, "tags").unwrap();
+            prop_assert!(!tags.contains([',', '=', ' ']), "{tags:?}");
+            prop_assert_eq!(get(&params, "cpu"), Some(cpu.as_str()));
+            prop_assert!(!cpu.contains([',', '=', ';']));
+        }
+    }
+}
