@@ -124,3 +124,31 @@ async fn labels_can_be_turned_off_and_a_standalone_node_has_no_region() {
         "leftover patch removed"
     );
 }
+
+/// pve-manager PVE/API2/Cluster.pm `get_status` checks `Sys.Audit` on `/`; a token with narrower ACLs
+/// gets 403 there. The machines still get their zone, without the region, and the rounds go on.
+#[tokio::test]
+async fn without_sys_audit_on_root_the_zone_comes_alone() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "fail", "method": "GET", "suffix": "/cluster/status",
+        "status": 403, "message": "Permission check failed (/, Sys.Audit)"}),
+    );
+    h.run_topology(ROUND).await;
+    h.request("topo-acl", "topology", &class("pve1", ""));
+    h.wait_stage("topo-acl", Stage::Provisioned).await;
+    assert!(
+        h.patch_becomes("topo-acl", Some(&patch_yaml("pve1", None)))
+            .await
+    );
+    let vmid = h.vms_named("topo-acl")[0]["vmid"].as_u64().unwrap();
+    h.pve
+        .control(json!({"op": "migrate", "vmid": vmid, "target": "pve2"}));
+    assert!(
+        h.patch_becomes("topo-acl", Some(&patch_yaml("pve2", None)))
+            .await,
+        "rounds still follow migrations"
+    );
+}
