@@ -1,0 +1,121 @@
+//! Restarts and lost state: one VM per request whatever happens, HA registration after the start.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_between_steps_and_inside_create_vm_leaves_exactly_one_vm() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    // 1. The controller stops while the create call keeps failing: the VMID is already recorded.
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu",
+                         "status": 503, "message": "proxy went away"}),
+    );
+    h.request("restart-1", "restart", PINNED_PVE2);
+    h.wait_stage("restart-1", Stage::Failed).await;
+    h.stop_controller().await;
+    let state = h.machine_state("restart-1");
+    assert_eq!(state.spec.step, "prepare_image", "stopped inside create_vm");
+    let reserved = state.spec.reserved_vmid;
+    assert!(
+        reserved >= 100,
+        "the VMID is recorded before the create call"
+    );
+    assert!(h.vms_named("restart-1").is_empty());
+
+    // 2. While the provider is down, the create "happens" anyway (an answer lost on the way back):
+    //    the VM exists with our name and tags. The new controller must adopt it, not make a second.
+    h.pve.control(json!({"op": "clear_failures"}));
+    let uuid = uuid::Uuid::parse_str(&state.spec.uuid).unwrap();
+    h.pve.control(json!({"op": "add_vm", "vmid": reserved, "name": "restart-1", "node": "pve2",
+        "config": {"tags": "machine-request.restart;omni-provider.proxmox", "memory": 2048, "cores": 2,
+                   "agent": "enabled=1", "smbios1": format!("uuid={uuid}"),
+                   "description": "omni-provider-id: proxmox\nomni-machine-request: restart-1\n"}}));
+    h.start_controller();
+    h.wait_stage("restart-1", Stage::Provisioned).await;
+    let vms = h.vms_named("restart-1");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(vms[0]["vmid"].as_i64(), Some(reserved as i64));
+
+    // 3. A second request stopped between steps (start fails) resumes after a restart.
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/status/start",
+                         "status": 500, "message": "not now"}),
+    );
+    h.request("restart-2", "restart", PINNED_PVE2);
+    h.wait_stage("restart-2", Stage::Failed).await;
+    h.stop_controller().await;
+    assert_eq!(h.machine_state("restart-2").spec.step, "configure_vm");
+    h.pve.control(json!({"op": "clear_failures"}));
+    h.start_controller();
+    h.wait_stage("restart-2", Stage::Provisioned).await;
+    assert_eq!(h.vms_named("restart-2").len(), 1);
+    let creates = h.pve.count("POST", "/nodes/pve2/qemu");
+    assert!(creates <= 3, "no duplicate creates: {creates}");
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_settings_register_the_vm_with_the_ha_manager() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.request(
+        "ha-1",
+        "ha",
+        &format!("{PINNED_PVE2}ha:\n  state: started\n  max_restart: 2\n  comment: omni\n"),
+    );
+    h.wait_stage("ha-1", Stage::Provisioned).await;
+    let registered = h
+        .pve
+        .requests()
+        .iter()
+        .any(|(m, p)| m == "POST" && p.ends_with("/cluster/ha/resources"));
+    assert!(registered, "HA resource registered");
+    h.stop_controller().await;
+}
+
+/// pve-manager PVE/API2/Cluster.pm `resources` (through PVE/API2Tools.pm `extract_vm_stats`) lists a
+/// VM that pvestatd has not reported yet (created seconds ago) without name, template and with
+/// status "unknown"; tags come from the config. A crash right after the create leaves exactly such
+/// a VM at the recorded VMID: it must be identified from its config and adopted, never replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_vm_listed_without_name_is_adopted_not_replaced() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu",
+                         "status": 503, "message": "proxy went away"}),
+    );
+    h.request("nostats-1", "nostats", PINNED_PVE2);
+    h.wait_stage("nostats-1", Stage::Failed).await;
+    h.stop_controller().await;
+    let state = h.machine_state("nostats-1");
+    let reserved = state.spec.reserved_vmid;
+    assert!(reserved >= 100);
+
+    // The create went through after all, seconds before the restart: pvestatd has not seen it.
+    h.pve.control(json!({"op": "clear_failures"}));
+    let uuid = uuid::Uuid::parse_str(&state.spec.uuid).unwrap();
+    h.pve.control(json!({"op": "add_vm", "vmid": reserved, "name": "nostats-1", "node": "pve2",
+        "config": {"tags": "machine-request.nostats;omni-provider.proxmox;omni-request.nostats-1",
+                   "memory": 2048, "cores": 2, "agent": "enabled=1", "smbios1": format!("uuid={uuid}"),
+                   "description": "omni-provider-id: proxmox\nomni-machine-request: nostats-1\n"}}));
+    h.pve
+        .control(json!({"op": "listing_without_stats", "vmid": reserved}));
+    h.start_controller();
+    support::eventually(Duration::from_secs(30), "the VMID to be adopted", || {
+        let vmid = h.machine_state("nostats-1").spec.vmid;
+        async move { (vmid == reserved).then_some(()) }
+    })
+    .await;
+    h.pve
+        .control(json!({"op": "listing_without_stats", "vmid": reserved, "on": false}));
+    h.wait_stage("nostats-1", Stage::Provisioned).await;
+    let vms = h.vms_named("nostats-1");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(vms[0]["vmid"].as_i64(), Some(reserved as i64));
+    h.stop_controller().await;
+}
