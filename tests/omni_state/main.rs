@@ -1,0 +1,278 @@
+//! The Omni client against the in-memory Omni over real gRPC on loopback.
+
+#[path = "../support/omni.rs"]
+mod omni_support;
+
+mod resources;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use omni_infra_provider_proxmox::controller::health;
+use omni_infra_provider_proxmox::controller::registration::{self, ProviderInfo};
+use omni_infra_provider_proxmox::omni::auth::{
+    self, PAYLOAD_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+};
+use omni_infra_provider_proxmox::omni::memstate;
+use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
+use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
+use omni_infra_provider_proxmox::omni::proto::specs::{self, MachineRequestSpec};
+use omni_infra_provider_proxmox::omni::resources::*;
+use omni_infra_provider_proxmox::omni::state::{
+    LabelSelector, ResourceRef, StateError, WatchEvent,
+};
+use omni_infra_provider_proxmox::omni::transport;
+use omni_support::{Omni, WAIT};
+use tokio::sync::mpsc;
+use tonic::Code;
+
+fn request_spec(v: &str) -> MachineRequestSpec {
+    MachineRequestSpec {
+        talos_version: v.into(),
+        provider_data: "cores: 2\n".into(),
+        ..Default::default()
+    }
+}
+
+async fn next_event(rx: &mut mpsc::Receiver<Result<WatchEvent, StateError>>) -> WatchEvent {
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("watch event in time")
+        .unwrap()
+        .unwrap()
+}
+
+fn id_of(ev: &WatchEvent) -> String {
+    ev.resource()
+        .and_then(|r| r.metadata.as_ref())
+        .map(|m| m.id.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn registration_creates_then_updates_and_heartbeats_arrive() {
+    let omni = Omni::start("proxmox").await;
+    let client = omni.client("proxmox");
+    assert_eq!(
+        omni_infra_provider_proxmox::controller::detect_join_mode(&client.state)
+            .await
+            .unwrap(),
+        omni_infra_provider_proxmox::omni::join::JoinMode::V2
+    );
+    let mut info = ProviderInfo::new("proxmox", "Proxmox", "first");
+    registration::register(&client.state, &info).await.unwrap();
+    let stored = omni.state.get(&InfraProviderStatus, "proxmox").unwrap();
+    assert_eq!(stored.spec.description, "first");
+    assert_eq!(stored.metadata.version, "1");
+    assert_eq!(
+        stored
+            .metadata
+            .labels
+            .get(label::INFRA_PROVIDER_ID)
+            .unwrap(),
+        "proxmox"
+    );
+    info.description = "second".into();
+    registration::register(&client.state, &info).await.unwrap();
+    let stored = omni.state.get(&InfraProviderStatus, "proxmox").unwrap();
+    assert_eq!(stored.spec.description, "second");
+    assert_eq!(stored.metadata.version, "2");
+
+    let check = health::health_check(|| async { Some("proxmox unreachable".to_owned()) });
+    health::beat(&client.state, "proxmox", &check)
+        .await
+        .unwrap();
+    let hs = omni
+        .state
+        .get(&InfraProviderHealthStatus, "proxmox")
+        .unwrap();
+    assert_eq!(hs.spec.error, "proxmox unreachable");
+    assert_eq!(hs.metadata.owner, "proxmox.ProviderHealthStatusController");
+    health::beat(&client.state, "proxmox", &health::always_healthy())
+        .await
+        .unwrap();
+    let hs = omni
+        .state
+        .get(&InfraProviderHealthStatus, "proxmox")
+        .unwrap();
+    assert_eq!(hs.spec.error, "");
+    assert!(hs.spec.last_heartbeat_timestamp.is_some());
+    // Ephemeral namespace lost (Omni restart): the next beat recreates it.
+    omni.state.remove(&InfraProviderHealthStatus, "proxmox");
+    health::beat(&client.state, "proxmox", &health::always_healthy())
+        .await
+        .unwrap();
+    assert!(
+        omni.state
+            .get(&InfraProviderHealthStatus, "proxmox")
+            .is_some()
+    );
+
+    // The ID of checkID types must be ours.
+    let other = ProviderInfo::new("other", "x", "y");
+    let err = registration::register(&client.state, &other)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::InvalidArgument { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn bad_signatures_are_rejected() {
+    let omni = Omni::start("proxmox").await;
+    // Skewed clock (> 5 min).
+    let skewed = omni.client_with_offset("proxmox", 6 * 60);
+    let err = skewed
+        .state
+        .get(&ProviderJoinConfig, "proxmox")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::Unauthenticated { .. }), "{err}");
+    // Within the window it works.
+    let ok = omni.client_with_offset("proxmox", -4 * 60);
+    ok.state.get(&ProviderJoinConfig, "proxmox").await.unwrap();
+
+    // Hand-made requests over a plain channel.
+    let channel = tonic::transport::Endpoint::from_shared(omni.url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = pb::state_client::StateClient::new(channel);
+    let method = "/cosi.resource.State/Get";
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let get = || pb::GetRequest {
+        namespace: "infra-provider".into(),
+        r#type: ProviderJoinConfig::TYPE.into(),
+        id: "proxmox".into(),
+        options: Some(pb::GetOptions {}),
+    };
+    let send = |payload: String, sig: String| {
+        let mut req = tonic::Request::new(get());
+        req.metadata_mut()
+            .insert(TIMESTAMP_HEADER, now.to_string().parse().unwrap());
+        req.metadata_mut()
+            .insert(PAYLOAD_HEADER, payload.parse().unwrap());
+        req.metadata_mut()
+            .insert(SIGNATURE_HEADER, sig.parse().unwrap());
+        req
+    };
+    // Correct hand-made signature is accepted (control).
+    let good = omni.key.sign_call(method, now).unwrap();
+    raw.get(send(good.payload.clone(), good.signature.clone()))
+        .await
+        .unwrap();
+    // Tampered payload: signature no longer matches.
+    let tampered = good.payload.replace("\"authorization\":null,", "");
+    assert_ne!(tampered, good.payload);
+    let st = raw
+        .get(send(tampered, good.signature.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), Code::Unauthenticated);
+    assert_eq!(st.message(), "invalid signature");
+    // `[]` for an absent header, correctly signed: still rejected.
+    let empty_array = good.payload.replace("\"cluster\":null", "\"cluster\":[]");
+    let sig = omni.key.signature_header(&empty_array).unwrap();
+    let st = raw.get(send(empty_array, sig)).await.unwrap_err();
+    assert_eq!(st.code(), Code::Unauthenticated);
+    // Omitted keys are fine (Go decodes them as nil).
+    let omitted =
+        format!(r#"{{"headers":{{"x-sidero-timestamp":["{now}"]}},"method":"{method}"}}"#);
+    let sig = omni.key.signature_header(&omitted).unwrap();
+    raw.get(send(omitted, sig)).await.unwrap();
+    // No signature at all.
+    let st = raw.get(get()).await.unwrap_err();
+    assert_eq!(st.code(), Code::Unauthenticated);
+    // A key Omni does not know.
+    let stranger = auth::ProviderKey::generate("proxmox").unwrap();
+    let s = stranger.sign_call(method, now).unwrap();
+    let st = raw.get(send(s.payload, s.signature)).await.unwrap_err();
+    assert_eq!(st.code(), Code::Unauthenticated);
+}
+
+#[tokio::test]
+async fn gpg_verifies_our_signature_with_an_omni_style_key() {
+    let have_gpg = std::process::Command::new("gpg")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !have_gpg {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "gpg is required in CI"
+        );
+        eprintln!("SKIPPED: gpg not installed");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let gpg = |args: &[&str]| {
+        std::process::Command::new("gpg")
+            .env("GNUPGHOME", home.path())
+            .args([
+                "--batch",
+                "--yes",
+                "--pinentry-mode",
+                "loopback",
+                "--passphrase",
+                "",
+            ])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = gpg(&[
+        "--quick-gen-key",
+        "proxmox <proxmox@infra-provider.serviceaccount.omni.sidero.dev>",
+        "ed25519",
+        "sign",
+        "1y",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let armored = gpg(&["--armor", "--export-secret-keys"]);
+    let armored = String::from_utf8(armored.stdout).unwrap();
+    let encoded = auth::encode_key_json("infra-provider:proxmox", &armored);
+    let key = auth::ProviderKey::parse(&omni_infra_provider_proxmox::secret::Secret::new(encoded))
+        .unwrap();
+    let signed = key
+        .sign_call("/cosi.resource.State/List", 1_767_225_600)
+        .unwrap();
+    let b64 = signed.signature.split(' ').nth(3).unwrap();
+    use base64::Engine as _;
+    let sig = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap();
+    std::fs::write(home.path().join("payload"), &signed.payload).unwrap();
+    std::fs::write(home.path().join("payload.sig"), &sig).unwrap();
+    let sig_path = home.path().join("payload.sig");
+    let payload_path = home.path().join("payload");
+    let out = gpg(&[
+        "--verify",
+        sig_path.to_str().unwrap(),
+        payload_path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And a tampered payload fails gpg too.
+    std::fs::write(&payload_path, signed.payload.replace("List", "Get")).unwrap();
+    let out = gpg(&[
+        "--verify",
+        sig_path.to_str().unwrap(),
+        payload_path.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    // The fingerprint in the header is gpg's, lower-cased.
+    let fp = signed.signature.split(' ').nth(2).unwrap();
+    let listing = String::from_utf8(gpg(&["--with-colons", "--list-keys"]).stdout).unwrap();
+    assert!(listing.to_lowercase().contains(fp), "{fp} not in {listing}");
+}

@@ -1,0 +1,411 @@
+//! Reading and writing resources: the watch's events, finalizers, teardown, version conflicts and
+//! the namespace rules Omni enforces on a provider, and the management service.
+
+use super::*;
+
+#[tokio::test]
+async fn watch_sees_create_update_destroy_and_only_our_requests() {
+    let omni = Omni::start("proxmox").await;
+    let client = omni.client("proxmox");
+    omni.state
+        .create_machine_request("existing-1", "proxmox", "set", &request_spec("v1.11.0"));
+    omni.state
+        .create_machine_request("foreign-1", "other", "set", &request_spec("v1.11.0"));
+    let mut rx = client.state.watch_kind(
+        MachineRequest::NAMESPACE,
+        MachineRequest::TYPE,
+        vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, "proxmox")],
+    );
+    let ev = next_event(&mut rx).await;
+    assert!(
+        matches!(ev, WatchEvent::Created(_)) && id_of(&ev) == "existing-1",
+        "{ev:?}"
+    );
+    assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
+    omni.state
+        .create_machine_request("r1", "proxmox", "set", &request_spec("v1.11.0"));
+    omni.state
+        .create_machine_request("foreign-2", "other", "set", &request_spec("v1.11.0"));
+    let ev = next_event(&mut rx).await;
+    assert!(
+        matches!(ev, WatchEvent::Created(_)) && id_of(&ev) == "r1",
+        "{ev:?}"
+    );
+    omni.state.teardown(&MachineRequest, "r1");
+    let ev = next_event(&mut rx).await;
+    assert!(
+        matches!(ev, WatchEvent::Updated(_)) && id_of(&ev) == "r1",
+        "{ev:?}"
+    );
+    omni.state.collect_torn_down(&MachineRequest);
+    let ev = next_event(&mut rx).await;
+    assert!(
+        matches!(ev, WatchEvent::Destroyed(_)) && id_of(&ev) == "r1",
+        "{ev:?}"
+    );
+
+    // Reads are filtered by provider label too.
+    let err = client
+        .state
+        .get(&MachineRequest, "foreign-1")
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let listed = client.state.list(&MachineRequest, vec![]).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|r| r.id()).collect::<Vec<_>>(),
+        vec!["existing-1"]
+    );
+}
+
+#[tokio::test]
+async fn finalizers_are_added_and_removed_without_touching_the_spec() {
+    let omni = Omni::start("proxmox").await;
+    let client = omni.client("proxmox");
+    omni.state
+        .create_machine_request("r1", "proxmox", "set", &request_spec("v1.11.0"));
+    let what = ResourceRef::of(&MachineRequest, "r1");
+    let fin = provision_controller_name("proxmox");
+    client.state.add_finalizer(&what, &fin).await.unwrap();
+    let stored = omni
+        .state
+        .get_raw(MachineRequest::NAMESPACE, MachineRequest::TYPE, "r1")
+        .unwrap();
+    assert_eq!(
+        stored.metadata.as_ref().unwrap().finalizers,
+        vec![fin.clone()]
+    );
+    let spec_after_add = stored.spec.as_ref().unwrap().proto_spec.clone();
+    // Adding again is a no-op.
+    client.state.add_finalizer(&what, &fin).await.unwrap();
+    client.state.remove_finalizer(&what, &fin).await.unwrap();
+    let stored = omni
+        .state
+        .get_raw(MachineRequest::NAMESPACE, MachineRequest::TYPE, "r1")
+        .unwrap();
+    assert!(stored.metadata.as_ref().unwrap().finalizers.is_empty());
+    assert_eq!(stored.spec.as_ref().unwrap().proto_spec, spec_after_add);
+
+    // Changing the spec of a MachineRequest is refused (finalizers only).
+    let mut req = client.state.get(&MachineRequest, "r1").await.unwrap();
+    req.spec.talos_version = "v9".into();
+    let err = client
+        .state
+        .update(&MachineRequest, &req, "", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
+    // A missing request is NotFound.
+    let err = client
+        .state
+        .add_finalizer(&ResourceRef::of(&MachineRequest, "missing"), &fin)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found());
+}
+
+#[tokio::test]
+async fn finalizer_edit_echoes_unknown_spec_fields() {
+    let omni = Omni::start("proxmox").await;
+    let client = omni.client("proxmox");
+    // Our own state type: the in-process API stores whatever bytes we give it via gRPC create.
+    let kind = ProviderMachine::new("proxmox");
+    let mut bytes = prost::Message::encode_to_vec(&MachineSpec {
+        node: "pve1".into(),
+        ..Default::default()
+    });
+    bytes.extend_from_slice(&[0x9a, 0x06, 0x02, b'h', b'i']); // field 99, unknown to us
+    let resource = pb::Resource {
+        metadata: Some(pb::Metadata {
+            namespace: kind.namespace(),
+            r#type: kind.resource_type(),
+            id: "m1".into(),
+            ..Default::default()
+        }),
+        spec: Some(pb::Spec {
+            proto_spec: bytes.clone(),
+            yaml_spec: String::new(),
+        }),
+    };
+    client
+        .state
+        .create_raw(resource, "proxmox.ProvisionController")
+        .await
+        .unwrap();
+    let what = ResourceRef::of(&kind, "m1");
+    client.state.add_finalizer(&what, "x").await.unwrap();
+    client.state.remove_finalizer(&what, "x").await.unwrap();
+    let stored = omni
+        .state
+        .get_raw(&kind.namespace(), &kind.resource_type(), "m1")
+        .unwrap();
+    assert_eq!(stored.spec.unwrap().proto_spec, bytes);
+    assert_eq!(stored.metadata.unwrap().version, "3");
+}
+
+#[tokio::test]
+async fn teardown_by_rpc_and_by_fallback() {
+    let omni = Omni::start("proxmox").await;
+    let client = omni.client("proxmox");
+    let owner = provision_controller_name("proxmox");
+    let kind = ProviderMachine::new("proxmox");
+    for id in ["a", "b"] {
+        client
+            .state
+            .create(&kind, id, &MachineSpec::default(), BTreeMap::new(), &owner)
+            .await
+            .unwrap();
+    }
+    client
+        .state
+        .add_finalizer(&ResourceRef::of(&kind, "a"), "keep")
+        .await
+        .unwrap();
+    // RPC path: not ready while a finalizer is pending.
+    assert!(
+        !client
+            .state
+            .teardown(&ResourceRef::of(&kind, "a"), &owner)
+            .await
+            .unwrap()
+    );
+    assert_eq!(omni.state.calls("/cosi.resource.State/Teardown"), 1);
+    assert!(omni.state.get(&kind, "a").unwrap().is_tearing_down());
+    let err = client
+        .state
+        .destroy(&ResourceRef::of(&kind, "a"), &owner)
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    client
+        .state
+        .remove_finalizer(&ResourceRef::of(&kind, "a"), "keep")
+        .await
+        .unwrap();
+    assert!(
+        client
+            .state
+            .teardown(&ResourceRef::of(&kind, "a"), &owner)
+            .await
+            .unwrap()
+    );
+    client
+        .state
+        .destroy(&ResourceRef::of(&kind, "a"), &owner)
+        .await
+        .unwrap();
+    assert!(omni.state.get(&kind, "a").is_none());
+
+    // Fallback path on an "old Omni".
+    omni.state.set_teardown_unimplemented(true);
+    let before = omni.state.calls("/cosi.resource.State/Update");
+    assert!(
+        client
+            .state
+            .teardown(&ResourceRef::of(&kind, "b"), &owner)
+            .await
+            .unwrap()
+    );
+    assert!(omni.state.get(&kind, "b").unwrap().is_tearing_down());
+    assert!(omni.state.calls("/cosi.resource.State/Update") > before);
+    // Wrong owner is refused on both paths.
+    let err = client
+        .state
+        .destroy(&ResourceRef::of(&kind, "b"), "someone-else")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
+
+    // Provider may not tear down a MachineRequest.
+    omni.state.set_teardown_unimplemented(false);
+    omni.state
+        .create_machine_request("r1", "proxmox", "set", &request_spec("v1"));
+    let err = client
+        .state
+        .teardown(&ResourceRef::of(&MachineRequest, "r1"), "")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
+    let omni = Omni::start("proxmox").await;
+    let client = omni.client("proxmox");
+    let owner = provision_controller_name("proxmox");
+    let status = client
+        .state
+        .modify(&MachineRequestStatus, "r1", &owner, |r| {
+            r.spec.stage = specs::machine_request_status_spec::Stage::Provisioning as i32;
+        })
+        .await
+        .unwrap();
+    assert_eq!(status.label(label::INFRA_PROVIDER_ID), Some("proxmox"));
+    // Omni adds its finalizer behind our back: our stale copy conflicts.
+    let err = client
+        .state
+        .update(&MachineRequestStatus, &status, &owner, None)
+        .await;
+    assert!(err.is_ok());
+    let err = client
+        .state
+        .update(&MachineRequestStatus, &status, &owner, None)
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    let done = client
+        .state
+        .modify(&MachineRequestStatus, "r1", &owner, |r| {
+            r.spec.status = "Provision Complete".into()
+        })
+        .await
+        .unwrap();
+    assert_eq!(done.spec.status, "Provision Complete");
+
+    // Other providers' private namespaces and wrong type suffixes.
+    let err = client
+        .state
+        .list(&ProviderMachine::new("other"), vec![])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
+    let err = client
+        .state
+        .list_raw(
+            "infra-provider:proxmox",
+            "Machine.other.infraprovider.sidero.dev",
+            vec![],
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::InvalidArgument { .. }), "{err}");
+    // Read-only elsewhere.
+    let cfg = client
+        .state
+        .get(&SiderolinkApiConfig, SIDEROLINK_CONFIG_ID)
+        .await
+        .unwrap();
+    assert_eq!(cfg.spec.events_port, 8091);
+    let err = client
+        .state
+        .update(&SiderolinkApiConfig, &cfg, "", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
+    let join = client
+        .state
+        .get(&ProviderJoinConfig, "proxmox")
+        .await
+        .unwrap();
+    assert!(!join.spec.join_token.is_empty());
+}
+
+#[tokio::test]
+async fn providers_read_the_features_config_and_manage_their_config_patch_requests() {
+    // Omni's internal/backend/runtime/omni/state_access.go, filterAccess: FeaturesConfigs need only a
+    // valid signature (read-only for providers); infraprovider/state.go, getResourceConfig: in the
+    // shared namespace only the listed types exist for providers, ConfigPatchRequests among them
+    // (read and write, label-checked); any other type there is refused.
+    let omni = Omni::start("proxmox").await;
+    omni.state.put(
+        &FeaturesConfig,
+        FEATURES_CONFIG_ID,
+        &specs::FeaturesConfigSpec {
+            image_factory_base_url: "https://factory.internal.example".into(),
+        },
+        BTreeMap::new(),
+    );
+    let client = omni.client("proxmox");
+    let features = client
+        .state
+        .get(&FeaturesConfig, FEATURES_CONFIG_ID)
+        .await
+        .unwrap();
+    assert_eq!(
+        features.spec.image_factory_base_url,
+        "https://factory.internal.example"
+    );
+    let err = client
+        .state
+        .update(&FeaturesConfig, &features, "", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
+
+    let owner = provision_controller_name("proxmox");
+    let patch = client
+        .state
+        .modify(&ConfigPatchRequest, "000-hostname-r1", &owner, |p| {
+            p.metadata
+                .labels
+                .insert(label::MACHINE_REQUEST.into(), "r1".into());
+            p.spec.data = "machine: {}".into();
+        })
+        .await
+        .unwrap();
+    assert_eq!(patch.label(label::INFRA_PROVIDER_ID), Some("proxmox"));
+    let found = client
+        .state
+        .list(
+            &ConfigPatchRequest,
+            vec![LabelSelector::new().equal(label::MACHINE_REQUEST, "r1")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert!(
+        client
+            .state
+            .teardown(
+                &ResourceRef::of(&ConfigPatchRequest, "000-hostname-r1"),
+                &owner
+            )
+            .await
+            .unwrap()
+    );
+    client
+        .state
+        .destroy(
+            &ResourceRef::of(&ConfigPatchRequest, "000-hostname-r1"),
+            &owner,
+        )
+        .await
+        .unwrap();
+    assert!(
+        omni.state
+            .get(&ConfigPatchRequest, "000-hostname-r1")
+            .is_none()
+    );
+
+    let err = client
+        .state
+        .list_raw("infra-provider", "Clusters.omni.sidero.dev", vec![])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn schematic_through_management() {
+    let omni = Omni::start("proxmox").await;
+    let client = omni.client("proxmox");
+    let yaml = "customization:\n  systemExtensions:\n    officialExtensions: [siderolabs/qemu-guest-agent]\n";
+    let a = client
+        .management
+        .create_schematic_from_raw(yaml, "v1.11.0")
+        .await
+        .unwrap();
+    let b = client
+        .management
+        .create_schematic_from_raw(yaml, "v1.11.0")
+        .await
+        .unwrap();
+    let c = client
+        .management
+        .create_schematic_from_raw("customization: {}\n", "")
+        .await
+        .unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert_eq!(a.len(), 64);
+}
