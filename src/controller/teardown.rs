@@ -87,12 +87,11 @@ async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, Reconcil
     let mut all_gone = true;
     for patch in patches {
         let what = ResourceRef::of(&ConfigPatchRequest, patch.id());
-        match ctx.state.teardown(&what, &ctx.owner).await {
-            Ok(true) => destroy(ctx, &what).await?,
-            Ok(false) => all_gone = false,
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(teardown_error("tearing down a config patch request", e)),
-        }
+        all_gone &= ctx
+            .state
+            .teardown_and_destroy(&what, &ctx.owner)
+            .await
+            .map_err(|e| teardown_error("removing a config patch request", e))?;
     }
     Ok(all_gone)
 }

@@ -320,19 +320,15 @@ async fn apply(ctx: &Context, change: &Change) -> Result<(), RoundError> {
         }
         Change::Remove { request_id } => {
             let what = ResourceRef::of(&ConfigPatchRequest, &patch_id(request_id));
-            match ctx.state.teardown(&what, &ctx.owner).await {
-                Ok(true) => ctx
-                    .state
-                    .destroy(&what, &ctx.owner)
-                    .await
-                    .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })
-                    .map_err(omni("destroying a topology config patch request"))?,
-                // Omni still holds a finalizer: destroyed in a later round.
-                Ok(false) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(omni("tearing down a topology config patch request")(e)),
+            // `false`: Omni still holds a finalizer; destroyed in a later round.
+            let gone = ctx
+                .state
+                .teardown_and_destroy(&what, &ctx.owner)
+                .await
+                .map_err(omni("removing a topology config patch request"))?;
+            if gone {
+                tracing::info!(request = %request_id, "topology labels turned off; config patch removed");
             }
-            tracing::info!(request = %request_id, "topology labels turned off; config patch removed");
         }
     }
     Ok(())

@@ -284,6 +284,28 @@ impl StateClient {
         self.teardown_by_update(what, owner).await
     }
 
+    /// Tears `what` down and destroys it once no finalizer holds it: `Ok(true)` when it is gone (or
+    /// already was), `Ok(false)` while another controller's finalizer keeps it (try again later).
+    pub async fn teardown_and_destroy(
+        &self,
+        what: &ResourceRef,
+        owner: &str,
+    ) -> Result<bool, StateError> {
+        let ready = match self.teardown(what, owner).await {
+            Ok(ready) => ready,
+            Err(e) if e.is_not_found() => return Ok(true),
+            Err(e) => return Err(e),
+        };
+        if !ready {
+            return Ok(false);
+        }
+        match self.destroy(what, owner).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn teardown_by_update(
         &self,
         what: &ResourceRef,
