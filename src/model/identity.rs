@@ -13,8 +13,8 @@
 //! Every tag comparison ignores case: Proxmox lowercases tags unless datacenter.cfg's `tag-style`
 //! says `case-sensitive`, so a provider ID with capitals comes back lowercased.
 
-use crate::proxmox::property::{Tag, parse_tags};
-use crate::proxmox::types::{VmConfig, VmId, VmResource};
+use crate::proxmox::property::Tag;
+use crate::proxmox::types::{VmConfig, VmId, VmResource, split_tags};
 
 /// The tag marking every VM this provider made: `omni-provider.<provider id>`.
 pub fn provider_tag(provider_id: &str) -> String {
@@ -182,11 +182,11 @@ pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ow
         .get("name")
         .or_else(|| vm.name.clone())
         .unwrap_or_default();
-    let tags = config
-        .get("tags")
-        .map(|t| parse_tags(&t))
-        .unwrap_or_else(|| vm.tag_list().iter().map(|t| t.to_string()).collect());
-    let tag_refs: Vec<&str> = tags.iter().map(String::as_str).collect();
+    let config_tags = config.get("tags");
+    let tag_refs: Vec<&str> = match &config_tags {
+        Some(tags) => split_tags(tags),
+        None => vm.tag_list(),
+    };
     let verdict = by_marker(
         &name,
         &tag_refs,

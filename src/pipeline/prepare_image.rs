@@ -36,10 +36,9 @@ use crate::rules::schematic::{Overlay, SchematicRequest, schematic_yaml};
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
-    match ctx.data.boot {
-        BootMode::Iso => download(ctx, BootImage::Iso).await,
-        BootMode::Image => download(ctx, BootImage::Disk).await,
-        BootMode::Clone => super::template::find_template(ctx).await,
+    match BootImage::of(ctx.data.boot) {
+        Some(kind) => download(ctx, kind).await,
+        None => super::template::find_template(ctx).await,
     }
 }
 
@@ -57,7 +56,17 @@ pub enum BootImage {
 }
 
 impl BootImage {
-    fn content(self) -> Content {
+    /// What a boot mode downloads; `clone` downloads nothing.
+    pub fn of(boot: BootMode) -> Option<BootImage> {
+        match boot {
+            BootMode::Iso => Some(BootImage::Iso),
+            BootMode::Image => Some(BootImage::Disk),
+            BootMode::Clone => None,
+        }
+    }
+
+    /// The storage content it goes into.
+    pub fn content(self) -> Content {
         match self {
             BootImage::Iso => Content::IsoImages,
             BootImage::Disk => Content::DiskImages,

@@ -662,15 +662,6 @@ pub fn tags(tags: &[Tag]) -> String {
         .join(";")
 }
 
-/// Splits a `tags` value as Proxmox reports it (it accepts `;`, `,` and spaces as separators).
-pub fn parse_tags(value: &str) -> Vec<String> {
-    value
-        .split([';', ',', ' '])
-        .filter(|t| !t.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
 /// `boot`: `order=<slot>;<slot>…`.
 pub fn boot_order(slots: &[Slot]) -> String {
     format!(
@@ -907,7 +898,10 @@ mod tests {
             tags(&[t("machine-request.set1"), t("talos"), t("TALOS")]),
             "machine-request.set1;talos"
         );
-        assert_eq!(parse_tags("a;b,c d"), vec!["a", "b", "c", "d"]);
+        assert_eq!(
+            crate::proxmox::types::split_tags("a;b,c d"),
+            vec!["a", "b", "c", "d"]
+        );
         assert_eq!(
             boot_order(&[Slot::Scsi(0), Slot::Ide(2), Slot::Net(0)]),
             "order=scsi0;ide2;net0"

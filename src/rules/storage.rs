@@ -6,7 +6,6 @@
 use std::fmt;
 
 use crate::model::{GIB, NodeSnapshot, StorageSnapshot};
-use crate::rules::provider_data::BootMode;
 use crate::rules::storage_selector::{SelectorError, StorageSelector};
 
 /// What a storage must be able to hold.
@@ -35,14 +34,6 @@ impl Content {
             Content::IsoImages => "ISO images",
             Content::DiskImages => "disk images to import",
         }
-    }
-}
-
-/// What a boot mode downloads into storage: the ISO, or for `image` the disk image to import.
-pub fn download_content(boot: BootMode) -> Content {
-    match boot {
-        BootMode::Image => Content::DiskImages,
-        BootMode::Iso | BootMode::Clone => Content::IsoImages,
     }
 }
 
@@ -89,14 +80,6 @@ impl<'a> StorageNeed<'a> {
             selector,
             size_gb: 0,
             shared_only: false,
-        }
-    }
-
-    /// The Talos disk image (`boot: image`), chosen like the ISO, by `iso_storage_selector`.
-    pub fn disk_image(selector: Option<&'a StorageSelector>) -> Self {
-        Self {
-            content: Content::DiskImages,
-            ..Self::iso(selector)
         }
     }
 

@@ -6,9 +6,10 @@
 use super::cluster::ClusterCheck;
 use super::report::{Finding, Outcome};
 use crate::model::{GIB, NodeSnapshot};
+use crate::pipeline::prepare_image::BootImage;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::rules::placement::{self, CloneRefusal, LeftOut, Reservations};
-use crate::rules::provider_data::{BootMode, ProviderData};
+use crate::rules::provider_data::ProviderData;
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 use crate::rules::storage_selector::StorageSelector;
 
@@ -123,11 +124,11 @@ fn iso_findings(
 ) {
     let n = node.name.as_str();
     let origin = &check.origin;
-    if matches!(here.boot, BootMode::Iso | BootMode::Image)
+    if let Some(kind) = BootImage::of(here.boot)
         && !origin.is_stand_in("iso_storage_selector", Some(n))
     {
         let selector = here.iso_storage_selector.as_ref();
-        let content = storage::download_content(here.boot);
+        let content = kind.content();
         let choice = storage::choose(node, &StorageNeed::download(content, selector));
         out.push(storage_finding(
             origin.key("iso_storage_selector", Some(n)),

@@ -377,13 +377,11 @@ async fn verdict(
         Identified::Ours => Ok(Verdict::Delete),
         Identified::NotOurs(reason) => Ok(Verdict::NotOurs(reason)),
         Identified::Gone => Ok(Verdict::Gone),
-        Identified::NodeAway => Err(
-            node_down(view, vm).unwrap_or(DeprovisionError::NodeOffline {
-                node: vm.node.clone(),
-                vmid: vm.vmid,
-                state: state_word(None),
-            }),
-        ),
+        Identified::NodeAway => Err(DeprovisionError::NodeOffline {
+            node: vm.node.clone(),
+            vmid: vm.vmid,
+            state: state_word(view.node_state(&vm.node)),
+        }),
         Identified::Locked(lock) => Err(DeprovisionError::Locked {
             node: vm.node.clone(),
             vmid: vm.vmid,
