@@ -41,10 +41,28 @@ pub fn request_tag(request_id: &str) -> Option<String> {
 
 /// The request a VM's tags name (`omni-request.<id>`), if any.
 pub fn tagged_request<'a>(tags: &[&'a str]) -> Option<&'a str> {
+    tagged(tags, REQUEST_TAG_PREFIX)
+}
+
+const SET_TAG_PREFIX: &str = "machine-request.";
+
+/// The tag the provider (and the official one) puts on every VM of a machine-request set:
+/// `machine-request.<set>`.
+pub fn set_tag(set_id: &str) -> String {
+    format!("{SET_TAG_PREFIX}{set_id}")
+}
+
+/// The machine-request set a VM's tags name, if any.
+pub fn tagged_set<'a>(tags: &[&'a str]) -> Option<&'a str> {
+    tagged(tags, SET_TAG_PREFIX)
+}
+
+/// What follows `prefix` (in any case) in the first tag that starts with it.
+fn tagged<'a>(tags: &[&'a str], prefix: &str) -> Option<&'a str> {
     tags.iter().find_map(|t| {
-        t.get(..REQUEST_TAG_PREFIX.len())
-            .filter(|p| p.eq_ignore_ascii_case(REQUEST_TAG_PREFIX))
-            .map(|_| &t[REQUEST_TAG_PREFIX.len()..])
+        t.get(..prefix.len())
+            .filter(|p| p.eq_ignore_ascii_case(prefix))
+            .map(|_| &t[prefix.len()..])
             .filter(|id| !id.is_empty())
     })
 }
@@ -262,7 +280,7 @@ fn by_marker(name: &str, tags: &[&str], description: &str, claim: &Claim<'_>) ->
     if name == request_id
         && tags
             .iter()
-            .any(|t| t.to_ascii_lowercase().starts_with("machine-request."))
+            .any(|t| t.to_ascii_lowercase().starts_with(SET_TAG_PREFIX))
     {
         return Marked::Legacy;
     }

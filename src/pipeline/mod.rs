@@ -6,6 +6,7 @@ pub mod deprovision;
 pub mod configure_vm;
 pub mod create_vm;
 pub mod discover_ip;
+pub mod ha;
 pub mod identify;
 pub mod image_factory;
 pub mod pick_node;

@@ -53,6 +53,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         vcpus: vcpus(ctx),
         limits: ctx.services.config.placement,
         clone: clone.as_ref(),
+        ha: ctx.data.ha.as_ref(),
     };
     let choice = ctx
         .services

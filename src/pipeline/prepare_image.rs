@@ -26,7 +26,7 @@ use crate::proxmox::property::{ImportVolume, IsoVolume};
 use sha2::{Digest, Sha256};
 
 use super::image_factory;
-use super::step::{StepContext, StepError, StepOutcome};
+use super::step::{StepContext, StepError, StepOutcome, image_lock_key};
 use crate::model::ClusterSnapshot;
 use crate::omni::management::ManagementError;
 use crate::proxmox::storage::DownloadRequest;
@@ -127,7 +127,7 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
     } else {
         format!("{node}/{volid}")
     };
-    let lock = ctx.services.ledgers.image_lock(&lock_key);
+    let lock = ctx.services.ledgers.exclusive(&image_lock_key(&lock_key));
     let _guard = lock.lock().await;
     let wanted = Wanted {
         kind,

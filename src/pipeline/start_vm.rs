@@ -1,9 +1,8 @@
-//! Step 5, `start_vm`: power on, wait for the start task, and register the VM with Proxmox HA when
-//! the class asks for it. Already running (a restart after the
+//! Step 5, `start_vm`: power on, wait for the start task, and register the VM with Proxmox HA and
+//! its HA rules when the class asks for it ([`super::ha`]). Already running (a restart after the
 //! start) is success; Proxmox says so in the task, so no status read is spent before starting.
 
 use super::step::{StepContext, StepError, StepOutcome};
-use crate::proxmox::cluster::HaResource;
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let node = ctx.node()?;
@@ -23,20 +22,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         Err(StepError::Proxmox { source, .. }) if source.is_already_running() => {}
         Err(e) => return Err(e),
     }
-    if let Some(ha) = &ctx.data.ha {
-        // Like the official provider, register with HA once the VM runs.
-        let doing = format!("registering VM {vmid} with Proxmox HA");
-        ctx.report(doing.clone()).await;
-        let resource = HaResource {
-            state: ha.state.clone(),
-            comment: ha.comment.clone(),
-            max_restart: ha.max_restart,
-            max_relocate: ha.max_relocate,
-            failback: ha.failback,
-        };
-        pve.add_ha_resource(vmid, &resource)
-            .await
-            .map_err(StepError::proxmox(doing))?;
-    }
+    // Like the official provider, the VM joins HA (and its HA rules) once it runs.
+    super::ha::join(ctx).await?;
     Ok(StepOutcome::Done)
 }

@@ -246,8 +246,8 @@ pub struct Ledgers {
     vmids_in_flight: Mutex<BTreeSet<u32>>,
     /// Default pools (named after machine-request sets) this process made sure exist.
     pools_created: Mutex<HashSet<String>>,
-    /// One lock per (node, ISO volume): concurrent requests for one image download it once.
-    image_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One async lock per key, for work that must not run twice at once: see [`Ledgers::exclusive`].
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The Proxmox VE version last read, and when: keys that need a release check it on every
     /// reconcile, which must not cost a request each time.
     pve_version: Mutex<Option<(String, std::time::Instant)>>,
@@ -257,6 +257,15 @@ pub struct Ledgers {
 fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     ledger.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// The key of [`Ledgers::exclusive`] for an image download.
+pub fn image_lock_key(volume: &str) -> String {
+    format!("image:{volume}")
+}
+
+/// The key of [`Ledgers::exclusive`] for HA rule changes: every rule lives in one file with one
+/// digest, so two changes at once would make one of them fail and read again.
+pub const HA_RULES_LOCK: &str = "ha-rules";
 
 /// How long a Proxmox VE version read is trusted: an upgrade is noticed within this time.
 pub const PVE_VERSION_MAX_AGE: Duration = Duration::from_secs(600);
@@ -332,10 +341,11 @@ impl Ledgers {
         entry(&self.pools_created).remove(pool);
     }
 
-    /// A lock shared by everyone handling this key; entries live as long as the process (there is one
-    /// per image and node, a handful).
-    pub fn image_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        entry(&self.image_locks)
+    /// A lock shared by everyone handling this key: concurrent requests for one image download it
+    /// once ([`image_lock_key`]), and this process edits HA rules one change at a time
+    /// ([`HA_RULES_LOCK`]). Entries live as long as the process (a handful: one per image and node).
+    pub fn exclusive(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        entry(&self.locks)
             .entry(key.to_owned())
             .or_default()
             .clone()

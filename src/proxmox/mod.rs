@@ -7,6 +7,7 @@
 pub mod client;
 pub mod cluster;
 pub mod error;
+pub mod ha;
 pub mod network;
 pub mod pools;
 pub mod property;

@@ -236,6 +236,10 @@ pub struct VmResource {
     pub maxdisk: Option<u64>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub maxcpu: Option<u64>,
+    /// Set for HA-managed guests (pve-manager PVE/API2/Cluster.pm `resources`: read from the HA
+    /// manager's status or resources config on every call, so fresh, unlike the rrd-fed stats).
+    #[serde(default)]
+    pub hastate: Option<String>,
 }
 
 impl VmResource {

@@ -10,6 +10,7 @@
 //! - What the VM gets: [`vm_config`] (the Proxmox parameters), [`cloud_init`] (the NoCloud seed),
 //!   [`schematic`] (the Image Factory schematic).
 pub mod cloud_init;
+pub mod ha;
 pub mod placement;
 pub mod provider_data;
 pub mod schematic;

@@ -6,12 +6,12 @@
 //! someone else's.
 
 use crate::model::identity;
+use crate::model::identity::set_tag;
 use crate::model::vm::{BootDisk, is_drive_key};
 use crate::proxmox::property::{
     self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, ImportVolume, ImportedDisk,
     IsoVolume, MacAddr, NewDisk, Nic, PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
 };
-use crate::rules::placement::set_tag;
 use crate::rules::provider_data::{Bios, BootMode, ProviderData};
 
 /// Slot of the Talos ISO (boot mode `iso`).

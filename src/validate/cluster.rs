@@ -75,6 +75,7 @@ impl ClassPlacement {
             vcpus: u64::from(data.cores).saturating_mul(u64::from(data.sockets.max(1))),
             limits: self.limits,
             clone: self.clone.as_ref(),
+            ha: data.ha.as_ref(),
         }
     }
 }
@@ -236,6 +237,21 @@ impl ClusterCheck<'_> {
                         format!("node \"{allowed}\" does not exist; the cluster has: {existing}"),
                     ));
                 }
+            }
+        }
+        // pve-ha-manager src/PVE/API2/HA/Rules.pm `assert_valid_nodes_param`: a rule naming a node that
+        // does not exist is refused ("cannot use non-existent node(s)").
+        let ha_nodes = data.ha.iter().flat_map(|ha| ha.node_affinity_nodes.iter());
+        for (i, ha_node) in ha_nodes.enumerate() {
+            if self.cluster.node(ha_node.as_str()).is_none() {
+                out.push(Finding::new(
+                    Outcome::Problem,
+                    format!("{}.node_affinity_nodes[{i}]", self.origin.key("ha", None)),
+                    None,
+                    format!(
+                        "node \"{ha_node}\" does not exist (Proxmox refuses an HA rule naming it); the cluster has: {existing}"
+                    ),
+                ));
             }
         }
         for name in self.origin.layers.nodes.keys() {

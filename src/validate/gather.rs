@@ -17,7 +17,7 @@ use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::PlacementLimits;
 use crate::rules::provider_data::{
-    BootMode, ProviderData, ProviderDataSchema, describe, release_problems,
+    BootMode, ProviderData, ProviderDataSchema, describe, needs_release_check, release_problems,
 };
 
 /// Reads what the checks need for `data`: `/cluster/resources`, the bridges of every online candidate
@@ -58,7 +58,7 @@ pub async fn gather(
     } else {
         None
     };
-    let pve_version = if needs_version(data) {
+    let pve_version = if needs_release_check(data) {
         Some(
             pve.version()
                 .await
@@ -132,11 +132,6 @@ pub async fn validate_class(
     Ok(Report::new(findings))
 }
 
-/// Whether `data` uses a key that only some Proxmox VE releases accept.
-pub(crate) fn needs_version(data: &ProviderData) -> bool {
-    data.ha.as_ref().is_some_and(|ha| ha.failback.is_some()) || data.boot == BootMode::Image
-}
-
 /// Before provisioning: a key the cluster's Proxmox VE release does not accept (`ha.failback` before
 /// PVE 9), as a sentence; `None` when all is well or the version cannot be read (Proxmox then
 /// answers for itself when the key is sent).
@@ -145,7 +140,7 @@ pub async fn release_problem(
     data: &ProviderData,
     known: &Ledgers,
 ) -> Option<String> {
-    if !needs_version(data) {
+    if !needs_release_check(data) {
         return None;
     }
     let version = match known.pve_version() {

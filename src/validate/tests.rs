@@ -3,12 +3,12 @@
 use serde_json::{Map, Value, json};
 
 use super::defaults::{HEALTH_TEXT_MAX, summarize};
-use super::gather::needs_version;
 use super::*;
 use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
 use crate::proxmox::types::ClusterResource;
 use crate::rules::provider_data::ProviderDataSchema;
+use crate::rules::provider_data::needs_release_check;
 
 /// pve1 (online, 6 GiB free, local-lvm + iso storage, vmbr0/vmbr1), pve2 (online, 1 GiB free,
 /// local-lvm only, vmbr0), pve3 offline; template 9000 on pve1, VM 100 on pve2.
@@ -146,7 +146,7 @@ fn ha_failback_is_a_problem_on_a_pve_8_cluster() {
     };
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
-    assert!(needs_version(&data));
+    assert!(needs_release_check(&data));
     let on = |version: Option<Result<String, String>>| {
         let mut v = view();
         v.pve_version = version;
@@ -165,6 +165,42 @@ fn ha_failback_is_a_problem_on_a_pve_8_cluster() {
             .iter()
             .any(|f| f.key == "ha.failback" && f.outcome == Outcome::Skipped)
     );
+}
+
+/// HA rules: pve-ha-manager src/PVE/API2/HA/Rules.pm has no counterpart on PVE 8 (the path answers
+/// 501), and `assert_valid_nodes_param` refuses a rule naming a node that does not exist.
+#[test]
+fn ha_rules_need_pve_9_and_existing_nodes() {
+    let schema = ProviderDataSchema::new().unwrap();
+    let class = format!("{BASE}ha:\n  spread: true\n  node_affinity_nodes: [pve1, pve9]\n");
+    let (empty, nodes) = (Map::new(), Map::new());
+    let layers = Layers {
+        class_yaml: &class,
+        defaults: &empty,
+        nodes: &nodes,
+    };
+    let (_, data) = check_schema(&schema, &layers);
+    let data = data.unwrap();
+    assert!(needs_release_check(&data));
+    let on = |version: &str| {
+        let mut v = view();
+        v.pve_version = Some(Ok(version.into()));
+        Report::new(check_cluster(&schema, &layers, &data, &v))
+    };
+    let r = on("8.4.1");
+    let f = problem(&r, "ha", None).expect("a problem");
+    assert!(
+        f.message
+            .contains("node_affinity_nodes, resource_affinity/spread")
+            && f.message
+                .contains("Proxmox VE 9 or later; this cluster runs 8.4.1"),
+        "{f}"
+    );
+    let r = on("9.1.1");
+    assert!(problem(&r, "ha", None).is_none(), "{}", r.render_text());
+    let f = problem(&r, "ha.node_affinity_nodes[1]", None).expect("a problem");
+    assert!(f.message.contains("node \"pve9\" does not exist"), "{f}");
+    assert!(problem(&r, "ha.node_affinity_nodes[0]", None).is_none());
 }
 
 /// Provisioning asks `GET /version` before anything is created, only when a key needs a release

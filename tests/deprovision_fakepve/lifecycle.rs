@@ -220,7 +220,7 @@ async fn ha_managed_vm_leaves_ha_then_is_shut_down_and_destroyed() {
     let target = provision(&pve, "req-ha", 154, "pve1", true).await;
     pve.add_ha_resource(
         vmid(154),
-        &omni_infra_provider_proxmox::proxmox::cluster::HaResource {
+        &omni_infra_provider_proxmox::proxmox::ha::HaResource {
             state: Some("started".into()),
             ..Default::default()
         },

@@ -7,7 +7,8 @@
 # storages, give VMs created through the API a guest agent (so IP discovery can be tested), and take
 # control commands while running (node offline, migrations, injected failures, request counts), and
 # answer the node network list and the PCI/USB resource mappings from the scenario (`bridges`,
-# `mappings`; ops `set_bridges`, `set_mappings`), and size nodes (`maxcpu`, `maxmem` per node).
+# `mappings`; ops `set_bridges`, `set_mappings`), size nodes (`maxcpu`, `maxmem` per node), and keep
+# HA rules as pve-ha-manager does (ops `ha_rules`, `ha_resources` show them).
 #
 # Usage: python launcher.py SCENARIO.json
 #   prints "fakepve listening on https://HOST:PORT" once ready, then reads one JSON command per line on
@@ -78,6 +79,9 @@ class LauncherPve(FakePve):
                             for m in self.mappings.get(kind, [])]
             if answer is not None:
                 return ok(await self.answer(request, match, await params(request), request[USER], call=answer))
+        rules = await self._ha_rules(request, match)
+        if rules is not None:
+            return rules
         ha = await self._ha_resources(request, match)
         if ha is not None:
             return ha
@@ -116,7 +120,158 @@ class LauncherPve(FakePve):
         response = await super()._generic(request)
         if response.status == 200:
             vm.ha_state = values.get('state', 'started') if request.method == 'POST' else None
+            if request.method == 'DELETE' and str(values.get('purge', '1')) not in ('0', 'false'):
+                self._ha_purge(sid)
         return response
+
+    async def _qm_destroy(self, v, user):
+        """qemu-server src/PVE/API2/Qemu.pm `destroy_vm`: with `purge`, an HA-managed VM also leaves the HA
+        resources and (through pve-ha-manager `delete_service_from_config`) every HA rule, at the end of
+        the destroy task. The purge is applied once the VM is gone (see `_ha_rules_settle`)."""
+        vm = self.find(v['node'], v['vmid'])
+        if v.get('purge') and vm is not None and vm.ha_managed:
+            self.ha_purge_pending = set(self.ha_purge_pending or ()) | {vm.vmid}
+        return await super()._qm_destroy(v, user)
+
+    # --- HA rules (PVE 9, pve-ha-manager src/PVE/API2/HA/Rules.pm; fakepve has only the schema). All
+    # rules live in one file with one digest; create and update check the whole rule set
+    # (`check_feasibility`): a resource-affinity rule needs two resources, a negative one at most as many
+    # as the cluster has nodes; resources must be HA-managed, nodes must exist. Errors die inside
+    # `lock_ha_domain`, which prefixes them ("create ha rule failed: ...") and answers 500.
+    ha_rules = None
+    ha_rules_serial = 0
+    ha_purge_pending = None
+
+    def _ha_rules_digest(self):
+        import hashlib
+        return hashlib.sha1('{0}:{1}'.format(self.ha_rules_serial, sorted(
+            (k, sorted(v.items(), key=str)) for k, v in (self.ha_rules or {}).items())).encode()).hexdigest()
+
+    def _ha_rules_write(self):
+        self.ha_rules_serial += 1
+
+    def _ha_purge(self, sid):
+        """pve-ha-manager src/PVE/HA/Config.pm `delete_service_from_config` with purge: the sid leaves
+        every rule; a rule left with no resource is deleted."""
+        rules = self.ha_rules or {}
+        for name in list(rules):
+            rules[name]['resources'].discard(sid)
+            if not rules[name]['resources']:
+                del rules[name]
+        self._ha_rules_write()
+
+    def _ha_rules_settle(self):
+        for vmid in list(self.ha_purge_pending or ()):
+            if self.guest(vmid) is None:
+                self.ha_purge_pending.discard(vmid)
+                self._ha_purge('vm:{0}'.format(vmid))
+
+    def _ha_rule_view(self, name, rule):
+        view = {'rule': name, 'type': rule['type'], 'resources': ','.join(sorted(rule['resources'])),
+                'digest': self._ha_rules_digest(), 'order': rule['order']}
+        for key in ('nodes', 'affinity', 'comment', 'strict', 'disable'):
+            if rule.get(key) not in (None, ''):
+                view[key] = rule[key]
+        errors = self._ha_rule_errors(rule)
+        if errors:
+            view['errors'] = {'resources': ', '.join(errors)}
+        return view
+
+    def _ha_rule_errors(self, rule):
+        errors = []
+        if rule['type'] == 'resource-affinity':
+            if len(rule['resources']) < 2:
+                errors.append('rule is ineffective as there are less than two resources')
+            if rule.get('affinity') == 'negative' and len(rule['resources']) > len(self.nodes):
+                errors.append('rule defines more resources than available nodes')
+        return errors
+
+    def _ha_rule_check(self, name, rule, failed):
+        unmanaged = sorted(sid for sid in rule['resources']
+                           if not (sid.startswith('vm:') and sid[3:].isdigit() and self.guest(int(sid[3:])) is not None
+                                   and self.guest(int(sid[3:])).ha_managed))
+        if not rule['resources']:
+            raise PveError(500, '{0}: no resources were specified'.format(failed))
+        if unmanaged:
+            raise PveError(500, '{0}: cannot use unmanaged resource(s) {1}.'.format(failed, ', '.join(unmanaged)))
+        nodes = [n.split(':')[0] for n in split_list(rule.get('nodes') or '')]
+        missing = sorted(n for n in nodes if n not in self.nodes)
+        if rule['type'] == 'node-affinity' and not nodes:
+            raise PveError(500, '{0}: no nodes were specified'.format(failed))
+        if missing:
+            raise PveError(500, '{0}: cannot use non-existent node(s) {1}.'.format(failed, ', '.join(missing)))
+        errors = self._ha_rule_errors(rule)
+        if errors:
+            raise PveError(500, "{0}: 400 Rule '{1}' is invalid.\nresources: {2}".format(failed, name, ', '.join(errors)))
+
+    async def _ha_rules(self, request, match):
+        if match is None or match.template not in ('/cluster/ha/rules', '/cluster/ha/rules/{rule}'):
+            return None
+        if self._pve_before(9):
+            raise PveError(501, "Method '{0} {1}' not implemented".format(request.method, request.path))
+        self._ha_rules_settle()
+        self.ha_rules = self.ha_rules if self.ha_rules is not None else {}
+        name = match.params.get('rule')
+
+        async def answer(_match, values):
+            rules = self.ha_rules
+            if request.method == 'GET' and name is None:
+                return [self._ha_rule_view(n, rules[n]) for n in sorted(rules, key=lambda n: rules[n]['order'])
+                        if not values.get('type') or rules[n]['type'] == values['type']]
+            if request.method == 'GET':
+                if name not in rules:
+                    raise PveError(500, "no such ha rule '{0}'".format(name))
+                return self._ha_rule_view(name, rules[name])
+            if request.method == 'DELETE':
+                if rules.pop(name, None) is not None:
+                    self._ha_rules_write()
+                return None
+            if request.method == 'POST':
+                return self._ha_rule_create(values)
+            return self._ha_rule_update(name, values)
+        return ok(await self.answer(request, match, await params(request), request[USER], call=answer))
+
+    def _ha_rule_create(self, values):
+        failed = 'create ha rule failed'
+        name, kind = str(values.get('rule', '')), str(values.get('type', ''))
+        if kind not in ('node-affinity', 'resource-affinity'):
+            raise PveError(400, 'Parameter verification failed.', {'type': 'value is not one of the allowed values'})
+        if name in self.ha_rules:
+            raise PveError(500, "{0}: HA rule '{1}' already defined".format(failed, name))
+        rule = {'type': kind, 'resources': set(split_list(str(values.get('resources', '')))),
+                'order': max([r['order'] for r in self.ha_rules.values()] + [0]) + 1}
+        for key in ('nodes', 'affinity', 'comment'):
+            if values.get(key) is not None:
+                rule[key] = str(values[key])
+        for key in ('strict', 'disable'):
+            if str(values.get(key, '0')) in ('1', 'true'):
+                rule[key] = 1
+        if kind == 'resource-affinity' and rule.get('affinity') not in ('positive', 'negative'):
+            raise PveError(400, 'Parameter verification failed.', {'affinity': 'property is missing and it is not optional'})
+        self._ha_rule_check(name, rule, failed)
+        self.ha_rules[name] = rule
+        self._ha_rules_write()
+        return None
+
+    def _ha_rule_update(self, name, values):
+        failed = 'update HA rules failed'
+        if not values.get('type'):
+            raise PveError(400, 'Parameter verification failed.', {'type': 'property is missing and it is not optional'})
+        if values.get('digest') and values['digest'] != self._ha_rules_digest():
+            raise PveError(500, '{0}: detected modified configuration - file changed by other user? Try again.'
+                           .format(failed))
+        if name not in self.ha_rules:
+            raise PveError(500, "{0}: HA rule '{1}' does not exist".format(failed, name))
+        rule = dict(self.ha_rules[name])
+        if values.get('resources') is not None:
+            rule['resources'] = set(split_list(str(values['resources'])))
+        for key in ('nodes', 'affinity', 'comment'):
+            if values.get(key) is not None:
+                rule[key] = str(values[key])
+        self._ha_rule_check(name, rule, failed)
+        self.ha_rules[name] = rule
+        self._ha_rules_write()
+        return None
 
     # --- VM lifecycle conformance: qemu resize. fakepve answers it generically (any disk, nothing
     # changes); qemu-server src/PVE/API2/Qemu.pm `resize_vm` refuses a disk the config does not have
@@ -758,6 +913,20 @@ async def command(pve, cmd):
         # A VM's first `seconds` in the listing (from the first listing that shows it) go without stats.
         pve.stats_lag_secs = float(cmd['seconds'])
         pve._stats_first_seen = {vm.vmid: time.monotonic() - 1e9 for vm in pve.vms}
+    elif op == 'ha_rules':
+        pve._ha_rules_settle()
+        return dict((name, pve._ha_rule_view(name, rule)) for name, rule in (pve.ha_rules or {}).items())
+    elif op == 'ha_resources':
+        return sorted('vm:{0}'.format(vm.vmid) for vm in pve.vms if vm.ha_managed)
+    elif op == 'ha_manage':
+        pve.guest(cmd['vmid']).ha_state = cmd.get('state', 'started')
+    elif op == 'ha_add_rule':
+        # As an operator would make it, without the API's checks (e.g. a rule with one resource).
+        pve.ha_rules = pve.ha_rules if pve.ha_rules is not None else {}
+        rule = {'type': cmd['type'], 'resources': set(cmd['resources']), 'order': len(pve.ha_rules) + 1}
+        rule.update((k, cmd[k]) for k in ('affinity', 'nodes', 'comment') if k in cmd)
+        pve.ha_rules[cmd['rule']] = rule
+        pve._ha_rules_write()
     elif op == 'ping':
         return 'pong'
     elif op in ('grant', 'set_acl', 'old_pve8_errors', 'unlist_volume'):

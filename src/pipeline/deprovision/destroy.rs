@@ -2,9 +2,12 @@
 
 use super::error::Action;
 use super::{ClusterView, DeprovisionError, DeprovisionOptions, DeprovisionOutcome, node_down};
+use crate::model::identity;
+use crate::proxmox::ha::vm_sid;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
 use crate::proxmox::vms::DeleteRequest;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::rules::ha::rules_to_delete;
 
 /// Shutdown (if running), destroy. The VM is known to be ours.
 pub(super) async fn destroy(
@@ -25,6 +28,9 @@ pub(super) async fn destroy(
             lock: lock.to_owned(),
         });
     }
+    if vm.hastate.is_some() {
+        leave_ha(pve, view, vm, progress).await?;
+    }
     if vm.status.as_deref() != Some("stopped")
         && let Some(gone) = shut_down(pve, &node, vmid, options, progress).await?
     {
@@ -43,6 +49,51 @@ pub(super) async fn destroy(
         }
         other => other,
     }
+}
+
+/// Takes an HA-managed VM out of HA before it is shut down: the HA manager would otherwise start it
+/// again, and an HA resource's shutdown is only a request to the HA manager (see [`shut_down`]).
+///
+/// First the set's own rules that would be left ineffective or empty go (`rules_to_delete`), then
+/// the resource goes with `purge`, which takes it out of every other rule (pve-ha-manager
+/// src/PVE/HA/Config.pm, `delete_service_from_config`). In that order a crash in between is
+/// repaired by the next attempt: the VM is still HA-managed, so this runs again.
+async fn leave_ha(
+    pve: &ProxmoxClient,
+    view: &ClusterView,
+    vm: &VmResource,
+    progress: &(dyn Fn(&str) + Send + Sync),
+) -> Result<(), DeprovisionError> {
+    let (node, vmid) = (vm.node.clone(), vm.vmid);
+    let fail = |source| DeprovisionError::Proxmox {
+        action: Action::RemoveFromHa,
+        vmid,
+        node: node.clone(),
+        source,
+    };
+    progress(&format!(
+        "taking VM {vmid} out of Proxmox HA and its HA rules"
+    ));
+    let tags = vm.tag_list();
+    if let Some(set) = identity::tagged_set(&tags) {
+        let rules = match pve.ha_rules().await {
+            Ok(rules) => rules,
+            // Proxmox VE 8 has no HA rules (501 for the path).
+            Err(ProxmoxError::Api { status: 501, .. }) => Vec::new(),
+            Err(e) => return Err(fail(e)),
+        };
+        let alive = |sid: &str| {
+            sid.strip_prefix("vm:")
+                .and_then(|id| id.parse().ok())
+                .and_then(|id| VmId::new(id).ok())
+                .is_some_and(|id| view.vm(id).is_some())
+        };
+        for rule in rules_to_delete(set, &vm_sid(vmid), &rules, alive) {
+            tracing::info!(%vmid, %rule, "deleting the machine set's HA rule: no VM would be left to keep");
+            pve.delete_ha_rule(&rule).await.map_err(fail)?;
+        }
+    }
+    pve.remove_ha_resource(vmid).await.map_err(fail)
 }
 
 /// Destroys with `destroy-unreferenced-disks` (a disk Proxmox lost track of goes too), and when an

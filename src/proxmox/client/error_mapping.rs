@@ -155,6 +155,7 @@ fn is_lock_timeout(message: &str) -> bool {
 fn is_missing(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
     m.contains("does not exist")
+        || m.contains("no such ha rule")
         || m.contains("no such vm")
         || m.contains("no such node")
         || (m.contains("hostname lookup") && m.contains("failed"))

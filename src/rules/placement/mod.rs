@@ -21,14 +21,13 @@ mod verdict;
 use std::collections::BTreeMap;
 
 use crate::model::MIB;
-use crate::rules::provider_data::PlacementStrategy;
+use crate::rules::provider_data::{HaSettings, PlacementStrategy};
 use crate::rules::storage_selector::StorageSelector;
 
 pub use capacity::{Allocation, PlacementLimits, allocation, capacity_fit};
 pub use clone::{CloneRefusal, CloneSource, CloneTarget, CloneVerdict, clone_verdict};
 pub use pick::{Placement, PlacementError, PlacementReason, pick, pinned_node};
 pub use reservations::{Reservation, Reservations};
-pub use strategy::set_tag;
 pub use verdict::{Eligible, LeftOut, NodeVerdict, boot_disk_storage, disk_verdict, node_verdict};
 
 /// What the request needs.
@@ -52,6 +51,20 @@ pub struct PlacementRequest<'a> {
     pub limits: PlacementLimits,
     /// `boot: clone`: the template and every copy of it; `None` for an ISO boot.
     pub clone: Option<&'a CloneSource>,
+    /// `ha:`: the set's HA rules say where its VMs should run; placement puts them there first, so
+    /// the HA manager does not move a VM right after it starts.
+    pub ha: Option<&'a HaSettings>,
+}
+
+/// How the set's node-affinity rule sees a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HaPreference {
+    /// In the rule's nodes, or there is no such rule.
+    Preferred,
+    /// Outside a non-strict rule's nodes: used when no preferred node fits.
+    Tolerated,
+    /// Outside a strict rule's nodes.
+    Forbidden,
 }
 
 impl PlacementRequest<'_> {
@@ -59,7 +72,24 @@ impl PlacementRequest<'_> {
     pub fn considers(&self, node: &str) -> bool {
         match self.pinned_node {
             Some(pinned) => pinned == node,
-            None => self.allowed(node),
+            None => self.allowed(node) && self.ha_preference(node) != HaPreference::Forbidden,
+        }
+    }
+
+    /// What `ha.node_affinity_nodes` says of `node`.
+    pub fn ha_preference(&self, node: &str) -> HaPreference {
+        match self.ha {
+            Some(ha)
+                if !ha.node_affinity_nodes.is_empty()
+                    && !ha.node_affinity_nodes.iter().any(|n| n.as_str() == node) =>
+            {
+                if ha.node_affinity_strict {
+                    HaPreference::Forbidden
+                } else {
+                    HaPreference::Tolerated
+                }
+            }
+            _ => HaPreference::Preferred,
         }
     }
 

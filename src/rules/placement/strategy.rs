@@ -2,14 +2,10 @@
 //! same cluster and reservations always give the same node, and the set's VMs (listed by their tag
 //! or still in flight) are counted the same way the tag is written.
 
-use super::{Eligible, PlacementRequest, Reservations};
+use super::{Eligible, HaPreference, PlacementRequest, Reservations};
 use crate::model::NodeSnapshot;
-use crate::rules::provider_data::PlacementStrategy;
-
-/// The tag the provider (and the official one) puts on every VM of a machine-request set.
-pub fn set_tag(set_id: &str) -> String {
-    format!("machine-request.{set_id}")
-}
+use crate::model::identity::set_tag;
+use crate::rules::provider_data::{PlacementStrategy, ResourceAffinity};
 
 /// An eligible node with what the strategies compare.
 pub(super) struct Candidate<'a> {
@@ -19,6 +15,8 @@ pub(super) struct Candidate<'a> {
     pub(super) same_set: usize,
     pub(super) total_vms: usize,
     pub(super) free_memory: u64,
+    /// What the set's HA rules make of the node; ranks before the strategy.
+    pub(super) ha_rank: (HaPreference, bool),
 }
 
 impl<'a> Candidate<'a> {
@@ -42,7 +40,13 @@ impl<'a> Candidate<'a> {
             }
             None => 0,
         };
+        let against_affinity = match request.ha.and_then(|ha| ha.resource_affinity) {
+            Some(ResourceAffinity::Negative) => same_set > 0,
+            Some(ResourceAffinity::Positive) => same_set == 0,
+            None => false,
+        };
         Self {
+            ha_rank: (request.ha_preference(&node.name), against_affinity),
             node,
             storage: eligible.storage.name,
             template: eligible.template,
@@ -53,13 +57,17 @@ impl<'a> Candidate<'a> {
     }
 }
 
-/// The best candidate by strategy; ties go to the node name, so the choice is deterministic.
+/// The best candidate by strategy among those the set's HA rules like best (a node-affinity rule's
+/// nodes; for a resource-affinity rule, nodes without (negative) or with (positive) a VM of the set),
+/// so the HA manager has no reason to move the VM once it runs; ties go to the node name, so the
+/// choice is deterministic.
 pub(super) fn best(
     candidates: Vec<Candidate<'_>>,
     strategy: PlacementStrategy,
 ) -> Option<Candidate<'_>> {
     use std::cmp::Reverse;
-    let iter = candidates.into_iter();
+    let top = candidates.iter().map(|c| c.ha_rank).min()?;
+    let iter = candidates.into_iter().filter(|c| c.ha_rank == top);
     match strategy {
         PlacementStrategy::Spread => iter.min_by(|a, b| {
             (a.same_set, Reverse(a.free_memory), &a.node.name).cmp(&(

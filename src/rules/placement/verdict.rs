@@ -5,7 +5,8 @@
 use std::fmt;
 
 use super::{
-    CloneRefusal, CloneVerdict, PlacementRequest, Reservations, capacity_fit, clone_verdict,
+    CloneRefusal, CloneVerdict, HaPreference, PlacementRequest, Reservations, capacity_fit,
+    clone_verdict,
 };
 use crate::model::{GIB, MIB, NodeSnapshot, StorageSnapshot};
 use crate::rules::storage::{self, Rejection, StorageChoice, StorageNeed};
@@ -25,6 +26,8 @@ pub struct Eligible {
 #[derive(Debug, Clone, PartialEq)]
 pub enum LeftOut {
     NotAllowed,
+    /// `ha.node_affinity_strict`: the HA manager would stop the VM anywhere but these nodes.
+    OutsideHaNodes,
     Offline,
     MemoryShort {
         free_memory: u64,
@@ -65,6 +68,9 @@ impl fmt::Display for LeftOut {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LeftOut::NotAllowed => f.write_str("not in allowed_nodes"),
+            LeftOut::OutsideHaNodes => {
+                f.write_str("not in ha.node_affinity_nodes (ha.node_affinity_strict is set)")
+            }
             LeftOut::Offline => f.write_str("offline"),
             LeftOut::MemoryShort {
                 free_memory,
@@ -138,7 +144,7 @@ impl LeftOut {
     /// Whether the node could take the VM later without anyone changing the class.
     pub fn may_heal(&self) -> bool {
         match self {
-            LeftOut::NotAllowed | LeftOut::TooFewCpus { .. } => false,
+            LeftOut::NotAllowed | LeftOut::OutsideHaNodes | LeftOut::TooFewCpus { .. } => false,
             LeftOut::Offline
             | LeftOut::MemoryShort { .. }
             | LeftOut::MemoryCommitted { .. }
@@ -215,6 +221,9 @@ pub fn node_verdict(
 ) -> Result<NodeVerdict, SelectorError> {
     if !request.allowed(&node.name) {
         return Ok(Err(LeftOut::NotAllowed));
+    }
+    if request.ha_preference(&node.name) == HaPreference::Forbidden {
+        return Ok(Err(LeftOut::OutsideHaNodes));
     }
     if !node.online {
         return Ok(Err(LeftOut::Offline));

@@ -110,7 +110,9 @@ impl fmt::Display for TemplateRef {
     }
 }
 
-/// `ha:` (Proxmox HA resource), kept as given; HA registration reads it.
+/// `ha:`: the HA resource's settings, and the HA rules the VM joins (Proxmox VE 9's
+/// `/cluster/ha/rules`): named existing ones, and the machine set's own node- and
+/// resource-affinity rules, which the provider keeps.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HaSettings {
     pub state: Option<String>,
@@ -118,10 +120,41 @@ pub struct HaSettings {
     pub max_restart: Option<u32>,
     pub max_relocate: Option<u32>,
     pub failback: Option<bool>,
+    /// Existing rules (made by someone else) the VM is added to.
     pub rules: Vec<String>,
+    /// The set's node-affinity rule: where its VMs run (empty: no such rule).
     pub node_affinity_nodes: Vec<NodeName>,
     pub node_affinity_strict: bool,
-    pub resource_affinity: Option<String>,
+    /// The set's resource-affinity rule; `spread: true` is `negative`.
+    pub resource_affinity: Option<ResourceAffinity>,
+}
+
+impl HaSettings {
+    /// Whether the VM joins any HA rule: keys Proxmox VE 8 has no API for.
+    pub fn uses_rules(&self) -> bool {
+        !self.rules.is_empty()
+            || !self.node_affinity_nodes.is_empty()
+            || self.resource_affinity.is_some()
+    }
+}
+
+/// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
+/// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResourceAffinity {
+    /// On one node.
+    Positive,
+    /// On different nodes.
+    Negative,
+}
+
+impl ResourceAffinity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceAffinity::Positive => "positive",
+            ResourceAffinity::Negative => "negative",
+        }
+    }
 }
 
 /// `additional_nics[]`.

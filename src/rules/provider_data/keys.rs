@@ -364,8 +364,8 @@ pub const TOP_LEVEL: &[Key] = &[
         name: "ha",
         kind: Kind::Mapping(Place::Ha),
         title: Some("High Availability"),
-        description: "Register the VM as a Proxmox HA resource (Proxmox VE 9+).",
-        doc: "Register the VM with Proxmox HA after start: `state`, `comment`, `max_restart`, `max_relocate`, `failback` (PVE 9 or later: on an older cluster it is refused before anything is created). HA rules (`rules`, `node_affinity_nodes`, `node_affinity_strict`, `resource_affinity`) are not managed by this provider yet and are refused with an error.",
+        description: "Register the VM as a Proxmox HA resource and keep the machine set's HA rules (rules need Proxmox VE 9+).",
+        doc: "Register the VM with Proxmox HA after start: `state`, `comment`, `max_restart`, `max_relocate`, `failback`; and HA rules (Proxmox VE 9): `rules` (existing rules to join), `node_affinity_nodes` + `node_affinity_strict` (the set's node-affinity rule), `resource_affinity`, or `spread` as its short form for `negative` (the set's resource-affinity rule). See [HA](#high-availability). `failback` and the rules are refused before anything is created on an older cluster.",
         ..Key::BASE
     },
     Key {

@@ -30,7 +30,7 @@ use serde_json::{Map, Value};
 
 pub use data::{
     AdditionalDisk, AdditionalNic, Bios, BootMode, CloneMode, HaSettings, MachineType,
-    PlacementStrategy, ProviderData, TemplateRef,
+    PlacementStrategy, ProviderData, ResourceAffinity, TemplateRef,
 };
 pub use layers::ConfigLayers;
 
@@ -255,15 +255,56 @@ pub fn boot_image_problem(data: &ProviderData, pve_version: &str) -> Option<Prob
     })
 }
 
+/// HA rules came with pve-ha-manager 5.0 (Proxmox VE 9): src/PVE/API2/HA/Rules.pm. Proxmox VE 8
+/// has HA groups instead and answers 501 for `/cluster/ha/rules`.
+pub const HA_RULES_SINCE_PVE: u32 = 9;
+
+/// `ha.rules`, `ha.node_affinity_nodes`, `ha.resource_affinity` or `ha.spread` on a cluster without
+/// HA rules, as one problem naming the keys used. The official provider lets such a machine be
+/// created and then fails at its rule step; refusing first leaves nothing behind.
+pub fn ha_rules_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
+    let ha = data.ha.as_ref().filter(|ha| ha.uses_rules())?;
+    let major: u32 = pve_version.split('.').next()?.trim().parse().ok()?;
+    if major >= HA_RULES_SINCE_PVE {
+        return None;
+    }
+    let mut keys = Vec::new();
+    if !ha.rules.is_empty() {
+        keys.push("rules");
+    }
+    if !ha.node_affinity_nodes.is_empty() {
+        keys.push("node_affinity_nodes");
+    }
+    if ha.resource_affinity.is_some() {
+        keys.push("resource_affinity/spread");
+    }
+    Some(Problem {
+        key: "ha".into(),
+        message: format!(
+            "HA rules ({}) need Proxmox VE {HA_RULES_SINCE_PVE} or later; this cluster runs {pve_version}: remove them (on PVE 8, use an HA group) or upgrade",
+            keys.join(", ")
+        ),
+    })
+}
+
 /// Every key the cluster's Proxmox VE release does not accept.
 pub fn release_problems(data: &ProviderData, pve_version: &str) -> Vec<Problem> {
     [
         ha_failback_problem(data, pve_version),
+        ha_rules_problem(data, pve_version),
         boot_image_problem(data, pve_version),
     ]
     .into_iter()
     .flatten()
     .collect()
+}
+
+/// Whether `data` uses a key [`release_problems`] checks, so the release must be known first.
+pub fn needs_release_check(data: &ProviderData) -> bool {
+    data.ha
+        .as_ref()
+        .is_some_and(|ha| ha.failback.is_some() || ha.uses_rules())
+        || data.boot == BootMode::Image
 }
 
 #[cfg(test)]

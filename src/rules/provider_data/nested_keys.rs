@@ -50,7 +50,7 @@ pub const NESTED: &[Key] = &[
         name: "rules",
         place: Place::Ha,
         kind: Kind::Strings,
-        description: "Names of existing Proxmox HA rules to add the VM to. Not supported by this provider yet (refused with an error): manage HA rules in Proxmox.",
+        description: "Names of existing Proxmox HA rules (Proxmox VE 9+) the VM is added to once it is HA-managed.",
         items: Text {
             min_len: None,
             max_len: Some(64),
@@ -62,7 +62,7 @@ pub const NESTED: &[Key] = &[
         name: "node_affinity_nodes",
         place: Place::Ha,
         kind: Kind::Strings,
-        description: "Nodes for a node-affinity rule managed for this machine class. Not supported by this provider yet (refused with an error): manage HA rules in Proxmox.",
+        description: "Nodes of the machine set's node-affinity rule omni-<set>-naff (Proxmox VE 9+): HA keeps the set's VMs on these nodes, and placement prefers them. The rule is made once; edit its nodes in Proxmox.",
         items: Text {
             min_len: None,
             max_len: Some(63),
@@ -74,14 +74,21 @@ pub const NESTED: &[Key] = &[
         name: "node_affinity_strict",
         place: Place::Ha,
         kind: Kind::Boolean,
-        description: "Make that node-affinity rule strict (default false).",
+        description: "Make that node-affinity rule strict (default false): the VMs may run on the listed nodes only, and placement picks only among them.",
         ..Key::BASE
     },
     Key {
         name: "resource_affinity",
         place: Place::Ha,
-        description: "Resource affinity between the VMs of a machine set: 'negative' keeps them apart, 'positive' together. Not supported by this provider yet (refused with an error): manage HA rules in Proxmox.",
+        description: "Resource-affinity rule omni-<set>-raff between the machine set's VMs (Proxmox VE 9+): 'negative' keeps them on different nodes, 'positive' on one node. Placement follows it too.",
         one_of: &["negative", "positive"],
+        ..Key::BASE
+    },
+    Key {
+        name: "spread",
+        place: Place::Ha,
+        kind: Kind::Boolean,
+        description: "Keep the machine set's VMs on different nodes (the same as resource_affinity: negative): what a highly available control plane needs (Proxmox VE 9+).",
         ..Key::BASE
     },
     // additional_nics[]:

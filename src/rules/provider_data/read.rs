@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::data::{
     AdditionalDisk, AdditionalNic, Bios, BootMode, CloneMode, HaSettings, MachineType,
-    PlacementStrategy, TemplateRef,
+    PlacementStrategy, ResourceAffinity, TemplateRef,
 };
 use super::keys::{self, Place};
 use super::layers::{Findings, Settings};
@@ -134,8 +134,8 @@ fn tags(f: &mut Fields<'_, '_>) -> Vec<Tag> {
     tags
 }
 
-/// `ha:`. Registering the HA resource is supported; managing HA rules is not yet, and refusing them
-/// beats accepting them and silently doing nothing.
+/// `ha:`. `spread: true` is the short way to ask for `resource_affinity: negative`, so the two are
+/// folded into one setting and a contradiction between them is refused.
 fn ha(f: &mut Fields<'_, '_>, value: &Value) -> Option<HaSettings> {
     let Value::Object(map) = value else {
         f.problem("ha", format!("must be a mapping, not {}", json_kind(value)));
@@ -165,21 +165,21 @@ fn ha(f: &mut Fields<'_, '_>, value: &Value) -> Option<HaSettings> {
     let rules = h.named_list("rules", ha_rule);
     let node_affinity_nodes = h.named_list("node_affinity_nodes", NodeName::parse);
     let node_affinity_strict = h.bool("node_affinity_strict").unwrap_or(false);
-    let resource_affinity = h
-        .choice(
-            "resource_affinity",
-            &[("negative", "negative"), ("positive", "positive")],
-        )
-        .map(str::to_string);
-    let unsupported = "is not supported by this provider yet: create or edit the HA rule in Proxmox (Datacenter > HA > Rules) and remove this key";
-    if !rules.is_empty() {
-        h.problem("rules", unsupported.to_string());
-    }
-    if !node_affinity_nodes.is_empty() {
-        h.problem("node_affinity_nodes", unsupported.to_string());
-    }
-    if resource_affinity.is_some() {
-        h.problem("resource_affinity", unsupported.to_string());
+    let mut resource_affinity = h.choice(
+        "resource_affinity",
+        &[
+            ("negative", ResourceAffinity::Negative),
+            ("positive", ResourceAffinity::Positive),
+        ],
+    );
+    if h.bool("spread") == Some(true) {
+        if resource_affinity == Some(ResourceAffinity::Positive) {
+            h.problem(
+                "spread",
+                "keeps the set's VMs on different nodes, but `resource_affinity: positive` keeps them together: remove one of the two".to_string(),
+            );
+        }
+        resource_affinity = Some(ResourceAffinity::Negative);
     }
     Some(HaSettings {
         state,

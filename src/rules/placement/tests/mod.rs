@@ -73,6 +73,7 @@ fn request<'a>(
         vcpus: 2,
         limits: PlacementLimits::default(),
         clone: None,
+        ha: None,
     }
 }
 

@@ -133,3 +133,79 @@ fn six_requests_of_one_set_spread_two_per_node() {
     }
     assert_eq!(counts.into_values().collect::<Vec<_>>(), vec![2, 2, 2]);
 }
+
+fn ha_settings(nodes: &[&str], strict: bool) -> crate::rules::provider_data::HaSettings {
+    crate::rules::provider_data::HaSettings {
+        node_affinity_nodes: nodes
+            .iter()
+            .map(|n| crate::proxmox::types::NodeName::parse(n).unwrap())
+            .collect(),
+        node_affinity_strict: strict,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn node_affinity_nodes_come_first_and_strict_ones_are_the_only_ones() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    // pve1 has the most free memory, so without HA rules it would win.
+    let nodes = [node("pve1", 128), node("pve2", 64), node("pve3", 32)];
+    let loose = ha_settings(&["pve3"], false);
+    let req = PlacementRequest {
+        ha: Some(&loose),
+        ..request(&sel, &empty)
+    };
+    assert_eq!(
+        pick(&nodes, &req, &Reservations::default()).unwrap().node,
+        "pve3"
+    );
+    // pve3 full: a non-strict rule lets the VM go elsewhere...
+    let nodes_full = [node("pve1", 128), node("pve2", 64), node("pve3", 2)];
+    assert_eq!(
+        pick(&nodes_full, &req, &Reservations::default())
+            .unwrap()
+            .node,
+        "pve1"
+    );
+    // ...a strict one does not, and says why.
+    let strict = ha_settings(&["pve3"], true);
+    let req = PlacementRequest {
+        ha: Some(&strict),
+        ..request(&sel, &empty)
+    };
+    let err = pick(&nodes_full, &req, &Reservations::default()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("pve1: not in ha.node_affinity_nodes"),
+        "{text}"
+    );
+}
+
+#[test]
+fn negative_resource_affinity_avoids_nodes_holding_the_set_whatever_the_strategy() {
+    let sel = any_storage();
+    let empty = BTreeMap::new();
+    let spread = crate::rules::provider_data::HaSettings {
+        resource_affinity: Some(crate::rules::provider_data::ResourceAffinity::Negative),
+        ..Default::default()
+    };
+    let nodes = [node("pve1", 64), node("pve2", 64), node("pve3", 64)];
+    let mut reservations = Reservations::default();
+    let mut chosen = Vec::new();
+    for r in 0..3 {
+        let id = format!("req-{r}");
+        // binpack alone would put all three on one node.
+        let req = PlacementRequest {
+            request_id: &id,
+            strategy: PlacementStrategy::Binpack,
+            ha: Some(&spread),
+            ..request(&sel, &empty)
+        };
+        let placed = pick(&nodes, &req, &reservations).unwrap();
+        reservations.reserve(&id, &placed.node, Some("workers"), 4096, 2);
+        chosen.push(placed.node);
+    }
+    chosen.sort();
+    assert_eq!(chosen, ["pve1", "pve2", "pve3"]);
+}

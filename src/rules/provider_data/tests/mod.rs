@@ -48,18 +48,33 @@ fn minimal_class_gets_upstream_defaults() {
     assert_eq!(data.total_disk_gb(), 20);
 }
 
+/// The official provider's HA rule keys are accepted with its meaning; `spread: true` is the short
+/// form of `resource_affinity: negative`, and contradicting it is refused naming the key.
 #[test]
-fn ha_rules_are_refused_not_ignored() {
+fn ha_rule_keys_are_read_and_spread_is_negative_affinity() {
+    let data = parse(
+        "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nha:\n  rules: [r1]\n  node_affinity_nodes: [pve1]\n  resource_affinity: positive\n",
+    )
+    .unwrap();
+    let ha = data.ha.unwrap();
+    assert_eq!(ha.rules, ["r1"]);
+    assert_eq!(ha.node_affinity_nodes[0].as_str(), "pve1");
+    assert_eq!(ha.resource_affinity, Some(ResourceAffinity::Positive));
+    assert!(ha.uses_rules());
+    let spread = parse(
+        "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nha:\n  spread: true\n",
+    )
+    .unwrap();
+    assert_eq!(
+        spread.ha.unwrap().resource_affinity,
+        Some(ResourceAffinity::Negative)
+    );
     let problems = parse(
-        "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nha:\n  rules: [r1]\n  node_affinity_nodes: [pve1]\n  resource_affinity: negative\n",
+        "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nha:\n  spread: true\n  resource_affinity: positive\n",
     )
     .unwrap_err();
-    let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
-    assert_eq!(
-        keys,
-        ["ha.rules", "ha.node_affinity_nodes", "ha.resource_affinity"]
-    );
-    assert!(problems[0].message.contains("not supported"));
+    assert_eq!(problems[0].key, "ha.spread");
+    assert!(problems[0].message.contains("remove one of the two"));
 }
 
 #[test]

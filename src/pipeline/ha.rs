@@ -1,0 +1,154 @@
+//! After the start: the VM becomes an HA resource and joins its HA rules (`ha:` in the class).
+//!
+//! The official provider does the same in two steps after its start (`registerHA`, `syncHARules`);
+//! here it is the end of `start_vm`, which both providers re-run after a takeover, and every part
+//! of it is idempotent. Rule changes go one at a time under one lock of this process, each carrying
+//! the digest it was planned from; a change someone else made in between makes Proxmox refuse ours,
+//! and the rules are read and planned again.
+
+use super::step::{HA_RULES_LOCK, StepContext, StepError};
+use crate::model::identity::set_tag;
+use crate::proxmox::ProxmoxError;
+use crate::proxmox::ha::{HaResource, vm_sid};
+use crate::proxmox::types::{ClusterResource, VmId};
+use crate::rules::ha::{HaMembership, RuleChange, plan_join, resource_affinity_rule};
+use crate::rules::provider_data::HaSettings;
+
+/// How often the rules are read and planned again after a change or a refusal before giving up
+/// (and retrying the step later).
+const ATTEMPTS: usize = 10;
+
+pub async fn join(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
+    let Some(ha) = ctx.data.ha.clone() else {
+        return Ok(());
+    };
+    let vmid = ctx.vmid()?;
+    let doing = format!("registering VM {vmid} with Proxmox HA");
+    ctx.report(doing.clone()).await;
+    let resource = HaResource {
+        state: ha.state.clone(),
+        comment: ha.comment.clone(),
+        max_restart: ha.max_restart,
+        max_relocate: ha.max_relocate,
+        failback: ha.failback,
+    };
+    ctx.services
+        .pve
+        .add_ha_resource(vmid, &resource)
+        .await
+        .map_err(StepError::proxmox(doing))?;
+    if ha.uses_rules() {
+        join_rules(ctx, &ha, vmid).await?;
+    }
+    Ok(())
+}
+
+async fn join_rules(
+    ctx: &mut StepContext<'_>,
+    ha: &HaSettings,
+    vmid: VmId,
+) -> Result<(), StepError> {
+    let doing = format!("adding VM {vmid} to its HA rules");
+    ctx.report(doing.clone()).await;
+    let lock = ctx.services.ledgers.exclusive(HA_RULES_LOCK);
+    let _one_change_at_a_time = lock.lock().await;
+    let sid = vm_sid(vmid);
+    let set = ctx.request.set_id.clone();
+    let comment = format!(
+        "kept by omni-infra-provider-proxmox ({}) for machine set {}",
+        ctx.services.provider_id,
+        set.as_deref().unwrap_or("-")
+    );
+    for _ in 0..ATTEMPTS {
+        let pve = &ctx.services.pve;
+        let rules = pve
+            .ha_rules()
+            .await
+            .map_err(StepError::proxmox(doing.clone()))?;
+        let needs_members = set.as_deref().is_some_and(|s| {
+            ha.resource_affinity.is_some() && {
+                let name = resource_affinity_rule(s);
+                rules.iter().all(|r| r.rule != name)
+            }
+        });
+        // A new rule starts with the set's HA-managed VMs, seen fresh: tags and `hastate` come from
+        // the config files on every read, so a VM registered moments ago is in.
+        let (members, cluster_nodes) = set_members(ctx, set.as_deref(), needs_members).await?;
+        let membership = HaMembership {
+            settings: ha,
+            set: set.as_deref(),
+            sid: &sid,
+            set_members: &members,
+            cluster_nodes,
+            comment: &comment,
+        };
+        let plan = plan_join(&membership, &rules).map_err(|e| StepError::Cluster(e.to_string()))?;
+        for note in &plan.notes {
+            tracing::warn!(request = %ctx.request.id, %vmid, "{note}");
+        }
+        let Some(change) = plan.changes.first() else {
+            return Ok(());
+        };
+        let last = plan.changes.len() == 1;
+        match apply(&ctx.services.pve, change).await {
+            Ok(()) if last => return Ok(()),
+            Ok(()) => {}
+            // Someone changed the rules since they were read, or made the rule first.
+            Err(e) if e.is_ha_rules_changed() || e.is_ha_rule_defined() => {
+                tracing::debug!(%vmid, error = %e, "HA rules changed meanwhile; reading them again");
+            }
+            Err(e) => return Err(StepError::proxmox(doing)(e)),
+        }
+    }
+    Err(StepError::Cluster(format!(
+        "{doing}: the HA rules kept changing while they were edited ({ATTEMPTS} attempts); will try again"
+    )))
+}
+
+async fn apply(
+    pve: &crate::proxmox::ProxmoxClient,
+    change: &RuleChange,
+) -> Result<(), ProxmoxError> {
+    match change {
+        RuleChange::Create(rule) => {
+            tracing::info!(rule = %rule.rule, resources = ?rule.resources, "creating HA rule");
+            pve.create_ha_rule(rule).await
+        }
+        RuleChange::Join { rule, resources } => {
+            tracing::info!(rule = %rule.rule, resources = ?resources, "adding a VM to HA rule");
+            pve.set_ha_rule_resources(rule, resources).await
+        }
+    }
+}
+
+/// The set's HA-managed VMs (as sids) and the number of cluster nodes, from a fresh
+/// `/cluster/resources` when a new rule needs its members, else from this reconcile's read.
+async fn set_members(
+    ctx: &mut StepContext<'_>,
+    set: Option<&str>,
+    fresh: bool,
+) -> Result<(Vec<String>, usize), StepError> {
+    let resources = ctx.cluster(fresh).await?;
+    let nodes = resources
+        .iter()
+        .filter(|r| matches!(r, ClusterResource::Node(_)))
+        .count();
+    let Some(set) = set.filter(|_| fresh) else {
+        return Ok((Vec::new(), nodes));
+    };
+    let tag = set_tag(set);
+    let members = resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm)
+                if vm.hastate.is_some()
+                    && !vm.template
+                    && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag)) =>
+            {
+                Some(vm_sid(vm.vmid))
+            }
+            _ => None,
+        })
+        .collect();
+    Ok((members, nodes))
+}

@@ -1,0 +1,236 @@
+//! Proxmox HA: the HA resource a VM becomes (`/cluster/ha/resources`) and the HA rules it is a member
+//! of (`/cluster/ha/rules`, Proxmox VE 9).
+//!
+//! What the HA manager accepts, from pve-ha-manager src/PVE/API2/HA/Rules.pm and
+//! src/PVE/HA/Config.pm:
+//! - every rule change is checked against the whole rule set, so a rule that names an unmanaged
+//!   resource, a resource-affinity rule with fewer than two resources, or a negative one with more
+//!   resources than the cluster has nodes is refused;
+//! - all rules live in one file and share one digest: a `PUT` carrying the digest it read fails with
+//!   "detected modified configuration" when anything changed in between, so a concurrent edit is
+//!   never lost;
+//! - a `PUT` keeps every property it does not send (`SectionConfig::delete_from_config` removes only
+//!   what `delete` names), but it must name the rule's `type` (the schema is per type);
+//! - deleting an HA resource with `purge` (the default) takes it out of every rule and deletes the
+//!   rules left with no resource.
+
+use serde::Deserialize;
+
+use super::client::{Params, ProxmoxClient, Replay};
+use super::error::ProxmoxError;
+use super::types::{NodeName, VmId, lenient};
+
+/// An HA resource registration (`POST /cluster/ha/resources`).
+#[derive(Debug, Clone, Default)]
+pub struct HaResource {
+    pub state: Option<String>,
+    pub comment: Option<String>,
+    pub max_restart: Option<u32>,
+    pub max_relocate: Option<u32>,
+    pub failback: Option<bool>,
+}
+
+/// The HA manager's name for a VM.
+pub fn vm_sid(vmid: VmId) -> String {
+    format!("vm:{vmid}")
+}
+
+/// An HA rule as `GET /cluster/ha/rules` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct HaRule {
+    pub rule: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Comma-separated sids, sorted (pve-ha-manager Rules.pm `encode_value`).
+    #[serde(default)]
+    pub resources: Option<String>,
+    /// Node-affinity rules: comma-separated `node[:priority]`.
+    #[serde(default)]
+    pub nodes: Option<String>,
+    #[serde(default, deserialize_with = "lenient::bool")]
+    pub strict: bool,
+    /// Resource-affinity rules: `positive` or `negative`.
+    #[serde(default)]
+    pub affinity: Option<String>,
+    /// The digest of the whole rules file, the same on every rule of one answer.
+    #[serde(default)]
+    pub digest: Option<String>,
+}
+
+impl HaRule {
+    pub fn resource_list(&self) -> Vec<&str> {
+        split_list(self.resources.as_deref())
+    }
+
+    /// The node names, without priorities.
+    pub fn node_names(&self) -> Vec<&str> {
+        split_list(self.nodes.as_deref())
+            .into_iter()
+            .map(|n| n.split(':').next().unwrap_or(n))
+            .collect()
+    }
+
+    pub fn has(&self, sid: &str) -> bool {
+        self.resource_list().contains(&sid)
+    }
+}
+
+fn split_list(list: Option<&str>) -> Vec<&str> {
+    list.unwrap_or_default()
+        .split([',', ';', ' '])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// What a new rule says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HaRuleKind {
+    NodeAffinity { nodes: Vec<NodeName>, strict: bool },
+    ResourceAffinity { affinity: &'static str },
+}
+
+impl HaRuleKind {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            HaRuleKind::NodeAffinity { .. } => "node-affinity",
+            HaRuleKind::ResourceAffinity { .. } => "resource-affinity",
+        }
+    }
+}
+
+/// A rule to create (`POST /cluster/ha/rules`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewHaRule {
+    pub rule: String,
+    pub kind: HaRuleKind,
+    pub resources: Vec<String>,
+    pub comment: String,
+}
+
+impl ProxmoxClient {
+    /// Registers the VM with the HA manager. Already registered is success.
+    pub async fn add_ha_resource(
+        &self,
+        vmid: VmId,
+        resource: &HaResource,
+    ) -> Result<(), ProxmoxError> {
+        let params = Params::new()
+            .with("sid", vm_sid(vmid))
+            .with_opt("state", resource.state.as_deref())
+            .with_opt("comment", resource.comment.as_deref())
+            .with_opt("max_restart", resource.max_restart)
+            .with_opt("max_relocate", resource.max_relocate)
+            .with_opt("failback", resource.failback.map(u8::from));
+        match self
+            .post::<serde_json::Value>(
+                &["cluster", "ha", "resources"],
+                params,
+                Replay::OnlyIfUnsent,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(ProxmoxError::Api { message, .. }) if message.contains("already defined") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes the VM out of the HA manager (`DELETE /cluster/ha/resources/vm:<id>`) and, with `purge`,
+    /// out of every HA rule, leaving the VM in whatever state it is. Not HA-managed (any more) is
+    /// success.
+    pub async fn remove_ha_resource(&self, vmid: VmId) -> Result<(), ProxmoxError> {
+        let sid = vm_sid(vmid);
+        match self
+            .delete::<serde_json::Value>(
+                &["cluster", "ha", "resources", &sid],
+                Params::new().with("purge", 1),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            // pve-ha-manager src/PVE/API2/HA/Resources.pm, `delete`: "cannot delete service
+            // '<sid>', not HA managed!"
+            Err(ProxmoxError::Api { message, .. }) if message.contains("not HA managed") => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `GET /cluster/ha/rules`: every rule, with the digest a change must carry.
+    pub async fn ha_rules(&self) -> Result<Vec<HaRule>, ProxmoxError> {
+        self.get(&["cluster", "ha", "rules"], Params::new()).await
+    }
+
+    /// `POST /cluster/ha/rules`. A rule of that name existing already fails (see
+    /// [`ProxmoxError::is_ha_rule_defined`]).
+    pub async fn create_ha_rule(&self, rule: &NewHaRule) -> Result<(), ProxmoxError> {
+        let mut params = Params::new()
+            .with("rule", rule.rule.as_str())
+            .with("type", rule.kind.type_name())
+            .with("resources", rule.resources.join(","))
+            .with("comment", rule.comment.as_str());
+        params = match &rule.kind {
+            HaRuleKind::NodeAffinity { nodes, strict } => params
+                .with(
+                    "nodes",
+                    nodes
+                        .iter()
+                        .map(NodeName::as_str)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                )
+                .with("strict", u8::from(*strict)),
+            HaRuleKind::ResourceAffinity { affinity } => params.with("affinity", *affinity),
+        };
+        self.post::<serde_json::Value>(&["cluster", "ha", "rules"], params, Replay::OnlyIfUnsent)
+            .await
+            .map(drop)
+    }
+
+    /// Sets a rule's resources (`PUT /cluster/ha/rules/<rule>`), only if the rules are still as they
+    /// were when `rule` was read: otherwise Proxmox refuses (see
+    /// [`ProxmoxError::is_ha_rules_changed`]) and the caller reads again.
+    pub async fn set_ha_rule_resources(
+        &self,
+        rule: &HaRule,
+        resources: &[String],
+    ) -> Result<(), ProxmoxError> {
+        let params = Params::new()
+            .with("type", rule.kind.as_str())
+            .with("resources", resources.join(","))
+            .with_opt("digest", rule.digest.as_deref());
+        self.put::<serde_json::Value>(
+            &["cluster", "ha", "rules", &rule.rule],
+            params,
+            Replay::OnlyIfUnsent,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `DELETE /cluster/ha/rules/<rule>`; Proxmox answers success for a rule that is not there.
+    pub async fn delete_ha_rule(&self, rule: &str) -> Result<(), ProxmoxError> {
+        match self
+            .delete::<serde_json::Value>(&["cluster", "ha", "rules", rule], Params::new())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl ProxmoxError {
+    /// pve-ha-manager src/PVE/API2/HA/Rules.pm, `create_rule`: "HA rule '<rule>' already defined".
+    pub fn is_ha_rule_defined(&self) -> bool {
+        matches!(self, Self::Api { message, .. } if message.contains("already defined"))
+    }
+
+    /// pve-common src/PVE/Tools.pm, `assert_if_modified`: "detected modified configuration - file
+    /// changed by other user? Try again."
+    pub fn is_ha_rules_changed(&self) -> bool {
+        matches!(self, Self::Api { message, .. } if message.contains("detected modified configuration"))
+    }
+}

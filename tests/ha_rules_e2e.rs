@@ -1,0 +1,262 @@
+//! HA rules end to end: machine classes written for the official provider (`ha.rules`,
+//! `node_affinity_nodes`, `node_affinity_strict`, `resource_affinity`) and `ha: {spread: true}`,
+//! against fakepve's HA rules, which keep pve-ha-manager's checks (src/PVE/API2/HA/Rules.pm and
+//! src/PVE/HA/Rules/ResourceAffinity.pm): resources must be HA-managed, a resource-affinity rule needs
+//! two of them and a negative one at most one per node, every change carries the rules' digest, and
+//! deleting an HA resource with purge takes it out of every rule (src/PVE/HA/Config.pm
+//! `delete_service_from_config`).
+
+mod support;
+
+use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
+use omni_infra_provider_proxmox::omni::resources::MachineRequest;
+use serde_json::{Value, json};
+use support::fakepve::three_node_scenario;
+use support::harness::Harness;
+
+const BASE: &str = "cores: 1\nmemory: 2048\ndisk_size: 10\nstorage_selector: name == \"local-lvm\"\nip_discovery_timeout: 0\n";
+
+fn class(ha: &str) -> String {
+    format!("{BASE}ha:\n{ha}")
+}
+
+fn rules(h: &mut Harness) -> serde_json::Map<String, Value> {
+    h.pve
+        .control(json!({"op": "ha_rules"}))
+        .as_object()
+        .cloned()
+        .unwrap()
+}
+
+fn sid_of(h: &mut Harness, id: &str) -> String {
+    let vms = h.vms_named(id);
+    assert_eq!(vms.len(), 1, "{id}: {vms:?}");
+    format!("vm:{}", vms[0]["vmid"])
+}
+
+fn node_of(h: &mut Harness, id: &str) -> String {
+    h.vms_named(id)[0]["node"].as_str().unwrap().to_owned()
+}
+
+fn members(rule: &Value) -> Vec<String> {
+    rule["resources"]
+        .as_str()
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn remove(h: &mut Harness, id: &str) {
+    assert!(h.omni.state.teardown(&MachineRequest, id));
+    h.wait_released(id).await;
+    assert!(h.vms_named(id).is_empty(), "{id} left a VM");
+}
+
+/// `spread: true` on a set of three, provisioned at once: one negative resource-affinity rule named
+/// as the official provider names it, never two, holding every VM, the VMs on three different nodes
+/// (placement follows the rule, whatever the strategy); removing VMs shrinks it and the rule goes
+/// when fewer than two would be left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_keeps_one_negative_rule_in_step_with_the_set() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let data = class("  spread: true\n") + "placement_strategy: binpack\n";
+    // Someone else makes a rule between our read and our create: Proxmox refuses ours
+    // (pve-ha-manager Rules.pm `create_rule`: "already defined"), and the provider reads the rules
+    // again instead of failing or writing twice.
+    h.pve.control(
+        json!({"op": "fail", "method": "POST", "suffix": "/cluster/ha/rules", "status": 500,
+        "message": "create ha rule failed: HA rule 'omni-cp-raff' already defined", "times": 1}),
+    );
+    let ids: Vec<String> = (0..3).map(|i| format!("cp-{i}")).collect();
+    for id in &ids {
+        h.request(id, "cp", &data);
+    }
+    for id in &ids {
+        h.wait_stage(id, Stage::Provisioned).await;
+    }
+    let mut nodes: Vec<String> = ids.iter().map(|id| node_of(&mut h, id)).collect();
+    nodes.sort();
+    assert_eq!(
+        nodes,
+        ["pve1", "pve2", "pve3"],
+        "binpack alone would stack them"
+    );
+
+    let calls = h.pve.control(json!({"op": "requests"}));
+    let count = |m: &str, p: &str| {
+        calls
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c[0] == m && c[1].as_str().unwrap().ends_with(p))
+            .count()
+    };
+    assert_eq!(
+        count("POST", "/cluster/ha/rules"),
+        2,
+        "one refused create, one that worked"
+    );
+    let all = rules(&mut h);
+    assert_eq!(all.len(), 1, "{all:?}");
+    let rule = &all["omni-cp-raff"];
+    assert_eq!(rule["type"], "resource-affinity");
+    assert_eq!(rule["affinity"], "negative");
+    assert!(rule.get("errors").is_none(), "{rule:?}");
+    let mut sids: Vec<String> = ids.iter().map(|id| sid_of(&mut h, id)).collect();
+    sids.sort();
+    assert_eq!(members(rule), sids);
+
+    let first = sid_of(&mut h, "cp-0");
+    remove(&mut h, "cp-0").await;
+    let rule = rules(&mut h)["omni-cp-raff"].clone();
+    assert_eq!(members(&rule).len(), 2, "{rule:?}");
+    assert!(!members(&rule).contains(&first), "{rule:?}");
+
+    // One VM would be left: Proxmox would keep an ineffective rule, the provider deletes it.
+    remove(&mut h, "cp-1").await;
+    assert!(rules(&mut h).is_empty(), "{:?}", rules(&mut h));
+    remove(&mut h, "cp-2").await;
+    assert!(rules(&mut h).is_empty());
+    let left = h.pve.control(json!({"op": "ha_resources"}));
+    assert_eq!(left, json!([]), "HA resources left behind");
+    h.stop_controller().await;
+}
+
+/// The official provider's node-affinity keys: the rule is made with the first VM, joined by the
+/// rest, strict placement keeps every VM on the listed nodes, and the rule goes with the last VM.
+/// A rule named in `ha.rules` is joined; one that does not exist fails readably and heals when an
+/// operator creates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_affinity_and_named_rules_as_the_official_provider_writes_them() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let data = class(
+        "  node_affinity_nodes: [pve2, pve3]\n  node_affinity_strict: true\n  rules: [db-apart]\n",
+    );
+    h.request("db-0", "db", &data);
+    let status = h.wait_stage("db-0", Stage::Failed).await;
+    assert!(
+        status
+            .spec
+            .error
+            .contains("HA rule \"db-apart\" named in ha.rules does not exist"),
+        "{}",
+        status.spec.error
+    );
+    // The operator creates the rule (around someone else's HA-managed VM): it heals.
+    h.pve.control(json!({"op": "ha_manage", "vmid": 100}));
+    h.pve
+        .control(json!({"op": "ha_add_rule", "rule": "db-apart",
+        "type": "resource-affinity", "affinity": "negative", "resources": ["vm:100"]}));
+    h.wait_stage("db-0", Stage::Provisioned).await;
+    // The rules change between our read and our join: the digest no longer matches (pve-common
+    // Tools.pm `assert_if_modified`), and the join is planned again from a fresh read.
+    h.pve.control(json!({"op": "fail", "method": "PUT", "suffix": "/cluster/ha/rules/omni-db-naff",
+        "status": 500, "message": "update HA rules failed: detected modified configuration - file changed by other user? Try again.",
+        "times": 1}));
+    h.request("db-1", "db", &data);
+    h.wait_stage("db-1", Stage::Provisioned).await;
+    let calls = h.pve.control(json!({"op": "requests"}));
+    let puts = calls
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c[0] == "PUT"
+                && c[1]
+                    .as_str()
+                    .unwrap()
+                    .ends_with("/cluster/ha/rules/omni-db-naff")
+        })
+        .count();
+    assert_eq!(puts, 2, "one refused join, one that worked");
+
+    let all = rules(&mut h);
+    let naff = &all["omni-db-naff"];
+    assert_eq!(naff["type"], "node-affinity");
+    assert_eq!(naff["nodes"], "pve2,pve3");
+    assert_eq!(naff["strict"], 1);
+    let (s0, s1) = (sid_of(&mut h, "db-0"), sid_of(&mut h, "db-1"));
+    let mut both = vec![s0.clone(), s1.clone()];
+    both.sort();
+    assert_eq!(members(naff), both);
+    for id in ["db-0", "db-1"] {
+        assert_ne!(
+            node_of(&mut h, id),
+            "pve1",
+            "{id} placed outside the strict rule's nodes"
+        );
+    }
+    assert!(members(&all["db-apart"]).contains(&s0));
+    assert!(members(&all["db-apart"]).contains(&s1));
+
+    remove(&mut h, "db-0").await;
+    remove(&mut h, "db-1").await;
+    let all = rules(&mut h);
+    assert!(!all.contains_key("omni-db-naff"), "{all:?}");
+    // Someone else's rule keeps its own resource; ours left it.
+    assert_eq!(members(&all["db-apart"]), ["vm:100"]);
+    h.stop_controller().await;
+}
+
+/// More VMs than nodes: a negative rule may hold one VM per node (pve-ha-manager
+/// ResourceAffinity.pm `check_negative_resource_affinity_resources_count`), so five VMs of a spread
+/// set on three nodes all provision, the rule holds three of them and is never refused or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_rule_holds_one_vm_per_node_and_the_rest_still_provision() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let data = class("  spread: true\n");
+    let ids: Vec<String> = (0..5).map(|i| format!("big-{i}")).collect();
+    for id in &ids {
+        h.request(id, "big", &data);
+    }
+    for id in &ids {
+        h.wait_stage(id, Stage::Provisioned).await;
+    }
+    let all = rules(&mut h);
+    assert_eq!(all.len(), 1, "{all:?}");
+    let rule = &all["omni-big-raff"];
+    assert_eq!(members(rule).len(), 3, "{rule:?}");
+    assert!(rule.get("errors").is_none(), "{rule:?}");
+    for id in &ids {
+        remove(&mut h, id).await;
+    }
+    assert!(rules(&mut h).is_empty());
+    h.stop_controller().await;
+}
+
+/// Proxmox VE 8 has no HA rules: a class using them is refused before anything is created, and
+/// says why; `failback`-free HA registration alone still works there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_on_pve8_are_refused_before_anything_is_created() {
+    let mut scenario = three_node_scenario();
+    scenario["pve_version"] = json!("8.4.1");
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    h.request("old-0", "old", &class("  spread: true\n"));
+    let status = h.wait_stage("old-0", Stage::Failed).await;
+    assert!(
+        status
+            .spec
+            .error
+            .contains("need Proxmox VE 9 or later; this cluster runs 8.4.1"),
+        "{}",
+        status.spec.error
+    );
+    assert!(h.vms_named("old-0").is_empty());
+    h.request("old-1", "old", &class("  state: started\n"));
+    h.wait_stage("old-1", Stage::Provisioned).await;
+    let sid = sid_of(&mut h, "old-1");
+    assert_eq!(h.pve.control(json!({"op": "ha_resources"})), json!([sid]));
+    remove(&mut h, "old-1").await;
+    assert_eq!(h.pve.control(json!({"op": "ha_resources"})), json!([]));
+    h.stop_controller().await;
+}
