@@ -106,6 +106,10 @@ async fn spread_keeps_one_negative_rule_in_step_with_the_set() {
     assert_eq!(rule["type"], "resource-affinity");
     assert_eq!(rule["affinity"], "negative");
     assert!(rule.get("errors").is_none(), "{rule:?}");
+    for id in &ids {
+        // The official provider's field 13: its teardown leaves HA only when it is set.
+        assert!(h.machine_state(id).spec.ha_registered, "{id}");
+    }
     let mut sids: Vec<String> = ids.iter().map(|id| sid_of(&mut h, id)).collect();
     sids.sort();
     assert_eq!(members(rule), sids);

@@ -549,6 +549,7 @@ fn example_machine_classes_pass_the_schema_alone_and_with_the_example_config() {
         seen,
         [
             "clone-from-template.yaml",
+            "control-plane-ha.yaml",
             "extra-disk.yaml",
             "pinned-node.yaml",
             "spread-set.yaml",

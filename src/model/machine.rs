@@ -49,6 +49,8 @@ pub struct MachineState {
     pub boot_iso: Option<IsoVolume>,
     /// The Talos disk image in `import` storage the boot disk is made from (`boot: image`).
     pub boot_image: Option<ImportVolume>,
+    /// Registered with Proxmox HA (the official provider's field 13).
+    pub ha_registered: bool,
     /// The protobuf this state was read from: unchanged fields are written back from it verbatim.
     read_from: MachineSpec,
 }
@@ -110,6 +112,7 @@ impl MachineState {
             default_pool: parsed(&spec.default_pool, PoolId::parse),
             boot_iso: parsed(&spec.boot_iso_volume, IsoVolume::parse),
             boot_image: parsed(&spec.boot_image_volume, ImportVolume::parse),
+            ha_registered: spec.ha_registered,
             read_from: spec.clone(),
         }
     }
@@ -199,6 +202,7 @@ impl MachineState {
             |r| parsed(r, PoolId::parse),
             text_raw,
         );
+        spec.ha_registered = self.ha_registered;
         spec
     }
 

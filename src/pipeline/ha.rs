@@ -37,6 +37,8 @@ pub async fn join(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         .add_ha_resource(vmid, &resource)
         .await
         .map_err(StepError::proxmox(doing))?;
+    // For the official provider, whose teardown leaves HA only when its state says so.
+    ctx.state.ha_registered = true;
     if ha.uses_rules() {
         join_rules(ctx, &ha, vmid).await?;
     }
