@@ -132,34 +132,36 @@ fn unknown_keys_are_warnings_with_a_suggestion_and_the_class_still_passes() {
     );
 }
 
-/// pve-ha-manager src/PVE/HA/Resources.pm: `failback` exists on HA resources only from 5.0.2
-/// (PVE 9); PVE 8 answers 400, after the VM was already created and started. Refuse up front.
-#[test]
-fn ha_failback_is_a_problem_on_a_pve_8_cluster() {
+/// `class` checked against a cluster whose `GET /version` gave `version` (an error: unreadable).
+fn on_release(class: &str, version: Result<&str, &str>) -> Report {
     let schema = ProviderDataSchema::new().unwrap();
-    let class = format!("{BASE}ha:\n  state: started\n  failback: true\n");
     let (empty, nodes) = (Map::new(), Map::new());
     let layers = Layers {
-        class_yaml: &class,
+        class_yaml: class,
         defaults: &empty,
         nodes: &nodes,
     };
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
     assert!(needs_release_check(&data));
-    let on = |version: Option<Result<String, String>>| {
-        let mut v = view();
-        v.pve_version = version;
-        Report::new(check_cluster(&schema, &layers, &data, &v))
-    };
-    let r = on(Some(Ok("8.4.1".into())));
+    let mut v = view();
+    v.pve_version = Some(version.map(str::to_owned).map_err(str::to_owned));
+    Report::new(check_cluster(&schema, &layers, &data, &v))
+}
+
+/// pve-ha-manager src/PVE/HA/Resources.pm: `failback` exists on HA resources only from 5.0.2
+/// (PVE 9); PVE 8 answers 400, after the VM was already created and started. Refuse up front.
+#[test]
+fn ha_failback_is_a_problem_on_a_pve_8_cluster() {
+    let class = format!("{BASE}ha:\n  state: started\n  failback: true\n");
+    let r = on_release(&class, Ok("8.4.1"));
     let f = problem(&r, "ha.failback", None).expect("a problem");
     assert!(
         f.message.contains("8.4.1") && f.message.contains("Proxmox VE 9"),
         "{f}"
     );
-    assert!(problem(&on(Some(Ok("9.0.10".into()))), "ha.failback", None).is_none());
-    let r = on(Some(Err("timeout".into())));
+    assert!(problem(&on_release(&class, Ok("9.0.10")), "ha.failback", None).is_none());
+    let r = on_release(&class, Err("timeout"));
     assert!(
         r.findings
             .iter()
@@ -171,23 +173,8 @@ fn ha_failback_is_a_problem_on_a_pve_8_cluster() {
 /// 501), and `assert_valid_nodes_param` refuses a rule naming a node that does not exist.
 #[test]
 fn ha_rules_need_pve_9_and_existing_nodes() {
-    let schema = ProviderDataSchema::new().unwrap();
     let class = format!("{BASE}ha:\n  spread: true\n  node_affinity_nodes: [pve1, pve9]\n");
-    let (empty, nodes) = (Map::new(), Map::new());
-    let layers = Layers {
-        class_yaml: &class,
-        defaults: &empty,
-        nodes: &nodes,
-    };
-    let (_, data) = check_schema(&schema, &layers);
-    let data = data.unwrap();
-    assert!(needs_release_check(&data));
-    let on = |version: &str| {
-        let mut v = view();
-        v.pve_version = Some(Ok(version.into()));
-        Report::new(check_cluster(&schema, &layers, &data, &v))
-    };
-    let r = on("8.4.1");
+    let r = on_release(&class, Ok("8.4.1"));
     let f = problem(&r, "ha", None).expect("a problem");
     assert!(
         f.message
@@ -196,7 +183,7 @@ fn ha_rules_need_pve_9_and_existing_nodes() {
                 .contains("Proxmox VE 9 or later; this cluster runs 8.4.1"),
         "{f}"
     );
-    let r = on("9.1.1");
+    let r = on_release(&class, Ok("9.1.1"));
     assert!(problem(&r, "ha", None).is_none(), "{}", r.render_text());
     let f = problem(&r, "ha.node_affinity_nodes[1]", None).expect("a problem");
     assert!(f.message.contains("node \"pve9\" does not exist"), "{f}");
