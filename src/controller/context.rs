@@ -30,8 +30,6 @@ pub struct Context {
     /// Requests this process added its finalizer to: a delivered version without it predates that
     /// write (see [`Context::is_current`]).
     finalized: Mutex<HashSet<String>>,
-    /// The Proxmox cluster's name (`None`: a standalone node), read once, for the topology labels.
-    pub cluster_name: tokio::sync::OnceCell<Option<String>>,
 }
 
 impl Context {
@@ -46,7 +44,6 @@ impl Context {
             statuses: WriteCache::new(MachineRequestStatus),
             machines,
             finalized: Mutex::new(HashSet::new()),
-            cluster_name: tokio::sync::OnceCell::new(),
         }
     }
 

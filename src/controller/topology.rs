@@ -152,23 +152,9 @@ pub async fn label(ctx: &Context, request_id: &str, node: &str) -> Result<(), Ro
     apply(ctx, &change).await
 }
 
-/// The Proxmox cluster's name, read once per process (a Proxmox cluster cannot be renamed).
-/// A token without `Sys.Audit` on `/` cannot read it: the machines then get the zone label only (a
-/// warning says why, once), rather than no labels and a failed round every minute.
+/// The Proxmox cluster's name, for the `region` label.
 async fn region(ctx: &Context) -> Result<Option<String>, RoundError> {
-    let name = ctx
-        .cluster_name
-        .get_or_try_init(|| async {
-            match ctx.services.pve.cluster_name().await {
-                Err(crate::proxmox::ProxmoxError::PermissionDenied { message, .. }) => {
-                    tracing::warn!(%message, "cannot read the cluster name (GET /cluster/status needs Sys.Audit on /): topology labels go without the region");
-                    Ok(None)
-                }
-                other => other,
-            }
-        })
-        .await?;
-    Ok(name.clone())
+    Ok(ctx.services.ledgers.cluster_name(&ctx.services.pve).await?)
 }
 
 /// Why a round stopped short.

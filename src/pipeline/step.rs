@@ -251,6 +251,9 @@ pub struct Ledgers {
     /// The Proxmox VE version last read, and when: keys that need a release check it on every
     /// reconcile, which must not cost a request each time.
     pve_version: Mutex<Option<(String, std::time::Instant)>>,
+    /// The Proxmox cluster's name (`None`: a standalone node, or not readable), read once: a
+    /// Proxmox cluster cannot be renamed.
+    cluster_name: tokio::sync::OnceCell<Option<String>>,
 }
 
 /// A poisoned ledger is still right: every update is a single insert or remove.
@@ -271,16 +274,37 @@ pub const HA_RULES_LOCK: &str = "ha-rules";
 pub const PVE_VERSION_MAX_AGE: Duration = Duration::from_secs(600);
 
 impl Ledgers {
-    /// The Proxmox VE version read within [`PVE_VERSION_MAX_AGE`], if any.
-    pub fn pve_version(&self) -> Option<String> {
-        entry(&self.pve_version)
+    /// The Proxmox VE version (`GET /version`), read again after [`PVE_VERSION_MAX_AGE`].
+    pub async fn pve_version(&self, pve: &ProxmoxClient) -> Result<String, ProxmoxError> {
+        let known = entry(&self.pve_version)
             .as_ref()
             .filter(|(_, at)| at.elapsed() < PVE_VERSION_MAX_AGE)
-            .map(|(v, _)| v.clone())
+            .map(|(v, _)| v.clone());
+        if let Some(version) = known {
+            return Ok(version);
+        }
+        let version = pve.version().await?.version;
+        *entry(&self.pve_version) = Some((version.clone(), std::time::Instant::now()));
+        Ok(version)
     }
 
-    pub fn remember_pve_version(&self, version: &str) {
-        *entry(&self.pve_version) = Some((version.to_owned(), std::time::Instant::now()));
+    /// The Proxmox cluster's name (`GET /cluster/status`), read once per process. A token without
+    /// `Sys.Audit` on `/` cannot read it: that is remembered as no name (a warning says why, once),
+    /// so the topology labels go without the region instead of failing every round.
+    pub async fn cluster_name(&self, pve: &ProxmoxClient) -> Result<Option<String>, ProxmoxError> {
+        let name = self
+            .cluster_name
+            .get_or_try_init(|| async {
+                match pve.cluster_name().await {
+                    Err(ProxmoxError::PermissionDenied { message, .. }) => {
+                        tracing::warn!(%message, "cannot read the cluster name (GET /cluster/status needs Sys.Audit on /): topology labels go without the region");
+                        Ok(None)
+                    }
+                    other => other,
+                }
+            })
+            .await?;
+        Ok(name.clone())
     }
 
     /// Places a request with the reservations of requests in flight counted, and reserves the

@@ -143,18 +143,12 @@ pub async fn release_problem(
     if !needs_release_check(data) {
         return None;
     }
-    let version = match known.pve_version() {
-        Some(v) => v,
-        None => match pve.version().await {
-            Ok(v) => {
-                known.remember_pve_version(&v.version);
-                v.version
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read the Proxmox VE version");
-                return None;
-            }
-        },
+    let version = match known.pve_version(pve).await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the Proxmox VE version");
+            return None;
+        }
     };
     let problems = release_problems(data, &version);
     (!problems.is_empty()).then(|| describe(&problems))
