@@ -174,3 +174,26 @@ async fn refused_tags_point_at_user_tag_access() {
     assert!(h.vms_named("perm-4").is_empty(), "no VM made");
     h.stop_controller().await;
 }
+
+/// Reading HA rules takes Sys.Audit on `/` (pve-ha-manager src/PVE/API2/HA/Rules.pm, `index`),
+/// which a token set up for `ha: {state: …}` alone need not have: its HA VMs are still torn down,
+/// the HA resource going with `purge` (src/PVE/API2/HA/Resources.pm, `delete`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ha_vm_is_torn_down_by_a_token_that_cannot_read_ha_rules() {
+    let mut role = readme_role();
+    role.push("Sys.Console".into());
+    let Some(mut h) = Harness::start_with(scenario_with_role(&role), "").await else {
+        return;
+    };
+    let class = format!("{PINNED_PVE2}ha:\n  state: started\n");
+    h.request("perm-ha", "perms", &class);
+    h.wait_stage("perm-ha", Stage::Provisioned).await;
+    let without_audit: Vec<String> = role.into_iter().filter(|p| p != "Sys.Audit").collect();
+    h.pve
+        .control(json!({"op": "set_acl", "who": TOKEN_ID, "entries": [["/", without_audit]]}));
+    assert!(h.omni.state.teardown(&MachineRequest, "perm-ha"));
+    h.wait_released("perm-ha").await;
+    assert!(h.vms_named("perm-ha").is_empty());
+    assert_eq!(h.pve.control(json!({"op": "ha_resources"})), json!([]));
+    h.stop_controller().await;
+}
