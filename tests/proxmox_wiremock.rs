@@ -535,3 +535,85 @@ async fn a_tfa_user_is_told_to_use_a_token() {
     assert!(e.to_string().contains("two-factor"), "{e}");
     assert!(e.to_string().contains("token"), "{e}");
 }
+
+/// HA calls as pve-ha-manager takes them: src/PVE/API2/HA/Resources.pm (`create` refuses a defined
+/// sid, `update` takes the settings with the sid in the path, `delete` purges by default) and
+/// src/PVE/API2/HA/Rules.pm (rules listed with the file's digest; `update_rule` needs the `type`).
+#[tokio::test]
+async fn ha_resources_and_rules_exact_requests() {
+    use omni_infra_provider_proxmox::proxmox::ha::{HaResource, HaRuleKind, NewHaRule};
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/api2/json/cluster/ha/resources"))
+        .and(body_string("sid=vm%3A104&state=started&max_relocate=2"))
+        .respond_with(ResponseTemplate::new(500).set_body_json(
+            json!({"data": null, "message": "resource ID 'vm:104' already defined\n"}),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/api2/json/cluster/ha/resources/vm:104"))
+        .and(body_string("state=started&max_relocate=2"))
+        .respond_with(data(json!(null)))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("DELETE"))
+        .and(path("/api2/json/cluster/ha/resources/vm:104"))
+        .and(query_param("purge", "1"))
+        .respond_with(data(json!(null)))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/api2/json/cluster/ha/rules"))
+        .respond_with(data(
+            json!([{"rule": "omni-cp-raff", "type": "resource-affinity",
+            "affinity": "negative", "resources": "vm:101,vm:102", "digest": "abc", "order": 1,
+            "errors": {"resources": "rule is ineffective"}}]),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/api2/json/cluster/ha/rules"))
+        .and(body_string("rule=omni-cp-naff&type=node-affinity&resources=vm%3A104&comment=kept&nodes=pve1%2Cpve2&strict=1"))
+        .respond_with(data(json!(null)))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/api2/json/cluster/ha/rules/omni-cp-raff"))
+        .and(body_string(
+            "type=resource-affinity&resources=vm%3A101%2Cvm%3A102%2Cvm%3A104&digest=abc",
+        ))
+        .respond_with(data(json!(null)))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let c = token_client(&server);
+    let vmid = VmId::new(104).unwrap();
+    let resource = HaResource {
+        state: Some("started".into()),
+        max_relocate: Some(2),
+        ..HaResource::default()
+    };
+    c.add_ha_resource(vmid, &resource).await.unwrap();
+    c.remove_ha_resource(vmid).await.unwrap();
+    let rules = c.ha_rules().await.unwrap();
+    assert_eq!(rules[0].resource_list(), ["vm:101", "vm:102"]);
+    c.create_ha_rule(&NewHaRule {
+        rule: "omni-cp-naff".into(),
+        kind: HaRuleKind::NodeAffinity {
+            nodes: vec![pve1(), NodeName::new("pve2").unwrap()],
+            strict: true,
+        },
+        resources: vec!["vm:104".into()],
+        comment: "kept".into(),
+    })
+    .await
+    .unwrap();
+    let joined = ["vm:101", "vm:102", "vm:104"].map(String::from);
+    c.set_ha_rule_resources(&rules[0], &joined).await.unwrap();
+}

@@ -30,6 +30,18 @@ pub struct HaResource {
     pub failback: Option<bool>,
 }
 
+impl HaResource {
+    /// The settings the class gives, added to `params`.
+    fn params(&self, params: Params) -> Params {
+        params
+            .with_opt("state", self.state.as_deref())
+            .with_opt("comment", self.comment.as_deref())
+            .with_opt("max_restart", self.max_restart)
+            .with_opt("max_relocate", self.max_relocate)
+            .with_opt("failback", self.failback.map(u8::from))
+    }
+}
+
 /// The HA manager's name for a VM.
 pub fn vm_sid(vmid: VmId) -> String {
     format!("vm:{vmid}")
@@ -109,19 +121,16 @@ pub struct NewHaRule {
 }
 
 impl ProxmoxClient {
-    /// Registers the VM with the HA manager. Already registered is success.
+    /// Registers the VM with the HA manager. Already registered (a re-run, or an operator made it
+    /// first) has the settings the class gives written over it, as the official provider does, so
+    /// an edited `ha:` takes effect.
     pub async fn add_ha_resource(
         &self,
         vmid: VmId,
         resource: &HaResource,
     ) -> Result<(), ProxmoxError> {
-        let params = Params::new()
-            .with("sid", vm_sid(vmid))
-            .with_opt("state", resource.state.as_deref())
-            .with_opt("comment", resource.comment.as_deref())
-            .with_opt("max_restart", resource.max_restart)
-            .with_opt("max_relocate", resource.max_relocate)
-            .with_opt("failback", resource.failback.map(u8::from));
+        let sid = vm_sid(vmid);
+        let params = resource.params(Params::new().with("sid", &sid));
         match self
             .post::<serde_json::Value>(
                 &["cluster", "ha", "resources"],
@@ -131,7 +140,21 @@ impl ProxmoxClient {
             .await
         {
             Ok(_) => Ok(()),
-            Err(ProxmoxError::Api { message, .. }) if message.contains("already defined") => Ok(()),
+            // pve-ha-manager src/PVE/API2/HA/Resources.pm, `create`: "resource ID '<sid>' already
+            // defined"; `update` takes the same settings but `sid` from the path.
+            Err(ProxmoxError::Api { message, .. }) if message.contains("already defined") => {
+                let settings = resource.params(Params::new());
+                if settings.0.is_empty() {
+                    return Ok(());
+                }
+                self.put::<serde_json::Value>(
+                    &["cluster", "ha", "resources", &sid],
+                    settings,
+                    Replay::Safe,
+                )
+                .await
+                .map(drop)
+            }
             Err(e) => Err(e),
         }
     }
