@@ -114,6 +114,16 @@ async fn spread_keeps_one_negative_rule_in_step_with_the_set() {
     sids.sort();
     assert_eq!(members(rule), sids);
 
+    // `cluster` shows the set's rule as Proxmox holds it.
+    let config = h.pve.config_file("");
+    let (ok, out) = support::cli(&["cluster", "--output", "json"], &config, "");
+    assert!(ok, "{out}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["ha_rules"][0]["rule"], "omni-cp-raff");
+    assert_eq!(report["ha_rules"][0]["resources"], json!(sids));
+    let (ok, table) = support::cli(&["cluster"], &config, "");
+    assert!(ok && table.contains("omni-cp-raff"), "{table}");
+
     let first = sid_of(&mut h, "cp-0");
     remove(&mut h, "cp-0").await;
     let rule = rules(&mut h)["omni-cp-raff"].clone();

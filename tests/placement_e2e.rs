@@ -5,12 +5,12 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
 use serde_json::{Value, json};
-use support::fakepve::{FakePve, Login, Trust, three_node_scenario};
+use support::cli;
+use support::fakepve::{FakePve, three_node_scenario};
 use support::harness::{Harness, WAIT};
 
 /// Unpinned clones of the scenario's template 9000 (on pve1, its disk on local-lvm).
@@ -228,41 +228,6 @@ async fn cpu_overcommit_keeps_a_full_node_out() {
     h.stop_controller().await;
 }
 
-fn config_file(fake: &FakePve, extra: &str) -> std::path::PathBuf {
-    let path = fake.dir.path().join("placement.yaml");
-    std::fs::write(
-        &path,
-        format!("{}{extra}", fake.config_yaml(Login::Token, Trust::CaFile)),
-    )
-    .unwrap();
-    path
-}
-
-fn binary(args: &[&str], config: &std::path::Path, stdin: &str) -> (bool, String) {
-    use std::io::Write as _;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
-        .arg(args[0])
-        .arg("--config-file")
-        .arg(config)
-        .args(&args[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
-}
-
 /// `cluster` shows per node the vCPUs and memory given to VMs against the limits placement counts
 /// with (the config's `placement:`), and `validate` renders the same verdicts: the nodes a clone
 /// cannot reach are warnings for an unpinned class and a problem when pinned; a node past the
@@ -275,8 +240,8 @@ fn cluster_and_validate_show_placements_verdicts() {
     let Some(fake) = FakePve::start(scenario, 0.0) else {
         return;
     };
-    let config = config_file(&fake, "placement:\n  cpuOvercommit: 1.5\n");
-    let (ok, out) = binary(&["cluster", "--output", "json"], &config, "");
+    let config = fake.config_file("placement:\n  cpuOvercommit: 1.5\n");
+    let (ok, out) = cli(&["cluster", "--output", "json"], &config, "");
     assert!(ok, "{out}");
     let report: Value = serde_json::from_str(&out).unwrap();
     let node = |n: usize| &report["nodes"][n];
@@ -291,14 +256,14 @@ fn cluster_and_validate_show_placements_verdicts() {
     );
     assert_eq!(node(1)["memory_allocated"], json!(1024u64 * 1024 * 1024));
     assert_eq!(node(1)["memory_limit"], json!(8u64 * 1024 * 1024 * 1024));
-    let (ok, table) = binary(&["cluster"], &config, "");
+    let (ok, table) = cli(&["cluster"], &config, "");
     assert!(ok, "{table}");
     assert!(table.contains("VCPUS GIVEN / LIMIT"), "{table}");
     assert!(table.contains("4 / 6"), "{table}");
 
     // Unpinned clone of the local template: pve2 and pve3 are left out, with the reason; fine.
     let clone = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'true'\nboot: clone\ntemplate: talos-template\n";
-    let (ok, out) = binary(&["validate", "-"], &config, clone);
+    let (ok, out) = cli(&["validate", "-"], &config, clone);
     assert!(ok, "{out}");
     let warn = out
         .lines()
@@ -309,7 +274,7 @@ fn cluster_and_validate_show_placements_verdicts() {
         "{warn}"
     );
     // Pinned to pve3: the same reason, as a problem.
-    let (ok, out) = binary(&["validate", "-"], &config, &format!("{clone}node: pve3\n"));
+    let (ok, out) = cli(&["validate", "-"], &config, &format!("{clone}node: pve3\n"));
     assert!(!ok, "{out}");
     assert!(
         out.lines().any(|l| l.starts_with("FAIL")
@@ -319,7 +284,7 @@ fn cluster_and_validate_show_placements_verdicts() {
     );
     // 4 vCPUs: pve1 (2 CPUs × 1.5 = 3) and pve2 (4 given, limit 6) are left out under `cores`.
     let wide = "cores: 4\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'true'\n";
-    let (ok, out) = binary(&["validate", "-"], &config, wide);
+    let (ok, out) = cli(&["validate", "-"], &config, wide);
     assert!(ok, "{out}");
     assert!(
         out.lines().any(|l| l.starts_with("warn")

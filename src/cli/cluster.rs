@@ -20,8 +20,14 @@
 //!                                "holds_vm_disks": true, "holds_iso": false } ],
 //!                "storage_error": null } ],
 //!   "templates": [ { "vmid": 9000, "name": "talos-template", "node": "pve1" } ],
-//!   "cpu_overcommit": 4.0, "memory_overcommit": 1.0 }
+//!   "cpu_overcommit": 4.0, "memory_overcommit": 1.0,
+//!   "ha_rules": [ { "rule": "omni-cp-raff", "type": "resource-affinity",
+//!                   "resources": ["vm:101", "vm:102"], "nodes": null, "strict": false,
+//!                   "affinity": "negative", "problems": null } ],
+//!   "ha_rules_error": null }
 //! ```
+//! `ha_rules` lists the machine sets' own HA rules (`omni-<set>-naff`/`-raff`); it is `null` with
+//! the reason in `ha_rules_error` when they cannot be read (Proxmox VE 8, or no `Sys.Audit` on `/`).
 //! Figures a node does not report (an offline node's memory, and so its limits) are `null`; `storages` is `null` when the
 //! node could not be asked, with the reason in `storage_error`.
 
@@ -34,10 +40,12 @@ use serde::Serialize;
 use super::CliResult;
 use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
+use crate::proxmox::ha::HaRule;
 use crate::proxmox::types::{
     ClusterResource, NodeName, NodeState, NodeStorage, StorageFilter, VmResource,
 };
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::rules::ha::is_set_rule;
 use crate::rules::placement::{self, PlacementLimits, Reservations};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -65,6 +73,49 @@ pub struct ClusterReport {
     /// The config's `placement:` limits the nodes' `vcpus_limit` and `memory_limit` come from.
     pub cpu_overcommit: f64,
     pub memory_overcommit: f64,
+    pub ha_rules: Option<Vec<HaRuleReport>>,
+    pub ha_rules_error: Option<String>,
+}
+
+/// A machine set's HA rule as Proxmox holds it.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct HaRuleReport {
+    pub rule: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub resources: Vec<String>,
+    pub nodes: Option<String>,
+    pub strict: bool,
+    pub affinity: Option<String>,
+    /// Why the HA manager does not apply it, as Proxmox says.
+    pub problems: Option<String>,
+}
+
+impl HaRuleReport {
+    fn of(rule: &HaRule) -> Self {
+        Self {
+            rule: rule.rule.clone(),
+            kind: rule.kind.clone(),
+            resources: rule
+                .resource_list()
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            nodes: rule.nodes.clone(),
+            strict: rule.strict,
+            affinity: rule.affinity.clone(),
+            problems: rule.errors.as_ref().map(|e| match e {
+                serde_json::Value::Object(m) => m
+                    .iter()
+                    .map(|(k, v)| {
+                        format!("{k}: {}", v.as_str().map_or(v.to_string(), str::to_owned))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                other => other.to_string(),
+            }),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -154,13 +205,29 @@ pub async fn gather(
         .into_iter()
         .map(|(node, r)| (node, r.map_err(|e| e.to_string())))
         .collect();
-    Ok(build_report(
+    let mut report = build_report(
         client.api_url().as_str(),
         &version.version,
         &resources,
         &storages,
         limits,
-    ))
+    );
+    match client.ha_rules().await {
+        Ok(rules) => {
+            report.ha_rules = Some(
+                rules
+                    .iter()
+                    .filter(|r| is_set_rule(&r.rule))
+                    .map(HaRuleReport::of)
+                    .collect(),
+            )
+        }
+        Err(ProxmoxError::Api { status: 501, .. }) => {
+            report.ha_rules_error = Some("this Proxmox VE release has no HA rules".into())
+        }
+        Err(e) => report.ha_rules_error = Some(e.to_string()),
+    }
+    Ok(report)
 }
 
 /// Pure: turns the API answers into the report.
@@ -232,6 +299,8 @@ pub fn build_report(
         templates,
         cpu_overcommit: limits.cpu_overcommit,
         memory_overcommit: limits.memory_overcommit,
+        ha_rules: None,
+        ha_rules_error: None,
     }
 }
 
@@ -274,7 +343,46 @@ pub fn render_table(r: &ClusterReport) -> String {
     render_storages(&mut out, &r.nodes);
     out.push('\n');
     render_templates(&mut out, &r.templates);
+    out.push('\n');
+    render_ha_rules(&mut out, r);
     out
+}
+
+fn render_ha_rules(out: &mut String, r: &ClusterReport) {
+    let rules = match (&r.ha_rules, &r.ha_rules_error) {
+        (Some(rules), _) if !rules.is_empty() => rules,
+        (Some(_), _) => {
+            out.push_str("No HA rules of machine sets.\n");
+            return;
+        }
+        (None, error) => {
+            let _ = writeln!(
+                out,
+                "HA rules not read: {}",
+                error.as_deref().unwrap_or("unknown")
+            );
+            return;
+        }
+    };
+    let rows: Vec<Vec<String>> = rules
+        .iter()
+        .map(|h| {
+            let what = match (&h.affinity, &h.nodes) {
+                (Some(affinity), _) => affinity.clone(),
+                (None, Some(nodes)) if h.strict => format!("{nodes} (strict)"),
+                (None, Some(nodes)) => nodes.clone(),
+                (None, None) => String::new(),
+            };
+            vec![
+                h.rule.clone(),
+                h.kind.clone(),
+                what,
+                h.resources.join(","),
+                h.problems.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(out, &["HA RULE", "TYPE", "KEEPS", "VMS", "PROBLEMS"], &rows);
 }
 
 /// One row per node, what it has and what it has given to VMs, then what the limits are made of.

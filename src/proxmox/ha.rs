@@ -67,6 +67,10 @@ pub struct HaRule {
     /// The digest of the whole rules file, the same on every rule of one answer.
     #[serde(default)]
     pub digest: Option<String>,
+    /// Why the HA manager does not apply the rule, by property (`check_feasibility`), e.g.
+    /// `{"resources": "rule is ineffective as there are less than two resources"}`.
+    #[serde(default)]
+    pub errors: Option<serde_json::Value>,
 }
 
 impl HaRule {

@@ -22,6 +22,11 @@ pub fn resource_affinity_rule(set: &str) -> String {
     rule_name(set, "raff")
 }
 
+/// Whether `rule` is named like a machine set's own rule (ours or the official provider's).
+pub fn is_set_rule(rule: &str) -> bool {
+    rule.starts_with("omni-") && (rule.ends_with("-naff") || rule.ends_with("-raff"))
+}
+
 /// `omni-<set>-<suffix>`, with every character a rule ID may not hold (pve-common JSONSchema.pm,
 /// `pve-configid`: letters, digits, `-`, `_`) made a `-`, as the official provider does.
 fn rule_name(set: &str, suffix: &str) -> String {

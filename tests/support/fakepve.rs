@@ -166,6 +166,18 @@ impl FakePve {
             .count()
     }
 
+    /// A provider config file for this fakepve (API token, its CA trusted) with `extra` appended,
+    /// in its directory.
+    pub fn config_file(&self, extra: &str) -> std::path::PathBuf {
+        let path = self.dir.path().join("provider-config.yaml");
+        std::fs::write(
+            &path,
+            format!("{}{extra}", self.config_yaml(Login::Token, Trust::CaFile)),
+        )
+        .unwrap();
+        path
+    }
+
     /// A provider config file's text for this fakepve.
     pub fn config_yaml(&self, login: Login, trust: Trust) -> String {
         let mut text = format!("proxmox:\n  url: \"{}/api2/json\"\n", self.url);

@@ -8,6 +8,34 @@ pub mod omni;
 
 use std::time::{Duration, Instant};
 
+/// Runs the provider binary's `args[0]` command with `--config-file config` and the rest of `args`,
+/// feeding it `stdin`: whether it succeeded, and its stdout.
+pub fn cli(args: &[&str], config: &std::path::Path, stdin: &str) -> (bool, String) {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
+        .arg(args[0])
+        .arg("--config-file")
+        .arg(config)
+        .args(&args[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 /// Polls `check` until it returns `Some`, or panics with `what` after `timeout`. Tests wait for
 /// conditions, never for fixed times.
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T

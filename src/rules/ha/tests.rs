@@ -10,6 +10,7 @@ fn rule(name: &str, kind: &str, resources: &str) -> HaRule {
         strict: false,
         affinity: (kind == "resource-affinity").then(|| "negative".into()),
         digest: Some("d1".into()),
+        errors: None,
     }
 }
 
