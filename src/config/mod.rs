@@ -14,14 +14,16 @@
 //!   caFile: /etc/omni-proxmox/ca.pem             # ours: trust a private CA
 //! ```
 //!
-//! plus our additions (`defaults:` and per-node `nodes:` overrides for provider data, `strict:`, and
+//! plus our additions (`defaults:` and per-node `nodes:` overrides for provider data, `strict:`,
 //! `placement:` with the overcommit limits automatic placement keeps to:
-//! `placement: {cpuOvercommit: 4.0, memoryOvercommit: 1.0}`, those being the defaults).
+//! `placement: {cpuOvercommit: 4.0, memoryOvercommit: 1.0}`, those being the defaults, and
+//! `ipPools:`, the static IP pools provider data names with `ip_pool`, see [`ip_pools`]).
 //! The file is validated completely on load: every problem names its key. An unknown key is a
 //! warning with a suggestion (the official provider ignores it silently, so a file that works there
 //! must load here); `strict: true` at the top of the file makes unknown keys errors, here and in
 //! provider data.
 
+mod ip_pools;
 mod proxmox;
 
 use std::path::{Path, PathBuf};
@@ -29,6 +31,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::did_you_mean;
+use crate::rules::ip_pool::IpPool;
 use crate::rules::placement::PlacementLimits;
 use crate::rules::provider_data::ConfigLayers;
 pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
@@ -48,6 +51,8 @@ pub struct ProviderConfig {
     pub strict: bool,
     /// `placement:`: how far automatic placement may commit a node's CPUs and memory.
     pub placement: PlacementLimits,
+    /// `ipPools:`: the static IP pools provider data may name (`ip_pool`), checked.
+    pub ip_pools: Vec<IpPool>,
     /// What was ignored or chosen for the user (unknown keys, a token and a password both set): logged
     /// at start and shown by `validate`.
     pub warnings: Vec<String>,
@@ -69,7 +74,14 @@ pub enum ConfigError {
     },
 }
 
-const TOP_KEYS: &[&str] = &["proxmox", "defaults", "nodes", "strict", "placement"];
+const TOP_KEYS: &[&str] = &[
+    "proxmox",
+    "defaults",
+    "nodes",
+    "strict",
+    "placement",
+    "ipPools",
+];
 const PLACEMENT_KEYS: &[&str] = &["cpuOvercommit", "memoryOvercommit"];
 /// No cluster runs usefully at more vCPUs per CPU than this; a larger value is a typo.
 const MAX_OVERCOMMIT: f64 = 64.0;
@@ -141,10 +153,12 @@ impl ProviderConfig {
         let defaults = optional_map(&root, "defaults", &mut found.problems);
         let nodes = optional_map(&root, "nodes", &mut found.problems);
         let placement = placement_limits(&root, &mut found);
+        let ip_pools = ip_pools::ip_pools(&root, &mut found);
         match (proxmox, found.problems.is_empty()) {
             (Some(proxmox), true) => Ok(Self {
                 proxmox,
                 placement,
+                ip_pools,
                 layers: ConfigLayers::read(&defaults, &nodes),
                 defaults,
                 nodes,
@@ -581,6 +595,8 @@ mod tests {
                     let known: &[&str] = match section {
                         "proxmox" => PROXMOX_KEYS,
                         "placement" => PLACEMENT_KEYS,
+                        // A pool's name is any key of `ipPools`.
+                        "ipPools" => return true,
                         _ => return false,
                     };
                     known.contains(&k) || written(file.get(section).and_then(Value::as_object), k)

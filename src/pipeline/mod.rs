@@ -8,6 +8,7 @@ pub mod create_vm;
 pub mod discover_ip;
 pub mod identify;
 pub mod image_factory;
+pub mod ip_pool;
 pub mod pick_node;
 pub mod prepare_image;
 pub mod seed;

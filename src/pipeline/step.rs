@@ -7,8 +7,9 @@
 //! coming up: a requeue never holds a worker), or fails with a [`StepError`] whose text is what the
 //! user reads in Omni.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -166,6 +167,10 @@ pub enum StepError {
     /// make room by itself: waited for, not a failure someone must fix.
     #[error("{0}")]
     Capacity(String),
+    /// A static IP pool has no free address: FAILED until a machine on it goes away, and retried
+    /// meanwhile, since a release heals it without anyone changing anything.
+    #[error("{0}")]
+    PoolFull(String),
 }
 
 impl StepError {
@@ -251,10 +256,46 @@ pub struct Ledgers {
     /// The Proxmox VE version last read, and when: keys that need a release check it on every
     /// reconcile, which must not cost a request each time.
     pve_version: Mutex<Option<(String, std::time::Instant)>>,
+    /// Static IP allocations (see [`crate::pipeline::ip_pool`]).
+    pub ip: IpLedgers,
+}
+
+/// The static IP allocations this process knows of, and what running VMs report.
+///
+/// Unlike the other ledgers this one must not start empty: an address recorded in a provider state
+/// before a restart is still taken. It is seeded once per process from every provider state in Omni
+/// (lazily, by the first request that needs an address, so a provider without pools never lists
+/// them), then kept by this process's own allocations and releases. An allocation is recorded here
+/// under the same lock it is decided with, so two requests at once never get the same address, and
+/// written to the request's provider state before anything depends on it.
+#[derive(Default)]
+pub struct IpLedgers {
+    pub(crate) held: Mutex<crate::rules::ip_pool::IpLedger>,
+    /// Set once the ledger holds every provider state's allocations.
+    pub(crate) seeded: tokio::sync::OnceCell<()>,
+    /// Addresses running VMs reported through their guest agent, by VMID, and when they were read.
+    pub(crate) agent: tokio::sync::Mutex<Option<(std::time::Instant, BTreeMap<u32, Vec<IpAddr>>)>>,
+}
+
+impl IpLedgers {
+    /// Forgets `request`'s allocations: its provider state was destroyed after its VM was.
+    pub fn release(&self, request: &str) {
+        entry(&self.held).release(request);
+    }
+
+    /// Every address held by a provider state this process knows of.
+    pub fn taken(&self) -> BTreeSet<IpAddr> {
+        entry(&self.held).taken()
+    }
+
+    /// A copy of the ledger, for reports.
+    pub fn snapshot(&self) -> crate::rules::ip_pool::IpLedger {
+        entry(&self.held).clone()
+    }
 }
 
 /// A poisoned ledger is still right: every update is a single insert or remove.
-fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     ledger.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -349,11 +390,15 @@ impl Services {
         request: &RequestInfo,
         node: Option<&str>,
     ) -> Result<ProviderData, StepError> {
-        self.schema
+        let invalid = |problems: Vec<crate::rules::provider_data::Problem>| {
+            StepError::Config(format!("invalid provider data: {}", describe(&problems)))
+        };
+        let mut data = self
+            .schema
             .resolve_with(&request.provider_data, node, &self.config.layers)
-            .map_err(|problems| {
-                StepError::Config(format!("invalid provider data: {}", describe(&problems)))
-            })
+            .map_err(invalid)?;
+        crate::rules::ip_pool::apply_networks(&mut data, &self.config.ip_pools).map_err(invalid)?;
+        Ok(data)
     }
 }
 
@@ -365,6 +410,11 @@ pub trait Progress: Send + Sync {
         &'a self,
         state: &'a MachineState,
     ) -> futures_util::future::BoxFuture<'a, Result<(), StateError>>;
+    /// Every provider state of this provider in Omni, by request ID: what the IP ledger is seeded
+    /// from.
+    fn machine_states(
+        &self,
+    ) -> futures_util::future::BoxFuture<'_, Result<Vec<(String, MachineState)>, StateError>>;
 }
 
 /// What one step run gets.
