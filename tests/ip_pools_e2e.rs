@@ -73,6 +73,36 @@ fn nic_mac(vm: &Value, n: u8) -> String {
         .unwrap_or_default()
 }
 
+/// Runs a subcommand of the binary with the Omni flags and `--output json`; its JSON answer.
+fn cli_json(h: &Harness, dir: &std::path::Path, command: &str) -> Value {
+    let config = dir.join("cli-config.yaml");
+    std::fs::write(
+        &config,
+        format!("{}{POOLS}", h.pve.config_yaml(Login::Token, Trust::CaFile)),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
+        .env_remove("SIDERO_SERVICE_ACCOUNT_KEY")
+        .env("OMNI_SERVICE_ACCOUNT_KEY", &h.omni.encoded_key)
+        .args([
+            command,
+            "--output",
+            "json",
+            "--omni-api-endpoint",
+            &h.omni.url(),
+        ])
+        .arg("--config-file")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{command}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// The provider binary, killed with SIGKILL when dropped.
 struct Provider(Child);
 
@@ -250,6 +280,34 @@ async fn a_full_pool_fails_readably_and_heals_when_a_machine_is_torn_down() {
         "nothing created without an address"
     );
     assert!(allocations(&h, "tiny-c").is_empty());
+    // `pools` counts the same way, from the provider states; `orphans` has no allocation to list.
+    let dir = tempfile::tempdir().unwrap();
+    let pools = cli_json(&h, dir.path(), "pools");
+    let tiny = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "tiny")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (
+            tiny["size"].as_u64(),
+            tiny["in_use"].as_u64(),
+            tiny["free"].as_u64()
+        ),
+        (Some(2), Some(2), Some(0)),
+        "{tiny}"
+    );
+    let holders: BTreeSet<&str> = tiny["held"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|x| x["request"].as_str())
+        .collect();
+    assert_eq!(holders, BTreeSet::from(["tiny-a", "tiny-b"]));
+    let orphans = cli_json(&h, dir.path(), "orphans");
+    assert_eq!(orphans["ip_allocations"], json!([]), "{orphans}");
 
     let freed = allocations(&h, "tiny-a")[0].2.clone();
     let vmid = vm_of(&mut h, "tiny-a")["vmid"].as_u64().unwrap();

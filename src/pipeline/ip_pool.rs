@@ -166,29 +166,7 @@ async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr
         .as_ref()
         .is_some_and(|(at, _)| at.elapsed() < AGENT_ADDRESSES_MAX_AGE);
     if !fresh {
-        let pve = &ctx.services.pve;
-        let running: Vec<_> = vms
-            .iter()
-            .filter(|vm| vm.status.as_deref() == Some("running"))
-            .collect();
-        let mut answers: BTreeMap<u32, Vec<IpAddr>> = BTreeMap::new();
-        for batch in running.chunks(AGENT_READS_AT_ONCE) {
-            let reads = batch
-                .iter()
-                .map(|vm| pve.agent_network_interfaces(&vm.node, vm.vmid));
-            let results = futures_util::future::join_all(reads).await;
-            for (vm, result) in batch.iter().zip(results) {
-                // A VM without an agent (or whose agent is not up) reports nothing: not an error.
-                let addresses = match result {
-                    Ok(interfaces) => usable_addresses(&interfaces)
-                        .iter()
-                        .filter_map(|a| a.parse().ok())
-                        .collect(),
-                    Err(_) => Vec::new(),
-                };
-                answers.insert(vm.vmid.get(), addresses);
-            }
-        }
+        let answers = agent_addresses(&ctx.services.pve, &vms).await;
         *cache = Some((Instant::now(), answers));
     }
     let present: BTreeSet<u32> = vms.iter().map(|vm| vm.vmid.get()).collect();
@@ -202,4 +180,35 @@ async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr
                 .collect()
         })
         .unwrap_or_default())
+}
+
+/// What the guest agent of each running VM among `vms` reports, by VMID: one request per running VM,
+/// [`AGENT_READS_AT_ONCE`] at a time. A VM without an agent (or whose agent is not up yet) reports
+/// nothing; that is not an error.
+pub async fn agent_addresses(
+    pve: &crate::proxmox::ProxmoxClient,
+    vms: &[crate::proxmox::types::VmResource],
+) -> BTreeMap<u32, Vec<IpAddr>> {
+    let running: Vec<_> = vms
+        .iter()
+        .filter(|vm| !vm.template && vm.status.as_deref() == Some("running"))
+        .collect();
+    let mut answers = BTreeMap::new();
+    for batch in running.chunks(AGENT_READS_AT_ONCE) {
+        let reads = batch
+            .iter()
+            .map(|vm| pve.agent_network_interfaces(&vm.node, vm.vmid));
+        let results = futures_util::future::join_all(reads).await;
+        for (vm, result) in batch.iter().zip(results) {
+            let addresses = match result {
+                Ok(interfaces) => usable_addresses(&interfaces)
+                    .iter()
+                    .filter_map(|a| a.parse().ok())
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            answers.insert(vm.vmid.get(), addresses);
+        }
+    }
+    answers
 }

@@ -409,6 +409,99 @@ impl IpLedger {
     }
 }
 
+/// One address held by one machine, for reports.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Holding {
+    pub address: IpAddr,
+    pub request: String,
+    /// `net0`, `net1`, …
+    pub nic: String,
+}
+
+/// A pool's use, as the `pools` command and `validate` show it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PoolUse {
+    pub name: String,
+    pub cidr: String,
+    pub ranges: Vec<String>,
+    /// Saturating at `u64::MAX` for huge IPv6 ranges.
+    pub size: u64,
+    pub in_use: u64,
+    pub free: u64,
+    /// Addresses held by a provider state, by machine request.
+    pub held: Vec<Holding>,
+    /// Addresses running VMs report through their guest agent that no provider state holds.
+    pub reported_by_vms: Vec<IpAddr>,
+}
+
+/// Allocations whose machine request is gone (its provider state is left over), or that name a pool
+/// the config no longer has.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LeftOver {
+    pub gone_requests: Vec<Holding>,
+    pub unknown_pools: Vec<(String, Holding)>,
+}
+
+/// The use of every pool: `states` are every provider state's allocations by request, `reported`
+/// the addresses running VMs' guest agents report, `live` the machine requests that exist.
+pub fn report(
+    pools: &[IpPool],
+    states: &[(String, Vec<IpAllocation>)],
+    reported: &BTreeSet<IpAddr>,
+    live: &BTreeSet<String>,
+) -> (Vec<PoolUse>, LeftOver) {
+    let holding = |request: &str, a: &IpAllocation| Holding {
+        address: a.address,
+        request: request.to_owned(),
+        nic: format!("net{}", a.nic),
+    };
+    let mut left = LeftOver::default();
+    for (request, allocations) in states {
+        for a in allocations {
+            if !live.contains(request) {
+                left.gone_requests.push(holding(request, a));
+            }
+            if !pools.iter().any(|p| p.name == a.pool) {
+                left.unknown_pools
+                    .push((a.pool.clone(), holding(request, a)));
+            }
+        }
+    }
+    let uses = pools
+        .iter()
+        .map(|pool| {
+            let held: Vec<Holding> = states
+                .iter()
+                .flat_map(|(r, list)| {
+                    list.iter()
+                        .filter(|a| a.pool == pool.name)
+                        .map(move |a| holding(r, a))
+                })
+                .collect();
+            let mut taken: BTreeSet<IpAddr> = held.iter().map(|h| h.address).collect();
+            let reported_by_vms: Vec<IpAddr> = reported
+                .iter()
+                .filter(|a| pool.contains(**a) && !taken.contains(a))
+                .copied()
+                .collect();
+            taken.extend(reported_by_vms.iter().copied());
+            let (in_use, size) = usage(pool, &taken);
+            let clamp = |n: u128| u64::try_from(n).unwrap_or(u64::MAX);
+            PoolUse {
+                name: pool.name.clone(),
+                cidr: pool.cidr.to_string(),
+                ranges: pool.ranges.iter().map(ToString::to_string).collect(),
+                size: clamp(size),
+                in_use: clamp(in_use),
+                free: clamp(size.saturating_sub(in_use)),
+                held,
+                reported_by_vms,
+            }
+        })
+        .collect();
+    (uses, left)
+}
+
 fn bits(addr: IpAddr) -> u32 {
     if addr.is_ipv4() { 32 } else { 128 }
 }
@@ -611,6 +704,40 @@ mod tests {
         assert_eq!(l.of("r1").len(), 1);
         l.release("r1");
         assert_eq!(l.taken(), set(&["10.0.0.2"]));
+    }
+
+    #[test]
+    fn the_report_counts_states_and_running_vms_and_finds_left_overs() {
+        let mut p = pool("10.10.0.0/24", &["10.10.0.100-10.10.0.103"]);
+        p.gateway = "10.10.0.1".parse().ok();
+        let a = |nic, pool: &str, addr: &str| IpAllocation {
+            nic,
+            pool: pool.into(),
+            address: addr.parse().unwrap(),
+        };
+        let states = vec![
+            ("live-1".to_string(), vec![a(0, "talos-net", "10.10.0.100")]),
+            ("gone-1".to_string(), vec![a(1, "talos-net", "10.10.0.101")]),
+            ("live-2".to_string(), vec![a(0, "old-pool", "10.99.0.1")]),
+        ];
+        let live: BTreeSet<String> = ["live-1".to_string(), "live-2".to_string()].into();
+        let (uses, left) = report(
+            &[p],
+            &states,
+            &set(&["10.10.0.101", "10.10.0.102", "10.0.0.9"]),
+            &live,
+        );
+        assert_eq!(uses.len(), 1);
+        assert_eq!((uses[0].size, uses[0].in_use, uses[0].free), (4, 3, 1));
+        assert_eq!(uses[0].held.len(), 2);
+        assert_eq!(
+            uses[0].reported_by_vms,
+            ["10.10.0.102".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(left.gone_requests.len(), 1);
+        assert_eq!(left.gone_requests[0].request, "gone-1");
+        assert_eq!(left.gone_requests[0].nic, "net1");
+        assert_eq!(left.unknown_pools[0].0, "old-pool");
     }
 
     fn v4_pool() -> impl Strategy<Value = IpPool> {
