@@ -57,17 +57,13 @@ pub async fn upload_seed(
 /// DHCP, or every NIC by its MAC with the static addresses the provider state records.
 fn network_config(ctx: &StepContext<'_>) -> Result<NetworkConfig, StepError> {
     let nic_count = 1 + ctx.data.additional_nics.len();
-    let nics = ip_pool::static_nics(
+    ip_pool::network_config(
         &ctx.request.id,
         nic_count,
         &ctx.state.ip_allocations,
         &ctx.services.config.ip_pools,
     )
-    .map_err(|p| StepError::Config(format!("the recorded static address: {p}")))?;
-    Ok(match nics {
-        None => NetworkConfig::Dhcp,
-        Some((nics, nameservers)) => NetworkConfig::Static { nics, nameservers },
-    })
+    .map_err(|p| StepError::Config(format!("the recorded static address: {p}")))
 }
 
 /// The MACs the VM's NICs get: deterministic ones on every NIC once one has a static address (the

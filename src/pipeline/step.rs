@@ -260,6 +260,9 @@ pub struct Ledgers {
     pub ip: IpLedgers,
 }
 
+/// When the guest agents were asked, and what each VM (by VMID) reported.
+pub(crate) type AgentAnswers = (std::time::Instant, BTreeMap<u32, Vec<IpAddr>>);
+
 /// The static IP allocations this process knows of, and what running VMs report.
 ///
 /// Unlike the other ledgers this one must not start empty: an address recorded in a provider state
@@ -274,7 +277,7 @@ pub struct IpLedgers {
     /// Set once the ledger holds every provider state's allocations.
     pub(crate) seeded: tokio::sync::OnceCell<()>,
     /// Addresses running VMs reported through their guest agent, by VMID, and when they were read.
-    pub(crate) agent: tokio::sync::Mutex<Option<(std::time::Instant, BTreeMap<u32, Vec<IpAddr>>)>>,
+    pub(crate) agent: tokio::sync::Mutex<Option<AgentAnswers>>,
 }
 
 impl IpLedgers {
