@@ -49,12 +49,16 @@ pub(super) fn ip_pools(root: &Map<String, Value>, found: &mut Found) -> Vec<IpPo
 }
 
 fn pool(name: &str, value: &Value, found: &mut Found) -> Option<IpPool> {
-    let shown = if name.is_empty() { "\"\"" } else { name };
-    let at = format!("ipPools.{shown}");
+    // A name that is not valid is shown quoted, so the key path stays readable (`ipPools."."`).
+    let at = if valid_name(name) {
+        format!("ipPools.{name}")
+    } else {
+        format!("ipPools.{}", serde_json::Value::String(name.to_owned()))
+    };
     let before = found.problems.len();
     if !valid_name(name) {
         found.problems.push(format!(
-            "`{at}`: a pool name is 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit"
+            "`{at}`: a pool name is 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
         ));
     }
     let Value::Object(map) = value else {
@@ -288,7 +292,7 @@ fn valid_name(name: &str) -> bool {
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
 }
 
 #[cfg(test)]
@@ -381,7 +385,7 @@ mod tests {
         assert!(problems("ipPools:\n  a: 3\n").contains("`ipPools.a` must be a mapping"));
         assert!(
             problems("ipPools:\n  -bad:\n    cidr: 10.0.0.0/8\n    range: 10.0.0.1\n")
-                .contains("`ipPools.-bad`: a pool name")
+                .contains("`ipPools.\"-bad\"`: a pool name")
         );
     }
 }

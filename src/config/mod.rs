@@ -477,6 +477,7 @@ mod tests {
     }
 
     mod fuzz {
+        use super::super::ip_pools::POOL_KEYS;
         use super::super::proxmox::PROXMOX_KEYS;
         use super::*;
         use proptest::prelude::*;
@@ -515,6 +516,13 @@ mod tests {
                     "-1",
                     "1e400",
                     "ünïcødé",
+                    "10.0.0.0/24",
+                    "10.0.0.5-10.0.0.9",
+                    "10.0.0.1",
+                    "fd00::/64",
+                    "fd00::1-fd00::9",
+                    "0.0.0.0/0",
+                    "::/0",
                 ])
                 .prop_map(Value::from),
             ];
@@ -544,6 +552,11 @@ mod tests {
             (
                 prop::option::of(section(PROXMOX_KEYS)),
                 prop::option::of(section(PLACEMENT_KEYS)),
+                prop::option::of(prop_oneof![
+                    3 => prop::collection::btree_map("[a-z.-]{0,5}", section(POOL_KEYS), 0..3)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                    1 => junk(),
+                ]),
                 prop::option::of(junk()),
                 prop::option::of(junk()),
                 prop::option::of(prop_oneof![any::<bool>().prop_map(Value::from), junk()]),
@@ -553,21 +566,24 @@ mod tests {
                     0..2,
                 ),
             )
-                .prop_map(|(proxmox, placement, defaults, nodes, strict, extra)| {
-                    let mut m: Map<String, Value> = extra.into_iter().collect();
-                    for (k, v) in [
-                        ("proxmox", proxmox),
-                        ("placement", placement),
-                        ("defaults", defaults),
-                        ("nodes", nodes),
-                        ("strict", strict),
-                    ] {
-                        if let Some(v) = v {
-                            m.insert(k.to_string(), v);
+                .prop_map(
+                    |(proxmox, placement, pools, defaults, nodes, strict, extra)| {
+                        let mut m: Map<String, Value> = extra.into_iter().collect();
+                        for (k, v) in [
+                            ("proxmox", proxmox),
+                            ("placement", placement),
+                            ("ipPools", pools),
+                            ("defaults", defaults),
+                            ("nodes", nodes),
+                            ("strict", strict),
+                        ] {
+                            if let Some(v) = v {
+                                m.insert(k.to_string(), v);
+                            }
                         }
-                    }
-                    m
-                })
+                        m
+                    },
+                )
         }
 
         /// The spans of a message in backquotes.

@@ -135,8 +135,9 @@ async fn seed(ctx: &StepContext<'_>) -> Result<(), StepError> {
                 .map_err(StepError::omni(
                     "reading every provider state for the IP pools",
                 ))?;
+            let released = entry(&ip.released_before_seed).clone();
             let mut held = entry(&ip.held);
-            for (request, state) in &states {
+            for (request, state) in states.iter().filter(|(r, _)| !released.contains(r)) {
                 held.hold(request, &state.ip_allocations);
             }
             tracing::info!(

@@ -276,6 +276,9 @@ pub struct IpLedgers {
     pub(crate) held: Mutex<crate::rules::ip_pool::IpLedger>,
     /// Set once the ledger holds every provider state's allocations.
     pub(crate) seeded: tokio::sync::OnceCell<()>,
+    /// Requests released before the ledger was seeded: a listing read before their state was
+    /// destroyed must not bring their addresses back.
+    pub(crate) released_before_seed: Mutex<HashSet<String>>,
     /// Addresses running VMs reported through their guest agent, by VMID, and when they were read.
     pub(crate) agent: tokio::sync::Mutex<Option<AgentAnswers>>,
 }
@@ -283,6 +286,9 @@ pub struct IpLedgers {
 impl IpLedgers {
     /// Forgets `request`'s allocations: its provider state was destroyed after its VM was.
     pub fn release(&self, request: &str) {
+        if !self.seeded.initialized() {
+            entry(&self.released_before_seed).insert(request.to_owned());
+        }
         entry(&self.held).release(request);
     }
 
