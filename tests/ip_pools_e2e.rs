@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use support::fakepve::{Login, Trust, three_node_scenario};
 use support::harness::{Harness, PROVIDER};
 
-const POOLS: &str = "ipPools:\n  talos-net:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.119\n    gateway: 10.10.0.1\n    nameservers: [10.10.0.1]\n  tiny:\n    cidr: 10.20.0.0/24\n    range: 10.20.0.10-10.20.0.11\n    gateway: 10.20.0.1\n  v6:\n    cidr: fd00:10::/64\n    range: fd00:10::100-fd00:10::1ff\n    gateway: fd00:10::1\n    nameservers: [fd00:10::1]\n";
+const POOLS: &str = "ipPools:\n  talos-net:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.119\n    gateway: 10.10.0.1\n    nameservers: [10.10.0.1]\n  tiny:\n    cidr: 10.20.0.0/24\n    range: 10.20.0.10-10.20.0.11\n    gateway: 10.20.0.1\n  v6:\n    cidr: fd00:10::/64\n    range: fd00:10::100-fd00:10::1ff\n    gateway: fd00:10::1\n    nameservers: [fd00:10::1]\n  tagged:\n    cidr: 10.30.0.0/24\n    range: 10.30.0.10-10.30.0.20\n    gateway: 10.30.0.1\n    bridge: vmbr0\n    vlan: 30\n";
 const CLASS: &str =
     "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'storageType == \"lvmthin\"'\n";
 /// Long enough for a full pool's retries (5 s, 10 s, 20 s, … at the waiting pace) to see a release.
@@ -419,5 +419,34 @@ async fn unknown_pools_are_refused_and_addresses_in_use_are_skipped() {
     h.request("skip-1", "skip", &class("talos-net"));
     h.wait_stage("skip-1", Stage::Provisioned).await;
     assert_eq!(allocations(&h, "skip-1")[0].2, "10.10.0.101");
+    h.stop_controller().await;
+}
+
+/// `boot: clone`: the clone's NIC gets the MAC the seed names (over the template's), and the pool's
+/// bridge and VLAN tag over the class's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_gets_the_seeds_mac_and_the_pools_vlan() {
+    let Some(mut h) = Harness::start(POOLS).await else {
+        return;
+    };
+    h.request(
+        "cloned-1",
+        "cloned",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\nvlan: 7\nip_pool: tagged\n",
+    );
+    h.wait_stage("cloned-1", Stage::Provisioned).await;
+    let vm = vm_of(&mut h, "cloned-1");
+    let mac = mac_for_nic("cloned-1", 0).to_string().to_ascii_lowercase();
+    assert_eq!(nic_mac(&vm, 0), mac, "{vm}");
+    let net0 = vm["config"]["net0"].as_str().unwrap();
+    assert!(
+        net0.contains("bridge=vmbr0") && net0.contains("tag=30"),
+        "{net0}"
+    );
+    let seed = seed_network_config(&mut h, &vm);
+    assert!(seed.contains("address: \"10.30.0.10/24\""), "{seed}");
+    assert!(seed.contains(&format!("mac_address: \"{mac}\"")), "{seed}");
+    let reported = machine(&h, "cloned-1").unwrap().spec.addresses;
+    assert!(reported.contains(&"10.30.0.10".to_string()), "{reported:?}");
     h.stop_controller().await;
 }
