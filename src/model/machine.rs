@@ -36,6 +36,9 @@ pub struct MachineState {
     pub seed_iso: Option<IsoVolume>,
     /// Addresses the guest agent reported.
     pub addresses: Vec<String>,
+    /// Static addresses taken from the config's IP pools, one per NIC that names a pool; recorded
+    /// before the VM exists, released when this state is destroyed after the VM is.
+    pub ip_allocations: Vec<IpAllocation>,
     /// `iso` or `clone`.
     pub boot_mode: Option<String>,
     pub template_vmid: Option<VmId>,
@@ -51,9 +54,6 @@ pub struct MachineState {
     pub boot_iso: Option<IsoVolume>,
     /// The Talos disk image in `import` storage the boot disk is made from (`boot: image`).
     pub boot_image: Option<ImportVolume>,
-    /// Static addresses taken from the config's IP pools, one per NIC that names a pool; recorded
-    /// before the VM exists, released when this state is destroyed after the VM is.
-    pub ip_allocations: Vec<IpAllocation>,
     /// The protobuf this state was read from: unchanged fields are written back from it verbatim.
     read_from: MachineSpec,
 }
@@ -139,6 +139,7 @@ impl MachineState {
             step: text(&spec.step),
             seed_iso: parsed(&spec.seed_iso_volume, IsoVolume::parse),
             addresses: spec.addresses.clone(),
+            ip_allocations: allocations(&spec.ip_allocations),
             boot_mode: text(&spec.boot_mode),
             template_vmid: vmid(spec.template_vmid),
             storage: parsed(&spec.storage, StorageId::parse),
@@ -149,7 +150,6 @@ impl MachineState {
             default_pool: parsed(&spec.default_pool, PoolId::parse),
             boot_iso: parsed(&spec.boot_iso_volume, IsoVolume::parse),
             boot_image: parsed(&spec.boot_image_volume, ImportVolume::parse),
-            ip_allocations: allocations(&spec.ip_allocations),
             read_from: spec.clone(),
         }
     }
@@ -208,6 +208,12 @@ impl MachineState {
             text_raw,
         );
         spec.addresses.clone_from(&self.addresses);
+        merge(
+            &mut spec.ip_allocations,
+            &self.ip_allocations,
+            |r| allocations(r),
+            |v| allocations_raw(v),
+        );
         merge(&mut spec.boot_mode, &self.boot_mode, |r| text(r), text_raw);
         merge(
             &mut spec.storage,
@@ -238,12 +244,6 @@ impl MachineState {
             &self.default_pool,
             |r| parsed(r, PoolId::parse),
             text_raw,
-        );
-        merge(
-            &mut spec.ip_allocations,
-            &self.ip_allocations,
-            |r| allocations(r),
-            |v| allocations_raw(v),
         );
         spec
     }

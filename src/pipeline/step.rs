@@ -246,6 +246,9 @@ impl Default for Timeouts {
 /// fetched. Lost at a restart by design: each entry is either visible in Proxmox by then or redone.
 #[derive(Default)]
 pub struct Ledgers {
+    /// Static IP allocations: unlike the rest, filled from the provider states, which hold them (see
+    /// [`IpLedgers`]).
+    pub ip: IpLedgers,
     reservations: Mutex<Reservations>,
     /// VMIDs chosen by requests in flight and not yet visible in `/cluster/resources`.
     vmids_in_flight: Mutex<BTreeSet<u32>>,
@@ -256,51 +259,6 @@ pub struct Ledgers {
     /// The Proxmox VE version last read, and when: keys that need a release check it on every
     /// reconcile, which must not cost a request each time.
     pve_version: Mutex<Option<(String, std::time::Instant)>>,
-    /// Static IP allocations (see [`crate::pipeline::ip_pool`]).
-    pub ip: IpLedgers,
-}
-
-/// When the guest agents were asked, and what each VM (by VMID) reported.
-pub(crate) type AgentAnswers = (std::time::Instant, BTreeMap<u32, Vec<IpAddr>>);
-
-/// The static IP allocations this process knows of, and what running VMs report.
-///
-/// Unlike the other ledgers this one must not start empty: an address recorded in a provider state
-/// before a restart is still taken. It is seeded once per process from every provider state in Omni
-/// (lazily, by the first request that needs an address, so a provider without pools never lists
-/// them), then kept by this process's own allocations and releases. An allocation is recorded here
-/// under the same lock it is decided with, so two requests at once never get the same address, and
-/// written to the request's provider state before anything depends on it.
-#[derive(Default)]
-pub struct IpLedgers {
-    pub(crate) held: Mutex<crate::rules::ip_pool::IpLedger>,
-    /// Set once the ledger holds every provider state's allocations.
-    pub(crate) seeded: tokio::sync::OnceCell<()>,
-    /// Requests released before the ledger was seeded: a listing read before their state was
-    /// destroyed must not bring their addresses back.
-    pub(crate) released_before_seed: Mutex<HashSet<String>>,
-    /// Addresses running VMs reported through their guest agent, by VMID, and when they were read.
-    pub(crate) agent: tokio::sync::Mutex<Option<AgentAnswers>>,
-}
-
-impl IpLedgers {
-    /// Forgets `request`'s allocations: its provider state was destroyed after its VM was.
-    pub fn release(&self, request: &str) {
-        if !self.seeded.initialized() {
-            entry(&self.released_before_seed).insert(request.to_owned());
-        }
-        entry(&self.held).release(request);
-    }
-
-    /// Every address held by a provider state this process knows of.
-    pub fn taken(&self) -> BTreeSet<IpAddr> {
-        entry(&self.held).taken()
-    }
-
-    /// A copy of the ledger, for reports.
-    pub fn snapshot(&self) -> crate::rules::ip_pool::IpLedger {
-        entry(&self.held).clone()
-    }
 }
 
 /// A poisoned ledger is still right: every update is a single insert or remove.
@@ -389,6 +347,49 @@ impl Ledgers {
             .entry(key.to_owned())
             .or_default()
             .clone()
+    }
+}
+
+/// When the guest agents were asked, and what each VM (by VMID) reported.
+pub(crate) type AgentAnswers = (std::time::Instant, BTreeMap<u32, Vec<IpAddr>>);
+
+/// The static IP allocations this process knows of, and what running VMs report.
+///
+/// Unlike the other ledgers this one must not start empty: an address recorded in a provider state
+/// before a restart is still taken. It is seeded once per process from every provider state in Omni
+/// (lazily, by the first request that needs an address, so a provider without pools never lists
+/// them), then kept by this process's own allocations and releases. An allocation is recorded here
+/// under the same lock it is decided with, so two requests at once never get the same address, and
+/// written to the request's provider state before anything depends on it.
+#[derive(Default)]
+pub struct IpLedgers {
+    pub(crate) held: Mutex<crate::rules::ip_pool::IpLedger>,
+    /// Set once the ledger holds every provider state's allocations.
+    pub(crate) seeded: tokio::sync::OnceCell<()>,
+    /// Requests released before the ledger was seeded: a listing read before their state was
+    /// destroyed must not bring their addresses back.
+    pub(crate) released_before_seed: Mutex<HashSet<String>>,
+    /// Addresses running VMs reported through their guest agent, by VMID, and when they were read.
+    pub(crate) agent: tokio::sync::Mutex<Option<AgentAnswers>>,
+}
+
+impl IpLedgers {
+    /// Forgets `request`'s allocations: its provider state was destroyed after its VM was.
+    pub fn release(&self, request: &str) {
+        if !self.seeded.initialized() {
+            entry(&self.released_before_seed).insert(request.to_owned());
+        }
+        entry(&self.held).release(request);
+    }
+
+    /// Every address held by a provider state this process knows of.
+    pub fn taken(&self) -> BTreeSet<IpAddr> {
+        entry(&self.held).taken()
+    }
+
+    /// A copy of the ledger, for reports.
+    pub fn snapshot(&self) -> crate::rules::ip_pool::IpLedger {
+        entry(&self.held).clone()
     }
 }
 

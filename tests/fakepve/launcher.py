@@ -8,8 +8,6 @@
 # control commands while running (node offline, migrations, injected failures, request counts), and
 # answer the node network list and the PCI/USB resource mappings from the scenario (`bridges`,
 # `mappings`; ops `set_bridges`, `set_mappings`), and size nodes (`maxcpu`, `maxmem` per node).
-# A VM booted with one of our NoCloud seeds reports, through its guest agent, the static addresses
-# the seed's network-config gives its NICs (op `seed_network_config` shows that file).
 #
 # Usage: python launcher.py SCENARIO.json
 #   prints "fakepve listening on https://HOST:PORT" once ready, then reads one JSON command per line on
@@ -203,6 +201,8 @@ class LauncherPve(FakePve):
         return await super()._agent_call(match, values)
 
     # ---- NoCloud seeds: what a guest booted from one reports ----
+    # A VM booted with one of our NoCloud seeds reports, through its guest agent, the static addresses
+    # the seed's network-config gives its NICs (op `seed_network_config` shows that file).
 
     # Volume ID -> the bytes of the file uploaded there (fakepve keeps only the last upload's).
     uploads = None
@@ -770,6 +770,10 @@ async def command(pve, cmd):
         return vm_view(vm) if vm is not None else None
     elif op == 'vms':
         return [vm_view(vm) for vm in pve.vms]
+    elif op == 'seed_network_config':
+        # The network-config of the seed attached to VM `vmid`, as its guest would read it.
+        vm = pve.guest(cmd['vmid'])
+        return pve.seed_network_config(vm) if vm is not None else None
     elif op == 'add_vm':
         vm = pve.add_vm(cmd['vmid'], cmd['name'], node=cmd.get('node', 'pve1'), status=cmd.get('status', 'stopped'),
                         config=cmd.get('config', {}), template=cmd.get('template', False))
@@ -829,10 +833,6 @@ async def command(pve, cmd):
         # A VM's first `seconds` in the listing (from the first listing that shows it) go without stats.
         pve.stats_lag_secs = float(cmd['seconds'])
         pve._stats_first_seen = {vm.vmid: time.monotonic() - 1e9 for vm in pve.vms}
-    elif op == 'seed_network_config':
-        # The network-config of the seed attached to VM `vmid`, as its guest would read it.
-        vm = pve.guest(cmd['vmid'])
-        return pve.seed_network_config(vm) if vm is not None else None
     elif op == 'ping':
         return 'pong'
     elif op in ('grant', 'set_acl', 'old_pve8_errors', 'unlist_volume'):
