@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
+use omni_infra_provider_proxmox::omni::proto::provider::{IpAllocation, MachineSpec};
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{
     MachineRequest, MachineRequestStatus, ProviderMachine,
@@ -330,6 +330,34 @@ async fn a_full_pool_fails_readably_and_heals_when_a_machine_is_torn_down() {
     assert_eq!(allocations(&h, "tiny-c")[0].2, freed);
     assert!(h.status("tiny-c").unwrap().spec.error.is_empty());
     h.stop_controller().await;
+
+    // A provider state whose request is gone (the provider not running to clean it up): `orphans`
+    // and `pools` name its allocation.
+    let ghost = MachineSpec {
+        ip_allocations: vec![IpAllocation {
+            nic: 0,
+            pool: "talos-net".into(),
+            address: "10.10.0.105".into(),
+        }],
+        ..MachineSpec::default()
+    };
+    h.omni.state.put(
+        &ProviderMachine::new(PROVIDER),
+        "ghost-1",
+        &ghost,
+        Default::default(),
+    );
+    let orphans = cli_json(&h, dir.path(), "orphans");
+    assert_eq!(
+        orphans["ip_allocations"],
+        json!([{"address": "10.10.0.105", "request": "ghost-1", "nic": "net0"}]),
+        "{orphans}"
+    );
+    let pools = cli_json(&h, dir.path(), "pools");
+    assert_eq!(
+        pools["left_over"]["gone_requests"][0]["request"], "ghost-1",
+        "{pools}"
+    );
 }
 
 /// An IPv6 pool on net0 and an IPv4 pool on an additional NIC: each NIC gets its own address and

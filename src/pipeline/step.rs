@@ -381,16 +381,6 @@ impl IpLedgers {
         }
         entry(&self.held).release(request);
     }
-
-    /// Every address held by a provider state this process knows of.
-    pub fn taken(&self) -> BTreeSet<IpAddr> {
-        entry(&self.held).taken()
-    }
-
-    /// A copy of the ledger, for reports.
-    pub fn snapshot(&self) -> crate::rules::ip_pool::IpLedger {
-        entry(&self.held).clone()
-    }
 }
 
 impl Services {
