@@ -16,7 +16,7 @@ use omni_infra_provider_proxmox::omni::resources::{
 use omni_infra_provider_proxmox::omni::state::Typed;
 use omni_infra_provider_proxmox::rules::ip_pool::mac_for_nic;
 use serde_json::{Value, json};
-use support::fakepve::{Login, Trust, three_node_scenario};
+use support::fakepve::{FakePve, Login, Trust, three_node_scenario};
 use support::harness::{Harness, PROVIDER};
 
 const POOLS: &str = "ipPools:\n  talos-net:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.119\n    gateway: 10.10.0.1\n    nameservers: [10.10.0.1]\n  tiny:\n    cidr: 10.20.0.0/24\n    range: 10.20.0.10-10.20.0.11\n    gateway: 10.20.0.1\n  v6:\n    cidr: fd00:10::/64\n    range: fd00:10::100-fd00:10::1ff\n    gateway: fd00:10::1\n    nameservers: [fd00:10::1]\n  tagged:\n    cidr: 10.30.0.0/24\n    range: 10.30.0.10-10.30.0.20\n    gateway: 10.30.0.1\n    bridge: vmbr0\n    vlan: 30\n";
@@ -477,4 +477,70 @@ async fn a_clone_gets_the_seeds_mac_and_the_pools_vlan() {
     let reported = machine(&h, "cloned-1").unwrap().spec.addresses;
     assert!(reported.contains(&"10.30.0.10".to_string()), "{reported:?}");
     h.stop_controller().await;
+}
+
+/// `validate CLASS` with the binary, the class on stdin: (exit ok, stdout).
+fn validate(config: &std::path::Path, class: &str) -> (bool, String) {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
+        .args(["validate", "--config-file"])
+        .arg(config)
+        .args(["--output", "table", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(class.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// `validate` checks that the pool a class names exists and has a free address, counting what the
+/// running VMs' guest agents report.
+#[test]
+fn validate_checks_that_the_pool_exists_and_has_room() {
+    let Some(mut pve) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    let config = pve.dir.path().join("pools.yaml");
+    std::fs::write(
+        &config,
+        format!("{}{POOLS}", pve.config_yaml(Login::Token, Trust::CaFile)),
+    )
+    .unwrap();
+    let by_hand = |pve: &mut FakePve, vmid: u32, address: &str| {
+        pve.control(json!({"op": "add_vm", "vmid": vmid, "name": format!("by-hand-{vmid}"),
+            "node": "pve3", "status": "running", "config": {"memory": 1024, "cores": 1, "agent": "1"}}));
+        pve.control(json!({"op": "set_agent", "vmid": vmid, "interfaces": [
+            {"name": "eth0", "hardware-address": "bc:24:11:00:02:00",
+             "ip-addresses": [{"ip-address": address, "ip-address-type": "ipv4", "prefix": 24}]}]}));
+    };
+    by_hand(&mut pve, 160, "10.20.0.10");
+    let (ok, out) = validate(&config, &class("tiny"));
+    assert!(ok, "{out}");
+    assert!(out.contains("1 of 2 free, next 10.20.0.11"), "{out}");
+
+    by_hand(&mut pve, 161, "10.20.0.11");
+    let (ok, out) = validate(&config, &class("tiny"));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("pool tiny has no free address: 2 of 2 in use"),
+        "{out}"
+    );
+
+    let (ok, out) = validate(&config, &class("tinny"));
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("no IP pool named \"tinny\"") && out.contains("did you mean `tiny`"),
+        "{out}"
+    );
 }
