@@ -48,6 +48,39 @@ pub(super) fn ip_pools(root: &Map<String, Value>, found: &mut Found) -> Vec<IpPo
     pools
 }
 
+/// The pools `defaults:` and `nodes:` name (`ip_pool`, `additional_nics[].ip_pool`) must exist: a
+/// name that does not would fail every request that gets it, so it fails the start instead.
+pub(super) fn check_references(
+    defaults: &Map<String, Value>,
+    nodes: &Map<String, Value>,
+    pools: &[IpPool],
+    found: &mut Found,
+) {
+    let layers = std::iter::once(("defaults".to_string(), defaults)).chain(
+        nodes
+            .iter()
+            .filter_map(|(n, v)| v.as_object().map(|m| (format!("nodes.{n}"), m))),
+    );
+    for (prefix, layer) in layers {
+        let mut named: Vec<(String, &str)> = Vec::new();
+        if let Some(Value::String(name)) = layer.get("ip_pool") {
+            named.push((format!("{prefix}.ip_pool"), name));
+        }
+        if let Some(Value::Array(nics)) = layer.get("additional_nics") {
+            for (i, nic) in nics.iter().enumerate() {
+                if let Some(Value::String(name)) = nic.get("ip_pool") {
+                    named.push((format!("{prefix}.additional_nics[{i}].ip_pool"), name));
+                }
+            }
+        }
+        for (key, name) in named {
+            if let Err(p) = crate::rules::ip_pool::find(pools, &key, name) {
+                found.problems.push(format!("`{}`: {}", p.key, p.message));
+            }
+        }
+    }
+}
+
 fn pool(name: &str, value: &Value, found: &mut Found) -> Option<IpPool> {
     // A name that is not valid is shown quoted, so the key path stays readable (`ipPools."."`).
     let at = if valid_name(name) {
@@ -367,6 +400,26 @@ mod tests {
         // Same network, disjoint ranges: fine.
         ProviderConfig::parse(&format!(
             "{BASE}ipPools:\n  a:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.149\n  b:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.150-10.10.0.199\n"
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn pools_named_in_defaults_and_nodes_must_exist() {
+        let all = problems(
+            "ipPools:\n  talos-net:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.199\ndefaults:\n  ip_pool: talos-nt\nnodes:\n  pve2:\n    additional_nics:\n      - bridge: vmbr1\n        ip_pool: storage\n",
+        );
+        assert!(
+            all.contains("`defaults.ip_pool`: no IP pool named \"talos-nt\"")
+                && all.contains("did you mean `talos-net`"),
+            "{all}"
+        );
+        assert!(
+            all.contains("`nodes.pve2.additional_nics[0].ip_pool`: no IP pool named \"storage\""),
+            "{all}"
+        );
+        ProviderConfig::parse(&format!(
+            "{BASE}ipPools:\n  talos-net:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100\ndefaults:\n  ip_pool: talos-net\n"
         ))
         .unwrap();
     }

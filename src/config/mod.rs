@@ -154,6 +154,7 @@ impl ProviderConfig {
         let nodes = optional_map(&root, "nodes", &mut found.problems);
         let placement = placement_limits(&root, &mut found);
         let ip_pools = ip_pools::ip_pools(&root, &mut found);
+        ip_pools::check_references(&defaults, &nodes, &ip_pools, &mut found);
         match (proxmox, found.problems.is_empty()) {
             (Some(proxmox), true) => Ok(Self {
                 proxmox,
