@@ -311,7 +311,21 @@ async fn a_full_pool_fails_readably_and_heals_when_a_machine_is_torn_down() {
 
     let freed = allocations(&h, "tiny-a")[0].2.clone();
     let vmid = vm_of(&mut h, "tiny-a")["vmid"].as_u64().unwrap();
+    // While the VM cannot be deleted, its address stays taken: tiny-c keeps failing through its
+    // retries (5 s, then 10 s, 20 s apart) and gets nothing.
+    h.pve.control(
+        json!({"op": "fail", "method": "DELETE", "suffix": format!("/qemu/{vmid}"),
+        "status": 500, "message": "storage busy"}),
+    );
     assert!(h.omni.state.teardown(&MachineRequest, "tiny-a"));
+    tokio::time::sleep(Duration::from_secs(22)).await;
+    assert!(!h.pve.vm(vmid as u32).is_null(), "the VM is still there");
+    assert!(
+        allocations(&h, "tiny-c").is_empty(),
+        "no address before the VM is gone"
+    );
+    assert_eq!(h.status("tiny-c").unwrap().spec.stage, Stage::Failed as i32);
+    h.pve.control(json!({"op": "clear_failures"}));
     h.wait_released("tiny-a").await;
     assert!(
         h.pve.vm(vmid as u32).is_null(),
