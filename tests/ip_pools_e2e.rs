@@ -22,8 +22,9 @@ use support::harness::{Harness, PROVIDER};
 const POOLS: &str = "ipPools:\n  talos-net:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.119\n    gateway: 10.10.0.1\n    nameservers: [10.10.0.1]\n  tiny:\n    cidr: 10.20.0.0/24\n    range: 10.20.0.10-10.20.0.11\n    gateway: 10.20.0.1\n  v6:\n    cidr: fd00:10::/64\n    range: fd00:10::100-fd00:10::1ff\n    gateway: fd00:10::1\n    nameservers: [fd00:10::1]\n  tagged:\n    cidr: 10.30.0.0/24\n    range: 10.30.0.10-10.30.0.20\n    gateway: 10.30.0.1\n    bridge: vmbr0\n    vlan: 30\n";
 const CLASS: &str =
     "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'storageType == \"lvmthin\"'\n";
-/// Long enough for a full pool's retries (5 s, 10 s, 20 s, … at the waiting pace) to see a release.
-const HEAL: Duration = Duration::from_secs(150);
+/// A request waiting on a full pool is looked at again as soon as the provider frees an address,
+/// not at its next retry (which by then is 40 s or more away): this is ample.
+const HEAL: Duration = Duration::from_secs(10);
 
 fn class(pool: &str) -> String {
     format!("{CLASS}ip_pool: {pool}\n")

@@ -82,6 +82,7 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
             address,
         });
     }
+    ctx.services.ledgers.ip.stop_waiting(&ctx.request.id);
     if ctx.state.ip_allocations.len() != before || !stale.is_empty() {
         ctx.report("recording the static addresses").await;
     }
@@ -108,6 +109,7 @@ fn take(
     let mut taken = held.taken();
     taken.extend(reported.iter().copied());
     let address = ip_pool::allocate(pool, &taken).map_err(|full| {
+        ctx.services.ledgers.ip.wait_for_address(&ctx.request.id);
         StepError::PoolFull(format!(
             "{full}; a machine on it must go away (or the pool grow in the config file) before this one gets an address"
         ))

@@ -371,6 +371,11 @@ pub struct IpLedgers {
     pub(crate) released_before_seed: Mutex<HashSet<String>>,
     /// Addresses running VMs reported through their guest agent, by VMID, and when they were read.
     pub(crate) agent: tokio::sync::Mutex<Option<AgentAnswers>>,
+    /// Requests that found their pool full, to be looked at again as soon as an address is freed
+    /// (instead of at their next backoff, which may be minutes away).
+    waiting: Mutex<BTreeSet<String>>,
+    /// Signalled when an address is freed while requests wait.
+    freed_signal: tokio::sync::Notify,
 }
 
 impl IpLedgers {
@@ -379,7 +384,35 @@ impl IpLedgers {
         if !self.seeded.initialized() {
             entry(&self.released_before_seed).insert(request.to_owned());
         }
+        let had = !entry(&self.held).of(request).is_empty();
         entry(&self.held).release(request);
+        entry(&self.waiting).remove(request);
+        if had && !entry(&self.waiting).is_empty() {
+            self.freed_signal.notify_one();
+        }
+    }
+
+    /// `request` found its pool full.
+    pub(crate) fn wait_for_address(&self, request: &str) {
+        entry(&self.waiting).insert(request.to_owned());
+    }
+
+    /// `request` has its addresses (or is gone): nothing to wake it for.
+    pub(crate) fn stop_waiting(&self, request: &str) {
+        entry(&self.waiting).remove(request);
+    }
+
+    /// Resolves when an address was freed while requests waited (at once if that happened since
+    /// the last call).
+    pub async fn freed(&self) {
+        self.freed_signal.notified().await;
+    }
+
+    /// The requests waiting for an address, no longer waiting: their reconcile decides again.
+    pub fn take_waiting(&self) -> Vec<String> {
+        std::mem::take(&mut *entry(&self.waiting))
+            .into_iter()
+            .collect()
     }
 }
 
