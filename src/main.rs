@@ -26,6 +26,8 @@ enum Command {
     DevOmni(cli::dev_omni::DevOmniArgs),
     /// List VMs and seed ISOs that belong to no live MachineRequest; delete them with --delete.
     Orphans(cli::orphans::OrphansArgs),
+    /// Show each static IP pool's use: addresses held (by which request), free, and left over.
+    Pools(cli::pools::PoolsArgs),
     /// Check a machine class's provider data against the schema and the live cluster.
     Validate(cli::validate::ValidateArgs),
 }
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
             Some(Command::Cluster(a)) => cli::cluster::run(a).await,
             Some(Command::DevOmni(a)) => cli::dev_omni::run(a).await,
             Some(Command::Orphans(a)) => cli::orphans::run(a).await,
+            Some(Command::Pools(a)) => cli::pools::run(a).await,
             Some(Command::Validate(a)) => cli::validate::run(a).await,
         }
     });

@@ -538,8 +538,19 @@ fn example_machine_classes_pass_the_schema_alone_and_with_the_example_config() {
         }
         for (node, over) in &config.nodes {
             let over = over.as_object().unwrap();
-            if let Err(problems) = schema.resolve(&yaml, Some((node, over)), &config.defaults) {
-                panic!("{name} on {node}: {}", describe(&problems));
+            match schema.resolve(&yaml, Some((node, over)), &config.defaults) {
+                Err(problems) => panic!("{name} on {node}: {}", describe(&problems)),
+                // Every IP pool a class names is one of the example config's.
+                Ok(mut data) => {
+                    if let Err(problems) =
+                        omni_infra_provider_proxmox::rules::ip_pool::apply_networks(
+                            &mut data,
+                            &config.ip_pools,
+                        )
+                    {
+                        panic!("{name}: {}", describe(&problems));
+                    }
+                }
             }
         }
         seen.push(name);
@@ -553,6 +564,7 @@ fn example_machine_classes_pass_the_schema_alone_and_with_the_example_config() {
             "extra-disk.yaml",
             "pinned-node.yaml",
             "spread-set.yaml",
+            "static-ip.yaml",
             "vlan.yaml"
         ]
     );

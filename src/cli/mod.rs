@@ -4,6 +4,7 @@ pub mod cluster;
 pub mod dev_omni;
 pub mod omni_args;
 pub mod orphans;
+pub mod pools;
 pub mod run;
 pub mod validate;
 

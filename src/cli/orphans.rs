@@ -13,7 +13,12 @@
 //! The Proxmox cost of a scan: one listing, one config read per VM of ours on an online node, one
 //! content listing per ISO storage (once for a shared one).
 //!
+//! Static IP allocations (`ip_pool`) whose MachineRequest is gone are listed too: they are released
+//! when the provider deletes the VM and its state, so one listed here means that has not happened yet.
+//! `--delete` does not touch them (the provider's own teardown of the state does).
+//!
 //! `--output json` prints `{"orphans": {"vms": [...], "seed_isos": [...], "problems": [...]},
+//! "ip_allocations": [{"address", "request", "nic"}],
 //! "deletion": null | {"deleted_vms": [...], "deleted_isos": [...], "left_alone": [...], "failures": [...]}}`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,7 +34,7 @@ use super::omni_args::OmniArgs;
 use crate::config::ProviderConfig;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
-use crate::omni::resources::{Kind, MachineRequest, label};
+use crate::omni::resources::{Kind, MachineRequest, ProviderMachine, label};
 use crate::omni::state::LabelSelector;
 use crate::omni::transport::{self, OmniEndpoint};
 use crate::pipeline::deprovision::{
@@ -38,6 +43,7 @@ use crate::pipeline::deprovision::{
 };
 use crate::proxmox::types::{NodeName, NodeState, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::rules::ip_pool::{self, Holding};
 use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
@@ -84,6 +90,7 @@ pub struct DeletionReport {
 #[derive(Serialize)]
 struct JsonReport<'a> {
     orphans: &'a Orphans,
+    ip_allocations: &'a [Holding],
     deletion: Option<&'a DeletionReport>,
 }
 
@@ -104,6 +111,7 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     transport::install_crypto_provider();
     let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.omni.id)?;
     let live = live_requests(&omni, &args.omni.id).await?;
+    let allocations = orphaned_allocations(&omni, &args.omni.id, &live).await?;
 
     let pve = ProxmoxClient::new(&config.proxmox)?;
     let orphans = scan(&pve, &args.omni.id, &live).await?;
@@ -122,13 +130,17 @@ pub async fn run(args: OrphansArgs) -> CliResult {
             "{}",
             serde_json::to_string_pretty(&JsonReport {
                 orphans: &orphans,
+                ip_allocations: &allocations,
                 deletion: deletion.as_ref(),
             })?
         ),
-        OutputFormat::Table => print!(
-            "{}",
-            render_table(&args.omni.id, &orphans, deletion.as_ref(), live.len())
-        ),
+        OutputFormat::Table => {
+            print!(
+                "{}",
+                render_table(&args.omni.id, &orphans, deletion.as_ref(), live.len())
+            );
+            print!("{}", render_allocations(&allocations));
+        }
     }
     match deletion {
         Some(d) if !d.failures.is_empty() => {
@@ -136,6 +148,46 @@ pub async fn run(args: OrphansArgs) -> CliResult {
         }
         _ => Ok(()),
     }
+}
+
+/// Static IP allocations recorded in provider states whose MachineRequest is gone (the same
+/// counting as the `pools` command: [`ip_pool::report`]).
+async fn orphaned_allocations(
+    omni: &OmniClient,
+    provider_id: &str,
+    live: &BTreeSet<String>,
+) -> Result<Vec<Holding>, OrphansError> {
+    let states: Vec<(String, Vec<crate::model::machine::IpAllocation>)> = omni
+        .state
+        .list(&ProviderMachine::new(provider_id), vec![])
+        .await
+        .map_err(|e| OrphansError::Omni {
+            provider_id: provider_id.to_owned(),
+            message: super::render_error(&e),
+        })?
+        .iter()
+        .map(|m| {
+            (
+                m.id().to_owned(),
+                crate::model::MachineState::from_spec(&m.spec).ip_allocations,
+            )
+        })
+        .collect();
+    let (_, left) = ip_pool::report(&[], &states, &BTreeSet::new(), live);
+    Ok(left.gone_requests)
+}
+
+fn render_allocations(allocations: &[Holding]) -> String {
+    if allocations.is_empty() {
+        return "No static IP allocations of gone MachineRequests.\n".into();
+    }
+    let mut out = String::from(
+        "Static IP allocations whose MachineRequest is gone (released when the provider deletes the VM):\n",
+    );
+    for h in allocations {
+        let _ = writeln!(out, "  {:<40} {} {}", h.address, h.request, h.nic);
+    }
+    out
 }
 
 /// IDs of the MachineRequests meant for this provider, whatever their phase (one being torn down

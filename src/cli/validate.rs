@@ -23,7 +23,7 @@ use super::cluster::OutputFormat;
 use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::ProviderDataSchema;
-use crate::validate::{Layers, Report, config_file_findings, validate_class};
+use crate::validate::{Layers, Report, config_file_findings, pool_findings, validate_class};
 
 #[derive(Debug, clap::Args)]
 pub struct ValidateArgs {
@@ -60,17 +60,14 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     let config = ProviderConfig::load(&args.config_file)?;
     let schema = ProviderDataSchema::new()?.strict(config.strict);
     let client = ProxmoxClient::new(&config.proxmox)?;
-    let report = validate_class(
-        &client,
-        &schema,
-        &Layers::new(&class_yaml, &config),
-        config.placement,
-    )
-    .await?;
+    let layers = Layers::new(&class_yaml, &config);
+    let report = validate_class(&client, &schema, &layers, config.placement).await?;
+    let pools = pool_findings(&client, &schema, &layers, &config.ip_pools).await?;
     let report = Report::new(
         config_file_findings(&config)
             .into_iter()
             .chain(report.findings)
+            .chain(pools)
             .collect(),
     );
     print_report(&report, args.output)?;

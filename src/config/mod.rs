@@ -14,14 +14,16 @@
 //!   caFile: /etc/omni-proxmox/ca.pem             # ours: trust a private CA
 //! ```
 //!
-//! plus our additions (`defaults:` and per-node `nodes:` overrides for provider data, `strict:`, and
+//! plus our additions (`defaults:` and per-node `nodes:` overrides for provider data, `strict:`,
 //! `placement:` with the overcommit limits automatic placement keeps to:
-//! `placement: {cpuOvercommit: 4.0, memoryOvercommit: 1.0}`, those being the defaults).
+//! `placement: {cpuOvercommit: 4.0, memoryOvercommit: 1.0}`, those being the defaults, and
+//! `ipPools:`, the static IP pools provider data names with `ip_pool`, see [`ip_pools`]).
 //! The file is validated completely on load: every problem names its key. An unknown key is a
 //! warning with a suggestion (the official provider ignores it silently, so a file that works there
 //! must load here); `strict: true` at the top of the file makes unknown keys errors, here and in
 //! provider data.
 
+mod ip_pools;
 mod proxmox;
 
 use std::path::{Path, PathBuf};
@@ -29,6 +31,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::did_you_mean;
+use crate::rules::ip_pool::IpPool;
 use crate::rules::placement::PlacementLimits;
 use crate::rules::provider_data::ConfigLayers;
 pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
@@ -48,6 +51,8 @@ pub struct ProviderConfig {
     pub strict: bool,
     /// `placement:`: how far automatic placement may commit a node's CPUs and memory.
     pub placement: PlacementLimits,
+    /// `ipPools:`: the static IP pools provider data may name (`ip_pool`), checked.
+    pub ip_pools: Vec<IpPool>,
     /// What was ignored or chosen for the user (unknown keys, a token and a password both set): logged
     /// at start and shown by `validate`.
     pub warnings: Vec<String>,
@@ -69,7 +74,14 @@ pub enum ConfigError {
     },
 }
 
-const TOP_KEYS: &[&str] = &["proxmox", "defaults", "nodes", "strict", "placement"];
+const TOP_KEYS: &[&str] = &[
+    "proxmox",
+    "defaults",
+    "nodes",
+    "strict",
+    "placement",
+    "ipPools",
+];
 const PLACEMENT_KEYS: &[&str] = &["cpuOvercommit", "memoryOvercommit"];
 /// No cluster runs usefully at more vCPUs per CPU than this; a larger value is a typo.
 const MAX_OVERCOMMIT: f64 = 64.0;
@@ -141,10 +153,13 @@ impl ProviderConfig {
         let defaults = optional_map(&root, "defaults", &mut found.problems);
         let nodes = optional_map(&root, "nodes", &mut found.problems);
         let placement = placement_limits(&root, &mut found);
+        let ip_pools = ip_pools::ip_pools(&root, &mut found);
+        ip_pools::check_references(&defaults, &nodes, &ip_pools, &mut found);
         match (proxmox, found.problems.is_empty()) {
             (Some(proxmox), true) => Ok(Self {
                 proxmox,
                 placement,
+                ip_pools,
                 layers: ConfigLayers::read(&defaults, &nodes),
                 defaults,
                 nodes,
@@ -463,6 +478,7 @@ mod tests {
     }
 
     mod fuzz {
+        use super::super::ip_pools::POOL_KEYS;
         use super::super::proxmox::PROXMOX_KEYS;
         use super::*;
         use proptest::prelude::*;
@@ -501,6 +517,13 @@ mod tests {
                     "-1",
                     "1e400",
                     "ünïcødé",
+                    "10.0.0.0/24",
+                    "10.0.0.5-10.0.0.9",
+                    "10.0.0.1",
+                    "fd00::/64",
+                    "fd00::1-fd00::9",
+                    "0.0.0.0/0",
+                    "::/0",
                 ])
                 .prop_map(Value::from),
             ];
@@ -530,6 +553,11 @@ mod tests {
             (
                 prop::option::of(section(PROXMOX_KEYS)),
                 prop::option::of(section(PLACEMENT_KEYS)),
+                prop::option::of(prop_oneof![
+                    3 => prop::collection::btree_map("[a-z.-]{0,5}", section(POOL_KEYS), 0..3)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                    1 => junk(),
+                ]),
                 prop::option::of(junk()),
                 prop::option::of(junk()),
                 prop::option::of(prop_oneof![any::<bool>().prop_map(Value::from), junk()]),
@@ -539,21 +567,24 @@ mod tests {
                     0..2,
                 ),
             )
-                .prop_map(|(proxmox, placement, defaults, nodes, strict, extra)| {
-                    let mut m: Map<String, Value> = extra.into_iter().collect();
-                    for (k, v) in [
-                        ("proxmox", proxmox),
-                        ("placement", placement),
-                        ("defaults", defaults),
-                        ("nodes", nodes),
-                        ("strict", strict),
-                    ] {
-                        if let Some(v) = v {
-                            m.insert(k.to_string(), v);
+                .prop_map(
+                    |(proxmox, placement, pools, defaults, nodes, strict, extra)| {
+                        let mut m: Map<String, Value> = extra.into_iter().collect();
+                        for (k, v) in [
+                            ("proxmox", proxmox),
+                            ("placement", placement),
+                            ("ipPools", pools),
+                            ("defaults", defaults),
+                            ("nodes", nodes),
+                            ("strict", strict),
+                        ] {
+                            if let Some(v) = v {
+                                m.insert(k.to_string(), v);
+                            }
                         }
-                    }
-                    m
-                })
+                        m
+                    },
+                )
         }
 
         /// The spans of a message in backquotes.
@@ -581,6 +612,8 @@ mod tests {
                     let known: &[&str] = match section {
                         "proxmox" => PROXMOX_KEYS,
                         "placement" => PLACEMENT_KEYS,
+                        // A pool's name is any key of `ipPools`.
+                        "ipPools" => return true,
                         _ => return false,
                     };
                     known.contains(&k) || written(file.get(section).and_then(Value::as_object), k)

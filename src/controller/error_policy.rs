@@ -123,6 +123,21 @@ pub fn retry_after(kind: ErrorKind, attempt: u32) -> Duration {
 pub fn report(error: &ReconcileError) -> Option<Report> {
     let kind = kind(error);
     let (doing, text): (&str, String) = match error {
+        // FAILED, as the request cannot go on by itself, but retried at the waiting pace: a machine
+        // on the pool going away heals it without anyone touching the request.
+        ReconcileError::Step {
+            step,
+            source: StepError::PoolFull(_),
+        } => {
+            return Some(Report {
+                stage: Some(Stage::Failed),
+                status: format!(
+                    "Failed in {}: IP pool full; retrying until an address frees up",
+                    step.name()
+                ),
+                error: error.to_string(),
+            });
+        }
         ReconcileError::Step { step, source } => (step.name(), source.to_string()),
         ReconcileError::Refused { doing, problem } => (doing, problem.clone()),
         ReconcileError::Join(e) => ("building the join configuration", e.to_string()),
@@ -180,8 +195,9 @@ fn step_kind(e: &StepError) -> ErrorKind {
         // Provider data that cannot work, or a cluster without what the class names (a template,
         // an ISO storage, room on any node): a person changes the class or the cluster.
         StepError::Config(_) | StepError::Cluster(_) => ErrorKind::NeedsHuman,
-        // No room anywhere right now: VMs going away or a node coming back make room.
-        StepError::Capacity(_) => ErrorKind::WaitingOnCluster,
+        // No room anywhere right now: VMs going away or a node coming back make room. A full IP
+        // pool likewise: a machine on it going away frees an address.
+        StepError::Capacity(_) | StepError::PoolFull(_) => ErrorKind::WaitingOnCluster,
     }
 }
 
@@ -386,6 +402,21 @@ mod tests {
                 secs(120..=120),
                 Some(Stage::Provisioning),
                 "Waiting in pick_node for the cluster",
+            ),
+            // A full IP pool: FAILED, saying so, but retried at the waiting pace so a release heals
+            // it within two minutes.
+            row(
+                ReconcileError::Step {
+                    step: Step::PickNode,
+                    source: StepError::PoolFull(
+                        "pool talos-net has no free address: 100 of 100 in use".into(),
+                    ),
+                },
+                WaitingOnCluster,
+                secs(5..=5),
+                secs(120..=120),
+                Some(Stage::Failed),
+                "Failed in pick_node: IP pool full; retrying until an address frees up",
             ),
             row(
                 in_step(Step::CreateVm, transient(Some(595), "No route to host")),

@@ -18,8 +18,35 @@ use crate::omni::resources::{MachineRequest, label};
 impl Reconcile for Context {
     type Error = ReconcileError;
 
+    /// The MachineRequest watch, with [`RequestQueueEvent::Retry`] for the requests waiting on a
+    /// full IP pool each time this process frees an address.
     fn watch(&self) -> tokio::sync::mpsc::Receiver<RequestQueueEvent> {
-        requests::watch(&self.state, self.provider_id())
+        let mut watched = requests::watch(&self.state, self.provider_id());
+        let services = self.services.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    event = watched.recv() => match event {
+                        Some(event) => vec![event],
+                        None => return,
+                    },
+                    () = services.ledgers.ip.freed() => services
+                        .ledgers
+                        .ip
+                        .take_waiting()
+                        .into_iter()
+                        .map(|id| RequestQueueEvent::Retry { id })
+                        .collect(),
+                };
+                for event in event {
+                    if tx.send(event).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        rx
     }
 
     fn dangling_keys(&self) -> BoxFuture<'_, Vec<String>> {

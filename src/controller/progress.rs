@@ -129,6 +129,20 @@ impl Progress for StatusSink<'_> {
             }
         })
     }
+
+    fn machine_states(&self) -> BoxFuture<'_, Result<Vec<(String, MachineState)>, StateError>> {
+        Box::pin(async move {
+            let machines = self
+                .ctx
+                .state
+                .list(&self.ctx.machine_kind(), vec![])
+                .await?;
+            Ok(machines
+                .iter()
+                .map(|m| (m.id().to_owned(), MachineState::from_spec(&m.spec)))
+                .collect())
+        })
+    }
 }
 
 /// ` (warning: disk_sise: is not a known key and is ignored (did you mean `disk_size`?))`, or nothing.

@@ -52,6 +52,9 @@ pub enum RequestQueueEvent {
     Resync,
     /// The watch reported an error that needs a human (permission, signature).
     Error(StateError),
+    /// Not from the watch: something this process did may let the request go on (an address of
+    /// the IP pool it waits on was freed). Look again now, with a fresh backoff.
+    Retry { id: String },
 }
 
 /// Watches the MachineRequests labelled with our provider ID. Dropping the receiver stops it.

@@ -153,6 +153,10 @@ impl<R: Reconcile> Controller<R> {
                 *relisting = true;
             }
             RequestQueueEvent::Error(e) => tracing::error!(error = %e, "machine request watch"),
+            RequestQueueEvent::Retry { id } => {
+                self.reset(&id);
+                self.queue.add(id);
+            }
         }
     }
 

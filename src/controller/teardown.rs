@@ -113,6 +113,8 @@ async fn remove_vm_and_state(
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
     let Some(machine) = ctx.find_machine(id).await? else {
+        // No state, so no allocation anything still depends on.
+        ctx.services.ledgers.ip.release(id);
         return Ok(());
     };
     let state = MachineState::from_spec(&machine.spec);
@@ -126,10 +128,17 @@ async fn remove_vm_and_state(
     let machine_ref = ResourceRef::of(&ctx.machine_kind(), id);
     match ctx.state.teardown(&machine_ref, &ctx.owner).await {
         Ok(_) => {}
-        Err(e) if e.is_not_found() => return Ok(()),
+        Err(e) if e.is_not_found() => {
+            ctx.services.ledgers.ip.release(id);
+            return Ok(());
+        }
         Err(e) => return Err(teardown_error("tearing down the provider state", e)),
     }
-    destroy(ctx, &machine_ref).await
+    destroy(ctx, &machine_ref).await?;
+    // Only now, with the VM deleted and the state that recorded them gone, are its static
+    // addresses free: a crash before this point leaves them in the state for the next process.
+    ctx.services.ledgers.ip.release(id);
+    Ok(())
 }
 
 async fn deprovision_vm(

@@ -7,7 +7,9 @@
 //! back exactly as it was read, so a value we could not parse is never lost, and the official
 //! provider can take over from ours at any step with everything it wrote still there.
 
-use crate::omni::proto::provider::MachineSpec;
+use std::net::IpAddr;
+
+use crate::omni::proto::provider::{IpAllocation as RawIpAllocation, MachineSpec};
 use crate::proxmox::property::{ImportVolume, IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{NodeName, Upid, VmId};
 
@@ -34,6 +36,9 @@ pub struct MachineState {
     pub seed_iso: Option<IsoVolume>,
     /// Addresses the guest agent reported.
     pub addresses: Vec<String>,
+    /// Static addresses taken from the config's IP pools, one per NIC that names a pool; recorded
+    /// before the VM exists, released when this state is destroyed after the VM is.
+    pub ip_allocations: Vec<IpAllocation>,
     /// `iso` or `clone`.
     pub boot_mode: Option<String>,
     pub template_vmid: Option<VmId>,
@@ -53,6 +58,40 @@ pub struct MachineState {
     pub ha_registered: bool,
     /// The protobuf this state was read from: unchanged fields are written back from it verbatim.
     read_from: MachineSpec,
+}
+
+/// One NIC's static address from an IP pool.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct IpAllocation {
+    /// 0 for net0, n for `additional_nics[n-1]` (net n).
+    pub nic: u8,
+    pub pool: String,
+    pub address: IpAddr,
+}
+
+/// The allocations that parse; one that does not (another version's shape) is dropped here and kept
+/// in the raw state.
+fn allocations(raw: &[RawIpAllocation]) -> Vec<IpAllocation> {
+    raw.iter()
+        .filter_map(|a| {
+            Some(IpAllocation {
+                nic: u8::try_from(a.nic).ok()?,
+                pool: text(&a.pool)?,
+                address: a.address.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+fn allocations_raw(typed: &[IpAllocation]) -> Vec<RawIpAllocation> {
+    typed
+        .iter()
+        .map(|a| RawIpAllocation {
+            nic: u32::from(a.nic),
+            pool: a.pool.clone(),
+            address: a.address.to_string(),
+        })
+        .collect()
 }
 
 fn text(raw: &str) -> Option<String> {
@@ -102,6 +141,7 @@ impl MachineState {
             step: text(&spec.step),
             seed_iso: parsed(&spec.seed_iso_volume, IsoVolume::parse),
             addresses: spec.addresses.clone(),
+            ip_allocations: allocations(&spec.ip_allocations),
             boot_mode: text(&spec.boot_mode),
             template_vmid: vmid(spec.template_vmid),
             storage: parsed(&spec.storage, StorageId::parse),
@@ -171,6 +211,12 @@ impl MachineState {
             text_raw,
         );
         spec.addresses.clone_from(&self.addresses);
+        merge(
+            &mut spec.ip_allocations,
+            &self.ip_allocations,
+            |r| allocations(r),
+            |v| allocations_raw(v),
+        );
         merge(&mut spec.boot_mode, &self.boot_mode, |r| text(r), text_raw);
         merge(
             &mut spec.storage,
@@ -204,6 +250,11 @@ impl MachineState {
         );
         spec.ha_registered = self.ha_registered;
         spec
+    }
+
+    /// The static address recorded for NIC `nic`, if any.
+    pub fn allocation(&self, nic: u8) -> Option<&IpAllocation> {
+        self.ip_allocations.iter().find(|a| a.nic == nic)
     }
 
     /// The VMID the request recorded: its `vmid`, else the `reserved_vmid` written before the create.
@@ -281,6 +332,38 @@ mod tests {
         let again = MachineState::from_spec(&spec);
         assert_eq!(again.to_spec(), spec);
         assert_eq!(again.reserved_vmid, state.reserved_vmid);
+    }
+
+    #[test]
+    fn ip_allocations_round_trip_and_odd_ones_are_kept() {
+        let mut spec = go_state();
+        spec.ip_allocations = vec![RawIpAllocation {
+            nic: 0,
+            pool: "talos-net".into(),
+            address: "not an address".into(),
+        }];
+        let mut state = MachineState::from_spec(&spec);
+        assert!(state.ip_allocations.is_empty());
+        // Unchanged: written back as read.
+        assert_eq!(state.to_spec(), spec);
+        state.ip_allocations.push(IpAllocation {
+            nic: 1,
+            pool: "storage".into(),
+            address: "fd00::10".parse().unwrap(),
+        });
+        let written = state.to_spec();
+        assert_eq!(written.ip_allocations.len(), 1);
+        assert_eq!(written.ip_allocations[0].address, "fd00::10");
+        assert_eq!(written.ip_allocations[0].nic, 1);
+        let again = MachineState::from_spec(&written);
+        assert_eq!(again.ip_allocations, state.ip_allocations);
+        assert_eq!(
+            again.allocation(1).map(|a| a.pool.as_str()),
+            Some("storage")
+        );
+        assert_eq!(again.to_spec(), written);
+        // Other fields untouched.
+        assert_eq!(written.node, "pve2");
     }
 
     #[test]

@@ -382,7 +382,7 @@ pub fn target(
         boot_iso,
         boot_image,
         seed_iso,
-        mac: None,
+        macs: super::seed::nic_macs(ctx),
     })
 }
 

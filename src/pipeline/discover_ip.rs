@@ -3,6 +3,9 @@
 //! Talos takes a while to boot and start the agent, so this step asks once per reconcile and requeues
 //! in between instead of holding a worker. The start time is recorded so the timeout holds across
 //! restarts. `ip_discovery_timeout: 0` turns the step off.
+//!
+//! A machine with static addresses from IP pools is done only when the guest reports every one of
+//! them: that confirms the seed's network-config took, where a DHCP lease would prove nothing.
 
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -27,12 +30,21 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let why = match answer {
         Ok(interfaces) => {
             let addresses = usable_addresses(&interfaces);
-            if !addresses.is_empty() {
+            let missing = missing_static(&ctx.state.ip_allocations, &addresses);
+            if !addresses.is_empty() && missing.is_empty() {
                 tracing::info!(request = %ctx.request.id, %vmid, %node, ?addresses, "guest reported its addresses");
                 ctx.state.addresses = addresses;
                 return Ok(StepOutcome::Done);
             }
-            "the guest agent reports no usable address yet".to_string()
+            if addresses.is_empty() {
+                "the guest agent reports no usable address yet".to_string()
+            } else {
+                format!(
+                    "the guest reports {} but not its static address {} yet",
+                    addresses.join(", "),
+                    missing.join(", ")
+                )
+            }
         }
         Err(e) if e.is_transient() => format!("cannot ask the guest agent: {e}"),
         // 500 "QEMU guest agent is not running" while Talos boots.
@@ -48,8 +60,8 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     if waited >= timeout {
         return Err(StepError::Cluster(format!(
             "VM {vmid} on {node} reported no usable IP address within {}s ({why}); check that the VM boots, \
-             gets an address (DHCP on its bridge/VLAN) and that the qemu-guest-agent extension is in its image, \
-             or set ip_discovery_timeout: 0 to skip this check",
+             gets an address (DHCP on its bridge/VLAN, or the static one of its IP pool) and that the qemu-guest-agent \
+             extension is in its image, or set ip_discovery_timeout: 0 to skip this check",
             timeout.as_secs()
         )));
     }
@@ -58,6 +70,20 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         after: ctx.services.timeouts.agent_poll.min(left),
         why: format!("{why}; {}s left", left.as_secs()),
     })
+}
+
+/// Pure: the recorded static addresses the guest does not report (compared as addresses, so the
+/// agent's spelling of an IPv6 address does not matter).
+pub fn missing_static(
+    allocations: &[crate::model::machine::IpAllocation],
+    reported: &[String],
+) -> Vec<String> {
+    let reported: Vec<IpAddr> = reported.iter().filter_map(|a| a.parse().ok()).collect();
+    allocations
+        .iter()
+        .filter(|a| !reported.contains(&a.address))
+        .map(|a| a.address.to_string())
+        .collect()
 }
 
 /// Pure: global and private addresses, without loopback, link-local and unspecified ones.
@@ -99,5 +125,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(usable_addresses(&i), ["10.0.0.5", "2001:db8::5"]);
+        let allocated = |a: &str| crate::model::machine::IpAllocation {
+            nic: 0,
+            pool: "p".into(),
+            address: a.parse().unwrap(),
+        };
+        let reported = usable_addresses(&i);
+        assert!(missing_static(&[allocated("2001:db8:0::5")], &reported).is_empty());
+        assert_eq!(
+            missing_static(&[allocated("10.0.0.6")], &reported),
+            ["10.0.0.6"]
+        );
     }
 }

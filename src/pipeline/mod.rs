@@ -9,6 +9,7 @@ pub mod discover_ip;
 pub mod ha;
 pub mod identify;
 pub mod image_factory;
+pub mod ip_pool;
 pub mod pick_node;
 pub mod prepare_image;
 pub mod seed;

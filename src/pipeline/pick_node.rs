@@ -5,6 +5,9 @@
 //! instead of all seeing the same "emptiest" node. With `boot: clone` the copies of the template are
 //! read first (one config read each), so that placement only picks a node a clone can reach, and
 //! the copy to clone is recorded with the node: nothing is written to Proxmox before that is known.
+//!
+//! First of all, a NIC that names a static IP pool gets its address ([`super::ip_pool::allocate`]),
+//! recorded before anything else is decided.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +21,7 @@ use crate::rules::provider_data::BootMode;
 use crate::rules::storage_selector::StorageSelector;
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    super::ip_pool::allocate(ctx).await?;
     if ctx.state.node.is_some() && ctx.state.storage.is_some() {
         // Decided before a restart: keep the decision (and the ledger entry that spreads others).
         reserve(ctx);

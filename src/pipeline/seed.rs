@@ -8,6 +8,7 @@ use super::step::{StepContext, StepError};
 use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::NodeName;
 use crate::rules::cloud_init::{NetworkConfig, seed_files, seed_iso, seed_iso_file_name};
+use crate::rules::ip_pool;
 use crate::rules::storage::Content;
 
 /// Builds and uploads this request's seed ISO (once; the state records it), returning its volume.
@@ -27,11 +28,12 @@ pub async fn upload_seed(
         .state
         .uuid
         .ok_or_else(|| StepError::Cluster("the provider state records no SMBIOS UUID".into()))?;
+    let network = network_config(ctx)?;
     let files = seed_files(
         &ctx.join.join_config,
         instance_id,
         &ctx.request.id,
-        &NetworkConfig::Dhcp,
+        &network,
     );
     let bytes = seed_iso::build_seed(&files)
         .map_err(|e| StepError::Cluster(format!("cannot build the seed ISO: {e}")))?;
@@ -50,4 +52,28 @@ pub async fn upload_seed(
     ctx.state.seed_iso = Some(volume.clone());
     ctx.persist().await?;
     Ok(volume)
+}
+
+/// DHCP, or every NIC by its MAC with the static addresses the provider state records.
+fn network_config(ctx: &StepContext<'_>) -> Result<NetworkConfig, StepError> {
+    let nic_count = 1 + ctx.data.additional_nics.len();
+    ip_pool::network_config(
+        &ctx.request.id,
+        nic_count,
+        &ctx.state.ip_allocations,
+        &ctx.services.config.ip_pools,
+    )
+    .map_err(|p| StepError::Config(format!("the recorded static address: {p}")))
+}
+
+/// The MACs the VM's NICs get: deterministic ones on every NIC once one has a static address (the
+/// seed names each NIC by its MAC), none otherwise (Proxmox chooses, as for the official provider).
+pub fn nic_macs(ctx: &StepContext<'_>) -> Vec<crate::proxmox::property::MacAddr> {
+    if ctx.state.ip_allocations.is_empty() {
+        return Vec::new();
+    }
+    (0..=ctx.data.additional_nics.len())
+        .filter_map(|i| u8::try_from(i).ok())
+        .map(|i| ip_pool::mac_for_nic(&ctx.request.id, i))
+        .collect()
 }

@@ -7,8 +7,9 @@
 //! coming up: a requeue never holds a worker), or fails with a [`StepError`] whose text is what the
 //! user reads in Omni.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -166,6 +167,10 @@ pub enum StepError {
     /// make room by itself: waited for, not a failure someone must fix.
     #[error("{0}")]
     Capacity(String),
+    /// A static IP pool has no free address: FAILED until a machine on it goes away, and retried
+    /// meanwhile, since a release heals it without anyone changing anything.
+    #[error("{0}")]
+    PoolFull(String),
 }
 
 impl StepError {
@@ -241,6 +246,9 @@ impl Default for Timeouts {
 /// fetched. Lost at a restart by design: each entry is either visible in Proxmox by then or redone.
 #[derive(Default)]
 pub struct Ledgers {
+    /// Static IP allocations: unlike the rest, filled from the provider states, which hold them (see
+    /// [`IpLedgers`]).
+    pub ip: IpLedgers,
     reservations: Mutex<Reservations>,
     /// VMIDs chosen by requests in flight and not yet visible in `/cluster/resources`.
     vmids_in_flight: Mutex<BTreeSet<u32>>,
@@ -257,7 +265,7 @@ pub struct Ledgers {
 }
 
 /// A poisoned ledger is still right: every update is a single insert or remove.
-fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     ledger.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -376,6 +384,72 @@ impl Ledgers {
     }
 }
 
+/// When the guest agents were asked, and what each VM (by VMID) reported.
+pub(crate) type AgentAnswers = (std::time::Instant, BTreeMap<u32, Vec<IpAddr>>);
+
+/// The static IP allocations this process knows of, and what running VMs report.
+///
+/// Unlike the other ledgers this one must not start empty: an address recorded in a provider state
+/// before a restart is still taken. It is seeded once per process from every provider state in Omni
+/// (lazily, by the first request that needs an address, so a provider without pools never lists
+/// them), then kept by this process's own allocations and releases. An allocation is recorded here
+/// under the same lock it is decided with, so two requests at once never get the same address, and
+/// written to the request's provider state before anything depends on it.
+#[derive(Default)]
+pub struct IpLedgers {
+    pub(crate) held: Mutex<crate::rules::ip_pool::IpLedger>,
+    /// Set once the ledger holds every provider state's allocations.
+    pub(crate) seeded: tokio::sync::OnceCell<()>,
+    /// Requests released before the ledger was seeded: a listing read before their state was
+    /// destroyed must not bring their addresses back.
+    pub(crate) released_before_seed: Mutex<HashSet<String>>,
+    /// Addresses running VMs reported through their guest agent, by VMID, and when they were read.
+    pub(crate) agent: tokio::sync::Mutex<Option<AgentAnswers>>,
+    /// Requests that found their pool full, to be looked at again as soon as an address is freed
+    /// (instead of at their next backoff, which may be minutes away).
+    waiting: Mutex<BTreeSet<String>>,
+    /// Signalled when an address is freed while requests wait.
+    freed_signal: tokio::sync::Notify,
+}
+
+impl IpLedgers {
+    /// Forgets `request`'s allocations: its provider state was destroyed after its VM was.
+    pub fn release(&self, request: &str) {
+        if !self.seeded.initialized() {
+            entry(&self.released_before_seed).insert(request.to_owned());
+        }
+        let had = !entry(&self.held).of(request).is_empty();
+        entry(&self.held).release(request);
+        entry(&self.waiting).remove(request);
+        if had && !entry(&self.waiting).is_empty() {
+            self.freed_signal.notify_one();
+        }
+    }
+
+    /// `request` found its pool full.
+    pub(crate) fn wait_for_address(&self, request: &str) {
+        entry(&self.waiting).insert(request.to_owned());
+    }
+
+    /// `request` has its addresses (or is gone): nothing to wake it for.
+    pub(crate) fn stop_waiting(&self, request: &str) {
+        entry(&self.waiting).remove(request);
+    }
+
+    /// Resolves when an address was freed while requests waited (at once if that happened since
+    /// the last call).
+    pub async fn freed(&self) {
+        self.freed_signal.notified().await;
+    }
+
+    /// The requests waiting for an address, no longer waiting: their reconcile decides again.
+    pub fn take_waiting(&self) -> Vec<String> {
+        std::mem::take(&mut *entry(&self.waiting))
+            .into_iter()
+            .collect()
+    }
+}
+
 impl Services {
     /// Resolves provider data for `request`, with the chosen node's override once it is known.
     pub fn provider_data(
@@ -383,11 +457,15 @@ impl Services {
         request: &RequestInfo,
         node: Option<&str>,
     ) -> Result<ProviderData, StepError> {
-        self.schema
+        let invalid = |problems: Vec<crate::rules::provider_data::Problem>| {
+            StepError::Config(format!("invalid provider data: {}", describe(&problems)))
+        };
+        let mut data = self
+            .schema
             .resolve_with(&request.provider_data, node, &self.config.layers)
-            .map_err(|problems| {
-                StepError::Config(format!("invalid provider data: {}", describe(&problems)))
-            })
+            .map_err(invalid)?;
+        crate::rules::ip_pool::apply_networks(&mut data, &self.config.ip_pools).map_err(invalid)?;
+        Ok(data)
     }
 }
 
@@ -399,6 +477,11 @@ pub trait Progress: Send + Sync {
         &'a self,
         state: &'a MachineState,
     ) -> futures_util::future::BoxFuture<'a, Result<(), StateError>>;
+    /// Every provider state of this provider in Omni, by request ID: what the IP ledger is seeded
+    /// from.
+    fn machine_states(
+        &self,
+    ) -> futures_util::future::BoxFuture<'_, Result<Vec<(String, MachineState)>, StateError>>;
 }
 
 /// What one step run gets.

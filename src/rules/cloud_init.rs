@@ -12,19 +12,29 @@ use sha2::{Digest, Sha256};
 use crate::proxmox::property::MacAddr;
 use crate::secret::Secret;
 
-/// Addresses for the VM's first NIC.
+/// How the VM's NICs get their addresses.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum NetworkConfig {
     /// DHCP on every interface (what the official provider does).
     #[default]
     Dhcp,
-    /// Static addresses on the NIC with this MAC (set the same MAC on `net0`).
+    /// Every NIC by its MAC (set the same MACs on the VM's `netN`): a static address where one is
+    /// given, DHCP on the others; the nameservers apply to the machine.
     Static {
-        mac: MacAddr,
-        addresses: Vec<(IpAddr, u8)>,
-        gateway: Option<IpAddr>,
+        nics: Vec<StaticNic>,
         nameservers: Vec<IpAddr>,
     },
+}
+
+/// One NIC in a static network config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticNic {
+    /// The name Talos falls back to when no link has the MAC (`eth0`, `eth1`, …).
+    pub name: String,
+    pub mac: MacAddr,
+    /// The address and its prefix length; `None`: DHCP on this NIC.
+    pub address: Option<(IpAddr, u8)>,
+    pub gateway: Option<IpAddr>,
 }
 
 /// The three seed files. `user_data` holds the join token, so it stays secret.
@@ -56,35 +66,37 @@ pub fn seed_files(
     }
 }
 
-/// `network-config` (version 1).
+/// `network-config` (version 1), in the shape Talos reads it: a `physical` entry per NIC matched by
+/// `mac_address` (its `name` only when no link has that MAC), `static`/`static6` subnets with the
+/// address as `address/prefix` and an optional `gateway`, `dhcp` subnets, and one `nameserver` entry
+/// with its `address` list.
 pub fn network_config(network: &NetworkConfig) -> String {
     match network {
         NetworkConfig::Dhcp => "version: 1\n".to_string(),
-        NetworkConfig::Static {
-            mac,
-            addresses,
-            gateway,
-            nameservers,
-        } => {
-            let mut s = String::from("version: 1\nconfig:\n  - type: physical\n    name: eth0\n");
-            s.push_str(&format!(
-                "    mac_address: {}\n    subnets:\n",
-                quoted(&mac.to_string().to_ascii_lowercase())
-            ));
-            for (i, (address, prefix)) in addresses.iter().enumerate() {
-                let kind = if address.is_ipv6() {
-                    "static6"
-                } else {
-                    "static"
-                };
+        NetworkConfig::Static { nics, nameservers } => {
+            let mut s = String::from("version: 1\nconfig:\n");
+            for nic in nics {
                 s.push_str(&format!(
-                    "      - type: {kind}\n        address: {}\n",
-                    quoted(&format!("{address}/{prefix}"))
+                    "  - type: physical\n    name: {}\n    mac_address: {}\n    subnets:\n",
+                    quoted(&nic.name),
+                    quoted(&nic.mac.to_string().to_ascii_lowercase())
                 ));
-                if i == 0
-                    && let Some(gw) = gateway
-                {
-                    s.push_str(&format!("        gateway: {}\n", quoted(&gw.to_string())));
+                match nic.address {
+                    Some((address, prefix)) => {
+                        let kind = if address.is_ipv6() {
+                            "static6"
+                        } else {
+                            "static"
+                        };
+                        s.push_str(&format!(
+                            "      - type: {kind}\n        address: {}\n",
+                            quoted(&format!("{address}/{prefix}"))
+                        ));
+                        if let Some(gw) = nic.gateway {
+                            s.push_str(&format!("        gateway: {}\n", quoted(&gw.to_string())));
+                        }
+                    }
+                    None => s.push_str("      - type: dhcp\n"),
                 }
             }
             if !nameservers.is_empty() {
@@ -244,26 +256,54 @@ mod tests {
         assert_eq!(f.network_config, "version: 1\n");
         assert!(!format!("{f:?}").contains("jointoken"));
 
+        // The shape pinned here is what Talos reads (siderolabs/talos
+        // internal/app/machined/pkg/runtime/v1alpha1/platform/nocloud/metadata.go,
+        // applyNetworkConfigV1): a `physical` entry is matched to a link by `mac_address`, compared
+        // case-insensitively with the link's permanent or hardware address, with `name` as the
+        // fallback; `static` and `static6` subnets take `address` as a prefix (or address plus
+        // `netmask`) and an optional `gateway` that becomes a default route on that link; `dhcp`
+        // starts DHCPv4 on it; a `nameserver` entry's `address` list sets the resolvers.
         let mac = mac_for_request("req-1");
         let net = NetworkConfig::Static {
-            mac,
-            addresses: vec![
-                ("10.0.0.5".parse().unwrap(), 24),
-                ("fd00::5".parse().unwrap(), 64),
+            nics: vec![
+                StaticNic {
+                    name: "eth0".into(),
+                    mac,
+                    address: Some(("10.0.0.5".parse().unwrap(), 24)),
+                    gateway: Some("10.0.0.1".parse().unwrap()),
+                },
+                StaticNic {
+                    name: "eth1".into(),
+                    mac: mac_for_request("other"),
+                    address: Some(("fd00::5".parse().unwrap(), 64)),
+                    gateway: None,
+                },
+                StaticNic {
+                    name: "eth2".into(),
+                    mac: mac_for_request("third"),
+                    address: None,
+                    gateway: None,
+                },
             ],
-            gateway: Some("10.0.0.1".parse().unwrap()),
             nameservers: vec!["1.1.1.1".parse().unwrap()],
         };
         let v = crate::yaml::from_str(&network_config(&net)).unwrap();
         assert_eq!(v["version"], 1);
+        assert_eq!(v["config"][0]["type"], "physical");
+        assert_eq!(v["config"][0]["name"], "eth0");
         assert_eq!(
             v["config"][0]["mac_address"],
             mac.to_string().to_ascii_lowercase()
         );
+        assert_eq!(v["config"][0]["subnets"][0]["type"], "static");
         assert_eq!(v["config"][0]["subnets"][0]["address"], "10.0.0.5/24");
         assert_eq!(v["config"][0]["subnets"][0]["gateway"], "10.0.0.1");
-        assert_eq!(v["config"][0]["subnets"][1]["type"], "static6");
-        assert_eq!(v["config"][1]["address"][0], "1.1.1.1");
+        assert_eq!(v["config"][1]["subnets"][0]["type"], "static6");
+        assert_eq!(v["config"][1]["subnets"][0]["address"], "fd00::5/64");
+        assert!(v["config"][1]["subnets"][0].get("gateway").is_none());
+        assert_eq!(v["config"][2]["subnets"][0]["type"], "dhcp");
+        assert_eq!(v["config"][3]["type"], "nameserver");
+        assert_eq!(v["config"][3]["address"][0], "1.1.1.1");
     }
 
     #[test]

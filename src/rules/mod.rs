@@ -9,8 +9,10 @@
 //!   every problem at once).
 //! - What the VM gets: [`vm_config`] (the Proxmox parameters), [`cloud_init`] (the NoCloud seed),
 //!   [`schematic`] (the Image Factory schematic).
+//! - "Which address": [`ip_pool::allocate`], the lowest free address of a static IP pool.
 pub mod cloud_init;
 pub mod ha;
+pub mod ip_pool;
 pub mod placement;
 pub mod provider_data;
 pub mod schematic;

@@ -41,8 +41,9 @@ pub struct VmTarget {
     /// The Talos disk image the boot disk is made from (boot mode `image`).
     pub boot_image: Option<ImportVolume>,
     pub seed_iso: IsoVolume,
-    /// MAC of the first NIC, when the network config needs to know it (static addresses).
-    pub mac: Option<MacAddr>,
+    /// The MAC of each NIC (`net0` first), when the network config needs to know them (static
+    /// addresses); empty: Proxmox chooses.
+    pub macs: Vec<MacAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -151,7 +152,7 @@ fn devices(
         bridge: data.network_bridge.clone(),
         firewall: data.network_firewall,
         vlan: data.vlan,
-        mac: target.mac,
+        mac: target.macs.first().copied(),
     };
     out.push(("net0".into(), net0.render()));
     for (i, nic) in data.additional_nics.iter().enumerate() {
@@ -159,7 +160,7 @@ fn devices(
             bridge: nic.bridge.clone(),
             firewall: nic.firewall,
             vlan: nic.vlan,
-            mac: None,
+            mac: target.macs.get(i + 1).copied(),
         };
         out.push((
             slot(Slot::Net(index(i + 1, "network")?), "network")?,

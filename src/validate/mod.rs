@@ -20,6 +20,7 @@ mod defaults;
 mod gather;
 mod layers;
 mod node;
+mod pools;
 mod report;
 #[cfg(test)]
 mod tests;
@@ -30,6 +31,7 @@ pub use cluster::{ClusterView, candidate_nodes, check_cluster};
 pub use defaults::{check_defaults, check_defaults_against};
 pub use gather::{gather, release_problem, validate_class};
 pub use layers::Layers;
+pub use pools::{check_pools, pool_findings};
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;

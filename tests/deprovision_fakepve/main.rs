@@ -109,7 +109,7 @@ async fn provision(
         boot_iso: Some(IsoVolume::parse("local:iso/talos.iso").unwrap()),
         boot_image: None,
         seed_iso: IsoVolume::parse(&seed_volume).unwrap(),
-        mac: None,
+        macs: Vec::new(),
     };
     let params: Vec<(String, String)> = vm_config::render(&data, &identity, &target)
         .unwrap()

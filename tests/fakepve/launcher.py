@@ -352,8 +352,54 @@ class LauncherPve(FakePve):
     async def _agent_call(self, match, values):
         vm = self.find(values['node'], values['vmid'])
         if self.agent_default and vm is not None and vm.agent is None and agent_enabled(vm.config):
-            vm.agent = {'interfaces': default_interfaces(vm.vmid)}
+            vm.agent = {'interfaces': self._booted_interfaces(vm)}
         return await super()._agent_call(match, values)
+
+    # ---- NoCloud seeds: what a guest booted from one reports ----
+    # A VM booted with one of our NoCloud seeds reports, through its guest agent, the static addresses
+    # the seed's network-config gives its NICs (op `seed_network_config` shows that file).
+
+    # Volume ID -> the bytes of the file uploaded there (fakepve keeps only the last upload's).
+    uploads = None
+
+    async def _upload(self, request):
+        answer = await super()._upload(request)
+        fields = self.uploaded or {}
+        if 'filename' in fields:
+            self.uploads = dict(self.uploads or {})
+            self.uploads['{0}:iso/{1}'.format(request.match_info['storage'], fields['filename'])] = \
+                fields.get('data', b'')
+        return answer
+
+    def seed_network_config(self, vm):
+        """The `network-config` of the NoCloud seed attached to `vm`, if one of its CD-ROMs holds a
+        seed uploaded here."""
+        for value in vm.config.values():
+            volid = str(value).split(',')[0]
+            data = (self.uploads or {}).get(volid)
+            if data is not None:
+                return network_config_of(data)
+        return None
+
+    def _booted_interfaces(self, vm):
+        """What the guest agent reports once Talos booted: the static addresses the seed's
+        network-config gives the NICs it names by MAC (as Talos applies them; siderolabs/talos
+        internal/app/machined/pkg/runtime/v1alpha1/platform/nocloud/metadata.go,
+        applyNetworkConfigV1), else a DHCP-like lease on eth0."""
+        statics = static_addresses(self.seed_network_config(vm) or '')
+        if not statics:
+            return default_interfaces(vm.vmid)
+        out = [default_interfaces(vm.vmid)[0]]
+        for key in sorted(k for k in vm.config if re.match(r'^net\d+$', k)):
+            model = str(vm.config[key]).split(',')[0]
+            mac = model.split('=', 1)[1].lower() if '=' in model else ''
+            addresses = [{'ip-address': 'fe80::1:{0}'.format(key[3:]), 'ip-address-type': 'ipv6', 'prefix': 64}]
+            for address in statics.get(mac, []):
+                ip, prefix = address.split('/')
+                addresses.append({'ip-address': ip, 'ip-address-type': 'ipv6' if ':' in ip else 'ipv4',
+                                  'prefix': int(prefix)})
+            out.append({'name': 'eth' + key[3:], 'hardware-address': mac, 'ip-addresses': addresses})
+        return out
 
     # ---- Proxmox client conformance (old PVE 8 errors, next-id range, download-url as PVE does it) ----
 
@@ -754,6 +800,31 @@ def default_interfaces(vmid):
     ]
 
 
+def network_config_of(iso):
+    """The `network-config` file inside a seed ISO our provider built: files are stored verbatim, each
+    from the start of its own sector, padded with zeros."""
+    start = iso.find(b'version: 1\n')
+    if start < 0:
+        return None
+    end = iso.find(b'\x00', start)
+    return iso[start:end if end >= 0 else len(iso)].decode()
+
+
+def static_addresses(network_config):
+    """MAC (lowercase) -> ["address/prefix"] of the static subnets of a network-config v1, read the
+    way our provider writes it (one key per line, values JSON-quoted)."""
+    out, mac = {}, None
+    for line in network_config.splitlines():
+        text = line.strip()
+        if text.startswith('- type: physical'):
+            mac = None
+        elif text.startswith('mac_address:'):
+            mac = json.loads(text.split(':', 1)[1].strip()).lower()
+        elif text.startswith('address:') and mac is not None and '/' in text:
+            out.setdefault(mac, []).append(json.loads(text.split(':', 1)[1].strip()))
+    return out
+
+
 def build(scenario):
     pve = LauncherPve(user=scenario.get('user', 'root@pam'), password=scenario.get('password', 'secret'),
                       host=scenario.get('host', '127.0.0.1'), port=scenario.get('port', 0))
@@ -854,6 +925,10 @@ async def command(pve, cmd):
         return vm_view(vm) if vm is not None else None
     elif op == 'vms':
         return [vm_view(vm) for vm in pve.vms]
+    elif op == 'seed_network_config':
+        # The network-config of the seed attached to VM `vmid`, as its guest would read it.
+        vm = pve.guest(cmd['vmid'])
+        return pve.seed_network_config(vm) if vm is not None else None
     elif op == 'add_vm':
         vm = pve.add_vm(cmd['vmid'], cmd['name'], node=cmd.get('node', 'pve1'), status=cmd.get('status', 'stopped'),
                         config=cmd.get('config', {}), template=cmd.get('template', False))

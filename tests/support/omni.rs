@@ -16,6 +16,8 @@ pub struct Omni {
     pub server: Option<MemServer>,
     pub addr: std::net::SocketAddr,
     pub key: Arc<ProviderKey>,
+    /// The service-account key as `omnictl infraprovider create` prints it, for the real binary.
+    pub encoded_key: String,
 }
 
 impl Omni {
@@ -32,6 +34,7 @@ impl Omni {
             server: Some(server),
             addr,
             key,
+            encoded_key: encoded.expose().to_owned(),
         }
     }
 

@@ -164,6 +164,8 @@ pub struct AdditionalNic {
     pub vlan: Option<VlanTag>,
     /// Default false (upstream: storage networks usually bypass the firewall).
     pub firewall: bool,
+    /// The config's IP pool this NIC takes a static address from (`None`: DHCP).
+    pub ip_pool: Option<String>,
 }
 
 /// `additional_disks[]`.
@@ -214,6 +216,8 @@ pub struct ProviderData {
     pub iso_storage_selector: Option<StorageSelector>,
     /// Zero turns IP discovery off.
     pub ip_discovery_timeout: Duration,
+    /// The config's IP pool the first NIC takes a static address from (`None`: DHCP).
+    pub ip_pool: Option<String>,
     /// Keys that were ignored (unknown ones, each with a suggestion when one is close): not fatal, as
     /// with the official provider, but shown in the machine's status, the log and `validate`.
     pub warnings: Vec<Problem>,

@@ -157,6 +157,7 @@ fn provider_data(s: Settings) -> Option<ProviderData> {
         ip_discovery_timeout: s
             .ip_discovery_timeout
             .unwrap_or(DEFAULT_IP_DISCOVERY_TIMEOUT),
+        ip_pool: s.ip_pool,
         warnings: Vec::new(),
     })
 }

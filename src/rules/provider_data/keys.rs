@@ -372,7 +372,7 @@ pub const TOP_LEVEL: &[Key] = &[
         name: "additional_nics",
         kind: Kind::Objects(Place::AdditionalNics),
         description: "More NICs (net1, net2, …).",
-        doc: "More NICs: `bridge`, `vlan`, `firewall`.",
+        doc: "More NICs: `bridge`, `vlan`, `firewall`, `ip_pool`.",
         ..Key::BASE
     },
     Key {
@@ -465,6 +465,15 @@ pub const TOP_LEVEL: &[Key] = &[
         doc: "seconds to wait for the guest agent to report an address; 0 skips the step.",
         default: "300",
         min: Some(0),
+        ..Key::BASE
+    },
+    Key {
+        name: "ip_pool",
+        origin: Origin::Ours,
+        description: "Name of a static IP pool from the provider config's ipPools: the first NIC gets the lowest free address of the pool, written into the NoCloud network-config with the pool's gateway and nameservers, instead of DHCP.",
+        doc: "a static IP pool of the config file's `ipPools:` for the first NIC: its lowest free address, allocated before the VM is created, written into the seed's network-config with the pool's gateway and nameservers (instead of DHCP), and released after the VM is destroyed. `additional_nics[].ip_pool` does the same for another NIC. See [IP pools](docs/ip-pools.md).",
+        default: "DHCP",
+        text: Text::NON_EMPTY,
         ..Key::BASE
     },
 ];

@@ -87,6 +87,7 @@ settings! {
     allowed_nodes: Vec<NodeName>,
     iso_storage_selector: StorageSelector,
     ip_discovery_timeout: Duration,
+    ip_pool: String,
 }
 
 /// When a finding was made; findings are reported in this order, as one reading of the merged

@@ -115,6 +115,14 @@ pub const NESTED: &[Key] = &[
         description: "Enable the Proxmox firewall on this NIC (default false).",
         ..Key::BASE
     },
+    Key {
+        name: "ip_pool",
+        place: Place::AdditionalNics,
+        origin: super::keys::Origin::Ours,
+        description: "Name of a static IP pool from the provider config's ipPools for this NIC (default: DHCP).",
+        text: Text::NON_EMPTY,
+        ..Key::BASE
+    },
     // usb_devices[]:
     Key {
         name: "mapping",

@@ -53,6 +53,7 @@ pub(super) fn settings(map: &Map<String, Value>, findings: &mut Findings) -> Set
     s.ip_discovery_timeout = f
         .uint("ip_discovery_timeout", 7 * 24 * 3600)
         .map(Duration::from_secs);
+    s.ip_pool = f.pool_name("ip_pool");
     s
 }
 
@@ -218,6 +219,7 @@ fn additional_nics(f: &mut Fields<'_, '_>) -> Vec<AdditionalNic> {
         let bridge = n.named("bridge", BridgeName::parse);
         let vlan = n.vlan("vlan").unwrap_or(None);
         let firewall = n.bool("firewall").unwrap_or(false);
+        let ip_pool = n.pool_name("ip_pool");
         if bridge.is_none() && n.get("bridge").is_none() {
             n.problem(
                 "bridge",
@@ -229,6 +231,7 @@ fn additional_nics(f: &mut Fields<'_, '_>) -> Vec<AdditionalNic> {
                 bridge,
                 vlan,
                 firewall,
+                ip_pool,
             });
         }
     }
@@ -442,6 +445,21 @@ impl<'a, 'p> Fields<'a, 'p> {
                 None
             }
         }
+    }
+
+    /// The name of an IP pool: which pools exist is the config's to say (checked when the class is
+    /// used with it), only an empty name is wrong on its own.
+    fn pool_name(&mut self, key: &str) -> Option<String> {
+        let s = self.string(key)?;
+        if s.trim().is_empty() {
+            self.problem(
+                key,
+                "is empty: name a pool of the config file's `ipPools:`, or remove the key for DHCP"
+                    .into(),
+            );
+            return None;
+        }
+        Some(s.to_owned())
     }
 
     fn choice<T: Copy>(&mut self, key: &str, options: &[(&str, T)]) -> Option<T> {

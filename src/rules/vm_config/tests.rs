@@ -27,7 +27,7 @@ fn target(disks: usize) -> VmTarget {
         boot_iso: Some(IsoVolume::parse("local:iso/talos.iso").unwrap()),
         boot_image: None,
         seed_iso: IsoVolume::parse("local:iso/omni-seed-req-1.iso").unwrap(),
-        mac: None,
+        macs: Vec::new(),
     }
 }
 
@@ -104,7 +104,7 @@ fn full_create_request() {
          pci_devices: [{mapping: gpu1, pcie: true}]\nusb_devices: [{mapping: sdr, usb3: true}]\n",
     );
     let mut t = target(1);
-    t.mac = Some(MacAddr::parse("BC:24:11:AA:BB:CC").unwrap());
+    t.macs = vec![MacAddr::parse("BC:24:11:AA:BB:CC").unwrap()];
     let params = render(&d, &identity(), &t).unwrap();
     for (k, v) in [
         ("balloon", "0"),

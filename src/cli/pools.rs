@@ -1,0 +1,192 @@
+//! `pools`: the static IP pools of the config file and who holds their addresses.
+//!
+//! An address is held by the provider state that records it, so the command reads every provider
+//! state of this provider in Omni (and the live MachineRequests, to name allocations whose request is
+//! gone), and the addresses running VMs report through their guest agent (one request per running
+//! VM), which the provider never hands out either. The counting is [`ip_pool::report`], over the
+//! same [`ip_pool::usage`] the allocation uses.
+//!
+//! `--output json` prints `{"pools": [{"name", "cidr", "ranges", "size", "in_use", "free", "held":
+//! [{"address", "request", "nic"}], "reported_by_vms": [...]}], "left_over": {"gone_requests": [...],
+//! "unknown_pools": [...]}}`.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::CliResult;
+use super::cluster::OutputFormat;
+use super::omni_args::OmniArgs;
+use crate::config::ProviderConfig;
+use crate::model::MachineState;
+use crate::model::machine::IpAllocation;
+use crate::omni::client::OmniClient;
+use crate::omni::resources::{MachineRequest, ProviderMachine, label};
+use crate::omni::state::LabelSelector;
+use crate::omni::transport;
+use crate::pipeline::ip_pool::agent_addresses;
+use crate::proxmox::ProxmoxClient;
+use crate::proxmox::types::ClusterResource;
+use crate::rules::ip_pool::{self, LeftOver, PoolUse};
+use crate::telemetry::{self, LogFormat};
+
+#[derive(Debug, clap::Args)]
+pub struct PoolsArgs {
+    /// Provider config file with `ipPools:` and the `proxmox:` connection settings.
+    #[arg(long, env = "CONFIG_FILE")]
+    pub config_file: PathBuf,
+    /// `table` for people, `json` for scripts.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: OutputFormat,
+    /// Omni connection: the provider states hold the allocations.
+    #[command(flatten)]
+    pub omni: OmniArgs,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolsError {
+    #[error(
+        "pools needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): the allocations are recorded in the provider states there"
+    )]
+    NoOmni,
+    #[error("cannot read {what} of provider {provider_id} in Omni: {message}")]
+    Omni {
+        what: &'static str,
+        provider_id: String,
+        message: String,
+    },
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    pools: &'a [PoolUse],
+    left_over: &'a LeftOver,
+}
+
+pub async fn run(args: PoolsArgs) -> CliResult {
+    telemetry::init_logging(LogFormat::Text, "warn")?;
+    if !args.omni.is_set() {
+        return Err(PoolsError::NoOmni.into());
+    }
+    let (endpoint, key) = args.omni.connection()?;
+    let config = ProviderConfig::load(&args.config_file)?;
+    transport::install_crypto_provider();
+    let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.omni.id)?;
+    let id = args.omni.id.clone();
+    let omni_error = |what: &'static str| {
+        let id = id.clone();
+        move |e: crate::omni::state::StateError| PoolsError::Omni {
+            what,
+            provider_id: id,
+            message: super::render_error(&e),
+        }
+    };
+    let states: Vec<(String, Vec<IpAllocation>)> = omni
+        .state
+        .list(&ProviderMachine::new(&id), vec![])
+        .await
+        .map_err(omni_error("the provider states"))?
+        .iter()
+        .map(|m| {
+            (
+                m.id().to_owned(),
+                MachineState::from_spec(&m.spec).ip_allocations,
+            )
+        })
+        .collect();
+    let live: BTreeSet<String> = omni
+        .state
+        .list(
+            &MachineRequest,
+            vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, &id)],
+        )
+        .await
+        .map_err(omni_error("the machine requests"))?
+        .iter()
+        .map(|r| r.id().to_owned())
+        .collect();
+    let reported = if config.ip_pools.is_empty() {
+        BTreeSet::new()
+    } else {
+        let pve = ProxmoxClient::new(&config.proxmox)?;
+        reported_addresses(&pve).await?
+    };
+    let (uses, left) = ip_pool::report(&config.ip_pools, &states, &reported, &live);
+    match args.output {
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&JsonReport {
+                pools: &uses,
+                left_over: &left,
+            })?
+        ),
+        OutputFormat::Table => print!("{}", render_table(&uses, &left)),
+    }
+    Ok(())
+}
+
+/// Every address the guest agents of running VMs report.
+pub async fn reported_addresses(
+    pve: &ProxmoxClient,
+) -> Result<BTreeSet<std::net::IpAddr>, crate::proxmox::ProxmoxError> {
+    let vms: Vec<_> = pve
+        .cluster_resources(None)
+        .await?
+        .into_iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm) => Some(vm),
+            _ => None,
+        })
+        .collect();
+    Ok(agent_addresses(pve, &vms)
+        .await
+        .into_values()
+        .flatten()
+        .collect())
+}
+
+/// The table: one block per pool, then what is left over.
+pub fn render_table(uses: &[PoolUse], left: &LeftOver) -> String {
+    let mut out = String::new();
+    if uses.is_empty() {
+        out.push_str("The config file defines no IP pools (`ipPools:`).\n");
+    }
+    for u in uses {
+        let _ = writeln!(
+            out,
+            "{}  {}  ranges {}  {} of {} in use, {} free",
+            u.name,
+            u.cidr,
+            u.ranges.join(", "),
+            u.in_use,
+            u.size,
+            u.free
+        );
+        for h in &u.held {
+            let _ = writeln!(out, "  {:<40} {} {}", h.address, h.request, h.nic);
+        }
+        for a in &u.reported_by_vms {
+            let _ = writeln!(out, "  {a:<40} (reported by a running VM's guest agent)");
+        }
+    }
+    if !left.gone_requests.is_empty() {
+        out.push_str("\nAllocations whose machine request is gone (the provider releases them once it has deleted the VM):\n");
+        for h in &left.gone_requests {
+            let _ = writeln!(out, "  {:<40} {} {}", h.address, h.request, h.nic);
+        }
+    }
+    if !left.unknown_pools.is_empty() {
+        out.push_str("\nAllocations from pools the config file no longer has:\n");
+        for (pool, h) in &left.unknown_pools {
+            let _ = writeln!(
+                out,
+                "  {:<40} {} {} (pool {pool})",
+                h.address, h.request, h.nic
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,449 @@
+//! `ipPools:`: named static IP pools that provider data refers to (`ip_pool: <name>`).
+//!
+//! ```yaml
+//! ipPools:
+//!   talos-net:
+//!     cidr: 10.10.0.0/24
+//!     range: 10.10.0.100-10.10.0.199        # or "a-b, c-d", or a list of ranges
+//!     gateway: 10.10.0.1                    # optional; inside the cidr
+//!     nameservers: [10.10.0.1]
+//!     bridge: vmbr1                         # optional: NICs on this pool go on this bridge
+//!     vlan: 20                              # optional: ... with this VLAN tag
+//! ```
+//!
+//! Every problem names its pool and key (`ipPools.talos-net.range`); pools of one family may share a
+//! network but never an address.
+
+use std::net::IpAddr;
+
+use serde_json::{Map, Value};
+
+use super::{Found, kind};
+use crate::proxmox::property::{BridgeName, VlanTag};
+use crate::rules::ip_pool::{AddressRange, Cidr, IpPool};
+
+pub(super) const POOL_KEYS: &[&str] =
+    &["cidr", "range", "gateway", "nameservers", "bridge", "vlan"];
+
+/// Reads `ipPools:`; what is wrong goes to `found`, and only pools without problems are returned.
+pub(super) fn ip_pools(root: &Map<String, Value>, found: &mut Found) -> Vec<IpPool> {
+    let map = match root.get("ipPools") {
+        None | Some(Value::Null) => return Vec::new(),
+        Some(Value::Object(m)) => m,
+        Some(other) => {
+            found.problems.push(format!(
+                "`ipPools` must be a mapping of pool names to pools, e.g. `ipPools: {{talos-net: {{cidr: 10.10.0.0/24, range: 10.10.0.100-10.10.0.199}}}}`, found {}",
+                kind(other)
+            ));
+            return Vec::new();
+        }
+    };
+    let mut pools: Vec<IpPool> = Vec::new();
+    for (name, value) in map {
+        if let Some(pool) = pool(name, value, found) {
+            pools.push(pool);
+        }
+    }
+    overlaps(&pools, found);
+    pools
+}
+
+/// The pools `defaults:` and `nodes:` name (`ip_pool`, `additional_nics[].ip_pool`) must exist: a
+/// name that does not would fail every request that gets it, so it fails the start instead.
+pub(super) fn check_references(
+    defaults: &Map<String, Value>,
+    nodes: &Map<String, Value>,
+    pools: &[IpPool],
+    found: &mut Found,
+) {
+    let layers = std::iter::once(("defaults".to_string(), defaults)).chain(
+        nodes
+            .iter()
+            .filter_map(|(n, v)| v.as_object().map(|m| (format!("nodes.{n}"), m))),
+    );
+    for (prefix, layer) in layers {
+        let mut named: Vec<(String, &str)> = Vec::new();
+        if let Some(Value::String(name)) = layer.get("ip_pool") {
+            named.push((format!("{prefix}.ip_pool"), name));
+        }
+        if let Some(Value::Array(nics)) = layer.get("additional_nics") {
+            for (i, nic) in nics.iter().enumerate() {
+                if let Some(Value::String(name)) = nic.get("ip_pool") {
+                    named.push((format!("{prefix}.additional_nics[{i}].ip_pool"), name));
+                }
+            }
+        }
+        for (key, name) in named {
+            if let Err(p) = crate::rules::ip_pool::find(pools, &key, name) {
+                found.problems.push(format!("`{}`: {}", p.key, p.message));
+            }
+        }
+    }
+}
+
+fn pool(name: &str, value: &Value, found: &mut Found) -> Option<IpPool> {
+    // A name that is not valid is shown quoted, so the key path stays readable (`ipPools."."`).
+    let at = if valid_name(name) {
+        format!("ipPools.{name}")
+    } else {
+        format!("ipPools.{}", serde_json::Value::String(name.to_owned()))
+    };
+    let before = found.problems.len();
+    if !valid_name(name) {
+        found.problems.push(format!(
+            "`{at}`: a pool name is 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
+        ));
+    }
+    let Value::Object(map) = value else {
+        found.problems.push(format!(
+            "`{at}` must be a mapping with `cidr` and `range`, found {}",
+            kind(value)
+        ));
+        return None;
+    };
+    found.check_keys(map, POOL_KEYS, &format!("{at}."));
+    let mut problem = |key: &str, message: String| {
+        found.problems.push(format!("`{at}.{key}`: {message}"));
+    };
+    let cidr = match map.get("cidr") {
+        Some(Value::String(s)) => Cidr::parse(s).map_err(|e| problem("cidr", e)).ok(),
+        None | Some(Value::Null) => {
+            problem(
+                "cidr",
+                "is missing: the pool's network, e.g. `cidr: 10.10.0.0/24`".into(),
+            );
+            None
+        }
+        Some(other) => {
+            problem(
+                "cidr",
+                format!("must be a string like 10.10.0.0/24, found {}", kind(other)),
+            );
+            None
+        }
+    };
+    let texts: Vec<String> = match map.get("range") {
+        Some(Value::String(s)) => s.split(',').map(|t| t.trim().to_owned()).collect(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| match item {
+                Value::String(s) => Some(s.trim().to_owned()),
+                other => {
+                    problem(
+                        &format!("range[{i}]"),
+                        format!(
+                            "must be a string like 10.10.0.100-10.10.0.199, found {}",
+                            kind(other)
+                        ),
+                    );
+                    None
+                }
+            })
+            .collect(),
+        None | Some(Value::Null) => Vec::new(),
+        Some(other) => {
+            problem(
+                "range",
+                format!(
+                    "must be a range like 10.10.0.100-10.10.0.199, or a list of them, found {}",
+                    kind(other)
+                ),
+            );
+            return None;
+        }
+    };
+    let texts: Vec<String> = texts.into_iter().filter(|t| !t.is_empty()).collect();
+    if texts.is_empty() {
+        problem(
+            "range",
+            "is empty: give the addresses the provider may hand out, e.g. `range: 10.10.0.100-10.10.0.199`".into(),
+        );
+    }
+    let mut ranges: Vec<AddressRange> = Vec::new();
+    for text in &texts {
+        match AddressRange::parse(text) {
+            Ok(r) => {
+                if let Some(c) = cidr {
+                    if !c.contains(r.first) || !c.contains(r.last) {
+                        problem("range", format!("{r} is outside the pool's cidr {c}"));
+                        continue;
+                    }
+                    if let Some(edge) = network_or_broadcast(&c, &r) {
+                        problem(
+                            "range",
+                            format!("{r} includes {edge}, which no host can have in {c}"),
+                        );
+                        continue;
+                    }
+                }
+                if let Some(other) = ranges.iter().find(|o| o.overlaps(&r)) {
+                    problem("range", format!("{r} overlaps {other}"));
+                    continue;
+                }
+                ranges.push(r);
+            }
+            Err(e) => problem("range", e),
+        }
+    }
+    ranges.sort();
+    let address = |key: &str, v: &Value, problem: &mut dyn FnMut(&str, String)| -> Option<IpAddr> {
+        match v {
+            Value::String(s) => match s.trim().parse::<IpAddr>() {
+                Ok(a) => Some(a),
+                Err(_) => {
+                    problem(key, format!("{s:?} is not an IPv4 or IPv6 address"));
+                    None
+                }
+            },
+            other => {
+                problem(key, format!("must be an address, found {}", kind(other)));
+                None
+            }
+        }
+    };
+    let gateway = match map.get("gateway") {
+        None | Some(Value::Null) => None,
+        Some(v) => address("gateway", v, &mut problem),
+    };
+    if let (Some(g), Some(c)) = (gateway, cidr)
+        && !c.contains(g)
+    {
+        problem(
+            "gateway",
+            format!("{g} is outside the pool's cidr {c}: a NIC on this pool could not reach it"),
+        );
+    }
+    let nameservers: Vec<IpAddr> = match map.get("nameservers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| address(&format!("nameservers[{i}]"), v, &mut problem))
+            .collect(),
+        Some(v @ Value::String(_)) => address("nameservers", v, &mut problem)
+            .into_iter()
+            .collect(),
+        Some(other) => {
+            problem(
+                "nameservers",
+                format!(
+                    "must be a list of addresses, e.g. `[10.10.0.1]`, found {}",
+                    kind(other)
+                ),
+            );
+            Vec::new()
+        }
+    };
+    let bridge = match map.get("bridge") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => BridgeName::parse(s)
+            .map_err(|e| problem("bridge", e.to_string()))
+            .ok(),
+        Some(other) => {
+            problem(
+                "bridge",
+                format!("must be a bridge name like vmbr1, found {}", kind(other)),
+            );
+            None
+        }
+    };
+    let vlan = match map.get("vlan") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_u64().map(VlanTag::new) {
+            Some(Ok(v)) => Some(v),
+            _ => {
+                problem("vlan", format!("{n} is not a VLAN tag (1 to 4094)"));
+                None
+            }
+        },
+        Some(other) => {
+            problem(
+                "vlan",
+                format!("must be a VLAN tag (1 to 4094), found {}", kind(other)),
+            );
+            None
+        }
+    };
+    if found.problems.len() > before {
+        return None;
+    }
+    Some(IpPool {
+        name: name.to_owned(),
+        cidr: cidr?,
+        ranges,
+        gateway,
+        nameservers,
+        bridge,
+        vlan,
+    })
+}
+
+/// An IPv4 range that includes its network's own address or its broadcast address (networks of
+/// /31 and /32 have neither).
+fn network_or_broadcast(cidr: &Cidr, range: &AddressRange) -> Option<String> {
+    let IpAddr::V4(net) = cidr.network else {
+        return None;
+    };
+    if cidr.prefix >= 31 {
+        return None;
+    }
+    let base = u32::from(net);
+    let broadcast = base | (u32::MAX >> cidr.prefix);
+    let has = |n: u32| range.contains(IpAddr::V4(n.into()));
+    if has(base) {
+        Some(format!("the network address {net}"))
+    } else if has(broadcast) {
+        Some(format!(
+            "the broadcast address {}",
+            std::net::Ipv4Addr::from(broadcast)
+        ))
+    } else {
+        None
+    }
+}
+
+/// Two pools handing out the same address would hand it out twice.
+fn overlaps(pools: &[IpPool], found: &mut Found) {
+    for (i, a) in pools.iter().enumerate() {
+        for b in &pools[i + 1..] {
+            for ra in &a.ranges {
+                if let Some(rb) = b.ranges.iter().find(|rb| rb.overlaps(ra)) {
+                    found.problems.push(format!(
+                        "`ipPools.{}.range` {ra} overlaps `ipPools.{}.range` {rb}: two pools must never hand out the same address",
+                        a.name, b.name
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ParseError, ProviderConfig};
+
+    const BASE: &str =
+        "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n";
+
+    fn problems(pools: &str) -> String {
+        match ProviderConfig::parse(&format!("{BASE}{pools}")) {
+            Err(ParseError::Invalid(p)) => p.join("\n"),
+            other => panic!("expected problems, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_issue_example_loads() {
+        let c = ProviderConfig::parse(&format!(
+            "{BASE}ipPools:\n  talos-net:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.199\n    gateway: 10.10.0.1\n    nameservers: [10.10.0.1]\n  v6:\n    cidr: fd00:10::/64\n    range: [fd00:10::100-fd00:10::1ff, fd00:10::a]\n    bridge: vmbr1\n    vlan: 20\n  split:\n    cidr: 10.20.0.0/24\n    range: 10.20.0.10-10.20.0.19, 10.20.0.30-10.20.0.39\n"
+        ))
+        .unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert_eq!(c.ip_pools.len(), 3);
+        let net = c.ip_pools.iter().find(|p| p.name == "talos-net").unwrap();
+        assert_eq!(net.size(), 100);
+        assert_eq!(net.gateway.unwrap().to_string(), "10.10.0.1");
+        assert_eq!(net.nameservers.len(), 1);
+        let v6 = c.ip_pools.iter().find(|p| p.name == "v6").unwrap();
+        assert_eq!(v6.size(), 257);
+        assert_eq!(v6.ranges[0].to_string(), "fd00:10::a");
+        assert_eq!(v6.bridge.as_ref().unwrap().to_string(), "vmbr1");
+        let split = c.ip_pools.iter().find(|p| p.name == "split").unwrap();
+        assert_eq!(split.size(), 20);
+    }
+
+    #[test]
+    fn every_problem_names_the_pool_and_key() {
+        let all = problems(
+            "ipPools:\n  a:\n    cidr: 10.10.0.0/24\n    range: 10.10.1.5-10.10.1.9\n    gateway: 10.9.0.1\n  b:\n    cidr: 10.10.0.5/24\n    range: ''\n  c:\n    range: 10.0.0.1-10.0.0.x\n  d:\n    cidr: 10.30.0.0/24\n    range: 10.30.0.0-10.30.0.10\n    nameservers: [dns]\n    vlan: 5000\n",
+        );
+        for wanted in [
+            "`ipPools.a.range`: 10.10.1.5-10.10.1.9 is outside the pool's cidr 10.10.0.0/24",
+            "`ipPools.a.gateway`: 10.9.0.1 is outside the pool's cidr 10.10.0.0/24",
+            "`ipPools.b.cidr`: 10.10.0.5/24 has host bits set; the network is 10.10.0.0/24",
+            "`ipPools.b.range`: is empty",
+            "`ipPools.c.cidr`: is missing",
+            "`ipPools.c.range`: \"10.0.0.x\" is not an IPv4 or IPv6 address",
+            "`ipPools.d.range`: 10.30.0.0-10.30.0.10 includes the network address 10.30.0.0",
+            "`ipPools.d.nameservers[0]`: \"dns\" is not an IPv4 or IPv6 address",
+            "`ipPools.d.vlan`: 5000 is not a VLAN tag",
+        ] {
+            assert!(all.contains(wanted), "missing {wanted:?} in\n{all}");
+        }
+    }
+
+    #[test]
+    fn overlapping_pools_and_ranges_are_refused() {
+        let all = problems(
+            "ipPools:\n  a:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.150\n  b:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.140-10.10.0.199\n  c:\n    cidr: 10.20.0.0/24\n    range: [10.20.0.140-10.20.0.199, 10.20.0.190-10.20.0.195]\n",
+        );
+        assert!(
+            all.contains(
+                "`ipPools.c.range`: 10.20.0.190-10.20.0.195 overlaps 10.20.0.140-10.20.0.199"
+            ),
+            "{all}"
+        );
+        assert!(
+            all.contains("`ipPools.a.range` 10.10.0.100-10.10.0.150 overlaps `ipPools.b.range` 10.10.0.140-10.10.0.199"),
+            "{all}"
+        );
+        // Same network, disjoint ranges: fine.
+        ProviderConfig::parse(&format!(
+            "{BASE}ipPools:\n  a:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.149\n  b:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.150-10.10.0.199\n"
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn pools_named_in_defaults_and_nodes_must_exist() {
+        let all = problems(
+            "ipPools:\n  talos-net:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.199\ndefaults:\n  ip_pool: talos-nt\nnodes:\n  pve2:\n    additional_nics:\n      - bridge: vmbr1\n        ip_pool: storage\n",
+        );
+        assert!(
+            all.contains("`defaults.ip_pool`: no IP pool named \"talos-nt\"")
+                && all.contains("did you mean `talos-net`"),
+            "{all}"
+        );
+        assert!(
+            all.contains("`nodes.pve2.additional_nics[0].ip_pool`: no IP pool named \"storage\""),
+            "{all}"
+        );
+        ProviderConfig::parse(&format!(
+            "{BASE}ipPools:\n  talos-net:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100\ndefaults:\n  ip_pool: talos-net\n"
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn gateway_inside_a_range_and_unknown_keys() {
+        let c = ProviderConfig::parse(&format!(
+            "{BASE}ipPools:\n  a:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.1-10.10.0.10\n    gateway: 10.10.0.1\n    gatway: 10.10.0.1\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.warnings,
+            ["unknown key `ipPools.a.gatway` is ignored (did you mean `gateway`?)"]
+        );
+        assert!(problems("ipPools: [a]\n").contains("`ipPools` must be a mapping"));
+        assert!(problems("ipPools:\n  a: 3\n").contains("`ipPools.a` must be a mapping"));
+        assert!(
+            problems("ipPools:\n  -bad:\n    cidr: 10.0.0.0/8\n    range: 10.0.0.1\n")
+                .contains("`ipPools.\"-bad\"`: a pool name")
+        );
+        // Found by the config fuzz test: names that made key paths ending in '.'.
+        for (name, shown) in [(".", "`ipPools.\".\"`"), ("a.", "`ipPools.\"a.\"`")] {
+            let all = problems(&format!("ipPools:\n  \"{name}\": {{}}\n"));
+            assert!(all.contains(&format!("{shown}: a pool name")), "{all}");
+        }
+    }
+}

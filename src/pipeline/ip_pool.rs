@@ -1,0 +1,217 @@
+//! Static addresses from the config's IP pools, allocated at the start of `pick_node`, before
+//! anything exists in Proxmox: the seed's network-config (built in `create_vm` or `configure_vm`)
+//! and the VM's MACs depend on them.
+//!
+//! An address is decided by [`ip_pool::allocate`] under the ledger's lock (so concurrent requests
+//! never get the same one), held in the ledger at once, and written to the request's provider state
+//! before the step goes on. A crash before that write loses only an address nothing used yet; after
+//! it, the state holds it, and the next process seeds its ledger from every provider state before it
+//! allocates anything. It is released when the state is destroyed after the VM is
+//! (`controller::teardown`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use super::discover_ip::usable_addresses;
+use super::step::{StepContext, StepError, entry};
+use crate::model::machine::IpAllocation;
+use crate::proxmox::types::ClusterResource;
+use crate::rules::ip_pool::{self, IpPool};
+
+/// How long the addresses running VMs reported through their guest agent are trusted.
+///
+/// Asking every running VM's agent costs one request per VM, so it is not done per allocation:
+/// the answers are kept this long and read again only when a request needs an address after that
+/// (a provider without pools never asks). A VM that took an address from the pool's range by hand
+/// in the meantime is therefore noticed within this time; a VM gone from the listing stops
+/// counting at once, since only VMs the current listing still shows are counted.
+pub const AGENT_ADDRESSES_MAX_AGE: Duration = Duration::from_secs(180);
+
+/// How many guest agents are asked at once when the cache is refreshed.
+const AGENT_READS_AT_ONCE: usize = 8;
+
+/// Gives every NIC that names a pool its address, recorded in the provider state, unless it has one.
+pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
+    let wanted: Vec<(u8, String)> = ip_pool::wanted(&ctx.data)
+        .into_iter()
+        .map(|(nic, pool)| (nic, pool.to_owned()))
+        .collect();
+    if ctx.state.recorded_vmid().is_some() {
+        // The VM exists (or may): its seed was written with what the state records.
+        return Ok(());
+    }
+    let before = ctx.state.ip_allocations.len();
+    // A class changed before the VM existed: an allocation for a pool it no longer names goes.
+    let stale: Vec<IpAllocation> = ctx
+        .state
+        .ip_allocations
+        .iter()
+        .filter(|a| !wanted.iter().any(|(n, p)| *n == a.nic && *p == a.pool))
+        .cloned()
+        .collect();
+    ctx.state.ip_allocations.retain(|a| !stale.contains(a));
+    let missing: Vec<(u8, String)> = wanted
+        .into_iter()
+        .filter(|(nic, _)| ctx.state.allocation(*nic).is_none())
+        .collect();
+    if missing.is_empty() && stale.is_empty() {
+        return Ok(());
+    }
+    seed(ctx).await?;
+    {
+        let mut held = entry(&ctx.services.ledgers.ip.held);
+        for a in &stale {
+            held.release_nic(&ctx.request.id, a.nic);
+        }
+    }
+    let reported = if missing.is_empty() {
+        BTreeSet::new()
+    } else {
+        reported_addresses(ctx).await?
+    };
+    for (nic, name) in missing {
+        let pool = ip_pool::find(&ctx.services.config.ip_pools, &ip_pool::key_of(nic), &name)
+            .map_err(|p| StepError::Config(format!("invalid provider data: {p}")))?
+            .clone();
+        let address = take(ctx, nic, &pool, &reported)?;
+        tracing::info!(request = %ctx.request.id, pool = %pool.name, %address, nic = %format!("net{nic}"), "allocated a static address");
+        ctx.state.ip_allocations.push(IpAllocation {
+            nic,
+            pool: pool.name.clone(),
+            address,
+        });
+    }
+    ctx.services.ledgers.ip.stop_waiting(&ctx.request.id);
+    if ctx.state.ip_allocations.len() != before || !stale.is_empty() {
+        ctx.report("recording the static addresses").await;
+    }
+    ctx.persist().await
+}
+
+/// Decides and holds one address under the ledger's lock. An address this request already holds
+/// in the ledger (taken by an attempt whose state write failed) is taken again.
+fn take(
+    ctx: &StepContext<'_>,
+    nic: u8,
+    pool: &IpPool,
+    reported: &BTreeSet<IpAddr>,
+) -> Result<IpAddr, StepError> {
+    let mut held = entry(&ctx.services.ledgers.ip.held);
+    if let Some((_, address)) = held
+        .of(&ctx.request.id)
+        .into_iter()
+        .find(|(n, a)| *n == nic && pool.contains(*a))
+    {
+        return Ok(address);
+    }
+    held.release_nic(&ctx.request.id, nic);
+    let mut taken = held.taken();
+    taken.extend(reported.iter().copied());
+    let address = ip_pool::allocate(pool, &taken).map_err(|full| {
+        ctx.services.ledgers.ip.wait_for_address(&ctx.request.id);
+        StepError::PoolFull(format!(
+            "{full}; a machine on it must go away (or the pool grow in the config file) before this one gets an address"
+        ))
+    })?;
+    held.hold(
+        &ctx.request.id,
+        &[IpAllocation {
+            nic,
+            pool: pool.name.clone(),
+            address,
+        }],
+    );
+    Ok(address)
+}
+
+/// Fills the ledger from every provider state in Omni, once per process.
+async fn seed(ctx: &StepContext<'_>) -> Result<(), StepError> {
+    let ip = &ctx.services.ledgers.ip;
+    ip.seeded
+        .get_or_try_init(|| async {
+            let states = ctx
+                .progress
+                .machine_states()
+                .await
+                .map_err(StepError::omni(
+                    "reading every provider state for the IP pools",
+                ))?;
+            let released = entry(&ip.released_before_seed).clone();
+            let mut held = entry(&ip.held);
+            for (request, state) in states.iter().filter(|(r, _)| !released.contains(r)) {
+                held.hold(request, &state.ip_allocations);
+            }
+            tracing::info!(
+                allocations = held.len(),
+                states = states.len(),
+                "IP ledger loaded from the provider states"
+            );
+            Ok::<(), StepError>(())
+        })
+        .await
+        .map(|_| ())
+}
+
+/// The addresses the guest agents of the VMs the current listing shows reported, read again when
+/// older than [`AGENT_ADDRESSES_MAX_AGE`].
+async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr>, StepError> {
+    let resources = ctx.cluster(false).await?.to_vec();
+    let vms: Vec<_> = resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm) if !vm.template => Some(vm.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut cache = ctx.services.ledgers.ip.agent.lock().await;
+    let fresh = cache
+        .as_ref()
+        .is_some_and(|(at, _)| at.elapsed() < AGENT_ADDRESSES_MAX_AGE);
+    if !fresh {
+        let answers = agent_addresses(&ctx.services.pve, &vms).await;
+        *cache = Some((Instant::now(), answers));
+    }
+    let present: BTreeSet<u32> = vms.iter().map(|vm| vm.vmid.get()).collect();
+    Ok(cache
+        .as_ref()
+        .map(|(_, by_vm)| {
+            by_vm
+                .iter()
+                .filter(|(vmid, _)| present.contains(vmid))
+                .flat_map(|(_, addresses)| addresses.iter().copied())
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// What the guest agent of each running VM among `vms` reports, by VMID: one request per running VM,
+/// [`AGENT_READS_AT_ONCE`] at a time. A VM without an agent (or whose agent is not up yet) reports
+/// nothing; that is not an error.
+pub async fn agent_addresses(
+    pve: &crate::proxmox::ProxmoxClient,
+    vms: &[crate::proxmox::types::VmResource],
+) -> BTreeMap<u32, Vec<IpAddr>> {
+    let running: Vec<_> = vms
+        .iter()
+        .filter(|vm| !vm.template && vm.status.as_deref() == Some("running"))
+        .collect();
+    let mut answers = BTreeMap::new();
+    for batch in running.chunks(AGENT_READS_AT_ONCE) {
+        let reads = batch
+            .iter()
+            .map(|vm| pve.agent_network_interfaces(&vm.node, vm.vmid));
+        let results = futures_util::future::join_all(reads).await;
+        for (vm, result) in batch.iter().zip(results) {
+            let addresses = match result {
+                Ok(interfaces) => usable_addresses(&interfaces)
+                    .iter()
+                    .filter_map(|a| a.parse().ok())
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            answers.insert(vm.vmid.get(), addresses);
+        }
+    }
+    answers
+}

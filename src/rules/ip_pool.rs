@@ -1,0 +1,822 @@
+//! Static IP pools: which address a machine's NIC gets, and what a pool's use is.
+//!
+//! A pool (`ipPools:` in the config file, read by `config::ip_pools`) is a CIDR, one or more ranges
+//! of addresses inside it that the provider may hand out, and what a NIC on that network needs
+//! besides its address (gateway, nameservers, optionally the bridge and VLAN tag). Provider data
+//! names a pool per NIC (`ip_pool`, `additional_nics[].ip_pool`).
+//!
+//! The decision is [`allocate`]: the lowest address of the pool's ranges that is not taken. What is
+//! taken is the caller's to gather (the provider states' allocations, kept in the in-process
+//! [`IpLedger`], and the addresses running VMs report through their guest agent); the pipeline,
+//! `validate` and the `pools` command all count with [`usage`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::model::machine::IpAllocation;
+use crate::proxmox::property::{BridgeName, MacAddr, VlanTag};
+use crate::rules::cloud_init::{NetworkConfig, StaticNic, mac_for_request};
+use crate::rules::provider_data::{Problem, ProviderData};
+
+/// An address with a prefix length: a pool's network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    /// The network address (host bits zero).
+    pub network: IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `10.10.0.0/24` or `fd00:10::/64`; the host bits must be zero.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (addr, prefix) = s.trim().split_once('/').ok_or_else(|| {
+            format!("{s:?} is not a CIDR; write it as network/prefix, e.g. 10.10.0.0/24")
+        })?;
+        let network: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{addr:?} is not an IPv4 or IPv6 address"))?;
+        let max = bits(network);
+        let prefix: u8 = prefix
+            .parse()
+            .ok()
+            .filter(|p| u32::from(*p) <= max)
+            .ok_or_else(|| format!("prefix length {prefix:?} must be a number from 0 to {max}"))?;
+        let cidr = Self { network, prefix };
+        if number(network) & !cidr.mask() != 0 {
+            let base = from_number(network, number(network) & cidr.mask());
+            return Err(format!(
+                "{s} has host bits set; the network is {base}/{prefix}"
+            ));
+        }
+        Ok(cidr)
+    }
+
+    fn mask(&self) -> u128 {
+        let width = bits(self.network);
+        let host = width - u32::from(self.prefix).min(width);
+        let all = if width == 128 {
+            u128::MAX
+        } else {
+            (1u128 << width) - 1
+        };
+        let host_bits = if host >= 128 {
+            u128::MAX
+        } else {
+            (1u128 << host) - 1
+        };
+        all & !host_bits
+    }
+
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        addr.is_ipv4() == self.network.is_ipv4()
+            && number(addr) & self.mask() == number(self.network)
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+/// Addresses `first` to `last`, both included, of one family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AddressRange {
+    pub first: IpAddr,
+    pub last: IpAddr,
+}
+
+impl AddressRange {
+    /// Parses `10.10.0.100-10.10.0.199` (or a single address).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (a, b) = s.split_once('-').unwrap_or((s, s));
+        let parse = |t: &str| {
+            t.trim()
+                .parse::<IpAddr>()
+                .map_err(|_| format!("{:?} is not an IPv4 or IPv6 address", t.trim()))
+        };
+        let (first, last) = (parse(a)?, parse(b)?);
+        if first.is_ipv4() != last.is_ipv4() {
+            return Err(format!("{s:?} mixes IPv4 and IPv6"));
+        }
+        if number(first) > number(last) {
+            return Err(format!("{s:?} ends before it starts; write first-last"));
+        }
+        Ok(Self { first, last })
+    }
+
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        addr.is_ipv4() == self.first.is_ipv4()
+            && (number(self.first)..=number(self.last)).contains(&number(addr))
+    }
+
+    /// How many addresses (saturating: an IPv6 range may hold 2^128).
+    pub fn size(&self) -> u128 {
+        (number(self.last) - number(self.first)).saturating_add(1)
+    }
+
+    pub fn overlaps(&self, other: &AddressRange) -> bool {
+        self.first.is_ipv4() == other.first.is_ipv4()
+            && number(self.first) <= number(other.last)
+            && number(other.first) <= number(self.last)
+    }
+}
+
+impl fmt::Display for AddressRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
+/// One named pool of the config file, checked (ranges inside the CIDR, of its family, not
+/// overlapping each other).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpPool {
+    pub name: String,
+    pub cidr: Cidr,
+    /// Sorted, disjoint.
+    pub ranges: Vec<AddressRange>,
+    pub gateway: Option<IpAddr>,
+    pub nameservers: Vec<IpAddr>,
+    /// The bridge a NIC on this pool goes on (over the class's), when the pool says.
+    pub bridge: Option<BridgeName>,
+    /// The VLAN tag of a NIC on this pool (over the class's), when the pool says.
+    pub vlan: Option<VlanTag>,
+}
+
+impl IpPool {
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        self.ranges.iter().any(|r| r.contains(addr))
+    }
+
+    /// How many addresses the pool hands out.
+    pub fn size(&self) -> u128 {
+        self.ranges
+            .iter()
+            .map(AddressRange::size)
+            .fold(0, u128::saturating_add)
+    }
+}
+
+/// A pool with no address left.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pool {pool} has no free address: {in_use} of {size} in use")]
+pub struct PoolFull {
+    pub pool: String,
+    pub in_use: u128,
+    pub size: u128,
+}
+
+/// How many of the pool's addresses are in `taken`, and how many it has.
+/// A gateway inside a range counts as in use: it is never handed out.
+pub fn usage(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> (u128, u128) {
+    let gateway = pool
+        .gateway
+        .filter(|g| pool.contains(*g) && !taken.contains(g));
+    let in_use =
+        taken.iter().filter(|a| pool.contains(**a)).count() as u128 + u128::from(gateway.is_some());
+    (in_use, pool.size())
+}
+
+/// The decision: the lowest address of the pool's ranges not in `taken`.
+///
+/// Each range is walked from its first address over the taken ones only, so a pool of any size
+/// costs at most one step per taken address.
+pub fn allocate(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> Result<IpAddr, PoolFull> {
+    let with_gateway;
+    let taken = match pool.gateway {
+        Some(g) if pool.contains(g) && !taken.contains(&g) => {
+            with_gateway = taken.iter().copied().chain([g]).collect::<BTreeSet<_>>();
+            &with_gateway
+        }
+        _ => taken,
+    };
+    for range in &pool.ranges {
+        let last = number(range.last);
+        // `None` once the range's last address is taken too.
+        let mut candidate = Some(number(range.first));
+        for t in taken.range(range.first..=range.last) {
+            let Some(c) = candidate else { break };
+            let n = number(*t);
+            if n > c {
+                break;
+            }
+            if n == c {
+                candidate = (c < last).then(|| c + 1);
+            }
+        }
+        if let Some(c) = candidate {
+            return Ok(from_number(range.first, c));
+        }
+    }
+    let (in_use, size) = usage(pool, taken);
+    Err(PoolFull {
+        pool: pool.name.clone(),
+        in_use,
+        size,
+    })
+}
+
+/// The pool named `name`, or a problem under `key` naming the pools there are.
+pub fn find<'a>(pools: &'a [IpPool], key: &str, name: &str) -> Result<&'a IpPool, Problem> {
+    pools.iter().find(|p| p.name == name).ok_or_else(|| {
+        let names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+        let known = if names.is_empty() {
+            "the config file defines no pools; add one under `ipPools:`".to_string()
+        } else {
+            format!(
+                "the config file's `ipPools:` has {}{}",
+                names.join(", "),
+                crate::did_you_mean::hint(name, &names)
+            )
+        };
+        Problem {
+            key: key.to_owned(),
+            message: format!("no IP pool named {name:?}: {known}"),
+        }
+    })
+}
+
+/// Where a NIC's pool is named in provider data.
+pub fn key_of(nic: u8) -> String {
+    if nic == 0 {
+        "ip_pool".into()
+    } else {
+        format!("additional_nics[{}].ip_pool", nic - 1)
+    }
+}
+
+/// The pools the provider data asks for, by NIC: `(0, ip_pool)`, `(n, additional_nics[n-1].ip_pool)`.
+pub fn wanted(data: &ProviderData) -> Vec<(u8, &str)> {
+    let first = data.ip_pool.as_deref().map(|p| (0, p));
+    let more = data
+        .additional_nics
+        .iter()
+        .enumerate()
+        .filter_map(|(i, nic)| {
+            let index = u8::try_from(i + 1).ok()?;
+            nic.ip_pool.as_deref().map(|p| (index, p))
+        });
+    first.into_iter().chain(more).collect()
+}
+
+/// Checks that every pool the provider data names exists, and puts each NIC on its pool's bridge and
+/// VLAN when the pool names them: a pool's addresses only work on its network.
+pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), Vec<Problem>> {
+    let mut problems = Vec::new();
+    let wanted: Vec<(u8, String)> = wanted(data)
+        .into_iter()
+        .map(|(n, p)| (n, p.to_owned()))
+        .collect();
+    for (nic, name) in wanted {
+        let pool = match find(pools, &key_of(nic), &name) {
+            Ok(p) => p,
+            Err(p) => {
+                problems.push(p);
+                continue;
+            }
+        };
+        if nic == 0 {
+            if let Some(bridge) = &pool.bridge {
+                data.network_bridge = bridge.clone();
+            }
+            if pool.vlan.is_some() {
+                data.vlan = pool.vlan;
+            }
+        } else if let Some(extra) = data.additional_nics.get_mut(usize::from(nic) - 1) {
+            if let Some(bridge) = &pool.bridge {
+                extra.bridge = bridge.clone();
+            }
+            if pool.vlan.is_some() {
+                extra.vlan = pool.vlan;
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+/// A deterministic MAC per NIC of a request: net0 keeps [`mac_for_request`]'s, the others differ by
+/// their index. Set on every NIC once one has a static address, so the seed's network-config can
+/// name each NIC by its MAC.
+pub fn mac_for_nic(request_id: &str, nic: u8) -> MacAddr {
+    if nic == 0 {
+        mac_for_request(request_id)
+    } else {
+        mac_for_request(&format!("{request_id}#net{nic}"))
+    }
+}
+
+/// The seed's network config: with at least one static address, each NIC by its MAC, a static
+/// address where an allocation is recorded and DHCP elsewhere; plain DHCP (as the official provider
+/// does) when no NIC has a pool. A recorded allocation whose pool is gone from the config is a
+/// problem under its key.
+pub fn network_config(
+    request_id: &str,
+    nic_count: usize,
+    allocations: &[IpAllocation],
+    pools: &[IpPool],
+) -> Result<NetworkConfig, Problem> {
+    if allocations.is_empty() {
+        return Ok(NetworkConfig::Dhcp);
+    }
+    let mut nics = Vec::new();
+    let mut nameservers: Vec<IpAddr> = Vec::new();
+    for i in 0..nic_count {
+        let Ok(index) = u8::try_from(i) else { break };
+        let mut nic = StaticNic {
+            name: format!("eth{i}"),
+            mac: mac_for_nic(request_id, index),
+            address: None,
+            gateway: None,
+        };
+        if let Some(a) = allocations.iter().find(|a| a.nic == index) {
+            let pool = find(pools, &key_of(index), &a.pool)?;
+            nic.address = Some((a.address, pool.cidr.prefix));
+            nic.gateway = pool.gateway;
+            for ns in &pool.nameservers {
+                if !nameservers.contains(ns) {
+                    nameservers.push(*ns);
+                }
+            }
+        }
+        nics.push(nic);
+    }
+    Ok(NetworkConfig::Static { nics, nameservers })
+}
+
+/// What this process knows is allocated, by address: seeded once from every provider state in
+/// Omni, then kept by the allocations and releases of this process. Lost at a restart by design:
+/// the provider states hold every allocation that anything depends on, and the next process reads
+/// them again before it allocates.
+#[derive(Debug, Default, Clone)]
+pub struct IpLedger {
+    /// Address → (request ID, NIC).
+    held: BTreeMap<IpAddr, (String, u8)>,
+}
+
+impl IpLedger {
+    /// Counts `request`'s recorded allocations.
+    pub fn hold(&mut self, request: &str, allocations: &[IpAllocation]) {
+        for a in allocations {
+            self.held.insert(a.address, (request.to_owned(), a.nic));
+        }
+    }
+
+    /// Every address held, by anyone.
+    pub fn taken(&self) -> BTreeSet<IpAddr> {
+        self.held.keys().copied().collect()
+    }
+
+    /// Who holds `address`.
+    pub fn holder(&self, address: IpAddr) -> Option<(&str, u8)> {
+        self.held.get(&address).map(|(r, n)| (r.as_str(), *n))
+    }
+
+    /// What `request` holds, by NIC.
+    pub fn of(&self, request: &str) -> Vec<(u8, IpAddr)> {
+        self.held
+            .iter()
+            .filter(|(_, (r, _))| r == request)
+            .map(|(a, (_, n))| (*n, *a))
+            .collect()
+    }
+
+    /// Forgets `request`'s allocations (its provider state is gone).
+    pub fn release(&mut self, request: &str) {
+        self.held.retain(|_, (r, _)| r != request);
+    }
+
+    /// Forgets one NIC's allocation of `request` (replaced before its VM existed).
+    pub fn release_nic(&mut self, request: &str, nic: u8) {
+        self.held.retain(|_, (r, n)| !(r == request && *n == nic));
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+/// One address held by one machine, for reports.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Holding {
+    pub address: IpAddr,
+    pub request: String,
+    /// `net0`, `net1`, …
+    pub nic: String,
+}
+
+/// A pool's use, as the `pools` command and `validate` show it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PoolUse {
+    pub name: String,
+    pub cidr: String,
+    pub ranges: Vec<String>,
+    /// Saturating at `u64::MAX` for huge IPv6 ranges.
+    pub size: u64,
+    pub in_use: u64,
+    pub free: u64,
+    /// Addresses held by a provider state, by machine request.
+    pub held: Vec<Holding>,
+    /// Addresses running VMs report through their guest agent that no provider state holds.
+    pub reported_by_vms: Vec<IpAddr>,
+}
+
+/// Allocations whose machine request is gone (its provider state is left over), or that name a pool
+/// the config no longer has.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LeftOver {
+    pub gone_requests: Vec<Holding>,
+    pub unknown_pools: Vec<(String, Holding)>,
+}
+
+/// The use of every pool: `states` are every provider state's allocations by request, `reported`
+/// the addresses running VMs' guest agents report, `live` the machine requests that exist.
+pub fn report(
+    pools: &[IpPool],
+    states: &[(String, Vec<IpAllocation>)],
+    reported: &BTreeSet<IpAddr>,
+    live: &BTreeSet<String>,
+) -> (Vec<PoolUse>, LeftOver) {
+    let holding = |request: &str, a: &IpAllocation| Holding {
+        address: a.address,
+        request: request.to_owned(),
+        nic: format!("net{}", a.nic),
+    };
+    let mut left = LeftOver::default();
+    for (request, allocations) in states {
+        for a in allocations {
+            if !live.contains(request) {
+                left.gone_requests.push(holding(request, a));
+            }
+            if !pools.iter().any(|p| p.name == a.pool) {
+                left.unknown_pools
+                    .push((a.pool.clone(), holding(request, a)));
+            }
+        }
+    }
+    let uses = pools
+        .iter()
+        .map(|pool| {
+            let held: Vec<Holding> = states
+                .iter()
+                .flat_map(|(r, list)| {
+                    list.iter()
+                        .filter(|a| a.pool == pool.name)
+                        .map(move |a| holding(r, a))
+                })
+                .collect();
+            let mut taken: BTreeSet<IpAddr> = held.iter().map(|h| h.address).collect();
+            let reported_by_vms: Vec<IpAddr> = reported
+                .iter()
+                .filter(|a| pool.contains(**a) && !taken.contains(a))
+                .copied()
+                .collect();
+            taken.extend(reported_by_vms.iter().copied());
+            let (in_use, size) = usage(pool, &taken);
+            let clamp = |n: u128| u64::try_from(n).unwrap_or(u64::MAX);
+            PoolUse {
+                name: pool.name.clone(),
+                cidr: pool.cidr.to_string(),
+                ranges: pool.ranges.iter().map(ToString::to_string).collect(),
+                size: clamp(size),
+                in_use: clamp(in_use),
+                free: clamp(size.saturating_sub(in_use)),
+                held,
+                reported_by_vms,
+            }
+        })
+        .collect();
+    (uses, left)
+}
+
+fn bits(addr: IpAddr) -> u32 {
+    if addr.is_ipv4() { 32 } else { 128 }
+}
+
+fn number(addr: IpAddr) -> u128 {
+    match addr {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6),
+    }
+}
+
+/// The address of `like`'s family numbered `n` (which fits, being inside a range of that family).
+fn from_number(like: IpAddr, n: u128) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(u32::try_from(n).unwrap_or(u32::MAX).into()),
+        IpAddr::V6(_) => IpAddr::V6(n.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn pool(cidr: &str, ranges: &[&str]) -> IpPool {
+        let mut ranges: Vec<AddressRange> = ranges
+            .iter()
+            .map(|r| AddressRange::parse(r).unwrap())
+            .collect();
+        ranges.sort();
+        IpPool {
+            name: "talos-net".into(),
+            cidr: Cidr::parse(cidr).unwrap(),
+            ranges,
+            gateway: None,
+            nameservers: vec![],
+            bridge: None,
+            vlan: None,
+        }
+    }
+
+    fn set(addrs: &[&str]) -> BTreeSet<IpAddr> {
+        addrs.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn cidrs_parse_and_refuse_host_bits() {
+        let c = Cidr::parse("10.10.0.0/24").unwrap();
+        assert!(c.contains("10.10.0.255".parse().unwrap()));
+        assert!(!c.contains("10.10.1.0".parse().unwrap()));
+        assert!(!c.contains("::1".parse().unwrap()));
+        assert!(
+            Cidr::parse("0.0.0.0/0")
+                .unwrap()
+                .contains("255.1.2.3".parse().unwrap())
+        );
+        assert!(
+            Cidr::parse("fd00::/64")
+                .unwrap()
+                .contains("fd00::ffff".parse().unwrap())
+        );
+        assert!(
+            Cidr::parse("::/0")
+                .unwrap()
+                .contains("fd00::1".parse().unwrap())
+        );
+        assert_eq!(
+            Cidr::parse("10.10.0.5/24").unwrap_err(),
+            "10.10.0.5/24 has host bits set; the network is 10.10.0.0/24"
+        );
+        assert!(Cidr::parse("10.10.0.0/33").unwrap_err().contains("0 to 32"));
+        assert!(
+            Cidr::parse("10.10.0.0")
+                .unwrap_err()
+                .contains("network/prefix")
+        );
+        assert!(
+            Cidr::parse("10.10.0/24")
+                .unwrap_err()
+                .contains("not an IPv4")
+        );
+    }
+
+    #[test]
+    fn lowest_free_address_first_and_over_several_ranges() {
+        let p = pool("10.10.0.0/24", &["10.10.0.100-10.10.0.101", "10.10.0.50"]);
+        assert_eq!(p.size(), 3);
+        assert_eq!(allocate(&p, &set(&[])).unwrap().to_string(), "10.10.0.50");
+        assert_eq!(
+            allocate(&p, &set(&["10.10.0.50"])).unwrap().to_string(),
+            "10.10.0.100"
+        );
+        assert_eq!(
+            allocate(
+                &p,
+                &set(&["10.10.0.50", "10.10.0.100", "10.9.0.1", "fd00::1"])
+            )
+            .unwrap()
+            .to_string(),
+            "10.10.0.101"
+        );
+        let full = allocate(
+            &p,
+            &set(&["10.10.0.50", "10.10.0.100", "10.10.0.101", "10.10.0.7"]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            full.to_string(),
+            "pool talos-net has no free address: 3 of 3 in use"
+        );
+        // A gateway inside a range is never handed out, and counts as in use.
+        let mut gw = p.clone();
+        gw.gateway = "10.10.0.50".parse().ok();
+        assert_eq!(allocate(&gw, &set(&[])).unwrap().to_string(), "10.10.0.100");
+        assert_eq!(usage(&gw, &set(&["10.10.0.100"])), (2, 3));
+    }
+
+    #[test]
+    fn the_issue_wording_for_a_full_pool_of_a_hundred() {
+        let p = pool("10.10.0.0/24", &["10.10.0.100-10.10.0.199"]);
+        let taken: BTreeSet<IpAddr> = (100..=199)
+            .map(|i| format!("10.10.0.{i}").parse().unwrap())
+            .collect();
+        assert_eq!(
+            allocate(&p, &taken).unwrap_err().to_string(),
+            "pool talos-net has no free address: 100 of 100 in use"
+        );
+    }
+
+    #[test]
+    fn ipv6_pools_and_the_last_address() {
+        let p = pool("fd00:10::/64", &["fd00:10::10-fd00:10::12"]);
+        assert_eq!(allocate(&p, &set(&[])).unwrap().to_string(), "fd00:10::10");
+        assert_eq!(
+            allocate(&p, &set(&["fd00:10::10", "fd00:10::11"]))
+                .unwrap()
+                .to_string(),
+            "fd00:10::12"
+        );
+        let all = pool(
+            "::/0",
+            &["ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"],
+        );
+        assert_eq!(
+            allocate(&all, &set(&["ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe"]))
+                .unwrap()
+                .to_string(),
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+        );
+        assert!(
+            allocate(
+                &all,
+                &set(&[
+                    "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe",
+                    "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+                ])
+            )
+            .is_err()
+        );
+        let big = pool(
+            "fd00::/8",
+            &["fd00::-fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"],
+        );
+        assert_eq!(big.size(), 1u128 << 120);
+    }
+
+    #[test]
+    fn an_unknown_pool_names_the_key_and_the_pools() {
+        let pools = [pool("10.10.0.0/24", &["10.10.0.1"])];
+        let p = find(&pools, "additional_nics[0].ip_pool", "talos-nte").unwrap_err();
+        assert_eq!(p.key, "additional_nics[0].ip_pool");
+        assert!(
+            p.message.contains("no IP pool named \"talos-nte\""),
+            "{}",
+            p.message
+        );
+        assert!(p.message.contains("talos-net"), "{}", p.message);
+        let none = find(&[], "ip_pool", "x").unwrap_err();
+        assert!(
+            none.message.contains("defines no pools"),
+            "{}",
+            none.message
+        );
+    }
+
+    #[test]
+    fn the_ledger_holds_releases_and_answers_by_request() {
+        let mut l = IpLedger::default();
+        let a = |nic, addr: &str| IpAllocation {
+            nic,
+            pool: "p".into(),
+            address: addr.parse().unwrap(),
+        };
+        l.hold("r1", &[a(0, "10.0.0.1"), a(1, "10.0.1.1")]);
+        l.hold("r2", &[a(0, "10.0.0.2")]);
+        assert_eq!(l.len(), 3);
+        assert_eq!(l.holder("10.0.0.2".parse().unwrap()), Some(("r2", 0)));
+        assert_eq!(l.of("r1").len(), 2);
+        l.release_nic("r1", 1);
+        assert_eq!(l.of("r1").len(), 1);
+        l.release("r1");
+        assert_eq!(l.taken(), set(&["10.0.0.2"]));
+    }
+
+    #[test]
+    fn the_report_counts_states_and_running_vms_and_finds_left_overs() {
+        let mut p = pool("10.10.0.0/24", &["10.10.0.100-10.10.0.103"]);
+        p.gateway = "10.10.0.1".parse().ok();
+        let a = |nic, pool: &str, addr: &str| IpAllocation {
+            nic,
+            pool: pool.into(),
+            address: addr.parse().unwrap(),
+        };
+        let states = vec![
+            ("live-1".to_string(), vec![a(0, "talos-net", "10.10.0.100")]),
+            ("gone-1".to_string(), vec![a(1, "talos-net", "10.10.0.101")]),
+            ("live-2".to_string(), vec![a(0, "old-pool", "10.99.0.1")]),
+        ];
+        let live: BTreeSet<String> = ["live-1".to_string(), "live-2".to_string()].into();
+        let (uses, left) = report(
+            &[p],
+            &states,
+            &set(&["10.10.0.101", "10.10.0.102", "10.0.0.9"]),
+            &live,
+        );
+        assert_eq!(uses.len(), 1);
+        assert_eq!((uses[0].size, uses[0].in_use, uses[0].free), (4, 3, 1));
+        assert_eq!(uses[0].held.len(), 2);
+        assert_eq!(
+            uses[0].reported_by_vms,
+            ["10.10.0.102".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(left.gone_requests.len(), 1);
+        assert_eq!(left.gone_requests[0].request, "gone-1");
+        assert_eq!(left.gone_requests[0].nic, "net1");
+        assert_eq!(left.unknown_pools[0].0, "old-pool");
+    }
+
+    #[test]
+    fn the_seed_names_every_nic_by_mac_with_dhcp_where_no_pool_is_named() {
+        let mut p = pool("10.10.0.0/24", &["10.10.0.100-10.10.0.110"]);
+        p.gateway = "10.10.0.1".parse().ok();
+        p.nameservers = vec!["10.10.0.53".parse().unwrap()];
+        let on_net1 = [IpAllocation {
+            nic: 1,
+            pool: "talos-net".into(),
+            address: "10.10.0.100".parse().unwrap(),
+        }];
+        assert_eq!(
+            network_config("r", 2, &[], std::slice::from_ref(&p)).unwrap(),
+            NetworkConfig::Dhcp
+        );
+        let NetworkConfig::Static { nics, nameservers } =
+            network_config("r", 2, &on_net1, std::slice::from_ref(&p)).unwrap()
+        else {
+            panic!("static expected");
+        };
+        assert_eq!(nics.len(), 2);
+        assert_eq!((nics[0].mac, nics[0].address), (mac_for_request("r"), None));
+        assert_eq!(nics[1].mac, mac_for_nic("r", 1));
+        assert_ne!(nics[1].mac, nics[0].mac);
+        assert_eq!(nics[1].name, "eth1");
+        assert_eq!(nics[1].address, Some(("10.10.0.100".parse().unwrap(), 24)));
+        assert_eq!(nics[1].gateway, p.gateway);
+        assert_eq!(nameservers, p.nameservers);
+        // The pool was removed from the config since: named, with its key.
+        let gone = network_config("r", 2, &on_net1, &[]).unwrap_err();
+        assert_eq!(gone.key, "additional_nics[0].ip_pool");
+    }
+
+    fn v4_pool() -> impl Strategy<Value = IpPool> {
+        // Up to three disjoint ranges inside 10.20.0.0/16.
+        prop::collection::btree_set(0u32..4000, 1..7).prop_map(|cuts| {
+            let cuts: Vec<u32> = cuts.into_iter().collect();
+            let ranges: Vec<String> = cuts
+                .chunks(2)
+                .map(|c| {
+                    let a = 0x0a14_0000 + c[0] * 2;
+                    let b = 0x0a14_0000 + c.get(1).copied().unwrap_or(c[0]) * 2;
+                    format!(
+                        "{}-{}",
+                        std::net::Ipv4Addr::from(a),
+                        std::net::Ipv4Addr::from(b)
+                    )
+                })
+                .collect();
+            let refs: Vec<&str> = ranges.iter().map(String::as_str).collect();
+            pool("10.20.0.0/16", &refs)
+        })
+    }
+
+    proptest! {
+        /// Whatever is taken (inside the pool or not), an allocation is inside the pool's ranges,
+        /// not taken, and the lowest such address; a refusal means every address is taken.
+        #[test]
+        fn allocation_never_returns_a_taken_or_outside_address(
+            p in v4_pool(),
+            taken in prop::collection::btree_set(0x0a13_fff0u32..0x0a14_2000, 0..300),
+        ) {
+            let taken: BTreeSet<IpAddr> = taken.into_iter().map(|n| IpAddr::V4(n.into())).collect();
+            match allocate(&p, &taken) {
+                Ok(a) => {
+                    prop_assert!(p.contains(a) && p.cidr.contains(a));
+                    prop_assert!(!taken.contains(&a));
+                    let lower_free = p.ranges.iter().any(|r| {
+                        (number(r.first)..number(a).min(number(r.last) + 1))
+                            .any(|n| !taken.contains(&from_number(a, n)))
+                    });
+                    prop_assert!(!lower_free, "{a} is not the lowest free address");
+                }
+                Err(full) => {
+                    prop_assert_eq!(full.in_use, full.size);
+                    prop_assert_eq!(full.size, p.size());
+                }
+            }
+        }
+    }
+}
