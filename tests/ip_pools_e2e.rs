@@ -496,27 +496,7 @@ async fn a_clone_gets_the_seeds_mac_and_the_pools_vlan() {
 
 /// `validate CLASS` with the binary, the class on stdin: (exit ok, stdout).
 fn validate(config: &std::path::Path, class: &str) -> (bool, String) {
-    use std::io::Write as _;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
-        .args(["validate", "--config-file"])
-        .arg(config)
-        .args(["--output", "table", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(class.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
+    support::cli(&["validate", "--output", "table", "-"], config, class)
 }
 
 /// `validate` checks that the pool a class names exists and has a free address, counting what the

@@ -27,9 +27,7 @@ use crate::omni::client::OmniClient;
 use crate::omni::resources::{MachineRequest, ProviderMachine, label};
 use crate::omni::state::LabelSelector;
 use crate::omni::transport;
-use crate::pipeline::ip_pool::agent_addresses;
 use crate::proxmox::ProxmoxClient;
-use crate::proxmox::types::ClusterResource;
 use crate::rules::ip_pool::{self, LeftOver, PoolUse};
 use crate::telemetry::{self, LogFormat};
 
@@ -112,7 +110,7 @@ pub async fn run(args: PoolsArgs) -> CliResult {
         BTreeSet::new()
     } else {
         let pve = ProxmoxClient::new(&config.proxmox)?;
-        reported_addresses(&pve).await?
+        crate::pipeline::ip_pool::reported_by_agents(&pve).await?
     };
     let (uses, left) = ip_pool::report(&config.ip_pools, &states, &reported, &live);
     match args.output {
@@ -126,26 +124,6 @@ pub async fn run(args: PoolsArgs) -> CliResult {
         OutputFormat::Table => print!("{}", render_table(&uses, &left)),
     }
     Ok(())
-}
-
-/// Every address the guest agents of running VMs report.
-pub async fn reported_addresses(
-    pve: &ProxmoxClient,
-) -> Result<BTreeSet<std::net::IpAddr>, crate::proxmox::ProxmoxError> {
-    let vms: Vec<_> = pve
-        .cluster_resources(None)
-        .await?
-        .into_iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) => Some(vm),
-            _ => None,
-        })
-        .collect();
-    Ok(agent_addresses(pve, &vms)
-        .await
-        .into_values()
-        .flatten()
-        .collect())
 }
 
 /// The table: one block per pool, then what is left over.

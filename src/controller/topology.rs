@@ -31,7 +31,7 @@ use crate::model::MachineState;
 use crate::model::identity::{self, Claim, ListingVerdict};
 use crate::omni::resources::{ConfigPatchRequest, MachineRequest, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
-use crate::proxmox::types::{ClusterResource, VmResource};
+use crate::proxmox::types::VmResource;
 
 /// Our patch IDs: `<prefix><request id>`. Omni applies a machine's patches in ID order; this sorts
 /// after the official provider's `000-hostname-…` and before patches people add (`400-…` and up in
@@ -229,17 +229,7 @@ async fn wanted_for_live(
         .into_iter()
         .map(|m| (m.metadata.id.clone(), MachineState::from_spec(&m.spec)))
         .collect();
-    let vms: Vec<VmResource> = ctx
-        .services
-        .pve
-        .cluster_resources(None)
-        .await?
-        .into_iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) => Some(vm),
-            _ => None,
-        })
-        .collect();
+    let vms: Vec<VmResource> = ctx.services.pve.vms().await?;
     // Without the region this round writes nothing: a patch without it would be rewritten with it
     // next round, relabelling every node twice.
     let region = region(ctx).await?;

@@ -185,6 +185,19 @@ async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr
         .unwrap_or_default())
 }
 
+/// Every address the guest agents of the cluster's running VMs report (one listing, then one
+/// request per running VM): for `validate` and the `pools` command, which read it once.
+pub async fn reported_by_agents(
+    pve: &crate::proxmox::ProxmoxClient,
+) -> Result<BTreeSet<IpAddr>, crate::proxmox::ProxmoxError> {
+    let vms = pve.vms().await?;
+    Ok(agent_addresses(pve, &vms)
+        .await
+        .into_values()
+        .flatten()
+        .collect())
+}
+
 /// What the guest agent of each running VM among `vms` reports, by VMID: one request per running VM,
 /// [`AGENT_READS_AT_ONCE`] at a time. A VM without an agent (or whose agent is not up yet) reports
 /// nothing; that is not an error.

@@ -38,6 +38,19 @@ impl ProxmoxClient {
         self.get(&["cluster", "resources"], params).await
     }
 
+    /// The guests `/cluster/resources` lists (`type=vm`: VMs and containers), VMs only.
+    pub async fn vms(&self) -> Result<Vec<super::types::VmResource>, ProxmoxError> {
+        Ok(self
+            .cluster_resources(Some(ResourceKind::Vm))
+            .await?
+            .into_iter()
+            .filter_map(|r| match r {
+                ClusterResource::Vm(vm) => Some(vm),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// `GET /cluster/nextid`: the lowest free VMID at this instant (Proxmox sends it as a string). Not a
     /// reservation: a concurrent create can take it, which the caller handles by choosing again.
     pub async fn next_vmid(&self) -> Result<VmId, ProxmoxError> {

@@ -10,7 +10,6 @@ use std::net::IpAddr;
 
 use super::layers::Layers;
 use super::report::{Finding, Outcome};
-use crate::proxmox::types::ClusterResource;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, IpPool};
 use crate::rules::provider_data::{ProviderData, ProviderDataSchema};
@@ -68,20 +67,7 @@ pub async fn pool_findings(
     if ip_pool::wanted(&data).is_empty() {
         return Ok(Vec::new());
     }
-    let vms: Vec<_> = pve
-        .cluster_resources(None)
-        .await?
-        .into_iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) => Some(vm),
-            _ => None,
-        })
-        .collect();
-    let in_use = crate::pipeline::ip_pool::agent_addresses(pve, &vms)
-        .await
-        .into_values()
-        .flatten()
-        .collect();
+    let in_use = crate::pipeline::ip_pool::reported_by_agents(pve).await?;
     Ok(check_pools(&data, pools, &in_use))
 }
 
