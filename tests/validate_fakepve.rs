@@ -3,9 +3,8 @@
 
 mod support;
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use omni_infra_provider_proxmox::config::ProviderConfig;
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
@@ -77,22 +76,11 @@ impl Run {
 }
 
 fn validate(config: &Path, class: &str, output: &str) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
-        .args(["validate", "--config-file"])
-        .arg(config)
-        .args(["--output", output, "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(class.as_bytes())
-        .unwrap();
-    Run::from(child.wait_with_output().unwrap())
+    Run::from(support::cli_output(
+        &["validate", "--output", output, "-"],
+        config,
+        class,
+    ))
 }
 
 const GOOD: &str =

@@ -11,6 +11,15 @@ use std::time::{Duration, Instant};
 /// Runs the provider binary's `args[0]` command with `--config-file config` and the rest of `args`,
 /// feeding it `stdin`: whether it succeeded, and its stdout.
 pub fn cli(args: &[&str], config: &std::path::Path, stdin: &str) -> (bool, String) {
+    let out = cli_output(args, config, stdin);
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// [`cli`] with everything the process left: exit status, stdout and stderr.
+pub fn cli_output(args: &[&str], config: &std::path::Path, stdin: &str) -> std::process::Output {
     use std::io::Write as _;
     use std::process::{Command, Stdio};
     let mut child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
@@ -29,11 +38,7 @@ pub fn cli(args: &[&str], config: &std::path::Path, stdin: &str) -> (bool, Strin
         .unwrap()
         .write_all(stdin.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
+    child.wait_with_output().unwrap()
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `timeout`. Tests wait for
