@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use super::cache::WriteCache;
 use super::error_policy::{self, ReconcileError};
+use super::lanes::Lanes;
 use super::requests::Request;
 use crate::model::MachineState;
 use crate::omni::join::JoinMode;
@@ -32,7 +33,13 @@ pub struct Context {
     finalized: Mutex<HashSet<String>>,
     /// The Proxmox cluster's name (`None`: a standalone node), read once, for the topology labels.
     pub cluster_name: tokio::sync::OnceCell<Option<String>>,
+    /// How many requests work on each Proxmox node at once ([`Context::with_concurrency`]).
+    pub lanes: Lanes,
 }
+
+/// Requests working on one Proxmox node at once unless [`Context::with_concurrency`] says otherwise
+/// (the `--concurrency` default).
+pub const DEFAULT_CONCURRENCY: usize = 4;
 
 impl Context {
     pub fn new(services: Arc<Services>, state: StateClient, join_mode: JoinMode) -> Self {
@@ -47,7 +54,14 @@ impl Context {
             machines,
             finalized: Mutex::new(HashSet::new()),
             cluster_name: tokio::sync::OnceCell::new(),
+            lanes: Lanes::new(DEFAULT_CONCURRENCY),
         }
+    }
+
+    /// `per_node` requests work on each Proxmox node at once, and as many are being placed.
+    pub fn with_concurrency(mut self, per_node: usize) -> Self {
+        self.lanes = Lanes::new(per_node);
+        self
     }
 
     pub fn provider_id(&self) -> &str {

@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use super::context::{self, Context};
 use super::error_policy::ReconcileError;
+use super::lanes::Lane;
 use super::progress::{Phase, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
 use super::runner::Action;
@@ -146,8 +147,15 @@ impl Provisioning<'_> {
         start: usize,
     ) -> Result<Action, ReconcileError> {
         let mut cluster: Option<ClusterView> = None;
+        // A slot in the lane of the node the request is on (placement until it has one), held
+        // while it stays there.
+        let mut slot = None;
         for step in &Step::ALL[start.min(Step::ALL.len())..] {
             let step = *step;
+            self.ctx
+                .lanes
+                .keep_or_enter(&mut slot, Lane::of(state.node.as_ref()))
+                .await;
             let (outcome, progress) = self.run_step(step, info, join, state, &mut cluster).await?;
             match outcome {
                 Ok(StepOutcome::Done) => self.step_done(step, state).await?,

@@ -1,11 +1,17 @@
-//! The controller loop: the MachineRequest watch feeds the [`WorkQueue`], `concurrency` workers take
-//! keys from it and reconcile them, and the outcome decides when the key comes back.
+//! The controller loop: the MachineRequest watch feeds the [`WorkQueue`], each key taken from it is
+//! reconciled in a task of its own (at most `max_in_flight` at once), and the outcome decides when
+//! the key comes back.
 //!
 //! Shaped like kube-runtime's controller: the reconcile returns an [`Action`], failures go through an
 //! error policy (its delay grows with the request's consecutive failures, reset on success), and the
 //! loop knows nothing about provisioning: what a key means is the [`Reconcile`] implementation's
 //! business. Reconciles of different requests run concurrently; one request is never reconciled twice
 //! at once (the queue guarantees it).
+//!
+//! The loop's bound is a memory bound, not the Proxmox one: a reconcile mostly waits (for Proxmox,
+//! for Omni, for a slot), and how many may talk to each Proxmox node at once is the reconciler's
+//! business ([`super::lanes`]). Were the loop's bound the limit, reconciles waiting on one slow
+//! node would take every place and hold up requests that have nothing to do with that node.
 //!
 //! Like kube-runtime's reflector store, the loop keeps the last version of each request the watch
 //! delivered and hands it to the reconcile, which then need not read it again.
@@ -60,23 +66,27 @@ pub trait Reconcile: Send + Sync + 'static {
     fn queue_depth(&self, _depth: usize) {}
 }
 
+/// Reconciles in flight at most, by default: more requests than any Proxmox cluster is asked for at
+/// once, each a few KiB while it waits.
+pub const MAX_IN_FLIGHT: usize = 4096;
+
 pub struct Controller<R: Reconcile> {
     reconciler: Arc<R>,
     queue: Arc<WorkQueue<String>>,
     failures: Mutex<HashMap<String, u32>>,
     /// The last version of each request the watch delivered.
     delivered: Mutex<HashMap<String, Arc<Request>>>,
-    concurrency: usize,
+    max_in_flight: usize,
 }
 
 impl<R: Reconcile> Controller<R> {
-    pub fn new(reconciler: Arc<R>, concurrency: usize) -> Arc<Self> {
+    pub fn new(reconciler: Arc<R>, max_in_flight: usize) -> Arc<Self> {
         Arc::new(Self {
             reconciler,
             queue: Arc::new(WorkQueue::new()),
             failures: Mutex::new(HashMap::new()),
             delivered: Mutex::new(HashMap::new()),
-            concurrency: concurrency.max(1),
+            max_in_flight: max_in_flight.max(1),
         })
     }
 
@@ -86,12 +96,7 @@ impl<R: Reconcile> Controller<R> {
         self.enqueue_dangling().await;
         // Set by a Resync, cleared by the Synced that completes the fresh listing.
         let mut relisting = false;
-        let workers: Vec<_> = (0..self.concurrency)
-            .map(|n| {
-                let me = self.clone();
-                tokio::spawn(async move { me.worker(n).await })
-            })
-            .collect();
+        let dispatcher = tokio::spawn(self.clone().dispatch());
         loop {
             tokio::select! {
                 changed = stop.changed() => {
@@ -107,12 +112,38 @@ impl<R: Reconcile> Controller<R> {
         }
         drop(events);
         self.queue.close();
-        let all = futures_util::future::join_all(workers);
+        let Ok(mut running) = dispatcher.await else {
+            return;
+        };
+        let all = async { while running.join_next().await.is_some() {} };
         if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
             tracing::warn!(
                 "reconciles still running at shutdown were cut short; they resume at the next start"
             );
         }
+    }
+
+    /// Takes keys from the queue as they come due and reconciles each in a task of its own, at most
+    /// `max_in_flight` at once; once the queue is closed, hands back the reconciles still running.
+    async fn dispatch(self: Arc<Self>) -> tokio::task::JoinSet<()> {
+        let places = Arc::new(tokio::sync::Semaphore::new(self.max_in_flight));
+        let mut running = tokio::task::JoinSet::new();
+        loop {
+            let Ok(place) = places.clone().acquire_owned().await else {
+                break;
+            };
+            let Some(id) = self.queue.next().await else {
+                break;
+            };
+            let me = self.clone();
+            running.spawn(async move {
+                me.reconcile_one(id).await;
+                drop(place);
+            });
+            // Finished reconciles are collected as we go, so the set holds only running ones.
+            while running.try_join_next().is_some() {}
+        }
+        running
     }
 
     /// Run at start and after every re-bootstrap of the watch: a request removed by force in the gap
@@ -171,31 +202,29 @@ impl<R: Reconcile> Controller<R> {
         self.delivered.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn worker(self: Arc<Self>, n: usize) {
-        while let Some(id) = self.queue.next().await {
-            self.gauge();
-            let span = tracing::info_span!("reconcile", request = %id, worker = n);
-            let delivered = self.delivered_map().get(&id).cloned();
-            let result = self
-                .reconciler
-                .reconcile(&id, delivered)
-                .instrument(span)
-                .await;
-            match result {
-                Ok(Action::Done) => self.reset(&id),
-                Ok(Action::RequeueAfter(d)) => {
-                    self.reset(&id);
-                    self.queue.add_after(id.clone(), d);
-                }
-                Err(e) => {
-                    let delay = self.reconciler.error_policy(&e, self.count_failure(&id));
-                    tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
-                    self.queue.add_after(id.clone(), delay);
-                }
+    async fn reconcile_one(&self, id: String) {
+        self.gauge();
+        let span = tracing::info_span!("reconcile", request = %id);
+        let delivered = self.delivered_map().get(&id).cloned();
+        let result = self
+            .reconciler
+            .reconcile(&id, delivered)
+            .instrument(span)
+            .await;
+        match result {
+            Ok(Action::Done) => self.reset(&id),
+            Ok(Action::RequeueAfter(d)) => {
+                self.reset(&id);
+                self.queue.add_after(id.clone(), d);
             }
-            self.queue.done(&id);
-            self.gauge();
+            Err(e) => {
+                let delay = self.reconciler.error_policy(&e, self.count_failure(&id));
+                tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
+                self.queue.add_after(id.clone(), delay);
+            }
         }
+        self.queue.done(&id);
+        self.gauge();
     }
 
     fn gauge(&self) {

@@ -6,6 +6,7 @@ mod support;
 
 mod clone;
 mod restart;
+mod slow_node;
 mod status;
 
 use std::collections::BTreeMap;
