@@ -419,8 +419,15 @@ fn mib(kib: u64) -> f64 {
 /// The scale figures: bursts at each concurrency, the restart among them, the slow node.
 async fn scale_rows() -> Result<Vec<Row>, String> {
     let n = scale::machines();
-    let concurrencies = [16, 4, 64];
-    let slow = scale::slow_node(16, 5.0).await?;
+    let concurrencies: Vec<usize> = std::env::var("BENCH_CONCURRENCY")
+        .ok()
+        .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![16, 4, 64]);
+    let slow = if std::env::var("BENCH_SLOW_NODE").map_or(true, |v| v != "0") {
+        Some(scale::slow_node(16, 5.0).await?)
+    } else {
+        None
+    };
     let run = scale::run(n, &concurrencies).await?;
     let mut rows = vec![Row::heading(format!(
         "{n} simultaneous requests ({} ms per Proxmox answer, tasks take time):",
@@ -530,23 +537,45 @@ async fn scale_rows() -> Result<Vec<Row>, String> {
         ),
         "-",
     ));
-    rows.push(Row::heading(format!(
-        "One node answering in 5 s ({} machines on it, --concurrency {}):",
-        slow.slow_machines, slow.concurrency
-    )));
-    let slower = slow.beside_slow.as_secs_f64() / slow.healthy.as_secs_f64().max(0.001);
-    rows.push(
-        Row::new(
-            format!("  {} machines on the other nodes", slow.fast_machines),
-            format!(
-                "{:.1} s (all nodes healthy: {:.1} s)",
-                slow.beside_slow.as_secs_f64(),
-                slow.healthy.as_secs_f64()
-            ),
-            "full speed: < 1.5x healthy",
-        )
-        .judged(slower < 1.5),
-    );
+    if let Some(slow) = slow {
+        rows.push(Row::heading(format!(
+            "One node answering in 5 s ({} machines on it, --concurrency {}):",
+            slow.slow_machines, slow.concurrency
+        )));
+        let slower = slow.beside_slow.as_secs_f64() / slow.healthy.as_secs_f64().max(0.001);
+        rows.push(
+            Row::new(
+                format!("  {} machines on the other nodes", slow.fast_machines),
+                format!(
+                    "{:.1} s (all nodes healthy: {:.1} s)",
+                    slow.beside_slow.as_secs_f64(),
+                    slow.healthy.as_secs_f64()
+                ),
+                "full speed: < 1.5x healthy",
+            )
+            .judged(slower < 1.5),
+        );
+    }
+    for (c, up, down) in &run.bursts {
+        println!(
+            "\nProxmox requests per machine by kind, --concurrency {c} (provision | teardown):"
+        );
+        let down: std::collections::HashMap<&str, usize> =
+            down.by_kind.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        for (kind, count) in &up.by_kind {
+            println!(
+                "  {:>6.2} | {:>5.2}  {kind}",
+                *count as f64 / n as f64,
+                down.get(kind.as_str()).copied().unwrap_or(0) as f64 / n as f64
+            );
+        }
+        for (kind, count) in down
+            .iter()
+            .filter(|(k, _)| !up.by_kind.iter().any(|(u, _)| u == *k))
+        {
+            println!("  {:>6.2} | {:>5.2}  {kind}", 0.0, *count as f64 / n as f64);
+        }
+    }
     println!("\nRestart with {machines} machines in place, Omni calls by kind:");
     for ((method, ty), count) in &s.omni {
         println!("  {count:>5}  {method:<8} {ty}");

@@ -126,6 +126,8 @@ pub struct Burst {
     pub fakepve_cpu: Duration,
     pub bench_cpu: Duration,
     pub proxmox_requests: usize,
+    /// Proxmox requests by kind (method and path shape), most first.
+    pub by_kind: Vec<(String, usize)>,
 }
 
 impl Burst {
@@ -176,8 +178,45 @@ impl Meter {
                 .unwrap_or_default()
                 .saturating_sub(self.bench_cpu),
             proxmox_requests: stack.request_count(),
+            by_kind: by_kind(&stack.proxmox_requests()),
         }
     }
+}
+
+/// `/api2/json/nodes/pve1/qemu/104/status/start` -> `/nodes/{node}/qemu/{vmid}/status/start`.
+pub fn shape(path: &str) -> String {
+    let path = path.strip_prefix("/api2/json").unwrap_or(path);
+    let parts: Vec<&str> = path.split('/').collect();
+    let shaped = parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| match (i.checked_sub(1).map(|j| parts[j]), p) {
+            (Some("nodes"), _) => "{node}".to_string(),
+            (Some("qemu"), _) => "{vmid}".to_string(),
+            (Some("storage"), _) => "{storage}".to_string(),
+            (Some("tasks"), _) => "{upid}".to_string(),
+            (_, p) => p.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("/");
+    // A volume ID holds a slash of its own (`local:iso/omni-seed-….iso`).
+    match shaped.split_once("/content/") {
+        Some((storage, _)) => format!("{storage}/content/{{volume}}"),
+        None => shaped,
+    }
+}
+
+/// Requests by kind, most first.
+pub fn by_kind(requests: &[(String, String)]) -> Vec<(String, usize)> {
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for (method, path) in requests {
+        *counts
+            .entry(format!("{method} {}", shape(path)))
+            .or_default() += 1;
+    }
+    let mut kinds: Vec<_> = counts.into_iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(&a.1));
+    kinds
 }
 
 /// How many of `ids` are PROVISIONED.

@@ -41,6 +41,9 @@ pub struct Harness {
     /// adds Proxmox and Omni reads that request-counting tests do not expect).
     pub topology_every: Option<Duration>,
     topology: Option<tokio::task::JoinHandle<()>>,
+    /// Requests worked on at once per Proxmox node (`--concurrency`), from the next
+    /// `start_controller` on.
+    pub concurrency: usize,
 }
 
 impl Harness {
@@ -76,6 +79,7 @@ impl Harness {
             metrics: Default::default(),
             topology_every: None,
             topology: None,
+            concurrency: omni_infra_provider_proxmox::controller::context::DEFAULT_CONCURRENCY,
         };
         h.start_controller();
         Some(h)
@@ -102,7 +106,10 @@ impl Harness {
             },
             metrics: self.metrics.clone(),
         });
-        let context = Arc::new(Context::new(services, client.state.clone(), JoinMode::V2));
+        let context = Arc::new(
+            Context::new(services, client.state.clone(), JoinMode::V2)
+                .with_concurrency(self.concurrency),
+        );
         let controller = Controller::new(context.clone(), runner::MAX_IN_FLIGHT);
         let (tx, rx) = watch::channel(false);
         if let Some(every) = self.topology_every {
