@@ -67,13 +67,7 @@ impl Lanes {
 
     /// Waits for a slot in `lane`; first come, first served.
     pub async fn enter(&self, lane: Lane) -> Slot {
-        let semaphore = self
-            .lanes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(lane.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.per_lane)))
-            .clone();
+        let semaphore = self.semaphore(&lane);
         // The semaphores are never closed, so the acquire cannot fail; were it to, the request
         // would go ahead without a slot rather than stop.
         let permit = semaphore.acquire_owned().await.ok();
@@ -83,14 +77,44 @@ impl Lanes {
         }
     }
 
+    /// A slot in `lane` if one is free now.
+    pub fn try_enter(&self, lane: Lane) -> Option<Slot> {
+        let permit = self.semaphore(&lane).try_acquire_owned().ok()?;
+        Some(Slot {
+            lane,
+            _permit: Some(permit),
+        })
+    }
+
     /// Moves `held` to `lane`: kept when it is there already, else given back first (a request
     /// never holds two slots, so two requests cannot wait on each other) and a slot in `lane` taken.
-    pub async fn keep_or_enter(&self, held: &mut Option<Slot>, lane: Lane) {
+    /// `before_waiting` runs when no slot is free at once, before the wait.
+    pub async fn keep_or_enter(
+        &self,
+        held: &mut Option<Slot>,
+        lane: Lane,
+        before_waiting: impl FnOnce(),
+    ) {
         if held.as_ref().is_some_and(|slot| slot.lane == lane) {
             return;
         }
         *held = None;
-        *held = Some(self.enter(lane).await);
+        *held = Some(match self.try_enter(lane.clone()) {
+            Some(slot) => slot,
+            None => {
+                before_waiting();
+                self.enter(lane).await
+            }
+        });
+    }
+
+    fn semaphore(&self, lane: &Lane) -> Arc<Semaphore> {
+        self.lanes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(lane.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_lane)))
+            .clone()
     }
 }
 
@@ -128,13 +152,41 @@ mod tests {
     async fn moving_to_another_lane_gives_the_slot_back_first() {
         let lanes = Lanes::new(1);
         let mut held = None;
-        lanes.keep_or_enter(&mut held, Lane::Placement).await;
-        lanes.keep_or_enter(&mut held, Lane::Placement).await;
+        let mut waited = 0;
+        lanes
+            .keep_or_enter(&mut held, Lane::Placement, || waited += 1)
+            .await;
+        lanes
+            .keep_or_enter(&mut held, Lane::Placement, || waited += 1)
+            .await;
         assert_eq!(held.as_ref().map(Slot::lane), Some(&Lane::Placement));
-        lanes.keep_or_enter(&mut held, node("pve1")).await;
+        lanes
+            .keep_or_enter(&mut held, node("pve1"), || waited += 1)
+            .await;
+        assert_eq!(waited, 0, "every slot was free");
         // The placement slot is free for the next request.
         assert!(enters_soon(&lanes, Lane::Placement).await.is_some());
         assert!(enters_soon(&lanes, node("pve1")).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn what_must_not_be_held_through_a_wait_is_let_go_before_it() {
+        let lanes = Arc::new(Lanes::new(1));
+        let busy = lanes.enter(node("pve1")).await;
+        let waiting = {
+            let lanes = lanes.clone();
+            tokio::spawn(async move {
+                let mut held = None;
+                let mut listing = Some(vec![1, 2, 3]);
+                lanes
+                    .keep_or_enter(&mut held, node("pve1"), || listing = None)
+                    .await;
+                listing
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(busy);
+        assert_eq!(waiting.await.unwrap(), None);
     }
 
     #[test]

@@ -119,7 +119,9 @@ async fn remove_vm_and_state(
     let state = MachineState::from_spec(&machine.spec);
     // The node the VM was recorded on: a slow node holds up only the teardowns of its own VMs.
     let slot = ctx.lanes.enter(Lane::of(state.node.as_ref())).await;
-    let deprovisioned = deprovision_vm(ctx, id, &state, status_labels).await;
+    // On the heap while it runs, as the provisioning steps are: a teardown waiting for a slot
+    // weighs little.
+    let deprovisioned = Box::pin(deprovision_vm(ctx, id, &state, status_labels)).await;
     drop(slot);
     if let Err(e) = deprovisioned {
         ctx.services.metrics.deprovision("failure");
