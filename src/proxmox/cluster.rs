@@ -30,12 +30,33 @@ impl ProxmoxClient {
     }
 
     /// `GET /cluster/resources[?type=…]`.
+    ///
+    /// The full listing (no `type`) is shared by callers that ask while one is being read: each
+    /// gets a listing whose request was sent after it asked (as fresh as one of its own), but a
+    /// hundred requests placing or tearing down machines at once cause one or two listings, not a
+    /// hundred. On a cluster of a thousand guests each listing is a few hundred KiB to send, parse
+    /// and hold; Proxmox builds each from every node's status.
     pub async fn cluster_resources(
         &self,
         kind: Option<ResourceKind>,
     ) -> Result<Vec<ClusterResource>, ProxmoxError> {
         let params = Params::new().with_opt("type", kind.map(ResourceKind::as_query));
-        self.get(&["cluster", "resources"], params).await
+        if kind.is_some() {
+            return self.get(&["cluster", "resources"], params).await;
+        }
+        let asked = std::time::Instant::now();
+        // One listing at a time: who asks while one is read waits, then takes it if it was sent
+        // after they asked, else reads the next one (which the others waiting then share).
+        let mut last = self.listing_slot().lock().await;
+        if let Some((sent, listing)) = last.as_ref()
+            && *sent >= asked
+        {
+            return Ok(listing.clone());
+        }
+        let sent = std::time::Instant::now();
+        let listing: Vec<ClusterResource> = self.get(&["cluster", "resources"], params).await?;
+        *last = Some((sent, listing.clone()));
+        Ok(listing)
     }
 
     /// `GET /cluster/nextid`: the lowest free VMID at this instant (Proxmox sends it as a string). Not a

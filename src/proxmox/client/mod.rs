@@ -43,6 +43,15 @@ impl std::fmt::Debug for ProxmoxClient {
     }
 }
 
+/// The shared listing, for [`ProxmoxClient::cluster_resources`] in `cluster.rs`.
+impl ProxmoxClient {
+    pub(super) fn listing_slot(
+        &self,
+    ) -> &tokio::sync::Mutex<Option<(std::time::Instant, Vec<super::types::ClusterResource>)>> {
+        &self.inner.listing
+    }
+}
+
 struct Inner {
     http: reqwest::Client,
     base: url::Url,
@@ -50,6 +59,9 @@ struct Inner {
     retry: RetryPolicy,
     requests: AtomicU64,
     observer: std::sync::OnceLock<RequestObserver>,
+    /// The last full `/cluster/resources` listing and when its request was sent: concurrent
+    /// readers share one ([`ProxmoxClient::cluster_resources`]).
+    listing: tokio::sync::Mutex<Option<(std::time::Instant, Vec<super::types::ClusterResource>)>>,
 }
 
 /// Called after every HTTP request with its method, status (`None`: no answer) and duration.
@@ -183,6 +195,7 @@ impl ProxmoxClient {
                 retry,
                 requests: AtomicU64::new(0),
                 observer: std::sync::OnceLock::new(),
+                listing: tokio::sync::Mutex::new(None),
             }),
         })
     }
