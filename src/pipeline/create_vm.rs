@@ -40,7 +40,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     // adopt it. Otherwise the listing placement read moments ago in this reconcile will do, and
     // `/cluster/nextid` (not the listing) decides which VMID is free.
     let must_be_fresh = ctx.state.recorded_vmid().is_some();
-    let resources = ctx.cluster(must_be_fresh).await?.to_vec();
+    let resources = ctx.cluster_shared(must_be_fresh).await?;
     if let Some(outcome) = adopt(ctx, &resources).await? {
         return Ok(outcome);
     }

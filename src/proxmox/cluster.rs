@@ -2,6 +2,8 @@
 //! storage, so placement and VM lookup never cost one call per node, and a VM is always found on the
 //! node it is on now (after a live migration too).
 
+use std::sync::Arc;
+
 use super::client::{Params, ProxmoxClient};
 use super::error::ProxmoxError;
 use super::types::{ClusterResource, NodeStatus, ResourceKind, Version, VmId, lenient};
@@ -40,10 +42,16 @@ impl ProxmoxClient {
         &self,
         kind: Option<ResourceKind>,
     ) -> Result<Vec<ClusterResource>, ProxmoxError> {
-        let params = Params::new().with_opt("type", kind.map(ResourceKind::as_query));
         if kind.is_some() {
+            let params = Params::new().with_opt("type", kind.map(ResourceKind::as_query));
             return self.get(&["cluster", "resources"], params).await;
         }
+        Ok(self.cluster_listing().await?.as_ref().clone())
+    }
+
+    /// The full `/cluster/resources` listing, shared as [`ProxmoxClient::cluster_resources`]
+    /// describes, without a copy of its own: many requests in flight may each hold one.
+    pub async fn cluster_listing(&self) -> Result<Arc<Vec<ClusterResource>>, ProxmoxError> {
         let asked = std::time::Instant::now();
         // One listing at a time: who asks while one is read waits, then takes it if it was sent
         // after they asked, else reads the next one (which the others waiting then share).
@@ -54,7 +62,8 @@ impl ProxmoxClient {
             return Ok(listing.clone());
         }
         let sent = std::time::Instant::now();
-        let listing: Vec<ClusterResource> = self.get(&["cluster", "resources"], params).await?;
+        let listing: Arc<Vec<ClusterResource>> =
+            Arc::new(self.get(&["cluster", "resources"], Params::new()).await?);
         *last = Some((sent, listing.clone()));
         Ok(listing)
     }

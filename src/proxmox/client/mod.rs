@@ -47,7 +47,8 @@ impl std::fmt::Debug for ProxmoxClient {
 impl ProxmoxClient {
     pub(super) fn listing_slot(
         &self,
-    ) -> &tokio::sync::Mutex<Option<(std::time::Instant, Vec<super::types::ClusterResource>)>> {
+    ) -> &tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<super::types::ClusterResource>>)>>
+    {
         &self.inner.listing
     }
 }
@@ -61,7 +62,8 @@ struct Inner {
     observer: std::sync::OnceLock<RequestObserver>,
     /// The last full `/cluster/resources` listing and when its request was sent: concurrent
     /// readers share one ([`ProxmoxClient::cluster_resources`]).
-    listing: tokio::sync::Mutex<Option<(std::time::Instant, Vec<super::types::ClusterResource>)>>,
+    listing:
+        tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<super::types::ClusterResource>>)>>,
 }
 
 /// Called after every HTTP request with its method, status (`None`: no answer) and duration.
