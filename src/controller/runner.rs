@@ -93,9 +93,9 @@ impl<R: Reconcile> Controller<R> {
     /// Runs until `stop` turns true.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let mut events = self.reconciler.watch();
-        self.enqueue_dangling().await;
-        // Set by a Resync, cleared by the Synced that completes the fresh listing.
-        let mut relisting = false;
+        // Set at start and by a Resync, cleared by the Synced that completes the listing: then the
+        // provider states whose requests the listing did not deliver are looked at.
+        let mut relisting = true;
         let dispatcher = tokio::spawn(self.clone().dispatch());
         loop {
             tokio::select! {
@@ -146,10 +146,20 @@ impl<R: Reconcile> Controller<R> {
         running
     }
 
-    /// Run at start and after every re-bootstrap of the watch: a request removed by force in the gap
-    /// has no Destroyed event to announce it, only its provider state is left to tell.
+    /// Run once the watch has listed every request, at start and after every re-bootstrap: a request
+    /// removed by force in the gap has no Destroyed event to announce it, only its provider state is
+    /// left to tell. The keys the listing delivered are queued already; queued again, a request
+    /// reconciled meanwhile would be reconciled twice, and after a restart with a thousand machines
+    /// that is a thousand reconciles more.
     async fn enqueue_dangling(&self) {
-        for id in self.reconciler.dangling_keys().await {
+        let keys = self.reconciler.dangling_keys().await;
+        let delivered = self.delivered_map();
+        let gone: Vec<String> = keys
+            .into_iter()
+            .filter(|id| !delivered.contains_key(id))
+            .collect();
+        drop(delivered);
+        for id in gone {
             self.queue.add(id);
         }
     }
@@ -171,7 +181,7 @@ impl<R: Reconcile> Controller<R> {
             // Every request of the listing came as `Changed` and is queued already.
             RequestQueueEvent::Synced if std::mem::take(relisting) => {
                 tracing::info!(
-                    "machine requests listed again; checking provider state for requests that vanished meanwhile"
+                    "machine requests listed; checking provider state for requests that are gone"
                 );
                 self.enqueue_dangling().await;
             }
@@ -265,6 +275,10 @@ mod tests {
         events: Mutex<Option<mpsc::Receiver<RequestQueueEvent>>>,
         seen: Mutex<Vec<(String, Option<String>)>>,
         attempts: Mutex<Vec<u32>>,
+        /// Provider states left, as `dangling_keys` answers (default: one, "dangling").
+        dangling: Option<Vec<String>>,
+        /// Reconciles succeed after this long instead of failing at once.
+        succeed_after: Option<Duration>,
     }
 
     impl Reconcile for Recorder {
@@ -276,7 +290,11 @@ mod tests {
         }
 
         fn dangling_keys(&self) -> BoxFuture<'_, Vec<String>> {
-            Box::pin(async { vec!["dangling".to_owned()] })
+            let keys = self
+                .dangling
+                .clone()
+                .unwrap_or_else(|| vec!["dangling".to_owned()]);
+            Box::pin(async move { keys })
         }
 
         fn reconcile<'a>(
@@ -286,7 +304,16 @@ mod tests {
         ) -> BoxFuture<'a, Result<Action, String>> {
             let version = delivered.map(|r| r.metadata.version.clone());
             self.seen.lock().unwrap().push((id.to_owned(), version));
-            Box::pin(async { Err("no".to_owned()) })
+            let succeed_after = self.succeed_after;
+            Box::pin(async move {
+                match succeed_after {
+                    Some(after) => {
+                        tokio::time::sleep(after).await;
+                        Ok(Action::Done)
+                    }
+                    None => Err("no".to_owned()),
+                }
+            })
         }
 
         fn error_policy(&self, _: &String, attempt: u32) -> Duration {
@@ -321,6 +348,7 @@ mod tests {
         tx.send(RequestQueueEvent::Changed(request("1")))
             .await
             .unwrap();
+        tx.send(RequestQueueEvent::Synced).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         let _ = stop_tx.send(true);
         running.await.unwrap();
@@ -334,5 +362,39 @@ mod tests {
         );
         let attempts = recorder.attempts.lock().unwrap().clone();
         assert!(attempts.contains(&2), "{attempts:?}");
+    }
+
+    /// At a restart every request comes twice to the loop's attention: the watch lists it, and its
+    /// provider state lists it as possibly dangling. Queued by the listing and reconciled, it must
+    /// not be queued again by the provider states (it was, when those were queued at start:
+    /// a request still being reconciled when its listing arrived was reconciled twice).
+    #[tokio::test]
+    async fn a_request_the_listing_delivered_is_not_queued_again_as_dangling() {
+        let (tx, rx) = mpsc::channel(8);
+        let recorder = Arc::new(Recorder {
+            events: Mutex::new(Some(rx)),
+            dangling: Some(vec!["req-1".to_owned(), "gone".to_owned()]),
+            succeed_after: Some(Duration::from_millis(50)),
+            ..Default::default()
+        });
+        let controller = Controller::new(recorder.clone(), 8);
+        let (stop_tx, stop) = watch::channel(false);
+        let running = tokio::spawn(controller.clone().run(stop));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        tx.send(RequestQueueEvent::Changed(request("1")))
+            .await
+            .unwrap();
+        tx.send(RequestQueueEvent::Synced).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = stop_tx.send(true);
+        running.await.unwrap();
+        let seen = recorder.seen.lock().unwrap().clone();
+        let times = |id: &str| seen.iter().filter(|(k, _)| k == id).count();
+        assert_eq!(times("req-1"), 1, "{seen:?}");
+        assert_eq!(
+            times("gone"),
+            1,
+            "the dangling state is looked at: {seen:?}"
+        );
     }
 }
