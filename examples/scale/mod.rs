@@ -215,7 +215,7 @@ pub fn by_kind(requests: &[(String, String)]) -> Vec<(String, usize)> {
             .or_default() += 1;
     }
     let mut kinds: Vec<_> = counts.into_iter().collect();
-    kinds.sort_by(|a, b| b.1.cmp(&a.1));
+    kinds.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
     kinds
 }
 

@@ -43,12 +43,13 @@ impl std::fmt::Debug for ProxmoxClient {
     }
 }
 
+/// The last full cluster listing and when its request was sent.
+pub(super) type SharedListing =
+    tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<super::types::ClusterResource>>)>>;
+
 /// The shared listing, for [`ProxmoxClient::cluster_resources`] in `cluster.rs`.
 impl ProxmoxClient {
-    pub(super) fn listing_slot(
-        &self,
-    ) -> &tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<super::types::ClusterResource>>)>>
-    {
+    pub(super) fn listing_slot(&self) -> &SharedListing {
         &self.inner.listing
     }
 }
@@ -62,8 +63,7 @@ struct Inner {
     observer: std::sync::OnceLock<RequestObserver>,
     /// The last full `/cluster/resources` listing and when its request was sent: concurrent
     /// readers share one ([`ProxmoxClient::cluster_resources`]).
-    listing:
-        tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<super::types::ClusterResource>>)>>,
+    listing: SharedListing,
 }
 
 /// Called after every HTTP request with its method, status (`None`: no answer) and duration.
