@@ -388,7 +388,9 @@ async fn tear_down(
 }
 
 fn print_report(rows: &[Row]) {
-    println!("\nBenchmark report (fakepve with instant tasks, in-memory Omni, release build)\n");
+    println!(
+        "\nBenchmark report (fakepve: instant tasks, then 20 ms answers and tasks that take time; in-memory Omni; release build)\n"
+    );
     let w = rows.iter().map(|r| r.what.len()).max().unwrap_or(10);
     let m = rows.iter().map(|r| r.measured.len()).max().unwrap_or(10);
     println!("{:<w$}  {:<m$}  TARGET", "WHAT", "MEASURED");
