@@ -1,10 +1,11 @@
 //! Benchmark report (`make bench`): what one machine costs in Proxmox requests and time, how 100
-//! simultaneous requests go, and how much memory the provider uses, held against the targets
-//! and the official provider's cost in `docs/performance.md`.
+//! simultaneous requests go, and how much memory the provider uses, then the scale runs
+//! (`scale/mod.rs`: 1,000 requests at three concurrencies, a restart among them, a slow node), held
+//! against the targets and the official provider's cost in `docs/performance.md`.
 //!
-//! Runs the real provider binary (build it in release mode first) against fakepve with instant tasks
-//! and the in-memory Omni. Prints a report; exits non-zero only if the run itself fails, since targets
-//! are measured here, not asserted.
+//! Runs the real provider binary (build it in release mode first) against fakepve (instant tasks,
+//! then 20 ms answers and tasks that take time) and the in-memory Omni. Prints a report; exits
+//! non-zero only if the run itself fails, since targets are measured here, not asserted.
 
 mod scale;
 mod stack;
