@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: test lint check setup build demo bench
+.PHONY: test lint check setup build demo bench soak
 
 # Everything the tests need (fakepve in .venv), then every test. fakepve is required here, so a missing
 # fake fails the run instead of silently skipping the end-to-end tests.
@@ -28,3 +28,9 @@ demo: setup
 bench: setup
 	cargo build --release --bins --examples --locked
 	target/release/examples/bench
+
+# Churn soak: SOAK_MACHINES (50) machines created and torn down in a loop for SOAK_SECS (600)
+# seconds; fails if memory or file descriptors grew, requests slowed down, or anything was left.
+soak: setup
+	cargo build --release --bins --examples --locked
+	target/release/examples/soak

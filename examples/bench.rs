@@ -1,11 +1,13 @@
 //! Benchmark report (`make bench`): what one machine costs in Proxmox requests and time, how 100
-//! simultaneous requests go, and how much memory the provider uses, held against the targets
-//! and the official provider's cost in `docs/performance.md`.
+//! simultaneous requests go, and how much memory the provider uses, then the scale runs
+//! (`scale/mod.rs`: 1,000 requests at three concurrencies, a restart among them, a slow node), held
+//! against the targets and the official provider's cost in `docs/performance.md`.
 //!
-//! Runs the real provider binary (build it in release mode first) against fakepve with instant tasks
-//! and the in-memory Omni. Prints a report; exits non-zero only if the run itself fails, since targets
-//! are measured here, not asserted.
+//! Runs the real provider binary (build it in release mode first) against fakepve (instant tasks,
+//! then 20 ms answers and tasks that take time) and the in-memory Omni. Prints a report; exits
+//! non-zero only if the run itself fails, since targets are measured here, not asserted.
 
+mod scale;
 mod stack;
 
 use std::collections::BTreeMap;
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
+use scale::Row;
 use stack::Stack;
 
 const CLASS: &str = "\
@@ -44,16 +47,9 @@ boot: image
 const MANY: usize = 100;
 const DEADLINE: Duration = Duration::from_secs(300);
 
-struct Row {
-    what: String,
-    measured: String,
-    target: String,
-    ok: Option<bool>,
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
+    match all().await {
         Ok(rows) => {
             print_report(&rows);
             ExitCode::SUCCESS
@@ -63,6 +59,21 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The per-machine figures, then the scale (`BENCH_SCALE=0` leaves it out; `BENCH_BASIC=0` leaves
+/// the per-machine figures out, `BENCH_MACHINES` sets the burst size, for a quick run).
+async fn all() -> Result<Vec<Row>, String> {
+    let on = |var: &str| std::env::var(var).map_or(true, |v| v != "0");
+    let mut rows = if on("BENCH_BASIC") {
+        run().await?
+    } else {
+        Vec::new()
+    };
+    if on("BENCH_SCALE") {
+        rows.extend(scale_rows().await?);
+    }
+    Ok(rows)
 }
 
 async fn run() -> Result<Vec<Row>, String> {
@@ -378,7 +389,9 @@ async fn tear_down(
 }
 
 fn print_report(rows: &[Row]) {
-    println!("\nBenchmark report (fakepve with instant tasks, in-memory Omni, release build)\n");
+    println!(
+        "\nBenchmark report (fakepve: instant tasks, then 20 ms answers and tasks that take time; in-memory Omni; release build)\n"
+    );
     let w = rows.iter().map(|r| r.what.len()).max().unwrap_or(10);
     let m = rows.iter().map(|r| r.measured.len()).max().unwrap_or(10);
     println!("{:<w$}  {:<m$}  TARGET", "WHAT", "MEASURED");
@@ -390,4 +403,192 @@ fn print_report(rows: &[Row]) {
         };
         println!("{:<w$}  {:<m$}  {}{verdict}", r.what, r.measured, r.target);
     }
+}
+
+/// The official provider's time for `n` machines: one worker, at least 11 s of its own waiting each.
+fn upstream_time(n: usize, per_machine_secs: u64) -> String {
+    let secs = n as u64 * per_machine_secs;
+    if secs >= 3600 {
+        format!(">= {:.1} h", secs as f64 / 3600.0)
+    } else {
+        format!(">= {} min", secs.div_ceil(60))
+    }
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// The scale figures: bursts at each concurrency, the restart among them, the slow node.
+async fn scale_rows() -> Result<Vec<Row>, String> {
+    let n = scale::machines();
+    let concurrencies: Vec<usize> = std::env::var("BENCH_CONCURRENCY")
+        .ok()
+        .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![16, 4, 64]);
+    let slow = if std::env::var("BENCH_SLOW_NODE").map_or(true, |v| v != "0") {
+        Some(scale::slow_node(16, 5.0).await?)
+    } else {
+        None
+    };
+    let run = scale::run(n, &concurrencies).await?;
+    let mut rows = vec![Row::heading(format!(
+        "{n} simultaneous requests ({} ms per Proxmox answer, tasks take time):",
+        (scale::LATENCY_SECS * 1000.0) as u64
+    ))];
+    let burst_row = |what: String, b: &scale::Burst, target: String, ok: Option<bool>| Row {
+        what,
+        measured: format!(
+            "{:.1} s, peak RSS {:.1} MiB, CPU {:.1} ms/machine (fakepve {:.1})",
+            b.took.as_secs_f64(),
+            mib(b.peak_rss_kib),
+            scale::Burst::cpu_ms_per_machine(b.provider_cpu, n),
+            scale::Burst::cpu_ms_per_machine(b.fakepve_cpu, n),
+        ),
+        target,
+        ok,
+    };
+    for (c, up, _) in &run.bursts {
+        let (target, ok) = if *c == 16 {
+            (
+                format!(
+                    "< 60 s, < 60 MiB (was 50.7 s, 116 MiB; upstream: {})",
+                    upstream_time(n, 11)
+                ),
+                Some(up.took < Duration::from_secs(60) && up.peak_rss_kib < 60 * 1024),
+            )
+        } else {
+            ("< 60 MiB".to_owned(), Some(up.peak_rss_kib < 60 * 1024))
+        };
+        rows.push(burst_row(
+            format!("  to PROVISIONED, --concurrency {c}"),
+            up,
+            target,
+            ok,
+        ));
+    }
+    for (c, _, down) in &run.bursts {
+        let (target, ok) = if *c == 16 {
+            (
+                format!("< 60 s, < 60 MiB (upstream: {})", upstream_time(n, 10)),
+                Some(down.took < Duration::from_secs(60) && down.peak_rss_kib < 60 * 1024),
+            )
+        } else {
+            ("< 60 MiB".to_owned(), Some(down.peak_rss_kib < 60 * 1024))
+        };
+        rows.push(burst_row(
+            format!("  teardowns, --concurrency {c}"),
+            down,
+            target,
+            ok,
+        ));
+    }
+    for (c, up, down) in &run.bursts {
+        rows.push(Row::new(
+            format!("  Proxmox requests per machine, --concurrency {c}"),
+            format!(
+                "{:.1} provision, {:.1} teardown",
+                up.proxmox_requests as f64 / n as f64,
+                down.proxmox_requests as f64 / n as f64
+            ),
+            "(upstream: 26-32, 13)",
+        ));
+    }
+    let cpu_share = |b: &scale::Burst| {
+        let all = (b.provider_cpu + b.fakepve_cpu + b.bench_cpu).as_secs_f64();
+        let wall = b.took.as_secs_f64() * 2.0;
+        format!(
+            "provider {:.0}%, fakepve {:.0}%, Omni + bench {:.0}% of 2 cores",
+            100.0 * b.provider_cpu.as_secs_f64() / wall,
+            100.0 * b.fakepve_cpu.as_secs_f64() / wall,
+            100.0 * b.bench_cpu.as_secs_f64() / wall,
+        ) + if all / wall > 0.8 { " (CPU-bound)" } else { "" }
+    };
+    for (c, up, _) in &run.bursts {
+        rows.push(Row::new(
+            format!("  where the CPU went, provisions at {c}"),
+            cpu_share(up),
+            "-",
+        ));
+    }
+    let s = &run.startup;
+    let machines = n + 3;
+    rows.push(Row::heading(format!(
+        "Restart with {machines} machines in place:"
+    )));
+    rows.push(Row::new(
+        "  until ready (/readyz)",
+        format!("{:.2} s", s.ready.as_secs_f64()),
+        "-",
+    ));
+    rows.push(Row::new(
+        "  until every machine's status is confirmed",
+        format!("{:.2} s", s.confirmed.as_secs_f64()),
+        "-",
+    ));
+    rows.push(
+        Row::new(
+            "  Proxmox requests it took",
+            format!("{} ({} cluster listings)", s.proxmox.len(), s.listings()),
+            "O(1): <= 5, not one per machine",
+        )
+        .judged(s.proxmox.len() <= 5),
+    );
+    rows.push(Row::new(
+        "  Omni calls it took",
+        format!(
+            "{} ({:.2} per machine)",
+            s.omni_calls(),
+            s.omni_calls() as f64 / machines as f64
+        ),
+        "(was 2.98 per machine)",
+    ));
+    if let Some(slow) = slow {
+        rows.push(Row::heading(format!(
+            "One node answering in 5 s ({} machines on it, --concurrency {}):",
+            slow.slow_machines, slow.concurrency
+        )));
+        let slower = slow.beside_slow.as_secs_f64() / slow.healthy.as_secs_f64().max(0.001);
+        rows.push(
+            Row::new(
+                format!("  {} machines on the other nodes", slow.fast_machines),
+                format!(
+                    "{:.1} s (all nodes healthy: {:.1} s)",
+                    slow.beside_slow.as_secs_f64(),
+                    slow.healthy.as_secs_f64()
+                ),
+                "full speed: < 1.5x healthy (was 58.4 s against 3.1 s)",
+            )
+            .judged(slower < 1.5),
+        );
+    }
+    for (c, up, down) in &run.bursts {
+        println!(
+            "\nProxmox requests per machine by kind, --concurrency {c} (provision | teardown):"
+        );
+        let down: std::collections::HashMap<&str, usize> =
+            down.by_kind.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        for (kind, count) in &up.by_kind {
+            println!(
+                "  {:>6.2} | {:>5.2}  {kind}",
+                *count as f64 / n as f64,
+                down.get(kind.as_str()).copied().unwrap_or(0) as f64 / n as f64
+            );
+        }
+        for (kind, count) in down
+            .iter()
+            .filter(|(k, _)| !up.by_kind.iter().any(|(u, _)| u == *k))
+        {
+            println!("  {:>6.2} | {:>5.2}  {kind}", 0.0, *count as f64 / n as f64);
+        }
+    }
+    println!("\nRestart with {machines} machines in place, Omni calls by kind:");
+    for ((method, ty), count) in &s.omni {
+        println!("  {count:>5}  {method:<8} {ty}");
+    }
+    println!("Proxmox requests of that restart, in order:");
+    for (method, path) in &s.proxmox {
+        println!("  {method:<6} {path}");
+    }
+    Ok(rows)
 }

@@ -616,4 +616,32 @@ async fn ha_resources_and_rules_exact_requests() {
     .unwrap();
     let joined = ["vm:101", "vm:102", "vm:104"].map(String::from);
     c.set_ha_rule_resources(&rules[0], &joined).await.unwrap();
+
+/// Placing or tearing down many machines at once, each reads the cluster listing. Readers that ask
+/// while a listing is on its way share the next one (never one sent before they asked): twenty at
+/// once cost two listings, not twenty; one asking later reads its own.
+#[tokio::test]
+async fn concurrent_cluster_listings_are_shared_and_never_older_than_the_ask() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/api2/json/cluster/resources"))
+        .respond_with(
+            data(json!([{"id": "node/pve1", "type": "node", "node": "pve1", "status": "online"}]))
+                .set_delay(Duration::from_millis(200)),
+        )
+        .mount(&server)
+        .await;
+    let pve = token_client(&server);
+    let all = (0..20).map(|_| pve.cluster_resources(None));
+    let listings = futures_util::future::join_all(all).await;
+    assert!(
+        listings
+            .iter()
+            .all(|l| l.as_ref().is_ok_and(|l| l.len() == 1))
+    );
+    let sent = server.received_requests().await.unwrap().len();
+    assert!(sent <= 2, "{sent} listings for 20 readers at once");
+    pve.cluster_resources(None).await.unwrap();
+    let later = server.received_requests().await.unwrap().len();
+    assert_eq!(later, sent + 1, "a later reader reads a listing of its own");
 }

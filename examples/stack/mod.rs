@@ -29,6 +29,17 @@ pub struct Stack {
     provider: Option<Child>,
     pub metrics: SocketAddr,
     pub log: PathBuf,
+    /// How the provider was started, to start it again ([`Stack::restart`]).
+    launch: Launch,
+}
+
+/// What starting the provider takes.
+struct Launch {
+    binary: PathBuf,
+    config: PathBuf,
+    omni_addr: SocketAddr,
+    key: String,
+    args: Vec<String>,
 }
 
 /// The provider binary built beside this example (`target/<profile>/omni-infra-provider-proxmox`).
@@ -52,6 +63,37 @@ fn provider_binary() -> Result<PathBuf, String> {
 fn free_port() -> Result<SocketAddr, String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     l.local_addr().map_err(|e| e.to_string())
+}
+
+impl Launch {
+    fn spawn(&self, metrics: SocketAddr, log: &std::path::Path) -> Result<Child, String> {
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| e.to_string())?;
+        Command::new(&self.binary)
+            .arg("--config-file")
+            .arg(&self.config)
+            .args([
+                "--log-level",
+                &std::env::var("PROVIDER_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            ])
+            .args(
+                (!self.args.iter().any(|a| a == "--health-interval"))
+                    .then_some(["--health-interval", "2s"])
+                    .into_iter()
+                    .flatten(),
+            )
+            .args(["--metrics-listen", &metrics.to_string()])
+            .args(&self.args)
+            .env("OMNI_ENDPOINT", format!("http://{}", self.omni_addr))
+            .env("OMNI_SERVICE_ACCOUNT_KEY", &self.key)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .map_err(|e| format!("cannot start the provider: {e}"))
+    }
 }
 
 impl Stack {
@@ -80,28 +122,14 @@ impl Stack {
         let config = pve.write_config(Login::Token, Trust::CaFile);
         let metrics = free_port()?;
         let log = pve.dir.path().join("provider.log");
-        let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-        let provider = Command::new(binary)
-            .arg("--config-file")
-            .arg(&config)
-            .args([
-                "--log-level",
-                &std::env::var("PROVIDER_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
-            ])
-            .args(
-                (!extra_args.contains(&"--health-interval"))
-                    .then_some(["--health-interval", "2s"])
-                    .into_iter()
-                    .flatten(),
-            )
-            .args(["--metrics-listen", &metrics.to_string()])
-            .args(extra_args)
-            .env("OMNI_ENDPOINT", format!("http://{addr}"))
-            .env("OMNI_SERVICE_ACCOUNT_KEY", key.expose())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .map_err(|e| format!("cannot start the provider: {e}"))?;
+        let launch = Launch {
+            binary,
+            config,
+            omni_addr: addr,
+            key: key.expose().to_owned(),
+            args: extra_args.iter().map(|a| a.to_string()).collect(),
+        };
+        let provider = launch.spawn(metrics, &log)?;
         let stack = Stack {
             pve,
             omni,
@@ -109,6 +137,7 @@ impl Stack {
             provider: Some(provider),
             metrics,
             log,
+            launch,
         };
         let up = stack
             .omni
@@ -152,12 +181,82 @@ impl Stack {
 
     /// Resident memory of the provider process, in KiB.
     pub fn provider_rss_kib(&self) -> Option<u64> {
-        let pid = self.provider.as_ref()?.id();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        proc_status_kib(self.provider_pid()?, "VmRSS:")
+    }
+
+    /// The provider's peak resident memory since it started, in KiB.
+    pub fn provider_peak_rss_kib(&self) -> Option<u64> {
+        proc_status_kib(self.provider_pid()?, "VmHWM:")
+    }
+
+    /// CPU time (user + system) the provider has used since it started.
+    pub fn provider_cpu(&self) -> Option<Duration> {
+        cpu_time(self.provider_pid()?)
+    }
+
+    /// CPU time (user + system) fakepve has used since it started: the fake's own cost, to tell
+    /// apart from the provider's.
+    pub fn fakepve_cpu(&self) -> Option<Duration> {
+        cpu_time(self.pve.pid())
+    }
+
+    /// Open file descriptors of the provider.
+    pub fn provider_fds(&self) -> Option<usize> {
+        let pid = self.provider_pid()?;
+        Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+    }
+
+    pub fn provider_pid(&self) -> Option<u32> {
+        Some(self.provider.as_ref()?.id())
+    }
+
+    /// Stops the provider (SIGTERM; it must exit 0) and starts it again with `args` instead of the
+    /// arguments it had; returns once its `/readyz` answers 200 (connected to Omni, Proxmox
+    /// answering), with how long that took from the start of the new process.
+    pub async fn restart(&mut self, args: &[&str]) -> Result<Duration, String> {
+        self.stop_provider().await?;
+        self.launch.args = args.iter().map(|a| a.to_string()).collect();
+        self.metrics = free_port()?;
+        let started = Instant::now();
+        self.provider = Some(self.launch.spawn(self.metrics, &self.log)?);
+        let http = omni_infra_provider_proxmox::pipeline::image_factory::http_client()?;
+        let url = format!("http://{}/readyz", self.metrics);
+        while started.elapsed() < Duration::from_secs(60) {
+            if let Ok(answer) = http.get(&url).send().await
+                && answer.status().is_success()
+            {
+                return Ok(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Err(format!(
+            "the restarted provider was not ready within a minute; its log: {}",
+            self.log.display()
+        ))
+    }
+
+    /// SIGTERM to the provider; an error unless it exits 0 within 20 s.
+    async fn stop_provider(&mut self) -> Result<(), String> {
+        let Some(mut child) = self.provider.take() else {
+            return Ok(());
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => return Err(format!("the provider exited with {status}")),
+                Ok(None) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                _ => {
+                    let _ = child.kill();
+                    return Err("the provider did not stop on SIGTERM".into());
+                }
+            }
+        }
     }
 
     /// Proxmox requests fakepve saw since the last reset, without the health checks (`GET /version`
@@ -205,6 +304,98 @@ impl Stack {
         Ok(steps)
     }
 
+    /// How many requests fakepve recorded since the last reset (the health checks included: they
+    /// are rare with a long `--health-interval`), without transferring them.
+    pub fn request_count(&mut self) -> usize {
+        self.pve
+            .control(serde_json::json!({"op": "request_count"}))
+            .as_u64()
+            .map_or(0, |n| n as usize)
+    }
+
+    /// Requests waiting or being worked on in the provider, from its `/metrics`.
+    pub async fn queue_depth(&self) -> Option<u64> {
+        let http = omni_infra_provider_proxmox::pipeline::image_factory::http_client().ok()?;
+        let text = http
+            .get(format!("http://{}/metrics", self.metrics))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find(|l| l.starts_with("omni_proxmox_machine_requests_in_flight "))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v as u64)
+    }
+
+    /// What the provider left behind that does not belong to one of `kept` (request IDs): VMs (a
+    /// provider's VM is named after its request; the scenario's template and foreign VM are not
+    /// counted), seed ISOs on any storage, and Omni requests, statuses and provider states.
+    pub fn leftovers(&mut self, kept: &[String]) -> Vec<String> {
+        use omni_infra_provider_proxmox::omni::resources::{MachineRequestStatus, ProviderMachine};
+        let kept: std::collections::HashSet<&str> = kept.iter().map(String::as_str).collect();
+        let mut found = Vec::new();
+        let vms = self.pve.control(serde_json::json!({"op": "vms"}));
+        for vm in vms.as_array().into_iter().flatten() {
+            let name = vm["name"].as_str().unwrap_or_default();
+            let scenario = vm["vmid"] == 9000 || vm["vmid"] == 100;
+            if !scenario && !kept.contains(name) {
+                found.push(format!("VM {} ({name}) on {}", vm["vmid"], vm["node"]));
+            }
+        }
+        for storage in ["local", "shared-nfs"] {
+            let volumes = self
+                .pve
+                .control(serde_json::json!({"op": "storage_volumes", "storage": storage}));
+            for volume in volumes.as_array().into_iter().flatten() {
+                let volume = volume.as_str().unwrap_or_default();
+                let seed_of = volume
+                    .rsplit('/')
+                    .next()
+                    .and_then(|f| f.strip_prefix("omni-seed-"))
+                    .and_then(|f| f.strip_suffix(".iso"));
+                if seed_of.is_some_and(|id| !kept.contains(id)) {
+                    found.push(format!("seed ISO {storage}:{volume}"));
+                }
+            }
+        }
+        let omni = [
+            (
+                "MachineRequest",
+                self.omni
+                    .list(&MachineRequest)
+                    .iter()
+                    .map(|r| r.id().to_owned())
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                "MachineRequestStatus",
+                self.omni
+                    .list(&MachineRequestStatus)
+                    .iter()
+                    .map(|r| r.id().to_owned())
+                    .collect(),
+            ),
+            (
+                "provider state",
+                self.omni
+                    .list(&ProviderMachine::new(PROVIDER))
+                    .iter()
+                    .map(|r| r.id().to_owned())
+                    .collect(),
+            ),
+        ];
+        for (kind, ids) in omni {
+            for id in ids.iter().filter(|id| !kept.contains(id.as_str())) {
+                found.push(format!("{kind} {id}"));
+            }
+        }
+        found
+    }
+
     pub fn reset_proxmox_requests(&mut self) {
         self.pve
             .control(serde_json::json!({"op": "reset_requests"}));
@@ -212,30 +403,7 @@ impl Stack {
 
     /// Stops the provider with SIGTERM (it must exit 0), then the servers.
     pub async fn stop(mut self) -> Result<(), String> {
-        let mut result = Ok(());
-        if let Some(mut child) = self.provider.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                match child.try_wait() {
-                    Ok(Some(status)) if status.success() => break,
-                    Ok(Some(status)) => {
-                        result = Err(format!("the provider exited with {status}"));
-                        break;
-                    }
-                    Ok(None) if Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(20)).await
-                    }
-                    _ => {
-                        let _ = child.kill();
-                        result = Err("the provider did not stop on SIGTERM".into());
-                        break;
-                    }
-                }
-            }
-        }
+        let result = self.stop_provider().await;
         if let Some(server) = self.server.take() {
             server.stop().await;
         }
@@ -246,6 +414,24 @@ impl Stack {
         }
         result
     }
+}
+
+fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// utime + stime of a process, from `/proc/<pid>/stat` (in clock ticks of 1/100 s, as Linux
+/// reports them to user space on every common architecture).
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces: the fields are counted after its closing parenthesis.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 impl Drop for Stack {

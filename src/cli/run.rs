@@ -19,7 +19,7 @@ use crate::config::ProviderConfig;
 use crate::controller::context::Context;
 use crate::controller::health::{self, HealthCheck};
 use crate::controller::registration::{self, ProviderInfo};
-use crate::controller::runner::Controller;
+use crate::controller::runner::{self, Controller};
 use crate::metrics::Metrics;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
@@ -55,8 +55,10 @@ pub struct RunArgs {
     /// where each VM runs; a migrated VM is relabelled within this time.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub topology_interval: Duration,
-    /// How many machine requests are worked on at once (each request's Proxmox calls stay sequential).
-    #[arg(long, env = "CONCURRENCY", default_value_t = 4)]
+    /// How many machine requests work on each Proxmox node at once, and how many are being placed at
+    /// once (each request's Proxmox calls stay sequential). Per node, so that a slow node slows only
+    /// the machines on it.
+    #[arg(long, env = "CONCURRENCY", default_value_t = crate::controller::context::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
     /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9100); off by default.
     #[arg(long, env = "METRICS_LISTEN")]
@@ -250,8 +252,10 @@ pub async fn run_with(
         timeouts: Timeouts::default(),
         metrics,
     });
-    let context = Arc::new(Context::new(services, omni.state.clone(), mode));
-    let controller = Controller::new(context.clone(), settings.concurrency);
+    let context = Arc::new(
+        Context::new(services, omni.state.clone(), mode).with_concurrency(settings.concurrency),
+    );
+    let controller = Controller::new(context.clone(), runner::MAX_IN_FLIGHT);
     let topology = tokio::spawn(crate::controller::topology::run(
         context.clone(),
         settings.topology_interval,

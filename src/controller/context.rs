@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use super::cache::WriteCache;
 use super::error_policy::{self, ReconcileError};
+use super::lanes::Lanes;
 use super::requests::Request;
 use crate::model::MachineState;
 use crate::omni::join::JoinMode;
@@ -30,7 +31,13 @@ pub struct Context {
     /// Requests this process added its finalizer to: a delivered version without it predates that
     /// write (see [`Context::is_current`]).
     finalized: Mutex<HashSet<String>>,
+    /// How many requests work on each Proxmox node at once ([`Context::with_concurrency`]).
+    pub lanes: Lanes,
 }
+
+/// Requests working on one Proxmox node at once unless [`Context::with_concurrency`] says otherwise
+/// (the `--concurrency` default).
+pub const DEFAULT_CONCURRENCY: usize = 4;
 
 impl Context {
     pub fn new(services: Arc<Services>, state: StateClient, join_mode: JoinMode) -> Self {
@@ -44,7 +51,14 @@ impl Context {
             statuses: WriteCache::new(MachineRequestStatus),
             machines,
             finalized: Mutex::new(HashSet::new()),
+            lanes: Lanes::new(DEFAULT_CONCURRENCY),
         }
+    }
+
+    /// `per_node` requests work on each Proxmox node at once, and as many are being placed.
+    pub fn with_concurrency(mut self, per_node: usize) -> Self {
+        self.lanes = Lanes::new(per_node);
+        self
     }
 
     pub fn provider_id(&self) -> &str {

@@ -3,7 +3,8 @@
 //!
 //! How a request travels, and where each part lives:
 //! - [`requests`] turns the MachineRequest watch into keys and the requests it delivered;
-//! - [`workqueue`] hands each key to one worker at a time, at its due time;
+//! - [`workqueue`] hands each key to one reconcile at a time, at its due time;
+//! - [`lanes`] limits how many requests talk to each Proxmox node at once (`--concurrency`);
 //! - [`runner`] is the generic loop (watch → queue → workers → [`runner::Action`]), driving anything
 //!   that implements [`runner::Reconcile`];
 //! - [`machine`] is that implementation for [`context::Context`]: it dispatches a key to
@@ -18,6 +19,7 @@ pub mod cache;
 pub mod context;
 pub mod error_policy;
 pub mod health;
+pub mod lanes;
 pub mod machine;
 pub mod progress;
 pub mod provision;

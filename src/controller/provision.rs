@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use super::context::{self, Context};
 use super::error_policy::ReconcileError;
+use super::lanes::Lane;
 use super::progress::{Phase, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
 use super::runner::Action;
@@ -146,8 +147,17 @@ impl Provisioning<'_> {
         start: usize,
     ) -> Result<Action, ReconcileError> {
         let mut cluster: Option<ClusterView> = None;
+        // A slot in the lane of the node the request is on (placement until it has one), held
+        // while it stays there.
+        let mut slot = None;
         for step in &Step::ALL[start.min(Step::ALL.len())..] {
             let step = *step;
+            // A listing kept through a wait for a slot would be stale after it, and a thousand
+            // requests waiting would each hold one.
+            self.ctx
+                .lanes
+                .keep_or_enter(&mut slot, Lane::of(state.node.as_ref()), || cluster = None)
+                .await;
             let (outcome, progress) = self.run_step(step, info, join, state, &mut cluster).await?;
             match outcome {
                 Ok(StepOutcome::Done) => self.step_done(step, state).await?,
@@ -237,8 +247,9 @@ impl Provisioning<'_> {
         // The step's bare line is written only if the step says nothing for a moment: most steps
         // say what they are doing at once, and that line names the step too.
         let outcome = {
-            let work = run_step(step, &mut step_ctx).instrument(span);
-            tokio::pin!(work);
+            // On the heap while it runs: a reconcile waiting for a slot then weighs little, and a
+            // thousand of them may wait at once.
+            let mut work = Box::pin(run_step(step, &mut step_ctx).instrument(span));
             tokio::select! {
                 biased;
                 outcome = &mut work => outcome,

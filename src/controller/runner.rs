@@ -1,11 +1,17 @@
-//! The controller loop: the MachineRequest watch feeds the [`WorkQueue`], `concurrency` workers take
-//! keys from it and reconcile them, and the outcome decides when the key comes back.
+//! The controller loop: the MachineRequest watch feeds the [`WorkQueue`], each key taken from it is
+//! reconciled in a task of its own (at most `max_in_flight` at once), and the outcome decides when
+//! the key comes back.
 //!
 //! Shaped like kube-runtime's controller: the reconcile returns an [`Action`], failures go through an
 //! error policy (its delay grows with the request's consecutive failures, reset on success), and the
 //! loop knows nothing about provisioning: what a key means is the [`Reconcile`] implementation's
 //! business. Reconciles of different requests run concurrently; one request is never reconciled twice
 //! at once (the queue guarantees it).
+//!
+//! The loop's bound is a memory bound, not the Proxmox one: a reconcile mostly waits (for Proxmox,
+//! for Omni, for a slot), and how many may talk to each Proxmox node at once is the reconciler's
+//! business ([`super::lanes`]). Were the loop's bound the limit, reconciles waiting on one slow
+//! node would take every place and hold up requests that have nothing to do with that node.
 //!
 //! Like kube-runtime's reflector store, the loop keeps the last version of each request the watch
 //! delivered and hands it to the reconcile, which then need not read it again.
@@ -60,38 +66,37 @@ pub trait Reconcile: Send + Sync + 'static {
     fn queue_depth(&self, _depth: usize) {}
 }
 
+/// Reconciles in flight at most, by default: more requests than any Proxmox cluster is asked for at
+/// once, each a few KiB while it waits.
+pub const MAX_IN_FLIGHT: usize = 4096;
+
 pub struct Controller<R: Reconcile> {
     reconciler: Arc<R>,
     queue: Arc<WorkQueue<String>>,
     failures: Mutex<HashMap<String, u32>>,
     /// The last version of each request the watch delivered.
     delivered: Mutex<HashMap<String, Arc<Request>>>,
-    concurrency: usize,
+    max_in_flight: usize,
 }
 
 impl<R: Reconcile> Controller<R> {
-    pub fn new(reconciler: Arc<R>, concurrency: usize) -> Arc<Self> {
+    pub fn new(reconciler: Arc<R>, max_in_flight: usize) -> Arc<Self> {
         Arc::new(Self {
             reconciler,
             queue: Arc::new(WorkQueue::new()),
             failures: Mutex::new(HashMap::new()),
             delivered: Mutex::new(HashMap::new()),
-            concurrency: concurrency.max(1),
+            max_in_flight: max_in_flight.max(1),
         })
     }
 
     /// Runs until `stop` turns true.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let mut events = self.reconciler.watch();
-        self.enqueue_dangling().await;
-        // Set by a Resync, cleared by the Synced that completes the fresh listing.
-        let mut relisting = false;
-        let workers: Vec<_> = (0..self.concurrency)
-            .map(|n| {
-                let me = self.clone();
-                tokio::spawn(async move { me.worker(n).await })
-            })
-            .collect();
+        // Set at start and by a Resync, cleared by the Synced that completes the listing: then the
+        // provider states whose requests the listing did not deliver are looked at.
+        let mut relisting = true;
+        let dispatcher = tokio::spawn(self.clone().dispatch());
         loop {
             tokio::select! {
                 changed = stop.changed() => {
@@ -107,7 +112,10 @@ impl<R: Reconcile> Controller<R> {
         }
         drop(events);
         self.queue.close();
-        let all = futures_util::future::join_all(workers);
+        let Ok(mut running) = dispatcher.await else {
+            return;
+        };
+        let all = async { while running.join_next().await.is_some() {} };
         if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
             tracing::warn!(
                 "reconciles still running at shutdown were cut short; they resume at the next start"
@@ -115,10 +123,43 @@ impl<R: Reconcile> Controller<R> {
         }
     }
 
-    /// Run at start and after every re-bootstrap of the watch: a request removed by force in the gap
-    /// has no Destroyed event to announce it, only its provider state is left to tell.
+    /// Takes keys from the queue as they come due and reconciles each in a task of its own, at most
+    /// `max_in_flight` at once; once the queue is closed, hands back the reconciles still running.
+    async fn dispatch(self: Arc<Self>) -> tokio::task::JoinSet<()> {
+        let places = Arc::new(tokio::sync::Semaphore::new(self.max_in_flight));
+        let mut running = tokio::task::JoinSet::new();
+        loop {
+            let Ok(place) = places.clone().acquire_owned().await else {
+                break;
+            };
+            let Some(id) = self.queue.next().await else {
+                break;
+            };
+            let me = self.clone();
+            running.spawn(async move {
+                me.reconcile_one(id).await;
+                drop(place);
+            });
+            // Finished reconciles are collected as we go, so the set holds only running ones.
+            while running.try_join_next().is_some() {}
+        }
+        running
+    }
+
+    /// Run once the watch has listed every request, at start and after every re-bootstrap: a request
+    /// removed by force in the gap has no Destroyed event to announce it, only its provider state is
+    /// left to tell. The keys the listing delivered are queued already; queued again, a request
+    /// reconciled meanwhile would be reconciled twice, and after a restart with a thousand machines
+    /// that is a thousand reconciles more.
     async fn enqueue_dangling(&self) {
-        for id in self.reconciler.dangling_keys().await {
+        let keys = self.reconciler.dangling_keys().await;
+        let delivered = self.delivered_map();
+        let gone: Vec<String> = keys
+            .into_iter()
+            .filter(|id| !delivered.contains_key(id))
+            .collect();
+        drop(delivered);
+        for id in gone {
             self.queue.add(id);
         }
     }
@@ -140,7 +181,7 @@ impl<R: Reconcile> Controller<R> {
             // Every request of the listing came as `Changed` and is queued already.
             RequestQueueEvent::Synced if std::mem::take(relisting) => {
                 tracing::info!(
-                    "machine requests listed again; checking provider state for requests that vanished meanwhile"
+                    "machine requests listed; checking provider state for requests that are gone"
                 );
                 self.enqueue_dangling().await;
             }
@@ -175,31 +216,29 @@ impl<R: Reconcile> Controller<R> {
         self.delivered.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn worker(self: Arc<Self>, n: usize) {
-        while let Some(id) = self.queue.next().await {
-            self.gauge();
-            let span = tracing::info_span!("reconcile", request = %id, worker = n);
-            let delivered = self.delivered_map().get(&id).cloned();
-            let result = self
-                .reconciler
-                .reconcile(&id, delivered)
-                .instrument(span)
-                .await;
-            match result {
-                Ok(Action::Done) => self.reset(&id),
-                Ok(Action::RequeueAfter(d)) => {
-                    self.reset(&id);
-                    self.queue.add_after(id.clone(), d);
-                }
-                Err(e) => {
-                    let delay = self.reconciler.error_policy(&e, self.count_failure(&id));
-                    tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
-                    self.queue.add_after(id.clone(), delay);
-                }
+    async fn reconcile_one(&self, id: String) {
+        self.gauge();
+        let span = tracing::info_span!("reconcile", request = %id);
+        let delivered = self.delivered_map().get(&id).cloned();
+        let result = self
+            .reconciler
+            .reconcile(&id, delivered)
+            .instrument(span)
+            .await;
+        match result {
+            Ok(Action::Done) => self.reset(&id),
+            Ok(Action::RequeueAfter(d)) => {
+                self.reset(&id);
+                self.queue.add_after(id.clone(), d);
             }
-            self.queue.done(&id);
-            self.gauge();
+            Err(e) => {
+                let delay = self.reconciler.error_policy(&e, self.count_failure(&id));
+                tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
+                self.queue.add_after(id.clone(), delay);
+            }
         }
+        self.queue.done(&id);
+        self.gauge();
     }
 
     fn gauge(&self) {
@@ -240,6 +279,10 @@ mod tests {
         events: Mutex<Option<mpsc::Receiver<RequestQueueEvent>>>,
         seen: Mutex<Vec<(String, Option<String>)>>,
         attempts: Mutex<Vec<u32>>,
+        /// Provider states left, as `dangling_keys` answers (default: one, "dangling").
+        dangling: Option<Vec<String>>,
+        /// Reconciles succeed after this long instead of failing at once.
+        succeed_after: Option<Duration>,
     }
 
     impl Reconcile for Recorder {
@@ -251,7 +294,11 @@ mod tests {
         }
 
         fn dangling_keys(&self) -> BoxFuture<'_, Vec<String>> {
-            Box::pin(async { vec!["dangling".to_owned()] })
+            let keys = self
+                .dangling
+                .clone()
+                .unwrap_or_else(|| vec!["dangling".to_owned()]);
+            Box::pin(async move { keys })
         }
 
         fn reconcile<'a>(
@@ -261,7 +308,16 @@ mod tests {
         ) -> BoxFuture<'a, Result<Action, String>> {
             let version = delivered.map(|r| r.metadata.version.clone());
             self.seen.lock().unwrap().push((id.to_owned(), version));
-            Box::pin(async { Err("no".to_owned()) })
+            let succeed_after = self.succeed_after;
+            Box::pin(async move {
+                match succeed_after {
+                    Some(after) => {
+                        tokio::time::sleep(after).await;
+                        Ok(Action::Done)
+                    }
+                    None => Err("no".to_owned()),
+                }
+            })
         }
 
         fn error_policy(&self, _: &String, attempt: u32) -> Duration {
@@ -296,6 +352,7 @@ mod tests {
         tx.send(RequestQueueEvent::Changed(request("1")))
             .await
             .unwrap();
+        tx.send(RequestQueueEvent::Synced).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         let _ = stop_tx.send(true);
         running.await.unwrap();
@@ -309,5 +366,39 @@ mod tests {
         );
         let attempts = recorder.attempts.lock().unwrap().clone();
         assert!(attempts.contains(&2), "{attempts:?}");
+    }
+
+    /// At a restart every request comes twice to the loop's attention: the watch lists it, and its
+    /// provider state lists it as possibly dangling. Queued by the listing and reconciled, it must
+    /// not be queued again by the provider states (it was, when those were queued at start:
+    /// a request still being reconciled when its listing arrived was reconciled twice).
+    #[tokio::test]
+    async fn a_request_the_listing_delivered_is_not_queued_again_as_dangling() {
+        let (tx, rx) = mpsc::channel(8);
+        let recorder = Arc::new(Recorder {
+            events: Mutex::new(Some(rx)),
+            dangling: Some(vec!["req-1".to_owned(), "gone".to_owned()]),
+            succeed_after: Some(Duration::from_millis(50)),
+            ..Default::default()
+        });
+        let controller = Controller::new(recorder.clone(), 8);
+        let (stop_tx, stop) = watch::channel(false);
+        let running = tokio::spawn(controller.clone().run(stop));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        tx.send(RequestQueueEvent::Changed(request("1")))
+            .await
+            .unwrap();
+        tx.send(RequestQueueEvent::Synced).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = stop_tx.send(true);
+        running.await.unwrap();
+        let seen = recorder.seen.lock().unwrap().clone();
+        let times = |id: &str| seen.iter().filter(|(k, _)| k == id).count();
+        assert_eq!(times("req-1"), 1, "{seen:?}");
+        assert_eq!(
+            times("gone"),
+            1,
+            "the dangling state is looked at: {seen:?}"
+        );
     }
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use super::context::{self, Context};
 use super::error_policy::ReconcileError;
+use super::lanes::Lane;
 use super::progress::{Phase, StatusSink};
 use super::requests::Request;
 use super::runner::Action;
@@ -118,7 +119,13 @@ async fn remove_vm_and_state(
         return Ok(());
     };
     let state = MachineState::from_spec(&machine.spec);
-    if let Err(e) = deprovision_vm(ctx, id, &state, status_labels).await {
+    // The node the VM was recorded on: a slow node holds up only the teardowns of its own VMs.
+    let slot = ctx.lanes.enter(Lane::of(state.node.as_ref())).await;
+    // On the heap while it runs, as the provisioning steps are: a teardown waiting for a slot
+    // weighs little.
+    let deprovisioned = Box::pin(deprovision_vm(ctx, id, &state, status_labels)).await;
+    drop(slot);
+    if let Err(e) = deprovisioned {
         ctx.services.metrics.deprovision("failure");
         if let Some(labels) = status_labels {
             ctx.report_failure(id, labels, &e).await;

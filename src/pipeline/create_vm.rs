@@ -40,7 +40,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     // adopt it. Otherwise the listing placement read moments ago in this reconcile will do, and
     // `/cluster/nextid` (not the listing) decides which VMID is free.
     let must_be_fresh = ctx.state.recorded_vmid().is_some();
-    let resources = ctx.cluster(must_be_fresh).await?.to_vec();
+    let resources = ctx.cluster_shared(must_be_fresh).await?;
     if let Some(outcome) = adopt(ctx, &resources).await? {
         return Ok(outcome);
     }
@@ -190,7 +190,8 @@ async fn adopt(
     Ok(Some(StepOutcome::Done))
 }
 
-/// How many VMIDs above `/cluster/nextid`'s answer to check before giving up.
+/// How many VMIDs above `/cluster/nextid`'s answer to ask Proxmox about before giving up (those
+/// other requests of this process hold are stepped over without asking, and do not count).
 const VMID_PROBES: u32 = 64;
 
 /// The recorded VMID when it is still free, else the first VMID from `/cluster/nextid` on that no
@@ -222,29 +223,37 @@ async fn choose_vmid(
         return Ok(id);
     }
     let first = pve.next_vmid().await.map_err(StepError::proxmox(asking))?;
-    for id in (first.get()..=VmId::MAX).take(VMID_PROBES as usize) {
+    let mut probes = 0;
+    for id in first.get()..=VmId::MAX {
         let Ok(id) = VmId::new(id) else { break };
-        if !usable(id.get()) || in_flight(ctx, id) {
+        // Taken before it is checked: requests choosing at the same moment (they got the same
+        // answer from nextid) each check a different VMID, instead of all checking the same one,
+        // one winning, and the rest checking the next.
+        if !usable(id.get()) || !take_vmid(ctx, id) {
             continue;
         }
         // nextid vouched for its own answer; any higher VMID is checked the same way.
-        let free = id == first
-            || pve
-                .vmid_is_free(id)
-                .await
-                .map_err(StepError::proxmox(asking))?;
-        if free && take_vmid(ctx, id) {
+        if id == first {
             return Ok(id);
+        }
+        if probes == VMID_PROBES {
+            ctx.services.ledgers.release_vmid(id.get());
+            break;
+        }
+        probes += 1;
+        match pve.vmid_is_free(id).await {
+            Ok(true) => return Ok(id),
+            Ok(false) => ctx.services.ledgers.release_vmid(id.get()),
+            Err(e) => {
+                ctx.services.ledgers.release_vmid(id.get());
+                return Err(StepError::proxmox(asking)(e));
+            }
         }
     }
     Err(StepError::Cluster(format!(
         "no free VMID among the {VMID_PROBES} from {first} on (Proxmox's next free VMID); \
          widen the datacenter's next-id range (Datacenter > Options > Next Free VMID Range)"
     )))
-}
-
-fn in_flight(ctx: &StepContext<'_>, id: VmId) -> bool {
-    ctx.services.ledgers.vmid_in_flight(id.get())
 }
 
 /// Marks `id` as in flight; false when a concurrent request took it first.

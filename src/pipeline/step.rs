@@ -507,7 +507,7 @@ pub struct StartedTask {
 /// One `/cluster/resources` answer and when it was read.
 #[derive(Debug, Clone)]
 pub struct ClusterView {
-    pub resources: Vec<ClusterResource>,
+    pub resources: Arc<Vec<ClusterResource>>,
     pub read_at: std::time::Instant,
 }
 
@@ -530,6 +530,19 @@ impl StepContext<'_> {
 
     /// The cluster as `/cluster/resources` shows it; re-read unless read moments ago in this reconcile.
     pub async fn cluster(&mut self, fresh: bool) -> Result<&[ClusterResource], StepError> {
+        self.cluster_shared(fresh).await?;
+        Ok(self
+            .cluster
+            .as_ref()
+            .map(|v| v.resources.as_slice())
+            .unwrap_or_default())
+    }
+
+    /// [`Self::cluster`], as a handle to keep across calls that need the context mutably.
+    pub async fn cluster_shared(
+        &mut self,
+        fresh: bool,
+    ) -> Result<Arc<Vec<ClusterResource>>, StepError> {
         let stale = match self.cluster.as_ref() {
             Some(v) => fresh || v.read_at.elapsed() > CLUSTER_VIEW_MAX_AGE,
             None => true,
@@ -538,7 +551,7 @@ impl StepContext<'_> {
             let resources = self
                 .services
                 .pve
-                .cluster_resources(None)
+                .cluster_listing()
                 .await
                 .map_err(StepError::proxmox("reading the cluster state"))?;
             *self.cluster = Some(ClusterView {
@@ -549,7 +562,7 @@ impl StepContext<'_> {
         Ok(self
             .cluster
             .as_ref()
-            .map(|v| v.resources.as_slice())
+            .map(|v| v.resources.clone())
             .unwrap_or_default())
     }
 

@@ -2,6 +2,8 @@
 //! storage, so placement and VM lookup never cost one call per node, and a VM is always found on the
 //! node it is on now (after a live migration too).
 
+use std::sync::Arc;
+
 use super::client::{Params, ProxmoxClient};
 use super::error::ProxmoxError;
 use super::types::{ClusterResource, NodeStatus, ResourceKind, Version, VmId, lenient};
@@ -30,12 +32,40 @@ impl ProxmoxClient {
     }
 
     /// `GET /cluster/resources[?type=…]`.
+    ///
+    /// The full listing (no `type`) is shared by callers that ask while one is being read: each
+    /// gets a listing whose request was sent after it asked (as fresh as one of its own), but a
+    /// hundred requests placing or tearing down machines at once cause one or two listings, not a
+    /// hundred. On a cluster of a thousand guests each listing is a few hundred KiB to send, parse
+    /// and hold; Proxmox builds each from every node's status.
     pub async fn cluster_resources(
         &self,
         kind: Option<ResourceKind>,
     ) -> Result<Vec<ClusterResource>, ProxmoxError> {
-        let params = Params::new().with_opt("type", kind.map(ResourceKind::as_query));
-        self.get(&["cluster", "resources"], params).await
+        if kind.is_some() {
+            let params = Params::new().with_opt("type", kind.map(ResourceKind::as_query));
+            return self.get(&["cluster", "resources"], params).await;
+        }
+        Ok(self.cluster_listing().await?.as_ref().clone())
+    }
+
+    /// The full `/cluster/resources` listing, shared as [`ProxmoxClient::cluster_resources`]
+    /// describes, without a copy of its own: many requests in flight may each hold one.
+    pub async fn cluster_listing(&self) -> Result<Arc<Vec<ClusterResource>>, ProxmoxError> {
+        let asked = std::time::Instant::now();
+        // One listing at a time: who asks while one is read waits, then takes it if it was sent
+        // after they asked, else reads the next one (which the others waiting then share).
+        let mut last = self.listing_slot().lock().await;
+        if let Some((sent, listing)) = last.as_ref()
+            && *sent >= asked
+        {
+            return Ok(listing.clone());
+        }
+        let sent = std::time::Instant::now();
+        let listing: Arc<Vec<ClusterResource>> =
+            Arc::new(self.get(&["cluster", "resources"], Params::new()).await?);
+        *last = Some((sent, listing.clone()));
+        Ok(listing)
     }
 
     /// The guests `/cluster/resources` lists (`type=vm`: VMs and containers), VMs only.

@@ -7,8 +7,9 @@
 # storages, give VMs created through the API a guest agent (so IP discovery can be tested), and take
 # control commands while running (node offline, migrations, injected failures, request counts), and
 # answer the node network list and the PCI/USB resource mappings from the scenario (`bridges`,
-# `mappings`; ops `set_bridges`, `set_mappings`), size nodes (`maxcpu`, `maxmem` per node), and keep
-# HA rules as pve-ha-manager does (ops `ha_rules`, `ha_resources` show them).
+# `mappings`; ops `set_bridges`, `set_mappings`), size nodes (`maxcpu`, `maxmem` per node), keep
+# HA rules as pve-ha-manager does (ops `ha_rules`, `ha_resources` show them), and make answers and
+# tasks take time (`latency`, `node_latency`, `task_secs`; ops `slow_network`, `task_secs`).
 #
 # Usage: python launcher.py SCENARIO.json
 #   prints "fakepve listening on https://HOST:PORT" once ready, then reads one JSON command per line on
@@ -349,6 +350,24 @@ class LauncherPve(FakePve):
         return await self.task(vm.node, 'hastop', vm.vmid, user, body, lock=False,
                                log=['Requesting HA stop for VM {0}'.format(vm.vmid)])
 
+    # --- Time, for the benchmark. fakepve runs every task's body with the durations its model knows
+    # (a VM start, stop or shutdown takes the VM's `*_secs`, 0 for a VM made through the API; an ISO
+    # download 5 s), scaled by `time_scale`. `task_secs` ({task type: PVE seconds}, e.g. `qmcreate`,
+    # `qmstart`, `imgcopy`, `qmshutdown`, `qmdestroy`) adds a duration of its own to every task of
+    # that type, spent inside the task as on a real node (allocating a disk, booting QEMU), so the
+    # caller sees it only by polling the task.
+    task_secs = None
+
+    async def task(self, node, ttype, tid, user, body, vm=None, lock=True, log=()):
+        extra = (self.task_secs or {}).get(ttype, 0)
+        if not extra:
+            return await super().task(node, ttype, tid, user, body, vm=vm, lock=lock, log=log)
+
+        async def slower():
+            await self.pause(extra)
+            return await body()
+        return await super().task(node, ttype, tid, user, slower, vm=vm, lock=lock, log=log)
+
     async def _agent_call(self, match, values):
         vm = self.find(values['node'], values['vmid'])
         if self.agent_default and vm is not None and vm.agent is None and agent_enabled(vm.config):
@@ -402,6 +421,9 @@ class LauncherPve(FakePve):
         return out
 
     # ---- Proxmox client conformance (old PVE 8 errors, next-id range, download-url as PVE does it) ----
+
+    # PVE seconds a download-url task takes (scenario key `download_secs`).
+    download_secs = 5
 
     # True: answer errors as PVE 8 did before pve-http-server's fix #6503 (January 2025): the body is
     # `{"data":null}` (plus `errors`) and the message is only in the HTTP reason phrase.
@@ -475,7 +497,7 @@ class LauncherPve(FakePve):
         exists = '{0}/{1}'.format(content, filename) in store.get('volumes', {})
 
         async def body():
-            await self.pause(5)
+            await self.pause(self.download_secs)
             if exists:
                 if p.get('checksum'):
                     return
@@ -851,12 +873,32 @@ def build(scenario):
         pve.mappings = dict(scenario['mappings'])
     for tokenid, secret in scenario.get('tokens', {}).items():
         pve.apitokens[tokenid] = secret
+    build_timing(pve, scenario)
     build_client_conformance(pve, scenario)
     for name, options in scenario.get('storages', {}).items():
         store = pve.storages.setdefault(name, {'files': set(), 'active': 1})
         store.setdefault('files', set())
         store.update(options)
     return pve
+
+
+def build_timing(pve, scenario):
+    """Scenario keys for the benchmark: `latency` (PVE seconds added to every answer), `node_latency`
+    ({node: PVE seconds} added to the answers about that node: requests whose path names it),
+    `task_secs` ({task type: PVE seconds}, see LauncherPve.task), `download_secs` (an ISO download's
+    duration, 5 by default) and `max_requests` (how many requests the `requests` op remembers;
+    fakepve keeps the last 10000). Like every fakepve time, the
+    latencies are scaled by `time_scale`: at 0 they vanish, at 1 they are real seconds."""
+    if 'latency' in scenario:
+        pve.slow_network(float(scenario['latency']))
+    for node, secs in scenario.get('node_latency', {}).items():
+        pve.slow_network(float(secs), node=node)
+    if 'task_secs' in scenario:
+        pve.task_secs = dict(scenario['task_secs'])
+    if 'max_requests' in scenario:
+        pve.max_requests = int(scenario['max_requests'])
+    if 'download_secs' in scenario:
+        pve.download_secs = float(scenario['download_secs'])
 
 
 def build_client_conformance(pve, scenario):
@@ -1002,6 +1044,15 @@ async def command(pve, cmd):
         rule.update((k, cmd[k]) for k in ('affinity', 'nodes', 'comment') if k in cmd)
         pve.ha_rules[cmd['rule']] = rule
         pve._ha_rules_write()
+    elif op == 'slow_network':
+        # {latency, node?}: PVE seconds added to every answer, or to one node's (0 ends it).
+        pve.slow_network(float(cmd['latency']), node=cmd.get('node'))
+    elif op == 'task_secs':
+        # {type, secs}: see LauncherPve.task.
+        pve.task_secs = dict(pve.task_secs or {}, **{cmd['type']: float(cmd['secs'])})
+    elif op == 'request_count':
+        # How many requests fakepve has recorded since the last reset, without sending them all.
+        return len(pve.requests)
     elif op == 'ping':
         return 'pong'
     elif op in ('grant', 'set_acl', 'old_pve8_errors', 'unlist_volume'):

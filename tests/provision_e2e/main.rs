@@ -5,7 +5,9 @@
 mod support;
 
 mod clone;
+mod many;
 mod restart;
+mod slow_node;
 mod status;
 
 use std::collections::BTreeMap;

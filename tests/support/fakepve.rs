@@ -132,6 +132,11 @@ impl FakePve {
         })
     }
 
+    /// The launcher's process ID (fakepve runs in it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends a control command to the launcher and returns its result.
     pub fn control(&mut self, cmd: Value) -> Value {
         writeln!(self.stdin, "{cmd}").unwrap();

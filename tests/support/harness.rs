@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::config::ProviderConfig;
 use omni_infra_provider_proxmox::controller::context::Context;
-use omni_infra_provider_proxmox::controller::runner::Controller;
+use omni_infra_provider_proxmox::controller::runner::{self, Controller};
 use omni_infra_provider_proxmox::controller::topology;
 use omni_infra_provider_proxmox::omni::join::JoinMode;
 use omni_infra_provider_proxmox::omni::proto::specs::{
@@ -41,6 +41,9 @@ pub struct Harness {
     /// adds Proxmox and Omni reads that request-counting tests do not expect).
     pub topology_every: Option<Duration>,
     topology: Option<tokio::task::JoinHandle<()>>,
+    /// Requests worked on at once per Proxmox node (`--concurrency`), from the next
+    /// `start_controller` on.
+    pub concurrency: usize,
 }
 
 impl Harness {
@@ -50,7 +53,17 @@ impl Harness {
 
     /// Like [`Harness::start`] with a scenario of one's own (see the launcher for its keys).
     pub async fn start_with(scenario: Value, extra_config: &str) -> Option<Harness> {
-        let pve = FakePve::start(scenario, 0.0)?;
+        Self::start_scaled(scenario, 0.0, extra_config).await
+    }
+
+    /// Like [`Harness::start_with`] with fakepve's `time_scale` (real seconds per Proxmox second; 0:
+    /// every task done before its request returns, and no latency).
+    pub async fn start_scaled(
+        scenario: Value,
+        time_scale: f64,
+        extra_config: &str,
+    ) -> Option<Harness> {
+        let pve = FakePve::start(scenario, time_scale)?;
         let omni = omni_support::Omni::start(PROVIDER).await;
         let config = ProviderConfig::parse(&format!(
             "{}{extra_config}",
@@ -66,6 +79,7 @@ impl Harness {
             metrics: Default::default(),
             topology_every: None,
             topology: None,
+            concurrency: omni_infra_provider_proxmox::controller::context::DEFAULT_CONCURRENCY,
         };
         h.start_controller();
         Some(h)
@@ -92,8 +106,11 @@ impl Harness {
             },
             metrics: self.metrics.clone(),
         });
-        let context = Arc::new(Context::new(services, client.state.clone(), JoinMode::V2));
-        let controller = Controller::new(context.clone(), 4);
+        let context = Arc::new(
+            Context::new(services, client.state.clone(), JoinMode::V2)
+                .with_concurrency(self.concurrency),
+        );
+        let controller = Controller::new(context.clone(), runner::MAX_IN_FLIGHT);
         let (tx, rx) = watch::channel(false);
         if let Some(every) = self.topology_every {
             self.topology = Some(tokio::spawn(topology::run(

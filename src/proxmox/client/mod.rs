@@ -43,6 +43,17 @@ impl std::fmt::Debug for ProxmoxClient {
     }
 }
 
+/// The last full cluster listing and when its request was sent.
+pub(super) type SharedListing =
+    tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<super::types::ClusterResource>>)>>;
+
+/// The shared listing, for [`ProxmoxClient::cluster_resources`] in `cluster.rs`.
+impl ProxmoxClient {
+    pub(super) fn listing_slot(&self) -> &SharedListing {
+        &self.inner.listing
+    }
+}
+
 struct Inner {
     http: reqwest::Client,
     base: url::Url,
@@ -50,6 +61,9 @@ struct Inner {
     retry: RetryPolicy,
     requests: AtomicU64,
     observer: std::sync::OnceLock<RequestObserver>,
+    /// The last full `/cluster/resources` listing and when its request was sent: concurrent
+    /// readers share one ([`ProxmoxClient::cluster_resources`]).
+    listing: SharedListing,
 }
 
 /// Called after every HTTP request with its method, status (`None`: no answer) and duration.
@@ -183,6 +197,7 @@ impl ProxmoxClient {
                 retry,
                 requests: AtomicU64::new(0),
                 observer: std::sync::OnceLock::new(),
+                listing: tokio::sync::Mutex::new(None),
             }),
         })
     }
