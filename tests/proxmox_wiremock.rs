@@ -616,6 +616,7 @@ async fn ha_resources_and_rules_exact_requests() {
     .unwrap();
     let joined = ["vm:101", "vm:102", "vm:104"].map(String::from);
     c.set_ha_rule_resources(&rules[0], &joined).await.unwrap();
+}
 
 /// Placing or tearing down many machines at once, each reads the cluster listing. Readers that ask
 /// while a listing is on its way share the next one (never one sent before they asked): twenty at
