@@ -41,7 +41,7 @@ use crate::pipeline::deprovision::{
     ClusterView, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
     deprovision_reporting, find_orphans, iso_volumes_in, our_vms,
 };
-use crate::proxmox::types::{NodeName, NodeState, VmId};
+use crate::proxmox::types::{NodeName, NodeState, VmId, VmResource};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
 use crate::telemetry::{self, LogFormat};
@@ -218,12 +218,13 @@ pub async fn scan(
     provider_id: &str,
     live_requests: &BTreeSet<String>,
 ) -> Result<Orphans, ProxmoxError> {
-    let view = ClusterView::new(pve.cluster_resources(None).await?);
+    let view = ClusterView::new(pve.cluster_listing().await?);
+    let vms: Vec<VmResource> = view.vms().cloned().collect();
     let online = |n: &NodeName| view.node_state(n) == Some(NodeState::Online);
     let mut problems = Vec::new();
 
     let mut used: BTreeMap<VmId, Vec<String>> = BTreeMap::new();
-    for vm in our_vms(&view.vms, provider_id) {
+    for vm in our_vms(&vms, provider_id) {
         if !online(&vm.node) {
             problems.push(format!(
                 "node {} is not online: cannot read the config of VM {}",
@@ -243,7 +244,7 @@ pub async fn scan(
     let mut isos = Vec::new();
     let mut shared_done = BTreeSet::new();
     let mut offline_nodes = BTreeSet::new();
-    for storage in &view.storages {
+    for storage in view.storages() {
         let holds_iso = storage
             .content
             .as_deref()
@@ -280,7 +281,7 @@ pub async fn scan(
             "node {node} is not online: its ISO storages were not searched"
         ));
     }
-    let mut orphans = find_orphans(&view.vms, live_requests, provider_id, &isos, &used);
+    let mut orphans = find_orphans(&vms, live_requests, provider_id, &isos, &used);
     orphans.problems = problems;
     Ok(orphans)
 }

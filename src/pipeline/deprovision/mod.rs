@@ -117,33 +117,50 @@ pub struct Deprovisioned {
 }
 
 /// One `/cluster/resources` listing, indexed for the questions a deprovision asks.
+/// One `/cluster/resources` listing, as teardown reads it. It holds the listing shared with every
+/// other request in flight (see [`ProxmoxClient::cluster_listing`]), not a copy: a thousand
+/// teardowns at once must not each keep a thousand-guest listing while they wait for a shutdown.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterView {
-    pub nodes: BTreeMap<NodeName, NodeState>,
-    pub vms: Vec<VmResource>,
-    pub containers: Vec<VmResource>,
-    pub storages: Vec<StorageResource>,
+    listing: std::sync::Arc<Vec<ClusterResource>>,
+    nodes: BTreeMap<NodeName, NodeState>,
 }
 
 impl ClusterView {
-    pub fn new(resources: Vec<ClusterResource>) -> Self {
-        let mut view = Self::default();
-        for r in resources {
-            match r {
-                ClusterResource::Vm(vm) => view.vms.push(vm),
-                ClusterResource::Container(ct) => view.containers.push(ct),
-                ClusterResource::Node(n) => {
-                    view.nodes.insert(n.node, n.status);
-                }
-                ClusterResource::Storage(s) => view.storages.push(s),
-                ClusterResource::Other => {}
-            }
-        }
-        view
+    pub fn new(listing: std::sync::Arc<Vec<ClusterResource>>) -> Self {
+        let nodes = listing
+            .iter()
+            .filter_map(|r| match r {
+                ClusterResource::Node(n) => Some((n.node.clone(), n.status)),
+                _ => None,
+            })
+            .collect();
+        Self { listing, nodes }
+    }
+
+    pub fn vms(&self) -> impl Iterator<Item = &VmResource> {
+        self.listing.iter().filter_map(|r| match r {
+            ClusterResource::Vm(vm) => Some(vm),
+            _ => None,
+        })
+    }
+
+    pub fn containers(&self) -> impl Iterator<Item = &VmResource> {
+        self.listing.iter().filter_map(|r| match r {
+            ClusterResource::Container(ct) => Some(ct),
+            _ => None,
+        })
+    }
+
+    pub fn storages(&self) -> impl Iterator<Item = &StorageResource> {
+        self.listing.iter().filter_map(|r| match r {
+            ClusterResource::Storage(s) => Some(s),
+            _ => None,
+        })
     }
 
     pub fn vm(&self, vmid: VmId) -> Option<&VmResource> {
-        self.vms.iter().find(|vm| vm.vmid == vmid)
+        self.vms().find(|vm| vm.vmid == vmid)
     }
 
     /// `None` when the node is not in the cluster (any more).
@@ -154,8 +171,7 @@ impl ClusterView {
     /// VMs that look like the request's: named after it and carrying our provider tag (templates
     /// never are).
     pub fn by_identity(&self, request_id: &str, provider_id: &str) -> Vec<&VmResource> {
-        self.vms
-            .iter()
+        self.vms()
             .filter(|vm| identity::looks_like(vm, request_id, provider_id))
             .collect()
     }
@@ -167,8 +183,7 @@ impl ClusterView {
         if let Some(n) = preferred.iter().find(|n| online(n)) {
             return Some(n.clone());
         }
-        self.storages
-            .iter()
+        self.storages()
             .find(|s| s.storage == storage && s.shared && online(&s.node))
             .map(|s| s.node.clone())
     }
@@ -209,7 +224,7 @@ pub async fn deprovision_reporting(
         ),
     });
     let view = pve
-        .cluster_resources(None)
+        .cluster_listing()
         .await
         .map(ClusterView::new)
         .map_err(|source| DeprovisionError::Listing {
@@ -268,9 +283,8 @@ async fn remove_pool_if_unused(
     request_id: &str,
 ) {
     let others = view
-        .vms
-        .iter()
-        .chain(&view.containers)
+        .vms()
+        .chain(view.containers())
         .any(|g| g.pool.as_deref() == Some(pool) && Some(g.vmid) != deleted);
     if others {
         return;
@@ -308,7 +322,7 @@ async fn deprovision_in(
                 Verdict::Gone => return Ok(DeprovisionOutcome::AlreadyGone),
                 Verdict::NotOurs(reason) => foreign = Some((id, reason)),
             }
-        } else if view.containers.iter().any(|ct| ct.vmid == id) {
+        } else if view.containers().any(|ct| ct.vmid == id) {
             foreign = Some((id, "it is now a container".into()));
         }
     }

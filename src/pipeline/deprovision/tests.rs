@@ -125,14 +125,14 @@ fn view_finds_identity_and_nodes_for_shared_storage() {
         {"type": "lxc", "vmid": 200, "node": "pve2", "name": "ct"}
     ]))
     .unwrap();
-    let view = ClusterView::new(resources);
+    let view = ClusterView::new(std::sync::Arc::new(resources));
     let found: Vec<u32> = view
         .by_identity("r", "p")
         .iter()
         .map(|v| v.vmid.get())
         .collect();
     assert_eq!(found, [104]);
-    assert_eq!(view.containers.len(), 1);
+    assert_eq!(view.containers().count(), 1);
     let pve1 = NodeName::new("pve1").unwrap();
     assert_eq!(
         view.online_node_for("local", std::slice::from_ref(&pve1)),
