@@ -291,3 +291,48 @@ async fn a_seed_iso_that_cannot_be_deleted_does_not_hold_the_teardown() {
     );
     h.stop_controller().await;
 }
+
+/// The nasty case of a crash: a create sent just before the provider died, whose answer never
+/// arrived, is applied by Proxmox later (qemu-server src/PVE/API2/Qemu.pm, `create_vm`, runs once the
+/// API server has the request, whether or not the client still waits). The restarted provider made
+/// the request's VM at the same VMID meanwhile; after that VM was deleted and the request released,
+/// the late create makes it again, and nothing looked at it any more: the VM, its disk and the set's
+/// pool were left for ever (found by `make chaos`). The topology loop now looks for VMs of requests
+/// it released and deletes them, with the usual ownership checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_a_late_create_makes_after_the_release_is_deleted() {
+    use omni_infra_provider_proxmox::model::identity;
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.run_topology(Duration::from_millis(200)).await;
+    let vmid = h.provisioned("td-late").await;
+    h.tear_down("td-late");
+    h.wait_released("td-late").await;
+    assert!(h.vm(vmid).is_null(), "VM deleted by the teardown");
+
+    // The late create: the VM the provider's create call described, at the VMID it had chosen.
+    let tags = format!(
+        "{};{}",
+        identity::provider_tag(PROVIDER),
+        identity::request_tag("td-late").unwrap()
+    );
+    h.pve.control(json!({"op": "add_vm", "vmid": vmid, "name": "td-late", "node": "pve2",
+        "config": {"memory": 2048, "tags": tags,
+                   "description": identity::description_marker(PROVIDER, "td-late")}}));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !h.vm(vmid).is_null() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the late VM {vmid} was left behind"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A VM of someone else that happens to carry the name is not touched.
+    h.pve.control(json!({"op": "add_vm", "vmid": 777, "name": "td-late", "node": "pve2",
+        "config": {"memory": 1024}}));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!h.vm(777).is_null(), "a stranger's VM was deleted");
+    h.stop_controller().await;
+}

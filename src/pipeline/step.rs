@@ -17,6 +17,7 @@ use crate::model::MachineState;
 use crate::omni::join::ConnectionParams;
 use crate::omni::management::ManagementClient;
 use crate::omni::state::StateError;
+use crate::pipeline::deprovision::DeprovisionTarget;
 use crate::proxmox::types::{ClusterResource, NodeName, Upid, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::{Placement, PlacementError, Reservations};
@@ -251,6 +252,10 @@ pub struct Ledgers {
     /// The Proxmox VE version last read, and when: keys that need a release check it on every
     /// reconcile, which must not cost a request each time.
     pve_version: Mutex<Option<(String, std::time::Instant)>>,
+    /// Requests released by this process, with what their VM was and when they went: a create
+    /// Proxmox applies late (sent before a crash, its answer never read) can make the VM again after
+    /// the teardown; see [`Ledgers::recently_released`].
+    released: Mutex<HashMap<String, (DeprovisionTarget, std::time::Instant)>>,
 }
 
 /// A poisoned ledger is still right: every update is a single insert or remove.
@@ -339,6 +344,26 @@ impl Ledgers {
     /// Made again on demand if its set comes back.
     pub fn forget_pool(&self, pool: &str) {
         entry(&self.pools_created).remove(pool);
+    }
+
+    /// Remembers that the request's VM (as `target` describes it) was deleted and the request let go.
+    pub fn request_released(&self, target: DeprovisionTarget) {
+        entry(&self.released).insert(
+            target.request_id.clone(),
+            (target, std::time::Instant::now()),
+        );
+    }
+
+    /// The requests released within `window`, oldest forgotten.
+    pub fn recently_released(&self, window: Duration) -> Vec<DeprovisionTarget> {
+        let mut released = entry(&self.released);
+        released.retain(|_, (_, at)| at.elapsed() < window);
+        released.values().map(|(t, _)| t.clone()).collect()
+    }
+
+    /// The request is back (same ID) or its late VM was dealt with.
+    pub fn forget_released(&self, request_id: &str) {
+        entry(&self.released).remove(request_id);
     }
 
     /// A lock shared by everyone handling this key: concurrent requests for one image download it
