@@ -336,3 +336,34 @@ async fn a_vm_a_late_create_makes_after_the_release_is_deleted() {
     assert!(!h.vm(777).is_null(), "a stranger's VM was deleted");
     h.stop_controller().await;
 }
+
+/// The set's last two machines torn down at once: each deprovision read the listing before the other
+/// VM was gone, saw it in the pool and left the pool to it, so the pool stayed for ever (found by
+/// `make chaos`). pve-manager PVE/API2/Pool.pm `delete_pool` refuses a pool that still has members, so
+/// asking is safe whenever only our own VMs were seen in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_set_pool_goes_when_its_last_machines_are_torn_down_at_once() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.provisioned("pool-c").await;
+    h.provisioned("pool-d").await;
+    // Both teardowns read the listing before either VM is destroyed: the destroys wait for a
+    // moment (Proxmox holds the first DELETE of each VM) while the other listing is read.
+    for vm in h.vms_named("pool-c").iter().chain(h.vms_named("pool-d").iter()) {
+        let suffix = format!("/qemu/{}", vm["vmid"]);
+        h.pve.control(json!({"op": "late_apply", "method": "DELETE", "suffix": suffix, "secs": 1.0}));
+    }
+    h.tear_down("pool-c");
+    h.tear_down("pool-d");
+    h.wait_released("pool-c").await;
+    h.wait_released("pool-d").await;
+    assert!(
+        h.pve
+            .control(json!({"op": "pools"}))
+            .get("teardown")
+            .is_none(),
+        "last machines gone, pool gone"
+    );
+    h.stop_controller().await;
+}

@@ -234,7 +234,15 @@ pub async fn deprovision_reporting(
             DeprovisionOutcome::Deleted { vmid, .. } => Some(*vmid),
             _ => None,
         };
-        remove_pool_if_unused(pve, &view, pool, deleted, &target.request_id).await;
+        remove_pool_if_unused(
+            pve,
+            &view,
+            pool,
+            deleted,
+            &target.request_id,
+            &target.provider_id,
+        )
+        .await;
     }
     match &outcome {
         DeprovisionOutcome::Deleted { node, vmid } => {
@@ -257,22 +265,27 @@ pub async fn deprovision_reporting(
     })
 }
 
-/// Deletes the set's pool when the listing shows no guest left in it but the one just deleted. Costs
-/// a request only then, so tearing down a whole set at once tries (about) once. Best effort: an empty
-/// pool left behind is harmless.
+/// Deletes the set's pool once no guest is left in it. The listing was read before our VM was
+/// deleted, so a VM of ours it still shows in the pool may be going at this moment (the set's last
+/// machines torn down at once each saw the other and both left the pool, found by `make chaos`):
+/// then Proxmox decides, since it refuses to delete a pool that is not empty. Only a guest that is not
+/// ours keeps us from asking, as it will not go with the set. Best effort: an empty pool left behind
+/// is harmless.
 async fn remove_pool_if_unused(
     pve: &ProxmoxClient,
     view: &ClusterView,
     pool: &str,
     deleted: Option<VmId>,
     request_id: &str,
+    provider_id: &str,
 ) {
-    let others = view
-        .vms
-        .iter()
-        .chain(&view.containers)
-        .any(|g| g.pool.as_deref() == Some(pool) && Some(g.vmid) != deleted);
-    if others {
+    let foreign = view.containers.iter().any(|g| g.pool.as_deref() == Some(pool))
+        || view.vms.iter().any(|g| {
+            g.pool.as_deref() == Some(pool)
+                && Some(g.vmid) != deleted
+                && !identity::made_by(g, provider_id)
+        });
+    if foreign {
         return;
     }
     match pve.delete_pool_if_empty(pool).await {
