@@ -8,7 +8,7 @@ use std::fmt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{
@@ -450,7 +450,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
             .map(|m| (m.id.clone(), Phase::Waiting))
             .collect(),
         violations: Vec::new(),
-        late: None,
+        late: Vec::new(),
         network_until: None,
         started,
     };
@@ -466,11 +466,15 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         }
         run.tick(&schedule).await?;
         let done = run.phases.values().all(|p| *p == Phase::Released);
-        if done && run.late.as_ref().is_some_and(|l| !l.killed) {
-            // Armed, but every create came by before it (a restart adopted the machine's VM).
-            run.late = None;
+        if done {
+            // Armed, but no create came by (a restart adopted the machine's VM first).
+            run.late.retain(|l| l.held.is_some());
         }
-        if done && faults.peek().is_none() && run.late.is_none() {
+        if done && run.late.is_empty() {
+            let left = faults.count();
+            if left > 0 {
+                run.log_event(&format!("every machine released; {left} later fault(s) not injected"));
+            }
             break;
         }
         if now > opts.deadline {
@@ -518,16 +522,18 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     })
 }
 
-/// A late create in progress: armed, then the provider killed once Proxmox holds the request.
+/// A late create in progress: armed, then the provider killed once Proxmox holds the request
+/// (`held`: its index in fakepve's list of held requests).
 struct LateCreate {
-    killed: bool,
+    suffix: &'static str,
+    held: Option<usize>,
 }
 
 struct Run {
     stack: Stack,
     phases: BTreeMap<String, Phase>,
     violations: Vec<String>,
-    late: Option<LateCreate>,
+    late: Vec<LateCreate>,
     network_until: Option<Instant>,
     started: Instant,
 }
@@ -557,12 +563,9 @@ impl Run {
                 self.stack.restart_provider(PROVIDER_ARGS)?;
             }
             Fault::LateCreate { suffix, late } => {
-                if self.late.is_some() {
-                    return Ok(());
-                }
                 self.stack.pve.control(json!({"op": "late_apply", "method": "POST",
                     "suffix": suffix, "secs": late}));
-                self.late = Some(LateCreate { killed: false });
+                self.late.push(LateCreate { suffix, held: None });
             }
             Fault::LostAnswer { method, suffix } => {
                 self.stack.pve.control(json!({"op": "lose_answer", "method": method,
@@ -652,27 +655,42 @@ impl Run {
 
     /// The nasty case: once Proxmox holds the create, the provider dies before the answer comes.
     async fn late_create(&mut self) -> Result<(), String> {
-        let Some(late) = &self.late else {
+        if self.late.is_empty() {
             return Ok(());
-        };
+        }
         let held = self.stack.pve.control(json!({"op": "late_held"}));
         let held = held.as_array().cloned().unwrap_or_default();
-        let last = held.last().cloned().unwrap_or(Value::Null);
-        if !late.killed {
-            if last.is_null() || last["applied"] == json!(true) {
-                return Ok(());
+        let mut kill = None;
+        let mut taken: Vec<usize> = self.late.iter().filter_map(|l| l.held).collect();
+        for late in &mut self.late {
+            if late.held.is_some() {
+                continue;
             }
+            if let Some((i, entry)) = held.iter().enumerate().find(|(i, e)| {
+                !taken.contains(i)
+                    && e["applied"] != json!(true)
+                    && e["path"].as_str().is_some_and(|p| p.ends_with(late.suffix))
+            }) {
+                late.held = Some(i);
+                taken.push(i);
+                kill = Some(format!("{} {}", entry["method"], entry["path"]));
+            }
+        }
+        if let Some(what) = kill {
             self.log_event(&format!(
-                "Proxmox holds {} {}; SIGKILL the provider before the answer",
-                last["method"], last["path"]
+                "Proxmox holds {what}; SIGKILL the provider before the answer"
             ));
             self.stack.kill_provider();
             tokio::time::sleep(Duration::from_millis(300)).await;
             self.stack.restart_provider(PROVIDER_ARGS)?;
-            self.late = Some(LateCreate { killed: true });
-        } else if last["applied"] == json!(true) {
-            self.log_event("the held change reached Proxmox late");
-            self.late = None;
+        }
+        let before = self.late.len();
+        self.late.retain(|l| {
+            l.held
+                .is_none_or(|i| held.get(i).is_none_or(|e| e["applied"] != json!(true)))
+        });
+        if self.late.len() < before {
+            self.log_event("a held change reached Proxmox late");
         }
         Ok(())
     }
@@ -681,7 +699,9 @@ impl Run {
     /// Omni resources. Teardown ends before the last cleanups are visible everywhere, so each
     /// check is given time before it counts.
     async fn check_leftovers(&mut self, schedule: &Schedule) {
-        let sets: Vec<&str> = schedule.machines.iter().map(|m| m.set).collect();
+        let mut sets: Vec<&str> = schedule.machines.iter().map(|m| m.set).collect();
+        sets.sort();
+        sets.dedup();
         let deadline = Instant::now() + Duration::from_secs(30);
         let left = loop {
             let left = self.leftovers(&sets);
