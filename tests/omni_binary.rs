@@ -378,7 +378,10 @@ async fn binary_waits_out_omni_unreachable_at_start() {
     )
     .await;
     server.stop().await;
-    assert!(stderr.contains("Omni is out of reach; trying again"), "{stderr}");
+    assert!(
+        stderr.contains("Omni is out of reach; trying again"),
+        "{stderr}"
+    );
 }
 
 /// SIGTERM while the start still waits for Omni: a clean stop, exit 0, not death by the signal.
@@ -418,6 +421,9 @@ async fn binary_stops_cleanly_on_sigterm_while_omni_is_out_of_reach() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
-    assert!(stderr.contains("stopped before the start was complete"), "{stderr}");
+    assert!(
+        stderr.contains("stopped before the start was complete"),
+        "{stderr}"
+    );
     server.stop().await;
 }

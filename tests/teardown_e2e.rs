@@ -317,9 +317,11 @@ async fn a_vm_a_late_create_makes_after_the_release_is_deleted() {
         identity::provider_tag(PROVIDER),
         identity::request_tag("td-late").unwrap()
     );
-    h.pve.control(json!({"op": "add_vm", "vmid": vmid, "name": "td-late", "node": "pve2",
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": vmid, "name": "td-late", "node": "pve2",
         "config": {"memory": 2048, "tags": tags,
-                   "description": identity::description_marker(PROVIDER, "td-late")}}));
+                   "description": identity::description_marker(PROVIDER, "td-late")}}),
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !h.vm(vmid).is_null() {
         assert!(
@@ -330,8 +332,10 @@ async fn a_vm_a_late_create_makes_after_the_release_is_deleted() {
     }
 
     // A VM of someone else that happens to carry the name is not touched.
-    h.pve.control(json!({"op": "add_vm", "vmid": 777, "name": "td-late", "node": "pve2",
-        "config": {"memory": 1024}}));
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 777, "name": "td-late", "node": "pve2",
+        "config": {"memory": 1024}}),
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!h.vm(777).is_null(), "a stranger's VM was deleted");
     h.stop_controller().await;
@@ -350,9 +354,15 @@ async fn the_set_pool_goes_when_its_last_machines_are_torn_down_at_once() {
     h.provisioned("pool-d").await;
     // Both teardowns read the listing before either VM is destroyed: the destroys wait for a
     // moment (Proxmox holds the first DELETE of each VM) while the other listing is read.
-    for vm in h.vms_named("pool-c").iter().chain(h.vms_named("pool-d").iter()) {
+    for vm in h
+        .vms_named("pool-c")
+        .iter()
+        .chain(h.vms_named("pool-d").iter())
+    {
         let suffix = format!("/qemu/{}", vm["vmid"]);
-        h.pve.control(json!({"op": "late_apply", "method": "DELETE", "suffix": suffix, "secs": 1.0}));
+        h.pve.control(
+            json!({"op": "late_apply", "method": "DELETE", "suffix": suffix, "secs": 1.0}),
+        );
     }
     h.tear_down("pool-c");
     h.tear_down("pool-d");

@@ -204,7 +204,11 @@ const PVE_ERRORS: &[(&str, &str, PveFailure)] = &[
         "/nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
         PveFailure::Message(500, "QEMU guest agent is not running"),
     ),
-    ("POST", "/cluster/ha/resources", PveFailure::Named("no_quorum")),
+    (
+        "POST",
+        "/cluster/ha/resources",
+        PveFailure::Named("no_quorum"),
+    ),
     ("POST", "/cluster/ha/rules", PveFailure::Named("no_quorum")),
     (
         "POST",
@@ -440,7 +444,9 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     )));
     let mut stack = Stack::start_with(scenario, TIME_SCALE, PROVIDER_ARGS).await?;
     let started = Instant::now();
-    stack.pve.control(json!({"op": "network", "latency": BASE_LATENCY,
+    stack
+        .pve
+        .control(json!({"op": "network", "latency": BASE_LATENCY,
         "jitter": BASE_JITTER, "seed": opts.seed}));
     let mut run = Run {
         stack,
@@ -473,7 +479,9 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         if done && run.late.is_empty() {
             let left = faults.count();
             if left > 0 {
-                run.log_event(&format!("every machine released; {left} later fault(s) not injected"));
+                run.log_event(&format!(
+                    "every machine released; {left} later fault(s) not injected"
+                ));
             }
             break;
         }
@@ -540,17 +548,21 @@ struct Run {
 
 impl Run {
     fn log_event(&self, what: &str) {
-        println!(
-            "  [{:>6.1}s] {what}",
-            self.started.elapsed().as_secs_f64()
-        );
+        println!("  [{:>6.1}s] {what}", self.started.elapsed().as_secs_f64());
     }
 
     fn status_text(&self, id: &str) -> String {
         self.stack
             .omni
             .get(&MachineRequestStatus, id)
-            .map(|s| format!(" ({:?}: {} {})", s.spec.stage(), s.spec.status, s.spec.error))
+            .map(|s| {
+                format!(
+                    " ({:?}: {} {})",
+                    s.spec.stage(),
+                    s.spec.status,
+                    s.spec.error
+                )
+            })
             .unwrap_or_default()
     }
 
@@ -563,12 +575,16 @@ impl Run {
                 self.stack.restart_provider(PROVIDER_ARGS)?;
             }
             Fault::LateCreate { suffix, late } => {
-                self.stack.pve.control(json!({"op": "late_apply", "method": "POST",
+                self.stack
+                    .pve
+                    .control(json!({"op": "late_apply", "method": "POST",
                     "suffix": suffix, "secs": late}));
                 self.late.push(LateCreate { suffix, held: None });
             }
             Fault::LostAnswer { method, suffix } => {
-                self.stack.pve.control(json!({"op": "lose_answer", "method": method,
+                self.stack
+                    .pve
+                    .control(json!({"op": "lose_answer", "method": method,
                     "suffix": suffix, "times": 1}));
             }
             Fault::Network {
@@ -576,7 +592,9 @@ impl Run {
                 latency,
                 lasts,
             } => {
-                self.stack.pve.control(json!({"op": "network", "drop_rate": drop_rate,
+                self.stack
+                    .pve
+                    .control(json!({"op": "network", "drop_rate": drop_rate,
                     "latency": latency}));
                 self.network_until = Some(Instant::now() + *lasts);
             }
@@ -586,7 +604,8 @@ impl Run {
                 error,
                 times,
             } => {
-                let mut cmd = json!({"op": "fail", "method": method, "suffix": path, "times": times});
+                let mut cmd =
+                    json!({"op": "fail", "method": method, "suffix": path, "times": times});
                 match error {
                     PveFailure::Named(name) => cmd["error"] = json!(name),
                     PveFailure::Message(status, message) => {
@@ -783,8 +802,7 @@ impl Run {
             let mut lives = by_name.remove(&m.id).unwrap_or_default();
             lives.sort_by(|a, b| a.0.total_cmp(&b.0));
             if lives.is_empty() {
-                self.violations
-                    .push(format!("{} never had a VM", m.id));
+                self.violations.push(format!("{} never had a VM", m.id));
             }
             for pair in lives.windows(2) {
                 if pair[1].0 < pair[0].1 {
@@ -811,7 +829,8 @@ impl Run {
     fn check_log(&mut self) {
         let text = std::fs::read_to_string(&self.stack.log).unwrap_or_default();
         for line in text.lines().filter(|l| l.contains("panicked")) {
-            self.violations.push(format!("panic in the provider's log: {line}"));
+            self.violations
+                .push(format!("panic in the provider's log: {line}"));
         }
     }
 }

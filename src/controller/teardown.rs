@@ -27,11 +27,11 @@ use crate::model::MachineState;
 use crate::model::identity;
 use crate::omni::resources::{ConfigPatchRequest, MachineRequest, MachineRequestStatus, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
-use crate::proxmox::types::{ClusterResource, VmResource};
 use crate::pipeline::deprovision::{
     DeprovisionError, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned,
     deprovision_reporting,
 };
+use crate::proxmox::types::{ClusterResource, VmResource};
 
 /// How often to look again while Omni still holds a finalizer on something we tore down.
 pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(2);
@@ -241,7 +241,9 @@ pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
         let late: Vec<&VmResource> = vms
             .iter()
             .filter(|vm| {
-                vm.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(id))
+                vm.name
+                    .as_deref()
+                    .is_some_and(|n| n.eq_ignore_ascii_case(id))
                     || identity::tagged_request(&vm.tag_list())
                         .is_some_and(|t| t.eq_ignore_ascii_case(id))
             })

@@ -1017,7 +1017,9 @@ class QuietResets(logging.Filter):
 
     def filter(self, record):
         error = record.exc_info[1] if record.exc_info else None
-        return not isinstance(error, ConnectionResetError)
+        # fakepve's drop closes a transport a killed client already took away.
+        gone = isinstance(error, AttributeError) and "'close'" in str(error)
+        return not (isinstance(error, ConnectionResetError) or gone)
 
 
 async def main():

@@ -279,7 +279,10 @@ async fn remove_pool_if_unused(
     request_id: &str,
     provider_id: &str,
 ) {
-    let foreign = view.containers.iter().any(|g| g.pool.as_deref() == Some(pool))
+    let foreign = view
+        .containers
+        .iter()
+        .any(|g| g.pool.as_deref() == Some(pool))
         || view.vms.iter().any(|g| {
             g.pool.as_deref() == Some(pool)
                 && Some(g.vmid) != deleted
