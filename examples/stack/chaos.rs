@@ -317,7 +317,7 @@ impl Schedule {
                 0 | 1 => Fault::Kill {
                     down: rng.secs(0.0, 2.0),
                 },
-                2 | 3 | 4 => {
+                2..=4 => {
                     let (method, path, error) = PVE_ERRORS[rng.below(PVE_ERRORS.len())];
                     Fault::PveError {
                         method,
