@@ -171,17 +171,21 @@ async fn deprovision_vm(
         ctx.services.ledgers.forget_pool(pool.as_str());
     }
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
-    // counted and logged, and the `orphans` command lists it once the request is gone.
+    // counted and logged, tried again by `remove_late_vms` for a while, and the `orphans` command
+    // lists it once the request is gone.
     let result = result.map(|d: Deprovisioned| {
         if d.leftover_seed_iso.is_some() {
             ctx.services.metrics.leftover("seed_iso");
         }
+        let leftover = d.leftover_seed_iso.is_some() || d.leftover_pool;
+        // A create sent before a crash may still be applied by Proxmox: see `remove_late_vms`.
+        if target.vmid.is_some() || leftover {
+            ctx.services
+                .ledgers
+                .request_released(target.clone(), leftover);
+        }
         d.outcome
     });
-    if result.is_ok() && target.vmid.is_some() {
-        // A create sent before a crash may still be applied by Proxmox: see `remove_late_vms`.
-        ctx.services.ledgers.request_released(target.clone());
-    }
     match result {
         Ok(DeprovisionOutcome::Deleted { node, vmid }) => {
             tracing::info!(request = %id, %vmid, %node, "VM deleted");
@@ -203,7 +207,8 @@ async fn deprovision_vm(
 /// How long after a release a VM of that request is still looked for.
 pub const LATE_VM_WINDOW: Duration = Duration::from_secs(15 * 60);
 
-/// Deletes VMs that appeared for a request after it was released. A create (or clone) whose answer
+/// Deletes what a release left behind: VMs that appeared for a request after it was released, and a
+/// seed ISO or set pool whose delete failed (tried again each round for a while). A create (or clone) whose answer
 /// never arrived, because the provider was killed or gave up waiting, can still be applied by
 /// Proxmox afterwards: the request's next attempt made its VM at the same VMID meanwhile, and once
 /// that VM is deleted and the request released, the late create makes the VM again, which nothing
@@ -224,7 +229,7 @@ pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
             ReconcileError::Deprovision(Box::new(DeprovisionError::Listing {
                 request_id: released
                     .iter()
-                    .map(|t| t.request_id.as_str())
+                    .map(|(t, _)| t.request_id.as_str())
                     .collect::<Vec<_>>()
                     .join(", "),
                 source,
@@ -236,8 +241,23 @@ pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
             _ => None,
         })
         .collect();
-    for released in released {
+    for (released, leftover) in released {
         let id = released.request_id.as_str();
+        if leftover {
+            let progress = |text: &str| tracing::info!(request = %id, "{text}");
+            let done = deprovision_reporting(
+                &ctx.services.pve,
+                &released,
+                &DeprovisionOptions::default(),
+                &progress,
+            )
+            .await
+            .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
+            if done.leftover_seed_iso.is_none() && !done.leftover_pool {
+                tracing::info!(request = %id, "what the teardown left behind is deleted now");
+                ctx.services.ledgers.release_complete(id);
+            }
+        }
         let late: Vec<&VmResource> = vms
             .iter()
             .filter(|vm| {

@@ -255,7 +255,14 @@ pub struct Ledgers {
     /// Requests released by this process, with what their VM was and when they went: a create
     /// Proxmox applies late (sent before a crash, its answer never read) can make the VM again after
     /// the teardown; see [`Ledgers::recently_released`].
-    released: Mutex<HashMap<String, (DeprovisionTarget, std::time::Instant)>>,
+    released: Mutex<HashMap<String, Released>>,
+}
+
+/// A request released by this process (see [`Ledgers::recently_released`]).
+struct Released {
+    target: DeprovisionTarget,
+    at: std::time::Instant,
+    leftover: bool,
 }
 
 /// A poisoned ledger is still right: every update is a single insert or remove.
@@ -346,19 +353,35 @@ impl Ledgers {
         entry(&self.pools_created).remove(pool);
     }
 
-    /// Remembers that the request's VM (as `target` describes it) was deleted and the request let go.
-    pub fn request_released(&self, target: DeprovisionTarget) {
+    /// Remembers that the request's VM (as `target` describes it) was deleted and the request let go;
+    /// `leftover`: its seed ISO or its set's pool could not be deleted yet.
+    pub fn request_released(&self, target: DeprovisionTarget, leftover: bool) {
         entry(&self.released).insert(
             target.request_id.clone(),
-            (target, std::time::Instant::now()),
+            Released {
+                target,
+                at: std::time::Instant::now(),
+                leftover,
+            },
         );
     }
 
-    /// The requests released within `window`, oldest forgotten.
-    pub fn recently_released(&self, window: Duration) -> Vec<DeprovisionTarget> {
+    /// The requests released within `window` (oldest forgotten), each with whether something it
+    /// had is still left.
+    pub fn recently_released(&self, window: Duration) -> Vec<(DeprovisionTarget, bool)> {
         let mut released = entry(&self.released);
-        released.retain(|_, (_, at)| at.elapsed() < window);
-        released.values().map(|(t, _)| t.clone()).collect()
+        released.retain(|_, r| r.at.elapsed() < window);
+        released
+            .values()
+            .map(|r| (r.target.clone(), r.leftover))
+            .collect()
+    }
+
+    /// Nothing of the released request is left any more.
+    pub fn release_complete(&self, request_id: &str) {
+        if let Some(r) = entry(&self.released).get_mut(request_id) {
+            r.leftover = false;
+        }
     }
 
     /// The request is back (same ID) or its late VM was dealt with.
