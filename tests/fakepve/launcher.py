@@ -706,8 +706,10 @@ class LauncherPve(FakePve):
 
     # Op `race_vmid` {suffix, node}: the next POST ending in `suffix` finds its VMID (`newid`, else
     # `vmid`) just taken by another client's VM on `node`, as between a caller's /cluster/nextid and
-    # its create.
+    # its create. With `name` and `config`, the VM taking it is that one (e.g. the caller's own earlier
+    # create, applied late).
     vmid_races = None
+    vmid_race_vms = None
 
     # --- Chaos runs (`make chaos`): a change that reaches Proxmox late, op `late_apply` {method,
     # suffix, secs}. The next matching request is held `secs` real seconds, then applied whether or
@@ -742,7 +744,8 @@ class LauncherPve(FakePve):
                 p = await params(request)
                 taken = int(p.get('newid') or p.get('vmid') or 0)
                 if taken and not self._qm_taken(taken):
-                    self.add_vm(taken, 'raced-{0}'.format(taken), node=node)
+                    name, config = (self.vmid_race_vms or {}).pop(suffix, (None, None))
+                    self.add_vm(taken, name or 'raced-{0}'.format(taken), node=node, config=config or {})
         response = await super()._answer(request, handler, generic, path_node)
         for key, times in list((self.lost_answers or {}).items()):
             if request.method != key[0] or not request.path.endswith(key[1]) or response.status != 200:
@@ -976,6 +979,8 @@ async def command(pve, cmd):
         return {'now': time.monotonic(), 'vms': list(pve.vms.lifetimes)}
     elif op == 'race_vmid':
         pve.vmid_races = dict(pve.vmid_races or {}, **{cmd['suffix']: cmd['node']})
+        if 'name' in cmd:
+            pve.vmid_race_vms = dict(pve.vmid_race_vms or {}, **{cmd['suffix']: (cmd['name'], cmd.get('config'))})
     elif op == 'listing_status':
         # The listing shows `status` for `vmid` (pvestatd's stale view) until called with status null.
         stale = dict(pve.stats_stale_status or {})
