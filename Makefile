@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: test lint check setup build demo bench soak
+.PHONY: test lint check setup build demo bench soak chaos
 
 # Everything the tests need (fakepve in .venv), then every test. fakepve is required here, so a missing
 # fake fails the run instead of silently skipping the end-to-end tests.
@@ -34,3 +34,9 @@ bench: setup
 soak: setup
 	cargo build --release --bins --examples --locked
 	target/release/examples/soak
+
+# Chaos runs (docs/chaos.md): machines provisioned and torn down while a seeded schedule kills the
+# provider and breaks Proxmox and Omni; three seeds in a row, or `make chaos SEED=N` to replay one.
+chaos: setup
+	cargo build --release --bins --examples --locked
+	target/release/examples/chaos $(if $(SEED),--seed $(SEED),--runs 3)

@@ -357,3 +357,73 @@ fn binary_refuses_a_bad_key_clearly() {
     assert!(stderr.contains("not base64"), "{stderr}");
     assert!(!stderr.contains("definitely"), "{stderr}");
 }
+
+/// Omni out of reach for the provider's first calls (Omni restarting, a load balancer in the way)
+/// used to end the process with exit 1 at the first UNAVAILABLE (found by `make chaos`); the start
+/// now waits it out and the provider registers and beats.
+#[tokio::test]
+async fn binary_waits_out_omni_unreachable_at_start() {
+    transport::install_crypto_provider();
+    let state = MemState::new();
+    let key = state.register_provider("proxmox").unwrap();
+    let (server, addr) = serve(&state, None).await;
+    state.cut_connections(3);
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = run_provider(
+        &state,
+        &format!("http://{addr}"),
+        key.expose(),
+        &[],
+        dir.path(),
+    )
+    .await;
+    server.stop().await;
+    assert!(
+        stderr.contains("Omni is out of reach; trying again"),
+        "{stderr}"
+    );
+}
+
+/// SIGTERM while the start still waits for Omni: a clean stop, exit 0, not death by the signal.
+#[tokio::test]
+async fn binary_stops_cleanly_on_sigterm_while_omni_is_out_of_reach() {
+    transport::install_crypto_provider();
+    let state = MemState::new();
+    let key = state.register_provider("proxmox").unwrap();
+    let (server, addr) = serve(&state, None).await;
+    state.cut_connections(u32::MAX);
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let child = provider_command(
+        &format!("http://{addr}"),
+        &[("OMNI_SERVICE_ACCOUNT_KEY", key.expose())],
+    )
+    .arg("--config-file")
+    .arg(&config)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut child = Killer(Some(child));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let pid = child.0.as_ref().unwrap().id();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let c = child.0.take().unwrap();
+    let out = tokio::task::spawn_blocking(move || c.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    assert!(
+        stderr.contains("stopped before the start was complete"),
+        "{stderr}"
+    );
+    server.stop().await;
+}

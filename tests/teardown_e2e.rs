@@ -291,3 +291,116 @@ async fn a_seed_iso_that_cannot_be_deleted_does_not_hold_the_teardown() {
     );
     h.stop_controller().await;
 }
+
+/// The nasty case of a crash: a create sent just before the provider died, whose answer never
+/// arrived, is applied by Proxmox later (qemu-server src/PVE/API2/Qemu.pm, `create_vm`, runs once the
+/// API server has the request, whether or not the client still waits). The restarted provider made
+/// the request's VM at the same VMID meanwhile; after that VM was deleted and the request released,
+/// the late create makes it again, and nothing looked at it any more: the VM, its disk and the set's
+/// pool were left for ever (found by `make chaos`). The topology loop now looks for VMs of requests
+/// it released and deletes them, with the usual ownership checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_a_late_create_makes_after_the_release_is_deleted() {
+    use omni_infra_provider_proxmox::model::identity;
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.run_topology(Duration::from_millis(200)).await;
+    let vmid = h.provisioned("td-late").await;
+    h.tear_down("td-late");
+    h.wait_released("td-late").await;
+    assert!(h.vm(vmid).is_null(), "VM deleted by the teardown");
+
+    // The late create: the VM the provider's create call described, at the VMID it had chosen.
+    let tags = format!(
+        "{};{}",
+        identity::provider_tag(PROVIDER),
+        identity::request_tag("td-late").unwrap()
+    );
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": vmid, "name": "td-late", "node": "pve2",
+        "config": {"memory": 2048, "tags": tags,
+                   "description": identity::description_marker(PROVIDER, "td-late")}}),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !h.vm(vmid).is_null() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the late VM {vmid} was left behind"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A VM of someone else that happens to carry the name is not touched.
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 777, "name": "td-late", "node": "pve2",
+        "config": {"memory": 1024}}),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!h.vm(777).is_null(), "a stranger's VM was deleted");
+    h.stop_controller().await;
+}
+
+/// The set's last two machines torn down at once: each deprovision read the listing before the other
+/// VM was gone, saw it in the pool and left the pool to it, so the pool stayed for ever (found by
+/// `make chaos`). pve-manager PVE/API2/Pool.pm `delete_pool` refuses a pool that still has members, so
+/// asking is safe whenever only our own VMs were seen in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_set_pool_goes_when_its_last_machines_are_torn_down_at_once() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.provisioned("pool-c").await;
+    h.provisioned("pool-d").await;
+    // Both teardowns read the listing before either VM is destroyed: the destroys wait for a
+    // moment (Proxmox holds the first DELETE of each VM) while the other listing is read.
+    for vm in h
+        .vms_named("pool-c")
+        .iter()
+        .chain(h.vms_named("pool-d").iter())
+    {
+        let suffix = format!("/qemu/{}", vm["vmid"]);
+        h.pve.control(
+            json!({"op": "late_apply", "method": "DELETE", "suffix": suffix, "secs": 1.0}),
+        );
+    }
+    h.tear_down("pool-c");
+    h.tear_down("pool-d");
+    h.wait_released("pool-c").await;
+    h.wait_released("pool-d").await;
+    assert!(
+        h.pve
+            .control(json!({"op": "pools"}))
+            .get("teardown")
+            .is_none(),
+        "last machines gone, pool gone"
+    );
+    h.stop_controller().await;
+}
+
+/// A seed ISO delete that fails for a moment (a connection reset, a storage briefly offline) left
+/// the ISO for ever: the teardown goes on without it, by design, and nothing tried again (found by
+/// `make chaos`). The topology loop now tries again, for a while after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_iso_whose_delete_failed_once_is_deleted_later() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.run_topology(Duration::from_millis(200)).await;
+    h.provisioned("td-seed2").await;
+    h.pve.control(
+        json!({"op": "fail", "method": "DELETE", "suffix": "omni-seed-td-seed2.iso",
+               "status": 500, "message": "storage 'local' is not online", "times": 2}),
+    );
+    h.tear_down("td-seed2");
+    h.wait_released("td-seed2").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while h.volumes("local").contains("omni-seed-td-seed2.iso") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the seed ISO was left behind"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.stop_controller().await;
+}

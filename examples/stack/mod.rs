@@ -5,6 +5,7 @@
 
 #[path = "../../tests/support/certs.rs"]
 pub mod certs;
+pub mod chaos;
 #[path = "../../tests/support/fakepve.rs"]
 pub mod fakepve;
 

@@ -23,6 +23,7 @@ use crate::controller::runner::{self, Controller};
 use crate::metrics::Metrics;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
+use crate::omni::state::StateError;
 use crate::omni::transport::{self, OmniEndpoint, OmniTls};
 use crate::pipeline::step::{Services, Timeouts};
 use crate::proxmox::ProxmoxClient;
@@ -222,10 +223,28 @@ pub async fn run_with(
     );
     let schema = provider_data_schema(&settings.config)?;
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
-    let mode = crate::controller::detect_join_mode(&omni.state).await?;
-    tracing::info!(?mode, "detected Omni join mode");
-    registration::register(&omni.state, &settings.info).await?;
-    tracing::info!("registered provider status");
+    // Polled from here on, so a SIGTERM during the start stops the provider cleanly too.
+    tokio::pin!(shutdown);
+    let start = async {
+        let mode = until_reachable("detecting Omni's join mode", || {
+            crate::controller::detect_join_mode(&omni.state)
+        })
+        .await?;
+        tracing::info!(?mode, "detected Omni join mode");
+        until_reachable("registering the provider status", || {
+            registration::register(&omni.state, &settings.info)
+        })
+        .await?;
+        tracing::info!("registered provider status");
+        Ok::<_, StateError>(mode)
+    };
+    let mode = tokio::select! {
+        mode = start => mode?,
+        () = &mut shutdown => {
+            tracing::info!("stopped before the start was complete");
+            return Ok(());
+        }
+    };
     let image_factory_url =
         crate::pipeline::image_factory::resolve_factory(&omni.state, &settings.image_factory_url)
             .await;
@@ -266,7 +285,7 @@ pub async fn run_with(
         concurrency = settings.concurrency,
         "watching machine requests"
     );
-    shutdown.await;
+    (&mut shutdown).await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     let _ = reconciling.await;
@@ -277,6 +296,31 @@ pub async fn run_with(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Longest wait between two tries to reach Omni at start.
+const START_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Omni out of reach at start (Omni restarting, a load balancer, a network blip) is waited out,
+/// a second doubling to half a minute between tries, instead of ending the process: once running,
+/// the provider rides out the same trouble. Any other answer (a refused key, a missing permission)
+/// ends the start with its error.
+async fn until_reachable<T, F, Fut>(doing: &str, mut call: F) -> Result<T, StateError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StateError>>,
+{
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match call().await {
+            Err(e @ StateError::Transport { .. }) => {
+                tracing::warn!(error = %e, retry_in = ?delay, "{doing}: Omni is out of reach; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(START_RETRY_MAX);
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The schema provider data is checked against, with `strict:` from the config. What the config

@@ -25,11 +25,14 @@ use super::progress::{Phase, StatusSink};
 use super::requests::Request;
 use super::runner::Action;
 use crate::model::MachineState;
+use crate::model::identity;
 use crate::omni::resources::{ConfigPatchRequest, MachineRequest, MachineRequestStatus, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
 use crate::pipeline::deprovision::{
-    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
+    DeprovisionError, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned,
+    deprovision_reporting,
 };
+use crate::proxmox::types::{ClusterResource, VmResource};
 
 /// How often to look again while Omni still holds a finalizer on something we tore down.
 pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(2);
@@ -184,10 +187,18 @@ async fn deprovision_vm(
         ctx.services.ledgers.forget_pool(pool.as_str());
     }
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
-    // counted and logged, and the `orphans` command lists it once the request is gone.
+    // counted and logged, tried again by `remove_late_vms` for a while, and the `orphans` command
+    // lists it once the request is gone.
     let result = result.map(|d: Deprovisioned| {
         if d.leftover_seed_iso.is_some() {
             ctx.services.metrics.leftover("seed_iso");
+        }
+        let leftover = d.leftover_seed_iso.is_some() || d.leftover_pool;
+        // A create sent before a crash may still be applied by Proxmox: see `remove_late_vms`.
+        if target.vmid.is_some() || leftover {
+            ctx.services
+                .ledgers
+                .request_released(target.clone(), leftover);
         }
         d.outcome
     });
@@ -205,6 +216,113 @@ async fn deprovision_vm(
             tracing::info!(request = %id, "no VM was ever created for this request");
         }
         Err(e) => return Err(ReconcileError::Deprovision(Box::new(e))),
+    }
+    Ok(())
+}
+
+/// How long after a release a VM of that request is still looked for.
+pub const LATE_VM_WINDOW: Duration = Duration::from_secs(15 * 60);
+
+/// Deletes what a release left behind: VMs that appeared for a request after it was released, and a
+/// seed ISO or set pool whose delete failed (tried again each round for a while). A create (or clone) whose answer
+/// never arrived, because the provider was killed or gave up waiting, can still be applied by
+/// Proxmox afterwards: the request's next attempt made its VM at the same VMID meanwhile, and once
+/// that VM is deleted and the request released, the late create makes the VM again, which nothing
+/// would ever look at. Each round of the topology loop lists the cluster for the requests this
+/// process released within [`LATE_VM_WINDOW`] and deletes such a VM with the usual ownership checks
+/// (the listing or the description marker must name the request), unless the request is back.
+pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
+    let released = ctx.services.ledgers.recently_released(LATE_VM_WINDOW);
+    if released.is_empty() {
+        return Ok(());
+    }
+    let vms: Vec<VmResource> = ctx
+        .services
+        .pve
+        .cluster_resources(None)
+        .await
+        .map_err(|source| {
+            ReconcileError::Deprovision(Box::new(DeprovisionError::Listing {
+                request_id: released
+                    .iter()
+                    .map(|(t, _)| t.request_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                source,
+            }))
+        })?
+        .into_iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm) if !vm.template => Some(vm),
+            _ => None,
+        })
+        .collect();
+    for (released, leftover) in released {
+        let id = released.request_id.as_str();
+        if leftover {
+            let progress = |text: &str| tracing::info!(request = %id, "{text}");
+            let done = deprovision_reporting(
+                &ctx.services.pve,
+                &released,
+                &DeprovisionOptions::default(),
+                &progress,
+            )
+            .await
+            .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
+            if done.leftover_seed_iso.is_none() && !done.leftover_pool {
+                tracing::info!(request = %id, "what the teardown left behind is deleted now");
+                ctx.services.ledgers.release_complete(id);
+            }
+        }
+        let late: Vec<&VmResource> = vms
+            .iter()
+            .filter(|vm| {
+                vm.name
+                    .as_deref()
+                    .is_some_and(|n| n.eq_ignore_ascii_case(id))
+                    || identity::tagged_request(&vm.tag_list())
+                        .is_some_and(|t| t.eq_ignore_ascii_case(id))
+            })
+            .collect();
+        if late.is_empty() {
+            continue;
+        }
+        let back = ctx
+            .state
+            .find(&MachineRequest, id)
+            .await
+            .map_err(|e| teardown_error("looking for the released machine request", e))?;
+        if back.is_some() {
+            // The same ID was requested again: its own reconcile adopts or replaces the VM.
+            ctx.services.ledgers.forget_released(id);
+            continue;
+        }
+        for vm in late {
+            tracing::warn!(request = %id, vmid = %vm.vmid, node = %vm.node, "a VM of this request appeared after it was released (a create Proxmox applied late); deleting it");
+            let target = DeprovisionTarget {
+                vmid: Some(vm.vmid),
+                recorded_node: Some(vm.node.clone()),
+                smbios_uuid: None,
+                seed_iso_volume: None,
+                seed_iso_node: None,
+                ..released.clone()
+            };
+            let progress = |text: &str| tracing::info!(request = %id, "{text}");
+            let done = deprovision_reporting(
+                &ctx.services.pve,
+                &target,
+                &DeprovisionOptions::default(),
+                &progress,
+            )
+            .await
+            .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
+            if let Some(pool) = &target.default_pool {
+                ctx.services.ledgers.forget_pool(pool);
+            }
+            if let DeprovisionOutcome::NotOurs { vmid, reason } = done.outcome {
+                tracing::info!(request = %id, %vmid, %reason, "not this request's VM; left alone");
+            }
+        }
     }
     Ok(())
 }

@@ -134,6 +134,9 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, mut stop: watch::Receive
         if let Err(e) = round(&ctx).await {
             tracing::warn!(error = %e, "cannot bring the topology labels up to date; trying again next round");
         }
+        if let Err(e) = super::teardown::remove_late_vms(&ctx).await {
+            tracing::warn!(error = %e, "cannot remove a VM made after its request was released; trying again next round");
+        }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = async { stop.wait_for(|s| *s).await.is_ok() } => return,

@@ -68,6 +68,12 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
                 return Ok(StepOutcome::Done);
             }
             Err(StepError::Proxmox { source, .. }) if source.is_vmid_taken() => {
+                // Taken by whom? A create of ours sent before a crash, whose answer never came, can
+                // land just now at this very VMID: that VM is this request's, not a stranger's.
+                let fresh = ctx.cluster(true).await?.to_vec();
+                if let Some(outcome) = adopt(ctx, &fresh).await? {
+                    return Ok(outcome);
+                }
                 tracing::info!(request = %request_id, %vmid, "VMID taken meanwhile; choosing another");
                 // The task was recorded as if it would make our VM; the VMID is someone else's.
                 if ctx.state.vmid == Some(vmid) {
@@ -77,7 +83,13 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
                 ctx.services.ledgers.release_vmid(vmid.get());
                 refused.push(vmid.get());
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                // The VMID stays recorded for this request (its create may yet be applied); only
+                // this process's in-flight mark goes, or the next attempt could not reuse it and
+                // would pick another VMID, a second VM if the first create lands late.
+                ctx.services.ledgers.release_vmid(vmid.get());
+                return Err(e);
+            }
         }
     }
     Err(StepError::Cluster(format!(

@@ -18,6 +18,7 @@ use crate::model::MachineState;
 use crate::omni::join::ConnectionParams;
 use crate::omni::management::ManagementClient;
 use crate::omni::state::StateError;
+use crate::pipeline::deprovision::DeprovisionTarget;
 use crate::proxmox::types::{ClusterResource, NodeName, Upid, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::{Placement, PlacementError, Reservations};
@@ -262,6 +263,17 @@ pub struct Ledgers {
     /// The Proxmox cluster's name (`None`: a standalone node, or not readable), read once: a
     /// Proxmox cluster cannot be renamed.
     cluster_name: tokio::sync::OnceCell<Option<String>>,
+    /// Requests released by this process, with what their VM was and when they went: a create
+    /// Proxmox applies late (sent before a crash, its answer never read) can make the VM again after
+    /// the teardown; see [`Ledgers::recently_released`].
+    released: Mutex<HashMap<String, Released>>,
+}
+
+/// A request released by this process (see [`Ledgers::recently_released`]).
+struct Released {
+    target: DeprovisionTarget,
+    at: std::time::Instant,
+    leftover: bool,
 }
 
 /// A poisoned ledger is still right: every update is a single insert or remove.
@@ -371,6 +383,42 @@ impl Ledgers {
     /// Made again on demand if its set comes back.
     pub fn forget_pool(&self, pool: &str) {
         entry(&self.pools_created).remove(pool);
+    }
+
+    /// Remembers that the request's VM (as `target` describes it) was deleted and the request let go;
+    /// `leftover`: its seed ISO or its set's pool could not be deleted yet.
+    pub fn request_released(&self, target: DeprovisionTarget, leftover: bool) {
+        entry(&self.released).insert(
+            target.request_id.clone(),
+            Released {
+                target,
+                at: std::time::Instant::now(),
+                leftover,
+            },
+        );
+    }
+
+    /// The requests released within `window` (oldest forgotten), each with whether something it
+    /// had is still left.
+    pub fn recently_released(&self, window: Duration) -> Vec<(DeprovisionTarget, bool)> {
+        let mut released = entry(&self.released);
+        released.retain(|_, r| r.at.elapsed() < window);
+        released
+            .values()
+            .map(|r| (r.target.clone(), r.leftover))
+            .collect()
+    }
+
+    /// Nothing of the released request is left any more.
+    pub fn release_complete(&self, request_id: &str) {
+        if let Some(r) = entry(&self.released).get_mut(request_id) {
+            r.leftover = false;
+        }
+    }
+
+    /// The request is back (same ID) or its late VM was dealt with.
+    pub fn forget_released(&self, request_id: &str) {
+        entry(&self.released).remove(request_id);
     }
 
     /// A lock shared by everyone handling this key: concurrent requests for one image download it

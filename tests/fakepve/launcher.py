@@ -8,8 +8,10 @@
 # control commands while running (node offline, migrations, injected failures, request counts), and
 # answer the node network list and the PCI/USB resource mappings from the scenario (`bridges`,
 # `mappings`; ops `set_bridges`, `set_mappings`), size nodes (`maxcpu`, `maxmem` per node), keep
-# HA rules as pve-ha-manager does (ops `ha_rules`, `ha_resources` show them), and make answers and
-# tasks take time (`latency`, `node_latency`, `task_secs`; ops `slow_network`, `task_secs`).
+# HA rules as pve-ha-manager does (ops `ha_rules`, `ha_resources` show them), make answers and
+# tasks take time (`latency`, `node_latency`, `task_secs`; ops `slow_network`, `task_secs`), and, for
+# chaos runs: the network knobs (op `network`), changes applied after their client gave up
+# (`late_apply`, `late_held`), and when every VM existed (`vm_lifetimes`).
 #
 # Usage: python launcher.py SCENARIO.json
 #   prints "fakepve listening on https://HOST:PORT" once ready, then reads one JSON command per line on
@@ -18,6 +20,7 @@
 
 import asyncio
 import json
+import logging
 import re
 import sys
 import time
@@ -771,17 +774,46 @@ class LauncherPve(FakePve):
 
     # Op `race_vmid` {suffix, node}: the next POST ending in `suffix` finds its VMID (`newid`, else
     # `vmid`) just taken by another client's VM on `node`, as between a caller's /cluster/nextid and
-    # its create.
+    # its create. With `name` and `config`, the VM taking it is that one (e.g. the caller's own earlier
+    # create, applied late).
     vmid_races = None
+    vmid_race_vms = None
+
+    # --- Chaos runs (`make chaos`): a change that reaches Proxmox late, op `late_apply` {method,
+    # suffix, secs}. The next matching request is held `secs` real seconds, then applied whether or
+    # not its client is still there (killed, or gone after its own timeout), as a request stuck in a
+    # proxy or in pveproxy's queue is applied by the API server once it gets through. `late_applies`
+    # (op `late_held`) lists the held requests: {method, path, applied}.
+    late_applies = None
+    late_held = None
 
     async def _answer(self, request, handler, generic, path_node):
+        for key, secs in list((self.late_applies or {}).items()):
+            if request.method != key[0] or not request.path.endswith(key[1]):
+                continue
+            del self.late_applies[key]
+            held = {'method': request.method, 'path': request.path, 'applied': False}
+            self.late_held = (self.late_held or []) + [held]
+
+            async def later():
+                await asyncio.sleep(secs)
+                try:
+                    return await self._answer_now(request, handler, generic, path_node)
+                finally:
+                    held['applied'] = True
+            # Shielded: a client that went away must not cancel the change.
+            return await asyncio.shield(asyncio.ensure_future(later()))
+        return await self._answer_now(request, handler, generic, path_node)
+
+    async def _answer_now(self, request, handler, generic, path_node):
         for suffix, node in list((self.vmid_races or {}).items()):
             if request.method == 'POST' and request.path.endswith(suffix):
                 del self.vmid_races[suffix]
                 p = await params(request)
                 taken = int(p.get('newid') or p.get('vmid') or 0)
                 if taken and not self._qm_taken(taken):
-                    self.add_vm(taken, 'raced-{0}'.format(taken), node=node)
+                    name, config = (self.vmid_race_vms or {}).pop(suffix, (None, None))
+                    self.add_vm(taken, name or 'raced-{0}'.format(taken), node=node, config=config or {})
         response = await super()._answer(request, handler, generic, path_node)
         for key, times in list((self.lost_answers or {}).items()):
             if request.method != key[0] or not request.path.endswith(key[1]) or response.status != 200:
@@ -801,6 +833,30 @@ class LauncherPve(FakePve):
         if vol is not None and vol.get('content') in ('iso', 'vztmpl'):
             return
         super()._qm_free(volid)
+
+
+class VmLog(list):
+    """fakepve's VM list, remembering when each VM appeared and went (op `vm_lifetimes`), so a chaos
+    run can prove that no request ever had two VMs at once, however briefly."""
+
+    def __init__(self, vms):
+        super().__init__()
+        self.lifetimes = []
+        self._open = {}
+        for vm in vms:
+            self.append(vm)
+
+    def append(self, vm):
+        super().append(vm)
+        entry = {'vmid': vm.vmid, 'name': vm.name, 'from': time.monotonic(), 'to': None}
+        self.lifetimes.append(entry)
+        self._open[id(vm)] = (vm, entry)
+
+    def remove(self, vm):
+        super().remove(vm)
+        kept = self._open.pop(id(vm), None)
+        if kept is not None:
+            kept[1]['to'] = time.monotonic()
 
 
 def agent_enabled(config):
@@ -867,6 +923,7 @@ def build(scenario):
         for key in ('shutdown_secs', 'start_secs', 'stop_secs', 'start_error', 'agent', 'acpi'):
             if key in guest:
                 setattr(vm, key, guest[key])
+    pve.vms = VmLog(pve.vms)
     if 'bridges' in scenario:
         pve.bridges = dict(scenario['bridges'])
     if 'mappings' in scenario:
@@ -987,7 +1044,8 @@ async def command(pve, cmd):
             pve._qm_lock(vm, cmd['lock'])
         return vm_view(vm)
     elif op == 'remove_vm':
-        pve.vms = [vm for vm in pve.vms if vm.vmid != cmd['vmid']]
+        for vm in [vm for vm in pve.vms if vm.vmid == cmd['vmid']]:
+            pve.vms.remove(vm)
     elif op == 'set_agent':
         pve.guest(cmd['vmid']).agent = {'interfaces': cmd['interfaces']} if cmd.get('interfaces') is not None else None
     elif op == 'storage_volumes':
@@ -1016,8 +1074,30 @@ async def command(pve, cmd):
         lost = dict(pve.lost_answers or {})
         lost[(cmd['method'], cmd['suffix'])] = int(cmd.get('times', 1))
         pve.lost_answers = lost
+    elif op == 'late_apply':
+        pve.late_applies = dict(pve.late_applies or {})
+        pve.late_applies[(cmd['method'], cmd['suffix'])] = float(cmd['secs'])
+    elif op == 'late_held':
+        return list(pve.late_held or [])
+    elif op == 'network':
+        # fakepve's network knobs (server.py `_middleware`): latency and jitter (PVE seconds, scaled
+        # by time_scale) on every request, and the share of requests whose connection is reset
+        # before they are applied (drop_rate) or held hang_secs first (hang_rate). Keys not given
+        # keep their value; `seed` makes the randomness repeatable.
+        for key in ('latency', 'jitter', 'drop_rate', 'hang_rate', 'hang_secs'):
+            if key in cmd:
+                pve.network[key] = float(cmd[key])
+        if cmd.get('seed') is not None:
+            pve._random.seed(cmd['seed'])
+        return dict((k, v) for k, v in pve.network.items() if k != 'node_latency')
+    elif op == 'vm_lifetimes':
+        # Every VM that existed since start: {vmid, name, from, to} (monotonic seconds; `to` null
+        # while it exists), and `now` to compare with.
+        return {'now': time.monotonic(), 'vms': list(pve.vms.lifetimes)}
     elif op == 'race_vmid':
         pve.vmid_races = dict(pve.vmid_races or {}, **{cmd['suffix']: cmd['node']})
+        if 'name' in cmd:
+            pve.vmid_race_vms = dict(pve.vmid_race_vms or {}, **{cmd['suffix']: (cmd['name'], cmd.get('config'))})
     elif op == 'listing_status':
         # The listing shows `status` for `vmid` (pvestatd's stale view) until called with status null.
         stale = dict(pve.stats_stale_status or {})
@@ -1062,7 +1142,19 @@ async def command(pve, cmd):
     return None
 
 
+class QuietResets(logging.Filter):
+    """aiohttp logs a traceback for every connection reset: the ones the `network` op makes, and
+    every client killed mid-request. They are the point of those tests, not errors."""
+
+    def filter(self, record):
+        error = record.exc_info[1] if record.exc_info else None
+        # fakepve's drop closes a transport a killed client already took away.
+        gone = isinstance(error, AttributeError) and "'close'" in str(error)
+        return not (isinstance(error, ConnectionResetError) or gone)
+
+
 async def main():
+    logging.getLogger('aiohttp.server').addFilter(QuietResets())
     with open(sys.argv[1]) as f:
         scenario = json.load(f)
     pve = build(scenario)

@@ -201,3 +201,48 @@ async fn watch_resumed_from_a_compacted_bookmark_rebootstraps() {
         "{ev:?}"
     );
 }
+
+/// memstate's fault hook for chaos runs (`MemState::cut_connections`): an open watch stream ends
+/// with UNAVAILABLE and the next calls are refused, as a broken connection to Omni does; the client
+/// resumes from its bookmark and nothing created meanwhile is missed.
+#[tokio::test]
+async fn a_cut_connection_ends_the_watch_and_refuses_calls_then_the_watch_resumes() {
+    let omni = Omni::start("proxmox").await;
+    let mut raw = raw_state(&omni);
+    let mut stream = raw
+        .watch(resume_request(0u64.to_be_bytes().to_vec()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stream.message().await.unwrap().unwrap().event.is_empty());
+    omni.state.cut_connections(2);
+    let ended = stream.message().await.unwrap_err();
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    for _ in 0..2 {
+        let refused = raw
+            .watch(resume_request(0u64.to_be_bytes().to_vec()))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    }
+
+    let client = omni.client("proxmox");
+    let state = client
+        .state
+        .clone()
+        .with_reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
+    let mut rx = state.watch_kind(
+        MachineRequest::NAMESPACE,
+        MachineRequest::TYPE,
+        vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, "proxmox")],
+    );
+    assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
+    omni.state.cut_connections(1);
+    omni.state
+        .create_machine_request("during", "proxmox", "set", &request_spec("v1"));
+    let ev = next_event(&mut rx).await;
+    assert!(
+        matches!(ev, WatchEvent::Created(_)) && id_of(&ev) == "during",
+        "{ev:?}"
+    );
+}

@@ -43,6 +43,8 @@ pub struct MemState {
     store: Arc<Mutex<Store>>,
     events: broadcast::Sender<LoggedEvent>,
     changed: tokio::sync::watch::Sender<u64>,
+    /// Bumped by [`MemState::cut_connections`]: every open watch stream ends when it changes.
+    cuts: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for MemState {
@@ -55,10 +57,12 @@ impl MemState {
     pub fn new() -> Self {
         let (events, _) = broadcast::channel(4096);
         let (changed, _) = tokio::sync::watch::channel(0);
+        let (cuts, _) = tokio::sync::watch::channel(0);
         Self {
             store: Arc::new(Mutex::new(Store::default())),
             events,
             changed,
+            cuts,
         }
     }
 
@@ -119,6 +123,15 @@ impl MemState {
         let mut store = self.lock();
         store.compacted = store.seq;
         store.log.clear();
+    }
+
+    /// Fault injection for chaos runs (`make chaos`): the connection to Omni breaks as a load
+    /// balancer or an Omni restart breaks it. Every open watch stream ends with UNAVAILABLE, a
+    /// waiting TeardownAndDestroy is abandoned the same way, and the next `failed_calls` calls of
+    /// any method are refused with UNAVAILABLE before they touch the store.
+    pub fn cut_connections(&self, failed_calls: u32) {
+        self.lock().failing_calls = failed_calls;
+        self.cuts.send_modify(|c| *c += 1);
     }
 
     /// Trusts an existing key (its identity decides the provider ID it acts as).

@@ -102,6 +102,7 @@ impl StateService {
     fn authenticate<T>(&self, req: &Request<T>, method: &str) -> Result<Caller, Status> {
         let full = format!("{SVC}{method}");
         let mut store = self.state.lock();
+        MemState::injected_failure(&mut store)?;
         let identity = store.verifier.verify(&full, req.metadata(), now_unix())?;
         *store.calls.entry(full).or_default() += 1;
         let provider_id = identity
@@ -431,6 +432,7 @@ impl State for StateService {
         self.tally("TeardownAndDestroy", &r.r#type);
         let owner = r.options.map(|o| o.owner).unwrap_or_default();
         let mut changes = self.state.changed.subscribe();
+        let mut cut = self.state.cut_signal();
         loop {
             match self.teardown_impl(&caller, &r.namespace, &r.r#type, &r.id, &owner) {
                 Ok(true) => {
@@ -443,8 +445,13 @@ impl State for StateService {
                 }
                 Err(s) => return Err(s),
             }
-            if changes.changed().await.is_err() {
-                return Err(Status::unavailable("server shutting down"));
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() {
+                    return Err(Status::unavailable("server shutting down"));
+                },
+                _ = cut.changed() => {
+                    return Err(Status::unavailable("connection to Omni cut (memstate fault injection)"));
+                }
             }
         }
     }
@@ -464,6 +471,7 @@ impl ManagementService for MgmtService {
         let method = "/management.ManagementService/CreateSchematicFromRaw";
         {
             let mut store = self.state.lock();
+            MemState::injected_failure(&mut store)?;
             store.verifier.verify(method, req.metadata(), now_unix())?;
             *store.calls.entry(method.to_owned()).or_default() += 1;
         }

@@ -38,6 +38,8 @@ pub(super) struct Store {
     pub(super) compacted: u64,
     pub(super) verifier: Verifier,
     pub(super) teardown_unimplemented: bool,
+    /// Calls still to refuse with UNAVAILABLE (see `MemState::cut_connections`).
+    pub(super) failing_calls: u32,
     /// Counts calls per method, for tests ("heartbeats arrive", "no Teardown RPC used").
     pub(super) calls: BTreeMap<String, u64>,
     /// Counts accepted resource calls per (method, resource type), e.g. (`Update`,
@@ -72,6 +74,22 @@ impl MemState {
         // A panic while holding the lock cannot leave the map half-written (every mutation is a
         // single insert/remove), so a poisoned lock is still usable.
         self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses this call when a cut is still failing calls (`MemState::cut_connections`).
+    pub(super) fn injected_failure(store: &mut Store) -> Result<(), tonic::Status> {
+        if store.failing_calls == 0 {
+            return Ok(());
+        }
+        store.failing_calls -= 1;
+        Err(tonic::Status::unavailable(
+            "connection to Omni cut (memstate fault injection)",
+        ))
+    }
+
+    /// A receiver that sees the next [`MemState::cut_connections`].
+    pub(super) fn cut_signal(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.cuts.subscribe()
     }
 
     pub(super) fn emit(

@@ -59,6 +59,7 @@ impl StateService {
             filter,
             live,
             stop: self.stop.clone(),
+            cut: self.state.cut_signal(),
             api_v1,
         };
         tokio::spawn(stream.run(opening));
@@ -179,6 +180,8 @@ struct WatchStream {
     filter: WatchFilter,
     live: broadcast::Receiver<LoggedEvent>,
     stop: watch::Receiver<bool>,
+    /// Changes when the connection is cut (`MemState::cut_connections`).
+    cut: watch::Receiver<u64>,
     api_v1: bool,
 }
 
@@ -232,9 +235,13 @@ impl WatchStream {
         }
         // The backend's watch is over but cosi's server keeps the stream open, silent,
         // until the client goes away.
-        tokio::select! {
-            _ = self.tx.closed() => {}
-            _ = self.stop.wait_for(|s| *s) => {}
+        let cut = tokio::select! {
+            _ = self.tx.closed() => false,
+            _ = async { self.stop.wait_for(|s| *s).await.is_ok() } => false,
+            _ = self.cut.changed() => true,
+        };
+        if cut {
+            let _ = self.tx.send(Err(cut_status())).await;
         }
     }
 
@@ -244,6 +251,10 @@ impl WatchStream {
             let received = tokio::select! {
                 _ = async { stop.wait_for(|s| *s).await.is_ok() } => {
                     let _ = self.tx.send(Err(Status::unavailable("server shutting down"))).await;
+                    return;
+                }
+                _ = self.cut.changed() => {
+                    let _ = self.tx.send(Err(cut_status())).await;
                     return;
                 }
                 _ = self.tx.closed() => return,
@@ -283,6 +294,10 @@ impl WatchStream {
             Err(broadcast::error::RecvError::Closed) => false,
         }
     }
+}
+
+fn cut_status() -> Status {
+    Status::unavailable("connection to Omni cut (memstate fault injection)")
 }
 
 fn event(

@@ -114,6 +114,9 @@ pub struct Deprovisioned {
     /// for ever when the storage refuses. The ISO is then an orphan: no VM uses it and no live
     /// request will, so the `orphans` command lists it and `orphans --delete` removes it.
     pub leftover_seed_iso: Option<DeprovisionError>,
+    /// The set's default pool was empty but could not be deleted (Proxmox out of reach, say): a
+    /// later try can still remove it.
+    pub leftover_pool: bool,
 }
 
 /// One `/cluster/resources` listing, indexed for the questions a deprovision asks.
@@ -244,12 +247,21 @@ pub async fn deprovision_reporting(
             "seed ISO left behind; the teardown goes on (`orphans` lists it, `orphans --delete` removes it)");
         progress(&format!("{e}; left for the `orphans` command"));
     }
+    let mut leftover_pool = false;
     if let Some(pool) = &target.default_pool {
         let deleted = match &outcome {
             DeprovisionOutcome::Deleted { vmid, .. } => Some(*vmid),
             _ => None,
         };
-        remove_pool_if_unused(pve, &view, pool, deleted, &target.request_id).await;
+        leftover_pool = !remove_pool_if_unused(
+            pve,
+            &view,
+            pool,
+            deleted,
+            &target.request_id,
+            &target.provider_id,
+        )
+        .await;
     }
     match &outcome {
         DeprovisionOutcome::Deleted { node, vmid } => {
@@ -269,33 +281,42 @@ pub async fn deprovision_reporting(
     Ok(Deprovisioned {
         outcome,
         leftover_seed_iso,
+        leftover_pool,
     })
 }
 
-/// Deletes the set's pool when the listing shows no guest left in it but the one just deleted. Costs
-/// a request only then, so tearing down a whole set at once tries (about) once. Best effort: an empty
-/// pool left behind is harmless.
+/// Deletes the set's pool once no guest is left in it. The listing was read before our VM was
+/// deleted, so a VM of ours it still shows in the pool may be going at this moment (the set's last
+/// machines torn down at once each saw the other and both left the pool, found by `make chaos`):
+/// then Proxmox decides, since it refuses to delete a pool that is not empty. Only a guest that is not
+/// ours keeps us from asking, as it will not go with the set. Best effort: an empty pool left behind
+/// is harmless. False when the delete failed for another reason than the pool not being empty.
 async fn remove_pool_if_unused(
     pve: &ProxmoxClient,
     view: &ClusterView,
     pool: &str,
     deleted: Option<VmId>,
     request_id: &str,
-) {
-    let others = view
-        .vms()
-        .chain(view.containers())
-        .any(|g| g.pool.as_deref() == Some(pool) && Some(g.vmid) != deleted);
-    if others {
-        return;
+    provider_id: &str,
+) -> bool {
+    let foreign = view.containers().any(|g| g.pool.as_deref() == Some(pool))
+        || view.vms().any(|g| {
+            g.pool.as_deref() == Some(pool)
+                && Some(g.vmid) != deleted
+                && !identity::made_by(g, provider_id)
+        });
+    if foreign {
+        return true;
     }
     match pve.delete_pool_if_empty(pool).await {
         Ok(true) => {
-            tracing::info!(request = %request_id, %pool, "removed the machine-request set's pool, now empty")
+            tracing::info!(request = %request_id, %pool, "removed the machine-request set's pool, now empty");
+            true
         }
-        Ok(false) => {}
+        Ok(false) => true,
         Err(e) => {
-            tracing::warn!(request = %request_id, %pool, error = %e, "cannot remove the machine-request set's pool")
+            tracing::warn!(request = %request_id, %pool, error = %e, "cannot remove the machine-request set's pool");
+            false
         }
     }
 }
