@@ -51,7 +51,10 @@ const DEADLINE: Duration = Duration::from_secs(300);
 async fn main() -> ExitCode {
     match all().await {
         Ok(rows) => {
-            print_report(&rows);
+            scale::print_report(
+                "Benchmark report (fakepve: instant tasks, then 20 ms answers and tasks that take time; in-memory Omni; release build)",
+                &rows,
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -212,7 +215,9 @@ async fn run() -> Result<Vec<Row>, String> {
     }
     let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
     for (m, p) in &first_calls {
-        *by_kind.entry(format!("{m} {}", shape(p))).or_default() += 1;
+        *by_kind
+            .entry(format!("{m} {}", scale::shape(p)))
+            .or_default() += 1;
     }
     println!("\nRequests for the first machine (with image download), by kind:");
     for (k, n) in by_kind {
@@ -232,22 +237,6 @@ fn row_calls(what: &str, n: usize, target: usize, upstream: usize) -> Row {
 }
 
 /// `/api2/json/nodes/pve1/qemu/104/status/start` -> `/nodes/{node}/qemu/{vmid}/status/start`.
-fn shape(path: &str) -> String {
-    let path = path.strip_prefix("/api2/json").unwrap_or(path);
-    let parts: Vec<&str> = path.split('/').collect();
-    parts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| match (i.checked_sub(1).map(|j| parts[j]), p) {
-            (Some("nodes"), _) => "{node}".to_string(),
-            (Some("qemu"), _) => "{vmid}".to_string(),
-            (Some("storage"), _) => "{storage}".to_string(),
-            (Some("tasks"), _) => "{upid}".to_string(),
-            (_, p) => p.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("/")
-}
 
 /// One machine per boot mode, the image already on the node (the first `image` machine downloads
 /// it and is reported apart), beside `iso`'s figures.
@@ -386,23 +375,6 @@ async fn tear_down(
     }
     let took = started.elapsed();
     Ok((took, stack.proxmox_requests()))
-}
-
-fn print_report(rows: &[Row]) {
-    println!(
-        "\nBenchmark report (fakepve: instant tasks, then 20 ms answers and tasks that take time; in-memory Omni; release build)\n"
-    );
-    let w = rows.iter().map(|r| r.what.len()).max().unwrap_or(10);
-    let m = rows.iter().map(|r| r.measured.len()).max().unwrap_or(10);
-    println!("{:<w$}  {:<m$}  TARGET", "WHAT", "MEASURED");
-    for r in rows {
-        let verdict = match r.ok {
-            Some(true) => "  ok",
-            Some(false) => "  MISSED",
-            None => "",
-        };
-        println!("{:<w$}  {:<m$}  {}{verdict}", r.what, r.measured, r.target);
-    }
 }
 
 /// The official provider's time for `n` machines: one worker, at least 11 s of its own waiting each.

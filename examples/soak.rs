@@ -53,7 +53,10 @@ struct Sample {
 async fn main() -> ExitCode {
     match soak().await {
         Ok((rows, ok)) => {
-            print_report(&rows);
+            scale::print_report(
+                "Churn soak (fakepve: 20 ms per answer, tasks take time; release build)",
+                &rows,
+            );
             if ok {
                 ExitCode::SUCCESS
             } else {
@@ -264,19 +267,4 @@ async fn churn(stack: &mut Stack, ids: &[String]) -> Result<Round, String> {
         median: times.get(times.len() / 2).copied().unwrap_or_default(),
         teardown,
     })
-}
-
-fn print_report(rows: &[Row]) {
-    println!("\nChurn soak (fakepve: 20 ms per answer, tasks take time; release build)\n");
-    let w = rows.iter().map(|r| r.what.len()).max().unwrap_or(10);
-    let m = rows.iter().map(|r| r.measured.len()).max().unwrap_or(10);
-    println!("{:<w$}  {:<m$}  TARGET", "WHAT", "MEASURED");
-    for r in rows {
-        let verdict = match r.ok {
-            Some(true) => "  ok",
-            Some(false) => "  MISSED",
-            None => "",
-        };
-        println!("{:<w$}  {:<m$}  {}{verdict}", r.what, r.measured, r.target);
-    }
 }

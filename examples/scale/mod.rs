@@ -22,6 +22,22 @@ pub struct Row {
     pub ok: Option<bool>,
 }
 
+/// Prints a report: `title`, then one line per row with its verdict against the target.
+pub fn print_report(title: &str, rows: &[Row]) {
+    println!("\n{title}\n");
+    let w = rows.iter().map(|r| r.what.len()).max().unwrap_or(10);
+    let m = rows.iter().map(|r| r.measured.len()).max().unwrap_or(10);
+    println!("{:<w$}  {:<m$}  TARGET", "WHAT", "MEASURED");
+    for r in rows {
+        let verdict = match r.ok {
+            Some(true) => "  ok",
+            Some(false) => "  MISSED",
+            None => "",
+        };
+        println!("{:<w$}  {:<m$}  {}{verdict}", r.what, r.measured, r.target);
+    }
+}
+
 impl Row {
     pub fn new(
         what: impl Into<String>,
