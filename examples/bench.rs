@@ -236,8 +236,6 @@ fn row_calls(what: &str, n: usize, target: usize, upstream: usize) -> Row {
     }
 }
 
-/// `/api2/json/nodes/pve1/qemu/104/status/start` -> `/nodes/{node}/qemu/{vmid}/status/start`.
-
 /// One machine per boot mode, the image already on the node (the first `image` machine downloads
 /// it and is reported apart), beside `iso`'s figures.
 async fn boot_modes(
