@@ -15,7 +15,7 @@ use omni_infra_provider_proxmox::omni::resources::{
     MachineRequest, MachineRequestStatus, ProviderMachine,
 };
 
-use super::{Login, PROVIDER, Stack, Trust, provider_binary, three_node_scenario};
+use super::{PROVIDER, Stack, provider_binary, three_node_scenario};
 
 /// Machine classes of the run, one per machine-request set: every boot path and HA.
 const ISO_CLASS: &str = "\
@@ -23,6 +23,17 @@ cores: 1
 memory: 2048
 disk_size: 10
 storage_selector: 'storageType == \"lvmthin\"'
+ip_pool: chaos-net
+";
+
+/// The static pool the ISO machines take their addresses from: an address handed out twice or
+/// never released shows up as a machine that does not provision, or a provider state left.
+const CONFIG_EXTRA: &str = "\
+ipPools:
+  chaos-net:
+    cidr: 10.77.0.0/24
+    range: 10.77.0.10-10.77.0.250
+    gateway: 10.77.0.1
 ";
 const CLONE_CLASS: &str = "\
 cores: 1
@@ -405,7 +416,7 @@ impl Stack {
             .as_ref()
             .and_then(|s| s.local_addr())
             .ok_or("the in-memory Omni is not serving")?;
-        let config = self.pve.write_config(Login::Token, Trust::CaFile);
+        let config = self.pve.config_file(CONFIG_EXTRA);
         let log = std::fs::OpenOptions::new()
             .append(true)
             .open(&self.log)
@@ -447,7 +458,8 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     scenario["nodes"] = json!(["pve1", "pve2", "pve3"].map(|name| json!(
         {"name": name, "maxcpu": 64, "maxmem": 256u64 << 30}
     )));
-    let mut stack = Stack::start_with(scenario, TIME_SCALE, PROVIDER_ARGS).await?;
+    let mut stack =
+        Stack::start_configured(scenario, TIME_SCALE, PROVIDER_ARGS, CONFIG_EXTRA).await?;
     let started = Instant::now();
     stack
         .pve

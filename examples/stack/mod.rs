@@ -19,7 +19,7 @@ use omni_infra_provider_proxmox::omni::proto::specs::MachineRequestSpec;
 use omni_infra_provider_proxmox::omni::resources::MachineRequest;
 use omni_infra_provider_proxmox::omni::transport;
 
-pub use fakepve::{FakePve, Login, Trust, three_node_scenario};
+pub use fakepve::{FakePve, three_node_scenario};
 
 pub const PROVIDER: &str = "proxmox";
 
@@ -109,6 +109,17 @@ impl Stack {
         time_scale: f64,
         extra_args: &[&str],
     ) -> Result<Stack, String> {
+        Self::start_configured(scenario, time_scale, extra_args, "").await
+    }
+
+    /// [`Stack::start_with`] with `config_extra` appended to the provider's config file (e.g.
+    /// `ipPools:`).
+    pub async fn start_configured(
+        scenario: serde_json::Value,
+        time_scale: f64,
+        extra_args: &[&str],
+        config_extra: &str,
+    ) -> Result<Stack, String> {
         transport::install_crypto_provider();
         let binary = provider_binary()?;
         let pve = FakePve::start(scenario, time_scale)
@@ -120,7 +131,7 @@ impl Stack {
             .map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let server = omni.serve(listener, None).map_err(|e| e.to_string())?;
-        let config = pve.write_config(Login::Token, Trust::CaFile);
+        let config = pve.config_file(config_extra);
         let metrics = free_port()?;
         let log = pve.dir.path().join("provider.log");
         let launch = Launch {
