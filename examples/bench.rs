@@ -309,16 +309,7 @@ async fn provision_one_counted(
     stack.request(id, "bench", class);
     wait_provisioned(stack, &[id.to_owned()]).await?;
     let took = started.elapsed();
-    let omni = stack
-        .omni
-        .typed_calls()
-        .into_iter()
-        .map(|(k, n)| {
-            let was = omni_before.get(&k).copied().unwrap_or(0);
-            (k, n - was)
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect();
+    let omni = scale::omni_calls_since(stack, &omni_before);
     Ok((took, stack.proxmox_requests(), omni))
 }
 

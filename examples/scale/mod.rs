@@ -7,6 +7,7 @@
 //! provider's: where fakepve is the bottleneck, the figures say so.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
@@ -289,6 +290,23 @@ pub async fn tear_down(stack: &mut Stack, ids: &[String]) -> Result<Burst, Strin
     Ok(meter.finish(stack))
 }
 
+/// Omni calls by (verb, type) made since `before` was taken from `stack.omni.typed_calls()`.
+pub fn omni_calls_since(
+    stack: &Stack,
+    before: &BTreeMap<(String, String), u64>,
+) -> BTreeMap<(String, String), u64> {
+    stack
+        .omni
+        .typed_calls()
+        .into_iter()
+        .map(|(k, n)| {
+            let was = before.get(&k).copied().unwrap_or(0);
+            (k, n - was)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
 /// What a restart with every machine in place cost.
 #[derive(Debug, Clone, Default)]
 pub struct Startup {
@@ -342,16 +360,7 @@ pub async fn restart(stack: &mut Stack, args: &[&str], machines: usize) -> Resul
     let confirmed = started.elapsed();
     // Anything the start-up does a moment later (the topology round) counts too.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let omni = stack
-        .omni
-        .typed_calls()
-        .into_iter()
-        .map(|(k, n)| {
-            let was = omni_before.get(&k).copied().unwrap_or(0);
-            (k, n - was)
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect();
+    let omni = omni_calls_since(stack, &omni_before);
     Ok(Startup {
         ready,
         confirmed,
