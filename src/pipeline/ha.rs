@@ -74,8 +74,14 @@ async fn join_rules(
             }
         });
         // A new rule starts with the set's HA-managed VMs, seen fresh: tags and `hastate` come from
-        // the config files on every read, so a VM registered moments ago is in.
-        let (members, cluster_nodes) = set_members(ctx, set.as_deref(), needs_members).await?;
+        // the config files on every read, so a VM registered moments ago is in. Only the set's
+        // resource-affinity rule is bounded by the node count (a negative one); node-affinity and
+        // named rules need no listing at all.
+        let (members, cluster_nodes) = if ha.resource_affinity.is_some() {
+            set_members(ctx, set.as_deref(), needs_members).await?
+        } else {
+            (Vec::new(), usize::MAX)
+        };
         let membership = HaMembership {
             settings: ha,
             set: set.as_deref(),
