@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::proxmox::types::{ClusterResource, NodeState, split_tags};
+use crate::proxmox::types::{ClusterResource, NodeState, split_list};
 
 pub const GIB: u64 = 1024 * 1024 * 1024;
 pub const MIB: u64 = 1024 * 1024;
@@ -131,7 +131,7 @@ impl ClusterSnapshot {
                     if let Some(node) = nodes.get_mut(vm.node.as_str()) {
                         node.vms.push(VmSummary {
                             name: vm.name.clone().unwrap_or_default(),
-                            tags: split_tags(vm.tags.as_deref().unwrap_or_default())
+                            tags: split_list(vm.tags.as_deref().unwrap_or_default())
                                 .into_iter()
                                 .map(str::to_owned)
                                 .collect(),

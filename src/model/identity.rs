@@ -14,7 +14,7 @@
 //! says `case-sensitive`, so a provider ID with capitals comes back lowercased.
 
 use crate::proxmox::property::Tag;
-use crate::proxmox::types::{VmConfig, VmId, VmResource, split_tags};
+use crate::proxmox::types::{VmConfig, VmId, VmResource, split_list};
 
 /// The tag marking every VM this provider made: `omni-provider.<provider id>`.
 pub fn provider_tag(provider_id: &str) -> String {
@@ -202,7 +202,7 @@ pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ow
         .unwrap_or_default();
     let config_tags = config.get("tags");
     let tag_refs: Vec<&str> = match &config_tags {
-        Some(tags) => split_tags(tags),
+        Some(tags) => split_list(tags),
         None => vm.tag_list(),
     };
     let verdict = by_marker(

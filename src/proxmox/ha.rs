@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use super::client::{Params, ProxmoxClient, Replay};
 use super::error::ProxmoxError;
-use super::types::{NodeName, VmId, lenient};
+use super::types::{NodeName, VmId, lenient, split_list};
 
 /// An HA resource registration (`POST /cluster/ha/resources`).
 #[derive(Debug, Clone, Default)]
@@ -75,12 +75,12 @@ pub struct HaRule {
 
 impl HaRule {
     pub fn resource_list(&self) -> Vec<&str> {
-        split_list(self.resources.as_deref())
+        split_list(self.resources.as_deref().unwrap_or_default())
     }
 
     /// The node names, without priorities.
     pub fn node_names(&self) -> Vec<&str> {
-        split_list(self.nodes.as_deref())
+        split_list(self.nodes.as_deref().unwrap_or_default())
             .into_iter()
             .map(|n| n.split(':').next().unwrap_or(n))
             .collect()
@@ -89,14 +89,6 @@ impl HaRule {
     pub fn has(&self, sid: &str) -> bool {
         self.resource_list().contains(&sid)
     }
-}
-
-fn split_list(list: Option<&str>) -> Vec<&str> {
-    list.unwrap_or_default()
-        .split([',', ';', ' '])
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect()
 }
 
 /// What a new rule says.

@@ -899,7 +899,7 @@ mod tests {
             "machine-request.set1;talos"
         );
         assert_eq!(
-            crate::proxmox::types::split_tags("a;b,c d"),
+            crate::proxmox::types::split_list("a;b,c d"),
             vec!["a", "b", "c", "d"]
         );
         assert_eq!(

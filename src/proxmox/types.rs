@@ -245,7 +245,7 @@ pub struct VmResource {
 impl VmResource {
     /// Tags split the way Proxmox writes them (`;`, also `,` and spaces in older versions).
     pub fn tag_list(&self) -> Vec<&str> {
-        split_tags(self.tags.as_deref().unwrap_or_default())
+        split_list(self.tags.as_deref().unwrap_or_default())
     }
 
     /// In any case: Proxmox lowercases tags unless datacenter.cfg's `tag-style` is case-sensitive.
@@ -258,9 +258,10 @@ impl VmResource {
     }
 }
 
-/// Splits a Proxmox tag list (`a;b`, `a,b` or `a b`).
-pub fn split_tags(tags: &str) -> Vec<&str> {
-    tags.split([';', ',', ' '])
+/// Splits a Proxmox list the way pve-common's `split_list` does (`a;b`, `a,b` or `a b`): tags, an HA
+/// rule's resources and nodes.
+pub fn split_list(list: &str) -> Vec<&str> {
+    list.split([';', ',', ' '])
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .collect()
