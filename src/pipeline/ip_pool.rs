@@ -14,7 +14,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::discover_ip::usable_addresses;
-use super::step::{StepContext, StepError, entry};
+use super::ledgers::entry;
+use super::step::{StepContext, StepError};
 use crate::model::machine::IpAllocation;
 use crate::proxmox::types::ClusterResource;
 use crate::rules::ip_pool::{self, IpPool};

@@ -10,6 +10,7 @@ pub mod ha;
 pub mod identify;
 pub mod image_factory;
 pub mod ip_pool;
+pub mod ledgers;
 pub mod pick_node;
 pub mod prepare_image;
 pub mod seed;

@@ -7,21 +7,21 @@
 //! coming up: a requeue never holds a worker), or fails with a [`StepError`] whose text is what the
 //! user reads in Omni.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::ProviderConfig;
 use crate::model::MachineState;
+pub use crate::pipeline::ledgers::{
+    HA_RULES_LOCK, IpLedgers, Ledgers, PVE_VERSION_MAX_AGE, image_lock_key,
+};
+
 use crate::omni::join::ConnectionParams;
 use crate::omni::management::ManagementClient;
 use crate::omni::state::StateError;
-use crate::pipeline::deprovision::DeprovisionTarget;
 use crate::proxmox::types::{ClusterResource, NodeName, Upid, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
-use crate::rules::placement::{Placement, PlacementError, Reservations};
 use crate::rules::provider_data::{ProviderData, ProviderDataSchema, describe};
 
 /// The steps, in order. Names are persisted in the provider state.
@@ -242,261 +242,6 @@ impl Default for Timeouts {
     }
 }
 
-/// What concurrent requests in this process must know of each other before Proxmox shows it: the
-/// placements not yet visible as VMs, the VMIDs being created, the pools made, the images being
-/// fetched. Lost at a restart by design: each entry is either visible in Proxmox by then or redone.
-#[derive(Default)]
-pub struct Ledgers {
-    /// Static IP allocations: unlike the rest, filled from the provider states, which hold them (see
-    /// [`IpLedgers`]).
-    pub ip: IpLedgers,
-    reservations: Mutex<Reservations>,
-    /// VMIDs chosen by requests in flight and not yet visible in `/cluster/resources`.
-    vmids_in_flight: Mutex<BTreeSet<u32>>,
-    /// Default pools (named after machine-request sets) this process made sure exist.
-    pools_created: Mutex<HashSet<String>>,
-    /// One async lock per key, for work that must not run twice at once: see [`Ledgers::exclusive`].
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// The Proxmox VE version last read, and when: keys that need a release check it on every
-    /// reconcile, which must not cost a request each time.
-    pve_version: Mutex<Option<(String, std::time::Instant)>>,
-    /// The Proxmox cluster's name (`None`: a standalone node, or not readable), read once: a
-    /// Proxmox cluster cannot be renamed.
-    cluster_name: tokio::sync::OnceCell<Option<String>>,
-    /// Requests released by this process, with what their VM was and when they went: a create
-    /// Proxmox applies late (sent before a crash, its answer never read) can make the VM again after
-    /// the teardown; see [`Ledgers::recently_released`].
-    released: Mutex<HashMap<String, Released>>,
-}
-
-/// A request released by this process (see [`Ledgers::recently_released`]).
-struct Released {
-    target: DeprovisionTarget,
-    at: std::time::Instant,
-    leftover: bool,
-}
-
-/// A poisoned ledger is still right: every update is a single insert or remove.
-pub(crate) fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    ledger.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The key of [`Ledgers::exclusive`] for an image download.
-pub fn image_lock_key(volume: &str) -> String {
-    format!("image:{volume}")
-}
-
-/// The key of [`Ledgers::exclusive`] for HA rule changes: every rule lives in one file with one
-/// digest, so two changes at once would make one of them fail and read again.
-pub const HA_RULES_LOCK: &str = "ha-rules";
-
-/// How long a Proxmox VE version read is trusted: an upgrade is noticed within this time.
-pub const PVE_VERSION_MAX_AGE: Duration = Duration::from_secs(600);
-
-impl Ledgers {
-    /// The Proxmox VE version (`GET /version`), read again after [`PVE_VERSION_MAX_AGE`].
-    pub async fn pve_version(&self, pve: &ProxmoxClient) -> Result<String, ProxmoxError> {
-        let known = entry(&self.pve_version)
-            .as_ref()
-            .filter(|(_, at)| at.elapsed() < PVE_VERSION_MAX_AGE)
-            .map(|(v, _)| v.clone());
-        if let Some(version) = known {
-            return Ok(version);
-        }
-        let version = pve.version().await?.version;
-        *entry(&self.pve_version) = Some((version.clone(), std::time::Instant::now()));
-        Ok(version)
-    }
-
-    /// The Proxmox cluster's name (`GET /cluster/status`), read once per process. A token without
-    /// `Sys.Audit` on `/` cannot read it: that is remembered as no name (a warning says why, once),
-    /// so the topology labels go without the region instead of failing every round.
-    pub async fn cluster_name(&self, pve: &ProxmoxClient) -> Result<Option<String>, ProxmoxError> {
-        let name = self
-            .cluster_name
-            .get_or_try_init(|| async {
-                match pve.cluster_name().await {
-                    Err(ProxmoxError::PermissionDenied { message, .. }) => {
-                        tracing::warn!(%message, "cannot read the cluster name (GET /cluster/status needs Sys.Audit on /): topology labels go without the region");
-                        Ok(None)
-                    }
-                    other => other,
-                }
-            })
-            .await?;
-        Ok(name.clone())
-    }
-
-    /// Places a request with the reservations of requests in flight counted, and reserves the
-    /// chosen node for it under the same lock: two requests placed at once cannot both take the last
-    /// room on a node.
-    pub fn place(
-        &self,
-        request_id: &str,
-        set_id: Option<&str>,
-        (memory_mb, vcpus): (u64, u64),
-        decide: impl FnOnce(&Reservations) -> Result<Placement, PlacementError>,
-    ) -> Result<Placement, PlacementError> {
-        let mut reservations = entry(&self.reservations);
-        let placement = decide(&reservations)?;
-        reservations.reserve(request_id, &placement.node, set_id, memory_mb, vcpus);
-        Ok(placement)
-    }
-
-    pub fn reserve(
-        &self,
-        request_id: &str,
-        node: &str,
-        set_id: Option<&str>,
-        memory_mb: u64,
-        vcpus: u64,
-    ) {
-        entry(&self.reservations).reserve(request_id, node, set_id, memory_mb, vcpus);
-    }
-
-    /// The request's VM is visible now (or never will be): it counts through the listing again.
-    pub fn release_reservation(&self, request_id: &str) {
-        entry(&self.reservations).release(request_id);
-    }
-
-    pub fn vmid_in_flight(&self, vmid: u32) -> bool {
-        entry(&self.vmids_in_flight).contains(&vmid)
-    }
-
-    /// Marks `vmid` as in flight; false when a concurrent request took it first.
-    pub fn take_vmid(&self, vmid: u32) -> bool {
-        entry(&self.vmids_in_flight).insert(vmid)
-    }
-
-    pub fn release_vmid(&self, vmid: u32) {
-        entry(&self.vmids_in_flight).remove(&vmid);
-    }
-
-    pub fn pool_known(&self, pool: &str) -> bool {
-        entry(&self.pools_created).contains(pool)
-    }
-
-    pub fn pool_created(&self, pool: &str) {
-        entry(&self.pools_created).insert(pool.to_owned());
-    }
-
-    /// Made again on demand if its set comes back.
-    pub fn forget_pool(&self, pool: &str) {
-        entry(&self.pools_created).remove(pool);
-    }
-
-    /// Remembers that the request's VM (as `target` describes it) was deleted and the request let go;
-    /// `leftover`: its seed ISO or its set's pool could not be deleted yet.
-    pub fn request_released(&self, target: DeprovisionTarget, leftover: bool) {
-        entry(&self.released).insert(
-            target.request_id.clone(),
-            Released {
-                target,
-                at: std::time::Instant::now(),
-                leftover,
-            },
-        );
-    }
-
-    /// The requests released within `window` (oldest forgotten), each with whether something it
-    /// had is still left.
-    pub fn recently_released(&self, window: Duration) -> Vec<(DeprovisionTarget, bool)> {
-        let mut released = entry(&self.released);
-        released.retain(|_, r| r.at.elapsed() < window);
-        released
-            .values()
-            .map(|r| (r.target.clone(), r.leftover))
-            .collect()
-    }
-
-    /// Nothing of the released request is left any more.
-    pub fn release_complete(&self, request_id: &str) {
-        if let Some(r) = entry(&self.released).get_mut(request_id) {
-            r.leftover = false;
-        }
-    }
-
-    /// The request is back (same ID) or its late VM was dealt with.
-    pub fn forget_released(&self, request_id: &str) {
-        entry(&self.released).remove(request_id);
-    }
-
-    /// A lock shared by everyone handling this key: concurrent requests for one image download it
-    /// once ([`image_lock_key`]), and this process edits HA rules one change at a time
-    /// ([`HA_RULES_LOCK`]). Entries live as long as the process (a handful: one per image and node).
-    pub fn exclusive(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        entry(&self.locks)
-            .entry(key.to_owned())
-            .or_default()
-            .clone()
-    }
-}
-
-/// When the guest agents were asked, and what each VM (by VMID) reported.
-pub(crate) type AgentAnswers = (std::time::Instant, BTreeMap<u32, Vec<IpAddr>>);
-
-/// The static IP allocations this process knows of, and what running VMs report.
-///
-/// Unlike the other ledgers this one must not start empty: an address recorded in a provider state
-/// before a restart is still taken. It is seeded once per process from every provider state in Omni
-/// (lazily, by the first request that needs an address, so a provider without pools never lists
-/// them), then kept by this process's own allocations and releases. An allocation is recorded here
-/// under the same lock it is decided with, so two requests at once never get the same address, and
-/// written to the request's provider state before anything depends on it.
-#[derive(Default)]
-pub struct IpLedgers {
-    pub(crate) held: Mutex<crate::rules::ip_pool::IpLedger>,
-    /// Set once the ledger holds every provider state's allocations.
-    pub(crate) seeded: tokio::sync::OnceCell<()>,
-    /// Requests released before the ledger was seeded: a listing read before their state was
-    /// destroyed must not bring their addresses back.
-    pub(crate) released_before_seed: Mutex<HashSet<String>>,
-    /// Addresses running VMs reported through their guest agent, by VMID, and when they were read.
-    pub(crate) agent: tokio::sync::Mutex<Option<AgentAnswers>>,
-    /// Requests that found their pool full, to be looked at again as soon as an address is freed
-    /// (instead of at their next backoff, which may be minutes away).
-    waiting: Mutex<BTreeSet<String>>,
-    /// Signalled when an address is freed while requests wait.
-    freed_signal: tokio::sync::Notify,
-}
-
-impl IpLedgers {
-    /// Forgets `request`'s allocations: its provider state was destroyed after its VM was.
-    pub fn release(&self, request: &str) {
-        if !self.seeded.initialized() {
-            entry(&self.released_before_seed).insert(request.to_owned());
-        }
-        let had = !entry(&self.held).of(request).is_empty();
-        entry(&self.held).release(request);
-        entry(&self.waiting).remove(request);
-        if had && !entry(&self.waiting).is_empty() {
-            self.freed_signal.notify_one();
-        }
-    }
-
-    /// `request` found its pool full.
-    pub(crate) fn wait_for_address(&self, request: &str) {
-        entry(&self.waiting).insert(request.to_owned());
-    }
-
-    /// `request` has its addresses (or is gone): nothing to wake it for.
-    pub(crate) fn stop_waiting(&self, request: &str) {
-        entry(&self.waiting).remove(request);
-    }
-
-    /// Resolves when an address was freed while requests waited (at once if that happened since
-    /// the last call).
-    pub async fn freed(&self) {
-        self.freed_signal.notified().await;
-    }
-
-    /// The requests waiting for an address, no longer waiting: their reconcile decides again.
-    pub fn take_waiting(&self) -> Vec<String> {
-        std::mem::take(&mut *entry(&self.waiting))
-            .into_iter()
-            .collect()
-    }
-}
 
 impl Services {
     /// Resolves provider data for `request`, with the chosen node's override once it is known.
