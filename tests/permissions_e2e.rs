@@ -9,25 +9,10 @@ use std::time::Duration;
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
 use serde_json::{Value, json};
-use support::fakepve::{TOKEN_ID, three_node_scenario};
+use support::fakepve::{TOKEN_ID, readme_role, three_node_scenario};
 use support::harness::Harness;
 
 const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\ntags: [talos]\nip_discovery_timeout: 0\n";
-
-/// The privileges of `pveum role add OmniProvider --privs "…"` as the README documents them (PVE 9).
-fn readme_role() -> Vec<String> {
-    let readme = include_str!("../README.md");
-    let line = readme
-        .lines()
-        .find(|l| l.contains("pveum role add OmniProvider"))
-        .expect("README documents `pveum role add OmniProvider`");
-    let privs = line
-        .split("--privs")
-        .nth(1)
-        .and_then(|rest| rest.split('"').nth(1))
-        .expect("--privs \"…\"");
-    privs.split(',').map(|p| p.trim().to_owned()).collect()
-}
 
 /// The standard scenario with the token holding `privs` on `/` (fakepve enforces an ACL once one is
 /// given) and nothing else.

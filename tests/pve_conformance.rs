@@ -11,7 +11,7 @@ use omni_infra_provider_proxmox::proxmox::storage::DownloadRequest;
 use omni_infra_provider_proxmox::proxmox::types::{NodeName, VmId};
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError};
 use serde_json::json;
-use support::fakepve::{FakePve, Login, TOKEN_ID, Trust, three_node_scenario};
+use support::fakepve::{FakePve, Login, TOKEN_ID, Trust, readme_role, three_node_scenario};
 use support::harness::Harness;
 
 const TASK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -86,8 +86,8 @@ async fn vmids_come_from_nextid_past_hidden_guests_and_inside_the_range() {
     }
     // Everything on `/` but VM.Audit, which the token has only on the set's pool: the guests above
     // (and 100, 9000) are invisible to it, as on a cluster shared between teams.
-    let mut privs: Vec<&str> = omni_privs();
-    privs.retain(|p| *p != "VM.Audit");
+    let mut privs = readme_role();
+    privs.retain(|p| p != "VM.Audit");
     scenario["acl"] = json!({ TOKEN_ID: [["/", privs], ["/pool/ids", ["VM.Audit"]]] });
     let Some(mut h) = Harness::start_with(scenario, "").await else {
         return;
@@ -102,14 +102,74 @@ async fn vmids_come_from_nextid_past_hidden_guests_and_inside_the_range() {
     h.stop_controller().await;
 }
 
-fn omni_privs() -> Vec<&'static str> {
-    let readme = include_str!("../README.md");
-    let line = readme
-        .lines()
-        .find(|l| l.contains("pveum role add OmniProvider"))
-        .unwrap();
-    line.split('"').nth(1).unwrap().split(',').collect()
+// A token that sees every guest (VM.Audit on /vms) and may read the datacenter's options (Sys.Audit on
+// /) chooses VMIDs from the listing it reads anyway: pve-access-control RPCEnvironment.pm
+// `get_effective_permissions` says what it holds on `/vms` and `/`, pve-manager PVE/API2/Cluster.pm
+// `get_options` gives datacenter.cfg's `next-id` only with Sys.Audit, and `nextid` is the lowest free
+// VMID of that range. A VMID taken behind the listing's back is refused by the create itself
+// (pve-guest-common AbstractConfig.pm `create_and_lock_config` -> pve-cluster Cluster.pm
+// `check_vmid_unused`, "VM <id> already exists on node …"), before anything is made: the provider
+// chooses another and asks nextid for a while.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vmids_come_from_the_listing_when_the_token_sees_every_guest() {
+    let mut scenario = three_node_scenario();
+    scenario["next_id"] = json!([5000, 6000]);
+    let guests = scenario["guests"].as_array_mut().unwrap();
+    for vmid in [5000, 5001, 5003] {
+        guests.push(json!({"vmid": vmid, "name": format!("other-{vmid}"), "node": "pve3"}));
+    }
+    scenario["acl"] = json!({ TOKEN_ID: [["/", readme_role()]] });
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
+    h.request("ids-a", "ids", class);
+    h.wait_stage("ids-a", Stage::Provisioned).await;
+    let vms = h.vms_named("ids-a");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(vms[0]["vmid"], json!(5002), "the lowest free VMID of the range");
+    assert_eq!(h.pve.count("GET", "/cluster/nextid"), 0, "no VMID asked for");
+    assert_eq!(h.pve.count("POST", "/qemu"), 1);
+
+    // Another client takes the next VMID between our listing and our create.
+    h.pve
+        .control(json!({"op": "race_vmid", "suffix": "/qemu", "node": "pve1"}));
+    h.request("ids-b", "ids", class);
+    h.wait_stage("ids-b", Stage::Provisioned).await;
+    let vms = h.vms_named("ids-b");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(vms[0]["vmid"], json!(5005), "5004 went to the other client");
+    assert_eq!(h.pve.count("POST", "/qemu"), 3, "one create refused");
+    assert_eq!(h.machine_state("ids-b").spec.vmid, 5005);
+
+    // Something the listing did not show made a guest: VMIDs are asked of Proxmox for a while.
+    let asked = h.pve.count("GET", "/cluster/nextid");
+    h.request("ids-c", "ids", class);
+    h.wait_stage("ids-c", Stage::Provisioned).await;
+    assert_eq!(h.vms_named("ids-c")[0]["vmid"], json!(5006));
+    assert!(h.pve.count("GET", "/cluster/nextid") > asked);
+    h.stop_controller().await;
 }
+
+// Without Sys.Audit on / the options answer leaves `next-id` out (pve-manager `get_options`), as if no
+// range were set: the provider must not take that for the default range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_sys_audit_vmids_come_from_nextid_inside_the_range() {
+    let mut scenario = three_node_scenario();
+    scenario["next_id"] = json!([7000, 8000]);
+    let mut privs = readme_role();
+    privs.retain(|p| p != "Sys.Audit");
+    scenario["acl"] = json!({ TOKEN_ID: [["/", privs]] });
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    h.request("ids-d", "ids", "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n");
+    h.wait_stage("ids-d", Stage::Provisioned).await;
+    assert_eq!(h.vms_named("ids-d")[0]["vmid"], json!(7000));
+    assert_eq!(h.pve.count("GET", "/cluster/nextid"), 1);
+    h.stop_controller().await;
+}
+
 
 // pve-manager PVE/API2/Pool.pm: `DELETE /pools?poolid=` (delete_pool) came with nested pools in PVE 8.1;
 // 8.0 has only `DELETE /pools/{poolid}` and answers the other with 501 "Method … not implemented"

@@ -3,10 +3,11 @@
 //! - First look: a VM that already belongs to this request (by `model::identity`, the rule teardown
 //!   uses too) is adopted, wherever it is now. The listing is read again for that only when a VMID
 //!   was recorded: without one, no VM of the request can exist.
-//! - Otherwise ask `/cluster/nextid` (it sees guests the token cannot list and honours the datacenter's
-//!   `next-id` range), step over VMIDs of requests in flight, **record it in the provider state before
-//!   the create call**, then create or clone. A crash at any instant leaves either no VM
-//!   or a VM we find again by that VMID or by name.
+//! - Otherwise choose a VMID ([`crate::rules::vmid`]: the lowest free one of the datacenter's
+//!   `next-id` range by the listing when the token sees every guest, else `/cluster/nextid`), step
+//!   over VMIDs of requests in flight, **record it in the provider state before the create call**,
+//!   then create or clone. A crash at any instant leaves either no VM or a VM we find again by that
+//!   VMID or by name.
 //! - Proxmox answering "already exists" (someone else took the VMID between our read and the create)
 //!   means: choose another.
 //!
@@ -22,6 +23,8 @@ use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmId, VmResource};
 use crate::rules::storage::{self, StorageNeed};
 use crate::rules::vm_config::{self, VmIdentity, VmTarget};
+use crate::rules::vmid::{self, VmidSource};
+use std::collections::BTreeSet;
 
 /// How long to wait before looking again at a recorded VM that cannot be identified yet.
 const WAIT_FOR_IDENTITY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -37,8 +40,8 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let request_id = ctx.request.id.clone();
     // A VM of this request can exist only if a VMID was recorded for it (ours is recorded before the
     // create call; the official provider records its own): only then must the listing be fresh to
-    // adopt it. Otherwise the listing placement read moments ago in this reconcile will do, and
-    // `/cluster/nextid` (not the listing) decides which VMID is free.
+    // adopt it. Otherwise the listing placement read moments ago in this reconcile will do, for
+    // choosing a VMID too: one made since is refused by Proxmox, not overwritten.
     let must_be_fresh = ctx.state.recorded_vmid().is_some();
     let resources = ctx.cluster_shared(must_be_fresh).await?;
     if let Some(outcome) = adopt(ctx, &resources).await? {
@@ -62,9 +65,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         };
         match result {
             Ok(()) => {
+                ctx.services.ledgers.vmid_made(vmid.get());
                 ctx.state.vmid = Some(vmid);
                 ctx.persist().await?;
-                ctx.services.ledgers.release_vmid(vmid.get());
                 return Ok(StepOutcome::Done);
             }
             Err(StepError::Proxmox { source, .. }) if source.is_vmid_taken() => {
@@ -75,6 +78,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
                     return Ok(outcome);
                 }
                 tracing::info!(request = %request_id, %vmid, "VMID taken meanwhile; choosing another");
+                ctx.services.ledgers.vmid_refused();
                 // The task was recorded as if it would make our VM; the VMID is someone else's.
                 if ctx.state.vmid == Some(vmid) {
                     ctx.state.vmid = None;
@@ -206,25 +210,64 @@ async fn adopt(
 /// other requests of this process hold are stepped over without asking, and do not count).
 const VMID_PROBES: u32 = 64;
 
-/// The recorded VMID when it is still free, else the first VMID from `/cluster/nextid` on that no
-/// request in flight and no earlier refusal uses. Proxmox decides what is free: the listing hides
-/// guests the token may not audit, and only nextid knows the datacenter's `next-id` range.
+/// The recorded VMID when it is still free, else a free one chosen as [`vmid::source`] says: the
+/// lowest of the datacenter's range that neither the listing nor this process holds, or the first
+/// from `/cluster/nextid` on that no request in flight and no earlier refusal uses.
 async fn choose_vmid(
     ctx: &StepContext<'_>,
     resources: &[ClusterResource],
     refused: &[u32],
 ) -> Result<VmId, StepError> {
-    let listed: std::collections::BTreeSet<u32> = resources
+    let listed: BTreeSet<u32> = resources
         .iter()
         .filter_map(|r| match r {
             ClusterResource::Vm(vm) | ClusterResource::Container(vm) => Some(vm.vmid.get()),
             _ => None,
         })
         .collect();
-    let pve = &ctx.services.pve;
-    let asking = "choosing a VMID (GET /cluster/nextid)";
     let usable = |id: u32| !listed.contains(&id) && !refused.contains(&id);
     let reserved = ctx.state.reserved_vmid.filter(|id| usable(id.get()));
+    match ctx.services.ledgers.vmid_source(&ctx.services.pve).await {
+        VmidSource::Listing(range) => {
+            // A VMID recorded before a crash, still free as far as the listing shows: Proxmox
+            // refuses the create if not, which chooses again.
+            if let Some(id) = reserved
+                && take_vmid(ctx, id)
+            {
+                return Ok(id);
+            }
+            let ledgers = &ctx.services.ledgers;
+            loop {
+                let held = |id: u32| refused.contains(&id) || ledgers.vmid_held(id);
+                let Some(id) = vmid::lowest_free(range, &listed, held) else {
+                    return Err(StepError::Cluster(format!(
+                        "no free VMID in the datacenter's next-id range {}..{}; widen it \
+                         (Datacenter > Options > Next Free VMID Range)",
+                        range.lower, range.upper
+                    )));
+                };
+                // Another request may take the same one between the look and the mark.
+                if take_vmid(ctx, id) {
+                    return Ok(id);
+                }
+            }
+        }
+        VmidSource::AskProxmox(why) => {
+            tracing::debug!(request = %ctx.request.id, why, "asking Proxmox for a VMID");
+            ask_proxmox(ctx, reserved, &usable).await
+        }
+    }
+}
+
+/// [`choose_vmid`] by `/cluster/nextid`, which sees guests the token cannot list and honours the
+/// datacenter's range.
+async fn ask_proxmox(
+    ctx: &StepContext<'_>,
+    reserved: Option<VmId>,
+    usable: &impl Fn(u32) -> bool,
+) -> Result<VmId, StepError> {
+    let pve = &ctx.services.pve;
+    let asking = "choosing a VMID (GET /cluster/nextid)";
     if let Some(id) = reserved
         && pve
             .vmid_is_free(id)

@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::pipeline::deprovision::DeprovisionTarget;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::{Placement, PlacementError, Reservations};
+use crate::rules::vmid::{self, VmidFacts, VmidSource};
 
 /// What concurrent requests in this process must know of each other before Proxmox shows it: the
 /// placements not yet visible as VMs, the VMIDs being created, the pools made, the images being
@@ -19,8 +20,12 @@ pub struct Ledgers {
     /// [`IpLedgers`]).
     pub ip: IpLedgers,
     reservations: Mutex<Reservations>,
-    /// VMIDs chosen by requests in flight and not yet visible in `/cluster/resources`.
-    vmids_in_flight: Mutex<BTreeSet<u32>>,
+    /// VMIDs chosen by requests in flight, or made lately and perhaps not yet in the listing a
+    /// request chooses from.
+    vmids: Mutex<VmidLedger>,
+    /// How VMIDs are chosen ([`Ledgers::vmid_source`]), read at most every [`PVE_VERSION_MAX_AGE`];
+    /// the lock is held while they are read, so a burst of requests reads them once.
+    vmid_facts: tokio::sync::Mutex<Option<(Option<VmidFacts>, std::time::Instant)>>,
     /// Default pools (named after machine-request sets) this process made sure exist.
     pools_created: Mutex<HashSet<String>>,
     /// One async lock per key, for work that must not run twice at once: see [`Ledgers::exclusive`].
@@ -35,6 +40,58 @@ pub struct Ledgers {
     /// Proxmox applies late (sent before a crash, its answer never read) can make the VM again after
     /// the teardown; see [`Ledgers::recently_released`].
     released: Mutex<HashMap<String, Released>>,
+}
+
+/// The VMIDs this process holds (see [`Ledgers::take_vmid`], [`Ledgers::vmid_made`]).
+#[derive(Default)]
+struct VmidLedger {
+    in_flight: BTreeSet<u32>,
+    made: HashMap<u32, std::time::Instant>,
+    refused_at: Option<std::time::Instant>,
+}
+
+impl VmidLedger {
+    /// Far longer than any listing a request chooses from is kept (a few seconds).
+    const MADE_HELD_FOR: Duration = Duration::from_secs(600);
+    /// Whoever made the VMID Proxmox refused (a guest the token cannot see, another client) may be
+    /// making more.
+    const ASK_AFTER_REFUSAL_FOR: Duration = Duration::from_secs(600);
+
+    fn holds(&self, vmid: u32) -> bool {
+        self.in_flight.contains(&vmid)
+            || self
+                .made
+                .get(&vmid)
+                .is_some_and(|at| at.elapsed() < Self::MADE_HELD_FOR)
+    }
+}
+
+/// The token's view and the datacenter's range, for [`vmid::source`]; `None` when the privileges
+/// cannot be read. Without `Sys.Audit` on `/` the range is not asked for: `/cluster/options` then
+/// answers without it as if it were unset.
+async fn read_vmid_facts(pve: &ProxmoxClient) -> Option<VmidFacts> {
+    let privileges = match pve.effective_privileges().await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::info!(error = %e, "cannot read the token's privileges; VMIDs come from /cluster/nextid");
+            return None;
+        }
+    };
+    let range = if privileges.holds("/", "Sys.Audit") {
+        match pve.next_id_range().await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::info!(error = %e, "cannot read the datacenter's next-id range; VMIDs come from /cluster/nextid");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    Some(VmidFacts {
+        audits_every_guest: privileges.holds("/vms", "VM.Audit"),
+        range,
+    })
 }
 
 /// A request released by this process (see [`Ledgers::recently_released`]).
@@ -127,17 +184,58 @@ impl Ledgers {
         entry(&self.reservations).release(request_id);
     }
 
-    pub fn vmid_in_flight(&self, vmid: u32) -> bool {
-        entry(&self.vmids_in_flight).contains(&vmid)
+    /// Whether a request of this process is creating a VM at `vmid`, or made one there lately.
+    pub fn vmid_held(&self, vmid: u32) -> bool {
+        entry(&self.vmids).holds(vmid)
     }
 
     /// Marks `vmid` as in flight; false when a concurrent request took it first.
     pub fn take_vmid(&self, vmid: u32) -> bool {
-        entry(&self.vmids_in_flight).insert(vmid)
+        entry(&self.vmids).in_flight.insert(vmid)
     }
 
+    /// The create at `vmid` failed, or the VM there is already in the listing: other requests may
+    /// choose it again.
     pub fn release_vmid(&self, vmid: u32) {
-        entry(&self.vmids_in_flight).remove(&vmid);
+        entry(&self.vmids).in_flight.remove(&vmid);
+    }
+
+    /// The VM at `vmid` was made: held a while longer, since a listing read just before it was made
+    /// still shows the VMID free.
+    pub fn vmid_made(&self, vmid: u32) {
+        let mut vmids = entry(&self.vmids);
+        vmids.in_flight.remove(&vmid);
+        vmids
+            .made
+            .retain(|_, at| at.elapsed() < VmidLedger::MADE_HELD_FOR);
+        vmids.made.insert(vmid, std::time::Instant::now());
+    }
+
+    /// Proxmox refused a create for a taken VMID: VMIDs are asked of Proxmox for a while.
+    pub fn vmid_refused(&self) {
+        entry(&self.vmids).refused_at = Some(std::time::Instant::now());
+    }
+
+    /// How the next VM's VMID is chosen ([`vmid::source`]): from the listing when the token's
+    /// privileges say it shows every guest and the datacenter's range is readable, else by asking
+    /// Proxmox. The privileges and the range are read once for every request choosing at the time,
+    /// again after [`PVE_VERSION_MAX_AGE`]; a read that fails means asking Proxmox until the next.
+    pub async fn vmid_source(&self, pve: &ProxmoxClient) -> VmidSource {
+        let mut facts = self.vmid_facts.lock().await;
+        let known = facts
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < PVE_VERSION_MAX_AGE);
+        if known.is_none() {
+            let read = read_vmid_facts(pve).await;
+            *facts = Some((read, std::time::Instant::now()));
+        }
+        let refused_lately = entry(&self.vmids)
+            .refused_at
+            .is_some_and(|at| at.elapsed() < VmidLedger::ASK_AFTER_REFUSAL_FOR);
+        vmid::source(
+            facts.as_ref().and_then(|(f, _)| f.as_ref()),
+            refused_lately,
+        )
     }
 
     pub fn pool_known(&self, pool: &str) -> bool {

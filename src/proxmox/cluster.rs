@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use super::client::{Params, ProxmoxClient};
 use super::error::ProxmoxError;
-use super::types::{ClusterResource, NodeStatus, ResourceKind, Version, VmId, lenient};
+use super::types::{
+    ClusterResource, NextIdRange, NodeStatus, ResourceKind, Version, VmId, lenient,
+};
 
 impl ProxmoxClient {
     /// `GET /version`: cheap, and needs valid credentials: the health check.
@@ -99,6 +101,62 @@ impl ProxmoxClient {
             })
     }
 
+    /// `GET /access/permissions`: the token's effective privileges on every path Proxmox reports
+    /// (the top-level paths `/`, `/vms`, `/storage`, … always, plus every path with an ACL and every
+    /// pool member), as pve-access-control `RPCEnvironment.pm` `get_effective_permissions` computes
+    /// them: inherited ones included, paths without any privilege left out. Every token may read its
+    /// own.
+    pub async fn effective_privileges(&self) -> Result<EffectivePrivileges, ProxmoxError> {
+        let paths: std::collections::BTreeMap<
+            String,
+            std::collections::BTreeMap<String, serde_json::Value>,
+        > = self.get(&["access", "permissions"], Params::new()).await?;
+        Ok(EffectivePrivileges(
+            paths
+                .into_iter()
+                .map(|(path, privs)| (path, privs.into_keys().collect()))
+                .collect(),
+        ))
+    }
+
+    /// The datacenter's `next-id` range from `GET /cluster/options` (pve-manager `PVE/API2/Cluster.pm`,
+    /// `get_options`: the whole datacenter.cfg with `Sys.Audit` on `/`, only a few display options
+    /// without it, so the caller must know the token has it). An unset range is the default one.
+    pub async fn next_id_range(&self) -> Result<NextIdRange, ProxmoxError> {
+        #[derive(serde::Deserialize)]
+        struct Options {
+            #[serde(rename = "next-id", default)]
+            next_id: Option<NextId>,
+        }
+        #[derive(serde::Deserialize)]
+        struct NextId {
+            #[serde(default, deserialize_with = "lenient::opt_u64")]
+            lower: Option<u64>,
+            #[serde(default, deserialize_with = "lenient::opt_u64")]
+            upper: Option<u64>,
+        }
+        let options: Options = self.get(&["cluster", "options"], Params::new()).await?;
+        let default = NextIdRange::default();
+        let bound = |v: Option<u64>, or: u32| v.map_or(Some(or), |v| u32::try_from(v).ok());
+        let next_id = options.next_id.unwrap_or(NextId {
+            lower: None,
+            upper: None,
+        });
+        match (
+            bound(next_id.lower, default.lower),
+            bound(next_id.upper, default.upper),
+        ) {
+            (Some(lower), Some(upper)) => Ok(NextIdRange { lower, upper }),
+            _ => Err(ProxmoxError::Decode {
+                call: super::error::Call {
+                    method: "GET",
+                    path: "/cluster/options".into(),
+                },
+                message: "next-id bounds out of range".into(),
+            }),
+        }
+    }
+
     /// `GET /cluster/nextid?vmid=…`: whether no guest in the whole cluster has this VMID, those the
     /// token cannot see included (the listing hides them). pve-manager answers a taken VMID with a
     /// parameter error on `vmid`, which we read by status and field, not by text.
@@ -137,4 +195,15 @@ struct ClusterStatusEntry {
     kind: String,
     #[serde(default)]
     name: Option<String>,
+}
+
+/// What [`ProxmoxClient::effective_privileges`] read: privileges by ACL path.
+#[derive(Debug, Clone, Default)]
+pub struct EffectivePrivileges(std::collections::BTreeMap<String, std::collections::BTreeSet<String>>);
+
+impl EffectivePrivileges {
+    /// Whether the token holds `privilege` on `path` (a path missing from the answer holds none).
+    pub fn holds(&self, path: &str, privilege: &str) -> bool {
+        self.0.get(path).is_some_and(|p| p.contains(privilege))
+    }
 }

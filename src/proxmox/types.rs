@@ -471,6 +471,25 @@ pub struct GuestAddress {
 }
 
 /// Deserializers that accept what Proxmox actually sends.
+/// The datacenter's `next-id` range (datacenter.cfg; Datacenter > Options > Next Free VMID Range):
+/// where new VMIDs go. `upper` is exclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextIdRange {
+    pub lower: u32,
+    pub upper: u32,
+}
+
+impl Default for NextIdRange {
+    /// pve-cluster `DataCenterConfig.pm`, `$next_id_format`: 100 up to (not including) one million
+    /// when unset, which is below the largest VMID on purpose.
+    fn default() -> Self {
+        Self {
+            lower: 100,
+            upper: 1_000_000,
+        }
+    }
+}
+
 pub mod lenient {
     use serde::Deserialize;
     use serde::de::{Deserializer, Error};

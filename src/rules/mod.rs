@@ -19,3 +19,4 @@ pub mod schematic;
 pub mod storage;
 pub mod storage_selector;
 pub mod vm_config;
+pub mod vmid;

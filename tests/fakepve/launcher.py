@@ -29,6 +29,7 @@ from aiohttp import web
 from fakepve.model import PveError, TaskError
 from fakepve.lxc import format_size
 from fakepve.qemu import DRIVE_KEY, NEW_DISK, drives_of, is_cdrom, join_drive, split_drive, volume_ref, with_mac
+from fakepve import shapes
 from fakepve.routing import die, split_list
 from fakepve.server import GENERIC, USER, FakePve, error, int_param, ok, params
 
@@ -465,6 +466,50 @@ class LauncherPve(FakePve):
             if vmid not in taken:
                 return str(vmid)
         raise PveError(500, 'unable to get any free VMID in range [{0}, {1}]'.format(lower, upper))
+
+    def check_permissions(self, user, perms, values, declared=None):
+        """pve-access-control RPCEnvironment.pm `check_api2_permissions`: `user => 'all'` lets every
+        authenticated user in before any `check` (the method checks inside, as `get_options` does for
+        Sys.Audit); fakepve evaluated the `check` first."""
+        if user is not None and perms is not None and perms.get('user') == 'all':
+            return
+        return super().check_permissions(user, perms, values, declared)
+
+    def _routes_datacenter_options(self):
+        return [('GET', '/cluster/options', self._cluster_options)]
+
+    async def _cluster_options(self, v, user):
+        """pve-manager PVE/API2/Cluster.pm `get_options`: datacenter.cfg as parsed (`next-id` is an
+        object of its bounds) with Sys.Audit on `/`, else only `console` and `tag-style`; both with
+        `allowed-tags`."""
+        config = {'keyboard': 'en-us'}
+        if self.next_id_range is not None:
+            lower, upper = self.next_id_range
+            config['next-id'] = {'lower': str(lower), 'upper': str(upper)}
+        if not self.allowed(user, '/', 'Sys.Audit'):
+            config = {}
+        config['allowed-tags'] = []
+        return config
+
+    async def _permissions(self, v, user):
+        """pve-access-control `AccessControl.pm` `permissions` / `RPCEnvironment.pm`
+        `get_effective_permissions`: the effective (inherited) privileges on the top-level paths, every
+        path with an ACL and every pool member, paths without any privilege left out; with `path`, that
+        path alone. fakepve listed the ACL entries as granted, not what they amount to per path."""
+        who = v.get('userid') or user
+        paths = {'/', '/access', '/access/groups', '/nodes', '/pool', '/sdn', '/storage', '/vms'}
+        for name in dict.fromkeys((who, who.split('!')[0])):
+            paths.update(path for path, _privs in (self.acl or {}).get(name, []))
+        for name, ids in self.pools.items():
+            paths.update('/vms/{0}'.format(vmid) for vmid in ids)
+        if v.get('path') is not None:
+            paths = {v['path']}
+        answer = {}
+        for path in sorted(paths):
+            held = [priv for priv in sorted(shapes.PRIVILEGES) if self.allowed(who, path, priv)]
+            if held:
+                answer[path] = dict.fromkeys(held, 1)
+        return answer
 
     async def _download_url(self, request):
         """download-url as pve-storage's Status.pm has it: Datastore.AllocateTemplate on the storage AND

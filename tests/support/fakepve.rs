@@ -60,6 +60,21 @@ fn required() -> bool {
         || std::env::var("REQUIRE_FAKEPVE").is_ok_and(|v| v == "1")
 }
 
+/// The privileges of `pveum role add OmniProvider --privs "…"` as the README documents them (PVE 9).
+pub fn readme_role() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let line = readme
+        .lines()
+        .find(|l| l.contains("pveum role add OmniProvider"))
+        .expect("README documents `pveum role add OmniProvider`");
+    let privs = line
+        .split("--privs")
+        .nth(1)
+        .and_then(|rest| rest.split('"').nth(1))
+        .expect("--privs \"…\"");
+    privs.split(',').map(|p| p.trim().to_owned()).collect()
+}
+
 /// Three nodes, a Talos template on pve1, one foreign VM on pve2, and storages as a small real cluster
 /// has them: `local` (ISO, per node), `local-lvm` (VM disks, per node), `shared-nfs` (both, shared).
 pub fn three_node_scenario() -> Value {
