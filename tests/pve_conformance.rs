@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
+use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
 use omni_infra_provider_proxmox::proxmox::storage::DownloadRequest;
 use omni_infra_provider_proxmox::proxmox::types::{NodeName, VmId};
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError};
@@ -213,6 +214,9 @@ async fn a_refused_overwrite_of_the_talos_iso_counts_as_present() {
     assert_eq!(talos.len(), 1, "{volumes}");
     h.pve
         .control(json!({"op": "unlist_volume", "volid": talos[0]}));
+    // A fresh process: the one that just saw the ISO would not list the storage again so soon.
+    h.stop_controller().await;
+    h.start_controller();
     h.request("iso-2", "isos", class);
     h.wait_stage("iso-2", Stage::Provisioned).await;
     let downloads = h.pve.count("POST", "/download-url");
@@ -221,6 +225,80 @@ async fn a_refused_overwrite_of_the_talos_iso_counts_as_present() {
         "the second request tried, was refused, and went on"
     );
     h.stop_controller().await;
+}
+
+/// The Talos ISO seen in its storage is not listed again for every VM. When it is deleted by hand
+/// meanwhile, the next create that names it fails inside its task (qemu-server Qemu.pm
+/// `create_disks` activates an existing volume, pve-storage Plugin.pm `activate_volume`: "volume
+/// '<volid>' does not exist"), and so does the start of a VM made before (QemuServer.pm
+/// `vm_start_nolock` activates every volume of the config, CD-ROMs included). Either way the provider
+/// downloads it again under its name and tries again, without a failed status in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_talos_iso_deleted_after_it_was_seen_is_put_back_by_the_next_create_or_start() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
+    h.request("seen-1", "seen", class);
+    h.wait_stage("seen-1", Stage::Provisioned).await;
+    h.request("seen-2", "seen", class);
+    h.wait_stage("seen-2", Stage::Provisioned).await;
+    let listings = h.pve.count("GET", "/storage/local/content");
+    assert_eq!(listings, 1, "the ISO storage listed for the first VM only");
+    let talos = talos_isos(&mut h);
+    assert_eq!(talos.len(), 1, "{talos:?}");
+
+    // Deleted before a create names it.
+    h.pve
+        .control(json!({"op": "delete_volume", "volid": talos[0]}));
+    h.request("seen-3", "seen", class);
+    h.wait_stage("seen-3", Stage::Provisioned).await;
+    assert_eq!(talos_isos(&mut h), talos, "put back under its name");
+    assert_eq!(h.pve.count("POST", "/download-url"), 2);
+    assert_eq!(h.pve.count("POST", "/qemu"), 4, "one create refused");
+
+    // Deleted between a create and its start: the start is held back while it goes.
+    h.pve.control(
+        json!({"op": "late_apply", "method": "POST", "suffix": "/status/start", "secs": 1.0}),
+    );
+    h.request("seen-4", "seen", class);
+    let held = tokio::time::timeout(Duration::from_secs(30), async {
+        while h.pve.control(json!({"op": "late_held"})) == json!([]) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(held.is_ok(), "the start was held");
+    h.pve
+        .control(json!({"op": "delete_volume", "volid": talos[0]}));
+    h.wait_stage("seen-4", Stage::Provisioned).await;
+    assert_eq!(talos_isos(&mut h), talos);
+    assert_eq!(h.pve.count("POST", "/download-url"), 3);
+    assert_eq!(
+        h.pve.count("POST", "/status/start"),
+        5,
+        "one start refused for the missing ISO"
+    );
+    let vms = h.vms_named("seen-4");
+    assert_eq!(vms[0]["status"], json!("running"), "{vms:?}");
+    let status = h.omni.state.get(&MachineRequestStatus, "seen-4").unwrap();
+    assert!(status.spec.error.is_empty(), "{status:?}");
+    h.stop_controller().await;
+}
+
+/// The Talos ISOs (not the seeds) in pve2's `local` storage, as volume IDs.
+fn talos_isos(h: &mut Harness) -> Vec<String> {
+    let volumes = h
+        .pve
+        .control(json!({"op": "storage_volumes", "storage": "local"}));
+    volumes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .filter(|v| v.starts_with("iso/") && !v.contains("omni-seed"))
+        .map(|v| format!("local:{v}"))
+        .collect()
 }
 
 /// A scenario with a plain-LVM storage `thick` and a template on it on pve3, and sized nodes.

@@ -92,7 +92,11 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
                 // this process's in-flight mark goes, or the next attempt could not reuse it and
                 // would pick another VMID, a second VM if the first create lands late.
                 ctx.services.ledgers.release_vmid(vmid.get());
-                return Err(e);
+                // A create refused because the boot ISO went meanwhile made nothing: put it back
+                // and create again (at the recorded VMID).
+                if !super::prepare_image::put_back_if_missing(ctx, &e).await? {
+                    return Err(e);
+                }
             }
         }
     }

@@ -26,7 +26,7 @@ use crate::proxmox::property::{ImportVolume, IsoVolume};
 use sha2::{Digest, Sha256};
 
 use super::image_factory;
-use super::step::{StepContext, StepError, StepOutcome, image_lock_key};
+use super::step::{StepContext, StepError, StepOutcome, image_lock_key, image_presence_key};
 use crate::model::ClusterSnapshot;
 use crate::omni::management::ManagementError;
 use crate::proxmox::storage::DownloadRequest;
@@ -184,6 +184,15 @@ async fn fetch(
             .wait_for_task(&task, ctx.services.timeouts.download)
             .await;
     }
+    // A boot ISO seen lately needs no listing per VM: a start that finds it gone puts it back
+    // (`restore_boot_iso`). A disk image is only read by the create, which cannot do that.
+    let presence = (kind == BootImage::Iso).then(|| image_presence_key(node.as_str(), volid));
+    let ledgers = &ctx.services.ledgers;
+    if ctx.state.iso_download_task.is_none()
+        && presence.as_deref().is_some_and(|k| ledgers.image_present(k))
+    {
+        return Ok(());
+    }
     let content = kind.content().as_str();
     let present = pve
         .storage_content(node, storage, Some(content))
@@ -223,7 +232,69 @@ async fn fetch(
             }
         }
     }
+    if let Some(key) = presence {
+        ctx.services.ledgers.image_seen(&key);
+    }
     Ok(())
+}
+
+/// Whether `error` is a create or start that found the request's boot ISO gone from its storage
+/// (deleted by hand after `fetch` last saw it). Then the ISO is put back first, and the caller
+/// tries once more; the presence is forgotten before, so a crash in between downloads it next time.
+pub(super) async fn put_back_if_missing(
+    ctx: &mut StepContext<'_>,
+    error: &StepError,
+) -> Result<bool, StepError> {
+    let StepError::Proxmox { source, .. } = error else {
+        return Ok(false);
+    };
+    let (Some(volume), Ok(node)) = (ctx.state.boot_iso.as_ref(), ctx.node()) else {
+        return Ok(false);
+    };
+    let volid = volume.to_string();
+    if !source.is_volume_missing(&volid) {
+        return Ok(false);
+    }
+    ctx.services
+        .ledgers
+        .image_gone(&image_presence_key(node.as_str(), &volid));
+    tracing::warn!(request = %ctx.request.id, volume = %volid, "the Talos ISO is gone from its storage; downloading it again");
+    restore_boot_iso(ctx).await?;
+    Ok(true)
+}
+
+/// Puts the request's boot ISO back where its VM's config expects it: the same file name in the
+/// same storage, downloaded from the same URL.
+pub(super) async fn restore_boot_iso(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
+    let (Some(volume), Some(schematic)) = (ctx.state.boot_iso.clone(), ctx.state.schematic.clone())
+    else {
+        return Ok(());
+    };
+    let node = ctx.node()?;
+    let volid = volume.to_string();
+    let file_name = volume.file.to_string();
+    let storage = volume.storage.to_string();
+    let url = image_url(
+        &ctx.services.image_factory_url,
+        &schematic,
+        &ctx.request.talos_version,
+        BootImage::Iso.file(),
+    );
+    let lock = ctx
+        .services
+        .ledgers
+        .exclusive(&image_lock_key(&format!("{node}/{volid}")));
+    let _guard = lock.lock().await;
+    ctx.state.iso_download_task = None;
+    let wanted = Wanted {
+        kind: BootImage::Iso,
+        node: &node,
+        storage: &storage,
+        volid: &volid,
+        file_name: &file_name,
+    };
+    let version = talos_version(&ctx.request.talos_version);
+    fetch(ctx, &wanted, url, &version).await
 }
 
 /// The storage on `node` a boot image goes to: the first that matches `iso_storage_selector` (or

@@ -1,17 +1,44 @@
 //! Step 5, `start_vm`: power on, wait for the start task, and register the VM with Proxmox HA and
 //! its HA rules when the class asks for it ([`super::ha`]). Already running (a restart after the
 //! start) is success; Proxmox says so in the task, so no status read is spent before starting.
+//!
+//! The boot ISO is not looked for before the start: `prepare_image` lists its storage only now and
+//! then. A start that finds it gone (deleted by hand meanwhile) puts it back and starts again.
 
-use super::step::{StepContext, StepError, StepOutcome};
+use super::step::{StepContext, StepError, StepOutcome, image_presence_key};
+use crate::proxmox::types::{NodeName, VmId};
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let node = ctx.node()?;
     let vmid = ctx.vmid()?;
-    let pve = &ctx.services.pve;
+    let boot_iso = ctx.state.boot_iso.as_ref().map(ToString::to_string);
+    let presence = boot_iso
+        .as_deref()
+        .map(|volid| image_presence_key(node.as_str(), volid));
+    let ledgers = &ctx.services.ledgers;
+    // A start before a restart or an error found it gone: put it back first.
+    if presence.as_deref().is_some_and(|k| ledgers.image_missing(k)) {
+        super::prepare_image::restore_boot_iso(ctx).await?;
+    }
+    if let Err(e) = start(ctx, &node, vmid).await {
+        if !super::prepare_image::put_back_if_missing(ctx, &e).await? {
+            return Err(e);
+        }
+        start(ctx, &node, vmid).await?;
+    }
+    if let Some(key) = &presence {
+        ctx.services.ledgers.image_seen(key);
+    }
+    // Like the official provider, the VM joins HA (and its HA rules) once it runs.
+    super::ha::join(ctx).await?;
+    Ok(StepOutcome::Done)
+}
+
+async fn start(ctx: &mut StepContext<'_>, node: &NodeName, vmid: VmId) -> Result<(), StepError> {
     let task = ctx
         .start_task(
             format!("starting VM {vmid} on {node}"),
-            pve.start_vm(&node, vmid),
+            ctx.services.pve.start_vm(node, vmid),
         )
         .await?;
     match ctx.finish_task(task, ctx.services.timeouts.task).await {
@@ -22,7 +49,5 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         Err(StepError::Proxmox { source, .. }) if source.is_already_running() => {}
         Err(e) => return Err(e),
     }
-    // Like the official provider, the VM joins HA (and its HA rules) once it runs.
-    super::ha::join(ctx).await?;
-    Ok(StepOutcome::Done)
+    Ok(())
 }

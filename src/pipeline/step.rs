@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::config::ProviderConfig;
 use crate::model::MachineState;
 pub use crate::pipeline::ledgers::{
-    HA_RULES_LOCK, IpLedgers, Ledgers, PVE_VERSION_MAX_AGE, image_lock_key,
+    HA_RULES_LOCK, IpLedgers, Ledgers, PVE_VERSION_MAX_AGE, image_lock_key, image_presence_key,
 };
 
 use crate::omni::join::ConnectionParams;

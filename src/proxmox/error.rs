@@ -100,6 +100,15 @@ impl ProxmoxError {
         })
     }
 
+    /// A create or start found `volid` missing from its storage: pve-storage `Plugin.pm`
+    /// `activate_volume` dies with "volume '<volid>' does not exist", qemu-server's `create_disks`
+    /// (for a volume without a size) with "volume <volid> does not exist".
+    pub fn is_volume_missing(&self, volid: &str) -> bool {
+        let quoted = format!("volume '{volid}' does not exist");
+        let bare = format!("volume {volid} does not exist");
+        self.says(|t| t.contains(&quoted) || t.contains(&bare))
+    }
+
     /// `download-url` found the file already in storage: its task refuses to replace it (pve-common
     /// Tools.pm, download_file_from_url). The file being there is what the caller wanted.
     pub fn is_file_already_present(&self) -> bool {

@@ -555,6 +555,29 @@ class LauncherPve(FakePve):
         return ok(await self.task(node, 'download', name, user, body,
                                   log=['downloading {0} to {1}'.format(p.get('url'), filename)]))
 
+    def _iso_on_storage(self, volid):
+        """Whether an ISO volume is in its storage (uploaded or downloaded). fakepve's own volume list also
+        counts what guest configs reference, so a deleted ISO a VM still names would look present."""
+        sid, name = volume_ref(volid)
+        store = self.storages.get(sid) if sid else None
+        if store is None or not name.startswith('iso/'):
+            return True
+        return name in store.get('volumes', {}) or name[4:] in store.get('files', ())
+
+    async def _do_start(self, vm, user, p):
+        """qemu-server QemuServer.pm `vm_start_nolock` activates every volume of the config, CD-ROM ISOs
+        included (`get_current_vm_volumes`), and pve-storage Plugin.pm `activate_volume` dies with
+        "volume '<volid>' does not exist" for a file that is gone: the start task fails. fakepve starts
+        the VM whatever its drives name."""
+        missing = [volume for _key, volume, props in drives_of(vm.config)
+                   if is_cdrom(volume, props) and volume_ref(volume)[0] and not self._iso_on_storage(volume)]
+        if not missing or (vm.ha_managed and not vm.template):
+            return await super()._do_start(vm, user, p)
+
+        async def body():
+            raise TaskError("volume '{0}' does not exist".format(missing[0]))
+        return await self.task(vm.node, 'qmstart', vm.vmid, user, body, vm=vm)
+
     async def _qm_create(self, v, user):
         """qemu-server's create_vm checks SDN.Use on every bridge (QemuServer::check_bridge_access, the
         local bridges under /sdn/zones/localnetwork/); fakepve 0.5.0 does so only for containers."""
@@ -1033,6 +1056,13 @@ async def client_conformance_command(pve, cmd):
         pve.acl[cmd['who']] = [(path.rstrip('/') or '/', set(privs)) for path, privs in cmd['entries']]
     elif op == 'old_pve8_errors':
         pve.old_pve8_errors = bool(cmd.get('on', True))
+    elif op == 'delete_volume':
+        # As an operator deleting a file in the storage's directory: no checks, no task.
+        sid, name = volume_ref(cmd['volid'])
+        store = pve.storages[sid]
+        store.get('volumes', {}).pop(name, None)
+        if name.startswith('iso/'):
+            store.get('files', set()).discard(name[4:])
     elif op == 'unlist_volume':
         pve.unlisted_volumes = tuple(pve.unlisted_volumes) + (cmd['volid'],)
     else:
@@ -1180,7 +1210,7 @@ async def command(pve, cmd):
         return len(pve.requests)
     elif op == 'ping':
         return 'pong'
-    elif op in ('grant', 'set_acl', 'old_pve8_errors', 'unlist_volume'):
+    elif op in ('grant', 'set_acl', 'old_pve8_errors', 'unlist_volume', 'delete_volume'):
         return await client_conformance_command(pve, cmd)
     else:
         raise ValueError('unknown op {0!r}'.format(op))
