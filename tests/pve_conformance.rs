@@ -128,8 +128,16 @@ async fn vmids_come_from_the_listing_when_the_token_sees_every_guest() {
     h.wait_stage("ids-a", Stage::Provisioned).await;
     let vms = h.vms_named("ids-a");
     assert_eq!(vms.len(), 1, "{vms:?}");
-    assert_eq!(vms[0]["vmid"], json!(5002), "the lowest free VMID of the range");
-    assert_eq!(h.pve.count("GET", "/cluster/nextid"), 0, "no VMID asked for");
+    assert_eq!(
+        vms[0]["vmid"],
+        json!(5002),
+        "the lowest free VMID of the range"
+    );
+    assert_eq!(
+        h.pve.count("GET", "/cluster/nextid"),
+        0,
+        "no VMID asked for"
+    );
     assert_eq!(h.pve.count("POST", "/qemu"), 1);
 
     // Another client takes the next VMID between our listing and our create.
@@ -170,7 +178,6 @@ async fn without_sys_audit_vmids_come_from_nextid_inside_the_range() {
     assert_eq!(h.pve.count("GET", "/cluster/nextid"), 1);
     h.stop_controller().await;
 }
-
 
 // pve-manager PVE/API2/Pool.pm: `DELETE /pools?poolid=` (delete_pool) came with nested pools in PVE 8.1;
 // 8.0 has only `DELETE /pools/{poolid}` and answers the other with 501 "Method … not implemented"

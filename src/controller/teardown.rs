@@ -166,7 +166,11 @@ async fn deprovision_vm(
     // The seed ISO delete is sent but not waited for (DeprovisionOptions' default): deleting a file is
     // near instant, the poll would be a seventh request per machine, and an ISO left behind is
     // harmless and listed by `orphans`.
-    let options = DeprovisionOptions::default();
+    ctx.services.ledgers.teardown_started(id);
+    let options = DeprovisionOptions {
+        departing: Some(ctx.services.ledgers.departing()),
+        ..DeprovisionOptions::default()
+    };
     let work = async {
         let result = deprovision_reporting(&ctx.services.pve, &target, &options, &progress).await;
         drop(progress);
@@ -202,6 +206,7 @@ async fn deprovision_vm(
         }
         d.outcome
     });
+    ctx.services.ledgers.teardown_ended(id);
     match result {
         Ok(DeprovisionOutcome::Deleted { node, vmid }) => {
             tracing::info!(request = %id, %vmid, %node, "VM deleted");

@@ -45,6 +45,8 @@ pub struct Ledgers {
     /// Proxmox applies late (sent before a crash, its answer never read) can make the VM again after
     /// the teardown; see [`Ledgers::recently_released`].
     released: Mutex<HashMap<String, Released>>,
+    /// Requests whose VM this process is deprovisioning now.
+    tearing_down: Mutex<HashSet<String>>,
 }
 
 /// The VMIDs this process holds (see [`Ledgers::take_vmid`], [`Ledgers::vmid_made`]).
@@ -272,10 +274,7 @@ impl Ledgers {
         let refused_lately = entry(&self.vmids)
             .refused_at
             .is_some_and(|at| at.elapsed() < VmidLedger::ASK_AFTER_REFUSAL_FOR);
-        vmid::source(
-            facts.as_ref().and_then(|(f, _)| f.as_ref()),
-            refused_lately,
-        )
+        vmid::source(facts.as_ref().and_then(|(f, _)| f.as_ref()), refused_lately)
     }
 
     pub fn pool_known(&self, pool: &str) -> bool {
@@ -313,6 +312,22 @@ impl Ledgers {
             .values()
             .map(|r| (r.target.clone(), r.leftover))
             .collect()
+    }
+
+    /// The request's VM is being deprovisioned (until [`Ledgers::teardown_ended`]).
+    pub fn teardown_started(&self, request_id: &str) {
+        entry(&self.tearing_down).insert(request_id.to_owned());
+    }
+
+    pub fn teardown_ended(&self, request_id: &str) {
+        entry(&self.tearing_down).remove(request_id);
+    }
+
+    /// The requests being torn down or released by this process: their VMs are going, or gone.
+    pub fn departing(&self) -> BTreeSet<String> {
+        let mut departing: BTreeSet<String> = entry(&self.tearing_down).iter().cloned().collect();
+        departing.extend(entry(&self.released).keys().cloned());
+        departing
     }
 
     /// Nothing of the released request is left any more.

@@ -189,7 +189,9 @@ async fn fetch(
     let presence = (kind == BootImage::Iso).then(|| image_presence_key(node.as_str(), volid));
     let ledgers = &ctx.services.ledgers;
     if ctx.state.iso_download_task.is_none()
-        && presence.as_deref().is_some_and(|k| ledgers.image_present(k))
+        && presence
+            .as_deref()
+            .is_some_and(|k| ledgers.image_present(k))
     {
         return Ok(());
     }

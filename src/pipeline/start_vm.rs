@@ -17,7 +17,10 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         .map(|volid| image_presence_key(node.as_str(), volid));
     let ledgers = &ctx.services.ledgers;
     // A start before a restart or an error found it gone: put it back first.
-    if presence.as_deref().is_some_and(|k| ledgers.image_missing(k)) {
+    if presence
+        .as_deref()
+        .is_some_and(|k| ledgers.image_missing(k))
+    {
         super::prepare_image::restore_boot_iso(ctx).await?;
     }
     if let Err(e) = start(ctx, &node, vmid).await {

@@ -242,7 +242,6 @@ impl Default for Timeouts {
     }
 }
 
-
 impl Services {
     /// Resolves provider data for `request`, with the chosen node's override once it is known.
     pub fn provider_data(

@@ -199,7 +199,9 @@ struct ClusterStatusEntry {
 
 /// What [`ProxmoxClient::effective_privileges`] read: privileges by ACL path.
 #[derive(Debug, Clone, Default)]
-pub struct EffectivePrivileges(std::collections::BTreeMap<String, std::collections::BTreeSet<String>>);
+pub struct EffectivePrivileges(
+    std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+);
 
 impl EffectivePrivileges {
     /// Whether the token holds `privilege` on `path` (a path missing from the answer holds none).

@@ -111,9 +111,19 @@ mod tests {
             upper: 105,
         };
         let listed: BTreeSet<u32> = [100, 101, 103].into();
-        assert_eq!(lowest_free(range, &listed, |_| false).map(VmId::get), Some(102));
-        assert_eq!(lowest_free(range, &listed, |id| id == 102).map(VmId::get), Some(104));
-        assert_eq!(lowest_free(range, &listed, |id| id >= 102), None, "range full");
+        assert_eq!(
+            lowest_free(range, &listed, |_| false).map(VmId::get),
+            Some(102)
+        );
+        assert_eq!(
+            lowest_free(range, &listed, |id| id == 102).map(VmId::get),
+            Some(104)
+        );
+        assert_eq!(
+            lowest_free(range, &listed, |id| id >= 102),
+            None,
+            "range full"
+        );
         // The upper bound is exclusive, as pve-manager's nextid loop has it.
         let narrow = NextIdRange {
             lower: 104,

@@ -22,7 +22,7 @@
 //! polled by default (see [`DeprovisionOptions::wait_for_seed_iso`]): 6 requests for a running VM
 //! whose tasks finish at once, 4 for a stopped one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::model::identity::{self, Claim};
@@ -79,6 +79,10 @@ pub struct DeprovisionOptions {
     /// it sits at the recorded VMID. The `orphans` command turns this off: its VMIDs come from a
     /// listing, not from a provider state.
     pub accept_legacy: bool,
+    /// The requests this process is tearing down or has released: their VMs in the set's pool are
+    /// going too, so the pool may be empty once ours is gone. `None` (the `orphans` command): every
+    /// VM of ours may be going.
+    pub departing: Option<BTreeSet<String>>,
 }
 
 impl Default for DeprovisionOptions {
@@ -88,6 +92,7 @@ impl Default for DeprovisionOptions {
             task_timeout: Duration::from_secs(120),
             wait_for_seed_iso: false,
             accept_legacy: true,
+            departing: None,
         }
     }
 }
@@ -253,15 +258,14 @@ pub async fn deprovision_reporting(
             DeprovisionOutcome::Deleted { vmid, .. } => Some(*vmid),
             _ => None,
         };
-        leftover_pool = !remove_pool_if_unused(
-            pve,
+        let ask = pool_may_be_empty(
             &view,
             pool,
             deleted,
-            &target.request_id,
             &target.provider_id,
-        )
-        .await;
+            options.departing.as_ref(),
+        );
+        leftover_pool = ask && !remove_pool(pve, pool, &target.request_id).await;
     }
     match &outcome {
         DeprovisionOutcome::Deleted { node, vmid } => {
@@ -285,29 +289,43 @@ pub async fn deprovision_reporting(
     })
 }
 
-/// Deletes the set's pool once no guest is left in it. The listing was read before our VM was
-/// deleted, so a VM of ours it still shows in the pool may be going at this moment (the set's last
-/// machines torn down at once each saw the other and both left the pool, found by `make chaos`):
-/// then Proxmox decides, since it refuses to delete a pool that is not empty. Only a guest that is not
-/// ours keeps us from asking, as it will not go with the set. Best effort: an empty pool left behind
-/// is harmless. False when the delete failed for another reason than the pool not being empty.
-async fn remove_pool_if_unused(
-    pve: &ProxmoxClient,
+/// Whether the set's pool may be empty once our VM is gone, so that deleting it is worth a request.
+/// The listing was read before our VM was deleted, so a VM of ours it still shows in the pool may be
+/// going at this moment (the set's last machines torn down at once each saw the other and both left
+/// the pool, found by `make chaos`): then Proxmox decides, since it refuses to delete a pool that is
+/// not empty. A guest that is not ours, or a VM of ours whose request is not `departing`, will still be
+/// there: no request is spent on a refusal. A VM whose request the listing does not name (no name yet)
+/// may be going.
+pub fn pool_may_be_empty(
     view: &ClusterView,
     pool: &str,
     deleted: Option<VmId>,
-    request_id: &str,
     provider_id: &str,
+    departing: Option<&BTreeSet<String>>,
 ) -> bool {
-    let foreign = view.containers().any(|g| g.pool.as_deref() == Some(pool))
-        || view.vms().any(|g| {
-            g.pool.as_deref() == Some(pool)
-                && Some(g.vmid) != deleted
-                && !identity::made_by(g, provider_id)
-        });
-    if foreign {
-        return true;
+    let in_pool = |pool_of: Option<&str>| pool_of == Some(pool);
+    if view.containers().any(|g| in_pool(g.pool.as_deref())) {
+        return false;
     }
+    !view
+        .vms()
+        .filter(|g| in_pool(g.pool.as_deref()) && Some(g.vmid) != deleted)
+        .any(|g| {
+            if !identity::made_by(g, provider_id) {
+                return true;
+            }
+            let tags = g.tag_list();
+            let request = identity::tagged_request(&tags).or(g.name.as_deref());
+            match (departing, request) {
+                (Some(departing), Some(request)) => !departing.contains(request),
+                _ => false,
+            }
+        })
+}
+
+/// Deletes the set's pool if Proxmox finds it empty. Best effort: an empty pool left behind is
+/// harmless. False when the delete failed for another reason than the pool not being empty.
+async fn remove_pool(pve: &ProxmoxClient, pool: &str, request_id: &str) -> bool {
     match pve.delete_pool_if_empty(pool).await {
         Ok(true) => {
             tracing::info!(request = %request_id, %pool, "removed the machine-request set's pool, now empty");

@@ -189,3 +189,56 @@ fn errors_say_what_and_where_and_whether_to_retry() {
         "{text}"
     );
 }
+
+#[test]
+fn the_sets_pool_is_asked_for_only_when_every_other_vm_in_it_is_going() {
+    let resource =
+        |json: serde_json::Value| -> ClusterResource { serde_json::from_value(json).unwrap() };
+    let ours = |vmid: u32, name: Option<&str>| {
+        let mut vm = serde_json::json!({"type": "qemu", "id": format!("qemu/{vmid}"), "vmid": vmid,
+            "node": "pve1", "pool": "set-a", "tags": "omni-provider.proxmox"});
+        if let Some(name) = name {
+            vm["name"] = serde_json::json!(name);
+        }
+        resource(vm)
+    };
+    let view = |listing: Vec<ClusterResource>| ClusterView::new(std::sync::Arc::new(listing));
+    let deleted = VmId::new(101).ok();
+    let departing: BTreeSet<String> = ["req-b".to_string()].into();
+    let ask = |listing: Vec<ClusterResource>, departing: Option<&BTreeSet<String>>| {
+        pool_may_be_empty(&view(listing), "set-a", deleted, "proxmox", departing)
+    };
+
+    // Only our own VM: ask.
+    assert!(ask(vec![ours(101, Some("req-a"))], Some(&departing)));
+    // Another machine of the set stays: no request spent on a refusal (one deprovision, 6 requests).
+    assert!(!ask(
+        vec![ours(101, Some("req-a")), ours(102, Some("req-c"))],
+        Some(&departing)
+    ));
+    // The set's other machine is being torn down too (the last two at once): ask, Proxmox decides.
+    assert!(ask(
+        vec![ours(101, Some("req-a")), ours(102, Some("req-b"))],
+        Some(&departing)
+    ));
+    // A VM the listing names nothing for yet may be going; the `orphans` command knows no requests.
+    assert!(ask(
+        vec![ours(101, Some("req-a")), ours(102, None)],
+        Some(&departing)
+    ));
+    assert!(ask(
+        vec![ours(101, Some("req-a")), ours(102, Some("req-c"))],
+        None
+    ));
+    // Someone else's guest stays with the pool whatever happens.
+    let foreign = resource(
+        serde_json::json!({"type": "qemu", "id": "qemu/103", "vmid": 103,
+        "node": "pve1", "pool": "set-a", "name": "req-b"}),
+    );
+    assert!(!ask(vec![ours(101, Some("req-a")), foreign], None));
+    let container = resource(
+        serde_json::json!({"type": "lxc", "id": "lxc/104", "vmid": 104,
+        "node": "pve1", "pool": "set-a"}),
+    );
+    assert!(!ask(vec![ours(101, Some("req-a")), container], None));
+}
