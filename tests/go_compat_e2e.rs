@@ -7,6 +7,7 @@ mod support;
 
 use std::collections::BTreeMap;
 
+use omni_infra_provider_proxmox::model::identity::SET_POOL_COMMENT;
 use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
 use omni_infra_provider_proxmox::omni::proto::specs::{
     ConfigPatchSpec, FeaturesConfigSpec, MachineRequestSpec, machine_request_status_spec::Stage,
@@ -16,9 +17,11 @@ use omni_infra_provider_proxmox::omni::resources::{
     annotation, label, provision_controller_name,
 };
 use omni_infra_provider_proxmox::pipeline::image_factory::resolve_factory;
+use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
 use omni_infra_provider_proxmox::rules::schematic::{SchematicRequest, schematic_yaml};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use support::fakepve::{Login, Trust};
 use support::harness::{Harness, PROVIDER, WAIT};
 
 const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\n";
@@ -383,6 +386,84 @@ async fn boot_isos_come_from_the_factory_omni_publishes() {
     assert_eq!(
         resolve_factory(&client.state, FACTORY).await,
         "https://factory.internal.example"
+    );
+    h.stop_controller().await;
+}
+
+/// The set pool goes with the set's last machine whichever provider made it and whichever tears it
+/// down. The official provider (internal/pkg/provider/provision.go) records the VM's pool in its field
+/// 12 and, in `Deprovision` -> `cleanupPool`, deletes that pool only when it has no members and its
+/// comment is exactly its `poolComment`; it creates set pools with that comment. So ours carry the same
+/// comment and record field 12, and we delete a pool it recorded by the same rule, never a pool someone
+/// else made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_pools_are_recorded_and_removed_as_the_official_provider_does() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let pve = ProxmoxClient::new(&h.pve.settings(Login::Token, Trust::CaFile)).unwrap();
+
+    // Ours: field 12 names the set's pool, which carries the official provider's comment.
+    request(&h, "pool-ours", "ourset");
+    h.wait_stage("pool-ours", Stage::Provisioned).await;
+    assert_eq!(h.machine_state("pool-ours").spec.pool, "ourset");
+    assert_eq!(
+        pve.pool_comment("ourset").await.unwrap().as_deref(),
+        Some(SET_POOL_COMMENT)
+    );
+
+    // The official provider's VMs: one in a set pool it made, one in a pool a person made (the
+    // class's `pool`), both recorded in field 12 only.
+    h.stop_controller().await;
+    pve.ensure_pool("goset", SET_POOL_COMMENT).await.unwrap();
+    pve.ensure_pool("team-pool", "made by hand").await.unwrap();
+    for (vmid, id, pool) in [(160, "pool-go-1", "goset"), (161, "pool-go-2", "team-pool")] {
+        request(&h, id, "goset");
+        let uuid = uuid::Uuid::new_v4().to_string();
+        h.pve.control(
+            json!({"op": "add_vm", "vmid": vmid, "name": id, "node": "pve2",
+            "status": "running", "pool": pool,
+            "config": {"tags": "machine-request.goset", "memory": 2048, "cores": 2,
+                       "agent": "enabled=1", "smbios1": format!("uuid={uuid}"),
+                       "scsi0": format!("local-lvm:vm-{vmid}-disk-0,size=10G")}}),
+        );
+        write_go_state(
+            &h,
+            id,
+            MachineSpec {
+                uuid,
+                node: "pve2".into(),
+                vmid,
+                pool: pool.into(),
+                vm_create_task: format!(
+                    "UPID:pve2:00001234:00005678:65000000:qmcreate:{vmid}:root@pam:"
+                ),
+                vm_start_task: format!(
+                    "UPID:pve2:00001234:00005679:65000000:qmstart:{vmid}:root@pam:"
+                ),
+                ..Default::default()
+            },
+            "startVM",
+        )
+        .await;
+    }
+    h.start_controller();
+    for id in ["pool-ours", "pool-go-1", "pool-go-2"] {
+        assert!(h.omni.state.teardown(&MachineRequest, id));
+    }
+    for id in ["pool-ours", "pool-go-1", "pool-go-2"] {
+        h.wait_released(id).await;
+    }
+    let pools = h.pve.control(json!({"op": "pools"}));
+    assert!(pools.get("ourset").is_none(), "{pools}");
+    assert!(
+        pools.get("goset").is_none(),
+        "the official provider's set pool went: {pools}"
+    );
+    assert_eq!(
+        pools["team-pool"],
+        json!([]),
+        "a pool someone made stays, empty: {pools}"
     );
     h.stop_controller().await;
 }

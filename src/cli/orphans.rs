@@ -316,6 +316,7 @@ pub async fn delete(
             seed_iso_volume: seeds.next().cloned(),
             seed_iso_node: Some(vm.node.clone()),
             default_pool: None,
+            official_pool: None,
         };
         let (outcome, seed_kept) =
             match deprovision_reporting(pve, &target, &options, progress).await {

@@ -44,6 +44,12 @@ pub fn tagged_request<'a>(tags: &[&'a str]) -> Option<&'a str> {
     tagged(tags, REQUEST_TAG_PREFIX)
 }
 
+/// The comment of the pools made for machine-request sets: the official provider's
+/// (internal/pkg/provider/provision.go, `poolComment`), whose teardown deletes a recorded pool only
+/// when it is empty and carries exactly this comment. Ours carry it too, so either provider removes
+/// the other's set pools, and neither ever a pool someone else made.
+pub const SET_POOL_COMMENT: &str = "managed by omni-infra-provider-proxmox";
+
 const SET_TAG_PREFIX: &str = "machine-request.";
 
 /// The tag the provider (and the official one) puts on every VM of a machine-request set:

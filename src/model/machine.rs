@@ -51,6 +51,8 @@ pub struct MachineState {
     pub ip_discovery_started: Option<i64>,
     /// The machine-request set's pool we put the VM in because the class named none.
     pub default_pool: Option<PoolId>,
+    /// The pool the VM was put in, whichever (the official provider's field 12).
+    pub pool: Option<PoolId>,
     pub boot_iso: Option<IsoVolume>,
     /// The Talos disk image in `import` storage the boot disk is made from (`boot: image`).
     pub boot_image: Option<ImportVolume>,
@@ -150,6 +152,7 @@ impl MachineState {
             ip_discovery_started: (spec.ip_discovery_started > 0)
                 .then_some(spec.ip_discovery_started),
             default_pool: parsed(&spec.default_pool, PoolId::parse),
+            pool: parsed(&spec.pool, PoolId::parse),
             boot_iso: parsed(&spec.boot_iso_volume, IsoVolume::parse),
             boot_image: parsed(&spec.boot_image_volume, ImportVolume::parse),
             ha_registered: spec.ha_registered,
@@ -248,8 +251,24 @@ impl MachineState {
             |r| parsed(r, PoolId::parse),
             text_raw,
         );
+        merge(
+            &mut spec.pool,
+            &self.pool,
+            |r| parsed(r, PoolId::parse),
+            text_raw,
+        );
         spec.ha_registered = self.ha_registered;
         spec
+    }
+
+    /// The set pool of a VM the official provider made (its field 12, with nothing of ours recorded
+    /// about the VM's creation: we write `reserved_vmid` before every create, and `default_pool` for
+    /// the set pools we make). Removed like that provider removes it: empty, and carrying
+    /// [`crate::model::identity::SET_POOL_COMMENT`].
+    pub fn official_pool(&self) -> Option<&PoolId> {
+        self.pool
+            .as_ref()
+            .filter(|_| self.default_pool.is_none() && self.reserved_vmid.is_none())
     }
 
     /// The static address recorded for NIC `nic`, if any.

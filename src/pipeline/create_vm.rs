@@ -49,6 +49,8 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     }
 
     default_pool(ctx).await?;
+    // Field 12, for the official provider's teardown after a takeover.
+    ctx.state.pool = ctx.data.pool.clone();
     let mut refused: Vec<u32> = Vec::new();
     for _ in 0..VMID_ATTEMPTS {
         let vmid = choose_vmid(ctx, &resources, &refused).await?;
@@ -127,12 +129,7 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         ctx.report(doing.clone()).await;
         ctx.services
             .pve
-            .ensure_pool(
-                pool.as_str(),
-                &format!(
-                    "Created by the Omni infrastructure provider for machine-request set {set}"
-                ),
-            )
+            .ensure_pool(pool.as_str(), identity::SET_POOL_COMMENT)
             .await
             .map_err(StepError::proxmox(doing))?;
         ctx.services.ledgers.pool_created(pool.as_str());

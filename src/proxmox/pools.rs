@@ -18,6 +18,22 @@ impl ProxmoxClient {
         }
     }
 
+    /// The comment of `pool` from `GET /pools` (each pool's ID and comment; pve-manager Pool.pm
+    /// `index`), `None` when there is no such pool or it has no comment.
+    pub async fn pool_comment(&self, pool: &str) -> Result<Option<String>, ProxmoxError> {
+        #[derive(serde::Deserialize)]
+        struct Pool {
+            poolid: String,
+            #[serde(default)]
+            comment: Option<String>,
+        }
+        let pools: Vec<Pool> = self.get(&["pools"], Params::new()).await?;
+        Ok(pools
+            .into_iter()
+            .find(|p| p.poolid == pool)
+            .and_then(|p| p.comment))
+    }
+
     /// `DELETE /pools?poolid=…` (PVE 8.1 and later), else `DELETE /pools/{poolid}`, which older PVE
     /// have (pve-manager Pool.pm: the query form came with nested pools and answers 501 before).
     /// Returns false when the pool is not empty or already gone, which is not an error for someone

@@ -324,6 +324,7 @@ async fn an_unconfigured_clone_is_deleted() {
         seed_iso_volume: None,
         seed_iso_node: None,
         default_pool: None,
+        official_pool: None,
     };
     let (result, _) = run(&pve, &target).await;
     assert!(

@@ -131,6 +131,7 @@ async fn provision(
         seed_iso_volume: Some(seed_volume),
         seed_iso_node: Some(node(on)),
         default_pool: None,
+        official_pool: None,
     }
 }
 
@@ -372,6 +373,7 @@ async fn nothing_recorded_and_crash_before_recording() {
         seed_iso_volume: None,
         seed_iso_node: None,
         default_pool: None,
+        official_pool: None,
     };
     let (result, _) = run(&pve, &never).await;
     assert_eq!(result.unwrap(), DeprovisionOutcome::NothingRecorded);
@@ -431,6 +433,7 @@ async fn official_provider_vm_is_deleted_through_its_recorded_vmid() {
         seed_iso_volume: None,
         seed_iso_node: None,
         default_pool: None,
+        official_pool: None,
     };
     // Without the recorded VMID it is not found (no provider tag) and not touched.
     let unrecorded = DeprovisionTarget {

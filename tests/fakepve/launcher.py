@@ -1106,6 +1106,8 @@ async def command(pve, cmd):
     elif op == 'add_vm':
         vm = pve.add_vm(cmd['vmid'], cmd['name'], node=cmd.get('node', 'pve1'), status=cmd.get('status', 'stopped'),
                         config=cmd.get('config', {}), template=cmd.get('template', False))
+        if cmd.get('pool'):
+            pve._pool_join(cmd['pool'], vm.vmid)
         return vm_view(vm)
     elif op == 'set_vm':
         # Rewrites a VM's config and lock in place, e.g. to show it the way qemu-server's create does

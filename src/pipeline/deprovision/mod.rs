@@ -63,6 +63,9 @@ pub struct DeprovisionTarget {
     /// The machine-request set's pool the VM was put in by default: removed when the listing shows
     /// no other guest in it.
     pub default_pool: Option<String>,
+    /// The pool the official provider recorded for a VM it made ([`MachineState::official_pool`]):
+    /// removed the same way, if it carries the set pools' comment.
+    pub official_pool: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -253,7 +256,21 @@ pub async fn deprovision_reporting(
         progress(&format!("{e}; left for the `orphans` command"));
     }
     let mut leftover_pool = false;
-    if let Some(pool) = &target.default_pool {
+    let set_pool = match (&target.default_pool, &target.official_pool) {
+        (Some(pool), _) => Some(pool.clone()),
+        (None, Some(pool)) => match pve.pool_comment(pool).await {
+            Ok(comment) => {
+                (comment.as_deref() == Some(identity::SET_POOL_COMMENT)).then(|| pool.clone())
+            }
+            Err(e) => {
+                tracing::warn!(request = %target.request_id, %pool, error = %e, "cannot read the official provider's pool");
+                leftover_pool = true;
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    if let Some(pool) = &set_pool {
         let deleted = match &outcome {
             DeprovisionOutcome::Deleted { vmid, .. } => Some(*vmid),
             _ => None,
