@@ -9,7 +9,10 @@
 mod support;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::MachineRequest;
+use std::time::Duration;
+
+use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
+use omni_infra_provider_proxmox::pipeline::step::HA_RULES_LOCK;
 use serde_json::{Value, json};
 use support::fakepve::three_node_scenario;
 use support::harness::Harness;
@@ -272,5 +275,60 @@ async fn rules_on_pve8_are_refused_before_anything_is_created() {
     assert_eq!(h.pve.control(json!({"op": "ha_resources"})), json!([sid]));
     remove(&mut h, "old-1").await;
     assert_eq!(h.pve.control(json!({"op": "ha_resources"})), json!([]));
+    h.stop_controller().await;
+}
+
+/// A machine of the set joins its resource-affinity rule while another one is torn down: the teardown
+/// read the cluster before the join, so the joiner is not in its listing and looked like a deleted VM,
+/// and the rule (two live members after the join) was deleted as if one were left. Teardowns now take
+/// the lock joins run under, and read the cluster again before deleting a rule with members it did not
+/// see. pve-ha-manager src/PVE/API2/HA/Rules.pm: every rule change is checked against the rules' one
+/// digest, but a delete (`delete_rule`) is not refused for members added since the caller's read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_a_machine_joins_during_a_teardown_is_kept() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let data = class("  spread: true\n");
+    for id in ["join-0", "join-1"] {
+        h.request(id, "join", &data);
+        h.wait_stage(id, Stage::Provisioned).await;
+    }
+    let (sid0, sid1) = (sid_of(&mut h, "join-0"), sid_of(&mut h, "join-1"));
+    assert_eq!(members(&rules(&mut h)["omni-join-raff"]).len(), 2);
+
+    // Joins hold this lock; here the test holds it while "joining" a third machine by hand.
+    let lock = h
+        .services
+        .as_ref()
+        .unwrap()
+        .ledgers
+        .exclusive(HA_RULES_LOCK);
+    let held = lock.lock().await;
+    assert!(h.omni.state.teardown(&MachineRequest, "join-0"));
+    let waiting = h
+        .omni
+        .state
+        .wait_for(Duration::from_secs(30), |s| {
+            s.get(&MachineRequestStatus, "join-0")
+                .is_some_and(|st| st.spec.status.contains("out of Proxmox HA"))
+        })
+        .await;
+    assert!(waiting, "the teardown reached the HA rules");
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 190, "name": "join-2", "node": "pve3",
+        "status": "running", "config": {"tags": "machine-request.join"}}),
+    );
+    h.pve.control(json!({"op": "ha_manage", "vmid": 190}));
+    h.pve.control(
+        json!({"op": "ha_add_rule", "rule": "omni-join-raff", "type": "resource-affinity",
+        "affinity": "negative", "resources": [sid0, sid1.clone(), "vm:190"]}),
+    );
+    drop(held);
+    h.wait_released("join-0").await;
+    let rules = rules(&mut h);
+    let mut kept = members(&rules["omni-join-raff"]);
+    kept.sort();
+    assert_eq!(kept, vec![sid1, "vm:190".to_string()], "{rules:?}");
     h.stop_controller().await;
 }

@@ -32,6 +32,7 @@ use crate::pipeline::deprovision::{
     DeprovisionError, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned,
     deprovision_reporting,
 };
+use crate::pipeline::step::HA_RULES_LOCK;
 use crate::proxmox::types::{ClusterResource, VmResource};
 
 /// How often to look again while Omni still holds a finalizer on something we tore down.
@@ -169,6 +170,7 @@ async fn deprovision_vm(
     ctx.services.ledgers.teardown_started(id);
     let options = DeprovisionOptions {
         departing: Some(ctx.services.ledgers.departing()),
+        ha_rules_lock: Some(ctx.services.ledgers.exclusive(HA_RULES_LOCK)),
         ..DeprovisionOptions::default()
     };
     let work = async {

@@ -44,6 +44,8 @@ pub struct Harness {
     /// Requests worked on at once per Proxmox node (`--concurrency`), from the next
     /// `start_controller` on.
     pub concurrency: usize,
+    /// The running controller's services (clients, ledgers), replaced at each `start_controller`.
+    pub services: Option<Arc<Services>>,
 }
 
 impl Harness {
@@ -80,6 +82,7 @@ impl Harness {
             topology_every: None,
             topology: None,
             concurrency: omni_infra_provider_proxmox::controller::context::DEFAULT_CONCURRENCY,
+            services: None,
         };
         h.start_controller();
         Some(h)
@@ -106,6 +109,7 @@ impl Harness {
             },
             metrics: self.metrics.clone(),
         });
+        self.services = Some(services.clone());
         let context = Arc::new(
             Context::new(services, client.state.clone(), JoinMode::V2)
                 .with_concurrency(self.concurrency),

@@ -29,7 +29,7 @@ pub(super) async fn destroy(
         });
     }
     if vm.hastate.is_some() {
-        leave_ha(pve, view, vm, progress).await?;
+        leave_ha(pve, view, vm, options, progress).await?;
     }
     if vm.status.as_deref() != Some("stopped")
         && let Some(gone) = shut_down(pve, &node, vmid, options, progress).await?
@@ -58,10 +58,14 @@ pub(super) async fn destroy(
 /// the resource goes with `purge`, which takes it out of every other rule (pve-ha-manager
 /// src/PVE/HA/Config.pm, `delete_service_from_config`). In that order a crash in between is
 /// repaired by the next attempt: the VM is still HA-managed, so this runs again.
+///
+/// Under the process's HA-rules lock ([`DeprovisionOptions::ha_rules_lock`]), as rules are joined:
+/// a machine of the set joining the rule between the read and the delete would be left outside any.
 async fn leave_ha(
     pve: &ProxmoxClient,
     view: &ClusterView,
     vm: &VmResource,
+    options: &DeprovisionOptions,
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<(), DeprovisionError> {
     let (node, vmid) = (vm.node.clone(), vm.vmid);
@@ -74,6 +78,10 @@ async fn leave_ha(
     progress(&format!(
         "taking VM {vmid} out of Proxmox HA and its HA rules"
     ));
+    let _rules_held = match &options.ha_rules_lock {
+        Some(lock) => Some(lock.lock().await),
+        None => None,
+    };
     let tags = vm.tag_list();
     if let Some(set) = identity::tagged_set(&tags) {
         let rules = match pve.ha_rules().await {
@@ -89,13 +97,27 @@ async fn leave_ha(
             }
             Err(e) => return Err(fail(e)),
         };
-        let alive = |sid: &str| {
-            sid.strip_prefix("vm:")
+        let sid = vm_sid(vmid);
+        let listed = |view: &ClusterView, member: &str| {
+            member
+                .strip_prefix("vm:")
                 .and_then(|id| id.parse().ok())
                 .and_then(|id| VmId::new(id).ok())
                 .is_some_and(|id| view.vm(id).is_some())
         };
-        for rule in rules_to_delete(set, &vm_sid(vmid), &rules, alive) {
+        let mut delete = rules_to_delete(set, &sid, &rules, |m| listed(view, m));
+        // A member the listing (read before the lock was taken) does not show may be a machine that
+        // joined since, not a deleted one: look again before deleting a rule it is in.
+        let unseen = rules
+            .iter()
+            .filter(|r| delete.contains(&r.rule))
+            .flat_map(|r| r.resource_list())
+            .any(|m| m != sid && !listed(view, m));
+        if unseen {
+            let fresh = ClusterView::new(pve.cluster_listing().await.map_err(fail)?);
+            delete = rules_to_delete(set, &sid, &rules, |m| listed(&fresh, m));
+        }
+        for rule in delete {
             tracing::info!(%vmid, %rule, "deleting the machine set's HA rule: no VM would be left to keep");
             pve.delete_ha_rule(&rule).await.map_err(fail)?;
         }

@@ -86,6 +86,9 @@ pub struct DeprovisionOptions {
     /// going too, so the pool may be empty once ours is gone. `None` (the `orphans` command): every
     /// VM of ours may be going.
     pub departing: Option<BTreeSet<String>>,
+    /// Held while the set's HA rules are read and deleted: the lock under which this process joins
+    /// VMs to them (`pipeline::ha`). `None` (the `orphans` command): no joins run meanwhile.
+    pub ha_rules_lock: Option<std::sync::Arc<tokio::sync::Mutex<()>>>,
 }
 
 impl Default for DeprovisionOptions {
@@ -96,6 +99,7 @@ impl Default for DeprovisionOptions {
             wait_for_seed_iso: false,
             accept_legacy: true,
             departing: None,
+            ha_rules_lock: None,
         }
     }
 }
