@@ -2,14 +2,19 @@
 //!
 //! Almost every write in Proxmox returns a task ID (UPID) and does its work in the background. The wait
 //! here is built for speed and for the ways tasks misbehave:
-//! - Polls start right away and back off (50 ms growing to 1 s), so a task that takes 80 ms costs two
-//!   polls, not a fixed sleep, and a task that takes a minute costs about sixty.
+//! - Polls are timed by how long tasks of the same type took on the same node lately ([`poll_delay`]):
+//!   the first when most of that time has passed, then backing off from a fraction of it, so a
+//!   create that takes two seconds costs two or three polls rather than seven, and a task never seen
+//!   before is polled right away, then from 50 ms growing to 1 s, as a task that takes 80 ms costs two
+//!   polls, not a fixed sleep, and one that takes a minute about sixty.
 //! - A task that is not visible yet (Proxmox answers "unable to parse worker upid" or "no such task" for
 //!   a moment after creating it, especially on another node) counts as running.
 //! - A failed task comes back as [`ProxmoxError::TaskFailed`] with the last lines of its log, which is
 //!   where Proxmox says *why*.
 //! - Transient errors while polling do not fail the wait: the task keeps running on Proxmox anyway.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::client::{Params, ProxmoxClient};
@@ -18,6 +23,9 @@ use super::types::{TaskLogLine, TaskOutcome, TaskStatus, Upid};
 
 const FIRST_POLL_DELAY: Duration = Duration::from_millis(50);
 const MAX_POLL_DELAY: Duration = Duration::from_secs(1);
+/// The first poll comes no later than this whatever tasks of the kind took: a download that took
+/// minutes once must not hide the failure of the next one for minutes.
+const MAX_FIRST_POLL_DELAY: Duration = Duration::from_secs(10);
 /// How long a task may stay invisible before we believe it does not exist.
 const INVISIBLE_GRACE: Duration = Duration::from_secs(30);
 /// Log lines kept for a failure message.
@@ -82,14 +90,21 @@ impl ProxmoxClient {
         timeout: Duration,
     ) -> Result<TaskOutcome, ProxmoxError> {
         let started = Instant::now();
-        let mut delay = FIRST_POLL_DELAY;
+        let kind = (upid.node().to_string(), upid.task_type().to_owned());
+        let expected = self.task_times().expected(&kind);
+        let mut polls = 0;
+        let mut last_running = Duration::ZERO;
+        tokio::time::sleep(poll_delay(expected, 0).min(timeout)).await;
         loop {
+            let asked = started.elapsed();
             match self.task_status(upid).await {
                 Ok(status) if !status.is_running() => {
+                    // It ended between the last poll that saw it running and this one.
+                    self.task_times().record(kind, (last_running + asked) / 2);
                     let exit_status = status.exitstatus.unwrap_or_else(|| "unknown".into());
                     return self.finish(upid, exit_status).await;
                 }
-                Ok(_) => {}
+                Ok(_) => last_running = asked,
                 Err(e) if not_visible_yet(&e) && started.elapsed() < INVISIBLE_GRACE => {
                     tracing::trace!(%upid, "task not visible yet");
                 }
@@ -105,8 +120,8 @@ impl ProxmoxClient {
                     waited,
                 });
             }
-            tokio::time::sleep(delay.min(timeout - waited)).await;
-            delay = (delay.mul_f64(1.6)).min(MAX_POLL_DELAY);
+            polls += 1;
+            tokio::time::sleep(poll_delay(expected, polls).min(timeout - waited)).await;
         }
     }
 
@@ -123,6 +138,47 @@ impl ProxmoxClient {
             upid: upid.clone(),
             exit_status,
         })
+    }
+}
+
+/// How long tasks took lately, by (node, task type): a moving average, so a node that got slower
+/// (or a storage that filled up) moves it within a few tasks.
+#[derive(Debug, Default)]
+pub struct TaskTimes(Mutex<HashMap<(String, String), Duration>>);
+
+impl TaskTimes {
+    fn expected(&self, kind: &(String, String)) -> Option<Duration> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(kind)
+            .copied()
+    }
+
+    fn record(&self, kind: (String, String), took: Duration) {
+        let mut times = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let average = match times.get(&kind) {
+            Some(before) => before.mul_f64(0.7) + took.mul_f64(0.3),
+            None => took,
+        };
+        times.insert(kind, average);
+    }
+}
+
+/// How long to wait before poll number `polls + 1` (before the first: `polls` = 0) of a task whose
+/// kind took `expected` lately. Without a figure: at once, then 50 ms growing by 1.6 to 1 s. With
+/// one: the first at 80 % of it (a task rarely ends much sooner than its kind usually does, and one
+/// that does waits at most that long), then from an eighth of it growing the same way.
+pub fn poll_delay(expected: Option<Duration>, polls: u32) -> Duration {
+    let growth = |base: Duration, n: u32| {
+        let factor = 1.6_f64.powi(i32::try_from(n).unwrap_or(i32::MAX));
+        base.mul_f64(factor.min(1e6)).min(MAX_POLL_DELAY)
+    };
+    match expected {
+        None if polls == 0 => Duration::ZERO,
+        None => growth(FIRST_POLL_DELAY, polls - 1),
+        Some(e) if polls == 0 => e.mul_f64(0.8).min(MAX_FIRST_POLL_DELAY),
+        Some(e) => growth((e / 8).max(FIRST_POLL_DELAY), polls - 1),
     }
 }
 
@@ -146,5 +202,69 @@ fn not_visible_yet(e: &ProxmoxError) -> bool {
                 t.contains("unable to parse worker upid") || t.contains("no such task")
             }),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The polls a task that ends at `ends` gets with this schedule: the times they are sent.
+    fn polls_until(expected: Option<Duration>, ends: Duration) -> Vec<Duration> {
+        let mut at = Duration::ZERO;
+        let mut sent = Vec::new();
+        for n in 0..100 {
+            at += poll_delay(expected, n);
+            sent.push(at);
+            if at >= ends {
+                break;
+            }
+        }
+        sent
+    }
+
+    #[test]
+    fn an_unknown_kind_is_polled_at_once_then_backing_off() {
+        let sent = polls_until(None, Duration::from_millis(2000));
+        assert_eq!(sent[0], Duration::ZERO);
+        assert_eq!(sent[1], Duration::from_millis(50));
+        assert_eq!(sent.len(), 8, "{sent:?}");
+        assert!(poll_delay(None, 40) <= MAX_POLL_DELAY);
+    }
+
+    #[test]
+    fn a_known_kind_is_polled_near_its_usual_end() {
+        let two_secs = Some(Duration::from_secs(2));
+        let sent = polls_until(two_secs, Duration::from_millis(2100));
+        assert_eq!(sent[0], Duration::from_millis(1600));
+        assert!(sent.len() <= 3, "a usual 2 s task: {sent:?}");
+        // One that ends sooner than usual is seen at the first poll, 80 % of the usual time.
+        assert_eq!(polls_until(two_secs, Duration::from_millis(300)).len(), 1);
+        // A task that once took an hour does not push the first poll beyond 10 s.
+        assert_eq!(
+            poll_delay(Some(Duration::from_secs(3600)), 0),
+            MAX_FIRST_POLL_DELAY
+        );
+        // Instant tasks stay instant.
+        assert!(poll_delay(Some(Duration::from_millis(2)), 0) < Duration::from_millis(2));
+    }
+
+    #[test]
+    fn task_times_follow_the_recent_durations_by_node_and_type() {
+        let times = TaskTimes::default();
+        let create = ("pve1".to_string(), "qmcreate".to_string());
+        assert_eq!(times.expected(&create), None);
+        times.record(create.clone(), Duration::from_secs(2));
+        assert_eq!(times.expected(&create), Some(Duration::from_secs(2)));
+        for _ in 0..10 {
+            times.record(create.clone(), Duration::from_secs(1));
+        }
+        let now = times.expected(&create).unwrap();
+        assert!(now < Duration::from_millis(1100), "{now:?}");
+        assert_eq!(
+            times.expected(&("pve2".to_string(), "qmcreate".to_string())),
+            None,
+            "another node's figure is its own"
+        );
     }
 }

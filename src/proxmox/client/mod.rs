@@ -52,6 +52,10 @@ impl ProxmoxClient {
     pub(super) fn listing_slot(&self) -> &SharedListing {
         &self.inner.listing
     }
+
+    pub(super) fn task_times(&self) -> &super::tasks::TaskTimes {
+        &self.inner.task_times
+    }
 }
 
 struct Inner {
@@ -64,6 +68,8 @@ struct Inner {
     /// The last full `/cluster/resources` listing and when its request was sent: concurrent
     /// readers share one ([`ProxmoxClient::cluster_resources`]).
     listing: SharedListing,
+    /// How long tasks took lately, by node and type ([`ProxmoxClient::wait_for_task`]).
+    task_times: super::tasks::TaskTimes,
 }
 
 /// Called after every HTTP request with its method, status (`None`: no answer) and duration.
@@ -198,6 +204,7 @@ impl ProxmoxClient {
                 requests: AtomicU64::new(0),
                 observer: std::sync::OnceLock::new(),
                 listing: tokio::sync::Mutex::new(None),
+                task_times: Default::default(),
             }),
         })
     }
