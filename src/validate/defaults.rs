@@ -2,8 +2,6 @@
 
 use std::fmt::Write as _;
 
-use serde_json::{Map, Value};
-
 use super::cluster::{ClusterView, check_cluster_inner};
 use super::gather::gather;
 use super::layers::{Layers, with_stand_ins};
@@ -17,20 +15,22 @@ use crate::rules::provider_data::ProviderDataSchema;
 /// only what is actually set is judged.
 pub fn check_defaults_against(
     schema: &ProviderDataSchema,
-    defaults: &Map<String, Value>,
-    nodes: &Map<String, Value>,
+    config: &ProviderConfig,
     view: &ClusterView,
 ) -> Vec<Finding> {
+    let (defaults, nodes) = (&config.defaults, &config.nodes);
     let (filled, stand_ins) = with_stand_ins(defaults);
     let layers = Layers {
         class_yaml: "{}",
         defaults: &filled,
         nodes,
+        ip_pools: &config.ip_pools,
     };
     let written = Layers {
         class_yaml: "{}",
         defaults,
         nodes,
+        ip_pools: &config.ip_pools,
     };
     let data = match layers.resolve_on(schema, None) {
         Ok(d) => d,
@@ -63,6 +63,7 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
         class_yaml: "{}",
         defaults: &filled,
         nodes: &config.nodes,
+        ip_pools: &config.ip_pools,
     };
     let data = match layers.resolve_on(&schema, None) {
         Ok(d) => d,
@@ -82,7 +83,7 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
             ));
         }
     };
-    let findings = check_defaults_against(&schema, &config.defaults, &config.nodes, &view);
+    let findings = check_defaults_against(&schema, config, &view);
     let problems: Vec<Finding> = findings
         .into_iter()
         .filter(|f| f.outcome == Outcome::Problem)

@@ -4,6 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::config::ProviderConfig;
+use crate::rules::ip_pool::{self, IpPool};
 use crate::rules::provider_data::{Problem, ProviderData, ProviderDataSchema};
 
 /// Where the provider data comes from: the class's YAML over the config's `nodes:` and `defaults:`.
@@ -12,6 +13,8 @@ pub struct Layers<'a> {
     pub class_yaml: &'a str,
     pub defaults: &'a Map<String, Value>,
     pub nodes: &'a Map<String, Value>,
+    /// The config's static IP pools: a pool's bridge and VLAN replace the NIC's, as provisioning does.
+    pub ip_pools: &'a [IpPool],
 }
 
 impl<'a> Layers<'a> {
@@ -20,6 +23,7 @@ impl<'a> Layers<'a> {
             class_yaml,
             defaults: &config.defaults,
             nodes: &config.nodes,
+            ip_pools: &config.ip_pools,
         }
     }
 
@@ -27,14 +31,18 @@ impl<'a> Layers<'a> {
         self.nodes.get(node).and_then(Value::as_object)
     }
 
-    /// The provider data as it would be on `node` (its override applied), or the problems.
+    /// The provider data as it would be on `node` (its override applied, and the NICs on their IP
+    /// pools' networks: `ip_pool::apply_networks`, as provisioning resolves it), or the problems. A pool
+    /// that does not exist is left to the pool findings, which name it once.
     pub(crate) fn resolve_on(
         &self,
         schema: &ProviderDataSchema,
         node: Option<&str>,
     ) -> Result<ProviderData, Vec<Problem>> {
         let over = node.and_then(|n| self.node_override(n).map(|m| (n, m)));
-        schema.resolve(self.class_yaml, over, self.defaults)
+        let mut data = schema.resolve(self.class_yaml, over, self.defaults)?;
+        let _unknown_pools = ip_pool::apply_networks(&mut data, self.ip_pools);
+        Ok(data)
     }
 }
 

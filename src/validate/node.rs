@@ -199,18 +199,31 @@ fn network_findings(
 ) {
     let n = node.name.as_str();
     let origin = &check.origin;
+    // A NIC on an IP pool that names a bridge goes on that bridge (the data is resolved with it):
+    // the key to change is the pool's.
+    let pool_bridge = |pool: Option<&str>| {
+        pool.and_then(|name| {
+            check
+                .layers
+                .ip_pools
+                .iter()
+                .find(|p| p.name == name && p.bridge.is_some())
+                .map(|p| format!("ipPools.{}.bridge", p.name))
+        })
+    };
     let mut wanted = Vec::new();
-    if !origin.is_stand_in("network_bridge", Some(n)) {
+    if let Some(key) = pool_bridge(here.ip_pool.as_deref()) {
+        wanted.push((key, here.network_bridge.to_string()));
+    } else if !origin.is_stand_in("network_bridge", Some(n)) {
         wanted.push((
             origin.key("network_bridge", Some(n)),
             here.network_bridge.to_string(),
         ));
     }
     for (i, nic) in here.additional_nics.iter().enumerate() {
-        wanted.push((
-            format!("{}[{i}].bridge", origin.key("additional_nics", Some(n))),
-            nic.bridge.to_string(),
-        ));
+        let key = pool_bridge(nic.ip_pool.as_deref())
+            .unwrap_or_else(|| format!("{}[{i}].bridge", origin.key("additional_nics", Some(n))));
+        wanted.push((key, nic.bridge.to_string()));
     }
     match check.view.bridges.get(n) {
         None => {}

@@ -75,6 +75,7 @@ fn run(class: &str, defaults: Value, nodes: Value) -> Report {
         class_yaml: class,
         defaults: &defaults,
         nodes: &nodes,
+        ip_pools: &[],
     };
     let (mut findings, data) = check_schema(&schema, &layers);
     if let Some(data) = data {
@@ -140,6 +141,7 @@ fn on_release(class: &str, version: Result<&str, &str>) -> Report {
         class_yaml: class,
         defaults: &empty,
         nodes: &nodes,
+        ip_pools: &[],
     };
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
@@ -241,6 +243,7 @@ fn strict_mode_fails_unknown_keys() {
         class_yaml: &class,
         defaults: &empty,
         nodes: &nodes,
+        ip_pools: &[],
     };
     let (findings, data) = check_schema(&schema, &layers);
     assert!(data.is_none());
@@ -363,6 +366,7 @@ fn unknown_bridges_and_mappings_are_not_guessed() {
         class_yaml: &class,
         defaults: &empty,
         nodes: &empty,
+        ip_pools: &[],
     };
     let (_, data) = check_schema(&schema, &layers);
     let findings = check_cluster(&schema, &layers, &data.unwrap(), &v);
@@ -391,10 +395,16 @@ fn defaults_are_judged_only_on_what_they_set() {
             class_yaml: "{}",
             defaults: &super::layers::with_stand_ins(&defaults).0,
             nodes: &empty,
+            ip_pools: &[],
         }
         .resolve_on(&schema, None)
         .unwrap();
-        check_defaults_against(&schema, &defaults, &empty, &view_for(&data))
+        let mut config = ProviderConfig::parse(
+            "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\n",
+        )
+        .unwrap();
+        config.defaults = defaults.clone();
+        check_defaults_against(&schema, &config, &view_for(&data))
             .into_iter()
             .filter(|f| f.outcome == Outcome::Problem)
             .map(|f| f.to_string())
@@ -475,6 +485,7 @@ fn validate_and_placement_give_the_same_verdict() {
             class_yaml: class,
             defaults: &empty,
             nodes: &nodes,
+            ip_pools: &[],
         };
         let data = schema.resolve(class, None, &empty).unwrap();
         let report = Report::new(check_cluster(&schema, &layers, &data, &view));
@@ -521,4 +532,42 @@ fn validate_and_placement_give_the_same_verdict() {
             );
         }
     }
+}
+
+/// A NIC on an IP pool that names a bridge goes on that bridge (`rules::ip_pool::apply_networks`,
+/// which provisioning resolves the data with): the bridge check looks at it and names the pool's key.
+#[test]
+fn a_pools_bridge_is_the_one_checked() {
+    let schema = ProviderDataSchema::new().unwrap();
+    let config = ProviderConfig::parse(
+        "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\nipPools:\n  storage-net:\n    cidr: 10.9.0.0/24\n    range: 10.9.0.10-10.9.0.20\n    bridge: vmbr1\n",
+    )
+    .unwrap();
+    let (defaults, nodes) = (Map::new(), Map::new());
+    let report = |node: &str| {
+        let class = format!(
+            "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: {node}\nip_pool: storage-net\n"
+        );
+        let layers = Layers {
+            class_yaml: &class,
+            defaults: &defaults,
+            nodes: &nodes,
+            ip_pools: &config.ip_pools,
+        };
+        let (mut findings, data) = check_schema(&schema, &layers);
+        findings.extend(check_cluster(&schema, &layers, &data.unwrap(), &view()));
+        Report::new(findings)
+    };
+    // pve2 has only vmbr0: the VM would go on the pool's vmbr1, which is not there.
+    let r = report("pve2");
+    let found = problem(&r, "ipPools.storage-net.bridge", Some("pve2"));
+    assert!(
+        found.is_some_and(|f| f.message.contains("\"vmbr1\" does not exist on pve2")),
+        "{}",
+        r.render_text()
+    );
+    assert!(problem(&r, "network_bridge", Some("pve2")).is_none());
+    // pve1 has it.
+    let r = report("pve1");
+    assert!(r.ok, "{}", r.render_text());
 }
