@@ -16,6 +16,8 @@ use support::fakepve::{FakePve, Login, TOKEN_ID, Trust, readme_role, three_node_
 use support::harness::Harness;
 
 const TASK_TIMEOUT: Duration = Duration::from_secs(30);
+/// One small machine on pve2, no waiting for an address.
+const ON_PVE2: &str = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
 
 fn client(fake: &FakePve) -> ProxmoxClient {
     ProxmoxClient::new(&fake.settings(Login::Token, Trust::CaFile)).unwrap()
@@ -93,7 +95,7 @@ async fn vmids_come_from_nextid_past_hidden_guests_and_inside_the_range() {
     let Some(mut h) = Harness::start_with(scenario, "").await else {
         return;
     };
-    h.request("ids-1", "ids", "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n");
+    h.request("ids-1", "ids", ON_PVE2);
     h.wait_stage("ids-1", Stage::Provisioned).await;
     let vms = h.vms_named("ids-1");
     assert_eq!(vms.len(), 1, "{vms:?}");
@@ -123,8 +125,7 @@ async fn vmids_come_from_the_listing_when_the_token_sees_every_guest() {
     let Some(mut h) = Harness::start_with(scenario, "").await else {
         return;
     };
-    let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
-    h.request("ids-a", "ids", class);
+    h.request("ids-a", "ids", ON_PVE2);
     h.wait_stage("ids-a", Stage::Provisioned).await;
     let vms = h.vms_named("ids-a");
     assert_eq!(vms.len(), 1, "{vms:?}");
@@ -143,7 +144,7 @@ async fn vmids_come_from_the_listing_when_the_token_sees_every_guest() {
     // Another client takes the next VMID between our listing and our create.
     h.pve
         .control(json!({"op": "race_vmid", "suffix": "/qemu", "node": "pve1"}));
-    h.request("ids-b", "ids", class);
+    h.request("ids-b", "ids", ON_PVE2);
     h.wait_stage("ids-b", Stage::Provisioned).await;
     let vms = h.vms_named("ids-b");
     assert_eq!(vms.len(), 1, "{vms:?}");
@@ -153,7 +154,7 @@ async fn vmids_come_from_the_listing_when_the_token_sees_every_guest() {
 
     // Something the listing did not show made a guest: VMIDs are asked of Proxmox for a while.
     let asked = h.pve.count("GET", "/cluster/nextid");
-    h.request("ids-c", "ids", class);
+    h.request("ids-c", "ids", ON_PVE2);
     h.wait_stage("ids-c", Stage::Provisioned).await;
     assert_eq!(h.vms_named("ids-c")[0]["vmid"], json!(5006));
     assert!(h.pve.count("GET", "/cluster/nextid") > asked);
@@ -172,7 +173,7 @@ async fn without_sys_audit_vmids_come_from_nextid_inside_the_range() {
     let Some(mut h) = Harness::start_with(scenario, "").await else {
         return;
     };
-    h.request("ids-d", "ids", "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n");
+    h.request("ids-d", "ids", ON_PVE2);
     h.wait_stage("ids-d", Stage::Provisioned).await;
     assert_eq!(h.vms_named("ids-d")[0]["vmid"], json!(7000));
     assert_eq!(h.pve.count("GET", "/cluster/nextid"), 1);
@@ -204,27 +205,16 @@ async fn a_refused_overwrite_of_the_talos_iso_counts_as_present() {
     let Some(mut h) = Harness::start("").await else {
         return;
     };
-    let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
-    h.request("iso-1", "isos", class);
+    h.request("iso-1", "isos", ON_PVE2);
     h.wait_stage("iso-1", Stage::Provisioned).await;
-    let volumes = h
-        .pve
-        .control(json!({"op": "storage_volumes", "storage": "local"}));
-    let talos: Vec<String> = volumes
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_str())
-        .filter(|v| v.starts_with("iso/") && !v.contains("omni-seed"))
-        .map(|v| format!("local:{v}"))
-        .collect();
-    assert_eq!(talos.len(), 1, "{volumes}");
+    let talos = talos_isos(&mut h);
+    assert_eq!(talos.len(), 1, "{talos:?}");
     h.pve
         .control(json!({"op": "unlist_volume", "volid": talos[0]}));
     // A fresh process: the one that just saw the ISO would not list the storage again so soon.
     h.stop_controller().await;
     h.start_controller();
-    h.request("iso-2", "isos", class);
+    h.request("iso-2", "isos", ON_PVE2);
     h.wait_stage("iso-2", Stage::Provisioned).await;
     let downloads = h.pve.count("POST", "/download-url");
     assert_eq!(
@@ -245,10 +235,9 @@ async fn a_talos_iso_deleted_after_it_was_seen_is_put_back_by_the_next_create_or
     let Some(mut h) = Harness::start("").await else {
         return;
     };
-    let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
-    h.request("seen-1", "seen", class);
+    h.request("seen-1", "seen", ON_PVE2);
     h.wait_stage("seen-1", Stage::Provisioned).await;
-    h.request("seen-2", "seen", class);
+    h.request("seen-2", "seen", ON_PVE2);
     h.wait_stage("seen-2", Stage::Provisioned).await;
     let listings = h.pve.count("GET", "/storage/local/content");
     assert_eq!(listings, 1, "the ISO storage listed for the first VM only");
@@ -258,7 +247,7 @@ async fn a_talos_iso_deleted_after_it_was_seen_is_put_back_by_the_next_create_or
     // Deleted before a create names it.
     h.pve
         .control(json!({"op": "delete_volume", "volid": talos[0]}));
-    h.request("seen-3", "seen", class);
+    h.request("seen-3", "seen", ON_PVE2);
     h.wait_stage("seen-3", Stage::Provisioned).await;
     assert_eq!(talos_isos(&mut h), talos, "put back under its name");
     assert_eq!(h.pve.count("POST", "/download-url"), 2);
@@ -268,7 +257,7 @@ async fn a_talos_iso_deleted_after_it_was_seen_is_put_back_by_the_next_create_or
     h.pve.control(
         json!({"op": "late_apply", "method": "POST", "suffix": "/status/start", "secs": 1.0}),
     );
-    h.request("seen-4", "seen", class);
+    h.request("seen-4", "seen", ON_PVE2);
     let held = tokio::time::timeout(Duration::from_secs(30), async {
         while h.pve.control(json!({"op": "late_held"})) == json!([]) {
             tokio::time::sleep(Duration::from_millis(20)).await;
