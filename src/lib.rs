@@ -37,6 +37,8 @@ pub mod proxmox;
 pub mod rules;
 pub mod secret;
 pub mod telemetry;
+#[cfg(test)]
+pub(crate) mod test_support;
 pub mod tls;
 pub mod validate;
 pub mod yaml;

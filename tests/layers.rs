@@ -7,7 +7,14 @@ use std::path::Path;
 
 /// Bottom first. A module may use any module of a lower layer, and none of its own layer or above.
 const LAYERS: &[&[&str]] = &[
-    &["secret", "tls", "error_chain", "yaml", "did_you_mean"],
+    &[
+        "secret",
+        "tls",
+        "error_chain",
+        "yaml",
+        "did_you_mean",
+        "test_support",
+    ],
     &["metrics", "telemetry"],
     &["proxmox", "omni"],
     &["model"],

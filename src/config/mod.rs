@@ -482,51 +482,39 @@ mod tests {
         use super::super::proxmox::PROXMOX_KEYS;
         use super::*;
         use proptest::prelude::*;
-        use serde_json::json;
 
         fn junk() -> impl Strategy<Value = Value> {
-            let leaf = prop_oneof![
-                Just(Value::Null),
-                any::<bool>().prop_map(Value::from),
-                any::<i64>().prop_map(Value::from),
-                Just(json!(u64::MAX)),
-                any::<f64>()
-                    .prop_filter("finite", |f| f.is_finite())
-                    .prop_map(Value::from),
-                "\\PC{0,20}".prop_map(Value::from),
-                prop::sample::select(vec![
-                    "",
-                    " ",
-                    "https://pve:8006",
-                    "https://pve:8006/api2/json",
-                    "http://x",
-                    "ftp://x",
-                    "pve:8006",
-                    "https://[::1",
-                    "root",
-                    "root@pam",
-                    "omni@pve!p",
-                    "secret",
-                    "pam",
-                    "pve",
-                    "/ca.pem",
-                    "true",
-                    "yes",
-                    "4.0",
-                    "0",
-                    "-1",
-                    "1e400",
-                    "ünïcødé",
-                    "10.0.0.0/24",
-                    "10.0.0.5-10.0.0.9",
-                    "10.0.0.1",
-                    "fd00::/64",
-                    "fd00::1-fd00::9",
-                    "0.0.0.0/0",
-                    "::/0",
-                ])
-                .prop_map(Value::from),
-            ];
+            let leaf = crate::test_support::junk_scalar(vec![
+                "",
+                " ",
+                "https://pve:8006",
+                "https://pve:8006/api2/json",
+                "http://x",
+                "ftp://x",
+                "pve:8006",
+                "https://[::1",
+                "root",
+                "root@pam",
+                "omni@pve!p",
+                "secret",
+                "pam",
+                "pve",
+                "/ca.pem",
+                "true",
+                "yes",
+                "4.0",
+                "0",
+                "-1",
+                "1e400",
+                "ünïcødé",
+                "10.0.0.0/24",
+                "10.0.0.5-10.0.0.9",
+                "10.0.0.1",
+                "fd00::/64",
+                "fd00::1-fd00::9",
+                "0.0.0.0/0",
+                "::/0",
+            ]);
             leaf.prop_recursive(2, 16, 4, |inner| {
                 prop_oneof![
                     prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),

@@ -2,70 +2,56 @@
 //! problem names a key the user can find.
 
 use proptest::prelude::*;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::super::keys::{self, Place};
 use super::super::*;
 use super::{MINIMAL, parse, parse_strict, schema};
 
-/// A scalar a user (or a broken generator) could write for any key: wrong types, numbers past every
-/// limit, strings that look like numbers, unicode and separators.
+/// [`crate::test_support::junk_scalar`] with the values provider-data keys take.
 fn junk_scalar() -> impl Strategy<Value = Value> {
-    prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::from),
-        any::<i64>().prop_map(Value::from),
-        any::<u64>().prop_map(Value::from),
-        Just(json!(u64::MAX)),
-        Just(json!(i64::MIN)),
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(Value::from),
-        "\\PC{0,24}".prop_map(Value::from),
-        prop::sample::select(vec![
-            "",
-            "0",
-            "1",
-            "-1",
-            "4096",
-            "9000",
-            "1e400",
-            "18446744073709551616",
-            "true",
-            "no",
-            "vmbr0",
-            "vmbr0,firewall=0",
-            "a;b",
-            "x=y",
-            "line\nbreak",
-            "local-lvm",
-            "talos",
-            "2MB",
-            "1GB",
-            "iso",
-            "clone",
-            "image",
-            "full",
-            "linked",
-            "ovmf",
-            "q35",
-            "std",
-            "writeback",
-            "io_uring",
-            "name == \"local-lvm\"",
-            "true",
-            "1 +",
-            "size(",
-            "pve1",
-            "-pve",
-            "ünïcødé",
-            "\u{202e}",
-            "nvidia-180",
-            "BC:24:11:00:00:01",
-            "started",
-        ])
-        .prop_map(Value::from),
-    ]
+    crate::test_support::junk_scalar(vec![
+        "",
+        "0",
+        "1",
+        "-1",
+        "4096",
+        "9000",
+        "1e400",
+        "18446744073709551616",
+        "true",
+        "no",
+        "vmbr0",
+        "vmbr0,firewall=0",
+        "a;b",
+        "x=y",
+        "line\nbreak",
+        "local-lvm",
+        "talos",
+        "2MB",
+        "1GB",
+        "iso",
+        "clone",
+        "image",
+        "full",
+        "linked",
+        "ovmf",
+        "q35",
+        "std",
+        "writeback",
+        "io_uring",
+        "name == \"local-lvm\"",
+        "true",
+        "1 +",
+        "size(",
+        "pve1",
+        "-pve",
+        "ünïcødé",
+        "\u{202e}",
+        "nvidia-180",
+        "BC:24:11:00:00:01",
+        "started",
+    ])
 }
 
 /// An unknown key: empty, close to a real one, or unicode (no `.` or `[`, so paths stay readable).
