@@ -118,8 +118,9 @@ async fn remove_vm_and_state(
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
     let Some(machine) = ctx.find_machine(id).await? else {
-        // No state, so no allocation anything still depends on.
+        // No state, so no allocation or VMID anything still depends on.
         ctx.services.ledgers.ip.release(id);
+        ctx.services.ledgers.forget_vmids_of(id);
         return Ok(());
     };
     let state = MachineState::from_spec(&machine.spec);
@@ -147,8 +148,10 @@ async fn remove_vm_and_state(
     }
     destroy(ctx, &machine_ref).await?;
     // Only now, with the VM deleted and the state that recorded them gone, are its static
-    // addresses free: a crash before this point leaves them in the state for the next process.
+    // addresses and VMIDs free: a crash before this point leaves them in the state for the next
+    // process.
     ctx.services.ledgers.ip.release(id);
+    ctx.services.ledgers.forget_vmids_of(id);
     Ok(())
 }
 

@@ -48,6 +48,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         return Ok(outcome);
     }
 
+    seed_vmids(ctx).await?;
     default_pool(ctx).await?;
     // Field 12, for the official provider's teardown after a takeover.
     ctx.state.pool = ctx.data.pool.clone();
@@ -239,7 +240,8 @@ async fn choose_vmid(
             }
             let ledgers = &ctx.services.ledgers;
             loop {
-                let held = |id: u32| refused.contains(&id) || ledgers.vmid_held(id);
+                let held =
+                    |id: u32| refused.contains(&id) || ledgers.vmid_held(id, &ctx.request.id);
                 let Some(id) = vmid::lowest_free(range, &listed, held) else {
                     return Err(StepError::Cluster(format!(
                         "no free VMID in the datacenter's next-id range {}..{}; widen it \
@@ -312,9 +314,35 @@ async fn ask_proxmox(
     )))
 }
 
-/// Marks `id` as in flight; false when a concurrent request took it first.
+/// Marks `id` as in flight for this request; false when it is held by another.
 fn take_vmid(ctx: &StepContext<'_>, id: VmId) -> bool {
-    ctx.services.ledgers.take_vmid(id.get())
+    ctx.services.ledgers.take_vmid(id.get(), &ctx.request.id)
+}
+
+/// Loads the VMIDs every provider state records into the ledger, once per process: a request whose
+/// create was sent before a restart (and may still be applied) keeps its VMID from the others.
+async fn seed_vmids(ctx: &StepContext<'_>) -> Result<(), StepError> {
+    let ledgers = &ctx.services.ledgers;
+    ledgers
+        .vmids_seeded
+        .get_or_try_init(|| async {
+            let states = ctx
+                .progress
+                .machine_states()
+                .await
+                .map_err(StepError::omni(
+                    "reading every provider state for the VMIDs they record",
+                ))?;
+            ledgers.seed_vmids(states.into_iter().flat_map(|(request, state)| {
+                [state.vmid, state.reserved_vmid]
+                    .into_iter()
+                    .flatten()
+                    .map(move |id| (id.get(), request.clone()))
+            }));
+            Ok::<(), StepError>(())
+        })
+        .await
+        .map(|_| ())
 }
 
 async fn create(

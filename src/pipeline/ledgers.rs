@@ -20,9 +20,11 @@ pub struct Ledgers {
     /// [`IpLedgers`]).
     pub ip: IpLedgers,
     reservations: Mutex<Reservations>,
-    /// VMIDs chosen by requests in flight, or made lately and perhaps not yet in the listing a
-    /// request chooses from.
+    /// VMIDs chosen by requests in flight, made lately and perhaps not yet in the listing a
+    /// request chooses from, or recorded in a request's provider state.
     vmids: Mutex<VmidLedger>,
+    /// Set once [`Ledgers::seed_vmids`] loaded the VMIDs every provider state records.
+    pub vmids_seeded: tokio::sync::OnceCell<()>,
     /// How VMIDs are chosen ([`Ledgers::vmid_source`]), read at most every [`PVE_VERSION_MAX_AGE`];
     /// the lock is held while they are read, so a burst of requests reads them once.
     vmid_facts: tokio::sync::Mutex<Option<(Option<VmidFacts>, std::time::Instant)>>,
@@ -55,6 +57,10 @@ struct VmidLedger {
     in_flight: BTreeSet<u32>,
     made: HashMap<u32, std::time::Instant>,
     refused_at: Option<std::time::Instant>,
+    /// VMID -> the request whose provider state records it (its `vmid` or `reserved_vmid`). A
+    /// create sent before a crash can still make that VM (Proxmox applies it late), and the listing
+    /// shows nothing of it until then: no other request may choose it.
+    recorded: HashMap<u32, String>,
 }
 
 impl VmidLedger {
@@ -64,12 +70,15 @@ impl VmidLedger {
     /// making more.
     const ASK_AFTER_REFUSAL_FOR: Duration = Duration::from_secs(600);
 
-    fn holds(&self, vmid: u32) -> bool {
+    /// Whether `vmid` is not `request`'s to take: in flight, made lately, or recorded by another
+    /// request.
+    fn holds(&self, vmid: u32, request: &str) -> bool {
         self.in_flight.contains(&vmid)
             || self
                 .made
                 .get(&vmid)
                 .is_some_and(|at| at.elapsed() < Self::MADE_HELD_FOR)
+            || self.recorded.get(&vmid).is_some_and(|r| r != request)
     }
 }
 
@@ -226,14 +235,38 @@ impl Ledgers {
         entry(&self.reservations).release(request_id);
     }
 
-    /// Whether a request of this process is creating a VM at `vmid`, or made one there lately.
-    pub fn vmid_held(&self, vmid: u32) -> bool {
-        entry(&self.vmids).holds(vmid)
+    /// Whether `vmid` is not `request`'s to choose: a request of this process is creating a VM
+    /// there or made one lately, or another request's provider state records it.
+    pub fn vmid_held(&self, vmid: u32, request: &str) -> bool {
+        entry(&self.vmids).holds(vmid, request)
     }
 
-    /// Marks `vmid` as in flight; false when a concurrent request took it first.
-    pub fn take_vmid(&self, vmid: u32) -> bool {
-        entry(&self.vmids).in_flight.insert(vmid)
+    /// Marks `vmid` as in flight and recorded by `request`; false when it is held
+    /// ([`Ledgers::vmid_held`]).
+    pub fn take_vmid(&self, vmid: u32, request: &str) -> bool {
+        let mut vmids = entry(&self.vmids);
+        if vmids.in_flight.contains(&vmid)
+            || vmids.recorded.get(&vmid).is_some_and(|r| r != request)
+        {
+            return false;
+        }
+        vmids.in_flight.insert(vmid);
+        vmids.recorded.insert(vmid, request.to_owned());
+        true
+    }
+
+    /// Loads the VMIDs the provider states record, by request (once per process, see
+    /// [`Ledgers::vmids_seeded`]); what this process recorded meanwhile stays.
+    pub fn seed_vmids(&self, recorded: impl IntoIterator<Item = (u32, String)>) {
+        let mut vmids = entry(&self.vmids);
+        for (vmid, request) in recorded {
+            vmids.recorded.entry(vmid).or_insert(request);
+        }
+    }
+
+    /// The request's provider state is gone: the VMIDs it recorded are free to choose again.
+    pub fn forget_vmids_of(&self, request: &str) {
+        entry(&self.vmids).recorded.retain(|_, r| r != request);
     }
 
     /// The create at `vmid` failed, or the VM there is already in the listing: other requests may

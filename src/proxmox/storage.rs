@@ -99,7 +99,10 @@ impl ProxmoxClient {
         volume_id: &str,
     ) -> Result<Option<Upid>, ProxmoxError> {
         check_storage(storage)?;
-        self.delete(
+        // Retried even when the first try may have reached Proxmox (a connection reset mid-answer):
+        // the second finds the file gone ("does not exist"), which every caller counts as deleted.
+        // Not retried, one reset left the seed ISO behind (found by `make chaos`).
+        self.delete_replaying(
             &[
                 "nodes",
                 node.as_str(),
@@ -109,6 +112,7 @@ impl ProxmoxClient {
                 volume_id,
             ],
             Params::new(),
+            Replay::Safe,
         )
         .await
     }

@@ -159,3 +159,49 @@ async fn a_late_create_of_our_own_taking_the_vmid_is_adopted_not_duplicated() {
     );
     h.stop_controller().await;
 }
+
+/// A create sent before a crash can be applied by Proxmox seconds later (its answer never came), and
+/// until then only the request's provider state shows its VMID (`reserved_vmid`, written before the
+/// create). A restarted provider choosing VMIDs for other requests must step over it: when another
+/// request took it, the first one chose a second VMID and, once the late create landed, had two VMs
+/// (`make chaos` seed 42347: chaos-ha-1's held create of 102, chaos-clone-5 given 102 by the next
+/// process, chaos-ha-1 then made 103).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vmid_another_requests_state_records_is_never_chosen() {
+    use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
+    use omni_infra_provider_proxmox::omni::resources::provision_controller_name;
+    use support::harness::PROVIDER;
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.stop_controller().await;
+    // The first free VMID is 101 (the scenario has guests 100 and 9000). Request `held`'s state
+    // records it; its class no longer resolves, so it never gets to create again in this test.
+    assert!(h.pve.vm(101).is_null());
+    h.request("held", "held", "cores: many\n");
+    let client = h.omni.client(PROVIDER);
+    client
+        .state
+        .modify(
+            &ProviderMachine::new(PROVIDER),
+            "held",
+            &provision_controller_name(PROVIDER),
+            |m| {
+                m.spec = MachineSpec {
+                    node: "pve2".into(),
+                    reserved_vmid: 101,
+                    step: "prepare_image".into(),
+                    ..Default::default()
+                };
+            },
+        )
+        .await
+        .unwrap();
+    h.start_controller();
+    h.request("other", "other", PINNED_PVE2);
+    h.wait_stage("other", Stage::Provisioned).await;
+    let vms = h.vms_named("other");
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(vms[0]["vmid"], json!(102), "101 is recorded by `held`");
+    h.stop_controller().await;
+}

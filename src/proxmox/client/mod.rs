@@ -258,13 +258,20 @@ impl ProxmoxClient {
         path: &[&str],
         params: Params,
     ) -> Result<T, ProxmoxError> {
-        self.call(
-            Method::DELETE,
-            path,
-            Body::Params(&params),
-            Replay::OnlyIfUnsent,
-        )
-        .await
+        self.delete_replaying(path, params, Replay::OnlyIfUnsent)
+            .await
+    }
+
+    /// A DELETE retried as `replay` allows: [`Replay::Safe`] where a second delete of something
+    /// already gone is answered "does not exist", which the caller counts as done.
+    pub(crate) async fn delete_replaying<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        params: Params,
+        replay: Replay,
+    ) -> Result<T, ProxmoxError> {
+        self.call(Method::DELETE, path, Body::Params(&params), replay)
+            .await
     }
 
     pub(crate) async fn upload<T: DeserializeOwned>(
