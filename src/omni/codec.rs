@@ -4,9 +4,9 @@
 //! tonic gives every call a buffer of 8 KiB to encode its request and another to decode the answer,
 //! whatever their size. Our messages are a few hundred bytes (one resource; a listing streams one
 //! resource per message), and a burst of a thousand new requests has about as many calls in flight
-//! at once: 16 MiB of mostly empty buffers, whose holes the heap keeps after the burst (measured:
-//! the provider's peak live heap in such a burst was 27 MiB). A buffer that starts at 1 KiB grows
-//! when a message needs more.
+//! at once: up to 16 MiB of mostly empty buffers, whose holes the heap keeps after the burst
+//! (measured: the provider's live heap peaks at the start of such a burst, 27 MiB, with hundreds
+//! of these buffers in it). A buffer that starts at 1 KiB grows when a message needs more.
 
 use std::marker::PhantomData;
 
