@@ -9,6 +9,7 @@ mod many;
 mod restart;
 mod slow_node;
 mod status;
+mod waiting;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
