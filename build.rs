@@ -19,6 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // tonic's prost codec with 1 KiB buffers instead of 8 KiB per call (see its module).
+        .codec_path("crate::omni::codec::SmallBufferCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -33,6 +33,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    keep_large_buffers_off_the_heap();
     let args = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -60,5 +62,31 @@ fn main() -> ExitCode {
             eprintln!("error: {}", cli::render_error(e.as_ref()));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Large buffers are mapped from the system and given back when freed, not carved from the heap.
+///
+/// glibc's malloc maps allocations above `M_MMAP_THRESHOLD` (128 KiB at start) on their own, but
+/// each time one is freed it raises the threshold to that size (up to 32 MiB); from then on such
+/// buffers come from the heap. The provider makes large, short-lived buffers all the time: an HTTP
+/// answer and the cluster listing read from it, a few hundred KiB each with a thousand guests, and
+/// tables that grow with the requests. Carved from the heap between the small allocations of a
+/// thousand requests in flight, they leave holes the heap cannot give back, and the process grows
+/// with each burst. Setting the threshold turns that adjustment off (and the trim threshold's
+/// with it). Measured with a thousand simultaneous requests (release build, peak RSS, provisioning
+/// and teardown): at `--concurrency 16` 49.1 and 42.6 MiB with the moving threshold, 44.5 and
+/// 37.6 MiB with it fixed; at 64, 57.6 and 55.7 against 52.6 and 50.9 MiB.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_large_buffers_off_the_heap() {
+    unsafe extern "C" {
+        fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
+    }
+    /// `M_MMAP_THRESHOLD` in glibc's `malloc.h`.
+    const M_MMAP_THRESHOLD: std::ffi::c_int = -3;
+    // SAFETY: mallopt only sets a parameter of glibc's allocator, which it does under its own
+    // lock; it is called before any thread of ours exists.
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     }
 }

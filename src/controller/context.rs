@@ -93,16 +93,16 @@ impl Context {
         labels: &BTreeMap<String, String>,
         mut mutate: impl FnMut(&mut MachineRequestStatusSpec),
     ) -> Result<(), ReconcileError> {
-        self.statuses
-            .modify(&self.state, id, &self.owner, |s| {
-                for (k, v) in labels {
-                    s.metadata.labels.insert(k.clone(), v.clone());
-                }
-                mutate(&mut s.spec);
-            })
-            .await
-            .map(|_| ())
-            .map_err(ReconcileError::omni("writing the machine request status"))
+        // Boxed, as every Omni write here: see `run_steps` in `provision.rs`.
+        Box::pin(self.statuses.modify(&self.state, id, &self.owner, |s| {
+            for (k, v) in labels {
+                s.metadata.labels.insert(k.clone(), v.clone());
+            }
+            mutate(&mut s.spec);
+        }))
+        .await
+        .map(|_| ())
+        .map_err(ReconcileError::omni("writing the machine request status"))
     }
 
     /// Shows a failure in the status as the error policy words it. Best effort: the retry comes
@@ -139,15 +139,14 @@ impl Context {
         state: &MachineState,
     ) -> Result<(), StateError> {
         let spec = state.to_spec();
-        self.machines
-            .modify(&self.state, id, &self.owner, |m| {
-                m.spec = spec.clone();
-                m.metadata
-                    .annotations
-                    .insert(annotation::STEP.to_owned(), step.go_name(state).to_owned());
-            })
-            .await
-            .map(|_| ())
+        Box::pin(self.machines.modify(&self.state, id, &self.owner, |m| {
+            m.spec = spec.clone();
+            m.metadata
+                .annotations
+                .insert(annotation::STEP.to_owned(), step.go_name(state).to_owned());
+        }))
+        .await
+        .map(|_| ())
     }
 
     pub async fn find_machine(

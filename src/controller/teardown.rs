@@ -117,13 +117,16 @@ async fn remove_vm_and_state(
     id: &str,
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
-    let Some(machine) = ctx.find_machine(id).await? else {
+    let Some(state) = ctx
+        .find_machine(id)
+        .await?
+        .map(|machine| MachineState::from_spec(&machine.spec))
+    else {
         // No state, so no allocation or VMID anything still depends on.
         ctx.services.ledgers.ip.release(id);
         ctx.services.ledgers.forget_vmids_of(id);
         return Ok(());
     };
-    let state = MachineState::from_spec(&machine.spec);
     // The node the VM was recorded on: a slow node holds up only the teardowns of its own VMs.
     let slot = ctx.lanes.enter(Lane::of(state.node.as_ref())).await;
     // On the heap while it runs, as the provisioning steps are: a teardown waiting for a slot

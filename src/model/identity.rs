@@ -165,11 +165,14 @@ pub enum ListingVerdict {
 
 /// The VMs worth judging for a claim: the one at the recorded VMID first (whatever the listing shows
 /// of it), then any other that looks like the request's (see [`looks_like`]).
-pub fn candidates<'a>(vms: &'a [VmResource], claim: &Claim<'_>) -> Vec<&'a VmResource> {
+pub fn candidates<'a>(
+    vms: impl Iterator<Item = &'a VmResource> + Clone,
+    claim: &Claim<'_>,
+) -> Vec<&'a VmResource> {
     let recorded = claim
         .recorded_vmid
-        .and_then(|id| vms.iter().find(|vm| vm.vmid == id));
-    let lookalikes = vms.iter().filter(|vm| {
+        .and_then(|id| vms.clone().find(|vm| vm.vmid == id));
+    let lookalikes = vms.filter(|vm| {
         Some(vm.vmid) != claim.recorded_vmid && looks_like(vm, claim.request_id, claim.provider_id)
     });
     recorded.into_iter().chain(lookalikes).collect()

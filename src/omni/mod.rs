@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod codec;
 pub mod join;
 pub mod management;
 pub mod memstate;

@@ -40,7 +40,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let node = ctx.node()?;
     let vmid = ctx.vmid()?;
     let seed = upload_seed(ctx, &node).await?;
-    let resources = ctx.cluster(false).await?.to_vec();
+    let resources = ctx.cluster_shared(false).await?;
     let target = target(ctx, &node, vmid, &resources, Some(seed))?;
     let pve = &ctx.services.pve;
     let current = pve

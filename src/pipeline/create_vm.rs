@@ -20,7 +20,7 @@ use super::step::{StepContext, StepError, StepOutcome};
 use crate::model::ClusterSnapshot;
 use crate::model::identity::{self, Claim};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
-use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmId, VmResource};
+use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmId};
 use crate::rules::storage::{self, StorageNeed};
 use crate::rules::vm_config::{self, VmIdentity, VmTarget};
 use crate::rules::vmid::{self, VmidSource};
@@ -76,7 +76,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             Err(StepError::Proxmox { source, .. }) if source.is_vmid_taken() => {
                 // Taken by whom? A create of ours sent before a crash, whose answer never came, can
                 // land just now at this very VMID: that VM is this request's, not a stranger's.
-                let fresh = ctx.cluster(true).await?.to_vec();
+                let fresh = ctx.cluster_shared(true).await?;
                 if let Some(outcome) = adopt(ctx, &fresh).await? {
                     return Ok(outcome);
                 }
@@ -148,13 +148,10 @@ async fn adopt(
     ctx: &mut StepContext<'_>,
     resources: &[ClusterResource],
 ) -> Result<Option<StepOutcome>, StepError> {
-    let vms: Vec<VmResource> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) => Some(vm.clone()),
-            _ => None,
-        })
-        .collect();
+    let vms = resources.iter().filter_map(|r| match r {
+        ClusterResource::Vm(vm) => Some(vm),
+        _ => None,
+    });
     let uuid = ctx.state.uuid.map(|u| u.to_string());
     let claim = Claim {
         request_id: &ctx.request.id,
@@ -163,7 +160,7 @@ async fn adopt(
         smbios_uuid: uuid.as_deref(),
     };
     let mut found = None;
-    for vm in identity::candidates(&vms, &claim) {
+    for vm in identity::candidates(vms, &claim) {
         let online = resources.iter().any(|r| {
             matches!(r, ClusterResource::Node(n) if n.node == vm.node && n.status == NodeState::Online)
         });

@@ -157,7 +157,7 @@ async fn seed(ctx: &StepContext<'_>) -> Result<(), StepError> {
 /// The addresses the guest agents of the VMs the current listing shows reported, read again when
 /// older than [`AGENT_ADDRESSES_MAX_AGE`].
 async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr>, StepError> {
-    let resources = ctx.cluster(false).await?.to_vec();
+    let resources = ctx.cluster_shared(false).await?;
     let vms: Vec<_> = resources
         .iter()
         .filter_map(|r| match r {

@@ -28,7 +28,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         return Ok(StepOutcome::Done);
     }
     ctx.report("reading nodes and storages").await;
-    let resources = ctx.cluster(false).await?.to_vec();
+    let resources = ctx.cluster_shared(false).await?;
     let cluster = ClusterSnapshot::from_resources(&resources);
     let clone = match (ctx.data.boot, &ctx.data.template) {
         (BootMode::Clone, Some(wanted)) => {

@@ -330,7 +330,9 @@ impl StepContext<'_> {
             .unwrap_or_default())
     }
 
-    /// [`Self::cluster`], as a handle to keep across calls that need the context mutably.
+    /// [`Self::cluster`], as a handle to keep across calls that need the context mutably. Keep this
+    /// handle rather than a copy (`cluster(..).to_vec()`): with a thousand guests a copy is a few
+    /// hundred KiB, and every request placing or configuring at once made its own.
     pub async fn cluster_shared(
         &mut self,
         fresh: bool,

@@ -19,7 +19,7 @@ pub(super) async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutco
         ));
     };
     let node = ctx.node()?;
-    let resources = ctx.cluster(false).await?.to_vec();
+    let resources = ctx.cluster_shared(false).await?;
     let recorded = ctx.state.template_vmid;
     let still_there = resources
         .iter()

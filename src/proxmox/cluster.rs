@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::client::{Params, ProxmoxClient};
+use super::client::{Params, Pool, ProxmoxClient};
 use super::error::ProxmoxError;
 use super::types::{
     ClusterResource, NextIdRange, NodeStatus, ResourceKind, Version, VmId, lenient,
@@ -46,7 +46,9 @@ impl ProxmoxClient {
     ) -> Result<Vec<ClusterResource>, ProxmoxError> {
         if kind.is_some() {
             let params = Params::new().with_opt("type", kind.map(ResourceKind::as_query));
-            return self.get(&["cluster", "resources"], params).await;
+            return self
+                .get_over(Pool::Large, &["cluster", "resources"], params)
+                .await;
         }
         Ok(self.cluster_listing().await?.as_ref().clone())
     }
@@ -64,8 +66,13 @@ impl ProxmoxClient {
             return Ok(listing.clone());
         }
         let sent = std::time::Instant::now();
-        let listing: Arc<Vec<ClusterResource>> =
-            Arc::new(self.get(&["cluster", "resources"], Params::new()).await?);
+        let mut listing: Vec<ClusterResource> = self
+            .get_over(Pool::Large, &["cluster", "resources"], Params::new())
+            .await?;
+        // Requests in flight may each hold a listing for a while (a few hundred KiB with a
+        // thousand guests): not the up to twice as much the vector grew to while it was read.
+        listing.shrink_to_fit();
+        let listing = Arc::new(listing);
         *last = Some((sent, listing.clone()));
         Ok(listing)
     }

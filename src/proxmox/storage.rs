@@ -1,6 +1,6 @@
 //! Storage calls: what a node can store, what is stored, and putting ISOs there.
 
-use super::client::{Params, ProxmoxClient, Replay, Upload};
+use super::client::{Params, Pool, ProxmoxClient, Replay, Upload};
 use super::error::ProxmoxError;
 use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid, check_storage_id};
 
@@ -37,7 +37,9 @@ impl ProxmoxClient {
     ) -> Result<Vec<StorageVolume>, ProxmoxError> {
         check_storage(storage)?;
         let params = Params::new().with_opt("content", content);
-        self.get(
+        // A storage holds a seed ISO per machine: the answer grows with the cluster.
+        self.get_over(
+            Pool::Large,
             &["nodes", node.as_str(), "storage", storage, "content"],
             params,
         )

@@ -10,6 +10,7 @@ mod restart;
 mod slow_node;
 mod status;
 mod task_polls;
+mod waiting;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

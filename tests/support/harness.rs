@@ -90,6 +90,24 @@ impl Harness {
 
     pub fn start_controller(&mut self) {
         self.metrics = Default::default();
+        let context = self.context();
+        self.services = Some(context.services.clone());
+        let controller = Controller::new(context.clone(), runner::MAX_IN_FLIGHT);
+        let (tx, rx) = watch::channel(false);
+        if let Some(every) = self.topology_every {
+            self.topology = Some(tokio::spawn(topology::run(
+                context.clone(),
+                every,
+                rx.clone(),
+            )));
+        }
+        self.running = Some(tokio::spawn(controller.run(rx)));
+        self.stop = Some(tx);
+    }
+
+    /// A controller context as `start_controller` makes one (its clients, fresh ledgers, the
+    /// current `metrics`).
+    pub fn context(&self) -> Arc<Context> {
         let client = self.omni.client(PROVIDER);
         let services = Arc::new(Services {
             provider_id: PROVIDER.into(),
@@ -109,22 +127,10 @@ impl Harness {
             },
             metrics: self.metrics.clone(),
         });
-        self.services = Some(services.clone());
-        let context = Arc::new(
+        Arc::new(
             Context::new(services, client.state.clone(), JoinMode::V2)
                 .with_concurrency(self.concurrency),
-        );
-        let controller = Controller::new(context.clone(), runner::MAX_IN_FLIGHT);
-        let (tx, rx) = watch::channel(false);
-        if let Some(every) = self.topology_every {
-            self.topology = Some(tokio::spawn(topology::run(
-                context.clone(),
-                every,
-                rx.clone(),
-            )));
-        }
-        self.running = Some(tokio::spawn(controller.run(rx)));
-        self.stop = Some(tx);
+        )
     }
 
     /// Restarts the controller with the topology-label loop running every `every`.

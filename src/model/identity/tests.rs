@@ -102,7 +102,7 @@ fn adoption_teardown_and_orphans_agree_on_mixed_case_tags() {
     };
     assert!(made_by(&vm, "MY-PROXMOX"), "orphans");
     assert!(looks_like(&vm, "Req-1", "My-Proxmox"));
-    assert_eq!(candidates(std::slice::from_ref(&vm), &claim).len(), 1);
+    assert_eq!(candidates(std::iter::once(&vm), &claim).len(), 1);
     assert_eq!(judge_listing(&vm, &claim), ListingVerdict::Ours);
     // The config path ignores case the same way (a config read back with lowercased tags).
     let cfg = config(json!({"name": "Req-1", "tags": "omni-provider.my-proxmox",
@@ -121,7 +121,7 @@ fn adoption_teardown_and_orphans_agree_on_mixed_case_tags() {
 
 #[test]
 fn candidates_are_the_recorded_vmid_then_lookalikes() {
-    let vms = vec![
+    let vms = [
         listed(json!({"vmid": 100, "node": "pve1", "name": "req-1",
             "tags": "omni-provider.proxmox"})),
         listed(json!({"vmid": 101, "node": "pve1", "name": "web"})),
@@ -131,10 +131,13 @@ fn candidates_are_the_recorded_vmid_then_lookalikes() {
     let ids = |c: Vec<&VmResource>| c.iter().map(|vm| vm.vmid.get()).collect::<Vec<_>>();
     // The recorded VMID whatever it shows (no name yet here), then our lookalike; a VM named after
     // the request without our tag elsewhere is not a candidate (nothing recorded it).
-    assert_eq!(ids(candidates(&vms, &claim(Some(102)))), vec![102, 100]);
-    assert_eq!(ids(candidates(&vms, &claim(Some(100)))), vec![100]);
-    assert_eq!(ids(candidates(&vms, &claim(None))), vec![100]);
-    assert_eq!(ids(candidates(&vms, &claim(Some(999)))), vec![100]);
+    assert_eq!(
+        ids(candidates(vms.iter(), &claim(Some(102)))),
+        vec![102, 100]
+    );
+    assert_eq!(ids(candidates(vms.iter(), &claim(Some(100)))), vec![100]);
+    assert_eq!(ids(candidates(vms.iter(), &claim(None))), vec![100]);
+    assert_eq!(ids(candidates(vms.iter(), &claim(Some(999)))), vec![100]);
 }
 
 #[test]

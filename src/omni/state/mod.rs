@@ -96,6 +96,12 @@ impl LabelSelector {
 }
 
 /// Cheap to clone; share one per process.
+///
+/// Every RPC's future (the request, the signing channel's state, the codec's) is about 2 KiB, and
+/// is boxed where it is made: a reconcile holds one only while the call is in flight, not for its
+/// whole life. A future is as large as the largest state it can be in, so an unboxed call
+/// anywhere in a reconcile would make every reconcile that large, also while it waits for a slot
+/// (a thousand may wait at once).
 #[derive(Clone)]
 pub struct StateClient {
     raw: RawClient<SignedChannel>,
@@ -133,10 +139,7 @@ impl StateClient {
             id: what.id.clone(),
             options: Some(pb::GetOptions {}),
         };
-        let resp = self
-            .raw
-            .clone()
-            .get(req)
+        let resp = Box::pin(self.raw.clone().get(req))
             .await
             .map_err(|s| StateError::from_status(what.clone(), &s))?;
         resp.into_inner().resource.ok_or_else(|| StateError::Other {
@@ -163,10 +166,7 @@ impl StateClient {
                 id_query: None,
             }),
         };
-        let mut stream = self
-            .raw
-            .clone()
-            .list(req)
+        let mut stream = Box::pin(self.raw.clone().list(req))
             .await
             .map_err(|s| StateError::from_status(what.clone(), &s))?
             .into_inner();
@@ -199,10 +199,7 @@ impl StateClient {
                 owner: owner.to_owned(),
             }),
         };
-        let resp = self
-            .raw
-            .clone()
-            .create(req)
+        let resp = Box::pin(self.raw.clone().create(req))
             .await
             .map_err(|s| StateError::from_status(what.clone(), &s))?;
         resp.into_inner().resource.ok_or(StateError::Other {
@@ -231,10 +228,7 @@ impl StateClient {
                 expected_phase: expected_phase.map(str::to_owned),
             }),
         };
-        let resp = self
-            .raw
-            .clone()
-            .update(req)
+        let resp = Box::pin(self.raw.clone().update(req))
             .await
             .map_err(|s| StateError::from_status(what.clone(), &s))?;
         resp.into_inner().resource.ok_or(StateError::Other {
@@ -252,9 +246,7 @@ impl StateClient {
                 owner: owner.to_owned(),
             }),
         };
-        self.raw
-            .clone()
-            .destroy(req)
+        Box::pin(self.raw.clone().destroy(req))
             .await
             .map_err(|s| StateError::from_status(what.clone(), &s))?;
         Ok(())
@@ -272,7 +264,7 @@ impl StateClient {
                     owner: owner.to_owned(),
                 }),
             };
-            match self.raw.clone().teardown(req).await {
+            match Box::pin(self.raw.clone().teardown(req)).await {
                 Ok(resp) => return Ok(resp.into_inner().destroy_ready),
                 Err(s) if s.code() == Code::Unimplemented => {
                     tracing::info!("Omni has no Teardown RPC (older than 1.8); using Get+Update");
