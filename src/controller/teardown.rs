@@ -206,8 +206,11 @@ async fn deprovision_vm(
             ctx.services.metrics.leftover("seed_iso");
         }
         let leftover = d.leftover_seed_iso.is_some() || d.leftover_pool;
-        // A create sent before a crash may still be applied by Proxmox: see `remove_late_vms`.
-        if target.vmid.is_some() || leftover {
+        // A create sent before a crash, or whose answer was lost, may still be applied by Proxmox:
+        // see `remove_late_vms`. A VM this process made with the request's only create cannot come
+        // back, so such releases are not kept (a soak of thousands of machines kept them all).
+        let clean = ctx.services.ledgers.take_created_cleanly(id);
+        if leftover || (target.vmid.is_some() && !clean) {
             ctx.services
                 .ledgers
                 .request_released(target.clone(), leftover);

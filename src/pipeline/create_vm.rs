@@ -48,12 +48,15 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         return Ok(outcome);
     }
 
-    seed_vmids(ctx).await?;
+    super::ledgers::seed_from_states(ctx).await?;
     default_pool(ctx).await?;
     // Field 12, for the official provider's teardown after a takeover.
     ctx.state.pool = ctx.data.pool.clone();
+    // No create was ever sent for this request (none recorded a VMID): if the first one answers,
+    // none can land later.
+    let first_create_ever = ctx.state.recorded_vmid().is_none();
     let mut refused: Vec<u32> = Vec::new();
-    for _ in 0..VMID_ATTEMPTS {
+    for attempt in 0..VMID_ATTEMPTS {
         let vmid = choose_vmid(ctx, &resources, &refused).await?;
         ctx.state.reserved_vmid = Some(vmid);
         ctx.persist().await?;
@@ -69,6 +72,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         match result {
             Ok(()) => {
                 ctx.services.ledgers.vmid_made(vmid.get());
+                if first_create_ever && attempt == 0 {
+                    ctx.services.ledgers.created_cleanly(&request_id);
+                }
                 ctx.state.vmid = Some(vmid);
                 ctx.persist().await?;
                 return Ok(StepOutcome::Done);
@@ -314,32 +320,6 @@ async fn ask_proxmox(
 /// Marks `id` as in flight for this request; false when it is held by another.
 fn take_vmid(ctx: &StepContext<'_>, id: VmId) -> bool {
     ctx.services.ledgers.take_vmid(id.get(), &ctx.request.id)
-}
-
-/// Loads the VMIDs every provider state records into the ledger, once per process: a request whose
-/// create was sent before a restart (and may still be applied) keeps its VMID from the others.
-async fn seed_vmids(ctx: &StepContext<'_>) -> Result<(), StepError> {
-    let ledgers = &ctx.services.ledgers;
-    ledgers
-        .vmids_seeded
-        .get_or_try_init(|| async {
-            let states = ctx
-                .progress
-                .machine_states()
-                .await
-                .map_err(StepError::omni(
-                    "reading every provider state for the VMIDs they record",
-                ))?;
-            ledgers.seed_vmids(states.into_iter().flat_map(|(request, state)| {
-                [state.vmid, state.reserved_vmid]
-                    .into_iter()
-                    .flatten()
-                    .map(move |id| (id.get(), request.clone()))
-            }));
-            Ok::<(), StepError>(())
-        })
-        .await
-        .map(|_| ())
 }
 
 async fn create(

@@ -59,7 +59,7 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     if missing.is_empty() && stale.is_empty() {
         return Ok(());
     }
-    seed(ctx).await?;
+    super::ledgers::seed_from_states(ctx).await?;
     {
         let mut held = entry(&ctx.services.ledgers.ip.held);
         for a in &stale {
@@ -124,34 +124,6 @@ fn take(
         }],
     );
     Ok(address)
-}
-
-/// Fills the ledger from every provider state in Omni, once per process.
-async fn seed(ctx: &StepContext<'_>) -> Result<(), StepError> {
-    let ip = &ctx.services.ledgers.ip;
-    ip.seeded
-        .get_or_try_init(|| async {
-            let states = ctx
-                .progress
-                .machine_states()
-                .await
-                .map_err(StepError::omni(
-                    "reading every provider state for the IP pools",
-                ))?;
-            let released = entry(&ip.released_before_seed).clone();
-            let mut held = entry(&ip.held);
-            for (request, state) in states.iter().filter(|(r, _)| !released.contains(r)) {
-                held.hold(request, &state.ip_allocations);
-            }
-            tracing::info!(
-                allocations = held.len(),
-                states = states.len(),
-                "IP ledger loaded from the provider states"
-            );
-            Ok::<(), StepError>(())
-        })
-        .await
-        .map(|_| ())
 }
 
 /// The addresses the guest agents of the VMs the current listing shows reported, read again when

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::pipeline::deprovision::DeprovisionTarget;
+use crate::pipeline::step::{StepContext, StepError};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::{Placement, PlacementError, Reservations};
 use crate::rules::vmid::{self, VmidFacts, VmidSource};
@@ -23,8 +24,6 @@ pub struct Ledgers {
     /// VMIDs chosen by requests in flight, made lately and perhaps not yet in the listing a
     /// request chooses from, or recorded in a request's provider state.
     vmids: Mutex<VmidLedger>,
-    /// Set once [`Ledgers::seed_vmids`] loaded the VMIDs every provider state records.
-    pub vmids_seeded: tokio::sync::OnceCell<()>,
     /// How VMIDs are chosen ([`Ledgers::vmid_source`]), read at most every [`PVE_VERSION_MAX_AGE`];
     /// the lock is held while they are read, so a burst of requests reads them once.
     vmid_facts: tokio::sync::Mutex<Option<(Option<VmidFacts>, std::time::Instant)>>,
@@ -49,6 +48,9 @@ pub struct Ledgers {
     released: Mutex<HashMap<String, Released>>,
     /// Requests whose VM this process is deprovisioning now.
     tearing_down: Mutex<HashSet<String>>,
+    /// Requests whose only create ever was sent by this process and answered: no create of theirs
+    /// can still be on its way to Proxmox, so their release needs no watching for a late VM.
+    created_cleanly: Mutex<HashSet<String>>,
 }
 
 /// The VMIDs this process holds (see [`Ledgers::take_vmid`], [`Ledgers::vmid_made`]).
@@ -126,6 +128,9 @@ pub(crate) fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub fn image_lock_key(volume: &str) -> String {
     format!("image:{volume}")
 }
+
+/// How long a release is remembered at most ([`Ledgers::recently_released`] asks for less).
+pub const RELEASED_KEPT_FOR: Duration = Duration::from_secs(30 * 60);
 
 /// The key of [`Ledgers::image_present`] for a boot ISO on a node.
 pub fn image_presence_key(node: &str, volid: &str) -> String {
@@ -255,8 +260,8 @@ impl Ledgers {
         true
     }
 
-    /// Loads the VMIDs the provider states record, by request (once per process, see
-    /// [`Ledgers::vmids_seeded`]); what this process recorded meanwhile stays.
+    /// Loads the VMIDs the provider states record, by request ([`seed_from_states`]); what this
+    /// process recorded meanwhile stays.
     pub fn seed_vmids(&self, recorded: impl IntoIterator<Item = (u32, String)>) {
         let mut vmids = entry(&self.vmids);
         for (vmid, request) in recorded {
@@ -326,7 +331,10 @@ impl Ledgers {
     /// Remembers that the request's VM (as `target` describes it) was deleted and the request let go;
     /// `leftover`: its seed ISO or its set's pool could not be deleted yet.
     pub fn request_released(&self, target: DeprovisionTarget, leftover: bool) {
-        entry(&self.released).insert(
+        let mut released = entry(&self.released);
+        // Bounded by the window whether or not the topology loop runs.
+        released.retain(|_, r| r.at.elapsed() < RELEASED_KEPT_FOR);
+        released.insert(
             target.request_id.clone(),
             Released {
                 target,
@@ -345,6 +353,18 @@ impl Ledgers {
             .values()
             .map(|r| (r.target.clone(), r.leftover))
             .collect()
+    }
+
+    /// The request's VM was made by this process's first create for it, whose answer came: see
+    /// [`Ledgers::created_cleanly`].
+    pub fn created_cleanly(&self, request_id: &str) {
+        entry(&self.created_cleanly).insert(request_id.to_owned());
+    }
+
+    /// Whether the request's VM was made cleanly ([`Ledgers::created_cleanly`]), forgetting it: its
+    /// release is the last thing this process does for it.
+    pub fn take_created_cleanly(&self, request_id: &str) -> bool {
+        entry(&self.created_cleanly).remove(request_id)
     }
 
     /// The request's VM is being deprovisioned (until [`Ledgers::teardown_ended`]).
@@ -484,4 +504,42 @@ mod tests {
             })
         });
     }
+}
+
+/// Fills the ledgers that must not start empty from every provider state in Omni, once per process
+/// (the first request that needs them pays one listing): the static IP allocations, and the VMIDs
+/// the states record (a create sent before a restart may still be applied at its VMID, which nothing
+/// in the cluster shows until then).
+pub async fn seed_from_states(ctx: &StepContext<'_>) -> Result<(), StepError> {
+    let ledgers = &ctx.services.ledgers;
+    let ip = &ledgers.ip;
+    ip.seeded
+        .get_or_try_init(|| async {
+            let states = ctx
+                .progress
+                .machine_states()
+                .await
+                .map_err(StepError::omni(
+                    "reading every provider state (the IP addresses and VMIDs they hold)",
+                ))?;
+            let released = entry(&ip.released_before_seed).clone();
+            let mut held = entry(&ip.held);
+            for (request, state) in states.iter().filter(|(r, _)| !released.contains(r)) {
+                held.hold(request, &state.ip_allocations);
+            }
+            ledgers.seed_vmids(states.iter().flat_map(|(request, state)| {
+                [state.vmid, state.reserved_vmid]
+                    .into_iter()
+                    .flatten()
+                    .map(move |id| (id.get(), request.clone()))
+            }));
+            tracing::info!(
+                allocations = held.len(),
+                states = states.len(),
+                "IP and VMID ledgers loaded from the provider states"
+            );
+            Ok::<(), StepError>(())
+        })
+        .await
+        .map(|_| ())
 }
