@@ -472,40 +472,6 @@ impl IpLedgers {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_placement_is_reserved_under_the_lock_it_was_decided_with() {
-        let ledgers = Ledgers::default();
-        let place = |id: &str| {
-            ledgers.place(id, Some("set"), (1024, 2), |reservations| {
-                // What the next decision sees already holds every earlier one.
-                let node = format!("pve{}", reservations.len() + 1);
-                Ok(Placement {
-                    node,
-                    storage: "local-lvm".into(),
-                    reason: crate::rules::placement::PlacementReason::Pinned,
-                    template: None,
-                })
-            })
-        };
-        assert_eq!(place("a").map(|p| p.node).ok().as_deref(), Some("pve1"));
-        assert_eq!(place("b").map(|p| p.node).ok().as_deref(), Some("pve2"));
-        let _ = ledgers.place("c", None, (1024, 2), |r| {
-            assert_eq!(r.get("b").map(|r| r.node.as_str()), Some("pve2"));
-            assert_eq!(r.get("b").map(|r| r.memory_bytes), Some(1024 * 1024 * 1024));
-            Ok(Placement {
-                node: "pve3".into(),
-                storage: "local-lvm".into(),
-                reason: crate::rules::placement::PlacementReason::Pinned,
-                template: None,
-            })
-        });
-    }
-}
-
 /// Fills the ledgers that must not start empty from every provider state in Omni, once per process
 /// (the first request that needs them pays one listing): the static IP allocations, and the VMIDs
 /// the states record (a create sent before a restart may still be applied at its VMID, which nothing
@@ -542,4 +508,38 @@ pub async fn seed_from_states(ctx: &StepContext<'_>) -> Result<(), StepError> {
         })
         .await
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placement_is_reserved_under_the_lock_it_was_decided_with() {
+        let ledgers = Ledgers::default();
+        let place = |id: &str| {
+            ledgers.place(id, Some("set"), (1024, 2), |reservations| {
+                // What the next decision sees already holds every earlier one.
+                let node = format!("pve{}", reservations.len() + 1);
+                Ok(Placement {
+                    node,
+                    storage: "local-lvm".into(),
+                    reason: crate::rules::placement::PlacementReason::Pinned,
+                    template: None,
+                })
+            })
+        };
+        assert_eq!(place("a").map(|p| p.node).ok().as_deref(), Some("pve1"));
+        assert_eq!(place("b").map(|p| p.node).ok().as_deref(), Some("pve2"));
+        let _ = ledgers.place("c", None, (1024, 2), |r| {
+            assert_eq!(r.get("b").map(|r| r.node.as_str()), Some("pve2"));
+            assert_eq!(r.get("b").map(|r| r.memory_bytes), Some(1024 * 1024 * 1024));
+            Ok(Placement {
+                node: "pve3".into(),
+                storage: "local-lvm".into(),
+                reason: crate::rules::placement::PlacementReason::Pinned,
+                template: None,
+            })
+        });
+    }
 }
