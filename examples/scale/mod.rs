@@ -178,6 +178,28 @@ impl Meter {
         self.peak_rss_kib = self.peak_rss_kib.max(stack.provider_rss_kib().unwrap_or(0));
     }
 
+    /// Samples every 100 ms until `done`; after [`PHASE_DEADLINE`] fails with what `progress` says.
+    async fn wait(
+        mut self,
+        stack: &mut Stack,
+        done: impl Fn(&Stack) -> bool,
+        progress: impl Fn(&Stack) -> String,
+    ) -> Result<Burst, String> {
+        while !done(stack) {
+            if self.started.elapsed() > PHASE_DEADLINE {
+                return Err(format!(
+                    "{} after {} s; provider log: {}",
+                    progress(stack),
+                    PHASE_DEADLINE.as_secs(),
+                    stack.log.display()
+                ));
+            }
+            self.sample(stack);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(self.finish(stack))
+    }
+
     fn finish(self, stack: &mut Stack) -> Burst {
         let took = self.started.elapsed();
         Burst {
@@ -249,45 +271,38 @@ fn provisioned(stack: &Stack, ids: &[String]) -> usize {
 
 /// Requests all of `ids` at once and waits until every one is PROVISIONED, sampling as it goes.
 pub async fn provision(stack: &mut Stack, ids: &[String], class: &str) -> Result<Burst, String> {
-    let mut meter = Meter::start(stack);
+    let meter = Meter::start(stack);
     for id in ids {
         stack.request(id, "scale", class);
     }
-    while provisioned(stack, ids) < ids.len() {
-        if meter.started.elapsed() > PHASE_DEADLINE {
-            return Err(format!(
-                "{} of {} requests provisioned after {} s; provider log: {}",
-                provisioned(stack, ids),
-                ids.len(),
-                PHASE_DEADLINE.as_secs(),
-                stack.log.display()
-            ));
-        }
-        meter.sample(stack);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(meter.finish(stack))
+    meter
+        .wait(
+            stack,
+            |stack| provisioned(stack, ids) == ids.len(),
+            |stack| {
+                format!(
+                    "{} of {} requests provisioned",
+                    provisioned(stack, ids),
+                    ids.len()
+                )
+            },
+        )
+        .await
 }
 
 /// Tears all of `ids` down at once and waits until Omni has deleted every request.
 pub async fn tear_down(stack: &mut Stack, ids: &[String]) -> Result<Burst, String> {
-    let mut meter = Meter::start(stack);
+    let meter = Meter::start(stack);
     for id in ids {
         stack.tear_down(id);
     }
-    while !stack.all_released(ids) {
-        if meter.started.elapsed() > PHASE_DEADLINE {
-            return Err(format!(
-                "teardown of {} requests did not finish in {} s; provider log: {}",
-                ids.len(),
-                PHASE_DEADLINE.as_secs(),
-                stack.log.display()
-            ));
-        }
-        meter.sample(stack);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(meter.finish(stack))
+    meter
+        .wait(
+            stack,
+            |stack| stack.all_released(ids),
+            |_| format!("teardown of {} requests did not finish", ids.len()),
+        )
+        .await
 }
 
 /// Omni calls by (verb, type) made since `before` was taken from `stack.omni.typed_calls()`.
