@@ -2,11 +2,11 @@
 
 use super::*;
 
-#[tokio::test]
-async fn watch_survives_a_server_restart() {
-    let mut omni = Omni::start("proxmox").await;
-    let client = omni.client("proxmox");
-    let state = client
+/// A watch of the `proxmox` provider's MachineRequests, as the controller holds it but reconnecting
+/// within 200 ms, past its first listing (empty).
+async fn provider_watch(omni: &Omni) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
+    let state = omni
+        .client("proxmox")
         .state
         .clone()
         .with_reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
@@ -16,6 +16,13 @@ async fn watch_survives_a_server_restart() {
         vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, "proxmox")],
     );
     assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
+    rx
+}
+
+#[tokio::test]
+async fn watch_survives_a_server_restart() {
+    let mut omni = Omni::start("proxmox").await;
+    let mut rx = provider_watch(&omni).await;
     omni.state
         .create_machine_request("before", "proxmox", "set", &request_spec("v1"));
     assert_eq!(id_of(&next_event(&mut rx).await), "before");
@@ -164,17 +171,7 @@ async fn memstate_reports_a_compacted_bookmark_like_omnis_etcd_store() {
 #[tokio::test]
 async fn watch_resumed_from_a_compacted_bookmark_rebootstraps() {
     let mut omni = Omni::start("proxmox").await;
-    let client = omni.client("proxmox");
-    let state = client
-        .state
-        .clone()
-        .with_reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
-    let mut rx = state.watch_kind(
-        MachineRequest::NAMESPACE,
-        MachineRequest::TYPE,
-        vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, "proxmox")],
-    );
-    assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
+    let mut rx = provider_watch(&omni).await;
     omni.state
         .create_machine_request("before", "proxmox", "set", &request_spec("v1"));
     assert_eq!(id_of(&next_event(&mut rx).await), "before");
@@ -226,17 +223,7 @@ async fn a_cut_connection_ends_the_watch_and_refuses_calls_then_the_watch_resume
         assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     }
 
-    let client = omni.client("proxmox");
-    let state = client
-        .state
-        .clone()
-        .with_reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
-    let mut rx = state.watch_kind(
-        MachineRequest::NAMESPACE,
-        MachineRequest::TYPE,
-        vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, "proxmox")],
-    );
-    assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
+    let mut rx = provider_watch(&omni).await;
     omni.state.cut_connections(1);
     omni.state
         .create_machine_request("during", "proxmox", "set", &request_spec("v1"));
