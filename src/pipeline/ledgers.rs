@@ -40,8 +40,6 @@ pub struct Ledgers {
     /// Boot ISOs (by [`image_presence_key`]) this process saw in their storage, and when: the
     /// storage is not listed again for each VM while they are trusted ([`Ledgers::image_present`]).
     images_seen: Mutex<HashMap<String, std::time::Instant>>,
-    /// Boot ISOs a start found missing: the next start of a VM booting from one puts it back first.
-    images_missing: Mutex<HashSet<String>>,
     /// Requests released by this process, with what their VM was and when they went: a create
     /// Proxmox applies late (sent before a crash, its answer never read) can make the VM again after
     /// the teardown; see [`Ledgers::recently_released`].
@@ -138,8 +136,8 @@ pub fn image_presence_key(node: &str, volid: &str) -> String {
 }
 
 /// How long a boot ISO seen in its storage is trusted to be there without listing the storage again.
-/// Only an operator deletes one (neither provider does), and a start that then finds it missing
-/// puts it back ([`Ledgers::image_gone`]), so this bounds how long such a deletion goes unnoticed
+/// Only an operator deletes one (neither provider does), and a create or start that then finds it
+/// missing puts it back ([`Ledgers::image_gone`]), so this bounds how long such a deletion goes unnoticed
 /// by requests that have not started yet, not whether it is repaired.
 pub const IMAGE_TRUSTED_FOR: Duration = Duration::from_secs(600);
 
@@ -194,18 +192,12 @@ impl Ledgers {
 
     /// The boot ISO is in its storage: listed, downloaded, or a VM just started from it.
     pub fn image_seen(&self, key: &str) {
-        entry(&self.images_missing).remove(key);
         entry(&self.images_seen).insert(key.to_owned(), std::time::Instant::now());
     }
 
-    /// A start found the boot ISO missing (deleted behind this process's back).
+    /// A create or start found the boot ISO missing (deleted behind this process's back).
     pub fn image_gone(&self, key: &str) {
         entry(&self.images_seen).remove(key);
-        entry(&self.images_missing).insert(key.to_owned());
-    }
-
-    pub fn image_missing(&self, key: &str) -> bool {
-        entry(&self.images_missing).contains(key)
     }
 
     /// Places a request with the reservations of requests in flight counted, and reserves the

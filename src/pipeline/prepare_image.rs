@@ -242,7 +242,7 @@ async fn fetch(
 
 /// Whether `error` is a create or start that found the request's boot ISO gone from its storage
 /// (deleted by hand after `fetch` last saw it). Then the ISO is put back first, and the caller
-/// tries once more; the presence is forgotten before, so a crash in between downloads it next time.
+/// tries once more; the presence is forgotten first, so other requests list the storage again.
 pub(super) async fn put_back_if_missing(
     ctx: &mut StepContext<'_>,
     error: &StepError,
@@ -267,7 +267,7 @@ pub(super) async fn put_back_if_missing(
 
 /// Puts the request's boot ISO back where its VM's config expects it: the same file name in the
 /// same storage, downloaded from the same URL.
-pub(super) async fn restore_boot_iso(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
+async fn restore_boot_iso(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     let (Some(volume), Some(schematic)) = (ctx.state.boot_iso.clone(), ctx.state.schematic.clone())
     else {
         return Ok(());

@@ -11,26 +11,16 @@ use crate::proxmox::types::{NodeName, VmId};
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let node = ctx.node()?;
     let vmid = ctx.vmid()?;
-    let boot_iso = ctx.state.boot_iso.as_ref().map(ToString::to_string);
-    let presence = boot_iso
-        .as_deref()
-        .map(|volid| image_presence_key(node.as_str(), volid));
-    let ledgers = &ctx.services.ledgers;
-    // A start before a restart or an error found it gone: put it back first.
-    if presence
-        .as_deref()
-        .is_some_and(|k| ledgers.image_missing(k))
-    {
-        super::prepare_image::restore_boot_iso(ctx).await?;
-    }
     if let Err(e) = start(ctx, &node, vmid).await {
         if !super::prepare_image::put_back_if_missing(ctx, &e).await? {
             return Err(e);
         }
         start(ctx, &node, vmid).await?;
     }
-    if let Some(key) = &presence {
-        ctx.services.ledgers.image_seen(key);
+    // Started from it: the boot ISO is there.
+    if let Some(volid) = &ctx.state.boot_iso {
+        let key = image_presence_key(node.as_str(), &volid.to_string());
+        ctx.services.ledgers.image_seen(&key);
     }
     // Like the official provider, the VM joins HA (and its HA rules) once it runs.
     super::ha::join(ctx).await?;
