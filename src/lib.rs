@@ -26,6 +26,7 @@
 //! `rules`, `config`, `pipeline`, `validate`, `controller`, `cli`.
 pub mod cli;
 pub mod config;
+pub mod contain;
 pub mod controller;
 pub mod did_you_mean;
 pub mod error_chain;

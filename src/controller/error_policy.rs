@@ -47,6 +47,9 @@ pub enum ReconcileError {
     Join(#[from] JoinError),
     #[error("deprovisioning: {0}")]
     Deprovision(#[from] Box<DeprovisionError>),
+    /// The reconcile panicked: a bug of ours, contained to this request.
+    #[error("{0}")]
+    Panicked(crate::contain::Panic),
 }
 
 impl ReconcileError {
@@ -142,6 +145,16 @@ pub fn report(error: &ReconcileError) -> Option<Report> {
         ReconcileError::Refused { doing, problem } => (doing, problem.clone()),
         ReconcileError::Join(e) => ("building the join configuration", e.to_string()),
         ReconcileError::Omni { .. } => return None,
+        // The stage is left as it is: a bug is neither the request's failure nor the cluster's,
+        // and a request being torn down has no stage to show.
+        ReconcileError::Panicked(panic) => {
+            return Some(Report {
+                stage: None,
+                status: "Internal error; retrying every 5 minutes and when the request changes"
+                    .into(),
+                error: panic.to_string(),
+            });
+        }
         ReconcileError::Deprovision(_) => {
             return Some(Report {
                 stage: None,
@@ -182,7 +195,9 @@ pub fn report(error: &ReconcileError) -> Option<Report> {
 pub fn kind(error: &ReconcileError) -> ErrorKind {
     match error {
         ReconcileError::Step { source, .. } => step_kind(source),
-        ReconcileError::Refused { .. } | ReconcileError::Join(_) => ErrorKind::NeedsHuman,
+        ReconcileError::Refused { .. } | ReconcileError::Join(_) | ReconcileError::Panicked(_) => {
+            ErrorKind::NeedsHuman
+        }
         ReconcileError::Omni { source, .. } => omni_kind(source),
         ReconcileError::Deprovision(e) => deprovision_kind(e),
     }

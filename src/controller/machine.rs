@@ -13,6 +13,7 @@ use super::error_policy::{ReconcileError, error_policy};
 use super::requests::{self, Request, RequestQueueEvent};
 use super::runner::{Action, Reconcile};
 use super::{provision, teardown};
+use crate::contain::Panic;
 use crate::omni::resources::{MachineRequest, label};
 
 impl Reconcile for Context {
@@ -67,6 +68,24 @@ impl Reconcile for Context {
         delivered: Option<Arc<Request>>,
     ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
         Box::pin(reconcile(self, id, delivered))
+    }
+
+    /// Shown on the request, when it still exists, like any failure.
+    fn panicked<'a>(&'a self, id: &'a str, panic: Panic) -> BoxFuture<'a, ReconcileError> {
+        Box::pin(async move {
+            let error = ReconcileError::Panicked(panic);
+            match self.state.find(&MachineRequest, id).await {
+                Ok(Some(request)) => {
+                    self.report_failure(id, &super::context::labels(&request), &error)
+                        .await;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(request = %id, error = %e, "cannot show the internal error in Omni");
+                }
+            }
+            error
+        })
     }
 
     fn error_policy(&self, error: &ReconcileError, attempt: u32) -> Duration {

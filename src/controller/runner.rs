@@ -26,6 +26,7 @@ use tracing::Instrument;
 
 use super::requests::{Request, RequestQueueEvent};
 use super::workqueue::WorkQueue;
+use crate::contain::{self, Panic};
 
 /// How long workers may finish their current reconcile at shutdown. Everything is resumable, so
 /// cutting a reconcile short loses nothing but time.
@@ -59,6 +60,10 @@ pub trait Reconcile: Send + Sync + 'static {
         delivered: Option<Arc<Request>>,
     ) -> BoxFuture<'a, Result<Action, Self::Error>>;
 
+    /// A reconcile of `id` that panicked, as the failure the error policy sees; the implementation
+    /// shows it on the request.
+    fn panicked<'a>(&'a self, id: &'a str, panic: Panic) -> BoxFuture<'a, Self::Error>;
+
     /// When to try again after `error`, the `attempt`-th failure in a row (1 = the first).
     fn error_policy(&self, error: &Self::Error, attempt: u32) -> Duration;
 
@@ -81,6 +86,7 @@ pub struct Controller<R: Reconcile> {
 
 impl<R: Reconcile> Controller<R> {
     pub fn new(reconciler: Arc<R>, max_in_flight: usize) -> Arc<Self> {
+        contain::install_hook();
         Arc::new(Self {
             reconciler,
             queue: Arc::new(WorkQueue::new()),
@@ -220,11 +226,17 @@ impl<R: Reconcile> Controller<R> {
         self.gauge();
         let span = tracing::info_span!("reconcile", request = %id);
         let delivered = self.delivered_map().get(&id).cloned();
-        let result = self
-            .reconciler
-            .reconcile(&id, delivered)
-            .instrument(span)
-            .await;
+        // A panic is contained here, so that the key is handed back to the queue like any failure:
+        // otherwise the queue would hold it as in progress for ever.
+        let result =
+            match contain::future(self.reconciler.reconcile(&id, delivered).instrument(span)).await
+            {
+                Ok(result) => result,
+                Err(panic) => {
+                    tracing::error!(request = %id, "reconcile panicked: {}", panic.message);
+                    Err(self.reconciler.panicked(&id, panic).await)
+                }
+            };
         match result {
             Ok(Action::Done) => self.reset(&id),
             Ok(Action::RequeueAfter(d)) => {
@@ -283,6 +295,10 @@ mod tests {
         dangling: Option<Vec<String>>,
         /// Reconciles succeed after this long instead of failing at once.
         succeed_after: Option<Duration>,
+        /// The first reconcile of each key panics.
+        panic_first: bool,
+        /// What `panicked` was told.
+        panics: Mutex<Vec<(String, String)>>,
     }
 
     impl Reconcile for Recorder {
@@ -307,9 +323,19 @@ mod tests {
             delivered: Option<Arc<Request>>,
         ) -> BoxFuture<'a, Result<Action, String>> {
             let version = delivered.map(|r| r.metadata.version.clone());
-            self.seen.lock().unwrap().push((id.to_owned(), version));
+            let first = {
+                let mut seen = self.seen.lock().unwrap();
+                let first = !seen.iter().any(|(k, _)| k == id);
+                seen.push((id.to_owned(), version));
+                first
+            };
             let succeed_after = self.succeed_after;
+            let panics = self.panic_first && first;
             Box::pin(async move {
+                tokio::task::yield_now().await;
+                if panics {
+                    panic!("selector parser blew up on {id}");
+                }
                 match succeed_after {
                     Some(after) => {
                         tokio::time::sleep(after).await;
@@ -318,6 +344,14 @@ mod tests {
                     None => Err("no".to_owned()),
                 }
             })
+        }
+
+        fn panicked<'a>(&'a self, id: &'a str, panic: Panic) -> BoxFuture<'a, String> {
+            self.panics
+                .lock()
+                .unwrap()
+                .push((id.to_owned(), panic.message.clone()));
+            Box::pin(async move { panic.to_string() })
         }
 
         fn error_policy(&self, _: &String, attempt: u32) -> Duration {
@@ -400,5 +434,44 @@ mod tests {
             1,
             "the dangling state is looked at: {seen:?}"
         );
+    }
+
+    /// A reconcile that panics is a failure of that request: reported once, retried, and the
+    /// loop goes on with every other request. Uncontained, the key stayed "in progress" for ever.
+    #[tokio::test]
+    async fn a_panicking_reconcile_is_a_failure_of_its_request_and_the_loop_goes_on() {
+        let (tx, rx) = mpsc::channel(8);
+        let recorder = Arc::new(Recorder {
+            events: Mutex::new(Some(rx)),
+            dangling: Some(Vec::new()),
+            succeed_after: Some(Duration::from_millis(1)),
+            panic_first: true,
+            ..Default::default()
+        });
+        let controller = Controller::new(recorder.clone(), 8);
+        let (stop_tx, stop) = watch::channel(false);
+        let running = tokio::spawn(controller.clone().run(stop));
+        tx.send(RequestQueueEvent::Changed(request("1")))
+            .await
+            .unwrap();
+        tx.send(RequestQueueEvent::Synced).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut other = request("1");
+        other.metadata.id = "req-2".into();
+        tx.send(RequestQueueEvent::Changed(other)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _ = stop_tx.send(true);
+        running.await.unwrap();
+        let seen = recorder.seen.lock().unwrap().clone();
+        let times = |id: &str| seen.iter().filter(|(k, _)| k == id).count();
+        assert_eq!(times("req-1"), 2, "retried after its panic: {seen:?}");
+        assert_eq!(times("req-2"), 2, "the loop goes on: {seen:?}");
+        let panics = recorder.panics.lock().unwrap().clone();
+        assert_eq!(panics.len(), 2, "{panics:?}");
+        assert!(
+            panics[0].1.contains("selector parser blew up on req-1"),
+            "{panics:?}"
+        );
+        assert_eq!(recorder.attempts.lock().unwrap().clone(), vec![1, 1]);
     }
 }

@@ -130,12 +130,22 @@ pub fn wanted(
 
 /// Runs rounds until `stop`, every `interval`.
 pub async fn run(ctx: Arc<Context>, interval: Duration, mut stop: watch::Receiver<bool>) {
+    crate::contain::install_hook();
     loop {
-        if let Err(e) = round(&ctx).await {
-            tracing::warn!(error = %e, "cannot bring the topology labels up to date; trying again next round");
+        // A panic ends the round, not the loop: the next round tries again.
+        match crate::contain::future(round(&ctx)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot bring the topology labels up to date; trying again next round");
+            }
+            Err(panic) => tracing::error!("topology round panicked: {}", panic.message),
         }
-        if let Err(e) = super::teardown::remove_late_vms(&ctx).await {
-            tracing::warn!(error = %e, "cannot remove a VM made after its request was released; trying again next round");
+        match crate::contain::future(super::teardown::remove_late_vms(&ctx)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot remove a VM made after its request was released; trying again next round");
+            }
+            Err(panic) => tracing::error!("late-VM sweep panicked: {}", panic.message),
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}

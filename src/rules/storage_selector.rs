@@ -5,13 +5,33 @@
 //! cryptically. The `cel` crate has no type checker, so we check by running the program against a
 //! dummy storage with every variable set: an undeclared variable, a type mismatch or a non-boolean
 //! result shows up there, at validation time, with the expression in the message.
+//!
+//! Selectors are written by machine-class authors, who need not be Proxmox administrators, so a
+//! selector is bounded before it costs anything: at most [`MAX_LEN`] characters before the parser
+//! sees it, only the grammar a condition over one storage needs (see [`grammar`]), so evaluation
+//! takes time linear in its length, and every evaluation runs on a thread of its own
+//! ([`evaluator`]) within [`BUDGET`]. Compiled selectors are cached by their text: every reconcile
+//! and every topology round reads the class again.
 
+mod evaluator;
+pub mod grammar;
+
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
-use cel::{Context, Program, Value};
+use cel::Program;
 
 pub use crate::model::StorageFacts;
+use evaluator::{Outcome, Refusal};
+
+/// The longest selector accepted, in characters: real selectors are a line; the limit keeps the
+/// parser (which fails on columns past 65,535) and every later step cheap.
+pub const MAX_LEN: usize = 1024;
+
+/// How long one evaluation may take. A selector within the grammar takes microseconds.
+pub const BUDGET: Duration = Duration::from_millis(250);
 
 /// A compiled, checked selector. Cheap to clone.
 #[derive(Clone)]
@@ -20,15 +40,28 @@ pub struct StorageSelector {
     program: Arc<Program>,
 }
 
-/// Why a selector is unusable. Always names the expression.
+/// Why a selector is unusable. Always names the expression (shortened when it is too long).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SelectorError {
     #[error(
         "storage selector {expression:?} is empty: write an expression such as `name == \"local-lvm\"`"
     )]
     Empty { expression: String },
+    #[error(
+        "storage selector {expression:?} is {length} characters long, more than the {max} allowed: write a shorter condition"
+    )]
+    TooLong {
+        expression: String,
+        length: usize,
+        max: usize,
+    },
     #[error("storage selector {expression:?} does not compile: {reason}")]
     Syntax { expression: String, reason: String },
+    #[error(
+        "storage selector {expression:?} uses {what}, which selectors do not allow: {}",
+        grammar::ALLOWED
+    )]
+    NotAllowed { expression: String, what: String },
     #[error(
         "storage selector {expression:?} is a bare name, not a condition: write `name == \"{expression}\"` to select that storage"
     )]
@@ -41,70 +74,128 @@ pub enum SelectorError {
         "storage selector {expression:?} fails: {reason} (variables: name, node, storageType are strings, availableSpace is a uint; write `availableSpace > 10u * 1024u * 1024u * 1024u` for sizes)"
     )]
     Evaluation { expression: String, reason: String },
+    #[error(
+        "storage selector {expression:?} took longer than {budget:?} to evaluate: write a simpler condition"
+    )]
+    TooSlow {
+        expression: String,
+        budget: Duration,
+    },
 }
 
 const VARIABLES: [&str; 4] = ["name", "node", "storageType", "availableSpace"];
 
+/// Compiled selectors (and refusals) by text, so a class read again costs a lookup.
+type Cache = HashMap<Arc<str>, Result<StorageSelector, SelectorError>>;
+
+/// Distinct selectors kept; past it the cache starts over (classes rarely hold more than a few).
+const CACHE_ENTRIES: usize = 512;
+
+fn cache() -> std::sync::MutexGuard<'static, Cache> {
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
 impl StorageSelector {
-    /// Compiles `expression` and checks it against a dummy storage.
+    /// Compiles `expression` and checks it against a dummy storage (once per distinct text).
     pub fn new(expression: &str) -> Result<Self, SelectorError> {
-        let expression_owned = expression.to_string();
+        if let Some(known) = cache().get(expression) {
+            return known.clone();
+        }
+        let verdict = Self::compile(expression);
+        let mut cache = cache();
+        if cache.len() >= CACHE_ENTRIES {
+            cache.clear();
+        }
+        // A text too long to be a selector is not worth remembering: it is refused before parsing.
+        // Running out of time may be the machine's load, not the selector's: asked again, it runs.
+        let lasting = !matches!(verdict, Err(SelectorError::TooSlow { .. }));
+        if lasting && expression.len() <= MAX_LEN * 4 {
+            cache.insert(Arc::from(expression), verdict.clone());
+        }
+        verdict
+    }
+
+    fn compile(expression: &str) -> Result<Self, SelectorError> {
+        let expression_owned = || shorten(expression);
         if expression.trim().is_empty() {
             return Err(SelectorError::Empty {
-                expression: expression_owned,
+                expression: expression_owned(),
             });
         }
-        let program = Program::compile(expression).map_err(|e| {
-            if looks_like_storage_name(expression) {
-                SelectorError::BareName {
-                    expression: expression_owned.clone(),
-                }
-            } else {
-                SelectorError::Syntax {
-                    expression: expression_owned.clone(),
-                    reason: e.to_string(),
-                }
+        let length = expression.chars().count();
+        if length > MAX_LEN {
+            return Err(SelectorError::TooLong {
+                expression: expression_owned(),
+                length,
+                max: MAX_LEN,
+            });
+        }
+        let program = match evaluator::parse(Arc::from(expression), BUDGET) {
+            Some(Ok(program)) => program,
+            Some(Err(Refusal::Syntax(_))) if looks_like_storage_name(expression) => {
+                return Err(SelectorError::BareName {
+                    expression: expression_owned(),
+                });
             }
-        })?;
+            Some(Err(Refusal::Syntax(reason))) => {
+                return Err(SelectorError::Syntax {
+                    expression: expression_owned(),
+                    reason,
+                });
+            }
+            Some(Err(Refusal::NotAllowed(what))) => {
+                return Err(SelectorError::NotAllowed {
+                    expression: expression_owned(),
+                    what,
+                });
+            }
+            None => {
+                return Err(SelectorError::TooSlow {
+                    expression: expression_owned(),
+                    budget: BUDGET,
+                });
+            }
+        };
         let selector = Self {
             source: Arc::from(expression),
             program: Arc::new(program),
         };
+        selector.check_on_dummy()
+    }
+
+    /// Runs the selector on a dummy storage, where a mistake that only evaluation finds shows.
+    fn check_on_dummy(self) -> Result<Self, SelectorError> {
+        let expression = &*self.source;
         let dummy = StorageFacts {
             name: "local-lvm".into(),
             node: "pve".into(),
             storage_type: "lvmthin".into(),
             available_space: 1 << 40,
         };
-        match selector.evaluate(&dummy) {
-            Ok(Value::Bool(_)) => Ok(selector),
-            Ok(other) => {
-                if looks_like_storage_name(expression) && !VARIABLES.contains(&expression.trim()) {
-                    Err(SelectorError::BareName {
-                        expression: expression_owned,
-                    })
-                } else {
-                    Err(SelectorError::NotBoolean {
-                        expression: expression_owned,
-                        kind: kind_of(&other),
-                    })
-                }
-            }
-            // An undeclared identifier such as `local` in `local` or `local-lvm` is a bare name.
-            Err(_)
-                if looks_like_storage_name(expression)
-                    && !VARIABLES.contains(&expression.trim()) =>
-            {
+        let bare_name =
+            looks_like_storage_name(expression) && !VARIABLES.contains(&expression.trim());
+        match self.evaluate(&dummy) {
+            Ok(Outcome::Bool(_)) => Ok(self),
+            Ok(Outcome::Other(_)) | Ok(Outcome::Failed(_)) if bare_name => {
                 Err(SelectorError::BareName {
-                    expression: expression_owned,
+                    expression: expression.to_string(),
                 })
             }
+            Ok(Outcome::Other(kind)) => Err(SelectorError::NotBoolean {
+                expression: expression.to_string(),
+                kind,
+            }),
             // Arithmetic overflow depends on the real numbers; everything else is a mistake.
-            Err(reason) if reason.contains("verflow") => Ok(selector),
-            Err(reason) => Err(SelectorError::Evaluation {
-                expression: expression_owned,
+            Ok(Outcome::Failed(reason)) if reason.contains("verflow") => Ok(self),
+            Ok(Outcome::Failed(reason)) => Err(SelectorError::Evaluation {
+                expression: expression.to_string(),
                 reason,
             }),
+            Err(e) => Err(e),
         }
     }
 
@@ -115,27 +206,37 @@ impl StorageSelector {
 
     /// Whether the storage is selected. A runtime error is a configuration error.
     pub fn matches(&self, storage: &StorageFacts) -> Result<bool, SelectorError> {
-        match self.evaluate(storage) {
-            Ok(Value::Bool(b)) => Ok(b),
-            Ok(other) => Err(SelectorError::NotBoolean {
+        match self.evaluate(storage)? {
+            Outcome::Bool(b) => Ok(b),
+            Outcome::Other(kind) => Err(SelectorError::NotBoolean {
                 expression: self.source.to_string(),
-                kind: kind_of(&other),
+                kind,
             }),
-            Err(reason) => Err(SelectorError::Evaluation {
+            Outcome::Failed(reason) => Err(SelectorError::Evaluation {
                 expression: self.source.to_string(),
                 reason,
             }),
         }
     }
 
-    fn evaluate(&self, storage: &StorageFacts) -> Result<Value, String> {
-        let mut context = Context::default();
-        context.add_variable_from_value("name", storage.name.clone());
-        context.add_variable_from_value("node", storage.node.clone());
-        context.add_variable_from_value("storageType", storage.storage_type.clone());
-        context.add_variable_from_value("availableSpace", Value::UInt(storage.available_space));
-        self.program.execute(&context).map_err(|e| e.to_string())
+    fn evaluate(&self, storage: &StorageFacts) -> Result<Outcome, SelectorError> {
+        evaluator::run(self.program.clone(), storage.clone(), BUDGET).ok_or_else(|| {
+            SelectorError::TooSlow {
+                expression: self.source.to_string(),
+                budget: BUDGET,
+            }
+        })
     }
+}
+
+/// The expression for a message: whole when it is short, its start when it is not.
+fn shorten(expression: &str) -> String {
+    const SHOWN: usize = 80;
+    if expression.chars().count() <= SHOWN * 2 {
+        return expression.to_string();
+    }
+    let start: String = expression.chars().take(SHOWN).collect();
+    format!("{start}…")
 }
 
 /// `local-lvm`, `ceph_pool`, `local`: something that reads as a storage ID rather than a condition.
@@ -146,19 +247,6 @@ fn looks_like_storage_name(expression: &str) -> bool {
         && e.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && !matches!(e, "true" | "false")
-}
-
-fn kind_of(value: &Value) -> String {
-    match value {
-        Value::String(s) => format!("the string {:?}", s.as_str()),
-        Value::Int(i) => format!("the number {i}"),
-        Value::UInt(u) => format!("the number {u}"),
-        Value::Float(f) => format!("the number {f}"),
-        Value::Null => "null".to_string(),
-        Value::List(_) => "a list".to_string(),
-        Value::Map(_) => "a map".to_string(),
-        _ => "a non-boolean value".to_string(),
-    }
 }
 
 impl fmt::Debug for StorageSelector {
@@ -264,6 +352,137 @@ mod tests {
         assert!(err.to_string().contains("availableSpace - 100000000000u"));
     }
 
+    /// Seven nested `all` macros over ten items: 10^7 evaluations of the inner condition, over a
+    /// minute of CPU when it is run.
+    pub(crate) const NESTED_MACROS: &str = "[0,1,2,3,4,5,6,7,8,9].all(a,[0,1,2,3,4,5,6,7,8,9].all(b,[0,1,2,3,4,5,6,7,8,9].all(c,[0,1,2,3,4,5,6,7,8,9].all(d,[0,1,2,3,4,5,6,7,8,9].all(e,[0,1,2,3,4,5,6,7,8,9].all(f,[0,1,2,3,4,5,6,7,8,9].all(g,name != \"\" && storageType != \"\" && node != \"xyzw\")))))))";
+
+    /// A selector of about 70 KB whose syntax error lies past column 65,535, where the `cel`
+    /// parser panics.
+    pub(crate) fn past_the_parsers_columns() -> String {
+        format!("name == \"{}\" &&", "a".repeat(70_000))
+    }
+
+    #[test]
+    fn a_selector_past_the_parsers_columns_is_refused_before_parsing() {
+        let expression = past_the_parsers_columns();
+        let err = StorageSelector::new(&expression).unwrap_err();
+        assert!(
+            matches!(err, SelectorError::TooLong { length, max: MAX_LEN, .. } if length == expression.len()),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.len() < 400,
+            "the message quotes the start only: {message}"
+        );
+        assert!(message.contains("name == \\\"aaa"), "{message}");
+    }
+
+    #[test]
+    fn the_parser_past_its_columns_gives_a_syntax_error() {
+        // Only reached within MAX_LEN; past it, the parser's own message would panic.
+        let parsed = evaluator::parse(Arc::from(past_the_parsers_columns()), BUDGET);
+        let Some(Err(Refusal::Syntax(reason))) = parsed else {
+            panic!("{parsed:?}");
+        };
+        assert!(reason.contains("column 70015"), "{reason}");
+    }
+
+    #[test]
+    fn the_deepest_nesting_within_the_length_limit_is_refused_not_a_crash() {
+        let half = MAX_LEN / 2 - 3;
+        for deep in [
+            format!("{}true{}", "(".repeat(half), ")".repeat(half)),
+            format!("{}1 < 0", "1 + ".repeat(MAX_LEN / 4 - 2)),
+            format!("{}1]", "[".repeat(MAX_LEN - 3)),
+            format!("name{} == 1", ".a".repeat(MAX_LEN / 2 - 8)),
+            format!(
+                "{}true{}",
+                "size(".repeat(MAX_LEN / 6 - 1),
+                ")".repeat(MAX_LEN / 6 - 1)
+            ),
+        ] {
+            assert!(deep.chars().count() <= MAX_LEN, "{}", deep.len());
+            assert!(StorageSelector::new(&deep).is_err(), "{deep}");
+        }
+        // The parser folds runs of unary operators: these are plain conditions.
+        let not = format!("{}true", "!".repeat(MAX_LEN - 4));
+        assert!(StorageSelector::new(&not).is_ok());
+        let negated = format!("{}1 < 0", "-".repeat(MAX_LEN - 5));
+        assert!(StorageSelector::new(&negated).is_ok());
+    }
+
+    #[test]
+    fn nested_macros_are_refused_before_they_run() {
+        assert_eq!(NESTED_MACROS.len(), 252);
+        let started = std::time::Instant::now();
+        let err = StorageSelector::new(NESTED_MACROS).unwrap_err();
+        assert!(matches!(err, SelectorError::NotAllowed { .. }), "{err:?}");
+        assert!(err.to_string().contains("macro"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn only_the_grammar_of_a_condition_is_allowed() {
+        for refused in [
+            "[1].exists(x, x == 1)",
+            "[\"a\"].all(x, name == x)",
+            "[1, 2].map(x, x * 2) == [2, 4]",
+            "has(name.x)",
+            "name in [node]",
+            "name in {\"a\": 1}",
+            "{\"a\": 1}[\"a\"] == 1",
+            "name[0] == \"l\"",
+            "true ? name == \"a\" : false",
+            "name.size == 3",
+            "string(availableSpace) == \"1\"",
+            "[1] == [1]",
+        ] {
+            let err = StorageSelector::new(refused).unwrap_err();
+            assert!(
+                matches!(err, SelectorError::NotAllowed { .. }),
+                "{refused}: {err:?}"
+            );
+        }
+        let deep = format!("{}true{}", "!(".repeat(40), ")".repeat(40));
+        assert!(StorageSelector::new(&deep).is_err());
+        for allowed in [
+            "!(name == \"a\") || -1 < 0",
+            "size(name) > 2 && name.size() < 20",
+            "name.contains(\"lvm\") && name.endsWith(\"lvm\")",
+            "availableSpace % 2u == 0u || availableSpace - 1u >= 0u",
+        ] {
+            assert!(StorageSelector::new(allowed).is_ok(), "{allowed}");
+        }
+    }
+
+    #[test]
+    fn compiled_selectors_are_cached_by_text() {
+        let a = StorageSelector::new("name == \"cached-once\"").unwrap();
+        let b = StorageSelector::new("name == \"cached-once\"").unwrap();
+        assert!(Arc::ptr_eq(&a.program, &b.program));
+    }
+
+    #[test]
+    fn an_evaluation_past_its_budget_is_given_up_and_the_next_runs() {
+        // Built past the grammar on purpose: only the budget stands between it and a minute of CPU.
+        let slow = Arc::new(Program::compile(NESTED_MACROS).unwrap());
+        let started = std::time::Instant::now();
+        let outcome = evaluator::run(slow, facts(), Duration::from_millis(50));
+        assert_eq!(outcome, None);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        let quick = StorageSelector::new("name == \"local-lvm\"").unwrap();
+        assert_eq!(quick.matches(&facts()), Ok(true));
+    }
+
     proptest! {
         #[test]
         fn name_equality_selects_exactly_that_name(wanted in "[a-z][a-z0-9-]{0,10}", actual in "[a-z][a-z0-9-]{0,10}", space: u64) {
@@ -272,12 +491,89 @@ mod tests {
             prop_assert_eq!(selector.matches(&storage), Ok(wanted == actual));
         }
 
+        /// Selectors of every length up to past the limit, nested, with macros among them: each is
+        /// answered quickly, never by a panic, and one with a macro never runs.
+        #[test]
+        fn any_selector_is_answered_quickly(expr in fuzz::selector()) {
+            let started = std::time::Instant::now();
+            let verdict = StorageSelector::new(&expr);
+            if let Ok(selector) = &verdict {
+                let _ = selector.matches(&facts());
+            }
+            prop_assert!(started.elapsed() < Duration::from_secs(2), "{:?} for {expr}", started.elapsed());
+            if fuzz::MACROS.iter().any(|m| expr.contains(m)) {
+                prop_assert!(verdict.is_err(), "{expr}");
+            }
+            if expr.chars().count() > MAX_LEN {
+                let too_long = matches!(verdict, Err(SelectorError::TooLong { .. }));
+                prop_assert!(too_long, "{expr}");
+            }
+        }
+
         #[test]
         fn arbitrary_input_never_panics(expr in "\\PC{0,40}") {
             if let Ok(selector) = StorageSelector::new(&expr) {
                 let _ = selector.matches(&facts());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    pub const MACROS: [&str; 6] = [
+        ".all(",
+        ".exists(",
+        ".exists_one(",
+        ".map(",
+        ".filter(",
+        "has(",
+    ];
+
+    /// Selectors built from the pieces a class author can write, nested up to eight levels, with
+    /// literals long enough to cross [`super::MAX_LEN`].
+    pub fn selector() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            Just("name".to_string()),
+            Just("node".to_string()),
+            Just("storageType".to_string()),
+            Just("availableSpace".to_string()),
+            Just("1u".to_string()),
+            Just("-3".to_string()),
+            Just("true".to_string()),
+            "\"[a-z(\\[{]{0,8}\"",
+            (0..1400usize).prop_map(|n| format!("\"{}\"", "z".repeat(n))),
+        ];
+        leaf.prop_recursive(8, 64, 3, |inner| {
+            let op = prop_oneof![
+                Just("=="),
+                Just("!="),
+                Just("<"),
+                Just(">="),
+                Just("&&"),
+                Just("||"),
+                Just("+"),
+                Just("*"),
+                Just("/"),
+                Just("%"),
+                Just("in"),
+            ];
+            prop_oneof![
+                (inner.clone(), op, inner.clone()).prop_map(|(a, op, b)| format!("({a} {op} {b})")),
+                inner.clone().prop_map(|a| format!("!{a}")),
+                inner.clone().prop_map(|a| format!("name in [{a}, \"x\"]")),
+                inner.clone().prop_map(|a| format!("{a}.startsWith(\"l\")")),
+                inner.clone().prop_map(|a| format!("size({a}) > 1")),
+                inner.clone().prop_map(|a| format!("name.matches({a})")),
+                (inner.clone(), prop::sample::select(&MACROS[..5]))
+                    .prop_map(|(a, m)| format!("[1, 2, 3]{m}x, {a})")),
+                inner.clone().prop_map(|a| format!("has({a}.x)")),
+                inner.clone().prop_map(|a| format!("({a} ? true : false)")),
+                inner.prop_map(|a| format!("{a}[0]")),
+            ]
+        })
     }
 }
 

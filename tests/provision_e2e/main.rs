@@ -5,6 +5,7 @@
 mod support;
 
 mod clone;
+mod hostile;
 mod many;
 mod restart;
 mod slow_node;

@@ -70,6 +70,11 @@ impl Text {
         min_len: Some(1),
         ..Text::ANY
     };
+    /// A CEL selector: bounded before its parser sees it.
+    pub(super) const CEL: Text = Text {
+        max_len: Some(crate::rules::storage_selector::MAX_LEN as u64),
+        ..Text::ANY
+    };
 }
 
 /// One provider-data key.
@@ -209,8 +214,9 @@ pub const TOP_LEVEL: &[Key] = &[
     Key {
         name: "storage_selector",
         kind: Kind::Cel,
+        text: Text::CEL,
         description: "CEL condition choosing the storage for the VM's disks, evaluated for each storage of the node in API order; the first match wins. Variables: name, node, storageType (strings) and availableSpace (bytes, uint). Example: name == \"local-lvm\". Required.",
-        doc: "Chooses the storage for the disks: evaluated for each storage of the node in API order, the first match wins. Variables `name`, `node`, `storageType` (strings), `availableSpace` (uint, bytes). Example: `name == \"local-lvm\"`, `storageType in [\"lvmthin\", \"zfspool\"] && availableSpace > 50u * 1024u * 1024u * 1024u`. Checked when the class is used: a bare name like `local-lvm` is refused with the expression to write instead.",
+        doc: "Chooses the storage for the disks: evaluated for each storage of the node in API order, the first match wins. Variables `name`, `node`, `storageType` (strings), `availableSpace` (uint, bytes). Example: `name == \"local-lvm\"`, `storageType in [\"lvmthin\", \"zfspool\"] && availableSpace > 50u * 1024u * 1024u * 1024u`. Checked when the class is used: a bare name like `local-lvm` is refused with the expression to write instead. At most 1024 characters of comparisons, `&&`, `||`, `!`, arithmetic, `in [...]` over literals and `startsWith`, `endsWith`, `contains`, `matches`, `size`; macros such as `all` or `exists` are refused (see [docs/security.md](docs/security.md)).",
         required: true,
         example: SELECTOR_EXAMPLE,
         ..Key::BASE
@@ -451,6 +457,7 @@ pub const TOP_LEVEL: &[Key] = &[
     Key {
         name: "iso_storage_selector",
         kind: Kind::Cel,
+        text: Text::CEL,
         origin: Origin::Ours,
         description: "CEL condition choosing the storage for the Talos ISO and the seed ISO (same variables as storage_selector; default: the first storage that holds ISO images).",
         doc: "storage for the Talos ISO and the seed ISO.",

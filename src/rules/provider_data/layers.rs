@@ -236,8 +236,28 @@ fn schema_findings(value: &Value, findings: &mut Findings) {
             findings.push(&key, "is required here".to_string());
             continue;
         }
-        findings.push(&key, error.to_string());
+        // The validator's own message quotes the value: a class author's 70 KB string would land
+        // whole in the status and the log.
+        if let jsonschema::error::ValidationErrorKind::MaxLength { limit } = error.kind() {
+            let length = error.instance().as_str().map_or(0, |s| s.chars().count());
+            findings.push(
+                &key,
+                format!("is {length} characters long, more than the {limit} allowed"),
+            );
+            continue;
+        }
+        findings.push(&key, shortened(error.to_string()));
     }
+}
+
+/// A message cut to a length a status line can show.
+fn shortened(message: String) -> String {
+    const SHOWN: usize = 400;
+    if message.chars().count() <= SHOWN {
+        return message;
+    }
+    let start: String = message.chars().take(SHOWN).collect();
+    format!("{start}…")
 }
 
 /// `/additional_disks/1/disk_size` → `additional_disks[1].disk_size`.

@@ -189,6 +189,7 @@ pub const NESTED: &[Key] = &[
         name: "storage_selector",
         place: Place::AdditionalDisks,
         kind: Kind::Cel,
+        text: Text::CEL,
         description: "CEL condition choosing this disk's storage (same variables as storage_selector).",
         required: true,
         example: SELECTOR_EXAMPLE,

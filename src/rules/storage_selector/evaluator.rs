@@ -1,0 +1,219 @@
+//! Where selectors are parsed and run: a thread of their own, never an async worker, so a slow
+//! evaluation cannot hold up the heartbeat or another request. A caller waits at most its budget;
+//! work that overruns it is left to finish on its thread, which is then retired so that the next
+//! job gets a fresh one. The thread's stack is large: the parser recurses per level of nesting
+//! (several frames per parenthesis), and a stack overflow aborts the whole process.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cel::{Context, Env, Program, Value};
+
+use super::StorageFacts;
+
+/// What an evaluation gave, in terms that cross threads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Outcome {
+    Bool(bool),
+    /// Anything else, described for the message ("the string \"x\"").
+    Other(String),
+    /// CEL's runtime error.
+    Failed(String),
+}
+
+/// What the parse of a selector gave: a program within the grammar, or why not.
+pub(super) type Parsed = Result<Program, Refusal>;
+
+/// Why the parse refused a selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Refusal {
+    Syntax(String),
+    NotAllowed(String),
+}
+
+enum Job {
+    Parse {
+        source: Arc<str>,
+        reply: SyncSender<Parsed>,
+    },
+    Evaluate {
+        program: Arc<Program>,
+        storage: StorageFacts,
+        reply: SyncSender<Outcome>,
+    },
+}
+
+/// The evaluator thread's stack: reserved, not committed, so it costs what the deepest parse
+/// touches. A selector of `MAX_LEN` characters nests at most a few hundred levels.
+const STACK: usize = 256 << 20;
+
+/// The thread evaluating now, with its generation (so that only one waiter retires it).
+struct Worker {
+    generation: u64,
+    jobs: Sender<Job>,
+}
+
+static WORKER: Mutex<Option<Worker>> = Mutex::new(None);
+
+/// Evaluates `program` for `storage`, or `None` when that takes longer than `budget`.
+pub(super) fn run(
+    program: Arc<Program>,
+    storage: StorageFacts,
+    budget: Duration,
+) -> Option<Outcome> {
+    let (reply, answer) = mpsc::sync_channel(1);
+    let job = Job::Evaluate {
+        program,
+        storage,
+        reply,
+    };
+    submit(job, answer, budget, || {
+        Outcome::Failed("the CEL evaluator failed".to_string())
+    })
+}
+
+/// Parses `source` and checks it against the grammar, or `None` when that takes longer than
+/// `budget`.
+pub(super) fn parse(source: Arc<str>, budget: Duration) -> Option<Parsed> {
+    let (reply, answer) = mpsc::sync_channel(1);
+    submit(Job::Parse { source, reply }, answer, budget, || {
+        Err(Refusal::Syntax("the CEL parser cannot read it".to_string()))
+    })
+}
+
+/// Hands `job` to the thread and waits up to `budget` for its answer; `lost` is the answer when
+/// the thread went away without one.
+fn submit<T>(
+    mut job: Job,
+    answer: mpsc::Receiver<T>,
+    budget: Duration,
+    lost: impl FnOnce() -> T,
+) -> Option<T> {
+    // A worker that died (it cannot: every evaluation is unwound inside it) is replaced once.
+    let mut generation = 0;
+    for _ in 0..2 {
+        let (g, jobs) = worker();
+        generation = g;
+        match jobs.send(job) {
+            Ok(()) => break,
+            Err(mpsc::SendError(back)) => {
+                retire(g);
+                job = back;
+            }
+        }
+    }
+    match answer.recv_timeout(budget) {
+        Ok(outcome) => Some(outcome),
+        Err(RecvTimeoutError::Timeout) => {
+            retire(generation);
+            None
+        }
+        Err(RecvTimeoutError::Disconnected) => Some(lost()),
+    }
+}
+
+fn lock() -> std::sync::MutexGuard<'static, Option<Worker>> {
+    WORKER.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn worker() -> (u64, Sender<Job>) {
+    let mut slot = lock();
+    if let Some(w) = slot.as_ref() {
+        return (w.generation, w.jobs.clone());
+    }
+    static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let generation = GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let (jobs, queue) = mpsc::channel::<Job>();
+    let spawned = std::thread::Builder::new()
+        .name("cel-selectors".into())
+        .stack_size(STACK)
+        .spawn(move || serve(queue));
+    if spawned.is_ok() {
+        *slot = Some(Worker {
+            generation,
+            jobs: jobs.clone(),
+        });
+    }
+    // Without a thread the queue is dropped and the send fails: the caller reports a failure.
+    (generation, jobs)
+}
+
+/// Lets the thread of `generation` go: it ends once it has drained what it was given.
+fn retire(generation: u64) {
+    let mut slot = lock();
+    if slot.as_ref().is_some_and(|w| w.generation == generation) {
+        *slot = None;
+    }
+}
+
+fn serve(queue: mpsc::Receiver<Job>) {
+    let env = Arc::new(Env::stdlib());
+    // Every answer is sent even when the caller stopped waiting: a failed send is no matter.
+    while let Ok(job) = queue.recv() {
+        match job {
+            Job::Parse { source, reply } => {
+                let parsed =
+                    catch_unwind(AssertUnwindSafe(|| compile(&source))).unwrap_or_else(|_| {
+                        Err(Refusal::Syntax("the CEL parser cannot read it".to_string()))
+                    });
+                let _ = reply.send(parsed);
+            }
+            Job::Evaluate {
+                program,
+                storage,
+                reply,
+            } => {
+                let outcome = catch_unwind(AssertUnwindSafe(|| evaluate(&env, &program, &storage)))
+                    .unwrap_or_else(|_| {
+                        Outcome::Failed("the CEL evaluator failed on it".to_string())
+                    });
+                let _ = reply.send(outcome);
+            }
+        }
+    }
+}
+
+/// Parses and checks `source`. The parser's own message quotes the source line with a marker
+/// under the column, and panics formatting it past column 65,535: the message is made here from
+/// the position and the reason alone.
+fn compile(source: &str) -> Parsed {
+    let program = Program::compile(source).map_err(|errors| {
+        let reasons: Vec<String> = errors
+            .errors
+            .iter()
+            .take(3)
+            .map(|e| format!("at line {}, column {}: {}", e.pos.0, e.pos.1 + 1, e.msg))
+            .collect();
+        Refusal::Syntax(reasons.join("; "))
+    })?;
+    super::grammar::check(program.expression()).map_err(Refusal::NotAllowed)?;
+    Ok(program)
+}
+
+fn evaluate(env: &Arc<Env>, program: &Program, storage: &StorageFacts) -> Outcome {
+    let mut context = Context::with_env(env.clone());
+    context.add_variable_from_value("name", storage.name.clone());
+    context.add_variable_from_value("node", storage.node.clone());
+    context.add_variable_from_value("storageType", storage.storage_type.clone());
+    context.add_variable_from_value("availableSpace", Value::UInt(storage.available_space));
+    match program.execute(&context) {
+        Ok(Value::Bool(b)) => Outcome::Bool(b),
+        Ok(other) => Outcome::Other(kind_of(&other)),
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+fn kind_of(value: &Value) -> String {
+    match value {
+        Value::String(s) => format!("the string {:?}", s.as_str()),
+        Value::Int(i) => format!("the number {i}"),
+        Value::UInt(u) => format!("the number {u}"),
+        Value::Float(f) => format!("the number {f}"),
+        Value::Null => "null".to_string(),
+        Value::List(_) => "a list".to_string(),
+        Value::Map(_) => "a map".to_string(),
+        _ => "a non-boolean value".to_string(),
+    }
+}
