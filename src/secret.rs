@@ -24,6 +24,20 @@ impl Secret {
     }
 }
 
+/// Reads a secret kept in a file (a Docker or Kubernetes secret): the whole file, without the
+/// line break editors and `echo` leave at its end. The error names the file, never its content.
+pub fn read_file(path: &std::path::Path) -> std::io::Result<Secret> {
+    let text = std::fs::read_to_string(path)?;
+    let value = text.trim_end_matches(['\n', '\r']);
+    if value.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the file is empty",
+        ));
+    }
+    Ok(Secret::new(value))
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Secret(<redacted>)")

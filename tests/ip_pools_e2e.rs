@@ -85,6 +85,8 @@ fn cli_json(h: &Harness, dir: &std::path::Path, command: &str) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
         .env_remove("SIDERO_SERVICE_ACCOUNT_KEY")
         .env("OMNI_SERVICE_ACCOUNT_KEY", &h.omni.encoded_key)
+        // The in-memory Omni speaks plaintext.
+        .env("OMNI_INSECURE_HTTP", "true")
         .args([
             command,
             "--output",
@@ -119,6 +121,7 @@ impl Provider {
         let child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
             .env_remove("SIDERO_SERVICE_ACCOUNT_KEY")
             .env("OMNI_SERVICE_ACCOUNT_KEY", &h.omni.encoded_key)
+            .env("OMNI_INSECURE_HTTP", "true")
             .arg("--config-file")
             .arg(&config)
             .args(["--omni-api-endpoint", &h.omni.url(), "--concurrency", "8"])

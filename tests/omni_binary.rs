@@ -54,18 +54,24 @@ async fn run_provider(
 }
 
 /// The provider binary with a clean environment for what it reads (key variables, CA store
-/// variables) plus `env`.
+/// variables) plus `env`. A plaintext endpoint (the in-memory Omni) is opted into, as a local test
+/// setup must.
 fn provider_command(endpoint: &str, env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"));
     cmd.env("OMNI_ENDPOINT", endpoint);
     for var in [
         "OMNI_SERVICE_ACCOUNT_KEY",
+        "OMNI_SERVICE_ACCOUNT_KEY_FILE",
         "SIDERO_SERVICE_ACCOUNT_KEY",
         "SSL_CERT_FILE",
         "SSL_CERT_DIR",
         "OMNI_CA_FILE",
+        "OMNI_INSECURE_HTTP",
     ] {
         cmd.env_remove(var);
+    }
+    if endpoint.starts_with("http://") {
+        cmd.env("OMNI_INSECURE_HTTP", "true");
     }
     cmd.envs(env.iter().copied());
     cmd
@@ -149,11 +155,65 @@ async fn binary_registers_beats_and_stops_over_plaintext() {
     let key = state.register_provider("proxmox").unwrap();
     let (server, addr) = serve(&state, None).await;
     let dir = tempfile::tempdir().unwrap();
-    run_provider(
+    let stderr = run_provider(
         &state,
         &format!("http://{addr}/ignored/path"),
         key.expose(),
         &[],
+        dir.path(),
+    )
+    .await;
+    assert!(
+        stderr.contains("the Omni endpoint is plaintext"),
+        "warned at start: {stderr}"
+    );
+    server.stop().await;
+}
+
+/// Plaintext to Omni lets whoever is on the path forge the machine requests the provider deletes
+/// VMs for: refused unless the operator says so.
+#[test]
+fn binary_refuses_a_plaintext_omni_unless_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let key = ProviderKey::generate("proxmox")
+        .unwrap()
+        .to_encoded()
+        .unwrap();
+    let out = provider_command(
+        "http://127.0.0.1:1",
+        &[("OMNI_SERVICE_ACCOUNT_KEY", key.expose())],
+    )
+    .env_remove("OMNI_INSECURE_HTTP")
+    .arg("--config-file")
+    .arg(&config)
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("plaintext") && stderr.contains("--omni-insecure-http"),
+        "{stderr}"
+    );
+}
+
+/// The key from a file (a Docker or Kubernetes secret), not from the environment.
+#[tokio::test]
+async fn binary_takes_the_key_from_a_file() {
+    transport::install_crypto_provider();
+    let state = MemState::new();
+    let key = state.register_provider("proxmox").unwrap();
+    let (server, addr) = serve(&state, None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("omni-key");
+    std::fs::write(&key_file, format!("{}\n", key.expose())).unwrap();
+    let key_path = key_file.to_str().unwrap().to_owned();
+    run_provider_with_env(
+        &state,
+        &format!("http://{addr}"),
+        key.expose(),
+        &[],
+        &["--omni-service-account-key-file", &key_path],
         dir.path(),
     )
     .await;
@@ -349,6 +409,7 @@ fn binary_refuses_a_bad_key_clearly() {
         .arg("--config-file")
         .arg(&config)
         .env("OMNI_ENDPOINT", "http://127.0.0.1:1")
+        .env("OMNI_INSECURE_HTTP", "true")
         .env("OMNI_SERVICE_ACCOUNT_KEY", "definitely not base64!")
         .output()
         .unwrap();

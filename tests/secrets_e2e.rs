@@ -35,6 +35,8 @@ async fn run_and_collect_output(login: Login) -> Option<(String, Vec<String>)> {
         .arg(&config)
         .args(["--log-level", "debug", "--health-interval", "200ms"])
         .env("OMNI_ENDPOINT", omni.url())
+        // The in-memory Omni speaks plaintext.
+        .env("OMNI_INSECURE_HTTP", "true")
         .env("OMNI_SERVICE_ACCOUNT_KEY", key.expose())
         .stdout(log.try_clone().unwrap())
         .stderr(log)

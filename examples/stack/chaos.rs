@@ -428,6 +428,7 @@ impl Stack {
             .args(["--metrics-listen", &self.metrics.to_string()])
             .args(extra_args)
             .env("OMNI_ENDPOINT", format!("http://{addr}"))
+            .env("OMNI_INSECURE_HTTP", "true")
             .env("OMNI_SERVICE_ACCOUNT_KEY", key.expose())
             .stdout(Stdio::null())
             .stderr(log)

@@ -89,6 +89,8 @@ impl Launch {
             .args(["--metrics-listen", &metrics.to_string()])
             .args(&self.args)
             .env("OMNI_ENDPOINT", format!("http://{}", self.omni_addr))
+            // The in-memory Omni speaks plaintext.
+            .env("OMNI_INSECURE_HTTP", "true")
             .env("OMNI_SERVICE_ACCOUNT_KEY", &self.key)
             .stdout(Stdio::null())
             .stderr(log_file)

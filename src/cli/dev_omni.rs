@@ -75,6 +75,10 @@ pub async fn run(args: DevOmniArgs) -> CliResult {
     let server = state.serve(listener, tls)?;
     // Printing the key is the purpose of this command (a throwaway key for a throwaway Omni).
     println!("OMNI_ENDPOINT={scheme}://{addr}");
+    if scheme == "http" {
+        // A plaintext endpoint must be opted into by the provider; this Omni is local and throwaway.
+        println!("OMNI_INSECURE_HTTP=true");
+    }
     println!("OMNI_SERVICE_ACCOUNT_KEY={}", key.expose());
     println!("provider id: {}", args.provider_id);
     super::run::shutdown_signal().await;

@@ -21,6 +21,10 @@ pub struct OmniArgs {
     /// provider may carry the key there.
     #[arg(skip = sidero_key_from_env())]
     pub sidero_service_account_key: Option<Secret>,
+    /// A file holding the key (ours): a Docker or Kubernetes secret mounted as a file keeps the
+    /// key out of `ps`, `docker inspect` and the environment. Read once, at start.
+    #[arg(long, env = "OMNI_SERVICE_ACCOUNT_KEY_FILE")]
+    pub omni_service_account_key_file: Option<PathBuf>,
     /// Provider ID; must match the ID the key was created for.
     #[arg(long, default_value = "proxmox")]
     pub id: String,
@@ -30,6 +34,11 @@ pub struct OmniArgs {
     /// PEM file with extra CA certificates to trust for the Omni endpoint (ours).
     #[arg(long, env = "OMNI_CA_FILE")]
     pub omni_ca_file: Option<PathBuf>,
+    /// Accept a plaintext `http://` or `grpc://` Omni endpoint (ours; for a local test Omni only):
+    /// whoever sits on the path then reads the signed requests and can forge Omni's answers, such
+    /// as the machine requests the provider deletes VMs for.
+    #[arg(long, env = "OMNI_INSECURE_HTTP")]
+    pub omni_insecure_http: bool,
 }
 
 fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
@@ -55,6 +64,19 @@ pub enum OmniArgsError {
     IdMismatch { key_id: String, flag_id: String },
     #[error("--insecure-skip-verify and --omni-ca-file cannot be used together")]
     TlsFlags,
+    #[error(
+        "the Omni endpoint {url:?} is plaintext: the provider's signed requests and Omni's answers (which decide what VMs are deleted) would cross the network unprotected; use https://, or pass --omni-insecure-http (OMNI_INSECURE_HTTP=true) for a local test Omni"
+    )]
+    Plaintext { url: String },
+    #[error(
+        "the Omni key is given twice: use either --omni-service-account-key (OMNI_SERVICE_ACCOUNT_KEY) or --omni-service-account-key-file (OMNI_SERVICE_ACCOUNT_KEY_FILE)"
+    )]
+    KeyTwice,
+    #[error("cannot read the Omni key file {path}: {source}")]
+    KeyFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl OmniArgs {
@@ -65,7 +87,10 @@ impl OmniArgs {
             .clone()
             .filter(|u| !u.is_empty())
             .ok_or(OmniArgsError::NoEndpoint)?;
-        let key = ProviderKey::parse(&self.key().cloned().unwrap_or_default())?;
+        if self.is_plaintext() && !self.omni_insecure_http {
+            return Err(OmniArgsError::Plaintext { url });
+        }
+        let key = ProviderKey::parse(&self.key()?.unwrap_or_default())?;
         if let Some(key_id) = key.provider_id()
             && key_id != self.id
         {
@@ -88,11 +113,51 @@ impl OmniArgs {
         self.omni_api_endpoint
             .as_deref()
             .is_some_and(|u| !u.is_empty())
-            && self.key().is_some()
+            && (self.omni_service_account_key_file.is_some() || self.inline_key().is_some())
     }
 
-    /// The key to use: the flag or `OMNI_SERVICE_ACCOUNT_KEY`, else `SIDERO_SERVICE_ACCOUNT_KEY`.
-    fn key(&self) -> Option<&Secret> {
+    /// Whether the endpoint is plaintext (`http://`, `grpc://`).
+    pub fn is_plaintext(&self) -> bool {
+        self.omni_api_endpoint
+            .as_deref()
+            .and_then(|u| crate::omni::transport::Target::parse(u).ok())
+            .is_some_and(|t| !t.tls)
+    }
+
+    /// What start-up says every time about an endpoint accepted against the default.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.is_plaintext() && self.omni_insecure_http {
+            out.push("the Omni endpoint is plaintext (--omni-insecure-http): anyone on the network path can read the provider's requests and forge Omni's answers; use https:// outside a test setup".to_string());
+        }
+        if self.insecure_skip_verify {
+            out.push("--insecure-skip-verify: Omni's certificate is not checked, so anyone on the network path can pose as Omni".to_string());
+        }
+        out
+    }
+
+    /// The key to use: from the key file, else the flag or `OMNI_SERVICE_ACCOUNT_KEY`, else
+    /// `SIDERO_SERVICE_ACCOUNT_KEY`. The file is read here, once per call: callers call once.
+    fn key(&self) -> Result<Option<Secret>, OmniArgsError> {
+        let Some(path) = &self.omni_service_account_key_file else {
+            return Ok(self.inline_key().cloned());
+        };
+        if self
+            .omni_service_account_key
+            .as_ref()
+            .is_some_and(|k| !k.is_empty())
+        {
+            return Err(OmniArgsError::KeyTwice);
+        }
+        crate::secret::read_file(path)
+            .map(Some)
+            .map_err(|source| OmniArgsError::KeyFile {
+                path: path.clone(),
+                source,
+            })
+    }
+
+    fn inline_key(&self) -> Option<&Secret> {
         [
             &self.omni_service_account_key,
             &self.sidero_service_account_key,
@@ -112,9 +177,11 @@ mod tests {
             omni_api_endpoint: Some("https://omni.example".into()),
             omni_service_account_key: omni.cloned(),
             sidero_service_account_key: sidero.cloned(),
+            omni_service_account_key_file: None,
             id: id.into(),
             insecure_skip_verify: false,
             omni_ca_file: None,
+            omni_insecure_http: false,
         }
     }
 
@@ -152,5 +219,48 @@ mod tests {
             matches!(&err, OmniArgsError::IdMismatch { key_id, .. } if key_id == "proxmox"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_plaintext_endpoint_needs_the_opt_in_and_is_warned_about() {
+        let key = ProviderKey::generate("a").unwrap().to_encoded().unwrap();
+        for url in ["http://127.0.0.1:8080", "grpc://omni.example:8090"] {
+            let mut a = args(Some(&key), None, "a");
+            a.omni_api_endpoint = Some(url.into());
+            let err = a.connection().unwrap_err();
+            assert!(matches!(err, OmniArgsError::Plaintext { .. }), "{err}");
+            assert!(err.to_string().contains("--omni-insecure-http"), "{err}");
+            assert!(a.warnings().is_empty());
+            a.omni_insecure_http = true;
+            assert!(a.connection().is_ok());
+            assert!(a.warnings()[0].contains("plaintext"), "{:?}", a.warnings());
+        }
+        assert!(args(Some(&key), None, "a").connection().is_ok());
+    }
+
+    #[test]
+    fn the_key_comes_from_a_file_once_and_never_into_a_message() {
+        let key = ProviderKey::generate("a").unwrap().to_encoded().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("omni-key");
+        std::fs::write(&path, format!("{}\n", key.expose())).unwrap();
+        let mut a = args(None, None, "a");
+        a.omni_service_account_key_file = Some(path.clone());
+        assert!(a.is_set());
+        let (_, parsed) = a.connection().unwrap();
+        assert_eq!(parsed.provider_id(), Some("a"));
+
+        a.omni_service_account_key = Some(key.clone());
+        assert!(matches!(a.connection(), Err(OmniArgsError::KeyTwice)));
+
+        a.omni_service_account_key = None;
+        a.omni_service_account_key_file = Some(dir.path().join("missing"));
+        let err = a.connection().unwrap_err().to_string();
+        assert!(err.contains("missing"), "{err}");
+
+        std::fs::write(&path, "not-a-key-s3cr3t").unwrap();
+        a.omni_service_account_key_file = Some(path);
+        let err = a.connection().unwrap_err().to_string();
+        assert!(!err.contains("s3cr3t"), "{err}");
     }
 }

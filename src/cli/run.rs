@@ -153,6 +153,9 @@ pub async fn run(args: RunArgs) -> CliResult {
     telemetry::init_logging(args.log_format, &args.log_level)?;
     transport::install_crypto_provider();
     let settings = Settings::from_args(&args)?;
+    for warning in args.omni.warnings() {
+        tracing::warn!("{warning}");
+    }
     let pve = ProxmoxClient::new(&settings.config.proxmox)?;
     let health_check = proxmox_health(
         pve.clone(),

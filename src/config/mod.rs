@@ -192,8 +192,7 @@ impl Found {
     fn check_keys(&mut self, map: &Map<String, Value>, known: &[&str], prefix: &str) {
         for key in map.keys().filter(|k| !known.contains(&k.as_str())) {
             let hint = did_you_mean::hint(key, known);
-            // An empty key (`"": 1`) is shown quoted, or the message would name no key.
-            let key = if key.is_empty() { "\"\"" } else { key.as_str() };
+            let key = shown_key(key);
             if self.strict {
                 self.problems.push(format!(
                     "unknown key `{prefix}{key}`{hint} (refused because of `strict: true`)"
@@ -207,6 +206,19 @@ impl Found {
 }
 
 /// `placement:`, every problem named with its key and how to write it.
+/// An unknown key as a message shows it. An empty key (`"": 1`) is shown quoted, or the message
+/// would name no key; a key is shown up to its first character no key name has, because a line
+/// typed wrong (`tokenSecret= 0c3b…: x`) makes a key of the secret.
+fn shown_key(key: &str) -> String {
+    if key.is_empty() {
+        return "\"\"".to_string();
+    }
+    match key.find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))) {
+        Some(cut) => format!("{}…", &key[..cut]),
+        None => key.to_string(),
+    }
+}
+
 fn placement_limits(root: &Map<String, Value>, found: &mut Found) -> PlacementLimits {
     let mut limits = PlacementLimits::default();
     let map = match root.get("placement") {
@@ -477,6 +489,82 @@ mod tests {
         );
     }
 
+    /// A YAML mistake near the secret: the parser's own message quotes the lines around it.
+    #[test]
+    fn a_yaml_typo_names_line_and_column_and_never_prints_the_secret() {
+        let text = "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: 0c3b-s3cret-9f2e\n  caFile: [/ca.pem\n";
+        let Err(ParseError::Yaml(message)) = ProviderConfig::parse(text) else {
+            panic!("a YAML error");
+        };
+        assert!(message.contains("line 5, column 11"), "{message}");
+        assert!(!message.contains("s3cret"), "{message}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, text).unwrap();
+        let err = ProviderConfig::load(&path).unwrap_err().to_string();
+        assert!(!err.contains("s3cret") && err.contains("line 5"), "{err}");
+    }
+
+    #[test]
+    fn secrets_come_from_files_read_once_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "tok-s3cret\n").unwrap();
+        let password = dir.path().join("password");
+        std::fs::write(&password, "pw-s3cret").unwrap();
+        let c = ProviderConfig::parse(&format!(
+            "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecretFile: {}\n",
+            token.display()
+        ))
+        .unwrap();
+        assert!(
+            matches!(&c.proxmox.auth, ProxmoxAuth::Token { secret, .. } if secret.expose() == "tok-s3cret")
+        );
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let c = ProviderConfig::parse(&format!(
+            "proxmox:\n  url: https://pve:8006\n  username: root\n  passwordFile: {}\n",
+            password.display()
+        ))
+        .unwrap();
+        assert!(
+            matches!(&c.proxmox.auth, ProxmoxAuth::Password { password, .. } if password.expose() == "pw-s3cret")
+        );
+        let both = problems(&format!(
+            "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: inline-s3cret\n  tokenSecretFile: {}\n",
+            token.display()
+        ))
+        .join("\n");
+        assert!(
+            both.contains("keep one") && !both.contains("s3cret"),
+            "{both}"
+        );
+        let missing = problems(
+            "proxmox:\n  url: https://pve:8006\n  username: root\n  passwordFile: /nonexistent/pw\n",
+        )
+        .join("\n");
+        assert!(
+            missing.contains("`proxmox.passwordFile` /nonexistent/pw"),
+            "{missing}"
+        );
+    }
+
+    #[test]
+    fn a_plaintext_proxmox_url_needs_the_opt_in_and_is_warned_about() {
+        let base = "proxmox:\n  url: http://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n";
+        let refused = problems(base).join("\n");
+        assert!(
+            refused.contains("plaintext") && refused.contains("insecureHTTP"),
+            "{refused}"
+        );
+        let c = ProviderConfig::parse(&format!("{base}  insecureHTTP: true\n")).unwrap();
+        assert_eq!(c.proxmox.api_url.scheme(), "http");
+        assert!(
+            c.warnings.iter().any(|w| w.contains("plaintext")),
+            "{:?}",
+            c.warnings
+        );
+    }
+
     mod fuzz {
         use super::super::ip_pools::POOL_KEYS;
         use super::super::proxmox::PROXMOX_KEYS;
@@ -609,8 +697,72 @@ mod tests {
             }
         }
 
+        /// The line holding `secret` under `key`, broken the way `mutation` says (a hand edit's
+        /// usual slips), inside a config that is otherwise fine.
+        fn secret_config(key: &str, secret: &str, mutation: u8, garbage: &str) -> String {
+            let login = if key == "password" {
+                "  username: root\n"
+            } else {
+                "  tokenID: omni@pve!p\n"
+            };
+            let line = match mutation {
+                1 => format!("  {key} {secret}\n"),
+                2 => format!("  {key}: \"{secret}\n"),
+                3 => format!("  {key}: '{secret}\n"),
+                4 => format!("\t{key}: {secret}\n"),
+                5 => format!(" {key}: {secret}\n"),
+                6 => format!("  {key}: {secret}: x\n"),
+                7 => format!("  {key}: {secret}\n  {key}: {secret}\n"),
+                8 => format!("  {key}: {secret}\n  caFile: [x\n"),
+                9 => format!("  {key}:\n    {secret}\n"),
+                10 => format!("  {key}: {garbage}{secret}\n"),
+                11 => format!("  {key}: {{{secret}\n"),
+                12 => format!("  {key}= {secret}: x\n"),
+                13 => format!("  {key}{garbage}: {secret}\n"),
+                14 => format!("  {garbage}{key}: {secret}{garbage}\n"),
+                _ => format!("  {key}: {secret}\n"),
+            };
+            format!("proxmox:\n  url: https://pve:8006\n{login}{line}  realm: pam\n")
+        }
+
+        /// Everything a parse can put in front of a person: the error, the problems, the warnings,
+        /// the Debug output of what was read.
+        fn everything_said(text: &str) -> String {
+            match ProviderConfig::parse(text) {
+                Ok(c) => format!("{:?}\n{}", c, c.warnings.join("\n")),
+                Err(ParseError::Yaml(e)) => e,
+                Err(ParseError::Invalid(problems)) => problems.join("\n"),
+            }
+        }
+
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// The secret paths of the config file (inline, from a file, with the YAML around them
+            /// broken): no piece of the secret is in any message or Debug output.
+            #[test]
+            fn no_secret_in_any_message(
+                secret in "[A-Za-z0-9]{24}",
+                key in prop::sample::select(vec!["tokenSecret", "password"]),
+                in_file in any::<bool>(),
+                mutation in 0u8..16,
+                garbage in "[^\\n]{0,4}",
+            ) {
+                let dir = tempfile::tempdir().unwrap();
+                let text = if in_file {
+                    let path = dir.path().join("secret");
+                    std::fs::write(&path, format!("{secret}\n")).unwrap();
+                    let file_key = format!("{key}File");
+                    secret_config(&file_key, &path.display().to_string(), mutation, &garbage)
+                } else {
+                    secret_config(key, &secret, mutation, &garbage)
+                };
+                let said = everything_said(&text);
+                for piece in secret.as_bytes().windows(6) {
+                    let piece = std::str::from_utf8(piece).unwrap();
+                    prop_assert!(!said.contains(piece), "{piece:?} of the secret in: {said}\nfrom: {text}");
+                }
+            }
 
             /// Any text: parsed or refused, never a panic.
             #[test]

@@ -20,6 +20,9 @@ pub(super) const PROXMOX_KEYS: &[&str] = &[
     "realm",
     "insecureSkipVerify",
     "caFile",
+    "tokenSecretFile",
+    "passwordFile",
+    "insecureHTTP",
 ];
 
 impl ProxmoxSettings {
@@ -33,15 +36,23 @@ impl ProxmoxSettings {
         let url = s("url", problems);
         let credentials = Credentials {
             token_id: s("tokenID", problems),
-            token_secret: s("tokenSecret", problems),
+            token_secret: secret_key(p, "tokenSecret", problems),
             username: s("username", problems),
-            password: s("password", problems),
+            password: secret_key(p, "password", problems),
             realm: s("realm", problems),
         };
         let ca_file = s("caFile", problems);
-        let insecure = insecure_skip_verify(p, problems);
+        let insecure = flag(p, "insecureSkipVerify", problems);
+        let insecure_http = flag(p, "insecureHTTP", problems);
 
         let api_url = api_url(url.as_deref(), problems);
+        if let Some(u) = api_url.as_ref().filter(|u| u.scheme() == "http") {
+            if insecure_http {
+                warnings.push(format!("`proxmox.url` {:?} is plaintext (`insecureHTTP: true`): the token secret or password crosses the network readable by anyone on the path; use https:// outside a test setup", u.as_str()));
+            } else {
+                problems.push(format!("`proxmox.url` {:?} is plaintext http://: the token secret or password would cross the network in clear; use https:// (Proxmox VE listens on https://HOST:8006), or set `proxmox.insecureHTTP: true` for a test setup", u.as_str()));
+            }
+        }
         let auth = credentials.login(warnings, problems);
         let tls = tls_trust(insecure, ca_file, problems);
         if problems.len() > before {
@@ -55,16 +66,53 @@ impl ProxmoxSettings {
     }
 }
 
-fn insecure_skip_verify(p: &Map<String, Value>, problems: &mut Vec<String>) -> bool {
-    match p.get("insecureSkipVerify") {
+fn flag(p: &Map<String, Value>, key: &str, problems: &mut Vec<String>) -> bool {
+    match p.get(key) {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(other) => {
             problems.push(format!(
-                "`proxmox.insecureSkipVerify` must be true or false, found {}",
+                "`proxmox.{key}` must be true or false, found {}",
                 kind(other)
             ));
             false
+        }
+    }
+}
+
+/// A secret written inline (`tokenSecret`) or kept in a file (`tokenSecretFile`: a Docker or
+/// Kubernetes secret mounted as a file), read here, once. Messages name the key and the file,
+/// never what either holds.
+fn secret_key(p: &Map<String, Value>, key: &str, problems: &mut Vec<String>) -> Option<String> {
+    let inline = match p.get(key) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.trim().is_empty() => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        // YAML turns `password: 1234` into a number; the user meant the text.
+        Some(Value::Number(n)) => Some(n.to_string()),
+        Some(other) => {
+            problems.push(format!(
+                "`proxmox.{key}` must be a string, found {}",
+                kind(other)
+            ));
+            None
+        }
+    };
+    let file_key = format!("{key}File");
+    let Some(path) = string_key(p, &file_key, problems) else {
+        return inline;
+    };
+    if inline.is_some() {
+        problems.push(format!(
+            "`proxmox.{key}` and `proxmox.{file_key}` are both set: keep one"
+        ));
+        return None;
+    }
+    match crate::secret::read_file(std::path::Path::new(&path)) {
+        Ok(secret) => Some(secret.expose().to_owned()),
+        Err(e) => {
+            problems.push(format!("cannot read `proxmox.{file_key}` {path}: {e}"));
+            None
         }
     }
 }
