@@ -65,6 +65,10 @@ pub async fn beat(
 }
 
 /// Beats every `interval` until `shutdown` turns true; a beat in progress is finished first.
+///
+/// A beat never takes longer than `interval`: one that Omni (or the health check) leaves
+/// unanswered is given up, counted as failed, and the next beat is sent on time, so one hung call
+/// cannot silence the provider for longer than one interval.
 pub async fn run(
     state: StateClient,
     provider_id: String,
@@ -80,7 +84,23 @@ pub async fn run(
             _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => return,
             _ = ticker.tick() => {}
         }
-        match beat(&state, &provider_id, &check).await {
+        let beating = crate::contain::future(beat(&state, &provider_id, &check));
+        let outcome = match tokio::time::timeout(interval, beating).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(panic)) => {
+                tracing::error!("heartbeat panicked: {}", panic.message);
+                metrics.heartbeat(false, false);
+                continue;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "heartbeat not answered within {interval:?}; giving it up and beating again"
+                );
+                metrics.heartbeat(false, false);
+                continue;
+            }
+        };
+        match outcome {
             Ok(None) => {
                 tracing::debug!("heartbeat sent");
                 metrics.heartbeat(true, true);

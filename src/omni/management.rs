@@ -45,7 +45,15 @@ impl ManagementClient {
             raw_schematic: raw_schematic.as_bytes().to_vec(),
             talos_version: talos_version.to_owned(),
         };
-        match self.raw.clone().create_schematic_from_raw(req).await {
+        let mut raw = self.raw.clone();
+        let call = raw.create_schematic_from_raw(req);
+        let Ok(answer) = tokio::time::timeout(super::state::CALL_DEADLINE, call).await else {
+            return Err(ManagementError::Refused {
+                code: tonic::Code::DeadlineExceeded,
+                message: format!("no answer within {:?}", super::state::CALL_DEADLINE),
+            });
+        };
+        match answer {
             Ok(resp) => Ok(resp.into_inner().schematic_id),
             Err(s) if s.code() == tonic::Code::Unimplemented => Err(ManagementError::OmniTooOld),
             Err(s) => Err(ManagementError::Refused {

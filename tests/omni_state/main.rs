@@ -276,3 +276,86 @@ async fn gpg_verifies_our_signature_with_an_omni_style_key() {
     let listing = String::from_utf8(gpg(&["--with-colons", "--list-keys"]).stdout).unwrap();
     assert!(listing.to_lowercase().contains(fp), "{fp} not in {listing}");
 }
+
+/// An Omni (or a proxy before it) that accepts connections and reads requests but never answers.
+async fn silent_omni() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut socket, _)) = listener.accept().await {
+            held.push(tokio::spawn(async move {
+                let mut sink = vec![0u8; 4096];
+                use tokio::io::AsyncReadExt;
+                while matches!(socket.read(&mut sink).await, Ok(n) if n > 0) {}
+            }));
+        }
+    });
+    (addr, task)
+}
+
+fn client_of(addr: std::net::SocketAddr) -> omni_infra_provider_proxmox::omni::client::OmniClient {
+    transport::install_crypto_provider();
+    let key = auth::ProviderKey::generate("proxmox").unwrap();
+    omni_infra_provider_proxmox::omni::client::OmniClient::connect(
+        &transport::OmniEndpoint {
+            url: format!("http://{addr}"),
+            tls: transport::OmniTls::SystemAndPublicRoots,
+        },
+        std::sync::Arc::new(key),
+        "proxmox",
+    )
+    .unwrap()
+}
+
+/// A call Omni never answers ends at its deadline with a transport error (retried like one).
+#[tokio::test]
+async fn a_call_omni_never_answers_ends_at_its_deadline() {
+    let (addr, server) = silent_omni().await;
+    let state = client_of(addr)
+        .state
+        .with_call_deadline(Duration::from_millis(200));
+    let started = std::time::Instant::now();
+    let err = state
+        .get(&MachineRequest, "never-answered")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::Transport { .. }), "{err}");
+    assert!(err.to_string().contains("no answer within"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let listed = state.list(&MachineRequest, vec![]).await;
+    assert!(matches!(listed, Err(StateError::Transport { .. })));
+    server.abort();
+}
+
+/// One hung heartbeat call must not silence the provider: each beat is given up after one interval
+/// and the next one is sent on time (without it, the first beat waited for ever).
+#[tokio::test]
+async fn the_heartbeat_never_waits_longer_than_its_interval() {
+    let (addr, server) = silent_omni().await;
+    let state = client_of(addr).state;
+    let attempts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = attempts.clone();
+    let check = health::health_check(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        async { None }
+    });
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let beating = tokio::spawn(health::run(
+        state,
+        "proxmox".into(),
+        Duration::from_millis(100),
+        check,
+        shutdown,
+        Default::default(),
+    ));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let _ = stop.send(true);
+    tokio::time::timeout(Duration::from_secs(2), beating)
+        .await
+        .expect("the heartbeat stops within an interval")
+        .unwrap();
+    let attempts = attempts.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(attempts >= 5, "{attempts} beats in 1 s at a 100 ms interval");
+    server.abort();
+}

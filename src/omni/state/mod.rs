@@ -110,7 +110,14 @@ pub struct StateClient {
     teardown_unsupported: Arc<AtomicBool>,
     /// Backoff bounds for watch reconnects.
     reconnect: (Duration, Duration),
+    /// How long one call may wait for Omni's answer.
+    deadline: Duration,
 }
+
+/// How long one State call may wait for Omni's answer by default: far beyond a healthy answer
+/// (milliseconds; a listing of thousands of resources, a second or two), short enough that an Omni
+/// (or a proxy before it) that takes a request and never answers holds nothing for long.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(30);
 
 impl StateClient {
     pub fn new(channel: SignedChannel) -> Self {
@@ -121,7 +128,30 @@ impl StateClient {
             raw,
             teardown_unsupported: Arc::new(AtomicBool::new(false)),
             reconnect: (Duration::from_millis(100), Duration::from_secs(30)),
+            deadline: CALL_DEADLINE,
         }
+    }
+
+    /// Overrides [`CALL_DEADLINE`] (the heartbeat bounds its calls by its interval).
+    pub fn with_call_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// `call`, or a transport error once the deadline has passed without an answer.
+    async fn bounded<T>(
+        &self,
+        what: &ResourceRef,
+        call: impl std::future::Future<Output = Result<T, StateError>>,
+    ) -> Result<T, StateError> {
+        tokio::time::timeout(self.deadline, call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StateError::Transport {
+                    what: what.clone(),
+                    message: format!("no answer within {:?}", self.deadline),
+                })
+            })
     }
 
     /// Overrides the watch reconnect backoff (initial, max); tests shorten it.
@@ -139,9 +169,14 @@ impl StateClient {
             id: what.id.clone(),
             options: Some(pb::GetOptions {}),
         };
-        let resp = Box::pin(self.raw.clone().get(req))
-            .await
-            .map_err(|s| StateError::from_status(what.clone(), &s))?;
+        let mut raw = self.raw.clone();
+        let call = Box::pin(raw.get(req));
+        let resp = self
+            .bounded(what, async {
+                call.await
+                    .map_err(|s| StateError::from_status(what.clone(), &s))
+            })
+            .await?;
         resp.into_inner().resource.ok_or_else(|| StateError::Other {
             what: what.clone(),
             message: "Get returned no resource".into(),
@@ -166,19 +201,25 @@ impl StateClient {
                 id_query: None,
             }),
         };
-        let mut stream = Box::pin(self.raw.clone().list(req))
-            .await
-            .map_err(|s| StateError::from_status(what.clone(), &s))?
-            .into_inner();
-        let mut out = Vec::new();
-        while let Some(msg) = stream
-            .message()
-            .await
-            .map_err(|s| StateError::from_status(what.clone(), &s))?
-        {
-            out.extend(msg.resource);
-        }
-        Ok(out)
+        let mut raw = self.raw.clone();
+        let call = Box::pin(raw.list(req));
+        // The whole listing, stream included, within the deadline.
+        self.bounded(&what, async {
+            let mut stream = call
+                .await
+                .map_err(|s| StateError::from_status(what.clone(), &s))?
+                .into_inner();
+            let mut out = Vec::new();
+            while let Some(msg) = stream
+                .message()
+                .await
+                .map_err(|s| StateError::from_status(what.clone(), &s))?
+            {
+                out.extend(msg.resource);
+            }
+            Ok(out)
+        })
+        .await
     }
 
     /// Creates `resource` (version and phase are set as the server expects); returns what was stored.
@@ -199,9 +240,14 @@ impl StateClient {
                 owner: owner.to_owned(),
             }),
         };
-        let resp = Box::pin(self.raw.clone().create(req))
-            .await
-            .map_err(|s| StateError::from_status(what.clone(), &s))?;
+        let mut raw = self.raw.clone();
+        let call = Box::pin(raw.create(req));
+        let resp = self
+            .bounded(&what, async {
+                call.await
+                    .map_err(|s| StateError::from_status(what.clone(), &s))
+            })
+            .await?;
         resp.into_inner().resource.ok_or(StateError::Other {
             what,
             message: "Create returned no resource".into(),
@@ -228,9 +274,14 @@ impl StateClient {
                 expected_phase: expected_phase.map(str::to_owned),
             }),
         };
-        let resp = Box::pin(self.raw.clone().update(req))
-            .await
-            .map_err(|s| StateError::from_status(what.clone(), &s))?;
+        let mut raw = self.raw.clone();
+        let call = Box::pin(raw.update(req));
+        let resp = self
+            .bounded(&what, async {
+                call.await
+                    .map_err(|s| StateError::from_status(what.clone(), &s))
+            })
+            .await?;
         resp.into_inner().resource.ok_or(StateError::Other {
             what,
             message: "Update returned no resource".into(),
@@ -246,9 +297,13 @@ impl StateClient {
                 owner: owner.to_owned(),
             }),
         };
-        Box::pin(self.raw.clone().destroy(req))
-            .await
-            .map_err(|s| StateError::from_status(what.clone(), &s))?;
+        let mut raw = self.raw.clone();
+        let call = Box::pin(raw.destroy(req));
+        self.bounded(what, async {
+            call.await
+                .map_err(|s| StateError::from_status(what.clone(), &s))
+        })
+        .await?;
         Ok(())
     }
 
@@ -264,7 +319,9 @@ impl StateClient {
                     owner: owner.to_owned(),
                 }),
             };
-            match Box::pin(self.raw.clone().teardown(req)).await {
+            let mut raw = self.raw.clone();
+            let call = Box::pin(raw.teardown(req));
+            match self.bounded(what, async { Ok(call.await) }).await? {
                 Ok(resp) => return Ok(resp.into_inner().destroy_ready),
                 Err(s) if s.code() == Code::Unimplemented => {
                     tracing::info!("Omni has no Teardown RPC (older than 1.8); using Get+Update");
