@@ -269,6 +269,59 @@ async fn the_set_pool_is_created_and_removed_with_its_last_machine() {
     h.stop_controller().await;
 }
 
+/// Our VM gone by hand, and at its VMID a copy made by someone who may edit VM options: our name,
+/// our tags, our description marker, but not the SMBIOS UUID the provider gave ours (recorded in the
+/// provider state). The teardown reads the config and leaves the copy alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_our_vm_at_the_recorded_vmid_is_never_deleted() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let vmid = h.provisioned("copied-1").await;
+    let ours = h.vm(vmid);
+    let mut config = ours["config"].clone();
+    assert!(config["smbios1"].as_str().unwrap().contains("uuid="));
+    config["smbios1"] = json!("uuid=0e1b7d1c-0000-4000-8000-000000000001");
+    h.pve.control(json!({"op": "remove_vm", "vmid": vmid}));
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": vmid, "name": "copied-1", "node": "pve2",
+        "status": "running", "config": config}),
+    );
+    h.tear_down("copied-1");
+    h.wait_released("copied-1").await;
+    let copy = h.vm(vmid);
+    assert_eq!(copy["name"], json!("copied-1"), "the copy stays: {copy}");
+    h.stop_controller().await;
+}
+
+/// A pool named like the set that someone else made (with its ACLs) takes the set's VMs, as the
+/// create finds it existing, but is never deleted: only a pool whose comment says a provider made
+/// it for a set is (the official provider deletes only such a pool, internal/pkg/provider/
+/// provision.go `poolComment`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn someone_elses_pool_named_like_the_set_is_never_deleted() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let pve = omni_infra_provider_proxmox::proxmox::ProxmoxClient::new(&h.config.proxmox).unwrap();
+    pve.ensure_pool("teardown", "team pool, ACLs for the ops group")
+        .await
+        .unwrap();
+    let vmid = h.provisioned("pool-theirs").await;
+    assert_eq!(h.vm(vmid)["pool"], json!("teardown"));
+    h.tear_down("pool-theirs");
+    h.wait_released("pool-theirs").await;
+    assert_eq!(h.pve.count("DELETE", "/pools"), 0);
+    assert!(
+        h.pve
+            .control(json!({"op": "pools"}))
+            .get("teardown")
+            .is_some(),
+        "their pool stays"
+    );
+    h.stop_controller().await;
+}
+
 /// The seed ISO's delete whose answer is lost (a connection reset, a proxy's 502: the file may or may
 /// not be gone) is sent again: a second delete of a file already deleted is answered "does not
 /// exist" (pve-storage PVE/API2/Storage/Content.pm `delete` -> `PVE::Storage::vdisk_free`), which

@@ -178,7 +178,8 @@ pub fn candidates<'a>(
     recorded.into_iter().chain(lookalikes).collect()
 }
 
-/// Ownership as far as the listing can decide it.
+/// Ownership as far as the listing can decide it: enough for what changes nothing in Proxmox (the
+/// topology labels); adoption and deletion ask [`judge_listing_to_act`].
 pub fn judge_listing(vm: &VmResource, claim: &Claim<'_>) -> ListingVerdict {
     if vm.template {
         return ListingVerdict::NotOurs("it is a template".into());
@@ -196,6 +197,18 @@ pub fn judge_listing(vm: &VmResource, claim: &Claim<'_>) -> ListingVerdict {
         // pvestatd has not reported the VM yet (created seconds ago, or its node has been away for
         // minutes and its RRD entry expired): the listing cannot tell, the config can.
         None => ListingVerdict::NeedsConfig,
+    }
+}
+
+/// Ownership as far as the listing can decide it before an adoption or a destructive call. Name and
+/// tags are copied by anyone who may edit a VM's options (`VM.Config.Options`); the SMBIOS UUID we
+/// gave the VM is not in the listing, and a copy never carries it. So when one was recorded, only
+/// the config ([`judge_config`]) decides; the listing alone still rules a VM out.
+pub fn judge_listing_to_act(vm: &VmResource, claim: &Claim<'_>) -> ListingVerdict {
+    let uuid_recorded = claim.smbios_uuid.is_some_and(|u| !u.trim().is_empty());
+    match judge_listing(vm, claim) {
+        ListingVerdict::Ours if uuid_recorded => ListingVerdict::NeedsConfig,
+        other => other,
     }
 }
 

@@ -22,14 +22,15 @@ pub enum Identified {
 }
 
 /// Judges `vm` for `claim`: from the listing when that is conclusive (no request), else from the
-/// config (one request). `node_online` is the listing's word on the VM's node.
+/// config (one request): always from the config when a SMBIOS UUID was recorded, which only the
+/// config shows. `node_online` is the listing's word on the VM's node.
 pub async fn identify(
     pve: &ProxmoxClient,
     node_online: bool,
     vm: &VmResource,
     claim: &Claim<'_>,
 ) -> Result<Identified, ProxmoxError> {
-    match identity::judge_listing(vm, claim) {
+    match identity::judge_listing_to_act(vm, claim) {
         ListingVerdict::Ours => return Ok(Identified::Ours),
         ListingVerdict::NotOurs(reason) => return Ok(Identified::NotOurs(reason)),
         ListingVerdict::NeedsConfig => {}

@@ -356,6 +356,9 @@ async fn the_heartbeat_never_waits_longer_than_its_interval() {
         .expect("the heartbeat stops within an interval")
         .unwrap();
     let attempts = attempts.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(attempts >= 5, "{attempts} beats in 1 s at a 100 ms interval");
+    assert!(
+        attempts >= 5,
+        "{attempts} beats in 1 s at a 100 ms interval"
+    );
     server.abort();
 }

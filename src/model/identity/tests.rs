@@ -305,3 +305,39 @@ proptest! {
         let _ = judge_listing(&vm, &claim(None));
     }
 }
+
+/// A copy of our VM made by someone who may edit VM options carries our name, tags and marker, but
+/// never the SMBIOS UUID we gave ours: with one recorded, the listing cannot prove a VM ours for an
+/// adoption or a delete, and the config rules the copy out.
+#[test]
+fn a_recorded_uuid_makes_the_config_decide_before_acting() {
+    let tags = "machine-request.workers;omni-provider.proxmox;omni-request.req-1";
+    let copy = listed(json!({"vmid": 180, "node": "pve1", "name": "req-1", "tags": tags}));
+    let with_uuid = Claim {
+        smbios_uuid: Some(UUID),
+        ..claim(Some(180))
+    };
+    assert_eq!(judge_listing(&copy, &with_uuid), ListingVerdict::Ours);
+    assert_eq!(
+        judge_listing_to_act(&copy, &with_uuid),
+        ListingVerdict::NeedsConfig
+    );
+    assert_eq!(
+        judge_listing_to_act(&copy, &claim(Some(180))),
+        ListingVerdict::Ours,
+        "nothing recorded to check: the listing decides"
+    );
+    let copied_config = config(
+        json!({"name": "req-1", "tags": tags, "description": marker(),
+        "smbios1": "uuid=0e1b7d1c-0000-4000-8000-000000000001"}),
+    );
+    assert!(matches!(
+        judge_config(&copy, &copied_config, &with_uuid),
+        Ownership::NotOurs(ref why) if why.contains("SMBIOS UUID")
+    ));
+    let ours = config(
+        json!({"name": "req-1", "tags": tags, "description": marker(),
+        "smbios1": format!("uuid={UUID}")}),
+    );
+    assert_eq!(judge_config(&copy, &ours, &with_uuid), Ownership::Ours);
+}

@@ -260,19 +260,24 @@ pub async fn deprovision_reporting(
         progress(&format!("{e}; left for the `orphans` command"));
     }
     let mut leftover_pool = false;
-    let set_pool = match (&target.default_pool, &target.official_pool) {
-        (Some(pool), _) => Some(pool.clone()),
-        (None, Some(pool)) => match pve.pool_comment(pool).await {
+    // Only a pool whose comment says a provider made it for a set: a pool of the same name made by
+    // someone else (with its ACLs) is reused for the set's VMs by the create, never deleted.
+    let set_pool = match target
+        .default_pool
+        .as_ref()
+        .or(target.official_pool.as_ref())
+    {
+        Some(pool) => match pve.pool_comment(pool).await {
             Ok(comment) => {
                 (comment.as_deref() == Some(identity::SET_POOL_COMMENT)).then(|| pool.clone())
             }
             Err(e) => {
-                tracing::warn!(request = %target.request_id, %pool, error = %e, "cannot read the official provider's pool");
+                tracing::warn!(request = %target.request_id, %pool, error = %e, "cannot read the set's pool");
                 leftover_pool = true;
                 None
             }
         },
-        (None, None) => None,
+        None => None,
     };
     if let Some(pool) = &set_pool {
         let deleted = match &outcome {
