@@ -204,8 +204,8 @@ async fn run() -> Result<Vec<Row>, String> {
             many_teardown.as_secs_f64(),
             many_teardown_calls.len() as f64 / MANY as f64
         ),
-        target: "<= 6 requests each".into(),
-        ok: Some(many_teardown_calls.len() <= 6 * MANY),
+        target: "<= 7 requests each".into(),
+        ok: Some(many_teardown_calls.len() <= 7 * MANY),
     });
     rows.push(Row {
         what: "Idle RSS of the provider".into(),

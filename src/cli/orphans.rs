@@ -39,7 +39,7 @@ use crate::omni::state::LabelSelector;
 use crate::omni::transport::{self, OmniEndpoint};
 use crate::pipeline::deprovision::{
     ClusterView, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
-    deprovision_reporting, find_orphans, iso_volumes_in, our_vms,
+    deprovision_reporting, find_orphans, iso_volumes_in,
 };
 use crate::proxmox::types::{NodeName, NodeState, VmId, VmResource};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
@@ -54,6 +54,11 @@ pub struct OrphansArgs {
     /// Delete the orphans found (VMs after the ownership checks, then unused seed ISOs).
     #[arg(long)]
     pub delete: bool,
+    /// With `--delete`: delete even when Omni lists no MachineRequest at all for this provider
+    /// while VMs of ours exist (an Omni restored from an old backup, a wrong provider ID or Omni
+    /// instance would otherwise make every VM an orphan).
+    #[arg(long)]
+    pub force: bool,
     /// `table` for people, `json` for scripts.
     #[arg(long, value_enum, default_value = "table")]
     pub output: OutputFormat,
@@ -75,6 +80,27 @@ pub enum OrphansError {
     },
     #[error("{0} orphan(s) could not be deleted (see above)")]
     DeleteFailed(usize),
+    #[error(
+        "Omni lists no MachineRequest for provider {provider_id} at all, yet {vms} VM(s) of ours exist: refusing to delete them all. Check --id and the Omni endpoint; if every one of them really is an orphan, run again with --force"
+    )]
+    NoLiveRequests { provider_id: String, vms: usize },
+}
+
+/// Whether `--delete` may go ahead: an empty request list while VMs of ours exist looks more like
+/// the wrong Omni (or provider ID, or a restored backup) than like every machine gone at once.
+pub fn deletion_allowed(
+    provider_id: &str,
+    live_requests: usize,
+    orphan_vms: usize,
+    force: bool,
+) -> Result<(), OrphansError> {
+    if live_requests == 0 && orphan_vms > 0 && !force {
+        return Err(OrphansError::NoLiveRequests {
+            provider_id: provider_id.to_owned(),
+            vms: orphan_vms,
+        });
+    }
+    Ok(())
 }
 
 /// What `--delete` did.
@@ -116,6 +142,7 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     let pve = ProxmoxClient::new(&config.proxmox)?;
     let orphans = scan(&pve, &args.omni.id, &live).await?;
     let deletion = if args.delete {
+        deletion_allowed(&args.omni.id, live.len(), orphans.vms.len(), args.force)?;
         let report_line = |line: &str| {
             if args.output == OutputFormat::Table {
                 println!("{line}");
@@ -211,8 +238,10 @@ async fn live_requests(
     Ok(requests.iter().map(|r| r.id().to_owned()).collect())
 }
 
-/// Lists the orphans: one cluster listing, the configs of our VMs (for the ISOs they use), and the
-/// ISO content of every storage that holds ISOs.
+/// Lists the orphans: one cluster listing, the config of every VM (for the ISOs it uses: a seed ISO
+/// attached to any VM, another provider instance's included, is never an orphan), and the ISO
+/// content of every storage that holds ISOs. When a VM's config cannot be read, the ISOs it may use
+/// are unknown, and no loose seed ISO is listed.
 pub async fn scan(
     pve: &ProxmoxClient,
     provider_id: &str,
@@ -224,8 +253,10 @@ pub async fn scan(
     let mut problems = Vec::new();
 
     let mut used: BTreeMap<VmId, Vec<String>> = BTreeMap::new();
-    for vm in our_vms(&vms, provider_id) {
+    let mut attachments_known = true;
+    for vm in vms.iter().filter(|vm| !vm.template) {
         if !online(&vm.node) {
+            attachments_known = false;
             problems.push(format!(
                 "node {} is not online: cannot read the config of VM {}",
                 vm.node, vm.vmid
@@ -237,7 +268,10 @@ pub async fn scan(
                 used.insert(vm.vmid, iso_volumes_in(&config));
             }
             Err(e) if e.is_not_found() => {}
-            Err(e) => problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid)),
+            Err(e) => {
+                attachments_known = false;
+                problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid));
+            }
         }
     }
 
@@ -282,6 +316,13 @@ pub async fn scan(
         ));
     }
     let mut orphans = find_orphans(&vms, live_requests, provider_id, &isos, &used);
+    if !attachments_known && !orphans.seed_isos.is_empty() {
+        problems.push(format!(
+            "{} seed ISO(s) no readable VM uses were not listed: a VM whose config could not be read may use them",
+            orphans.seed_isos.len()
+        ));
+        orphans.seed_isos.clear();
+    }
     orphans.problems = problems;
     Ok(orphans)
 }
@@ -465,6 +506,18 @@ fn render_table(
 mod tests {
     use super::*;
     use crate::pipeline::deprovision::{OrphanIso, OrphanVm};
+
+    /// An empty request list while VMs of ours exist (the wrong Omni, provider ID, or a restored
+    /// backup) made every VM an orphan, and `--delete` deleted them all.
+    #[test]
+    fn deleting_everything_on_an_empty_request_list_needs_force() {
+        let err = deletion_allowed("proxmox", 0, 3, false).unwrap_err();
+        assert!(matches!(err, OrphansError::NoLiveRequests { vms: 3, .. }));
+        assert!(err.to_string().contains("--force"), "{err}");
+        assert!(deletion_allowed("proxmox", 0, 3, true).is_ok());
+        assert!(deletion_allowed("proxmox", 1, 3, false).is_ok());
+        assert!(deletion_allowed("proxmox", 0, 0, false).is_ok());
+    }
 
     #[test]
     fn refuses_without_omni() {

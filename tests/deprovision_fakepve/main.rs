@@ -26,8 +26,9 @@ use support::fakepve::{FakePve, Login, Trust, three_node_scenario};
 
 const TASK_TIMEOUT: Duration = Duration::from_secs(30);
 const PROVIDER: &str = "proxmox";
-/// Measured: listing, shutdown + 1 poll, destroy + 1 poll, seed ISO delete.
-const RUNNING_VM_REQUESTS: u64 = 6;
+/// Measured: listing, config (the recorded SMBIOS UUID is checked), shutdown + 1 poll, destroy + 1
+/// poll, seed ISO delete.
+const RUNNING_VM_REQUESTS: u64 = 7;
 
 fn node(n: &str) -> NodeName {
     NodeName::new(n).unwrap()
@@ -152,7 +153,7 @@ fn has_volume(fake: &mut FakePve, storage: &str, needle: &str) -> bool {
 }
 
 #[tokio::test]
-async fn running_vm_is_shut_down_and_destroyed_with_disks_and_seed_in_six_requests() {
+async fn running_vm_is_shut_down_and_destroyed_with_disks_and_seed_in_seven_requests() {
     let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
         return;
     };
@@ -189,9 +190,10 @@ async fn running_vm_is_shut_down_and_destroyed_with_disks_and_seed_in_six_reques
         .filter(|(_, p)| p.ends_with("/cluster/resources"))
         .count();
     assert_eq!(listing, 1, "one listing, whatever the node count: {seen:?}");
-    assert!(
-        !seen.iter().any(|(_, p)| p.ends_with("/config")),
-        "ownership decided from the listing alone: {seen:?}"
+    assert_eq!(
+        seen.iter().filter(|(_, p)| p.ends_with("/config")).count(),
+        1,
+        "the config read once, for the recorded SMBIOS UUID a copy of the VM cannot carry: {seen:?}"
     );
     assert!(
         seen.iter()
@@ -244,8 +246,8 @@ async fn stopped_vm_skips_the_shutdown() {
     );
     assert_eq!(
         seen.len(),
-        4,
-        "listing, destroy, poll, seed delete: {seen:?}"
+        5,
+        "listing, config, destroy, poll, seed delete: {seen:?}"
     );
 }
 
@@ -521,6 +523,32 @@ async fn failed_destroy_task_reports_its_log_then_succeeds_on_retry() {
     );
     assert_eq!(fake.vm(132), Value::Null);
     assert!(disks_of(&mut fake, 132).is_empty());
+}
+
+/// Another provider instance (another provider ID) shares the storage: its VM uses its seed ISO,
+/// whose name says nothing of the provider. Attached to a VM, the ISO is in use, whoever made it:
+/// never listed, never deleted.
+#[tokio::test]
+async fn a_seed_iso_attached_to_another_instances_vm_is_no_orphan() {
+    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    upload_iso(&pve, "pve3", &seed_iso_file_name("req-theirs")).await;
+    fake.control(
+        json!({"op": "add_vm", "vmid": 150, "name": "req-theirs", "node": "pve3",
+        "status": "running", "config": {"name": "req-theirs", "memory": 1024,
+        "tags": "omni-provider.other;omni-request.req-theirs",
+        "ide3": "local:iso/omni-seed-req-theirs.iso,media=cdrom"}}),
+    );
+    let found = orphans::scan(&pve, PROVIDER, &BTreeSet::new())
+        .await
+        .unwrap();
+    assert!(found.vms.is_empty(), "{found:?}");
+    assert!(found.seed_isos.is_empty(), "{found:?}");
+    let report = orphans::delete(&pve, PROVIDER, &found, &|_| {}).await;
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert!(has_volume(&mut fake, "local", "omni-seed-req-theirs.iso"));
 }
 
 #[tokio::test]

@@ -17,10 +17,12 @@
 //! What must not happen is a silent "done" while the VM may still exist: a node that is offline or
 //! unreachable is a transient [`DeprovisionError`] naming the node, and the caller retries.
 //!
-//! Cost (docs/performance.md; target ≤ 6 requests per deprovision whatever the node count): one listing, then
-//! one call plus one poll per task (shutdown, destroy), then the seed ISO delete, whose task is not
-//! polled by default (see [`DeprovisionOptions::wait_for_seed_iso`]): 6 requests for a running VM
-//! whose tasks finish at once, 4 for a stopped one.
+//! Cost (docs/performance.md; target ≤ 7 requests per deprovision whatever the node count): one listing,
+//! the VM's config when a SMBIOS UUID was recorded (only the config shows it, and a copy of our VM
+//! carries everything else of ours), then one call plus one poll per task (shutdown, destroy), then
+//! the seed ISO delete, whose task is not polled by default (see
+//! [`DeprovisionOptions::wait_for_seed_iso`]): 7 requests for a running VM whose tasks finish at
+//! once, 5 for a stopped one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -260,26 +262,11 @@ pub async fn deprovision_reporting(
         progress(&format!("{e}; left for the `orphans` command"));
     }
     let mut leftover_pool = false;
-    // Only a pool whose comment says a provider made it for a set: a pool of the same name made by
-    // someone else (with its ACLs) is reused for the set's VMs by the create, never deleted.
-    let set_pool = match target
+    let set_pool = target
         .default_pool
         .as_ref()
-        .or(target.official_pool.as_ref())
-    {
-        Some(pool) => match pve.pool_comment(pool).await {
-            Ok(comment) => {
-                (comment.as_deref() == Some(identity::SET_POOL_COMMENT)).then(|| pool.clone())
-            }
-            Err(e) => {
-                tracing::warn!(request = %target.request_id, %pool, error = %e, "cannot read the set's pool");
-                leftover_pool = true;
-                None
-            }
-        },
-        None => None,
-    };
-    if let Some(pool) = &set_pool {
+        .or(target.official_pool.as_ref());
+    if let Some(pool) = set_pool {
         let deleted = match &outcome {
             DeprovisionOutcome::Deleted { vmid, .. } => Some(*vmid),
             _ => None,
@@ -291,7 +278,7 @@ pub async fn deprovision_reporting(
             &target.provider_id,
             options.departing.as_ref(),
         );
-        leftover_pool = ask && !remove_pool(pve, pool, &target.request_id).await;
+        leftover_pool = ask && !remove_pool_if_ours(pve, pool, &target.request_id).await;
     }
     match &outcome {
         DeprovisionOutcome::Deleted { node, vmid } => {
@@ -349,9 +336,24 @@ pub fn pool_may_be_empty(
         })
 }
 
-/// Deletes the set's pool if Proxmox finds it empty. Best effort: an empty pool left behind is
-/// harmless. False when the delete failed for another reason than the pool not being empty.
-async fn remove_pool(pve: &ProxmoxClient, pool: &str, request_id: &str) -> bool {
+/// Deletes the set's pool if its comment says a provider made it for a set and Proxmox finds it
+/// empty: a pool of the same name made by someone else (with its ACLs) is reused for the set's VMs
+/// by the create, never deleted. The comment is read only here, when the pool may be empty, so a
+/// teardown that leaves machines in the pool costs nothing more. Best effort: an empty pool left
+/// behind is harmless. False when a request failed for another reason than the pool not being
+/// empty.
+async fn remove_pool_if_ours(pve: &ProxmoxClient, pool: &str, request_id: &str) -> bool {
+    match pve.pool_comment(pool).await {
+        Ok(comment) if comment.as_deref() == Some(identity::SET_POOL_COMMENT) => {}
+        Ok(_) => {
+            tracing::info!(request = %request_id, %pool, "the set's pool was not made by a provider (its comment says otherwise); leaving it");
+            return true;
+        }
+        Err(e) => {
+            tracing::warn!(request = %request_id, %pool, error = %e, "cannot read the set's pool");
+            return false;
+        }
+    }
     match pve.delete_pool_if_empty(pool).await {
         Ok(true) => {
             tracing::info!(request = %request_id, %pool, "removed the machine-request set's pool, now empty");

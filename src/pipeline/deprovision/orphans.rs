@@ -82,8 +82,9 @@ pub fn is_seed_iso(volume: &str) -> bool {
 /// Decides what is orphaned: VMs with our provider tag whose request is not live, and seed ISOs that
 /// no config in `used_isos` references, that no live request will use (a request being provisioned
 /// uploads its seed before its VM exists) and that are not named after one of our VMs (whose config
-/// may not have been readable; such a seed goes with its VM). `used_isos` maps VMIDs of our VMs to
-/// the ISO volumes their configs use.
+/// may not have been readable; such a seed goes with its VM). `used_isos` maps VMIDs of every VM
+/// read (ours and anyone else's: a seed attached anywhere is in use) to the ISO volumes their
+/// configs use.
 pub fn find_orphans(
     vms: &[VmResource],
     live_requests: &BTreeSet<String>,

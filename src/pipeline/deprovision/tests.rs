@@ -211,7 +211,7 @@ fn the_sets_pool_is_asked_for_only_when_every_other_vm_in_it_is_going() {
 
     // Only our own VM: ask.
     assert!(ask(vec![ours(101, Some("req-a"))], Some(&departing)));
-    // Another machine of the set stays: no request spent on a refusal (one deprovision, 6 requests).
+    // Another machine of the set stays: no request spent on a refusal (one deprovision, 7 requests).
     assert!(!ask(
         vec![ours(101, Some("req-a")), ours(102, Some("req-c"))],
         Some(&departing)
