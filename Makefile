@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: test lint check setup build demo bench soak chaos
+.PHONY: test lint check setup build demo bench soak chaos audit
 
 # Everything the tests need (fakepve in .venv), then every test. fakepve is required here, so a missing
 # fake fails the run instead of silently skipping the end-to-end tests.
@@ -14,6 +14,10 @@ lint:
 	cargo clippy --all-targets --locked -- -D warnings
 
 check: lint test
+
+# Advisory: Cargo.lock against the RustSec database (docs/security.md); never fails for lack of network.
+audit:
+	scripts/audit.sh
 
 build:
 	cargo build --release --locked

@@ -576,3 +576,34 @@ fn example_pinned_class_passes_validate_against_fakepve() {
     let run = validate(&cfg, &clone, "table");
     assert!(run.ok, "{}", run.stdout);
 }
+
+/// A token granted its role on `/` (as the recipe used to say) reaches every VM and storage of the
+/// datacenter: `validate` warns and names what is held there; granted on the provider's own paths,
+/// with only `Sys.Audit` left on `/`, it does not.
+#[test]
+fn a_token_holding_more_than_it_needs_on_the_root_is_warned_about() {
+    let Some(mut fake) = start() else { return };
+    let cfg = config(&fake, "reach", "");
+    let role = support::fakepve::readme_role();
+    fake.control(json!({"op": "set_acl", "who": support::fakepve::TOKEN_ID,
+        "entries": [["/", role]]}));
+    let run = validate(&cfg, GOOD, "table");
+    assert!(
+        run.ok,
+        "a warning, not a problem: {}\n{}",
+        run.stdout, run.stderr
+    );
+    assert!(
+        run.stdout.contains("VM.Allocate") && run.stdout.contains("on `/`"),
+        "{}",
+        run.stdout
+    );
+
+    let role = support::fakepve::readme_role();
+    let elsewhere: Vec<String> = role.into_iter().filter(|p| p != "Sys.Audit").collect();
+    fake.control(json!({"op": "set_acl", "who": support::fakepve::TOKEN_ID,
+        "entries": [["/", ["Sys.Audit"]], ["/vms", elsewhere], ["/storage", elsewhere],
+                    ["/nodes", elsewhere], ["/pool", elsewhere], ["/sdn", elsewhere]]}));
+    let run = validate(&cfg, GOOD, "table");
+    assert!(!run.stdout.contains("on `/`"), "{}", run.stdout);
+}

@@ -157,6 +157,12 @@ pub async fn run(args: RunArgs) -> CliResult {
         tracing::warn!("{warning}");
     }
     let pve = ProxmoxClient::new(&settings.config.proxmox)?;
+    let reach = pve.clone();
+    tokio::spawn(async move {
+        if let Some(warning) = crate::validate::root_reach_warning(&reach).await {
+            tracing::warn!("{warning}");
+        }
+    });
     let health_check = proxmox_health(
         pve.clone(),
         settings.config.clone(),

@@ -23,7 +23,9 @@ use super::cluster::OutputFormat;
 use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::ProviderDataSchema;
-use crate::validate::{Layers, Report, config_file_findings, pool_findings, validate_class};
+use crate::validate::{
+    Finding, Layers, Outcome, Report, config_file_findings, pool_findings, validate_class,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct ValidateArgs {
@@ -63,11 +65,15 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     let layers = Layers::new(&class_yaml, &config);
     let report = validate_class(&client, &schema, &layers, config.placement).await?;
     let pools = pool_findings(&client, &schema, &layers, &config.ip_pools).await?;
+    let reach = crate::validate::root_reach_warning(&client)
+        .await
+        .map(|w| Finding::new(Outcome::Warning, "proxmox.tokenID", None, w));
     let report = Report::new(
         config_file_findings(&config)
             .into_iter()
             .chain(report.findings)
             .chain(pools)
+            .chain(reach)
             .collect(),
     );
     print_report(&report, args.output)?;

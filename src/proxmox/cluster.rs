@@ -215,4 +215,9 @@ impl EffectivePrivileges {
     pub fn holds(&self, path: &str, privilege: &str) -> bool {
         self.0.get(path).is_some_and(|p| p.contains(privilege))
     }
+
+    /// The privileges held on `path`.
+    pub fn on(&self, path: &str) -> impl Iterator<Item = &str> {
+        self.0.get(path).into_iter().flatten().map(String::as_str)
+    }
 }

@@ -21,6 +21,7 @@ mod gather;
 mod layers;
 mod node;
 mod pools;
+mod privileges;
 mod report;
 #[cfg(test)]
 mod tests;
@@ -32,6 +33,7 @@ pub use defaults::{check_defaults, check_defaults_against};
 pub use gather::{gather, release_problem, validate_class};
 pub use layers::Layers;
 pub use pools::{check_pools, pool_findings};
+pub use privileges::root_reach_warning;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
