@@ -24,6 +24,7 @@
 //! provider data.
 
 mod ip_pools;
+mod policy;
 mod proxmox;
 
 use std::path::{Path, PathBuf};
@@ -33,6 +34,7 @@ use serde_json::{Map, Value};
 use crate::did_you_mean;
 use crate::rules::ip_pool::IpPool;
 use crate::rules::placement::PlacementLimits;
+use crate::rules::policy::Policy;
 use crate::rules::provider_data::ConfigLayers;
 pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
 
@@ -53,6 +55,8 @@ pub struct ProviderConfig {
     pub placement: PlacementLimits,
     /// `ipPools:`: the static IP pools provider data may name (`ip_pool`), checked.
     pub ip_pools: Vec<IpPool>,
+    /// `policy:`: what machine classes may ask for.
+    pub policy: Policy,
     /// What was ignored or chosen for the user (unknown keys, a token and a password both set): logged
     /// at start and shown by `validate`.
     pub warnings: Vec<String>,
@@ -81,6 +85,7 @@ const TOP_KEYS: &[&str] = &[
     "strict",
     "placement",
     "ipPools",
+    "policy",
 ];
 const PLACEMENT_KEYS: &[&str] = &["cpuOvercommit", "memoryOvercommit"];
 /// No cluster runs usefully at more vCPUs per CPU than this; a larger value is a typo.
@@ -154,12 +159,14 @@ impl ProviderConfig {
         let nodes = optional_map(&root, "nodes", &mut found.problems);
         let placement = placement_limits(&root, &mut found);
         let ip_pools = ip_pools::ip_pools(&root, &mut found);
+        let policy = policy::policy(&root, &mut found);
         ip_pools::check_references(&defaults, &nodes, &ip_pools, &mut found);
         match (proxmox, found.problems.is_empty()) {
             (Some(proxmox), true) => Ok(Self {
                 proxmox,
                 placement,
                 ip_pools,
+                policy,
                 layers: ConfigLayers::read(&defaults, &nodes),
                 defaults,
                 nodes,
@@ -563,6 +570,35 @@ mod tests {
             "{:?}",
             c.warnings
         );
+    }
+
+    #[test]
+    fn the_policy_section_is_read_and_checked_by_key() {
+        let base = "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n";
+        let c = ProviderConfig::parse(&format!(
+            "{base}policy:\n  bridges: [vmbr0]\n  vlans: [0, 100-199, '300']\n  templates: [9000, talos]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.policy.bridges, Some(vec!["vmbr0".to_string()]));
+        assert_eq!(c.policy.vlans, Some(vec![(0, 0), (100, 199), (300, 300)]));
+        assert_eq!(
+            c.policy.templates,
+            Some(vec!["9000".to_string(), "talos".to_string()])
+        );
+        assert_eq!(c.policy.pools, None);
+        let all = problems(&format!(
+            "{base}policy:\n  bridges: vmbr0\n  vlans: [5000, 9-3]\n  pools: [{{a: 1}}]\n  bridgez: []\n"
+        ))
+        .join("\n");
+        for needle in [
+            "`policy.bridges` must be a list",
+            "`policy.vlans[0]`",
+            "`policy.vlans[1]`",
+            "`policy.pools[0]`",
+            "`policy.bridgez`",
+        ] {
+            assert!(all.contains(needle), "{needle} in {all}");
+        }
     }
 
     mod fuzz {

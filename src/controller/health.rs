@@ -64,11 +64,16 @@ pub async fn beat(
         .map(|_| problem)
 }
 
+/// The least a beat is given: a signed round trip to a loaded Omni takes a good part of a second,
+/// and a beat given up every time is worse than a slow one. Only sub-second intervals (tests) meet
+/// it; Omni's window is 31 s.
+pub const BEAT_DEADLINE_FLOOR: Duration = Duration::from_secs(1);
+
 /// Beats every `interval` until `shutdown` turns true; a beat in progress is finished first.
 ///
-/// A beat never takes longer than `interval`: one that Omni (or the health check) leaves
-/// unanswered is given up, counted as failed, and the next beat is sent on time, so one hung call
-/// cannot silence the provider for longer than one interval.
+/// A beat never takes longer than `interval` (at least [`BEAT_DEADLINE_FLOOR`]): one that Omni
+/// (or the health check) leaves unanswered is given up, counted as failed, and the next beat is
+/// sent on time, so one hung call cannot silence the provider for longer than one interval.
 pub async fn run(
     state: StateClient,
     provider_id: String,
@@ -80,12 +85,14 @@ pub async fn run(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // Shutdown first: after a beat given up, the next tick is due at once too.
         tokio::select! {
+            biased;
             _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => return,
             _ = ticker.tick() => {}
         }
         let beating = crate::contain::future(beat(&state, &provider_id, &check));
-        let outcome = match tokio::time::timeout(interval, beating).await {
+        let outcome = match tokio::time::timeout(interval.max(BEAT_DEADLINE_FLOOR), beating).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(panic)) => {
                 tracing::error!("heartbeat panicked: {}", panic.message);
@@ -94,7 +101,8 @@ pub async fn run(
             }
             Err(_) => {
                 tracing::warn!(
-                    "heartbeat not answered within {interval:?}; giving it up and beating again"
+                    "heartbeat not answered within {:?}; giving it up and beating again",
+                    interval.max(BEAT_DEADLINE_FLOOR)
                 );
                 metrics.heartbeat(false, false);
                 continue;

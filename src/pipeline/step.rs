@@ -257,6 +257,10 @@ impl Services {
             .resolve_with(&request.provider_data, node, &self.config.layers)
             .map_err(invalid)?;
         crate::rules::ip_pool::apply_networks(&mut data, &self.config.ip_pools).map_err(invalid)?;
+        let refused = self.config.policy.check(&data);
+        if !refused.is_empty() {
+            return Err(invalid(refused));
+        }
         Ok(data)
     }
 }

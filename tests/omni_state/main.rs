@@ -329,7 +329,8 @@ async fn a_call_omni_never_answers_ends_at_its_deadline() {
 }
 
 /// One hung heartbeat call must not silence the provider: each beat is given up after one interval
-/// and the next one is sent on time (without it, the first beat waited for ever).
+/// (here the 1 s floor) and the next one is sent on time (without it, the first beat waited for
+/// ever).
 #[tokio::test]
 async fn the_heartbeat_never_waits_longer_than_its_interval() {
     let (addr, server) = silent_omni().await;
@@ -349,7 +350,7 @@ async fn the_heartbeat_never_waits_longer_than_its_interval() {
         shutdown,
         Default::default(),
     ));
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let _ = stop.send(true);
     tokio::time::timeout(Duration::from_secs(2), beating)
         .await
@@ -357,8 +358,8 @@ async fn the_heartbeat_never_waits_longer_than_its_interval() {
         .unwrap();
     let attempts = attempts.load(std::sync::atomic::Ordering::Relaxed);
     assert!(
-        attempts >= 5,
-        "{attempts} beats in 1 s at a 100 ms interval"
+        attempts >= 2,
+        "{attempts} beats in 2.5 s with each given up after 1 s"
     );
     server.abort();
 }

@@ -111,3 +111,24 @@ async fn hostile_selectors_fail_their_own_requests_while_the_heartbeat_beats() {
     heartbeat.await.unwrap();
     h.stop_controller().await;
 }
+
+/// A class author asking for a VLAN the operator's `policy:` does not allow: refused on the request
+/// with the key and the allowed values, nothing created. Without the policy the same class is
+/// provisioned (the token could).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_asking_beyond_the_policy_is_refused_before_anything_is_created() {
+    let Some(mut h) = Harness::start("policy:\n  vlans: [0, 10-19]\n").await else {
+        return;
+    };
+    h.request("greedy-1", "greedy", &format!("{SPREAD}vlan: 4000\n"));
+    h.request("modest-1", "modest", &format!("{SPREAD}vlan: 12\n"));
+    let status = h.wait_stage("greedy-1", Stage::Failed).await;
+    let error = status.spec.error;
+    assert!(
+        error.contains("vlan") && error.contains("policy") && error.contains("10-19"),
+        "{error}"
+    );
+    h.wait_stage("modest-1", Stage::Provisioned).await;
+    assert!(h.vms_named("greedy-1").is_empty(), "nothing created");
+    h.stop_controller().await;
+}

@@ -1,0 +1,215 @@
+//! The config file's `policy:`: what machine classes may ask for, for operators whose class authors
+//! are not Proxmox administrators. Each list, when set, is all that is allowed of its kind; an unset
+//! list leaves that kind to the token's ACLs (docs/security.md).
+//!
+//! ```yaml
+//! policy:
+//!   bridges: [vmbr0, vmbr1]
+//!   vlans: [0, 100-199]        # 0: untagged
+//!   pools: [omni]
+//!   templates: [9000, talos-template]
+//!   mappings: [gpu-a]          # PCI and USB resource mappings
+//!   haRules: [spread-workers]
+//! ```
+//!
+//! Checked where provider data is resolved for a request, so a class asking for more fails with
+//! the key and the allowed values before anything is created.
+
+use crate::rules::provider_data::{Problem, ProviderData, TemplateRef};
+
+/// What classes may ask for; `None` allows anything the token can.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub bridges: Option<Vec<String>>,
+    /// Inclusive ranges of VLAN tags; 0 stands for untagged.
+    pub vlans: Option<Vec<(u16, u16)>>,
+    pub pools: Option<Vec<String>>,
+    /// Template VMIDs or names, as the class may write them.
+    pub templates: Option<Vec<String>>,
+    pub mappings: Option<Vec<String>>,
+    pub ha_rules: Option<Vec<String>>,
+}
+
+impl Policy {
+    /// What `data` asks for beyond the policy, by provider-data key.
+    pub fn check(&self, data: &ProviderData) -> Vec<Problem> {
+        let mut refused = Vec::new();
+        let mut refuse = |key: String, what: String, allowed: String| {
+            refused.push(Problem {
+                key,
+                message: format!("{what} is not allowed by the provider's policy (allowed: {allowed}); ask the operator or choose an allowed one"),
+            });
+        };
+        if let Some(bridges) = &self.bridges {
+            let nics =
+                std::iter::once(("network_bridge".to_string(), data.network_bridge.as_str()))
+                    .chain(data.additional_nics.iter().enumerate().map(|(i, nic)| {
+                        (format!("additional_nics[{i}].bridge"), nic.bridge.as_str())
+                    }));
+            for (key, bridge) in nics {
+                if !bridges.iter().any(|b| b == bridge) {
+                    refuse(key, format!("bridge {bridge:?}"), bridges.join(", "));
+                }
+            }
+        }
+        if let Some(vlans) = &self.vlans {
+            let tags = std::iter::once(("vlan".to_string(), data.vlan.map_or(0, |v| v.get())))
+                .chain(data.additional_nics.iter().enumerate().map(|(i, nic)| {
+                    (
+                        format!("additional_nics[{i}].vlan"),
+                        nic.vlan.map_or(0, |v| v.get()),
+                    )
+                }));
+            for (key, tag) in tags {
+                if !vlans.iter().any(|(lo, hi)| (*lo..=*hi).contains(&tag)) {
+                    let what = if tag == 0 {
+                        "no VLAN (untagged)".to_string()
+                    } else {
+                        format!("VLAN {tag}")
+                    };
+                    refuse(key, what, render_ranges(vlans));
+                }
+            }
+        }
+        if let Some(pools) = &self.pools {
+            match &data.pool {
+                Some(pool) if pools.iter().any(|p| p == pool.as_str()) => {}
+                Some(pool) => refuse(
+                    "pool".into(),
+                    format!("pool {:?}", pool.as_str()),
+                    pools.join(", "),
+                ),
+                None => refuse(
+                    "pool".into(),
+                    "no pool (the VM would go to a pool named after its machine-request set)"
+                        .into(),
+                    pools.join(", "),
+                ),
+            }
+        }
+        if let (Some(templates), Some(template)) = (&self.templates, &data.template) {
+            let written = match template {
+                TemplateRef::VmId(id) => id.to_string(),
+                TemplateRef::Name(name) => name.clone(),
+            };
+            if !templates.contains(&written) {
+                refuse(
+                    "template".into(),
+                    format!("template {written:?}"),
+                    templates.join(", "),
+                );
+            }
+        }
+        if let Some(mappings) = &self.mappings {
+            let devices = data
+                .pci_devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| (format!("pci_devices[{i}]"), d.mapping.as_str()))
+                .chain(
+                    data.usb_devices
+                        .iter()
+                        .enumerate()
+                        .map(|(i, d)| (format!("usb_devices[{i}]"), d.mapping.as_str())),
+                );
+            for (key, mapping) in devices {
+                if !mappings.iter().any(|m| m == mapping) {
+                    refuse(key, format!("mapping {mapping:?}"), mappings.join(", "));
+                }
+            }
+        }
+        if let (Some(allowed), Some(ha)) = (&self.ha_rules, &data.ha) {
+            for (i, rule) in ha.rules.iter().enumerate() {
+                if !allowed.contains(rule) {
+                    refuse(
+                        format!("ha.rules[{i}]"),
+                        format!("HA rule {rule:?}"),
+                        allowed.join(", "),
+                    );
+                }
+            }
+        }
+        refused
+    }
+}
+
+fn render_ranges(ranges: &[(u16, u16)]) -> String {
+    ranges
+        .iter()
+        .map(|(lo, hi)| {
+            if lo == hi {
+                lo.to_string()
+            } else {
+                format!("{lo}-{hi}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::provider_data::ProviderDataSchema;
+
+    fn data(extra: &str) -> ProviderData {
+        ProviderDataSchema::new()
+            .unwrap()
+            .resolve(
+                &format!("cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\n{extra}"),
+                None,
+                &serde_json::Map::new(),
+            )
+            .unwrap()
+    }
+
+    fn keys(problems: &[Problem]) -> Vec<&str> {
+        problems.iter().map(|p| p.key.as_str()).collect()
+    }
+
+    #[test]
+    fn an_unset_policy_allows_anything() {
+        let asked =
+            data("network_bridge: vmbr7\nvlan: 42\npool: any\nboot: clone\ntemplate: 9000\n");
+        assert!(Policy::default().check(&asked).is_empty());
+    }
+
+    #[test]
+    fn each_kind_is_held_to_its_list_with_the_key_and_the_allowed_values() {
+        let policy = Policy {
+            bridges: Some(vec!["vmbr0".into()]),
+            vlans: Some(vec![(0, 0), (100, 199)]),
+            pools: Some(vec!["omni".into()]),
+            templates: Some(vec!["9000".into(), "talos".into()]),
+            mappings: Some(vec!["gpu-a".into()]),
+            ha_rules: Some(vec!["spread".into()]),
+        };
+        let fine = data(
+            "network_bridge: vmbr0\nvlan: 150\npool: omni\nboot: clone\ntemplate: talos\npci_devices: [{mapping: gpu-a}]\nha:\n  rules: [spread]\n",
+        );
+        assert_eq!(policy.check(&fine), []);
+        let greedy = data(
+            "network_bridge: vmbr9\nvlan: 300\npool: other\nboot: clone\ntemplate: 9001\npci_devices: [{mapping: gpu-b}]\nadditional_nics: [{bridge: vmbr0, vlan: 7}]\nha:\n  rules: [spread, theirs]\n",
+        );
+        let refused = policy.check(&greedy);
+        assert_eq!(
+            keys(&refused),
+            [
+                "network_bridge",
+                "vlan",
+                "additional_nics[0].vlan",
+                "pool",
+                "template",
+                "pci_devices[0]",
+                "ha.rules[1]"
+            ]
+        );
+        assert!(
+            refused[1].message.contains("allowed: 0, 100-199"),
+            "{}",
+            refused[1]
+        );
+        let no_pool = data("");
+        assert_eq!(keys(&policy.check(&no_pool)), ["pool"]);
+    }
+}
