@@ -607,3 +607,18 @@ fn a_token_holding_more_than_it_needs_on_the_root_is_warned_about() {
     let run = validate(&cfg, GOOD, "table");
     assert!(!run.stdout.contains("on `/`"), "{}", run.stdout);
 }
+
+/// `validate` holds a class to the config's `policy:` as provisioning does.
+#[test]
+fn validate_refuses_what_the_policy_does_not_allow() {
+    let Some(fake) = start() else { return };
+    let cfg = config(&fake, "policy", "policy:\n  bridges: [vmbr0]\n");
+    let run = validate(&cfg, &format!("{GOOD}network_bridge: vmbr1\n"), "table");
+    assert!(!run.ok, "{}", run.stdout);
+    assert!(
+        run.stdout.contains("network_bridge") && run.stdout.contains("policy"),
+        "{}",
+        run.stdout
+    );
+    assert!(validate(&cfg, GOOD, "table").ok);
+}

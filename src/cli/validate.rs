@@ -65,6 +65,16 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     let layers = Layers::new(&class_yaml, &config);
     let report = validate_class(&client, &schema, &layers, config.placement).await?;
     let pools = pool_findings(&client, &schema, &layers, &config.ip_pools).await?;
+    // The config's `policy:`, as provisioning checks it.
+    let refused: Vec<Finding> = match layers.resolve_on(&schema, None) {
+        Ok(data) => config
+            .policy
+            .check(&data)
+            .into_iter()
+            .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
     let reach = crate::validate::root_reach_warning(&client)
         .await
         .map(|w| Finding::new(Outcome::Warning, "proxmox.tokenID", None, w));
@@ -73,6 +83,7 @@ pub async fn run(args: ValidateArgs) -> CliResult {
             .into_iter()
             .chain(report.findings)
             .chain(pools)
+            .chain(refused)
             .chain(reach)
             .collect(),
     );
