@@ -252,28 +252,7 @@ pub async fn scan(
     let online = |n: &NodeName| view.node_state(n) == Some(NodeState::Online);
     let mut problems = Vec::new();
 
-    let mut used: BTreeMap<VmId, Vec<String>> = BTreeMap::new();
-    let mut attachments_known = true;
-    for vm in vms.iter().filter(|vm| !vm.template) {
-        if !online(&vm.node) {
-            attachments_known = false;
-            problems.push(format!(
-                "node {} is not online: cannot read the config of VM {}",
-                vm.node, vm.vmid
-            ));
-            continue;
-        }
-        match pve.vm_config(&vm.node, vm.vmid).await {
-            Ok(config) => {
-                used.insert(vm.vmid, iso_volumes_in(&config));
-            }
-            Err(e) if e.is_not_found() => {}
-            Err(e) => {
-                attachments_known = false;
-                problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid));
-            }
-        }
-    }
+    let (used, attachments_known) = iso_usage(pve, &vms, &online, &mut problems).await;
 
     let mut isos = Vec::new();
     let mut shared_done = BTreeSet::new();
@@ -325,6 +304,39 @@ pub async fn scan(
     }
     orphans.problems = problems;
     Ok(orphans)
+}
+
+/// The ISO volumes each VM's config uses (every VM's: a seed attached to another provider
+/// instance's VM is in use too), and whether every config could be read.
+async fn iso_usage(
+    pve: &ProxmoxClient,
+    vms: &[VmResource],
+    online: &impl Fn(&NodeName) -> bool,
+    problems: &mut Vec<String>,
+) -> (BTreeMap<VmId, Vec<String>>, bool) {
+    let mut used: BTreeMap<VmId, Vec<String>> = BTreeMap::new();
+    let mut all_read = true;
+    for vm in vms.iter().filter(|vm| !vm.template) {
+        if !online(&vm.node) {
+            all_read = false;
+            problems.push(format!(
+                "node {} is not online: cannot read the config of VM {}",
+                vm.node, vm.vmid
+            ));
+            continue;
+        }
+        match pve.vm_config(&vm.node, vm.vmid).await {
+            Ok(config) => {
+                used.insert(vm.vmid, iso_volumes_in(&config));
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                all_read = false;
+                problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid));
+            }
+        }
+    }
+    (used, all_read)
 }
 
 /// Deletes what [`scan`] found: VMs through [`deprovision_reporting`] (ownership checked again, official

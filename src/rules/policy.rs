@@ -34,57 +34,23 @@ impl Policy {
     /// What `data` asks for beyond the policy, by provider-data key.
     pub fn check(&self, data: &ProviderData) -> Vec<Problem> {
         let mut refused = Vec::new();
-        let mut refuse = |key: String, what: String, allowed: String| {
-            refused.push(Problem {
-                key,
-                message: format!("{what} is not allowed by the provider's policy (allowed: {allowed}); ask the operator or choose an allowed one"),
-            });
-        };
         if let Some(bridges) = &self.bridges {
-            let nics =
-                std::iter::once(("network_bridge".to_string(), data.network_bridge.as_str()))
-                    .chain(data.additional_nics.iter().enumerate().map(|(i, nic)| {
-                        (format!("additional_nics[{i}].bridge"), nic.bridge.as_str())
-                    }));
-            for (key, bridge) in nics {
-                if !bridges.iter().any(|b| b == bridge) {
-                    refuse(key, format!("bridge {bridge:?}"), bridges.join(", "));
-                }
-            }
+            self.bridges(bridges, data, &mut refused);
         }
         if let Some(vlans) = &self.vlans {
-            let tags = std::iter::once(("vlan".to_string(), data.vlan.map_or(0, |v| v.get())))
-                .chain(data.additional_nics.iter().enumerate().map(|(i, nic)| {
-                    (
-                        format!("additional_nics[{i}].vlan"),
-                        nic.vlan.map_or(0, |v| v.get()),
-                    )
-                }));
-            for (key, tag) in tags {
-                if !vlans.iter().any(|(lo, hi)| (*lo..=*hi).contains(&tag)) {
-                    let what = if tag == 0 {
-                        "no VLAN (untagged)".to_string()
-                    } else {
-                        format!("VLAN {tag}")
-                    };
-                    refuse(key, what, render_ranges(vlans));
-                }
-            }
+            self.vlans(vlans, data, &mut refused);
         }
         if let Some(pools) = &self.pools {
-            match &data.pool {
-                Some(pool) if pools.iter().any(|p| p == pool.as_str()) => {}
-                Some(pool) => refuse(
-                    "pool".into(),
-                    format!("pool {:?}", pool.as_str()),
-                    pools.join(", "),
-                ),
-                None => refuse(
-                    "pool".into(),
+            let what = match &data.pool {
+                Some(pool) if pools.iter().any(|p| p == pool.as_str()) => None,
+                Some(pool) => Some(format!("pool {:?}", pool.as_str())),
+                None => Some(
                     "no pool (the VM would go to a pool named after its machine-request set)"
-                        .into(),
-                    pools.join(", "),
+                        .to_string(),
                 ),
+            };
+            if let Some(what) = what {
+                refused.push(refusal("pool".into(), what, pools.join(", ")));
             }
         }
         if let (Some(templates), Some(template)) = (&self.templates, &data.template) {
@@ -93,43 +59,88 @@ impl Policy {
                 TemplateRef::Name(name) => name.clone(),
             };
             if !templates.contains(&written) {
-                refuse(
-                    "template".into(),
-                    format!("template {written:?}"),
-                    templates.join(", "),
-                );
+                let what = format!("template {written:?}");
+                refused.push(refusal("template".into(), what, templates.join(", ")));
             }
         }
         if let Some(mappings) = &self.mappings {
-            let devices = data
-                .pci_devices
-                .iter()
-                .enumerate()
-                .map(|(i, d)| (format!("pci_devices[{i}]"), d.mapping.as_str()))
-                .chain(
-                    data.usb_devices
-                        .iter()
-                        .enumerate()
-                        .map(|(i, d)| (format!("usb_devices[{i}]"), d.mapping.as_str())),
-                );
-            for (key, mapping) in devices {
-                if !mappings.iter().any(|m| m == mapping) {
-                    refuse(key, format!("mapping {mapping:?}"), mappings.join(", "));
-                }
-            }
+            self.mappings(mappings, data, &mut refused);
         }
         if let (Some(allowed), Some(ha)) = (&self.ha_rules, &data.ha) {
             for (i, rule) in ha.rules.iter().enumerate() {
                 if !allowed.contains(rule) {
-                    refuse(
-                        format!("ha.rules[{i}]"),
-                        format!("HA rule {rule:?}"),
-                        allowed.join(", "),
-                    );
+                    let what = format!("HA rule {rule:?}");
+                    refused.push(refusal(format!("ha.rules[{i}]"), what, allowed.join(", ")));
                 }
             }
         }
         refused
+    }
+
+    fn bridges(&self, allowed: &[String], data: &ProviderData, refused: &mut Vec<Problem>) {
+        let nics = std::iter::once(("network_bridge".to_string(), data.network_bridge.as_str()))
+            .chain(
+                data.additional_nics
+                    .iter()
+                    .enumerate()
+                    .map(|(i, nic)| (format!("additional_nics[{i}].bridge"), nic.bridge.as_str())),
+            );
+        for (key, bridge) in nics {
+            if !allowed.iter().any(|b| b == bridge) {
+                refused.push(refusal(
+                    key,
+                    format!("bridge {bridge:?}"),
+                    allowed.join(", "),
+                ));
+            }
+        }
+    }
+
+    fn vlans(&self, allowed: &[(u16, u16)], data: &ProviderData, refused: &mut Vec<Problem>) {
+        let tags = std::iter::once(("vlan".to_string(), data.vlan.map_or(0, |v| v.get()))).chain(
+            data.additional_nics.iter().enumerate().map(|(i, nic)| {
+                (
+                    format!("additional_nics[{i}].vlan"),
+                    nic.vlan.map_or(0, |v| v.get()),
+                )
+            }),
+        );
+        for (key, tag) in tags {
+            if !allowed.iter().any(|(lo, hi)| (*lo..=*hi).contains(&tag)) {
+                let what = if tag == 0 {
+                    "no VLAN (untagged)".to_string()
+                } else {
+                    format!("VLAN {tag}")
+                };
+                refused.push(refusal(key, what, render_ranges(allowed)));
+            }
+        }
+    }
+
+    fn mappings(&self, allowed: &[String], data: &ProviderData, refused: &mut Vec<Problem>) {
+        let pci = data.pci_devices.iter().enumerate();
+        let usb = data.usb_devices.iter().enumerate();
+        let devices = pci
+            .map(|(i, d)| (format!("pci_devices[{i}]"), d.mapping.as_str()))
+            .chain(usb.map(|(i, d)| (format!("usb_devices[{i}]"), d.mapping.as_str())));
+        for (key, mapping) in devices {
+            if !allowed.iter().any(|m| m == mapping) {
+                refused.push(refusal(
+                    key,
+                    format!("mapping {mapping:?}"),
+                    allowed.join(", "),
+                ));
+            }
+        }
+    }
+}
+
+fn refusal(key: String, what: String, allowed: String) -> Problem {
+    Problem {
+        key,
+        message: format!(
+            "{what} is not allowed by the provider's policy (allowed: {allowed}); ask the operator or choose an allowed one"
+        ),
     }
 }
 
