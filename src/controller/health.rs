@@ -82,6 +82,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
 ) {
+    crate::contain::install_hook();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
