@@ -843,7 +843,7 @@ class LauncherPve(FakePve):
     # Op `race_vmid` {suffix, node}: the next POST ending in `suffix` finds its VMID (`newid`, else
     # `vmid`) just taken by another client's VM on `node`, as between a caller's /cluster/nextid and
     # its create. With `name` and `config`, the VM taking it is that one (e.g. the caller's own earlier
-    # create, applied late).
+    # create, applied late: `smbios1: from-request` gives it the SMBIOS UUID the create sends).
     vmid_races = None
     vmid_race_vms = None
 
@@ -881,7 +881,11 @@ class LauncherPve(FakePve):
                 taken = int(p.get('newid') or p.get('vmid') or 0)
                 if taken and not self._qm_taken(taken):
                     name, config = (self.vmid_race_vms or {}).pop(suffix, (None, None))
-                    self.add_vm(taken, name or 'raced-{0}'.format(taken), node=node, config=config or {})
+                    config = dict(config or {})
+                    # The caller's own earlier create carries what this one sends: its SMBIOS UUID.
+                    if config.get('smbios1') == 'from-request' and p.get('smbios1'):
+                        config['smbios1'] = p['smbios1']
+                    self.add_vm(taken, name or 'raced-{0}'.format(taken), node=node, config=config)
         response = await super()._answer(request, handler, generic, path_node)
         for key, times in list((self.lost_answers or {}).items()):
             if request.method != key[0] or not request.path.endswith(key[1]) or response.status != 200:

@@ -140,7 +140,8 @@ async fn a_late_create_of_our_own_taking_the_vmid_is_adopted_not_duplicated() {
     h.pve.control(
         json!({"op": "race_vmid", "suffix": "/nodes/pve2/qemu", "node": "pve2",
         "name": id, "config": {"memory": 2048, "cores": 2, "tags": tags,
-            "description": identity::description_marker(support::harness::PROVIDER, id)}}),
+            "description": identity::description_marker(support::harness::PROVIDER, id),
+            "smbios1": "from-request"}}),
     );
     h.request(
         id,
