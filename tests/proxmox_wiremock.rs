@@ -23,7 +23,7 @@ fn fast_retry() -> RetryPolicy {
 
 fn token_client(server: &MockServer) -> ProxmoxClient {
     let yaml = format!(
-        "proxmox:\n  url: {}\n  tokenID: omni@pve!provider\n  tokenSecret: s3cr3t-token\n",
+        "proxmox:\n  url: {}\n  tokenID: omni@pve!provider\n  tokenSecret: s3cr3t-token\n  insecureHTTP: true\n",
         server.uri()
     );
     let c = ProviderConfig::parse(&yaml).unwrap();
@@ -32,7 +32,7 @@ fn token_client(server: &MockServer) -> ProxmoxClient {
 
 fn password_client(server: &MockServer) -> ProxmoxClient {
     let yaml = format!(
-        "proxmox:\n  url: {}/api2/json\n  username: root\n  password: pw-123\n  realm: pam\n",
+        "proxmox:\n  url: {}/api2/json\n  username: root\n  password: pw-123\n  realm: pam\n  insecureHTTP: true\n",
         server.uri()
     );
     let c = ProviderConfig::parse(&yaml).unwrap();

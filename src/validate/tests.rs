@@ -209,7 +209,7 @@ async fn release_problem_reads_the_version_only_when_needed_and_once() {
         .mount(&server)
         .await;
     let config = ProviderConfig::parse(&format!(
-        "proxmox:\n  url: {}\n  tokenID: a@pve!t\n  tokenSecret: s\n",
+        "proxmox:\n  url: {}\n  tokenID: a@pve!t\n  tokenSecret: s\n  insecureHTTP: true\n",
         server.uri()
     ))
     .unwrap();
