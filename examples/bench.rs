@@ -374,7 +374,7 @@ async fn wait_provisioned(stack: &Stack, ids: &[String]) -> Result<(), String> {
         Err(format!(
             "not all of {} requests were provisioned; provider log: {}",
             ids.len(),
-            stack.log.display()
+            stack.log().display()
         ))
     }
 }

@@ -62,7 +62,7 @@ async fn run() -> Result<(), String> {
     let mut stack = Stack::start(0.02, &["--concurrency", "4"]).await?;
     println!(
         "Provider connected. Metrics at http://{}/metrics\n",
-        stack.metrics
+        stack.metrics()
     );
     stack.reset_proxmox_requests();
 
@@ -98,7 +98,7 @@ async fn run() -> Result<(), String> {
         if started.elapsed() > DEADLINE {
             return Err(format!(
                 "not every machine was provisioned within {DEADLINE:?}; provider log: {}",
-                stack.log.display()
+                stack.log().display()
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

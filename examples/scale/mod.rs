@@ -191,7 +191,7 @@ impl Meter {
                     "{} after {} s; provider log: {}",
                     progress(stack),
                     PHASE_DEADLINE.as_secs(),
-                    stack.log.display()
+                    stack.log().display()
                 ));
             }
             self.sample(stack);

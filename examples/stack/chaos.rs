@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -15,7 +14,7 @@ use omni_infra_provider_proxmox::omni::resources::{
     MachineRequest, MachineRequestStatus, ProviderMachine,
 };
 
-use super::{PROVIDER, Stack, provider_binary, three_node_scenario};
+use super::{PROVIDER, Stack, three_node_scenario};
 
 /// Machine classes of the run, one per machine-request set: every boot path and HA.
 const ISO_CLASS: &str = "\
@@ -400,46 +399,20 @@ enum Phase {
 impl Stack {
     /// SIGKILL: no shutdown, nothing flushed, work cut off wherever it was.
     pub fn kill_provider(&mut self) {
-        if let Some(mut child) = self.provider.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(replica) = self.replicas.first_mut() {
+            replica.kill();
         }
     }
 
-    /// Starts the provider again with the same config, a key registered for it, and its log
-    /// appended to the same file.
-    pub fn restart_provider(&mut self, extra_args: &[&str]) -> Result<(), String> {
-        self.kill_provider();
-        let key = self.omni.register_provider(PROVIDER)?;
-        let addr = self
-            .server
-            .as_ref()
-            .and_then(|s| s.local_addr())
-            .ok_or("the in-memory Omni is not serving")?;
-        let config = self.pve.config_file(CONFIG_EXTRA);
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&self.log)
-            .map_err(|e| e.to_string())?;
-        let child = Command::new(provider_binary()?)
-            .arg("--config-file")
-            .arg(&config)
-            .args(["--log-level", "info", "--health-interval", "2s"])
-            .args(["--metrics-listen", &self.metrics.to_string()])
-            .args(extra_args)
-            .env("OMNI_ENDPOINT", format!("http://{addr}"))
-            .env("OMNI_SERVICE_ACCOUNT_KEY", key.expose())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("cannot restart the provider: {e}"))?;
-        self.provider = Some(child);
-        Ok(())
+    /// Starts the provider again with the same config and arguments, under a key registered
+    /// anew, its log appended to the same file.
+    pub fn restart_provider(&mut self) -> Result<(), String> {
+        self.respawn(0, true)
     }
 
     /// The provider's exit status when it ended by itself.
     fn provider_exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.provider.as_mut()?.try_wait().ok().flatten()
+        self.replicas.first_mut()?.exited()
     }
 }
 
@@ -527,7 +500,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         stack, violations, ..
     } = run;
     let log = std::env::temp_dir().join(format!("omni-infra-provider-chaos-{}.log", opts.seed));
-    let _ = std::fs::copy(&stack.log, &log);
+    let _ = std::fs::copy(stack.log(), &log);
     if let Err(e) = stack.stop().await {
         // A provider killed by the schedule last restarted fine; its clean exit still matters.
         return Ok(Report {
@@ -601,7 +574,7 @@ impl Run {
                 }
                 self.stack.kill_provider();
                 tokio::time::sleep(*down).await;
-                self.stack.restart_provider(PROVIDER_ARGS)?;
+                self.stack.restart_provider()?;
             }
             Fault::LateCreate { suffix, late } => {
                 self.stack
@@ -660,7 +633,7 @@ impl Run {
                 "the provider exited by itself ({status}) at {:.1?}",
                 self.started.elapsed()
             ));
-            self.stack.restart_provider(PROVIDER_ARGS)?;
+            self.stack.restart_provider()?;
         }
         if self.network_until.is_some_and(|t| Instant::now() >= t) {
             self.network_until = None;
@@ -730,7 +703,7 @@ impl Run {
             ));
             self.stack.kill_provider();
             tokio::time::sleep(Duration::from_millis(300)).await;
-            self.stack.restart_provider(PROVIDER_ARGS)?;
+            self.stack.restart_provider()?;
         }
         let before = self.late.len();
         self.late.retain(|l| {
@@ -857,7 +830,7 @@ impl Run {
     }
 
     fn check_log(&mut self) {
-        let text = std::fs::read_to_string(&self.stack.log).unwrap_or_default();
+        let text = std::fs::read_to_string(self.stack.log()).unwrap_or_default();
         for line in text.lines().filter(|l| l.contains("panicked")) {
             self.violations
                 .push(format!("panic in the provider's log: {line}"));

@@ -426,7 +426,14 @@ impl Duties<'_> {
                 .with_concurrency(settings.concurrency),
         );
         let (stop, stop_rx) = watch::channel(false);
-        let controller = Controller::new(context.clone(), runner::MAX_IN_FLIGHT);
+        // With replicas, a standby waits for this one's in-flight work: it gets a moment to finish,
+        // then stops where it is, and the next leader resumes it from the provider state.
+        let grace = match settings.leader_election {
+            Some(_) => HANDOVER_GRACE,
+            None => runner::SHUTDOWN_GRACE,
+        };
+        let controller =
+            Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
         let topology = tokio::spawn(crate::controller::topology::run(
             context,
             settings.topology_interval,
@@ -443,6 +450,10 @@ impl Duties<'_> {
         })
     }
 }
+
+/// How long a leader's in-flight reconciles may run on when it stops leading or shuts down, before
+/// they are cut short and the lease goes to a standby.
+const HANDOVER_GRACE: Duration = Duration::from_secs(1);
 
 /// One term of leadership: the reconcile workers and the topology loop.
 struct Term {

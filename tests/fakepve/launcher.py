@@ -38,10 +38,27 @@ class LauncherPve(FakePve):
     """FakePve whose VMs with `agent: 1` in their config answer guest-agent calls once running."""
 
     agent_default = False
+    # Every write (anything but GET) as (wall-clock seconds, method, path, API token ID or user): which
+    # of several provider replicas sent what, and when (op `writes`).
+    writes = None
     # Node name -> bridge names, answered by GET /nodes/{node}/network (nodes not listed get fakepve's
     # generic answer: vmbr0 only). Kind -> mappings, answered by GET /cluster/mapping/{pci,usb}.
     bridges = None
     mappings = None
+
+    def _record(self, request, body):
+        """fakepve's request log, plus who sent each write: its API token, or its ticket's user."""
+        if request.method != 'GET':
+            auth = request.headers.get('Authorization', '')
+            if auth.startswith('PVEAPIToken='):
+                who = auth[len('PVEAPIToken='):].partition('=')[0]
+            else:
+                session = self.tickets.get(request.cookies.get('PVEAuthCookie'))
+                who = session['user'] if session else ''
+            if self.writes is None:
+                self.writes = []
+            self.writes.append((time.time(), request.method, request.path, who))
+        super()._record(request, body)
 
     def _pve_before(self, *version):
         """Whether the emulated PVE (`pve_version`) is older than `version`, e.g. (8, 1)."""
@@ -1207,6 +1224,8 @@ async def command(pve, cmd):
     elif op == 'task_secs':
         # {type, secs}: see LauncherPve.task.
         pve.task_secs = dict(pve.task_secs or {}, **{cmd['type']: float(cmd['secs'])})
+    elif op == 'writes':
+        return [list(w) for w in (pve.writes or [])]
     elif op == 'request_count':
         # How many requests fakepve has recorded since the last reset, without sending them all.
         return len(pve.requests)
