@@ -36,7 +36,8 @@ soak: setup
 	target/release/examples/soak
 
 # Chaos runs (docs/chaos.md): machines provisioned and torn down while a seeded schedule kills the
-# provider and breaks Proxmox and Omni; three seeds in a row, or `make chaos SEED=N` to replay one.
+# provider and breaks Proxmox and Omni; three seeds in a row with one provider, then two with two
+# replicas whose leader is killed and cut off; or `make chaos SEED=N [REPLICAS=2]` to replay one.
 chaos: setup
 	cargo build --release --bins --examples --locked
-	target/release/examples/chaos $(if $(SEED),--seed $(SEED),--runs 3)
+	$(if $(SEED),target/release/examples/chaos --seed $(SEED) $(if $(REPLICAS),--replicas $(REPLICAS)),target/release/examples/chaos --runs 3 && target/release/examples/chaos --runs 2 --replicas 2)

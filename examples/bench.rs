@@ -75,8 +75,9 @@ async fn main() -> ExitCode {
     }
 }
 
-/// The per-machine figures, then the scale (`BENCH_SCALE=0` leaves it out; `BENCH_BASIC=0` leaves
-/// the per-machine figures out, `BENCH_MACHINES` sets the burst size, for a quick run).
+/// The per-machine figures, then the scale, then replicas (`BENCH_SCALE=0` leaves the scale out;
+/// `BENCH_BASIC=0` the per-machine figures, `BENCH_REPLICAS=0` the replicas; `BENCH_MACHINES` sets
+/// the burst size, for a quick run).
 async fn all() -> Result<Vec<Row>, String> {
     let on = |var: &str| std::env::var(var).map_or(true, |v| v != "0");
     let mut rows = if on("BENCH_BASIC") {
@@ -86,6 +87,9 @@ async fn all() -> Result<Vec<Row>, String> {
     };
     if on("BENCH_SCALE") {
         rows.extend(scale_rows().await?);
+    }
+    if on("BENCH_REPLICAS") {
+        rows.extend(scale::replicas::rows().await?);
     }
     Ok(rows)
 }

@@ -7,6 +7,8 @@
 //! provider's: where fakepve is the bottleneck, the figures say so.
 #![allow(dead_code)]
 
+pub mod replicas;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
