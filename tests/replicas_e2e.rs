@@ -138,6 +138,40 @@ fn assert_one_vm_each(stack: &mut Stack, ids: &[String]) {
     }
 }
 
+/// Requests `n` machines and waits until one of them is being created.
+async fn request_and_wait_for_creates(stack: &Stack, prefix: &str, n: usize) -> Vec<String> {
+    let machines = ids(prefix, n);
+    request_all(stack, &machines);
+    until("the first creates", WAIT, || {
+        stack.omni.list(&MachineRequestStatus).iter().any(|s| {
+            s.spec.status.contains("create_vm") || s.spec.stage == Stage::Provisioned as i32
+        })
+    })
+    .await;
+    machines
+}
+
+async fn until_another_leads(stack: &Stack, first: usize) {
+    until(
+        "another replica to take over",
+        Duration::from_secs(20),
+        || stack.leader().is_some_and(|l| l != first),
+    )
+    .await;
+}
+
+/// Every machine provisioned with exactly one VM, torn down, nothing left, every replica stopped
+/// cleanly.
+async fn finish(mut stack: Stack, machines: &[String]) {
+    until("every machine provisioned", WAIT, || {
+        provisioned(&stack, machines)
+    })
+    .await;
+    assert_one_vm_each(&mut stack, machines);
+    tear_down_and_check(&mut stack, machines).await;
+    stack.stop().await.unwrap();
+}
+
 async fn tear_down_and_check(stack: &mut Stack, ids: &[String]) {
     for id in ids {
         stack.tear_down(id);
@@ -226,32 +260,16 @@ async fn a_leader_killed_mid_provisioning_leaves_the_standby_to_finish_without_d
         return;
     };
     let first = stack.leader().unwrap();
-    let machines = ids("killed", 10);
-    request_all(&stack, &machines);
-    until("the first creates", WAIT, || {
-        stack.omni.list(&MachineRequestStatus).iter().any(|s| {
-            s.spec.status.contains("create_vm") || s.spec.stage == Stage::Provisioned as i32
-        })
-    })
-    .await;
+    let machines = request_and_wait_for_creates(&stack, "killed", 10).await;
     stack.replicas[first].kill();
     let killed_at = Instant::now();
-    until("the standby to take over", Duration::from_secs(20), || {
-        stack.leader().is_some_and(|l| l != first)
-    })
-    .await;
+    until_another_leads(&stack, first).await;
     let takeover = killed_at.elapsed();
     assert!(
         takeover >= Duration::from_secs(1),
         "the standby took the lease {takeover:?} after the kill, before it could have expired"
     );
-    until("every machine provisioned", WAIT, || {
-        provisioned(&stack, &machines)
-    })
-    .await;
-    assert_one_vm_each(&mut stack, &machines);
-    tear_down_and_check(&mut stack, &machines).await;
-    stack.stop().await.unwrap();
+    finish(stack, &machines).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,22 +278,10 @@ async fn a_leader_cut_off_from_omni_goes_quiet_on_proxmox_before_the_standby_acq
         return;
     };
     let first = stack.leader().unwrap();
-    let machines = ids("cut", 10);
-    request_all(&stack, &machines);
-    until("the first creates", WAIT, || {
-        stack
-            .omni
-            .list(&MachineRequestStatus)
-            .iter()
-            .any(|s| s.spec.status.contains("create_vm"))
-    })
-    .await;
+    let machines = request_and_wait_for_creates(&stack, "cut", 10).await;
     let cut_at = unix_now();
     stack.replicas[first].link.as_ref().unwrap().cut();
-    until("the standby to take over", Duration::from_secs(20), || {
-        stack.leader().is_some_and(|l| l != first)
-    })
-    .await;
+    until_another_leads(&stack, first).await;
     let acquired_at = stack.lease().unwrap().acquire_time_ms as f64 / 1000.0;
     let cut_off = stack.replicas[first].token.clone();
     let last_write = writes(&mut stack)
@@ -306,9 +312,7 @@ async fn a_leader_cut_off_from_omni_goes_quiet_on_proxmox_before_the_standby_acq
         later, 0,
         "the old leader wrote to Proxmox after it lost the lease"
     );
-    assert_one_vm_each(&mut stack, &machines);
-    tear_down_and_check(&mut stack, &machines).await;
-    stack.stop().await.unwrap();
+    finish(stack, &machines).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -317,23 +321,11 @@ async fn a_rolling_update_hands_over_on_sigterm_within_two_seconds_and_loses_not
         return;
     };
     let first = stack.leader().unwrap();
-    let machines = ids("rolling", 8);
-    request_all(&stack, &machines);
-    until("some machines under way", WAIT, || {
-        stack
-            .omni
-            .list(&MachineRequestStatus)
-            .iter()
-            .any(|s| s.spec.status.contains("create_vm"))
-    })
-    .await;
+    let machines = request_and_wait_for_creates(&stack, "rolling", 8).await;
     // The old replica goes (SIGTERM), the standby takes over, and a new replica starts beside it.
     stack.replicas[first].terminate();
     let terminated = Instant::now();
-    until("the standby to take over", Duration::from_secs(20), || {
-        stack.leader().is_some_and(|l| l != first)
-    })
-    .await;
+    until_another_leads(&stack, first).await;
     let handover = terminated.elapsed();
     assert!(
         handover < Duration::from_secs(2),
@@ -345,13 +337,7 @@ async fn a_rolling_update_hands_over_on_sigterm_within_two_seconds_and_loses_not
     .await;
     assert!(stack.replicas[first].exited().is_some_and(|s| s.success()));
     stack.add_replica(FAST, false).unwrap();
-    until("every machine provisioned", WAIT, || {
-        provisioned(&stack, &machines)
-    })
-    .await;
-    assert_one_vm_each(&mut stack, &machines);
-    tear_down_and_check(&mut stack, &machines).await;
-    stack.stop().await.unwrap();
+    finish(stack, &machines).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

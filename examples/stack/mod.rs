@@ -174,6 +174,7 @@ impl Replica {
         if let Some(pid) = self.pid() {
             let _ = Command::new("kill")
                 .args(["-TERM", &pid.to_string()])
+                .stderr(Stdio::null())
                 .status();
         }
     }
@@ -188,7 +189,9 @@ impl Replica {
         if self.child.is_none() {
             return Ok(());
         }
-        self.terminate();
+        if self.exited().is_none() {
+            self.terminate();
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             match self.exited() {
