@@ -88,26 +88,7 @@ async fn run() -> Result<(), String> {
         ));
     }
     let started = Instant::now();
-    println!("Progress as Omni shows it (a line each time a machine's status changes):\n");
-    println!(
-        "{:>6}  {:<14} {:<14} {:<12} {:<5} STATUS IN OMNI",
-        "TIME", "MACHINE", "CLASS", "STAGE", "NODE"
-    );
-    let mut shown = BTreeMap::new();
-    loop {
-        let all_done = observe(&stack, &mut machines);
-        draw(&stack, &machines, &mut shown, started);
-        if all_done {
-            break;
-        }
-        if started.elapsed() > DEADLINE {
-            return Err(format!(
-                "not every machine was provisioned within {DEADLINE:?}; provider log: {}",
-                stack.log.display()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    watch_until_provisioned(&stack, &mut machines, started).await?;
     let provision_time = started.elapsed();
     let provision_requests = stack.proxmox_requests();
     let placements = placements(&stack, &machines);
@@ -149,6 +130,35 @@ async fn run() -> Result<(), String> {
         return Err(format!("left behind: {}", leftovers.join(", ")));
     }
     println!("\nEverything provisioned and cleaned up. Demo OK.");
+    Ok(())
+}
+
+/// Shows each status change until every machine is provisioned, or fails after [`DEADLINE`].
+async fn watch_until_provisioned(
+    stack: &Stack,
+    machines: &mut [Machine],
+    started: Instant,
+) -> Result<(), String> {
+    println!("Progress as Omni shows it (a line each time a machine's status changes):\n");
+    println!(
+        "{:>6}  {:<14} {:<14} {:<12} {:<5} STATUS IN OMNI",
+        "TIME", "MACHINE", "CLASS", "STAGE", "NODE"
+    );
+    let mut shown = BTreeMap::new();
+    loop {
+        let all_done = observe(stack, machines);
+        draw(stack, machines, &mut shown, started);
+        if all_done {
+            break;
+        }
+        if started.elapsed() > DEADLINE {
+            return Err(format!(
+                "not every machine was provisioned within {DEADLINE:?}; provider log: {}",
+                stack.log.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     Ok(())
 }
 

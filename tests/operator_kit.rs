@@ -224,6 +224,74 @@ fn of_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} in examples/kubernetes"))
 }
 
+/// The config file and the CA it names are Secret items mounted where the flags point.
+fn assert_config_mounted(config_path: &str, container: &Value, pod: &Value, secret: &Value) {
+    let (dir, file) = config_path.rsplit_once('/').unwrap();
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == dir)
+        .unwrap_or_else(|| panic!("nothing mounted at {dir}"));
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(volume["secret"]["secretName"], secret["metadata"]["name"]);
+    let items: Vec<&str> = volume["secret"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["path"].as_str().unwrap())
+        .collect();
+    assert!(items.contains(&file), "{items:?}");
+    let config_text = secret["stringData"][file].as_str().unwrap();
+    let config =
+        ProviderConfig::parse(config_text).unwrap_or_else(|e| panic!("the Secret's {file}: {e:?}"));
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    let ca = yaml(config_text)["proxmox"]["caFile"]
+        .as_str()
+        .expect("caFile")
+        .to_owned();
+    let (ca_dir, ca_file) = ca.rsplit_once('/').unwrap();
+    assert_eq!(ca_dir, dir);
+    assert!(items.contains(&ca_file) && secret["stringData"][ca_file].is_string());
+}
+
+/// The listen port is the container's `metrics` port, the probes' and the Service's target; the
+/// ServiceMonitor scrapes the Service's port of that name.
+fn assert_metrics_wired(listen: &str, deployment: &Value, service: &Value, monitor: &Value) {
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let port: u64 = listen.rsplit_once(':').unwrap().1.parse().unwrap();
+    let ports = container["ports"].as_array().unwrap();
+    assert!(
+        ports
+            .iter()
+            .any(|p| p["name"] == "metrics" && p["containerPort"] == port)
+    );
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
+    let service_port = &service["spec"]["ports"][0];
+    assert_eq!(service_port["targetPort"], "metrics");
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["port"],
+        service_port["name"]
+    );
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["template"]["metadata"]["labels"]
+    );
+    assert_eq!(
+        monitor["spec"]["selector"]["matchLabels"],
+        service["metadata"]["labels"]
+    );
+}
+
 #[test]
 fn kubernetes_manifests_fit_the_binary_and_each_other() {
     let (flags, env) = binary_interface();
@@ -260,74 +328,8 @@ fn kubernetes_manifests_fit_the_binary_and_each_other() {
         }
     }
 
-    // The config file and the CA it names are Secret items mounted where the flags point.
-    let config_path = arg("config-file");
-    let (dir, file) = config_path.rsplit_once('/').unwrap();
-    let mount = container["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountPath"] == dir)
-        .unwrap_or_else(|| panic!("nothing mounted at {dir}"));
-    let volume = pod["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == mount["name"])
-        .unwrap();
-    assert_eq!(volume["secret"]["secretName"], secret["metadata"]["name"]);
-    let items: Vec<&str> = volume["secret"]["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["path"].as_str().unwrap())
-        .collect();
-    assert!(items.contains(&file), "{items:?}");
-    let config_text = secret["stringData"][file].as_str().unwrap();
-    let config =
-        ProviderConfig::parse(config_text).unwrap_or_else(|e| panic!("the Secret's {file}: {e:?}"));
-    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
-    let ca = yaml(config_text)["proxmox"]["caFile"]
-        .as_str()
-        .expect("caFile")
-        .to_owned();
-    let (ca_dir, ca_file) = ca.rsplit_once('/').unwrap();
-    assert_eq!(ca_dir, dir);
-    assert!(items.contains(&ca_file) && secret["stringData"][ca_file].is_string());
-
-    // Metrics: the listen port is the container's `metrics` port, the probes' and the Service's
-    // target; the ServiceMonitor scrapes the Service's port of that name.
-    let port: u64 = arg("metrics-listen")
-        .rsplit_once(':')
-        .unwrap()
-        .1
-        .parse()
-        .unwrap();
-    let ports = container["ports"].as_array().unwrap();
-    assert!(
-        ports
-            .iter()
-            .any(|p| p["name"] == "metrics" && p["containerPort"] == port)
-    );
-    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
-    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
-    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
-    let service_port = &service["spec"]["ports"][0];
-    assert_eq!(service_port["targetPort"], "metrics");
-    assert_eq!(
-        monitor["spec"]["endpoints"][0]["port"],
-        service_port["name"]
-    );
-    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
-    assert_eq!(
-        service["spec"]["selector"],
-        deployment["spec"]["template"]["metadata"]["labels"]
-    );
-    assert_eq!(
-        monitor["spec"]["selector"]["matchLabels"],
-        service["metadata"]["labels"]
-    );
-
+    assert_config_mounted(&arg("config-file"), container, pod, secret);
+    assert_metrics_wired(&arg("metrics-listen"), deployment, service, monitor);
     // The image's user (Dockerfile `USER`).
     let dockerfile = repo("Dockerfile");
     let user = dockerfile

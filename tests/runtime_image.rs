@@ -86,31 +86,7 @@ async fn binary_runs_in_the_runtime_image_as_its_nonroot_user() {
     );
     let root = image_root(&rootfs, &config, &pve.pki.ca_pem);
     let log_path = root.path().join("tmp/provider.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    // The image's environment only: nothing of the host's (PATH, SSL_CERT_FILE, ...) leaks in.
-    let mut child = Command::new("unshare")
-        .args(["--user", "--map-user", NONROOT, "--map-group", NONROOT])
-        .arg("--root")
-        .arg(root.path())
-        .args([
-            "/omni-infra-provider-proxmox",
-            "--config-file",
-            "/config.yaml",
-        ])
-        .args(["--health-interval", "200ms"])
-        .env_clear()
-        .env(
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        )
-        .env("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt")
-        .env("OMNI_ENDPOINT", omni.url())
-        .env("OMNI_SERVICE_ACCOUNT_KEY", &omni.encoded_key)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("cannot run unshare (util-linux)");
+    let mut child = spawn_in_image(root.path(), &log_path, &omni);
     let spec = MachineRequestSpec {
         talos_version: "v1.11.3".into(),
         provider_data: "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\n".into(),
@@ -125,6 +101,17 @@ async fn binary_runs_in_the_runtime_image_as_its_nonroot_user() {
                 .is_some_and(|st| st.spec.stage == Stage::Provisioned as i32)
         })
         .await;
+    if provisioned {
+        // By now the process runs in a user namespace as uid 65532 and nothing else: no
+        // capability, and no file of another user it could read as root.
+        let uid_map =
+            std::fs::read_to_string(format!("/proc/{}/uid_map", child.id())).unwrap_or_default();
+        assert_eq!(
+            uid_map.split_whitespace().next(),
+            Some(NONROOT),
+            "uid map: {uid_map:?}"
+        );
+    }
     omni.state.teardown(&MachineRequest, "in-image");
     let released = provisioned
         && omni
@@ -144,4 +131,34 @@ async fn binary_runs_in_the_runtime_image_as_its_nonroot_user() {
         "in the runtime file system the provider did not provision and release a machine:\n{output}"
     );
     assert!(status.success(), "exit {status:?}:\n{output}");
+}
+
+/// The binary as the image's entrypoint runs it: `/omni-infra-provider-proxmox` in `root`, as uid
+/// and gid 65532, with the image's environment only (nothing of the host's, such as PATH or
+/// SSL_CERT_FILE, leaks in), its log to `log`.
+fn spawn_in_image(root: &Path, log: &Path, omni: &support::omni::Omni) -> std::process::Child {
+    let log = std::fs::File::create(log).unwrap();
+    Command::new("unshare")
+        .args(["--user", "--map-user", NONROOT, "--map-group", NONROOT])
+        .arg("--root")
+        .arg(root)
+        .args([
+            "/omni-infra-provider-proxmox",
+            "--config-file",
+            "/config.yaml",
+        ])
+        .args(["--health-interval", "200ms"])
+        .env_clear()
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .env("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt")
+        .env("OMNI_ENDPOINT", omni.url())
+        .env("OMNI_SERVICE_ACCOUNT_KEY", &omni.encoded_key)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("cannot run unshare (util-linux)")
 }
