@@ -47,11 +47,18 @@ runtime_rootfs() {
   fi
   say "downloading ${RUNTIME_DEBS[*]} from the Debian archive (apt-get download, installs nothing) into $ROOTFS"
   rm -rf "$ROOTFS" && mkdir -p "$ROOTFS/debs"
-  (cd "$ROOTFS/debs" && apt-get download -qq "${RUNTIME_DEBS[@]}" 2>/dev/null) || {
-    say "apt-get download failed (run apt-get update?); skipping the runtime root file system" >&2
-    rm -rf "$ROOTFS"
-    return
-  }
+  if ! (cd "$ROOTFS/debs" && apt-get download -qq "${RUNTIME_DEBS[@]}" 2>/dev/null); then
+    # A fresh container has no package lists yet.
+    if [ "${SETUP_NO_APT:-}" != "1" ] && [ "$(id -u)" = "0" ]; then
+      say "no package lists: running apt-get update (SETUP_NO_APT=1 skips this), then downloading again"
+      apt-get update -qq
+    fi
+    (cd "$ROOTFS/debs" && apt-get download -qq "${RUNTIME_DEBS[@]}" 2>/dev/null) || {
+      say "apt-get download failed; skipping the runtime root file system (its test will be skipped)" >&2
+      rm -rf "$ROOTFS"
+      return
+    }
+  fi
   for deb in "$ROOTFS"/debs/*.deb; do dpkg-deb -x "$deb" "$ROOTFS"; done
   rm -rf "$ROOTFS/debs"
   # What distroless adds beside the packages: the CA bundle, the users, a home and /tmp.
