@@ -43,10 +43,37 @@ fn runtime_rootfs() -> Option<PathBuf> {
     if rootfs.join(".complete").exists() {
         return Some(rootfs);
     }
-    let msg = "no runtime root file system: run `scripts/setup-test-env.sh` on Debian 12";
+    skip("no runtime root file system: run `scripts/setup-test-env.sh` on Debian 12")
+}
+
+fn skip<T>(msg: &str) -> Option<T> {
     assert!(!required(), "{msg} (required because CI=true)");
     eprintln!("SKIPPED: {msg}");
     None
+}
+
+/// Whether this machine lets us make a user namespace (some kernels forbid it to non-root users).
+fn user_namespaces() -> Option<()> {
+    let ok = Command::new("unshare")
+        .args([
+            "--user",
+            "--map-user",
+            NONROOT,
+            "--map-group",
+            NONROOT,
+            "true",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        Some(())
+    } else {
+        skip(
+            "`unshare --user` does not work here (util-linux missing, or user namespaces disabled)",
+        )
+    }
 }
 
 /// A private copy of the runtime file system with the binary as the image has it (`/` + its name),
@@ -73,7 +100,7 @@ fn image_root(rootfs: &Path, config: &str, ca: &Path) -> tempfile::TempDir {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_runs_in_the_runtime_image_as_its_nonroot_user() {
-    let Some(rootfs) = runtime_rootfs() else {
+    let (Some(rootfs), Some(())) = (runtime_rootfs(), user_namespaces()) else {
         return;
     };
     let Some(pve) = FakePve::start(three_node_scenario(), 0.0) else {
