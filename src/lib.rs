@@ -29,6 +29,7 @@ pub mod config;
 pub mod controller;
 pub mod did_you_mean;
 pub mod error_chain;
+pub mod fence;
 pub mod metrics;
 pub mod model;
 pub mod omni;

@@ -9,6 +9,7 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &[
         "secret",
+        "fence",
         "tls",
         "error_chain",
         "yaml",

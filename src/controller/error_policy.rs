@@ -209,6 +209,8 @@ fn proxmox_kind(e: &ProxmoxError) -> ErrorKind {
         ProxmoxError::Transient { .. }
         | ProxmoxError::TaskTimeout { .. }
         | ProxmoxError::TaskFailed { .. }
+        // The replica lost the lease: its reconciles stop, and the next leader tries again.
+        | ProxmoxError::Fenced { .. }
         // Something we expected vanished under us (a migration, a hand deletion); the step looks
         // again on the next try.
         | ProxmoxError::NotFound { .. } => ErrorKind::Transient,
@@ -229,7 +231,8 @@ fn omni_kind(e: &StateError) -> ErrorKind {
         | StateError::Conflict { .. }
         | StateError::NotFound { .. }
         | StateError::AlreadyExists { .. }
-        | StateError::Other { .. } => ErrorKind::Transient,
+        | StateError::Other { .. }
+        | StateError::Fenced { .. } => ErrorKind::Transient,
         StateError::PermissionDenied { .. }
         | StateError::Unauthenticated { .. }
         | StateError::InvalidArgument { .. }

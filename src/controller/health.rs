@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
+use super::leader::Role;
 use crate::metrics::Metrics;
 use crate::omni::resources::{InfraProviderHealthStatus, health_controller_name};
 use crate::omni::state::{StateClient, StateError};
@@ -65,6 +66,8 @@ pub async fn beat(
 }
 
 /// Beats every `interval` until `shutdown` turns true; a beat in progress is finished first.
+/// Only the leader beats (at once when it becomes leader, so Omni does not count the takeover
+/// against it); a standby runs the check for `/readyz` and writes nothing.
 pub async fn run(
     state: StateClient,
     provider_id: String,
@@ -72,6 +75,7 @@ pub async fn run(
     check: HealthCheck,
     mut shutdown: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
+    mut role: watch::Receiver<Role>,
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -79,6 +83,17 @@ pub async fn run(
         tokio::select! {
             _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => return,
             _ = ticker.tick() => {}
+            Ok(()) = role.changed() => {
+                if *role.borrow() == Role::Leader {
+                    ticker.reset();
+                } else {
+                    continue;
+                }
+            }
+        }
+        if *role.borrow() != Role::Leader {
+            metrics.proxmox_checked(check().await.is_none());
+            continue;
         }
         match beat(&state, &provider_id, &check).await {
             Ok(None) => {

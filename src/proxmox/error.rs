@@ -78,6 +78,13 @@ pub enum ProxmoxError {
     /// The client could not be built (bad CA file, bad URL).
     #[error("{0}")]
     Setup(String),
+
+    /// Not sent: this replica does not hold the leader lease (see [`crate::fence`]).
+    #[error("{call}: {source}")]
+    Fenced {
+        call: Call,
+        source: crate::fence::Fenced,
+    },
 }
 
 impl ProxmoxError {
