@@ -116,7 +116,7 @@ In another shell, from the repository:
   set -a; . {env}; set +a
   {bin} pools --config-file {config}
   {bin} orphans --config-file {config}
-  {bin} --config-file {config}       # the provider itself
+  {bin} --config-file {config}       # the provider itself: it connects and idles
 
 Ctrl-C stops the sandbox (nothing is kept).",
         url = pve.url,
