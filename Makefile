@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: test lint check setup build demo bench soak chaos
+.PHONY: test lint check setup build demo sandbox bench soak chaos
 
 # Everything the tests need (fakepve in .venv), then every test. fakepve is required here, so a missing
 # fake fails the run instead of silently skipping the end-to-end tests.
@@ -23,6 +23,12 @@ build:
 demo: setup
 	cargo build --bins --examples --locked
 	target/debug/examples/demo
+
+# A fake 4-node Proxmox VE cluster and an in-memory Omni to try the commands on, with
+# examples/config.yaml pointed at it in tmp/sandbox; runs until Ctrl-C.
+sandbox: setup
+	cargo build --bins --examples --locked
+	target/debug/examples/sandbox tmp/sandbox
 
 # Benchmark report against the design targets (release build).
 bench: setup

@@ -52,6 +52,7 @@ pub struct Metrics {
     pub deprovisions: Family<OutcomeLabels, Counter>,
     pub leftovers: Family<KindLabels, Counter>,
     pub step_seconds: HistogramFamily<StepLabels>,
+    pub step_failures: Family<StepLabels, Counter>,
     pub proxmox_requests: Family<ApiLabels, Counter>,
     pub proxmox_seconds: HistogramFamily<MethodLabels>,
     pub requests_in_flight: Gauge,
@@ -115,6 +116,12 @@ impl Metrics {
             "Time spent in each pipeline step run",
             step_seconds.clone(),
         );
+        let step_failures = Family::<StepLabels, Counter>::default();
+        registry.register(
+            "step_failures",
+            "Provisioning step runs that failed, by step (each failure is retried with backoff)",
+            step_failures.clone(),
+        );
         let proxmox_requests = Family::<ApiLabels, Counter>::default();
         registry.register(
             "proxmox_api_requests",
@@ -164,6 +171,7 @@ impl Metrics {
             deprovisions,
             leftovers,
             step_seconds,
+            step_failures,
             proxmox_requests,
             proxmox_seconds,
             requests_in_flight,
@@ -190,6 +198,11 @@ impl Metrics {
         self.step_seconds
             .get_or_create(&StepLabels { step })
             .observe(took.as_secs_f64());
+    }
+
+    /// A provisioning step failed (and `provision("failure")` counts it as a failed attempt).
+    pub fn step_failure(&self, step: &'static str) {
+        self.step_failures.get_or_create(&StepLabels { step }).inc();
     }
 
     pub fn provision(&self, outcome: &'static str) {

@@ -38,7 +38,6 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::CliResult;
-use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
 use crate::proxmox::ha::HaRule;
 use crate::proxmox::types::{
@@ -166,11 +165,8 @@ pub struct TemplateReport {
 
 pub async fn run(args: ClusterArgs) -> CliResult {
     // Warnings (such as TLS verification being off) go to stderr; stdout stays clean for `--output json`.
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::WARN)
-        .try_init();
-    let config = ProviderConfig::load(&args.config_file)?;
+    crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
+    let (config, _) = super::load_config(&args.config_file)?;
     let client = ProxmoxClient::new(&config.proxmox)?;
     let report = gather(&client, &config.placement).await?;
     match args.output {

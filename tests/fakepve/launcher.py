@@ -738,7 +738,18 @@ class LauncherPve(FakePve):
     # cores, capped at the host's CPU count, replaced by `vcpus` when that is set.
     node_sizes = None
 
+    # Storages the scenario sizes (`avail`, `total`) are listed in /cluster/resources with that size:
+    # pve-manager PVE/API2Tools.pm `extract_storage_stats` sets `maxdisk` and `disk` from the storage's
+    # status (total, used) that pvestatd broadcasts, the numbers /nodes/{node}/storage answers.
+    # fakepve lists every storage there as 100 GiB with nothing used.
+    sized_storages = ()
+
     def _sized(self, item):
+        if item.get('type') == 'storage' and item.get('storage') in self.sized_storages \
+                and item.get('status') == 'available':
+            total, used, _avail = self._space(self.storages[item['storage']])
+            item['maxdisk'], item['disk'] = total, used
+            return
         size = (self.node_sizes or {}).get(item.get('node'), {})
         if item.get('type') == 'node' and item.get('status') == 'online':
             item.update((k, size[k]) for k in ('maxcpu', 'maxmem') if k in size)
@@ -1021,6 +1032,8 @@ def build(scenario):
         store = pve.storages.setdefault(name, {'files': set(), 'active': 1})
         store.setdefault('files', set())
         store.update(options)
+        if 'avail' in options or 'total' in options:
+            pve.sized_storages += (name,)
     return pve
 
 
