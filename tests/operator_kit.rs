@@ -283,9 +283,9 @@ fn assert_metrics_wired(listen: &str, deployment: &Value, service: &Value, monit
             .any(|p| p["name"] == "metrics" && p["containerPort"] == port)
     );
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
-    // A standby answers /readyz with 503 (it does not talk to Omni): probing it would hold every
-    // rollout of more than one replica.
-    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/healthz");
+    // Every healthy replica is ready, a standby too (its look at the lease is its word from Omni;
+    // `replicas_e2e` checks that standbys answer 200), so a rollout of several replicas goes on.
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
     let service_port = &service["spec"]["ports"][0];
     assert_eq!(service_port["targetPort"], "metrics");
