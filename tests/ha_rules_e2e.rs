@@ -3,7 +3,7 @@
 //! against fakepve's HA rules, which keep pve-ha-manager's checks (src/PVE/API2/HA/Rules.pm and
 //! src/PVE/HA/Rules/ResourceAffinity.pm): resources must be HA-managed, a resource-affinity rule needs
 //! two of them and a negative one at most one per node, every change carries the rules' digest, and
-//! deleting an HA resource with purge takes it out of every rule (src/PVE/HA/Config.pm
+//! deleting an HA resource takes it out of every rule (`purge`, by default, src/PVE/HA/Config.pm
 //! `delete_service_from_config`).
 
 mod support;
@@ -250,7 +250,9 @@ async fn a_negative_rule_holds_one_vm_per_node_and_the_rest_still_provision() {
 }
 
 /// Proxmox VE 8 has no HA rules: a class using them is refused before anything is created, and
-/// says why; `failback`-free HA registration alone still works there.
+/// says why; `failback`-free HA registration alone still works there, and so does its teardown,
+/// whose HA resource delete carries no `purge` (pve-ha-manager src/PVE/API2/HA/Resources.pm,
+/// `delete`: the parameter came with 5.0.7, defaults to 1, and PVE 8's schema refuses it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_on_pve8_are_refused_before_anything_is_created() {
     let mut scenario = three_node_scenario();

@@ -120,6 +120,12 @@ class LauncherPve(FakePve):
             raise PveError(400, 'Parameter verification failed.',
                            {'failback': 'property is not defined in schema and the schema does not allow '
                                         'additional properties'})
+        if request.method == 'DELETE' and 'purge' in values and self._pve_before(9):
+            # pve-ha-manager src/PVE/API2/HA/Resources.pm: `purge` came with 5.0.7 (PVE 9); the
+            # schema of PVE 8 has no such property.
+            raise PveError(400, 'Parameter verification failed.',
+                           {'purge': 'property is not defined in schema and the schema does not allow '
+                                     'additional properties'})
         if request.method == 'DELETE' and not vm.ha_managed:
             raise PveError(500, "cannot delete service '{0}', not HA managed!".format(sid))
         response = await super()._generic(request)

@@ -55,7 +55,7 @@ pub(super) async fn destroy(
 /// again, and an HA resource's shutdown is only a request to the HA manager (see [`shut_down`]).
 ///
 /// First the set's own rules that would be left ineffective or empty go (`rules_to_delete`), then
-/// the resource goes with `purge`, which takes it out of every other rule (pve-ha-manager
+/// the resource goes, which takes it out of every other rule (`purge` by default, pve-ha-manager
 /// src/PVE/HA/Config.pm, `delete_service_from_config`). In that order a crash in between is
 /// repaired by the next attempt: the VM is still HA-managed, so this runs again.
 ///
