@@ -11,7 +11,9 @@
 # HA rules as pve-ha-manager does (ops `ha_rules`, `ha_resources` show them), make answers and
 # tasks take time (`latency`, `node_latency`, `task_secs`; ops `slow_network`, `task_secs`), and, for
 # chaos runs: the network knobs (op `network`), changes applied after their client gave up
-# (`late_apply`, `late_held`), and when every VM existed (`vm_lifetimes`).
+# (`late_apply`, `late_held`), and when every VM existed (`vm_lifetimes`). Every request is first
+# checked against the official API schema of the release it emulates (`pve_version`, see
+# release_schema.py and tests/pve-api/).
 #
 # Usage: python launcher.py SCENARIO.json
 #   prints "fakepve listening on https://HOST:PORT" once ready, then reads one JSON command per line on
@@ -32,6 +34,8 @@ from fakepve.qemu import DRIVE_KEY, NEW_DISK, drives_of, is_cdrom, join_drive, s
 from fakepve import shapes
 from fakepve.routing import die, split_list
 from fakepve.server import GENERIC, USER, FakePve, error, int_param, ok, params
+
+import release_schema
 
 
 class LauncherPve(FakePve):
@@ -61,12 +65,6 @@ class LauncherPve(FakePve):
 
     async def _generic(self, request):
         match = request[GENERIC]
-        if (request.method == 'GET' and match is not None and match.template == '/nodes/{node}/network'
-                and request.query.get('type') == 'include_sdn' and self._pve_before(9)):
-            # pve-manager Network.pm: the `include_sdn` type filter is PVE 9's.
-            raise PveError(400, 'Parameter verification failed.',
-                           {'type': "value 'include_sdn' does not have a value in the enumeration 'bridge, bond, "
-                                    "eth, alias, vlan, OVSBridge, OVSBond, OVSPort, OVSIntPort, any_bridge'"})
         if request.method == 'GET' and match is not None:
             answer = None
             if match.template == '/nodes/{node}/network' and match.params.get('node') in (self.bridges or {}):
@@ -114,18 +112,6 @@ class LauncherPve(FakePve):
             return None
         if request.method == 'POST' and vm.ha_managed:
             raise PveError(500, "resource ID '{0}' already defined".format(sid))
-        if request.method == 'POST' and 'failback' in values and self._pve_before(9):
-            # pve-ha-manager src/PVE/HA/Resources.pm: `failback` came with 5.0.2 (PVE 9); the schema
-            # of PVE 8 has no such property.
-            raise PveError(400, 'Parameter verification failed.',
-                           {'failback': 'property is not defined in schema and the schema does not allow '
-                                        'additional properties'})
-        if request.method == 'DELETE' and 'purge' in values and self._pve_before(9):
-            # pve-ha-manager src/PVE/API2/HA/Resources.pm: `purge` came with 5.0.7 (PVE 9); the
-            # schema of PVE 8 has no such property.
-            raise PveError(400, 'Parameter verification failed.',
-                           {'purge': 'property is not defined in schema and the schema does not allow '
-                                     'additional properties'})
         if request.method == 'DELETE' and not vm.ha_managed:
             raise PveError(500, "cannot delete service '{0}', not HA managed!".format(sid))
         response = await super()._generic(request)
@@ -218,8 +204,6 @@ class LauncherPve(FakePve):
     async def _ha_rules(self, request, match):
         if match is None or match.template not in ('/cluster/ha/rules', '/cluster/ha/rules/{rule}'):
             return None
-        if self._pve_before(9):
-            raise PveError(501, "Method '{0} {1}' not implemented".format(request.method, request.path))
         self._ha_rules_settle()
         self.ha_rules = self.ha_rules if self.ha_rules is not None else {}
         name = match.params.get('rule')
@@ -888,7 +872,7 @@ class LauncherPve(FakePve):
                 if taken and not self._qm_taken(taken):
                     name, config = (self.vmid_race_vms or {}).pop(suffix, (None, None))
                     self.add_vm(taken, name or 'raced-{0}'.format(taken), node=node, config=config or {})
-        response = await super()._answer(request, handler, generic, path_node)
+        response = await super()._answer(request, self._release_checked(handler), generic, path_node)
         for key, times in list((self.lost_answers or {}).items()):
             if request.method != key[0] or not request.path.endswith(key[1]) or response.status != 200:
                 continue
@@ -898,6 +882,21 @@ class LauncherPve(FakePve):
                 self.lost_answers[key] = times - 1
             return error(502, 'Bad Gateway (fakepve: the change was applied, its answer lost)')
         return response
+
+    def _release_checked(self, handler):
+        """`handler`, run only for a request the emulated release's own API schema accepts (see
+        release_schema.py); fakepve's checks against its one PVE 9 schema follow."""
+        schema = release_schema.for_version(self.version)
+
+        async def checked(request):
+            segments = release_schema.api_segments(request)
+            # pveproxy reads an upload's multipart form itself, as fakepve does.
+            if segments is not None and request.content_type != 'multipart/form-data':
+                refused = release_schema.refusal(schema, request.method, segments, await params(request))
+                if refused is not None:
+                    raise refused
+            return await handler(request)
+        return checked
 
     def _qm_free(self, volid):
         """Real PVE never frees an ISO image through a VM (destroy skips CD-ROM drives); fakepve 0.5.0
