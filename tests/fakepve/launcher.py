@@ -121,14 +121,12 @@ class LauncherPve(FakePve):
                 self._ha_purge(sid)
         return response
 
-    async def _qm_destroy(self, v, user):
+    def _qm_destroy_purges_ha(self, v, vm):
         """qemu-server src/PVE/API2/Qemu.pm `destroy_vm`: with `purge`, an HA-managed VM also leaves the HA
         resources and (through pve-ha-manager `delete_service_from_config`) every HA rule, at the end of
         the destroy task. The purge is applied once the VM is gone (see `_ha_rules_settle`)."""
-        vm = self.find(v['node'], v['vmid'])
         if v.get('purge') and vm is not None and vm.ha_managed:
             self.ha_purge_pending = set(self.ha_purge_pending or ()) | {vm.vmid}
-        return await super()._qm_destroy(v, user)
 
     # --- HA rules (PVE 9, pve-ha-manager src/PVE/API2/HA/Rules.pm; fakepve has only the schema). All
     # rules live in one file with one digest; create and update check the whole rule set
@@ -741,6 +739,13 @@ class LauncherPve(FakePve):
     # is removed: the VM stays, and every retry with the flag fails the same way. fakepve skips
     # offline storages silently.
     async def _qm_destroy(self, v, user):
+        vm = self.find(v['node'], v['vmid'])
+        self._qm_destroy_purges_ha(v, vm)
+        if vm is not None and vm.lock == 'suspended':
+            # qemu-server src/PVE/QemuServer.pm `destroy_vm`: the `suspended` lock of a VM
+            # hibernated to disk is the one lock a destroy does not refuse (`has_lock($conf,
+            # 'suspended')` skips `check_lock`); fakepve refuses every lock.
+            self._qm_lock(vm, None)
         unreferenced = str(v.get('destroy-unreferenced-disks', '0')) in ('1', 'true')
         offline = sorted(sid for sid, store in self.storages.items()
                          if not store.get('active', 1) and 'images' in str(store.get('content', 'images')))

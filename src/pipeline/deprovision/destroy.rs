@@ -21,7 +21,7 @@ pub(super) async fn destroy(
     if let Some(e) = node_down(view, vm) {
         return Err(e);
     }
-    if let Some(lock) = vm.lock.as_deref().filter(|l| !l.is_empty()) {
+    if let Some(lock) = vm.lock.as_deref().filter(|l| blocks_destroy(l)) {
         return Err(DeprovisionError::Locked {
             node,
             vmid,
@@ -49,6 +49,13 @@ pub(super) async fn destroy(
         }
         other => other,
     }
+}
+
+/// Whether a VM holding `lock` must wait: qemu-server src/PVE/QemuServer.pm `destroy_vm` refuses
+/// every lock (`check_lock`) but `suspended`, the lock of a VM hibernated to disk, which it
+/// destroys (the VM is stopped; its saved state goes with its disks).
+fn blocks_destroy(lock: &str) -> bool {
+    !lock.is_empty() && lock != "suspended"
 }
 
 /// Takes an HA-managed VM out of HA before it is shut down: the HA manager would otherwise start it
