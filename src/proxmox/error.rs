@@ -149,6 +149,18 @@ impl ProxmoxError {
         self.says(|t| t.contains("storage '") && t.contains("is not online"))
     }
 
+    /// A create or clone into `pool` refused because the pool is gone: pve-access-control
+    /// src/PVE/RPCEnvironment.pm `check_pool_exist` raises a permission error (403 "Permission check
+    /// failed (pool '<pool>' does not exist)"), which qemu-server's `create_vm` and `clone_vm` call
+    /// before anything is made.
+    pub fn is_pool_missing(&self, pool: &str) -> bool {
+        let wanted = format!("pool '{pool}' does not exist");
+        match self {
+            Self::PermissionDenied { message, .. } => message.contains(&wanted),
+            _ => self.says(|t| t.contains(&wanted)),
+        }
+    }
+
     /// A start refused because the VM runs already (qemu-server `vm_start`: "VM 104 already
     /// running"), which is what a start sent again after a lost answer meets.
     pub fn is_already_running(&self) -> bool {

@@ -127,8 +127,9 @@ fn unnamed_privilege(call: &Call, message: &str) -> Option<&'static str> {
              token set that tag, or it is a registered tag: allow it there, or grant Sys.Modify on /",
         );
     }
-    if message.contains(',') {
-        return None; // "Permission check failed (/path, Privilege)": PVE named it
+    if message.contains(',') || message.contains("does not exist") {
+        // "Permission check failed (/path, Privilege)" or "(pool 'x' does not exist)": PVE named it
+        return None;
     }
     let segments: Vec<&str> = call.path.trim_matches('/').split('/').collect();
     match (call.method, segments.as_slice()) {
@@ -214,6 +215,24 @@ mod tests {
         assert!(
             matches!(e, ProxmoxError::Unauthorized { ref message, .. } if message == "authentication failure")
         );
+    }
+
+    /// pve-access-control src/PVE/RPCEnvironment.pm `check_pool_exist`: a missing pool is a
+    /// permission error that names what is wrong; no privilege hint.
+    #[test]
+    fn a_missing_pool_is_named_without_a_privilege_hint() {
+        let e = status_error(
+            &Call {
+                method: "POST",
+                path: "/nodes/pve1/qemu".into(),
+            },
+            StatusCode::FORBIDDEN,
+            "",
+            br#"{"data":null,"message":"Permission check failed (pool 'workers' does not exist)\n"}"#,
+        );
+        assert!(e.is_pool_missing("workers"), "{e:?}");
+        assert!(!e.is_pool_missing("work"), "{e:?}");
+        assert!(!e.to_string().contains("VM.Allocate"), "{e}");
     }
 
     #[test]
