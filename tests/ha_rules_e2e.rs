@@ -334,3 +334,41 @@ async fn a_rule_a_machine_joins_during_a_teardown_is_kept() {
     assert_eq!(kept, vec![sid1, "vm:190".to_string()], "{rules:?}");
     h.stop_controller().await;
 }
+
+/// PVE 9 refuses every HA rule write while HA groups are left from PVE 8 (pve-ha-manager
+/// src/PVE/API2/HA/Rules.pm `create_rule`: "ha groups have not been migrated yet"); the HA manager
+/// migrates them only once every node runs PVE 9 and its LRM is active (src/PVE/HA/Manager.pm
+/// `try_persistent_group_migration`). The status says so and what to do, and the machine
+/// joins its rule once the groups are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_groups_not_yet_migrated_are_named_with_what_to_do() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve
+        .control(json!({"op": "ha_groups", "names": ["old-group"]}));
+    h.request(
+        "grp-0",
+        "grp",
+        &class("  node_affinity_nodes: [pve2, pve3]\n"),
+    );
+    let status = h.wait_stage("grp-0", Stage::Failed).await;
+    for says in [
+        "still has HA groups",
+        "every node runs Proxmox VE 9",
+        "Datacenter > HA > Groups",
+    ] {
+        assert!(
+            status.spec.error.contains(says),
+            "{says}: {}",
+            status.spec.error
+        );
+    }
+    h.pve.control(json!({"op": "ha_groups", "names": []}));
+    h.stop_controller().await;
+    h.start_controller();
+    h.wait_stage("grp-0", Stage::Provisioned).await;
+    let sid = sid_of(&mut h, "grp-0");
+    assert_eq!(members(&rules(&mut h)["omni-grp-naff"]), vec![sid]);
+    h.stop_controller().await;
+}

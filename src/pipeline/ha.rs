@@ -105,12 +105,29 @@ async fn join_rules(
             Err(e) if e.is_ha_rules_changed() || e.is_ha_rule_defined() => {
                 tracing::debug!(%vmid, error = %e, "HA rules changed meanwhile; reading them again");
             }
+            Err(e) if e.is_ha_groups_unmigrated() => {
+                return Err(StepError::Cluster(groups_unmigrated(&doing, &e)));
+            }
             Err(e) => return Err(StepError::proxmox(doing)(e)),
         }
     }
     Err(StepError::Cluster(format!(
         "{doing}: the HA rules kept changing while they were edited ({ATTEMPTS} attempts); will try again"
     )))
+}
+
+/// What to do when PVE 9 still has HA groups: the HA manager (CRM) turns them into rules by
+/// itself, retrying about every minute, but only once every node runs Proxmox VE 9, is online and
+/// its LRM is active or idle (pve-ha-manager src/PVE/HA/Manager.pm
+/// `try_persistent_group_migration`); until then every rule write is refused.
+fn groups_unmigrated(doing: &str, e: &ProxmoxError) -> String {
+    format!(
+        "{doing}: Proxmox refuses HA rules while the cluster still has HA groups ({e}); its HA \
+         manager migrates them to rules once every node runs Proxmox VE 9, is online and its HA \
+         LRM is active or idle (see `journalctl -u pve-ha-crm`, \"ha groups migration\"): \
+         finish the upgrade or bring those nodes back, or remove the HA groups \
+         (Datacenter > HA > Groups); retried until then"
+    )
 }
 
 async fn apply(

@@ -161,6 +161,13 @@ impl ProxmoxError {
         }
     }
 
+    /// A rule write refused on PVE 9 while HA groups are left from PVE 8 (pve-ha-manager
+    /// src/PVE/API2/HA/Rules.pm `create_rule`/`update_rule`: "cannot create ha rule: ha groups
+    /// have not been migrated yet").
+    pub fn is_ha_groups_unmigrated(&self) -> bool {
+        self.says(|t| t.contains("ha groups have not been migrated yet"))
+    }
+
     /// A start refused because the VM runs already (qemu-server `vm_start`: "VM 104 already
     /// running"), which is what a start sent again after a lost answer meets.
     pub fn is_already_running(&self) -> bool {

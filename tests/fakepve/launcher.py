@@ -224,8 +224,19 @@ class LauncherPve(FakePve):
             return self._ha_rule_update(name, values)
         return ok(await self.answer(request, match, await params(request), request[USER], call=answer))
 
+    # pve-ha-manager src/PVE/API2/HA/Rules.pm `create_rule`/`update_rule`: while HA groups exist
+    # (`PVE::HA::Config::have_groups_been_migrated`), rule writes are refused; the CRM migrates the
+    # groups only once every node runs PVE 9, is online and its LRM active (src/PVE/HA/Manager.pm
+    # `try_persistent_group_migration`). Op `ha_groups` {names} sets the groups left.
+    ha_groups = None
+
+    def _ha_groups_block(self, verb):
+        if self.ha_groups:
+            raise PveError(500, 'cannot {0} ha rule: ha groups have not been migrated yet'.format(verb))
+
     def _ha_rule_create(self, values):
         failed = 'create ha rule failed'
+        self._ha_groups_block('create')
         name, kind = str(values.get('rule', '')), str(values.get('type', ''))
         if kind not in ('node-affinity', 'resource-affinity'):
             raise PveError(400, 'Parameter verification failed.', {'type': 'value is not one of the allowed values'})
@@ -248,6 +259,7 @@ class LauncherPve(FakePve):
 
     def _ha_rule_update(self, name, values):
         failed = 'update HA rules failed'
+        self._ha_groups_block('update')
         if not values.get('type'):
             raise PveError(400, 'Parameter verification failed.', {'type': 'property is missing and it is not optional'})
         if values.get('digest') and values['digest'] != self._ha_rules_digest():
@@ -1202,6 +1214,8 @@ async def command(pve, cmd):
         return dict((name, pve._ha_rule_view(name, rule)) for name, rule in (pve.ha_rules or {}).items())
     elif op == 'ha_resources':
         return sorted('vm:{0}'.format(vm.vmid) for vm in pve.vms if vm.ha_managed)
+    elif op == 'ha_groups':
+        pve.ha_groups = list(cmd.get('names') or [])
     elif op == 'ha_manage':
         pve.guest(cmd['vmid']).ha_state = cmd.get('state', 'started')
     elif op == 'ha_add_rule':
