@@ -372,3 +372,36 @@ async fn ha_groups_not_yet_migrated_are_named_with_what_to_do() {
     assert_eq!(members(&rules(&mut h)["omni-grp-naff"]), vec![sid]);
     h.stop_controller().await;
 }
+
+/// A spread set kept on two of three nodes (`node_affinity_nodes`): pve-ha-manager
+/// src/PVE/HA/Rules.pm `check_negative_resource_affinity_node_affinity_consistency` refuses a
+/// negative rule with more members than the node-affinity rule has nodes, so a third VM could never
+/// join its rules. Placement refuses it before anything is made, naming both keys; the first two
+/// are kept apart on the two nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_beyond_the_node_affinity_nodes_is_refused_before_anything_is_created() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let data = class("  spread: true\n  node_affinity_nodes: [pve2, pve3]\n");
+    for id in ["two-0", "two-1"] {
+        h.request(id, "two", &data);
+        h.wait_stage(id, Stage::Provisioned).await;
+    }
+    assert_eq!(members(&rules(&mut h)["omni-two-raff"]).len(), 2);
+    h.request("two-2", "two", &data);
+    let status = h.wait_stage("two-2", Stage::Failed).await;
+    for says in [
+        "ha.spread/ha.resource_affinity",
+        "ha.node_affinity_nodes",
+        "2 node(s) (pve2, pve3)",
+    ] {
+        assert!(
+            status.spec.error.contains(says),
+            "{says}: {}",
+            status.spec.error
+        );
+    }
+    assert!(h.vms_named("two-2").is_empty(), "nothing made");
+    h.stop_controller().await;
+}

@@ -11,7 +11,7 @@ use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::ha::{HaResource, vm_sid};
 use crate::proxmox::types::{ClusterResource, VmId};
-use crate::rules::ha::{HaMembership, RuleChange, plan_join, resource_affinity_rule};
+use crate::rules::ha::{HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule};
 use crate::rules::provider_data::HaSettings;
 
 /// How often the rules are read and planned again after a change or a refusal before giving up
@@ -154,12 +154,20 @@ async fn set_members(
     fresh: bool,
 ) -> Result<(Vec<String>, usize), StepError> {
     let resources = ctx.cluster(fresh).await?;
+    Ok(set_members_in(resources, set.filter(|_| fresh)))
+}
+
+/// The HA-managed VMs of `set` in a listing (as sids; none without a set) and its number of nodes.
+pub(super) fn set_members_in(
+    resources: &[ClusterResource],
+    set: Option<&str>,
+) -> (Vec<String>, usize) {
     let nodes = resources
         .iter()
         .filter(|r| matches!(r, ClusterResource::Node(_)))
         .count();
-    let Some(set) = set.filter(|_| fresh) else {
-        return Ok((Vec::new(), nodes));
+    let Some(set) = set else {
+        return (Vec::new(), nodes);
     };
     let tag = set_tag(set);
     let members = resources
@@ -175,5 +183,37 @@ async fn set_members(
             _ => None,
         })
         .collect();
-    Ok((members, nodes))
+    (members, nodes)
+}
+
+/// Before anything is made: whether the VM can join the HA rules its class puts it in without
+/// Proxmox calling the rule set infeasible ([`check_join`]); the join comes after the start, where
+/// a refusal would repeat on every retry. Without HA rules (PVE 8) or the right to read them, the
+/// join decides, as before.
+pub(super) async fn check_rules_before_create(
+    ctx: &mut StepContext<'_>,
+    resources: &[ClusterResource],
+) -> Result<(), StepError> {
+    let Some(ha) = ctx.data.ha.clone().filter(HaSettings::uses_rules) else {
+        return Ok(());
+    };
+    let rules = match ctx.services.pve.ha_rules().await {
+        Ok(rules) => rules,
+        Err(ProxmoxError::Api { status: 501, .. } | ProxmoxError::PermissionDenied { .. }) => {
+            return Ok(());
+        }
+        Err(e) => return Err(StepError::proxmox("reading the HA rules")(e)),
+    };
+    let set = ctx.request.set_id.clone();
+    let (members, cluster_nodes) = set_members_in(resources, set.as_deref());
+    let membership = HaMembership {
+        settings: &ha,
+        set: set.as_deref(),
+        sid: "",
+        set_members: &members,
+        cluster_nodes,
+        comment: "",
+    };
+    check_join(&membership, &rules)
+        .map_err(|e| StepError::Config(format!("ha: {e} (checked before creating the VM)")))
 }

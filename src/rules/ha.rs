@@ -9,6 +9,9 @@
 
 use std::collections::BTreeSet;
 
+mod feasibility;
+pub use feasibility::check_join;
+
 use crate::proxmox::ha::{HaRule, HaRuleKind, NewHaRule};
 use crate::rules::provider_data::{HaSettings, ResourceAffinity};
 

@@ -195,9 +195,42 @@ class LauncherPve(FakePve):
             raise PveError(500, '{0}: no nodes were specified'.format(failed))
         if missing:
             raise PveError(500, '{0}: cannot use non-existent node(s) {1}.'.format(failed, ', '.join(missing)))
-        errors = self._ha_rule_errors(rule)
+        errors = self._ha_rule_errors(rule) + self._ha_rule_conflicts(name, rule)
         if errors:
             raise PveError(500, "{0}: 400 Rule '{1}' is invalid.\nresources: {2}".format(failed, name, ', '.join(errors)))
+
+    def _ha_rule_conflicts(self, name, rule):
+        """The inter-rule checks of pve-ha-manager (src/PVE/HA/Rules/NodeAffinity.pm
+        `check_single_resource_reference`; src/PVE/HA/Rules.pm
+        `check_single_node_affinity_per_positive_resource_affinity_rule`,
+        `check_negative_resource_affinity_node_affinity_consistency`) as errors of rule `name`, with
+        `rule` written; the API refuses a rule with errors (Rules.pm `assert_feasibility`)."""
+        rules = dict(self.ha_rules or {})
+        rules[name] = rule
+        live = dict((n, r) for n, r in rules.items() if not r.get('disable'))
+        naff = dict((n, r) for n, r in live.items() if r['type'] == 'node-affinity')
+        raff = dict((n, r) for n, r in live.items() if r['type'] == 'resource-affinity')
+        errors = []
+        if name in naff:
+            for sid in sorted(rule['resources']):
+                if any(sid in r['resources'] for n, r in naff.items() if n != name):
+                    errors.append("resource '{0}' is already used in another node affinity rule".format(sid))
+        for rid, r in sorted(raff.items()):
+            touching = sorted(n for n, a in naff.items() if a['resources'] & r['resources'])
+            if name not in [rid] + touching:
+                continue
+            if r.get('affinity') == 'positive' and len(touching) > 1:
+                errors.append('resources are in multiple node affinity rules' if name == rid else
+                              'at least one resource is in a positive resource affinity rule and there are other '
+                              'resources in at least one other node affinity rule already')
+            located = set(sid for n in touching for sid in naff[n]['resources'] & r['resources'])
+            allowed = set(node.split(':')[0] for n in touching for node in split_list(naff[n].get('nodes') or ''))
+            if r.get('affinity') == 'negative' and len(allowed) < len(located):
+                errors.append('two or more resources are restricted to less nodes than available to the resources'
+                              if name == rid else
+                              'at least one resource is in a negative resource affinity rule and this rule would '
+                              'restrict these to less nodes than available to the resources')
+        return errors
 
     async def _ha_rules(self, request, match):
         if match is None or match.template not in ('/cluster/ha/rules', '/cluster/ha/rules/{rule}'):
