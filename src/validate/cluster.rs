@@ -8,6 +8,7 @@ use super::layers::{Layers, Origin};
 use super::node::{NodeOutcome, check_node};
 use super::report::{Finding, Outcome};
 use crate::model::{ClusterSnapshot, MIB};
+use crate::proxmox::ha::HaRule;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::types::ClusterResource;
 use crate::rules::placement::{
@@ -35,6 +36,9 @@ pub struct ClusterView {
     pub clone_source: Option<Result<CloneSource, String>>,
     /// The config's `placement:` limits, which placement's verdicts count against.
     pub placement: PlacementLimits,
+    /// `GET /cluster/ha/rules`, read when the class puts its VMs in HA rules (`None`: not read;
+    /// `Some(Err)`: could not be read).
+    pub ha_rules: Option<Result<Vec<HaRule>, String>>,
 }
 
 /// What placement is asked for a class. The data checked on a node is already resolved with that
@@ -153,6 +157,7 @@ pub(crate) fn check_cluster_inner(
         existing,
     };
     let mut out = release_findings(data, view);
+    check.ha_rule_findings(&mut out);
     check.placement_findings(&mut out);
     check.template(&mut out);
     let request = check.class.request(data);
@@ -198,6 +203,31 @@ fn release_findings(data: &ProviderData, view: &ClusterView) -> Vec<Finding> {
 }
 
 impl ClusterCheck<'_> {
+    /// The HA rules the class puts its VMs in, against the cluster's rules: shapes Proxmox calls
+    /// infeasible whatever the set's size ([`crate::rules::ha::check_join`] for a VM of a set that
+    /// has none yet), so every VM of the class would fail its join after being made and started.
+    fn ha_rule_findings(&self, out: &mut Vec<Finding>) {
+        let (Some(ha), Some(Ok(rules))) = (&self.data.ha, &self.view.ha_rules) else {
+            return;
+        };
+        let membership = crate::rules::ha::HaMembership {
+            settings: ha,
+            set: Some("(this set)"),
+            sid: "",
+            set_members: &[],
+            cluster_nodes: self.cluster.nodes.len(),
+            comment: "",
+        };
+        if let Err(why) = crate::rules::ha::check_join(&membership, rules) {
+            out.push(Finding::new(
+                Outcome::Problem,
+                self.origin.key("ha", None),
+                None,
+                why,
+            ));
+        }
+    }
+
     /// Which nodes could be chosen: the pinned node's verdict, or the allowed nodes and which of them
     /// placement would leave out for being offline.
     fn placement_findings(&self, out: &mut Vec<Finding>) {

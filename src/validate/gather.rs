@@ -76,7 +76,16 @@ pub async fn gather(
         ),
         _ => None,
     };
+    // Proxmox VE 8 has no HA rules (501): the release check says so.
+    let ha_rules = match data.ha.as_ref().filter(|ha| ha.uses_rules()) {
+        Some(_) => match pve.ha_rules().await {
+            Err(ProxmoxError::Api { status: 501, .. }) => None,
+            read => Some(read.map_err(|e| e.to_string())),
+        },
+        None => None,
+    };
     Ok(ClusterView {
+        ha_rules,
         clone_source,
         placement,
         resources,

@@ -36,6 +36,7 @@ fn view() -> ClusterView {
         pve_version: None,
         clone_source: None,
         placement: Default::default(),
+        ha_rules: None,
     }
 }
 
@@ -570,4 +571,55 @@ fn a_pools_bridge_is_the_one_checked() {
     // pve1 has it.
     let r = report("pve1");
     assert!(r.ok, "{}", r.render_text());
+}
+
+/// `class` checked against `view()` whose HA rules are `rules`.
+fn with_ha_rules(class: &str, rules: serde_json::Value) -> Report {
+    let schema = ProviderDataSchema::new().unwrap();
+    let (empty, nodes) = (Map::new(), Map::new());
+    let layers = Layers {
+        class_yaml: class,
+        defaults: &empty,
+        nodes: &nodes,
+        ip_pools: &[],
+    };
+    let (_, data) = check_schema(&schema, &layers);
+    let data = data.unwrap();
+    let mut v = view();
+    v.ha_rules = Some(Ok(serde_json::from_value(rules).unwrap()));
+    Report::new(check_cluster(&schema, &layers, &data, &v))
+}
+
+/// pve-ha-manager src/PVE/HA/Rules/NodeAffinity.pm `check_single_resource_reference`: a class with
+/// `node_affinity_nodes` that also names a node-affinity rule in `ha.rules` puts every VM in two
+/// node-affinity rules, which Proxmox refuses; the shipped classes are valid on 3 to 8 nodes.
+#[test]
+fn validate_refuses_ha_rule_shapes_proxmox_calls_infeasible() {
+    let rules = json!([{"rule": "db-nodes", "type": "node-affinity", "resources": "vm:100",
+        "nodes": "pve2", "digest": "d"}]);
+    let class =
+        format!("{BASE}ha:\n  node_affinity_nodes: [pve1]\n  spread: true\n  rules: [db-nodes]\n");
+    let r = with_ha_rules(&class, rules.clone());
+    let f = problem(&r, "ha", None).expect("a problem");
+    assert!(
+        f.message.contains("ha.node_affinity_nodes") && f.message.contains("ha.rules[0]: db-nodes"),
+        "{f}"
+    );
+    for example in [
+        "control-plane-ha.yaml",
+        "spread-set.yaml",
+        "clone-from-template.yaml",
+    ] {
+        let path = format!(
+            "{}/examples/machine-classes/{example}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let class = std::fs::read_to_string(path).unwrap();
+        let r = with_ha_rules(&class, rules.clone());
+        assert!(
+            problem(&r, "ha", None).is_none(),
+            "{example}: {}",
+            r.render_text()
+        );
+    }
 }
