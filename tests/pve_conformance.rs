@@ -491,3 +491,36 @@ async fn the_launcher_refuses_what_the_emulated_release_refuses() {
         .await;
     assert_ne!(purge.0, 400, "{purge:?}");
 }
+
+/// A cluster that lost quorum refuses every write: pve-cluster src/PVE/Cluster.pm
+/// `check_cfs_quorum` ("cluster not ready - no quorum?", what qemu-server's create, start and clone
+/// check first) and `$cfs_lock` ("cfs-lock '<id>' error: no quorum!", the set's pool). The request
+/// waits on the cluster (provisioning, not FAILED, the slow retry) with Proxmox's words in the
+/// error, nothing is made, and it goes on once quorum is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_quorum_is_waited_for_not_failed() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(json!({"op": "quorum", "quorate": false}));
+    h.request("quorum-0", "quorum", ON_PVE2);
+    let waiting = h
+        .omni
+        .state
+        .wait_for(Duration::from_secs(30), |s| {
+            s.get(&MachineRequestStatus, "quorum-0")
+                .is_some_and(|st| st.spec.error.contains("no quorum"))
+        })
+        .await;
+    assert!(waiting, "{:?}", h.status("quorum-0"));
+    let status = h.status("quorum-0").unwrap();
+    assert_eq!(status.spec.stage(), Stage::Provisioning, "{status:?}");
+    assert!(status.spec.status.contains("for the cluster"), "{status:?}");
+    assert!(h.vms_named("quorum-0").is_empty());
+
+    h.pve.control(json!({"op": "quorum", "quorate": true}));
+    h.stop_controller().await;
+    h.start_controller();
+    h.wait_stage("quorum-0", Stage::Provisioned).await;
+    h.stop_controller().await;
+}

@@ -168,6 +168,16 @@ impl ProxmoxError {
         self.says(|t| t.contains("ha groups have not been migrated yet"))
     }
 
+    /// The cluster has lost quorum and /etc/pve is read-only: pve-cluster src/PVE/Cluster.pm
+    /// `check_cfs_quorum` ("cluster not ready - no quorum?", what create, start and clone check
+    /// first) and `$cfs_lock` ("cfs-lock '<id>' error: no quorum!"). Nothing was changed; it heals
+    /// when enough nodes are back.
+    pub fn is_no_quorum(&self) -> bool {
+        self.says(|t| {
+            t.contains("cluster not ready - no quorum?") || t.contains("error: no quorum!")
+        })
+    }
+
     /// A start refused because the VM runs already (qemu-server `vm_start`: "VM 104 already
     /// running"), which is what a start sent again after a lost answer meets.
     pub fn is_already_running(&self) -> bool {

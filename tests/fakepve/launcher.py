@@ -913,7 +913,38 @@ class LauncherPve(FakePve):
             return await asyncio.shield(asyncio.ensure_future(later()))
         return await self._answer_now(request, handler, generic, path_node)
 
+    # --- A cluster without quorum (op `quorum` {quorate}): /etc/pve is read-only. qemu-server
+    # src/PVE/API2/Qemu.pm `create_vm`, `vm_start` and `clone_vm` call pve-cluster
+    # src/PVE/Cluster.pm `check_cfs_quorum` first ("cluster not ready - no quorum?"); a write under
+    # a cluster lock (pools in user.cfg, the HA domain) fails taking it (`$cfs_lock`: "cfs-lock
+    # '<id>' error: no quorum!"). fakepve checks quorum for containers only. Reads still work.
+    QUORUM_CHECKED = (('POST', '/nodes/{node}/qemu'), ('POST', '/nodes/{node}/qemu/{vmid}/status/start'),
+                      ('POST', '/nodes/{node}/qemu/{vmid}/clone'))
+    CFS_LOCKED = {'/pools': ('create pool failed', 'file-user_cfg'),
+                  '/pools/{poolid}': ('update pools failed', 'file-user_cfg'),
+                  '/cluster/ha/resources': ('create resource failed', 'domain-ha'),
+                  '/cluster/ha/resources/{sid}': ('delete resource failed', 'domain-ha'),
+                  '/cluster/ha/rules': ('create ha rule failed', 'domain-ha'),
+                  '/cluster/ha/rules/{rule}': ('update HA rules failed', 'domain-ha')}
+
+    def _quorum_refusal(self, request):
+        if self.quorate or request.method == 'GET':
+            return None
+        segments = release_schema.api_segments(request)
+        found = release_schema.match(release_schema.for_version(self.version), segments or [])
+        if found is None:
+            return None
+        if (request.method, found.template) in self.QUORUM_CHECKED:
+            return error(500, 'cluster not ready - no quorum?')
+        if found.template in self.CFS_LOCKED:
+            prefix, lock = self.CFS_LOCKED[found.template]
+            return error(500, "{0}: cfs-lock '{1}' error: no quorum!".format(prefix, lock))
+        return None
+
     async def _answer_now(self, request, handler, generic, path_node):
+        refused = self._quorum_refusal(request)
+        if refused is not None:
+            return refused
         for suffix, node in list((self.vmid_races or {}).items()):
             if request.method == 'POST' and request.path.endswith(suffix):
                 del self.vmid_races[suffix]
@@ -1211,6 +1242,8 @@ async def command(pve, cmd):
         pve.late_applies[(cmd['method'], cmd['suffix'])] = float(cmd['secs'])
     elif op == 'late_held':
         return list(pve.late_held or [])
+    elif op == 'quorum':
+        pve.quorate = bool(cmd['quorate'])
     elif op == 'network':
         # fakepve's network knobs (server.py `_middleware`): latency and jitter (PVE seconds, scaled
         # by time_scale) on every request, and the share of requests whose connection is reset
