@@ -8,6 +8,7 @@ use super::layers::{Layers, Origin};
 use super::node::{NodeOutcome, check_node};
 use super::report::{Finding, Outcome};
 use crate::model::{ClusterSnapshot, MIB};
+use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::HaRule;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::types::ClusterResource;
@@ -39,6 +40,8 @@ pub struct ClusterView {
     /// `GET /cluster/ha/rules`, read when the class puts its VMs in HA rules (`None`: not read;
     /// `Some(Err)`: could not be read).
     pub ha_rules: Option<Result<Vec<HaRule>, String>>,
+    /// Quorum and membership (`GET /cluster/status`; `None`: not read).
+    pub health: Option<Result<ClusterHealth, String>>,
 }
 
 /// What placement is asked for a class. The data checked on a node is already resolved with that
@@ -157,6 +160,7 @@ pub(crate) fn check_cluster_inner(
         existing,
     };
     let mut out = release_findings(data, view);
+    out.extend(health_finding(view));
     check.ha_rule_findings(&mut out);
     check.placement_findings(&mut out);
     check.template(&mut out);
@@ -177,6 +181,22 @@ pub(crate) fn check_cluster_inner(
         outcomes.into_iter().map(|(n, o)| (n, o.capacity)).collect();
     check.memory_findings(&capacity, &mut out);
     out
+}
+
+/// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
+/// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
+fn health_finding(view: &ClusterView) -> Option<Finding> {
+    let finding = match view.health.as_ref()? {
+        Ok(h) if h.can_write() => Finding::new(Outcome::Pass, "cluster.quorum", None, h.summary()),
+        Ok(h) => Finding::new(Outcome::Problem, "cluster.quorum", None, h.summary()),
+        Err(why) => Finding::new(
+            Outcome::Skipped,
+            "cluster.quorum",
+            None,
+            format!("cannot read the cluster's quorum and membership: {why}"),
+        ),
+    };
+    Some(finding)
 }
 
 /// Keys the cluster's Proxmox VE release must support.

@@ -84,7 +84,9 @@ pub async fn gather(
         },
         None => None,
     };
+    let health = Some(pve.cluster_health().await.map_err(|e| e.to_string()));
     Ok(ClusterView {
+        health,
         ha_rules,
         clone_source,
         placement,

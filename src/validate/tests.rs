@@ -37,6 +37,7 @@ fn view() -> ClusterView {
         clone_source: None,
         placement: Default::default(),
         ha_rules: None,
+        health: None,
     }
 }
 
@@ -622,4 +623,49 @@ fn validate_refuses_ha_rule_shapes_proxmox_calls_infeasible() {
             r.render_text()
         );
     }
+}
+
+/// pve-manager PVE/API2/Cluster.pm `get_status` gives quorum and membership; without quorum
+/// pve-cluster src/PVE/Cluster.pm `check_cfs_quorum` refuses every change, so validate says the
+/// class cannot be provisioned now, naming the members online.
+#[test]
+fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
+    use crate::proxmox::cluster::ClusterHealth;
+    let schema = ProviderDataSchema::new().unwrap();
+    let (empty, nodes) = (Map::new(), Map::new());
+    let layers = Layers {
+        class_yaml: BASE,
+        defaults: &empty,
+        nodes: &nodes,
+        ip_pools: &[],
+    };
+    let (_, data) = check_schema(&schema, &layers);
+    let data = data.unwrap();
+    use crate::proxmox::cluster::ClusterMember;
+    let health = |quorate: bool| ClusterHealth {
+        name: Some("prod".into()),
+        quorate: Some(quorate),
+        members: vec![
+            ClusterMember {
+                name: "pve1".into(),
+                online: true,
+            },
+            ClusterMember {
+                name: "pve2".into(),
+                online: false,
+            },
+        ],
+    };
+    let mut v = view();
+    v.health = Some(Ok(health(false)));
+    let r = Report::new(check_cluster(&schema, &layers, &data, &v));
+    let f = problem(&r, "cluster.quorum", None).expect("a problem");
+    assert!(
+        f.message
+            .contains("NO QUORUM, 1 of 2 members online (pve1)"),
+        "{f}"
+    );
+    v.health = Some(Ok(health(true)));
+    let r = Report::new(check_cluster(&schema, &layers, &data, &v));
+    assert!(problem(&r, "cluster.quorum", None).is_none());
 }
