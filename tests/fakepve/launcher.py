@@ -340,6 +340,12 @@ class LauncherPve(FakePve):
     def _check_clone_source_shared(self, v):
         vm = self.guest(int(v['vmid']))
         target = v.get('target')
+        if v.get('storage') and v['storage'] in self.storages:
+            # `clone_vm`'s `storage_check_enabled` on the node it runs on (the template's), then on
+            # `target`: "storage '<id>' is not available on node '<node>'".
+            self._check_enabled(v['storage'], v['node'])
+            if target:
+                self._check_enabled(v['storage'], target)
         if vm is not None and vm.node == v['node'] and target and target not in (vm.node, 'localhost'):
             for _key, volume, _props in drives_of(vm.config):
                 sid, _name = volume_ref(volume)
