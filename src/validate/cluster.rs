@@ -162,6 +162,7 @@ pub(crate) fn check_cluster_inner(
     let mut out = release_findings(data, view);
     out.extend(health_finding(view));
     check.ha_rule_findings(&mut out);
+    check.clone_disk_findings(&mut out);
     check.placement_findings(&mut out);
     check.template(&mut out);
     let request = check.class.request(data);
@@ -223,6 +224,31 @@ fn release_findings(data: &ProviderData, view: &ClusterView) -> Vec<Finding> {
 }
 
 impl ClusterCheck<'_> {
+    /// Boot mode `clone`: an additional disk whose slot a copy of the template fills would never be
+    /// made ([`crate::rules::vm_config::additional_disk_clash`]).
+    fn clone_disk_findings(&self, out: &mut Vec<Finding>) {
+        let Some(Ok(source)) = &self.view.clone_source else {
+            return;
+        };
+        for template in &source.templates {
+            let slots: Vec<&str> = template.drives.iter().map(|d| d.slot.as_str()).collect();
+            if let Some((i, slot)) =
+                crate::rules::vm_config::additional_disk_clash(self.data, &slots)
+            {
+                out.push(Finding::new(
+                    Outcome::Problem,
+                    format!("{}[{i}]", self.origin.key("additional_disks", None)),
+                    None,
+                    format!(
+                        "goes to {slot}, which template {} (VM {} on {}) already fills: the clone keeps the template's drive there and this disk would never be made",
+                        source.wanted, template.vmid, template.node
+                    ),
+                ));
+                return;
+            }
+        }
+    }
+
     /// The HA rules the class puts its VMs in, against the cluster's rules: shapes Proxmox calls
     /// infeasible whatever the set's size ([`crate::rules::ha::check_join`] for a VM of a set that
     /// has none yet), so every VM of the class would fail its join after being made and started.

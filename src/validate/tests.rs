@@ -669,3 +669,45 @@ fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
     let r = Report::new(check_cluster(&schema, &layers, &data, &v));
     assert!(problem(&r, "cluster.quorum", None).is_none());
 }
+
+/// Boot mode `clone` with a template whose `scsi1` holds a data disk: the class's first additional
+/// disk would go there and never be made (the clone keeps the template's drive), so validate names
+/// the entry.
+#[test]
+fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
+    let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\nboot: clone\ntemplate: 9000\nadditional_disks: [{disk_size: 4, storage_selector: 'true'}]\n";
+    let schema = ProviderDataSchema::new().unwrap();
+    let (empty, nodes) = (Map::new(), Map::new());
+    let layers = Layers {
+        class_yaml: class,
+        defaults: &empty,
+        nodes: &nodes,
+        ip_pools: &[],
+    };
+    let (_, data) = check_schema(&schema, &layers);
+    let data = data.unwrap();
+    let mut v = view_for(&data);
+    let cluster = crate::model::ClusterSnapshot::from_resources(&v.resources);
+    let config: crate::proxmox::types::VmConfig = serde_json::from_value(json!({
+        "scsi0": "local-lvm:base-9000-disk-0,size=8G",
+        "scsi1": "local-lvm:base-9000-disk-1,size=2G"
+    }))
+    .unwrap();
+    if let Some(Ok(source)) = v.clone_source.as_mut() {
+        let vm = crate::pipeline::template::matching_templates(
+            &v.resources,
+            data.template.as_ref().unwrap(),
+        )
+        .unwrap()[0]
+            .clone();
+        source.templates = vec![crate::model::TemplateFacts::from_config(
+            &vm, &config, &cluster,
+        )];
+    }
+    let r = Report::new(check_cluster(&schema, &layers, &data, &v));
+    let f = problem(&r, "additional_disks[0]", None).expect("a problem");
+    assert!(
+        f.message.contains("goes to scsi1, which template 9000"),
+        "{f}"
+    );
+}
