@@ -132,6 +132,9 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
             return Ok(());
         }
     };
+    // Machines of a set starting together make its pool once: the others wait for the first.
+    let lock = ctx.services.ledgers.exclusive(&format!("pool:{pool}"));
+    let _one_create_per_pool = lock.lock().await;
     let known = ctx.services.ledgers.pool_known(pool.as_str());
     if !known {
         let doing = format!("creating pool {pool} for machine-request set {set}");

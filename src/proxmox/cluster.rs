@@ -56,14 +56,29 @@ impl ProxmoxClient {
     /// The full `/cluster/resources` listing, shared as [`ProxmoxClient::cluster_resources`]
     /// describes, without a copy of its own: many requests in flight may each hold one.
     pub async fn cluster_listing(&self) -> Result<Arc<Vec<ClusterResource>>, ProxmoxError> {
+        Ok(self
+            .cluster_listing_within(std::time::Duration::ZERO)
+            .await?
+            .1)
+    }
+
+    /// [`Self::cluster_listing`], or the last one if it was sent at most `max_age` before this
+    /// call: requests that start together (a burst of one machine set) share one read. With when
+    /// the listing given was sent.
+    pub async fn cluster_listing_within(
+        &self,
+        max_age: std::time::Duration,
+    ) -> Result<(std::time::Instant, Arc<Vec<ClusterResource>>), ProxmoxError> {
         let asked = std::time::Instant::now();
+        let oldest = asked.checked_sub(max_age).unwrap_or(asked);
         // One listing at a time: who asks while one is read waits, then takes it if it was sent
-        // after they asked, else reads the next one (which the others waiting then share).
+        // after they asked (or within `max_age` before), else reads the next one (which the others
+        // waiting then share).
         let mut last = self.listing_slot().lock().await;
         if let Some((sent, listing)) = last.as_ref()
-            && *sent >= asked
+            && *sent >= oldest
         {
-            return Ok(listing.clone());
+            return Ok((*sent, listing.clone()));
         }
         let sent = std::time::Instant::now();
         let mut listing: Vec<ClusterResource> = self
@@ -74,7 +89,7 @@ impl ProxmoxClient {
         listing.shrink_to_fit();
         let listing = Arc::new(listing);
         *last = Some((sent, listing.clone()));
-        Ok(listing)
+        Ok((sent, listing))
     }
 
     /// The guests `/cluster/resources` lists (`type=vm`: VMs and containers), VMs only.
