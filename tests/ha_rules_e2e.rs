@@ -405,3 +405,37 @@ async fn spread_beyond_the_node_affinity_nodes_is_refused_before_anything_is_cre
     assert!(h.vms_named("two-2").is_empty(), "nothing made");
     h.stop_controller().await;
 }
+
+/// pve-ha-manager before 5.0.7 (early PVE 9.0) deletes an HA resource without taking it out of the
+/// rules (src/PVE/HA/Config.pm `delete_service_from_config` had no purge; `purge` came with
+/// src/PVE/API2/HA/Resources.pm 5.0.7). The set's node-affinity rule keeps the torn-down VM's sid,
+/// and the next join, writing the whole member list, is refused ("cannot use unmanaged
+/// resource(s)", src/PVE/API2/HA/Rules.pm `assert_valid_resources_param`): the join writes the
+/// rule again without the sids Proxmox named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_keeping_a_deleted_vm_without_purge_is_joined_without_it() {
+    let mut scenario = three_node_scenario();
+    scenario["ha_purge"] = json!(false);
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    let data = class("  node_affinity_nodes: [pve1, pve2, pve3]\n");
+    for id in ["keep-0", "keep-1"] {
+        h.request(id, "keep", &data);
+        h.wait_stage(id, Stage::Provisioned).await;
+    }
+    let gone = sid_of(&mut h, "keep-0");
+    remove(&mut h, "keep-0").await;
+    assert!(
+        members(&rules(&mut h)["omni-keep-naff"]).contains(&gone),
+        "no purge: the sid stays"
+    );
+    h.request("keep-2", "keep", &data);
+    h.wait_stage("keep-2", Stage::Provisioned).await;
+    let mut want = vec![sid_of(&mut h, "keep-1"), sid_of(&mut h, "keep-2")];
+    want.sort();
+    let mut got = members(&rules(&mut h)["omni-keep-naff"]);
+    got.sort();
+    assert_eq!(got, want);
+    h.stop_controller().await;
+}

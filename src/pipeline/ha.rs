@@ -11,7 +11,9 @@ use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::ha::{HaResource, vm_sid};
 use crate::proxmox::types::{ClusterResource, VmId};
-use crate::rules::ha::{HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule};
+use crate::rules::ha::{
+    HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
+};
 use crate::rules::provider_data::HaSettings;
 
 /// How often the rules are read and planned again after a change or a refusal before giving up
@@ -61,6 +63,8 @@ async fn join_rules(
         ctx.services.provider_id,
         set.as_deref().unwrap_or("-")
     );
+    // Sids Proxmox refused as not HA-managed: left out of the next writes.
+    let mut gone: Vec<String> = Vec::new();
     for _ in 0..ATTEMPTS {
         let pve = &ctx.services.pve;
         let rules = pve
@@ -97,13 +101,26 @@ async fn join_rules(
         let Some(change) = plan.changes.first() else {
             return Ok(());
         };
+        let change = without(change, &gone);
         let last = plan.changes.len() == 1;
-        match apply(&ctx.services.pve, change).await {
+        match apply(&ctx.services.pve, &change).await {
             Ok(()) if last => return Ok(()),
             Ok(()) => {}
             // Someone changed the rules since they were read, or made the rule first.
             Err(e) if e.is_ha_rules_changed() || e.is_ha_rule_defined() => {
                 tracing::debug!(%vmid, error = %e, "HA rules changed meanwhile; reading them again");
+            }
+            Err(ProxmoxError::Api { ref message, .. })
+                if unmanaged_sids(message)
+                    .iter()
+                    .any(|s| *s != sid && !gone.contains(s)) =>
+            {
+                let stale: Vec<String> = unmanaged_sids(message)
+                    .into_iter()
+                    .filter(|s| *s != sid)
+                    .collect();
+                tracing::info!(%vmid, ?stale, "HA rule names VMs no longer HA-managed; writing it without them");
+                gone.extend(stale);
             }
             Err(e) if e.is_ha_groups_unmigrated() => {
                 return Err(StepError::Cluster(groups_unmigrated(&doing, &e)));
@@ -128,6 +145,26 @@ fn groups_unmigrated(doing: &str, e: &ProxmoxError) -> String {
          finish the upgrade or bring those nodes back, or remove the HA groups \
          (Datacenter > HA > Groups); retried until then"
     )
+}
+
+/// `change` with the sids in `gone` left out of its resources.
+fn without(change: &RuleChange, gone: &[String]) -> RuleChange {
+    let keep = |r: &Vec<String>| {
+        r.iter()
+            .filter(|s| !gone.contains(s))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    match change {
+        RuleChange::Create(rule) => RuleChange::Create(crate::proxmox::ha::NewHaRule {
+            resources: keep(&rule.resources),
+            ..rule.clone()
+        }),
+        RuleChange::Join { rule, resources } => RuleChange::Join {
+            rule: rule.clone(),
+            resources: keep(resources),
+        },
+    }
 }
 
 async fn apply(

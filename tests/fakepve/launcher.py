@@ -117,7 +117,8 @@ class LauncherPve(FakePve):
         response = await super()._generic(request)
         if response.status == 200:
             vm.ha_state = values.get('state', 'started') if request.method == 'POST' else None
-            if request.method == 'DELETE' and str(values.get('purge', '1')) not in ('0', 'false'):
+            if (request.method == 'DELETE' and self.ha_purges
+                    and str(values.get('purge', '1')) not in ('0', 'false')):
                 self._ha_purge(sid)
         return response
 
@@ -125,8 +126,12 @@ class LauncherPve(FakePve):
         """qemu-server src/PVE/API2/Qemu.pm `destroy_vm`: with `purge`, an HA-managed VM also leaves the HA
         resources and (through pve-ha-manager `delete_service_from_config`) every HA rule, at the end of
         the destroy task. The purge is applied once the VM is gone (see `_ha_rules_settle`)."""
-        if v.get('purge') and vm is not None and vm.ha_managed:
+        if v.get('purge') and vm is not None and vm.ha_managed and self.ha_purges:
             self.ha_purge_pending = set(self.ha_purge_pending or ()) | {vm.vmid}
+
+    # pve-ha-manager before 5.0.7 (early PVE 9.0): deleting an HA resource leaves its sid in every
+    # rule (src/PVE/HA/Config.pm `delete_service_from_config` had no purge). Scenario `ha_purge`.
+    ha_purges = True
 
     # --- HA rules (PVE 9, pve-ha-manager src/PVE/API2/HA/Rules.pm; fakepve has only the schema). All
     # rules live in one file with one digest; create and update check the whole rule set
@@ -1126,6 +1131,7 @@ def build_client_conformance(pve, scenario):
         for path, privs in entries:
             pve.grant(who, path, *privs)
     pve.old_pve8_errors = bool(scenario.get('old_pve8_errors', False))
+    pve.ha_purges = bool(scenario.get('ha_purge', True))
     if 'pve_version' in scenario:
         pve.version = scenario['pve_version']
         pve.release_version = '.'.join(scenario['pve_version'].split('.')[:2])

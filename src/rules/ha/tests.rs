@@ -310,3 +310,16 @@ fn a_positive_rule_across_node_affinity_rules_is_refused() {
     };
     assert_eq!(check_join(&member(&alone, "", &[]), &rules), Ok(()));
 }
+
+/// pve-ha-manager src/PVE/API2/HA/Rules.pm `assert_valid_resources_param`, behind
+/// `lock_ha_domain`'s prefix.
+#[test]
+fn unmanaged_sids_are_read_from_the_refusal() {
+    assert_eq!(
+        unmanaged_sids(
+            "update HA rules failed: cannot use unmanaged resource(s) vm:101, vm:102.\n"
+        ),
+        ["vm:101", "vm:102"]
+    );
+    assert!(unmanaged_sids("update HA rules failed: no resources were specified").is_empty());
+}
