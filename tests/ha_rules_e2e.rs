@@ -439,3 +439,44 @@ async fn a_rule_keeping_a_deleted_vm_without_purge_is_joined_without_it() {
     assert_eq!(got, want);
     h.stop_controller().await;
 }
+
+/// The same shape in a burst: three machines of the spread set kept on two nodes requested at once.
+/// Placement counts the set's machines placed but not yet HA-managed, so one of the three is
+/// refused before anything is made and the two others provision; none fails its join after the
+/// start (pve-ha-manager src/PVE/HA/Rules.pm
+/// `check_negative_resource_affinity_node_affinity_consistency`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_beyond_the_node_affinity_nodes_refuses_the_extra_machine_up_front() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let data = class("  spread: true\n  node_affinity_nodes: [pve2, pve3]\n");
+    let ids = ["wave-0", "wave-1", "wave-2"];
+    for id in ids {
+        h.request(id, "wave", &data);
+    }
+    let settled = h
+        .omni
+        .state
+        .wait_for(Duration::from_secs(60), |s| {
+            ids.iter().all(|id| {
+                s.get(&MachineRequestStatus, id).is_some_and(|st| {
+                    st.spec.stage() == Stage::Provisioned
+                        || (st.spec.stage() == Stage::Failed
+                            && st.spec.error.contains("ha.node_affinity_nodes"))
+                })
+            })
+        })
+        .await;
+    let stages: Vec<_> = ids.iter().map(|id| h.status(id)).collect();
+    assert!(settled, "{stages:?}");
+    let refused: Vec<&str> = ids
+        .iter()
+        .copied()
+        .filter(|id| h.status(id).unwrap().spec.stage() == Stage::Failed)
+        .collect();
+    assert_eq!(refused.len(), 1, "{stages:?}");
+    assert!(h.vms_named(refused[0]).is_empty(), "nothing made");
+    assert_eq!(members(&rules(&mut h)["omni-wave-raff"]).len(), 2);
+    h.stop_controller().await;
+}

@@ -223,6 +223,44 @@ pub(super) fn set_members_in(
     (members, nodes)
 }
 
+/// The set's VMs that will join its rules but are not HA-managed yet: made (tagged in the listing)
+/// or placed by this process and not listed yet (by request ID), so machines of a burst are
+/// counted together.
+fn prospective_members(
+    ctx: &StepContext<'_>,
+    resources: &[ClusterResource],
+    set: &str,
+    managed: &[String],
+) -> Vec<String> {
+    let tag = set_tag(set);
+    let listed: Vec<&crate::proxmox::types::VmResource> = resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm)
+                if !vm.template && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag)) =>
+            {
+                Some(vm)
+            }
+            _ => None,
+        })
+        .collect();
+    let made = listed
+        .iter()
+        .map(|vm| vm_sid(vm.vmid))
+        .filter(|sid| !managed.contains(sid));
+    let placed = ctx
+        .services
+        .ledgers
+        .placed_in_set(set, &ctx.request.id)
+        .into_iter()
+        .filter(|id| {
+            !listed
+                .iter()
+                .any(|vm| vm.name.as_deref() == Some(id.as_str()))
+        });
+    made.chain(placed).collect()
+}
+
 /// Before anything is made: whether the VM can join the HA rules its class puts it in without
 /// Proxmox calling the rule set infeasible ([`check_join`]); the join comes after the start, where
 /// a refusal would repeat on every retry. Without HA rules (PVE 8) or the right to read them, the
@@ -242,7 +280,10 @@ pub(super) async fn check_rules_before_create(
         Err(e) => return Err(StepError::proxmox("reading the HA rules")(e)),
     };
     let set = ctx.request.set_id.clone();
-    let (members, cluster_nodes) = set_members_in(resources, set.as_deref());
+    let (mut members, cluster_nodes) = set_members_in(resources, set.as_deref());
+    if let Some(set) = set.as_deref() {
+        members.extend(prospective_members(ctx, resources, set, &members));
+    }
     let membership = HaMembership {
         settings: &ha,
         set: set.as_deref(),

@@ -128,6 +128,9 @@ fn node_rules<'a>(m: &'a HaMembership<'a>, rules: &'a [HaRule]) -> Vec<NodeRule<
             if key.is_some() {
                 members.insert(NEW);
             }
+            if set_rule.as_deref() == Some(r.rule.as_str()) {
+                members.extend(m.set_members.iter().map(String::as_str));
+            }
             NodeRule {
                 name: r.rule.clone(),
                 key,
@@ -148,25 +151,44 @@ fn node_rules<'a>(m: &'a HaMembership<'a>, rules: &'a [HaRule]) -> Vec<NodeRule<
                 .iter()
                 .map(|n| n.as_str())
                 .collect(),
-            members: BTreeSet::from([NEW]),
+            members: std::iter::once(NEW)
+                .chain(m.set_members.iter().map(String::as_str))
+                .collect(),
         });
     }
     out
 }
 
-/// The resource-affinity rules the new VM joins, with their members once it has: the set's own
-/// (made with the set's HA-managed VMs when it does not exist yet; a negative one already as large
-/// as the cluster takes no more, see [`super::plan_join`]) and those named in `ha.rules`.
+/// The resource-affinity rules the new VM joins, with their members once it and the set's other
+/// VMs (`set_members`: HA-managed, made, or placed) have: the set's own (a negative one already as
+/// large as the cluster takes no more, see [`super::plan_join`]) and those named in `ha.rules`.
 fn affinity_rules<'a>(m: &'a HaMembership<'a>, rules: &'a [HaRule]) -> Vec<AffinityRule<'a>> {
     let mut out = Vec::new();
     if let (Some(set), Some(affinity)) = (m.set, m.settings.resource_affinity) {
         let name = resource_affinity_rule(set);
         let negative = affinity == ResourceAffinity::Negative;
-        let mut members: BTreeSet<&str> = match rules.iter().find(|r| r.rule == name) {
-            Some(rule) => rule.resource_list().into_iter().collect(),
-            None => m.set_members.iter().map(String::as_str).collect(),
-        };
-        if !(negative && members.len() >= m.cluster_nodes) {
+        let existing: Option<BTreeSet<&str>> = rules
+            .iter()
+            .find(|r| r.rule == name)
+            .map(|r| r.resource_list().into_iter().collect());
+        let full = negative && existing.as_ref().map_or(0, BTreeSet::len) >= m.cluster_nodes;
+        if !full {
+            // The set's other VMs join too (those placed and not yet HA-managed included); a new
+            // negative rule starts with as many as the cluster has nodes.
+            let mut members: BTreeSet<&str> = existing.unwrap_or_default();
+            let room = if negative {
+                m.cluster_nodes.saturating_sub(1)
+            } else {
+                usize::MAX
+            };
+            let others: Vec<&str> = m
+                .set_members
+                .iter()
+                .map(String::as_str)
+                .filter(|s| !members.contains(s))
+                .collect();
+            let left = room.saturating_sub(members.len());
+            members.extend(others.into_iter().take(left));
             members.insert(NEW);
             out.push(AffinityRule {
                 name,

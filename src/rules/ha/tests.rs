@@ -323,3 +323,24 @@ fn unmanaged_sids_are_read_from_the_refusal() {
     );
     assert!(unmanaged_sids("update HA rules failed: no resources were specified").is_empty());
 }
+
+/// Machines of a burst are counted together: the set's VMs placed but not yet HA-managed
+/// (`set_members`) join the set's rules too, so the third of a spread set kept on two nodes is
+/// refused even before the first two joined (pve-ha-manager src/PVE/HA/Rules.pm
+/// `check_negative_resource_affinity_node_affinity_consistency`).
+#[test]
+fn placed_machines_of_the_set_count_toward_its_rules() {
+    let settings = HaSettings {
+        node_affinity_nodes: nodes(&["pve2", "pve3"]),
+        ..spread()
+    };
+    let one = vec!["burst-0".to_string()];
+    let two = vec!["burst-0".to_string(), "burst-1".to_string()];
+    let m = |members| HaMembership {
+        cluster_nodes: 5,
+        ..member(&settings, "", members)
+    };
+    assert_eq!(check_join(&m(&one), &[]), Ok(()));
+    let e = check_join(&m(&two), &[]).unwrap_err();
+    assert!(e.contains("2 node(s) (pve2, pve3)"), "{e}");
+}
