@@ -202,7 +202,8 @@ fn step_kind(e: &StepError) -> ErrorKind {
 }
 
 fn proxmox_kind(e: &ProxmoxError) -> ErrorKind {
-    if e.is_node_unreachable() || e.is_guest_locked() || e.is_storage_offline() {
+    if e.is_node_unreachable() || e.is_guest_locked() || e.is_storage_offline() || e.is_no_quorum()
+    {
         return ErrorKind::WaitingOnCluster;
     }
     match e {
