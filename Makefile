@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
-.PHONY: test lint check setup build demo bench soak chaos audit
+.PHONY: test lint check setup build demo sandbox bench soak chaos audit
 
 # Everything the tests need (fakepve in .venv), then every test. fakepve is required here, so a missing
 # fake fails the run instead of silently skipping the end-to-end tests.
@@ -28,6 +28,12 @@ demo: setup
 	cargo build --bins --examples --locked
 	target/debug/examples/demo
 
+# A fake 4-node Proxmox VE cluster and an in-memory Omni to try the commands on, with
+# examples/config.yaml pointed at it in tmp/sandbox; runs until Ctrl-C.
+sandbox: setup
+	cargo build --bins --examples --locked
+	target/debug/examples/sandbox tmp/sandbox
+
 # Benchmark report against the design targets (release build).
 bench: setup
 	cargo build --release --bins --examples --locked
@@ -40,7 +46,8 @@ soak: setup
 	target/release/examples/soak
 
 # Chaos runs (docs/chaos.md): machines provisioned and torn down while a seeded schedule kills the
-# provider and breaks Proxmox and Omni; three seeds in a row, or `make chaos SEED=N` to replay one.
+# provider and breaks Proxmox and Omni; three seeds in a row with one provider, then two with two
+# replicas whose leader is killed and cut off; or `make chaos SEED=N [REPLICAS=2]` to replay one.
 chaos: setup
 	cargo build --release --bins --examples --locked
-	target/release/examples/chaos $(if $(SEED),--seed $(SEED),--runs 3)
+	$(if $(SEED),target/release/examples/chaos --seed $(SEED) $(if $(REPLICAS),--replicas $(REPLICAS)),target/release/examples/chaos --runs 3 && target/release/examples/chaos --runs 2 --replicas 2)

@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/omni/specs/siderolink.proto",
         "proto/omni/management.proto",
         "proto/provider/machine.proto",
+        "proto/provider/lease.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

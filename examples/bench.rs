@@ -75,8 +75,9 @@ async fn main() -> ExitCode {
     }
 }
 
-/// The per-machine figures, then the scale (`BENCH_SCALE=0` leaves it out; `BENCH_BASIC=0` leaves
-/// the per-machine figures out, `BENCH_MACHINES` sets the burst size, for a quick run).
+/// The per-machine figures, then the scale, then replicas (`BENCH_SCALE=0` leaves the scale out;
+/// `BENCH_BASIC=0` the per-machine figures, `BENCH_REPLICAS=0` the replicas; `BENCH_MACHINES` sets
+/// the burst size, for a quick run).
 async fn all() -> Result<Vec<Row>, String> {
     let on = |var: &str| std::env::var(var).map_or(true, |v| v != "0");
     let mut rows = if on("BENCH_BASIC") {
@@ -86,6 +87,9 @@ async fn all() -> Result<Vec<Row>, String> {
     };
     if on("BENCH_SCALE") {
         rows.extend(scale_rows().await?);
+    }
+    if on("BENCH_REPLICAS") {
+        rows.extend(scale::replicas::rows().await?);
     }
     Ok(rows)
 }
@@ -208,6 +212,7 @@ async fn run() -> Result<Vec<Row>, String> {
         target: "<= 7 requests each".into(),
         ok: Some(many_teardown_calls.len() <= 7 * MANY),
     });
+    rows.extend(set_burst(&mut stack).await?);
     rows.push(Row {
         what: "Idle RSS of the provider".into(),
         measured: format!("{:.1} MiB", idle_rss as f64 / 1024.0),
@@ -248,6 +253,34 @@ async fn run() -> Result<Vec<Row>, String> {
     }
     stack.stop().await?;
     Ok(rows)
+}
+
+/// Six new machines of a new set at once, the image on every node (the burst before brought it):
+/// the set's pool is made once and the cluster listed once for all six.
+async fn set_burst(stack: &mut Stack) -> Result<Vec<Row>, String> {
+    const SIX: usize = 6;
+    stack.reset_proxmox_requests();
+    let ids: Vec<String> = (0..SIX).map(|i| format!("bench-six-{i}")).collect();
+    for id in &ids {
+        stack.request(id, "bench-six", CLASS);
+    }
+    wait_provisioned(stack, &ids).await?;
+    let calls = stack.proxmox_requests();
+    let count = |method: &str, path: &str| {
+        calls
+            .iter()
+            .filter(|(m, p)| m == method && p.ends_with(path))
+            .count()
+    };
+    let (pools, listings) = (count("POST", "/pools"), count("GET", "/cluster/resources"));
+    let per_machine = calls.len() as f64 / SIX as f64;
+    tear_down(stack, &ids).await?;
+    Ok(vec![Row {
+        what: format!("{SIX} new machines of one set at once (image present), requests each"),
+        measured: format!("{per_machine:.1} ({pools} pool create, {listings} listing)"),
+        target: "<= 8.5, one pool create, one listing (was 8.2 to 8.8)".into(),
+        ok: Some(per_machine <= 8.5 && pools == 1 && listings == 1),
+    }])
 }
 
 fn row_calls(what: &str, n: usize, target: usize, upstream: usize) -> Row {
@@ -375,7 +408,7 @@ async fn wait_provisioned(stack: &Stack, ids: &[String]) -> Result<(), String> {
         Err(format!(
             "not all of {} requests were provisioned; provider log: {}",
             ids.len(),
-            stack.log.display()
+            stack.log().display()
         ))
     }
 }

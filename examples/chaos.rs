@@ -3,9 +3,10 @@
 //! kills the provider, breaks Proxmox and Omni connections and injects Proxmox's real errors; then
 //! every invariant is checked (see `docs/chaos.md`).
 //!
-//! `chaos [--seed N] [--runs K] [--short]`: K runs (default 1) with seed N, N+1, … (default: from the
-//! clock). Each run prints its seed and schedule first; `--seed N` replays it. Exits non-zero when any
-//! run broke an invariant.
+//! `chaos [--seed N] [--runs K] [--short] [--replicas R]`: K runs (default 1) with seed N, N+1, …
+//! (default: from the clock), each with R provider processes (default 1; with more, the faults kill
+//! and cut whichever leads). Each run prints its seed and schedule first; `--seed N` replays it.
+//! Exits non-zero when any run broke an invariant.
 
 mod stack;
 
@@ -19,6 +20,7 @@ async fn main() -> ExitCode {
     let mut seed: Option<u64> = None;
     let mut runs = 1u64;
     let mut short = false;
+    let mut replicas = 1u64;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let value = |name: &str, v: Option<String>| -> Result<u64, String> {
@@ -29,12 +31,13 @@ async fn main() -> ExitCode {
         let parsed = match arg.as_str() {
             "--seed" => value("--seed", args.next()).map(|v| seed = Some(v)),
             "--runs" => value("--runs", args.next()).map(|v| runs = v.max(1)),
+            "--replicas" => value("--replicas", args.next()).map(|v| replicas = v.clamp(1, 4)),
             "--short" => {
                 short = true;
                 Ok(())
             }
             other => Err(format!(
-                "unknown argument {other:?}; usage: chaos [--seed N] [--runs K] [--short]"
+                "unknown argument {other:?}; usage: chaos [--seed N] [--runs K] [--short] [--replicas R]"
             )),
         };
         if let Err(e) = parsed {
@@ -55,7 +58,8 @@ async fn main() -> ExitCode {
             Options::short(seed)
         } else {
             Options::full(seed)
-        };
+        }
+        .with_replicas(replicas as usize);
         let line = match run(&opts).await {
             Ok(report) => {
                 failed |= !report.violations.is_empty();

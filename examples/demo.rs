@@ -3,13 +3,14 @@
 //! Starts fakepve with a three-node cluster and a Talos template, the in-memory Omni, and the real
 //! provider binary; asks for five machines from two machine classes (two pinned to pve2, three spread
 //! over the cluster); shows their progress live as Omni would; tears them all down; and prints where
-//! each VM landed, how long each step took and how many Proxmox API calls it all cost.
+//! each VM landed and why (what placement said), how long each step took and how many Proxmox API
+//! calls it all cost, sorted by what they were for.
 //! Exits 0 only if every machine was provisioned and everything was cleaned up.
 
 mod stack;
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -62,7 +63,7 @@ async fn run() -> Result<(), String> {
     let mut stack = Stack::start(0.02, &["--concurrency", "4"]).await?;
     println!(
         "Provider connected. Metrics at http://{}/metrics\n",
-        stack.metrics
+        stack.metrics()
     );
     stack.reset_proxmox_requests();
 
@@ -87,24 +88,9 @@ async fn run() -> Result<(), String> {
         ));
     }
     let started = Instant::now();
-    let tty = std::io::stdout().is_terminal();
-    let mut drawn = 0;
-    loop {
-        let all_done = observe(&stack, &mut machines);
-        drawn = draw(&stack, &machines, drawn, tty);
-        if all_done {
-            break;
-        }
-        if started.elapsed() > DEADLINE {
-            return Err(format!(
-                "not every machine was provisioned within {DEADLINE:?}; provider log: {}",
-                stack.log.display()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    watch_until_provisioned(&stack, &mut machines, started).await?;
     let provision_time = started.elapsed();
-    let provision_calls = stack.proxmox_requests().len();
+    let provision_requests = stack.proxmox_requests();
     let placements = placements(&stack, &machines);
 
     println!(
@@ -129,20 +115,50 @@ async fn run() -> Result<(), String> {
     let leftovers = leftovers(&mut stack, &ids);
 
     let steps = stack.step_seconds().await.unwrap_or_default();
-    summary(
-        &machines,
-        &steps,
-        &placements,
-        provision_time,
-        provision_calls,
-        teardown_time,
-        teardown_calls,
+    let reasons = placement_reasons(&std::fs::read_to_string(stack.log()).unwrap_or_default());
+    landed(&machines, &placements, &reasons);
+    step_times(&steps);
+    println!("\nProxmox API calls:");
+    provisioning_calls(machines.len(), &provision_requests, provision_time);
+    println!(
+        "  tearing them down: {teardown_calls} ({:.1} per machine) in {:.1}s",
+        teardown_calls as f64 / machines.len() as f64,
+        teardown_time.as_secs_f64()
     );
     stack.stop().await?;
     if !leftovers.is_empty() {
         return Err(format!("left behind: {}", leftovers.join(", ")));
     }
     println!("\nEverything provisioned and cleaned up. Demo OK.");
+    Ok(())
+}
+
+/// Shows each status change until every machine is provisioned, or fails after [`DEADLINE`].
+async fn watch_until_provisioned(
+    stack: &Stack,
+    machines: &mut [Machine],
+    started: Instant,
+) -> Result<(), String> {
+    println!("Progress as Omni shows it (a line each time a machine's status changes):\n");
+    println!(
+        "{:>6}  {:<14} {:<14} {:<12} {:<5} STATUS IN OMNI",
+        "TIME", "MACHINE", "CLASS", "STAGE", "NODE"
+    );
+    let mut shown = BTreeMap::new();
+    loop {
+        let all_done = observe(stack, machines);
+        draw(stack, machines, &mut shown, started);
+        if all_done {
+            break;
+        }
+        if started.elapsed() > DEADLINE {
+            return Err(format!(
+                "not every machine was provisioned within {DEADLINE:?}; provider log: {}",
+                stack.log().display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     Ok(())
 }
 
@@ -198,11 +214,15 @@ fn step_name(text: &str) -> Option<&str> {
     )
 }
 
-fn draw(stack: &Stack, machines: &[Machine], previous: usize, tty: bool) -> usize {
-    let mut lines = vec![format!(
-        "{:<16} {:<14} {:<12} {:<6} {}",
-        "MACHINE", "CLASS", "STAGE", "NODE", "PROGRESS"
-    )];
+/// Prints a line for each machine whose stage, node or status text changed since the last call,
+/// with the whole status text.
+fn draw(
+    stack: &Stack,
+    machines: &[Machine],
+    shown: &mut BTreeMap<String, String>,
+    started: Instant,
+) {
+    let mut out = std::io::stdout().lock();
     for m in machines {
         let status = stack.omni.get(&MachineRequestStatus, &m.id);
         let stage = match status.as_ref().map(|s| s.spec.stage) {
@@ -216,35 +236,16 @@ fn draw(stack: &Stack, machines: &[Machine], previous: usize, tty: bool) -> usiz
             .get(&ProviderMachine::new(PROVIDER), &m.id)
             .map(|s| s.spec.node)
             .unwrap_or_default();
-        let mut text = m.last_text.clone();
-        text.truncate(70);
-        lines.push(format!(
-            "{:<16} {:<14} {:<12} {:<6} {}",
-            m.id, m.class, stage, node, text
-        ));
+        let line = format!(
+            "{:<14} {:<14} {:<12} {:<5} {}",
+            m.id, m.class, stage, node, m.last_text
+        );
+        if shown.get(&m.id) != Some(&line) {
+            let _ = writeln!(out, "{:>5.1}s  {line}", started.elapsed().as_secs_f64());
+            shown.insert(m.id.clone(), line);
+        }
     }
-    let mut out = std::io::stdout().lock();
-    if tty {
-        if previous > 0 {
-            let _ = write!(out, "\x1b[{previous}A");
-        }
-        for l in &lines {
-            let _ = writeln!(out, "\x1b[2K{l}");
-        }
-        let _ = out.flush();
-        lines.len()
-    } else {
-        // In a log, print only what changed.
-        static LAST: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-        let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
-        for l in lines.iter().skip(1) {
-            if !last.contains(l) {
-                let _ = writeln!(out, "{l}");
-            }
-        }
-        *last = lines;
-        0
-    }
+    let _ = out.flush();
 }
 
 fn placements(stack: &Stack, machines: &[Machine]) -> BTreeMap<String, (String, i32, Vec<String>)> {
@@ -281,42 +282,128 @@ fn leftovers(stack: &mut Stack, ids: &[String]) -> Vec<String> {
     left
 }
 
-fn summary(
+/// What placement said about each request, from the provider's log: the `reason` of its
+/// "automatically picked node" or "using configured node" line.
+fn placement_reasons(log: &str) -> BTreeMap<String, String> {
+    log.lines()
+        .filter(|l| l.contains("picked node request=") || l.contains("configured node request="))
+        .filter_map(|l| {
+            // The event's own field, not the span's `reconcile{request=…}` before it.
+            let request = l.split(" request=").nth(1)?.split_whitespace().next()?;
+            let reason = l.split_once("reason=")?.1.trim();
+            Some((request.to_owned(), reason.to_owned()))
+        })
+        .collect()
+}
+
+fn landed(
     machines: &[Machine],
-    steps: &[(String, f64, u64)],
     placements: &BTreeMap<String, (String, i32, Vec<String>)>,
-    provision_time: Duration,
-    provision_calls: usize,
-    teardown_time: Duration,
-    teardown_calls: usize,
+    reasons: &BTreeMap<String, String>,
 ) {
-    println!("\nWhere each VM landed:");
+    println!("\nWhere each VM landed, and why (the provider's placement log):\n");
+    println!(
+        "  {:<14} {:<14} {:<5} {:<5} {:<12} WHY",
+        "MACHINE", "CLASS", "VM", "NODE", "ADDRESS"
+    );
     for m in machines {
         let (node, vmid, addrs) = placements.get(&m.id).cloned().unwrap_or_default();
         println!(
-            "  {:<16} {:<14} VM {vmid:<5} on {node}  {}",
+            "  {:<14} {:<14} {vmid:<5} {node:<5} {:<12} {}",
             m.id,
             m.class,
-            addrs.join(", ")
+            addrs.join(", "),
+            reasons.get(&m.id).map_or("-", String::as_str)
         );
     }
-    println!("\nTime per step run (average, from the provider's /metrics):");
+    println!(
+        "\n  `spread` puts a VM on the eligible node with the fewest VMs of its own machine set, then the\n  \
+         most free memory. A node without room is not eligible (the reason says why), so two workers\n  \
+         can share a node while another holds none of their set."
+    );
+}
+
+fn step_times(steps: &[(String, f64, u64)]) {
+    println!("\nTime per step run (average, from the provider's /metrics):\n");
+    println!("  {:<14} {:>10}  RUNS", "STEP", "AVERAGE");
     for (step, sum, count) in steps {
         println!(
-            "  {step:<14} {:>7.1} ms  ({count} runs)",
+            "  {step:<14} {:>7.1} ms  {count}",
             sum * 1000.0 / (*count).max(1) as f64
         );
     }
-    println!("\nProxmox API calls:");
+}
+
+/// What a Proxmox request was for, in the demo's summary.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Purpose {
+    /// Read once by the provider process: the token's privileges, the datacenter options, the
+    /// cluster's name.
+    Once,
+    /// The Talos ISO: the ISO storage listed once per node, downloaded once, the download's task.
+    Image,
+    /// The machine sets' resource pools, made by the first machines of a set.
+    Pools,
+    /// Everything each machine costs by itself.
+    Machine,
+}
+
+fn purpose(method: &str, path: &str) -> Purpose {
+    let path = path.replace("%3A", ":").replace("%3a", ":");
+    let task_type = path
+        .split("/tasks/")
+        .nth(1)
+        .and_then(|upid| upid.split(':').nth(5));
+    if ["/access/permissions", "/cluster/options", "/cluster/status"]
+        .iter()
+        .any(|p| path.ends_with(p))
+    {
+        Purpose::Once
+    } else if path.ends_with("/download-url")
+        || (method == "GET" && path.ends_with("/content"))
+        || task_type == Some("download")
+    {
+        Purpose::Image
+    } else if method == "POST" && path.ends_with("/pools") {
+        Purpose::Pools
+    } else {
+        Purpose::Machine
+    }
+}
+
+fn provisioning_calls(machines: usize, requests: &[(String, String)], took: Duration) {
+    let mut by_purpose = BTreeMap::<Purpose, usize>::new();
+    for (method, path) in requests {
+        *by_purpose.entry(purpose(method, path)).or_default() += 1;
+    }
+    let count = |p| by_purpose.get(&p).copied().unwrap_or(0);
+    let own = count(Purpose::Machine);
     println!(
-        "  provisioning {} machines: {provision_calls} ({:.1} per machine) in {:.1}s",
-        machines.len(),
-        provision_calls as f64 / machines.len() as f64,
-        provision_time.as_secs_f64()
+        "  provisioning {machines} machines: {} in {:.1}s ({:.1} per machine), of which",
+        requests.len(),
+        took.as_secs_f64(),
+        requests.len() as f64 / machines as f64
     );
     println!(
-        "  tearing them down:        {teardown_calls} ({:.1} per machine) in {:.1}s",
-        teardown_calls as f64 / machines.len() as f64,
-        teardown_time.as_secs_f64()
+        "    {:>3}  once for the provider process: the token's privileges, datacenter options, cluster name",
+        count(Purpose::Once)
+    );
+    println!(
+        "    {:>3}  the Talos ISO: ISO storage listed once per node, downloaded once, its task checked",
+        count(Purpose::Image)
+    );
+    println!(
+        "    {:>3}  the machine sets' resource pools, made by the first machines of each set",
+        count(Purpose::Pools)
+    );
+    println!(
+        "    {own:>3}  the machines themselves: {:.1} each (the README's 8 is this part: a cluster listing,\n         \
+         the seed upload, the create and the start, each with its task checked, a guest-agent read; task\n         \
+         checks repeat while a task runs)",
+        own as f64 / machines as f64
+    );
+    println!(
+        "  So the first machine on a node costs more than 8: it pays for the ISO (and the first of all for\n  \
+         the process's reads); later machines on that node cost about 8."
     );
 }

@@ -254,7 +254,7 @@ async fn churn(stack: &mut Stack, ids: &[String]) -> Result<Round, String> {
                 done.len(),
                 ids.len(),
                 deadline.as_secs(),
-                stack.log.display()
+                stack.log().display()
             ));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

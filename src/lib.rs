@@ -30,6 +30,7 @@ pub mod contain;
 pub mod controller;
 pub mod did_you_mean;
 pub mod error_chain;
+pub mod fence;
 pub mod metrics;
 pub mod model;
 pub mod omni;

@@ -52,11 +52,16 @@ pub struct Metrics {
     pub deprovisions: Family<OutcomeLabels, Counter>,
     pub leftovers: Family<KindLabels, Counter>,
     pub step_seconds: HistogramFamily<StepLabels>,
+    pub step_failures: Family<StepLabels, Counter>,
     pub proxmox_requests: Family<ApiLabels, Counter>,
     pub proxmox_seconds: HistogramFamily<MethodLabels>,
     pub requests_in_flight: Gauge,
     pub omni_connected: Gauge,
     pub last_heartbeat: Gauge,
+    /// 1 while this replica holds the leader lease (always with `--leader-elect=false`).
+    pub leader: Gauge,
+    /// How often this replica became leader or stopped being it.
+    pub leader_transitions: Counter,
     ready: Readiness,
 }
 
@@ -111,6 +116,12 @@ impl Metrics {
             "Time spent in each pipeline step run",
             step_seconds.clone(),
         );
+        let step_failures = Family::<StepLabels, Counter>::default();
+        registry.register(
+            "step_failures",
+            "Provisioning step runs that failed, by step (each failure is retried with backoff)",
+            step_failures.clone(),
+        );
         let proxmox_requests = Family::<ApiLabels, Counter>::default();
         registry.register(
             "proxmox_api_requests",
@@ -142,17 +153,32 @@ impl Metrics {
             "Unix time of the last heartbeat Omni accepted",
             last_heartbeat.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease and does the work, 0 while it stands by",
+            leader.clone(),
+        );
+        let leader_transitions = Counter::default();
+        registry.register(
+            "leader_transitions",
+            "How often this replica became the leader or stopped being it",
+            leader_transitions.clone(),
+        );
         Self {
             registry,
             provisions,
             deprovisions,
             leftovers,
             step_seconds,
+            step_failures,
             proxmox_requests,
             proxmox_seconds,
             requests_in_flight,
             omni_connected,
             last_heartbeat,
+            leader,
+            leader_transitions,
             ready: Readiness::default(),
         }
     }
@@ -174,6 +200,11 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// A provisioning step failed (and `provision("failure")` counts it as a failed attempt).
+    pub fn step_failure(&self, step: &'static str) {
+        self.step_failures.get_or_create(&StepLabels { step }).inc();
+    }
+
     pub fn provision(&self, outcome: &'static str) {
         self.provisions
             .get_or_create(&OutcomeLabels { outcome })
@@ -193,9 +224,8 @@ impl Metrics {
 
     /// Called after every heartbeat: did Omni take it, and did the Proxmox check pass?
     pub fn heartbeat(&self, omni_ok: bool, proxmox_ok: bool) {
-        self.ready.omni.store(omni_ok, Ordering::Relaxed);
-        self.ready.proxmox.store(proxmox_ok, Ordering::Relaxed);
-        self.omni_connected.set(i64::from(omni_ok));
+        self.omni_reachable(omni_ok);
+        self.proxmox_checked(proxmox_ok);
         if omni_ok {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -203,6 +233,35 @@ impl Metrics {
                 .unwrap_or(0);
             self.ready.beat_at.store(now, Ordering::Relaxed);
             self.last_heartbeat.set(now);
+        }
+    }
+
+    /// Whether Omni answered the last call that tells (a heartbeat, or a standby's look at the
+    /// leader lease).
+    pub fn omni_reachable(&self, ok: bool) {
+        self.ready.omni.store(ok, Ordering::Relaxed);
+        self.omni_connected.set(i64::from(ok));
+    }
+
+    /// Whether the last Proxmox health check passed.
+    pub fn proxmox_checked(&self, ok: bool) {
+        self.ready.proxmox.store(ok, Ordering::Relaxed);
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    pub fn leader_transition(&self) {
+        self.leader_transitions.inc();
+    }
+
+    /// `leader` or `standby`, for `/readyz`.
+    pub fn role(&self) -> &'static str {
+        if self.leader.get() == 1 {
+            "leader"
+        } else {
+            "standby"
         }
     }
 
@@ -250,10 +309,10 @@ pub async fn serve(
     }
     async fn ready(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
         match m.not_ready() {
-            None => (StatusCode::OK, "ready\n".into()),
+            None => (StatusCode::OK, format!("ready ({})\n", m.role())),
             Some(why) => (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready: {why}\n"),
+                format!("not ready ({}): {why}\n", m.role()),
             ),
         }
     }

@@ -1,6 +1,11 @@
 //! Logging setup: human-readable text for terminals, JSON lines for log collectors.
 //!
 //! `RUST_LOG` wins over `--log-level` so a single module can be turned up without a flag change.
+//! Text is coloured only on a terminal and never with `NO_COLOR` set (<https://no-color.org>), so
+//! a log file, `docker logs` or a collector gets plain text; JSON is never coloured.
+
+use std::ffi::OsStr;
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
@@ -16,8 +21,6 @@ pub enum TelemetryError {
     BadLevel { level: String, message: String },
 }
 
-/// Installs the global tracing subscriber (once; later calls are ignored, which keeps tests that
-/// run several commands in one process working).
 /// A bare level (`debug`) applies to the provider; libraries stay at `info` at most, so `debug` shows
 /// what the provider does rather than every packet the OpenPGP or HTTP/2 crates handle. A full filter
 /// (`info,h2=debug`) is used as given.
@@ -29,6 +32,14 @@ pub fn directives(level: &str) -> String {
     }
 }
 
+/// Whether text logs get colour: only when they go to a terminal and `NO_COLOR` is unset or empty
+/// (the convention says a non-empty value turns colour off, whatever it is).
+pub fn colour(to_terminal: bool, no_color: Option<&OsStr>) -> bool {
+    to_terminal && no_color.is_none_or(OsStr::is_empty)
+}
+
+/// Installs the global tracing subscriber (once; later calls are ignored, which keeps tests that
+/// run several commands in one process working).
 pub fn init_logging(format: LogFormat, level: &str) -> Result<(), TelemetryError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.is_empty() => EnvFilter::try_new(v),
@@ -38,12 +49,16 @@ pub fn init_logging(format: LogFormat, level: &str) -> Result<(), TelemetryError
         level: level.to_owned(),
         message: e.to_string(),
     })?;
+    let ansi = colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.with_ansi(ansi).try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
     };
     Ok(())
 }
@@ -60,5 +75,14 @@ mod tests {
         );
         assert_eq!(directives("warn"), "warn");
         assert_eq!(directives("info,h2=debug"), "info,h2=debug");
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some(OsStr::new(""))));
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None));
+        assert!(!colour(false, Some(OsStr::new(""))));
     }
 }

@@ -3,7 +3,7 @@
 //! against fakepve's HA rules, which keep pve-ha-manager's checks (src/PVE/API2/HA/Rules.pm and
 //! src/PVE/HA/Rules/ResourceAffinity.pm): resources must be HA-managed, a resource-affinity rule needs
 //! two of them and a negative one at most one per node, every change carries the rules' digest, and
-//! deleting an HA resource with purge takes it out of every rule (src/PVE/HA/Config.pm
+//! deleting an HA resource takes it out of every rule (`purge`, by default, src/PVE/HA/Config.pm
 //! `delete_service_from_config`).
 
 mod support;
@@ -250,7 +250,9 @@ async fn a_negative_rule_holds_one_vm_per_node_and_the_rest_still_provision() {
 }
 
 /// Proxmox VE 8 has no HA rules: a class using them is refused before anything is created, and
-/// says why; `failback`-free HA registration alone still works there.
+/// says why; `failback`-free HA registration alone still works there, and so does its teardown,
+/// whose HA resource delete carries no `purge` (pve-ha-manager src/PVE/API2/HA/Resources.pm,
+/// `delete`: the parameter came with 5.0.7, defaults to 1, and PVE 8's schema refuses it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_on_pve8_are_refused_before_anything_is_created() {
     let mut scenario = three_node_scenario();
@@ -330,5 +332,151 @@ async fn a_rule_a_machine_joins_during_a_teardown_is_kept() {
     let mut kept = members(&rules["omni-join-raff"]);
     kept.sort();
     assert_eq!(kept, vec![sid1, "vm:190".to_string()], "{rules:?}");
+    h.stop_controller().await;
+}
+
+/// PVE 9 refuses every HA rule write while HA groups are left from PVE 8 (pve-ha-manager
+/// src/PVE/API2/HA/Rules.pm `create_rule`: "ha groups have not been migrated yet"); the HA manager
+/// migrates them only once every node runs PVE 9 and its LRM is active (src/PVE/HA/Manager.pm
+/// `try_persistent_group_migration`). The status says so and what to do, and the machine
+/// joins its rule once the groups are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ha_groups_not_yet_migrated_are_named_with_what_to_do() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve
+        .control(json!({"op": "ha_groups", "names": ["old-group"]}));
+    h.request(
+        "grp-0",
+        "grp",
+        &class("  node_affinity_nodes: [pve2, pve3]\n"),
+    );
+    let status = h.wait_stage("grp-0", Stage::Failed).await;
+    for says in [
+        "still has HA groups",
+        "every node runs Proxmox VE 9",
+        "Datacenter > HA > Groups",
+    ] {
+        assert!(
+            status.spec.error.contains(says),
+            "{says}: {}",
+            status.spec.error
+        );
+    }
+    h.pve.control(json!({"op": "ha_groups", "names": []}));
+    h.stop_controller().await;
+    h.start_controller();
+    h.wait_stage("grp-0", Stage::Provisioned).await;
+    let sid = sid_of(&mut h, "grp-0");
+    assert_eq!(members(&rules(&mut h)["omni-grp-naff"]), vec![sid]);
+    h.stop_controller().await;
+}
+
+/// A spread set kept on two of three nodes (`node_affinity_nodes`): pve-ha-manager
+/// src/PVE/HA/Rules.pm `check_negative_resource_affinity_node_affinity_consistency` refuses a
+/// negative rule with more members than the node-affinity rule has nodes, so a third VM could never
+/// join its rules. Placement refuses it before anything is made, naming both keys; the first two
+/// are kept apart on the two nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_beyond_the_node_affinity_nodes_is_refused_before_anything_is_created() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let data = class("  spread: true\n  node_affinity_nodes: [pve2, pve3]\n");
+    for id in ["two-0", "two-1"] {
+        h.request(id, "two", &data);
+        h.wait_stage(id, Stage::Provisioned).await;
+    }
+    assert_eq!(members(&rules(&mut h)["omni-two-raff"]).len(), 2);
+    h.request("two-2", "two", &data);
+    let status = h.wait_stage("two-2", Stage::Failed).await;
+    for says in [
+        "ha.spread/ha.resource_affinity",
+        "ha.node_affinity_nodes",
+        "2 node(s) (pve2, pve3)",
+    ] {
+        assert!(
+            status.spec.error.contains(says),
+            "{says}: {}",
+            status.spec.error
+        );
+    }
+    assert!(h.vms_named("two-2").is_empty(), "nothing made");
+    h.stop_controller().await;
+}
+
+/// pve-ha-manager before 5.0.7 (early PVE 9.0) deletes an HA resource without taking it out of the
+/// rules (src/PVE/HA/Config.pm `delete_service_from_config` had no purge; `purge` came with
+/// src/PVE/API2/HA/Resources.pm 5.0.7). The set's node-affinity rule keeps the torn-down VM's sid,
+/// and the next join, writing the whole member list, is refused ("cannot use unmanaged
+/// resource(s)", src/PVE/API2/HA/Rules.pm `assert_valid_resources_param`): the join writes the
+/// rule again without the sids Proxmox named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_keeping_a_deleted_vm_without_purge_is_joined_without_it() {
+    let mut scenario = three_node_scenario();
+    scenario["ha_purge"] = json!(false);
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    let data = class("  node_affinity_nodes: [pve1, pve2, pve3]\n");
+    for id in ["keep-0", "keep-1"] {
+        h.request(id, "keep", &data);
+        h.wait_stage(id, Stage::Provisioned).await;
+    }
+    let gone = sid_of(&mut h, "keep-0");
+    remove(&mut h, "keep-0").await;
+    assert!(
+        members(&rules(&mut h)["omni-keep-naff"]).contains(&gone),
+        "no purge: the sid stays"
+    );
+    h.request("keep-2", "keep", &data);
+    h.wait_stage("keep-2", Stage::Provisioned).await;
+    let mut want = vec![sid_of(&mut h, "keep-1"), sid_of(&mut h, "keep-2")];
+    want.sort();
+    let mut got = members(&rules(&mut h)["omni-keep-naff"]);
+    got.sort();
+    assert_eq!(got, want);
+    h.stop_controller().await;
+}
+
+/// The same shape in a burst: three machines of the spread set kept on two nodes requested at once.
+/// Placement counts the set's machines placed but not yet HA-managed, so one of the three is
+/// refused before anything is made and the two others provision; none fails its join after the
+/// start (pve-ha-manager src/PVE/HA/Rules.pm
+/// `check_negative_resource_affinity_node_affinity_consistency`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_beyond_the_node_affinity_nodes_refuses_the_extra_machine_up_front() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let data = class("  spread: true\n  node_affinity_nodes: [pve2, pve3]\n");
+    let ids = ["wave-0", "wave-1", "wave-2"];
+    for id in ids {
+        h.request(id, "wave", &data);
+    }
+    let settled = h
+        .omni
+        .state
+        .wait_for(Duration::from_secs(60), |s| {
+            ids.iter().all(|id| {
+                s.get(&MachineRequestStatus, id).is_some_and(|st| {
+                    st.spec.stage() == Stage::Provisioned
+                        || (st.spec.stage() == Stage::Failed
+                            && st.spec.error.contains("ha.node_affinity_nodes"))
+                })
+            })
+        })
+        .await;
+    let stages: Vec<_> = ids.iter().map(|id| h.status(id)).collect();
+    assert!(settled, "{stages:?}");
+    let refused: Vec<&str> = ids
+        .iter()
+        .copied()
+        .filter(|id| h.status(id).unwrap().spec.stage() == Stage::Failed)
+        .collect();
+    assert_eq!(refused.len(), 1, "{stages:?}");
+    assert!(h.vms_named(refused[0]).is_empty(), "nothing made");
+    assert_eq!(members(&rules(&mut h)["omni-wave-raff"]).len(), 2);
     h.stop_controller().await;
 }

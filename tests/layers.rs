@@ -9,6 +9,7 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &[
         "secret",
+        "fence",
         "contain",
         "tls",
         "error_chain",

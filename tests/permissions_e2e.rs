@@ -162,7 +162,8 @@ async fn refused_tags_point_at_user_tag_access() {
 
 /// Reading HA rules takes Sys.Audit on `/` (pve-ha-manager src/PVE/API2/HA/Rules.pm, `index`),
 /// which a token set up for `ha: {state: …}` alone need not have: its HA VMs are still torn down,
-/// the HA resource going with `purge` (src/PVE/API2/HA/Resources.pm, `delete`).
+/// the HA resource delete taking the VM out of every rule (`purge` by default,
+/// src/PVE/API2/HA/Resources.pm, `delete`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ha_vm_is_torn_down_by_a_token_that_cannot_read_ha_rules() {
     let mut role = readme_role();

@@ -515,6 +515,36 @@ fn cluster_command_shows_the_cluster_with_every_auth_and_trust_mode() {
     assert!(table.contains("shared-nfs"), "{table}");
 }
 
+/// `cluster` shows quorum and membership beside the topology: pve-manager PVE/API2/Cluster.pm
+/// `get_status` (a `cluster` entry with `quorate`, a `node` entry per member with `online`); without
+/// quorum pve-cluster src/PVE/Cluster.pm `check_cfs_quorum` refuses every change, and the table
+/// says so.
+#[test]
+fn cluster_command_shows_quorum_and_membership() {
+    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    fake.control(json!({"op": "set_node_offline", "node": "pve3"}));
+    let config = fake.write_config(Login::Token, Trust::CaFile);
+    let out = cluster_command(&config, "json");
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let health = &report["cluster_health"];
+    assert_eq!(health["quorate"], json!(true), "{report}");
+    assert_eq!(
+        health["members"],
+        json!([{"name": "pve1", "online": true}, {"name": "pve2", "online": true},
+               {"name": "pve3", "online": false}])
+    );
+    fake.control(json!({"op": "quorum", "quorate": false}));
+    let out = cluster_command(&config, "table");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("NO QUORUM, 2 of 3 members online (pve1, pve2)"),
+        "{table}"
+    );
+}
+
 #[test]
 fn cluster_command_reports_bad_config_clearly() {
     let dir = tempfile::tempdir().unwrap();

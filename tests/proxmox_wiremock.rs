@@ -8,7 +8,9 @@ use omni_infra_provider_proxmox::proxmox::types::{NodeName, StorageFilter, Upid,
 use omni_infra_provider_proxmox::proxmox::vms::{CloneRequest, DeleteRequest};
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError, RetryPolicy};
 use serde_json::json;
-use wiremock::matchers::{body_string, header, header_exists, method, path, query_param};
+use wiremock::matchers::{
+    body_string, header, header_exists, method, path, query_param, query_param_is_missing,
+};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 const UPID: &str = "UPID:pve1:0000ABCD:00012345:65A1B2C3:qmclone:9000:omni@pve!provider:";
@@ -537,7 +539,7 @@ async fn a_tfa_user_is_told_to_use_a_token() {
 }
 
 /// HA calls as pve-ha-manager takes them: src/PVE/API2/HA/Resources.pm (`create` refuses a defined
-/// sid, `update` takes the settings with the sid in the path, `delete` purges by default) and
+/// sid, `update` takes the settings with the sid in the path, `delete` purges by default and refuses `purge` before 5.0.7, so it is never sent) and
 /// src/PVE/API2/HA/Rules.pm (rules listed with the file's digest; `update_rule` needs the `type`).
 #[tokio::test]
 async fn ha_resources_and_rules_exact_requests() {
@@ -561,7 +563,7 @@ async fn ha_resources_and_rules_exact_requests() {
         .await;
     Mock::given(method("DELETE"))
         .and(path("/api2/json/cluster/ha/resources/vm:104"))
-        .and(query_param("purge", "1"))
+        .and(query_param_is_missing("purge"))
         .respond_with(data(json!(null)))
         .expect(1)
         .mount(&server)

@@ -406,3 +406,121 @@ async fn the_listing_counts_vcpus_as_proxmox_does() {
         3
     );
 }
+
+/// The launcher judges every request by the official API schema of the release it emulates
+/// (tests/pve-api, from pve-docs `api-viewer/apidata.js`), as pveproxy does: pve-manager
+/// PVE/HTTPServer.pm `rest_handler` answers a method the release lacks with 501; pve-common
+/// src/PVE/RESTHandler.pm `handle` runs src/PVE/JSONSchema.pm `validate`, which gathers every error
+/// by parameter into one 400 "Parameter verification failed." (`check_object`: unknown properties
+/// under `additionalProperties 0`, missing ones; `check_prop`: type, pattern, range, enumeration;
+/// `parse_property_string`: a property string's unknown sub-key or sub-key type, "invalid format").
+/// pve-ha-manager src/PVE/API2/HA/Resources.pm `delete`: `purge` came with 5.0.7, so PVE 8.4 refuses it.
+#[tokio::test]
+async fn the_launcher_refuses_what_the_emulated_release_refuses() {
+    let mut scenario = three_node_scenario();
+    scenario["pve_version"] = json!("8.4.1");
+    let Some(pve8) = FakePve::start(scenario, 0.0) else {
+        return;
+    };
+    let refused = |answer: &(u16, serde_json::Value), field: &str, says: &str| {
+        assert_eq!(answer.0, 400, "{answer:?}");
+        assert_eq!(
+            answer.1["message"],
+            json!("Parameter verification failed.\n"),
+            "{answer:?}"
+        );
+        let text = answer.1["errors"][field].as_str().unwrap_or_default();
+        assert!(text.contains(says), "{field}: {answer:?}");
+    };
+    let purge = pve8
+        .raw("DELETE", "/cluster/ha/resources/vm:100", &[("purge", "1")])
+        .await;
+    refused(
+        &purge,
+        "purge",
+        "property is not defined in schema and the schema does not allow additional properties",
+    );
+    let rules = pve8.raw("GET", "/cluster/ha/rules", &[]).await;
+    assert_eq!(rules.0, 501, "{rules:?}");
+    let failback = pve8
+        .raw(
+            "POST",
+            "/cluster/ha/resources",
+            &[("sid", "vm:100"), ("failback", "1")],
+        )
+        .await;
+    refused(&failback, "failback", "property is not defined in schema");
+    let create = pve8
+        .raw(
+            "POST",
+            "/nodes/pve1/qemu",
+            &[
+                ("vmid", "100"),
+                ("net0", "virtio,bridge=vmbr0,colour=blue"),
+                ("cores", "0"),
+                ("ostype", "talos"),
+                ("scsi0", "local-lvm:10,iothread=maybe"),
+            ],
+        )
+        .await;
+    refused(
+        &create,
+        "net0",
+        "invalid key in comma-separated list property: colour",
+    );
+    refused(&create, "cores", "value must have a minimum value of 1");
+    refused(
+        &create,
+        "ostype",
+        "does not have a value in the enumeration",
+    );
+    refused(&create, "scsi0", "iothread");
+    let missing = pve8.raw("POST", "/pools", &[]).await;
+    refused(
+        &missing,
+        "poolid",
+        "property is missing and it is not optional",
+    );
+
+    // PVE 9 knows `purge` (and its default, 1, is what a teardown wants).
+    let Some(pve9) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    let purge = pve9
+        .raw("DELETE", "/cluster/ha/resources/vm:100", &[("purge", "1")])
+        .await;
+    assert_ne!(purge.0, 400, "{purge:?}");
+}
+
+/// A cluster that lost quorum refuses every write: pve-cluster src/PVE/Cluster.pm
+/// `check_cfs_quorum` ("cluster not ready - no quorum?", what qemu-server's create, start and clone
+/// check first) and `$cfs_lock` ("cfs-lock '<id>' error: no quorum!", the set's pool). The request
+/// waits on the cluster (provisioning, not FAILED, the slow retry) with Proxmox's words in the
+/// error, nothing is made, and it goes on once quorum is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_quorum_is_waited_for_not_failed() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.pve.control(json!({"op": "quorum", "quorate": false}));
+    h.request("quorum-0", "quorum", ON_PVE2);
+    let waiting = h
+        .omni
+        .state
+        .wait_for(Duration::from_secs(30), |s| {
+            s.get(&MachineRequestStatus, "quorum-0")
+                .is_some_and(|st| st.spec.error.contains("no quorum"))
+        })
+        .await;
+    assert!(waiting, "{:?}", h.status("quorum-0"));
+    let status = h.status("quorum-0").unwrap();
+    assert_eq!(status.spec.stage(), Stage::Provisioning, "{status:?}");
+    assert!(status.spec.status.contains("for the cluster"), "{status:?}");
+    assert!(h.vms_named("quorum-0").is_empty());
+
+    h.pve.control(json!({"op": "quorum", "quorate": true}));
+    h.stop_controller().await;
+    h.start_controller();
+    h.wait_stage("quorum-0", Stage::Provisioned).await;
+    h.stop_controller().await;
+}

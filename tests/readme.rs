@@ -85,7 +85,7 @@ fn readme_table_is_the_key_declarations() {
 fn readme_commands_exist() {
     let readme = include_str!("../README.md");
     let makefile = include_str!("../Makefile");
-    for target in ["demo", "test", "bench"] {
+    for target in ["demo", "sandbox", "test", "bench", "setup", "build"] {
         assert!(
             readme.contains(&format!("make {target}")),
             "README names make {target}"
@@ -99,5 +99,74 @@ fn readme_commands_exist() {
     assert!(
         ci.contains("make test"),
         ".ci/run runs the README's test command"
+    );
+}
+
+/// The README's `omnictl apply` example of step 6 is a MachineClass Omni takes, with provider data
+/// this provider takes in strict mode.
+///
+/// Omni's side, as read in siderolabs/omni: client/pkg/omni/resources/omni/machine_class.go
+/// (`MachineClassType` = `MachineClasses.omni.sidero.dev`, namespace `resources.DefaultNamespace` =
+/// `default`); client/api/omni/specs/omni.proto `MachineClassSpec` (`match_labels`,
+/// `auto_provision` with `provider_id`, `kernel_args`, `meta_values`, `provider_data`,
+/// `grpc_tunnel`), which omnictl reads through cosi-project/runtime pkg/resource/protobuf
+/// `ResourceSpec.UnmarshalYAML` with gopkg.in/yaml.v3, whose keys are the Go field names lowercased
+/// (`autoprovision`, `providerid`, `providerdata`); internal/backend/runtime/omni/validations/
+/// machine_class.go `machineClassValidationOptions` (a non-empty provider ID, not both auto
+/// provision and match labels, provider data checked against the provider's published schema) and
+/// validations/machine_set.go (no `Unlimited` size for an auto-provisioned class).
+#[test]
+fn readme_machine_class_is_one_omni_and_this_provider_take() {
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("   # proxmox-workers.yaml\n")
+        .expect("README step 6 shows proxmox-workers.yaml");
+    let block: String = readme[start..]
+        .lines()
+        .take_while(|l| l.trim() != "```")
+        .map(|l| format!("{}\n", l.strip_prefix("   ").unwrap_or(l)))
+        .collect();
+    let class = omni_infra_provider_proxmox::yaml::from_str(&block).unwrap();
+    assert_eq!(class["metadata"]["type"], "MachineClasses.omni.sidero.dev");
+    assert_eq!(class["metadata"]["namespace"], "default");
+    let spec = class["spec"].as_object().unwrap();
+    assert_eq!(spec.keys().collect::<Vec<_>>(), ["autoprovision"]);
+    let auto = spec["autoprovision"].as_object().unwrap();
+    for key in auto.keys() {
+        assert!(
+            [
+                "providerid",
+                "kernelargs",
+                "metavalues",
+                "providerdata",
+                "grpctunnel"
+            ]
+            .contains(&key.as_str()),
+            "{key} is no field of MachineClassSpec.Provision"
+        );
+    }
+    assert_eq!(auto["providerid"], "proxmox");
+    let provider_data = auto["providerdata"].as_str().unwrap();
+    let schema = omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema::new()
+        .unwrap()
+        .strict(true);
+    let map = omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema::class_map(
+        provider_data,
+    )
+    .unwrap();
+    schema
+        .parse_merged(&map)
+        .unwrap_or_else(|p| panic!("README provider data: {p:?}"));
+    // The cluster template asks for a number of machines of each class.
+    let template = &readme[readme.find("kind: Workers\n").expect("a Workers example")..];
+    let size_line = template
+        .lines()
+        .find(|l| l.trim().starts_with("size:"))
+        .unwrap();
+    assert!(
+        size_line.trim()["size:".len()..]
+            .trim()
+            .parse::<u32>()
+            .is_ok()
     );
 }

@@ -7,6 +7,8 @@
 //! provider's: where fakepve is the bottleneck, the figures say so.
 #![allow(dead_code)]
 
+pub mod replicas;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -23,20 +25,122 @@ pub struct Row {
     pub ok: Option<bool>,
 }
 
-/// Prints a report: `title`, then one line per row with its verdict against the target.
+/// The report's width: it reads in a 120-column terminal and in `BENCHMARKS.md` without wrapping.
+pub const REPORT_WIDTH: usize = 120;
+
+/// Prints a report: `title`, then each row with its verdict against the target, then a one-line
+/// verdict over all targets.
 pub fn print_report(title: &str, rows: &[Row]) {
-    println!("\n{title}\n");
-    let w = rows.iter().map(|r| r.what.len()).max().unwrap_or(10);
-    let m = rows.iter().map(|r| r.measured.len()).max().unwrap_or(10);
-    println!("{:<w$}  {:<m$}  TARGET", "WHAT", "MEASURED");
+    print!("{}", render_report(title, rows));
+}
+
+/// The report as text, no line longer than [`REPORT_WIDTH`]: the columns are capped and a cell
+/// longer than its column goes on over the following lines of the same row.
+pub fn render_report(title: &str, rows: &[Row]) -> String {
+    const VERDICT: usize = 6;
+    let what = rows
+        .iter()
+        .map(|r| r.what.len())
+        .max()
+        .unwrap_or(4)
+        .clamp(4, 46);
+    let measured = rows
+        .iter()
+        .map(|r| r.measured.len())
+        .max()
+        .unwrap_or(8)
+        .clamp(8, 30);
+    let target = REPORT_WIDTH - VERDICT - what - measured - 6;
+    let mut out = String::new();
+    for line in wrap(title, REPORT_WIDTH) {
+        out.push_str(&format!("\n{line}"));
+    }
+    out.push_str("\n\n");
+    let mut line = |v: &str, w: &str, m: &str, t: &str| {
+        let text = format!("{v:<VERDICT$}  {w:<what$}  {m:<measured$}  {t}");
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line("", "WHAT", "MEASURED", "TARGET");
     for r in rows {
         let verdict = match r.ok {
-            Some(true) => "  ok",
-            Some(false) => "  MISSED",
+            Some(true) => "ok",
+            Some(false) => "MISSED",
             None => "",
         };
-        println!("{:<w$}  {:<m$}  {}{verdict}", r.what, r.measured, r.target);
+        if r.ok.is_none() && r.measured.is_empty() && r.target.is_empty() {
+            // A heading spans the row.
+            for part in wrap(&r.what, REPORT_WIDTH - VERDICT - 2) {
+                line("", &part, "", "");
+            }
+            continue;
+        }
+        let cells = [
+            wrap(&r.what, what),
+            wrap(&r.measured, measured),
+            wrap(&r.target, target),
+        ];
+        let height = cells.iter().map(Vec::len).max().unwrap_or(1);
+        for i in 0..height {
+            let cell = |c: &Vec<String>| c.get(i).cloned().unwrap_or_default();
+            line(
+                if i == 0 { verdict } else { "" },
+                &cell(&cells[0]),
+                &cell(&cells[1]),
+                &cell(&cells[2]),
+            );
+        }
     }
+    out.push_str(&format!("\n{}\n", verdict(rows)));
+    out
+}
+
+/// One line over every judged row: all met, or how many missed and which.
+pub fn verdict(rows: &[Row]) -> String {
+    let judged = rows.iter().filter(|r| r.ok.is_some()).count();
+    let missed: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.ok == Some(false))
+        .map(|r| r.what.trim())
+        .collect();
+    if missed.is_empty() {
+        format!("Verdict: all {judged} targets met.")
+    } else {
+        format!(
+            "Verdict: {} of {judged} targets MISSED: {}.",
+            missed.len(),
+            missed.join("; ")
+        )
+    }
+}
+
+/// `text` in lines of at most `width` characters, broken at spaces (a longer word is cut); at least
+/// one line, kept as it is when it fits. Leading spaces (a sub-row's indent) stay on the first line.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    if text.chars().count() <= width {
+        return vec![text.to_owned()];
+    }
+    let indent: String = text.chars().take_while(|c| *c == ' ').collect();
+    let mut lines = Vec::new();
+    let mut current = indent.clone();
+    for word in text.split_whitespace() {
+        let len = current.chars().count();
+        if len > indent.len() && len + 1 + word.chars().count() > width {
+            lines.push(std::mem::replace(&mut current, format!("{indent}  ")));
+        }
+        if current.chars().count() > indent.len() && !current.ends_with("  ") {
+            current.push(' ');
+        }
+        current.push_str(word);
+        while current.chars().count() > width {
+            let head: String = current.chars().take(width).collect();
+            let rest: String = current.chars().skip(width).collect();
+            lines.push(head);
+            current = format!("{indent}  {rest}");
+        }
+    }
+    lines.push(current);
+    lines
 }
 
 impl Row {
@@ -191,7 +295,7 @@ impl Meter {
                     "{} after {} s; provider log: {}",
                     progress(stack),
                     PHASE_DEADLINE.as_secs(),
-                    stack.log.display()
+                    stack.log().display()
                 ));
             }
             self.sample(stack);
@@ -534,4 +638,54 @@ pub fn machines() -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows as long as the real report's: every line fits, nothing is lost, the verdict ends it.
+    #[test]
+    fn report_fits_120_columns_and_ends_with_the_verdict() {
+        let rows = vec![
+            Row::new(
+                "Proxmox requests, one machine (image present)",
+                "8",
+                "<= 8 (was 10; upstream: 26)",
+            )
+            .judged(true),
+            Row::heading("1000 simultaneous requests (20 ms per Proxmox answer, tasks take time):"),
+            Row::new(
+                "  to PROVISIONED, --concurrency 16",
+                "36.4 s, peak RSS 41.8 MiB, CPU 7.7 ms/machine (fakepve 20.8)",
+                "< 60 s, < 60 MiB (was 50.7 s, 116 MiB; upstream: >= 3.1 h)",
+            )
+            .judged(false),
+        ];
+        let text = render_report(
+            "Benchmark report (fakepve: instant tasks, then 20 ms answers and tasks that take time; in-memory Omni; release build)",
+            &rows,
+        );
+        for line in text.lines() {
+            assert!(
+                line.chars().count() <= REPORT_WIDTH,
+                "{} columns: {line}",
+                line.len()
+            );
+        }
+        let words: Vec<&str> = text.split_whitespace().collect();
+        for r in &rows {
+            for word in [&r.what, &r.measured, &r.target]
+                .iter()
+                .flat_map(|p| p.split_whitespace())
+            {
+                assert!(words.contains(&word), "{word} lost:\n{text}");
+            }
+        }
+        assert_eq!(
+            text.lines().last().unwrap(),
+            "Verdict: 1 of 2 targets MISSED: to PROVISIONED, --concurrency 16."
+        );
+        println!("{text}");
+    }
 }

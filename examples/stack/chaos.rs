@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -15,7 +14,7 @@ use omni_infra_provider_proxmox::omni::resources::{
     MachineRequest, MachineRequestStatus, ProviderMachine,
 };
 
-use super::{PROVIDER, Stack, provider_binary, three_node_scenario};
+use super::{PROVIDER, Stack, three_node_scenario};
 
 /// Machine classes of the run, one per machine-request set: every boot path and HA.
 const ISO_CLASS: &str = "\
@@ -70,6 +69,8 @@ pub struct Options {
     pub window: Duration,
     /// Everything must be provisioned and released by then, else the run fails.
     pub deadline: Duration,
+    /// Provider processes: with more than one, the faults kill and cut whichever leads.
+    pub replicas: usize,
 }
 
 impl Options {
@@ -80,6 +81,7 @@ impl Options {
             machines: 12,
             window: Duration::from_secs(75),
             deadline: Duration::from_secs(170),
+            replicas: 1,
         }
     }
 
@@ -90,6 +92,15 @@ impl Options {
             machines: 5,
             window: Duration::from_secs(30),
             deadline: Duration::from_secs(100),
+            replicas: 1,
+        }
+    }
+
+    /// The same run with `replicas` provider processes.
+    pub fn with_replicas(self, replicas: usize) -> Self {
+        Self {
+            replicas: replicas.max(1),
+            ..self
         }
     }
 }
@@ -148,6 +159,9 @@ enum Fault {
     },
     /// Every Omni watch stream ends and the next `failed_calls` calls are refused (UNAVAILABLE).
     OmniCut { failed_calls: u32 },
+    /// The leading replica's network link to Omni goes silent for a while (with replicas only):
+    /// longer than the renew deadline, a standby takes over while the old leader must go quiet.
+    CutLeader { lasts: Duration },
     /// Omni's history is compacted and the watch broken: it resumes from an expired bookmark.
     BookmarkExpiry,
 }
@@ -231,7 +245,13 @@ const PVE_ERRORS: &[(&str, &str, PveFailure)] = &[
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Fault::Kill { down } => write!(f, "SIGKILL the provider, restart after {down:.1?}"),
+            Fault::Kill { down } => write!(
+                f,
+                "SIGKILL the provider (the leader), restart after {down:.1?}"
+            ),
+            Fault::CutLeader { lasts } => {
+                write!(f, "cut the leader off from Omni for {lasts:.1?}")
+            }
             Fault::LateCreate { suffix, late } => write!(
                 f,
                 "hold the next POST …{suffix} {late:.1}s, kill the provider while it waits, apply it late"
@@ -325,8 +345,10 @@ impl Schedule {
         for _ in 0..count {
             let at = rng.secs(1.0, window);
             let fault = match rng.below(10) {
+                // With replicas, a killed leader is sometimes down longer than the lease, so that a
+                // standby takes over, and sometimes back before that, taking its lease back.
                 0 | 1 => Fault::Kill {
-                    down: rng.secs(0.0, 2.0),
+                    down: rng.secs(0.0, if opts.replicas > 1 { 8.0 } else { 2.0 }),
                 },
                 2..=4 => {
                     let (method, path, error) = PVE_ERRORS[rng.below(PVE_ERRORS.len())];
@@ -347,6 +369,9 @@ impl Schedule {
                         [("POST", "/qemu"), ("POST", "/clone"), ("PUT", "/config")][rng.below(3)];
                     Fault::LostAnswer { method, suffix }
                 }
+                7 | 8 if opts.replicas > 1 && rng.below(2) == 0 => Fault::CutLeader {
+                    lasts: rng.secs(1.0, 8.0),
+                },
                 7 | 8 => Fault::OmniCut {
                     failed_calls: rng.below(6) as u32,
                 },
@@ -359,9 +384,19 @@ impl Schedule {
     }
 
     fn print(&self, opts: &Options) {
+        let replicas = if opts.replicas > 1 {
+            format!(", {} replicas", opts.replicas)
+        } else {
+            String::new()
+        };
+        let replay = if opts.replicas > 1 {
+            format!("--seed {} --replicas {}", opts.seed, opts.replicas)
+        } else {
+            format!("--seed {}", opts.seed)
+        };
         println!(
-            "chaos seed {} ({} machines over {:?}; replay with --seed {})",
-            opts.seed, opts.machines, opts.window, opts.seed
+            "chaos seed {} ({} machines over {:?}{replicas}; replay with {replay})",
+            opts.seed, opts.machines, opts.window
         );
         for m in &self.machines {
             println!(
@@ -381,6 +416,7 @@ impl Schedule {
 /// What a run found.
 pub struct Report {
     pub seed: u64,
+    pub replicas: usize,
     pub elapsed: Duration,
     /// Broken invariants; empty when the run passed.
     pub violations: Vec<String>,
@@ -398,53 +434,42 @@ enum Phase {
 }
 
 impl Stack {
-    /// SIGKILL: no shutdown, nothing flushed, work cut off wherever it was.
-    pub fn kill_provider(&mut self) {
-        if let Some(mut child) = self.provider.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+    /// SIGKILL the leading replica (the first one when none leads): no shutdown, nothing flushed,
+    /// work cut off wherever it was. Returns which one.
+    pub fn kill_provider(&mut self) -> usize {
+        let leader = self.leader().unwrap_or(0);
+        self.replicas[leader].kill();
+        leader
     }
 
-    /// Starts the provider again with the same config, a key registered for it, and its log
-    /// appended to the same file.
-    pub fn restart_provider(&mut self, extra_args: &[&str]) -> Result<(), String> {
-        self.kill_provider();
-        let key = self.omni.register_provider(PROVIDER)?;
-        let addr = self
-            .server
-            .as_ref()
-            .and_then(|s| s.local_addr())
-            .ok_or("the in-memory Omni is not serving")?;
-        let config = self.pve.config_file(CONFIG_EXTRA);
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&self.log)
-            .map_err(|e| e.to_string())?;
-        let child = Command::new(provider_binary()?)
-            .arg("--config-file")
-            .arg(&config)
-            .args(["--log-level", "info", "--health-interval", "2s"])
-            .args(["--metrics-listen", &self.metrics.to_string()])
-            .args(extra_args)
-            .env("OMNI_ENDPOINT", format!("http://{addr}"))
-            .env("OMNI_INSECURE_HTTP", "true")
-            .env("OMNI_SERVICE_ACCOUNT_KEY", key.expose())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("cannot restart the provider: {e}"))?;
-        self.provider = Some(child);
-        Ok(())
+    /// Starts replica `index` again with the same config and arguments, its log appended to the
+    /// same file; alone, under a key registered anew.
+    pub fn restart_provider(&mut self, index: usize) -> Result<(), String> {
+        let alone = self.replicas.len() == 1;
+        self.respawn(index, alone)
     }
 
-    /// The provider's exit status when it ended by itself.
-    fn provider_exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.provider.as_mut()?.try_wait().ok().flatten()
+    /// A replica that ended by itself, with its exit status.
+    fn provider_exited(&mut self) -> Option<(usize, std::process::ExitStatus)> {
+        self.replicas
+            .iter_mut()
+            .enumerate()
+            .find_map(|(i, r)| r.exited().map(|s| (i, s)))
     }
 }
 
 const PROVIDER_ARGS: &[&str] = &["--topology-interval", "5s"];
+/// With replicas, a lease of seconds, so that a takeover fits in the run's window.
+const REPLICA_ARGS: &[&str] = &[
+    "--topology-interval",
+    "5s",
+    "--leader-elect-lease-duration",
+    "4s",
+    "--leader-elect-renew-deadline",
+    "3s",
+    "--leader-elect-retry-period",
+    "1s",
+];
 
 /// After a late create lands, no SIGKILL for this long (two topology rounds): the provider finds a
 /// VM made for a request it already released only from its memory of recent releases, which a
@@ -459,8 +484,17 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     scenario["nodes"] = json!(["pve1", "pve2", "pve3"].map(|name| json!(
         {"name": name, "maxcpu": 64, "maxmem": 256u64 << 30}
     )));
-    let mut stack =
-        Stack::start_configured(scenario, TIME_SCALE, PROVIDER_ARGS, CONFIG_EXTRA).await?;
+    let mut stack = if opts.replicas > 1 {
+        let mut stack =
+            Stack::start_servers(scenario, TIME_SCALE, REPLICA_ARGS, CONFIG_EXTRA).await?;
+        for _ in 0..opts.replicas {
+            stack.add_replica(REPLICA_ARGS, true)?;
+        }
+        stack.wait_for_a_leader().await?;
+        stack
+    } else {
+        Stack::start_configured(scenario, TIME_SCALE, PROVIDER_ARGS, CONFIG_EXTRA).await?
+    };
     let started = Instant::now();
     stack
         .pve
@@ -476,6 +510,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         violations: Vec::new(),
         late: Vec::new(),
         network_until: None,
+        cut: None,
         no_kills_until: None,
         started,
     };
@@ -520,6 +555,11 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    if let Some((index, _)) = run.cut.take()
+        && let Some(link) = &run.stack.replicas[index].link
+    {
+        link.mend();
+    }
     run.check_leftovers(&schedule).await;
     run.check_duplicates(&schedule);
     run.check_log();
@@ -528,11 +568,24 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         stack, violations, ..
     } = run;
     let log = std::env::temp_dir().join(format!("omni-infra-provider-chaos-{}.log", opts.seed));
-    let _ = std::fs::copy(&stack.log, &log);
+    let logs: Vec<String> = stack
+        .replicas
+        .iter()
+        .map(|r| {
+            let text = std::fs::read_to_string(&r.log).unwrap_or_default();
+            if stack.replicas.len() > 1 {
+                format!("===== provider {} =====\n{text}", r.name)
+            } else {
+                text
+            }
+        })
+        .collect();
+    let _ = std::fs::write(&log, logs.join("\n"));
     if let Err(e) = stack.stop().await {
         // A provider killed by the schedule last restarted fine; its clean exit still matters.
         return Ok(Report {
             seed: opts.seed,
+            replicas: opts.replicas,
             elapsed,
             violations: violations
                 .into_iter()
@@ -543,6 +596,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     }
     Ok(Report {
         seed: opts.seed,
+        replicas: opts.replicas,
         elapsed,
         violations,
         log,
@@ -562,6 +616,8 @@ struct Run {
     violations: Vec<String>,
     late: Vec<LateCreate>,
     network_until: Option<Instant>,
+    /// The replica cut off from Omni, and until when.
+    cut: Option<(usize, Instant)>,
     /// Kills are held back until then: see [`LATE_VM_GRACE`].
     no_kills_until: Option<Instant>,
     started: Instant,
@@ -600,9 +656,9 @@ impl Run {
                         tokio::time::sleep(wait).await;
                     }
                 }
-                self.stack.kill_provider();
+                let killed = self.stack.kill_provider();
                 tokio::time::sleep(*down).await;
-                self.stack.restart_provider(PROVIDER_ARGS)?;
+                self.stack.restart_provider(killed)?;
             }
             Fault::LateCreate { suffix, late } => {
                 self.stack
@@ -646,6 +702,15 @@ impl Run {
                 self.stack.pve.control(cmd);
             }
             Fault::OmniCut { failed_calls } => self.stack.omni.cut_connections(*failed_calls),
+            Fault::CutLeader { lasts } => {
+                if self.cut.is_none()
+                    && let Some(leader) = self.stack.leader()
+                    && let Some(link) = &self.stack.replicas[leader].link
+                {
+                    link.cut();
+                    self.cut = Some((leader, Instant::now() + *lasts));
+                }
+            }
             Fault::BookmarkExpiry => {
                 self.stack.omni.compact();
                 self.stack.omni.cut_connections(0);
@@ -656,12 +721,25 @@ impl Run {
 
     /// Moves every machine along its life, and finishes faults that last.
     async fn tick(&mut self, schedule: &Schedule) -> Result<(), String> {
-        if let Some(status) = self.stack.provider_exited() {
+        if let Some((index, status)) = self.stack.provider_exited() {
             self.violations.push(format!(
-                "the provider exited by itself ({status}) at {:.1?}",
+                "provider {} exited by itself ({status}) at {:.1?}",
+                self.stack.replicas[index].name,
                 self.started.elapsed()
             ));
-            self.stack.restart_provider(PROVIDER_ARGS)?;
+            self.stack.restart_provider(index)?;
+        }
+        if let Some((index, until)) = self.cut
+            && Instant::now() >= until
+        {
+            self.cut = None;
+            if let Some(link) = &self.stack.replicas[index].link {
+                link.mend();
+            }
+            self.log_event(&format!(
+                "provider {}'s link to Omni mended",
+                self.stack.replicas[index].name
+            ));
         }
         if self.network_until.is_some_and(|t| Instant::now() >= t) {
             self.network_until = None;
@@ -729,9 +807,9 @@ impl Run {
             self.log_event(&format!(
                 "Proxmox holds {what}; SIGKILL the provider before the answer"
             ));
-            self.stack.kill_provider();
+            let killed = self.stack.kill_provider();
             tokio::time::sleep(Duration::from_millis(300)).await;
-            self.stack.restart_provider(PROVIDER_ARGS)?;
+            self.stack.restart_provider(killed)?;
         }
         let before = self.late.len();
         self.late.retain(|l| {
@@ -858,29 +936,38 @@ impl Run {
     }
 
     fn check_log(&mut self) {
-        let text = std::fs::read_to_string(&self.stack.log).unwrap_or_default();
-        for line in text.lines().filter(|l| l.contains("panicked")) {
-            self.violations
-                .push(format!("panic in the provider's log: {line}"));
+        for replica in &self.stack.replicas {
+            let text = std::fs::read_to_string(&replica.log).unwrap_or_default();
+            for line in text.lines().filter(|l| l.contains("panicked")) {
+                self.violations
+                    .push(format!("panic in provider {}'s log: {line}", replica.name));
+            }
         }
     }
 }
 
 /// Where a run's provider log goes for a look afterwards.
 pub fn describe(report: &Report) -> String {
+    let (with, replay) = if report.replicas > 1 {
+        (
+            format!(" with {} replicas", report.replicas),
+            format!("--seed {} --replicas {}", report.seed, report.replicas),
+        )
+    } else {
+        (String::new(), format!("--seed {}", report.seed))
+    };
     if report.violations.is_empty() {
         format!(
-            "chaos seed {} passed in {:.1}s (provider log: {})",
+            "chaos seed {}{with} passed in {:.1}s (provider log: {})",
             report.seed,
             report.elapsed.as_secs_f64(),
             report.log.display()
         )
     } else {
         format!(
-            "chaos seed {} FAILED after {:.1}s (replay: --seed {}; provider log: {}):\n  {}",
+            "chaos seed {}{with} FAILED after {:.1}s (replay: {replay}; provider log: {}):\n  {}",
             report.seed,
             report.elapsed.as_secs_f64(),
-            report.seed,
             report.log.display(),
             report.violations.join("\n  ")
         )

@@ -8,6 +8,7 @@ pub mod certs;
 pub mod chaos;
 #[path = "../../tests/support/fakepve.rs"]
 pub mod fakepve;
+pub mod link;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,20 +28,35 @@ pub struct Stack {
     pub pve: FakePve,
     pub omni: MemState,
     server: Option<MemServer>,
-    provider: Option<Child>,
-    pub metrics: SocketAddr,
-    pub log: PathBuf,
-    /// How the provider was started, to start it again ([`Stack::restart`]).
+    /// The provider processes; the first is "the provider" of the single-process runs.
+    pub replicas: Vec<Replica>,
+    /// How the providers are started, to start them again ([`Stack::restart`]).
     launch: Launch,
 }
 
-/// What starting the provider takes.
+/// One provider process of the stack.
+pub struct Replica {
+    pub name: String,
+    child: Option<Child>,
+    pub metrics: SocketAddr,
+    pub log: PathBuf,
+    /// Its own Proxmox API token, so fakepve's log of writes tells the replicas apart.
+    pub token: String,
+    config: PathBuf,
+    /// Its claim file (one per replica: each stands for a host of its own).
+    claim: PathBuf,
+    /// Its own way to Omni, which a test can cut; `None`: straight to the in-memory Omni.
+    pub link: Option<link::Link>,
+    args: Vec<String>,
+}
+
+/// What starting a provider takes.
 struct Launch {
     binary: PathBuf,
-    config: PathBuf,
     omni_addr: SocketAddr,
     key: String,
     args: Vec<String>,
+    config_extra: String,
 }
 
 /// The provider binary built beside this example (`target/<profile>/omni-infra-provider-proxmox`).
@@ -66,14 +82,55 @@ fn free_port() -> Result<SocketAddr, String> {
     l.local_addr().map_err(|e| e.to_string())
 }
 
-impl Launch {
-    fn spawn(&self, metrics: SocketAddr, log: &std::path::Path) -> Result<Child, String> {
+/// The Proxmox API token of replica `name` (the first replica uses the scenario's own).
+fn replica_token(name: &str) -> String {
+    if name == "a" {
+        fakepve::TOKEN_ID.to_owned()
+    } else {
+        format!("omni@pve!replica-{name}")
+    }
+}
+
+/// Names of the replicas a stack may start: `a` first.
+const REPLICA_NAMES: &[&str] = &["a", "b", "c", "d"];
+
+impl Replica {
+    fn new(pve: &FakePve, name: &str, config_extra: &str, args: &[String]) -> Result<Self, String> {
+        let token = replica_token(name);
+        let dir = pve.dir.path();
+        let config = dir.join(format!("provider-{name}.yaml"));
+        let text = format!(
+            "{}{config_extra}",
+            pve.config_yaml(fakepve::Login::Token, fakepve::Trust::CaFile)
+        )
+        .replace(fakepve::TOKEN_ID, &token);
+        std::fs::write(&config, text).map_err(|e| e.to_string())?;
+        let log_name = if name == "a" {
+            "provider.log".to_owned()
+        } else {
+            format!("provider-{name}.log")
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            child: None,
+            metrics: free_port()?,
+            log: dir.join(log_name),
+            token,
+            config,
+            claim: dir.join(format!("claim-{name}")),
+            link: None,
+            args: args.to_vec(),
+        })
+    }
+
+    fn spawn(&mut self, launch: &Launch) -> Result<(), String> {
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(log)
+            .open(&self.log)
             .map_err(|e| e.to_string())?;
-        Command::new(&self.binary)
+        let omni = self.link.as_ref().map_or(launch.omni_addr, |l| l.addr);
+        let child = Command::new(&launch.binary)
             .arg("--config-file")
             .arg(&self.config)
             .args([
@@ -86,17 +143,106 @@ impl Launch {
                     .into_iter()
                     .flatten(),
             )
-            .args(["--metrics-listen", &metrics.to_string()])
+            .args(["--metrics-listen", &self.metrics.to_string()])
+            .arg("--leader-elect-claim-file")
+            .arg(&self.claim)
             .args(&self.args)
-            .env("OMNI_ENDPOINT", format!("http://{}", self.omni_addr))
+            .env("OMNI_ENDPOINT", format!("http://{omni}"))
             // The in-memory Omni speaks plaintext.
             .env("OMNI_INSECURE_HTTP", "true")
-            .env("OMNI_SERVICE_ACCOUNT_KEY", &self.key)
+            .env("OMNI_SERVICE_ACCOUNT_KEY", &launch.key)
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
-            .map_err(|e| format!("cannot start the provider: {e}"))
+            .map_err(|e| format!("cannot start the provider: {e}"))?;
+        self.child = Some(child);
+        Ok(())
     }
+
+    pub fn pid(&self) -> Option<u32> {
+        Some(self.child.as_ref()?.id())
+    }
+
+    /// SIGKILL: no shutdown, nothing flushed, work cut off wherever it was.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, without waiting.
+    pub fn terminate(&self) {
+        if let Some(pid) = self.pid() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+
+    /// The exit status once the process has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
+    /// SIGTERM; an error unless it exits 0 within 20 s.
+    async fn stop(&mut self) -> Result<(), String> {
+        if self.child.is_none() {
+            return Ok(());
+        }
+        if self.exited().is_none() {
+            self.terminate();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match self.exited() {
+                Some(status) if status.success() => {
+                    self.child = None;
+                    return Ok(());
+                }
+                Some(status) => {
+                    self.child = None;
+                    return Err(format!("provider {} exited with {status}", self.name));
+                }
+                None if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                None => {
+                    self.kill();
+                    return Err(format!("provider {} did not stop on SIGTERM", self.name));
+                }
+            }
+        }
+    }
+
+    /// Its own `/metrics` text.
+    pub async fn metrics_text(&self) -> Result<String, String> {
+        get_text(&format!("http://{}/metrics", self.metrics)).await
+    }
+
+    /// `/readyz`: its status code and body.
+    pub async fn readyz(&self) -> Result<(u16, String), String> {
+        let http = omni_infra_provider_proxmox::pipeline::image_factory::http_client()?;
+        let answer = http
+            .get(format!("http://{}/readyz", self.metrics))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = answer.status().as_u16();
+        Ok((status, answer.text().await.map_err(|e| e.to_string())?))
+    }
+}
+
+async fn get_text(url: &str) -> Result<String, String> {
+    let http = omni_infra_provider_proxmox::pipeline::image_factory::http_client()?;
+    http.get(url)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())
 }
 
 impl Stack {
@@ -122,8 +268,24 @@ impl Stack {
         extra_args: &[&str],
         config_extra: &str,
     ) -> Result<Stack, String> {
+        let mut stack = Self::start_servers(scenario, time_scale, extra_args, config_extra).await?;
+        stack.add_replica(extra_args, false)?;
+        stack.wait_for_a_leader().await?;
+        Ok(stack)
+    }
+
+    /// fakepve and the in-memory Omni, with no provider yet ([`Stack::add_replica`] starts them).
+    pub async fn start_servers(
+        mut scenario: serde_json::Value,
+        time_scale: f64,
+        extra_args: &[&str],
+        config_extra: &str,
+    ) -> Result<Stack, String> {
         transport::install_crypto_provider();
         let binary = provider_binary()?;
+        for name in REPLICA_NAMES {
+            scenario["tokens"][replica_token(name)] = fakepve::TOKEN_SECRET.into();
+        }
         let pve = FakePve::start(scenario, time_scale)
             .ok_or("fakepve is not installed: run scripts/setup-test-env.sh")?;
         let omni = MemState::new();
@@ -133,27 +295,48 @@ impl Stack {
             .map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let server = omni.serve(listener, None).map_err(|e| e.to_string())?;
-        let config = pve.config_file(config_extra);
-        let metrics = free_port()?;
-        let log = pve.dir.path().join("provider.log");
         let launch = Launch {
             binary,
-            config,
             omni_addr: addr,
             key: key.expose().to_owned(),
             args: extra_args.iter().map(|a| a.to_string()).collect(),
+            config_extra: config_extra.to_owned(),
         };
-        let provider = launch.spawn(metrics, &log)?;
-        let stack = Stack {
+        Ok(Stack {
             pve,
             omni,
             server: Some(server),
-            provider: Some(provider),
-            metrics,
-            log,
+            replicas: Vec::new(),
             launch,
-        };
-        let up = stack
+        })
+    }
+
+    /// Starts one more provider process with `args`, behind a link a test can cut when `linked`;
+    /// returns its index.
+    pub fn add_replica(&mut self, args: &[&str], linked: bool) -> Result<usize, String> {
+        let name = REPLICA_NAMES
+            .get(self.replicas.len())
+            .ok_or("no more replica names")?;
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let mut replica = Replica::new(&self.pve, name, &self.launch.config_extra, &args)?;
+        if linked {
+            replica.link = Some(link::Link::start(self.launch.omni_addr)?);
+        }
+        replica.spawn(&self.launch)?;
+        self.replicas.push(replica);
+        Ok(self.replicas.len() - 1)
+    }
+
+    /// Gives replica `index` the claim file of replica `of` from its next start on: two processes
+    /// of one host.
+    pub fn share_claim(&mut self, index: usize, of: usize) {
+        let claim = self.replicas[of].claim.clone();
+        self.replicas[index].claim = claim;
+    }
+
+    /// Waits until some replica has written the provider's health status (only a leader does).
+    pub async fn wait_for_a_leader(&self) -> Result<(), String> {
+        let up = self
             .omni
             .wait_for(Duration::from_secs(20), |s| {
                 s.get(
@@ -163,13 +346,49 @@ impl Stack {
                 .is_some()
             })
             .await;
-        if !up {
-            return Err(format!(
-                "the provider did not connect; its log:\n{}",
-                std::fs::read_to_string(&stack.log).unwrap_or_default()
-            ));
+        if up {
+            return Ok(());
         }
-        Ok(stack)
+        let logs: Vec<String> = self
+            .replicas
+            .iter()
+            .map(|r| {
+                format!(
+                    "--- {}:\n{}",
+                    r.name,
+                    std::fs::read_to_string(&r.log).unwrap_or_default()
+                )
+            })
+            .collect();
+        Err(format!(
+            "no provider connected; their logs:\n{}",
+            logs.join("\n")
+        ))
+    }
+
+    /// The first replica's metrics address.
+    pub fn metrics(&self) -> SocketAddr {
+        self.replicas[0].metrics
+    }
+
+    /// The first replica's log.
+    pub fn log(&self) -> &std::path::Path {
+        &self.replicas[0].log
+    }
+
+    /// The leader lease as the in-memory Omni holds it.
+    pub fn lease(&self) -> Option<omni_infra_provider_proxmox::omni::proto::provider::LeaseSpec> {
+        use omni_infra_provider_proxmox::omni::resources::ProviderLease;
+        self.omni
+            .get(&ProviderLease::new(PROVIDER), ProviderLease::ID)
+            .map(|l| l.spec)
+    }
+
+    /// The replica the lease names, if it is one of this stack's running ones.
+    pub fn leader(&self) -> Option<usize> {
+        let holder = self.lease()?.holder;
+        let pid: u32 = holder.split('/').nth(1)?.parse().ok()?;
+        self.replicas.iter().position(|r| r.pid() == Some(pid))
     }
 
     pub fn request(&self, id: &str, set: &str, provider_data: &str) {
@@ -221,20 +440,21 @@ impl Stack {
     }
 
     pub fn provider_pid(&self) -> Option<u32> {
-        Some(self.provider.as_ref()?.id())
+        self.replicas.first()?.pid()
     }
 
     /// Stops the provider (SIGTERM; it must exit 0) and starts it again with `args` instead of the
     /// arguments it had; returns once its `/readyz` answers 200 (connected to Omni, Proxmox
     /// answering), with how long that took from the start of the new process.
     pub async fn restart(&mut self, args: &[&str]) -> Result<Duration, String> {
-        self.stop_provider().await?;
-        self.launch.args = args.iter().map(|a| a.to_string()).collect();
-        self.metrics = free_port()?;
+        let replica = self.replicas.first_mut().ok_or("no provider")?;
+        replica.stop().await?;
+        replica.args = args.iter().map(|a| a.to_string()).collect();
+        replica.metrics = free_port()?;
         let started = Instant::now();
-        self.provider = Some(self.launch.spawn(self.metrics, &self.log)?);
+        replica.spawn(&self.launch)?;
         let http = omni_infra_provider_proxmox::pipeline::image_factory::http_client()?;
-        let url = format!("http://{}/readyz", self.metrics);
+        let url = format!("http://{}/readyz", replica.metrics);
         while started.elapsed() < Duration::from_secs(60) {
             if let Ok(answer) = http.get(&url).send().await
                 && answer.status().is_success()
@@ -245,32 +465,19 @@ impl Stack {
         }
         Err(format!(
             "the restarted provider was not ready within a minute; its log: {}",
-            self.log.display()
+            replica.log.display()
         ))
     }
 
-    /// SIGTERM to the provider; an error unless it exits 0 within 20 s.
-    async fn stop_provider(&mut self) -> Result<(), String> {
-        let Some(mut child) = self.provider.take() else {
-            return Ok(());
-        };
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) if status.success() => return Ok(()),
-                Ok(Some(status)) => return Err(format!("the provider exited with {status}")),
-                Ok(None) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(20)).await
-                }
-                _ => {
-                    let _ = child.kill();
-                    return Err("the provider did not stop on SIGTERM".into());
-                }
-            }
+    /// Starts replica `index` again, as it was started, its log appended to the same file; with
+    /// `new_key`, under a key registered anew (as `omnictl infraprovider` would hand out).
+    pub fn respawn(&mut self, index: usize, new_key: bool) -> Result<(), String> {
+        if new_key {
+            self.launch.key = self.omni.register_provider(PROVIDER)?.expose().to_owned();
         }
+        let replica = self.replicas.get_mut(index).ok_or("no such replica")?;
+        replica.kill();
+        replica.spawn(&self.launch)
     }
 
     /// Proxmox requests fakepve saw since the last reset, without the health checks (`GET /version`
@@ -287,7 +494,7 @@ impl Stack {
     pub async fn step_seconds(&self) -> Result<Vec<(String, f64, u64)>, String> {
         let http = omni_infra_provider_proxmox::pipeline::image_factory::http_client()?;
         let text = http
-            .get(format!("http://{}/metrics", self.metrics))
+            .get(format!("http://{}/metrics", self.metrics()))
             .send()
             .await
             .map_err(|e| e.to_string())?
@@ -331,7 +538,7 @@ impl Stack {
     pub async fn queue_depth(&self) -> Option<u64> {
         let http = omni_infra_provider_proxmox::pipeline::image_factory::http_client().ok()?;
         let text = http
-            .get(format!("http://{}/metrics", self.metrics))
+            .get(format!("http://{}/metrics", self.metrics()))
             .send()
             .await
             .ok()?
@@ -415,15 +622,20 @@ impl Stack {
             .control(serde_json::json!({"op": "reset_requests"}));
     }
 
-    /// Stops the provider with SIGTERM (it must exit 0), then the servers.
+    /// Stops every provider with SIGTERM (each must exit 0), then the servers.
     pub async fn stop(mut self) -> Result<(), String> {
-        let result = self.stop_provider().await;
+        let mut result = Ok(());
+        for replica in &mut self.replicas {
+            if let Err(e) = replica.stop().await {
+                result = result.and(Err(e));
+            }
+        }
         if let Some(server) = self.server.take() {
             server.stop().await;
         }
         // Keep the provider's log past the temporary directory, for a look after the run.
         let kept = std::env::temp_dir().join("omni-infra-provider-proxmox-last-run.log");
-        if std::fs::copy(&self.log, &kept).is_ok() {
+        if std::fs::copy(self.log(), &kept).is_ok() {
             println!("\nProvider log: {}", kept.display());
         }
         result
@@ -448,11 +660,8 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
-impl Drop for Stack {
+impl Drop for Replica {
     fn drop(&mut self) {
-        if let Some(mut child) = self.provider.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.kill();
     }
 }

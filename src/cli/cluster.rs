@@ -24,8 +24,13 @@
 //!   "ha_rules": [ { "rule": "omni-cp-raff", "type": "resource-affinity",
 //!                   "resources": ["vm:101", "vm:102"], "nodes": null, "strict": false,
 //!                   "affinity": "negative", "problems": null } ],
-//!   "ha_rules_error": null }
+//!   "ha_rules_error": null,
+//!   "cluster_health": { "name": "prod", "quorate": true,
+//!                       "members": [ { "name": "pve1", "online": true } ] },
+//!   "cluster_health_error": null }
 //! ```
+//! `cluster_health` is quorum and membership (`quorate` and `name` are `null` for a standalone
+//! node); without quorum Proxmox refuses every change.
 //! `ha_rules` lists the machine sets' own HA rules (`omni-<set>-naff`/`-raff`); it is `null` with
 //! the reason in `ha_rules_error` when they cannot be read (Proxmox VE 8, or no `Sys.Audit` on `/`).
 //! Figures a node does not report (an offline node's memory, and so its limits) are `null`; `storages` is `null` when the
@@ -38,8 +43,8 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::CliResult;
-use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
+use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::HaRule;
 use crate::proxmox::types::{
     ClusterResource, NodeName, NodeState, NodeStorage, StorageFilter, VmResource,
@@ -75,6 +80,10 @@ pub struct ClusterReport {
     pub memory_overcommit: f64,
     pub ha_rules: Option<Vec<HaRuleReport>>,
     pub ha_rules_error: Option<String>,
+    /// Quorum and corosync membership (`GET /cluster/status`); `null` with the reason in
+    /// `cluster_health_error` when it cannot be read.
+    pub cluster_health: Option<ClusterHealth>,
+    pub cluster_health_error: Option<String>,
 }
 
 /// A machine set's HA rule as Proxmox holds it.
@@ -166,11 +175,8 @@ pub struct TemplateReport {
 
 pub async fn run(args: ClusterArgs) -> CliResult {
     // Warnings (such as TLS verification being off) go to stderr; stdout stays clean for `--output json`.
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::WARN)
-        .try_init();
-    let config = ProviderConfig::load(&args.config_file)?;
+    crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
+    let (config, _) = super::load_config(&args.config_file)?;
     let client = ProxmoxClient::new(&config.proxmox)?;
     let report = gather(&client, &config.placement).await?;
     match args.output {
@@ -212,6 +218,10 @@ pub async fn gather(
         &storages,
         limits,
     );
+    match client.cluster_health().await {
+        Ok(health) => report.cluster_health = Some(health),
+        Err(e) => report.cluster_health_error = Some(e.to_string()),
+    }
     match client.ha_rules().await {
         Ok(rules) => {
             report.ha_rules = Some(
@@ -301,6 +311,8 @@ pub fn build_report(
         memory_overcommit: limits.memory_overcommit,
         ha_rules: None,
         ha_rules_error: None,
+        cluster_health: None,
+        cluster_health_error: None,
     }
 }
 
@@ -337,7 +349,20 @@ fn state_word(s: NodeState) -> &'static str {
 /// Pure: the human-readable view.
 pub fn render_table(r: &ClusterReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "Proxmox VE {} at {}\n", r.version, r.api_url);
+    let _ = writeln!(out, "Proxmox VE {} at {}", r.version, r.api_url);
+    let _ = match (&r.cluster_health, &r.cluster_health_error) {
+        (Some(h), _) => writeln!(
+            out,
+            "Cluster {}: {}\n",
+            h.name.as_deref().unwrap_or("-"),
+            h.summary()
+        ),
+        (None, e) => writeln!(
+            out,
+            "Cluster health not read: {}\n",
+            e.as_deref().unwrap_or("unknown")
+        ),
+    };
     render_nodes(&mut out, r);
     out.push('\n');
     render_storages(&mut out, &r.nodes);

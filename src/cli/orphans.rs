@@ -31,7 +31,6 @@ use serde::Serialize;
 use super::CliResult;
 use super::cluster::OutputFormat;
 use super::omni_args::OmniArgs;
-use crate::config::ProviderConfig;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
 use crate::omni::resources::{Kind, MachineRequest, ProviderMachine, label};
@@ -133,7 +132,7 @@ fn omni_endpoint(
 pub async fn run(args: OrphansArgs) -> CliResult {
     telemetry::init_logging(LogFormat::Text, "warn")?;
     let (endpoint, key) = omni_endpoint(&args)?;
-    let config = ProviderConfig::load(&args.config_file)?;
+    let (config, _) = super::load_config(&args.config_file)?;
     transport::install_crypto_provider();
     let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.omni.id)?;
     let live = live_requests(&omni, &args.omni.id).await?;

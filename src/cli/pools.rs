@@ -20,7 +20,6 @@ use serde::Serialize;
 use super::CliResult;
 use super::cluster::OutputFormat;
 use super::omni_args::OmniArgs;
-use crate::config::ProviderConfig;
 use crate::model::MachineState;
 use crate::model::machine::IpAllocation;
 use crate::omni::client::OmniClient;
@@ -70,7 +69,7 @@ pub async fn run(args: PoolsArgs) -> CliResult {
         return Err(PoolsError::NoOmni.into());
     }
     let (endpoint, key) = args.omni.connection()?;
-    let config = ProviderConfig::load(&args.config_file)?;
+    let (config, _) = super::load_config(&args.config_file)?;
     transport::install_crypto_provider();
     let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.omni.id)?;
     let id = args.omni.id.clone();

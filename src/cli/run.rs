@@ -18,12 +18,15 @@ use super::omni_args::OmniArgs;
 use crate::config::ProviderConfig;
 use crate::controller::context::Context;
 use crate::controller::health::{self, HealthCheck};
+use crate::controller::leader::identity::default_claim_path;
+use crate::controller::leader::{Election, Role, Timings};
 use crate::controller::registration::{self, ProviderInfo};
 use crate::controller::runner::{self, Controller};
+use crate::fence::Fence;
 use crate::metrics::Metrics;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
-use crate::omni::state::StateError;
+use crate::omni::state::{StateClient, StateError};
 use crate::omni::transport::{self, OmniEndpoint, OmniTls};
 use crate::pipeline::step::{Services, Timeouts};
 use crate::proxmox::ProxmoxClient;
@@ -71,6 +74,26 @@ pub struct RunArgs {
         default_value = "https://factory.talos.dev"
     )]
     pub image_factory_url: String,
+    /// Run as one of any number of replicas: only the one holding the leader lease in Omni works,
+    /// the others stand by and take over when it stops. `--leader-elect=false` runs without the
+    /// lease, as a single process must then be the only one.
+    #[arg(long, env = "LEADER_ELECT", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// How long a standby waits, from the last change it saw to the lease, before taking it over.
+    #[arg(long, env = "LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long the leader may go without renewing the lease before it stops every write to
+    /// Proxmox and Omni (shorter than the lease duration).
+    #[arg(long, env = "LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often a standby looks at the lease.
+    #[arg(long, env = "LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+    /// The file a replica keeps locked while it runs, so that after a crash the next process on
+    /// the same host or container takes the lease back at once (default: in the temporary
+    /// directory; in Kubernetes put it on an `emptyDir`).
+    #[arg(long, env = "LEADER_ELECT_CLAIM_FILE")]
+    pub leader_elect_claim_file: Option<PathBuf>,
 }
 
 /// `10s`, `500ms`, `1m`, or plain seconds.
@@ -114,6 +137,15 @@ pub struct Settings {
     pub info: ProviderInfo,
     pub health_interval: Duration,
     pub topology_interval: Duration,
+    /// `None` with `--leader-elect=false`.
+    pub leader_election: Option<LeaderElection>,
+}
+
+/// How this replica takes part in the leader election.
+#[derive(Debug, Clone)]
+pub struct LeaderElection {
+    pub timings: Timings,
+    pub claim_file: PathBuf,
 }
 
 impl Settings {
@@ -131,6 +163,23 @@ impl Settings {
             .into());
         }
         let (endpoint, key) = args.omni.connection()?;
+        let leader_election = args
+            .leader_elect
+            .then(|| {
+                let timings = Timings {
+                    lease_duration: args.leader_elect_lease_duration,
+                    renew_deadline: args.leader_elect_renew_deadline,
+                    retry_period: args.leader_elect_retry_period,
+                };
+                timings.check().map(|()| LeaderElection {
+                    timings,
+                    claim_file: args
+                        .leader_elect_claim_file
+                        .clone()
+                        .unwrap_or_else(|| default_claim_path(&args.omni.id)),
+                })
+            })
+            .transpose()?;
         Ok(Self {
             config,
             concurrency: args.concurrency,
@@ -145,6 +194,7 @@ impl Settings {
             ),
             health_interval: args.health_interval,
             topology_interval: args.topology_interval,
+            leader_election,
         })
     }
 }
@@ -228,83 +278,207 @@ pub async fn run_with(
         provider_id = %provider_id,
         identity = settings.key.identity(),
         proxmox = %settings.config.proxmox.api_url,
+        leader_election = settings.leader_election.is_some(),
         "starting"
     );
-    let schema = provider_data_schema(&settings.config)?;
+    provider_data_schema(&settings.config)?;
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
     // Polled from here on, so a SIGTERM during the start stops the provider cleanly too.
     tokio::pin!(shutdown);
-    let start = async {
-        let mode = until_reachable("detecting Omni's join mode", || {
-            crate::controller::detect_join_mode(&omni.state)
-        })
-        .await?;
-        tracing::info!(?mode, "detected Omni join mode");
-        until_reachable("registering the provider status", || {
-            registration::register(&omni.state, &settings.info)
-        })
-        .await?;
-        tracing::info!("registered provider status");
-        Ok::<_, StateError>(mode)
-    };
+    let detect = until_reachable("detecting Omni's join mode", || {
+        crate::controller::detect_join_mode(&omni.state)
+    });
     let mode = tokio::select! {
-        mode = start => mode?,
+        mode = detect => mode?,
         () = &mut shutdown => {
             tracing::info!("stopped before the start was complete");
             return Ok(());
         }
     };
+    tracing::info!(?mode, "detected Omni join mode");
     let image_factory_url =
         crate::pipeline::image_factory::resolve_factory(&omni.state, &settings.image_factory_url)
             .await;
+    let factory_http = crate::pipeline::image_factory::http_client()?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (metrics, metrics_server) = start_metrics(&pve, settings.metrics_listen, &stop_rx);
+    let fence = match settings.leader_election {
+        Some(_) => Fence::shut(),
+        None => Fence::open(),
+    };
+    pve.set_fence(fence.clone());
+    let state = omni.state.fenced(fence.clone());
+    let (roles, election, _single) = match &settings.leader_election {
+        Some(le) => {
+            let (election, roles) = Election::new(
+                omni.state.clone(),
+                &provider_id,
+                le.timings,
+                Some(&le.claim_file),
+                fence,
+                metrics.clone(),
+            );
+            (
+                roles,
+                Some(tokio::spawn(election.run(stop_rx.clone()))),
+                None,
+            )
+        }
+        None => {
+            metrics.set_leader(true);
+            let (single, roles) = watch::channel(Role::Leader);
+            (roles, None, Some(single))
+        }
+    };
     let heartbeat = tokio::spawn(health::run(
-        omni.state.clone(),
+        state.clone(),
         provider_id.clone(),
         settings.health_interval,
         health_check,
         stop_rx.clone(),
         metrics.clone(),
+        roles.clone(),
     ));
-    let services = Arc::new(Services {
-        provider_id: provider_id.clone(),
+    let duties = Duties {
+        state,
         pve,
         management: omni.management.clone(),
-        schema,
-        config: settings.config,
-        ledgers: Default::default(),
         image_factory_url,
-        factory_http: crate::pipeline::image_factory::http_client()?,
-        timeouts: Timeouts::default(),
+        factory_http,
+        mode,
         metrics,
-    });
-    let context = Arc::new(
-        Context::new(services, omni.state.clone(), mode).with_concurrency(settings.concurrency),
-    );
-    let controller = Controller::new(context.clone(), runner::MAX_IN_FLIGHT);
-    let topology = tokio::spawn(crate::controller::topology::run(
-        context.clone(),
-        settings.topology_interval,
-        stop_rx.clone(),
-    ));
-    let reconciling = tokio::spawn(controller.run(stop_rx.clone()));
-    tracing::info!(
-        concurrency = settings.concurrency,
-        "watching machine requests"
-    );
-    (&mut shutdown).await;
+        settings: &settings,
+    };
+    let outcome = duties.while_leading(roles, &mut shutdown).await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    let _ = reconciling.await;
-    let _ = topology.await;
+    if let Some(election) = election {
+        let _ = election.await;
+    }
     let _ = heartbeat.await;
     if let Some(server) = metrics_server {
         let _ = server.await;
     }
     tracing::info!("stopped");
-    Ok(())
+    outcome
+}
+
+/// What the leader does, and what it needs to do it.
+struct Duties<'a> {
+    /// Fenced: writes only while this replica leads.
+    state: StateClient,
+    pve: ProxmoxClient,
+    management: crate::omni::management::ManagementClient,
+    image_factory_url: String,
+    factory_http: reqwest::Client,
+    mode: crate::omni::join::JoinMode,
+    metrics: Arc<Metrics>,
+    settings: &'a Settings,
+}
+
+impl Duties<'_> {
+    /// Works through every term of leadership until `shutdown`: registers, then reconciles and
+    /// keeps the topology labels, each term with fresh ledgers and caches (another replica may
+    /// have changed anything meanwhile), stopped when the lease is lost.
+    async fn while_leading(
+        &self,
+        mut roles: watch::Receiver<Role>,
+        shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) -> CliResult {
+        loop {
+            tokio::select! {
+                leading = roles.wait_for(|r| *r == Role::Leader) => if leading.is_err() { return Ok(()) },
+                () = &mut *shutdown => return Ok(()),
+            }
+            let register = until_reachable("registering the provider status", || {
+                registration::register(&self.state, &self.settings.info)
+            });
+            let registered = tokio::select! {
+                r = register => r,
+                _ = roles.wait_for(|r| *r != Role::Leader) => continue,
+                () = &mut *shutdown => return Ok(()),
+            };
+            match registered {
+                Ok(()) => tracing::info!("registered provider status"),
+                Err(StateError::Fenced { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            let term = self.start_term()?;
+            let done = tokio::select! {
+                _ = roles.wait_for(|r| *r != Role::Leader) => false,
+                () = &mut *shutdown => true,
+            };
+            term.stop().await;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    fn start_term(&self) -> Result<Term, SchemaError> {
+        let settings = self.settings;
+        let services = Arc::new(Services {
+            provider_id: settings.info.id.clone(),
+            pve: self.pve.clone(),
+            management: self.management.clone(),
+            schema: ProviderDataSchema::new()?.strict(settings.config.strict),
+            config: settings.config.clone(),
+            ledgers: Default::default(),
+            image_factory_url: self.image_factory_url.clone(),
+            factory_http: self.factory_http.clone(),
+            timeouts: Timeouts::default(),
+            metrics: self.metrics.clone(),
+        });
+        let context = Arc::new(
+            Context::new(services, self.state.clone(), self.mode)
+                .with_concurrency(settings.concurrency),
+        );
+        let (stop, stop_rx) = watch::channel(false);
+        // With replicas, a standby waits for this one's in-flight work: it gets a moment to finish,
+        // then stops where it is, and the next leader resumes it from the provider state.
+        let grace = match settings.leader_election {
+            Some(_) => HANDOVER_GRACE,
+            None => runner::SHUTDOWN_GRACE,
+        };
+        let controller =
+            Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
+        let topology = tokio::spawn(crate::controller::topology::run(
+            context,
+            settings.topology_interval,
+            stop_rx.clone(),
+        ));
+        let reconciling = tokio::spawn(controller.run(stop_rx));
+        tracing::info!(
+            concurrency = settings.concurrency,
+            "watching machine requests"
+        );
+        Ok(Term {
+            stop,
+            tasks: vec![reconciling, topology],
+        })
+    }
+}
+
+/// How long a leader's in-flight reconciles may run on when it stops leading or shuts down, before
+/// they are cut short and the lease goes to a standby.
+const HANDOVER_GRACE: Duration = Duration::from_secs(1);
+
+/// One term of leadership: the reconcile workers and the topology loop.
+struct Term {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Term {
+    /// Stops the term: reconciles in flight finish within the runner's grace (a fenced write fails
+    /// at once, which is where a term that lost the lease stops), then the term's state goes.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
 }
 
 /// Longest wait between two tries to reach Omni at start.

@@ -54,10 +54,7 @@ pub struct ReadError {
 }
 
 pub async fn run(args: ValidateArgs) -> CliResult {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::WARN)
-        .try_init();
+    crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
     let class_yaml = read_provider_data(&args.provider_data)?;
     let config = ProviderConfig::load(&args.config_file)?;
     let schema = ProviderDataSchema::new()?.strict(config.strict);

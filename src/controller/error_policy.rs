@@ -217,13 +217,16 @@ fn step_kind(e: &StepError) -> ErrorKind {
 }
 
 fn proxmox_kind(e: &ProxmoxError) -> ErrorKind {
-    if e.is_node_unreachable() || e.is_guest_locked() || e.is_storage_offline() {
+    if e.is_node_unreachable() || e.is_guest_locked() || e.is_storage_offline() || e.is_no_quorum()
+    {
         return ErrorKind::WaitingOnCluster;
     }
     match e {
         ProxmoxError::Transient { .. }
         | ProxmoxError::TaskTimeout { .. }
         | ProxmoxError::TaskFailed { .. }
+        // The replica lost the lease: its reconciles stop, and the next leader tries again.
+        | ProxmoxError::Fenced { .. }
         // Something we expected vanished under us (a migration, a hand deletion); the step looks
         // again on the next try.
         | ProxmoxError::NotFound { .. } => ErrorKind::Transient,
@@ -244,7 +247,8 @@ fn omni_kind(e: &StateError) -> ErrorKind {
         | StateError::Conflict { .. }
         | StateError::NotFound { .. }
         | StateError::AlreadyExists { .. }
-        | StateError::Other { .. } => ErrorKind::Transient,
+        | StateError::Other { .. }
+        | StateError::Fenced { .. } => ErrorKind::Transient,
         StateError::PermissionDenied { .. }
         | StateError::Unauthenticated { .. }
         | StateError::InvalidArgument { .. }

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
+use super::leader::Role;
 use crate::metrics::Metrics;
 use crate::omni::resources::{InfraProviderHealthStatus, health_controller_name};
 use crate::omni::state::{StateClient, StateError};
@@ -70,6 +71,8 @@ pub async fn beat(
 pub const BEAT_DEADLINE_FLOOR: Duration = Duration::from_secs(1);
 
 /// Beats every `interval` until `shutdown` turns true; a beat in progress is finished first.
+/// Only the leader beats (at once when it becomes leader, so Omni does not count the takeover
+/// against it); a standby runs the check for `/readyz` and writes nothing.
 ///
 /// A beat never takes longer than `interval` (at least [`BEAT_DEADLINE_FLOOR`]): one that Omni
 /// (or the health check) leaves unanswered is given up, counted as failed, and the next beat is
@@ -81,6 +84,7 @@ pub async fn run(
     check: HealthCheck,
     mut shutdown: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
+    mut role: watch::Receiver<Role>,
 ) {
     crate::contain::install_hook();
     let mut ticker = tokio::time::interval(interval);
@@ -91,6 +95,17 @@ pub async fn run(
             biased;
             _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => return,
             _ = ticker.tick() => {}
+            Ok(()) = role.changed() => {
+                if *role.borrow() == Role::Leader {
+                    ticker.reset();
+                } else {
+                    continue;
+                }
+            }
+        }
+        if *role.borrow() != Role::Leader {
+            metrics.proxmox_checked(check().await.is_none());
+            continue;
         }
         let beating = crate::contain::future(beat(&state, &provider_id, &check));
         let outcome = match tokio::time::timeout(interval.max(BEAT_DEADLINE_FLOOR), beating).await {

@@ -12,6 +12,7 @@
 //! - [`error_policy`] decides, from the kind of a failure, when to retry and what the status says;
 //! - [`topology`] keeps each machine's Kubernetes zone/region labels (an Omni config patch) in step
 //!   with the node its VM runs on;
+//! - [`leader`] is the lease in Omni that lets one of any number of replicas do the work;
 //! - [`progress`] is where progress goes (the status text); [`context`] holds the clients, the
 //!   ledgers and the write caches ([`cache`]) every reconcile shares.
 
@@ -20,6 +21,7 @@ pub mod context;
 pub mod error_policy;
 pub mod health;
 pub mod lanes;
+pub mod leader;
 pub mod machine;
 pub mod progress;
 pub mod provision;

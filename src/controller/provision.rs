@@ -227,6 +227,7 @@ impl Provisioning<'_> {
                     tracing::warn!(request = %self.id, error = %save, "cannot record the provider state after a failure");
                 }
                 self.ctx.services.metrics.provision("failure");
+                self.ctx.services.metrics.step_failure(step.name());
                 Err(e)
             }
         }

@@ -28,9 +28,9 @@ use super::requests::{Request, RequestQueueEvent};
 use super::workqueue::WorkQueue;
 use crate::contain::{self, Panic};
 
-/// How long workers may finish their current reconcile at shutdown. Everything is resumable, so
-/// cutting a reconcile short loses nothing but time.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long workers may finish their current reconcile at shutdown, by default. Everything is
+/// resumable, so cutting a reconcile short loses nothing but time.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// What the work queue should do with the request after a reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,10 +82,21 @@ pub struct Controller<R: Reconcile> {
     /// The last version of each request the watch delivered.
     delivered: Mutex<HashMap<String, Arc<Request>>>,
     max_in_flight: usize,
+    shutdown_grace: Duration,
 }
 
 impl<R: Reconcile> Controller<R> {
     pub fn new(reconciler: Arc<R>, max_in_flight: usize) -> Arc<Self> {
+        Self::with_shutdown_grace(reconciler, max_in_flight, SHUTDOWN_GRACE)
+    }
+
+    /// A controller whose reconciles still running at shutdown get `grace` to finish, and are then
+    /// cut short (they resume wherever they stopped, in this process or another).
+    pub fn with_shutdown_grace(
+        reconciler: Arc<R>,
+        max_in_flight: usize,
+        shutdown_grace: Duration,
+    ) -> Arc<Self> {
         contain::install_hook();
         Arc::new(Self {
             reconciler,
@@ -93,6 +104,7 @@ impl<R: Reconcile> Controller<R> {
             failures: Mutex::new(HashMap::new()),
             delivered: Mutex::new(HashMap::new()),
             max_in_flight: max_in_flight.max(1),
+            shutdown_grace,
         })
     }
 
@@ -122,7 +134,10 @@ impl<R: Reconcile> Controller<R> {
             return;
         };
         let all = async { while running.join_next().await.is_some() {} };
-        if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
+        if tokio::time::timeout(self.shutdown_grace, all)
+            .await
+            .is_err()
+        {
             tracing::warn!(
                 "reconciles still running at shutdown were cut short; they resume at the next start"
             );

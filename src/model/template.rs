@@ -18,6 +18,8 @@ pub struct TemplateFacts {
     pub drives: Vec<TemplateDrive>,
     /// The storage of the disk the template boots from: where a linked clone's disks stay.
     pub boot_storage: Option<String>,
+    /// The storages the listing shows on the template's node (those enabled there).
+    pub node_storages: Vec<String>,
 }
 
 /// A drive of a template that lives on a storage.
@@ -76,6 +78,9 @@ impl TemplateFacts {
             node: vm.node.to_string(),
             drives,
             boot_storage,
+            node_storages: node
+                .map(|n| n.storages.iter().map(|s| s.name.clone()).collect())
+                .unwrap_or_default(),
         }
     }
 

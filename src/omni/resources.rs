@@ -6,7 +6,7 @@
 //! carry the provider ID.
 
 use crate::omni::proto::cosi::resource::meta::ResourceDefinitionSpec;
-use crate::omni::proto::provider::MachineSpec;
+use crate::omni::proto::provider::{LeaseSpec, MachineSpec};
 use crate::omni::proto::specs;
 
 /// Namespaces (§2).
@@ -229,6 +229,47 @@ impl Kind for ProviderMachine {
         field("addresses", s.addresses.join(","));
         field("lasterror", s.last_error.clone());
         out
+    }
+}
+
+/// The leader lease the replicas of one provider ID share: `Lease.<id>.infraprovider.sidero.dev`,
+/// ID [`ProviderLease::ID`], in the provider's own namespace, where Omni lets a provider create any
+/// type with that suffix (`internal/backend/runtime/omni/infraprovider/state.go`,
+/// `checkNamespaceAndType`). The official provider never reads it.
+#[derive(Debug, Clone)]
+pub struct ProviderLease {
+    pub provider_id: String,
+}
+
+impl ProviderLease {
+    pub const ID: &'static str = "leader";
+
+    pub fn new(provider_id: impl Into<String>) -> Self {
+        Self {
+            provider_id: provider_id.into(),
+        }
+    }
+}
+
+impl Kind for ProviderLease {
+    type Spec = LeaseSpec;
+    fn namespace(&self) -> String {
+        provider_namespace(&self.provider_id)
+    }
+    fn resource_type(&self) -> String {
+        format!("Lease.{}.infraprovider.sidero.dev", self.provider_id)
+    }
+    fn yaml(&self, s: &LeaseSpec) -> String {
+        format!(
+            "holder: {}\nhost: {}\npid: {}\nleasedurationms: {}\nacquiretimems: {}\nrenewtimems: {}\ntransitions: {}\n",
+            serde_json::Value::String(s.holder.clone()),
+            serde_json::Value::String(s.host.clone()),
+            s.pid,
+            s.lease_duration_ms,
+            s.acquire_time_ms,
+            s.renew_time_ms,
+            s.transitions
+        )
     }
 }
 

@@ -101,9 +101,11 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
                 // this process's in-flight mark goes, or the next attempt could not reuse it and
                 // would pick another VMID, a second VM if the first create lands late.
                 ctx.services.ledgers.release_vmid(vmid.get());
-                // A create refused because the boot ISO went meanwhile made nothing: put it back
-                // and create again (at the recorded VMID).
-                if !super::prepare_image::put_back_if_missing(ctx, &e).await? {
+                // A create refused because the boot ISO or the set's pool went meanwhile made
+                // nothing: put it back and create again (at the recorded VMID).
+                if !super::prepare_image::put_back_if_missing(ctx, &e).await?
+                    && !recreate_set_pool(ctx, &e).await?
+                {
                     return Err(e);
                 }
             }
@@ -130,6 +132,9 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
             return Ok(());
         }
     };
+    // Machines of a set starting together make its pool once: the others wait for the first.
+    let lock = ctx.services.ledgers.exclusive(&format!("pool:{pool}"));
+    let _one_create_per_pool = lock.lock().await;
     let known = ctx.services.ledgers.pool_known(pool.as_str());
     if !known {
         let doing = format!("creating pool {pool} for machine-request set {set}");
@@ -144,6 +149,33 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     ctx.state.default_pool = Some(pool.clone());
     ctx.data.pool = Some(pool);
     Ok(())
+}
+
+/// The set's pool, known to this process as made, deleted behind its back (by hand, or by another
+/// replica's teardown of the set's last VM): the create was refused before anything was made, so
+/// the pool is made again and the create retried. `false` for any other error.
+async fn recreate_set_pool(
+    ctx: &mut StepContext<'_>,
+    error: &StepError,
+) -> Result<bool, StepError> {
+    let (StepError::Proxmox { source, .. }, Some(pool)) = (error, ctx.state.default_pool.clone())
+    else {
+        return Ok(false);
+    };
+    if !source.is_pool_missing(pool.as_str()) {
+        return Ok(false);
+    }
+    tracing::warn!(request = %ctx.request.id, %pool, "the machine set's pool is gone; creating it again");
+    ctx.services.ledgers.forget_pool(pool.as_str());
+    let doing = format!("creating pool {pool} again (it was deleted since it was made)");
+    ctx.report(doing.clone()).await;
+    ctx.services
+        .pve
+        .ensure_pool(pool.as_str(), identity::SET_POOL_COMMENT)
+        .await
+        .map_err(StepError::proxmox(doing))?;
+    ctx.services.ledgers.pool_created(pool.as_str());
+    Ok(true)
 }
 
 /// Takes over the VM made for this request earlier, if the cluster has one (made by us before a

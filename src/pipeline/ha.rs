@@ -11,7 +11,9 @@ use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::ha::{HaResource, vm_sid};
 use crate::proxmox::types::{ClusterResource, VmId};
-use crate::rules::ha::{HaMembership, RuleChange, plan_join, resource_affinity_rule};
+use crate::rules::ha::{
+    HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
+};
 use crate::rules::provider_data::HaSettings;
 
 /// How often the rules are read and planned again after a change or a refusal before giving up
@@ -61,6 +63,8 @@ async fn join_rules(
         ctx.services.provider_id,
         set.as_deref().unwrap_or("-")
     );
+    // Sids Proxmox refused as not HA-managed: left out of the next writes.
+    let mut gone: Vec<String> = Vec::new();
     for _ in 0..ATTEMPTS {
         let pve = &ctx.services.pve;
         let rules = pve
@@ -97,13 +101,29 @@ async fn join_rules(
         let Some(change) = plan.changes.first() else {
             return Ok(());
         };
+        let change = without(change, &gone);
         let last = plan.changes.len() == 1;
-        match apply(&ctx.services.pve, change).await {
+        match apply(&ctx.services.pve, &change).await {
             Ok(()) if last => return Ok(()),
             Ok(()) => {}
             // Someone changed the rules since they were read, or made the rule first.
             Err(e) if e.is_ha_rules_changed() || e.is_ha_rule_defined() => {
                 tracing::debug!(%vmid, error = %e, "HA rules changed meanwhile; reading them again");
+            }
+            Err(ProxmoxError::Api { ref message, .. })
+                if unmanaged_sids(message)
+                    .iter()
+                    .any(|s| *s != sid && !gone.contains(s)) =>
+            {
+                let stale: Vec<String> = unmanaged_sids(message)
+                    .into_iter()
+                    .filter(|s| *s != sid)
+                    .collect();
+                tracing::info!(%vmid, ?stale, "HA rule names VMs no longer HA-managed; writing it without them");
+                gone.extend(stale);
+            }
+            Err(e) if e.is_ha_groups_unmigrated() => {
+                return Err(StepError::Cluster(groups_unmigrated(&doing, &e)));
             }
             Err(e) => return Err(StepError::proxmox(doing)(e)),
         }
@@ -111,6 +131,40 @@ async fn join_rules(
     Err(StepError::Cluster(format!(
         "{doing}: the HA rules kept changing while they were edited ({ATTEMPTS} attempts); will try again"
     )))
+}
+
+/// What to do when PVE 9 still has HA groups: the HA manager (CRM) turns them into rules by
+/// itself, retrying about every minute, but only once every node runs Proxmox VE 9, is online and
+/// its LRM is active or idle (pve-ha-manager src/PVE/HA/Manager.pm
+/// `try_persistent_group_migration`); until then every rule write is refused.
+fn groups_unmigrated(doing: &str, e: &ProxmoxError) -> String {
+    format!(
+        "{doing}: Proxmox refuses HA rules while the cluster still has HA groups ({e}); its HA \
+         manager migrates them to rules once every node runs Proxmox VE 9, is online and its HA \
+         LRM is active or idle (see `journalctl -u pve-ha-crm`, \"ha groups migration\"): \
+         finish the upgrade or bring those nodes back, or remove the HA groups \
+         (Datacenter > HA > Groups); retried until then"
+    )
+}
+
+/// `change` with the sids in `gone` left out of its resources.
+fn without(change: &RuleChange, gone: &[String]) -> RuleChange {
+    let keep = |r: &Vec<String>| {
+        r.iter()
+            .filter(|s| !gone.contains(s))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    match change {
+        RuleChange::Create(rule) => RuleChange::Create(crate::proxmox::ha::NewHaRule {
+            resources: keep(&rule.resources),
+            ..rule.clone()
+        }),
+        RuleChange::Join { rule, resources } => RuleChange::Join {
+            rule: rule.clone(),
+            resources: keep(resources),
+        },
+    }
 }
 
 async fn apply(
@@ -137,12 +191,20 @@ async fn set_members(
     fresh: bool,
 ) -> Result<(Vec<String>, usize), StepError> {
     let resources = ctx.cluster(fresh).await?;
+    Ok(set_members_in(resources, set.filter(|_| fresh)))
+}
+
+/// The HA-managed VMs of `set` in a listing (as sids; none without a set) and its number of nodes.
+pub(super) fn set_members_in(
+    resources: &[ClusterResource],
+    set: Option<&str>,
+) -> (Vec<String>, usize) {
     let nodes = resources
         .iter()
         .filter(|r| matches!(r, ClusterResource::Node(_)))
         .count();
-    let Some(set) = set.filter(|_| fresh) else {
-        return Ok((Vec::new(), nodes));
+    let Some(set) = set else {
+        return (Vec::new(), nodes);
     };
     let tag = set_tag(set);
     let members = resources
@@ -158,5 +220,78 @@ async fn set_members(
             _ => None,
         })
         .collect();
-    Ok((members, nodes))
+    (members, nodes)
+}
+
+/// The set's VMs that will join its rules but are not HA-managed yet: made (tagged in the listing)
+/// or placed by this process and not listed yet (by request ID), so machines of a burst are
+/// counted together.
+fn prospective_members(
+    ctx: &StepContext<'_>,
+    resources: &[ClusterResource],
+    set: &str,
+    managed: &[String],
+) -> Vec<String> {
+    let tag = set_tag(set);
+    let listed: Vec<&crate::proxmox::types::VmResource> = resources
+        .iter()
+        .filter_map(|r| match r {
+            ClusterResource::Vm(vm)
+                if !vm.template && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag)) =>
+            {
+                Some(vm)
+            }
+            _ => None,
+        })
+        .collect();
+    let made = listed
+        .iter()
+        .map(|vm| vm_sid(vm.vmid))
+        .filter(|sid| !managed.contains(sid));
+    let placed = ctx
+        .services
+        .ledgers
+        .placed_in_set(set, &ctx.request.id)
+        .into_iter()
+        .filter(|id| {
+            !listed
+                .iter()
+                .any(|vm| vm.name.as_deref() == Some(id.as_str()))
+        });
+    made.chain(placed).collect()
+}
+
+/// Before anything is made: whether the VM can join the HA rules its class puts it in without
+/// Proxmox calling the rule set infeasible ([`check_join`]); the join comes after the start, where
+/// a refusal would repeat on every retry. Without HA rules (PVE 8) or the right to read them, the
+/// join decides, as before.
+pub(super) async fn check_rules_before_create(
+    ctx: &mut StepContext<'_>,
+    resources: &[ClusterResource],
+) -> Result<(), StepError> {
+    let Some(ha) = ctx.data.ha.clone().filter(HaSettings::uses_rules) else {
+        return Ok(());
+    };
+    let rules = match ctx.services.pve.ha_rules().await {
+        Ok(rules) => rules,
+        Err(ProxmoxError::Api { status: 501, .. } | ProxmoxError::PermissionDenied { .. }) => {
+            return Ok(());
+        }
+        Err(e) => return Err(StepError::proxmox("reading the HA rules")(e)),
+    };
+    let set = ctx.request.set_id.clone();
+    let (mut members, cluster_nodes) = set_members_in(resources, set.as_deref());
+    if let Some(set) = set.as_deref() {
+        members.extend(prospective_members(ctx, resources, set, &members));
+    }
+    let membership = HaMembership {
+        settings: &ha,
+        set: set.as_deref(),
+        sid: "",
+        set_members: &members,
+        cluster_nodes,
+        comment: "",
+    };
+    check_join(&membership, &rules)
+        .map_err(|e| StepError::Config(format!("ha: {e} (checked before creating the VM)")))
 }

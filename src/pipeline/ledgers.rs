@@ -227,6 +227,12 @@ impl Ledgers {
         entry(&self.reservations).reserve(request_id, node, set_id, memory_mb, vcpus);
     }
 
+    /// Requests of `set` other than `request_id` placed by this process whose VMs the listing may
+    /// not show yet.
+    pub fn placed_in_set(&self, set: &str, request_id: &str) -> Vec<String> {
+        entry(&self.reservations).in_set(set, request_id)
+    }
+
     /// The request's VM is visible now (or never will be): it counts through the listing again.
     pub fn release_reservation(&self, request_id: &str) {
         entry(&self.reservations).release(request_id);

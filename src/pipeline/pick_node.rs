@@ -19,6 +19,7 @@ use crate::proxmox::types::{NodeName, VmId};
 use crate::rules::placement::{self, PlacementRequest};
 use crate::rules::provider_data::BootMode;
 use crate::rules::storage_selector::StorageSelector;
+use crate::rules::vm_config;
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     super::ip_pool::allocate(ctx).await?;
@@ -29,6 +30,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     }
     ctx.report("reading nodes and storages").await;
     let resources = ctx.cluster_shared(false).await?;
+    super::ha::check_rules_before_create(ctx, &resources).await?;
     let cluster = ClusterSnapshot::from_resources(&resources);
     let clone = match (ctx.data.boot, &ctx.data.template) {
         (BootMode::Clone, Some(wanted)) => {
@@ -36,6 +38,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         }
         _ => None,
     };
+    if let Some(source) = &clone {
+        additional_disks_fit(&ctx.data, source)?;
+    }
     let node_selectors = node_selectors(ctx)?;
     let allowed: Vec<String> = ctx
         .data
@@ -98,6 +103,26 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         ctx.state.template_vmid = VmId::new(template).ok();
     }
     Ok(StepOutcome::Done)
+}
+
+/// Boot mode `clone`: no `additional_disks` entry may go to a slot a copy of the template fills
+/// ([`vm_config::additional_disk_clash`]), or that disk is silently never made.
+fn additional_disks_fit(
+    data: &crate::rules::provider_data::ProviderData,
+    source: &placement::CloneSource,
+) -> Result<(), StepError> {
+    for template in &source.templates {
+        let slots: Vec<&str> = template.drives.iter().map(|d| d.slot.as_str()).collect();
+        if let Some((i, slot)) = vm_config::additional_disk_clash(data, &slots) {
+            return Err(StepError::Config(format!(
+                "additional_disks[{i}] goes to {slot}, which template {} (VM {} on {}) already fills: \
+                 the clone keeps the template's drive there and this disk would never be made; \
+                 remove that drive from the template, or drop the entry and use the template's disk",
+                source.wanted, template.vmid, template.node
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn reserve(ctx: &StepContext<'_>) {

@@ -310,6 +310,11 @@ pub struct ClusterView {
 /// Reads reused within one reconcile are this fresh at most.
 const CLUSTER_VIEW_MAX_AGE: Duration = Duration::from_secs(2);
 
+/// A reconcile's first read may be another request's read this recent: requests starting together
+/// (a burst of one machine set) share one listing. What they decide from it that the listing cannot
+/// show yet (placements, VMIDs, pools being made) is held in the ledgers until it is visible.
+const SHARED_LISTING_MAX_AGE: Duration = Duration::from_secs(1);
+
 impl StepContext<'_> {
     pub fn node(&self) -> Result<NodeName, StepError> {
         self.state
@@ -346,16 +351,18 @@ impl StepContext<'_> {
             None => true,
         };
         if stale {
-            let resources = self
+            let shared = if fresh {
+                Duration::ZERO
+            } else {
+                SHARED_LISTING_MAX_AGE
+            };
+            let (read_at, resources) = self
                 .services
                 .pve
-                .cluster_listing()
+                .cluster_listing_within(shared)
                 .await
                 .map_err(StepError::proxmox("reading the cluster state"))?;
-            *self.cluster = Some(ClusterView {
-                resources,
-                read_at: std::time::Instant::now(),
-            });
+            *self.cluster = Some(ClusterView { resources, read_at });
         }
         Ok(self
             .cluster

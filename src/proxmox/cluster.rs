@@ -56,14 +56,29 @@ impl ProxmoxClient {
     /// The full `/cluster/resources` listing, shared as [`ProxmoxClient::cluster_resources`]
     /// describes, without a copy of its own: many requests in flight may each hold one.
     pub async fn cluster_listing(&self) -> Result<Arc<Vec<ClusterResource>>, ProxmoxError> {
+        Ok(self
+            .cluster_listing_within(std::time::Duration::ZERO)
+            .await?
+            .1)
+    }
+
+    /// [`Self::cluster_listing`], or the last one if it was sent at most `max_age` before this
+    /// call: requests that start together (a burst of one machine set) share one read. With when
+    /// the listing given was sent.
+    pub async fn cluster_listing_within(
+        &self,
+        max_age: std::time::Duration,
+    ) -> Result<(std::time::Instant, Arc<Vec<ClusterResource>>), ProxmoxError> {
         let asked = std::time::Instant::now();
+        let oldest = asked.checked_sub(max_age).unwrap_or(asked);
         // One listing at a time: who asks while one is read waits, then takes it if it was sent
-        // after they asked, else reads the next one (which the others waiting then share).
+        // after they asked (or within `max_age` before), else reads the next one (which the others
+        // waiting then share).
         let mut last = self.listing_slot().lock().await;
         if let Some((sent, listing)) = last.as_ref()
-            && *sent >= asked
+            && *sent >= oldest
         {
-            return Ok(listing.clone());
+            return Ok((*sent, listing.clone()));
         }
         let sent = std::time::Instant::now();
         let mut listing: Vec<ClusterResource> = self
@@ -74,7 +89,7 @@ impl ProxmoxClient {
         listing.shrink_to_fit();
         let listing = Arc::new(listing);
         *last = Some((sent, listing.clone()));
-        Ok(listing)
+        Ok((sent, listing))
     }
 
     /// The guests `/cluster/resources` lists (`type=vm`: VMs and containers), VMs only.
@@ -186,13 +201,85 @@ impl ProxmoxClient {
     /// node: pve-manager PVE/API2/Cluster.pm `get_status` lists a `type: cluster` entry only when
     /// pmxcfs knows a corosync cluster, and just the local node otherwise.
     pub async fn cluster_name(&self) -> Result<Option<String>, ProxmoxError> {
+        Ok(self.cluster_health().await?.name)
+    }
+
+    /// Quorum and membership from `GET /cluster/status` (Sys.Audit on `/`).
+    pub async fn cluster_health(&self) -> Result<ClusterHealth, ProxmoxError> {
         let entries: Vec<ClusterStatusEntry> =
             self.get(&["cluster", "status"], Params::new()).await?;
-        Ok(entries
-            .into_iter()
-            .find(|e| e.kind == "cluster")
-            .and_then(|e| e.name)
-            .filter(|n| !n.is_empty()))
+        Ok(ClusterHealth::from_entries(entries))
+    }
+}
+
+/// The cluster's quorum and corosync membership, as pve-manager PVE/API2/Cluster.pm `get_status`
+/// reports them: one `type: cluster` entry (name, `quorate`) when there is a cluster, and one
+/// `type: node` entry per member (`online`). Without quorum pmxcfs makes /etc/pve read-only and
+/// every change is refused (pve-cluster src/PVE/Cluster.pm `check_cfs_quorum`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ClusterHealth {
+    /// `None` for a standalone node, which needs no quorum.
+    pub name: Option<String>,
+    /// `None` for a standalone node.
+    pub quorate: Option<bool>,
+    pub members: Vec<ClusterMember>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ClusterMember {
+    pub name: String,
+    pub online: bool,
+}
+
+impl ClusterHealth {
+    fn from_entries(entries: Vec<ClusterStatusEntry>) -> Self {
+        let cluster = entries.iter().find(|e| e.kind == "cluster");
+        let mut members: Vec<ClusterMember> = entries
+            .iter()
+            .filter(|e| e.kind == "node")
+            .filter_map(|e| {
+                Some(ClusterMember {
+                    name: e.name.clone()?,
+                    online: e.online,
+                })
+            })
+            .collect();
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        Self {
+            name: cluster
+                .and_then(|c| c.name.clone())
+                .filter(|n| !n.is_empty()),
+            quorate: cluster.map(|c| c.quorate),
+            members,
+        }
+    }
+
+    /// Whether changes can be made: quorate, or a standalone node.
+    pub fn can_write(&self) -> bool {
+        self.quorate != Some(false)
+    }
+
+    /// "quorate, 3 of 3 members online", "NO QUORUM, 1 of 3 members online (pve1)", or
+    /// "standalone node".
+    pub fn summary(&self) -> String {
+        let Some(quorate) = self.quorate else {
+            return "standalone node".into();
+        };
+        let online: Vec<&str> = self
+            .members
+            .iter()
+            .filter(|m| m.online)
+            .map(|m| m.name.as_str())
+            .collect();
+        let counts = format!("{} of {} members online", online.len(), self.members.len());
+        if quorate {
+            format!("quorate, {counts}")
+        } else {
+            format!(
+                "NO QUORUM, {counts} ({}): Proxmox refuses every change (VM create, start, pools, HA) until enough members are back",
+                online.join(", ")
+            )
+        }
     }
 }
 
@@ -202,6 +289,10 @@ struct ClusterStatusEntry {
     kind: String,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default, deserialize_with = "super::types::lenient::bool")]
+    quorate: bool,
+    #[serde(default, deserialize_with = "super::types::lenient::bool")]
+    online: bool,
 }
 
 /// What [`ProxmoxClient::effective_privileges`] read: privileges by ACL path.

@@ -78,6 +78,13 @@ pub enum ProxmoxError {
     /// The client could not be built (bad CA file, bad URL).
     #[error("{0}")]
     Setup(String),
+
+    /// Not sent: this replica does not hold the leader lease (see [`crate::fence`]).
+    #[error("{call}: {source}")]
+    Fenced {
+        call: Call,
+        source: crate::fence::Fenced,
+    },
 }
 
 impl ProxmoxError {
@@ -147,6 +154,35 @@ impl ProxmoxError {
     /// 'x' is not online"), e.g. an NFS server that is down.
     pub fn is_storage_offline(&self) -> bool {
         self.says(|t| t.contains("storage '") && t.contains("is not online"))
+    }
+
+    /// A create or clone into `pool` refused because the pool is gone: pve-access-control
+    /// src/PVE/RPCEnvironment.pm `check_pool_exist` raises a permission error (403 "Permission check
+    /// failed (pool '<pool>' does not exist)"), which qemu-server's `create_vm` and `clone_vm` call
+    /// before anything is made.
+    pub fn is_pool_missing(&self, pool: &str) -> bool {
+        let wanted = format!("pool '{pool}' does not exist");
+        match self {
+            Self::PermissionDenied { message, .. } => message.contains(&wanted),
+            _ => self.says(|t| t.contains(&wanted)),
+        }
+    }
+
+    /// A rule write refused on PVE 9 while HA groups are left from PVE 8 (pve-ha-manager
+    /// src/PVE/API2/HA/Rules.pm `create_rule`/`update_rule`: "cannot create ha rule: ha groups
+    /// have not been migrated yet").
+    pub fn is_ha_groups_unmigrated(&self) -> bool {
+        self.says(|t| t.contains("ha groups have not been migrated yet"))
+    }
+
+    /// The cluster has lost quorum and /etc/pve is read-only: pve-cluster src/PVE/Cluster.pm
+    /// `check_cfs_quorum` ("cluster not ready - no quorum?", what create, start and clone check
+    /// first) and `$cfs_lock` ("cfs-lock '<id>' error: no quorum!"). Nothing was changed; it heals
+    /// when enough nodes are back.
+    pub fn is_no_quorum(&self) -> bool {
+        self.says(|t| {
+            t.contains("cluster not ready - no quorum?") || t.contains("error: no quorum!")
+        })
     }
 
     /// A start refused because the VM runs already (qemu-server `vm_start`: "VM 104 already

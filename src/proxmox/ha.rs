@@ -11,8 +11,10 @@
 //!   never lost;
 //! - a `PUT` keeps every property it does not send (`SectionConfig::delete_from_config` removes only
 //!   what `delete` names), but it must name the rule's `type` (the schema is per type);
-//! - deleting an HA resource with `purge` (the default) takes it out of every rule and deletes the
-//!   rules left with no resource.
+//! - deleting an HA resource takes it out of every rule and deletes the rules left with no resource
+//!   (`purge`, default 1, pve-ha-manager 5.0.7 and later, src/PVE/API2/HA/Resources.pm `delete`).
+//!   The parameter is never sent: PVE 8 and 9.0 with an older pve-ha-manager refuse it as not in
+//!   their schema (`additionalProperties 0`), and where it exists its default is what we want.
 
 use serde::Deserialize;
 
@@ -155,16 +157,13 @@ impl ProxmoxClient {
         }
     }
 
-    /// Takes the VM out of the HA manager (`DELETE /cluster/ha/resources/vm:<id>`) and, with `purge`,
-    /// out of every HA rule, leaving the VM in whatever state it is. Not HA-managed (any more) is
-    /// success.
+    /// Takes the VM out of the HA manager (`DELETE /cluster/ha/resources/vm:<id>`) and, where
+    /// pve-ha-manager purges by default (5.0.7 and later), out of every HA rule, leaving the VM in
+    /// whatever state it is. Not HA-managed (any more) is success.
     pub async fn remove_ha_resource(&self, vmid: VmId) -> Result<(), ProxmoxError> {
         let sid = vm_sid(vmid);
         match self
-            .delete::<serde_json::Value>(
-                &["cluster", "ha", "resources", &sid],
-                Params::new().with("purge", 1),
-            )
+            .delete::<serde_json::Value>(&["cluster", "ha", "resources", &sid], Params::new())
             .await
         {
             Ok(_) => Ok(()),

@@ -9,6 +9,9 @@
 
 use std::collections::BTreeSet;
 
+mod feasibility;
+pub use feasibility::check_join;
+
 use crate::proxmox::ha::{HaRule, HaRuleKind, NewHaRule};
 use crate::rules::provider_data::{HaSettings, ResourceAffinity};
 
@@ -247,6 +250,25 @@ fn create_resource_affinity(
         resources,
         comment: m.comment.to_owned(),
     }));
+}
+
+/// The sids a rule write was refused for as not HA-managed (pve-ha-manager
+/// src/PVE/API2/HA/Rules.pm `assert_valid_resources_param`: "cannot use unmanaged resource(s)
+/// vm:101, vm:102."). A rule keeps the sid of a VM deleted from the HA resources where the delete
+/// does not purge (pve-ha-manager before 5.0.7, early PVE 9.0), and every later write of the whole
+/// member list names it again: those sids are left out of the next write.
+pub fn unmanaged_sids(message: &str) -> Vec<String> {
+    const SAYS: &str = "cannot use unmanaged resource(s) ";
+    let Some(at) = message.find(SAYS) else {
+        return Vec::new();
+    };
+    let rest = &message[at + SAYS.len()..];
+    let list = rest.split(['.', '\n']).next().unwrap_or_default();
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// pve-ha-manager src/PVE/HA/Rules/ResourceAffinity.pm,

@@ -47,6 +47,10 @@ pub struct StorageNeed<'a> {
     /// Only shared storage will do: a full clone from a template on another node (qemu-server
     /// src/PVE/API2/Qemu.pm `clone_vm` refuses a `target` node with a non-shared `storage`).
     pub shared_only: bool,
+    /// A full clone from a template on another node: the target storage must also be enabled on
+    /// that node (qemu-server src/PVE/API2/Qemu.pm `clone_vm` checks `storage_check_enabled` on the
+    /// node it runs on, the template's, before the `target` node): (node, its storages).
+    pub also_on: Option<(&'a str, &'a [String])>,
 }
 
 impl<'a> StorageNeed<'a> {
@@ -57,6 +61,7 @@ impl<'a> StorageNeed<'a> {
             selector: Some(selector),
             size_gb,
             shared_only: false,
+            also_on: None,
         }
     }
 
@@ -65,6 +70,15 @@ impl<'a> StorageNeed<'a> {
         Self {
             shared_only: true,
             ..self
+        }
+    }
+
+    /// The same need, on shared storage also enabled on `node` (whose storages are `storages`): the
+    /// target of a full clone from a template on `node`.
+    pub fn shared_from(self, node: &'a str, storages: &'a [String]) -> Self {
+        Self {
+            also_on: Some((node, storages)),
+            ..self.shared()
         }
     }
 
@@ -80,6 +94,7 @@ impl<'a> StorageNeed<'a> {
             selector,
             size_gb: 0,
             shared_only: false,
+            also_on: None,
         }
     }
 
@@ -111,6 +126,11 @@ pub enum Rejection {
     NotShared,
     /// Not available on the node at all (asked for by name).
     NotOnNode,
+    /// Shared, but not enabled on the template's node, where a full clone to another node checks
+    /// it too.
+    NotOnTemplateNode {
+        node: String,
+    },
 }
 
 impl fmt::Display for Rejection {
@@ -139,6 +159,10 @@ impl fmt::Display for Rejection {
             ),
             Rejection::NotShared => f.write_str("selected, but not shared"),
             Rejection::NotOnNode => f.write_str("is not available on this node"),
+            Rejection::NotOnTemplateNode { node } => write!(
+                f,
+                "selected and shared, but not enabled on {node}, the template's node, where Proxmox checks a clone's target storage too (add {node} to the storage's nodes)"
+            ),
         }
     }
 }
@@ -214,6 +238,13 @@ fn judge(
     }
     if need.shared_only && !storage.shared {
         return Some(Rejection::NotShared);
+    }
+    if let Some((source, storages)) = need.also_on
+        && !storages.contains(&storage.name)
+    {
+        return Some(Rejection::NotOnTemplateNode {
+            node: source.to_owned(),
+        });
     }
     if storage.available < need.size_gb.saturating_mul(GIB) {
         return Some(Rejection::TooSmall {

@@ -287,6 +287,24 @@ pub fn render_after_clone(
     Ok(out)
 }
 
+/// The first `additional_disks` entry whose slot (`scsi1`, `scsi2`, … in order) a template already
+/// fills, as (index, slot), given the template's drive slots. After a clone the config update
+/// names that slot with `<storage>:<size>`; the VM already has a drive there, so the update keeps
+/// it ([`without_repeated_allocations`], which makes a replayed update safe) and the class's disk
+/// is never made. Refused before the clone instead.
+pub fn additional_disk_clash<'a>(
+    data: &ProviderData,
+    template_slots: &[&'a str],
+) -> Option<(usize, &'a str)> {
+    (0..data.additional_disks.len()).find_map(|i| {
+        let wanted = Slot::Scsi(u8::try_from(i + 1).ok()?).to_string();
+        template_slots
+            .iter()
+            .find(|s| **s == wanted)
+            .map(|s| (i, *s))
+    })
+}
+
 /// Whether a config value makes Proxmox allocate something new each time it is applied: a drive given
 /// as `<storage>:<size in GiB>` (a new volume; qemu-server src/PVE/API2/Qemu.pm, `update_vm` →
 /// `create_disks`), or a NIC without a MAC (PVE generates a random one). Such an update must never

@@ -8,6 +8,8 @@ use super::layers::{Layers, Origin};
 use super::node::{NodeOutcome, check_node};
 use super::report::{Finding, Outcome};
 use crate::model::{ClusterSnapshot, MIB};
+use crate::proxmox::cluster::ClusterHealth;
+use crate::proxmox::ha::HaRule;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::types::ClusterResource;
 use crate::rules::placement::{
@@ -35,6 +37,11 @@ pub struct ClusterView {
     pub clone_source: Option<Result<CloneSource, String>>,
     /// The config's `placement:` limits, which placement's verdicts count against.
     pub placement: PlacementLimits,
+    /// `GET /cluster/ha/rules`, read when the class puts its VMs in HA rules (`None`: not read;
+    /// `Some(Err)`: could not be read).
+    pub ha_rules: Option<Result<Vec<HaRule>, String>>,
+    /// Quorum and membership (`GET /cluster/status`; `None`: not read).
+    pub health: Option<Result<ClusterHealth, String>>,
 }
 
 /// What placement is asked for a class. The data checked on a node is already resolved with that
@@ -153,6 +160,9 @@ pub(crate) fn check_cluster_inner(
         existing,
     };
     let mut out = release_findings(data, view);
+    out.extend(health_finding(view));
+    check.ha_rule_findings(&mut out);
+    check.clone_disk_findings(&mut out);
     check.placement_findings(&mut out);
     check.template(&mut out);
     let request = check.class.request(data);
@@ -172,6 +182,22 @@ pub(crate) fn check_cluster_inner(
         outcomes.into_iter().map(|(n, o)| (n, o.capacity)).collect();
     check.memory_findings(&capacity, &mut out);
     out
+}
+
+/// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
+/// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
+fn health_finding(view: &ClusterView) -> Option<Finding> {
+    let finding = match view.health.as_ref()? {
+        Ok(h) if h.can_write() => Finding::new(Outcome::Pass, "cluster.quorum", None, h.summary()),
+        Ok(h) => Finding::new(Outcome::Problem, "cluster.quorum", None, h.summary()),
+        Err(why) => Finding::new(
+            Outcome::Skipped,
+            "cluster.quorum",
+            None,
+            format!("cannot read the cluster's quorum and membership: {why}"),
+        ),
+    };
+    Some(finding)
 }
 
 /// Keys the cluster's Proxmox VE release must support.
@@ -198,6 +224,56 @@ fn release_findings(data: &ProviderData, view: &ClusterView) -> Vec<Finding> {
 }
 
 impl ClusterCheck<'_> {
+    /// Boot mode `clone`: an additional disk whose slot a copy of the template fills would never be
+    /// made ([`crate::rules::vm_config::additional_disk_clash`]).
+    fn clone_disk_findings(&self, out: &mut Vec<Finding>) {
+        let Some(Ok(source)) = &self.view.clone_source else {
+            return;
+        };
+        for template in &source.templates {
+            let slots: Vec<&str> = template.drives.iter().map(|d| d.slot.as_str()).collect();
+            if let Some((i, slot)) =
+                crate::rules::vm_config::additional_disk_clash(self.data, &slots)
+            {
+                out.push(Finding::new(
+                    Outcome::Problem,
+                    format!("{}[{i}]", self.origin.key("additional_disks", None)),
+                    None,
+                    format!(
+                        "goes to {slot}, which template {} (VM {} on {}) already fills: the clone keeps the template's drive there and this disk would never be made",
+                        source.wanted, template.vmid, template.node
+                    ),
+                ));
+                return;
+            }
+        }
+    }
+
+    /// The HA rules the class puts its VMs in, against the cluster's rules: shapes Proxmox calls
+    /// infeasible whatever the set's size ([`crate::rules::ha::check_join`] for a VM of a set that
+    /// has none yet), so every VM of the class would fail its join after being made and started.
+    fn ha_rule_findings(&self, out: &mut Vec<Finding>) {
+        let (Some(ha), Some(Ok(rules))) = (&self.data.ha, &self.view.ha_rules) else {
+            return;
+        };
+        let membership = crate::rules::ha::HaMembership {
+            settings: ha,
+            set: Some("(this set)"),
+            sid: "",
+            set_members: &[],
+            cluster_nodes: self.cluster.nodes.len(),
+            comment: "",
+        };
+        if let Err(why) = crate::rules::ha::check_join(&membership, rules) {
+            out.push(Finding::new(
+                Outcome::Problem,
+                self.origin.key("ha", None),
+                None,
+                why,
+            ));
+        }
+    }
+
     /// Which nodes could be chosen: the pinned node's verdict, or the allowed nodes and which of them
     /// placement would leave out for being offline.
     fn placement_findings(&self, out: &mut Vec<Finding>) {

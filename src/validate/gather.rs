@@ -76,7 +76,18 @@ pub async fn gather(
         ),
         _ => None,
     };
+    // Proxmox VE 8 has no HA rules (501): the release check says so.
+    let ha_rules = match data.ha.as_ref().filter(|ha| ha.uses_rules()) {
+        Some(_) => match pve.ha_rules().await {
+            Err(ProxmoxError::Api { status: 501, .. }) => None,
+            read => Some(read.map_err(|e| e.to_string())),
+        },
+        None => None,
+    };
+    let health = Some(pve.cluster_health().await.map_err(|e| e.to_string()));
     Ok(ClusterView {
+        health,
+        ha_rules,
         clone_source,
         placement,
         resources,

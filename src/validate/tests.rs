@@ -36,6 +36,8 @@ fn view() -> ClusterView {
         pve_version: None,
         clone_source: None,
         placement: Default::default(),
+        ha_rules: None,
+        health: None,
     }
 }
 
@@ -570,4 +572,142 @@ fn a_pools_bridge_is_the_one_checked() {
     // pve1 has it.
     let r = report("pve1");
     assert!(r.ok, "{}", r.render_text());
+}
+
+/// `class` checked against `view()` whose HA rules are `rules`.
+fn with_ha_rules(class: &str, rules: serde_json::Value) -> Report {
+    let schema = ProviderDataSchema::new().unwrap();
+    let (empty, nodes) = (Map::new(), Map::new());
+    let layers = Layers {
+        class_yaml: class,
+        defaults: &empty,
+        nodes: &nodes,
+        ip_pools: &[],
+    };
+    let (_, data) = check_schema(&schema, &layers);
+    let data = data.unwrap();
+    let mut v = view();
+    v.ha_rules = Some(Ok(serde_json::from_value(rules).unwrap()));
+    Report::new(check_cluster(&schema, &layers, &data, &v))
+}
+
+/// pve-ha-manager src/PVE/HA/Rules/NodeAffinity.pm `check_single_resource_reference`: a class with
+/// `node_affinity_nodes` that also names a node-affinity rule in `ha.rules` puts every VM in two
+/// node-affinity rules, which Proxmox refuses; the shipped classes are valid on 3 to 8 nodes.
+#[test]
+fn validate_refuses_ha_rule_shapes_proxmox_calls_infeasible() {
+    let rules = json!([{"rule": "db-nodes", "type": "node-affinity", "resources": "vm:100",
+        "nodes": "pve2", "digest": "d"}]);
+    let class =
+        format!("{BASE}ha:\n  node_affinity_nodes: [pve1]\n  spread: true\n  rules: [db-nodes]\n");
+    let r = with_ha_rules(&class, rules.clone());
+    let f = problem(&r, "ha", None).expect("a problem");
+    assert!(
+        f.message.contains("ha.node_affinity_nodes") && f.message.contains("ha.rules[0]: db-nodes"),
+        "{f}"
+    );
+    for example in [
+        "control-plane-ha.yaml",
+        "spread-set.yaml",
+        "clone-from-template.yaml",
+    ] {
+        let path = format!(
+            "{}/examples/machine-classes/{example}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let class = std::fs::read_to_string(path).unwrap();
+        let r = with_ha_rules(&class, rules.clone());
+        assert!(
+            problem(&r, "ha", None).is_none(),
+            "{example}: {}",
+            r.render_text()
+        );
+    }
+}
+
+/// pve-manager PVE/API2/Cluster.pm `get_status` gives quorum and membership; without quorum
+/// pve-cluster src/PVE/Cluster.pm `check_cfs_quorum` refuses every change, so validate says the
+/// class cannot be provisioned now, naming the members online.
+#[test]
+fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
+    use crate::proxmox::cluster::ClusterHealth;
+    let schema = ProviderDataSchema::new().unwrap();
+    let (empty, nodes) = (Map::new(), Map::new());
+    let layers = Layers {
+        class_yaml: BASE,
+        defaults: &empty,
+        nodes: &nodes,
+        ip_pools: &[],
+    };
+    let (_, data) = check_schema(&schema, &layers);
+    let data = data.unwrap();
+    use crate::proxmox::cluster::ClusterMember;
+    let health = |quorate: bool| ClusterHealth {
+        name: Some("prod".into()),
+        quorate: Some(quorate),
+        members: vec![
+            ClusterMember {
+                name: "pve1".into(),
+                online: true,
+            },
+            ClusterMember {
+                name: "pve2".into(),
+                online: false,
+            },
+        ],
+    };
+    let mut v = view();
+    v.health = Some(Ok(health(false)));
+    let r = Report::new(check_cluster(&schema, &layers, &data, &v));
+    let f = problem(&r, "cluster.quorum", None).expect("a problem");
+    assert!(
+        f.message
+            .contains("NO QUORUM, 1 of 2 members online (pve1)"),
+        "{f}"
+    );
+    v.health = Some(Ok(health(true)));
+    let r = Report::new(check_cluster(&schema, &layers, &data, &v));
+    assert!(problem(&r, "cluster.quorum", None).is_none());
+}
+
+/// Boot mode `clone` with a template whose `scsi1` holds a data disk: the class's first additional
+/// disk would go there and never be made (the clone keeps the template's drive), so validate names
+/// the entry.
+#[test]
+fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
+    let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\nboot: clone\ntemplate: 9000\nadditional_disks: [{disk_size: 4, storage_selector: 'true'}]\n";
+    let schema = ProviderDataSchema::new().unwrap();
+    let (empty, nodes) = (Map::new(), Map::new());
+    let layers = Layers {
+        class_yaml: class,
+        defaults: &empty,
+        nodes: &nodes,
+        ip_pools: &[],
+    };
+    let (_, data) = check_schema(&schema, &layers);
+    let data = data.unwrap();
+    let mut v = view_for(&data);
+    let cluster = crate::model::ClusterSnapshot::from_resources(&v.resources);
+    let config: crate::proxmox::types::VmConfig = serde_json::from_value(json!({
+        "scsi0": "local-lvm:base-9000-disk-0,size=8G",
+        "scsi1": "local-lvm:base-9000-disk-1,size=2G"
+    }))
+    .unwrap();
+    if let Some(Ok(source)) = v.clone_source.as_mut() {
+        let vm = crate::pipeline::template::matching_templates(
+            &v.resources,
+            data.template.as_ref().unwrap(),
+        )
+        .unwrap()[0]
+            .clone();
+        source.templates = vec![crate::model::TemplateFacts::from_config(
+            &vm, &config, &cluster,
+        )];
+    }
+    let r = Report::new(check_cluster(&schema, &layers, &data, &v));
+    let f = problem(&r, "additional_disks[0]", None).expect("a problem");
+    assert!(
+        f.message.contains("goes to scsi1, which template 9000"),
+        "{f}"
+    );
 }

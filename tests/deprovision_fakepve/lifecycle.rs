@@ -333,3 +333,33 @@ async fn an_unconfigured_clone_is_deleted() {
     );
     assert_eq!(fake.vm(157), Value::Null);
 }
+
+/// qemu-server src/PVE/QemuServer.pm `destroy_vm` refuses a locked VM (`check_lock`) except for the
+/// `suspended` lock of a VM hibernated to disk: such a VM is destroyed at once, while one under
+/// `backup` is waited for (the backup ends, the lock goes).
+#[tokio::test]
+async fn a_hibernated_vm_is_destroyed_and_a_backup_is_waited_for() {
+    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
+        return;
+    };
+    let pve = client(&fake);
+    let hibernated = provision(&pve, "req-hibernated", 153, "pve1", false).await;
+    fake.control(json!({"op": "set_vm", "vmid": 153, "lock": "suspended"}));
+    let (result, _) = run(&pve, &hibernated).await;
+    assert_eq!(
+        result.unwrap(),
+        DeprovisionOutcome::Deleted {
+            node: node("pve1"),
+            vmid: vmid(153)
+        }
+    );
+    assert_eq!(fake.vm(153), Value::Null);
+
+    let backed_up = provision(&pve, "req-backup", 154, "pve1", false).await;
+    fake.control(json!({"op": "set_vm", "vmid": 154, "lock": "backup"}));
+    let (result, _) = run(&pve, &backed_up).await;
+    let err = result.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert!(err.to_string().contains("locked (backup)"), "{err}");
+    assert_ne!(fake.vm(154), Value::Null);
+}

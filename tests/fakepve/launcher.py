@@ -11,7 +11,9 @@
 # HA rules as pve-ha-manager does (ops `ha_rules`, `ha_resources` show them), make answers and
 # tasks take time (`latency`, `node_latency`, `task_secs`; ops `slow_network`, `task_secs`), and, for
 # chaos runs: the network knobs (op `network`), changes applied after their client gave up
-# (`late_apply`, `late_held`), and when every VM existed (`vm_lifetimes`).
+# (`late_apply`, `late_held`), and when every VM existed (`vm_lifetimes`). Every request is first
+# checked against the official API schema of the release it emulates (`pve_version`, see
+# release_schema.py and tests/pve-api/).
 #
 # Usage: python launcher.py SCENARIO.json
 #   prints "fakepve listening on https://HOST:PORT" once ready, then reads one JSON command per line on
@@ -33,15 +35,34 @@ from fakepve import shapes
 from fakepve.routing import die, split_list
 from fakepve.server import GENERIC, USER, FakePve, error, int_param, ok, params
 
+import release_schema
+
 
 class LauncherPve(FakePve):
     """FakePve whose VMs with `agent: 1` in their config answer guest-agent calls once running."""
 
     agent_default = False
+    # Every write (anything but GET) as (wall-clock seconds, method, path, API token ID or user): which
+    # of several provider replicas sent what, and when (op `writes`).
+    writes = None
     # Node name -> bridge names, answered by GET /nodes/{node}/network (nodes not listed get fakepve's
     # generic answer: vmbr0 only). Kind -> mappings, answered by GET /cluster/mapping/{pci,usb}.
     bridges = None
     mappings = None
+
+    def _record(self, request, body):
+        """fakepve's request log, plus who sent each write: its API token, or its ticket's user."""
+        if request.method != 'GET':
+            auth = request.headers.get('Authorization', '')
+            if auth.startswith('PVEAPIToken='):
+                who = auth[len('PVEAPIToken='):].partition('=')[0]
+            else:
+                session = self.tickets.get(request.cookies.get('PVEAuthCookie'))
+                who = session['user'] if session else ''
+            if self.writes is None:
+                self.writes = []
+            self.writes.append((time.time(), request.method, request.path, who))
+        super()._record(request, body)
 
     def _pve_before(self, *version):
         """Whether the emulated PVE (`pve_version`) is older than `version`, e.g. (8, 1)."""
@@ -61,12 +82,6 @@ class LauncherPve(FakePve):
 
     async def _generic(self, request):
         match = request[GENERIC]
-        if (request.method == 'GET' and match is not None and match.template == '/nodes/{node}/network'
-                and request.query.get('type') == 'include_sdn' and self._pve_before(9)):
-            # pve-manager Network.pm: the `include_sdn` type filter is PVE 9's.
-            raise PveError(400, 'Parameter verification failed.',
-                           {'type': "value 'include_sdn' does not have a value in the enumeration 'bridge, bond, "
-                                    "eth, alias, vlan, OVSBridge, OVSBond, OVSPort, OVSIntPort, any_bridge'"})
         if request.method == 'GET' and match is not None:
             answer = None
             if match.template == '/nodes/{node}/network' and match.params.get('node') in (self.bridges or {}):
@@ -114,29 +129,26 @@ class LauncherPve(FakePve):
             return None
         if request.method == 'POST' and vm.ha_managed:
             raise PveError(500, "resource ID '{0}' already defined".format(sid))
-        if request.method == 'POST' and 'failback' in values and self._pve_before(9):
-            # pve-ha-manager src/PVE/HA/Resources.pm: `failback` came with 5.0.2 (PVE 9); the schema
-            # of PVE 8 has no such property.
-            raise PveError(400, 'Parameter verification failed.',
-                           {'failback': 'property is not defined in schema and the schema does not allow '
-                                        'additional properties'})
         if request.method == 'DELETE' and not vm.ha_managed:
             raise PveError(500, "cannot delete service '{0}', not HA managed!".format(sid))
         response = await super()._generic(request)
         if response.status == 200:
             vm.ha_state = values.get('state', 'started') if request.method == 'POST' else None
-            if request.method == 'DELETE' and str(values.get('purge', '1')) not in ('0', 'false'):
+            if (request.method == 'DELETE' and self.ha_purges
+                    and str(values.get('purge', '1')) not in ('0', 'false')):
                 self._ha_purge(sid)
         return response
 
-    async def _qm_destroy(self, v, user):
+    def _qm_destroy_purges_ha(self, v, vm):
         """qemu-server src/PVE/API2/Qemu.pm `destroy_vm`: with `purge`, an HA-managed VM also leaves the HA
         resources and (through pve-ha-manager `delete_service_from_config`) every HA rule, at the end of
         the destroy task. The purge is applied once the VM is gone (see `_ha_rules_settle`)."""
-        vm = self.find(v['node'], v['vmid'])
-        if v.get('purge') and vm is not None and vm.ha_managed:
+        if v.get('purge') and vm is not None and vm.ha_managed and self.ha_purges:
             self.ha_purge_pending = set(self.ha_purge_pending or ()) | {vm.vmid}
-        return await super()._qm_destroy(v, user)
+
+    # pve-ha-manager before 5.0.7 (early PVE 9.0): deleting an HA resource leaves its sid in every
+    # rule (src/PVE/HA/Config.pm `delete_service_from_config` had no purge). Scenario `ha_purge`.
+    ha_purges = True
 
     # --- HA rules (PVE 9, pve-ha-manager src/PVE/API2/HA/Rules.pm; fakepve has only the schema). All
     # rules live in one file with one digest; create and update check the whole rule set
@@ -205,15 +217,46 @@ class LauncherPve(FakePve):
             raise PveError(500, '{0}: no nodes were specified'.format(failed))
         if missing:
             raise PveError(500, '{0}: cannot use non-existent node(s) {1}.'.format(failed, ', '.join(missing)))
-        errors = self._ha_rule_errors(rule)
+        errors = self._ha_rule_errors(rule) + self._ha_rule_conflicts(name, rule)
         if errors:
             raise PveError(500, "{0}: 400 Rule '{1}' is invalid.\nresources: {2}".format(failed, name, ', '.join(errors)))
+
+    def _ha_rule_conflicts(self, name, rule):
+        """The inter-rule checks of pve-ha-manager (src/PVE/HA/Rules/NodeAffinity.pm
+        `check_single_resource_reference`; src/PVE/HA/Rules.pm
+        `check_single_node_affinity_per_positive_resource_affinity_rule`,
+        `check_negative_resource_affinity_node_affinity_consistency`) as errors of rule `name`, with
+        `rule` written; the API refuses a rule with errors (Rules.pm `assert_feasibility`)."""
+        rules = dict(self.ha_rules or {})
+        rules[name] = rule
+        live = dict((n, r) for n, r in rules.items() if not r.get('disable'))
+        naff = dict((n, r) for n, r in live.items() if r['type'] == 'node-affinity')
+        raff = dict((n, r) for n, r in live.items() if r['type'] == 'resource-affinity')
+        errors = []
+        if name in naff:
+            for sid in sorted(rule['resources']):
+                if any(sid in r['resources'] for n, r in naff.items() if n != name):
+                    errors.append("resource '{0}' is already used in another node affinity rule".format(sid))
+        for rid, r in sorted(raff.items()):
+            touching = sorted(n for n, a in naff.items() if a['resources'] & r['resources'])
+            if name not in [rid] + touching:
+                continue
+            if r.get('affinity') == 'positive' and len(touching) > 1:
+                errors.append('resources are in multiple node affinity rules' if name == rid else
+                              'at least one resource is in a positive resource affinity rule and there are other '
+                              'resources in at least one other node affinity rule already')
+            located = set(sid for n in touching for sid in naff[n]['resources'] & r['resources'])
+            allowed = set(node.split(':')[0] for n in touching for node in split_list(naff[n].get('nodes') or ''))
+            if r.get('affinity') == 'negative' and len(allowed) < len(located):
+                errors.append('two or more resources are restricted to less nodes than available to the resources'
+                              if name == rid else
+                              'at least one resource is in a negative resource affinity rule and this rule would '
+                              'restrict these to less nodes than available to the resources')
+        return errors
 
     async def _ha_rules(self, request, match):
         if match is None or match.template not in ('/cluster/ha/rules', '/cluster/ha/rules/{rule}'):
             return None
-        if self._pve_before(9):
-            raise PveError(501, "Method '{0} {1}' not implemented".format(request.method, request.path))
         self._ha_rules_settle()
         self.ha_rules = self.ha_rules if self.ha_rules is not None else {}
         name = match.params.get('rule')
@@ -236,8 +279,19 @@ class LauncherPve(FakePve):
             return self._ha_rule_update(name, values)
         return ok(await self.answer(request, match, await params(request), request[USER], call=answer))
 
+    # pve-ha-manager src/PVE/API2/HA/Rules.pm `create_rule`/`update_rule`: while HA groups exist
+    # (`PVE::HA::Config::have_groups_been_migrated`), rule writes are refused; the CRM migrates the
+    # groups only once every node runs PVE 9, is online and its LRM active (src/PVE/HA/Manager.pm
+    # `try_persistent_group_migration`). Op `ha_groups` {names} sets the groups left.
+    ha_groups = None
+
+    def _ha_groups_block(self, verb):
+        if self.ha_groups:
+            raise PveError(500, 'cannot {0} ha rule: ha groups have not been migrated yet'.format(verb))
+
     def _ha_rule_create(self, values):
         failed = 'create ha rule failed'
+        self._ha_groups_block('create')
         name, kind = str(values.get('rule', '')), str(values.get('type', ''))
         if kind not in ('node-affinity', 'resource-affinity'):
             raise PveError(400, 'Parameter verification failed.', {'type': 'value is not one of the allowed values'})
@@ -260,6 +314,7 @@ class LauncherPve(FakePve):
 
     def _ha_rule_update(self, name, values):
         failed = 'update HA rules failed'
+        self._ha_groups_block('update')
         if not values.get('type'):
             raise PveError(400, 'Parameter verification failed.', {'type': 'property is missing and it is not optional'})
         if values.get('digest') and values['digest'] != self._ha_rules_digest():
@@ -307,6 +362,12 @@ class LauncherPve(FakePve):
     def _check_clone_source_shared(self, v):
         vm = self.guest(int(v['vmid']))
         target = v.get('target')
+        if v.get('storage') and v['storage'] in self.storages:
+            # `clone_vm`'s `storage_check_enabled` on the node it runs on (the template's), then on
+            # `target`: "storage '<id>' is not available on node '<node>'".
+            self._check_enabled(v['storage'], v['node'])
+            if target:
+                self._check_enabled(v['storage'], target)
         if vm is not None and vm.node == v['node'] and target and target not in (vm.node, 'localhost'):
             for _key, volume, _props in drives_of(vm.config):
                 sid, _name = volume_ref(volume)
@@ -721,7 +782,18 @@ class LauncherPve(FakePve):
     # cores, capped at the host's CPU count, replaced by `vcpus` when that is set.
     node_sizes = None
 
+    # Storages the scenario sizes (`avail`, `total`) are listed in /cluster/resources with that size:
+    # pve-manager PVE/API2Tools.pm `extract_storage_stats` sets `maxdisk` and `disk` from the storage's
+    # status (total, used) that pvestatd broadcasts, the numbers /nodes/{node}/storage answers.
+    # fakepve lists every storage there as 100 GiB with nothing used.
+    sized_storages = ()
+
     def _sized(self, item):
+        if item.get('type') == 'storage' and item.get('storage') in self.sized_storages \
+                and item.get('status') == 'available':
+            total, used, _avail = self._space(self.storages[item['storage']])
+            item['maxdisk'], item['disk'] = total, used
+            return
         size = (self.node_sizes or {}).get(item.get('node'), {})
         if item.get('type') == 'node' and item.get('status') == 'online':
             item.update((k, size[k]) for k in ('maxcpu', 'maxmem') if k in size)
@@ -751,6 +823,13 @@ class LauncherPve(FakePve):
     # is removed: the VM stays, and every retry with the flag fails the same way. fakepve skips
     # offline storages silently.
     async def _qm_destroy(self, v, user):
+        vm = self.find(v['node'], v['vmid'])
+        self._qm_destroy_purges_ha(v, vm)
+        if vm is not None and vm.lock == 'suspended':
+            # qemu-server src/PVE/QemuServer.pm `destroy_vm`: the `suspended` lock of a VM
+            # hibernated to disk is the one lock a destroy does not refuse (`has_lock($conf,
+            # 'suspended')` skips `check_lock`); fakepve refuses every lock.
+            self._qm_lock(vm, None)
         unreferenced = str(v.get('destroy-unreferenced-disks', '0')) in ('1', 'true')
         offline = sorted(sid for sid, store in self.storages.items()
                          if not store.get('active', 1) and 'images' in str(store.get('content', 'images')))
@@ -873,7 +952,38 @@ class LauncherPve(FakePve):
             return await asyncio.shield(asyncio.ensure_future(later()))
         return await self._answer_now(request, handler, generic, path_node)
 
+    # --- A cluster without quorum (op `quorum` {quorate}): /etc/pve is read-only. qemu-server
+    # src/PVE/API2/Qemu.pm `create_vm`, `vm_start` and `clone_vm` call pve-cluster
+    # src/PVE/Cluster.pm `check_cfs_quorum` first ("cluster not ready - no quorum?"); a write under
+    # a cluster lock (pools in user.cfg, the HA domain) fails taking it (`$cfs_lock`: "cfs-lock
+    # '<id>' error: no quorum!"). fakepve checks quorum for containers only. Reads still work.
+    QUORUM_CHECKED = (('POST', '/nodes/{node}/qemu'), ('POST', '/nodes/{node}/qemu/{vmid}/status/start'),
+                      ('POST', '/nodes/{node}/qemu/{vmid}/clone'))
+    CFS_LOCKED = {'/pools': ('create pool failed', 'file-user_cfg'),
+                  '/pools/{poolid}': ('update pools failed', 'file-user_cfg'),
+                  '/cluster/ha/resources': ('create resource failed', 'domain-ha'),
+                  '/cluster/ha/resources/{sid}': ('delete resource failed', 'domain-ha'),
+                  '/cluster/ha/rules': ('create ha rule failed', 'domain-ha'),
+                  '/cluster/ha/rules/{rule}': ('update HA rules failed', 'domain-ha')}
+
+    def _quorum_refusal(self, request):
+        if self.quorate or request.method == 'GET':
+            return None
+        segments = release_schema.api_segments(request)
+        found = release_schema.match(release_schema.for_version(self.version), segments or [])
+        if found is None:
+            return None
+        if (request.method, found.template) in self.QUORUM_CHECKED:
+            return error(500, 'cluster not ready - no quorum?')
+        if found.template in self.CFS_LOCKED:
+            prefix, lock = self.CFS_LOCKED[found.template]
+            return error(500, "{0}: cfs-lock '{1}' error: no quorum!".format(prefix, lock))
+        return None
+
     async def _answer_now(self, request, handler, generic, path_node):
+        refused = self._quorum_refusal(request)
+        if refused is not None:
+            return refused
         for suffix, node in list((self.vmid_races or {}).items()):
             if request.method == 'POST' and request.path.endswith(suffix):
                 del self.vmid_races[suffix]
@@ -886,7 +996,7 @@ class LauncherPve(FakePve):
                     if config.get('smbios1') == 'from-request' and p.get('smbios1'):
                         config['smbios1'] = p['smbios1']
                     self.add_vm(taken, name or 'raced-{0}'.format(taken), node=node, config=config)
-        response = await super()._answer(request, handler, generic, path_node)
+        response = await super()._answer(request, self._release_checked(handler), generic, path_node)
         for key, times in list((self.lost_answers or {}).items()):
             if request.method != key[0] or not request.path.endswith(key[1]) or response.status != 200:
                 continue
@@ -896,6 +1006,21 @@ class LauncherPve(FakePve):
                 self.lost_answers[key] = times - 1
             return error(502, 'Bad Gateway (fakepve: the change was applied, its answer lost)')
         return response
+
+    def _release_checked(self, handler):
+        """`handler`, run only for a request the emulated release's own API schema accepts (see
+        release_schema.py); fakepve's checks against its one PVE 9 schema follow."""
+        schema = release_schema.for_version(self.version)
+
+        async def checked(request):
+            segments = release_schema.api_segments(request)
+            # pveproxy reads an upload's multipart form itself, as fakepve does.
+            if segments is not None and request.content_type != 'multipart/form-data':
+                refused = release_schema.refusal(schema, request.method, segments, await params(request))
+                if refused is not None:
+                    raise refused
+            return await handler(request)
+        return checked
 
     def _qm_free(self, volid):
         """Real PVE never frees an ISO image through a VM (destroy skips CD-ROM drives); fakepve 0.5.0
@@ -1008,6 +1133,8 @@ def build(scenario):
         store = pve.storages.setdefault(name, {'files': set(), 'active': 1})
         store.setdefault('files', set())
         store.update(options)
+        if 'avail' in options or 'total' in options:
+            pve.sized_storages += (name,)
     return pve
 
 
@@ -1038,6 +1165,7 @@ def build_client_conformance(pve, scenario):
         for path, privs in entries:
             pve.grant(who, path, *privs)
     pve.old_pve8_errors = bool(scenario.get('old_pve8_errors', False))
+    pve.ha_purges = bool(scenario.get('ha_purge', True))
     if 'pve_version' in scenario:
         pve.version = scenario['pve_version']
         pve.release_version = '.'.join(scenario['pve_version'].split('.')[:2])
@@ -1160,6 +1288,8 @@ async def command(pve, cmd):
         pve.late_applies[(cmd['method'], cmd['suffix'])] = float(cmd['secs'])
     elif op == 'late_held':
         return list(pve.late_held or [])
+    elif op == 'quorum':
+        pve.quorate = bool(cmd['quorate'])
     elif op == 'network':
         # fakepve's network knobs (server.py `_middleware`): latency and jitter (PVE seconds, scaled
         # by time_scale) on every request, and the share of requests whose connection is reset
@@ -1196,6 +1326,8 @@ async def command(pve, cmd):
         return dict((name, pve._ha_rule_view(name, rule)) for name, rule in (pve.ha_rules or {}).items())
     elif op == 'ha_resources':
         return sorted('vm:{0}'.format(vm.vmid) for vm in pve.vms if vm.ha_managed)
+    elif op == 'ha_groups':
+        pve.ha_groups = list(cmd.get('names') or [])
     elif op == 'ha_manage':
         pve.guest(cmd['vmid']).ha_state = cmd.get('state', 'started')
     elif op == 'ha_add_rule':
@@ -1211,6 +1343,8 @@ async def command(pve, cmd):
     elif op == 'task_secs':
         # {type, secs}: see LauncherPve.task.
         pve.task_secs = dict(pve.task_secs or {}, **{cmd['type']: float(cmd['secs'])})
+    elif op == 'writes':
+        return [list(w) for w in (pve.writes or [])]
     elif op == 'request_count':
         # How many requests fakepve has recorded since the last reset, without sending them all.
         return len(pve.requests)

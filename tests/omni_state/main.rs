@@ -342,6 +342,8 @@ async fn the_heartbeat_never_waits_longer_than_its_interval() {
         async { None }
     });
     let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let (_lead, leader) =
+        tokio::sync::watch::channel(omni_infra_provider_proxmox::controller::leader::Role::Leader);
     let beating = tokio::spawn(health::run(
         state,
         "proxmox".into(),
@@ -349,6 +351,7 @@ async fn the_heartbeat_never_waits_longer_than_its_interval() {
         check,
         shutdown,
         Default::default(),
+        leader.clone(),
     ));
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let _ = stop.send(true);

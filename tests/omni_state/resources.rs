@@ -409,3 +409,71 @@ async fn schematic_through_management() {
     assert_ne!(a, c);
     assert_eq!(a.len(), 64);
 }
+
+/// The leader lease: a type of our own in the provider's namespace, which Omni allows there only
+/// with the `.<id>.infraprovider.sidero.dev` suffix (siderolabs/omni
+/// `internal/backend/runtime/omni/infraprovider/state.go`, `checkNamespaceAndType`), changed only by
+/// versioned updates (COSI's Update refuses a stale version), and invisible to other providers.
+#[tokio::test]
+async fn the_leader_lease_lives_in_the_providers_namespace_and_changes_only_by_version() {
+    use omni_infra_provider_proxmox::omni::proto::provider::LeaseSpec;
+    let omni = Omni::start("proxmox").await;
+    let client = omni.client("proxmox");
+    let lease = ProviderLease::new("proxmox");
+    assert_eq!(lease.namespace(), "infra-provider:proxmox");
+    let spec = LeaseSpec {
+        holder: "a/1/x".into(),
+        lease_duration_ms: 15_000,
+        ..Default::default()
+    };
+    let created = client
+        .state
+        .create(&lease, ProviderLease::ID, &spec, BTreeMap::new(), "")
+        .await
+        .unwrap();
+    // A second create loses: the lease exists.
+    let err = client
+        .state
+        .create(&lease, ProviderLease::ID, &spec, BTreeMap::new(), "")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::AlreadyExists { .. }), "{err}");
+    // Two replicas update from the same version: the first wins, the second conflicts.
+    let mut mine = created.clone();
+    mine.spec.holder = "b/2/y".into();
+    client.state.update(&lease, &mine, "", None).await.unwrap();
+    let mut theirs = created.clone();
+    theirs.spec.holder = "c/3/z".into();
+    let err = client
+        .state
+        .update(&lease, &theirs, "", None)
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    let stored = client.state.get(&lease, ProviderLease::ID).await.unwrap();
+    assert_eq!(stored.spec.holder, "b/2/y");
+    assert!(
+        omni.state
+            .get(&lease, ProviderLease::ID)
+            .is_some_and(|l| l.spec.holder == "b/2/y")
+    );
+    // Another provider's lease type in our namespace is refused.
+    let err = client
+        .state
+        .create(
+            &ProviderLease::new("other"),
+            ProviderLease::ID,
+            &spec,
+            BTreeMap::new(),
+            "",
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StateError::PermissionDenied { .. } | StateError::InvalidArgument { .. }
+        ),
+        "{err}"
+    );
+}

@@ -314,3 +314,33 @@ async fn a_clone_onto_a_vmid_just_taken_on_another_node_chooses_another() {
     );
     h.stop_controller().await;
 }
+
+/// A template with a data disk at `scsi1`: the clone has that drive, and the config write after the
+/// clone names `scsi1` for the class's first additional disk. A slot the VM already has keeps its
+/// volume (so that a replayed write allocates nothing twice), so the class's disk was silently
+/// never made. qemu-server src/PVE/API2/Qemu.pm `clone_vm` copies every drive of the template;
+/// `update_vm` allocates `<storage>:<GiB>` wherever it is given. Refused before the clone, naming
+/// the entry, the slot and the template.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_mode_refuses_an_additional_disk_on_a_slot_the_template_fills() {
+    let mut scenario = support::fakepve::three_node_scenario();
+    scenario["guests"][0]["config"]["scsi1"] = json!("local-lvm:base-9000-disk-1,size=2G");
+    let Some(mut h) = Harness::start_with(scenario, "").await else {
+        return;
+    };
+    h.request(
+        "clone-clash",
+        "clones",
+        "cores: 2\nmemory: 2048\ndisk_size: 16\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: clone\ntemplate: 9000\nadditional_disks: [{disk_size: 4, storage_selector: 'name == \"local-lvm\"'}]\n",
+    );
+    let status = h.wait_stage("clone-clash", Stage::Failed).await;
+    assert!(
+        status.spec.error.contains(
+            "additional_disks[0] goes to scsi1, which template 9000 (VM 9000 on pve1) already fills"
+        ),
+        "{}",
+        status.spec.error
+    );
+    assert!(h.vms_named("clone-clash").is_empty(), "nothing cloned");
+    h.stop_controller().await;
+}

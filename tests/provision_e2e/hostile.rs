@@ -62,6 +62,8 @@ async fn hostile_selectors_fail_their_own_requests_while_the_heartbeat_beats() {
         return;
     };
     let (stop_beating, beating) = tokio::sync::watch::channel(false);
+    let (_lead, leader) =
+        tokio::sync::watch::channel(omni_infra_provider_proxmox::controller::leader::Role::Leader);
     let heartbeat = tokio::spawn(health::run(
         h.omni.client(PROVIDER).state,
         PROVIDER.into(),
@@ -69,6 +71,7 @@ async fn hostile_selectors_fail_their_own_requests_while_the_heartbeat_beats() {
         health::always_healthy(),
         beating,
         h.metrics.clone(),
+        leader.clone(),
     ));
     let long = format!("name == \"{}\" &&", "a".repeat(70_000));
     h.request("hostile-macros-1", "hostile", &class(NESTED_MACROS));

@@ -214,3 +214,38 @@ async fn a_new_machine_reads_the_cluster_listing_once() {
     assert_eq!(h.pve.count("GET", "/cluster/resources"), 1);
     h.stop_controller().await;
 }
+
+/// The set's pool deleted by hand after this process made it: pve-access-control
+/// src/PVE/RPCEnvironment.pm `check_pool_exist` makes qemu-server's `create_vm` refuse the next VM
+/// of the set with 403 "Permission check failed (pool '<pool>' does not exist)" before anything is
+/// made. The process forgets the pool, makes it again and creates the VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_pool_deleted_by_hand_is_made_again() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.request("gone-0", "gonepool", SPREAD);
+    h.wait_stage("gone-0", Stage::Provisioned).await;
+    let vmid = h.vms_named("gone-0")[0]["vmid"].to_string();
+    let out = h
+        .pve
+        .raw(
+            "PUT",
+            "/pools",
+            &[("poolid", "gonepool"), ("vms", &vmid), ("delete", "1")],
+        )
+        .await;
+    assert_eq!(out.0, 200, "{out:?}");
+    let out = h
+        .pve
+        .raw("DELETE", "/pools", &[("poolid", "gonepool")])
+        .await;
+    assert_eq!(out.0, 200, "{out:?}");
+
+    h.request("gone-1", "gonepool", SPREAD);
+    h.wait_stage("gone-1", Stage::Provisioned).await;
+    let pools = h.pve.control(json!({"op": "pools"}));
+    let vmid1 = h.vms_named("gone-1")[0]["vmid"].clone();
+    assert_eq!(pools["gonepool"], json!([vmid1]), "{pools}");
+    h.stop_controller().await;
+}

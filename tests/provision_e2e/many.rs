@@ -67,3 +67,43 @@ async fn choosing_vmids_by_nextid_costs_the_same_however_many_requests_choose_at
     assert!(asked >= 16, "{asked}: every machine asked");
     assert_eq!(creates, 16);
 }
+
+/// Six new machines of one set at once, the image already on every node: the set's pool is made by
+/// one `POST /pools` (pve-manager PVE/API2/Pool.pm `create_pool` refuses a second with "already
+/// exists", a request wasted per machine), and the cluster is listed once for the burst, not once
+/// per machine; in all at most 8.5 requests per machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_one_set_makes_its_pool_once_and_lists_the_cluster_once() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let spread = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nip_discovery_timeout: 0\n";
+    for node in ["pve1", "pve2", "pve3"] {
+        let id = format!("warm-{node}");
+        h.request(&id, "warm", &format!("{spread}node: {node}\n"));
+        h.wait_stage(&id, Stage::Provisioned).await;
+    }
+    h.pve.control(json!({"op": "reset_requests"}));
+    let ids: Vec<String> = (0..6).map(|i| format!("burst-{i}")).collect();
+    for id in &ids {
+        h.request(id, "burst", spread);
+    }
+    for id in &ids {
+        h.wait_stage(id, Stage::Provisioned).await;
+    }
+    let requests = h.pve.requests();
+    let pool_creates = h.pve.count("POST", "/pools");
+    let listings = h.pve.count("GET", "/cluster/resources");
+    eprintln!(
+        "burst of 6: {} requests, {pool_creates} pool creates, {listings} listings: {requests:?}",
+        requests.len()
+    );
+    assert_eq!(pool_creates, 1, "{requests:?}");
+    assert_eq!(listings, 1, "{requests:?}");
+    assert!(
+        requests.len() * 2 <= 17 * ids.len(),
+        "{} requests: {requests:?}",
+        requests.len()
+    );
+    h.stop_controller().await;
+}

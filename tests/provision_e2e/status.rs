@@ -197,6 +197,14 @@ async fn statuses_show_each_step_and_a_failure_stays_visible_until_it_heals() {
     );
     h.wait_stage("steps-1", Stage::Provisioned).await;
     recorder.abort();
+    // The dashboard's "failures by step" and the failure-rate alert read these.
+    let metrics = h.metrics.encode();
+    for line in [
+        r#"omni_proxmox_step_failures_total{step="start_vm"} 1"#,
+        r#"omni_proxmox_provisions_total{outcome="failure"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
     let seen = seen.lock().unwrap().clone();
     for step in [
         "Running step 1/6 pick_node",

@@ -168,6 +168,42 @@ impl FakePve {
         answer["result"].clone()
     }
 
+    /// Sends one API request as a client other than ours would (the API token, `params` as a form
+    /// body, or the query string for `GET` and `DELETE`), and returns the HTTP status and the JSON
+    /// answer: for requests our client never sends.
+    pub async fn raw(&self, method: &str, path: &str, params: &[(&str, &str)]) -> (u16, Value) {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&self.pki.ca_pem).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let client = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .build()
+            .unwrap();
+        let url = format!("{}/api2/json{path}", self.url);
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = client.request(method.clone(), url).header(
+            "Authorization",
+            format!("PVEAPIToken={TOKEN_ID}={TOKEN_SECRET}"),
+        );
+        request = if method == reqwest::Method::GET || method == reqwest::Method::DELETE {
+            request.query(params)
+        } else {
+            request.form(params)
+        };
+        let answer = request.send().await.unwrap();
+        let status = answer.status().as_u16();
+        (status, answer.json().await.unwrap_or(Value::Null))
+    }
+
     /// The VM as fakepve holds it (`null` when it does not exist).
     pub fn vm(&mut self, vmid: u32) -> Value {
         self.control(json!({"op": "vm", "vmid": vmid}))

@@ -5,6 +5,7 @@ pub mod certs;
 pub mod fakepve;
 pub mod harness;
 pub mod omni;
+pub mod sandbox;
 
 use std::time::{Duration, Instant};
 

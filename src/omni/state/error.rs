@@ -71,6 +71,12 @@ pub enum StateError {
     Other { what: ResourceRef, message: String },
     #[error("{what}: spec does not decode: {message}")]
     Decode { what: ResourceRef, message: String },
+    /// Not sent: this replica does not hold the leader lease (see [`crate::fence`]).
+    #[error("{what}: {source}")]
+    Fenced {
+        what: ResourceRef,
+        source: crate::fence::Fenced,
+    },
 }
 
 impl StateError {

@@ -22,6 +22,7 @@ use super::proto::cosi::resource as pb;
 use super::proto::cosi::resource::state_client::StateClient as RawClient;
 use super::resources::{Kind, PHASE_RUNNING, PHASE_TEARING_DOWN};
 use super::transport::{MAX_MESSAGE_BYTES, SignedChannel};
+use crate::fence::Fence;
 pub use error::{ResourceRef, StateError};
 pub use watch::WatchEvent;
 
@@ -110,6 +111,8 @@ pub struct StateClient {
     teardown_unsupported: Arc<AtomicBool>,
     /// Backoff bounds for watch reconnects.
     reconnect: (Duration, Duration),
+    /// Asked before every write (create, update, teardown, destroy).
+    fence: Fence,
     /// How long one call may wait for Omni's answer.
     deadline: Duration,
 }
@@ -128,8 +131,25 @@ impl StateClient {
             raw,
             teardown_unsupported: Arc::new(AtomicBool::new(false)),
             reconnect: (Duration::from_millis(100), Duration::from_secs(30)),
+            fence: Fence::open(),
             deadline: CALL_DEADLINE,
         }
+    }
+
+    /// The same client, sending writes only while `fence` is open; reads and watches are not
+    /// fenced. The leader lease itself is written through the unfenced client.
+    pub fn fenced(&self, fence: Fence) -> Self {
+        Self {
+            fence,
+            ..self.clone()
+        }
+    }
+
+    fn check_fence(&self, what: &ResourceRef) -> Result<(), StateError> {
+        self.fence.check().map_err(|source| StateError::Fenced {
+            what: what.clone(),
+            source,
+        })
     }
 
     /// Overrides [`CALL_DEADLINE`] (the heartbeat bounds its calls by its interval).
@@ -233,6 +253,7 @@ impl StateClient {
         md.phase = PHASE_RUNNING.into();
         md.owner = owner.to_owned();
         let what = ResourceRef::from_metadata(md);
+        self.check_fence(&what)?;
         resource.spec.get_or_insert_with(Default::default);
         let req = pb::CreateRequest {
             resource: Some(resource),
@@ -267,6 +288,7 @@ impl StateClient {
             .as_ref()
             .map(ResourceRef::from_metadata)
             .unwrap_or_else(|| ResourceRef::new("", "", ""));
+        self.check_fence(&what)?;
         let req = pb::UpdateRequest {
             new_resource: Some(resource),
             options: Some(pb::UpdateOptions {
@@ -289,6 +311,7 @@ impl StateClient {
     }
 
     pub async fn destroy(&self, what: &ResourceRef, owner: &str) -> Result<(), StateError> {
+        self.check_fence(what)?;
         let req = pb::DestroyRequest {
             namespace: what.namespace.clone(),
             r#type: what.resource_type.clone(),
@@ -310,6 +333,7 @@ impl StateClient {
     /// Moves a resource to `tearingDown`; returns whether it can be destroyed now (no finalizers).
     /// Uses the Teardown RPC, and Get+Update on Omni < 1.8.
     pub async fn teardown(&self, what: &ResourceRef, owner: &str) -> Result<bool, StateError> {
+        self.check_fence(what)?;
         if !self.teardown_unsupported.load(Ordering::Relaxed) {
             let req = pb::TeardownRequest {
                 namespace: what.namespace.clone(),

@@ -21,7 +21,7 @@ pub(super) async fn destroy(
     if let Some(e) = node_down(view, vm) {
         return Err(e);
     }
-    if let Some(lock) = vm.lock.as_deref().filter(|l| !l.is_empty()) {
+    if let Some(lock) = vm.lock.as_deref().filter(|l| blocks_destroy(l)) {
         return Err(DeprovisionError::Locked {
             node,
             vmid,
@@ -51,11 +51,18 @@ pub(super) async fn destroy(
     }
 }
 
+/// Whether a VM holding `lock` must wait: qemu-server src/PVE/QemuServer.pm `destroy_vm` refuses
+/// every lock (`check_lock`) but `suspended`, the lock of a VM hibernated to disk, which it
+/// destroys (the VM is stopped; its saved state goes with its disks).
+fn blocks_destroy(lock: &str) -> bool {
+    !lock.is_empty() && lock != "suspended"
+}
+
 /// Takes an HA-managed VM out of HA before it is shut down: the HA manager would otherwise start it
 /// again, and an HA resource's shutdown is only a request to the HA manager (see [`shut_down`]).
 ///
 /// First the set's own rules that would be left ineffective or empty go (`rules_to_delete`), then
-/// the resource goes with `purge`, which takes it out of every other rule (pve-ha-manager
+/// the resource goes, which takes it out of every other rule (`purge` by default, pve-ha-manager
 /// src/PVE/HA/Config.pm, `delete_service_from_config`). In that order a crash in between is
 /// repaired by the next attempt: the VM is still HA-managed, so this runs again.
 ///

@@ -127,8 +127,9 @@ fn unnamed_privilege(call: &Call, message: &str) -> Option<&'static str> {
              token set that tag, or it is a registered tag: allow it there, or grant Sys.Modify on /",
         );
     }
-    if message.contains(',') {
-        return None; // "Permission check failed (/path, Privilege)": PVE named it
+    if message.contains(',') || message.contains("does not exist") {
+        // "Permission check failed (/path, Privilege)" or "(pool 'x' does not exist)": PVE named it
+        return None;
     }
     let segments: Vec<&str> = call.path.trim_matches('/').split('/').collect();
     match (call.method, segments.as_slice()) {
@@ -145,10 +146,16 @@ fn unnamed_privilege(call: &Call, message: &str) -> Option<&'static str> {
     }
 }
 
-/// pve-common Tools.pm `lock_file_full` / `run_with_timeout`: "can't lock file '…' - got timeout".
+/// A lock not obtained in time, before the handler changed anything:
+/// - pve-common Tools.pm `lock_file_full` / `run_with_timeout`: "can't lock file '…' - got timeout";
+/// - pve-cluster src/PVE/Cluster.pm `$cfs_lock`, a cluster-wide pmxcfs lock (user.cfg for pools,
+///   the HA domain, a storage) another node held past its 10 s: "cfs-lock '<id>' error: got lock
+///   request timeout", often behind the caller's prefix ("create pool failed: …"). Its other
+///   timeout, "'<id>'-locked command timed out - aborting", comes after the work began: not this.
 fn is_lock_timeout(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
-    m.contains("got timeout") && (m.contains("lock") || m.contains("can't"))
+    (m.contains("got timeout") && (m.contains("lock") || m.contains("can't")))
+        || (m.contains("cfs-lock '") && m.contains("got lock request timeout"))
 }
 
 /// Proxmox reports missing objects as 500 with one of these texts.
@@ -208,6 +215,54 @@ mod tests {
         assert!(
             matches!(e, ProxmoxError::Unauthorized { ref message, .. } if message == "authentication failure")
         );
+    }
+
+    /// pve-access-control src/PVE/RPCEnvironment.pm `check_pool_exist`: a missing pool is a
+    /// permission error that names what is wrong; no privilege hint.
+    #[test]
+    fn a_missing_pool_is_named_without_a_privilege_hint() {
+        let e = status_error(
+            &Call {
+                method: "POST",
+                path: "/nodes/pve1/qemu".into(),
+            },
+            StatusCode::FORBIDDEN,
+            "",
+            br#"{"data":null,"message":"Permission check failed (pool 'workers' does not exist)\n"}"#,
+        );
+        assert!(e.is_pool_missing("workers"), "{e:?}");
+        assert!(!e.is_pool_missing("work"), "{e:?}");
+        assert!(!e.to_string().contains("VM.Allocate"), "{e}");
+    }
+
+    #[test]
+    fn a_cluster_lock_request_timeout_is_transient_and_nothing_happened() {
+        let e = status_error(
+            &Call {
+                method: "POST",
+                path: "/pools".into(),
+            },
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "",
+            br#"{"data":null,"message":"create pool failed: cfs-lock 'file-user_cfg' error: got lock request timeout\n"}"#,
+        );
+        assert!(
+            matches!(
+                &e,
+                ProxmoxError::Transient {
+                    request_sent: false,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = status_error(
+            &call(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "",
+            br#"{"data":null,"message":"'file-user_cfg'-locked command timed out - aborting\n"}"#,
+        );
+        assert!(!e.is_transient(), "{e:?}");
     }
 
     #[test]

@@ -67,6 +67,8 @@ struct Inner {
     retry: RetryPolicy,
     requests: AtomicU64,
     observer: std::sync::OnceLock<RequestObserver>,
+    /// Asked before every write; unset, every write may start.
+    fence: std::sync::OnceLock<crate::fence::Fence>,
     /// The last full `/cluster/resources` listing and when its request was sent: concurrent
     /// readers share one ([`ProxmoxClient::cluster_resources`]).
     listing: SharedListing,
@@ -212,6 +214,7 @@ impl ProxmoxClient {
                 retry,
                 requests: AtomicU64::new(0),
                 observer: std::sync::OnceLock::new(),
+                fence: std::sync::OnceLock::new(),
                 listing: tokio::sync::Mutex::new(None),
                 task_times: Default::default(),
             }),
@@ -226,6 +229,12 @@ impl ProxmoxClient {
     /// Reports every request to `observer` (metrics). Set once; later calls are ignored.
     pub fn set_observer(&self, observer: RequestObserver) {
         let _ = self.inner.observer.set(observer);
+    }
+
+    /// Sends writes (anything but GET) only while `fence` is open. Set once; later calls are
+    /// ignored.
+    pub fn set_fence(&self, fence: crate::fence::Fence) {
+        let _ = self.inner.fence.set(fence);
     }
 
     /// HTTP requests sent so far (logins and retries included): the benchmark's cost measure.
@@ -375,6 +384,14 @@ impl ProxmoxClient {
         call: &Call,
         session: Option<&Session>,
     ) -> Result<T, ProxmoxError> {
+        if *method != Method::GET
+            && let Some(Err(source)) = self.inner.fence.get().map(crate::fence::Fence::check)
+        {
+            return Err(ProxmoxError::Fenced {
+                call: call.clone(),
+                source,
+            });
+        }
         let url = self.url(path);
         let http = match pool {
             Pool::Small => &self.inner.http,

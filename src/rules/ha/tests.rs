@@ -213,3 +213,134 @@ fn leaving_deletes_the_rules_it_would_leave_empty_or_ineffective() {
         ["omni-s-raff", "omni-s-naff"]
     );
 }
+
+fn node_rule(name: &str, resources: &str, nodes: &str) -> HaRule {
+    HaRule {
+        nodes: Some(nodes.into()),
+        ..rule(name, "node-affinity", resources)
+    }
+}
+
+fn nodes(names: &[&str]) -> Vec<NodeName> {
+    names.iter().map(|n| NodeName::new(*n).unwrap()).collect()
+}
+
+/// pve-ha-manager src/PVE/HA/Rules.pm `check_negative_resource_affinity_node_affinity_consistency`:
+/// the shape of examples/machine-classes/control-plane-ha.yaml (spread on three named nodes) takes
+/// three VMs; the fourth, on a larger cluster, would make the rules infeasible.
+#[test]
+fn spread_within_node_affinity_takes_as_many_vms_as_nodes() {
+    let settings = HaSettings {
+        node_affinity_nodes: nodes(&["pve1", "pve2", "pve3"]),
+        ..spread()
+    };
+    let three = [
+        node_rule("omni-cp-set-naff", "vm:101,vm:102,vm:103", "pve1,pve2,pve3"),
+        rule(
+            "omni-cp-set-raff",
+            "resource-affinity",
+            "vm:101,vm:102,vm:103",
+        ),
+    ];
+    let two = [
+        node_rule("omni-cp-set-naff", "vm:101,vm:102", "pve1,pve2,pve3"),
+        rule("omni-cp-set-raff", "resource-affinity", "vm:101,vm:102"),
+    ];
+    for cluster_nodes in 3..=8 {
+        let m = HaMembership {
+            cluster_nodes,
+            ..member(&settings, "", &[])
+        };
+        assert_eq!(check_join(&m, &[]), Ok(()));
+        assert_eq!(check_join(&m, &two), Ok(()));
+        let fourth = check_join(&m, &three);
+        if cluster_nodes == 3 {
+            // The rule is as large as the cluster: the fourth VM stays out of it (plan_join).
+            assert_eq!(fourth, Ok(()));
+        } else {
+            let e = fourth.unwrap_err();
+            assert!(
+                e.contains("ha.spread/ha.resource_affinity")
+                    && e.contains("ha.node_affinity_nodes")
+                    && e.contains("3 node(s) (pve1, pve2, pve3)"),
+                "{e}"
+            );
+        }
+    }
+}
+
+/// pve-ha-manager src/PVE/HA/Rules/NodeAffinity.pm `check_single_resource_reference`.
+#[test]
+fn a_vm_in_two_node_affinity_rules_is_refused() {
+    let settings = HaSettings {
+        node_affinity_nodes: nodes(&["pve1", "pve2"]),
+        rules: vec!["db-nodes".into()],
+        ..HaSettings::default()
+    };
+    let rules = [node_rule("db-nodes", "vm:100", "pve3")];
+    let e = check_join(&member(&settings, "", &[]), &rules).unwrap_err();
+    assert!(
+        e.contains("ha.node_affinity_nodes: omni-cp-set-naff")
+            && e.contains("ha.rules[0]: db-nodes"),
+        "{e}"
+    );
+}
+
+/// pve-ha-manager src/PVE/HA/Rules.pm
+/// `check_single_node_affinity_per_positive_resource_affinity_rule`.
+#[test]
+fn a_positive_rule_across_node_affinity_rules_is_refused() {
+    let settings = HaSettings {
+        node_affinity_nodes: nodes(&["pve1"]),
+        rules: vec!["together".into()],
+        ..HaSettings::default()
+    };
+    let mut together = rule("together", "resource-affinity", "vm:100,vm:101");
+    together.affinity = Some("positive".into());
+    let rules = [together, node_rule("db-nodes", "vm:100", "pve2")];
+    let e = check_join(&member(&settings, "", &[]), &rules).unwrap_err();
+    assert!(
+        e.contains("ha.rules[0]") && e.contains("positive") && e.contains("db-nodes"),
+        "{e}"
+    );
+    // Without the set's own node-affinity rule the VM follows db-nodes: fine.
+    let alone = HaSettings {
+        rules: vec!["together".into()],
+        ..HaSettings::default()
+    };
+    assert_eq!(check_join(&member(&alone, "", &[]), &rules), Ok(()));
+}
+
+/// pve-ha-manager src/PVE/API2/HA/Rules.pm `assert_valid_resources_param`, behind
+/// `lock_ha_domain`'s prefix.
+#[test]
+fn unmanaged_sids_are_read_from_the_refusal() {
+    assert_eq!(
+        unmanaged_sids(
+            "update HA rules failed: cannot use unmanaged resource(s) vm:101, vm:102.\n"
+        ),
+        ["vm:101", "vm:102"]
+    );
+    assert!(unmanaged_sids("update HA rules failed: no resources were specified").is_empty());
+}
+
+/// Machines of a burst are counted together: the set's VMs placed but not yet HA-managed
+/// (`set_members`) join the set's rules too, so the third of a spread set kept on two nodes is
+/// refused even before the first two joined (pve-ha-manager src/PVE/HA/Rules.pm
+/// `check_negative_resource_affinity_node_affinity_consistency`).
+#[test]
+fn placed_machines_of_the_set_count_toward_its_rules() {
+    let settings = HaSettings {
+        node_affinity_nodes: nodes(&["pve2", "pve3"]),
+        ..spread()
+    };
+    let one = vec!["burst-0".to_string()];
+    let two = vec!["burst-0".to_string(), "burst-1".to_string()];
+    let m = |members| HaMembership {
+        cluster_nodes: 5,
+        ..member(&settings, "", members)
+    };
+    assert_eq!(check_join(&m(&one), &[]), Ok(()));
+    let e = check_join(&m(&two), &[]).unwrap_err();
+    assert!(e.contains("2 node(s) (pve2, pve3)"), "{e}");
+}

@@ -5,7 +5,8 @@
 //!
 //! - A clone to another node (`target`) needs every drive of the template, CD-ROM images included,
 //!   on shared storage (`$check_storage_access_clone` yields "VM uses local storage" otherwise), and
-//!   a full clone's target `storage` must be shared too ("can't clone to non-shared storage").
+//!   a full clone's target `storage` must be shared too ("can't clone to non-shared storage") and
+//!   enabled on the template's node as well as on the target (`storage_check_enabled` on both).
 //! - A linked clone (`full` = 0, only from a template) takes no `storage`: its disks stay on the
 //!   template's storage, each of which must support linked clones (`volume_has_feature` 'clone' on
 //!   the base volume, see [`storage::links_clones`]).
@@ -201,7 +202,10 @@ pub fn clone_verdict(
     match source.mode {
         CloneMode::Full => {
             let need = StorageNeed::boot_disk(selector, disk_gb);
-            let need = if here.is_some() { need } else { need.shared() };
+            let need = match here {
+                Some(_) => need,
+                None => need.shared_from(&template.node, &template.node_storages),
+            };
             let choice = storage::choose(node, &need);
             match (choice.chosen.clone(), here) {
                 (Some(storage), _) => CloneVerdict::Clones(CloneTarget {

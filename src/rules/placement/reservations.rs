@@ -44,6 +44,15 @@ impl Reservations {
         self.by_request.remove(request_id)
     }
 
+    /// The requests of `set` holding a reservation, but `except`.
+    pub fn in_set(&self, set: &str, except: &str) -> Vec<String> {
+        self.by_request
+            .iter()
+            .filter(|(id, r)| id.as_str() != except && r.set_id.as_deref() == Some(set))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     pub fn get(&self, request_id: &str) -> Option<&Reservation> {
         self.by_request.get(request_id)
     }

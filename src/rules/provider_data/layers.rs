@@ -246,6 +246,10 @@ fn schema_findings(value: &Value, findings: &mut Findings) {
             );
             continue;
         }
+        if let jsonschema::error::ValidationErrorKind::Enum { options } = error.kind() {
+            findings.push(&key, not_one_of(error.instance(), options));
+            continue;
+        }
         findings.push(&key, shortened(error.to_string()));
     }
 }
@@ -258,6 +262,25 @@ fn shortened(message: String) -> String {
     }
     let start: String = message.chars().take(SHOWN).collect();
     format!("{start}…")
+}
+
+/// A value outside a key's list of values: the whole list, and the closest value when the given one
+/// looks like a typo of it.
+fn not_one_of(value: &Value, options: &Value) -> String {
+    let names: Vec<String> = options
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .map(|o| o.as_str().map_or_else(|| o.to_string(), str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let known: Vec<&str> = names.iter().map(String::as_str).collect();
+    let hint = value
+        .as_str()
+        .map(|v| crate::did_you_mean::hint(v, &known))
+        .unwrap_or_default();
+    format!("{value} is not one of {}{hint}", known.join(", "))
 }
 
 /// `/additional_disks/1/disk_size` → `additional_disks[1].disk_size`.

@@ -468,7 +468,11 @@ impl<'a, 'p> Fields<'a, 'p> {
             Some((_, v)) => Some(*v),
             None => {
                 let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
-                self.problem(key, format!("{s:?} is not one of {}", names.join(", ")));
+                let hint = crate::did_you_mean::hint(s, &names);
+                self.problem(
+                    key,
+                    format!("{s:?} is not one of {}{hint}", names.join(", ")),
+                );
                 None
             }
         }

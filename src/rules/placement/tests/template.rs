@@ -45,6 +45,10 @@ fn template_on(cluster: &ClusterSnapshot, vmid: u32, node: &str, storage: &str) 
             linked: true,
         }],
         boot_storage: Some(storage.into()),
+        node_storages: cluster
+            .node(node)
+            .map(|n| n.storages.iter().map(|s| s.name.clone()).collect())
+            .unwrap_or_default(),
     }
 }
 
@@ -196,4 +200,45 @@ fn a_clone_goes_only_where_proxmox_can_make_it() {
         "{err}"
     );
     assert!(err.may_heal());
+}
+
+/// qemu-server src/PVE/API2/Qemu.pm `clone_vm` checks a full clone's target `storage` with
+/// `storage_check_enabled` on the node it runs on (the template's) before the `target` node: a
+/// shared storage enabled on pve2 and pve3 only cannot take a clone of a template on pve1, though
+/// the listing shows it on pve2.
+#[test]
+fn a_full_clone_to_another_node_needs_its_storage_on_the_template_node_too() {
+    let mut cluster = clone_cluster();
+    let ceph = StorageSnapshot {
+        name: "ceph".into(),
+        storage_type: "rbd".into(),
+        shared: true,
+        ..storage("ceph", 500)
+    };
+    for node in cluster.nodes.iter_mut().filter(|n| n.name != "pve1") {
+        node.storages.push(ceph.clone());
+    }
+    let template = template_on(&cluster, 9001, "pve1", "shared-nfs");
+    let src = source(CloneMode::Full, vec![template]);
+    let sel = StorageSelector::new("name == \"ceph\"").unwrap();
+    let empty = BTreeMap::new();
+    let mut req = request(&sel, &empty);
+    req.clone = Some(&src);
+    let pve2 = cluster.node("pve2").unwrap();
+    let why = node_verdict(pve2, &req, &Reservations::default())
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        why.contains("ceph: selected and shared, but not enabled on pve1, the template's node"),
+        "{why}"
+    );
+    // Selected where the template's node has it too: cloned there.
+    let sel = StorageSelector::new("name == \"shared-nfs\"").unwrap();
+    let mut req = request(&sel, &empty);
+    req.clone = Some(&src);
+    let ok = node_verdict(pve2, &req, &Reservations::default())
+        .unwrap()
+        .unwrap();
+    assert_eq!(ok.storage.name, "shared-nfs");
 }

@@ -320,7 +320,7 @@ fn cross_field_rules() {
     assert_eq!(keys_of(&p), vec!["clone_mode"]);
     assert!(
         p[0].message
-            .contains("\"linkd\" is not one of \"full\" or \"linked\""),
+            .contains("\"linkd\" is not one of full, linked (did you mean `linked`?)"),
         "{p:?}"
     );
     let warned = parse(&format!(
@@ -632,3 +632,27 @@ proptest! {
 }
 
 mod fuzz;
+
+/// A value outside a key's list names the whole list, and the closest value when it looks like a
+/// typo, at the top level and nested; a value far from every one gets the list alone.
+#[test]
+fn a_value_outside_its_list_names_the_list_and_the_closest_value() {
+    let p = parse(&format!(
+        "{MINIMAL}placement_strategy: sprad\nha:\n  state: startd\nbios: uefi\n"
+    ))
+    .unwrap_err();
+    let message = |key: &str| {
+        p.iter()
+            .find(|x| x.key == key)
+            .map(|x| x.message.clone())
+            .unwrap_or_else(|| panic!("no problem for {key}: {p:?}"))
+    };
+    assert_eq!(
+        message("placement_strategy"),
+        "\"sprad\" is not one of spread, fewer-vms, round-robin, binpack (did you mean `spread`?)"
+    );
+    let ha = message("ha.state");
+    assert!(ha.starts_with("\"startd\" is not one of "), "{ha}");
+    assert!(ha.ends_with("(did you mean `started`?)"), "{ha}");
+    assert_eq!(message("bios"), "\"uefi\" is not one of seabios, ovmf");
+}

@@ -1,0 +1,370 @@
+//! Active/standby replicas: one leader does everything, the others wait, coordinated through a lease
+//! resource in Omni, the store every replica already shares.
+//!
+//! The lease ([`ProviderLease`]) changes only by versioned writes, so of two replicas trying at
+//! once one wins and the other gets a conflict. The leader renews it every [`Timings::renew_every`]
+//! and opens the [`Fence`] until the instant each successful renew was sent plus the renew deadline:
+//! a leader that cannot reach Omni stops writing to Proxmox and Omni by itself, before a standby,
+//! which waits a whole lease duration from the last change it saw, may take over. A standby reads
+//! the lease every retry period and whenever the watch says it changed, so a released lease is
+//! taken within moments. What the rules decide is in [`decide`]; how a restarted replica proves
+//! that the holder the lease names is its own exited predecessor is in [`identity`].
+
+pub mod decide;
+pub mod identity;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+
+use crate::fence::Fence;
+use crate::metrics::Metrics;
+use crate::omni::proto::provider::LeaseSpec;
+use crate::omni::resources::{Kind, ProviderLease};
+use crate::omni::state::{StateClient, StateError, Typed};
+pub use decide::Timings;
+use decide::{Attempt, Why, decide};
+use identity::{Holder, LocalClaim};
+
+/// What this replica is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Standby,
+    Leader,
+}
+
+/// The lease has no owner: any replica of the provider may write it.
+const OWNER: &str = "";
+
+pub struct Election {
+    /// Unfenced: the lease itself is how the fence opens.
+    state: StateClient,
+    kind: ProviderLease,
+    me: Holder,
+    claim: LocalClaim,
+    timings: Timings,
+    fence: Fence,
+    metrics: Arc<Metrics>,
+    role: watch::Sender<Role>,
+    /// The lease as last read or written.
+    last: Option<Typed<LeaseSpec>>,
+    /// When this replica first saw the version in `last`: expiry counts from here.
+    seen_at: Instant,
+    /// When the last successful renew (or acquire) was sent.
+    renewed_at: Option<Instant>,
+    /// The holder last named in the log, so that a standby says who leads once, not every look.
+    announced: String,
+    /// Whether the last look reached Omni, so that a streak of failures is logged once.
+    reachable: bool,
+}
+
+impl Election {
+    /// A replica standing by, its fence shut. `claim` is the claim file (see [`identity`]); `None`
+    /// disables the fast takeover after a restart.
+    pub fn new(
+        state: StateClient,
+        provider_id: &str,
+        timings: Timings,
+        claim: Option<&Path>,
+        fence: Fence,
+        metrics: Arc<Metrics>,
+    ) -> (Self, watch::Receiver<Role>) {
+        let me = Holder::this_process();
+        let claim = claim.map_or_else(LocalClaim::none, |path| LocalClaim::take(path, &me));
+        fence.shut_now();
+        metrics.set_leader(false);
+        let (role, rx) = watch::channel(Role::Standby);
+        let election = Self {
+            state,
+            kind: ProviderLease::new(provider_id),
+            me,
+            claim,
+            timings,
+            fence,
+            metrics,
+            role,
+            last: None,
+            seen_at: Instant::now(),
+            renewed_at: None,
+            announced: String::new(),
+            reachable: true,
+        };
+        (election, rx)
+    }
+
+    /// This replica's identity in the lease.
+    pub fn identity(&self) -> String {
+        self.me.id()
+    }
+
+    fn is_leader(&self) -> bool {
+        *self.role.borrow() == Role::Leader
+    }
+
+    /// Until when the fence stays open.
+    fn deadline(&self) -> Option<Instant> {
+        self.renewed_at.map(|t| t + self.timings.renew_deadline)
+    }
+
+    /// Looks at the lease until `stop` turns true, then releases it if held.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        tracing::info!(
+            identity = %self.me.id(),
+            predecessor = self.claim.predecessor.as_deref().unwrap_or(""),
+            "standing by for the leader lease"
+        );
+        let mut changes =
+            self.state
+                .watch_kind(&self.kind.namespace(), &self.kind.resource_type(), vec![]);
+        loop {
+            let wait = self.next_look();
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => break,
+                Some(_) = changes.recv(), if !self.is_leader() => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+            self.look().await;
+        }
+        self.release().await;
+    }
+
+    /// A leader looks again at the next renew, or at its deadline if that comes first; a standby
+    /// every retry period (and at every change the watch reports).
+    fn next_look(&self) -> Duration {
+        match self.deadline() {
+            Some(deadline) if self.is_leader() => self
+                .timings
+                .renew_every()
+                .min(deadline.saturating_duration_since(Instant::now())),
+            _ => self.timings.retry_period,
+        }
+    }
+
+    async fn look(&mut self) {
+        let sent = Instant::now();
+        let budget = match self.deadline() {
+            Some(deadline) if self.is_leader() => deadline.saturating_duration_since(sent),
+            _ => self.timings.renew_deadline,
+        };
+        let outcome = match tokio::time::timeout(budget, self.try_acquire_or_renew(sent)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(format!("no answer from Omni within {budget:?}")),
+        };
+        match outcome {
+            Ok(held) => {
+                self.omni_reached(None);
+                if held {
+                    self.renewed_at = Some(sent);
+                    self.fence.open_until(sent + self.timings.renew_deadline);
+                    self.set_role(Role::Leader);
+                } else if self.is_leader() {
+                    let holder = self.last_holder();
+                    self.lose(&format!("the lease is held by {holder}"));
+                }
+            }
+            Err(e) => self.omni_reached(Some(e)),
+        }
+        if self.is_leader() && self.deadline().is_none_or(|d| Instant::now() >= d) {
+            self.lose(&format!(
+                "not renewed within the renew deadline ({:?})",
+                self.timings.renew_deadline
+            ));
+        }
+    }
+
+    /// One look: renew what this replica holds, or read the lease and act as [`decide`] says.
+    /// `Ok(true)` while this replica holds the lease.
+    async fn try_acquire_or_renew(&mut self, now: Instant) -> Result<bool, String> {
+        if self.is_leader()
+            && let Some(mine) = self.last.clone().filter(|l| l.spec.holder == self.me.id())
+        {
+            let mut next = mine;
+            next.spec.renew_time_ms = unix_ms();
+            match self.state.update(&self.kind, &next, OWNER, None).await {
+                Ok(stored) => {
+                    self.saw(stored, now);
+                    return Ok(true);
+                }
+                // Someone wrote since: read it and decide below.
+                Err(e) if e.is_conflict() => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let current = self
+            .state
+            .find(&self.kind, ProviderLease::ID)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(current) = &current {
+            self.saw(current.clone(), now);
+        }
+        let attempt = decide(
+            current.as_ref().map(|c| &c.spec),
+            &self.me.id(),
+            self.claim.predecessor.as_deref(),
+            now.saturating_duration_since(self.seen_at),
+        );
+        let written = match (&attempt, current) {
+            (Attempt::Wait, _) => {
+                self.announce_holder();
+                return Ok(false);
+            }
+            (Attempt::Create, _) | (_, None) => {
+                let spec = self.record(None, true);
+                self.state
+                    .create(&self.kind, ProviderLease::ID, &spec, BTreeMap::new(), OWNER)
+                    .await
+            }
+            (Attempt::Renew | Attempt::Take(_), Some(current)) => {
+                let taking = attempt != Attempt::Renew;
+                let mut next = current.clone();
+                next.spec = self.record(Some(&current.spec), taking);
+                self.state.update(&self.kind, &next, OWNER, None).await
+            }
+        };
+        match written {
+            Ok(stored) => {
+                if let Some(how) = how_acquired(&attempt) {
+                    self.announce_acquired(how);
+                }
+                self.saw(stored, now);
+                Ok(true)
+            }
+            // Another replica wrote first: it won this round.
+            Err(e) if e.is_conflict() || matches!(e, StateError::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The record this replica writes: `previous` kept where a renew keeps it.
+    fn record(&self, previous: Option<&LeaseSpec>, taking: bool) -> LeaseSpec {
+        let now = unix_ms();
+        let previous = previous.cloned().unwrap_or_default();
+        LeaseSpec {
+            holder: self.me.id(),
+            host: self.me.host.clone(),
+            pid: self.me.pid,
+            lease_duration_ms: self.timings.lease_duration.as_millis() as u64,
+            acquire_time_ms: if taking {
+                now
+            } else {
+                previous.acquire_time_ms
+            },
+            renew_time_ms: now,
+            transitions: previous.transitions + u32::from(taking),
+        }
+    }
+
+    /// Remembers `lease`; a version not seen before restarts the expiry clock.
+    fn saw(&mut self, lease: Typed<LeaseSpec>, now: Instant) {
+        if self
+            .last
+            .as_ref()
+            .is_none_or(|l| l.metadata.version != lease.metadata.version)
+        {
+            self.seen_at = now;
+        }
+        self.last = Some(lease);
+    }
+
+    fn last_holder(&self) -> String {
+        self.last
+            .as_ref()
+            .map(|l| l.spec.holder.clone())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "nobody".to_owned())
+    }
+
+    fn announce_holder(&mut self) {
+        let holder = self.last_holder();
+        if holder != self.announced {
+            tracing::info!(%holder, "standing by: another replica holds the leader lease");
+            self.announced = holder;
+        }
+    }
+
+    fn announce_acquired(&mut self, how: &str) {
+        let from = self.last_holder();
+        tracing::info!(holder = %self.me.id(), previous = %from, "acquired the leader lease: {how}");
+        self.announced = self.me.id();
+    }
+
+    fn omni_reached(&mut self, error: Option<String>) {
+        self.metrics.omni_reachable(error.is_none());
+        match error {
+            None => self.reachable = true,
+            Some(e) => {
+                if std::mem::replace(&mut self.reachable, false) {
+                    tracing::warn!(error = %e, "cannot read or renew the leader lease");
+                }
+            }
+        }
+    }
+
+    fn set_role(&mut self, role: Role) {
+        let changed = self
+            .role
+            .send_if_modified(|r| std::mem::replace(r, role) != role);
+        if changed {
+            self.metrics.set_leader(role == Role::Leader);
+            self.metrics.leader_transition();
+        }
+    }
+
+    fn lose(&mut self, why: &str) {
+        self.fence.shut_now();
+        self.renewed_at = None;
+        tracing::warn!(holder = %self.me.id(), "lost the leader lease ({why}); every write stopped; standing by");
+        self.announced = String::new();
+        self.set_role(Role::Standby);
+    }
+
+    /// Gives the lease up (at shutdown), so that a standby takes it at once instead of waiting
+    /// it out.
+    async fn release(&mut self) {
+        self.fence.shut_now();
+        if !self.is_leader() {
+            return;
+        }
+        self.set_role(Role::Standby);
+        let Some(mut next) = self.last.clone().filter(|l| l.spec.holder == self.me.id()) else {
+            return;
+        };
+        next.spec.holder.clear();
+        next.spec.host.clear();
+        next.spec.pid = 0;
+        next.spec.renew_time_ms = unix_ms();
+        let write = self.state.update(&self.kind, &next, OWNER, None);
+        match tokio::time::timeout(self.timings.renew_deadline, write).await {
+            Ok(Ok(_)) => tracing::info!(holder = %self.me.id(), "released the leader lease"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not release the leader lease; a standby takes it when it expires");
+            }
+            Err(_) => tracing::warn!(
+                "Omni did not answer the release of the leader lease; a standby takes it when it expires"
+            ),
+        }
+    }
+}
+
+/// Why a successful write of `attempt` made this replica the leader; `None` for a renew.
+fn how_acquired(attempt: &Attempt) -> Option<&'static str> {
+    match attempt {
+        Attempt::Create => Some("no replica had held it yet"),
+        Attempt::Take(Why::Released) => Some("it was released"),
+        Attempt::Take(Why::Expired) => Some("its holder stopped renewing it"),
+        Attempt::Take(Why::Predecessor) => Some("it named this replica's exited predecessor"),
+        Attempt::Renew | Attempt::Wait => None,
+    }
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
