@@ -12,7 +12,7 @@
 
 use serde_json::{Value, json};
 
-use super::fakepve::{TOKEN_ID, TOKEN_SECRET};
+use super::fakepve::{TOKEN_ID, TOKEN_SECRET, readme_role};
 
 const GIB: u64 = 1024 * 1024 * 1024;
 const TIB: u64 = 1024 * GIB;
@@ -44,8 +44,22 @@ pub fn scenario() -> Value {
         "bridges": nodes.iter().map(|n| (n.to_string(), json!(["vmbr0", "vmbr1"])))
             .collect::<serde_json::Map<_, _>>(),
         "tokens": {TOKEN_ID: TOKEN_SECRET},
+        // The token as the README grants it: the role where the provider works, only the
+        // system reads on `/` (so `validate` has no reach to warn about).
+        "acl": {TOKEN_ID: least_privilege()},
         "agent_default": true
     })
+}
+
+/// The README's role on the subtrees the provider uses, `Sys.Audit` and `Sys.Console` (HA) on `/`.
+fn least_privilege() -> Value {
+    let role = readme_role();
+    let mut entries = vec![json!(["/", ["Sys.Audit", "Sys.Console"]])];
+    for path in ["/vms", "/storage", "/nodes", "/pool", "/sdn"] {
+        entries.push(json!([path, role]));
+    }
+    entries.push(json!(["/mapping", ["Mapping.Use", "Mapping.Audit"]]));
+    Value::Array(entries)
 }
 
 /// `examples/config.yaml` with its Proxmox connection pointed at the sandbox (`url`, the token,
