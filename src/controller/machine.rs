@@ -19,9 +19,11 @@ impl Reconcile for Context {
     type Error = ReconcileError;
 
     /// The MachineRequest watch, with [`RequestQueueEvent::Retry`] for the requests waiting on a
-    /// full IP pool each time this process frees an address.
+    /// full IP pool each time this process frees an address, and for a teardown each time Omni
+    /// lets go of what it tore down.
     fn watch(&self) -> tokio::sync::mpsc::Receiver<RequestQueueEvent> {
         let mut watched = requests::watch(&self.state, self.provider_id());
+        let mut released = requests::watch_released_outputs(&self.state, self.provider_id());
         let services = self.services.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         tokio::spawn(async move {
@@ -31,6 +33,7 @@ impl Reconcile for Context {
                         Some(event) => vec![event],
                         None => return,
                     },
+                    Some(id) = released.recv() => vec![RequestQueueEvent::Retry { id }],
                     () = services.ledgers.ip.freed() => services
                         .ledgers
                         .ip
