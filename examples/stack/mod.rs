@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use omni_infra_provider_proxmox::omni::memstate::{MemServer, MemState};
+use omni_infra_provider_proxmox::omni::memstate::{
+    ControllersTask, MemServer, MemState, OmniControllers,
+};
 use omni_infra_provider_proxmox::omni::proto::specs::MachineRequestSpec;
 use omni_infra_provider_proxmox::omni::resources::MachineRequest;
 use omni_infra_provider_proxmox::omni::transport;
@@ -23,9 +25,15 @@ pub use fakepve::{FakePve, three_node_scenario};
 
 pub const PROVIDER: &str = "proxmox";
 
+/// How long Omni's cleanup controller holds a torn-down status unless a run sets another
+/// ([`MemState::set_drain`]): a machine that never joined a cluster leaves quickly.
+pub const DRAIN: Duration = Duration::from_millis(500);
+
 pub struct Stack {
     pub pve: FakePve,
     pub omni: MemState,
+    /// Omni's own controllers over `omni` (finalizers on statuses and patch requests).
+    _controllers: ControllersTask,
     server: Option<MemServer>,
     provider: Option<Child>,
     pub metrics: SocketAddr,
@@ -125,6 +133,7 @@ impl Stack {
         let pve = FakePve::start(scenario, time_scale)
             .ok_or("fakepve is not installed: run scripts/setup-test-env.sh")?;
         let omni = MemState::new();
+        let controllers = omni.run_omni_controllers(OmniControllers { drain: DRAIN });
         let key = omni.register_provider(PROVIDER)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -145,6 +154,7 @@ impl Stack {
         let stack = Stack {
             pve,
             omni,
+            _controllers: controllers,
             server: Some(server),
             provider: Some(provider),
             metrics,

@@ -64,46 +64,49 @@ impl MemState {
     /// Runs Omni's controllers over this state (see the module documentation) until the returned
     /// task is dropped.
     pub fn run_omni_controllers(&self, settings: OmniControllers) -> ControllersTask {
+        self.set_drain(settings.drain);
         let state = self.clone();
         let mut events = self.events.subscribe();
         ControllersTask(tokio::spawn(async move {
             let mut drains = Drains::default();
-            state.reconcile_everything(&mut drains, settings.drain);
+            state.reconcile_everything(&mut drains);
             loop {
-                let due = drains.next_due(settings.drain);
+                let due = drains.next_due();
                 tokio::select! {
                     ev = events.recv() => match ev {
-                        Ok(ev) => state.on_event(&ev, &mut drains, settings.drain),
-                        Err(RecvError::Lagged(_)) => {
-                            state.reconcile_everything(&mut drains, settings.drain);
-                        }
+                        Ok(ev) => state.on_event(&ev, &mut drains),
+                        Err(RecvError::Lagged(_)) => state.reconcile_everything(&mut drains),
                         Err(RecvError::Closed) => return,
                     },
-                    _ = sleep_until(due) => {
-                        state.reconcile_everything(&mut drains, settings.drain);
-                    }
+                    _ = sleep_until(due) => state.reconcile_everything(&mut drains),
                 }
             }
         }))
     }
 
-    fn on_event(&self, ev: &LoggedEvent, drains: &mut Drains, drain: Duration) {
+    /// Changes how long the cleanup controller holds a torn-down status with a machine, from the
+    /// next status torn down on (a benchmark measures a long drain after a quick provisioning).
+    pub fn set_drain(&self, drain: Duration) {
+        self.lock().drain = drain;
+    }
+
+    fn on_event(&self, ev: &LoggedEvent, drains: &mut Drains) {
         let m = md(&ev.resource);
         if m.namespace != namespace::INFRA_PROVIDER {
             return;
         }
         let mut store = self.lock();
         if m.r#type == MachineRequestStatus::TYPE {
-            self.reconcile_status(&mut store, &m.id, drains, drain);
+            self.reconcile_status(&mut store, &m.id, drains);
         } else if m.r#type == ConfigPatchRequest::TYPE {
             self.reconcile_patch_request(&mut store, &m.id);
         }
     }
 
-    fn reconcile_everything(&self, drains: &mut Drains, drain: Duration) {
+    fn reconcile_everything(&self, drains: &mut Drains) {
         let mut store = self.lock();
         for id in ids_of(&store, MachineRequestStatus::TYPE) {
-            self.reconcile_status(&mut store, &id, drains, drain);
+            self.reconcile_status(&mut store, &id, drains);
         }
         for id in ids_of(&store, ConfigPatchRequest::TYPE) {
             self.reconcile_patch_request(&mut store, &id);
@@ -112,7 +115,7 @@ impl MemState {
 
     /// The cleanup controller on one status, then the patch requests that name its machine request
     /// (the config-patch controller's extra mapped input).
-    fn reconcile_status(&self, store: &mut Store, id: &str, drains: &mut Drains, drain: Duration) {
+    fn reconcile_status(&self, store: &mut Store, id: &str, drains: &mut Drains) {
         let key = shared_key(MachineRequestStatus::TYPE, id);
         match store.resources.get(&key).map(|r| md(r).clone()) {
             None => drains.forget(id),
@@ -126,8 +129,8 @@ impl MemState {
             }
             Some(m) if m.finalizers.iter().any(|f| f == STATUS_CLEANUP_CONTROLLER) => {
                 let machine = status_spec(store, &key).is_some_and(|s| !s.id.is_empty());
-                let since = drains.torn_down_since(id);
-                if !machine || since.elapsed() >= drain {
+                let due = drains.torn_down_since(id, store.drain);
+                if !machine || Instant::now() >= due {
                     drains.forget(id);
                     self.edit_as_omni(store, &key, |m| {
                         m.finalizers.retain(|f| f != STATUS_CLEANUP_CONTROLLER)
@@ -260,13 +263,16 @@ impl MemState {
     }
 }
 
-/// When each torn-down status was first seen tearing down.
+/// When the drain of each torn-down status ends (counted from when it was first seen tearing down).
 #[derive(Default)]
 struct Drains(HashMap<String, Instant>);
 
 impl Drains {
-    fn torn_down_since(&mut self, id: &str) -> Instant {
-        *self.0.entry(id.to_owned()).or_insert_with(Instant::now)
+    fn torn_down_since(&mut self, id: &str, drain: Duration) -> Instant {
+        *self
+            .0
+            .entry(id.to_owned())
+            .or_insert_with(|| Instant::now() + drain)
     }
 
     fn forget(&mut self, id: &str) {
@@ -274,8 +280,8 @@ impl Drains {
     }
 
     /// When the next drain ends, if one is running.
-    fn next_due(&self, drain: Duration) -> Option<Instant> {
-        self.0.values().min().map(|since| *since + drain)
+    fn next_due(&self) -> Option<Instant> {
+        self.0.values().min().copied()
     }
 }
 
