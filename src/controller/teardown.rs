@@ -49,6 +49,9 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
         ctx.forget(id);
         return Ok(Action::Done);
     }
+    // A topology round writing this request's patch finishes first; later rounds see the request
+    // tearing down and leave its patch alone.
+    drop(ctx.topology_writes.lock().await);
     if !remove_config_patches(ctx, id).await? {
         return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
     }

@@ -339,7 +339,11 @@ fn cross_field_rules() {
         "{MINIMAL}boot: clone\ntemplate: 9000\nclone_mode: linkd\nclone_mod: full\n"
     ))
     .unwrap_err();
-    assert_eq!(keys_of(&p), vec!["clone_mode", "clone_mod"], "the ignored key follows");
+    assert_eq!(
+        keys_of(&p),
+        vec!["clone_mode", "clone_mod"],
+        "the ignored key follows"
+    );
     assert!(
         p[0].message
             .contains("\"linkd\" is not one of \"full\" or \"linked\""),
