@@ -26,7 +26,8 @@ pub struct Context {
     pub join_mode: JoinMode,
     /// `<id>.ProvisionController`: our finalizer and the owner of what we write.
     pub owner: String,
-    statuses: WriteCache<MachineRequestStatus>,
+    /// Shared with the watch of our outputs, which tells it of Omni's changes ([`WriteCache::observe`]).
+    pub(super) statuses: Arc<WriteCache<MachineRequestStatus>>,
     machines: WriteCache<ProviderMachine>,
     /// Requests this process added its finalizer to: a delivered version without it predates that
     /// write (see [`Context::is_current`]).
@@ -52,7 +53,7 @@ impl Context {
             state,
             join_mode,
             owner,
-            statuses: WriteCache::new(MachineRequestStatus),
+            statuses: Arc::new(WriteCache::new(MachineRequestStatus).omni_adds_finalizers()),
             machines,
             finalized: Mutex::new(HashSet::new()),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),

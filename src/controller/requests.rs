@@ -92,10 +92,13 @@ pub fn watch(state: &StateClient, provider_id: &str) -> mpsc::Receiver<RequestQu
 /// Watches what we tear down and Omni holds with its finalizers: our MachineRequestStatuses (its
 /// cleanup controller) and ConfigPatchRequests (its config-patch controller). Sends the ID of the
 /// machine request whose teardown may go on, each time one of them is left tearing down with no
-/// finalizer (docs/omni-protocol.md §3.6). A teardown waits for this instead of asking Omni again
+/// finalizer (docs/omni-protocol.md §3.6), and every updated status. A teardown waits for this instead of asking Omni again
 /// and again; it only looks again on its own after [`super::teardown::WAIT_FOR_OMNI`], in case an
 /// event was lost. Dropping the receiver stops both watches.
-pub fn watch_released_outputs(state: &StateClient, provider_id: &str) -> mpsc::Receiver<String> {
+pub fn watch_released_outputs(
+    state: &StateClient,
+    provider_id: &str,
+) -> mpsc::Receiver<OutputEvent> {
     let selector = || vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id)];
     let mut statuses = state.watch_kind(
         &MachineRequestStatus.namespace(),
@@ -116,15 +119,33 @@ pub fn watch_released_outputs(state: &StateClient, provider_id: &str) -> mpsc::R
                 () = tx.closed() => return,
                 else => return,
             };
-            let Some(id) = event.ok().and_then(|e| released(&e, request_of)) else {
+            let Ok(event) = event else {
                 continue;
             };
-            if tx.send(id).await.is_err() {
-                return;
+            let mut out = Vec::with_capacity(2);
+            if let (OutputOf::Status, WatchEvent::Updated(r)) = (request_of, &event) {
+                out.push(OutputEvent::StatusSeen(Box::new(r.clone())));
+            }
+            if let Some(id) = released(&event, request_of) {
+                out.push(OutputEvent::Released(id));
+            }
+            for item in out {
+                if tx.send(item).await.is_err() {
+                    return;
+                }
             }
         }
     });
     rx
+}
+
+/// What the watch of our outputs reports.
+#[derive(Debug, Clone)]
+pub enum OutputEvent {
+    /// The teardown of this machine request may go on.
+    Released(String),
+    /// A status of ours changed (by us, or by Omni adding or removing its finalizer).
+    StatusSeen(Box<crate::omni::proto::cosi::resource::Resource>),
 }
 
 /// Which output a watch event is about, and so how it names its machine request.
