@@ -108,6 +108,7 @@ impl<K: Kind> WriteCache<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::omni::proto::specs::MachineRequestStatusSpec;
     use crate::omni::resources::MachineRequestStatus;
 
     fn status(
@@ -116,7 +117,7 @@ mod tests {
     ) -> Typed<crate::omni::proto::specs::MachineRequestStatusSpec> {
         let mut s = Typed {
             metadata: Default::default(),
-            spec: Default::default(),
+            spec: MachineRequestStatusSpec::default(),
             unknown_fields: Vec::new(),
         };
         s.metadata.id = "r1".into();
