@@ -10,11 +10,12 @@ use std::collections::BTreeMap;
 use omni_infra_provider_proxmox::model::identity::{SET_POOL_COMMENT, provider_tag, request_tag};
 use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
 use omni_infra_provider_proxmox::omni::proto::specs::{
-    ConfigPatchSpec, FeaturesConfigSpec, MachineRequestSpec, machine_request_status_spec::Stage,
+    ConfigPatchSpec, FeaturesConfigSpec, MachineRequestSpec, TalosVersionSpec,
+    machine_request_status_spec::Stage,
 };
 use omni_infra_provider_proxmox::omni::resources::{
     ConfigPatchRequest, FEATURES_CONFIG_ID, FeaturesConfig, MachineRequest, ProviderMachine,
-    annotation, label, provision_controller_name,
+    TalosVersion, annotation, label, provision_controller_name,
 };
 use omni_infra_provider_proxmox::pipeline::image_factory::resolve_factory;
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
@@ -643,5 +644,39 @@ async fn the_first_state_write_carries_the_step_annotation() {
         first.metadata.annotations.contains_key(annotation::STEP),
         "{:?}",
         first.metadata
+    );
+}
+
+/// A Talos version Omni serves from its secondary factory names it in its `TalosVersions` resource
+/// (siderolabs/omni `client/api/omni/specs/omni.proto`, TalosVersionSpec field 6), and Omni's
+/// `CreateSchematicFromRaw` makes the schematic there (`client/pkg/imagefactory/clients.go`,
+/// `ForTalosVersion`, reading the resource by the version without its `v`): the ISO comes from that
+/// factory, not from the primary one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_talos_version_on_the_secondary_factory_downloads_from_it() {
+    let Some(h) = Harness::start("").await else {
+        return;
+    };
+    let secondary = "https://factory.secondary.example";
+    h.omni.state.put(
+        &TalosVersion,
+        TALOS,
+        &TalosVersionSpec {
+            version: TALOS.into(),
+            image_factory_url: format!("{secondary}/"),
+        },
+        BTreeMap::new(),
+    );
+    request(&h, "second-factory", "sf");
+    h.wait_stage("second-factory", Stage::Provisioned).await;
+    let st = h.machine_state("second-factory").spec;
+    let url = format!(
+        "{secondary}/image/{}/{TALOS}/nocloud-amd64.iso",
+        st.schematic
+    );
+    assert_eq!(
+        st.volume_id,
+        format!("{}.iso", hex(&Sha256::digest(url.as_bytes()))),
+        "the ISO is named after its URL on the secondary factory"
     );
 }

@@ -4,8 +4,9 @@
 //! Writes to the two resources the provider owns per request (its MachineRequestStatus and its
 //! provider state) go through here, so that every part of the controller writes them the same way.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::cache::WriteCache;
 use super::error_policy::{self, ReconcileError};
@@ -18,6 +19,7 @@ use crate::omni::proto::specs::MachineRequestStatusSpec;
 use crate::omni::resources::provision_controller_name;
 use crate::omni::resources::{MachineRequestStatus, ProviderMachine, annotation};
 use crate::omni::state::{StateClient, StateError, Typed};
+use crate::pipeline::image_factory;
 use crate::pipeline::step::{Services, Step};
 
 pub struct Context {
@@ -38,7 +40,12 @@ pub struct Context {
     /// passed through by a teardown before it removes the request's patches: a round that read the
     /// request before its teardown began cannot write the patch after the teardown removed it.
     pub topology_writes: tokio::sync::Mutex<()>,
+    /// The Image Factory Omni names for each Talos version, and when it was read.
+    talos_factories: Mutex<HashMap<String, (Option<String>, Instant)>>,
 }
+
+/// How long the factory Omni names for a Talos version is used before it is read again.
+const TALOS_FACTORY_TTL: Duration = Duration::from_secs(600);
 
 /// Requests working on one Proxmox node at once unless [`Context::with_concurrency`] says otherwise
 /// (the `--concurrency` default).
@@ -58,6 +65,7 @@ impl Context {
             finalized: Mutex::new(HashSet::new()),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
             topology_writes: tokio::sync::Mutex::new(()),
+            talos_factories: Mutex::new(HashMap::new()),
         }
     }
 
@@ -163,6 +171,27 @@ impl Context {
             .find(&self.machine_kind(), id)
             .await
             .map_err(ReconcileError::omni("reading the provider state"))
+    }
+
+    /// The Image Factory Omni uses for `talos_version` when it names one ([`image_factory::factory_for_version`]),
+    /// read at most every ten minutes per version.
+    pub async fn talos_factory(&self, talos_version: &str) -> Option<String> {
+        let cached = self
+            .talos_factories
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(talos_version)
+            .filter(|(_, read)| read.elapsed() < TALOS_FACTORY_TTL)
+            .map(|(factory, _)| factory.clone());
+        if let Some(factory) = cached {
+            return factory;
+        }
+        let factory = image_factory::factory_for_version(&self.state, talos_version).await;
+        self.talos_factories
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(talos_version.to_owned(), (factory.clone(), Instant::now()));
+        factory
     }
 
     /// Drops in-memory bookkeeping for a request that is gone.

@@ -37,6 +37,7 @@ pub fn request_info(request: &Request) -> RequestInfo {
             .filter(|o| !o.image.is_empty() || !o.name.is_empty())
             .map(|o| (o.image.clone(), o.name.clone())),
         provider_data: spec.provider_data.clone(),
+        image_factory: None,
     }
 }
 

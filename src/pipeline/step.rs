@@ -232,6 +232,18 @@ pub struct RequestInfo {
     pub meta_values: Vec<(u32, String)>,
     pub overlay: Option<(String, String)>,
     pub provider_data: String,
+    /// The Image Factory Omni uses for this Talos version when it is not the one in
+    /// [`Services::image_factory_url`] (Omni's `TalosVersions` resource names it).
+    pub image_factory: Option<String>,
+}
+
+impl RequestInfo {
+    /// The factory this request's boot images come from: the one Omni made its schematic on.
+    pub fn factory<'a>(&'a self, services: &'a Services) -> &'a str {
+        self.image_factory
+            .as_deref()
+            .unwrap_or(&services.image_factory_url)
+    }
 }
 
 /// Long-lived pieces every reconcile shares: clients, config, and the in-memory ledgers that make
