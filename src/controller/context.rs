@@ -28,7 +28,8 @@ pub struct Context {
     pub join_mode: JoinMode,
     /// `<id>.ProvisionController`: our finalizer and the owner of what we write.
     pub owner: String,
-    /// Shared with the watch of our outputs, which tells it of Omni's changes ([`WriteCache::observe`]).
+    /// Shared with the watch of our outputs, which tells it of Omni's changes
+    /// ([`WriteCache::observe`]).
     pub(super) statuses: Arc<WriteCache<MachineRequestStatus>>,
     machines: WriteCache<ProviderMachine>,
     /// Requests this process added its finalizer to: a delivered version without it predates that
@@ -173,8 +174,8 @@ impl Context {
             .map_err(ReconcileError::omni("reading the provider state"))
     }
 
-    /// The Image Factory Omni uses for `talos_version` when it names one ([`image_factory::factory_for_version`]),
-    /// read at most every ten minutes per version.
+    /// The Image Factory Omni uses for `talos_version` when it names one
+    /// ([`image_factory::factory_for_version`]), read at most every ten minutes per version.
     pub async fn talos_factory(&self, talos_version: &str) -> Option<String> {
         let cached = self
             .talos_factories

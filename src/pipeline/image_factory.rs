@@ -50,11 +50,11 @@ pub fn choose_factory(published: Option<&str>, flag: &str) -> (String, FactorySo
     }
 }
 
-/// The factory Omni uses for `talos_version`, when its `TalosVersions` resource names one. siderolabs/omni
-/// `client/pkg/imagefactory/clients.go`, `ForTalosVersion` (what `CreateSchematicFromRaw` uses): the
-/// resource's ID is the version without a leading `v`, and its `image_factory_url` picks the primary
-/// or the secondary factory; an absent resource or an empty URL means the primary. A failed read
-/// falls back to the primary too, and says so.
+/// The factory Omni uses for `talos_version`, when its `TalosVersions` resource names one.
+/// siderolabs/omni `client/pkg/imagefactory/clients.go`, `ForTalosVersion` (what
+/// `CreateSchematicFromRaw` uses): the resource's ID is the version without a leading `v`, and its
+/// `image_factory_url` picks the primary or the secondary factory; an absent resource or an empty
+/// URL means the primary. A failed read falls back to the primary too, and says so.
 pub async fn factory_for_version(state: &StateClient, talos_version: &str) -> Option<String> {
     let id = talos_version.trim_start_matches('v');
     match state.find(&TalosVersion, id).await {

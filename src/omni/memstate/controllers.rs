@@ -40,7 +40,7 @@ use crate::omni::resources::{
 pub const STATUS_CLEANUP_CONTROLLER: &str = "MachineRequestStatusCleanupController";
 /// The finalizer (controller name) of Omni's controller on ConfigPatchRequests.
 pub const CONFIG_PATCH_CONTROLLER: &str = "ConfigPatchRequestController";
-/// The type of the machine config patches Omni derives from ConfigPatchRequests (namespace `default`).
+/// The type of the machine config patches Omni derives from ConfigPatchRequests (in `default`).
 pub const CONFIG_PATCH_TYPE: &str = "ConfigPatches.omni.sidero.dev";
 
 /// Settings of Omni's controllers in memstate.
