@@ -299,8 +299,13 @@ async fn drain(stack: &mut Stack) -> Result<Vec<Row>, String> {
     }
     let took = started.elapsed();
     stack.omni.set_drain(stack::DRAIN);
-    let whole = total(&scale::omni_calls_since(stack, &before));
+    let by_kind = scale::omni_calls_since(stack, &before);
+    let whole = total(&by_kind);
     let per = |n: u64| n as f64 / MANY as f64;
+    println!("\nOmni calls per machine in a teardown while Omni drains, by kind:");
+    for ((method, ty), n) in &by_kind {
+        println!("  {:>5.2}  {method:<18} {ty}", per(*n));
+    }
     Ok(vec![
         Row {
             what: format!(
