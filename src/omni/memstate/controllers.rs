@@ -137,7 +137,8 @@ impl MemState {
                     });
                 }
             }
-            Some(_) => {}
+            // Let go already (or never held): nothing to wait for.
+            Some(_) => drains.forget(id),
         }
         let requests: Vec<String> = of_type(store, ConfigPatchRequest::TYPE)
             .filter(|(_, r)| {
