@@ -14,8 +14,9 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use omni_infra_provider_proxmox::omni::memstate::MemState;
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
+use omni_infra_provider_proxmox::omni::resources::{MachineRequestStatus, PHASE_TEARING_DOWN};
 use scale::Row;
 use stack::Stack;
 
@@ -213,6 +214,7 @@ async fn run() -> Result<Vec<Row>, String> {
         ok: Some(many_teardown_calls.len() <= 7 * MANY),
     });
     rows.extend(set_burst(&mut stack).await?);
+    rows.extend(drain(&mut stack).await?);
     rows.push(Row {
         what: "Idle RSS of the provider".into(),
         measured: format!("{:.1} MiB", idle_rss as f64 / 1024.0),
@@ -281,6 +283,88 @@ async fn set_burst(stack: &mut Stack) -> Result<Vec<Row>, String> {
         target: "<= 8.5, one pool create, one listing (was 8.2 to 8.8)".into(),
         ok: Some(per_machine <= 8.5 && pools == 1 && listings == 1),
     }])
+}
+
+/// How long Omni holds each torn-down status in [`drain`]: a machine leaving its cluster.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// [`MANY`] machines torn down at once while Omni's cleanup controller holds each status for
+/// [`DRAIN`]: the Omni calls the whole teardown costs per machine, and those made while the drains
+/// hold (from the moment every status is held to the first release).
+async fn drain(stack: &mut Stack) -> Result<Vec<Row>, String> {
+    let ids: Vec<String> = (0..MANY).map(|i| format!("bench-drain-{i:03}")).collect();
+    for id in &ids {
+        stack.request(id, "bench-drain", CLASS);
+    }
+    wait_provisioned(stack, &ids).await?;
+    stack.omni.set_drain(DRAIN);
+    let started = Instant::now();
+    let before = stack.omni.typed_calls();
+    for id in &ids {
+        stack.tear_down(id);
+    }
+    let held = |s: &MemState, id: &String| {
+        s.get_raw(
+            MachineRequestStatus::NAMESPACE,
+            MachineRequestStatus::TYPE,
+            id,
+        )
+        .and_then(|r| r.metadata)
+        .is_some_and(|m| m.phase == PHASE_TEARING_DOWN && !m.finalizers.is_empty())
+    };
+    let all_held = stack
+        .omni
+        .wait_for(DRAIN, |s| ids.iter().all(|id| held(s, id)))
+        .await;
+    if !all_held {
+        return Err("the statuses were not all torn down within the drain time".into());
+    }
+    let drain_start = stack.omni.typed_calls();
+    stack
+        .omni
+        .wait_for(2 * DRAIN, |s| !ids.iter().all(|id| held(s, id)))
+        .await;
+    let during = total(&scale::omni_calls_since(stack, &drain_start));
+    while !stack.all_released(&ids) {
+        if started.elapsed() > DEADLINE {
+            return Err("teardown did not finish".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = started.elapsed();
+    stack.omni.set_drain(stack::DRAIN);
+    let by_kind = scale::omni_calls_since(stack, &before);
+    let whole = total(&by_kind);
+    let per = |n: u64| n as f64 / MANY as f64;
+    println!("\nOmni calls per machine in a teardown while Omni drains, by kind:");
+    for ((method, ty), n) in &by_kind {
+        println!("  {:>5.2}  {method:<18} {ty}", per(*n));
+    }
+    Ok(vec![
+        Row {
+            what: format!(
+                "{MANY} teardowns while Omni drains each for {} s",
+                DRAIN.as_secs()
+            ),
+            measured: format!(
+                "{:.1} s, {:.1} Omni calls each",
+                took.as_secs_f64(),
+                per(whole)
+            ),
+            target: "-".into(),
+            ok: None,
+        },
+        Row {
+            what: "  Omni calls per machine while the drains hold".into(),
+            measured: format!("{:.2}", per(during)),
+            target: "<= 5 (was 2 every 2 s)".into(),
+            ok: Some(during <= 5 * MANY as u64),
+        },
+    ])
+}
+
+fn total(calls: &OmniCalls) -> u64 {
+    calls.values().sum()
 }
 
 fn row_calls(what: &str, n: usize, target: usize, upstream: usize) -> Row {

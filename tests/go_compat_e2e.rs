@@ -7,14 +7,15 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use omni_infra_provider_proxmox::model::identity::SET_POOL_COMMENT;
+use omni_infra_provider_proxmox::model::identity::{SET_POOL_COMMENT, provider_tag, request_tag};
 use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
 use omni_infra_provider_proxmox::omni::proto::specs::{
-    ConfigPatchSpec, FeaturesConfigSpec, MachineRequestSpec, machine_request_status_spec::Stage,
+    ConfigPatchSpec, FeaturesConfigSpec, MachineRequestSpec, TalosVersionSpec,
+    machine_request_status_spec::Stage,
 };
 use omni_infra_provider_proxmox::omni::resources::{
     ConfigPatchRequest, FEATURES_CONFIG_ID, FeaturesConfig, MachineRequest, ProviderMachine,
-    annotation, label, provision_controller_name,
+    TalosVersion, annotation, label, provision_controller_name,
 };
 use omni_infra_provider_proxmox::pipeline::image_factory::resolve_factory;
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
@@ -179,6 +180,17 @@ async fn where_we_stop_the_go_provider_reads_its_own_step_names_and_fields() {
 /// Writes provider state through the provider API as the Go library does (owner = its controller
 /// name, the step annotation beside the spec).
 async fn write_go_state(h: &Harness, id: &str, spec: MachineSpec, step: &str) {
+    write_go_state_with(h, id, spec, step, &[]).await;
+}
+
+/// [`write_go_state`] with raw protobuf fields our MachineSpec does not define appended.
+async fn write_go_state_with(
+    h: &Harness,
+    id: &str,
+    spec: MachineSpec,
+    step: &str,
+    unknown_fields: &[u8],
+) {
     let client = h.omni.client(PROVIDER);
     client
         .state
@@ -188,6 +200,7 @@ async fn write_go_state(h: &Harness, id: &str, spec: MachineSpec, step: &str) {
             &provision_controller_name(PROVIDER),
             |m| {
                 m.spec = spec.clone();
+                m.unknown_fields = unknown_fields.to_vec();
                 m.metadata
                     .annotations
                     .insert(annotation::STEP.to_owned(), step.to_owned());
@@ -466,4 +479,204 @@ async fn set_pools_are_recorded_and_removed_as_the_official_provider_does() {
         "a pool someone made stays, empty: {pools}"
     );
     h.stop_controller().await;
+}
+
+/// The newest official release runs `registerHA` and `syncHARules` after `startVM`
+/// (siderolabs/omni-infra-provider-proxmox `internal/pkg/provider/provision.go`, `ProvisionSteps`) and
+/// counts start attempts in field 14 of its state (`start_attempts`, `handleStoppedStartTask`). A
+/// request it left after its last step resumes at our start step, with its running VM and without a
+/// placement, and its field 14 is still there after our writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn we_continue_a_request_the_newest_official_release_left_after_its_ha_steps() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.stop_controller().await;
+    request(&h, "go-ha", "goset");
+    let yaml = schematic_yaml(&SchematicRequest {
+        extensions: vec!["siderolabs/iscsi-tools".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    let schematic = hex(&Sha256::digest(yaml.as_bytes()));
+    let iso = go_iso_name(&schematic, TALOS);
+    let uuid = uuid::Uuid::new_v4().to_string();
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 151, "name": "go-ha", "node": "pve2", "status": "running",
+        "config": {"tags": "machine-request.goset", "memory": 2048, "cores": 2,
+                   "agent": "enabled=1", "smbios1": format!("uuid={uuid}"),
+                   "ide2": format!("local:iso/{iso},media=cdrom"),
+                   "scsi0": "local-lvm:vm-151-disk-0,size=10G"}}),
+    );
+    // start_attempts = 2 (field 14, varint).
+    let start_attempts = [14 << 3, 2];
+    write_go_state_with(
+        &h,
+        "go-ha",
+        MachineSpec {
+            uuid: uuid.clone(),
+            schematic,
+            talos_version: TALOS.into(),
+            volume_id: iso,
+            node: "pve2".into(),
+            vm_create_task: "UPID:pve2:00001234:00005678:65000000:qmcreate:151:root@pam:".into(),
+            vm_start_task: "UPID:pve2:00001235:00005679:65000001:qmstart:151:root@pam:".into(),
+            vmid: 151,
+            ..Default::default()
+        },
+        "syncHARules",
+        &start_attempts,
+    )
+    .await;
+    h.start_controller();
+    h.wait_stage("go-ha", Stage::Provisioned).await;
+    let vms = h.vms_named("go-ha");
+    assert_eq!(vms.len(), 1, "no second VM: {vms:?}");
+    assert_eq!(vms[0]["vmid"], json!(151));
+    let before_start = ["pick_node", "prepare_image", "create_vm", "configure_vm"];
+    for version in h
+        .omni
+        .state
+        .history(&ProviderMachine::new(PROVIDER), "go-ha")
+    {
+        assert!(
+            !before_start.contains(&version.spec.step.as_str()),
+            "resumed at {:?}, before the start step",
+            version.spec.step
+        );
+    }
+    let state = h.machine_state("go-ha");
+    assert_eq!(state.spec.uuid, uuid);
+    assert_eq!(
+        state.unknown_fields, start_attempts,
+        "field 14 kept through our writes"
+    );
+    h.stop_controller().await;
+}
+
+/// A VM we adopted (found in the cluster, not created by this request's create call) has no create
+/// task recorded, and the official provider's `syncVM` creates a VM whenever none is recorded: from
+/// our first state write on, the step annotation never sends it there once a VMID is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_adopted_vm_the_official_provider_is_sent_to_its_start_step() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.stop_controller().await;
+    request(&h, "adopt-1", "adoptset");
+    let uuid = uuid::Uuid::new_v4().to_string();
+    let yaml = schematic_yaml(&SchematicRequest {
+        extensions: vec!["siderolabs/iscsi-tools".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    let iso = go_iso_name(&hex(&Sha256::digest(yaml.as_bytes())), TALOS);
+    // The VM an earlier create of ours made (its answer lost): named after the request, with our
+    // provider and request tags and the recorded SMBIOS UUID.
+    let tags = format!(
+        "machine-request.adoptset;{};{}",
+        provider_tag(PROVIDER),
+        request_tag("adopt-1").unwrap()
+    );
+    h.pve.control(
+        json!({"op": "add_vm", "vmid": 152, "name": "adopt-1", "node": "pve2",
+        "config": {"tags": tags, "memory": 2048, "cores": 2,
+                   "agent": "enabled=1", "smbios1": format!("uuid={uuid}"),
+                   "ide2": format!("local:iso/{iso},media=cdrom"),
+                   "scsi0": "local-lvm:vm-152-disk-0,size=10G"}}),
+    );
+    write_go_state(
+        &h,
+        "adopt-1",
+        MachineSpec {
+            uuid: uuid.clone(),
+            node: "pve2".into(),
+            ..Default::default()
+        },
+        "pickNode",
+    )
+    .await;
+    h.start_controller();
+    h.wait_stage("adopt-1", Stage::Provisioned).await;
+    assert_eq!(
+        h.vms_named("adopt-1").len(),
+        1,
+        "adopted, not created again"
+    );
+    let history = h
+        .omni
+        .state
+        .history(&ProviderMachine::new(PROVIDER), "adopt-1");
+    for version in &history {
+        let step = version.metadata.annotations.get(annotation::STEP);
+        assert!(
+            step.is_some(),
+            "every version carries the step: {version:?}"
+        );
+        if version.spec.vmid != 0 && version.spec.vm_create_task.is_empty() {
+            assert_eq!(
+                step.map(String::as_str),
+                Some("startVM"),
+                "syncVM without a create task makes a second VM"
+            );
+        }
+    }
+    assert!(history.iter().any(|v| v.spec.vmid == 152));
+    h.stop_controller().await;
+}
+
+/// The provider state's first version (its Create) already carries the step annotation: a takeover
+/// right after it must not start the official provider from the top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_state_write_carries_the_step_annotation() {
+    let Some(h) = Harness::start("").await else {
+        return;
+    };
+    request(&h, "first-write", "fw");
+    h.wait_stage("first-write", Stage::Provisioned).await;
+    let history = h
+        .omni
+        .state
+        .history(&ProviderMachine::new(PROVIDER), "first-write");
+    let first = history.first().expect("the state was written");
+    assert_eq!(first.metadata.version, "1");
+    assert!(
+        first.metadata.annotations.contains_key(annotation::STEP),
+        "{:?}",
+        first.metadata
+    );
+}
+
+/// A Talos version Omni serves from its secondary factory names it in its `TalosVersions` resource
+/// (siderolabs/omni `client/api/omni/specs/omni.proto`, TalosVersionSpec field 6), and Omni's
+/// `CreateSchematicFromRaw` makes the schematic there (`client/pkg/imagefactory/clients.go`,
+/// `ForTalosVersion`, reading the resource by the version without its `v`): the ISO comes from that
+/// factory, not from the primary one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_talos_version_on_the_secondary_factory_downloads_from_it() {
+    let Some(h) = Harness::start("").await else {
+        return;
+    };
+    let secondary = "https://factory.secondary.example";
+    h.omni.state.put(
+        &TalosVersion,
+        TALOS,
+        &TalosVersionSpec {
+            version: TALOS.into(),
+            image_factory_url: format!("{secondary}/"),
+        },
+        BTreeMap::new(),
+    );
+    request(&h, "second-factory", "sf");
+    h.wait_stage("second-factory", Stage::Provisioned).await;
+    let st = h.machine_state("second-factory").spec;
+    let url = format!(
+        "{secondary}/image/{}/{TALOS}/nocloud-amd64.iso",
+        st.schematic
+    );
+    assert_eq!(
+        st.volume_id,
+        format!("{}.iso", hex(&Sha256::digest(url.as_bytes()))),
+        "the ISO is named after its URL on the secondary factory"
+    );
 }

@@ -15,6 +15,8 @@
 //!
 //! It runs the debug binary `make test` builds: its shared-library needs are the release build's
 //! (same target, same linker, same crates), and a release build would add minutes to every CI run.
+//! `make image-check` builds the release binary the image ships and runs this test on it
+//! (`PROVIDER_BINARY` names the binary to run).
 //! `unshare --user --map-user=65532 --root=…` (util-linux) makes the chroot without privileges;
 //! the container runtime's /proc and /dev are absent here, so the binary is shown not to need them.
 
@@ -87,11 +89,11 @@ fn image_root(rootfs: &Path, config: &str, ca: &Path) -> tempfile::TempDir {
         .status()
         .unwrap();
     assert!(copied.success());
-    std::fs::copy(
-        env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"),
-        root.path().join("omni-infra-provider-proxmox"),
-    )
-    .unwrap();
+    let binary = std::env::var_os("PROVIDER_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox")));
+    std::fs::copy(&binary, root.path().join("omni-infra-provider-proxmox"))
+        .unwrap_or_else(|e| panic!("cannot copy {}: {e}", binary.display()));
     std::fs::create_dir_all(root.path().join("etc/omni-proxmox")).unwrap();
     std::fs::copy(ca, root.path().join("etc/omni-proxmox/pve-root-ca.pem")).unwrap();
     std::fs::write(root.path().join("config.yaml"), config).unwrap();

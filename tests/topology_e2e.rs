@@ -12,7 +12,7 @@ mod support;
 
 use std::time::Duration;
 
-use omni_infra_provider_proxmox::controller::topology::{PATCH_PREFIX, patch_yaml};
+use omni_infra_provider_proxmox::controller::topology::{self, Change, PATCH_PREFIX, patch_yaml};
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{ConfigPatchRequest, MachineRequest, label};
 use serde_json::json;
@@ -150,5 +150,41 @@ async fn without_sys_audit_on_root_the_zone_comes_alone() {
         h.patch_becomes("topo-acl", Some(&patch_yaml("pve2", None)))
             .await,
         "rounds still follow migrations"
+    );
+}
+
+/// A round lists the requests, then writes the patches that changed; a teardown that begins in
+/// between removes the request's patch, and the round's write must not make it again (Omni would
+/// derive a ConfigPatch for a machine on its way out, and nothing would remove the request's patch).
+#[tokio::test]
+async fn a_round_older_than_a_teardown_does_not_write_the_patch_again() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    h.request("topo-race", "topology", &class("pve1", ""));
+    h.wait_stage("topo-race", Stage::Provisioned).await;
+    let patch_id = format!("{PATCH_PREFIX}topo-race");
+    let written = h
+        .omni
+        .state
+        .wait_for(WAIT, |s| s.get(&ConfigPatchRequest, &patch_id).is_some())
+        .await;
+    assert!(
+        written,
+        "the patch is written when the machine is provisioned"
+    );
+    h.stop_controller().await;
+    // The teardown began after the round's listing, and removed the patch.
+    assert!(h.omni.state.teardown(&MachineRequest, "topo-race"));
+    assert!(h.omni.state.remove(&ConfigPatchRequest, &patch_id));
+    // The round goes on with what it listed: the request live, its zone moved.
+    let stale = Change::Write {
+        request_id: "topo-race".into(),
+        yaml: patch_yaml("pve2", None),
+    };
+    topology::apply(&h.context(), &stale).await.unwrap();
+    assert!(
+        h.omni.state.get(&ConfigPatchRequest, &patch_id).is_none(),
+        "the patch was written again for a request being torn down"
     );
 }

@@ -15,7 +15,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use omni_infra_provider_proxmox::omni::memstate::{MemServer, MemState};
+use omni_infra_provider_proxmox::omni::memstate::{
+    ControllersTask, MemServer, MemState, OmniControllers,
+};
 use omni_infra_provider_proxmox::omni::proto::specs::MachineRequestSpec;
 use omni_infra_provider_proxmox::omni::resources::MachineRequest;
 use omni_infra_provider_proxmox::omni::transport;
@@ -24,9 +26,15 @@ pub use fakepve::{FakePve, three_node_scenario};
 
 pub const PROVIDER: &str = "proxmox";
 
+/// How long Omni's cleanup controller holds a torn-down status unless a run sets another
+/// ([`MemState::set_drain`]): a machine that never joined a cluster leaves quickly.
+pub const DRAIN: Duration = Duration::from_millis(500);
+
 pub struct Stack {
     pub pve: FakePve,
     pub omni: MemState,
+    /// Omni's own controllers over `omni` (finalizers on statuses and patch requests).
+    _controllers: ControllersTask,
     server: Option<MemServer>,
     /// The provider processes; the first is "the provider" of the single-process runs.
     pub replicas: Vec<Replica>,
@@ -289,6 +297,7 @@ impl Stack {
         let pve = FakePve::start(scenario, time_scale)
             .ok_or("fakepve is not installed: run scripts/setup-test-env.sh")?;
         let omni = MemState::new();
+        let controllers = omni.run_omni_controllers(OmniControllers { drain: DRAIN });
         let key = omni.register_provider(PROVIDER)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -305,6 +314,7 @@ impl Stack {
         Ok(Stack {
             pve,
             omni,
+            _controllers: controllers,
             server: Some(server),
             replicas: Vec::new(),
             launch,

@@ -4,9 +4,10 @@
 //! until SIGINT/SIGTERM. Nothing is persisted.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::CliResult;
-use crate::omni::memstate::MemState;
+use crate::omni::memstate::{MemState, OmniControllers};
 use crate::omni::transport;
 
 #[derive(Debug, clap::Args)]
@@ -44,6 +45,10 @@ pub enum DevOmniError {
 pub async fn run(args: DevOmniArgs) -> CliResult {
     transport::install_crypto_provider();
     let state = MemState::new();
+    // Omni's own finalizers on statuses and config patch requests, as a real Omni holds them.
+    let _controllers = state.run_omni_controllers(OmniControllers {
+        drain: Duration::from_secs(1),
+    });
     let key = state
         .register_provider(&args.provider_id)
         .map_err(|message| DevOmniError::Register {

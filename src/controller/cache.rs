@@ -14,6 +14,9 @@ use crate::omni::state::{StateClient, StateError, Typed};
 pub struct WriteCache<K: Kind> {
     kind: K,
     last: Mutex<HashMap<String, Typed<K::Spec>>>,
+    /// Omni's controllers put a finalizer on every resource of this kind right after its creation,
+    /// so the created version is outdated at once (see [`Self::omni_adds_finalizers`]).
+    omni_adds_finalizers: bool,
 }
 
 impl<K: Kind> WriteCache<K> {
@@ -21,7 +24,17 @@ impl<K: Kind> WriteCache<K> {
         Self {
             kind,
             last: Mutex::new(HashMap::new()),
+            omni_adds_finalizers: false,
         }
+    }
+
+    /// For a kind Omni's controllers put a finalizer on as soon as it exists (MachineRequestStatus:
+    /// siderolabs/omni `machine_request_cleanup.go`): the created version is not remembered, since
+    /// an update with it would only be refused; the next write reads the resource first, unless
+    /// the watch delivered the newer version meanwhile ([`Self::observe`]).
+    pub fn omni_adds_finalizers(mut self) -> Self {
+        self.omni_adds_finalizers = true;
+        self
     }
 
     fn remembered(&self, id: &str) -> Option<Typed<K::Spec>> {
@@ -37,6 +50,19 @@ impl<K: Kind> WriteCache<K> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.to_owned(), resource.clone());
+    }
+
+    /// A newer version of a resource this process wrote, as a watch delivered it (Omni's
+    /// controllers add their finalizers right after our create): remembered instead, so the next
+    /// update carries the version Omni holds and costs one call, not a refused update and a read.
+    pub fn observe(&self, resource: Typed<K::Spec>) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let version = |r: &Typed<K::Spec>| r.metadata.version.parse::<u64>().unwrap_or(0);
+        if let Some(known) = last.get_mut(resource.id())
+            && version(&resource) > version(known)
+        {
+            *known = resource;
+        }
     }
 
     pub fn forget(&self, id: &str) {
@@ -71,7 +97,47 @@ impl<K: Kind> WriteCache<K> {
             }
         }
         let stored = state.modify(&self.kind, id, owner, mutate).await?;
-        self.remember(id, &stored);
+        let created = stored.metadata.version == "1";
+        if !(created && self.omni_adds_finalizers) {
+            self.remember(id, &stored);
+        }
         Ok(stored)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::omni::proto::specs::MachineRequestStatusSpec;
+    use crate::omni::resources::MachineRequestStatus;
+
+    fn status(
+        version: &str,
+        text: &str,
+    ) -> Typed<crate::omni::proto::specs::MachineRequestStatusSpec> {
+        let mut s = Typed {
+            metadata: Default::default(),
+            spec: MachineRequestStatusSpec::default(),
+            unknown_fields: Vec::new(),
+        };
+        s.metadata.id = "r1".into();
+        s.metadata.version = version.into();
+        s.spec.status = text.into();
+        s
+    }
+
+    #[test]
+    fn a_newer_version_from_the_watch_replaces_what_we_wrote_and_an_older_one_does_not() {
+        let cache = WriteCache::new(MachineRequestStatus);
+        cache.observe(status("9", "never written by us"));
+        assert!(
+            cache.remembered("r1").is_none(),
+            "only what we wrote is kept"
+        );
+        cache.remember("r1", &status("3", "ours"));
+        cache.observe(status("2", "older echo"));
+        assert_eq!(cache.remembered("r1").unwrap().spec.status, "ours");
+        cache.observe(status("4", "with Omni's finalizer"));
+        assert_eq!(cache.remembered("r1").unwrap().metadata.version, "4");
     }
 }

@@ -4,8 +4,9 @@
 //! Writes to the two resources the provider owns per request (its MachineRequestStatus and its
 //! provider state) go through here, so that every part of the controller writes them the same way.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::cache::WriteCache;
 use super::error_policy::{self, ReconcileError};
@@ -18,6 +19,7 @@ use crate::omni::proto::specs::MachineRequestStatusSpec;
 use crate::omni::resources::provision_controller_name;
 use crate::omni::resources::{MachineRequestStatus, ProviderMachine, annotation};
 use crate::omni::state::{StateClient, StateError, Typed};
+use crate::pipeline::image_factory;
 use crate::pipeline::step::{Services, Step};
 
 pub struct Context {
@@ -26,14 +28,25 @@ pub struct Context {
     pub join_mode: JoinMode,
     /// `<id>.ProvisionController`: our finalizer and the owner of what we write.
     pub owner: String,
-    statuses: WriteCache<MachineRequestStatus>,
+    /// Shared with the watch of our outputs, which tells it of Omni's changes
+    /// ([`WriteCache::observe`]).
+    pub(super) statuses: Arc<WriteCache<MachineRequestStatus>>,
     machines: WriteCache<ProviderMachine>,
     /// Requests this process added its finalizer to: a delivered version without it predates that
     /// write (see [`Context::is_current`]).
     finalized: Mutex<HashSet<String>>,
     /// How many requests work on each Proxmox node at once ([`Context::with_concurrency`]).
     pub lanes: Lanes,
+    /// Held by the topology loop while it checks that a request is live and writes its patch, and
+    /// passed through by a teardown before it removes the request's patches: a round that read the
+    /// request before its teardown began cannot write the patch after the teardown removed it.
+    pub topology_writes: tokio::sync::Mutex<()>,
+    /// The Image Factory Omni names for each Talos version, and when it was read.
+    talos_factories: Mutex<HashMap<String, (Option<String>, Instant)>>,
 }
+
+/// How long the factory Omni names for a Talos version is used before it is read again.
+const TALOS_FACTORY_TTL: Duration = Duration::from_secs(600);
 
 /// Requests working on one Proxmox node at once unless [`Context::with_concurrency`] says otherwise
 /// (the `--concurrency` default).
@@ -48,10 +61,12 @@ impl Context {
             state,
             join_mode,
             owner,
-            statuses: WriteCache::new(MachineRequestStatus),
+            statuses: Arc::new(WriteCache::new(MachineRequestStatus).omni_adds_finalizers()),
             machines,
             finalized: Mutex::new(HashSet::new()),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
+            topology_writes: tokio::sync::Mutex::new(()),
+            talos_factories: Mutex::new(HashMap::new()),
         }
     }
 
@@ -159,6 +174,27 @@ impl Context {
             .map_err(ReconcileError::omni("reading the provider state"))
     }
 
+    /// The Image Factory Omni uses for `talos_version` when it names one
+    /// ([`image_factory::factory_for_version`]), read at most every ten minutes per version.
+    pub async fn talos_factory(&self, talos_version: &str) -> Option<String> {
+        let cached = self
+            .talos_factories
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(talos_version)
+            .filter(|(_, read)| read.elapsed() < TALOS_FACTORY_TTL)
+            .map(|(factory, _)| factory.clone());
+        if let Some(factory) = cached {
+            return factory;
+        }
+        let factory = image_factory::factory_for_version(&self.state, talos_version).await;
+        self.talos_factories
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(talos_version.to_owned(), (factory.clone(), Instant::now()));
+        factory
+    }
+
     /// Drops in-memory bookkeeping for a request that is gone.
     pub fn forget(&self, id: &str) {
         self.statuses.forget(id);
@@ -191,6 +227,7 @@ mod tests {
         let mut r = Typed {
             metadata: Default::default(),
             spec: MachineRequestSpec::default(),
+            unknown_fields: Vec::new(),
         };
         r.metadata.id = "req-1".into();
         r.metadata.finalizers = finalizers.iter().map(|f| f.to_string()).collect();

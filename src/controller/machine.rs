@@ -10,20 +10,24 @@ use futures_util::future::BoxFuture;
 
 use super::context::Context;
 use super::error_policy::{ReconcileError, error_policy};
-use super::requests::{self, Request, RequestQueueEvent};
+use super::requests::{self, OutputEvent, Request, RequestQueueEvent};
 use super::runner::{Action, Reconcile};
 use super::{provision, teardown};
 use crate::contain::Panic;
 use crate::omni::resources::{MachineRequest, label};
+use crate::omni::state::Typed;
 
 impl Reconcile for Context {
     type Error = ReconcileError;
 
     /// The MachineRequest watch, with [`RequestQueueEvent::Retry`] for the requests waiting on a
-    /// full IP pool each time this process frees an address.
+    /// full IP pool each time this process frees an address, and for a teardown each time Omni
+    /// lets go of what it tore down.
     fn watch(&self) -> tokio::sync::mpsc::Receiver<RequestQueueEvent> {
         let mut watched = requests::watch(&self.state, self.provider_id());
+        let mut released = requests::watch_released_outputs(&self.state, self.provider_id());
         let services = self.services.clone();
+        let statuses = self.statuses.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         tokio::spawn(async move {
             loop {
@@ -31,6 +35,15 @@ impl Reconcile for Context {
                     event = watched.recv() => match event {
                         Some(event) => vec![event],
                         None => return,
+                    },
+                    Some(output) = released.recv() => match output {
+                        OutputEvent::Released(id) => vec![RequestQueueEvent::Retry { id }],
+                        OutputEvent::StatusSeen(status) => {
+                            if let Ok(status) = Typed::decode(*status) {
+                                statuses.observe(status);
+                            }
+                            Vec::new()
+                        }
                     },
                     () = services.ledgers.ip.freed() => services
                         .ledgers

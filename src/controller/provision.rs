@@ -109,8 +109,9 @@ impl Provisioning<'_> {
         }
         // A new request's status is created by its first step's line (or by its error): a "Queued"
         // of its own would cost a write shown for milliseconds.
-        let info = request_info(request);
+        let mut info = request_info(request);
         self.check_request(&info, status.is_none()).await?;
+        info.image_factory = ctx.talos_factory(&info.talos_version).await;
         let join = self.connection_params(request).await?;
         // The provider state is created by the first decision a step records (or at the end), not
         // here: until then there is nothing in Proxmox a crash or a teardown would need to find.

@@ -379,6 +379,7 @@ mod tests {
         let mut r = Typed {
             metadata: Default::default(),
             spec: MachineRequestSpec::default(),
+            unknown_fields: Vec::new(),
         };
         r.metadata.id = "req-1".into();
         r.metadata.version = version.into();

@@ -35,8 +35,11 @@ use crate::pipeline::deprovision::{
 use crate::pipeline::step::HA_RULES_LOCK;
 use crate::proxmox::types::{ClusterResource, VmResource};
 
-/// How often to look again while Omni still holds a finalizer on something we tore down.
-pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(2);
+/// How long to wait before looking again on our own while Omni still holds a finalizer on
+/// something we tore down. The wait normally ends earlier, when the watch of our outputs sees the
+/// finalizer go ([`super::requests::watch_released_outputs`]); this only bounds a lost event. A
+/// drain of a thousand machines so costs Omni no call per machine while it lasts.
+pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(60);
 
 /// Cleans up after `request`, which is being torn down (§3.6).
 pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, ReconcileError> {
@@ -46,6 +49,9 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
         ctx.forget(id);
         return Ok(Action::Done);
     }
+    // A topology round writing this request's patch finishes first; later rounds see the request
+    // tearing down and leave its patch alone.
+    drop(ctx.topology_writes.lock().await);
     if !remove_config_patches(ctx, id).await? {
         return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
     }

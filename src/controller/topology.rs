@@ -33,9 +33,13 @@ use crate::omni::resources::{ConfigPatchRequest, MachineRequest, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
 use crate::proxmox::types::VmResource;
 
-/// Our patch IDs: `<prefix><request id>`. Omni applies a machine's patches in ID order; this sorts
-/// after the official provider's `000-hostname-…` and before patches people add (`400-…` and up in
-/// Omni's UI), so theirs win where they set the same labels.
+/// Our patch IDs: `<prefix><request id>`. Omni's patch of the machine is machine-level, and Omni
+/// applies cluster, machine-set, cluster-machine and then machine-level patches, each level in ID
+/// order (internal/backend/runtime/omni/controllers/omni/internal/layeredresource/layeredresource.go,
+/// `Helper.Get`): ours override the same labels in any cluster or machine-set patch. Among machine
+/// patches this sorts after the official provider's `000-hostname-…` and before those people add
+/// (`400-…` and up in Omni's UI), so theirs win there; `topology_labels: false` keeps theirs
+/// everywhere.
 pub const PATCH_PREFIX: &str = "100-topology-";
 
 /// How often the loop looks when nothing nudges it.
@@ -286,9 +290,21 @@ fn wanted_for(
     wanted(enabled, &claim, vms, region)
 }
 
-async fn apply(ctx: &Context, change: &Change) -> Result<(), RoundError> {
+/// Carries out one change of a round. A patch is written only while its request is live, checked
+/// again under [`Context::topology_writes`]: the round's listing may be older than a teardown that
+/// began since and removed the patch, and the write would make it again.
+pub async fn apply(ctx: &Context, change: &Change) -> Result<(), RoundError> {
     match change {
         Change::Write { request_id, yaml } => {
+            let _writing = ctx.topology_writes.lock().await;
+            let request = ctx
+                .state
+                .find(&MachineRequest, request_id)
+                .await
+                .map_err(omni("reading the machine request before writing its patch"))?;
+            if !request.is_some_and(|r| !r.is_tearing_down() && r.has_finalizer(&ctx.owner)) {
+                return Ok(());
+            }
             let provider_id = ctx.provider_id().to_owned();
             ctx.state
                 .modify(

@@ -174,6 +174,14 @@ omni_kind!(
     specs::FeaturesConfigSpec
 );
 omni_kind!(
+    /// A Talos version Omni offers; ID = the version without a leading `v`. Names the Image Factory
+    /// that serves it when Omni has a secondary one.
+    TalosVersion,
+    namespace::DEFAULT,
+    "TalosVersions.omni.sidero.dev",
+    specs::TalosVersionSpec
+);
+omni_kind!(
     /// COSI resource definitions; listing them tells which Omni features exist.
     ResourceDefinition,
     namespace::META,

@@ -5,13 +5,16 @@
 //! downloaded from that same factory, or a private factory's schematic is unknown where the node looks
 //! for it. Omni publishes its factory in its features configuration, which every signed caller,
 //! infra providers included, may read; `--image-factory-url` is the fallback when Omni does not say
-//! (older Omni, or the read fails). An authenticated factory that needs credentials in the download
-//! is still out of reach: Proxmox downloads the ISO itself, with a bare URL.
+//! (older Omni, or the read fails). A Talos version Omni serves from its secondary factory names that
+//! factory in its `TalosVersions` resource, and Omni makes the schematic there
+//! ([`factory_for_version`]). An authenticated factory that needs credentials in the download is
+//! still out of reach: Proxmox downloads the ISO itself, with a bare URL.
 //!
 //! The direct fallback is what the older Go library did: `POST <factory>/schematics` with the YAML,
 //! answered with `{"id": "..."}`.
 
-use crate::omni::resources::{FEATURES_CONFIG_ID, FeaturesConfig};
+use crate::omni::proto::specs::TalosVersionSpec;
+use crate::omni::resources::{FEATURES_CONFIG_ID, FeaturesConfig, TalosVersion};
 use crate::omni::state::StateClient;
 
 use std::time::Duration;
@@ -45,6 +48,29 @@ pub fn choose_factory(published: Option<&str>, flag: &str) -> (String, FactorySo
         Some(url) => (url.trim_end_matches('/').to_owned(), FactorySource::Omni),
         None => (flag.trim_end_matches('/').to_owned(), FactorySource::Flag),
     }
+}
+
+/// The factory Omni uses for `talos_version`, when its `TalosVersions` resource names one.
+/// siderolabs/omni `client/pkg/imagefactory/clients.go`, `ForTalosVersion` (what
+/// `CreateSchematicFromRaw` uses): the resource's ID is the version without a leading `v`, and its
+/// `image_factory_url` picks the primary or the secondary factory; an absent resource or an empty
+/// URL means the primary. A failed read falls back to the primary too, and says so.
+pub async fn factory_for_version(state: &StateClient, talos_version: &str) -> Option<String> {
+    let id = talos_version.trim_start_matches('v');
+    match state.find(&TalosVersion, id).await {
+        Ok(found) => version_factory(found.map(|v| v.spec).as_ref()),
+        Err(e) => {
+            tracing::warn!(error = %e, talos_version, "cannot read Omni's Talos version; using its primary Image Factory");
+            None
+        }
+    }
+}
+
+/// Pure: the factory a Talos version names, without a trailing `/`.
+pub fn version_factory(spec: Option<&TalosVersionSpec>) -> Option<String> {
+    spec.map(|s| s.image_factory_url.trim().trim_end_matches('/'))
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
 }
 
 /// Reads Omni's features configuration and chooses the factory, saying in the log which one and why.

@@ -101,7 +101,7 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
     let node = ctx.node()?;
     ctx.state.talos_version = Some(ctx.request.talos_version.clone());
     let url = image_url(
-        &ctx.services.image_factory_url,
+        ctx.request.factory(ctx.services),
         &schematic,
         &ctx.request.talos_version,
         kind.file(),
@@ -277,7 +277,7 @@ async fn restore_boot_iso(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     let file_name = volume.file.to_string();
     let storage = volume.storage.to_string();
     let url = image_url(
-        &ctx.services.image_factory_url,
+        ctx.request.factory(ctx.services),
         &schematic,
         &ctx.request.talos_version,
         BootImage::Iso.file(),

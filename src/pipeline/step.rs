@@ -71,13 +71,21 @@ impl Step {
     /// - `pickNode` picks a node again (nothing exists yet);
     /// - `uploadISO` checks the recorded download task, or finds the ISO by name, or downloads it;
     ///   without a schematic (clone mode) it could build no URL, so `createSchematic` is named instead;
-    /// - `syncVM` checks the recorded create task instead of creating a VM;
-    /// - `startVM` checks the recorded start task instead of starting again.
+    /// - `syncVM` checks the recorded create task instead of creating a VM; with no create task
+    ///   recorded (a VM adopted rather than created by us) it would create a second VM, so once a
+    ///   VMID is recorded without a create task `startVM` is named instead;
+    /// - `startVM` checks the recorded start task instead of starting again. Its later steps
+    ///   (`registerHA`, `syncHARules`) check what exists before they act.
     pub fn go_name(self, state: &MachineState) -> &'static str {
         match self {
             Step::PickNode => "pickNode",
             Step::PrepareImage if state.schematic.is_none() => "createSchematic",
             Step::PrepareImage => "uploadISO",
+            Step::CreateVm | Step::ConfigureVm
+                if state.vmid.is_some() && state.vm_create_task.is_none() =>
+            {
+                "startVM"
+            }
             Step::CreateVm | Step::ConfigureVm => "syncVM",
             Step::StartVm | Step::DiscoverIp => "startVM",
         }
@@ -106,15 +114,15 @@ impl Step {
                 return i + 1;
             }
         }
-        let go = match annotation {
-            "pickNode" => Some(Step::PickNode),
-            "createSchematic" | "uploadISO" | "configureHostname" | "syncVM" => {
-                Some(Step::PrepareImage)
-            }
-            "startVM" => Some(Step::StartVm),
-            _ => None,
-        };
+        let go = GO_STEPS
+            .iter()
+            .find(|(name, _)| *name == annotation)
+            .map(|(_, ours)| *ours);
         match (go, ours) {
+            // The official provider records the node but none of what our `pick_node` decides with
+            // it (the boot disk's storage, the copy to clone); before a VM exists `pick_node` runs
+            // again, and keeps the node when the rest of the decision fits it.
+            (Some(_), _) if state.storage.is_none() && state.recorded_vmid().is_none() => 0,
             (Some(step), _) => step.number() - 1,
             // Our own step names, written by earlier versions of this provider.
             (None, Some(i)) => i + 1,
@@ -122,6 +130,27 @@ impl Step {
         }
     }
 }
+
+/// Every step name the official provider has written into the step annotation, in its order, and
+/// the step of ours that runs again when we take a request over from it (the table in the README's
+/// migration section). siderolabs/omni-infra-provider-proxmox `internal/pkg/provider/provision.go`,
+/// `ProvisionSteps`: `configureHostname` existed from November 2025 to February 2026;
+/// `registerHA` and `syncHARules` come after `startVM` from its HA support on.
+///
+/// A step before the VM exists maps to `prepare_image`, which is cheap and fills our own fields from
+/// its bare ones; `syncVM` then finds its VM by the recorded VMID (`create_vm` adopts it). From
+/// `startVM` on the VM exists and may run: `start_vm` checks it, starts it only if it is stopped,
+/// and joins HA idempotently, which is what `registerHA` and `syncHARules` did.
+pub const GO_STEPS: [(&str, Step); 8] = [
+    ("pickNode", Step::PickNode),
+    ("createSchematic", Step::PrepareImage),
+    ("uploadISO", Step::PrepareImage),
+    ("configureHostname", Step::PrepareImage),
+    ("syncVM", Step::PrepareImage),
+    ("startVM", Step::StartVm),
+    ("registerHA", Step::StartVm),
+    ("syncHARules", Step::StartVm),
+];
 
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -203,6 +232,18 @@ pub struct RequestInfo {
     pub meta_values: Vec<(u32, String)>,
     pub overlay: Option<(String, String)>,
     pub provider_data: String,
+    /// The Image Factory Omni uses for this Talos version when it is not the one in
+    /// [`Services::image_factory_url`] (Omni's `TalosVersions` resource names it).
+    pub image_factory: Option<String>,
+}
+
+impl RequestInfo {
+    /// The factory this request's boot images come from: the one Omni made its schematic on.
+    pub fn factory<'a>(&'a self, services: &'a Services) -> &'a str {
+        self.image_factory
+            .as_deref()
+            .unwrap_or(&services.image_factory_url)
+    }
 }
 
 /// Long-lived pieces every reconcile shares: clients, config, and the in-memory ledgers that make
@@ -434,15 +475,25 @@ mod tests {
         assert_eq!(Step::resume_index("discover_ip", None, &st), 6);
         // The Go provider's annotation names the step to run again.
         assert_eq!(Step::resume_index("", Some("pickNode"), &st), 0);
-        assert_eq!(Step::resume_index("", Some("syncVM"), &st), 1);
-        assert_eq!(Step::resume_index("", Some("configureHostname"), &st), 1);
-        assert_eq!(Step::resume_index("", Some("startVM"), &st), 4);
+        // Before its VM exists the official provider has recorded no storage: placement again.
+        assert_eq!(Step::resume_index("", Some("uploadISO"), &st), 0);
+        assert_eq!(Step::resume_index("", Some("syncVM"), &st), 0);
+        let mut vm = MachineState::default();
+        vm.vmid = VmId::new(150).ok();
+        assert_eq!(Step::resume_index("", Some("syncVM"), &vm), 1);
+        assert_eq!(Step::resume_index("", Some("configureHostname"), &vm), 1);
+        assert_eq!(Step::resume_index("", Some("startVM"), &vm), 4);
+        // The newest official release's steps after the start: the VM exists and may run, so we
+        // resume at our start step, not at placement.
+        assert_eq!(Step::resume_index("", Some("registerHA"), &vm), 4);
+        assert_eq!(Step::resume_index("", Some("syncHARules"), &vm), 4);
+        assert_eq!(Step::resume_index("pick_node", Some("syncHARules"), &vm), 4);
         assert_eq!(Step::resume_index("", Some("bogus"), &st), 0);
         // Our record and our annotation agree: our record decides.
         assert_eq!(Step::resume_index("create_vm", Some("syncVM"), &st), 3);
         assert_eq!(Step::resume_index("configure_vm", Some("startVM"), &st), 4);
         // The Go provider ran after us (its annotation is ahead of our record): it decides.
-        assert_eq!(Step::resume_index("pick_node", Some("startVM"), &st), 4);
+        assert_eq!(Step::resume_index("pick_node", Some("startVM"), &vm), 4);
         // Our old snake_case annotation.
         assert_eq!(Step::resume_index("create_vm", Some("create_vm"), &st), 3);
         assert_eq!(Step::CreateVm.number(), 3);
@@ -452,22 +503,55 @@ mod tests {
     fn annotation_names_are_go_step_names() {
         // omni-infra-provider-proxmox internal/pkg/provider/provision.go, ProvisionSteps: the Go
         // provider's steps are pickNode, createSchematic, uploadISO, (configureHostname from Nov 2025
-        // to Feb 2026), syncVM, startVM; Omni's client/pkg/infra/controllers/provision.go,
-        // reconcileRunning, skips steps until the annotated name, so only these names are safe.
-        let go = [
+        // to Feb 2026), syncVM, startVM (then registerHA, syncHARules in its newest releases);
+        // Omni's client/pkg/infra/controllers/provision.go, reconcileRunning, skips steps until the
+        // annotated name, so only names every release knows are written.
+        let every_release = [
             "pickNode",
             "createSchematic",
             "uploadISO",
-            "configureHostname",
             "syncVM",
             "startVM",
         ];
         let mut iso = MachineState::default();
         iso.schematic = Some("abc".into());
-        for st in [MachineState::default(), iso] {
+        let mut adopted = iso.clone();
+        adopted.vmid = VmId::new(150).ok();
+        for st in [MachineState::default(), iso, adopted] {
             for step in Step::ALL {
-                assert!(go.contains(&step.go_name(&st)), "{step}");
+                assert!(every_release.contains(&step.go_name(&st)), "{step}");
             }
         }
+        for (name, _) in GO_STEPS {
+            assert!(
+                every_release.contains(&name)
+                    || ["configureHostname", "registerHA", "syncHARules"].contains(&name),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_adopted_vm_without_a_create_task_resumes_the_official_provider_at_its_start() {
+        // The official provider's syncVM creates a VM whenever no create task is recorded
+        // (internal/pkg/provider/provision.go, ProvisionSteps, syncVM: `VmCreateTask != ""` is its
+        // only check), so for a VM we adopted it must not be told to run syncVM again.
+        let mut st = MachineState::default();
+        st.schematic = Some("abc".into());
+        st.vmid = VmId::new(150).ok();
+        assert_eq!(Step::CreateVm.go_name(&st), "startVM");
+        assert_eq!(Step::ConfigureVm.go_name(&st), "startVM");
+        assert_eq!(Step::resume_index("create_vm", Some("startVM"), &st), 3);
+        st.vm_create_task =
+            Upid::parse("UPID:pve1:0000AAAA:00000001:65000000:qmcreate:150:root@pam:").ok();
+        assert_eq!(Step::CreateVm.go_name(&st), "syncVM");
+        st.vm_create_task = None;
+        st.vmid = None;
+        st.reserved_vmid = VmId::new(150).ok();
+        assert_eq!(
+            Step::CreateVm.go_name(&st),
+            "syncVM",
+            "no VM yet: syncVM makes it"
+        );
     }
 }

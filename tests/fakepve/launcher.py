@@ -629,10 +629,12 @@ class LauncherPve(FakePve):
         """qemu-server QemuServer.pm `vm_start_nolock` activates every volume of the config, CD-ROM ISOs
         included (`get_current_vm_volumes`), and pve-storage Plugin.pm `activate_volume` dies with
         "volume '<volid>' does not exist" for a file that is gone: the start task fails. fakepve starts
-        the VM whatever its drives name."""
+        the VM whatever its drives name. `vm_start` refuses a template, a locked VM and a running one
+        ("VM <vmid> already running") before it calls `vm_start_nolock`, so those answers come first."""
         missing = [volume for _key, volume, props in drives_of(vm.config)
                    if is_cdrom(volume, props) and volume_ref(volume)[0] and not self._iso_on_storage(volume)]
-        if not missing or (vm.ha_managed and not vm.template):
+        checked_before = vm.template or vm.status == 'running' or (vm.lock and vm.lock != 'suspended')
+        if not missing or checked_before or vm.ha_managed:
             return await super()._do_start(vm, user, p)
 
         async def body():

@@ -26,6 +26,7 @@ async fn a_request_waiting_for_a_slot_holds_a_small_future() {
     let mut request = Typed {
         metadata: Default::default(),
         spec: MachineRequestSpec::default(),
+        unknown_fields: Vec::new(),
     };
     request.metadata.id = "waiting-1".into();
     // Made, never polled: their size is what a waiting request holds.

@@ -66,7 +66,7 @@ impl Harness {
         extra_config: &str,
     ) -> Option<Harness> {
         let pve = FakePve::start(scenario, time_scale)?;
-        let omni = omni_support::Omni::start(PROVIDER).await;
+        let omni = omni_support::Omni::start_with_controllers(PROVIDER, omni_support::DRAIN).await;
         let config = ProviderConfig::parse(&format!(
             "{}{extra_config}",
             pve.config_yaml(Login::Token, Trust::CaFile)

@@ -6,10 +6,16 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::client::OmniClient;
-use omni_infra_provider_proxmox::omni::memstate::{MemServer, MemState};
+use omni_infra_provider_proxmox::omni::memstate::{
+    ControllersTask, MemServer, MemState, OmniControllers,
+};
 use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls, SignedChannel};
 
 pub const WAIT: Duration = Duration::from_secs(10);
+
+/// How long Omni's cleanup controller holds a torn-down status in the end-to-end tests: long enough
+/// that a teardown really waits on Omni, short enough to keep the suite fast.
+pub const DRAIN: Duration = Duration::from_millis(300);
 
 pub struct Omni {
     pub state: MemState,
@@ -18,6 +24,8 @@ pub struct Omni {
     pub key: Arc<ProviderKey>,
     /// The service-account key as `omnictl infraprovider create` prints it, for the real binary.
     pub encoded_key: String,
+    /// Omni's own controllers, when started with them ([`Omni::start_with_controllers`]).
+    pub controllers: Option<ControllersTask>,
 }
 
 impl Omni {
@@ -35,7 +43,16 @@ impl Omni {
             addr,
             key,
             encoded_key: encoded.expose().to_owned(),
+            controllers: None,
         }
+    }
+
+    /// [`Omni::start`] with Omni's controllers running: its finalizers on statuses and patch
+    /// requests, held for `drain` once a status with a machine is torn down.
+    pub async fn start_with_controllers(provider_id: &str, drain: Duration) -> Self {
+        let mut omni = Self::start(provider_id).await;
+        omni.controllers = Some(omni.state.run_omni_controllers(OmniControllers { drain }));
+        omni
     }
 
     pub fn url(&self) -> String {

@@ -12,6 +12,7 @@
 //! Omni itself: seed a provider, create and tear down MachineRequests, read what the provider wrote.
 
 mod access;
+mod controllers;
 mod query;
 mod service;
 mod store;
@@ -33,6 +34,10 @@ use super::resources::{
 };
 use super::state::Typed;
 use crate::secret::Secret;
+pub use controllers::{
+    CONFIG_PATCH_CONTROLLER, CONFIG_PATCH_TYPE, ControllersTask, OmniControllers,
+    STATUS_CLEANUP_CONTROLLER,
+};
 pub use service::MemServer;
 pub use store::{COMPACTED_ERROR, FUTURE_REVISION_ERROR};
 use store::{Key, LoggedEvent, Store, key_of, md, next_version, now_ts};

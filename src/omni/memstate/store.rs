@@ -45,6 +45,8 @@ pub(super) struct Store {
     /// Counts accepted resource calls per (method, resource type), e.g. (`Update`,
     /// `MachineRequestStatuses.omni.sidero.dev`): what a provider costs Omni, by kind.
     pub(super) typed_calls: BTreeMap<(String, String), u64>,
+    /// How long Omni's cleanup controller holds a torn-down status (see `controllers`).
+    pub(super) drain: std::time::Duration,
 }
 
 pub(super) fn now_unix() -> i64 {

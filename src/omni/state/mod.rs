@@ -9,6 +9,7 @@
 //! Every error names the resource it was about, so a log line is enough to go and look.
 
 mod error;
+mod unknown;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -31,6 +32,8 @@ pub use watch::WatchEvent;
 pub struct Typed<S> {
     pub metadata: pb::Metadata,
     pub spec: S,
+    /// The spec's fields `S` does not define, as read, written back with it ([`unknown`]).
+    pub unknown_fields: Vec<u8>,
 }
 
 impl<S: prost::Message + Default> Typed<S> {
@@ -41,7 +44,12 @@ impl<S: prost::Message + Default> Typed<S> {
             what: ResourceRef::from_metadata(&metadata),
             message: e.to_string(),
         })?;
-        Ok(Self { metadata, spec })
+        let unknown_fields = unknown::unknown_fields(&bytes, &spec);
+        Ok(Self {
+            metadata,
+            spec,
+            unknown_fields,
+        })
     }
 
     pub fn id(&self) -> &str {
@@ -507,6 +515,31 @@ impl StateClient {
         Typed::decode(self.create_raw(resource, owner).await?)
     }
 
+    /// Creates `fresh` with its labels and annotations: a resource's first version carries
+    /// everything a reader of it needs (the step annotation of the provider state, for one).
+    async fn create_typed<K: Kind>(
+        &self,
+        kind: &K,
+        fresh: &Typed<K::Spec>,
+        owner: &str,
+    ) -> Result<Typed<K::Spec>, StateError> {
+        let resource = pb::Resource {
+            metadata: Some(pb::Metadata {
+                namespace: kind.namespace(),
+                r#type: kind.resource_type(),
+                id: fresh.metadata.id.clone(),
+                labels: fresh.metadata.labels.clone(),
+                annotations: fresh.metadata.annotations.clone(),
+                ..Default::default()
+            }),
+            spec: Some(pb::Spec {
+                proto_spec: unknown::encode_keeping(&fresh.spec, &fresh.unknown_fields),
+                yaml_spec: kind.yaml(&fresh.spec),
+            }),
+        };
+        Typed::decode(self.create_raw(resource, owner).await?)
+    }
+
     /// Writes a typed resource back (metadata as read, so the version check applies).
     pub async fn update<K: Kind>(
         &self,
@@ -517,7 +550,10 @@ impl StateClient {
     ) -> Result<Typed<K::Spec>, StateError> {
         let raw = pb::Resource {
             metadata: Some(resource.metadata.clone()),
-            spec: Some(encode_spec(kind, &resource.spec)),
+            spec: Some(pb::Spec {
+                proto_spec: unknown::encode_keeping(&resource.spec, &resource.unknown_fields),
+                yaml_spec: kind.yaml(&resource.spec),
+            }),
         };
         Typed::decode(self.update_raw(raw, owner, expected_phase).await?)
     }
@@ -542,10 +578,10 @@ impl StateClient {
                             ..Default::default()
                         },
                         spec: K::Spec::default(),
+                        unknown_fields: Vec::new(),
                     };
                     mutate(&mut fresh);
-                    let labels = fresh.metadata.labels.clone().into_iter().collect();
-                    match self.create(kind, id, &fresh.spec, labels, owner).await {
+                    match self.create_typed(kind, &fresh, owner).await {
                         Err(StateError::AlreadyExists { .. }) => continue,
                         other => return other,
                     }

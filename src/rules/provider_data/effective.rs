@@ -30,7 +30,20 @@ pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, V
             data.warnings = report.warnings;
             Ok(data)
         }
-        _ => Err(report.problems),
+        // A mistyped key is often why the rest fails (its value was ignored): the keys ignored, each
+        // with its "did you mean", are shown after what failed, unless a problem names them already.
+        _ => {
+            let named = |key: &str| {
+                let quoted = format!("`{key}`");
+                report.problems.iter().any(|p| p.message.contains(&quoted))
+            };
+            let ignored: Vec<Problem> = report
+                .warnings
+                .into_iter()
+                .filter(|w| !named(&w.key))
+                .collect();
+            Err(report.problems.into_iter().chain(ignored).collect())
+        }
     }
 }
 

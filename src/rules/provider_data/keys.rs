@@ -410,7 +410,7 @@ pub const TOP_LEVEL: &[Key] = &[
         kind: Kind::Boolean,
         origin: Origin::Ours,
         description: "Label the Kubernetes node with topology.kubernetes.io/zone (its Proxmox node, kept current when the VM migrates) and topology.kubernetes.io/region (the Proxmox cluster name), through a config patch. Default true.",
-        doc: "Kubernetes node labels `topology.kubernetes.io/zone` = the Proxmox node (kept current when the VM migrates) and `topology.kubernetes.io/region` = the Proxmox cluster name, through an Omni config patch; `false` turns them off.",
+        doc: "Kubernetes node labels `topology.kubernetes.io/zone` = the Proxmox node (kept current when the VM migrates) and `topology.kubernetes.io/region` = the Proxmox cluster name, through an Omni config patch of the machine, which overrides the same labels in cluster and machine-set patches; `false` turns them off and keeps yours.",
         default: "`true`",
         ..Key::BASE
     },

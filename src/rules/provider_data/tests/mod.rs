@@ -30,6 +30,28 @@ const MINIMAL: &str =
     "cores: 2\nmemory: 4096\ndisk_size: 20\nstorage_selector: name == \"local-lvm\"\n";
 
 #[test]
+fn a_failure_shows_the_ignored_keys_beside_the_errors() {
+    // `memroy` is ignored with a warning; the class then fails for an unrelated value, and the
+    // failure shows the warning too, because a typo is often the cause.
+    let problems = parse(
+        "cores: 2\nmemroy: 4096\nmemory: 0\ndisk_size: 20\nstorage_selector: name == \"local-lvm\"\n",
+    )
+    .unwrap_err();
+    let text = describe(&problems);
+    assert!(keys_of(&problems).contains(&"memory"), "{text}");
+    assert!(text.contains("memroy"), "{text}");
+    assert!(text.contains("did you mean `memory`?"), "{text}");
+    assert_eq!(
+        keys_of(&problems).last(),
+        Some(&"memroy"),
+        "the errors first, then the ignored keys: {text}"
+    );
+    // Without an error the warning stays a warning.
+    let data = parse(&format!("{MINIMAL}memroy: 4096\n")).unwrap();
+    assert_eq!(data.warnings.len(), 1);
+}
+
+#[test]
 fn minimal_class_gets_upstream_defaults() {
     let data = parse(MINIMAL).unwrap();
     assert_eq!(
@@ -317,7 +339,11 @@ fn cross_field_rules() {
         "{MINIMAL}boot: clone\ntemplate: 9000\nclone_mode: linkd\nclone_mod: full\n"
     ))
     .unwrap_err();
-    assert_eq!(keys_of(&p), vec!["clone_mode"]);
+    assert_eq!(
+        keys_of(&p),
+        vec!["clone_mode", "clone_mod"],
+        "the ignored key follows"
+    );
     assert!(
         p[0].message
             .contains("\"linkd\" is not one of full, linked (did you mean `linked`?)"),
