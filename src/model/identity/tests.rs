@@ -341,3 +341,24 @@ fn a_recorded_uuid_makes_the_config_decide_before_acting() {
     );
     assert_eq!(judge_config(&copy, &ours, &with_uuid), Ownership::Ours);
 }
+
+/// The official provider records the SMBIOS UUID before its create and the VMID after: a VM it made
+/// whose answer was lost (named and tagged as the set's, no marker) is the request's by the UUID.
+#[test]
+fn a_legacy_vm_carrying_the_recorded_uuid_is_the_requests_without_a_recorded_vmid() {
+    let tags = "machine-request.workers;omni-provider.proxmox;omni-request.req-1";
+    let vm = listed(json!({"vmid": 152, "node": "pve2", "name": "req-1", "tags": tags}));
+    let claim = Claim {
+        smbios_uuid: Some(UUID),
+        ..claim(None)
+    };
+    let carrying =
+        config(json!({"name": "req-1", "tags": tags, "smbios1": format!("uuid={UUID}")}));
+    assert_eq!(judge_config(&vm, &carrying, &claim), Ownership::Ours);
+    let other = config(json!({"name": "req-1", "tags": tags,
+        "smbios1": "uuid=0e1b7d1c-0000-4000-8000-000000000001"}));
+    assert!(matches!(
+        judge_config(&vm, &other, &claim),
+        Ownership::NotOurs(_)
+    ));
+}
