@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Advisory check of Cargo.lock against the RustSec advisory database, with cargo-audit (installed from
-# crates.io into the project's own tool directory when missing). Advisory: it never fails for lack of
+# crates.io into Cargo's own bin directory when missing, so a machine builds it once, not every clone:
+# the build takes many minutes on two cores). Advisory: it never fails for lack of
 # network or tool, and says plainly when nothing was checked. AUDIT_STRICT=1 makes a known
 # vulnerability fail the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 CARGO_AUDIT_VERSION="0.22.2"
-TOOLS="$PWD/target/tools"
+TOOLS="${CARGO_HOME:-$HOME/.cargo}"
 AUDIT="$TOOLS/bin/cargo-audit"
 
 if ! "$AUDIT" --version 2>/dev/null | grep -q "$CARGO_AUDIT_VERSION"; then
