@@ -21,6 +21,9 @@ pub struct Ledgers {
     /// [`IpLedgers`]).
     pub ip: IpLedgers,
     reservations: Mutex<Reservations>,
+    /// When a placement reservation was last dropped: a listing sent before then may lack the VM it
+    /// stood for, so it is not shared with a reconcile starting after it.
+    reservation_dropped: Mutex<Option<std::time::Instant>>,
     /// VMIDs chosen by requests in flight, made lately and perhaps not yet in the listing a
     /// request chooses from, or recorded in a request's provider state.
     vmids: Mutex<VmidLedger>,
@@ -235,7 +238,14 @@ impl Ledgers {
 
     /// The request's VM is visible now (or never will be): it counts through the listing again.
     pub fn release_reservation(&self, request_id: &str) {
-        entry(&self.reservations).release(request_id);
+        if entry(&self.reservations).release(request_id).is_some() {
+            *entry(&self.reservation_dropped) = Some(std::time::Instant::now());
+        }
+    }
+
+    /// How long ago a placement reservation was last dropped.
+    pub fn since_reservation_dropped(&self) -> Option<Duration> {
+        entry(&self.reservation_dropped).map(|at| at.elapsed())
     }
 
     /// Whether `vmid` is not `request`'s to choose: a request of this process is creating a VM

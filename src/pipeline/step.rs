@@ -395,7 +395,12 @@ impl StepContext<'_> {
             let shared = if fresh {
                 Duration::ZERO
             } else {
-                SHARED_LISTING_MAX_AGE
+                // Never a listing older than the last dropped reservation: it may lack that VM,
+                // which then counts nowhere.
+                self.services
+                    .ledgers
+                    .since_reservation_dropped()
+                    .map_or(SHARED_LISTING_MAX_AGE, |d| d.min(SHARED_LISTING_MAX_AGE))
             };
             let (read_at, resources) = self
                 .services
