@@ -258,7 +258,8 @@ async fn run() -> Result<Vec<Row>, String> {
 }
 
 /// Six new machines of a new set at once, the image on every node (the burst before brought it):
-/// the set's pool is made once and the cluster listed once for all six.
+/// the set's pool is made once and the cluster listed at most once for all six (a listing read
+/// within the last second, after the last placement reservation was dropped, is shared).
 async fn set_burst(stack: &mut Stack) -> Result<Vec<Row>, String> {
     const SIX: usize = 6;
     stack.reset_proxmox_requests();
@@ -280,8 +281,8 @@ async fn set_burst(stack: &mut Stack) -> Result<Vec<Row>, String> {
     Ok(vec![Row {
         what: format!("{SIX} new machines of one set at once (image present), requests each"),
         measured: format!("{per_machine:.1} ({pools} pool create, {listings} listing)"),
-        target: "<= 8.5, one pool create, one listing (was 8.2 to 8.8)".into(),
-        ok: Some(per_machine <= 8.5 && pools == 1 && listings == 1),
+        target: "<= 8.5, one pool create, at most one listing (was 8.2 to 8.8)".into(),
+        ok: Some(per_machine <= 8.5 && pools == 1 && listings <= 1),
     }])
 }
 
