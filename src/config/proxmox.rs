@@ -84,20 +84,7 @@ fn flag(p: &Map<String, Value>, key: &str, problems: &mut Vec<String>) -> bool {
 /// Kubernetes secret mounted as a file), read here, once. Messages name the key and the file,
 /// never what either holds.
 fn secret_key(p: &Map<String, Value>, key: &str, problems: &mut Vec<String>) -> Option<String> {
-    let inline = match p.get(key) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.trim().is_empty() => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        // YAML turns `password: 1234` into a number; the user meant the text.
-        Some(Value::Number(n)) => Some(n.to_string()),
-        Some(other) => {
-            problems.push(format!(
-                "`proxmox.{key}` must be a string, found {}",
-                kind(other)
-            ));
-            None
-        }
-    };
+    let inline = string_key(p, key, problems);
     let file_key = format!("{key}File");
     let Some(path) = string_key(p, &file_key, problems) else {
         return inline;

@@ -135,16 +135,9 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     // Machines of a set starting together make its pool once: the others wait for the first.
     let lock = ctx.services.ledgers.exclusive(&format!("pool:{pool}"));
     let _one_create_per_pool = lock.lock().await;
-    let known = ctx.services.ledgers.pool_known(pool.as_str());
-    if !known {
+    if !ctx.services.ledgers.pool_known(pool.as_str()) {
         let doing = format!("creating pool {pool} for machine-request set {set}");
-        ctx.report(doing.clone()).await;
-        ctx.services
-            .pve
-            .ensure_pool(pool.as_str(), identity::SET_POOL_COMMENT)
-            .await
-            .map_err(StepError::proxmox(doing))?;
-        ctx.services.ledgers.pool_created(pool.as_str());
+        make_set_pool(ctx, &pool, doing).await?;
     }
     ctx.state.default_pool = Some(pool.clone());
     ctx.data.pool = Some(pool);
@@ -168,6 +161,16 @@ async fn recreate_set_pool(
     tracing::warn!(request = %ctx.request.id, %pool, "the machine set's pool is gone; creating it again");
     ctx.services.ledgers.forget_pool(pool.as_str());
     let doing = format!("creating pool {pool} again (it was deleted since it was made)");
+    make_set_pool(ctx, &pool, doing).await?;
+    Ok(true)
+}
+
+/// Makes the set's pool with the comment that marks it as a provider's, saying `doing` meanwhile.
+async fn make_set_pool(
+    ctx: &mut StepContext<'_>,
+    pool: &PoolId,
+    doing: String,
+) -> Result<(), StepError> {
     ctx.report(doing.clone()).await;
     ctx.services
         .pve
@@ -175,7 +178,7 @@ async fn recreate_set_pool(
         .await
         .map_err(StepError::proxmox(doing))?;
     ctx.services.ledgers.pool_created(pool.as_str());
-    Ok(true)
+    Ok(())
 }
 
 /// Takes over the VM made for this request earlier, if the cluster has one (made by us before a

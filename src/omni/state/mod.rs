@@ -13,6 +13,7 @@ mod unknown;
 mod watch;
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -166,6 +167,20 @@ impl StateClient {
         self
     }
 
+    /// One unary call (boxed where it is made, see [`StateClient`]) within the deadline, its status
+    /// turned into a [`StateError`] about `what`.
+    async fn unary<T, F>(&self, what: &ResourceRef, call: Pin<Box<F>>) -> Result<T, StateError>
+    where
+        F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.bounded(what, async {
+            call.await
+                .map(tonic::Response::into_inner)
+                .map_err(|s| StateError::from_status(what.clone(), &s))
+        })
+        .await
+    }
+
     /// `call`, or a transport error once the deadline has passed without an answer.
     async fn bounded<T>(
         &self,
@@ -198,14 +213,8 @@ impl StateClient {
             options: Some(pb::GetOptions {}),
         };
         let mut raw = self.raw.clone();
-        let call = Box::pin(raw.get(req));
-        let resp = self
-            .bounded(what, async {
-                call.await
-                    .map_err(|s| StateError::from_status(what.clone(), &s))
-            })
-            .await?;
-        resp.into_inner().resource.ok_or_else(|| StateError::Other {
+        let resp = self.unary(what, Box::pin(raw.get(req))).await?;
+        resp.resource.ok_or_else(|| StateError::Other {
             what: what.clone(),
             message: "Get returned no resource".into(),
         })
@@ -270,14 +279,8 @@ impl StateClient {
             }),
         };
         let mut raw = self.raw.clone();
-        let call = Box::pin(raw.create(req));
-        let resp = self
-            .bounded(&what, async {
-                call.await
-                    .map_err(|s| StateError::from_status(what.clone(), &s))
-            })
-            .await?;
-        resp.into_inner().resource.ok_or(StateError::Other {
+        let resp = self.unary(&what, Box::pin(raw.create(req))).await?;
+        resp.resource.ok_or(StateError::Other {
             what,
             message: "Create returned no resource".into(),
         })
@@ -305,14 +308,8 @@ impl StateClient {
             }),
         };
         let mut raw = self.raw.clone();
-        let call = Box::pin(raw.update(req));
-        let resp = self
-            .bounded(&what, async {
-                call.await
-                    .map_err(|s| StateError::from_status(what.clone(), &s))
-            })
-            .await?;
-        resp.into_inner().resource.ok_or(StateError::Other {
+        let resp = self.unary(&what, Box::pin(raw.update(req))).await?;
+        resp.resource.ok_or(StateError::Other {
             what,
             message: "Update returned no resource".into(),
         })
@@ -329,12 +326,7 @@ impl StateClient {
             }),
         };
         let mut raw = self.raw.clone();
-        let call = Box::pin(raw.destroy(req));
-        self.bounded(what, async {
-            call.await
-                .map_err(|s| StateError::from_status(what.clone(), &s))
-        })
-        .await?;
+        self.unary(what, Box::pin(raw.destroy(req))).await?;
         Ok(())
     }
 

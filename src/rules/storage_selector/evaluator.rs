@@ -104,26 +104,13 @@ fn submit<T>(
             }
         }
     }
-    match wait(&answer, budget) {
+    match answer.recv_timeout(budget) {
         Ok(outcome) => Some(outcome),
         Err(RecvTimeoutError::Timeout) => {
             retire(generation);
             None
         }
         Err(RecvTimeoutError::Disconnected) => Some(lost()),
-    }
-}
-
-/// Waits up to `budget` for the evaluator's answer. On a worker of a multi-threaded runtime the wait
-/// is declared blocking, so that the runtime hands the worker's other tasks (the heartbeat among
-/// them) to another thread while it lasts.
-fn wait<T>(answer: &mpsc::Receiver<T>, budget: Duration) -> Result<T, RecvTimeoutError> {
-    let multi_threaded = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi_threaded {
-        tokio::task::block_in_place(|| answer.recv_timeout(budget))
-    } else {
-        answer.recv_timeout(budget)
     }
 }
 
