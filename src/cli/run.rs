@@ -280,20 +280,8 @@ pub async fn run_with(
     health_check: HealthCheck,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> CliResult {
-    if settings.endpoint.tls == OmniTls::InsecureSkipVerify {
-        tracing::warn!(
-            "TLS verification of the Omni endpoint is disabled (--insecure-skip-verify)"
-        );
-    }
+    announce_start(&settings);
     let provider_id = settings.info.id.clone();
-    tracing::info!(
-        endpoint = %settings.endpoint.url,
-        provider_id = %provider_id,
-        identity = settings.key.identity(),
-        proxmox = %settings.config.proxmox.api_url,
-        leader_election = settings.leader_election.is_some(),
-        "starting"
-    );
     provider_data_schema(&settings.config)?;
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
     // Polled from here on, so a SIGTERM during the start stops the provider cleanly too.
@@ -322,37 +310,15 @@ pub async fn run_with(
     };
     pve.set_fence(fence.clone());
     let state = omni.state.fenced(fence.clone());
-    let (roles, election, _single) = match &settings.leader_election {
-        Some(le) => {
-            let (election, roles) = Election::new(
-                omni.state.clone(),
-                &provider_id,
-                le.timings,
-                Some(&le.claim_file),
-                fence,
-                metrics.clone(),
-            );
-            (
-                roles,
-                Some(tokio::spawn(election.run(stop_rx.clone()))),
-                None,
-            )
-        }
-        None => {
-            metrics.set_leader(true);
-            let (single, roles) = watch::channel(Role::Leader);
-            (roles, None, Some(single))
-        }
+    let (roles, election, _single) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
+    let heartbeat = health::Heartbeat {
+        state: state.clone(),
+        provider_id: provider_id.clone(),
+        interval: settings.health_interval,
+        check: health_check,
+        metrics: metrics.clone(),
     };
-    let heartbeat = tokio::spawn(health::run(
-        state.clone(),
-        provider_id.clone(),
-        settings.health_interval,
-        health_check,
-        stop_rx.clone(),
-        metrics.clone(),
-        roles.clone(),
-    ));
+    let heartbeat = tokio::spawn(heartbeat.run(stop_rx.clone(), roles.clone()));
     let duties = Duties {
         state,
         pve,
@@ -375,6 +341,56 @@ pub async fn run_with(
     }
     tracing::info!("stopped");
     outcome
+}
+
+fn announce_start(settings: &Settings) {
+    if settings.endpoint.tls == OmniTls::InsecureSkipVerify {
+        tracing::warn!(
+            "TLS verification of the Omni endpoint is disabled (--insecure-skip-verify)"
+        );
+    }
+    tracing::info!(
+        endpoint = %settings.endpoint.url,
+        provider_id = %settings.info.id,
+        identity = settings.key.identity(),
+        proxmox = %settings.config.proxmox.api_url,
+        leader_election = settings.leader_election.is_some(),
+        "starting"
+    );
+}
+
+/// This process's part: a replica in the leader election (its role changes as the lease goes), or
+/// with `--leader-elect=false` the leader for good (the sender keeps that role for the process's
+/// life).
+fn take_part(
+    settings: &Settings,
+    unfenced: &StateClient,
+    fence: Fence,
+    metrics: &Arc<Metrics>,
+    stop: &watch::Receiver<bool>,
+) -> (
+    watch::Receiver<Role>,
+    Option<tokio::task::JoinHandle<()>>,
+    Option<watch::Sender<Role>>,
+) {
+    match &settings.leader_election {
+        Some(le) => {
+            let (election, roles) = Election::new(
+                unfenced.clone(),
+                &settings.info.id,
+                le.timings,
+                Some(&le.claim_file),
+                fence,
+                metrics.clone(),
+            );
+            (roles, Some(tokio::spawn(election.run(stop.clone()))), None)
+        }
+        None => {
+            metrics.set_leader(true);
+            let (single, roles) = watch::channel(Role::Leader);
+            (roles, None, Some(single))
+        }
+    }
 }
 
 /// What the leader does, and what it needs to do it.
@@ -457,7 +473,7 @@ impl Duties<'_> {
         };
         let controller =
             Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
-        let topology = tokio::spawn(crate::controller::topology::run(
+        let topology = tokio::spawn(crate::controller::housekeeping::run(
             context,
             settings.topology_interval,
             stop_rx.clone(),

@@ -20,6 +20,7 @@ pub mod cache;
 pub mod context;
 pub mod error_policy;
 pub mod health;
+pub mod housekeeping;
 pub mod lanes;
 pub mod leader;
 pub mod machine;

@@ -26,15 +26,12 @@ use super::progress::{Phase, StatusSink};
 use super::requests::Request;
 use super::runner::Action;
 use crate::model::MachineState;
-use crate::model::identity;
 use crate::omni::resources::{ConfigPatchRequest, MachineRequest, MachineRequestStatus, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
 use crate::pipeline::deprovision::{
-    DeprovisionError, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned,
-    deprovision_reporting,
+    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
 use crate::pipeline::step::HA_RULES_LOCK;
-use crate::proxmox::types::{ClusterResource, VmResource};
 
 /// How long to wait before looking again on our own while Omni still holds a finalizer on
 /// something we tore down. The wait normally ends earlier, when the watch of our outputs sees the
@@ -206,7 +203,7 @@ async fn deprovision_vm(
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
     let target = target(id, ctx.provider_id(), state);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let progress = move |text: &str| {
         tracing::info!(request = %id, "{text}");
         let _ = tx.send(text.to_owned());
@@ -225,26 +222,13 @@ async fn deprovision_vm(
         drop(progress);
         result
     };
-    let show = async {
-        match status_labels {
-            Some(labels) => {
-                let sink = StatusSink::new(ctx, id, labels, Phase::Deprovisioning);
-                let sink = &sink;
-                show_while_slow(&mut rx, PROGRESS_EVERY, |text| async move {
-                    sink.show(&text).await;
-                })
-                .await;
-            }
-            None => while rx.recv().await.is_some() {},
-        }
-    };
-    let (result, ()) = tokio::join!(work, show);
+    let (result, ()) = tokio::join!(work, show_progress(ctx, id, status_labels, rx));
     if let Some(pool) = &state.default_pool {
         // Made again on demand if the set comes back.
         ctx.services.ledgers.forget_pool(pool.as_str());
     }
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
-    // counted and logged, tried again by `remove_late_vms` for a while, and the `orphans` command
+    // counted and logged, tried again by the housekeeping round for a while, and the `orphans` command
     // lists it once the request is gone.
     let result = result.map(|d: Deprovisioned| {
         if d.leftover_seed_iso.is_some() {
@@ -252,7 +236,7 @@ async fn deprovision_vm(
         }
         let leftover = d.leftover_seed_iso.is_some() || d.leftover_pool;
         // A create sent before a crash, or whose answer was lost, may still be applied by Proxmox:
-        // see `remove_late_vms`. A VM this process made with the request's only create cannot come
+        // see `housekeeping::remove_late_vms`. A VM this process made with the request's only create cannot come
         // back, so such releases are not kept (a soak of thousands of machines kept them all).
         let clean = ctx.services.ledgers.take_created_cleanly(id);
         if leftover || (target.vmid.is_some() && !clean) {
@@ -284,6 +268,26 @@ async fn deprovision_vm(
 /// How often at most a deprovision's progress is written to the status.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
+/// Shows a deprovision's progress in the request's status, if it still has one, while the
+/// deprovision is slow ([`show_while_slow`]).
+async fn show_progress(
+    ctx: &Context,
+    id: &str,
+    status_labels: Option<&BTreeMap<String, String>>,
+    mut texts: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let Some(labels) = status_labels else {
+        while texts.recv().await.is_some() {}
+        return;
+    };
+    let sink = StatusSink::new(ctx, id, labels, Phase::Deprovisioning);
+    let sink = &sink;
+    show_while_slow(&mut texts, PROGRESS_EVERY, |text| async move {
+        sink.show(&text).await;
+    })
+    .await;
+}
+
 /// Shows the latest of `texts` once the work has gone on for `every`, then at most once per
 /// `every`. A deprovision that ends quickly writes no progress (its status goes right after); one
 /// that takes long (a guest that shuts down slowly, an offline node) shows where it is.
@@ -310,113 +314,6 @@ async fn show_while_slow<F: Future<Output = ()>>(
     }
 }
 
-/// How long after a release a VM of that request is still looked for.
-pub const LATE_VM_WINDOW: Duration = Duration::from_secs(15 * 60);
-
-/// Deletes what a release left behind: VMs that appeared for a request after it was released, and a
-/// seed ISO or set pool whose delete failed (tried again each round for a while). A create (or clone) whose answer
-/// never arrived, because the provider was killed or gave up waiting, can still be applied by
-/// Proxmox afterwards: the request's next attempt made its VM at the same VMID meanwhile, and once
-/// that VM is deleted and the request released, the late create makes the VM again, which nothing
-/// would ever look at. Each round of the topology loop lists the cluster for the requests this
-/// process released within [`LATE_VM_WINDOW`] and deletes such a VM with the usual ownership checks
-/// (the listing or the description marker must name the request), unless the request is back.
-pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
-    let released = ctx.services.ledgers.recently_released(LATE_VM_WINDOW);
-    if released.is_empty() {
-        return Ok(());
-    }
-    let vms: Vec<VmResource> = ctx
-        .services
-        .pve
-        .cluster_resources(None)
-        .await
-        .map_err(|source| {
-            ReconcileError::Deprovision(Box::new(DeprovisionError::Listing {
-                request_id: released
-                    .iter()
-                    .map(|(t, _)| t.request_id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                source,
-            }))
-        })?
-        .into_iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) if !vm.template => Some(vm),
-            _ => None,
-        })
-        .collect();
-    for (released, leftover) in released {
-        let id = released.request_id.as_str();
-        if leftover {
-            let progress = |text: &str| tracing::info!(request = %id, "{text}");
-            let done = deprovision_reporting(
-                &ctx.services.pve,
-                &released,
-                &DeprovisionOptions::default(),
-                &progress,
-            )
-            .await
-            .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
-            if done.leftover_seed_iso.is_none() && !done.leftover_pool {
-                tracing::info!(request = %id, "what the teardown left behind is deleted now");
-                ctx.services.ledgers.release_complete(id);
-            }
-        }
-        let late: Vec<&VmResource> = vms
-            .iter()
-            .filter(|vm| {
-                vm.name
-                    .as_deref()
-                    .is_some_and(|n| n.eq_ignore_ascii_case(id))
-                    || identity::tagged_request(&vm.tag_list())
-                        .is_some_and(|t| t.eq_ignore_ascii_case(id))
-            })
-            .collect();
-        if late.is_empty() {
-            continue;
-        }
-        let back = ctx
-            .state
-            .find(&MachineRequest, id)
-            .await
-            .map_err(|e| teardown_error("looking for the released machine request", e))?;
-        if back.is_some() {
-            // The same ID was requested again: its own reconcile adopts or replaces the VM.
-            ctx.services.ledgers.forget_released(id);
-            continue;
-        }
-        for vm in late {
-            tracing::warn!(request = %id, vmid = %vm.vmid, node = %vm.node, "a VM of this request appeared after it was released (a create Proxmox applied late); deleting it");
-            let target = DeprovisionTarget {
-                vmid: Some(vm.vmid),
-                recorded_node: Some(vm.node.clone()),
-                smbios_uuid: None,
-                seed_iso_volume: None,
-                seed_iso_node: None,
-                ..released.clone()
-            };
-            let progress = |text: &str| tracing::info!(request = %id, "{text}");
-            let done = deprovision_reporting(
-                &ctx.services.pve,
-                &target,
-                &DeprovisionOptions::default(),
-                &progress,
-            )
-            .await
-            .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
-            if let Some(pool) = &target.default_pool {
-                ctx.services.ledgers.forget_pool(pool);
-            }
-            if let DeprovisionOutcome::NotOurs { vmid, reason } = done.outcome {
-                tracing::info!(request = %id, %vmid, %reason, "not this request's VM; left alone");
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Pure: what the provider state says about the VM (ours, or the Go provider's `vmid` + `node`).
 pub fn target(id: &str, provider_id: &str, state: &MachineState) -> DeprovisionTarget {
     DeprovisionTarget {
@@ -441,7 +338,7 @@ async fn destroy(ctx: &Context, what: &ResourceRef) -> Result<(), ReconcileError
     }
 }
 
-fn teardown_error(doing: &'static str, e: StateError) -> ReconcileError {
+pub(super) fn teardown_error(doing: &'static str, e: StateError) -> ReconcileError {
     ReconcileError::omni(doing)(e)
 }
 

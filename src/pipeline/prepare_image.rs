@@ -260,7 +260,6 @@ async fn fetch(
         node,
         storage,
         volid,
-        file_name,
         ..
     } = *wanted;
     let pve = &ctx.services.pve;
@@ -293,65 +292,79 @@ async fn fetch(
         .iter()
         .any(|v| v.volid == volid);
     if !present {
-        let what = format!("the Talos {version} {} to {storage} on {node}", kind.what());
-        let task = match image_source(ctx, wanted, &url).await {
-            Source::Node => {
-                let download = DownloadRequest {
-                    url,
-                    file_name: file_name.to_owned(),
-                    content: content.into(),
-                    checksum: None,
-                };
-                ctx.start_task(
-                    format!("downloading {what}"),
-                    pve.download_url(node, storage, &download),
-                )
-                .await?
-            }
-            Source::Provider { url, headers, from } => {
-                let services = ctx.services;
-                let image = factory_auth::download(
-                    &services.factory_http,
-                    &url,
-                    &headers,
-                    services.timeouts.download,
-                )
-                .await
-                .map_err(|e| match e {
-                    FactoryError::Refused {
-                        status: 401 | 403, ..
-                    } => StepError::Config(format!("{e} ({})", from.advice())),
-                    other => StepError::Cluster(other.to_string()),
-                })?;
-                ctx.start_task(
-                    format!("uploading {what}, fetched from the Image Factory with {from}"),
-                    pve.upload_streamed(
-                        node,
-                        storage,
-                        content,
-                        file_name,
-                        image.body,
-                        image.length,
-                    ),
-                )
-                .await?
-            }
-        };
-        if kind == BootImage::Iso {
-            ctx.state.iso_file = Some(file_name.to_owned());
-        }
-        ctx.state.iso_download_task = Some(task.upid.clone());
-        ctx.persist().await?;
-        match ctx.finish_task(task, ctx.services.timeouts.download).await {
-            // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
-            Err(StepError::Proxmox { source, .. }) if source.is_file_already_present() => {}
-            other => {
-                other?;
-            }
-        }
+        put_in_place(ctx, wanted, url, version).await?;
     }
     if let Some(key) = presence {
         ctx.services.ledgers.image_seen(&key);
+    }
+    Ok(())
+}
+
+/// Puts the image into the storage: downloaded by the node, or by the provider and uploaded when
+/// the factory needs credentials ([`image_source`]); the task is recorded before it is waited for.
+async fn put_in_place(
+    ctx: &mut StepContext<'_>,
+    wanted: &Wanted<'_>,
+    url: String,
+    version: &str,
+) -> Result<(), StepError> {
+    let Wanted {
+        kind,
+        node,
+        storage,
+        file_name,
+        ..
+    } = *wanted;
+    let pve = &ctx.services.pve;
+    let content = kind.content().as_str();
+    let what = format!("the Talos {version} {} to {storage} on {node}", kind.what());
+    let task = match image_source(ctx, wanted, &url).await {
+        Source::Node => {
+            let download = DownloadRequest {
+                url,
+                file_name: file_name.to_owned(),
+                content: content.into(),
+                checksum: None,
+            };
+            ctx.start_task(
+                format!("downloading {what}"),
+                pve.download_url(node, storage, &download),
+            )
+            .await?
+        }
+        Source::Provider { url, headers, from } => {
+            let services = ctx.services;
+            let image = factory_auth::download(
+                &services.factory_http,
+                &url,
+                &headers,
+                services.timeouts.download,
+            )
+            .await
+            .map_err(|e| match e {
+                FactoryError::Refused {
+                    status: 401 | 403, ..
+                } => StepError::Config(format!("{e} ({})", from.advice())),
+                other => StepError::Cluster(other.to_string()),
+            })?;
+            ctx.start_task(
+                format!("uploading {what}, fetched from the Image Factory with {from}"),
+                pve.upload_streamed(node, storage, content, file_name, image.body, image.length),
+            )
+            .await?
+        }
+    };
+    if kind == BootImage::Iso {
+        ctx.state.iso_file = Some(file_name.to_owned());
+    }
+    ctx.state.iso_download_task = Some(task.upid.clone());
+    ctx.persist().await?;
+    match ctx.finish_task(task, ctx.services.timeouts.download).await {
+        // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
+        Err(StepError::Proxmox { source, .. }) if source.is_file_already_present() => {}
+        other => {
+            other?;
+        }
     }
     Ok(())
 }

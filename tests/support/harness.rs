@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::config::ProviderConfig;
 use omni_infra_provider_proxmox::controller::context::Context;
+use omni_infra_provider_proxmox::controller::housekeeping;
 use omni_infra_provider_proxmox::controller::runner::{self, Controller};
-use omni_infra_provider_proxmox::controller::topology;
 use omni_infra_provider_proxmox::omni::join::JoinMode;
 use omni_infra_provider_proxmox::omni::proto::specs::{
     MachineRequestSpec, MachineRequestStatusSpec, machine_request_status_spec::Stage,
@@ -101,7 +101,7 @@ impl Harness {
         let controller = Controller::new(context.clone(), runner::MAX_IN_FLIGHT);
         let (tx, rx) = watch::channel(false);
         if let Some(every) = self.topology_every {
-            self.topology = Some(tokio::spawn(topology::run(
+            self.topology = Some(tokio::spawn(housekeeping::run(
                 context.clone(),
                 every,
                 rx.clone(),
