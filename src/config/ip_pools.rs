@@ -440,7 +440,7 @@ mod tests {
             problems("ipPools:\n  -bad:\n    cidr: 10.0.0.0/8\n    range: 10.0.0.1\n")
                 .contains("`ipPools.\"-bad\"`: a pool name")
         );
-        // Found by the config fuzz test: names that made key paths ending in '.'.
+        // Names that would make key paths ending in '.' are quoted.
         for (name, shown) in [(".", "`ipPools.\".\"`"), ("a.", "`ipPools.\"a.\"`")] {
             let all = problems(&format!("ipPools:\n  \"{name}\": {{}}\n"));
             assert!(all.contains(&format!("{shown}: a pool name")), "{all}");

@@ -481,7 +481,7 @@ mod tests {
         assert!(all.contains("`proxmox.realm` is ignored"), "{all}");
     }
 
-    /// As in provider data: an empty key was reported as "unknown key ``", naming no key.
+    /// As in provider data: an empty key is shown quoted, since "unknown key ``" would name no key.
     #[test]
     fn an_empty_key_is_named_quoted() {
         let p = problems(
