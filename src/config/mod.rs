@@ -26,17 +26,24 @@
 mod ip_pools;
 mod policy;
 mod proxmox;
+mod read;
 
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
-use crate::did_you_mean;
 use crate::rules::ip_pool::IpPool;
 use crate::rules::placement::PlacementLimits;
 use crate::rules::policy::Policy;
 use crate::rules::provider_data::ConfigLayers;
+use ip_pools::{PoolFile, Pools};
+use policy::PolicyFile;
+use proxmox::ProxmoxFile;
 pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
+pub use read::kind;
+use read::{Expecting, Found, Section, keys_of};
 
 /// Everything in the config file, validated.
 #[derive(Debug, Clone)]
@@ -78,18 +85,78 @@ pub enum ConfigError {
     },
 }
 
-const TOP_KEYS: &[&str] = &[
-    "proxmox",
-    "defaults",
-    "nodes",
-    "strict",
-    "placement",
-    "ipPools",
-    "policy",
-];
-const PLACEMENT_KEYS: &[&str] = &["cpuOvercommit", "memoryOvercommit"];
+#[derive(Debug)]
+pub enum ParseError {
+    Yaml(String),
+    Invalid(Vec<String>),
+}
+
+/// The file as written: each key of the file is a field here or in a section's struct.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct File {
+    proxmox: Option<Section<ProxmoxFile>>,
+    defaults: Option<Map<String, Value>>,
+    nodes: Option<Map<String, Value>>,
+    /// Unknown keys, here and in provider data, are errors rather than warnings.
+    strict: Option<bool>,
+    placement: Option<Section<PlacementFile>>,
+    ip_pools: Option<Pools>,
+    policy: Option<Section<PolicyFile>>,
+}
+
+/// `placement:` as written.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PlacementFile {
+    cpu_overcommit: Option<Overcommit<Cpus>>,
+    memory_overcommit: Option<Overcommit<Memory>>,
+}
+
+impl Expecting for PlacementFile {
+    const EXPECTING: &'static str =
+        "a mapping, e.g. `placement: {cpuOvercommit: 4.0, memoryOvercommit: 1.0}`";
+}
+
 /// No cluster runs usefully at more vCPUs per CPU than this; a larger value is a typo.
 const MAX_OVERCOMMIT: f64 = 64.0;
+
+/// How much of a node's `R` VMs may be given, per unit the node has: above 0, at most
+/// [`MAX_OVERCOMMIT`].
+struct Overcommit<R>(f64, PhantomData<R>);
+
+/// What an overcommit ratio is of, as its message explains it.
+trait Resource {
+    const WHAT: &'static str;
+}
+struct Cpus;
+impl Resource for Cpus {
+    const WHAT: &'static str = "vCPUs given to VMs per CPU of the node, e.g. 4.0";
+}
+struct Memory;
+impl Resource for Memory {
+    const WHAT: &'static str =
+        "memory given to VMs per byte of the node's memory, e.g. 1.0 to never overcommit";
+}
+
+impl<'de, R: Resource> Deserialize<'de> for Overcommit<R> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::Number(n) if n.as_f64().is_some_and(|r| r > 0.0 && r <= MAX_OVERCOMMIT) => {
+                Ok(Self(n.as_f64().unwrap_or_default(), PhantomData))
+            }
+            other => Err(serde::de::Error::custom(format!(
+                " must be a number above 0 and at most {MAX_OVERCOMMIT} ({}), found {}",
+                R::WHAT,
+                match &other {
+                    Value::Number(n) => n.to_string(),
+                    other => kind(other).to_owned(),
+                }
+            ))),
+        }
+    }
+}
+
 impl ProviderConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -110,8 +177,7 @@ impl ProviderConfig {
 
     /// Parses the text of a config file; all problems are reported together.
     pub fn parse(text: &str) -> Result<Self, ParseError> {
-        let root: Value = crate::yaml::from_str(text).map_err(ParseError::Yaml)?;
-        let root = match root {
+        let root = match crate::yaml::from_str(text).map_err(ParseError::Yaml)? {
             Value::Object(map) => map,
             Value::Null => Map::new(),
             other => {
@@ -121,57 +187,15 @@ impl ProviderConfig {
                 )]));
             }
         };
-        let (strict, strict_problem) = match root.get("strict") {
-            None | Some(Value::Null) => (false, None),
-            Some(Value::Bool(b)) => (*b, None),
-            Some(other) => (
-                false,
-                Some(format!(
-                    "`strict` must be true or false, found {}",
-                    kind(other)
-                )),
-            ),
-        };
-        let mut found = Found {
-            problems: strict_problem.into_iter().collect(),
-            warnings: Vec::new(),
-            strict,
-        };
-        found.check_keys(&root, TOP_KEYS, "");
-        let proxmox = match root.get("proxmox") {
-            Some(Value::Object(p)) => ProxmoxSettings::from_map(p, &mut found),
-            Some(other) => {
-                found.problems.push(format!(
-                    "`proxmox` must be a mapping of connection settings, found {}",
-                    kind(other)
-                ));
-                None
-            }
-            None => {
-                found.problems.push(
-                    "missing `proxmox:` section (needs at least `url` and either `tokenID`+`tokenSecret` or `username`+`password`)"
-                        .to_owned(),
-                );
-                None
-            }
-        };
-        let defaults = optional_map(&root, "defaults", &mut found.problems);
-        let nodes = optional_map(&root, "nodes", &mut found.problems);
-        let placement = placement_limits(&root, &mut found);
-        let ip_pools = ip_pools::ip_pools(&root, &mut found);
-        let policy = policy::policy(&root, &mut found);
-        ip_pools::check_references(&defaults, &nodes, &ip_pools, &mut found);
-        match (proxmox, found.problems.is_empty()) {
-            (Some(proxmox), true) => Ok(Self {
-                proxmox,
-                placement,
-                ip_pools,
-                policy,
-                layers: ConfigLayers::read(&defaults, &nodes),
-                defaults,
-                nodes,
-                strict: found.strict,
+        let mut found = Found::default();
+        let file: Option<File> = found.read(Value::Object(root.clone()));
+        found.strict = file.as_ref().and_then(|f| f.strict).unwrap_or(false);
+        unknown_keys(&root, &mut found);
+        let config = file.and_then(|f| f.check(&mut found));
+        match config {
+            Some(config) if found.problems.is_empty() => Ok(Self {
                 warnings: found.warnings,
+                ..config
             }),
             // What was ignored often explains what is missing (`tokenId` for `tokenID`).
             _ => Err(ParseError::Invalid(
@@ -181,117 +205,67 @@ impl ProviderConfig {
     }
 }
 
-#[derive(Debug)]
-pub enum ParseError {
-    Yaml(String),
-    Invalid(Vec<String>),
+impl File {
+    /// The cross-key rules, every problem into `found`; the config when there is none.
+    fn check(self, found: &mut Found) -> Option<ProviderConfig> {
+        let proxmox = match self.proxmox {
+            Some(p) => p.0.check(found),
+            None if found.failed("proxmox") => None,
+            None => {
+                found.problems.push(
+                    "missing `proxmox:` section (needs at least `url` and either `tokenID`+`tokenSecret` or `username`+`password`)"
+                        .to_owned(),
+                );
+                None
+            }
+        };
+        let defaults = self.defaults.unwrap_or_default();
+        let nodes = self.nodes.unwrap_or_default();
+        let ip_pools = self.ip_pools.map(|p| p.check(found)).unwrap_or_default();
+        ip_pools::check_references(&defaults, &nodes, &ip_pools, found);
+        let default = PlacementLimits::default();
+        let placement = self
+            .placement
+            .map_or(default, |Section(p)| PlacementLimits {
+                cpu_overcommit: p.cpu_overcommit.map_or(default.cpu_overcommit, |r| r.0),
+                memory_overcommit: p
+                    .memory_overcommit
+                    .map_or(default.memory_overcommit, |r| r.0),
+            });
+        Some(ProviderConfig {
+            proxmox: proxmox?,
+            placement,
+            ip_pools,
+            policy: self.policy.map(|p| Policy::from(p.0)).unwrap_or_default(),
+            layers: ConfigLayers::read(&defaults, &nodes),
+            defaults,
+            nodes,
+            strict: self.strict.unwrap_or(false),
+            warnings: Vec::new(),
+        })
+    }
 }
 
-/// Problems and warnings while reading the file.
-struct Found {
-    problems: Vec<String>,
-    warnings: Vec<String>,
-    /// Unknown keys are problems rather than warnings.
-    strict: bool,
-}
-
-impl Found {
-    fn check_keys(&mut self, map: &Map<String, Value>, known: &[&str], prefix: &str) {
-        for key in map.keys().filter(|k| !known.contains(&k.as_str())) {
-            let hint = did_you_mean::hint(key, known);
-            let key = shown_key(key);
-            if self.strict {
-                self.problems.push(format!(
-                    "unknown key `{prefix}{key}`{hint} (refused because of `strict: true`)"
-                ));
-            } else {
-                self.warnings
-                    .push(format!("unknown key `{prefix}{key}` is ignored{hint}"));
+/// Keys the file has that its structs do not declare: warnings, or problems under `strict: true`.
+fn unknown_keys(root: &Map<String, Value>, found: &mut Found) {
+    found.unknown_keys(root, keys_of::<File>(), "");
+    let sections = [
+        ("proxmox", keys_of::<ProxmoxFile>()),
+        ("placement", keys_of::<PlacementFile>()),
+        ("policy", keys_of::<PolicyFile>()),
+    ];
+    for (section, known) in sections {
+        if let Some(Value::Object(map)) = root.get(section) {
+            found.unknown_keys(map, known, &format!("{section}."));
+        }
+    }
+    if let Some(Value::Object(pools)) = root.get("ipPools") {
+        for (name, pool) in pools {
+            if let Value::Object(map) = pool {
+                let at = read::child("ipPools", name);
+                found.unknown_keys(map, keys_of::<PoolFile>(), &format!("{at}."));
             }
         }
-    }
-}
-
-/// `placement:`, every problem named with its key and how to write it.
-/// An unknown key as a message shows it. An empty key (`"": 1`) is shown quoted, or the message
-/// would name no key; a key is shown up to its first character no key name has, because a line
-/// typed wrong (`tokenSecret= 0c3b…: x`) makes a key of the secret.
-fn shown_key(key: &str) -> String {
-    if key.is_empty() {
-        return "\"\"".to_string();
-    }
-    match key.find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))) {
-        Some(cut) => format!("{}…", &key[..cut]),
-        None => key.to_string(),
-    }
-}
-
-fn placement_limits(root: &Map<String, Value>, found: &mut Found) -> PlacementLimits {
-    let mut limits = PlacementLimits::default();
-    let map = match root.get("placement") {
-        None | Some(Value::Null) => return limits,
-        Some(Value::Object(m)) => m,
-        Some(other) => {
-            found.problems.push(format!(
-                "`placement` must be a mapping, e.g. `placement: {{cpuOvercommit: 4.0, memoryOvercommit: 1.0}}`, found {}",
-                kind(other)
-            ));
-            return limits;
-        }
-    };
-    found.check_keys(map, PLACEMENT_KEYS, "placement.");
-    let mut ratio = |key: &str, what: &str, slot: &mut f64| {
-        match map.get(key) {
-        None | Some(Value::Null) => {}
-        Some(Value::Number(n)) if n.as_f64().is_some_and(|r| r > 0.0 && r <= MAX_OVERCOMMIT) => {
-            *slot = n.as_f64().unwrap_or(*slot);
-        }
-        Some(other) => found.problems.push(format!(
-            "`placement.{key}` must be a number above 0 and at most {MAX_OVERCOMMIT} ({what}), found {}",
-            match other {
-                Value::Number(n) => n.to_string(),
-                other => kind(other).to_owned(),
-            }
-        )),
-    }
-    };
-    ratio(
-        "cpuOvercommit",
-        "vCPUs given to VMs per CPU of the node, e.g. 4.0",
-        &mut limits.cpu_overcommit,
-    );
-    ratio(
-        "memoryOvercommit",
-        "memory given to VMs per byte of the node's memory, e.g. 1.0 to never overcommit",
-        &mut limits.memory_overcommit,
-    );
-    limits
-}
-
-fn optional_map(
-    root: &Map<String, Value>,
-    key: &str,
-    problems: &mut Vec<String>,
-) -> Map<String, Value> {
-    match root.get(key) {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(other) => {
-            problems.push(format!("`{key}` must be a mapping, found {}", kind(other)));
-            Map::new()
-        }
-    }
-}
-
-/// A short name for a JSON value's type, for error messages.
-pub fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "nothing",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
     }
 }
 
@@ -602,8 +576,6 @@ mod tests {
     }
 
     mod fuzz {
-        use super::super::ip_pools::POOL_KEYS;
-        use super::super::proxmox::PROXMOX_KEYS;
         use super::*;
         use proptest::prelude::*;
 
@@ -663,10 +635,10 @@ mod tests {
         /// A config file: the known sections and keys with values of any type, unknown keys.
         fn config() -> impl Strategy<Value = Map<String, Value>> {
             (
-                prop::option::of(section(PROXMOX_KEYS)),
-                prop::option::of(section(PLACEMENT_KEYS)),
+                prop::option::of(section(keys_of::<ProxmoxFile>())),
+                prop::option::of(section(keys_of::<PlacementFile>())),
                 prop::option::of(prop_oneof![
-                    3 => prop::collection::btree_map("[a-z.-]{0,5}", section(POOL_KEYS), 0..3)
+                    3 => prop::collection::btree_map("[a-z.-]{0,5}", section(keys_of::<PoolFile>()), 0..3)
                         .prop_map(|m| Value::Object(m.into_iter().collect())),
                     1 => junk(),
                 ]),
@@ -719,11 +691,11 @@ mod tests {
                 map.is_some_and(|m| m.contains_key(k))
             };
             match key {
-                None => TOP_KEYS.contains(&section) || written(Some(file), section),
+                None => keys_of::<File>().contains(&section) || written(Some(file), section),
                 Some(k) => {
                     let known: &[&str] = match section {
-                        "proxmox" => PROXMOX_KEYS,
-                        "placement" => PLACEMENT_KEYS,
+                        "proxmox" => keys_of::<ProxmoxFile>(),
+                        "placement" => keys_of::<PlacementFile>(),
                         // A pool's name is any key of `ipPools`.
                         "ipPools" => return true,
                         _ => return false,

@@ -1,0 +1,284 @@
+//! Reading the file into its derived structs so that every problem is found at once, each with its
+//! key path.
+//!
+//! serde stops at the first value it refuses. That value is reported at its key path and left out,
+//! and the file is read again, until a read succeeds: one load names every wrong value. Unknown keys
+//! are not serde's business (the official provider ignores them): they are found by comparing each
+//! section with the keys its struct declares ([`keys_of`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::de::{self, Deserialize, DeserializeOwned, Deserializer, Visitor};
+use serde_json::{Map, Value};
+use serde_path_to_error::Segment;
+
+use crate::did_you_mean;
+
+/// Problems and warnings while reading the file.
+#[derive(Default)]
+pub(super) struct Found {
+    pub problems: Vec<String>,
+    pub warnings: Vec<String>,
+    /// Unknown keys are problems rather than warnings.
+    pub strict: bool,
+    /// Key paths whose value was refused and left out: what would call them missing keeps quiet.
+    failed: BTreeSet<String>,
+}
+
+impl Found {
+    /// Whether the value at `path` was refused (and so is absent from what was read).
+    pub fn failed(&self, path: &str) -> bool {
+        self.failed.contains(path)
+    }
+
+    /// Whether a value at `path` or under it was refused.
+    pub fn failed_under(&self, path: &str) -> bool {
+        self.failed.iter().any(|f| {
+            f == path
+                || f.strip_prefix(path)
+                    .is_some_and(|r| r.starts_with(['.', '[']))
+        })
+    }
+
+    /// Reads `root` into `T`; each value serde refuses is a problem at its key path.
+    pub fn read<T: DeserializeOwned>(&mut self, mut root: Value) -> Option<T> {
+        // Indices of list items left out, by the list's path: later paths name items as written.
+        let mut removed: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        loop {
+            let error = match serde_path_to_error::deserialize::<_, T>(&root) {
+                Ok(read) => return Some(read),
+                Err(e) => e,
+            };
+            let segments: Vec<Segment> = error.path().iter().cloned().collect();
+            let path = shown_path(&segments, &removed);
+            let said = error.inner().to_string();
+            let Some(value) = take(&mut root, &segments, &mut removed) else {
+                self.problems.push(format!("`{path}`: {said}"));
+                return None;
+            };
+            self.problems
+                .push(format!("`{path}`{}", reads_on(&said, &value)));
+            self.failed.insert(path);
+        }
+    }
+
+    /// Reports the keys of `map` not in `known`, each as the file writes it, after `prefix`.
+    pub fn unknown_keys(&mut self, map: &Map<String, Value>, known: &[&str], prefix: &str) {
+        for key in map.keys().filter(|k| !known.contains(&k.as_str())) {
+            let hint = did_you_mean::hint(key, known);
+            let key = shown_key(key);
+            if self.strict {
+                self.problems.push(format!(
+                    "unknown key `{prefix}{key}`{hint} (refused because of `strict: true`)"
+                ));
+            } else {
+                self.warnings
+                    .push(format!("unknown key `{prefix}{key}` is ignored{hint}"));
+            }
+        }
+    }
+}
+
+/// What follows the key path in a problem: a type mismatch in the file's words (`must be true or
+/// false, found a string`), never quoting the value (it may be a secret); otherwise the message of
+/// the value's own type, which starts with its separator (`: …` or ` must …`).
+fn reads_on(said: &str, value: &Value) -> String {
+    let mismatch = said
+        .strip_prefix("invalid type: ")
+        .or_else(|| said.strip_prefix("invalid value: "))
+        .and_then(|rest| rest.rsplit_once(", expected "));
+    let Some((_, expected)) = mismatch else {
+        return said.to_owned();
+    };
+    let expected = match expected {
+        "a boolean" => "true or false",
+        "a sequence" => "a list",
+        "a map" => "a mapping",
+        other => other,
+    };
+    format!(" must be {expected}, found {}", kind(value))
+}
+
+/// Takes the value at `path` out of `root`; `None` when the path names no value that can go.
+fn take(
+    root: &mut Value,
+    path: &[Segment],
+    removed: &mut BTreeMap<String, Vec<usize>>,
+) -> Option<Value> {
+    let (last, parents) = path.split_last()?;
+    let mut at = root;
+    for segment in parents {
+        at = match (segment, at) {
+            (Segment::Map { key }, Value::Object(m)) => m.get_mut(key)?,
+            (Segment::Seq { index }, Value::Array(items)) => items.get_mut(*index)?,
+            _ => return None,
+        };
+    }
+    match (last, at) {
+        (Segment::Map { key }, Value::Object(m)) => m.remove(key),
+        (Segment::Seq { index }, Value::Array(items)) if *index < items.len() => {
+            let list = shown_path(parents, removed);
+            let gone = removed.entry(list).or_default();
+            gone.push(as_written(gone, *index));
+            gone.sort_unstable();
+            Some(items.remove(*index))
+        }
+        _ => None,
+    }
+}
+
+/// The index a list item had in the file, given the items before it that were left out.
+fn as_written(removed: &[usize], index: usize) -> usize {
+    removed
+        .iter()
+        .fold(index, |at, gone| if *gone <= at { at + 1 } else { at })
+}
+
+/// `ipPools.talos-net.range[1]`; a key that is not a plain name is quoted (`ipPools."a."`).
+fn shown_path(path: &[Segment], removed: &BTreeMap<String, Vec<usize>>) -> String {
+    let mut shown = String::new();
+    for segment in path {
+        match segment {
+            Segment::Seq { index } => {
+                let gone = removed.get(&shown).map_or(&[][..], Vec::as_slice);
+                shown = format!("{shown}[{}]", as_written(gone, *index));
+            }
+            Segment::Map { key } => shown = child(&shown, key),
+            Segment::Enum { .. } | Segment::Unknown => shown.push_str(".?"),
+        }
+    }
+    shown
+}
+
+/// The path of `key` under `parent`.
+pub(super) fn child(parent: &str, key: &str) -> String {
+    let key = if plain_name(key) {
+        key.to_owned()
+    } else {
+        Value::String(key.to_owned()).to_string()
+    };
+    if parent.is_empty() {
+        key
+    } else {
+        format!("{parent}.{key}")
+    }
+}
+
+/// 1 to 63 letters, digits, '-' or '_', starting with a letter or digit: a pool name, and how every
+/// key the file declares is written.
+pub(super) fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+}
+
+/// An unknown key as a message shows it. An empty key (`"": 1`) is shown quoted, or the message
+/// would name no key; a key is shown up to its first character no key name has, because a line
+/// typed wrong (`tokenSecret= 0c3b…: x`) makes a key of the secret.
+fn shown_key(key: &str) -> String {
+    if key.is_empty() {
+        return "\"\"".to_string();
+    }
+    match key.find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))) {
+        Some(cut) => format!("{}…", &key[..cut]),
+        None => key.to_string(),
+    }
+}
+
+/// A short name for a JSON value's type, for error messages.
+pub fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+/// The keys a derived struct reads, as the file writes them: serde hands them to the deserializer
+/// it reads the struct from.
+pub(super) fn keys_of<T: DeserializeOwned>() -> &'static [&'static str] {
+    struct Keys<'a>(&'a mut &'static [&'static str]);
+    impl<'de> Deserializer<'de> for Keys<'_> {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("keys taken"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
+    let mut keys: &'static [&'static str] = &[];
+    let _ = T::deserialize(Keys(&mut keys));
+    keys
+}
+
+/// One value or a list of them (`nameservers: 10.0.0.1` or `nameservers: [10.0.0.1, 10.0.0.2]`).
+pub(super) enum OneOrList<T> {
+    One(T),
+    List(Vec<T>),
+}
+
+/// What a key expects, for its message: `Section<Self>` a mapping, `OneOrList<Self>` one or more.
+pub(super) trait Expecting {
+    const EXPECTING: &'static str;
+}
+
+/// A section read into `T`, from a mapping only (serde would read a struct from a list too, by
+/// position).
+pub(super) struct Section<T>(pub T);
+
+impl<'de, T: Deserialize<'de> + Expecting> Deserialize<'de> for Section<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Mapping<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + Expecting> Visitor<'de> for Mapping<T> {
+            type Value = Section<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(T::EXPECTING)
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Section)
+            }
+        }
+        d.deserialize_map(Mapping(std::marker::PhantomData))
+    }
+}
+
+impl<'de, T: Deserialize<'de> + Expecting> Deserialize<'de> for OneOrList<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct OneOrMore<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + Expecting> Visitor<'de> for OneOrMore<T> {
+            type Value = OneOrList<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(T::EXPECTING)
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                T::deserialize(de::value::StrDeserializer::new(s)).map(OneOrList::One)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(OneOrList::List(items))
+            }
+        }
+        d.deserialize_any(OneOrMore(std::marker::PhantomData))
+    }
+}
