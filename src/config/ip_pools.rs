@@ -18,15 +18,20 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
-use super::read::{Expecting, Found, OneOrList, Section, child, kind, plain_name};
+use super::read::{
+    Expecting, Found, OneOrList, Section, child, kind, plain_name, string, value_type,
+};
 use crate::proxmox::property::{BridgeName, VlanTag};
 use crate::rules::ip_pool::{AddressRange, Cidr, IpPool};
 
 /// `ipPools:` as written, by pool name.
-pub(super) struct Pools(BTreeMap<String, Section<PoolFile>>);
+pub(super) type Pools = BTreeMap<String, Section<PoolFile>>;
+
+impl Expecting for Pools {
+    const EXPECTING: &'static str = "a mapping of pool names to pools, e.g. `ipPools: {talos-net: {cidr: 10.10.0.0/24, range: 10.10.0.100-10.10.0.199}}`";
+}
 
 /// One pool as written.
 #[derive(Deserialize)]
@@ -46,137 +51,61 @@ impl Expecting for PoolFile {
     const EXPECTING: &'static str = "a mapping with `cidr` and `range`";
 }
 
-impl<'de> Deserialize<'de> for Pools {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct ByName;
-        impl<'de> Visitor<'de> for ByName {
-            type Value = Pools;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a mapping of pool names to pools, e.g. `ipPools: {talos-net: {cidr: 10.10.0.0/24, range: 10.10.0.100-10.10.0.199}}`")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Pools, A::Error> {
-                let mut pools = BTreeMap::new();
-                while let Some((name, pool)) = map.next_entry()? {
-                    pools.insert(name, pool);
-                }
-                Ok(Pools(pools))
-            }
-        }
-        d.deserialize_map(ByName)
-    }
-}
+value_type!(PoolCidr(Cidr), |v| string(
+    v,
+    ": must be a string like 10.10.0.0/24",
+    |s| { Cidr::parse(&s).map_err(|e| format!(": {e}")) }
+));
 
-#[derive(Deserialize)]
-#[serde(try_from = "Value")]
-struct PoolCidr(Cidr);
-
-impl TryFrom<Value> for PoolCidr {
-    type Error = String;
-    fn try_from(v: Value) -> Result<Self, String> {
-        match v {
-            Value::String(s) => Cidr::parse(&s).map(Self).map_err(|e| format!(": {e}")),
-            other => Err(format!(
-                ": must be a string like 10.10.0.0/24, found {}",
-                kind(&other)
-            )),
-        }
-    }
-}
-
-/// A range as written; it is parsed against the pool's cidr.
-#[derive(Deserialize)]
-#[serde(try_from = "Value")]
-struct RangeText(String);
-
-impl TryFrom<Value> for RangeText {
-    type Error = String;
-    fn try_from(v: Value) -> Result<Self, String> {
-        match v {
-            Value::String(s) => Ok(Self(s.trim().to_owned())),
-            other => Err(format!(
-                ": must be a string like 10.10.0.100-10.10.0.199, found {}",
-                kind(&other)
-            )),
-        }
-    }
-}
+value_type!(
+    /// A range as written; it is parsed against the pool's cidr.
+    RangeText(String),
+    |v| string(v, ": must be a string like 10.10.0.100-10.10.0.199", |s| Ok(s.trim().to_owned()))
+);
 
 impl Expecting for RangeText {
     const EXPECTING: &'static str = "a range like 10.10.0.100-10.10.0.199, or a list of them";
 }
 
-#[derive(Deserialize)]
-#[serde(try_from = "Value")]
-struct Address(IpAddr);
-
-impl TryFrom<Value> for Address {
-    type Error = String;
-    fn try_from(v: Value) -> Result<Self, String> {
-        match v {
-            Value::String(s) => s
-                .trim()
-                .parse()
-                .map(Self)
-                .map_err(|_| format!(": {s:?} is not an IPv4 or IPv6 address")),
-            other => Err(format!(": must be an address, found {}", kind(&other))),
-        }
+value_type!(Address(IpAddr), |v| string(
+    v,
+    ": must be an address",
+    |s| {
+        s.trim()
+            .parse()
+            .map_err(|_| format!(": {s:?} is not an IPv4 or IPv6 address"))
     }
-}
+));
 
 impl Expecting for Address {
     const EXPECTING: &'static str = "a list of addresses, e.g. `[10.10.0.1]`";
 }
 
-#[derive(Deserialize)]
-#[serde(try_from = "Value")]
-struct Bridge(BridgeName);
+value_type!(Bridge(BridgeName), |v| string(
+    v,
+    ": must be a bridge name like vmbr1",
+    |s| { BridgeName::parse(&s).map_err(|e| format!(": {e}")) }
+));
 
-impl TryFrom<Value> for Bridge {
-    type Error = String;
-    fn try_from(v: Value) -> Result<Self, String> {
-        match v {
-            Value::String(s) => BridgeName::parse(&s)
-                .map(Self)
-                .map_err(|e| format!(": {e}")),
-            other => Err(format!(
-                ": must be a bridge name like vmbr1, found {}",
-                kind(&other)
-            )),
-        }
-    }
-}
+value_type!(Vlan(VlanTag), |v| match v {
+    Value::Number(n) => n
+        .as_u64()
+        .and_then(|t| VlanTag::new(t).ok())
+        .ok_or_else(|| format!(": {n} is not a VLAN tag (1 to 4094)")),
+    other => Err(format!(
+        ": must be a VLAN tag (1 to 4094), found {}",
+        kind(&other)
+    )),
+});
 
-#[derive(Deserialize)]
-#[serde(try_from = "Value")]
-struct Vlan(VlanTag);
-
-impl TryFrom<Value> for Vlan {
-    type Error = String;
-    fn try_from(v: Value) -> Result<Self, String> {
-        match v {
-            Value::Number(n) => match n.as_u64().map(VlanTag::new) {
-                Some(Ok(tag)) => Ok(Self(tag)),
-                _ => Err(format!(": {n} is not a VLAN tag (1 to 4094)")),
-            },
-            other => Err(format!(
-                ": must be a VLAN tag (1 to 4094), found {}",
-                kind(&other)
-            )),
-        }
-    }
-}
-
-impl Pools {
-    /// The pools without problems; what is wrong goes to `found`.
-    pub(super) fn check(self, found: &mut Found) -> Vec<IpPool> {
-        let pools: Vec<IpPool> = self
-            .0
-            .into_iter()
-            .filter_map(|(name, pool)| pool.0.check(name, found))
-            .collect();
-        overlaps(&pools, found);
-        pools
-    }
+/// The pools without problems; what is wrong goes to `found`.
+pub(super) fn check(pools: Pools, found: &mut Found) -> Vec<IpPool> {
+    let pools: Vec<IpPool> = pools
+        .into_iter()
+        .filter_map(|(name, pool)| pool.0.check(name, found))
+        .collect();
+    overlaps(&pools, found);
+    pools
 }
 
 impl PoolFile {
@@ -215,7 +144,7 @@ impl PoolFile {
                 ),
             );
         }
-        if found.problems.len() > before || found.failed_under(&at) {
+        if found.problems.len() > before {
             return None;
         }
         let nameservers = match self.nameservers {

@@ -28,10 +28,9 @@ mod policy;
 mod proxmox;
 mod read;
 
-use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::rules::ip_pool::IpPool;
@@ -43,7 +42,7 @@ use policy::PolicyFile;
 use proxmox::ProxmoxFile;
 pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
 pub use read::kind;
-use read::{Expecting, Found, Section, keys_of};
+use read::{Expecting, Found, Section, keys_of, value_type};
 
 /// Everything in the config file, validated.
 #[derive(Debug, Clone)]
@@ -101,7 +100,7 @@ struct File {
     /// Unknown keys, here and in provider data, are errors rather than warnings.
     strict: Option<bool>,
     placement: Option<Section<PlacementFile>>,
-    ip_pools: Option<Pools>,
+    ip_pools: Option<Section<Pools>>,
     policy: Option<Section<PolicyFile>>,
 }
 
@@ -109,8 +108,8 @@ struct File {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct PlacementFile {
-    cpu_overcommit: Option<Overcommit<Cpus>>,
-    memory_overcommit: Option<Overcommit<Memory>>,
+    cpu_overcommit: Option<CpuOvercommit>,
+    memory_overcommit: Option<MemoryOvercommit>,
 }
 
 impl Expecting for PlacementFile {
@@ -118,42 +117,29 @@ impl Expecting for PlacementFile {
         "a mapping, e.g. `placement: {cpuOvercommit: 4.0, memoryOvercommit: 1.0}`";
 }
 
+value_type!(CpuOvercommit(f64), |v| overcommit(
+    v,
+    "vCPUs given to VMs per CPU of the node, e.g. 4.0"
+));
+value_type!(MemoryOvercommit(f64), |v| overcommit(
+    v,
+    "memory given to VMs per byte of the node's memory, e.g. 1.0 to never overcommit"
+));
+
 /// No cluster runs usefully at more vCPUs per CPU than this; a larger value is a typo.
 const MAX_OVERCOMMIT: f64 = 64.0;
 
-/// How much of a node's `R` VMs may be given, per unit the node has: above 0, at most
-/// [`MAX_OVERCOMMIT`].
-struct Overcommit<R>(f64, PhantomData<R>);
-
-/// What an overcommit ratio is of, as its message explains it.
-trait Resource {
-    const WHAT: &'static str;
-}
-struct Cpus;
-impl Resource for Cpus {
-    const WHAT: &'static str = "vCPUs given to VMs per CPU of the node, e.g. 4.0";
-}
-struct Memory;
-impl Resource for Memory {
-    const WHAT: &'static str =
-        "memory given to VMs per byte of the node's memory, e.g. 1.0 to never overcommit";
-}
-
-impl<'de, R: Resource> Deserialize<'de> for Overcommit<R> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match Value::deserialize(d)? {
-            Value::Number(n) if n.as_f64().is_some_and(|r| r > 0.0 && r <= MAX_OVERCOMMIT) => {
-                Ok(Self(n.as_f64().unwrap_or_default(), PhantomData))
+/// How much of a node's CPUs or memory (`what`) VMs may be given, per unit the node has.
+fn overcommit(v: Value, what: &str) -> Result<f64, String> {
+    match v.as_f64() {
+        Some(r) if r > 0.0 && r <= MAX_OVERCOMMIT => Ok(r),
+        _ => Err(format!(
+            " must be a number above 0 and at most {MAX_OVERCOMMIT} ({what}), found {}",
+            match &v {
+                Value::Number(n) => n.to_string(),
+                other => kind(other).to_owned(),
             }
-            other => Err(serde::de::Error::custom(format!(
-                " must be a number above 0 and at most {MAX_OVERCOMMIT} ({}), found {}",
-                R::WHAT,
-                match &other {
-                    Value::Number(n) => n.to_string(),
-                    other => kind(other).to_owned(),
-                }
-            ))),
-        }
+        )),
     }
 }
 
@@ -221,7 +207,10 @@ impl File {
         };
         let defaults = self.defaults.unwrap_or_default();
         let nodes = self.nodes.unwrap_or_default();
-        let ip_pools = self.ip_pools.map(|p| p.check(found)).unwrap_or_default();
+        let ip_pools = self
+            .ip_pools
+            .map(|p| ip_pools::check(p.0, found))
+            .unwrap_or_default();
         ip_pools::check_references(&defaults, &nodes, &ip_pools, found);
         let default = PlacementLimits::default();
         let placement = self

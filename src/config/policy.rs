@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::read::{Expecting, kind};
+use super::read::{Expecting, kind, value_type};
 use crate::rules::policy::Policy;
 
 /// `policy:` as written: what machine classes may ask for, each list optional.
@@ -38,38 +38,26 @@ impl From<PolicyFile> for Policy {
     }
 }
 
-/// A name (a number is taken as written: a template's VMID).
-#[derive(Deserialize)]
-#[serde(try_from = "Value")]
-struct Name(String);
-
-impl TryFrom<Value> for Name {
-    type Error = String;
-    fn try_from(v: Value) -> Result<Self, String> {
-        match v {
-            Value::String(s) if !s.trim().is_empty() => Ok(Self(s.trim().to_owned())),
-            Value::Number(n) => Ok(Self(n.to_string())),
-            other => Err(format!(" must be a name, found {}", kind(&other))),
-        }
+value_type!(
+    /// A name (a number is taken as written: a template's VMID).
+    Name(String),
+    |v| match v {
+        Value::String(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
+        Value::Number(n) => Ok(n.to_string()),
+        other => Err(format!(" must be a name, found {}", kind(&other))),
     }
-}
+);
 
-/// A VLAN tag or an inclusive range of them (`100-199`).
-#[derive(Deserialize)]
-#[serde(try_from = "Value")]
-struct VlanRange((u16, u16));
-
-impl TryFrom<Value> for VlanRange {
-    type Error = String;
-    fn try_from(v: Value) -> Result<Self, String> {
+value_type!(
+    /// A VLAN tag or an inclusive range of them (`100-199`).
+    VlanRange((u16, u16)),
+    |v| {
         let text = match v {
             Value::Number(n) => n.to_string(),
             Value::String(s) => s.trim().to_owned(),
             other => {
-                return Err(format!(
-                    " must be a VLAN tag or a range such as 100-199, found {}",
-                    kind(&other)
-                ));
+                let found = kind(&other);
+                return Err(format!(" must be a VLAN tag or a range such as 100-199, found {found}"));
             }
         };
         let tag = |t: &str| t.trim().parse::<u16>().ok().filter(|v| *v <= 4094);
@@ -77,10 +65,8 @@ impl TryFrom<Value> for VlanRange {
             Some((lo, hi)) => tag(lo).zip(tag(hi)).filter(|(lo, hi)| lo <= hi),
             None => tag(&text).map(|t| (t, t)),
         };
-        range.map(Self).ok_or_else(|| {
-            format!(
-                " {text:?} is not a VLAN tag (0-4094, 0 for untagged) or a range such as 100-199"
-            )
+        range.ok_or_else(|| {
+            format!(" {text:?} is not a VLAN tag (0-4094, 0 for untagged) or a range such as 100-199")
         })
     }
-}
+);

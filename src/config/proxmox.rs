@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::read::{Expecting, Found, kind};
+use super::read::{Expecting, Found, kind, value_type};
 use crate::secret::Secret;
 
 pub use crate::proxmox::settings::{ProxmoxAuth, ProxmoxSettings, TlsTrust};
@@ -37,23 +37,16 @@ impl Expecting for ProxmoxFile {
     const EXPECTING: &'static str = "a mapping of connection settings";
 }
 
-/// A string setting; blank is unset. YAML turns `password: 1234` into a number: the user meant the
-/// text.
-#[derive(Deserialize)]
-#[serde(try_from = "Value")]
-struct Text(Option<String>);
-
-impl TryFrom<Value> for Text {
-    type Error = String;
-    fn try_from(v: Value) -> Result<Self, String> {
-        match v {
-            Value::String(s) if s.trim().is_empty() => Ok(Self(None)),
-            Value::String(s) => Ok(Self(Some(s))),
-            Value::Number(n) => Ok(Self(Some(n.to_string()))),
-            other => Err(format!(" must be a string, found {}", kind(&other))),
-        }
+value_type!(
+    /// A string setting; blank is unset. YAML turns `password: 1234` into a number: the user meant
+    /// the text.
+    Text(Option<String>),
+    |v| match v {
+        Value::String(s) => Ok(Some(s).filter(|s| !s.trim().is_empty())),
+        Value::Number(n) => Ok(Some(n.to_string())),
+        other => Err(format!(" must be a string, found {}", kind(&other))),
     }
-}
+);
 
 fn text(t: Option<Text>) -> Option<String> {
     t.and_then(|t| t.0)

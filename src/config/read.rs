@@ -14,6 +14,37 @@ use serde_path_to_error::Segment;
 
 use crate::did_you_mean;
 
+/// A newtype of the file read from any value through `TryFrom<Value>`: `$parse` gives the inner
+/// value, or the message that reads on from the key path (`: …` or ` must …`).
+macro_rules! value_type {
+    ($(#[$doc:meta])* $name:ident($inner:ty), |$v:ident| $parse:expr) => {
+        $(#[$doc])*
+        #[derive(serde::Deserialize)]
+        #[serde(try_from = "serde_json::Value")]
+        pub(super) struct $name(pub $inner);
+
+        impl TryFrom<serde_json::Value> for $name {
+            type Error = String;
+            fn try_from($v: serde_json::Value) -> Result<Self, String> {
+                $parse.map(Self)
+            }
+        }
+    };
+}
+pub(super) use value_type;
+
+/// A string read by `parse`; anything else is refused as not `what`.
+pub(super) fn string<T>(
+    v: Value,
+    what: &str,
+    parse: impl FnOnce(String) -> Result<T, String>,
+) -> Result<T, String> {
+    match v {
+        Value::String(s) => parse(s),
+        other => Err(format!("{what}, found {}", kind(&other))),
+    }
+}
+
 /// Problems and warnings while reading the file.
 #[derive(Default)]
 pub(super) struct Found {
@@ -29,15 +60,6 @@ impl Found {
     /// Whether the value at `path` was refused (and so is absent from what was read).
     pub fn failed(&self, path: &str) -> bool {
         self.failed.contains(path)
-    }
-
-    /// Whether a value at `path` or under it was refused.
-    pub fn failed_under(&self, path: &str) -> bool {
-        self.failed.iter().any(|f| {
-            f == path
-                || f.strip_prefix(path)
-                    .is_some_and(|r| r.starts_with(['.', '[']))
-        })
     }
 
     /// Reads `root` into `T`; each value serde refuses is a problem at its key path.
