@@ -564,6 +564,32 @@ mod tests {
         }
     }
 
+    /// A refused value is left out and the file read again, so every later problem is found too,
+    /// list items keep the index they have in the file, and a section written as a list (which
+    /// serde would read by position) is refused as not a mapping.
+    #[test]
+    fn every_refused_value_is_named_where_the_file_has_it() {
+        let base = "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n";
+        let all = problems(&format!(
+            "{base}policy:\n  vlans: [x, 7, 5-3, {{}}, 9, y]\n  bridges: [vmbr0, []]\nplacement: [2, 1]\n"
+        ));
+        assert_eq!(
+            all,
+            [
+                "`placement` must be a mapping, e.g. `placement: {cpuOvercommit: 4.0, memoryOvercommit: 1.0}`, found a list",
+                "`policy.bridges[1]` must be a name, found a list",
+                "`policy.vlans[0]` \"x\" is not a VLAN tag (0-4094, 0 for untagged) or a range such as 100-199",
+                "`policy.vlans[2]` \"5-3\" is not a VLAN tag (0-4094, 0 for untagged) or a range such as 100-199",
+                "`policy.vlans[3]` must be a VLAN tag or a range such as 100-199, found a mapping",
+                "`policy.vlans[5]` \"y\" is not a VLAN tag (0-4094, 0 for untagged) or a range such as 100-199",
+            ]
+        );
+        assert_eq!(
+            problems("proxmox: [https://pve:8006, omni@pve!p, abc]\n"),
+            ["`proxmox` must be a mapping of connection settings, found a list"]
+        );
+    }
+
     mod fuzz {
         use super::*;
         use proptest::prelude::*;
