@@ -75,7 +75,9 @@ impl Found {
             let path = shown_path(&segments, &removed);
             let said = error.inner().to_string();
             let Some(value) = take(&mut root, &segments, &mut removed) else {
-                self.problems.push(format!("`{path}`: {said}"));
+                // Nothing to leave out (serde's own structure failed): reported, never quoting.
+                self.problems
+                    .push(format!("`{path}`{}", reads_on(&said, &Value::Null)));
                 return None;
             };
             self.problems
