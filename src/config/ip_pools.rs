@@ -54,7 +54,7 @@ impl Expecting for PoolFile {
 value_type!(PoolCidr(Cidr), |v| string(
     v,
     ": must be a string like 10.10.0.0/24",
-    |s| { Cidr::parse(&s).map_err(|e| format!(": {e}")) }
+    |s| Cidr::parse(&s).map_err(|e| format!(": {e}"))
 ));
 
 value_type!(
@@ -84,7 +84,7 @@ impl Expecting for Address {
 value_type!(Bridge(BridgeName), |v| string(
     v,
     ": must be a bridge name like vmbr1",
-    |s| { BridgeName::parse(&s).map_err(|e| format!(": {e}")) }
+    |s| BridgeName::parse(&s).map_err(|e| format!(": {e}"))
 ));
 
 value_type!(Vlan(VlanTag), |v| match v {
