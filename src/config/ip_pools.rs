@@ -64,7 +64,8 @@ value_type!(
 );
 
 impl Expecting for RangeText {
-    const EXPECTING: &'static str = "a range like 10.10.0.100-10.10.0.199, or a list of them";
+    const EXPECTING: &'static str =
+        ": must be a range like 10.10.0.100-10.10.0.199, or a list of them";
 }
 
 value_type!(Address(IpAddr), |v| string(
@@ -78,7 +79,7 @@ value_type!(Address(IpAddr), |v| string(
 ));
 
 impl Expecting for Address {
-    const EXPECTING: &'static str = "a list of addresses, e.g. `[10.10.0.1]`";
+    const EXPECTING: &'static str = ": must be a list of addresses, e.g. `[10.10.0.1]`";
 }
 
 value_type!(Bridge(BridgeName), |v| string(

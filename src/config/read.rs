@@ -115,12 +115,14 @@ fn reads_on(said: &str, value: &Value) -> String {
         return said.to_owned();
     };
     let expected = match expected {
-        "a boolean" => "true or false",
-        "a sequence" => "a list",
-        "a map" => "a mapping",
-        other => other,
+        "a boolean" => " must be true or false".to_owned(),
+        "a sequence" => " must be a list".to_owned(),
+        "a map" => " must be a mapping".to_owned(),
+        // An expectation in the words of the message that follows the path (`: must be …`).
+        own if own.starts_with(": ") => own.to_owned(),
+        other => format!(" must be {other}"),
     };
-    format!(" must be {expected}, found {}", kind(value))
+    format!("{expected}, found {}", kind(value))
 }
 
 /// Takes the value at `path` out of `root`; `None` when the path names no value that can go.
@@ -259,7 +261,8 @@ pub(super) enum OneOrList<T> {
     List(Vec<T>),
 }
 
-/// What a key expects, for its message: `Section<Self>` a mapping, `OneOrList<Self>` one or more.
+/// What a key expects, for its message (` must be ` goes before it, unless it starts with `: `):
+/// `Section<Self>` a mapping, `OneOrList<Self>` one or more.
 pub(super) trait Expecting {
     const EXPECTING: &'static str;
 }
