@@ -41,8 +41,8 @@ use ip_pools::{PoolFile, Pools};
 use policy::PolicyFile;
 use proxmox::ProxmoxFile;
 pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
-pub use read::kind;
-use read::{Expecting, Found, Section, keys_of, value_type};
+
+use read::{Expecting, Found, Section, keys_of, kind, value_type};
 
 /// Everything in the config file, validated.
 #[derive(Debug, Clone)]

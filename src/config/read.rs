@@ -215,7 +215,7 @@ fn shown_key(key: &str) -> String {
 }
 
 /// A short name for a JSON value's type, for error messages.
-pub fn kind(v: &Value) -> &'static str {
+pub(super) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "nothing",
         Value::Bool(_) => "a boolean",
