@@ -35,6 +35,7 @@ impl Expecting for Pools {
 
 /// One pool as written.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct PoolFile {
     cidr: Option<PoolCidr>,
     /// `a-b`, `"a-b, c-d"` or a list of ranges.

@@ -37,12 +37,12 @@ use crate::rules::ip_pool::IpPool;
 use crate::rules::placement::PlacementLimits;
 use crate::rules::policy::Policy;
 use crate::rules::provider_data::ConfigLayers;
-use ip_pools::{PoolFile, Pools};
+use ip_pools::Pools;
 use policy::PolicyFile;
 use proxmox::ProxmoxFile;
 pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
 
-use read::{Expecting, Found, Section, keys_of, kind, value_type};
+use read::{Expecting, Found, Section, kind, value_type};
 
 /// Everything in the config file, validated.
 #[derive(Debug, Clone)]
@@ -92,7 +92,7 @@ pub enum ParseError {
 
 /// The file as written: each key of the file is a field here or in a section's struct.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct File {
     proxmox: Option<Section<ProxmoxFile>>,
     defaults: Option<Map<String, Value>>,
@@ -106,7 +106,7 @@ struct File {
 
 /// `placement:` as written.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct PlacementFile {
     cpu_overcommit: Option<CpuOvercommit>,
     memory_overcommit: Option<MemoryOvercommit>,
@@ -174,9 +174,8 @@ impl ProviderConfig {
             }
         };
         let mut found = Found::default();
-        let file: Option<File> = found.read(Value::Object(root.clone()));
-        found.strict = file.as_ref().and_then(|f| f.strict).unwrap_or(false);
-        unknown_keys(&root, &mut found);
+        let file: Option<File> = found.read(Value::Object(root));
+        found.unknown_keys(file.as_ref().and_then(|f| f.strict).unwrap_or(false));
         let config = file.and_then(|f| f.check(&mut found));
         match config {
             Some(config) if found.problems.is_empty() => Ok(Self {
@@ -235,32 +234,40 @@ impl File {
     }
 }
 
-/// Keys the file has that its structs do not declare: warnings, or problems under `strict: true`.
-fn unknown_keys(root: &Map<String, Value>, found: &mut Found) {
-    found.unknown_keys(root, keys_of::<File>(), "");
-    let sections = [
-        ("proxmox", keys_of::<ProxmoxFile>()),
-        ("placement", keys_of::<PlacementFile>()),
-        ("policy", keys_of::<PolicyFile>()),
-    ];
-    for (section, known) in sections {
-        if let Some(Value::Object(map)) = root.get(section) {
-            found.unknown_keys(map, known, &format!("{section}."));
-        }
-    }
-    if let Some(Value::Object(pools)) = root.get("ipPools") {
-        for (name, pool) in pools {
-            if let Value::Object(map) = pool {
-                let at = read::child("ipPools", name);
-                found.unknown_keys(map, keys_of::<PoolFile>(), &format!("{at}."));
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::ip_pools::PoolFile;
     use super::*;
+    use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
+
+    /// The keys a derived struct reads, as the file writes them: serde hands them to the deserializer
+    /// it reads the struct from.
+    fn keys_of<T: DeserializeOwned>() -> &'static [&'static str] {
+        struct Keys<'a>(&'a mut &'static [&'static str]);
+        impl<'de> Deserializer<'de> for Keys<'_> {
+            type Error = de::value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+                Err(de::Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                *self.0 = fields;
+                Err(de::Error::custom("keys taken"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+                option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+                ignored_any
+            }
+        }
+        let mut keys: &'static [&'static str] = &[];
+        let _ = T::deserialize(Keys(&mut keys));
+        keys
+    }
 
     fn problems(text: &str) -> Vec<String> {
         match ProviderConfig::parse(text) {

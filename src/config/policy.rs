@@ -8,7 +8,7 @@ use crate::rules::policy::Policy;
 
 /// `policy:` as written: what machine classes may ask for, each list optional.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct PolicyFile {
     bridges: Option<Vec<Name>>,
     /// `vlans: [0, 100, 200-299]`: tags and inclusive ranges of tags, 0 for untagged.

@@ -14,7 +14,7 @@ pub use crate::proxmox::settings::{ProxmoxAuth, ProxmoxSettings, TlsTrust};
 
 /// The `proxmox:` section as written.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct ProxmoxFile {
     url: Option<Text>,
     #[serde(rename = "tokenID")]

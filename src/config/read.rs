@@ -3,13 +3,13 @@
 //!
 //! serde stops at the first value it refuses. That value is reported at its key path and left out,
 //! and the file is read again, until a read succeeds: one load names every wrong value. Unknown keys
-//! are not serde's business (the official provider ignores them): they are found by comparing each
-//! section with the keys its struct declares ([`keys_of`]).
+//! are named by serde too, with the keys their struct declares, and kept apart: warnings, or problems
+//! under `strict: true` ([`Found::unknown_keys`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::de::{self, Deserialize, DeserializeOwned, Deserializer, Visitor};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use serde_path_to_error::Segment;
 
 use crate::did_you_mean;
@@ -50,10 +50,10 @@ pub(super) fn string<T>(
 pub(super) struct Found {
     pub problems: Vec<String>,
     pub warnings: Vec<String>,
-    /// Unknown keys are problems rather than warnings.
-    pub strict: bool,
     /// Key paths whose value was refused and left out: what would call them missing keeps quiet.
     failed: BTreeSet<String>,
+    /// Keys no struct declares, as shown, each with its suggestion: see [`Found::unknown_keys`].
+    unknown: Vec<(String, String)>,
 }
 
 impl Found {
@@ -72,8 +72,24 @@ impl Found {
                 Err(e) => e,
             };
             let segments: Vec<Segment> = error.path().iter().cloned().collect();
-            let path = shown_path(&segments, &removed);
             let said = error.inner().to_string();
+            if let Some((Segment::Map { key }, parent)) = segments.split_last()
+                && let Some(known) = said.strip_prefix(&format!("unknown field `{key}`, expected "))
+            {
+                // Every struct denies unknown fields so that serde names each with the keys it
+                // knows; it is left out and the file read again, so it is never fatal here.
+                let known: Vec<&str> = known.split('`').skip(1).step_by(2).collect();
+                let parent = shown_path(parent, &removed);
+                let shown = format!(
+                    "{parent}{}{}",
+                    if parent.is_empty() { "" } else { "." },
+                    shown_key(key)
+                );
+                self.unknown.push((shown, did_you_mean::hint(key, &known)));
+                take(&mut root, &segments, &mut removed);
+                continue;
+            }
+            let path = shown_path(&segments, &removed);
             let Some(value) = take(&mut root, &segments, &mut removed) else {
                 // Nothing to leave out (serde's own structure failed): reported, never quoting.
                 self.problems
@@ -86,18 +102,17 @@ impl Found {
         }
     }
 
-    /// Reports the keys of `map` not in `known`, each as the file writes it, after `prefix`.
-    pub fn unknown_keys(&mut self, map: &Map<String, Value>, known: &[&str], prefix: &str) {
-        for key in map.keys().filter(|k| !known.contains(&k.as_str())) {
-            let hint = did_you_mean::hint(key, known);
-            let key = shown_key(key);
-            if self.strict {
+    /// The unknown keys: warnings, as the official provider ignores them (so a file that works
+    /// there loads here), or problems when `strict`.
+    pub fn unknown_keys(&mut self, strict: bool) {
+        for (key, hint) in std::mem::take(&mut self.unknown) {
+            if strict {
                 self.problems.push(format!(
-                    "unknown key `{prefix}{key}`{hint} (refused because of `strict: true`)"
+                    "unknown key `{key}`{hint} (refused because of `strict: true`)"
                 ));
             } else {
                 self.warnings
-                    .push(format!("unknown key `{prefix}{key}` is ignored{hint}"));
+                    .push(format!("unknown key `{key}` is ignored{hint}"));
             }
         }
     }
@@ -224,35 +239,6 @@ pub(super) fn kind(v: &Value) -> &'static str {
         Value::Array(_) => "a list",
         Value::Object(_) => "a mapping",
     }
-}
-
-/// The keys a derived struct reads, as the file writes them: serde hands them to the deserializer
-/// it reads the struct from.
-pub(super) fn keys_of<T: DeserializeOwned>() -> &'static [&'static str] {
-    struct Keys<'a>(&'a mut &'static [&'static str]);
-    impl<'de> Deserializer<'de> for Keys<'_> {
-        type Error = de::value::Error;
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-            Err(de::Error::custom("not a struct"))
-        }
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Self::Error> {
-            *self.0 = fields;
-            Err(de::Error::custom("keys taken"))
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-            ignored_any
-        }
-    }
-    let mut keys: &'static [&'static str] = &[];
-    let _ = T::deserialize(Keys(&mut keys));
-    keys
 }
 
 /// One value or a list of them (`nameservers: 10.0.0.1` or `nameservers: [10.0.0.1, 10.0.0.2]`).
