@@ -86,7 +86,8 @@ impl Found {
                     shown_key(key)
                 );
                 self.unknown.push((shown, did_you_mean::hint(key, &known)));
-                take(&mut root, &segments, &mut removed);
+                // Each round takes a value out of the file, so the rounds end.
+                take(&mut root, &segments, &mut removed)?;
                 continue;
             }
             let path = shown_path(&segments, &removed);
