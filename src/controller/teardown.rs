@@ -237,7 +237,8 @@ async fn deprovision_vm(
         let leftover = d.leftover_seed_iso.is_some() || d.leftover_pool;
         // A create sent before a crash, or whose answer was lost, may still be applied by Proxmox:
         // see `housekeeping::remove_late_vms`. A VM this process made with the request's only create cannot come
-        // back, so such releases are not kept (a soak of thousands of machines kept them all).
+        // back, so such releases are not kept: a provider running thousands of machines would
+        // otherwise hold one for each.
         let clean = ctx.services.ledgers.take_created_cleanly(id);
         if leftover || (target.vmid.is_some() && !clean) {
             ctx.services

@@ -124,7 +124,7 @@ impl Step {
             // again, and keeps the node when the rest of the decision fits it.
             (Some(_), _) if state.storage.is_none() && state.recorded_vmid().is_none() => 0,
             (Some(step), _) => step.number() - 1,
-            // Our own step names, written by earlier versions of this provider.
+            // Our own step names: a state this provider wrote with them is read as it was meant.
             (None, Some(i)) => i + 1,
             (None, None) => 0,
         }

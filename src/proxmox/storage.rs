@@ -128,7 +128,7 @@ impl ProxmoxClient {
         check_storage(storage)?;
         // Retried even when the first try may have reached Proxmox (a connection reset mid-answer):
         // the second finds the file gone ("does not exist"), which every caller counts as deleted.
-        // Not retried, one reset left the seed ISO behind (found by `make chaos`).
+        // Without the retry, one reset would leave the seed ISO behind.
         self.delete_replaying(
             &[
                 "nodes",
