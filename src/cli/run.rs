@@ -494,7 +494,7 @@ impl Duties<'_> {
 /// they are cut short and the lease goes to a standby.
 const HANDOVER_GRACE: Duration = Duration::from_secs(1);
 
-/// One term of leadership: the reconcile workers and the topology loop.
+/// One term of leadership: the reconcile workers and the housekeeping round.
 struct Term {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,

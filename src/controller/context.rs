@@ -38,7 +38,7 @@ pub struct Context {
     finalized: Mutex<HashSet<String>>,
     /// How many requests work on each Proxmox node at once ([`Context::with_concurrency`]).
     pub lanes: Lanes,
-    /// Held by the topology loop while it checks that a request is live and writes its patch, and
+    /// Held by the topology round while it checks that a request is live and writes its patch, and
     /// passed through by a teardown before it removes the request's patches: a round that read the
     /// request before its teardown began cannot write the patch after the teardown removed it.
     pub topology_writes: tokio::sync::Mutex<()>,

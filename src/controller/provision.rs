@@ -245,7 +245,7 @@ impl Provisioning<'_> {
     }
 
     /// The machine's topology labels (zone = its node), unless its provider data turns them off. A
-    /// failure here does not fail the machine: the topology loop writes the patch on its next round.
+    /// failure here does not fail the machine: the housekeeping round writes the patch on its next round.
     async fn label_topology(&self, info: &RequestInfo, state: &MachineState) {
         let Some(node) = state.node.as_ref() else {
             return;
@@ -259,7 +259,7 @@ impl Provisioning<'_> {
             return;
         }
         if let Err(e) = topology::label(self.ctx, self.id, node.as_str()).await {
-            tracing::warn!(request = %self.id, error = %e, "cannot write the topology labels now; the topology loop will");
+            tracing::warn!(request = %self.id, error = %e, "cannot write the topology labels now; the next housekeeping round will");
         }
     }
 

@@ -340,7 +340,7 @@ impl Ledgers {
     /// `leftover`: its seed ISO or its set's pool could not be deleted yet.
     pub fn request_released(&self, target: DeprovisionTarget, leftover: bool) {
         let mut released = entry(&self.released);
-        // Bounded by the window whether or not the topology loop runs.
+        // Bounded by the window whether or not the housekeeping round runs.
         released.retain(|_, r| r.at.elapsed() < RELEASED_KEPT_FOR);
         released.insert(
             target.request_id.clone(),
