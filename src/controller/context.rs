@@ -73,7 +73,7 @@ impl Context {
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
             topology_writes: tokio::sync::Mutex::new(()),
             talos_factories: Mutex::new(HashMap::new()),
-            outputs: Arc::new(Outputs::new(super::teardown::WAIT_FOR_OMNI)),
+            outputs: Arc::new(Outputs::new(super::outputs::WAIT_FOR_OMNI)),
             torn_down: Mutex::new(HashSet::new()),
         }
     }

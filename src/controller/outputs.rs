@@ -7,7 +7,7 @@
 //! change of these resources, so the teardown reads them here instead of listing and tearing down
 //! again at each wake-up: a thousand machines draining at once then cost Omni nothing while they wait.
 //!
-//! What the watch showed is trusted for [`super::teardown::WAIT_FOR_OMNI`] at most: after that, a
+//! What the watch showed is trusted for [`WAIT_FOR_OMNI`] at most: after that, a
 //! teardown asks Omni, so a lost event delays it and never stops it.
 
 use std::collections::HashMap;
@@ -17,6 +17,12 @@ use std::time::{Duration, Instant};
 use crate::omni::proto::cosi::resource::Resource;
 use crate::omni::resources::{PHASE_TEARING_DOWN, label};
 use crate::omni::state::WatchEvent;
+
+/// How long to wait before looking again on our own while Omni still holds a finalizer on
+/// something we tore down. The wait normally ends earlier, when the watch of our outputs sees the
+/// finalizer go ([`super::requests::watch_released_outputs`]); this only bounds a lost event. A
+/// drain of a thousand machines so costs Omni no call per machine while it lasts.
+pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(60);
 
 /// Where an output stands in its teardown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -98,7 +98,7 @@ pub fn watch(state: &StateClient, provider_id: &str) -> mpsc::Receiver<RequestQu
 /// to date. Sends the ID of the machine request whose teardown may go on, each time one of them is
 /// left tearing down with no finalizer (docs/omni-protocol.md §3.6), and every updated status. A
 /// teardown waits for this instead of asking Omni again and again; it only looks again on its own
-/// after [`super::teardown::WAIT_FOR_OMNI`], in case an event was lost. Dropping the receiver stops
+/// after [`super::outputs::WAIT_FOR_OMNI`], in case an event was lost. Dropping the receiver stops
 /// both watches.
 pub fn watch_released_outputs(
     state: &StateClient,

@@ -21,7 +21,7 @@ use std::time::Duration;
 use super::context::{self, Context};
 use super::error_policy::ReconcileError;
 use super::lanes::Lane;
-use super::outputs::{Hold, OutputOf};
+use super::outputs::{Hold, OutputOf, WAIT_FOR_OMNI};
 use super::progress::{Phase, StatusSink};
 use super::requests::Request;
 use super::runner::Action;
@@ -32,12 +32,6 @@ use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
 use crate::pipeline::step::HA_RULES_LOCK;
-
-/// How long to wait before looking again on our own while Omni still holds a finalizer on
-/// something we tore down. The wait normally ends earlier, when the watch of our outputs sees the
-/// finalizer go ([`super::requests::watch_released_outputs`]); this only bounds a lost event. A
-/// drain of a thousand machines so costs Omni no call per machine while it lasts.
-pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(60);
 
 /// Cleans up after `request`, which is being torn down (§3.6).
 pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, ReconcileError> {
