@@ -191,6 +191,19 @@ impl PrivateFactory {
     }
 }
 
+/// The one Talos ISO in `local` arrived whole through the upload call.
+fn assert_one_whole_image_uploaded(h: &mut Harness) {
+    let isos: Vec<String> = volumes(h, "local")
+        .into_iter()
+        .filter(|v| v.starts_with("iso/") && !v.contains("omni-seed"))
+        .collect();
+    assert_eq!(isos.len(), 1, "{isos:?}");
+    let size = h
+        .pve
+        .control(json!({"op": "upload_size", "volid": format!("local:{}", isos[0])}));
+    assert_eq!(size, json!(IMAGE_LEN), "the whole image arrived");
+}
+
 /// The provider uses `factory` and the credentials `password` for it, from the next reconcile on.
 async fn use_private_factory(h: &mut Harness, factory: &PrivateFactory, password: &str) {
     let dir = tempfile::tempdir().unwrap();
@@ -235,15 +248,7 @@ async fn a_factory_that_asks_for_credentials_gets_them_and_its_image_is_uploaded
         !requests.iter().any(|(_, p)| p.ends_with("/download-url")),
         "the node is never asked to download it: {requests:?}"
     );
-    let isos: Vec<String> = volumes(&mut h, "local")
-        .into_iter()
-        .filter(|v| v.starts_with("iso/") && !v.contains("omni-seed"))
-        .collect();
-    assert_eq!(isos.len(), 1, "{isos:?}");
-    let size = h
-        .pve
-        .control(json!({"op": "upload_size", "volid": format!("local:{}", isos[0])}));
-    assert_eq!(size, json!(IMAGE_LEN), "the whole image arrived");
+    assert_one_whole_image_uploaded(&mut h);
     let everything = format!("{requests:?}{:?}", h.status("auth-1"));
     assert!(!everything.contains(FACTORY_PASSWORD), "{everything}");
     h.stop_controller().await;
@@ -272,15 +277,7 @@ async fn an_image_of_unknown_length_is_spooled_and_refused_credentials_are_named
     use_private_factory(&mut h, &factory, FACTORY_PASSWORD).await;
     h.request("auth-4", "auth", ISO_CLASS);
     h.wait_stage("auth-4", Stage::Provisioned).await;
-    let isos: Vec<String> = volumes(&mut h, "local")
-        .into_iter()
-        .filter(|v| v.starts_with("iso/") && !v.contains("omni-seed"))
-        .collect();
-    assert_eq!(isos.len(), 1, "{isos:?}");
-    let size = h
-        .pve
-        .control(json!({"op": "upload_size", "volid": format!("local:{}", isos[0])}));
-    assert_eq!(size, json!(IMAGE_LEN));
+    assert_one_whole_image_uploaded(&mut h);
     let leftovers: Vec<_> = std::fs::read_dir(std::env::temp_dir())
         .unwrap()
         .filter_map(Result::ok)
