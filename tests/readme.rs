@@ -1,7 +1,6 @@
 //! The README's provider-data reference stays in step with the schema Omni shows and with the key
 //! declarations both are generated from.
 
-use omni_infra_provider_proxmox::rules::provider_data::keys::{self, Place};
 use omni_infra_provider_proxmox::rules::provider_data::schema;
 
 #[test]
@@ -56,8 +55,9 @@ fn readme_table_is_the_key_declarations() {
     let expected = schema::readme_table();
     let expected: Vec<&str> = expected.lines().collect();
     let key_of = |row: &str| row.split('|').nth(1).map(|c| c.trim().to_string());
-    let declared: Vec<String> = keys::at(Place::Top)
-        .map(|k| format!("`{}`", k.name))
+    let declared: Vec<String> = schema::top_keys()
+        .iter()
+        .map(|k| format!("`{k}`"))
         .collect();
     let documented: Vec<String> = table.iter().skip(2).filter_map(|r| key_of(r)).collect();
     let undeclared: Vec<&String> = documented

@@ -4,13 +4,17 @@
 use std::fmt;
 use std::time::Duration;
 
+use schemars::JsonSchema;
+use serde::Deserialize;
+
 use super::Problem;
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskOptions, HostPci, Hugepages, NodeName, PoolId, Tag, Usb, Vga, VlanTag,
 };
 use crate::rules::storage_selector::StorageSelector;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
 pub enum PlacementStrategy {
     #[default]
     Spread,
@@ -19,7 +23,8 @@ pub enum PlacementStrategy {
     Binpack,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum MachineType {
     Q35,
     I440fx,
@@ -34,7 +39,8 @@ impl MachineType {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum Bios {
     #[default]
     Seabios,
@@ -50,15 +56,14 @@ impl Bios {
     }
 }
 
-/// How the VM gets Talos.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How the VM gets Talos: boot the Image Factory nocloud ISO (upstream behaviour), clone a template,
+/// or boot from the Image Factory's nocloud disk image, imported as the boot disk (ours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum BootMode {
-    /// Boot the Image Factory nocloud ISO (upstream behaviour).
     #[default]
     Iso,
-    /// Clone a template.
     Clone,
-    /// Boot from the Image Factory's nocloud disk image, imported as the boot disk (ours).
     Image,
 }
 
@@ -73,15 +78,15 @@ impl BootMode {
     }
 }
 
-/// How a clone copies the template's disks (`clone_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How a clone copies the template's disks (`clone_mode`). `Full`: a full copy onto the storage
+/// placement chose, which works on any storage, and across nodes when the template and that storage
+/// are shared. `Linked`: disks that share the template's base volumes, on the template's own
+/// storage: quick and small, but only on storage that supports it and never onto another storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum CloneMode {
-    /// A full copy onto the storage placement chose: works on any storage, and across nodes when
-    /// the template and that storage are shared.
     #[default]
     Full,
-    /// Disks that share the template's base volumes, on the template's own storage: quick and small,
-    /// but only on storage that supports it and never onto another storage.
     Linked,
 }
 
@@ -139,13 +144,12 @@ impl HaSettings {
 }
 
 /// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
-/// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`): on different nodes, or on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum ResourceAffinity {
-    /// On one node.
-    Positive,
-    /// On different nodes.
     Negative,
+    Positive,
 }
 
 impl ResourceAffinity {
@@ -153,6 +157,27 @@ impl ResourceAffinity {
         match self {
             ResourceAffinity::Positive => "positive",
             ResourceAffinity::Negative => "negative",
+        }
+    }
+}
+
+/// `ha.state`: the HA resource's target state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HaState {
+    Started,
+    Stopped,
+    Disabled,
+    Ignored,
+}
+
+impl HaState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HaState::Started => "started",
+            HaState::Stopped => "stopped",
+            HaState::Disabled => "disabled",
+            HaState::Ignored => "ignored",
         }
     }
 }

@@ -9,19 +9,19 @@
 //! official provider must work here too, so they are warnings (with a "did you mean") carried in
 //! [`ProviderData::warnings`], unless the config asks for `strict: true`.
 //!
-//! - `keys.rs`, `nested_keys.rs`: one declaration per key; `schema.rs` generates the JSON schema and
-//!   the README table from them.
-//! - `read.rs`: one layer's keys, typed.
-//! - `layers.rs`: layers, their findings, and the config's `defaults:` / `nodes:` read once at load.
+//! - `keys.rs`: every key, declared once as a field of a `#[derive(Deserialize, JsonSchema)]`
+//!   struct; `values.rs`: how its values read (the validated newtypes); `schema.rs` generates the
+//!   JSON schema, the README table and what the reader knows about each key from them.
+//! - `layers.rs`: one layer read (the schema, unknown keys, each key typed) with its findings, the
+//!   layers of a request, and the config's `defaults:` / `nodes:` read once at load.
 //! - `effective.rs`: the layers merged, rules between keys, defaults filled in.
 
 mod data;
 mod effective;
 pub mod keys;
 mod layers;
-mod nested_keys;
-mod read;
 pub mod schema;
+mod values;
 
 use std::fmt;
 use std::time::Duration;

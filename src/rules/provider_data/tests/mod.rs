@@ -5,8 +5,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use super::keys::{self, Place};
+use super::keys::inner_keys;
 use super::layers::pointer_to_key;
+use super::schema::top_keys;
 use super::*;
 use crate::proxmox::property::{DiskCache, Hugepages, NodeName, VlanTag};
 
@@ -184,7 +185,7 @@ fn schema_lists_every_key_the_parser_knows() {
     let schema: Value = serde_json::from_str(SCHEMA_JSON).unwrap();
     let props = schema["properties"].as_object().unwrap();
     let mut listed: Vec<&str> = props.keys().map(String::as_str).collect();
-    let mut known = keys::names(Place::Top);
+    let mut known = top_keys().to_vec();
     listed.sort_unstable();
     known.sort_unstable();
     assert_eq!(listed, known);
@@ -201,23 +202,17 @@ fn schema_lists_every_key_the_parser_knows() {
     };
     assert_eq!(
         items("additional_nics").len(),
-        keys::names(Place::AdditionalNics).len()
+        inner_keys("additional_nics").len()
     );
-    assert_eq!(
-        items("usb_devices").len(),
-        keys::names(Place::UsbDevices).len()
-    );
-    assert_eq!(
-        items("pci_devices").len(),
-        keys::names(Place::PciDevices).len()
-    );
+    assert_eq!(items("usb_devices").len(), inner_keys("usb_devices").len());
+    assert_eq!(items("pci_devices").len(), inner_keys("pci_devices").len());
     assert_eq!(
         items("additional_disks").len(),
-        keys::names(Place::AdditionalDisks).len()
+        inner_keys("additional_disks").len()
     );
     assert_eq!(
         props["ha"]["properties"].as_object().unwrap().len(),
-        keys::names(Place::Ha).len()
+        inner_keys("ha").len()
     );
 }
 
@@ -636,7 +631,7 @@ proptest! {
 
     #[test]
     fn arbitrary_values_never_panic_and_always_name_a_key(
-        key in prop::sample::select(keys::names(Place::Top)),
+        key in prop::sample::select(top_keys().to_vec()),
         value in prop_oneof![
             any::<i64>().prop_map(|n| json!(n)),
             "\\PC{0,12}".prop_map(|s| json!(s)),
