@@ -75,10 +75,20 @@ fn readme_table_is_the_key_declarations() {
     for (found, wanted) in table.iter().zip(&expected) {
         assert_eq!(
             found, wanted,
-            "the README row differs from the key's declaration (src/rules/provider_data/keys.rs)"
+            "the README row differs from the key's declaration (src/rules/provider_data/keys.rs); regenerate it with `cargo test --test readme write_readme_table -- --ignored`"
         );
     }
     assert_eq!(table.len(), expected.len(), "{}", expected.join("\n"));
+}
+
+/// Writes the README's provider-data table from the key declarations.
+#[test]
+#[ignore = "rewrites README.md; run after changing a key declaration"]
+fn write_readme_table() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    let readme = std::fs::read_to_string(path).unwrap();
+    let old = readme_table(&readme).join("\n") + "\n";
+    std::fs::write(path, readme.replacen(&old, &schema::readme_table(), 1)).unwrap();
 }
 
 #[test]

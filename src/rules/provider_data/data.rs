@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::Problem;
+use super::keys::Keys;
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskOptions, HostPci, Hugepages, NodeName, PoolId, Tag, Usb, Vga, VlanTag,
 };
@@ -243,6 +244,9 @@ pub struct ProviderData {
     pub ip_discovery_timeout: Duration,
     /// The config's IP pool the first NIC takes a static address from (`None`: DHCP).
     pub ip_pool: Option<String>,
+    /// The keys that take effect, as written (each from the highest layer writing it): a key the
+    /// pipeline reads as it is needs no field of its own (`data.keys.numa.unwrap_or(false)`).
+    pub keys: Keys,
     /// Keys that were ignored (unknown ones, each with a suggestion when one is close): not fatal, as
     /// with the official provider, but shown in the machine's status, the log and `validate`.
     pub warnings: Vec<Problem>,

@@ -141,6 +141,7 @@ fn values<T>(list: Option<Vec<Parsed<T>>>) -> Vec<T> {
 /// The merged keys with every default filled in; `None` when a required value is missing or wrong
 /// (its problem is reported).
 fn provider_data(k: Keys) -> Option<ProviderData> {
+    let keys = k.clone();
     let network_bridge = match k.network_bridge {
         Some(Parsed(bridge)) => bridge,
         None => BridgeName::new(DEFAULT_NETWORK_BRIDGE).ok()?,
@@ -191,6 +192,7 @@ fn provider_data(k: Keys) -> Option<ProviderData> {
             .ip_discovery_timeout
             .map_or(DEFAULT_IP_DISCOVERY_TIMEOUT, |t| Duration::from_secs(t.0)),
         ip_pool: k.ip_pool.map(|Parsed(p)| p.0),
+        keys,
         warnings: Vec::new(),
     })
 }

@@ -29,7 +29,7 @@ use crate::rules::storage_selector::StorageSelector;
 
 /// One layer of provider data as written (the machine class, the config's `defaults:` or a
 /// `nodes.<name>:` override), every key optional: the layers together must set the required ones.
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(title = "Proxmox VE machine class", description = "")]
 pub struct Keys {
     /// CPU cores per socket. Required (here or in the provider config's defaults).
@@ -298,7 +298,7 @@ pub struct Keys {
 }
 
 /// `ha:`. `spread: true` is the short way to ask for `resource_affinity: negative`.
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(description = "")]
 pub struct HaKeys {
     /// HA target state (default started).
@@ -335,7 +335,7 @@ pub struct HaKeys {
 }
 
 /// An item of `additional_nics:`.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(description = "")]
 pub struct NicKeys {
     /// Bridge, e.g. vmbr1.
@@ -351,7 +351,7 @@ pub struct NicKeys {
 }
 
 /// An item of `usb_devices:`.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(description = "")]
 pub struct UsbKeys {
     /// USB resource mapping ID.
@@ -362,7 +362,7 @@ pub struct UsbKeys {
 }
 
 /// An item of `pci_devices:`.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(description = "")]
 pub struct PciKeys {
     /// PCI resource mapping ID, e.g. nvidia-gpu-1.
@@ -378,7 +378,7 @@ pub struct PciKeys {
 }
 
 /// An item of `additional_disks:`.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(description = "")]
 pub struct DiskKeys {
     /// Size in GB.

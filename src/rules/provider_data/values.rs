@@ -9,8 +9,10 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
 
-use super::RESERVED_TAG_PREFIXES;
+use serde_json::Value;
+
 use super::data::TemplateRef;
+use super::{RESERVED_TAG_PREFIXES, json_kind};
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId,
     PropertyError, Tag, Vga, VlanTag,
@@ -209,7 +211,8 @@ impl FromText for IpPoolName {
 }
 
 /// A whole number up to `MAX`: more would overflow what Proxmox or the provider computes with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+#[schemars(with = "u64")]
 pub struct UpTo<const MAX: u64>(pub u64);
 
 impl<const MAX: u64> UpTo<MAX> {
@@ -221,7 +224,7 @@ impl<const MAX: u64> UpTo<MAX> {
 
 impl<'de, const MAX: u64> Deserialize<'de> for UpTo<MAX> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match u64::deserialize(d)? {
+        match whole_number(d)? {
             n if n <= MAX => Ok(Self(n)),
             n => Err(D::Error::custom(format!(
                 "{n} is too large (at most {MAX})"
@@ -230,42 +233,23 @@ impl<'de, const MAX: u64> Deserialize<'de> for UpTo<MAX> {
     }
 }
 
-impl<const MAX: u64> JsonSchema for UpTo<MAX> {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "integer".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "integer"})
-    }
+fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let value = Value::deserialize(d)?;
+    value.as_u64().ok_or_else(|| {
+        D::Error::custom(format!("must be a whole number, not {}", json_kind(&value)))
+    })
 }
 
 /// A VLAN tag; 0 is untagged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+#[schemars(with = "u64")]
 pub struct Vlan(pub Option<VlanTag>);
 
 impl<'de> Deserialize<'de> for Vlan {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let tag = u64::deserialize(d)?;
-        VlanTag::optional(tag).map(Vlan).map_err(D::Error::custom)
-    }
-}
-
-impl JsonSchema for Vlan {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "Vlan".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "integer"})
+        VlanTag::optional(whole_number(d)?)
+            .map(Vlan)
+            .map_err(D::Error::custom)
     }
 }
 
