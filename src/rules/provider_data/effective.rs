@@ -8,10 +8,12 @@ use super::data::{
     ResourceAffinity,
 };
 use super::keys::{DiskKeys, HaKeys, Keys, NicKeys, PciKeys, UsbKeys};
-use super::layers::{Finding, Findings, Phase, Report, Stack};
+use super::layers::{Finding, Findings, Phase, Stack};
 use super::schema::required_keys;
 use super::values::{Parsed, UpTo};
-use super::{DEFAULT_CPU_TYPE, DEFAULT_IP_DISCOVERY_TIMEOUT, DEFAULT_NETWORK_BRIDGE, Problem};
+use super::{
+    DEFAULT_CPU_TYPE, DEFAULT_IP_DISCOVERY_TIMEOUT, DEFAULT_NETWORK_BRIDGE, LayerCheck, Problem,
+};
 use crate::did_you_mean;
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskOptions, HostPci, Hugepages, NodeName, Usb,
@@ -21,7 +23,7 @@ use crate::proxmox::property::{
 /// value came from.
 pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, Vec<Problem>> {
     let keys = stack.keys();
-    let mut report = Report::default();
+    let mut report = LayerCheck::default();
     for (prefix, finding) in stack.findings(Phase::Schema) {
         report.add(prefix, finding, strict);
     }

@@ -92,16 +92,10 @@ impl Findings {
     }
 }
 
-/// Problems (one per key path: the schema and the typed reading would otherwise both complain about
-/// a mistyped value) and warnings, with their layer's path.
-#[derive(Default)]
-pub(super) struct Report {
-    pub problems: Vec<Problem>,
-    pub warnings: Vec<Problem>,
-}
-
-impl Report {
-    pub fn add(&mut self, prefix: &str, finding: &Finding, strict: bool) {
+/// A report adds problems once per key path (the schema and the typed reading could both complain
+/// about a mistyped value), and warnings, with their layer's path.
+impl LayerCheck {
+    pub(super) fn add(&mut self, prefix: &str, finding: &Finding, strict: bool) {
         let key = if finding.path.is_empty() {
             prefix.trim_end_matches('.').to_string()
         } else {
@@ -123,13 +117,6 @@ impl Report {
     fn problem(&mut self, key: String, message: String) {
         if !self.problems.iter().any(|p| p.key == key) {
             self.problems.push(Problem { key, message });
-        }
-    }
-
-    pub fn into_check(self) -> LayerCheck {
-        LayerCheck {
-            problems: self.problems,
-            warnings: self.warnings,
         }
     }
 }
@@ -303,7 +290,7 @@ impl Layer {
 
     /// What is wrong with the layer on its own, under `prefix` (`nodes.pve2.`).
     pub(super) fn check(&self, prefix: &str, strict: bool) -> LayerCheck {
-        let mut report = Report::default();
+        let mut report = LayerCheck::default();
         if let Some(kind) = self.not_a_mapping {
             report.problem(
                 prefix.trim_end_matches('.').to_string(),
@@ -313,7 +300,7 @@ impl Layer {
         for finding in &self.findings {
             report.add(prefix, finding, strict);
         }
-        report.into_check()
+        report
     }
 }
 
