@@ -181,10 +181,30 @@ fn provider_data(k: Keys) -> Option<ProviderData> {
         tags: values(k.tags),
         topology_labels: k.topology_labels.unwrap_or(true),
         ha: k.ha.map(ha),
-        additional_nics: k.additional_nics.into_iter().flatten().map(nic).collect(),
-        usb_devices: k.usb_devices.into_iter().flatten().map(usb).collect(),
-        pci_devices: k.pci_devices.into_iter().flatten().map(pci).collect(),
-        additional_disks: k.additional_disks.into_iter().flatten().map(disk).collect(),
+        additional_nics: k
+            .additional_nics
+            .into_iter()
+            .flatten()
+            .filter_map(nic)
+            .collect(),
+        usb_devices: k
+            .usb_devices
+            .into_iter()
+            .flatten()
+            .filter_map(usb)
+            .collect(),
+        pci_devices: k
+            .pci_devices
+            .into_iter()
+            .flatten()
+            .filter_map(pci)
+            .collect(),
+        additional_disks: k
+            .additional_disks
+            .into_iter()
+            .flatten()
+            .filter_map(disk)
+            .collect(),
         boot: k.boot.unwrap_or_default(),
         template: k.template,
         clone_mode: k.clone_mode.unwrap_or_default(),
@@ -217,37 +237,37 @@ fn ha(h: HaKeys) -> HaSettings {
     }
 }
 
-fn nic(n: NicKeys) -> AdditionalNic {
-    AdditionalNic {
-        bridge: n.bridge.0,
+fn nic(n: NicKeys) -> Option<AdditionalNic> {
+    Some(AdditionalNic {
+        bridge: n.bridge?.0,
         vlan: n.vlan.and_then(|v| v.0),
         firewall: n.firewall.unwrap_or(false),
         ip_pool: n.ip_pool.map(|Parsed(p)| p.0),
-    }
+    })
 }
 
-fn usb(u: UsbKeys) -> Usb {
-    Usb {
-        mapping: u.mapping.0,
+fn usb(u: UsbKeys) -> Option<Usb> {
+    Some(Usb {
+        mapping: u.mapping?.0,
         usb3: u.usb3.unwrap_or(false),
-    }
+    })
 }
 
-fn pci(p: PciKeys) -> HostPci {
-    HostPci {
-        mapping: p.mapping.0,
+fn pci(p: PciKeys) -> Option<HostPci> {
+    Some(HostPci {
+        mapping: p.mapping?.0,
         mdev: p.mdev.map(|Parsed(m)| m),
         pcie: p.pcie.unwrap_or(false),
         // Upstream only ever writes rombar=1 when true; unset or false leaves Proxmox's default.
         rombar: p.rombar.filter(|on| *on),
         primary_gpu: p.primary_gpu.unwrap_or(false),
-    }
+    })
 }
 
-fn disk(d: DiskKeys) -> AdditionalDisk {
-    AdditionalDisk {
-        size_gb: d.disk_size.0,
-        storage_selector: d.storage_selector.0,
+fn disk(d: DiskKeys) -> Option<AdditionalDisk> {
+    Some(AdditionalDisk {
+        size_gb: d.disk_size?.0,
+        storage_selector: d.storage_selector?.0,
         options: DiskOptions {
             ssd: d.disk_ssd.unwrap_or(false),
             discard: d.disk_discard.unwrap_or(false),
@@ -255,7 +275,7 @@ fn disk(d: DiskKeys) -> AdditionalDisk {
             cache: d.disk_cache.map(|Parsed(c)| c),
             aio: d.disk_aio.map(|Parsed(a)| a),
         },
-    }
+    })
 }
 
 /// Proxmox accepts `hugepages` in any VM config but refuses to start the VM unless NUMA is on, and

@@ -334,12 +334,14 @@ pub struct HaKeys {
     pub spread: Option<bool>,
 }
 
-/// An item of `additional_nics:`.
+/// An item of `additional_nics:`. A required key is an `Option` all the same, so that each key of an
+/// item can be read on its own; the schema says it is required.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(description = "")]
 pub struct NicKeys {
     /// Bridge, e.g. vmbr1.
-    pub bridge: Parsed<BridgeName>,
+    #[schemars(required)]
+    pub bridge: Option<Parsed<BridgeName>>,
     /// VLAN tag; 0 or unset for untagged.
     #[schemars(range(min = 0, max = 4094))]
     pub vlan: Option<Vlan>,
@@ -355,8 +357,8 @@ pub struct NicKeys {
 #[schemars(description = "")]
 pub struct UsbKeys {
     /// USB resource mapping ID.
-    #[schemars(length(min = 1))]
-    pub mapping: Parsed<MappingId>,
+    #[schemars(required, length(min = 1))]
+    pub mapping: Option<Parsed<MappingId>>,
     /// Attach to the USB 3 controller.
     pub usb3: Option<bool>,
 }
@@ -366,7 +368,8 @@ pub struct UsbKeys {
 #[schemars(description = "")]
 pub struct PciKeys {
     /// PCI resource mapping ID, e.g. nvidia-gpu-1.
-    pub mapping: Parsed<MappingId>,
+    #[schemars(required)]
+    pub mapping: Option<Parsed<MappingId>>,
     /// Mediated device type, e.g. nvidia-180.
     pub mdev: Option<Parsed<MdevType>>,
     /// Attach as PCIe (needs machine_type q35).
@@ -382,11 +385,11 @@ pub struct PciKeys {
 #[schemars(description = "")]
 pub struct DiskKeys {
     /// Size in GB.
-    #[schemars(range(min = 1))]
-    pub disk_size: UpTo<{ 1024 * 1024 }>,
+    #[schemars(required, range(min = 1))]
+    pub disk_size: Option<UpTo<{ 1024 * 1024 }>>,
     /// CEL condition choosing this disk's storage (same variables as storage_selector).
-    #[schemars(length(max = 1024))]
-    pub storage_selector: Parsed<StorageSelector>,
+    #[schemars(required, length(max = 1024))]
+    pub storage_selector: Option<Parsed<StorageSelector>>,
     /// Present as an SSD.
     pub disk_ssd: Option<bool>,
     /// Pass TRIM/discard through.

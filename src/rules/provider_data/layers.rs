@@ -235,26 +235,18 @@ impl Layer {
         let refused: Vec<String> = findings.list.iter().map(|f| f.path.clone()).collect();
         findings.phase = Phase::Read;
         let mut valid = Map::new();
-        for (key, value) in map {
-            if !top_keys().contains(&key.as_str()) {
-                findings.unknown_key(shown(key), key, top_keys());
+        for key in map.keys().filter(|k| !top_keys().contains(&k.as_str())) {
+            findings.unknown_key(shown(key), key, top_keys());
+        }
+        // In declaration order, as one reading of the document goes.
+        for (key, value) in top_keys().iter().filter_map(|k| map.get_key_value(*k)) {
+            let Some(keys) = read_key(key, value, &refused, &mut findings) else {
                 continue;
+            };
+            for (path, message) in layer_rules(&keys) {
+                findings.push(path, message);
             }
-            unknown_inner_keys(key, value, &mut findings);
-            match read_key(key, value) {
-                Ok(_) if refused.iter().any(|r| within(r, key)) => {}
-                Ok(keys) => {
-                    for (path, message) in layer_rules(&keys) {
-                        findings.push(path, message);
-                    }
-                    valid.insert(key.clone(), value.clone());
-                }
-                // What the schema found there already says what is wrong.
-                Err(problems) => problems
-                    .into_iter()
-                    .filter(|(path, _)| !refused.iter().any(|r| within(r, path) || within(path, r)))
-                    .for_each(|(path, message)| findings.push(&path, message)),
-            }
+            valid.insert(key.clone(), value.clone());
         }
         Self {
             written: map.keys().cloned().collect(),
@@ -315,49 +307,76 @@ fn shown(key: &str) -> &str {
     if key.is_empty() { "\"\"" } else { key }
 }
 
-/// Reads one top-level key: its value typed, or what is wrong with it, each with its path. serde
-/// stops at the first problem, so a list's items are read one by one to name every wrong item.
-fn read_key(key: &str, value: &Value) -> Result<Keys, Vec<(String, String)>> {
-    let one = |value: Value| {
+/// Reads one known top-level key: its value typed when nothing is wrong with it, and into
+/// `findings` the keys inside it the provider does not know and what is wrong (unless the schema
+/// found it already: `refused`). serde stops at the first problem, so after one each item of a list
+/// and each key of a mapping is read on its own, to name every wrong one.
+fn read_key(key: &str, value: &Value, refused: &[String], findings: &mut Findings) -> Option<Keys> {
+    let read = |value: Value| {
         let layer = Value::Object(Map::from_iter([(key.to_string(), value)]));
         serde_path_to_error::deserialize::<_, Keys>(layer)
             .map_err(|e| (e.path().to_string(), e.into_inner().to_string()))
     };
-    let whole = match one(value.clone()) {
-        Ok(keys) => return Ok(keys),
-        Err(problem) => problem,
-    };
-    let items = value.as_array().map_or(&[][..], Vec::as_slice);
-    let each: Vec<(String, String)> = items
-        .iter()
-        .enumerate()
-        .filter_map(|(i, item)| {
-            let (path, message) = one(Value::Array(vec![item.clone()])).err()?;
-            let path = path.replacen(&format!("{key}[0]"), &format!("{key}[{i}]"), 1);
-            Some((path, message))
-        })
-        .collect();
-    Err(if each.is_empty() { vec![whole] } else { each })
-}
-
-/// The keys inside `ha:` and inside the items of the lists of mappings that the provider does not
-/// know.
-fn unknown_inner_keys(key: &str, value: &Value, findings: &mut Findings) {
+    let whole = read(value.clone());
     let known = inner_keys(key);
-    let maps: Vec<(String, &Map<String, Value>)> = match value {
-        Value::Object(map) if schema::is_mapping(key) => vec![(key.to_string(), map)],
+    let parts: Vec<(String, &Value)> = match value {
         Value::Array(items) => items
             .iter()
             .enumerate()
-            .filter_map(|(i, item)| Some((format!("{key}[{i}]"), item.as_object()?)))
+            .map(|(i, item)| (format!("{key}[{i}]"), item))
             .collect(),
+        Value::Object(_) if schema::is_mapping(key) => vec![(key.to_string(), value)],
         _ => Vec::new(),
     };
-    for (path, map) in maps.into_iter().filter(|_| !known.is_empty()) {
-        for name in map.keys().filter(|k| !known.contains(&k.as_str())) {
-            findings.unknown_key(&format!("{path}.{}", shown(name)), name, known);
+    let covered = |path: &str| refused.iter().any(|r| within(r, path) || within(path, r));
+    let mut found = false;
+    for (at, part) in &parts {
+        if let (Value::Object(map), false) = (part, known.is_empty()) {
+            for name in map.keys().filter(|k| !known.contains(&k.as_str())) {
+                findings.unknown_key(&format!("{at}.{}", shown(name)), name, known);
+            }
+        }
+        for piece in one_by_one(part, known).filter(|_| whole.is_err()) {
+            let piece = if value.is_array() {
+                Value::Array(vec![piece])
+            } else {
+                piece
+            };
+            if let Err((path, message)) = read(piece) {
+                found = true;
+                let path = path.replacen(&format!("{key}[0]"), at, 1);
+                if !covered(&path) {
+                    findings.push(&path, message);
+                }
+            }
         }
     }
+    match whole {
+        Ok(keys) => (!refused.iter().any(|r| within(r, key))).then_some(keys),
+        Err((path, message)) => {
+            if !found && !covered(&path) {
+                findings.push(&path, message);
+            }
+            None
+        }
+    }
+}
+
+/// A mapping as one mapping per known key, in declaration order; anything else as it is.
+fn one_by_one(part: &Value, known: &[&str]) -> impl Iterator<Item = Value> {
+    let pieces: Vec<Value> = match part {
+        Value::Object(map) if !known.is_empty() => known
+            .iter()
+            .filter_map(|k| {
+                Some(Value::Object(Map::from_iter([(
+                    k.to_string(),
+                    map.get(*k)?.clone(),
+                )])))
+            })
+            .collect(),
+        other => vec![other.clone()],
+    };
+    pieces.into_iter()
 }
 
 /// The rules within one key's value: `spread: true` is `resource_affinity: negative`, so the two

@@ -256,30 +256,32 @@ impl<'de> Deserialize<'de> for Vlan {
 /// A template's VMID (a number or a numeric string) or its name.
 impl<'de> Deserialize<'de> for TemplateRef {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Written {
-            Number(u64),
-            Text(String),
-        }
         let vmid = |id: u64| {
             u32::try_from(id)
                 .ok()
                 .filter(|id| (100..=999_999_999).contains(id))
         };
-        match Written::deserialize(d)? {
-            Written::Number(n) => vmid(n).map(TemplateRef::VmId).ok_or_else(|| {
-                D::Error::custom(format!(
-                    "{n} is not a VMID (100 to 999999999); give the template's VMID or its name"
-                ))
-            }),
-            Written::Text(s) if s.trim().is_empty() => Err(D::Error::custom(
+        match Value::deserialize(d)? {
+            Value::Number(n) => n
+                .as_u64()
+                .and_then(vmid)
+                .map(TemplateRef::VmId)
+                .ok_or_else(|| {
+                    D::Error::custom(format!(
+                        "{n} is not a VMID (100 to 999999999); give the template's VMID or its name"
+                    ))
+                }),
+            Value::String(s) if s.trim().is_empty() => Err(D::Error::custom(
                 "is empty: give the template's VMID or its name",
             )),
-            Written::Text(s) => Ok(match s.trim().parse().ok().and_then(vmid) {
+            Value::String(s) => Ok(match s.trim().parse().ok().and_then(vmid) {
                 Some(id) => TemplateRef::VmId(id),
                 None => TemplateRef::Name(s),
             }),
+            other => Err(D::Error::custom(format!(
+                "must be a VMID or a name, not {}",
+                json_kind(&other)
+            ))),
         }
     }
 }
