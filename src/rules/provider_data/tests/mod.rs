@@ -677,3 +677,44 @@ fn a_value_outside_its_list_names_the_list_and_the_closest_value() {
     assert!(ha.ends_with("(did you mean `started`?)"), "{ha}");
     assert_eq!(message("bios"), "\"uefi\" is not one of seabios, ovmf");
 }
+
+/// A key the pipeline reads as it is comes through `ProviderData::keys`, taken whole from the
+/// highest layer that writes it; a wrong value there hides the lower layers' value too.
+#[test]
+fn keys_as_written_come_from_the_highest_layer() {
+    let defaults = json!({"numa": true, "disk_ssd": true, "tags": ["a"]});
+    let defaults = defaults.as_object().unwrap();
+    let data = schema()
+        .resolve(&format!("{MINIMAL}numa: false\n"), None, defaults)
+        .unwrap();
+    assert_eq!(
+        (data.keys.numa, data.keys.disk_ssd, data.keys.balloon),
+        (Some(false), Some(true), None)
+    );
+    assert_eq!(data.tags.len(), 1);
+    let problems = schema()
+        .resolve(&format!("{MINIMAL}tags: [ok, 'a;b']\n"), None, defaults)
+        .unwrap_err();
+    assert_eq!(keys_of(&problems), ["tags[1]"]);
+}
+
+/// serde stops at the first wrong value; every wrong item of a list and key of a mapping is still
+/// named, each with its path, and the schema's finding is not repeated by the reading.
+#[test]
+fn every_wrong_item_is_named_once() {
+    let problems = parse(&format!(
+        "{MINIMAL}additional_nics:\n  - {{bridge: 'a,b', vlan: 4095}}\n  - {{bridge: vmbr1, ip_pool: ' '}}\nha:\n  rules: ['-x']\n  node_affinity_nodes: ['-y']\n"
+    ))
+    .unwrap_err();
+    assert_eq!(
+        keys_of(&problems),
+        [
+            "additional_nics[0].vlan",
+            "ha.node_affinity_nodes[0]",
+            "ha.rules[0]",
+            "additional_nics[0].bridge",
+            "additional_nics[1].ip_pool"
+        ],
+        "{problems:#?}"
+    );
+}
