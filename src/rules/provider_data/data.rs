@@ -1,120 +1,16 @@
-//! The typed provider data the pipeline works from, every default filled in, and the enums its keys
-//! choose between.
+//! The typed provider data the pipeline works from, every default filled in.
 
-use std::fmt;
 use std::time::Duration;
-
-use schemars::JsonSchema;
-use serde::Deserialize;
 
 use super::Problem;
 use super::keys::Keys;
+use super::values::{
+    Bios, BootMode, CloneMode, MachineType, PlacementStrategy, ResourceAffinity, TemplateRef,
+};
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskOptions, HostPci, Hugepages, NodeName, PoolId, Tag, Usb, Vga, VlanTag,
 };
 use crate::rules::storage_selector::StorageSelector;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum PlacementStrategy {
-    #[default]
-    Spread,
-    FewerVms,
-    RoundRobin,
-    Binpack,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum MachineType {
-    Q35,
-    I440fx,
-}
-
-impl MachineType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MachineType::Q35 => "q35",
-            MachineType::I440fx => "pc",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Bios {
-    #[default]
-    Seabios,
-    Ovmf,
-}
-
-impl Bios {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bios::Seabios => "seabios",
-            Bios::Ovmf => "ovmf",
-        }
-    }
-}
-
-/// How the VM gets Talos: boot the Image Factory nocloud ISO (upstream behaviour), clone a template,
-/// or boot from the Image Factory's nocloud disk image, imported as the boot disk (ours).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum BootMode {
-    #[default]
-    Iso,
-    Clone,
-    Image,
-}
-
-impl BootMode {
-    /// The value as written in provider data (and recorded in the provider state).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BootMode::Iso => "iso",
-            BootMode::Clone => "clone",
-            BootMode::Image => "image",
-        }
-    }
-}
-
-/// How a clone copies the template's disks (`clone_mode`). `Full`: a full copy onto the storage
-/// placement chose, which works on any storage, and across nodes when the template and that storage
-/// are shared. `Linked`: disks that share the template's base volumes, on the template's own
-/// storage: quick and small, but only on storage that supports it and never onto another storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum CloneMode {
-    #[default]
-    Full,
-    Linked,
-}
-
-impl CloneMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloneMode::Full => "full",
-            CloneMode::Linked => "linked",
-        }
-    }
-}
-
-/// The template to clone: by VMID or by name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TemplateRef {
-    VmId(u32),
-    Name(String),
-}
-
-impl fmt::Display for TemplateRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TemplateRef::VmId(id) => write!(f, "{id}"),
-            TemplateRef::Name(name) => f.write_str(name),
-        }
-    }
-}
 
 /// `ha:`: the HA resource's settings, and the HA rules the VM joins (Proxmox VE 9's
 /// `/cluster/ha/rules`): named existing ones, and the machine set's own node- and
@@ -141,45 +37,6 @@ impl HaSettings {
         !self.rules.is_empty()
             || !self.node_affinity_nodes.is_empty()
             || self.resource_affinity.is_some()
-    }
-}
-
-/// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
-/// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`): on different nodes, or on one node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ResourceAffinity {
-    Negative,
-    Positive,
-}
-
-impl ResourceAffinity {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResourceAffinity::Positive => "positive",
-            ResourceAffinity::Negative => "negative",
-        }
-    }
-}
-
-/// `ha.state`: the HA resource's target state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum HaState {
-    Started,
-    Stopped,
-    Disabled,
-    Ignored,
-}
-
-impl HaState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HaState::Started => "started",
-            HaState::Stopped => "stopped",
-            HaState::Disabled => "disabled",
-            HaState::Ignored => "ignored",
-        }
     }
 }
 

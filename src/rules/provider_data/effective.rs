@@ -3,14 +3,11 @@
 
 use std::time::Duration;
 
-use super::data::{
-    AdditionalDisk, AdditionalNic, BootMode, HaSettings, MachineType, ProviderData,
-    ResourceAffinity,
-};
+use super::data::{AdditionalDisk, AdditionalNic, HaSettings, ProviderData};
 use super::keys::{DiskKeys, HaKeys, Keys, NicKeys, PciKeys, UsbKeys};
 use super::layers::{Finding, Findings, Phase, Stack};
 use super::schema::required_keys;
-use super::values::{Parsed, UpTo};
+use super::values::{BootMode, MachineType, Parsed, ResourceAffinity, UpTo};
 use super::{
     DEFAULT_CPU_TYPE, DEFAULT_IP_DISCOVERY_TIMEOUT, DEFAULT_NETWORK_BRIDGE, LayerCheck, Problem,
 };

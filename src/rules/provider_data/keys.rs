@@ -16,11 +16,10 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::data::{
-    Bios, BootMode, CloneMode, HaState, MachineType, PlacementStrategy, ResourceAffinity,
-    TemplateRef,
+use super::values::{
+    Bios, BootMode, CloneMode, HaRule, HaState, IpPoolName, MachineType, Parsed, PlacementStrategy,
+    ResourceAffinity, TemplateRef, UpTo, Vlan,
 };
-use super::values::{HaRule, IpPoolName, Parsed, UpTo, Vlan};
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Tag,
     Vga,
@@ -400,17 +399,4 @@ pub struct DiskKeys {
     pub disk_cache: Option<Parsed<DiskCache>>,
     /// Asynchronous IO mode.
     pub disk_aio: Option<Parsed<DiskAio>>,
-}
-
-/// The keys of the mappings inside the top-level key `key` (`ha`, the items of `additional_nics`, …),
-/// in declaration order.
-pub fn inner_keys(key: &str) -> &'static [&'static str] {
-    match key {
-        "ha" => super::schema::field_names::<HaKeys>(),
-        "additional_nics" => super::schema::field_names::<NicKeys>(),
-        "usb_devices" => super::schema::field_names::<UsbKeys>(),
-        "pci_devices" => super::schema::field_names::<PciKeys>(),
-        "additional_disks" => super::schema::field_names::<DiskKeys>(),
-        _ => &[],
-    }
 }

@@ -13,8 +13,8 @@ use std::sync::LazyLock;
 
 use serde_json::{Map, Value};
 
-use super::keys::{Keys, inner_keys};
-use super::schema::{self, top_keys};
+use super::keys::Keys;
+use super::schema::{self, inner_keys, top_keys};
 use super::{LayerCheck, Problem, json_kind};
 use crate::did_you_mean;
 use crate::proxmox::property::NodeName;
@@ -385,7 +385,7 @@ fn layer_rules(keys: &Keys) -> Vec<(&'static str, String)> {
     let mut found = Vec::new();
     if let Some(ha) = &keys.ha
         && ha.spread == Some(true)
-        && ha.resource_affinity == Some(super::data::ResourceAffinity::Positive)
+        && ha.resource_affinity == Some(super::values::ResourceAffinity::Positive)
     {
         found.push(("ha.spread", "keeps the set's VMs on different nodes, but `resource_affinity: positive` keeps them together: remove one of the two".to_string()));
     }

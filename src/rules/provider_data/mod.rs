@@ -10,11 +10,12 @@
 //! [`ProviderData::warnings`], unless the config asks for `strict: true`.
 //!
 //! - `keys.rs`: every key, declared once as a field of a `#[derive(Deserialize, JsonSchema)]`
-//!   struct; `values.rs`: how its values read (the validated newtypes); `schema.rs` generates the
-//!   JSON schema, the README table and what the reader knows about each key from them.
+//!   struct; `values.rs`: how its values read (the choices, the validated newtypes); `schema.rs`
+//!   generates from them the JSON schema, the README table and what the reader knows of each key.
 //! - `layers.rs`: one layer read (the schema, unknown keys, each key typed) with its findings, the
 //!   layers of a request, and the config's `defaults:` / `nodes:` read once at load.
-//! - `effective.rs`: the layers merged, rules between keys, defaults filled in.
+//! - `effective.rs`: the layers merged, rules between keys, defaults filled in: the typed
+//!   [`ProviderData`] of `data.rs`.
 
 mod data;
 mod effective;
@@ -28,11 +29,11 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-pub use data::{
-    AdditionalDisk, AdditionalNic, Bios, BootMode, CloneMode, HaSettings, MachineType,
-    PlacementStrategy, ProviderData, ResourceAffinity, TemplateRef,
-};
+pub use data::{AdditionalDisk, AdditionalNic, HaSettings, ProviderData};
 pub use layers::ConfigLayers;
+pub use values::{
+    Bios, BootMode, CloneMode, MachineType, PlacementStrategy, ResourceAffinity, TemplateRef,
+};
 
 use layers::{Layer, Stack};
 

@@ -10,7 +10,7 @@ use serde::de::{self, Deserialize, Deserializer, Visitor};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
-use super::keys::{Keys, inner_keys};
+use super::keys::{DiskKeys, HaKeys, Keys, NicKeys, PciKeys, UsbKeys};
 
 /// The schema with the README's and the reader's `x-` extensions, generated once.
 static DECLARED: LazyLock<Value> = LazyLock::new(|| {
@@ -195,6 +195,19 @@ pub fn readme_table() -> String {
         table.push('\n');
     }
     table
+}
+
+/// The keys of the mappings inside the top-level key `key` (`ha`, the items of `additional_nics`, …),
+/// in declaration order.
+pub fn inner_keys(key: &str) -> &'static [&'static str] {
+    match key {
+        "ha" => field_names::<HaKeys>(),
+        "additional_nics" => field_names::<NicKeys>(),
+        "usb_devices" => field_names::<UsbKeys>(),
+        "pci_devices" => field_names::<PciKeys>(),
+        "additional_disks" => field_names::<DiskKeys>(),
+        _ => &[],
+    }
 }
 
 /// The field names of a derived struct in declaration order: serde's derive hands them to the

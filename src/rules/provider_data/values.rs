@@ -1,9 +1,11 @@
-//! How the values of provider-data keys are read from YAML and what the schema says they are. Names
-//! that end up in property strings are read into the validated newtypes of
+//! How the values of provider-data keys are read from YAML and what the schema says they are: the
+//! choices (`boot`, `bios`, …) and the template reference as the pipeline uses them, and names
+//! that end up in property strings read into the validated newtypes of
 //! [`crate::proxmox::property`], so rendering them later cannot fail or inject keys; the schema's
 //! bounds are set on the key's field (`keys.rs`).
 
 use std::borrow::Cow;
+use std::fmt;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::Error as _;
@@ -11,13 +13,153 @@ use serde::{Deserialize, Deserializer};
 
 use serde_json::Value;
 
-use super::data::TemplateRef;
 use super::{RESERVED_TAG_PREFIXES, json_kind};
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId,
     PropertyError, Tag, Vga, VlanTag,
 };
 use crate::rules::storage_selector::StorageSelector;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementStrategy {
+    #[default]
+    Spread,
+    FewerVms,
+    RoundRobin,
+    Binpack,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MachineType {
+    Q35,
+    I440fx,
+}
+
+impl MachineType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachineType::Q35 => "q35",
+            MachineType::I440fx => "pc",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Bios {
+    #[default]
+    Seabios,
+    Ovmf,
+}
+
+impl Bios {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bios::Seabios => "seabios",
+            Bios::Ovmf => "ovmf",
+        }
+    }
+}
+
+/// How the VM gets Talos: boot the Image Factory nocloud ISO (upstream behaviour), clone a template,
+/// or boot from the Image Factory's nocloud disk image, imported as the boot disk (ours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BootMode {
+    #[default]
+    Iso,
+    Clone,
+    Image,
+}
+
+impl BootMode {
+    /// The value as written in provider data (and recorded in the provider state).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootMode::Iso => "iso",
+            BootMode::Clone => "clone",
+            BootMode::Image => "image",
+        }
+    }
+}
+
+/// How a clone copies the template's disks (`clone_mode`). `Full`: a full copy onto the storage
+/// placement chose, which works on any storage, and across nodes when the template and that storage
+/// are shared. `Linked`: disks that share the template's base volumes, on the template's own
+/// storage: quick and small, but only on storage that supports it and never onto another storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CloneMode {
+    #[default]
+    Full,
+    Linked,
+}
+
+impl CloneMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloneMode::Full => "full",
+            CloneMode::Linked => "linked",
+        }
+    }
+}
+
+/// The template to clone: by VMID or by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateRef {
+    VmId(u32),
+    Name(String),
+}
+
+impl fmt::Display for TemplateRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TemplateRef::VmId(id) => write!(f, "{id}"),
+            TemplateRef::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+/// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
+/// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`): on different nodes, or on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ResourceAffinity {
+    Negative,
+    Positive,
+}
+
+impl ResourceAffinity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceAffinity::Positive => "positive",
+            ResourceAffinity::Negative => "negative",
+        }
+    }
+}
+
+/// `ha.state`: the HA resource's target state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HaState {
+    Started,
+    Stopped,
+    Disabled,
+    Ignored,
+}
+
+impl HaState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HaState::Started => "started",
+            HaState::Stopped => "stopped",
+            HaState::Disabled => "disabled",
+            HaState::Ignored => "ignored",
+        }
+    }
+}
 
 /// A value written as a string and checked by its type's constructor.
 pub trait FromText: Sized {

@@ -4,8 +4,7 @@
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
-use super::super::keys::inner_keys;
-use super::super::schema::top_keys;
+use super::super::schema::{inner_keys, top_keys};
 use super::super::*;
 use super::{MINIMAL, parse, parse_strict, schema};
 

@@ -5,9 +5,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use super::keys::inner_keys;
 use super::layers::pointer_to_key;
-use super::schema::top_keys;
+use super::schema::{inner_keys, top_keys};
 use super::*;
 use crate::proxmox::property::{DiskCache, Hugepages, NodeName, VlanTag};
 
