@@ -8,7 +8,7 @@ pub fn suggest<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
     let lowered = unknown.to_ascii_lowercase();
     known
         .iter()
-        .map(|k| (*k, distance(&lowered, &k.to_ascii_lowercase())))
+        .map(|k| (*k, strsim::levenshtein(&lowered, &k.to_ascii_lowercase())))
         .filter(|(k, d)| *d <= (k.len() / 3).max(2))
         .min_by_key(|(_, d)| *d)
         .map(|(k, _)| k)
@@ -20,22 +20,6 @@ pub fn hint(unknown: &str, known: &[&str]) -> String {
         Some(k) => format!(" (did you mean `{k}`?)"),
         None => String::new(),
     }
-}
-
-/// Levenshtein distance, case already folded by the caller.
-fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for (i, ca) in a.chars().enumerate() {
-        cur[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        std::mem::swap(&mut prev, &mut cur);
-    }
-    prev[b.len()]
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ pub mod pipeline;
 pub mod proxmox;
 pub mod rules;
 pub mod secret;
+pub mod table;
 pub mod telemetry;
 #[cfg(test)]
 pub(crate) mod test_support;

@@ -74,6 +74,15 @@ struct Readiness {
     beat_at: AtomicI64,
 }
 
+/// Registers `metric` under `name` and hands it back for the struct to keep.
+fn register<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
+where
+    M: prometheus_client::registry::Metric + Clone,
+{
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 fn step_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 16))
 }
@@ -90,96 +99,82 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("omni_proxmox");
-        let provisions = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
-            "provisions",
-            "Machine requests provisioned (success) or failed in a step (failure)",
-            provisions.clone(),
-        );
-        let deprovisions = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
-            "deprovisions",
-            "Machine requests torn down (success) or failing to tear down (failure)",
-            deprovisions.clone(),
-        );
-        let leftovers = Family::<KindLabels, Counter>::default();
-        registry.register(
-            "teardown_leftovers",
-            "Things a finished teardown had to leave behind (kind=seed_iso: its delete failed); the `orphans` command lists and deletes them",
-            leftovers.clone(),
-        );
-        let step_seconds: HistogramFamily<StepLabels> =
-            Family::new_with_constructor(step_buckets as fn() -> Histogram);
-        registry.register(
-            "step_duration_seconds",
-            "Time spent in each pipeline step run",
-            step_seconds.clone(),
-        );
-        let step_failures = Family::<StepLabels, Counter>::default();
-        registry.register(
-            "step_failures",
-            "Provisioning step runs that failed, by step (each failure is retried with backoff)",
-            step_failures.clone(),
-        );
-        let proxmox_requests = Family::<ApiLabels, Counter>::default();
-        registry.register(
-            "proxmox_api_requests",
-            "Proxmox API requests by method and HTTP status",
-            proxmox_requests.clone(),
-        );
-        let proxmox_seconds: HistogramFamily<MethodLabels> =
-            Family::new_with_constructor(api_buckets as fn() -> Histogram);
-        registry.register(
-            "proxmox_api_request_duration_seconds",
-            "Proxmox API request latency",
-            proxmox_seconds.clone(),
-        );
-        let requests_in_flight = Gauge::default();
-        registry.register(
-            "machine_requests_in_flight",
-            "Machine requests waiting for or in a reconcile",
-            requests_in_flight.clone(),
-        );
-        let omni_connected = Gauge::default();
-        registry.register(
-            "omni_connected",
-            "1 when the last heartbeat reached Omni",
-            omni_connected.clone(),
-        );
-        let last_heartbeat = Gauge::default();
-        registry.register(
-            "last_heartbeat_timestamp_seconds",
-            "Unix time of the last heartbeat Omni accepted",
-            last_heartbeat.clone(),
-        );
-        let leader = Gauge::default();
-        registry.register(
-            "leader",
-            "1 while this replica holds the leader lease and does the work, 0 while it stands by",
-            leader.clone(),
-        );
-        let leader_transitions = Counter::default();
-        registry.register(
-            "leader_transitions",
-            "How often this replica became the leader or stopped being it",
-            leader_transitions.clone(),
-        );
+        let mut r = Registry::with_prefix("omni_proxmox");
         Self {
-            registry,
-            provisions,
-            deprovisions,
-            leftovers,
-            step_seconds,
-            step_failures,
-            proxmox_requests,
-            proxmox_seconds,
-            requests_in_flight,
-            omni_connected,
-            last_heartbeat,
-            leader,
-            leader_transitions,
+            provisions: register(
+                &mut r,
+                "provisions",
+                "Machine requests provisioned (success) or failed in a step (failure)",
+                Family::default(),
+            ),
+            deprovisions: register(
+                &mut r,
+                "deprovisions",
+                "Machine requests torn down (success) or failing to tear down (failure)",
+                Family::default(),
+            ),
+            leftovers: register(
+                &mut r,
+                "teardown_leftovers",
+                "Things a finished teardown had to leave behind (kind=seed_iso: its delete failed); the `orphans` command lists and deletes them",
+                Family::default(),
+            ),
+            step_seconds: register(
+                &mut r,
+                "step_duration_seconds",
+                "Time spent in each pipeline step run",
+                Family::new_with_constructor(step_buckets as fn() -> Histogram),
+            ),
+            step_failures: register(
+                &mut r,
+                "step_failures",
+                "Provisioning step runs that failed, by step (each failure is retried with backoff)",
+                Family::default(),
+            ),
+            proxmox_requests: register(
+                &mut r,
+                "proxmox_api_requests",
+                "Proxmox API requests by method and HTTP status",
+                Family::default(),
+            ),
+            proxmox_seconds: register(
+                &mut r,
+                "proxmox_api_request_duration_seconds",
+                "Proxmox API request latency",
+                Family::new_with_constructor(api_buckets as fn() -> Histogram),
+            ),
+            requests_in_flight: register(
+                &mut r,
+                "machine_requests_in_flight",
+                "Machine requests waiting for or in a reconcile",
+                Gauge::default(),
+            ),
+            omni_connected: register(
+                &mut r,
+                "omni_connected",
+                "1 when the last heartbeat reached Omni",
+                Gauge::default(),
+            ),
+            last_heartbeat: register(
+                &mut r,
+                "last_heartbeat_timestamp_seconds",
+                "Unix time of the last heartbeat Omni accepted",
+                Gauge::default(),
+            ),
+            leader: register(
+                &mut r,
+                "leader",
+                "1 while this replica holds the leader lease and does the work, 0 while it stands by",
+                Gauge::default(),
+            ),
+            leader_transitions: register(
+                &mut r,
+                "leader_transitions",
+                "How often this replica became the leader or stopped being it",
+                Counter::default(),
+            ),
             ready: Readiness::default(),
+            registry: r,
         }
     }
 

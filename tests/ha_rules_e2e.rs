@@ -447,9 +447,25 @@ async fn a_rule_keeping_a_deleted_vm_without_purge_is_joined_without_it() {
 /// `check_negative_resource_affinity_node_affinity_consistency`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_beyond_the_node_affinity_nodes_refuses_the_extra_machine_up_front() {
-    let Some(mut h) = Harness::start("").await else {
+    let Some(h) = Harness::start("").await else {
         return;
     };
+    burst_beyond_the_node_affinity_nodes(h).await;
+}
+
+/// The same burst with every Proxmox answer taking 100 ms: the three machines read the HA rules at
+/// the same moment, and each still counts the others placed before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_burst_beyond_the_node_affinity_nodes_still_refuses_the_extra_machine_up_front() {
+    let mut scenario = support::fakepve::three_node_scenario();
+    scenario["latency"] = json!(0.1);
+    let Some(h) = Harness::start_scaled(scenario, 1.0, "").await else {
+        return;
+    };
+    burst_beyond_the_node_affinity_nodes(h).await;
+}
+
+async fn burst_beyond_the_node_affinity_nodes(mut h: Harness) {
     let data = class("  spread: true\n  node_affinity_nodes: [pve2, pve3]\n");
     let ids = ["wave-0", "wave-1", "wave-2"];
     for id in ids {

@@ -15,6 +15,7 @@ const LAYERS: &[&[&str]] = &[
         "error_chain",
         "yaml",
         "did_you_mean",
+        "table",
         "test_support",
     ],
     &["metrics", "telemetry"],

@@ -420,8 +420,8 @@ fn binary_refuses_a_bad_key_clearly() {
 }
 
 /// Omni out of reach for the provider's first calls (Omni restarting, a load balancer in the way)
-/// used to end the process with exit 1 at the first UNAVAILABLE (found by `make chaos`); the start
-/// now waits it out and the provider registers and beats.
+/// must not end the process at the first UNAVAILABLE: the start waits it out, and the provider
+/// registers and beats.
 #[tokio::test]
 async fn binary_waits_out_omni_unreachable_at_start() {
     transport::install_crypto_provider();

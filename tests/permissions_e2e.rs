@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
@@ -120,9 +121,13 @@ async fn without_one_privilege_the_error_names_it() {
     }
 }
 
-/// The seed ISO's deletion needs Datastore.Allocate: without it the teardown says so.
+/// The seed ISO's deletion needs Datastore.Allocate (pve-storage src/PVE/API2/Storage/Content.pm,
+/// `delete`): without it the ISO is left behind, which holds no teardown. The request is released,
+/// the leftover is counted, and the provider's log names the privilege (the status that could say
+/// it goes with the request).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deprovision_without_datastore_allocate_names_it() {
+    let log = captured_log();
     let role = readme_role();
     let Some(mut h) = Harness::start_with(scenario_with_role(&role), "").await else {
         return;
@@ -138,9 +143,51 @@ async fn deprovision_without_datastore_allocate_names_it() {
     h.pve
         .control(json!({"op": "set_acl", "who": TOKEN_ID, "entries": [["/", fewer]]}));
     assert!(h.omni.state.teardown(&MachineRequest, "perm-3"));
-    let text = wait_status_containing(&h, "perm-3", "Datastore.Allocate").await;
-    assert!(text.contains("permission"), "{text}");
+    h.wait_released("perm-3").await;
+    assert!(h.vms_named("perm-3").is_empty(), "VM deleted");
+    let metrics = h.metrics.encode();
+    assert!(
+        metrics.contains(r#"omni_proxmox_teardown_leftovers_total{kind="seed_iso"} 1"#),
+        "{metrics}"
+    );
+    let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+    assert!(
+        text.lines().any(|l| l.contains("perm-3")
+            && l.contains("Datastore.Allocate")
+            && l.contains("ermission")),
+        "{text}"
+    );
     h.stop_controller().await;
+}
+
+/// What the provider logs at warning level and above, for the tests of this binary that check a
+/// message only the log carries.
+fn captured_log() -> Arc<Mutex<Vec<u8>>> {
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let kept = buffer.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || LogWriter(kept.clone()))
+            .try_init();
+        buffer
+    })
+    .clone()
+}
+
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 // pve-guest-common src/PVE/GuestHelpers.pm, assert_tag_permissions/get_allowed_tags: without Sys.Modify

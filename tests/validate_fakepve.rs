@@ -577,7 +577,7 @@ fn example_pinned_class_passes_validate_against_fakepve() {
     assert!(run.ok, "{}", run.stdout);
 }
 
-/// A token granted its role on `/` (as the recipe used to say) reaches every VM and storage of the
+/// A token granted its role on `/` (the simplest grant) reaches every VM and storage of the
 /// datacenter: `validate` warns and names what is held there; granted on the provider's own paths,
 /// with only `Sys.Audit` left on `/`, it does not.
 #[test]

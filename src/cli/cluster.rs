@@ -407,14 +407,20 @@ fn render_ha_rules(out: &mut String, r: &ClusterReport) {
             ]
         })
         .collect();
-    table(out, &["HA RULE", "TYPE", "KEEPS", "VMS", "PROBLEMS"], &rows);
+    crate::table::render(
+        out,
+        "",
+        &["HA RULE", "TYPE", "KEEPS", "VMS", "PROBLEMS"],
+        &rows,
+    );
 }
 
 /// One row per node, what it has and what it has given to VMs, then what the limits are made of.
 fn render_nodes(out: &mut String, r: &ClusterReport) {
     let rows: Vec<Vec<String>> = r.nodes.iter().map(node_row).collect();
-    table(
+    crate::table::render(
         out,
+        "",
         &[
             "NODE",
             "STATUS",
@@ -460,8 +466,9 @@ fn node_row(n: &NodeReport) -> Vec<String> {
 /// Every storage of every node; a node whose storages could not be read says why in their place.
 fn render_storages(out: &mut String, nodes: &[NodeReport]) {
     let rows: Vec<Vec<String>> = nodes.iter().flat_map(storage_rows).collect();
-    table(
+    crate::table::render(
         out,
+        "",
         &[
             "NODE",
             "STORAGE",
@@ -520,7 +527,7 @@ fn render_templates(out: &mut String, templates: &[TemplateReport]) {
             ]
         })
         .collect();
-    table(out, &["TEMPLATE VMID", "NAME", "NODE"], &rows);
+    crate::table::render(out, "", &["TEMPLATE VMID", "NAME", "NODE"], &rows);
 }
 
 fn yes_no(b: bool) -> String {
@@ -535,34 +542,6 @@ fn bytes(n: u64) -> String {
         format!("{:.1} GiB", f / GIB)
     } else {
         format!("{:.0} MiB", f / MIB)
-    }
-}
-
-fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            if i < widths.len() && i + 1 < row.len() {
-                widths[i] = widths[i].max(cell.chars().count());
-            }
-        }
-    }
-    let line = |cells: Vec<&str>, out: &mut String| {
-        let n = cells.len();
-        let mut text = String::new();
-        for (i, c) in cells.into_iter().enumerate() {
-            if i + 1 == n {
-                text.push_str(c);
-            } else {
-                let _ = write!(text, "{c:<w$}  ", w = widths[i]);
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    };
-    line(header.to_vec(), out);
-    for row in rows {
-        line(row.iter().map(String::as_str).collect(), out);
     }
 }
 

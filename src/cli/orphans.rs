@@ -210,9 +210,12 @@ fn render_allocations(allocations: &[Holding]) -> String {
     let mut out = String::from(
         "Static IP allocations whose MachineRequest is gone (released when the provider deletes the VM):\n",
     );
-    for h in allocations {
-        let _ = writeln!(out, "  {:<40} {} {}", h.address, h.request, h.nic);
-    }
+    crate::table::render(
+        &mut out,
+        "  ",
+        &[],
+        &super::pools::holding_rows(allocations),
+    );
     out
 }
 
@@ -450,42 +453,37 @@ fn render_table(
     if orphans.vms.is_empty() {
         let _ = writeln!(out, "No orphan VMs (tag {tag}).");
     } else {
-        let _ = writeln!(
-            out,
-            "VMs tagged {tag} whose MachineRequest is gone:\n{:<10} {:<12} {:<10} {:<32} REQUEST",
-            "VMID", "NODE", "STATUS", "NAME"
-        );
-        for vm in &orphans.vms {
-            let _ = writeln!(
-                out,
-                "{:<10} {:<12} {:<10} {:<32} {}",
-                vm.vmid.to_string(),
-                vm.node.to_string(),
-                vm.status.as_deref().unwrap_or("-"),
-                vm.name.as_deref().unwrap_or("-"),
-                vm.request_id.as_deref().unwrap_or("-")
-            );
-        }
+        let _ = writeln!(out, "VMs tagged {tag} whose MachineRequest is gone:");
+        let rows: Vec<Vec<String>> = orphans
+            .vms
+            .iter()
+            .map(|vm| {
+                let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
+                vec![
+                    vm.vmid.to_string(),
+                    vm.node.to_string(),
+                    or_dash(&vm.status),
+                    or_dash(&vm.name),
+                    or_dash(&vm.request_id),
+                ]
+            })
+            .collect();
+        let header = ["VMID", "NODE", "STATUS", "NAME", "REQUEST"];
+        crate::table::render(&mut out, "", &header, &rows);
     }
     if orphans.seed_isos.is_empty() {
         let _ = writeln!(out, "No orphan seed ISOs.");
     } else {
-        let _ = writeln!(
-            out,
-            "Seed ISOs no VM uses:\n{:<12} {:<12} VOLUME",
-            "NODE", "SIZE"
-        );
-        for iso in &orphans.seed_isos {
-            let _ = writeln!(
-                out,
-                "{:<12} {:<12} {}",
-                iso.node.to_string(),
-                iso.size
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                iso.volume
-            );
-        }
+        let _ = writeln!(out, "Seed ISOs no VM uses:");
+        let rows: Vec<Vec<String>> = orphans
+            .seed_isos
+            .iter()
+            .map(|iso| {
+                let size = iso.size.map_or_else(|| "-".into(), |s| s.to_string());
+                vec![iso.node.to_string(), size, iso.volume.clone()]
+            })
+            .collect();
+        crate::table::render(&mut out, "", &["NODE", "SIZE", "VOLUME"], &rows);
     }
     for problem in &orphans.problems {
         let _ = writeln!(out, "not checked: {problem}");

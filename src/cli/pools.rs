@@ -27,7 +27,7 @@ use crate::omni::resources::{MachineRequest, ProviderMachine, label};
 use crate::omni::state::LabelSelector;
 use crate::omni::transport;
 use crate::proxmox::ProxmoxClient;
-use crate::rules::ip_pool::{self, LeftOver, PoolUse};
+use crate::rules::ip_pool::{self, Holding, LeftOver, PoolUse};
 use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
@@ -142,28 +142,44 @@ pub fn render_table(uses: &[PoolUse], left: &LeftOver) -> String {
             u.size,
             u.free
         );
-        for h in &u.held {
-            let _ = writeln!(out, "  {:<40} {} {}", h.address, h.request, h.nic);
-        }
-        for a in &u.reported_by_vms {
-            let _ = writeln!(out, "  {a:<40} (reported by a running VM's guest agent)");
-        }
+        let mut rows = holding_rows(&u.held);
+        rows.extend(u.reported_by_vms.iter().map(|a| {
+            vec![
+                a.to_string(),
+                "(reported by a running VM's guest agent)".into(),
+            ]
+        }));
+        crate::table::render(&mut out, "  ", &[], &rows);
     }
     if !left.gone_requests.is_empty() {
         out.push_str("\nAllocations whose machine request is gone (the provider releases them once it has deleted the VM):\n");
-        for h in &left.gone_requests {
-            let _ = writeln!(out, "  {:<40} {} {}", h.address, h.request, h.nic);
-        }
+        crate::table::render(&mut out, "  ", &[], &holding_rows(&left.gone_requests));
     }
     if !left.unknown_pools.is_empty() {
         out.push_str("\nAllocations from pools the config file no longer has:\n");
-        for (pool, h) in &left.unknown_pools {
-            let _ = writeln!(
-                out,
-                "  {:<40} {} {} (pool {pool})",
-                h.address, h.request, h.nic
-            );
-        }
+        let rows: Vec<Vec<String>> = left
+            .unknown_pools
+            .iter()
+            .map(|(pool, h)| {
+                let mut row = holding_row(h);
+                row.push(format!("(pool {pool})"));
+                row
+            })
+            .collect();
+        crate::table::render(&mut out, "  ", &[], &rows);
     }
     out
+}
+
+/// An allocation as a table row: address, request, NIC.
+fn holding_row(h: &Holding) -> Vec<String> {
+    vec![
+        h.address.to_string(),
+        h.request.to_string(),
+        h.nic.to_string(),
+    ]
+}
+
+pub(super) fn holding_rows(holdings: &[Holding]) -> Vec<Vec<String>> {
+    holdings.iter().map(holding_row).collect()
 }

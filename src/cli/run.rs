@@ -8,6 +8,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+use crate::pipeline::factory_auth::FactoryAuth;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -74,6 +76,12 @@ pub struct RunArgs {
         default_value = "https://factory.talos.dev"
     )]
     pub image_factory_url: String,
+    /// A YAML file with the credentials of Image Factories that ask for them, by factory URL
+    /// (`https://factory.example.com: {username: …, password: …}`), as Omni's ImageFactoryAuth
+    /// resources hold them (an infra provider may not read those). Boot images from such a factory
+    /// are downloaded by the provider and streamed into the storage.
+    #[arg(long, env = "IMAGE_FACTORY_AUTH_FILE")]
+    pub image_factory_auth_file: Option<PathBuf>,
     /// Run as one of any number of replicas: only the one holding the leader lease in Omni works,
     /// the others stand by and take over when it stops. `--leader-elect=false` runs without the
     /// lease, as a single process must then be the only one.
@@ -132,6 +140,7 @@ pub struct Settings {
     pub metrics_listen: Option<std::net::SocketAddr>,
     pub concurrency: usize,
     pub image_factory_url: String,
+    pub factory_auth: FactoryAuth,
     pub endpoint: OmniEndpoint,
     pub key: Arc<ProviderKey>,
     pub info: ProviderInfo,
@@ -185,6 +194,10 @@ impl Settings {
             concurrency: args.concurrency,
             metrics_listen: args.metrics_listen,
             image_factory_url: args.image_factory_url.clone(),
+            factory_auth: match &args.image_factory_auth_file {
+                Some(path) => FactoryAuth::read(path)?,
+                None => FactoryAuth::default(),
+            },
             endpoint,
             key: Arc::new(key),
             info: ProviderInfo::new(
@@ -267,20 +280,8 @@ pub async fn run_with(
     health_check: HealthCheck,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> CliResult {
-    if settings.endpoint.tls == OmniTls::InsecureSkipVerify {
-        tracing::warn!(
-            "TLS verification of the Omni endpoint is disabled (--insecure-skip-verify)"
-        );
-    }
+    announce_start(&settings);
     let provider_id = settings.info.id.clone();
-    tracing::info!(
-        endpoint = %settings.endpoint.url,
-        provider_id = %provider_id,
-        identity = settings.key.identity(),
-        proxmox = %settings.config.proxmox.api_url,
-        leader_election = settings.leader_election.is_some(),
-        "starting"
-    );
     provider_data_schema(&settings.config)?;
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
     // Polled from here on, so a SIGTERM during the start stops the provider cleanly too.
@@ -309,37 +310,15 @@ pub async fn run_with(
     };
     pve.set_fence(fence.clone());
     let state = omni.state.fenced(fence.clone());
-    let (roles, election, _single) = match &settings.leader_election {
-        Some(le) => {
-            let (election, roles) = Election::new(
-                omni.state.clone(),
-                &provider_id,
-                le.timings,
-                Some(&le.claim_file),
-                fence,
-                metrics.clone(),
-            );
-            (
-                roles,
-                Some(tokio::spawn(election.run(stop_rx.clone()))),
-                None,
-            )
-        }
-        None => {
-            metrics.set_leader(true);
-            let (single, roles) = watch::channel(Role::Leader);
-            (roles, None, Some(single))
-        }
+    let (roles, election, _single) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
+    let heartbeat = health::Heartbeat {
+        state: state.clone(),
+        provider_id: provider_id.clone(),
+        interval: settings.health_interval,
+        check: health_check,
+        metrics: metrics.clone(),
     };
-    let heartbeat = tokio::spawn(health::run(
-        state.clone(),
-        provider_id.clone(),
-        settings.health_interval,
-        health_check,
-        stop_rx.clone(),
-        metrics.clone(),
-        roles.clone(),
-    ));
+    let heartbeat = tokio::spawn(heartbeat.run(stop_rx.clone(), roles.clone()));
     let duties = Duties {
         state,
         pve,
@@ -362,6 +341,56 @@ pub async fn run_with(
     }
     tracing::info!("stopped");
     outcome
+}
+
+fn announce_start(settings: &Settings) {
+    if settings.endpoint.tls == OmniTls::InsecureSkipVerify {
+        tracing::warn!(
+            "TLS verification of the Omni endpoint is disabled (--insecure-skip-verify)"
+        );
+    }
+    tracing::info!(
+        endpoint = %settings.endpoint.url,
+        provider_id = %settings.info.id,
+        identity = settings.key.identity(),
+        proxmox = %settings.config.proxmox.api_url,
+        leader_election = settings.leader_election.is_some(),
+        "starting"
+    );
+}
+
+/// This process's part: a replica in the leader election (its role changes as the lease goes), or
+/// with `--leader-elect=false` the leader for good (the sender keeps that role for the process's
+/// life).
+fn take_part(
+    settings: &Settings,
+    unfenced: &StateClient,
+    fence: Fence,
+    metrics: &Arc<Metrics>,
+    stop: &watch::Receiver<bool>,
+) -> (
+    watch::Receiver<Role>,
+    Option<tokio::task::JoinHandle<()>>,
+    Option<watch::Sender<Role>>,
+) {
+    match &settings.leader_election {
+        Some(le) => {
+            let (election, roles) = Election::new(
+                unfenced.clone(),
+                &settings.info.id,
+                le.timings,
+                Some(&le.claim_file),
+                fence,
+                metrics.clone(),
+            );
+            (roles, Some(tokio::spawn(election.run(stop.clone()))), None)
+        }
+        None => {
+            metrics.set_leader(true);
+            let (single, roles) = watch::channel(Role::Leader);
+            (roles, None, Some(single))
+        }
+    }
 }
 
 /// What the leader does, and what it needs to do it.
@@ -427,6 +456,7 @@ impl Duties<'_> {
             ledgers: Default::default(),
             image_factory_url: self.image_factory_url.clone(),
             factory_http: self.factory_http.clone(),
+            factory_auth: settings.factory_auth.clone(),
             timeouts: Timeouts::default(),
             metrics: self.metrics.clone(),
         });
@@ -443,7 +473,7 @@ impl Duties<'_> {
         };
         let controller =
             Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
-        let topology = tokio::spawn(crate::controller::topology::run(
+        let topology = tokio::spawn(crate::controller::housekeeping::run(
             context,
             settings.topology_interval,
             stop_rx.clone(),

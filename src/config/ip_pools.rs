@@ -14,38 +14,207 @@
 //! Every problem names its pool and key (`ipPools.talos-net.range`); pools of one family may share a
 //! network but never an address.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{Found, kind};
+use super::read::{
+    Expecting, Found, OneOrList, Section, child, kind, plain_name, string, value_type,
+};
 use crate::proxmox::property::{BridgeName, VlanTag};
 use crate::rules::ip_pool::{AddressRange, Cidr, IpPool};
 
-pub(super) const POOL_KEYS: &[&str] =
-    &["cidr", "range", "gateway", "nameservers", "bridge", "vlan"];
+/// `ipPools:` as written, by pool name.
+pub(super) type Pools = BTreeMap<String, Section<PoolFile>>;
 
-/// Reads `ipPools:`; what is wrong goes to `found`, and only pools without problems are returned.
-pub(super) fn ip_pools(root: &Map<String, Value>, found: &mut Found) -> Vec<IpPool> {
-    let map = match root.get("ipPools") {
-        None | Some(Value::Null) => return Vec::new(),
-        Some(Value::Object(m)) => m,
-        Some(other) => {
-            found.problems.push(format!(
-                "`ipPools` must be a mapping of pool names to pools, e.g. `ipPools: {{talos-net: {{cidr: 10.10.0.0/24, range: 10.10.0.100-10.10.0.199}}}}`, found {}",
-                kind(other)
-            ));
-            return Vec::new();
-        }
-    };
-    let mut pools: Vec<IpPool> = Vec::new();
-    for (name, value) in map {
-        if let Some(pool) = pool(name, value, found) {
-            pools.push(pool);
-        }
+impl Expecting for Pools {
+    const EXPECTING: &'static str = "a mapping of pool names to pools, e.g. `ipPools: {talos-net: {cidr: 10.10.0.0/24, range: 10.10.0.100-10.10.0.199}}`";
+}
+
+/// One pool as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PoolFile {
+    cidr: Option<PoolCidr>,
+    /// `a-b`, `"a-b, c-d"` or a list of ranges.
+    range: Option<OneOrList<RangeText>>,
+    gateway: Option<Address>,
+    nameservers: Option<OneOrList<Address>>,
+    /// NICs on this pool go on this bridge.
+    bridge: Option<Bridge>,
+    /// ... with this VLAN tag.
+    vlan: Option<Vlan>,
+}
+
+impl Expecting for PoolFile {
+    const EXPECTING: &'static str = "a mapping with `cidr` and `range`";
+}
+
+value_type!(PoolCidr(Cidr), |v| string(
+    v,
+    ": must be a string like 10.10.0.0/24",
+    |s| Cidr::parse(&s).map_err(|e| format!(": {e}"))
+));
+
+value_type!(
+    /// A range as written; it is parsed against the pool's cidr.
+    RangeText(String),
+    |v| string(v, ": must be a string like 10.10.0.100-10.10.0.199", |s| Ok(s.trim().to_owned()))
+);
+
+impl Expecting for RangeText {
+    const EXPECTING: &'static str =
+        ": must be a range like 10.10.0.100-10.10.0.199, or a list of them";
+}
+
+value_type!(Address(IpAddr), |v| string(
+    v,
+    ": must be an address",
+    |s| {
+        s.trim()
+            .parse()
+            .map_err(|_| format!(": {s:?} is not an IPv4 or IPv6 address"))
     }
+));
+
+impl Expecting for Address {
+    const EXPECTING: &'static str = ": must be a list of addresses, e.g. `[10.10.0.1]`";
+}
+
+value_type!(Bridge(BridgeName), |v| string(
+    v,
+    ": must be a bridge name like vmbr1",
+    |s| BridgeName::parse(&s).map_err(|e| format!(": {e}"))
+));
+
+value_type!(Vlan(VlanTag), |v| match v {
+    Value::Number(n) => n
+        .as_u64()
+        .and_then(|t| VlanTag::new(t).ok())
+        .ok_or_else(|| format!(": {n} is not a VLAN tag (1 to 4094)")),
+    other => Err(format!(
+        ": must be a VLAN tag (1 to 4094), found {}",
+        kind(&other)
+    )),
+});
+
+/// The pools without problems; what is wrong goes to `found`.
+pub(super) fn check(pools: Pools, found: &mut Found) -> Vec<IpPool> {
+    let pools: Vec<IpPool> = pools
+        .into_iter()
+        .filter_map(|(name, pool)| pool.0.check(name, found))
+        .collect();
     overlaps(&pools, found);
     pools
+}
+
+impl PoolFile {
+    fn check(self, name: String, found: &mut Found) -> Option<IpPool> {
+        let at = child("ipPools", &name);
+        let before = found.problems.len();
+        if !plain_name(&name) {
+            found.problems.push(format!(
+                "`{at}`: a pool name is 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
+            ));
+        }
+        let refused = |key: &str| found.failed(&format!("{at}.{key}"));
+        let (cidr_refused, range_refused) = (refused("cidr"), refused("range"));
+        let mut problem = |key: &str, message: String| {
+            found.problems.push(format!("`{at}.{key}`: {message}"));
+        };
+        let cidr = self.cidr.map(|c| c.0);
+        if cidr.is_none() && !cidr_refused {
+            problem(
+                "cidr",
+                "is missing: the pool's network, e.g. `cidr: 10.10.0.0/24`".into(),
+            );
+        }
+        let ranges = match self.range {
+            None if range_refused => Vec::new(),
+            range => ranges(range, cidr, &mut problem),
+        };
+        let gateway = self.gateway.map(|g| g.0);
+        if let (Some(g), Some(c)) = (gateway, cidr)
+            && !c.contains(g)
+        {
+            problem(
+                "gateway",
+                format!(
+                    "{g} is outside the pool's cidr {c}: a NIC on this pool could not reach it"
+                ),
+            );
+        }
+        if found.problems.len() > before {
+            return None;
+        }
+        let nameservers = match self.nameservers {
+            None => Vec::new(),
+            Some(OneOrList::One(a)) => vec![a.0],
+            Some(OneOrList::List(all)) => all.into_iter().map(|a| a.0).collect(),
+        };
+        Some(IpPool {
+            name,
+            cidr: cidr?,
+            ranges,
+            gateway,
+            nameservers,
+            bridge: self.bridge.map(|b| b.0),
+            vlan: self.vlan.map(|v| v.0),
+        })
+    }
+}
+
+/// The pool's ranges, each inside the cidr, on no network or broadcast address, overlapping none
+/// of the others.
+fn ranges(
+    written: Option<OneOrList<RangeText>>,
+    cidr: Option<Cidr>,
+    problem: &mut impl FnMut(&str, String),
+) -> Vec<AddressRange> {
+    let texts: Vec<String> = match written {
+        None => Vec::new(),
+        Some(OneOrList::One(t)) => t.0.split(',').map(|t| t.trim().to_owned()).collect(),
+        Some(OneOrList::List(all)) => all.into_iter().map(|t| t.0).collect(),
+    };
+    let texts: Vec<String> = texts.into_iter().filter(|t| !t.is_empty()).collect();
+    if texts.is_empty() {
+        problem(
+            "range",
+            "is empty: give the addresses the provider may hand out, e.g. `range: 10.10.0.100-10.10.0.199`".into(),
+        );
+    }
+    let mut ranges: Vec<AddressRange> = Vec::new();
+    for text in &texts {
+        let r = match AddressRange::parse(text) {
+            Ok(r) => r,
+            Err(e) => {
+                problem("range", e);
+                continue;
+            }
+        };
+        if let Some(c) = cidr {
+            if !c.contains(r.first) || !c.contains(r.last) {
+                problem("range", format!("{r} is outside the pool's cidr {c}"));
+                continue;
+            }
+            if let Some(edge) = network_or_broadcast(&c, &r) {
+                problem(
+                    "range",
+                    format!("{r} includes {edge}, which no host can have in {c}"),
+                );
+                continue;
+            }
+        }
+        if let Some(other) = ranges.iter().find(|o| o.overlaps(&r)) {
+            problem("range", format!("{r} overlaps {other}"));
+            continue;
+        }
+        ranges.push(r);
+    }
+    ranges.sort();
+    ranges
 }
 
 /// The pools `defaults:` and `nodes:` name (`ip_pool`, `additional_nics[].ip_pool`) must exist: a
@@ -79,204 +248,6 @@ pub(super) fn check_references(
             }
         }
     }
-}
-
-fn pool(name: &str, value: &Value, found: &mut Found) -> Option<IpPool> {
-    // A name that is not valid is shown quoted, so the key path stays readable (`ipPools."."`).
-    let at = if valid_name(name) {
-        format!("ipPools.{name}")
-    } else {
-        format!("ipPools.{}", serde_json::Value::String(name.to_owned()))
-    };
-    let before = found.problems.len();
-    if !valid_name(name) {
-        found.problems.push(format!(
-            "`{at}`: a pool name is 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
-        ));
-    }
-    let Value::Object(map) = value else {
-        found.problems.push(format!(
-            "`{at}` must be a mapping with `cidr` and `range`, found {}",
-            kind(value)
-        ));
-        return None;
-    };
-    found.check_keys(map, POOL_KEYS, &format!("{at}."));
-    let mut problem = |key: &str, message: String| {
-        found.problems.push(format!("`{at}.{key}`: {message}"));
-    };
-    let cidr = match map.get("cidr") {
-        Some(Value::String(s)) => Cidr::parse(s).map_err(|e| problem("cidr", e)).ok(),
-        None | Some(Value::Null) => {
-            problem(
-                "cidr",
-                "is missing: the pool's network, e.g. `cidr: 10.10.0.0/24`".into(),
-            );
-            None
-        }
-        Some(other) => {
-            problem(
-                "cidr",
-                format!("must be a string like 10.10.0.0/24, found {}", kind(other)),
-            );
-            None
-        }
-    };
-    let texts: Vec<String> = match map.get("range") {
-        Some(Value::String(s)) => s.split(',').map(|t| t.trim().to_owned()).collect(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .filter_map(|(i, item)| match item {
-                Value::String(s) => Some(s.trim().to_owned()),
-                other => {
-                    problem(
-                        &format!("range[{i}]"),
-                        format!(
-                            "must be a string like 10.10.0.100-10.10.0.199, found {}",
-                            kind(other)
-                        ),
-                    );
-                    None
-                }
-            })
-            .collect(),
-        None | Some(Value::Null) => Vec::new(),
-        Some(other) => {
-            problem(
-                "range",
-                format!(
-                    "must be a range like 10.10.0.100-10.10.0.199, or a list of them, found {}",
-                    kind(other)
-                ),
-            );
-            return None;
-        }
-    };
-    let texts: Vec<String> = texts.into_iter().filter(|t| !t.is_empty()).collect();
-    if texts.is_empty() {
-        problem(
-            "range",
-            "is empty: give the addresses the provider may hand out, e.g. `range: 10.10.0.100-10.10.0.199`".into(),
-        );
-    }
-    let mut ranges: Vec<AddressRange> = Vec::new();
-    for text in &texts {
-        match AddressRange::parse(text) {
-            Ok(r) => {
-                if let Some(c) = cidr {
-                    if !c.contains(r.first) || !c.contains(r.last) {
-                        problem("range", format!("{r} is outside the pool's cidr {c}"));
-                        continue;
-                    }
-                    if let Some(edge) = network_or_broadcast(&c, &r) {
-                        problem(
-                            "range",
-                            format!("{r} includes {edge}, which no host can have in {c}"),
-                        );
-                        continue;
-                    }
-                }
-                if let Some(other) = ranges.iter().find(|o| o.overlaps(&r)) {
-                    problem("range", format!("{r} overlaps {other}"));
-                    continue;
-                }
-                ranges.push(r);
-            }
-            Err(e) => problem("range", e),
-        }
-    }
-    ranges.sort();
-    let address = |key: &str, v: &Value, problem: &mut dyn FnMut(&str, String)| -> Option<IpAddr> {
-        match v {
-            Value::String(s) => match s.trim().parse::<IpAddr>() {
-                Ok(a) => Some(a),
-                Err(_) => {
-                    problem(key, format!("{s:?} is not an IPv4 or IPv6 address"));
-                    None
-                }
-            },
-            other => {
-                problem(key, format!("must be an address, found {}", kind(other)));
-                None
-            }
-        }
-    };
-    let gateway = match map.get("gateway") {
-        None | Some(Value::Null) => None,
-        Some(v) => address("gateway", v, &mut problem),
-    };
-    if let (Some(g), Some(c)) = (gateway, cidr)
-        && !c.contains(g)
-    {
-        problem(
-            "gateway",
-            format!("{g} is outside the pool's cidr {c}: a NIC on this pool could not reach it"),
-        );
-    }
-    let nameservers: Vec<IpAddr> = match map.get("nameservers") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| address(&format!("nameservers[{i}]"), v, &mut problem))
-            .collect(),
-        Some(v @ Value::String(_)) => address("nameservers", v, &mut problem)
-            .into_iter()
-            .collect(),
-        Some(other) => {
-            problem(
-                "nameservers",
-                format!(
-                    "must be a list of addresses, e.g. `[10.10.0.1]`, found {}",
-                    kind(other)
-                ),
-            );
-            Vec::new()
-        }
-    };
-    let bridge = match map.get("bridge") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => BridgeName::parse(s)
-            .map_err(|e| problem("bridge", e.to_string()))
-            .ok(),
-        Some(other) => {
-            problem(
-                "bridge",
-                format!("must be a bridge name like vmbr1, found {}", kind(other)),
-            );
-            None
-        }
-    };
-    let vlan = match map.get("vlan") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => match n.as_u64().map(VlanTag::new) {
-            Some(Ok(v)) => Some(v),
-            _ => {
-                problem("vlan", format!("{n} is not a VLAN tag (1 to 4094)"));
-                None
-            }
-        },
-        Some(other) => {
-            problem(
-                "vlan",
-                format!("must be a VLAN tag (1 to 4094), found {}", kind(other)),
-            );
-            None
-        }
-    };
-    if found.problems.len() > before {
-        return None;
-    }
-    Some(IpPool {
-        name: name.to_owned(),
-        cidr: cidr?,
-        ranges,
-        gateway,
-        nameservers,
-        bridge,
-        vlan,
-    })
 }
 
 /// An IPv4 range that includes its network's own address or its broadcast address (networks of
@@ -317,15 +288,6 @@ fn overlaps(pools: &[IpPool], found: &mut Found) {
             }
         }
     }
-}
-
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
 }
 
 #[cfg(test)]
@@ -440,7 +402,7 @@ mod tests {
             problems("ipPools:\n  -bad:\n    cidr: 10.0.0.0/8\n    range: 10.0.0.1\n")
                 .contains("`ipPools.\"-bad\"`: a pool name")
         );
-        // Found by the config fuzz test: names that made key paths ending in '.'.
+        // Names that would make key paths ending in '.' are quoted.
         for (name, shown) in [(".", "`ipPools.\".\"`"), ("a.", "`ipPools.\"a.\"`")] {
             let all = problems(&format!("ipPools:\n  \"{name}\": {{}}\n"));
             assert!(all.contains(&format!("{shown}: a pool name")), "{all}");

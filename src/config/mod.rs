@@ -26,17 +26,23 @@
 mod ip_pools;
 mod policy;
 mod proxmox;
+mod read;
 
 use std::path::{Path, PathBuf};
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::did_you_mean;
 use crate::rules::ip_pool::IpPool;
 use crate::rules::placement::PlacementLimits;
 use crate::rules::policy::Policy;
 use crate::rules::provider_data::ConfigLayers;
+use ip_pools::Pools;
+use policy::PolicyFile;
+use proxmox::ProxmoxFile;
 pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
+
+use read::{Expecting, Found, Section, kind, value_type};
 
 /// Everything in the config file, validated.
 #[derive(Debug, Clone)]
@@ -78,18 +84,65 @@ pub enum ConfigError {
     },
 }
 
-const TOP_KEYS: &[&str] = &[
-    "proxmox",
-    "defaults",
-    "nodes",
-    "strict",
-    "placement",
-    "ipPools",
-    "policy",
-];
-const PLACEMENT_KEYS: &[&str] = &["cpuOvercommit", "memoryOvercommit"];
+#[derive(Debug)]
+pub enum ParseError {
+    Yaml(String),
+    Invalid(Vec<String>),
+}
+
+/// The file as written: each key of the file is a field here or in a section's struct.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct File {
+    proxmox: Option<Section<ProxmoxFile>>,
+    defaults: Option<Map<String, Value>>,
+    nodes: Option<Map<String, Value>>,
+    /// Unknown keys, here and in provider data, are errors rather than warnings.
+    strict: Option<bool>,
+    placement: Option<Section<PlacementFile>>,
+    ip_pools: Option<Section<Pools>>,
+    policy: Option<Section<PolicyFile>>,
+}
+
+/// `placement:` as written.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PlacementFile {
+    cpu_overcommit: Option<CpuOvercommit>,
+    memory_overcommit: Option<MemoryOvercommit>,
+}
+
+impl Expecting for PlacementFile {
+    const EXPECTING: &'static str =
+        "a mapping, e.g. `placement: {cpuOvercommit: 4.0, memoryOvercommit: 1.0}`";
+}
+
+value_type!(CpuOvercommit(f64), |v| overcommit(
+    v,
+    "vCPUs given to VMs per CPU of the node, e.g. 4.0"
+));
+value_type!(MemoryOvercommit(f64), |v| overcommit(
+    v,
+    "memory given to VMs per byte of the node's memory, e.g. 1.0 to never overcommit"
+));
+
 /// No cluster runs usefully at more vCPUs per CPU than this; a larger value is a typo.
 const MAX_OVERCOMMIT: f64 = 64.0;
+
+/// How much of a node's CPUs or memory (`what`) VMs may be given, per unit the node has.
+fn overcommit(v: Value, what: &str) -> Result<f64, String> {
+    match v.as_f64() {
+        Some(r) if r > 0.0 && r <= MAX_OVERCOMMIT => Ok(r),
+        _ => Err(format!(
+            " must be a number above 0 and at most {MAX_OVERCOMMIT} ({what}), found {}",
+            match &v {
+                Value::Number(n) => n.to_string(),
+                other => kind(other).to_owned(),
+            }
+        )),
+    }
+}
+
 impl ProviderConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -110,8 +163,7 @@ impl ProviderConfig {
 
     /// Parses the text of a config file; all problems are reported together.
     pub fn parse(text: &str) -> Result<Self, ParseError> {
-        let root: Value = crate::yaml::from_str(text).map_err(ParseError::Yaml)?;
-        let root = match root {
+        let root = match crate::yaml::from_str(text).map_err(ParseError::Yaml)? {
             Value::Object(map) => map,
             Value::Null => Map::new(),
             other => {
@@ -121,57 +173,14 @@ impl ProviderConfig {
                 )]));
             }
         };
-        let (strict, strict_problem) = match root.get("strict") {
-            None | Some(Value::Null) => (false, None),
-            Some(Value::Bool(b)) => (*b, None),
-            Some(other) => (
-                false,
-                Some(format!(
-                    "`strict` must be true or false, found {}",
-                    kind(other)
-                )),
-            ),
-        };
-        let mut found = Found {
-            problems: strict_problem.into_iter().collect(),
-            warnings: Vec::new(),
-            strict,
-        };
-        found.check_keys(&root, TOP_KEYS, "");
-        let proxmox = match root.get("proxmox") {
-            Some(Value::Object(p)) => ProxmoxSettings::from_map(p, &mut found),
-            Some(other) => {
-                found.problems.push(format!(
-                    "`proxmox` must be a mapping of connection settings, found {}",
-                    kind(other)
-                ));
-                None
-            }
-            None => {
-                found.problems.push(
-                    "missing `proxmox:` section (needs at least `url` and either `tokenID`+`tokenSecret` or `username`+`password`)"
-                        .to_owned(),
-                );
-                None
-            }
-        };
-        let defaults = optional_map(&root, "defaults", &mut found.problems);
-        let nodes = optional_map(&root, "nodes", &mut found.problems);
-        let placement = placement_limits(&root, &mut found);
-        let ip_pools = ip_pools::ip_pools(&root, &mut found);
-        let policy = policy::policy(&root, &mut found);
-        ip_pools::check_references(&defaults, &nodes, &ip_pools, &mut found);
-        match (proxmox, found.problems.is_empty()) {
-            (Some(proxmox), true) => Ok(Self {
-                proxmox,
-                placement,
-                ip_pools,
-                policy,
-                layers: ConfigLayers::read(&defaults, &nodes),
-                defaults,
-                nodes,
-                strict: found.strict,
+        let mut found = Found::default();
+        let file: Option<File> = found.read(Value::Object(root));
+        found.unknown_keys(file.as_ref().and_then(|f| f.strict).unwrap_or(false));
+        let config = file.and_then(|f| f.check(&mut found));
+        match config {
+            Some(config) if found.problems.is_empty() => Ok(Self {
                 warnings: found.warnings,
+                ..config
             }),
             // What was ignored often explains what is missing (`tokenId` for `tokenID`).
             _ => Err(ParseError::Invalid(
@@ -181,123 +190,84 @@ impl ProviderConfig {
     }
 }
 
-#[derive(Debug)]
-pub enum ParseError {
-    Yaml(String),
-    Invalid(Vec<String>),
-}
-
-/// Problems and warnings while reading the file.
-struct Found {
-    problems: Vec<String>,
-    warnings: Vec<String>,
-    /// Unknown keys are problems rather than warnings.
-    strict: bool,
-}
-
-impl Found {
-    fn check_keys(&mut self, map: &Map<String, Value>, known: &[&str], prefix: &str) {
-        for key in map.keys().filter(|k| !known.contains(&k.as_str())) {
-            let hint = did_you_mean::hint(key, known);
-            let key = shown_key(key);
-            if self.strict {
-                self.problems.push(format!(
-                    "unknown key `{prefix}{key}`{hint} (refused because of `strict: true`)"
-                ));
-            } else {
-                self.warnings
-                    .push(format!("unknown key `{prefix}{key}` is ignored{hint}"));
+impl File {
+    /// The cross-key rules, every problem into `found`; the config when there is none.
+    fn check(self, found: &mut Found) -> Option<ProviderConfig> {
+        let proxmox = match self.proxmox {
+            Some(p) => p.0.check(found),
+            None if found.failed("proxmox") => None,
+            None => {
+                found.problems.push(
+                    "missing `proxmox:` section (needs at least `url` and either `tokenID`+`tokenSecret` or `username`+`password`)"
+                        .to_owned(),
+                );
+                None
             }
-        }
-    }
-}
-
-/// `placement:`, every problem named with its key and how to write it.
-/// An unknown key as a message shows it. An empty key (`"": 1`) is shown quoted, or the message
-/// would name no key; a key is shown up to its first character no key name has, because a line
-/// typed wrong (`tokenSecret= 0c3b…: x`) makes a key of the secret.
-fn shown_key(key: &str) -> String {
-    if key.is_empty() {
-        return "\"\"".to_string();
-    }
-    match key.find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))) {
-        Some(cut) => format!("{}…", &key[..cut]),
-        None => key.to_string(),
-    }
-}
-
-fn placement_limits(root: &Map<String, Value>, found: &mut Found) -> PlacementLimits {
-    let mut limits = PlacementLimits::default();
-    let map = match root.get("placement") {
-        None | Some(Value::Null) => return limits,
-        Some(Value::Object(m)) => m,
-        Some(other) => {
-            found.problems.push(format!(
-                "`placement` must be a mapping, e.g. `placement: {{cpuOvercommit: 4.0, memoryOvercommit: 1.0}}`, found {}",
-                kind(other)
-            ));
-            return limits;
-        }
-    };
-    found.check_keys(map, PLACEMENT_KEYS, "placement.");
-    let mut ratio = |key: &str, what: &str, slot: &mut f64| {
-        match map.get(key) {
-        None | Some(Value::Null) => {}
-        Some(Value::Number(n)) if n.as_f64().is_some_and(|r| r > 0.0 && r <= MAX_OVERCOMMIT) => {
-            *slot = n.as_f64().unwrap_or(*slot);
-        }
-        Some(other) => found.problems.push(format!(
-            "`placement.{key}` must be a number above 0 and at most {MAX_OVERCOMMIT} ({what}), found {}",
-            match other {
-                Value::Number(n) => n.to_string(),
-                other => kind(other).to_owned(),
-            }
-        )),
-    }
-    };
-    ratio(
-        "cpuOvercommit",
-        "vCPUs given to VMs per CPU of the node, e.g. 4.0",
-        &mut limits.cpu_overcommit,
-    );
-    ratio(
-        "memoryOvercommit",
-        "memory given to VMs per byte of the node's memory, e.g. 1.0 to never overcommit",
-        &mut limits.memory_overcommit,
-    );
-    limits
-}
-
-fn optional_map(
-    root: &Map<String, Value>,
-    key: &str,
-    problems: &mut Vec<String>,
-) -> Map<String, Value> {
-    match root.get(key) {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(other) => {
-            problems.push(format!("`{key}` must be a mapping, found {}", kind(other)));
-            Map::new()
-        }
-    }
-}
-
-/// A short name for a JSON value's type, for error messages.
-pub fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "nothing",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
+        };
+        let defaults = self.defaults.unwrap_or_default();
+        let nodes = self.nodes.unwrap_or_default();
+        let ip_pools = self
+            .ip_pools
+            .map(|p| ip_pools::check(p.0, found))
+            .unwrap_or_default();
+        ip_pools::check_references(&defaults, &nodes, &ip_pools, found);
+        let default = PlacementLimits::default();
+        let placement = self
+            .placement
+            .map_or(default, |Section(p)| PlacementLimits {
+                cpu_overcommit: p.cpu_overcommit.map_or(default.cpu_overcommit, |r| r.0),
+                memory_overcommit: p
+                    .memory_overcommit
+                    .map_or(default.memory_overcommit, |r| r.0),
+            });
+        Some(ProviderConfig {
+            proxmox: proxmox?,
+            placement,
+            ip_pools,
+            policy: self.policy.map(|p| Policy::from(p.0)).unwrap_or_default(),
+            layers: ConfigLayers::read(&defaults, &nodes),
+            defaults,
+            nodes,
+            strict: self.strict.unwrap_or(false),
+            warnings: Vec::new(),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::ip_pools::PoolFile;
     use super::*;
+    use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
+
+    /// The keys a derived struct reads, as the file writes them: serde hands them to the deserializer
+    /// it reads the struct from.
+    fn keys_of<T: DeserializeOwned>() -> &'static [&'static str] {
+        struct Keys<'a>(&'a mut &'static [&'static str]);
+        impl<'de> Deserializer<'de> for Keys<'_> {
+            type Error = de::value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+                Err(de::Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                *self.0 = fields;
+                Err(de::Error::custom("keys taken"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+                option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+                ignored_any
+            }
+        }
+        let mut keys: &'static [&'static str] = &[];
+        let _ = T::deserialize(Keys(&mut keys));
+        keys
+    }
 
     fn problems(text: &str) -> Vec<String> {
         match ProviderConfig::parse(text) {
@@ -481,7 +451,7 @@ mod tests {
         assert!(all.contains("`proxmox.realm` is ignored"), "{all}");
     }
 
-    /// As in provider data: an empty key was reported as "unknown key ``", naming no key.
+    /// As in provider data: an empty key is shown quoted, since "unknown key ``" would name no key.
     #[test]
     fn an_empty_key_is_named_quoted() {
         let p = problems(
@@ -601,9 +571,33 @@ mod tests {
         }
     }
 
+    /// A refused value is left out and the file read again, so every later problem is found too,
+    /// list items keep the index they have in the file, and a section written as a list (which
+    /// serde would read by position) is refused as not a mapping.
+    #[test]
+    fn every_refused_value_is_named_where_the_file_has_it() {
+        let base = "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n";
+        let all = problems(&format!(
+            "{base}policy:\n  vlans: [x, 7, 5-3, {{}}, 9, y]\n  bridges: [vmbr0, []]\nplacement: [2, 1]\n"
+        ));
+        assert_eq!(
+            all,
+            [
+                "`placement` must be a mapping, e.g. `placement: {cpuOvercommit: 4.0, memoryOvercommit: 1.0}`, found a list",
+                "`policy.bridges[1]` must be a name, found a list",
+                "`policy.vlans[0]` \"x\" is not a VLAN tag (0-4094, 0 for untagged) or a range such as 100-199",
+                "`policy.vlans[2]` \"5-3\" is not a VLAN tag (0-4094, 0 for untagged) or a range such as 100-199",
+                "`policy.vlans[3]` must be a VLAN tag or a range such as 100-199, found a mapping",
+                "`policy.vlans[5]` \"y\" is not a VLAN tag (0-4094, 0 for untagged) or a range such as 100-199",
+            ]
+        );
+        assert_eq!(
+            problems("proxmox: [https://pve:8006, omni@pve!p, abc]\n"),
+            ["`proxmox` must be a mapping of connection settings, found a list"]
+        );
+    }
+
     mod fuzz {
-        use super::super::ip_pools::POOL_KEYS;
-        use super::super::proxmox::PROXMOX_KEYS;
         use super::*;
         use proptest::prelude::*;
 
@@ -663,10 +657,10 @@ mod tests {
         /// A config file: the known sections and keys with values of any type, unknown keys.
         fn config() -> impl Strategy<Value = Map<String, Value>> {
             (
-                prop::option::of(section(PROXMOX_KEYS)),
-                prop::option::of(section(PLACEMENT_KEYS)),
+                prop::option::of(section(keys_of::<ProxmoxFile>())),
+                prop::option::of(section(keys_of::<PlacementFile>())),
                 prop::option::of(prop_oneof![
-                    3 => prop::collection::btree_map("[a-z.-]{0,5}", section(POOL_KEYS), 0..3)
+                    3 => prop::collection::btree_map("[a-z.-]{0,5}", section(keys_of::<PoolFile>()), 0..3)
                         .prop_map(|m| Value::Object(m.into_iter().collect())),
                     1 => junk(),
                 ]),
@@ -719,11 +713,11 @@ mod tests {
                 map.is_some_and(|m| m.contains_key(k))
             };
             match key {
-                None => TOP_KEYS.contains(&section) || written(Some(file), section),
+                None => keys_of::<File>().contains(&section) || written(Some(file), section),
                 Some(k) => {
                     let known: &[&str] = match section {
-                        "proxmox" => PROXMOX_KEYS,
-                        "placement" => PLACEMENT_KEYS,
+                        "proxmox" => keys_of::<ProxmoxFile>(),
+                        "placement" => keys_of::<PlacementFile>(),
                         // A pool's name is any key of `ipPools`.
                         "ipPools" => return true,
                         _ => return false,

@@ -70,73 +70,78 @@ pub async fn beat(
 /// it; Omni's window is 31 s.
 pub const BEAT_DEADLINE_FLOOR: Duration = Duration::from_secs(1);
 
-/// Beats every `interval` until `shutdown` turns true; a beat in progress is finished first.
-/// Only the leader beats (at once when it becomes leader, so Omni does not count the takeover
-/// against it); a standby runs the check for `/readyz` and writes nothing.
-///
-/// A beat never takes longer than `interval` (at least [`BEAT_DEADLINE_FLOOR`]): one that Omni
-/// (or the health check) leaves unanswered is given up, counted as failed, and the next beat is
-/// sent on time, so one hung call cannot silence the provider for longer than one interval.
-pub async fn run(
-    state: StateClient,
-    provider_id: String,
-    interval: Duration,
-    check: HealthCheck,
-    mut shutdown: watch::Receiver<bool>,
-    metrics: Arc<Metrics>,
-    mut role: watch::Receiver<Role>,
-) {
-    crate::contain::install_hook();
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        // Shutdown first: after a beat given up, the next tick is due at once too.
-        tokio::select! {
-            biased;
-            _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => return,
-            _ = ticker.tick() => {}
-            Ok(()) = role.changed() => {
-                if *role.borrow() == Role::Leader {
-                    ticker.reset();
-                } else {
-                    continue;
+/// What beats: the State client, the provider it beats for, how often, what it reports, and where
+/// the outcome is counted.
+pub struct Heartbeat {
+    pub state: StateClient,
+    pub provider_id: String,
+    pub interval: Duration,
+    pub check: HealthCheck,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Heartbeat {
+    /// Beats every `interval` until `shutdown` turns true; a beat in progress is finished first.
+    /// Only the leader beats (at once when it becomes leader, so Omni does not count the takeover
+    /// against it); a standby runs the check for `/readyz` and writes nothing.
+    ///
+    /// A beat never takes longer than `interval` (at least [`BEAT_DEADLINE_FLOOR`]): one that Omni
+    /// (or the health check) leaves unanswered is given up, counted as failed, and the next beat
+    /// is sent on time, so one hung call cannot silence the provider for longer than one interval.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>, mut role: watch::Receiver<Role>) {
+        crate::contain::install_hook();
+        let mut ticker = tokio::time::interval(self.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // Shutdown first: after a beat given up, the next tick is due at once too.
+            tokio::select! {
+                biased;
+                _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => return,
+                _ = ticker.tick() => {}
+                Ok(()) = role.changed() => {
+                    if *role.borrow() == Role::Leader {
+                        ticker.reset();
+                    } else {
+                        continue;
+                    }
                 }
             }
+            if *role.borrow() == Role::Leader {
+                self.beat_once().await;
+            } else {
+                self.metrics.proxmox_checked((self.check)().await.is_none());
+            }
         }
-        if *role.borrow() != Role::Leader {
-            metrics.proxmox_checked(check().await.is_none());
-            continue;
-        }
-        let beating = crate::contain::future(beat(&state, &provider_id, &check));
-        let outcome = match tokio::time::timeout(interval.max(BEAT_DEADLINE_FLOOR), beating).await {
-            Ok(Ok(outcome)) => outcome,
+    }
+
+    /// One beat, given up after the interval, its outcome logged and counted.
+    async fn beat_once(&self) {
+        let deadline = self.interval.max(BEAT_DEADLINE_FLOOR);
+        let beating = crate::contain::future(beat(&self.state, &self.provider_id, &self.check));
+        let (omni_ok, proxmox_ok) = match tokio::time::timeout(deadline, beating).await {
+            Ok(Ok(Ok(None))) => {
+                tracing::debug!("heartbeat sent");
+                (true, true)
+            }
+            Ok(Ok(Ok(Some(problem)))) => {
+                tracing::warn!(%problem, "heartbeat sent with a health problem");
+                (true, false)
+            }
+            Ok(Ok(Err(e))) => {
+                tracing::warn!(error = %e, "heartbeat failed");
+                (false, false)
+            }
             Ok(Err(panic)) => {
                 tracing::error!("heartbeat panicked: {}", panic.message);
-                metrics.heartbeat(false, false);
-                continue;
+                (false, false)
             }
             Err(_) => {
                 tracing::warn!(
-                    "heartbeat not answered within {:?}; giving it up and beating again",
-                    interval.max(BEAT_DEADLINE_FLOOR)
+                    "heartbeat not answered within {deadline:?}; giving it up and beating again"
                 );
-                metrics.heartbeat(false, false);
-                continue;
+                (false, false)
             }
         };
-        match outcome {
-            Ok(None) => {
-                tracing::debug!("heartbeat sent");
-                metrics.heartbeat(true, true);
-            }
-            Ok(Some(problem)) => {
-                tracing::warn!(%problem, "heartbeat sent with a health problem");
-                metrics.heartbeat(true, false);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "heartbeat failed");
-                metrics.heartbeat(false, false);
-            }
-        }
+        self.metrics.heartbeat(omni_ok, proxmox_ok);
     }
 }

@@ -21,19 +21,17 @@ use std::time::Duration;
 use super::context::{self, Context};
 use super::error_policy::ReconcileError;
 use super::lanes::Lane;
+use super::outputs::{Hold, OutputOf};
 use super::progress::{Phase, StatusSink};
 use super::requests::Request;
 use super::runner::Action;
 use crate::model::MachineState;
-use crate::model::identity;
 use crate::omni::resources::{ConfigPatchRequest, MachineRequest, MachineRequestStatus, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
 use crate::pipeline::deprovision::{
-    DeprovisionError, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned,
-    deprovision_reporting,
+    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
 use crate::pipeline::step::HA_RULES_LOCK;
-use crate::proxmox::types::{ClusterResource, VmResource};
 
 /// How long to wait before looking again on our own while Omni still holds a finalizer on
 /// something we tore down. The wait normally ends earlier, when the watch of our outputs sees the
@@ -56,23 +54,29 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
         return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
     }
     let status_ref = ResourceRef::of(&MachineRequestStatus, id);
-    let status_exists = match ctx.state.teardown(&status_ref, &ctx.owner).await {
-        Ok(true) => true,
-        Ok(false) => return Ok(Action::RequeueAfter(WAIT_FOR_OMNI)),
-        Err(e) if e.is_not_found() => false,
-        Err(e) => return Err(teardown_error("tearing down the machine request status", e)),
+    let status_exists = match ctx.outputs.status(id) {
+        // Omni still drains the machine; the watch of our outputs says when it lets go.
+        Some(Hold::Held) => return Ok(Action::RequeueAfter(WAIT_FOR_OMNI)),
+        Some(Hold::Released) => true,
+        Some(Hold::Live) | None => match ctx.state.teardown(&status_ref, &ctx.owner).await {
+            Ok(true) => true,
+            Ok(false) => return Ok(Action::RequeueAfter(WAIT_FOR_OMNI)),
+            Err(e) if e.is_not_found() => false,
+            Err(e) => return Err(teardown_error("tearing down the machine request status", e)),
+        },
     };
     let labels = context::labels(request);
     remove_vm_and_state(ctx, id, status_exists.then_some(&labels)).await?;
     if status_exists {
         destroy(ctx, &status_ref).await?;
+        ctx.outputs.destroyed(OutputOf::Status, id);
     }
     ctx.state
         .remove_finalizer(&ResourceRef::of(&MachineRequest, id), &ctx.owner)
         .await
         .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })
         .map_err(|e| teardown_error("removing our finalizer from the machine request", e))?;
-    ctx.forget(id);
+    ctx.torn_down(id);
     ctx.services.metrics.deprovision("success");
     tracing::info!(request = %id, "machine request torn down");
     Ok(Action::Done)
@@ -83,26 +87,46 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
 /// does first in its teardown: every ConfigPatchRequest labelled with our provider ID and the request
 /// ID is torn down and destroyed. Returns false while Omni still holds a finalizer on one of them.
 async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, ReconcileError> {
-    let patches = ctx
-        .state
-        .list(
-            &ConfigPatchRequest,
-            vec![
-                LabelSelector::new()
-                    .equal(label::INFRA_PROVIDER_ID, ctx.provider_id())
-                    .equal(label::MACHINE_REQUEST, id),
-            ],
-        )
-        .await
-        .map_err(|e| teardown_error("listing the config patch requests of the request", e))?;
-    let mut all_gone = true;
-    for patch in patches {
-        let what = ResourceRef::of(&ConfigPatchRequest, patch.id());
-        all_gone &= ctx
+    let patches = match ctx.outputs.patches_of(id) {
+        Some(known) => known,
+        None => ctx
             .state
-            .teardown_and_destroy(&what, &ctx.owner)
+            .list(
+                &ConfigPatchRequest,
+                vec![
+                    LabelSelector::new()
+                        .equal(label::INFRA_PROVIDER_ID, ctx.provider_id())
+                        .equal(label::MACHINE_REQUEST, id),
+                ],
+            )
             .await
-            .map_err(|e| teardown_error("removing a config patch request", e))?;
+            .map_err(|e| teardown_error("listing the config patch requests of the request", e))?
+            .iter()
+            .map(|patch| (patch.id().to_owned(), Hold::Live))
+            .collect(),
+    };
+    let mut all_gone = true;
+    for (patch, hold) in patches {
+        let what = ResourceRef::of(&ConfigPatchRequest, &patch);
+        let gone = match hold {
+            Hold::Held => false,
+            Hold::Released => match ctx.state.destroy(&what, &ctx.owner).await {
+                Ok(()) => true,
+                Err(e) if e.is_not_found() => true,
+                // A finalizer came back: the watch says when it goes.
+                Err(e) if e.is_conflict() => false,
+                Err(e) => return Err(teardown_error("removing a config patch request", e)),
+            },
+            Hold::Live => ctx
+                .state
+                .teardown_and_destroy(&what, &ctx.owner)
+                .await
+                .map_err(|e| teardown_error("removing a config patch request", e))?,
+        };
+        if gone {
+            ctx.outputs.destroyed(OutputOf::PatchRequest, &patch);
+        }
+        all_gone &= gone;
     }
     Ok(all_gone)
 }
@@ -146,16 +170,24 @@ async fn remove_vm_and_state(
         }
         return Err(e);
     }
+    // No controller of Omni's puts a finalizer on a provider's own state, and COSI destroys a
+    // resource in any phase once no finalizer holds it (cosi-project/runtime
+    // `pkg/state/impl/inmem/collection.go` Destroy; siderolabs/omni
+    // `internal/backend/runtime/omni/infraprovider/state.go` Destroy adds the provider check): one
+    // call. Should something hold it after all, it is torn down and destroyed on a later attempt.
     let machine_ref = ResourceRef::of(&ctx.machine_kind(), id);
-    match ctx.state.teardown(&machine_ref, &ctx.owner).await {
-        Ok(_) => {}
-        Err(e) if e.is_not_found() => {
-            ctx.services.ledgers.ip.release(id);
-            return Ok(());
+    match ctx.state.destroy(&machine_ref, &ctx.owner).await {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) if e.is_conflict() => {
+            ctx.state
+                .teardown(&machine_ref, &ctx.owner)
+                .await
+                .map_err(|e| teardown_error("tearing down the provider state", e))?;
+            destroy(ctx, &machine_ref).await?;
         }
-        Err(e) => return Err(teardown_error("tearing down the provider state", e)),
+        Err(e) => return Err(teardown_error("destroying the provider state", e)),
     }
-    destroy(ctx, &machine_ref).await?;
     // Only now, with the VM deleted and the state that recorded them gone, are its static
     // addresses and VMIDs free: a crash before this point leaves them in the state for the next
     // process.
@@ -171,7 +203,7 @@ async fn deprovision_vm(
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
     let target = target(id, ctx.provider_id(), state);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let progress = move |text: &str| {
         tracing::info!(request = %id, "{text}");
         let _ = tx.send(text.to_owned());
@@ -190,22 +222,13 @@ async fn deprovision_vm(
         drop(progress);
         result
     };
-    let show = async {
-        let sink =
-            status_labels.map(|labels| StatusSink::new(ctx, id, labels, Phase::Deprovisioning));
-        while let Some(text) = rx.recv().await {
-            if let Some(sink) = &sink {
-                sink.show(&text).await;
-            }
-        }
-    };
-    let (result, ()) = tokio::join!(work, show);
+    let (result, ()) = tokio::join!(work, show_progress(ctx, id, status_labels, rx));
     if let Some(pool) = &state.default_pool {
         // Made again on demand if the set comes back.
         ctx.services.ledgers.forget_pool(pool.as_str());
     }
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
-    // counted and logged, tried again by `remove_late_vms` for a while, and the `orphans` command
+    // counted and logged, tried again by the housekeeping round for a while, and the `orphans` command
     // lists it once the request is gone.
     let result = result.map(|d: Deprovisioned| {
         if d.leftover_seed_iso.is_some() {
@@ -213,8 +236,9 @@ async fn deprovision_vm(
         }
         let leftover = d.leftover_seed_iso.is_some() || d.leftover_pool;
         // A create sent before a crash, or whose answer was lost, may still be applied by Proxmox:
-        // see `remove_late_vms`. A VM this process made with the request's only create cannot come
-        // back, so such releases are not kept (a soak of thousands of machines kept them all).
+        // see `housekeeping::remove_late_vms`. A VM this process made with the request's only create cannot come
+        // back, so such releases are not kept: a provider running thousands of machines would
+        // otherwise hold one for each.
         let clean = ctx.services.ledgers.take_created_cleanly(id);
         if leftover || (target.vmid.is_some() && !clean) {
             ctx.services
@@ -242,111 +266,53 @@ async fn deprovision_vm(
     Ok(())
 }
 
-/// How long after a release a VM of that request is still looked for.
-pub const LATE_VM_WINDOW: Duration = Duration::from_secs(15 * 60);
+/// How often at most a deprovision's progress is written to the status.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
-/// Deletes what a release left behind: VMs that appeared for a request after it was released, and a
-/// seed ISO or set pool whose delete failed (tried again each round for a while). A create (or clone) whose answer
-/// never arrived, because the provider was killed or gave up waiting, can still be applied by
-/// Proxmox afterwards: the request's next attempt made its VM at the same VMID meanwhile, and once
-/// that VM is deleted and the request released, the late create makes the VM again, which nothing
-/// would ever look at. Each round of the topology loop lists the cluster for the requests this
-/// process released within [`LATE_VM_WINDOW`] and deletes such a VM with the usual ownership checks
-/// (the listing or the description marker must name the request), unless the request is back.
-pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
-    let released = ctx.services.ledgers.recently_released(LATE_VM_WINDOW);
-    if released.is_empty() {
-        return Ok(());
-    }
-    let vms: Vec<VmResource> = ctx
-        .services
-        .pve
-        .cluster_resources(None)
-        .await
-        .map_err(|source| {
-            ReconcileError::Deprovision(Box::new(DeprovisionError::Listing {
-                request_id: released
-                    .iter()
-                    .map(|(t, _)| t.request_id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                source,
-            }))
-        })?
-        .into_iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) if !vm.template => Some(vm),
-            _ => None,
-        })
-        .collect();
-    for (released, leftover) in released {
-        let id = released.request_id.as_str();
-        if leftover {
-            let progress = |text: &str| tracing::info!(request = %id, "{text}");
-            let done = deprovision_reporting(
-                &ctx.services.pve,
-                &released,
-                &DeprovisionOptions::default(),
-                &progress,
-            )
-            .await
-            .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
-            if done.leftover_seed_iso.is_none() && !done.leftover_pool {
-                tracing::info!(request = %id, "what the teardown left behind is deleted now");
-                ctx.services.ledgers.release_complete(id);
-            }
-        }
-        let late: Vec<&VmResource> = vms
-            .iter()
-            .filter(|vm| {
-                vm.name
-                    .as_deref()
-                    .is_some_and(|n| n.eq_ignore_ascii_case(id))
-                    || identity::tagged_request(&vm.tag_list())
-                        .is_some_and(|t| t.eq_ignore_ascii_case(id))
-            })
-            .collect();
-        if late.is_empty() {
-            continue;
-        }
-        let back = ctx
-            .state
-            .find(&MachineRequest, id)
-            .await
-            .map_err(|e| teardown_error("looking for the released machine request", e))?;
-        if back.is_some() {
-            // The same ID was requested again: its own reconcile adopts or replaces the VM.
-            ctx.services.ledgers.forget_released(id);
-            continue;
-        }
-        for vm in late {
-            tracing::warn!(request = %id, vmid = %vm.vmid, node = %vm.node, "a VM of this request appeared after it was released (a create Proxmox applied late); deleting it");
-            let target = DeprovisionTarget {
-                vmid: Some(vm.vmid),
-                recorded_node: Some(vm.node.clone()),
-                smbios_uuid: None,
-                seed_iso_volume: None,
-                seed_iso_node: None,
-                ..released.clone()
-            };
-            let progress = |text: &str| tracing::info!(request = %id, "{text}");
-            let done = deprovision_reporting(
-                &ctx.services.pve,
-                &target,
-                &DeprovisionOptions::default(),
-                &progress,
-            )
-            .await
-            .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
-            if let Some(pool) = &target.default_pool {
-                ctx.services.ledgers.forget_pool(pool);
-            }
-            if let DeprovisionOutcome::NotOurs { vmid, reason } = done.outcome {
-                tracing::info!(request = %id, %vmid, %reason, "not this request's VM; left alone");
+/// Shows a deprovision's progress in the request's status, if it still has one, while the
+/// deprovision is slow ([`show_while_slow`]).
+async fn show_progress(
+    ctx: &Context,
+    id: &str,
+    status_labels: Option<&BTreeMap<String, String>>,
+    mut texts: tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let Some(labels) = status_labels else {
+        while texts.recv().await.is_some() {}
+        return;
+    };
+    let sink = StatusSink::new(ctx, id, labels, Phase::Deprovisioning);
+    let sink = &sink;
+    show_while_slow(&mut texts, PROGRESS_EVERY, |text| async move {
+        sink.show(&text).await;
+    })
+    .await;
+}
+
+/// Shows the latest of `texts` once the work has gone on for `every`, then at most once per
+/// `every`. A deprovision that ends quickly writes no progress (its status goes right after); one
+/// that takes long (a guest that shuts down slowly, an offline node) shows where it is.
+async fn show_while_slow<F: Future<Output = ()>>(
+    texts: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    every: Duration,
+    mut show: impl FnMut(String) -> F,
+) {
+    let mut next = tokio::time::Instant::now() + every;
+    let mut pending: Option<String> = None;
+    loop {
+        tokio::select! {
+            text = texts.recv() => match text {
+                Some(text) => pending = Some(text),
+                None => return,
+            },
+            () = tokio::time::sleep_until(next), if pending.is_some() => {
+                if let Some(text) = pending.take() {
+                    show(text).await;
+                }
+                next = tokio::time::Instant::now() + every;
             }
         }
     }
-    Ok(())
 }
 
 /// Pure: what the provider state says about the VM (ours, or the Go provider's `vmid` + `node`).
@@ -373,7 +339,7 @@ async fn destroy(ctx: &Context, what: &ResourceRef) -> Result<(), ReconcileError
     }
 }
 
-fn teardown_error(doing: &'static str, e: StateError) -> ReconcileError {
+pub(super) fn teardown_error(doing: &'static str, e: StateError) -> ReconcileError {
     ReconcileError::omni(doing)(e)
 }
 
@@ -382,6 +348,31 @@ mod tests {
     use super::*;
     use crate::omni::proto::provider::MachineSpec;
     use crate::proxmox::types::{NodeName, VmId};
+
+    #[tokio::test(start_paused = true)]
+    async fn progress_shows_only_while_the_work_is_slow_and_at_most_once_a_second() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let shown = std::sync::Mutex::new(Vec::new());
+        let show = |text: String| {
+            shown.lock().unwrap().push(text);
+            std::future::ready(())
+        };
+        let work = async {
+            tx.send("shutting down".to_owned()).unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            tx.send("deleting".to_owned()).unwrap();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            tx.send("deleting the seed ISO".to_owned()).unwrap();
+            tx.send("done".to_owned()).unwrap();
+            drop(tx);
+        };
+        tokio::join!(work, show_while_slow(&mut rx, Duration::from_secs(1), show));
+        assert_eq!(
+            *shown.lock().unwrap(),
+            ["deleting"],
+            "the latest line once slow; nothing after the end"
+        );
+    }
 
     #[test]
     fn target_from_go_provider_state() {

@@ -19,10 +19,7 @@
 //! the labels existed get theirs; a class or `defaults:` turning the labels off removes the patch.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::sync::watch;
 
 use super::context::Context;
 use super::requests::Request;
@@ -129,32 +126,6 @@ pub fn wanted(
             Wanted::Patch(patch_yaml(vm.node.as_str(), region))
         }
         _ => Wanted::Unknown,
-    }
-}
-
-/// Runs rounds until `stop`, every `interval`.
-pub async fn run(ctx: Arc<Context>, interval: Duration, mut stop: watch::Receiver<bool>) {
-    crate::contain::install_hook();
-    loop {
-        // A panic ends the round, not the loop: the next round tries again.
-        match crate::contain::future(round(&ctx)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot bring the topology labels up to date; trying again next round");
-            }
-            Err(panic) => tracing::error!("topology round panicked: {}", panic.message),
-        }
-        match crate::contain::future(super::teardown::remove_late_vms(&ctx)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot remove a VM made after its request was released; trying again next round");
-            }
-            Err(panic) => tracing::error!("late-VM sweep panicked: {}", panic.message),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = async { stop.wait_for(|s| *s).await.is_ok() } => return,
-        }
     }
 }
 

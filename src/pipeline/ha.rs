@@ -261,11 +261,33 @@ fn prospective_members(
     made.chain(placed).collect()
 }
 
+/// [`check_rules_before_create`] in the set's turn, which the returned guard holds until the VM
+/// is placed: the check counts the machines of the set placed before this one, so two machines of
+/// a set checked at once would not count each other.
+pub(super) async fn check_rules_in_turn(
+    ctx: &mut StepContext<'_>,
+    resources: &[ClusterResource],
+) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, StepError> {
+    let in_rules = ctx.data.ha.as_ref().is_some_and(HaSettings::uses_rules);
+    let turn = match ctx.request.set_id.as_deref().filter(|_| in_rules) {
+        Some(set) => {
+            let lock = ctx
+                .services
+                .ledgers
+                .exclusive(&format!("ha-placement:{set}"));
+            Some(lock.lock_owned().await)
+        }
+        None => None,
+    };
+    check_rules_before_create(ctx, resources).await?;
+    Ok(turn)
+}
+
 /// Before anything is made: whether the VM can join the HA rules its class puts it in without
 /// Proxmox calling the rule set infeasible ([`check_join`]); the join comes after the start, where
 /// a refusal would repeat on every retry. Without HA rules (PVE 8) or the right to read them, the
 /// join decides, as before.
-pub(super) async fn check_rules_before_create(
+async fn check_rules_before_create(
     ctx: &mut StepContext<'_>,
     resources: &[ClusterResource],
 ) -> Result<(), StepError> {

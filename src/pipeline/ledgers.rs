@@ -404,8 +404,10 @@ impl Ledgers {
     }
 
     /// A lock shared by everyone handling this key: concurrent requests for one image download it
-    /// once ([`image_lock_key`]), and this process edits HA rules one change at a time
-    /// ([`HA_RULES_LOCK`]). Entries live as long as the process (a handful: one per image and node).
+    /// once ([`image_lock_key`]), this process edits HA rules one change at a time
+    /// ([`HA_RULES_LOCK`]), and the machines of a set in HA rules are checked and placed one at a
+    /// time. Entries live as long as the process (a handful: one per image and node, one per such
+    /// set).
     pub fn exclusive(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
         entry(&self.locks)
             .entry(key.to_owned())

@@ -30,7 +30,8 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     }
     ctx.report("reading nodes and storages").await;
     let resources = ctx.cluster_shared(false).await?;
-    super::ha::check_rules_before_create(ctx, &resources).await?;
+    // Held until the VM is placed: see `check_rules_in_turn`.
+    let _turn = super::ha::check_rules_in_turn(ctx, &resources).await?;
     let cluster = ClusterSnapshot::from_resources(&resources);
     let clone = match (ctx.data.boot, &ctx.data.template) {
         (BootMode::Clone, Some(wanted)) => {

@@ -124,7 +124,7 @@ impl Step {
             // again, and keeps the node when the rest of the decision fits it.
             (Some(_), _) if state.storage.is_none() && state.recorded_vmid().is_none() => 0,
             (Some(step), _) => step.number() - 1,
-            // Our own step names, written by earlier versions of this provider.
+            // Our own step names: a state this provider wrote with them is read as it was meant.
             (None, Some(i)) => i + 1,
             (None, None) => 0,
         }
@@ -257,8 +257,11 @@ pub struct Services {
     pub ledgers: Ledgers,
     /// Image factory base URL for boot ISOs.
     pub image_factory_url: String,
-    /// HTTP client for the Image Factory (schematics on Omni before 1.8).
+    /// HTTP client for the Image Factory (schematics on Omni before 1.8, and boot images from a
+    /// factory that needs credentials).
     pub factory_http: reqwest::Client,
+    /// Credentials of the factories that need them (`--image-factory-auth-file`).
+    pub factory_auth: super::factory_auth::FactoryAuth,
     pub timeouts: Timeouts,
     pub metrics: Arc<crate::metrics::Metrics>,
 }

@@ -1,6 +1,6 @@
 //! Storage calls: what a node can store, what is stored, and putting ISOs there.
 
-use super::client::{Params, Pool, ProxmoxClient, Replay, Upload};
+use super::client::{Params, Pool, ProxmoxClient, Replay, StreamUpload, Upload};
 use super::error::ProxmoxError;
 use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid, check_storage_id};
 
@@ -93,6 +93,31 @@ impl ProxmoxClient {
         .await
     }
 
+    /// `POST /nodes/{node}/storage/{storage}/upload` (multipart) with a body that streams in as it
+    /// is sent: returns the import task.
+    pub async fn upload_streamed(
+        &self,
+        node: &NodeName,
+        storage: &str,
+        content: &str,
+        file_name: &str,
+        body: reqwest::Body,
+        length: u64,
+    ) -> Result<Upid, ProxmoxError> {
+        check_storage(storage)?;
+        let upload = StreamUpload {
+            fields: vec![("content".into(), content.into())],
+            file_name: file_name.into(),
+            body: std::sync::Mutex::new(Some(body)),
+            length,
+        };
+        self.upload_stream(
+            &["nodes", node.as_str(), "storage", storage, "upload"],
+            &upload,
+        )
+        .await
+    }
+
     /// `DELETE /nodes/{node}/storage/{storage}/content/{volume}`. Proxmox answers with a task or nothing.
     pub async fn delete_volume(
         &self,
@@ -103,7 +128,7 @@ impl ProxmoxClient {
         check_storage(storage)?;
         // Retried even when the first try may have reached Proxmox (a connection reset mid-answer):
         // the second finds the file gone ("does not exist"), which every caller counts as deleted.
-        // Not retried, one reset left the seed ISO behind (found by `make chaos`).
+        // Without the retry, one reset would leave the seed ISO behind.
         self.delete_replaying(
             &[
                 "nodes",

@@ -95,29 +95,18 @@ impl Report {
 
     /// The report for people: one line per finding, then a verdict.
     pub fn render_text(&self) -> String {
-        let key_width = self
+        let rows: Vec<Vec<String>> = self
             .findings
             .iter()
-            .map(|f| f.key.chars().count())
-            .max()
-            .unwrap_or(0);
-        let node_width = self
-            .findings
-            .iter()
-            .map(|f| f.node.as_deref().unwrap_or("-").chars().count())
-            .max()
-            .unwrap_or(0);
+            .map(|f| {
+                let node = f.node.as_deref().unwrap_or("-");
+                // Four wide whatever the findings, so reports line up with each other.
+                let label = format!("{:<4}", f.outcome.label());
+                vec![label, f.key.clone(), node.into(), f.message.clone()]
+            })
+            .collect();
         let mut out = String::new();
-        for f in &self.findings {
-            let _ = writeln!(
-                out,
-                "{:<4}  {:<key_width$}  {:<node_width$}  {}",
-                f.outcome.label(),
-                f.key,
-                f.node.as_deref().unwrap_or("-"),
-                f.message
-            );
-        }
+        crate::table::render(&mut out, "", &[], &rows);
         out.push('\n');
         if self.ok {
             let _ = writeln!(out, "OK: no problems found ({} warning(s)).", self.warnings);

@@ -344,15 +344,14 @@ async fn the_heartbeat_never_waits_longer_than_its_interval() {
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let (_lead, leader) =
         tokio::sync::watch::channel(omni_infra_provider_proxmox::controller::leader::Role::Leader);
-    let beating = tokio::spawn(health::run(
+    let heartbeat = health::Heartbeat {
         state,
-        "proxmox".into(),
-        Duration::from_millis(100),
+        provider_id: "proxmox".into(),
+        interval: Duration::from_millis(100),
         check,
-        shutdown,
-        Default::default(),
-        leader.clone(),
-    ));
+        metrics: Default::default(),
+    };
+    let beating = tokio::spawn(heartbeat.run(shutdown, leader.clone()));
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let _ = stop.send(true);
     tokio::time::timeout(Duration::from_secs(2), beating)

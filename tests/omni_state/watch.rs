@@ -110,7 +110,7 @@ fn resume_request(bookmark: Vec<u8>) -> pb::WatchRequest {
 /// Errored event sent after the watch was set up, and cosi runtime
 /// pkg/state/protobuf/server/server.go, Watch, forwards it as an ERRORED event after the empty
 /// "established" message, leaving the stream open. Only a bookmark that does not decode fails the
-/// call itself (FailedPrecondition), which is what our client used to rely on.
+/// call itself (FailedPrecondition), so a client that waits only for that would miss the rest.
 #[tokio::test]
 async fn memstate_reports_a_compacted_bookmark_like_omnis_etcd_store() {
     let omni = Omni::start("proxmox").await;

@@ -64,15 +64,14 @@ async fn hostile_selectors_fail_their_own_requests_while_the_heartbeat_beats() {
     let (stop_beating, beating) = tokio::sync::watch::channel(false);
     let (_lead, leader) =
         tokio::sync::watch::channel(omni_infra_provider_proxmox::controller::leader::Role::Leader);
-    let heartbeat = tokio::spawn(health::run(
-        h.omni.client(PROVIDER).state,
-        PROVIDER.into(),
-        Duration::from_millis(100),
-        health::always_healthy(),
-        beating,
-        h.metrics.clone(),
-        leader.clone(),
-    ));
+    let heartbeat = health::Heartbeat {
+        state: h.omni.client(PROVIDER).state,
+        provider_id: PROVIDER.into(),
+        interval: Duration::from_millis(100),
+        check: health::always_healthy(),
+        metrics: h.metrics.clone(),
+    };
+    let heartbeat = tokio::spawn(heartbeat.run(beating, leader.clone()));
     let long = format!("name == \"{}\" &&", "a".repeat(70_000));
     h.request("hostile-macros-1", "hostile", &class(NESTED_MACROS));
     h.request("hostile-macros-2", "hostile", &class(NESTED_MACROS));

@@ -124,7 +124,7 @@ async fn a_recorded_vm_listed_without_name_is_adopted_not_replaced() {
 /// just as the restarted provider creates the VM again at the VMID it recorded, so that create is
 /// refused with "already exists" (qemu-server src/PVE/API2/Qemu.pm, `create_vm`: the config file is
 /// there). The VM taking the VMID is this request's own: it is adopted, not replaced by a second VM
-/// at another VMID (found by `make chaos`, which saw two VMs of one request for seconds).
+/// at another VMID, which would leave two VMs of one request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_create_of_our_own_taking_the_vmid_is_adopted_not_duplicated() {
     use omni_infra_provider_proxmox::model::identity;
@@ -164,9 +164,9 @@ async fn a_late_create_of_our_own_taking_the_vmid_is_adopted_not_duplicated() {
 /// A create sent before a crash can be applied by Proxmox seconds later (its answer never came), and
 /// until then only the request's provider state shows its VMID (`reserved_vmid`, written before the
 /// create). A restarted provider choosing VMIDs for other requests must step over it: when another
-/// request took it, the first one chose a second VMID and, once the late create landed, had two VMs
-/// (`make chaos` seed 42347: chaos-ha-1's held create of 102, chaos-clone-5 given 102 by the next
-/// process, chaos-ha-1 then made 103).
+/// request took it, the first one would choose a second VMID and, once the late create landed, have
+/// two VMs (one request's held create of 102, another request given 102 by the next process, the
+/// first then making 103).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vmid_another_requests_state_records_is_never_chosen() {
     use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::config::ProviderConfig;
 use omni_infra_provider_proxmox::controller::context::Context;
+use omni_infra_provider_proxmox::controller::housekeeping;
 use omni_infra_provider_proxmox::controller::runner::{self, Controller};
-use omni_infra_provider_proxmox::controller::topology;
 use omni_infra_provider_proxmox::omni::join::JoinMode;
 use omni_infra_provider_proxmox::omni::proto::specs::{
     MachineRequestSpec, MachineRequestStatusSpec, machine_request_status_spec::Stage,
@@ -46,6 +46,10 @@ pub struct Harness {
     pub concurrency: usize,
     /// The running controller's services (clients, ledgers), replaced at each `start_controller`.
     pub services: Option<Arc<Services>>,
+    /// The Image Factory boot images come from, and the credentials of factories that need them,
+    /// from the next `start_controller` on.
+    pub image_factory_url: String,
+    pub factory_auth: omni_infra_provider_proxmox::pipeline::factory_auth::FactoryAuth,
 }
 
 impl Harness {
@@ -83,6 +87,8 @@ impl Harness {
             topology: None,
             concurrency: omni_infra_provider_proxmox::controller::context::DEFAULT_CONCURRENCY,
             services: None,
+            image_factory_url: "https://factory.talos.dev".into(),
+            factory_auth: Default::default(),
         };
         h.start_controller();
         Some(h)
@@ -95,7 +101,7 @@ impl Harness {
         let controller = Controller::new(context.clone(), runner::MAX_IN_FLIGHT);
         let (tx, rx) = watch::channel(false);
         if let Some(every) = self.topology_every {
-            self.topology = Some(tokio::spawn(topology::run(
+            self.topology = Some(tokio::spawn(housekeeping::run(
                 context.clone(),
                 every,
                 rx.clone(),
@@ -118,9 +124,10 @@ impl Harness {
                 .unwrap()
                 .strict(self.config.strict),
             ledgers: Default::default(),
-            image_factory_url: "https://factory.talos.dev".into(),
+            image_factory_url: self.image_factory_url.clone(),
             factory_http: omni_infra_provider_proxmox::pipeline::image_factory::http_client()
                 .unwrap(),
+            factory_auth: self.factory_auth.clone(),
             timeouts: Timeouts {
                 agent_poll: Duration::from_millis(50),
                 ..Timeouts::default()

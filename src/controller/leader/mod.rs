@@ -121,13 +121,14 @@ impl Election {
                 .watch_kind(&self.kind.namespace(), &self.kind.resource_type(), vec![]);
         loop {
             let wait = self.next_look();
-            tokio::select! {
+            // A change the watch delivers carries the lease: no need to read it again.
+            let delivered = tokio::select! {
                 biased;
                 _ = stop.wait_for(|s| *s) => break,
-                Some(_) = changes.recv(), if !self.is_leader() => {}
-                () = tokio::time::sleep(wait) => {}
-            }
-            self.look().await;
+                Some(event) = changes.recv(), if !self.is_leader() => lease_of(event),
+                () = tokio::time::sleep(wait) => None,
+            };
+            self.look(delivered).await;
         }
         self.release().await;
     }
@@ -144,13 +145,15 @@ impl Election {
         }
     }
 
-    async fn look(&mut self) {
+    /// `delivered`: the lease as the watch just delivered it, if it did.
+    async fn look(&mut self, delivered: Option<Typed<LeaseSpec>>) {
         let sent = Instant::now();
         let budget = match self.deadline() {
             Some(deadline) if self.is_leader() => deadline.saturating_duration_since(sent),
             _ => self.timings.renew_deadline,
         };
-        let outcome = match tokio::time::timeout(budget, self.try_acquire_or_renew(sent)).await {
+        let attempt = self.try_acquire_or_renew(sent, delivered);
+        let outcome = match tokio::time::timeout(budget, attempt).await {
             Ok(outcome) => outcome,
             Err(_) => Err(format!("no answer from Omni within {budget:?}")),
         };
@@ -178,7 +181,11 @@ impl Election {
 
     /// One look: renew what this replica holds, or read the lease and act as [`decide`] says.
     /// `Ok(true)` while this replica holds the lease.
-    async fn try_acquire_or_renew(&mut self, now: Instant) -> Result<bool, String> {
+    async fn try_acquire_or_renew(
+        &mut self,
+        now: Instant,
+        delivered: Option<Typed<LeaseSpec>>,
+    ) -> Result<bool, String> {
         if self.is_leader()
             && let Some(mine) = self.last.clone().filter(|l| l.spec.holder == self.me.id())
         {
@@ -194,11 +201,14 @@ impl Election {
                 Err(e) => return Err(e.to_string()),
             }
         }
-        let current = self
-            .state
-            .find(&self.kind, ProviderLease::ID)
-            .await
-            .map_err(|e| e.to_string())?;
+        let current = match delivered {
+            Some(lease) => Some(lease),
+            None => self
+                .state
+                .find(&self.kind, ProviderLease::ID)
+                .await
+                .map_err(|e| e.to_string())?,
+        };
         if let Some(current) = &current {
             self.saw(current.clone(), now);
         }
@@ -359,6 +369,21 @@ fn how_acquired(attempt: &Attempt) -> Option<&'static str> {
         Attempt::Take(Why::Expired) => Some("its holder stopped renewing it"),
         Attempt::Take(Why::Predecessor) => Some("it named this replica's exited predecessor"),
         Attempt::Renew | Attempt::Wait => None,
+    }
+}
+
+/// The lease a watch event carries, when it is a created or changed lease that decodes.
+fn lease_of(event: Result<crate::omni::state::WatchEvent, StateError>) -> Option<Typed<LeaseSpec>> {
+    use crate::omni::state::WatchEvent;
+    match event {
+        Ok(WatchEvent::Created(r) | WatchEvent::Updated(r))
+            if r.metadata
+                .as_ref()
+                .is_some_and(|m| m.id == ProviderLease::ID) =>
+        {
+            Typed::decode(r).ok()
+        }
+        _ => None,
     }
 }
 

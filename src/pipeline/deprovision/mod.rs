@@ -304,8 +304,8 @@ pub async fn deprovision_reporting(
 
 /// Whether the set's pool may be empty once our VM is gone, so that deleting it is worth a request.
 /// The listing was read before our VM was deleted, so a VM of ours it still shows in the pool may be
-/// going at this moment (the set's last machines torn down at once each saw the other and both left
-/// the pool, found by `make chaos`): then Proxmox decides, since it refuses to delete a pool that is
+/// going at this moment (the set's last machines torn down at once each see the other in the pool,
+/// and neither would delete it): then Proxmox decides, since it refuses to delete a pool that is
 /// not empty. A guest that is not ours, or a VM of ours whose request is not `departing`, will still be
 /// there: no request is spent on a refusal. A VM whose request the listing does not name (no name yet)
 /// may be going.

@@ -595,8 +595,8 @@ fn boot_image_is_refused_before_pve_8_4() {
     );
 }
 
-/// Found by `structured_junk_is_refused_by_key`: an empty key was reported under no key at all (or
-/// under its layer's name, `defaults`).
+/// An empty key is named as `""`, not left out of the path (which would name no key at all, or
+/// only its layer, `defaults`).
 #[test]
 fn an_empty_key_is_named_quoted() {
     let problems = parse_strict(&format!("{MINIMAL}\"\": 1\n")).unwrap_err();

@@ -1,0 +1,62 @@
+//! Text tables for people: the `cluster`, `orphans`, `pools` and `validate` commands print theirs
+//! through [`render`].
+
+use std::fmt::Write;
+
+/// Appends `rows` under `header` (none when it is empty), each line after `indent`: every column but
+/// the last padded to its widest cell, two spaces apart. A row may be shorter than the others; its
+/// last cell is never padded, and lines carry no trailing spaces.
+pub fn render(out: &mut String, indent: &str, header: &[&str], rows: &[Vec<String>]) {
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    let lines = std::iter::once(&header)
+        .filter(|h| !h.is_empty())
+        .chain(rows);
+    let mut widths: Vec<usize> = Vec::new();
+    for row in lines.clone() {
+        for (i, cell) in row.iter().enumerate().take(row.len().saturating_sub(1)) {
+            if widths.len() <= i {
+                widths.push(0);
+            }
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    for row in lines {
+        let mut line = indent.to_string();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<w$}  ", w = widths[i]);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_align_to_their_widest_cell_and_the_last_is_not_padded() {
+        let mut out = String::new();
+        let rows = vec![
+            vec![
+                "pve1".to_string(),
+                "online".into(),
+                "a long last cell".into(),
+            ],
+            vec!["pve-two".to_string(), "offline".into()],
+            vec!["x".to_string(), "".into(), "".into()],
+        ];
+        render(&mut out, "  ", &["NODE", "STATUS", "NOTE"], &rows);
+        assert_eq!(
+            out,
+            "  NODE     STATUS  NOTE\n  pve1     online  a long last cell\n  pve-two  offline\n  x\n"
+        );
+        let mut bare = String::new();
+        render(&mut bare, "", &[], &rows[1..2]);
+        assert_eq!(bare, "pve-two  offline\n");
+    }
+}
