@@ -1,7 +1,6 @@
 //! The README's provider-data reference stays in step with the schema Omni shows and with the key
 //! declarations both are generated from.
 
-use omni_infra_provider_proxmox::rules::provider_data::keys::{self, Place};
 use omni_infra_provider_proxmox::rules::provider_data::schema;
 
 #[test]
@@ -56,8 +55,9 @@ fn readme_table_is_the_key_declarations() {
     let expected = schema::readme_table();
     let expected: Vec<&str> = expected.lines().collect();
     let key_of = |row: &str| row.split('|').nth(1).map(|c| c.trim().to_string());
-    let declared: Vec<String> = keys::at(Place::Top)
-        .map(|k| format!("`{}`", k.name))
+    let declared: Vec<String> = schema::top_keys()
+        .iter()
+        .map(|k| format!("`{k}`"))
         .collect();
     let documented: Vec<String> = table.iter().skip(2).filter_map(|r| key_of(r)).collect();
     let undeclared: Vec<&String> = documented
@@ -75,10 +75,20 @@ fn readme_table_is_the_key_declarations() {
     for (found, wanted) in table.iter().zip(&expected) {
         assert_eq!(
             found, wanted,
-            "the README row differs from the key's declaration (src/rules/provider_data/keys.rs)"
+            "the README row differs from the key's declaration (src/rules/provider_data/keys.rs); regenerate it with `cargo test --test readme write_readme_table -- --ignored`"
         );
     }
     assert_eq!(table.len(), expected.len(), "{}", expected.join("\n"));
+}
+
+/// Writes the README's provider-data table from the key declarations.
+#[test]
+#[ignore = "rewrites README.md; run after changing a key declaration"]
+fn write_readme_table() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    let readme = std::fs::read_to_string(path).unwrap();
+    let old = readme_table(&readme).join("\n") + "\n";
+    std::fs::write(path, readme.replacen(&old, &schema::readme_table(), 1)).unwrap();
 }
 
 #[test]

@@ -1,114 +1,16 @@
-//! The typed provider data the pipeline works from, every default filled in, and the enums its keys
-//! choose between.
+//! The typed provider data the pipeline works from, every default filled in.
 
-use std::fmt;
 use std::time::Duration;
 
 use super::Problem;
+use super::keys::Keys;
+use super::values::{
+    Bios, BootMode, CloneMode, MachineType, PlacementStrategy, ResourceAffinity, TemplateRef,
+};
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskOptions, HostPci, Hugepages, NodeName, PoolId, Tag, Usb, Vga, VlanTag,
 };
 use crate::rules::storage_selector::StorageSelector;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PlacementStrategy {
-    #[default]
-    Spread,
-    FewerVms,
-    RoundRobin,
-    Binpack,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MachineType {
-    Q35,
-    I440fx,
-}
-
-impl MachineType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MachineType::Q35 => "q35",
-            MachineType::I440fx => "pc",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Bios {
-    #[default]
-    Seabios,
-    Ovmf,
-}
-
-impl Bios {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bios::Seabios => "seabios",
-            Bios::Ovmf => "ovmf",
-        }
-    }
-}
-
-/// How the VM gets Talos.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum BootMode {
-    /// Boot the Image Factory nocloud ISO (upstream behaviour).
-    #[default]
-    Iso,
-    /// Clone a template.
-    Clone,
-    /// Boot from the Image Factory's nocloud disk image, imported as the boot disk (ours).
-    Image,
-}
-
-impl BootMode {
-    /// The value as written in provider data (and recorded in the provider state).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BootMode::Iso => "iso",
-            BootMode::Clone => "clone",
-            BootMode::Image => "image",
-        }
-    }
-}
-
-/// How a clone copies the template's disks (`clone_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CloneMode {
-    /// A full copy onto the storage placement chose: works on any storage, and across nodes when
-    /// the template and that storage are shared.
-    #[default]
-    Full,
-    /// Disks that share the template's base volumes, on the template's own storage: quick and small,
-    /// but only on storage that supports it and never onto another storage.
-    Linked,
-}
-
-impl CloneMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloneMode::Full => "full",
-            CloneMode::Linked => "linked",
-        }
-    }
-}
-
-/// The template to clone: by VMID or by name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TemplateRef {
-    VmId(u32),
-    Name(String),
-}
-
-impl fmt::Display for TemplateRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TemplateRef::VmId(id) => write!(f, "{id}"),
-            TemplateRef::Name(name) => f.write_str(name),
-        }
-    }
-}
 
 /// `ha:`: the HA resource's settings, and the HA rules the VM joins (Proxmox VE 9's
 /// `/cluster/ha/rules`): named existing ones, and the machine set's own node- and
@@ -135,25 +37,6 @@ impl HaSettings {
         !self.rules.is_empty()
             || !self.node_affinity_nodes.is_empty()
             || self.resource_affinity.is_some()
-    }
-}
-
-/// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
-/// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResourceAffinity {
-    /// On one node.
-    Positive,
-    /// On different nodes.
-    Negative,
-}
-
-impl ResourceAffinity {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResourceAffinity::Positive => "positive",
-            ResourceAffinity::Negative => "negative",
-        }
     }
 }
 
@@ -218,6 +101,9 @@ pub struct ProviderData {
     pub ip_discovery_timeout: Duration,
     /// The config's IP pool the first NIC takes a static address from (`None`: DHCP).
     pub ip_pool: Option<String>,
+    /// The keys that take effect, as written (each from the highest layer writing it): a key the
+    /// pipeline reads as it is needs no field of its own (`data.keys.numa.unwrap_or(false)`).
+    pub keys: Keys,
     /// Keys that were ignored (unknown ones, each with a suggestion when one is close): not fatal, as
     /// with the official provider, but shown in the machine's status, the log and `validate`.
     pub warnings: Vec<Problem>,

@@ -1,18 +1,26 @@
 //! The provider data that takes effect for one request: the layers merged, the required keys checked,
 //! the rules between keys applied, and every default filled in.
 
-use super::data::{BootMode, MachineType, ProviderData};
-use super::keys::{self, Place};
-use super::layers::{Finding, Findings, Phase, Report, Settings, Stack};
-use super::{DEFAULT_CPU_TYPE, DEFAULT_IP_DISCOVERY_TIMEOUT, DEFAULT_NETWORK_BRIDGE, Problem};
+use std::time::Duration;
+
+use super::data::{AdditionalDisk, AdditionalNic, HaSettings, ProviderData};
+use super::keys::{DiskKeys, HaKeys, Keys, NicKeys, PciKeys, UsbKeys};
+use super::layers::{Finding, Findings, Phase, Stack};
+use super::schema::required_keys;
+use super::values::{BootMode, MachineType, Parsed, ResourceAffinity, UpTo};
+use super::{
+    DEFAULT_CPU_TYPE, DEFAULT_IP_DISCOVERY_TIMEOUT, DEFAULT_NETWORK_BRIDGE, LayerCheck, Problem,
+};
 use crate::did_you_mean;
-use crate::proxmox::property::{BridgeName, CpuType, DiskOptions, Hugepages, NodeName};
+use crate::proxmox::property::{
+    BridgeName, CpuType, DiskOptions, HostPci, Hugepages, NodeName, Usb,
+};
 
 /// Merges the layers and checks the result; a problem is reported under the path of the layer its
 /// value came from.
 pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, Vec<Problem>> {
-    let settings = stack.settings();
-    let mut report = Report::default();
+    let keys = stack.keys();
+    let mut report = LayerCheck::default();
     for (prefix, finding) in stack.findings(Phase::Schema) {
         report.add(prefix, finding, strict);
     }
@@ -22,10 +30,10 @@ pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, V
     for (prefix, finding) in stack.findings(Phase::Read) {
         report.add(prefix, finding, strict);
     }
-    for finding in rules(&settings) {
+    for finding in rules(&keys) {
         report.add(stack.prefix_of(&finding.path), &finding, strict);
     }
-    match provider_data(settings) {
+    match provider_data(keys) {
         Some(mut data) if report.problems.is_empty() => {
             data.warnings = report.warnings;
             Ok(data)
@@ -51,46 +59,45 @@ pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, V
 fn required(stack: &Stack<'_>) -> Vec<Finding> {
     let unknown = stack.unknown_keys();
     let mut findings = Findings::new(Phase::Required);
-    for key in keys::at(Place::Top).filter(|k| k.required && !stack.writes(k.name)) {
+    for (key, example) in required_keys().filter(|(k, _)| !stack.writes(k)) {
         // A misspelling of it is only a warning, so point at it here where it matters.
         let near_miss = unknown
             .iter()
-            .find(|k| did_you_mean::suggest(k, &[key.name]).is_some())
-            .map(|k| format!(" (`{k}` is set: did you mean `{}`?)", key.name))
+            .find(|k| did_you_mean::suggest(k, &[key]).is_some())
+            .map(|k| format!(" (`{k}` is set: did you mean `{key}`?)"))
             .unwrap_or_default();
         findings.push(
-            key.name,
+            key,
             format!(
-                "is required: set it in the machine class (or under `defaults:` in the provider config){}{near_miss}",
-                key.example
+                "is required: set it in the machine class (or under `defaults:` in the provider config){example}{near_miss}"
             ),
         );
     }
     findings.list
 }
 
-/// The rules between keys, on the merged settings.
-fn rules(s: &Settings) -> Vec<Finding> {
+/// The rules between keys, on the merged keys.
+fn rules(k: &Keys) -> Vec<Finding> {
     let mut f = Findings::new(Phase::Rules);
-    let boot = s.boot.unwrap_or_default();
-    if boot == BootMode::Clone && s.template.is_none() {
+    let boot = k.boot.unwrap_or_default();
+    if boot == BootMode::Clone && k.template.is_none() {
         f.push("template", "is required with `boot: clone`: give the template's VMID or name, e.g. `template: 9000`".into());
     }
-    if boot != BootMode::Clone && s.template.is_some() {
+    if boot != BootMode::Clone && k.template.is_some() {
         f.push(
             "template",
             "is only used with `boot: clone`; add `boot: clone` or remove `template`".into(),
         );
     }
-    if boot == BootMode::Iso && s.clone_mode.is_some() {
+    if boot == BootMode::Iso && k.clone_mode.is_some() {
         f.push(
             "clone_mode",
             "is only used with `boot: clone`; add `boot: clone` and `template`, or remove `clone_mode`"
                 .into(),
         );
     }
-    let allowed = s.allowed_nodes.as_deref().unwrap_or_default();
-    if let Some(node) = &s.node
+    let allowed = values(k.allowed_nodes.clone());
+    if let Some(Parsed(node)) = &k.node
         && !allowed.is_empty()
         && !allowed.contains(node)
     {
@@ -98,24 +105,25 @@ fn rules(s: &Settings) -> Vec<Finding> {
             "node",
             format!(
                 "{node:?} is not in allowed_nodes ({}); add it there or pick another node",
-                join_names(allowed)
+                join_names(&allowed)
             ),
         );
     }
-    if s.hugepages.is_some() && s.balloon == Some(true) {
+    if k.hugepages.is_some() && k.balloon == Some(true) {
         f.push(
             "balloon",
             "cannot be true together with hugepages; set `balloon: false` or remove hugepages"
                 .into(),
         );
     }
-    if let Some(pages) = s.hugepages {
-        for (key, message) in hugepages_problems(pages, s.numa, s.memory, s.sockets.unwrap_or(1)) {
+    if let Some(Parsed(pages)) = k.hugepages {
+        let sockets = k.sockets.map_or(1, UpTo::small);
+        for (key, message) in hugepages_problems(pages, k.numa, k.memory.map(|m| m.0), sockets) {
             f.push(key, message);
         }
     }
-    let pcie = s.pci_devices.iter().flatten().any(|p| p.pcie);
-    if pcie && s.machine_type != Some(MachineType::Q35) {
+    let pcie = k.pci_devices.iter().flatten().any(|p| p.pcie == Some(true));
+    if pcie && k.machine_type != Some(MachineType::Q35) {
         f.push(
             "machine_type",
             "must be q35 when a PCI device uses `pcie: true`".into(),
@@ -124,54 +132,146 @@ fn rules(s: &Settings) -> Vec<Finding> {
     f.list
 }
 
-/// The merged settings with every default filled in; `None` when a required value is missing or
-/// wrong (its problem is reported).
-fn provider_data(s: Settings) -> Option<ProviderData> {
+/// The values of a list of checked strings.
+fn values<T>(list: Option<Vec<Parsed<T>>>) -> Vec<T> {
+    list.into_iter().flatten().map(|Parsed(v)| v).collect()
+}
+
+/// The merged keys with every default filled in; `None` when a required value is missing or wrong
+/// (its problem is reported).
+fn provider_data(k: Keys) -> Option<ProviderData> {
+    let keys = k.clone();
+    let network_bridge = match k.network_bridge {
+        Some(Parsed(bridge)) => bridge,
+        None => BridgeName::new(DEFAULT_NETWORK_BRIDGE).ok()?,
+    };
+    let cpu_type = match k.cpu_type {
+        Some(Parsed(cpu)) => cpu,
+        None => CpuType::new(DEFAULT_CPU_TYPE).ok()?,
+    };
     Some(ProviderData {
-        cores: s.cores?,
-        sockets: s.sockets.unwrap_or(1),
-        memory_mb: s.memory?,
-        disk_size_gb: s.disk_size?,
-        storage_selector: s.storage_selector?,
-        node: s.node,
-        placement_strategy: s.placement_strategy.unwrap_or_default(),
-        network_bridge: s
-            .network_bridge
-            .or_else(|| BridgeName::new(DEFAULT_NETWORK_BRIDGE).ok())?,
-        vlan: s.vlan.unwrap_or(None),
-        network_firewall: s.network_firewall.unwrap_or(true),
+        cores: k.cores?.small(),
+        sockets: k.sockets.map_or(1, UpTo::small),
+        memory_mb: k.memory?.0,
+        disk_size_gb: k.disk_size?.0,
+        storage_selector: k.storage_selector?.0,
+        node: k.node.map(|Parsed(n)| n),
+        placement_strategy: k.placement_strategy.unwrap_or_default(),
+        network_bridge,
+        vlan: k.vlan.and_then(|v| v.0),
+        network_firewall: k.network_firewall.unwrap_or(true),
         disk: DiskOptions {
-            ssd: s.disk_ssd.unwrap_or(false),
-            discard: s.disk_discard.unwrap_or(false),
-            iothread: s.disk_iothread.unwrap_or(false),
-            cache: s.disk_cache,
-            aio: s.disk_aio,
+            ssd: k.disk_ssd.unwrap_or(false),
+            discard: k.disk_discard.unwrap_or(false),
+            iothread: k.disk_iothread.unwrap_or(false),
+            cache: k.disk_cache.map(|Parsed(c)| c),
+            aio: k.disk_aio.map(|Parsed(a)| a),
         },
-        cpu_type: s.cpu_type.or_else(|| CpuType::new(DEFAULT_CPU_TYPE).ok())?,
-        machine_type: s.machine_type,
-        bios: s.bios.unwrap_or_default(),
-        vga: s.vga,
-        numa: s.numa.unwrap_or(false),
-        hugepages: s.hugepages,
-        balloon: s.balloon,
-        pool: s.pool,
-        tags: s.tags.unwrap_or_default(),
-        topology_labels: s.topology_labels.unwrap_or(true),
-        ha: s.ha,
-        additional_nics: s.additional_nics.unwrap_or_default(),
-        usb_devices: s.usb_devices.unwrap_or_default(),
-        pci_devices: s.pci_devices.unwrap_or_default(),
-        additional_disks: s.additional_disks.unwrap_or_default(),
-        boot: s.boot.unwrap_or_default(),
-        template: s.template,
-        clone_mode: s.clone_mode.unwrap_or_default(),
-        allowed_nodes: s.allowed_nodes.unwrap_or_default(),
-        iso_storage_selector: s.iso_storage_selector,
-        ip_discovery_timeout: s
+        cpu_type,
+        machine_type: k.machine_type,
+        bios: k.bios.unwrap_or_default(),
+        vga: k.vga.map(|Parsed(v)| v),
+        numa: k.numa.unwrap_or(false),
+        hugepages: k.hugepages.map(|Parsed(h)| h),
+        balloon: k.balloon,
+        pool: k.pool.map(|Parsed(p)| p),
+        tags: values(k.tags),
+        topology_labels: k.topology_labels.unwrap_or(true),
+        ha: k.ha.map(ha),
+        additional_nics: k
+            .additional_nics
+            .into_iter()
+            .flatten()
+            .filter_map(nic)
+            .collect(),
+        usb_devices: k
+            .usb_devices
+            .into_iter()
+            .flatten()
+            .filter_map(usb)
+            .collect(),
+        pci_devices: k
+            .pci_devices
+            .into_iter()
+            .flatten()
+            .filter_map(pci)
+            .collect(),
+        additional_disks: k
+            .additional_disks
+            .into_iter()
+            .flatten()
+            .filter_map(disk)
+            .collect(),
+        boot: k.boot.unwrap_or_default(),
+        template: k.template,
+        clone_mode: k.clone_mode.unwrap_or_default(),
+        allowed_nodes: values(k.allowed_nodes),
+        iso_storage_selector: k.iso_storage_selector.map(|Parsed(s)| s),
+        ip_discovery_timeout: k
             .ip_discovery_timeout
-            .unwrap_or(DEFAULT_IP_DISCOVERY_TIMEOUT),
-        ip_pool: s.ip_pool,
+            .map_or(DEFAULT_IP_DISCOVERY_TIMEOUT, |t| Duration::from_secs(t.0)),
+        ip_pool: k.ip_pool.map(|Parsed(p)| p.0),
+        keys,
         warnings: Vec::new(),
+    })
+}
+
+/// `spread: true` is the short way to ask for `resource_affinity: negative`.
+fn ha(h: HaKeys) -> HaSettings {
+    HaSettings {
+        state: h.state.map(|s| s.as_str().to_string()),
+        comment: h.comment,
+        max_restart: h.max_restart.map(UpTo::small),
+        max_relocate: h.max_relocate.map(UpTo::small),
+        failback: h.failback,
+        rules: values(h.rules).into_iter().map(|r| r.0).collect(),
+        node_affinity_nodes: values(h.node_affinity_nodes),
+        node_affinity_strict: h.node_affinity_strict.unwrap_or(false),
+        resource_affinity: match h.spread {
+            Some(true) => Some(ResourceAffinity::Negative),
+            _ => h.resource_affinity,
+        },
+    }
+}
+
+fn nic(n: NicKeys) -> Option<AdditionalNic> {
+    Some(AdditionalNic {
+        bridge: n.bridge?.0,
+        vlan: n.vlan.and_then(|v| v.0),
+        firewall: n.firewall.unwrap_or(false),
+        ip_pool: n.ip_pool.map(|Parsed(p)| p.0),
+    })
+}
+
+fn usb(u: UsbKeys) -> Option<Usb> {
+    Some(Usb {
+        mapping: u.mapping?.0,
+        usb3: u.usb3.unwrap_or(false),
+    })
+}
+
+fn pci(p: PciKeys) -> Option<HostPci> {
+    Some(HostPci {
+        mapping: p.mapping?.0,
+        mdev: p.mdev.map(|Parsed(m)| m),
+        pcie: p.pcie.unwrap_or(false),
+        // Upstream only ever writes rombar=1 when true; unset or false leaves Proxmox's default.
+        rombar: p.rombar.filter(|on| *on),
+        primary_gpu: p.primary_gpu.unwrap_or(false),
+    })
+}
+
+fn disk(d: DiskKeys) -> Option<AdditionalDisk> {
+    Some(AdditionalDisk {
+        size_gb: d.disk_size?.0,
+        storage_selector: d.storage_selector?.0,
+        options: DiskOptions {
+            ssd: d.disk_ssd.unwrap_or(false),
+            discard: d.disk_discard.unwrap_or(false),
+            iothread: d.disk_iothread.unwrap_or(false),
+            cache: d.disk_cache.map(|Parsed(c)| c),
+            aio: d.disk_aio.map(|Parsed(a)| a),
+        },
     })
 }
 

@@ -1,511 +1,402 @@
-//! Every provider-data key, declared once: its name, where it may be written, its type and limits,
-//! what Omni shows for it and what the README says. The JSON schema registered with Omni, the list of
-//! known keys behind "is not a known key (did you mean …)", the required keys, the keys a `nodes:`
-//! override may not set, and the README's provider-data table are all read from [`TOP_LEVEL`] and
-//! `NESTED` (see `schema.rs`).
+//! Every provider-data key, declared once: a field of [`Keys`] (or of a mapping inside it) with its
+//! type, its limits, what Omni shows for it (the doc comment) and what the README says. The JSON
+//! schema registered with Omni, validation, the known keys behind "is not a known key (did you mean
+//! …)", the required keys, the keys a `nodes:` override may not set and the README's provider-data
+//! table are all generated from these declarations (`schema.rs`).
 //!
-//! The upstream keys keep the official provider's names and meanings (its data/schema.json); ours are
-//! marked [`Origin::Ours`].
+//! The upstream keys keep the official provider's names and meanings (its data/schema.json); ours
+//! are marked `x-ours`. The `x-` extensions are the README's and the reader's; they are left out of
+//! the schema Omni is given:
+//! - `x-readme`: the README's "Meaning"; `x-default`: its "Default"; `x-type`: its "Type" where the
+//!   schema's type says less (`CEL`);
+//! - `x-required`: the key must be set once the layers are merged; the value is how to write it;
+//! - `x-per-node: false`: the key decides which node is chosen, so a `nodes.<name>:` override (applied
+//!   after placement) may not set it.
 
-use super::nested_keys::NESTED;
+use schemars::JsonSchema;
+use serde::Deserialize;
 
-/// Where a key is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Place {
-    /// The top level of provider data: the machine class, `defaults:` and (see [`Key::per_node`])
-    /// `nodes.<name>:`.
-    Top,
-    /// Inside `ha:`.
-    Ha,
-    /// Inside each item of `additional_nics[]`.
-    AdditionalNics,
-    /// Inside each item of `usb_devices[]`.
-    UsbDevices,
-    /// Inside each item of `pci_devices[]`.
-    PciDevices,
-    /// Inside each item of `additional_disks[]`.
-    AdditionalDisks,
+use super::values::{
+    Bios, BootMode, CloneMode, HaRule, HaState, IpPoolName, MachineType, Parsed, PlacementStrategy,
+    ResourceAffinity, TemplateRef, UpTo, Vlan,
+};
+use crate::proxmox::property::{
+    BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Tag,
+    Vga,
+};
+use crate::rules::storage_selector::StorageSelector;
+
+/// One layer of provider data as written (the machine class, the config's `defaults:` or a
+/// `nodes.<name>:` override), every key optional: the layers together must set the required ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[schemars(title = "Proxmox VE machine class", description = "")]
+pub struct Keys {
+    /// CPU cores per socket. Required (here or in the provider config's defaults).
+    #[schemars(range(min = 1))]
+    #[schemars(extend("x-readme" = "CPU cores per socket.", "x-required" = ", e.g. `cores: 2`"))]
+    pub cores: Option<UpTo<65_535>>,
+
+    /// CPU sockets (default 1).
+    #[schemars(range(min = 1), extend("x-readme" = "CPU sockets.", "x-default" = "1"))]
+    pub sockets: Option<UpTo<64>>,
+
+    /// Memory in MB (at least 2048). Required.
+    #[schemars(range(min = 2048))]
+    #[schemars(extend(
+        "x-readme" = "Memory in MB (at least 2048).",
+        "x-required" = ", e.g. `memory: 4096` (MB)"
+    ))]
+    pub memory: Option<UpTo<{ 64 * 1024 * 1024 }>>,
+
+    /// Size of the boot disk in GB (at least 5). Required. With boot: clone the template's disk is
+    /// grown to this size.
+    #[schemars(range(min = 5))]
+    #[schemars(extend(
+        "x-readme" = "Boot disk in GB (at least 5); with `boot: clone` the template's disk is grown to it.",
+        "x-required" = ", e.g. `disk_size: 20` (GB)"
+    ))]
+    pub disk_size: Option<UpTo<{ 1024 * 1024 }>>,
+
+    /// CEL condition choosing the storage for the VM's disks, evaluated for each storage of the
+    /// node in API order; the first match wins. Variables: name, node, storageType (strings) and
+    /// availableSpace (bytes, uint). Example: name == "local-lvm". Required.
+    #[schemars(length(max = 1024))]
+    #[schemars(extend(
+        "x-readme" = "Chooses the storage for the disks: evaluated for each storage of the node in API order, the first match wins. Variables `name`, `node`, `storageType` (strings), `availableSpace` (uint, bytes). Example: `name == \"local-lvm\"`, `storageType in [\"lvmthin\", \"zfspool\"] && availableSpace > 50u * 1024u * 1024u * 1024u`. Checked when the class is used: a bare name like `local-lvm` is refused with the expression to write instead. At most 1024 characters of comparisons, `&&`, `||`, `!`, arithmetic, `in [...]` over literals and `startsWith`, `endsWith`, `contains`, `matches`, `size`; macros such as `all` or `exists` are refused (see [docs/security.md](docs/security.md)).",
+        "x-type" = "CEL",
+        "x-required" = ", e.g. `storage_selector: name == \"local-lvm\"`"
+    ))]
+    pub storage_selector: Option<Parsed<StorageSelector>>,
+
+    /// Put the VM on this Proxmox node. It must exist and be online. Leave unset to let the
+    /// provider pick a node.
+    #[schemars(extend(
+        "x-readme" = "Put the VM on this node (must exist and be online).",
+        "x-per-node" = false
+    ))]
+    pub node: Option<Parsed<NodeName>>,
+
+    /// How a node is picked when 'node' is unset. 'spread' (default): fewest VMs of the same
+    /// machine set, then most free memory. 'fewer-vms': fewest VMs overall. 'round-robin': fewest
+    /// VMs of the same set, then node name. 'binpack': the node with the least free memory that
+    /// still fits.
+    #[schemars(extend(
+        "x-readme" = "When `node` is unset: `spread` (fewest VMs of the same machine set, then most free memory), `fewer-vms`, `round-robin`, `binpack`.",
+        "x-default" = "`spread`",
+        "x-per-node" = false
+    ))]
+    pub placement_strategy: Option<PlacementStrategy>,
+
+    /// Bridge for the first NIC (default vmbr0).
+    #[schemars(extend("x-readme" = "Bridge of the first NIC.", "x-default" = "`vmbr0`"))]
+    pub network_bridge: Option<Parsed<BridgeName>>,
+
+    /// VLAN tag for the first NIC; 0 (default) for untagged.
+    #[schemars(range(min = 0, max = 4094))]
+    #[schemars(extend("x-readme" = "VLAN tag of the first NIC.", "x-default" = "untagged"))]
+    pub vlan: Option<Vlan>,
+
+    /// Enable the Proxmox firewall on the first NIC (default true).
+    #[schemars(extend("x-readme" = "Proxmox firewall on the first NIC.", "x-default" = "true"))]
+    pub network_firewall: Option<bool>,
+
+    /// Present the boot disk as an SSD (ssd=1).
+    #[schemars(extend("x-readme" = "Present the boot disk as an SSD (`ssd=1`)."))]
+    pub disk_ssd: Option<bool>,
+
+    /// Pass TRIM/discard through to the storage (discard=on).
+    #[schemars(extend(
+        "x-readme" = "Pass TRIM/discard of the boot disk through to the storage (`discard=on`)."
+    ))]
+    pub disk_discard: Option<bool>,
+
+    /// Give the boot disk its own IO thread (iothread=1).
+    #[schemars(extend("x-readme" = "Give the boot disk its own IO thread (`iothread=1`)."))]
+    pub disk_iothread: Option<bool>,
+
+    /// Cache mode of the boot disk (Proxmox default: none).
+    #[schemars(extend("x-readme" = "Cache mode of the boot disk.", "x-default" = "Proxmox's"))]
+    pub disk_cache: Option<Parsed<DiskCache>>,
+
+    /// Asynchronous IO mode of the boot disk (Proxmox default: io_uring).
+    #[schemars(extend(
+        "x-readme" = "Asynchronous IO mode of the boot disk.",
+        "x-default" = "Proxmox's"
+    ))]
+    pub disk_aio: Option<Parsed<DiskAio>>,
+
+    /// CPU model (default x86-64-v2-AES). 'host' passes the host CPU through.
+    #[schemars(extend(
+        "x-readme" = "CPU model; `host` passes the host CPU through.",
+        "x-default" = "`x86-64-v2-AES`"
+    ))]
+    pub cpu_type: Option<Parsed<CpuType>>,
+
+    /// QEMU machine type. 'q35' for PCIe passthrough.
+    #[schemars(extend("x-readme" = "`q35` or `i440fx`.", "x-default" = "Proxmox's"))]
+    pub machine_type: Option<MachineType>,
+
+    /// Firmware. 'ovmf' (UEFI) also creates a 4 MB EFI disk without pre-enrolled keys on the VM's
+    /// storage. Default seabios.
+    #[schemars(extend(
+        "x-readme" = "`ovmf` also adds a 4 MB EFI disk without pre-enrolled keys.",
+        "x-default" = "`seabios`"
+    ))]
+    pub bios: Option<Bios>,
+
+    /// Display adapter, e.g. 'std', 'serial0' or 'none'.
+    #[schemars(extend("x-readme" = "Display adapter."))]
+    pub vga: Option<Parsed<Vga>>,
+
+    /// Enable NUMA.
+    #[schemars(extend("x-readme" = "NUMA."))]
+    pub numa: Option<bool>,
+
+    /// Back the VM's memory with hugepages of this size.
+    #[schemars(extend(
+        "x-readme" = "`2MB` or `1GB`. Needs `numa: true`, and `memory` split over the sockets (one NUMA node each) must be whole pages: Proxmox refuses to start the VM otherwise, so this is checked up front."
+    ))]
+    pub hugepages: Option<Parsed<Hugepages>>,
+
+    /// Memory ballooning. Set false to turn the balloon device off (for passthrough or
+    /// hugepages); unset leaves the Proxmox default.
+    #[schemars(extend(
+        "x-readme" = "`false` turns the balloon device off.",
+        "x-default" = "Proxmox's"
+    ))]
+    pub balloon: Option<bool>,
+
+    /// Proxmox resource pool for the VM.
+    #[schemars(extend(
+        "x-readme" = "Proxmox resource pool. Unset: a pool named after the machine-request set, created on demand and removed with the set's last machine (as upstream). A pool you name must exist.",
+        "x-default" = "the set's ID"
+    ))]
+    pub pool: Option<Parsed<PoolId>>,
+
+    /// Extra Proxmox tags for the VM (letters, digits, '_', '-', '+', '.'). The provider adds
+    /// machine-request.<set> and omni-provider.<id> itself.
+    #[schemars(inner(length(min = 1)))]
+    #[schemars(extend(
+        "x-readme" = "Extra tags; `machine-request.*`, `omni-provider.*` and `omni-request.*` are ours."
+    ))]
+    pub tags: Option<Vec<Parsed<Tag>>>,
+
+    /// Register the VM as a Proxmox HA resource and keep the machine set's HA rules (rules need
+    /// Proxmox VE 9+).
+    #[schemars(title = "High Availability")]
+    #[schemars(extend(
+        "x-readme" = "Register the VM with Proxmox HA after start: `state`, `comment`, `max_restart`, `max_relocate`, `failback`; and HA rules (Proxmox VE 9): `rules` (existing rules to join), `node_affinity_nodes` + `node_affinity_strict` (the set's node-affinity rule), `resource_affinity`, or `spread` as its short form for `negative` (the set's resource-affinity rule). See [HA](#high-availability). `failback` and the rules are refused before anything is created on an older cluster."
+    ))]
+    pub ha: Option<HaKeys>,
+
+    /// More NICs (net1, net2, …).
+    #[schemars(extend("x-readme" = "More NICs: `bridge`, `vlan`, `firewall`, `ip_pool`."))]
+    pub additional_nics: Option<Vec<NicKeys>>,
+
+    /// USB devices passed through by resource mapping (usb0, usb1, …).
+    #[schemars(length(max = 15))]
+    #[schemars(extend("x-readme" = "USB passthrough by resource mapping: `mapping`, `usb3`."))]
+    pub usb_devices: Option<Vec<UsbKeys>>,
+
+    /// PCI devices passed through by resource mapping (hostpci0, hostpci1, …).
+    #[schemars(length(max = 16))]
+    #[schemars(extend(
+        "x-readme" = "PCI passthrough by resource mapping: `mapping`, `mdev`, `pcie`, `primary_gpu`, `rombar`."
+    ))]
+    pub pci_devices: Option<Vec<PciKeys>>,
+
+    /// More disks (scsi1, scsi2, …).
+    #[schemars(length(max = 30))]
+    #[schemars(extend(
+        "x-readme" = "More disks: `disk_size`, `storage_selector`, `disk_ssd`, `disk_discard`, `disk_iothread`, `disk_cache`, `disk_aio`."
+    ))]
+    pub additional_disks: Option<Vec<DiskKeys>>,
+
+    /// Label the Kubernetes node with topology.kubernetes.io/zone (its Proxmox node, kept current
+    /// when the VM migrates) and topology.kubernetes.io/region (the Proxmox cluster name), through
+    /// a config patch. Default true.
+    #[schemars(extend(
+        "x-readme" = "Kubernetes node labels `topology.kubernetes.io/zone` = the Proxmox node (kept current when the VM migrates) and `topology.kubernetes.io/region` = the Proxmox cluster name, through an Omni config patch of the machine, which overrides the same labels in cluster and machine-set patches; `false` turns them off and keeps yours.",
+        "x-default" = "`true`",
+        "x-ours" = true
+    ))]
+    pub topology_labels: Option<bool>,
+
+    /// How the VM gets Talos: 'iso' (default) boots the Image Factory nocloud ISO; 'clone' clones
+    /// 'template'; 'image' creates the boot disk from the Image Factory nocloud disk image
+    /// (Proxmox VE 8.4+, a storage with the 'import' content type).
+    #[schemars(extend(
+        "x-readme" = "`iso` boots the Image Factory nocloud ISO (as upstream); `clone` clones `template`; `image` creates the boot disk from the Image Factory's nocloud disk image, downloaded once into a storage with the `import` content type (Proxmox VE 8.4 and later): no installer run, no ISO attached.",
+        "x-default" = "`iso`",
+        "x-ours" = true
+    ))]
+    pub boot: Option<BootMode>,
+
+    /// Template to clone when boot is 'clone': its VMID or its name.
+    #[schemars(range(min = 100), length(min = 1))]
+    #[schemars(extend(
+        "x-readme" = "the template to clone with `boot: clone`.",
+        "x-type" = "VMID or name",
+        "x-ours" = true
+    ))]
+    pub template: Option<TemplateRef>,
+
+    /// With boot 'clone': 'full' (default) copies the template's disks onto the storage
+    /// storage_selector chooses; 'linked' makes a linked clone that shares the template's disks on
+    /// the template's own storage (which storage_selector must select; not on lvm or iSCSI
+    /// storage).
+    #[schemars(extend(
+        "x-readme" = "with `boot: clone`: `full` copies the template's disks onto the selected storage; `linked` shares them on the template's own storage (which `storage_selector` must select; storage with linked-clone support, not `lvm` or iSCSI). See [Placement](#placement).",
+        "x-default" = "`full`",
+        "x-ours" = true,
+        "x-per-node" = false
+    ))]
+    pub clone_mode: Option<CloneMode>,
+
+    /// Nodes automatic placement may choose from (default: all).
+    #[schemars(inner(length(min = 1)))]
+    #[schemars(extend(
+        "x-readme" = "nodes automatic placement may choose.",
+        "x-default" = "all",
+        "x-ours" = true,
+        "x-per-node" = false
+    ))]
+    pub allowed_nodes: Option<Vec<Parsed<NodeName>>>,
+
+    /// CEL condition choosing the storage for the Talos ISO and the seed ISO (same variables as
+    /// storage_selector; default: the first storage that holds ISO images).
+    #[schemars(length(max = 1024))]
+    #[schemars(extend(
+        "x-readme" = "storage for the Talos ISO and the seed ISO.",
+        "x-type" = "CEL",
+        "x-default" = "first ISO storage",
+        "x-ours" = true
+    ))]
+    pub iso_storage_selector: Option<Parsed<StorageSelector>>,
+
+    /// Seconds to wait for the guest agent to report an address after start (default 300); 0
+    /// skips IP discovery.
+    #[schemars(range(min = 0))]
+    #[schemars(extend(
+        "x-readme" = "seconds to wait for the guest agent to report an address; 0 skips the step.",
+        "x-default" = "300",
+        "x-ours" = true
+    ))]
+    pub ip_discovery_timeout: Option<UpTo<{ 7 * 24 * 3600 }>>,
+
+    /// Name of a static IP pool from the provider config's ipPools: the first NIC gets the lowest
+    /// free address of the pool, written into the NoCloud network-config with the pool's gateway
+    /// and nameservers, instead of DHCP.
+    #[schemars(length(min = 1))]
+    #[schemars(extend(
+        "x-readme" = "a static IP pool of the config file's `ipPools:` for the first NIC: its lowest free address, allocated before the VM is created, written into the seed's network-config with the pool's gateway and nameservers (instead of DHCP), and released after the VM is destroyed. `additional_nics[].ip_pool` does the same for another NIC. See [IP pools](docs/ip-pools.md).",
+        "x-default" = "DHCP",
+        "x-ours" = true
+    ))]
+    pub ip_pool: Option<Parsed<IpPoolName>>,
 }
 
-/// What a key holds, as the schema and the README name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Integer,
-    Boolean,
-    String,
-    /// A CEL storage selector (a string to the schema).
-    Cel,
-    /// A template's VMID (a number or a numeric string) or its name.
-    VmidOrName,
-    /// A list of strings, each limited by [`Key::items`].
-    Strings,
-    /// A list of mappings whose keys are those of the given place.
-    Objects(Place),
-    /// A mapping whose keys are those of the given place.
-    Mapping(Place),
+/// `ha:`. `spread: true` is the short way to ask for `resource_affinity: negative`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[schemars(description = "")]
+pub struct HaKeys {
+    /// HA target state (default started).
+    pub state: Option<HaState>,
+    /// Comment on the HA resource.
+    #[schemars(length(max = 4096))]
+    pub comment: Option<String>,
+    /// Restart attempts on the current node (Proxmox default 1).
+    #[schemars(range(min = 0))]
+    pub max_restart: Option<UpTo<{ u32::MAX as u64 }>>,
+    /// Relocation attempts after the restarts (Proxmox default 1).
+    #[schemars(range(min = 0))]
+    pub max_relocate: Option<UpTo<{ u32::MAX as u64 }>>,
+    /// Move the VM back to its preferred node when that node returns.
+    pub failback: Option<bool>,
+    /// Names of existing Proxmox HA rules (Proxmox VE 9+) the VM is added to once it is
+    /// HA-managed.
+    #[schemars(inner(length(max = 64), pattern("^[A-Za-z0-9][A-Za-z0-9_-]*$")))]
+    pub rules: Option<Vec<Parsed<HaRule>>>,
+    /// Nodes of the machine set's node-affinity rule omni-<set>-naff (Proxmox VE 9+): HA keeps the
+    /// set's VMs on these nodes, and placement prefers them. The rule is made once; edit its nodes
+    /// in Proxmox.
+    #[schemars(inner(length(max = 63), pattern("^[A-Za-z0-9][A-Za-z0-9-]*$")))]
+    pub node_affinity_nodes: Option<Vec<Parsed<NodeName>>>,
+    /// Make that node-affinity rule strict (default false): the VMs may run on the listed nodes
+    /// only, and placement picks only among them.
+    pub node_affinity_strict: Option<bool>,
+    /// Resource-affinity rule omni-<set>-raff between the machine set's VMs (Proxmox VE 9+):
+    /// 'negative' keeps them on different nodes, 'positive' on one node. Placement follows it too.
+    pub resource_affinity: Option<ResourceAffinity>,
+    /// Keep the machine set's VMs on different nodes (the same as resource_affinity: negative):
+    /// what a highly available control plane needs (Proxmox VE 9+).
+    pub spread: Option<bool>,
 }
 
-/// Whose key it is: compatibility with the official provider is a feature, additions are marked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    Upstream,
-    Ours,
+/// An item of `additional_nics:`. A required key is an `Option` all the same, so that each key of an
+/// item can be read on its own; the schema says it is required.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[schemars(description = "")]
+pub struct NicKeys {
+    /// Bridge, e.g. vmbr1.
+    #[schemars(required)]
+    pub bridge: Option<Parsed<BridgeName>>,
+    /// VLAN tag; 0 or unset for untagged.
+    #[schemars(range(min = 0, max = 4094))]
+    pub vlan: Option<Vlan>,
+    /// Enable the Proxmox firewall on this NIC (default false).
+    pub firewall: Option<bool>,
+    /// Name of a static IP pool from the provider config's ipPools for this NIC (default: DHCP).
+    #[schemars(length(min = 1))]
+    pub ip_pool: Option<Parsed<IpPoolName>>,
 }
 
-/// Limits on a string (or on each string of a list).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Text {
-    pub min_len: Option<u64>,
-    pub max_len: Option<u64>,
-    pub pattern: Option<&'static str>,
+/// An item of `usb_devices:`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[schemars(description = "")]
+pub struct UsbKeys {
+    /// USB resource mapping ID.
+    #[schemars(required, length(min = 1))]
+    pub mapping: Option<Parsed<MappingId>>,
+    /// Attach to the USB 3 controller.
+    pub usb3: Option<bool>,
 }
 
-impl Text {
-    pub const ANY: Text = Text {
-        min_len: None,
-        max_len: None,
-        pattern: None,
-    };
-    pub(super) const NON_EMPTY: Text = Text {
-        min_len: Some(1),
-        ..Text::ANY
-    };
-    /// A CEL selector: bounded before its parser sees it.
-    pub(super) const CEL: Text = Text {
-        max_len: Some(crate::rules::storage_selector::MAX_LEN as u64),
-        ..Text::ANY
-    };
+/// An item of `pci_devices:`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[schemars(description = "")]
+pub struct PciKeys {
+    /// PCI resource mapping ID, e.g. nvidia-gpu-1.
+    #[schemars(required)]
+    pub mapping: Option<Parsed<MappingId>>,
+    /// Mediated device type, e.g. nvidia-180.
+    pub mdev: Option<Parsed<MdevType>>,
+    /// Attach as PCIe (needs machine_type q35).
+    pub pcie: Option<bool>,
+    /// Use as the primary GPU (x-vga=1).
+    pub primary_gpu: Option<bool>,
+    /// Expose the device ROM (Proxmox default on).
+    pub rombar: Option<bool>,
 }
 
-/// One provider-data key.
-#[derive(Debug, Clone, Copy)]
-pub struct Key {
-    pub name: &'static str,
-    pub place: Place,
-    pub kind: Kind,
-    pub origin: Origin,
-    /// What Omni shows for the key (the schema's `description`).
-    pub description: &'static str,
-    /// The README's "Meaning" (top-level keys only; nested keys are described in their parent's).
-    pub doc: &'static str,
-    /// The README's "Default" when not required ("" when there is none to name).
-    pub default: &'static str,
-    /// Top level: must be set once the layers are merged. Nested: in every item.
-    pub required: bool,
-    /// How to write it, shown when it is missing (", e.g. `cores: 2`").
-    pub example: &'static str,
-    /// May be set under `nodes.<name>:`. A key that decides which node is chosen may not: the node's
-    /// override is applied after placement.
-    pub per_node: bool,
-    /// The only values a string may take.
-    pub one_of: &'static [&'static str],
-    pub min: Option<u64>,
-    pub max: Option<u64>,
-    pub text: Text,
-    pub max_items: Option<u64>,
-    /// Limits on each item of a [`Kind::Strings`] list.
-    pub items: Text,
-    /// The schema's `title` (shown by Omni as the section name).
-    pub title: Option<&'static str>,
-}
-
-impl Key {
-    pub(super) const BASE: Key = Key {
-        name: "",
-        place: Place::Top,
-        kind: Kind::String,
-        origin: Origin::Upstream,
-        description: "",
-        doc: "",
-        default: "",
-        required: false,
-        example: "",
-        per_node: true,
-        one_of: &[],
-        min: None,
-        max: None,
-        text: Text::ANY,
-        max_items: None,
-        items: Text::ANY,
-        title: None,
-    };
-
-    /// The README's "Type" column.
-    pub fn type_name(&self) -> &'static str {
-        match self.kind {
-            Kind::Integer => "integer",
-            Kind::Boolean => "boolean",
-            Kind::String => "string",
-            Kind::Cel => "CEL",
-            Kind::VmidOrName => "VMID or name",
-            Kind::Strings | Kind::Objects(_) => "list",
-            Kind::Mapping(_) => "mapping",
-        }
-    }
-
-    /// The README's row for this key.
-    pub fn readme_row(&self) -> String {
-        let default = if self.required {
-            "required"
-        } else {
-            self.default
-        };
-        let ours = match self.origin {
-            Origin::Ours => "*ours*: ",
-            Origin::Upstream => "",
-        };
-        format!(
-            "| `{}` | {} | {default} | {ours}{} |",
-            self.name,
-            self.type_name(),
-            self.doc
-        )
-        .replace("|  |", "| |")
-    }
-}
-
-pub(super) const DISK_CACHES: &[&str] =
-    &["none", "writethrough", "writeback", "directsync", "unsafe"];
-pub(super) const DISK_AIOS: &[&str] = &["native", "threads", "io_uring"];
-pub(super) const SELECTOR_EXAMPLE: &str = ", e.g. `storage_selector: name == \"local-lvm\"`";
-
-/// Every top-level key in the order the README lists them (and unknown-key hints try them),
-/// then the keys of each nested place.
-pub const TOP_LEVEL: &[Key] = &[
-    Key {
-        name: "cores",
-        kind: Kind::Integer,
-        description: "CPU cores per socket. Required (here or in the provider config's defaults).",
-        doc: "CPU cores per socket.",
-        required: true,
-        example: ", e.g. `cores: 2`",
-        min: Some(1),
-        ..Key::BASE
-    },
-    Key {
-        name: "sockets",
-        kind: Kind::Integer,
-        description: "CPU sockets (default 1).",
-        doc: "CPU sockets.",
-        default: "1",
-        min: Some(1),
-        ..Key::BASE
-    },
-    Key {
-        name: "memory",
-        kind: Kind::Integer,
-        description: "Memory in MB (at least 2048). Required.",
-        doc: "Memory in MB (at least 2048).",
-        required: true,
-        example: ", e.g. `memory: 4096` (MB)",
-        min: Some(2048),
-        ..Key::BASE
-    },
-    Key {
-        name: "disk_size",
-        kind: Kind::Integer,
-        description: "Size of the boot disk in GB (at least 5). Required. With boot: clone the template's disk is grown to this size.",
-        doc: "Boot disk in GB (at least 5); with `boot: clone` the template's disk is grown to it.",
-        required: true,
-        example: ", e.g. `disk_size: 20` (GB)",
-        min: Some(5),
-        ..Key::BASE
-    },
-    Key {
-        name: "storage_selector",
-        kind: Kind::Cel,
-        text: Text::CEL,
-        description: "CEL condition choosing the storage for the VM's disks, evaluated for each storage of the node in API order; the first match wins. Variables: name, node, storageType (strings) and availableSpace (bytes, uint). Example: name == \"local-lvm\". Required.",
-        doc: "Chooses the storage for the disks: evaluated for each storage of the node in API order, the first match wins. Variables `name`, `node`, `storageType` (strings), `availableSpace` (uint, bytes). Example: `name == \"local-lvm\"`, `storageType in [\"lvmthin\", \"zfspool\"] && availableSpace > 50u * 1024u * 1024u * 1024u`. Checked when the class is used: a bare name like `local-lvm` is refused with the expression to write instead. At most 1024 characters of comparisons, `&&`, `||`, `!`, arithmetic, `in [...]` over literals and `startsWith`, `endsWith`, `contains`, `matches`, `size`; macros such as `all` or `exists` are refused (see [docs/security.md](docs/security.md)).",
-        required: true,
-        example: SELECTOR_EXAMPLE,
-        ..Key::BASE
-    },
-    Key {
-        name: "node",
-        description: "Put the VM on this Proxmox node. It must exist and be online. Leave unset to let the provider pick a node.",
-        doc: "Put the VM on this node (must exist and be online).",
-        per_node: false,
-        ..Key::BASE
-    },
-    Key {
-        name: "placement_strategy",
-        description: "How a node is picked when 'node' is unset. 'spread' (default): fewest VMs of the same machine set, then most free memory. 'fewer-vms': fewest VMs overall. 'round-robin': fewest VMs of the same set, then node name. 'binpack': the node with the least free memory that still fits.",
-        doc: "When `node` is unset: `spread` (fewest VMs of the same machine set, then most free memory), `fewer-vms`, `round-robin`, `binpack`.",
-        default: "`spread`",
-        per_node: false,
-        one_of: &["spread", "fewer-vms", "round-robin", "binpack"],
-        ..Key::BASE
-    },
-    Key {
-        name: "network_bridge",
-        description: "Bridge for the first NIC (default vmbr0).",
-        doc: "Bridge of the first NIC.",
-        default: "`vmbr0`",
-        ..Key::BASE
-    },
-    Key {
-        name: "vlan",
-        kind: Kind::Integer,
-        description: "VLAN tag for the first NIC; 0 (default) for untagged.",
-        doc: "VLAN tag of the first NIC.",
-        default: "untagged",
-        min: Some(0),
-        max: Some(4094),
-        ..Key::BASE
-    },
-    Key {
-        name: "network_firewall",
-        kind: Kind::Boolean,
-        description: "Enable the Proxmox firewall on the first NIC (default true).",
-        doc: "Proxmox firewall on the first NIC.",
-        default: "true",
-        ..Key::BASE
-    },
-    Key {
-        name: "disk_ssd",
-        kind: Kind::Boolean,
-        description: "Present the boot disk as an SSD (ssd=1).",
-        doc: "Present the boot disk as an SSD (`ssd=1`).",
-        ..Key::BASE
-    },
-    Key {
-        name: "disk_discard",
-        kind: Kind::Boolean,
-        description: "Pass TRIM/discard through to the storage (discard=on).",
-        doc: "Pass TRIM/discard of the boot disk through to the storage (`discard=on`).",
-        ..Key::BASE
-    },
-    Key {
-        name: "disk_iothread",
-        kind: Kind::Boolean,
-        description: "Give the boot disk its own IO thread (iothread=1).",
-        doc: "Give the boot disk its own IO thread (`iothread=1`).",
-        ..Key::BASE
-    },
-    Key {
-        name: "disk_cache",
-        description: "Cache mode of the boot disk (Proxmox default: none).",
-        doc: "Cache mode of the boot disk.",
-        default: "Proxmox's",
-        one_of: DISK_CACHES,
-        ..Key::BASE
-    },
-    Key {
-        name: "disk_aio",
-        description: "Asynchronous IO mode of the boot disk (Proxmox default: io_uring).",
-        doc: "Asynchronous IO mode of the boot disk.",
-        default: "Proxmox's",
-        one_of: DISK_AIOS,
-        ..Key::BASE
-    },
-    Key {
-        name: "cpu_type",
-        description: "CPU model (default x86-64-v2-AES). 'host' passes the host CPU through.",
-        doc: "CPU model; `host` passes the host CPU through.",
-        default: "`x86-64-v2-AES`",
-        ..Key::BASE
-    },
-    Key {
-        name: "machine_type",
-        description: "QEMU machine type. 'q35' for PCIe passthrough.",
-        doc: "`q35` or `i440fx`.",
-        default: "Proxmox's",
-        one_of: &["q35", "i440fx"],
-        ..Key::BASE
-    },
-    Key {
-        name: "bios",
-        description: "Firmware. 'ovmf' (UEFI) also creates a 4 MB EFI disk without pre-enrolled keys on the VM's storage. Default seabios.",
-        doc: "`ovmf` also adds a 4 MB EFI disk without pre-enrolled keys.",
-        default: "`seabios`",
-        one_of: &["seabios", "ovmf"],
-        ..Key::BASE
-    },
-    Key {
-        name: "vga",
-        description: "Display adapter, e.g. 'std', 'serial0' or 'none'.",
-        doc: "Display adapter.",
-        one_of: crate::proxmox::property::Vga::TYPES,
-        ..Key::BASE
-    },
-    Key {
-        name: "numa",
-        kind: Kind::Boolean,
-        description: "Enable NUMA.",
-        doc: "NUMA.",
-        ..Key::BASE
-    },
-    Key {
-        name: "hugepages",
-        description: "Back the VM's memory with hugepages of this size.",
-        doc: "`2MB` or `1GB`. Needs `numa: true`, and `memory` split over the sockets (one NUMA node each) must be whole pages: Proxmox refuses to start the VM otherwise, so this is checked up front.",
-        one_of: &["2MB", "1GB"],
-        ..Key::BASE
-    },
-    Key {
-        name: "balloon",
-        kind: Kind::Boolean,
-        description: "Memory ballooning. Set false to turn the balloon device off (for passthrough or hugepages); unset leaves the Proxmox default.",
-        doc: "`false` turns the balloon device off.",
-        default: "Proxmox's",
-        ..Key::BASE
-    },
-    Key {
-        name: "pool",
-        description: "Proxmox resource pool for the VM.",
-        doc: "Proxmox resource pool. Unset: a pool named after the machine-request set, created on demand and removed with the set's last machine (as upstream). A pool you name must exist.",
-        default: "the set's ID",
-        ..Key::BASE
-    },
-    Key {
-        name: "tags",
-        kind: Kind::Strings,
-        description: "Extra Proxmox tags for the VM (letters, digits, '_', '-', '+', '.'). The provider adds machine-request.<set> and omni-provider.<id> itself.",
-        doc: "Extra tags; `machine-request.*`, `omni-provider.*` and `omni-request.*` are ours.",
-        items: Text::NON_EMPTY,
-        ..Key::BASE
-    },
-    Key {
-        name: "ha",
-        kind: Kind::Mapping(Place::Ha),
-        title: Some("High Availability"),
-        description: "Register the VM as a Proxmox HA resource and keep the machine set's HA rules (rules need Proxmox VE 9+).",
-        doc: "Register the VM with Proxmox HA after start: `state`, `comment`, `max_restart`, `max_relocate`, `failback`; and HA rules (Proxmox VE 9): `rules` (existing rules to join), `node_affinity_nodes` + `node_affinity_strict` (the set's node-affinity rule), `resource_affinity`, or `spread` as its short form for `negative` (the set's resource-affinity rule). See [HA](#high-availability). `failback` and the rules are refused before anything is created on an older cluster.",
-        ..Key::BASE
-    },
-    Key {
-        name: "additional_nics",
-        kind: Kind::Objects(Place::AdditionalNics),
-        description: "More NICs (net1, net2, …).",
-        doc: "More NICs: `bridge`, `vlan`, `firewall`, `ip_pool`.",
-        ..Key::BASE
-    },
-    Key {
-        name: "usb_devices",
-        kind: Kind::Objects(Place::UsbDevices),
-        description: "USB devices passed through by resource mapping (usb0, usb1, …).",
-        doc: "USB passthrough by resource mapping: `mapping`, `usb3`.",
-        max_items: Some(15),
-        ..Key::BASE
-    },
-    Key {
-        name: "pci_devices",
-        kind: Kind::Objects(Place::PciDevices),
-        description: "PCI devices passed through by resource mapping (hostpci0, hostpci1, …).",
-        doc: "PCI passthrough by resource mapping: `mapping`, `mdev`, `pcie`, `primary_gpu`, `rombar`.",
-        max_items: Some(16),
-        ..Key::BASE
-    },
-    Key {
-        name: "additional_disks",
-        kind: Kind::Objects(Place::AdditionalDisks),
-        description: "More disks (scsi1, scsi2, …).",
-        doc: "More disks: `disk_size`, `storage_selector`, `disk_ssd`, `disk_discard`, `disk_iothread`, `disk_cache`, `disk_aio`.",
-        max_items: Some(30),
-        ..Key::BASE
-    },
-    Key {
-        name: "topology_labels",
-        kind: Kind::Boolean,
-        origin: Origin::Ours,
-        description: "Label the Kubernetes node with topology.kubernetes.io/zone (its Proxmox node, kept current when the VM migrates) and topology.kubernetes.io/region (the Proxmox cluster name), through a config patch. Default true.",
-        doc: "Kubernetes node labels `topology.kubernetes.io/zone` = the Proxmox node (kept current when the VM migrates) and `topology.kubernetes.io/region` = the Proxmox cluster name, through an Omni config patch of the machine, which overrides the same labels in cluster and machine-set patches; `false` turns them off and keeps yours.",
-        default: "`true`",
-        ..Key::BASE
-    },
-    Key {
-        name: "boot",
-        origin: Origin::Ours,
-        description: "How the VM gets Talos: 'iso' (default) boots the Image Factory nocloud ISO; 'clone' clones 'template'; 'image' creates the boot disk from the Image Factory nocloud disk image (Proxmox VE 8.4+, a storage with the 'import' content type).",
-        doc: "`iso` boots the Image Factory nocloud ISO (as upstream); `clone` clones `template`; `image` creates the boot disk from the Image Factory's nocloud disk image, downloaded once into a storage with the `import` content type (Proxmox VE 8.4 and later): no installer run, no ISO attached.",
-        default: "`iso`",
-        one_of: &["iso", "clone", "image"],
-        ..Key::BASE
-    },
-    Key {
-        name: "template",
-        kind: Kind::VmidOrName,
-        origin: Origin::Ours,
-        description: "Template to clone when boot is 'clone': its VMID or its name.",
-        doc: "the template to clone with `boot: clone`.",
-        min: Some(100),
-        text: Text::NON_EMPTY,
-        ..Key::BASE
-    },
-    Key {
-        name: "clone_mode",
-        origin: Origin::Ours,
-        description: "With boot 'clone': 'full' (default) copies the template's disks onto the storage storage_selector chooses; 'linked' makes a linked clone that shares the template's disks on the template's own storage (which storage_selector must select; not on lvm or iSCSI storage).",
-        doc: "with `boot: clone`: `full` copies the template's disks onto the selected storage; `linked` shares them on the template's own storage (which `storage_selector` must select; storage with linked-clone support, not `lvm` or iSCSI). See [Placement](#placement).",
-        default: "`full`",
-        per_node: false,
-        one_of: &["full", "linked"],
-        ..Key::BASE
-    },
-    Key {
-        name: "allowed_nodes",
-        kind: Kind::Strings,
-        origin: Origin::Ours,
-        description: "Nodes automatic placement may choose from (default: all).",
-        doc: "nodes automatic placement may choose.",
-        default: "all",
-        per_node: false,
-        items: Text::NON_EMPTY,
-        ..Key::BASE
-    },
-    Key {
-        name: "iso_storage_selector",
-        kind: Kind::Cel,
-        text: Text::CEL,
-        origin: Origin::Ours,
-        description: "CEL condition choosing the storage for the Talos ISO and the seed ISO (same variables as storage_selector; default: the first storage that holds ISO images).",
-        doc: "storage for the Talos ISO and the seed ISO.",
-        default: "first ISO storage",
-        ..Key::BASE
-    },
-    Key {
-        name: "ip_discovery_timeout",
-        kind: Kind::Integer,
-        origin: Origin::Ours,
-        description: "Seconds to wait for the guest agent to report an address after start (default 300); 0 skips IP discovery.",
-        doc: "seconds to wait for the guest agent to report an address; 0 skips the step.",
-        default: "300",
-        min: Some(0),
-        ..Key::BASE
-    },
-    Key {
-        name: "ip_pool",
-        origin: Origin::Ours,
-        description: "Name of a static IP pool from the provider config's ipPools: the first NIC gets the lowest free address of the pool, written into the NoCloud network-config with the pool's gateway and nameservers, instead of DHCP.",
-        doc: "a static IP pool of the config file's `ipPools:` for the first NIC: its lowest free address, allocated before the VM is created, written into the seed's network-config with the pool's gateway and nameservers (instead of DHCP), and released after the VM is destroyed. `additional_nics[].ip_pool` does the same for another NIC. See [IP pools](docs/ip-pools.md).",
-        default: "DHCP",
-        text: Text::NON_EMPTY,
-        ..Key::BASE
-    },
-];
-
-/// The keys written at `place`, in declaration order.
-pub fn at(place: Place) -> impl Iterator<Item = &'static Key> {
-    TOP_LEVEL
-        .iter()
-        .chain(NESTED)
-        .filter(move |k| k.place == place)
-}
-
-/// The names of the keys written at `place`: what an unknown key there is compared with.
-pub fn names(place: Place) -> Vec<&'static str> {
-    at(place).map(|k| k.name).collect()
-}
-
-/// The declaration of `name` at `place`.
-pub fn get(place: Place, name: &str) -> Option<&'static Key> {
-    at(place).find(|k| k.name == name)
-}
-
-/// Where in the reading order a top-level key comes (unknown keys last).
-pub fn position(name: &str) -> usize {
-    at(Place::Top)
-        .position(|k| k.name == name)
-        .unwrap_or(usize::MAX)
+/// An item of `additional_disks:`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[schemars(description = "")]
+pub struct DiskKeys {
+    /// Size in GB.
+    #[schemars(required, range(min = 1))]
+    pub disk_size: Option<UpTo<{ 1024 * 1024 }>>,
+    /// CEL condition choosing this disk's storage (same variables as storage_selector).
+    #[schemars(required, length(max = 1024))]
+    pub storage_selector: Option<Parsed<StorageSelector>>,
+    /// Present as an SSD.
+    pub disk_ssd: Option<bool>,
+    /// Pass TRIM/discard through.
+    pub disk_discard: Option<bool>,
+    /// Own IO thread.
+    pub disk_iothread: Option<bool>,
+    /// Cache mode.
+    pub disk_cache: Option<Parsed<DiskCache>>,
+    /// Asynchronous IO mode.
+    pub disk_aio: Option<Parsed<DiskAio>>,
 }

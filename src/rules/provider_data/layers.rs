@@ -1,94 +1,23 @@
 //! Provider data comes in layers: the machine class over the chosen node's `nodes.<name>:` override
-//! over the config's `defaults:`. Each layer is read into typed [`Settings`] on its own, with what is
-//! wrong in it, once: the config's layers when the config is loaded, the class when it is used. The
-//! effective data takes each top-level key whole from the highest layer that writes it (`ha` and lists
-//! are replaced, never merged), and a finding about a value is reported under the path of the layer it
-//! came from (`nodes.pve2.network_bridge`, `defaults.cores`).
+//! over the config's `defaults:`. Each layer is read on its own, with what is wrong in it, once: the
+//! config's layers when the config is loaded, the class when it is used. The effective data takes
+//! each top-level key whole from the highest layer that writes it (`ha` and lists are replaced,
+//! never merged), and a finding about a value is reported under the path of the layer it came from
+//! (`nodes.pve2.network_bridge`, `defaults.cores`).
+//!
+//! A layer is checked against the schema (every problem at once, with its key path), then each
+//! top-level key is read into [`Keys`] on its own, so one wrong key does not hide the next.
 
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::data::{
-    AdditionalDisk, AdditionalNic, Bios, BootMode, CloneMode, HaSettings, MachineType,
-    PlacementStrategy, TemplateRef,
-};
-use super::keys::{self, Place};
-use super::{LayerCheck, Problem, json_kind, read};
+use super::keys::Keys;
+use super::schema::{self, inner_keys, top_keys};
+use super::{LayerCheck, Problem, json_kind};
 use crate::did_you_mean;
-use crate::proxmox::property::{
-    BridgeName, CpuType, DiskAio, DiskCache, HostPci, Hugepages, NodeName, PoolId, Tag, Usb, Vga,
-    VlanTag,
-};
-use crate::rules::storage_selector::StorageSelector;
-
-/// Declares [`Settings`], one optional field per top-level key, named as the key.
-macro_rules! settings {
-    ($($key:ident: $ty:ty,)*) => {
-        /// What one layer (or the layers together) sets, typed. `None`: not written, or written wrong
-        /// (the problem is among the layer's findings).
-        #[derive(Debug, Clone, Default)]
-        pub(super) struct Settings {
-            $(pub $key: Option<$ty>,)*
-        }
-
-        impl Settings {
-            /// The keys of the fields, in order; a test holds them to the declared top-level keys.
-            #[cfg(test)]
-            pub const KEYS: &[&str] = &[$(stringify!($key)),*];
-
-            /// Each key from the first of `layers` (highest precedence first) that writes it.
-            fn layered(layers: &[&Layer]) -> Self {
-                let from = |key: &str| layers.iter().find(|l| l.writes(key));
-                Self {
-                    $($key: from(stringify!($key)).and_then(|l| l.settings.$key.clone()),)*
-                }
-            }
-        }
-    };
-}
-
-settings! {
-    cores: u32,
-    sockets: u32,
-    memory: u64,
-    disk_size: u64,
-    storage_selector: StorageSelector,
-    node: NodeName,
-    placement_strategy: PlacementStrategy,
-    network_bridge: BridgeName,
-    vlan: Option<VlanTag>,
-    network_firewall: bool,
-    disk_ssd: bool,
-    disk_discard: bool,
-    disk_iothread: bool,
-    disk_cache: DiskCache,
-    disk_aio: DiskAio,
-    cpu_type: CpuType,
-    machine_type: MachineType,
-    bios: Bios,
-    vga: Vga,
-    numa: bool,
-    hugepages: Hugepages,
-    balloon: bool,
-    pool: PoolId,
-    tags: Vec<Tag>,
-    ha: HaSettings,
-    additional_nics: Vec<AdditionalNic>,
-    usb_devices: Vec<Usb>,
-    pci_devices: Vec<HostPci>,
-    additional_disks: Vec<AdditionalDisk>,
-    topology_labels: bool,
-    boot: BootMode,
-    template: TemplateRef,
-    clone_mode: CloneMode,
-    allowed_nodes: Vec<NodeName>,
-    iso_storage_selector: StorageSelector,
-    ip_discovery_timeout: Duration,
-    ip_pool: String,
-}
+use crate::proxmox::property::NodeName;
 
 /// When a finding was made; findings are reported in this order, as one reading of the merged
 /// document would: the schema's, the missing required keys, each key as it is read, then the rules
@@ -163,16 +92,10 @@ impl Findings {
     }
 }
 
-/// Problems (one per key path: the schema and the typed reading would otherwise both complain about
-/// a mistyped value) and warnings, with their layer's path.
-#[derive(Default)]
-pub(super) struct Report {
-    pub problems: Vec<Problem>,
-    pub warnings: Vec<Problem>,
-}
-
-impl Report {
-    pub fn add(&mut self, prefix: &str, finding: &Finding, strict: bool) {
+/// A report adds problems once per key path (the schema and the typed reading could both complain
+/// about a mistyped value), and warnings, with their layer's path.
+impl LayerCheck {
+    pub(super) fn add(&mut self, prefix: &str, finding: &Finding, strict: bool) {
         let key = if finding.path.is_empty() {
             prefix.trim_end_matches('.').to_string()
         } else {
@@ -196,20 +119,11 @@ impl Report {
             self.problems.push(Problem { key, message });
         }
     }
-
-    pub fn into_check(self) -> LayerCheck {
-        LayerCheck {
-            problems: self.problems,
-            warnings: self.warnings,
-        }
-    }
 }
 
 /// The schema the declarations generate, compiled once for the process.
-static VALIDATOR: LazyLock<Result<jsonschema::Validator, String>> = LazyLock::new(|| {
-    let schema = serde_json::to_value(super::schema::schema()).map_err(|e| e.to_string())?;
-    jsonschema::validator_for(&schema).map_err(|e| e.to_string())
-});
+static VALIDATOR: LazyLock<Result<jsonschema::Validator, String>> =
+    LazyLock::new(|| jsonschema::validator_for(&schema::schema()).map_err(|e| e.to_string()));
 
 /// Compiles the schema (if not yet), for a start-up error instead of a finding on every layer.
 pub(super) fn validator_ready() -> Result<(), String> {
@@ -305,7 +219,8 @@ pub(super) fn pointer_to_key(pointer: &str) -> String {
 pub(super) struct Layer {
     /// The top-level keys written, `null` included: it still hides a lower layer's value.
     written: BTreeSet<String>,
-    pub(super) settings: Settings,
+    /// The known top-level keys whose values read without a problem.
+    valid: Map<String, Value>,
     findings: Vec<Finding>,
     /// What the layer was instead of a mapping (`"a list"`), when it was not one.
     not_a_mapping: Option<&'static str>,
@@ -317,11 +232,25 @@ impl Layer {
     pub(super) fn read(map: &Map<String, Value>) -> Self {
         let mut findings = Findings::new(Phase::Schema);
         schema_findings(&Value::Object(map.clone()), &mut findings);
+        let refused: Vec<String> = findings.list.iter().map(|f| f.path.clone()).collect();
         findings.phase = Phase::Read;
-        let settings = read::settings(map, &mut findings);
+        let mut valid = Map::new();
+        for key in map.keys().filter(|k| !top_keys().contains(&k.as_str())) {
+            findings.unknown_key(shown(key), key, top_keys());
+        }
+        // In declaration order, as one reading of the document goes.
+        for (key, value) in top_keys().iter().filter_map(|k| map.get_key_value(*k)) {
+            let Some(keys) = read_key(key, value, &refused, &mut findings) else {
+                continue;
+            };
+            for (path, message) in layer_rules(&keys) {
+                findings.push(path, message);
+            }
+            valid.insert(key.clone(), value.clone());
+        }
         Self {
             written: map.keys().cloned().collect(),
-            settings,
+            valid,
             findings: findings.list,
             not_a_mapping: None,
         }
@@ -348,12 +277,12 @@ impl Layer {
         self.written
             .iter()
             .map(String::as_str)
-            .filter(|k| keys::get(Place::Top, k).is_none())
+            .filter(|k| !top_keys().contains(k))
     }
 
     /// What is wrong with the layer on its own, under `prefix` (`nodes.pve2.`).
     pub(super) fn check(&self, prefix: &str, strict: bool) -> LayerCheck {
-        let mut report = Report::default();
+        let mut report = LayerCheck::default();
         if let Some(kind) = self.not_a_mapping {
             report.problem(
                 prefix.trim_end_matches('.').to_string(),
@@ -363,8 +292,110 @@ impl Layer {
         for finding in &self.findings {
             report.add(prefix, finding, strict);
         }
-        report.into_check()
+        report
     }
+}
+
+/// Whether key path `path` is `parent` or inside it (`tags[1]` is inside `tags`, not `tag`).
+fn within(path: &str, parent: &str) -> bool {
+    path.strip_prefix(parent)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+}
+
+/// An empty key (`"": 1`) is shown quoted, or the problem would name no key at all.
+fn shown(key: &str) -> &str {
+    if key.is_empty() { "\"\"" } else { key }
+}
+
+/// Reads one known top-level key: its value typed when nothing is wrong with it, and into
+/// `findings` the keys inside it the provider does not know and what is wrong (unless the schema
+/// found it already: `refused`). serde stops at the first problem, so after one each item of a list
+/// and each key of a mapping is read on its own, to name every wrong one.
+fn read_key(key: &str, value: &Value, refused: &[String], findings: &mut Findings) -> Option<Keys> {
+    let read = |value: Value| {
+        let layer = Value::Object(Map::from_iter([(key.to_string(), value)]));
+        serde_path_to_error::deserialize::<_, Keys>(layer)
+            .map_err(|e| (e.path().to_string(), e.into_inner().to_string()))
+    };
+    let whole = read(value.clone());
+    let known = inner_keys(key);
+    let parts: Vec<(String, &Value)> = match value {
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| (format!("{key}[{i}]"), item))
+            .collect(),
+        Value::Object(_) if schema::is_mapping(key) => vec![(key.to_string(), value)],
+        _ => Vec::new(),
+    };
+    let covered = |path: &str| refused.iter().any(|r| within(r, path) || within(path, r));
+    let mut found = false;
+    for (at, part) in &parts {
+        if let (Value::Object(map), false) = (part, known.is_empty()) {
+            for name in map.keys().filter(|k| !known.contains(&k.as_str())) {
+                findings.unknown_key(&format!("{at}.{}", shown(name)), name, known);
+            }
+        }
+        for piece in one_by_one(part, known).filter(|_| whole.is_err()) {
+            let piece = if value.is_array() {
+                Value::Array(vec![piece])
+            } else {
+                piece
+            };
+            if let Err((path, message)) = read(piece) {
+                found = true;
+                let path = path.replacen(&format!("{key}[0]"), at, 1);
+                if !covered(&path) {
+                    findings.push(&path, message);
+                }
+            }
+        }
+    }
+    match whole {
+        Ok(keys) => (!refused.iter().any(|r| within(r, key))).then_some(keys),
+        Err((path, message)) => {
+            if !found && !covered(&path) {
+                findings.push(&path, message);
+            }
+            None
+        }
+    }
+}
+
+/// A mapping as one mapping per known key, in declaration order; anything else as it is.
+fn one_by_one(part: &Value, known: &[&str]) -> impl Iterator<Item = Value> {
+    let pieces: Vec<Value> = match part {
+        Value::Object(map) if !known.is_empty() => known
+            .iter()
+            .filter_map(|k| {
+                Some(Value::Object(Map::from_iter([(
+                    k.to_string(),
+                    map.get(*k)?.clone(),
+                )])))
+            })
+            .collect(),
+        other => vec![other.clone()],
+    };
+    pieces.into_iter()
+}
+
+/// The rules within one key's value: `spread: true` is `resource_affinity: negative`, so the two
+/// may not contradict; Proxmox has 31 more NIC slots.
+fn layer_rules(keys: &Keys) -> Vec<(&'static str, String)> {
+    let mut found = Vec::new();
+    if let Some(ha) = &keys.ha
+        && ha.spread == Some(true)
+        && ha.resource_affinity == Some(super::values::ResourceAffinity::Positive)
+    {
+        found.push(("ha.spread", "keeps the set's VMs on different nodes, but `resource_affinity: positive` keeps them together: remove one of the two".to_string()));
+    }
+    if keys.additional_nics.as_ref().is_some_and(|n| n.len() > 31) {
+        found.push((
+            "additional_nics",
+            "at most 31 additional NICs fit (net1 to net31)".to_string(),
+        ));
+    }
+    found
 }
 
 /// The layers of one request, highest precedence first, each with the path prefix its findings are
@@ -403,9 +434,20 @@ impl<'a> Stack<'a> {
             .collect()
     }
 
-    pub fn settings(&self) -> Settings {
-        let layers: Vec<&Layer> = self.layers.iter().map(|(_, l)| *l).collect();
-        Settings::layered(&layers)
+    /// The keys that take effect: each from the highest layer writing it, `None` when that layer's
+    /// value is wrong (its problem is reported).
+    pub fn keys(&self) -> Keys {
+        let mut merged = Map::new();
+        for (_, layer) in self.layers.iter().rev() {
+            for key in &layer.written {
+                match layer.valid.get(key) {
+                    Some(value) => merged.insert(key.clone(), value.clone()),
+                    None => merged.remove(key),
+                };
+            }
+        }
+        // Every value read on its own already, so reading them together cannot fail.
+        serde_json::from_value(Value::Object(merged)).unwrap_or_default()
     }
 
     /// The findings of `phase` about the values that take effect (those of the highest layer writing
@@ -425,9 +467,9 @@ impl<'a> Stack<'a> {
         // The schema reports keys in name order; reading goes through unknown keys (in name order),
         // then the known ones in declaration order.
         out.sort_by_key(|(_, f)| match phase {
-            Phase::Read => match keys::position(f.top()) {
-                usize::MAX => (0, 0, f.top().to_string()),
-                n => (1, n, String::new()),
+            Phase::Read => match top_keys().iter().position(|k| *k == f.top()) {
+                None => (0, 0, f.top().to_string()),
+                Some(n) => (1, n, String::new()),
             },
             _ => (0, 0, f.top().to_string()),
         });
@@ -473,9 +515,12 @@ impl ConfigLayers {
             let layer_found = layer.check(&prefix, strict);
             found.problems.extend(layer_found.problems);
             found.warnings.extend(layer_found.warnings);
-            for key in keys::at(Place::Top).filter(|k| !k.per_node && layer.writes(k.name)) {
+            for key in top_keys()
+                .iter()
+                .filter(|k| !schema::per_node(k) && layer.writes(k))
+            {
                 found.problems.push(Problem {
-                    key: format!("{prefix}{}", key.name),
+                    key: format!("{prefix}{key}"),
                     message: "cannot be set per node: it decides which node is chosen; set it under `defaults:` or in the machine class".into(),
                 });
             }

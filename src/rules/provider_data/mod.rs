@@ -9,30 +9,31 @@
 //! official provider must work here too, so they are warnings (with a "did you mean") carried in
 //! [`ProviderData::warnings`], unless the config asks for `strict: true`.
 //!
-//! - `keys.rs`, `nested_keys.rs`: one declaration per key; `schema.rs` generates the JSON schema and
-//!   the README table from them.
-//! - `read.rs`: one layer's keys, typed.
-//! - `layers.rs`: layers, their findings, and the config's `defaults:` / `nodes:` read once at load.
-//! - `effective.rs`: the layers merged, rules between keys, defaults filled in.
+//! - `keys.rs`: every key, declared once as a field of a `#[derive(Deserialize, JsonSchema)]`
+//!   struct; `values.rs`: how its values read (the choices, the validated newtypes); `schema.rs`
+//!   generates from them the JSON schema, the README table and what the reader knows of each key.
+//! - `layers.rs`: one layer read (the schema, unknown keys, each key typed) with its findings, the
+//!   layers of a request, and the config's `defaults:` / `nodes:` read once at load.
+//! - `effective.rs`: the layers merged, rules between keys, defaults filled in: the typed
+//!   [`ProviderData`] of `data.rs`.
 
 mod data;
 mod effective;
 pub mod keys;
 mod layers;
-mod nested_keys;
-mod read;
 pub mod schema;
+mod values;
 
 use std::fmt;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-pub use data::{
-    AdditionalDisk, AdditionalNic, Bios, BootMode, CloneMode, HaSettings, MachineType,
-    PlacementStrategy, ProviderData, ResourceAffinity, TemplateRef,
-};
+pub use data::{AdditionalDisk, AdditionalNic, HaSettings, ProviderData};
 pub use layers::ConfigLayers;
+pub use values::{
+    Bios, BootMode, CloneMode, MachineType, PlacementStrategy, ResourceAffinity, TemplateRef,
+};
 
 use layers::{Layer, Stack};
 

@@ -1,141 +1,242 @@
-//! What is generated from the key declarations: the JSON schema Omni shows for machine classes (and
-//! validation uses), and the README's provider-data table.
+//! What is generated from the key declarations (`keys.rs`): the JSON schema Omni shows for machine
+//! classes (and validation uses), the README's provider-data table, and what the reader needs to
+//! know about each top-level key.
 
+use std::cell::Cell;
+use std::sync::LazyLock;
+
+use schemars::generate::SchemaSettings;
+use serde::de::{self, Deserialize, Deserializer, Visitor};
 use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::{Map, Value};
 
-use super::keys::{Key, Kind, Place, Text, at};
+use super::keys::{DiskKeys, HaKeys, Keys, NicKeys, PciKeys, UsbKeys};
+
+/// The schema with the README's and the reader's `x-` extensions, generated once.
+static DECLARED: LazyLock<Value> = LazyLock::new(|| {
+    let schema = SchemaSettings::draft07()
+        .with(|s| s.inline_subschemas = true)
+        .into_generator()
+        .into_root_schema_for::<Keys>();
+    let mut value = schema.to_value();
+    tidy(&mut value);
+    value
+});
+
+/// Joins the doc comment's lines (Omni shows each description as one paragraph) and drops the
+/// `null` schemars allows in an optional field: a key written as `null` is a mistake.
+fn tidy(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(text)) = map.get_mut("description") {
+                *text = text.replace('\n', " ");
+            }
+            if let Some(Value::Array(words)) = map.get_mut("enum") {
+                words.retain(|w| !w.is_null());
+            }
+            if let Some(Value::Array(types)) = map.get_mut("type") {
+                types.retain(|t| t != "null");
+                if let [one] = types.as_slice() {
+                    let one = one.clone();
+                    map.insert("type".into(), one);
+                }
+            }
+            map.remove("format");
+            map.values_mut().for_each(tidy);
+        }
+        Value::Array(items) => items.iter_mut().for_each(tidy),
+        _ => {}
+    }
+}
+
+/// The JSON schema registered with Omni (it shows it for machine classes) and used for validation:
+/// the declarations without their `x-` extensions.
+pub fn schema() -> Value {
+    fn strip(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                map.retain(|k, _| !k.starts_with("x-"));
+                map.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut schema = DECLARED.clone();
+    strip(&mut schema);
+    schema
+}
+
+/// The schema as the text of `schema/provider-data.schema.json`: properties in declaration order.
+pub fn schema_text() -> String {
+    let schema = schema();
+    let mut text = serde_json::to_string_pretty(&Ordered {
+        value: &schema,
+        fields: top_keys(),
+        properties: false,
+    })
+    .unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// The order of a schema's keywords in the file, as a reader expects them.
+const KEYWORDS: &[&str] = &[
+    "type",
+    "title",
+    "description",
+    "enum",
+    "minimum",
+    "maximum",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "properties",
+    "items",
+    "required",
+];
+
+/// A schema written with its keywords in [`KEYWORDS`] order, or (`properties`) a schema's
+/// properties in declaration order (`fields`).
+struct Ordered<'a> {
+    value: &'a Value,
+    fields: &'static [&'static str],
+    properties: bool,
+}
+
+impl Serialize for Ordered<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let Value::Object(map) = self.value else {
+            return self.value.serialize(s);
+        };
+        let order = match (self.properties, map.contains_key("$schema")) {
+            (true, _) => self.fields,
+            (false, true) => &["$schema", "title", "type", "properties"],
+            (false, false) => KEYWORDS,
+        };
+        let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+        entries.sort_by_key(|(k, _)| order.iter().position(|o| o == k).unwrap_or(usize::MAX));
+        let mut out = s.serialize_map(Some(entries.len()))?;
+        for (key, value) in entries {
+            let child = match (self.properties, key.as_str()) {
+                (true, name) => (inner_keys(name), false),
+                (false, "properties") => (self.fields, true),
+                (false, _) => (self.fields, false),
+            };
+            let (fields, properties) = child;
+            out.serialize_entry(
+                key,
+                &Ordered {
+                    value,
+                    fields,
+                    properties,
+                },
+            )?;
+        }
+        out.end()
+    }
+}
+
+/// The declaration of top-level key `name`, with its extensions.
+fn declared(name: &str) -> Option<&'static Map<String, Value>> {
+    DECLARED["properties"].get(name)?.as_object()
+}
+
+/// The names of the top-level keys, in declaration order.
+pub fn top_keys() -> &'static [&'static str] {
+    field_names::<Keys>()
+}
+
+/// The required top-level keys, in declaration order, each with how to write it
+/// (", e.g. `cores: 2`").
+pub fn required_keys() -> impl Iterator<Item = (&'static str, &'static str)> {
+    top_keys().iter().filter_map(|name| {
+        let example = declared(name)?.get("x-required")?.as_str()?;
+        Some((*name, example))
+    })
+}
+
+/// Whether top-level key `name` holds a mapping (`ha`), not a value or a list.
+pub fn is_mapping(name: &str) -> bool {
+    declared(name).and_then(|k| k.get("type")) == Some(&Value::String("object".into()))
+}
+
+/// Whether a `nodes.<name>:` override may set top-level key `name`.
+pub fn per_node(name: &str) -> bool {
+    declared(name).and_then(|k| k.get("x-per-node")) != Some(&Value::Bool(false))
+}
 
 /// The README's provider-data table: header and one row per top-level key.
 pub fn readme_table() -> String {
     let mut table = String::from("| Key | Type | Default | Meaning |\n|---|---|---|---|\n");
-    for key in at(Place::Top) {
-        table.push_str(&key.readme_row());
+    for name in top_keys() {
+        let key = declared(name).cloned().unwrap_or_default();
+        let text = |k: &str| key.get(k).and_then(Value::as_str).unwrap_or_default();
+        let kind = match (text("x-type"), text("type")) {
+            ("", "array") => "list",
+            ("", "object") => "mapping",
+            ("", kind) => kind,
+            (kind, _) => kind,
+        };
+        let default = match key.contains_key("x-required") {
+            true => "required",
+            false => text("x-default"),
+        };
+        let ours = match key.get("x-ours") {
+            Some(Value::Bool(true)) => "*ours*: ",
+            _ => "",
+        };
+        let row = format!(
+            "| `{name}` | {kind} | {default} | {ours}{} |",
+            text("x-readme")
+        );
+        table.push_str(&row.replace("|  |", "| |"));
         table.push('\n');
     }
     table
 }
 
-/// The JSON schema registered with Omni (it shows it for machine classes) and used for validation.
-pub fn schema() -> impl Serialize {
-    Json::Object(vec![
-        (
-            "$schema",
-            Json::Str("http://json-schema.org/draft-07/schema#"),
-        ),
-        ("title", Json::Str("Proxmox VE machine class")),
-        ("type", Json::Str("object")),
-        ("properties", properties(Place::Top)),
-    ])
-}
-
-/// The schema as the text of `schema/provider-data.schema.json`.
-pub fn schema_text() -> String {
-    let mut text = serde_json::to_string_pretty(&schema()).unwrap_or_default();
-    text.push('\n');
-    text
-}
-
-fn properties(place: Place) -> Json {
-    Json::Object(at(place).map(|k| (k.name, property(k))).collect())
-}
-
-fn property(key: &Key) -> Json {
-    let mut out = vec![("type", json_type(key.kind))];
-    if let Some(title) = key.title {
-        out.push(("title", Json::Str(title)));
+/// The keys of the mappings inside the top-level key `key` (`ha`, the items of `additional_nics`, …),
+/// in declaration order.
+pub fn inner_keys(key: &str) -> &'static [&'static str] {
+    match key {
+        "ha" => field_names::<HaKeys>(),
+        "additional_nics" => field_names::<NicKeys>(),
+        "usb_devices" => field_names::<UsbKeys>(),
+        "pci_devices" => field_names::<PciKeys>(),
+        "additional_disks" => field_names::<DiskKeys>(),
+        _ => &[],
     }
-    out.push(("description", Json::Str(key.description)));
-    if !key.one_of.is_empty() {
-        out.push((
-            "enum",
-            Json::Array(key.one_of.iter().map(|v| Json::Str(v)).collect()),
-        ));
-    }
-    let number = |n: Option<u64>| n.map(Json::Int);
-    out.extend(
-        [
-            ("minimum", number(key.min)),
-            ("maximum", number(key.max)),
-            ("maxItems", number(key.max_items)),
-        ]
-        .into_iter()
-        .filter_map(|(k, v)| Some((k, v?))),
-    );
-    out.extend(text_limits(key.text));
-    match key.kind {
-        Kind::Strings => {
-            let mut item = vec![("type", Json::Str("string"))];
-            item.extend(text_limits(key.items));
-            out.push(("items", Json::Object(item)));
+}
+
+/// The field names of a derived struct in declaration order: serde's derive hands them to the
+/// deserializer, which is all this one asks for.
+pub fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+    struct Probe<'a>(&'a Cell<&'static [&'static str]>);
+    impl<'de> Deserializer<'de> for Probe<'_> {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("only structs are probed"))
         }
-        Kind::Objects(place) => {
-            let required: Vec<Json> = at(place)
-                .filter(|k| k.required)
-                .map(|k| Json::Str(k.name))
-                .collect();
-            out.push((
-                "items",
-                Json::Object(vec![
-                    ("type", Json::Str("object")),
-                    ("properties", properties(place)),
-                    ("required", Json::Array(required)),
-                ]),
-            ));
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0.set(fields);
+            Err(de::Error::custom("probed"))
         }
-        Kind::Mapping(place) => out.push(("properties", properties(place))),
-        _ => {}
-    }
-    Json::Object(out)
-}
-
-fn text_limits(text: Text) -> Vec<(&'static str, Json)> {
-    let mut out = Vec::new();
-    if let Some(n) = text.min_len {
-        out.push(("minLength", Json::Int(n)));
-    }
-    if let Some(n) = text.max_len {
-        out.push(("maxLength", Json::Int(n)));
-    }
-    if let Some(p) = text.pattern {
-        out.push(("pattern", Json::Str(p)));
-    }
-    out
-}
-
-fn json_type(kind: Kind) -> Json {
-    match kind {
-        Kind::Integer => Json::Str("integer"),
-        Kind::Boolean => Json::Str("boolean"),
-        Kind::String | Kind::Cel => Json::Str("string"),
-        Kind::VmidOrName => Json::Array(vec![Json::Str("integer"), Json::Str("string")]),
-        Kind::Strings | Kind::Objects(_) => Json::Str("array"),
-        Kind::Mapping(_) => Json::Str("object"),
-    }
-}
-
-/// JSON that keeps the order it is written in, so the schema file reads like the declarations.
-enum Json {
-    Str(&'static str),
-    Int(u64),
-    Array(Vec<Json>),
-    Object(Vec<(&'static str, Json)>),
-}
-
-impl Serialize for Json {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Json::Str(v) => s.serialize_str(v),
-            Json::Int(n) => s.serialize_u64(*n),
-            Json::Array(items) => items.serialize(s),
-            Json::Object(fields) => {
-                let mut map = s.serialize_map(Some(fields.len()))?;
-                for (k, v) in fields {
-                    map.serialize_entry(k, v)?;
-                }
-                map.end()
-            }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
         }
     }
+    let fields = Cell::new(&[][..]);
+    let _ = T::deserialize(Probe(&fields));
+    fields.get()
 }
 
 #[cfg(test)]
@@ -143,15 +244,7 @@ mod tests {
     use serde_json::Value;
 
     use super::super::SCHEMA_JSON;
-    use super::super::keys::{self, Place};
-    use super::super::layers::Settings;
     use super::*;
-
-    /// The parser reads the keys the declarations list, no more, no fewer.
-    #[test]
-    fn settings_hold_the_declared_top_level_keys() {
-        assert_eq!(Settings::KEYS, keys::names(Place::Top));
-    }
 
     /// The schema Omni is given (the file `controller/registration.rs` embeds) is the one the key
     /// declarations generate, and validation uses the same one.
@@ -159,9 +252,9 @@ mod tests {
     fn schema_file_is_generated_from_the_declarations() {
         let generated = schema_text();
         let file: Value = serde_json::from_str(SCHEMA_JSON).unwrap();
-        let from_declarations: Value = serde_json::from_str(&generated).unwrap();
         assert_eq!(
-            file, from_declarations,
+            file,
+            schema(),
             "schema/provider-data.schema.json differs from the key declarations; regenerate it with `cargo test --lib write_schema_file -- --ignored`"
         );
         assert!(
@@ -181,49 +274,25 @@ mod tests {
         std::fs::write(path, schema_text()).unwrap();
     }
 
+    /// Every top-level key has its README text and its description; a mapping's README text names
+    /// each key inside it; every nested key has a description.
     #[test]
     fn declarations_are_complete() {
-        for key in keys::at(Place::Top) {
-            assert!(!key.doc.is_empty(), "{} has no README text", key.name);
-            assert!(
-                !key.description.is_empty(),
-                "{} has no description",
-                key.name
-            );
-            assert!(
-                !key.required || !key.example.is_empty(),
-                "required {} has no example",
-                key.name
-            );
-            let nested = match key.kind {
-                keys::Kind::Mapping(place) | keys::Kind::Objects(place) => keys::names(place),
-                _ => Vec::new(),
-            };
-            for sub in nested {
+        for name in top_keys() {
+            let key = &DECLARED["properties"][name];
+            assert!(key["x-readme"].is_string(), "{name} has no README text");
+            assert!(key["description"].is_string(), "{name} has no description");
+            for sub in inner_keys(name) {
                 assert!(
-                    key.doc.contains(&format!("`{sub}`")),
-                    "the README text of `{}` does not name `{sub}`",
-                    key.name
+                    key["x-readme"]
+                        .as_str()
+                        .unwrap()
+                        .contains(&format!("`{sub}`")),
+                    "the README text of `{name}` does not name `{sub}`"
                 );
-            }
-        }
-        for place in [
-            Place::Ha,
-            Place::AdditionalNics,
-            Place::UsbDevices,
-            Place::PciDevices,
-            Place::AdditionalDisks,
-        ] {
-            assert!(keys::at(Place::Top).any(|k| matches!(
-                k.kind,
-                keys::Kind::Mapping(p) | keys::Kind::Objects(p) if p == place
-            )));
-            for key in keys::at(place) {
-                assert!(
-                    key.doc.is_empty() && !key.description.is_empty(),
-                    "{}",
-                    key.name
-                );
+                let inner = key.get("properties").unwrap_or(&key["items"]["properties"]);
+                assert!(inner.is_object(), "{name} has no keys inside");
+                assert!(inner[sub]["description"].is_string(), "{name}.{sub}");
             }
         }
     }

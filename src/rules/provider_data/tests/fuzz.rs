@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
-use super::super::keys::{self, Place};
+use super::super::schema::{inner_keys, top_keys};
 use super::super::*;
 use super::{MINIMAL, parse, parse_strict, schema};
 
@@ -64,16 +64,16 @@ fn unknown_key() -> impl Strategy<Value = String> {
     ]
 }
 
-fn any_key(place: Place) -> impl Strategy<Value = String> {
+fn any_key(known: &'static [&'static str]) -> impl Strategy<Value = String> {
     prop_oneof![
-        3 => prop::sample::select(keys::names(place)).prop_map(str::to_string),
+        3 => prop::sample::select(known.to_vec()).prop_map(str::to_string),
         1 => unknown_key(),
     ]
 }
 
-/// A nested value: junk, or a mapping / list of mappings with the keys of `place`.
-fn nested(place: Place) -> impl Strategy<Value = Value> {
-    let object = prop::collection::btree_map(any_key(place), junk_scalar(), 0..6)
+/// A nested value: junk, or a mapping / list of mappings with the keys in `known`.
+fn nested(known: &'static [&'static str]) -> impl Strategy<Value = Value> {
+    let object = prop::collection::btree_map(any_key(known), junk_scalar(), 0..6)
         .prop_map(|m| Value::Object(m.into_iter().collect()))
         .boxed();
     prop_oneof![
@@ -87,10 +87,11 @@ fn nested(place: Place) -> impl Strategy<Value = Value> {
 /// One layer of provider data, structure-aware: the known keys (nested ones too) with values of any
 /// type, unknown keys, optionally over a valid minimal class so the later rules run as well.
 fn layer() -> impl Strategy<Value = Map<String, Value>> {
-    let entry = any_key(Place::Top).prop_flat_map(|key| {
-        let value = match keys::get(Place::Top, &key).map(|k| k.kind) {
-            Some(keys::Kind::Mapping(place) | keys::Kind::Objects(place)) => nested(place).boxed(),
-            Some(keys::Kind::Strings) => prop_oneof![
+    let entry = any_key(top_keys()).prop_flat_map(|key| {
+        let list = super::super::schema::schema()["properties"][&key]["type"] == "array";
+        let value = match (inner_keys(&key), list) {
+            (inner, _) if !inner.is_empty() => nested(inner).boxed(),
+            (_, true) => prop_oneof![
                 junk_scalar(),
                 prop::collection::vec(junk_scalar(), 0..4).prop_map(Value::Array),
             ]
@@ -113,9 +114,9 @@ fn layer() -> impl Strategy<Value = Map<String, Value>> {
     })
 }
 
-/// Whether `path` (`additional_disks[1].disk_size`, `tags[0]`, `ha`) names a declared key of
-/// `place` or a key actually written in `value`, down the nesting the declarations allow.
-fn names_a_key(path: &str, value: &Value, place: Place) -> bool {
+/// Whether `path` (`additional_disks[1].disk_size`, `tags[0]`, `ha`) names a key in `known` or a
+/// key actually written in `value`, down the nesting the declarations allow.
+fn names_a_key(path: &str, value: &Value, known: &[&str]) -> bool {
     let (head, rest) = match path.split_once('.') {
         Some((head, rest)) => (head, Some(rest)),
         None => (path, None),
@@ -129,15 +130,15 @@ fn names_a_key(path: &str, value: &Value, place: Place) -> bool {
     let name = if name == "\"\"" { "" } else { name };
     let map = value.as_object();
     let written = map.and_then(|m| m.get(name));
-    let declared = keys::get(place, name);
-    if declared.is_none() && written.is_none() {
+    let declared = known.contains(&name);
+    if !declared && written.is_none() {
         return false;
     }
     let Some(rest) = rest else {
         return true;
     };
-    let inner = match declared.map(|k| k.kind) {
-        Some(keys::Kind::Mapping(p) | keys::Kind::Objects(p)) => p,
+    let inner = match declared.then(|| inner_keys(name)) {
+        Some(inner) if !inner.is_empty() => inner,
         _ => return false,
     };
     let item = match (written, index) {
@@ -161,14 +162,14 @@ fn check_named(
         prop_assert!(!p.key.is_empty(), "a problem without a key: {p:?}");
         prop_assert!(!p.message.is_empty(), "a problem without a message: {p:?}");
         let named = p.key == "provider_data"
-            || names_a_key(&p.key, class, Place::Top)
+            || names_a_key(&p.key, class, top_keys())
             || p.key
                 .strip_prefix("defaults.")
-                .is_some_and(|k| names_a_key(k, defaults, Place::Top))
+                .is_some_and(|k| names_a_key(k, defaults, top_keys()))
             || node.is_some_and(|(name, layer)| {
                 p.key
                     .strip_prefix(&format!("nodes.{name}."))
-                    .is_some_and(|k| names_a_key(k, layer, Place::Top))
+                    .is_some_and(|k| names_a_key(k, layer, top_keys()))
                     || p.key == format!("nodes.{name}")
             });
         prop_assert!(
@@ -209,7 +210,7 @@ proptest! {
         let check = schema.check_layer("", &Value::Object(class.clone()));
         for p in check.problems.iter().chain(&check.warnings) {
             prop_assert!(
-                !p.key.is_empty() && names_a_key(&p.key, &Value::Object(class.clone()), Place::Top),
+                !p.key.is_empty() && names_a_key(&p.key, &Value::Object(class.clone()), top_keys()),
                 "{p:?}"
             );
         }
@@ -231,7 +232,7 @@ proptest! {
         lines in prop::collection::vec(
             (
                 prop_oneof![
-                    prop::sample::select(keys::names(Place::Top)).prop_map(str::to_string),
+                    prop::sample::select(top_keys().to_vec()).prop_map(str::to_string),
                     prop::sample::select(vec!["? [a, b]", "{a: 1}", "<<", "1", "~", "\"\"", "'x'", "&k cores", "*k"]).prop_map(str::to_string),
                 ],
                 prop::sample::select(vec![

@@ -5,8 +5,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use super::keys::{self, Place};
 use super::layers::pointer_to_key;
+use super::schema::{inner_keys, top_keys};
 use super::*;
 use crate::proxmox::property::{DiskCache, Hugepages, NodeName, VlanTag};
 
@@ -184,7 +184,7 @@ fn schema_lists_every_key_the_parser_knows() {
     let schema: Value = serde_json::from_str(SCHEMA_JSON).unwrap();
     let props = schema["properties"].as_object().unwrap();
     let mut listed: Vec<&str> = props.keys().map(String::as_str).collect();
-    let mut known = keys::names(Place::Top);
+    let mut known = top_keys().to_vec();
     listed.sort_unstable();
     known.sort_unstable();
     assert_eq!(listed, known);
@@ -201,23 +201,17 @@ fn schema_lists_every_key_the_parser_knows() {
     };
     assert_eq!(
         items("additional_nics").len(),
-        keys::names(Place::AdditionalNics).len()
+        inner_keys("additional_nics").len()
     );
-    assert_eq!(
-        items("usb_devices").len(),
-        keys::names(Place::UsbDevices).len()
-    );
-    assert_eq!(
-        items("pci_devices").len(),
-        keys::names(Place::PciDevices).len()
-    );
+    assert_eq!(items("usb_devices").len(), inner_keys("usb_devices").len());
+    assert_eq!(items("pci_devices").len(), inner_keys("pci_devices").len());
     assert_eq!(
         items("additional_disks").len(),
-        keys::names(Place::AdditionalDisks).len()
+        inner_keys("additional_disks").len()
     );
     assert_eq!(
         props["ha"]["properties"].as_object().unwrap().len(),
-        keys::names(Place::Ha).len()
+        inner_keys("ha").len()
     );
 }
 
@@ -636,7 +630,7 @@ proptest! {
 
     #[test]
     fn arbitrary_values_never_panic_and_always_name_a_key(
-        key in prop::sample::select(keys::names(Place::Top)),
+        key in prop::sample::select(top_keys().to_vec()),
         value in prop_oneof![
             any::<i64>().prop_map(|n| json!(n)),
             "\\PC{0,12}".prop_map(|s| json!(s)),
@@ -681,4 +675,45 @@ fn a_value_outside_its_list_names_the_list_and_the_closest_value() {
     assert!(ha.starts_with("\"startd\" is not one of "), "{ha}");
     assert!(ha.ends_with("(did you mean `started`?)"), "{ha}");
     assert_eq!(message("bios"), "\"uefi\" is not one of seabios, ovmf");
+}
+
+/// A key the pipeline reads as it is comes through `ProviderData::keys`, taken whole from the
+/// highest layer that writes it; a wrong value there hides the lower layers' value too.
+#[test]
+fn keys_as_written_come_from_the_highest_layer() {
+    let defaults = json!({"numa": true, "disk_ssd": true, "tags": ["a"]});
+    let defaults = defaults.as_object().unwrap();
+    let data = schema()
+        .resolve(&format!("{MINIMAL}numa: false\n"), None, defaults)
+        .unwrap();
+    assert_eq!(
+        (data.keys.numa, data.keys.disk_ssd, data.keys.balloon),
+        (Some(false), Some(true), None)
+    );
+    assert_eq!(data.tags.len(), 1);
+    let problems = schema()
+        .resolve(&format!("{MINIMAL}tags: [ok, 'a;b']\n"), None, defaults)
+        .unwrap_err();
+    assert_eq!(keys_of(&problems), ["tags[1]"]);
+}
+
+/// serde stops at the first wrong value; every wrong item of a list and key of a mapping is still
+/// named, each with its path, and the schema's finding is not repeated by the reading.
+#[test]
+fn every_wrong_item_is_named_once() {
+    let problems = parse(&format!(
+        "{MINIMAL}additional_nics:\n  - {{bridge: 'a,b', vlan: 4095}}\n  - {{bridge: vmbr1, ip_pool: ' '}}\nha:\n  rules: ['-x']\n  node_affinity_nodes: ['-y']\n"
+    ))
+    .unwrap_err();
+    assert_eq!(
+        keys_of(&problems),
+        [
+            "additional_nics[0].vlan",
+            "ha.node_affinity_nodes[0]",
+            "ha.rules[0]",
+            "additional_nics[0].bridge",
+            "additional_nics[1].ip_pool"
+        ],
+        "{problems:#?}"
+    );
 }

@@ -1,0 +1,443 @@
+//! How the values of provider-data keys are read from YAML and what the schema says they are: the
+//! choices (`boot`, `bios`, …) and the template reference as the pipeline uses them, and names
+//! that end up in property strings read into the validated newtypes of
+//! [`crate::proxmox::property`], so rendering them later cannot fail or inject keys; the schema's
+//! bounds are set on the key's field (`keys.rs`).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
+
+use serde_json::Value;
+
+use super::{RESERVED_TAG_PREFIXES, json_kind};
+use crate::proxmox::property::{
+    BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId,
+    PropertyError, Tag, Vga, VlanTag,
+};
+use crate::rules::storage_selector::StorageSelector;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementStrategy {
+    #[default]
+    Spread,
+    FewerVms,
+    RoundRobin,
+    Binpack,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MachineType {
+    Q35,
+    I440fx,
+}
+
+impl MachineType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachineType::Q35 => "q35",
+            MachineType::I440fx => "pc",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Bios {
+    #[default]
+    Seabios,
+    Ovmf,
+}
+
+impl Bios {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bios::Seabios => "seabios",
+            Bios::Ovmf => "ovmf",
+        }
+    }
+}
+
+/// How the VM gets Talos: boot the Image Factory nocloud ISO (upstream behaviour), clone a template,
+/// or boot from the Image Factory's nocloud disk image, imported as the boot disk (ours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BootMode {
+    #[default]
+    Iso,
+    Clone,
+    Image,
+}
+
+impl BootMode {
+    /// The value as written in provider data (and recorded in the provider state).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootMode::Iso => "iso",
+            BootMode::Clone => "clone",
+            BootMode::Image => "image",
+        }
+    }
+}
+
+/// How a clone copies the template's disks (`clone_mode`). `Full`: a full copy onto the storage
+/// placement chose, which works on any storage, and across nodes when the template and that storage
+/// are shared. `Linked`: disks that share the template's base volumes, on the template's own
+/// storage: quick and small, but only on storage that supports it and never onto another storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CloneMode {
+    #[default]
+    Full,
+    Linked,
+}
+
+impl CloneMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloneMode::Full => "full",
+            CloneMode::Linked => "linked",
+        }
+    }
+}
+
+/// The template to clone: by VMID or by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateRef {
+    VmId(u32),
+    Name(String),
+}
+
+impl fmt::Display for TemplateRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TemplateRef::VmId(id) => write!(f, "{id}"),
+            TemplateRef::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+/// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
+/// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`): on different nodes, or on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ResourceAffinity {
+    Negative,
+    Positive,
+}
+
+impl ResourceAffinity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceAffinity::Positive => "positive",
+            ResourceAffinity::Negative => "negative",
+        }
+    }
+}
+
+/// `ha.state`: the HA resource's target state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HaState {
+    Started,
+    Stopped,
+    Disabled,
+    Ignored,
+}
+
+impl HaState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HaState::Started => "started",
+            HaState::Stopped => "stopped",
+            HaState::Disabled => "disabled",
+            HaState::Ignored => "ignored",
+        }
+    }
+}
+
+/// A value written as a string and checked by its type's constructor.
+pub trait FromText: Sized {
+    fn from_text(text: &str) -> Result<Self, String>;
+
+    /// The only values it takes, when it is a choice (the schema's `enum`).
+    fn one_of() -> Vec<&'static str> {
+        Vec::new()
+    }
+}
+
+/// A [`FromText`] value as a key holds it: a string to the schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed<T>(pub T);
+
+impl<'de, T: FromText> Deserialize<'de> for Parsed<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        T::from_text(&text).map(Parsed).map_err(D::Error::custom)
+    }
+}
+
+impl<T: FromText> JsonSchema for Parsed<T> {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        "string".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        match T::one_of() {
+            words if words.is_empty() => json_schema!({"type": "string"}),
+            words => json_schema!({"type": "string", "enum": words}),
+        }
+    }
+}
+
+fn checked<T, E: ToString>(made: Result<T, E>) -> Result<T, String> {
+    made.map_err(|e| e.to_string())
+}
+
+macro_rules! from_constructor {
+    ($($name:ty => $make:expr),* $(,)?) => {$(
+        impl FromText for $name {
+            fn from_text(text: &str) -> Result<Self, String> {
+                checked($make(text))
+            }
+        }
+    )*};
+}
+
+from_constructor! {
+    BridgeName => BridgeName::parse,
+    CpuType => CpuType::parse,
+    MappingId => MappingId::parse,
+    MdevType => MdevType::parse,
+    NodeName => NodeName::parse,
+    PoolId => PoolId::parse,
+    StorageSelector => StorageSelector::new,
+}
+
+impl FromText for Vga {
+    fn from_text(text: &str) -> Result<Self, String> {
+        checked(Vga::new(text))
+    }
+
+    fn one_of() -> Vec<&'static str> {
+        Vga::TYPES.to_vec()
+    }
+}
+
+/// A user's tag: valid for Proxmox, and not one of the prefixes placement and ownership checks count.
+impl FromText for Tag {
+    fn from_text(text: &str) -> Result<Self, String> {
+        let tag = checked(Tag::parse(text))?;
+        let lowered = text.to_ascii_lowercase();
+        match RESERVED_TAG_PREFIXES
+            .iter()
+            .find(|p| lowered.starts_with(**p))
+        {
+            Some(prefix) => Err(format!(
+                "tags starting with `{prefix}` are set by the provider itself; choose another tag"
+            )),
+            None => Ok(tag),
+        }
+    }
+}
+
+/// One of `all`, by the name `name` gives it.
+fn choice<T: Copy>(text: &str, all: &[T], name: fn(T) -> &'static str) -> Result<T, String> {
+    all.iter()
+        .copied()
+        .find(|v| name(*v) == text)
+        .ok_or_else(|| {
+            let names: Vec<&str> = all.iter().map(|v| name(*v)).collect();
+            let hint = crate::did_you_mean::hint(text, &names);
+            format!("{text:?} is not one of {}{hint}", names.join(", "))
+        })
+}
+
+const DISK_CACHES: [DiskCache; 5] = [
+    DiskCache::None,
+    DiskCache::Writethrough,
+    DiskCache::Writeback,
+    DiskCache::Directsync,
+    DiskCache::Unsafe,
+];
+const DISK_AIOS: [DiskAio; 3] = [DiskAio::Native, DiskAio::Threads, DiskAio::IoUring];
+const HUGEPAGES: [Hugepages; 2] = [Hugepages::TwoMb, Hugepages::OneGb];
+
+/// Provider data names page sizes as upstream does, not as Proxmox does.
+fn hugepages_name(pages: Hugepages) -> &'static str {
+    match pages {
+        Hugepages::TwoMb => "2MB",
+        Hugepages::OneGb => "1GB",
+        Hugepages::Any => "any",
+    }
+}
+
+impl FromText for DiskCache {
+    fn from_text(text: &str) -> Result<Self, String> {
+        choice(text, &DISK_CACHES, DiskCache::as_str)
+    }
+
+    fn one_of() -> Vec<&'static str> {
+        DISK_CACHES.map(DiskCache::as_str).to_vec()
+    }
+}
+
+impl FromText for DiskAio {
+    fn from_text(text: &str) -> Result<Self, String> {
+        choice(text, &DISK_AIOS, DiskAio::as_str)
+    }
+
+    fn one_of() -> Vec<&'static str> {
+        DISK_AIOS.map(DiskAio::as_str).to_vec()
+    }
+}
+
+impl FromText for Hugepages {
+    fn from_text(text: &str) -> Result<Self, String> {
+        choice(text, &HUGEPAGES, hugepages_name)
+    }
+
+    fn one_of() -> Vec<&'static str> {
+        HUGEPAGES.map(hugepages_name).to_vec()
+    }
+}
+
+/// The name of an existing Proxmox HA rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HaRule(pub String);
+
+impl FromText for HaRule {
+    fn from_text(text: &str) -> Result<Self, String> {
+        let ok = !text.is_empty()
+            && text.len() <= 64
+            && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
+        if !ok {
+            return Err(PropertyError {
+                what: "HA rule",
+                value: text.to_string(),
+                expected: "a letter or digit, then letters, digits, '-' or '_'",
+            }
+            .to_string());
+        }
+        Ok(Self(text.to_string()))
+    }
+}
+
+/// The name of an IP pool: which pools exist is the config's to say (checked when the class is
+/// used with it), only an empty name is wrong on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpPoolName(pub String);
+
+impl FromText for IpPoolName {
+    fn from_text(text: &str) -> Result<Self, String> {
+        if text.trim().is_empty() {
+            return Err(
+                "is empty: name a pool of the config file's `ipPools:`, or remove the key for DHCP"
+                    .into(),
+            );
+        }
+        Ok(Self(text.to_string()))
+    }
+}
+
+/// A whole number up to `MAX`: more would overflow what Proxmox or the provider computes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+#[schemars(with = "u64")]
+pub struct UpTo<const MAX: u64>(pub u64);
+
+impl<const MAX: u64> UpTo<MAX> {
+    /// The number as a `u32`; every `MAX` used with it fits.
+    pub fn small(self) -> u32 {
+        u32::try_from(self.0).unwrap_or(u32::MAX)
+    }
+}
+
+impl<'de, const MAX: u64> Deserialize<'de> for UpTo<MAX> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match whole_number(d)? {
+            n if n <= MAX => Ok(Self(n)),
+            n => Err(D::Error::custom(format!(
+                "{n} is too large (at most {MAX})"
+            ))),
+        }
+    }
+}
+
+fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let value = Value::deserialize(d)?;
+    value.as_u64().ok_or_else(|| {
+        D::Error::custom(format!("must be a whole number, not {}", json_kind(&value)))
+    })
+}
+
+/// A VLAN tag; 0 is untagged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+#[schemars(with = "u64")]
+pub struct Vlan(pub Option<VlanTag>);
+
+impl<'de> Deserialize<'de> for Vlan {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        VlanTag::optional(whole_number(d)?)
+            .map(Vlan)
+            .map_err(D::Error::custom)
+    }
+}
+
+/// A template's VMID (a number or a numeric string) or its name.
+impl<'de> Deserialize<'de> for TemplateRef {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let vmid = |id: u64| {
+            u32::try_from(id)
+                .ok()
+                .filter(|id| (100..=999_999_999).contains(id))
+        };
+        match Value::deserialize(d)? {
+            Value::Number(n) => n
+                .as_u64()
+                .and_then(vmid)
+                .map(TemplateRef::VmId)
+                .ok_or_else(|| {
+                    D::Error::custom(format!(
+                        "{n} is not a VMID (100 to 999999999); give the template's VMID or its name"
+                    ))
+                }),
+            Value::String(s) if s.trim().is_empty() => Err(D::Error::custom(
+                "is empty: give the template's VMID or its name",
+            )),
+            Value::String(s) => Ok(match s.trim().parse().ok().and_then(vmid) {
+                Some(id) => TemplateRef::VmId(id),
+                None => TemplateRef::Name(s),
+            }),
+            other => Err(D::Error::custom(format!(
+                "must be a VMID or a name, not {}",
+                json_kind(&other)
+            ))),
+        }
+    }
+}
+
+impl JsonSchema for TemplateRef {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        "TemplateRef".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": ["integer", "string"]})
+    }
+}
