@@ -34,7 +34,10 @@ use crate::omni::resources::{
 };
 use crate::omni::state::ResourceRef;
 use crate::pipeline::run_step;
+use crate::pipeline::step::Ledgers;
 use crate::pipeline::step::{ClusterView, RequestInfo, Step, StepContext, StepError, StepOutcome};
+use crate::proxmox::ProxmoxClient;
+use crate::rules::provider_data::{ProviderData, describe, needs_release_check, release_problems};
 
 /// How long a step may work without saying what it does before its bare line is written.
 const SILENT_STEP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
@@ -156,7 +159,7 @@ impl Provisioning<'_> {
                 tracing::warn!(request = %self.id, "provider data: {warning}");
             }
         }
-        match crate::validate::release_problem(&services.pve, &data, &services.ledgers).await {
+        match release_problem(&services.pve, &data, &services.ledgers).await {
             Some(problem) => Err(ReconcileError::Refused {
                 doing: "checking the Proxmox VE release",
                 problem,
@@ -450,4 +453,79 @@ fn with_infra_id(
 /// An optional value as status text ("" when absent, as the protobuf has it).
 fn text<T: ToString>(value: &Option<T>) -> String {
     value.as_ref().map(T::to_string).unwrap_or_default()
+}
+
+/// Before provisioning: a key the cluster's Proxmox VE release does not accept (`ha.failback` before
+/// PVE 9, `boot: image` before 8.4), as a sentence; `None` when all is well or the version cannot be
+/// read (Proxmox then answers for itself when the key is sent). The version is read only for such a
+/// key, and at most every ten minutes ([`Ledgers::pve_version`]).
+async fn release_problem(
+    pve: &ProxmoxClient,
+    data: &ProviderData,
+    known: &Ledgers,
+) -> Option<String> {
+    if !needs_release_check(data) {
+        return None;
+    }
+    let version = match known.pve_version(pve).await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the Proxmox VE version");
+            return None;
+        }
+    };
+    let problems = release_problems(data, &version);
+    (!problems.is_empty()).then(|| describe(&problems))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ProviderConfig;
+    use crate::rules::provider_data::ProviderDataSchema;
+    use serde_json::{Map, json};
+
+    const BASE: &str = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\n";
+
+    /// Provisioning asks `GET /version` before anything is created, only when a key needs a release
+    /// (`ha.failback`, `boot: image`), and once per ten minutes whatever the number of reconciles; on
+    /// PVE 8 the request is refused naming the version instead of failing at HA registration.
+    #[tokio::test]
+    async fn release_problem_reads_the_version_only_when_needed_and_once() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/api2/json/version"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(
+                json!({"data": {"version": "8.4.1", "release": "8.4", "repoid": "abc"}}),
+            ))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let config = ProviderConfig::parse(&format!(
+            "proxmox:\n  url: {}\n  tokenID: a@pve!t\n  tokenSecret: s\n  insecureHTTP: true\n",
+            server.uri()
+        ))
+        .unwrap();
+        let pve = ProxmoxClient::new(&config.proxmox).unwrap();
+        let schema = ProviderDataSchema::new().unwrap();
+        let resolve = |yaml: String| schema.resolve(&yaml, None, &Map::new()).unwrap();
+        let plain = resolve(format!("{BASE}ha:\n  state: started\n"));
+        let known = crate::pipeline::step::Ledgers::default();
+        assert_eq!(release_problem(&pve, &plain, &known).await, None);
+        let failback = resolve(format!("{BASE}ha:\n  failback: false\n"));
+        let problem = release_problem(&pve, &failback, &known)
+            .await
+            .expect("refused");
+        assert!(
+            problem.starts_with("ha.failback: needs Proxmox VE 9"),
+            "{problem}"
+        );
+        assert!(problem.contains("8.4.1"), "{problem}");
+        // Again, and for `boot: image` (fine on 8.4): answered from what was read (`expect(1)`).
+        assert!(release_problem(&pve, &failback, &known).await.is_some());
+        let image = resolve(format!("{BASE}boot: image\n"));
+        assert_eq!(release_problem(&pve, &image, &known).await, None);
+    }
 }

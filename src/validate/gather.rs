@@ -9,7 +9,6 @@ use super::cluster::{ClusterView, candidate_nodes, check_cluster};
 use super::layers::Layers;
 use super::report::Report;
 use crate::model::ClusterSnapshot;
-use crate::pipeline::step::Ledgers;
 use crate::pipeline::template::clone_source;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
@@ -17,7 +16,7 @@ use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::PlacementLimits;
 use crate::rules::provider_data::{
-    BootMode, ProviderData, ProviderDataSchema, describe, needs_release_check, release_problems,
+    BootMode, ProviderData, ProviderDataSchema, needs_release_check,
 };
 
 /// Reads what the checks need for `data`: `/cluster/resources`, the bridges of every online candidate
@@ -141,26 +140,4 @@ pub async fn validate_class(
         findings.extend(check_cluster(schema, layers, &data, &view));
     }
     Ok(Report::new(findings))
-}
-
-/// Before provisioning: a key the cluster's Proxmox VE release does not accept (`ha.failback` before
-/// PVE 9), as a sentence; `None` when all is well or the version cannot be read (Proxmox then
-/// answers for itself when the key is sent).
-pub async fn release_problem(
-    pve: &ProxmoxClient,
-    data: &ProviderData,
-    known: &Ledgers,
-) -> Option<String> {
-    if !needs_release_check(data) {
-        return None;
-    }
-    let version = match known.pve_version(pve).await {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot read the Proxmox VE version");
-            return None;
-        }
-    };
-    let problems = release_problems(data, &version);
-    (!problems.is_empty()).then(|| describe(&problems))
 }

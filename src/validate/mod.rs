@@ -30,7 +30,7 @@ use serde_json::Value;
 
 pub use cluster::{ClusterView, candidate_nodes, check_cluster};
 pub use defaults::{check_defaults, check_defaults_against};
-pub use gather::{gather, release_problem, validate_class};
+pub use gather::{gather, validate_class};
 pub use layers::Layers;
 pub use pools::{check_pools, pool_findings};
 pub use privileges::root_reach_warning;

@@ -5,7 +5,6 @@ use serde_json::{Map, Value, json};
 use super::defaults::{HEALTH_TEXT_MAX, summarize};
 use super::*;
 use crate::config::ProviderConfig;
-use crate::proxmox::ProxmoxClient;
 use crate::proxmox::types::ClusterResource;
 use crate::rules::provider_data::ProviderDataSchema;
 use crate::rules::provider_data::needs_release_check;
@@ -192,48 +191,6 @@ fn ha_rules_need_pve_9_and_existing_nodes() {
     let f = problem(&r, "ha.node_affinity_nodes[1]", None).expect("a problem");
     assert!(f.message.contains("node \"pve9\" does not exist"), "{f}");
     assert!(problem(&r, "ha.node_affinity_nodes[0]", None).is_none());
-}
-
-/// Provisioning asks `GET /version` before anything is created, only when a key needs a release
-/// (`ha.failback`, `boot: image`), and once per ten minutes whatever the number of reconciles; on
-/// PVE 8 the request is refused naming the version instead of failing at HA registration.
-#[tokio::test]
-async fn release_problem_reads_the_version_only_when_needed_and_once() {
-    use wiremock::matchers::{method, path};
-    use wiremock::{Mock, MockServer, ResponseTemplate};
-    let server = MockServer::start().await;
-    Mock::given(method("GET"))
-        .and(path("/api2/json/version"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({"data": {"version": "8.4.1", "release": "8.4", "repoid": "abc"}}),
-        ))
-        .expect(1)
-        .mount(&server)
-        .await;
-    let config = ProviderConfig::parse(&format!(
-        "proxmox:\n  url: {}\n  tokenID: a@pve!t\n  tokenSecret: s\n  insecureHTTP: true\n",
-        server.uri()
-    ))
-    .unwrap();
-    let pve = ProxmoxClient::new(&config.proxmox).unwrap();
-    let schema = ProviderDataSchema::new().unwrap();
-    let resolve = |yaml: String| schema.resolve(&yaml, None, &Map::new()).unwrap();
-    let plain = resolve(format!("{BASE}ha:\n  state: started\n"));
-    let known = crate::pipeline::step::Ledgers::default();
-    assert_eq!(release_problem(&pve, &plain, &known).await, None);
-    let failback = resolve(format!("{BASE}ha:\n  failback: false\n"));
-    let problem = release_problem(&pve, &failback, &known)
-        .await
-        .expect("refused");
-    assert!(
-        problem.starts_with("ha.failback: needs Proxmox VE 9"),
-        "{problem}"
-    );
-    assert!(problem.contains("8.4.1"), "{problem}");
-    // Again, and for `boot: image` (fine on 8.4): answered from what was read (`expect(1)`).
-    assert!(release_problem(&pve, &failback, &known).await.is_some());
-    let image = resolve(format!("{BASE}boot: image\n"));
-    assert_eq!(release_problem(&pve, &image, &known).await, None);
 }
 
 #[test]
