@@ -13,10 +13,10 @@ mod stack;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use omni_infra_provider_proxmox::omni::memstate::MemState;
 use omni_infra_provider_proxmox::omni::transport;
 use stack::PROVIDER;
 use stack::fakepve::{self, FakePve};
+use testkit::memstate::MemState;
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -147,10 +147,7 @@ impl Drop for Provider {
 }
 
 /// Requests whose provider state records an allocation.
-fn allocated(
-    state: &omni_infra_provider_proxmox::omni::memstate::MemState,
-    ids: &[String],
-) -> usize {
+fn allocated(state: &testkit::memstate::MemState, ids: &[String]) -> usize {
     ids.iter()
         .filter(|id| {
             state

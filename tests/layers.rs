@@ -15,7 +15,6 @@ const LAYERS: &[&[&str]] = &[
         "error_chain",
         "yaml",
         "did_you_mean",
-        "test_support",
     ],
     &["metrics", "telemetry"],
     &["proxmox", "omni"],

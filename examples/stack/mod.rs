@@ -15,12 +15,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use omni_infra_provider_proxmox::omni::memstate::{
-    ControllersTask, MemServer, MemState, OmniControllers,
-};
 use omni_infra_provider_proxmox::omni::proto::specs::MachineRequestSpec;
 use omni_infra_provider_proxmox::omni::resources::MachineRequest;
 use omni_infra_provider_proxmox::omni::transport;
+use testkit::memstate::{ControllersTask, MemServer, MemState, OmniControllers};
 
 pub use fakepve::{FakePve, three_node_scenario};
 

@@ -14,7 +14,6 @@ use omni_infra_provider_proxmox::controller::registration::{self, ProviderInfo};
 use omni_infra_provider_proxmox::omni::auth::{
     self, PAYLOAD_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
-use omni_infra_provider_proxmox::omni::memstate;
 use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
 use omni_infra_provider_proxmox::omni::proto::specs::{self, MachineRequestSpec};
@@ -24,6 +23,7 @@ use omni_infra_provider_proxmox::omni::state::{
 };
 use omni_infra_provider_proxmox::omni::transport;
 use omni_support::{Omni, WAIT};
+use testkit::memstate;
 use tokio::sync::mpsc;
 use tonic::Code;
 

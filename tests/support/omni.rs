@@ -6,10 +6,8 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::client::OmniClient;
-use omni_infra_provider_proxmox::omni::memstate::{
-    ControllersTask, MemServer, MemState, OmniControllers,
-};
 use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls, SignedChannel};
+use testkit::memstate::{ControllersTask, MemServer, MemState, OmniControllers};
 
 pub const WAIT: Duration = Duration::from_secs(10);
 

@@ -16,13 +16,13 @@ use super::access::{
 };
 use super::query::matches_queries;
 use super::store::{key_of, md, next_version, now_ts, now_unix};
-use crate::omni::proto::cosi::resource as pb;
-use crate::omni::proto::cosi::resource::state_server::{State, StateServer};
-use crate::omni::proto::management as mpb;
-use crate::omni::proto::management::management_service_server::{
+use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
+use omni_infra_provider_proxmox::omni::proto::cosi::resource::state_server::{State, StateServer};
+use omni_infra_provider_proxmox::omni::proto::management as mpb;
+use omni_infra_provider_proxmox::omni::proto::management::management_service_server::{
     ManagementService, ManagementServiceServer,
 };
-use crate::omni::resources::{PHASE_TEARING_DOWN, label};
+use omni_infra_provider_proxmox::omni::resources::{PHASE_TEARING_DOWN, label};
 
 impl MemState {
     /// Serves State and Management on `listener` until [`MemServer::stop`].
