@@ -52,17 +52,15 @@ fn roomy_scenario() -> Value {
 }
 
 /// `replicas` provider processes (behind links a test can cut when `linked`), once one leads.
-async fn replicated(replicas: usize, time_scale: f64, linked: bool) -> Option<Stack> {
-    let mut stack = match Stack::start_servers(roomy_scenario(), time_scale, FAST, "").await {
-        Ok(stack) => stack,
-        Err(e) if e.contains("fakepve is not installed") => return None,
-        Err(e) => panic!("{e}"),
-    };
+async fn replicated(replicas: usize, time_scale: f64, linked: bool) -> Stack {
+    let mut stack = Stack::start_servers(roomy_scenario(), time_scale, FAST, "")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     for _ in 0..replicas {
         stack.add_replica(FAST, linked).unwrap();
     }
     stack.wait_for_a_leader().await.unwrap();
-    Some(stack)
+    stack
 }
 
 fn request_all(stack: &Stack, ids: &[String]) {
@@ -205,9 +203,7 @@ fn gauge(metrics: &str, name: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_make_one_vm_per_request_all_by_the_leader_and_leave_nothing() {
-    let Some(mut stack) = replicated(3, 0.0, false).await else {
-        return;
-    };
+    let mut stack = replicated(3, 0.0, false).await;
     let leader = stack.leader().expect("one replica holds the lease");
     let machines = ids("trio", 20);
     request_all(&stack, &machines);
@@ -256,9 +252,7 @@ async fn three_replicas_make_one_vm_per_request_all_by_the_leader_and_leave_noth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_mid_provisioning_leaves_the_standby_to_finish_without_duplicates() {
     // Tasks take time, so the kill lands while creates, uploads and starts are under way.
-    let Some(mut stack) = replicated(2, 0.05, false).await else {
-        return;
-    };
+    let mut stack = replicated(2, 0.05, false).await;
     let first = stack.leader().unwrap();
     let machines = request_and_wait_for_creates(&stack, "killed", 10).await;
     stack.replicas[first].kill();
@@ -274,9 +268,7 @@ async fn a_leader_killed_mid_provisioning_leaves_the_standby_to_finish_without_d
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_omni_goes_quiet_on_proxmox_before_the_standby_acquires() {
-    let Some(mut stack) = replicated(2, 0.05, true).await else {
-        return;
-    };
+    let mut stack = replicated(2, 0.05, true).await;
     let first = stack.leader().unwrap();
     let machines = request_and_wait_for_creates(&stack, "cut", 10).await;
     let cut_at = unix_now();
@@ -317,9 +309,7 @@ async fn a_leader_cut_off_from_omni_goes_quiet_on_proxmox_before_the_standby_acq
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_hands_over_on_sigterm_within_two_seconds_and_loses_nothing() {
-    let Some(mut stack) = replicated(2, 0.05, false).await else {
-        return;
-    };
+    let mut stack = replicated(2, 0.05, false).await;
     let first = stack.leader().unwrap();
     let machines = request_and_wait_for_creates(&stack, "rolling", 8).await;
     // The old replica goes (SIGTERM), the standby takes over, and a new replica starts beside it.
@@ -343,11 +333,9 @@ async fn a_rolling_update_hands_over_on_sigterm_within_two_seconds_and_loses_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_restarted_after_a_crash_takes_its_own_lease_back_at_once() {
     // The default timings: a stranger would wait 15 s for the lease.
-    let mut stack = match Stack::start_servers(roomy_scenario(), 0.0, &[], "").await {
-        Ok(stack) => stack,
-        Err(e) if e.contains("fakepve is not installed") => return,
-        Err(e) => panic!("{e}"),
-    };
+    let mut stack = Stack::start_servers(roomy_scenario(), 0.0, &[], "")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     stack.add_replica(&[], false).unwrap();
     stack.wait_for_a_leader().await.unwrap();
     let before = stack.lease().unwrap();
@@ -382,9 +370,7 @@ async fn a_replica_restarted_after_a_crash_takes_its_own_lease_back_at_once() {
 async fn two_processes_sharing_a_claim_file_never_both_lead() {
     // Both replicas on one "host": the second is started with the first one's claim file, which the
     // first holds locked, so it has no predecessor to claim and must wait the lease out.
-    let Some(mut stack) = replicated(1, 0.0, false).await else {
-        return;
-    };
+    let mut stack = replicated(1, 0.0, false).await;
     let index = stack.add_replica(FAST, false).unwrap();
     stack.replicas[index].kill();
     stack.share_claim(index, 0);

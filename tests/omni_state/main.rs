@@ -1,8 +1,5 @@
 //! The Omni client against the in-memory Omni over real gRPC on loopback.
 
-#[path = "../support/omni.rs"]
-mod omni_support;
-
 mod resources;
 mod watch;
 
@@ -22,8 +19,8 @@ use omni_infra_provider_proxmox::omni::state::{
     LabelSelector, ResourceRef, StateError, WatchEvent,
 };
 use omni_infra_provider_proxmox::omni::transport;
-use omni_support::{Omni, WAIT};
 use testkit::memstate;
+use testkit::omni::{Omni, WAIT};
 use tokio::sync::mpsc;
 use tonic::Code;
 

@@ -1,13 +1,12 @@
 //! Shared set-up for tests against the in-memory Omni.
-#![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::memstate::{ControllersTask, MemServer, MemState, OmniControllers};
 use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::client::OmniClient;
 use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls, SignedChannel};
-use testkit::memstate::{ControllersTask, MemServer, MemState, OmniControllers};
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
