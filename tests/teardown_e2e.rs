@@ -212,11 +212,8 @@ async fn state_left_without_its_request_is_cleaned_up_at_start() {
         })
         .await;
     assert!(cleaned, "provider state torn down");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !h.vm(vmid).is_null() {
-        assert!(std::time::Instant::now() < deadline, "VM not deleted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    h.wait_vm_deleted(vmid as u32, Duration::from_secs(10))
+        .await;
     h.stop_controller().await;
 }
 
@@ -388,14 +385,8 @@ async fn a_vm_a_late_create_makes_after_the_release_is_deleted() {
         "config": {"memory": 2048, "tags": tags,
                    "description": identity::description_marker(PROVIDER, "td-late")}}),
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !h.vm(vmid).is_null() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the late VM {vmid} was left behind"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    h.wait_vm_deleted(vmid as u32, Duration::from_secs(20))
+        .await;
 
     // A VM of someone else that happens to carry the name is not touched.
     h.pve.control(
@@ -456,13 +447,11 @@ async fn a_seed_iso_whose_delete_failed_once_is_deleted_later() {
     );
     h.tear_down("td-seed2");
     h.wait_released("td-seed2").await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while h.volumes("local").contains("omni-seed-td-seed2.iso") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the seed ISO was left behind"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    testkit::until(
+        Duration::from_secs(20),
+        "the seed ISO to be deleted",
+        || !h.volumes("local").contains("omni-seed-td-seed2.iso"),
+    )
+    .await;
     h.stop_controller().await;
 }

@@ -50,14 +50,7 @@ async fn a_compacted_bookmark_relists_cleans_up_and_keeps_provisioning() {
         })
         .await;
     assert!(cleaned, "provider state of the vanished request torn down");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !h.pve.vm(vmid).is_null() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "VM {vmid} not deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    h.wait_vm_deleted(vmid, Duration::from_secs(10)).await;
 
     // And the watch is live again: a new request is provisioned.
     h.request("wr-new", "watch", PINNED_PVE2);

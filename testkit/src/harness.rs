@@ -200,6 +200,15 @@ impl Harness {
         );
     }
 
+    /// Waits until fakepve no longer holds VM `vmid`.
+    pub async fn wait_vm_deleted(&mut self, vmid: u32, timeout: Duration) {
+        let pve = &mut self.pve;
+        crate::until(timeout, &format!("VM {vmid} to be deleted"), || {
+            pve.vm(vmid).is_null()
+        })
+        .await
+    }
+
     /// The VMs fakepve holds for request `id` (by name).
     pub fn vms_named(&mut self, id: &str) -> Vec<Value> {
         let vms = self.pve.control(json!({"op": "vms"}));

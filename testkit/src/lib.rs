@@ -49,3 +49,13 @@ where
         delay = (delay * 2).min(Duration::from_millis(100));
     }
 }
+
+/// [`eventually`] for a condition that is checked without awaiting (a look at fakepve, the in-memory
+/// Omni or a child process).
+pub async fn until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    eventually(timeout, what, || {
+        let done = done();
+        async move { done.then_some(()) }
+    })
+    .await
+}
