@@ -3,7 +3,7 @@
 //! the real binary killed with SIGKILL.
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::provider::{IpAllocation, MachineSpec};
@@ -80,11 +80,9 @@ fn cli_json(h: &Harness, dir: &std::path::Path, command: &str) -> Value {
         format!("{}{POOLS}", h.pve.config_yaml(Login::Token, Trust::CaFile)),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
-        .env_remove("SIDERO_SERVICE_ACCOUNT_KEY")
-        .env("OMNI_SERVICE_ACCOUNT_KEY", &h.omni.encoded_key)
-        // The in-memory Omni speaks plaintext.
-        .env("OMNI_INSECURE_HTTP", "true")
+    let out = h
+        .omni
+        .provider_command()
         .args([
             command,
             "--output",
@@ -116,10 +114,9 @@ impl Provider {
         )
         .unwrap();
         let log = std::fs::File::create(dir.join(format!("provider-{round}.log"))).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
-            .env_remove("SIDERO_SERVICE_ACCOUNT_KEY")
-            .env("OMNI_SERVICE_ACCOUNT_KEY", &h.omni.encoded_key)
-            .env("OMNI_INSECURE_HTTP", "true")
+        let child = h
+            .omni
+            .provider_command()
             .arg("--config-file")
             .arg(&config)
             .args(["--omni-api-endpoint", &h.omni.url(), "--concurrency", "8"])

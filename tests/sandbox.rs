@@ -3,22 +3,18 @@
 //! and `cluster`, `pools` and `orphans` run cleanly against it and the in-memory Omni, as the
 //! README's sandbox section shows them.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 use testkit::fakepve::FakePve;
 use testkit::sandbox;
 
 fn binary(args: &[&str], config: &std::path::Path, omni: &testkit::omni::Omni) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
+    omni.provider_command()
         .args(&args[..1])
         .arg("--config-file")
         .arg(config)
         .args(&args[1..])
         .env_remove("RUST_LOG")
-        .env("OMNI_ENDPOINT", omni.url())
-        // The in-memory Omni speaks plaintext.
-        .env("OMNI_INSECURE_HTTP", "true")
-        .env("OMNI_SERVICE_ACCOUNT_KEY", &omni.encoded_key)
         .stdin(Stdio::null())
         .output()
         .unwrap()

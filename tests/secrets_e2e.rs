@@ -28,13 +28,11 @@ async fn run_and_collect_output(login: Login) -> (String, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("provider.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
+    let mut child = omni
+        .provider_command()
         .arg("--config-file")
         .arg(&config)
         .args(["--log-level", "debug", "--health-interval", "200ms"])
-        .env("OMNI_ENDPOINT", omni.url())
-        // The in-memory Omni speaks plaintext.
-        .env("OMNI_INSECURE_HTTP", "true")
         .env("OMNI_SERVICE_ACCOUNT_KEY", key.expose())
         .stdout(log.try_clone().unwrap())
         .stderr(log)

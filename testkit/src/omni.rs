@@ -52,6 +52,19 @@ impl Omni {
         omni
     }
 
+    /// The provider binary with what reaches this Omni in its environment: the endpoint, plaintext
+    /// allowed (the in-memory Omni serves no TLS) and the registered key, under the variable names
+    /// of the official provider; its other key variable cleared, so the caller's cannot leak in.
+    pub fn provider_command(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(crate::process::provider_binary_for_test());
+        command
+            .env("OMNI_ENDPOINT", self.url())
+            .env("OMNI_INSECURE_HTTP", "true")
+            .env("OMNI_SERVICE_ACCOUNT_KEY", &self.encoded_key)
+            .env_remove("SIDERO_SERVICE_ACCOUNT_KEY");
+        command
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
