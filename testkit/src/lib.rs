@@ -19,6 +19,19 @@ pub mod process;
 pub mod sandbox;
 pub mod verify;
 
+/// The server stubs the in-memory Omni implements (see `build.rs`), over the provider crate's
+/// message types.
+pub mod proto {
+    /// `cosi.resource.State`.
+    pub mod state {
+        tonic::include_proto!("cosi.resource");
+    }
+    /// `management.ManagementService`.
+    pub mod management {
+        tonic::include_proto!("management");
+    }
+}
+
 use std::time::{Duration, Instant};
 
 pub use process::{cli, cli_output, provider_binary};

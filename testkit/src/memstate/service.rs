@@ -16,12 +16,12 @@ use super::access::{
 };
 use super::query::matches_queries;
 use super::store::{key_of, md, next_version, now_ts, now_unix};
-use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
-use omni_infra_provider_proxmox::omni::proto::cosi::resource::state_server::{State, StateServer};
-use omni_infra_provider_proxmox::omni::proto::management as mpb;
-use omni_infra_provider_proxmox::omni::proto::management::management_service_server::{
+use crate::proto::management::management_service_server::{
     ManagementService, ManagementServiceServer,
 };
+use crate::proto::state::state_server::{State, StateServer};
+use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
+use omni_infra_provider_proxmox::omni::proto::management as mpb;
 use omni_infra_provider_proxmox::omni::resources::{PHASE_TEARING_DOWN, label};
 
 impl MemState {
