@@ -110,3 +110,224 @@ async fn on_proxmox_8_3_boot_image_is_refused_before_anything_is_written() {
     assert_eq!(writes, 0, "nothing is written to Proxmox");
     h.stop_controller().await;
 }
+
+/// The path and `Authorization` header of each request a factory received.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
+
+/// An Image Factory that asks for credentials, served on a loopback address: it answers 401
+/// without them, and with them the image, with its length or (`chunked`) without.
+struct PrivateFactory {
+    url: String,
+    seen: Seen,
+}
+
+const FACTORY_USER: &str = "omni";
+const FACTORY_PASSWORD: &str = "factory-s3cret";
+const IMAGE_LEN: usize = 3 * 1024 * 1024 + 17;
+const ISO_CLASS: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nip_discovery_timeout: 0\n";
+
+impl PrivateFactory {
+    async fn start(chunked: bool) -> Self {
+        use axum::response::IntoResponse;
+        use base64::Engine;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let expected = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{FACTORY_USER}:{FACTORY_PASSWORD}"))
+        );
+        let log = seen.clone();
+        let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let auth = request
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            log.lock()
+                .unwrap()
+                .push((request.uri().path().to_owned(), auth.clone()));
+            let allowed = auth.as_deref() == Some(expected.as_str());
+            async move {
+                if !allowed {
+                    return (
+                        axum::http::StatusCode::UNAUTHORIZED,
+                        "authentication required",
+                    )
+                        .into_response();
+                }
+                let image = vec![7u8; IMAGE_LEN];
+                if chunked {
+                    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+                        image.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+                    axum::body::Body::from_stream(futures_util::stream::iter(chunks))
+                        .into_response()
+                } else {
+                    image.into_response()
+                }
+            }
+        });
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { url, seen }
+    }
+
+    fn image_requests(&self) -> Vec<(String, Option<String>)> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(path, _)| path.ends_with("/nocloud-amd64.iso"))
+            .cloned()
+            .collect()
+    }
+}
+
+/// The provider uses `factory` and the credentials `password` for it, from the next reconcile on.
+async fn use_private_factory(h: &mut Harness, factory: &PrivateFactory, password: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("factories.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "{}:\n  username: {FACTORY_USER}\n  password: {password}\n",
+            factory.url
+        ),
+    )
+    .unwrap();
+    h.factory_auth =
+        omni_infra_provider_proxmox::pipeline::factory_auth::FactoryAuth::read(&file).unwrap();
+    h.image_factory_url = factory.url.clone();
+    h.stop_controller().await;
+    h.start_controller();
+}
+
+/// An infra provider may not read Omni's ImageFactoryAuth resources (they need the Reader role,
+/// which ranks above InfraProvider: siderolabs/omni `internal/backend/runtime/omni/state_access.go`,
+/// `client/pkg/access/role/role.go`), and Proxmox's download-url sends no credentials. So the
+/// provider fetches the image with the credentials it is given and streams it into the storage
+/// through the upload call: the node never sees the credentials, the image is downloaded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_factory_that_asks_for_credentials_gets_them_and_its_image_is_uploaded_once() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let factory = PrivateFactory::start(false).await;
+    use_private_factory(&mut h, &factory, FACTORY_PASSWORD).await;
+    h.request("auth-1", "auth", ISO_CLASS);
+    h.wait_stage("auth-1", Stage::Provisioned).await;
+    h.request("auth-2", "auth", ISO_CLASS);
+    h.wait_stage("auth-2", Stage::Provisioned).await;
+
+    let fetched = factory.image_requests();
+    assert_eq!(fetched.len(), 1, "one download for both: {fetched:?}");
+    assert!(fetched[0].1.is_some(), "sent with credentials");
+    let requests = h.pve.requests();
+    assert!(
+        !requests.iter().any(|(_, p)| p.ends_with("/download-url")),
+        "the node is never asked to download it: {requests:?}"
+    );
+    let isos: Vec<String> = volumes(&mut h, "local")
+        .into_iter()
+        .filter(|v| v.starts_with("iso/") && !v.contains("omni-seed"))
+        .collect();
+    assert_eq!(isos.len(), 1, "{isos:?}");
+    let size = h
+        .pve
+        .control(json!({"op": "upload_size", "volid": format!("local:{}", isos[0])}));
+    assert_eq!(size, json!(IMAGE_LEN), "the whole image arrived");
+    let everything = format!("{requests:?}{:?}", h.status("auth-1"));
+    assert!(!everything.contains(FACTORY_PASSWORD), "{everything}");
+    h.stop_controller().await;
+}
+
+/// A factory that does not say the image's length (chunked): pveproxy takes no chunked upload
+/// (pve-http-server `src/PVE/APIServer/AnyEvent.pm`, 501), so the image is kept in a file first.
+/// Credentials the factory refuses fail the request, saying where they come from, never the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_of_unknown_length_is_spooled_and_refused_credentials_are_named() {
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let factory = PrivateFactory::start(true).await;
+    use_private_factory(&mut h, &factory, "wrong-password").await;
+    h.request("auth-3", "auth", ISO_CLASS);
+    let failed = h.wait_stage("auth-3", Stage::Failed).await;
+    assert!(
+        failed.spec.error.contains("--image-factory-auth-file")
+            && failed.spec.error.contains("401"),
+        "{}",
+        failed.spec.error
+    );
+    assert!(!failed.spec.error.contains("wrong-password"));
+
+    use_private_factory(&mut h, &factory, FACTORY_PASSWORD).await;
+    h.request("auth-4", "auth", ISO_CLASS);
+    h.wait_stage("auth-4", Stage::Provisioned).await;
+    let isos: Vec<String> = volumes(&mut h, "local")
+        .into_iter()
+        .filter(|v| v.starts_with("iso/") && !v.contains("omni-seed"))
+        .collect();
+    assert_eq!(isos.len(), 1, "{isos:?}");
+    let size = h
+        .pve
+        .control(json!({"op": "upload_size", "volid": format!("local:{}", isos[0])}));
+    assert_eq!(size, json!(IMAGE_LEN));
+    let leftovers: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".image"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "the spooled copy is deleted: {leftovers:?}"
+    );
+    h.stop_controller().await;
+}
+
+/// With no credentials of its own for the factory, the provider asks Omni where the image is
+/// (`GetBootAssetURL`, which the InfraProvider role may call: siderolabs/omni
+/// `internal/backend/grpc/schematics.go`); Omni answers with the factory's credentials as a basic
+/// `Authorization` header (`client/pkg/imagefactory/bootasset.go` `ResolveBootAsset`), and the
+/// provider fetches the image with it. The operator keeps the credentials in Omni only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_credentials_omni_holds_for_its_factory_fetch_the_image() {
+    use omni_infra_provider_proxmox::omni::proto::specs::FeaturesConfigSpec;
+    use omni_infra_provider_proxmox::omni::resources::{FEATURES_CONFIG_ID, FeaturesConfig};
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let factory = PrivateFactory::start(false).await;
+    h.omni.state.put(
+        &FeaturesConfig,
+        FEATURES_CONFIG_ID,
+        &FeaturesConfigSpec {
+            image_factory_base_url: factory.url.clone(),
+        },
+        Default::default(),
+    );
+    h.omni
+        .state
+        .set_image_factory_auth(&factory.url, FACTORY_USER, FACTORY_PASSWORD);
+    h.image_factory_url = factory.url.clone();
+    h.stop_controller().await;
+    h.start_controller();
+    h.request("auth-5", "auth", ISO_CLASS);
+    h.wait_stage("auth-5", Stage::Provisioned).await;
+    assert_eq!(
+        h.omni
+            .state
+            .calls("/management.ManagementService/GetBootAssetURL"),
+        1
+    );
+    let fetched = factory.image_requests();
+    assert_eq!(fetched.len(), 1, "{fetched:?}");
+    assert!(
+        fetched[0].0.contains("/v1.11.3/"),
+        "Omni's URL: {fetched:?}"
+    );
+    let requests = h.pve.requests();
+    assert!(!requests.iter().any(|(_, p)| p.ends_with("/download-url")));
+    assert!(!format!("{requests:?}").contains(FACTORY_PASSWORD));
+    h.stop_controller().await;
+}

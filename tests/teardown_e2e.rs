@@ -455,3 +455,98 @@ async fn a_seed_iso_whose_delete_failed_once_is_deleted_later() {
     .await;
     h.stop_controller().await;
 }
+
+/// Omni holds what a teardown hands it: its cleanup controller keeps a torn-down status until the
+/// machine has left its cluster, and its config-patch controller keeps each patch request until the
+/// patch is gone (siderolabs/omni `internal/backend/runtime/omni/controllers/omni/internal/cleanup`
+/// `machine_request_cleanup.go`, `infra_provider_config_patch.go`). The teardown learns of each
+/// release from its watch of our outputs and reads nothing twice, so machines with a topology
+/// patch, torn down together while Omni drains each status for 2 s, cost 7 Omni calls each (the
+/// patch request torn down and destroyed, the status torn down and destroyed, the provider state
+/// destroyed, our finalizer removed from the request, read first), and none while the drains hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teardown_under_omni_drain_costs_few_omni_calls_per_machine() {
+    use omni_infra_provider_proxmox::controller::topology;
+    use omni_infra_provider_proxmox::omni::resources::ConfigPatchRequest;
+    let Some(mut h) = Harness::start("").await else {
+        return;
+    };
+    let ids: Vec<String> = (0..8).map(|i| format!("drain-{i}")).collect();
+    for id in &ids {
+        h.request(id, "drain", PINNED_PVE2);
+    }
+    for id in &ids {
+        h.wait_stage(id, Stage::Provisioned).await;
+    }
+    topology::round(&h.context()).await.unwrap();
+    for id in &ids {
+        assert!(
+            h.omni
+                .state
+                .list(&ConfigPatchRequest)
+                .iter()
+                .any(|p| { p.metadata.labels.get("omni.sidero.dev/machine-request") == Some(id) }),
+            "{id} has its topology patch request"
+        );
+    }
+    let drain = Duration::from_secs(2);
+    h.omni.state.set_drain(drain);
+    let before = h.omni.state.typed_calls();
+    for id in &ids {
+        h.tear_down(id);
+    }
+    let all_held = h
+        .omni
+        .state
+        .wait_for(WAIT, |s| {
+            ids.iter().all(|id| {
+                s.get_raw(
+                    MachineRequestStatus::NAMESPACE,
+                    MachineRequestStatus::TYPE,
+                    id,
+                )
+                .and_then(|r| r.metadata)
+                .is_some_and(|m| m.phase == "tearingDown" && !m.finalizers.is_empty())
+            })
+        })
+        .await;
+    assert!(all_held, "every status held by Omni's cleanup controller");
+    let held_from = h.omni.state.typed_calls();
+    tokio::time::sleep(drain / 2).await;
+    let while_held = calls_since(&h.omni.state.typed_calls(), &held_from);
+    for id in &ids {
+        h.wait_released(id).await;
+    }
+    // The reconcile that follows the request's deletion.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let by_kind = calls_since(&h.omni.state.typed_calls(), &before);
+    let n = ids.len() as f64;
+    let report: Vec<String> = by_kind
+        .iter()
+        .map(|((method, ty), c)| format!("{:.2} {method} {ty}", *c as f64 / n))
+        .collect();
+    let total: u64 = by_kind.values().sum();
+    eprintln!("Omni calls per machine:\n{}", report.join("\n"));
+    assert_eq!(
+        while_held.values().sum::<u64>(),
+        0,
+        "no call while Omni holds every status: {while_held:?}"
+    );
+    assert!(
+        total as f64 / n <= 7.0,
+        "{:.2} Omni calls per machine:\n{}",
+        total as f64 / n,
+        report.join("\n")
+    );
+    h.stop_controller().await;
+}
+
+fn calls_since(
+    now: &std::collections::BTreeMap<(String, String), u64>,
+    before: &std::collections::BTreeMap<(String, String), u64>,
+) -> std::collections::BTreeMap<(String, String), u64> {
+    now.iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}

@@ -8,6 +8,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+use crate::pipeline::factory_auth::FactoryAuth;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -74,6 +76,12 @@ pub struct RunArgs {
         default_value = "https://factory.talos.dev"
     )]
     pub image_factory_url: String,
+    /// A YAML file with the credentials of Image Factories that ask for them, by factory URL
+    /// (`https://factory.example.com: {username: …, password: …}`), as Omni's ImageFactoryAuth
+    /// resources hold them (an infra provider may not read those). Boot images from such a factory
+    /// are downloaded by the provider and streamed into the storage.
+    #[arg(long, env = "IMAGE_FACTORY_AUTH_FILE")]
+    pub image_factory_auth_file: Option<PathBuf>,
     /// Run as one of any number of replicas: only the one holding the leader lease in Omni works,
     /// the others stand by and take over when it stops. `--leader-elect=false` runs without the
     /// lease, as a single process must then be the only one.
@@ -132,6 +140,7 @@ pub struct Settings {
     pub metrics_listen: Option<std::net::SocketAddr>,
     pub concurrency: usize,
     pub image_factory_url: String,
+    pub factory_auth: FactoryAuth,
     pub endpoint: OmniEndpoint,
     pub key: Arc<ProviderKey>,
     pub info: ProviderInfo,
@@ -185,6 +194,10 @@ impl Settings {
             concurrency: args.concurrency,
             metrics_listen: args.metrics_listen,
             image_factory_url: args.image_factory_url.clone(),
+            factory_auth: match &args.image_factory_auth_file {
+                Some(path) => FactoryAuth::read(path)?,
+                None => FactoryAuth::default(),
+            },
             endpoint,
             key: Arc::new(key),
             info: ProviderInfo::new(
@@ -427,6 +440,7 @@ impl Duties<'_> {
             ledgers: Default::default(),
             image_factory_url: self.image_factory_url.clone(),
             factory_http: self.factory_http.clone(),
+            factory_auth: settings.factory_auth.clone(),
             timeouts: Timeouts::default(),
             metrics: self.metrics.clone(),
         });

@@ -37,6 +37,11 @@ impl<K: Kind> WriteCache<K> {
         self
     }
 
+    /// The copy of `id` this process wrote last, if it remembers one.
+    pub fn last_written(&self, id: &str) -> Option<Typed<K::Spec>> {
+        self.remembered(id)
+    }
+
     fn remembered(&self, id: &str) -> Option<Typed<K::Spec>> {
         self.last
             .lock()

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use super::cache::WriteCache;
 use super::error_policy::{self, ReconcileError};
 use super::lanes::Lanes;
+use super::outputs::Outputs;
 use super::requests::Request;
 use crate::model::MachineState;
 use crate::omni::join::JoinMode;
@@ -43,6 +44,11 @@ pub struct Context {
     pub topology_writes: tokio::sync::Mutex<()>,
     /// The Image Factory Omni names for each Talos version, and when it was read.
     talos_factories: Mutex<HashMap<String, (Option<String>, Instant)>>,
+    /// What Omni holds of our statuses and patch requests, as the watch of them shows it.
+    pub outputs: Arc<Outputs>,
+    /// Requests whose teardown this process finished: the reconcile that follows their deletion
+    /// has nothing to look for.
+    torn_down: Mutex<HashSet<String>>,
 }
 
 /// How long the factory Omni names for a Talos version is used before it is read again.
@@ -67,6 +73,8 @@ impl Context {
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
             topology_writes: tokio::sync::Mutex::new(()),
             talos_factories: Mutex::new(HashMap::new()),
+            outputs: Arc::new(Outputs::new(super::teardown::WAIT_FOR_OMNI)),
+            torn_down: Mutex::new(HashSet::new()),
         }
     }
 
@@ -164,10 +172,15 @@ impl Context {
         .map(|_| ())
     }
 
+    /// The provider state of `id`: as this process wrote it last, or else as Omni has it. This
+    /// process is the only writer while it leads, so its own last write is what Omni holds.
     pub async fn find_machine(
         &self,
         id: &str,
     ) -> Result<Option<Typed<MachineSpec>>, ReconcileError> {
+        if let Some(written) = self.machines.last_written(id) {
+            return Ok(Some(written));
+        }
         self.state
             .find(&self.machine_kind(), id)
             .await
@@ -196,6 +209,23 @@ impl Context {
     }
 
     /// Drops in-memory bookkeeping for a request that is gone.
+    /// The teardown of `id` is finished: its status, provider state and our finalizer are gone.
+    pub fn torn_down(&self, id: &str) {
+        self.forget(id);
+        self.torn_down
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_owned());
+    }
+
+    /// Whether this process finished the teardown of `id` (asked once, when the request is gone).
+    pub fn take_torn_down(&self, id: &str) -> bool {
+        self.torn_down
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)
+    }
+
     pub fn forget(&self, id: &str) {
         self.statuses.forget(id);
         self.machines.forget(id);

@@ -25,7 +25,8 @@ impl Reconcile for Context {
     /// lets go of what it tore down.
     fn watch(&self) -> tokio::sync::mpsc::Receiver<RequestQueueEvent> {
         let mut watched = requests::watch(&self.state, self.provider_id());
-        let mut released = requests::watch_released_outputs(&self.state, self.provider_id());
+        let mut released =
+            requests::watch_released_outputs(&self.state, self.provider_id(), self.outputs.clone());
         let services = self.services.clone();
         let statuses = self.statuses.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(256);
@@ -118,6 +119,15 @@ async fn reconcile(
     id: &str,
     delivered: Option<Arc<Request>>,
 ) -> Result<Action, ReconcileError> {
+    // Deleted after this process tore it down: nothing is left to look for. A live delivery means
+    // the request was made again, and its deletion is then looked into as usual.
+    match &delivered {
+        None if ctx.take_torn_down(id) => return Ok(Action::Done),
+        Some(request) if !request.is_tearing_down() => {
+            ctx.take_torn_down(id);
+        }
+        _ => {}
+    }
     let request = match delivered.filter(|r| ctx.is_current(r)) {
         Some(r) => Some(r),
         None => ctx

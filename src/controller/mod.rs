@@ -23,6 +23,7 @@ pub mod health;
 pub mod lanes;
 pub mod leader;
 pub mod machine;
+pub mod outputs;
 pub mod progress;
 pub mod provision;
 pub mod registration;

@@ -9,8 +9,11 @@ use tokio::sync::mpsc;
 use crate::pipeline::step::RequestInfo;
 
 use crate::omni::proto::specs::MachineRequestSpec;
+use std::sync::Arc;
+
+use super::outputs::{OutputOf, Outputs};
 use crate::omni::resources::{
-    ConfigPatchRequest, Kind, MachineRequest, MachineRequestStatus, PHASE_TEARING_DOWN, label,
+    ConfigPatchRequest, Kind, MachineRequest, MachineRequestStatus, label,
 };
 use crate::omni::state::{LabelSelector, StateClient, StateError, Typed, WatchEvent};
 
@@ -91,15 +94,16 @@ pub fn watch(state: &StateClient, provider_id: &str) -> mpsc::Receiver<RequestQu
 }
 
 /// Watches what we tear down and Omni holds with its finalizers: our MachineRequestStatuses (its
-/// cleanup controller) and ConfigPatchRequests (its config-patch controller). Sends the ID of the
-/// machine request whose teardown may go on, each time one of them is left tearing down with no
-/// finalizer (docs/omni-protocol.md §3.6), and every updated status. A teardown waits for this
-/// instead of asking Omni again and again; it only looks again on its own after
-/// [`super::teardown::WAIT_FOR_OMNI`], in case an event was lost. Dropping the receiver stops both
-/// watches.
+/// cleanup controller) and ConfigPatchRequests (its config-patch controller), keeping `outputs` up
+/// to date. Sends the ID of the machine request whose teardown may go on, each time one of them is
+/// left tearing down with no finalizer (docs/omni-protocol.md §3.6), and every updated status. A
+/// teardown waits for this instead of asking Omni again and again; it only looks again on its own
+/// after [`super::teardown::WAIT_FOR_OMNI`], in case an event was lost. Dropping the receiver stops
+/// both watches.
 pub fn watch_released_outputs(
     state: &StateClient,
     provider_id: &str,
+    outputs: Arc<Outputs>,
 ) -> mpsc::Receiver<OutputEvent> {
     let selector = || vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id)];
     let mut statuses = state.watch_kind(
@@ -115,7 +119,7 @@ pub fn watch_released_outputs(
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(async move {
         loop {
-            let (event, request_of) = tokio::select! {
+            let (event, of) = tokio::select! {
                 Some(event) = statuses.recv() => (event, OutputOf::Status),
                 Some(event) = patches.recv() => (event, OutputOf::PatchRequest),
                 () = tx.closed() => return,
@@ -125,11 +129,11 @@ pub fn watch_released_outputs(
                 continue;
             };
             let mut out = Vec::with_capacity(2);
-            if let (OutputOf::Status, WatchEvent::Updated(r)) = (request_of, &event) {
-                out.push(OutputEvent::StatusSeen(Box::new(r.clone())));
-            }
-            if let Some(id) = released(&event, request_of) {
+            if let Some(id) = outputs.observe(of, &event) {
                 out.push(OutputEvent::Released(id));
+            }
+            if let (OutputOf::Status, WatchEvent::Updated(r)) = (of, event) {
+                out.push(OutputEvent::StatusSeen(Box::new(r)));
             }
             for item in out {
                 if tx.send(item).await.is_err() {
@@ -148,78 +152,4 @@ pub enum OutputEvent {
     Released(String),
     /// A status of ours changed (by us, or by Omni adding or removing its finalizer).
     StatusSeen(Box<crate::omni::proto::cosi::resource::Resource>),
-}
-
-/// Which output a watch event is about, and so how it names its machine request.
-#[derive(Debug, Clone, Copy)]
-enum OutputOf {
-    /// The status has the request's ID.
-    Status,
-    /// A patch request names it in its `omni.sidero.dev/machine-request` label.
-    PatchRequest,
-}
-
-/// Pure: the machine request whose teardown may go on after `event`, if any: the output is
-/// tearing down and no finalizer holds it any more.
-fn released(event: &WatchEvent, of: OutputOf) -> Option<String> {
-    let resource = match event {
-        WatchEvent::Created(r) | WatchEvent::Updated(r) => r,
-        _ => return None,
-    };
-    let md = resource.metadata.as_ref()?;
-    if md.phase != PHASE_TEARING_DOWN || !md.finalizers.is_empty() {
-        return None;
-    }
-    match of {
-        OutputOf::Status => Some(md.id.clone()),
-        OutputOf::PatchRequest => md.labels.get(label::MACHINE_REQUEST).cloned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::omni::proto::cosi::resource as pb;
-
-    fn output(phase: &str, finalizers: &[&str], request_label: Option<&str>) -> pb::Resource {
-        pb::Resource {
-            metadata: Some(pb::Metadata {
-                id: "out-1".into(),
-                phase: phase.into(),
-                finalizers: finalizers.iter().map(|f| f.to_string()).collect(),
-                labels: request_label
-                    .map(|r| (label::MACHINE_REQUEST.to_owned(), r.to_owned()))
-                    .into_iter()
-                    .collect(),
-                ..Default::default()
-            }),
-            spec: None,
-        }
-    }
-
-    #[test]
-    fn an_output_is_released_when_it_is_tearing_down_without_finalizers() {
-        let free = output(PHASE_TEARING_DOWN, &[], Some("r1"));
-        let held = output(
-            PHASE_TEARING_DOWN,
-            &["MachineRequestStatusCleanupController"],
-            None,
-        );
-        let running = output("running", &[], Some("r1"));
-        let status = OutputOf::Status;
-        let patch = OutputOf::PatchRequest;
-        assert_eq!(
-            released(&WatchEvent::Updated(free.clone()), status).as_deref(),
-            Some("out-1")
-        );
-        assert_eq!(
-            released(&WatchEvent::Created(free.clone()), patch).as_deref(),
-            Some("r1")
-        );
-        assert_eq!(released(&WatchEvent::Updated(held), status), None);
-        assert_eq!(released(&WatchEvent::Updated(running), status), None);
-        assert_eq!(released(&WatchEvent::Destroyed(free), status), None);
-        let unlabelled = output(PHASE_TEARING_DOWN, &[], None);
-        assert_eq!(released(&WatchEvent::Updated(unlabelled), patch), None);
-    }
 }

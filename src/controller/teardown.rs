@@ -21,6 +21,7 @@ use std::time::Duration;
 use super::context::{self, Context};
 use super::error_policy::ReconcileError;
 use super::lanes::Lane;
+use super::outputs::{Hold, OutputOf};
 use super::progress::{Phase, StatusSink};
 use super::requests::Request;
 use super::runner::Action;
@@ -56,23 +57,29 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
         return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
     }
     let status_ref = ResourceRef::of(&MachineRequestStatus, id);
-    let status_exists = match ctx.state.teardown(&status_ref, &ctx.owner).await {
-        Ok(true) => true,
-        Ok(false) => return Ok(Action::RequeueAfter(WAIT_FOR_OMNI)),
-        Err(e) if e.is_not_found() => false,
-        Err(e) => return Err(teardown_error("tearing down the machine request status", e)),
+    let status_exists = match ctx.outputs.status(id) {
+        // Omni still drains the machine; the watch of our outputs says when it lets go.
+        Some(Hold::Held) => return Ok(Action::RequeueAfter(WAIT_FOR_OMNI)),
+        Some(Hold::Released) => true,
+        Some(Hold::Live) | None => match ctx.state.teardown(&status_ref, &ctx.owner).await {
+            Ok(true) => true,
+            Ok(false) => return Ok(Action::RequeueAfter(WAIT_FOR_OMNI)),
+            Err(e) if e.is_not_found() => false,
+            Err(e) => return Err(teardown_error("tearing down the machine request status", e)),
+        },
     };
     let labels = context::labels(request);
     remove_vm_and_state(ctx, id, status_exists.then_some(&labels)).await?;
     if status_exists {
         destroy(ctx, &status_ref).await?;
+        ctx.outputs.destroyed(OutputOf::Status, id);
     }
     ctx.state
         .remove_finalizer(&ResourceRef::of(&MachineRequest, id), &ctx.owner)
         .await
         .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })
         .map_err(|e| teardown_error("removing our finalizer from the machine request", e))?;
-    ctx.forget(id);
+    ctx.torn_down(id);
     ctx.services.metrics.deprovision("success");
     tracing::info!(request = %id, "machine request torn down");
     Ok(Action::Done)
@@ -83,26 +90,46 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
 /// does first in its teardown: every ConfigPatchRequest labelled with our provider ID and the request
 /// ID is torn down and destroyed. Returns false while Omni still holds a finalizer on one of them.
 async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, ReconcileError> {
-    let patches = ctx
-        .state
-        .list(
-            &ConfigPatchRequest,
-            vec![
-                LabelSelector::new()
-                    .equal(label::INFRA_PROVIDER_ID, ctx.provider_id())
-                    .equal(label::MACHINE_REQUEST, id),
-            ],
-        )
-        .await
-        .map_err(|e| teardown_error("listing the config patch requests of the request", e))?;
-    let mut all_gone = true;
-    for patch in patches {
-        let what = ResourceRef::of(&ConfigPatchRequest, patch.id());
-        all_gone &= ctx
+    let patches = match ctx.outputs.patches_of(id) {
+        Some(known) => known,
+        None => ctx
             .state
-            .teardown_and_destroy(&what, &ctx.owner)
+            .list(
+                &ConfigPatchRequest,
+                vec![
+                    LabelSelector::new()
+                        .equal(label::INFRA_PROVIDER_ID, ctx.provider_id())
+                        .equal(label::MACHINE_REQUEST, id),
+                ],
+            )
             .await
-            .map_err(|e| teardown_error("removing a config patch request", e))?;
+            .map_err(|e| teardown_error("listing the config patch requests of the request", e))?
+            .iter()
+            .map(|patch| (patch.id().to_owned(), Hold::Live))
+            .collect(),
+    };
+    let mut all_gone = true;
+    for (patch, hold) in patches {
+        let what = ResourceRef::of(&ConfigPatchRequest, &patch);
+        let gone = match hold {
+            Hold::Held => false,
+            Hold::Released => match ctx.state.destroy(&what, &ctx.owner).await {
+                Ok(()) => true,
+                Err(e) if e.is_not_found() => true,
+                // A finalizer came back: the watch says when it goes.
+                Err(e) if e.is_conflict() => false,
+                Err(e) => return Err(teardown_error("removing a config patch request", e)),
+            },
+            Hold::Live => ctx
+                .state
+                .teardown_and_destroy(&what, &ctx.owner)
+                .await
+                .map_err(|e| teardown_error("removing a config patch request", e))?,
+        };
+        if gone {
+            ctx.outputs.destroyed(OutputOf::PatchRequest, &patch);
+        }
+        all_gone &= gone;
     }
     Ok(all_gone)
 }
@@ -146,16 +173,24 @@ async fn remove_vm_and_state(
         }
         return Err(e);
     }
+    // No controller of Omni's puts a finalizer on a provider's own state, and COSI destroys a
+    // resource in any phase once no finalizer holds it (cosi-project/runtime
+    // `pkg/state/impl/inmem/collection.go` Destroy; siderolabs/omni
+    // `internal/backend/runtime/omni/infraprovider/state.go` Destroy adds the provider check): one
+    // call. Should something hold it after all, it is torn down and destroyed on a later attempt.
     let machine_ref = ResourceRef::of(&ctx.machine_kind(), id);
-    match ctx.state.teardown(&machine_ref, &ctx.owner).await {
-        Ok(_) => {}
-        Err(e) if e.is_not_found() => {
-            ctx.services.ledgers.ip.release(id);
-            return Ok(());
+    match ctx.state.destroy(&machine_ref, &ctx.owner).await {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) if e.is_conflict() => {
+            ctx.state
+                .teardown(&machine_ref, &ctx.owner)
+                .await
+                .map_err(|e| teardown_error("tearing down the provider state", e))?;
+            destroy(ctx, &machine_ref).await?;
         }
-        Err(e) => return Err(teardown_error("tearing down the provider state", e)),
+        Err(e) => return Err(teardown_error("destroying the provider state", e)),
     }
-    destroy(ctx, &machine_ref).await?;
     // Only now, with the VM deleted and the state that recorded them gone, are its static
     // addresses and VMIDs free: a crash before this point leaves them in the state for the next
     // process.
@@ -191,12 +226,16 @@ async fn deprovision_vm(
         result
     };
     let show = async {
-        let sink =
-            status_labels.map(|labels| StatusSink::new(ctx, id, labels, Phase::Deprovisioning));
-        while let Some(text) = rx.recv().await {
-            if let Some(sink) = &sink {
-                sink.show(&text).await;
+        match status_labels {
+            Some(labels) => {
+                let sink = StatusSink::new(ctx, id, labels, Phase::Deprovisioning);
+                let sink = &sink;
+                show_while_slow(&mut rx, PROGRESS_EVERY, |text| async move {
+                    sink.show(&text).await;
+                })
+                .await;
             }
+            None => while rx.recv().await.is_some() {},
         }
     };
     let (result, ()) = tokio::join!(work, show);
@@ -240,6 +279,35 @@ async fn deprovision_vm(
         Err(e) => return Err(ReconcileError::Deprovision(Box::new(e))),
     }
     Ok(())
+}
+
+/// How often at most a deprovision's progress is written to the status.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// Shows the latest of `texts` once the work has gone on for `every`, then at most once per
+/// `every`. A deprovision that ends quickly writes no progress (its status goes right after); one
+/// that takes long (a guest that shuts down slowly, an offline node) shows where it is.
+async fn show_while_slow<F: Future<Output = ()>>(
+    texts: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    every: Duration,
+    mut show: impl FnMut(String) -> F,
+) {
+    let mut next = tokio::time::Instant::now() + every;
+    let mut pending: Option<String> = None;
+    loop {
+        tokio::select! {
+            text = texts.recv() => match text {
+                Some(text) => pending = Some(text),
+                None => return,
+            },
+            () = tokio::time::sleep_until(next), if pending.is_some() => {
+                if let Some(text) = pending.take() {
+                    show(text).await;
+                }
+                next = tokio::time::Instant::now() + every;
+            }
+        }
+    }
 }
 
 /// How long after a release a VM of that request is still looked for.
@@ -382,6 +450,31 @@ mod tests {
     use super::*;
     use crate::omni::proto::provider::MachineSpec;
     use crate::proxmox::types::{NodeName, VmId};
+
+    #[tokio::test(start_paused = true)]
+    async fn progress_shows_only_while_the_work_is_slow_and_at_most_once_a_second() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let shown = std::sync::Mutex::new(Vec::new());
+        let show = |text: String| {
+            shown.lock().unwrap().push(text);
+            std::future::ready(())
+        };
+        let work = async {
+            tx.send("shutting down".to_owned()).unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            tx.send("deleting".to_owned()).unwrap();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            tx.send("deleting the seed ISO".to_owned()).unwrap();
+            tx.send("done".to_owned()).unwrap();
+            drop(tx);
+        };
+        tokio::join!(work, show_while_slow(&mut rx, Duration::from_secs(1), show));
+        assert_eq!(
+            *shown.lock().unwrap(),
+            ["deleting"],
+            "the latest line once slow; nothing after the end"
+        );
+    }
 
     #[test]
     fn target_from_go_provider_state() {

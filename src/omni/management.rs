@@ -1,10 +1,12 @@
-//! Omni's management API, as far as a provider uses it: creating image-factory schematics.
+//! Omni's management API, as far as a provider uses it: creating image-factory schematics, and
+//! asking where a boot asset is and with which headers to fetch it.
 //!
 //! Omni (not the provider) creates the schematic, on the image factory Omni is configured with, using
-//! Omni's credentials for it. That covers the schematic only: the boot ISO is then downloaded by the
-//! Proxmox node from a URL, so it must name the same factory (see [`crate::pipeline::image_factory`]
-//! for how that factory is found), and a factory that wants credentials for downloads cannot be used
-//! for boot ISOs. The call is signed like every other but carries no `providerid` header.
+//! Omni's credentials for it. The boot image is then fetched from that same factory (see
+//! [`crate::pipeline::image_factory`] for how it is found); when the factory asks for credentials,
+//! Omni from August 2026 hands them out as headers for one asset (`GetBootAssetURL`, which the
+//! InfraProvider role may call: siderolabs/omni `internal/backend/grpc/schematics.go`). The calls
+//! are signed like every other but carry no `providerid` header.
 
 use super::proto::management as pb;
 use super::proto::management::management_service_client::ManagementServiceClient;
@@ -16,8 +18,34 @@ pub enum ManagementError {
         "creating schematics through Omni needs Omni 1.8 or newer (CreateSchematicFromRaw is not implemented by this Omni)"
     )]
     OmniTooOld,
-    #[error("Omni refused to create the schematic: {code:?}: {message}")]
+    #[error("Omni refused: {code:?}: {message}")]
     Refused { code: tonic::Code, message: String },
+}
+
+/// Which boot asset of a schematic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootAssetKind {
+    /// `nocloud-amd64.iso`.
+    Iso,
+    /// `nocloud-amd64.qcow2`.
+    Disk,
+}
+
+/// Where Omni says a boot asset is, and the headers to send with the download (the factory's
+/// credentials, so never printed).
+#[derive(Clone)]
+pub struct BootAsset {
+    pub url: String,
+    pub headers: Vec<(String, crate::secret::Secret)>,
+}
+
+impl std::fmt::Debug for BootAsset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BootAsset")
+            .field("url", &self.url)
+            .field("headers", &self.headers.len())
+            .finish()
+    }
 }
 
 #[derive(Clone)]
@@ -32,6 +60,59 @@ impl ManagementClient {
             raw: ManagementServiceClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        }
+    }
+
+    /// Where the nocloud amd64 `kind` asset of `schematic` for `talos_version` is, and with which
+    /// headers to fetch it; `None` from an Omni that does not answer this (older than August 2026).
+    pub async fn boot_asset(
+        &self,
+        talos_version: &str,
+        schematic: &str,
+        kind: BootAssetKind,
+    ) -> Result<Option<BootAsset>, ManagementError> {
+        use pb::boot_asset_url_request::BootAssetKind as Kind;
+        let req = pb::BootAssetUrlRequest {
+            talos_version: talos_version.to_owned(),
+            schematic_id: schematic.to_owned(),
+            standalone_url: false,
+            boot_asset_kind: match kind {
+                BootAssetKind::Iso => Kind::Iso,
+                BootAssetKind::Disk => Kind::Disk,
+            } as i32,
+            platform: "nocloud".into(),
+            architecture: "amd64".into(),
+            format: match kind {
+                BootAssetKind::Iso => String::new(),
+                BootAssetKind::Disk => "qcow2".into(),
+            },
+            secure_boot: false,
+        };
+        let mut raw = self.raw.clone();
+        let call = raw.get_boot_asset_url(req);
+        let Ok(answer) = tokio::time::timeout(super::state::CALL_DEADLINE, call).await else {
+            return Err(ManagementError::Refused {
+                code: tonic::Code::DeadlineExceeded,
+                message: format!("no answer within {:?}", super::state::CALL_DEADLINE),
+            });
+        };
+        match answer {
+            Ok(resp) => {
+                let resp = resp.into_inner();
+                Ok(Some(BootAsset {
+                    url: resp.url,
+                    headers: resp
+                        .headers
+                        .into_iter()
+                        .map(|(k, v)| (k, crate::secret::Secret::new(v)))
+                        .collect(),
+                }))
+            }
+            Err(s) if s.code() == tonic::Code::Unimplemented => Ok(None),
+            Err(s) => Err(ManagementError::Refused {
+                code: s.code(),
+                message: s.message().to_owned(),
+            }),
         }
     }
 

@@ -7,8 +7,8 @@
 //! infra providers included, may read; `--image-factory-url` is the fallback when Omni does not say
 //! (older Omni, or the read fails). A Talos version Omni serves from its secondary factory names that
 //! factory in its `TalosVersions` resource, and Omni makes the schematic there
-//! ([`factory_for_version`]). An authenticated factory that needs credentials in the download is
-//! still out of reach: Proxmox downloads the ISO itself, with a bare URL.
+//! ([`factory_for_version`]). A factory that needs credentials for downloads is fetched from by the
+//! provider itself ([`super::factory_auth`]).
 //!
 //! The direct fallback is what the older Go library did: `POST <factory>/schematics` with the YAML,
 //! answered with `{"id": "..."}`.

@@ -6,6 +6,7 @@ pub mod deprovision;
 pub mod configure_vm;
 pub mod create_vm;
 pub mod discover_ip;
+pub mod factory_auth;
 pub mod ha;
 pub mod identify;
 pub mod image_factory;

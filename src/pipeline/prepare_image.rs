@@ -3,7 +3,8 @@
 //! Boot mode `iso` (the default, as upstream): the schematic (request extensions plus the QEMU guest
 //! agent, never connection parameters: those are per request and go in the NoCloud seed) is created
 //! through Omni, and the chosen node downloads the Image Factory's nocloud ISO into ISO storage itself,
-//! so the image never passes through the provider. The URL and the file name are built exactly as the
+//! so the image never passes through the provider; only a factory that asks for credentials is
+//! fetched from by the provider, which streams the image into the storage ([`image_source`]). The URL and the file name are built exactly as the
 //! official provider builds them: `<factory>/image/<schematic>/<Talos version as the request gives
 //! it>/nocloud-amd64.iso` (no `v` added: auto-provisioned requests carry `1.11.4`), named by the hex
 //! SHA-256 of that URL, so ISOs it already downloaded are reused and none is downloaded twice.
@@ -25,10 +26,11 @@
 use crate::proxmox::property::{ImportVolume, IsoVolume};
 use sha2::{Digest, Sha256};
 
-use super::image_factory;
+use super::factory_auth;
+use super::image_factory::{self, FactoryError};
 use super::step::{StepContext, StepError, StepOutcome, image_lock_key, image_presence_key};
 use crate::model::ClusterSnapshot;
-use crate::omni::management::ManagementError;
+use crate::omni::management::{BootAssetKind, ManagementError};
 use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::NodeName;
 use crate::rules::provider_data::BootMode;
@@ -131,6 +133,7 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
     let _guard = lock.lock().await;
     let wanted = Wanted {
         kind,
+        schematic: &schematic,
         node: &node,
         storage: &storage,
         volid: &volid,
@@ -152,9 +155,92 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
     Ok(StepOutcome::Done)
 }
 
+/// How the boot image gets into the storage.
+enum Source {
+    /// The node downloads it (`download-url`): the factory needs no credentials.
+    Node,
+    /// The provider downloads it with `headers` and uploads it: the factory needs credentials,
+    /// which never reach the node.
+    Provider {
+        url: String,
+        headers: Vec<(String, crate::secret::Secret)>,
+        from: CredentialsFrom,
+    },
+}
+
+/// Whose credentials a download carries.
+#[derive(Debug, Clone, Copy)]
+enum CredentialsFrom {
+    AuthFile,
+    Omni,
+}
+
+impl CredentialsFrom {
+    fn advice(self) -> &'static str {
+        match self {
+            CredentialsFrom::AuthFile => {
+                "the factory refuses the credentials --image-factory-auth-file gives for it: check its username and password"
+            }
+            CredentialsFrom::Omni => {
+                "the factory refuses the credentials Omni holds for it: check Omni's image factory settings"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for CredentialsFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CredentialsFrom::AuthFile => "the credentials of --image-factory-auth-file",
+            CredentialsFrom::Omni => "the credentials Omni holds for it",
+        })
+    }
+}
+
+/// Where the image comes from. Credentials the operator gives for the factory come first; else
+/// Omni is asked where the asset is and with which headers (Omni from August 2026: siderolabs/omni
+/// `client/pkg/imagefactory/bootasset.go` `ResolveBootAsset`, which puts the factory's credentials
+/// in an `Authorization` header); a factory that needs none is left to the node, as the official
+/// provider does. An Omni that cannot tell (older, or failing) leaves it to the node too.
+async fn image_source(ctx: &StepContext<'_>, wanted: &Wanted<'_>, url: &str) -> Source {
+    let services = ctx.services;
+    if let Some(credentials) = services
+        .factory_auth
+        .for_factory(ctx.request.factory(services))
+    {
+        return Source::Provider {
+            url: url.to_owned(),
+            headers: credentials.headers(),
+            from: CredentialsFrom::AuthFile,
+        };
+    }
+    let asset_kind = match wanted.kind {
+        BootImage::Iso => BootAssetKind::Iso,
+        BootImage::Disk => BootAssetKind::Disk,
+    };
+    let talos_version = &ctx.request.talos_version;
+    match services
+        .management
+        .boot_asset(talos_version, wanted.schematic, asset_kind)
+        .await
+    {
+        Ok(Some(asset)) if !asset.headers.is_empty() => Source::Provider {
+            url: asset.url,
+            headers: asset.headers,
+            from: CredentialsFrom::Omni,
+        },
+        Ok(_) => Source::Node,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot ask Omni how to fetch the boot image; the node downloads it");
+            Source::Node
+        }
+    }
+}
+
 /// The boot image a download must put in place.
 struct Wanted<'a> {
     kind: BootImage,
+    schematic: &'a str,
     node: &'a NodeName,
     storage: &'a str,
     volid: &'a str,
@@ -175,6 +261,7 @@ async fn fetch(
         storage,
         volid,
         file_name,
+        ..
     } = *wanted;
     let pve = &ctx.services.pve;
     // A download the official provider (or an earlier run) started may still be running: wait for it
@@ -206,21 +293,50 @@ async fn fetch(
         .iter()
         .any(|v| v.volid == volid);
     if !present {
-        let download = DownloadRequest {
-            url,
-            file_name: file_name.to_owned(),
-            content: content.into(),
-            checksum: None,
+        let what = format!("the Talos {version} {} to {storage} on {node}", kind.what());
+        let task = match image_source(ctx, wanted, &url).await {
+            Source::Node => {
+                let download = DownloadRequest {
+                    url,
+                    file_name: file_name.to_owned(),
+                    content: content.into(),
+                    checksum: None,
+                };
+                ctx.start_task(
+                    format!("downloading {what}"),
+                    pve.download_url(node, storage, &download),
+                )
+                .await?
+            }
+            Source::Provider { url, headers, from } => {
+                let services = ctx.services;
+                let image = factory_auth::download(
+                    &services.factory_http,
+                    &url,
+                    &headers,
+                    services.timeouts.download,
+                )
+                .await
+                .map_err(|e| match e {
+                    FactoryError::Refused {
+                        status: 401 | 403, ..
+                    } => StepError::Config(format!("{e} ({})", from.advice())),
+                    other => StepError::Cluster(other.to_string()),
+                })?;
+                ctx.start_task(
+                    format!("uploading {what}, fetched from the Image Factory with {from}"),
+                    pve.upload_streamed(
+                        node,
+                        storage,
+                        content,
+                        file_name,
+                        image.body,
+                        image.length,
+                    ),
+                )
+                .await?
+            }
         };
-        let task = ctx
-            .start_task(
-                format!(
-                    "downloading the Talos {version} {} to {storage} on {node}",
-                    kind.what()
-                ),
-                pve.download_url(node, storage, &download),
-            )
-            .await?;
         if kind == BootImage::Iso {
             ctx.state.iso_file = Some(file_name.to_owned());
         }
@@ -290,6 +406,7 @@ async fn restore_boot_iso(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     ctx.state.iso_download_task = None;
     let wanted = Wanted {
         kind: BootImage::Iso,
+        schematic: &schematic,
         node: &node,
         storage: &storage,
         volid: &volid,

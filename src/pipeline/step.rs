@@ -257,8 +257,11 @@ pub struct Services {
     pub ledgers: Ledgers,
     /// Image factory base URL for boot ISOs.
     pub image_factory_url: String,
-    /// HTTP client for the Image Factory (schematics on Omni before 1.8).
+    /// HTTP client for the Image Factory (schematics on Omni before 1.8, and boot images from a
+    /// factory that needs credentials).
     pub factory_http: reqwest::Client,
+    /// Credentials of the factories that need them (`--image-factory-auth-file`).
+    pub factory_auth: super::factory_auth::FactoryAuth,
     pub timeouts: Timeouts,
     pub metrics: Arc<crate::metrics::Metrics>,
 }

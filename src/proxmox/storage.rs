@@ -1,6 +1,6 @@
 //! Storage calls: what a node can store, what is stored, and putting ISOs there.
 
-use super::client::{Params, Pool, ProxmoxClient, Replay, Upload};
+use super::client::{Params, Pool, ProxmoxClient, Replay, StreamUpload, Upload};
 use super::error::ProxmoxError;
 use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid, check_storage_id};
 
@@ -87,6 +87,31 @@ impl ProxmoxClient {
             bytes,
         };
         self.upload(
+            &["nodes", node.as_str(), "storage", storage, "upload"],
+            &upload,
+        )
+        .await
+    }
+
+    /// `POST /nodes/{node}/storage/{storage}/upload` (multipart) with a body that streams in as it
+    /// is sent: returns the import task.
+    pub async fn upload_streamed(
+        &self,
+        node: &NodeName,
+        storage: &str,
+        content: &str,
+        file_name: &str,
+        body: reqwest::Body,
+        length: u64,
+    ) -> Result<Upid, ProxmoxError> {
+        check_storage(storage)?;
+        let upload = StreamUpload {
+            fields: vec![("content".into(), content.into())],
+            file_name: file_name.into(),
+            body: std::sync::Mutex::new(Some(body)),
+            length,
+        };
+        self.upload_stream(
             &["nodes", node.as_str(), "storage", storage, "upload"],
             &upload,
         )

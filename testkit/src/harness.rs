@@ -45,6 +45,10 @@ pub struct Harness {
     pub concurrency: usize,
     /// The running controller's services (clients, ledgers), replaced at each `start_controller`.
     pub services: Option<Arc<Services>>,
+    /// The Image Factory boot images come from, and the credentials of factories that need them,
+    /// from the next `start_controller` on.
+    pub image_factory_url: String,
+    pub factory_auth: omni_infra_provider_proxmox::pipeline::factory_auth::FactoryAuth,
 }
 
 impl Harness {
@@ -78,6 +82,8 @@ impl Harness {
             topology: None,
             concurrency: omni_infra_provider_proxmox::controller::context::DEFAULT_CONCURRENCY,
             services: None,
+            image_factory_url: "https://factory.talos.dev".into(),
+            factory_auth: Default::default(),
         };
         h.start_controller();
         h
@@ -113,9 +119,10 @@ impl Harness {
                 .unwrap()
                 .strict(self.config.strict),
             ledgers: Default::default(),
-            image_factory_url: "https://factory.talos.dev".into(),
+            image_factory_url: self.image_factory_url.clone(),
             factory_http: omni_infra_provider_proxmox::pipeline::image_factory::http_client()
                 .unwrap(),
+            factory_auth: self.factory_auth.clone(),
             timeouts: Timeouts {
                 agent_poll: Duration::from_millis(50),
                 ..Timeouts::default()

@@ -447,6 +447,10 @@ class LauncherPve(FakePve):
     uploads = None
 
     async def _upload(self, request):
+        # pveproxy reads a request body only with a Content-Length (pve-http-server
+        # src/PVE/APIServer/AnyEvent.pm: 501 "chunked transfer encoding not supported").
+        if request.headers.get('Transfer-Encoding', '').lower() == 'chunked':
+            raise PveError(501, 'chunked transfer encoding not supported')
         answer = await super()._upload(request)
         fields = self.uploaded or {}
         if 'filename' in fields:
@@ -1233,6 +1237,10 @@ async def command(pve, cmd):
         return vm_view(vm) if vm is not None else None
     elif op == 'vms':
         return [vm_view(vm) for vm in pve.vms]
+    elif op == 'upload_size':
+        # How many bytes the last upload into volume `volid` carried (None: none arrived).
+        data = (pve.uploads or {}).get(cmd['volid'])
+        return len(data) if data is not None else None
     elif op == 'seed_network_config':
         # The network-config of the seed attached to VM `vmid`, as its guest would read it.
         vm = pve.guest(cmd['vmid'])

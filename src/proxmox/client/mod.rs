@@ -172,15 +172,30 @@ pub struct Upload {
     pub bytes: Vec<u8>,
 }
 
+/// A file streamed into a storage as it arrives from elsewhere (a boot image from a factory
+/// that needs credentials): sent once, never held whole in memory, so never replayed.
+pub struct StreamUpload {
+    pub fields: Vec<(String, String)>,
+    pub file_name: String,
+    pub body: std::sync::Mutex<Option<reqwest::Body>>,
+    /// pveproxy takes no chunked body, so the length is known before the upload starts.
+    pub length: u64,
+}
+
 enum Body<'a> {
     Params(&'a Params),
     Upload(&'a Upload),
+    Stream(&'a StreamUpload),
 }
 
 #[derive(serde::Deserialize)]
 struct Envelope<T> {
     data: T,
 }
+
+/// How long a streamed upload may take in all: a boot image of some hundred megabytes over a slow
+/// link, the time a node is given for its own downloads.
+const STREAMED_UPLOAD_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// Below pveproxy's 5 s keep-alive timeout.
 pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
@@ -335,6 +350,22 @@ impl ProxmoxClient {
         .await
     }
 
+    /// Like [`Self::upload`] with a body that streams in and is sent once.
+    pub(crate) async fn upload_stream<T: DeserializeOwned>(
+        &self,
+        path: &[&str],
+        upload: &StreamUpload,
+    ) -> Result<T, ProxmoxError> {
+        self.call(
+            Pool::Large,
+            Method::POST,
+            path,
+            Body::Stream(upload),
+            Replay::OnlyIfUnsent,
+        )
+        .await
+    }
+
     async fn call<T: DeserializeOwned>(
         &self,
         pool: Pool,
@@ -364,6 +395,8 @@ impl ProxmoxClient {
                     tracing::info!(%call, "Proxmox ticket refused; logging in again");
                     self.invalidate(session.as_ref()).await;
                 }
+                // A streamed body is gone once sent: the caller starts over.
+                other @ Err(_) if matches!(body, Body::Stream(_)) => return other,
                 Err(e) if attempt < self.inner.retry.attempts && may_retry(&e, replay) => {
                     let delay = self.inner.retry.delay(attempt);
                     tracing::debug!(%call, attempt, ?delay, error = %e, "retrying Proxmox call");
@@ -426,6 +459,25 @@ impl ProxmoxClient {
                     .mime_str("application/octet-stream")
                     .map_err(|e| ProxmoxError::Setup(format!("multipart: {e}")))?;
                 req.multipart(form.part("filename", part))
+            }
+            Body::Stream(u) => {
+                let mut form = reqwest::multipart::Form::new();
+                for (k, v) in &u.fields {
+                    form = form.text(k.clone(), v.clone());
+                }
+                let taken = u.body.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let Some(stream) = taken else {
+                    return Err(ProxmoxError::Setup(format!(
+                        "{call}: the streamed upload of {} was sent already",
+                        u.file_name
+                    )));
+                };
+                let part = reqwest::multipart::Part::stream_with_length(stream, u.length)
+                    .file_name(u.file_name.clone())
+                    .mime_str("application/octet-stream")
+                    .map_err(|e| ProxmoxError::Setup(format!("multipart: {e}")))?;
+                req.timeout(STREAMED_UPLOAD_TIMEOUT)
+                    .multipart(form.part("filename", part))
             }
         };
         self.execute(req, call).await

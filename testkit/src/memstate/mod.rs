@@ -326,6 +326,15 @@ impl MemState {
         self.lock().typed_calls.clone()
     }
 
+    /// Gives the factory at `url` credentials, as an ImageFactoryAuth resource does in Omni:
+    /// `GetBootAssetURL` then answers with them in an `Authorization` header.
+    pub fn set_image_factory_auth(&self, url: &str, username: &str, password: &str) {
+        self.lock().factory_auth.insert(
+            url.trim_end_matches('/').to_owned(),
+            (username.to_owned(), password.to_owned()),
+        );
+    }
+
     /// Makes Teardown/TeardownAndDestroy answer `Unimplemented`, like Omni before 1.8.
     pub fn set_teardown_unimplemented(&self, on: bool) {
         self.lock().teardown_unimplemented = on;

@@ -468,13 +468,10 @@ impl ManagementService for MgmtService {
         &self,
         req: Request<mpb::CreateSchematicFromRawRequest>,
     ) -> Result<Response<mpb::CreateSchematicResponse>, Status> {
-        let method = "/management.ManagementService/CreateSchematicFromRaw";
-        {
-            let mut store = self.state.lock();
-            MemState::injected_failure(&mut store)?;
-            store.verifier.verify(method, req.metadata(), now_unix())?;
-            *store.calls.entry(method.to_owned()).or_default() += 1;
-        }
+        self.signed(
+            "/management.ManagementService/CreateSchematicFromRaw",
+            req.metadata(),
+        )?;
         let r = req.into_inner();
         if r.raw_schematic.is_empty() {
             return Err(Status::invalid_argument("raw schematic is empty"));
@@ -487,6 +484,89 @@ impl ManagementService for MgmtService {
             grpc_tunnel_enabled: false,
             schematic_yml: String::from_utf8_lossy(&r.raw_schematic).into_owned(),
         }))
+    }
+
+    async fn get_boot_asset_url(
+        &self,
+        req: Request<mpb::BootAssetUrlRequest>,
+    ) -> Result<Response<mpb::BootAssetUrlResponse>, Status> {
+        self.signed(
+            "/management.ManagementService/GetBootAssetURL",
+            req.metadata(),
+        )?;
+        self.boot_asset(req.get_ref()).map(Response::new)
+    }
+}
+
+impl MgmtService {
+    /// Omni's `GetBootAssetURL` (siderolabs/omni `internal/backend/grpc/schematics.go`, and
+    /// `client/pkg/imagefactory/bootasset.go` `ResolveBootAsset`): the factory of the Talos version
+    /// (its TalosVersions resource, else the features configuration, else factory.talos.dev),
+    /// `<factory>/image/<schematic>/v<version>/<platform>-<arch>.<iso|format>`, and the factory's
+    /// credentials as a basic `Authorization` header when it has some.
+    fn boot_asset(
+        &self,
+        r: &mpb::BootAssetUrlRequest,
+    ) -> Result<mpb::BootAssetUrlResponse, Status> {
+        use base64::Engine;
+        use mpb::boot_asset_url_request::BootAssetKind as Kind;
+        let file = match Kind::try_from(r.boot_asset_kind) {
+            Ok(Kind::Iso) => format!("{}-{}.iso", r.platform, r.architecture),
+            Ok(Kind::Disk) if !r.format.is_empty() => {
+                format!("{}-{}.{}", r.platform, r.architecture, r.format)
+            }
+            _ => return Err(Status::invalid_argument("unknown boot asset kind")),
+        };
+        if r.schematic_id.is_empty() || r.schematic_id.contains('/') {
+            return Err(Status::invalid_argument("invalid schematic ID"));
+        }
+        let version = r.talos_version.trim_start_matches('v');
+        let talos = self
+            .state
+            .get(&crate::omni::resources::TalosVersion, version)
+            .map(|v| v.spec.image_factory_url)
+            .filter(|u| !u.is_empty());
+        let features = self
+            .state
+            .get(
+                &crate::omni::resources::FeaturesConfig,
+                crate::omni::resources::FEATURES_CONFIG_ID,
+            )
+            .map(|f| f.spec.image_factory_base_url)
+            .filter(|u| !u.is_empty());
+        let factory = talos
+            .or(features)
+            .unwrap_or_else(|| "https://factory.talos.dev".into());
+        let factory = factory.trim_end_matches('/').to_owned();
+        let url = format!("{factory}/image/{}/v{version}/{file}", r.schematic_id);
+        let headers = match self.state.lock().factory_auth.get(&factory) {
+            Some((user, password)) if !r.standalone_url => [(
+                "Authorization".to_owned(),
+                format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+                ),
+            )]
+            .into(),
+            _ => Default::default(),
+        };
+        Ok(mpb::BootAssetUrlResponse {
+            image_factory_host: url::Url::parse(&url)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned))
+                .unwrap_or_default(),
+            storage_key: hex(&sha2::Sha256::digest(format!("{}/{file}", r.schematic_id))),
+            url,
+            headers,
+        })
+    }
+
+    fn signed(&self, method: &str, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        let mut store = self.state.lock();
+        MemState::injected_failure(&mut store)?;
+        store.verifier.verify(method, metadata, now_unix())?;
+        *store.calls.entry(method.to_owned()).or_default() += 1;
+        Ok(())
     }
 }
 

@@ -47,6 +47,9 @@ pub(super) struct Store {
     pub(super) typed_calls: BTreeMap<(String, String), u64>,
     /// How long Omni's cleanup controller holds a torn-down status (see `controllers`).
     pub(super) drain: std::time::Duration,
+    /// Omni's ImageFactoryAuth resources: the username and password of each factory that needs
+    /// them, by URL without a trailing `/` (see `MemState::set_image_factory_auth`).
+    pub(super) factory_auth: BTreeMap<String, (String, String)>,
 }
 
 pub(super) fn now_unix() -> i64 {

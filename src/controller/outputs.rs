@@ -1,0 +1,275 @@
+//! What Omni holds of the outputs a teardown hands it, as the watch of our outputs shows it.
+//!
+//! A teardown removes the request's config patch requests and its status, and Omni keeps each with a
+//! finalizer until it is done with it: its config-patch controller until the patch is gone, its
+//! cleanup controller until the machine has left its cluster, seconds to minutes (siderolabs/omni
+//! `infra_provider_config_patch.go`, `machine_request_cleanup.go`). The watch already delivers every
+//! change of these resources, so the teardown reads them here instead of listing and tearing down
+//! again at each wake-up: a thousand machines draining at once then cost Omni nothing while they wait.
+//!
+//! What the watch showed is trusted for [`super::teardown::WAIT_FOR_OMNI`] at most: after that, a
+//! teardown asks Omni, so a lost event delays it and never stops it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::omni::proto::cosi::resource::Resource;
+use crate::omni::resources::{PHASE_TEARING_DOWN, label};
+use crate::omni::state::WatchEvent;
+
+/// Where an output stands in its teardown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Not torn down.
+    Live,
+    /// Torn down; a finalizer of Omni's still holds it.
+    Held,
+    /// Torn down and held by nothing: it can be destroyed.
+    Released,
+}
+
+impl Hold {
+    fn of(resource: &Resource) -> Option<Self> {
+        let md = resource.metadata.as_ref()?;
+        Some(
+            match (md.phase == PHASE_TEARING_DOWN, md.finalizers.is_empty()) {
+                (false, _) => Hold::Live,
+                (true, false) => Hold::Held,
+                (true, true) => Hold::Released,
+            },
+        )
+    }
+}
+
+/// Which output a watch event is about, and so how it names its machine request.
+#[derive(Debug, Clone, Copy)]
+pub enum OutputOf {
+    /// The status has the request's ID.
+    Status,
+    /// A patch request names it in its `omni.sidero.dev/machine-request` label.
+    PatchRequest,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    hold: Hold,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct Known {
+    /// The patch watch has listed every patch request: one missing here does not exist.
+    patches_listed: bool,
+    /// Patch request ID → (its machine request, where it stands).
+    patches: HashMap<String, (String, Seen)>,
+    statuses: HashMap<String, Seen>,
+}
+
+/// The outputs of every request, as the watch of our outputs shows them.
+pub struct Outputs {
+    known: Mutex<Known>,
+    trusted_for: Duration,
+}
+
+impl Outputs {
+    /// What the watch showed is believed for `trusted_for`; after that a teardown asks Omni.
+    pub fn new(trusted_for: Duration) -> Self {
+        Self {
+            known: Mutex::new(Known::default()),
+            trusted_for,
+        }
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes in one event of the watch of `of`; returns the machine request whose teardown may go
+    /// on because an output of it is released now.
+    pub fn observe(&self, of: OutputOf, event: &WatchEvent) -> Option<String> {
+        let mut known = self.known();
+        let now = Instant::now();
+        match event {
+            WatchEvent::Created(r) | WatchEvent::Updated(r) => {
+                let md = r.metadata.as_ref()?;
+                let hold = Hold::of(r)?;
+                let seen = Seen { hold, at: now };
+                let request = match of {
+                    OutputOf::Status => {
+                        known.statuses.insert(md.id.clone(), seen);
+                        md.id.clone()
+                    }
+                    OutputOf::PatchRequest => {
+                        let request = md.labels.get(label::MACHINE_REQUEST)?.clone();
+                        known.patches.insert(md.id.clone(), (request.clone(), seen));
+                        request
+                    }
+                };
+                (hold == Hold::Released).then_some(request)
+            }
+            WatchEvent::Destroyed(r) => {
+                let id = &r.metadata.as_ref()?.id;
+                match of {
+                    OutputOf::Status => known.statuses.remove(id),
+                    OutputOf::PatchRequest => known.patches.remove(id).map(|(_, s)| s),
+                };
+                None
+            }
+            WatchEvent::Bootstrapped => {
+                if let OutputOf::PatchRequest = of {
+                    known.patches_listed = true;
+                }
+                None
+            }
+            // A fresh listing follows; until it is complete, nothing missing can be trusted.
+            WatchEvent::Resync => {
+                match of {
+                    OutputOf::Status => known.statuses.clear(),
+                    OutputOf::PatchRequest => {
+                        known.patches.clear();
+                        known.patches_listed = false;
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// The patch requests of `request` with where each stands, once the watch has listed them all;
+    /// `None` before (the teardown lists them itself). A patch whose news is older than we trust
+    /// counts as [`Hold::Live`]: tearing it down again tells where it stands.
+    pub fn patches_of(&self, request: &str) -> Option<Vec<(String, Hold)>> {
+        let known = self.known();
+        if !known.patches_listed {
+            return None;
+        }
+        Some(
+            known
+                .patches
+                .iter()
+                .filter(|(_, (r, _))| r == request)
+                .map(|(id, (_, seen))| (id.clone(), self.trusted(*seen).unwrap_or(Hold::Live)))
+                .collect(),
+        )
+    }
+
+    /// Where the status of `request` stands, if the watch said so recently enough.
+    pub fn status(&self, request: &str) -> Option<Hold> {
+        let known = self.known();
+        known
+            .statuses
+            .get(request)
+            .and_then(|seen| self.trusted(*seen))
+    }
+
+    /// A patch request this process just wrote: a teardown that starts before the watch delivers
+    /// it still removes it.
+    pub fn patch_written(&self, request: &str, patch: &str) {
+        let seen = Seen {
+            hold: Hold::Live,
+            at: Instant::now(),
+        };
+        self.known()
+            .patches
+            .entry(patch.to_owned())
+            .or_insert_with(|| (request.to_owned(), seen));
+    }
+
+    /// An output this process destroyed: gone before its Destroyed event arrives.
+    pub fn destroyed(&self, of: OutputOf, id: &str) {
+        let mut known = self.known();
+        match of {
+            OutputOf::Status => known.statuses.remove(id).map(|_| ()),
+            OutputOf::PatchRequest => known.patches.remove(id).map(|_| ()),
+        };
+    }
+
+    fn trusted(&self, seen: Seen) -> Option<Hold> {
+        (seen.at.elapsed() < self.trusted_for).then_some(seen.hold)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::omni::proto::cosi::resource as pb;
+
+    fn output(id: &str, phase: &str, finalizers: &[&str], request: Option<&str>) -> pb::Resource {
+        pb::Resource {
+            metadata: Some(pb::Metadata {
+                id: id.into(),
+                phase: phase.into(),
+                finalizers: finalizers.iter().map(|f| f.to_string()).collect(),
+                labels: request
+                    .map(|r| (label::MACHINE_REQUEST.to_owned(), r.to_owned()))
+                    .into_iter()
+                    .collect(),
+                ..Default::default()
+            }),
+            spec: None,
+        }
+    }
+
+    #[test]
+    fn an_output_is_released_when_it_is_tearing_down_without_finalizers() {
+        let outputs = Outputs::new(Duration::from_secs(60));
+        let status = OutputOf::Status;
+        let patch = OutputOf::PatchRequest;
+        let held = output("r1", PHASE_TEARING_DOWN, &["Cleanup"], None);
+        assert_eq!(outputs.observe(status, &WatchEvent::Updated(held)), None);
+        assert_eq!(outputs.status("r1"), Some(Hold::Held));
+        let free = output("r1", PHASE_TEARING_DOWN, &[], None);
+        assert_eq!(
+            outputs
+                .observe(status, &WatchEvent::Updated(free.clone()))
+                .as_deref(),
+            Some("r1")
+        );
+        assert_eq!(outputs.status("r1"), Some(Hold::Released));
+        assert_eq!(outputs.observe(status, &WatchEvent::Destroyed(free)), None);
+        assert_eq!(outputs.status("r1"), None);
+        let free_patch = output("p1", PHASE_TEARING_DOWN, &[], Some("r1"));
+        assert_eq!(
+            outputs
+                .observe(patch, &WatchEvent::Created(free_patch))
+                .as_deref(),
+            Some("r1")
+        );
+        let running = output("p2", "running", &[], Some("r2"));
+        assert_eq!(outputs.observe(patch, &WatchEvent::Updated(running)), None);
+        let unlabelled = output("p3", PHASE_TEARING_DOWN, &[], None);
+        assert_eq!(
+            outputs.observe(patch, &WatchEvent::Updated(unlabelled)),
+            None
+        );
+    }
+
+    #[test]
+    fn patches_are_known_only_once_listed_and_news_is_trusted_for_a_while() {
+        let outputs = Outputs::new(Duration::from_millis(50));
+        let patch = OutputOf::PatchRequest;
+        let held = output("p1", PHASE_TEARING_DOWN, &["ConfigPatch"], Some("r1"));
+        outputs.observe(patch, &WatchEvent::Updated(held));
+        assert_eq!(outputs.patches_of("r1"), None, "not listed yet");
+        outputs.observe(patch, &WatchEvent::Bootstrapped);
+        assert_eq!(
+            outputs.patches_of("r1"),
+            Some(vec![("p1".to_owned(), Hold::Held)])
+        );
+        assert_eq!(outputs.patches_of("r2"), Some(vec![]));
+        outputs.patch_written("r2", "p2");
+        assert_eq!(
+            outputs.patches_of("r2"),
+            Some(vec![("p2".to_owned(), Hold::Live)])
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(
+            outputs.patches_of("r1"),
+            Some(vec![("p1".to_owned(), Hold::Live)]),
+            "old news: ask Omni again"
+        );
+        outputs.observe(patch, &WatchEvent::Resync);
+        assert_eq!(outputs.patches_of("r1"), None, "relisting");
+    }
+}
