@@ -468,9 +468,7 @@ async fn a_seed_iso_whose_delete_failed_once_is_deleted_later() {
 async fn a_teardown_under_omni_drain_costs_few_omni_calls_per_machine() {
     use omni_infra_provider_proxmox::controller::topology;
     use omni_infra_provider_proxmox::omni::resources::ConfigPatchRequest;
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let ids: Vec<String> = (0..8).map(|i| format!("drain-{i}")).collect();
     for id in &ids {
         h.request(id, "drain", PINNED_PVE2);
