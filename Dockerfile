@@ -26,7 +26,9 @@ ARG RUST_VERSION=1
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS builder
 WORKDIR /src
 # Only what the build reads (see .dockerignore): manifests, build script, protos, schema, icon, code.
+# `testkit` is the workspace's test crate: Cargo reads its manifest, the image never builds it.
 COPY Cargo.toml Cargo.lock build.rs ./
+COPY testkit ./testkit
 COPY proto ./proto
 COPY schema ./schema
 COPY assets ./assets

@@ -1,17 +1,17 @@
 # The two commands a newcomer needs: `make demo` and `make test`.
 .PHONY: test lint check setup build image-check demo sandbox bench soak chaos audit
 
-# Everything the tests need (fakepve in .venv), then every test. fakepve is required here, so a missing
-# fake fails the run instead of silently skipping the end-to-end tests.
+# Everything the tests need (fakepve in .venv), then every test of the workspace (the provider and
+# testkit, its test crate). A test that needs fakepve and cannot find it fails.
 test: setup
-	REQUIRE_FAKEPVE=1 cargo test --lib --bins --tests --locked
+	cargo test --workspace --lib --bins --tests --locked
 
 setup:
 	scripts/setup-test-env.sh
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --all-targets --locked -- -D warnings
+	cargo clippy --workspace --all-targets --locked -- -D warnings
 
 check: lint test
 
@@ -25,7 +25,7 @@ build:
 # The release binary the image ships, run in a root file system holding only what the image's base
 # holds, as its non-root user (tests/runtime_image.rs; `make test` runs it on the debug binary).
 image-check: setup build
-	PROVIDER_BINARY=target/release/omni-infra-provider-proxmox REQUIRE_FAKEPVE=1 cargo test --locked --test runtime_image
+	PROVIDER_BINARY=target/release/omni-infra-provider-proxmox cargo test --locked --test runtime_image
 
 # The provider doing its job against a fake 3-node Proxmox and an in-memory Omni (debug build: it
 # reuses what `make test` compiled).

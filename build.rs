@@ -1,5 +1,6 @@
-//! Compiles our `.proto` files with protox (pure Rust, no `protoc` on any machine) and generates
-//! tonic client and server stubs: the client talks to Omni, the server is the in-memory Omni.
+//! Compiles our `.proto` files with protox (pure Rust, no `protoc` on any machine) and generates the
+//! messages and the tonic client stubs that talk to Omni. The server stubs of the in-memory Omni are
+//! generated in the `testkit` crate, over these messages.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -18,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fds = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure()
-        .build_server(true)
+        .build_server(false)
         .build_client(true)
         // tonic's prost codec with 1 KiB buffers instead of 8 KiB per call (see its module).
         .codec_path("crate::omni::codec::SmallBufferCodec")

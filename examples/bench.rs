@@ -14,11 +14,11 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use omni_infra_provider_proxmox::omni::memstate::MemState;
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{MachineRequestStatus, PHASE_TEARING_DOWN};
 use scale::Row;
 use stack::Stack;
+use testkit::memstate::MemState;
 
 const CLASS: &str = "\
 cores: 2

@@ -1,22 +1,21 @@
 //! A cluster to try the commands on, with no Proxmox and no Omni (`make sandbox`).
 //!
 //! Starts fakepve with a four-node Proxmox VE 9 cluster shaped after the files in `examples/` (see
-//! `tests/support/sandbox.rs`) and the in-memory Omni, writes `examples/config.yaml` pointed at the
+//! `testkit/src/sandbox.rs`) and the in-memory Omni, writes `examples/config.yaml` pointed at the
 //! fake cluster and the Omni connection into a directory (`tmp/sandbox` by default, or the first
 //! argument), prints how to use them, and keeps running until Ctrl-C. Every example machine class
 //! passes `validate` against it (`tests/sandbox.rs` checks).
 
-#[path = "../tests/support/sandbox.rs"]
-mod sandbox;
 mod stack;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use omni_infra_provider_proxmox::omni::memstate::MemState;
 use omni_infra_provider_proxmox::omni::transport;
 use stack::PROVIDER;
 use stack::fakepve::{self, FakePve};
+use testkit::memstate::MemState;
+use testkit::sandbox;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -37,8 +36,7 @@ async fn run() -> Result<(), String> {
     );
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     transport::install_crypto_provider();
-    let pve = FakePve::start(sandbox::scenario(), 0.02)
-        .ok_or("fakepve is not installed: run scripts/setup-test-env.sh (or `make setup`)")?;
+    let pve = FakePve::try_start(sandbox::scenario(), 0.02)?;
     let omni = MemState::new();
     let key = omni.register_provider(PROVIDER)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -83,12 +81,8 @@ fn absolute(path: &Path) -> PathBuf {
 
 /// The provider binary built beside this example, as the user types it from the repository.
 fn binary() -> String {
-    let built = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("omni-infra-provider-proxmox")));
-    let cwd = std::env::current_dir().ok();
-    match (built, cwd) {
-        (Some(b), Some(cwd)) => b
+    match (testkit::provider_binary(), std::env::current_dir()) {
+        (Ok(b), Ok(cwd)) => b
             .strip_prefix(&cwd)
             .map(Path::to_path_buf)
             .unwrap_or(b)

@@ -3,7 +3,7 @@
 //! A map of the crate, in the order a request travels (details in `docs/architecture.md`):
 //!
 //! - [`omni`]: everything that speaks Omni (signing, the State client and its watch, join configs,
-//!   schematics) and `memstate`, the in-memory Omni the tests and the demo run against.
+//!   schematics). The in-memory Omni the tests and the demo run against is the `testkit` crate's.
 //! - [`controller`]: the long-running duties. [`controller::runner`] drives the watch, the queue and
 //!   the workers; [`controller::machine`] dispatches a key to apply, cleanup or orphan;
 //!   "what after this error" is [`controller::error_policy::error_policy`].
@@ -40,8 +40,6 @@ pub mod rules;
 pub mod secret;
 pub mod table;
 pub mod telemetry;
-#[cfg(test)]
-pub(crate) mod test_support;
 pub mod tls;
 pub mod validate;
 pub mod yaml;

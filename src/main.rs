@@ -22,8 +22,6 @@ struct Cli {
 enum Command {
     /// Show the Proxmox cluster as the provider sees it: nodes, storages, templates.
     Cluster(cli::cluster::ClusterArgs),
-    /// Run an in-memory Omni state server for local development and tests.
-    DevOmni(cli::dev_omni::DevOmniArgs),
     /// List VMs and seed ISOs that belong to no live MachineRequest; delete them with --delete.
     Orphans(cli::orphans::OrphansArgs),
     /// Show each static IP pool's use: addresses held (by which request), free, and left over.
@@ -50,7 +48,6 @@ fn main() -> ExitCode {
         match args.command {
             None => cli::run::run(args.run).await,
             Some(Command::Cluster(a)) => cli::cluster::run(a).await,
-            Some(Command::DevOmni(a)) => cli::dev_omni::run(a).await,
             Some(Command::Orphans(a)) => cli::orphans::run(a).await,
             Some(Command::Pools(a)) => cli::pools::run(a).await,
             Some(Command::Validate(a)) => cli::validate::run(a).await,

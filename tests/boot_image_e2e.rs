@@ -8,12 +8,10 @@
 //! decompresses nothing but ISOs; qemu-server src/PVE/API2/Qemu.pm takes `import-from` only on
 //! `<storage>:0` and gives the disk the image's virtual size.
 
-mod support;
-
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use serde_json::{Value, json};
-use support::fakepve::three_node_scenario;
-use support::harness::Harness;
+use testkit::fakepve::three_node_scenario;
+use testkit::harness::Harness;
 
 const IMAGE_CLASS: &str = "cores: 2\nmemory: 2048\ndisk_size: 20\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve1\nboot: image\nip_discovery_timeout: 0\n";
 
@@ -32,9 +30,7 @@ fn volumes(h: &mut Harness, storage: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vms_boot_from_one_downloaded_disk_image_grown_and_without_an_iso() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     with_import_storage(&mut h);
     h.request("img-1", "image", IMAGE_CLASS);
     h.request("img-2", "image", IMAGE_CLASS);
@@ -87,9 +83,7 @@ async fn vms_boot_from_one_downloaded_disk_image_grown_and_without_an_iso() {
 /// No storage on the node allows `import`: a readable failure that says what to enable, and no VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_import_storage_the_request_fails_saying_what_to_enable() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request("img-none", "image", IMAGE_CLASS);
     let status = h.wait_stage("img-none", Stage::Failed).await;
     let error = status.spec.error;
@@ -105,9 +99,7 @@ async fn without_an_import_storage_the_request_fails_saying_what_to_enable() {
 async fn on_proxmox_8_3_boot_image_is_refused_before_anything_is_written() {
     let mut scenario = three_node_scenario();
     scenario["pve_version"] = json!("8.3.5");
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     with_import_storage(&mut h);
     h.request("img-old", "image", IMAGE_CLASS);
     let status = h.wait_stage("img-old", Stage::Failed).await;
@@ -230,9 +222,7 @@ async fn use_private_factory(h: &mut Harness, factory: &PrivateFactory, password
 /// through the upload call: the node never sees the credentials, the image is downloaded once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_factory_that_asks_for_credentials_gets_them_and_its_image_is_uploaded_once() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let factory = PrivateFactory::start(false).await;
     use_private_factory(&mut h, &factory, FACTORY_PASSWORD).await;
     h.request("auth-1", "auth", ISO_CLASS);
@@ -259,9 +249,7 @@ async fn a_factory_that_asks_for_credentials_gets_them_and_its_image_is_uploaded
 /// Credentials the factory refuses fail the request, saying where they come from, never the password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_of_unknown_length_is_spooled_and_refused_credentials_are_named() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let factory = PrivateFactory::start(true).await;
     use_private_factory(&mut h, &factory, "wrong-password").await;
     h.request("auth-3", "auth", ISO_CLASS);
@@ -299,9 +287,7 @@ async fn an_image_of_unknown_length_is_spooled_and_refused_credentials_are_named
 async fn the_credentials_omni_holds_for_its_factory_fetch_the_image() {
     use omni_infra_provider_proxmox::omni::proto::specs::FeaturesConfigSpec;
     use omni_infra_provider_proxmox::omni::resources::{FEATURES_CONFIG_ID, FeaturesConfig};
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let factory = PrivateFactory::start(false).await;
     h.omni.state.put(
         &FeaturesConfig,

@@ -23,8 +23,6 @@ async fn a_short_chaos_run_keeps_every_invariant() {
         .unwrap_or(SEED);
     let report = match run(&Options::short(seed)).await {
         Ok(report) => report,
-        // fakepve missing: `FakePve::start` already said SKIPPED (or panicked when it is required).
-        Err(e) if e.contains("fakepve is not installed") => return,
         Err(e) => panic!("chaos seed {seed} could not run: {e}"),
     };
     assert!(report.violations.is_empty(), "{}", describe(&report));
@@ -42,7 +40,6 @@ async fn a_short_chaos_run_with_two_replicas_keeps_every_invariant() {
         .unwrap_or(REPLICA_SEED);
     let report = match run(&Options::short(seed).with_replicas(2)).await {
         Ok(report) => report,
-        Err(e) if e.contains("fakepve is not installed") => return,
         Err(e) => panic!("chaos seed {seed} with two replicas could not run: {e}"),
     };
     assert!(report.violations.is_empty(), "{}", describe(&report));

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use omni_infra_provider_proxmox::omni::memstate::MemState;
+use testkit::memstate::MemState;
 
 const TYPO_CONFIG: &str = "proxmox:\n  url: https://127.0.0.1:1/api2/json\n  tokenID: omni@pve!provider\n  tokenSecret: not-used\n  insecureSkipVerfy: true\ndefaults:\n  corse: 2\n";
 

@@ -10,7 +10,7 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 fn project_files() -> Vec<PathBuf> {
     let mut files = Vec::new();
     for top in [
-        "src", "tests", "examples", "scripts", "docs", "proto", "schema", ".ci",
+        "src", "testkit", "tests", "examples", "scripts", "docs", "proto", "schema", ".ci",
     ] {
         collect(&Path::new(ROOT).join(top), &mut files);
     }

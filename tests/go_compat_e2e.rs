@@ -3,8 +3,6 @@
 //! by us, ours are what the Go code reads, ISO names match its names, and its config patches are
 //! removed on teardown.
 
-mod support;
-
 use std::collections::BTreeMap;
 
 use omni_infra_provider_proxmox::model::identity::{SET_POOL_COMMENT, provider_tag, request_tag};
@@ -22,8 +20,8 @@ use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
 use omni_infra_provider_proxmox::rules::schematic::{SchematicRequest, schematic_yaml};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use support::fakepve::{Login, Trust};
-use support::harness::{Harness, PROVIDER, WAIT};
+use testkit::fakepve::{Login, Trust};
+use testkit::harness::{Harness, PROVIDER, WAIT};
 
 const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\n";
 /// Auto-provisioned requests carry the Talos version without a `v`.
@@ -68,9 +66,7 @@ fn is_upid(s: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn iso_file_name_equals_the_official_providers_for_a_version_without_v() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     request(&h, "iso-1", "iso");
     h.wait_stage("iso-1", Stage::Provisioned).await;
     let state = h.machine_state("iso-1").spec;
@@ -99,9 +95,7 @@ async fn iso_file_name_equals_the_official_providers_for_a_version_without_v() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn where_we_stop_the_go_provider_reads_its_own_step_names_and_fields() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     // Omni's client/pkg/infra/controllers/provision.go, reconcileRunning: the annotation
     // infra.omni.sidero.dev/step names the step last run; on resume the library skips steps until
     // that name and runs it again; a name it does not know skips every step and marks the request
@@ -212,9 +206,7 @@ async fn write_go_state_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn we_continue_a_request_the_go_provider_left_after_creating_its_vm() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.stop_controller().await;
     request(&h, "go-1", "goset");
     // The schematic Omni would return for this request (memstate: SHA-256 of the YAML).
@@ -276,9 +268,7 @@ async fn we_continue_a_request_the_go_provider_left_after_creating_its_vm() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn we_continue_a_request_the_go_provider_left_at_upload_iso() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     // An ISO of the same image already downloaded (by us, with the Go name).
     request(&h, "first", "up");
     h.wait_stage("first", Stage::Provisioned).await;
@@ -321,9 +311,7 @@ async fn we_continue_a_request_the_go_provider_left_at_upload_iso() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn teardown_removes_the_config_patches_of_the_request() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     request(&h, "patched", "patch");
     request(&h, "other", "patch");
     h.wait_stage("patched", Stage::Provisioned).await;
@@ -379,9 +367,7 @@ async fn teardown_removes_the_config_patches_of_the_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boot_isos_come_from_the_factory_omni_publishes() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let client = h.omni.client(PROVIDER);
     // Without a features configuration: the flag.
     assert_eq!(resolve_factory(&client.state, FACTORY).await, FACTORY);
@@ -411,9 +397,7 @@ async fn boot_isos_come_from_the_factory_omni_publishes() {
 /// else made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_pools_are_recorded_and_removed_as_the_official_provider_does() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let pve = ProxmoxClient::new(&h.pve.settings(Login::Token, Trust::CaFile)).unwrap();
 
     // Ours: field 12 names the set's pool, which carries the official provider's comment.
@@ -488,9 +472,7 @@ async fn set_pools_are_recorded_and_removed_as_the_official_provider_does() {
 /// placement, and its field 14 is still there after our writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn we_continue_a_request_the_newest_official_release_left_after_its_ha_steps() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.stop_controller().await;
     request(&h, "go-ha", "goset");
     let yaml = schematic_yaml(&SchematicRequest {
@@ -559,9 +541,7 @@ async fn we_continue_a_request_the_newest_official_release_left_after_its_ha_ste
 /// our first state write on, the step annotation never sends it there once a VMID is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_adopted_vm_the_official_provider_is_sent_to_its_start_step() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.stop_controller().await;
     request(&h, "adopt-1", "adoptset");
     let uuid = uuid::Uuid::new_v4().to_string();
@@ -629,9 +609,7 @@ async fn after_an_adopted_vm_the_official_provider_is_sent_to_its_start_step() {
 /// right after it must not start the official provider from the top.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_state_write_carries_the_step_annotation() {
-    let Some(h) = Harness::start("").await else {
-        return;
-    };
+    let h = Harness::start("").await;
     request(&h, "first-write", "fw");
     h.wait_stage("first-write", Stage::Provisioned).await;
     let history = h
@@ -654,9 +632,7 @@ async fn the_first_state_write_carries_the_step_annotation() {
 /// factory, not from the primary one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_talos_version_on_the_secondary_factory_downloads_from_it() {
-    let Some(h) = Harness::start("").await else {
-        return;
-    };
+    let h = Harness::start("").await;
     let secondary = "https://factory.secondary.example";
     h.omni.state.put(
         &TalosVersion,

@@ -6,16 +6,14 @@
 //! deleting an HA resource takes it out of every rule (`purge`, by default, src/PVE/HA/Config.pm
 //! `delete_service_from_config`).
 
-mod support;
-
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
 use omni_infra_provider_proxmox::pipeline::step::HA_RULES_LOCK;
 use serde_json::{Value, json};
-use support::fakepve::three_node_scenario;
-use support::harness::Harness;
+use testkit::fakepve::three_node_scenario;
+use testkit::harness::Harness;
 
 const BASE: &str = "cores: 1\nmemory: 2048\ndisk_size: 10\nstorage_selector: name == \"local-lvm\"\nip_discovery_timeout: 0\n";
 
@@ -63,9 +61,7 @@ async fn remove(h: &mut Harness, id: &str) {
 /// when fewer than two would be left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_keeps_one_negative_rule_in_step_with_the_set() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let data = class("  spread: true\n") + "placement_strategy: binpack\n";
     // Someone else makes a rule between our read and our create: Proxmox refuses ours
     // (pve-ha-manager Rules.pm `create_rule`: "already defined"), and the provider reads the rules
@@ -119,12 +115,12 @@ async fn spread_keeps_one_negative_rule_in_step_with_the_set() {
 
     // `cluster` shows the set's rule as Proxmox holds it.
     let config = h.pve.config_file("");
-    let (ok, out) = support::cli(&["cluster", "--output", "json"], &config, "");
+    let (ok, out) = testkit::cli(&["cluster", "--output", "json"], &config, "");
     assert!(ok, "{out}");
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["ha_rules"][0]["rule"], "omni-cp-raff");
     assert_eq!(report["ha_rules"][0]["resources"], json!(sids));
-    let (ok, table) = support::cli(&["cluster"], &config, "");
+    let (ok, table) = testkit::cli(&["cluster"], &config, "");
     assert!(ok && table.contains("omni-cp-raff"), "{table}");
 
     let first = sid_of(&mut h, "cp-0");
@@ -149,9 +145,7 @@ async fn spread_keeps_one_negative_rule_in_step_with_the_set() {
 /// operator creates it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_affinity_and_named_rules_as_the_official_provider_writes_them() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let data = class(
         "  node_affinity_nodes: [pve2, pve3]\n  node_affinity_strict: true\n  rules: [db-apart]\n",
     );
@@ -226,9 +220,7 @@ async fn node_affinity_and_named_rules_as_the_official_provider_writes_them() {
 /// set on three nodes all provision, the rule holds three of them and is never refused or doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_negative_rule_holds_one_vm_per_node_and_the_rest_still_provision() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let data = class("  spread: true\n");
     let ids: Vec<String> = (0..5).map(|i| format!("big-{i}")).collect();
     for id in &ids {
@@ -257,9 +249,7 @@ async fn a_negative_rule_holds_one_vm_per_node_and_the_rest_still_provision() {
 async fn rules_on_pve8_are_refused_before_anything_is_created() {
     let mut scenario = three_node_scenario();
     scenario["pve_version"] = json!("8.4.1");
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     h.request("old-0", "old", &class("  spread: true\n"));
     let status = h.wait_stage("old-0", Stage::Failed).await;
     assert!(
@@ -288,9 +278,7 @@ async fn rules_on_pve8_are_refused_before_anything_is_created() {
 /// digest, but a delete (`delete_rule`) is not refused for members added since the caller's read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_a_machine_joins_during_a_teardown_is_kept() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let data = class("  spread: true\n");
     for id in ["join-0", "join-1"] {
         h.request(id, "join", &data);
@@ -342,9 +330,7 @@ async fn a_rule_a_machine_joins_during_a_teardown_is_kept() {
 /// joins its rule once the groups are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ha_groups_not_yet_migrated_are_named_with_what_to_do() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve
         .control(json!({"op": "ha_groups", "names": ["old-group"]}));
     h.request(
@@ -380,9 +366,7 @@ async fn ha_groups_not_yet_migrated_are_named_with_what_to_do() {
 /// are kept apart on the two nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_beyond_the_node_affinity_nodes_is_refused_before_anything_is_created() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let data = class("  spread: true\n  node_affinity_nodes: [pve2, pve3]\n");
     for id in ["two-0", "two-1"] {
         h.request(id, "two", &data);
@@ -416,9 +400,7 @@ async fn spread_beyond_the_node_affinity_nodes_is_refused_before_anything_is_cre
 async fn a_rule_keeping_a_deleted_vm_without_purge_is_joined_without_it() {
     let mut scenario = three_node_scenario();
     scenario["ha_purge"] = json!(false);
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     let data = class("  node_affinity_nodes: [pve1, pve2, pve3]\n");
     for id in ["keep-0", "keep-1"] {
         h.request(id, "keep", &data);
@@ -447,9 +429,7 @@ async fn a_rule_keeping_a_deleted_vm_without_purge_is_joined_without_it() {
 /// `check_negative_resource_affinity_node_affinity_consistency`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_beyond_the_node_affinity_nodes_refuses_the_extra_machine_up_front() {
-    let Some(h) = Harness::start("").await else {
-        return;
-    };
+    let h = Harness::start("").await;
     burst_beyond_the_node_affinity_nodes(h).await;
 }
 
@@ -457,11 +437,9 @@ async fn a_burst_beyond_the_node_affinity_nodes_refuses_the_extra_machine_up_fro
 /// the same moment, and each still counts the others placed before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_burst_beyond_the_node_affinity_nodes_still_refuses_the_extra_machine_up_front() {
-    let mut scenario = support::fakepve::three_node_scenario();
+    let mut scenario = three_node_scenario();
     scenario["latency"] = json!(0.1);
-    let Some(h) = Harness::start_scaled(scenario, 1.0, "").await else {
-        return;
-    };
+    let h = Harness::start_scaled(scenario, 1.0, "").await;
     burst_beyond_the_node_affinity_nodes(h).await;
 }
 

@@ -2,10 +2,8 @@
 //! their seed's network-config gives them, as Talos applies them) and the provider, in process or as
 //! the real binary killed with SIGKILL.
 
-mod support;
-
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::provider::{IpAllocation, MachineSpec};
@@ -16,8 +14,8 @@ use omni_infra_provider_proxmox::omni::resources::{
 use omni_infra_provider_proxmox::omni::state::Typed;
 use omni_infra_provider_proxmox::rules::ip_pool::mac_for_nic;
 use serde_json::{Value, json};
-use support::fakepve::{FakePve, Login, Trust, three_node_scenario};
-use support::harness::{Harness, PROVIDER};
+use testkit::fakepve::{FakePve, Login, Trust, three_node_scenario};
+use testkit::harness::{Harness, PROVIDER};
 
 const POOLS: &str = "ipPools:\n  talos-net:\n    cidr: 10.10.0.0/24\n    range: 10.10.0.100-10.10.0.119\n    gateway: 10.10.0.1\n    nameservers: [10.10.0.1]\n  tiny:\n    cidr: 10.20.0.0/24\n    range: 10.20.0.10-10.20.0.11\n    gateway: 10.20.0.1\n  v6:\n    cidr: fd00:10::/64\n    range: fd00:10::100-fd00:10::1ff\n    gateway: fd00:10::1\n    nameservers: [fd00:10::1]\n  tagged:\n    cidr: 10.30.0.0/24\n    range: 10.30.0.10-10.30.0.20\n    gateway: 10.30.0.1\n    bridge: vmbr0\n    vlan: 30\n";
 const CLASS: &str =
@@ -82,11 +80,9 @@ fn cli_json(h: &Harness, dir: &std::path::Path, command: &str) -> Value {
         format!("{}{POOLS}", h.pve.config_yaml(Login::Token, Trust::CaFile)),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
-        .env_remove("SIDERO_SERVICE_ACCOUNT_KEY")
-        .env("OMNI_SERVICE_ACCOUNT_KEY", &h.omni.encoded_key)
-        // The in-memory Omni speaks plaintext.
-        .env("OMNI_INSECURE_HTTP", "true")
+    let out = h
+        .omni
+        .provider_command()
         .args([
             command,
             "--output",
@@ -118,10 +114,9 @@ impl Provider {
         )
         .unwrap();
         let log = std::fs::File::create(dir.join(format!("provider-{round}.log"))).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
-            .env_remove("SIDERO_SERVICE_ACCOUNT_KEY")
-            .env("OMNI_SERVICE_ACCOUNT_KEY", &h.omni.encoded_key)
-            .env("OMNI_INSECURE_HTTP", "true")
+        let child = h
+            .omni
+            .provider_command()
             .arg("--config-file")
             .arg(&config)
             .args(["--omni-api-endpoint", &h.omni.url(), "--concurrency", "8"])
@@ -147,10 +142,7 @@ impl Drop for Provider {
 }
 
 /// Requests whose provider state records an allocation.
-fn allocated(
-    state: &omni_infra_provider_proxmox::omni::memstate::MemState,
-    ids: &[String],
-) -> usize {
+fn allocated(state: &testkit::memstate::MemState, ids: &[String]) -> usize {
     ids.iter()
         .filter(|id| {
             state
@@ -173,9 +165,7 @@ async fn twenty_concurrent_requests_get_twenty_distinct_addresses_through_sigkil
         node["maxmem"] = json!(64u64 << 30);
         node["maxcpu"] = json!(32);
     }
-    let Some(mut h) = Harness::start_with(scenario, POOLS).await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, POOLS).await;
     // The real binary does the work here, so it can be killed for real.
     h.stop_controller().await;
     let dir = tempfile::tempdir().unwrap();
@@ -255,9 +245,7 @@ async fn twenty_concurrent_requests_get_twenty_distinct_addresses_through_sigkil
 /// with exactly that address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_pool_fails_readably_and_heals_when_a_machine_is_torn_down() {
-    let Some(mut h) = Harness::start(POOLS).await else {
-        return;
-    };
+    let mut h = Harness::start(POOLS).await;
     for id in ["tiny-a", "tiny-b"] {
         h.request(id, "tiny", &class("tiny"));
     }
@@ -383,9 +371,7 @@ async fn a_full_pool_fails_readably_and_heals_when_a_machine_is_torn_down() {
 /// both back to the next machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ipv6_and_a_second_nic_get_their_own_pools_and_teardown_releases_them() {
-    let Some(mut h) = Harness::start(POOLS).await else {
-        return;
-    };
+    let mut h = Harness::start(POOLS).await;
     let data = format!(
         "{}additional_nics:\n  - bridge: vmbr0\n    ip_pool: talos-net\n",
         class("v6")
@@ -441,9 +427,7 @@ async fn ipv6_and_a_second_nic_get_their_own_pools_and_teardown_releases_them() 
 /// pools there are; an address a running VM's guest agent reports is never handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_pools_are_refused_and_addresses_in_use_are_skipped() {
-    let Some(mut h) = Harness::start(POOLS).await else {
-        return;
-    };
+    let mut h = Harness::start(POOLS).await;
     h.request("nopool", "bad", &class("talos-nte"));
     let failed = h.wait_stage("nopool", Stage::Failed).await;
     let error = failed.spec.error;
@@ -472,9 +456,7 @@ async fn unknown_pools_are_refused_and_addresses_in_use_are_skipped() {
 /// bridge and VLAN tag over the class's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clone_gets_the_seeds_mac_and_the_pools_vlan() {
-    let Some(mut h) = Harness::start(POOLS).await else {
-        return;
-    };
+    let mut h = Harness::start(POOLS).await;
     h.request(
         "cloned-1",
         "cloned",
@@ -499,16 +481,14 @@ async fn a_clone_gets_the_seeds_mac_and_the_pools_vlan() {
 
 /// `validate CLASS` with the binary, the class on stdin: (exit ok, stdout).
 fn validate(config: &std::path::Path, class: &str) -> (bool, String) {
-    support::cli(&["validate", "--output", "table", "-"], config, class)
+    testkit::cli(&["validate", "--output", "table", "-"], config, class)
 }
 
 /// `validate` checks that the pool a class names exists and has a free address, counting what the
 /// running VMs' guest agents report.
 #[test]
 fn validate_checks_that_the_pool_exists_and_has_room() {
-    let Some(mut pve) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut pve = FakePve::start(three_node_scenario(), 0.0);
     let config = pve.dir.path().join("pools.yaml");
     std::fs::write(
         &config,

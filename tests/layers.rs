@@ -18,7 +18,6 @@ const LAYERS: &[&[&str]] = &[
         "yaml",
         "did_you_mean",
         "table",
-        "test_support",
     ],
     &["metrics", "telemetry"],
     &["proxmox", "omni"],

@@ -5,12 +5,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::auth::ProviderKey;
-use omni_infra_provider_proxmox::omni::memstate::{MemServer, MemState};
 use omni_infra_provider_proxmox::omni::proto::specs::FeaturesConfigSpec;
 use omni_infra_provider_proxmox::omni::resources::{
     FEATURES_CONFIG_ID, FeaturesConfig, InfraProviderHealthStatus, InfraProviderStatus,
 };
 use omni_infra_provider_proxmox::omni::transport;
+use testkit::memstate::{MemServer, MemState};
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -2,16 +2,14 @@
 //! deprovision works, and without any one of a few key privileges the failure names it. Also how it
 //! chooses VMIDs when the token cannot see every guest and the datacenter narrows the next-id range.
 
-mod support;
-
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
 use serde_json::{Value, json};
-use support::fakepve::{TOKEN_ID, readme_role, three_node_scenario};
-use support::harness::Harness;
+use testkit::fakepve::{TOKEN_ID, readme_role, three_node_scenario};
+use testkit::harness::Harness;
 
 const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\ntags: [talos]\nip_discovery_timeout: 0\n";
 
@@ -51,9 +49,7 @@ async fn wait_status_containing(h: &Harness, id: &str, needle: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_role_provisions_and_deprovisions() {
     let role = readme_role();
-    let Some(mut h) = Harness::start_with(scenario_with_role(&role), "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario_with_role(&role), "").await;
     h.request("perm-1", "perms", PINNED_PVE2);
     h.wait_stage("perm-1", Stage::Provisioned).await;
     let vms = h.vms_named("perm-1");
@@ -80,9 +76,7 @@ async fn the_documented_role_provisions_and_deprovisions() {
 // resize_vm's VM.Config.Disk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_role_clones_too() {
-    let Some(mut h) = Harness::start_with(scenario_with_role(&readme_role()), "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario_with_role(&readme_role()), "").await;
     h.request(
         "perm-clone",
         "perms",
@@ -111,9 +105,7 @@ async fn without_one_privilege_the_error_names_it() {
     ] {
         assert!(role.iter().any(|p| p == missing), "{missing} not in role");
         let privs: Vec<String> = role.iter().filter(|p| *p != missing).cloned().collect();
-        let Some(mut h) = Harness::start_with(scenario_with_role(&privs), "").await else {
-            return;
-        };
+        let mut h = Harness::start_with(scenario_with_role(&privs), "").await;
         h.request("perm-2", "perms", PINNED_PVE2);
         let text = wait_status_containing(&h, "perm-2", missing).await;
         assert!(text.contains("permission"), "{missing}: {text}");
@@ -129,9 +121,7 @@ async fn without_one_privilege_the_error_names_it() {
 async fn deprovision_without_datastore_allocate_names_it() {
     let log = captured_log();
     let role = readme_role();
-    let Some(mut h) = Harness::start_with(scenario_with_role(&role), "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario_with_role(&role), "").await;
     h.request("perm-3", "perms", PINNED_PVE2);
     h.wait_stage("perm-3", Stage::Provisioned).await;
     // The token loses Datastore.Allocate: fakepve's ACL is additive, so start from a fresh one.
@@ -197,9 +187,7 @@ impl std::io::Write for LogWriter {
 async fn refused_tags_point_at_user_tag_access() {
     let mut scenario = scenario_with_role(&readme_role());
     scenario["user_tag_access"] = json!({"user-allow": "none"});
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     h.request("perm-4", "perms", PINNED_PVE2);
     let text = wait_status_containing(&h, "perm-4", "user-tag-access").await;
     assert!(text.contains("Sys.Modify"), "{text}");
@@ -215,9 +203,7 @@ async fn refused_tags_point_at_user_tag_access() {
 async fn an_ha_vm_is_torn_down_by_a_token_that_cannot_read_ha_rules() {
     let mut role = readme_role();
     role.push("Sys.Console".into());
-    let Some(mut h) = Harness::start_with(scenario_with_role(&role), "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario_with_role(&role), "").await;
     let class = format!("{PINNED_PVE2}ha:\n  state: started\n");
     h.request("perm-ha", "perms", &class);
     h.wait_stage("perm-ha", Stage::Provisioned).await;

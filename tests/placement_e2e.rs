@@ -2,16 +2,14 @@
 //! HTTPS (its clone refusals and vCPU counts are qemu-server's, see `tests/pve_conformance.rs`), the
 //! real controller, and the `cluster` and `validate` commands against the same fake.
 
-mod support;
-
 use std::collections::BTreeMap;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
 use serde_json::{Value, json};
-use support::cli;
-use support::fakepve::{FakePve, three_node_scenario};
-use support::harness::{Harness, WAIT};
+use testkit::cli;
+use testkit::fakepve::{FakePve, three_node_scenario};
+use testkit::harness::{Harness, WAIT};
 
 /// Unpinned clones of the scenario's template 9000 (on pve1, its disk on local-lvm).
 const CLONE: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'true'\nboot: clone\ntemplate: talos-template\nip_discovery_timeout: 0\n";
@@ -38,9 +36,7 @@ fn ids(prefix: &str, n: usize) -> Vec<String> {
 /// whichever node placement liked best.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_template_sends_every_clone_to_its_node() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let ids = ids("local-tmpl", 3);
     for id in &ids {
         h.request(id, "local-tmpl", CLONE);
@@ -59,9 +55,7 @@ async fn a_local_template_sends_every_clone_to_its_node() {
 /// spreads 1/1/1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_template_spreads_one_per_node() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve.control(
         json!({"op": "add_vm", "vmid": 9010, "name": "talos-shared", "node": "pve1",
         "template": true,
@@ -99,9 +93,7 @@ async fn a_shared_template_spreads_one_per_node() {
 /// words `validate` and the placement log use), and nothing written to Proxmox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_node_that_cannot_clone_fails_before_any_write() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request("pinned-far", "far", &format!("{CLONE}node: pve2\n"));
     let status = h.wait_stage("pinned-far", Stage::Failed).await;
     let error = status.spec.error;
@@ -130,9 +122,7 @@ async fn a_pinned_node_that_cannot_clone_fails_before_any_write() {
 /// node and storage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_linked_clone_provisions_on_the_templates_storage() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request(
         "linked-1",
         "linked",
@@ -162,9 +152,7 @@ async fn a_linked_clone_on_plain_lvm_is_refused_up_front() {
         json!({"vmid": 9005, "name": "talos-thick", "node": "pve1", "template": true,
                "config": {"memory": 2048, "cores": 2, "scsi0": "thick:base-9005-disk-0,size=8G"}}),
     );
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     h.request(
         "linked-thick",
         "linked",
@@ -188,10 +176,7 @@ async fn cpu_overcommit_keeps_a_full_node_out() {
     let mut scenario = three_node_scenario();
     scenario["nodes"] = json!([{"name": "pve1", "maxcpu": 2}, {"name": "pve2"}, {"name": "pve3"}]);
     scenario["guests"][1]["config"]["cores"] = json!(4);
-    let Some(mut h) = Harness::start_with(scenario, "placement:\n  cpuOvercommit: 1.0\n").await
-    else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "placement:\n  cpuOvercommit: 1.0\n").await;
     let class = "cores: 2\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nip_discovery_timeout: 0\n";
     let ids = ids("cpu", 3);
     for id in &ids {
@@ -237,9 +222,7 @@ fn cluster_and_validate_show_placements_verdicts() {
     let mut scenario = three_node_scenario();
     scenario["nodes"] = json!([{"name": "pve1", "maxcpu": 2}, {"name": "pve2"}, {"name": "pve3"}]);
     scenario["guests"][1]["config"]["cores"] = json!(4);
-    let Some(fake) = FakePve::start(scenario, 0.0) else {
-        return;
-    };
+    let fake = FakePve::start(scenario, 0.0);
     let config = fake.config_file("placement:\n  cpuOvercommit: 1.5\n");
     let (ok, out) = cli(&["cluster", "--output", "json"], &config, "");
     assert!(ok, "{out}");

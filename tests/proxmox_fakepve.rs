@@ -1,8 +1,6 @@
 //! End-to-end tests of the Proxmox client and the `cluster` command against fakepve (real HTTPS, a
 //! schema-validating fake of the Proxmox VE 9 API).
 
-mod support;
-
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::proxmox::types::{
@@ -11,7 +9,7 @@ use omni_infra_provider_proxmox::proxmox::types::{
 use omni_infra_provider_proxmox::proxmox::vms::{CloneRequest, DeleteRequest};
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError};
 use serde_json::json;
-use support::fakepve::{FakePve, Login, Trust, three_node_scenario};
+use testkit::fakepve::{FakePve, Login, Trust, three_node_scenario};
 
 const TASK_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -29,9 +27,7 @@ fn client(fake: &FakePve, login: Login, trust: Trust) -> ProxmoxClient {
 
 #[tokio::test]
 async fn nodes_and_cluster_resources() {
-    let Some(fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake, Login::Token, Trust::CaFile);
     let version = pve.version().await.unwrap();
     assert!(version.version.starts_with('9'), "{version:?}");
@@ -98,9 +94,7 @@ async fn nodes_and_cluster_resources() {
 /// The whole life of a VM with tasks that take real (scaled) time, so task polling is exercised.
 #[tokio::test]
 async fn clone_configure_start_delete_with_real_task_polling() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.01) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.01);
     let pve = client(&fake, Login::Token, Trust::CaFile);
     // qemu-server src/PVE/API2/Qemu.pm `clone_vm`: a clone to another node needs every drive of the
     // source on shared storage (the scenario's template 9000 is on node-local local-lvm).
@@ -227,9 +221,7 @@ async fn clone_configure_start_delete_with_real_task_polling() {
 
 #[tokio::test]
 async fn missing_vm_and_failed_task_errors_say_what_happened() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake, Login::Token, Trust::CaFile);
 
     let missing = pve.vm_config(&node("pve1"), vmid(4242)).await.unwrap_err();
@@ -293,9 +285,7 @@ async fn missing_vm_and_failed_task_errors_say_what_happened() {
 
 #[tokio::test]
 async fn offline_node_is_transient_and_cluster_still_lists_it() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     fake.control(json!({"op": "set_node_offline", "node": "pve3"}));
     let pve = ProxmoxClient::with_retry(
         &fake.settings(Login::Token, Trust::CaFile),
@@ -323,9 +313,7 @@ async fn offline_node_is_transient_and_cluster_still_lists_it() {
 
 #[tokio::test]
 async fn password_login_relogs_after_the_ticket_is_revoked() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake, Login::Password, Trust::CaFile);
     pve.nodes().await.unwrap();
     fake.control(json!({"op": "revoke_tickets"}));
@@ -343,12 +331,10 @@ async fn password_login_relogs_after_the_ticket_is_revoked() {
 
 #[tokio::test]
 async fn wrong_credentials_are_a_clear_error() {
-    let Some(fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let fake = FakePve::start(three_node_scenario(), 0.0);
     let yaml = fake
         .config_yaml(Login::Token, Trust::CaFile)
-        .replace(support::fakepve::TOKEN_SECRET, "wrong");
+        .replace(testkit::fakepve::TOKEN_SECRET, "wrong");
     let settings = omni_infra_provider_proxmox::config::ProviderConfig::parse(&yaml)
         .unwrap()
         .proxmox;
@@ -367,9 +353,7 @@ async fn wrong_credentials_are_a_clear_error() {
 
 #[tokio::test]
 async fn tls_is_verified_unless_told_otherwise() {
-    let Some(fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let fake = FakePve::start(three_node_scenario(), 0.0);
     // Public roots only: fakepve's private CA is not trusted.
     let yaml = fake
         .config_yaml(Login::Token, Trust::CaFile)
@@ -403,9 +387,7 @@ async fn tls_is_verified_unless_told_otherwise() {
 
 #[tokio::test]
 async fn iso_upload_and_download() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake, Login::Password, Trust::CaFile);
     let upload = pve
         .upload_file(
@@ -462,9 +444,7 @@ fn cluster_command(config: &std::path::Path, output: &str) -> std::process::Outp
 
 #[test]
 fn cluster_command_shows_the_cluster_with_every_auth_and_trust_mode() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     fake.control(json!({"op": "set_node_offline", "node": "pve3"}));
     for (login, trust) in [
         (Login::Token, Trust::CaFile),
@@ -521,9 +501,7 @@ fn cluster_command_shows_the_cluster_with_every_auth_and_trust_mode() {
 /// says so.
 #[test]
 fn cluster_command_shows_quorum_and_membership() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     fake.control(json!({"op": "set_node_offline", "node": "pve3"}));
     let config = fake.write_config(Login::Token, Trust::CaFile);
     let out = cluster_command(&config, "json");

@@ -2,8 +2,6 @@
 //! our launcher: PVE 8's error text only in the HTTP reason phrase, download-url refusing an existing
 //! file, and VMIDs when the token cannot see every guest and the datacenter narrows the next-id range.
 
-mod support;
-
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
@@ -12,8 +10,8 @@ use omni_infra_provider_proxmox::proxmox::storage::DownloadRequest;
 use omni_infra_provider_proxmox::proxmox::types::{NodeName, VmId};
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError};
 use serde_json::json;
-use support::fakepve::{FakePve, Login, TOKEN_ID, Trust, readme_role, three_node_scenario};
-use support::harness::Harness;
+use testkit::fakepve::{FakePve, Login, TOKEN_ID, Trust, readme_role, three_node_scenario};
+use testkit::harness::Harness;
 
 const TASK_TIMEOUT: Duration = Duration::from_secs(30);
 /// One small machine on pve2, no waiting for an address.
@@ -34,9 +32,7 @@ fn pve1() -> NodeName {
 async fn old_pve8_errors_are_read_from_the_reason_phrase() {
     let mut scenario = three_node_scenario();
     scenario["old_pve8_errors"] = json!(true);
-    let Some(fake) = FakePve::start(scenario, 0.0) else {
-        return;
-    };
+    let fake = FakePve::start(scenario, 0.0);
     let pve = client(&fake);
     // pve-manager PVE/API2/Pool.pm, create_pool: "pool '…' already exists" (500): a provider restart
     // meets the set's pool again and must take it as there.
@@ -57,9 +53,7 @@ async fn old_pve8_errors_are_read_from_the_reason_phrase() {
 // refused ("refusing to override existing file"), which ends the download task with an error.
 #[tokio::test]
 async fn download_url_refusing_an_existing_file_means_it_is_present() {
-    let Some(fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let request = DownloadRequest {
         url: "https://factory.talos.dev/image/abc/v1.11.0/nocloud-amd64.iso".into(),
@@ -92,9 +86,7 @@ async fn vmids_come_from_nextid_past_hidden_guests_and_inside_the_range() {
     let mut privs = readme_role();
     privs.retain(|p| p != "VM.Audit");
     scenario["acl"] = json!({ TOKEN_ID: [["/", privs], ["/pool/ids", ["VM.Audit"]]] });
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     h.request("ids-1", "ids", ON_PVE2);
     h.wait_stage("ids-1", Stage::Provisioned).await;
     let vms = h.vms_named("ids-1");
@@ -122,9 +114,7 @@ async fn vmids_come_from_the_listing_when_the_token_sees_every_guest() {
         guests.push(json!({"vmid": vmid, "name": format!("other-{vmid}"), "node": "pve3"}));
     }
     scenario["acl"] = json!({ TOKEN_ID: [["/", readme_role()]] });
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     h.request("ids-a", "ids", ON_PVE2);
     h.wait_stage("ids-a", Stage::Provisioned).await;
     let vms = h.vms_named("ids-a");
@@ -170,9 +160,7 @@ async fn without_sys_audit_vmids_come_from_nextid_inside_the_range() {
     let mut privs = readme_role();
     privs.retain(|p| p != "Sys.Audit");
     scenario["acl"] = json!({ TOKEN_ID: [["/", privs]] });
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     h.request("ids-d", "ids", ON_PVE2);
     h.wait_stage("ids-d", Stage::Provisioned).await;
     assert_eq!(h.vms_named("ids-d")[0]["vmid"], json!(7000));
@@ -187,9 +175,7 @@ async fn without_sys_audit_vmids_come_from_nextid_inside_the_range() {
 async fn pools_are_deleted_on_pve_8_0_too() {
     let mut scenario = three_node_scenario();
     scenario["pve_version"] = json!("8.0.4");
-    let Some(mut fake) = FakePve::start(scenario, 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(scenario, 0.0);
     let pve = client(&fake);
     pve.ensure_pool("old-set", "set").await.unwrap();
     assert!(pve.delete_pool_if_empty("old-set").await.unwrap());
@@ -202,9 +188,7 @@ async fn pools_are_deleted_on_pve_8_0_too() {
 // the image step must take that as the ISO being present, not fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_overwrite_of_the_talos_iso_counts_as_present() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request("iso-1", "isos", ON_PVE2);
     h.wait_stage("iso-1", Stage::Provisioned).await;
     let talos = talos_isos(&mut h);
@@ -232,9 +216,7 @@ async fn a_refused_overwrite_of_the_talos_iso_counts_as_present() {
 /// downloads it again under its name and tries again, without a failed status in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_talos_iso_deleted_after_it_was_seen_is_put_back_by_the_next_create_or_start() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request("seen-1", "seen", ON_PVE2);
     h.wait_stage("seen-1", Stage::Provisioned).await;
     h.request("seen-2", "seen", ON_PVE2);
@@ -334,9 +316,7 @@ fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 // fake to it, so the end-to-end tests cannot pass on a fake kinder than Proxmox.
 #[tokio::test]
 async fn clones_are_refused_where_proxmox_refuses_them() {
-    let Some(fake) = FakePve::start(clone_scenario(), 0.0) else {
-        return;
-    };
+    let fake = FakePve::start(clone_scenario(), 0.0);
     let pve = client(&fake);
     let err = pve
         .clone_vm_with(
@@ -386,9 +366,7 @@ async fn clones_are_refused_where_proxmox_refuses_them() {
 // (sockets × cores capped at the host's CPUs; `vcpus` when set). Placement counts vCPUs from these.
 #[tokio::test]
 async fn the_listing_counts_vcpus_as_proxmox_does() {
-    let Some(fake) = FakePve::start(clone_scenario(), 0.0) else {
-        return;
-    };
+    let fake = FakePve::start(clone_scenario(), 0.0);
     let pve = client(&fake);
     let resources = pve.cluster_resources(None).await.unwrap();
     let cluster = omni_infra_provider_proxmox::model::ClusterSnapshot::from_resources(&resources);
@@ -419,9 +397,7 @@ async fn the_listing_counts_vcpus_as_proxmox_does() {
 async fn the_launcher_refuses_what_the_emulated_release_refuses() {
     let mut scenario = three_node_scenario();
     scenario["pve_version"] = json!("8.4.1");
-    let Some(pve8) = FakePve::start(scenario, 0.0) else {
-        return;
-    };
+    let pve8 = FakePve::start(scenario, 0.0);
     let refused = |answer: &(u16, serde_json::Value), field: &str, says: &str| {
         assert_eq!(answer.0, 400, "{answer:?}");
         assert_eq!(
@@ -483,9 +459,7 @@ async fn the_launcher_refuses_what_the_emulated_release_refuses() {
     );
 
     // PVE 9 knows `purge` (and its default, 1, is what a teardown wants).
-    let Some(pve9) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let pve9 = FakePve::start(three_node_scenario(), 0.0);
     let purge = pve9
         .raw("DELETE", "/cluster/ha/resources/vm:100", &[("purge", "1")])
         .await;
@@ -499,9 +473,7 @@ async fn the_launcher_refuses_what_the_emulated_release_refuses() {
 /// error, nothing is made, and it goes on once quorum is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_without_quorum_is_waited_for_not_failed() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve.control(json!({"op": "quorum", "quorate": false}));
     h.request("quorum-0", "quorum", ON_PVE2);
     let waiting = h

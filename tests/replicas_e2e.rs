@@ -23,6 +23,7 @@ use omni_infra_provider_proxmox::omni::resources::{
 };
 use serde_json::{Value, json};
 use stack::{PROVIDER, Stack, three_node_scenario};
+use testkit::until;
 
 /// Short timings, so that a takeover takes seconds: lease 3 s, renew deadline 2 s, looks every
 /// 500 ms (the defaults are 15 s, 10 s and 2 s).
@@ -52,17 +53,15 @@ fn roomy_scenario() -> Value {
 }
 
 /// `replicas` provider processes (behind links a test can cut when `linked`), once one leads.
-async fn replicated(replicas: usize, time_scale: f64, linked: bool) -> Option<Stack> {
-    let mut stack = match Stack::start_servers(roomy_scenario(), time_scale, FAST, "").await {
-        Ok(stack) => stack,
-        Err(e) if e.contains("fakepve is not installed") => return None,
-        Err(e) => panic!("{e}"),
-    };
+async fn replicated(replicas: usize, time_scale: f64, linked: bool) -> Stack {
+    let mut stack = Stack::start_servers(roomy_scenario(), time_scale, FAST, "")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     for _ in 0..replicas {
         stack.add_replica(FAST, linked).unwrap();
     }
     stack.wait_for_a_leader().await.unwrap();
-    Some(stack)
+    stack
 }
 
 fn request_all(stack: &Stack, ids: &[String]) {
@@ -73,14 +72,6 @@ fn request_all(stack: &Stack, ids: &[String]) {
 
 fn ids(prefix: &str, n: usize) -> Vec<String> {
     (1..=n).map(|i| format!("{prefix}-{i:02}")).collect()
-}
-
-async fn until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn provisioned(stack: &Stack, ids: &[String]) -> bool {
@@ -142,7 +133,7 @@ fn assert_one_vm_each(stack: &mut Stack, ids: &[String]) {
 async fn request_and_wait_for_creates(stack: &Stack, prefix: &str, n: usize) -> Vec<String> {
     let machines = ids(prefix, n);
     request_all(stack, &machines);
-    until("the first creates", WAIT, || {
+    until(WAIT, "the first creates", || {
         stack.omni.list(&MachineRequestStatus).iter().any(|s| {
             s.spec.status.contains("create_vm") || s.spec.stage == Stage::Provisioned as i32
         })
@@ -153,8 +144,8 @@ async fn request_and_wait_for_creates(stack: &Stack, prefix: &str, n: usize) -> 
 
 async fn until_another_leads(stack: &Stack, first: usize) {
     until(
-        "another replica to take over",
         Duration::from_secs(20),
+        "another replica to take over",
         || stack.leader().is_some_and(|l| l != first),
     )
     .await;
@@ -163,7 +154,7 @@ async fn until_another_leads(stack: &Stack, first: usize) {
 /// Every machine provisioned with exactly one VM, torn down, nothing left, every replica stopped
 /// cleanly.
 async fn finish(mut stack: Stack, machines: &[String]) {
-    until("every machine provisioned", WAIT, || {
+    until(WAIT, "every machine provisioned", || {
         provisioned(&stack, machines)
     })
     .await;
@@ -205,13 +196,11 @@ fn gauge(metrics: &str, name: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_make_one_vm_per_request_all_by_the_leader_and_leave_nothing() {
-    let Some(mut stack) = replicated(3, 0.0, false).await else {
-        return;
-    };
+    let mut stack = replicated(3, 0.0, false).await;
     let leader = stack.leader().expect("one replica holds the lease");
     let machines = ids("trio", 20);
     request_all(&stack, &machines);
-    until("20 machines provisioned", WAIT, || {
+    until(WAIT, "20 machines provisioned", || {
         provisioned(&stack, &machines)
     })
     .await;
@@ -256,9 +245,7 @@ async fn three_replicas_make_one_vm_per_request_all_by_the_leader_and_leave_noth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_mid_provisioning_leaves_the_standby_to_finish_without_duplicates() {
     // Tasks take time, so the kill lands while creates, uploads and starts are under way.
-    let Some(mut stack) = replicated(2, 0.05, false).await else {
-        return;
-    };
+    let mut stack = replicated(2, 0.05, false).await;
     let first = stack.leader().unwrap();
     let machines = request_and_wait_for_creates(&stack, "killed", 10).await;
     stack.replicas[first].kill();
@@ -274,9 +261,7 @@ async fn a_leader_killed_mid_provisioning_leaves_the_standby_to_finish_without_d
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_omni_goes_quiet_on_proxmox_before_the_standby_acquires() {
-    let Some(mut stack) = replicated(2, 0.05, true).await else {
-        return;
-    };
+    let mut stack = replicated(2, 0.05, true).await;
     let first = stack.leader().unwrap();
     let machines = request_and_wait_for_creates(&stack, "cut", 10).await;
     let cut_at = unix_now();
@@ -300,7 +285,7 @@ async fn a_leader_cut_off_from_omni_goes_quiet_on_proxmox_before_the_standby_acq
     );
     // Mended, the old leader finds the lease taken and stays a standby.
     stack.replicas[first].link.as_ref().unwrap().mend();
-    until("every machine provisioned", WAIT, || {
+    until(WAIT, "every machine provisioned", || {
         provisioned(&stack, &machines)
     })
     .await;
@@ -317,9 +302,7 @@ async fn a_leader_cut_off_from_omni_goes_quiet_on_proxmox_before_the_standby_acq
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_update_hands_over_on_sigterm_within_two_seconds_and_loses_nothing() {
-    let Some(mut stack) = replicated(2, 0.05, false).await else {
-        return;
-    };
+    let mut stack = replicated(2, 0.05, false).await;
     let first = stack.leader().unwrap();
     let machines = request_and_wait_for_creates(&stack, "rolling", 8).await;
     // The old replica goes (SIGTERM), the standby takes over, and a new replica starts beside it.
@@ -331,7 +314,7 @@ async fn a_rolling_update_hands_over_on_sigterm_within_two_seconds_and_loses_not
         handover < Duration::from_secs(2),
         "handover after SIGTERM took {handover:?}"
     );
-    until("the old replica to exit", Duration::from_secs(20), || {
+    until(Duration::from_secs(20), "the old replica to exit", || {
         stack.replicas[first].exited().is_some()
     })
     .await;
@@ -343,11 +326,9 @@ async fn a_rolling_update_hands_over_on_sigterm_within_two_seconds_and_loses_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_restarted_after_a_crash_takes_its_own_lease_back_at_once() {
     // The default timings: a stranger would wait 15 s for the lease.
-    let mut stack = match Stack::start_servers(roomy_scenario(), 0.0, &[], "").await {
-        Ok(stack) => stack,
-        Err(e) if e.contains("fakepve is not installed") => return,
-        Err(e) => panic!("{e}"),
-    };
+    let mut stack = Stack::start_servers(roomy_scenario(), 0.0, &[], "")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     stack.add_replica(&[], false).unwrap();
     stack.wait_for_a_leader().await.unwrap();
     let before = stack.lease().unwrap();
@@ -355,8 +336,8 @@ async fn a_replica_restarted_after_a_crash_takes_its_own_lease_back_at_once() {
     let restarted = Instant::now();
     stack.respawn(0, false).unwrap();
     until(
-        "the restarted replica to lead",
         Duration::from_secs(10),
+        "the restarted replica to lead",
         || stack.leader() == Some(0),
     )
     .await;
@@ -370,7 +351,7 @@ async fn a_replica_restarted_after_a_crash_takes_its_own_lease_back_at_once() {
     assert_eq!(after.transitions, before.transitions + 1);
     let machines = ids("restarted", 2);
     request_all(&stack, &machines);
-    until("machines provisioned", WAIT, || {
+    until(WAIT, "machines provisioned", || {
         provisioned(&stack, &machines)
     })
     .await;
@@ -382,9 +363,7 @@ async fn a_replica_restarted_after_a_crash_takes_its_own_lease_back_at_once() {
 async fn two_processes_sharing_a_claim_file_never_both_lead() {
     // Both replicas on one "host": the second is started with the first one's claim file, which the
     // first holds locked, so it has no predecessor to claim and must wait the lease out.
-    let Some(mut stack) = replicated(1, 0.0, false).await else {
-        return;
-    };
+    let mut stack = replicated(1, 0.0, false).await;
     let index = stack.add_replica(FAST, false).unwrap();
     stack.replicas[index].kill();
     stack.share_claim(index, 0);
@@ -394,7 +373,7 @@ async fn two_processes_sharing_a_claim_file_never_both_lead() {
     // The first crashes: the second, which never held the claim, waits out the lease duration.
     stack.replicas[0].kill();
     let killed = Instant::now();
-    until("the second copy to lead", Duration::from_secs(20), || {
+    until(Duration::from_secs(20), "the second copy to lead", || {
         stack.leader() == Some(index)
     })
     .await;

@@ -20,8 +20,6 @@
 //! `unshare --user --map-user=65532 --root=…` (util-linux) makes the chroot without privileges;
 //! the container runtime's /proc and /dev are absent here, so the binary is shown not to need them.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -30,7 +28,7 @@ use omni_infra_provider_proxmox::omni::proto::specs::{
     MachineRequestSpec, machine_request_status_spec::Stage,
 };
 use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
-use support::fakepve::{FakePve, TOKEN_ID, TOKEN_SECRET, three_node_scenario};
+use testkit::fakepve::{FakePve, TOKEN_ID, TOKEN_SECRET, three_node_scenario};
 
 const WAIT: Duration = Duration::from_secs(60);
 const NONROOT: &str = "65532";
@@ -105,10 +103,8 @@ async fn binary_runs_in_the_runtime_image_as_its_nonroot_user() {
     let (Some(rootfs), Some(())) = (runtime_rootfs(), user_namespaces()) else {
         return;
     };
-    let Some(pve) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
-    let omni = support::omni::Omni::start("proxmox").await;
+    let pve = FakePve::start(three_node_scenario(), 0.0);
+    let omni = testkit::omni::Omni::start("proxmox").await;
     let config = format!(
         "proxmox:\n  url: \"{}/api2/json\"\n  tokenID: \"{TOKEN_ID}\"\n  tokenSecret: \"{TOKEN_SECRET}\"\n  caFile: /etc/omni-proxmox/pve-root-ca.pem\n",
         pve.url
@@ -165,7 +161,7 @@ async fn binary_runs_in_the_runtime_image_as_its_nonroot_user() {
 /// The binary as the image's entrypoint runs it: `/omni-infra-provider-proxmox` in `root`, as uid
 /// and gid 65532, with the image's environment only (nothing of the host's, such as PATH or
 /// SSL_CERT_FILE, leaks in), its log to `log`.
-fn spawn_in_image(root: &Path, log: &Path, omni: &support::omni::Omni) -> std::process::Child {
+fn spawn_in_image(root: &Path, log: &Path, omni: &testkit::omni::Omni) -> std::process::Child {
     let log = std::fs::File::create(log).unwrap();
     Command::new("unshare")
         .args(["--user", "--map-user", NONROOT, "--map-group", NONROOT])

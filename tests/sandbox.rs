@@ -3,24 +3,18 @@
 //! and `cluster`, `pools` and `orphans` run cleanly against it and the in-memory Omni, as the
 //! README's sandbox section shows them.
 
-mod support;
+use std::process::{Output, Stdio};
 
-use std::process::{Command, Output, Stdio};
+use testkit::fakepve::FakePve;
+use testkit::sandbox;
 
-use support::fakepve::FakePve;
-use support::sandbox;
-
-fn binary(args: &[&str], config: &std::path::Path, omni: &support::omni::Omni) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_omni-infra-provider-proxmox"))
+fn binary(args: &[&str], config: &std::path::Path, omni: &testkit::omni::Omni) -> Output {
+    omni.provider_command()
         .args(&args[..1])
         .arg("--config-file")
         .arg(config)
         .args(&args[1..])
         .env_remove("RUST_LOG")
-        .env("OMNI_ENDPOINT", omni.url())
-        // The in-memory Omni speaks plaintext.
-        .env("OMNI_INSECURE_HTTP", "true")
-        .env("OMNI_SERVICE_ACCOUNT_KEY", &omni.encoded_key)
         .stdin(Stdio::null())
         .output()
         .unwrap()
@@ -37,10 +31,8 @@ fn show(out: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_example_is_valid_against_the_sandbox() {
-    let Some(pve) = FakePve::start(sandbox::scenario(), 0.0) else {
-        return;
-    };
-    let omni = support::omni::Omni::start("proxmox").await;
+    let pve = FakePve::start(sandbox::scenario(), 0.0);
+    let omni = testkit::omni::Omni::start("proxmox").await;
     let example = include_str!("../examples/config.yaml");
     let text = sandbox::config_yaml(example, &pve.url, &pve.pki.ca_pem.display().to_string())
         .unwrap_or_else(|e| panic!("{e}"));

@@ -1,8 +1,6 @@
 //! Teardown end to end: Omni tears a MachineRequest down, the real controller deletes the VM where it
 //! is now, only if it is ours, and releases the request, whatever state things are in.
 
-mod support;
-
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
@@ -10,12 +8,21 @@ use omni_infra_provider_proxmox::omni::resources::{
     MachineRequest, MachineRequestStatus, ProviderMachine,
 };
 use serde_json::{Value, json};
-use support::harness::{Harness, PROVIDER, WAIT};
+use testkit::harness::{Harness, PROVIDER, WAIT};
 
 const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
 
-impl Harness {
+/// What the teardown tests do to a harness.
+trait TeardownSteps {
     /// Provisions `id` pinned to pve2 and returns its VMID.
+    async fn provisioned(&mut self, id: &str) -> u64;
+    /// Omni starts tearing the request down.
+    fn tear_down(&self, id: &str);
+    fn vm(&mut self, vmid: u64) -> Value;
+    fn volumes(&mut self, storage: &str) -> String;
+}
+
+impl TeardownSteps for Harness {
     async fn provisioned(&mut self, id: &str) -> u64 {
         self.request(id, "teardown", PINNED_PVE2);
         self.wait_stage(id, Stage::Provisioned).await;
@@ -24,7 +31,6 @@ impl Harness {
         vms[0]["vmid"].as_u64().unwrap()
     }
 
-    /// Omni starts tearing the request down.
     fn tear_down(&self, id: &str) {
         assert!(self.omni.state.teardown(&MachineRequest, id));
     }
@@ -42,9 +48,7 @@ impl Harness {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn teardown_deletes_vm_disks_and_seed_and_releases_the_request() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let vmid = h.provisioned("td-1").await;
     assert!(h.volumes("local").contains("omni-seed-td-1.iso"));
     assert!(h.volumes("local-lvm").contains(&format!("vm-{vmid}-disk")));
@@ -71,9 +75,7 @@ async fn teardown_deletes_vm_disks_and_seed_and_releases_the_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migrated_vm_is_deleted_where_it_is_now() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let vmid = h.provisioned("td-migrated").await;
     h.pve
         .control(json!({"op": "migrate", "vmid": vmid, "target": "pve3"}));
@@ -96,9 +98,7 @@ async fn a_migrated_vm_is_deleted_where_it_is_now() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_vmid_is_left_alone_and_the_request_still_finishes() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let vmid = h.provisioned("td-reused").await;
     // Someone deletes our VM by hand and creates their own with the same VMID.
     h.pve.control(json!({"op": "remove_vm", "vmid": vmid}));
@@ -116,9 +116,7 @@ async fn a_reused_vmid_is_left_alone_and_the_request_still_finishes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gone_vm_never_created_vm_and_missing_state_all_finish() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     // Deleted by hand.
     let vmid = h.provisioned("td-gone").await;
     h.pve.control(json!({"op": "remove_vm", "vmid": vmid}));
@@ -145,9 +143,7 @@ async fn gone_vm_never_created_vm_and_missing_state_all_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offline_node_keeps_the_request_waiting_with_a_readable_error() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let vmid = h.provisioned("td-offline").await;
     h.pve
         .control(json!({"op": "set_node_offline", "node": "pve2"}));
@@ -185,9 +181,7 @@ async fn an_offline_node_keeps_the_request_waiting_with_a_readable_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_destroy_task_is_retried() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let vmid = h.provisioned("td-retry").await;
     h.pve.control(
         json!({"op": "fail", "method": "DELETE", "suffix": format!("/nodes/pve2/qemu/{vmid}"),
@@ -203,9 +197,7 @@ async fn a_failed_destroy_task_is_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_left_without_its_request_is_cleaned_up_at_start() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let vmid = h.provisioned("td-dangling").await;
     h.stop_controller().await;
     // The request disappears while the provider is down (deleted by force).
@@ -220,19 +212,14 @@ async fn state_left_without_its_request_is_cleaned_up_at_start() {
         })
         .await;
     assert!(cleaned, "provider state torn down");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !h.vm(vmid).is_null() {
-        assert!(std::time::Instant::now() < deadline, "VM not deleted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    h.wait_vm_deleted(vmid as u32, Duration::from_secs(10))
+        .await;
     h.stop_controller().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_set_pool_is_created_and_removed_with_its_last_machine() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let a = h.provisioned("pool-a").await;
     let b = h.provisioned("pool-b").await;
     assert_eq!(
@@ -274,9 +261,7 @@ async fn the_set_pool_is_created_and_removed_with_its_last_machine() {
 /// provider state). The teardown reads the config and leaves the copy alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_of_our_vm_at_the_recorded_vmid_is_never_deleted() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let vmid = h.provisioned("copied-1").await;
     let ours = h.vm(vmid);
     let mut config = ours["config"].clone();
@@ -300,9 +285,7 @@ async fn a_copy_of_our_vm_at_the_recorded_vmid_is_never_deleted() {
 /// provision.go `poolComment`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn someone_elses_pool_named_like_the_set_is_never_deleted() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let pve = omni_infra_provider_proxmox::proxmox::ProxmoxClient::new(&h.config.proxmox).unwrap();
     pve.ensure_pool("teardown", "team pool, ACLs for the ops group")
         .await
@@ -328,9 +311,7 @@ async fn someone_elses_pool_named_like_the_set_is_never_deleted() {
 /// counts as deleted. Without the second delete, the ISO would be left for `orphans`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_iso_delete_whose_answer_is_lost_is_sent_again() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.provisioned("td-lost").await;
     h.pve.control(
         json!({"op": "lose_answer", "method": "DELETE", "suffix": "omni-seed-td-lost.iso", "times": 1}),
@@ -353,9 +334,7 @@ async fn a_seed_iso_delete_whose_answer_is_lost_is_sent_again() {
 /// and the `orphans` search (find_orphans) lists it since no live request will use it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_iso_that_cannot_be_deleted_does_not_hold_the_teardown() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let vmid = h.provisioned("td-seed").await;
     h.pve.control(
         json!({"op": "fail", "method": "DELETE", "suffix": "omni-seed-td-seed.iso",
@@ -386,9 +365,7 @@ async fn a_seed_iso_that_cannot_be_deleted_does_not_hold_the_teardown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_a_late_create_makes_after_the_release_is_deleted() {
     use omni_infra_provider_proxmox::model::identity;
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let vmid = h.provisioned("td-late").await;
     // The provider restarts: the new process did not send the request's create itself, so it cannot
     // know that none is still on its way (the one that did send it would, and keeps no watch).
@@ -408,14 +385,8 @@ async fn a_vm_a_late_create_makes_after_the_release_is_deleted() {
         "config": {"memory": 2048, "tags": tags,
                    "description": identity::description_marker(PROVIDER, "td-late")}}),
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !h.vm(vmid).is_null() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the late VM {vmid} was left behind"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    h.wait_vm_deleted(vmid as u32, Duration::from_secs(20))
+        .await;
 
     // A VM of someone else that happens to carry the name is not touched.
     h.pve.control(
@@ -433,9 +404,7 @@ async fn a_vm_a_late_create_makes_after_the_release_is_deleted() {
 /// asking is safe whenever the other VMs seen in it are being torn down too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_set_pool_goes_when_its_last_machines_are_torn_down_at_once() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.provisioned("pool-c").await;
     h.provisioned("pool-d").await;
     // Both teardowns read the listing before either VM is destroyed: the destroys wait for a
@@ -469,9 +438,7 @@ async fn the_set_pool_goes_when_its_last_machines_are_torn_down_at_once() {
 /// again, for a while after the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_iso_whose_delete_failed_once_is_deleted_later() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.run_topology(Duration::from_millis(200)).await;
     h.provisioned("td-seed2").await;
     h.pve.control(
@@ -480,14 +447,12 @@ async fn a_seed_iso_whose_delete_failed_once_is_deleted_later() {
     );
     h.tear_down("td-seed2");
     h.wait_released("td-seed2").await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while h.volumes("local").contains("omni-seed-td-seed2.iso") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the seed ISO was left behind"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    testkit::until(
+        Duration::from_secs(20),
+        "the seed ISO to be deleted",
+        || !h.volumes("local").contains("omni-seed-td-seed2.iso"),
+    )
+    .await;
     h.stop_controller().await;
 }
 
@@ -503,9 +468,7 @@ async fn a_seed_iso_whose_delete_failed_once_is_deleted_later() {
 async fn a_teardown_under_omni_drain_costs_few_omni_calls_per_machine() {
     use omni_infra_provider_proxmox::controller::topology;
     use omni_infra_provider_proxmox::omni::resources::ConfigPatchRequest;
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let ids: Vec<String> = (0..8).map(|i| format!("drain-{i}")).collect();
     for id in &ids {
         h.request(id, "drain", PINNED_PVE2);

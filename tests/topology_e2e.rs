@@ -8,16 +8,14 @@
 //! names. The labels and the ID shape follow the Go library's `provision.Context.CreateConfigPatch`
 //! (client/pkg/infra/provision/context.go).
 
-mod support;
-
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::controller::topology::{self, Change, PATCH_PREFIX, patch_yaml};
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{ConfigPatchRequest, MachineRequest, label};
 use serde_json::json;
-use support::fakepve::three_node_scenario;
-use support::harness::{Harness, PROVIDER, WAIT};
+use testkit::fakepve::three_node_scenario;
+use testkit::harness::{Harness, PROVIDER, WAIT};
 
 const ROUND: Duration = Duration::from_millis(200);
 
@@ -27,8 +25,13 @@ fn class(node: &str, extra: &str) -> String {
     )
 }
 
-impl Harness {
+/// What the topology tests read from a harness.
+trait TopologyPatch {
     /// The data of the request's topology patch once it is `want` (None: once it is gone).
+    async fn patch_becomes(&self, id: &str, want: Option<&str>) -> bool;
+}
+
+impl TopologyPatch for Harness {
     async fn patch_becomes(&self, id: &str, want: Option<&str>) -> bool {
         let patch_id = format!("{PATCH_PREFIX}{id}");
         self.omni
@@ -45,9 +48,7 @@ impl Harness {
 async fn zone_and_region_follow_the_vm_and_go_with_the_request() {
     let mut scenario = three_node_scenario();
     scenario["cluster_name"] = json!("homelab");
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     h.run_topology(ROUND).await;
     h.request("topo-1", "topology", &class("pve1", ""));
     h.wait_stage("topo-1", Stage::Provisioned).await;
@@ -91,9 +92,7 @@ async fn zone_and_region_follow_the_vm_and_go_with_the_request() {
 async fn labels_can_be_turned_off_and_a_standalone_node_has_no_region() {
     let mut scenario = three_node_scenario();
     scenario["standalone"] = json!(true);
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     h.run_topology(ROUND).await;
     h.request(
         "topo-off",
@@ -129,9 +128,7 @@ async fn labels_can_be_turned_off_and_a_standalone_node_has_no_region() {
 /// gets 403 there. The machines still get their zone, without the region, and the rounds go on.
 #[tokio::test]
 async fn without_sys_audit_on_root_the_zone_comes_alone() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve.control(
         json!({"op": "fail", "method": "GET", "suffix": "/cluster/status",
         "status": 403, "message": "Permission check failed (/, Sys.Audit)"}),
@@ -158,9 +155,7 @@ async fn without_sys_audit_on_root_the_zone_comes_alone() {
 /// derive a ConfigPatch for a machine on its way out, and nothing would remove the request's patch).
 #[tokio::test]
 async fn a_round_older_than_a_teardown_does_not_write_the_patch_again() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request("topo-race", "topology", &class("pve1", ""));
     h.wait_stage("topo-race", Stage::Provisioned).await;
     let patch_id = format!("{PATCH_PREFIX}topo-race");

@@ -1,8 +1,6 @@
 //! The `validate` command (the real binary) and `check_defaults` against fakepve: a good machine class
 //! passes, and each class of mistake is caught with the key to change and the node it concerns.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -10,7 +8,7 @@ use omni_infra_provider_proxmox::config::ProviderConfig;
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
 use omni_infra_provider_proxmox::validate::check_defaults;
 use serde_json::{Value, json};
-use support::fakepve::{FakePve, Login, Trust, three_node_scenario};
+use testkit::fakepve::{FakePve, Login, Trust, three_node_scenario};
 
 /// Three nodes; `fast-ssd` (VM disks) only on pve1 and pve2; `vmbr1` only on pve1 and pve2; one PCI
 /// mapping `gpu` with a device on pve1.
@@ -25,7 +23,7 @@ fn scenario() -> Value {
     s
 }
 
-fn start() -> Option<FakePve> {
+fn start() -> FakePve {
     FakePve::start(scenario(), 0.0)
 }
 
@@ -76,7 +74,7 @@ impl Run {
 }
 
 fn validate(config: &Path, class: &str, output: &str) -> Run {
-    Run::from(support::cli_output(
+    Run::from(testkit::cli_output(
         &["validate", "--output", output, "-"],
         config,
         class,
@@ -88,7 +86,7 @@ const GOOD: &str =
 
 #[test]
 fn a_good_class_passes_and_a_file_argument_works_too() {
-    let Some(fake) = start() else { return };
+    let fake = start();
     let cfg = config(&fake, "plain", "");
     let run = validate(&cfg, GOOD, "table");
     assert!(run.ok, "{}\n{}", run.stdout, run.stderr);
@@ -121,7 +119,7 @@ fn a_good_class_passes_and_a_file_argument_works_too() {
 
 #[test]
 fn node_mistakes_name_the_existing_nodes() {
-    let Some(mut fake) = start() else { return };
+    let mut fake = start();
     let cfg = config(&fake, "plain", "");
 
     let run = validate(&cfg, &format!("{GOOD}node: pve9\n"), "table");
@@ -158,7 +156,7 @@ fn node_mistakes_name_the_existing_nodes() {
 
 #[test]
 fn storage_selectors_are_checked_node_by_node() {
-    let Some(fake) = start() else { return };
+    let fake = start();
     let cfg = config(&fake, "plain", "");
 
     // Matches on pve1 and pve2 only: pve3 fails with the reason for each of its storages.
@@ -233,7 +231,7 @@ fn storage_selectors_are_checked_node_by_node() {
 
 #[test]
 fn per_node_overrides_from_the_config_are_applied() {
-    let Some(fake) = start() else { return };
+    let fake = start();
     let cfg = config(
         &fake,
         "overrides",
@@ -270,7 +268,7 @@ fn per_node_overrides_from_the_config_are_applied() {
 
 #[test]
 fn bridges_templates_memory_and_mappings() {
-    let Some(fake) = start() else { return };
+    let fake = start();
     let cfg = config(&fake, "plain", "");
 
     let run = validate(&cfg, &format!("{GOOD}network_bridge: vmbr1\n"), "table");
@@ -365,7 +363,7 @@ fn bridges_templates_memory_and_mappings() {
 
 #[test]
 fn schema_errors_are_all_reported_at_once_and_json_has_a_stable_shape() {
-    let Some(fake) = start() else { return };
+    let fake = start();
     let cfg = config(&fake, "plain", "");
     let run = validate(
         &cfg,
@@ -434,12 +432,12 @@ fn schema_errors_are_all_reported_at_once_and_json_has_a_stable_shape() {
                 && f["node"] == "pve2"
                 && f["outcome"] == "pass")
     );
-    assert!(!run.stdout.contains(support::fakepve::TOKEN_SECRET));
+    assert!(!run.stdout.contains(testkit::fakepve::TOKEN_SECRET));
 }
 
 #[tokio::test]
 async fn check_defaults_reports_only_what_defaults_set() {
-    let Some(fake) = start() else { return };
+    let fake = start();
     let base = fake.config_yaml(Login::Token, Trust::CaFile);
     let check = |extra: &str| {
         let config = ProviderConfig::parse(&format!("{base}{extra}")).unwrap();
@@ -560,7 +558,7 @@ fn example_machine_classes_pass_the_schema_alone_and_with_the_example_config() {
 
 #[test]
 fn example_pinned_class_passes_validate_against_fakepve() {
-    let Some(fake) = start() else { return };
+    let fake = start();
     let cfg = config(&fake, "plain", "");
     let class =
         std::fs::read_to_string(examples_dir().join("machine-classes/pinned-node.yaml")).unwrap();
@@ -582,10 +580,10 @@ fn example_pinned_class_passes_validate_against_fakepve() {
 /// with only `Sys.Audit` left on `/`, it does not.
 #[test]
 fn a_token_holding_more_than_it_needs_on_the_root_is_warned_about() {
-    let Some(mut fake) = start() else { return };
+    let mut fake = start();
     let cfg = config(&fake, "reach", "");
-    let role = support::fakepve::readme_role();
-    fake.control(json!({"op": "set_acl", "who": support::fakepve::TOKEN_ID,
+    let role = testkit::fakepve::readme_role();
+    fake.control(json!({"op": "set_acl", "who": testkit::fakepve::TOKEN_ID,
         "entries": [["/", role]]}));
     let run = validate(&cfg, GOOD, "table");
     assert!(
@@ -599,9 +597,9 @@ fn a_token_holding_more_than_it_needs_on_the_root_is_warned_about() {
         run.stdout
     );
 
-    let role = support::fakepve::readme_role();
+    let role = testkit::fakepve::readme_role();
     let elsewhere: Vec<String> = role.into_iter().filter(|p| p != "Sys.Audit").collect();
-    fake.control(json!({"op": "set_acl", "who": support::fakepve::TOKEN_ID,
+    fake.control(json!({"op": "set_acl", "who": testkit::fakepve::TOKEN_ID,
         "entries": [["/", ["Sys.Audit"]], ["/vms", elsewhere], ["/storage", elsewhere],
                     ["/nodes", elsewhere], ["/pool", elsewhere], ["/sdn", elsewhere]]}));
     let run = validate(&cfg, GOOD, "table");
@@ -611,7 +609,7 @@ fn a_token_holding_more_than_it_needs_on_the_root_is_warned_about() {
 /// `validate` holds a class to the config's `policy:` as provisioning does.
 #[test]
 fn validate_refuses_what_the_policy_does_not_allow() {
-    let Some(fake) = start() else { return };
+    let fake = start();
     let cfg = config(&fake, "policy", "policy:\n  bridges: [vmbr0]\n");
     let run = validate(&cfg, &format!("{GOOD}network_bridge: vmbr1\n"), "table");
     assert!(!run.ok, "{}", run.stdout);

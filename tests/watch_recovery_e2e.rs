@@ -2,13 +2,11 @@
 //! a compacted bookmark starts over, requests removed meanwhile lose their VMs, and new requests are
 //! provisioned, all without a restart.
 
-mod support;
-
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{MachineRequest, ProviderMachine};
-use support::harness::{Harness, PROVIDER, WAIT};
+use testkit::harness::{Harness, PROVIDER, WAIT};
 
 const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
 
@@ -18,9 +16,7 @@ const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_select
 /// same bookmark for ever: heartbeats went on and nothing was provisioned or torn down again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compacted_bookmark_relists_cleans_up_and_keeps_provisioning() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request("wr-gone", "watch", PINNED_PVE2);
     h.wait_stage("wr-gone", Stage::Provisioned).await;
     let vms = h.vms_named("wr-gone");
@@ -54,14 +50,7 @@ async fn a_compacted_bookmark_relists_cleans_up_and_keeps_provisioning() {
         })
         .await;
     assert!(cleaned, "provider state of the vanished request torn down");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !h.pve.vm(vmid).is_null() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "VM {vmid} not deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    h.wait_vm_deleted(vmid, Duration::from_secs(10)).await;
 
     // And the watch is live again: a new request is provisioned.
     h.request("wr-new", "watch", PINNED_PVE2);

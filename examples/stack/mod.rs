@@ -3,11 +3,7 @@
 //! gRPC, and the real provider binary connected to both.
 #![allow(dead_code)]
 
-#[path = "../../tests/support/certs.rs"]
-pub mod certs;
 pub mod chaos;
-#[path = "../../tests/support/fakepve.rs"]
-pub mod fakepve;
 pub mod link;
 
 use std::net::SocketAddr;
@@ -15,14 +11,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use omni_infra_provider_proxmox::omni::memstate::{
-    ControllersTask, MemServer, MemState, OmniControllers,
-};
 use omni_infra_provider_proxmox::omni::proto::specs::MachineRequestSpec;
 use omni_infra_provider_proxmox::omni::resources::MachineRequest;
 use omni_infra_provider_proxmox::omni::transport;
+use testkit::memstate::{ControllersTask, MemServer, MemState, OmniControllers};
 
-pub use fakepve::{FakePve, three_node_scenario};
+pub use testkit::fakepve::{self, FakePve, three_node_scenario};
+use testkit::provider_binary;
 
 pub const PROVIDER: &str = "proxmox";
 
@@ -65,24 +60,6 @@ struct Launch {
     key: String,
     args: Vec<String>,
     config_extra: String,
-}
-
-/// The provider binary built beside this example (`target/<profile>/omni-infra-provider-proxmox`).
-fn provider_binary() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = exe
-        .parent()
-        .and_then(|examples| examples.parent())
-        .ok_or("cannot locate the target directory")?;
-    let bin = dir.join("omni-infra-provider-proxmox");
-    if bin.exists() {
-        Ok(bin)
-    } else {
-        Err(format!(
-            "{} is missing: build it first (`cargo build --release --bins --examples`, or use `make demo`)",
-            bin.display()
-        ))
-    }
 }
 
 fn free_port() -> Result<SocketAddr, String> {
@@ -294,8 +271,7 @@ impl Stack {
         for name in REPLICA_NAMES {
             scenario["tokens"][replica_token(name)] = fakepve::TOKEN_SECRET.into();
         }
-        let pve = FakePve::start(scenario, time_scale)
-            .ok_or("fakepve is not installed: run scripts/setup-test-env.sh")?;
+        let pve = FakePve::try_start(scenario, time_scale)?;
         let omni = MemState::new();
         let controllers = omni.run_omni_controllers(OmniControllers { drain: DRAIN });
         let key = omni.register_provider(PROVIDER)?;

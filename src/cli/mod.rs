@@ -1,7 +1,6 @@
 //! One module per subcommand; `main.rs` only parses flags and dispatches here.
 
 pub mod cluster;
-pub mod dev_omni;
 pub mod omni_args;
 pub mod orphans;
 pub mod pools;

@@ -602,7 +602,7 @@ mod tests {
         use proptest::prelude::*;
 
         fn junk() -> impl Strategy<Value = Value> {
-            let leaf = crate::test_support::junk_scalar(vec![
+            let leaf = testkit::junk::junk_scalar(vec![
                 "",
                 " ",
                 "https://pve:8006",

@@ -1,6 +1,7 @@
 //! Everything that speaks to Omni: request signing, the connection, the typed COSI State client,
-//! the typed resources a provider touches, the management (schematic) call, and an in-memory Omni
-//! that serves the same wire protocol for tests, the demo and local development.
+//! the typed resources a provider touches, and the management (schematic) call. The in-memory Omni
+//! that serves the same wire protocol for tests, the demo and local development is the `testkit`
+//! crate's.
 //!
 //! The wire contract is written down in `docs/omni-protocol.md`; section numbers in comments
 //! (§1.4, §6.2, ...) point there.
@@ -10,7 +11,6 @@ pub mod client;
 pub mod codec;
 pub mod join;
 pub mod management;
-pub mod memstate;
 pub mod resources;
 pub mod state;
 pub mod transport;

@@ -11,9 +11,7 @@ use super::*;
 /// declared "not ours" (which would leak it).
 #[tokio::test]
 async fn vm_listed_without_name_is_identified_from_its_config_and_deleted() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-nostats", 150, "pve2", true).await;
     fake.control(json!({"op": "listing_without_stats", "vmid": 150}));
@@ -49,9 +47,7 @@ async fn vm_listed_without_name_is_identified_from_its_config_and_deleted() {
 /// it must wait for the create instead of calling the VM someone else's and leaving it behind.
 #[tokio::test]
 async fn a_vm_still_being_created_is_waited_for_not_left_behind() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-creating", 152, "pve1", false).await;
     let full = fake.vm(152)["config"].clone();
@@ -81,9 +77,7 @@ async fn a_vm_still_being_created_is_waited_for_not_left_behind() {
 /// the teardown waits for the node (transient error) instead of calling the VM someone else's.
 #[tokio::test]
 async fn vm_listed_without_name_on_an_offline_node_is_waited_for() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-nostats-off", 151, "pve3", true).await;
     fake.control(json!({"op": "set_node_offline", "node": "pve3"}));
@@ -109,9 +103,7 @@ async fn vm_listed_without_name_on_an_offline_node_is_waited_for() {
 /// finishes, reports the seed ISO as left over, and the `orphans` search lists it.
 #[tokio::test]
 async fn failing_seed_iso_delete_does_not_hold_the_teardown() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-seedfail", 152, "pve1", true).await;
     fake.control(
@@ -165,9 +157,7 @@ async fn failing_seed_iso_delete_does_not_hold_the_teardown() {
 /// deprovision must still see these VMs as ours and their requests as live.
 #[tokio::test]
 async fn mixed_case_provider_and_request_ids_survive_lowercased_tags() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let mut target = provision(&pve, "req-x", 153, "pve1", false).await;
     // Rewrite the VM as a provider "Prox-A" would have made it for request "Req-X", with the tags
@@ -213,9 +203,7 @@ async fn mixed_case_provider_and_request_ids_survive_lowercased_tags() {
 /// in one deprovision.
 #[tokio::test]
 async fn ha_managed_vm_leaves_ha_then_is_shut_down_and_destroyed() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-ha", 154, "pve1", true).await;
     pve.add_ha_resource(
@@ -256,9 +244,7 @@ async fn ha_managed_vm_leaves_ha_then_is_shut_down_and_destroyed() {
 /// deprovision shuts it down and destroys it again instead of failing.
 #[tokio::test]
 async fn destroy_refused_as_running_shuts_down_and_retries() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-stale", 155, "pve2", true).await;
     // pvestatd has not reported the start yet: the listing still says "stopped".
@@ -280,9 +266,7 @@ async fn destroy_refused_as_running_shuts_down_and_retries() {
 /// VM alive.
 #[tokio::test]
 async fn an_offline_image_storage_elsewhere_does_not_block_the_destroy() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-nfsdown", 156, "pve1", false).await;
     fake.control(json!({"op": "set_storage", "name": "shared-nfs", "options": {"active": 0}}));
@@ -306,9 +290,7 @@ async fn an_offline_image_storage_elsewhere_does_not_block_the_destroy() {
 /// time, not our tags nor the UUID the state recorded. It is ours and must be deleted, not leaked.
 #[tokio::test]
 async fn an_unconfigured_clone_is_deleted() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     fake.control(
         json!({"op": "add_vm", "vmid": 157, "name": "req-clone", "node": "pve1",
@@ -339,9 +321,7 @@ async fn an_unconfigured_clone_is_deleted() {
 /// `backup` is waited for (the backup ends, the lock goes).
 #[tokio::test]
 async fn a_hibernated_vm_is_destroyed_and_a_backup_is_waited_for() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let hibernated = provision(&pve, "req-hibernated", 153, "pve1", false).await;
     fake.control(json!({"op": "set_vm", "vmid": 153, "lock": "suspended"}));

@@ -2,9 +2,6 @@
 //! made the way the pipeline makes them (`vm_config::render` + one create, seed ISO uploaded), then
 //! torn down through every case issue 5 lists.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod lifecycle;
 
 use std::collections::BTreeSet;
@@ -22,7 +19,7 @@ use omni_infra_provider_proxmox::rules::cloud_init::seed_iso_file_name;
 use omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema;
 use omni_infra_provider_proxmox::rules::vm_config::{self, VmIdentity, VmTarget};
 use serde_json::{Value, json};
-use support::fakepve::{FakePve, Login, Trust, three_node_scenario};
+use testkit::fakepve::{FakePve, Login, Trust, three_node_scenario};
 
 const TASK_TIMEOUT: Duration = Duration::from_secs(30);
 const PROVIDER: &str = "proxmox";
@@ -154,9 +151,7 @@ fn has_volume(fake: &mut FakePve, storage: &str, needle: &str) -> bool {
 
 #[tokio::test]
 async fn running_vm_is_shut_down_and_destroyed_with_disks_and_seed_in_seven_requests() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-run", 120, "pve2", true).await;
     assert_eq!(fake.vm(120)["status"], json!("running"));
@@ -228,9 +223,7 @@ async fn running_vm_is_shut_down_and_destroyed_with_disks_and_seed_in_seven_requ
 
 #[tokio::test]
 async fn stopped_vm_skips_the_shutdown() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-stopped", 121, "pve1", false).await;
     fake.control(json!({"op": "reset_requests"}));
@@ -254,9 +247,7 @@ async fn stopped_vm_skips_the_shutdown() {
 #[tokio::test]
 async fn migrated_vm_is_deleted_where_it_is_now() {
     // Tasks take (scaled) time here, so the waits really poll.
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.01) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.01);
     let pve = client(&fake);
     let target = provision(&pve, "req-moved", 122, "pve1", true).await;
     fake.control(json!({"op": "migrate", "vmid": 122, "target": "pve3"}));
@@ -289,9 +280,7 @@ async fn migrated_vm_is_deleted_where_it_is_now() {
 
 #[tokio::test]
 async fn reused_vmid_is_left_alone() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-reused", 123, "pve1", true).await;
     // Our VM was deleted by hand and someone else's VM got its VMID.
@@ -326,9 +315,7 @@ async fn reused_vmid_is_left_alone() {
 
 #[tokio::test]
 async fn reused_vmid_with_our_name_but_another_uuid_is_left_alone() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let mut target = provision(&pve, "req-uuid", 124, "pve1", false).await;
     // Same name, no request tag (so the config is read), a marker, but another SMBIOS UUID: a copy.
@@ -349,9 +336,7 @@ async fn reused_vmid_with_our_name_but_another_uuid_is_left_alone() {
 
 #[tokio::test]
 async fn vm_deleted_by_hand_is_already_gone() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-hand", 125, "pve3", true).await;
     fake.control(json!({"op": "remove_vm", "vmid": 125}));
@@ -362,9 +347,7 @@ async fn vm_deleted_by_hand_is_already_gone() {
 
 #[tokio::test]
 async fn nothing_recorded_and_crash_before_recording() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let never = DeprovisionTarget {
         request_id: "req-never".into(),
@@ -415,9 +398,7 @@ async fn nothing_recorded_and_crash_before_recording() {
 
 #[tokio::test]
 async fn official_provider_vm_is_deleted_through_its_recorded_vmid() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     // As the Go provider makes them: name = request ID, machine-request.<set> tag, no marker.
     fake.control(
@@ -459,9 +440,7 @@ async fn official_provider_vm_is_deleted_through_its_recorded_vmid() {
 
 #[tokio::test]
 async fn offline_node_is_a_transient_error_until_it_is_back() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-offline", 131, "pve3", true).await;
     fake.control(json!({"op": "set_node_offline", "node": "pve3"}));
@@ -492,9 +471,7 @@ async fn offline_node_is_a_transient_error_until_it_is_back() {
 
 #[tokio::test]
 async fn failed_destroy_task_reports_its_log_then_succeeds_on_retry() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-fail", 132, "pve1", true).await;
     fake.control(
@@ -530,9 +507,7 @@ async fn failed_destroy_task_reports_its_log_then_succeeds_on_retry() {
 /// never listed, never deleted.
 #[tokio::test]
 async fn a_seed_iso_attached_to_another_instances_vm_is_no_orphan() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     upload_iso(&pve, "pve3", &seed_iso_file_name("req-theirs")).await;
     fake.control(
@@ -553,9 +528,7 @@ async fn a_seed_iso_attached_to_another_instances_vm_is_no_orphan() {
 
 #[tokio::test]
 async fn orphans_are_listed_and_deleted_and_live_ones_kept() {
-    let Some(mut fake) = FakePve::start(three_node_scenario(), 0.0) else {
-        return;
-    };
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let live = provision(&pve, "req-live", 140, "pve1", true).await;
     let dead = provision(&pve, "req-dead", 141, "pve2", true).await;

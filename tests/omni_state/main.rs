@@ -1,8 +1,5 @@
 //! The Omni client against the in-memory Omni over real gRPC on loopback.
 
-#[path = "../support/omni.rs"]
-mod omni_support;
-
 mod resources;
 mod watch;
 
@@ -14,7 +11,6 @@ use omni_infra_provider_proxmox::controller::registration::{self, ProviderInfo};
 use omni_infra_provider_proxmox::omni::auth::{
     self, PAYLOAD_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
-use omni_infra_provider_proxmox::omni::memstate;
 use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
 use omni_infra_provider_proxmox::omni::proto::specs::{self, MachineRequestSpec};
@@ -23,7 +19,8 @@ use omni_infra_provider_proxmox::omni::state::{
     LabelSelector, ResourceRef, StateError, WatchEvent,
 };
 use omni_infra_provider_proxmox::omni::transport;
-use omni_support::{Omni, WAIT};
+use testkit::memstate;
+use testkit::omni::{Omni, WAIT};
 use tokio::sync::mpsc;
 use tonic::Code;
 

@@ -56,7 +56,7 @@ async fn watch_rebootstraps_when_the_bookmark_is_unknown() {
     assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
     // A brand-new Omni on the same port: our bookmark means nothing there.
     omni.stop().await;
-    let fresh = omni_infra_provider_proxmox::omni::memstate::MemState::new();
+    let fresh = testkit::memstate::MemState::new();
     fresh.register_key(&omni.key).unwrap();
     fresh.put(
         &InfraProvider,

@@ -4,9 +4,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clone_mode_clones_the_template_and_configures_it() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request(
         "clone-1",
         "clones",
@@ -47,9 +45,7 @@ async fn clone_mode_clones_the_template_and_configures_it() {
 /// leftover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clone_mode_adds_the_additional_disks_once() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve
         .control(json!({"op": "lose_answer", "method": "POST", "suffix": "/config", "times": 1}));
     h.request(
@@ -92,9 +88,7 @@ async fn clone_mode_adds_the_additional_disks_once() {
 /// machine for anything keyed on it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_configure_answer_keeps_the_clones_mac() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     // Stop right after the clone (the seed upload fails), to read the MAC the clone was given.
     h.pve.control(
         json!({"op": "fail", "method": "POST", "suffix": "/storage/local/upload",
@@ -135,9 +129,7 @@ async fn a_lost_configure_answer_keeps_the_clones_mac() {
 /// grow that disk, not a `scsi0` the VM does not have.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_template_booting_from_virtio0_is_cloned_grown_and_booted_from_virtio0() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve.control(
         json!({"op": "add_vm", "vmid": 9001, "name": "talos-virtio", "node": "pve1",
         "template": true,
@@ -173,9 +165,7 @@ async fn a_template_booting_from_virtio0_is_cloned_grown_and_booted_from_virtio0
 /// only our seed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_templates_cloud_init_drive_is_removed_from_the_clone() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve.control(
         json!({"op": "add_vm", "vmid": 9002, "name": "talos-ci", "node": "pve1",
         "template": true,
@@ -215,9 +205,7 @@ async fn a_templates_cloud_init_drive_is_removed_from_the_clone() {
 /// drive, before any clone is attempted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cross_node_clone_checks_the_templates_drives_are_shared() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve.control(
         json!({"op": "add_vm", "vmid": 9003, "name": "talos-shared", "node": "pve1",
         "template": true,
@@ -250,9 +238,7 @@ async fn a_cross_node_clone_checks_the_templates_drives_are_shared() {
 /// name and the marker given at clone time) and adopt it, not clone a second VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clone_whose_answer_was_lost_is_adopted_not_cloned_again() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve.control(
         json!({"op": "lose_answer", "method": "POST", "suffix": "/qemu/9000/clone", "times": 1}),
     );
@@ -276,9 +262,7 @@ async fn a_clone_whose_answer_was_lost_is_adopted_not_cloned_again() {
 /// taken VMID like "already exists": choose another, leave the other client's VM alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clone_onto_a_vmid_just_taken_on_another_node_chooses_another() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve
         .control(json!({"op": "race_vmid", "suffix": "/qemu/9000/clone", "node": "pve2"}));
     h.request(
@@ -323,11 +307,9 @@ async fn a_clone_onto_a_vmid_just_taken_on_another_node_chooses_another() {
 /// the entry, the slot and the template.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clone_mode_refuses_an_additional_disk_on_a_slot_the_template_fills() {
-    let mut scenario = support::fakepve::three_node_scenario();
+    let mut scenario = testkit::fakepve::three_node_scenario();
     scenario["guests"][0]["config"]["scsi1"] = json!("local-lvm:base-9000-disk-1,size=2G");
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     h.request(
         "clone-clash",
         "clones",

@@ -8,7 +8,7 @@ use omni_infra_provider_proxmox::controller::health;
 use omni_infra_provider_proxmox::omni::resources::{InfraProviderHealthStatus, MachineRequest};
 
 use super::*;
-use support::harness::PROVIDER;
+use testkit::harness::PROVIDER;
 
 /// Seven nested `all` macros over ten items (252 characters): 10^7 evaluations of the inner
 /// condition, over a minute of CPU each time it is evaluated.
@@ -58,9 +58,7 @@ async fn widest_heartbeat_gap(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_selectors_fail_their_own_requests_while_the_heartbeat_beats() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let (stop_beating, beating) = tokio::sync::watch::channel(false);
     let (_lead, leader) =
         tokio::sync::watch::channel(omni_infra_provider_proxmox::controller::leader::Role::Leader);
@@ -119,9 +117,7 @@ async fn hostile_selectors_fail_their_own_requests_while_the_heartbeat_beats() {
 /// provisioned (the token could).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_class_asking_beyond_the_policy_is_refused_before_anything_is_created() {
-    let Some(mut h) = Harness::start("policy:\n  vlans: [0, 10-19]\n").await else {
-        return;
-    };
+    let mut h = Harness::start("policy:\n  vlans: [0, 10-19]\n").await;
     h.request("greedy-1", "greedy", &format!("{SPREAD}vlan: 4000\n"));
     h.request("modest-1", "modest", &format!("{SPREAD}vlan: 12\n"));
     let status = h.wait_stage("greedy-1", Stage::Failed).await;

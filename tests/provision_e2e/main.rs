@@ -1,9 +1,6 @@
 //! Provisioning end to end: the in-memory Omni over real gRPC, fakepve over real HTTPS, and the real
 //! controller with the real pipeline in between.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod clone;
 mod hostile;
 mod many;
@@ -22,16 +19,14 @@ use omni_infra_provider_proxmox::omni::resources::{
     Kind, MachineRequestStatus, ProviderMachine, label,
 };
 use serde_json::json;
-use support::harness::Harness;
+use testkit::harness::Harness;
 
 pub const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\ntags: [talos]\n";
 pub const SPREAD: &str = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'storageType == \"lvmthin\"'\nip_discovery_timeout: 0\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_class_lands_on_its_node_fully_configured_and_running() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request("workers-abc123", "workers", PINNED_PVE2);
     let status = h.wait_stage("workers-abc123", Stage::Provisioned).await;
 
@@ -116,9 +111,7 @@ async fn a_pinned_class_lands_on_its_node_fully_configured_and_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn six_requests_of_one_set_spread_two_per_node() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     for i in 0..6 {
         h.request(&format!("spread-{i}"), "spread", SPREAD);
     }
@@ -152,11 +145,9 @@ async fn six_requests_of_one_set_spread_two_per_node() {
 /// the key and the release, with nothing created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ha_failback_on_pve_8_fails_before_anything_is_created() {
-    let mut scenario = support::fakepve::three_node_scenario();
+    let mut scenario = testkit::fakepve::three_node_scenario();
     scenario["pve_version"] = json!("8.4.1");
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     h.request(
         "failback-8",
         "ha",
@@ -177,12 +168,9 @@ async fn ha_failback_on_pve_8_fails_before_anything_is_created() {
 /// outranks `nodes.pve1.storage_selector`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_class_storage_selector_outranks_a_node_override_in_placement() {
-    let Some(mut h) =
+    let mut h =
         Harness::start("nodes:\n  pve1:\n    storage_selector: name == \"no-such-storage\"\n")
-            .await
-    else {
-        return;
-    };
+            .await;
     h.request(
         "outranked",
         "precedence",
@@ -202,9 +190,7 @@ async fn the_class_storage_selector_outranks_a_node_override_in_placement() {
 /// recorded (a restart after the create), the listing is read fresh to find that VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_machine_reads_the_cluster_listing_once() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request(
         "one-listing",
         "listing",
@@ -221,9 +207,7 @@ async fn a_new_machine_reads_the_cluster_listing_once() {
 /// made. The process forgets the pool, makes it again and creates the VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_pool_deleted_by_hand_is_made_again() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request("gone-0", "gonepool", SPREAD);
     h.wait_stage("gone-0", Stage::Provisioned).await;
     let vmid = h.vms_named("gone-0")[0]["vmid"].to_string();

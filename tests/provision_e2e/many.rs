@@ -3,8 +3,8 @@
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use serde_json::json;
 
-use crate::support::fakepve::{TOKEN_ID, readme_role, three_node_scenario};
-use crate::support::harness::Harness;
+use testkit::fakepve::{TOKEN_ID, readme_role, three_node_scenario};
+use testkit::harness::Harness;
 
 const CLASS: &str =
     "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\n";
@@ -38,9 +38,7 @@ async fn burst(h: &mut Harness) -> (usize, usize) {
 /// other's VMIDs (and those just made) in this process, so none is refused and none asks Proxmox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vmids_chosen_at_once_from_the_listing_never_collide() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let (asked, creates) = burst(&mut h).await;
     assert_eq!(asked, 0, "no VMID requests");
     assert_eq!(creates, 16, "no create refused");
@@ -58,9 +56,7 @@ async fn choosing_vmids_by_nextid_costs_the_same_however_many_requests_choose_at
     privs.retain(|p| p != "VM.Audit");
     // VM.Audit only on the set's pool: the listing shows the set's VMs, not every guest.
     scenario["acl"] = json!({ TOKEN_ID: [["/", privs], ["/pool/many", ["VM.Audit"]]] });
-    let Some(mut h) = Harness::start_with(scenario, "").await else {
-        return;
-    };
+    let mut h = Harness::start_with(scenario, "").await;
     let (asked, creates) = burst(&mut h).await;
     // nextid once each, and at most one check each.
     assert!(asked <= 2 * 16, "{asked} VMID requests for 16 machines");
@@ -74,9 +70,7 @@ async fn choosing_vmids_by_nextid_costs_the_same_however_many_requests_choose_at
 /// per machine; in all at most 8.5 requests per machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_one_set_makes_its_pool_once_and_lists_the_cluster_once() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let spread = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nip_discovery_timeout: 0\n";
     for node in ["pve1", "pve2", "pve3"] {
         let id = format!("warm-{node}");

@@ -4,9 +4,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_between_steps_and_inside_create_vm_leaves_exactly_one_vm() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     // 1. The controller stops while the create call keeps failing: the VMID is already recorded.
     h.pve.control(
         json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu",
@@ -58,9 +56,7 @@ async fn a_restart_between_steps_and_inside_create_vm_leaves_exactly_one_vm() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ha_settings_register_the_vm_with_the_ha_manager() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request(
         "ha-1",
         "ha",
@@ -82,9 +78,7 @@ async fn ha_settings_register_the_vm_with_the_ha_manager() {
 /// a VM at the recorded VMID: it must be identified from its config and adopted, never replaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recorded_vm_listed_without_name_is_adopted_not_replaced() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.pve.control(
         json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu",
                          "status": 503, "message": "proxy went away"}),
@@ -106,7 +100,7 @@ async fn a_recorded_vm_listed_without_name_is_adopted_not_replaced() {
     h.pve
         .control(json!({"op": "listing_without_stats", "vmid": reserved}));
     h.start_controller();
-    support::eventually(Duration::from_secs(30), "the VMID to be adopted", || {
+    testkit::eventually(Duration::from_secs(30), "the VMID to be adopted", || {
         let vmid = h.machine_state("nostats-1").spec.vmid;
         async move { (vmid == reserved).then_some(()) }
     })
@@ -128,19 +122,17 @@ async fn a_recorded_vm_listed_without_name_is_adopted_not_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_create_of_our_own_taking_the_vmid_is_adopted_not_duplicated() {
     use omni_infra_provider_proxmox::model::identity;
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let id = "late-own";
     let tags = format!(
         "{};{}",
-        identity::provider_tag(support::harness::PROVIDER),
+        identity::provider_tag(testkit::harness::PROVIDER),
         identity::request_tag(id).unwrap()
     );
     h.pve.control(
         json!({"op": "race_vmid", "suffix": "/nodes/pve2/qemu", "node": "pve2",
         "name": id, "config": {"memory": 2048, "cores": 2, "tags": tags,
-            "description": identity::description_marker(support::harness::PROVIDER, id),
+            "description": identity::description_marker(testkit::harness::PROVIDER, id),
             "smbios1": "from-request"}}),
     );
     h.request(
@@ -171,10 +163,8 @@ async fn a_late_create_of_our_own_taking_the_vmid_is_adopted_not_duplicated() {
 async fn a_vmid_another_requests_state_records_is_never_chosen() {
     use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
     use omni_infra_provider_proxmox::omni::resources::provision_controller_name;
-    use support::harness::PROVIDER;
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    use testkit::harness::PROVIDER;
+    let mut h = Harness::start("").await;
     h.stop_controller().await;
     // The first free VMID is 101 (the scenario has guests 100 and 9000). Request `held`'s state
     // records it; its class no longer resolves, so it never gets to create again in this test.

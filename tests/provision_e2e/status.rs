@@ -5,9 +5,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_provider_data_fails_with_every_problem_and_creates_nothing() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let before = h
         .pve
         .control(json!({"op": "vms"}))
@@ -81,9 +79,7 @@ fn record_statuses(
 /// know provisions there. It must here too, and the user sees in Omni what was ignored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_key_provisions_with_a_warning_in_the_status() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     let (seen, recorder) = record_statuses(&h, "warn-1");
     h.request("warn-1", "warn", &format!("{PINNED_PVE2}disk_sise: 10\n"));
     let status = h.wait_stage("warn-1", Stage::Provisioned).await;
@@ -112,9 +108,7 @@ async fn an_unknown_key_provisions_with_a_warning_in_the_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_strict_an_unknown_key_fails_the_request() {
-    let Some(mut h) = Harness::start("strict: true\n").await else {
-        return;
-    };
+    let mut h = Harness::start("strict: true\n").await;
     h.request(
         "strict-1",
         "strict",
@@ -134,9 +128,7 @@ async fn with_strict_an_unknown_key_fails_the_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_template_is_a_clear_error() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     h.request(
         "clone-missing",
         "clones",
@@ -155,9 +147,7 @@ async fn a_missing_template_is_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statuses_show_each_step_and_a_failure_stays_visible_until_it_heals() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     // Record every status text Omni sees.
     let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let recorder = {
@@ -243,7 +233,7 @@ fn calls_since(
 /// Status and provider-state writes (Create and Update) among `calls`.
 fn writes(calls: &BTreeMap<(String, String), u64>) -> (u64, u64) {
     let status_type = MachineRequestStatus.resource_type();
-    let state_type = ProviderMachine::new(support::harness::PROVIDER).resource_type();
+    let state_type = ProviderMachine::new(testkit::harness::PROVIDER).resource_type();
     let of = |ty: &str| -> u64 {
         calls
             .iter()
@@ -259,9 +249,7 @@ fn writes(calls: &BTreeMap<(String, String), u64>) -> (u64, u64) {
 /// step: each of the six appears in some version of the status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_machine_costs_at_most_twelve_status_and_state_writes_and_shows_every_step() {
-    let Some(mut h) = Harness::start("").await else {
-        return;
-    };
+    let mut h = Harness::start("").await;
     // The first of the set downloads the image and makes the pool: two more lines, one more record.
     let before = h.omni.state.typed_calls();
     h.request("writes-0", "writes", PINNED_PVE2);

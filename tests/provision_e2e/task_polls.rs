@@ -3,8 +3,8 @@
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use serde_json::json;
 
-use crate::support::fakepve::three_node_scenario;
-use crate::support::harness::Harness;
+use testkit::fakepve::three_node_scenario;
+use testkit::harness::Harness;
 
 const ON_PVE2: &str = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
 
@@ -18,9 +18,7 @@ async fn tasks_of_a_kind_seen_before_are_polled_near_their_usual_end() {
     let mut scenario = three_node_scenario();
     scenario["download_secs"] = json!(0.2);
     scenario["task_secs"] = json!({"imgcopy": 0.2, "qmcreate": 0.4, "qmstart": 0.4});
-    let Some(mut h) = Harness::start_scaled(scenario, 1.0, "").await else {
-        return;
-    };
+    let mut h = Harness::start_scaled(scenario, 1.0, "").await;
     h.request("polls-1", "polls", ON_PVE2);
     h.wait_stage("polls-1", Stage::Provisioned).await;
     let first = h.pve.count("GET", "/status");

@@ -1,18 +1,17 @@
-//! The infra-provider key and Omni's per-call request signature, both directions.
+//! The infra-provider key and Omni's per-call request signature.
 //!
 //! Omni authenticates every gRPC call by an OpenPGP detached signature over a small JSON payload that
-//! names the method and ten metadata headers. The client half ([`ProviderKey`]) parses the key the
-//! user got from `omnictl infraprovider create` and produces the three signature headers; the server
-//! half ([`Verifier`]) re-implements Omni's checks so the in-memory Omni rejects exactly what the real
-//! one rejects. Both halves share [`payload_json`], so a mismatch between them cannot hide a bug in
-//! one: the tests also check our signatures with `gpg`.
+//! names the method and ten metadata headers. [`ProviderKey`] parses the key the user got from
+//! `omnictl infraprovider create` and produces the three signature headers. The server half, Omni's
+//! check, lives with the in-memory Omni in the `testkit` crate and builds the payload with the same
+//! [`payload_json`], so a mismatch between the halves cannot hide a bug in one: the tests also check
+//! our signatures with `gpg`.
 //!
 //! The key never leaves this module in printable form: [`ProviderKey`]'s `Debug` shows only the
 //! identity and fingerprint, and no error carries key bytes or the key JSON.
 
 mod key;
 mod sign;
-mod verify;
 
 use std::collections::BTreeMap;
 
@@ -21,7 +20,6 @@ pub use key::{
     encode_key_json, generate_key,
 };
 pub use sign::SignedHeaders;
-pub use verify::{RegisteredKey, Verifier, VerifyError};
 
 /// Metadata key carrying the signing time (Unix seconds).
 pub const TIMESTAMP_HEADER: &str = "x-sidero-timestamp";
@@ -31,8 +29,6 @@ pub const PAYLOAD_HEADER: &str = "x-sidero-payload";
 pub const SIGNATURE_HEADER: &str = "x-sidero-signature";
 /// The only signature scheme Omni knows.
 pub const SIGNATURE_VERSION: &str = "siderov1";
-/// Timestamps and signature creation times may be this far from the server clock.
-pub const MAX_CLOCK_SKEW_SECS: i64 = 5 * 60;
 
 /// The ten metadata keys whose values are part of the signed payload.
 ///

@@ -8,9 +8,9 @@ use super::super::schema::{inner_keys, top_keys};
 use super::super::*;
 use super::{MINIMAL, parse, parse_strict, schema};
 
-/// [`crate::test_support::junk_scalar`] with the values provider-data keys take.
+/// [`testkit::junk::junk_scalar`] with the values provider-data keys take.
 fn junk_scalar() -> impl Strategy<Value = Value> {
-    crate::test_support::junk_scalar(vec![
+    testkit::junk::junk_scalar(vec![
         "",
         "0",
         "1",

@@ -5,8 +5,10 @@
 use tonic::Status;
 
 use super::store::{Store, md};
-use crate::omni::proto::cosi::resource as pb;
-use crate::omni::resources::{InfraProvider, PHASE_RUNNING, PHASE_TEARING_DOWN, label, namespace};
+use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
+use omni_infra_provider_proxmox::omni::resources::{
+    InfraProvider, PHASE_RUNNING, PHASE_TEARING_DOWN, label, namespace,
+};
 
 /// Who is calling, as established by the signature.
 #[derive(Clone, Debug)]

@@ -6,8 +6,8 @@ use std::sync::MutexGuard;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::MemState;
-use crate::omni::auth::Verifier;
-use crate::omni::proto::cosi::resource as pb;
+use crate::verify::Verifier;
+use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 
 /// Events kept for bookmark resumes. Older history is compacted away, as etcd (Omni's default
 /// store) compacts its revisions; resuming from before the compaction gets an ERRORED event.

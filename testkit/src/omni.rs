@@ -1,14 +1,11 @@
 //! Shared set-up for tests against the in-memory Omni.
-#![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::memstate::{ControllersTask, MemServer, MemState, OmniControllers};
 use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::client::OmniClient;
-use omni_infra_provider_proxmox::omni::memstate::{
-    ControllersTask, MemServer, MemState, OmniControllers,
-};
 use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls, SignedChannel};
 
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -53,6 +50,19 @@ impl Omni {
         let mut omni = Self::start(provider_id).await;
         omni.controllers = Some(omni.state.run_omni_controllers(OmniControllers { drain }));
         omni
+    }
+
+    /// The provider binary with what reaches this Omni in its environment: the endpoint, plaintext
+    /// allowed (the in-memory Omni serves no TLS) and the registered key, under the variable names
+    /// of the official provider; its other key variable cleared, so the caller's cannot leak in.
+    pub fn provider_command(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(crate::process::provider_binary_for_test());
+        command
+            .env("OMNI_ENDPOINT", self.url())
+            .env("OMNI_INSECURE_HTTP", "true")
+            .env("OMNI_SERVICE_ACCOUNT_KEY", &self.encoded_key)
+            .env_remove("SIDERO_SERVICE_ACCOUNT_KEY");
+        command
     }
 
     pub fn url(&self) -> String {

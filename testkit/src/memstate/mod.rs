@@ -24,20 +24,20 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
-use super::auth::ProviderKey;
-use super::proto::cosi::resource as pb;
-use super::proto::cosi::resource::meta::ResourceDefinitionSpec;
-use super::proto::specs;
-use super::resources::{
-    self, InfraProvider, Kind, MachineRequest, PHASE_RUNNING, PHASE_TEARING_DOWN,
-    ProviderJoinConfig, ResourceDefinition, SiderolinkApiConfig, label, namespace,
-};
-use super::state::Typed;
-use crate::secret::Secret;
 pub use controllers::{
     CONFIG_PATCH_CONTROLLER, CONFIG_PATCH_TYPE, ControllersTask, OmniControllers,
     STATUS_CLEANUP_CONTROLLER,
 };
+use omni_infra_provider_proxmox::omni::auth::ProviderKey;
+use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
+use omni_infra_provider_proxmox::omni::proto::cosi::resource::meta::ResourceDefinitionSpec;
+use omni_infra_provider_proxmox::omni::proto::specs;
+use omni_infra_provider_proxmox::omni::resources::{
+    self, InfraProvider, Kind, MachineRequest, PHASE_RUNNING, PHASE_TEARING_DOWN,
+    ProviderJoinConfig, ResourceDefinition, SiderolinkApiConfig, label, namespace,
+};
+use omni_infra_provider_proxmox::omni::state::Typed;
+use omni_infra_provider_proxmox::secret::Secret;
 pub use service::MemServer;
 pub use store::{COMPACTED_ERROR, FUTURE_REVISION_ERROR};
 use store::{Key, LoggedEvent, Store, key_of, md, next_version, now_ts};

@@ -1,4 +1,4 @@
-//! Test-only helpers the unit tests of several modules share.
+//! Generators of hostile input for the property tests of several modules.
 
 use proptest::prelude::*;
 use serde_json::{Value, json};

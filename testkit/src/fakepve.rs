@@ -2,8 +2,8 @@
 //! our test-only launcher `tests/fakepve/launcher.py`, on 127.0.0.1 with a free port and a certificate
 //! from a private test CA.
 //!
-//! When fakepve is not installed the test is skipped with a message, except under `CI=true` or
-//! `REQUIRE_FAKEPVE=1`, where a missing fakepve fails the test: nothing silently passes in CI.
+//! A test that needs fakepve and cannot find it fails, saying how to install it: a test that skips
+//! itself passes without testing anything.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use serde_json::{Value, json};
 
-use super::certs::TestPki;
+use crate::certs::TestPki;
 
 pub const TOKEN_ID: &str = "omni@pve!provider";
 pub const TOKEN_SECRET: &str = "token-secret-7f3a";
@@ -42,22 +42,26 @@ pub enum Trust {
     InsecureSkipVerify,
 }
 
-fn python() -> Option<PathBuf> {
+/// The Python that has fakepve: `FAKEPVE_PYTHON`, or the repository's `.venv`.
+fn python() -> Result<PathBuf, String> {
     let candidate = std::env::var_os("FAKEPVE_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+        .unwrap_or_else(|| crate::repo_root().join(".venv/bin/python"));
     let ok = Command::new(&candidate)
         .args(["-c", "import fakepve"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    ok.then_some(candidate)
-}
-
-fn required() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-        || std::env::var("REQUIRE_FAKEPVE").is_ok_and(|v| v == "1")
+    if ok {
+        Ok(candidate)
+    } else {
+        Err(format!(
+            "fakepve is not installed ({} cannot import it): run `scripts/setup-test-env.sh` \
+             (or `make setup`), which creates .venv, or set FAKEPVE_PYTHON",
+            candidate.display()
+        ))
+    }
 }
 
 /// The privileges of `pveum role add OmniProvider --privs "…"` as the README documents them (PVE 9).
@@ -97,16 +101,15 @@ pub fn three_node_scenario() -> Value {
 }
 
 impl FakePve {
-    /// Starts fakepve with `scenario` (see the launcher for its keys). `None` means skipped.
-    pub fn start(mut scenario: Value, time_scale: f64) -> Option<FakePve> {
-        let Some(python) = python() else {
-            let msg = "fakepve is not installed: run `scripts/setup-test-env.sh` (creates .venv) or set FAKEPVE_PYTHON";
-            if required() {
-                panic!("{msg} (required because CI=true or REQUIRE_FAKEPVE=1)");
-            }
-            eprintln!("SKIPPED: {msg}");
-            return None;
-        };
+    /// Starts fakepve with `scenario` (see the launcher for its keys); a test fails when fakepve is
+    /// not installed, naming the script that installs it.
+    pub fn start(scenario: Value, time_scale: f64) -> FakePve {
+        Self::try_start(scenario, time_scale).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`FakePve::start`] for the examples, which report a missing fakepve as an error.
+    pub fn try_start(mut scenario: Value, time_scale: f64) -> Result<FakePve, String> {
+        let python = python()?;
         let dir = tempfile::tempdir().unwrap();
         let pki = TestPki::create(dir.path());
         let obj = scenario.as_object_mut().unwrap();
@@ -119,7 +122,7 @@ impl FakePve {
         obj.insert("key".into(), json!(pki.key_pem));
         let scenario_path = dir.path().join("scenario.json");
         std::fs::write(&scenario_path, scenario.to_string()).unwrap();
-        let launcher = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakepve/launcher.py");
+        let launcher = crate::repo_root().join("tests/fakepve/launcher.py");
         let mut child = Command::new(python)
             .arg(launcher)
             .arg(&scenario_path)
@@ -137,7 +140,7 @@ impl FakePve {
             .strip_prefix("fakepve listening on ")
             .unwrap_or_else(|| panic!("unexpected first line from fakepve: {line:?}"))
             .to_owned();
-        Some(FakePve {
+        Ok(FakePve {
             child,
             stdin,
             stdout,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::*;
-use crate::omni::state::Typed;
+use omni_infra_provider_proxmox::omni::state::Typed;
 
 const DRAIN: Duration = Duration::from_secs(30);
 const SOON: Duration = Duration::from_secs(1);

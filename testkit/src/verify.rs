@@ -10,10 +10,12 @@ use pgp::crypto::hash::HashAlgorithm;
 use pgp::types::KeyDetails;
 use tonic::metadata::MetadataMap;
 
-use super::{
-    KeyError, MAX_CLOCK_SKEW_SECS, PAYLOAD_HEADER, SIGNATURE_HEADER, SIGNATURE_VERSION,
-    SIGNED_HEADERS, TIMESTAMP_HEADER,
+use omni_infra_provider_proxmox::omni::auth::{
+    KeyError, PAYLOAD_HEADER, SIGNATURE_HEADER, SIGNATURE_VERSION, SIGNED_HEADERS, TIMESTAMP_HEADER,
 };
+
+/// Timestamps and signature creation times may be this far from the server clock.
+pub const MAX_CLOCK_SKEW_SECS: i64 = 5 * 60;
 
 /// Why the server refused a call's signature. All but `Malformed` map to `Unauthenticated`
 /// "invalid signature", as Omni answers; the variant is for logs and tests.
@@ -231,7 +233,7 @@ fn check_pgp_signature(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::omni::auth::ProviderKey;
+    use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 
     #[test]
     fn generated_key_round_trips_signs_and_verifies() {

@@ -4,13 +4,17 @@
 //! until SIGINT/SIGTERM. Nothing is persisted.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
-use super::CliResult;
-use crate::omni::memstate::{MemState, OmniControllers};
-use crate::omni::transport;
+use clap::Parser;
+use omni_infra_provider_proxmox::cli::{CliResult, render_error, run::shutdown_signal};
+use omni_infra_provider_proxmox::omni::transport;
+use testkit::memstate::{MemState, OmniControllers};
 
-#[derive(Debug, clap::Args)]
+/// Run an in-memory Omni state server for local development and tests.
+#[derive(Debug, Parser)]
+#[command(name = "dev-omni", version, about, long_about = None)]
 pub struct DevOmniArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -42,7 +46,18 @@ pub enum DevOmniError {
     Register { id: String, message: String },
 }
 
-pub async fn run(args: DevOmniArgs) -> CliResult {
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(DevOmniArgs::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", render_error(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: DevOmniArgs) -> CliResult {
     transport::install_crypto_provider();
     let state = MemState::new();
     // Omni's own finalizers on statuses and config patch requests, as a real Omni holds them.
@@ -86,7 +101,7 @@ pub async fn run(args: DevOmniArgs) -> CliResult {
     }
     println!("OMNI_SERVICE_ACCOUNT_KEY={}", key.expose());
     println!("provider id: {}", args.provider_id);
-    super::run::shutdown_signal().await;
+    shutdown_signal().await;
     server.stop().await;
     Ok(())
 }

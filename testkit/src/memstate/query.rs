@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use tonic::Status;
 
-use crate::omni::proto::cosi::resource as pb;
+use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 
 /// Whether `labels` match any of `queries` (none = everything). Pure.
 pub(super) fn matches_queries(

@@ -8,11 +8,10 @@
 //! `config.yaml`); `shared-nfs` (shared NFS, holding the template, for
 //! `clone-from-template.yaml`); `ceph-vm` (Ceph RBD, shared, for `control-plane-ha.yaml`);
 //! bridges vmbr0 and vmbr1 on every node; the template `talos-template`.
-#![allow(dead_code)]
 
 use serde_json::{Value, json};
 
-use super::fakepve::{TOKEN_ID, TOKEN_SECRET, readme_role};
+use crate::fakepve::{TOKEN_ID, TOKEN_SECRET, readme_role};
 
 const GIB: u64 = 1024 * 1024 * 1024;
 const TIB: u64 = 1024 * GIB;

@@ -12,8 +12,8 @@ use super::service::{BoxStream, StateService};
 use super::store::{
     COMPACTED_ERROR, FUTURE_REVISION_ERROR, LoggedEvent, Store, bookmark, md, parse_bookmark,
 };
-use crate::omni::proto::cosi::resource as pb;
-use crate::omni::resources::PHASE_RUNNING;
+use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
+use omni_infra_provider_proxmox::omni::resources::PHASE_RUNNING;
 
 /// What a watch sends between "established" and the live feed. Decided under the store lock,
 /// together with the live subscription, so nothing falls between the two.

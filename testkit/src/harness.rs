@@ -1,6 +1,5 @@
 //! The provider in-process against the in-memory Omni (real gRPC) and fakepve (real HTTPS): the
 //! harness for end-to-end tests of provisioning and teardown.
-#![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +22,8 @@ use omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::fakepve::{FakePve, Login, Trust, three_node_scenario};
-use super::omni as omni_support;
+use crate::fakepve::{FakePve, Login, Trust, three_node_scenario};
+use crate::omni as omni_support;
 
 pub const PROVIDER: &str = "proxmox";
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -53,23 +52,19 @@ pub struct Harness {
 }
 
 impl Harness {
-    pub async fn start(extra_config: &str) -> Option<Harness> {
+    pub async fn start(extra_config: &str) -> Harness {
         Self::start_with(three_node_scenario(), extra_config).await
     }
 
     /// Like [`Harness::start`] with a scenario of one's own (see the launcher for its keys).
-    pub async fn start_with(scenario: Value, extra_config: &str) -> Option<Harness> {
+    pub async fn start_with(scenario: Value, extra_config: &str) -> Harness {
         Self::start_scaled(scenario, 0.0, extra_config).await
     }
 
     /// Like [`Harness::start_with`] with fakepve's `time_scale` (real seconds per Proxmox second; 0:
     /// every task done before its request returns, and no latency).
-    pub async fn start_scaled(
-        scenario: Value,
-        time_scale: f64,
-        extra_config: &str,
-    ) -> Option<Harness> {
-        let pve = FakePve::start(scenario, time_scale)?;
+    pub async fn start_scaled(scenario: Value, time_scale: f64, extra_config: &str) -> Harness {
+        let pve = FakePve::start(scenario, time_scale);
         let omni = omni_support::Omni::start_with_controllers(PROVIDER, omni_support::DRAIN).await;
         let config = ProviderConfig::parse(&format!(
             "{}{extra_config}",
@@ -91,7 +86,7 @@ impl Harness {
             factory_auth: Default::default(),
         };
         h.start_controller();
-        Some(h)
+        h
     }
 
     pub fn start_controller(&mut self) {
@@ -210,6 +205,15 @@ impl Harness {
             state.get(&ProviderMachine::new(PROVIDER), id).is_none(),
             "provider state destroyed"
         );
+    }
+
+    /// Waits until fakepve no longer holds VM `vmid`.
+    pub async fn wait_vm_deleted(&mut self, vmid: u32, timeout: Duration) {
+        let pve = &mut self.pve;
+        crate::until(timeout, &format!("VM {vmid} to be deleted"), || {
+            pve.vm(vmid).is_null()
+        })
+        .await
     }
 
     /// The VMs fakepve holds for request `id` (by name).

@@ -16,13 +16,15 @@ use super::access::{
 };
 use super::query::matches_queries;
 use super::store::{key_of, md, next_version, now_ts, now_unix};
-use crate::omni::proto::cosi::resource as pb;
-use crate::omni::proto::cosi::resource::state_server::{State, StateServer};
-use crate::omni::proto::management as mpb;
-use crate::omni::proto::management::management_service_server::{
+use crate::proto::management::management_service_server::{
     ManagementService, ManagementServiceServer,
 };
-use crate::omni::resources::{PHASE_TEARING_DOWN, label};
+use crate::proto::state::state_server::{State, StateServer};
+use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
+use omni_infra_provider_proxmox::omni::proto::management as mpb;
+use omni_infra_provider_proxmox::omni::resources::{
+    FEATURES_CONFIG_ID, FeaturesConfig, PHASE_TEARING_DOWN, TalosVersion, label,
+};
 
 impl MemState {
     /// Serves State and Management on `listener` until [`MemServer::stop`].
@@ -523,15 +525,12 @@ impl MgmtService {
         let version = r.talos_version.trim_start_matches('v');
         let talos = self
             .state
-            .get(&crate::omni::resources::TalosVersion, version)
+            .get(&TalosVersion, version)
             .map(|v| v.spec.image_factory_url)
             .filter(|u| !u.is_empty());
         let features = self
             .state
-            .get(
-                &crate::omni::resources::FeaturesConfig,
-                crate::omni::resources::FEATURES_CONFIG_ID,
-            )
+            .get(&FeaturesConfig, FEATURES_CONFIG_ID)
             .map(|f| f.spec.image_factory_base_url)
             .filter(|u| !u.is_empty());
         let factory = talos

@@ -30,9 +30,9 @@ use tokio::time::Instant;
 
 use super::MemState;
 use super::store::{Key, LoggedEvent, Store, md, next_version, now_ts};
-use crate::omni::proto::cosi::resource as pb;
-use crate::omni::proto::specs;
-use crate::omni::resources::{
+use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
+use omni_infra_provider_proxmox::omni::proto::specs;
+use omni_infra_provider_proxmox::omni::resources::{
     ConfigPatchRequest, MachineRequestStatus, PHASE_RUNNING, PHASE_TEARING_DOWN, label, namespace,
 };
 
