@@ -25,6 +25,7 @@ use super::progress::{Phase, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
 use super::runner::Action;
 use super::topology;
+use crate::model::Listing;
 use crate::model::MachineState;
 use crate::omni::join::{self, ConnectionParams, JoinInputs, JoinMode};
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
@@ -34,7 +35,7 @@ use crate::omni::resources::{
 };
 use crate::omni::state::ResourceRef;
 use crate::pipeline::run_step;
-use crate::pipeline::step::{ClusterView, RequestInfo, Step, StepContext, StepError, StepOutcome};
+use crate::pipeline::step::{RequestInfo, Step, StepContext, StepError, StepOutcome};
 
 /// How long a step may work without saying what it does before its bare line is written.
 const SILENT_STEP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
@@ -179,7 +180,7 @@ impl Provisioning<'_> {
         state: &mut MachineState,
         start: usize,
     ) -> Result<Action, ReconcileError> {
-        let mut cluster: Option<ClusterView> = None;
+        let mut cluster: Option<Listing> = None;
         // A slot in the lane of the node the request is on (placement until it has one), held
         // while it stays there.
         let mut slot = None;
@@ -207,7 +208,7 @@ impl Provisioning<'_> {
         info: &RequestInfo,
         join: &ConnectionParams,
         state: &mut MachineState,
-        cluster: &mut Option<ClusterView>,
+        cluster: &mut Option<Listing>,
     ) -> Result<Option<Action>, ReconcileError> {
         let (outcome, progress) = self.run_step(step, info, join, state, cluster).await?;
         match outcome {
@@ -271,7 +272,7 @@ impl Provisioning<'_> {
         info: &RequestInfo,
         join: &ConnectionParams,
         state: &mut MachineState,
-        cluster: &mut Option<ClusterView>,
+        cluster: &mut Option<Listing>,
     ) -> Result<(Result<StepOutcome, StepError>, StatusSink<'_>), ReconcileError> {
         let services = &self.ctx.services;
         let node = state.node.as_ref().map(|n| n.as_str());

@@ -40,8 +40,8 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let node = ctx.node()?;
     let vmid = ctx.vmid()?;
     let seed = upload_seed(ctx, &node).await?;
-    let resources = ctx.cluster_shared(false).await?;
-    let target = target(ctx, &node, vmid, &resources, Some(seed))?;
+    let listing = ctx.cluster(false).await?;
+    let target = target(ctx, &node, vmid, &listing, Some(seed))?;
     let pve = &ctx.services.pve;
     let current = pve
         .vm_config(&node, vmid)

@@ -17,10 +17,10 @@
 use super::identify::{Identified, identify};
 use super::seed::upload_seed;
 use super::step::{StepContext, StepError, StepOutcome};
-use crate::model::ClusterSnapshot;
 use crate::model::identity::{self, Claim};
+use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
-use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmId};
+use crate::proxmox::types::{NodeName, VmId};
 use crate::rules::storage::{self, StorageNeed};
 use crate::rules::vm_config::{self, VmIdentity, VmTarget};
 use crate::rules::vmid::{self, VmidSource};
@@ -43,8 +43,8 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     // adopt it. Otherwise the listing placement read moments ago in this reconcile will do, for
     // choosing a VMID too: one made since is refused by Proxmox, not overwritten.
     let must_be_fresh = ctx.state.recorded_vmid().is_some();
-    let resources = ctx.cluster_shared(must_be_fresh).await?;
-    if let Some(outcome) = adopt(ctx, &resources).await? {
+    let listing = ctx.cluster(must_be_fresh).await?;
+    if let Some(outcome) = adopt(ctx, &listing).await? {
         return Ok(outcome);
     }
 
@@ -57,17 +57,15 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let first_create_ever = ctx.state.recorded_vmid().is_none();
     let mut refused: Vec<u32> = Vec::new();
     for attempt in 0..VMID_ATTEMPTS {
-        let vmid = choose_vmid(ctx, &resources, &refused).await?;
+        let vmid = choose_vmid(ctx, &listing, &refused).await?;
         ctx.state.reserved_vmid = Some(vmid);
         ctx.persist().await?;
         let result = match ctx.data.boot {
             crate::rules::provider_data::BootMode::Iso
             | crate::rules::provider_data::BootMode::Image => {
-                create(ctx, &node, vmid, &resources).await
+                create(ctx, &node, vmid, &listing).await
             }
-            crate::rules::provider_data::BootMode::Clone => {
-                clone(ctx, &node, vmid, &resources).await
-            }
+            crate::rules::provider_data::BootMode::Clone => clone(ctx, &node, vmid, &listing).await,
         };
         match result {
             Ok(()) => {
@@ -82,7 +80,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             Err(StepError::Proxmox { source, .. }) if source.is_vmid_taken() => {
                 // Taken by whom? A create of ours sent before a crash, whose answer never came, can
                 // land just now at this very VMID: that VM is this request's, not a stranger's.
-                let fresh = ctx.cluster_shared(true).await?;
+                let fresh = ctx.cluster(true).await?;
                 if let Some(outcome) = adopt(ctx, &fresh).await? {
                     return Ok(outcome);
                 }
@@ -187,12 +185,8 @@ async fn make_set_pool(
 /// creating another would leave two. Ownership is `model::identity`'s, as for teardown.
 async fn adopt(
     ctx: &mut StepContext<'_>,
-    resources: &[ClusterResource],
+    listing: &Listing,
 ) -> Result<Option<StepOutcome>, StepError> {
-    let vms = resources.iter().filter_map(|r| match r {
-        ClusterResource::Vm(vm) => Some(vm),
-        _ => None,
-    });
     let uuid = ctx.state.uuid.map(|u| u.to_string());
     let claim = Claim {
         request_id: &ctx.request.id,
@@ -201,10 +195,8 @@ async fn adopt(
         smbios_uuid: uuid.as_deref(),
     };
     let mut found = None;
-    for vm in identity::candidates(vms, &claim) {
-        let online = resources.iter().any(|r| {
-            matches!(r, ClusterResource::Node(n) if n.node == vm.node && n.status == NodeState::Online)
-        });
+    for vm in identity::candidates(listing.vms(), &claim) {
+        let online = listing.node_online(&vm.node);
         let doing = format!(
             "reading the config of VM {} on {} to see whether it is this request's",
             vm.vmid, vm.node
@@ -255,15 +247,13 @@ const VMID_PROBES: u32 = 64;
 /// from `/cluster/nextid` on that no request in flight and no earlier refusal uses.
 async fn choose_vmid(
     ctx: &StepContext<'_>,
-    resources: &[ClusterResource],
+    listing: &Listing,
     refused: &[u32],
 ) -> Result<VmId, StepError> {
-    let listed: BTreeSet<u32> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) | ClusterResource::Container(vm) => Some(vm.vmid.get()),
-            _ => None,
-        })
+    let listed: BTreeSet<u32> = listing
+        .vms()
+        .chain(listing.containers())
+        .map(|vm| vm.vmid.get())
         .collect();
     let usable = |id: u32| !listed.contains(&id) && !refused.contains(&id);
     let reserved = ctx.state.reserved_vmid.filter(|id| usable(id.get()));
@@ -361,10 +351,10 @@ async fn create(
     ctx: &mut StepContext<'_>,
     node: &NodeName,
     vmid: VmId,
-    resources: &[ClusterResource],
+    listing: &Listing,
 ) -> Result<(), StepError> {
     let seed = upload_seed(ctx, node).await?;
-    let target = target(ctx, node, vmid, resources, Some(seed))?;
+    let target = target(ctx, node, vmid, listing, Some(seed))?;
     let identity = VmIdentity {
         request_id: &ctx.request.id,
         set_id: ctx.request.set_id.as_deref(),
@@ -390,21 +380,15 @@ async fn clone(
     ctx: &mut StepContext<'_>,
     node: &NodeName,
     vmid: VmId,
-    resources: &[ClusterResource],
+    listing: &Listing,
 ) -> Result<(), StepError> {
     let template_id = ctx
         .state
         .template_vmid
         .ok_or_else(|| StepError::Cluster("no template recorded by prepare_image".into()))?;
-    let template = resources
-        .iter()
-        .find_map(|r| match r {
-            ClusterResource::Vm(vm) if vm.vmid == template_id => Some(vm),
-            _ => None,
-        })
-        .ok_or_else(|| {
-            StepError::Cluster(format!("template {template_id} is gone from the cluster"))
-        })?;
+    let template = listing.vm(template_id).ok_or_else(|| {
+        StepError::Cluster(format!("template {template_id} is gone from the cluster"))
+    })?;
     let storage = recorded_storage(ctx)?;
     // Whether a clone of this template reaches `node` (and `storage`) was decided by the placement
     // rule (`rules::placement::clone_verdict`) in `pick_node` or `prepare_image`, before anything
@@ -463,7 +447,7 @@ pub fn target(
     ctx: &StepContext<'_>,
     node: &NodeName,
     vmid: VmId,
-    resources: &[ClusterResource],
+    listing: &Listing,
     seed_iso: Option<IsoVolume>,
 ) -> Result<VmTarget, StepError> {
     let missing = |what: &str| StepError::Cluster(format!("the provider state records no {what}"));
@@ -477,7 +461,7 @@ pub fn target(
     let smbios_uuid = ctx.state.uuid.ok_or_else(|| missing("SMBIOS UUID"))?;
     let mut additional_disk_storages = Vec::new();
     for (i, disk) in ctx.data.additional_disks.iter().enumerate() {
-        additional_disk_storages.push(disk_storage(resources, node, disk, i)?);
+        additional_disk_storages.push(disk_storage(listing, node, disk, i)?);
     }
     Ok(VmTarget {
         vmid: vmid.get(),
@@ -493,12 +477,12 @@ pub fn target(
 
 /// The storage for an additional disk, by the disk's own selector, on the node placement picked.
 fn disk_storage(
-    resources: &[ClusterResource],
+    listing: &Listing,
     node: &NodeName,
     disk: &crate::rules::provider_data::AdditionalDisk,
     index: usize,
 ) -> Result<StorageId, StepError> {
-    let cluster = ClusterSnapshot::from_resources(resources);
+    let cluster = ClusterSnapshot::from_resources(listing);
     let choice = cluster.node(node.as_str()).map(|n| {
         storage::choose(
             n,

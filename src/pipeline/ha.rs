@@ -7,10 +7,11 @@
 //! and the rules are read and planned again.
 
 use super::step::{HA_RULES_LOCK, StepContext, StepError};
+use crate::model::Listing;
 use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::ha::{HaResource, vm_sid};
-use crate::proxmox::types::{ClusterResource, VmId};
+use crate::proxmox::types::{VmId, VmResource};
 use crate::rules::ha::{
     HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
 };
@@ -190,35 +191,21 @@ async fn set_members(
     set: Option<&str>,
     fresh: bool,
 ) -> Result<(Vec<String>, usize), StepError> {
-    let resources = ctx.cluster(fresh).await?;
-    Ok(set_members_in(resources, set.filter(|_| fresh)))
+    let listing = ctx.cluster(fresh).await?;
+    Ok(set_members_in(&listing, set.filter(|_| fresh)))
 }
 
 /// The HA-managed VMs of `set` in a listing (as sids; none without a set) and its number of nodes.
-pub(super) fn set_members_in(
-    resources: &[ClusterResource],
-    set: Option<&str>,
-) -> (Vec<String>, usize) {
-    let nodes = resources
-        .iter()
-        .filter(|r| matches!(r, ClusterResource::Node(_)))
-        .count();
+pub(super) fn set_members_in(listing: &Listing, set: Option<&str>) -> (Vec<String>, usize) {
+    let nodes = listing.nodes().count();
     let Some(set) = set else {
         return (Vec::new(), nodes);
     };
     let tag = set_tag(set);
-    let members = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm)
-                if vm.hastate.is_some()
-                    && !vm.template
-                    && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag)) =>
-            {
-                Some(vm_sid(vm.vmid))
-            }
-            _ => None,
-        })
+    let members = listing
+        .tagged(&tag)
+        .filter(|vm| vm.hastate.is_some())
+        .map(|vm| vm_sid(vm.vmid))
         .collect();
     (members, nodes)
 }
@@ -228,22 +215,12 @@ pub(super) fn set_members_in(
 /// counted together.
 fn prospective_members(
     ctx: &StepContext<'_>,
-    resources: &[ClusterResource],
+    listing: &Listing,
     set: &str,
     managed: &[String],
 ) -> Vec<String> {
     let tag = set_tag(set);
-    let listed: Vec<&crate::proxmox::types::VmResource> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm)
-                if !vm.template && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag)) =>
-            {
-                Some(vm)
-            }
-            _ => None,
-        })
-        .collect();
+    let listed: Vec<&VmResource> = listing.tagged(&tag).collect();
     let made = listed
         .iter()
         .map(|vm| vm_sid(vm.vmid))
@@ -266,7 +243,7 @@ fn prospective_members(
 /// a set checked at once would not count each other.
 pub(super) async fn check_rules_in_turn(
     ctx: &mut StepContext<'_>,
-    resources: &[ClusterResource],
+    listing: &Listing,
 ) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, StepError> {
     let in_rules = ctx.data.ha.as_ref().is_some_and(HaSettings::uses_rules);
     let turn = match ctx.request.set_id.as_deref().filter(|_| in_rules) {
@@ -279,7 +256,7 @@ pub(super) async fn check_rules_in_turn(
         }
         None => None,
     };
-    check_rules_before_create(ctx, resources).await?;
+    check_rules_before_create(ctx, listing).await?;
     Ok(turn)
 }
 
@@ -289,7 +266,7 @@ pub(super) async fn check_rules_in_turn(
 /// join decides, as before.
 async fn check_rules_before_create(
     ctx: &mut StepContext<'_>,
-    resources: &[ClusterResource],
+    listing: &Listing,
 ) -> Result<(), StepError> {
     let Some(ha) = ctx.data.ha.clone().filter(HaSettings::uses_rules) else {
         return Ok(());
@@ -302,9 +279,9 @@ async fn check_rules_before_create(
         Err(e) => return Err(StepError::proxmox("reading the HA rules")(e)),
     };
     let set = ctx.request.set_id.clone();
-    let (mut members, cluster_nodes) = set_members_in(resources, set.as_deref());
+    let (mut members, cluster_nodes) = set_members_in(listing, set.as_deref());
     if let Some(set) = set.as_deref() {
-        members.extend(prospective_members(ctx, resources, set, &members));
+        members.extend(prospective_members(ctx, listing, set, &members));
     }
     let membership = HaMembership {
         settings: &ha,

@@ -17,7 +17,6 @@ use super::discover_ip::usable_addresses;
 use super::ledgers::entry;
 use super::step::{StepContext, StepError};
 use crate::model::machine::IpAllocation;
-use crate::proxmox::types::ClusterResource;
 use crate::rules::ip_pool::{self, IpPool};
 
 /// How long the addresses running VMs reported through their guest agent are trusted.
@@ -129,14 +128,8 @@ fn take(
 /// The addresses the guest agents of the VMs the current listing shows reported, read again when
 /// older than [`AGENT_ADDRESSES_MAX_AGE`].
 async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr>, StepError> {
-    let resources = ctx.cluster_shared(false).await?;
-    let vms: Vec<_> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) if !vm.template => Some(vm.clone()),
-            _ => None,
-        })
-        .collect();
+    let listing = ctx.cluster(false).await?;
+    let vms: Vec<_> = listing.guests().cloned().collect();
     let mut cache = ctx.services.ledgers.ip.agent.lock().await;
     let fresh = cache
         .as_ref()

@@ -29,14 +29,12 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         return Ok(StepOutcome::Done);
     }
     ctx.report("reading nodes and storages").await;
-    let resources = ctx.cluster_shared(false).await?;
+    let listing = ctx.cluster(false).await?;
     // Held until the VM is placed: see `check_rules_in_turn`.
-    let _turn = super::ha::check_rules_in_turn(ctx, &resources).await?;
-    let cluster = ClusterSnapshot::from_resources(&resources);
+    let _turn = super::ha::check_rules_in_turn(ctx, &listing).await?;
+    let cluster = ClusterSnapshot::from_resources(&listing);
     let clone = match (ctx.data.boot, &ctx.data.template) {
-        (BootMode::Clone, Some(wanted)) => {
-            Some(copies_of(ctx, wanted, &resources, &cluster).await?)
-        }
+        (BootMode::Clone, Some(wanted)) => Some(copies_of(ctx, wanted, &listing, &cluster).await?),
         _ => None,
     };
     if let Some(source) = &clone {

@@ -438,7 +438,7 @@ pub(super) async fn download_storage(
     content: Content,
 ) -> Result<(String, bool), StepError> {
     let selector = ctx.data.iso_storage_selector.clone();
-    let cluster = ClusterSnapshot::from_resources(ctx.cluster(false).await?);
+    let cluster = ClusterSnapshot::from_resources(&ctx.cluster(false).await?);
     let choice = match cluster.node(node.as_str()) {
         Some(n) => storage::choose(n, &StorageNeed::download(content, selector.as_ref())),
         None => StorageChoice {

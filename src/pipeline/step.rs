@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::ProviderConfig;
-use crate::model::MachineState;
+use crate::model::{Listing, MachineState};
 pub use crate::pipeline::ledgers::{
     HA_RULES_LOCK, IpLedgers, Ledgers, PVE_VERSION_MAX_AGE, image_lock_key, image_presence_key,
 };
@@ -20,7 +20,7 @@ pub use crate::pipeline::ledgers::{
 use crate::omni::join::ConnectionParams;
 use crate::omni::management::ManagementClient;
 use crate::omni::state::StateError;
-use crate::proxmox::types::{ClusterResource, NodeName, Upid, VmId};
+use crate::proxmox::types::{NodeName, Upid, VmId};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::provider_data::{ProviderData, ProviderDataSchema, describe};
 
@@ -334,7 +334,7 @@ pub struct StepContext<'a> {
     pub state: &'a mut MachineState,
     pub progress: &'a dyn Progress,
     /// `/cluster/resources` read earlier in this reconcile, reused while fresh.
-    pub cluster: &'a mut Option<ClusterView>,
+    pub cluster: &'a mut Option<Listing>,
 }
 
 /// A Proxmox task a step started, with the words its progress line and errors use.
@@ -342,13 +342,6 @@ pub struct StepContext<'a> {
 pub struct StartedTask {
     pub upid: Upid,
     pub doing: String,
-}
-
-/// One `/cluster/resources` answer and when it was read.
-#[derive(Debug, Clone)]
-pub struct ClusterView {
-    pub resources: Arc<Vec<ClusterResource>>,
-    pub read_at: std::time::Instant,
 }
 
 /// Reads reused within one reconcile are this fresh at most.
@@ -373,51 +366,34 @@ impl StepContext<'_> {
             .ok_or_else(|| StepError::Cluster("the provider state has no VMID yet".into()))
     }
 
-    /// The cluster as `/cluster/resources` shows it; re-read unless read moments ago in this reconcile.
-    pub async fn cluster(&mut self, fresh: bool) -> Result<&[ClusterResource], StepError> {
-        self.cluster_shared(fresh).await?;
-        Ok(self
-            .cluster
-            .as_ref()
-            .map(|v| v.resources.as_slice())
-            .unwrap_or_default())
-    }
-
-    /// [`Self::cluster`], as a handle to keep across calls that need the context mutably. Keep this
-    /// handle rather than a copy (`cluster(..).to_vec()`): with a thousand guests a copy is a few
-    /// hundred KiB, and every request placing or configuring at once made its own.
-    pub async fn cluster_shared(
-        &mut self,
-        fresh: bool,
-    ) -> Result<Arc<Vec<ClusterResource>>, StepError> {
-        let stale = match self.cluster.as_ref() {
-            Some(v) => fresh || v.read_at.elapsed() > CLUSTER_VIEW_MAX_AGE,
-            None => true,
-        };
-        if stale {
-            let shared = if fresh {
-                Duration::ZERO
-            } else {
-                // Never a listing older than the last dropped reservation: it may lack that VM,
-                // which then counts nowhere.
-                self.services
-                    .ledgers
-                    .since_reservation_dropped()
-                    .map_or(SHARED_LISTING_MAX_AGE, |d| d.min(SHARED_LISTING_MAX_AGE))
-            };
-            let (read_at, resources) = self
-                .services
-                .pve
-                .cluster_listing_within(shared)
-                .await
-                .map_err(StepError::proxmox("reading the cluster state"))?;
-            *self.cluster = Some(ClusterView { resources, read_at });
+    /// The cluster as `/cluster/resources` shows it; re-read unless read moments ago in this
+    /// reconcile. The listing is shared, not copied: keep it across calls that need the context
+    /// mutably.
+    pub async fn cluster(&mut self, fresh: bool) -> Result<Listing, StepError> {
+        if let Some(listing) = self.cluster.as_ref()
+            && !fresh
+            && listing.read_at.elapsed() <= CLUSTER_VIEW_MAX_AGE
+        {
+            return Ok(listing.clone());
         }
-        Ok(self
-            .cluster
-            .as_ref()
-            .map(|v| v.resources.clone())
-            .unwrap_or_default())
+        let shared = if fresh {
+            Duration::ZERO
+        } else {
+            // Never a listing older than the last dropped reservation: it may lack that VM,
+            // which then counts nowhere.
+            self.services
+                .ledgers
+                .since_reservation_dropped()
+                .map_or(SHARED_LISTING_MAX_AGE, |d| d.min(SHARED_LISTING_MAX_AGE))
+        };
+        let listing: Listing = self
+            .services
+            .pve
+            .cluster_listing_within(shared)
+            .await
+            .map_err(StepError::proxmox("reading the cluster state"))?;
+        *self.cluster = Some(listing.clone());
+        Ok(listing)
     }
 
     pub async fn report(&self, detail: impl Into<String>) {

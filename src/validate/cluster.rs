@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use super::layers::{Layers, Origin};
 use super::node::{NodeOutcome, check_node};
 use super::report::{Finding, Outcome};
+use crate::model::Listing;
 use crate::model::{ClusterSnapshot, MIB};
 use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::HaRule;
 use crate::proxmox::network::mapping::ResourceMapping;
-use crate::proxmox::types::ClusterResource;
 use crate::rules::placement::{
     self, CloneRefusal, CloneSource, LeftOut, PlacementError, PlacementLimits, PlacementRequest,
 };
@@ -20,9 +20,9 @@ use crate::rules::storage_selector::StorageSelector;
 
 /// The cluster as the checks see it.
 #[derive(Debug, Clone, Default)]
-pub struct ClusterView {
+pub struct ClusterFacts {
     /// One `/cluster/resources` read: nodes, guests (templates), storages per node.
-    pub resources: Vec<ClusterResource>,
+    pub resources: Listing,
     /// Bridge (and SDN VNet) names per node that was asked; `Err` says why a node could not be asked.
     /// Nodes missing here are not checked.
     pub bridges: BTreeMap<String, Result<Vec<String>, String>>,
@@ -105,7 +105,7 @@ pub fn check_cluster(
     schema: &ProviderDataSchema,
     layers: &Layers<'_>,
     data: &ProviderData,
-    view: &ClusterView,
+    view: &ClusterFacts,
 ) -> Vec<Finding> {
     check_cluster_inner(schema, layers, layers, data, view, &[])
 }
@@ -118,7 +118,7 @@ pub(crate) struct ClusterCheck<'a> {
     /// The layers as the user wrote them, for key paths.
     pub origin: Origin<'a, 'a>,
     pub data: &'a ProviderData,
-    pub view: &'a ClusterView,
+    pub view: &'a ClusterFacts,
     pub cluster: ClusterSnapshot,
     pub class: ClassPlacement,
     /// "pve1, pve2", or "none".
@@ -132,7 +132,7 @@ pub(crate) fn check_cluster_inner(
     layers: &Layers<'_>,
     written: &Layers<'_>,
     data: &ProviderData,
-    view: &ClusterView,
+    view: &ClusterFacts,
     stand_ins: &[&str],
 ) -> Vec<Finding> {
     let cluster = ClusterSnapshot::from_resources(&view.resources);
@@ -186,7 +186,7 @@ pub(crate) fn check_cluster_inner(
 
 /// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
 /// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
-fn health_finding(view: &ClusterView) -> Option<Finding> {
+fn health_finding(view: &ClusterFacts) -> Option<Finding> {
     let finding = match view.health.as_ref()? {
         Ok(h) if h.can_write() => Finding::new(Outcome::Pass, "cluster.quorum", None, h.summary()),
         Ok(h) => Finding::new(Outcome::Problem, "cluster.quorum", None, h.summary()),
@@ -201,7 +201,7 @@ fn health_finding(view: &ClusterView) -> Option<Finding> {
 }
 
 /// Keys the cluster's Proxmox VE release must support.
-fn release_findings(data: &ProviderData, view: &ClusterView) -> Vec<Finding> {
+fn release_findings(data: &ProviderData, view: &ClusterFacts) -> Vec<Finding> {
     match &view.pve_version {
         Some(Ok(version)) => release_problems(data, version)
             .into_iter()

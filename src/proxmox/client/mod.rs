@@ -43,9 +43,8 @@ impl std::fmt::Debug for ProxmoxClient {
     }
 }
 
-/// The last full cluster listing and when its request was sent.
-pub(super) type SharedListing =
-    tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<super::types::ClusterResource>>)>>;
+/// The last full cluster listing.
+pub(super) type SharedListing = tokio::sync::Mutex<Option<super::listing::Listing>>;
 
 /// The shared listing, for [`ProxmoxClient::cluster_resources`] in `cluster.rs`.
 impl ProxmoxClient {
