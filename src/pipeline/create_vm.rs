@@ -32,11 +32,10 @@ const WAIT_FOR_IDENTITY: std::time::Duration = std::time::Duration::from_secs(5)
 /// How many taken VMIDs to step over before giving up (each costs one refused create).
 const VMID_ATTEMPTS: usize = 5;
 
-pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
     if ctx.state.uuid.is_none() {
         ctx.state.uuid = Some(uuid::Uuid::new_v4());
     }
-    let node = ctx.node()?;
     let request_id = ctx.request.id.clone();
     // A VM of this request can exist only if a VMID was recorded for it (ours is recorded before the
     // create call; the official provider records its own): only then must the listing be fresh to
@@ -63,9 +62,9 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         let result = match ctx.data.boot {
             crate::rules::provider_data::BootMode::Iso
             | crate::rules::provider_data::BootMode::Image => {
-                create(ctx, &node, vmid, &listing).await
+                create(ctx, node, vmid, &listing).await
             }
-            crate::rules::provider_data::BootMode::Clone => clone(ctx, &node, vmid, &listing).await,
+            crate::rules::provider_data::BootMode::Clone => clone(ctx, node, vmid, &listing).await,
         };
         match result {
             Ok(()) => {
@@ -101,7 +100,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
                 ctx.services.ledgers.release_vmid(vmid.get());
                 // A create refused because the boot ISO or the set's pool went meanwhile made
                 // nothing: put it back and create again (at the recorded VMID).
-                if !super::prepare_image::put_back_if_missing(ctx, &e).await?
+                if !super::prepare_image::put_back_if_missing(ctx, node, &e).await?
                     && !recreate_set_pool(ctx, &e).await?
                 {
                     return Err(e);

@@ -21,11 +21,10 @@ use crate::rules::provider_data::HaSettings;
 /// (and retrying the step later).
 const ATTEMPTS: usize = 10;
 
-pub async fn join(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
+pub async fn join(ctx: &mut StepContext<'_>, vmid: VmId) -> Result<(), StepError> {
     let Some(ha) = ctx.data.ha.clone() else {
         return Ok(());
     };
-    let vmid = ctx.vmid()?;
     let doing = format!("registering VM {vmid} with Proxmox HA");
     ctx.report(doing.clone()).await;
     let resource = HaResource {

@@ -21,14 +21,14 @@ pub mod template;
 
 use step::{Step, StepContext, StepError, StepOutcome};
 
-/// Runs one step.
+/// Runs one step, with what the steps before it recorded (its node, its VM).
 pub async fn run_step(step: Step, ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     match step {
         Step::PickNode => pick_node::run(ctx).await,
-        Step::PrepareImage => prepare_image::run(ctx).await,
-        Step::CreateVm => create_vm::run(ctx).await,
-        Step::ConfigureVm => configure_vm::run(ctx).await,
-        Step::StartVm => start_vm::run(ctx).await,
-        Step::DiscoverIp => discover_ip::run(ctx).await,
+        Step::PrepareImage => prepare_image::run(ctx, &ctx.placed()?).await,
+        Step::CreateVm => create_vm::run(ctx, &ctx.placed()?).await,
+        Step::ConfigureVm => configure_vm::run(ctx, &ctx.made()?).await,
+        Step::StartVm => start_vm::run(ctx, &ctx.made()?).await,
+        Step::DiscoverIp => discover_ip::run(ctx, &ctx.made()?).await,
     }
 }

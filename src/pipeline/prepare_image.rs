@@ -37,10 +37,10 @@ use crate::rules::provider_data::BootMode;
 use crate::rules::schematic::{Overlay, SchematicRequest, schematic_yaml};
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 
-pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
     match BootImage::of(ctx.data.boot) {
-        Some(kind) => download(ctx, kind).await,
-        None => super::template::find_template(ctx).await,
+        Some(kind) => download(ctx, node, kind).await,
+        None => super::template::find_template(ctx, node).await,
     }
 }
 
@@ -92,7 +92,11 @@ impl BootImage {
 
 /// Downloads the boot image once per storage (the node fetches it itself, so it never passes through
 /// the provider), and records where it is.
-async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutcome, StepError> {
+async fn download(
+    ctx: &mut StepContext<'_>,
+    node: &NodeName,
+    kind: BootImage,
+) -> Result<StepOutcome, StepError> {
     ctx.state.boot_mode = Some(ctx.data.boot.as_str().into());
     let version = talos_version(&ctx.request.talos_version);
     let schematic = match ctx.state.schematic.clone() {
@@ -100,7 +104,6 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
         None => create_schematic(ctx, &version).await?,
     };
     ctx.state.schematic = Some(schematic.clone());
-    let node = ctx.node()?;
     ctx.state.talos_version = Some(ctx.request.talos_version.clone());
     let url = image_url(
         ctx.request.factory(ctx.services),
@@ -109,7 +112,7 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
         kind.file(),
     );
     let file_name = image_file_name(&url, kind);
-    let (storage, shared) = download_storage(ctx, &node, kind.content()).await?;
+    let (storage, shared) = download_storage(ctx, node, kind.content()).await?;
     let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
     let recorded = match kind {
         BootImage::Iso => ctx
@@ -134,7 +137,7 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
     let wanted = Wanted {
         kind,
         schematic: &schematic,
-        node: &node,
+        node,
         storage: &storage,
         volid: &volid,
         file_name: &file_name,
@@ -374,12 +377,13 @@ async fn put_in_place(
 /// tries once more; the presence is forgotten first, so other requests list the storage again.
 pub(super) async fn put_back_if_missing(
     ctx: &mut StepContext<'_>,
+    node: &NodeName,
     error: &StepError,
 ) -> Result<bool, StepError> {
     let StepError::Proxmox { source, .. } = error else {
         return Ok(false);
     };
-    let (Some(volume), Ok(node)) = (ctx.state.boot_iso.as_ref(), ctx.node()) else {
+    let Some(volume) = ctx.state.boot_iso.as_ref() else {
         return Ok(false);
     };
     let volid = volume.to_string();
@@ -390,18 +394,17 @@ pub(super) async fn put_back_if_missing(
         .ledgers
         .image_gone(&image_presence_key(node.as_str(), &volid));
     tracing::warn!(request = %ctx.request.id, volume = %volid, "the Talos ISO is gone from its storage; downloading it again");
-    restore_boot_iso(ctx).await?;
+    restore_boot_iso(ctx, node).await?;
     Ok(true)
 }
 
 /// Puts the request's boot ISO back where its VM's config expects it: the same file name in the
 /// same storage, downloaded from the same URL.
-async fn restore_boot_iso(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
+async fn restore_boot_iso(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<(), StepError> {
     let (Some(volume), Some(schematic)) = (ctx.state.boot_iso.clone(), ctx.state.schematic.clone())
     else {
         return Ok(());
     };
-    let node = ctx.node()?;
     let volid = volume.to_string();
     let file_name = volume.file.to_string();
     let storage = volume.storage.to_string();
@@ -420,7 +423,7 @@ async fn restore_boot_iso(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     let wanted = Wanted {
         kind: BootImage::Iso,
         schematic: &schematic,
-        node: &node,
+        node,
         storage: &storage,
         volid: &volid,
         file_name: &file_name,

@@ -337,6 +337,13 @@ pub struct StepContext<'a> {
     pub cluster: &'a mut Option<Listing>,
 }
 
+/// The request's VM and the node it is on.
+#[derive(Debug, Clone)]
+pub struct VmAt {
+    pub node: NodeName,
+    pub vmid: VmId,
+}
+
 /// A Proxmox task a step started, with the words its progress line and errors use.
 #[derive(Debug)]
 pub struct StartedTask {
@@ -353,17 +360,22 @@ const CLUSTER_VIEW_MAX_AGE: Duration = Duration::from_secs(2);
 const SHARED_LISTING_MAX_AGE: Duration = Duration::from_secs(1);
 
 impl StepContext<'_> {
-    pub fn node(&self) -> Result<NodeName, StepError> {
+    /// The node `pick_node` recorded: what every later step acts on.
+    pub fn placed(&self) -> Result<NodeName, StepError> {
         self.state
             .node
             .clone()
             .ok_or_else(|| StepError::Cluster("the provider state has no valid node yet".into()))
     }
 
-    pub fn vmid(&self) -> Result<VmId, StepError> {
-        self.state
+    /// The VM `create_vm` recorded and where it is: what the steps after it act on.
+    pub fn made(&self) -> Result<VmAt, StepError> {
+        let node = self.placed()?;
+        let vmid = self
+            .state
             .vmid
-            .ok_or_else(|| StepError::Cluster("the provider state has no VMID yet".into()))
+            .ok_or_else(|| StepError::Cluster("the provider state has no VMID yet".into()))?;
+        Ok(VmAt { node, vmid })
     }
 
     /// The cluster as `/cluster/resources` shows it; re-read unless read moments ago in this

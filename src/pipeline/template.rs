@@ -11,14 +11,16 @@ use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::{CloneSource, CloneVerdict, clone_verdict};
 use crate::rules::provider_data::{BootMode, CloneMode, TemplateRef};
 
-pub(super) async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+pub(super) async fn find_template(
+    ctx: &mut StepContext<'_>,
+    node: &NodeName,
+) -> Result<StepOutcome, StepError> {
     ctx.state.boot_mode = Some(BootMode::Clone.as_str().into());
     let Some(wanted) = ctx.data.template.clone() else {
         return Err(StepError::Config(
             "boot mode `clone` needs `template` (a VMID or a template name)".into(),
         ));
     };
-    let node = ctx.node()?;
     let listing = ctx.cluster(false).await?;
     let recorded = ctx.state.template_vmid;
     if listing.templates().any(|vm| Some(vm.vmid) == recorded) {
