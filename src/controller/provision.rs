@@ -352,7 +352,7 @@ impl Provisioning<'_> {
         let (ctx, id) = (self.ctx, self.id);
         self.save_state(Step::ALL[Step::ALL.len() - 1], state)
             .await?;
-        ctx.services.ledgers.release_reservation(id);
+        ctx.services.ledgers.placements.release(id);
         let (vmid, node) = (text(&state.vmid), text(&state.node));
         let summary = format!(
             "Provisioned: VM {vmid} on {node}{}",

@@ -47,7 +47,7 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
         return Ok(outcome);
     }
 
-    super::ledgers::seed_from_states(ctx).await?;
+    super::ip_pool::seed_ledgers(ctx).await?;
     default_pool(ctx).await?;
     // Field 12, for the official provider's teardown after a takeover.
     ctx.state.pool = ctx.data.pool.clone();
@@ -68,9 +68,9 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
         };
         match result {
             Ok(()) => {
-                ctx.services.ledgers.vmid_made(vmid.get());
+                ctx.services.ledgers.vmids.made(vmid.get());
                 if first_create_ever && attempt == 0 {
-                    ctx.services.ledgers.created_cleanly(&request_id);
+                    ctx.services.ledgers.releases.created_cleanly(&request_id);
                 }
                 ctx.state.vmid = Some(vmid);
                 ctx.persist().await?;
@@ -84,20 +84,20 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
                     return Ok(outcome);
                 }
                 tracing::info!(request = %request_id, %vmid, "VMID taken meanwhile; choosing another");
-                ctx.services.ledgers.vmid_refused();
+                ctx.services.ledgers.vmids.refused();
                 // The task was recorded as if it would make our VM; the VMID is someone else's.
                 if ctx.state.vmid == Some(vmid) {
                     ctx.state.vmid = None;
                     ctx.state.vm_create_task = None;
                 }
-                ctx.services.ledgers.release_vmid(vmid.get());
+                ctx.services.ledgers.vmids.release(vmid.get());
                 refused.push(vmid.get());
             }
             Err(e) => {
                 // The VMID stays recorded for this request (its create may yet be applied); only
                 // this process's in-flight mark goes, or the next attempt could not reuse it and
                 // would pick another VMID, a second VM if the first create lands late.
-                ctx.services.ledgers.release_vmid(vmid.get());
+                ctx.services.ledgers.vmids.release(vmid.get());
                 // A create refused because the boot ISO or the set's pool went meanwhile made
                 // nothing: put it back and create again (at the recorded VMID).
                 if !super::prepare_image::put_back_if_missing(ctx, node, &e).await?
@@ -130,9 +130,13 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         }
     };
     // Machines of a set starting together make its pool once: the others wait for the first.
-    let lock = ctx.services.ledgers.exclusive(&format!("pool:{pool}"));
+    let lock = ctx
+        .services
+        .ledgers
+        .locks
+        .exclusive(&format!("pool:{pool}"));
     let _one_create_per_pool = lock.lock().await;
-    if !ctx.services.ledgers.pool_known(pool.as_str()) {
+    if !ctx.services.ledgers.pools.known(pool.as_str()) {
         let doing = format!("creating pool {pool} for machine-request set {set}");
         make_set_pool(ctx, &pool, doing).await?;
     }
@@ -156,7 +160,7 @@ async fn recreate_set_pool(
         return Ok(false);
     }
     tracing::warn!(request = %ctx.request.id, %pool, "the machine set's pool is gone; creating it again");
-    ctx.services.ledgers.forget_pool(pool.as_str());
+    ctx.services.ledgers.pools.forget(pool.as_str());
     let doing = format!("creating pool {pool} again (it was deleted since it was made)");
     make_set_pool(ctx, &pool, doing).await?;
     Ok(true)
@@ -174,7 +178,7 @@ async fn make_set_pool(
         .ensure_pool(pool.as_str(), identity::SET_POOL_COMMENT)
         .await
         .map_err(StepError::proxmox(doing))?;
-    ctx.services.ledgers.pool_created(pool.as_str());
+    ctx.services.ledgers.pools.created(pool.as_str());
     Ok(())
 }
 
@@ -233,7 +237,7 @@ async fn adopt(
     tracing::info!(request = %ctx.request.id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier");
     ctx.state.vmid = Some(vm.vmid);
     ctx.state.node = Some(vm.node.clone());
-    ctx.services.ledgers.release_vmid(vm.vmid.get());
+    ctx.services.ledgers.vmids.release(vm.vmid.get());
     Ok(Some(StepOutcome::Done))
 }
 
@@ -256,7 +260,7 @@ async fn choose_vmid(
         .collect();
     let usable = |id: u32| !listed.contains(&id) && !refused.contains(&id);
     let reserved = ctx.state.reserved_vmid.filter(|id| usable(id.get()));
-    match ctx.services.ledgers.vmid_source(&ctx.services.pve).await {
+    match ctx.services.ledgers.vmids.source(&ctx.services.pve).await {
         VmidSource::Listing(range) => {
             // A VMID recorded before a crash, still free as far as the listing shows: Proxmox
             // refuses the create if not, which chooses again.
@@ -268,7 +272,7 @@ async fn choose_vmid(
             let ledgers = &ctx.services.ledgers;
             loop {
                 let held =
-                    |id: u32| refused.contains(&id) || ledgers.vmid_held(id, &ctx.request.id);
+                    |id: u32| refused.contains(&id) || ledgers.vmids.held(id, &ctx.request.id);
                 let Some(id) = vmid::lowest_free(range, &listed, held) else {
                     return Err(StepError::Cluster(format!(
                         "no free VMID in the datacenter's next-id range {}..{}; widen it \
@@ -322,15 +326,15 @@ async fn ask_proxmox(
             return Ok(id);
         }
         if probes == VMID_PROBES {
-            ctx.services.ledgers.release_vmid(id.get());
+            ctx.services.ledgers.vmids.release(id.get());
             break;
         }
         probes += 1;
         match pve.vmid_is_free(id).await {
             Ok(true) => return Ok(id),
-            Ok(false) => ctx.services.ledgers.release_vmid(id.get()),
+            Ok(false) => ctx.services.ledgers.vmids.release(id.get()),
             Err(e) => {
-                ctx.services.ledgers.release_vmid(id.get());
+                ctx.services.ledgers.vmids.release(id.get());
                 return Err(StepError::proxmox(asking)(e));
             }
         }
@@ -343,7 +347,7 @@ async fn ask_proxmox(
 
 /// Marks `id` as in flight for this request; false when it is held by another.
 fn take_vmid(ctx: &StepContext<'_>, id: VmId) -> bool {
-    ctx.services.ledgers.take_vmid(id.get(), &ctx.request.id)
+    ctx.services.ledgers.vmids.take(id.get(), &ctx.request.id)
 }
 
 async fn create(

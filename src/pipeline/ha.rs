@@ -6,7 +6,8 @@
 //! the digest it was planned from; a change someone else made in between makes Proxmox refuse ours,
 //! and the rules are read and planned again.
 
-use super::step::{HA_RULES_LOCK, StepContext, StepError};
+use super::ledgers::HA_RULES_LOCK;
+use super::step::{StepContext, StepError};
 use crate::model::Listing;
 use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;
@@ -54,7 +55,7 @@ async fn join_rules(
 ) -> Result<(), StepError> {
     let doing = format!("adding VM {vmid} to its HA rules");
     ctx.report(doing.clone()).await;
-    let lock = ctx.services.ledgers.exclusive(HA_RULES_LOCK);
+    let lock = ctx.services.ledgers.locks.exclusive(HA_RULES_LOCK);
     let _one_change_at_a_time = lock.lock().await;
     let sid = vm_sid(vmid);
     let set = ctx.request.set_id.clone();
@@ -227,7 +228,8 @@ fn prospective_members(
     let placed = ctx
         .services
         .ledgers
-        .placed_in_set(set, &ctx.request.id)
+        .placements
+        .in_set(set, &ctx.request.id)
         .into_iter()
         .filter(|id| {
             !listed
@@ -250,6 +252,7 @@ pub(super) async fn check_rules_in_turn(
             let lock = ctx
                 .services
                 .ledgers
+                .locks
                 .exclusive(&format!("ha-placement:{set}"));
             Some(lock.lock_owned().await)
         }

@@ -14,7 +14,6 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::discover_ip::usable_addresses;
-use super::ledgers::entry;
 use super::step::{StepContext, StepError};
 use crate::model::machine::IpAllocation;
 use crate::rules::ip_pool::{self, IpPool};
@@ -58,9 +57,9 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     if missing.is_empty() && stale.is_empty() {
         return Ok(());
     }
-    super::ledgers::seed_from_states(ctx).await?;
+    seed_ledgers(ctx).await?;
     {
-        let mut held = entry(&ctx.services.ledgers.ip.held);
+        let mut held = ctx.services.ledgers.ip.held();
         for a in &stale {
             held.release_nic(&ctx.request.id, a.nic);
         }
@@ -89,6 +88,18 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     ctx.persist().await
 }
 
+/// Fills the ledgers that must not start empty from every provider state in Omni, once per
+/// process ([`crate::pipeline::ledgers::IpLedgers::seed_once`]).
+pub(super) async fn seed_ledgers(ctx: &StepContext<'_>) -> Result<(), StepError> {
+    let ledgers = &ctx.services.ledgers;
+    let load = async {
+        ctx.progress.machine_states().await.map_err(StepError::omni(
+            "reading every provider state (the IP addresses and VMIDs they hold)",
+        ))
+    };
+    ledgers.ip.seed_once(&ledgers.vmids, load).await
+}
+
 /// Decides and holds one address under the ledger's lock. An address this request already holds
 /// in the ledger (taken by an attempt whose state write failed) is taken again.
 fn take(
@@ -97,7 +108,7 @@ fn take(
     pool: &IpPool,
     reported: &BTreeSet<IpAddr>,
 ) -> Result<IpAddr, StepError> {
-    let mut held = entry(&ctx.services.ledgers.ip.held);
+    let mut held = ctx.services.ledgers.ip.held();
     if let Some((_, address)) = held
         .of(&ctx.request.id)
         .into_iter()
@@ -130,7 +141,7 @@ fn take(
 async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr>, StepError> {
     let listing = ctx.cluster(false).await?;
     let vms: Vec<_> = listing.guests().cloned().collect();
-    let mut cache = ctx.services.ledgers.ip.agent.lock().await;
+    let mut cache = ctx.services.ledgers.ip.agent_answers().await;
     let fresh = cache
         .as_ref()
         .is_some_and(|(at, _)| at.elapsed() < AGENT_ADDRESSES_MAX_AGE);

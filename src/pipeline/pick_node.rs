@@ -66,6 +66,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let choice = ctx
         .services
         .ledgers
+        .placements
         .place(
             &ctx.request.id,
             ctx.request.set_id.as_deref(),
@@ -126,7 +127,7 @@ fn additional_disks_fit(
 
 fn reserve(ctx: &StepContext<'_>) {
     let node = ctx.state.node.as_ref().map_or("", |n| n.as_str());
-    ctx.services.ledgers.reserve(
+    ctx.services.ledgers.placements.reserve(
         &ctx.request.id,
         node,
         ctx.request.set_id.as_deref(),

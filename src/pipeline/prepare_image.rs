@@ -28,7 +28,8 @@ use sha2::{Digest, Sha256};
 
 use super::factory_auth;
 use super::image_factory::{self, FactoryError};
-use super::step::{StepContext, StepError, StepOutcome, image_lock_key, image_presence_key};
+use super::ledgers::{image_lock_key, image_presence_key};
+use super::step::{StepContext, StepError, StepOutcome};
 use crate::model::ClusterSnapshot;
 use crate::omni::management::{BootAssetKind, ManagementError};
 use crate::proxmox::storage::DownloadRequest;
@@ -132,7 +133,11 @@ async fn download(
     } else {
         format!("{node}/{volid}")
     };
-    let lock = ctx.services.ledgers.exclusive(&image_lock_key(&lock_key));
+    let lock = ctx
+        .services
+        .ledgers
+        .locks
+        .exclusive(&image_lock_key(&lock_key));
     let _guard = lock.lock().await;
     let wanted = Wanted {
         kind,
@@ -280,7 +285,7 @@ async fn fetch(
     if ctx.state.iso_download_task.is_none()
         && presence
             .as_deref()
-            .is_some_and(|k| ledgers.image_present(k))
+            .is_some_and(|k| ledgers.images.present(k))
     {
         return Ok(());
     }
@@ -298,7 +303,7 @@ async fn fetch(
         put_in_place(ctx, wanted, url, version).await?;
     }
     if let Some(key) = presence {
-        ctx.services.ledgers.image_seen(&key);
+        ctx.services.ledgers.images.seen(&key);
     }
     Ok(())
 }
@@ -392,7 +397,8 @@ pub(super) async fn put_back_if_missing(
     }
     ctx.services
         .ledgers
-        .image_gone(&image_presence_key(node.as_str(), &volid));
+        .images
+        .gone(&image_presence_key(node.as_str(), &volid));
     tracing::warn!(request = %ctx.request.id, volume = %volid, "the Talos ISO is gone from its storage; downloading it again");
     restore_boot_iso(ctx, node).await?;
     Ok(true)
@@ -417,6 +423,7 @@ async fn restore_boot_iso(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<
     let lock = ctx
         .services
         .ledgers
+        .locks
         .exclusive(&image_lock_key(&format!("{node}/{volid}")));
     let _guard = lock.lock().await;
     ctx.state.iso_download_task = None;

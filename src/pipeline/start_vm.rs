@@ -5,7 +5,8 @@
 //! The boot ISO is not looked for before the start: `prepare_image` lists its storage only now and
 //! then. A start that finds it gone (deleted by hand meanwhile) puts it back and starts again.
 
-use super::step::{StepContext, StepError, StepOutcome, VmAt, image_presence_key};
+use super::ledgers::image_presence_key;
+use super::step::{StepContext, StepError, StepOutcome, VmAt};
 use crate::proxmox::types::{NodeName, VmId};
 
 pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
@@ -19,7 +20,7 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
     // Started from it: the boot ISO is there.
     if let Some(volid) = &ctx.state.boot_iso {
         let key = image_presence_key(node.as_str(), &volid.to_string());
-        ctx.services.ledgers.image_seen(&key);
+        ctx.services.ledgers.images.seen(&key);
     }
     // Like the official provider, the VM joins HA (and its HA rules) once it runs.
     super::ha::join(ctx, vmid).await?;

@@ -13,9 +13,7 @@ use std::time::Duration;
 
 use crate::config::ProviderConfig;
 use crate::model::{Listing, MachineState};
-pub use crate::pipeline::ledgers::{
-    HA_RULES_LOCK, IpLedgers, Ledgers, PVE_VERSION_MAX_AGE, image_lock_key, image_presence_key,
-};
+use crate::pipeline::ledgers::Ledgers;
 
 use crate::omni::join::ConnectionParams;
 use crate::omni::management::ManagementClient;
@@ -395,7 +393,8 @@ impl StepContext<'_> {
             // which then counts nowhere.
             self.services
                 .ledgers
-                .since_reservation_dropped()
+                .placements
+                .since_dropped()
                 .map_or(SHARED_LISTING_MAX_AGE, |d| d.min(SHARED_LISTING_MAX_AGE))
         };
         let listing: Listing = self

@@ -9,7 +9,7 @@ use super::cluster::{ClusterFacts, candidate_nodes, check_cluster};
 use super::layers::Layers;
 use super::report::Report;
 use crate::model::ClusterSnapshot;
-use crate::pipeline::step::Ledgers;
+use crate::pipeline::ledgers::Ledgers;
 use crate::pipeline::template::clone_source;
 use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
@@ -154,7 +154,7 @@ pub async fn release_problem(
     if !needs_release_check(data) {
         return None;
     }
-    let version = match known.pve_version(pve).await {
+    let version = match known.facts.pve_version(pve).await {
         Ok(v) => v,
         Err(e) => {
             tracing::debug!(error = %e, "cannot read the Proxmox VE version");

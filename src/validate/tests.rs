@@ -219,7 +219,7 @@ async fn release_problem_reads_the_version_only_when_needed_and_once() {
     let schema = ProviderDataSchema::new().unwrap();
     let resolve = |yaml: String| schema.resolve(&yaml, None, &Map::new()).unwrap();
     let plain = resolve(format!("{BASE}ha:\n  state: started\n"));
-    let known = crate::pipeline::step::Ledgers::default();
+    let known = crate::pipeline::ledgers::Ledgers::default();
     assert_eq!(release_problem(&pve, &plain, &known).await, None);
     let failback = resolve(format!("{BASE}ha:\n  failback: false\n"));
     let problem = release_problem(&pve, &failback, &known)
