@@ -8,9 +8,11 @@
 //! `disk_size`. Boot mode `clone` sets everything here in one synchronous config write and grows the
 //! cloned boot disk.
 
+use super::context::{StartedTask, StepContext, VmAt};
 use super::create_vm::target;
+use super::error::StepError;
 use super::seed::upload_seed;
-use super::step::{StartedTask, StepContext, StepError, StepOutcome, VmAt};
+use super::step::StepOutcome;
 use crate::model::vm::{BootDisk, cloud_init_drives};
 use crate::rules::provider_data::BootMode;
 use crate::rules::vm_config::{self, VmIdentity};

@@ -14,9 +14,11 @@
 //! Boot mode `iso` creates the VM with its whole configuration in one call, so the NoCloud seed is
 //! uploaded first; boot mode `clone` clones here and configures in the next step.
 
+use super::context::StepContext;
+use super::error::StepError;
 use super::identify::{Identified, identify};
 use super::seed::upload_seed;
-use super::step::{StepContext, StepError, StepOutcome};
+use super::step::StepOutcome;
 use crate::model::identity::{self, Claim};
 use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};

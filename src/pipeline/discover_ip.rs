@@ -10,7 +10,9 @@
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::step::{StepContext, StepError, StepOutcome, VmAt};
+use super::context::{StepContext, VmAt};
+use super::error::StepError;
+use super::step::StepOutcome;
 use crate::proxmox::types::AgentInterfaces;
 
 pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {

@@ -6,8 +6,9 @@
 //! the digest it was planned from; a change someone else made in between makes Proxmox refuse ours,
 //! and the rules are read and planned again.
 
+use super::context::StepContext;
+use super::error::StepError;
 use super::ledgers::HA_RULES_LOCK;
-use super::step::{StepContext, StepError};
 use crate::model::Listing;
 use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;

@@ -13,8 +13,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use super::context::StepContext;
 use super::discover_ip::usable_addresses;
-use super::step::{StepContext, StepError};
+use super::error::StepError;
 use crate::model::machine::IpAllocation;
 use crate::rules::ip_pool::{self, IpPool};
 

@@ -4,8 +4,10 @@
 pub mod deprovision;
 
 pub mod configure_vm;
+pub mod context;
 pub mod create_vm;
 pub mod discover_ip;
+pub mod error;
 pub mod factory_auth;
 pub mod ha;
 pub mod identify;
@@ -15,6 +17,7 @@ pub mod ledgers;
 pub mod pick_node;
 pub mod prepare_image;
 pub mod seed;
+pub mod services;
 pub mod start_vm;
 pub mod step;
 pub mod template;

@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use super::step::{StepContext, StepError, StepOutcome};
+use super::context::StepContext;
+use super::error::StepError;
+use super::step::StepOutcome;
 use super::template::copies_of;
 use crate::model::ClusterSnapshot;
 use crate::proxmox::property::StorageId;

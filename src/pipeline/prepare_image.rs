@@ -26,10 +26,12 @@
 use crate::proxmox::property::{ImportVolume, IsoVolume};
 use sha2::{Digest, Sha256};
 
+use super::context::StepContext;
+use super::error::StepError;
 use super::factory_auth;
 use super::image_factory::{self, FactoryError};
 use super::ledgers::{image_lock_key, image_presence_key};
-use super::step::{StepContext, StepError, StepOutcome};
+use super::step::StepOutcome;
 use crate::model::ClusterSnapshot;
 use crate::omni::management::{BootAssetKind, ManagementError};
 use crate::proxmox::storage::DownloadRequest;

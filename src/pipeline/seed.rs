@@ -3,8 +3,9 @@
 //! the VM's node. Boot mode `iso` needs it before the create call, boot mode `clone` in the config
 //! write after the clone, so both steps use this module rather than each other.
 
+use super::context::StepContext;
+use super::error::StepError;
 use super::prepare_image::download_storage;
-use super::step::{StepContext, StepError};
 use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::NodeName;
 use crate::rules::cloud_init::{NetworkConfig, seed_files, seed_iso, seed_iso_file_name};

@@ -5,8 +5,10 @@
 //! The boot ISO is not looked for before the start: `prepare_image` lists its storage only now and
 //! then. A start that finds it gone (deleted by hand meanwhile) puts it back and starts again.
 
+use super::context::{StepContext, VmAt};
+use super::error::StepError;
 use super::ledgers::image_presence_key;
-use super::step::{StepContext, StepError, StepOutcome, VmAt};
+use super::step::StepOutcome;
 use crate::proxmox::types::{NodeName, VmId};
 
 pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {

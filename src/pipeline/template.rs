@@ -3,7 +3,9 @@
 //! before placing; `prepare_image` applies the same rule to a state recorded before placement knew
 //! templates, so nothing is written before the clone is known to work.
 
-use super::step::{StepContext, StepError, StepOutcome};
+use super::context::StepContext;
+use super::error::StepError;
+use super::step::StepOutcome;
 use crate::model::{ClusterSnapshot, Listing, TemplateFacts};
 use crate::proxmox::property::StorageId;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
