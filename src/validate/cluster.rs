@@ -1,11 +1,9 @@
 //! The provider data against the cluster as a whole: which nodes placement would consider, the
-//! template and which nodes a clone of it reaches, and whether the memory and vCPUs fit somewhere. Each node placement could choose is checked in
-//! [`super::node`].
+//! template and which nodes a clone of it reaches, and whether the memory and vCPUs fit somewhere.
 
 use std::collections::BTreeMap;
 
 use super::layers::{Layers, Origin};
-use super::node::{NodeOutcome, check_node};
 use super::report::{Finding, Outcome};
 use crate::model::Listing;
 use crate::model::{ClusterSnapshot, MIB};
@@ -100,16 +98,6 @@ pub fn candidate_nodes(data: &ProviderData, cluster: &ClusterSnapshot) -> Vec<(S
         .collect()
 }
 
-/// Step 2, pure: `data` (the class resolved without a node override) against the cluster.
-pub fn check_cluster(
-    schema: &ProviderDataSchema,
-    layers: &Layers<'_>,
-    data: &ProviderData,
-    view: &ClusterFacts,
-) -> Vec<Finding> {
-    check_cluster_inner(schema, layers, layers, data, view, &[])
-}
-
 /// Everything one check of the cluster works from.
 pub(crate) struct ClusterCheck<'a> {
     pub schema: &'a ProviderDataSchema,
@@ -125,63 +113,49 @@ pub(crate) struct ClusterCheck<'a> {
     existing: String,
 }
 
-/// `layers` resolve the data; `written` are the layers as the user wrote them (they differ by the
-/// `stand_ins` when `defaults:` are checked), for key paths.
-pub(crate) fn check_cluster_inner(
-    schema: &ProviderDataSchema,
-    layers: &Layers<'_>,
-    written: &Layers<'_>,
-    data: &ProviderData,
-    view: &ClusterFacts,
-    stand_ins: &[&str],
-) -> Vec<Finding> {
-    let cluster = ClusterSnapshot::from_resources(&view.resources);
-    let names = cluster.node_names();
-    let existing = if names.is_empty() {
-        "none".to_string()
-    } else {
-        names.join(", ")
-    };
-    let check = ClusterCheck {
-        schema,
-        layers,
-        origin: Origin {
-            layers: written,
-            stand_ins,
-        },
-        data,
-        view,
-        class: ClassPlacement::new(
+impl<'a> ClusterCheck<'a> {
+    /// `layers` resolve the data; `written` are the layers as the user wrote them (they differ by
+    /// the `stand_ins` when `defaults:` are checked), for key paths.
+    pub(crate) fn new(
+        schema: &'a ProviderDataSchema,
+        layers: &'a Layers<'a>,
+        origin: Origin<'a, 'a>,
+        data: &'a ProviderData,
+        view: &'a ClusterFacts,
+    ) -> Self {
+        let cluster = ClusterSnapshot::from_resources(&view.resources);
+        let names = cluster.node_names();
+        let existing = if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        };
+        Self {
+            schema,
+            layers,
+            origin,
             data,
-            view.placement,
-            view.clone_source.clone().and_then(Result::ok),
-        ),
-        cluster,
-        existing,
-    };
-    let mut out = release_findings(data, view);
-    out.extend(health_finding(view));
-    check.ha_rule_findings(&mut out);
-    check.clone_disk_findings(&mut out);
-    check.placement_findings(&mut out);
-    check.template(&mut out);
-    let request = check.class.request(data);
-    let mut outcomes = Vec::new();
-    for node in check
-        .cluster
-        .nodes
-        .iter()
-        .filter(|n| n.online && request.considers(&n.name))
-    {
-        if let Some(outcome) = check_node(&check, node, &mut out) {
-            outcomes.push((node.name.clone(), outcome));
+            view,
+            class: ClassPlacement::new(
+                data,
+                view.placement,
+                view.clone_source.clone().and_then(Result::ok),
+            ),
+            cluster,
+            existing,
         }
     }
-    check.clone_findings(&outcomes, &mut out);
-    let capacity: Vec<(String, Result<u64, LeftOut>)> =
-        outcomes.into_iter().map(|(n, o)| (n, o.capacity)).collect();
-    check.memory_findings(&capacity, &mut out);
-    out
+
+    /// The findings about the cluster as a whole that need no node's verdicts.
+    pub(crate) fn cluster_findings(&self) -> Vec<Finding> {
+        let mut out = release_findings(self.data, self.view);
+        out.extend(health_finding(self.view));
+        self.ha_rule_findings(&mut out);
+        self.clone_disk_findings(&mut out);
+        self.placement_findings(&mut out);
+        self.template(&mut out);
+        out
+    }
 }
 
 /// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
@@ -425,17 +399,18 @@ impl ClusterCheck<'_> {
 
     /// Which nodes a clone of the template reaches, by placement's rule: a pinned node that cannot is
     /// a problem; otherwise a node left out is a warning, and no node at all the problem.
-    fn clone_findings(&self, outcomes: &[(String, NodeOutcome)], out: &mut Vec<Finding>) {
-        let verdicts: Vec<(&str, &Result<String, CloneRefusal>)> = outcomes
-            .iter()
-            .filter_map(|(n, o)| o.clone.as_ref().map(|c| (n.as_str(), c)))
-            .collect();
+    /// `boot: clone`: what each candidate node's clone would be, or why there is none.
+    pub(crate) fn clone_findings(
+        &self,
+        verdicts: &[(&str, &Result<String, CloneRefusal>)],
+        out: &mut Vec<Finding>,
+    ) {
         if verdicts.is_empty() {
             return;
         }
         let key = self.origin.key("template", None);
         let pinned = self.data.node.is_some();
-        for (node, verdict) in &verdicts {
+        for (node, verdict) in verdicts {
             out.push(match verdict {
                 Ok(how) => Finding::new(Outcome::Pass, key.clone(), Some(node), how.clone()),
                 Err(why) if pinned => {
@@ -463,7 +438,11 @@ impl ClusterCheck<'_> {
     /// ([`placement::capacity_fit`]: free memory, then memory and vCPUs given to VMs against the
     /// config's `placement:` limits), so those are warnings and "nowhere" is the problem. A node
     /// left out for its vCPUs is reported under `cores`, for memory under `memory`.
-    fn memory_findings(&self, fits: &[(String, Result<u64, LeftOut>)], out: &mut Vec<Finding>) {
+    pub(crate) fn memory_findings(
+        &self,
+        fits: &[(String, Result<u64, LeftOut>)],
+        out: &mut Vec<Finding>,
+    ) {
         if fits.is_empty() || self.origin.is_stand_in("memory", None) {
             return;
         }

@@ -2,7 +2,8 @@
 
 use std::fmt::Write as _;
 
-use super::cluster::{ClusterFacts, check_cluster_inner};
+use super::checks::check_cluster_inner;
+use super::cluster::ClusterFacts;
 use super::gather::gather;
 use super::layers::{Layers, with_stand_ins};
 use super::report::{Finding, Outcome};

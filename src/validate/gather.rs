@@ -5,7 +5,8 @@
 use serde_json::{Map, Value};
 
 use super::check_schema;
-use super::cluster::{ClusterFacts, candidate_nodes, check_cluster};
+use super::checks::check_cluster;
+use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
 use super::report::Report;
 use crate::model::ClusterSnapshot;

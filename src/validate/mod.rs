@@ -15,6 +15,7 @@
 //! mappings only when the data uses them. The `validate` command and the provider's health check
 //! ([`check_defaults`]) share all of it.
 
+mod checks;
 mod cluster;
 mod defaults;
 mod gather;
@@ -28,7 +29,8 @@ mod tests;
 
 use serde_json::Value;
 
-pub use cluster::{ClusterFacts, candidate_nodes, check_cluster};
+pub use checks::check_cluster;
+pub use cluster::{ClusterFacts, candidate_nodes};
 pub use defaults::{check_defaults, check_defaults_against};
 pub use gather::{gather, release_problem, validate_class};
 pub use layers::Layers;
