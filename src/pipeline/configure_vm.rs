@@ -55,7 +55,7 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
         provider_id: &ctx.services.provider_id,
     };
     let params = vm_config::render_after_clone(&ctx.data, &identity, &target, boot.as_ref())
-        .map_err(|e| StepError::Config(format!("cannot build the VM configuration: {e}")))?;
+        .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?;
     // A retry of this step (the first answer lost, a crash) must not allocate disks or MACs again.
     let mut params = vm_config::without_repeated_allocations(params, &current);
     // The template's own cloud-init drive would be a second `cidata` source: remove it (a slot we

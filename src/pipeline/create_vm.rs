@@ -366,7 +366,7 @@ async fn create(
         provider_id: &ctx.services.provider_id,
     };
     let params: Vec<(String, String)> = vm_config::render(&ctx.data, &identity, &target)
-        .map_err(|e| StepError::Config(format!("cannot build the VM configuration: {e}")))?
+        .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?
         .into_iter()
         .filter(|(k, _)| k != "vmid")
         .collect();
@@ -495,9 +495,10 @@ fn disk_storage(
         )
     });
     if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {
-        return Err(StepError::Config(format!(
-            "additional_disks[{index}].storage_selector: {e}"
-        )));
+        return Err(StepError::key(
+            format!("additional_disks[{index}].storage_selector"),
+            e,
+        ));
     }
     match choice.and_then(|c| c.chosen) {
         Some(s) => StorageId::new(s.name).map_err(|e| StepError::Cluster(e.to_string())),

@@ -295,5 +295,5 @@ async fn check_rules_before_create(
         comment: "",
     };
     check_join(&membership, &rules)
-        .map_err(|e| StepError::Config(format!("ha: {e} (checked before creating the VM)")))
+        .map_err(|e| StepError::key("ha", format!("{e} (checked before creating the VM)")))
 }

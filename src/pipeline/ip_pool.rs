@@ -72,7 +72,7 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     };
     for (nic, name) in missing {
         let pool = ip_pool::find(&ctx.services.config.ip_pools, &ip_pool::key_of(nic), &name)
-            .map_err(|p| StepError::Config(format!("invalid provider data: {p}")))?
+            .map_err(|p| StepError::config(format!("invalid provider data: {p}")))?
             .clone();
         let address = take(ctx, nic, &pool, &reported)?;
         tracing::info!(request = %ctx.request.id, pool = %pool.name, %address, nic = %format!("net{nic}"), "allocated a static address");
@@ -122,9 +122,7 @@ fn take(
     taken.extend(reported.iter().copied());
     let address = ip_pool::allocate(pool, &taken).map_err(|full| {
         ctx.services.ledgers.ip.wait_for_address(&ctx.request.id);
-        StepError::PoolFull(format!(
-            "{full}; a machine on it must go away (or the pool grow in the config file) before this one gets an address"
-        ))
+        StepError::PoolFull(full)
     })?;
     held.hold(
         &ctx.request.id,

@@ -75,13 +75,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             (ctx.data.memory_mb, vcpus(ctx)),
             |reservations| placement::pick(&cluster, &request, reservations),
         )
-        .map_err(|e| {
-            if e.may_heal() {
-                StepError::Capacity(e.to_string())
-            } else {
-                StepError::Cluster(e.to_string())
-            }
-        })?;
+        .map_err(StepError::Placement)?;
     tracing::info!(
         request = %ctx.request.id,
         node = %choice.node,
@@ -116,7 +110,7 @@ fn additional_disks_fit(
     for template in &source.templates {
         let slots: Vec<&str> = template.drives.iter().map(|d| d.slot.as_str()).collect();
         if let Some((i, slot)) = vm_config::additional_disk_clash(data, &slots) {
-            return Err(StepError::Config(format!(
+            return Err(StepError::config(format!(
                 "additional_disks[{i}] goes to {slot}, which template {} (VM {} on {}) already fills: \
                  the clone keeps the template's drive there and this disk would never be made; \
                  remove that drive from the template, or drop the entry and use the template's disk",

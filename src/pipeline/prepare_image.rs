@@ -354,7 +354,7 @@ async fn put_in_place(
             .map_err(|e| match e {
                 FactoryError::Refused {
                     status: 401 | 403, ..
-                } => StepError::Config(format!("{e} ({})", from.advice())),
+                } => StepError::config(format!("{e} ({})", from.advice())),
                 other => StepError::Cluster(other.to_string()),
             })?;
             ctx.start_task(
@@ -459,7 +459,7 @@ pub(super) async fn download_storage(
         },
     };
     if let Some(e) = choice.selector_error() {
-        return Err(StepError::Config(format!("iso_storage_selector: {e}")));
+        return Err(StepError::key("iso_storage_selector", e));
     }
     if let Some(s) = choice.chosen {
         return Ok((s.name, s.shared));
@@ -498,7 +498,7 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
             .clone()
             .map(|(image, name)| Overlay { image, name }),
     })
-    .map_err(|e| StepError::Config(format!("cannot build the image schematic: {e}")))?;
+    .map_err(|e| StepError::config(format!("cannot build the image schematic: {e}")))?;
     let services = ctx.services;
     let id = match services
         .management

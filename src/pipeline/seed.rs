@@ -64,7 +64,7 @@ fn network_config(ctx: &StepContext<'_>) -> Result<NetworkConfig, StepError> {
         &ctx.state.ip_allocations,
         &ctx.services.config.ip_pools,
     )
-    .map_err(|p| StepError::Config(format!("the recorded static address: {p}")))
+    .map_err(|p| StepError::config(format!("the recorded static address: {p}")))
 }
 
 /// The MACs the VM's NICs get: deterministic ones on every NIC once one has a static address (the

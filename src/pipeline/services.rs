@@ -84,7 +84,7 @@ impl Services {
         node: Option<&str>,
     ) -> Result<ProviderData, StepError> {
         let invalid = |problems: Vec<crate::rules::provider_data::Problem>| {
-            StepError::Config(format!("invalid provider data: {}", describe(&problems)))
+            StepError::config(format!("invalid provider data: {}", describe(&problems)))
         };
         let mut data = self
             .schema

@@ -19,8 +19,8 @@ pub(super) async fn find_template(
 ) -> Result<StepOutcome, StepError> {
     ctx.state.boot_mode = Some(BootMode::Clone.as_str().into());
     let Some(wanted) = ctx.data.template.clone() else {
-        return Err(StepError::Config(
-            "boot mode `clone` needs `template` (a VMID or a template name)".into(),
+        return Err(StepError::config(
+            "boot mode `clone` needs `template` (a VMID or a template name)",
         ));
     };
     let listing = ctx.cluster(false).await?;
