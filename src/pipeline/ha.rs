@@ -108,31 +108,45 @@ async fn join_rules(
         match apply(&ctx.services.pve, &change).await {
             Ok(()) if last => return Ok(()),
             Ok(()) => {}
-            // Someone changed the rules since they were read, or made the rule first.
-            Err(e) if e.is_ha_rules_changed() || e.is_ha_rule_defined() => {
-                tracing::debug!(%vmid, error = %e, "HA rules changed meanwhile; reading them again");
-            }
-            Err(ProxmoxError::Api { ref message, .. })
-                if unmanaged_sids(message)
-                    .iter()
-                    .any(|s| *s != sid && !gone.contains(s)) =>
-            {
-                let stale: Vec<String> = unmanaged_sids(message)
-                    .into_iter()
-                    .filter(|s| *s != sid)
-                    .collect();
-                tracing::info!(%vmid, ?stale, "HA rule names VMs no longer HA-managed; writing it without them");
-                gone.extend(stale);
-            }
-            Err(e) if e.is_ha_groups_unmigrated() => {
-                return Err(StepError::Cluster(groups_unmigrated(&doing, &e)));
-            }
-            Err(e) => return Err(StepError::proxmox(doing)(e)),
+            Err(e) => read_again_after(e, vmid, &mut gone, &doing)?,
         }
     }
     Err(StepError::Cluster(format!(
         "{doing}: the HA rules kept changing while they were edited ({ATTEMPTS} attempts); will try again"
     )))
+}
+
+/// A change Proxmox refused: `Ok` to read the rules and plan again (someone changed them since they
+/// were read, or made the rule first; or the rule names VMs no longer HA-managed, which are then
+/// added to `gone` and left out), else the step's error.
+fn read_again_after(
+    e: ProxmoxError,
+    vmid: VmId,
+    gone: &mut Vec<String>,
+    doing: &str,
+) -> Result<(), StepError> {
+    let sid = vm_sid(vmid);
+    match e {
+        e if e.is_ha_rules_changed() || e.is_ha_rule_defined() => {
+            tracing::debug!(%vmid, error = %e, "HA rules changed meanwhile; reading them again");
+            Ok(())
+        }
+        ProxmoxError::Api { ref message, .. }
+            if unmanaged_sids(message)
+                .iter()
+                .any(|s| *s != sid && !gone.contains(s)) =>
+        {
+            let stale: Vec<String> = unmanaged_sids(message)
+                .into_iter()
+                .filter(|s| *s != sid)
+                .collect();
+            tracing::info!(%vmid, ?stale, "HA rule names VMs no longer HA-managed; writing it without them");
+            gone.extend(stale);
+            Ok(())
+        }
+        e if e.is_ha_groups_unmigrated() => Err(StepError::Cluster(groups_unmigrated(doing, &e))),
+        e => Err(StepError::proxmox(doing)(e)),
+    }
 }
 
 /// What to do when PVE 9 still has HA groups: the HA manager (CRM) turns them into rules by

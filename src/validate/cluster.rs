@@ -447,12 +447,6 @@ impl ClusterCheck<'_> {
             return;
         }
         let data = self.data;
-        let key_for = |why: &LeftOut| match why {
-            LeftOut::CpusCommitted { .. } | LeftOut::TooFewCpus { .. } => {
-                self.origin.key("cores", None)
-            }
-            _ => self.origin.key("memory", None),
-        };
         let fitting: Vec<&str> = fits
             .iter()
             .filter(|(_, fit)| fit.is_ok())
@@ -460,46 +454,7 @@ impl ClusterCheck<'_> {
             .collect();
         let vcpus = u64::from(data.cores).saturating_mul(u64::from(data.sockets.max(1)));
         if fitting.is_empty() {
-            let short: Vec<(&str, u64)> = fits
-                .iter()
-                .filter_map(|(n, fit)| match fit {
-                    Err(LeftOut::MemoryShort { free_memory, .. }) => {
-                        Some((n.as_str(), *free_memory))
-                    }
-                    _ => None,
-                })
-                .collect();
-            let (key, message) = if short.len() == fits.len() {
-                let all: Vec<String> = short
-                    .iter()
-                    .map(|(n, free)| format!("{n} {} MiB", free / MIB))
-                    .collect();
-                (
-                    self.origin.key("memory", None),
-                    format!(
-                        "{} MiB fits on no candidate node (free memory: {})",
-                        data.memory_mb,
-                        all.join(", ")
-                    ),
-                )
-            } else {
-                let all: Vec<String> = fits
-                    .iter()
-                    .filter_map(|(n, fit)| fit.as_ref().err().map(|why| format!("{n}: {why}")))
-                    .collect();
-                let key = fits
-                    .iter()
-                    .find_map(|(_, fit)| fit.as_ref().err().map(key_for))
-                    .unwrap_or_else(|| self.origin.key("memory", None));
-                (
-                    key,
-                    format!(
-                        "{} MiB and {vcpus} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
-                        data.memory_mb,
-                        all.join("; ")
-                    ),
-                )
-            };
+            let (key, message) = self.fits_nowhere(fits, vcpus);
             out.push(Finding::new(
                 Outcome::Problem,
                 key,
@@ -528,8 +483,68 @@ impl ClusterCheck<'_> {
                 ),
                 Err(why) => format!("{why}: this node will be skipped"),
             };
-            let key = fit.as_ref().err().map(key_for).unwrap_or_default();
+            let key = fit
+                .as_ref()
+                .err()
+                .map(|why| self.key_for(why))
+                .unwrap_or_default();
             out.push(Finding::new(Outcome::Warning, key, Some(node), message));
         }
+    }
+
+    /// The key a node's verdict is about: `cores` for too few CPUs, else `memory`.
+    fn key_for(&self, why: &LeftOut) -> String {
+        match why {
+            LeftOut::CpusCommitted { .. } | LeftOut::TooFewCpus { .. } => {
+                self.origin.key("cores", None)
+            }
+            _ => self.origin.key("memory", None),
+        }
+    }
+
+    /// The problem when no candidate node fits the memory and vCPUs: its key and its words.
+    fn fits_nowhere(
+        &self,
+        fits: &[(String, Result<u64, LeftOut>)],
+        vcpus: u64,
+    ) -> (String, String) {
+        let data = self.data;
+        let short: Vec<(&str, u64)> = fits
+            .iter()
+            .filter_map(|(n, fit)| match fit {
+                Err(LeftOut::MemoryShort { free_memory, .. }) => Some((n.as_str(), *free_memory)),
+                _ => None,
+            })
+            .collect();
+        if short.len() == fits.len() {
+            let all: Vec<String> = short
+                .iter()
+                .map(|(n, free)| format!("{n} {} MiB", free / MIB))
+                .collect();
+            return (
+                self.origin.key("memory", None),
+                format!(
+                    "{} MiB fits on no candidate node (free memory: {})",
+                    data.memory_mb,
+                    all.join(", ")
+                ),
+            );
+        }
+        let all: Vec<String> = fits
+            .iter()
+            .filter_map(|(n, fit)| fit.as_ref().err().map(|why| format!("{n}: {why}")))
+            .collect();
+        let key = fits
+            .iter()
+            .find_map(|(_, fit)| fit.as_ref().err().map(|why| self.key_for(why)))
+            .unwrap_or_else(|| self.origin.key("memory", None));
+        (
+            key,
+            format!(
+                "{} MiB and {vcpus} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
+                data.memory_mb,
+                all.join("; ")
+            ),
+        )
     }
 }
