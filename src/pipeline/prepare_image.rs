@@ -23,7 +23,9 @@
 //! a clone reaches is `rules::placement::clone_verdict`); a state recorded before placement knew
 //! templates gets the same rule applied here, before anything is written.
 
-use crate::proxmox::property::{ImportVolume, IsoVolume};
+use crate::proxmox::property::{
+    ImportFileName, ImportVolume, IsoFileName, IsoVolume, PropertyError, StorageId,
+};
 use sha2::{Digest, Sha256};
 
 use super::context::StepContext;
@@ -116,19 +118,34 @@ async fn download(
     );
     let file_name = image_file_name(&url, kind);
     let (storage, shared) = download_storage(ctx, node, kind.content()).await?;
-    let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
-    let recorded = match kind {
-        BootImage::Iso => ctx
-            .state
-            .boot_iso
-            .as_ref()
-            .map(ToString::to_string)
-            .filter(|_| ctx.state.iso_file.as_deref() == Some(&file_name)),
-        BootImage::Disk => ctx.state.boot_image.as_ref().map(ToString::to_string),
+    let unusable = |e: PropertyError| {
+        let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
+        StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()))
     };
-    if recorded.as_deref() == Some(&volid) {
+    let volume = match kind {
+        BootImage::Iso => BootVolume::Iso(IsoVolume {
+            storage: storage.clone(),
+            file: IsoFileName::new(file_name.as_str()).map_err(unusable)?,
+        }),
+        BootImage::Disk => BootVolume::Disk(ImportVolume {
+            storage: storage.clone(),
+            file: ImportFileName::new(file_name.as_str()).map_err(unusable)?,
+        }),
+    };
+    let recorded = match &volume {
+        BootVolume::Iso(v) => {
+            ctx.state.boot_iso.as_ref() == Some(v)
+                && ctx.state.iso_file.as_deref() == Some(&file_name)
+        }
+        BootVolume::Disk(v) => ctx.state.boot_image.as_ref() == Some(v),
+    };
+    if recorded {
         return Ok(StepOutcome::Done);
     }
+    let volid = match &volume {
+        BootVolume::Iso(v) => v.to_string(),
+        BootVolume::Disk(v) => v.to_string(),
+    };
     // One download per image and storage, however many requests want it at once.
     let lock_key = if shared {
         volid.clone()
@@ -145,24 +162,25 @@ async fn download(
         kind,
         schematic: &schematic,
         node,
-        storage: &storage,
+        storage: storage.as_str(),
         volid: &volid,
         file_name: &file_name,
     };
     fetch(ctx, &wanted, url, &version).await?;
-    let unusable = |e: &dyn std::fmt::Display| {
-        StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()))
-    };
-    match kind {
-        BootImage::Iso => {
+    match volume {
+        BootVolume::Iso(v) => {
             ctx.state.iso_file = Some(file_name);
-            ctx.state.boot_iso = Some(IsoVolume::parse(&volid).map_err(|e| unusable(&e))?);
+            ctx.state.boot_iso = Some(v);
         }
-        BootImage::Disk => {
-            ctx.state.boot_image = Some(ImportVolume::parse(&volid).map_err(|e| unusable(&e))?);
-        }
+        BootVolume::Disk(v) => ctx.state.boot_image = Some(v),
     }
     Ok(StepOutcome::Done)
+}
+
+/// Where a boot image goes: a volume in ISO or in `import` storage.
+enum BootVolume {
+    Iso(IsoVolume),
+    Disk(ImportVolume),
 }
 
 /// How the boot image gets into the storage.
@@ -448,7 +466,7 @@ pub(super) async fn download_storage(
     ctx: &mut StepContext<'_>,
     node: &NodeName,
     content: Content,
-) -> Result<(String, bool), StepError> {
+) -> Result<(StorageId, bool), StepError> {
     let selector = ctx.data.iso_storage_selector.clone();
     let cluster = ClusterSnapshot::from_resources(&ctx.cluster(false).await?);
     let choice = match cluster.node(node.as_str()) {
@@ -462,7 +480,10 @@ pub(super) async fn download_storage(
         return Err(StepError::key("iso_storage_selector", e));
     }
     if let Some(s) = choice.chosen {
-        return Ok((s.name, s.shared));
+        let storage = StorageId::new(s.name).map_err(|e| {
+            StepError::Cluster(format!("the listing's storage name is unusable: {e}"))
+        })?;
+        return Ok((storage, s.shared));
     }
     // Without a selector the first storage with the content was taken, so reaching here means a
     // selector rejected every one, or there is none.
