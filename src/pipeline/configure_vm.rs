@@ -15,7 +15,7 @@ use super::seed::upload_seed;
 use super::step::StepOutcome;
 use crate::model::vm::{BootDisk, cloud_init_drives};
 use crate::rules::provider_data::BootMode;
-use crate::rules::vm_config::{self, VmIdentity};
+use crate::rules::vm_config;
 
 pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
     if ctx.data.boot == BootMode::Iso {
@@ -49,11 +49,7 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
         .await
         .map_err(StepError::proxmox(format!("reading VM {vmid} on {node}")))?;
     let boot = BootDisk::of(&current);
-    let identity = VmIdentity {
-        request_id: &ctx.request.id,
-        set_id: ctx.request.set_id.as_deref(),
-        provider_id: &ctx.services.provider_id,
-    };
+    let identity = ctx.identity();
     let params = vm_config::render_after_clone(&ctx.data, &identity, &target, boot.as_ref())
         .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?;
     // A retry of this step (the first answer lost, a crash) must not allocate disks or MACs again.

@@ -11,6 +11,7 @@ use crate::omni::state::StateError;
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::types::{NodeName, Upid, VmId};
 use crate::rules::provider_data::ProviderData;
+use crate::rules::vm_config::VmIdentity;
 
 /// How a step reports progress in Omni while it works (written to the MachineRequestStatus).
 pub trait Progress: Send + Sync {
@@ -110,6 +111,15 @@ impl StepContext<'_> {
             .map_err(StepError::proxmox("reading the cluster state"))?;
         *self.cluster = Some(listing.clone());
         Ok(listing)
+    }
+
+    /// How the request's VM is named and tagged.
+    pub fn identity(&self) -> VmIdentity<'_> {
+        VmIdentity {
+            request_id: &self.request.id,
+            set_id: self.request.set_id.as_deref(),
+            provider_id: &self.services.provider_id,
+        }
     }
 
     pub async fn report(&self, detail: impl Into<String>) {

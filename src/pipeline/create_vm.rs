@@ -24,7 +24,7 @@ use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{NodeName, VmId};
 use crate::rules::storage::{self, StorageNeed};
-use crate::rules::vm_config::{self, VmIdentity, VmTarget};
+use crate::rules::vm_config::{self, VmTarget};
 use crate::rules::vmid::{self, VmidSource};
 use std::collections::BTreeSet;
 
@@ -360,11 +360,7 @@ async fn create(
 ) -> Result<(), StepError> {
     let seed = upload_seed(ctx, node).await?;
     let target = target(ctx, node, vmid, listing, Some(seed))?;
-    let identity = VmIdentity {
-        request_id: &ctx.request.id,
-        set_id: ctx.request.set_id.as_deref(),
-        provider_id: &ctx.services.provider_id,
-    };
+    let identity = ctx.identity();
     let params: Vec<(String, String)> = vm_config::render(&ctx.data, &identity, &target)
         .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?
         .into_iter()
@@ -398,11 +394,7 @@ async fn clone(
     // Whether a clone of this template reaches `node` (and `storage`) was decided by the placement
     // rule (`rules::placement::clone_verdict`) in `pick_node` or `prepare_image`, before anything
     // was written.
-    let identity = VmIdentity {
-        request_id: &ctx.request.id,
-        set_id: ctx.request.set_id.as_deref(),
-        provider_id: &ctx.services.provider_id,
-    };
+    let identity = ctx.identity();
     let params = vm_config::clone_params(
         &ctx.data,
         &identity,

@@ -79,11 +79,13 @@ pub(super) async fn copies_of(
 }
 
 /// Why the copies of a template could not be gathered.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
     /// Not found, or not a template: the class must change (the message says how).
+    #[error("{0}")]
     Missing(String),
     /// A template's config could not be read.
+    #[error("{doing}: {source}")]
     Read { doing: String, source: ProxmoxError },
 }
 
@@ -92,15 +94,6 @@ impl TemplateError {
         match self {
             TemplateError::Missing(why) => StepError::Cluster(why),
             TemplateError::Read { doing, source } => StepError::proxmox(doing)(source),
-        }
-    }
-}
-
-impl std::fmt::Display for TemplateError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TemplateError::Missing(why) => f.write_str(why),
-            TemplateError::Read { doing, source } => write!(f, "{doing}: {source}"),
         }
     }
 }
