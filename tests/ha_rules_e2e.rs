@@ -10,7 +10,7 @@ use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
-use omni_infra_provider_proxmox::pipeline::step::HA_RULES_LOCK;
+use omni_infra_provider_proxmox::pipeline::ledgers::HA_RULES_LOCK;
 use serde_json::{Value, json};
 use testkit::fakepve::three_node_scenario;
 use testkit::harness::Harness;
@@ -293,6 +293,7 @@ async fn a_rule_a_machine_joins_during_a_teardown_is_kept() {
         .as_ref()
         .unwrap()
         .ledgers
+        .locks
         .exclusive(HA_RULES_LOCK);
     let held = lock.lock().await;
     assert!(h.omni.state.teardown(&MachineRequest, "join-0"));

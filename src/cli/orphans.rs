@@ -37,7 +37,7 @@ use crate::omni::resources::{Kind, MachineRequest, ProviderMachine, label};
 use crate::omni::state::LabelSelector;
 use crate::omni::transport::{self, OmniEndpoint};
 use crate::pipeline::deprovision::{
-    ClusterView, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
+    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
     deprovision_reporting, find_orphans, iso_volumes_in,
 };
 use crate::proxmox::types::{NodeName, NodeState, VmId, VmResource};
@@ -249,7 +249,7 @@ pub async fn scan(
     provider_id: &str,
     live_requests: &BTreeSet<String>,
 ) -> Result<Orphans, ProxmoxError> {
-    let view = ClusterView::new(pve.cluster_listing().await?);
+    let view = pve.cluster_listing().await?;
     let vms: Vec<VmResource> = view.vms().cloned().collect();
     let online = |n: &NodeName| view.node_state(n) == Some(NodeState::Online);
     let mut problems = Vec::new();

@@ -230,7 +230,7 @@ impl Context {
         self.statuses.forget(id);
         self.machines.forget(id);
         self.finalized_set().remove(id);
-        self.services.ledgers.release_reservation(id);
+        self.services.ledgers.placements.release(id);
     }
 }
 

@@ -209,10 +209,12 @@ fn step_kind(e: &StepError) -> ErrorKind {
         StepError::Omni { source, .. } => omni_kind(source),
         // Provider data that cannot work, or a cluster without what the class names (a template,
         // an ISO storage, room on any node): a person changes the class or the cluster.
-        StepError::Config(_) | StepError::Cluster(_) => ErrorKind::NeedsHuman,
+        StepError::Config { .. } | StepError::Cluster(_) => ErrorKind::NeedsHuman,
         // No room anywhere right now: VMs going away or a node coming back make room. A full IP
         // pool likewise: a machine on it going away frees an address.
-        StepError::Capacity(_) | StepError::PoolFull(_) => ErrorKind::WaitingOnCluster,
+        StepError::Placement(e) if e.may_heal() => ErrorKind::WaitingOnCluster,
+        StepError::Placement(_) => ErrorKind::NeedsHuman,
+        StepError::PoolFull(_) => ErrorKind::WaitingOnCluster,
     }
 }
 
@@ -278,6 +280,8 @@ mod tests {
     use crate::omni::state::ResourceRef;
     use crate::proxmox::error::Call;
     use crate::proxmox::types::{NodeName, Upid, VmId};
+    use crate::rules::ip_pool::PoolFull;
+    use crate::rules::placement::{LeftOut, PlacementError};
 
     fn call() -> Call {
         Call {
@@ -411,10 +415,15 @@ mod tests {
             row(
                 ReconcileError::Step {
                     step: Step::PickNode,
-                    source: StepError::Capacity(
-                        "no node can take this VM: pve1: 1024 MiB free memory, 4096 MiB needed"
-                            .into(),
-                    ),
+                    source: StepError::Placement(PlacementError::NothingFits {
+                        rejected: vec![(
+                            "pve1".into(),
+                            LeftOut::MemoryShort {
+                                free_memory: 1024 << 20,
+                                needed_mb: 4096,
+                            },
+                        )],
+                    }),
                 },
                 WaitingOnCluster,
                 secs(5..=5),
@@ -422,14 +431,31 @@ mod tests {
                 Some(Stage::Provisioning),
                 "Waiting in pick_node for the cluster",
             ),
+            // A class that names a node the cluster lacks: a person changes the class.
+            row(
+                ReconcileError::Step {
+                    step: Step::PickNode,
+                    source: StepError::Placement(PlacementError::PinnedNodeMissing {
+                        node: "pve9".into(),
+                        existing: vec!["pve1".into()],
+                    }),
+                },
+                NeedsHuman,
+                secs(300..=300),
+                secs(300..=300),
+                Some(Stage::Failed),
+                "Failed in pick_node",
+            ),
             // A full IP pool: FAILED, saying so, but retried at the waiting pace so a release heals
             // it within two minutes.
             row(
                 ReconcileError::Step {
                     step: Step::PickNode,
-                    source: StepError::PoolFull(
-                        "pool talos-net has no free address: 100 of 100 in use".into(),
-                    ),
+                    source: StepError::PoolFull(PoolFull {
+                        pool: "talos-net".into(),
+                        in_use: 100,
+                        size: 100,
+                    }),
                 },
                 WaitingOnCluster,
                 secs(5..=5),

@@ -57,7 +57,7 @@ pub const LATE_VM_WINDOW: Duration = Duration::from_secs(15 * 60);
 /// checks (the listing or the description marker must name the request), unless the request is
 /// back.
 pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
-    let released = ctx.services.ledgers.recently_released(LATE_VM_WINDOW);
+    let released = ctx.services.ledgers.releases.recent(LATE_VM_WINDOW);
     if released.is_empty() {
         return Ok(());
     }
@@ -130,7 +130,7 @@ async fn retry_leftovers(
     .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
     if done.leftover_seed_iso.is_none() && !done.leftover_pool {
         tracing::info!(request = %id, "what the teardown left behind is deleted now");
-        ctx.services.ledgers.release_complete(id);
+        ctx.services.ledgers.releases.complete(id);
     }
     Ok(())
 }
@@ -149,7 +149,7 @@ async fn delete_late_vms(
         .map_err(|e| teardown_error("looking for the released machine request", e))?;
     if back.is_some() {
         // The same ID was requested again: its own reconcile adopts or replaces the VM.
-        ctx.services.ledgers.forget_released(id);
+        ctx.services.ledgers.releases.forget(id);
         return Ok(());
     }
     for vm in late {
@@ -172,7 +172,7 @@ async fn delete_late_vms(
         .await
         .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
         if let Some(pool) = &target.default_pool {
-            ctx.services.ledgers.forget_pool(pool);
+            ctx.services.ledgers.pools.forget(pool);
         }
         if let DeprovisionOutcome::NotOurs { vmid, reason } = done.outcome {
             tracing::info!(request = %id, %vmid, %reason, "not this request's VM; left alone");

@@ -25,6 +25,7 @@ use super::progress::{Phase, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
 use super::runner::Action;
 use super::topology;
+use crate::model::Listing;
 use crate::model::MachineState;
 use crate::omni::join::{self, ConnectionParams, JoinInputs, JoinMode};
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
@@ -34,8 +35,8 @@ use crate::omni::resources::{
 };
 use crate::omni::state::ResourceRef;
 use crate::pipeline::run_step;
-use crate::pipeline::step::Ledgers;
-use crate::pipeline::step::{ClusterView, RequestInfo, Step, StepContext, StepError, StepOutcome};
+use crate::pipeline::ledgers::Ledgers;
+use crate::pipeline::step::{RequestInfo, Step, StepContext, StepError, StepOutcome};
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::{ProviderData, describe, needs_release_check, release_problems};
 
@@ -182,7 +183,7 @@ impl Provisioning<'_> {
         state: &mut MachineState,
         start: usize,
     ) -> Result<Action, ReconcileError> {
-        let mut cluster: Option<ClusterView> = None;
+        let mut cluster: Option<Listing> = None;
         // A slot in the lane of the node the request is on (placement until it has one), held
         // while it stays there.
         let mut slot = None;
@@ -210,7 +211,7 @@ impl Provisioning<'_> {
         info: &RequestInfo,
         join: &ConnectionParams,
         state: &mut MachineState,
-        cluster: &mut Option<ClusterView>,
+        cluster: &mut Option<Listing>,
     ) -> Result<Option<Action>, ReconcileError> {
         let (outcome, progress) = self.run_step(step, info, join, state, cluster).await?;
         match outcome {
@@ -274,7 +275,7 @@ impl Provisioning<'_> {
         info: &RequestInfo,
         join: &ConnectionParams,
         state: &mut MachineState,
-        cluster: &mut Option<ClusterView>,
+        cluster: &mut Option<Listing>,
     ) -> Result<(Result<StepOutcome, StepError>, StatusSink<'_>), ReconcileError> {
         let services = &self.ctx.services;
         let node = state.node.as_ref().map(|n| n.as_str());
@@ -354,7 +355,7 @@ impl Provisioning<'_> {
         let (ctx, id) = (self.ctx, self.id);
         self.save_state(Step::ALL[Step::ALL.len() - 1], state)
             .await?;
-        ctx.services.ledgers.release_reservation(id);
+        ctx.services.ledgers.placements.release(id);
         let (vmid, node) = (text(&state.vmid), text(&state.node));
         let summary = format!(
             "Provisioned: VM {vmid} on {node}{}",
@@ -458,7 +459,7 @@ fn text<T: ToString>(value: &Option<T>) -> String {
 /// Before provisioning: a key the cluster's Proxmox VE release does not accept (`ha.failback` before
 /// PVE 9, `boot: image` before 8.4), as a sentence; `None` when all is well or the version cannot be
 /// read (Proxmox then answers for itself when the key is sent). The version is read only for such a
-/// key, and at most every ten minutes ([`Ledgers::pve_version`]).
+/// key, and at most every ten minutes (the ledgers keep what was read).
 async fn release_problem(
     pve: &ProxmoxClient,
     data: &ProviderData,
@@ -467,7 +468,7 @@ async fn release_problem(
     if !needs_release_check(data) {
         return None;
     }
-    let version = match known.pve_version(pve).await {
+    let version = match known.facts.pve_version(pve).await {
         Ok(v) => v,
         Err(e) => {
             tracing::debug!(error = %e, "cannot read the Proxmox VE version");
@@ -512,7 +513,7 @@ mod tests {
         let schema = ProviderDataSchema::new().unwrap();
         let resolve = |yaml: String| schema.resolve(&yaml, None, &Map::new()).unwrap();
         let plain = resolve(format!("{BASE}ha:\n  state: started\n"));
-        let known = crate::pipeline::step::Ledgers::default();
+        let known = Ledgers::default();
         assert_eq!(release_problem(&pve, &plain, &known).await, None);
         let failback = resolve(format!("{BASE}ha:\n  failback: false\n"));
         let problem = release_problem(&pve, &failback, &known)

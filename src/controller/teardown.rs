@@ -31,7 +31,7 @@ use crate::omni::state::{LabelSelector, ResourceRef, StateError};
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
-use crate::pipeline::step::HA_RULES_LOCK;
+use crate::pipeline::ledgers::HA_RULES_LOCK;
 
 /// Cleans up after `request`, which is being torn down (§3.6).
 pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, ReconcileError> {
@@ -148,7 +148,7 @@ async fn remove_vm_and_state(
     else {
         // No state, so no allocation or VMID anything still depends on.
         ctx.services.ledgers.ip.release(id);
-        ctx.services.ledgers.forget_vmids_of(id);
+        ctx.services.ledgers.vmids.forget_of(id);
         return Ok(());
     };
     // The node the VM was recorded on: a slow node holds up only the teardowns of its own VMs.
@@ -186,7 +186,7 @@ async fn remove_vm_and_state(
     // addresses and VMIDs free: a crash before this point leaves them in the state for the next
     // process.
     ctx.services.ledgers.ip.release(id);
-    ctx.services.ledgers.forget_vmids_of(id);
+    ctx.services.ledgers.vmids.forget_of(id);
     Ok(())
 }
 
@@ -205,10 +205,10 @@ async fn deprovision_vm(
     // The seed ISO delete is sent but not waited for (DeprovisionOptions' default): deleting a file is
     // near instant, the poll would be a seventh request per machine, and an ISO left behind is
     // harmless and listed by `orphans`.
-    ctx.services.ledgers.teardown_started(id);
+    ctx.services.ledgers.releases.teardown_started(id);
     let options = DeprovisionOptions {
-        departing: Some(ctx.services.ledgers.departing()),
-        ha_rules_lock: Some(ctx.services.ledgers.exclusive(HA_RULES_LOCK)),
+        departing: Some(ctx.services.ledgers.releases.departing()),
+        ha_rules_lock: Some(ctx.services.ledgers.locks.exclusive(HA_RULES_LOCK)),
         ..DeprovisionOptions::default()
     };
     let work = async {
@@ -219,7 +219,7 @@ async fn deprovision_vm(
     let (result, ()) = tokio::join!(work, show_progress(ctx, id, status_labels, rx));
     if let Some(pool) = &state.default_pool {
         // Made again on demand if the set comes back.
-        ctx.services.ledgers.forget_pool(pool.as_str());
+        ctx.services.ledgers.pools.forget(pool.as_str());
     }
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
     // counted and logged, tried again by the housekeeping round for a while, and the `orphans` command
@@ -233,15 +233,16 @@ async fn deprovision_vm(
         // see `housekeeping::remove_late_vms`. A VM this process made with the request's only create cannot come
         // back, so such releases are not kept: a provider running thousands of machines would
         // otherwise hold one for each.
-        let clean = ctx.services.ledgers.take_created_cleanly(id);
+        let clean = ctx.services.ledgers.releases.take_created_cleanly(id);
         if leftover || (target.vmid.is_some() && !clean) {
             ctx.services
                 .ledgers
-                .request_released(target.clone(), leftover);
+                .releases
+                .released(target.clone(), leftover);
         }
         d.outcome
     });
-    ctx.services.ledgers.teardown_ended(id);
+    ctx.services.ledgers.releases.teardown_ended(id);
     match result {
         Ok(DeprovisionOutcome::Deleted { node, vmid }) => {
             tracing::info!(request = %id, %vmid, %node, "VM deleted");

@@ -142,7 +142,12 @@ pub async fn label(ctx: &Context, request_id: &str, node: &str) -> Result<(), Ro
 
 /// The Proxmox cluster's name, for the `region` label.
 async fn region(ctx: &Context) -> Result<Option<String>, RoundError> {
-    Ok(ctx.services.ledgers.cluster_name(&ctx.services.pve).await?)
+    Ok(ctx
+        .services
+        .ledgers
+        .facts
+        .cluster_name(&ctx.services.pve)
+        .await?)
 }
 
 /// Why a round stopped short.

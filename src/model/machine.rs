@@ -126,6 +126,15 @@ fn merge<T: PartialEq, R>(raw: &mut R, now: &T, read: impl Fn(&R) -> T, render: 
     }
 }
 
+/// [`merge`] for a field saved as a string, read with `read`.
+fn merge_str<T: PartialEq + ToString>(
+    raw: &mut String,
+    now: &Option<T>,
+    read: impl Fn(&str) -> Option<T>,
+) {
+    merge(raw, now, |r| read(r), text_raw);
+}
+
 impl MachineState {
     /// Reads a saved state. Never fails: what does not parse reads as absent (and is kept on write).
     pub fn from_spec(spec: &MachineSpec) -> Self {
@@ -163,56 +172,28 @@ impl MachineState {
     /// The state to save: what it was read from, with every field a step changed written over it.
     pub fn to_spec(&self) -> MachineSpec {
         let mut spec = self.read_from.clone();
-        merge(
-            &mut spec.uuid,
-            &self.uuid,
-            |r| parsed(r, uuid::Uuid::parse_str),
-            text_raw,
-        );
-        merge(&mut spec.schematic, &self.schematic, |r| text(r), text_raw);
-        merge(
-            &mut spec.talos_version,
-            &self.talos_version,
-            |r| text(r),
-            text_raw,
-        );
-        merge(&mut spec.volume_id, &self.iso_file, |r| text(r), text_raw);
-        merge(
-            &mut spec.node,
-            &self.node,
-            |r| parsed(r, |n| NodeName::new(n)),
-            text_raw,
-        );
-        let task = |r: &String| parsed(r, Upid::parse);
-        merge(
-            &mut spec.volume_upload_task,
-            &self.iso_download_task,
-            task,
-            text_raw,
-        );
-        merge(
-            &mut spec.vm_create_task,
-            &self.vm_create_task,
-            task,
-            text_raw,
-        );
-        merge(&mut spec.vm_start_task, &self.vm_start_task, task, text_raw);
+        merge_str(&mut spec.uuid, &self.uuid, |r| {
+            parsed(r, uuid::Uuid::parse_str)
+        });
+        merge_str(&mut spec.schematic, &self.schematic, text);
+        merge_str(&mut spec.talos_version, &self.talos_version, text);
+        merge_str(&mut spec.volume_id, &self.iso_file, text);
+        merge_str(&mut spec.node, &self.node, |r| parsed(r, NodeName::parse));
+        let task = |r: &str| parsed(r, Upid::parse);
+        merge_str(&mut spec.volume_upload_task, &self.iso_download_task, task);
+        merge_str(&mut spec.vm_create_task, &self.vm_create_task, task);
+        merge_str(&mut spec.vm_start_task, &self.vm_start_task, task);
         let id = |r: &i32| vmid(*r);
         let id_raw = |v: &Option<VmId>| vmid_raw(*v);
         merge(&mut spec.vmid, &self.vmid, id, id_raw);
         merge(&mut spec.reserved_vmid, &self.reserved_vmid, id, id_raw);
         merge(&mut spec.template_vmid, &self.template_vmid, id, id_raw);
-        merge(&mut spec.step, &self.step, |r| text(r), text_raw);
-        let iso = |r: &String| parsed(r, IsoVolume::parse);
-        merge(&mut spec.seed_iso_volume, &self.seed_iso, iso, text_raw);
-        merge(&mut spec.boot_iso_volume, &self.boot_iso, iso, text_raw);
-        let image = |r: &String| parsed(r, ImportVolume::parse);
-        merge(
-            &mut spec.boot_image_volume,
-            &self.boot_image,
-            image,
-            text_raw,
-        );
+        merge_str(&mut spec.step, &self.step, text);
+        let iso = |r: &str| parsed(r, IsoVolume::parse);
+        merge_str(&mut spec.seed_iso_volume, &self.seed_iso, iso);
+        merge_str(&mut spec.boot_iso_volume, &self.boot_iso, iso);
+        let image = |r: &str| parsed(r, ImportVolume::parse);
+        merge_str(&mut spec.boot_image_volume, &self.boot_image, image);
         spec.addresses.clone_from(&self.addresses);
         merge(
             &mut spec.ip_allocations,
@@ -220,43 +201,21 @@ impl MachineState {
             |r| allocations(r),
             |v| allocations_raw(v),
         );
-        merge(&mut spec.boot_mode, &self.boot_mode, |r| text(r), text_raw);
-        merge(
-            &mut spec.storage,
-            &self.storage,
-            |r| parsed(r, StorageId::parse),
-            text_raw,
-        );
-        merge(
-            &mut spec.last_error,
-            &self.last_error,
-            |r| text(r),
-            text_raw,
-        );
-        merge(
-            &mut spec.request_set,
-            &self.request_set,
-            |r| text(r),
-            text_raw,
-        );
+        merge_str(&mut spec.boot_mode, &self.boot_mode, text);
+        merge_str(&mut spec.storage, &self.storage, |r| {
+            parsed(r, StorageId::parse)
+        });
+        merge_str(&mut spec.last_error, &self.last_error, text);
+        merge_str(&mut spec.request_set, &self.request_set, text);
         merge(
             &mut spec.ip_discovery_started,
             &self.ip_discovery_started,
             |r| (*r > 0).then_some(*r),
             |v| v.unwrap_or(0),
         );
-        merge(
-            &mut spec.default_pool,
-            &self.default_pool,
-            |r| parsed(r, PoolId::parse),
-            text_raw,
-        );
-        merge(
-            &mut spec.pool,
-            &self.pool,
-            |r| parsed(r, PoolId::parse),
-            text_raw,
-        );
+        let pool = |r: &str| parsed(r, PoolId::parse);
+        merge_str(&mut spec.default_pool, &self.default_pool, pool);
+        merge_str(&mut spec.pool, &self.pool, pool);
         spec.ha_registered = self.ha_registered;
         spec
     }

@@ -8,6 +8,7 @@ pub mod machine;
 pub mod template;
 pub mod vm;
 
+pub use crate::proxmox::listing::Listing;
 pub use cluster::{
     ClusterSnapshot, GIB, MIB, NodeSnapshot, StorageFacts, StorageSnapshot, VmSummary,
 };

@@ -8,53 +8,50 @@
 //! `disk_size`. Boot mode `clone` sets everything here in one synchronous config write and grows the
 //! cloned boot disk.
 
+use super::context::{StartedTask, StepContext, VmAt};
 use super::create_vm::target;
+use super::error::StepError;
 use super::seed::upload_seed;
-use super::step::{StartedTask, StepContext, StepError, StepOutcome};
+use super::step::StepOutcome;
 use crate::model::vm::{BootDisk, cloud_init_drives};
 use crate::rules::provider_data::BootMode;
-use crate::rules::vm_config::{self, VmIdentity};
+use crate::rules::vm_config;
 
-pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
     if ctx.data.boot == BootMode::Iso {
         if ctx.state.seed_iso.is_none() {
             // A VM the official provider created (its create step does not attach the join config;
             // its start step would): attach our NoCloud seed now.
-            return attach_seed(ctx).await;
+            return attach_seed(ctx, vm).await;
         }
         ctx.report("configured at creation").await;
         return Ok(StepOutcome::Done);
     }
     if ctx.data.boot == BootMode::Image {
         // Created fully configured, its disk the size of the Talos image: only the growing is left.
-        let (node, vmid) = (ctx.node()?, ctx.vmid()?);
+        let (node, vmid) = (&vm.node, vm.vmid);
         let current = ctx
             .services
             .pve
-            .vm_config(&node, vmid)
+            .vm_config(node, vmid)
             .await
             .map_err(StepError::proxmox(format!("reading VM {vmid} on {node}")))?;
-        grow_boot_disk(ctx, BootDisk::of(&current)).await?;
+        grow_boot_disk(ctx, vm, BootDisk::of(&current)).await?;
         return Ok(StepOutcome::Done);
     }
-    let node = ctx.node()?;
-    let vmid = ctx.vmid()?;
-    let seed = upload_seed(ctx, &node).await?;
-    let resources = ctx.cluster_shared(false).await?;
-    let target = target(ctx, &node, vmid, &resources, Some(seed))?;
+    let (node, vmid) = (&vm.node, vm.vmid);
+    let seed = upload_seed(ctx, node).await?;
+    let listing = ctx.cluster(false).await?;
+    let target = target(ctx, node, vmid, &listing, Some(seed))?;
     let pve = &ctx.services.pve;
     let current = pve
-        .vm_config(&node, vmid)
+        .vm_config(node, vmid)
         .await
         .map_err(StepError::proxmox(format!("reading VM {vmid} on {node}")))?;
     let boot = BootDisk::of(&current);
-    let identity = VmIdentity {
-        request_id: &ctx.request.id,
-        set_id: ctx.request.set_id.as_deref(),
-        provider_id: &ctx.services.provider_id,
-    };
+    let identity = ctx.identity();
     let params = vm_config::render_after_clone(&ctx.data, &identity, &target, boot.as_ref())
-        .map_err(|e| StepError::Config(format!("cannot build the VM configuration: {e}")))?;
+        .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?;
     // A retry of this step (the first answer lost, a crash) must not allocate disks or MACs again.
     let mut params = vm_config::without_repeated_allocations(params, &current);
     // The template's own cloud-init drive would be a second `cidata` source: remove it (a slot we
@@ -72,24 +69,28 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         ctx.run_task(
             doing,
             ctx.services.timeouts.task,
-            pve.update_vm_config_async(&node, vmid, params),
+            pve.update_vm_config_async(node, vmid, params),
         )
         .await?;
     } else {
         ctx.report(doing.clone()).await;
-        pve.update_vm_config(&node, vmid, params)
+        pve.update_vm_config(node, vmid, params)
             .await
             .map_err(StepError::proxmox(doing))?;
     }
 
-    grow_boot_disk(ctx, boot).await?;
+    grow_boot_disk(ctx, vm, boot).await?;
     Ok(StepOutcome::Done)
 }
 
 /// Grows the boot disk (a cloned template's, or one made from the disk image) to `disk_size` when it
 /// is smaller; never shrinks (Proxmox cannot).
-async fn grow_boot_disk(ctx: &StepContext<'_>, boot: Option<BootDisk>) -> Result<(), StepError> {
-    let (node, vmid) = (ctx.node()?, ctx.vmid()?);
+async fn grow_boot_disk(
+    ctx: &StepContext<'_>,
+    vm: &VmAt,
+    boot: Option<BootDisk>,
+) -> Result<(), StepError> {
+    let (node, vmid) = (&vm.node, vm.vmid);
     let wanted_gb = ctx.data.disk_size_gb;
     let current_gb = boot.as_ref().and_then(|b| size_gb(&b.drive)).unwrap_or(0);
     if wanted_gb <= current_gb {
@@ -103,7 +104,7 @@ async fn grow_boot_disk(ctx: &StepContext<'_>, boot: Option<BootDisk>) -> Result
     if let Some(upid) = ctx
         .services
         .pve
-        .resize_disk(&node, vmid, &disk.1, &size.1)
+        .resize_disk(node, vmid, &disk.1, &size.1)
         .await
         .map_err(StepError::proxmox(doing.clone()))?
     {
@@ -113,10 +114,9 @@ async fn grow_boot_disk(ctx: &StepContext<'_>, boot: Option<BootDisk>) -> Result
     Ok(())
 }
 
-async fn attach_seed(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
-    let node = ctx.node()?;
-    let vmid = ctx.vmid()?;
-    let seed = upload_seed(ctx, &node).await?;
+async fn attach_seed(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
+    let (node, vmid) = (&vm.node, vm.vmid);
+    let seed = upload_seed(ctx, node).await?;
     let doing = format!("attaching the NoCloud seed to VM {vmid} on {node}");
     ctx.report(doing.clone()).await;
     let params = vec![(
@@ -125,7 +125,7 @@ async fn attach_seed(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError
     )];
     ctx.services
         .pve
-        .update_vm_config(&node, vmid, params)
+        .update_vm_config(node, vmid, params)
         .await
         .map_err(StepError::proxmox(doing))?;
     Ok(StepOutcome::Done)

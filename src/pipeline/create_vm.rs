@@ -14,15 +14,17 @@
 //! Boot mode `iso` creates the VM with its whole configuration in one call, so the NoCloud seed is
 //! uploaded first; boot mode `clone` clones here and configures in the next step.
 
+use super::context::StepContext;
+use super::error::StepError;
 use super::identify::{Identified, identify};
 use super::seed::upload_seed;
-use super::step::{StepContext, StepError, StepOutcome};
-use crate::model::ClusterSnapshot;
+use super::step::StepOutcome;
 use crate::model::identity::{self, Claim};
+use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
-use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmId};
+use crate::proxmox::types::{NodeName, VmId};
 use crate::rules::storage::{self, StorageNeed};
-use crate::rules::vm_config::{self, VmIdentity, VmTarget};
+use crate::rules::vm_config::{self, VmTarget};
 use crate::rules::vmid::{self, VmidSource};
 use std::collections::BTreeSet;
 
@@ -32,23 +34,22 @@ const WAIT_FOR_IDENTITY: std::time::Duration = std::time::Duration::from_secs(5)
 /// How many taken VMIDs to step over before giving up (each costs one refused create).
 const VMID_ATTEMPTS: usize = 5;
 
-pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
     if ctx.state.uuid.is_none() {
         ctx.state.uuid = Some(uuid::Uuid::new_v4());
     }
-    let node = ctx.node()?;
     let request_id = ctx.request.id.clone();
     // A VM of this request can exist only if a VMID was recorded for it (ours is recorded before the
     // create call; the official provider records its own): only then must the listing be fresh to
     // adopt it. Otherwise the listing placement read moments ago in this reconcile will do, for
     // choosing a VMID too: one made since is refused by Proxmox, not overwritten.
     let must_be_fresh = ctx.state.recorded_vmid().is_some();
-    let resources = ctx.cluster_shared(must_be_fresh).await?;
-    if let Some(outcome) = adopt(ctx, &resources).await? {
+    let listing = ctx.cluster(must_be_fresh).await?;
+    if let Some(outcome) = adopt(ctx, &listing).await? {
         return Ok(outcome);
     }
 
-    super::ledgers::seed_from_states(ctx).await?;
+    super::ip_pool::seed_ledgers(ctx).await?;
     default_pool(ctx).await?;
     // Field 12, for the official provider's teardown after a takeover.
     ctx.state.pool = ctx.data.pool.clone();
@@ -57,23 +58,21 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let first_create_ever = ctx.state.recorded_vmid().is_none();
     let mut refused: Vec<u32> = Vec::new();
     for attempt in 0..VMID_ATTEMPTS {
-        let vmid = choose_vmid(ctx, &resources, &refused).await?;
+        let vmid = choose_vmid(ctx, &listing, &refused).await?;
         ctx.state.reserved_vmid = Some(vmid);
         ctx.persist().await?;
         let result = match ctx.data.boot {
             crate::rules::provider_data::BootMode::Iso
             | crate::rules::provider_data::BootMode::Image => {
-                create(ctx, &node, vmid, &resources).await
+                create(ctx, node, vmid, &listing).await
             }
-            crate::rules::provider_data::BootMode::Clone => {
-                clone(ctx, &node, vmid, &resources).await
-            }
+            crate::rules::provider_data::BootMode::Clone => clone(ctx, node, vmid, &listing).await,
         };
         match result {
             Ok(()) => {
-                ctx.services.ledgers.vmid_made(vmid.get());
+                ctx.services.ledgers.vmids.made(vmid.get());
                 if first_create_ever && attempt == 0 {
-                    ctx.services.ledgers.created_cleanly(&request_id);
+                    ctx.services.ledgers.releases.created_cleanly(&request_id);
                 }
                 ctx.state.vmid = Some(vmid);
                 ctx.persist().await?;
@@ -82,28 +81,28 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             Err(StepError::Proxmox { source, .. }) if source.is_vmid_taken() => {
                 // Taken by whom? A create of ours sent before a crash, whose answer never came, can
                 // land just now at this very VMID: that VM is this request's, not a stranger's.
-                let fresh = ctx.cluster_shared(true).await?;
+                let fresh = ctx.cluster(true).await?;
                 if let Some(outcome) = adopt(ctx, &fresh).await? {
                     return Ok(outcome);
                 }
                 tracing::info!(request = %request_id, %vmid, "VMID taken meanwhile; choosing another");
-                ctx.services.ledgers.vmid_refused();
+                ctx.services.ledgers.vmids.refused();
                 // The task was recorded as if it would make our VM; the VMID is someone else's.
                 if ctx.state.vmid == Some(vmid) {
                     ctx.state.vmid = None;
                     ctx.state.vm_create_task = None;
                 }
-                ctx.services.ledgers.release_vmid(vmid.get());
+                ctx.services.ledgers.vmids.release(vmid.get());
                 refused.push(vmid.get());
             }
             Err(e) => {
                 // The VMID stays recorded for this request (its create may yet be applied); only
                 // this process's in-flight mark goes, or the next attempt could not reuse it and
                 // would pick another VMID, a second VM if the first create lands late.
-                ctx.services.ledgers.release_vmid(vmid.get());
+                ctx.services.ledgers.vmids.release(vmid.get());
                 // A create refused because the boot ISO or the set's pool went meanwhile made
                 // nothing: put it back and create again (at the recorded VMID).
-                if !super::prepare_image::put_back_if_missing(ctx, &e).await?
+                if !super::prepare_image::put_back_if_missing(ctx, node, &e).await?
                     && !recreate_set_pool(ctx, &e).await?
                 {
                     return Err(e);
@@ -133,9 +132,13 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         }
     };
     // Machines of a set starting together make its pool once: the others wait for the first.
-    let lock = ctx.services.ledgers.exclusive(&format!("pool:{pool}"));
+    let lock = ctx
+        .services
+        .ledgers
+        .locks
+        .exclusive(&format!("pool:{pool}"));
     let _one_create_per_pool = lock.lock().await;
-    if !ctx.services.ledgers.pool_known(pool.as_str()) {
+    if !ctx.services.ledgers.pools.known(pool.as_str()) {
         let doing = format!("creating pool {pool} for machine-request set {set}");
         make_set_pool(ctx, &pool, doing).await?;
     }
@@ -159,7 +162,7 @@ async fn recreate_set_pool(
         return Ok(false);
     }
     tracing::warn!(request = %ctx.request.id, %pool, "the machine set's pool is gone; creating it again");
-    ctx.services.ledgers.forget_pool(pool.as_str());
+    ctx.services.ledgers.pools.forget(pool.as_str());
     let doing = format!("creating pool {pool} again (it was deleted since it was made)");
     make_set_pool(ctx, &pool, doing).await?;
     Ok(true)
@@ -177,7 +180,7 @@ async fn make_set_pool(
         .ensure_pool(pool.as_str(), identity::SET_POOL_COMMENT)
         .await
         .map_err(StepError::proxmox(doing))?;
-    ctx.services.ledgers.pool_created(pool.as_str());
+    ctx.services.ledgers.pools.created(pool.as_str());
     Ok(())
 }
 
@@ -187,12 +190,8 @@ async fn make_set_pool(
 /// creating another would leave two. Ownership is `model::identity`'s, as for teardown.
 async fn adopt(
     ctx: &mut StepContext<'_>,
-    resources: &[ClusterResource],
+    listing: &Listing,
 ) -> Result<Option<StepOutcome>, StepError> {
-    let vms = resources.iter().filter_map(|r| match r {
-        ClusterResource::Vm(vm) => Some(vm),
-        _ => None,
-    });
     let uuid = ctx.state.uuid.map(|u| u.to_string());
     let claim = Claim {
         request_id: &ctx.request.id,
@@ -201,10 +200,8 @@ async fn adopt(
         smbios_uuid: uuid.as_deref(),
     };
     let mut found = None;
-    for vm in identity::candidates(vms, &claim) {
-        let online = resources.iter().any(|r| {
-            matches!(r, ClusterResource::Node(n) if n.node == vm.node && n.status == NodeState::Online)
-        });
+    for vm in identity::candidates(listing.vms(), &claim) {
+        let online = listing.node_online(&vm.node);
         let doing = format!(
             "reading the config of VM {} on {} to see whether it is this request's",
             vm.vmid, vm.node
@@ -242,7 +239,7 @@ async fn adopt(
     tracing::info!(request = %ctx.request.id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier");
     ctx.state.vmid = Some(vm.vmid);
     ctx.state.node = Some(vm.node.clone());
-    ctx.services.ledgers.release_vmid(vm.vmid.get());
+    ctx.services.ledgers.vmids.release(vm.vmid.get());
     Ok(Some(StepOutcome::Done))
 }
 
@@ -255,19 +252,17 @@ const VMID_PROBES: u32 = 64;
 /// from `/cluster/nextid` on that no request in flight and no earlier refusal uses.
 async fn choose_vmid(
     ctx: &StepContext<'_>,
-    resources: &[ClusterResource],
+    listing: &Listing,
     refused: &[u32],
 ) -> Result<VmId, StepError> {
-    let listed: BTreeSet<u32> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) | ClusterResource::Container(vm) => Some(vm.vmid.get()),
-            _ => None,
-        })
+    let listed: BTreeSet<u32> = listing
+        .vms()
+        .chain(listing.containers())
+        .map(|vm| vm.vmid.get())
         .collect();
     let usable = |id: u32| !listed.contains(&id) && !refused.contains(&id);
     let reserved = ctx.state.reserved_vmid.filter(|id| usable(id.get()));
-    match ctx.services.ledgers.vmid_source(&ctx.services.pve).await {
+    match ctx.services.ledgers.vmids.source(&ctx.services.pve).await {
         VmidSource::Listing(range) => {
             // A VMID recorded before a crash, still free as far as the listing shows: Proxmox
             // refuses the create if not, which chooses again.
@@ -279,7 +274,7 @@ async fn choose_vmid(
             let ledgers = &ctx.services.ledgers;
             loop {
                 let held =
-                    |id: u32| refused.contains(&id) || ledgers.vmid_held(id, &ctx.request.id);
+                    |id: u32| refused.contains(&id) || ledgers.vmids.held(id, &ctx.request.id);
                 let Some(id) = vmid::lowest_free(range, &listed, held) else {
                     return Err(StepError::Cluster(format!(
                         "no free VMID in the datacenter's next-id range {}..{}; widen it \
@@ -333,15 +328,15 @@ async fn ask_proxmox(
             return Ok(id);
         }
         if probes == VMID_PROBES {
-            ctx.services.ledgers.release_vmid(id.get());
+            ctx.services.ledgers.vmids.release(id.get());
             break;
         }
         probes += 1;
         match pve.vmid_is_free(id).await {
             Ok(true) => return Ok(id),
-            Ok(false) => ctx.services.ledgers.release_vmid(id.get()),
+            Ok(false) => ctx.services.ledgers.vmids.release(id.get()),
             Err(e) => {
-                ctx.services.ledgers.release_vmid(id.get());
+                ctx.services.ledgers.vmids.release(id.get());
                 return Err(StepError::proxmox(asking)(e));
             }
         }
@@ -354,24 +349,20 @@ async fn ask_proxmox(
 
 /// Marks `id` as in flight for this request; false when it is held by another.
 fn take_vmid(ctx: &StepContext<'_>, id: VmId) -> bool {
-    ctx.services.ledgers.take_vmid(id.get(), &ctx.request.id)
+    ctx.services.ledgers.vmids.take(id.get(), &ctx.request.id)
 }
 
 async fn create(
     ctx: &mut StepContext<'_>,
     node: &NodeName,
     vmid: VmId,
-    resources: &[ClusterResource],
+    listing: &Listing,
 ) -> Result<(), StepError> {
     let seed = upload_seed(ctx, node).await?;
-    let target = target(ctx, node, vmid, resources, Some(seed))?;
-    let identity = VmIdentity {
-        request_id: &ctx.request.id,
-        set_id: ctx.request.set_id.as_deref(),
-        provider_id: &ctx.services.provider_id,
-    };
+    let target = target(ctx, node, vmid, listing, Some(seed))?;
+    let identity = ctx.identity();
     let params: Vec<(String, String)> = vm_config::render(&ctx.data, &identity, &target)
-        .map_err(|e| StepError::Config(format!("cannot build the VM configuration: {e}")))?
+        .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?
         .into_iter()
         .filter(|(k, _)| k != "vmid")
         .collect();
@@ -390,30 +381,20 @@ async fn clone(
     ctx: &mut StepContext<'_>,
     node: &NodeName,
     vmid: VmId,
-    resources: &[ClusterResource],
+    listing: &Listing,
 ) -> Result<(), StepError> {
     let template_id = ctx
         .state
         .template_vmid
         .ok_or_else(|| StepError::Cluster("no template recorded by prepare_image".into()))?;
-    let template = resources
-        .iter()
-        .find_map(|r| match r {
-            ClusterResource::Vm(vm) if vm.vmid == template_id => Some(vm),
-            _ => None,
-        })
-        .ok_or_else(|| {
-            StepError::Cluster(format!("template {template_id} is gone from the cluster"))
-        })?;
+    let template = listing.vm(template_id).ok_or_else(|| {
+        StepError::Cluster(format!("template {template_id} is gone from the cluster"))
+    })?;
     let storage = recorded_storage(ctx)?;
     // Whether a clone of this template reaches `node` (and `storage`) was decided by the placement
     // rule (`rules::placement::clone_verdict`) in `pick_node` or `prepare_image`, before anything
     // was written.
-    let identity = VmIdentity {
-        request_id: &ctx.request.id,
-        set_id: ctx.request.set_id.as_deref(),
-        provider_id: &ctx.services.provider_id,
-    };
+    let identity = ctx.identity();
     let params = vm_config::clone_params(
         &ctx.data,
         &identity,
@@ -463,7 +444,7 @@ pub fn target(
     ctx: &StepContext<'_>,
     node: &NodeName,
     vmid: VmId,
-    resources: &[ClusterResource],
+    listing: &Listing,
     seed_iso: Option<IsoVolume>,
 ) -> Result<VmTarget, StepError> {
     let missing = |what: &str| StepError::Cluster(format!("the provider state records no {what}"));
@@ -477,7 +458,7 @@ pub fn target(
     let smbios_uuid = ctx.state.uuid.ok_or_else(|| missing("SMBIOS UUID"))?;
     let mut additional_disk_storages = Vec::new();
     for (i, disk) in ctx.data.additional_disks.iter().enumerate() {
-        additional_disk_storages.push(disk_storage(resources, node, disk, i)?);
+        additional_disk_storages.push(disk_storage(listing, node, disk, i)?);
     }
     Ok(VmTarget {
         vmid: vmid.get(),
@@ -493,12 +474,12 @@ pub fn target(
 
 /// The storage for an additional disk, by the disk's own selector, on the node placement picked.
 fn disk_storage(
-    resources: &[ClusterResource],
+    listing: &Listing,
     node: &NodeName,
     disk: &crate::rules::provider_data::AdditionalDisk,
     index: usize,
 ) -> Result<StorageId, StepError> {
-    let cluster = ClusterSnapshot::from_resources(resources);
+    let cluster = ClusterSnapshot::from_resources(listing);
     let choice = cluster.node(node.as_str()).map(|n| {
         storage::choose(
             n,
@@ -506,9 +487,10 @@ fn disk_storage(
         )
     });
     if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {
-        return Err(StepError::Config(format!(
-            "additional_disks[{index}].storage_selector: {e}"
-        )));
+        return Err(StepError::key(
+            format!("additional_disks[{index}].storage_selector"),
+            e,
+        ));
     }
     match choice.and_then(|c| c.chosen) {
         Some(s) => StorageId::new(s.name).map_err(|e| StepError::Cluster(e.to_string())),

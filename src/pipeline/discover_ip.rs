@@ -10,23 +10,24 @@
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::step::{StepContext, StepError, StepOutcome};
+use super::context::{StepContext, VmAt};
+use super::error::StepError;
+use super::step::StepOutcome;
 use crate::proxmox::types::AgentInterfaces;
 
-pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
     let timeout = ctx.data.ip_discovery_timeout;
     if timeout.is_zero() || !ctx.state.addresses.is_empty() {
         return Ok(StepOutcome::Done);
     }
-    let node = ctx.node()?;
-    let vmid = ctx.vmid()?;
+    let (node, vmid) = (&vm.node, vm.vmid);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
     let started = *ctx.state.ip_discovery_started.get_or_insert(now);
     let waited = Duration::from_secs(now.saturating_sub(started).max(0) as u64);
-    let answer = ctx.services.pve.agent_network_interfaces(&node, vmid).await;
+    let answer = ctx.services.pve.agent_network_interfaces(node, vmid).await;
     let why = match answer {
         Ok(interfaces) => {
             let addresses = usable_addresses(&interfaces);

@@ -6,11 +6,14 @@
 //! the digest it was planned from; a change someone else made in between makes Proxmox refuse ours,
 //! and the rules are read and planned again.
 
-use super::step::{HA_RULES_LOCK, StepContext, StepError};
+use super::context::StepContext;
+use super::error::StepError;
+use super::ledgers::HA_RULES_LOCK;
+use crate::model::Listing;
 use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::ha::{HaResource, vm_sid};
-use crate::proxmox::types::{ClusterResource, VmId};
+use crate::proxmox::types::{VmId, VmResource};
 use crate::rules::ha::{
     HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
 };
@@ -20,11 +23,10 @@ use crate::rules::provider_data::HaSettings;
 /// (and retrying the step later).
 const ATTEMPTS: usize = 10;
 
-pub async fn join(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
+pub async fn join(ctx: &mut StepContext<'_>, vmid: VmId) -> Result<(), StepError> {
     let Some(ha) = ctx.data.ha.clone() else {
         return Ok(());
     };
-    let vmid = ctx.vmid()?;
     let doing = format!("registering VM {vmid} with Proxmox HA");
     ctx.report(doing.clone()).await;
     let resource = HaResource {
@@ -54,7 +56,7 @@ async fn join_rules(
 ) -> Result<(), StepError> {
     let doing = format!("adding VM {vmid} to its HA rules");
     ctx.report(doing.clone()).await;
-    let lock = ctx.services.ledgers.exclusive(HA_RULES_LOCK);
+    let lock = ctx.services.ledgers.locks.exclusive(HA_RULES_LOCK);
     let _one_change_at_a_time = lock.lock().await;
     let sid = vm_sid(vmid);
     let set = ctx.request.set_id.clone();
@@ -106,31 +108,45 @@ async fn join_rules(
         match apply(&ctx.services.pve, &change).await {
             Ok(()) if last => return Ok(()),
             Ok(()) => {}
-            // Someone changed the rules since they were read, or made the rule first.
-            Err(e) if e.is_ha_rules_changed() || e.is_ha_rule_defined() => {
-                tracing::debug!(%vmid, error = %e, "HA rules changed meanwhile; reading them again");
-            }
-            Err(ProxmoxError::Api { ref message, .. })
-                if unmanaged_sids(message)
-                    .iter()
-                    .any(|s| *s != sid && !gone.contains(s)) =>
-            {
-                let stale: Vec<String> = unmanaged_sids(message)
-                    .into_iter()
-                    .filter(|s| *s != sid)
-                    .collect();
-                tracing::info!(%vmid, ?stale, "HA rule names VMs no longer HA-managed; writing it without them");
-                gone.extend(stale);
-            }
-            Err(e) if e.is_ha_groups_unmigrated() => {
-                return Err(StepError::Cluster(groups_unmigrated(&doing, &e)));
-            }
-            Err(e) => return Err(StepError::proxmox(doing)(e)),
+            Err(e) => read_again_after(e, vmid, &mut gone, &doing)?,
         }
     }
     Err(StepError::Cluster(format!(
         "{doing}: the HA rules kept changing while they were edited ({ATTEMPTS} attempts); will try again"
     )))
+}
+
+/// A change Proxmox refused: `Ok` to read the rules and plan again (someone changed them since they
+/// were read, or made the rule first; or the rule names VMs no longer HA-managed, which are then
+/// added to `gone` and left out), else the step's error.
+fn read_again_after(
+    e: ProxmoxError,
+    vmid: VmId,
+    gone: &mut Vec<String>,
+    doing: &str,
+) -> Result<(), StepError> {
+    let sid = vm_sid(vmid);
+    match e {
+        e if e.is_ha_rules_changed() || e.is_ha_rule_defined() => {
+            tracing::debug!(%vmid, error = %e, "HA rules changed meanwhile; reading them again");
+            Ok(())
+        }
+        ProxmoxError::Api { ref message, .. }
+            if unmanaged_sids(message)
+                .iter()
+                .any(|s| *s != sid && !gone.contains(s)) =>
+        {
+            let stale: Vec<String> = unmanaged_sids(message)
+                .into_iter()
+                .filter(|s| *s != sid)
+                .collect();
+            tracing::info!(%vmid, ?stale, "HA rule names VMs no longer HA-managed; writing it without them");
+            gone.extend(stale);
+            Ok(())
+        }
+        e if e.is_ha_groups_unmigrated() => Err(StepError::Cluster(groups_unmigrated(doing, &e))),
+        e => Err(StepError::proxmox(doing)(e)),
+    }
 }
 
 /// What to do when PVE 9 still has HA groups: the HA manager (CRM) turns them into rules by
@@ -190,35 +206,21 @@ async fn set_members(
     set: Option<&str>,
     fresh: bool,
 ) -> Result<(Vec<String>, usize), StepError> {
-    let resources = ctx.cluster(fresh).await?;
-    Ok(set_members_in(resources, set.filter(|_| fresh)))
+    let listing = ctx.cluster(fresh).await?;
+    Ok(set_members_in(&listing, set.filter(|_| fresh)))
 }
 
 /// The HA-managed VMs of `set` in a listing (as sids; none without a set) and its number of nodes.
-pub(super) fn set_members_in(
-    resources: &[ClusterResource],
-    set: Option<&str>,
-) -> (Vec<String>, usize) {
-    let nodes = resources
-        .iter()
-        .filter(|r| matches!(r, ClusterResource::Node(_)))
-        .count();
+pub(super) fn set_members_in(listing: &Listing, set: Option<&str>) -> (Vec<String>, usize) {
+    let nodes = listing.nodes().count();
     let Some(set) = set else {
         return (Vec::new(), nodes);
     };
     let tag = set_tag(set);
-    let members = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm)
-                if vm.hastate.is_some()
-                    && !vm.template
-                    && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag)) =>
-            {
-                Some(vm_sid(vm.vmid))
-            }
-            _ => None,
-        })
+    let members = listing
+        .tagged(&tag)
+        .filter(|vm| vm.hastate.is_some())
+        .map(|vm| vm_sid(vm.vmid))
         .collect();
     (members, nodes)
 }
@@ -228,22 +230,12 @@ pub(super) fn set_members_in(
 /// counted together.
 fn prospective_members(
     ctx: &StepContext<'_>,
-    resources: &[ClusterResource],
+    listing: &Listing,
     set: &str,
     managed: &[String],
 ) -> Vec<String> {
     let tag = set_tag(set);
-    let listed: Vec<&crate::proxmox::types::VmResource> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm)
-                if !vm.template && vm.tag_list().iter().any(|t| t.eq_ignore_ascii_case(&tag)) =>
-            {
-                Some(vm)
-            }
-            _ => None,
-        })
-        .collect();
+    let listed: Vec<&VmResource> = listing.tagged(&tag).collect();
     let made = listed
         .iter()
         .map(|vm| vm_sid(vm.vmid))
@@ -251,7 +243,8 @@ fn prospective_members(
     let placed = ctx
         .services
         .ledgers
-        .placed_in_set(set, &ctx.request.id)
+        .placements
+        .in_set(set, &ctx.request.id)
         .into_iter()
         .filter(|id| {
             !listed
@@ -266,7 +259,7 @@ fn prospective_members(
 /// a set checked at once would not count each other.
 pub(super) async fn check_rules_in_turn(
     ctx: &mut StepContext<'_>,
-    resources: &[ClusterResource],
+    listing: &Listing,
 ) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, StepError> {
     let in_rules = ctx.data.ha.as_ref().is_some_and(HaSettings::uses_rules);
     let turn = match ctx.request.set_id.as_deref().filter(|_| in_rules) {
@@ -274,12 +267,13 @@ pub(super) async fn check_rules_in_turn(
             let lock = ctx
                 .services
                 .ledgers
+                .locks
                 .exclusive(&format!("ha-placement:{set}"));
             Some(lock.lock_owned().await)
         }
         None => None,
     };
-    check_rules_before_create(ctx, resources).await?;
+    check_rules_before_create(ctx, listing).await?;
     Ok(turn)
 }
 
@@ -289,7 +283,7 @@ pub(super) async fn check_rules_in_turn(
 /// join decides, as before.
 async fn check_rules_before_create(
     ctx: &mut StepContext<'_>,
-    resources: &[ClusterResource],
+    listing: &Listing,
 ) -> Result<(), StepError> {
     let Some(ha) = ctx.data.ha.clone().filter(HaSettings::uses_rules) else {
         return Ok(());
@@ -302,9 +296,9 @@ async fn check_rules_before_create(
         Err(e) => return Err(StepError::proxmox("reading the HA rules")(e)),
     };
     let set = ctx.request.set_id.clone();
-    let (mut members, cluster_nodes) = set_members_in(resources, set.as_deref());
+    let (mut members, cluster_nodes) = set_members_in(listing, set.as_deref());
     if let Some(set) = set.as_deref() {
-        members.extend(prospective_members(ctx, resources, set, &members));
+        members.extend(prospective_members(ctx, listing, set, &members));
     }
     let membership = HaMembership {
         settings: &ha,
@@ -315,5 +309,5 @@ async fn check_rules_before_create(
         comment: "",
     };
     check_join(&membership, &rules)
-        .map_err(|e| StepError::Config(format!("ha: {e} (checked before creating the VM)")))
+        .map_err(|e| StepError::key("ha", format!("{e} (checked before creating the VM)")))
 }

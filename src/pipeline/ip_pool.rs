@@ -13,11 +13,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use super::context::StepContext;
 use super::discover_ip::usable_addresses;
-use super::ledgers::entry;
-use super::step::{StepContext, StepError};
+use super::error::StepError;
 use crate::model::machine::IpAllocation;
-use crate::proxmox::types::ClusterResource;
 use crate::rules::ip_pool::{self, IpPool};
 
 /// How long the addresses running VMs reported through their guest agent are trusted.
@@ -59,9 +58,9 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     if missing.is_empty() && stale.is_empty() {
         return Ok(());
     }
-    super::ledgers::seed_from_states(ctx).await?;
+    seed_ledgers(ctx).await?;
     {
-        let mut held = entry(&ctx.services.ledgers.ip.held);
+        let mut held = ctx.services.ledgers.ip.held();
         for a in &stale {
             held.release_nic(&ctx.request.id, a.nic);
         }
@@ -73,7 +72,7 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     };
     for (nic, name) in missing {
         let pool = ip_pool::find(&ctx.services.config.ip_pools, &ip_pool::key_of(nic), &name)
-            .map_err(|p| StepError::Config(format!("invalid provider data: {p}")))?
+            .map_err(|p| StepError::config(format!("invalid provider data: {p}")))?
             .clone();
         let address = take(ctx, nic, &pool, &reported)?;
         tracing::info!(request = %ctx.request.id, pool = %pool.name, %address, nic = %format!("net{nic}"), "allocated a static address");
@@ -90,6 +89,18 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     ctx.persist().await
 }
 
+/// Fills the ledgers that must not start empty from every provider state in Omni, once per
+/// process ([`crate::pipeline::ledgers::IpLedgers::seed_once`]).
+pub(super) async fn seed_ledgers(ctx: &StepContext<'_>) -> Result<(), StepError> {
+    let ledgers = &ctx.services.ledgers;
+    let load = async {
+        ctx.progress.machine_states().await.map_err(StepError::omni(
+            "reading every provider state (the IP addresses and VMIDs they hold)",
+        ))
+    };
+    ledgers.ip.seed_once(&ledgers.vmids, load).await
+}
+
 /// Decides and holds one address under the ledger's lock. An address this request already holds
 /// in the ledger (taken by an attempt whose state write failed) is taken again.
 fn take(
@@ -98,7 +109,7 @@ fn take(
     pool: &IpPool,
     reported: &BTreeSet<IpAddr>,
 ) -> Result<IpAddr, StepError> {
-    let mut held = entry(&ctx.services.ledgers.ip.held);
+    let mut held = ctx.services.ledgers.ip.held();
     if let Some((_, address)) = held
         .of(&ctx.request.id)
         .into_iter()
@@ -111,9 +122,7 @@ fn take(
     taken.extend(reported.iter().copied());
     let address = ip_pool::allocate(pool, &taken).map_err(|full| {
         ctx.services.ledgers.ip.wait_for_address(&ctx.request.id);
-        StepError::PoolFull(format!(
-            "{full}; a machine on it must go away (or the pool grow in the config file) before this one gets an address"
-        ))
+        StepError::PoolFull(full)
     })?;
     held.hold(
         &ctx.request.id,
@@ -129,15 +138,9 @@ fn take(
 /// The addresses the guest agents of the VMs the current listing shows reported, read again when
 /// older than [`AGENT_ADDRESSES_MAX_AGE`].
 async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr>, StepError> {
-    let resources = ctx.cluster_shared(false).await?;
-    let vms: Vec<_> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) if !vm.template => Some(vm.clone()),
-            _ => None,
-        })
-        .collect();
-    let mut cache = ctx.services.ledgers.ip.agent.lock().await;
+    let listing = ctx.cluster(false).await?;
+    let vms: Vec<_> = listing.guests().cloned().collect();
+    let mut cache = ctx.services.ledgers.ip.agent_answers().await;
     let fresh = cache
         .as_ref()
         .is_some_and(|(at, _)| at.elapsed() < AGENT_ADDRESSES_MAX_AGE);

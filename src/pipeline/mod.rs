@@ -4,8 +4,10 @@
 pub mod deprovision;
 
 pub mod configure_vm;
+pub mod context;
 pub mod create_vm;
 pub mod discover_ip;
+pub mod error;
 pub mod factory_auth;
 pub mod ha;
 pub mod identify;
@@ -15,20 +17,21 @@ pub mod ledgers;
 pub mod pick_node;
 pub mod prepare_image;
 pub mod seed;
+pub mod services;
 pub mod start_vm;
 pub mod step;
 pub mod template;
 
 use step::{Step, StepContext, StepError, StepOutcome};
 
-/// Runs one step.
+/// Runs one step, with what the steps before it recorded (its node, its VM).
 pub async fn run_step(step: Step, ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     match step {
         Step::PickNode => pick_node::run(ctx).await,
-        Step::PrepareImage => prepare_image::run(ctx).await,
-        Step::CreateVm => create_vm::run(ctx).await,
-        Step::ConfigureVm => configure_vm::run(ctx).await,
-        Step::StartVm => start_vm::run(ctx).await,
-        Step::DiscoverIp => discover_ip::run(ctx).await,
+        Step::PrepareImage => prepare_image::run(ctx, &ctx.placed()?).await,
+        Step::CreateVm => create_vm::run(ctx, &ctx.placed()?).await,
+        Step::ConfigureVm => configure_vm::run(ctx, &ctx.made()?).await,
+        Step::StartVm => start_vm::run(ctx, &ctx.made()?).await,
+        Step::DiscoverIp => discover_ip::run(ctx, &ctx.made()?).await,
     }
 }

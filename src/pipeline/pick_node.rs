@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use super::step::{StepContext, StepError, StepOutcome};
+use super::context::StepContext;
+use super::error::StepError;
+use super::step::StepOutcome;
 use super::template::copies_of;
 use crate::model::ClusterSnapshot;
 use crate::proxmox::property::StorageId;
@@ -29,14 +31,12 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         return Ok(StepOutcome::Done);
     }
     ctx.report("reading nodes and storages").await;
-    let resources = ctx.cluster_shared(false).await?;
+    let listing = ctx.cluster(false).await?;
     // Held until the VM is placed: see `check_rules_in_turn`.
-    let _turn = super::ha::check_rules_in_turn(ctx, &resources).await?;
-    let cluster = ClusterSnapshot::from_resources(&resources);
+    let _turn = super::ha::check_rules_in_turn(ctx, &listing).await?;
+    let cluster = ClusterSnapshot::from_resources(&listing);
     let clone = match (ctx.data.boot, &ctx.data.template) {
-        (BootMode::Clone, Some(wanted)) => {
-            Some(copies_of(ctx, wanted, &resources, &cluster).await?)
-        }
+        (BootMode::Clone, Some(wanted)) => Some(copies_of(ctx, wanted, &listing, &cluster).await?),
         _ => None,
     };
     if let Some(source) = &clone {
@@ -68,19 +68,14 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let choice = ctx
         .services
         .ledgers
+        .placements
         .place(
             &ctx.request.id,
             ctx.request.set_id.as_deref(),
             (ctx.data.memory_mb, vcpus(ctx)),
             |reservations| placement::pick(&cluster, &request, reservations),
         )
-        .map_err(|e| {
-            if e.may_heal() {
-                StepError::Capacity(e.to_string())
-            } else {
-                StepError::Cluster(e.to_string())
-            }
-        })?;
+        .map_err(StepError::Placement)?;
     tracing::info!(
         request = %ctx.request.id,
         node = %choice.node,
@@ -115,7 +110,7 @@ fn additional_disks_fit(
     for template in &source.templates {
         let slots: Vec<&str> = template.drives.iter().map(|d| d.slot.as_str()).collect();
         if let Some((i, slot)) = vm_config::additional_disk_clash(data, &slots) {
-            return Err(StepError::Config(format!(
+            return Err(StepError::config(format!(
                 "additional_disks[{i}] goes to {slot}, which template {} (VM {} on {}) already fills: \
                  the clone keeps the template's drive there and this disk would never be made; \
                  remove that drive from the template, or drop the entry and use the template's disk",
@@ -128,7 +123,7 @@ fn additional_disks_fit(
 
 fn reserve(ctx: &StepContext<'_>) {
     let node = ctx.state.node.as_ref().map_or("", |n| n.as_str());
-    ctx.services.ledgers.reserve(
+    ctx.services.ledgers.placements.reserve(
         &ctx.request.id,
         node,
         ctx.request.set_id.as_deref(),

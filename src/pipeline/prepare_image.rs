@@ -23,12 +23,17 @@
 //! a clone reaches is `rules::placement::clone_verdict`); a state recorded before placement knew
 //! templates gets the same rule applied here, before anything is written.
 
-use crate::proxmox::property::{ImportVolume, IsoVolume};
+use crate::proxmox::property::{
+    ImportFileName, ImportVolume, IsoFileName, IsoVolume, PropertyError, StorageId,
+};
 use sha2::{Digest, Sha256};
 
+use super::context::StepContext;
+use super::error::StepError;
 use super::factory_auth;
 use super::image_factory::{self, FactoryError};
-use super::step::{StepContext, StepError, StepOutcome, image_lock_key, image_presence_key};
+use super::ledgers::{image_lock_key, image_presence_key};
+use super::step::StepOutcome;
 use crate::model::ClusterSnapshot;
 use crate::omni::management::{BootAssetKind, ManagementError};
 use crate::proxmox::storage::DownloadRequest;
@@ -37,10 +42,10 @@ use crate::rules::provider_data::BootMode;
 use crate::rules::schematic::{Overlay, SchematicRequest, schematic_yaml};
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 
-pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
     match BootImage::of(ctx.data.boot) {
-        Some(kind) => download(ctx, kind).await,
-        None => super::template::find_template(ctx).await,
+        Some(kind) => download(ctx, node, kind).await,
+        None => super::template::find_template(ctx, node).await,
     }
 }
 
@@ -92,7 +97,11 @@ impl BootImage {
 
 /// Downloads the boot image once per storage (the node fetches it itself, so it never passes through
 /// the provider), and records where it is.
-async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutcome, StepError> {
+async fn download(
+    ctx: &mut StepContext<'_>,
+    node: &NodeName,
+    kind: BootImage,
+) -> Result<StepOutcome, StepError> {
     ctx.state.boot_mode = Some(ctx.data.boot.as_str().into());
     let version = talos_version(&ctx.request.talos_version);
     let schematic = match ctx.state.schematic.clone() {
@@ -100,7 +109,6 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
         None => create_schematic(ctx, &version).await?,
     };
     ctx.state.schematic = Some(schematic.clone());
-    let node = ctx.node()?;
     ctx.state.talos_version = Some(ctx.request.talos_version.clone());
     let url = image_url(
         ctx.request.factory(ctx.services),
@@ -109,50 +117,70 @@ async fn download(ctx: &mut StepContext<'_>, kind: BootImage) -> Result<StepOutc
         kind.file(),
     );
     let file_name = image_file_name(&url, kind);
-    let (storage, shared) = download_storage(ctx, &node, kind.content()).await?;
-    let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
-    let recorded = match kind {
-        BootImage::Iso => ctx
-            .state
-            .boot_iso
-            .as_ref()
-            .map(ToString::to_string)
-            .filter(|_| ctx.state.iso_file.as_deref() == Some(&file_name)),
-        BootImage::Disk => ctx.state.boot_image.as_ref().map(ToString::to_string),
+    let (storage, shared) = download_storage(ctx, node, kind.content()).await?;
+    let unusable = |e: PropertyError| {
+        let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
+        StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()))
     };
-    if recorded.as_deref() == Some(&volid) {
+    let volume = match kind {
+        BootImage::Iso => BootVolume::Iso(IsoVolume {
+            storage: storage.clone(),
+            file: IsoFileName::new(file_name.as_str()).map_err(unusable)?,
+        }),
+        BootImage::Disk => BootVolume::Disk(ImportVolume {
+            storage: storage.clone(),
+            file: ImportFileName::new(file_name.as_str()).map_err(unusable)?,
+        }),
+    };
+    let recorded = match &volume {
+        BootVolume::Iso(v) => {
+            ctx.state.boot_iso.as_ref() == Some(v)
+                && ctx.state.iso_file.as_deref() == Some(&file_name)
+        }
+        BootVolume::Disk(v) => ctx.state.boot_image.as_ref() == Some(v),
+    };
+    if recorded {
         return Ok(StepOutcome::Done);
     }
+    let volid = match &volume {
+        BootVolume::Iso(v) => v.to_string(),
+        BootVolume::Disk(v) => v.to_string(),
+    };
     // One download per image and storage, however many requests want it at once.
     let lock_key = if shared {
         volid.clone()
     } else {
         format!("{node}/{volid}")
     };
-    let lock = ctx.services.ledgers.exclusive(&image_lock_key(&lock_key));
+    let lock = ctx
+        .services
+        .ledgers
+        .locks
+        .exclusive(&image_lock_key(&lock_key));
     let _guard = lock.lock().await;
     let wanted = Wanted {
         kind,
         schematic: &schematic,
-        node: &node,
-        storage: &storage,
+        node,
+        storage: storage.as_str(),
         volid: &volid,
         file_name: &file_name,
     };
     fetch(ctx, &wanted, url, &version).await?;
-    let unusable = |e: &dyn std::fmt::Display| {
-        StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()))
-    };
-    match kind {
-        BootImage::Iso => {
+    match volume {
+        BootVolume::Iso(v) => {
             ctx.state.iso_file = Some(file_name);
-            ctx.state.boot_iso = Some(IsoVolume::parse(&volid).map_err(|e| unusable(&e))?);
+            ctx.state.boot_iso = Some(v);
         }
-        BootImage::Disk => {
-            ctx.state.boot_image = Some(ImportVolume::parse(&volid).map_err(|e| unusable(&e))?);
-        }
+        BootVolume::Disk(v) => ctx.state.boot_image = Some(v),
     }
     Ok(StepOutcome::Done)
+}
+
+/// Where a boot image goes: a volume in ISO or in `import` storage.
+enum BootVolume {
+    Iso(IsoVolume),
+    Disk(ImportVolume),
 }
 
 /// How the boot image gets into the storage.
@@ -277,7 +305,7 @@ async fn fetch(
     if ctx.state.iso_download_task.is_none()
         && presence
             .as_deref()
-            .is_some_and(|k| ledgers.image_present(k))
+            .is_some_and(|k| ledgers.images.present(k))
     {
         return Ok(());
     }
@@ -295,7 +323,7 @@ async fn fetch(
         put_in_place(ctx, wanted, url, version).await?;
     }
     if let Some(key) = presence {
-        ctx.services.ledgers.image_seen(&key);
+        ctx.services.ledgers.images.seen(&key);
     }
     Ok(())
 }
@@ -344,7 +372,7 @@ async fn put_in_place(
             .map_err(|e| match e {
                 FactoryError::Refused {
                     status: 401 | 403, ..
-                } => StepError::Config(format!("{e} ({})", from.advice())),
+                } => StepError::config(format!("{e} ({})", from.advice())),
                 other => StepError::Cluster(other.to_string()),
             })?;
             ctx.start_task(
@@ -374,12 +402,13 @@ async fn put_in_place(
 /// tries once more; the presence is forgotten first, so other requests list the storage again.
 pub(super) async fn put_back_if_missing(
     ctx: &mut StepContext<'_>,
+    node: &NodeName,
     error: &StepError,
 ) -> Result<bool, StepError> {
     let StepError::Proxmox { source, .. } = error else {
         return Ok(false);
     };
-    let (Some(volume), Ok(node)) = (ctx.state.boot_iso.as_ref(), ctx.node()) else {
+    let Some(volume) = ctx.state.boot_iso.as_ref() else {
         return Ok(false);
     };
     let volid = volume.to_string();
@@ -388,20 +417,20 @@ pub(super) async fn put_back_if_missing(
     }
     ctx.services
         .ledgers
-        .image_gone(&image_presence_key(node.as_str(), &volid));
+        .images
+        .gone(&image_presence_key(node.as_str(), &volid));
     tracing::warn!(request = %ctx.request.id, volume = %volid, "the Talos ISO is gone from its storage; downloading it again");
-    restore_boot_iso(ctx).await?;
+    restore_boot_iso(ctx, node).await?;
     Ok(true)
 }
 
 /// Puts the request's boot ISO back where its VM's config expects it: the same file name in the
 /// same storage, downloaded from the same URL.
-async fn restore_boot_iso(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
+async fn restore_boot_iso(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<(), StepError> {
     let (Some(volume), Some(schematic)) = (ctx.state.boot_iso.clone(), ctx.state.schematic.clone())
     else {
         return Ok(());
     };
-    let node = ctx.node()?;
     let volid = volume.to_string();
     let file_name = volume.file.to_string();
     let storage = volume.storage.to_string();
@@ -414,13 +443,14 @@ async fn restore_boot_iso(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     let lock = ctx
         .services
         .ledgers
+        .locks
         .exclusive(&image_lock_key(&format!("{node}/{volid}")));
     let _guard = lock.lock().await;
     ctx.state.iso_download_task = None;
     let wanted = Wanted {
         kind: BootImage::Iso,
         schematic: &schematic,
-        node: &node,
+        node,
         storage: &storage,
         volid: &volid,
         file_name: &file_name,
@@ -436,9 +466,9 @@ pub(super) async fn download_storage(
     ctx: &mut StepContext<'_>,
     node: &NodeName,
     content: Content,
-) -> Result<(String, bool), StepError> {
+) -> Result<(StorageId, bool), StepError> {
     let selector = ctx.data.iso_storage_selector.clone();
-    let cluster = ClusterSnapshot::from_resources(ctx.cluster(false).await?);
+    let cluster = ClusterSnapshot::from_resources(&ctx.cluster(false).await?);
     let choice = match cluster.node(node.as_str()) {
         Some(n) => storage::choose(n, &StorageNeed::download(content, selector.as_ref())),
         None => StorageChoice {
@@ -447,10 +477,13 @@ pub(super) async fn download_storage(
         },
     };
     if let Some(e) = choice.selector_error() {
-        return Err(StepError::Config(format!("iso_storage_selector: {e}")));
+        return Err(StepError::key("iso_storage_selector", e));
     }
     if let Some(s) = choice.chosen {
-        return Ok((s.name, s.shared));
+        let storage = StorageId::new(s.name).map_err(|e| {
+            StepError::Cluster(format!("the listing's storage name is unusable: {e}"))
+        })?;
+        return Ok((storage, s.shared));
     }
     // Without a selector the first storage with the content was taken, so reaching here means a
     // selector rejected every one, or there is none.
@@ -486,7 +519,7 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
             .clone()
             .map(|(image, name)| Overlay { image, name }),
     })
-    .map_err(|e| StepError::Config(format!("cannot build the image schematic: {e}")))?;
+    .map_err(|e| StepError::config(format!("cannot build the image schematic: {e}")))?;
     let services = ctx.services;
     let id = match services
         .management

@@ -3,9 +3,10 @@
 //! the VM's node. Boot mode `iso` needs it before the create call, boot mode `clone` in the config
 //! write after the clone, so both steps use this module rather than each other.
 
+use super::context::StepContext;
+use super::error::StepError;
 use super::prepare_image::download_storage;
-use super::step::{StepContext, StepError};
-use crate::proxmox::property::IsoVolume;
+use crate::proxmox::property::{IsoFileName, IsoVolume};
 use crate::proxmox::types::NodeName;
 use crate::rules::cloud_init::{NetworkConfig, seed_files, seed_iso, seed_iso_file_name};
 use crate::rules::ip_pool;
@@ -21,7 +22,7 @@ pub async fn upload_seed(
     }
     // Beside the boot ISO when there is one, else on the ISO storage the selector picks.
     let storage = match &ctx.state.boot_iso {
-        Some(boot) => boot.storage.to_string(),
+        Some(boot) => boot.storage.clone(),
         None => download_storage(ctx, node, Content::IsoImages).await?.0,
     };
     let instance_id = ctx
@@ -38,15 +39,16 @@ pub async fn upload_seed(
     let bytes = seed_iso::build_seed(&files)
         .map_err(|e| StepError::Cluster(format!("cannot build the seed ISO: {e}")))?;
     let file_name = seed_iso_file_name(&ctx.request.id);
-    let volid = format!("{storage}:iso/{file_name}");
-    let volume = IsoVolume::parse(&volid)
-        .map_err(|e| StepError::Cluster(format!("seed ISO volume {volid}: {e}")))?;
+    let file = IsoFileName::new(file_name.as_str()).map_err(|e| {
+        StepError::Cluster(format!("seed ISO volume {storage}:iso/{file_name}: {e}"))
+    })?;
+    let volume = IsoVolume { storage, file };
     ctx.run_task(
-        format!("uploading the NoCloud seed to {storage} on {node}"),
+        format!("uploading the NoCloud seed to {} on {node}", volume.storage),
         ctx.services.timeouts.task,
         ctx.services
             .pve
-            .upload_file(node, &storage, "iso", &file_name, bytes),
+            .upload_file(node, volume.storage.as_str(), "iso", &file_name, bytes),
     )
     .await?;
     ctx.state.seed_iso = Some(volume.clone());
@@ -63,7 +65,7 @@ fn network_config(ctx: &StepContext<'_>) -> Result<NetworkConfig, StepError> {
         &ctx.state.ip_allocations,
         &ctx.services.config.ip_pools,
     )
-    .map_err(|p| StepError::Config(format!("the recorded static address: {p}")))
+    .map_err(|p| StepError::config(format!("the recorded static address: {p}")))
 }
 
 /// The MACs the VM's NICs get: deterministic ones on every NIC once one has a static address (the

@@ -5,25 +5,27 @@
 //! The boot ISO is not looked for before the start: `prepare_image` lists its storage only now and
 //! then. A start that finds it gone (deleted by hand meanwhile) puts it back and starts again.
 
-use super::step::{StepContext, StepError, StepOutcome, image_presence_key};
+use super::context::{StepContext, VmAt};
+use super::error::StepError;
+use super::ledgers::image_presence_key;
+use super::step::StepOutcome;
 use crate::proxmox::types::{NodeName, VmId};
 
-pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
-    let node = ctx.node()?;
-    let vmid = ctx.vmid()?;
-    if let Err(e) = start(ctx, &node, vmid).await {
-        if !super::prepare_image::put_back_if_missing(ctx, &e).await? {
+pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
+    let (node, vmid) = (&vm.node, vm.vmid);
+    if let Err(e) = start(ctx, node, vmid).await {
+        if !super::prepare_image::put_back_if_missing(ctx, node, &e).await? {
             return Err(e);
         }
-        start(ctx, &node, vmid).await?;
+        start(ctx, node, vmid).await?;
     }
     // Started from it: the boot ISO is there.
     if let Some(volid) = &ctx.state.boot_iso {
         let key = image_presence_key(node.as_str(), &volid.to_string());
-        ctx.services.ledgers.image_seen(&key);
+        ctx.services.ledgers.images.seen(&key);
     }
     // Like the official provider, the VM joins HA (and its HA rules) once it runs.
-    super::ha::join(ctx).await?;
+    super::ha::join(ctx, vmid).await?;
     Ok(StepOutcome::Done)
 }
 

@@ -3,33 +3,34 @@
 //! before placing; `prepare_image` applies the same rule to a state recorded before placement knew
 //! templates, so nothing is written before the clone is known to work.
 
-use super::step::{StepContext, StepError, StepOutcome};
-use crate::model::{ClusterSnapshot, TemplateFacts};
+use super::context::StepContext;
+use super::error::StepError;
+use super::step::StepOutcome;
+use crate::model::{ClusterSnapshot, Listing, TemplateFacts};
 use crate::proxmox::property::StorageId;
-use crate::proxmox::types::{ClusterResource, NodeName, VmId, VmResource};
+use crate::proxmox::types::{NodeName, VmId, VmResource};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::{CloneSource, CloneVerdict, clone_verdict};
 use crate::rules::provider_data::{BootMode, CloneMode, TemplateRef};
 
-pub(super) async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+pub(super) async fn find_template(
+    ctx: &mut StepContext<'_>,
+    node: &NodeName,
+) -> Result<StepOutcome, StepError> {
     ctx.state.boot_mode = Some(BootMode::Clone.as_str().into());
     let Some(wanted) = ctx.data.template.clone() else {
-        return Err(StepError::Config(
-            "boot mode `clone` needs `template` (a VMID or a template name)".into(),
+        return Err(StepError::config(
+            "boot mode `clone` needs `template` (a VMID or a template name)",
         ));
     };
-    let node = ctx.node()?;
-    let resources = ctx.cluster_shared(false).await?;
+    let listing = ctx.cluster(false).await?;
     let recorded = ctx.state.template_vmid;
-    let still_there = resources
-        .iter()
-        .any(|r| matches!(r, ClusterResource::Vm(vm) if vm.template && Some(vm.vmid) == recorded));
-    if still_there {
+    if listing.templates().any(|vm| Some(vm.vmid) == recorded) {
         // Chosen by placement for this node and storage.
         return Ok(StepOutcome::Done);
     }
-    let cluster = ClusterSnapshot::from_resources(&resources);
-    let source = copies_of(ctx, &wanted, &resources, &cluster).await?;
+    let cluster = ClusterSnapshot::from_resources(&listing);
+    let source = copies_of(ctx, &wanted, &listing, &cluster).await?;
     let Some(here) = cluster.node(node.as_str()) else {
         return Err(StepError::Cluster(format!(
             "node {node} recorded for this machine is not in the cluster"
@@ -67,22 +68,24 @@ pub(super) async fn find_template(ctx: &mut StepContext<'_>) -> Result<StepOutco
 pub(super) async fn copies_of(
     ctx: &StepContext<'_>,
     wanted: &TemplateRef,
-    resources: &[ClusterResource],
+    listing: &Listing,
     cluster: &ClusterSnapshot,
 ) -> Result<CloneSource, StepError> {
     ctx.report(format!("looking for template {wanted}")).await;
     let pve = &ctx.services.pve;
-    clone_source(pve, resources, cluster, wanted, ctx.data.clone_mode)
+    clone_source(pve, listing, cluster, wanted, ctx.data.clone_mode)
         .await
         .map_err(TemplateError::into_step)
 }
 
 /// Why the copies of a template could not be gathered.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
     /// Not found, or not a template: the class must change (the message says how).
+    #[error("{0}")]
     Missing(String),
     /// A template's config could not be read.
+    #[error("{doing}: {source}")]
     Read { doing: String, source: ProxmoxError },
 }
 
@@ -95,27 +98,18 @@ impl TemplateError {
     }
 }
 
-impl std::fmt::Display for TemplateError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TemplateError::Missing(why) => f.write_str(why),
-            TemplateError::Read { doing, source } => write!(f, "{doing}: {source}"),
-        }
-    }
-}
-
 /// Every copy of the template `wanted` on an online node, with where its drives are: what the
 /// placement rule needs to tell which nodes a clone reaches. The listing does not say where a
 /// template's disks are, so each copy's config is read (one request per copy; a clone runs on the
 /// copy's node, so copies on offline nodes could not be cloned anyway and are named as such).
 pub async fn clone_source(
     pve: &ProxmoxClient,
-    resources: &[ClusterResource],
+    listing: &Listing,
     cluster: &ClusterSnapshot,
     wanted: &TemplateRef,
     mode: CloneMode,
 ) -> Result<CloneSource, TemplateError> {
-    let copies = matching_templates(resources, wanted).map_err(TemplateError::Missing)?;
+    let copies = matching_templates(listing, wanted).map_err(TemplateError::Missing)?;
     let mut templates = Vec::new();
     let mut offline = Vec::new();
     for vm in copies {
@@ -142,54 +136,34 @@ pub async fn clone_source(
 
 /// Every template matching `wanted` by VMID or name, or why there is none (with what there is).
 pub fn matching_templates<'a>(
-    resources: &'a [ClusterResource],
+    listing: &'a Listing,
     wanted: &TemplateRef,
 ) -> Result<Vec<&'a VmResource>, String> {
-    let anchor = resources.iter().find_map(|r| match r {
-        ClusterResource::Vm(vm) => Some(vm.node.clone()),
-        _ => None,
-    });
-    let Some(anchor) = anchor else {
+    let Some(anchor) = listing.vms().next().map(|vm| vm.node.clone()) else {
         return Err(format!(
             "template {wanted} not found in the cluster; templates there: none"
         ));
     };
     // The lookup's words (not found, not a template) are `choose_template`'s.
-    choose_template(resources, wanted, &anchor).map_err(|e| e.to_string())?;
-    Ok(resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) if vm.template => Some(vm),
-            _ => None,
-        })
-        .filter(|vm| match wanted {
-            TemplateRef::VmId(id) => vm.vmid.get() == *id,
-            TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
-        })
-        .collect())
+    choose_template(listing, wanted, &anchor).map_err(|e| e.to_string())?;
+    Ok(listing.templates().filter(|vm| names(wanted, vm)).collect())
+}
+
+/// Whether `vm` is the one `wanted` names, by VMID or name.
+fn names(wanted: &TemplateRef, vm: &VmResource) -> bool {
+    match wanted {
+        TemplateRef::VmId(id) => vm.vmid.get() == *id,
+        TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
+    }
 }
 
 /// Pure: the template to clone, preferring one on the chosen node.
 pub fn choose_template<'a>(
-    resources: &'a [ClusterResource],
+    listing: &'a Listing,
     wanted: &TemplateRef,
     node: &NodeName,
 ) -> Result<&'a VmResource, StepError> {
-    let vms: Vec<&VmResource> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) => Some(vm),
-            _ => None,
-        })
-        .collect();
-    let matching: Vec<&VmResource> = vms
-        .iter()
-        .copied()
-        .filter(|vm| match wanted {
-            TemplateRef::VmId(id) => vm.vmid.get() == *id,
-            TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
-        })
-        .collect();
+    let matching: Vec<&VmResource> = listing.vms().filter(|vm| names(wanted, vm)).collect();
     let templates: Vec<&VmResource> = matching.iter().copied().filter(|vm| vm.template).collect();
     if let Some(t) = templates
         .iter()
@@ -207,9 +181,8 @@ pub fn choose_template<'a>(
             vm.vmid
         )));
     }
-    let available: Vec<String> = vms
-        .iter()
-        .filter(|vm| vm.template)
+    let available: Vec<String> = listing
+        .templates()
         .map(|vm| format!("{} ({})", vm.vmid, vm.name.as_deref().unwrap_or("unnamed")))
         .collect();
     Err(StepError::Cluster(format!(
@@ -225,9 +198,10 @@ pub fn choose_template<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxmox::types::ClusterResource;
 
-    fn resources() -> Vec<ClusterResource> {
-        serde_json::from_str(
+    fn resources() -> Listing {
+        serde_json::from_str::<Vec<ClusterResource>>(
             r#"[
             {"type":"qemu","vmid":9000,"node":"pve1","name":"talos","template":1},
             {"type":"qemu","vmid":9001,"node":"pve2","name":"talos","template":1},
@@ -235,6 +209,7 @@ mod tests {
         ]"#,
         )
         .unwrap()
+        .into()
     }
 
     #[test]

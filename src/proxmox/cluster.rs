@@ -2,10 +2,9 @@
 //! storage, so placement and VM lookup never cost one call per node, and a VM is always found on the
 //! node it is on now (after a live migration too).
 
-use std::sync::Arc;
-
 use super::client::{Params, Pool, ProxmoxClient};
 use super::error::ProxmoxError;
+use super::listing::Listing;
 use super::types::{
     ClusterResource, NextIdRange, NodeStatus, ResourceKind, Version, VmId, lenient,
 };
@@ -50,35 +49,31 @@ impl ProxmoxClient {
                 .get_over(Pool::Large, &["cluster", "resources"], params)
                 .await;
         }
-        Ok(self.cluster_listing().await?.as_ref().clone())
+        Ok(self.cluster_listing().await?.to_vec())
     }
 
     /// The full `/cluster/resources` listing, shared as [`ProxmoxClient::cluster_resources`]
     /// describes, without a copy of its own: many requests in flight may each hold one.
-    pub async fn cluster_listing(&self) -> Result<Arc<Vec<ClusterResource>>, ProxmoxError> {
-        Ok(self
-            .cluster_listing_within(std::time::Duration::ZERO)
-            .await?
-            .1)
+    pub async fn cluster_listing(&self) -> Result<Listing, ProxmoxError> {
+        self.cluster_listing_within(std::time::Duration::ZERO).await
     }
 
     /// [`Self::cluster_listing`], or the last one if it was sent at most `max_age` before this
-    /// call: requests that start together (a burst of one machine set) share one read. With when
-    /// the listing given was sent.
+    /// call: requests that start together (a burst of one machine set) share one read.
     pub async fn cluster_listing_within(
         &self,
         max_age: std::time::Duration,
-    ) -> Result<(std::time::Instant, Arc<Vec<ClusterResource>>), ProxmoxError> {
+    ) -> Result<Listing, ProxmoxError> {
         let asked = std::time::Instant::now();
         let oldest = asked.checked_sub(max_age).unwrap_or(asked);
         // One listing at a time: who asks while one is read waits, then takes it if it was sent
         // after they asked (or within `max_age` before), else reads the next one (which the others
         // waiting then share).
         let mut last = self.listing_slot().lock().await;
-        if let Some((sent, listing)) = last.as_ref()
-            && *sent >= oldest
+        if let Some(listing) = last.as_ref()
+            && listing.read_at >= oldest
         {
-            return Ok((*sent, listing.clone()));
+            return Ok(listing.clone());
         }
         let sent = std::time::Instant::now();
         let mut listing: Vec<ClusterResource> = self
@@ -87,9 +82,9 @@ impl ProxmoxClient {
         // Requests in flight may each hold a listing for a while (a few hundred KiB with a
         // thousand guests): not the up to twice as much the vector grew to while it was read.
         listing.shrink_to_fit();
-        let listing = Arc::new(listing);
-        *last = Some((sent, listing.clone()));
-        Ok((sent, listing))
+        let listing = Listing::read(listing, sent);
+        *last = Some(listing.clone());
+        Ok(listing)
     }
 
     /// The guests `/cluster/resources` lists (`type=vm`: VMs and containers), VMs only.

@@ -8,6 +8,7 @@ pub mod client;
 pub mod cluster;
 pub mod error;
 pub mod ha;
+pub mod listing;
 pub mod network;
 pub mod pools;
 pub mod property;

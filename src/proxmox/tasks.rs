@@ -13,8 +13,6 @@
 //!   where Proxmox says *why*.
 //! - Transient errors while polling do not fail the wait: the task keeps running on Proxmox anyway.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::client::{Params, ProxmoxClient};
@@ -141,30 +139,6 @@ impl ProxmoxClient {
     }
 }
 
-/// How long tasks took lately, by (node, task type): a moving average, so a node that got slower
-/// (or a storage that filled up) moves it within a few tasks.
-#[derive(Debug, Default)]
-pub struct TaskTimes(Mutex<HashMap<(String, String), Duration>>);
-
-impl TaskTimes {
-    fn expected(&self, kind: &(String, String)) -> Option<Duration> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(kind)
-            .copied()
-    }
-
-    fn record(&self, kind: (String, String), took: Duration) {
-        let mut times = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let average = match times.get(&kind) {
-            Some(before) => before.mul_f64(0.7) + took.mul_f64(0.3),
-            None => took,
-        };
-        times.insert(kind, average);
-    }
-}
-
 /// How long to wait before poll number `polls + 1` (before the first: `polls` = 0) of a task whose
 /// kind took `expected` lately. Without a figure: at once, then 50 ms growing by 1.6 to 1 s. With
 /// one: the first at 80 % of it (a task rarely ends much sooner than its kind usually does, and one
@@ -247,24 +221,5 @@ mod tests {
         );
         // Instant tasks stay instant.
         assert!(poll_delay(Some(Duration::from_millis(2)), 0) < Duration::from_millis(2));
-    }
-
-    #[test]
-    fn task_times_follow_the_recent_durations_by_node_and_type() {
-        let times = TaskTimes::default();
-        let create = ("pve1".to_string(), "qmcreate".to_string());
-        assert_eq!(times.expected(&create), None);
-        times.record(create.clone(), Duration::from_secs(2));
-        assert_eq!(times.expected(&create), Some(Duration::from_secs(2)));
-        for _ in 0..10 {
-            times.record(create.clone(), Duration::from_secs(1));
-        }
-        let now = times.expected(&create).unwrap();
-        assert!(now < Duration::from_millis(1100), "{now:?}");
-        assert_eq!(
-            times.expected(&("pve2".to_string(), "qmcreate".to_string())),
-            None,
-            "another node's figure is its own"
-        );
     }
 }

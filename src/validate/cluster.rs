@@ -1,17 +1,15 @@
 //! The provider data against the cluster as a whole: which nodes placement would consider, the
-//! template and which nodes a clone of it reaches, and whether the memory and vCPUs fit somewhere. Each node placement could choose is checked in
-//! [`super::node`].
+//! template and which nodes a clone of it reaches, and whether the memory and vCPUs fit somewhere.
 
 use std::collections::BTreeMap;
 
 use super::layers::{Layers, Origin};
-use super::node::{NodeOutcome, check_node};
 use super::report::{Finding, Outcome};
+use crate::model::Listing;
 use crate::model::{ClusterSnapshot, MIB};
 use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::HaRule;
 use crate::proxmox::network::mapping::ResourceMapping;
-use crate::proxmox::types::ClusterResource;
 use crate::rules::placement::{
     self, CloneRefusal, CloneSource, LeftOut, PlacementError, PlacementLimits, PlacementRequest,
 };
@@ -20,9 +18,9 @@ use crate::rules::storage_selector::StorageSelector;
 
 /// The cluster as the checks see it.
 #[derive(Debug, Clone, Default)]
-pub struct ClusterView {
+pub struct ClusterFacts {
     /// One `/cluster/resources` read: nodes, guests (templates), storages per node.
-    pub resources: Vec<ClusterResource>,
+    pub resources: Listing,
     /// Bridge (and SDN VNet) names per node that was asked; `Err` says why a node could not be asked.
     /// Nodes missing here are not checked.
     pub bridges: BTreeMap<String, Result<Vec<String>, String>>,
@@ -100,16 +98,6 @@ pub fn candidate_nodes(data: &ProviderData, cluster: &ClusterSnapshot) -> Vec<(S
         .collect()
 }
 
-/// Step 2, pure: `data` (the class resolved without a node override) against the cluster.
-pub fn check_cluster(
-    schema: &ProviderDataSchema,
-    layers: &Layers<'_>,
-    data: &ProviderData,
-    view: &ClusterView,
-) -> Vec<Finding> {
-    check_cluster_inner(schema, layers, layers, data, view, &[])
-}
-
 /// Everything one check of the cluster works from.
 pub(crate) struct ClusterCheck<'a> {
     pub schema: &'a ProviderDataSchema,
@@ -118,75 +106,61 @@ pub(crate) struct ClusterCheck<'a> {
     /// The layers as the user wrote them, for key paths.
     pub origin: Origin<'a, 'a>,
     pub data: &'a ProviderData,
-    pub view: &'a ClusterView,
+    pub view: &'a ClusterFacts,
     pub cluster: ClusterSnapshot,
     pub class: ClassPlacement,
     /// "pve1, pve2", or "none".
     existing: String,
 }
 
-/// `layers` resolve the data; `written` are the layers as the user wrote them (they differ by the
-/// `stand_ins` when `defaults:` are checked), for key paths.
-pub(crate) fn check_cluster_inner(
-    schema: &ProviderDataSchema,
-    layers: &Layers<'_>,
-    written: &Layers<'_>,
-    data: &ProviderData,
-    view: &ClusterView,
-    stand_ins: &[&str],
-) -> Vec<Finding> {
-    let cluster = ClusterSnapshot::from_resources(&view.resources);
-    let names = cluster.node_names();
-    let existing = if names.is_empty() {
-        "none".to_string()
-    } else {
-        names.join(", ")
-    };
-    let check = ClusterCheck {
-        schema,
-        layers,
-        origin: Origin {
-            layers: written,
-            stand_ins,
-        },
-        data,
-        view,
-        class: ClassPlacement::new(
+impl<'a> ClusterCheck<'a> {
+    /// `layers` resolve the data; `written` are the layers as the user wrote them (they differ by
+    /// the `stand_ins` when `defaults:` are checked), for key paths.
+    pub(crate) fn new(
+        schema: &'a ProviderDataSchema,
+        layers: &'a Layers<'a>,
+        origin: Origin<'a, 'a>,
+        data: &'a ProviderData,
+        view: &'a ClusterFacts,
+    ) -> Self {
+        let cluster = ClusterSnapshot::from_resources(&view.resources);
+        let names = cluster.node_names();
+        let existing = if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        };
+        Self {
+            schema,
+            layers,
+            origin,
             data,
-            view.placement,
-            view.clone_source.clone().and_then(Result::ok),
-        ),
-        cluster,
-        existing,
-    };
-    let mut out = release_findings(data, view);
-    out.extend(health_finding(view));
-    check.ha_rule_findings(&mut out);
-    check.clone_disk_findings(&mut out);
-    check.placement_findings(&mut out);
-    check.template(&mut out);
-    let request = check.class.request(data);
-    let mut outcomes = Vec::new();
-    for node in check
-        .cluster
-        .nodes
-        .iter()
-        .filter(|n| n.online && request.considers(&n.name))
-    {
-        if let Some(outcome) = check_node(&check, node, &mut out) {
-            outcomes.push((node.name.clone(), outcome));
+            view,
+            class: ClassPlacement::new(
+                data,
+                view.placement,
+                view.clone_source.clone().and_then(Result::ok),
+            ),
+            cluster,
+            existing,
         }
     }
-    check.clone_findings(&outcomes, &mut out);
-    let capacity: Vec<(String, Result<u64, LeftOut>)> =
-        outcomes.into_iter().map(|(n, o)| (n, o.capacity)).collect();
-    check.memory_findings(&capacity, &mut out);
-    out
+
+    /// The findings about the cluster as a whole that need no node's verdicts.
+    pub(crate) fn cluster_findings(&self) -> Vec<Finding> {
+        let mut out = release_findings(self.data, self.view);
+        out.extend(health_finding(self.view));
+        self.ha_rule_findings(&mut out);
+        self.clone_disk_findings(&mut out);
+        self.placement_findings(&mut out);
+        self.template(&mut out);
+        out
+    }
 }
 
 /// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
 /// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
-fn health_finding(view: &ClusterView) -> Option<Finding> {
+fn health_finding(view: &ClusterFacts) -> Option<Finding> {
     let finding = match view.health.as_ref()? {
         Ok(h) if h.can_write() => Finding::new(Outcome::Pass, "cluster.quorum", None, h.summary()),
         Ok(h) => Finding::new(Outcome::Problem, "cluster.quorum", None, h.summary()),
@@ -201,7 +175,7 @@ fn health_finding(view: &ClusterView) -> Option<Finding> {
 }
 
 /// Keys the cluster's Proxmox VE release must support.
-fn release_findings(data: &ProviderData, view: &ClusterView) -> Vec<Finding> {
+fn release_findings(data: &ProviderData, view: &ClusterFacts) -> Vec<Finding> {
     match &view.pve_version {
         Some(Ok(version)) => release_problems(data, version)
             .into_iter()
@@ -425,17 +399,18 @@ impl ClusterCheck<'_> {
 
     /// Which nodes a clone of the template reaches, by placement's rule: a pinned node that cannot is
     /// a problem; otherwise a node left out is a warning, and no node at all the problem.
-    fn clone_findings(&self, outcomes: &[(String, NodeOutcome)], out: &mut Vec<Finding>) {
-        let verdicts: Vec<(&str, &Result<String, CloneRefusal>)> = outcomes
-            .iter()
-            .filter_map(|(n, o)| o.clone.as_ref().map(|c| (n.as_str(), c)))
-            .collect();
+    /// `boot: clone`: what each candidate node's clone would be, or why there is none.
+    pub(crate) fn clone_findings(
+        &self,
+        verdicts: &[(&str, &Result<String, CloneRefusal>)],
+        out: &mut Vec<Finding>,
+    ) {
         if verdicts.is_empty() {
             return;
         }
         let key = self.origin.key("template", None);
         let pinned = self.data.node.is_some();
-        for (node, verdict) in &verdicts {
+        for (node, verdict) in verdicts {
             out.push(match verdict {
                 Ok(how) => Finding::new(Outcome::Pass, key.clone(), Some(node), how.clone()),
                 Err(why) if pinned => {
@@ -463,17 +438,15 @@ impl ClusterCheck<'_> {
     /// ([`placement::capacity_fit`]: free memory, then memory and vCPUs given to VMs against the
     /// config's `placement:` limits), so those are warnings and "nowhere" is the problem. A node
     /// left out for its vCPUs is reported under `cores`, for memory under `memory`.
-    fn memory_findings(&self, fits: &[(String, Result<u64, LeftOut>)], out: &mut Vec<Finding>) {
+    pub(crate) fn memory_findings(
+        &self,
+        fits: &[(String, Result<u64, LeftOut>)],
+        out: &mut Vec<Finding>,
+    ) {
         if fits.is_empty() || self.origin.is_stand_in("memory", None) {
             return;
         }
         let data = self.data;
-        let key_for = |why: &LeftOut| match why {
-            LeftOut::CpusCommitted { .. } | LeftOut::TooFewCpus { .. } => {
-                self.origin.key("cores", None)
-            }
-            _ => self.origin.key("memory", None),
-        };
         let fitting: Vec<&str> = fits
             .iter()
             .filter(|(_, fit)| fit.is_ok())
@@ -481,46 +454,7 @@ impl ClusterCheck<'_> {
             .collect();
         let vcpus = u64::from(data.cores).saturating_mul(u64::from(data.sockets.max(1)));
         if fitting.is_empty() {
-            let short: Vec<(&str, u64)> = fits
-                .iter()
-                .filter_map(|(n, fit)| match fit {
-                    Err(LeftOut::MemoryShort { free_memory, .. }) => {
-                        Some((n.as_str(), *free_memory))
-                    }
-                    _ => None,
-                })
-                .collect();
-            let (key, message) = if short.len() == fits.len() {
-                let all: Vec<String> = short
-                    .iter()
-                    .map(|(n, free)| format!("{n} {} MiB", free / MIB))
-                    .collect();
-                (
-                    self.origin.key("memory", None),
-                    format!(
-                        "{} MiB fits on no candidate node (free memory: {})",
-                        data.memory_mb,
-                        all.join(", ")
-                    ),
-                )
-            } else {
-                let all: Vec<String> = fits
-                    .iter()
-                    .filter_map(|(n, fit)| fit.as_ref().err().map(|why| format!("{n}: {why}")))
-                    .collect();
-                let key = fits
-                    .iter()
-                    .find_map(|(_, fit)| fit.as_ref().err().map(key_for))
-                    .unwrap_or_else(|| self.origin.key("memory", None));
-                (
-                    key,
-                    format!(
-                        "{} MiB and {vcpus} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
-                        data.memory_mb,
-                        all.join("; ")
-                    ),
-                )
-            };
+            let (key, message) = self.fits_nowhere(fits, vcpus);
             out.push(Finding::new(
                 Outcome::Problem,
                 key,
@@ -549,8 +483,68 @@ impl ClusterCheck<'_> {
                 ),
                 Err(why) => format!("{why}: this node will be skipped"),
             };
-            let key = fit.as_ref().err().map(key_for).unwrap_or_default();
+            let key = fit
+                .as_ref()
+                .err()
+                .map(|why| self.key_for(why))
+                .unwrap_or_default();
             out.push(Finding::new(Outcome::Warning, key, Some(node), message));
         }
+    }
+
+    /// The key a node's verdict is about: `cores` for too few CPUs, else `memory`.
+    fn key_for(&self, why: &LeftOut) -> String {
+        match why {
+            LeftOut::CpusCommitted { .. } | LeftOut::TooFewCpus { .. } => {
+                self.origin.key("cores", None)
+            }
+            _ => self.origin.key("memory", None),
+        }
+    }
+
+    /// The problem when no candidate node fits the memory and vCPUs: its key and its words.
+    fn fits_nowhere(
+        &self,
+        fits: &[(String, Result<u64, LeftOut>)],
+        vcpus: u64,
+    ) -> (String, String) {
+        let data = self.data;
+        let short: Vec<(&str, u64)> = fits
+            .iter()
+            .filter_map(|(n, fit)| match fit {
+                Err(LeftOut::MemoryShort { free_memory, .. }) => Some((n.as_str(), *free_memory)),
+                _ => None,
+            })
+            .collect();
+        if short.len() == fits.len() {
+            let all: Vec<String> = short
+                .iter()
+                .map(|(n, free)| format!("{n} {} MiB", free / MIB))
+                .collect();
+            return (
+                self.origin.key("memory", None),
+                format!(
+                    "{} MiB fits on no candidate node (free memory: {})",
+                    data.memory_mb,
+                    all.join(", ")
+                ),
+            );
+        }
+        let all: Vec<String> = fits
+            .iter()
+            .filter_map(|(n, fit)| fit.as_ref().err().map(|why| format!("{n}: {why}")))
+            .collect();
+        let key = fits
+            .iter()
+            .find_map(|(_, fit)| fit.as_ref().err().map(|why| self.key_for(why)))
+            .unwrap_or_else(|| self.origin.key("memory", None));
+        (
+            key,
+            format!(
+                "{} MiB and {vcpus} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
+                data.memory_mb,
+                all.join("; ")
+            ),
+        )
     }
 }

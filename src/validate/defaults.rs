@@ -2,7 +2,8 @@
 
 use std::fmt::Write as _;
 
-use super::cluster::{ClusterView, check_cluster_inner};
+use super::checks::check_cluster_inner;
+use super::cluster::ClusterFacts;
 use super::gather::gather;
 use super::layers::{Layers, with_stand_ins};
 use super::report::{Finding, Outcome};
@@ -16,7 +17,7 @@ use crate::rules::provider_data::ProviderDataSchema;
 pub fn check_defaults_against(
     schema: &ProviderDataSchema,
     config: &ProviderConfig,
-    view: &ClusterView,
+    view: &ClusterFacts,
 ) -> Vec<Finding> {
     let (defaults, nodes) = (&config.defaults, &config.nodes);
     let (filled, stand_ins) = with_stand_ins(defaults);

@@ -5,7 +5,8 @@
 use serde_json::{Map, Value};
 
 use super::check_schema;
-use super::cluster::{ClusterView, candidate_nodes, check_cluster};
+use super::checks::check_cluster;
+use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
 use super::report::Report;
 use crate::model::ClusterSnapshot;
@@ -26,8 +27,8 @@ pub async fn gather(
     data: &ProviderData,
     config_nodes: &Map<String, Value>,
     placement: PlacementLimits,
-) -> Result<ClusterView, ProxmoxError> {
-    let resources = pve.cluster_resources(None).await?;
+) -> Result<ClusterFacts, ProxmoxError> {
+    let resources = pve.cluster_listing().await?;
     let cluster = ClusterSnapshot::from_resources(&resources);
     let online: Vec<NodeName> = candidate_nodes(data, &cluster)
         .into_iter()
@@ -84,7 +85,7 @@ pub async fn gather(
         None => None,
     };
     let health = Some(pve.cluster_health().await.map_err(|e| e.to_string()));
-    Ok(ClusterView {
+    Ok(ClusterFacts {
         health,
         ha_rules,
         clone_source,

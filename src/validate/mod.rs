@@ -7,7 +7,7 @@
 //! reported with the key to change and the node it concerns.
 //!
 //! The decisions are pure ([`check_schema`], [`check_cluster`], [`check_defaults_against`]): they take
-//! parsed data and a [`ClusterView`] and return findings, so they are tested without a network. They
+//! parsed data and a [`ClusterFacts`] and return findings, so they are tested without a network. They
 //! do not re-derive placement: which node is considered, whether memory fits and which storage takes
 //! a disk or an ISO are the verdicts of [`crate::rules`], the same functions the pipeline acts on,
 //! rendered here with the key to change. The reads ([`gather`]) are at the edge: one
@@ -15,6 +15,7 @@
 //! mappings only when the data uses them. The `validate` command and the provider's health check
 //! ([`check_defaults`]) share all of it.
 
+mod checks;
 mod cluster;
 mod defaults;
 mod gather;
@@ -28,7 +29,8 @@ mod tests;
 
 use serde_json::Value;
 
-pub use cluster::{ClusterView, candidate_nodes, check_cluster};
+pub use checks::check_cluster;
+pub use cluster::{ClusterFacts, candidate_nodes};
 pub use defaults::{check_defaults, check_defaults_against};
 pub use gather::{gather, validate_class};
 pub use layers::Layers;

@@ -11,7 +11,7 @@ use crate::rules::provider_data::needs_release_check;
 
 /// pve1 (online, 6 GiB free, local-lvm + iso storage, vmbr0/vmbr1), pve2 (online, 1 GiB free,
 /// local-lvm only, vmbr0), pve3 offline; template 9000 on pve1, VM 100 on pve2.
-fn view() -> ClusterView {
+fn view() -> ClusterFacts {
     let resources: Vec<ClusterResource> = serde_json::from_value(json!([
         {"type":"node","node":"pve1","status":"online","mem":2147483648u64,"maxmem":8589934592u64},
         {"type":"node","node":"pve2","status":"online","mem":7516192768u64,"maxmem":8589934592u64},
@@ -23,8 +23,8 @@ fn view() -> ClusterView {
         {"type":"storage","storage":"local-lvm","node":"pve2","content":"images,rootdir","status":"available","disk":0,"maxdisk":10737418240u64,"plugintype":"lvmthin"}
     ]))
     .unwrap();
-    ClusterView {
-        resources,
+    ClusterFacts {
+        resources: resources.into(),
         bridges: [
             ("pve1".to_string(), Ok(vec!["vmbr0".into(), "vmbr1".into()])),
             ("pve2".to_string(), Ok(vec!["vmbr0".into()])),
@@ -42,7 +42,7 @@ fn view() -> ClusterView {
 
 /// `view()` with what `gather` reads for a clone of `data`'s template: each copy's drives, here
 /// the boot disk on local-lvm of the copy's node.
-fn view_for(data: &crate::rules::provider_data::ProviderData) -> ClusterView {
+fn view_for(data: &crate::rules::provider_data::ProviderData) -> ClusterFacts {
     use crate::rules::placement::CloneSource;
     use crate::rules::provider_data::BootMode;
     let mut view = view();
@@ -414,7 +414,7 @@ fn validate_and_placement_give_the_same_verdict() {
     let schema = ProviderDataSchema::new().unwrap();
     // As `view()`, but pve2 has 4 GiB free.
     let mut view = view();
-    view.resources = serde_json::from_value(json!([
+    view.resources = serde_json::from_value::<Vec<crate::proxmox::types::ClusterResource>>(json!([
         {"type":"node","node":"pve1","status":"online","mem":2147483648u64,"maxmem":8589934592u64},
         {"type":"node","node":"pve2","status":"online","mem":4294967296u64,"maxmem":8589934592u64},
         {"type":"node","node":"pve3","status":"offline"},
@@ -422,7 +422,8 @@ fn validate_and_placement_give_the_same_verdict() {
         {"type":"storage","storage":"local-lvm","node":"pve1","content":"images,rootdir","status":"available","disk":0,"maxdisk":107374182400u64,"plugintype":"lvmthin"},
         {"type":"storage","storage":"local-lvm","node":"pve2","content":"images,rootdir","status":"available","disk":0,"maxdisk":10737418240u64,"plugintype":"lvmthin"}
     ]))
-    .unwrap();
+    .unwrap()
+    .into();
     let base =
         "cores: 1\nstorage_selector: name == \"local-lvm\"\niso_storage_selector: \"true\"\n";
     let classes = [

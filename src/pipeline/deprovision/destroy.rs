@@ -1,7 +1,8 @@
 //! Shutting a VM down and destroying it with its disks, once it is known to be ours.
 
 use super::error::Action;
-use super::{ClusterView, DeprovisionError, DeprovisionOptions, DeprovisionOutcome, node_down};
+use super::{DeprovisionError, DeprovisionOptions, DeprovisionOutcome, node_down};
+use crate::model::Listing;
 use crate::model::identity;
 use crate::proxmox::ha::vm_sid;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
@@ -12,7 +13,7 @@ use crate::rules::ha::rules_to_delete;
 /// Shutdown (if running), destroy. The VM is known to be ours.
 pub(super) async fn destroy(
     pve: &ProxmoxClient,
-    view: &ClusterView,
+    view: &Listing,
     vm: &VmResource,
     options: &DeprovisionOptions,
     progress: &(dyn Fn(&str) + Send + Sync),
@@ -70,7 +71,7 @@ fn blocks_destroy(lock: &str) -> bool {
 /// a machine of the set joining the rule between the read and the delete would be left outside any.
 async fn leave_ha(
     pve: &ProxmoxClient,
-    view: &ClusterView,
+    view: &Listing,
     vm: &VmResource,
     options: &DeprovisionOptions,
     progress: &(dyn Fn(&str) + Send + Sync),
@@ -105,7 +106,7 @@ async fn leave_ha(
             Err(e) => return Err(fail(e)),
         };
         let sid = vm_sid(vmid);
-        let listed = |view: &ClusterView, member: &str| {
+        let listed = |view: &Listing, member: &str| {
             member
                 .strip_prefix("vm:")
                 .and_then(|id| id.parse().ok())
@@ -121,7 +122,7 @@ async fn leave_ha(
             .flat_map(|r| r.resource_list())
             .any(|m| m != sid && !listed(view, m));
         if unseen {
-            let fresh = ClusterView::new(pve.cluster_listing().await.map_err(fail)?);
+            let fresh = pve.cluster_listing().await.map_err(fail)?;
             delete = rules_to_delete(set, &sid, &rules, |m| listed(&fresh, m));
         }
         for rule in delete {

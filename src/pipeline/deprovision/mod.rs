@@ -24,15 +24,14 @@
 //! [`DeprovisionOptions::wait_for_seed_iso`]): 7 requests for a running VM whose tasks finish at
 //! once, 5 for a stopped one.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::model::Listing;
 use crate::model::identity::{self, Claim};
 use crate::pipeline::identify::{Identified, identify};
 use crate::proxmox::ProxmoxClient;
-use crate::proxmox::types::{
-    ClusterResource, NodeName, NodeState, StorageResource, VmId, VmResource,
-};
+use crate::proxmox::types::{NodeName, NodeState, VmId, VmResource};
 
 mod destroy;
 mod error;
@@ -133,77 +132,29 @@ pub struct Deprovisioned {
     pub leftover_pool: bool,
 }
 
-/// One `/cluster/resources` listing, indexed for the questions a deprovision asks.
-/// One `/cluster/resources` listing, as teardown reads it. It holds the listing shared with every
-/// other request in flight (see [`ProxmoxClient::cluster_listing`]), not a copy: a thousand
-/// teardowns at once must not each keep a thousand-guest listing while they wait for a shutdown.
-#[derive(Debug, Clone, Default)]
-pub struct ClusterView {
-    listing: std::sync::Arc<Vec<ClusterResource>>,
-    nodes: BTreeMap<NodeName, NodeState>,
+/// VMs that look like the request's: named after it and carrying our provider tag (templates
+/// never are).
+pub fn by_identity<'a>(
+    listing: &'a Listing,
+    request_id: &str,
+    provider_id: &str,
+) -> Vec<&'a VmResource> {
+    listing
+        .vms()
+        .filter(|vm| identity::looks_like(vm, request_id, provider_id))
+        .collect()
 }
 
-impl ClusterView {
-    pub fn new(listing: std::sync::Arc<Vec<ClusterResource>>) -> Self {
-        let nodes = listing
-            .iter()
-            .filter_map(|r| match r {
-                ClusterResource::Node(n) => Some((n.node.clone(), n.status)),
-                _ => None,
-            })
-            .collect();
-        Self { listing, nodes }
+/// An online node that can reach `storage`: the preferred ones first, then any node where a shared
+/// storage of that name is listed.
+fn online_node_for(listing: &Listing, storage: &str, preferred: &[NodeName]) -> Option<NodeName> {
+    if let Some(n) = preferred.iter().find(|n| listing.node_online(n)) {
+        return Some(n.clone());
     }
-
-    pub fn vms(&self) -> impl Iterator<Item = &VmResource> {
-        self.listing.iter().filter_map(|r| match r {
-            ClusterResource::Vm(vm) => Some(vm),
-            _ => None,
-        })
-    }
-
-    pub fn containers(&self) -> impl Iterator<Item = &VmResource> {
-        self.listing.iter().filter_map(|r| match r {
-            ClusterResource::Container(ct) => Some(ct),
-            _ => None,
-        })
-    }
-
-    pub fn storages(&self) -> impl Iterator<Item = &StorageResource> {
-        self.listing.iter().filter_map(|r| match r {
-            ClusterResource::Storage(s) => Some(s),
-            _ => None,
-        })
-    }
-
-    pub fn vm(&self, vmid: VmId) -> Option<&VmResource> {
-        self.vms().find(|vm| vm.vmid == vmid)
-    }
-
-    /// `None` when the node is not in the cluster (any more).
-    pub fn node_state(&self, node: &NodeName) -> Option<NodeState> {
-        self.nodes.get(node).copied()
-    }
-
-    /// VMs that look like the request's: named after it and carrying our provider tag (templates
-    /// never are).
-    pub fn by_identity(&self, request_id: &str, provider_id: &str) -> Vec<&VmResource> {
-        self.vms()
-            .filter(|vm| identity::looks_like(vm, request_id, provider_id))
-            .collect()
-    }
-
-    /// An online node that can reach `storage`: the preferred ones first, then any node where a shared
-    /// storage of that name is listed.
-    fn online_node_for(&self, storage: &str, preferred: &[NodeName]) -> Option<NodeName> {
-        let online = |n: &NodeName| self.node_state(n) == Some(NodeState::Online);
-        if let Some(n) = preferred.iter().find(|n| online(n)) {
-            return Some(n.clone());
-        }
-        self.storages()
-            .find(|s| s.storage == storage && s.shared && online(&s.node))
-            .map(|s| s.node.clone())
-    }
+    listing
+        .storages()
+        .find(|s| s.storage == storage && s.shared && listing.node_online(&s.node))
+        .map(|s| s.node.clone())
 }
 
 /// What to do with a VM after the ownership check.
@@ -243,7 +194,6 @@ pub async fn deprovision_reporting(
     let view = pve
         .cluster_listing()
         .await
-        .map(ClusterView::new)
         .map_err(|source| DeprovisionError::Listing {
             request_id: target.request_id.clone(),
             source,
@@ -310,7 +260,7 @@ pub async fn deprovision_reporting(
 /// there: no request is spent on a refusal. A VM whose request the listing does not name (no name yet)
 /// may be going.
 pub fn pool_may_be_empty(
-    view: &ClusterView,
+    view: &Listing,
     pool: &str,
     deleted: Option<VmId>,
     provider_id: &str,
@@ -370,7 +320,7 @@ async fn remove_pool_if_ours(pve: &ProxmoxClient, pool: &str, request_id: &str) 
 /// The VM part, against a listing already made.
 async fn deprovision_in(
     pve: &ProxmoxClient,
-    view: &ClusterView,
+    view: &Listing,
     target: &DeprovisionTarget,
     options: &DeprovisionOptions,
     progress: &(dyn Fn(&str) + Send + Sync),
@@ -395,8 +345,7 @@ async fn deprovision_in(
     }
     // No VMID recorded (a crash between create and recording it), or the recorded one is gone or
     // someone else's: look for the request's identity, which costs nothing more.
-    let candidates: Vec<&VmResource> = view
-        .by_identity(&target.request_id, &target.provider_id)
+    let candidates: Vec<&VmResource> = by_identity(view, &target.request_id, &target.provider_id)
         .into_iter()
         .filter(|vm| Some(vm.vmid) != target.vmid)
         .collect();
@@ -425,7 +374,7 @@ async fn deprovision_in(
 }
 
 /// The error for a VM whose node cannot be asked (offline, unknown, or missing from the listing).
-fn node_down(view: &ClusterView, vm: &VmResource) -> Option<DeprovisionError> {
+fn node_down(view: &Listing, vm: &VmResource) -> Option<DeprovisionError> {
     match view.node_state(&vm.node) {
         Some(NodeState::Online) => None,
         state => Some(DeprovisionError::NodeOffline {
@@ -440,11 +389,11 @@ fn node_down(view: &ClusterView, vm: &VmResource) -> Option<DeprovisionError> {
 /// node is away or that is locked mid-create cannot be ruled out: an error, so the teardown waits.
 async fn verdict(
     pve: &ProxmoxClient,
-    view: &ClusterView,
+    view: &Listing,
     vm: &VmResource,
     claim: &Claim<'_>,
 ) -> Result<Verdict, DeprovisionError> {
-    let online = view.node_state(&vm.node) == Some(NodeState::Online);
+    let online = view.node_online(&vm.node);
     let identified =
         identify(pve, online, vm, claim)
             .await

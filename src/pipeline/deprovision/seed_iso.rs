@@ -2,7 +2,8 @@
 
 use super::destroy::task_says_gone;
 use super::error::state_word;
-use super::{ClusterView, DeprovisionError, DeprovisionOptions, DeprovisionTarget};
+use super::{DeprovisionError, DeprovisionOptions, DeprovisionTarget};
+use crate::model::Listing;
 use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
@@ -11,7 +12,7 @@ use crate::proxmox::{ProxmoxClient, ProxmoxError};
 /// recorded VM node and the node the VM was deleted on (or any node, for shared storage).
 pub(super) async fn delete_seed_iso(
     pve: &ProxmoxClient,
-    view: &ClusterView,
+    view: &Listing,
     target: &DeprovisionTarget,
     vm_node: Option<NodeName>,
     options: &DeprovisionOptions,
@@ -39,7 +40,7 @@ pub(super) async fn delete_seed_iso(
             preferred.push(n);
         }
     }
-    let Some(node) = view.online_node_for(&storage, &preferred) else {
+    let Some(node) = super::online_node_for(view, &storage, &preferred) else {
         if let Some(n) = preferred.iter().find(|n| view.node_state(n).is_some()) {
             return Err(DeprovisionError::SeedIsoNodeOffline {
                 volume: volume.to_owned(),

@@ -1,7 +1,8 @@
 use super::*;
 use crate::proxmox::ProxmoxError;
+use crate::proxmox::types::ClusterResource;
 use crate::proxmox::types::VmConfig;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 fn vm(json: serde_json::Value) -> VmResource {
     serde_json::from_value(json).unwrap()
@@ -125,9 +126,8 @@ fn view_finds_identity_and_nodes_for_shared_storage() {
         {"type": "lxc", "vmid": 200, "node": "pve2", "name": "ct"}
     ]))
     .unwrap();
-    let view = ClusterView::new(std::sync::Arc::new(resources));
-    let found: Vec<u32> = view
-        .by_identity("r", "p")
+    let view = Listing::from(resources);
+    let found: Vec<u32> = by_identity(&view, "r", "p")
         .iter()
         .map(|v| v.vmid.get())
         .collect();
@@ -135,12 +135,11 @@ fn view_finds_identity_and_nodes_for_shared_storage() {
     assert_eq!(view.containers().count(), 1);
     let pve1 = NodeName::new("pve1").unwrap();
     assert_eq!(
-        view.online_node_for("local", std::slice::from_ref(&pve1)),
+        online_node_for(&view, "local", std::slice::from_ref(&pve1)),
         None
     );
     assert_eq!(
-        view.online_node_for("nfs", std::slice::from_ref(&pve1))
-            .map(|n| n.to_string()),
+        online_node_for(&view, "nfs", std::slice::from_ref(&pve1)).map(|n| n.to_string()),
         Some("pve2".into())
     );
 }
@@ -202,7 +201,7 @@ fn the_sets_pool_is_asked_for_only_when_every_other_vm_in_it_is_going() {
         }
         resource(vm)
     };
-    let view = |listing: Vec<ClusterResource>| ClusterView::new(std::sync::Arc::new(listing));
+    let view = |listing: Vec<ClusterResource>| Listing::from(listing);
     let deleted = VmId::new(101).ok();
     let departing: BTreeSet<String> = ["req-b".to_string()].into();
     let ask = |listing: Vec<ClusterResource>, departing: Option<&BTreeSet<String>>| {

@@ -14,6 +14,7 @@
 
 mod auth;
 mod error_mapping;
+mod task_times;
 mod tls;
 
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use super::error::{Call, ProxmoxError};
 use crate::proxmox::settings::{ProxmoxSettings, TlsTrust};
 use auth::{Auth, Session};
 use error_mapping::{reason_phrase, status_error, transport_error};
+pub(crate) use task_times::TaskTimes;
 pub(crate) use tls::tls_config;
 
 /// A cheap-to-clone handle to one Proxmox VE API endpoint.
@@ -43,9 +45,8 @@ impl std::fmt::Debug for ProxmoxClient {
     }
 }
 
-/// The last full cluster listing and when its request was sent.
-pub(super) type SharedListing =
-    tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<super::types::ClusterResource>>)>>;
+/// The last full cluster listing.
+pub(super) type SharedListing = tokio::sync::Mutex<Option<super::listing::Listing>>;
 
 /// The shared listing, for [`ProxmoxClient::cluster_resources`] in `cluster.rs`.
 impl ProxmoxClient {
@@ -53,7 +54,7 @@ impl ProxmoxClient {
         &self.inner.listing
     }
 
-    pub(super) fn task_times(&self) -> &super::tasks::TaskTimes {
+    pub(super) fn task_times(&self) -> &TaskTimes {
         &self.inner.task_times
     }
 }
@@ -73,7 +74,7 @@ struct Inner {
     /// readers share one ([`ProxmoxClient::cluster_resources`]).
     listing: SharedListing,
     /// How long tasks took lately, by node and type ([`ProxmoxClient::wait_for_task`]).
-    task_times: super::tasks::TaskTimes,
+    task_times: TaskTimes,
 }
 
 /// Which connections a call goes over.

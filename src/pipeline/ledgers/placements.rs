@@ -1,0 +1,97 @@
+//! Placements decided and not yet visible as VMs in the listing.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::entry;
+use crate::rules::placement::{Placement, PlacementError, Reservations};
+
+/// The nodes requests in flight were placed on, until the listing shows their VMs.
+#[derive(Default)]
+pub struct Placements {
+    reservations: Mutex<Reservations>,
+    /// When a reservation was last dropped: a listing sent before then may lack the VM it stood
+    /// for, so it is not shared with a reconcile starting after it.
+    dropped: Mutex<Option<Instant>>,
+}
+
+impl Placements {
+    /// Places a request with the reservations of requests in flight counted, and reserves the
+    /// chosen node for it under the same lock: two requests placed at once cannot both take the last
+    /// room on a node.
+    pub fn place(
+        &self,
+        request_id: &str,
+        set_id: Option<&str>,
+        (memory_mb, vcpus): (u64, u64),
+        decide: impl FnOnce(&Reservations) -> Result<Placement, PlacementError>,
+    ) -> Result<Placement, PlacementError> {
+        let mut reservations = entry(&self.reservations);
+        let placement = decide(&reservations)?;
+        reservations.reserve(request_id, &placement.node, set_id, memory_mb, vcpus);
+        Ok(placement)
+    }
+
+    pub fn reserve(
+        &self,
+        request_id: &str,
+        node: &str,
+        set_id: Option<&str>,
+        memory_mb: u64,
+        vcpus: u64,
+    ) {
+        entry(&self.reservations).reserve(request_id, node, set_id, memory_mb, vcpus);
+    }
+
+    /// Requests of `set` other than `request_id` placed by this process whose VMs the listing may
+    /// not show yet.
+    pub fn in_set(&self, set: &str, request_id: &str) -> Vec<String> {
+        entry(&self.reservations).in_set(set, request_id)
+    }
+
+    /// The request's VM is visible now (or never will be): it counts through the listing again.
+    pub fn release(&self, request_id: &str) {
+        if entry(&self.reservations).release(request_id).is_some() {
+            *entry(&self.dropped) = Some(Instant::now());
+        }
+    }
+
+    /// How long ago a reservation was last dropped.
+    pub fn since_dropped(&self) -> Option<Duration> {
+        entry(&self.dropped).map(|at| at.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placement_is_reserved_under_the_lock_it_was_decided_with() {
+        let placements = Placements::default();
+        let place = |id: &str| {
+            placements.place(id, Some("set"), (1024, 2), |reservations| {
+                // What the next decision sees already holds every earlier one.
+                let node = format!("pve{}", reservations.len() + 1);
+                Ok(Placement {
+                    node,
+                    storage: "local-lvm".into(),
+                    reason: crate::rules::placement::PlacementReason::Pinned,
+                    template: None,
+                })
+            })
+        };
+        assert_eq!(place("a").map(|p| p.node).ok().as_deref(), Some("pve1"));
+        assert_eq!(place("b").map(|p| p.node).ok().as_deref(), Some("pve2"));
+        let _ = placements.place("c", None, (1024, 2), |r| {
+            assert_eq!(r.get("b").map(|r| r.node.as_str()), Some("pve2"));
+            assert_eq!(r.get("b").map(|r| r.memory_bytes), Some(1024 * 1024 * 1024));
+            Ok(Placement {
+                node: "pve3".into(),
+                storage: "local-lvm".into(),
+                reason: crate::rules::placement::PlacementReason::Pinned,
+                template: None,
+            })
+        });
+    }
+}

@@ -1,0 +1,101 @@
+//! The requests this process tears down and lets go: what a create Proxmox applies late could
+//! bring back.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::entry;
+use crate::pipeline::deprovision::DeprovisionTarget;
+
+/// How long a release is remembered at most ([`Releases::recent`] asks for less).
+pub const RELEASED_KEPT_FOR: Duration = Duration::from_secs(30 * 60);
+
+/// Requests this process is tearing down, released, or made cleanly.
+#[derive(Default)]
+pub struct Releases {
+    /// Requests released by this process, with what their VM was and when they went: a create
+    /// Proxmox applies late (sent before a crash, its answer never read) can make the VM again after
+    /// the teardown; see [`Releases::recent`].
+    released: Mutex<HashMap<String, Released>>,
+    /// Requests whose VM this process is deprovisioning now.
+    tearing_down: Mutex<HashSet<String>>,
+    /// Requests whose only create ever was sent by this process and answered: no create of theirs
+    /// can still be on its way to Proxmox, so their release needs no watching for a late VM.
+    created_cleanly: Mutex<HashSet<String>>,
+}
+
+/// A request released by this process (see [`Releases::recent`]).
+struct Released {
+    target: DeprovisionTarget,
+    at: Instant,
+    leftover: bool,
+}
+
+impl Releases {
+    /// Remembers that the request's VM (as `target` describes it) was deleted and the request let go;
+    /// `leftover`: its seed ISO or its set's pool could not be deleted yet.
+    pub fn released(&self, target: DeprovisionTarget, leftover: bool) {
+        let mut released = entry(&self.released);
+        // Bounded by the window whether or not the housekeeping round runs.
+        released.retain(|_, r| r.at.elapsed() < RELEASED_KEPT_FOR);
+        released.insert(
+            target.request_id.clone(),
+            Released {
+                target,
+                at: Instant::now(),
+                leftover,
+            },
+        );
+    }
+
+    /// The requests released within `window` (oldest forgotten), each with whether something it
+    /// had is still left.
+    pub fn recent(&self, window: Duration) -> Vec<(DeprovisionTarget, bool)> {
+        let mut released = entry(&self.released);
+        released.retain(|_, r| r.at.elapsed() < window);
+        released
+            .values()
+            .map(|r| (r.target.clone(), r.leftover))
+            .collect()
+    }
+
+    /// The request's VM was made by this process's first create for it, whose answer came.
+    pub fn created_cleanly(&self, request_id: &str) {
+        entry(&self.created_cleanly).insert(request_id.to_owned());
+    }
+
+    /// Whether the request's VM was made cleanly ([`Releases::created_cleanly`]), forgetting it: its
+    /// release is the last thing this process does for it.
+    pub fn take_created_cleanly(&self, request_id: &str) -> bool {
+        entry(&self.created_cleanly).remove(request_id)
+    }
+
+    /// The request's VM is being deprovisioned (until [`Releases::teardown_ended`]).
+    pub fn teardown_started(&self, request_id: &str) {
+        entry(&self.tearing_down).insert(request_id.to_owned());
+    }
+
+    pub fn teardown_ended(&self, request_id: &str) {
+        entry(&self.tearing_down).remove(request_id);
+    }
+
+    /// The requests being torn down or released by this process: their VMs are going, or gone.
+    pub fn departing(&self) -> BTreeSet<String> {
+        let mut departing: BTreeSet<String> = entry(&self.tearing_down).iter().cloned().collect();
+        departing.extend(entry(&self.released).keys().cloned());
+        departing
+    }
+
+    /// Nothing of the released request is left any more.
+    pub fn complete(&self, request_id: &str) {
+        if let Some(r) = entry(&self.released).get_mut(request_id) {
+            r.leftover = false;
+        }
+    }
+
+    /// The request is back (same ID) or its late VM was dealt with.
+    pub fn forget(&self, request_id: &str) {
+        entry(&self.released).remove(request_id);
+    }
+}
