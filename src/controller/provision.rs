@@ -34,8 +34,8 @@ use crate::omni::resources::{
     ProviderJoinConfig, SIDEROLINK_CONFIG_ID, SiderolinkApiConfig, annotation, label,
 };
 use crate::omni::state::ResourceRef;
-use crate::pipeline::run_step;
 use crate::pipeline::ledgers::Ledgers;
+use crate::pipeline::run_step;
 use crate::pipeline::step::{RequestInfo, Step, StepContext, StepError, StepOutcome};
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::{ProviderData, describe, needs_release_check, release_problems};
