@@ -238,36 +238,9 @@ impl File {
 mod tests {
     use super::ip_pools::PoolFile;
     use super::*;
-    use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 
-    /// The keys a derived struct reads, as the file writes them: serde hands them to the deserializer
-    /// it reads the struct from.
-    fn keys_of<T: DeserializeOwned>() -> &'static [&'static str] {
-        struct Keys<'a>(&'a mut &'static [&'static str]);
-        impl<'de> Deserializer<'de> for Keys<'_> {
-            type Error = de::value::Error;
-            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-                Err(de::Error::custom("not a struct"))
-            }
-            fn deserialize_struct<V: Visitor<'de>>(
-                self,
-                _: &'static str,
-                fields: &'static [&'static str],
-                _: V,
-            ) -> Result<V::Value, Self::Error> {
-                *self.0 = fields;
-                Err(de::Error::custom("keys taken"))
-            }
-            serde::forward_to_deserialize_any! {
-                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-                option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-                ignored_any
-            }
-        }
-        let mut keys: &'static [&'static str] = &[];
-        let _ = T::deserialize(Keys(&mut keys));
-        keys
-    }
+    // The keys a derived struct reads, as the file writes them.
+    use crate::rules::provider_data::schema::field_names as keys_of;
 
     fn problems(text: &str) -> Vec<String> {
         match ProviderConfig::parse(text) {
