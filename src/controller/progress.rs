@@ -1,6 +1,7 @@
-//! The one place a request's progress goes: the text of its MachineRequestStatus, which is what Omni
-//! shows ("Running step 3/6 create_vm: cloning template 9000 to VM 104 on pve2", "Deprovisioning:
-//! shutting down VM 104 on pve2").
+//! The two ports a step run writes through. Its progress goes to one place, the text of the
+//! request's MachineRequestStatus, which is what Omni shows ("Running step 3/6 create_vm: cloning
+//! template 9000 to VM 104 on pve2", "Deprovisioning: shutting down VM 104 on pve2"):
+//! [`StatusSink`]. Its decisions go to the provider state: [`StateStore`].
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -12,7 +13,7 @@ use super::context::Context;
 use crate::model::MachineState;
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
 use crate::omni::state::StateError;
-use crate::pipeline::step::{Progress, Step};
+use crate::pipeline::step::{StatePort, StatusPort, Step};
 use crate::rules::provider_data::Problem;
 
 /// What the request is going through, which words the text.
@@ -115,19 +116,23 @@ impl<'a> StatusSink<'a> {
     }
 }
 
-impl Progress for StatusSink<'_> {
+impl StatusPort for StatusSink<'_> {
     fn report(&self, detail: String) -> BoxFuture<'_, ()> {
         Box::pin(async move { self.show(&detail).await })
     }
+}
 
-    /// Only steps record decisions; a deprovision has nothing to record before it acts.
+/// The provider state of one request as a step run keeps it: each write names the step, in the
+/// official provider's words ([`Context::save_machine`]).
+pub struct StateStore<'a> {
+    pub ctx: &'a Context,
+    pub id: &'a str,
+    pub step: Step,
+}
+
+impl StatePort for StateStore<'_> {
     fn persist<'a>(&'a self, state: &'a MachineState) -> BoxFuture<'a, Result<(), StateError>> {
-        Box::pin(async move {
-            match self.phase {
-                Phase::Step { step, .. } => self.ctx.save_machine(self.id, step, state).await,
-                Phase::Deprovisioning => Ok(()),
-            }
-        })
+        Box::pin(self.ctx.save_machine(self.id, self.step, state))
     }
 
     fn machine_states(&self) -> BoxFuture<'_, Result<Vec<(String, MachineState)>, StateError>> {

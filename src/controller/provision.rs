@@ -21,7 +21,7 @@ use tracing::Instrument;
 use super::context::{self, Context};
 use super::error_policy::ReconcileError;
 use super::lanes::Lane;
-use super::progress::{Phase, StatusSink, warnings_text};
+use super::progress::{Phase, StateStore, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
 use super::runner::Action;
 use super::topology;
@@ -302,7 +302,12 @@ impl Provisioning<'_> {
             data,
             join,
             state,
-            progress: &progress,
+            status: &progress,
+            store: &StateStore {
+                ctx: self.ctx,
+                id: self.id,
+                step,
+            },
             cluster,
         };
         let started = std::time::Instant::now();

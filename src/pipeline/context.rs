@@ -13,16 +13,19 @@ use crate::proxmox::types::{NodeName, Upid, VmId};
 use crate::rules::provider_data::ProviderData;
 use crate::rules::vm_config::VmIdentity;
 
-/// How a step reports progress in Omni while it works (written to the MachineRequestStatus).
-pub trait Progress: Send + Sync {
+/// Where a step's progress shows while it works: the request's status text in Omni.
+pub trait StatusPort: Send + Sync {
     fn report(&self, detail: String) -> futures_util::future::BoxFuture<'_, ()>;
-    /// Writes the provider state now (a step records a decision before acting on it).
+}
+
+/// Where the steps' decisions are kept: the provider state in Omni.
+pub trait StatePort: Send + Sync {
+    /// Writes the request's provider state now (a step records a decision before acting on it).
     fn persist<'a>(
         &'a self,
         state: &'a MachineState,
     ) -> futures_util::future::BoxFuture<'a, Result<(), StateError>>;
-    /// Every provider state of this provider in Omni, by request ID: what the IP ledger is seeded
-    /// from.
+    /// Every provider state of this provider, by request ID: what the IP ledger is seeded from.
     fn machine_states(
         &self,
     ) -> futures_util::future::BoxFuture<'_, Result<Vec<(String, MachineState)>, StateError>>;
@@ -36,7 +39,8 @@ pub struct StepContext<'a> {
     pub data: ProviderData,
     pub join: &'a ConnectionParams,
     pub state: &'a mut MachineState,
-    pub progress: &'a dyn Progress,
+    pub status: &'a dyn StatusPort,
+    pub store: &'a dyn StatePort,
     /// `/cluster/resources` read earlier in this reconcile, reused while fresh.
     pub cluster: &'a mut Option<Listing>,
 }
@@ -123,7 +127,7 @@ impl StepContext<'_> {
     }
 
     pub async fn report(&self, detail: impl Into<String>) {
-        self.progress.report(detail.into()).await;
+        self.status.report(detail.into()).await;
     }
 
     /// Says what the step is doing (the machine's status text), then makes `call`, which starts a
@@ -166,7 +170,7 @@ impl StepContext<'_> {
     }
 
     pub async fn persist(&self) -> Result<(), StepError> {
-        self.progress
+        self.store
             .persist(self.state)
             .await
             .map_err(StepError::omni("recording the provider state"))

@@ -94,7 +94,7 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
 pub(super) async fn seed_ledgers(ctx: &StepContext<'_>) -> Result<(), StepError> {
     let ledgers = &ctx.services.ledgers;
     let load = async {
-        ctx.progress.machine_states().await.map_err(StepError::omni(
+        ctx.store.machine_states().await.map_err(StepError::omni(
             "reading every provider state (the IP addresses and VMIDs they hold)",
         ))
     };

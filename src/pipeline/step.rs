@@ -10,7 +10,7 @@
 use std::fmt;
 use std::time::Duration;
 
-pub use super::context::{Progress, StartedTask, StepContext, VmAt};
+pub use super::context::{StartedTask, StatePort, StatusPort, StepContext, VmAt};
 pub use super::error::StepError;
 pub use super::services::{RequestInfo, Services, Timeouts};
 use crate::model::MachineState;
