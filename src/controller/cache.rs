@@ -39,10 +39,6 @@ impl<K: Kind> WriteCache<K> {
 
     /// The copy of `id` this process wrote last, if it remembers one.
     pub fn last_written(&self, id: &str) -> Option<Typed<K::Spec>> {
-        self.remembered(id)
-    }
-
-    fn remembered(&self, id: &str) -> Option<Typed<K::Spec>> {
         self.last
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -86,7 +82,7 @@ impl<K: Kind> WriteCache<K> {
         owner: &str,
         mut mutate: impl FnMut(&mut Typed<K::Spec>),
     ) -> Result<Typed<K::Spec>, StateError> {
-        if let Some(current) = self.remembered(id) {
+        if let Some(current) = self.last_written(id) {
             let mut next = current.clone();
             mutate(&mut next);
             if next == current {
@@ -136,13 +132,13 @@ mod tests {
         let cache = WriteCache::new(MachineRequestStatus);
         cache.observe(status("9", "never written by us"));
         assert!(
-            cache.remembered("r1").is_none(),
+            cache.last_written("r1").is_none(),
             "only what we wrote is kept"
         );
         cache.remember("r1", &status("3", "ours"));
         cache.observe(status("2", "older echo"));
-        assert_eq!(cache.remembered("r1").unwrap().spec.status, "ours");
+        assert_eq!(cache.last_written("r1").unwrap().spec.status, "ours");
         cache.observe(status("4", "with Omni's finalizer"));
-        assert_eq!(cache.remembered("r1").unwrap().metadata.version, "4");
+        assert_eq!(cache.last_written("r1").unwrap().metadata.version, "4");
     }
 }

@@ -297,6 +297,8 @@ pub async fn apply(ctx: &Context, change: &Change) -> Result<(), RoundError> {
                 )
                 .await
                 .map_err(omni("writing a topology config patch request"))?;
+            // A teardown that starts before the watch delivers this patch still removes it.
+            ctx.outputs.patch_written(request_id, &patch_id(request_id));
             tracing::info!(request = %request_id, "topology labels written: {}", yaml.replace('\n', " "));
         }
         Change::Remove { request_id } => {
