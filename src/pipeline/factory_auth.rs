@@ -144,32 +144,14 @@ pub async fn download(
     headers: &[(String, Secret)],
     timeout: Duration,
 ) -> Result<Download, super::image_factory::FactoryError> {
-    use super::image_factory::FactoryError;
+    use super::image_factory::{refused, unreachable};
     let mut request = http.get(url).timeout(timeout);
     for (name, value) in headers {
         request = request.header(name.as_str(), value.expose());
     }
-    let response = request
-        .send()
-        .await
-        .map_err(|e| FactoryError::Unreachable {
-            url: url.to_owned(),
-            message: crate::error_chain::render(&e),
-        })?;
-    let status = response.status();
-    if !status.is_success() {
-        let body: String = response
-            .text()
-            .await
-            .unwrap_or_default()
-            .chars()
-            .take(300)
-            .collect();
-        return Err(FactoryError::Refused {
-            url: url.to_owned(),
-            status: status.as_u16(),
-            body,
-        });
+    let response = request.send().await.map_err(unreachable(url))?;
+    if !response.status().is_success() {
+        return Err(refused(url, response).await);
     }
     match response.content_length() {
         Some(length) => Ok(Download {

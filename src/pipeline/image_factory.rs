@@ -111,6 +111,26 @@ pub fn http_client() -> Result<reqwest::Client, String> {
         .map_err(|e| e.to_string())
 }
 
+/// How a failed call to the factory at `url` reads.
+pub(super) fn unreachable(url: &str) -> impl FnOnce(reqwest::Error) -> FactoryError + '_ {
+    move |e| FactoryError::Unreachable {
+        url: url.to_owned(),
+        message: crate::error_chain::render(&e),
+    }
+}
+
+/// The factory at `url` answered `response` with an error status: its status and the start of its
+/// body.
+pub(super) async fn refused(url: &str, response: reqwest::Response) -> FactoryError {
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap_or_default();
+    FactoryError::Refused {
+        url: url.to_owned(),
+        status,
+        body: body.chars().take(300).collect(),
+    }
+}
+
 pub async fn create_schematic(
     http: &reqwest::Client,
     factory_url: &str,
@@ -127,19 +147,11 @@ pub async fn create_schematic(
         .body(yaml.to_owned())
         .send()
         .await
-        .map_err(|e| FactoryError::Unreachable {
-            url: url.clone(),
-            message: crate::error_chain::render(&e),
-        })?;
-    let status = response.status();
-    let body = response.text().await.unwrap_or_default();
-    if !status.is_success() {
-        return Err(FactoryError::Refused {
-            url,
-            status: status.as_u16(),
-            body: body.chars().take(300).collect(),
-        });
+        .map_err(unreachable(&url))?;
+    if !response.status().is_success() {
+        return Err(refused(&url, response).await);
     }
+    let body = response.text().await.unwrap_or_default();
     let answer: Answer = serde_json::from_str(&body).map_err(|e| FactoryError::Decode {
         url: url.clone(),
         message: e.to_string(),
