@@ -14,7 +14,7 @@ use testkit::memstate::{MemState, OmniControllers};
 
 /// Run an in-memory Omni state server for local development and tests.
 #[derive(Debug, Parser)]
-#[command(name = "dev-omni", version, about, long_about = None)]
+#[command(name = "dev-omni", version, long_about = None)]
 pub struct DevOmniArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:0")]
