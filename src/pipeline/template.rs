@@ -9,7 +9,7 @@ use super::step::StepOutcome;
 use crate::model::{ClusterSnapshot, Listing, TemplateFacts};
 use crate::proxmox::property::StorageId;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
-use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::proxmox::ProxmoxClient;
 use crate::rules::placement::{CloneSource, CloneVerdict, clone_verdict};
 use crate::rules::provider_data::{BootMode, CloneMode, TemplateRef};
 
@@ -72,30 +72,7 @@ pub(super) async fn copies_of(
     cluster: &ClusterSnapshot,
 ) -> Result<CloneSource, StepError> {
     ctx.report(format!("looking for template {wanted}")).await;
-    let pve = &ctx.services.pve;
-    clone_source(pve, listing, cluster, wanted, ctx.data.clone_mode)
-        .await
-        .map_err(TemplateError::into_step)
-}
-
-/// Why the copies of a template could not be gathered.
-#[derive(Debug, thiserror::Error)]
-pub enum TemplateError {
-    /// Not found, or not a template: the class must change (the message says how).
-    #[error("{0}")]
-    Missing(String),
-    /// A template's config could not be read.
-    #[error("{doing}: {source}")]
-    Read { doing: String, source: ProxmoxError },
-}
-
-impl TemplateError {
-    pub fn into_step(self) -> StepError {
-        match self {
-            TemplateError::Missing(why) => StepError::Cluster(why),
-            TemplateError::Read { doing, source } => StepError::proxmox(doing)(source),
-        }
-    }
+    clone_source(&ctx.services.pve, listing, cluster, wanted, ctx.data.clone_mode).await
 }
 
 /// Every copy of the template `wanted` on an online node, with where its drives are: what the
@@ -108,8 +85,8 @@ pub async fn clone_source(
     cluster: &ClusterSnapshot,
     wanted: &TemplateRef,
     mode: CloneMode,
-) -> Result<CloneSource, TemplateError> {
-    let copies = matching_templates(listing, wanted).map_err(TemplateError::Missing)?;
+) -> Result<CloneSource, StepError> {
+    let copies = matching_templates(listing, wanted).map_err(StepError::Cluster)?;
     let mut templates = Vec::new();
     let mut offline = Vec::new();
     for vm in copies {
@@ -117,13 +94,11 @@ pub async fn clone_source(
             offline.push(vm.node.to_string());
             continue;
         }
-        let config =
-            pve.vm_config(&vm.node, vm.vmid)
-                .await
-                .map_err(|source| TemplateError::Read {
-                    doing: format!("reading the config of template {} on {}", vm.vmid, vm.node),
-                    source,
-                })?;
+        let doing = format!("reading the config of template {} on {}", vm.vmid, vm.node);
+        let config = pve
+            .vm_config(&vm.node, vm.vmid)
+            .await
+            .map_err(StepError::proxmox(doing))?;
         templates.push(TemplateFacts::from_config(vm, &config, cluster));
     }
     Ok(CloneSource {
@@ -139,14 +114,32 @@ pub fn matching_templates<'a>(
     listing: &'a Listing,
     wanted: &TemplateRef,
 ) -> Result<Vec<&'a VmResource>, String> {
-    let Some(anchor) = listing.vms().next().map(|vm| vm.node.clone()) else {
+    let matching: Vec<&VmResource> = listing.vms().filter(|vm| names(wanted, vm)).collect();
+    let templates: Vec<&VmResource> = matching.iter().copied().filter(|vm| vm.template).collect();
+    if !templates.is_empty() {
+        return Ok(templates);
+    }
+    if let Some(vm) = matching.first() {
         return Err(format!(
-            "template {wanted} not found in the cluster; templates there: none"
+            "VM {} ({}) on {} is not a template; convert it with `qm template {}` or name another `template`",
+            vm.vmid,
+            vm.name.as_deref().unwrap_or("unnamed"),
+            vm.node,
+            vm.vmid
         ));
-    };
-    // The lookup's words (not found, not a template) are `choose_template`'s.
-    choose_template(listing, wanted, &anchor).map_err(|e| e.to_string())?;
-    Ok(listing.templates().filter(|vm| names(wanted, vm)).collect())
+    }
+    let available: Vec<String> = listing
+        .templates()
+        .map(|vm| format!("{} ({})", vm.vmid, vm.name.as_deref().unwrap_or("unnamed")))
+        .collect();
+    Err(format!(
+        "template {wanted} not found in the cluster; templates there: {}",
+        if available.is_empty() {
+            "none".to_string()
+        } else {
+            available.join(", ")
+        }
+    ))
 }
 
 /// Whether `vm` is the one `wanted` names, by VMID or name.
@@ -155,44 +148,6 @@ fn names(wanted: &TemplateRef, vm: &VmResource) -> bool {
         TemplateRef::VmId(id) => vm.vmid.get() == *id,
         TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
     }
-}
-
-/// Pure: the template to clone, preferring one on the chosen node.
-pub fn choose_template<'a>(
-    listing: &'a Listing,
-    wanted: &TemplateRef,
-    node: &NodeName,
-) -> Result<&'a VmResource, StepError> {
-    let matching: Vec<&VmResource> = listing.vms().filter(|vm| names(wanted, vm)).collect();
-    let templates: Vec<&VmResource> = matching.iter().copied().filter(|vm| vm.template).collect();
-    if let Some(t) = templates
-        .iter()
-        .find(|vm| vm.node == *node)
-        .or(templates.first())
-    {
-        return Ok(t);
-    }
-    if let Some(vm) = matching.first() {
-        return Err(StepError::Cluster(format!(
-            "VM {} ({}) on {} is not a template; convert it with `qm template {}` or name another `template`",
-            vm.vmid,
-            vm.name.as_deref().unwrap_or("unnamed"),
-            vm.node,
-            vm.vmid
-        )));
-    }
-    let available: Vec<String> = listing
-        .templates()
-        .map(|vm| format!("{} ({})", vm.vmid, vm.name.as_deref().unwrap_or("unnamed")))
-        .collect();
-    Err(StepError::Cluster(format!(
-        "template {wanted} not found in the cluster; templates there: {}",
-        if available.is_empty() {
-            "none".to_string()
-        } else {
-            available.join(", ")
-        }
-    )))
 }
 
 #[cfg(test)]
@@ -215,14 +170,16 @@ mod tests {
     #[test]
     fn template_lookup() {
         let r = resources();
-        let pve2 = NodeName::new("pve2").unwrap();
-        let t = choose_template(&r, &TemplateRef::Name("talos".into()), &pve2).unwrap();
-        assert_eq!(t.vmid.get(), 9001, "prefers the chosen node");
-        let t = choose_template(&r, &TemplateRef::VmId(9000), &pve2).unwrap();
-        assert_eq!(t.vmid.get(), 9000);
-        let e = choose_template(&r, &TemplateRef::VmId(105), &pve2).unwrap_err();
-        assert!(e.to_string().contains("not a template"), "{e}");
-        let e = choose_template(&r, &TemplateRef::Name("nope".into()), &pve2).unwrap_err();
-        assert!(e.to_string().contains("9000 (talos), 9001 (talos)"), "{e}");
+        let ids = |wanted| {
+            matching_templates(&r, &wanted).map(|vms| vms.iter().map(|vm| vm.vmid.get()).collect())
+        };
+        assert_eq!(ids(TemplateRef::Name("talos".into())), Ok(vec![9000, 9001]));
+        assert_eq!(ids(TemplateRef::VmId(9000)), Ok(vec![9000]));
+        let e = ids(TemplateRef::VmId(105)).unwrap_err();
+        assert!(e.contains("not a template"), "{e}");
+        let e = ids(TemplateRef::Name("nope".into())).unwrap_err();
+        assert!(e.contains("9000 (talos), 9001 (talos)"), "{e}");
+        let none = matching_templates(&Listing::default(), &TemplateRef::VmId(1)).unwrap_err();
+        assert!(none.ends_with("templates there: none"), "{none}");
     }
 }
