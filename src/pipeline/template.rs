@@ -7,9 +7,9 @@ use super::context::StepContext;
 use super::error::StepError;
 use super::step::StepOutcome;
 use crate::model::{ClusterSnapshot, Listing, TemplateFacts};
+use crate::proxmox::ProxmoxClient;
 use crate::proxmox::property::StorageId;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
-use crate::proxmox::ProxmoxClient;
 use crate::rules::placement::{CloneSource, CloneVerdict, clone_verdict};
 use crate::rules::provider_data::{BootMode, CloneMode, TemplateRef};
 
@@ -72,7 +72,14 @@ pub(super) async fn copies_of(
     cluster: &ClusterSnapshot,
 ) -> Result<CloneSource, StepError> {
     ctx.report(format!("looking for template {wanted}")).await;
-    clone_source(&ctx.services.pve, listing, cluster, wanted, ctx.data.clone_mode).await
+    clone_source(
+        &ctx.services.pve,
+        listing,
+        cluster,
+        wanted,
+        ctx.data.clone_mode,
+    )
+    .await
 }
 
 /// Every copy of the template `wanted` on an online node, with where its drives are: what the

@@ -1,7 +1,7 @@
 //! Shutting a VM down and destroying it with its disks, once it is known to be ours.
 
 use super::error::Action;
-use super::{DeprovisionError, DeprovisionOptions, DeprovisionOutcome, node_down};
+use super::{DeprovisionError, DeprovisionOptions, DeprovisionOutcome, node_offline};
 use crate::model::Listing;
 use crate::model::identity;
 use crate::proxmox::ha::vm_sid;
@@ -19,8 +19,8 @@ pub(super) async fn destroy(
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
     let (node, vmid) = (vm.node.clone(), vm.vmid);
-    if let Some(e) = node_down(view, vm) {
-        return Err(e);
+    if !view.node_online(&node) {
+        return Err(node_offline(view, vm));
     }
     if let Some(lock) = vm.lock.as_deref().filter(|l| blocks_destroy(l)) {
         return Err(DeprovisionError::Locked {
@@ -77,12 +77,7 @@ async fn leave_ha(
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<(), DeprovisionError> {
     let (node, vmid) = (vm.node.clone(), vm.vmid);
-    let fail = |source| DeprovisionError::Proxmox {
-        action: Action::RemoveFromHa,
-        vmid,
-        node: node.clone(),
-        source,
-    };
+    let fail = |source| DeprovisionError::proxmox(Action::RemoveFromHa, &node, vmid)(source);
     progress(&format!(
         "taking VM {vmid} out of Proxmox HA and its HA rules"
     ));
@@ -160,13 +155,19 @@ async fn destroy_tolerating_offline_storage(
 
 /// A task or answer saying a storage is not online (pve-storage's `activate_storage`).
 fn storage_offline(e: &ProxmoxError) -> bool {
+    let said = answer(e);
+    said.contains("storage '") && said.contains("is not online")
+}
+
+/// Proxmox's answer, or a failed task's exit status; empty for any other error.
+fn answer(e: &ProxmoxError) -> &str {
     match e {
         ProxmoxError::Api { message, .. }
         | ProxmoxError::TaskFailed {
             exit_status: message,
             ..
-        } => message.contains("storage '") && message.contains("is not online"),
-        _ => false,
+        } => message,
+        _ => "",
     }
 }
 
@@ -184,12 +185,7 @@ async fn shut_down(
     options: &DeprovisionOptions,
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<Option<DeprovisionOutcome>, DeprovisionError> {
-    let fail = |action, source| DeprovisionError::Proxmox {
-        action,
-        vmid,
-        node: node.clone(),
-        source,
-    };
+    let fail = |action, source| DeprovisionError::proxmox(action, node, vmid)(source);
     let secs = u32::try_from(options.shutdown_timeout.as_secs()).unwrap_or(u32::MAX);
     progress(&format!(
         "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
@@ -257,26 +253,16 @@ async fn destroy_once(
             vmid,
         }),
         Err(e) if e.is_not_found() || task_says_gone(&e) => Ok(DeprovisionOutcome::AlreadyGone),
-        Err(source) => Err(DeprovisionError::Proxmox {
-            action: Action::Destroy,
-            vmid,
-            node: node.clone(),
+        Err(source) => Err(DeprovisionError::proxmox(Action::Destroy, node, vmid)(
             source,
-        }),
+        )),
     }
 }
 
 /// qemu-server src/PVE/API2/Qemu.pm, `destroy_vm`'s early check: "VM <id> is running - destroy
 /// failed".
 fn refused_as_running(e: &ProxmoxError) -> bool {
-    match e {
-        ProxmoxError::Api { message, .. }
-        | ProxmoxError::TaskFailed {
-            exit_status: message,
-            ..
-        } => message.contains("is running - destroy failed"),
-        _ => false,
-    }
+    answer(e).contains("is running - destroy failed")
 }
 
 /// A destroy task that failed because the VM vanished meanwhile.

@@ -35,14 +35,14 @@ pub enum DeprovisionError {
     #[error(
         "{} VMs are named {request_id:?} and carry our provider tag (VMIDs {}); refusing to guess which one to delete: delete the extra ones by hand",
         vmids.len(),
-        VmIds(vmids)
+        vmids.iter().map(VmId::to_string).collect::<Vec<_>>().join(", ")
     )]
     Ambiguous {
         request_id: String,
         vmids: Vec<VmId>,
     },
 
-    #[error("cannot {action} VM {vmid} on {node}: {source}{}", RetryHint(source))]
+    #[error("cannot {action} VM {vmid} on {node}: {source}{}", retry_hint(source))]
     Proxmox {
         action: Action,
         vmid: VmId,
@@ -72,6 +72,21 @@ pub enum DeprovisionError {
 }
 
 impl DeprovisionError {
+    /// Proxmox failed the `action` on VM `vmid` on `node`.
+    pub(super) fn proxmox(
+        action: Action,
+        node: &NodeName,
+        vmid: VmId,
+    ) -> impl FnOnce(ProxmoxError) -> Self {
+        let node = node.clone();
+        move |source| Self::Proxmox {
+            action,
+            vmid,
+            node,
+            source,
+        }
+    }
+
     /// Worth retrying as is (node offline, network, lock, task still running); the rest needs a
     /// human (permissions, Proxmox refusing) but is still safe to retry.
     pub fn is_transient(&self) -> bool {
@@ -83,18 +98,6 @@ impl DeprovisionError {
             Self::Listing { source, .. }
             | Self::Proxmox { source, .. }
             | Self::SeedIso { source, .. } => source.is_transient(),
-        }
-    }
-
-    /// The node the error is about, when there is one.
-    pub fn node(&self) -> Option<&NodeName> {
-        match self {
-            Self::NodeOffline { node, .. }
-            | Self::Locked { node, .. }
-            | Self::Proxmox { node, .. }
-            | Self::SeedIso { node, .. }
-            | Self::SeedIsoNodeOffline { node, .. } => Some(node),
-            Self::Listing { .. } | Self::Ambiguous { .. } => None,
         }
     }
 }
@@ -121,29 +124,11 @@ impl fmt::Display for Action {
     }
 }
 
-struct RetryHint<'a>(&'a ProxmoxError);
-
-impl fmt::Display for RetryHint<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.is_transient() {
-            f.write_str(" (the VM may still exist; will retry)")
-        } else {
-            Ok(())
-        }
-    }
-}
-
-struct VmIds<'a>(&'a [VmId]);
-
-impl fmt::Display for VmIds<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, id) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{id}")?;
-        }
-        Ok(())
+fn retry_hint(source: &ProxmoxError) -> &'static str {
+    if source.is_transient() {
+        " (the VM may still exist; will retry)"
+    } else {
+        ""
     }
 }
 

@@ -31,7 +31,7 @@ use crate::model::Listing;
 use crate::model::identity::{self, Claim};
 use crate::pipeline::identify::{Identified, identify};
 use crate::proxmox::ProxmoxClient;
-use crate::proxmox::types::{NodeName, NodeState, VmId, VmResource};
+use crate::proxmox::types::{NodeName, VmId, VmResource};
 
 mod destroy;
 mod error;
@@ -374,14 +374,11 @@ async fn deprovision_in(
 }
 
 /// The error for a VM whose node cannot be asked (offline, unknown, or missing from the listing).
-fn node_down(view: &Listing, vm: &VmResource) -> Option<DeprovisionError> {
-    match view.node_state(&vm.node) {
-        Some(NodeState::Online) => None,
-        state => Some(DeprovisionError::NodeOffline {
-            node: vm.node.clone(),
-            vmid: vm.vmid,
-            state: state_word(state),
-        }),
+fn node_offline(view: &Listing, vm: &VmResource) -> DeprovisionError {
+    DeprovisionError::NodeOffline {
+        node: vm.node.clone(),
+        vmid: vm.vmid,
+        state: state_word(view.node_state(&vm.node)),
     }
 }
 
@@ -394,24 +391,18 @@ async fn verdict(
     claim: &Claim<'_>,
 ) -> Result<Verdict, DeprovisionError> {
     let online = view.node_online(&vm.node);
-    let identified =
-        identify(pve, online, vm, claim)
-            .await
-            .map_err(|source| DeprovisionError::Proxmox {
-                action: Action::ReadConfig,
-                vmid: vm.vmid,
-                node: vm.node.clone(),
-                source,
-            })?;
+    let identified = identify(pve, online, vm, claim)
+        .await
+        .map_err(DeprovisionError::proxmox(
+            Action::ReadConfig,
+            &vm.node,
+            vm.vmid,
+        ))?;
     match identified {
         Identified::Ours => Ok(Verdict::Delete),
         Identified::NotOurs(reason) => Ok(Verdict::NotOurs(reason)),
         Identified::Gone => Ok(Verdict::Gone),
-        Identified::NodeAway => Err(DeprovisionError::NodeOffline {
-            node: vm.node.clone(),
-            vmid: vm.vmid,
-            state: state_word(view.node_state(&vm.node)),
-        }),
+        Identified::NodeAway => Err(node_offline(view, vm)),
         Identified::Locked(lock) => Err(DeprovisionError::Locked {
             node: vm.node.clone(),
             vmid: vm.vmid,
