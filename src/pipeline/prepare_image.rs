@@ -118,34 +118,31 @@ async fn download(
     );
     let file_name = image_file_name(&url, kind);
     let (storage, shared) = download_storage(ctx, node, kind.content()).await?;
-    let unusable = |e: PropertyError| {
-        let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
-        StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()))
-    };
-    let volume = match kind {
-        BootImage::Iso => BootVolume::Iso(IsoVolume {
-            storage: storage.clone(),
-            file: IsoFileName::new(file_name.as_str()).map_err(unusable)?,
-        }),
-        BootImage::Disk => BootVolume::Disk(ImportVolume {
-            storage: storage.clone(),
-            file: ImportFileName::new(file_name.as_str()).map_err(unusable)?,
-        }),
-    };
-    let recorded = match &volume {
-        BootVolume::Iso(v) => {
-            ctx.state.boot_iso.as_ref() == Some(v)
-                && ctx.state.iso_file.as_deref() == Some(&file_name)
+    let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
+    let unusable =
+        |e: PropertyError| StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()));
+    // Where the image goes: a volume in ISO storage, or one in `import` storage.
+    let (iso, image) = match kind {
+        BootImage::Iso => {
+            let file = IsoFileName::new(file_name.as_str()).map_err(unusable)?;
+            let storage = storage.clone();
+            (Some(IsoVolume { storage, file }), None)
         }
-        BootVolume::Disk(v) => ctx.state.boot_image.as_ref() == Some(v),
+        BootImage::Disk => {
+            let file = ImportFileName::new(file_name.as_str()).map_err(unusable)?;
+            let storage = storage.clone();
+            (None, Some(ImportVolume { storage, file }))
+        }
+    };
+    let recorded = match kind {
+        BootImage::Iso => {
+            ctx.state.boot_iso == iso && ctx.state.iso_file.as_deref() == Some(&file_name)
+        }
+        BootImage::Disk => ctx.state.boot_image == image,
     };
     if recorded {
         return Ok(StepOutcome::Done);
     }
-    let volid = match &volume {
-        BootVolume::Iso(v) => v.to_string(),
-        BootVolume::Disk(v) => v.to_string(),
-    };
     // One download per image and storage, however many requests want it at once.
     let lock_key = if shared {
         volid.clone()
@@ -165,22 +162,17 @@ async fn download(
         storage: storage.as_str(),
         volid: &volid,
         file_name: &file_name,
+        version: &version,
+        url: &url,
     };
-    fetch(ctx, &wanted, url, &version).await?;
-    match volume {
-        BootVolume::Iso(v) => {
-            ctx.state.iso_file = Some(file_name);
-            ctx.state.boot_iso = Some(v);
-        }
-        BootVolume::Disk(v) => ctx.state.boot_image = Some(v),
+    fetch(ctx, &wanted).await?;
+    if kind == BootImage::Iso {
+        ctx.state.iso_file = Some(file_name);
+        ctx.state.boot_iso = iso;
+    } else {
+        ctx.state.boot_image = image;
     }
     Ok(StepOutcome::Done)
-}
-
-/// Where a boot image goes: a volume in ISO or in `import` storage.
-enum BootVolume {
-    Iso(IsoVolume),
-    Disk(ImportVolume),
 }
 
 /// How the boot image gets into the storage.
@@ -196,50 +188,38 @@ enum Source {
     },
 }
 
-/// Whose credentials a download carries.
-#[derive(Debug, Clone, Copy)]
-enum CredentialsFrom {
-    AuthFile,
-    Omni,
+/// Whose credentials a download carries: how the status text names them, and what to check when
+/// the factory refuses them.
+struct CredentialsFrom {
+    named: &'static str,
+    advice: &'static str,
 }
 
-impl CredentialsFrom {
-    fn advice(self) -> &'static str {
-        match self {
-            CredentialsFrom::AuthFile => {
-                "the factory refuses the credentials --image-factory-auth-file gives for it: check its username and password"
-            }
-            CredentialsFrom::Omni => {
-                "the factory refuses the credentials Omni holds for it: check Omni's image factory settings"
-            }
-        }
-    }
-}
+const FROM_AUTH_FILE: CredentialsFrom = CredentialsFrom {
+    named: "the credentials of --image-factory-auth-file",
+    advice: "the factory refuses the credentials --image-factory-auth-file gives for it: check its username and password",
+};
 
-impl std::fmt::Display for CredentialsFrom {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            CredentialsFrom::AuthFile => "the credentials of --image-factory-auth-file",
-            CredentialsFrom::Omni => "the credentials Omni holds for it",
-        })
-    }
-}
+const FROM_OMNI: CredentialsFrom = CredentialsFrom {
+    named: "the credentials Omni holds for it",
+    advice: "the factory refuses the credentials Omni holds for it: check Omni's image factory settings",
+};
 
 /// Where the image comes from. Credentials the operator gives for the factory come first; else
 /// Omni is asked where the asset is and with which headers (Omni from August 2026: siderolabs/omni
 /// `client/pkg/imagefactory/bootasset.go` `ResolveBootAsset`, which puts the factory's credentials
 /// in an `Authorization` header); a factory that needs none is left to the node, as the official
 /// provider does. An Omni that cannot tell (older, or failing) leaves it to the node too.
-async fn image_source(ctx: &StepContext<'_>, wanted: &Wanted<'_>, url: &str) -> Source {
+async fn image_source(ctx: &StepContext<'_>, wanted: &Wanted<'_>) -> Source {
     let services = ctx.services;
     if let Some(credentials) = services
         .factory_auth
         .for_factory(ctx.request.factory(services))
     {
         return Source::Provider {
-            url: url.to_owned(),
+            url: wanted.url.to_owned(),
             headers: credentials.headers(),
-            from: CredentialsFrom::AuthFile,
+            from: FROM_AUTH_FILE,
         };
     }
     let asset_kind = match wanted.kind {
@@ -255,7 +235,7 @@ async fn image_source(ctx: &StepContext<'_>, wanted: &Wanted<'_>, url: &str) -> 
         Ok(Some(asset)) if !asset.headers.is_empty() => Source::Provider {
             url: asset.url,
             headers: asset.headers,
-            from: CredentialsFrom::Omni,
+            from: FROM_OMNI,
         },
         Ok(_) => Source::Node,
         Err(e) => {
@@ -273,23 +253,16 @@ struct Wanted<'a> {
     storage: &'a str,
     volid: &'a str,
     file_name: &'a str,
+    /// The Talos version, as the status text names it.
+    version: &'a str,
+    /// Where the Image Factory serves it.
+    url: &'a str,
 }
 
 /// Makes sure the image is in the storage: there already (another request, another provider, an
 /// earlier try), or downloaded by the node now, its task recorded before it is waited for.
-async fn fetch(
-    ctx: &mut StepContext<'_>,
-    wanted: &Wanted<'_>,
-    url: String,
-    version: &str,
-) -> Result<(), StepError> {
-    let Wanted {
-        kind,
-        node,
-        storage,
-        volid,
-        ..
-    } = *wanted;
+async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), StepError> {
+    let (kind, node, storage) = (wanted.kind, wanted.node, wanted.storage);
     let pve = &ctx.services.pve;
     // A download the official provider (or an earlier run) started may still be running: wait for it
     // rather than start a second one into the same file. How it ended is read from the storage below.
@@ -300,7 +273,8 @@ async fn fetch(
     }
     // A boot ISO seen lately needs no listing per VM: a start that finds it gone puts it back
     // (`restore_boot_iso`). A disk image is only read by the create, which cannot do that.
-    let presence = (kind == BootImage::Iso).then(|| image_presence_key(node.as_str(), volid));
+    let presence =
+        (kind == BootImage::Iso).then(|| image_presence_key(node.as_str(), wanted.volid));
     let ledgers = &ctx.services.ledgers;
     if ctx.state.iso_download_task.is_none()
         && presence
@@ -318,9 +292,9 @@ async fn fetch(
             kind.content().describe()
         )))?
         .iter()
-        .any(|v| v.volid == volid);
+        .any(|v| v.volid == wanted.volid);
     if !present {
-        put_in_place(ctx, wanted, url, version).await?;
+        put_in_place(ctx, wanted).await?;
     }
     if let Some(key) = presence {
         ctx.services.ledgers.images.seen(&key);
@@ -330,26 +304,20 @@ async fn fetch(
 
 /// Puts the image into the storage: downloaded by the node, or by the provider and uploaded when
 /// the factory needs credentials ([`image_source`]); the task is recorded before it is waited for.
-async fn put_in_place(
-    ctx: &mut StepContext<'_>,
-    wanted: &Wanted<'_>,
-    url: String,
-    version: &str,
-) -> Result<(), StepError> {
-    let Wanted {
-        kind,
-        node,
-        storage,
-        file_name,
-        ..
-    } = *wanted;
+async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), StepError> {
+    let (kind, node, storage, file_name) =
+        (wanted.kind, wanted.node, wanted.storage, wanted.file_name);
     let pve = &ctx.services.pve;
     let content = kind.content().as_str();
-    let what = format!("the Talos {version} {} to {storage} on {node}", kind.what());
-    let task = match image_source(ctx, wanted, &url).await {
+    let what = format!(
+        "the Talos {} {} to {storage} on {node}",
+        wanted.version,
+        kind.what()
+    );
+    let task = match image_source(ctx, wanted).await {
         Source::Node => {
             let download = DownloadRequest {
-                url,
+                url: wanted.url.to_owned(),
                 file_name: file_name.to_owned(),
                 content: content.into(),
                 checksum: None,
@@ -372,11 +340,14 @@ async fn put_in_place(
             .map_err(|e| match e {
                 FactoryError::Refused {
                     status: 401 | 403, ..
-                } => StepError::config(format!("{e} ({})", from.advice())),
+                } => StepError::config(format!("{e} ({})", from.advice)),
                 other => StepError::Cluster(other.to_string()),
             })?;
             ctx.start_task(
-                format!("uploading {what}, fetched from the Image Factory with {from}"),
+                format!(
+                    "uploading {what}, fetched from the Image Factory with {}",
+                    from.named
+                ),
                 pve.upload_streamed(node, storage, content, file_name, image.body, image.length),
             )
             .await?
@@ -389,12 +360,9 @@ async fn put_in_place(
     ctx.persist().await?;
     match ctx.finish_task(task, ctx.services.timeouts.download).await {
         // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
-        Err(StepError::Proxmox { source, .. }) if source.is_file_already_present() => {}
-        other => {
-            other?;
-        }
+        Err(StepError::Proxmox { source, .. }) if source.is_file_already_present() => Ok(()),
+        other => other.map(|_| ()),
     }
-    Ok(())
 }
 
 /// Whether `error` is a create or start that found the request's boot ISO gone from its storage
@@ -454,9 +422,10 @@ async fn restore_boot_iso(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<
         storage: &storage,
         volid: &volid,
         file_name: &file_name,
+        version: &talos_version(&ctx.request.talos_version),
+        url: &url,
     };
-    let version = talos_version(&ctx.request.talos_version);
-    fetch(ctx, &wanted, url, &version).await
+    fetch(ctx, &wanted).await
 }
 
 /// The storage on `node` a boot image goes to: the first that matches `iso_storage_selector` (or
@@ -548,12 +517,6 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
     Ok(id)
 }
 
-/// The nocloud ISO's URL on `factory`, with the Talos version exactly as the request gives it (the
-/// official provider joins the same four parts onto its factory URL).
-pub fn iso_url(factory: &str, schematic: &str, talos_version: &str) -> String {
-    image_url(factory, schematic, talos_version, BootImage::Iso.file())
-}
-
 /// `<factory>/image/<schematic>/<version>/<file>`. The factory adds a missing `v` itself
 /// (image-factory internal/frontend/http/image.go, `handleImage`).
 pub fn image_url(factory: &str, schematic: &str, talos_version: &str, file: &str) -> String {
@@ -563,19 +526,11 @@ pub fn image_url(factory: &str, schematic: &str, talos_version: &str, file: &str
     )
 }
 
-/// The ISO's file name in storage: hex SHA-256 of its URL, as the official provider names it.
-pub fn iso_file_name(url: &str) -> String {
-    image_file_name(url, BootImage::Iso)
-}
-
 /// A boot image's file name in storage: the hex SHA-256 of its URL, with the extension Proxmox
 /// wants for the content (`.iso`, `.qcow2`), so the same image is found again by name.
 pub fn image_file_name(url: &str, kind: BootImage) -> String {
-    let ext = match kind {
-        BootImage::Iso => "iso",
-        BootImage::Disk => "qcow2",
-    };
-    format!("{}.{ext}", hex(&Sha256::digest(url.as_bytes())))
+    let ext = kind.file().rsplit('.').next().unwrap_or_default();
+    format!("{:x}.{ext}", Sha256::digest(url.as_bytes()))
 }
 
 /// The version for Omni's schematic call, which wants the `v` prefix; Omni may send the version with or without it.
@@ -586,10 +541,6 @@ pub fn talos_version(v: &str) -> String {
     } else {
         format!("v{v}")
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -603,13 +554,18 @@ mod tests {
         // (GetTalosVersion, no prefix added) and "nocloud-amd64.iso"; the file is the hex SHA-256 of
         // that URL string plus ".iso". Expected values computed independently (Python hashlib).
         let schematic = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
-        let url = iso_url("https://factory.talos.dev/", schematic, "1.11.4");
+        let url = image_url(
+            "https://factory.talos.dev/",
+            schematic,
+            "1.11.4",
+            BootImage::Iso.file(),
+        );
         assert_eq!(
             url,
             format!("https://factory.talos.dev/image/{schematic}/1.11.4/nocloud-amd64.iso")
         );
         assert_eq!(
-            iso_file_name(&url),
+            image_file_name(&url, BootImage::Iso),
             "9d4a60553b0968e85b3fb1b2a532d5903df42db7eaf708b1b663b44a3cb6caee.iso"
         );
     }
