@@ -73,10 +73,8 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
         )
         .await?;
     } else {
-        ctx.report(doing.clone()).await;
-        pve.update_vm_config(node, vmid, params)
-            .await
-            .map_err(StepError::proxmox(doing))?;
+        ctx.call(doing, pve.update_vm_config(node, vmid, params))
+            .await?;
     }
 
     grow_boot_disk(ctx, vm, boot).await?;
@@ -97,17 +95,11 @@ async fn grow_boot_disk(
         return Ok(());
     }
     let doing = format!("growing the boot disk of VM {vmid} to {wanted_gb} GB");
-    ctx.report(doing.clone()).await;
     let slot = boot.as_ref().map_or("scsi0", |b| b.slot.as_str());
     let [disk, size] = vm_config::boot_disk_resize(&ctx.data, slot);
+    let resize = ctx.services.pve.resize_disk(node, vmid, &disk.1, &size.1);
     // Proxmox answers with a task only where the resize takes one (storage-dependent).
-    if let Some(upid) = ctx
-        .services
-        .pve
-        .resize_disk(node, vmid, &disk.1, &size.1)
-        .await
-        .map_err(StepError::proxmox(doing.clone()))?
-    {
+    if let Some(upid) = ctx.call(doing.clone(), resize).await? {
         let task = StartedTask { upid, doing };
         ctx.finish_task(task, ctx.services.timeouts.task).await?;
     }
@@ -118,16 +110,12 @@ async fn attach_seed(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome
     let (node, vmid) = (&vm.node, vm.vmid);
     let seed = upload_seed(ctx, node).await?;
     let doing = format!("attaching the NoCloud seed to VM {vmid} on {node}");
-    ctx.report(doing.clone()).await;
     let params = vec![(
         vm_config::SEED_CDROM.to_string(),
         crate::proxmox::property::Cdrom::Iso(seed).render(),
     )];
-    ctx.services
-        .pve
-        .update_vm_config(node, vmid, params)
-        .await
-        .map_err(StepError::proxmox(doing))?;
+    ctx.call(doing, ctx.services.pve.update_vm_config(node, vmid, params))
+        .await?;
     Ok(StepOutcome::Done)
 }
 

@@ -130,19 +130,26 @@ impl StepContext<'_> {
         self.status.report(detail.into()).await;
     }
 
-    /// Says what the step is doing (the machine's status text), then makes `call`, which starts a
-    /// Proxmox task. Any error names what was being done. Use [`Self::finish_task`] after recording
-    /// the task where a crash must find it again, or [`Self::run_task`] for both at once.
+    /// Says what the step is doing (the machine's status text), then makes `call`. Any error names
+    /// what was being done.
+    pub async fn call<T>(
+        &self,
+        doing: String,
+        call: impl Future<Output = Result<T, ProxmoxError>>,
+    ) -> Result<T, StepError> {
+        self.report(doing.clone()).await;
+        call.await.map_err(StepError::proxmox(doing))
+    }
+
+    /// [`Self::call`] for a call that starts a Proxmox task. Use [`Self::finish_task`] after
+    /// recording the task where a crash must find it again, or [`Self::run_task`] for both at once.
     pub async fn start_task(
         &self,
         doing: String,
         call: impl Future<Output = Result<Upid, ProxmoxError>>,
     ) -> Result<StartedTask, StepError> {
-        self.report(doing.clone()).await;
-        match call.await {
-            Ok(upid) => Ok(StartedTask { upid, doing }),
-            Err(e) => Err(StepError::proxmox(doing)(e)),
-        }
+        let upid = self.call(doing.clone(), call).await?;
+        Ok(StartedTask { upid, doing })
     }
 
     /// Waits for a task [`Self::start_task`] started, for at most `timeout`. A failed task's error

@@ -23,6 +23,7 @@ use crate::model::identity::{self, Claim};
 use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{NodeName, VmId};
+use crate::rules::provider_data::BootMode;
 use crate::rules::storage::{self, StorageNeed};
 use crate::rules::vm_config::{self, VmTarget};
 use crate::rules::vmid::{self, VmidSource};
@@ -61,13 +62,7 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
         let vmid = choose_vmid(ctx, &listing, &refused).await?;
         ctx.state.reserved_vmid = Some(vmid);
         ctx.persist().await?;
-        let result = match ctx.data.boot {
-            crate::rules::provider_data::BootMode::Iso
-            | crate::rules::provider_data::BootMode::Image => {
-                create(ctx, node, vmid, &listing).await
-            }
-            crate::rules::provider_data::BootMode::Clone => clone(ctx, node, vmid, &listing).await,
-        };
+        let result = make(ctx, node, vmid, &listing).await;
         match result {
             Ok(()) => {
                 ctx.services.ledgers.vmids.made(vmid.get());
@@ -174,12 +169,12 @@ async fn make_set_pool(
     pool: &PoolId,
     doing: String,
 ) -> Result<(), StepError> {
-    ctx.report(doing.clone()).await;
-    ctx.services
-        .pve
-        .ensure_pool(pool.as_str(), identity::SET_POOL_COMMENT)
-        .await
-        .map_err(StepError::proxmox(doing))?;
+    let pve = &ctx.services.pve;
+    ctx.call(
+        doing,
+        pve.ensure_pool(pool.as_str(), identity::SET_POOL_COMMENT),
+    )
+    .await?;
     ctx.services.ledgers.pools.created(pool.as_str());
     Ok(())
 }
@@ -352,84 +347,59 @@ fn take_vmid(ctx: &StepContext<'_>, id: VmId) -> bool {
     ctx.services.ledgers.vmids.take(id.get(), &ctx.request.id)
 }
 
-async fn create(
+/// Creates the VM at `vmid` fully configured (boot modes `iso` and `image`), or clones the template
+/// `prepare_image` recorded to it (`clone`), recording the task before it is waited for.
+async fn make(
     ctx: &mut StepContext<'_>,
     node: &NodeName,
     vmid: VmId,
     listing: &Listing,
 ) -> Result<(), StepError> {
-    let seed = upload_seed(ctx, node).await?;
-    let target = target(ctx, node, vmid, listing, Some(seed))?;
-    let identity = ctx.identity();
-    let params: Vec<(String, String)> = vm_config::render(&ctx.data, &identity, &target)
-        .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?
-        .into_iter()
-        .filter(|(k, _)| k != "vmid")
-        .collect();
-    let task = ctx
-        .start_task(
-            format!("creating VM {vmid} on {node}"),
-            ctx.services.pve.create_vm(node, vmid, params),
-        )
-        .await?;
-    record_create_task(ctx, vmid, &task.upid).await?;
-    ctx.finish_task(task, ctx.services.timeouts.task).await?;
-    Ok(())
-}
-
-async fn clone(
-    ctx: &mut StepContext<'_>,
-    node: &NodeName,
-    vmid: VmId,
-    listing: &Listing,
-) -> Result<(), StepError> {
-    let template_id = ctx
-        .state
-        .template_vmid
-        .ok_or_else(|| StepError::Cluster("no template recorded by prepare_image".into()))?;
-    let template = listing.vm(template_id).ok_or_else(|| {
-        StepError::Cluster(format!("template {template_id} is gone from the cluster"))
-    })?;
-    let storage = recorded_storage(ctx)?;
-    // Whether a clone of this template reaches `node` (and `storage`) was decided by the placement
-    // rule (`rules::placement::clone_verdict`) in `pick_node` or `prepare_image`, before anything
-    // was written.
-    let identity = ctx.identity();
-    let params = vm_config::clone_params(
-        &ctx.data,
-        &identity,
-        vmid.get(),
-        node.as_str(),
-        &storage,
-        ctx.data.clone_mode,
-    );
-    let doing = format!(
-        "cloning template {template_id} on {} to VM {vmid} on {node}",
-        template.node
-    );
-    let task = ctx
-        .start_task(
-            doing,
-            ctx.services
-                .pve
-                .clone_vm_with(&template.node, template_id, params),
-        )
-        .await?;
-    record_create_task(ctx, vmid, &task.upid).await?;
-    ctx.finish_task(task, ctx.services.timeouts.task).await?;
-    Ok(())
-}
-
-/// The create (or clone) task and its VMID, recorded as the official provider records them: when it
-/// re-runs its VM step it checks this task instead of creating another VM.
-async fn record_create_task(
-    ctx: &mut StepContext<'_>,
-    vmid: VmId,
-    task: &crate::proxmox::types::Upid,
-) -> Result<(), StepError> {
-    ctx.state.vm_create_task = Some(task.clone());
+    let pve = &ctx.services.pve;
+    let task = if ctx.data.boot == BootMode::Clone {
+        let template_id = ctx
+            .state
+            .template_vmid
+            .ok_or_else(|| StepError::Cluster("no template recorded by prepare_image".into()))?;
+        let template = listing.vm(template_id).ok_or_else(|| {
+            StepError::Cluster(format!("template {template_id} is gone from the cluster"))
+        })?;
+        // Whether a clone of this template reaches `node` (and the storage) was decided by the
+        // placement rule (`rules::placement::clone_verdict`) in `pick_node` or `prepare_image`,
+        // before anything was written.
+        let params = vm_config::clone_params(
+            &ctx.data,
+            &ctx.identity(),
+            vmid.get(),
+            node.as_str(),
+            &recorded_storage(ctx)?,
+            ctx.data.clone_mode,
+        );
+        let doing = format!(
+            "cloning template {template_id} on {} to VM {vmid} on {node}",
+            template.node
+        );
+        let call = pve.clone_vm_with(&template.node, template_id, params);
+        ctx.start_task(doing, call).await?
+    } else {
+        let seed = upload_seed(ctx, node).await?;
+        let target = target(ctx, node, vmid, listing, Some(seed))?;
+        let params: Vec<(String, String)> = vm_config::render(&ctx.data, &ctx.identity(), &target)
+            .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?
+            .into_iter()
+            .filter(|(k, _)| k != "vmid")
+            .collect();
+        let call = pve.create_vm(node, vmid, params);
+        ctx.start_task(format!("creating VM {vmid} on {node}"), call)
+            .await?
+    };
+    // Recorded as the official provider records it: when it re-runs its VM step it checks this
+    // task instead of creating another VM.
+    ctx.state.vm_create_task = Some(task.upid.clone());
     ctx.state.vmid = Some(vmid);
-    ctx.persist().await
+    ctx.persist().await?;
+    ctx.finish_task(task, ctx.services.timeouts.task).await?;
+    Ok(())
 }
 
 /// The boot disk's storage `pick_node` recorded.

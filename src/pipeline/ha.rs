@@ -27,8 +27,6 @@ pub async fn join(ctx: &mut StepContext<'_>, vmid: VmId) -> Result<(), StepError
     let Some(ha) = ctx.data.ha.clone() else {
         return Ok(());
     };
-    let doing = format!("registering VM {vmid} with Proxmox HA");
-    ctx.report(doing.clone()).await;
     let resource = HaResource {
         state: ha.state.clone(),
         comment: ha.comment.clone(),
@@ -36,11 +34,9 @@ pub async fn join(ctx: &mut StepContext<'_>, vmid: VmId) -> Result<(), StepError
         max_relocate: ha.max_relocate,
         failback: ha.failback,
     };
-    ctx.services
-        .pve
-        .add_ha_resource(vmid, &resource)
-        .await
-        .map_err(StepError::proxmox(doing))?;
+    let doing = format!("registering VM {vmid} with Proxmox HA");
+    ctx.call(doing, ctx.services.pve.add_ha_resource(vmid, &resource))
+        .await?;
     // For the official provider, whose teardown leaves HA only when its state says so.
     ctx.state.ha_registered = true;
     if ha.uses_rules() {
@@ -83,8 +79,11 @@ async fn join_rules(
         // the config files on every read, so a VM registered moments ago is in. Only the set's
         // resource-affinity rule is bounded by the node count (a negative one); node-affinity and
         // named rules need no listing at all.
+        // From a fresh `/cluster/resources` when a new rule needs its members, else from this
+        // reconcile's read.
         let (members, cluster_nodes) = if ha.resource_affinity.is_some() {
-            set_members(ctx, set.as_deref(), needs_members).await?
+            let listing = ctx.cluster(needs_members).await?;
+            set_members_in(&listing, set.as_deref().filter(|_| needs_members))
         } else {
             (Vec::new(), usize::MAX)
         };
@@ -197,17 +196,6 @@ async fn apply(
             pve.set_ha_rule_resources(rule, resources).await
         }
     }
-}
-
-/// The set's HA-managed VMs (as sids) and the number of cluster nodes, from a fresh
-/// `/cluster/resources` when a new rule needs its members, else from this reconcile's read.
-async fn set_members(
-    ctx: &mut StepContext<'_>,
-    set: Option<&str>,
-    fresh: bool,
-) -> Result<(Vec<String>, usize), StepError> {
-    let listing = ctx.cluster(fresh).await?;
-    Ok(set_members_in(&listing, set.filter(|_| fresh)))
 }
 
 /// The HA-managed VMs of `set` in a listing (as sids; none without a set) and its number of nodes.

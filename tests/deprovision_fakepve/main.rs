@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::cli::orphans;
 use omni_infra_provider_proxmox::pipeline::deprovision::{
-    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, deprovision,
+    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, deprovision_reporting,
 };
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
 use omni_infra_provider_proxmox::proxmox::property::{IsoVolume, StorageId};
@@ -61,7 +61,9 @@ async fn run(
 ) {
     let progress = Progress::default();
     let report = |line: &str| progress.0.lock().unwrap().push(line.to_owned());
-    let result = deprovision(pve, target, &DeprovisionOptions::default(), &report).await;
+    let result = deprovision_reporting(pve, target, &DeprovisionOptions::default(), &report)
+        .await
+        .map(|d| d.outcome);
     (result, progress.lines())
 }
 

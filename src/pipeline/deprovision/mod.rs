@@ -132,19 +132,6 @@ pub struct Deprovisioned {
     pub leftover_pool: bool,
 }
 
-/// VMs that look like the request's: named after it and carrying our provider tag (templates
-/// never are).
-pub fn by_identity<'a>(
-    listing: &'a Listing,
-    request_id: &str,
-    provider_id: &str,
-) -> Vec<&'a VmResource> {
-    listing
-        .vms()
-        .filter(|vm| identity::looks_like(vm, request_id, provider_id))
-        .collect()
-}
-
 /// An online node that can reach `storage`: the preferred ones first, then any node where a shared
 /// storage of that name is listed.
 fn online_node_for(listing: &Listing, storage: &str, preferred: &[NodeName]) -> Option<NodeName> {
@@ -164,20 +151,9 @@ enum Verdict {
     Gone,
 }
 
-/// Deletes the request's VM and seed ISO. See the module docs for the rules; `progress` gets readable
+/// Deletes the request's VM and seed ISO, saying what was left behind (see
+/// [`Deprovisioned::leftover_seed_iso`]). See the module docs for the rules; `progress` gets readable
 /// status lines ("shutting down VM 104 on pve2 …") for the MachineRequestStatus.
-pub async fn deprovision(
-    pve: &ProxmoxClient,
-    target: &DeprovisionTarget,
-    options: &DeprovisionOptions,
-    progress: &(dyn Fn(&str) + Send + Sync),
-) -> Result<DeprovisionOutcome, DeprovisionError> {
-    deprovision_reporting(pve, target, options, progress)
-        .await
-        .map(|d| d.outcome)
-}
-
-/// [`deprovision`], also saying what was left behind (see [`Deprovisioned::leftover_seed_iso`]).
 pub async fn deprovision_reporting(
     pve: &ProxmoxClient,
     target: &DeprovisionTarget,
@@ -345,9 +321,10 @@ async fn deprovision_in(
     }
     // No VMID recorded (a crash between create and recording it), or the recorded one is gone or
     // someone else's: look for the request's identity, which costs nothing more.
-    let candidates: Vec<&VmResource> = by_identity(view, &target.request_id, &target.provider_id)
-        .into_iter()
+    let candidates: Vec<&VmResource> = view
+        .vms()
         .filter(|vm| Some(vm.vmid) != target.vmid)
+        .filter(|vm| identity::looks_like(vm, &target.request_id, &target.provider_id))
         .collect();
     match candidates.as_slice() {
         [] => {}

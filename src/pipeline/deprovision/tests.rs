@@ -127,8 +127,9 @@ fn view_finds_identity_and_nodes_for_shared_storage() {
     ]))
     .unwrap();
     let view = Listing::from(resources);
-    let found: Vec<u32> = by_identity(&view, "r", "p")
-        .iter()
+    let found: Vec<u32> = view
+        .vms()
+        .filter(|vm| identity::looks_like(vm, "r", "p"))
         .map(|v| v.vmid.get())
         .collect();
     assert_eq!(found, [104]);
