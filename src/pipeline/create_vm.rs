@@ -175,7 +175,7 @@ async fn make_set_pool(
         pve.ensure_pool(pool.as_str(), identity::SET_POOL_COMMENT),
     )
     .await?;
-    ctx.services.ledgers.pools.created(pool.as_str());
+    ctx.services.ledgers.pools.seen(pool.as_str());
     Ok(())
 }
 

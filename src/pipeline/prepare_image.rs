@@ -277,9 +277,7 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
         (kind == BootImage::Iso).then(|| image_presence_key(node.as_str(), wanted.volid));
     let ledgers = &ctx.services.ledgers;
     if ctx.state.iso_download_task.is_none()
-        && presence
-            .as_deref()
-            .is_some_and(|k| ledgers.images.present(k))
+        && presence.as_deref().is_some_and(|k| ledgers.images.known(k))
     {
         return Ok(());
     }
@@ -386,7 +384,7 @@ pub(super) async fn put_back_if_missing(
     ctx.services
         .ledgers
         .images
-        .gone(&image_presence_key(node.as_str(), &volid));
+        .forget(&image_presence_key(node.as_str(), &volid));
     tracing::warn!(request = %ctx.request.id, volume = %volid, "the Talos ISO is gone from its storage; downloading it again");
     restore_boot_iso(ctx, node).await?;
     Ok(true)

@@ -2,7 +2,7 @@
 //! it, and the cluster facts read once for all of them: one ledger per concern, gathered in
 //! [`Ledgers`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,10 +26,13 @@ pub struct Ledgers {
     pub ip: IpLedgers,
     pub placements: Placements,
     pub vmids: Vmids,
-    /// Default pools (named after machine-request sets) this process made sure exist.
-    pub pools: Pools,
+    /// Default pools (named after machine-request sets) this process made sure exist; made again
+    /// on demand if its set comes back.
+    pub pools: Known<{ u64::MAX }>,
     pub locks: Locks,
-    pub images: Images,
+    /// Boot ISOs (by [`image_presence_key`]) this process saw in their storage: the storage is not
+    /// listed again for each VM while they are trusted ([`IMAGE_TRUSTED_FOR`]).
+    pub images: Known<{ IMAGE_TRUSTED_FOR.as_secs() }>,
     pub releases: Releases,
     pub facts: PveFacts,
 }
@@ -44,14 +47,14 @@ pub fn image_lock_key(volume: &str) -> String {
     format!("image:{volume}")
 }
 
-/// The key of [`Images::present`] for a boot ISO on a node.
+/// The key of [`Ledgers::images`] for a boot ISO on a node.
 pub fn image_presence_key(node: &str, volid: &str) -> String {
     format!("{node}/{volid}")
 }
 
 /// How long a boot ISO seen in its storage is trusted to be there without listing the storage again.
 /// Only an operator deletes one (neither provider does), and a create or start that then finds it
-/// missing puts it back ([`Images::gone`]), so this bounds how long such a deletion goes unnoticed
+/// missing puts it back ([`Known::forget`]), so this bounds how long such a deletion goes unnoticed
 /// by requests that have not started yet, not whether it is repaired.
 pub const IMAGE_TRUSTED_FOR: Duration = Duration::from_secs(600);
 
@@ -62,22 +65,27 @@ pub const HA_RULES_LOCK: &str = "ha-rules";
 /// How long a Proxmox VE version read is trusted: an upgrade is noticed within this time.
 pub const PVE_VERSION_MAX_AGE: Duration = Duration::from_secs(600);
 
-/// The set pools this process made.
+/// Keys this process knows to exist (a pool, a boot ISO in its storage), each trusted for `SECS`
+/// seconds after it was last seen, unless found gone meanwhile.
 #[derive(Default)]
-pub struct Pools(Mutex<HashSet<String>>);
+pub struct Known<const SECS: u64>(Mutex<HashMap<String, Instant>>);
 
-impl Pools {
-    pub fn known(&self, pool: &str) -> bool {
-        entry(&self.0).contains(pool)
+impl<const SECS: u64> Known<SECS> {
+    /// Whether `key` was seen within `SECS` seconds and not found gone since.
+    pub fn known(&self, key: &str) -> bool {
+        entry(&self.0)
+            .get(key)
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(SECS))
     }
 
-    pub fn created(&self, pool: &str) {
-        entry(&self.0).insert(pool.to_owned());
+    /// `key` exists: made, listed, downloaded, or a VM just started from it.
+    pub fn seen(&self, key: &str) {
+        entry(&self.0).insert(key.to_owned(), Instant::now());
     }
 
-    /// Made again on demand if its set comes back.
-    pub fn forget(&self, pool: &str) {
-        entry(&self.0).remove(pool);
+    /// `key` was found missing (deleted behind this process's back), or is going.
+    pub fn forget(&self, key: &str) {
+        entry(&self.0).remove(key);
     }
 }
 
@@ -93,31 +101,6 @@ impl Locks {
     /// set).
     pub fn exclusive(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
         entry(&self.0).entry(key.to_owned()).or_default().clone()
-    }
-}
-
-/// Boot ISOs (by [`image_presence_key`]) this process saw in their storage, and when: the storage
-/// is not listed again for each VM while they are trusted ([`Images::present`]).
-#[derive(Default)]
-pub struct Images(Mutex<HashMap<String, Instant>>);
-
-impl Images {
-    /// Whether the boot ISO was seen in its storage within [`IMAGE_TRUSTED_FOR`] and not found
-    /// missing since.
-    pub fn present(&self, key: &str) -> bool {
-        entry(&self.0)
-            .get(key)
-            .is_some_and(|at| at.elapsed() < IMAGE_TRUSTED_FOR)
-    }
-
-    /// The boot ISO is in its storage: listed, downloaded, or a VM just started from it.
-    pub fn seen(&self, key: &str) {
-        entry(&self.0).insert(key.to_owned(), Instant::now());
-    }
-
-    /// A create or start found the boot ISO missing (deleted behind this process's back).
-    pub fn gone(&self, key: &str) {
-        entry(&self.0).remove(key);
     }
 }
 
