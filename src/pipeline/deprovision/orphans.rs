@@ -49,13 +49,6 @@ pub struct FoundIso {
     pub volume: StorageVolume,
 }
 
-/// Our VMs (provider tag), the only ones whose configs the orphan search reads.
-pub fn our_vms<'a>(vms: &'a [VmResource], provider_id: &str) -> Vec<&'a VmResource> {
-    vms.iter()
-        .filter(|vm| identity::made_by(vm, provider_id))
-        .collect()
-}
-
 /// The ISO volumes a VM config uses (CD-ROM drives: `ide2: local:iso/x.iso,media=cdrom`).
 pub fn iso_volumes_in(config: &VmConfig) -> Vec<String> {
     config
@@ -71,12 +64,10 @@ pub fn iso_volumes_in(config: &VmConfig) -> Vec<String> {
 
 /// Whether a file name is one of our seed ISOs.
 pub fn is_seed_iso(volume: &str) -> bool {
-    IsoVolume::parse(volume)
-        .map(|iso| {
-            let f = iso.file.to_string();
-            f.starts_with("omni-seed-") && f.ends_with(".iso")
-        })
-        .unwrap_or(false)
+    IsoVolume::parse(volume).is_ok_and(|iso| {
+        let f = iso.file.to_string();
+        f.starts_with("omni-seed-") && f.ends_with(".iso")
+    })
 }
 
 /// Decides what is orphaned: VMs with our provider tag whose request is not live, and seed ISOs that
@@ -99,9 +90,18 @@ pub fn find_orphans(
         .iter()
         .map(|r| r.to_ascii_lowercase())
         .collect();
-    for vm in our_vms(vms, provider_id) {
+    // A live request's seed, or one named after a VM of ours, is not an orphan.
+    let mut protected_seeds: BTreeSet<String> = live_requests
+        .iter()
+        .map(|r| seed_iso_file_name(r).to_ascii_lowercase())
+        .collect();
+    for vm in vms.iter().filter(|vm| identity::made_by(vm, provider_id)) {
         let tags = vm.tag_list();
-        let request = match (identity::tagged_request(&tags), vm.name.as_deref()) {
+        let tagged = identity::tagged_request(&tags);
+        for named in [tagged, vm.name.as_deref()].into_iter().flatten() {
+            protected_seeds.insert(seed_iso_file_name(named).to_ascii_lowercase());
+        }
+        let request = match (tagged, vm.name.as_deref()) {
             (Some(tagged), Some(name)) if tagged.eq_ignore_ascii_case(name) => {
                 Some(name.to_owned())
             }
@@ -128,19 +128,6 @@ pub fn find_orphans(
         });
     }
     let used: BTreeSet<&str> = used_isos.values().flatten().map(String::as_str).collect();
-    let mut protected_seeds: BTreeSet<String> = live_requests
-        .iter()
-        .map(|r| seed_iso_file_name(r).to_ascii_lowercase())
-        .collect();
-    for vm in our_vms(vms, provider_id) {
-        let tags = vm.tag_list();
-        for request in [identity::tagged_request(&tags), vm.name.as_deref()]
-            .into_iter()
-            .flatten()
-        {
-            protected_seeds.insert(seed_iso_file_name(request).to_ascii_lowercase());
-        }
-    }
     let mut seen = BTreeSet::new();
     for found in isos {
         let volume = found.volume.volid.as_str();
