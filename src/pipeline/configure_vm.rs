@@ -14,6 +14,7 @@ use super::error::StepError;
 use super::seed::upload_seed;
 use super::step::StepOutcome;
 use crate::model::vm::{BootDisk, cloud_init_drives};
+use crate::proxmox::types::VmConfig;
 use crate::rules::provider_data::BootMode;
 use crate::rules::vm_config;
 
@@ -29,13 +30,7 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
     }
     if ctx.data.boot == BootMode::Image {
         // Created fully configured, its disk the size of the Talos image: only the growing is left.
-        let (node, vmid) = (&vm.node, vm.vmid);
-        let current = ctx
-            .services
-            .pve
-            .vm_config(node, vmid)
-            .await
-            .map_err(StepError::proxmox(format!("reading VM {vmid} on {node}")))?;
+        let current = read_config(ctx, vm).await?;
         grow_boot_disk(ctx, vm, BootDisk::of(&current)).await?;
         return Ok(StepOutcome::Done);
     }
@@ -44,10 +39,7 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
     let listing = ctx.cluster(false).await?;
     let target = target(ctx, node, vmid, &listing, Some(seed))?;
     let pve = &ctx.services.pve;
-    let current = pve
-        .vm_config(node, vmid)
-        .await
-        .map_err(StepError::proxmox(format!("reading VM {vmid} on {node}")))?;
+    let current = read_config(ctx, vm).await?;
     let boot = BootDisk::of(&current);
     let identity = ctx.identity();
     let params = vm_config::render_after_clone(&ctx.data, &identity, &target, boot.as_ref())
@@ -79,6 +71,13 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
 
     grow_boot_disk(ctx, vm, boot).await?;
     Ok(StepOutcome::Done)
+}
+
+async fn read_config(ctx: &StepContext<'_>, vm: &VmAt) -> Result<VmConfig, StepError> {
+    let (node, vmid) = (&vm.node, vm.vmid);
+    let doing = format!("reading VM {vmid} on {node}");
+    let read = ctx.services.pve.vm_config(node, vmid).await;
+    read.map_err(StepError::proxmox(doing))
 }
 
 /// Grows the boot disk (a cloned template's, or one made from the disk image) to `disk_size` when it

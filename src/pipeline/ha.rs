@@ -164,22 +164,11 @@ fn groups_unmigrated(doing: &str, e: &ProxmoxError) -> String {
 
 /// `change` with the sids in `gone` left out of its resources.
 fn without(change: &RuleChange, gone: &[String]) -> RuleChange {
-    let keep = |r: &Vec<String>| {
-        r.iter()
-            .filter(|s| !gone.contains(s))
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    match change {
-        RuleChange::Create(rule) => RuleChange::Create(crate::proxmox::ha::NewHaRule {
-            resources: keep(&rule.resources),
-            ..rule.clone()
-        }),
-        RuleChange::Join { rule, resources } => RuleChange::Join {
-            rule: rule.clone(),
-            resources: keep(resources),
-        },
-    }
+    let mut change = change.clone();
+    let (RuleChange::Create(crate::proxmox::ha::NewHaRule { resources, .. })
+    | RuleChange::Join { resources, .. }) = &mut change;
+    resources.retain(|s| !gone.contains(s));
+    change
 }
 
 async fn apply(

@@ -37,19 +37,20 @@ impl Step {
     ];
 
     pub fn name(self) -> &'static str {
-        match self {
-            Step::PickNode => "pick_node",
-            Step::PrepareImage => "prepare_image",
-            Step::CreateVm => "create_vm",
-            Step::ConfigureVm => "configure_vm",
-            Step::StartVm => "start_vm",
-            Step::DiscoverIp => "discover_ip",
-        }
+        // In the order the steps are declared.
+        [
+            "pick_node",
+            "prepare_image",
+            "create_vm",
+            "configure_vm",
+            "start_vm",
+            "discover_ip",
+        ][self as usize]
     }
 
     /// 1-based position, for "step 3/6".
     pub fn number(self) -> usize {
-        Self::ALL.iter().position(|s| *s == self).unwrap_or(0) + 1
+        self as usize + 1
     }
 
     /// The official provider's name for the step of its own that this step's work corresponds to,

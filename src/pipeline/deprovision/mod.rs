@@ -175,10 +175,11 @@ pub async fn deprovision_reporting(
             source,
         })?;
     let outcome = deprovision_in(pve, &view, target, options, progress).await?;
-    let vm_node = match &outcome {
-        DeprovisionOutcome::Deleted { node, .. } => Some(node.clone()),
+    let deleted = match &outcome {
+        DeprovisionOutcome::Deleted { node, vmid } => Some((node.clone(), *vmid)),
         _ => None,
     };
+    let vm_node = deleted.as_ref().map(|(node, _)| node.clone());
     let leftover_seed_iso = delete_seed_iso(pve, &view, target, vm_node, options, progress)
         .await
         .err();
@@ -193,14 +194,10 @@ pub async fn deprovision_reporting(
         .as_ref()
         .or(target.official_pool.as_ref());
     if let Some(pool) = set_pool {
-        let deleted = match &outcome {
-            DeprovisionOutcome::Deleted { vmid, .. } => Some(*vmid),
-            _ => None,
-        };
         let ask = pool_may_be_empty(
             &view,
             pool,
-            deleted,
+            deleted.map(|(_, vmid)| vmid),
             &target.provider_id,
             options.departing.as_ref(),
         );

@@ -28,14 +28,12 @@ pub(super) async fn delete_seed_iso(
     };
     let storage = iso.storage.to_string();
     let mut preferred: Vec<NodeName> = Vec::new();
-    for n in [
+    let candidates = [
         target.seed_iso_node.clone(),
         target.recorded_node.clone(),
         vm_node,
-    ]
-    .into_iter()
-    .flatten()
-    {
+    ];
+    for n in candidates.into_iter().flatten() {
         if !preferred.contains(&n) {
             preferred.push(n);
         }

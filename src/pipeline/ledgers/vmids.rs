@@ -30,6 +30,13 @@ struct Held {
     recorded: HashMap<u32, String>,
 }
 
+impl Held {
+    /// Whether a create at `vmid` is in flight, or another request's provider state records it.
+    fn by_another(&self, vmid: u32, request: &str) -> bool {
+        self.in_flight.contains(&vmid) || self.recorded.get(&vmid).is_some_and(|r| r != request)
+    }
+}
+
 /// Far longer than any listing a request chooses from is kept (a few seconds).
 const MADE_HELD_FOR: Duration = Duration::from_secs(600);
 /// Whoever made the VMID Proxmox refused (a guest the token cannot see, another client) may be
@@ -41,19 +48,17 @@ impl Vmids {
     /// there or made one lately, or another request's provider state records it.
     pub fn held(&self, vmid: u32, request: &str) -> bool {
         let held = entry(&self.held);
-        held.in_flight.contains(&vmid)
+        held.by_another(vmid, request)
             || held
                 .made
                 .get(&vmid)
                 .is_some_and(|at| at.elapsed() < MADE_HELD_FOR)
-            || held.recorded.get(&vmid).is_some_and(|r| r != request)
     }
 
     /// Marks `vmid` as in flight and recorded by `request`; false when another request holds it.
     pub fn take(&self, vmid: u32, request: &str) -> bool {
         let mut held = entry(&self.held);
-        if held.in_flight.contains(&vmid) || held.recorded.get(&vmid).is_some_and(|r| r != request)
-        {
+        if held.by_another(vmid, request) {
             return false;
         }
         held.in_flight.insert(vmid);
