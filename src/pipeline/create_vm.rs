@@ -127,12 +127,8 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         }
     };
     // Machines of a set starting together make its pool once: the others wait for the first.
-    let lock = ctx
-        .services
-        .ledgers
-        .locks
-        .exclusive(&format!("pool:{pool}"));
-    let _one_create_per_pool = lock.lock().await;
+    let locks = &ctx.services.ledgers.locks;
+    let _one_create_per_pool = locks.hold(&format!("pool:{pool}")).await;
     if !ctx.services.ledgers.pools.known(pool.as_str()) {
         let doing = format!("creating pool {pool} for machine-request set {set}");
         make_set_pool(ctx, &pool, doing).await?;

@@ -52,8 +52,7 @@ async fn join_rules(
 ) -> Result<(), StepError> {
     let doing = format!("adding VM {vmid} to its HA rules");
     ctx.report(doing.clone()).await;
-    let lock = ctx.services.ledgers.locks.exclusive(HA_RULES_LOCK);
-    let _one_change_at_a_time = lock.lock().await;
+    let _one_change_at_a_time = ctx.services.ledgers.locks.hold(HA_RULES_LOCK).await;
     let sid = vm_sid(vmid);
     let set = ctx.request.set_id.clone();
     let comment = format!(
@@ -239,15 +238,9 @@ pub(super) async fn check_rules_in_turn(
     listing: &Listing,
 ) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, StepError> {
     let in_rules = ctx.data.ha.as_ref().is_some_and(HaSettings::uses_rules);
+    let locks = &ctx.services.ledgers.locks;
     let turn = match ctx.request.set_id.as_deref().filter(|_| in_rules) {
-        Some(set) => {
-            let lock = ctx
-                .services
-                .ledgers
-                .locks
-                .exclusive(&format!("ha-placement:{set}"));
-            Some(lock.lock_owned().await)
-        }
+        Some(set) => Some(locks.hold(&format!("ha-placement:{set}")).await),
         None => None,
     };
     check_rules_before_create(ctx, listing).await?;

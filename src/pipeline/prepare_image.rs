@@ -149,12 +149,12 @@ async fn download(
     } else {
         format!("{node}/{volid}")
     };
-    let lock = ctx
+    let _guard = ctx
         .services
         .ledgers
         .locks
-        .exclusive(&image_lock_key(&lock_key));
-    let _guard = lock.lock().await;
+        .hold(&image_lock_key(&lock_key))
+        .await;
     let wanted = Wanted {
         kind,
         schematic: &schematic,
@@ -406,12 +406,10 @@ async fn restore_boot_iso(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<
         &ctx.request.talos_version,
         BootImage::Iso.file(),
     );
-    let lock = ctx
-        .services
-        .ledgers
-        .locks
-        .exclusive(&image_lock_key(&format!("{node}/{volid}")));
-    let _guard = lock.lock().await;
+    let locks = &ctx.services.ledgers.locks;
+    let _guard = locks
+        .hold(&image_lock_key(&format!("{node}/{volid}")))
+        .await;
     ctx.state.iso_download_task = None;
     let wanted = Wanted {
         kind: BootImage::Iso,

@@ -102,6 +102,11 @@ impl Locks {
     pub fn exclusive(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
         entry(&self.0).entry(key.to_owned()).or_default().clone()
     }
+
+    /// Waits for the lock of `key` ([`Locks::exclusive`]) and holds it until the guard is dropped.
+    pub async fn hold(&self, key: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        self.exclusive(key).lock_owned().await
+    }
 }
 
 /// Facts about the Proxmox cluster read once for every request.
