@@ -84,10 +84,6 @@ impl FactoryAuth {
     pub fn for_factory(&self, factory_url: &str) -> Option<&Credentials> {
         self.0.get(factory_url.trim_end_matches('/'))
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// Whether credentials may travel to `url`: encrypted, or not leaving the machine.
