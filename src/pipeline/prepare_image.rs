@@ -272,7 +272,7 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
             .await;
     }
     // A boot ISO seen lately needs no listing per VM: a start that finds it gone puts it back
-    // (`restore_boot_iso`). A disk image is only read by the create, which cannot do that.
+    // (`put_back_if_missing`). A disk image is only read by the create, which cannot do that.
     let presence =
         (kind == BootImage::Iso).then(|| image_presence_key(node.as_str(), wanted.volid));
     let ledgers = &ctx.services.ledgers;
@@ -374,7 +374,7 @@ pub(super) async fn put_back_if_missing(
     let StepError::Proxmox { source, .. } = error else {
         return Ok(false);
     };
-    let Some(volume) = ctx.state.boot_iso.as_ref() else {
+    let Some(volume) = ctx.state.boot_iso.clone() else {
         return Ok(false);
     };
     let volid = volume.to_string();
@@ -386,20 +386,12 @@ pub(super) async fn put_back_if_missing(
         .images
         .forget(&image_presence_key(node.as_str(), &volid));
     tracing::warn!(request = %ctx.request.id, volume = %volid, "the Talos ISO is gone from its storage; downloading it again");
-    restore_boot_iso(ctx, node).await?;
-    Ok(true)
-}
-
-/// Puts the request's boot ISO back where its VM's config expects it: the same file name in the
-/// same storage, downloaded from the same URL.
-async fn restore_boot_iso(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<(), StepError> {
-    let (Some(volume), Some(schematic)) = (ctx.state.boot_iso.clone(), ctx.state.schematic.clone())
-    else {
-        return Ok(());
+    let Some(schematic) = ctx.state.schematic.clone() else {
+        return Ok(true);
     };
-    let volid = volume.to_string();
-    let file_name = volume.file.to_string();
-    let storage = volume.storage.to_string();
+    // The same file name in the same storage, downloaded from the same URL: where the VM's config
+    // expects it.
+    let (file_name, storage) = (volume.file.to_string(), volume.storage.to_string());
     let url = image_url(
         ctx.request.factory(ctx.services),
         &schematic,
@@ -421,7 +413,8 @@ async fn restore_boot_iso(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<
         version: &talos_version(&ctx.request.talos_version),
         url: &url,
     };
-    fetch(ctx, &wanted).await
+    fetch(ctx, &wanted).await?;
+    Ok(true)
 }
 
 /// The storage on `node` a boot image goes to: the first that matches `iso_storage_selector` (or
