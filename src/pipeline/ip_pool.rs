@@ -140,7 +140,7 @@ fn take(
 async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr>, StepError> {
     let listing = ctx.cluster(false).await?;
     let vms: Vec<_> = listing.guests().cloned().collect();
-    let mut cache = ctx.services.ledgers.ip.agent_answers().await;
+    let mut cache = ctx.services.ledgers.ip.agent.lock().await;
     let fresh = cache
         .as_ref()
         .is_some_and(|(at, _)| at.elapsed() < AGENT_ADDRESSES_MAX_AGE);

@@ -8,7 +8,7 @@ use super::error::StepError;
 use super::prepare_image::download_storage;
 use crate::proxmox::property::{IsoFileName, IsoVolume};
 use crate::proxmox::types::NodeName;
-use crate::rules::cloud_init::{NetworkConfig, seed_files, seed_iso, seed_iso_file_name};
+use crate::rules::cloud_init::{seed_files, seed_iso, seed_iso_file_name};
 use crate::rules::ip_pool;
 use crate::rules::storage::Content;
 
@@ -29,7 +29,14 @@ pub async fn upload_seed(
         .state
         .uuid
         .ok_or_else(|| StepError::Cluster("the provider state records no SMBIOS UUID".into()))?;
-    let network = network_config(ctx)?;
+    // DHCP, or every NIC by its MAC with the static addresses the provider state records.
+    let network = ip_pool::network_config(
+        &ctx.request.id,
+        1 + ctx.data.additional_nics.len(),
+        &ctx.state.ip_allocations,
+        &ctx.services.config.ip_pools,
+    )
+    .map_err(|p| StepError::config(format!("the recorded static address: {p}")))?;
     let files = seed_files(
         &ctx.join.join_config,
         instance_id,
@@ -54,18 +61,6 @@ pub async fn upload_seed(
     ctx.state.seed_iso = Some(volume.clone());
     ctx.persist().await?;
     Ok(volume)
-}
-
-/// DHCP, or every NIC by its MAC with the static addresses the provider state records.
-fn network_config(ctx: &StepContext<'_>) -> Result<NetworkConfig, StepError> {
-    let nic_count = 1 + ctx.data.additional_nics.len();
-    ip_pool::network_config(
-        &ctx.request.id,
-        nic_count,
-        &ctx.state.ip_allocations,
-        &ctx.services.config.ip_pools,
-    )
-    .map_err(|p| StepError::config(format!("the recorded static address: {p}")))
 }
 
 /// The MACs the VM's NICs get: deterministic ones on every NIC once one has a static address (the

@@ -29,8 +29,9 @@ pub struct IpLedgers {
     /// Requests released before the ledger was seeded: a listing read before their state was
     /// destroyed must not bring their addresses back.
     released_before_seed: Mutex<HashSet<String>>,
-    /// Addresses running VMs reported through their guest agent, by VMID, and when they were read.
-    agent: tokio::sync::Mutex<Option<AgentAnswers>>,
+    /// Addresses running VMs reported through their guest agent, by VMID, and when they were read;
+    /// locked while they are read again.
+    pub agent: tokio::sync::Mutex<Option<AgentAnswers>>,
     /// Requests that found their pool full, to be looked at again as soon as an address is freed
     /// (instead of at their next backoff, which may be minutes away).
     waiting: Mutex<BTreeSet<String>>,
@@ -42,11 +43,6 @@ impl IpLedgers {
     /// The allocations, locked: an address is decided and held under this one lock.
     pub fn held(&self) -> MutexGuard<'_, IpLedger> {
         entry(&self.held)
-    }
-
-    /// The guest agents' last answers, locked while they are read again.
-    pub async fn agent_answers(&self) -> tokio::sync::MutexGuard<'_, Option<AgentAnswers>> {
-        self.agent.lock().await
     }
 
     /// Fills this ledger, and `vmids`, from every provider state in Omni, once per process (the
