@@ -36,9 +36,7 @@ const WAIT_FOR_IDENTITY: std::time::Duration = std::time::Duration::from_secs(5)
 const VMID_ATTEMPTS: usize = 5;
 
 pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
-    if ctx.state.uuid.is_none() {
-        ctx.state.uuid = Some(uuid::Uuid::new_v4());
-    }
+    ctx.state.uuid.get_or_insert_with(uuid::Uuid::new_v4);
     let request_id = ctx.request.id.clone();
     // A VM of this request can exist only if a VMID was recorded for it (ours is recorded before the
     // create call; the official provider records its own): only then must the listing be fresh to

@@ -41,7 +41,6 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         // The VM exists (or may): its seed was written with what the state records.
         return Ok(());
     }
-    let before = ctx.state.ip_allocations.len();
     // A class changed before the VM existed: an allocation for a pool it no longer names goes.
     let stale: Vec<IpAllocation> = ctx
         .state
@@ -83,9 +82,8 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         });
     }
     ctx.services.ledgers.ip.stop_waiting(&ctx.request.id);
-    if ctx.state.ip_allocations.len() != before || !stale.is_empty() {
-        ctx.report("recording the static addresses").await;
-    }
+    // Something was allocated or released: neither `missing` nor `stale` is empty.
+    ctx.report("recording the static addresses").await;
     ctx.persist().await
 }
 
