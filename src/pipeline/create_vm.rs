@@ -413,24 +413,20 @@ pub fn target(
 ) -> Result<VmTarget, StepError> {
     let missing = |what: &str| StepError::Cluster(format!("the provider state records no {what}"));
     let storage = recorded_storage(ctx)?;
-    let boot_iso = ctx.state.boot_iso.clone();
-    let boot_image = ctx.state.boot_image.clone();
-    let seed_iso = match seed_iso.or_else(|| ctx.state.seed_iso.clone()) {
-        Some(s) => s,
-        None => return Err(missing("seed ISO")),
-    };
+    let seed_iso = seed_iso.or_else(|| ctx.state.seed_iso.clone());
+    let seed_iso = seed_iso.ok_or_else(|| missing("seed ISO"))?;
     let smbios_uuid = ctx.state.uuid.ok_or_else(|| missing("SMBIOS UUID"))?;
-    let mut additional_disk_storages = Vec::new();
-    for (i, disk) in ctx.data.additional_disks.iter().enumerate() {
-        additional_disk_storages.push(disk_storage(listing, node, disk, i)?);
-    }
+    let disks = ctx.data.additional_disks.iter().enumerate();
+    let additional_disk_storages = disks
+        .map(|(i, disk)| disk_storage(listing, node, disk, i))
+        .collect::<Result<_, _>>()?;
     Ok(VmTarget {
         vmid: vmid.get(),
         storage,
         additional_disk_storages,
         smbios_uuid,
-        boot_iso,
-        boot_image,
+        boot_iso: ctx.state.boot_iso.clone(),
+        boot_image: ctx.state.boot_image.clone(),
         seed_iso,
         macs: super::seed::nic_macs(ctx),
     })

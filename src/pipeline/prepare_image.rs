@@ -479,12 +479,12 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
     })
     .map_err(|e| StepError::config(format!("cannot build the image schematic: {e}")))?;
     let services = ctx.services;
-    let id = match services
+    match services
         .management
         .create_schematic_from_raw(&yaml, version)
         .await
     {
-        Ok(id) => id,
+        Ok(id) => Ok(id),
         // Omni before 1.8: ask the factory ourselves, as the older Go library did.
         Err(ManagementError::OmniTooOld) => image_factory::create_schematic(
             &services.factory_http,
@@ -496,14 +496,11 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
             StepError::Cluster(format!(
                 "this Omni is older than 1.8, so the schematic went to the Image Factory directly, which failed: {e}"
             ))
-        })?,
-        Err(other) => {
-            return Err(StepError::Cluster(format!(
-                "creating the image schematic through Omni: {other}"
-            )));
-        }
-    };
-    Ok(id)
+        }),
+        Err(other) => Err(StepError::Cluster(format!(
+            "creating the image schematic through Omni: {other}"
+        ))),
+    }
 }
 
 /// `<factory>/image/<schematic>/<version>/<file>`. The factory adds a missing `v` itself
