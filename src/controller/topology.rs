@@ -306,7 +306,7 @@ pub async fn apply(ctx: &Context, change: &Change) -> Result<(), RoundError> {
             // `false`: Omni still holds a finalizer; destroyed in a later round.
             let gone = ctx
                 .state
-                .teardown_and_destroy(&what, &ctx.owner)
+                .teardown_and_destroy(&what, &ctx.owner, super::outputs::PATCH_RELEASE_WAIT)
                 .await
                 .map_err(omni("removing a topology config patch request"))?;
             if gone {

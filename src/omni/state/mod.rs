@@ -35,21 +35,26 @@ pub struct Typed<S> {
     pub spec: S,
     /// The spec's fields `S` does not define, as read, written back with it ([`unknown`]).
     pub unknown_fields: Vec<u8>,
+    /// The spec exactly as Omni sent it (`None` for a resource built here): a finalizer-only
+    /// update echoes it unchanged ([`StateClient::remove_finalizer_from`]).
+    pub received_spec: Option<pb::Spec>,
 }
 
 impl<S: prost::Message + Default> Typed<S> {
     pub fn decode(resource: pb::Resource) -> Result<Self, StateError> {
         let metadata = resource.metadata.unwrap_or_default();
-        let bytes = resource.spec.map(|s| s.proto_spec).unwrap_or_default();
-        let spec = S::decode(bytes.as_slice()).map_err(|e| StateError::Decode {
+        let received_spec = resource.spec.unwrap_or_default();
+        let bytes = received_spec.proto_spec.as_slice();
+        let spec = S::decode(bytes).map_err(|e| StateError::Decode {
             what: ResourceRef::from_metadata(&metadata),
             message: e.to_string(),
         })?;
-        let unknown_fields = unknown::unknown_fields(&bytes, &spec);
+        let unknown_fields = unknown::unknown_fields(bytes, &spec);
         Ok(Self {
             metadata,
             spec,
             unknown_fields,
+            received_spec: Some(received_spec),
         })
     }
 
@@ -359,11 +364,44 @@ impl StateClient {
 
     /// Tears `what` down and destroys it once no finalizer holds it: `Ok(true)` when it is gone (or
     /// already was), `Ok(false)` while another controller's finalizer keeps it (try again later).
+    ///
+    /// One TeardownAndDestroy call, which waits on the server for the finalizers to go
+    /// (cosi-project/runtime `pkg/state/wrap.go` TeardownAndDestroy: Teardown, a watch until the
+    /// finalizers are empty, Destroy), for at most `wait`: a controller that lets go at once (Omni's
+    /// ConfigPatchRequestController does, as soon as it sees the teardown) costs one call instead
+    /// of two; one that holds on is left to the watch, the resource torn down.
     pub async fn teardown_and_destroy(
         &self,
         what: &ResourceRef,
         owner: &str,
+        wait: Duration,
     ) -> Result<bool, StateError> {
+        self.check_fence(what)?;
+        if !self.teardown_unsupported.load(Ordering::Relaxed) {
+            let req = pb::TeardownAndDestroyRequest {
+                namespace: what.namespace.clone(),
+                r#type: what.resource_type.clone(),
+                id: what.id.clone(),
+                options: Some(pb::TeardownAndDestroyOptions {
+                    owner: owner.to_owned(),
+                }),
+            };
+            let mut raw = self.raw.clone();
+            let call = Box::pin(raw.teardown_and_destroy(req));
+            match tokio::time::timeout(wait.min(self.deadline), call).await {
+                Err(_) => return Ok(false),
+                Ok(Ok(_)) => return Ok(true),
+                Ok(Err(s)) if s.code() == Code::NotFound => return Ok(true),
+                // Teardown and TeardownAndDestroy came in the same COSI release (Omni 1.8).
+                Ok(Err(s)) if s.code() == Code::Unimplemented => {
+                    tracing::info!(
+                        "Omni has no TeardownAndDestroy RPC (older than 1.8); using Get+Update"
+                    );
+                    self.teardown_unsupported.store(true, Ordering::Relaxed);
+                }
+                Ok(Err(s)) => return Err(StateError::from_status(what.clone(), &s)),
+            }
+        }
         let ready = match self.teardown(what, owner).await {
             Ok(ready) => ready,
             Err(e) if e.is_not_found() => return Ok(true),
@@ -431,6 +469,33 @@ impl StateClient {
             f.len() != before
         })
         .await
+    }
+
+    /// Removes a finalizer from the copy of a resource a watch delivered, echoing its spec as
+    /// received and acting as its owner: one Update where [`Self::remove_finalizer`] needs a Get
+    /// first. Should the resource have changed since (a version conflict), the Get+Update loop
+    /// runs.
+    pub async fn remove_finalizer_from<S>(
+        &self,
+        delivered: &Typed<S>,
+        finalizer: &str,
+    ) -> Result<(), StateError> {
+        let what = ResourceRef::from_metadata(&delivered.metadata);
+        let mut metadata = delivered.metadata.clone();
+        metadata.finalizers.retain(|f| f != finalizer);
+        let removed = metadata.finalizers.len() < delivered.metadata.finalizers.len();
+        let Some(spec) = delivered.received_spec.clone().filter(|_| removed) else {
+            return self.remove_finalizer(&what, finalizer).await;
+        };
+        let owner = metadata.owner.clone();
+        let echo = pb::Resource {
+            metadata: Some(metadata),
+            spec: Some(spec),
+        };
+        match self.update_raw(echo, &owner, None).await {
+            Err(e) if e.is_conflict() => self.remove_finalizer(&what, finalizer).await,
+            other => other.map(drop),
+        }
     }
 
     async fn edit_finalizers(
@@ -571,6 +636,7 @@ impl StateClient {
                         },
                         spec: K::Spec::default(),
                         unknown_fields: Vec::new(),
+                        received_spec: None,
                     };
                     mutate(&mut fresh);
                     match self.create_typed(kind, &fresh, owner).await {
