@@ -19,7 +19,6 @@
 //! the labels existed get theirs; a class or `defaults:` turning the labels off removes the patch.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use super::context::Context;
 use super::requests::Request;
@@ -38,9 +37,6 @@ use crate::proxmox::types::VmResource;
 /// (`400-…` and up in Omni's UI), so theirs win there; `topology_labels: false` keeps theirs
 /// everywhere.
 pub const PATCH_PREFIX: &str = "100-topology-";
-
-/// How often the loop looks when nothing nudges it.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 
 pub fn patch_id(request_id: &str) -> String {
     format!("{PATCH_PREFIX}{request_id}")
