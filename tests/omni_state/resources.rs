@@ -529,55 +529,28 @@ async fn teardown_and_destroy_is_one_call_for_a_prompt_release() {
     });
     let calls = |m: &str| omni.state.calls(&format!("/cosi.resource.State/{m}"));
     let (teardowns, destroys) = (calls("Teardown"), calls("Destroy"));
-    let gone = client
-        .state
-        .teardown_and_destroy(
-            &ResourceRef::of(&kind, "prompt"),
-            &owner,
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+    let remove = |id: &'static str, wait_ms: u64| {
+        let (state, what, owner) = (&client.state, ResourceRef::of(&kind, id), &owner);
+        async move {
+            let wait = Duration::from_millis(wait_ms);
+            state
+                .teardown_and_destroy(&what, owner, wait)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(remove("prompt", 5000).await);
     release.await.unwrap();
-    assert!(gone);
     assert!(omni.state.get(&kind, "prompt").is_none());
     assert_eq!(calls("TeardownAndDestroy"), 1);
     assert_eq!((calls("Teardown"), calls("Destroy")), (teardowns, destroys));
 
-    let gone = client
-        .state
-        .teardown_and_destroy(
-            &ResourceRef::of(&kind, "held"),
-            &owner,
-            Duration::from_millis(200),
-        )
-        .await
-        .unwrap();
-    assert!(!gone, "held beyond the wait");
+    assert!(!remove("held", 200).await, "held beyond the wait");
     assert!(omni.state.get(&kind, "held").unwrap().is_tearing_down());
-
-    let gone = client
-        .state
-        .teardown_and_destroy(
-            &ResourceRef::of(&kind, "missing"),
-            &owner,
-            Duration::from_secs(1),
-        )
-        .await
-        .unwrap();
-    assert!(gone, "a missing resource is gone");
+    assert!(remove("missing", 1000).await, "a missing resource is gone");
 
     omni.state.set_teardown_unimplemented(true);
-    let gone = client
-        .state
-        .teardown_and_destroy(
-            &ResourceRef::of(&kind, "old"),
-            &owner,
-            Duration::from_secs(1),
-        )
-        .await
-        .unwrap();
-    assert!(gone);
+    assert!(remove("old", 1000).await);
     assert!(omni.state.get(&kind, "old").is_none());
     assert_eq!(calls("Destroy"), destroys + 1, "the fallback destroys");
 }
