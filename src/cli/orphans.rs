@@ -24,18 +24,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use serde::Serialize;
 
 use super::CliResult;
 use super::cluster::OutputFormat;
 use super::omni_args::OmniArgs;
-use crate::omni::auth::ProviderKey;
-use crate::omni::client::OmniClient;
-use crate::omni::resources::{Kind, MachineRequest, ProviderMachine, label};
-use crate::omni::state::LabelSelector;
-use crate::omni::transport::{self, OmniEndpoint};
+use super::pools::{live_requests, recorded_allocations};
+use crate::omni::state::StateError;
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
     deprovision_reporting, find_orphans, iso_volumes_in,
@@ -119,24 +115,23 @@ struct JsonReport<'a> {
     deletion: Option<&'a DeletionReport>,
 }
 
-/// The Omni connection from the flags; refuses without one (see the module docs).
-fn omni_endpoint(
-    args: &OrphansArgs,
-) -> Result<(OmniEndpoint, ProviderKey), Box<dyn std::error::Error + Send + Sync>> {
-    if !args.omni.is_set() {
-        return Err(OrphansError::NoOmni.into());
-    }
-    Ok(args.omni.connection()?)
-}
-
 pub async fn run(args: OrphansArgs) -> CliResult {
     telemetry::init_logging(LogFormat::Text, "warn")?;
-    let (endpoint, key) = omni_endpoint(&args)?;
-    let (config, _) = super::load_config(&args.config_file)?;
-    transport::install_crypto_provider();
-    let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.omni.id)?;
-    let live = live_requests(&omni, &args.omni.id).await?;
-    let allocations = orphaned_allocations(&omni, &args.omni.id, &live).await?;
+    let (config, omni) =
+        super::omni_and_config(&args.omni, &args.config_file, OrphansError::NoOmni)?;
+    let omni_error = |e: StateError| OrphansError::Omni {
+        provider_id: args.omni.id.clone(),
+        message: super::render_error(&e),
+    };
+    let live = live_requests(&omni, &args.omni.id)
+        .await
+        .map_err(omni_error)?;
+    let states = recorded_allocations(&omni, &args.omni.id)
+        .await
+        .map_err(omni_error)?;
+    // Those whose MachineRequest is gone (the same counting as the `pools` command).
+    let (_, left) = ip_pool::report(&[], &states, &BTreeSet::new(), &live);
+    let allocations = left.gone_requests;
 
     let pve = ProxmoxClient::new(&config.proxmox)?;
     let orphans = scan(&pve, &args.omni.id, &live).await?;
@@ -176,33 +171,6 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     }
 }
 
-/// Static IP allocations recorded in provider states whose MachineRequest is gone (the same
-/// counting as the `pools` command: [`ip_pool::report`]).
-async fn orphaned_allocations(
-    omni: &OmniClient,
-    provider_id: &str,
-    live: &BTreeSet<String>,
-) -> Result<Vec<Holding>, OrphansError> {
-    let states: Vec<(String, Vec<crate::model::machine::IpAllocation>)> = omni
-        .state
-        .list(&ProviderMachine::new(provider_id), vec![])
-        .await
-        .map_err(|e| OrphansError::Omni {
-            provider_id: provider_id.to_owned(),
-            message: super::render_error(&e),
-        })?
-        .iter()
-        .map(|m| {
-            (
-                m.id().to_owned(),
-                crate::model::MachineState::from_spec(&m.spec).ip_allocations,
-            )
-        })
-        .collect();
-    let (_, left) = ip_pool::report(&[], &states, &BTreeSet::new(), live);
-    Ok(left.gone_requests)
-}
-
 fn render_allocations(allocations: &[Holding]) -> String {
     if allocations.is_empty() {
         return "No static IP allocations of gone MachineRequests.\n".into();
@@ -217,27 +185,6 @@ fn render_allocations(allocations: &[Holding]) -> String {
         &super::pools::holding_rows(allocations),
     );
     out
-}
-
-/// IDs of the MachineRequests meant for this provider, whatever their phase (one being torn down
-/// is the controller's to finish, not ours).
-async fn live_requests(
-    omni: &OmniClient,
-    provider_id: &str,
-) -> Result<BTreeSet<String>, OrphansError> {
-    let requests = omni
-        .state
-        .list(
-            &MachineRequest,
-            vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id)],
-        )
-        .await
-        .map_err(|e| OrphansError::Omni {
-            provider_id: provider_id.to_owned(),
-            message: super::render_error(&e),
-        })?;
-    tracing::debug!(namespace = %MachineRequest.namespace(), count = requests.len(), "live machine requests");
-    Ok(requests.iter().map(|r| r.id().to_owned()).collect())
 }
 
 /// Lists the orphans: one cluster listing, the config of every VM (for the ISOs it uses: a seed ISO
@@ -536,8 +483,14 @@ mod tests {
             #[command(flatten)]
             args: OrphansArgs,
         }
+        let refusal = |args: &OrphansArgs| {
+            super::super::omni_and_config(&args.omni, &args.config_file, OrphansError::NoOmni)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
         let cli = Cli::try_parse_from(["x", "--config-file", "c.yaml", "--delete"]).unwrap();
-        let err = omni_endpoint(&cli.args).unwrap_err().to_string();
+        let err = refusal(&cli.args);
         assert!(
             err.contains("--omni-api-endpoint") && err.contains("live MachineRequests"),
             "{err}"
@@ -550,7 +503,10 @@ mod tests {
             "https://omni.example.com",
         ])
         .unwrap();
-        assert!(omni_endpoint(&cli.args).is_err(), "a key is needed too");
+        assert!(
+            refusal(&cli.args).contains("live MachineRequests"),
+            "a key is needed too"
+        );
     }
 
     #[test]
