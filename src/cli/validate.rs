@@ -24,7 +24,8 @@ use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::ProviderDataSchema;
 use crate::validate::{
-    Finding, Layers, Outcome, Report, config_file_findings, pool_findings, validate_class,
+    Finding, Layers, Outcome, Report, config_file_findings, findings_of, pool_findings,
+    validate_class,
 };
 
 #[derive(Debug, clap::Args)]
@@ -64,12 +65,7 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     let pools = pool_findings(&client, &schema, &layers, &config.ip_pools).await?;
     // The config's `policy:`, as provisioning checks it.
     let refused: Vec<Finding> = match layers.resolve_on(&schema, None) {
-        Ok(data) => config
-            .policy
-            .check(&data)
-            .into_iter()
-            .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
-            .collect(),
+        Ok(data) => findings_of(Outcome::Problem, None, config.policy.check(&data)).collect(),
         Err(_) => Vec::new(),
     };
     let reach = crate::validate::root_reach_warning(&client)

@@ -4,7 +4,7 @@
 //! the reason for every storage passed over.
 
 use super::cluster::ClusterCheck;
-use super::report::{Finding, Outcome};
+use super::report::{Finding, Outcome, findings_of};
 use crate::model::{GIB, NodeSnapshot};
 use crate::pipeline::prepare_image::BootImage;
 use crate::proxmox::network::mapping::ResourceMapping;
@@ -31,11 +31,7 @@ pub(crate) fn check_node(
     let here = match check.layers.resolve_on(check.schema, Some(&node.name)) {
         Ok(d) => d,
         Err(problems) => {
-            out.extend(
-                problems
-                    .into_iter()
-                    .map(|p| Finding::new(Outcome::Problem, p.key, Some(&node.name), p.message)),
-            );
+            out.extend(findings_of(Outcome::Problem, Some(&node.name), problems));
             return None;
         }
     };

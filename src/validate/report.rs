@@ -4,6 +4,8 @@ use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
+use crate::rules::provider_data::Problem;
+
 /// How one check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -55,6 +57,17 @@ impl Finding {
             message,
         }
     }
+}
+
+/// The provider data's `problems` (or warnings) as findings of `outcome`, on `node` if given.
+pub(crate) fn findings_of<'a>(
+    outcome: Outcome,
+    node: Option<&'a str>,
+    problems: Vec<Problem>,
+) -> impl Iterator<Item = Finding> + 'a {
+    problems
+        .into_iter()
+        .map(move |p| Finding::new(outcome, p.key, node, p.message))
 }
 
 impl fmt::Display for Finding {
