@@ -70,6 +70,15 @@ pub(crate) fn findings_of<'a>(
         .map(move |p| Finding::new(outcome, p.key, node, p.message))
 }
 
+/// `a, b, c`, or `none`.
+pub(crate) fn list_or_none<S: std::borrow::Borrow<str>>(items: &[S]) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
 impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.node {
