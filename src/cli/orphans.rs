@@ -320,34 +320,24 @@ pub async fn delete(
             default_pool: None,
             official_pool: None,
         };
-        let (outcome, seed_kept) =
-            match deprovision_reporting(pve, &target, &options, progress).await {
-                Ok(d) => {
-                    let kept = d.leftover_seed_iso.map(|e| e.to_string());
-                    (Ok(d.outcome), kept)
-                }
-                Err(e) => (Err(e), None),
-            };
-        let seed_done = |report: &mut DeletionReport| match &seed_kept {
-            Some(why) => report.failures.push(why.clone()),
-            None => report.deleted_isos.extend(target.seed_iso_volume.clone()),
-        };
-        match outcome {
-            Ok(DeprovisionOutcome::Deleted { vmid, .. }) => {
-                report.deleted_vms.push(vmid);
-                seed_done(&mut report);
-            }
-            Ok(DeprovisionOutcome::NotOurs { vmid, reason }) => {
-                report.left_alone.push((vmid, reason));
-                continue;
-            }
-            Ok(DeprovisionOutcome::AlreadyGone | DeprovisionOutcome::NothingRecorded) => {
-                seed_done(&mut report);
-            }
+        let done = match deprovision_reporting(pve, &target, &options, progress).await {
+            Ok(done) => done,
             Err(e) => {
                 report.failures.push(format!("VM {}: {e}", vm.vmid));
                 continue;
             }
+        };
+        match done.outcome {
+            DeprovisionOutcome::Deleted { vmid, .. } => report.deleted_vms.push(vmid),
+            DeprovisionOutcome::NotOurs { vmid, reason } => {
+                report.left_alone.push((vmid, reason));
+                continue;
+            }
+            DeprovisionOutcome::AlreadyGone | DeprovisionOutcome::NothingRecorded => {}
+        }
+        match done.leftover_seed_iso {
+            Some(why) => report.failures.push(why.to_string()),
+            None => report.deleted_isos.extend(target.seed_iso_volume.clone()),
         }
         for volume in seeds {
             delete_iso(pve, &vm.node, volume, progress, &mut report).await;
