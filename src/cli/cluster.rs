@@ -369,35 +369,27 @@ fn render_ha_rules(out: &mut String, r: &ClusterReport) {
             return;
         }
     };
-    let rows: Vec<Vec<String>> = rules
-        .iter()
-        .map(|h| {
-            let what = match (&h.affinity, &h.nodes) {
-                (Some(affinity), _) => affinity.clone(),
-                (None, Some(nodes)) if h.strict => format!("{nodes} (strict)"),
-                (None, Some(nodes)) => nodes.clone(),
-                (None, None) => String::new(),
-            };
-            vec![
-                h.rule.clone(),
-                h.kind.clone(),
-                what,
-                h.resources.join(","),
-                h.problems.clone().unwrap_or_default(),
-            ]
-        })
-        .collect();
-    crate::table::render(
-        out,
-        "",
-        &["HA RULE", "TYPE", "KEEPS", "VMS", "PROBLEMS"],
-        &rows,
-    );
+    let rows = rules.iter().map(|h| {
+        let what = match (&h.affinity, &h.nodes) {
+            (Some(affinity), _) => affinity.clone(),
+            (None, Some(nodes)) if h.strict => format!("{nodes} (strict)"),
+            (None, Some(nodes)) => nodes.clone(),
+            (None, None) => String::new(),
+        };
+        vec![
+            h.rule.clone(),
+            h.kind.clone(),
+            what,
+            h.resources.join(","),
+            h.problems.clone().unwrap_or_default(),
+        ]
+    });
+    let header = ["HA RULE", "TYPE", "KEEPS", "VMS", "PROBLEMS"];
+    crate::table::render(out, "", &header, rows);
 }
 
 /// One row per node, what it has and what it has given to VMs, then what the limits are made of.
 fn render_nodes(out: &mut String, r: &ClusterReport) {
-    let rows: Vec<Vec<String>> = r.nodes.iter().map(node_row).collect();
     crate::table::render(
         out,
         "",
@@ -410,7 +402,7 @@ fn render_nodes(out: &mut String, r: &ClusterReport) {
             "MEMORY GIVEN / LIMIT",
             "VMS",
         ],
-        &rows,
+        r.nodes.iter().map(node_row),
     );
     let _ = writeln!(
         out,
@@ -445,7 +437,6 @@ fn node_row(n: &NodeReport) -> Vec<String> {
 
 /// Every storage of every node; a node whose storages could not be read says why in their place.
 fn render_storages(out: &mut String, nodes: &[NodeReport]) {
-    let rows: Vec<Vec<String>> = nodes.iter().flat_map(storage_rows).collect();
     crate::table::render(
         out,
         "",
@@ -459,7 +450,7 @@ fn render_storages(out: &mut String, nodes: &[NodeReport]) {
             "USED / TOTAL",
             "VM DISKS",
         ],
-        &rows,
+        nodes.iter().flat_map(storage_rows),
     );
 }
 
@@ -497,17 +488,11 @@ fn render_templates(out: &mut String, templates: &[TemplateReport]) {
         out.push_str("No VM templates (boot mode `clone` needs one).\n");
         return;
     }
-    let rows: Vec<Vec<String>> = templates
-        .iter()
-        .map(|t| {
-            vec![
-                t.vmid.to_string(),
-                t.name.clone().unwrap_or_default(),
-                t.node.clone(),
-            ]
-        })
-        .collect();
-    crate::table::render(out, "", &["TEMPLATE VMID", "NAME", "NODE"], &rows);
+    let rows = templates.iter().map(|t| {
+        let name = t.name.clone().unwrap_or_default();
+        vec![t.vmid.to_string(), name, t.node.clone()]
+    });
+    crate::table::render(out, "", &["TEMPLATE VMID", "NAME", "NODE"], rows);
 }
 
 fn yes_no(b: bool) -> String {

@@ -30,7 +30,7 @@ use serde::Serialize;
 use super::CliResult;
 use super::cluster::OutputFormat;
 use super::omni_args::OmniArgs;
-use super::pools::{live_requests, recorded_allocations};
+use super::pools::{holding_row, live_requests, recorded_allocations};
 use crate::omni::state::StateError;
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
@@ -178,12 +178,8 @@ fn render_allocations(allocations: &[Holding]) -> String {
     let mut out = String::from(
         "Static IP allocations whose MachineRequest is gone (released when the provider deletes the VM):\n",
     );
-    crate::table::render(
-        &mut out,
-        "  ",
-        &[],
-        &super::pools::holding_rows(allocations),
-    );
+    let rows = allocations.iter().map(holding_row);
+    crate::table::render(&mut out, "  ", &[], rows);
     out
 }
 
@@ -391,36 +387,28 @@ fn render_table(
         let _ = writeln!(out, "No orphan VMs (tag {tag}).");
     } else {
         let _ = writeln!(out, "VMs tagged {tag} whose MachineRequest is gone:");
-        let rows: Vec<Vec<String>> = orphans
-            .vms
-            .iter()
-            .map(|vm| {
-                let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
-                vec![
-                    vm.vmid.to_string(),
-                    vm.node.to_string(),
-                    or_dash(&vm.status),
-                    or_dash(&vm.name),
-                    or_dash(&vm.request_id),
-                ]
-            })
-            .collect();
+        let rows = orphans.vms.iter().map(|vm| {
+            let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
+            vec![
+                vm.vmid.to_string(),
+                vm.node.to_string(),
+                or_dash(&vm.status),
+                or_dash(&vm.name),
+                or_dash(&vm.request_id),
+            ]
+        });
         let header = ["VMID", "NODE", "STATUS", "NAME", "REQUEST"];
-        crate::table::render(&mut out, "", &header, &rows);
+        crate::table::render(&mut out, "", &header, rows);
     }
     if orphans.seed_isos.is_empty() {
         let _ = writeln!(out, "No orphan seed ISOs.");
     } else {
         let _ = writeln!(out, "Seed ISOs no VM uses:");
-        let rows: Vec<Vec<String>> = orphans
-            .seed_isos
-            .iter()
-            .map(|iso| {
-                let size = iso.size.map_or_else(|| "-".into(), |s| s.to_string());
-                vec![iso.node.to_string(), size, iso.volume.clone()]
-            })
-            .collect();
-        crate::table::render(&mut out, "", &["NODE", "SIZE", "VOLUME"], &rows);
+        let rows = orphans.seed_isos.iter().map(|iso| {
+            let size = iso.size.map_or_else(|| "-".into(), |s| s.to_string());
+            vec![iso.node.to_string(), size, iso.volume.clone()]
+        });
+        crate::table::render(&mut out, "", &["NODE", "SIZE", "VOLUME"], rows);
     }
     for problem in &orphans.problems {
         let _ = writeln!(out, "not checked: {problem}");

@@ -115,46 +115,39 @@ pub fn render_table(uses: &[PoolUse], left: &LeftOver) -> String {
             u.size,
             u.free
         );
-        let mut rows = holding_rows(&u.held);
-        rows.extend(u.reported_by_vms.iter().map(|a| {
+        let reported = u.reported_by_vms.iter().map(|a| {
             vec![
                 a.to_string(),
                 "(reported by a running VM's guest agent)".into(),
             ]
-        }));
-        crate::table::render(&mut out, "  ", &[], &rows);
+        });
+        let rows = u.held.iter().map(holding_row).chain(reported);
+        crate::table::render(&mut out, "  ", &[], rows);
     }
     if !left.gone_requests.is_empty() {
         out.push_str("\nAllocations whose machine request is gone (the provider releases them once it has deleted the VM):\n");
-        crate::table::render(&mut out, "  ", &[], &holding_rows(&left.gone_requests));
+        let rows = left.gone_requests.iter().map(holding_row);
+        crate::table::render(&mut out, "  ", &[], rows);
     }
     if !left.unknown_pools.is_empty() {
         out.push_str("\nAllocations from pools the config file no longer has:\n");
-        let rows: Vec<Vec<String>> = left
-            .unknown_pools
-            .iter()
-            .map(|(pool, h)| {
-                let mut row = holding_row(h);
-                row.push(format!("(pool {pool})"));
-                row
-            })
-            .collect();
-        crate::table::render(&mut out, "  ", &[], &rows);
+        let rows = left.unknown_pools.iter().map(|(pool, h)| {
+            let mut row = holding_row(h);
+            row.push(format!("(pool {pool})"));
+            row
+        });
+        crate::table::render(&mut out, "  ", &[], rows);
     }
     out
 }
 
 /// An allocation as a table row: address, request, NIC.
-fn holding_row(h: &Holding) -> Vec<String> {
+pub(super) fn holding_row(h: &Holding) -> Vec<String> {
     vec![
         h.address.to_string(),
         h.request.to_string(),
         h.nic.to_string(),
     ]
-}
-
-pub(super) fn holding_rows(holdings: &[Holding]) -> Vec<Vec<String>> {
-    holdings.iter().map(holding_row).collect()
 }
 
 /// The static IP allocations each provider state of `provider_id` records, by its request's ID.

@@ -117,18 +117,14 @@ impl Report {
 
     /// The report for people: one line per finding, then a verdict.
     pub fn render_text(&self) -> String {
-        let rows: Vec<Vec<String>> = self
-            .findings
-            .iter()
-            .map(|f| {
-                let node = f.node.as_deref().unwrap_or("-");
-                // Four wide whatever the findings, so reports line up with each other.
-                let label = format!("{:<4}", f.outcome.label());
-                vec![label, f.key.clone(), node.into(), f.message.clone()]
-            })
-            .collect();
+        let rows = self.findings.iter().map(|f| {
+            let node = f.node.as_deref().unwrap_or("-");
+            // Four wide whatever the findings, so reports line up with each other.
+            let label = format!("{:<4}", f.outcome.label());
+            vec![label, f.key.clone(), node.into(), f.message.clone()]
+        });
         let mut out = String::new();
-        crate::table::render(&mut out, "", &[], &rows);
+        crate::table::render(&mut out, "", &[], rows);
         out.push('\n');
         if self.ok {
             let _ = writeln!(out, "OK: no problems found ({} warning(s)).", self.warnings);
