@@ -31,12 +31,13 @@ use super::CliResult;
 use super::cluster::OutputFormat;
 use super::omni_args::OmniArgs;
 use super::pools::{holding_row, live_requests, recorded_allocations};
+use crate::model::Listing;
 use crate::omni::state::StateError;
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
     deprovision_reporting, find_orphans, iso_volumes_in,
 };
-use crate::proxmox::types::{NodeName, NodeState, VmId, VmResource};
+use crate::proxmox::types::{NodeName, VmId, VmResource};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
 use crate::telemetry::{self, LogFormat};
@@ -193,11 +194,8 @@ pub async fn scan(
     live_requests: &BTreeSet<String>,
 ) -> Result<Orphans, ProxmoxError> {
     let view = pve.cluster_listing().await?;
-    let vms: Vec<VmResource> = view.vms().cloned().collect();
-    let online = |n: &NodeName| view.node_state(n) == Some(NodeState::Online);
     let mut problems = Vec::new();
-
-    let (used, attachments_known) = iso_usage(pve, &vms, &online, &mut problems).await;
+    let (used, attachments_known) = iso_usage(pve, &view, &mut problems).await;
 
     let mut isos = Vec::new();
     let mut shared_done = BTreeSet::new();
@@ -210,7 +208,7 @@ pub async fn scan(
         if !holds_iso || (storage.shared && shared_done.contains(&storage.storage)) {
             continue;
         }
-        if !online(&storage.node) {
+        if !view.node_online(&storage.node) {
             offline_nodes.insert(storage.node.clone());
             continue;
         }
@@ -239,6 +237,7 @@ pub async fn scan(
             "node {node} is not online: its ISO storages were not searched"
         ));
     }
+    let vms: Vec<VmResource> = view.vms().cloned().collect();
     let mut orphans = find_orphans(&vms, live_requests, provider_id, &isos, &used);
     if !attachments_known && !orphans.seed_isos.is_empty() {
         problems.push(format!(
@@ -255,14 +254,13 @@ pub async fn scan(
 /// instance's VM is in use too), and whether every config could be read.
 async fn iso_usage(
     pve: &ProxmoxClient,
-    vms: &[VmResource],
-    online: &impl Fn(&NodeName) -> bool,
+    view: &Listing,
     problems: &mut Vec<String>,
 ) -> (BTreeMap<VmId, Vec<String>>, bool) {
     let mut used: BTreeMap<VmId, Vec<String>> = BTreeMap::new();
     let mut all_read = true;
-    for vm in vms.iter().filter(|vm| !vm.template) {
-        if !online(&vm.node) {
+    for vm in view.guests() {
+        if !view.node_online(&vm.node) {
             all_read = false;
             problems.push(format!(
                 "node {} is not online: cannot read the config of VM {}",
