@@ -55,7 +55,7 @@ pub async fn gather(
     let usb =
         uses("usb_devices", data.usb_devices.is_empty()).then(|| mappings(pve, MappingKind::Usb));
     let usb_mappings = OptionFuture::from(usb).await;
-    let version = needs_release_check(data).then(|| async {
+    let version = needs_release_check(data).then_some(async {
         let version = pve.version().await;
         version.map(|v| v.version).map_err(|e| e.to_string())
     });
