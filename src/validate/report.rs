@@ -109,12 +109,6 @@ impl Report {
         }
     }
 
-    pub fn problems(&self) -> impl Iterator<Item = &Finding> {
-        self.findings
-            .iter()
-            .filter(|f| f.outcome == Outcome::Problem)
-    }
-
     /// The report for people: one line per finding, then a verdict.
     pub fn render_text(&self) -> String {
         let rows = self.findings.iter().map(|f| {
