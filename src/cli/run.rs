@@ -243,8 +243,7 @@ pub async fn run(args: RunArgs) -> CliResult {
 /// bridges, template), which costs a few more requests.
 fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration) -> HealthCheck {
     const DEFAULTS_EVERY: Duration = Duration::from_secs(300);
-    let last: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
-    let writer = last.clone();
+    let (writer, last) = watch::channel(None);
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -267,13 +266,10 @@ fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration
                 }
                 defaults_checked = Some(tokio::time::Instant::now());
             }
-            *writer.lock().unwrap_or_else(|p| p.into_inner()) = api.or(defaults_problem.clone());
+            writer.send_replace(api.or(defaults_problem.clone()));
         }
     });
-    health::health_check(move || {
-        let last = last.clone();
-        async move { last.lock().unwrap_or_else(|p| p.into_inner()).clone() }
-    })
+    health::health_check(move || std::future::ready(last.borrow().clone()))
 }
 
 pub async fn run_with(
