@@ -447,7 +447,7 @@ impl ClusterCheck<'_> {
             .filter(|(_, fit)| fit.is_ok())
             .map(|(n, _)| n.as_str())
             .collect();
-        let vcpus = u64::from(data.cores).saturating_mul(u64::from(data.sockets.max(1)));
+        let vcpus = self.class.request(data).vcpus;
         if fitting.is_empty() {
             let (key, message) = self.fits_nowhere(fits, vcpus);
             out.push(Finding::new(
