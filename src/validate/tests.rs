@@ -86,8 +86,9 @@ fn run(class: &str, defaults: Value, nodes: Value) -> Report {
 }
 
 fn problem<'a>(r: &'a Report, key: &str, node: Option<&str>) -> Option<&'a Finding> {
-    r.problems()
-        .find(|f| f.key == key && f.node.as_deref() == node)
+    r.findings
+        .iter()
+        .find(|f| f.outcome == Outcome::Problem && f.key == key && f.node.as_deref() == node)
 }
 
 const BASE: &str =
