@@ -29,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
 use crate::omni::state::{StateClient, StateError};
-use crate::omni::transport::{self, OmniEndpoint, OmniTls};
+use crate::omni::transport::{self, OmniEndpoint};
 use crate::pipeline::step::{Services, Timeouts};
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::{ProviderDataSchema, SchemaError};
@@ -346,11 +346,6 @@ pub async fn run_with(
 }
 
 fn announce_start(settings: &Settings) {
-    if settings.endpoint.tls == OmniTls::InsecureSkipVerify {
-        tracing::warn!(
-            "TLS verification of the Omni endpoint is disabled (--insecure-skip-verify)"
-        );
-    }
     tracing::info!(
         endpoint = %settings.endpoint.url,
         provider_id = %settings.info.id,
