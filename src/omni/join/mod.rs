@@ -3,8 +3,7 @@
 //!
 //! Omni checks the token's signature by re-marshalling the extra data with Go's `encoding/json` and
 //! comparing MACs, so the bytes we sign must equal Go's output exactly (sorted keys, compact, Go's HTML
-//! escaping). That is why the JSON here is written by hand instead of with serde_json, whose escaping
-//! differs. Everything that embeds the token (kernel args, join config) is a [`Secret`], so none of it
+//! escaping). That is why the JSON here is serde_json's with Go's HTML escaping added. Everything that embeds the token (kernel args, join config) is a [`Secret`], so none of it
 //! can reach a log line or a `Debug` dump.
 
 mod render;
