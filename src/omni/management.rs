@@ -89,30 +89,17 @@ impl ManagementClient {
             secure_boot: false,
         };
         let mut raw = self.raw.clone();
-        let call = raw.get_boot_asset_url(req);
-        let Ok(answer) = tokio::time::timeout(super::state::CALL_DEADLINE, call).await else {
-            return Err(ManagementError::Refused {
-                code: tonic::Code::DeadlineExceeded,
-                message: format!("no answer within {:?}", super::state::CALL_DEADLINE),
-            });
-        };
-        match answer {
-            Ok(resp) => {
-                let resp = resp.into_inner();
-                Ok(Some(BootAsset {
-                    url: resp.url,
-                    headers: resp
-                        .headers
-                        .into_iter()
-                        .map(|(k, v)| (k, crate::secret::Secret::new(v)))
-                        .collect(),
-                }))
-            }
-            Err(s) if s.code() == tonic::Code::Unimplemented => Ok(None),
-            Err(s) => Err(ManagementError::Refused {
-                code: s.code(),
-                message: s.message().to_owned(),
-            }),
+        match bounded(raw.get_boot_asset_url(req)).await {
+            Ok(resp) => Ok(Some(BootAsset {
+                url: resp.url,
+                headers: resp
+                    .headers
+                    .into_iter()
+                    .map(|(k, v)| (k, crate::secret::Secret::new(v)))
+                    .collect(),
+            })),
+            Err(ManagementError::OmniTooOld) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -127,20 +114,27 @@ impl ManagementClient {
             talos_version: talos_version.to_owned(),
         };
         let mut raw = self.raw.clone();
-        let call = raw.create_schematic_from_raw(req);
-        let Ok(answer) = tokio::time::timeout(super::state::CALL_DEADLINE, call).await else {
-            return Err(ManagementError::Refused {
-                code: tonic::Code::DeadlineExceeded,
-                message: format!("no answer within {:?}", super::state::CALL_DEADLINE),
-            });
-        };
-        match answer {
-            Ok(resp) => Ok(resp.into_inner().schematic_id),
-            Err(s) if s.code() == tonic::Code::Unimplemented => Err(ManagementError::OmniTooOld),
-            Err(s) => Err(ManagementError::Refused {
-                code: s.code(),
-                message: s.message().to_owned(),
-            }),
-        }
+        let resp = bounded(raw.create_schematic_from_raw(req)).await?;
+        Ok(resp.schematic_id)
+    }
+}
+
+/// One call within the State calls' deadline: `Unimplemented` is [`ManagementError::OmniTooOld`]
+/// (what that means depends on the call), any other refusal and a missing answer are `Refused`.
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, ManagementError> {
+    let deadline = super::state::CALL_DEADLINE;
+    match tokio::time::timeout(deadline, call).await {
+        Ok(Ok(resp)) => Ok(resp.into_inner()),
+        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Err(ManagementError::OmniTooOld),
+        Ok(Err(s)) => Err(ManagementError::Refused {
+            code: s.code(),
+            message: s.message().to_owned(),
+        }),
+        Err(_) => Err(ManagementError::Refused {
+            code: tonic::Code::DeadlineExceeded,
+            message: format!("no answer within {deadline:?}"),
+        }),
     }
 }
