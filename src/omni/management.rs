@@ -32,20 +32,11 @@ pub enum BootAssetKind {
 }
 
 /// Where Omni says a boot asset is, and the headers to send with the download (the factory's
-/// credentials, so never printed).
-#[derive(Clone)]
+/// credentials, so their values are secrets).
+#[derive(Clone, Debug)]
 pub struct BootAsset {
     pub url: String,
     pub headers: Vec<(String, crate::secret::Secret)>,
-}
-
-impl std::fmt::Debug for BootAsset {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BootAsset")
-            .field("url", &self.url)
-            .field("headers", &self.headers.len())
-            .finish()
-    }
 }
 
 #[derive(Clone)]

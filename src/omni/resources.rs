@@ -27,7 +27,6 @@ pub mod label {
     pub const MACHINE_REQUEST_SET: &str = "omni.sidero.dev/machine-request-set";
     /// Provider-specific machine ID (note: not "machine-infra-id").
     pub const INFRA_ID: &str = "omni.sidero.dev/infra-id";
-    pub const IS_STATIC_INFRA_PROVIDER: &str = "omni.sidero.dev/is-static-infra-provider";
     pub const MACHINE: &str = "omni.sidero.dev/machine";
     pub const SYSTEM_PATCH: &str = "omni.sidero.dev/system-patch";
 }
@@ -215,28 +214,25 @@ impl Kind for ProviderMachine {
     /// Omni does not know this type, so it keeps our YAML verbatim for `omnictl get`; field names
     /// are the Go provider's lower-cased ones.
     fn yaml(&self, s: &MachineSpec) -> String {
-        let mut out = String::new();
-        let mut field = |k: &str, v: String| {
-            out.push_str(k);
-            out.push_str(": ");
-            out.push_str(&serde_json::Value::String(v).to_string());
-            out.push('\n');
-        };
-        field("uuid", s.uuid.clone());
-        field("schematic", s.schematic.clone());
-        field("talosversion", s.talos_version.clone());
-        field("volumeid", s.volume_id.clone());
-        field("node", s.node.clone());
-        field("volumeuploadtask", s.volume_upload_task.clone());
-        field("vmcreatetask", s.vm_create_task.clone());
-        field("vmstarttask", s.vm_start_task.clone());
-        field("vmid", s.vmid.to_string());
-        field("reservedvmid", s.reserved_vmid.to_string());
-        field("step", s.step.clone());
-        field("seedisovolume", s.seed_iso_volume.clone());
-        field("addresses", s.addresses.join(","));
-        field("lasterror", s.last_error.clone());
-        out
+        [
+            ("uuid", s.uuid.clone()),
+            ("schematic", s.schematic.clone()),
+            ("talosversion", s.talos_version.clone()),
+            ("volumeid", s.volume_id.clone()),
+            ("node", s.node.clone()),
+            ("volumeuploadtask", s.volume_upload_task.clone()),
+            ("vmcreatetask", s.vm_create_task.clone()),
+            ("vmstarttask", s.vm_start_task.clone()),
+            ("vmid", s.vmid.to_string()),
+            ("reservedvmid", s.reserved_vmid.to_string()),
+            ("step", s.step.clone()),
+            ("seedisovolume", s.seed_iso_volume.clone()),
+            ("addresses", s.addresses.join(",")),
+            ("lasterror", s.last_error.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| format!("{k}: {}\n", serde_json::Value::String(v)))
+        .collect()
     }
 }
 

@@ -136,21 +136,18 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
         let base = ClientTlsConfig::new()
             .domain_name(target.server_name())
             .assume_http2(true);
+        let roots = || {
+            let public = base.clone().with_webpki_roots();
+            public.trust_anchors(system_trust_anchors())
+        };
         ep = match &endpoint.tls {
-            OmniTls::SystemAndPublicRoots => ep.tls_config(
-                base.with_webpki_roots()
-                    .trust_anchors(system_trust_anchors()),
-            ),
+            OmniTls::SystemAndPublicRoots => ep.tls_config(roots()),
             OmniTls::CaFile(path) => {
                 let pem = std::fs::read(path).map_err(|source| ConnectError::CaFile {
                     path: path.clone(),
                     source,
                 })?;
-                ep.tls_config(
-                    base.with_webpki_roots()
-                        .trust_anchors(system_trust_anchors())
-                        .ca_certificate(Certificate::from_pem(pem)),
-                )
+                ep.tls_config(roots().ca_certificate(Certificate::from_pem(pem)))
             }
             OmniTls::InsecureSkipVerify => ep.tls_config_with_verifier(
                 base,

@@ -10,7 +10,6 @@ mod render;
 mod token;
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use crate::secret::Secret;
 use render::{render_join_config, siderolink_api_url};
@@ -93,7 +92,7 @@ pub enum JoinError {
 }
 
 /// The rendered connection parameters. All of it contains the join token, hence all of it is secret.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ConnectionParams {
     /// The extended (`v1:`/`v2:`) join token.
     pub join_token: Secret,
@@ -101,16 +100,6 @@ pub struct ConnectionParams {
     pub kernel_args: Vec<Secret>,
     /// The multi-document Talos config, delivered as NoCloud user-data.
     pub join_config: Secret,
-}
-
-impl fmt::Debug for ConnectionParams {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConnectionParams")
-            .field("join_token", &self.join_token)
-            .field("kernel_args", &self.kernel_args.len())
-            .field("join_config", &self.join_config)
-            .finish()
-    }
 }
 
 /// Builds the join token, kernel args and join config (§4).
