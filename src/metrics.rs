@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -89,8 +89,6 @@ metrics! {
 struct Readiness {
     omni: AtomicBool,
     proxmox: AtomicBool,
-    /// Unix seconds of the last successful heartbeat.
-    beat_at: AtomicI64,
 }
 
 fn step_buckets() -> Histogram {
@@ -154,7 +152,6 @@ impl Metrics {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs() as i64)
                 .unwrap_or(0);
-            self.ready.beat_at.store(now, Ordering::Relaxed);
             self.last_heartbeat.set(now);
         }
     }
