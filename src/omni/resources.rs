@@ -7,7 +7,7 @@
 
 use crate::omni::proto::cosi::resource::meta::ResourceDefinitionSpec;
 use crate::omni::proto::provider::{LeaseSpec, MachineSpec};
-use crate::omni::proto::specs;
+use crate::omni::proto::specs::*;
 
 /// Namespaces (§2).
 pub mod namespace {
@@ -73,120 +73,64 @@ pub trait Kind: Send + Sync {
     }
 }
 
-macro_rules! omni_kind {
-    ($(#[$doc:meta])* $name:ident, $ns:expr, $ty:literal, $spec:ty) => {
+/// Declares Omni's kinds, one row each: name, namespace (of [`namespace`]), type, spec message (of
+/// [`specs`], or the COSI meta spec).
+macro_rules! omni_kinds {
+    ($($(#[$doc:meta])* $name:ident: $ns:ident, $ty:literal, $spec:ident;)*) => {$(
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, Default)]
         pub struct $name;
         impl $name {
             pub const TYPE: &'static str = $ty;
-            pub const NAMESPACE: &'static str = $ns;
+            pub const NAMESPACE: &'static str = namespace::$ns;
         }
         impl Kind for $name {
             type Spec = $spec;
             fn namespace(&self) -> String {
-                $ns.to_owned()
+                namespace::$ns.to_owned()
             }
             fn resource_type(&self) -> String {
                 $ty.to_owned()
             }
         }
-    };
+    )*};
 }
 
-omni_kind!(
+omni_kinds! {
     /// What Omni wants provisioned. Read-only for providers except finalizers.
-    MachineRequest,
-    namespace::INFRA_PROVIDER,
-    "MachineRequests.omni.sidero.dev",
-    specs::MachineRequestSpec
-);
-omni_kind!(
+    MachineRequest: INFRA_PROVIDER, "MachineRequests.omni.sidero.dev", MachineRequestSpec;
     /// Progress of one request as Omni shows it; ID = MachineRequest ID.
-    MachineRequestStatus,
-    namespace::INFRA_PROVIDER,
-    "MachineRequestStatuses.omni.sidero.dev",
-    specs::MachineRequestStatusSpec
-);
-omni_kind!(
+    MachineRequestStatus: INFRA_PROVIDER, "MachineRequestStatuses.omni.sidero.dev",
+        MachineRequestStatusSpec;
     /// Provider registration (name, icon, schema); ID = provider ID.
-    InfraProviderStatus,
-    namespace::INFRA_PROVIDER,
-    "InfraProviderStatuses.omni.sidero.dev",
-    specs::InfraProviderStatusSpec
-);
-omni_kind!(
+    InfraProviderStatus: INFRA_PROVIDER, "InfraProviderStatuses.omni.sidero.dev",
+        InfraProviderStatusSpec;
     /// Heartbeat; ID = provider ID; lost when Omni restarts.
-    InfraProviderHealthStatus,
-    namespace::INFRA_PROVIDER_EPHEMERAL,
-    "InfraProviderHealthStatuses.omni.sidero.dev",
-    specs::InfraProviderHealthStatusSpec
-);
-omni_kind!(
+    InfraProviderHealthStatus: INFRA_PROVIDER_EPHEMERAL,
+        "InfraProviderHealthStatuses.omni.sidero.dev", InfraProviderHealthStatusSpec;
     /// Created by Omni when a provider-requested machine joins; ID = machine UUID.
-    MachineRegistration,
-    namespace::INFRA_PROVIDER,
-    "InfraMachineRegistrations.omni.sidero.dev",
-    specs::MachineRegistrationSpec
-);
-omni_kind!(
+    MachineRegistration: INFRA_PROVIDER, "InfraMachineRegistrations.omni.sidero.dev",
+        MachineRegistrationSpec;
     /// A config patch the provider asks Omni to apply to a machine.
-    ConfigPatchRequest,
-    namespace::INFRA_PROVIDER,
-    "ConfigPatchRequests.omni.sidero.dev",
-    specs::ConfigPatchSpec
-);
-omni_kind!(
+    ConfigPatchRequest: INFRA_PROVIDER, "ConfigPatchRequests.omni.sidero.dev", ConfigPatchSpec;
     /// Per-provider join token (Omni ≥ 1.0); ID = provider ID.
-    ProviderJoinConfig,
-    namespace::INFRA_PROVIDER,
-    "ProviderJoinConfigs.omni.sidero.dev",
-    specs::ProviderJoinConfigSpec
-);
-omni_kind!(
+    ProviderJoinConfig: INFRA_PROVIDER, "ProviderJoinConfigs.omni.sidero.dev",
+        ProviderJoinConfigSpec;
     /// SideroLink endpoints (Omni ≥ 1.0); ID `siderolink-config`.
-    SiderolinkApiConfig,
-    namespace::DEFAULT,
-    "SiderolinkAPIConfigs.omni.sidero.dev",
-    specs::SiderolinkApiConfigSpec
-);
-omni_kind!(
+    SiderolinkApiConfig: DEFAULT, "SiderolinkAPIConfigs.omni.sidero.dev", SiderolinkApiConfigSpec;
     /// Legacy join parameters (Omni < 1.0); ID `siderolink-config`.
-    ConnectionParams,
-    namespace::DEFAULT,
-    "ConnectionParams.omni.sidero.dev",
-    specs::ConnectionParamsSpec
-);
-omni_kind!(
+    ConnectionParams: DEFAULT, "ConnectionParams.omni.sidero.dev", ConnectionParamsSpec;
     /// Admin-created registration of the provider ID (`omnictl infraprovider create`).
-    InfraProvider,
-    namespace::INFRA_PROVIDER,
-    "InfraProviders.omni.sidero.dev",
-    specs::InfraProviderSpec
-);
-omni_kind!(
+    InfraProvider: INFRA_PROVIDER, "InfraProviders.omni.sidero.dev", InfraProviderSpec;
     /// Omni's features configuration; ID [`FEATURES_CONFIG_ID`]. Readable by any signed caller,
     /// infra providers included; it names the Image Factory Omni uses.
-    FeaturesConfig,
-    namespace::DEFAULT,
-    "FeaturesConfigs.omni.sidero.dev",
-    specs::FeaturesConfigSpec
-);
-omni_kind!(
+    FeaturesConfig: DEFAULT, "FeaturesConfigs.omni.sidero.dev", FeaturesConfigSpec;
     /// A Talos version Omni offers; ID = the version without a leading `v`. Names the Image Factory
     /// that serves it when Omni has a secondary one.
-    TalosVersion,
-    namespace::DEFAULT,
-    "TalosVersions.omni.sidero.dev",
-    specs::TalosVersionSpec
-);
-omni_kind!(
+    TalosVersion: DEFAULT, "TalosVersions.omni.sidero.dev", TalosVersionSpec;
     /// COSI resource definitions; listing them tells which Omni features exist.
-    ResourceDefinition,
-    namespace::META,
-    "ResourceDefinitions.meta.cosi.dev",
-    ResourceDefinitionSpec
-);
+    ResourceDefinition: META, "ResourceDefinitions.meta.cosi.dev", ResourceDefinitionSpec;
+}
 
 /// Our provider state: `Machine.<id>.infraprovider.sidero.dev` in `infra-provider:<id>`, same
 /// type and namespace as the official provider so its state is found.
