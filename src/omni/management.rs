@@ -63,20 +63,18 @@ impl ManagementClient {
         kind: BootAssetKind,
     ) -> Result<Option<BootAsset>, ManagementError> {
         use pb::boot_asset_url_request::BootAssetKind as Kind;
+        let (boot_asset_kind, format) = match kind {
+            BootAssetKind::Iso => (Kind::Iso, ""),
+            BootAssetKind::Disk => (Kind::Disk, "qcow2"),
+        };
         let req = pb::BootAssetUrlRequest {
             talos_version: talos_version.to_owned(),
             schematic_id: schematic.to_owned(),
             standalone_url: false,
-            boot_asset_kind: match kind {
-                BootAssetKind::Iso => Kind::Iso,
-                BootAssetKind::Disk => Kind::Disk,
-            } as i32,
+            boot_asset_kind: boot_asset_kind as i32,
             platform: "nocloud".into(),
             architecture: "amd64".into(),
-            format: match kind {
-                BootAssetKind::Iso => String::new(),
-                BootAssetKind::Disk => "qcow2".into(),
-            },
+            format: format.into(),
             secure_boot: false,
         };
         let mut raw = self.raw.clone();

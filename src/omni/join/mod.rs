@@ -81,10 +81,8 @@ pub enum JoinError {
     EmptyApiUrl,
     #[error("the machine API URL from Omni ({url:?}) is not a valid URL: {reason}")]
     InvalidApiUrl { url: String, reason: String },
-    #[error("the SideroLink events port from Omni is 0")]
-    ZeroEventsPort,
-    #[error("the SideroLink logs port from Omni is 0")]
-    ZeroLogsPort,
+    #[error("the SideroLink {which} port from Omni is 0")]
+    ZeroPort { which: &'static str },
     #[error("the {which} port from Omni ({port}) is larger than 65535")]
     PortOutOfRange { which: &'static str, port: u32 },
     #[error("the infra provider ID is empty")]
@@ -148,14 +146,11 @@ pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinEr
 }
 
 fn check_port(port: u32, which: &'static str) -> Result<u16, JoinError> {
-    if port == 0 {
-        return Err(if which == "events" {
-            JoinError::ZeroEventsPort
-        } else {
-            JoinError::ZeroLogsPort
-        });
+    match u16::try_from(port) {
+        Ok(0) => Err(JoinError::ZeroPort { which }),
+        Ok(port) => Ok(port),
+        Err(_) => Err(JoinError::PortOutOfRange { which, port }),
     }
-    u16::try_from(port).map_err(|_| JoinError::PortOutOfRange { which, port })
 }
 
 #[cfg(test)]
@@ -310,8 +305,13 @@ mod tests {
             JoinError::EmptyToken
         );
         assert_eq!(bad(|i| i.api_url = String::new()), JoinError::EmptyApiUrl);
-        assert_eq!(bad(|i| i.events_port = 0), JoinError::ZeroEventsPort);
-        assert_eq!(bad(|i| i.logs_port = 0), JoinError::ZeroLogsPort);
+        let zero = |which| JoinError::ZeroPort { which };
+        assert_eq!(bad(|i| i.events_port = 0), zero("events"));
+        assert_eq!(bad(|i| i.logs_port = 0), zero("logs"));
+        assert_eq!(
+            zero("events").to_string(),
+            "the SideroLink events port from Omni is 0"
+        );
         assert_eq!(
             bad(|i| i.provider_id = String::new()),
             JoinError::EmptyProviderId

@@ -78,13 +78,9 @@ pub struct DecodedToken {
 /// Decodes an extended token (not its signature check: see [`verify`]).
 pub fn decode(token: &Secret) -> Option<DecodedToken> {
     let text = token.expose();
-    let (version, rest) = if let Some(r) = text.strip_prefix("v1:") {
-        (1, r)
-    } else if let Some(r) = text.strip_prefix("v2:") {
-        (2, r)
-    } else {
-        return None;
-    };
+    let (version, rest) = [(1, "v1:"), (2, "v2:")]
+        .into_iter()
+        .find_map(|(version, prefix)| Some((version, text.strip_prefix(prefix)?)))?;
     let json = BASE64.decode(rest).ok()?;
     let body: Body = serde_json::from_slice(&json).ok()?;
     Some(DecodedToken {
