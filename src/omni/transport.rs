@@ -212,9 +212,8 @@ impl SignedChannel {
             + self.clock_offset_secs;
         let method = req.uri().path().to_owned();
         let signed = self.key.sign_call(&method, now)?;
+        // `insert` replaces whatever the request carried under these names.
         let headers = req.headers_mut();
-        headers.remove(PAYLOAD_HEADER);
-        headers.remove(SIGNATURE_HEADER);
         headers.insert(TIMESTAMP_HEADER, HeaderValue::from_str(&signed.timestamp)?);
         headers.insert(PAYLOAD_HEADER, HeaderValue::from_str(&signed.payload)?);
         headers.insert(SIGNATURE_HEADER, HeaderValue::from_str(&signed.signature)?);

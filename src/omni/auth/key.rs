@@ -77,9 +77,7 @@ impl fmt::Debug for ProviderKey {
 
 #[derive(serde::Deserialize)]
 struct KeyJson {
-    #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
     pgp_key: Option<String>,
 }
 
