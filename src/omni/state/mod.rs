@@ -192,7 +192,7 @@ impl StateClient {
         })
     }
 
-    /// Overrides [`CALL_DEADLINE`] (the heartbeat bounds its calls by its interval).
+    /// Overrides [`CALL_DEADLINE`]; tests shorten it.
     pub fn with_call_deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
