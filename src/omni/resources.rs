@@ -132,93 +132,85 @@ omni_kinds! {
     ResourceDefinition: META, "ResourceDefinitions.meta.cosi.dev", ResourceDefinitionSpec;
 }
 
-/// Our provider state: `Machine.<id>.infraprovider.sidero.dev` in `infra-provider:<id>`, same
-/// type and namespace as the official provider so its state is found.
-#[derive(Debug, Clone)]
-pub struct ProviderMachine {
-    pub provider_id: String,
-}
-
-impl ProviderMachine {
-    pub fn new(provider_id: impl Into<String>) -> Self {
-        Self {
-            provider_id: provider_id.into(),
+/// Declares the provider's own kinds, one row each: name, first word of the type, spec message,
+/// YAML writer. They live in the provider's namespace `infra-provider:<id>` with the type
+/// `<word>.<id>.infraprovider.sidero.dev`, where Omni lets a provider create any type with that
+/// suffix (`internal/backend/runtime/omni/infraprovider/state.go`, `checkNamespaceAndType`). Omni
+/// does not know these types, so it keeps our YAML verbatim for `omnictl get`.
+macro_rules! provider_kinds {
+    ($($(#[$doc:meta])* $name:ident: $word:literal, $spec:ident, $yaml:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $name {
+            pub provider_id: String,
         }
-    }
+        impl $name {
+            pub fn new(provider_id: impl Into<String>) -> Self {
+                Self { provider_id: provider_id.into() }
+            }
+        }
+        impl Kind for $name {
+            type Spec = $spec;
+            fn namespace(&self) -> String {
+                provider_namespace(&self.provider_id)
+            }
+            fn resource_type(&self) -> String {
+                format!(concat!($word, ".{}.infraprovider.sidero.dev"), self.provider_id)
+            }
+            fn yaml(&self, spec: &$spec) -> String {
+                $yaml(spec)
+            }
+        }
+    )*};
 }
 
-impl Kind for ProviderMachine {
-    type Spec = MachineSpec;
-    fn namespace(&self) -> String {
-        provider_namespace(&self.provider_id)
-    }
-    fn resource_type(&self) -> String {
-        format!("Machine.{}.infraprovider.sidero.dev", self.provider_id)
-    }
-    /// Omni does not know this type, so it keeps our YAML verbatim for `omnictl get`; field names
-    /// are the Go provider's lower-cased ones.
-    fn yaml(&self, s: &MachineSpec) -> String {
-        [
-            ("uuid", s.uuid.clone()),
-            ("schematic", s.schematic.clone()),
-            ("talosversion", s.talos_version.clone()),
-            ("volumeid", s.volume_id.clone()),
-            ("node", s.node.clone()),
-            ("volumeuploadtask", s.volume_upload_task.clone()),
-            ("vmcreatetask", s.vm_create_task.clone()),
-            ("vmstarttask", s.vm_start_task.clone()),
-            ("vmid", s.vmid.to_string()),
-            ("reservedvmid", s.reserved_vmid.to_string()),
-            ("step", s.step.clone()),
-            ("seedisovolume", s.seed_iso_volume.clone()),
-            ("addresses", s.addresses.join(",")),
-            ("lasterror", s.last_error.clone()),
-        ]
-        .into_iter()
-        .map(|(k, v)| format!("{k}: {}\n", serde_json::Value::String(v)))
-        .collect()
-    }
-}
-
-/// The leader lease the replicas of one provider ID share: `Lease.<id>.infraprovider.sidero.dev`,
-/// ID [`ProviderLease::ID`], in the provider's own namespace, where Omni lets a provider create any
-/// type with that suffix (`internal/backend/runtime/omni/infraprovider/state.go`,
-/// `checkNamespaceAndType`). The official provider never reads it.
-#[derive(Debug, Clone)]
-pub struct ProviderLease {
-    pub provider_id: String,
+provider_kinds! {
+    /// Our provider state: `Machine.<id>.infraprovider.sidero.dev`, same type and namespace as the
+    /// official provider so its state is found.
+    ProviderMachine: "Machine", MachineSpec, machine_yaml;
+    /// The leader lease the replicas of one provider ID share: `Lease.<id>.infraprovider.sidero.dev`,
+    /// ID [`ProviderLease::ID`]. The official provider never reads it.
+    ProviderLease: "Lease", LeaseSpec, lease_yaml;
 }
 
 impl ProviderLease {
     pub const ID: &'static str = "leader";
-
-    pub fn new(provider_id: impl Into<String>) -> Self {
-        Self {
-            provider_id: provider_id.into(),
-        }
-    }
 }
 
-impl Kind for ProviderLease {
-    type Spec = LeaseSpec;
-    fn namespace(&self) -> String {
-        provider_namespace(&self.provider_id)
-    }
-    fn resource_type(&self) -> String {
-        format!("Lease.{}.infraprovider.sidero.dev", self.provider_id)
-    }
-    fn yaml(&self, s: &LeaseSpec) -> String {
-        format!(
-            "holder: {}\nhost: {}\npid: {}\nleasedurationms: {}\nacquiretimems: {}\nrenewtimems: {}\ntransitions: {}\n",
-            serde_json::Value::String(s.holder.clone()),
-            serde_json::Value::String(s.host.clone()),
-            s.pid,
-            s.lease_duration_ms,
-            s.acquire_time_ms,
-            s.renew_time_ms,
-            s.transitions
-        )
-    }
+/// Field names are the Go provider's lower-cased ones.
+fn machine_yaml(s: &MachineSpec) -> String {
+    [
+        ("uuid", s.uuid.clone()),
+        ("schematic", s.schematic.clone()),
+        ("talosversion", s.talos_version.clone()),
+        ("volumeid", s.volume_id.clone()),
+        ("node", s.node.clone()),
+        ("volumeuploadtask", s.volume_upload_task.clone()),
+        ("vmcreatetask", s.vm_create_task.clone()),
+        ("vmstarttask", s.vm_start_task.clone()),
+        ("vmid", s.vmid.to_string()),
+        ("reservedvmid", s.reserved_vmid.to_string()),
+        ("step", s.step.clone()),
+        ("seedisovolume", s.seed_iso_volume.clone()),
+        ("addresses", s.addresses.join(",")),
+        ("lasterror", s.last_error.clone()),
+    ]
+    .into_iter()
+    .map(|(k, v)| format!("{k}: {}\n", serde_json::Value::String(v)))
+    .collect()
+}
+
+fn lease_yaml(s: &LeaseSpec) -> String {
+    format!(
+        "holder: {}\nhost: {}\npid: {}\nleasedurationms: {}\nacquiretimems: {}\nrenewtimems: {}\ntransitions: {}\n",
+        serde_json::Value::String(s.holder.clone()),
+        serde_json::Value::String(s.host.clone()),
+        s.pid,
+        s.lease_duration_ms,
+        s.acquire_time_ms,
+        s.renew_time_ms,
+        s.transitions
+    )
 }
 
 #[cfg(test)]
