@@ -58,6 +58,32 @@ impl<S: prost::Message + Default> Typed<S> {
         })
     }
 
+    /// A resource of `kind` not yet stored: its ID and spec, nothing else.
+    pub fn fresh<K: Kind<Spec = S>>(kind: &K, id: &str, spec: S) -> Self {
+        Self {
+            metadata: pb::Metadata {
+                namespace: kind.namespace(),
+                r#type: kind.resource_type(),
+                id: id.to_owned(),
+                ..Default::default()
+            },
+            spec,
+            unknown_fields: Vec::new(),
+            received_spec: None,
+        }
+    }
+
+    /// The resource to send with `metadata`: the spec with its kept unknown fields, and its YAML.
+    fn encode<K: Kind<Spec = S>>(&self, kind: &K, metadata: pb::Metadata) -> pb::Resource {
+        pb::Resource {
+            metadata: Some(metadata),
+            spec: Some(pb::Spec {
+                proto_spec: unknown::encode_keeping(&self.spec, &self.unknown_fields),
+                yaml_spec: kind.yaml(&self.spec),
+            }),
+        }
+    }
+
     pub fn id(&self) -> &str {
         &self.metadata.id
     }
@@ -166,7 +192,7 @@ impl StateClient {
         })
     }
 
-    /// Overrides [`CALL_DEADLINE`] (the heartbeat bounds its calls by its interval).
+    /// Overrides [`CALL_DEADLINE`]; tests shorten it.
     pub fn with_call_deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
@@ -219,10 +245,7 @@ impl StateClient {
         };
         let mut raw = self.raw.clone();
         let resp = self.unary(what, Box::pin(raw.get(req))).await?;
-        resp.resource.ok_or_else(|| StateError::Other {
-            what: what.clone(),
-            message: "Get returned no resource".into(),
-        })
+        returned(what, "Get", resp.resource)
     }
 
     pub async fn list_raw(
@@ -285,10 +308,7 @@ impl StateClient {
         };
         let mut raw = self.raw.clone();
         let resp = self.unary(&what, Box::pin(raw.create(req))).await?;
-        resp.resource.ok_or(StateError::Other {
-            what,
-            message: "Create returned no resource".into(),
-        })
+        returned(&what, "Create", resp.resource)
     }
 
     /// Updates `resource`, whose metadata version must be the stored one. `owner` is the owner the
@@ -314,10 +334,7 @@ impl StateClient {
         };
         let mut raw = self.raw.clone();
         let resp = self.unary(&what, Box::pin(raw.update(req))).await?;
-        resp.resource.ok_or(StateError::Other {
-            what,
-            message: "Update returned no resource".into(),
-        })
+        returned(&what, "Update", resp.resource)
     }
 
     pub async fn destroy(&self, what: &ResourceRef, owner: &str) -> Result<(), StateError> {
@@ -422,21 +439,15 @@ impl StateClient {
         what: &ResourceRef,
         owner: &str,
     ) -> Result<bool, StateError> {
-        loop {
-            let mut current = self.get_raw(what).await?;
-            let md = current.metadata.get_or_insert_with(Default::default);
-            if md.phase == PHASE_TEARING_DOWN {
-                return Ok(md.finalizers.is_empty());
-            }
+        let edit = |md: &mut pb::Metadata| {
+            let running = md.phase != PHASE_TEARING_DOWN;
             md.phase = PHASE_TEARING_DOWN.into();
-            match self.update_raw(current, owner, Some(PHASE_RUNNING)).await {
-                Ok(stored) => {
-                    return Ok(stored.metadata.is_none_or(|m| m.finalizers.is_empty()));
-                }
-                Err(e) if e.is_conflict() => continue,
-                Err(e) => return Err(e),
-            }
-        }
+            running
+        };
+        let md = self
+            .edit_metadata(what, Some(owner), Some(PHASE_RUNNING), edit)
+            .await?;
+        Ok(md.finalizers.is_empty())
     }
 
     /// Adds a finalizer, echoing the received spec bytes and acting as the resource's current
@@ -503,17 +514,31 @@ impl StateClient {
         what: &ResourceRef,
         mut edit: impl FnMut(&mut Vec<String>) -> bool,
     ) -> Result<(), StateError> {
+        self.edit_metadata(what, None, None, |md| edit(&mut md.finalizers))
+            .await
+            .map(drop)
+    }
+
+    /// Get → `edit` the metadata → Update (as `owner`, else as the stored owner), retrying version
+    /// conflicts; `edit` says whether it changed anything worth writing. The whole received resource
+    /// goes back unchanged except its metadata: spec bytes are never decoded and re-encoded. Returns
+    /// the metadata as stored.
+    async fn edit_metadata(
+        &self,
+        what: &ResourceRef,
+        owner: Option<&str>,
+        expected_phase: Option<&str>,
+        mut edit: impl FnMut(&mut pb::Metadata) -> bool,
+    ) -> Result<pb::Metadata, StateError> {
         loop {
-            // The whole received resource goes back unchanged except the finalizer list: spec bytes
-            // are never decoded and re-encoded.
             let mut current = self.get_raw(what).await?;
             let md = current.metadata.get_or_insert_with(Default::default);
-            if !edit(&mut md.finalizers) {
-                return Ok(());
+            if !edit(md) {
+                return Ok(md.clone());
             }
-            let owner = md.owner.clone();
-            match self.update_raw(current, &owner, None).await {
-                Ok(_) => return Ok(()),
+            let owner = owner.map_or_else(|| md.owner.clone(), str::to_owned);
+            match self.update_raw(current, &owner, expected_phase).await {
+                Ok(stored) => return Ok(stored.metadata.unwrap_or_default()),
                 Err(e) if e.is_conflict() => continue,
                 Err(e) => return Err(e),
             }
@@ -559,17 +584,9 @@ impl StateClient {
         labels: BTreeMap<String, String>,
         owner: &str,
     ) -> Result<Typed<K::Spec>, StateError> {
-        let resource = pb::Resource {
-            metadata: Some(pb::Metadata {
-                namespace: kind.namespace(),
-                r#type: kind.resource_type(),
-                id: id.to_owned(),
-                labels: labels.into_iter().collect(),
-                ..Default::default()
-            }),
-            spec: Some(encode_spec(kind, spec)),
-        };
-        Typed::decode(self.create_raw(resource, owner).await?)
+        let mut fresh = Typed::fresh(kind, id, spec.clone());
+        fresh.metadata.labels = labels.into_iter().collect();
+        self.create_typed(kind, &fresh, owner).await
     }
 
     /// Creates `fresh` with its labels and annotations: a resource's first version carries
@@ -580,20 +597,15 @@ impl StateClient {
         fresh: &Typed<K::Spec>,
         owner: &str,
     ) -> Result<Typed<K::Spec>, StateError> {
-        let resource = pb::Resource {
-            metadata: Some(pb::Metadata {
-                namespace: kind.namespace(),
-                r#type: kind.resource_type(),
-                id: fresh.metadata.id.clone(),
-                labels: fresh.metadata.labels.clone(),
-                annotations: fresh.metadata.annotations.clone(),
-                ..Default::default()
-            }),
-            spec: Some(pb::Spec {
-                proto_spec: unknown::encode_keeping(&fresh.spec, &fresh.unknown_fields),
-                yaml_spec: kind.yaml(&fresh.spec),
-            }),
+        let metadata = pb::Metadata {
+            namespace: kind.namespace(),
+            r#type: kind.resource_type(),
+            id: fresh.metadata.id.clone(),
+            labels: fresh.metadata.labels.clone(),
+            annotations: fresh.metadata.annotations.clone(),
+            ..Default::default()
         };
+        let resource = fresh.encode(kind, metadata);
         Typed::decode(self.create_raw(resource, owner).await?)
     }
 
@@ -605,13 +617,7 @@ impl StateClient {
         owner: &str,
         expected_phase: Option<&str>,
     ) -> Result<Typed<K::Spec>, StateError> {
-        let raw = pb::Resource {
-            metadata: Some(resource.metadata.clone()),
-            spec: Some(pb::Spec {
-                proto_spec: unknown::encode_keeping(&resource.spec, &resource.unknown_fields),
-                yaml_spec: kind.yaml(&resource.spec),
-            }),
-        };
+        let raw = resource.encode(kind, resource.metadata.clone());
         Typed::decode(self.update_raw(raw, owner, expected_phase).await?)
     }
 
@@ -627,17 +633,7 @@ impl StateClient {
         loop {
             match self.find(kind, id).await? {
                 None => {
-                    let mut fresh = Typed {
-                        metadata: pb::Metadata {
-                            namespace: kind.namespace(),
-                            r#type: kind.resource_type(),
-                            id: id.to_owned(),
-                            ..Default::default()
-                        },
-                        spec: K::Spec::default(),
-                        unknown_fields: Vec::new(),
-                        received_spec: None,
-                    };
+                    let mut fresh = Typed::fresh(kind, id, K::Spec::default());
                     mutate(&mut fresh);
                     match self.create_typed(kind, &fresh, owner).await {
                         Err(StateError::AlreadyExists { .. }) => continue,
@@ -660,9 +656,14 @@ impl StateClient {
     }
 }
 
-fn encode_spec<K: Kind>(kind: &K, spec: &K::Spec) -> pb::Spec {
-    pb::Spec {
-        proto_spec: prost::Message::encode_to_vec(spec),
-        yaml_spec: kind.yaml(spec),
-    }
+/// What a call that returns the stored resource returned, or an error saying it returned nothing.
+fn returned(
+    what: &ResourceRef,
+    call: &str,
+    resource: Option<pb::Resource>,
+) -> Result<pb::Resource, StateError> {
+    resource.ok_or_else(|| StateError::Other {
+        what: what.clone(),
+        message: format!("{call} returned no resource"),
+    })
 }
