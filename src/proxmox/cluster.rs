@@ -69,7 +69,7 @@ impl ProxmoxClient {
         // One listing at a time: who asks while one is read waits, then takes it if it was sent
         // after they asked (or within `max_age` before), else reads the next one (which the others
         // waiting then share).
-        let mut last = self.listing_slot().lock().await;
+        let mut last = self.inner.listing.lock().await;
         if let Some(listing) = last.as_ref()
             && listing.read_at >= oldest
         {

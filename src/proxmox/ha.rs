@@ -17,8 +17,10 @@
 //!   their schema (`additionalProperties 0`), and where it exists its default is what we want.
 
 use serde::Deserialize;
+use serde_json::Value;
 
-use super::client::{Params, ProxmoxClient, Replay};
+use super::client::Replay::{OnlyIfUnsent, Safe};
+use super::client::{DELETE, POST, PUT, Params, ProxmoxClient};
 use super::error::ProxmoxError;
 use super::types::{NodeName, VmId, lenient, split_list};
 
@@ -129,14 +131,8 @@ impl ProxmoxClient {
     ) -> Result<(), ProxmoxError> {
         let sid = vm_sid(vmid);
         let params = resource.params(Params::new().with("sid", &sid));
-        match self
-            .post::<serde_json::Value>(
-                &["cluster", "ha", "resources"],
-                params,
-                Replay::OnlyIfUnsent,
-            )
-            .await
-        {
+        let path = ["cluster", "ha", "resources"];
+        match self.send::<Value>(POST, &path, params, OnlyIfUnsent).await {
             Ok(_) => Ok(()),
             // pve-ha-manager src/PVE/API2/HA/Resources.pm, `create`: "resource ID '<sid>' already
             // defined"; `update` takes the same settings but `sid` from the path.
@@ -145,13 +141,10 @@ impl ProxmoxClient {
                 if settings.0.is_empty() {
                     return Ok(());
                 }
-                self.put::<serde_json::Value>(
-                    &["cluster", "ha", "resources", &sid],
-                    settings,
-                    Replay::Safe,
-                )
-                .await
-                .map(drop)
+                let path = ["cluster", "ha", "resources", &sid];
+                self.send::<Value>(PUT, &path, settings, Safe)
+                    .await
+                    .map(drop)
             }
             Err(e) => Err(e),
         }
@@ -162,8 +155,9 @@ impl ProxmoxClient {
     /// whatever state it is. Not HA-managed (any more) is success.
     pub async fn remove_ha_resource(&self, vmid: VmId) -> Result<(), ProxmoxError> {
         let sid = vm_sid(vmid);
+        let path = ["cluster", "ha", "resources", &sid];
         match self
-            .delete::<serde_json::Value>(&["cluster", "ha", "resources", &sid], Params::new())
+            .send::<Value>(DELETE, &path, Params::new(), OnlyIfUnsent)
             .await
         {
             Ok(_) => Ok(()),
@@ -201,7 +195,8 @@ impl ProxmoxClient {
                 .with("strict", u8::from(*strict)),
             HaRuleKind::ResourceAffinity { affinity } => params.with("affinity", *affinity),
         };
-        self.post::<serde_json::Value>(&["cluster", "ha", "rules"], params, Replay::OnlyIfUnsent)
+        let path = ["cluster", "ha", "rules"];
+        self.send::<Value>(POST, &path, params, OnlyIfUnsent)
             .await
             .map(drop)
     }
@@ -218,19 +213,17 @@ impl ProxmoxClient {
             .with("type", rule.kind.as_str())
             .with("resources", resources.join(","))
             .with_opt("digest", rule.digest.as_deref());
-        self.put::<serde_json::Value>(
-            &["cluster", "ha", "rules", &rule.rule],
-            params,
-            Replay::OnlyIfUnsent,
-        )
-        .await
-        .map(drop)
+        let path = ["cluster", "ha", "rules", &rule.rule];
+        self.send::<Value>(PUT, &path, params, OnlyIfUnsent)
+            .await
+            .map(drop)
     }
 
     /// `DELETE /cluster/ha/rules/<rule>`; Proxmox answers success for a rule that is not there.
     pub async fn delete_ha_rule(&self, rule: &str) -> Result<(), ProxmoxError> {
+        let path = ["cluster", "ha", "rules", rule];
         match self
-            .delete::<serde_json::Value>(&["cluster", "ha", "rules", rule], Params::new())
+            .send::<Value>(DELETE, &path, Params::new(), OnlyIfUnsent)
             .await
         {
             Ok(_) => Ok(()),

@@ -1,7 +1,10 @@
 //! Resource pools: the official provider puts each machine-request set's VMs in a pool named after
 //! the set unless the class names one, creates it on demand and removes it once empty. We do the same.
 
-use super::client::{Params, ProxmoxClient, Replay};
+use serde_json::Value;
+
+use super::client::Replay::OnlyIfUnsent;
+use super::client::{DELETE, POST, Params, ProxmoxClient};
 use super::error::ProxmoxError;
 
 impl ProxmoxClient {
@@ -9,7 +12,7 @@ impl ProxmoxClient {
     pub async fn ensure_pool(&self, pool: &str, comment: &str) -> Result<(), ProxmoxError> {
         let params = Params::new().with("poolid", pool).with("comment", comment);
         match self
-            .post::<serde_json::Value>(&["pools"], params, Replay::OnlyIfUnsent)
+            .send::<Value>(POST, &["pools"], params, OnlyIfUnsent)
             .await
         {
             Ok(_) => Ok(()),
@@ -39,12 +42,14 @@ impl ProxmoxClient {
     /// Returns false when the pool is not empty or already gone, which is not an error for someone
     /// cleaning up.
     pub async fn delete_pool_if_empty(&self, pool: &str) -> Result<bool, ProxmoxError> {
+        let by_query = Params::new().with("poolid", pool);
         let answer = match self
-            .delete::<serde_json::Value>(&["pools"], Params::new().with("poolid", pool))
+            .send::<Value>(DELETE, &["pools"], by_query, OnlyIfUnsent)
             .await
         {
             Err(ProxmoxError::Api { status: 501, .. }) => {
-                self.delete::<serde_json::Value>(&["pools", pool], Params::new())
+                let path = ["pools", pool];
+                self.send::<Value>(DELETE, &path, Params::new(), OnlyIfUnsent)
                     .await
             }
             other => other,

@@ -1,6 +1,6 @@
 //! Storage calls: what a node can store, what is stored, and putting ISOs there.
 
-use super::client::{Params, Pool, ProxmoxClient, Replay, StreamUpload, Upload};
+use super::client::{DELETE, POST, Params, Pool, ProxmoxClient, Replay, Upload, UploadContent};
 use super::error::ProxmoxError;
 use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid, check_storage_id};
 
@@ -63,12 +63,8 @@ impl ProxmoxClient {
                 .with("checksum-algorithm", algorithm)
                 .with("checksum", sum);
         }
-        self.post(
-            &["nodes", node.as_str(), "storage", storage, "download-url"],
-            params,
-            Replay::OnlyIfUnsent,
-        )
-        .await
+        let path = ["nodes", node.as_str(), "storage", storage, "download-url"];
+        self.send(POST, &path, params, Replay::OnlyIfUnsent).await
     }
 
     /// `POST /nodes/{node}/storage/{storage}/upload` (multipart): returns the import task.
@@ -80,15 +76,12 @@ impl ProxmoxClient {
         file_name: &str,
         bytes: Vec<u8>,
     ) -> Result<Upid, ProxmoxError> {
-        check_storage(storage)?;
-        let upload = Upload {
-            fields: vec![("content".into(), content.into())],
-            file_name: file_name.into(),
-            bytes,
-        };
-        self.upload(
-            &["nodes", node.as_str(), "storage", storage, "upload"],
-            &upload,
+        self.upload_to(
+            node,
+            storage,
+            content,
+            file_name,
+            UploadContent::Bytes(bytes),
         )
         .await
     }
@@ -104,18 +97,28 @@ impl ProxmoxClient {
         body: reqwest::Body,
         length: u64,
     ) -> Result<Upid, ProxmoxError> {
+        let body = std::sync::Mutex::new(Some(body));
+        let stream = UploadContent::Stream { body, length };
+        self.upload_to(node, storage, content, file_name, stream)
+            .await
+    }
+
+    async fn upload_to(
+        &self,
+        node: &NodeName,
+        storage: &str,
+        content: &str,
+        file_name: &str,
+        upload: UploadContent,
+    ) -> Result<Upid, ProxmoxError> {
         check_storage(storage)?;
-        let upload = StreamUpload {
+        let upload = Upload {
             fields: vec![("content".into(), content.into())],
             file_name: file_name.into(),
-            body: std::sync::Mutex::new(Some(body)),
-            length,
+            content: upload,
         };
-        self.upload_stream(
-            &["nodes", node.as_str(), "storage", storage, "upload"],
-            &upload,
-        )
-        .await
+        let path = ["nodes", node.as_str(), "storage", storage, "upload"];
+        self.upload(&path, &upload).await
     }
 
     /// `DELETE /nodes/{node}/storage/{storage}/content/{volume}`. Proxmox answers with a task or nothing.
@@ -129,19 +132,15 @@ impl ProxmoxClient {
         // Retried even when the first try may have reached Proxmox (a connection reset mid-answer):
         // the second finds the file gone ("does not exist"), which every caller counts as deleted.
         // Without the retry, one reset would leave the seed ISO behind.
-        self.delete_replaying(
-            &[
-                "nodes",
-                node.as_str(),
-                "storage",
-                storage,
-                "content",
-                volume_id,
-            ],
-            Params::new(),
-            Replay::Safe,
-        )
-        .await
+        let path = [
+            "nodes",
+            node.as_str(),
+            "storage",
+            storage,
+            "content",
+            volume_id,
+        ];
+        self.send(DELETE, &path, Params::new(), Replay::Safe).await
     }
 }
 

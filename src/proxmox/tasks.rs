@@ -89,7 +89,7 @@ impl ProxmoxClient {
     ) -> Result<TaskOutcome, ProxmoxError> {
         let started = Instant::now();
         let kind = (upid.node().to_string(), upid.task_type().to_owned());
-        let expected = self.task_times().expected(&kind);
+        let expected = self.inner.task_times.expected(&kind);
         let mut polls = 0;
         let mut last_running = Duration::ZERO;
         tokio::time::sleep(poll_delay(expected, 0).min(timeout)).await;
@@ -98,7 +98,9 @@ impl ProxmoxClient {
             match self.task_status(upid).await {
                 Ok(status) if !status.is_running() => {
                     // It ended between the last poll that saw it running and this one.
-                    self.task_times().record(kind, (last_running + asked) / 2);
+                    self.inner
+                        .task_times
+                        .record(kind, (last_running + asked) / 2);
                     let exit_status = status.exitstatus.unwrap_or_else(|| "unknown".into());
                     return self.finish(upid, exit_status).await;
                 }
