@@ -44,7 +44,7 @@ impl ProxmoxClient {
         kind: Option<ResourceKind>,
     ) -> Result<Vec<ClusterResource>, ProxmoxError> {
         if kind.is_some() {
-            let params = Params::new().with_opt("type", kind.map(ResourceKind::as_query));
+            let params = Params::new().with_opt("type", kind.map(ResourceKind::as_str));
             return self
                 .get_over(Pool::Large, &["cluster", "resources"], params)
                 .await;
@@ -142,7 +142,7 @@ impl ProxmoxClient {
     pub async fn next_id_range(&self) -> Result<NextIdRange, ProxmoxError> {
         #[derive(serde::Deserialize)]
         struct Options {
-            #[serde(rename = "next-id", default)]
+            #[serde(rename = "next-id")]
             next_id: Option<NextId>,
         }
         #[derive(serde::Deserialize)]
@@ -282,7 +282,6 @@ impl ClusterHealth {
 struct ClusterStatusEntry {
     #[serde(rename = "type")]
     kind: String,
-    #[serde(default)]
     name: Option<String>,
     #[serde(default, deserialize_with = "super::types::lenient::bool")]
     quorate: bool,

@@ -203,18 +203,6 @@ impl ProxmoxError {
             _ => false,
         }
     }
-
-    /// The HTTP status Proxmox answered with, if there was an answer.
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            Self::Api { status, .. } => Some(*status),
-            Self::Transient { status, .. } => *status,
-            Self::NotFound { .. } => Some(404),
-            Self::Unauthorized { .. } => Some(401),
-            Self::PermissionDenied { .. } => Some(403),
-            _ => None,
-        }
-    }
 }
 
 /// Which API call failed, for error messages: `POST /nodes/pve1/qemu`.

@@ -58,22 +58,17 @@ pub struct HaRule {
     #[serde(rename = "type")]
     pub kind: String,
     /// Comma-separated sids, sorted (pve-ha-manager Rules.pm `encode_value`).
-    #[serde(default)]
     pub resources: Option<String>,
     /// Node-affinity rules: comma-separated `node[:priority]`.
-    #[serde(default)]
     pub nodes: Option<String>,
     #[serde(default, deserialize_with = "lenient::bool")]
     pub strict: bool,
     /// Resource-affinity rules: `positive` or `negative`.
-    #[serde(default)]
     pub affinity: Option<String>,
     /// The digest of the whole rules file, the same on every rule of one answer.
-    #[serde(default)]
     pub digest: Option<String>,
     /// Why the HA manager does not apply the rule, by property (`check_feasibility`), e.g.
     /// `{"resources": "rule is ineffective as there are less than two resources"}`.
-    #[serde(default)]
     pub errors: Option<serde_json::Value>,
 }
 

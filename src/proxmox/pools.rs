@@ -27,7 +27,6 @@ impl ProxmoxClient {
         #[derive(serde::Deserialize)]
         struct Pool {
             poolid: String,
-            #[serde(default)]
             comment: Option<String>,
         }
         let pools: Vec<Pool> = self.get(&["pools"], Params::new()).await?;

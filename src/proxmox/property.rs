@@ -34,8 +34,16 @@ fn all_in(s: &str, ok: impl Fn(char) -> bool) -> bool {
 macro_rules! name_type {
     ($(#[$doc:meta])* $name:ident, $what:literal, $expected:literal, $check:expr) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+        #[serde(try_from = "String")]
         pub struct $name(String);
+
+        impl TryFrom<String> for $name {
+            type Error = PropertyError;
+            fn try_from(value: String) -> Result<Self, PropertyError> {
+                Self::new(value)
+            }
+        }
 
         impl $name {
             pub fn new(value: impl Into<String>) -> Result<Self, PropertyError> {
@@ -163,18 +171,6 @@ name_type!(
     }
 );
 
-impl serde::Serialize for NodeName {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for NodeName {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        NodeName::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
-    }
-}
-
 impl PartialEq<str> for NodeName {
     fn eq(&self, other: &str) -> bool {
         self.as_str() == other
@@ -217,33 +213,57 @@ name_type!(
     }
 );
 
-/// A disk image in `import` storage: `local:import/talos.qcow2` (pve-storage Plugin.pm
-/// `parse_volname`).
+/// A file in a storage's directory of one content type: `<storage>:<dir>/<file>` (pve-storage
+/// Plugin.pm `parse_volname`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ImportVolume {
+pub struct Volume<F> {
     pub storage: StorageId,
-    pub file: ImportFileName,
+    pub file: F,
 }
 
-impl ImportVolume {
+/// A disk image in `import` storage: `local:import/talos.qcow2`.
+pub type ImportVolume = Volume<ImportFileName>;
+/// A volume in ISO storage: `local:iso/talos.iso`.
+pub type IsoVolume = Volume<IsoFileName>;
+
+/// The file names of one content type's directory.
+pub trait VolumeFile: fmt::Display + TryFrom<String, Error = PropertyError> {
+    /// The directory, what the volume is and an example, for the message.
+    const DIR: &str;
+    const WHAT: &str;
+    const EXPECTED: &str;
+}
+
+impl VolumeFile for ImportFileName {
+    const DIR: &str = "import";
+    const WHAT: &str = "import volume";
+    const EXPECTED: &str = "<storage>:import/<file>.qcow2 (e.g. local:import/talos.qcow2)";
+}
+
+impl VolumeFile for IsoFileName {
+    const DIR: &str = "iso";
+    const WHAT: &str = "ISO volume";
+    const EXPECTED: &str = "<storage>:iso/<file>.iso (e.g. local:iso/talos.iso)";
+}
+
+impl<F: VolumeFile> Volume<F> {
+    /// Parses a volume ID as Proxmox reports it (`local:iso/x.iso`).
     pub fn parse(volid: &str) -> Result<Self, PropertyError> {
-        let expected = "<storage>:import/<file>.qcow2 (e.g. local:import/talos.qcow2)";
-        let (storage, rest) = volid
-            .split_once(':')
-            .ok_or_else(|| invalid("import volume", volid, expected))?;
-        let file = rest
-            .strip_prefix("import/")
-            .ok_or_else(|| invalid("import volume", volid, expected))?;
+        let wrong = || invalid(F::WHAT, volid, F::EXPECTED);
+        let (storage, rest) = volid.split_once(':').ok_or_else(wrong)?;
+        let file = (rest.strip_prefix(F::DIR))
+            .and_then(|r| r.strip_prefix('/'))
+            .ok_or_else(wrong)?;
         Ok(Self {
             storage: StorageId::new(storage)?,
-            file: ImportFileName::new(file)?,
+            file: F::try_from(file.to_owned())?,
         })
     }
 }
 
-impl fmt::Display for ImportVolume {
+impl<F: VolumeFile> fmt::Display for Volume<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:import/{}", self.storage, self.file)
+        write!(f, "{}:{}/{}", self.storage, F::DIR, self.file)
     }
 }
 
@@ -262,36 +282,6 @@ impl ImportedDisk {
         let mut s = format!("{}:0,import-from={}", self.storage, self.source);
         self.options.render_into(&mut s);
         s
-    }
-}
-
-/// A volume in ISO storage: `local:iso/talos.iso`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct IsoVolume {
-    pub storage: StorageId,
-    pub file: IsoFileName,
-}
-
-impl IsoVolume {
-    /// Parses a volume ID as Proxmox reports it (`local:iso/x.iso`).
-    pub fn parse(volid: &str) -> Result<Self, PropertyError> {
-        let expected = "<storage>:iso/<file>.iso (e.g. local:iso/talos.iso)";
-        let (storage, rest) = volid
-            .split_once(':')
-            .ok_or_else(|| invalid("ISO volume", volid, expected))?;
-        let file = rest
-            .strip_prefix("iso/")
-            .ok_or_else(|| invalid("ISO volume", volid, expected))?;
-        Ok(Self {
-            storage: StorageId::new(storage)?,
-            file: IsoFileName::new(file)?,
-        })
-    }
-}
-
-impl fmt::Display for IsoVolume {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:iso/{}", self.storage, self.file)
     }
 }
 
@@ -331,34 +321,26 @@ pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
     pub fn parse(s: &str) -> Result<Self, PropertyError> {
-        let expected =
-            "six hex pairs separated by ':' with the multicast bit clear (e.g. BC:24:11:00:00:01)";
-        let parts: Vec<&str> = s.split(':').collect();
-        if parts.len() != 6 {
-            return Err(invalid("MAC address", s, expected));
+        let wrong = || {
+            let expected = "six hex pairs separated by ':' with the multicast bit clear (e.g. BC:24:11:00:00:01)";
+            invalid("MAC address", s, expected)
+        };
+        let hex = |p: &str| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit());
+        let bytes: Vec<u8> = (s.split(':'))
+            .map(|p| hex(p).then(|| u8::from_str_radix(p, 16).ok()).flatten())
+            .collect::<Option<_>>()
+            .ok_or_else(wrong)?;
+        match <[u8; 6]>::try_from(bytes) {
+            Ok(bytes) if bytes[0] & 1 == 0 => Ok(Self(bytes)),
+            _ => Err(wrong()),
         }
-        let mut bytes = [0u8; 6];
-        for (b, p) in bytes.iter_mut().zip(&parts) {
-            if p.len() != 2 || !p.chars().all(|c| c.is_ascii_hexdigit()) {
-                return Err(invalid("MAC address", s, expected));
-            }
-            *b = u8::from_str_radix(p, 16).map_err(|_| invalid("MAC address", s, expected))?;
-        }
-        if bytes[0] & 1 == 1 {
-            return Err(invalid("MAC address", s, expected));
-        }
-        Ok(Self(bytes))
     }
 }
 
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = self.0;
-        write!(
-            f,
-            "{:02X}:{:02X}:{:02X}:{:02X}:{:02X}:{:02X}",
-            b[0], b[1], b[2], b[3], b[4], b[5]
-        )
+        let pairs: Vec<String> = self.0.iter().map(|b| format!("{b:02X}")).collect();
+        f.write_str(&pairs.join(":"))
     }
 }
 
@@ -366,41 +348,35 @@ impl fmt::Display for MacAddr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Slot {
     Scsi(u8),
-    Virtio(u8),
     Ide(u8),
     Net(u8),
     HostPci(u8),
     Usb(u8),
-    EfiDisk0,
 }
 
 impl Slot {
+    /// The option key's prefix, the index and the highest index Proxmox has.
+    fn parts(self) -> (&'static str, u8, u8) {
+        match self {
+            Slot::Scsi(i) => ("scsi", i, 30),
+            Slot::Ide(i) => ("ide", i, 3),
+            Slot::Net(i) => ("net", i, 31),
+            Slot::HostPci(i) => ("hostpci", i, 15),
+            Slot::Usb(i) => ("usb", i, 14),
+        }
+    }
+
     /// The slot, if its index is within Proxmox's limits.
     pub fn checked(self) -> Option<Self> {
-        let ok = match self {
-            Slot::Scsi(i) => i <= 30,
-            Slot::Virtio(i) => i <= 15,
-            Slot::Ide(i) => i <= 3,
-            Slot::Net(i) => i <= 31,
-            Slot::HostPci(i) => i <= 15,
-            Slot::Usb(i) => i <= 14,
-            Slot::EfiDisk0 => true,
-        };
-        ok.then_some(self)
+        let (_, index, max) = self.parts();
+        (index <= max).then_some(self)
     }
 }
 
 impl fmt::Display for Slot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Slot::Scsi(i) => write!(f, "scsi{i}"),
-            Slot::Virtio(i) => write!(f, "virtio{i}"),
-            Slot::Ide(i) => write!(f, "ide{i}"),
-            Slot::Net(i) => write!(f, "net{i}"),
-            Slot::HostPci(i) => write!(f, "hostpci{i}"),
-            Slot::Usb(i) => write!(f, "usb{i}"),
-            Slot::EfiDisk0 => f.write_str("efidisk0"),
-        }
+        let (prefix, index, _) = self.parts();
+        write!(f, "{prefix}{index}")
     }
 }
 
@@ -436,47 +412,46 @@ impl Nic {
     }
 }
 
-/// `disk_cache`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DiskCache {
-    None,
-    Writethrough,
-    Writeback,
-    Directsync,
-    Unsafe,
-}
-
-impl DiskCache {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DiskCache::None => "none",
-            DiskCache::Writethrough => "writethrough",
-            DiskCache::Writeback => "writeback",
-            DiskCache::Directsync => "directsync",
-            DiskCache::Unsafe => "unsafe",
+/// An enum whose every value is one word of Proxmox's: one table gives the Rust name, the word
+/// (`as_str`) and its serde name.
+macro_rules! str_enum {
+    ($(#[$doc:meta])* $name:ident { $($variant:ident = $text:literal,)* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+        pub enum $name {
+            $(#[serde(rename = $text)] $variant,)*
         }
-    }
-}
 
-/// `disk_aio`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DiskAio {
-    Native,
-    Threads,
-    IoUring,
-}
-
-impl DiskAio {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DiskAio::Native => "native",
-            DiskAio::Threads => "threads",
-            DiskAio::IoUring => "io_uring",
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)*
+                }
+            }
         }
-    }
+    };
 }
+pub(crate) use str_enum;
+
+str_enum!(
+    /// `disk_cache`.
+    DiskCache {
+        None = "none",
+        Writethrough = "writethrough",
+        Writeback = "writeback",
+        Directsync = "directsync",
+        Unsafe = "unsafe",
+    }
+);
+
+str_enum!(
+    /// `disk_aio`.
+    DiskAio {
+        Native = "native",
+        Threads = "threads",
+        IoUring = "io_uring",
+    }
+);
 
 /// Per-disk performance options shared by the boot disk and additional disks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -564,14 +539,12 @@ impl ExistingDisk {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cdrom {
     Iso(IsoVolume),
-    Empty,
 }
 
 impl Cdrom {
     pub fn render(&self) -> String {
         match self {
             Cdrom::Iso(volume) => format!("{volume},media=cdrom"),
-            Cdrom::Empty => "none,media=cdrom".to_string(),
         }
     }
 }
@@ -674,41 +647,6 @@ pub fn boot_order(slots: &[Slot]) -> String {
     )
 }
 
-/// `ipconfigN` (cloud-init style static or DHCP address).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IpConfig {
-    Dhcp,
-    Static {
-        address: std::net::IpAddr,
-        prefix: u8,
-        gateway: Option<std::net::IpAddr>,
-    },
-}
-
-impl IpConfig {
-    pub fn render(&self) -> String {
-        match self {
-            IpConfig::Dhcp => "ip=dhcp".to_string(),
-            IpConfig::Static {
-                address,
-                prefix,
-                gateway,
-            } => {
-                let (ip_key, gw_key) = if address.is_ipv6() {
-                    ("ip6", "gw6")
-                } else {
-                    ("ip", "gw")
-                };
-                let mut s = format!("{ip_key}={address}/{prefix}");
-                if let Some(gw) = gateway {
-                    s.push_str(&format!(",{gw_key}={gw}"));
-                }
-                s
-            }
-        }
-    }
-}
-
 /// `hugepages`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hugepages {
@@ -718,16 +656,6 @@ pub enum Hugepages {
 }
 
 impl Hugepages {
-    /// Accepts the provider-data spellings (`2MB`, `1GB`) and Proxmox's own (`2`, `1024`, `any`).
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "2MB" | "2" => Some(Hugepages::TwoMb),
-            "1GB" | "1024" => Some(Hugepages::OneGb),
-            "any" => Some(Hugepages::Any),
-            _ => None,
-        }
-    }
-
     pub fn render(self) -> &'static str {
         match self {
             Hugepages::TwoMb => "2",
@@ -862,7 +790,6 @@ mod tests {
             Cdrom::Iso(iso).render(),
             "local:iso/talos-1.iso,media=cdrom"
         );
-        assert_eq!(Cdrom::Empty.render(), "none,media=cdrom");
         assert_eq!(
             EfiDisk {
                 storage: StorageId::new("local-lvm").unwrap()
@@ -906,16 +833,8 @@ mod tests {
             boot_order(&[Slot::Scsi(0), Slot::Ide(2), Slot::Net(0)]),
             "order=scsi0;ide2;net0"
         );
-        let ip = IpConfig::Static {
-            address: "10.0.0.5".parse().unwrap(),
-            prefix: 24,
-            gateway: Some("10.0.0.1".parse().unwrap()),
-        };
-        assert_eq!(ip.render(), "ip=10.0.0.5/24,gw=10.0.0.1");
-        assert_eq!(IpConfig::Dhcp.render(), "ip=dhcp");
-        assert_eq!(Hugepages::parse("2MB").map(Hugepages::render), Some("2"));
-        assert_eq!(Hugepages::parse("1GB").map(Hugepages::render), Some("1024"));
-        assert_eq!(Hugepages::parse("3MB"), None);
+        assert_eq!(Hugepages::TwoMb.render(), "2");
+        assert_eq!(Hugepages::OneGb.render(), "1024");
         assert_eq!(
             cpu(&CpuType::new("x86-64-v2-AES").unwrap()),
             "x86-64-v2-AES"

@@ -134,47 +134,25 @@ impl fmt::Display for Upid {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct Version {
     pub version: String,
-    #[serde(default)]
     pub release: Option<String>,
-    #[serde(default)]
     pub repoid: Option<String>,
 }
 
 /// Online state of a node as `/nodes` and `/cluster/resources` report it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeState {
     Online,
     Offline,
+    #[default]
+    #[serde(other)]
     Unknown,
 }
 
-impl<'de> Deserialize<'de> for NodeState {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(match String::deserialize(d)?.as_str() {
-            "online" => Self::Online,
-            "offline" => Self::Offline,
-            _ => Self::Unknown,
-        })
-    }
-}
-
-/// One entry of `GET /nodes`. Usage figures are absent for offline nodes.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct NodeStatus {
-    pub node: NodeName,
-    pub status: NodeState,
-    #[serde(default, deserialize_with = "lenient::opt_f64")]
-    pub cpu: Option<f64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub maxcpu: Option<u64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub mem: Option<u64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub maxmem: Option<u64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub uptime: Option<u64>,
-}
+/// One entry of `GET /nodes`: a node as `/cluster/resources` lists it (pve-manager
+/// PVE/API2/Nodes.pm `index` and PVE/API2/Cluster.pm `resources` both build it with
+/// PVE/API2Tools.pm `extract_node_stats`).
+pub type NodeStatus = NodeResource;
 
 /// `GET /cluster/resources`: one call that describes the whole cluster (nodes, guests, storages).
 #[derive(Debug, Clone, Deserialize)]
@@ -193,40 +171,26 @@ pub enum ClusterResource {
     Other,
 }
 
-/// The kinds `/cluster/resources` can be filtered to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResourceKind {
-    Vm,
-    Node,
-    Storage,
-}
-
-impl ResourceKind {
-    pub fn as_query(self) -> &'static str {
-        match self {
-            Self::Vm => "vm",
-            Self::Node => "node",
-            Self::Storage => "storage",
-        }
+super::property::str_enum!(
+    /// The kinds `/cluster/resources` can be filtered to.
+    ResourceKind {
+        Vm = "vm",
+        Node = "node",
+        Storage = "storage",
     }
-}
+);
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct VmResource {
     pub vmid: VmId,
     pub node: NodeName,
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub status: Option<String>,
     #[serde(default, deserialize_with = "lenient::bool")]
     pub template: bool,
     /// Semicolon-separated, as Proxmox stores them.
-    #[serde(default)]
     pub tags: Option<String>,
-    #[serde(default)]
     pub pool: Option<String>,
-    #[serde(default)]
     pub lock: Option<String>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub maxmem: Option<u64>,
@@ -238,7 +202,6 @@ pub struct VmResource {
     pub maxcpu: Option<u64>,
     /// Set for HA-managed guests (pve-manager PVE/API2/Cluster.pm `resources`: read from the HA
     /// manager's status or resources config on every call, so fresh, unlike the rrd-fed stats).
-    #[serde(default)]
     pub hastate: Option<String>,
 }
 
@@ -267,10 +230,11 @@ pub fn split_list(list: &str) -> Vec<&str> {
         .collect()
 }
 
+/// A node; usage figures are absent for offline nodes.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct NodeResource {
     pub node: NodeName,
-    #[serde(default = "unknown_state")]
+    #[serde(default)]
     pub status: NodeState,
     #[serde(default, deserialize_with = "lenient::opt_f64")]
     pub cpu: Option<f64>,
@@ -284,19 +248,12 @@ pub struct NodeResource {
     pub uptime: Option<u64>,
 }
 
-fn unknown_state() -> NodeState {
-    NodeState::Unknown
-}
-
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct StorageResource {
     pub storage: String,
     pub node: NodeName,
-    #[serde(default)]
     pub status: Option<String>,
-    #[serde(default)]
     pub content: Option<String>,
-    #[serde(default)]
     pub plugintype: Option<String>,
     #[serde(default, deserialize_with = "lenient::bool")]
     pub shared: bool,
@@ -352,13 +309,10 @@ pub struct StorageFilter {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct StorageVolume {
     pub volid: String,
-    #[serde(default)]
     pub content: Option<String>,
-    #[serde(default)]
     pub format: Option<String>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub size: Option<u64>,
-    #[serde(default)]
     pub vmid: Option<VmId>,
 }
 
@@ -366,13 +320,9 @@ pub struct StorageVolume {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct VmStatus {
     pub status: String,
-    #[serde(default)]
     pub qmpstatus: Option<String>,
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub lock: Option<String>,
-    #[serde(default)]
     pub tags: Option<String>,
     #[serde(default, deserialize_with = "lenient::bool")]
     pub template: bool,
@@ -411,9 +361,8 @@ impl VmConfig {
 pub struct TaskStatus {
     /// `running` or `stopped`.
     pub status: String,
-    #[serde(default)]
     pub exitstatus: Option<String>,
-    #[serde(default, rename = "type")]
+    #[serde(rename = "type")]
     pub task_type: Option<String>,
 }
 
@@ -438,12 +387,6 @@ pub struct TaskOutcome {
     pub exit_status: String,
 }
 
-impl TaskOutcome {
-    pub fn has_warnings(&self) -> bool {
-        self.exit_status.starts_with("WARNINGS")
-    }
-}
-
 /// The guest agent's answer to `network-get-interfaces`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct AgentInterfaces {
@@ -454,7 +397,7 @@ pub struct AgentInterfaces {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct GuestInterface {
     pub name: String,
-    #[serde(default, rename = "hardware-address")]
+    #[serde(rename = "hardware-address")]
     pub hardware_address: Option<String>,
     #[serde(default, rename = "ip-addresses")]
     pub ip_addresses: Vec<GuestAddress>,
@@ -464,7 +407,7 @@ pub struct GuestInterface {
 pub struct GuestAddress {
     #[serde(rename = "ip-address")]
     pub ip_address: String,
-    #[serde(default, rename = "ip-address-type")]
+    #[serde(rename = "ip-address-type")]
     pub ip_address_type: Option<String>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub prefix: Option<u64>,

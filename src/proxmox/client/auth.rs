@@ -39,7 +39,7 @@ struct TicketAnswer {
     csrf: String,
     /// Set for users with a second factor (TOTP, WebAuthn, …): the ticket is only a half-ticket that
     /// pve-access-control (AccessControl.pm, create_ticket) accepts for nothing but the TFA challenge.
-    #[serde(rename = "NeedTFA", default)]
+    #[serde(rename = "NeedTFA")]
     need_tfa: Option<serde_json::Value>,
 }
 

@@ -10,9 +10,7 @@ use crate::proxmox::error::{Call, ProxmoxError};
 
 #[derive(serde::Deserialize, Default)]
 struct ErrorBody {
-    #[serde(default)]
     message: Option<String>,
-    #[serde(default)]
     errors: Option<BTreeMap<String, serde_json::Value>>,
 }
 
