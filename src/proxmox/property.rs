@@ -27,8 +27,11 @@ fn invalid(what: &'static str, value: &str, expected: &'static str) -> PropertyE
     }
 }
 
-fn all_in(s: &str, ok: impl Fn(char) -> bool) -> bool {
-    s.chars().all(ok)
+/// Whether `s` has a length in `len` and only ASCII letters, digits and the characters of `extra`.
+fn made_of(s: &str, len: std::ops::RangeInclusive<usize>, extra: &str) -> bool {
+    len.contains(&s.len())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
 }
 
 macro_rules! name_type {
@@ -82,14 +85,9 @@ name_type!(
     StorageId,
     "storage",
     "a letter, then letters, digits, '-', '_' or '.', ending in a letter or digit (e.g. local-lvm)",
-    |s| {
-        let b = s.as_bytes();
-        b.len() >= 2
-            && b.len() <= 64
-            && b[0].is_ascii_alphabetic()
-            && b[b.len() - 1].is_ascii_alphanumeric()
-            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    }
+    |s| made_of(s, 2..=64, "-_.")
+        && s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 );
 
 name_type!(
@@ -97,7 +95,7 @@ name_type!(
     BridgeName,
     "network bridge",
     "1 to 15 letters, digits, '-', '_' or '.' (e.g. vmbr0)",
-    |s| !s.is_empty() && s.len() <= 15 && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    |s| made_of(s, 1..=15, "-_.")
 );
 
 name_type!(
@@ -105,12 +103,7 @@ name_type!(
     MappingId,
     "resource mapping",
     "a letter, then letters, digits, '-' or '_' (e.g. nvidia-gpu-1)",
-    |s| {
-        s.len() >= 2
-            && s.len() <= 128
-            && s.starts_with(|c: char| c.is_ascii_alphabetic())
-            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
-    }
+    |s| made_of(s, 2..=128, "-_") && s.starts_with(|c: char| c.is_ascii_alphabetic())
 );
 
 name_type!(
@@ -118,7 +111,7 @@ name_type!(
     MdevType,
     "mediated device type",
     "letters, digits, '-', '_' or '.' (e.g. nvidia-180)",
-    |s| !s.is_empty() && s.len() <= 128 && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    |s| made_of(s, 1..=128, "-_.")
 );
 
 name_type!(
@@ -126,12 +119,7 @@ name_type!(
     Tag,
     "tag",
     "a letter, digit or '_', then letters, digits, '_', '-', '+' or '.' (e.g. talos)",
-    |s| {
-        !s.is_empty()
-            && s.len() <= 128
-            && s.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
-            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '+' | '.'))
-    }
+    |s| made_of(s, 1..=128, "_-+.") && s.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
 );
 
 name_type!(
@@ -139,14 +127,7 @@ name_type!(
     PoolId,
     "pool",
     "letters, digits, '-', '_' or '.', with '/' between nested pools (e.g. omni)",
-    |s| {
-        !s.is_empty()
-            && s.len() <= 64
-            && !s.starts_with('/')
-            && !s.ends_with('/')
-            && !s.contains("//")
-            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
-    }
+    |s| made_of(s, 1..=64, "-_./") && !s.starts_with('/') && !s.ends_with('/') && !s.contains("//")
 );
 
 name_type!(
@@ -154,7 +135,7 @@ name_type!(
     CpuType,
     "CPU type",
     "a CPU model name made of letters, digits, '-', '_', '.' or '+' (e.g. x86-64-v2-AES or host)",
-    |s| !s.is_empty() && s.len() <= 64 && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'))
+    |s| made_of(s, 1..=64, "-_.+")
 );
 
 name_type!(
@@ -162,13 +143,7 @@ name_type!(
     NodeName,
     "node",
     "a host name: letters, digits and '-', not starting or ending with '-' (e.g. pve1)",
-    |s| {
-        !s.is_empty()
-            && s.len() <= 63
-            && !s.starts_with('-')
-            && !s.ends_with('-')
-            && all_in(s, |c| c.is_ascii_alphanumeric() || c == '-')
-    }
+    |s| made_of(s, 1..=63, "-") && !s.starts_with('-') && !s.ends_with('-')
 );
 
 impl PartialEq<str> for NodeName {
@@ -182,13 +157,7 @@ name_type!(
     IsoFileName,
     "ISO file name",
     "letters, digits, '-', '_', '.' or '+', ending in .iso",
-    |s| {
-        s.len() > 4
-            && s.len() <= 200
-            && s.ends_with(".iso")
-            && !s.starts_with('.')
-            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'))
-    }
+    |s| made_of(s, 5..=200, "-_.+") && s.ends_with(".iso") && !s.starts_with('.')
 );
 
 name_type!(
@@ -201,16 +170,9 @@ name_type!(
     ImportFileName,
     "disk image file name",
     "letters, digits, '-', '_', '.' or '+', ending in .qcow2, .raw or .vmdk",
-    |s| {
-        s.len() <= 200
-            && !s.starts_with('.')
-            && [".qcow2", ".raw", ".vmdk"]
-                .iter()
-                .any(|ext| s.len() > ext.len() && s.ends_with(ext))
-            && all_in(s, |c| {
-                c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+')
-            })
-    }
+    |s| made_of(s, 0..=200, "-_.+")
+        && !s.starts_with('.')
+        && [".qcow2", ".raw", ".vmdk"].iter().any(|ext| s.len() > ext.len() && s.ends_with(ext))
 );
 
 /// A file in a storage's directory of one content type: `<storage>:<dir>/<file>` (pve-storage
@@ -279,9 +241,8 @@ pub struct ImportedDisk {
 
 impl ImportedDisk {
     pub fn render(&self) -> String {
-        let mut s = format!("{}:0,import-from={}", self.storage, self.source);
-        self.options.render_into(&mut s);
-        s
+        let options = self.options.render();
+        format!("{}:0,import-from={}{options}", self.storage, self.source)
     }
 }
 
@@ -303,11 +264,7 @@ impl VlanTag {
 
     /// `0` means untagged.
     pub fn optional(tag: u64) -> Result<Option<Self>, PropertyError> {
-        if tag == 0 {
-            Ok(None)
-        } else {
-            Self::new(tag).map(Some)
-        }
+        (tag != 0).then(|| Self::new(tag)).transpose()
     }
 
     pub fn get(self) -> u16 {
@@ -384,6 +341,11 @@ fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }
 
+/// `,<key>=<value>` when there is a value.
+fn opt(key: &str, value: Option<impl fmt::Display>) -> String {
+    value.map(|v| format!(",{key}={v}")).unwrap_or_default()
+}
+
 /// `netN`: a virtio NIC.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Nic {
@@ -396,19 +358,10 @@ pub struct Nic {
 impl Nic {
     /// `virtio[=<mac>],bridge=<bridge>,firewall=<0|1>[,tag=<vlan>]`
     pub fn render(&self) -> String {
-        let mut s = match self.mac {
-            Some(mac) => format!("virtio={mac}"),
-            None => "virtio".to_string(),
-        };
-        s.push_str(&format!(
-            ",bridge={},firewall={}",
-            self.bridge,
-            flag(self.firewall)
-        ));
-        if let Some(tag) = self.vlan {
-            s.push_str(&format!(",tag={}", tag.get()));
-        }
-        s
+        let mac = self.mac.map(|mac| format!("={mac}")).unwrap_or_default();
+        let (bridge, firewall) = (&self.bridge, flag(self.firewall));
+        let tag = opt("tag", self.vlan.map(VlanTag::get));
+        format!("virtio{mac},bridge={bridge},firewall={firewall}{tag}")
     }
 }
 
@@ -464,22 +417,16 @@ pub struct DiskOptions {
 }
 
 impl DiskOptions {
-    fn render_into(&self, s: &mut String) {
-        if let Some(cache) = self.cache {
-            s.push_str(&format!(",cache={}", cache.as_str()));
-        }
-        if let Some(aio) = self.aio {
-            s.push_str(&format!(",aio={}", aio.as_str()));
-        }
-        if self.iothread {
-            s.push_str(",iothread=1");
-        }
-        if self.discard {
-            s.push_str(",discard=on");
-        }
-        if self.ssd {
-            s.push_str(",ssd=1");
-        }
+    /// `[,cache=…][,aio=…][,iothread=1][,discard=on][,ssd=1]`
+    fn render(&self) -> String {
+        [
+            opt("cache", self.cache.map(DiskCache::as_str)),
+            opt("aio", self.aio.map(DiskAio::as_str)),
+            opt("iothread", self.iothread.then_some(1)),
+            opt("discard", self.discard.then_some("on")),
+            opt("ssd", self.ssd.then_some(1)),
+        ]
+        .concat()
     }
 }
 
@@ -493,9 +440,7 @@ pub struct NewDisk {
 
 impl NewDisk {
     pub fn render(&self) -> String {
-        let mut s = format!("{}:{}", self.storage, self.size_gb);
-        self.options.render_into(&mut s);
-        s
+        format!("{}:{}{}", self.storage, self.size_gb, self.options.render())
     }
 }
 
@@ -509,29 +454,16 @@ pub struct ExistingDisk {
 
 impl ExistingDisk {
     pub fn new(volume: &str, options: DiskOptions) -> Result<Self, PropertyError> {
-        let ok = !volume.is_empty()
-            && volume.contains(':')
-            && all_in(volume, |c| {
-                c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/' | '+')
-            });
-        if ok {
-            Ok(Self {
-                volume: volume.to_string(),
-                options,
-            })
-        } else {
-            Err(invalid(
-                "disk volume",
-                volume,
-                "<storage>:<volume name> (e.g. local-lvm:vm-104-disk-0)",
-            ))
+        let expected = "<storage>:<volume name> (e.g. local-lvm:vm-104-disk-0)";
+        if !(volume.contains(':') && made_of(volume, 1..=usize::MAX, "-_.:/+")) {
+            return Err(invalid("disk volume", volume, expected));
         }
+        let volume = volume.to_string();
+        Ok(Self { volume, options })
     }
 
     pub fn render(&self) -> String {
-        let mut s = self.volume.clone();
-        self.options.render_into(&mut s);
-        s
+        format!("{}{}", self.volume, self.options.render())
     }
 }
 
@@ -543,9 +475,8 @@ pub enum Cdrom {
 
 impl Cdrom {
     pub fn render(&self) -> String {
-        match self {
-            Cdrom::Iso(volume) => format!("{volume},media=cdrom"),
-        }
+        let Cdrom::Iso(volume) = self;
+        format!("{volume},media=cdrom")
     }
 }
 
@@ -586,20 +517,13 @@ pub struct HostPci {
 
 impl HostPci {
     pub fn render(&self) -> String {
-        let mut s = format!("mapping={}", self.mapping);
-        if let Some(mdev) = &self.mdev {
-            s.push_str(&format!(",mdev={mdev}"));
-        }
-        if self.pcie {
-            s.push_str(",pcie=1");
-        }
-        if let Some(rombar) = self.rombar {
-            s.push_str(&format!(",rombar={}", flag(rombar)));
-        }
-        if self.primary_gpu {
-            s.push_str(",x-vga=1");
-        }
-        s
+        let options = [
+            opt("mdev", self.mdev.as_ref()),
+            opt("pcie", self.pcie.then_some(1)),
+            opt("rombar", self.rombar.map(flag)),
+            opt("x-vga", self.primary_gpu.then_some(1)),
+        ];
+        format!("mapping={}{}", self.mapping, options.concat())
     }
 }
 
@@ -612,11 +536,11 @@ pub struct Usb {
 
 impl Usb {
     pub fn render(&self) -> String {
-        if self.usb3 {
-            format!("mapping={},usb3=1", self.mapping)
-        } else {
-            format!("mapping={}", self.mapping)
-        }
+        format!(
+            "mapping={}{}",
+            self.mapping,
+            opt("usb3", self.usb3.then_some(1))
+        )
     }
 }
 
