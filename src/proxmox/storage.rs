@@ -2,7 +2,7 @@
 
 use super::client::{DELETE, POST, Params, Pool, ProxmoxClient, Replay, Upload, UploadContent};
 use super::error::ProxmoxError;
-use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid, check_storage_id};
+use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid};
 
 /// A file for the node to fetch itself (`download-url`), so large images never pass through us.
 #[derive(Debug, Clone)]
@@ -144,6 +144,10 @@ impl ProxmoxClient {
     }
 }
 
+/// A storage ID goes into URL paths: checked first.
 fn check_storage(storage: &str) -> Result<(), ProxmoxError> {
-    check_storage_id(storage).map_err(|e| ProxmoxError::Setup(e.to_string()))
+    let checked = super::property::StorageId::new(storage);
+    checked
+        .map(drop)
+        .map_err(|e| ProxmoxError::Setup(e.to_string()))
 }

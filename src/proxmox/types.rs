@@ -70,13 +70,6 @@ pub struct InvalidId(pub String);
 
 pub use super::property::NodeName;
 
-/// A storage ID (`local-lvm`), checked because it goes into URL paths.
-pub fn check_storage_id(id: &str) -> Result<(), InvalidId> {
-    super::property::StorageId::new(id)
-        .map(|_| ())
-        .map_err(|e| InvalidId(e.to_string()))
-}
-
 /// A task ID: `UPID:<node>:<pid>:<pstart>:<starttime>:<type>:<id>:<user>:`. The node in it is where the
 /// task runs, which is where its status must be asked (a clone to another node runs on the source).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -113,12 +106,6 @@ impl Upid {
     }
 }
 
-impl Serialize for Upid {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.raw)
-    }
-}
-
 impl<'de> Deserialize<'de> for Upid {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Upid::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
@@ -131,11 +118,9 @@ impl fmt::Display for Upid {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct Version {
     pub version: String,
-    pub release: Option<String>,
-    pub repoid: Option<String>,
 }
 
 /// Online state of a node as `/nodes` and `/cluster/resources` report it.
@@ -180,7 +165,7 @@ super::property::str_enum!(
     }
 );
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct VmResource {
     pub vmid: VmId,
     pub node: NodeName,
@@ -194,10 +179,6 @@ pub struct VmResource {
     pub lock: Option<String>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub maxmem: Option<u64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub mem: Option<u64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub maxdisk: Option<u64>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub maxcpu: Option<u64>,
     /// Set for HA-managed guests (pve-manager PVE/API2/Cluster.pm `resources`: read from the HA
@@ -231,7 +212,7 @@ pub fn split_list(list: &str) -> Vec<&str> {
 }
 
 /// A node; usage figures are absent for offline nodes.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct NodeResource {
     pub node: NodeName,
     #[serde(default)]
@@ -248,7 +229,7 @@ pub struct NodeResource {
     pub uptime: Option<u64>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct StorageResource {
     pub storage: String,
     pub node: NodeName,
@@ -264,7 +245,7 @@ pub struct StorageResource {
 }
 
 /// One entry of `GET /nodes/{node}/storage`: the storages as seen from that node, with real free space.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct NodeStorage {
     pub storage: String,
     #[serde(rename = "type")]
@@ -306,18 +287,15 @@ pub struct StorageFilter {
 }
 
 /// One volume from `GET /nodes/{node}/storage/{storage}/content`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct StorageVolume {
     pub volid: String,
-    pub content: Option<String>,
-    pub format: Option<String>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub size: Option<u64>,
-    pub vmid: Option<VmId>,
 }
 
 /// `GET /nodes/{node}/qemu/{vmid}/status/current`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct VmStatus {
     pub status: String,
     pub qmpstatus: Option<String>,
@@ -357,13 +335,11 @@ impl VmConfig {
 }
 
 /// `GET /nodes/{node}/tasks/{upid}/status`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct TaskStatus {
     /// `running` or `stopped`.
     pub status: String,
     pub exitstatus: Option<String>,
-    #[serde(rename = "type")]
-    pub task_type: Option<String>,
 }
 
 impl TaskStatus {
@@ -372,10 +348,8 @@ impl TaskStatus {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct TaskLogLine {
-    #[serde(default, deserialize_with = "lenient::u64")]
-    pub n: u64,
     #[serde(default)]
     pub t: String,
 }
@@ -388,29 +362,22 @@ pub struct TaskOutcome {
 }
 
 /// The guest agent's answer to `network-get-interfaces`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct AgentInterfaces {
     #[serde(default)]
     pub result: Vec<GuestInterface>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct GuestInterface {
-    pub name: String,
-    #[serde(rename = "hardware-address")]
-    pub hardware_address: Option<String>,
     #[serde(default, rename = "ip-addresses")]
     pub ip_addresses: Vec<GuestAddress>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct GuestAddress {
     #[serde(rename = "ip-address")]
     pub ip_address: String,
-    #[serde(rename = "ip-address-type")]
-    pub ip_address_type: Option<String>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub prefix: Option<u64>,
 }
 
 /// Deserializers that accept what Proxmox actually sends.
@@ -544,7 +511,5 @@ mod tests {
         assert_eq!("104".parse::<VmId>().unwrap().get(), 104);
         assert!(NodeName::new("pve1").is_ok());
         assert!(NodeName::new("../etc").is_err());
-        assert!(check_storage_id("local-lvm").is_ok());
-        assert!(check_storage_id("local/../x").is_err());
     }
 }
