@@ -17,7 +17,6 @@
 //!   their schema (`additionalProperties 0`), and where it exists its default is what we want.
 
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::client::Replay::{OnlyIfUnsent, Safe};
 use super::client::{DELETE, POST, PUT, Params, ProxmoxClient};
@@ -127,8 +126,7 @@ impl ProxmoxClient {
         let sid = vm_sid(vmid);
         let params = resource.params(Params::new().with("sid", &sid));
         let path = ["cluster", "ha", "resources"];
-        match self.send::<Value>(POST, &path, params, OnlyIfUnsent).await {
-            Ok(_) => Ok(()),
+        match self.write(POST, &path, params, OnlyIfUnsent).await {
             // pve-ha-manager src/PVE/API2/HA/Resources.pm, `create`: "resource ID '<sid>' already
             // defined"; `update` takes the same settings but `sid` from the path.
             Err(ProxmoxError::Api { message, .. }) if message.contains("already defined") => {
@@ -137,11 +135,9 @@ impl ProxmoxClient {
                     return Ok(());
                 }
                 let path = ["cluster", "ha", "resources", &sid];
-                self.send::<Value>(PUT, &path, settings, Safe)
-                    .await
-                    .map(drop)
+                self.write(PUT, &path, settings, Safe).await
             }
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -151,16 +147,12 @@ impl ProxmoxClient {
     pub async fn remove_ha_resource(&self, vmid: VmId) -> Result<(), ProxmoxError> {
         let sid = vm_sid(vmid);
         let path = ["cluster", "ha", "resources", &sid];
-        match self
-            .send::<Value>(DELETE, &path, Params::new(), OnlyIfUnsent)
-            .await
-        {
-            Ok(_) => Ok(()),
+        match self.write(DELETE, &path, Params::new(), OnlyIfUnsent).await {
             // pve-ha-manager src/PVE/API2/HA/Resources.pm, `delete`: "cannot delete service
             // '<sid>', not HA managed!"
             Err(ProxmoxError::Api { message, .. }) if message.contains("not HA managed") => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -178,22 +170,15 @@ impl ProxmoxClient {
             .with("resources", rule.resources.join(","))
             .with("comment", rule.comment.as_str());
         params = match &rule.kind {
-            HaRuleKind::NodeAffinity { nodes, strict } => params
-                .with(
-                    "nodes",
-                    nodes
-                        .iter()
-                        .map(NodeName::as_str)
-                        .collect::<Vec<_>>()
-                        .join(","),
-                )
-                .with("strict", u8::from(*strict)),
+            HaRuleKind::NodeAffinity { nodes, strict } => {
+                let names: Vec<&str> = nodes.iter().map(NodeName::as_str).collect();
+                let params = params.with("nodes", names.join(","));
+                params.with("strict", u8::from(*strict))
+            }
             HaRuleKind::ResourceAffinity { affinity } => params.with("affinity", *affinity),
         };
         let path = ["cluster", "ha", "rules"];
-        self.send::<Value>(POST, &path, params, OnlyIfUnsent)
-            .await
-            .map(drop)
+        self.write(POST, &path, params, OnlyIfUnsent).await
     }
 
     /// Sets a rule's resources (`PUT /cluster/ha/rules/<rule>`), only if the rules are still as they
@@ -209,21 +194,15 @@ impl ProxmoxClient {
             .with("resources", resources.join(","))
             .with_opt("digest", rule.digest.as_deref());
         let path = ["cluster", "ha", "rules", &rule.rule];
-        self.send::<Value>(PUT, &path, params, OnlyIfUnsent)
-            .await
-            .map(drop)
+        self.write(PUT, &path, params, OnlyIfUnsent).await
     }
 
     /// `DELETE /cluster/ha/rules/<rule>`; Proxmox answers success for a rule that is not there.
     pub async fn delete_ha_rule(&self, rule: &str) -> Result<(), ProxmoxError> {
         let path = ["cluster", "ha", "rules", rule];
-        match self
-            .send::<Value>(DELETE, &path, Params::new(), OnlyIfUnsent)
-            .await
-        {
-            Ok(_) => Ok(()),
+        match self.write(DELETE, &path, Params::new(), OnlyIfUnsent).await {
             Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => Err(e),
+            other => other,
         }
     }
 }

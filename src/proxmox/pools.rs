@@ -1,8 +1,6 @@
 //! Resource pools: the official provider puts each machine-request set's VMs in a pool named after
 //! the set unless the class names one, creates it on demand and removes it once empty. We do the same.
 
-use serde_json::Value;
-
 use super::client::Replay::OnlyIfUnsent;
 use super::client::{DELETE, POST, Params, ProxmoxClient};
 use super::error::ProxmoxError;
@@ -11,13 +9,9 @@ impl ProxmoxClient {
     /// `POST /pools`. A pool that already exists is success.
     pub async fn ensure_pool(&self, pool: &str, comment: &str) -> Result<(), ProxmoxError> {
         let params = Params::new().with("poolid", pool).with("comment", comment);
-        match self
-            .send::<Value>(POST, &["pools"], params, OnlyIfUnsent)
-            .await
-        {
-            Ok(_) => Ok(()),
+        match self.write(POST, &["pools"], params, OnlyIfUnsent).await {
             Err(ProxmoxError::Api { message, .. }) if message.contains("already exists") => Ok(()),
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -30,10 +24,8 @@ impl ProxmoxClient {
             comment: Option<String>,
         }
         let pools: Vec<Pool> = self.get(&["pools"], Params::new()).await?;
-        Ok(pools
-            .into_iter()
-            .find(|p| p.poolid == pool)
-            .and_then(|p| p.comment))
+        let pool = pools.into_iter().find(|p| p.poolid == pool);
+        Ok(pool.and_then(|p| p.comment))
     }
 
     /// `DELETE /pools?poolid=…` (PVE 8.1 and later), else `DELETE /pools/{poolid}`, which older PVE
@@ -42,19 +34,15 @@ impl ProxmoxClient {
     /// cleaning up.
     pub async fn delete_pool_if_empty(&self, pool: &str) -> Result<bool, ProxmoxError> {
         let by_query = Params::new().with("poolid", pool);
-        let answer = match self
-            .send::<Value>(DELETE, &["pools"], by_query, OnlyIfUnsent)
-            .await
-        {
+        let answer = match self.write(DELETE, &["pools"], by_query, OnlyIfUnsent).await {
             Err(ProxmoxError::Api { status: 501, .. }) => {
                 let path = ["pools", pool];
-                self.send::<Value>(DELETE, &path, Params::new(), OnlyIfUnsent)
-                    .await
+                self.write(DELETE, &path, Params::new(), OnlyIfUnsent).await
             }
             other => other,
         };
         match answer {
-            Ok(_) => Ok(true),
+            Ok(()) => Ok(true),
             Err(ProxmoxError::Api { message, .. })
                 if message.contains("not empty") || message.contains("does not exist") =>
             {

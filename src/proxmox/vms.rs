@@ -115,9 +115,8 @@ impl ProxmoxClient {
         options: Vec<(String, String)>,
     ) -> Result<(), ProxmoxError> {
         let params = Params(options);
-        self.on_vm::<serde_json::Value>(PUT, (node, vmid), &["config"], params, Replay::Safe)
-            .await
-            .map(drop)
+        let answer = self.on_vm(PUT, (node, vmid), &["config"], params, Replay::Safe);
+        answer.await.map(|_: serde_json::Value| ())
     }
 
     /// `PUT …/resize` to an absolute size such as `50G` (never shrinks; Proxmox refuses that).

@@ -289,6 +289,18 @@ impl ProxmoxClient {
         self.call(Pool::Small, method, path, body, replay).await
     }
 
+    /// [`Self::send`] for a call whose answer nobody reads.
+    pub(crate) async fn write(
+        &self,
+        method: Method,
+        path: &[&str],
+        params: Params,
+        replay: Replay,
+    ) -> Result<(), ProxmoxError> {
+        let answer = self.send::<serde_json::Value>(method, path, params, replay);
+        answer.await.map(drop)
+    }
+
     /// A multipart POST, sent again only if it never left; a streamed one goes over the
     /// connections for large bodies.
     pub(crate) async fn upload<T: DeserializeOwned>(
