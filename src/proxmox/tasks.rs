@@ -33,32 +33,17 @@ impl ProxmoxClient {
     /// `GET /nodes/{node}/tasks/{upid}/status` (the node is the one in the UPID).
     pub async fn task_status(&self, upid: &Upid) -> Result<TaskStatus, ProxmoxError> {
         let node = upid.node();
-        self.get(
-            &["nodes", node.as_str(), "tasks", upid.as_str(), "status"],
-            Params::new(),
-        )
-        .await
+        let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "status"];
+        self.get(&path, Params::new()).await
     }
 
-    /// `GET /nodes/{node}/tasks/{upid}/log`, lines `start..start+limit`.
-    pub async fn task_log(
-        &self,
-        upid: &Upid,
-        start: u64,
-        limit: u64,
-    ) -> Result<Vec<TaskLogLine>, ProxmoxError> {
-        let node = upid.node();
-        let params = Params::new().with("start", start).with("limit", limit);
-        self.get(
-            &["nodes", node.as_str(), "tasks", upid.as_str(), "log"],
-            params,
-        )
-        .await
-    }
-
-    /// The last lines of a task's log (best effort: empty when the log cannot be read).
+    /// The last lines of a task's log from `GET /nodes/{node}/tasks/{upid}/log` (best effort:
+    /// empty when the log cannot be read).
     pub async fn task_log_tail(&self, upid: &Upid) -> Vec<String> {
-        match self.task_log(upid, 0, 10_000).await {
+        let node = upid.node();
+        let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "log"];
+        let params = Params::new().with("start", 0).with("limit", 10_000);
+        match self.get::<Vec<TaskLogLine>>(&path, params).await {
             Ok(lines) => {
                 let skip = lines.len().saturating_sub(LOG_TAIL_LINES);
                 lines.into_iter().skip(skip).map(|l| l.t).collect()
