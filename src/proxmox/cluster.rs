@@ -91,15 +91,8 @@ impl ProxmoxClient {
 
     /// The guests `/cluster/resources` lists (`type=vm`: VMs and containers), VMs only.
     pub async fn vms(&self) -> Result<Vec<super::types::VmResource>, ProxmoxError> {
-        Ok(self
-            .cluster_resources(Some(ResourceKind::Vm))
-            .await?
-            .into_iter()
-            .filter_map(|r| match r {
-                ClusterResource::Vm(vm) => Some(vm),
-                _ => None,
-            })
-            .collect())
+        let listing: Listing = self.cluster_resources(Some(ResourceKind::Vm)).await?.into();
+        Ok(listing.vms().cloned().collect())
     }
 
     /// `GET /cluster/nextid`: the lowest free VMID at this instant (Proxmox sends it as a string). Not a
@@ -148,7 +141,9 @@ impl ProxmoxClient {
         let next_id = options.next_id.unwrap_or_default();
         let default = NextIdRange::default();
         let bound = |v: Option<u64>, or: u32| v.map_or(Some(or), |v| u32::try_from(v).ok());
-        (bound(next_id.lower, default.lower).zip(bound(next_id.upper, default.upper)))
+        let lower = bound(next_id.lower, default.lower);
+        lower
+            .zip(bound(next_id.upper, default.upper))
             .map(|(lower, upper)| NextIdRange { lower, upper })
             .ok_or_else(|| bad_answer("/cluster/options", "next-id bounds out of range".into()))
     }

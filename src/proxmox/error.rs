@@ -212,7 +212,8 @@ impl fmt::Display for Call {
 
 /// ` (field: what is wrong; …)`, or nothing.
 fn field_list(errors: &BTreeMap<String, String>) -> String {
-    let list: Vec<String> = (errors.iter())
+    let list: Vec<String> = errors
+        .iter()
         .map(|(f, m)| format!("{f}: {}", m.trim()))
         .collect();
     if list.is_empty() {

@@ -213,7 +213,8 @@ impl<F: VolumeFile> Volume<F> {
     pub fn parse(volid: &str) -> Result<Self, PropertyError> {
         let wrong = || invalid(F::WHAT, volid, F::EXPECTED);
         let (storage, rest) = volid.split_once(':').ok_or_else(wrong)?;
-        let file = (rest.strip_prefix(F::DIR))
+        let file = rest
+            .strip_prefix(F::DIR)
             .and_then(|r| r.strip_prefix('/'))
             .ok_or_else(wrong)?;
         Ok(Self {
@@ -283,7 +284,8 @@ impl MacAddr {
             invalid("MAC address", s, expected)
         };
         let hex = |p: &str| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit());
-        let bytes: Vec<u8> = (s.split(':'))
+        let bytes: Vec<u8> = s
+            .split(':')
             .map(|p| hex(p).then(|| u8::from_str_radix(p, 16).ok()).flatten())
             .collect::<Option<_>>()
             .ok_or_else(wrong)?;

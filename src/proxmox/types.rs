@@ -427,15 +427,13 @@ pub mod lenient {
 
     pub fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
         let v = Value::deserialize(d)?;
-        if let Value::Number(n) = &v
-            && let Some(u) = n.as_u64()
-        {
-            return Ok(Some(u));
-        }
-        if let Value::String(s) = &v
-            && let Ok(u) = s.trim().parse::<u64>()
-        {
-            return Ok(Some(u));
+        let exact = match &v {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.trim().parse().ok(),
+            _ => None,
+        };
+        if exact.is_some() {
+            return Ok(exact);
         }
         Ok(opt_f64(v).map_err(D::Error::custom)?.map(|f| {
             // Usage figures may be fractional or (briefly) negative; clamp into u64.

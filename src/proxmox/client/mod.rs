@@ -419,7 +419,9 @@ impl ProxmoxClient {
                     .file_name(u.file_name.clone())
                     .mime_str("application/octet-stream")
                     .map_err(|e| ProxmoxError::Setup(format!("multipart: {e}")))?;
-                let form = (u.fields.iter())
+                let form = u
+                    .fields
+                    .iter()
                     .fold(Form::new(), |form, (k, v)| form.text(k.clone(), v.clone()));
                 req.multipart(form.part("filename", part))
             }
