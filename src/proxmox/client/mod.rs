@@ -146,10 +146,8 @@ impl Params {
     }
 
     pub fn with_opt(self, key: &str, value: Option<impl ToString>) -> Self {
-        match value {
-            Some(v) => self.with(key, v),
-            None => self,
-        }
+        let Some(value) = value else { return self };
+        self.with(key, value)
     }
 
     pub fn extend(mut self, pairs: impl IntoIterator<Item = (String, String)>) -> Self {
@@ -498,13 +496,11 @@ fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, ProxmoxErro
 }
 
 fn method_name(m: &Method) -> &'static str {
-    match *m {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        _ => "OTHER",
-    }
+    let known = ["GET", "POST", "PUT", "DELETE"];
+    known
+        .into_iter()
+        .find(|name| *name == m.as_str())
+        .unwrap_or("OTHER")
 }
 
 fn may_retry(e: &ProxmoxError, replay: Replay) -> bool {
