@@ -38,12 +38,8 @@ impl ProxmoxClient {
         check_storage(storage)?;
         let params = Params::new().with_opt("content", content);
         // A storage holds a seed ISO per machine: the answer grows with the cluster.
-        self.get_over(
-            Pool::Large,
-            &["nodes", node.as_str(), "storage", storage, "content"],
-            params,
-        )
-        .await
+        let path = ["nodes", node.as_str(), "storage", storage, "content"];
+        self.get_over(Pool::Large, &path, params).await
     }
 
     /// `POST /nodes/{node}/storage/{storage}/download-url`: returns the download task.
@@ -54,15 +50,13 @@ impl ProxmoxClient {
         request: &DownloadRequest,
     ) -> Result<Upid, ProxmoxError> {
         check_storage(storage)?;
-        let mut params = Params::new()
+        let (algorithm, sum) = request.checksum.clone().unzip();
+        let params = Params::new()
             .with("content", &request.content)
             .with("filename", &request.file_name)
-            .with("url", &request.url);
-        if let Some((algorithm, sum)) = &request.checksum {
-            params = params
-                .with("checksum-algorithm", algorithm)
-                .with("checksum", sum);
-        }
+            .with("url", &request.url)
+            .with_opt("checksum-algorithm", algorithm)
+            .with_opt("checksum", sum);
         let path = ["nodes", node.as_str(), "storage", storage, "download-url"];
         self.send(POST, &path, params, Replay::OnlyIfUnsent).await
     }
