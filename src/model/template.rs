@@ -4,7 +4,7 @@
 //! those storages is shared, and of which type).
 
 use super::cluster::ClusterSnapshot;
-use super::vm::{BootDisk, cloud_init_drives};
+use super::vm::{BootDisk, cloud_init_drives, is_drive_key};
 use crate::proxmox::types::{VmConfig, VmResource};
 
 /// One template, as a clone of it would see it.
@@ -46,7 +46,7 @@ impl TemplateFacts {
         let mut drives: Vec<TemplateDrive> = config
             .0
             .keys()
-            .filter(|slot| is_drive_slot(slot))
+            .filter(|slot| is_drive_key(slot))
             .filter_map(|slot| {
                 let value = config.get(slot)?;
                 let mut parts = value.split(',');
@@ -99,17 +99,6 @@ impl TemplateFacts {
         }
         out
     }
-}
-
-/// The config keys qemu-server treats as drives for a clone (`foreach_volume`): the bus slots plus
-/// the EFI disk and the TPM state.
-fn is_drive_slot(key: &str) -> bool {
-    ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"]
-        .iter()
-        .any(|p| {
-            key.strip_prefix(p)
-                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-        })
 }
 
 #[cfg(test)]

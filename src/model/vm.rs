@@ -70,7 +70,8 @@ pub fn is_cdrom(drive: &str) -> bool {
     first == "none" || first == "cdrom" || drive.split(',').any(|p| p.trim() == "media=cdrom")
 }
 
-/// Whether a config key is a disk or CD-ROM slot (`scsi0`, `virtio1`, `ide2`, `efidisk0`, …).
+/// Whether a config key is a disk or CD-ROM slot (`scsi0`, `virtio1`, `ide2`, `efidisk0`, …): the keys
+/// qemu-server treats as drives (`foreach_volume`), also for a clone.
 pub fn is_drive_key(key: &str) -> bool {
     ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"]
         .iter()

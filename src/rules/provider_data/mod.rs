@@ -214,16 +214,22 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
+/// `GET /version`'s `version` ("8.4.1") as (major, minor). A version that cannot be read is let
+/// through by every check: Proxmox then says what it thinks.
+fn release(pve_version: &str) -> Option<(u32, u32)> {
+    let mut parts = pve_version.split('.').map(|p| p.trim().parse::<u32>());
+    let major = parts.next()?.ok()?;
+    Some((major, parts.next().and_then(Result::ok).unwrap_or(0)))
+}
+
 /// The first Proxmox VE major release whose HA resources have `failback` (pve-ha-manager 5.0.2, the
 /// PVE 9 series); older clusters answer 400 to it.
 pub const HA_FAILBACK_SINCE_PVE: u32 = 9;
 
-/// `ha.failback` on a cluster that does not know it, given `GET /version`'s `version` ("8.4.1"). A
-/// version that cannot be read is let through: Proxmox then says what it thinks.
+/// `ha.failback` on a cluster that does not know it.
 pub fn ha_failback_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
     data.ha.as_ref()?.failback?;
-    let major: u32 = pve_version.split('.').next()?.trim().parse().ok()?;
-    (major < HA_FAILBACK_SINCE_PVE).then(|| Problem {
+    (release(pve_version)?.0 < HA_FAILBACK_SINCE_PVE).then(|| Problem {
         key: "ha.failback".into(),
         message: format!(
             "needs Proxmox VE {HA_FAILBACK_SINCE_PVE} or later; this cluster runs {pve_version}: remove `failback` (on PVE 8, set it on an HA group instead) or upgrade"
@@ -242,13 +248,8 @@ pub fn boot_image_problem(data: &ProviderData, pve_version: &str) -> Option<Prob
     if data.boot != BootMode::Image {
         return None;
     }
-    let mut parts = pve_version.split('.').map(|p| p.trim().parse::<u32>());
-    let (Some(Ok(major)), minor) = (parts.next(), parts.next()) else {
-        return None;
-    };
-    let minor = minor.and_then(Result::ok).unwrap_or(0);
     let (since_major, since_minor) = BOOT_IMAGE_SINCE_PVE;
-    ((major, minor) < BOOT_IMAGE_SINCE_PVE).then(|| Problem {
+    (release(pve_version)? < BOOT_IMAGE_SINCE_PVE).then(|| Problem {
         key: "boot".into(),
         message: format!(
             "`image` needs Proxmox VE {since_major}.{since_minor} or later (disk images downloaded into `import` storage); this cluster runs {pve_version}: use `boot: iso` or upgrade"
@@ -263,22 +264,19 @@ pub const HA_RULES_SINCE_PVE: u32 = 9;
 /// `ha.rules`, `ha.node_affinity_nodes`, `ha.resource_affinity` or `ha.spread` on a cluster without
 /// HA rules, as one problem naming the keys used. The official provider lets such a machine be
 /// created and then fails at its rule step; refusing first leaves nothing behind.
-pub fn ha_rules_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
+fn ha_rules_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
     let ha = data.ha.as_ref().filter(|ha| ha.uses_rules())?;
-    let major: u32 = pve_version.split('.').next()?.trim().parse().ok()?;
-    if major >= HA_RULES_SINCE_PVE {
+    if release(pve_version)?.0 >= HA_RULES_SINCE_PVE {
         return None;
     }
-    let mut keys = Vec::new();
-    if !ha.rules.is_empty() {
-        keys.push("rules");
-    }
-    if !ha.node_affinity_nodes.is_empty() {
-        keys.push("node_affinity_nodes");
-    }
-    if ha.resource_affinity.is_some() {
-        keys.push("resource_affinity/spread");
-    }
+    let keys: Vec<&str> = [
+        (!ha.rules.is_empty(), "rules"),
+        (!ha.node_affinity_nodes.is_empty(), "node_affinity_nodes"),
+        (ha.resource_affinity.is_some(), "resource_affinity/spread"),
+    ]
+    .into_iter()
+    .filter_map(|(used, key)| used.then_some(key))
+    .collect();
     Some(Problem {
         key: "ha".into(),
         message: format!(

@@ -20,14 +20,35 @@ use crate::proxmox::property::{
 };
 use crate::rules::storage_selector::StorageSelector;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum PlacementStrategy {
-    #[default]
-    Spread,
-    FewerVms,
-    RoundRobin,
-    Binpack,
+/// A key that takes one of a few words: the enum, its words (serde's and the schema's `enum`) and
+/// `as_str`, from one list.
+macro_rules! words {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+        pub enum $name {
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text),+
+                }
+            }
+        }
+    };
+}
+
+words! {
+    #[derive(Default)]
+    PlacementStrategy {
+        #[default]
+        Spread = "spread",
+        FewerVms = "fewer-vms",
+        RoundRobin = "round-robin",
+        Binpack = "binpack",
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -38,6 +59,7 @@ pub enum MachineType {
 }
 
 impl MachineType {
+    /// Proxmox's name of the machine type (`i440fx` is its `pc`).
     pub fn as_str(self) -> &'static str {
         match self {
             MachineType::Q35 => "q35",
@@ -46,63 +68,39 @@ impl MachineType {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Bios {
-    #[default]
-    Seabios,
-    Ovmf,
-}
-
-impl Bios {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bios::Seabios => "seabios",
-            Bios::Ovmf => "ovmf",
-        }
+words! {
+    #[derive(Default)]
+    Bios {
+        #[default]
+        Seabios = "seabios",
+        Ovmf = "ovmf",
     }
 }
 
-/// How the VM gets Talos: boot the Image Factory nocloud ISO (upstream behaviour), clone a template,
-/// or boot from the Image Factory's nocloud disk image, imported as the boot disk (ours).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum BootMode {
-    #[default]
-    Iso,
-    Clone,
-    Image,
-}
-
-impl BootMode {
-    /// The value as written in provider data (and recorded in the provider state).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BootMode::Iso => "iso",
-            BootMode::Clone => "clone",
-            BootMode::Image => "image",
-        }
+words! {
+    /// How the VM gets Talos: boot the Image Factory nocloud ISO (upstream behaviour), clone a
+    /// template, or boot from the Image Factory's nocloud disk image, imported as the boot disk
+    /// (ours). `as_str` is also what the provider state records.
+    #[derive(Default)]
+    BootMode {
+        #[default]
+        Iso = "iso",
+        Clone = "clone",
+        Image = "image",
     }
 }
 
-/// How a clone copies the template's disks (`clone_mode`). `Full`: a full copy onto the storage
-/// placement chose, which works on any storage, and across nodes when the template and that storage
-/// are shared. `Linked`: disks that share the template's base volumes, on the template's own
-/// storage: quick and small, but only on storage that supports it and never onto another storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum CloneMode {
-    #[default]
-    Full,
-    Linked,
-}
-
-impl CloneMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloneMode::Full => "full",
-            CloneMode::Linked => "linked",
-        }
+words! {
+    /// How a clone copies the template's disks (`clone_mode`). `Full`: a full copy onto the storage
+    /// placement chose, which works on any storage, and across nodes when the template and that
+    /// storage are shared. `Linked`: disks that share the template's base volumes, on the
+    /// template's own storage: quick and small, but only on storage that supports it and never onto
+    /// another storage.
+    #[derive(Default)]
+    CloneMode {
+        #[default]
+        Full = "full",
+        Linked = "linked",
     }
 }
 
@@ -122,42 +120,22 @@ impl fmt::Display for TemplateRef {
     }
 }
 
-/// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
-/// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`): on different nodes, or on one node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ResourceAffinity {
-    Negative,
-    Positive,
-}
-
-impl ResourceAffinity {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResourceAffinity::Positive => "positive",
-            ResourceAffinity::Negative => "negative",
-        }
+words! {
+    /// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
+    /// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`): on different nodes, or on one node.
+    ResourceAffinity {
+        Negative = "negative",
+        Positive = "positive",
     }
 }
 
-/// `ha.state`: the HA resource's target state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum HaState {
-    Started,
-    Stopped,
-    Disabled,
-    Ignored,
-}
-
-impl HaState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HaState::Started => "started",
-            HaState::Stopped => "stopped",
-            HaState::Disabled => "disabled",
-            HaState::Ignored => "ignored",
-        }
+words! {
+    /// `ha.state`: the HA resource's target state.
+    HaState {
+        Started = "started",
+        Stopped = "stopped",
+        Disabled = "disabled",
+        Ignored = "ignored",
     }
 }
 
