@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::model::{GIB, NodeSnapshot, StorageSnapshot};
+use crate::proxmox::property::StorageId;
 use crate::rules::storage_selector::{SelectorError, StorageSelector};
 
 /// What a storage must be able to hold.
@@ -50,7 +51,7 @@ pub struct StorageNeed<'a> {
     /// A full clone from a template on another node: the target storage must also be enabled on
     /// that node (qemu-server src/PVE/API2/Qemu.pm `clone_vm` checks `storage_check_enabled` on the
     /// node it runs on, the template's, before the `target` node): (node, its storages).
-    pub also_on: Option<(&'a str, &'a [String])>,
+    pub also_on: Option<(&'a str, &'a [StorageId])>,
 }
 
 impl<'a> StorageNeed<'a> {
@@ -75,7 +76,7 @@ impl<'a> StorageNeed<'a> {
 
     /// The same need, on shared storage also enabled on `node` (whose storages are `storages`): the
     /// target of a full clone from a template on `node`.
-    pub fn shared_from(self, node: &'a str, storages: &'a [String]) -> Self {
+    pub fn shared_from(self, node: &'a str, storages: &'a [StorageId]) -> Self {
         Self {
             also_on: Some((node, storages)),
             ..self.shared()
@@ -206,7 +207,7 @@ pub fn choose(node: &NodeSnapshot, need: &StorageNeed<'_>) -> StorageChoice {
                     rejected,
                 };
             }
-            Some(why) => rejected.push((storage.name.clone(), why)),
+            Some(why) => rejected.push((storage.name.to_string(), why)),
         }
     }
     StorageChoice {
@@ -230,7 +231,7 @@ fn judge(
         return Some(Rejection::Inactive);
     }
     if let Some(selector) = need.selector {
-        match selector.matches(&storage.facts(&node.name)) {
+        match selector.matches(&storage.facts(node.name.as_str())) {
             Err(e) => return Some(Rejection::SelectorFailed(e)),
             Ok(false) => return Some(Rejection::NotSelected),
             Ok(true) => {}
@@ -291,7 +292,7 @@ mod tests {
 
     fn storage(name: &str, content: &[&str], available_gib: u64) -> StorageSnapshot {
         StorageSnapshot {
-            name: name.into(),
+            name: StorageId::new(name).unwrap(),
             storage_type: "lvmthin".into(),
             content: content.iter().map(|c| c.to_string()).collect(),
             enabled: true,
@@ -303,11 +304,13 @@ mod tests {
 
     fn node(storages: Vec<StorageSnapshot>) -> NodeSnapshot {
         NodeSnapshot {
-            name: "pve1".into(),
+            name: crate::proxmox::property::NodeName::new("pve1").unwrap(),
             online: true,
+            memory_used: 0,
             memory_max: 8 * GIB,
+            cpus: 0,
+            vms: Vec::new(),
             storages,
-            ..Default::default()
         }
     }
 
@@ -433,7 +436,7 @@ mod tests {
     fn usable_lists_the_storages_a_selector_could_have_taken() {
         let n = node(vec![
             storage("local", &["iso"], 50),
-            storage("a", &["images"], 5),
+            storage("data", &["images"], 5),
         ]);
         let iso = choose(&n, &StorageNeed::iso(Some(&sel("false"))));
         assert_eq!(iso.usable().collect::<Vec<_>>(), ["local"]);
@@ -448,7 +451,10 @@ mod tests {
             ..storage("nfs", &["images"], 100)
         });
         let choice = choose(&n, &StorageNeed::boot_disk(&any, 10).shared());
-        assert_eq!(choice.chosen.map(|s| s.name).as_deref(), Some("nfs"));
+        assert_eq!(
+            choice.chosen.map(|s| s.name.to_string()).as_deref(),
+            Some("nfs")
+        );
         assert_eq!(choice.rejected[0].1.to_string(), "selected, but not shared");
         let need = StorageNeed::boot_disk(&any, 0);
         assert!(judge_named(&n, "local-lvm", &need).is_ok());

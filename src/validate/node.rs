@@ -28,14 +28,15 @@ pub(crate) fn check_node(
     node: &NodeSnapshot,
     out: &mut Vec<Finding>,
 ) -> Option<NodeOutcome> {
-    let here = match check.layers.resolve_on(check.schema, Some(&node.name)) {
+    let here = match check
+        .layers
+        .resolve_on(check.schema, Some(node.name.as_str()))
+    {
         Ok(d) => d,
         Err(problems) => {
-            out.extend(
-                problems
-                    .into_iter()
-                    .map(|p| Finding::new(Outcome::Problem, p.key, Some(&node.name), p.message)),
-            );
+            out.extend(problems.into_iter().map(|p| {
+                Finding::new(Outcome::Problem, p.key, Some(node.name.as_str()), p.message)
+            }));
             return None;
         }
     };

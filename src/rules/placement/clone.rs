@@ -204,7 +204,7 @@ pub fn clone_verdict(
             let need = StorageNeed::boot_disk(selector, disk_gb);
             let need = match here {
                 Some(_) => need,
-                None => need.shared_from(&template.node, &template.node_storages),
+                None => need.shared_from(template.node.as_str(), &template.node_storages),
             };
             let choice = storage::choose(node, &need);
             match (choice.chosen.clone(), here) {
@@ -267,13 +267,13 @@ fn linked(
 fn no_copy(node: &NodeSnapshot, source: &CloneSource) -> CloneRefusal {
     CloneRefusal::NoCopy {
         template: source.wanted.clone(),
-        node: node.name.clone(),
+        node: node.name.to_string(),
         elsewhere: source
             .templates
             .iter()
             .map(|t| {
                 (
-                    t.node.clone(),
+                    t.node.to_string(),
                     t.local_storages().into_iter().map(str::to_owned).collect(),
                     t.drives
                         .iter()
