@@ -24,7 +24,6 @@ mod layers;
 pub mod schema;
 mod values;
 
-use std::fmt;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -53,18 +52,13 @@ pub const DEFAULT_IP_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(300);
 pub const RESERVED_TAG_PREFIXES: &[&str] = &["machine-request.", "omni-provider.", "omni-request."];
 
 /// One thing wrong with the provider data.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
 pub struct Problem {
     /// Where: `memory`, `additional_disks[1].disk_size`, `nodes.pve2.network_bridge`.
     pub key: String,
     /// What is wrong and how to fix it.
     pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.key, self.message)
-    }
 }
 
 /// Formats a list of problems as one message, one per line.
@@ -83,6 +77,7 @@ pub struct SchemaError(String);
 
 /// How provider data is checked: the compiled schema (shared by the process) and whether unknown keys
 /// are refused. Build once at start-up and share.
+#[derive(Debug)]
 pub struct ProviderDataSchema {
     /// `strict: true` in the config: unknown keys are problems instead of warnings.
     strict: bool,
@@ -95,12 +90,6 @@ pub struct LayerCheck {
     pub problems: Vec<Problem>,
     /// Ignored, but worth telling the user (unknown keys).
     pub warnings: Vec<Problem>,
-}
-
-impl fmt::Debug for ProviderDataSchema {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ProviderDataSchema")
-    }
 }
 
 impl ProviderDataSchema {

@@ -259,34 +259,25 @@ fn hugepages_name(pages: Hugepages) -> &'static str {
     }
 }
 
-impl FromText for DiskCache {
-    fn from_text(text: &str) -> Result<Self, String> {
-        choice(text, &DISK_CACHES, DiskCache::as_str)
-    }
+/// Proxmox's choices, each by the name provider data gives it.
+macro_rules! from_choices {
+    ($($name:ty => $all:expr, $word:expr;)*) => {$(
+        impl FromText for $name {
+            fn from_text(text: &str) -> Result<Self, String> {
+                choice(text, &$all, $word)
+            }
 
-    fn one_of() -> Vec<&'static str> {
-        DISK_CACHES.map(DiskCache::as_str).to_vec()
-    }
+            fn one_of() -> Vec<&'static str> {
+                $all.map($word).to_vec()
+            }
+        }
+    )*};
 }
 
-impl FromText for DiskAio {
-    fn from_text(text: &str) -> Result<Self, String> {
-        choice(text, &DISK_AIOS, DiskAio::as_str)
-    }
-
-    fn one_of() -> Vec<&'static str> {
-        DISK_AIOS.map(DiskAio::as_str).to_vec()
-    }
-}
-
-impl FromText for Hugepages {
-    fn from_text(text: &str) -> Result<Self, String> {
-        choice(text, &HUGEPAGES, hugepages_name)
-    }
-
-    fn one_of() -> Vec<&'static str> {
-        HUGEPAGES.map(hugepages_name).to_vec()
-    }
+from_choices! {
+    DiskCache => DISK_CACHES, DiskCache::as_str;
+    DiskAio => DISK_AIOS, DiskAio::as_str;
+    Hugepages => HUGEPAGES, hugepages_name;
 }
 
 /// The name of an existing Proxmox HA rule.
