@@ -110,7 +110,8 @@ pub fn network_config(network: &NetworkConfig) -> String {
     }
 }
 
-fn quoted(s: &str) -> String {
+/// A JSON string literal, which is also a valid YAML double-quoted scalar.
+pub(super) fn quoted(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()
 }
 

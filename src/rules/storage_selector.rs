@@ -119,49 +119,39 @@ impl StorageSelector {
         verdict
     }
 
-    fn compile(expression: &str) -> Result<Self, SelectorError> {
-        let expression_owned = || shorten(expression);
-        if expression.trim().is_empty() {
-            return Err(SelectorError::Empty {
-                expression: expression_owned(),
-            });
+    fn compile(text: &str) -> Result<Self, SelectorError> {
+        let expression = shorten(text);
+        if text.trim().is_empty() {
+            return Err(SelectorError::Empty { expression });
         }
-        let length = expression.chars().count();
+        let length = text.chars().count();
         if length > MAX_LEN {
             return Err(SelectorError::TooLong {
-                expression: expression_owned(),
+                expression,
                 length,
                 max: MAX_LEN,
             });
         }
-        let program = match evaluator::parse(Arc::from(expression), BUDGET) {
+        let program = match evaluator::parse(Arc::from(text), BUDGET) {
             Some(Ok(program)) => program,
-            Some(Err(Refusal::Syntax(_))) if looks_like_storage_name(expression) => {
-                return Err(SelectorError::BareName {
-                    expression: expression_owned(),
-                });
+            Some(Err(Refusal::Syntax(_))) if looks_like_storage_name(text) => {
+                return Err(SelectorError::BareName { expression });
             }
             Some(Err(Refusal::Syntax(reason))) => {
-                return Err(SelectorError::Syntax {
-                    expression: expression_owned(),
-                    reason,
-                });
+                return Err(SelectorError::Syntax { expression, reason });
             }
             Some(Err(Refusal::NotAllowed(what))) => {
-                return Err(SelectorError::NotAllowed {
-                    expression: expression_owned(),
-                    what,
-                });
+                return Err(SelectorError::NotAllowed { expression, what });
             }
             None => {
                 return Err(SelectorError::TooSlow {
-                    expression: expression_owned(),
+                    expression,
                     budget: BUDGET,
                 });
             }
         };
         let selector = Self {
-            source: Arc::from(expression),
+            source: Arc::from(text),
             program: Arc::new(program),
         };
         selector.check_on_dummy()

@@ -7,7 +7,7 @@
 
 use crate::model::identity;
 use crate::model::identity::set_tag;
-use crate::model::vm::{BootDisk, is_drive_key};
+use crate::model::vm::{BootDisk, is_drive_key, is_numbered};
 use crate::proxmox::property::{
     self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, ImportVolume, ImportedDisk,
     IsoVolume, MacAddr, NewDisk, Nic, PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
@@ -311,7 +311,7 @@ pub fn additional_disk_clash<'a>(
 /// be replayed blindly.
 pub fn allocates(key: &str, value: &str) -> bool {
     let first = value.split(',').next().unwrap_or(value).trim();
-    if is_nic_key(key) {
+    if is_numbered(key, &["net"]) {
         return !first.contains('=') && !value.contains("macaddr=");
     }
     if !is_drive_key(key) {
@@ -325,11 +325,6 @@ pub fn allocates(key: &str, value: &str) -> bool {
         }
         None => false,
     }
-}
-
-fn is_nic_key(key: &str) -> bool {
-    key.strip_prefix("net")
-        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
 }
 
 /// Makes a config update safe to apply a second time (a step retried after an answer that was lost
