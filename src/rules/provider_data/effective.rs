@@ -224,7 +224,7 @@ fn ha(h: HaKeys) -> HaSettings {
         max_restart: h.max_restart.map(UpTo::small),
         max_relocate: h.max_relocate.map(UpTo::small),
         failback: h.failback,
-        rules: values(h.rules).into_iter().map(|r| r.0).collect(),
+        rules: h.rules.unwrap_or_default(),
         node_affinity_nodes: values(h.node_affinity_nodes),
         node_affinity_strict: h.node_affinity_strict.unwrap_or(false),
         resource_affinity: match h.spread {

@@ -15,8 +15,8 @@ use serde_json::Value;
 
 use super::{RESERVED_TAG_PREFIXES, json_kind};
 use crate::proxmox::property::{
-    BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId,
-    PropertyError, Tag, Vga, VlanTag,
+    BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Tag,
+    Vga, VlanTag,
 };
 use crate::rules::storage_selector::StorageSelector;
 
@@ -278,30 +278,6 @@ from_choices! {
     DiskCache => DISK_CACHES, DiskCache::as_str;
     DiskAio => DISK_AIOS, DiskAio::as_str;
     Hugepages => HUGEPAGES, hugepages_name;
-}
-
-/// The name of an existing Proxmox HA rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HaRule(pub String);
-
-impl FromText for HaRule {
-    fn from_text(text: &str) -> Result<Self, String> {
-        let ok = !text.is_empty()
-            && text.len() <= 64
-            && text.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && text
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
-        if !ok {
-            return Err(PropertyError {
-                what: "HA rule",
-                value: text.to_string(),
-                expected: "a letter or digit, then letters, digits, '-' or '_'",
-            }
-            .to_string());
-        }
-        Ok(Self(text.to_string()))
-    }
 }
 
 /// The name of an IP pool: which pools exist is the config's to say (checked when the class is
