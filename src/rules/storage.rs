@@ -66,20 +66,13 @@ impl<'a> StorageNeed<'a> {
         }
     }
 
-    /// The same need, on shared storage only.
-    pub fn shared(self) -> Self {
-        Self {
-            shared_only: true,
-            ..self
-        }
-    }
-
     /// The same need, on shared storage also enabled on `node` (whose storages are `storages`): the
     /// target of a full clone from a template on `node`.
     pub fn shared_from(self, node: &'a str, storages: &'a [StorageId]) -> Self {
         Self {
+            shared_only: true,
             also_on: Some((node, storages)),
-            ..self.shared()
+            ..self
         }
     }
 
@@ -88,22 +81,15 @@ impl<'a> StorageNeed<'a> {
         Self::boot_disk(selector, size_gb)
     }
 
-    /// The Talos ISO and the seed ISO; their size is not known up front, so room is not checked.
-    pub fn iso(selector: Option<&'a StorageSelector>) -> Self {
+    /// What a boot mode downloads (the Talos ISO, or the disk image) and the seed ISO; their size
+    /// is not known up front, so room is not checked.
+    pub fn download(content: Content, selector: Option<&'a StorageSelector>) -> Self {
         Self {
-            content: Content::IsoImages,
+            content,
             selector,
             size_gb: 0,
             shared_only: false,
             also_on: None,
-        }
-    }
-
-    /// What a boot mode downloads: the ISO, or the disk image.
-    pub fn download(content: Content, selector: Option<&'a StorageSelector>) -> Self {
-        Self {
-            content,
-            ..Self::iso(selector)
         }
     }
 }
@@ -393,14 +379,14 @@ mod tests {
             (
                 "ISO without a selector takes the first ISO storage, whatever its room",
                 standard.clone(),
-                StorageNeed::iso(None),
+                StorageNeed::download(Content::IsoImages, None),
                 Some("local"),
                 vec![],
             ),
             (
                 "ISO with a selector that matches no ISO storage",
                 standard.clone(),
-                StorageNeed::iso(Some(&lvm)),
+                StorageNeed::download(Content::IsoImages, Some(&lvm)),
                 None,
                 vec![
                     "not selected by the selector",
@@ -438,7 +424,10 @@ mod tests {
             storage("local", &["iso"], 50),
             storage("data", &["images"], 5),
         ]);
-        let iso = choose(&n, &StorageNeed::iso(Some(&sel("false"))));
+        let iso = choose(
+            &n,
+            &StorageNeed::download(Content::IsoImages, Some(&sel("false"))),
+        );
         assert_eq!(iso.usable().collect::<Vec<_>>(), ["local"]);
     }
 
@@ -450,7 +439,13 @@ mod tests {
             shared: true,
             ..storage("nfs", &["images"], 100)
         });
-        let choice = choose(&n, &StorageNeed::boot_disk(&any, 10).shared());
+        let choice = choose(
+            &n,
+            &StorageNeed {
+                shared_only: true,
+                ..StorageNeed::boot_disk(&any, 10)
+            },
+        );
         assert_eq!(
             choice.chosen.map(|s| s.name.to_string()).as_deref(),
             Some("nfs")

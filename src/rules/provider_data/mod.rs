@@ -147,11 +147,10 @@ impl ProviderDataSchema {
         node_override: Option<(&str, &Map<String, Value>)>,
         defaults: &Map<String, Value>,
     ) -> Result<ProviderData, Vec<Problem>> {
-        let class = Layer::read(&Self::class_map(class_yaml)?);
-        let node = node_override.map(|(name, map)| (name, Layer::read(map)));
-        let defaults = Layer::read(defaults);
-        let node = node.as_ref().map(|(name, layer)| (*name, layer));
-        effective::resolve(&Stack::new(&class, node, &defaults), self.strict)
+        let nodes = node_override
+            .map(|(name, map)| Map::from_iter([(name.to_owned(), Value::Object(map.clone()))]));
+        let layers = ConfigLayers::read(defaults, &nodes.unwrap_or_default());
+        self.resolve_with(class_yaml, node_override.map(|(name, _)| name), &layers)
     }
 
     /// Validates and types one complete document: schema, unknown keys, semantics, required keys.
