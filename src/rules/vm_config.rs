@@ -349,23 +349,15 @@ pub fn without_repeated_allocations(
                 // Already allocated by the first attempt: keep it.
                 return None;
             }
-            let mac = existing
-                .split(',')
-                .next()
-                .and_then(|model| model.split_once('='))
-                .map(|(_, mac)| mac.to_owned());
-            match mac {
-                Some(mac) => {
-                    let (model, rest) = value.split_once(',').unwrap_or((value.as_str(), ""));
-                    let with_mac = if rest.is_empty() {
-                        format!("{model}={mac}")
-                    } else {
-                        format!("{model}={mac},{rest}")
-                    };
-                    Some((key, with_mac))
-                }
-                None => Some((key, value)),
-            }
+            let Some((_, mac)) = existing.split(',').next().and_then(|m| m.split_once('=')) else {
+                return Some((key, value));
+            };
+            let with_mac = match value.split_once(',') {
+                Some((model, rest)) if !rest.is_empty() => format!("{model}={mac},{rest}"),
+                Some((model, _)) => format!("{model}={mac}"),
+                None => format!("{value}={mac}"),
+            };
+            Some((key, with_mac))
         })
         .collect()
 }
