@@ -132,10 +132,7 @@ impl ClusterSnapshot {
                     if let Some(node) = nodes.get_mut(&vm.node) {
                         node.vms.push(VmSummary {
                             name: vm.name.clone().unwrap_or_default(),
-                            tags: split_list(vm.tags.as_deref().unwrap_or_default())
-                                .into_iter()
-                                .map(str::to_owned)
-                                .collect(),
+                            tags: owned_list(&vm.tags),
                             cpus: vm.maxcpu.unwrap_or(0),
                             memory: vm.maxmem.unwrap_or(0),
                         });
@@ -151,14 +148,7 @@ impl ClusterSnapshot {
                         node.storages.push(StorageSnapshot {
                             name,
                             storage_type: s.plugintype.clone().unwrap_or_default(),
-                            content: s
-                                .content
-                                .as_deref()
-                                .unwrap_or_default()
-                                .split(',')
-                                .map(|c| c.trim().to_owned())
-                                .filter(|c| !c.is_empty())
-                                .collect(),
+                            content: owned_list(&s.content),
                             // `/cluster/resources` lists only storages enabled on that node.
                             enabled: true,
                             active: s.status.as_deref() == Some("available"),
@@ -183,6 +173,14 @@ impl ClusterSnapshot {
     pub fn node_names(&self) -> Vec<&str> {
         self.nodes.iter().map(|n| n.name.as_str()).collect()
     }
+}
+
+/// A listing's list (tags, content types), each item once trimmed.
+fn owned_list(list: &Option<String>) -> Vec<String> {
+    split_list(list.as_deref().unwrap_or_default())
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
 }
 
 #[cfg(test)]

@@ -208,12 +208,8 @@ pub mod seed_iso {
     fn trim_to_volume(image: &mut Vec<u8>) {
         const PVD: usize = 16 * 2048;
         if image.len() >= PVD + 88 && image[PVD] == 1 && &image[PVD + 1..PVD + 6] == b"CD001" {
-            let blocks = u32::from_le_bytes([
-                image[PVD + 80],
-                image[PVD + 81],
-                image[PVD + 82],
-                image[PVD + 83],
-            ]);
+            let blocks =
+                u32::from_le_bytes(image[PVD + 80..PVD + 84].try_into().unwrap_or_default());
             let size = blocks as usize * 2048;
             if size > PVD && size <= image.len() {
                 image.truncate(size);

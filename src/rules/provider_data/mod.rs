@@ -166,16 +166,6 @@ impl ProviderDataSchema {
         Layer::read_value(layer).check(prefix, self.strict)
     }
 
-    /// The problems of the provider config's `defaults:` and `nodes:`, checked at load time (see
-    /// [`Self::check_config_overrides`] for the warnings too).
-    pub fn validate_config_overrides(
-        &self,
-        defaults: &Map<String, Value>,
-        nodes: &Map<String, Value>,
-    ) -> Vec<Problem> {
-        self.check_config_overrides(defaults, nodes).problems
-    }
-
     /// Checks the provider config's `defaults:` and `nodes:`: problems and warnings.
     pub fn check_config_overrides(
         &self,
