@@ -154,6 +154,13 @@ impl fmt::Display for Rejection {
     }
 }
 
+impl Rejection {
+    /// Whether the storage may take the disk later without anyone changing it or the class.
+    pub fn may_heal(&self) -> bool {
+        matches!(self, Rejection::Inactive | Rejection::TooSmall { .. })
+    }
+}
+
 /// The verdict on one node's storages: the chosen one (if any) and why each storage before it was
 /// passed over, in API order. Storages after the chosen one were not looked at.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -152,16 +152,14 @@ impl CloneRefusal {
     /// Only a storage coming back (active again) heals by itself; the rest needs the class, the
     /// template or the cluster's storage changed.
     pub fn may_heal(&self) -> bool {
-        matches!(self, CloneRefusal::NoCopy { offline, .. } if !offline.is_empty())
-            || matches!(
-                self,
-                CloneRefusal::LinkedStorage {
-                    why: Rejection::Inactive | Rejection::TooSmall { .. },
-                    ..
-                }
-            )
-            || matches!(self, CloneRefusal::NoSharedTarget { rejected, .. }
-            if rejected.iter().any(|(_, why)| matches!(why, Rejection::Inactive | Rejection::TooSmall { .. })))
+        match self {
+            CloneRefusal::NoCopy { offline, .. } => !offline.is_empty(),
+            CloneRefusal::LinkedStorage { why, .. } => why.may_heal(),
+            CloneRefusal::NoSharedTarget { rejected, .. } => {
+                rejected.iter().any(|(_, why)| why.may_heal())
+            }
+            CloneRefusal::LinkedUnsupported { .. } | CloneRefusal::NoDisk { .. } => false,
+        }
     }
 }
 
