@@ -144,10 +144,8 @@ pub fn seed_iso_file_name(request_id: &str) -> String {
         format!("omni-seed-{clean}.iso")
     } else {
         let digest = Sha256::digest(request_id.as_bytes());
-        format!(
-            "omni-seed-{clean}-{:02x}{:02x}{:02x}{:02x}.iso",
-            digest[0], digest[1], digest[2], digest[3]
-        )
+        let tag: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        format!("omni-seed-{clean}-{tag}.iso")
     }
 }
 

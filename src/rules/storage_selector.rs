@@ -168,23 +168,16 @@ impl StorageSelector {
         };
         let bare_name =
             looks_like_storage_name(expression) && !VARIABLES.contains(&expression.trim());
-        match self.evaluate(&dummy) {
-            Ok(Outcome::Bool(_)) => Ok(self),
-            Ok(Outcome::Other(_)) | Ok(Outcome::Failed(_)) if bare_name => {
-                Err(SelectorError::BareName {
-                    expression: expression.to_string(),
-                })
+        match self.matches(&dummy) {
+            Ok(_) => Ok(self),
+            Err(SelectorError::NotBoolean { expression, .. })
+            | Err(SelectorError::Evaluation { expression, .. })
+                if bare_name =>
+            {
+                Err(SelectorError::BareName { expression })
             }
-            Ok(Outcome::Other(kind)) => Err(SelectorError::NotBoolean {
-                expression: expression.to_string(),
-                kind,
-            }),
             // Arithmetic overflow depends on the real numbers; everything else is a mistake.
-            Ok(Outcome::Failed(reason)) if reason.contains("verflow") => Ok(self),
-            Ok(Outcome::Failed(reason)) => Err(SelectorError::Evaluation {
-                expression: expression.to_string(),
-                reason,
-            }),
+            Err(SelectorError::Evaluation { reason, .. }) if reason.contains("verflow") => Ok(self),
             Err(e) => Err(e),
         }
     }
