@@ -105,7 +105,11 @@ fn rules(k: &Keys) -> Vec<Finding> {
             "node",
             format!(
                 "{node:?} is not in allowed_nodes ({}); add it there or pick another node",
-                join_names(&allowed)
+                allowed
+                    .iter()
+                    .map(NodeName::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         );
     }
@@ -312,12 +316,4 @@ pub(super) fn hugepages_problems(
         }
     }
     problems
-}
-
-fn join_names(names: &[NodeName]) -> String {
-    names
-        .iter()
-        .map(NodeName::as_str)
-        .collect::<Vec<_>>()
-        .join(", ")
 }

@@ -73,22 +73,18 @@ impl Findings {
         }
     }
 
+    fn note(&mut self, path: &str, note: Note) {
+        let (phase, path) = (self.phase, path.to_string());
+        self.list.push(Finding { phase, path, note });
+    }
+
     pub fn push(&mut self, path: &str, message: String) {
-        self.list.push(Finding {
-            phase: self.phase,
-            path: path.to_string(),
-            note: Note::Problem(message),
-        });
+        self.note(path, Note::Problem(message));
     }
 
     pub fn unknown_key(&mut self, path: &str, key: &str, known: &[&str]) {
-        self.list.push(Finding {
-            phase: self.phase,
-            path: path.to_string(),
-            note: Note::Unknown {
-                hint: did_you_mean::hint(key, known),
-            },
-        });
+        let hint = did_you_mean::hint(key, known);
+        self.note(path, Note::Unknown { hint });
     }
 }
 
