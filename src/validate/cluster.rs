@@ -94,7 +94,7 @@ pub fn candidate_nodes(data: &ProviderData, cluster: &ClusterSnapshot) -> Vec<(S
         .nodes
         .iter()
         .filter(|n| request.considers(&n.name))
-        .map(|n| (n.name.clone(), n.online))
+        .map(|n| (n.name.to_string(), n.online))
         .collect()
 }
 
@@ -254,7 +254,7 @@ impl ClusterCheck<'_> {
                 Ok(n) => Finding::new(
                     Outcome::Pass,
                     key,
-                    Some(&n.name),
+                    Some(n.name.as_str()),
                     "exists and is online".into(),
                 ),
                 Err(PlacementError::PinnedNodeOffline { node }) => Finding::new(

@@ -28,10 +28,17 @@ pub(crate) fn check_node(
     node: &NodeSnapshot,
     out: &mut Vec<Finding>,
 ) -> Option<NodeOutcome> {
-    let here = match check.layers.resolve_on(check.schema, Some(&node.name)) {
+    let here = match check
+        .layers
+        .resolve_on(check.schema, Some(node.name.as_str()))
+    {
         Ok(d) => d,
         Err(problems) => {
-            out.extend(findings_of(Outcome::Problem, Some(&node.name), problems));
+            out.extend(findings_of(
+                Outcome::Problem,
+                Some(node.name.as_str()),
+                problems,
+            ));
             return None;
         }
     };

@@ -482,7 +482,7 @@ fn validate_and_placement_give_the_same_verdict() {
             let chosen = report
                 .findings
                 .iter()
-                .find(|f| f.key == "storage_selector" && f.node.as_deref() == Some(&p.node))
+                .find(|f| f.key == "storage_selector" && f.node.as_deref() == Some(p.node.as_str()))
                 .expect("a storage finding on the chosen node");
             assert_eq!(chosen.outcome, Outcome::Pass, "{class}");
             assert!(

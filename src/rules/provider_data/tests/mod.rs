@@ -411,7 +411,8 @@ fn config_overrides_are_validated_at_load() {
     // Strict, so the misspelled key is a problem too (by default it is a warning).
     let problems = schema()
         .strict(true)
-        .validate_config_overrides(defaults.as_object().unwrap(), nodes.as_object().unwrap());
+        .check_config_overrides(defaults.as_object().unwrap(), nodes.as_object().unwrap())
+        .problems;
     let keys = keys_of(&problems);
     for expected in [
         "defaults.coers",
@@ -429,7 +430,8 @@ fn config_overrides_are_validated_at_load() {
     assert!(describe(&problems).contains("did you mean `cores`?"));
     assert!(
         schema()
-            .validate_config_overrides(&Map::new(), &Map::new())
+            .check_config_overrides(&Map::new(), &Map::new())
+            .problems
             .is_empty()
     );
 }
