@@ -104,7 +104,8 @@ fn rules(k: &Keys) -> Vec<Finding> {
         f.push(
             "node",
             format!(
-                "{node:?} is not in allowed_nodes ({}); add it there or pick another node",
+                "{:?} is not in allowed_nodes ({}); add it there or pick another node",
+                node.as_str(),
                 allowed
                     .iter()
                     .map(NodeName::as_str)

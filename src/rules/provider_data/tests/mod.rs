@@ -317,6 +317,10 @@ fn cross_field_rules() {
     assert_eq!(keys_of(&p), vec!["template"]);
     let p = parse(&format!("{MINIMAL}node: pve3\nallowed_nodes: [pve1]\n")).unwrap_err();
     assert_eq!(keys_of(&p), vec!["node"]);
+    assert_eq!(
+        p[0].message,
+        r#""pve3" is not in allowed_nodes (pve1); add it there or pick another node"#
+    );
     let data = parse(&format!("{MINIMAL}boot: clone\ntemplate: talos-template\n")).unwrap();
     assert_eq!(
         data.template,
