@@ -357,10 +357,10 @@ async fn drain(stack: &mut Stack) -> Result<Vec<Row>, String> {
                 took.as_secs_f64(),
                 per(whole)
             ),
-            // The target. With a topology patch the protocol asks for 6: the patch
-            // request and the status each torn down and destroyed (Omni's finalizers), the
-            // provider state destroyed, our finalizer removed; we read the request before that.
-            target: "<= 5 (was 23; the protocol's floor with a topology patch: 6)".into(),
+            // The patch request in one TeardownAndDestroy, the status torn down and destroyed
+            // after the drain, the provider state destroyed, our finalizer removed from the
+            // request as the watch delivered it.
+            target: "<= 5 (was 23)".into(),
             ok: Some(whole <= 5 * MANY as u64),
         },
         Row {

@@ -9,27 +9,16 @@
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
-use std::fmt;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::pin::Pin;
 use std::sync::Once;
-use std::task::{Context, Poll};
+use std::task::Poll;
 
 /// A contained panic: what it said and where.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("internal error (a bug, please report it): {message}")]
 pub struct Panic {
     pub message: String,
-}
-
-impl fmt::Display for Panic {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "internal error (a bug, please report it): {}",
-            self.message
-        )
-    }
 }
 
 thread_local! {
@@ -70,22 +59,13 @@ pub fn call<T>(f: impl FnOnce() -> T) -> Result<T, Panic> {
 
 /// Runs `future`, turning a panic in any of its polls into an error.
 pub async fn future<F: Future>(future: F) -> Result<F::Output, Panic> {
-    Contained(Box::pin(future)).await
-}
-
-struct Contained<F>(Pin<Box<F>>);
-
-impl<F: Future> Future for Contained<F> {
-    type Output = Result<F::Output, Panic>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = self.0.as_mut();
-        match call(|| inner.poll(cx)) {
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    }
+    let mut future = Box::pin(future);
+    std::future::poll_fn(|cx| match call(|| future.as_mut().poll(cx)) {
+        Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+        Ok(Poll::Pending) => Poll::Pending,
+        Err(panic) => Poll::Ready(Err(panic)),
+    })
+    .await
 }
 
 fn panic_of(payload: &(dyn Any + Send)) -> Panic {
@@ -96,13 +76,11 @@ fn panic_of(payload: &(dyn Any + Send)) -> Panic {
 }
 
 fn payload_text(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 #[cfg(test)]

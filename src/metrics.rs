@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -17,20 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
-    pub outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabels {
-    pub kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StepLabels {
-    pub step: &'static str,
-}
+/// The labels of a family with one label: its name and value (`outcome`, `kind`, `step`, `method`).
+type Label = [(&'static str, &'static str); 1];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiLabels {
@@ -39,30 +27,61 @@ pub struct ApiLabels {
     pub status: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MethodLabels {
-    pub method: &'static str,
-}
-
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
-pub struct Metrics {
-    registry: Registry,
-    pub provisions: Family<OutcomeLabels, Counter>,
-    pub deprovisions: Family<OutcomeLabels, Counter>,
-    pub leftovers: Family<KindLabels, Counter>,
-    pub step_seconds: HistogramFamily<StepLabels>,
-    pub step_failures: Family<StepLabels, Counter>,
-    pub proxmox_requests: Family<ApiLabels, Counter>,
-    pub proxmox_seconds: HistogramFamily<MethodLabels>,
-    pub requests_in_flight: Gauge,
-    pub omni_connected: Gauge,
-    pub last_heartbeat: Gauge,
+/// Declares each metric once: its field, its name (after the `omni_proxmox` prefix), its help text
+/// and how it starts; `Metrics::new` registers them all.
+macro_rules! metrics {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $name:literal, $help:literal, $init:expr;)*) => {
+        pub struct Metrics {
+            registry: Registry,
+            $($(#[$doc])* pub $field: $ty,)*
+            ready: Readiness,
+        }
+
+        impl Metrics {
+            pub fn new() -> Self {
+                let mut registry = Registry::with_prefix("omni_proxmox");
+                $(
+                    let $field: $ty = $init;
+                    registry.register($name, $help, $field.clone());
+                )*
+                Self { registry, $($field,)* ready: Readiness::default() }
+            }
+        }
+    };
+}
+
+metrics! {
+    provisions: Family<Label, Counter> = "provisions",
+        "Machine requests provisioned (success) or failed in a step (failure)", Family::default();
+    deprovisions: Family<Label, Counter> = "deprovisions",
+        "Machine requests torn down (success) or failing to tear down (failure)", Family::default();
+    leftovers: Family<Label, Counter> = "teardown_leftovers",
+        "Things a finished teardown had to leave behind (kind=seed_iso: its delete failed); the `orphans` command lists and deletes them",
+        Family::default();
+    step_seconds: HistogramFamily<Label> = "step_duration_seconds",
+        "Time spent in each pipeline step run", Family::new_with_constructor(step_buckets);
+    step_failures: Family<Label, Counter> = "step_failures",
+        "Provisioning step runs that failed, by step (each failure is retried with backoff)",
+        Family::default();
+    proxmox_requests: Family<ApiLabels, Counter> = "proxmox_api_requests",
+        "Proxmox API requests by method and HTTP status", Family::default();
+    proxmox_seconds: HistogramFamily<Label> = "proxmox_api_request_duration_seconds",
+        "Proxmox API request latency", Family::new_with_constructor(api_buckets);
+    requests_in_flight: Gauge = "machine_requests_in_flight",
+        "Machine requests waiting for or in a reconcile", Gauge::default();
+    omni_connected: Gauge = "omni_connected", "1 when the last heartbeat reached Omni",
+        Gauge::default();
+    last_heartbeat: Gauge = "last_heartbeat_timestamp_seconds",
+        "Unix time of the last heartbeat Omni accepted", Gauge::default();
     /// 1 while this replica holds the leader lease (always with `--leader-elect=false`).
-    pub leader: Gauge,
+    leader: Gauge = "leader",
+        "1 while this replica holds the leader lease and does the work, 0 while it stands by",
+        Gauge::default();
     /// How often this replica became leader or stopped being it.
-    pub leader_transitions: Counter,
-    ready: Readiness,
+    leader_transitions: Counter = "leader_transitions",
+        "How often this replica became the leader or stopped being it", Counter::default();
 }
 
 /// What `/readyz` answers from: updated by every heartbeat.
@@ -70,17 +89,6 @@ pub struct Metrics {
 struct Readiness {
     omni: AtomicBool,
     proxmox: AtomicBool,
-    /// Unix seconds of the last successful heartbeat.
-    beat_at: AtomicI64,
-}
-
-/// Registers `metric` under `name` and hands it back for the struct to keep.
-fn register<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
-where
-    M: prometheus_client::registry::Metric + Clone,
-{
-    registry.register(name, help, metric.clone());
-    metric
 }
 
 fn step_buckets() -> Histogram {
@@ -98,86 +106,6 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
-        let mut r = Registry::with_prefix("omni_proxmox");
-        Self {
-            provisions: register(
-                &mut r,
-                "provisions",
-                "Machine requests provisioned (success) or failed in a step (failure)",
-                Family::default(),
-            ),
-            deprovisions: register(
-                &mut r,
-                "deprovisions",
-                "Machine requests torn down (success) or failing to tear down (failure)",
-                Family::default(),
-            ),
-            leftovers: register(
-                &mut r,
-                "teardown_leftovers",
-                "Things a finished teardown had to leave behind (kind=seed_iso: its delete failed); the `orphans` command lists and deletes them",
-                Family::default(),
-            ),
-            step_seconds: register(
-                &mut r,
-                "step_duration_seconds",
-                "Time spent in each pipeline step run",
-                Family::new_with_constructor(step_buckets as fn() -> Histogram),
-            ),
-            step_failures: register(
-                &mut r,
-                "step_failures",
-                "Provisioning step runs that failed, by step (each failure is retried with backoff)",
-                Family::default(),
-            ),
-            proxmox_requests: register(
-                &mut r,
-                "proxmox_api_requests",
-                "Proxmox API requests by method and HTTP status",
-                Family::default(),
-            ),
-            proxmox_seconds: register(
-                &mut r,
-                "proxmox_api_request_duration_seconds",
-                "Proxmox API request latency",
-                Family::new_with_constructor(api_buckets as fn() -> Histogram),
-            ),
-            requests_in_flight: register(
-                &mut r,
-                "machine_requests_in_flight",
-                "Machine requests waiting for or in a reconcile",
-                Gauge::default(),
-            ),
-            omni_connected: register(
-                &mut r,
-                "omni_connected",
-                "1 when the last heartbeat reached Omni",
-                Gauge::default(),
-            ),
-            last_heartbeat: register(
-                &mut r,
-                "last_heartbeat_timestamp_seconds",
-                "Unix time of the last heartbeat Omni accepted",
-                Gauge::default(),
-            ),
-            leader: register(
-                &mut r,
-                "leader",
-                "1 while this replica holds the leader lease and does the work, 0 while it stands by",
-                Gauge::default(),
-            ),
-            leader_transitions: register(
-                &mut r,
-                "leader_transitions",
-                "How often this replica became the leader or stopped being it",
-                Counter::default(),
-            ),
-            ready: Readiness::default(),
-            registry: r,
-        }
-    }
-
     /// Records one Proxmox API request (the client's observer).
     pub fn proxmox_request(&self, method: &'static str, status: Option<u16>, took: Duration) {
         let status = status.map_or_else(|| "error".to_owned(), |s| s.to_string());
@@ -185,36 +113,34 @@ impl Metrics {
             .get_or_create(&ApiLabels { method, status })
             .inc();
         self.proxmox_seconds
-            .get_or_create(&MethodLabels { method })
+            .get_or_create(&[("method", method)])
             .observe(took.as_secs_f64());
     }
 
     pub fn step(&self, step: &'static str, took: Duration) {
         self.step_seconds
-            .get_or_create(&StepLabels { step })
+            .get_or_create(&[("step", step)])
             .observe(took.as_secs_f64());
     }
 
     /// A provisioning step failed (and `provision("failure")` counts it as a failed attempt).
     pub fn step_failure(&self, step: &'static str) {
-        self.step_failures.get_or_create(&StepLabels { step }).inc();
+        self.step_failures.get_or_create(&[("step", step)]).inc();
     }
 
     pub fn provision(&self, outcome: &'static str) {
-        self.provisions
-            .get_or_create(&OutcomeLabels { outcome })
-            .inc();
+        self.provisions.get_or_create(&[("outcome", outcome)]).inc();
     }
 
     pub fn deprovision(&self, outcome: &'static str) {
         self.deprovisions
-            .get_or_create(&OutcomeLabels { outcome })
+            .get_or_create(&[("outcome", outcome)])
             .inc();
     }
 
     /// A teardown finished but left `kind` behind (see the `orphans` command).
     pub fn leftover(&self, kind: &'static str) {
-        self.leftovers.get_or_create(&KindLabels { kind }).inc();
+        self.leftovers.get_or_create(&[("kind", kind)]).inc();
     }
 
     /// Called after every heartbeat: did Omni take it, and did the Proxmox check pass?
@@ -226,7 +152,6 @@ impl Metrics {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs() as i64)
                 .unwrap_or(0);
-            self.ready.beat_at.store(now, Ordering::Relaxed);
             self.last_heartbeat.set(now);
         }
     }

@@ -6,11 +6,17 @@ use std::fmt::Write;
 /// Appends `rows` under `header` (none when it is empty), each line after `indent`: every column but
 /// the last padded to its widest cell, two spaces apart. A row may be shorter than the others; its
 /// last cell is never padded, and lines carry no trailing spaces.
-pub fn render(out: &mut String, indent: &str, header: &[&str], rows: &[Vec<String>]) {
+pub fn render(
+    out: &mut String,
+    indent: &str,
+    header: &[&str],
+    rows: impl IntoIterator<Item = Vec<String>>,
+) {
     let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    let rows: Vec<Vec<String>> = rows.into_iter().collect();
     let lines = std::iter::once(&header)
         .filter(|h| !h.is_empty())
-        .chain(rows);
+        .chain(&rows);
     let mut widths: Vec<usize> = Vec::new();
     for row in lines.clone() {
         for (i, cell) in row.iter().enumerate().take(row.len().saturating_sub(1)) {
@@ -50,13 +56,13 @@ mod tests {
             vec!["pve-two".to_string(), "offline".into()],
             vec!["x".to_string(), "".into(), "".into()],
         ];
-        render(&mut out, "  ", &["NODE", "STATUS", "NOTE"], &rows);
+        render(&mut out, "  ", &["NODE", "STATUS", "NOTE"], rows.clone());
         assert_eq!(
             out,
             "  NODE     STATUS  NOTE\n  pve1     online  a long last cell\n  pve-two  offline\n  x\n"
         );
         let mut bare = String::new();
-        render(&mut bare, "", &[], &rows[1..2]);
+        render(&mut bare, "", &[], rows[1..2].to_vec());
         assert_eq!(bare, "pve-two  offline\n");
     }
 }

@@ -43,12 +43,10 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::CliResult;
-use crate::model::ClusterSnapshot;
+use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::HaRule;
-use crate::proxmox::types::{
-    ClusterResource, NodeName, NodeState, NodeStorage, StorageFilter, VmResource,
-};
+use crate::proxmox::types::{NodeName, NodeState, NodeStorage, StorageFilter};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::is_set_rule;
 use crate::rules::placement::{self, PlacementLimits, Reservations};
@@ -192,24 +190,18 @@ pub async fn gather(
     limits: &PlacementLimits,
 ) -> Result<ClusterReport, ProxmoxError> {
     let version = client.version().await?;
-    let resources = client.cluster_resources(None).await?;
-    let online: Vec<NodeName> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Node(n) if n.status == NodeState::Online => Some(n.node.clone()),
-            _ => None,
-        })
-        .collect();
+    let resources = client.cluster_listing().await?;
     let filter = StorageFilter::default();
-    let answers = futures_util::future::join_all(
-        online
-            .iter()
-            .map(|node| async { (node.clone(), client.node_storages(node, &filter).await) }),
-    )
-    .await;
-    let storages = answers
+    let answers = resources
+        .nodes()
+        .filter(|n| n.status == NodeState::Online)
+        .map(|n| async {
+            let read = client.node_storages(&n.node, &filter).await;
+            (n.node.clone(), read.map_err(|e| e.to_string()))
+        });
+    let storages = futures_util::future::join_all(answers)
+        .await
         .into_iter()
-        .map(|(node, r)| (node, r.map_err(|e| e.to_string())))
         .collect();
     let mut report = build_report(
         client.api_url().as_str(),
@@ -244,26 +236,15 @@ pub async fn gather(
 pub fn build_report(
     api_url: &str,
     version: &str,
-    resources: &[ClusterResource],
+    resources: &Listing,
     storages: &BTreeMap<NodeName, Result<Vec<NodeStorage>, String>>,
     limits: &PlacementLimits,
 ) -> ClusterReport {
     let snapshot = ClusterSnapshot::from_resources(resources);
-    let vms: Vec<&VmResource> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) => Some(vm),
-            _ => None,
-        })
-        .collect();
     let mut nodes: Vec<NodeReport> = resources
-        .iter()
-        .filter_map(|r| match r {
-            ClusterResource::Node(n) => Some(n),
-            _ => None,
-        })
+        .nodes()
         .map(|n| {
-            let on_node = || vms.iter().filter(|vm| vm.node == n.node && !vm.template);
+            let on_node = || resources.guests().filter(|vm| vm.node == n.node);
             let (storages, storage_error) = match storages.get(&n.node) {
                 Some(Ok(list)) => (Some(list.iter().map(storage_report).collect()), None),
                 Some(Err(e)) => (None, Some(e.clone())),
@@ -292,9 +273,8 @@ pub fn build_report(
         })
         .collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut templates: Vec<TemplateReport> = vms
-        .iter()
-        .filter(|vm| vm.template)
+    let mut templates: Vec<TemplateReport> = resources
+        .templates()
         .map(|vm| TemplateReport {
             vmid: vm.vmid.get(),
             name: vm.name.clone(),
@@ -389,35 +369,27 @@ fn render_ha_rules(out: &mut String, r: &ClusterReport) {
             return;
         }
     };
-    let rows: Vec<Vec<String>> = rules
-        .iter()
-        .map(|h| {
-            let what = match (&h.affinity, &h.nodes) {
-                (Some(affinity), _) => affinity.clone(),
-                (None, Some(nodes)) if h.strict => format!("{nodes} (strict)"),
-                (None, Some(nodes)) => nodes.clone(),
-                (None, None) => String::new(),
-            };
-            vec![
-                h.rule.clone(),
-                h.kind.clone(),
-                what,
-                h.resources.join(","),
-                h.problems.clone().unwrap_or_default(),
-            ]
-        })
-        .collect();
-    crate::table::render(
-        out,
-        "",
-        &["HA RULE", "TYPE", "KEEPS", "VMS", "PROBLEMS"],
-        &rows,
-    );
+    let rows = rules.iter().map(|h| {
+        let what = match (&h.affinity, &h.nodes) {
+            (Some(affinity), _) => affinity.clone(),
+            (None, Some(nodes)) if h.strict => format!("{nodes} (strict)"),
+            (None, Some(nodes)) => nodes.clone(),
+            (None, None) => String::new(),
+        };
+        vec![
+            h.rule.clone(),
+            h.kind.clone(),
+            what,
+            h.resources.join(","),
+            h.problems.clone().unwrap_or_default(),
+        ]
+    });
+    let header = ["HA RULE", "TYPE", "KEEPS", "VMS", "PROBLEMS"];
+    crate::table::render(out, "", &header, rows);
 }
 
 /// One row per node, what it has and what it has given to VMs, then what the limits are made of.
 fn render_nodes(out: &mut String, r: &ClusterReport) {
-    let rows: Vec<Vec<String>> = r.nodes.iter().map(node_row).collect();
     crate::table::render(
         out,
         "",
@@ -430,7 +402,7 @@ fn render_nodes(out: &mut String, r: &ClusterReport) {
             "MEMORY GIVEN / LIMIT",
             "VMS",
         ],
-        &rows,
+        r.nodes.iter().map(node_row),
     );
     let _ = writeln!(
         out,
@@ -465,7 +437,6 @@ fn node_row(n: &NodeReport) -> Vec<String> {
 
 /// Every storage of every node; a node whose storages could not be read says why in their place.
 fn render_storages(out: &mut String, nodes: &[NodeReport]) {
-    let rows: Vec<Vec<String>> = nodes.iter().flat_map(storage_rows).collect();
     crate::table::render(
         out,
         "",
@@ -479,7 +450,7 @@ fn render_storages(out: &mut String, nodes: &[NodeReport]) {
             "USED / TOTAL",
             "VM DISKS",
         ],
-        &rows,
+        nodes.iter().flat_map(storage_rows),
     );
 }
 
@@ -517,17 +488,11 @@ fn render_templates(out: &mut String, templates: &[TemplateReport]) {
         out.push_str("No VM templates (boot mode `clone` needs one).\n");
         return;
     }
-    let rows: Vec<Vec<String>> = templates
-        .iter()
-        .map(|t| {
-            vec![
-                t.vmid.to_string(),
-                t.name.clone().unwrap_or_default(),
-                t.node.clone(),
-            ]
-        })
-        .collect();
-    crate::table::render(out, "", &["TEMPLATE VMID", "NAME", "NODE"], &rows);
+    let rows = templates.iter().map(|t| {
+        let name = t.name.clone().unwrap_or_default();
+        vec![t.vmid.to_string(), name, t.node.clone()]
+    });
+    crate::table::render(out, "", &["TEMPLATE VMID", "NAME", "NODE"], rows);
 }
 
 fn yes_no(b: bool) -> String {
@@ -551,7 +516,7 @@ mod tests {
 
     #[test]
     fn offline_nodes_are_shown_not_failed() {
-        let resources: Vec<ClusterResource> = serde_json::from_str(
+        let resources: Vec<crate::proxmox::types::ClusterResource> = serde_json::from_str(
             r#"[
             {"type":"node","node":"pve1","status":"online","cpu":0.25,"maxcpu":4,"mem":1073741824,"maxmem":8589934592},
             {"type":"node","node":"pve2","status":"offline"},
@@ -574,7 +539,13 @@ mod tests {
             cpu_overcommit: 1.5,
             memory_overcommit: 1.0,
         };
-        let r = build_report("https://x/api2/json", "9.0", &resources, &storages, &limits);
+        let r = build_report(
+            "https://x/api2/json",
+            "9.0",
+            &resources.into(),
+            &storages,
+            &limits,
+        );
         assert_eq!(r.nodes[0].vms, 2);
         // Running or stopped, every VM's vCPUs and memory count; the template's do not.
         assert_eq!(

@@ -8,22 +8,27 @@ pub mod run;
 pub mod validate;
 
 /// What every subcommand returns; the error is printed with its whole source chain.
-pub type CliResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+pub type CliResult = Result<(), BoxError>;
+
+/// Any error a subcommand may end with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub use crate::error_chain::render as render_error;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::config::ProviderConfig;
+use crate::omni::client::OmniClient;
+use crate::omni::transport;
 use crate::rules::provider_data::ProviderDataSchema;
+use omni_args::OmniArgs;
 
 /// Loads the config file for a command and logs, once, what it got wrong without being refused:
 /// unknown keys with their "did you mean" (in the file and in `defaults:` and `nodes:`), a token and
 /// a password both set. Every command that reads the file says so, so that a misspelt
 /// `insecureSkipVerify` is named instead of surfacing as a certificate error.
-pub fn load_config(
-    path: &Path,
-) -> Result<(ProviderConfig, ProviderDataSchema), Box<dyn std::error::Error + Send + Sync>> {
+pub fn load_config(path: &Path) -> Result<(ProviderConfig, ProviderDataSchema), BoxError> {
     let config = ProviderConfig::load(path)?;
     let schema = ProviderDataSchema::new()?.strict(config.strict);
     let overrides = schema.check_config(&config.layers);
@@ -34,4 +39,21 @@ pub fn load_config(
         tracing::warn!("config file {}: {warning}", path.display());
     }
     Ok((config, schema))
+}
+
+/// What the commands that read Omni start with: the connection from the flags (refused with
+/// `missing` when the endpoint or the key is not given), the config file, and the client.
+fn omni_and_config(
+    omni: &OmniArgs,
+    config_file: &Path,
+    missing: impl std::error::Error + Send + Sync + 'static,
+) -> Result<(ProviderConfig, OmniClient), BoxError> {
+    if !omni.is_set() {
+        return Err(missing.into());
+    }
+    let (endpoint, key) = omni.connection()?;
+    let (config, _) = load_config(config_file)?;
+    transport::install_crypto_provider();
+    let client = OmniClient::connect(&endpoint, Arc::new(key), &omni.id)?;
+    Ok((config, client))
 }

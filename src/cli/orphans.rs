@@ -24,23 +24,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use serde::Serialize;
 
 use super::CliResult;
 use super::cluster::OutputFormat;
 use super::omni_args::OmniArgs;
-use crate::omni::auth::ProviderKey;
-use crate::omni::client::OmniClient;
-use crate::omni::resources::{Kind, MachineRequest, ProviderMachine, label};
-use crate::omni::state::LabelSelector;
-use crate::omni::transport::{self, OmniEndpoint};
+use super::pools::{holding_row, live_requests, recorded_allocations};
+use crate::model::Listing;
+use crate::omni::state::StateError;
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
     deprovision_reporting, find_orphans, iso_volumes_in,
 };
-use crate::proxmox::types::{NodeName, NodeState, VmId, VmResource};
+use crate::proxmox::types::{NodeName, VmId, VmResource};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
 use crate::telemetry::{self, LogFormat};
@@ -119,24 +116,23 @@ struct JsonReport<'a> {
     deletion: Option<&'a DeletionReport>,
 }
 
-/// The Omni connection from the flags; refuses without one (see the module docs).
-fn omni_endpoint(
-    args: &OrphansArgs,
-) -> Result<(OmniEndpoint, ProviderKey), Box<dyn std::error::Error + Send + Sync>> {
-    if !args.omni.is_set() {
-        return Err(OrphansError::NoOmni.into());
-    }
-    Ok(args.omni.connection()?)
-}
-
 pub async fn run(args: OrphansArgs) -> CliResult {
     telemetry::init_logging(LogFormat::Text, "warn")?;
-    let (endpoint, key) = omni_endpoint(&args)?;
-    let (config, _) = super::load_config(&args.config_file)?;
-    transport::install_crypto_provider();
-    let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.omni.id)?;
-    let live = live_requests(&omni, &args.omni.id).await?;
-    let allocations = orphaned_allocations(&omni, &args.omni.id, &live).await?;
+    let (config, omni) =
+        super::omni_and_config(&args.omni, &args.config_file, OrphansError::NoOmni)?;
+    let omni_error = |e: StateError| OrphansError::Omni {
+        provider_id: args.omni.id.clone(),
+        message: super::render_error(&e),
+    };
+    let live = live_requests(&omni, &args.omni.id)
+        .await
+        .map_err(omni_error)?;
+    let states = recorded_allocations(&omni, &args.omni.id)
+        .await
+        .map_err(omni_error)?;
+    // Those whose MachineRequest is gone (the same counting as the `pools` command).
+    let (_, left) = ip_pool::report(&[], &states, &BTreeSet::new(), &live);
+    let allocations = left.gone_requests;
 
     let pve = ProxmoxClient::new(&config.proxmox)?;
     let orphans = scan(&pve, &args.omni.id, &live).await?;
@@ -176,33 +172,6 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     }
 }
 
-/// Static IP allocations recorded in provider states whose MachineRequest is gone (the same
-/// counting as the `pools` command: [`ip_pool::report`]).
-async fn orphaned_allocations(
-    omni: &OmniClient,
-    provider_id: &str,
-    live: &BTreeSet<String>,
-) -> Result<Vec<Holding>, OrphansError> {
-    let states: Vec<(String, Vec<crate::model::machine::IpAllocation>)> = omni
-        .state
-        .list(&ProviderMachine::new(provider_id), vec![])
-        .await
-        .map_err(|e| OrphansError::Omni {
-            provider_id: provider_id.to_owned(),
-            message: super::render_error(&e),
-        })?
-        .iter()
-        .map(|m| {
-            (
-                m.id().to_owned(),
-                crate::model::MachineState::from_spec(&m.spec).ip_allocations,
-            )
-        })
-        .collect();
-    let (_, left) = ip_pool::report(&[], &states, &BTreeSet::new(), live);
-    Ok(left.gone_requests)
-}
-
 fn render_allocations(allocations: &[Holding]) -> String {
     if allocations.is_empty() {
         return "No static IP allocations of gone MachineRequests.\n".into();
@@ -210,34 +179,9 @@ fn render_allocations(allocations: &[Holding]) -> String {
     let mut out = String::from(
         "Static IP allocations whose MachineRequest is gone (released when the provider deletes the VM):\n",
     );
-    crate::table::render(
-        &mut out,
-        "  ",
-        &[],
-        &super::pools::holding_rows(allocations),
-    );
+    let rows = allocations.iter().map(holding_row);
+    crate::table::render(&mut out, "  ", &[], rows);
     out
-}
-
-/// IDs of the MachineRequests meant for this provider, whatever their phase (one being torn down
-/// is the controller's to finish, not ours).
-async fn live_requests(
-    omni: &OmniClient,
-    provider_id: &str,
-) -> Result<BTreeSet<String>, OrphansError> {
-    let requests = omni
-        .state
-        .list(
-            &MachineRequest,
-            vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id)],
-        )
-        .await
-        .map_err(|e| OrphansError::Omni {
-            provider_id: provider_id.to_owned(),
-            message: super::render_error(&e),
-        })?;
-    tracing::debug!(namespace = %MachineRequest.namespace(), count = requests.len(), "live machine requests");
-    Ok(requests.iter().map(|r| r.id().to_owned()).collect())
 }
 
 /// Lists the orphans: one cluster listing, the config of every VM (for the ISOs it uses: a seed ISO
@@ -250,11 +194,8 @@ pub async fn scan(
     live_requests: &BTreeSet<String>,
 ) -> Result<Orphans, ProxmoxError> {
     let view = pve.cluster_listing().await?;
-    let vms: Vec<VmResource> = view.vms().cloned().collect();
-    let online = |n: &NodeName| view.node_state(n) == Some(NodeState::Online);
     let mut problems = Vec::new();
-
-    let (used, attachments_known) = iso_usage(pve, &vms, &online, &mut problems).await;
+    let (used, attachments_known) = iso_usage(pve, &view, &mut problems).await;
 
     let mut isos = Vec::new();
     let mut shared_done = BTreeSet::new();
@@ -267,7 +208,7 @@ pub async fn scan(
         if !holds_iso || (storage.shared && shared_done.contains(&storage.storage)) {
             continue;
         }
-        if !online(&storage.node) {
+        if !view.node_online(&storage.node) {
             offline_nodes.insert(storage.node.clone());
             continue;
         }
@@ -296,6 +237,7 @@ pub async fn scan(
             "node {node} is not online: its ISO storages were not searched"
         ));
     }
+    let vms: Vec<VmResource> = view.vms().cloned().collect();
     let mut orphans = find_orphans(&vms, live_requests, provider_id, &isos, &used);
     if !attachments_known && !orphans.seed_isos.is_empty() {
         problems.push(format!(
@@ -312,14 +254,13 @@ pub async fn scan(
 /// instance's VM is in use too), and whether every config could be read.
 async fn iso_usage(
     pve: &ProxmoxClient,
-    vms: &[VmResource],
-    online: &impl Fn(&NodeName) -> bool,
+    view: &Listing,
     problems: &mut Vec<String>,
 ) -> (BTreeMap<VmId, Vec<String>>, bool) {
     let mut used: BTreeMap<VmId, Vec<String>> = BTreeMap::new();
     let mut all_read = true;
-    for vm in vms.iter().filter(|vm| !vm.template) {
-        if !online(&vm.node) {
+    for vm in view.guests() {
+        if !view.node_online(&vm.node) {
             all_read = false;
             problems.push(format!(
                 "node {} is not online: cannot read the config of VM {}",
@@ -373,34 +314,24 @@ pub async fn delete(
             default_pool: None,
             official_pool: None,
         };
-        let (outcome, seed_kept) =
-            match deprovision_reporting(pve, &target, &options, progress).await {
-                Ok(d) => {
-                    let kept = d.leftover_seed_iso.map(|e| e.to_string());
-                    (Ok(d.outcome), kept)
-                }
-                Err(e) => (Err(e), None),
-            };
-        let seed_done = |report: &mut DeletionReport| match &seed_kept {
-            Some(why) => report.failures.push(why.clone()),
-            None => report.deleted_isos.extend(target.seed_iso_volume.clone()),
-        };
-        match outcome {
-            Ok(DeprovisionOutcome::Deleted { vmid, .. }) => {
-                report.deleted_vms.push(vmid);
-                seed_done(&mut report);
-            }
-            Ok(DeprovisionOutcome::NotOurs { vmid, reason }) => {
-                report.left_alone.push((vmid, reason));
-                continue;
-            }
-            Ok(DeprovisionOutcome::AlreadyGone | DeprovisionOutcome::NothingRecorded) => {
-                seed_done(&mut report);
-            }
+        let done = match deprovision_reporting(pve, &target, &options, progress).await {
+            Ok(done) => done,
             Err(e) => {
                 report.failures.push(format!("VM {}: {e}", vm.vmid));
                 continue;
             }
+        };
+        match done.outcome {
+            DeprovisionOutcome::Deleted { vmid, .. } => report.deleted_vms.push(vmid),
+            DeprovisionOutcome::NotOurs { vmid, reason } => {
+                report.left_alone.push((vmid, reason));
+                continue;
+            }
+            DeprovisionOutcome::AlreadyGone | DeprovisionOutcome::NothingRecorded => {}
+        }
+        match done.leftover_seed_iso {
+            Some(why) => report.failures.push(why.to_string()),
+            None => report.deleted_isos.extend(target.seed_iso_volume.clone()),
         }
         for volume in seeds {
             delete_iso(pve, &vm.node, volume, progress, &mut report).await;
@@ -454,36 +385,28 @@ fn render_table(
         let _ = writeln!(out, "No orphan VMs (tag {tag}).");
     } else {
         let _ = writeln!(out, "VMs tagged {tag} whose MachineRequest is gone:");
-        let rows: Vec<Vec<String>> = orphans
-            .vms
-            .iter()
-            .map(|vm| {
-                let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
-                vec![
-                    vm.vmid.to_string(),
-                    vm.node.to_string(),
-                    or_dash(&vm.status),
-                    or_dash(&vm.name),
-                    or_dash(&vm.request_id),
-                ]
-            })
-            .collect();
+        let rows = orphans.vms.iter().map(|vm| {
+            let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
+            vec![
+                vm.vmid.to_string(),
+                vm.node.to_string(),
+                or_dash(&vm.status),
+                or_dash(&vm.name),
+                or_dash(&vm.request_id),
+            ]
+        });
         let header = ["VMID", "NODE", "STATUS", "NAME", "REQUEST"];
-        crate::table::render(&mut out, "", &header, &rows);
+        crate::table::render(&mut out, "", &header, rows);
     }
     if orphans.seed_isos.is_empty() {
         let _ = writeln!(out, "No orphan seed ISOs.");
     } else {
         let _ = writeln!(out, "Seed ISOs no VM uses:");
-        let rows: Vec<Vec<String>> = orphans
-            .seed_isos
-            .iter()
-            .map(|iso| {
-                let size = iso.size.map_or_else(|| "-".into(), |s| s.to_string());
-                vec![iso.node.to_string(), size, iso.volume.clone()]
-            })
-            .collect();
-        crate::table::render(&mut out, "", &["NODE", "SIZE", "VOLUME"], &rows);
+        let rows = orphans.seed_isos.iter().map(|iso| {
+            let size = iso.size.map_or_else(|| "-".into(), |s| s.to_string());
+            vec![iso.node.to_string(), size, iso.volume.clone()]
+        });
+        crate::table::render(&mut out, "", &["NODE", "SIZE", "VOLUME"], rows);
     }
     for problem in &orphans.problems {
         let _ = writeln!(out, "not checked: {problem}");
@@ -536,8 +459,14 @@ mod tests {
             #[command(flatten)]
             args: OrphansArgs,
         }
+        let refusal = |args: &OrphansArgs| {
+            super::super::omni_and_config(&args.omni, &args.config_file, OrphansError::NoOmni)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
         let cli = Cli::try_parse_from(["x", "--config-file", "c.yaml", "--delete"]).unwrap();
-        let err = omni_endpoint(&cli.args).unwrap_err().to_string();
+        let err = refusal(&cli.args);
         assert!(
             err.contains("--omni-api-endpoint") && err.contains("live MachineRequests"),
             "{err}"
@@ -550,7 +479,10 @@ mod tests {
             "https://omni.example.com",
         ])
         .unwrap();
-        assert!(omni_endpoint(&cli.args).is_err(), "a key is needed too");
+        assert!(
+            refusal(&cli.args).contains("live MachineRequests"),
+            "a key is needed too"
+        );
     }
 
     #[test]

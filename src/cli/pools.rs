@@ -13,7 +13,6 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -23,9 +22,8 @@ use super::omni_args::OmniArgs;
 use crate::model::MachineState;
 use crate::model::machine::IpAllocation;
 use crate::omni::client::OmniClient;
-use crate::omni::resources::{MachineRequest, ProviderMachine, label};
-use crate::omni::state::LabelSelector;
-use crate::omni::transport;
+use crate::omni::resources::{Kind, MachineRequest, ProviderMachine, label};
+use crate::omni::state::{LabelSelector, StateError};
 use crate::proxmox::ProxmoxClient;
 use crate::rules::ip_pool::{self, Holding, LeftOver, PoolUse};
 use crate::telemetry::{self, LogFormat};
@@ -65,46 +63,21 @@ struct JsonReport<'a> {
 
 pub async fn run(args: PoolsArgs) -> CliResult {
     telemetry::init_logging(LogFormat::Text, "warn")?;
-    if !args.omni.is_set() {
-        return Err(PoolsError::NoOmni.into());
-    }
-    let (endpoint, key) = args.omni.connection()?;
-    let (config, _) = super::load_config(&args.config_file)?;
-    transport::install_crypto_provider();
-    let omni = OmniClient::connect(&endpoint, Arc::new(key), &args.omni.id)?;
-    let id = args.omni.id.clone();
+    let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, PoolsError::NoOmni)?;
+    let id = &args.omni.id;
     let omni_error = |what: &'static str| {
-        let id = id.clone();
-        move |e: crate::omni::state::StateError| PoolsError::Omni {
+        move |e: StateError| PoolsError::Omni {
             what,
-            provider_id: id,
+            provider_id: id.clone(),
             message: super::render_error(&e),
         }
     };
-    let states: Vec<(String, Vec<IpAllocation>)> = omni
-        .state
-        .list(&ProviderMachine::new(&id), vec![])
+    let states = recorded_allocations(&omni, id)
         .await
-        .map_err(omni_error("the provider states"))?
-        .iter()
-        .map(|m| {
-            (
-                m.id().to_owned(),
-                MachineState::from_spec(&m.spec).ip_allocations,
-            )
-        })
-        .collect();
-    let live: BTreeSet<String> = omni
-        .state
-        .list(
-            &MachineRequest,
-            vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, &id)],
-        )
+        .map_err(omni_error("the provider states"))?;
+    let live = live_requests(&omni, id)
         .await
-        .map_err(omni_error("the machine requests"))?
-        .iter()
-        .map(|r| r.id().to_owned())
-        .collect();
+        .map_err(omni_error("the machine requests"))?;
     let reported = if config.ip_pools.is_empty() {
         BTreeSet::new()
     } else {
@@ -142,37 +115,34 @@ pub fn render_table(uses: &[PoolUse], left: &LeftOver) -> String {
             u.size,
             u.free
         );
-        let mut rows = holding_rows(&u.held);
-        rows.extend(u.reported_by_vms.iter().map(|a| {
+        let reported = u.reported_by_vms.iter().map(|a| {
             vec![
                 a.to_string(),
                 "(reported by a running VM's guest agent)".into(),
             ]
-        }));
-        crate::table::render(&mut out, "  ", &[], &rows);
+        });
+        let rows = u.held.iter().map(holding_row).chain(reported);
+        crate::table::render(&mut out, "  ", &[], rows);
     }
     if !left.gone_requests.is_empty() {
         out.push_str("\nAllocations whose machine request is gone (the provider releases them once it has deleted the VM):\n");
-        crate::table::render(&mut out, "  ", &[], &holding_rows(&left.gone_requests));
+        let rows = left.gone_requests.iter().map(holding_row);
+        crate::table::render(&mut out, "  ", &[], rows);
     }
     if !left.unknown_pools.is_empty() {
         out.push_str("\nAllocations from pools the config file no longer has:\n");
-        let rows: Vec<Vec<String>> = left
-            .unknown_pools
-            .iter()
-            .map(|(pool, h)| {
-                let mut row = holding_row(h);
-                row.push(format!("(pool {pool})"));
-                row
-            })
-            .collect();
-        crate::table::render(&mut out, "  ", &[], &rows);
+        let rows = left.unknown_pools.iter().map(|(pool, h)| {
+            let mut row = holding_row(h);
+            row.push(format!("(pool {pool})"));
+            row
+        });
+        crate::table::render(&mut out, "  ", &[], rows);
     }
     out
 }
 
 /// An allocation as a table row: address, request, NIC.
-fn holding_row(h: &Holding) -> Vec<String> {
+pub(super) fn holding_row(h: &Holding) -> Vec<String> {
     vec![
         h.address.to_string(),
         h.request.to_string(),
@@ -180,6 +150,32 @@ fn holding_row(h: &Holding) -> Vec<String> {
     ]
 }
 
-pub(super) fn holding_rows(holdings: &[Holding]) -> Vec<Vec<String>> {
-    holdings.iter().map(holding_row).collect()
+/// The static IP allocations each provider state of `provider_id` records, by its request's ID.
+pub(super) async fn recorded_allocations(
+    omni: &OmniClient,
+    provider_id: &str,
+) -> Result<Vec<(String, Vec<IpAllocation>)>, StateError> {
+    let states = omni
+        .state
+        .list(&ProviderMachine::new(provider_id), vec![])
+        .await?;
+    Ok(states
+        .iter()
+        .map(|m| {
+            let state = MachineState::from_spec(&m.spec);
+            (m.id().to_owned(), state.ip_allocations)
+        })
+        .collect())
+}
+
+/// IDs of the MachineRequests meant for `provider_id`, whatever their phase (one being torn down
+/// is the controller's to finish).
+pub(super) async fn live_requests(
+    omni: &OmniClient,
+    provider_id: &str,
+) -> Result<BTreeSet<String>, StateError> {
+    let selector = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id);
+    let requests = omni.state.list(&MachineRequest, vec![selector]).await?;
+    tracing::debug!(namespace = %MachineRequest.namespace(), count = requests.len(), "live machine requests");
+    Ok(requests.iter().map(|r| r.id().to_owned()).collect())
 }

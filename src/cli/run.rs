@@ -15,8 +15,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::CliResult;
 use super::omni_args::OmniArgs;
+use super::{BoxError, CliResult};
 use crate::config::ProviderConfig;
 use crate::controller::context::Context;
 use crate::controller::health::{self, HealthCheck};
@@ -29,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
 use crate::omni::state::{StateClient, StateError};
-use crate::omni::transport::{self, OmniEndpoint, OmniTls};
+use crate::omni::transport::{self, OmniEndpoint};
 use crate::pipeline::step::{Services, Timeouts};
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::{ProviderDataSchema, SchemaError};
@@ -136,16 +136,15 @@ pub enum RunError {
 
 /// Everything the provider needs, checked; built before any network call.
 pub struct Settings {
+    pub args: RunArgs,
     pub config: ProviderConfig,
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    pub concurrency: usize,
-    pub image_factory_url: String,
+    /// What the config file got wrong without stopping the provider (unknown keys in it or in
+    /// `defaults:` and `nodes:`, a token and a password both set): logged once, at start.
+    pub config_warnings: Vec<String>,
     pub factory_auth: FactoryAuth,
     pub endpoint: OmniEndpoint,
     pub key: Arc<ProviderKey>,
     pub info: ProviderInfo,
-    pub health_interval: Duration,
-    pub topology_interval: Duration,
     /// `None` with `--leader-elect=false`.
     pub leader_election: Option<LeaderElection>,
 }
@@ -158,19 +157,25 @@ pub struct LeaderElection {
 }
 
 impl Settings {
-    pub fn from_args(args: &RunArgs) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+    pub fn from_args(args: RunArgs) -> Result<Self, BoxError> {
         let path = args.config_file.as_ref().ok_or(RunError::NoConfigFile)?;
         let config = ProviderConfig::load(path)?;
         let schema = ProviderDataSchema::new()?.strict(config.strict);
-        let problems = schema.check_config(&config.layers).problems;
-        if !problems.is_empty() {
+        let overrides = schema.check_config(&config.layers);
+        if !overrides.problems.is_empty() {
             return Err(format!(
                 "config file {}: {}",
                 path.display(),
-                crate::rules::provider_data::describe(&problems)
+                crate::rules::provider_data::describe(&overrides.problems)
             )
             .into());
         }
+        let config_warnings = config
+            .warnings
+            .iter()
+            .cloned()
+            .chain(overrides.warnings.iter().map(|w| w.to_string()))
+            .collect();
         let (endpoint, key) = args.omni.connection()?;
         let leader_election = args
             .leader_elect
@@ -191,9 +196,7 @@ impl Settings {
             .transpose()?;
         Ok(Self {
             config,
-            concurrency: args.concurrency,
-            metrics_listen: args.metrics_listen,
-            image_factory_url: args.image_factory_url.clone(),
+            config_warnings,
             factory_auth: match &args.image_factory_auth_file {
                 Some(path) => FactoryAuth::read(path)?,
                 None => FactoryAuth::default(),
@@ -205,9 +208,8 @@ impl Settings {
                 &args.provider_name,
                 &args.provider_description,
             ),
-            health_interval: args.health_interval,
-            topology_interval: args.topology_interval,
             leader_election,
+            args,
         })
     }
 }
@@ -215,8 +217,8 @@ impl Settings {
 pub async fn run(args: RunArgs) -> CliResult {
     telemetry::init_logging(args.log_format, &args.log_level)?;
     transport::install_crypto_provider();
-    let settings = Settings::from_args(&args)?;
-    for warning in args.omni.warnings() {
+    let settings = Settings::from_args(args)?;
+    for warning in settings.args.omni.warnings() {
         tracing::warn!("{warning}");
     }
     let pve = ProxmoxClient::new(&settings.config.proxmox)?;
@@ -229,7 +231,7 @@ pub async fn run(args: RunArgs) -> CliResult {
     let health_check = proxmox_health(
         pve.clone(),
         settings.config.clone(),
-        settings.health_interval,
+        settings.args.health_interval,
     );
     run_with(settings, pve, health_check, shutdown_signal()).await
 }
@@ -241,8 +243,7 @@ pub async fn run(args: RunArgs) -> CliResult {
 /// bridges, template), which costs a few more requests.
 fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration) -> HealthCheck {
     const DEFAULTS_EVERY: Duration = Duration::from_secs(300);
-    let last: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
-    let writer = last.clone();
+    let (writer, last) = watch::channel(None);
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -265,13 +266,10 @@ fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration
                 }
                 defaults_checked = Some(tokio::time::Instant::now());
             }
-            *writer.lock().unwrap_or_else(|p| p.into_inner()) = api.or(defaults_problem.clone());
+            writer.send_replace(api.or(defaults_problem.clone()));
         }
     });
-    health::health_check(move || {
-        let last = last.clone();
-        async move { last.lock().unwrap_or_else(|p| p.into_inner()).clone() }
-    })
+    health::health_check(move || std::future::ready(last.borrow().clone()))
 }
 
 pub async fn run_with(
@@ -282,7 +280,9 @@ pub async fn run_with(
 ) -> CliResult {
     announce_start(&settings);
     let provider_id = settings.info.id.clone();
-    provider_data_schema(&settings.config)?;
+    for warning in &settings.config_warnings {
+        tracing::warn!("config file: {warning}");
+    }
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
     // Polled from here on, so a SIGTERM during the start stops the provider cleanly too.
     tokio::pin!(shutdown);
@@ -297,13 +297,15 @@ pub async fn run_with(
         }
     };
     tracing::info!(?mode, "detected Omni join mode");
-    let image_factory_url =
-        crate::pipeline::image_factory::resolve_factory(&omni.state, &settings.image_factory_url)
-            .await;
+    let image_factory_url = crate::pipeline::image_factory::resolve_factory(
+        &omni.state,
+        &settings.args.image_factory_url,
+    )
+    .await;
     let factory_http = crate::pipeline::image_factory::http_client()?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let (metrics, metrics_server) = start_metrics(&pve, settings.metrics_listen, &stop_rx);
+    let (metrics, metrics_server) = start_metrics(&pve, settings.args.metrics_listen, &stop_rx);
     let fence = match settings.leader_election {
         Some(_) => Fence::shut(),
         None => Fence::open(),
@@ -314,7 +316,7 @@ pub async fn run_with(
     let heartbeat = health::Heartbeat {
         state: state.clone(),
         provider_id: provider_id.clone(),
-        interval: settings.health_interval,
+        interval: settings.args.health_interval,
         check: health_check,
         metrics: metrics.clone(),
     };
@@ -344,11 +346,6 @@ pub async fn run_with(
 }
 
 fn announce_start(settings: &Settings) {
-    if settings.endpoint.tls == OmniTls::InsecureSkipVerify {
-        tracing::warn!(
-            "TLS verification of the Omni endpoint is disabled (--insecure-skip-verify)"
-        );
-    }
     tracing::info!(
         endpoint = %settings.endpoint.url,
         provider_id = %settings.info.id,
@@ -462,7 +459,7 @@ impl Duties<'_> {
         });
         let context = Arc::new(
             Context::new(services, self.state.clone(), self.mode)
-                .with_concurrency(settings.concurrency),
+                .with_concurrency(settings.args.concurrency),
         );
         let (stop, stop_rx) = watch::channel(false);
         // With replicas, a standby waits for this one's in-flight work: it gets a moment to finish,
@@ -475,12 +472,12 @@ impl Duties<'_> {
             Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
         let topology = tokio::spawn(crate::controller::housekeeping::run(
             context,
-            settings.topology_interval,
+            settings.args.topology_interval,
             stop_rx.clone(),
         ));
         let reconciling = tokio::spawn(controller.run(stop_rx));
         tracing::info!(
-            concurrency = settings.concurrency,
+            concurrency = settings.args.concurrency,
             "watching machine requests"
         );
         Ok(Term {
@@ -534,21 +531,6 @@ where
             other => return other,
         }
     }
-}
-
-/// The schema provider data is checked against, with `strict:` from the config. What the config
-/// file got wrong without stopping the provider (unknown keys in it or in `defaults:` and `nodes:`,
-/// a token and a password both set) is logged once, here at start.
-fn provider_data_schema(config: &ProviderConfig) -> Result<ProviderDataSchema, SchemaError> {
-    let schema = ProviderDataSchema::new()?.strict(config.strict);
-    for warning in &config.warnings {
-        tracing::warn!("config file: {warning}");
-    }
-    let overrides = schema.check_config(&config.layers);
-    for warning in &overrides.warnings {
-        tracing::warn!("config file: {warning}");
-    }
-    Ok(schema)
 }
 
 /// The metrics every part counts into, with each Proxmox request observed from here on, and the

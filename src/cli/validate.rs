@@ -15,8 +15,7 @@
 //! `outcome` is one of `pass`, `skipped`, `warning`, `problem`; `node` is `null` when the finding is
 //! not about one node.
 
-use std::io::Read as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::CliResult;
 use super::cluster::OutputFormat;
@@ -24,7 +23,8 @@ use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::ProviderDataSchema;
 use crate::validate::{
-    Finding, Layers, Outcome, Report, config_file_findings, pool_findings, validate_class,
+    Finding, Layers, Outcome, Report, config_file_findings, findings_of, pool_findings,
+    validate_class,
 };
 
 #[derive(Debug, clap::Args)]
@@ -64,12 +64,7 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     let pools = pool_findings(&client, &schema, &layers, &config.ip_pools).await?;
     // The config's `policy:`, as provisioning checks it.
     let refused: Vec<Finding> = match layers.resolve_on(&schema, None) {
-        Ok(data) => config
-            .policy
-            .check(&data)
-            .into_iter()
-            .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
-            .collect(),
+        Ok(data) => findings_of(Outcome::Problem, None, config.policy.check(&data)).collect(),
         Err(_) => Vec::new(),
     };
     let reach = crate::validate::root_reach_warning(&client)
@@ -84,7 +79,10 @@ pub async fn run(args: ValidateArgs) -> CliResult {
             .chain(reach)
             .collect(),
     );
-    print_report(&report, args.output)?;
+    match args.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Table => print!("{}", report.render_text()),
+    }
     if report.ok {
         Ok(())
     } else {
@@ -94,29 +92,14 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     }
 }
 
-fn print_report(report: &Report, output: OutputFormat) -> CliResult {
-    match output {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(report)?),
-        OutputFormat::Table => print!("{}", report.render_text()),
-    }
-    Ok(())
-}
-
-fn read_provider_data(path: &PathBuf) -> Result<String, ReadError> {
-    let shown = path.display().to_string();
-    if shown == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .map_err(|source| ReadError {
-                path: "stdin".into(),
-                source,
-            })?;
-        Ok(text)
+fn read_provider_data(path: &Path) -> Result<String, ReadError> {
+    let (shown, read) = if path == Path::new("-") {
+        ("stdin".into(), std::io::read_to_string(std::io::stdin()))
     } else {
-        std::fs::read_to_string(path).map_err(|source| ReadError {
-            path: shown,
-            source,
-        })
-    }
+        (path.display().to_string(), std::fs::read_to_string(path))
+    };
+    read.map_err(|source| ReadError {
+        path: shown,
+        source,
+    })
 }

@@ -75,18 +75,16 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("config file {path} is not valid YAML: {message}")]
-    Yaml { path: PathBuf, message: String },
-    #[error("config file {path}: {}", problems.join("; "))]
-    Invalid {
-        path: PathBuf,
-        problems: Vec<String>,
-    },
+    #[error("config file {path}{error}")]
+    Parse { path: PathBuf, error: ParseError },
 }
 
-#[derive(Debug)]
+/// What is wrong with the text of a config file, worded to follow its path.
+#[derive(Debug, thiserror::Error)]
 pub enum ParseError {
+    #[error(" is not valid YAML: {0}")]
     Yaml(String),
+    #[error(": {}", .0.join("; "))]
     Invalid(Vec<String>),
 }
 
@@ -149,15 +147,9 @@ impl ProviderConfig {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text).map_err(|e| match e {
-            ParseError::Yaml(message) => ConfigError::Yaml {
-                path: path.to_owned(),
-                message,
-            },
-            ParseError::Invalid(problems) => ConfigError::Invalid {
-                path: path.to_owned(),
-                problems,
-            },
+        Self::parse(&text).map_err(|error| ConfigError::Parse {
+            path: path.to_owned(),
+            error,
         })
     }
 

@@ -120,6 +120,7 @@ mod tests {
             metadata: Default::default(),
             spec: MachineRequestStatusSpec::default(),
             unknown_fields: Vec::new(),
+            received_spec: None,
         };
         s.metadata.id = "r1".into();
         s.metadata.version = version.into();

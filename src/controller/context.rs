@@ -258,6 +258,7 @@ mod tests {
             metadata: Default::default(),
             spec: MachineRequestSpec::default(),
             unknown_fields: Vec::new(),
+            received_spec: None,
         };
         r.metadata.id = "req-1".into();
         r.metadata.finalizers = finalizers.iter().map(|f| f.to_string()).collect();

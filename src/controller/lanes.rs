@@ -46,12 +46,6 @@ pub struct Slot {
     _permit: Option<OwnedSemaphorePermit>,
 }
 
-impl Slot {
-    pub fn lane(&self) -> &Lane {
-        &self.lane
-    }
-}
-
 impl Lanes {
     /// `per_lane` slots in each lane (at least one).
     pub fn new(per_lane: usize) -> Lanes {
@@ -59,10 +53,6 @@ impl Lanes {
             per_lane: per_lane.max(1),
             lanes: Mutex::new(HashMap::new()),
         }
-    }
-
-    pub fn per_lane(&self) -> usize {
-        self.per_lane
     }
 
     /// Waits for a slot in `lane`; first come, first served.
@@ -159,7 +149,7 @@ mod tests {
         lanes
             .keep_or_enter(&mut held, Lane::Placement, || waited += 1)
             .await;
-        assert_eq!(held.as_ref().map(Slot::lane), Some(&Lane::Placement));
+        assert_eq!(held.as_ref().map(|s| &s.lane), Some(&Lane::Placement));
         lanes
             .keep_or_enter(&mut held, node("pve1"), || waited += 1)
             .await;

@@ -24,6 +24,13 @@ use crate::omni::state::WatchEvent;
 /// drain of a thousand machines so costs Omni no call per machine while it lasts.
 pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(60);
 
+/// How long removing a config patch request waits, in the one TeardownAndDestroy call, for Omni's
+/// ConfigPatchRequestController to let go. It lets go as soon as it has seen the teardown (it
+/// holds the request only to remove the patch it made of it: cosi-project/runtime
+/// `pkg/controller/generic/qtransform` reconcileTearingDown), so the call normally ends in
+/// milliseconds; a busy Omni is left to the watch instead of holding a worker.
+pub const PATCH_RELEASE_WAIT: Duration = Duration::from_secs(5);
+
 /// Where an output stands in its teardown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hold {
@@ -182,6 +189,24 @@ impl Outputs {
             .or_insert_with(|| (request.to_owned(), seen));
     }
 
+    /// An output this process tore down and found held: a teardown that runs again before the
+    /// watch delivers the teardown waits for the release instead of tearing down again. A release
+    /// the watch has already delivered stands.
+    pub fn held(&self, of: OutputOf, id: &str) {
+        let held = Seen {
+            hold: Hold::Held,
+            at: Instant::now(),
+        };
+        let mut known = self.known();
+        let seen = match of {
+            OutputOf::Status => Some(known.statuses.entry(id.to_owned()).or_insert(held)),
+            OutputOf::PatchRequest => known.patches.get_mut(id).map(|(_, seen)| seen),
+        };
+        if let Some(seen) = seen.filter(|seen| seen.hold == Hold::Live) {
+            *seen = held;
+        }
+    }
+
     /// An output this process destroyed: gone before its Destroyed event arrives.
     pub fn destroyed(&self, of: OutputOf, id: &str) {
         let mut known = self.known();
@@ -277,5 +302,31 @@ mod tests {
         );
         outputs.observe(patch, &WatchEvent::Resync);
         assert_eq!(outputs.patches_of("r1"), None, "relisting");
+    }
+
+    #[test]
+    fn an_output_found_held_waits_for_its_release_unless_the_release_came_first() {
+        let outputs = Outputs::new(Duration::from_secs(60));
+        let (status, patch) = (OutputOf::Status, OutputOf::PatchRequest);
+        outputs.observe(
+            status,
+            &WatchEvent::Updated(output("r1", "running", &[], None)),
+        );
+        outputs.held(status, "r1");
+        assert_eq!(outputs.status("r1"), Some(Hold::Held));
+        outputs.held(status, "r2");
+        assert_eq!(outputs.status("r2"), Some(Hold::Held), "not seen yet");
+        let free = output("r3", PHASE_TEARING_DOWN, &[], None);
+        outputs.observe(status, &WatchEvent::Updated(free));
+        outputs.held(status, "r3");
+        assert_eq!(outputs.status("r3"), Some(Hold::Released));
+        outputs.observe(patch, &WatchEvent::Bootstrapped);
+        outputs.patch_written("r1", "p1");
+        outputs.held(patch, "p1");
+        outputs.held(patch, "p2");
+        assert_eq!(
+            outputs.patches_of("r1"),
+            Some(vec![("p1".to_owned(), Hold::Held)])
+        );
     }
 }

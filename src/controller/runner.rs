@@ -380,6 +380,7 @@ mod tests {
             metadata: Default::default(),
             spec: MachineRequestSpec::default(),
             unknown_fields: Vec::new(),
+            received_spec: None,
         };
         r.metadata.id = "req-1".into();
         r.metadata.version = version.into();

@@ -21,12 +21,12 @@ use std::time::Duration;
 use super::context::{self, Context};
 use super::error_policy::ReconcileError;
 use super::lanes::Lane;
-use super::outputs::{Hold, OutputOf, WAIT_FOR_OMNI};
+use super::outputs::{Hold, OutputOf, PATCH_RELEASE_WAIT, WAIT_FOR_OMNI};
 use super::progress::{Phase, StatusSink};
 use super::requests::Request;
 use super::runner::Action;
 use crate::model::MachineState;
-use crate::omni::resources::{ConfigPatchRequest, MachineRequest, MachineRequestStatus, label};
+use crate::omni::resources::{ConfigPatchRequest, MachineRequestStatus, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
@@ -54,7 +54,10 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
         Some(Hold::Released) => true,
         Some(Hold::Live) | None => match ctx.state.teardown(&status_ref, &ctx.owner).await {
             Ok(true) => true,
-            Ok(false) => return Ok(Action::RequeueAfter(WAIT_FOR_OMNI)),
+            Ok(false) => {
+                ctx.outputs.held(OutputOf::Status, id);
+                return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
+            }
             Err(e) if e.is_not_found() => false,
             Err(e) => return Err(teardown_error("tearing down the machine request status", e)),
         },
@@ -66,7 +69,7 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
         ctx.outputs.destroyed(OutputOf::Status, id);
     }
     ctx.state
-        .remove_finalizer(&ResourceRef::of(&MachineRequest, id), &ctx.owner)
+        .remove_finalizer_from(request, &ctx.owner)
         .await
         .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })
         .map_err(|e| teardown_error("removing our finalizer from the machine request", e))?;
@@ -113,12 +116,14 @@ async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, Reconcil
             },
             Hold::Live => ctx
                 .state
-                .teardown_and_destroy(&what, &ctx.owner)
+                .teardown_and_destroy(&what, &ctx.owner, PATCH_RELEASE_WAIT)
                 .await
                 .map_err(|e| teardown_error("removing a config patch request", e))?,
         };
         if gone {
             ctx.outputs.destroyed(OutputOf::PatchRequest, &patch);
+        } else {
+            ctx.outputs.held(OutputOf::PatchRequest, &patch);
         }
         all_gone &= gone;
     }

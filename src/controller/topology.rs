@@ -19,7 +19,6 @@
 //! the labels existed get theirs; a class or `defaults:` turning the labels off removes the patch.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use super::context::Context;
 use super::requests::Request;
@@ -38,9 +37,6 @@ use crate::proxmox::types::VmResource;
 /// (`400-…` and up in Omni's UI), so theirs win there; `topology_labels: false` keeps theirs
 /// everywhere.
 pub const PATCH_PREFIX: &str = "100-topology-";
-
-/// How often the loop looks when nothing nudges it.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 
 pub fn patch_id(request_id: &str) -> String {
     format!("{PATCH_PREFIX}{request_id}")
@@ -306,7 +302,7 @@ pub async fn apply(ctx: &Context, change: &Change) -> Result<(), RoundError> {
             // `false`: Omni still holds a finalizer; destroyed in a later round.
             let gone = ctx
                 .state
-                .teardown_and_destroy(&what, &ctx.owner)
+                .teardown_and_destroy(&what, &ctx.owner, super::outputs::PATCH_RELEASE_WAIT)
                 .await
                 .map_err(omni("removing a topology config patch request"))?;
             if gone {

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::proxmox::types::{ClusterResource, NodeState, split_list};
+use crate::proxmox::property::StorageId;
+use crate::proxmox::types::{ClusterResource, NodeName, NodeState, split_list};
 
 pub const GIB: u64 = 1024 * 1024 * 1024;
 pub const MIB: u64 = 1024 * 1024;
@@ -24,7 +25,7 @@ pub struct VmSummary {
 /// A storage of one node, as `/cluster/resources` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StorageSnapshot {
-    pub name: String,
+    pub name: StorageId,
     pub storage_type: String,
     /// Content types (`images`, `iso`, …).
     pub content: Vec<String>,
@@ -43,7 +44,7 @@ impl StorageSnapshot {
     /// What a CEL storage selector sees of this storage on `node`.
     pub fn facts(&self, node: &str) -> StorageFacts {
         StorageFacts {
-            name: self.name.clone(),
+            name: self.name.to_string(),
             node: node.to_owned(),
             storage_type: self.storage_type.clone(),
             available_space: self.available,
@@ -51,9 +52,9 @@ impl StorageSnapshot {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSnapshot {
-    pub name: String,
+    pub name: NodeName,
     pub online: bool,
     /// Bytes in use and in total (`mem`, `maxmem`).
     pub memory_used: u64,
@@ -66,7 +67,7 @@ pub struct NodeSnapshot {
 
 impl NodeSnapshot {
     pub fn storage(&self, name: &str) -> Option<&StorageSnapshot> {
-        self.storages.iter().find(|s| s.name == name)
+        self.storages.iter().find(|s| s.name.as_str() == name)
     }
 
     /// Memory not in use now, before any reservation.
@@ -108,13 +109,13 @@ impl ClusterSnapshot {
     /// Reads one `/cluster/resources` listing. Storages and VMs of a node the listing does not name
     /// are dropped: nothing can be placed there.
     pub fn from_resources(resources: &[ClusterResource]) -> Self {
-        let mut nodes: BTreeMap<String, NodeSnapshot> = BTreeMap::new();
+        let mut nodes: BTreeMap<NodeName, NodeSnapshot> = BTreeMap::new();
         for r in resources {
             if let ClusterResource::Node(n) = r {
                 nodes.insert(
-                    n.node.to_string(),
+                    n.node.clone(),
                     NodeSnapshot {
-                        name: n.node.to_string(),
+                        name: n.node.clone(),
                         online: n.status == NodeState::Online,
                         memory_used: n.mem.unwrap_or(0),
                         memory_max: n.maxmem.unwrap_or(0),
@@ -128,32 +129,26 @@ impl ClusterSnapshot {
         for r in resources {
             match r {
                 ClusterResource::Vm(vm) if !vm.template => {
-                    if let Some(node) = nodes.get_mut(vm.node.as_str()) {
+                    if let Some(node) = nodes.get_mut(&vm.node) {
                         node.vms.push(VmSummary {
                             name: vm.name.clone().unwrap_or_default(),
-                            tags: split_list(vm.tags.as_deref().unwrap_or_default())
-                                .into_iter()
-                                .map(str::to_owned)
-                                .collect(),
+                            tags: owned_list(&vm.tags),
                             cpus: vm.maxcpu.unwrap_or(0),
                             memory: vm.maxmem.unwrap_or(0),
                         });
                     }
                 }
                 ClusterResource::Storage(s) => {
-                    if let Some(node) = nodes.get_mut(s.node.as_str()) {
+                    // A storage ID Proxmox would not accept (`pve-storage-id`) names no storage
+                    // anything can be placed on.
+                    if let (Some(node), Ok(name)) =
+                        (nodes.get_mut(&s.node), StorageId::new(s.storage.as_str()))
+                    {
                         let total = s.maxdisk.unwrap_or(0);
                         node.storages.push(StorageSnapshot {
-                            name: s.storage.clone(),
+                            name,
                             storage_type: s.plugintype.clone().unwrap_or_default(),
-                            content: s
-                                .content
-                                .as_deref()
-                                .unwrap_or_default()
-                                .split(',')
-                                .map(|c| c.trim().to_owned())
-                                .filter(|c| !c.is_empty())
-                                .collect(),
+                            content: owned_list(&s.content),
                             // `/cluster/resources` lists only storages enabled on that node.
                             enabled: true,
                             active: s.status.as_deref() == Some("available"),
@@ -171,13 +166,21 @@ impl ClusterSnapshot {
     }
 
     pub fn node(&self, name: &str) -> Option<&NodeSnapshot> {
-        self.nodes.iter().find(|n| n.name == name)
+        self.nodes.iter().find(|n| n.name.as_str() == name)
     }
 
     /// Node names, sorted.
     pub fn node_names(&self) -> Vec<&str> {
         self.nodes.iter().map(|n| n.name.as_str()).collect()
     }
+}
+
+/// A listing's list (tags, content types), each item once trimmed.
+fn owned_list(list: &Option<String>) -> Vec<String> {
+    split_list(list.as_deref().unwrap_or_default())
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
 }
 
 #[cfg(test)]

@@ -85,23 +85,12 @@ fn allocations(raw: &[RawIpAllocation]) -> Vec<IpAllocation> {
         .collect()
 }
 
-fn allocations_raw(typed: &[IpAllocation]) -> Vec<RawIpAllocation> {
-    typed
-        .iter()
-        .map(|a| RawIpAllocation {
-            nic: u32::from(a.nic),
-            pool: a.pool.clone(),
-            address: a.address.to_string(),
-        })
-        .collect()
-}
-
 fn text(raw: &str) -> Option<String> {
     (!raw.is_empty()).then(|| raw.to_owned())
 }
 
-fn vmid(raw: i32) -> Option<VmId> {
-    u32::try_from(raw).ok().and_then(|v| VmId::new(v).ok())
+fn vmid(raw: &i32) -> Option<VmId> {
+    u32::try_from(*raw).ok().and_then(|v| VmId::new(v).ok())
 }
 
 fn parsed<T, E>(raw: &str, parse: impl FnOnce(&str) -> Result<T, E>) -> Option<T> {
@@ -111,111 +100,106 @@ fn parsed<T, E>(raw: &str, parse: impl FnOnce(&str) -> Result<T, E>) -> Option<T
     parse(raw).ok()
 }
 
-fn vmid_raw(id: Option<VmId>) -> i32 {
-    id.and_then(|v| i32::try_from(v.get()).ok()).unwrap_or(0)
+/// How a typed field is saved (`R`: its protobuf form), "none" as the empty string or zero.
+trait Saved<R> {
+    fn saved(&self) -> R;
 }
 
-fn text_raw<T: ToString>(value: &Option<T>) -> String {
-    value.as_ref().map(T::to_string).unwrap_or_default()
-}
-
-/// Writes `now` into `raw` unless it equals what `raw` reads as (then `raw` stays byte for byte).
-fn merge<T: PartialEq, R>(raw: &mut R, now: &T, read: impl Fn(&R) -> T, render: impl Fn(&T) -> R) {
-    if read(raw) != *now {
-        *raw = render(now);
+impl<T: ToString> Saved<String> for Option<T> {
+    fn saved(&self) -> String {
+        self.as_ref().map(T::to_string).unwrap_or_default()
     }
 }
 
-/// [`merge`] for a field saved as a string, read with `read`.
-fn merge_str<T: PartialEq + ToString>(
-    raw: &mut String,
-    now: &Option<T>,
-    read: impl Fn(&str) -> Option<T>,
-) {
-    merge(raw, now, |r| read(r), text_raw);
+impl Saved<i32> for Option<VmId> {
+    fn saved(&self) -> i32 {
+        self.and_then(|v| i32::try_from(v.get()).ok()).unwrap_or(0)
+    }
+}
+
+impl Saved<i64> for Option<i64> {
+    fn saved(&self) -> i64 {
+        self.unwrap_or(0)
+    }
+}
+
+impl Saved<Vec<RawIpAllocation>> for Vec<IpAllocation> {
+    fn saved(&self) -> Vec<RawIpAllocation> {
+        self.iter()
+            .map(|a| RawIpAllocation {
+                nic: u32::from(a.nic),
+                pool: a.pool.clone(),
+                address: a.address.to_string(),
+            })
+            .collect()
+    }
+}
+
+/// Writes `now` into `raw` unless it equals what `raw` reads as (then `raw` stays byte for byte).
+fn merge<T: PartialEq + Saved<R>, R>(raw: &mut R, now: &T, read: impl Fn(&R) -> T) {
+    if read(raw) != *now {
+        *raw = now.saved();
+    }
+}
+
+/// Every typed field with the protobuf field it is saved in and how that reads: reading a state
+/// and writing it back go through this one list.
+macro_rules! saved_fields {
+    ($($field:ident <- $raw:ident: $read:expr,)*) => {
+        fn read_fields(state: &mut MachineState, spec: &MachineSpec) {
+            $(state.$field = $read(&spec.$raw);)*
+        }
+
+        fn write_fields(state: &MachineState, spec: &mut MachineSpec) {
+            $(merge(&mut spec.$raw, &state.$field, |r| $read(r));)*
+        }
+    };
+}
+
+saved_fields! {
+    uuid <- uuid: |r| parsed(r, uuid::Uuid::parse_str),
+    schematic <- schematic: text,
+    talos_version <- talos_version: text,
+    iso_file <- volume_id: text,
+    node <- node: |r| parsed(r, NodeName::parse),
+    iso_download_task <- volume_upload_task: |r| parsed(r, Upid::parse),
+    vm_create_task <- vm_create_task: |r| parsed(r, Upid::parse),
+    vm_start_task <- vm_start_task: |r| parsed(r, Upid::parse),
+    vmid <- vmid: vmid,
+    reserved_vmid <- reserved_vmid: vmid,
+    step <- step: text,
+    seed_iso <- seed_iso_volume: |r| parsed(r, IsoVolume::parse),
+    ip_allocations <- ip_allocations: allocations,
+    boot_mode <- boot_mode: text,
+    template_vmid <- template_vmid: vmid,
+    storage <- storage: |r| parsed(r, StorageId::parse),
+    last_error <- last_error: text,
+    request_set <- request_set: text,
+    ip_discovery_started <- ip_discovery_started: |r: &i64| (*r > 0).then_some(*r),
+    default_pool <- default_pool: |r| parsed(r, PoolId::parse),
+    pool <- pool: |r| parsed(r, PoolId::parse),
+    boot_iso <- boot_iso_volume: |r| parsed(r, IsoVolume::parse),
+    boot_image <- boot_image_volume: |r| parsed(r, ImportVolume::parse),
 }
 
 impl MachineState {
     /// Reads a saved state. Never fails: what does not parse reads as absent (and is kept on write).
     pub fn from_spec(spec: &MachineSpec) -> Self {
-        Self {
-            uuid: parsed(&spec.uuid, uuid::Uuid::parse_str),
-            schematic: text(&spec.schematic),
-            talos_version: text(&spec.talos_version),
-            iso_file: text(&spec.volume_id),
-            node: parsed(&spec.node, |r| NodeName::new(r)),
-            iso_download_task: parsed(&spec.volume_upload_task, Upid::parse),
-            vm_create_task: parsed(&spec.vm_create_task, Upid::parse),
-            vm_start_task: parsed(&spec.vm_start_task, Upid::parse),
-            vmid: vmid(spec.vmid),
-            reserved_vmid: vmid(spec.reserved_vmid),
-            step: text(&spec.step),
-            seed_iso: parsed(&spec.seed_iso_volume, IsoVolume::parse),
+        let mut state = Self {
             addresses: spec.addresses.clone(),
-            ip_allocations: allocations(&spec.ip_allocations),
-            boot_mode: text(&spec.boot_mode),
-            template_vmid: vmid(spec.template_vmid),
-            storage: parsed(&spec.storage, StorageId::parse),
-            last_error: text(&spec.last_error),
-            request_set: text(&spec.request_set),
-            ip_discovery_started: (spec.ip_discovery_started > 0)
-                .then_some(spec.ip_discovery_started),
-            default_pool: parsed(&spec.default_pool, PoolId::parse),
-            pool: parsed(&spec.pool, PoolId::parse),
-            boot_iso: parsed(&spec.boot_iso_volume, IsoVolume::parse),
-            boot_image: parsed(&spec.boot_image_volume, ImportVolume::parse),
             ha_registered: spec.ha_registered,
             read_from: spec.clone(),
-        }
+            ..Self::default()
+        };
+        read_fields(&mut state, spec);
+        state
     }
 
     /// The state to save: what it was read from, with every field a step changed written over it.
     pub fn to_spec(&self) -> MachineSpec {
         let mut spec = self.read_from.clone();
-        merge_str(&mut spec.uuid, &self.uuid, |r| {
-            parsed(r, uuid::Uuid::parse_str)
-        });
-        merge_str(&mut spec.schematic, &self.schematic, text);
-        merge_str(&mut spec.talos_version, &self.talos_version, text);
-        merge_str(&mut spec.volume_id, &self.iso_file, text);
-        merge_str(&mut spec.node, &self.node, |r| parsed(r, NodeName::parse));
-        let task = |r: &str| parsed(r, Upid::parse);
-        merge_str(&mut spec.volume_upload_task, &self.iso_download_task, task);
-        merge_str(&mut spec.vm_create_task, &self.vm_create_task, task);
-        merge_str(&mut spec.vm_start_task, &self.vm_start_task, task);
-        let id = |r: &i32| vmid(*r);
-        let id_raw = |v: &Option<VmId>| vmid_raw(*v);
-        merge(&mut spec.vmid, &self.vmid, id, id_raw);
-        merge(&mut spec.reserved_vmid, &self.reserved_vmid, id, id_raw);
-        merge(&mut spec.template_vmid, &self.template_vmid, id, id_raw);
-        merge_str(&mut spec.step, &self.step, text);
-        let iso = |r: &str| parsed(r, IsoVolume::parse);
-        merge_str(&mut spec.seed_iso_volume, &self.seed_iso, iso);
-        merge_str(&mut spec.boot_iso_volume, &self.boot_iso, iso);
-        let image = |r: &str| parsed(r, ImportVolume::parse);
-        merge_str(&mut spec.boot_image_volume, &self.boot_image, image);
+        write_fields(self, &mut spec);
         spec.addresses.clone_from(&self.addresses);
-        merge(
-            &mut spec.ip_allocations,
-            &self.ip_allocations,
-            |r| allocations(r),
-            |v| allocations_raw(v),
-        );
-        merge_str(&mut spec.boot_mode, &self.boot_mode, text);
-        merge_str(&mut spec.storage, &self.storage, |r| {
-            parsed(r, StorageId::parse)
-        });
-        merge_str(&mut spec.last_error, &self.last_error, text);
-        merge_str(&mut spec.request_set, &self.request_set, text);
-        merge(
-            &mut spec.ip_discovery_started,
-            &self.ip_discovery_started,
-            |r| (*r > 0).then_some(*r),
-            |v| v.unwrap_or(0),
-        );
-        let pool = |r: &str| parsed(r, PoolId::parse);
-        merge_str(&mut spec.default_pool, &self.default_pool, pool);
-        merge_str(&mut spec.pool, &self.pool, pool);
         spec.ha_registered = self.ha_registered;
         spec
     }

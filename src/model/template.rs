@@ -4,22 +4,23 @@
 //! those storages is shared, and of which type).
 
 use super::cluster::ClusterSnapshot;
-use super::vm::{BootDisk, cloud_init_drives};
-use crate::proxmox::types::{VmConfig, VmResource};
+use super::vm::{BootDisk, cloud_init_drives, is_drive_key};
+use crate::proxmox::property::StorageId;
+use crate::proxmox::types::{NodeName, VmConfig, VmResource};
 
 /// One template, as a clone of it would see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateFacts {
     pub vmid: u32,
     pub name: Option<String>,
-    pub node: String,
+    pub node: NodeName,
     /// Every drive that refers to a storage volume (disks, CD-ROM images, cloud-init drives), in
     /// slot order.
     pub drives: Vec<TemplateDrive>,
     /// The storage of the disk the template boots from: where a linked clone's disks stay.
     pub boot_storage: Option<String>,
     /// The storages the listing shows on the template's node (those enabled there).
-    pub node_storages: Vec<String>,
+    pub node_storages: Vec<StorageId>,
 }
 
 /// A drive of a template that lives on a storage.
@@ -46,7 +47,7 @@ impl TemplateFacts {
         let mut drives: Vec<TemplateDrive> = config
             .0
             .keys()
-            .filter(|slot| is_drive_slot(slot))
+            .filter(|slot| is_drive_key(slot))
             .filter_map(|slot| {
                 let value = config.get(slot)?;
                 let mut parts = value.split(',');
@@ -75,7 +76,7 @@ impl TemplateFacts {
         Self {
             vmid: vm.vmid.get(),
             name: vm.name.clone(),
-            node: vm.node.to_string(),
+            node: vm.node.clone(),
             drives,
             boot_storage,
             node_storages: node
@@ -99,17 +100,6 @@ impl TemplateFacts {
         }
         out
     }
-}
-
-/// The config keys qemu-server treats as drives for a clone (`foreach_volume`): the bus slots plus
-/// the EFI disk and the TPM state.
-fn is_drive_slot(key: &str) -> bool {
-    ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"]
-        .iter()
-        .any(|p| {
-            key.strip_prefix(p)
-                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-        })
 }
 
 #[cfg(test)]

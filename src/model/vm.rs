@@ -70,14 +70,19 @@ pub fn is_cdrom(drive: &str) -> bool {
     first == "none" || first == "cdrom" || drive.split(',').any(|p| p.trim() == "media=cdrom")
 }
 
-/// Whether a config key is a disk or CD-ROM slot (`scsi0`, `virtio1`, `ide2`, `efidisk0`, …).
+/// Whether a config key is a disk or CD-ROM slot (`scsi0`, `virtio1`, `ide2`, `efidisk0`, …): the keys
+/// qemu-server treats as drives (`foreach_volume`), also for a clone.
 pub fn is_drive_key(key: &str) -> bool {
-    ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"]
-        .iter()
-        .any(|prefix| {
-            key.strip_prefix(prefix)
-                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-        })
+    const DRIVES: [&str; 6] = ["scsi", "virtio", "sata", "ide", "efidisk", "tpmstate"];
+    is_numbered(key, &DRIVES)
+}
+
+/// Whether a config key is one of `kinds` followed by its slot number (`scsi0`, `net1`).
+pub fn is_numbered(key: &str, kinds: &[&str]) -> bool {
+    kinds.iter().any(|kind| {
+        key.strip_prefix(kind)
+            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+    })
 }
 
 /// Slots of cloud-init drives a clone inherited from its template. Proxmox regenerates such a drive

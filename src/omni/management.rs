@@ -32,20 +32,11 @@ pub enum BootAssetKind {
 }
 
 /// Where Omni says a boot asset is, and the headers to send with the download (the factory's
-/// credentials, so never printed).
-#[derive(Clone)]
+/// credentials, so their values are secrets).
+#[derive(Clone, Debug)]
 pub struct BootAsset {
     pub url: String,
     pub headers: Vec<(String, crate::secret::Secret)>,
-}
-
-impl std::fmt::Debug for BootAsset {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BootAsset")
-            .field("url", &self.url)
-            .field("headers", &self.headers.len())
-            .finish()
-    }
 }
 
 #[derive(Clone)]
@@ -72,47 +63,32 @@ impl ManagementClient {
         kind: BootAssetKind,
     ) -> Result<Option<BootAsset>, ManagementError> {
         use pb::boot_asset_url_request::BootAssetKind as Kind;
+        let (boot_asset_kind, format) = match kind {
+            BootAssetKind::Iso => (Kind::Iso, ""),
+            BootAssetKind::Disk => (Kind::Disk, "qcow2"),
+        };
         let req = pb::BootAssetUrlRequest {
             talos_version: talos_version.to_owned(),
             schematic_id: schematic.to_owned(),
             standalone_url: false,
-            boot_asset_kind: match kind {
-                BootAssetKind::Iso => Kind::Iso,
-                BootAssetKind::Disk => Kind::Disk,
-            } as i32,
+            boot_asset_kind: boot_asset_kind as i32,
             platform: "nocloud".into(),
             architecture: "amd64".into(),
-            format: match kind {
-                BootAssetKind::Iso => String::new(),
-                BootAssetKind::Disk => "qcow2".into(),
-            },
+            format: format.into(),
             secure_boot: false,
         };
         let mut raw = self.raw.clone();
-        let call = raw.get_boot_asset_url(req);
-        let Ok(answer) = tokio::time::timeout(super::state::CALL_DEADLINE, call).await else {
-            return Err(ManagementError::Refused {
-                code: tonic::Code::DeadlineExceeded,
-                message: format!("no answer within {:?}", super::state::CALL_DEADLINE),
-            });
-        };
-        match answer {
-            Ok(resp) => {
-                let resp = resp.into_inner();
-                Ok(Some(BootAsset {
-                    url: resp.url,
-                    headers: resp
-                        .headers
-                        .into_iter()
-                        .map(|(k, v)| (k, crate::secret::Secret::new(v)))
-                        .collect(),
-                }))
-            }
-            Err(s) if s.code() == tonic::Code::Unimplemented => Ok(None),
-            Err(s) => Err(ManagementError::Refused {
-                code: s.code(),
-                message: s.message().to_owned(),
-            }),
+        match bounded(raw.get_boot_asset_url(req)).await {
+            Ok(resp) => Ok(Some(BootAsset {
+                url: resp.url,
+                headers: resp
+                    .headers
+                    .into_iter()
+                    .map(|(k, v)| (k, crate::secret::Secret::new(v)))
+                    .collect(),
+            })),
+            Err(ManagementError::OmniTooOld) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -127,20 +103,27 @@ impl ManagementClient {
             talos_version: talos_version.to_owned(),
         };
         let mut raw = self.raw.clone();
-        let call = raw.create_schematic_from_raw(req);
-        let Ok(answer) = tokio::time::timeout(super::state::CALL_DEADLINE, call).await else {
-            return Err(ManagementError::Refused {
-                code: tonic::Code::DeadlineExceeded,
-                message: format!("no answer within {:?}", super::state::CALL_DEADLINE),
-            });
-        };
-        match answer {
-            Ok(resp) => Ok(resp.into_inner().schematic_id),
-            Err(s) if s.code() == tonic::Code::Unimplemented => Err(ManagementError::OmniTooOld),
-            Err(s) => Err(ManagementError::Refused {
-                code: s.code(),
-                message: s.message().to_owned(),
-            }),
-        }
+        let resp = bounded(raw.create_schematic_from_raw(req)).await?;
+        Ok(resp.schematic_id)
+    }
+}
+
+/// One call within the State calls' deadline: `Unimplemented` is [`ManagementError::OmniTooOld`]
+/// (what that means depends on the call), any other refusal and a missing answer are `Refused`.
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, ManagementError> {
+    let deadline = super::state::CALL_DEADLINE;
+    match tokio::time::timeout(deadline, call).await {
+        Ok(Ok(resp)) => Ok(resp.into_inner()),
+        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Err(ManagementError::OmniTooOld),
+        Ok(Err(s)) => Err(ManagementError::Refused {
+            code: s.code(),
+            message: s.message().to_owned(),
+        }),
+        Err(_) => Err(ManagementError::Refused {
+            code: tonic::Code::DeadlineExceeded,
+            message: format!("no answer within {deadline:?}"),
+        }),
     }
 }

@@ -7,7 +7,7 @@
 
 use crate::omni::proto::cosi::resource::meta::ResourceDefinitionSpec;
 use crate::omni::proto::provider::{LeaseSpec, MachineSpec};
-use crate::omni::proto::specs;
+use crate::omni::proto::specs::*;
 
 /// Namespaces (§2).
 pub mod namespace {
@@ -27,7 +27,6 @@ pub mod label {
     pub const MACHINE_REQUEST_SET: &str = "omni.sidero.dev/machine-request-set";
     /// Provider-specific machine ID (note: not "machine-infra-id").
     pub const INFRA_ID: &str = "omni.sidero.dev/infra-id";
-    pub const IS_STATIC_INFRA_PROVIDER: &str = "omni.sidero.dev/is-static-infra-provider";
     pub const MACHINE: &str = "omni.sidero.dev/machine";
     pub const SYSTEM_PATCH: &str = "omni.sidero.dev/system-patch";
 }
@@ -74,211 +73,144 @@ pub trait Kind: Send + Sync {
     }
 }
 
-macro_rules! omni_kind {
-    ($(#[$doc:meta])* $name:ident, $ns:expr, $ty:literal, $spec:ty) => {
+/// Declares Omni's kinds, one row each: name, namespace (of [`namespace`]), type, spec message (of
+/// [`specs`], or the COSI meta spec).
+macro_rules! omni_kinds {
+    ($($(#[$doc:meta])* $name:ident: $ns:ident, $ty:literal, $spec:ident;)*) => {$(
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, Default)]
         pub struct $name;
         impl $name {
             pub const TYPE: &'static str = $ty;
-            pub const NAMESPACE: &'static str = $ns;
+            pub const NAMESPACE: &'static str = namespace::$ns;
         }
         impl Kind for $name {
             type Spec = $spec;
             fn namespace(&self) -> String {
-                $ns.to_owned()
+                namespace::$ns.to_owned()
             }
             fn resource_type(&self) -> String {
                 $ty.to_owned()
             }
         }
-    };
+    )*};
 }
 
-omni_kind!(
+omni_kinds! {
     /// What Omni wants provisioned. Read-only for providers except finalizers.
-    MachineRequest,
-    namespace::INFRA_PROVIDER,
-    "MachineRequests.omni.sidero.dev",
-    specs::MachineRequestSpec
-);
-omni_kind!(
+    MachineRequest: INFRA_PROVIDER, "MachineRequests.omni.sidero.dev", MachineRequestSpec;
     /// Progress of one request as Omni shows it; ID = MachineRequest ID.
-    MachineRequestStatus,
-    namespace::INFRA_PROVIDER,
-    "MachineRequestStatuses.omni.sidero.dev",
-    specs::MachineRequestStatusSpec
-);
-omni_kind!(
+    MachineRequestStatus: INFRA_PROVIDER, "MachineRequestStatuses.omni.sidero.dev",
+        MachineRequestStatusSpec;
     /// Provider registration (name, icon, schema); ID = provider ID.
-    InfraProviderStatus,
-    namespace::INFRA_PROVIDER,
-    "InfraProviderStatuses.omni.sidero.dev",
-    specs::InfraProviderStatusSpec
-);
-omni_kind!(
+    InfraProviderStatus: INFRA_PROVIDER, "InfraProviderStatuses.omni.sidero.dev",
+        InfraProviderStatusSpec;
     /// Heartbeat; ID = provider ID; lost when Omni restarts.
-    InfraProviderHealthStatus,
-    namespace::INFRA_PROVIDER_EPHEMERAL,
-    "InfraProviderHealthStatuses.omni.sidero.dev",
-    specs::InfraProviderHealthStatusSpec
-);
-omni_kind!(
+    InfraProviderHealthStatus: INFRA_PROVIDER_EPHEMERAL,
+        "InfraProviderHealthStatuses.omni.sidero.dev", InfraProviderHealthStatusSpec;
     /// Created by Omni when a provider-requested machine joins; ID = machine UUID.
-    MachineRegistration,
-    namespace::INFRA_PROVIDER,
-    "InfraMachineRegistrations.omni.sidero.dev",
-    specs::MachineRegistrationSpec
-);
-omni_kind!(
+    MachineRegistration: INFRA_PROVIDER, "InfraMachineRegistrations.omni.sidero.dev",
+        MachineRegistrationSpec;
     /// A config patch the provider asks Omni to apply to a machine.
-    ConfigPatchRequest,
-    namespace::INFRA_PROVIDER,
-    "ConfigPatchRequests.omni.sidero.dev",
-    specs::ConfigPatchSpec
-);
-omni_kind!(
+    ConfigPatchRequest: INFRA_PROVIDER, "ConfigPatchRequests.omni.sidero.dev", ConfigPatchSpec;
     /// Per-provider join token (Omni ≥ 1.0); ID = provider ID.
-    ProviderJoinConfig,
-    namespace::INFRA_PROVIDER,
-    "ProviderJoinConfigs.omni.sidero.dev",
-    specs::ProviderJoinConfigSpec
-);
-omni_kind!(
+    ProviderJoinConfig: INFRA_PROVIDER, "ProviderJoinConfigs.omni.sidero.dev",
+        ProviderJoinConfigSpec;
     /// SideroLink endpoints (Omni ≥ 1.0); ID `siderolink-config`.
-    SiderolinkApiConfig,
-    namespace::DEFAULT,
-    "SiderolinkAPIConfigs.omni.sidero.dev",
-    specs::SiderolinkApiConfigSpec
-);
-omni_kind!(
+    SiderolinkApiConfig: DEFAULT, "SiderolinkAPIConfigs.omni.sidero.dev", SiderolinkApiConfigSpec;
     /// Legacy join parameters (Omni < 1.0); ID `siderolink-config`.
-    ConnectionParams,
-    namespace::DEFAULT,
-    "ConnectionParams.omni.sidero.dev",
-    specs::ConnectionParamsSpec
-);
-omni_kind!(
+    ConnectionParams: DEFAULT, "ConnectionParams.omni.sidero.dev", ConnectionParamsSpec;
     /// Admin-created registration of the provider ID (`omnictl infraprovider create`).
-    InfraProvider,
-    namespace::INFRA_PROVIDER,
-    "InfraProviders.omni.sidero.dev",
-    specs::InfraProviderSpec
-);
-omni_kind!(
+    InfraProvider: INFRA_PROVIDER, "InfraProviders.omni.sidero.dev", InfraProviderSpec;
     /// Omni's features configuration; ID [`FEATURES_CONFIG_ID`]. Readable by any signed caller,
     /// infra providers included; it names the Image Factory Omni uses.
-    FeaturesConfig,
-    namespace::DEFAULT,
-    "FeaturesConfigs.omni.sidero.dev",
-    specs::FeaturesConfigSpec
-);
-omni_kind!(
+    FeaturesConfig: DEFAULT, "FeaturesConfigs.omni.sidero.dev", FeaturesConfigSpec;
     /// A Talos version Omni offers; ID = the version without a leading `v`. Names the Image Factory
     /// that serves it when Omni has a secondary one.
-    TalosVersion,
-    namespace::DEFAULT,
-    "TalosVersions.omni.sidero.dev",
-    specs::TalosVersionSpec
-);
-omni_kind!(
+    TalosVersion: DEFAULT, "TalosVersions.omni.sidero.dev", TalosVersionSpec;
     /// COSI resource definitions; listing them tells which Omni features exist.
-    ResourceDefinition,
-    namespace::META,
-    "ResourceDefinitions.meta.cosi.dev",
-    ResourceDefinitionSpec
-);
-
-/// Our provider state: `Machine.<id>.infraprovider.sidero.dev` in `infra-provider:<id>`, same
-/// type and namespace as the official provider so its state is found.
-#[derive(Debug, Clone)]
-pub struct ProviderMachine {
-    pub provider_id: String,
+    ResourceDefinition: META, "ResourceDefinitions.meta.cosi.dev", ResourceDefinitionSpec;
 }
 
-impl ProviderMachine {
-    pub fn new(provider_id: impl Into<String>) -> Self {
-        Self {
-            provider_id: provider_id.into(),
+/// Declares the provider's own kinds, one row each: name, first word of the type, spec message,
+/// YAML writer. They live in the provider's namespace `infra-provider:<id>` with the type
+/// `<word>.<id>.infraprovider.sidero.dev`, where Omni lets a provider create any type with that
+/// suffix (`internal/backend/runtime/omni/infraprovider/state.go`, `checkNamespaceAndType`). Omni
+/// does not know these types, so it keeps our YAML verbatim for `omnictl get`.
+macro_rules! provider_kinds {
+    ($($(#[$doc:meta])* $name:ident: $word:literal, $spec:ident, $yaml:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $name {
+            pub provider_id: String,
         }
-    }
+        impl $name {
+            pub fn new(provider_id: impl Into<String>) -> Self {
+                Self { provider_id: provider_id.into() }
+            }
+        }
+        impl Kind for $name {
+            type Spec = $spec;
+            fn namespace(&self) -> String {
+                provider_namespace(&self.provider_id)
+            }
+            fn resource_type(&self) -> String {
+                format!(concat!($word, ".{}.infraprovider.sidero.dev"), self.provider_id)
+            }
+            fn yaml(&self, spec: &$spec) -> String {
+                $yaml(spec)
+            }
+        }
+    )*};
 }
 
-impl Kind for ProviderMachine {
-    type Spec = MachineSpec;
-    fn namespace(&self) -> String {
-        provider_namespace(&self.provider_id)
-    }
-    fn resource_type(&self) -> String {
-        format!("Machine.{}.infraprovider.sidero.dev", self.provider_id)
-    }
-    /// Omni does not know this type, so it keeps our YAML verbatim for `omnictl get`; field names
-    /// are the Go provider's lower-cased ones.
-    fn yaml(&self, s: &MachineSpec) -> String {
-        let mut out = String::new();
-        let mut field = |k: &str, v: String| {
-            out.push_str(k);
-            out.push_str(": ");
-            out.push_str(&serde_json::Value::String(v).to_string());
-            out.push('\n');
-        };
-        field("uuid", s.uuid.clone());
-        field("schematic", s.schematic.clone());
-        field("talosversion", s.talos_version.clone());
-        field("volumeid", s.volume_id.clone());
-        field("node", s.node.clone());
-        field("volumeuploadtask", s.volume_upload_task.clone());
-        field("vmcreatetask", s.vm_create_task.clone());
-        field("vmstarttask", s.vm_start_task.clone());
-        field("vmid", s.vmid.to_string());
-        field("reservedvmid", s.reserved_vmid.to_string());
-        field("step", s.step.clone());
-        field("seedisovolume", s.seed_iso_volume.clone());
-        field("addresses", s.addresses.join(","));
-        field("lasterror", s.last_error.clone());
-        out
-    }
-}
-
-/// The leader lease the replicas of one provider ID share: `Lease.<id>.infraprovider.sidero.dev`,
-/// ID [`ProviderLease::ID`], in the provider's own namespace, where Omni lets a provider create any
-/// type with that suffix (`internal/backend/runtime/omni/infraprovider/state.go`,
-/// `checkNamespaceAndType`). The official provider never reads it.
-#[derive(Debug, Clone)]
-pub struct ProviderLease {
-    pub provider_id: String,
+provider_kinds! {
+    /// Our provider state: `Machine.<id>.infraprovider.sidero.dev`, same type and namespace as the
+    /// official provider so its state is found.
+    ProviderMachine: "Machine", MachineSpec, machine_yaml;
+    /// The leader lease the replicas of one provider ID share: `Lease.<id>.infraprovider.sidero.dev`,
+    /// ID [`ProviderLease::ID`]. The official provider never reads it.
+    ProviderLease: "Lease", LeaseSpec, lease_yaml;
 }
 
 impl ProviderLease {
     pub const ID: &'static str = "leader";
-
-    pub fn new(provider_id: impl Into<String>) -> Self {
-        Self {
-            provider_id: provider_id.into(),
-        }
-    }
 }
 
-impl Kind for ProviderLease {
-    type Spec = LeaseSpec;
-    fn namespace(&self) -> String {
-        provider_namespace(&self.provider_id)
-    }
-    fn resource_type(&self) -> String {
-        format!("Lease.{}.infraprovider.sidero.dev", self.provider_id)
-    }
-    fn yaml(&self, s: &LeaseSpec) -> String {
-        format!(
-            "holder: {}\nhost: {}\npid: {}\nleasedurationms: {}\nacquiretimems: {}\nrenewtimems: {}\ntransitions: {}\n",
-            serde_json::Value::String(s.holder.clone()),
-            serde_json::Value::String(s.host.clone()),
-            s.pid,
-            s.lease_duration_ms,
-            s.acquire_time_ms,
-            s.renew_time_ms,
-            s.transitions
-        )
-    }
+/// Field names are the Go provider's lower-cased ones.
+fn machine_yaml(s: &MachineSpec) -> String {
+    [
+        ("uuid", s.uuid.clone()),
+        ("schematic", s.schematic.clone()),
+        ("talosversion", s.talos_version.clone()),
+        ("volumeid", s.volume_id.clone()),
+        ("node", s.node.clone()),
+        ("volumeuploadtask", s.volume_upload_task.clone()),
+        ("vmcreatetask", s.vm_create_task.clone()),
+        ("vmstarttask", s.vm_start_task.clone()),
+        ("vmid", s.vmid.to_string()),
+        ("reservedvmid", s.reserved_vmid.to_string()),
+        ("step", s.step.clone()),
+        ("seedisovolume", s.seed_iso_volume.clone()),
+        ("addresses", s.addresses.join(",")),
+        ("lasterror", s.last_error.clone()),
+    ]
+    .into_iter()
+    .map(|(k, v)| format!("{k}: {}\n", serde_json::Value::String(v)))
+    .collect()
+}
+
+fn lease_yaml(s: &LeaseSpec) -> String {
+    format!(
+        "holder: {}\nhost: {}\npid: {}\nleasedurationms: {}\nacquiretimems: {}\nrenewtimems: {}\ntransitions: {}\n",
+        serde_json::Value::String(s.holder.clone()),
+        serde_json::Value::String(s.host.clone()),
+        s.pid,
+        s.lease_duration_ms,
+        s.acquire_time_ms,
+        s.renew_time_ms,
+        s.transitions
+    )
 }
 
 #[cfg(test)]

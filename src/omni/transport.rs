@@ -136,21 +136,18 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
         let base = ClientTlsConfig::new()
             .domain_name(target.server_name())
             .assume_http2(true);
+        let roots = || {
+            let public = base.clone().with_webpki_roots();
+            public.trust_anchors(system_trust_anchors())
+        };
         ep = match &endpoint.tls {
-            OmniTls::SystemAndPublicRoots => ep.tls_config(
-                base.with_webpki_roots()
-                    .trust_anchors(system_trust_anchors()),
-            ),
+            OmniTls::SystemAndPublicRoots => ep.tls_config(roots()),
             OmniTls::CaFile(path) => {
                 let pem = std::fs::read(path).map_err(|source| ConnectError::CaFile {
                     path: path.clone(),
                     source,
                 })?;
-                ep.tls_config(
-                    base.with_webpki_roots()
-                        .trust_anchors(system_trust_anchors())
-                        .ca_certificate(Certificate::from_pem(pem)),
-                )
+                ep.tls_config(roots().ca_certificate(Certificate::from_pem(pem)))
             }
             OmniTls::InsecureSkipVerify => ep.tls_config_with_verifier(
                 base,
@@ -215,9 +212,8 @@ impl SignedChannel {
             + self.clock_offset_secs;
         let method = req.uri().path().to_owned();
         let signed = self.key.sign_call(&method, now)?;
+        // `insert` replaces whatever the request carried under these names.
         let headers = req.headers_mut();
-        headers.remove(PAYLOAD_HEADER);
-        headers.remove(SIGNATURE_HEADER);
         headers.insert(TIMESTAMP_HEADER, HeaderValue::from_str(&signed.timestamp)?);
         headers.insert(PAYLOAD_HEADER, HeaderValue::from_str(&signed.payload)?);
         headers.insert(SIGNATURE_HEADER, HeaderValue::from_str(&signed.signature)?);

@@ -453,7 +453,7 @@ fn disk_storage(
         ));
     }
     match choice.and_then(|c| c.chosen) {
-        Some(s) => StorageId::new(s.name).map_err(|e| StepError::Cluster(e.to_string())),
+        Some(s) => Ok(s.name),
         None => Err(StepError::Cluster(format!(
             "additional_disks[{index}]: no storage on {node} matches `{}` with {} GB free",
             disk.storage_selector.expression(),

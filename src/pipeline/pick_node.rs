@@ -16,8 +16,7 @@ use super::error::StepError;
 use super::step::StepOutcome;
 use super::template::copies_of;
 use crate::model::ClusterSnapshot;
-use crate::proxmox::property::StorageId;
-use crate::proxmox::types::{NodeName, VmId};
+use crate::proxmox::types::VmId;
 use crate::rules::placement::{self, PlacementRequest};
 use crate::rules::provider_data::BootMode;
 use crate::rules::storage_selector::StorageSelector;
@@ -88,12 +87,8 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
             "automatically picked node"
         }
     );
-    // Names the listing gave: they parse, or the listing itself was unusable.
-    let unusable = |what: &str, e: &dyn std::fmt::Display| {
-        StepError::Cluster(format!("the listing's {what} name is unusable: {e}"))
-    };
-    ctx.state.node = Some(NodeName::new(choice.node).map_err(|e| unusable("node", &e))?);
-    ctx.state.storage = Some(StorageId::new(choice.storage).map_err(|e| unusable("storage", &e))?);
+    ctx.state.node = Some(choice.node);
+    ctx.state.storage = Some(choice.storage);
     ctx.state.request_set = ctx.request.set_id.clone();
     if let Some(template) = choice.template {
         ctx.state.template_vmid = VmId::new(template).ok();
@@ -122,7 +117,8 @@ fn additional_disks_fit(
 }
 
 fn reserve(ctx: &StepContext<'_>) {
-    let node = ctx.state.node.as_ref().map_or("", |n| n.as_str());
+    // Run once the node is recorded.
+    let Some(node) = &ctx.state.node else { return };
     ctx.services.ledgers.placements.reserve(
         &ctx.request.id,
         node,

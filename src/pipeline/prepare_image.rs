@@ -438,10 +438,7 @@ pub(super) async fn download_storage(
         return Err(StepError::key("iso_storage_selector", e));
     }
     if let Some(s) = choice.chosen {
-        let storage = StorageId::new(s.name).map_err(|e| {
-            StepError::Cluster(format!("the listing's storage name is unusable: {e}"))
-        })?;
-        return Ok((storage, s.shared));
+        return Ok((s.name, s.shared));
     }
     // Without a selector the first storage with the content was taken, so reaching here means a
     // selector rejected every one, or there is none.

@@ -8,7 +8,6 @@ use super::error::StepError;
 use super::step::StepOutcome;
 use crate::model::{ClusterSnapshot, Listing, TemplateFacts};
 use crate::proxmox::ProxmoxClient;
-use crate::proxmox::property::StorageId;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
 use crate::rules::placement::{CloneSource, CloneVerdict, clone_verdict};
 use crate::rules::provider_data::{BootMode, CloneMode, TemplateRef};
@@ -44,9 +43,7 @@ pub(super) async fn find_template(
     ) {
         CloneVerdict::Clones(target) => {
             ctx.state.template_vmid = VmId::new(target.template).ok();
-            ctx.state.storage = Some(StorageId::new(target.storage.name).map_err(|e| {
-                StepError::Cluster(format!("the listing's storage name is unusable: {e}"))
-            })?);
+            ctx.state.storage = Some(target.storage.name);
             Ok(StepOutcome::Done)
         }
         CloneVerdict::NoStorage(choice) => Err(StepError::Cluster(format!(

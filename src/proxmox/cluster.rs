@@ -2,6 +2,8 @@
 //! storage, so placement and VM lookup never cost one call per node, and a VM is always found on the
 //! node it is on now (after a live migration too).
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use super::client::{Params, Pool, ProxmoxClient};
 use super::error::ProxmoxError;
 use super::listing::Listing;
@@ -44,7 +46,7 @@ impl ProxmoxClient {
         kind: Option<ResourceKind>,
     ) -> Result<Vec<ClusterResource>, ProxmoxError> {
         if kind.is_some() {
-            let params = Params::new().with_opt("type", kind.map(ResourceKind::as_query));
+            let params = Params::new().with_opt("type", kind.map(ResourceKind::as_str));
             return self
                 .get_over(Pool::Large, &["cluster", "resources"], params)
                 .await;
@@ -69,7 +71,7 @@ impl ProxmoxClient {
         // One listing at a time: who asks while one is read waits, then takes it if it was sent
         // after they asked (or within `max_age` before), else reads the next one (which the others
         // waiting then share).
-        let mut last = self.listing_slot().lock().await;
+        let mut last = self.inner.listing.lock().await;
         if let Some(listing) = last.as_ref()
             && listing.read_at >= oldest
         {
@@ -89,15 +91,8 @@ impl ProxmoxClient {
 
     /// The guests `/cluster/resources` lists (`type=vm`: VMs and containers), VMs only.
     pub async fn vms(&self) -> Result<Vec<super::types::VmResource>, ProxmoxError> {
-        Ok(self
-            .cluster_resources(Some(ResourceKind::Vm))
-            .await?
-            .into_iter()
-            .filter_map(|r| match r {
-                ClusterResource::Vm(vm) => Some(vm),
-                _ => None,
-            })
-            .collect())
+        let listing: Listing = self.cluster_resources(Some(ResourceKind::Vm)).await?.into();
+        Ok(listing.vms().cloned().collect())
     }
 
     /// `GET /cluster/nextid`: the lowest free VMID at this instant (Proxmox sends it as a string). Not a
@@ -109,13 +104,7 @@ impl ProxmoxClient {
         u32::try_from(n)
             .ok()
             .and_then(|n| VmId::new(n).ok())
-            .ok_or_else(|| ProxmoxError::Decode {
-                call: super::error::Call {
-                    method: "GET",
-                    path: "/cluster/nextid".into(),
-                },
-                message: format!("{n} is not a valid VMID"),
-            })
+            .ok_or_else(|| bad_answer("/cluster/nextid", format!("{n} is not a valid VMID")))
     }
 
     /// `GET /access/permissions`: the token's effective privileges on every path Proxmox reports
@@ -124,16 +113,12 @@ impl ProxmoxClient {
     /// them: inherited ones included, paths without any privilege left out. Every token may read its
     /// own.
     pub async fn effective_privileges(&self) -> Result<EffectivePrivileges, ProxmoxError> {
-        let paths: std::collections::BTreeMap<
-            String,
-            std::collections::BTreeMap<String, serde_json::Value>,
-        > = self.get(&["access", "permissions"], Params::new()).await?;
-        Ok(EffectivePrivileges(
-            paths
-                .into_iter()
-                .map(|(path, privs)| (path, privs.into_keys().collect()))
-                .collect(),
-        ))
+        let paths: BTreeMap<String, BTreeMap<String, serde_json::Value>> =
+            self.get(&["access", "permissions"], Params::new()).await?;
+        let held = paths
+            .into_iter()
+            .map(|(path, p)| (path, p.into_keys().collect()));
+        Ok(EffectivePrivileges(held.collect()))
     }
 
     /// The datacenter's `next-id` range from `GET /cluster/options` (pve-manager `PVE/API2/Cluster.pm`,
@@ -142,10 +127,10 @@ impl ProxmoxClient {
     pub async fn next_id_range(&self) -> Result<NextIdRange, ProxmoxError> {
         #[derive(serde::Deserialize)]
         struct Options {
-            #[serde(rename = "next-id", default)]
+            #[serde(rename = "next-id")]
             next_id: Option<NextId>,
         }
-        #[derive(serde::Deserialize)]
+        #[derive(serde::Deserialize, Default)]
         struct NextId {
             #[serde(default, deserialize_with = "lenient::opt_u64")]
             lower: Option<u64>,
@@ -153,25 +138,14 @@ impl ProxmoxClient {
             upper: Option<u64>,
         }
         let options: Options = self.get(&["cluster", "options"], Params::new()).await?;
+        let next_id = options.next_id.unwrap_or_default();
         let default = NextIdRange::default();
         let bound = |v: Option<u64>, or: u32| v.map_or(Some(or), |v| u32::try_from(v).ok());
-        let next_id = options.next_id.unwrap_or(NextId {
-            lower: None,
-            upper: None,
-        });
-        match (
-            bound(next_id.lower, default.lower),
-            bound(next_id.upper, default.upper),
-        ) {
-            (Some(lower), Some(upper)) => Ok(NextIdRange { lower, upper }),
-            _ => Err(ProxmoxError::Decode {
-                call: super::error::Call {
-                    method: "GET",
-                    path: "/cluster/options".into(),
-                },
-                message: "next-id bounds out of range".into(),
-            }),
-        }
+        let lower = bound(next_id.lower, default.lower);
+        lower
+            .zip(bound(next_id.upper, default.upper))
+            .map(|(lower, upper)| NextIdRange { lower, upper })
+            .ok_or_else(|| bad_answer("/cluster/options", "next-id bounds out of range".into()))
     }
 
     /// `GET /cluster/nextid?vmid=…`: whether no guest in the whole cluster has this VMID, those the
@@ -205,6 +179,15 @@ impl ProxmoxClient {
             self.get(&["cluster", "status"], Params::new()).await?;
         Ok(ClusterHealth::from_entries(entries))
     }
+}
+
+/// An answer to `GET <path>` that is not what the API documents.
+fn bad_answer(path: &str, message: String) -> ProxmoxError {
+    let call = super::error::Call {
+        method: "GET",
+        path: path.into(),
+    };
+    ProxmoxError::Decode { call, message }
 }
 
 /// The cluster's quorum and corosync membership, as pve-manager PVE/API2/Cluster.pm `get_status`
@@ -282,7 +265,6 @@ impl ClusterHealth {
 struct ClusterStatusEntry {
     #[serde(rename = "type")]
     kind: String,
-    #[serde(default)]
     name: Option<String>,
     #[serde(default, deserialize_with = "super::types::lenient::bool")]
     quorate: bool,
@@ -292,9 +274,7 @@ struct ClusterStatusEntry {
 
 /// What [`ProxmoxClient::effective_privileges`] read: privileges by ACL path.
 #[derive(Debug, Clone, Default)]
-pub struct EffectivePrivileges(
-    std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
-);
+pub struct EffectivePrivileges(BTreeMap<String, BTreeSet<String>>);
 
 impl EffectivePrivileges {
     /// Whether the token holds `privilege` on `path` (a path missing from the answer holds none).

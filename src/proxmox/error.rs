@@ -32,7 +32,7 @@ pub enum ProxmoxError {
     /// Proxmox understood the request and said no (400 bad parameters, 500 with a reason, ...).
     #[error(
         "Proxmox rejected {call}: {status} {message}{}",
-        FieldErrors(field_errors)
+        field_list(field_errors)
     )]
     Api {
         call: Call,
@@ -58,7 +58,7 @@ pub enum ProxmoxError {
     #[error(
         "Proxmox task {task_type} on {} failed: {exit_status}{}",
         upid.node(),
-        LogTail(log_tail)
+        log_lines(log_tail)
     )]
     TaskFailed {
         upid: Upid,
@@ -119,16 +119,8 @@ impl ProxmoxError {
     /// `download-url` found the file already in storage: its task refuses to replace it (pve-common
     /// Tools.pm, download_file_from_url). The file being there is what the caller wanted.
     pub fn is_file_already_present(&self) -> bool {
-        match self {
-            Self::TaskFailed {
-                exit_status,
-                log_tail,
-                ..
-            } => std::iter::once(exit_status)
-                .chain(log_tail)
-                .any(|l| l.contains("refusing to override existing file")),
-            _ => false,
-        }
+        matches!(self, Self::TaskFailed { .. })
+            && self.says(|l| l.contains("refusing to override existing file"))
     }
 
     /// pveproxy could not reach the node the call was for (595/596: the node is offline or cut off):
@@ -203,18 +195,6 @@ impl ProxmoxError {
             _ => false,
         }
     }
-
-    /// The HTTP status Proxmox answered with, if there was an answer.
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            Self::Api { status, .. } => Some(*status),
-            Self::Transient { status, .. } => *status,
-            Self::NotFound { .. } => Some(404),
-            Self::Unauthorized { .. } => Some(401),
-            Self::PermissionDenied { .. } => Some(403),
-            _ => None,
-        }
-    }
 }
 
 /// Which API call failed, for error messages: `POST /nodes/pve1/qemu`.
@@ -230,29 +210,25 @@ impl fmt::Display for Call {
     }
 }
 
-struct FieldErrors<'a>(&'a BTreeMap<String, String>);
-
-impl fmt::Display for FieldErrors<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, (field, msg)) in self.0.iter().enumerate() {
-            let sep = if i == 0 { " (" } else { "; " };
-            write!(f, "{sep}{field}: {}", msg.trim())?;
-        }
-        if !self.0.is_empty() {
-            f.write_str(")")?;
-        }
-        Ok(())
+/// ` (field: what is wrong; …)`, or nothing.
+fn field_list(errors: &BTreeMap<String, String>) -> String {
+    let list: Vec<String> = errors
+        .iter()
+        .map(|(f, m)| format!("{f}: {}", m.trim()))
+        .collect();
+    if list.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", list.join("; "))
     }
 }
 
-struct LogTail<'a>(&'a [String]);
-
-impl fmt::Display for LogTail<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.is_empty() {
-            return Ok(());
-        }
-        write!(f, "; task log: {}", self.0.join(" | "))
+/// `; task log: <line> | <line>…`, or nothing.
+fn log_lines(lines: &[String]) -> String {
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!("; task log: {}", lines.join(" | "))
     }
 }
 

@@ -18,7 +18,8 @@
 
 use serde::Deserialize;
 
-use super::client::{Params, ProxmoxClient, Replay};
+use super::client::Replay::{OnlyIfUnsent, Safe};
+use super::client::{DELETE, POST, PUT, Params, ProxmoxClient};
 use super::error::ProxmoxError;
 use super::types::{NodeName, VmId, lenient, split_list};
 
@@ -56,22 +57,17 @@ pub struct HaRule {
     #[serde(rename = "type")]
     pub kind: String,
     /// Comma-separated sids, sorted (pve-ha-manager Rules.pm `encode_value`).
-    #[serde(default)]
     pub resources: Option<String>,
     /// Node-affinity rules: comma-separated `node[:priority]`.
-    #[serde(default)]
     pub nodes: Option<String>,
     #[serde(default, deserialize_with = "lenient::bool")]
     pub strict: bool,
     /// Resource-affinity rules: `positive` or `negative`.
-    #[serde(default)]
     pub affinity: Option<String>,
     /// The digest of the whole rules file, the same on every rule of one answer.
-    #[serde(default)]
     pub digest: Option<String>,
     /// Why the HA manager does not apply the rule, by property (`check_feasibility`), e.g.
     /// `{"resources": "rule is ineffective as there are less than two resources"}`.
-    #[serde(default)]
     pub errors: Option<serde_json::Value>,
 }
 
@@ -129,15 +125,8 @@ impl ProxmoxClient {
     ) -> Result<(), ProxmoxError> {
         let sid = vm_sid(vmid);
         let params = resource.params(Params::new().with("sid", &sid));
-        match self
-            .post::<serde_json::Value>(
-                &["cluster", "ha", "resources"],
-                params,
-                Replay::OnlyIfUnsent,
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
+        let path = ["cluster", "ha", "resources"];
+        match self.write(POST, &path, params, OnlyIfUnsent).await {
             // pve-ha-manager src/PVE/API2/HA/Resources.pm, `create`: "resource ID '<sid>' already
             // defined"; `update` takes the same settings but `sid` from the path.
             Err(ProxmoxError::Api { message, .. }) if message.contains("already defined") => {
@@ -145,15 +134,10 @@ impl ProxmoxClient {
                 if settings.0.is_empty() {
                     return Ok(());
                 }
-                self.put::<serde_json::Value>(
-                    &["cluster", "ha", "resources", &sid],
-                    settings,
-                    Replay::Safe,
-                )
-                .await
-                .map(drop)
+                let path = ["cluster", "ha", "resources", &sid];
+                self.write(PUT, &path, settings, Safe).await
             }
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -162,16 +146,13 @@ impl ProxmoxClient {
     /// whatever state it is. Not HA-managed (any more) is success.
     pub async fn remove_ha_resource(&self, vmid: VmId) -> Result<(), ProxmoxError> {
         let sid = vm_sid(vmid);
-        match self
-            .delete::<serde_json::Value>(&["cluster", "ha", "resources", &sid], Params::new())
-            .await
-        {
-            Ok(_) => Ok(()),
+        let path = ["cluster", "ha", "resources", &sid];
+        match self.write(DELETE, &path, Params::new(), OnlyIfUnsent).await {
             // pve-ha-manager src/PVE/API2/HA/Resources.pm, `delete`: "cannot delete service
             // '<sid>', not HA managed!"
             Err(ProxmoxError::Api { message, .. }) if message.contains("not HA managed") => Ok(()),
             Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -189,21 +170,15 @@ impl ProxmoxClient {
             .with("resources", rule.resources.join(","))
             .with("comment", rule.comment.as_str());
         params = match &rule.kind {
-            HaRuleKind::NodeAffinity { nodes, strict } => params
-                .with(
-                    "nodes",
-                    nodes
-                        .iter()
-                        .map(NodeName::as_str)
-                        .collect::<Vec<_>>()
-                        .join(","),
-                )
-                .with("strict", u8::from(*strict)),
+            HaRuleKind::NodeAffinity { nodes, strict } => {
+                let names: Vec<&str> = nodes.iter().map(NodeName::as_str).collect();
+                let params = params.with("nodes", names.join(","));
+                params.with("strict", u8::from(*strict))
+            }
             HaRuleKind::ResourceAffinity { affinity } => params.with("affinity", *affinity),
         };
-        self.post::<serde_json::Value>(&["cluster", "ha", "rules"], params, Replay::OnlyIfUnsent)
-            .await
-            .map(drop)
+        let path = ["cluster", "ha", "rules"];
+        self.write(POST, &path, params, OnlyIfUnsent).await
     }
 
     /// Sets a rule's resources (`PUT /cluster/ha/rules/<rule>`), only if the rules are still as they
@@ -218,24 +193,16 @@ impl ProxmoxClient {
             .with("type", rule.kind.as_str())
             .with("resources", resources.join(","))
             .with_opt("digest", rule.digest.as_deref());
-        self.put::<serde_json::Value>(
-            &["cluster", "ha", "rules", &rule.rule],
-            params,
-            Replay::OnlyIfUnsent,
-        )
-        .await
-        .map(drop)
+        let path = ["cluster", "ha", "rules", &rule.rule];
+        self.write(PUT, &path, params, OnlyIfUnsent).await
     }
 
     /// `DELETE /cluster/ha/rules/<rule>`; Proxmox answers success for a rule that is not there.
     pub async fn delete_ha_rule(&self, rule: &str) -> Result<(), ProxmoxError> {
-        match self
-            .delete::<serde_json::Value>(&["cluster", "ha", "rules", rule], Params::new())
-            .await
-        {
-            Ok(_) => Ok(()),
+        let path = ["cluster", "ha", "rules", rule];
+        match self.write(DELETE, &path, Params::new(), OnlyIfUnsent).await {
             Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => Err(e),
+            other => other,
         }
     }
 }

@@ -8,6 +8,16 @@ use super::types::{
     ClusterResource, NodeName, NodeResource, NodeState, StorageResource, VmId, VmResource,
 };
 
+/// The resources of one kind in a listing.
+macro_rules! of_kind {
+    ($listing:expr, $kind:path) => {
+        $listing.iter().filter_map(|r| match r {
+            $kind(resource) => Some(resource),
+            _ => None,
+        })
+    };
+}
+
 /// A `/cluster/resources` listing and when its request was sent. It shares the listing with every
 /// other request in flight rather than copying it: a thousand requests at once must not each keep
 /// a thousand-guest listing while they wait.
@@ -47,10 +57,7 @@ impl Listing {
 
     /// Every QEMU guest, templates included.
     pub fn vms(&self) -> impl Iterator<Item = &VmResource> + Clone {
-        self.iter().filter_map(|r| match r {
-            ClusterResource::Vm(vm) => Some(vm),
-            _ => None,
-        })
+        of_kind!(self, ClusterResource::Vm)
     }
 
     /// The VMs that are not templates: the ones that run and count against a node.
@@ -63,24 +70,15 @@ impl Listing {
     }
 
     pub fn containers(&self) -> impl Iterator<Item = &VmResource> + Clone {
-        self.iter().filter_map(|r| match r {
-            ClusterResource::Container(ct) => Some(ct),
-            _ => None,
-        })
+        of_kind!(self, ClusterResource::Container)
     }
 
     pub fn nodes(&self) -> impl Iterator<Item = &NodeResource> + Clone {
-        self.iter().filter_map(|r| match r {
-            ClusterResource::Node(n) => Some(n),
-            _ => None,
-        })
+        of_kind!(self, ClusterResource::Node)
     }
 
     pub fn storages(&self) -> impl Iterator<Item = &StorageResource> + Clone {
-        self.iter().filter_map(|r| match r {
-            ClusterResource::Storage(s) => Some(s),
-            _ => None,
-        })
+        of_kind!(self, ClusterResource::Storage)
     }
 
     pub fn vm(&self, vmid: VmId) -> Option<&VmResource> {

@@ -6,26 +6,19 @@ use serde::Deserialize;
 
 use super::client::{Params, ProxmoxClient};
 use super::error::ProxmoxError;
-use super::types::{NodeName, lenient};
+use super::property::str_enum;
+use super::types::NodeName;
 use mapping::ResourceMapping;
 
-/// The `type` filter of `GET /nodes/{node}/network`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NetworkFilter {
-    /// Linux and OVS bridges (every Proxmox VE version).
-    AnyBridge,
-    /// Bridges plus SDN VNets, which guests can use as a `bridge=` too (Proxmox VE 9.0 and later).
-    BridgesAndVnets,
-}
-
-impl NetworkFilter {
-    fn as_query(self) -> &'static str {
-        match self {
-            NetworkFilter::AnyBridge => "any_bridge",
-            NetworkFilter::BridgesAndVnets => "include_sdn",
-        }
+str_enum!(
+    /// The `type` filter of `GET /nodes/{node}/network`: Linux and OVS bridges (every Proxmox VE
+    /// version), or those plus SDN VNets, which guests can use as a `bridge=` too (Proxmox VE 9.0
+    /// and later).
+    NetworkFilter {
+        AnyBridge = "any_bridge",
+        BridgesAndVnets = "include_sdn",
     }
-}
+);
 
 /// One entry of `GET /nodes/{node}/network`.
 #[derive(Debug, Clone, Deserialize)]
@@ -34,8 +27,6 @@ pub struct NetworkInterface {
     /// `bridge`, `OVSBridge`, `vnet`, `eth`, `bond`, ...
     #[serde(rename = "type", default)]
     pub kind: String,
-    #[serde(default, deserialize_with = "lenient::bool")]
-    pub active: bool,
 }
 
 impl NetworkInterface {
@@ -52,7 +43,7 @@ impl ProxmoxClient {
         node: &NodeName,
         filter: Option<NetworkFilter>,
     ) -> Result<Vec<NetworkInterface>, ProxmoxError> {
-        let params = Params::new().with_opt("type", filter.map(NetworkFilter::as_query));
+        let params = Params::new().with_opt("type", filter.map(NetworkFilter::as_str));
         self.get(&["nodes", node.as_str(), "network"], params).await
     }
 
@@ -62,26 +53,18 @@ impl ProxmoxClient {
         &self,
         kind: MappingKind,
     ) -> Result<Vec<ResourceMapping>, ProxmoxError> {
-        self.get(&["cluster", "mapping", kind.as_path()], Params::new())
+        self.get(&["cluster", "mapping", kind.as_str()], Params::new())
             .await
     }
 }
 
-/// Which mapping list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MappingKind {
-    Pci,
-    Usb,
-}
-
-impl MappingKind {
-    fn as_path(self) -> &'static str {
-        match self {
-            MappingKind::Pci => "pci",
-            MappingKind::Usb => "usb",
-        }
+str_enum!(
+    /// Which mapping list.
+    MappingKind {
+        Pci = "pci",
+        Usb = "usb",
     }
-}
+);
 
 pub mod mapping {
     use serde::Deserialize;

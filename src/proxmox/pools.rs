@@ -1,20 +1,17 @@
 //! Resource pools: the official provider puts each machine-request set's VMs in a pool named after
 //! the set unless the class names one, creates it on demand and removes it once empty. We do the same.
 
-use super::client::{Params, ProxmoxClient, Replay};
+use super::client::Replay::OnlyIfUnsent;
+use super::client::{DELETE, POST, Params, ProxmoxClient};
 use super::error::ProxmoxError;
 
 impl ProxmoxClient {
     /// `POST /pools`. A pool that already exists is success.
     pub async fn ensure_pool(&self, pool: &str, comment: &str) -> Result<(), ProxmoxError> {
         let params = Params::new().with("poolid", pool).with("comment", comment);
-        match self
-            .post::<serde_json::Value>(&["pools"], params, Replay::OnlyIfUnsent)
-            .await
-        {
-            Ok(_) => Ok(()),
+        match self.write(POST, &["pools"], params, OnlyIfUnsent).await {
             Err(ProxmoxError::Api { message, .. }) if message.contains("already exists") => Ok(()),
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -24,14 +21,11 @@ impl ProxmoxClient {
         #[derive(serde::Deserialize)]
         struct Pool {
             poolid: String,
-            #[serde(default)]
             comment: Option<String>,
         }
         let pools: Vec<Pool> = self.get(&["pools"], Params::new()).await?;
-        Ok(pools
-            .into_iter()
-            .find(|p| p.poolid == pool)
-            .and_then(|p| p.comment))
+        let pool = pools.into_iter().find(|p| p.poolid == pool);
+        Ok(pool.and_then(|p| p.comment))
     }
 
     /// `DELETE /pools?poolid=…` (PVE 8.1 and later), else `DELETE /pools/{poolid}`, which older PVE
@@ -39,18 +33,16 @@ impl ProxmoxClient {
     /// Returns false when the pool is not empty or already gone, which is not an error for someone
     /// cleaning up.
     pub async fn delete_pool_if_empty(&self, pool: &str) -> Result<bool, ProxmoxError> {
-        let answer = match self
-            .delete::<serde_json::Value>(&["pools"], Params::new().with("poolid", pool))
-            .await
-        {
+        let by_query = Params::new().with("poolid", pool);
+        let answer = match self.write(DELETE, &["pools"], by_query, OnlyIfUnsent).await {
             Err(ProxmoxError::Api { status: 501, .. }) => {
-                self.delete::<serde_json::Value>(&["pools", pool], Params::new())
-                    .await
+                let path = ["pools", pool];
+                self.write(DELETE, &path, Params::new(), OnlyIfUnsent).await
             }
             other => other,
         };
         match answer {
-            Ok(_) => Ok(true),
+            Ok(()) => Ok(true),
             Err(ProxmoxError::Api { message, .. })
                 if message.contains("not empty") || message.contains("does not exist") =>
             {

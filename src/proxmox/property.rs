@@ -27,15 +27,26 @@ fn invalid(what: &'static str, value: &str, expected: &'static str) -> PropertyE
     }
 }
 
-fn all_in(s: &str, ok: impl Fn(char) -> bool) -> bool {
-    s.chars().all(ok)
+/// Whether `s` has a length in `len` and only ASCII letters, digits and the characters of `extra`.
+fn made_of(s: &str, len: std::ops::RangeInclusive<usize>, extra: &str) -> bool {
+    len.contains(&s.len())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
 }
 
 macro_rules! name_type {
     ($(#[$doc:meta])* $name:ident, $what:literal, $expected:literal, $check:expr) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+        #[serde(try_from = "String")]
         pub struct $name(String);
+
+        impl TryFrom<String> for $name {
+            type Error = PropertyError;
+            fn try_from(value: String) -> Result<Self, PropertyError> {
+                Self::new(value)
+            }
+        }
 
         impl $name {
             pub fn new(value: impl Into<String>) -> Result<Self, PropertyError> {
@@ -74,14 +85,9 @@ name_type!(
     StorageId,
     "storage",
     "a letter, then letters, digits, '-', '_' or '.', ending in a letter or digit (e.g. local-lvm)",
-    |s| {
-        let b = s.as_bytes();
-        b.len() >= 2
-            && b.len() <= 64
-            && b[0].is_ascii_alphabetic()
-            && b[b.len() - 1].is_ascii_alphanumeric()
-            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    }
+    |s| made_of(s, 2..=64, "-_.")
+        && s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 );
 
 name_type!(
@@ -89,7 +95,7 @@ name_type!(
     BridgeName,
     "network bridge",
     "1 to 15 letters, digits, '-', '_' or '.' (e.g. vmbr0)",
-    |s| !s.is_empty() && s.len() <= 15 && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    |s| made_of(s, 1..=15, "-_.")
 );
 
 name_type!(
@@ -97,12 +103,7 @@ name_type!(
     MappingId,
     "resource mapping",
     "a letter, then letters, digits, '-' or '_' (e.g. nvidia-gpu-1)",
-    |s| {
-        s.len() >= 2
-            && s.len() <= 128
-            && s.starts_with(|c: char| c.is_ascii_alphabetic())
-            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
-    }
+    |s| made_of(s, 2..=128, "-_") && s.starts_with(|c: char| c.is_ascii_alphabetic())
 );
 
 name_type!(
@@ -110,7 +111,7 @@ name_type!(
     MdevType,
     "mediated device type",
     "letters, digits, '-', '_' or '.' (e.g. nvidia-180)",
-    |s| !s.is_empty() && s.len() <= 128 && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    |s| made_of(s, 1..=128, "-_.")
 );
 
 name_type!(
@@ -118,12 +119,7 @@ name_type!(
     Tag,
     "tag",
     "a letter, digit or '_', then letters, digits, '_', '-', '+' or '.' (e.g. talos)",
-    |s| {
-        !s.is_empty()
-            && s.len() <= 128
-            && s.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
-            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '+' | '.'))
-    }
+    |s| made_of(s, 1..=128, "_-+.") && s.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
 );
 
 name_type!(
@@ -131,14 +127,7 @@ name_type!(
     PoolId,
     "pool",
     "letters, digits, '-', '_' or '.', with '/' between nested pools (e.g. omni)",
-    |s| {
-        !s.is_empty()
-            && s.len() <= 64
-            && !s.starts_with('/')
-            && !s.ends_with('/')
-            && !s.contains("//")
-            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
-    }
+    |s| made_of(s, 1..=64, "-_./") && !s.starts_with('/') && !s.ends_with('/') && !s.contains("//")
 );
 
 name_type!(
@@ -146,7 +135,7 @@ name_type!(
     CpuType,
     "CPU type",
     "a CPU model name made of letters, digits, '-', '_', '.' or '+' (e.g. x86-64-v2-AES or host)",
-    |s| !s.is_empty() && s.len() <= 64 && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'))
+    |s| made_of(s, 1..=64, "-_.+")
 );
 
 name_type!(
@@ -154,26 +143,8 @@ name_type!(
     NodeName,
     "node",
     "a host name: letters, digits and '-', not starting or ending with '-' (e.g. pve1)",
-    |s| {
-        !s.is_empty()
-            && s.len() <= 63
-            && !s.starts_with('-')
-            && !s.ends_with('-')
-            && all_in(s, |c| c.is_ascii_alphanumeric() || c == '-')
-    }
+    |s| made_of(s, 1..=63, "-") && !s.starts_with('-') && !s.ends_with('-')
 );
-
-impl serde::Serialize for NodeName {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for NodeName {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        NodeName::new(String::deserialize(d)?).map_err(serde::de::Error::custom)
-    }
-}
 
 impl PartialEq<str> for NodeName {
     fn eq(&self, other: &str) -> bool {
@@ -186,13 +157,7 @@ name_type!(
     IsoFileName,
     "ISO file name",
     "letters, digits, '-', '_', '.' or '+', ending in .iso",
-    |s| {
-        s.len() > 4
-            && s.len() <= 200
-            && s.ends_with(".iso")
-            && !s.starts_with('.')
-            && all_in(s, |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'))
-    }
+    |s| made_of(s, 5..=200, "-_.+") && s.ends_with(".iso") && !s.starts_with('.')
 );
 
 name_type!(
@@ -205,45 +170,63 @@ name_type!(
     ImportFileName,
     "disk image file name",
     "letters, digits, '-', '_', '.' or '+', ending in .qcow2, .raw or .vmdk",
-    |s| {
-        s.len() <= 200
-            && !s.starts_with('.')
-            && [".qcow2", ".raw", ".vmdk"]
-                .iter()
-                .any(|ext| s.len() > ext.len() && s.ends_with(ext))
-            && all_in(s, |c| {
-                c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+')
-            })
-    }
+    |s| made_of(s, 0..=200, "-_.+")
+        && !s.starts_with('.')
+        && [".qcow2", ".raw", ".vmdk"].iter().any(|ext| s.len() > ext.len() && s.ends_with(ext))
 );
 
-/// A disk image in `import` storage: `local:import/talos.qcow2` (pve-storage Plugin.pm
-/// `parse_volname`).
+/// A file in a storage's directory of one content type: `<storage>:<dir>/<file>` (pve-storage
+/// Plugin.pm `parse_volname`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ImportVolume {
+pub struct Volume<F> {
     pub storage: StorageId,
-    pub file: ImportFileName,
+    pub file: F,
 }
 
-impl ImportVolume {
+/// A disk image in `import` storage: `local:import/talos.qcow2`.
+pub type ImportVolume = Volume<ImportFileName>;
+/// A volume in ISO storage: `local:iso/talos.iso`.
+pub type IsoVolume = Volume<IsoFileName>;
+
+/// The file names of one content type's directory.
+pub trait VolumeFile: fmt::Display + TryFrom<String, Error = PropertyError> {
+    /// The directory, what the volume is and an example, for the message.
+    const DIR: &str;
+    const WHAT: &str;
+    const EXPECTED: &str;
+}
+
+impl VolumeFile for ImportFileName {
+    const DIR: &str = "import";
+    const WHAT: &str = "import volume";
+    const EXPECTED: &str = "<storage>:import/<file>.qcow2 (e.g. local:import/talos.qcow2)";
+}
+
+impl VolumeFile for IsoFileName {
+    const DIR: &str = "iso";
+    const WHAT: &str = "ISO volume";
+    const EXPECTED: &str = "<storage>:iso/<file>.iso (e.g. local:iso/talos.iso)";
+}
+
+impl<F: VolumeFile> Volume<F> {
+    /// Parses a volume ID as Proxmox reports it (`local:iso/x.iso`).
     pub fn parse(volid: &str) -> Result<Self, PropertyError> {
-        let expected = "<storage>:import/<file>.qcow2 (e.g. local:import/talos.qcow2)";
-        let (storage, rest) = volid
-            .split_once(':')
-            .ok_or_else(|| invalid("import volume", volid, expected))?;
+        let wrong = || invalid(F::WHAT, volid, F::EXPECTED);
+        let (storage, rest) = volid.split_once(':').ok_or_else(wrong)?;
         let file = rest
-            .strip_prefix("import/")
-            .ok_or_else(|| invalid("import volume", volid, expected))?;
+            .strip_prefix(F::DIR)
+            .and_then(|r| r.strip_prefix('/'))
+            .ok_or_else(wrong)?;
         Ok(Self {
             storage: StorageId::new(storage)?,
-            file: ImportFileName::new(file)?,
+            file: F::try_from(file.to_owned())?,
         })
     }
 }
 
-impl fmt::Display for ImportVolume {
+impl<F: VolumeFile> fmt::Display for Volume<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:import/{}", self.storage, self.file)
+        write!(f, "{}:{}/{}", self.storage, F::DIR, self.file)
     }
 }
 
@@ -259,39 +242,8 @@ pub struct ImportedDisk {
 
 impl ImportedDisk {
     pub fn render(&self) -> String {
-        let mut s = format!("{}:0,import-from={}", self.storage, self.source);
-        self.options.render_into(&mut s);
-        s
-    }
-}
-
-/// A volume in ISO storage: `local:iso/talos.iso`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct IsoVolume {
-    pub storage: StorageId,
-    pub file: IsoFileName,
-}
-
-impl IsoVolume {
-    /// Parses a volume ID as Proxmox reports it (`local:iso/x.iso`).
-    pub fn parse(volid: &str) -> Result<Self, PropertyError> {
-        let expected = "<storage>:iso/<file>.iso (e.g. local:iso/talos.iso)";
-        let (storage, rest) = volid
-            .split_once(':')
-            .ok_or_else(|| invalid("ISO volume", volid, expected))?;
-        let file = rest
-            .strip_prefix("iso/")
-            .ok_or_else(|| invalid("ISO volume", volid, expected))?;
-        Ok(Self {
-            storage: StorageId::new(storage)?,
-            file: IsoFileName::new(file)?,
-        })
-    }
-}
-
-impl fmt::Display for IsoVolume {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:iso/{}", self.storage, self.file)
+        let options = self.options.render();
+        format!("{}:0,import-from={}{options}", self.storage, self.source)
     }
 }
 
@@ -313,11 +265,7 @@ impl VlanTag {
 
     /// `0` means untagged.
     pub fn optional(tag: u64) -> Result<Option<Self>, PropertyError> {
-        if tag == 0 {
-            Ok(None)
-        } else {
-            Self::new(tag).map(Some)
-        }
+        (tag != 0).then(|| Self::new(tag)).transpose()
     }
 
     pub fn get(self) -> u16 {
@@ -331,34 +279,27 @@ pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
     pub fn parse(s: &str) -> Result<Self, PropertyError> {
-        let expected =
-            "six hex pairs separated by ':' with the multicast bit clear (e.g. BC:24:11:00:00:01)";
-        let parts: Vec<&str> = s.split(':').collect();
-        if parts.len() != 6 {
-            return Err(invalid("MAC address", s, expected));
+        let wrong = || {
+            let expected = "six hex pairs separated by ':' with the multicast bit clear (e.g. BC:24:11:00:00:01)";
+            invalid("MAC address", s, expected)
+        };
+        let hex = |p: &str| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit());
+        let bytes: Vec<u8> = s
+            .split(':')
+            .map(|p| hex(p).then(|| u8::from_str_radix(p, 16).ok()).flatten())
+            .collect::<Option<_>>()
+            .ok_or_else(wrong)?;
+        match <[u8; 6]>::try_from(bytes) {
+            Ok(bytes) if bytes[0] & 1 == 0 => Ok(Self(bytes)),
+            _ => Err(wrong()),
         }
-        let mut bytes = [0u8; 6];
-        for (b, p) in bytes.iter_mut().zip(&parts) {
-            if p.len() != 2 || !p.chars().all(|c| c.is_ascii_hexdigit()) {
-                return Err(invalid("MAC address", s, expected));
-            }
-            *b = u8::from_str_radix(p, 16).map_err(|_| invalid("MAC address", s, expected))?;
-        }
-        if bytes[0] & 1 == 1 {
-            return Err(invalid("MAC address", s, expected));
-        }
-        Ok(Self(bytes))
     }
 }
 
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = self.0;
-        write!(
-            f,
-            "{:02X}:{:02X}:{:02X}:{:02X}:{:02X}:{:02X}",
-            b[0], b[1], b[2], b[3], b[4], b[5]
-        )
+        let pairs: Vec<String> = self.0.iter().map(|b| format!("{b:02X}")).collect();
+        f.write_str(&pairs.join(":"))
     }
 }
 
@@ -366,46 +307,45 @@ impl fmt::Display for MacAddr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Slot {
     Scsi(u8),
-    Virtio(u8),
     Ide(u8),
     Net(u8),
     HostPci(u8),
     Usb(u8),
-    EfiDisk0,
 }
 
 impl Slot {
+    /// The option key's prefix, the index and the highest index Proxmox has.
+    fn parts(self) -> (&'static str, u8, u8) {
+        match self {
+            Slot::Scsi(i) => ("scsi", i, 30),
+            Slot::Ide(i) => ("ide", i, 3),
+            Slot::Net(i) => ("net", i, 31),
+            Slot::HostPci(i) => ("hostpci", i, 15),
+            Slot::Usb(i) => ("usb", i, 14),
+        }
+    }
+
     /// The slot, if its index is within Proxmox's limits.
     pub fn checked(self) -> Option<Self> {
-        let ok = match self {
-            Slot::Scsi(i) => i <= 30,
-            Slot::Virtio(i) => i <= 15,
-            Slot::Ide(i) => i <= 3,
-            Slot::Net(i) => i <= 31,
-            Slot::HostPci(i) => i <= 15,
-            Slot::Usb(i) => i <= 14,
-            Slot::EfiDisk0 => true,
-        };
-        ok.then_some(self)
+        let (_, index, max) = self.parts();
+        (index <= max).then_some(self)
     }
 }
 
 impl fmt::Display for Slot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Slot::Scsi(i) => write!(f, "scsi{i}"),
-            Slot::Virtio(i) => write!(f, "virtio{i}"),
-            Slot::Ide(i) => write!(f, "ide{i}"),
-            Slot::Net(i) => write!(f, "net{i}"),
-            Slot::HostPci(i) => write!(f, "hostpci{i}"),
-            Slot::Usb(i) => write!(f, "usb{i}"),
-            Slot::EfiDisk0 => f.write_str("efidisk0"),
-        }
+        let (prefix, index, _) = self.parts();
+        write!(f, "{prefix}{index}")
     }
 }
 
 fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
+}
+
+/// `,<key>=<value>` when there is a value.
+fn opt(key: &str, value: Option<impl fmt::Display>) -> String {
+    value.map(|v| format!(",{key}={v}")).unwrap_or_default()
 }
 
 /// `netN`: a virtio NIC.
@@ -420,63 +360,53 @@ pub struct Nic {
 impl Nic {
     /// `virtio[=<mac>],bridge=<bridge>,firewall=<0|1>[,tag=<vlan>]`
     pub fn render(&self) -> String {
-        let mut s = match self.mac {
-            Some(mac) => format!("virtio={mac}"),
-            None => "virtio".to_string(),
-        };
-        s.push_str(&format!(
-            ",bridge={},firewall={}",
-            self.bridge,
-            flag(self.firewall)
-        ));
-        if let Some(tag) = self.vlan {
-            s.push_str(&format!(",tag={}", tag.get()));
-        }
-        s
+        let mac = self.mac.map(|mac| format!("={mac}")).unwrap_or_default();
+        let (bridge, firewall) = (&self.bridge, flag(self.firewall));
+        let tag = opt("tag", self.vlan.map(VlanTag::get));
+        format!("virtio{mac},bridge={bridge},firewall={firewall}{tag}")
     }
 }
 
-/// `disk_cache`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DiskCache {
-    None,
-    Writethrough,
-    Writeback,
-    Directsync,
-    Unsafe,
-}
-
-impl DiskCache {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DiskCache::None => "none",
-            DiskCache::Writethrough => "writethrough",
-            DiskCache::Writeback => "writeback",
-            DiskCache::Directsync => "directsync",
-            DiskCache::Unsafe => "unsafe",
+/// An enum whose every value is one word of Proxmox's: one table gives the Rust name, the word
+/// (`as_str`) and its serde name.
+macro_rules! str_enum {
+    ($(#[$doc:meta])* $name:ident { $($variant:ident = $text:literal,)* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+        pub enum $name {
+            $(#[serde(rename = $text)] $variant,)*
         }
-    }
-}
 
-/// `disk_aio`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DiskAio {
-    Native,
-    Threads,
-    IoUring,
-}
-
-impl DiskAio {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DiskAio::Native => "native",
-            DiskAio::Threads => "threads",
-            DiskAio::IoUring => "io_uring",
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)*
+                }
+            }
         }
-    }
+    };
 }
+pub(crate) use str_enum;
+
+str_enum!(
+    /// `disk_cache`.
+    DiskCache {
+        None = "none",
+        Writethrough = "writethrough",
+        Writeback = "writeback",
+        Directsync = "directsync",
+        Unsafe = "unsafe",
+    }
+);
+
+str_enum!(
+    /// `disk_aio`.
+    DiskAio {
+        Native = "native",
+        Threads = "threads",
+        IoUring = "io_uring",
+    }
+);
 
 /// Per-disk performance options shared by the boot disk and additional disks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -489,22 +419,16 @@ pub struct DiskOptions {
 }
 
 impl DiskOptions {
-    fn render_into(&self, s: &mut String) {
-        if let Some(cache) = self.cache {
-            s.push_str(&format!(",cache={}", cache.as_str()));
-        }
-        if let Some(aio) = self.aio {
-            s.push_str(&format!(",aio={}", aio.as_str()));
-        }
-        if self.iothread {
-            s.push_str(",iothread=1");
-        }
-        if self.discard {
-            s.push_str(",discard=on");
-        }
-        if self.ssd {
-            s.push_str(",ssd=1");
-        }
+    /// `[,cache=…][,aio=…][,iothread=1][,discard=on][,ssd=1]`
+    fn render(&self) -> String {
+        [
+            opt("cache", self.cache.map(DiskCache::as_str)),
+            opt("aio", self.aio.map(DiskAio::as_str)),
+            opt("iothread", self.iothread.then_some(1)),
+            opt("discard", self.discard.then_some("on")),
+            opt("ssd", self.ssd.then_some(1)),
+        ]
+        .concat()
     }
 }
 
@@ -518,9 +442,7 @@ pub struct NewDisk {
 
 impl NewDisk {
     pub fn render(&self) -> String {
-        let mut s = format!("{}:{}", self.storage, self.size_gb);
-        self.options.render_into(&mut s);
-        s
+        format!("{}:{}{}", self.storage, self.size_gb, self.options.render())
     }
 }
 
@@ -534,29 +456,16 @@ pub struct ExistingDisk {
 
 impl ExistingDisk {
     pub fn new(volume: &str, options: DiskOptions) -> Result<Self, PropertyError> {
-        let ok = !volume.is_empty()
-            && volume.contains(':')
-            && all_in(volume, |c| {
-                c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/' | '+')
-            });
-        if ok {
-            Ok(Self {
-                volume: volume.to_string(),
-                options,
-            })
-        } else {
-            Err(invalid(
-                "disk volume",
-                volume,
-                "<storage>:<volume name> (e.g. local-lvm:vm-104-disk-0)",
-            ))
+        let expected = "<storage>:<volume name> (e.g. local-lvm:vm-104-disk-0)";
+        if !(volume.contains(':') && made_of(volume, 1..=usize::MAX, "-_.:/+")) {
+            return Err(invalid("disk volume", volume, expected));
         }
+        let volume = volume.to_string();
+        Ok(Self { volume, options })
     }
 
     pub fn render(&self) -> String {
-        let mut s = self.volume.clone();
-        self.options.render_into(&mut s);
-        s
+        format!("{}{}", self.volume, self.options.render())
     }
 }
 
@@ -564,15 +473,12 @@ impl ExistingDisk {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cdrom {
     Iso(IsoVolume),
-    Empty,
 }
 
 impl Cdrom {
     pub fn render(&self) -> String {
-        match self {
-            Cdrom::Iso(volume) => format!("{volume},media=cdrom"),
-            Cdrom::Empty => "none,media=cdrom".to_string(),
-        }
+        let Cdrom::Iso(volume) = self;
+        format!("{volume},media=cdrom")
     }
 }
 
@@ -613,20 +519,13 @@ pub struct HostPci {
 
 impl HostPci {
     pub fn render(&self) -> String {
-        let mut s = format!("mapping={}", self.mapping);
-        if let Some(mdev) = &self.mdev {
-            s.push_str(&format!(",mdev={mdev}"));
-        }
-        if self.pcie {
-            s.push_str(",pcie=1");
-        }
-        if let Some(rombar) = self.rombar {
-            s.push_str(&format!(",rombar={}", flag(rombar)));
-        }
-        if self.primary_gpu {
-            s.push_str(",x-vga=1");
-        }
-        s
+        let options = [
+            opt("mdev", self.mdev.as_ref()),
+            opt("pcie", self.pcie.then_some(1)),
+            opt("rombar", self.rombar.map(flag)),
+            opt("x-vga", self.primary_gpu.then_some(1)),
+        ];
+        format!("mapping={}{}", self.mapping, options.concat())
     }
 }
 
@@ -639,11 +538,11 @@ pub struct Usb {
 
 impl Usb {
     pub fn render(&self) -> String {
-        if self.usb3 {
-            format!("mapping={},usb3=1", self.mapping)
-        } else {
-            format!("mapping={}", self.mapping)
-        }
+        format!(
+            "mapping={}{}",
+            self.mapping,
+            opt("usb3", self.usb3.then_some(1))
+        )
     }
 }
 
@@ -674,41 +573,6 @@ pub fn boot_order(slots: &[Slot]) -> String {
     )
 }
 
-/// `ipconfigN` (cloud-init style static or DHCP address).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IpConfig {
-    Dhcp,
-    Static {
-        address: std::net::IpAddr,
-        prefix: u8,
-        gateway: Option<std::net::IpAddr>,
-    },
-}
-
-impl IpConfig {
-    pub fn render(&self) -> String {
-        match self {
-            IpConfig::Dhcp => "ip=dhcp".to_string(),
-            IpConfig::Static {
-                address,
-                prefix,
-                gateway,
-            } => {
-                let (ip_key, gw_key) = if address.is_ipv6() {
-                    ("ip6", "gw6")
-                } else {
-                    ("ip", "gw")
-                };
-                let mut s = format!("{ip_key}={address}/{prefix}");
-                if let Some(gw) = gateway {
-                    s.push_str(&format!(",{gw_key}={gw}"));
-                }
-                s
-            }
-        }
-    }
-}
-
 /// `hugepages`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hugepages {
@@ -718,16 +582,6 @@ pub enum Hugepages {
 }
 
 impl Hugepages {
-    /// Accepts the provider-data spellings (`2MB`, `1GB`) and Proxmox's own (`2`, `1024`, `any`).
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "2MB" | "2" => Some(Hugepages::TwoMb),
-            "1GB" | "1024" => Some(Hugepages::OneGb),
-            "any" => Some(Hugepages::Any),
-            _ => None,
-        }
-    }
-
     pub fn render(self) -> &'static str {
         match self {
             Hugepages::TwoMb => "2",
@@ -862,7 +716,6 @@ mod tests {
             Cdrom::Iso(iso).render(),
             "local:iso/talos-1.iso,media=cdrom"
         );
-        assert_eq!(Cdrom::Empty.render(), "none,media=cdrom");
         assert_eq!(
             EfiDisk {
                 storage: StorageId::new("local-lvm").unwrap()
@@ -906,16 +759,8 @@ mod tests {
             boot_order(&[Slot::Scsi(0), Slot::Ide(2), Slot::Net(0)]),
             "order=scsi0;ide2;net0"
         );
-        let ip = IpConfig::Static {
-            address: "10.0.0.5".parse().unwrap(),
-            prefix: 24,
-            gateway: Some("10.0.0.1".parse().unwrap()),
-        };
-        assert_eq!(ip.render(), "ip=10.0.0.5/24,gw=10.0.0.1");
-        assert_eq!(IpConfig::Dhcp.render(), "ip=dhcp");
-        assert_eq!(Hugepages::parse("2MB").map(Hugepages::render), Some("2"));
-        assert_eq!(Hugepages::parse("1GB").map(Hugepages::render), Some("1024"));
-        assert_eq!(Hugepages::parse("3MB"), None);
+        assert_eq!(Hugepages::TwoMb.render(), "2");
+        assert_eq!(Hugepages::OneGb.render(), "1024");
         assert_eq!(
             cpu(&CpuType::new("x86-64-v2-AES").unwrap()),
             "x86-64-v2-AES"

@@ -1,8 +1,8 @@
 //! Storage calls: what a node can store, what is stored, and putting ISOs there.
 
-use super::client::{Params, Pool, ProxmoxClient, Replay, StreamUpload, Upload};
+use super::client::{DELETE, POST, Params, Pool, ProxmoxClient, Replay, Upload, UploadContent};
 use super::error::ProxmoxError;
-use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid, check_storage_id};
+use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid};
 
 /// A file for the node to fetch itself (`download-url`), so large images never pass through us.
 #[derive(Debug, Clone)]
@@ -38,12 +38,8 @@ impl ProxmoxClient {
         check_storage(storage)?;
         let params = Params::new().with_opt("content", content);
         // A storage holds a seed ISO per machine: the answer grows with the cluster.
-        self.get_over(
-            Pool::Large,
-            &["nodes", node.as_str(), "storage", storage, "content"],
-            params,
-        )
-        .await
+        let path = ["nodes", node.as_str(), "storage", storage, "content"];
+        self.get_over(Pool::Large, &path, params).await
     }
 
     /// `POST /nodes/{node}/storage/{storage}/download-url`: returns the download task.
@@ -54,21 +50,15 @@ impl ProxmoxClient {
         request: &DownloadRequest,
     ) -> Result<Upid, ProxmoxError> {
         check_storage(storage)?;
-        let mut params = Params::new()
+        let (algorithm, sum) = request.checksum.clone().unzip();
+        let params = Params::new()
             .with("content", &request.content)
             .with("filename", &request.file_name)
-            .with("url", &request.url);
-        if let Some((algorithm, sum)) = &request.checksum {
-            params = params
-                .with("checksum-algorithm", algorithm)
-                .with("checksum", sum);
-        }
-        self.post(
-            &["nodes", node.as_str(), "storage", storage, "download-url"],
-            params,
-            Replay::OnlyIfUnsent,
-        )
-        .await
+            .with("url", &request.url)
+            .with_opt("checksum-algorithm", algorithm)
+            .with_opt("checksum", sum);
+        let path = ["nodes", node.as_str(), "storage", storage, "download-url"];
+        self.send(POST, &path, params, Replay::OnlyIfUnsent).await
     }
 
     /// `POST /nodes/{node}/storage/{storage}/upload` (multipart): returns the import task.
@@ -80,15 +70,12 @@ impl ProxmoxClient {
         file_name: &str,
         bytes: Vec<u8>,
     ) -> Result<Upid, ProxmoxError> {
-        check_storage(storage)?;
-        let upload = Upload {
-            fields: vec![("content".into(), content.into())],
-            file_name: file_name.into(),
-            bytes,
-        };
-        self.upload(
-            &["nodes", node.as_str(), "storage", storage, "upload"],
-            &upload,
+        self.upload_to(
+            node,
+            storage,
+            content,
+            file_name,
+            UploadContent::Bytes(bytes),
         )
         .await
     }
@@ -104,18 +91,28 @@ impl ProxmoxClient {
         body: reqwest::Body,
         length: u64,
     ) -> Result<Upid, ProxmoxError> {
+        let body = std::sync::Mutex::new(Some(body));
+        let stream = UploadContent::Stream { body, length };
+        self.upload_to(node, storage, content, file_name, stream)
+            .await
+    }
+
+    async fn upload_to(
+        &self,
+        node: &NodeName,
+        storage: &str,
+        content: &str,
+        file_name: &str,
+        upload: UploadContent,
+    ) -> Result<Upid, ProxmoxError> {
         check_storage(storage)?;
-        let upload = StreamUpload {
+        let upload = Upload {
             fields: vec![("content".into(), content.into())],
             file_name: file_name.into(),
-            body: std::sync::Mutex::new(Some(body)),
-            length,
+            content: upload,
         };
-        self.upload_stream(
-            &["nodes", node.as_str(), "storage", storage, "upload"],
-            &upload,
-        )
-        .await
+        let path = ["nodes", node.as_str(), "storage", storage, "upload"];
+        self.upload(&path, &upload).await
     }
 
     /// `DELETE /nodes/{node}/storage/{storage}/content/{volume}`. Proxmox answers with a task or nothing.
@@ -129,22 +126,22 @@ impl ProxmoxClient {
         // Retried even when the first try may have reached Proxmox (a connection reset mid-answer):
         // the second finds the file gone ("does not exist"), which every caller counts as deleted.
         // Without the retry, one reset would leave the seed ISO behind.
-        self.delete_replaying(
-            &[
-                "nodes",
-                node.as_str(),
-                "storage",
-                storage,
-                "content",
-                volume_id,
-            ],
-            Params::new(),
-            Replay::Safe,
-        )
-        .await
+        let path = [
+            "nodes",
+            node.as_str(),
+            "storage",
+            storage,
+            "content",
+            volume_id,
+        ];
+        self.send(DELETE, &path, Params::new(), Replay::Safe).await
     }
 }
 
+/// A storage ID goes into URL paths: checked first.
 fn check_storage(storage: &str) -> Result<(), ProxmoxError> {
-    check_storage_id(storage).map_err(|e| ProxmoxError::Setup(e.to_string()))
+    let checked = super::property::StorageId::new(storage);
+    checked
+        .map(drop)
+        .map_err(|e| ProxmoxError::Setup(e.to_string()))
 }

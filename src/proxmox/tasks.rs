@@ -33,32 +33,17 @@ impl ProxmoxClient {
     /// `GET /nodes/{node}/tasks/{upid}/status` (the node is the one in the UPID).
     pub async fn task_status(&self, upid: &Upid) -> Result<TaskStatus, ProxmoxError> {
         let node = upid.node();
-        self.get(
-            &["nodes", node.as_str(), "tasks", upid.as_str(), "status"],
-            Params::new(),
-        )
-        .await
+        let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "status"];
+        self.get(&path, Params::new()).await
     }
 
-    /// `GET /nodes/{node}/tasks/{upid}/log`, lines `start..start+limit`.
-    pub async fn task_log(
-        &self,
-        upid: &Upid,
-        start: u64,
-        limit: u64,
-    ) -> Result<Vec<TaskLogLine>, ProxmoxError> {
-        let node = upid.node();
-        let params = Params::new().with("start", start).with("limit", limit);
-        self.get(
-            &["nodes", node.as_str(), "tasks", upid.as_str(), "log"],
-            params,
-        )
-        .await
-    }
-
-    /// The last lines of a task's log (best effort: empty when the log cannot be read).
+    /// The last lines of a task's log from `GET /nodes/{node}/tasks/{upid}/log` (best effort:
+    /// empty when the log cannot be read).
     pub async fn task_log_tail(&self, upid: &Upid) -> Vec<String> {
-        match self.task_log(upid, 0, 10_000).await {
+        let node = upid.node();
+        let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "log"];
+        let params = Params::new().with("start", 0).with("limit", 10_000);
+        match self.get::<Vec<TaskLogLine>>(&path, params).await {
             Ok(lines) => {
                 let skip = lines.len().saturating_sub(LOG_TAIL_LINES);
                 lines.into_iter().skip(skip).map(|l| l.t).collect()
@@ -89,7 +74,7 @@ impl ProxmoxClient {
     ) -> Result<TaskOutcome, ProxmoxError> {
         let started = Instant::now();
         let kind = (upid.node().to_string(), upid.task_type().to_owned());
-        let expected = self.task_times().expected(&kind);
+        let expected = self.inner.task_times.expected(&kind);
         let mut polls = 0;
         let mut last_running = Duration::ZERO;
         tokio::time::sleep(poll_delay(expected, 0).min(timeout)).await;
@@ -98,7 +83,9 @@ impl ProxmoxClient {
             match self.task_status(upid).await {
                 Ok(status) if !status.is_running() => {
                     // It ended between the last poll that saw it running and this one.
-                    self.task_times().record(kind, (last_running + asked) / 2);
+                    self.inner
+                        .task_times
+                        .record(kind, (last_running + asked) / 2);
                     let exit_status = status.exitstatus.unwrap_or_else(|| "unknown".into());
                     return self.finish(upid, exit_status).await;
                 }

@@ -70,13 +70,6 @@ pub struct InvalidId(pub String);
 
 pub use super::property::NodeName;
 
-/// A storage ID (`local-lvm`), checked because it goes into URL paths.
-pub fn check_storage_id(id: &str) -> Result<(), InvalidId> {
-    super::property::StorageId::new(id)
-        .map(|_| ())
-        .map_err(|e| InvalidId(e.to_string()))
-}
-
 /// A task ID: `UPID:<node>:<pid>:<pstart>:<starttime>:<type>:<id>:<user>:`. The node in it is where the
 /// task runs, which is where its status must be asked (a clone to another node runs on the source).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -113,12 +106,6 @@ impl Upid {
     }
 }
 
-impl Serialize for Upid {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.raw)
-    }
-}
-
 impl<'de> Deserialize<'de> for Upid {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Upid::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
@@ -131,50 +118,26 @@ impl fmt::Display for Upid {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct Version {
     pub version: String,
-    #[serde(default)]
-    pub release: Option<String>,
-    #[serde(default)]
-    pub repoid: Option<String>,
 }
 
 /// Online state of a node as `/nodes` and `/cluster/resources` report it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeState {
     Online,
     Offline,
+    #[default]
+    #[serde(other)]
     Unknown,
 }
 
-impl<'de> Deserialize<'de> for NodeState {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(match String::deserialize(d)?.as_str() {
-            "online" => Self::Online,
-            "offline" => Self::Offline,
-            _ => Self::Unknown,
-        })
-    }
-}
-
-/// One entry of `GET /nodes`. Usage figures are absent for offline nodes.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct NodeStatus {
-    pub node: NodeName,
-    pub status: NodeState,
-    #[serde(default, deserialize_with = "lenient::opt_f64")]
-    pub cpu: Option<f64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub maxcpu: Option<u64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub mem: Option<u64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub maxmem: Option<u64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub uptime: Option<u64>,
-}
+/// One entry of `GET /nodes`: a node as `/cluster/resources` lists it (pve-manager
+/// PVE/API2/Nodes.pm `index` and PVE/API2/Cluster.pm `resources` both build it with
+/// PVE/API2Tools.pm `extract_node_stats`).
+pub type NodeStatus = NodeResource;
 
 /// `GET /cluster/resources`: one call that describes the whole cluster (nodes, guests, storages).
 #[derive(Debug, Clone, Deserialize)]
@@ -193,52 +156,33 @@ pub enum ClusterResource {
     Other,
 }
 
-/// The kinds `/cluster/resources` can be filtered to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResourceKind {
-    Vm,
-    Node,
-    Storage,
-}
-
-impl ResourceKind {
-    pub fn as_query(self) -> &'static str {
-        match self {
-            Self::Vm => "vm",
-            Self::Node => "node",
-            Self::Storage => "storage",
-        }
+super::property::str_enum!(
+    /// The kinds `/cluster/resources` can be filtered to.
+    ResourceKind {
+        Vm = "vm",
+        Node = "node",
+        Storage = "storage",
     }
-}
+);
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct VmResource {
     pub vmid: VmId,
     pub node: NodeName,
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub status: Option<String>,
     #[serde(default, deserialize_with = "lenient::bool")]
     pub template: bool,
     /// Semicolon-separated, as Proxmox stores them.
-    #[serde(default)]
     pub tags: Option<String>,
-    #[serde(default)]
     pub pool: Option<String>,
-    #[serde(default)]
     pub lock: Option<String>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub maxmem: Option<u64>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub mem: Option<u64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub maxdisk: Option<u64>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub maxcpu: Option<u64>,
     /// Set for HA-managed guests (pve-manager PVE/API2/Cluster.pm `resources`: read from the HA
     /// manager's status or resources config on every call, so fresh, unlike the rrd-fed stats).
-    #[serde(default)]
     pub hastate: Option<String>,
 }
 
@@ -267,10 +211,11 @@ pub fn split_list(list: &str) -> Vec<&str> {
         .collect()
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// A node; usage figures are absent for offline nodes.
+#[derive(Debug, Clone, Deserialize)]
 pub struct NodeResource {
     pub node: NodeName,
-    #[serde(default = "unknown_state")]
+    #[serde(default)]
     pub status: NodeState,
     #[serde(default, deserialize_with = "lenient::opt_f64")]
     pub cpu: Option<f64>,
@@ -284,19 +229,12 @@ pub struct NodeResource {
     pub uptime: Option<u64>,
 }
 
-fn unknown_state() -> NodeState {
-    NodeState::Unknown
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct StorageResource {
     pub storage: String,
     pub node: NodeName,
-    #[serde(default)]
     pub status: Option<String>,
-    #[serde(default)]
     pub content: Option<String>,
-    #[serde(default)]
     pub plugintype: Option<String>,
     #[serde(default, deserialize_with = "lenient::bool")]
     pub shared: bool,
@@ -307,7 +245,7 @@ pub struct StorageResource {
 }
 
 /// One entry of `GET /nodes/{node}/storage`: the storages as seen from that node, with real free space.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct NodeStorage {
     pub storage: String,
     #[serde(rename = "type")]
@@ -349,30 +287,20 @@ pub struct StorageFilter {
 }
 
 /// One volume from `GET /nodes/{node}/storage/{storage}/content`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct StorageVolume {
     pub volid: String,
-    #[serde(default)]
-    pub content: Option<String>,
-    #[serde(default)]
-    pub format: Option<String>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub size: Option<u64>,
-    #[serde(default)]
-    pub vmid: Option<VmId>,
 }
 
 /// `GET /nodes/{node}/qemu/{vmid}/status/current`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct VmStatus {
     pub status: String,
-    #[serde(default)]
     pub qmpstatus: Option<String>,
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub lock: Option<String>,
-    #[serde(default)]
     pub tags: Option<String>,
     #[serde(default, deserialize_with = "lenient::bool")]
     pub template: bool,
@@ -407,14 +335,11 @@ impl VmConfig {
 }
 
 /// `GET /nodes/{node}/tasks/{upid}/status`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct TaskStatus {
     /// `running` or `stopped`.
     pub status: String,
-    #[serde(default)]
     pub exitstatus: Option<String>,
-    #[serde(default, rename = "type")]
-    pub task_type: Option<String>,
 }
 
 impl TaskStatus {
@@ -423,10 +348,8 @@ impl TaskStatus {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct TaskLogLine {
-    #[serde(default, deserialize_with = "lenient::u64")]
-    pub n: u64,
     #[serde(default)]
     pub t: String,
 }
@@ -438,36 +361,23 @@ pub struct TaskOutcome {
     pub exit_status: String,
 }
 
-impl TaskOutcome {
-    pub fn has_warnings(&self) -> bool {
-        self.exit_status.starts_with("WARNINGS")
-    }
-}
-
 /// The guest agent's answer to `network-get-interfaces`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct AgentInterfaces {
     #[serde(default)]
     pub result: Vec<GuestInterface>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct GuestInterface {
-    pub name: String,
-    #[serde(default, rename = "hardware-address")]
-    pub hardware_address: Option<String>,
     #[serde(default, rename = "ip-addresses")]
     pub ip_addresses: Vec<GuestAddress>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct GuestAddress {
     #[serde(rename = "ip-address")]
     pub ip_address: String,
-    #[serde(default, rename = "ip-address-type")]
-    pub ip_address_type: Option<String>,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub prefix: Option<u64>,
 }
 
 /// Deserializers that accept what Proxmox actually sends.
@@ -517,15 +427,13 @@ pub mod lenient {
 
     pub fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
         let v = Value::deserialize(d)?;
-        if let Value::Number(n) = &v
-            && let Some(u) = n.as_u64()
-        {
-            return Ok(Some(u));
-        }
-        if let Value::String(s) = &v
-            && let Ok(u) = s.trim().parse::<u64>()
-        {
-            return Ok(Some(u));
+        let exact = match &v {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.trim().parse().ok(),
+            _ => None,
+        };
+        if exact.is_some() {
+            return Ok(exact);
         }
         Ok(opt_f64(v).map_err(D::Error::custom)?.map(|f| {
             // Usage figures may be fractional or (briefly) negative; clamp into u64.
@@ -601,7 +509,5 @@ mod tests {
         assert_eq!("104".parse::<VmId>().unwrap().get(), 104);
         assert!(NodeName::new("pve1").is_ok());
         assert!(NodeName::new("../etc").is_err());
-        assert!(check_storage_id("local-lvm").is_ok());
-        assert!(check_storage_id("local/../x").is_err());
     }
 }

@@ -3,7 +3,9 @@
 //! Every call names the node explicitly; callers find the node through `/cluster/resources` first, so a
 //! VM migrated since we created it is addressed where it is now.
 
-use super::client::{Params, ProxmoxClient, Replay};
+use reqwest::Method;
+
+use super::client::{DELETE, GET, POST, PUT, Params, ProxmoxClient, Replay};
 use super::error::ProxmoxError;
 use super::types::{AgentInterfaces, NodeName, Upid, VmConfig, VmId, VmStatus};
 
@@ -38,10 +40,6 @@ impl Default for DeleteRequest {
     }
 }
 
-fn qemu<'a>(node: &'a NodeName, id: &'a str) -> [&'a str; 4] {
-    ["nodes", node.as_str(), "qemu", id]
-}
-
 impl ProxmoxClient {
     /// `POST /nodes/{node}/qemu`: all options in one call. Returns the create task.
     pub async fn create_vm(
@@ -51,12 +49,8 @@ impl ProxmoxClient {
         options: Vec<(String, String)>,
     ) -> Result<Upid, ProxmoxError> {
         let params = Params::new().with("vmid", vmid).extend(options);
-        self.post(
-            &["nodes", node.as_str(), "qemu"],
-            params,
-            Replay::OnlyIfUnsent,
-        )
-        .await
+        let path = ["nodes", node.as_str(), "qemu"];
+        self.send(POST, &path, params, Replay::OnlyIfUnsent).await
     }
 
     /// `POST /nodes/{node}/qemu/{vmid}/clone`. Returns the clone task (it runs on `node`).
@@ -84,17 +78,15 @@ impl ProxmoxClient {
         template: VmId,
         params: Vec<(String, String)>,
     ) -> Result<Upid, ProxmoxError> {
-        let id = template.to_string();
-        let [a, b, c, d] = qemu(node, &id);
-        self.post(&[a, b, c, d, "clone"], Params(params), Replay::OnlyIfUnsent)
+        let (vm, params) = ((node, template), Params(params));
+        self.on_vm(POST, vm, &["clone"], params, Replay::OnlyIfUnsent)
             .await
     }
 
     /// `GET /nodes/{node}/qemu/{vmid}/config` (current values, pending changes applied).
     pub async fn vm_config(&self, node: &NodeName, vmid: VmId) -> Result<VmConfig, ProxmoxError> {
-        let id = vmid.to_string();
-        let [a, b, c, d] = qemu(node, &id);
-        self.get(&[a, b, c, d, "config"], Params::new()).await
+        self.on_vm(GET, (node, vmid), &["config"], Params::new(), Replay::Safe)
+            .await
     }
 
     /// `POST …/config`: asynchronous update, returns the task (use for changes that allocate disks).
@@ -104,11 +96,12 @@ impl ProxmoxClient {
         vmid: VmId,
         options: Vec<(String, String)>,
     ) -> Result<Upid, ProxmoxError> {
-        let id = vmid.to_string();
-        let [a, b, c, d] = qemu(node, &id);
-        self.post(
-            &[a, b, c, d, "config"],
-            Params::new().extend(options),
+        let params = Params(options);
+        self.on_vm(
+            POST,
+            (node, vmid),
+            &["config"],
+            params,
             Replay::OnlyIfUnsent,
         )
         .await
@@ -121,16 +114,9 @@ impl ProxmoxClient {
         vmid: VmId,
         options: Vec<(String, String)>,
     ) -> Result<(), ProxmoxError> {
-        let id = vmid.to_string();
-        let [a, b, c, d] = qemu(node, &id);
-        let _: serde_json::Value = self
-            .put(
-                &[a, b, c, d, "config"],
-                Params::new().extend(options),
-                Replay::Safe,
-            )
-            .await?;
-        Ok(())
+        let params = Params(options);
+        let answer = self.on_vm(PUT, (node, vmid), &["config"], params, Replay::Safe);
+        answer.await.map(|_: serde_json::Value| ())
     }
 
     /// `PUT …/resize` to an absolute size such as `50G` (never shrinks; Proxmox refuses that).
@@ -142,18 +128,15 @@ impl ProxmoxClient {
         disk: &str,
         size: &str,
     ) -> Result<Option<Upid>, ProxmoxError> {
-        let id = vmid.to_string();
-        let [a, b, c, d] = qemu(node, &id);
         let params = Params::new().with("disk", disk).with("size", size);
-        self.put(&[a, b, c, d, "resize"], params, Replay::Safe)
+        self.on_vm(PUT, (node, vmid), &["resize"], params, Replay::Safe)
             .await
     }
 
     /// `GET …/status/current`.
     pub async fn vm_status(&self, node: &NodeName, vmid: VmId) -> Result<VmStatus, ProxmoxError> {
-        let id = vmid.to_string();
-        let [a, b, c, d] = qemu(node, &id);
-        self.get(&[a, b, c, d, "status", "current"], Params::new())
+        let path = ["status", "current"];
+        self.on_vm(GET, (node, vmid), &path, Params::new(), Replay::Safe)
             .await
     }
 
@@ -189,14 +172,9 @@ impl ProxmoxClient {
         action: &str,
         params: Params,
     ) -> Result<Upid, ProxmoxError> {
-        let id = vmid.to_string();
-        let [a, b, c, d] = qemu(node, &id);
-        self.post(
-            &[a, b, c, d, "status", action],
-            params,
-            Replay::OnlyIfUnsent,
-        )
-        .await
+        let path = ["status", action];
+        self.on_vm(POST, (node, vmid), &path, params, Replay::OnlyIfUnsent)
+            .await
     }
 
     /// `DELETE /nodes/{node}/qemu/{vmid}`. Returns the destroy task.
@@ -206,14 +184,14 @@ impl ProxmoxClient {
         vmid: VmId,
         request: DeleteRequest,
     ) -> Result<Upid, ProxmoxError> {
-        let id = vmid.to_string();
         let params = Params::new()
             .with_opt("purge", request.purge.then_some(1))
             .with_opt(
                 "destroy-unreferenced-disks",
                 request.destroy_unreferenced_disks.then_some(1),
             );
-        self.delete(&qemu(node, &id), params).await
+        self.on_vm(DELETE, (node, vmid), &[], params, Replay::OnlyIfUnsent)
+            .await
     }
 
     /// `GET …/agent/network-get-interfaces`. Fails (500) while the guest agent is not running yet.
@@ -222,12 +200,22 @@ impl ProxmoxClient {
         node: &NodeName,
         vmid: VmId,
     ) -> Result<AgentInterfaces, ProxmoxError> {
+        let path = ["agent", "network-get-interfaces"];
+        self.on_vm(GET, (node, vmid), &path, Params::new(), Replay::Safe)
+            .await
+    }
+
+    /// A call on `/nodes/{node}/qemu/{vmid}/<rest>`.
+    async fn on_vm<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        (node, vmid): (&NodeName, VmId),
+        rest: &[&str],
+        params: Params,
+        replay: Replay,
+    ) -> Result<T, ProxmoxError> {
         let id = vmid.to_string();
-        let [a, b, c, d] = qemu(node, &id);
-        self.get(
-            &[a, b, c, d, "agent", "network-get-interfaces"],
-            Params::new(),
-        )
-        .await
+        let path = [&["nodes", node.as_str(), "qemu", &id], rest].concat();
+        self.send(method, &path, params, replay).await
     }
 }

@@ -110,7 +110,8 @@ pub fn network_config(network: &NetworkConfig) -> String {
     }
 }
 
-fn quoted(s: &str) -> String {
+/// A JSON string literal, which is also a valid YAML double-quoted scalar.
+pub(super) fn quoted(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()
 }
 
@@ -143,10 +144,8 @@ pub fn seed_iso_file_name(request_id: &str) -> String {
         format!("omni-seed-{clean}.iso")
     } else {
         let digest = Sha256::digest(request_id.as_bytes());
-        format!(
-            "omni-seed-{clean}-{:02x}{:02x}{:02x}{:02x}.iso",
-            digest[0], digest[1], digest[2], digest[3]
-        )
+        let tag: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        format!("omni-seed-{clean}-{tag}.iso")
     }
 }
 
@@ -207,12 +206,8 @@ pub mod seed_iso {
     fn trim_to_volume(image: &mut Vec<u8>) {
         const PVD: usize = 16 * 2048;
         if image.len() >= PVD + 88 && image[PVD] == 1 && &image[PVD + 1..PVD + 6] == b"CD001" {
-            let blocks = u32::from_le_bytes([
-                image[PVD + 80],
-                image[PVD + 81],
-                image[PVD + 82],
-                image[PVD + 83],
-            ]);
+            let blocks =
+                u32::from_le_bytes(image[PVD + 80..PVD + 84].try_into().unwrap_or_default());
             let size = blocks as usize * 2048;
             if size > PVD && size <= image.len() {
                 image.truncate(size);

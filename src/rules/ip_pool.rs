@@ -52,20 +52,11 @@ impl Cidr {
         Ok(cidr)
     }
 
+    /// The network bits of the family's width set (`/0` has none).
     fn mask(&self) -> u128 {
         let width = bits(self.network);
         let host = width - u32::from(self.prefix).min(width);
-        let all = if width == 128 {
-            u128::MAX
-        } else {
-            (1u128 << width) - 1
-        };
-        let host_bits = if host >= 128 {
-            u128::MAX
-        } else {
-            (1u128 << host) - 1
-        };
-        all & !host_bits
+        u128::MAX.checked_shl(host).unwrap_or(0) & (u128::MAX >> (128 - width))
     }
 
     pub fn contains(&self, addr: IpAddr) -> bool {
@@ -281,20 +272,18 @@ pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), V
                 continue;
             }
         };
-        if nic == 0 {
-            if let Some(bridge) = &pool.bridge {
-                data.network_bridge = bridge.clone();
-            }
-            if pool.vlan.is_some() {
-                data.vlan = pool.vlan;
-            }
-        } else if let Some(extra) = data.additional_nics.get_mut(usize::from(nic) - 1) {
-            if let Some(bridge) = &pool.bridge {
-                extra.bridge = bridge.clone();
-            }
-            if pool.vlan.is_some() {
-                extra.vlan = pool.vlan;
-            }
+        let (bridge, vlan) = match nic {
+            0 => (&mut data.network_bridge, &mut data.vlan),
+            n => match data.additional_nics.get_mut(usize::from(n) - 1) {
+                Some(extra) => (&mut extra.bridge, &mut extra.vlan),
+                None => continue,
+            },
+        };
+        if let Some(pool_bridge) = &pool.bridge {
+            *bridge = pool_bridge.clone();
+        }
+        if pool.vlan.is_some() {
+            *vlan = pool.vlan;
         }
     }
     if problems.is_empty() {
@@ -374,11 +363,6 @@ impl IpLedger {
     /// Every address held, by anyone.
     pub fn taken(&self) -> BTreeSet<IpAddr> {
         self.held.keys().copied().collect()
-    }
-
-    /// Who holds `address`.
-    pub fn holder(&self, address: IpAddr) -> Option<(&str, u8)> {
-        self.held.get(&address).map(|(r, n)| (r.as_str(), *n))
     }
 
     /// What `request` holds, by NIC.
@@ -698,7 +682,7 @@ mod tests {
         l.hold("r1", &[a(0, "10.0.0.1"), a(1, "10.0.1.1")]);
         l.hold("r2", &[a(0, "10.0.0.2")]);
         assert_eq!(l.len(), 3);
-        assert_eq!(l.holder("10.0.0.2".parse().unwrap()), Some(("r2", 0)));
+        assert_eq!(l.of("r2"), [(0, "10.0.0.2".parse().unwrap())]);
         assert_eq!(l.of("r1").len(), 2);
         l.release_nic("r1", 1);
         assert_eq!(l.of("r1").len(), 1);

@@ -15,7 +15,7 @@
 //! Checked where provider data is resolved for a request, so a class asking for more fails with
 //! the key and the allowed values before anything is created.
 
-use crate::rules::provider_data::{Problem, ProviderData, TemplateRef};
+use crate::rules::provider_data::{Problem, ProviderData};
 
 /// What classes may ask for; `None` allows anything the token can.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,10 +54,7 @@ impl Policy {
             }
         }
         if let (Some(templates), Some(template)) = (&self.templates, &data.template) {
-            let written = match template {
-                TemplateRef::VmId(id) => id.to_string(),
-                TemplateRef::Name(name) => name.clone(),
-            };
+            let written = template.to_string();
             if !templates.contains(&written) {
                 let what = format!("template {written:?}");
                 refused.push(refusal("template".into(), what, templates.join(", ")));

@@ -23,14 +23,11 @@ pub const NEEDED_ON_ROOT: [&str; 4] = [
 
 /// The privileges held on `/` beyond [`NEEDED_ON_ROOT`], sorted.
 pub fn beyond_need_on_root<'a>(held_on_root: impl IntoIterator<Item = &'a str>) -> Vec<String> {
-    let mut excess: Vec<String> = held_on_root
+    let excess: std::collections::BTreeSet<&str> = held_on_root
         .into_iter()
         .filter(|p| !NEEDED_ON_ROOT.contains(p))
-        .map(str::to_owned)
         .collect();
-    excess.sort();
-    excess.dedup();
-    excess
+    excess.into_iter().map(str::to_owned).collect()
 }
 
 /// The warning for `excess`, `None` when there is none.

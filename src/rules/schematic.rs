@@ -7,6 +7,8 @@
 
 use std::collections::BTreeSet;
 
+use super::cloud_init::quoted;
+
 /// Added to every schematic: IP discovery and graceful shutdown need the QEMU guest agent.
 pub const GUEST_AGENT_EXTENSION: &str = "siderolabs/qemu-guest-agent";
 
@@ -77,11 +79,6 @@ pub fn schematic_yaml(request: &SchematicRequest) -> Result<String, SchematicErr
         out.push_str(&format!("      - {}\n", quoted(ext)));
     }
     Ok(out)
-}
-
-/// A JSON string literal, which is also a valid YAML double-quoted scalar.
-fn quoted(s: &str) -> String {
-    serde_json::Value::String(s.to_string()).to_string()
 }
 
 #[cfg(test)]

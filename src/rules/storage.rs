@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::model::{GIB, NodeSnapshot, StorageSnapshot};
+use crate::proxmox::property::StorageId;
 use crate::rules::storage_selector::{SelectorError, StorageSelector};
 
 /// What a storage must be able to hold.
@@ -50,7 +51,7 @@ pub struct StorageNeed<'a> {
     /// A full clone from a template on another node: the target storage must also be enabled on
     /// that node (qemu-server src/PVE/API2/Qemu.pm `clone_vm` checks `storage_check_enabled` on the
     /// node it runs on, the template's, before the `target` node): (node, its storages).
-    pub also_on: Option<(&'a str, &'a [String])>,
+    pub also_on: Option<(&'a str, &'a [StorageId])>,
 }
 
 impl<'a> StorageNeed<'a> {
@@ -65,20 +66,13 @@ impl<'a> StorageNeed<'a> {
         }
     }
 
-    /// The same need, on shared storage only.
-    pub fn shared(self) -> Self {
-        Self {
-            shared_only: true,
-            ..self
-        }
-    }
-
     /// The same need, on shared storage also enabled on `node` (whose storages are `storages`): the
     /// target of a full clone from a template on `node`.
-    pub fn shared_from(self, node: &'a str, storages: &'a [String]) -> Self {
+    pub fn shared_from(self, node: &'a str, storages: &'a [StorageId]) -> Self {
         Self {
+            shared_only: true,
             also_on: Some((node, storages)),
-            ..self.shared()
+            ..self
         }
     }
 
@@ -87,22 +81,15 @@ impl<'a> StorageNeed<'a> {
         Self::boot_disk(selector, size_gb)
     }
 
-    /// The Talos ISO and the seed ISO; their size is not known up front, so room is not checked.
-    pub fn iso(selector: Option<&'a StorageSelector>) -> Self {
+    /// What a boot mode downloads (the Talos ISO, or the disk image) and the seed ISO; their size
+    /// is not known up front, so room is not checked.
+    pub fn download(content: Content, selector: Option<&'a StorageSelector>) -> Self {
         Self {
-            content: Content::IsoImages,
+            content,
             selector,
             size_gb: 0,
             shared_only: false,
             also_on: None,
-        }
-    }
-
-    /// What a boot mode downloads: the ISO, or the disk image.
-    pub fn download(content: Content, selector: Option<&'a StorageSelector>) -> Self {
-        Self {
-            content,
-            ..Self::iso(selector)
         }
     }
 }
@@ -167,6 +154,13 @@ impl fmt::Display for Rejection {
     }
 }
 
+impl Rejection {
+    /// Whether the storage may take the disk later without anyone changing it or the class.
+    pub fn may_heal(&self) -> bool {
+        matches!(self, Rejection::Inactive | Rejection::TooSmall { .. })
+    }
+}
+
 /// The verdict on one node's storages: the chosen one (if any) and why each storage before it was
 /// passed over, in API order. Storages after the chosen one were not looked at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,7 +200,7 @@ pub fn choose(node: &NodeSnapshot, need: &StorageNeed<'_>) -> StorageChoice {
                     rejected,
                 };
             }
-            Some(why) => rejected.push((storage.name.clone(), why)),
+            Some(why) => rejected.push((storage.name.to_string(), why)),
         }
     }
     StorageChoice {
@@ -230,7 +224,7 @@ fn judge(
         return Some(Rejection::Inactive);
     }
     if let Some(selector) = need.selector {
-        match selector.matches(&storage.facts(&node.name)) {
+        match selector.matches(&storage.facts(node.name.as_str())) {
             Err(e) => return Some(Rejection::SelectorFailed(e)),
             Ok(false) => return Some(Rejection::NotSelected),
             Ok(true) => {}
@@ -291,7 +285,7 @@ mod tests {
 
     fn storage(name: &str, content: &[&str], available_gib: u64) -> StorageSnapshot {
         StorageSnapshot {
-            name: name.into(),
+            name: StorageId::new(name).unwrap(),
             storage_type: "lvmthin".into(),
             content: content.iter().map(|c| c.to_string()).collect(),
             enabled: true,
@@ -303,11 +297,13 @@ mod tests {
 
     fn node(storages: Vec<StorageSnapshot>) -> NodeSnapshot {
         NodeSnapshot {
-            name: "pve1".into(),
+            name: crate::proxmox::property::NodeName::new("pve1").unwrap(),
             online: true,
+            memory_used: 0,
             memory_max: 8 * GIB,
+            cpus: 0,
+            vms: Vec::new(),
             storages,
-            ..Default::default()
         }
     }
 
@@ -390,14 +386,14 @@ mod tests {
             (
                 "ISO without a selector takes the first ISO storage, whatever its room",
                 standard.clone(),
-                StorageNeed::iso(None),
+                StorageNeed::download(Content::IsoImages, None),
                 Some("local"),
                 vec![],
             ),
             (
                 "ISO with a selector that matches no ISO storage",
                 standard.clone(),
-                StorageNeed::iso(Some(&lvm)),
+                StorageNeed::download(Content::IsoImages, Some(&lvm)),
                 None,
                 vec![
                     "not selected by the selector",
@@ -433,9 +429,12 @@ mod tests {
     fn usable_lists_the_storages_a_selector_could_have_taken() {
         let n = node(vec![
             storage("local", &["iso"], 50),
-            storage("a", &["images"], 5),
+            storage("data", &["images"], 5),
         ]);
-        let iso = choose(&n, &StorageNeed::iso(Some(&sel("false"))));
+        let iso = choose(
+            &n,
+            &StorageNeed::download(Content::IsoImages, Some(&sel("false"))),
+        );
         assert_eq!(iso.usable().collect::<Vec<_>>(), ["local"]);
     }
 
@@ -447,8 +446,17 @@ mod tests {
             shared: true,
             ..storage("nfs", &["images"], 100)
         });
-        let choice = choose(&n, &StorageNeed::boot_disk(&any, 10).shared());
-        assert_eq!(choice.chosen.map(|s| s.name).as_deref(), Some("nfs"));
+        let choice = choose(
+            &n,
+            &StorageNeed {
+                shared_only: true,
+                ..StorageNeed::boot_disk(&any, 10)
+            },
+        );
+        assert_eq!(
+            choice.chosen.map(|s| s.name.to_string()).as_deref(),
+            Some("nfs")
+        );
         assert_eq!(choice.rejected[0].1.to_string(), "selected, but not shared");
         let need = StorageNeed::boot_disk(&any, 0);
         assert!(judge_named(&n, "local-lvm", &need).is_ok());

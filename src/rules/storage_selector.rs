@@ -119,49 +119,39 @@ impl StorageSelector {
         verdict
     }
 
-    fn compile(expression: &str) -> Result<Self, SelectorError> {
-        let expression_owned = || shorten(expression);
-        if expression.trim().is_empty() {
-            return Err(SelectorError::Empty {
-                expression: expression_owned(),
-            });
+    fn compile(text: &str) -> Result<Self, SelectorError> {
+        let expression = shorten(text);
+        if text.trim().is_empty() {
+            return Err(SelectorError::Empty { expression });
         }
-        let length = expression.chars().count();
+        let length = text.chars().count();
         if length > MAX_LEN {
             return Err(SelectorError::TooLong {
-                expression: expression_owned(),
+                expression,
                 length,
                 max: MAX_LEN,
             });
         }
-        let program = match evaluator::parse(Arc::from(expression), BUDGET) {
+        let program = match evaluator::parse(Arc::from(text), BUDGET) {
             Some(Ok(program)) => program,
-            Some(Err(Refusal::Syntax(_))) if looks_like_storage_name(expression) => {
-                return Err(SelectorError::BareName {
-                    expression: expression_owned(),
-                });
+            Some(Err(Refusal::Syntax(_))) if looks_like_storage_name(text) => {
+                return Err(SelectorError::BareName { expression });
             }
             Some(Err(Refusal::Syntax(reason))) => {
-                return Err(SelectorError::Syntax {
-                    expression: expression_owned(),
-                    reason,
-                });
+                return Err(SelectorError::Syntax { expression, reason });
             }
             Some(Err(Refusal::NotAllowed(what))) => {
-                return Err(SelectorError::NotAllowed {
-                    expression: expression_owned(),
-                    what,
-                });
+                return Err(SelectorError::NotAllowed { expression, what });
             }
             None => {
                 return Err(SelectorError::TooSlow {
-                    expression: expression_owned(),
+                    expression,
                     budget: BUDGET,
                 });
             }
         };
         let selector = Self {
-            source: Arc::from(expression),
+            source: Arc::from(text),
             program: Arc::new(program),
         };
         selector.check_on_dummy()
@@ -178,23 +168,16 @@ impl StorageSelector {
         };
         let bare_name =
             looks_like_storage_name(expression) && !VARIABLES.contains(&expression.trim());
-        match self.evaluate(&dummy) {
-            Ok(Outcome::Bool(_)) => Ok(self),
-            Ok(Outcome::Other(_)) | Ok(Outcome::Failed(_)) if bare_name => {
-                Err(SelectorError::BareName {
-                    expression: expression.to_string(),
-                })
+        match self.matches(&dummy) {
+            Ok(_) => Ok(self),
+            Err(SelectorError::NotBoolean { expression, .. })
+            | Err(SelectorError::Evaluation { expression, .. })
+                if bare_name =>
+            {
+                Err(SelectorError::BareName { expression })
             }
-            Ok(Outcome::Other(kind)) => Err(SelectorError::NotBoolean {
-                expression: expression.to_string(),
-                kind,
-            }),
             // Arithmetic overflow depends on the real numbers; everything else is a mistake.
-            Ok(Outcome::Failed(reason)) if reason.contains("verflow") => Ok(self),
-            Ok(Outcome::Failed(reason)) => Err(SelectorError::Evaluation {
-                expression: expression.to_string(),
-                reason,
-            }),
+            Err(SelectorError::Evaluation { reason, .. }) if reason.contains("verflow") => Ok(self),
             Err(e) => Err(e),
         }
     }

@@ -7,7 +7,7 @@
 
 use crate::model::identity;
 use crate::model::identity::set_tag;
-use crate::model::vm::{BootDisk, is_drive_key};
+use crate::model::vm::{BootDisk, is_drive_key, is_numbered};
 use crate::proxmox::property::{
     self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, ImportVolume, ImportedDisk,
     IsoVolume, MacAddr, NewDisk, Nic, PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
@@ -311,7 +311,7 @@ pub fn additional_disk_clash<'a>(
 /// be replayed blindly.
 pub fn allocates(key: &str, value: &str) -> bool {
     let first = value.split(',').next().unwrap_or(value).trim();
-    if is_nic_key(key) {
+    if is_numbered(key, &["net"]) {
         return !first.contains('=') && !value.contains("macaddr=");
     }
     if !is_drive_key(key) {
@@ -325,11 +325,6 @@ pub fn allocates(key: &str, value: &str) -> bool {
         }
         None => false,
     }
-}
-
-fn is_nic_key(key: &str) -> bool {
-    key.strip_prefix("net")
-        .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
 }
 
 /// Makes a config update safe to apply a second time (a step retried after an answer that was lost
@@ -354,23 +349,15 @@ pub fn without_repeated_allocations(
                 // Already allocated by the first attempt: keep it.
                 return None;
             }
-            let mac = existing
-                .split(',')
-                .next()
-                .and_then(|model| model.split_once('='))
-                .map(|(_, mac)| mac.to_owned());
-            match mac {
-                Some(mac) => {
-                    let (model, rest) = value.split_once(',').unwrap_or((value.as_str(), ""));
-                    let with_mac = if rest.is_empty() {
-                        format!("{model}={mac}")
-                    } else {
-                        format!("{model}={mac},{rest}")
-                    };
-                    Some((key, with_mac))
-                }
-                None => Some((key, value)),
-            }
+            let Some((_, mac)) = existing.split(',').next().and_then(|m| m.split_once('=')) else {
+                return Some((key, value));
+            };
+            let with_mac = match value.split_once(',') {
+                Some((model, rest)) if !rest.is_empty() => format!("{model}={mac},{rest}"),
+                Some((model, _)) => format!("{model}={mac}"),
+                None => format!("{value}={mac}"),
+            };
+            Some((key, with_mac))
         })
         .collect()
 }

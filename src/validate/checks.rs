@@ -44,7 +44,7 @@ pub(crate) fn check_cluster_inner(
         .filter(|n| n.online && request.considers(&n.name))
     {
         if let Some(outcome) = check_node(&check, node, &mut out) {
-            outcomes.push((node.name.clone(), outcome));
+            outcomes.push((node.name.to_string(), outcome));
         }
     }
     let clones: Vec<(&str, &Result<String, CloneRefusal>)> = outcomes

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::layers::{Layers, Origin};
-use super::report::{Finding, Outcome};
+use super::report::{Finding, Outcome, list_or_none};
 use crate::model::Listing;
 use crate::model::{ClusterSnapshot, MIB};
 use crate::proxmox::cluster::ClusterHealth;
@@ -94,7 +94,7 @@ pub fn candidate_nodes(data: &ProviderData, cluster: &ClusterSnapshot) -> Vec<(S
         .nodes
         .iter()
         .filter(|n| request.considers(&n.name))
-        .map(|n| (n.name.clone(), n.online))
+        .map(|n| (n.name.to_string(), n.online))
         .collect()
 }
 
@@ -124,12 +124,7 @@ impl<'a> ClusterCheck<'a> {
         view: &'a ClusterFacts,
     ) -> Self {
         let cluster = ClusterSnapshot::from_resources(&view.resources);
-        let names = cluster.node_names();
-        let existing = if names.is_empty() {
-            "none".to_string()
-        } else {
-            names.join(", ")
-        };
+        let existing = list_or_none(&cluster.node_names());
         Self {
             schema,
             layers,
@@ -259,7 +254,7 @@ impl ClusterCheck<'_> {
                 Ok(n) => Finding::new(
                     Outcome::Pass,
                     key,
-                    Some(&n.name),
+                    Some(n.name.as_str()),
                     "exists and is online".into(),
                 ),
                 Err(PlacementError::PinnedNodeOffline { node }) => Finding::new(
@@ -452,7 +447,7 @@ impl ClusterCheck<'_> {
             .filter(|(_, fit)| fit.is_ok())
             .map(|(n, _)| n.as_str())
             .collect();
-        let vcpus = u64::from(data.cores).saturating_mul(u64::from(data.sockets.max(1)));
+        let vcpus = self.class.request(data).vcpus;
         if fitting.is_empty() {
             let (key, message) = self.fits_nowhere(fits, vcpus);
             out.push(Finding::new(

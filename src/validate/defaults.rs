@@ -6,7 +6,7 @@ use super::checks::check_cluster_inner;
 use super::cluster::ClusterFacts;
 use super::gather::gather;
 use super::layers::{Layers, with_stand_ins};
-use super::report::{Finding, Outcome};
+use super::report::{Finding, Outcome, findings_of};
 use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::ProviderDataSchema;
@@ -19,30 +19,16 @@ pub fn check_defaults_against(
     config: &ProviderConfig,
     view: &ClusterFacts,
 ) -> Vec<Finding> {
-    let (defaults, nodes) = (&config.defaults, &config.nodes);
-    let (filled, stand_ins) = with_stand_ins(defaults);
+    let (filled, stand_ins) = with_stand_ins(&config.defaults);
+    let written = Layers::new("{}", config);
     let layers = Layers {
-        class_yaml: "{}",
         defaults: &filled,
-        nodes,
-        ip_pools: &config.ip_pools,
+        ..written
     };
-    let written = Layers {
-        class_yaml: "{}",
-        defaults,
-        nodes,
-        ip_pools: &config.ip_pools,
-    };
-    let data = match layers.resolve_on(schema, None) {
-        Ok(d) => d,
-        Err(problems) => {
-            return problems
-                .into_iter()
-                .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
-                .collect();
-        }
-    };
-    check_cluster_inner(schema, &layers, &written, &data, view, &stand_ins)
+    match layers.resolve_on(schema, None) {
+        Ok(data) => check_cluster_inner(schema, &layers, &written, &data, view, &stand_ins),
+        Err(problems) => findings_of(Outcome::Problem, None, problems).collect(),
+    }
 }
 
 /// The longest health text [`check_defaults`] returns; Omni shows it in one line.
@@ -61,28 +47,20 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
     };
     let (filled, _) = with_stand_ins(&config.defaults);
     let layers = Layers {
-        class_yaml: "{}",
         defaults: &filled,
-        nodes: &config.nodes,
-        ip_pools: &config.ip_pools,
+        ..Layers::new("{}", config)
     };
-    let data = match layers.resolve_on(&schema, None) {
-        Ok(d) => d,
-        Err(problems) => {
-            return Some(summarize(
-                problems
-                    .into_iter()
-                    .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message)),
-            ));
-        }
-    };
-    let view = match gather(pve, &data, &config.nodes, config.placement).await {
-        Ok(v) => v,
-        Err(e) => {
-            return Some(format!(
-                "cannot check the config defaults against Proxmox: {e}"
-            ));
-        }
+    // Data that does not resolve gets no cluster read: its problems are the findings.
+    let view = match layers.resolve_on(&schema, None) {
+        Ok(data) => match gather(pve, &data, &config.nodes, config.placement).await {
+            Ok(v) => v,
+            Err(e) => {
+                return Some(format!(
+                    "cannot check the config defaults against Proxmox: {e}"
+                ));
+            }
+        },
+        Err(_) => ClusterFacts::default(),
     };
     let findings = check_defaults_against(&schema, config, &view);
     let problems: Vec<Finding> = findings

@@ -2,6 +2,7 @@
 //! the PCI/USB resource mappings and the Proxmox VE version only when the data needs them, and with
 //! `boot: clone` the config of each copy of the template (where its drives are).
 
+use futures_util::future::OptionFuture;
 use serde_json::{Map, Value};
 
 use super::check_schema;
@@ -48,26 +49,17 @@ pub async fn gather(
                     .is_some_and(|l| l.as_array().is_some_and(|a| !a.is_empty()))
             })
     };
-    let pci_mappings = if uses("pci_devices", data.pci_devices.is_empty()) {
-        Some(mappings(pve, MappingKind::Pci).await)
-    } else {
-        None
-    };
-    let usb_mappings = if uses("usb_devices", data.usb_devices.is_empty()) {
-        Some(mappings(pve, MappingKind::Usb).await)
-    } else {
-        None
-    };
-    let pve_version = if needs_release_check(data) {
-        Some(
-            pve.version()
-                .await
-                .map(|v| v.version)
-                .map_err(|e| e.to_string()),
-        )
-    } else {
-        None
-    };
+    let pci =
+        uses("pci_devices", data.pci_devices.is_empty()).then(|| mappings(pve, MappingKind::Pci));
+    let pci_mappings = OptionFuture::from(pci).await;
+    let usb =
+        uses("usb_devices", data.usb_devices.is_empty()).then(|| mappings(pve, MappingKind::Usb));
+    let usb_mappings = OptionFuture::from(usb).await;
+    let version = needs_release_check(data).then_some(async {
+        let version = pve.version().await;
+        version.map(|v| v.version).map_err(|e| e.to_string())
+    });
+    let pve_version = OptionFuture::from(version).await;
     let clone_source = match (data.boot, &data.template) {
         (BootMode::Clone, Some(wanted)) => Some(
             clone_source(pve, &resources, &cluster, wanted, data.clone_mode)

@@ -91,17 +91,14 @@ impl Origin<'_, '_> {
 
 /// Values that satisfy the schema for the keys a machine class must set, used when `defaults:` leaves
 /// them out; findings about them are dropped.
-fn required_stand_in(key: &str) -> Option<Value> {
-    match key {
-        "cores" => Some(json!(1)),
-        "memory" => Some(json!(2048)),
-        "disk_size" => Some(json!(5)),
-        "storage_selector" => Some(json!("true")),
-        _ => None,
-    }
+fn required_stand_ins() -> [(&'static str, Value); 4] {
+    [
+        ("cores", json!(1)),
+        ("memory", json!(2048)),
+        ("disk_size", json!(5)),
+        ("storage_selector", json!("true")),
+    ]
 }
-
-const REQUIRED: [&str; 4] = ["cores", "memory", "disk_size", "storage_selector"];
 
 /// Keys whose built-in default a machine class usually relies on; checked for `defaults:` only when
 /// set there (or in a node override).
@@ -112,8 +109,8 @@ pub(crate) fn with_stand_ins(
 ) -> (Map<String, Value>, Vec<&'static str>) {
     let mut filled = defaults.clone();
     let mut stand_ins: Vec<&'static str> = CHECKED_ONLY_WHEN_SET.to_vec();
-    for key in REQUIRED {
-        if let Some(value) = required_stand_in(key).filter(|_| !defaults.contains_key(key)) {
+    for (key, value) in required_stand_ins() {
+        if !defaults.contains_key(key) {
             filled.insert(key.to_string(), value);
             stand_ins.push(key);
         }

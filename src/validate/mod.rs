@@ -36,6 +36,7 @@ pub use gather::{gather, validate_class};
 pub use layers::Layers;
 pub use pools::{check_pools, pool_findings};
 pub use privileges::root_reach_warning;
+pub(crate) use report::findings_of;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
@@ -48,27 +49,14 @@ pub fn check_schema(
     layers: &Layers<'_>,
 ) -> (Vec<Finding>, Option<ProviderData>) {
     let overrides = schema.check_config_overrides(layers.defaults, layers.nodes);
-    let mut findings: Vec<Finding> = overrides
-        .problems
-        .into_iter()
-        .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
-        .chain(
-            overrides
-                .warnings
-                .into_iter()
-                .map(|p| Finding::new(Outcome::Warning, p.key, None, p.message)),
-        )
+    let mut findings: Vec<Finding> = findings_of(Outcome::Problem, None, overrides.problems)
+        .chain(findings_of(Outcome::Warning, None, overrides.warnings))
         .collect();
     // The class's own warnings (those of `defaults:` and `nodes:` came with the overrides above),
     // also when the class fails: an ignored misspelling often explains a missing key.
     if let Ok(class) = ProviderDataSchema::class_map(layers.class_yaml) {
-        findings.extend(
-            schema
-                .check_layer("", &Value::Object(class))
-                .warnings
-                .into_iter()
-                .map(|w| Finding::new(Outcome::Warning, w.key, None, w.message)),
-        );
+        let check = schema.check_layer("", &Value::Object(class));
+        findings.extend(findings_of(Outcome::Warning, None, check.warnings));
     }
     match layers.resolve_on(schema, None) {
         Ok(data) => {
@@ -83,11 +71,7 @@ pub fn check_schema(
             (findings, Some(data))
         }
         Err(problems) => {
-            findings.extend(
-                problems
-                    .into_iter()
-                    .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message)),
-            );
+            findings.extend(findings_of(Outcome::Problem, None, problems));
             findings.push(Finding::new(
                 Outcome::Skipped,
                 "cluster",

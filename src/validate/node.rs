@@ -4,7 +4,7 @@
 //! the reason for every storage passed over.
 
 use super::cluster::ClusterCheck;
-use super::report::{Finding, Outcome};
+use super::report::{Finding, Outcome, findings_of, list_or_none};
 use crate::model::{GIB, NodeSnapshot};
 use crate::pipeline::prepare_image::BootImage;
 use crate::proxmox::network::mapping::ResourceMapping;
@@ -28,14 +28,17 @@ pub(crate) fn check_node(
     node: &NodeSnapshot,
     out: &mut Vec<Finding>,
 ) -> Option<NodeOutcome> {
-    let here = match check.layers.resolve_on(check.schema, Some(&node.name)) {
+    let here = match check
+        .layers
+        .resolve_on(check.schema, Some(node.name.as_str()))
+    {
         Ok(d) => d,
         Err(problems) => {
-            out.extend(
-                problems
-                    .into_iter()
-                    .map(|p| Finding::new(Outcome::Problem, p.key, Some(&node.name), p.message)),
-            );
+            out.extend(findings_of(
+                Outcome::Problem,
+                Some(node.name.as_str()),
+                problems,
+            ));
             return None;
         }
     };
@@ -266,90 +269,62 @@ fn device_findings(
     out: &mut Vec<Finding>,
 ) {
     let n = node.name.as_str();
-    let keyed = |list: &str, ids: Vec<String>| -> Vec<(String, String)> {
-        ids.into_iter()
-            .enumerate()
-            .map(|(i, id)| {
-                (
-                    format!("{}[{i}].mapping", check.origin.key(list, Some(n))),
-                    id,
-                )
-            })
-            .collect()
-    };
-    let pci = keyed(
-        "pci_devices",
-        here.pci_devices
-            .iter()
-            .map(|d| d.mapping.to_string())
-            .collect(),
-    );
-    let usb = keyed(
-        "usb_devices",
-        here.usb_devices
-            .iter()
-            .map(|d| d.mapping.to_string())
-            .collect(),
-    );
-    check_mappings(out, n, "PCI", &pci, check.view.pci_mappings.as_ref());
-    check_mappings(out, n, "USB", &usb, check.view.usb_mappings.as_ref());
-}
-
-fn check_mappings(
-    out: &mut Vec<Finding>,
-    node: &str,
-    kind: &str,
-    wanted: &[(String, String)],
-    known: Option<&Result<Vec<ResourceMapping>, String>>,
-) {
-    if wanted.is_empty() {
-        return;
-    }
-    let Some(known) = known else {
-        return;
-    };
-    for (key, id) in wanted {
-        match known {
-            Err(why) => out.push(Finding::new(
-                Outcome::Skipped,
-                key.clone(),
-                Some(node),
-                format!("{kind} resource mappings not checked: {why}"),
-            )),
-            Ok(list) => match list.iter().find(|m| &m.id == id) {
-                None => out.push(Finding::new(
-                    Outcome::Problem,
-                    key.clone(),
-                    Some(node),
-                    format!(
-                        "{kind} resource mapping {id:?} does not exist (Datacenter > Resource Mappings); existing: {}",
-                        list_or_none(&list.iter().map(|m| m.id.clone()).collect::<Vec<_>>())
-                    ),
-                )),
-                Some(m) if !m.nodes().iter().any(|n| n == node) => out.push(Finding::new(
-                    Outcome::Problem,
-                    key.clone(),
-                    Some(node),
-                    format!(
-                        "{kind} resource mapping {id:?} has no device on {node} (it has: {})",
-                        list_or_none(&m.nodes())
-                    ),
-                )),
-                Some(_) => out.push(Finding::new(
-                    Outcome::Pass,
-                    key.clone(),
-                    Some(node),
-                    format!("{kind} resource mapping {id} has a device here"),
-                )),
-            },
+    let pci = here.pci_devices.iter().map(|d| d.mapping.to_string());
+    let usb = here.usb_devices.iter().map(|d| d.mapping.to_string());
+    let view = check.view;
+    let devices = [
+        (
+            "pci_devices",
+            "PCI",
+            pci.collect::<Vec<_>>(),
+            &view.pci_mappings,
+        ),
+        ("usb_devices", "USB", usb.collect(), &view.usb_mappings),
+    ];
+    for (list, kind, ids, known) in devices {
+        let Some(known) = known else {
+            continue;
+        };
+        for (i, id) in ids.iter().enumerate() {
+            let key = format!("{}[{i}].mapping", check.origin.key(list, Some(n)));
+            let (outcome, message) = mapping_verdict(n, kind, id, known);
+            out.push(Finding::new(outcome, key, Some(n), message));
         }
     }
 }
 
-fn list_or_none(items: &[String]) -> String {
-    if items.is_empty() {
-        "none".to_string()
-    } else {
-        items.join(", ")
+/// Whether the resource mapping `id` exists and has a device on `node`, as far as `known` tells.
+fn mapping_verdict(
+    node: &str,
+    kind: &str,
+    id: &str,
+    known: &Result<Vec<ResourceMapping>, String>,
+) -> (Outcome, String) {
+    let list = match known {
+        Err(why) => {
+            let message = format!("{kind} resource mappings not checked: {why}");
+            return (Outcome::Skipped, message);
+        }
+        Ok(list) => list,
+    };
+    match list.iter().find(|m| m.id == id) {
+        None => (
+            Outcome::Problem,
+            format!(
+                "{kind} resource mapping {id:?} does not exist (Datacenter > Resource Mappings); existing: {}",
+                list_or_none(&list.iter().map(|m| m.id.clone()).collect::<Vec<_>>())
+            ),
+        ),
+        Some(m) if !m.nodes().iter().any(|n| n == node) => (
+            Outcome::Problem,
+            format!(
+                "{kind} resource mapping {id:?} has no device on {node} (it has: {})",
+                list_or_none(&m.nodes())
+            ),
+        ),
+        Some(_) => (
+            Outcome::Pass,
+            format!("{kind} resource mapping {id} has a device here"),
+        ),
     }
 }

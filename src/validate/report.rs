@@ -4,6 +4,8 @@ use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
+use crate::rules::provider_data::Problem;
+
 /// How one check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -57,6 +59,26 @@ impl Finding {
     }
 }
 
+/// The provider data's `problems` (or warnings) as findings of `outcome`, on `node` if given.
+pub(crate) fn findings_of<'a>(
+    outcome: Outcome,
+    node: Option<&'a str>,
+    problems: Vec<Problem>,
+) -> impl Iterator<Item = Finding> + 'a {
+    problems
+        .into_iter()
+        .map(move |p| Finding::new(outcome, p.key, node, p.message))
+}
+
+/// `a, b, c`, or `none`.
+pub(crate) fn list_or_none<S: std::borrow::Borrow<str>>(items: &[S]) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
 impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.node {
@@ -87,26 +109,16 @@ impl Report {
         }
     }
 
-    pub fn problems(&self) -> impl Iterator<Item = &Finding> {
-        self.findings
-            .iter()
-            .filter(|f| f.outcome == Outcome::Problem)
-    }
-
     /// The report for people: one line per finding, then a verdict.
     pub fn render_text(&self) -> String {
-        let rows: Vec<Vec<String>> = self
-            .findings
-            .iter()
-            .map(|f| {
-                let node = f.node.as_deref().unwrap_or("-");
-                // Four wide whatever the findings, so reports line up with each other.
-                let label = format!("{:<4}", f.outcome.label());
-                vec![label, f.key.clone(), node.into(), f.message.clone()]
-            })
-            .collect();
+        let rows = self.findings.iter().map(|f| {
+            let node = f.node.as_deref().unwrap_or("-");
+            // Four wide whatever the findings, so reports line up with each other.
+            let label = format!("{:<4}", f.outcome.label());
+            vec![label, f.key.clone(), node.into(), f.message.clone()]
+        });
         let mut out = String::new();
-        crate::table::render(&mut out, "", &[], &rows);
+        crate::table::render(&mut out, "", &[], rows);
         out.push('\n');
         if self.ok {
             let _ = writeln!(out, "OK: no problems found ({} warning(s)).", self.warnings);

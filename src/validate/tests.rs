@@ -86,8 +86,9 @@ fn run(class: &str, defaults: Value, nodes: Value) -> Report {
 }
 
 fn problem<'a>(r: &'a Report, key: &str, node: Option<&str>) -> Option<&'a Finding> {
-    r.problems()
-        .find(|f| f.key == key && f.node.as_deref() == node)
+    r.findings
+        .iter()
+        .find(|f| f.outcome == Outcome::Problem && f.key == key && f.node.as_deref() == node)
 }
 
 const BASE: &str =
@@ -481,7 +482,7 @@ fn validate_and_placement_give_the_same_verdict() {
             let chosen = report
                 .findings
                 .iter()
-                .find(|f| f.key == "storage_selector" && f.node.as_deref() == Some(&p.node))
+                .find(|f| f.key == "storage_selector" && f.node.as_deref() == Some(p.node.as_str()))
                 .expect("a storage finding on the chosen node");
             assert_eq!(chosen.outcome, Outcome::Pass, "{class}");
             assert!(

@@ -41,7 +41,11 @@ async fn next_event(rx: &mut mpsc::Receiver<Result<WatchEvent, StateError>>) -> 
 }
 
 fn id_of(ev: &WatchEvent) -> String {
-    ev.resource()
+    let resource = match ev {
+        WatchEvent::Created(r) | WatchEvent::Updated(r) | WatchEvent::Destroyed(r) => Some(r),
+        WatchEvent::Bootstrapped | WatchEvent::Resync => None,
+    };
+    resource
         .and_then(|r| r.metadata.as_ref())
         .map(|m| m.id.clone())
         .unwrap_or_default()

@@ -477,3 +477,123 @@ async fn the_leader_lease_lives_in_the_providers_namespace_and_changes_only_by_v
         "{err}"
     );
 }
+
+/// COSI's TeardownAndDestroy tears down, waits on the server until no finalizer holds the
+/// resource, then destroys it (cosi-project/runtime `pkg/state/wrap.go` TeardownAndDestroy,
+/// `pkg/state/protobuf/server/server.go`): a prompt release costs one call. A finalizer held
+/// beyond the wait leaves the resource torn down for the caller to destroy later; a missing
+/// resource is gone; Omni before 1.8 (no such RPC) gets Teardown and Destroy.
+#[tokio::test]
+async fn teardown_and_destroy_is_one_call_for_a_prompt_release() {
+    let omni = Omni::start("proxmox").await;
+    let client = omni.client("proxmox");
+    let owner = provision_controller_name("proxmox");
+    let kind = ProviderMachine::new("proxmox");
+    for id in ["prompt", "held", "old"] {
+        client
+            .state
+            .create(&kind, id, &MachineSpec::default(), BTreeMap::new(), &owner)
+            .await
+            .unwrap();
+    }
+    for id in ["prompt", "held"] {
+        client
+            .state
+            .add_finalizer(&ResourceRef::of(&kind, id), "keep")
+            .await
+            .unwrap();
+    }
+    let releaser = omni.client("proxmox");
+    let release = tokio::spawn(async move {
+        let what = ResourceRef::of(&ProviderMachine::new("proxmox"), "prompt");
+        for _ in 0..100 {
+            if releaser
+                .state
+                .get_raw(&what)
+                .await
+                .unwrap()
+                .metadata
+                .unwrap()
+                .phase
+                == "tearingDown"
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        releaser
+            .state
+            .remove_finalizer(&what, "keep")
+            .await
+            .unwrap();
+    });
+    let calls = |m: &str| omni.state.calls(&format!("/cosi.resource.State/{m}"));
+    let (teardowns, destroys) = (calls("Teardown"), calls("Destroy"));
+    let remove = |id: &'static str, wait_ms: u64| {
+        let (state, what, owner) = (&client.state, ResourceRef::of(&kind, id), &owner);
+        async move {
+            let wait = Duration::from_millis(wait_ms);
+            state
+                .teardown_and_destroy(&what, owner, wait)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(remove("prompt", 5000).await);
+    release.await.unwrap();
+    assert!(omni.state.get(&kind, "prompt").is_none());
+    assert_eq!(calls("TeardownAndDestroy"), 1);
+    assert_eq!((calls("Teardown"), calls("Destroy")), (teardowns, destroys));
+
+    assert!(!remove("held", 200).await, "held beyond the wait");
+    assert!(omni.state.get(&kind, "held").unwrap().is_tearing_down());
+    assert!(remove("missing", 1000).await, "a missing resource is gone");
+
+    omni.state.set_teardown_unimplemented(true);
+    assert!(remove("old", 1000).await);
+    assert!(omni.state.get(&kind, "old").is_none());
+    assert_eq!(calls("Destroy"), destroys + 1, "the fallback destroys");
+}
+
+/// Our finalizer leaves a MachineRequest in one Update from the copy the watch delivered, its spec
+/// echoed as received (Omni refuses a provider's update of a request that changes anything but
+/// finalizers: siderolabs/omni `internal/backend/runtime/omni/infraprovider/state.go`
+/// resourcesAreEqual). A copy older than the stored request conflicts on its version and is
+/// replaced by a fresh read, so another controller's finalizer is never dropped.
+#[tokio::test]
+async fn a_finalizer_leaves_the_delivered_copy_in_one_update() {
+    let omni = Omni::start("proxmox").await;
+    let client = omni.client("proxmox");
+    omni.state
+        .create_machine_request("r1", "proxmox", "set", &request_spec("v1.11.0"));
+    let what = ResourceRef::of(&MachineRequest, "r1");
+    let fin = provision_controller_name("proxmox");
+    client.state.add_finalizer(&what, &fin).await.unwrap();
+    let delivered = client.state.get(&MachineRequest, "r1").await.unwrap();
+    let calls = |m: &str| omni.state.calls(&format!("/cosi.resource.State/{m}"));
+    let (gets, updates) = (calls("Get"), calls("Update"));
+    client
+        .state
+        .remove_finalizer_from(&delivered, &fin)
+        .await
+        .unwrap();
+    assert_eq!((calls("Get"), calls("Update")), (gets, updates + 1));
+    let stored = omni.state.get(&MachineRequest, "r1").unwrap();
+    assert!(stored.metadata.finalizers.is_empty());
+    assert_eq!(stored.received_spec, delivered.received_spec);
+
+    client.state.add_finalizer(&what, &fin).await.unwrap();
+    let stale = client.state.get(&MachineRequest, "r1").await.unwrap();
+    client
+        .state
+        .add_finalizer(&what, "Omni.Other")
+        .await
+        .unwrap();
+    client
+        .state
+        .remove_finalizer_from(&stale, &fin)
+        .await
+        .unwrap();
+    let stored = omni.state.get(&MachineRequest, "r1").unwrap();
+    assert_eq!(stored.metadata.finalizers, vec!["Omni.Other".to_owned()]);
+}

@@ -25,6 +25,7 @@ async fn a_request_waiting_for_a_slot_holds_a_small_future() {
         metadata: Default::default(),
         spec: MachineRequestSpec::default(),
         unknown_fields: Vec::new(),
+        received_spec: None,
     };
     request.metadata.id = "waiting-1".into();
     // Made, never polled: their size is what a waiting request holds.

@@ -95,11 +95,6 @@ impl Election {
         (election, rx)
     }
 
-    /// This replica's identity in the lease.
-    pub fn identity(&self) -> String {
-        self.me.id()
-    }
-
     fn is_leader(&self) -> bool {
         *self.role.borrow() == Role::Leader
     }

@@ -77,9 +77,7 @@ impl fmt::Debug for ProviderKey {
 
 #[derive(serde::Deserialize)]
 struct KeyJson {
-    #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
     pgp_key: Option<String>,
 }
 
@@ -129,14 +127,16 @@ impl ProviderKey {
         if key.primary_key.secret_params().is_encrypted() {
             return Err(KeyError::PassphraseProtected);
         }
-        let fingerprint = format!("{:x}", key.primary_key.fingerprint());
-        let email = primary_email(&key);
-        Ok(Self {
+        Ok(Self::from_key(identity, key))
+    }
+
+    fn from_key(identity: String, key: SignedSecretKey) -> Self {
+        Self {
             identity,
+            fingerprint: format!("{:x}", key.primary_key.fingerprint()),
+            email: primary_email(&key),
             key,
-            fingerprint,
-            email,
-        })
+        }
     }
 
     /// The name the key was issued under: `infra-provider:<id>` from `omnictl`, `<id>` from the UI.
@@ -181,15 +181,7 @@ impl ProviderKey {
             std::env::consts::OS,
             std::env::consts::ARCH
         );
-        let key = generate_key(&uid, None)?;
-        let fingerprint = format!("{:x}", key.primary_key.fingerprint());
-        let email = primary_email(&key);
-        Ok(Self {
-            identity,
-            key,
-            fingerprint,
-            email,
-        })
+        Ok(Self::from_key(identity, generate_key(&uid, None)?))
     }
 
     /// The key in `omnictl`'s transport form: base64 of `{"name", "pgp_key"}`.

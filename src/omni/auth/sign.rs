@@ -29,23 +29,18 @@ impl fmt::Debug for SignedHeaders {
 }
 
 impl ProviderKey {
-    /// A binary detached signature over `data` (SHA-512 like gopenpgp: the server accepts any
-    /// SHA-2, we pick the gopenpgp v2 default).
-    pub fn detached_signature(&self, data: &[u8]) -> Result<Vec<u8>, SignError> {
+    /// The `x-sidero-signature` value for an exact payload string: a binary detached signature
+    /// (SHA-512 like gopenpgp: the server accepts any SHA-2, we pick the gopenpgp v2 default).
+    pub fn signature_header(&self, payload: &str) -> Result<String, SignError> {
         let sig = DetachedSignature::sign_binary_data(
             rand::rngs::OsRng,
             &self.key.primary_key,
             &Password::empty(),
             HashAlgorithm::Sha512,
-            data,
+            payload.as_bytes(),
         )
+        .and_then(|sig| sig.to_bytes())
         .map_err(|e| SignError(e.to_string()))?;
-        sig.to_bytes().map_err(|e| SignError(e.to_string()))
-    }
-
-    /// The `x-sidero-signature` value for an exact payload string.
-    pub fn signature_header(&self, payload: &str) -> Result<String, SignError> {
-        let sig = self.detached_signature(payload.as_bytes())?;
         Ok(format!(
             "{SIGNATURE_VERSION} {} {} {}",
             self.identity,

@@ -3,15 +3,13 @@
 //!
 //! Omni checks the token's signature by re-marshalling the extra data with Go's `encoding/json` and
 //! comparing MACs, so the bytes we sign must equal Go's output exactly (sorted keys, compact, Go's HTML
-//! escaping). That is why the JSON here is written by hand instead of with serde_json, whose escaping
-//! differs. Everything that embeds the token (kernel args, join config) is a [`Secret`], so none of it
+//! escaping). That is why the JSON here is serde_json's with Go's HTML escaping added. Everything that embeds the token (kernel args, join config) is a [`Secret`], so none of it
 //! can reach a log line or a `Debug` dump.
 
 mod render;
 mod token;
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use crate::secret::Secret;
 use render::{render_join_config, siderolink_api_url};
@@ -83,10 +81,8 @@ pub enum JoinError {
     EmptyApiUrl,
     #[error("the machine API URL from Omni ({url:?}) is not a valid URL: {reason}")]
     InvalidApiUrl { url: String, reason: String },
-    #[error("the SideroLink events port from Omni is 0")]
-    ZeroEventsPort,
-    #[error("the SideroLink logs port from Omni is 0")]
-    ZeroLogsPort,
+    #[error("the SideroLink {which} port from Omni is 0")]
+    ZeroPort { which: &'static str },
     #[error("the {which} port from Omni ({port}) is larger than 65535")]
     PortOutOfRange { which: &'static str, port: u32 },
     #[error("the infra provider ID is empty")]
@@ -94,7 +90,7 @@ pub enum JoinError {
 }
 
 /// The rendered connection parameters. All of it contains the join token, hence all of it is secret.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ConnectionParams {
     /// The extended (`v1:`/`v2:`) join token.
     pub join_token: Secret,
@@ -102,16 +98,6 @@ pub struct ConnectionParams {
     pub kernel_args: Vec<Secret>,
     /// The multi-document Talos config, delivered as NoCloud user-data.
     pub join_config: Secret,
-}
-
-impl fmt::Debug for ConnectionParams {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConnectionParams")
-            .field("join_token", &self.join_token)
-            .field("kernel_args", &self.kernel_args.len())
-            .field("join_config", &self.join_config)
-            .finish()
-    }
 }
 
 /// Builds the join token, kernel args and join config (§4).
@@ -160,14 +146,11 @@ pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinEr
 }
 
 fn check_port(port: u32, which: &'static str) -> Result<u16, JoinError> {
-    if port == 0 {
-        return Err(if which == "events" {
-            JoinError::ZeroEventsPort
-        } else {
-            JoinError::ZeroLogsPort
-        });
+    match u16::try_from(port) {
+        Ok(0) => Err(JoinError::ZeroPort { which }),
+        Ok(port) => Ok(port),
+        Err(_) => Err(JoinError::PortOutOfRange { which, port }),
     }
-    u16::try_from(port).map_err(|_| JoinError::PortOutOfRange { which, port })
 }
 
 #[cfg(test)]
@@ -322,8 +305,13 @@ mod tests {
             JoinError::EmptyToken
         );
         assert_eq!(bad(|i| i.api_url = String::new()), JoinError::EmptyApiUrl);
-        assert_eq!(bad(|i| i.events_port = 0), JoinError::ZeroEventsPort);
-        assert_eq!(bad(|i| i.logs_port = 0), JoinError::ZeroLogsPort);
+        let zero = |which| JoinError::ZeroPort { which };
+        assert_eq!(bad(|i| i.events_port = 0), zero("events"));
+        assert_eq!(bad(|i| i.logs_port = 0), zero("logs"));
+        assert_eq!(
+            zero("events").to_string(),
+            "the SideroLink events port from Omni is 0"
+        );
         assert_eq!(
             bad(|i| i.provider_id = String::new()),
             JoinError::EmptyProviderId

@@ -22,13 +22,20 @@ pub fn extended_token(
     if plain_text.starts_with("v1:") || plain_text.starts_with("v2:") {
         return plain.clone();
     }
-    let extra_json = go_json_string_map(extra_data);
+    let extra_json = go_json(extra_data);
     let signature = BASE64.encode(sign(plain_text.as_bytes(), extra_json.as_bytes()));
-    let body = format!(
-        "{{\"extra_data\":{extra_json},\"signature\":{}}}",
-        go_json_string(&signature)
-    );
+    let body = go_json(&Body {
+        extra_data: extra_data.clone(),
+        signature,
+    });
     Secret::new(format!("{}{}", mode.token_prefix(), BASE64.encode(body)))
+}
+
+/// The token's JSON body; fields in Go's order (the struct's, which is also sorted).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Body {
+    extra_data: BTreeMap<String, String>,
+    signature: String,
 }
 
 fn sign(key: &[u8], message: &[u8]) -> Vec<u8> {
@@ -41,48 +48,21 @@ fn sign(key: &[u8], message: &[u8]) -> Vec<u8> {
     mac.finalize().into_bytes().to_vec()
 }
 
-/// Go's `json.Marshal(map[string]string)`: keys sorted by bytes (a BTreeMap already is), compact.
-fn go_json_string_map(map: &BTreeMap<String, String>) -> String {
-    let mut out = String::from("{");
-    for (i, (k, v)) in map.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&go_json_string(k));
-        out.push(':');
-        out.push_str(&go_json_string(v));
-    }
-    out.push('}');
-    out
-}
-
-/// A JSON string literal escaped the way Go's `encoding/json` does (HTML-safe, Go ≥ 1.22).
-fn go_json_string(s: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
+/// `value` as Go's `json.Marshal` writes it (Go ≥ 1.22): compact, map keys sorted (a BTreeMap
+/// already is), and HTML-safe. serde_json escapes control characters as Go does (`\b`, `\f`, `\n`,
+/// `\u00XX` in lower-case hex) but leaves `<`, `>`, `&`, U+2028 and U+2029 as they are, which Go
+/// escapes; they can only occur inside strings, so escaping them afterwards is exact.
+fn go_json(value: &impl serde::Serialize) -> String {
+    let json = serde_json::to_string(value).unwrap_or_default();
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
         match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
             '<' | '>' | '&' | '\u{2028}' | '\u{2029}' => {
                 out.push_str(&format!("\\u{:04x}", c as u32))
-            }
-            c if (c as u32) < 0x20 => {
-                let b = c as u8;
-                out.push_str("\\u00");
-                out.push(HEX[usize::from(b >> 4)] as char);
-                out.push(HEX[usize::from(b & 0xf)] as char);
             }
             c => out.push(c),
         }
     }
-    out.push('"');
     out
 }
 
@@ -98,19 +78,10 @@ pub struct DecodedToken {
 /// Decodes an extended token (not its signature check: see [`verify`]).
 pub fn decode(token: &Secret) -> Option<DecodedToken> {
     let text = token.expose();
-    let (version, rest) = if let Some(r) = text.strip_prefix("v1:") {
-        (1, r)
-    } else if let Some(r) = text.strip_prefix("v2:") {
-        (2, r)
-    } else {
-        return None;
-    };
+    let (version, rest) = [(1, "v1:"), (2, "v2:")]
+        .into_iter()
+        .find_map(|(version, prefix)| Some((version, text.strip_prefix(prefix)?)))?;
     let json = BASE64.decode(rest).ok()?;
-    #[derive(serde::Deserialize)]
-    struct Body {
-        extra_data: BTreeMap<String, String>,
-        signature: String,
-    }
     let body: Body = serde_json::from_slice(&json).ok()?;
     Some(DecodedToken {
         version,
@@ -126,7 +97,7 @@ pub fn verify(token: &Secret, plain: &Secret) -> bool {
     };
     let expected = BASE64.encode(sign(
         plain.expose().as_bytes(),
-        go_json_string_map(&decoded.extra_data).as_bytes(),
+        go_json(&decoded.extra_data).as_bytes(),
     ));
     expected == decoded.signature
 }
@@ -139,14 +110,14 @@ mod tests {
     #[test]
     fn go_escaping() {
         assert_eq!(
-            go_json_string("a<b>&c\u{2028}\u{2029}/"),
+            go_json(&"a<b>&c\u{2028}\u{2029}/"),
             r#""a\u003cb\u003e\u0026c\u2028\u2029/""#
         );
         assert_eq!(
-            go_json_string("q\"\\\n\r\t\u{1}\u{8}\u{c}"),
+            go_json(&"q\"\\\n\r\t\u{1}\u{8}\u{c}"),
             r#""q\"\\\n\r\t\u0001\b\f""#
         );
-        assert_eq!(go_json_string("é"), "\"é\"");
+        assert_eq!(go_json(&"é"), "\"é\"");
     }
 
     proptest! {

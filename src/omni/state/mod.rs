@@ -35,22 +35,53 @@ pub struct Typed<S> {
     pub spec: S,
     /// The spec's fields `S` does not define, as read, written back with it ([`unknown`]).
     pub unknown_fields: Vec<u8>,
+    /// The spec exactly as Omni sent it (`None` for a resource built here): a finalizer-only
+    /// update echoes it unchanged ([`StateClient::remove_finalizer_from`]).
+    pub received_spec: Option<pb::Spec>,
 }
 
 impl<S: prost::Message + Default> Typed<S> {
     pub fn decode(resource: pb::Resource) -> Result<Self, StateError> {
         let metadata = resource.metadata.unwrap_or_default();
-        let bytes = resource.spec.map(|s| s.proto_spec).unwrap_or_default();
-        let spec = S::decode(bytes.as_slice()).map_err(|e| StateError::Decode {
+        let received_spec = resource.spec.unwrap_or_default();
+        let bytes = received_spec.proto_spec.as_slice();
+        let spec = S::decode(bytes).map_err(|e| StateError::Decode {
             what: ResourceRef::from_metadata(&metadata),
             message: e.to_string(),
         })?;
-        let unknown_fields = unknown::unknown_fields(&bytes, &spec);
+        let unknown_fields = unknown::unknown_fields(bytes, &spec);
         Ok(Self {
             metadata,
             spec,
             unknown_fields,
+            received_spec: Some(received_spec),
         })
+    }
+
+    /// A resource of `kind` not yet stored: its ID and spec, nothing else.
+    pub fn fresh<K: Kind<Spec = S>>(kind: &K, id: &str, spec: S) -> Self {
+        Self {
+            metadata: pb::Metadata {
+                namespace: kind.namespace(),
+                r#type: kind.resource_type(),
+                id: id.to_owned(),
+                ..Default::default()
+            },
+            spec,
+            unknown_fields: Vec::new(),
+            received_spec: None,
+        }
+    }
+
+    /// The resource to send with `metadata`: the spec with its kept unknown fields, and its YAML.
+    fn encode<K: Kind<Spec = S>>(&self, kind: &K, metadata: pb::Metadata) -> pb::Resource {
+        pb::Resource {
+            metadata: Some(metadata),
+            spec: Some(pb::Spec {
+                proto_spec: unknown::encode_keeping(&self.spec, &self.unknown_fields),
+                yaml_spec: kind.yaml(&self.spec),
+            }),
+        }
     }
 
     pub fn id(&self) -> &str {
@@ -161,7 +192,7 @@ impl StateClient {
         })
     }
 
-    /// Overrides [`CALL_DEADLINE`] (the heartbeat bounds its calls by its interval).
+    /// Overrides [`CALL_DEADLINE`]; tests shorten it.
     pub fn with_call_deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
@@ -214,10 +245,7 @@ impl StateClient {
         };
         let mut raw = self.raw.clone();
         let resp = self.unary(what, Box::pin(raw.get(req))).await?;
-        resp.resource.ok_or_else(|| StateError::Other {
-            what: what.clone(),
-            message: "Get returned no resource".into(),
-        })
+        returned(what, "Get", resp.resource)
     }
 
     pub async fn list_raw(
@@ -280,10 +308,7 @@ impl StateClient {
         };
         let mut raw = self.raw.clone();
         let resp = self.unary(&what, Box::pin(raw.create(req))).await?;
-        resp.resource.ok_or(StateError::Other {
-            what,
-            message: "Create returned no resource".into(),
-        })
+        returned(&what, "Create", resp.resource)
     }
 
     /// Updates `resource`, whose metadata version must be the stored one. `owner` is the owner the
@@ -309,10 +334,7 @@ impl StateClient {
         };
         let mut raw = self.raw.clone();
         let resp = self.unary(&what, Box::pin(raw.update(req))).await?;
-        resp.resource.ok_or(StateError::Other {
-            what,
-            message: "Update returned no resource".into(),
-        })
+        returned(&what, "Update", resp.resource)
     }
 
     pub async fn destroy(&self, what: &ResourceRef, owner: &str) -> Result<(), StateError> {
@@ -359,11 +381,44 @@ impl StateClient {
 
     /// Tears `what` down and destroys it once no finalizer holds it: `Ok(true)` when it is gone (or
     /// already was), `Ok(false)` while another controller's finalizer keeps it (try again later).
+    ///
+    /// One TeardownAndDestroy call, which waits on the server for the finalizers to go
+    /// (cosi-project/runtime `pkg/state/wrap.go` TeardownAndDestroy: Teardown, a watch until the
+    /// finalizers are empty, Destroy), for at most `wait`: a controller that lets go at once (Omni's
+    /// ConfigPatchRequestController does, as soon as it sees the teardown) costs one call instead
+    /// of two; one that holds on is left to the watch, the resource torn down.
     pub async fn teardown_and_destroy(
         &self,
         what: &ResourceRef,
         owner: &str,
+        wait: Duration,
     ) -> Result<bool, StateError> {
+        self.check_fence(what)?;
+        if !self.teardown_unsupported.load(Ordering::Relaxed) {
+            let req = pb::TeardownAndDestroyRequest {
+                namespace: what.namespace.clone(),
+                r#type: what.resource_type.clone(),
+                id: what.id.clone(),
+                options: Some(pb::TeardownAndDestroyOptions {
+                    owner: owner.to_owned(),
+                }),
+            };
+            let mut raw = self.raw.clone();
+            let call = Box::pin(raw.teardown_and_destroy(req));
+            match tokio::time::timeout(wait.min(self.deadline), call).await {
+                Err(_) => return Ok(false),
+                Ok(Ok(_)) => return Ok(true),
+                Ok(Err(s)) if s.code() == Code::NotFound => return Ok(true),
+                // Teardown and TeardownAndDestroy came in the same COSI release (Omni 1.8).
+                Ok(Err(s)) if s.code() == Code::Unimplemented => {
+                    tracing::info!(
+                        "Omni has no TeardownAndDestroy RPC (older than 1.8); using Get+Update"
+                    );
+                    self.teardown_unsupported.store(true, Ordering::Relaxed);
+                }
+                Ok(Err(s)) => return Err(StateError::from_status(what.clone(), &s)),
+            }
+        }
         let ready = match self.teardown(what, owner).await {
             Ok(ready) => ready,
             Err(e) if e.is_not_found() => return Ok(true),
@@ -384,21 +439,15 @@ impl StateClient {
         what: &ResourceRef,
         owner: &str,
     ) -> Result<bool, StateError> {
-        loop {
-            let mut current = self.get_raw(what).await?;
-            let md = current.metadata.get_or_insert_with(Default::default);
-            if md.phase == PHASE_TEARING_DOWN {
-                return Ok(md.finalizers.is_empty());
-            }
+        let edit = |md: &mut pb::Metadata| {
+            let running = md.phase != PHASE_TEARING_DOWN;
             md.phase = PHASE_TEARING_DOWN.into();
-            match self.update_raw(current, owner, Some(PHASE_RUNNING)).await {
-                Ok(stored) => {
-                    return Ok(stored.metadata.is_none_or(|m| m.finalizers.is_empty()));
-                }
-                Err(e) if e.is_conflict() => continue,
-                Err(e) => return Err(e),
-            }
-        }
+            running
+        };
+        let md = self
+            .edit_metadata(what, Some(owner), Some(PHASE_RUNNING), edit)
+            .await?;
+        Ok(md.finalizers.is_empty())
     }
 
     /// Adds a finalizer, echoing the received spec bytes and acting as the resource's current
@@ -433,22 +482,63 @@ impl StateClient {
         .await
     }
 
+    /// Removes a finalizer from the copy of a resource a watch delivered, echoing its spec as
+    /// received and acting as its owner: one Update where [`Self::remove_finalizer`] needs a Get
+    /// first. Should the resource have changed since (a version conflict), the Get+Update loop
+    /// runs.
+    pub async fn remove_finalizer_from<S>(
+        &self,
+        delivered: &Typed<S>,
+        finalizer: &str,
+    ) -> Result<(), StateError> {
+        let what = ResourceRef::from_metadata(&delivered.metadata);
+        let mut metadata = delivered.metadata.clone();
+        metadata.finalizers.retain(|f| f != finalizer);
+        let removed = metadata.finalizers.len() < delivered.metadata.finalizers.len();
+        let Some(spec) = delivered.received_spec.clone().filter(|_| removed) else {
+            return self.remove_finalizer(&what, finalizer).await;
+        };
+        let owner = metadata.owner.clone();
+        let echo = pb::Resource {
+            metadata: Some(metadata),
+            spec: Some(spec),
+        };
+        match self.update_raw(echo, &owner, None).await {
+            Err(e) if e.is_conflict() => self.remove_finalizer(&what, finalizer).await,
+            other => other.map(drop),
+        }
+    }
+
     async fn edit_finalizers(
         &self,
         what: &ResourceRef,
         mut edit: impl FnMut(&mut Vec<String>) -> bool,
     ) -> Result<(), StateError> {
+        self.edit_metadata(what, None, None, |md| edit(&mut md.finalizers))
+            .await
+            .map(drop)
+    }
+
+    /// Get → `edit` the metadata → Update (as `owner`, else as the stored owner), retrying version
+    /// conflicts; `edit` says whether it changed anything worth writing. The whole received resource
+    /// goes back unchanged except its metadata: spec bytes are never decoded and re-encoded. Returns
+    /// the metadata as stored.
+    async fn edit_metadata(
+        &self,
+        what: &ResourceRef,
+        owner: Option<&str>,
+        expected_phase: Option<&str>,
+        mut edit: impl FnMut(&mut pb::Metadata) -> bool,
+    ) -> Result<pb::Metadata, StateError> {
         loop {
-            // The whole received resource goes back unchanged except the finalizer list: spec bytes
-            // are never decoded and re-encoded.
             let mut current = self.get_raw(what).await?;
             let md = current.metadata.get_or_insert_with(Default::default);
-            if !edit(&mut md.finalizers) {
-                return Ok(());
+            if !edit(md) {
+                return Ok(md.clone());
             }
-            let owner = md.owner.clone();
-            match self.update_raw(current, &owner, None).await {
-                Ok(_) => return Ok(()),
+            let owner = owner.map_or_else(|| md.owner.clone(), str::to_owned);
+            match self.update_raw(current, &owner, expected_phase).await {
+                Ok(stored) => return Ok(stored.metadata.unwrap_or_default()),
                 Err(e) if e.is_conflict() => continue,
                 Err(e) => return Err(e),
             }
@@ -494,17 +584,9 @@ impl StateClient {
         labels: BTreeMap<String, String>,
         owner: &str,
     ) -> Result<Typed<K::Spec>, StateError> {
-        let resource = pb::Resource {
-            metadata: Some(pb::Metadata {
-                namespace: kind.namespace(),
-                r#type: kind.resource_type(),
-                id: id.to_owned(),
-                labels: labels.into_iter().collect(),
-                ..Default::default()
-            }),
-            spec: Some(encode_spec(kind, spec)),
-        };
-        Typed::decode(self.create_raw(resource, owner).await?)
+        let mut fresh = Typed::fresh(kind, id, spec.clone());
+        fresh.metadata.labels = labels.into_iter().collect();
+        self.create_typed(kind, &fresh, owner).await
     }
 
     /// Creates `fresh` with its labels and annotations: a resource's first version carries
@@ -515,20 +597,15 @@ impl StateClient {
         fresh: &Typed<K::Spec>,
         owner: &str,
     ) -> Result<Typed<K::Spec>, StateError> {
-        let resource = pb::Resource {
-            metadata: Some(pb::Metadata {
-                namespace: kind.namespace(),
-                r#type: kind.resource_type(),
-                id: fresh.metadata.id.clone(),
-                labels: fresh.metadata.labels.clone(),
-                annotations: fresh.metadata.annotations.clone(),
-                ..Default::default()
-            }),
-            spec: Some(pb::Spec {
-                proto_spec: unknown::encode_keeping(&fresh.spec, &fresh.unknown_fields),
-                yaml_spec: kind.yaml(&fresh.spec),
-            }),
+        let metadata = pb::Metadata {
+            namespace: kind.namespace(),
+            r#type: kind.resource_type(),
+            id: fresh.metadata.id.clone(),
+            labels: fresh.metadata.labels.clone(),
+            annotations: fresh.metadata.annotations.clone(),
+            ..Default::default()
         };
+        let resource = fresh.encode(kind, metadata);
         Typed::decode(self.create_raw(resource, owner).await?)
     }
 
@@ -540,13 +617,7 @@ impl StateClient {
         owner: &str,
         expected_phase: Option<&str>,
     ) -> Result<Typed<K::Spec>, StateError> {
-        let raw = pb::Resource {
-            metadata: Some(resource.metadata.clone()),
-            spec: Some(pb::Spec {
-                proto_spec: unknown::encode_keeping(&resource.spec, &resource.unknown_fields),
-                yaml_spec: kind.yaml(&resource.spec),
-            }),
-        };
+        let raw = resource.encode(kind, resource.metadata.clone());
         Typed::decode(self.update_raw(raw, owner, expected_phase).await?)
     }
 
@@ -562,16 +633,7 @@ impl StateClient {
         loop {
             match self.find(kind, id).await? {
                 None => {
-                    let mut fresh = Typed {
-                        metadata: pb::Metadata {
-                            namespace: kind.namespace(),
-                            r#type: kind.resource_type(),
-                            id: id.to_owned(),
-                            ..Default::default()
-                        },
-                        spec: K::Spec::default(),
-                        unknown_fields: Vec::new(),
-                    };
+                    let mut fresh = Typed::fresh(kind, id, K::Spec::default());
                     mutate(&mut fresh);
                     match self.create_typed(kind, &fresh, owner).await {
                         Err(StateError::AlreadyExists { .. }) => continue,
@@ -594,9 +656,14 @@ impl StateClient {
     }
 }
 
-fn encode_spec<K: Kind>(kind: &K, spec: &K::Spec) -> pb::Spec {
-    pb::Spec {
-        proto_spec: prost::Message::encode_to_vec(spec),
-        yaml_spec: kind.yaml(spec),
-    }
+/// What a call that returns the stored resource returned, or an error saying it returned nothing.
+fn returned(
+    what: &ResourceRef,
+    call: &str,
+    resource: Option<pb::Resource>,
+) -> Result<pb::Resource, StateError> {
+    resource.ok_or_else(|| StateError::Other {
+        what: what.clone(),
+        message: format!("{call} returned no resource"),
+    })
 }

@@ -22,16 +22,6 @@ pub enum WatchEvent {
     Resync,
 }
 
-impl WatchEvent {
-    /// The resource the event is about, if any.
-    pub fn resource(&self) -> Option<&pb::Resource> {
-        match self {
-            Self::Created(r) | Self::Updated(r) | Self::Destroyed(r) => Some(r),
-            Self::Bootstrapped | Self::Resync => None,
-        }
-    }
-}
-
 impl StateClient {
     /// Watches all resources of a kind matching `selectors` (bootstrap first). Events arrive on the
     /// returned receiver; dropping it stops the watch. Broken streams are re-established with

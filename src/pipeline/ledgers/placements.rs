@@ -4,6 +4,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::entry;
+use crate::proxmox::property::NodeName;
 use crate::rules::placement::{Placement, PlacementError, Reservations};
 
 /// The nodes requests in flight were placed on, until the listing shows their VMs.
@@ -35,7 +36,7 @@ impl Placements {
     pub fn reserve(
         &self,
         request_id: &str,
-        node: &str,
+        node: &NodeName,
         set_id: Option<&str>,
         memory_mb: u64,
         vcpus: u64,
@@ -65,6 +66,7 @@ impl Placements {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxmox::property::StorageId;
 
     #[test]
     fn a_placement_is_reserved_under_the_lock_it_was_decided_with() {
@@ -74,21 +76,27 @@ mod tests {
                 // What the next decision sees already holds every earlier one.
                 let node = format!("pve{}", reservations.len() + 1);
                 Ok(Placement {
-                    node,
-                    storage: "local-lvm".into(),
+                    node: NodeName::new(node).unwrap(),
+                    storage: StorageId::new("local-lvm").unwrap(),
                     reason: crate::rules::placement::PlacementReason::Pinned,
                     template: None,
                 })
             })
         };
-        assert_eq!(place("a").map(|p| p.node).ok().as_deref(), Some("pve1"));
-        assert_eq!(place("b").map(|p| p.node).ok().as_deref(), Some("pve2"));
+        assert_eq!(
+            place("a").map(|p| p.node.to_string()).ok().as_deref(),
+            Some("pve1")
+        );
+        assert_eq!(
+            place("b").map(|p| p.node.to_string()).ok().as_deref(),
+            Some("pve2")
+        );
         let _ = placements.place("c", None, (1024, 2), |r| {
             assert_eq!(r.get("b").map(|r| r.node.as_str()), Some("pve2"));
             assert_eq!(r.get("b").map(|r| r.memory_bytes), Some(1024 * 1024 * 1024));
             Ok(Placement {
-                node: "pve3".into(),
-                storage: "local-lvm".into(),
+                node: NodeName::new("pve3").unwrap(),
+                storage: StorageId::new("local-lvm").unwrap(),
                 reason: crate::rules::placement::PlacementReason::Pinned,
                 template: None,
             })

@@ -39,8 +39,15 @@ struct TicketAnswer {
     csrf: String,
     /// Set for users with a second factor (TOTP, WebAuthn, …): the ticket is only a half-ticket that
     /// pve-access-control (AccessControl.pm, create_ticket) accepts for nothing but the TFA challenge.
-    #[serde(rename = "NeedTFA", default)]
+    #[serde(rename = "NeedTFA")]
     need_tfa: Option<serde_json::Value>,
+}
+
+/// A header value no request dump shows, if it is one HTTP allows.
+fn sensitive(value: &str) -> Option<HeaderValue> {
+    let mut header = HeaderValue::from_str(value).ok()?;
+    header.set_sensitive(true);
+    Some(header)
 }
 
 const TICKET_RENEW_AFTER: Duration = Duration::from_secs(90 * 60);
@@ -50,16 +57,13 @@ impl Auth {
     pub(super) fn from_settings(auth: &ProxmoxAuth) -> Result<Self, ProxmoxError> {
         Ok(match auth {
             ProxmoxAuth::Token { id, secret } => {
-                let mut v =
-                    HeaderValue::from_str(&format!("PVEAPIToken={id}={}", secret.expose()))
-                        .map_err(|_| {
-                            ProxmoxError::Setup(
-                                "proxmox.tokenID or proxmox.tokenSecret contains characters not allowed in an HTTP header"
-                                    .into(),
-                            )
-                        })?;
-                v.set_sensitive(true);
-                Auth::Token(v)
+                let header = sensitive(&format!("PVEAPIToken={id}={}", secret.expose()));
+                Auth::Token(header.ok_or_else(|| {
+                    ProxmoxError::Setup(
+                        "proxmox.tokenID or proxmox.tokenSecret contains characters not allowed in an HTTP header"
+                            .into(),
+                    )
+                })?)
             }
             ProxmoxAuth::Password { username, password } => Auth::Ticket(TicketAuth {
                 username: username.clone(),
@@ -122,16 +126,13 @@ impl ProxmoxClient {
             .http
             .post(self.url(&["access", "ticket"]))
             .form(&form);
-        let answer: TicketAnswer = match self.execute(req, &call).await {
-            Ok(a) => a,
-            Err(ProxmoxError::Unauthorized { call, message }) => {
-                return Err(ProxmoxError::Unauthorized {
-                    call,
-                    message: format!("login as {} failed: {message}", t.username),
-                });
+        let answer: TicketAnswer = self.execute(req, &call).await.map_err(|e| match e {
+            ProxmoxError::Unauthorized { call, message } => {
+                let message = format!("login as {} failed: {message}", t.username);
+                ProxmoxError::Unauthorized { call, message }
             }
-            Err(e) => return Err(e),
-        };
+            e => e,
+        })?;
         if answer.need_tfa.as_ref().is_some_and(|v| {
             v.as_u64() == Some(1) || v.as_bool() == Some(true) || v.as_str() == Some("1")
         }) {
@@ -144,20 +145,13 @@ impl ProxmoxClient {
                 ),
             });
         }
-        let sensitive = |v: String| {
-            HeaderValue::from_str(&v)
-                .map(|mut h| {
-                    h.set_sensitive(true);
-                    h
-                })
-                .map_err(|_| ProxmoxError::Decode {
-                    call: call.clone(),
-                    message: "the ticket contains characters not allowed in a header".into(),
-                })
+        let unusable = || ProxmoxError::Decode {
+            call: call.clone(),
+            message: "the ticket contains characters not allowed in a header".into(),
         };
         Ok(Session {
-            cookie: sensitive(format!("PVEAuthCookie={}", answer.ticket))?,
-            csrf: sensitive(answer.csrf)?,
+            cookie: sensitive(&format!("PVEAuthCookie={}", answer.ticket)).ok_or_else(unusable)?,
+            csrf: sensitive(&answer.csrf).ok_or_else(unusable)?,
             obtained: Instant::now(),
         })
     }

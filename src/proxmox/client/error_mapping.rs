@@ -10,9 +10,7 @@ use crate::proxmox::error::{Call, ProxmoxError};
 
 #[derive(serde::Deserialize, Default)]
 struct ErrorBody {
-    #[serde(default)]
     message: Option<String>,
-    #[serde(default)]
     errors: Option<BTreeMap<String, serde_json::Value>>,
 }
 
@@ -105,10 +103,7 @@ pub(super) fn status_error(
                 .unwrap_or_default()
                 .into_iter()
                 .map(|(k, v)| {
-                    let text = match v {
-                        serde_json::Value::String(s) => s,
-                        other => other.to_string(),
-                    };
+                    let text = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
                     (k, text.trim().to_owned())
                 })
                 .collect(),

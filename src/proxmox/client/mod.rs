@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
+use reqwest::multipart::{Form, Part};
 use serde::de::DeserializeOwned;
 
 use super::error::{Call, ProxmoxError};
@@ -34,7 +35,7 @@ pub(crate) use tls::tls_config;
 /// A cheap-to-clone handle to one Proxmox VE API endpoint.
 #[derive(Clone)]
 pub struct ProxmoxClient {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for ProxmoxClient {
@@ -45,21 +46,7 @@ impl std::fmt::Debug for ProxmoxClient {
     }
 }
 
-/// The last full cluster listing.
-pub(super) type SharedListing = tokio::sync::Mutex<Option<super::listing::Listing>>;
-
-/// The shared listing, for [`ProxmoxClient::cluster_resources`] in `cluster.rs`.
-impl ProxmoxClient {
-    pub(super) fn listing_slot(&self) -> &SharedListing {
-        &self.inner.listing
-    }
-
-    pub(super) fn task_times(&self) -> &TaskTimes {
-        &self.inner.task_times
-    }
-}
-
-struct Inner {
+pub(super) struct Inner {
     http: reqwest::Client,
     /// The connections for answers that grow with the cluster ([`Pool::Large`]).
     large: reqwest::Client,
@@ -72,10 +59,16 @@ struct Inner {
     fence: std::sync::OnceLock<crate::fence::Fence>,
     /// The last full `/cluster/resources` listing and when its request was sent: concurrent
     /// readers share one ([`ProxmoxClient::cluster_resources`]).
-    listing: SharedListing,
+    pub(super) listing: tokio::sync::Mutex<Option<super::listing::Listing>>,
     /// How long tasks took lately, by node and type ([`ProxmoxClient::wait_for_task`]).
-    task_times: TaskTimes,
+    pub(super) task_times: TaskTimes,
 }
+
+/// The methods of the API, for the calls the areas make.
+pub(crate) const GET: Method = Method::GET;
+pub(crate) const POST: Method = Method::POST;
+pub(crate) const PUT: Method = Method::PUT;
+pub(crate) const DELETE: Method = Method::DELETE;
 
 /// Which connections a call goes over.
 ///
@@ -153,10 +146,8 @@ impl Params {
     }
 
     pub fn with_opt(self, key: &str, value: Option<impl ToString>) -> Self {
-        match value {
-            Some(v) => self.with(key, v),
-            None => self,
-        }
+        let Some(value) = value else { return self };
+        self.with(key, value)
     }
 
     pub fn extend(mut self, pairs: impl IntoIterator<Item = (String, String)>) -> Self {
@@ -166,27 +157,32 @@ impl Params {
 }
 
 /// A file sent as `multipart/form-data` (storage upload).
-#[derive(Debug, Clone)]
 pub struct Upload {
     pub fields: Vec<(String, String)>,
     pub file_name: String,
-    pub bytes: Vec<u8>,
+    pub content: UploadContent,
 }
 
-/// A file streamed into a storage as it arrives from elsewhere (a boot image from a factory
-/// that needs credentials): sent once, never held whole in memory, so never replayed.
-pub struct StreamUpload {
-    pub fields: Vec<(String, String)>,
-    pub file_name: String,
-    pub body: std::sync::Mutex<Option<reqwest::Body>>,
+pub enum UploadContent {
+    Bytes(Vec<u8>),
+    /// A file streamed into a storage as it arrives from elsewhere (a boot image from a factory
+    /// that needs credentials): sent once, never held whole in memory, so never replayed.
     /// pveproxy takes no chunked body, so the length is known before the upload starts.
-    pub length: u64,
+    Stream {
+        body: std::sync::Mutex<Option<reqwest::Body>>,
+        length: u64,
+    },
 }
 
 enum Body<'a> {
     Params(&'a Params),
     Upload(&'a Upload),
-    Stream(&'a StreamUpload),
+}
+
+impl Body<'_> {
+    fn is_stream(&self) -> bool {
+        matches!(self, Body::Upload(u) if matches!(u.content, UploadContent::Stream { .. }))
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -277,94 +273,46 @@ impl ProxmoxClient {
             .await
     }
 
-    pub(crate) async fn post<T: DeserializeOwned>(
+    /// A write (POST, PUT, DELETE) retried as `replay` allows. A DELETE may be [`Replay::Safe`]
+    /// where a second delete of something already gone is answered "does not exist", which the
+    /// caller counts as done.
+    pub(crate) async fn send<T: DeserializeOwned>(
         &self,
+        method: Method,
         path: &[&str],
         params: Params,
         replay: Replay,
     ) -> Result<T, ProxmoxError> {
-        self.call(
-            Pool::Small,
-            Method::POST,
-            path,
-            Body::Params(&params),
-            replay,
-        )
-        .await
+        let body = Body::Params(&params);
+        self.call(Pool::Small, method, path, body, replay).await
     }
 
-    pub(crate) async fn put<T: DeserializeOwned>(
+    /// [`Self::send`] for a call whose answer nobody reads.
+    pub(crate) async fn write(
         &self,
+        method: Method,
         path: &[&str],
         params: Params,
         replay: Replay,
-    ) -> Result<T, ProxmoxError> {
-        self.call(
-            Pool::Small,
-            Method::PUT,
-            path,
-            Body::Params(&params),
-            replay,
-        )
-        .await
+    ) -> Result<(), ProxmoxError> {
+        let answer = self.send::<serde_json::Value>(method, path, params, replay);
+        answer.await.map(drop)
     }
 
-    pub(crate) async fn delete<T: DeserializeOwned>(
-        &self,
-        path: &[&str],
-        params: Params,
-    ) -> Result<T, ProxmoxError> {
-        self.delete_replaying(path, params, Replay::OnlyIfUnsent)
-            .await
-    }
-
-    /// A DELETE retried as `replay` allows: [`Replay::Safe`] where a second delete of something
-    /// already gone is answered "does not exist", which the caller counts as done.
-    pub(crate) async fn delete_replaying<T: DeserializeOwned>(
-        &self,
-        path: &[&str],
-        params: Params,
-        replay: Replay,
-    ) -> Result<T, ProxmoxError> {
-        self.call(
-            Pool::Small,
-            Method::DELETE,
-            path,
-            Body::Params(&params),
-            replay,
-        )
-        .await
-    }
-
+    /// A multipart POST, sent again only if it never left; a streamed one goes over the
+    /// connections for large bodies.
     pub(crate) async fn upload<T: DeserializeOwned>(
         &self,
         path: &[&str],
         upload: &Upload,
     ) -> Result<T, ProxmoxError> {
-        self.call(
-            Pool::Small,
-            Method::POST,
-            path,
-            Body::Upload(upload),
-            Replay::OnlyIfUnsent,
-        )
-        .await
-    }
-
-    /// Like [`Self::upload`] with a body that streams in and is sent once.
-    pub(crate) async fn upload_stream<T: DeserializeOwned>(
-        &self,
-        path: &[&str],
-        upload: &StreamUpload,
-    ) -> Result<T, ProxmoxError> {
-        self.call(
-            Pool::Large,
-            Method::POST,
-            path,
-            Body::Stream(upload),
-            Replay::OnlyIfUnsent,
-        )
-        .await
+        let pool = match upload.content {
+            UploadContent::Bytes(_) => Pool::Small,
+            UploadContent::Stream { .. } => Pool::Large,
+        };
+        let body = Body::Upload(upload);
+        self.call(pool, Method::POST, path, body, Replay::OnlyIfUnsent)
+            .await
     }
 
     async fn call<T: DeserializeOwned>(
@@ -397,7 +345,7 @@ impl ProxmoxClient {
                     self.invalidate(session.as_ref()).await;
                 }
                 // A streamed body is gone once sent: the caller starts over.
-                other @ Err(_) if matches!(body, Body::Stream(_)) => return other,
+                other @ Err(_) if body.is_stream() => return other,
                 Err(e) if attempt < self.inner.retry.attempts && may_retry(&e, replay) => {
                     let delay = self.inner.retry.delay(attempt);
                     tracing::debug!(%call, attempt, ?delay, error = %e, "retrying Proxmox call");
@@ -451,34 +399,29 @@ impl ProxmoxClient {
             }
             Body::Params(p) => req.form(&p.0),
             Body::Upload(u) => {
-                let mut form = reqwest::multipart::Form::new();
-                for (k, v) in &u.fields {
-                    form = form.text(k.clone(), v.clone());
-                }
-                let part = reqwest::multipart::Part::bytes(u.bytes.clone())
-                    .file_name(u.file_name.clone())
-                    .mime_str("application/octet-stream")
-                    .map_err(|e| ProxmoxError::Setup(format!("multipart: {e}")))?;
-                req.multipart(form.part("filename", part))
-            }
-            Body::Stream(u) => {
-                let mut form = reqwest::multipart::Form::new();
-                for (k, v) in &u.fields {
-                    form = form.text(k.clone(), v.clone());
-                }
-                let taken = u.body.lock().unwrap_or_else(|p| p.into_inner()).take();
-                let Some(stream) = taken else {
-                    return Err(ProxmoxError::Setup(format!(
-                        "{call}: the streamed upload of {} was sent already",
-                        u.file_name
-                    )));
+                let part = match &u.content {
+                    UploadContent::Bytes(bytes) => Part::bytes(bytes.clone()),
+                    UploadContent::Stream { body, length } => {
+                        let taken = body.lock().unwrap_or_else(|p| p.into_inner()).take();
+                        let Some(stream) = taken else {
+                            return Err(ProxmoxError::Setup(format!(
+                                "{call}: the streamed upload of {} was sent already",
+                                u.file_name
+                            )));
+                        };
+                        req = req.timeout(STREAMED_UPLOAD_TIMEOUT);
+                        Part::stream_with_length(stream, *length)
+                    }
                 };
-                let part = reqwest::multipart::Part::stream_with_length(stream, u.length)
+                let part = part
                     .file_name(u.file_name.clone())
                     .mime_str("application/octet-stream")
                     .map_err(|e| ProxmoxError::Setup(format!("multipart: {e}")))?;
-                req.timeout(STREAMED_UPLOAD_TIMEOUT)
-                    .multipart(form.part("filename", part))
+                let form = u
+                    .fields
+                    .iter()
+                    .fold(Form::new(), |form, (k, v)| form.text(k.clone(), v.clone()));
+                req.multipart(form.part("filename", part))
             }
         };
         self.execute(req, call).await
@@ -553,13 +496,11 @@ fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, ProxmoxErro
 }
 
 fn method_name(m: &Method) -> &'static str {
-    match *m {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        _ => "OTHER",
-    }
+    let known = ["GET", "POST", "PUT", "DELETE"];
+    known
+        .into_iter()
+        .find(|name| *name == m.as_str())
+        .unwrap_or("OTHER")
 }
 
 fn may_retry(e: &ProxmoxError, replay: Replay) -> bool {

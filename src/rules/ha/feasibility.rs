@@ -119,7 +119,8 @@ fn node_rules<'a>(m: &'a HaMembership<'a>, rules: &'a [HaRule]) -> Vec<NodeRule<
         .filter(|r| r.kind == "node-affinity")
         .map(|r| {
             let named = m.settings.rules.iter().position(|n| *n == r.rule);
-            let key = if set_rule.as_deref() == Some(r.rule.as_str()) {
+            let ours = set_rule.as_deref() == Some(r.rule.as_str());
+            let key = if ours {
                 Some("ha.node_affinity_nodes".to_owned())
             } else {
                 named.map(|i| format!("ha.rules[{i}]"))
@@ -128,7 +129,7 @@ fn node_rules<'a>(m: &'a HaMembership<'a>, rules: &'a [HaRule]) -> Vec<NodeRule<
             if key.is_some() {
                 members.insert(NEW);
             }
-            if set_rule.as_deref() == Some(r.rule.as_str()) {
+            if ours {
                 members.extend(m.set_members.iter().map(String::as_str));
             }
             NodeRule {

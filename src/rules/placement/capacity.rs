@@ -16,16 +16,11 @@ pub struct PlacementLimits {
     pub memory_overcommit: f64,
 }
 
-impl PlacementLimits {
-    pub const DEFAULT_CPU_OVERCOMMIT: f64 = 4.0;
-    pub const DEFAULT_MEMORY_OVERCOMMIT: f64 = 1.0;
-}
-
 impl Default for PlacementLimits {
     fn default() -> Self {
         Self {
-            cpu_overcommit: Self::DEFAULT_CPU_OVERCOMMIT,
-            memory_overcommit: Self::DEFAULT_MEMORY_OVERCOMMIT,
+            cpu_overcommit: 4.0,
+            memory_overcommit: 1.0,
         }
     }
 }

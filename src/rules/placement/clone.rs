@@ -152,16 +152,14 @@ impl CloneRefusal {
     /// Only a storage coming back (active again) heals by itself; the rest needs the class, the
     /// template or the cluster's storage changed.
     pub fn may_heal(&self) -> bool {
-        matches!(self, CloneRefusal::NoCopy { offline, .. } if !offline.is_empty())
-            || matches!(
-                self,
-                CloneRefusal::LinkedStorage {
-                    why: Rejection::Inactive | Rejection::TooSmall { .. },
-                    ..
-                }
-            )
-            || matches!(self, CloneRefusal::NoSharedTarget { rejected, .. }
-            if rejected.iter().any(|(_, why)| matches!(why, Rejection::Inactive | Rejection::TooSmall { .. })))
+        match self {
+            CloneRefusal::NoCopy { offline, .. } => !offline.is_empty(),
+            CloneRefusal::LinkedStorage { why, .. } => why.may_heal(),
+            CloneRefusal::NoSharedTarget { rejected, .. } => {
+                rejected.iter().any(|(_, why)| why.may_heal())
+            }
+            CloneRefusal::LinkedUnsupported { .. } | CloneRefusal::NoDisk { .. } => false,
+        }
     }
 }
 
@@ -204,7 +202,7 @@ pub fn clone_verdict(
             let need = StorageNeed::boot_disk(selector, disk_gb);
             let need = match here {
                 Some(_) => need,
-                None => need.shared_from(&template.node, &template.node_storages),
+                None => need.shared_from(template.node.as_str(), &template.node_storages),
             };
             let choice = storage::choose(node, &need);
             match (choice.chosen.clone(), here) {
@@ -267,13 +265,13 @@ fn linked(
 fn no_copy(node: &NodeSnapshot, source: &CloneSource) -> CloneRefusal {
     CloneRefusal::NoCopy {
         template: source.wanted.clone(),
-        node: node.name.clone(),
+        node: node.name.to_string(),
         elsewhere: source
             .templates
             .iter()
             .map(|t| {
                 (
-                    t.node.clone(),
+                    t.node.to_string(),
                     t.local_storages().into_iter().map(str::to_owned).collect(),
                     t.drives
                         .iter()

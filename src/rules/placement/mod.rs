@@ -21,6 +21,7 @@ mod verdict;
 use std::collections::BTreeMap;
 
 use crate::model::MIB;
+use crate::proxmox::property::NodeName;
 use crate::rules::provider_data::{HaSettings, PlacementStrategy};
 use crate::rules::storage_selector::StorageSelector;
 
@@ -69,19 +70,18 @@ pub enum HaPreference {
 
 impl PlacementRequest<'_> {
     /// Whether placement looks at `node` at all: the pinned node only, else the allowed ones.
-    pub fn considers(&self, node: &str) -> bool {
+    pub fn considers(&self, node: &NodeName) -> bool {
         match self.pinned_node {
-            Some(pinned) => pinned == node,
+            Some(pinned) => node == pinned,
             None => self.allowed(node) && self.ha_preference(node) != HaPreference::Forbidden,
         }
     }
 
     /// What `ha.node_affinity_nodes` says of `node`.
-    pub fn ha_preference(&self, node: &str) -> HaPreference {
+    pub fn ha_preference(&self, node: &NodeName) -> HaPreference {
         match self.ha {
             Some(ha)
-                if !ha.node_affinity_nodes.is_empty()
-                    && !ha.node_affinity_nodes.iter().any(|n| n.as_str() == node) =>
+                if !ha.node_affinity_nodes.is_empty() && !ha.node_affinity_nodes.contains(node) =>
             {
                 if ha.node_affinity_strict {
                     HaPreference::Forbidden
@@ -93,12 +93,14 @@ impl PlacementRequest<'_> {
         }
     }
 
-    fn allowed(&self, node: &str) -> bool {
-        self.allowed_nodes.is_empty() || self.allowed_nodes.iter().any(|a| a == node)
+    fn allowed(&self, node: &NodeName) -> bool {
+        self.allowed_nodes.is_empty() || self.allowed_nodes.iter().any(|a| node == a.as_str())
     }
 
-    fn selector_for(&self, node: &str) -> &StorageSelector {
-        self.node_selectors.get(node).unwrap_or(self.selector)
+    fn selector_for(&self, node: &NodeName) -> &StorageSelector {
+        self.node_selectors
+            .get(node.as_str())
+            .unwrap_or(self.selector)
     }
 
     fn memory_bytes(&self) -> u64 {

@@ -8,13 +8,14 @@ use std::fmt;
 use super::strategy::{Candidate, best};
 use super::{CloneRefusal, LeftOut, PlacementRequest, Reservations, disk_verdict, node_verdict};
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot};
+use crate::proxmox::property::{NodeName, StorageId};
 use crate::rules::storage_selector::SelectorError;
 
 /// The decision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Placement {
-    pub node: String,
-    pub storage: String,
+    pub node: NodeName,
+    pub storage: StorageId,
     /// `boot: clone`: the VMID of the copy of the template to clone.
     pub template: Option<u32>,
     pub reason: PlacementReason,
@@ -121,7 +122,7 @@ pub fn pick(
     for node in &cluster.nodes {
         match node_verdict(node, request, reservations)? {
             Ok(eligible) => candidates.push(Candidate::new(node, eligible, request, reservations)),
-            Err(why) => rejected.push((node.name.clone(), why)),
+            Err(why) => rejected.push((node.name.to_string(), why)),
         }
     }
     let count = candidates.len();

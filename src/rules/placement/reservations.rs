@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::{MIB, NodeSnapshot};
+use crate::proxmox::property::NodeName;
 
 /// In-flight placements: decided but not yet visible as VMs in the snapshot. Keyed by request ID so
 /// reserving twice is harmless and releasing is exact.
@@ -14,7 +15,7 @@ pub struct Reservations {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
-    pub node: String,
+    pub node: NodeName,
     pub set_id: Option<String>,
     pub memory_bytes: u64,
     pub vcpus: u64,
@@ -24,7 +25,7 @@ impl Reservations {
     pub fn reserve(
         &mut self,
         request_id: &str,
-        node: &str,
+        node: &NodeName,
         set_id: Option<&str>,
         memory_mb: u64,
         vcpus: u64,
@@ -32,7 +33,7 @@ impl Reservations {
         self.by_request.insert(
             request_id.to_string(),
             Reservation {
-                node: node.to_string(),
+                node: node.clone(),
                 set_id: set_id.map(str::to_string),
                 memory_bytes: memory_mb.saturating_mul(MIB),
                 vcpus,

@@ -5,12 +5,13 @@
 use super::{Eligible, HaPreference, PlacementRequest, Reservations};
 use crate::model::NodeSnapshot;
 use crate::model::identity::set_tag;
+use crate::proxmox::property::StorageId;
 use crate::rules::provider_data::{PlacementStrategy, ResourceAffinity};
 
 /// An eligible node with what the strategies compare.
 pub(super) struct Candidate<'a> {
     pub(super) node: &'a NodeSnapshot,
-    pub(super) storage: String,
+    pub(super) storage: StorageId,
     pub(super) template: Option<u32>,
     pub(super) same_set: usize,
     pub(super) total_vms: usize,

@@ -150,9 +150,7 @@ impl LeftOut {
             | LeftOut::MemoryCommitted { .. }
             | LeftOut::CpusCommitted { .. } => true,
             LeftOut::Clone(refusal) => refusal.may_heal(),
-            LeftOut::NoStorage { rejected, .. } => rejected
-                .iter()
-                .any(|(_, why)| matches!(why, Rejection::Inactive | Rejection::TooSmall { .. })),
+            LeftOut::NoStorage { rejected, .. } => rejected.iter().any(|(_, why)| why.may_heal()),
         }
     }
 }

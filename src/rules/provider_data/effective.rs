@@ -104,8 +104,13 @@ fn rules(k: &Keys) -> Vec<Finding> {
         f.push(
             "node",
             format!(
-                "{node:?} is not in allowed_nodes ({}); add it there or pick another node",
-                join_names(&allowed)
+                "{:?} is not in allowed_nodes ({}); add it there or pick another node",
+                node.as_str(),
+                allowed
+                    .iter()
+                    .map(NodeName::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         );
     }
@@ -224,7 +229,7 @@ fn ha(h: HaKeys) -> HaSettings {
         max_restart: h.max_restart.map(UpTo::small),
         max_relocate: h.max_relocate.map(UpTo::small),
         failback: h.failback,
-        rules: values(h.rules).into_iter().map(|r| r.0).collect(),
+        rules: h.rules.unwrap_or_default(),
         node_affinity_nodes: values(h.node_affinity_nodes),
         node_affinity_strict: h.node_affinity_strict.unwrap_or(false),
         resource_affinity: match h.spread {
@@ -312,12 +317,4 @@ pub(super) fn hugepages_problems(
         }
     }
     problems
-}
-
-fn join_names(names: &[NodeName]) -> String {
-    names
-        .iter()
-        .map(NodeName::as_str)
-        .collect::<Vec<_>>()
-        .join(", ")
 }

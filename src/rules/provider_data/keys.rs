@@ -17,7 +17,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::values::{
-    Bios, BootMode, CloneMode, HaRule, HaState, IpPoolName, MachineType, Parsed, PlacementStrategy,
+    Bios, BootMode, CloneMode, HaState, IpPoolName, MachineType, Parsed, PlacementStrategy,
     ResourceAffinity, TemplateRef, UpTo, Vlan,
 };
 use crate::proxmox::property::{
@@ -315,8 +315,9 @@ pub struct HaKeys {
     pub failback: Option<bool>,
     /// Names of existing Proxmox HA rules (Proxmox VE 9+) the VM is added to once it is
     /// HA-managed.
+    // An HA rule ID (pve-configid) is wholly checked by the schema's pattern and length.
     #[schemars(inner(length(max = 64), pattern("^[A-Za-z0-9][A-Za-z0-9_-]*$")))]
-    pub rules: Option<Vec<Parsed<HaRule>>>,
+    pub rules: Option<Vec<String>>,
     /// Nodes of the machine set's node-affinity rule omni-<set>-naff (Proxmox VE 9+): HA keeps the
     /// set's VMs on these nodes, and placement prefers them. The rule is made once; edit its nodes
     /// in Proxmox.

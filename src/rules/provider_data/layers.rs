@@ -73,22 +73,18 @@ impl Findings {
         }
     }
 
+    fn note(&mut self, path: &str, note: Note) {
+        let (phase, path) = (self.phase, path.to_string());
+        self.list.push(Finding { phase, path, note });
+    }
+
     pub fn push(&mut self, path: &str, message: String) {
-        self.list.push(Finding {
-            phase: self.phase,
-            path: path.to_string(),
-            note: Note::Problem(message),
-        });
+        self.note(path, Note::Problem(message));
     }
 
     pub fn unknown_key(&mut self, path: &str, key: &str, known: &[&str]) {
-        self.list.push(Finding {
-            phase: self.phase,
-            path: path.to_string(),
-            note: Note::Unknown {
-                hint: did_you_mean::hint(key, known),
-            },
-        });
+        let hint = did_you_mean::hint(key, known);
+        self.note(path, Note::Unknown { hint });
     }
 }
 
@@ -138,33 +134,30 @@ fn schema_findings(value: &Value, findings: &mut Findings) {
             return;
         }
     };
+    use jsonschema::error::ValidationErrorKind as Kind;
     for error in validator.iter_errors(value) {
         let key = pointer_to_key(error.instance_path().as_str());
-        if let jsonschema::error::ValidationErrorKind::Required { property } = error.kind() {
-            let property = property.as_str().unwrap_or_default();
-            let key = if key.is_empty() {
-                property.to_string()
-            } else {
-                format!("{key}.{property}")
-            };
-            findings.push(&key, "is required here".to_string());
-            continue;
-        }
-        // The validator's own message quotes the value: a class author's 70 KB string would land
-        // whole in the status and the log.
-        if let jsonschema::error::ValidationErrorKind::MaxLength { limit } = error.kind() {
-            let length = error.instance().as_str().map_or(0, |s| s.chars().count());
-            findings.push(
-                &key,
-                format!("is {length} characters long, more than the {limit} allowed"),
-            );
-            continue;
-        }
-        if let jsonschema::error::ValidationErrorKind::Enum { options } = error.kind() {
-            findings.push(&key, not_one_of(error.instance(), options));
-            continue;
-        }
-        findings.push(&key, shortened(error.to_string()));
+        let (key, message) = match error.kind() {
+            Kind::Required { property } => {
+                let property = property.as_str().unwrap_or_default();
+                let key = if key.is_empty() {
+                    property.to_string()
+                } else {
+                    format!("{key}.{property}")
+                };
+                (key, "is required here".to_string())
+            }
+            // The validator's own message quotes the value: a class author's 70 KB string would
+            // land whole in the status and the log.
+            Kind::MaxLength { limit } => {
+                let length = error.instance().as_str().map_or(0, |s| s.chars().count());
+                let message = format!("is {length} characters long, more than the {limit} allowed");
+                (key, message)
+            }
+            Kind::Enum { options } => (key, not_one_of(error.instance(), options)),
+            _ => (key, shortened(error.to_string())),
+        };
+        findings.push(&key, message);
     }
 }
 

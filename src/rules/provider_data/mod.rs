@@ -24,7 +24,6 @@ mod layers;
 pub mod schema;
 mod values;
 
-use std::fmt;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -53,18 +52,13 @@ pub const DEFAULT_IP_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(300);
 pub const RESERVED_TAG_PREFIXES: &[&str] = &["machine-request.", "omni-provider.", "omni-request."];
 
 /// One thing wrong with the provider data.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
 pub struct Problem {
     /// Where: `memory`, `additional_disks[1].disk_size`, `nodes.pve2.network_bridge`.
     pub key: String,
     /// What is wrong and how to fix it.
     pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.key, self.message)
-    }
 }
 
 /// Formats a list of problems as one message, one per line.
@@ -83,6 +77,7 @@ pub struct SchemaError(String);
 
 /// How provider data is checked: the compiled schema (shared by the process) and whether unknown keys
 /// are refused. Build once at start-up and share.
+#[derive(Debug)]
 pub struct ProviderDataSchema {
     /// `strict: true` in the config: unknown keys are problems instead of warnings.
     strict: bool,
@@ -95,12 +90,6 @@ pub struct LayerCheck {
     pub problems: Vec<Problem>,
     /// Ignored, but worth telling the user (unknown keys).
     pub warnings: Vec<Problem>,
-}
-
-impl fmt::Debug for ProviderDataSchema {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ProviderDataSchema")
-    }
 }
 
 impl ProviderDataSchema {
@@ -158,11 +147,10 @@ impl ProviderDataSchema {
         node_override: Option<(&str, &Map<String, Value>)>,
         defaults: &Map<String, Value>,
     ) -> Result<ProviderData, Vec<Problem>> {
-        let class = Layer::read(&Self::class_map(class_yaml)?);
-        let node = node_override.map(|(name, map)| (name, Layer::read(map)));
-        let defaults = Layer::read(defaults);
-        let node = node.as_ref().map(|(name, layer)| (*name, layer));
-        effective::resolve(&Stack::new(&class, node, &defaults), self.strict)
+        let nodes = node_override
+            .map(|(name, map)| Map::from_iter([(name.to_owned(), Value::Object(map.clone()))]));
+        let layers = ConfigLayers::read(defaults, &nodes.unwrap_or_default());
+        self.resolve_with(class_yaml, node_override.map(|(name, _)| name), &layers)
     }
 
     /// Validates and types one complete document: schema, unknown keys, semantics, required keys.
@@ -176,16 +164,6 @@ impl ProviderDataSchema {
     /// override. `prefix` is put before every key path (e.g. `nodes.pve2.`).
     pub fn check_layer(&self, prefix: &str, layer: &Value) -> LayerCheck {
         Layer::read_value(layer).check(prefix, self.strict)
-    }
-
-    /// The problems of the provider config's `defaults:` and `nodes:`, checked at load time (see
-    /// [`Self::check_config_overrides`] for the warnings too).
-    pub fn validate_config_overrides(
-        &self,
-        defaults: &Map<String, Value>,
-        nodes: &Map<String, Value>,
-    ) -> Vec<Problem> {
-        self.check_config_overrides(defaults, nodes).problems
     }
 
     /// Checks the provider config's `defaults:` and `nodes:`: problems and warnings.
@@ -214,16 +192,22 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
+/// `GET /version`'s `version` ("8.4.1") as (major, minor). A version that cannot be read is let
+/// through by every check: Proxmox then says what it thinks.
+fn release(pve_version: &str) -> Option<(u32, u32)> {
+    let mut parts = pve_version.split('.').map(|p| p.trim().parse::<u32>());
+    let major = parts.next()?.ok()?;
+    Some((major, parts.next().and_then(Result::ok).unwrap_or(0)))
+}
+
 /// The first Proxmox VE major release whose HA resources have `failback` (pve-ha-manager 5.0.2, the
 /// PVE 9 series); older clusters answer 400 to it.
 pub const HA_FAILBACK_SINCE_PVE: u32 = 9;
 
-/// `ha.failback` on a cluster that does not know it, given `GET /version`'s `version` ("8.4.1"). A
-/// version that cannot be read is let through: Proxmox then says what it thinks.
+/// `ha.failback` on a cluster that does not know it.
 pub fn ha_failback_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
     data.ha.as_ref()?.failback?;
-    let major: u32 = pve_version.split('.').next()?.trim().parse().ok()?;
-    (major < HA_FAILBACK_SINCE_PVE).then(|| Problem {
+    (release(pve_version)?.0 < HA_FAILBACK_SINCE_PVE).then(|| Problem {
         key: "ha.failback".into(),
         message: format!(
             "needs Proxmox VE {HA_FAILBACK_SINCE_PVE} or later; this cluster runs {pve_version}: remove `failback` (on PVE 8, set it on an HA group instead) or upgrade"
@@ -242,13 +226,8 @@ pub fn boot_image_problem(data: &ProviderData, pve_version: &str) -> Option<Prob
     if data.boot != BootMode::Image {
         return None;
     }
-    let mut parts = pve_version.split('.').map(|p| p.trim().parse::<u32>());
-    let (Some(Ok(major)), minor) = (parts.next(), parts.next()) else {
-        return None;
-    };
-    let minor = minor.and_then(Result::ok).unwrap_or(0);
     let (since_major, since_minor) = BOOT_IMAGE_SINCE_PVE;
-    ((major, minor) < BOOT_IMAGE_SINCE_PVE).then(|| Problem {
+    (release(pve_version)? < BOOT_IMAGE_SINCE_PVE).then(|| Problem {
         key: "boot".into(),
         message: format!(
             "`image` needs Proxmox VE {since_major}.{since_minor} or later (disk images downloaded into `import` storage); this cluster runs {pve_version}: use `boot: iso` or upgrade"
@@ -263,22 +242,19 @@ pub const HA_RULES_SINCE_PVE: u32 = 9;
 /// `ha.rules`, `ha.node_affinity_nodes`, `ha.resource_affinity` or `ha.spread` on a cluster without
 /// HA rules, as one problem naming the keys used. The official provider lets such a machine be
 /// created and then fails at its rule step; refusing first leaves nothing behind.
-pub fn ha_rules_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
+fn ha_rules_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
     let ha = data.ha.as_ref().filter(|ha| ha.uses_rules())?;
-    let major: u32 = pve_version.split('.').next()?.trim().parse().ok()?;
-    if major >= HA_RULES_SINCE_PVE {
+    if release(pve_version)?.0 >= HA_RULES_SINCE_PVE {
         return None;
     }
-    let mut keys = Vec::new();
-    if !ha.rules.is_empty() {
-        keys.push("rules");
-    }
-    if !ha.node_affinity_nodes.is_empty() {
-        keys.push("node_affinity_nodes");
-    }
-    if ha.resource_affinity.is_some() {
-        keys.push("resource_affinity/spread");
-    }
+    let keys: Vec<&str> = [
+        (!ha.rules.is_empty(), "rules"),
+        (!ha.node_affinity_nodes.is_empty(), "node_affinity_nodes"),
+        (ha.resource_affinity.is_some(), "resource_affinity/spread"),
+    ]
+    .into_iter()
+    .filter_map(|(used, key)| used.then_some(key))
+    .collect();
     Some(Problem {
         key: "ha".into(),
         message: format!(

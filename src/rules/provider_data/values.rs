@@ -15,19 +15,40 @@ use serde_json::Value;
 
 use super::{RESERVED_TAG_PREFIXES, json_kind};
 use crate::proxmox::property::{
-    BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId,
-    PropertyError, Tag, Vga, VlanTag,
+    BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Tag,
+    Vga, VlanTag,
 };
 use crate::rules::storage_selector::StorageSelector;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum PlacementStrategy {
-    #[default]
-    Spread,
-    FewerVms,
-    RoundRobin,
-    Binpack,
+/// A key that takes one of a few words: the enum, its words (serde's and the schema's `enum`) and
+/// `as_str`, from one list.
+macro_rules! words {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+        pub enum $name {
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text),+
+                }
+            }
+        }
+    };
+}
+
+words! {
+    #[derive(Default)]
+    PlacementStrategy {
+        #[default]
+        Spread = "spread",
+        FewerVms = "fewer-vms",
+        RoundRobin = "round-robin",
+        Binpack = "binpack",
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -38,6 +59,7 @@ pub enum MachineType {
 }
 
 impl MachineType {
+    /// Proxmox's name of the machine type (`i440fx` is its `pc`).
     pub fn as_str(self) -> &'static str {
         match self {
             MachineType::Q35 => "q35",
@@ -46,63 +68,39 @@ impl MachineType {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Bios {
-    #[default]
-    Seabios,
-    Ovmf,
-}
-
-impl Bios {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bios::Seabios => "seabios",
-            Bios::Ovmf => "ovmf",
-        }
+words! {
+    #[derive(Default)]
+    Bios {
+        #[default]
+        Seabios = "seabios",
+        Ovmf = "ovmf",
     }
 }
 
-/// How the VM gets Talos: boot the Image Factory nocloud ISO (upstream behaviour), clone a template,
-/// or boot from the Image Factory's nocloud disk image, imported as the boot disk (ours).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum BootMode {
-    #[default]
-    Iso,
-    Clone,
-    Image,
-}
-
-impl BootMode {
-    /// The value as written in provider data (and recorded in the provider state).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BootMode::Iso => "iso",
-            BootMode::Clone => "clone",
-            BootMode::Image => "image",
-        }
+words! {
+    /// How the VM gets Talos: boot the Image Factory nocloud ISO (upstream behaviour), clone a
+    /// template, or boot from the Image Factory's nocloud disk image, imported as the boot disk
+    /// (ours). `as_str` is also what the provider state records.
+    #[derive(Default)]
+    BootMode {
+        #[default]
+        Iso = "iso",
+        Clone = "clone",
+        Image = "image",
     }
 }
 
-/// How a clone copies the template's disks (`clone_mode`). `Full`: a full copy onto the storage
-/// placement chose, which works on any storage, and across nodes when the template and that storage
-/// are shared. `Linked`: disks that share the template's base volumes, on the template's own
-/// storage: quick and small, but only on storage that supports it and never onto another storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum CloneMode {
-    #[default]
-    Full,
-    Linked,
-}
-
-impl CloneMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloneMode::Full => "full",
-            CloneMode::Linked => "linked",
-        }
+words! {
+    /// How a clone copies the template's disks (`clone_mode`). `Full`: a full copy onto the storage
+    /// placement chose, which works on any storage, and across nodes when the template and that
+    /// storage are shared. `Linked`: disks that share the template's base volumes, on the
+    /// template's own storage: quick and small, but only on storage that supports it and never onto
+    /// another storage.
+    #[derive(Default)]
+    CloneMode {
+        #[default]
+        Full = "full",
+        Linked = "linked",
     }
 }
 
@@ -122,42 +120,22 @@ impl fmt::Display for TemplateRef {
     }
 }
 
-/// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
-/// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`): on different nodes, or on one node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ResourceAffinity {
-    Negative,
-    Positive,
-}
-
-impl ResourceAffinity {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResourceAffinity::Positive => "positive",
-            ResourceAffinity::Negative => "negative",
-        }
+words! {
+    /// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
+    /// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`): on different nodes, or on one node.
+    ResourceAffinity {
+        Negative = "negative",
+        Positive = "positive",
     }
 }
 
-/// `ha.state`: the HA resource's target state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum HaState {
-    Started,
-    Stopped,
-    Disabled,
-    Ignored,
-}
-
-impl HaState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HaState::Started => "started",
-            HaState::Stopped => "stopped",
-            HaState::Disabled => "disabled",
-            HaState::Ignored => "ignored",
-        }
+words! {
+    /// `ha.state`: the HA resource's target state.
+    HaState {
+        Started = "started",
+        Stopped = "stopped",
+        Disabled = "disabled",
+        Ignored = "ignored",
     }
 }
 
@@ -281,58 +259,25 @@ fn hugepages_name(pages: Hugepages) -> &'static str {
     }
 }
 
-impl FromText for DiskCache {
-    fn from_text(text: &str) -> Result<Self, String> {
-        choice(text, &DISK_CACHES, DiskCache::as_str)
-    }
-
-    fn one_of() -> Vec<&'static str> {
-        DISK_CACHES.map(DiskCache::as_str).to_vec()
-    }
-}
-
-impl FromText for DiskAio {
-    fn from_text(text: &str) -> Result<Self, String> {
-        choice(text, &DISK_AIOS, DiskAio::as_str)
-    }
-
-    fn one_of() -> Vec<&'static str> {
-        DISK_AIOS.map(DiskAio::as_str).to_vec()
-    }
-}
-
-impl FromText for Hugepages {
-    fn from_text(text: &str) -> Result<Self, String> {
-        choice(text, &HUGEPAGES, hugepages_name)
-    }
-
-    fn one_of() -> Vec<&'static str> {
-        HUGEPAGES.map(hugepages_name).to_vec()
-    }
-}
-
-/// The name of an existing Proxmox HA rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HaRule(pub String);
-
-impl FromText for HaRule {
-    fn from_text(text: &str) -> Result<Self, String> {
-        let ok = !text.is_empty()
-            && text.len() <= 64
-            && text.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && text
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
-        if !ok {
-            return Err(PropertyError {
-                what: "HA rule",
-                value: text.to_string(),
-                expected: "a letter or digit, then letters, digits, '-' or '_'",
+/// Proxmox's choices, each by the name provider data gives it.
+macro_rules! from_choices {
+    ($($name:ty => $all:expr, $word:expr;)*) => {$(
+        impl FromText for $name {
+            fn from_text(text: &str) -> Result<Self, String> {
+                choice(text, &$all, $word)
             }
-            .to_string());
+
+            fn one_of() -> Vec<&'static str> {
+                $all.map($word).to_vec()
+            }
         }
-        Ok(Self(text.to_string()))
-    }
+    )*};
+}
+
+from_choices! {
+    DiskCache => DISK_CACHES, DiskCache::as_str;
+    DiskAio => DISK_AIOS, DiskAio::as_str;
+    Hugepages => HUGEPAGES, hugepages_name;
 }
 
 /// The name of an IP pool: which pools exist is the config's to say (checked when the class is

@@ -435,6 +435,7 @@ impl State for StateService {
         let owner = r.options.map(|o| o.owner).unwrap_or_default();
         let mut changes = self.state.changed.subscribe();
         let mut cut = self.state.cut_signal();
+        let mut waited = false;
         loop {
             match self.teardown_impl(&caller, &r.namespace, &r.r#type, &r.id, &owner) {
                 Ok(true) => {
@@ -442,11 +443,16 @@ impl State for StateService {
                     return Ok(Response::new(pb::TeardownAndDestroyResponse {}));
                 }
                 Ok(false) => {}
-                Err(s) if s.code() == tonic::Code::NotFound => {
+                // Destroyed by someone else while the call waited: done, as COSI's wait for the
+                // finalizers ends on a Destroyed event. A resource that is not there when the call
+                // comes is an error (cosi-project/runtime `pkg/state/wrap.go` TeardownAndDestroy:
+                // "If a resource doesn't exist, error is returned"; the server answers NotFound).
+                Err(s) if waited && s.code() == tonic::Code::NotFound => {
                     return Ok(Response::new(pb::TeardownAndDestroyResponse {}));
                 }
                 Err(s) => return Err(s),
             }
+            waited = true;
             tokio::select! {
                 changed = changes.changed() => if changed.is_err() {
                     return Err(Status::unavailable("server shutting down"));

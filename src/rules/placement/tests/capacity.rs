@@ -24,7 +24,7 @@ fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
     req.vcpus = 4;
     let nodes = vec![full.clone(), roomy.clone()];
     let placed = pick(&nodes, &req, &Reservations::default()).unwrap();
-    assert_eq!(placed.node, "pve2");
+    assert_eq!(placed.node.as_str(), "pve2");
     let PlacementReason::Automatic { rejected, .. } = &placed.reason else {
         panic!("automatic")
     };
@@ -37,7 +37,7 @@ fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
     assert!(capacity_fit(&full, &req, &Reservations::default()).is_ok());
     // A reservation in flight counts until its VM is listed.
     let mut reserved = Reservations::default();
-    reserved.reserve("other", "pve1", None, 2048, 2);
+    reserved.reserve("other", &node_name("pve1"), None, 2048, 2);
     assert!(matches!(
         capacity_fit(&full, &req, &reserved),
         Err(LeftOut::CpusCommitted { allocated: 16, .. })

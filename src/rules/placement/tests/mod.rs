@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot, StorageSnapshot};
+use crate::proxmox::property::{NodeName, StorageId};
 use crate::rules::provider_data::PlacementStrategy;
 use crate::rules::storage_selector::StorageSelector;
 
@@ -26,9 +27,17 @@ fn pick(
     )
 }
 
+fn node_name(name: &str) -> NodeName {
+    NodeName::new(name).unwrap()
+}
+
+fn sid(name: &str) -> StorageId {
+    StorageId::new(name).unwrap()
+}
+
 fn storage(name: &str, available_gib: u64) -> StorageSnapshot {
     StorageSnapshot {
-        name: name.into(),
+        name: sid(name),
         storage_type: "lvmthin".into(),
         content: vec!["images".into(), "rootdir".into()],
         enabled: true,
@@ -40,7 +49,7 @@ fn storage(name: &str, available_gib: u64) -> StorageSnapshot {
 
 fn node(name: &str, free_gib: u64) -> NodeSnapshot {
     NodeSnapshot {
-        name: name.into(),
+        name: node_name(name),
         online: true,
         memory_used: 0,
         memory_max: free_gib * GIB,

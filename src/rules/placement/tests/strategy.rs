@@ -23,7 +23,7 @@ fn prefers_fewest_of_the_set_then_most_memory_then_name() {
         &Reservations::default(),
     )
     .unwrap();
-    assert_eq!(placed.node, "pve3");
+    assert_eq!(placed.node.as_str(), "pve3");
     assert!(
         placed
             .reason
@@ -34,7 +34,8 @@ fn prefers_fewest_of_the_set_then_most_memory_then_name() {
     assert_eq!(
         pick(&equal, &request(&sel, &empty), &Reservations::default())
             .unwrap()
-            .node,
+            .node
+            .as_str(),
         "pvea"
     );
     let mut binpack = request(&sel, &empty);
@@ -46,7 +47,8 @@ fn prefers_fewest_of_the_set_then_most_memory_then_name() {
             &Reservations::default()
         )
         .unwrap()
-        .node,
+        .node
+        .as_str(),
         "pve2"
     );
     let mut fewer = request(&sel, &empty);
@@ -54,7 +56,8 @@ fn prefers_fewest_of_the_set_then_most_memory_then_name() {
     assert_eq!(
         pick(&[a, b, c], &fewer, &Reservations::default())
             .unwrap()
-            .node,
+            .node
+            .as_str(),
         "pve3"
     );
 }
@@ -64,12 +67,13 @@ fn reservations_count_until_the_vm_appears() {
     let sel = any_storage();
     let empty = BTreeMap::new();
     let mut reservations = Reservations::default();
-    reservations.reserve("other", "pve1", Some("workers"), 4096, 2);
+    reservations.reserve("other", &node_name("pve1"), Some("workers"), 4096, 2);
     let nodes = [node("pve1", 64), node("pve2", 32)];
     assert_eq!(
         pick(&nodes, &request(&sel, &empty), &reservations)
             .unwrap()
-            .node,
+            .node
+            .as_str(),
         "pve2"
     );
     // Once the VM is visible with its tag, the reservation is not counted twice.
@@ -87,7 +91,8 @@ fn reservations_count_until_the_vm_appears() {
     assert_eq!(
         pick(&with_vm, &request(&sel, &empty), &reservations)
             .unwrap()
-            .node,
+            .node
+            .as_str(),
         "pve1"
     );
     assert!(reservations.release("other").is_some());
@@ -107,7 +112,7 @@ proptest! {
             let req = PlacementRequest { request_id: &id, memory_mb: memory, ..request(&sel, &empty) };
             let placed = pick(&nodes, &req, &reservations).unwrap();
             reservations.reserve(&id, &placed.node, Some("workers"), memory, 2);
-            *counts.entry(placed.node).or_default() += 1;
+            *counts.entry(placed.node.to_string()).or_default() += 1;
         }
         prop_assert_eq!(counts.len(), nodes_n);
         prop_assert!(counts.values().all(|c| *c == per_node), "{:?}", counts);
@@ -129,7 +134,7 @@ fn six_requests_of_one_set_spread_two_per_node() {
         };
         let placed = pick(&nodes, &req, &reservations).unwrap();
         reservations.reserve(&id, &placed.node, Some("workers"), 4096, 2);
-        *counts.entry(placed.node).or_default() += 1;
+        *counts.entry(placed.node.to_string()).or_default() += 1;
     }
     assert_eq!(counts.into_values().collect::<Vec<_>>(), vec![2, 2, 2]);
 }
@@ -157,7 +162,10 @@ fn node_affinity_nodes_come_first_and_strict_ones_are_the_only_ones() {
         ..request(&sel, &empty)
     };
     assert_eq!(
-        pick(&nodes, &req, &Reservations::default()).unwrap().node,
+        pick(&nodes, &req, &Reservations::default())
+            .unwrap()
+            .node
+            .as_str(),
         "pve3"
     );
     // pve3 full: a non-strict rule lets the VM go elsewhere...
@@ -165,7 +173,8 @@ fn node_affinity_nodes_come_first_and_strict_ones_are_the_only_ones() {
     assert_eq!(
         pick(&nodes_full, &req, &Reservations::default())
             .unwrap()
-            .node,
+            .node
+            .as_str(),
         "pve1"
     );
     // ...a strict one does not, and says why.
@@ -204,7 +213,7 @@ fn negative_resource_affinity_avoids_nodes_holding_the_set_whatever_the_strategy
         };
         let placed = pick(&nodes, &req, &reservations).unwrap();
         reservations.reserve(&id, &placed.node, Some("workers"), 4096, 2);
-        chosen.push(placed.node);
+        chosen.push(placed.node.to_string());
     }
     chosen.sort();
     assert_eq!(chosen, ["pve1", "pve2", "pve3"]);

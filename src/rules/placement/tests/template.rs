@@ -9,7 +9,7 @@ use crate::rules::provider_data::CloneMode;
 /// (plain lvm).
 fn clone_cluster() -> ClusterSnapshot {
     let shared = StorageSnapshot {
-        name: "shared-nfs".into(),
+        name: sid("shared-nfs"),
         storage_type: "nfs".into(),
         shared: true,
         ..storage("shared-nfs", 500)
@@ -36,7 +36,7 @@ fn template_on(cluster: &ClusterSnapshot, vmid: u32, node: &str, storage: &str) 
     TemplateFacts {
         vmid,
         name: Some("talos-1.11".into()),
-        node: node.into(),
+        node: node_name(node),
         drives: vec![crate::model::TemplateDrive {
             slot: "scsi0".into(),
             storage: storage.into(),
@@ -210,12 +210,16 @@ fn a_clone_goes_only_where_proxmox_can_make_it() {
 fn a_full_clone_to_another_node_needs_its_storage_on_the_template_node_too() {
     let mut cluster = clone_cluster();
     let ceph = StorageSnapshot {
-        name: "ceph".into(),
+        name: sid("ceph"),
         storage_type: "rbd".into(),
         shared: true,
         ..storage("ceph", 500)
     };
-    for node in cluster.nodes.iter_mut().filter(|n| n.name != "pve1") {
+    for node in cluster
+        .nodes
+        .iter_mut()
+        .filter(|n| n.name.as_str() != "pve1")
+    {
         node.storages.push(ceph.clone());
     }
     let template = template_on(&cluster, 9001, "pve1", "shared-nfs");
@@ -240,5 +244,5 @@ fn a_full_clone_to_another_node_needs_its_storage_on_the_template_node_too() {
     let ok = node_verdict(pve2, &req, &Reservations::default())
         .unwrap()
         .unwrap();
-    assert_eq!(ok.storage.name, "shared-nfs");
+    assert_eq!(ok.storage.name.as_str(), "shared-nfs");
 }

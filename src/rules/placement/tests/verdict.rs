@@ -12,7 +12,7 @@ fn node_verdicts_say_why_with_numbers() {
     let empty = BTreeMap::new();
     let allowed = vec!["pve1".to_string()];
     let mut reserved = Reservations::default();
-    reserved.reserve("other", "pve1", None, 30 * 1024, 2);
+    reserved.reserve("other", &node_name("pve1"), None, 30 * 1024, 2);
     let small_disk = {
         let mut n = node("pve1", 64);
         n.storages[1].available = 10 * GIB;
@@ -162,7 +162,8 @@ fn first_matching_storage_in_api_order_and_per_node_selectors() {
             &Reservations::default()
         )
         .unwrap()
-        .storage,
+        .storage
+        .as_str(),
         "local-lvm"
     );
     let overrides = BTreeMap::from([(
@@ -172,7 +173,8 @@ fn first_matching_storage_in_api_order_and_per_node_selectors() {
     assert_eq!(
         pick(&[n], &request(&sel, &overrides), &Reservations::default())
             .unwrap()
-            .storage,
+            .storage
+            .as_str(),
         "ceph"
     );
 }

@@ -317,6 +317,10 @@ fn cross_field_rules() {
     assert_eq!(keys_of(&p), vec!["template"]);
     let p = parse(&format!("{MINIMAL}node: pve3\nallowed_nodes: [pve1]\n")).unwrap_err();
     assert_eq!(keys_of(&p), vec!["node"]);
+    assert_eq!(
+        p[0].message,
+        r#""pve3" is not in allowed_nodes (pve1); add it there or pick another node"#
+    );
     let data = parse(&format!("{MINIMAL}boot: clone\ntemplate: talos-template\n")).unwrap();
     assert_eq!(
         data.template,
@@ -411,7 +415,8 @@ fn config_overrides_are_validated_at_load() {
     // Strict, so the misspelled key is a problem too (by default it is a warning).
     let problems = schema()
         .strict(true)
-        .validate_config_overrides(defaults.as_object().unwrap(), nodes.as_object().unwrap());
+        .check_config_overrides(defaults.as_object().unwrap(), nodes.as_object().unwrap())
+        .problems;
     let keys = keys_of(&problems);
     for expected in [
         "defaults.coers",
@@ -429,7 +434,8 @@ fn config_overrides_are_validated_at_load() {
     assert!(describe(&problems).contains("did you mean `cores`?"));
     assert!(
         schema()
-            .validate_config_overrides(&Map::new(), &Map::new())
+            .check_config_overrides(&Map::new(), &Map::new())
+            .problems
             .is_empty()
     );
 }
