@@ -59,7 +59,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         allowed_nodes: &allowed,
         set_id: ctx.request.set_id.as_deref(),
         strategy: ctx.data.placement_strategy,
-        vcpus: vcpus(ctx),
+        vcpus: ctx.data.vcpus(),
         limits: ctx.services.config.placement,
         clone: clone.as_ref(),
         ha: ctx.data.ha.as_ref(),
@@ -71,7 +71,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         .place(
             &ctx.request.id,
             ctx.request.set_id.as_deref(),
-            (ctx.data.memory_mb, vcpus(ctx)),
+            (ctx.data.memory_mb, ctx.data.vcpus()),
             |reservations| placement::pick(&cluster, &request, reservations),
         )
         .map_err(StepError::Placement)?;
@@ -124,13 +124,8 @@ fn reserve(ctx: &StepContext<'_>) {
         node,
         ctx.request.set_id.as_deref(),
         ctx.data.memory_mb,
-        vcpus(ctx),
+        ctx.data.vcpus(),
     );
-}
-
-/// The VM's vCPUs, as placement counts them.
-fn vcpus(ctx: &StepContext<'_>) -> u64 {
-    u64::from(ctx.data.cores).saturating_mul(u64::from(ctx.data.sockets.max(1)))
 }
 
 /// The storage selector each node with a `nodes:` override would use, by the same precedence as

@@ -77,7 +77,7 @@ impl ClassPlacement {
             allowed_nodes: &self.allowed,
             set_id: None,
             strategy: data.placement_strategy,
-            vcpus: u64::from(data.cores).saturating_mul(u64::from(data.sockets.max(1))),
+            vcpus: data.vcpus(),
             limits: self.limits,
             clone: self.clone.as_ref(),
             ha: data.ha.as_ref(),

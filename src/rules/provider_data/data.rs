@@ -110,6 +110,11 @@ pub struct ProviderData {
 }
 
 impl ProviderData {
+    /// The VM's vCPUs (cores per socket times sockets), as placement counts them against a node.
+    pub fn vcpus(&self) -> u64 {
+        u64::from(self.cores).saturating_mul(u64::from(self.sockets.max(1)))
+    }
+
     /// Disk space the VM needs on its main storage: boot disk plus additional disks, in GB.
     pub fn total_disk_gb(&self) -> u64 {
         self.disk_size_gb.saturating_add(
