@@ -367,20 +367,24 @@ impl Nic {
     }
 }
 
-/// An enum whose every value is one word of Proxmox's: one table gives the Rust name, the word
-/// (`as_str`) and its serde name.
+/// An enum whose every value is one word (of Proxmox's, or of provider data's): one table gives
+/// the Rust name, the word (`as_str`, serde's name, and the schema's where the enum also derives
+/// `JsonSchema`) and the list of every value (`ALL`).
 macro_rules! str_enum {
-    ($(#[$doc:meta])* $name:ident { $($variant:ident = $text:literal,)* }) => {
-        $(#[$doc])*
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
         pub enum $name {
-            $(#[serde(rename = $text)] $variant,)*
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant),+
         }
 
         impl $name {
+            /// Every word, in the order declared.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
             pub fn as_str(self) -> &'static str {
                 match self {
-                    $(Self::$variant => $text,)*
+                    $(Self::$variant => $text),+
                 }
             }
         }

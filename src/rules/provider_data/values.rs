@@ -16,32 +16,12 @@ use serde_json::Value;
 use super::{RESERVED_TAG_PREFIXES, json_kind};
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Tag,
-    Vga, VlanTag,
+    Vga, VlanTag, str_enum,
 };
 use crate::rules::storage_selector::StorageSelector;
 
-/// A key that takes one of a few words: the enum, its words (serde's and the schema's `enum`) and
-/// `as_str`, from one list.
-macro_rules! words {
-    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-        pub enum $name {
-            $($(#[$vmeta])* #[serde(rename = $text)] $variant),+
-        }
-
-        impl $name {
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Self::$variant => $text),+
-                }
-            }
-        }
-    };
-}
-
-words! {
-    #[derive(Default)]
+str_enum! {
+    #[derive(Default, JsonSchema)]
     PlacementStrategy {
         #[default]
         Spread = "spread",
@@ -68,8 +48,8 @@ impl MachineType {
     }
 }
 
-words! {
-    #[derive(Default)]
+str_enum! {
+    #[derive(Default, JsonSchema)]
     Bios {
         #[default]
         Seabios = "seabios",
@@ -77,11 +57,11 @@ words! {
     }
 }
 
-words! {
+str_enum! {
     /// How the VM gets Talos: boot the Image Factory nocloud ISO (upstream behaviour), clone a
     /// template, or boot from the Image Factory's nocloud disk image, imported as the boot disk
     /// (ours). `as_str` is also what the provider state records.
-    #[derive(Default)]
+    #[derive(Default, JsonSchema)]
     BootMode {
         #[default]
         Iso = "iso",
@@ -90,13 +70,13 @@ words! {
     }
 }
 
-words! {
+str_enum! {
     /// How a clone copies the template's disks (`clone_mode`). `Full`: a full copy onto the storage
     /// placement chose, which works on any storage, and across nodes when the template and that
     /// storage are shared. `Linked`: disks that share the template's base volumes, on the
     /// template's own storage: quick and small, but only on storage that supports it and never onto
     /// another storage.
-    #[derive(Default)]
+    #[derive(Default, JsonSchema)]
     CloneMode {
         #[default]
         Full = "full",
@@ -120,17 +100,19 @@ impl fmt::Display for TemplateRef {
     }
 }
 
-words! {
+str_enum! {
     /// Proxmox's `affinity` of a resource-affinity rule (pve-ha-manager
     /// src/PVE/HA/Rules/ResourceAffinity.pm, `properties`): on different nodes, or on one node.
+    #[derive(JsonSchema)]
     ResourceAffinity {
         Negative = "negative",
         Positive = "positive",
     }
 }
 
-words! {
+str_enum! {
     /// `ha.state`: the HA resource's target state.
+    #[derive(JsonSchema)]
     HaState {
         Started = "started",
         Stopped = "stopped",
@@ -240,15 +222,8 @@ fn choice<T: Copy>(text: &str, all: &[T], name: fn(T) -> &'static str) -> Result
         })
 }
 
-const DISK_CACHES: [DiskCache; 5] = [
-    DiskCache::None,
-    DiskCache::Writethrough,
-    DiskCache::Writeback,
-    DiskCache::Directsync,
-    DiskCache::Unsafe,
-];
-const DISK_AIOS: [DiskAio; 3] = [DiskAio::Native, DiskAio::Threads, DiskAio::IoUring];
-const HUGEPAGES: [Hugepages; 2] = [Hugepages::TwoMb, Hugepages::OneGb];
+/// The page sizes provider data may name (`Any` is Proxmox's own default, never asked for).
+const HUGEPAGES: &[Hugepages] = &[Hugepages::TwoMb, Hugepages::OneGb];
 
 /// Provider data names page sizes as upstream does, not as Proxmox does.
 fn hugepages_name(pages: Hugepages) -> &'static str {
@@ -264,19 +239,19 @@ macro_rules! from_choices {
     ($($name:ty => $all:expr, $word:expr;)*) => {$(
         impl FromText for $name {
             fn from_text(text: &str) -> Result<Self, String> {
-                choice(text, &$all, $word)
+                choice(text, $all, $word)
             }
 
             fn one_of() -> Vec<&'static str> {
-                $all.map($word).to_vec()
+                $all.iter().map(|v| $word(*v)).collect()
             }
         }
     )*};
 }
 
 from_choices! {
-    DiskCache => DISK_CACHES, DiskCache::as_str;
-    DiskAio => DISK_AIOS, DiskAio::as_str;
+    DiskCache => DiskCache::ALL, DiskCache::as_str;
+    DiskAio => DiskAio::ALL, DiskAio::as_str;
     Hugepages => HUGEPAGES, hugepages_name;
 }
 
