@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use crate::secret::Secret;
 use render::{render_join_config, siderolink_api_url};
-pub use token::{DecodedToken, decode, extended_token, verify};
+pub use token::extended_token;
 
 /// Extra-data key carrying our provider ID; Omni labels the machine's Link with it.
 pub const PROVIDER_ID_KEY: &str = "omni.sidero.dev/infra-provider-id";
@@ -156,6 +156,7 @@ fn check_port(port: u32, which: &'static str) -> Result<u16, JoinError> {
 #[cfg(test)]
 mod tests {
     use super::render::query_escape;
+    use super::token::decoding::{decode, verify};
     use super::*;
     use base64::Engine;
     use base64::engine::general_purpose::STANDARD as BASE64;

@@ -32,7 +32,8 @@ pub fn extended_token(
 }
 
 /// The token's JSON body; fields in Go's order (the struct's, which is also sorted).
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(serde::Serialize)]
+#[cfg_attr(test, derive(serde::Deserialize))]
 struct Body {
     extra_data: BTreeMap<String, String>,
     signature: String,
@@ -66,44 +67,51 @@ fn go_json(value: &impl serde::Serialize) -> String {
     out
 }
 
-/// A decoded extended token, for checks and tests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DecodedToken {
-    pub version: u8,
-    pub extra_data: BTreeMap<String, String>,
-    /// Base64 of the 32-byte MAC.
-    pub signature: String,
-}
+/// Reading a token back, the way Omni does: only the tests check our tokens with it.
+#[cfg(test)]
+pub(super) mod decoding {
+    use super::*;
 
-/// Decodes an extended token (not its signature check: see [`verify`]).
-pub fn decode(token: &Secret) -> Option<DecodedToken> {
-    let text = token.expose();
-    let (version, rest) = [(1, "v1:"), (2, "v2:")]
-        .into_iter()
-        .find_map(|(version, prefix)| Some((version, text.strip_prefix(prefix)?)))?;
-    let json = BASE64.decode(rest).ok()?;
-    let body: Body = serde_json::from_slice(&json).ok()?;
-    Some(DecodedToken {
-        version,
-        extra_data: body.extra_data,
-        signature: body.signature,
-    })
-}
+    /// A decoded extended token, for checks and tests.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct DecodedToken {
+        pub version: u8,
+        pub extra_data: BTreeMap<String, String>,
+        /// Base64 of the 32-byte MAC.
+        pub signature: String,
+    }
 
-/// Whether the token's MAC matches `plain` as key, the way Omni checks it.
-pub fn verify(token: &Secret, plain: &Secret) -> bool {
-    let Some(decoded) = decode(token) else {
-        return false;
-    };
-    let expected = BASE64.encode(sign(
-        plain.expose().as_bytes(),
-        go_json(&decoded.extra_data).as_bytes(),
-    ));
-    expected == decoded.signature
+    /// Decodes an extended token (not its signature check: see [`verify`]).
+    pub fn decode(token: &Secret) -> Option<DecodedToken> {
+        let text = token.expose();
+        let (version, rest) = [(1, "v1:"), (2, "v2:")]
+            .into_iter()
+            .find_map(|(version, prefix)| Some((version, text.strip_prefix(prefix)?)))?;
+        let json = BASE64.decode(rest).ok()?;
+        let body: Body = serde_json::from_slice(&json).ok()?;
+        Some(DecodedToken {
+            version,
+            extra_data: body.extra_data,
+            signature: body.signature,
+        })
+    }
+
+    /// Whether the token's MAC matches `plain` as key, the way Omni checks it.
+    pub fn verify(token: &Secret, plain: &Secret) -> bool {
+        let Some(decoded) = decode(token) else {
+            return false;
+        };
+        let expected = BASE64.encode(sign(
+            plain.expose().as_bytes(),
+            go_json(&decoded.extra_data).as_bytes(),
+        ));
+        expected == decoded.signature
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::decoding::{decode, verify};
     use super::*;
     use proptest::prelude::*;
 
