@@ -298,6 +298,7 @@ async fn drain(stack: &mut Stack) -> Result<Vec<Row>, String> {
         stack.request(id, "bench-drain", CLASS);
     }
     wait_provisioned(stack, &ids).await?;
+    settle(stack).await;
     stack.omni.set_drain(DRAIN);
     let started = Instant::now();
     let before = stack.omni.typed_calls();
@@ -370,6 +371,24 @@ async fn drain(stack: &mut Stack) -> Result<Vec<Row>, String> {
             ok: Some(during <= 5 * MANY as u64),
         },
     ])
+}
+
+/// Waits (up to 10 s) until the provider has asked Omni nothing for half a second but its lease:
+/// a PROVISIONED status is not the end of a request's last reconcile (the event of our own
+/// finalizer brings one more, which reads the status), and what provisioning still does must not
+/// count as the teardown's cost.
+async fn settle(stack: &Stack) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let before = stack.omni.typed_calls();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let busy = scale::omni_calls_since(stack, &before)
+            .keys()
+            .any(|(_, ty)| !ty.starts_with("Lease."));
+        if !busy {
+            return;
+        }
+    }
 }
 
 fn total(calls: &OmniCalls) -> u64 {
