@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use omni_infra_provider_proxmox::omni::proto::specs::MachineRequestSpec;
 use omni_infra_provider_proxmox::omni::resources::MachineRequest;
 use omni_infra_provider_proxmox::omni::transport;
+use omni_infra_provider_proxmox::pipeline::step::Step;
 use testkit::memstate::{ControllersTask, MemServer, MemState, OmniControllers};
 
 pub use testkit::fakepve::{self, FakePve, three_node_scenario};
@@ -489,14 +490,7 @@ impl Stack {
             .map_err(|e| e.to_string())?;
         let value = |line: &str| line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
         let mut steps: Vec<(String, f64, u64)> = Vec::new();
-        for step in [
-            "pick_node",
-            "prepare_image",
-            "create_vm",
-            "configure_vm",
-            "start_vm",
-            "discover_ip",
-        ] {
+        for step in Step::ALL.map(Step::name) {
             let find = |suffix: &str| {
                 let prefix =
                     format!("omni_proxmox_step_duration_seconds_{suffix}{{step=\"{step}\"}}");

@@ -15,7 +15,7 @@ use super::access::{
     Access, Caller, READ_ONLY_FOR_PROVIDERS, Scope, only_finalizers_changed, validate_resource,
 };
 use super::query::matches_queries;
-use super::store::{key_of, md, next_version, now_ts, now_unix};
+use super::store::{Key, Store, key_of, md, next_version, now_ts, now_unix};
 use crate::proto::management::management_service_server::{
     ManagementService, ManagementServiceServer,
 };
@@ -141,24 +141,14 @@ impl StateService {
         let scope = caller.scope(&store, ns, ty, Access::Write)?;
         caller.check_id(ty, id)?;
         let k = (ns.to_owned(), ty.to_owned(), id.to_owned());
-        let old = store
-            .resources
-            .get(&k)
-            .filter(|r| caller.visible(scope, r))
-            .cloned()
-            .ok_or_else(|| Status::not_found(format!("resource {id} doesn't exist")))?;
+        let old = visible(&store, caller, scope, &k)?;
         if READ_ONLY_FOR_PROVIDERS.contains(&ty) {
             // Server-side teardown is Get + Update of the phase, which the read-only rule rejects.
             return Err(Status::permission_denied(format!(
                 "infra providers are not allowed to tear down {ty}"
             )));
         }
-        if md(&old).owner != owner {
-            return Err(Status::permission_denied(format!(
-                "owner conflict: {:?} != {owner:?}",
-                md(&old).owner
-            )));
-        }
+        owned_by(&old, owner)?;
         let ready = md(&old).finalizers.is_empty();
         if md(&old).phase != PHASE_TEARING_DOWN {
             let mut new = old.clone();
@@ -190,18 +180,8 @@ impl StateService {
             )));
         }
         let k = (ns.to_owned(), ty.to_owned(), id.to_owned());
-        let old = store
-            .resources
-            .get(&k)
-            .filter(|r| caller.visible(scope, r))
-            .cloned()
-            .ok_or_else(|| Status::not_found(format!("resource {id} doesn't exist")))?;
-        if md(&old).owner != owner {
-            return Err(Status::permission_denied(format!(
-                "owner conflict: {:?} != {owner:?}",
-                md(&old).owner
-            )));
-        }
+        let old = visible(&store, caller, scope, &k)?;
+        owned_by(&old, owner)?;
         if !md(&old).finalizers.is_empty() {
             return Err(Status::failed_precondition(format!(
                 "resource {id} has pending finalizers {:?}",
@@ -225,12 +205,7 @@ impl State for StateService {
         self.tally("Get", &r.r#type);
         let store = self.state.lock();
         let scope = caller.scope(&store, &r.namespace, &r.r#type, Access::Read)?;
-        let found = store
-            .resources
-            .get(&(r.namespace.clone(), r.r#type.clone(), r.id.clone()))
-            .filter(|res| caller.visible(scope, res))
-            .cloned()
-            .ok_or_else(|| Status::not_found(format!("resource {} doesn't exist", r.id)))?;
+        let found = visible(&store, &caller, scope, &(r.namespace, r.r#type, r.id))?;
         Ok(Response::new(pb::GetResponse {
             resource: Some(found),
         }))
@@ -330,19 +305,8 @@ impl State for StateService {
         let scope = caller.scope(&store, &ns, &ty, Access::Write)?;
         caller.check_id(&ty, &id)?;
         let k = (ns, ty.clone(), id.clone());
-        let old = store
-            .resources
-            .get(&k)
-            .filter(|s| caller.visible(scope, s))
-            .cloned()
-            .ok_or_else(|| Status::not_found(format!("resource {id} doesn't exist")))?;
-        if md(&old).owner != opts.owner {
-            return Err(Status::permission_denied(format!(
-                "owner conflict: {:?} != {:?}",
-                md(&old).owner,
-                opts.owner
-            )));
-        }
+        let old = visible(&store, &caller, scope, &k)?;
+        owned_by(&old, &opts.owner)?;
         if md(&old).version != md(&res).version {
             return Err(Status::failed_precondition(format!(
                 "resource {id} update conflict: expected version {:?}, actual version {:?}",
@@ -573,6 +537,28 @@ impl MgmtService {
         *store.calls.entry(method.to_owned()).or_default() += 1;
         Ok(())
     }
+}
+
+/// The resource `k` as `caller` may see it; NotFound for one it may not see, as Omni answers a
+/// provider asking for another's.
+fn visible(store: &Store, caller: &Caller, scope: Scope, k: &Key) -> Result<pb::Resource, Status> {
+    store
+        .resources
+        .get(k)
+        .filter(|r| caller.visible(scope, r))
+        .cloned()
+        .ok_or_else(|| Status::not_found(format!("resource {} doesn't exist", k.2)))
+}
+
+/// Refuses a write by anyone but the resource's owner.
+fn owned_by(old: &pb::Resource, owner: &str) -> Result<(), Status> {
+    if md(old).owner == owner {
+        return Ok(());
+    }
+    Err(Status::permission_denied(format!(
+        "owner conflict: {:?} != {owner:?}",
+        md(old).owner
+    )))
 }
 
 fn hex(bytes: &[u8]) -> String {
