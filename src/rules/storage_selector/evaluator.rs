@@ -5,7 +5,7 @@
 //! (several frames per parenthesis), and a stack overflow aborts the whole process.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::mpsc::{self, RecvTimeoutError, Sender, SyncSender};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,17 +33,8 @@ pub(super) enum Refusal {
     NotAllowed(String),
 }
 
-enum Job {
-    Parse {
-        source: Arc<str>,
-        reply: SyncSender<Parsed>,
-    },
-    Evaluate {
-        program: Arc<Program>,
-        storage: StorageFacts,
-        reply: SyncSender<Outcome>,
-    },
-}
+/// Work for the thread, answering on a channel of its own.
+type Job = Box<dyn FnOnce(&Arc<Env>) + Send>;
 
 /// The evaluator thread's stack: reserved, not committed, so it costs what the deepest parse
 /// touches. A selector of `MAX_LEN` characters nests at most a few hundred levels.
@@ -63,35 +54,32 @@ pub(super) fn run(
     storage: StorageFacts,
     budget: Duration,
 ) -> Option<Outcome> {
-    let (reply, answer) = mpsc::sync_channel(1);
-    let job = Job::Evaluate {
-        program,
-        storage,
-        reply,
-    };
-    submit(job, answer, budget, || {
-        Outcome::Failed("the CEL evaluator failed".to_string())
-    })
+    let failed = |why: &str| Outcome::Failed(format!("the CEL evaluator failed{why}"));
+    let work = move |env: &Arc<Env>| evaluate(env, &program, &storage);
+    submit(work, budget, failed(" on it"), || failed(""))
 }
 
 /// Parses `source` and checks it against the grammar, or `None` when that takes longer than
 /// `budget`.
 pub(super) fn parse(source: Arc<str>, budget: Duration) -> Option<Parsed> {
-    let (reply, answer) = mpsc::sync_channel(1);
-    submit(Job::Parse { source, reply }, answer, budget, || {
-        Err(Refusal::Syntax("the CEL parser cannot read it".to_string()))
-    })
+    let unreadable = || Err(Refusal::Syntax("the CEL parser cannot read it".to_string()));
+    submit(move |_| compile(&source), budget, unreadable(), unreadable)
 }
 
-/// Hands `job` to the thread and waits up to `budget` for its answer; `lost` is the answer when
-/// the thread went away without one.
-fn submit<T>(
-    mut job: Job,
-    answer: mpsc::Receiver<T>,
+/// Hands `work` to the thread and waits up to `budget` for its answer; `panicked` is the answer
+/// when the work panics, `lost` when the thread went away without one.
+fn submit<T: Send + 'static>(
+    work: impl FnOnce(&Arc<Env>) -> T + Send + 'static,
     budget: Duration,
+    panicked: T,
     lost: impl FnOnce() -> T,
 ) -> Option<T> {
-    // A worker that died (it cannot: every evaluation is unwound inside it) is replaced once.
+    let (reply, answer) = mpsc::sync_channel(1);
+    // Every answer is sent even when the caller stopped waiting: a failed send is no matter.
+    let mut job: Job = Box::new(move |env| {
+        let _ = reply.send(catch_unwind(AssertUnwindSafe(|| work(env))).unwrap_or(panicked));
+    });
+    // A worker that died (it cannot: every job is unwound inside it) is replaced once.
     let mut generation = 0;
     for _ in 0..2 {
         let (g, jobs) = worker();
@@ -150,28 +138,8 @@ fn retire(generation: u64) {
 
 fn serve(queue: mpsc::Receiver<Job>) {
     let env = Arc::new(Env::stdlib());
-    // Every answer is sent even when the caller stopped waiting: a failed send is no matter.
     while let Ok(job) = queue.recv() {
-        match job {
-            Job::Parse { source, reply } => {
-                let parsed =
-                    catch_unwind(AssertUnwindSafe(|| compile(&source))).unwrap_or_else(|_| {
-                        Err(Refusal::Syntax("the CEL parser cannot read it".to_string()))
-                    });
-                let _ = reply.send(parsed);
-            }
-            Job::Evaluate {
-                program,
-                storage,
-                reply,
-            } => {
-                let outcome = catch_unwind(AssertUnwindSafe(|| evaluate(&env, &program, &storage)))
-                    .unwrap_or_else(|_| {
-                        Outcome::Failed("the CEL evaluator failed on it".to_string())
-                    });
-                let _ = reply.send(outcome);
-            }
-        }
+        job(&env);
     }
 }
 
