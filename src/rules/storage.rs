@@ -3,8 +3,6 @@
 //! selected and has room. Placement, the steps and `validate` all ask [`choose`], so they cannot
 //! disagree about a storage.
 
-use std::fmt;
-
 use crate::model::{GIB, NodeSnapshot, StorageSnapshot};
 use crate::proxmox::property::StorageId;
 use crate::rules::storage_selector::{SelectorError, StorageSelector};
@@ -95,63 +93,34 @@ impl<'a> StorageNeed<'a> {
 }
 
 /// Why a storage was passed over.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
+    #[error("does not hold {} (content: {})", wanted.as_str(), if content.is_empty() { "none".to_string() } else { content.join(",") })]
     WrongContent {
         content: Vec<String>,
         wanted: Content,
     },
+    #[error("is not active")]
     Inactive,
+    #[error("not selected by the selector")]
     NotSelected,
     /// The selector failed on this storage: a configuration error, not a fact about the storage.
+    #[error("{0}")]
     SelectorFailed(SelectorError),
-    TooSmall {
-        available: u64,
-        needed_gb: u64,
-    },
+    #[error("selected, but only {} GiB free of {needed_gb} GiB needed", available / GIB)]
+    TooSmall { available: u64, needed_gb: u64 },
     /// Selected, but local to the node where shared storage is needed.
+    #[error("selected, but not shared")]
     NotShared,
     /// Not available on the node at all (asked for by name).
+    #[error("is not available on this node")]
     NotOnNode,
     /// Shared, but not enabled on the template's node, where a full clone to another node checks
     /// it too.
-    NotOnTemplateNode {
-        node: String,
-    },
-}
-
-impl fmt::Display for Rejection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Rejection::WrongContent { content, wanted } => write!(
-                f,
-                "does not hold {} (content: {})",
-                wanted.as_str(),
-                if content.is_empty() {
-                    "none".to_string()
-                } else {
-                    content.join(",")
-                }
-            ),
-            Rejection::Inactive => f.write_str("is not active"),
-            Rejection::NotSelected => f.write_str("not selected by the selector"),
-            Rejection::SelectorFailed(e) => write!(f, "{e}"),
-            Rejection::TooSmall {
-                available,
-                needed_gb,
-            } => write!(
-                f,
-                "selected, but only {} GiB free of {needed_gb} GiB needed",
-                available / GIB
-            ),
-            Rejection::NotShared => f.write_str("selected, but not shared"),
-            Rejection::NotOnNode => f.write_str("is not available on this node"),
-            Rejection::NotOnTemplateNode { node } => write!(
-                f,
-                "selected and shared, but not enabled on {node}, the template's node, where Proxmox checks a clone's target storage too (add {node} to the storage's nodes)"
-            ),
-        }
-    }
+    #[error(
+        "selected and shared, but not enabled on {node}, the template's node, where Proxmox checks a clone's target storage too (add {node} to the storage's nodes)"
+    )]
+    NotOnTemplateNode { node: String },
 }
 
 impl Rejection {

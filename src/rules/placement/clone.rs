@@ -15,8 +15,6 @@
 //! on shared storage and (full) a shared storage is selected on the node, or (linked) the
 //! template's storage is selected and usable there.
 
-use std::fmt;
-
 use crate::model::{NodeSnapshot, StorageSnapshot, TemplateFacts};
 use crate::rules::provider_data::CloneMode;
 use crate::rules::storage::{self, Rejection, StorageNeed};
@@ -36,9 +34,13 @@ pub struct CloneSource {
 }
 
 /// Why a clone cannot be made on a node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CloneRefusal {
     /// No copy of the template on the node, and every copy elsewhere has drives on local storage.
+    #[error(
+        "no copy of template {template} on {node}{}",
+        copies_elsewhere(elsewhere, offline)
+    )]
     NoCopy {
         template: String,
         node: String,
@@ -49,12 +51,19 @@ pub enum CloneRefusal {
     },
     /// A copy on shared storage could be cloned here, but the selector picks no shared storage on
     /// the node. `rejected`: every storage with the reason it was passed over.
+    #[error(
+        "template {template} is elsewhere, so the clone needs a shared storage here, and `{selector}` selects none{}",
+        reasons(rejected)
+    )]
     NoSharedTarget {
         template: String,
         selector: String,
         rejected: Vec<(String, Rejection)>,
     },
     /// Linked: a disk of the template is on a storage type without linked clones.
+    #[error(
+        "clone_mode linked: {slot} of template {template} is on {storage} ({storage_type}), which cannot hold linked clones; use `clone_mode: full` or move the template to storage that can (e.g. lvmthin, zfspool, rbd, or qcow2 on a directory)"
+    )]
     LinkedUnsupported {
         template: String,
         slot: String,
@@ -62,8 +71,13 @@ pub enum CloneRefusal {
         storage_type: String,
     },
     /// Linked: the template has no disk to share.
+    #[error("clone_mode linked: template {template} has no disk to share; use `clone_mode: full`")]
     NoDisk { template: String },
     /// Linked: the clone stays on the template's storage, which does not take it on this node.
+    #[error("clone_mode linked keeps the clone's disks on {storage}, the storage of template {template}, which {}", match why {
+        Rejection::NotSelected => format!("`{selector}` does not select"),
+        other => other.to_string(),
+    })]
     LinkedStorage {
         template: String,
         storage: String,
@@ -72,80 +86,43 @@ pub enum CloneRefusal {
     },
 }
 
-impl fmt::Display for CloneRefusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CloneRefusal::NoCopy {
-                template,
-                node,
-                elsewhere,
-                offline,
-            } => {
-                write!(f, "no copy of template {template} on {node}")?;
-                for (copy_node, local, slots) in elsewhere {
-                    write!(
-                        f,
-                        "; its disks are on {} (local to {copy_node}: {})",
-                        local.join(", "),
-                        slots.join(", ")
-                    )?;
-                }
-                for copy_node in offline {
-                    write!(f, "; the copy on {copy_node} is on an offline node")?;
-                }
-                if !elsewhere.is_empty() {
-                    f.write_str(
-                        ", and Proxmox clones to another node only a template wholly on shared storage",
-                    )?;
-                }
-                Ok(())
-            }
-            CloneRefusal::NoSharedTarget {
-                template,
-                selector,
-                rejected,
-            } => {
-                write!(
-                    f,
-                    "template {template} is elsewhere, so the clone needs a shared storage here, and `{selector}` selects none"
-                )?;
-                let reasons: Vec<String> = rejected
-                    .iter()
-                    .map(|(name, why)| format!("{name}: {why}"))
-                    .collect();
-                if !reasons.is_empty() {
-                    write!(f, " ({})", reasons.join("; "))?;
-                }
-                Ok(())
-            }
-            CloneRefusal::LinkedUnsupported {
-                template,
-                slot,
-                storage,
-                storage_type,
-            } => write!(
-                f,
-                "clone_mode linked: {slot} of template {template} is on {storage} ({storage_type}), which cannot hold linked clones; use `clone_mode: full` or move the template to storage that can (e.g. lvmthin, zfspool, rbd, or qcow2 on a directory)"
-            ),
-            CloneRefusal::NoDisk { template } => write!(
-                f,
-                "clone_mode linked: template {template} has no disk to share; use `clone_mode: full`"
-            ),
-            CloneRefusal::LinkedStorage {
-                template,
-                storage,
-                selector,
-                why,
-            } => write!(
-                f,
-                "clone_mode linked keeps the clone's disks on {storage}, the storage of template {template}, which {}",
-                match why {
-                    Rejection::NotSelected => format!("`{selector}` does not select"),
-                    other => format!("{other}"),
-                }
-            ),
-        }
+/// Where the copies elsewhere are, and why none can be cloned here.
+fn copies_elsewhere(
+    elsewhere: &[(String, Vec<String>, Vec<String>)],
+    offline: &[String],
+) -> String {
+    let mut out: String = elsewhere
+        .iter()
+        .map(|(copy_node, local, slots)| {
+            format!(
+                "; its disks are on {} (local to {copy_node}: {})",
+                local.join(", "),
+                slots.join(", ")
+            )
+        })
+        .chain(
+            offline
+                .iter()
+                .map(|n| format!("; the copy on {n} is on an offline node")),
+        )
+        .collect();
+    if !elsewhere.is_empty() {
+        out.push_str(
+            ", and Proxmox clones to another node only a template wholly on shared storage",
+        );
     }
+    out
+}
+
+fn reasons(rejected: &[(String, Rejection)]) -> String {
+    if rejected.is_empty() {
+        return String::new();
+    }
+    let reasons: Vec<String> = rejected
+        .iter()
+        .map(|(name, why)| format!("{name}: {why}"))
+        .collect();
+    format!(" ({})", reasons.join("; "))
 }
 
 impl CloneRefusal {

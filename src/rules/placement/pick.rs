@@ -3,8 +3,6 @@
 //! strategy ranks the eligible ones. The errors say whether waiting may help, so the pipeline knows
 //! whether to retry or to report a class someone must fix.
 
-use std::fmt;
-
 use super::strategy::{Candidate, best};
 use super::{CloneRefusal, LeftOut, PlacementRequest, Reservations, disk_verdict, node_verdict};
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot};
@@ -21,41 +19,19 @@ pub struct Placement {
     pub reason: PlacementReason,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlacementReason {
     /// `node` was set in the provider data.
+    #[error("using configured node")]
     Pinned,
     /// Chosen among `candidates` eligible nodes.
+    #[error("automatically picked node: {same_set_vms} VM(s) of the same set, {} GiB free memory, best of {candidates} eligible node(s){}", free_memory / GIB, rejected.iter().map(|(node, why)| format!("; {node} not eligible: {why}")).collect::<String>())]
     Automatic {
         same_set_vms: usize,
         free_memory: u64,
         candidates: usize,
         rejected: Vec<(String, LeftOut)>,
     },
-}
-
-impl fmt::Display for PlacementReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PlacementReason::Pinned => f.write_str("using configured node"),
-            PlacementReason::Automatic {
-                same_set_vms,
-                free_memory,
-                candidates,
-                rejected,
-            } => {
-                write!(
-                    f,
-                    "automatically picked node: {same_set_vms} VM(s) of the same set, {} GiB free memory, best of {candidates} eligible node(s)",
-                    free_memory / GIB
-                )?;
-                for (node, why) in rejected {
-                    write!(f, "; {node} not eligible: {why}")?;
-                }
-                Ok(())
-            }
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

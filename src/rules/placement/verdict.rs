@@ -2,8 +2,6 @@
 //! the health check, so a person reads the same reason, with the same numbers, that kept a VM off
 //! the node.
 
-use std::fmt;
-
 use super::{
     CloneRefusal, CloneVerdict, HaPreference, PlacementRequest, Reservations, capacity_fit,
     clone_verdict,
@@ -23,17 +21,19 @@ pub struct Eligible {
 }
 
 /// Why a node was left out, with the numbers behind it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LeftOut {
+    #[error("not in allowed_nodes")]
     NotAllowed,
     /// `ha.node_affinity_strict`: the HA manager would stop the VM anywhere but these nodes.
+    #[error("not in ha.node_affinity_nodes (ha.node_affinity_strict is set)")]
     OutsideHaNodes,
+    #[error("offline")]
     Offline,
-    MemoryShort {
-        free_memory: u64,
-        needed_mb: u64,
-    },
+    #[error("{} MiB free memory, {needed_mb} MiB needed", free_memory / MIB)]
+    MemoryShort { free_memory: u64, needed_mb: u64 },
     /// Memory given to VMs would pass the node's memory × `memoryOvercommit`.
+    #[error("{} MiB of memory given to VMs, {needed_mb} MiB more would pass the limit of {} MiB (memory × memoryOvercommit {ratio})", allocated / MIB, limit / MIB)]
     MemoryCommitted {
         allocated: u64,
         needed_mb: u64,
@@ -42,11 +42,12 @@ pub enum LeftOut {
     },
     /// More vCPUs than the node has CPUs: qemu-server src/PVE/QemuServer.pm (`config_to_command`)
     /// refuses to start such a VM (`MAX <n> vcpus allowed per VM on this node`).
-    TooFewCpus {
-        vcpus: u64,
-        cpus: u64,
-    },
+    #[error("{vcpus} vCPUs are more than its {cpus} CPUs (Proxmox will not start the VM there)")]
+    TooFewCpus { vcpus: u64, cpus: u64 },
     /// vCPUs given to VMs would pass the node's CPUs × `cpuOvercommit`.
+    #[error(
+        "{allocated} vCPUs given to VMs, {needed} more would pass the limit of {limit} ({cpus} CPUs × cpuOvercommit {ratio})"
+    )]
     CpusCommitted {
         allocated: u64,
         needed: u64,
@@ -55,8 +56,10 @@ pub enum LeftOut {
         ratio: f64,
     },
     /// `boot: clone`: no clone of the template can be made here (boxed: it is the largest reason).
+    #[error("{0}")]
     Clone(Box<CloneRefusal>),
     /// `rejected`: every storage of the node with the reason it was passed over.
+    #[error("{}", no_storage(*need_gb, selector, rejected))]
     NoStorage {
         need_gb: u64,
         selector: String,
@@ -64,76 +67,23 @@ pub enum LeftOut {
     },
 }
 
-impl fmt::Display for LeftOut {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LeftOut::NotAllowed => f.write_str("not in allowed_nodes"),
-            LeftOut::OutsideHaNodes => {
-                f.write_str("not in ha.node_affinity_nodes (ha.node_affinity_strict is set)")
+fn no_storage(need_gb: u64, selector: &str, rejected: &[(String, Rejection)]) -> String {
+    let too_small: Vec<String> = rejected
+        .iter()
+        .filter_map(|(name, why)| match why {
+            Rejection::TooSmall { available, .. } => {
+                Some(format!("{name} has {} GiB free", available / GIB))
             }
-            LeftOut::Offline => f.write_str("offline"),
-            LeftOut::MemoryShort {
-                free_memory,
-                needed_mb,
-            } => write!(
-                f,
-                "{} MiB free memory, {needed_mb} MiB needed",
-                free_memory / MIB
-            ),
-            LeftOut::MemoryCommitted {
-                allocated,
-                needed_mb,
-                limit,
-                ratio,
-            } => write!(
-                f,
-                "{} MiB of memory given to VMs, {needed_mb} MiB more would pass the limit of {} MiB (memory × memoryOvercommit {ratio})",
-                allocated / MIB,
-                limit / MIB
-            ),
-            LeftOut::CpusCommitted {
-                allocated,
-                needed,
-                cpus,
-                limit,
-                ratio,
-            } => write!(
-                f,
-                "{allocated} vCPUs given to VMs, {needed} more would pass the limit of {limit} ({cpus} CPUs × cpuOvercommit {ratio})"
-            ),
-            LeftOut::TooFewCpus { vcpus, cpus } => write!(
-                f,
-                "{vcpus} vCPUs are more than its {cpus} CPUs (Proxmox will not start the VM there)"
-            ),
-            LeftOut::Clone(refusal) => write!(f, "{refusal}"),
-            LeftOut::NoStorage {
-                need_gb,
-                selector,
-                rejected,
-            } => {
-                let too_small: Vec<String> = rejected
-                    .iter()
-                    .filter_map(|(name, why)| match why {
-                        Rejection::TooSmall { available, .. } => {
-                            Some(format!("{name} has {} GiB free", available / GIB))
-                        }
-                        _ => None,
-                    })
-                    .collect();
-                if too_small.is_empty() {
-                    write!(
-                        f,
-                        "no active storage for VM images matches the storage selector `{selector}`"
-                    )
-                } else {
-                    write!(
-                        f,
-                        "not enough disk space for {need_gb} GiB ({})",
-                        too_small.join(", ")
-                    )
-                }
-            }
-        }
+            _ => None,
+        })
+        .collect();
+    if too_small.is_empty() {
+        format!("no active storage for VM images matches the storage selector `{selector}`")
+    } else {
+        format!(
+            "not enough disk space for {need_gb} GiB ({})",
+            too_small.join(", ")
+        )
     }
 }
 
