@@ -9,7 +9,7 @@ use super::step::StepOutcome;
 use crate::model::{ClusterSnapshot, Listing, TemplateFacts};
 use crate::proxmox::ProxmoxClient;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
-use crate::rules::placement::{CloneSource, CloneVerdict, clone_verdict};
+use crate::rules::placement::{CloneSource, LeftOut, clone_verdict};
 use crate::rules::provider_data::{BootMode, CloneMode, TemplateRef};
 
 pub(super) async fn find_template(
@@ -41,21 +41,20 @@ pub(super) async fn find_template(
         &ctx.data.storage_selector,
         ctx.data.total_disk_gb(),
     ) {
-        CloneVerdict::Clones(target) => {
-            ctx.state.template_vmid = VmId::new(target.template).ok();
-            ctx.state.storage = Some(target.storage.name);
+        Ok((storage, template)) => {
+            ctx.state.template_vmid = VmId::new(template).ok();
+            ctx.state.storage = Some(storage.name);
             Ok(StepOutcome::Done)
         }
-        CloneVerdict::NoStorage(choice) => Err(StepError::Cluster(format!(
+        Err(LeftOut::NoStorage { rejected, .. }) => Err(StepError::Cluster(format!(
             "no storage on {node} for the clone: {}",
-            choice
-                .rejected
+            rejected
                 .iter()
                 .map(|(s, why)| format!("{s}: {why}"))
                 .collect::<Vec<_>>()
                 .join("; ")
         ))),
-        CloneVerdict::Refused(why) => Err(StepError::Cluster(format!(
+        Err(why) => Err(StepError::Cluster(format!(
             "node {node} cannot take this clone: {why}"
         ))),
     }

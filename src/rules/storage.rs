@@ -142,10 +142,7 @@ impl StorageChoice {
     /// A selector that failed on a storage before one was chosen. Callers that act on the choice
     /// treat it as a configuration error, so a broken selector is not hidden by a later storage.
     pub fn selector_error(&self) -> Option<&SelectorError> {
-        self.rejected.iter().find_map(|(_, why)| match why {
-            Rejection::SelectorFailed(e) => Some(e),
-            _ => None,
-        })
+        selector_error(&self.rejected)
     }
 
     /// Storages that hold the content and are active (selected or not), in API order.
@@ -156,6 +153,14 @@ impl StorageChoice {
             .map(|(name, _)| name.as_str())
             .chain(self.chosen.iter().map(|s| s.name.as_str()))
     }
+}
+
+/// The first selector failure among `rejected`.
+pub fn selector_error(rejected: &[(String, Rejection)]) -> Option<&SelectorError> {
+    rejected.iter().find_map(|(_, why)| match why {
+        Rejection::SelectorFailed(e) => Some(e),
+        _ => None,
+    })
 }
 
 /// The first storage on `node` that takes `need`, with the reason for every storage before it.

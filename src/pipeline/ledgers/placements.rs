@@ -74,7 +74,7 @@ mod tests {
         let place = |id: &str| {
             placements.place(id, Some("set"), (1024, 2), |reservations| {
                 // What the next decision sees already holds every earlier one.
-                let node = format!("pve{}", reservations.len() + 1);
+                let node = format!("pve{}", reservations.in_set("set", "").len() + 1);
                 Ok(Placement {
                     node: NodeName::new(node).unwrap(),
                     storage: StorageId::new("local-lvm").unwrap(),

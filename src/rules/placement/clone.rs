@@ -15,6 +15,7 @@
 //! on shared storage and (full) a shared storage is selected on the node, or (linked) the
 //! template's storage is selected and usable there.
 
+use super::LeftOut;
 use crate::model::{NodeSnapshot, StorageSnapshot, TemplateFacts};
 use crate::rules::provider_data::CloneMode;
 use crate::rules::storage::{self, Rejection, StorageNeed};
@@ -140,30 +141,15 @@ impl CloneRefusal {
     }
 }
 
-/// Where a clone onto `node` would come from and go to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CloneTarget {
-    pub template: u32,
-    pub storage: StorageSnapshot,
-}
-
-/// What [`clone_verdict`] says when the node has a copy and a full clone finds no storage: the
-/// plain storage verdict (the same as for an ISO boot).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CloneVerdict {
-    Clones(CloneTarget),
-    /// A copy is here; the storage choice (`storage::choose`) failed as it would for any VM.
-    NoStorage(storage::StorageChoice),
-    Refused(CloneRefusal),
-}
-
-/// The rule for cloning `source` onto `node` with the boot disk's `selector` and `disk_gb`.
+/// The rule for cloning `source` onto `node` with the boot disk's `selector` and `disk_gb`: the
+/// storage and the VMID of the copy to clone, or why not (a copy is here, but the storage choice
+/// failed as it would for any VM: [`LeftOut::NoStorage`]).
 pub fn clone_verdict(
     node: &NodeSnapshot,
     source: &CloneSource,
     selector: &StorageSelector,
     disk_gb: u64,
-) -> CloneVerdict {
+) -> Result<(StorageSnapshot, u32), LeftOut> {
     let here = source.templates.iter().find(|t| t.node == node.name);
     let reachable = || {
         source
@@ -172,7 +158,7 @@ pub fn clone_verdict(
             .find(|t| t.node != node.name && t.all_shared())
     };
     let Some(template) = here.or_else(reachable) else {
-        return CloneVerdict::Refused(no_copy(node, source));
+        return Err(refused(no_copy(node, source)));
     };
     match source.mode {
         CloneMode::Full => {
@@ -182,24 +168,24 @@ pub fn clone_verdict(
                 None => need.shared_from(template.node.as_str(), &template.node_storages),
             };
             let choice = storage::choose(node, &need);
-            match (choice.chosen.clone(), here) {
-                (Some(storage), _) => CloneVerdict::Clones(CloneTarget {
-                    template: template.vmid,
-                    storage,
-                }),
-                (None, Some(_)) => CloneVerdict::NoStorage(choice),
-                (None, None) if choice.selector_error().is_some() => {
-                    CloneVerdict::NoStorage(choice)
+            match (choice.chosen, here) {
+                (Some(storage), _) => Ok((storage, template.vmid)),
+                (None, None) if storage::selector_error(&choice.rejected).is_none() => {
+                    Err(refused(CloneRefusal::NoSharedTarget {
+                        template: source.wanted.clone(),
+                        selector: selector.to_string(),
+                        rejected: choice.rejected,
+                    }))
                 }
-                (None, None) => CloneVerdict::Refused(CloneRefusal::NoSharedTarget {
-                    template: source.wanted.clone(),
-                    selector: selector.to_string(),
-                    rejected: choice.rejected,
-                }),
+                (None, _) => Err(LeftOut::no_storage(disk_gb, selector, choice.rejected)),
             }
         }
         CloneMode::Linked => linked(node, source, template, selector),
     }
+}
+
+fn refused(why: CloneRefusal) -> LeftOut {
+    LeftOut::Clone(Box::new(why))
 }
 
 fn linked(
@@ -207,35 +193,32 @@ fn linked(
     source: &CloneSource,
     template: &TemplateFacts,
     selector: &StorageSelector,
-) -> CloneVerdict {
+) -> Result<(StorageSnapshot, u32), LeftOut> {
     let name = || source.wanted.clone();
     if let Some(d) = template
         .drives
         .iter()
         .find(|d| d.linked && !storage::links_clones(&d.storage_type))
     {
-        return CloneVerdict::Refused(CloneRefusal::LinkedUnsupported {
+        return Err(refused(CloneRefusal::LinkedUnsupported {
             template: name(),
             slot: d.slot.clone(),
             storage: d.storage.clone(),
             storage_type: d.storage_type.clone(),
-        });
+        }));
     }
     let Some(boot) = &template.boot_storage else {
-        return CloneVerdict::Refused(CloneRefusal::NoDisk { template: name() });
+        return Err(refused(CloneRefusal::NoDisk { template: name() }));
     };
     // Thin: a linked clone takes only what it writes, so no room is asked for up front.
     match storage::judge_named(node, boot, &StorageNeed::boot_disk(selector, 0)) {
-        Ok(storage) => CloneVerdict::Clones(CloneTarget {
-            template: template.vmid,
-            storage,
-        }),
-        Err(why) => CloneVerdict::Refused(CloneRefusal::LinkedStorage {
+        Ok(storage) => Ok((storage, template.vmid)),
+        Err(why) => Err(refused(CloneRefusal::LinkedStorage {
             template: name(),
             storage: boot.clone(),
             selector: selector.to_string(),
             why,
-        }),
+        })),
     }
 }
 

@@ -25,11 +25,12 @@ use crate::proxmox::property::NodeName;
 use crate::rules::provider_data::{HaSettings, PlacementStrategy};
 use crate::rules::storage_selector::StorageSelector;
 
-pub use capacity::{Allocation, PlacementLimits, allocation, capacity_fit};
-pub use clone::{CloneRefusal, CloneSource, CloneTarget, CloneVerdict, clone_verdict};
+pub use capacity::{PlacementLimits, allocation, capacity_fit};
+pub use clone::{CloneRefusal, CloneSource, clone_verdict};
 pub use pick::{Placement, PlacementError, PlacementReason, pick, pinned_node};
 pub use reservations::{Reservation, Reservations};
-pub use verdict::{Eligible, LeftOut, NodeVerdict, boot_disk_storage, disk_verdict, node_verdict};
+pub use strategy::Eligible;
+pub use verdict::{LeftOut, boot_disk_storage, disk_verdict, node_verdict};
 
 /// What the request needs.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 //! strategy ranks the eligible ones. The errors say whether waiting may help, so the pipeline knows
 //! whether to retry or to report a class someone must fix.
 
-use super::strategy::{Candidate, best};
+use super::strategy::best;
 use super::{CloneRefusal, LeftOut, PlacementRequest, Reservations, disk_verdict, node_verdict};
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot};
 use crate::proxmox::property::{NodeName, StorageId};
@@ -97,7 +97,7 @@ pub fn pick(
     let mut candidates = Vec::new();
     for node in &cluster.nodes {
         match node_verdict(node, request, reservations)? {
-            Ok(eligible) => candidates.push(Candidate::new(node, eligible, request, reservations)),
+            Ok(eligible) => candidates.push(eligible),
             Err(why) => rejected.push((node.name.to_string(), why)),
         }
     }
@@ -105,7 +105,7 @@ pub fn pick(
     match best(candidates, request.strategy) {
         Some(c) => Ok(Placement {
             node: c.node.name.clone(),
-            storage: c.storage,
+            storage: c.storage.name,
             template: c.template,
             reason: PlacementReason::Automatic {
                 same_set_vms: c.same_set,

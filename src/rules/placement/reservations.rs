@@ -58,14 +58,6 @@ impl Reservations {
         self.by_request.get(request_id)
     }
 
-    pub fn len(&self) -> usize {
-        self.by_request.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_request.is_empty()
-    }
-
     /// Reservations on `node` whose VM is not in the snapshot yet (once it is, the tag counts it).
     pub(super) fn pending<'a>(
         &'a self,

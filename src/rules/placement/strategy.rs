@@ -2,28 +2,32 @@
 //! same cluster and reservations always give the same node, and the set's VMs (listed by their tag
 //! or still in flight) are counted the same way the tag is written.
 
-use super::{Eligible, HaPreference, PlacementRequest, Reservations};
-use crate::model::NodeSnapshot;
+use super::{HaPreference, PlacementRequest, Reservations};
 use crate::model::identity::set_tag;
-use crate::proxmox::property::StorageId;
+use crate::model::{NodeSnapshot, StorageSnapshot};
 use crate::rules::provider_data::{PlacementStrategy, ResourceAffinity};
 
-/// An eligible node with what the strategies compare.
-pub(super) struct Candidate<'a> {
-    pub(super) node: &'a NodeSnapshot,
-    pub(super) storage: StorageId,
-    pub(super) template: Option<u32>,
-    pub(super) same_set: usize,
-    pub(super) total_vms: usize,
-    pub(super) free_memory: u64,
+/// A node placement may choose: what it would get there, and what the strategies compare.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Eligible<'n> {
+    pub node: &'n NodeSnapshot,
+    pub storage: StorageSnapshot,
+    /// `boot: clone`: the VMID of the copy of the template the clone comes from.
+    pub template: Option<u32>,
+    /// Free memory after the reservations of other requests.
+    pub free_memory: u64,
+    pub same_set: usize,
+    pub total_vms: usize,
     /// What the set's HA rules make of the node; ranks before the strategy.
-    pub(super) ha_rank: (HaPreference, bool),
+    pub ha_rank: (HaPreference, bool),
 }
 
-impl<'a> Candidate<'a> {
+impl<'n> Eligible<'n> {
     pub(super) fn new(
-        node: &'a NodeSnapshot,
-        eligible: Eligible,
+        node: &'n NodeSnapshot,
+        storage: StorageSnapshot,
+        template: Option<u32>,
+        free_memory: u64,
         request: &PlacementRequest<'_>,
         reservations: &Reservations,
     ) -> Self {
@@ -49,11 +53,11 @@ impl<'a> Candidate<'a> {
         Self {
             ha_rank: (request.ha_preference(&node.name), against_affinity),
             node,
-            storage: eligible.storage.name,
-            template: eligible.template,
+            storage,
+            template,
             same_set,
             total_vms: node.vms.len() + pending().count(),
-            free_memory: eligible.free_memory,
+            free_memory,
         }
     }
 }
@@ -63,9 +67,9 @@ impl<'a> Candidate<'a> {
 /// so the HA manager has no reason to move the VM once it runs; ties go to the node name, so the
 /// choice is deterministic.
 pub(super) fn best(
-    candidates: Vec<Candidate<'_>>,
+    candidates: Vec<Eligible<'_>>,
     strategy: PlacementStrategy,
-) -> Option<Candidate<'_>> {
+) -> Option<Eligible<'_>> {
     use std::cmp::Reverse;
     let top = candidates.iter().map(|c| c.ha_rank).min()?;
     let iter = candidates.into_iter().filter(|c| c.ha_rank == top);

@@ -3,22 +3,12 @@
 //! the node.
 
 use super::{
-    CloneRefusal, CloneVerdict, HaPreference, PlacementRequest, Reservations, capacity_fit,
+    CloneRefusal, Eligible, HaPreference, PlacementRequest, Reservations, capacity_fit,
     clone_verdict,
 };
 use crate::model::{GIB, MIB, NodeSnapshot, StorageSnapshot};
 use crate::rules::storage::{self, Rejection, StorageChoice, StorageNeed};
-use crate::rules::storage_selector::SelectorError;
-
-/// A node placement may choose, with what it would get there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Eligible {
-    pub storage: StorageSnapshot,
-    /// Free memory after the reservations of other requests.
-    pub free_memory: u64,
-    /// `boot: clone`: the VMID of the copy of the template the clone comes from.
-    pub template: Option<u32>,
-}
+use crate::rules::storage_selector::{SelectorError, StorageSelector};
 
 /// Why a node was left out, with the numbers behind it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -59,7 +49,7 @@ pub enum LeftOut {
     #[error("{0}")]
     Clone(Box<CloneRefusal>),
     /// `rejected`: every storage of the node with the reason it was passed over.
-    #[error("{}", no_storage(*need_gb, selector, rejected))]
+    #[error("{}", short_of_storage(*need_gb, selector, rejected))]
     NoStorage {
         need_gb: u64,
         selector: String,
@@ -67,7 +57,7 @@ pub enum LeftOut {
     },
 }
 
-fn no_storage(need_gb: u64, selector: &str, rejected: &[(String, Rejection)]) -> String {
+fn short_of_storage(need_gb: u64, selector: &str, rejected: &[(String, Rejection)]) -> String {
     let too_small: Vec<String> = rejected
         .iter()
         .filter_map(|(name, why)| match why {
@@ -88,7 +78,7 @@ fn no_storage(need_gb: u64, selector: &str, rejected: &[(String, Rejection)]) ->
 }
 
 /// The verdict on one node.
-pub type NodeVerdict = Result<Eligible, LeftOut>;
+pub type NodeVerdict<'n> = Result<Eligible<'n>, LeftOut>;
 
 impl LeftOut {
     /// Whether the node could take the VM later without anyone changing the class.
@@ -102,6 +92,37 @@ impl LeftOut {
             LeftOut::Clone(refusal) => refusal.may_heal(),
             LeftOut::NoStorage { rejected, .. } => rejected.iter().any(|(_, why)| why.may_heal()),
         }
+    }
+
+    pub(super) fn no_storage(
+        need_gb: u64,
+        selector: &StorageSelector,
+        rejected: Vec<(String, Rejection)>,
+    ) -> Self {
+        let selector = selector.to_string();
+        LeftOut::NoStorage {
+            need_gb,
+            selector,
+            rejected,
+        }
+    }
+
+    /// A selector that failed on a storage on the way: a configuration error, not a fact about the
+    /// node.
+    fn selector_error(&self) -> Option<&SelectorError> {
+        let rejected = match self {
+            LeftOut::NoStorage { rejected, .. } => rejected,
+            LeftOut::Clone(refusal) => match &**refusal {
+                CloneRefusal::NoSharedTarget { rejected, .. } => rejected,
+                CloneRefusal::LinkedStorage {
+                    why: Rejection::SelectorFailed(e),
+                    ..
+                } => return Some(e),
+                _ => return None,
+            },
+            _ => return None,
+        };
+        storage::selector_error(rejected)
     }
 }
 
@@ -120,53 +141,36 @@ pub fn disk_verdict(
     node: &NodeSnapshot,
     request: &PlacementRequest<'_>,
 ) -> Result<Result<(StorageSnapshot, Option<u32>), LeftOut>, SelectorError> {
-    let no_storage = |choice: StorageChoice| -> Result<_, SelectorError> {
-        if let Some(e) = choice.selector_error() {
-            return Err(e.clone());
-        }
-        Ok(Err(LeftOut::NoStorage {
-            need_gb: request.disk_gb,
-            selector: request.selector_for(&node.name).to_string(),
-            rejected: choice.rejected,
-        }))
-    };
-    let Some(source) = request.clone else {
-        let choice = boot_disk_storage(node, request);
-        return match choice.chosen {
-            Some(storage) if choice.selector_error().is_none() => Ok(Ok((storage, None))),
-            _ => no_storage(choice),
-        };
-    };
     let selector = request.selector_for(&node.name);
-    match clone_verdict(node, source, selector, request.disk_gb) {
-        CloneVerdict::Clones(t) => Ok(Ok((t.storage, Some(t.template)))),
-        CloneVerdict::NoStorage(choice) => no_storage(choice),
-        CloneVerdict::Refused(CloneRefusal::LinkedStorage {
-            why: Rejection::SelectorFailed(e),
-            ..
-        }) => Err(e),
-        CloneVerdict::Refused(CloneRefusal::NoSharedTarget { rejected, .. })
-            if rejected
-                .iter()
-                .any(|(_, why)| matches!(why, Rejection::SelectorFailed(_))) =>
-        {
-            no_storage(StorageChoice {
-                chosen: None,
-                rejected,
-            })
+    let verdict = match request.clone {
+        Some(source) => clone_verdict(node, source, selector, request.disk_gb)
+            .map(|(storage, template)| (storage, Some(template))),
+        None => {
+            let choice = boot_disk_storage(node, request);
+            match choice.chosen {
+                Some(storage) if choice.selector_error().is_none() => Ok((storage, None)),
+                _ => Err(LeftOut::no_storage(
+                    request.disk_gb,
+                    selector,
+                    choice.rejected,
+                )),
+            }
         }
-        CloneVerdict::Refused(refusal) => Ok(Err(LeftOut::Clone(Box::new(refusal)))),
+    };
+    match verdict {
+        Err(why) => why.selector_error().cloned().map_or(Ok(Err(why)), Err),
+        Ok(found) => Ok(Ok(found)),
     }
 }
 
 /// The rule for one node when placement chooses: allowed, online, enough memory and vCPUs
 /// ([`capacity_fit`]), a storage that fits (reachable by a clone of the template), checked in that
 /// order (the first failure is the reason).
-pub fn node_verdict(
-    node: &NodeSnapshot,
+pub fn node_verdict<'n>(
+    node: &'n NodeSnapshot,
     request: &PlacementRequest<'_>,
     reservations: &Reservations,
-) -> Result<NodeVerdict, SelectorError> {
+) -> Result<NodeVerdict<'n>, SelectorError> {
     if !request.allowed(&node.name) {
         return Ok(Err(LeftOut::NotAllowed));
     }
@@ -180,11 +184,7 @@ pub fn node_verdict(
         Ok(free) => free,
         Err(short) => return Ok(Err(short)),
     };
-    Ok(
-        disk_verdict(node, request)?.map(|(storage, template)| Eligible {
-            storage,
-            free_memory,
-            template,
-        }),
-    )
+    Ok(disk_verdict(node, request)?.map(|(storage, template)| {
+        Eligible::new(node, storage, template, free_memory, request, reservations)
+    }))
 }

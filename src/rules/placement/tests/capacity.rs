@@ -1,7 +1,7 @@
 //! vCPUs and memory given to VMs against the overcommit limits.
 
 use super::*;
-use crate::model::VmSummary;
+use crate::model::cluster::VmSummary;
 
 /// CPU- and memory-aware placement: vCPUs (`maxcpu`) and memory (`maxmem`) of every VM on the
 /// node, plus reservations in flight, against the node's CPUs and memory times the overcommit.

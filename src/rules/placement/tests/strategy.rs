@@ -1,7 +1,7 @@
 //! How eligible nodes are ranked, and how reservations keep concurrent requests of one set apart.
 
 use super::*;
-use crate::model::VmSummary;
+use crate::model::cluster::VmSummary;
 use proptest::prelude::*;
 
 #[test]
@@ -96,7 +96,7 @@ fn reservations_count_until_the_vm_appears() {
         "pve1"
     );
     assert!(reservations.release("other").is_some());
-    assert!(reservations.is_empty());
+    assert_eq!(reservations, Reservations::default());
 }
 
 proptest! {

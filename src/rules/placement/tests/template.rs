@@ -37,7 +37,7 @@ fn template_on(cluster: &ClusterSnapshot, vmid: u32, node: &str, storage: &str) 
         vmid,
         name: Some("talos-1.11".into()),
         node: node_name(node),
-        drives: vec![crate::model::TemplateDrive {
+        drives: vec![crate::model::template::TemplateDrive {
             slot: "scsi0".into(),
             storage: storage.into(),
             shared: listed.is_some_and(|s| s.shared),

@@ -1,7 +1,8 @@
 //! The rule for one node and the reasons it gives, alone and as `pick` reports them.
 
 use super::*;
-use crate::model::{MIB, VmSummary};
+use crate::model::MIB;
+use crate::model::cluster::VmSummary;
 use proptest::prelude::*;
 
 /// The rule for one node, as a table: (case, node, request changes, verdict as placement says it).
