@@ -34,11 +34,29 @@ impl Policy {
     /// What `data` asks for beyond the policy, by provider-data key.
     pub fn check(&self, data: &ProviderData) -> Vec<Problem> {
         let mut refused = Vec::new();
-        if let Some(bridges) = &self.bridges {
-            self.bridges(bridges, data, &mut refused);
-        }
-        if let Some(vlans) = &self.vlans {
-            self.vlans(vlans, data, &mut refused);
+        let nics = data.additional_nics.iter().enumerate();
+        let nic_bridges = nics
+            .clone()
+            .map(|(i, nic)| (format!("additional_nics[{i}].bridge"), nic.bridge.as_str()));
+        let bridges = std::iter::once(("network_bridge".into(), data.network_bridge.as_str()));
+        not_listed(
+            &self.bridges,
+            "bridge",
+            bridges.chain(nic_bridges),
+            &mut refused,
+        );
+        if let Some(allowed) = &self.vlans {
+            let tags = nics.map(|(i, nic)| (format!("additional_nics[{i}].vlan"), nic.vlan));
+            for (key, tag) in std::iter::once(("vlan".to_string(), data.vlan)).chain(tags) {
+                let tag = tag.map_or(0, |v| v.get());
+                if !allowed.iter().any(|(lo, hi)| (*lo..=*hi).contains(&tag)) {
+                    let what = match tag {
+                        0 => "no VLAN (untagged)".to_string(),
+                        _ => format!("VLAN {tag}"),
+                    };
+                    refused.push(refusal(key, what, render_ranges(allowed)));
+                }
+            }
         }
         if let Some(pools) = &self.pools {
             let what = match &data.pool {
@@ -53,81 +71,36 @@ impl Policy {
                 refused.push(refusal("pool".into(), what, pools.join(", ")));
             }
         }
-        if let (Some(templates), Some(template)) = (&self.templates, &data.template) {
-            let written = template.to_string();
-            if !templates.contains(&written) {
-                let what = format!("template {written:?}");
-                refused.push(refusal("template".into(), what, templates.join(", ")));
-            }
-        }
-        if let Some(mappings) = &self.mappings {
-            self.mappings(mappings, data, &mut refused);
-        }
-        if let (Some(allowed), Some(ha)) = (&self.ha_rules, &data.ha) {
-            for (i, rule) in ha.rules.iter().enumerate() {
-                if !allowed.contains(rule) {
-                    let what = format!("HA rule {rule:?}");
-                    refused.push(refusal(format!("ha.rules[{i}]"), what, allowed.join(", ")));
-                }
-            }
-        }
+        let template = data
+            .template
+            .iter()
+            .map(|t| ("template".into(), t.to_string()));
+        not_listed(&self.templates, "template", template, &mut refused);
+        let pci = data.pci_devices.iter().enumerate();
+        let pci = pci.map(|(i, d)| (format!("pci_devices[{i}]"), d.mapping.as_str()));
+        let usb = data.usb_devices.iter().enumerate();
+        let usb = usb.map(|(i, d)| (format!("usb_devices[{i}]"), d.mapping.as_str()));
+        not_listed(&self.mappings, "mapping", pci.chain(usb), &mut refused);
+        let rules = data.ha.iter().flat_map(|ha| ha.rules.iter().enumerate());
+        let rules = rules.map(|(i, rule)| (format!("ha.rules[{i}]"), rule.as_str()));
+        not_listed(&self.ha_rules, "HA rule", rules, &mut refused);
         refused
     }
+}
 
-    fn bridges(&self, allowed: &[String], data: &ProviderData, refused: &mut Vec<Problem>) {
-        let nics = std::iter::once(("network_bridge".to_string(), data.network_bridge.as_str()))
-            .chain(
-                data.additional_nics
-                    .iter()
-                    .enumerate()
-                    .map(|(i, nic)| (format!("additional_nics[{i}].bridge"), nic.bridge.as_str())),
-            );
-        for (key, bridge) in nics {
-            if !allowed.iter().any(|b| b == bridge) {
-                refused.push(refusal(
-                    key,
-                    format!("bridge {bridge:?}"),
-                    allowed.join(", "),
-                ));
-            }
-        }
-    }
-
-    fn vlans(&self, allowed: &[(u16, u16)], data: &ProviderData, refused: &mut Vec<Problem>) {
-        let tags = std::iter::once(("vlan".to_string(), data.vlan.map_or(0, |v| v.get()))).chain(
-            data.additional_nics.iter().enumerate().map(|(i, nic)| {
-                (
-                    format!("additional_nics[{i}].vlan"),
-                    nic.vlan.map_or(0, |v| v.get()),
-                )
-            }),
-        );
-        for (key, tag) in tags {
-            if !allowed.iter().any(|(lo, hi)| (*lo..=*hi).contains(&tag)) {
-                let what = if tag == 0 {
-                    "no VLAN (untagged)".to_string()
-                } else {
-                    format!("VLAN {tag}")
-                };
-                refused.push(refusal(key, what, render_ranges(allowed)));
-            }
-        }
-    }
-
-    fn mappings(&self, allowed: &[String], data: &ProviderData, refused: &mut Vec<Problem>) {
-        let pci = data.pci_devices.iter().enumerate();
-        let usb = data.usb_devices.iter().enumerate();
-        let devices = pci
-            .map(|(i, d)| (format!("pci_devices[{i}]"), d.mapping.as_str()))
-            .chain(usb.map(|(i, d)| (format!("usb_devices[{i}]"), d.mapping.as_str())));
-        for (key, mapping) in devices {
-            if !allowed.iter().any(|m| m == mapping) {
-                refused.push(refusal(
-                    key,
-                    format!("mapping {mapping:?}"),
-                    allowed.join(", "),
-                ));
-            }
+/// Each value `asked` for (under its key) that `allowed`, when set, does not list.
+fn not_listed<S: AsRef<str>>(
+    allowed: &Option<Vec<String>>,
+    what: &str,
+    asked: impl IntoIterator<Item = (String, S)>,
+    refused: &mut Vec<Problem>,
+) {
+    let Some(allowed) = allowed else { return };
+    for (key, value) in asked {
+        let value = value.as_ref();
+        if !allowed.iter().any(|a| a == value) {
+            let what = format!("{what} {value:?}");
+            refused.push(refusal(key, what, allowed.join(", ")));
         }
     }
 }
