@@ -12,7 +12,7 @@ use crate::proxmox::property::{
     self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, ImportVolume, ImportedDisk,
     IsoVolume, MacAddr, NewDisk, Nic, PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
 };
-use crate::rules::provider_data::{Bios, BootMode, ProviderData};
+use crate::rules::provider_data::{Bios, BootMode, CloneMode, ProviderData};
 
 /// Slot of the Talos ISO (boot mode `iso`).
 pub const TALOS_CDROM: Slot = Slot::Ide(2);
@@ -78,14 +78,11 @@ fn tags(data: &ProviderData, identity: &VmIdentity<'_>) -> Result<String, Render
     Ok(property::tags(&all))
 }
 
-fn slot(s: Slot, what: &'static str) -> Result<String, RenderError> {
-    s.checked()
-        .map(|s| s.to_string())
+/// The key of the `i`th slot of a kind (`Slot::Net`, `Slot::Scsi`, …), if Proxmox has that many.
+fn slot(kind: fn(u8) -> Slot, i: usize, what: &'static str) -> Result<String, RenderError> {
+    let slot = u8::try_from(i).ok().map(kind).and_then(Slot::checked);
+    slot.map(|s| s.to_string())
         .ok_or(RenderError::TooMany(what))
-}
-
-fn index(i: usize, what: &'static str) -> Result<u8, RenderError> {
-    u8::try_from(i).map_err(|_| RenderError::TooMany(what))
 }
 
 /// Settings shared by create and post-clone config: everything but the boot disk, the Talos ISO and
@@ -148,26 +145,20 @@ fn devices(
     target: &VmTarget,
     out: &mut Vec<(String, String)>,
 ) -> Result<(), RenderError> {
-    let net0 = Nic {
-        bridge: data.network_bridge.clone(),
-        firewall: data.network_firewall,
-        vlan: data.vlan,
-        mac: target.macs.first().copied(),
-    };
-    out.push(("net0".into(), net0.render()));
-    for (i, nic) in data.additional_nics.iter().enumerate() {
+    let first = (&data.network_bridge, data.network_firewall, data.vlan);
+    let more = data
+        .additional_nics
+        .iter()
+        .map(|n| (&n.bridge, n.firewall, n.vlan));
+    for (i, (bridge, firewall, vlan)) in std::iter::once(first).chain(more).enumerate() {
         let nic = Nic {
-            bridge: nic.bridge.clone(),
-            firewall: nic.firewall,
-            vlan: nic.vlan,
-            mac: target.macs.get(i + 1).copied(),
+            bridge: bridge.clone(),
+            firewall,
+            vlan,
+            mac: target.macs.get(i).copied(),
         };
-        out.push((
-            slot(Slot::Net(index(i + 1, "network")?), "network")?,
-            nic.render(),
-        ));
+        out.push((slot(Slot::Net, i, "network")?, nic.render()));
     }
-
     if data.additional_disks.len() != target.additional_disk_storages.len() {
         return Err(RenderError::DiskStorageCount {
             expected: data.additional_disks.len(),
@@ -185,19 +176,13 @@ fn devices(
             size_gb: disk.size_gb,
             options: disk.options,
         };
-        out.push((
-            slot(Slot::Scsi(index(i + 1, "disk")?), "disk")?,
-            new.render(),
-        ));
+        out.push((slot(Slot::Scsi, i + 1, "disk")?, new.render()));
     }
     for (i, pci) in data.pci_devices.iter().enumerate() {
-        out.push((
-            slot(Slot::HostPci(index(i, "PCI")?), "PCI")?,
-            HostPci::render(pci),
-        ));
+        out.push((slot(Slot::HostPci, i, "PCI")?, HostPci::render(pci)));
     }
     for (i, usb) in data.usb_devices.iter().enumerate() {
-        out.push((slot(Slot::Usb(index(i, "USB")?), "USB")?, Usb::render(usb)));
+        out.push((slot(Slot::Usb, i, "USB")?, Usb::render(usb)));
     }
     Ok(())
 }
@@ -380,7 +365,7 @@ pub fn clone_params(
     newid: u32,
     node: &str,
     storage: &StorageId,
-    mode: super::provider_data::CloneMode,
+    mode: CloneMode,
 ) -> Vec<(String, String)> {
     // The clone call takes no tags, but it takes a description: the marker goes on at clone time, so
     // a crash (or a clone task outliving our wait) before `configure_vm` leaves a VM we can still
@@ -395,11 +380,11 @@ pub fn clone_params(
         ("target".to_string(), node.to_string()),
     ];
     match mode {
-        super::provider_data::CloneMode::Full => {
+        CloneMode::Full => {
             out.push(("full".to_string(), "1".to_string()));
             out.push(("storage".to_string(), storage.to_string()));
         }
-        super::provider_data::CloneMode::Linked => out.push(("full".to_string(), "0".to_string())),
+        CloneMode::Linked => out.push(("full".to_string(), "0".to_string())),
     }
     if let Some(pool) = &data.pool {
         out.push(("pool".into(), pool.to_string()));
