@@ -443,7 +443,7 @@ fn disk_storage(
     let choice = cluster.node(node.as_str()).map(|n| {
         storage::choose(
             n,
-            &StorageNeed::additional_disk(&disk.storage_selector, disk.size_gb),
+            &StorageNeed::boot_disk(&disk.storage_selector, disk.size_gb),
         )
     });
     if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {

@@ -260,30 +260,27 @@ pub fn wanted(data: &ProviderData) -> Vec<(u8, &str)> {
 /// VLAN when the pool names them: a pool's addresses only work on its network.
 pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), Vec<Problem>> {
     let mut problems = Vec::new();
-    let wanted: Vec<(u8, String)> = wanted(data)
-        .into_iter()
-        .map(|(n, p)| (n, p.to_owned()))
-        .collect();
-    for (nic, name) in wanted {
-        let pool = match find(pools, &key_of(nic), &name) {
-            Ok(p) => p,
-            Err(p) => {
-                problems.push(p);
-                continue;
+    let first = (
+        data.ip_pool.as_deref(),
+        &mut data.network_bridge,
+        &mut data.vlan,
+    );
+    let more = data.additional_nics.iter_mut();
+    let more = more.map(|n| (n.ip_pool.as_deref(), &mut n.bridge, &mut n.vlan));
+    for (nic, (name, bridge, vlan)) in std::iter::once(first).chain(more).enumerate() {
+        let (Some(name), Ok(nic)) = (name, u8::try_from(nic)) else {
+            continue;
+        };
+        match find(pools, &key_of(nic), name) {
+            Ok(pool) => {
+                if let Some(pool_bridge) = &pool.bridge {
+                    *bridge = pool_bridge.clone();
+                }
+                if pool.vlan.is_some() {
+                    *vlan = pool.vlan;
+                }
             }
-        };
-        let (bridge, vlan) = match nic {
-            0 => (&mut data.network_bridge, &mut data.vlan),
-            n => match data.additional_nics.get_mut(usize::from(n) - 1) {
-                Some(extra) => (&mut extra.bridge, &mut extra.vlan),
-                None => continue,
-            },
-        };
-        if let Some(pool_bridge) = &pool.bridge {
-            *bridge = pool_bridge.clone();
-        }
-        if pool.vlan.is_some() {
-            *vlan = pool.vlan;
+            Err(p) => problems.push(p),
         }
     }
     if problems.is_empty() {

@@ -7,25 +7,17 @@ use crate::model::{GIB, NodeSnapshot, StorageSnapshot};
 use crate::proxmox::property::StorageId;
 use crate::rules::storage_selector::{SelectorError, StorageSelector};
 
-/// What a storage must be able to hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Content {
-    VmDisks,
-    IsoImages,
-    /// Disk images to import (`boot: image`): pve-storage's `import` content type.
-    DiskImages,
-}
+crate::proxmox::property::str_enum!(
+    /// What a storage must be able to hold: the Proxmox content type.
+    Content {
+        VmDisks = "images",
+        IsoImages = "iso",
+        /// Disk images to import (`boot: image`): pve-storage's `import` content type.
+        DiskImages = "import",
+    }
+);
 
 impl Content {
-    /// The Proxmox content type.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Content::VmDisks => "images",
-            Content::IsoImages => "iso",
-            Content::DiskImages => "import",
-        }
-    }
-
     /// For messages: "VM disks go to …".
     pub fn describe(self) -> &'static str {
         match self {
@@ -53,7 +45,8 @@ pub struct StorageNeed<'a> {
 }
 
 impl<'a> StorageNeed<'a> {
-    /// The boot disk together with the additional disks: placement wants all of them on one storage.
+    /// The boot disk together with the additional disks (placement wants all of them on one
+    /// storage), or an additional disk with its own selector on the node placement picked.
     pub fn boot_disk(selector: &'a StorageSelector, size_gb: u64) -> Self {
         Self {
             content: Content::VmDisks,
@@ -72,11 +65,6 @@ impl<'a> StorageNeed<'a> {
             also_on: Some((node, storages)),
             ..self
         }
-    }
-
-    /// An additional disk, chosen on the node placement picked, with the disk's own selector.
-    pub fn additional_disk(selector: &'a StorageSelector, size_gb: u64) -> Self {
-        Self::boot_disk(selector, size_gb)
     }
 
     /// What a boot mode downloads (the Talos ISO, or the disk image) and the seed ISO; their size
@@ -336,7 +324,7 @@ mod tests {
             (
                 "selected but too small",
                 standard.clone(),
-                StorageNeed::additional_disk(&lvm, 200),
+                StorageNeed::boot_disk(&lvm, 200),
                 None,
                 vec![
                     "does not hold images (content: iso,backup)",

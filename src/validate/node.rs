@@ -102,7 +102,7 @@ fn disk_findings(
     for (i, disk) in here.additional_disks.iter().enumerate() {
         let choice = storage::choose(
             node,
-            &StorageNeed::additional_disk(&disk.storage_selector, disk.size_gb),
+            &StorageNeed::boot_disk(&disk.storage_selector, disk.size_gb),
         );
         out.push(storage_finding(
             format!(
