@@ -87,39 +87,21 @@ pub fn looks_like(vm: &VmResource, request_id: &str, provider_id: &str) -> bool 
 
 const MARKER_HEADER: &str =
     "Managed by the Omni infrastructure provider for Proxmox VE. Do not edit the two lines below.";
-const MARKER_PROVIDER: &str = "omni-provider-id";
-const MARKER_REQUEST: &str = "omni-machine-request";
+pub const MARKER_PROVIDER: &str = "omni-provider-id";
+pub const MARKER_REQUEST: &str = "omni-machine-request";
 
 /// The description written on the VM: a sentence for people, then the machine-readable marker.
 pub fn description_marker(provider_id: &str, request_id: &str) -> String {
     format!("{MARKER_HEADER}\n{MARKER_PROVIDER}: {provider_id}\n{MARKER_REQUEST}: {request_id}\n")
 }
 
-/// The marker read back from a description (Proxmox returns it decoded).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Marker {
-    pub provider_id: Option<String>,
-    pub request_id: Option<String>,
-}
-
-/// Reads the marker wherever it sits in the description: a user may write notes above it.
-pub fn parse_marker(description: &str) -> Marker {
-    let mut marker = Marker::default();
-    for line in description.lines() {
-        if let Some((key, value)) = line.split_once(':') {
-            let value = value.trim();
-            match key.trim() {
-                MARKER_PROVIDER if marker.provider_id.is_none() => {
-                    marker.provider_id = Some(value.to_string())
-                }
-                MARKER_REQUEST if marker.request_id.is_none() => {
-                    marker.request_id = Some(value.to_string())
-                }
-                _ => {}
-            }
-        }
-    }
-    marker
+/// What the marker line `key` says (`MARKER_PROVIDER`, `MARKER_REQUEST`), wherever the marker sits
+/// in the description (Proxmox returns it decoded): a user may write notes above it.
+pub fn marked<'d>(description: &'d str, key: &str) -> Option<&'d str> {
+    description.lines().find_map(|line| {
+        let (k, value) = line.split_once(':')?;
+        (k.trim() == key).then(|| value.trim())
+    })
 }
 
 /// The `uuid=` of an `smbios1` value (`uuid=…,serial=…`).
@@ -291,18 +273,19 @@ enum Marked {
 
 fn by_marker(name: &str, tags: &[&str], description: &str, claim: &Claim<'_>) -> Marked {
     let (request_id, provider_id) = (claim.request_id, claim.provider_id);
-    let marker = parse_marker(description);
-    if marker.provider_id.is_some() || marker.request_id.is_some() {
-        if marker.provider_id.as_deref() != Some(provider_id) {
+    let marker_provider = marked(description, MARKER_PROVIDER);
+    let marker_request = marked(description, MARKER_REQUEST);
+    if marker_provider.is_some() || marker_request.is_some() {
+        if marker_provider != Some(provider_id) {
             return Marked::NotOurs(format!(
                 "its description marker names provider {:?}, not {provider_id:?}",
-                marker.provider_id.unwrap_or_default()
+                marker_provider.unwrap_or_default()
             ));
         }
-        if marker.request_id.as_deref() != Some(request_id) {
+        if marker_request != Some(request_id) {
             return Marked::NotOurs(format!(
                 "its description marker names request {:?}, not {request_id:?}",
-                marker.request_id.unwrap_or_default()
+                marker_request.unwrap_or_default()
             ));
         }
         if name != request_id {

@@ -288,9 +288,9 @@ proptest! {
 
     #[test]
     fn marker_round_trips(request in "[a-z0-9][a-z0-9-]{0,40}", provider in "[a-z0-9][a-z0-9-]{0,20}") {
-        let marker = parse_marker(&description_marker(&provider, &request));
-        prop_assert_eq!(marker.request_id.as_deref(), Some(request.as_str()));
-        prop_assert_eq!(marker.provider_id.as_deref(), Some(provider.as_str()));
+        let description = description_marker(&provider, &request);
+        prop_assert_eq!(marked(&description, MARKER_REQUEST), Some(request.as_str()));
+        prop_assert_eq!(marked(&description, MARKER_PROVIDER), Some(provider.as_str()));
         let vm = listed(json!({"vmid": 104, "node": "pve1"}));
         let cfg = config(json!({"name": request.clone(), "description": description_marker(&provider, &request)}));
         let claim = Claim { request_id: &request, provider_id: &provider, recorded_vmid: None, smbios_uuid: None };

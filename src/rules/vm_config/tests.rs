@@ -85,14 +85,10 @@ fn minimal_create_request() {
     keys.sort_unstable();
     keys.dedup();
     assert_eq!(keys.len(), n, "duplicate keys");
-    let marker = identity::parse_marker(get(&params, "description").unwrap());
-    assert_eq!(
-        marker,
-        identity::Marker {
-            provider_id: Some("proxmox".into()),
-            request_id: Some("req-1".into())
-        }
-    );
+    let description = get(&params, "description").unwrap();
+    let marked = |key| identity::marked(description, key);
+    assert_eq!(marked(identity::MARKER_PROVIDER), Some("proxmox"));
+    assert_eq!(marked(identity::MARKER_REQUEST), Some("req-1"));
 }
 
 #[test]
