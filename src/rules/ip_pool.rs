@@ -10,6 +10,7 @@
 //! [`IpLedger`], and the addresses running VMs report through their guest agent); the pipeline,
 //! `validate` and the `pools` command all count with [`usage`].
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
@@ -163,14 +164,21 @@ pub struct PoolFull {
     pub size: u128,
 }
 
+/// `taken`, with the pool's gateway when it lies inside a range: it is never handed out.
+fn with_gateway<'t>(pool: &IpPool, taken: &'t BTreeSet<IpAddr>) -> Cow<'t, BTreeSet<IpAddr>> {
+    match pool.gateway {
+        Some(g) if pool.contains(g) && !taken.contains(&g) => {
+            Cow::Owned(taken.iter().copied().chain([g]).collect())
+        }
+        _ => Cow::Borrowed(taken),
+    }
+}
+
 /// How many of the pool's addresses are in `taken`, and how many it has.
 /// A gateway inside a range counts as in use: it is never handed out.
 pub fn usage(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> (u128, u128) {
-    let gateway = pool
-        .gateway
-        .filter(|g| pool.contains(*g) && !taken.contains(g));
-    let in_use =
-        taken.iter().filter(|a| pool.contains(**a)).count() as u128 + u128::from(gateway.is_some());
+    let taken = with_gateway(pool, taken);
+    let in_use = taken.iter().filter(|a| pool.contains(**a)).count() as u128;
     (in_use, pool.size())
 }
 
@@ -179,14 +187,7 @@ pub fn usage(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> (u128, u128) {
 /// Each range is walked from its first address over the taken ones only, so a pool of any size
 /// costs at most one step per taken address.
 pub fn allocate(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> Result<IpAddr, PoolFull> {
-    let with_gateway;
-    let taken = match pool.gateway {
-        Some(g) if pool.contains(g) && !taken.contains(&g) => {
-            with_gateway = taken.iter().copied().chain([g]).collect::<BTreeSet<_>>();
-            &with_gateway
-        }
-        _ => taken,
-    };
+    let taken = with_gateway(pool, taken);
     for range in &pool.ranges {
         let last = number(range.last);
         // `None` once the range's last address is taken too.
@@ -205,7 +206,7 @@ pub fn allocate(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> Result<IpAddr, PoolF
             return Ok(from_number(range.first, c));
         }
     }
-    let (in_use, size) = usage(pool, taken);
+    let (in_use, size) = usage(pool, &taken);
     Err(PoolFull {
         pool: pool.name.clone(),
         in_use,

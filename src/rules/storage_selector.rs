@@ -189,26 +189,16 @@ impl StorageSelector {
 
     /// Whether the storage is selected. A runtime error is a configuration error.
     pub fn matches(&self, storage: &StorageFacts) -> Result<bool, SelectorError> {
-        match self.evaluate(storage)? {
-            Outcome::Bool(b) => Ok(b),
-            Outcome::Other(kind) => Err(SelectorError::NotBoolean {
-                expression: self.source.to_string(),
-                kind,
-            }),
-            Outcome::Failed(reason) => Err(SelectorError::Evaluation {
-                expression: self.source.to_string(),
-                reason,
+        let expression = self.source.to_string();
+        match evaluator::run(self.program.clone(), storage.clone(), BUDGET) {
+            Some(Outcome::Bool(b)) => Ok(b),
+            Some(Outcome::Other(kind)) => Err(SelectorError::NotBoolean { expression, kind }),
+            Some(Outcome::Failed(reason)) => Err(SelectorError::Evaluation { expression, reason }),
+            None => Err(SelectorError::TooSlow {
+                expression,
+                budget: BUDGET,
             }),
         }
-    }
-
-    fn evaluate(&self, storage: &StorageFacts) -> Result<Outcome, SelectorError> {
-        evaluator::run(self.program.clone(), storage.clone(), BUDGET).ok_or_else(|| {
-            SelectorError::TooSlow {
-                expression: self.source.to_string(),
-                budget: BUDGET,
-            }
-        })
     }
 }
 

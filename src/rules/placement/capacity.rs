@@ -94,12 +94,7 @@ pub fn capacity_fit(
             ratio: limits.memory_overcommit,
         });
     }
-    if node.cpus > 0 && request.vcpus > node.cpus {
-        return Err(LeftOut::TooFewCpus {
-            vcpus: request.vcpus,
-            cpus: node.cpus,
-        });
-    }
+    cpus_fit(node, request)?;
     let needed = request.vcpus;
     if let Some(limit) = a.cpus_limit
         && a.cpus_allocated.saturating_add(needed) > limit
@@ -113,4 +108,15 @@ pub fn capacity_fit(
         });
     }
     Ok(free_memory)
+}
+
+/// Whether the node has as many CPUs as the VM has vCPUs (a node that reports none is not judged).
+pub(super) fn cpus_fit(node: &NodeSnapshot, request: &PlacementRequest<'_>) -> Result<(), LeftOut> {
+    if node.cpus > 0 && request.vcpus > node.cpus {
+        return Err(LeftOut::TooFewCpus {
+            vcpus: request.vcpus,
+            cpus: node.cpus,
+        });
+    }
+    Ok(())
 }

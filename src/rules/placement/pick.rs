@@ -3,8 +3,9 @@
 //! strategy ranks the eligible ones. The errors say whether waiting may help, so the pipeline knows
 //! whether to retry or to report a class someone must fix.
 
+use super::capacity::cpus_fit;
 use super::strategy::best;
-use super::{CloneRefusal, LeftOut, PlacementRequest, Reservations, disk_verdict, node_verdict};
+use super::{LeftOut, PlacementRequest, Reservations, disk_verdict, node_verdict};
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot};
 use crate::proxmox::property::{NodeName, StorageId};
 use crate::rules::storage_selector::SelectorError;
@@ -40,15 +41,13 @@ pub enum PlacementError {
     PinnedNodeMissing { node: String, existing: Vec<String> },
     #[error("node {node:?} from provider data is offline")]
     PinnedNodeOffline { node: String },
-    #[error("node {node:?} from provider data has no usable storage: {reason}")]
-    PinnedNodeNoStorage { node: String, reason: LeftOut },
-    #[error("node {node:?} from provider data cannot run this VM: {reason}")]
-    PinnedNodeTooSmall { node: String, reason: LeftOut },
-    #[error("node {node:?} from provider data cannot take this VM: {reason}")]
-    PinnedNodeCannotClone {
-        node: String,
-        reason: Box<CloneRefusal>,
-    },
+    /// The pinned node lacks CPUs, storage, or a copy of the template a clone can reach.
+    #[error("node {node:?} from provider data {}: {reason}", match reason {
+        LeftOut::TooFewCpus { .. } => "cannot run this VM",
+        LeftOut::Clone(_) => "cannot take this VM",
+        _ => "has no usable storage",
+    })]
+    PinnedNodeRefused { node: String, reason: LeftOut },
     #[error("no node can take this VM: {}", describe_rejections(.rejected))]
     NothingFits { rejected: Vec<(String, LeftOut)> },
     #[error(transparent)]
@@ -62,9 +61,7 @@ impl PlacementError {
     pub fn may_heal(&self) -> bool {
         match self {
             PlacementError::PinnedNodeOffline { .. } => true,
-            PlacementError::PinnedNodeNoStorage { reason, .. } => reason.may_heal(),
-            PlacementError::PinnedNodeCannotClone { reason, .. } => reason.may_heal(),
-            PlacementError::PinnedNodeTooSmall { reason, .. } => reason.may_heal(),
+            PlacementError::PinnedNodeRefused { reason, .. } => reason.may_heal(),
             PlacementError::NothingFits { rejected } => {
                 rejected.iter().any(|(_, why)| why.may_heal())
             }
@@ -128,31 +125,18 @@ fn pick_pinned(
     pinned: &str,
 ) -> Result<Placement, PlacementError> {
     let node = pinned_node(cluster, pinned)?;
-    if node.cpus > 0 && request.vcpus > node.cpus {
-        return Err(PlacementError::PinnedNodeTooSmall {
-            node: pinned.to_string(),
-            reason: LeftOut::TooFewCpus {
-                vcpus: request.vcpus,
-                cpus: node.cpus,
-            },
-        });
-    }
-    match disk_verdict(node, request)? {
-        Ok((storage, template)) => Ok(Placement {
-            node: node.name.clone(),
-            storage: storage.name,
-            template,
-            reason: PlacementReason::Pinned,
-        }),
-        Err(LeftOut::Clone(reason)) => Err(PlacementError::PinnedNodeCannotClone {
-            node: pinned.to_string(),
-            reason,
-        }),
-        Err(reason) => Err(PlacementError::PinnedNodeNoStorage {
-            node: pinned.to_string(),
-            reason,
-        }),
-    }
+    let refused = |reason| PlacementError::PinnedNodeRefused {
+        node: pinned.to_string(),
+        reason,
+    };
+    cpus_fit(node, request).map_err(refused)?;
+    let (storage, template) = disk_verdict(node, request)?.map_err(refused)?;
+    Ok(Placement {
+        node: node.name.clone(),
+        storage: storage.name,
+        template,
+        reason: PlacementReason::Pinned,
+    })
 }
 
 /// The pinned node, if it exists and is online; else [`PlacementError::PinnedNodeMissing`] or

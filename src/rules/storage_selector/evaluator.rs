@@ -41,12 +41,7 @@ type Job = Box<dyn FnOnce(&Arc<Env>) + Send>;
 const STACK: usize = 256 << 20;
 
 /// The thread evaluating now, with its generation (so that only one waiter retires it).
-struct Worker {
-    generation: u64,
-    jobs: Sender<Job>,
-}
-
-static WORKER: Mutex<Option<Worker>> = Mutex::new(None);
+static WORKER: Mutex<Option<(u64, Sender<Job>)>> = Mutex::new(None);
 
 /// Evaluates `program` for `storage`, or `None` when that takes longer than `budget`.
 pub(super) fn run(
@@ -102,14 +97,14 @@ fn submit<T: Send + 'static>(
     }
 }
 
-fn lock() -> std::sync::MutexGuard<'static, Option<Worker>> {
+fn lock() -> std::sync::MutexGuard<'static, Option<(u64, Sender<Job>)>> {
     WORKER.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn worker() -> (u64, Sender<Job>) {
     let mut slot = lock();
-    if let Some(w) = slot.as_ref() {
-        return (w.generation, w.jobs.clone());
+    if let Some(worker) = slot.as_ref() {
+        return worker.clone();
     }
     static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let generation = GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -119,10 +114,7 @@ fn worker() -> (u64, Sender<Job>) {
         .stack_size(STACK)
         .spawn(move || serve(queue));
     if spawned.is_ok() {
-        *slot = Some(Worker {
-            generation,
-            jobs: jobs.clone(),
-        });
+        *slot = Some((generation, jobs.clone()));
     }
     // Without a thread the queue is dropped and the send fails: the caller reports a failure.
     (generation, jobs)
@@ -131,7 +123,7 @@ fn worker() -> (u64, Sender<Job>) {
 /// Lets the thread of `generation` go: it ends once it has drained what it was given.
 fn retire(generation: u64) {
     let mut slot = lock();
-    if slot.as_ref().is_some_and(|w| w.generation == generation) {
+    if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
         *slot = None;
     }
 }

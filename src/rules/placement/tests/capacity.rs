@@ -53,7 +53,13 @@ fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
     req.pinned_node = Some("pve2");
     let err = pick(&nodes, &req, &Reservations::default()).unwrap_err();
     assert!(
-        matches!(err, PlacementError::PinnedNodeTooSmall { .. }) && !err.may_heal(),
+        matches!(
+            err,
+            PlacementError::PinnedNodeRefused {
+                reason: LeftOut::TooFewCpus { .. },
+                ..
+            }
+        ) && !err.may_heal(),
         "{err}"
     );
     req.pinned_node = None;

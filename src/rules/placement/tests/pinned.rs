@@ -62,6 +62,12 @@ fn pinned_node_must_exist_be_online_and_have_storage() {
         ..req
     };
     let err = pick(&nodes, &req, &Reservations::default()).unwrap_err();
-    assert!(matches!(err, PlacementError::PinnedNodeNoStorage { .. }));
+    assert!(matches!(
+        err,
+        PlacementError::PinnedNodeRefused {
+            reason: LeftOut::NoStorage { .. },
+            ..
+        }
+    ));
     assert!(err.to_string().contains("name == \"ceph\""), "{err}");
 }

@@ -274,7 +274,7 @@ fn placement_failures_say_whether_they_may_heal() {
             false,
         ),
         (
-            PlacementError::PinnedNodeNoStorage {
+            PlacementError::PinnedNodeRefused {
                 node: "pve1".into(),
                 reason: no_storage(Rejection::TooSmall {
                     available: 0,
