@@ -8,7 +8,7 @@ use super::error::StepError;
 use super::prepare_image::download_storage;
 use crate::proxmox::property::{IsoFileName, IsoVolume};
 use crate::proxmox::types::NodeName;
-use crate::rules::cloud_init::{seed_files, seed_iso, seed_iso_file_name};
+use crate::rules::cloud_init::{seed_iso, seed_iso_file_name};
 use crate::rules::ip_pool;
 use crate::rules::storage::Content;
 
@@ -37,13 +37,8 @@ pub async fn upload_seed(
         &ctx.services.config.ip_pools,
     )
     .map_err(|p| StepError::config(format!("the recorded static address: {p}")))?;
-    let files = seed_files(
-        &ctx.join.join_config,
-        instance_id,
-        &ctx.request.id,
-        &network,
-    );
-    let bytes = seed_iso::build_seed(&files)
+    let join_config = &ctx.join.join_config;
+    let bytes = seed_iso::build_seed(join_config, instance_id, &ctx.request.id, &network)
         .map_err(|e| StepError::Cluster(format!("cannot build the seed ISO: {e}")))?;
     let file_name = seed_iso_file_name(&ctx.request.id);
     let file = IsoFileName::new(file_name.as_str()).map_err(|e| {

@@ -10,7 +10,6 @@ use std::net::IpAddr;
 use sha2::{Digest, Sha256};
 
 use crate::proxmox::property::MacAddr;
-use crate::secret::Secret;
 
 /// How the VM's NICs get their addresses.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -37,33 +36,14 @@ pub struct StaticNic {
     pub gateway: Option<IpAddr>,
 }
 
-/// The three seed files. `user_data` holds the join token, so it stays secret.
-#[derive(Debug, Clone)]
-pub struct SeedFiles {
-    pub user_data: Secret,
-    pub meta_data: String,
-    pub network_config: String,
-}
-
-/// Builds the seed files: user-data is the join config as is; meta-data carries the instance ID (the
-/// SMBIOS UUID) and the request ID as hostname.
-pub fn seed_files(
-    join_config: &Secret,
-    instance_id: uuid::Uuid,
-    hostname: &str,
-    network: &NetworkConfig,
-) -> SeedFiles {
-    let meta_data = format!(
+/// `meta-data`: the instance ID (the SMBIOS UUID) and the request ID as hostname.
+pub fn meta_data(instance_id: uuid::Uuid, hostname: &str) -> String {
+    format!(
         "instance-id: {}\nlocal-hostname: {}\nhostname: {}\n",
         quoted(&instance_id.hyphenated().to_string()),
         quoted(hostname),
         quoted(hostname)
-    );
-    SeedFiles {
-        user_data: join_config.clone(),
-        meta_data,
-        network_config: network_config(network),
-    }
+    )
 }
 
 /// `network-config` (version 1), in the shape Talos reads it: a `physical` entry per NIC matched by
@@ -160,7 +140,8 @@ pub mod seed_iso {
     use hadris_iso::write::options::{CreationFeatures, IsoFormatOptions};
     use hadris_iso::write::{File as IsoFile, InputFiles, IsoImageWriter};
 
-    use super::SeedFiles;
+    use super::{NetworkConfig, meta_data, network_config};
+    use crate::secret::Secret;
 
     /// The volume label NoCloud looks for.
     pub const VOLUME_LABEL: &str = "cidata";
@@ -215,12 +196,19 @@ pub mod seed_iso {
         }
     }
 
-    /// The seed ISO for the three NoCloud files.
-    pub fn build_seed(files: &SeedFiles) -> Result<Vec<u8>, SeedIsoError> {
+    /// The seed ISO with the three NoCloud files: `user-data` is the join config as is (it holds
+    /// the join token, so it is exposed only here), `meta-data` and `network-config` say who the
+    /// machine is and how its NICs get their addresses.
+    pub fn build_seed(
+        join_config: &Secret,
+        instance_id: uuid::Uuid,
+        hostname: &str,
+        network: &NetworkConfig,
+    ) -> Result<Vec<u8>, SeedIsoError> {
         build(&[
-            ("meta-data", files.meta_data.as_bytes()),
-            ("network-config", files.network_config.as_bytes()),
-            ("user-data", files.user_data.expose().as_bytes()),
+            ("meta-data", meta_data(instance_id, hostname).as_bytes()),
+            ("network-config", network_config(network).as_bytes()),
+            ("user-data", join_config.expose().as_bytes()),
         ])
     }
 }
@@ -230,26 +218,20 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn files() -> SeedFiles {
-        seed_files(
-            &Secret::new(
-                "apiVersion: v1alpha1\nkind: SideroLinkConfig\napiUrl: https://x?jointoken=v2%3Aabc\n",
-            ),
-            uuid::Uuid::parse_str("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0").unwrap(),
-            "req-1",
-            &NetworkConfig::Dhcp,
-        )
+    const JOIN_CONFIG: &str =
+        "apiVersion: v1alpha1\nkind: SideroLinkConfig\napiUrl: https://x?jointoken=v2%3Aabc\n";
+
+    fn instance_id() -> uuid::Uuid {
+        uuid::Uuid::parse_str("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0").unwrap()
     }
 
     #[test]
     fn meta_data_and_network_config() {
-        let f = files();
-        let meta = crate::yaml::from_str(&f.meta_data).unwrap();
+        let meta = crate::yaml::from_str(&meta_data(instance_id(), "req-1")).unwrap();
         assert_eq!(meta["instance-id"], "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0");
         assert_eq!(meta["local-hostname"], "req-1");
         assert_eq!(meta["hostname"], "req-1");
-        assert_eq!(f.network_config, "version: 1\n");
-        assert!(!format!("{f:?}").contains("jointoken"));
+        assert_eq!(network_config(&NetworkConfig::Dhcp), "version: 1\n");
 
         // The shape pinned here is what Talos reads (siderolabs/talos
         // internal/app/machined/pkg/runtime/v1alpha1/platform/nocloud/metadata.go,
@@ -314,8 +296,9 @@ mod tests {
 
     #[test]
     fn seed_iso_round_trip() {
-        let f = files();
-        let image = seed_iso::build_seed(&f).unwrap();
+        let secret = crate::secret::Secret::new(JOIN_CONFIG);
+        let image =
+            seed_iso::build_seed(&secret, instance_id(), "req-1", &NetworkConfig::Dhcp).unwrap();
         assert_eq!(image.len() % 2048, 0);
         // Primary volume descriptor: "CD001" and the volume label.
         let pvd = &image[16 * 2048..17 * 2048];
@@ -323,9 +306,9 @@ mod tests {
         assert!(pvd[40..72].starts_with(b"cidata"));
         // Contents are stored verbatim; names are in the Rock Ridge/Joliet records.
         for content in [
-            f.meta_data.as_bytes(),
-            f.network_config.as_bytes(),
-            f.user_data.expose().as_bytes(),
+            meta_data(instance_id(), "req-1").as_bytes(),
+            b"version: 1\n",
+            JOIN_CONFIG.as_bytes(),
         ] {
             assert!(image.windows(content.len()).any(|w| w == content));
         }
