@@ -209,9 +209,15 @@ fn join_resource_affinity(
     if rule.has(m.sid) {
         return Ok(());
     }
-    let members = rule.resource_list().len();
-    if rule.affinity.as_deref() == Some("negative") && members >= m.cluster_nodes {
-        plan.notes.push(full_negative_rule(&rule.rule, m));
+    // pve-ha-manager src/PVE/HA/Rules/ResourceAffinity.pm,
+    // `check_negative_resource_affinity_resources_count`: a negative rule may not hold more
+    // resources than the cluster has nodes.
+    let n = m.cluster_nodes;
+    if rule.affinity.as_deref() == Some("negative") && rule.resource_list().len() >= n {
+        plan.notes.push(format!(
+            "HA rule {} already keeps {n} VMs apart on the cluster's {n} nodes; {} is not added (Proxmox refuses a negative resource-affinity rule with more VMs than nodes)",
+            rule.rule, m.sid
+        ));
         return Ok(());
     }
     plan.changes.push(join(rule, m.sid));
@@ -269,17 +275,6 @@ pub fn unmanaged_sids(message: &str) -> Vec<String> {
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect()
-}
-
-/// pve-ha-manager src/PVE/HA/Rules/ResourceAffinity.pm,
-/// `check_negative_resource_affinity_resources_count`: a negative rule may not hold more resources
-/// than the cluster has nodes.
-fn full_negative_rule(rule: &str, m: &HaMembership<'_>) -> String {
-    format!(
-        "HA rule {rule} already keeps {n} VMs apart on the cluster's {n} nodes; {sid} is not added (Proxmox refuses a negative resource-affinity rule with more VMs than nodes)",
-        n = m.cluster_nodes,
-        sid = m.sid
-    )
 }
 
 /// The set's rules to delete before `sid` leaves the HA manager: the resource-affinity rule when
