@@ -98,13 +98,6 @@ pub struct ClusterSnapshot {
     pub nodes: Vec<NodeSnapshot>,
 }
 
-impl From<Vec<NodeSnapshot>> for ClusterSnapshot {
-    fn from(mut nodes: Vec<NodeSnapshot>) -> Self {
-        nodes.sort_by(|a, b| a.name.cmp(&b.name));
-        Self { nodes }
-    }
-}
-
 impl ClusterSnapshot {
     /// Reads one `/cluster/resources` listing. Storages and VMs of a node the listing does not name
     /// are dropped: nothing can be placed there.

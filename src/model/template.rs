@@ -44,7 +44,8 @@ impl TemplateFacts {
     pub fn from_config(vm: &VmResource, config: &VmConfig, cluster: &ClusterSnapshot) -> Self {
         let node = cluster.node(vm.node.as_str());
         let cloud_init = cloud_init_drives(config);
-        let mut drives: Vec<TemplateDrive> = config
+        // In slot order: the config is a sorted map.
+        let drives: Vec<TemplateDrive> = config
             .0
             .keys()
             .filter(|slot| is_drive_key(slot))
@@ -67,7 +68,6 @@ impl TemplateFacts {
                 })
             })
             .collect();
-        drives.sort_by(|a, b| a.slot.cmp(&b.slot));
         let boot_storage = BootDisk::of(config).and_then(|b| {
             b.volume()
                 .split_once(':')

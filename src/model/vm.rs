@@ -91,32 +91,24 @@ pub fn is_numbered(key: &str, kinds: &[&str]) -> bool {
 /// are deleted in the clone's config update. Recognised as qemu-server's `drive_is_cloudinit`
 /// (src/PVE/QemuServer/Drive.pm) does: a volume named `cloudinit` or `vm-<id>-cloudinit`.
 pub fn cloud_init_drives(config: &VmConfig) -> Vec<String> {
-    let mut slots: Vec<String> = config
-        .0
-        .keys()
-        .filter(|k| is_drive_key(k))
-        .filter(|k| {
-            config.get(k).is_some_and(|drive| {
-                let volume = drive.split(',').next().unwrap_or_default();
-                let name = volume.rsplit([':', '/']).next().unwrap_or_default();
-                let stem = ["raw", "qcow2", "vmdk"]
-                    .iter()
-                    .find_map(|ext| name.strip_suffix(&format!(".{ext}")))
-                    .unwrap_or(name);
-                volume.contains([':', '/'])
-                    && (stem == "cloudinit"
-                        || stem
-                            .strip_prefix("vm-")
-                            .and_then(|rest| rest.strip_suffix("-cloudinit"))
-                            .is_some_and(|id| {
-                                !id.is_empty() && id.chars().all(|c| c.is_ascii_digit())
-                            }))
-            })
-        })
+    let cloud_init = |drive: String| {
+        let volume = drive.split(',').next().unwrap_or_default();
+        let name = volume.rsplit([':', '/']).next().unwrap_or_default();
+        let stem = ["raw", "qcow2", "vmdk"]
+            .iter()
+            .find_map(|ext| name.strip_suffix(&format!(".{ext}")))
+            .unwrap_or(name);
+        let vm = stem
+            .strip_prefix("vm-")
+            .and_then(|r| r.strip_suffix("-cloudinit"));
+        let vm = vm.is_some_and(|id| !id.is_empty() && id.chars().all(|c| c.is_ascii_digit()));
+        volume.contains([':', '/']) && (stem == "cloudinit" || vm)
+    };
+    // In slot order: the config is a sorted map.
+    let keys = config.0.keys();
+    keys.filter(|k| is_drive_key(k) && config.get(k).is_some_and(cloud_init))
         .cloned()
-        .collect();
-    slots.sort();
-    slots
+        .collect()
 }
 
 #[cfg(test)]

@@ -20,11 +20,13 @@ fn pick(
     request: &PlacementRequest<'_>,
     reservations: &Reservations,
 ) -> Result<Placement, PlacementError> {
-    super::pick(
-        &ClusterSnapshot::from(nodes.to_vec()),
-        request,
-        reservations,
-    )
+    super::pick(&cluster(nodes.to_vec()), request, reservations)
+}
+
+/// The cluster of `nodes`, sorted by name as a listing gives them.
+fn cluster(mut nodes: Vec<NodeSnapshot>) -> ClusterSnapshot {
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    ClusterSnapshot { nodes }
 }
 
 fn node_name(name: &str) -> NodeName {

@@ -27,7 +27,7 @@ fn clone_cluster() -> ClusterSnapshot {
         })
         .collect();
     nodes[2].storages.push(thick);
-    ClusterSnapshot::from(nodes)
+    cluster(nodes)
 }
 
 /// A template `vmid` on `node` whose boot disk is on `storage` (as the cluster lists it there).
