@@ -94,10 +94,7 @@ fn vmid(raw: &i32) -> Option<VmId> {
 }
 
 fn parsed<T, E>(raw: &str, parse: impl FnOnce(&str) -> Result<T, E>) -> Option<T> {
-    if raw.is_empty() {
-        return None;
-    }
-    parse(raw).ok()
+    (!raw.is_empty()).then(|| parse(raw).ok()).flatten()
 }
 
 /// How a typed field is saved (`R`: its protobuf form), "none" as the empty string or zero.

@@ -132,29 +132,21 @@ impl StorageSelector {
                 max: MAX_LEN,
             });
         }
-        let program = match evaluator::parse(Arc::from(text), BUDGET) {
-            Some(Ok(program)) => program,
+        Err(match evaluator::parse(Arc::from(text), BUDGET) {
+            Some(Ok(program)) => {
+                let (source, program) = (Arc::from(text), Arc::new(program));
+                return Self { source, program }.check_on_dummy();
+            }
             Some(Err(Refusal::Syntax(_))) if looks_like_storage_name(text) => {
-                return Err(SelectorError::BareName { expression });
+                SelectorError::BareName { expression }
             }
-            Some(Err(Refusal::Syntax(reason))) => {
-                return Err(SelectorError::Syntax { expression, reason });
-            }
-            Some(Err(Refusal::NotAllowed(what))) => {
-                return Err(SelectorError::NotAllowed { expression, what });
-            }
-            None => {
-                return Err(SelectorError::TooSlow {
-                    expression,
-                    budget: BUDGET,
-                });
-            }
-        };
-        let selector = Self {
-            source: Arc::from(text),
-            program: Arc::new(program),
-        };
-        selector.check_on_dummy()
+            Some(Err(Refusal::Syntax(reason))) => SelectorError::Syntax { expression, reason },
+            Some(Err(Refusal::NotAllowed(what))) => SelectorError::NotAllowed { expression, what },
+            None => SelectorError::TooSlow {
+                expression,
+                budget: BUDGET,
+            },
+        })
     }
 
     /// Runs the selector on a dummy storage, where a mistake that only evaluation finds shows.

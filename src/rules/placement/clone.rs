@@ -177,7 +177,11 @@ pub fn clone_verdict(
                         rejected: choice.rejected,
                     }))
                 }
-                (None, _) => Err(LeftOut::no_storage(disk_gb, selector, choice.rejected)),
+                (None, _) => Err(LeftOut::NoStorage {
+                    need_gb: disk_gb,
+                    selector: selector.to_string(),
+                    rejected: choice.rejected,
+                }),
             }
         }
         CloneMode::Linked => linked(node, source, template, selector),

@@ -8,7 +8,7 @@ use super::{
 };
 use crate::model::{GIB, MIB, NodeSnapshot, StorageSnapshot};
 use crate::rules::storage::{self, Rejection, StorageChoice, StorageNeed};
-use crate::rules::storage_selector::{SelectorError, StorageSelector};
+use crate::rules::storage_selector::SelectorError;
 
 /// Why a node was left out, with the numbers behind it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -94,19 +94,6 @@ impl LeftOut {
         }
     }
 
-    pub(super) fn no_storage(
-        need_gb: u64,
-        selector: &StorageSelector,
-        rejected: Vec<(String, Rejection)>,
-    ) -> Self {
-        let selector = selector.to_string();
-        LeftOut::NoStorage {
-            need_gb,
-            selector,
-            rejected,
-        }
-    }
-
     /// A selector that failed on a storage on the way: a configuration error, not a fact about the
     /// node.
     fn selector_error(&self) -> Option<&SelectorError> {
@@ -149,11 +136,11 @@ pub fn disk_verdict(
             let choice = boot_disk_storage(node, request);
             match choice.chosen {
                 Some(storage) if choice.selector_error().is_none() => Ok((storage, None)),
-                _ => Err(LeftOut::no_storage(
-                    request.disk_gb,
-                    selector,
-                    choice.rejected,
-                )),
+                _ => Err(LeftOut::NoStorage {
+                    need_gb: request.disk_gb,
+                    selector: selector.to_string(),
+                    rejected: choice.rejected,
+                }),
             }
         }
     };
