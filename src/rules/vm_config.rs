@@ -203,48 +203,40 @@ pub fn render(
     common(data, identity, target, &mut out)?;
     // `image`: the disk is the Talos disk image (grown to `disk_size` by configure_vm), nothing to
     // install; `iso`: an empty disk the ISO installs Talos onto.
-    let talos_cdrom = match data.boot {
+    let (storage, options) = (target.storage.clone(), data.disk);
+    let (disk, talos_cdrom) = match data.boot {
         BootMode::Image => {
-            let source = target
-                .boot_image
-                .clone()
-                .ok_or(RenderError::MissingBootImage)?;
+            let source = target.boot_image.clone();
+            let source = source.ok_or(RenderError::MissingBootImage)?;
             let disk = ImportedDisk {
-                storage: target.storage.clone(),
+                storage,
                 source,
-                options: data.disk,
+                options,
             };
-            out.push(("scsi0".into(), disk.render()));
-            None
+            (disk.render(), None)
         }
         BootMode::Iso | BootMode::Clone => {
-            let boot_iso = target.boot_iso.clone().ok_or(RenderError::MissingBootIso)?;
+            let iso = target.boot_iso.clone().ok_or(RenderError::MissingBootIso)?;
+            let size_gb = data.disk_size_gb;
             let disk = NewDisk {
-                storage: target.storage.clone(),
-                size_gb: data.disk_size_gb,
-                options: data.disk,
+                storage,
+                size_gb,
+                options,
             };
-            out.push(("scsi0".into(), disk.render()));
-            Some(boot_iso)
+            (disk.render(), Some(iso))
         }
     };
+    out.push(("scsi0".into(), disk));
     if data.bios == Bios::Ovmf {
-        out.push((
-            "efidisk0".into(),
-            EfiDisk {
-                storage: target.storage.clone(),
-            }
-            .render(),
-        ));
+        let storage = target.storage.clone();
+        out.push(("efidisk0".into(), EfiDisk { storage }.render()));
     }
-    let order = match talos_cdrom {
-        Some(iso) => {
-            out.push((TALOS_CDROM.to_string(), Cdrom::Iso(iso).render()));
-            // An empty disk fails over to the ISO; once Talos is installed the disk boots first.
-            vec![Slot::Scsi(0), TALOS_CDROM, Slot::Net(0)]
-        }
-        None => vec![Slot::Scsi(0), Slot::Net(0)],
-    };
+    let mut order = vec![Slot::Scsi(0), Slot::Net(0)];
+    if let Some(iso) = talos_cdrom {
+        out.push((TALOS_CDROM.to_string(), Cdrom::Iso(iso).render()));
+        // An empty disk fails over to the ISO; once Talos is installed the disk boots first.
+        order.insert(1, TALOS_CDROM);
+    }
     out.push(("boot".into(), property::boot_order(&order)));
     Ok(out)
 }
