@@ -108,17 +108,9 @@ pub fn mac_for_request(request_id: &str) -> MacAddr {
 /// The seed ISO's file name in ISO storage: `omni-seed-<request id>.iso`, with anything Proxmox would
 /// not accept replaced; a short hash keeps two IDs that sanitize alike apart.
 pub fn seed_iso_file_name(request_id: &str) -> String {
-    let clean: String = request_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(100)
-        .collect();
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    let clean = request_id.chars().map(|c| if allowed(c) { c } else { '-' });
+    let clean: String = clean.take(100).collect();
     let clean = clean.trim_start_matches('.');
     if clean == request_id && !clean.is_empty() {
         format!("omni-seed-{clean}.iso")

@@ -33,15 +33,10 @@ pub fn is_set_rule(rule: &str) -> bool {
 /// `omni-<set>-<suffix>`, with every character a rule ID may not hold (pve-common JSONSchema.pm,
 /// `pve-configid`: letters, digits, `-`, `_`) made a `-`, as the official provider does.
 fn rule_name(set: &str, suffix: &str) -> String {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-');
     let set: String = set
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
+        .map(|c| if allowed(c) { c } else { '-' })
         .collect();
     format!("omni-{set}-{suffix}")
 }
