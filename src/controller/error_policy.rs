@@ -259,7 +259,7 @@ fn omni_kind(e: &StateError) -> ErrorKind {
     }
 }
 
-fn deprovision_kind(e: &DeprovisionError) -> ErrorKind {
+pub fn deprovision_kind(e: &DeprovisionError) -> ErrorKind {
     match e {
         DeprovisionError::NodeOffline { .. }
         | DeprovisionError::Locked { .. }

@@ -10,42 +10,26 @@
 use std::fmt;
 use std::time::Duration;
 
-pub use super::context::{StartedTask, StatePort, StatusPort, StepContext, VmAt};
+pub use super::context::{StatePort, StatusPort, StepContext};
 pub use super::error::StepError;
 pub use super::services::{RequestInfo, Services, Timeouts};
 use crate::model::MachineState;
 
-/// The steps, in order. Names are persisted in the provider state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    PickNode,
-    PrepareImage,
-    CreateVm,
-    ConfigureVm,
-    StartVm,
-    DiscoverIp,
-}
+crate::proxmox::property::str_enum!(
+    /// The steps, in order. Names are persisted in the provider state.
+    Step {
+        PickNode = "pick_node",
+        PrepareImage = "prepare_image",
+        CreateVm = "create_vm",
+        ConfigureVm = "configure_vm",
+        StartVm = "start_vm",
+        DiscoverIp = "discover_ip",
+    }
+);
 
 impl Step {
-    pub const ALL: [Step; 6] = [
-        Step::PickNode,
-        Step::PrepareImage,
-        Step::CreateVm,
-        Step::ConfigureVm,
-        Step::StartVm,
-        Step::DiscoverIp,
-    ];
-
     pub fn name(self) -> &'static str {
-        // In the order the steps are declared.
-        [
-            "pick_node",
-            "prepare_image",
-            "create_vm",
-            "configure_vm",
-            "start_vm",
-            "discover_ip",
-        ][self as usize]
+        self.as_str()
     }
 
     /// 1-based position, for "step 3/6".
