@@ -144,30 +144,12 @@ async fn destroy_tolerating_offline_storage(
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
     match destroy_once(pve, node, vmid, true, options, progress).await {
-        Err(DeprovisionError::Proxmox { source, .. }) if storage_offline(&source) => {
+        Err(DeprovisionError::Proxmox { source, .. }) if source.is_storage_offline() => {
             tracing::warn!(%vmid, %node, error = %source,
                 "destroy with the search for unreferenced disks failed on an offline storage; destroying without it (a disk of this VM on that storage may be left behind)");
             destroy_once(pve, node, vmid, false, options, progress).await
         }
         other => other,
-    }
-}
-
-/// A task or answer saying a storage is not online (pve-storage's `activate_storage`).
-fn storage_offline(e: &ProxmoxError) -> bool {
-    let said = answer(e);
-    said.contains("storage '") && said.contains("is not online")
-}
-
-/// Proxmox's answer, or a failed task's exit status; empty for any other error.
-fn answer(e: &ProxmoxError) -> &str {
-    match e {
-        ProxmoxError::Api { message, .. }
-        | ProxmoxError::TaskFailed {
-            exit_status: message,
-            ..
-        } => message,
-        _ => "",
     }
 }
 
@@ -262,7 +244,15 @@ async fn destroy_once(
 /// qemu-server src/PVE/API2/Qemu.pm, `destroy_vm`'s early check: "VM <id> is running - destroy
 /// failed".
 fn refused_as_running(e: &ProxmoxError) -> bool {
-    answer(e).contains("is running - destroy failed")
+    let (ProxmoxError::Api { message, .. }
+    | ProxmoxError::TaskFailed {
+        exit_status: message,
+        ..
+    }) = e
+    else {
+        return false;
+    };
+    message.contains("is running - destroy failed")
 }
 
 /// A destroy task that failed because the VM vanished meanwhile.
