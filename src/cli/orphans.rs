@@ -37,6 +37,7 @@ use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
     deprovision_reporting, find_orphans, iso_volumes_in,
 };
+use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
@@ -309,8 +310,7 @@ pub async fn delete(
             vmid: Some(vm.vmid),
             recorded_node: Some(vm.node.clone()),
             smbios_uuid: None,
-            seed_iso_volume: seeds.next().cloned(),
-            seed_iso_node: Some(vm.node.clone()),
+            seed_iso_volume: seeds.next().and_then(|v| IsoVolume::parse(v).ok()),
             default_pool: None,
             official_pool: None,
         };
@@ -331,7 +331,9 @@ pub async fn delete(
         }
         match done.leftover_seed_iso {
             Some(why) => report.failures.push(why.to_string()),
-            None => report.deleted_isos.extend(target.seed_iso_volume.clone()),
+            None => report
+                .deleted_isos
+                .extend(target.seed_iso_volume.as_ref().map(ToString::to_string)),
         }
         for volume in seeds {
             delete_iso(pve, &vm.node, volume, progress, &mut report).await;

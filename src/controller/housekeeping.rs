@@ -159,7 +159,6 @@ async fn delete_late_vms(
             recorded_node: Some(vm.node.clone()),
             smbios_uuid: None,
             seed_iso_volume: None,
-            seed_iso_node: None,
             ..released.clone()
         };
         let progress = |text: &str| tracing::info!(request = %id, "{text}");

@@ -304,7 +304,6 @@ async fn an_unconfigured_clone_is_deleted() {
         recorded_node: Some(node("pve1")),
         smbios_uuid: Some("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee".into()),
         seed_iso_volume: None,
-        seed_iso_node: None,
         default_pool: None,
         official_pool: None,
     };

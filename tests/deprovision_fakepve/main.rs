@@ -136,8 +136,7 @@ async fn provision(
         vmid: Some(vmid(id)),
         recorded_node: Some(node(on)),
         smbios_uuid: Some(uuid.to_string()),
-        seed_iso_volume: Some(seed_volume),
-        seed_iso_node: Some(node(on)),
+        seed_iso_volume: IsoVolume::parse(&seed_volume).ok(),
         default_pool: None,
         official_pool: None,
     }
@@ -366,7 +365,6 @@ async fn nothing_recorded_and_crash_before_recording() {
         recorded_node: None,
         smbios_uuid: None,
         seed_iso_volume: None,
-        seed_iso_node: None,
         default_pool: None,
         official_pool: None,
     };
@@ -424,7 +422,6 @@ async fn official_provider_vm_is_deleted_through_its_recorded_vmid() {
         recorded_node: Some(node("pve2")),
         smbios_uuid: Some("6f1c3b9e-2a4d-4e8f-9c0b-1d2e3f4a5b6c".into()),
         seed_iso_volume: None,
-        seed_iso_node: None,
         default_pool: None,
         official_pool: None,
     };
@@ -551,7 +548,7 @@ async fn orphans_are_listed_and_deleted_and_live_ones_kept() {
     assert_eq!(vm_ids, [141], "{found:?}");
     assert_eq!(
         found.vms[0].seed_isos,
-        [dead.seed_iso_volume.clone().unwrap()]
+        [dead.seed_iso_volume.as_ref().unwrap().to_string()]
     );
     // fakepve's `local` is one store seen from every node; on real PVE each node has its own.
     let isos: BTreeSet<&str> = found.seed_isos.iter().map(|i| i.volume.as_str()).collect();

@@ -31,6 +31,7 @@ use crate::model::Listing;
 use crate::model::identity::{self, Claim};
 use crate::pipeline::identify::{Identified, identify};
 use crate::proxmox::ProxmoxClient;
+use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
 
 mod destroy;
@@ -58,9 +59,8 @@ pub struct DeprovisionTarget {
     /// The SMBIOS UUID the VM was given, checked whenever the VM's config is read.
     pub smbios_uuid: Option<String>,
     /// The NoCloud seed ISO, e.g. `local:iso/omni-seed-<request>.iso`.
-    pub seed_iso_volume: Option<String>,
-    /// The node the seed ISO was uploaded to (it matters for node-local storage).
-    pub seed_iso_node: Option<NodeName>,
+    /// It was uploaded to the VM's node (which matters for node-local storage).
+    pub seed_iso_volume: Option<IsoVolume>,
     /// The machine-request set's pool the VM was put in by default: removed when the listing shows
     /// no other guest in it.
     pub default_pool: Option<String>,

@@ -4,7 +4,6 @@ use super::destroy::task_says_gone;
 use super::error::state_word;
 use super::{DeprovisionError, DeprovisionOptions, DeprovisionTarget};
 use crate::model::Listing;
-use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 
@@ -18,22 +17,15 @@ pub(super) async fn delete_seed_iso(
     options: &DeprovisionOptions,
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<(), DeprovisionError> {
-    let Some(volume) = target.seed_iso_volume.as_deref().filter(|v| !v.is_empty()) else {
+    let Some(iso) = &target.seed_iso_volume else {
         return Ok(());
     };
-    let Ok(iso) = IsoVolume::parse(volume) else {
-        // We never record such a volume; nothing we could delete safely.
-        tracing::warn!(request = %target.request_id, %volume, "recorded seed ISO is not an ISO volume ID; skipping it");
-        return Ok(());
-    };
-    let storage = iso.storage.to_string();
+    let (volume, storage) = (&iso.to_string(), iso.storage.to_string());
     let mut preferred: Vec<NodeName> = Vec::new();
-    let candidates = [
-        target.seed_iso_node.clone(),
-        target.recorded_node.clone(),
-        vm_node,
-    ];
-    for n in candidates.into_iter().flatten() {
+    for n in [target.recorded_node.clone(), vm_node]
+        .into_iter()
+        .flatten()
+    {
         if !preferred.contains(&n) {
             preferred.push(n);
         }
