@@ -2,21 +2,18 @@
 
 use super::destroy::task_says_gone;
 use super::error::state_word;
-use super::{DeprovisionError, DeprovisionOptions, DeprovisionTarget};
-use crate::model::Listing;
+use super::{DeprovisionError, DeprovisionTarget, Run};
+use crate::proxmox::ProxmoxError;
 use crate::proxmox::types::NodeName;
-use crate::proxmox::{ProxmoxClient, ProxmoxError};
 
 /// Deletes the recorded seed ISO, from the first online node among the recorded seed node, the
 /// recorded VM node and the node the VM was deleted on (or any node, for shared storage).
 pub(super) async fn delete_seed_iso(
-    pve: &ProxmoxClient,
-    view: &Listing,
+    run: &Run<'_>,
     target: &DeprovisionTarget,
     vm_node: Option<NodeName>,
-    options: &DeprovisionOptions,
-    progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<(), DeprovisionError> {
+    let (pve, view, options) = (run.pve, run.view, run.options);
     let Some(iso) = &target.seed_iso_volume else {
         return Ok(());
     };
@@ -43,7 +40,7 @@ pub(super) async fn delete_seed_iso(
             "no node that could hold the seed ISO is in the cluster; skipping it");
         return Ok(());
     };
-    progress(&format!("deleting seed ISO {volume} on {node}"));
+    (run.progress)(&format!("deleting seed ISO {volume} on {node}"));
     let fail = |source| DeprovisionError::SeedIso {
         volume: volume.to_owned(),
         node: node.clone(),
