@@ -34,7 +34,7 @@ use super::pools::{holding_row, live_requests, recorded_allocations};
 use crate::model::Listing;
 use crate::omni::state::StateError;
 use crate::pipeline::deprovision::{
-    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
+    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, OrphanIso, Orphans,
     deprovision_reporting, find_orphans, iso_volumes_in,
 };
 use crate::proxmox::property::IsoVolume;
@@ -221,10 +221,11 @@ pub async fn scan(
                 if storage.shared {
                     shared_done.insert(storage.storage.clone());
                 }
-                isos.extend(volumes.into_iter().map(|volume| FoundIso {
+                isos.extend(volumes.into_iter().map(|volume| OrphanIso {
                     node: storage.node.clone(),
                     storage: storage.storage.clone(),
-                    volume,
+                    volume: volume.volid,
+                    size: volume.size,
                 }));
             }
             Err(e) => problems.push(format!(

@@ -8,11 +8,12 @@ fn vm(json: serde_json::Value) -> VmResource {
     serde_json::from_value(json).unwrap()
 }
 
-fn iso(node: &str, volid: &str) -> FoundIso {
-    FoundIso {
+fn iso(node: &str, volid: &str) -> OrphanIso {
+    OrphanIso {
         node: NodeName::new(node).unwrap(),
         storage: volid.split(':').next().unwrap().to_owned(),
-        volume: serde_json::from_value(serde_json::json!({"volid": volid, "size": 1024})).unwrap(),
+        volume: volid.to_owned(),
+        size: Some(1024),
     }
 }
 
