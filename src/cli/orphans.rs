@@ -312,8 +312,7 @@ pub async fn delete(
             recorded_node: Some(vm.node.clone()),
             smbios_uuid: None,
             seed_iso_volume: seeds.next().and_then(|v| IsoVolume::parse(v).ok()),
-            default_pool: None,
-            official_pool: None,
+            set_pool: None,
         };
         let done = match deprovision_reporting(pve, &target, &options, progress).await {
             Ok(done) => done,

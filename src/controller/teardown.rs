@@ -324,8 +324,10 @@ pub fn target(id: &str, provider_id: &str, state: &MachineState) -> DeprovisionT
         recorded_node: state.node.clone(),
         smbios_uuid: state.uuid.map(|u| u.to_string()),
         seed_iso_volume: state.seed_iso.clone(),
-        default_pool: state.default_pool.as_ref().map(ToString::to_string),
-        official_pool: state.official_pool().map(ToString::to_string),
+        set_pool: state
+            .default_pool
+            .clone()
+            .or(state.official_pool().cloned()),
     }
 }
 

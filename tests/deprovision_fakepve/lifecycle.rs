@@ -304,8 +304,7 @@ async fn an_unconfigured_clone_is_deleted() {
         recorded_node: Some(node("pve1")),
         smbios_uuid: Some("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee".into()),
         seed_iso_volume: None,
-        default_pool: None,
-        official_pool: None,
+        set_pool: None,
     };
     let (result, _) = run(&pve, &target).await;
     assert!(

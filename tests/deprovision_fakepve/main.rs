@@ -137,8 +137,7 @@ async fn provision(
         recorded_node: Some(node(on)),
         smbios_uuid: Some(uuid.to_string()),
         seed_iso_volume: IsoVolume::parse(&seed_volume).ok(),
-        default_pool: None,
-        official_pool: None,
+        set_pool: None,
     }
 }
 
@@ -365,8 +364,7 @@ async fn nothing_recorded_and_crash_before_recording() {
         recorded_node: None,
         smbios_uuid: None,
         seed_iso_volume: None,
-        default_pool: None,
-        official_pool: None,
+        set_pool: None,
     };
     let (result, _) = run(&pve, &never).await;
     assert_eq!(result.unwrap(), DeprovisionOutcome::NothingRecorded);
@@ -422,8 +420,7 @@ async fn official_provider_vm_is_deleted_through_its_recorded_vmid() {
         recorded_node: Some(node("pve2")),
         smbios_uuid: Some("6f1c3b9e-2a4d-4e8f-9c0b-1d2e3f4a5b6c".into()),
         seed_iso_volume: None,
-        default_pool: None,
-        official_pool: None,
+        set_pool: None,
     };
     // Without the recorded VMID it is not found (no provider tag) and not touched.
     let unrecorded = DeprovisionTarget {

@@ -31,7 +31,7 @@ use crate::model::Listing;
 use crate::model::identity::{self, Claim};
 use crate::pipeline::identify::{Identified, identify};
 use crate::proxmox::ProxmoxClient;
-use crate::proxmox::property::IsoVolume;
+use crate::proxmox::property::{IsoVolume, PoolId};
 use crate::proxmox::types::{NodeName, VmId, VmResource};
 
 mod destroy;
@@ -61,12 +61,10 @@ pub struct DeprovisionTarget {
     /// The NoCloud seed ISO, e.g. `local:iso/omni-seed-<request>.iso`.
     /// It was uploaded to the VM's node (which matters for node-local storage).
     pub seed_iso_volume: Option<IsoVolume>,
-    /// The machine-request set's pool the VM was put in by default: removed when the listing shows
-    /// no other guest in it.
-    pub default_pool: Option<String>,
-    /// The pool the official provider recorded for a VM it made ([`MachineState::official_pool`]):
-    /// removed the same way, if it carries the set pools' comment.
-    pub official_pool: Option<String>,
+    /// The machine-request set's pool the VM was put in by default, or the one the official
+    /// provider recorded for a VM it made ([`MachineState::official_pool`]): removed when the
+    /// listing shows no other guest in it and it carries the set pools' comment.
+    pub set_pool: Option<PoolId>,
 }
 
 #[derive(Debug, Clone)]
@@ -202,11 +200,7 @@ pub async fn deprovision_reporting(
         progress(&format!("{e}; left for the `orphans` command"));
     }
     let mut leftover_pool = false;
-    let set_pool = target
-        .default_pool
-        .as_ref()
-        .or(target.official_pool.as_ref());
-    if let Some(pool) = set_pool {
+    if let Some(pool) = target.set_pool.as_ref().map(PoolId::as_str) {
         let ask = pool_may_be_empty(
             &view,
             pool,
