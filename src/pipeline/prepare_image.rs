@@ -39,7 +39,7 @@ use crate::omni::management::{BootAssetKind, ManagementError};
 use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::NodeName;
 use crate::rules::provider_data::BootMode;
-use crate::rules::schematic::{Overlay, SchematicRequest, schematic_yaml};
+use crate::rules::schematic::schematic_yaml;
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 
 pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
@@ -440,17 +440,8 @@ pub(super) async fn download_storage(
 async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String, StepError> {
     ctx.report("creating the image schematic through Omni")
         .await;
-    let yaml = schematic_yaml(&SchematicRequest {
-        extensions: ctx.request.extensions.clone(),
-        kernel_args: ctx.request.kernel_args.clone(),
-        meta_values: ctx.request.meta_values.clone(),
-        overlay: ctx
-            .request
-            .overlay
-            .clone()
-            .map(|(image, name)| Overlay { image, name }),
-    })
-    .map_err(|e| StepError::config(format!("cannot build the image schematic: {e}")))?;
+    let yaml = schematic_yaml(&ctx.request.schematic)
+        .map_err(|e| StepError::config(format!("cannot build the image schematic: {e}")))?;
     let services = ctx.services;
     match services
         .management
