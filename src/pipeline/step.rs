@@ -7,7 +7,6 @@
 //! coming up: a requeue never holds a worker), or fails with a [`StepError`] whose text is what the
 //! user reads in Omni.
 
-use std::fmt;
 use std::time::Duration;
 
 pub use super::context::{StatePort, StatusPort, StepContext};
@@ -28,10 +27,6 @@ crate::proxmox::property::str_enum!(
 );
 
 impl Step {
-    pub fn name(self) -> &'static str {
-        self.as_str()
-    }
-
     /// 1-based position, for "step 3/6".
     pub fn number(self) -> usize {
         self as usize + 1
@@ -77,7 +72,7 @@ impl Step {
     /// `prepare_image` at the latest, which is cheap and fills our own fields (the full ISO volume ID)
     /// from its bare ones; `syncVM` then finds its VM by the recorded VMID.
     pub fn resume_index(last_done: &str, annotation: Option<&str>, state: &MachineState) -> usize {
-        let ours = Self::ALL.iter().position(|s| s.name() == last_done);
+        let ours = Self::ALL.iter().position(|s| s.as_str() == last_done);
         let Some(annotation) = annotation else {
             return ours.map_or(0, |i| i + 1);
         };
@@ -127,12 +122,6 @@ pub const GO_STEPS: [(&str, Step); 8] = [
     ("registerHA", Step::StartVm),
     ("syncHARules", Step::StartVm),
 ];
-
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// What a step asks the controller to do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,7 +191,7 @@ mod tests {
         adopted.vmid = VmId::new(150).ok();
         for st in [MachineState::default(), iso, adopted] {
             for step in Step::ALL {
-                assert!(every_release.contains(&step.go_name(&st)), "{step}");
+                assert!(every_release.contains(&step.go_name(&st)), "{step:?}");
             }
         }
         for (name, _) in GO_STEPS {
