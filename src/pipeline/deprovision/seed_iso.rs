@@ -6,8 +6,8 @@ use super::{DeprovisionError, DeprovisionTarget, Run};
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::types::NodeName;
 
-/// Deletes the recorded seed ISO, from the first online node among the recorded seed node, the
-/// recorded VM node and the node the VM was deleted on (or any node, for shared storage).
+/// Deletes the recorded seed ISO, from the first online node among the recorded node (where the seed
+/// was uploaded) and the node the VM was deleted on (or any node, for shared storage).
 pub(super) async fn delete_seed_iso(
     run: &Run<'_>,
     target: &DeprovisionTarget,
@@ -18,14 +18,9 @@ pub(super) async fn delete_seed_iso(
         return Ok(());
     };
     let (volume, storage) = (&iso.to_string(), iso.storage.to_string());
-    let mut preferred: Vec<NodeName> = Vec::new();
-    for n in [target.recorded_node.clone(), vm_node]
-        .into_iter()
-        .flatten()
-    {
-        if !preferred.contains(&n) {
-            preferred.push(n);
-        }
+    let mut preferred: Vec<NodeName> = target.recorded_node.iter().cloned().collect();
+    if let Some(n) = vm_node.filter(|n| !preferred.contains(n)) {
+        preferred.push(n);
     }
     let Some(node) = super::online_node_for(view, &storage, &preferred) else {
         if let Some(n) = preferred.iter().find(|n| view.node_state(n).is_some()) {
