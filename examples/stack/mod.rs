@@ -490,7 +490,7 @@ impl Stack {
             .map_err(|e| e.to_string())?;
         let value = |line: &str| line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
         let mut steps: Vec<(String, f64, u64)> = Vec::new();
-        for step in Step::ALL.map(Step::name) {
+        for step in Step::ALL.iter().map(|s| s.as_str()) {
             let find = |suffix: &str| {
                 let prefix =
                     format!("omni_proxmox_step_duration_seconds_{suffix}{{step=\"{step}\"}}");

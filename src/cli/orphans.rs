@@ -34,9 +34,10 @@ use super::pools::{holding_row, live_requests, recorded_allocations};
 use crate::model::Listing;
 use crate::omni::state::StateError;
 use crate::pipeline::deprovision::{
-    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
+    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, OrphanIso, Orphans,
     deprovision_reporting, find_orphans, iso_volumes_in,
 };
+use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
@@ -220,10 +221,11 @@ pub async fn scan(
                 if storage.shared {
                     shared_done.insert(storage.storage.clone());
                 }
-                isos.extend(volumes.into_iter().map(|volume| FoundIso {
+                isos.extend(volumes.into_iter().map(|volume| OrphanIso {
                     node: storage.node.clone(),
                     storage: storage.storage.clone(),
-                    volume,
+                    volume: volume.volid,
+                    size: volume.size,
                 }));
             }
             Err(e) => problems.push(format!(
@@ -309,10 +311,8 @@ pub async fn delete(
             vmid: Some(vm.vmid),
             recorded_node: Some(vm.node.clone()),
             smbios_uuid: None,
-            seed_iso_volume: seeds.next().cloned(),
-            seed_iso_node: Some(vm.node.clone()),
-            default_pool: None,
-            official_pool: None,
+            seed_iso_volume: seeds.next().and_then(|v| IsoVolume::parse(v).ok()),
+            set_pool: None,
         };
         let done = match deprovision_reporting(pve, &target, &options, progress).await {
             Ok(done) => done,
@@ -331,7 +331,9 @@ pub async fn delete(
         }
         match done.leftover_seed_iso {
             Some(why) => report.failures.push(why.to_string()),
-            None => report.deleted_isos.extend(target.seed_iso_volume.clone()),
+            None => report
+                .deleted_isos
+                .extend(target.seed_iso_volume.as_ref().map(ToString::to_string)),
         }
         for volume in seeds {
             delete_iso(pve, &vm.node, volume, progress, &mut report).await;

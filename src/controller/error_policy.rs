@@ -24,7 +24,7 @@ use crate::proxmox::ProxmoxError;
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     /// A provisioning step failed; the provider state says how far it got.
-    #[error("step {}/{} {step} failed: {source}", step.number(), Step::ALL.len())]
+    #[error("step {}/{} {} failed: {source}", step.number(), Step::ALL.len(), step.as_str())]
     Step {
         step: Step,
         #[source]
@@ -136,12 +136,12 @@ pub fn report(error: &ReconcileError) -> Option<Report> {
                 stage: Some(Stage::Failed),
                 status: format!(
                     "Failed in {}: IP pool full; retrying until an address frees up",
-                    step.name()
+                    step.as_str()
                 ),
                 error: error.to_string(),
             });
         }
-        ReconcileError::Step { step, source } => (step.name(), source.to_string()),
+        ReconcileError::Step { step, source } => (step.as_str(), source.to_string()),
         ReconcileError::Refused { doing, problem } => (doing, problem.clone()),
         ReconcileError::Join(e) => ("building the join configuration", e.to_string()),
         ReconcileError::Omni { .. } => return None,
@@ -259,7 +259,7 @@ fn omni_kind(e: &StateError) -> ErrorKind {
     }
 }
 
-fn deprovision_kind(e: &DeprovisionError) -> ErrorKind {
+pub fn deprovision_kind(e: &DeprovisionError) -> ErrorKind {
     match e {
         DeprovisionError::NodeOffline { .. }
         | DeprovisionError::Locked { .. }

@@ -159,7 +159,6 @@ async fn delete_late_vms(
             recorded_node: Some(vm.node.clone()),
             smbios_uuid: None,
             seed_iso_volume: None,
-            seed_iso_node: None,
             ..released.clone()
         };
         let progress = |text: &str| tracing::info!(request = %id, "{text}");
@@ -171,8 +170,8 @@ async fn delete_late_vms(
         )
         .await
         .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
-        if let Some(pool) = &target.default_pool {
-            ctx.services.ledgers.pools.forget(pool);
+        if let Some(pool) = &target.set_pool {
+            ctx.services.ledgers.pools.forget(pool.as_str());
         }
         if let DeprovisionOutcome::NotOurs { vmid, reason } = done.outcome {
             tracing::info!(request = %id, %vmid, %reason, "not this request's VM; left alone");

@@ -79,7 +79,7 @@ impl<'a> StatusSink<'a> {
                 "Running step {}/{} {}{}{warnings}",
                 step.number(),
                 Step::ALL.len(),
-                step.name(),
+                step.as_str(),
                 if detail.is_empty() {
                     String::new()
                 } else {

@@ -232,7 +232,7 @@ impl Provisioning<'_> {
                     tracing::warn!(request = %self.id, error = %save, "cannot record the provider state after a failure");
                 }
                 self.ctx.services.metrics.provision("failure");
-                self.ctx.services.metrics.step_failure(step.name());
+                self.ctx.services.metrics.step_failure(step.as_str());
                 Err(e)
             }
         }
@@ -314,7 +314,7 @@ impl Provisioning<'_> {
         // Every log line inside the step carries the step and node (the reconcile span around it
         // carries the request ID).
         let node = step_ctx.state.node.as_ref().map_or("", |n| n.as_str());
-        let span = tracing::info_span!("step", step = step.name(), node = %node);
+        let span = tracing::info_span!("step", step = step.as_str(), node = %node);
         // The step's bare line is written only if the step says nothing for a moment: most steps
         // say what they are doing at once, and that line names the step too.
         let outcome = {
@@ -333,7 +333,7 @@ impl Provisioning<'_> {
             // A quick step that said nothing still appears in the status once.
             progress.ensure_shown().await;
         }
-        services.metrics.step(step.name(), started.elapsed());
+        services.metrics.step(step.as_str(), started.elapsed());
         Ok((outcome, progress))
     }
 
@@ -342,7 +342,7 @@ impl Provisioning<'_> {
     /// on Proxmox is written by the step itself ([`StepContext::persist`]), a requeue, a failure and
     /// the end write the state, and a crash in between re-runs steps that find their work done.
     async fn step_done(&self, step: Step, state: &mut MachineState) -> Result<(), ReconcileError> {
-        state.step = Some(step.name().to_owned());
+        state.step = Some(step.as_str().to_owned());
         let recovered = state.last_error.take().is_some();
         if recovered {
             self.save_state(step, state).await?;

@@ -7,6 +7,7 @@
 use tokio::sync::mpsc;
 
 use crate::pipeline::step::RequestInfo;
+use crate::rules::schematic::{Overlay, SchematicRequest};
 
 use crate::omni::proto::specs::MachineRequestSpec;
 use std::sync::Arc;
@@ -27,18 +28,23 @@ pub fn request_info(request: &Request) -> RequestInfo {
         id: request.id().to_owned(),
         set_id: request.label(label::MACHINE_REQUEST_SET).map(str::to_owned),
         talos_version: spec.talos_version.clone(),
-        extensions: spec.extensions.clone(),
-        kernel_args: spec.kernel_args.clone(),
-        meta_values: spec
-            .meta_values
-            .iter()
-            .map(|m| (m.key, m.value.clone()))
-            .collect(),
-        overlay: spec
-            .overlay
-            .as_ref()
-            .filter(|o| !o.image.is_empty() || !o.name.is_empty())
-            .map(|o| (o.image.clone(), o.name.clone())),
+        schematic: SchematicRequest {
+            extensions: spec.extensions.clone(),
+            kernel_args: spec.kernel_args.clone(),
+            meta_values: spec
+                .meta_values
+                .iter()
+                .map(|m| (m.key, m.value.clone()))
+                .collect(),
+            overlay: spec
+                .overlay
+                .as_ref()
+                .filter(|o| !o.image.is_empty() || !o.name.is_empty())
+                .map(|o| Overlay {
+                    image: o.image.clone(),
+                    name: o.name.clone(),
+                }),
+        },
         provider_data: spec.provider_data.clone(),
         image_factory: None,
     }

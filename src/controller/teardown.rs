@@ -323,10 +323,11 @@ pub fn target(id: &str, provider_id: &str, state: &MachineState) -> DeprovisionT
         vmid: state.recorded_vmid(),
         recorded_node: state.node.clone(),
         smbios_uuid: state.uuid.map(|u| u.to_string()),
-        seed_iso_volume: state.seed_iso.as_ref().map(ToString::to_string),
-        seed_iso_node: state.node.clone(),
-        default_pool: state.default_pool.as_ref().map(ToString::to_string),
-        official_pool: state.official_pool().map(ToString::to_string),
+        seed_iso_volume: state.seed_iso.clone(),
+        set_pool: state
+            .default_pool
+            .clone()
+            .or(state.official_pool().cloned()),
     }
 }
 

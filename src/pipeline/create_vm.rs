@@ -188,7 +188,6 @@ async fn adopt(
         recorded_vmid: ctx.state.recorded_vmid(),
         smbios_uuid: uuid.as_deref(),
     };
-    let mut found = None;
     for vm in identity::candidates(listing.vms(), &claim) {
         let online = listing.node_online(&vm.node);
         let doing = format!(
@@ -200,8 +199,11 @@ async fn adopt(
             .map_err(StepError::proxmox(doing))?
         {
             Identified::Ours => {
-                found = Some(vm);
-                break;
+                tracing::info!(request = %claim.request_id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier");
+                ctx.state.vmid = Some(vm.vmid);
+                ctx.state.node = Some(vm.node.clone());
+                ctx.services.ledgers.vmids.release(vm.vmid.get());
+                return Ok(Some(StepOutcome::Done));
             }
             Identified::NotOurs(reason) => {
                 tracing::debug!(request = %claim.request_id, vmid = %vm.vmid, %reason, "not this request's VM");
@@ -222,14 +224,7 @@ async fn adopt(
             why,
         }));
     }
-    let Some(vm) = found else {
-        return Ok(None);
-    };
-    tracing::info!(request = %ctx.request.id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier");
-    ctx.state.vmid = Some(vm.vmid);
-    ctx.state.node = Some(vm.node.clone());
-    ctx.services.ledgers.vmids.release(vm.vmid.get());
-    Ok(Some(StepOutcome::Done))
+    Ok(None)
 }
 
 /// How many VMIDs above `/cluster/nextid`'s answer to ask Proxmox about before giving up (those

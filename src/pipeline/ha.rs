@@ -142,23 +142,19 @@ fn read_again_after(
             gone.extend(stale);
             Ok(())
         }
-        e if e.is_ha_groups_unmigrated() => Err(StepError::Cluster(groups_unmigrated(doing, &e))),
+        // PVE 9 still has HA groups: the HA manager (CRM) turns them into rules by itself,
+        // retrying about every minute, but only once every node runs Proxmox VE 9, is online and
+        // its LRM is active or idle (pve-ha-manager src/PVE/HA/Manager.pm
+        // `try_persistent_group_migration`); until then every rule write is refused.
+        e if e.is_ha_groups_unmigrated() => Err(StepError::Cluster(format!(
+            "{doing}: Proxmox refuses HA rules while the cluster still has HA groups ({e}); its HA \
+             manager migrates them to rules once every node runs Proxmox VE 9, is online and its HA \
+             LRM is active or idle (see `journalctl -u pve-ha-crm`, \"ha groups migration\"): \
+             finish the upgrade or bring those nodes back, or remove the HA groups \
+             (Datacenter > HA > Groups); retried until then"
+        ))),
         e => Err(StepError::proxmox(doing)(e)),
     }
-}
-
-/// What to do when PVE 9 still has HA groups: the HA manager (CRM) turns them into rules by
-/// itself, retrying about every minute, but only once every node runs Proxmox VE 9, is online and
-/// its LRM is active or idle (pve-ha-manager src/PVE/HA/Manager.pm
-/// `try_persistent_group_migration`); until then every rule write is refused.
-fn groups_unmigrated(doing: &str, e: &ProxmoxError) -> String {
-    format!(
-        "{doing}: Proxmox refuses HA rules while the cluster still has HA groups ({e}); its HA \
-         manager migrates them to rules once every node runs Proxmox VE 9, is online and its HA \
-         LRM is active or idle (see `journalctl -u pve-ha-crm`, \"ha groups migration\"): \
-         finish the upgrade or bring those nodes back, or remove the HA groups \
-         (Datacenter > HA > Groups); retried until then"
-    )
 }
 
 /// `change` with the sids in `gone` left out of its resources.
@@ -230,38 +226,30 @@ fn prospective_members(
     made.chain(placed).collect()
 }
 
-/// [`check_rules_before_create`] in the set's turn, which the returned guard holds until the VM
-/// is placed: the check counts the machines of the set placed before this one, so two machines of
-/// a set checked at once would not count each other.
-pub(super) async fn check_rules_in_turn(
-    ctx: &mut StepContext<'_>,
-    listing: &Listing,
-) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, StepError> {
-    let in_rules = ctx.data.ha.as_ref().is_some_and(HaSettings::uses_rules);
-    let locks = &ctx.services.ledgers.locks;
-    let turn = match ctx.request.set_id.as_deref().filter(|_| in_rules) {
-        Some(set) => Some(locks.hold(&format!("ha-placement:{set}")).await),
-        None => None,
-    };
-    check_rules_before_create(ctx, listing).await?;
-    Ok(turn)
-}
-
 /// Before anything is made: whether the VM can join the HA rules its class puts it in without
 /// Proxmox calling the rule set infeasible ([`check_join`]); the join comes after the start, where
 /// a refusal would repeat on every retry. Without HA rules (PVE 8) or the right to read them, the
 /// join decides, as before.
-async fn check_rules_before_create(
+///
+/// Checked in the set's turn, which the returned guard holds until the VM is placed: the check
+/// counts the machines of the set placed before this one, so two machines of a set checked at once
+/// would not count each other.
+pub(super) async fn check_rules_in_turn(
     ctx: &mut StepContext<'_>,
     listing: &Listing,
-) -> Result<(), StepError> {
+) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, StepError> {
     let Some(ha) = ctx.data.ha.clone().filter(HaSettings::uses_rules) else {
-        return Ok(());
+        return Ok(None);
+    };
+    let locks = &ctx.services.ledgers.locks;
+    let turn = match ctx.request.set_id.as_deref() {
+        Some(set) => Some(locks.hold(&format!("ha-placement:{set}")).await),
+        None => None,
     };
     let rules = match ctx.services.pve.ha_rules().await {
         Ok(rules) => rules,
         Err(ProxmoxError::Api { status: 501, .. } | ProxmoxError::PermissionDenied { .. }) => {
-            return Ok(());
+            return Ok(turn);
         }
         Err(e) => return Err(StepError::proxmox("reading the HA rules")(e)),
     };
@@ -279,5 +267,6 @@ async fn check_rules_before_create(
         comment: "",
     };
     check_join(&membership, &rules)
-        .map_err(|e| StepError::key("ha", format!("{e} (checked before creating the VM)")))
+        .map_err(|e| StepError::key("ha", format!("{e} (checked before creating the VM)")))?;
+    Ok(turn)
 }

@@ -13,7 +13,6 @@
 //! The direct fallback is what the older Go library did: `POST <factory>/schematics` with the YAML,
 //! answered with `{"id": "..."}`.
 
-use crate::omni::proto::specs::TalosVersionSpec;
 use crate::omni::resources::{FEATURES_CONFIG_ID, FeaturesConfig, TalosVersion};
 use crate::omni::state::StateClient;
 
@@ -33,20 +32,11 @@ pub enum FactoryError {
     Decode { url: String, message: String },
 }
 
-/// Where the factory URL in use came from (logged at start).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FactorySource {
-    /// Omni's features configuration.
-    Omni,
-    /// `--image-factory-url`, because Omni does not publish one.
-    Flag,
-}
-
-/// Omni's factory when it publishes one, else the flag's.
-pub fn choose_factory(published: Option<&str>, flag: &str) -> (String, FactorySource) {
+/// Omni's factory when it publishes one (`true`), else the flag's.
+pub fn choose_factory(published: Option<&str>, flag: &str) -> (String, bool) {
     match published.map(str::trim).filter(|u| !u.is_empty()) {
-        Some(url) => (url.trim_end_matches('/').to_owned(), FactorySource::Omni),
-        None => (flag.trim_end_matches('/').to_owned(), FactorySource::Flag),
+        Some(url) => (url.trim_end_matches('/').to_owned(), true),
+        None => (flag.trim_end_matches('/').to_owned(), false),
     }
 }
 
@@ -58,19 +48,20 @@ pub fn choose_factory(published: Option<&str>, flag: &str) -> (String, FactorySo
 pub async fn factory_for_version(state: &StateClient, talos_version: &str) -> Option<String> {
     let id = talos_version.trim_start_matches('v');
     match state.find(&TalosVersion, id).await {
-        Ok(found) => version_factory(found.map(|v| v.spec).as_ref()),
+        Ok(found) => found
+            .map(|v| {
+                v.spec
+                    .image_factory_url
+                    .trim()
+                    .trim_end_matches('/')
+                    .to_owned()
+            })
+            .filter(|u| !u.is_empty()),
         Err(e) => {
             tracing::warn!(error = %e, talos_version, "cannot read Omni's Talos version; using its primary Image Factory");
             None
         }
     }
-}
-
-/// Pure: the factory a Talos version names, without a trailing `/`.
-pub fn version_factory(spec: Option<&TalosVersionSpec>) -> Option<String> {
-    spec.map(|s| s.image_factory_url.trim().trim_end_matches('/'))
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
 }
 
 /// Reads Omni's features configuration and chooses the factory, saying in the log which one and why.
@@ -82,16 +73,11 @@ pub async fn resolve_factory(state: &StateClient, flag: &str) -> String {
             None
         }
     };
-    let (url, source) = choose_factory(published.as_deref(), flag);
-    match source {
-        FactorySource::Omni => tracing::info!(
-            image_factory = %url,
-            "boot ISOs come from the Image Factory Omni is configured with (its features configuration)"
-        ),
-        FactorySource::Flag => tracing::info!(
-            image_factory = %url,
-            "Omni does not publish its Image Factory; boot ISOs come from --image-factory-url"
-        ),
+    let (url, from_omni) = choose_factory(published.as_deref(), flag);
+    if from_omni {
+        tracing::info!(image_factory = %url, "boot ISOs come from the Image Factory Omni is configured with (its features configuration)");
+    } else {
+        tracing::info!(image_factory = %url, "Omni does not publish its Image Factory; boot ISOs come from --image-factory-url");
     }
     url
 }
@@ -174,19 +160,10 @@ mod tests {
         let flag = "https://factory.talos.dev";
         assert_eq!(
             choose_factory(Some("https://factory.internal.example/"), flag),
-            (
-                "https://factory.internal.example".to_owned(),
-                FactorySource::Omni
-            )
+            ("https://factory.internal.example".to_owned(), true)
         );
-        assert_eq!(
-            choose_factory(Some(""), flag),
-            (flag.to_owned(), FactorySource::Flag)
-        );
-        assert_eq!(
-            choose_factory(None, flag),
-            (flag.to_owned(), FactorySource::Flag)
-        );
+        assert_eq!(choose_factory(Some(""), flag), (flag.to_owned(), false));
+        assert_eq!(choose_factory(None, flag), (flag.to_owned(), false));
     }
     use wiremock::matchers::{body_string, header, method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};

@@ -24,9 +24,13 @@ use crate::rules::vm_config;
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     super::ip_pool::allocate(ctx).await?;
-    if ctx.state.node.is_some() && ctx.state.storage.is_some() {
+    if let Some(node) = &ctx.state.node
+        && ctx.state.storage.is_some()
+    {
         // Decided before a restart: keep the decision (and the ledger entry that spreads others).
-        reserve(ctx);
+        let (data, set) = (&ctx.data, ctx.request.set_id.as_deref());
+        let placements = &ctx.services.ledgers.placements;
+        placements.reserve(&ctx.request.id, node, set, data.memory_mb, data.vcpus());
         return Ok(StepOutcome::Done);
     }
     ctx.report("reading nodes and storages").await;
@@ -114,18 +118,6 @@ fn additional_disks_fit(
         }
     }
     Ok(())
-}
-
-fn reserve(ctx: &StepContext<'_>) {
-    // Run once the node is recorded.
-    let Some(node) = &ctx.state.node else { return };
-    ctx.services.ledgers.placements.reserve(
-        &ctx.request.id,
-        node,
-        ctx.request.set_id.as_deref(),
-        ctx.data.memory_mb,
-        ctx.data.vcpus(),
-    );
 }
 
 /// The storage selector each node with a `nodes:` override would use, by the same precedence as

@@ -39,7 +39,7 @@ use crate::omni::management::{BootAssetKind, ManagementError};
 use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::NodeName;
 use crate::rules::provider_data::BootMode;
-use crate::rules::schematic::{Overlay, SchematicRequest, schematic_yaml};
+use crate::rules::schematic::schematic_yaml;
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 
 pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
@@ -110,12 +110,7 @@ async fn download(
     };
     ctx.state.schematic = Some(schematic.clone());
     ctx.state.talos_version = Some(ctx.request.talos_version.clone());
-    let url = image_url(
-        ctx.request.factory(ctx.services),
-        &schematic,
-        &ctx.request.talos_version,
-        kind.file(),
-    );
+    let url = boot_image_url(ctx, &schematic, kind);
     let file_name = image_file_name(&url, kind);
     let (storage, shared) = download_storage(ctx, node, kind.content()).await?;
     let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
@@ -162,7 +157,6 @@ async fn download(
         storage: storage.as_str(),
         volid: &volid,
         file_name: &file_name,
-        version: &version,
         url: &url,
     };
     fetch(ctx, &wanted).await?;
@@ -184,26 +178,12 @@ enum Source {
     Provider {
         url: String,
         headers: Vec<(String, crate::secret::Secret)>,
-        from: CredentialsFrom,
+        /// Whose credentials they are, as the status text names them.
+        named: &'static str,
+        /// What to check when the factory refuses them.
+        advice: &'static str,
     },
 }
-
-/// Whose credentials a download carries: how the status text names them, and what to check when
-/// the factory refuses them.
-struct CredentialsFrom {
-    named: &'static str,
-    advice: &'static str,
-}
-
-const FROM_AUTH_FILE: CredentialsFrom = CredentialsFrom {
-    named: "the credentials of --image-factory-auth-file",
-    advice: "the factory refuses the credentials --image-factory-auth-file gives for it: check its username and password",
-};
-
-const FROM_OMNI: CredentialsFrom = CredentialsFrom {
-    named: "the credentials Omni holds for it",
-    advice: "the factory refuses the credentials Omni holds for it: check Omni's image factory settings",
-};
 
 /// Where the image comes from. Credentials the operator gives for the factory come first; else
 /// Omni is asked where the asset is and with which headers (Omni from August 2026: siderolabs/omni
@@ -219,7 +199,8 @@ async fn image_source(ctx: &StepContext<'_>, wanted: &Wanted<'_>) -> Source {
         return Source::Provider {
             url: wanted.url.to_owned(),
             headers: credentials.headers(),
-            from: FROM_AUTH_FILE,
+            named: "the credentials of --image-factory-auth-file",
+            advice: "the factory refuses the credentials --image-factory-auth-file gives for it: check its username and password",
         };
     }
     let asset_kind = match wanted.kind {
@@ -235,7 +216,8 @@ async fn image_source(ctx: &StepContext<'_>, wanted: &Wanted<'_>) -> Source {
         Ok(Some(asset)) if !asset.headers.is_empty() => Source::Provider {
             url: asset.url,
             headers: asset.headers,
-            from: FROM_OMNI,
+            named: "the credentials Omni holds for it",
+            advice: "the factory refuses the credentials Omni holds for it: check Omni's image factory settings",
         },
         Ok(_) => Source::Node,
         Err(e) => {
@@ -253,8 +235,6 @@ struct Wanted<'a> {
     storage: &'a str,
     volid: &'a str,
     file_name: &'a str,
-    /// The Talos version, as the status text names it.
-    version: &'a str,
     /// Where the Image Factory serves it.
     url: &'a str,
 }
@@ -309,7 +289,7 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
     let content = kind.content().as_str();
     let what = format!(
         "the Talos {} {} to {storage} on {node}",
-        wanted.version,
+        talos_version(&ctx.request.talos_version),
         kind.what()
     );
     let task = match image_source(ctx, wanted).await {
@@ -326,7 +306,12 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
             )
             .await?
         }
-        Source::Provider { url, headers, from } => {
+        Source::Provider {
+            url,
+            headers,
+            named,
+            advice,
+        } => {
             let services = ctx.services;
             let image = factory_auth::download(
                 &services.factory_http,
@@ -338,14 +323,11 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
             .map_err(|e| match e {
                 FactoryError::Refused {
                     status: 401 | 403, ..
-                } => StepError::config(format!("{e} ({})", from.advice)),
+                } => StepError::config(format!("{e} ({advice})")),
                 other => StepError::Cluster(other.to_string()),
             })?;
             ctx.start_task(
-                format!(
-                    "uploading {what}, fetched from the Image Factory with {}",
-                    from.named
-                ),
+                format!("uploading {what}, fetched from the Image Factory with {named}"),
                 pve.upload_streamed(node, storage, content, file_name, image.body, image.length),
             )
             .await?
@@ -392,12 +374,7 @@ pub(super) async fn put_back_if_missing(
     // The same file name in the same storage, downloaded from the same URL: where the VM's config
     // expects it.
     let (file_name, storage) = (volume.file.to_string(), volume.storage.to_string());
-    let url = image_url(
-        ctx.request.factory(ctx.services),
-        &schematic,
-        &ctx.request.talos_version,
-        BootImage::Iso.file(),
-    );
+    let url = boot_image_url(ctx, &schematic, BootImage::Iso);
     let locks = &ctx.services.ledgers.locks;
     let _guard = locks
         .hold(&image_lock_key(&format!("{node}/{volid}")))
@@ -410,7 +387,6 @@ pub(super) async fn put_back_if_missing(
         storage: &storage,
         volid: &volid,
         file_name: &file_name,
-        version: &talos_version(&ctx.request.talos_version),
         url: &url,
     };
     fetch(ctx, &wanted).await?;
@@ -464,17 +440,8 @@ pub(super) async fn download_storage(
 async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String, StepError> {
     ctx.report("creating the image schematic through Omni")
         .await;
-    let yaml = schematic_yaml(&SchematicRequest {
-        extensions: ctx.request.extensions.clone(),
-        kernel_args: ctx.request.kernel_args.clone(),
-        meta_values: ctx.request.meta_values.clone(),
-        overlay: ctx
-            .request
-            .overlay
-            .clone()
-            .map(|(image, name)| Overlay { image, name }),
-    })
-    .map_err(|e| StepError::config(format!("cannot build the image schematic: {e}")))?;
+    let yaml = schematic_yaml(&ctx.request.schematic)
+        .map_err(|e| StepError::config(format!("cannot build the image schematic: {e}")))?;
     let services = ctx.services;
     match services
         .management
@@ -498,6 +465,12 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
             "creating the image schematic through Omni: {other}"
         ))),
     }
+}
+
+/// Where the request's factory serves its boot image of `kind`.
+fn boot_image_url(ctx: &StepContext<'_>, schematic: &str, kind: BootImage) -> String {
+    let factory = ctx.request.factory(ctx.services);
+    image_url(factory, schematic, &ctx.request.talos_version, kind.file())
 }
 
 /// `<factory>/image/<schematic>/<version>/<file>`. The factory adds a missing `v` itself

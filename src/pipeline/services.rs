@@ -10,6 +10,7 @@ use crate::config::ProviderConfig;
 use crate::omni::management::ManagementClient;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::{ProviderData, ProviderDataSchema, describe};
+use crate::rules::schematic::SchematicRequest;
 
 /// The MachineRequest as the steps need it.
 #[derive(Debug, Clone)]
@@ -17,10 +18,8 @@ pub struct RequestInfo {
     pub id: String,
     pub set_id: Option<String>,
     pub talos_version: String,
-    pub extensions: Vec<String>,
-    pub kernel_args: Vec<String>,
-    pub meta_values: Vec<(u32, String)>,
-    pub overlay: Option<(String, String)>,
+    /// Extensions, kernel args, META values and overlay: what its boot image's schematic holds.
+    pub schematic: SchematicRequest,
     pub provider_data: String,
     /// The Image Factory Omni uses for this Talos version when it is not the one in
     /// [`Services::image_factory_url`] (Omni's `TalosVersions` resource names it).

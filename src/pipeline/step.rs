@@ -7,47 +7,26 @@
 //! coming up: a requeue never holds a worker), or fails with a [`StepError`] whose text is what the
 //! user reads in Omni.
 
-use std::fmt;
 use std::time::Duration;
 
-pub use super::context::{StartedTask, StatePort, StatusPort, StepContext, VmAt};
+pub use super::context::{StatePort, StatusPort, StepContext};
 pub use super::error::StepError;
 pub use super::services::{RequestInfo, Services, Timeouts};
 use crate::model::MachineState;
 
-/// The steps, in order. Names are persisted in the provider state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    PickNode,
-    PrepareImage,
-    CreateVm,
-    ConfigureVm,
-    StartVm,
-    DiscoverIp,
-}
+crate::proxmox::property::str_enum!(
+    /// The steps, in order. Names are persisted in the provider state.
+    Step {
+        PickNode = "pick_node",
+        PrepareImage = "prepare_image",
+        CreateVm = "create_vm",
+        ConfigureVm = "configure_vm",
+        StartVm = "start_vm",
+        DiscoverIp = "discover_ip",
+    }
+);
 
 impl Step {
-    pub const ALL: [Step; 6] = [
-        Step::PickNode,
-        Step::PrepareImage,
-        Step::CreateVm,
-        Step::ConfigureVm,
-        Step::StartVm,
-        Step::DiscoverIp,
-    ];
-
-    pub fn name(self) -> &'static str {
-        // In the order the steps are declared.
-        [
-            "pick_node",
-            "prepare_image",
-            "create_vm",
-            "configure_vm",
-            "start_vm",
-            "discover_ip",
-        ][self as usize]
-    }
-
     /// 1-based position, for "step 3/6".
     pub fn number(self) -> usize {
         self as usize + 1
@@ -93,7 +72,7 @@ impl Step {
     /// `prepare_image` at the latest, which is cheap and fills our own fields (the full ISO volume ID)
     /// from its bare ones; `syncVM` then finds its VM by the recorded VMID.
     pub fn resume_index(last_done: &str, annotation: Option<&str>, state: &MachineState) -> usize {
-        let ours = Self::ALL.iter().position(|s| s.name() == last_done);
+        let ours = Self::ALL.iter().position(|s| s.as_str() == last_done);
         let Some(annotation) = annotation else {
             return ours.map_or(0, |i| i + 1);
         };
@@ -143,12 +122,6 @@ pub const GO_STEPS: [(&str, Step); 8] = [
     ("registerHA", Step::StartVm),
     ("syncHARules", Step::StartVm),
 ];
-
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// What a step asks the controller to do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,7 +191,7 @@ mod tests {
         adopted.vmid = VmId::new(150).ok();
         for st in [MachineState::default(), iso, adopted] {
             for step in Step::ALL {
-                assert!(every_release.contains(&step.go_name(&st)), "{step}");
+                assert!(every_release.contains(&step.go_name(&st)), "{step:?}");
             }
         }
         for (name, _) in GO_STEPS {

@@ -56,7 +56,7 @@ async fn a_vm_still_being_created_is_waited_for_not_left_behind() {
 
     let (result, _) = run(&pve, &target).await;
     let err = result.unwrap_err();
-    assert!(err.is_transient(), "{err}");
+    assert!(retried_alone(&err), "{err}");
     assert!(err.to_string().contains("create"), "{err}");
     assert_ne!(fake.vm(152), Value::Null, "left for the create to finish");
 
@@ -85,7 +85,7 @@ async fn vm_listed_without_name_on_an_offline_node_is_waited_for() {
 
     let (result, _) = run(&pve, &target).await;
     let err = result.unwrap_err();
-    assert!(err.is_transient(), "{err}");
+    assert!(retried_alone(&err), "{err}");
     assert!(err.to_string().contains("pve3"), "{err}");
     assert_ne!(fake.vm(151), Value::Null);
 
@@ -304,9 +304,7 @@ async fn an_unconfigured_clone_is_deleted() {
         recorded_node: Some(node("pve1")),
         smbios_uuid: Some("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee".into()),
         seed_iso_volume: None,
-        seed_iso_node: None,
-        default_pool: None,
-        official_pool: None,
+        set_pool: None,
     };
     let (result, _) = run(&pve, &target).await;
     assert!(
@@ -339,7 +337,7 @@ async fn a_hibernated_vm_is_destroyed_and_a_backup_is_waited_for() {
     fake.control(json!({"op": "set_vm", "vmid": 154, "lock": "backup"}));
     let (result, _) = run(&pve, &backed_up).await;
     let err = result.unwrap_err();
-    assert!(err.is_transient(), "{err}");
+    assert!(retried_alone(&err), "{err}");
     assert!(err.to_string().contains("locked (backup)"), "{err}");
     assert_ne!(fake.vm(154), Value::Null);
 }

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::cli::orphans;
+use omni_infra_provider_proxmox::controller::error_policy::{ErrorKind, deprovision_kind};
 use omni_infra_provider_proxmox::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, deprovision_reporting,
 };
@@ -47,6 +48,13 @@ impl Progress {
     fn lines(&self) -> Vec<String> {
         self.0.lock().unwrap().clone()
     }
+}
+
+/// Whether the controller retries `err` by itself: the error policy's word on it.
+fn retried_alone(
+    err: &omni_infra_provider_proxmox::pipeline::deprovision::DeprovisionError,
+) -> bool {
+    deprovision_kind(err) != ErrorKind::NeedsHuman
 }
 
 async fn run(
@@ -128,10 +136,8 @@ async fn provision(
         vmid: Some(vmid(id)),
         recorded_node: Some(node(on)),
         smbios_uuid: Some(uuid.to_string()),
-        seed_iso_volume: Some(seed_volume),
-        seed_iso_node: Some(node(on)),
-        default_pool: None,
-        official_pool: None,
+        seed_iso_volume: IsoVolume::parse(&seed_volume).ok(),
+        set_pool: None,
     }
 }
 
@@ -358,9 +364,7 @@ async fn nothing_recorded_and_crash_before_recording() {
         recorded_node: None,
         smbios_uuid: None,
         seed_iso_volume: None,
-        seed_iso_node: None,
-        default_pool: None,
-        official_pool: None,
+        set_pool: None,
     };
     let (result, _) = run(&pve, &never).await;
     assert_eq!(result.unwrap(), DeprovisionOutcome::NothingRecorded);
@@ -392,7 +396,7 @@ async fn nothing_recorded_and_crash_before_recording() {
     };
     let (result, _) = run(&pve, &twice).await;
     let err = result.unwrap_err();
-    assert!(!err.is_transient());
+    assert!(!retried_alone(&err));
     assert!(err.to_string().contains("127, 128"), "{err}");
     assert_ne!(fake.vm(127), Value::Null);
     assert_ne!(fake.vm(128), Value::Null);
@@ -416,9 +420,7 @@ async fn official_provider_vm_is_deleted_through_its_recorded_vmid() {
         recorded_node: Some(node("pve2")),
         smbios_uuid: Some("6f1c3b9e-2a4d-4e8f-9c0b-1d2e3f4a5b6c".into()),
         seed_iso_volume: None,
-        seed_iso_node: None,
-        default_pool: None,
-        official_pool: None,
+        set_pool: None,
     };
     // Without the recorded VMID it is not found (no provider tag) and not touched.
     let unrecorded = DeprovisionTarget {
@@ -449,7 +451,7 @@ async fn offline_node_is_a_transient_error_until_it_is_back() {
 
     let (result, _) = run(&pve, &target).await;
     let err = result.unwrap_err();
-    assert!(err.is_transient(), "{err}");
+    assert!(retried_alone(&err), "{err}");
     let text = err.to_string();
     assert!(
         text.contains("pve3") && text.contains("131") && text.contains("may still exist"),
@@ -543,7 +545,7 @@ async fn orphans_are_listed_and_deleted_and_live_ones_kept() {
     assert_eq!(vm_ids, [141], "{found:?}");
     assert_eq!(
         found.vms[0].seed_isos,
-        [dead.seed_iso_volume.clone().unwrap()]
+        [dead.seed_iso_volume.as_ref().unwrap().to_string()]
     );
     // fakepve's `local` is one store seen from every node; on real PVE each node has its own.
     let isos: BTreeSet<&str> = found.seed_isos.iter().map(|i| i.volume.as_str()).collect();

@@ -1,26 +1,23 @@
 //! Shutting a VM down and destroying it with its disks, once it is known to be ours.
 
 use super::error::Action;
-use super::{DeprovisionError, DeprovisionOptions, DeprovisionOutcome, node_offline};
+use super::{DeprovisionError, DeprovisionOutcome, Run, node_offline};
 use crate::model::Listing;
 use crate::model::identity;
+use crate::proxmox::ProxmoxError;
 use crate::proxmox::ha::vm_sid;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
 use crate::proxmox::vms::DeleteRequest;
-use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::rules_to_delete;
 
 /// Shutdown (if running), destroy. The VM is known to be ours.
 pub(super) async fn destroy(
-    pve: &ProxmoxClient,
-    view: &Listing,
+    run: &Run<'_>,
     vm: &VmResource,
-    options: &DeprovisionOptions,
-    progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
     let (node, vmid) = (vm.node.clone(), vm.vmid);
-    if !view.node_online(&node) {
-        return Err(node_offline(view, vm));
+    if !run.view.node_online(&node) {
+        return Err(node_offline(run.view, vm));
     }
     if let Some(lock) = vm.lock.as_deref().filter(|l| blocks_destroy(l)) {
         return Err(DeprovisionError::Locked {
@@ -30,23 +27,23 @@ pub(super) async fn destroy(
         });
     }
     if vm.hastate.is_some() {
-        leave_ha(pve, view, vm, options, progress).await?;
+        leave_ha(run, vm).await?;
     }
     if vm.status.as_deref() != Some("stopped")
-        && let Some(gone) = shut_down(pve, &node, vmid, options, progress).await?
+        && let Some(gone) = shut_down(run, &node, vmid).await?
     {
         return Ok(gone);
     }
-    match destroy_tolerating_offline_storage(pve, &node, vmid, options, progress).await {
+    match destroy_tolerating_offline_storage(run, &node, vmid).await {
         // The listing's status is what pvestatd reported up to ~10 s ago (or the HA manager started
         // the VM again meanwhile): qemu-server refuses to destroy a running VM, so shut it down and
         // destroy again, once.
         Err(DeprovisionError::Proxmox { source, .. }) if refused_as_running(&source) => {
             tracing::info!(%vmid, %node, "destroy refused: the VM is running after all; shutting it down first");
-            if let Some(gone) = shut_down(pve, &node, vmid, options, progress).await? {
+            if let Some(gone) = shut_down(run, &node, vmid).await? {
                 return Ok(gone);
             }
-            destroy_tolerating_offline_storage(pve, &node, vmid, options, progress).await
+            destroy_tolerating_offline_storage(run, &node, vmid).await
         }
         other => other,
     }
@@ -69,19 +66,13 @@ fn blocks_destroy(lock: &str) -> bool {
 ///
 /// Under the process's HA-rules lock ([`DeprovisionOptions::ha_rules_lock`]), as rules are joined:
 /// a machine of the set joining the rule between the read and the delete would be left outside any.
-async fn leave_ha(
-    pve: &ProxmoxClient,
-    view: &Listing,
-    vm: &VmResource,
-    options: &DeprovisionOptions,
-    progress: &(dyn Fn(&str) + Send + Sync),
-) -> Result<(), DeprovisionError> {
-    let (node, vmid) = (vm.node.clone(), vm.vmid);
+async fn leave_ha(run: &Run<'_>, vm: &VmResource) -> Result<(), DeprovisionError> {
+    let (pve, view, node, vmid) = (run.pve, run.view, vm.node.clone(), vm.vmid);
     let fail = |source| DeprovisionError::proxmox(Action::RemoveFromHa, &node, vmid)(source);
-    progress(&format!(
+    (run.progress)(&format!(
         "taking VM {vmid} out of Proxmox HA and its HA rules"
     ));
-    let _rules_held = match &options.ha_rules_lock {
+    let _rules_held = match &run.options.ha_rules_lock {
         Some(lock) => Some(lock.lock().await),
         None => None,
     };
@@ -137,37 +128,17 @@ async fn leave_ha(
 /// storage anywhere is down. The second call destroys the VM (its referenced disks are already
 /// gone); a leftover on the offline storage is logged.
 async fn destroy_tolerating_offline_storage(
-    pve: &ProxmoxClient,
+    run: &Run<'_>,
     node: &NodeName,
     vmid: VmId,
-    options: &DeprovisionOptions,
-    progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
-    match destroy_once(pve, node, vmid, true, options, progress).await {
-        Err(DeprovisionError::Proxmox { source, .. }) if storage_offline(&source) => {
+    match destroy_once(run, node, vmid, true).await {
+        Err(DeprovisionError::Proxmox { source, .. }) if source.is_storage_offline() => {
             tracing::warn!(%vmid, %node, error = %source,
                 "destroy with the search for unreferenced disks failed on an offline storage; destroying without it (a disk of this VM on that storage may be left behind)");
-            destroy_once(pve, node, vmid, false, options, progress).await
+            destroy_once(run, node, vmid, false).await
         }
         other => other,
-    }
-}
-
-/// A task or answer saying a storage is not online (pve-storage's `activate_storage`).
-fn storage_offline(e: &ProxmoxError) -> bool {
-    let said = answer(e);
-    said.contains("storage '") && said.contains("is not online")
-}
-
-/// Proxmox's answer, or a failed task's exit status; empty for any other error.
-fn answer(e: &ProxmoxError) -> &str {
-    match e {
-        ProxmoxError::Api { message, .. }
-        | ProxmoxError::TaskFailed {
-            exit_status: message,
-            ..
-        } => message,
-        _ => "",
     }
 }
 
@@ -179,12 +150,11 @@ fn answer(e: &ProxmoxError) -> &str {
 /// then refuses a running VM. So on a `hastop` task the VM leaves HA (it keeps running; the destroy's
 /// `purge` would have removed the resource anyway) and is shut down for real.
 async fn shut_down(
-    pve: &ProxmoxClient,
+    run: &Run<'_>,
     node: &NodeName,
     vmid: VmId,
-    options: &DeprovisionOptions,
-    progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<Option<DeprovisionOutcome>, DeprovisionError> {
+    let (pve, options, progress) = (run.pve, run.options, run.progress);
     let fail = |action, source| DeprovisionError::proxmox(action, node, vmid)(source);
     let secs = u32::try_from(options.shutdown_timeout.as_secs()).unwrap_or(u32::MAX);
     progress(&format!(
@@ -232,20 +202,19 @@ async fn shut_down(
 
 /// One destroy call, with its disks, waited for.
 async fn destroy_once(
-    pve: &ProxmoxClient,
+    run: &Run<'_>,
     node: &NodeName,
     vmid: VmId,
     destroy_unreferenced_disks: bool,
-    options: &DeprovisionOptions,
-    progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
-    progress(&format!("destroying VM {vmid} on {node} with its disks"));
+    (run.progress)(&format!("destroying VM {vmid} on {node} with its disks"));
     let request = DeleteRequest {
         purge: true,
         destroy_unreferenced_disks,
     };
+    let pve = run.pve;
     let destroyed = pve
-        .run_task(pve.delete_vm(node, vmid, request), options.task_timeout)
+        .run_task(pve.delete_vm(node, vmid, request), run.options.task_timeout)
         .await;
     match destroyed {
         Ok(_) => Ok(DeprovisionOutcome::Deleted {
@@ -262,7 +231,15 @@ async fn destroy_once(
 /// qemu-server src/PVE/API2/Qemu.pm, `destroy_vm`'s early check: "VM <id> is running - destroy
 /// failed".
 fn refused_as_running(e: &ProxmoxError) -> bool {
-    answer(e).contains("is running - destroy failed")
+    let (ProxmoxError::Api { message, .. }
+    | ProxmoxError::TaskFailed {
+        exit_status: message,
+        ..
+    }) = e
+    else {
+        return false;
+    };
+    message.contains("is running - destroy failed")
 }
 
 /// A destroy task that failed because the VM vanished meanwhile.

@@ -1,7 +1,5 @@
 //! What can stop a deprovision, worded for the status text, and whether a retry can help.
 
-use std::fmt;
-
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::types::{NodeName, NodeState, VmId};
 
@@ -42,7 +40,7 @@ pub enum DeprovisionError {
         vmids: Vec<VmId>,
     },
 
-    #[error("cannot {action} VM {vmid} on {node}: {source}{}", retry_hint(source))]
+    #[error("cannot {} VM {vmid} on {node}: {source}{}", action.as_str(), retry_hint(source))]
     Proxmox {
         action: Action,
         vmid: VmId,
@@ -86,43 +84,18 @@ impl DeprovisionError {
             source,
         }
     }
+}
 
-    /// Worth retrying as is (node offline, network, lock, task still running); the rest needs a
-    /// human (permissions, Proxmox refusing) but is still safe to retry.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            Self::NodeOffline { .. } | Self::Locked { .. } | Self::SeedIsoNodeOffline { .. } => {
-                true
-            }
-            Self::Ambiguous { .. } => false,
-            Self::Listing { source, .. }
-            | Self::Proxmox { source, .. }
-            | Self::SeedIso { source, .. } => source.is_transient(),
-        }
+crate::proxmox::property::str_enum!(
+    /// The step a [`DeprovisionError::Proxmox`] failed at, as its text names it.
+    Action {
+        ReadConfig = "read the config of",
+        ShutDown = "shut down",
+        RemoveFromHa = "take out of HA",
+        Stop = "stop",
+        Destroy = "destroy",
     }
-}
-
-/// The step a [`DeprovisionError::Proxmox`] failed at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    ReadConfig,
-    ShutDown,
-    RemoveFromHa,
-    Stop,
-    Destroy,
-}
-
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::ReadConfig => "read the config of",
-            Self::ShutDown => "shut down",
-            Self::RemoveFromHa => "take out of HA",
-            Self::Stop => "stop",
-            Self::Destroy => "destroy",
-        })
-    }
-}
+);
 
 fn retry_hint(source: &ProxmoxError) -> &'static str {
     if source.is_transient() {

@@ -31,6 +31,7 @@ use crate::model::Listing;
 use crate::model::identity::{self, Claim};
 use crate::pipeline::identify::{Identified, identify};
 use crate::proxmox::ProxmoxClient;
+use crate::proxmox::property::{IsoVolume, PoolId};
 use crate::proxmox::types::{NodeName, VmId, VmResource};
 
 mod destroy;
@@ -58,15 +59,12 @@ pub struct DeprovisionTarget {
     /// The SMBIOS UUID the VM was given, checked whenever the VM's config is read.
     pub smbios_uuid: Option<String>,
     /// The NoCloud seed ISO, e.g. `local:iso/omni-seed-<request>.iso`.
-    pub seed_iso_volume: Option<String>,
-    /// The node the seed ISO was uploaded to (it matters for node-local storage).
-    pub seed_iso_node: Option<NodeName>,
-    /// The machine-request set's pool the VM was put in by default: removed when the listing shows
-    /// no other guest in it.
-    pub default_pool: Option<String>,
-    /// The pool the official provider recorded for a VM it made ([`MachineState::official_pool`]):
-    /// removed the same way, if it carries the set pools' comment.
-    pub official_pool: Option<String>,
+    /// It was uploaded to the VM's node (which matters for node-local storage).
+    pub seed_iso_volume: Option<IsoVolume>,
+    /// The machine-request set's pool the VM was put in by default, or the one the official
+    /// provider recorded for a VM it made ([`MachineState::official_pool`]): removed when the
+    /// listing shows no other guest in it and it carries the set pools' comment.
+    pub set_pool: Option<PoolId>,
 }
 
 #[derive(Debug, Clone)]
@@ -144,6 +142,15 @@ fn online_node_for(listing: &Listing, storage: &str, preferred: &[NodeName]) -> 
         .map(|s| s.node.clone())
 }
 
+/// What every part of one deprovision works with: the client, the listing it started from, the
+/// options, and where progress lines go.
+struct Run<'a> {
+    pve: &'a ProxmoxClient,
+    view: &'a Listing,
+    options: &'a DeprovisionOptions,
+    progress: &'a (dyn Fn(&str) + Send + Sync),
+}
+
 /// What to do with a VM after the ownership check.
 enum Verdict {
     Delete,
@@ -174,26 +181,26 @@ pub async fn deprovision_reporting(
             request_id: target.request_id.clone(),
             source,
         })?;
-    let outcome = deprovision_in(pve, &view, target, options, progress).await?;
+    let run = Run {
+        pve,
+        view: &view,
+        options,
+        progress,
+    };
+    let outcome = deprovision_in(&run, target).await?;
     let deleted = match &outcome {
         DeprovisionOutcome::Deleted { node, vmid } => Some((node.clone(), *vmid)),
         _ => None,
     };
     let vm_node = deleted.as_ref().map(|(node, _)| node.clone());
-    let leftover_seed_iso = delete_seed_iso(pve, &view, target, vm_node, options, progress)
-        .await
-        .err();
+    let leftover_seed_iso = delete_seed_iso(&run, target, vm_node).await.err();
     if let Some(e) = &leftover_seed_iso {
         tracing::warn!(request = %target.request_id, error = %e,
             "seed ISO left behind; the teardown goes on (`orphans` lists it, `orphans --delete` removes it)");
         progress(&format!("{e}; left for the `orphans` command"));
     }
     let mut leftover_pool = false;
-    let set_pool = target
-        .default_pool
-        .as_ref()
-        .or(target.official_pool.as_ref());
-    if let Some(pool) = set_pool {
+    if let Some(pool) = target.set_pool.as_ref().map(PoolId::as_str) {
         let ask = pool_may_be_empty(
             &view,
             pool,
@@ -292,23 +299,21 @@ async fn remove_pool_if_ours(pve: &ProxmoxClient, pool: &str, request_id: &str) 
 
 /// The VM part, against a listing already made.
 async fn deprovision_in(
-    pve: &ProxmoxClient,
-    view: &Listing,
+    run: &Run<'_>,
     target: &DeprovisionTarget,
-    options: &DeprovisionOptions,
-    progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
+    let view = run.view;
     let claim = Claim {
         request_id: &target.request_id,
         provider_id: &target.provider_id,
-        recorded_vmid: target.vmid.filter(|_| options.accept_legacy),
+        recorded_vmid: target.vmid.filter(|_| run.options.accept_legacy),
         smbios_uuid: target.smbios_uuid.as_deref(),
     };
     let mut foreign: Option<(VmId, String)> = None;
     if let Some(id) = target.vmid {
         if let Some(vm) = view.vm(id) {
-            match verdict(pve, view, vm, &claim).await? {
-                Verdict::Delete => return destroy(pve, view, vm, options, progress).await,
+            match verdict(run, vm, &claim).await? {
+                Verdict::Delete => return destroy(run, vm).await,
                 Verdict::Gone => return Ok(DeprovisionOutcome::AlreadyGone),
                 Verdict::NotOurs(reason) => foreign = Some((id, reason)),
             }
@@ -325,8 +330,8 @@ async fn deprovision_in(
         .collect();
     match candidates.as_slice() {
         [] => {}
-        [vm] => match verdict(pve, view, vm, &claim).await? {
-            Verdict::Delete => return destroy(pve, view, vm, options, progress).await,
+        [vm] => match verdict(run, vm, &claim).await? {
+            Verdict::Delete => return destroy(run, vm).await,
             Verdict::Gone => {}
             Verdict::NotOurs(reason) => {
                 tracing::warn!(request = %target.request_id, vmid = %vm.vmid, %reason,
@@ -359,24 +364,24 @@ fn node_offline(view: &Listing, vm: &VmResource) -> DeprovisionError {
 /// Whether `vm` is the request's, by `model::identity` (the rule adoption uses too). A VM whose
 /// node is away or that is locked mid-create cannot be ruled out: an error, so the teardown waits.
 async fn verdict(
-    pve: &ProxmoxClient,
-    view: &Listing,
+    run: &Run<'_>,
     vm: &VmResource,
     claim: &Claim<'_>,
 ) -> Result<Verdict, DeprovisionError> {
-    let online = view.node_online(&vm.node);
-    let identified = identify(pve, online, vm, claim)
-        .await
-        .map_err(DeprovisionError::proxmox(
-            Action::ReadConfig,
-            &vm.node,
-            vm.vmid,
-        ))?;
+    let online = run.view.node_online(&vm.node);
+    let identified =
+        identify(run.pve, online, vm, claim)
+            .await
+            .map_err(DeprovisionError::proxmox(
+                Action::ReadConfig,
+                &vm.node,
+                vm.vmid,
+            ))?;
     match identified {
         Identified::Ours => Ok(Verdict::Delete),
         Identified::NotOurs(reason) => Ok(Verdict::NotOurs(reason)),
         Identified::Gone => Ok(Verdict::Gone),
-        Identified::NodeAway => Err(node_offline(view, vm)),
+        Identified::NodeAway => Err(node_offline(run.view, vm)),
         Identified::Locked(lock) => Err(DeprovisionError::Locked {
             node: vm.node.clone(),
             vmid: vm.vmid,

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::model::identity;
 use crate::proxmox::property::IsoVolume;
-use crate::proxmox::types::{NodeName, StorageVolume, VmConfig, VmId, VmResource};
+use crate::proxmox::types::{NodeName, VmConfig, VmId, VmResource};
 use crate::rules::cloud_init::seed_iso_file_name;
 
 /// A VM with our provider tag whose MachineRequest no longer exists.
@@ -22,7 +22,8 @@ pub struct OrphanVm {
     pub seed_isos: Vec<String>,
 }
 
-/// A seed ISO no VM uses and no live request will use.
+/// A seed ISO no VM uses and no live request will use (what [`find_orphans`] is given are the ISO
+/// volumes found in the storages, in the same shape).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OrphanIso {
     pub volume: String,
@@ -39,14 +40,6 @@ pub struct Orphans {
     /// What the search could not look at (offline nodes, unreadable storages): orphans there are
     /// not listed.
     pub problems: Vec<String>,
-}
-
-/// An ISO volume as found in a storage's content, with where it was found.
-#[derive(Debug, Clone)]
-pub struct FoundIso {
-    pub node: NodeName,
-    pub storage: String,
-    pub volume: StorageVolume,
 }
 
 /// The ISO volumes a VM config uses (CD-ROM drives: `ide2: local:iso/x.iso,media=cdrom`).
@@ -80,7 +73,7 @@ pub fn find_orphans(
     vms: &[VmResource],
     live_requests: &BTreeSet<String>,
     provider_id: &str,
-    isos: &[FoundIso],
+    isos: &[OrphanIso],
     used_isos: &BTreeMap<VmId, Vec<String>>,
 ) -> Orphans {
     let mut orphans = Orphans::default();
@@ -130,7 +123,7 @@ pub fn find_orphans(
     let used: BTreeSet<&str> = used_isos.values().flatten().map(String::as_str).collect();
     let mut seen = BTreeSet::new();
     for found in isos {
-        let volume = found.volume.volid.as_str();
+        let volume = found.volume.as_str();
         if !is_seed_iso(volume) || used.contains(volume) {
             continue;
         }
@@ -142,12 +135,7 @@ pub fn find_orphans(
         if !seen.insert((found.node.clone(), volume.to_owned())) {
             continue;
         }
-        orphans.seed_isos.push(OrphanIso {
-            volume: volume.to_owned(),
-            storage: found.storage.clone(),
-            node: found.node.clone(),
-            size: found.volume.size,
-        });
+        orphans.seed_isos.push(found.clone());
     }
     orphans
 }

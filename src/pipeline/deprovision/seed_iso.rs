@@ -2,41 +2,25 @@
 
 use super::destroy::task_says_gone;
 use super::error::state_word;
-use super::{DeprovisionError, DeprovisionOptions, DeprovisionTarget};
-use crate::model::Listing;
-use crate::proxmox::property::IsoVolume;
+use super::{DeprovisionError, DeprovisionTarget, Run};
+use crate::proxmox::ProxmoxError;
 use crate::proxmox::types::NodeName;
-use crate::proxmox::{ProxmoxClient, ProxmoxError};
 
-/// Deletes the recorded seed ISO, from the first online node among the recorded seed node, the
-/// recorded VM node and the node the VM was deleted on (or any node, for shared storage).
+/// Deletes the recorded seed ISO, from the first online node among the recorded node (where the seed
+/// was uploaded) and the node the VM was deleted on (or any node, for shared storage).
 pub(super) async fn delete_seed_iso(
-    pve: &ProxmoxClient,
-    view: &Listing,
+    run: &Run<'_>,
     target: &DeprovisionTarget,
     vm_node: Option<NodeName>,
-    options: &DeprovisionOptions,
-    progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<(), DeprovisionError> {
-    let Some(volume) = target.seed_iso_volume.as_deref().filter(|v| !v.is_empty()) else {
+    let (pve, view, options) = (run.pve, run.view, run.options);
+    let Some(iso) = &target.seed_iso_volume else {
         return Ok(());
     };
-    let Ok(iso) = IsoVolume::parse(volume) else {
-        // We never record such a volume; nothing we could delete safely.
-        tracing::warn!(request = %target.request_id, %volume, "recorded seed ISO is not an ISO volume ID; skipping it");
-        return Ok(());
-    };
-    let storage = iso.storage.to_string();
-    let mut preferred: Vec<NodeName> = Vec::new();
-    let candidates = [
-        target.seed_iso_node.clone(),
-        target.recorded_node.clone(),
-        vm_node,
-    ];
-    for n in candidates.into_iter().flatten() {
-        if !preferred.contains(&n) {
-            preferred.push(n);
-        }
+    let (volume, storage) = (&iso.to_string(), iso.storage.to_string());
+    let mut preferred: Vec<NodeName> = target.recorded_node.iter().cloned().collect();
+    if let Some(n) = vm_node.filter(|n| !preferred.contains(n)) {
+        preferred.push(n);
     }
     let Some(node) = super::online_node_for(view, &storage, &preferred) else {
         if let Some(n) = preferred.iter().find(|n| view.node_state(n).is_some()) {
@@ -51,7 +35,7 @@ pub(super) async fn delete_seed_iso(
             "no node that could hold the seed ISO is in the cluster; skipping it");
         return Ok(());
     };
-    progress(&format!("deleting seed ISO {volume} on {node}"));
+    (run.progress)(&format!("deleting seed ISO {volume} on {node}"));
     let fail = |source| DeprovisionError::SeedIso {
         volume: volume.to_owned(),
         node: node.clone(),

@@ -15,7 +15,7 @@ mod vmids;
 
 pub use ip::IpLedgers;
 pub use placements::Placements;
-pub use releases::{RELEASED_KEPT_FOR, Releases};
+pub use releases::Releases;
 pub use vmids::Vmids;
 
 /// The ledgers of one process. Lost at a restart by design: each entry is either visible in
