@@ -7,9 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::client::{Params, Pool, ProxmoxClient};
 use super::error::ProxmoxError;
 use super::listing::Listing;
-use super::types::{
-    ClusterResource, NextIdRange, NodeStatus, ResourceKind, Version, VmId, lenient,
-};
+use super::types::{ClusterResource, NextIdRange, Version, VmId, lenient};
 
 impl ProxmoxClient {
     /// `GET /version`: cheap, and needs valid credentials: the health check.
@@ -29,33 +27,11 @@ impl ProxmoxClient {
         }
     }
 
-    /// `GET /nodes`.
-    pub async fn nodes(&self) -> Result<Vec<NodeStatus>, ProxmoxError> {
-        self.get(&["nodes"], Params::new()).await
-    }
-
-    /// `GET /cluster/resources[?type=…]`.
-    ///
-    /// The full listing (no `type`) is shared by callers that ask while one is being read: each
-    /// gets a listing whose request was sent after it asked (as fresh as one of its own), but a
-    /// hundred requests placing or tearing down machines at once cause one or two listings, not a
-    /// hundred. On a cluster of a thousand guests each listing is a few hundred KiB to send, parse
-    /// and hold; Proxmox builds each from every node's status.
-    pub async fn cluster_resources(
-        &self,
-        kind: Option<ResourceKind>,
-    ) -> Result<Vec<ClusterResource>, ProxmoxError> {
-        if kind.is_some() {
-            let params = Params::new().with_opt("type", kind.map(ResourceKind::as_str));
-            return self
-                .get_over(Pool::Large, &["cluster", "resources"], params)
-                .await;
-        }
-        Ok(self.cluster_listing().await?.to_vec())
-    }
-
-    /// The full `/cluster/resources` listing, shared as [`ProxmoxClient::cluster_resources`]
-    /// describes, without a copy of its own: many requests in flight may each hold one.
+    /// `GET /cluster/resources`, shared by callers that ask while one is being read: each gets a
+    /// listing whose request was sent after it asked (as fresh as one of its own), but a hundred
+    /// requests placing or tearing down machines at once cause one or two listings, not a hundred.
+    /// On a cluster of a thousand guests each listing is a few hundred KiB to send, parse and hold
+    /// (Proxmox builds each from every node's status), so callers share it rather than copy it.
     pub async fn cluster_listing(&self) -> Result<Listing, ProxmoxError> {
         self.cluster_listing_within(std::time::Duration::ZERO).await
     }
@@ -91,7 +67,12 @@ impl ProxmoxClient {
 
     /// The guests `/cluster/resources` lists (`type=vm`: VMs and containers), VMs only.
     pub async fn vms(&self) -> Result<Vec<super::types::VmResource>, ProxmoxError> {
-        let listing: Listing = self.cluster_resources(Some(ResourceKind::Vm)).await?.into();
+        let params = Params::new().with("type", "vm");
+        let path = ["cluster", "resources"];
+        let listing: Listing = self
+            .get_over(Pool::Large, &path, params)
+            .await
+            .map(Vec::into)?;
         Ok(listing.vms().cloned().collect())
     }
 

@@ -68,48 +68,13 @@ impl ProxmoxClient {
         storage: &str,
         content: &str,
         file_name: &str,
-        bytes: Vec<u8>,
-    ) -> Result<Upid, ProxmoxError> {
-        self.upload_to(
-            node,
-            storage,
-            content,
-            file_name,
-            UploadContent::Bytes(bytes),
-        )
-        .await
-    }
-
-    /// `POST /nodes/{node}/storage/{storage}/upload` (multipart) with a body that streams in as it
-    /// is sent: returns the import task.
-    pub async fn upload_streamed(
-        &self,
-        node: &NodeName,
-        storage: &str,
-        content: &str,
-        file_name: &str,
-        body: reqwest::Body,
-        length: u64,
-    ) -> Result<Upid, ProxmoxError> {
-        let body = std::sync::Mutex::new(Some(body));
-        let stream = UploadContent::Stream { body, length };
-        self.upload_to(node, storage, content, file_name, stream)
-            .await
-    }
-
-    async fn upload_to(
-        &self,
-        node: &NodeName,
-        storage: &str,
-        content: &str,
-        file_name: &str,
-        upload: UploadContent,
+        body: impl Into<UploadContent>,
     ) -> Result<Upid, ProxmoxError> {
         check_storage(storage)?;
         let upload = Upload {
-            fields: vec![("content".into(), content.into())],
+            content: content.into(),
             file_name: file_name.into(),
-            content: upload,
+            body: body.into(),
         };
         let path = ["nodes", node.as_str(), "storage", storage, "upload"];
         self.upload(&path, &upload).await

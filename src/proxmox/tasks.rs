@@ -13,6 +13,8 @@
 //!   where Proxmox says *why*.
 //! - Transient errors while polling do not fail the wait: the task keeps running on Proxmox anyway.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::client::{Params, ProxmoxClient};
@@ -74,7 +76,12 @@ impl ProxmoxClient {
     ) -> Result<TaskOutcome, ProxmoxError> {
         let started = Instant::now();
         let kind = (upid.node().to_string(), upid.task_type().to_owned());
-        let expected = self.inner.task_times.expected(&kind);
+        let times = &self.inner.task_times;
+        let expected = times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&kind)
+            .copied();
         let mut polls = 0;
         let mut last_running = Duration::ZERO;
         tokio::time::sleep(poll_delay(expected, 0).min(timeout)).await;
@@ -83,9 +90,7 @@ impl ProxmoxClient {
             match self.task_status(upid).await {
                 Ok(status) if !status.is_running() => {
                     // It ended between the last poll that saw it running and this one.
-                    self.inner
-                        .task_times
-                        .record(kind, (last_running + asked) / 2);
+                    record(times, kind, (last_running + asked) / 2);
                     let exit_status = status.exitstatus.unwrap_or_else(|| "unknown".into());
                     return self.finish(upid, exit_status).await;
                 }
@@ -124,6 +129,19 @@ impl ProxmoxClient {
             exit_status,
         })
     }
+}
+
+/// Adds a task that took `took` to the moving average of its kind, so a node that got slower (or
+/// a storage that filled up) moves it within a few tasks.
+fn record(
+    times: &Mutex<HashMap<(String, String), Duration>>,
+    kind: (String, String),
+    took: Duration,
+) {
+    let mut times = times.lock().unwrap_or_else(|p| p.into_inner());
+    let before = times.get(&kind).copied();
+    let average = before.map_or(took, |before| before.mul_f64(0.7) + took.mul_f64(0.3));
+    times.insert(kind, average);
 }
 
 /// How long to wait before poll number `polls + 1` (before the first: `polls` = 0) of a task whose
@@ -182,6 +200,26 @@ mod tests {
             }
         }
         sent
+    }
+
+    #[test]
+    fn task_times_follow_the_recent_durations_by_node_and_type() {
+        let times: Mutex<HashMap<_, _>> = Mutex::default();
+        let expected = |kind: &(String, String)| times.lock().unwrap().get(kind).copied();
+        let create = ("pve1".to_string(), "qmcreate".to_string());
+        assert_eq!(expected(&create), None);
+        record(&times, create.clone(), Duration::from_secs(2));
+        assert_eq!(expected(&create), Some(Duration::from_secs(2)));
+        for _ in 0..10 {
+            record(&times, create.clone(), Duration::from_secs(1));
+        }
+        let now = expected(&create).unwrap();
+        assert!(now < Duration::from_millis(1100), "{now:?}");
+        assert_eq!(
+            expected(&("pve2".to_string(), "qmcreate".to_string())),
+            None,
+            "another node's figure is its own"
+        );
     }
 
     #[test]

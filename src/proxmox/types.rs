@@ -134,11 +134,6 @@ pub enum NodeState {
     Unknown,
 }
 
-/// One entry of `GET /nodes`: a node as `/cluster/resources` lists it (pve-manager
-/// PVE/API2/Nodes.pm `index` and PVE/API2/Cluster.pm `resources` both build it with
-/// PVE/API2Tools.pm `extract_node_stats`).
-pub type NodeStatus = NodeResource;
-
 /// `GET /cluster/resources`: one call that describes the whole cluster (nodes, guests, storages).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type")]
@@ -155,15 +150,6 @@ pub enum ClusterResource {
     #[serde(other)]
     Other,
 }
-
-super::property::str_enum!(
-    /// The kinds `/cluster/resources` can be filtered to.
-    ResourceKind {
-        Vm = "vm",
-        Node = "node",
-        Storage = "storage",
-    }
-);
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct VmResource {
@@ -294,26 +280,6 @@ pub struct StorageVolume {
     pub size: Option<u64>,
 }
 
-/// `GET /nodes/{node}/qemu/{vmid}/status/current`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct VmStatus {
-    pub status: String,
-    pub qmpstatus: Option<String>,
-    pub name: Option<String>,
-    pub lock: Option<String>,
-    pub tags: Option<String>,
-    #[serde(default, deserialize_with = "lenient::bool")]
-    pub template: bool,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub uptime: Option<u64>,
-}
-
-impl VmStatus {
-    pub fn is_running(&self) -> bool {
-        self.status == "running"
-    }
-}
-
 /// A VM's configuration as `GET …/config` returns it. Values stay as JSON because Proxmox mixes numbers
 /// and strings; [`VmConfig::get`] gives every value as the text Proxmox would show.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -327,10 +293,6 @@ impl VmConfig {
             serde_json::Value::Null => None,
             other => Some(other.to_string()),
         }
-    }
-
-    pub fn digest(&self) -> Option<String> {
-        self.get("digest")
     }
 }
 

@@ -7,38 +7,7 @@ use reqwest::Method;
 
 use super::client::{DELETE, GET, POST, PUT, Params, ProxmoxClient, Replay};
 use super::error::ProxmoxError;
-use super::types::{AgentInterfaces, NodeName, Upid, VmConfig, VmId, VmStatus};
-
-#[derive(Debug, Clone)]
-pub struct CloneRequest {
-    pub new_id: VmId,
-    pub name: Option<String>,
-    /// Node the clone lands on; the task runs on the template's node.
-    pub target: Option<NodeName>,
-    /// Full copy (true) or linked clone of a template (false).
-    pub full: bool,
-    /// Storage for a full clone's disks.
-    pub storage: Option<String>,
-    pub pool: Option<String>,
-    pub description: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct DeleteRequest {
-    /// Also remove the VMID from backup jobs, replication, HA and pools.
-    pub purge: bool,
-    /// Also destroy disks that belong to the VMID but are not in its config.
-    pub destroy_unreferenced_disks: bool,
-}
-
-impl Default for DeleteRequest {
-    fn default() -> Self {
-        Self {
-            purge: true,
-            destroy_unreferenced_disks: true,
-        }
-    }
-}
+use super::types::{AgentInterfaces, NodeName, Upid, VmConfig, VmId};
 
 impl ProxmoxClient {
     /// `POST /nodes/{node}/qemu`: all options in one call. Returns the create task.
@@ -53,25 +22,8 @@ impl ProxmoxClient {
         self.send(POST, &path, params, Replay::OnlyIfUnsent).await
     }
 
-    /// `POST /nodes/{node}/qemu/{vmid}/clone`. Returns the clone task (it runs on `node`).
-    pub async fn clone_vm(
-        &self,
-        node: &NodeName,
-        template: VmId,
-        request: &CloneRequest,
-    ) -> Result<Upid, ProxmoxError> {
-        let params = Params::new()
-            .with("newid", request.new_id)
-            .with_opt("name", request.name.as_deref())
-            .with_opt("target", request.target.as_ref())
-            .with("full", u8::from(request.full))
-            .with_opt("storage", request.storage.as_deref())
-            .with_opt("pool", request.pool.as_deref())
-            .with_opt("description", request.description.as_deref());
-        self.clone_vm_with(node, template, params.0).await
-    }
-
-    /// The clone call with parameters rendered elsewhere (`rules::vm_config::clone_params`).
+    /// `POST /nodes/{node}/qemu/{vmid}/clone` with parameters rendered by
+    /// `rules::vm_config::clone_params`. Returns the clone task (it runs on `node`).
     pub async fn clone_vm_with(
         &self,
         node: &NodeName,
@@ -133,13 +85,6 @@ impl ProxmoxClient {
             .await
     }
 
-    /// `GET …/status/current`.
-    pub async fn vm_status(&self, node: &NodeName, vmid: VmId) -> Result<VmStatus, ProxmoxError> {
-        let path = ["status", "current"];
-        self.on_vm(GET, (node, vmid), &path, Params::new(), Replay::Safe)
-            .await
-    }
-
     /// `POST …/status/start`.
     pub async fn start_vm(&self, node: &NodeName, vmid: VmId) -> Result<Upid, ProxmoxError> {
         self.power(node, vmid, "start", Params::new()).await
@@ -177,19 +122,18 @@ impl ProxmoxClient {
             .await
     }
 
-    /// `DELETE /nodes/{node}/qemu/{vmid}`. Returns the destroy task.
+    /// `DELETE /nodes/{node}/qemu/{vmid}` with `purge` (the VMID leaves backup jobs, replication,
+    /// HA and pools too) and, if asked, `destroy-unreferenced-disks` (disks of the VMID that are
+    /// not in its config). Returns the destroy task.
     pub async fn delete_vm(
         &self,
         node: &NodeName,
         vmid: VmId,
-        request: DeleteRequest,
+        destroy_unreferenced_disks: bool,
     ) -> Result<Upid, ProxmoxError> {
-        let params = Params::new()
-            .with_opt("purge", request.purge.then_some(1))
-            .with_opt(
-                "destroy-unreferenced-disks",
-                request.destroy_unreferenced_disks.then_some(1),
-            );
+        let unreferenced = destroy_unreferenced_disks.then_some(1);
+        let params = Params::new().with("purge", 1);
+        let params = params.with_opt("destroy-unreferenced-disks", unreferenced);
         self.on_vm(DELETE, (node, vmid), &[], params, Replay::OnlyIfUnsent)
             .await
     }

@@ -6,7 +6,6 @@ use crate::model::Listing;
 use crate::model::identity;
 use crate::proxmox::ha::vm_sid;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
-use crate::proxmox::vms::DeleteRequest;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::rules_to_delete;
 
@@ -240,13 +239,8 @@ async fn destroy_once(
     progress: &(dyn Fn(&str) + Send + Sync),
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
     progress(&format!("destroying VM {vmid} on {node} with its disks"));
-    let request = DeleteRequest {
-        purge: true,
-        destroy_unreferenced_disks,
-    };
-    let destroyed = pve
-        .run_task(pve.delete_vm(node, vmid, request), options.task_timeout)
-        .await;
+    let delete = pve.delete_vm(node, vmid, destroy_unreferenced_disks);
+    let destroyed = pve.run_task(delete, options.task_timeout).await;
     match destroyed {
         Ok(_) => Ok(DeprovisionOutcome::Deleted {
             node: node.clone(),

@@ -14,11 +14,10 @@
 
 mod auth;
 mod error_mapping;
-mod task_times;
 mod tls;
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
@@ -29,7 +28,6 @@ use super::error::{Call, ProxmoxError};
 use crate::proxmox::settings::{ProxmoxSettings, TlsTrust};
 use auth::{Auth, Session};
 use error_mapping::{reason_phrase, status_error, transport_error};
-pub(crate) use task_times::TaskTimes;
 pub(crate) use tls::tls_config;
 
 /// A cheap-to-clone handle to one Proxmox VE API endpoint.
@@ -53,15 +51,15 @@ pub(super) struct Inner {
     base: url::Url,
     auth: Auth,
     retry: RetryPolicy,
-    requests: AtomicU64,
     observer: std::sync::OnceLock<RequestObserver>,
     /// Asked before every write; unset, every write may start.
     fence: std::sync::OnceLock<crate::fence::Fence>,
     /// The last full `/cluster/resources` listing and when its request was sent: concurrent
-    /// readers share one ([`ProxmoxClient::cluster_resources`]).
+    /// readers share one ([`ProxmoxClient::cluster_listing`]).
     pub(super) listing: tokio::sync::Mutex<Option<super::listing::Listing>>,
-    /// How long tasks took lately, by node and type ([`ProxmoxClient::wait_for_task`]).
-    pub(super) task_times: TaskTimes,
+    /// How long tasks took lately, by node and task type: a moving average that
+    /// [`ProxmoxClient::wait_for_task`] times its polls by.
+    pub(super) task_times: std::sync::Mutex<HashMap<(String, String), Duration>>,
 }
 
 /// The methods of the API, for the calls the areas make.
@@ -158,9 +156,10 @@ impl Params {
 
 /// A file sent as `multipart/form-data` (storage upload).
 pub struct Upload {
-    pub fields: Vec<(String, String)>,
+    /// The content type of the storage's directory it goes to (`iso`, `import`).
+    pub content: String,
     pub file_name: String,
-    pub content: UploadContent,
+    pub body: UploadContent,
 }
 
 pub enum UploadContent {
@@ -174,6 +173,19 @@ pub enum UploadContent {
     },
 }
 
+impl From<Vec<u8>> for UploadContent {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::Bytes(bytes)
+    }
+}
+
+impl UploadContent {
+    pub fn stream(body: reqwest::Body, length: u64) -> Self {
+        let body = std::sync::Mutex::new(Some(body));
+        Self::Stream { body, length }
+    }
+}
+
 enum Body<'a> {
     Params(&'a Params),
     Upload(&'a Upload),
@@ -181,7 +193,7 @@ enum Body<'a> {
 
 impl Body<'_> {
     fn is_stream(&self) -> bool {
-        matches!(self, Body::Upload(u) if matches!(u.content, UploadContent::Stream { .. }))
+        matches!(self, Body::Upload(u) if matches!(u.body, UploadContent::Stream { .. }))
     }
 }
 
@@ -224,7 +236,6 @@ impl ProxmoxClient {
                 base: settings.api_url.clone(),
                 auth,
                 retry,
-                requests: AtomicU64::new(0),
                 observer: std::sync::OnceLock::new(),
                 fence: std::sync::OnceLock::new(),
                 listing: tokio::sync::Mutex::new(None),
@@ -249,12 +260,8 @@ impl ProxmoxClient {
         let _ = self.inner.fence.set(fence);
     }
 
-    /// HTTP requests sent so far (logins and retries included): the benchmark's cost measure.
-    pub fn request_count(&self) -> u64 {
-        self.inner.requests.load(Ordering::Relaxed)
-    }
-
-    pub(crate) async fn get<T: DeserializeOwned>(
+    /// `GET <path>`, read into `T`.
+    pub async fn get<T: DeserializeOwned>(
         &self,
         path: &[&str],
         params: Params,
@@ -306,7 +313,7 @@ impl ProxmoxClient {
         path: &[&str],
         upload: &Upload,
     ) -> Result<T, ProxmoxError> {
-        let pool = match upload.content {
+        let pool = match upload.body {
             UploadContent::Bytes(_) => Pool::Small,
             UploadContent::Stream { .. } => Pool::Large,
         };
@@ -399,7 +406,7 @@ impl ProxmoxClient {
             }
             Body::Params(p) => req.form(&p.0),
             Body::Upload(u) => {
-                let part = match &u.content {
+                let part = match &u.body {
                     UploadContent::Bytes(bytes) => Part::bytes(bytes.clone()),
                     UploadContent::Stream { body, length } => {
                         let taken = body.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -417,10 +424,7 @@ impl ProxmoxClient {
                     .file_name(u.file_name.clone())
                     .mime_str("application/octet-stream")
                     .map_err(|e| ProxmoxError::Setup(format!("multipart: {e}")))?;
-                let form = u
-                    .fields
-                    .iter()
-                    .fold(Form::new(), |form, (k, v)| form.text(k.clone(), v.clone()));
+                let form = Form::new().text("content", u.content.clone());
                 req.multipart(form.part("filename", part))
             }
         };
@@ -433,7 +437,6 @@ impl ProxmoxClient {
         call: &Call,
     ) -> Result<T, ProxmoxError> {
         let started = Instant::now();
-        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         let response = req.send().await;
         let elapsed = started.elapsed();
         let elapsed_ms = elapsed.as_millis() as u64;
