@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use super::types::Upid;
 
+/// A result whose error, by default, is a [`ProxmoxError`].
+pub type Result<T, E = ProxmoxError> = std::result::Result<T, E>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProxmoxError {
     /// The VM, node, storage or volume does not exist (404, or PVE's 500 "does not exist" family).

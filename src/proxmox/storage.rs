@@ -1,7 +1,7 @@
 //! Storage calls: what a node can store, what is stored, and putting ISOs there.
 
 use super::client::{DELETE, POST, Params, Pool, ProxmoxClient, Replay, Upload, UploadContent};
-use super::error::ProxmoxError;
+use super::error::{ProxmoxError, Result};
 use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid};
 
 /// A file for the node to fetch itself (`download-url`), so large images never pass through us.
@@ -21,7 +21,7 @@ impl ProxmoxClient {
         &self,
         node: &NodeName,
         filter: &StorageFilter,
-    ) -> Result<Vec<NodeStorage>, ProxmoxError> {
+    ) -> Result<Vec<NodeStorage>> {
         let params = Params::new()
             .with_opt("content", filter.content.as_deref())
             .with_opt("enabled", filter.enabled_only.then_some(1));
@@ -34,7 +34,7 @@ impl ProxmoxClient {
         node: &NodeName,
         storage: &str,
         content: Option<&str>,
-    ) -> Result<Vec<StorageVolume>, ProxmoxError> {
+    ) -> Result<Vec<StorageVolume>> {
         check_storage(storage)?;
         let params = Params::new().with_opt("content", content);
         // A storage holds a seed ISO per machine: the answer grows with the cluster.
@@ -48,7 +48,7 @@ impl ProxmoxClient {
         node: &NodeName,
         storage: &str,
         request: &DownloadRequest,
-    ) -> Result<Upid, ProxmoxError> {
+    ) -> Result<Upid> {
         check_storage(storage)?;
         let (algorithm, sum) = request.checksum.clone().unzip();
         let params = Params::new()
@@ -69,7 +69,7 @@ impl ProxmoxClient {
         content: &str,
         file_name: &str,
         body: impl Into<UploadContent>,
-    ) -> Result<Upid, ProxmoxError> {
+    ) -> Result<Upid> {
         check_storage(storage)?;
         let upload = Upload {
             content: content.into(),
@@ -86,7 +86,7 @@ impl ProxmoxClient {
         node: &NodeName,
         storage: &str,
         volume_id: &str,
-    ) -> Result<Option<Upid>, ProxmoxError> {
+    ) -> Result<Option<Upid>> {
         check_storage(storage)?;
         // Retried even when the first try may have reached Proxmox (a connection reset mid-answer):
         // the second finds the file gone ("does not exist"), which every caller counts as deleted.
@@ -104,7 +104,7 @@ impl ProxmoxClient {
 }
 
 /// A storage ID goes into URL paths: checked first.
-fn check_storage(storage: &str) -> Result<(), ProxmoxError> {
+fn check_storage(storage: &str) -> Result<()> {
     let checked = super::property::StorageId::new(storage);
     checked
         .map(drop)

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::client::{Params, ProxmoxClient};
-use super::error::ProxmoxError;
+use super::error::{ProxmoxError, Result};
 use super::types::{TaskLogLine, TaskOutcome, TaskStatus, Upid};
 
 const FIRST_POLL_DELAY: Duration = Duration::from_millis(50);
@@ -33,7 +33,7 @@ const LOG_TAIL_LINES: usize = 8;
 
 impl ProxmoxClient {
     /// `GET /nodes/{node}/tasks/{upid}/status` (the node is the one in the UPID).
-    pub async fn task_status(&self, upid: &Upid) -> Result<TaskStatus, ProxmoxError> {
+    pub async fn task_status(&self, upid: &Upid) -> Result<TaskStatus> {
         let node = upid.node();
         let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "status"];
         self.get(&path, Params::new()).await
@@ -61,19 +61,15 @@ impl ProxmoxClient {
     /// decide by what the error says (gone, locked, already running), not by which half it came from.
     pub async fn run_task(
         &self,
-        call: impl Future<Output = Result<Upid, ProxmoxError>>,
+        call: impl Future<Output = Result<Upid>>,
         timeout: Duration,
-    ) -> Result<TaskOutcome, ProxmoxError> {
+    ) -> Result<TaskOutcome> {
         let upid = call.await?;
         self.wait_for_task(&upid, timeout).await
     }
 
     /// Waits until the task ends or `timeout` passes. `Ok` for `OK` and `WARNINGS: n`.
-    pub async fn wait_for_task(
-        &self,
-        upid: &Upid,
-        timeout: Duration,
-    ) -> Result<TaskOutcome, ProxmoxError> {
+    pub async fn wait_for_task(&self, upid: &Upid, timeout: Duration) -> Result<TaskOutcome> {
         let started = Instant::now();
         let kind = (upid.node().to_string(), upid.task_type().to_owned());
         let times = &self.inner.task_times;
@@ -115,7 +111,7 @@ impl ProxmoxClient {
         }
     }
 
-    async fn finish(&self, upid: &Upid, exit_status: String) -> Result<TaskOutcome, ProxmoxError> {
+    async fn finish(&self, upid: &Upid, exit_status: String) -> Result<TaskOutcome> {
         if exit_status == "OK" || exit_status.starts_with("WARNINGS") {
             if exit_status != "OK" {
                 tracing::warn!(%upid, %exit_status, "Proxmox task finished with warnings");

@@ -8,7 +8,7 @@ use reqwest::header::HeaderValue;
 use tokio::sync::{Mutex, RwLock};
 
 use super::ProxmoxClient;
-use crate::proxmox::error::{Call, ProxmoxError};
+use crate::proxmox::error::{Call, ProxmoxError, Result};
 use crate::proxmox::settings::ProxmoxAuth;
 use crate::secret::Secret;
 
@@ -54,7 +54,7 @@ const TICKET_RENEW_AFTER: Duration = Duration::from_secs(90 * 60);
 
 impl Auth {
     /// The token header is built once and marked sensitive, so no request dump can show it.
-    pub(super) fn from_settings(auth: &ProxmoxAuth) -> Result<Self, ProxmoxError> {
+    pub(super) fn from_settings(auth: &ProxmoxAuth) -> Result<Self> {
         Ok(match auth {
             ProxmoxAuth::Token { id, secret } => {
                 let header = sensitive(&format!("PVEAPIToken={id}={}", secret.expose()));
@@ -78,7 +78,7 @@ impl Auth {
 
 impl ProxmoxClient {
     /// The current ticket session, logging in (or renewing) first when needed.
-    pub(super) async fn session(&self, call: &Call) -> Result<Option<Arc<Session>>, ProxmoxError> {
+    pub(super) async fn session(&self, call: &Call) -> Result<Option<Arc<Session>>> {
         let Auth::Ticket(t) = &self.inner.auth else {
             return Ok(None);
         };
@@ -111,7 +111,7 @@ impl ProxmoxClient {
         }
     }
 
-    async fn login(&self, t: &TicketAuth, during: &Call) -> Result<Session, ProxmoxError> {
+    async fn login(&self, t: &TicketAuth, during: &Call) -> Result<Session> {
         let call = Call {
             method: "POST",
             path: "/access/ticket".into(),

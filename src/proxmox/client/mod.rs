@@ -24,7 +24,7 @@ use reqwest::Method;
 use reqwest::multipart::{Form, Part};
 use serde::de::DeserializeOwned;
 
-use super::error::{Call, ProxmoxError};
+use super::error::{Call, ProxmoxError, Result};
 use crate::proxmox::settings::{ProxmoxSettings, TlsTrust};
 use auth::{Auth, Session};
 use error_mapping::{reason_phrase, status_error, transport_error};
@@ -63,7 +63,6 @@ pub(super) struct Inner {
 }
 
 /// The methods of the API, for the calls the areas make.
-pub(crate) const GET: Method = Method::GET;
 pub(crate) const POST: Method = Method::POST;
 pub(crate) const PUT: Method = Method::PUT;
 pub(crate) const DELETE: Method = Method::DELETE;
@@ -210,14 +209,11 @@ const STREAMED_UPLOAD_TIMEOUT: Duration = Duration::from_secs(1800);
 pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 impl ProxmoxClient {
-    pub fn new(settings: &ProxmoxSettings) -> Result<Self, ProxmoxError> {
+    pub fn new(settings: &ProxmoxSettings) -> Result<Self> {
         Self::with_retry(settings, RetryPolicy::default())
     }
 
-    pub fn with_retry(
-        settings: &ProxmoxSettings,
-        retry: RetryPolicy,
-    ) -> Result<Self, ProxmoxError> {
+    pub fn with_retry(settings: &ProxmoxSettings, retry: RetryPolicy) -> Result<Self> {
         let tls = tls_config(&settings.tls)?;
         if settings.tls == TlsTrust::InsecureSkipVerify {
             tracing::warn!(
@@ -261,11 +257,7 @@ impl ProxmoxClient {
     }
 
     /// `GET <path>`, read into `T`.
-    pub async fn get<T: DeserializeOwned>(
-        &self,
-        path: &[&str],
-        params: Params,
-    ) -> Result<T, ProxmoxError> {
+    pub async fn get<T: DeserializeOwned>(&self, path: &[&str], params: Params) -> Result<T> {
         self.get_over(Pool::Small, path, params).await
     }
 
@@ -275,7 +267,7 @@ impl ProxmoxClient {
         pool: Pool,
         path: &[&str],
         params: Params,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         self.call(pool, Method::GET, path, Body::Params(&params), Replay::Safe)
             .await
     }
@@ -289,7 +281,7 @@ impl ProxmoxClient {
         path: &[&str],
         params: Params,
         replay: Replay,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         let body = Body::Params(&params);
         self.call(Pool::Small, method, path, body, replay).await
     }
@@ -301,7 +293,7 @@ impl ProxmoxClient {
         path: &[&str],
         params: Params,
         replay: Replay,
-    ) -> Result<(), ProxmoxError> {
+    ) -> Result<()> {
         let answer = self.send::<serde_json::Value>(method, path, params, replay);
         answer.await.map(drop)
     }
@@ -312,7 +304,7 @@ impl ProxmoxClient {
         &self,
         path: &[&str],
         upload: &Upload,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         let pool = match upload.body {
             UploadContent::Bytes(_) => Pool::Small,
             UploadContent::Stream { .. } => Pool::Large,
@@ -329,7 +321,7 @@ impl ProxmoxClient {
         path: &[&str],
         body: Body<'_>,
         replay: Replay,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         let call = Call {
             method: method_name(&method),
             path: format!("/{}", path.join("/")),
@@ -372,7 +364,7 @@ impl ProxmoxClient {
         body: &Body<'_>,
         call: &Call,
         session: Option<&Session>,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         if *method != Method::GET
             && let Some(Err(source)) = self.inner.fence.get().map(crate::fence::Fence::check)
         {
@@ -435,7 +427,7 @@ impl ProxmoxClient {
         &self,
         req: reqwest::RequestBuilder,
         call: &Call,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         let started = Instant::now();
         let response = req.send().await;
         let elapsed = started.elapsed();
@@ -481,7 +473,7 @@ impl ProxmoxClient {
     }
 }
 
-fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, ProxmoxError> {
+fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client> {
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .connect_timeout(Duration::from_secs(10))

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
-use crate::proxmox::error::ProxmoxError;
+use crate::proxmox::error::{ProxmoxError, Result};
 use crate::proxmox::settings::TlsTrust;
 use crate::tls::AcceptAnyServerCert;
 
 /// The rustls configuration for a trust setting (also used for the Image Factory).
-pub(crate) fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig, ProxmoxError> {
+pub(crate) fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
