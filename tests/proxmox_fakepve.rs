@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::proxmox::client::Params;
 use omni_infra_provider_proxmox::proxmox::types::{
-    ClusterResource, NodeName, NodeResource, NodeState, StorageFilter, VmId,
+    ClusterResource, NodeName, NodeResource, NodeState, NodeStorage, VmId,
 };
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError};
 use serde_json::json;
@@ -71,12 +71,9 @@ async fn nodes_and_cluster_resources() {
     assert!(next.get() >= 101 && next != vmid(9000), "{next}");
 
     let images = pve
-        .node_storages(
-            &node("pve2"),
-            &StorageFilter {
-                content: Some("images".into()),
-                enabled_only: true,
-            },
+        .get::<Vec<NodeStorage>>(
+            &["nodes", "pve2", "storage"],
+            Params::new().with("content", "images").with("enabled", 1),
         )
         .await
         .unwrap();
@@ -226,10 +223,7 @@ async fn missing_vm_and_failed_task_errors_say_what_happened() {
     assert!(missing.is_not_found(), "{missing:?}");
     assert!(missing.to_string().contains("4242"), "{missing}");
 
-    let unknown_node = pve
-        .node_storages(&node("pve7"), &StorageFilter::default())
-        .await
-        .unwrap_err();
+    let unknown_node = pve.node_storages(&node("pve7")).await.unwrap_err();
     assert!(unknown_node.is_not_found(), "{unknown_node:?}");
 
     // A bad parameter: Proxmox's per-field error comes through.
@@ -294,10 +288,7 @@ async fn offline_node_is_transient_and_cluster_still_lists_it() {
         },
     )
     .unwrap();
-    let err = pve
-        .node_storages(&node("pve3"), &StorageFilter::default())
-        .await
-        .unwrap_err();
+    let err = pve.node_storages(&node("pve3")).await.unwrap_err();
     assert!(err.is_transient(), "{err:?}");
     assert!(err.to_string().contains("No route to host"), "{err}");
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use omni_infra_provider_proxmox::config::ProviderConfig;
 use omni_infra_provider_proxmox::proxmox::client::Params;
 use omni_infra_provider_proxmox::proxmox::types::{
-    NodeName, NodeResource, StorageFilter, Upid, VmId,
+    NodeName, NodeResource, NodeStorage, Upid, VmId,
 };
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError, RetryPolicy};
 use serde_json::json;
@@ -106,14 +106,9 @@ async fn ticket_cookie_on_reads_and_csrf_on_writes() {
         .mount(&server)
         .await;
     let pve = password_client(&server);
-    let storages = pve
-        .node_storages(
-            &pve1(),
-            &StorageFilter {
-                content: Some("images".into()),
-                enabled_only: true,
-            },
-        )
+    let filter = Params::new().with("content", "images").with("enabled", 1);
+    let storages: Vec<NodeStorage> = pve
+        .get(&["nodes", "pve1", "storage"], filter)
         .await
         .unwrap();
     assert_eq!(storages[0].avail, Some(1000));

@@ -2,7 +2,7 @@
 
 use super::client::{DELETE, POST, Params, Pool, ProxmoxClient, Replay, Upload, UploadContent};
 use super::error::{ProxmoxError, Result};
-use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid};
+use super::types::{NodeName, NodeStorage, StorageVolume, Upid};
 
 /// A file for the node to fetch itself (`download-url`), so large images never pass through us.
 #[derive(Debug, Clone)]
@@ -17,15 +17,9 @@ pub struct DownloadRequest {
 
 impl ProxmoxClient {
     /// `GET /nodes/{node}/storage`: storages as the node sees them, with real free space.
-    pub async fn node_storages(
-        &self,
-        node: &NodeName,
-        filter: &StorageFilter,
-    ) -> Result<Vec<NodeStorage>> {
-        let params = Params::new()
-            .with_opt("content", filter.content.as_deref())
-            .with_opt("enabled", filter.enabled_only.then_some(1));
-        self.get(&["nodes", node.as_str(), "storage"], params).await
+    pub async fn node_storages(&self, node: &NodeName) -> Result<Vec<NodeStorage>> {
+        let path = ["nodes", node.as_str(), "storage"];
+        self.get(&path, Params::new()).await
     }
 
     /// `GET /nodes/{node}/storage/{storage}/content[?content=…][&vmid=…]`.

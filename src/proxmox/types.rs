@@ -72,7 +72,8 @@ pub use super::property::NodeName;
 
 /// A task ID: `UPID:<node>:<pid>:<pstart>:<starttime>:<type>:<id>:<user>:`. The node in it is where the
 /// task runs, which is where its status must be asked (a clone to another node runs on the source).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub struct Upid {
     raw: String,
     node: NodeName,
@@ -106,9 +107,10 @@ impl Upid {
     }
 }
 
-impl<'de> Deserialize<'de> for Upid {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Upid::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+impl TryFrom<String> for Upid {
+    type Error = InvalidId;
+    fn try_from(raw: String) -> Result<Self, InvalidId> {
+        Self::parse(&raw)
     }
 }
 
@@ -261,15 +263,6 @@ impl NodeStorage {
     pub fn holds(&self, content: &str) -> bool {
         self.content.split(',').any(|c| c.trim() == content)
     }
-}
-
-/// Filters for `GET /nodes/{node}/storage`.
-#[derive(Debug, Clone, Default)]
-pub struct StorageFilter {
-    /// Only storages that accept this content type (`images`, `iso`).
-    pub content: Option<String>,
-    /// Only enabled storages.
-    pub enabled_only: bool,
 }
 
 /// One volume from `GET /nodes/{node}/storage/{storage}/content`.

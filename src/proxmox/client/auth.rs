@@ -10,6 +10,7 @@ use tokio::sync::{Mutex, RwLock};
 use super::ProxmoxClient;
 use crate::proxmox::error::{Call, ProxmoxError, Result};
 use crate::proxmox::settings::ProxmoxAuth;
+use crate::proxmox::types::lenient;
 use crate::secret::Secret;
 
 pub(super) enum Auth {
@@ -39,8 +40,8 @@ struct TicketAnswer {
     csrf: String,
     /// Set for users with a second factor (TOTP, WebAuthn, …): the ticket is only a half-ticket that
     /// pve-access-control (AccessControl.pm, create_ticket) accepts for nothing but the TFA challenge.
-    #[serde(rename = "NeedTFA")]
-    need_tfa: Option<serde_json::Value>,
+    #[serde(rename = "NeedTFA", default, deserialize_with = "lenient::bool")]
+    need_tfa: bool,
 }
 
 /// A header value no request dump shows, if it is one HTTP allows.
@@ -133,9 +134,7 @@ impl ProxmoxClient {
             }
             e => e,
         })?;
-        if answer.need_tfa.as_ref().is_some_and(|v| {
-            v.as_u64() == Some(1) || v.as_bool() == Some(true) || v.as_str() == Some("1")
-        }) {
+        if answer.need_tfa {
             return Err(ProxmoxError::Unauthorized {
                 call,
                 message: format!(
