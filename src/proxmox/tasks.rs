@@ -32,13 +32,6 @@ const INVISIBLE_GRACE: Duration = Duration::from_secs(30);
 const LOG_TAIL_LINES: usize = 8;
 
 impl ProxmoxClient {
-    /// `GET /nodes/{node}/tasks/{upid}/status` (the node is the one in the UPID).
-    pub async fn task_status(&self, upid: &Upid) -> Result<TaskStatus> {
-        let node = upid.node();
-        let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "status"];
-        self.get(&path, Params::new()).await
-    }
-
     /// The last lines of a task's log from `GET /nodes/{node}/tasks/{upid}/log` (best effort:
     /// empty when the log cannot be read).
     pub async fn task_log_tail(&self, upid: &Upid) -> Vec<String> {
@@ -71,7 +64,10 @@ impl ProxmoxClient {
     /// Waits until the task ends or `timeout` passes. `Ok` for `OK` and `WARNINGS: n`.
     pub async fn wait_for_task(&self, upid: &Upid, timeout: Duration) -> Result<TaskOutcome> {
         let started = Instant::now();
-        let kind = (upid.node().to_string(), upid.task_type().to_owned());
+        let node = upid.node();
+        // `GET /nodes/{node}/tasks/{upid}/status`, on the node the UPID names.
+        let status = ["nodes", node.as_str(), "tasks", upid.as_str(), "status"];
+        let kind = (node.to_string(), upid.task_type().to_owned());
         let times = &self.inner.task_times;
         let expected = times
             .lock()
@@ -83,7 +79,7 @@ impl ProxmoxClient {
         tokio::time::sleep(poll_delay(expected, 0).min(timeout)).await;
         loop {
             let asked = started.elapsed();
-            match self.task_status(upid).await {
+            match self.get::<TaskStatus>(&status, Params::new()).await {
                 Ok(status) if !status.is_running() => {
                     // It ended between the last poll that saw it running and this one.
                     record(times, kind, (last_running + asked) / 2);

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -40,17 +39,6 @@ impl VmId {
 impl fmt::Display for VmId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
-    }
-}
-
-impl FromStr for VmId {
-    type Err = InvalidId;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let n: u32 = s
-            .trim()
-            .parse()
-            .map_err(|_| InvalidId(format!("{s:?} is not a VMID (a number from 100)")))?;
-        Self::new(n)
     }
 }
 
@@ -461,7 +449,7 @@ mod tests {
     #[test]
     fn ids_are_checked() {
         assert!(VmId::new(99).is_err());
-        assert_eq!("104".parse::<VmId>().unwrap().get(), 104);
+        assert_eq!(VmId::new(104).unwrap().get(), 104);
         assert!(NodeName::new("pve1").is_ok());
         assert!(NodeName::new("../etc").is_err());
     }

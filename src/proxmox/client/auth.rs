@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::header::HeaderValue;
-use tokio::sync::{Mutex, RwLock};
+use tokio::sync::Mutex;
 
 use super::ProxmoxClient;
 use crate::proxmox::error::{Call, ProxmoxError, Result};
@@ -21,10 +21,8 @@ pub(super) enum Auth {
 pub(super) struct TicketAuth {
     username: String,
     password: Secret,
-    session: RwLock<Option<Arc<Session>>>,
-    /// One login at a time: a burst of requests after expiry must not log in fifty times.
-    login: Mutex<()>,
-    renew_after: Duration,
+    /// Held across a login: a burst of requests after expiry must not log in fifty times.
+    session: Mutex<Option<Arc<Session>>>,
 }
 
 pub(super) struct Session {
@@ -69,9 +67,7 @@ impl Auth {
             ProxmoxAuth::Password { username, password } => Auth::Ticket(TicketAuth {
                 username: username.clone(),
                 password: password.clone(),
-                session: RwLock::new(None),
-                login: Mutex::new(()),
-                renew_after: TICKET_RENEW_AFTER,
+                session: Mutex::new(None),
             }),
         })
     }
@@ -83,26 +79,20 @@ impl ProxmoxClient {
         let Auth::Ticket(t) = &self.inner.auth else {
             return Ok(None);
         };
-        if let Some(s) = t.session.read().await.as_ref()
-            && s.obtained.elapsed() < t.renew_after
-        {
-            return Ok(Some(s.clone()));
-        }
-        let _one_login = t.login.lock().await;
-        // Another task may have logged in while we waited.
-        if let Some(s) = t.session.read().await.as_ref()
-            && s.obtained.elapsed() < t.renew_after
+        let mut current = t.session.lock().await;
+        if let Some(s) = current.as_ref()
+            && s.obtained.elapsed() < TICKET_RENEW_AFTER
         {
             return Ok(Some(s.clone()));
         }
         let session = Arc::new(self.login(t, call).await?);
-        *t.session.write().await = Some(session.clone());
+        *current = Some(session.clone());
         Ok(Some(session))
     }
 
     pub(super) async fn invalidate(&self, used: Option<&Arc<Session>>) {
         if let Auth::Ticket(t) = &self.inner.auth {
-            let mut guard = t.session.write().await;
+            let mut guard = t.session.lock().await;
             // Only drop the session that failed; a newer one from a concurrent login stays.
             if let (Some(current), Some(used)) = (guard.as_ref(), used)
                 && Arc::ptr_eq(current, used)
