@@ -96,15 +96,6 @@ pub enum HaRuleKind {
     ResourceAffinity { affinity: &'static str },
 }
 
-impl HaRuleKind {
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            HaRuleKind::NodeAffinity { .. } => "node-affinity",
-            HaRuleKind::ResourceAffinity { .. } => "resource-affinity",
-        }
-    }
-}
-
 /// A rule to create (`POST /cluster/ha/rules`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewHaRule {
@@ -160,19 +151,23 @@ impl ProxmoxClient {
     /// `POST /cluster/ha/rules`. A rule of that name existing already fails (see
     /// [`ProxmoxError::is_ha_rule_defined`]).
     pub async fn create_ha_rule(&self, rule: &NewHaRule) -> Result<()> {
-        let mut params = Params::new()
-            .with("rule", rule.rule.as_str())
-            .with("type", rule.kind.type_name())
-            .with("resources", rule.resources.join(","))
-            .with("comment", rule.comment.as_str());
-        params = match &rule.kind {
+        let (kind, own) = match &rule.kind {
             HaRuleKind::NodeAffinity { nodes, strict } => {
                 let names: Vec<&str> = nodes.iter().map(NodeName::as_str).collect();
-                let params = params.with("nodes", names.join(","));
-                params.with("strict", u8::from(*strict))
+                let own = Params::new().with("nodes", names.join(","));
+                ("node-affinity", own.with("strict", u8::from(*strict)))
             }
-            HaRuleKind::ResourceAffinity { affinity } => params.with("affinity", *affinity),
+            HaRuleKind::ResourceAffinity { affinity } => (
+                "resource-affinity",
+                Params::new().with("affinity", *affinity),
+            ),
         };
+        let params = Params::new()
+            .with("rule", rule.rule.as_str())
+            .with("type", kind)
+            .with("resources", rule.resources.join(","))
+            .with("comment", rule.comment.as_str())
+            .extend(own.0);
         let path = ["cluster", "ha", "rules"];
         self.write(POST, &path, params, OnlyIfUnsent).await
     }

@@ -13,11 +13,9 @@
 //!   where Proxmox says *why*.
 //! - Transient errors while polling do not fail the wait: the task keeps running on Proxmox anyway.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::client::{Params, ProxmoxClient};
+use super::client::{Params, ProxmoxClient, TaskTimes};
 use super::error::{ProxmoxError, Result};
 use super::types::{TaskLogLine, TaskOutcome, TaskStatus, Upid};
 
@@ -32,24 +30,6 @@ const INVISIBLE_GRACE: Duration = Duration::from_secs(30);
 const LOG_TAIL_LINES: usize = 8;
 
 impl ProxmoxClient {
-    /// The last lines of a task's log from `GET /nodes/{node}/tasks/{upid}/log` (best effort:
-    /// empty when the log cannot be read).
-    pub async fn task_log_tail(&self, upid: &Upid) -> Vec<String> {
-        let node = upid.node();
-        let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "log"];
-        let params = Params::new().with("start", 0).with("limit", 10_000);
-        match self.get::<Vec<TaskLogLine>>(&path, params).await {
-            Ok(lines) => {
-                let skip = lines.len().saturating_sub(LOG_TAIL_LINES);
-                lines.into_iter().skip(skip).map(|l| l.t).collect()
-            }
-            Err(e) => {
-                tracing::debug!(%upid, error = %e, "cannot read task log");
-                Vec::new()
-            }
-        }
-    }
-
     /// Makes `call`, which starts a task, then waits for the task. One error for both halves: callers
     /// decide by what the error says (gone, locked, already running), not by which half it came from.
     pub async fn run_task(
@@ -114,9 +94,18 @@ impl ProxmoxClient {
             }
             return Ok(TaskOutcome { exit_status });
         }
+        // The last lines of the log (`GET /nodes/{node}/tasks/{upid}/log`) say why; best effort.
+        let node = upid.node();
+        let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "log"];
+        let params = Params::new().with("start", 0).with("limit", 10_000);
+        let lines = self.get::<Vec<TaskLogLine>>(&path, params).await;
+        let lines =
+            lines.inspect_err(|e| tracing::debug!(%upid, error = %e, "cannot read task log"));
+        let lines = lines.unwrap_or_default();
+        let skip = lines.len().saturating_sub(LOG_TAIL_LINES);
         Err(ProxmoxError::TaskFailed {
             task_type: upid.task_type().to_owned(),
-            log_tail: self.task_log_tail(upid).await,
+            log_tail: lines.into_iter().skip(skip).map(|l| l.t).collect(),
             upid: upid.clone(),
             exit_status,
         })
@@ -125,11 +114,7 @@ impl ProxmoxClient {
 
 /// Adds a task that took `took` to the moving average of its kind, so a node that got slower (or
 /// a storage that filled up) moves it within a few tasks.
-fn record(
-    times: &Mutex<HashMap<(String, String), Duration>>,
-    kind: (String, String),
-    took: Duration,
-) {
+fn record(times: &TaskTimes, kind: (String, String), took: Duration) {
     let mut times = times.lock().unwrap_or_else(|p| p.into_inner());
     let before = times.get(&kind).copied();
     let average = before.map_or(took, |before| before.mul_f64(0.7) + took.mul_f64(0.3));
@@ -196,7 +181,7 @@ mod tests {
 
     #[test]
     fn task_times_follow_the_recent_durations_by_node_and_type() {
-        let times: Mutex<HashMap<_, _>> = Mutex::default();
+        let times = TaskTimes::default();
         let expected = |kind: &(String, String)| times.lock().unwrap().get(kind).copied();
         let create = ("pve1".to_string(), "qmcreate".to_string());
         assert_eq!(expected(&create), None);

@@ -59,13 +59,16 @@ pub(super) struct Inner {
     pub(super) listing: tokio::sync::Mutex<Option<super::listing::Listing>>,
     /// How long tasks took lately, by node and task type: a moving average that
     /// [`ProxmoxClient::wait_for_task`] times its polls by.
-    pub(super) task_times: std::sync::Mutex<HashMap<(String, String), Duration>>,
+    pub(super) task_times: TaskTimes,
 }
 
 /// The methods of the API, for the calls the areas make.
 pub(crate) const POST: Method = Method::POST;
 pub(crate) const PUT: Method = Method::PUT;
 pub(crate) const DELETE: Method = Method::DELETE;
+
+/// How long tasks took lately, by node and task type.
+pub(crate) type TaskTimes = std::sync::Mutex<HashMap<(String, String), Duration>>;
 
 /// Which connections a call goes over.
 ///
