@@ -100,16 +100,6 @@ pub struct RetryPolicy {
     pub max_delay: Duration,
 }
 
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            attempts: 5,
-            initial_delay: Duration::from_millis(200),
-            max_delay: Duration::from_secs(5),
-        }
-    }
-}
-
 impl RetryPolicy {
     /// Full jitter around an exponential curve: spreads retries of many workers apart.
     fn delay(&self, attempt: u32) -> Duration {
@@ -213,7 +203,12 @@ pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 impl ProxmoxClient {
     pub fn new(settings: &ProxmoxSettings) -> Result<Self> {
-        Self::with_retry(settings, RetryPolicy::default())
+        let retry = RetryPolicy {
+            attempts: 5,
+            initial_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(5),
+        };
+        Self::with_retry(settings, retry)
     }
 
     pub fn with_retry(settings: &ProxmoxSettings, retry: RetryPolicy) -> Result<Self> {
@@ -382,17 +377,14 @@ impl ProxmoxClient {
             Pool::Large => &self.inner.large,
         };
         let mut req = http.request(method.clone(), url);
-        match &self.inner.auth {
-            Auth::Token(header) => {
-                req = req.header(reqwest::header::AUTHORIZATION, header.clone());
-            }
-            Auth::Ticket(_) => {
-                if let Some(s) = session {
-                    req = req.header(reqwest::header::COOKIE, s.cookie.clone());
-                    if method != Method::GET {
-                        req = req.header("CSRFPreventionToken", s.csrf.clone());
-                    }
-                }
+        if let Auth::Token(header) = &self.inner.auth {
+            req = req.header(reqwest::header::AUTHORIZATION, header.clone());
+        }
+        // Only a ticket login has a session.
+        if let Some(s) = session {
+            req = req.header(reqwest::header::COOKIE, s.cookie.clone());
+            if method != Method::GET {
+                req = req.header("CSRFPreventionToken", s.csrf.clone());
             }
         }
         req = match body {
@@ -464,7 +456,7 @@ impl ProxmoxClient {
                     message: e.to_string(),
                 });
         }
-        Err(status_error(call, status, &reason, &bytes))
+        Err(status_error(call, status.as_u16(), &reason, &bytes))
     }
 
     fn url(&self, path: &[&str]) -> url::Url {
