@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use omni_infra_provider_proxmox::proxmox::client::Params;
 use omni_infra_provider_proxmox::proxmox::types::{
-    ClusterResource, NodeName, NodeState, ResourceKind, StorageFilter, VmId,
+    ClusterResource, NodeName, NodeResource, NodeState, NodeStorage, VmId,
 };
-use omni_infra_provider_proxmox::proxmox::vms::{CloneRequest, DeleteRequest};
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError};
 use serde_json::json;
 use testkit::fakepve::{FakePve, Login, Trust, three_node_scenario};
@@ -32,7 +32,7 @@ async fn nodes_and_cluster_resources() {
     let version = pve.version().await.unwrap();
     assert!(version.version.starts_with('9'), "{version:?}");
 
-    let nodes = pve.nodes().await.unwrap();
+    let nodes: Vec<NodeResource> = pve.get(&["nodes"], Params::new()).await.unwrap();
     let names: Vec<_> = nodes.iter().map(|n| n.node.to_string()).collect();
     assert_eq!(names, ["pve1", "pve2", "pve3"]);
     assert!(
@@ -41,7 +41,7 @@ async fn nodes_and_cluster_resources() {
             .all(|n| n.status == NodeState::Online && n.maxmem.is_some())
     );
 
-    let resources = pve.cluster_resources(None).await.unwrap();
+    let resources = pve.cluster_listing().await.unwrap();
     let template = resources
         .iter()
         .find_map(|r| match r {
@@ -55,8 +55,9 @@ async fn nodes_and_cluster_resources() {
         |r| matches!(r, ClusterResource::Storage(s) if s.storage == "shared-nfs" && s.shared)
     ));
 
-    let only_nodes = pve
-        .cluster_resources(Some(ResourceKind::Node))
+    let path = ["cluster", "resources"];
+    let only_nodes: Vec<ClusterResource> = pve
+        .get(&path, Params::new().with("type", "node"))
         .await
         .unwrap();
     assert_eq!(only_nodes.len(), 3);
@@ -70,12 +71,9 @@ async fn nodes_and_cluster_resources() {
     assert!(next.get() >= 101 && next != vmid(9000), "{next}");
 
     let images = pve
-        .node_storages(
-            &node("pve2"),
-            &StorageFilter {
-                content: Some("images".into()),
-                enabled_only: true,
-            },
+        .get::<Vec<NodeStorage>>(
+            &["nodes", "pve2", "storage"],
+            Params::new().with("content", "images").with("enabled", 1),
         )
         .await
         .unwrap();
@@ -108,19 +106,17 @@ async fn clone_configure_start_delete_with_real_task_polling() {
     let new = pve.next_vmid().await.unwrap();
 
     let clone = pve
-        .clone_vm(
+        .clone_vm_with(
             &node("pve1"),
             vmid(9100),
-            &CloneRequest {
-                new_id: new,
-                name: Some("talos-cp-1".into()),
-                target: Some(node("pve2")),
-                full: true,
+            Params::new()
+                .with("newid", new)
+                .with("name", "talos-cp-1")
+                .with("target", "pve2")
+                .with("full", 1)
                 // Proxmox clones across nodes only onto shared storage.
-                storage: Some("shared-nfs".into()),
-                pool: None,
-                description: None,
-            },
+                .with("storage", "shared-nfs")
+                .0,
         )
         .await
         .unwrap();
@@ -159,7 +155,7 @@ async fn clone_configure_start_delete_with_real_task_polling() {
     assert_eq!(config.get("cores").as_deref(), Some("4"));
     assert_eq!(config.get("memory").as_deref(), Some("4096"));
     assert_eq!(config.get("description").as_deref(), Some("made by a test"));
-    assert!(config.digest().is_some());
+    assert!(config.get("digest").is_some());
 
     if let Some(task) = pve
         .resize_disk(&node("pve2"), new, "scsi0", "20G")
@@ -171,12 +167,16 @@ async fn clone_configure_start_delete_with_real_task_polling() {
 
     let start = pve.start_vm(&node("pve2"), new).await.unwrap();
     pve.wait_for_task(&start, TASK_TIMEOUT).await.unwrap();
-    assert!(
-        pve.vm_status(&node("pve2"), new)
-            .await
-            .unwrap()
-            .is_running()
-    );
+    let path = [
+        "nodes",
+        "pve2",
+        "qemu",
+        &new.to_string(),
+        "status",
+        "current",
+    ];
+    let status: serde_json::Value = pve.get(&path, Params::new()).await.unwrap();
+    assert_eq!(status["status"], "running");
 
     let interfaces = pve
         .agent_network_interfaces(&node("pve2"), new)
@@ -192,9 +192,7 @@ async fn clone_configure_start_delete_with_real_task_polling() {
     );
 
     // Proxmox refuses to destroy a running VM: the error says so.
-    let refused = pve
-        .delete_vm(&node("pve2"), new, DeleteRequest::default())
-        .await;
+    let refused = pve.delete_vm(&node("pve2"), new, true).await;
     match refused {
         Err(e) => assert!(e.to_string().contains("running"), "{e}"),
         Ok(task) => {
@@ -205,10 +203,7 @@ async fn clone_configure_start_delete_with_real_task_polling() {
 
     let stop = pve.stop_vm(&node("pve2"), new).await.unwrap();
     pve.wait_for_task(&stop, TASK_TIMEOUT).await.unwrap();
-    let destroy = pve
-        .delete_vm(&node("pve2"), new, DeleteRequest::default())
-        .await
-        .unwrap();
+    let destroy = pve.delete_vm(&node("pve2"), new, true).await.unwrap();
     pve.wait_for_task(&destroy, TASK_TIMEOUT).await.unwrap();
     assert!(fake.vm(new.get()).is_null());
     let requests = fake.requests();
@@ -228,10 +223,7 @@ async fn missing_vm_and_failed_task_errors_say_what_happened() {
     assert!(missing.is_not_found(), "{missing:?}");
     assert!(missing.to_string().contains("4242"), "{missing}");
 
-    let unknown_node = pve
-        .node_storages(&node("pve7"), &StorageFilter::default())
-        .await
-        .unwrap_err();
+    let unknown_node = pve.node_storages(&node("pve7")).await.unwrap_err();
     assert!(unknown_node.is_not_found(), "{unknown_node:?}");
 
     // A bad parameter: Proxmox's per-field error comes through.
@@ -296,10 +288,7 @@ async fn offline_node_is_transient_and_cluster_still_lists_it() {
         },
     )
     .unwrap();
-    let err = pve
-        .node_storages(&node("pve3"), &StorageFilter::default())
-        .await
-        .unwrap_err();
+    let err = pve.node_storages(&node("pve3")).await.unwrap_err();
     assert!(err.is_transient(), "{err:?}");
     assert!(err.to_string().contains("No route to host"), "{err}");
 
@@ -315,7 +304,9 @@ async fn offline_node_is_transient_and_cluster_still_lists_it() {
 async fn password_login_relogs_after_the_ticket_is_revoked() {
     let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake, Login::Password, Trust::CaFile);
-    pve.nodes().await.unwrap();
+    pve.get::<serde_json::Value>(&["nodes"], Params::new())
+        .await
+        .unwrap();
     fake.control(json!({"op": "revoke_tickets"}));
     // A write needs the CSRF token of the new session too.
     pve.update_vm_config(

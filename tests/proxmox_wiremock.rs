@@ -4,8 +4,10 @@
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::config::ProviderConfig;
-use omni_infra_provider_proxmox::proxmox::types::{NodeName, StorageFilter, Upid, VmId};
-use omni_infra_provider_proxmox::proxmox::vms::{CloneRequest, DeleteRequest};
+use omni_infra_provider_proxmox::proxmox::client::Params;
+use omni_infra_provider_proxmox::proxmox::types::{
+    NodeName, NodeResource, NodeStorage, Upid, VmId,
+};
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError, RetryPolicy};
 use serde_json::json;
 use wiremock::matchers::{
@@ -72,7 +74,10 @@ async fn token_auth_header_and_lenient_numbers() {
         .expect(1)
         .mount(&server)
         .await;
-    let nodes = token_client(&server).nodes().await.unwrap();
+    let nodes: Vec<NodeResource> = token_client(&server)
+        .get(&["nodes"], Params::new())
+        .await
+        .unwrap();
     assert_eq!(nodes[0].mem, Some(2_147_483_648));
     assert_eq!(nodes[0].cpu, Some(0.5));
     assert_eq!(nodes[1].maxmem, None);
@@ -101,14 +106,9 @@ async fn ticket_cookie_on_reads_and_csrf_on_writes() {
         .mount(&server)
         .await;
     let pve = password_client(&server);
-    let storages = pve
-        .node_storages(
-            &pve1(),
-            &StorageFilter {
-                content: Some("images".into()),
-                enabled_only: true,
-            },
-        )
+    let filter = Params::new().with("content", "images").with("enabled", 1);
+    let storages: Vec<NodeStorage> = pve
+        .get(&["nodes", "pve1", "storage"], filter)
         .await
         .unwrap();
     assert_eq!(storages[0].avail, Some(1000));
@@ -203,18 +203,17 @@ async fn clone_create_delete_send_exact_requests() {
     let pve = token_client(&server);
     let pve2 = NodeName::new("pve2").unwrap();
     let upid = pve
-        .clone_vm(
+        .clone_vm_with(
             &pve1(),
             VmId::new(9000).unwrap(),
-            &CloneRequest {
-                new_id: VmId::new(105).unwrap(),
-                name: Some("req-abc".into()),
-                target: Some(pve2.clone()),
-                full: true,
-                storage: Some("shared-nfs".into()),
-                pool: Some("omni".into()),
-                description: None,
-            },
+            Params::new()
+                .with("newid", 105)
+                .with("name", "req-abc")
+                .with("target", &pve2)
+                .with("full", 1)
+                .with("storage", "shared-nfs")
+                .with("pool", "omni")
+                .0,
         )
         .await
         .unwrap();
@@ -229,7 +228,7 @@ async fn clone_create_delete_send_exact_requests() {
     )
     .await
     .unwrap();
-    pve.delete_vm(&pve2, VmId::new(106).unwrap(), DeleteRequest::default())
+    pve.delete_vm(&pve2, VmId::new(106).unwrap(), true)
         .await
         .unwrap();
     assert_eq!(
@@ -310,13 +309,14 @@ async fn error_kinds() {
         .mount(&server)
         .await;
     let pve = token_client(&server);
+    let status = |vmid| ["nodes", "pve1", "qemu", vmid, "status", "current"];
     let e = pve
-        .vm_status(&pve1(), VmId::new(999).unwrap())
+        .get::<serde_json::Value>(&status("999"), Params::new())
         .await
         .unwrap_err();
     assert!(e.is_not_found(), "{e:?}");
     let e = pve
-        .vm_status(&pve1(), VmId::new(998).unwrap())
+        .get::<serde_json::Value>(&status("998"), Params::new())
         .await
         .unwrap_err();
     assert!(matches!(e, ProxmoxError::PermissionDenied { .. }), "{e:?}");
@@ -532,7 +532,10 @@ async fn a_tfa_user_is_told_to_use_a_token() {
         .respond_with(ResponseTemplate::new(401))
         .mount(&server)
         .await;
-    let e = password_client(&server).nodes().await.unwrap_err();
+    let e = password_client(&server)
+        .get::<Vec<NodeResource>>(&["nodes"], Params::new())
+        .await
+        .unwrap_err();
     assert!(matches!(e, ProxmoxError::Unauthorized { .. }), "{e:?}");
     assert!(e.to_string().contains("two-factor"), "{e}");
     assert!(e.to_string().contains("token"), "{e}");
@@ -635,7 +638,7 @@ async fn concurrent_cluster_listings_are_shared_and_never_older_than_the_ask() {
         .mount(&server)
         .await;
     let pve = token_client(&server);
-    let all = (0..20).map(|_| pve.cluster_resources(None));
+    let all = (0..20).map(|_| pve.cluster_listing());
     let listings = futures_util::future::join_all(all).await;
     assert!(
         listings
@@ -644,7 +647,7 @@ async fn concurrent_cluster_listings_are_shared_and_never_older_than_the_ask() {
     );
     let sent = server.received_requests().await.unwrap().len();
     assert!(sent <= 2, "{sent} listings for 20 readers at once");
-    pve.cluster_resources(None).await.unwrap();
+    pve.cluster_listing().await.unwrap();
     let later = server.received_requests().await.unwrap().len();
     assert_eq!(later, sent + 1, "a later reader reads a listing of its own");
 }

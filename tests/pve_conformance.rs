@@ -368,7 +368,7 @@ async fn clones_are_refused_where_proxmox_refuses_them() {
 async fn the_listing_counts_vcpus_as_proxmox_does() {
     let fake = FakePve::start(clone_scenario(), 0.0);
     let pve = client(&fake);
-    let resources = pve.cluster_resources(None).await.unwrap();
+    let resources = pve.cluster_listing().await.unwrap();
     let cluster = omni_infra_provider_proxmox::model::ClusterSnapshot::from_resources(&resources);
     let pve1 = cluster.node("pve1").unwrap();
     assert_eq!((pve1.cpus, pve1.memory_max), (2, 4294967296));

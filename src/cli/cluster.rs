@@ -46,7 +46,7 @@ use super::CliResult;
 use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::HaRule;
-use crate::proxmox::types::{NodeName, NodeState, NodeStorage, StorageFilter};
+use crate::proxmox::types::{NodeName, NodeState, NodeStorage};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::is_set_rule;
 use crate::rules::placement::{self, PlacementLimits, Reservations};
@@ -191,12 +191,11 @@ pub async fn gather(
 ) -> Result<ClusterReport, ProxmoxError> {
     let version = client.version().await?;
     let resources = client.cluster_listing().await?;
-    let filter = StorageFilter::default();
     let answers = resources
         .nodes()
         .filter(|n| n.status == NodeState::Online)
         .map(|n| async {
-            let read = client.node_storages(&n.node, &filter).await;
+            let read = client.node_storages(&n.node).await;
             (n.node.clone(), read.map_err(|e| e.to_string()))
         });
     let storages = futures_util::future::join_all(answers)

@@ -17,7 +17,7 @@ use crate::pipeline::deprovision::{
     DeprovisionError, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget,
     deprovision_reporting,
 };
-use crate::proxmox::types::{ClusterResource, VmResource};
+use crate::proxmox::types::VmResource;
 
 /// Runs rounds until `stop`, every `interval`.
 pub async fn run(ctx: Arc<Context>, interval: Duration, mut stop: watch::Receiver<bool>) {
@@ -89,28 +89,17 @@ async fn listed_vms(
     ctx: &Context,
     released: &[(DeprovisionTarget, bool)],
 ) -> Result<Vec<VmResource>, ReconcileError> {
-    let resources = ctx
-        .services
-        .pve
-        .cluster_resources(None)
-        .await
-        .map_err(|source| {
-            ReconcileError::Deprovision(Box::new(DeprovisionError::Listing {
-                request_id: released
-                    .iter()
-                    .map(|(t, _)| t.request_id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                source,
-            }))
-        })?;
-    Ok(resources
-        .into_iter()
-        .filter_map(|r| match r {
-            ClusterResource::Vm(vm) if !vm.template => Some(vm),
-            _ => None,
-        })
-        .collect())
+    let resources = ctx.services.pve.cluster_listing().await.map_err(|source| {
+        ReconcileError::Deprovision(Box::new(DeprovisionError::Listing {
+            request_id: released
+                .iter()
+                .map(|(t, _)| t.request_id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            source,
+        }))
+    })?;
+    Ok(resources.guests().cloned().collect())
 }
 
 /// Tries again to delete the seed ISO or set pool the teardown of `released` could not.

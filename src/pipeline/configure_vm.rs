@@ -111,7 +111,7 @@ async fn attach_seed(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome
     let doing = format!("attaching the NoCloud seed to VM {vmid} on {node}");
     let params = vec![(
         vm_config::SEED_CDROM.to_string(),
-        crate::proxmox::property::Cdrom::Iso(seed).render(),
+        crate::proxmox::property::cdrom(&seed),
     )];
     ctx.call(doing, ctx.services.pve.update_vm_config(node, vmid, params))
         .await?;

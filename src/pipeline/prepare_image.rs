@@ -36,6 +36,7 @@ use super::ledgers::{image_lock_key, image_presence_key};
 use super::step::StepOutcome;
 use crate::model::ClusterSnapshot;
 use crate::omni::management::{BootAssetKind, ManagementError};
+use crate::proxmox::client::UploadContent;
 use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::NodeName;
 use crate::rules::provider_data::BootMode;
@@ -328,7 +329,13 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
             })?;
             ctx.start_task(
                 format!("uploading {what}, fetched from the Image Factory with {named}"),
-                pve.upload_streamed(node, storage, content, file_name, image.body, image.length),
+                pve.upload_file(
+                    node,
+                    storage,
+                    content,
+                    file_name,
+                    UploadContent::stream(image.body, image.length),
+                ),
             )
             .await?
         }

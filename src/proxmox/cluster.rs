@@ -5,15 +5,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::client::{Params, Pool, ProxmoxClient};
-use super::error::ProxmoxError;
+use super::error::{ProxmoxError, Result};
 use super::listing::Listing;
-use super::types::{
-    ClusterResource, NextIdRange, NodeStatus, ResourceKind, Version, VmId, lenient,
-};
+use super::types::{ClusterResource, NextIdRange, Version, VmId, lenient};
 
 impl ProxmoxClient {
     /// `GET /version`: cheap, and needs valid credentials: the health check.
-    pub async fn version(&self) -> Result<Version, ProxmoxError> {
+    pub async fn version(&self) -> Result<Version> {
         self.get(&["version"], Params::new()).await
     }
 
@@ -29,43 +27,18 @@ impl ProxmoxClient {
         }
     }
 
-    /// `GET /nodes`.
-    pub async fn nodes(&self) -> Result<Vec<NodeStatus>, ProxmoxError> {
-        self.get(&["nodes"], Params::new()).await
-    }
-
-    /// `GET /cluster/resources[?type=…]`.
-    ///
-    /// The full listing (no `type`) is shared by callers that ask while one is being read: each
-    /// gets a listing whose request was sent after it asked (as fresh as one of its own), but a
-    /// hundred requests placing or tearing down machines at once cause one or two listings, not a
-    /// hundred. On a cluster of a thousand guests each listing is a few hundred KiB to send, parse
-    /// and hold; Proxmox builds each from every node's status.
-    pub async fn cluster_resources(
-        &self,
-        kind: Option<ResourceKind>,
-    ) -> Result<Vec<ClusterResource>, ProxmoxError> {
-        if kind.is_some() {
-            let params = Params::new().with_opt("type", kind.map(ResourceKind::as_str));
-            return self
-                .get_over(Pool::Large, &["cluster", "resources"], params)
-                .await;
-        }
-        Ok(self.cluster_listing().await?.to_vec())
-    }
-
-    /// The full `/cluster/resources` listing, shared as [`ProxmoxClient::cluster_resources`]
-    /// describes, without a copy of its own: many requests in flight may each hold one.
-    pub async fn cluster_listing(&self) -> Result<Listing, ProxmoxError> {
+    /// `GET /cluster/resources`, shared by callers that ask while one is being read: each gets a
+    /// listing whose request was sent after it asked (as fresh as one of its own), but a hundred
+    /// requests placing or tearing down machines at once cause one or two listings, not a hundred.
+    /// On a cluster of a thousand guests each listing is a few hundred KiB to send, parse and hold
+    /// (Proxmox builds each from every node's status), so callers share it rather than copy it.
+    pub async fn cluster_listing(&self) -> Result<Listing> {
         self.cluster_listing_within(std::time::Duration::ZERO).await
     }
 
     /// [`Self::cluster_listing`], or the last one if it was sent at most `max_age` before this
     /// call: requests that start together (a burst of one machine set) share one read.
-    pub async fn cluster_listing_within(
-        &self,
-        max_age: std::time::Duration,
-    ) -> Result<Listing, ProxmoxError> {
+    pub async fn cluster_listing_within(&self, max_age: std::time::Duration) -> Result<Listing> {
         let asked = std::time::Instant::now();
         let oldest = asked.checked_sub(max_age).unwrap_or(asked);
         // One listing at a time: who asks while one is read waits, then takes it if it was sent
@@ -90,14 +63,19 @@ impl ProxmoxClient {
     }
 
     /// The guests `/cluster/resources` lists (`type=vm`: VMs and containers), VMs only.
-    pub async fn vms(&self) -> Result<Vec<super::types::VmResource>, ProxmoxError> {
-        let listing: Listing = self.cluster_resources(Some(ResourceKind::Vm)).await?.into();
+    pub async fn vms(&self) -> Result<Vec<super::types::VmResource>> {
+        let params = Params::new().with("type", "vm");
+        let path = ["cluster", "resources"];
+        let listing: Listing = self
+            .get_over(Pool::Large, &path, params)
+            .await
+            .map(Vec::into)?;
         Ok(listing.vms().cloned().collect())
     }
 
     /// `GET /cluster/nextid`: the lowest free VMID at this instant (Proxmox sends it as a string). Not a
     /// reservation: a concurrent create can take it, which the caller handles by choosing again.
-    pub async fn next_vmid(&self) -> Result<VmId, ProxmoxError> {
+    pub async fn next_vmid(&self) -> Result<VmId> {
         #[derive(serde::Deserialize)]
         struct Id(#[serde(deserialize_with = "lenient::u64")] u64);
         let Id(n) = self.get(&["cluster", "nextid"], Params::new()).await?;
@@ -112,7 +90,7 @@ impl ProxmoxClient {
     /// pool member), as pve-access-control `RPCEnvironment.pm` `get_effective_permissions` computes
     /// them: inherited ones included, paths without any privilege left out. Every token may read its
     /// own.
-    pub async fn effective_privileges(&self) -> Result<EffectivePrivileges, ProxmoxError> {
+    pub async fn effective_privileges(&self) -> Result<EffectivePrivileges> {
         let paths: BTreeMap<String, BTreeMap<String, serde_json::Value>> =
             self.get(&["access", "permissions"], Params::new()).await?;
         let held = paths
@@ -124,7 +102,7 @@ impl ProxmoxClient {
     /// The datacenter's `next-id` range from `GET /cluster/options` (pve-manager `PVE/API2/Cluster.pm`,
     /// `get_options`: the whole datacenter.cfg with `Sys.Audit` on `/`, only a few display options
     /// without it, so the caller must know the token has it). An unset range is the default one.
-    pub async fn next_id_range(&self) -> Result<NextIdRange, ProxmoxError> {
+    pub async fn next_id_range(&self) -> Result<NextIdRange> {
         #[derive(serde::Deserialize)]
         struct Options {
             #[serde(rename = "next-id")]
@@ -151,7 +129,7 @@ impl ProxmoxClient {
     /// `GET /cluster/nextid?vmid=…`: whether no guest in the whole cluster has this VMID, those the
     /// token cannot see included (the listing hides them). pve-manager answers a taken VMID with a
     /// parameter error on `vmid`, which we read by status and field, not by text.
-    pub async fn vmid_is_free(&self, vmid: VmId) -> Result<bool, ProxmoxError> {
+    pub async fn vmid_is_free(&self, vmid: VmId) -> Result<bool> {
         match self
             .get::<serde_json::Value>(&["cluster", "nextid"], Params::new().with("vmid", vmid))
             .await
@@ -169,12 +147,12 @@ impl ProxmoxClient {
     /// The cluster's name from `GET /cluster/status` (Sys.Audit on `/`), or `None` for a standalone
     /// node: pve-manager PVE/API2/Cluster.pm `get_status` lists a `type: cluster` entry only when
     /// pmxcfs knows a corosync cluster, and just the local node otherwise.
-    pub async fn cluster_name(&self) -> Result<Option<String>, ProxmoxError> {
+    pub async fn cluster_name(&self) -> Result<Option<String>> {
         Ok(self.cluster_health().await?.name)
     }
 
     /// Quorum and membership from `GET /cluster/status` (Sys.Audit on `/`).
-    pub async fn cluster_health(&self) -> Result<ClusterHealth, ProxmoxError> {
+    pub async fn cluster_health(&self) -> Result<ClusterHealth> {
         let entries: Vec<ClusterStatusEntry> =
             self.get(&["cluster", "status"], Params::new()).await?;
         Ok(ClusterHealth::from_entries(entries))

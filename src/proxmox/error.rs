@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use super::types::Upid;
 
+/// A result whose error, by default, is a [`ProxmoxError`].
+pub type Result<T, E = ProxmoxError> = std::result::Result<T, E>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProxmoxError {
     /// The VM, node, storage or volume does not exist (404, or PVE's 500 "does not exist" family).
@@ -216,20 +219,14 @@ fn field_list(errors: &BTreeMap<String, String>) -> String {
         .iter()
         .map(|(f, m)| format!("{f}: {}", m.trim()))
         .collect();
-    if list.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", list.join("; "))
-    }
+    let text = (!list.is_empty()).then(|| format!(" ({})", list.join("; ")));
+    text.unwrap_or_default()
 }
 
 /// `; task log: <line> | <line>…`, or nothing.
 fn log_lines(lines: &[String]) -> String {
-    if lines.is_empty() {
-        String::new()
-    } else {
-        format!("; task log: {}", lines.join(" | "))
-    }
+    let text = (!lines.is_empty()).then(|| format!("; task log: {}", lines.join(" | ")));
+    text.unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use serde::Deserialize;
 
 use super::client::Replay::{OnlyIfUnsent, Safe};
 use super::client::{DELETE, POST, PUT, Params, ProxmoxClient};
-use super::error::ProxmoxError;
+use super::error::{ProxmoxError, Result};
 use super::types::{NodeName, VmId, lenient, split_list};
 
 /// An HA resource registration (`POST /cluster/ha/resources`).
@@ -96,15 +96,6 @@ pub enum HaRuleKind {
     ResourceAffinity { affinity: &'static str },
 }
 
-impl HaRuleKind {
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            HaRuleKind::NodeAffinity { .. } => "node-affinity",
-            HaRuleKind::ResourceAffinity { .. } => "resource-affinity",
-        }
-    }
-}
-
 /// A rule to create (`POST /cluster/ha/rules`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewHaRule {
@@ -118,11 +109,7 @@ impl ProxmoxClient {
     /// Registers the VM with the HA manager. Already registered (a re-run, or an operator made it
     /// first) has the settings the class gives written over it, as the official provider does, so
     /// an edited `ha:` takes effect.
-    pub async fn add_ha_resource(
-        &self,
-        vmid: VmId,
-        resource: &HaResource,
-    ) -> Result<(), ProxmoxError> {
+    pub async fn add_ha_resource(&self, vmid: VmId, resource: &HaResource) -> Result<()> {
         let sid = vm_sid(vmid);
         let params = resource.params(Params::new().with("sid", &sid));
         let path = ["cluster", "ha", "resources"];
@@ -144,7 +131,7 @@ impl ProxmoxClient {
     /// Takes the VM out of the HA manager (`DELETE /cluster/ha/resources/vm:<id>`) and, where
     /// pve-ha-manager purges by default (5.0.7 and later), out of every HA rule, leaving the VM in
     /// whatever state it is. Not HA-managed (any more) is success.
-    pub async fn remove_ha_resource(&self, vmid: VmId) -> Result<(), ProxmoxError> {
+    pub async fn remove_ha_resource(&self, vmid: VmId) -> Result<()> {
         let sid = vm_sid(vmid);
         let path = ["cluster", "ha", "resources", &sid];
         match self.write(DELETE, &path, Params::new(), OnlyIfUnsent).await {
@@ -157,26 +144,30 @@ impl ProxmoxClient {
     }
 
     /// `GET /cluster/ha/rules`: every rule, with the digest a change must carry.
-    pub async fn ha_rules(&self) -> Result<Vec<HaRule>, ProxmoxError> {
+    pub async fn ha_rules(&self) -> Result<Vec<HaRule>> {
         self.get(&["cluster", "ha", "rules"], Params::new()).await
     }
 
     /// `POST /cluster/ha/rules`. A rule of that name existing already fails (see
     /// [`ProxmoxError::is_ha_rule_defined`]).
-    pub async fn create_ha_rule(&self, rule: &NewHaRule) -> Result<(), ProxmoxError> {
-        let mut params = Params::new()
-            .with("rule", rule.rule.as_str())
-            .with("type", rule.kind.type_name())
-            .with("resources", rule.resources.join(","))
-            .with("comment", rule.comment.as_str());
-        params = match &rule.kind {
+    pub async fn create_ha_rule(&self, rule: &NewHaRule) -> Result<()> {
+        let (kind, own) = match &rule.kind {
             HaRuleKind::NodeAffinity { nodes, strict } => {
                 let names: Vec<&str> = nodes.iter().map(NodeName::as_str).collect();
-                let params = params.with("nodes", names.join(","));
-                params.with("strict", u8::from(*strict))
+                let own = Params::new().with("nodes", names.join(","));
+                ("node-affinity", own.with("strict", u8::from(*strict)))
             }
-            HaRuleKind::ResourceAffinity { affinity } => params.with("affinity", *affinity),
+            HaRuleKind::ResourceAffinity { affinity } => (
+                "resource-affinity",
+                Params::new().with("affinity", *affinity),
+            ),
         };
+        let params = Params::new()
+            .with("rule", rule.rule.as_str())
+            .with("type", kind)
+            .with("resources", rule.resources.join(","))
+            .with("comment", rule.comment.as_str())
+            .extend(own.0);
         let path = ["cluster", "ha", "rules"];
         self.write(POST, &path, params, OnlyIfUnsent).await
     }
@@ -184,11 +175,7 @@ impl ProxmoxClient {
     /// Sets a rule's resources (`PUT /cluster/ha/rules/<rule>`), only if the rules are still as they
     /// were when `rule` was read: otherwise Proxmox refuses (see
     /// [`ProxmoxError::is_ha_rules_changed`]) and the caller reads again.
-    pub async fn set_ha_rule_resources(
-        &self,
-        rule: &HaRule,
-        resources: &[String],
-    ) -> Result<(), ProxmoxError> {
+    pub async fn set_ha_rule_resources(&self, rule: &HaRule, resources: &[String]) -> Result<()> {
         let params = Params::new()
             .with("type", rule.kind.as_str())
             .with("resources", resources.join(","))
@@ -198,7 +185,7 @@ impl ProxmoxClient {
     }
 
     /// `DELETE /cluster/ha/rules/<rule>`; Proxmox answers success for a rule that is not there.
-    pub async fn delete_ha_rule(&self, rule: &str) -> Result<(), ProxmoxError> {
+    pub async fn delete_ha_rule(&self, rule: &str) -> Result<()> {
         let path = ["cluster", "ha", "rules", rule];
         match self.write(DELETE, &path, Params::new(), OnlyIfUnsent).await {
             Err(e) if e.is_not_found() => Ok(()),

@@ -1,8 +1,8 @@
 //! Typed Proxmox VE client.
 //!
 //! [`ProxmoxClient`] is the transport (auth, TLS, retries, errors); the API areas add their calls to it
-//! in their own modules: [`cluster`] (version, nodes, `/cluster/resources`, next VMID), [`storage`],
-//! [`vms`], [`tasks`]. Responses are typed in [`types`], tolerant of Proxmox's loose JSON.
+//! in their own modules: [`cluster`] (version, `/cluster/resources`, next VMID, quorum, privileges),
+//! [`storage`], [`vms`], [`tasks`]. Responses are typed in [`types`], tolerant of Proxmox's loose JSON.
 
 pub mod client;
 pub mod cluster;

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use super::client::{Params, ProxmoxClient};
-use super::error::ProxmoxError;
+use super::error::Result;
 use super::property::str_enum;
 use super::types::NodeName;
 use mapping::ResourceMapping;
@@ -42,17 +42,14 @@ impl ProxmoxClient {
         &self,
         node: &NodeName,
         filter: Option<NetworkFilter>,
-    ) -> Result<Vec<NetworkInterface>, ProxmoxError> {
+    ) -> Result<Vec<NetworkInterface>> {
         let params = Params::new().with_opt("type", filter.map(NetworkFilter::as_str));
         self.get(&["nodes", node.as_str(), "network"], params).await
     }
 
     /// `GET /cluster/mapping/pci` or `/cluster/mapping/usb`: the resource mappings that
     /// `pci_devices[].mapping` and `usb_devices[].mapping` name.
-    pub async fn resource_mappings(
-        &self,
-        kind: MappingKind,
-    ) -> Result<Vec<ResourceMapping>, ProxmoxError> {
+    pub async fn resource_mappings(&self, kind: MappingKind) -> Result<Vec<ResourceMapping>> {
         self.get(&["cluster", "mapping", kind.as_str()], Params::new())
             .await
     }

@@ -3,11 +3,11 @@
 
 use super::client::Replay::OnlyIfUnsent;
 use super::client::{DELETE, POST, Params, ProxmoxClient};
-use super::error::ProxmoxError;
+use super::error::{ProxmoxError, Result};
 
 impl ProxmoxClient {
     /// `POST /pools`. A pool that already exists is success.
-    pub async fn ensure_pool(&self, pool: &str, comment: &str) -> Result<(), ProxmoxError> {
+    pub async fn ensure_pool(&self, pool: &str, comment: &str) -> Result<()> {
         let params = Params::new().with("poolid", pool).with("comment", comment);
         match self.write(POST, &["pools"], params, OnlyIfUnsent).await {
             Err(ProxmoxError::Api { message, .. }) if message.contains("already exists") => Ok(()),
@@ -17,7 +17,7 @@ impl ProxmoxClient {
 
     /// The comment of `pool` from `GET /pools` (each pool's ID and comment; pve-manager Pool.pm
     /// `index`), `None` when there is no such pool or it has no comment.
-    pub async fn pool_comment(&self, pool: &str) -> Result<Option<String>, ProxmoxError> {
+    pub async fn pool_comment(&self, pool: &str) -> Result<Option<String>> {
         #[derive(serde::Deserialize)]
         struct Pool {
             poolid: String,
@@ -32,7 +32,7 @@ impl ProxmoxClient {
     /// have (pve-manager Pool.pm: the query form came with nested pools and answers 501 before).
     /// Returns false when the pool is not empty or already gone, which is not an error for someone
     /// cleaning up.
-    pub async fn delete_pool_if_empty(&self, pool: &str) -> Result<bool, ProxmoxError> {
+    pub async fn delete_pool_if_empty(&self, pool: &str) -> Result<bool> {
         let by_query = Params::new().with("poolid", pool);
         let answer = match self.write(DELETE, &["pools"], by_query, OnlyIfUnsent).await {
             Err(ProxmoxError::Api { status: 501, .. }) => {

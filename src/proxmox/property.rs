@@ -70,13 +70,6 @@ macro_rules! name_type {
                 f.write_str(&self.0)
             }
         }
-
-        impl std::str::FromStr for $name {
-            type Err = PropertyError;
-            fn from_str(s: &str) -> Result<Self, Self::Err> {
-                Self::new(s)
-            }
-        }
     };
 }
 
@@ -277,25 +270,6 @@ impl VlanTag {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MacAddr(pub [u8; 6]);
 
-impl MacAddr {
-    pub fn parse(s: &str) -> Result<Self, PropertyError> {
-        let wrong = || {
-            let expected = "six hex pairs separated by ':' with the multicast bit clear (e.g. BC:24:11:00:00:01)";
-            invalid("MAC address", s, expected)
-        };
-        let hex = |p: &str| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit());
-        let bytes: Vec<u8> = s
-            .split(':')
-            .map(|p| hex(p).then(|| u8::from_str_radix(p, 16).ok()).flatten())
-            .collect::<Option<_>>()
-            .ok_or_else(wrong)?;
-        match <[u8; 6]>::try_from(bytes) {
-            Ok(bytes) if bytes[0] & 1 == 0 => Ok(Self(bytes)),
-            _ => Err(wrong()),
-        }
-    }
-}
-
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let pairs: Vec<String> = self.0.iter().map(|b| format!("{b:02X}")).collect();
@@ -473,41 +447,14 @@ impl ExistingDisk {
     }
 }
 
-/// `ideN` as a CD-ROM drive.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cdrom {
-    Iso(IsoVolume),
-}
-
-impl Cdrom {
-    pub fn render(&self) -> String {
-        let Cdrom::Iso(volume) = self;
-        format!("{volume},media=cdrom")
-    }
+/// `ideN` as a CD-ROM drive holding `volume`.
+pub fn cdrom(volume: &IsoVolume) -> String {
+    format!("{volume},media=cdrom")
 }
 
 /// `efidisk0`: 4 MiB OVMF vars without pre-enrolled Microsoft keys (Talos brings its own).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EfiDisk {
-    pub storage: StorageId,
-}
-
-impl EfiDisk {
-    pub fn render(&self) -> String {
-        format!("{}:1,efitype=4m,pre-enrolled-keys=0", self.storage)
-    }
-}
-
-/// `smbios1`: the SMBIOS UUID, which Talos reports as its machine UUID.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Smbios1 {
-    pub uuid: uuid::Uuid,
-}
-
-impl Smbios1 {
-    pub fn render(&self) -> String {
-        format!("uuid={}", self.uuid.hyphenated())
-    }
+pub fn efi_disk(storage: &StorageId) -> String {
+    format!("{storage}:1,efitype=4m,pre-enrolled-keys=0")
 }
 
 /// `hostpciN` through a resource mapping.
@@ -550,11 +497,6 @@ impl Usb {
     }
 }
 
-/// `agent`: the QEMU guest agent channel.
-pub fn agent_enabled() -> String {
-    "enabled=1".to_string()
-}
-
 /// `tags`: `;`-separated, deduplicated, in the order given.
 pub fn tags(tags: &[Tag]) -> String {
     let mut seen = std::collections::BTreeSet::new();
@@ -593,16 +535,6 @@ impl Hugepages {
             Hugepages::Any => "any",
         }
     }
-}
-
-/// `cpu`: the CPU model only.
-pub fn cpu(cpu_type: &CpuType) -> String {
-    cpu_type.to_string()
-}
-
-/// `numa`.
-pub fn numa(on: bool) -> String {
-    flag(on).to_string()
 }
 
 /// `vga`: the display type (no options).
@@ -670,7 +602,7 @@ mod tests {
             bridge: BridgeName::new("vmbr0").unwrap(),
             firewall: true,
             vlan: VlanTag::optional(10).unwrap(),
-            mac: Some(MacAddr::parse("bc:24:11:00:00:01").unwrap()),
+            mac: Some(MacAddr([0xbc, 0x24, 0x11, 0, 0, 1])),
         };
         assert_eq!(
             nic.render(),
@@ -716,21 +648,10 @@ mod tests {
         assert_eq!(existing.unwrap().render(), "local-lvm:vm-104-disk-0,ssd=1");
 
         let iso = IsoVolume::parse("local:iso/talos-1.iso").unwrap();
+        assert_eq!(cdrom(&iso), "local:iso/talos-1.iso,media=cdrom");
         assert_eq!(
-            Cdrom::Iso(iso).render(),
-            "local:iso/talos-1.iso,media=cdrom"
-        );
-        assert_eq!(
-            EfiDisk {
-                storage: StorageId::new("local-lvm").unwrap()
-            }
-            .render(),
+            efi_disk(&StorageId::new("local-lvm").unwrap()),
             "local-lvm:1,efitype=4m,pre-enrolled-keys=0"
-        );
-        let uuid = uuid::Uuid::parse_str("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0").unwrap();
-        assert_eq!(
-            Smbios1 { uuid }.render(),
-            "uuid=0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
         );
 
         let pci = HostPci {
@@ -749,7 +670,6 @@ mod tests {
             usb3: true,
         };
         assert_eq!(usb.render(), "mapping=rtl-sdr,usb3=1");
-        assert_eq!(agent_enabled(), "enabled=1");
         let t = |s: &str| Tag::new(s).unwrap();
         assert_eq!(
             tags(&[t("machine-request.set1"), t("talos"), t("TALOS")]),
@@ -765,11 +685,6 @@ mod tests {
         );
         assert_eq!(Hugepages::TwoMb.render(), "2");
         assert_eq!(Hugepages::OneGb.render(), "1024");
-        assert_eq!(
-            cpu(&CpuType::new("x86-64-v2-AES").unwrap()),
-            "x86-64-v2-AES"
-        );
-        assert_eq!(numa(true), "1");
         assert_eq!(Vga::new("serial0").unwrap().render(), "serial0");
         assert!(Vga::new("std,memory=4").is_err());
         assert_eq!(Slot::HostPci(16).checked(), None);
@@ -790,7 +705,6 @@ mod tests {
         assert!(CpuType::new("host,flags=+aes").is_err());
         assert!(IsoVolume::parse("local:iso/x.iso,media=disk").is_err());
         assert!(IsoVolume::parse("local:images/x.iso").is_err());
-        assert!(MacAddr::parse("01:00:00:00:00:00").is_err());
         assert!(VlanTag::new(4095).is_err());
         assert!(ExistingDisk::new("local-lvm:vm-1,ssd=1", DiskOptions::default()).is_err());
     }
@@ -841,9 +755,8 @@ mod tests {
                 }
             }
             if let Ok(volume) = IsoVolume::parse(&s) {
-                prop_assert_eq!(keys(&Cdrom::Iso(volume).render()), vec!["<default>", "media"]);
+                prop_assert_eq!(keys(&cdrom(&volume)), vec!["<default>", "media"]);
             }
-            let _ = MacAddr::parse(&s);
             let _ = Vga::new(&s);
         }
     }
@@ -897,7 +810,7 @@ mod tests {
         ) {
             let options = ["<default>", "cache", "aio", "iothread", "discard", "ssd"];
             if let Ok(storage) = StorageId::new(storage) {
-                let efi = EfiDisk { storage: storage.clone() }.render();
+                let efi = efi_disk(&storage);
                 prop_assert_eq!(keys(&efi), vec!["<default>", "efitype", "pre-enrolled-keys"]);
                 if let Ok(source) = ImportVolume::parse(&format!("{storage}:import/{file}.qcow2")) {
                     let rendered = ImportedDisk { storage, source, options: opts }.render();

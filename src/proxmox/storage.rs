@@ -1,8 +1,8 @@
 //! Storage calls: what a node can store, what is stored, and putting ISOs there.
 
 use super::client::{DELETE, POST, Params, Pool, ProxmoxClient, Replay, Upload, UploadContent};
-use super::error::ProxmoxError;
-use super::types::{NodeName, NodeStorage, StorageFilter, StorageVolume, Upid};
+use super::error::{ProxmoxError, Result};
+use super::types::{NodeName, NodeStorage, StorageVolume, Upid};
 
 /// A file for the node to fetch itself (`download-url`), so large images never pass through us.
 #[derive(Debug, Clone)]
@@ -17,15 +17,9 @@ pub struct DownloadRequest {
 
 impl ProxmoxClient {
     /// `GET /nodes/{node}/storage`: storages as the node sees them, with real free space.
-    pub async fn node_storages(
-        &self,
-        node: &NodeName,
-        filter: &StorageFilter,
-    ) -> Result<Vec<NodeStorage>, ProxmoxError> {
-        let params = Params::new()
-            .with_opt("content", filter.content.as_deref())
-            .with_opt("enabled", filter.enabled_only.then_some(1));
-        self.get(&["nodes", node.as_str(), "storage"], params).await
+    pub async fn node_storages(&self, node: &NodeName) -> Result<Vec<NodeStorage>> {
+        let path = ["nodes", node.as_str(), "storage"];
+        self.get(&path, Params::new()).await
     }
 
     /// `GET /nodes/{node}/storage/{storage}/content[?content=…][&vmid=…]`.
@@ -34,7 +28,7 @@ impl ProxmoxClient {
         node: &NodeName,
         storage: &str,
         content: Option<&str>,
-    ) -> Result<Vec<StorageVolume>, ProxmoxError> {
+    ) -> Result<Vec<StorageVolume>> {
         check_storage(storage)?;
         let params = Params::new().with_opt("content", content);
         // A storage holds a seed ISO per machine: the answer grows with the cluster.
@@ -48,7 +42,7 @@ impl ProxmoxClient {
         node: &NodeName,
         storage: &str,
         request: &DownloadRequest,
-    ) -> Result<Upid, ProxmoxError> {
+    ) -> Result<Upid> {
         check_storage(storage)?;
         let (algorithm, sum) = request.checksum.clone().unzip();
         let params = Params::new()
@@ -68,48 +62,13 @@ impl ProxmoxClient {
         storage: &str,
         content: &str,
         file_name: &str,
-        bytes: Vec<u8>,
-    ) -> Result<Upid, ProxmoxError> {
-        self.upload_to(
-            node,
-            storage,
-            content,
-            file_name,
-            UploadContent::Bytes(bytes),
-        )
-        .await
-    }
-
-    /// `POST /nodes/{node}/storage/{storage}/upload` (multipart) with a body that streams in as it
-    /// is sent: returns the import task.
-    pub async fn upload_streamed(
-        &self,
-        node: &NodeName,
-        storage: &str,
-        content: &str,
-        file_name: &str,
-        body: reqwest::Body,
-        length: u64,
-    ) -> Result<Upid, ProxmoxError> {
-        let body = std::sync::Mutex::new(Some(body));
-        let stream = UploadContent::Stream { body, length };
-        self.upload_to(node, storage, content, file_name, stream)
-            .await
-    }
-
-    async fn upload_to(
-        &self,
-        node: &NodeName,
-        storage: &str,
-        content: &str,
-        file_name: &str,
-        upload: UploadContent,
-    ) -> Result<Upid, ProxmoxError> {
+        body: impl Into<UploadContent>,
+    ) -> Result<Upid> {
         check_storage(storage)?;
         let upload = Upload {
-            fields: vec![("content".into(), content.into())],
+            content: content.into(),
             file_name: file_name.into(),
-            content: upload,
+            body: body.into(),
         };
         let path = ["nodes", node.as_str(), "storage", storage, "upload"];
         self.upload(&path, &upload).await
@@ -121,7 +80,7 @@ impl ProxmoxClient {
         node: &NodeName,
         storage: &str,
         volume_id: &str,
-    ) -> Result<Option<Upid>, ProxmoxError> {
+    ) -> Result<Option<Upid>> {
         check_storage(storage)?;
         // Retried even when the first try may have reached Proxmox (a connection reset mid-answer):
         // the second finds the file gone ("does not exist"), which every caller counts as deleted.
@@ -139,7 +98,7 @@ impl ProxmoxClient {
 }
 
 /// A storage ID goes into URL paths: checked first.
-fn check_storage(storage: &str) -> Result<(), ProxmoxError> {
+fn check_storage(storage: &str) -> Result<()> {
     let checked = super::property::StorageId::new(storage);
     checked
         .map(drop)

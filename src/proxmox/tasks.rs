@@ -15,8 +15,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::client::{Params, ProxmoxClient};
-use super::error::ProxmoxError;
+use super::client::{Params, ProxmoxClient, TaskTimes};
+use super::error::{ProxmoxError, Result};
 use super::types::{TaskLogLine, TaskOutcome, TaskStatus, Upid};
 
 const FIRST_POLL_DELAY: Duration = Duration::from_millis(50);
@@ -30,62 +30,39 @@ const INVISIBLE_GRACE: Duration = Duration::from_secs(30);
 const LOG_TAIL_LINES: usize = 8;
 
 impl ProxmoxClient {
-    /// `GET /nodes/{node}/tasks/{upid}/status` (the node is the one in the UPID).
-    pub async fn task_status(&self, upid: &Upid) -> Result<TaskStatus, ProxmoxError> {
-        let node = upid.node();
-        let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "status"];
-        self.get(&path, Params::new()).await
-    }
-
-    /// The last lines of a task's log from `GET /nodes/{node}/tasks/{upid}/log` (best effort:
-    /// empty when the log cannot be read).
-    pub async fn task_log_tail(&self, upid: &Upid) -> Vec<String> {
-        let node = upid.node();
-        let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "log"];
-        let params = Params::new().with("start", 0).with("limit", 10_000);
-        match self.get::<Vec<TaskLogLine>>(&path, params).await {
-            Ok(lines) => {
-                let skip = lines.len().saturating_sub(LOG_TAIL_LINES);
-                lines.into_iter().skip(skip).map(|l| l.t).collect()
-            }
-            Err(e) => {
-                tracing::debug!(%upid, error = %e, "cannot read task log");
-                Vec::new()
-            }
-        }
-    }
-
     /// Makes `call`, which starts a task, then waits for the task. One error for both halves: callers
     /// decide by what the error says (gone, locked, already running), not by which half it came from.
     pub async fn run_task(
         &self,
-        call: impl Future<Output = Result<Upid, ProxmoxError>>,
+        call: impl Future<Output = Result<Upid>>,
         timeout: Duration,
-    ) -> Result<TaskOutcome, ProxmoxError> {
+    ) -> Result<TaskOutcome> {
         let upid = call.await?;
         self.wait_for_task(&upid, timeout).await
     }
 
     /// Waits until the task ends or `timeout` passes. `Ok` for `OK` and `WARNINGS: n`.
-    pub async fn wait_for_task(
-        &self,
-        upid: &Upid,
-        timeout: Duration,
-    ) -> Result<TaskOutcome, ProxmoxError> {
+    pub async fn wait_for_task(&self, upid: &Upid, timeout: Duration) -> Result<TaskOutcome> {
         let started = Instant::now();
-        let kind = (upid.node().to_string(), upid.task_type().to_owned());
-        let expected = self.inner.task_times.expected(&kind);
+        let node = upid.node();
+        // `GET /nodes/{node}/tasks/{upid}/status`, on the node the UPID names.
+        let status = ["nodes", node.as_str(), "tasks", upid.as_str(), "status"];
+        let kind = (node.to_string(), upid.task_type().to_owned());
+        let times = &self.inner.task_times;
+        let expected = times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&kind)
+            .copied();
         let mut polls = 0;
         let mut last_running = Duration::ZERO;
         tokio::time::sleep(poll_delay(expected, 0).min(timeout)).await;
         loop {
             let asked = started.elapsed();
-            match self.task_status(upid).await {
+            match self.get::<TaskStatus>(&status, Params::new()).await {
                 Ok(status) if !status.is_running() => {
                     // It ended between the last poll that saw it running and this one.
-                    self.inner
-                        .task_times
-                        .record(kind, (last_running + asked) / 2);
+                    record(times, kind, (last_running + asked) / 2);
                     let exit_status = status.exitstatus.unwrap_or_else(|| "unknown".into());
                     return self.finish(upid, exit_status).await;
                 }
@@ -110,20 +87,38 @@ impl ProxmoxClient {
         }
     }
 
-    async fn finish(&self, upid: &Upid, exit_status: String) -> Result<TaskOutcome, ProxmoxError> {
+    async fn finish(&self, upid: &Upid, exit_status: String) -> Result<TaskOutcome> {
         if exit_status == "OK" || exit_status.starts_with("WARNINGS") {
             if exit_status != "OK" {
                 tracing::warn!(%upid, %exit_status, "Proxmox task finished with warnings");
             }
             return Ok(TaskOutcome { exit_status });
         }
+        // The last lines of the log (`GET /nodes/{node}/tasks/{upid}/log`) say why; best effort.
+        let node = upid.node();
+        let path = ["nodes", node.as_str(), "tasks", upid.as_str(), "log"];
+        let params = Params::new().with("start", 0).with("limit", 10_000);
+        let lines = self.get::<Vec<TaskLogLine>>(&path, params).await;
+        let lines =
+            lines.inspect_err(|e| tracing::debug!(%upid, error = %e, "cannot read task log"));
+        let lines = lines.unwrap_or_default();
+        let skip = lines.len().saturating_sub(LOG_TAIL_LINES);
         Err(ProxmoxError::TaskFailed {
             task_type: upid.task_type().to_owned(),
-            log_tail: self.task_log_tail(upid).await,
+            log_tail: lines.into_iter().skip(skip).map(|l| l.t).collect(),
             upid: upid.clone(),
             exit_status,
         })
     }
+}
+
+/// Adds a task that took `took` to the moving average of its kind, so a node that got slower (or
+/// a storage that filled up) moves it within a few tasks.
+fn record(times: &TaskTimes, kind: (String, String), took: Duration) {
+    let mut times = times.lock().unwrap_or_else(|p| p.into_inner());
+    let before = times.get(&kind).copied();
+    let average = before.map_or(took, |before| before.mul_f64(0.7) + took.mul_f64(0.3));
+    times.insert(kind, average);
 }
 
 /// How long to wait before poll number `polls + 1` (before the first: `polls` = 0) of a task whose
@@ -182,6 +177,26 @@ mod tests {
             }
         }
         sent
+    }
+
+    #[test]
+    fn task_times_follow_the_recent_durations_by_node_and_type() {
+        let times = TaskTimes::default();
+        let expected = |kind: &(String, String)| times.lock().unwrap().get(kind).copied();
+        let create = ("pve1".to_string(), "qmcreate".to_string());
+        assert_eq!(expected(&create), None);
+        record(&times, create.clone(), Duration::from_secs(2));
+        assert_eq!(expected(&create), Some(Duration::from_secs(2)));
+        for _ in 0..10 {
+            record(&times, create.clone(), Duration::from_secs(1));
+        }
+        let now = expected(&create).unwrap();
+        assert!(now < Duration::from_millis(1100), "{now:?}");
+        assert_eq!(
+            expected(&("pve2".to_string(), "qmcreate".to_string())),
+            None,
+            "another node's figure is its own"
+        );
     }
 
     #[test]

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -43,17 +42,6 @@ impl fmt::Display for VmId {
     }
 }
 
-impl FromStr for VmId {
-    type Err = InvalidId;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let n: u32 = s
-            .trim()
-            .parse()
-            .map_err(|_| InvalidId(format!("{s:?} is not a VMID (a number from 100)")))?;
-        Self::new(n)
-    }
-}
-
 impl<'de> Deserialize<'de> for VmId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let n = lenient::u64(d)?;
@@ -72,7 +60,8 @@ pub use super::property::NodeName;
 
 /// A task ID: `UPID:<node>:<pid>:<pstart>:<starttime>:<type>:<id>:<user>:`. The node in it is where the
 /// task runs, which is where its status must be asked (a clone to another node runs on the source).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub struct Upid {
     raw: String,
     node: NodeName,
@@ -106,9 +95,10 @@ impl Upid {
     }
 }
 
-impl<'de> Deserialize<'de> for Upid {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Upid::parse(&String::deserialize(d)?).map_err(serde::de::Error::custom)
+impl TryFrom<String> for Upid {
+    type Error = InvalidId;
+    fn try_from(raw: String) -> Result<Self, InvalidId> {
+        Self::parse(&raw)
     }
 }
 
@@ -134,11 +124,6 @@ pub enum NodeState {
     Unknown,
 }
 
-/// One entry of `GET /nodes`: a node as `/cluster/resources` lists it (pve-manager
-/// PVE/API2/Nodes.pm `index` and PVE/API2/Cluster.pm `resources` both build it with
-/// PVE/API2Tools.pm `extract_node_stats`).
-pub type NodeStatus = NodeResource;
-
 /// `GET /cluster/resources`: one call that describes the whole cluster (nodes, guests, storages).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type")]
@@ -155,15 +140,6 @@ pub enum ClusterResource {
     #[serde(other)]
     Other,
 }
-
-super::property::str_enum!(
-    /// The kinds `/cluster/resources` can be filtered to.
-    ResourceKind {
-        Vm = "vm",
-        Node = "node",
-        Storage = "storage",
-    }
-);
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct VmResource {
@@ -277,41 +253,12 @@ impl NodeStorage {
     }
 }
 
-/// Filters for `GET /nodes/{node}/storage`.
-#[derive(Debug, Clone, Default)]
-pub struct StorageFilter {
-    /// Only storages that accept this content type (`images`, `iso`).
-    pub content: Option<String>,
-    /// Only enabled storages.
-    pub enabled_only: bool,
-}
-
 /// One volume from `GET /nodes/{node}/storage/{storage}/content`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct StorageVolume {
     pub volid: String,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub size: Option<u64>,
-}
-
-/// `GET /nodes/{node}/qemu/{vmid}/status/current`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct VmStatus {
-    pub status: String,
-    pub qmpstatus: Option<String>,
-    pub name: Option<String>,
-    pub lock: Option<String>,
-    pub tags: Option<String>,
-    #[serde(default, deserialize_with = "lenient::bool")]
-    pub template: bool,
-    #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub uptime: Option<u64>,
-}
-
-impl VmStatus {
-    pub fn is_running(&self) -> bool {
-        self.status == "running"
-    }
 }
 
 /// A VM's configuration as `GET …/config` returns it. Values stay as JSON because Proxmox mixes numbers
@@ -327,10 +274,6 @@ impl VmConfig {
             serde_json::Value::Null => None,
             other => Some(other.to_string()),
         }
-    }
-
-    pub fn digest(&self) -> Option<String> {
-        self.get("digest")
     }
 }
 
@@ -506,7 +449,7 @@ mod tests {
     #[test]
     fn ids_are_checked() {
         assert!(VmId::new(99).is_err());
-        assert_eq!("104".parse::<VmId>().unwrap().get(), 104);
+        assert_eq!(VmId::new(104).unwrap().get(), 104);
         assert!(NodeName::new("pve1").is_ok());
         assert!(NodeName::new("../etc").is_err());
     }

@@ -5,87 +5,37 @@
 
 use reqwest::Method;
 
-use super::client::{DELETE, GET, POST, PUT, Params, ProxmoxClient, Replay};
-use super::error::ProxmoxError;
-use super::types::{AgentInterfaces, NodeName, Upid, VmConfig, VmId, VmStatus};
+use super::client::{Params, ProxmoxClient, Replay};
+use super::error::Result;
+use super::types::{AgentInterfaces, NodeName, Upid, VmConfig, VmId};
 
-#[derive(Debug, Clone)]
-pub struct CloneRequest {
-    pub new_id: VmId,
-    pub name: Option<String>,
-    /// Node the clone lands on; the task runs on the template's node.
-    pub target: Option<NodeName>,
-    /// Full copy (true) or linked clone of a template (false).
-    pub full: bool,
-    /// Storage for a full clone's disks.
-    pub storage: Option<String>,
-    pub pool: Option<String>,
-    pub description: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct DeleteRequest {
-    /// Also remove the VMID from backup jobs, replication, HA and pools.
-    pub purge: bool,
-    /// Also destroy disks that belong to the VMID but are not in its config.
-    pub destroy_unreferenced_disks: bool,
-}
-
-impl Default for DeleteRequest {
-    fn default() -> Self {
-        Self {
-            purge: true,
-            destroy_unreferenced_disks: true,
-        }
-    }
-}
+/// Options of a VM as `(key, value)` pairs, rendered by `rules::vm_config`.
+type Options = Vec<(String, String)>;
 
 impl ProxmoxClient {
     /// `POST /nodes/{node}/qemu`: all options in one call. Returns the create task.
-    pub async fn create_vm(
-        &self,
-        node: &NodeName,
-        vmid: VmId,
-        options: Vec<(String, String)>,
-    ) -> Result<Upid, ProxmoxError> {
+    pub async fn create_vm(&self, node: &NodeName, vmid: VmId, options: Options) -> Result<Upid> {
         let params = Params::new().with("vmid", vmid).extend(options);
         let path = ["nodes", node.as_str(), "qemu"];
-        self.send(POST, &path, params, Replay::OnlyIfUnsent).await
+        self.send(Method::POST, &path, params, Replay::OnlyIfUnsent)
+            .await
     }
 
-    /// `POST /nodes/{node}/qemu/{vmid}/clone`. Returns the clone task (it runs on `node`).
-    pub async fn clone_vm(
-        &self,
-        node: &NodeName,
-        template: VmId,
-        request: &CloneRequest,
-    ) -> Result<Upid, ProxmoxError> {
-        let params = Params::new()
-            .with("newid", request.new_id)
-            .with_opt("name", request.name.as_deref())
-            .with_opt("target", request.target.as_ref())
-            .with("full", u8::from(request.full))
-            .with_opt("storage", request.storage.as_deref())
-            .with_opt("pool", request.pool.as_deref())
-            .with_opt("description", request.description.as_deref());
-        self.clone_vm_with(node, template, params.0).await
-    }
-
-    /// The clone call with parameters rendered elsewhere (`rules::vm_config::clone_params`).
+    /// `POST /nodes/{node}/qemu/{vmid}/clone` with parameters rendered by
+    /// `rules::vm_config::clone_params`. Returns the clone task (it runs on `node`).
     pub async fn clone_vm_with(
         &self,
         node: &NodeName,
         template: VmId,
-        params: Vec<(String, String)>,
-    ) -> Result<Upid, ProxmoxError> {
-        let (vm, params) = ((node, template), Params(params));
-        self.on_vm(POST, vm, &["clone"], params, Replay::OnlyIfUnsent)
+        params: Options,
+    ) -> Result<Upid> {
+        self.on_vm(Method::POST, (node, template), &["clone"], Params(params))
             .await
     }
 
     /// `GET /nodes/{node}/qemu/{vmid}/config` (current values, pending changes applied).
-    pub async fn vm_config(&self, node: &NodeName, vmid: VmId) -> Result<VmConfig, ProxmoxError> {
-        self.on_vm(GET, (node, vmid), &["config"], Params::new(), Replay::Safe)
+    pub async fn vm_config(&self, node: &NodeName, vmid: VmId) -> Result<VmConfig> {
+        self.on_vm(Method::GET, (node, vmid), &["config"], Params::new())
             .await
     }
 
@@ -94,17 +44,10 @@ impl ProxmoxClient {
         &self,
         node: &NodeName,
         vmid: VmId,
-        options: Vec<(String, String)>,
-    ) -> Result<Upid, ProxmoxError> {
-        let params = Params(options);
-        self.on_vm(
-            POST,
-            (node, vmid),
-            &["config"],
-            params,
-            Replay::OnlyIfUnsent,
-        )
-        .await
+        options: Options,
+    ) -> Result<Upid> {
+        self.on_vm(Method::POST, (node, vmid), &["config"], Params(options))
+            .await
     }
 
     /// `PUT …/config`: synchronous update of absolute values, so safe to replay.
@@ -112,10 +55,9 @@ impl ProxmoxClient {
         &self,
         node: &NodeName,
         vmid: VmId,
-        options: Vec<(String, String)>,
-    ) -> Result<(), ProxmoxError> {
-        let params = Params(options);
-        let answer = self.on_vm(PUT, (node, vmid), &["config"], params, Replay::Safe);
+        options: Options,
+    ) -> Result<()> {
+        let answer = self.on_vm(Method::PUT, (node, vmid), &["config"], Params(options));
         answer.await.map(|_: serde_json::Value| ())
     }
 
@@ -127,22 +69,21 @@ impl ProxmoxClient {
         vmid: VmId,
         disk: &str,
         size: &str,
-    ) -> Result<Option<Upid>, ProxmoxError> {
+    ) -> Result<Option<Upid>> {
         let params = Params::new().with("disk", disk).with("size", size);
-        self.on_vm(PUT, (node, vmid), &["resize"], params, Replay::Safe)
-            .await
-    }
-
-    /// `GET …/status/current`.
-    pub async fn vm_status(&self, node: &NodeName, vmid: VmId) -> Result<VmStatus, ProxmoxError> {
-        let path = ["status", "current"];
-        self.on_vm(GET, (node, vmid), &path, Params::new(), Replay::Safe)
+        self.on_vm(Method::PUT, (node, vmid), &["resize"], params)
             .await
     }
 
     /// `POST …/status/start`.
-    pub async fn start_vm(&self, node: &NodeName, vmid: VmId) -> Result<Upid, ProxmoxError> {
-        self.power(node, vmid, "start", Params::new()).await
+    pub async fn start_vm(&self, node: &NodeName, vmid: VmId) -> Result<Upid> {
+        self.on_vm(
+            Method::POST,
+            (node, vmid),
+            &["status", "start"],
+            Params::new(),
+        )
+        .await
     }
 
     /// `POST …/status/shutdown`: ACPI (or guest agent) shutdown; with `force_stop` Proxmox stops the VM
@@ -153,45 +94,38 @@ impl ProxmoxClient {
         vmid: VmId,
         timeout_secs: u32,
         force_stop: bool,
-    ) -> Result<Upid, ProxmoxError> {
+    ) -> Result<Upid> {
         let params = Params::new()
             .with("timeout", timeout_secs)
             .with("forceStop", u8::from(force_stop));
-        self.power(node, vmid, "shutdown", params).await
-    }
-
-    /// `POST …/status/stop`: immediate power-off.
-    pub async fn stop_vm(&self, node: &NodeName, vmid: VmId) -> Result<Upid, ProxmoxError> {
-        self.power(node, vmid, "stop", Params::new()).await
-    }
-
-    async fn power(
-        &self,
-        node: &NodeName,
-        vmid: VmId,
-        action: &str,
-        params: Params,
-    ) -> Result<Upid, ProxmoxError> {
-        let path = ["status", action];
-        self.on_vm(POST, (node, vmid), &path, params, Replay::OnlyIfUnsent)
+        self.on_vm(Method::POST, (node, vmid), &["status", "shutdown"], params)
             .await
     }
 
-    /// `DELETE /nodes/{node}/qemu/{vmid}`. Returns the destroy task.
+    /// `POST …/status/stop`: immediate power-off.
+    pub async fn stop_vm(&self, node: &NodeName, vmid: VmId) -> Result<Upid> {
+        self.on_vm(
+            Method::POST,
+            (node, vmid),
+            &["status", "stop"],
+            Params::new(),
+        )
+        .await
+    }
+
+    /// `DELETE /nodes/{node}/qemu/{vmid}` with `purge` (the VMID leaves backup jobs, replication,
+    /// HA and pools too) and, if asked, `destroy-unreferenced-disks` (disks of the VMID that are
+    /// not in its config). Returns the destroy task.
     pub async fn delete_vm(
         &self,
         node: &NodeName,
         vmid: VmId,
-        request: DeleteRequest,
-    ) -> Result<Upid, ProxmoxError> {
-        let params = Params::new()
-            .with_opt("purge", request.purge.then_some(1))
-            .with_opt(
-                "destroy-unreferenced-disks",
-                request.destroy_unreferenced_disks.then_some(1),
-            );
-        self.on_vm(DELETE, (node, vmid), &[], params, Replay::OnlyIfUnsent)
-            .await
+        destroy_unreferenced_disks: bool,
+    ) -> Result<Upid> {
+        let unreferenced = destroy_unreferenced_disks.then_some(1);
+        let params = Params::new().with("purge", 1);
+        let params = params.with_opt("destroy-unreferenced-disks", unreferenced);
+        self.on_vm(Method::DELETE, (node, vmid), &[], params).await
     }
 
     /// `GET …/agent/network-get-interfaces`. Fails (500) while the guest agent is not running yet.
@@ -199,23 +133,28 @@ impl ProxmoxClient {
         &self,
         node: &NodeName,
         vmid: VmId,
-    ) -> Result<AgentInterfaces, ProxmoxError> {
+    ) -> Result<AgentInterfaces> {
         let path = ["agent", "network-get-interfaces"];
-        self.on_vm(GET, (node, vmid), &path, Params::new(), Replay::Safe)
+        self.on_vm(Method::GET, (node, vmid), &path, Params::new())
             .await
     }
 
-    /// A call on `/nodes/{node}/qemu/{vmid}/<rest>`.
+    /// A call on `/nodes/{node}/qemu/{vmid}/<rest>`. Reads and `PUT`s (absolute values) are sent
+    /// again after any transient failure; creates, clones, power changes and deletes only when
+    /// they never left.
     async fn on_vm<T: serde::de::DeserializeOwned>(
         &self,
         method: Method,
         (node, vmid): (&NodeName, VmId),
         rest: &[&str],
         params: Params,
-        replay: Replay,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         let id = vmid.to_string();
         let path = [&["nodes", node.as_str(), "qemu", &id], rest].concat();
+        let replay = match method {
+            Method::GET | Method::PUT => Replay::Safe,
+            _ => Replay::OnlyIfUnsent,
+        };
         self.send(method, &path, params, replay).await
     }
 }

@@ -9,8 +9,8 @@ use crate::model::identity;
 use crate::model::identity::set_tag;
 use crate::model::vm::{BootDisk, is_drive_key, is_numbered};
 use crate::proxmox::property::{
-    self, Cdrom, DiskOptions, EfiDisk, ExistingDisk, HostPci, ImportVolume, ImportedDisk,
-    IsoVolume, MacAddr, NewDisk, Nic, PropertyError, Slot, Smbios1, StorageId, Tag, Usb,
+    self, DiskOptions, ExistingDisk, HostPci, ImportVolume, ImportedDisk, IsoVolume, MacAddr,
+    NewDisk, Nic, PropertyError, Slot, StorageId, Tag, Usb,
 };
 use crate::rules::provider_data::{Bios, BootMode, CloneMode, ProviderData};
 
@@ -106,36 +106,31 @@ fn common(
     if data.balloon == Some(false) {
         push("balloon", "0".into());
     }
-    push("cpu", property::cpu(&data.cpu_type));
+    push("cpu", data.cpu_type.to_string());
     if let Some(machine) = data.machine_type {
         push("machine", machine.as_str().into());
     }
     push("bios", data.bios.as_str().into());
     push("scsihw", "virtio-scsi-single".into());
-    push("agent", property::agent_enabled());
+    push("agent", "enabled=1".into());
     push("onboot", "1".into());
     push("serial0", "socket".into());
     if let Some(vga) = data.vga {
         push("vga", vga.render().into());
     }
     if data.numa {
-        push("numa", property::numa(true));
+        push("numa", "1".into());
     }
     if let Some(h) = data.hugepages {
         push("hugepages", h.render().into());
     }
+    // The SMBIOS UUID, which Talos reports as its machine UUID.
     push(
         "smbios1",
-        Smbios1 {
-            uuid: target.smbios_uuid,
-        }
-        .render(),
+        format!("uuid={}", target.smbios_uuid.hyphenated()),
     );
     devices(data, target, out)?;
-    out.push((
-        SEED_CDROM.to_string(),
-        Cdrom::Iso(target.seed_iso.clone()).render(),
-    ));
+    out.push((SEED_CDROM.to_string(), property::cdrom(&target.seed_iso)));
     Ok(())
 }
 
@@ -228,15 +223,16 @@ pub fn render(
     };
     out.push(("scsi0".into(), disk));
     if data.bios == Bios::Ovmf {
-        let storage = target.storage.clone();
-        out.push(("efidisk0".into(), EfiDisk { storage }.render()));
+        out.push(("efidisk0".into(), property::efi_disk(&target.storage)));
     }
-    let mut order = vec![Slot::Scsi(0), Slot::Net(0)];
-    if let Some(iso) = talos_cdrom {
-        out.push((TALOS_CDROM.to_string(), Cdrom::Iso(iso).render()));
-        // An empty disk fails over to the ISO; once Talos is installed the disk boots first.
-        order.insert(1, TALOS_CDROM);
-    }
+    let order = match talos_cdrom {
+        Some(iso) => {
+            out.push((TALOS_CDROM.to_string(), property::cdrom(&iso)));
+            // An empty disk fails over to the ISO; once Talos is installed the disk boots first.
+            vec![Slot::Scsi(0), TALOS_CDROM, Slot::Net(0)]
+        }
+        None => vec![Slot::Scsi(0), Slot::Net(0)],
+    };
     out.push(("boot".into(), property::boot_order(&order)));
     Ok(out)
 }

@@ -15,7 +15,7 @@ async fn vm_listed_without_name_is_identified_from_its_config_and_deleted() {
     let pve = client(&fake);
     let target = provision(&pve, "req-nostats", 150, "pve2", true).await;
     fake.control(json!({"op": "listing_without_stats", "vmid": 150}));
-    let listed = pve.cluster_resources(None).await.unwrap();
+    let listed = pve.cluster_listing().await.unwrap();
     let entry = listed.iter().find_map(|r| match r {
         ClusterResource::Vm(vm) if vm.vmid == vmid(150) => Some(vm),
         _ => None,

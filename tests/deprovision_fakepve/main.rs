@@ -167,9 +167,13 @@ async fn running_vm_is_shut_down_and_destroyed_with_disks_and_seed_in_seven_requ
     assert!(has_volume(&mut fake, "local", "omni-seed-req-run.iso"));
 
     fake.control(json!({"op": "reset_requests"}));
-    let before = pve.request_count();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = sent.clone();
+    pve.set_observer(std::sync::Arc::new(move |_, _, _| {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }));
     let (result, progress) = run(&pve, &target).await;
-    let used = pve.request_count() - before;
+    let used = sent.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(
         result.unwrap(),
         DeprovisionOutcome::Deleted {

@@ -7,7 +7,6 @@ use crate::model::identity;
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::ha::vm_sid;
 use crate::proxmox::types::{NodeName, VmId, VmResource};
-use crate::proxmox::vms::DeleteRequest;
 use crate::rules::ha::rules_to_delete;
 
 /// Shutdown (if running), destroy. The VM is known to be ours.
@@ -208,14 +207,9 @@ async fn destroy_once(
     destroy_unreferenced_disks: bool,
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
     (run.progress)(&format!("destroying VM {vmid} on {node} with its disks"));
-    let request = DeleteRequest {
-        purge: true,
-        destroy_unreferenced_disks,
-    };
     let pve = run.pve;
-    let destroyed = pve
-        .run_task(pve.delete_vm(node, vmid, request), run.options.task_timeout)
-        .await;
+    let delete = pve.delete_vm(node, vmid, destroy_unreferenced_disks);
+    let destroyed = pve.run_task(delete, run.options.task_timeout).await;
     match destroyed {
         Ok(_) => Ok(DeprovisionOutcome::Deleted {
             node: node.clone(),

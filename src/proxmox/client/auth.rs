@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::header::HeaderValue;
-use tokio::sync::{Mutex, RwLock};
+use tokio::sync::Mutex;
 
 use super::ProxmoxClient;
-use crate::proxmox::error::{Call, ProxmoxError};
+use crate::proxmox::error::{Call, ProxmoxError, Result};
 use crate::proxmox::settings::ProxmoxAuth;
+use crate::proxmox::types::lenient;
 use crate::secret::Secret;
 
 pub(super) enum Auth {
@@ -20,10 +21,8 @@ pub(super) enum Auth {
 pub(super) struct TicketAuth {
     username: String,
     password: Secret,
-    session: RwLock<Option<Arc<Session>>>,
-    /// One login at a time: a burst of requests after expiry must not log in fifty times.
-    login: Mutex<()>,
-    renew_after: Duration,
+    /// Held across a login: a burst of requests after expiry must not log in fifty times.
+    session: Mutex<Option<Arc<Session>>>,
 }
 
 pub(super) struct Session {
@@ -39,8 +38,8 @@ struct TicketAnswer {
     csrf: String,
     /// Set for users with a second factor (TOTP, WebAuthn, …): the ticket is only a half-ticket that
     /// pve-access-control (AccessControl.pm, create_ticket) accepts for nothing but the TFA challenge.
-    #[serde(rename = "NeedTFA")]
-    need_tfa: Option<serde_json::Value>,
+    #[serde(rename = "NeedTFA", default, deserialize_with = "lenient::bool")]
+    need_tfa: bool,
 }
 
 /// A header value no request dump shows, if it is one HTTP allows.
@@ -54,7 +53,7 @@ const TICKET_RENEW_AFTER: Duration = Duration::from_secs(90 * 60);
 
 impl Auth {
     /// The token header is built once and marked sensitive, so no request dump can show it.
-    pub(super) fn from_settings(auth: &ProxmoxAuth) -> Result<Self, ProxmoxError> {
+    pub(super) fn from_settings(auth: &ProxmoxAuth) -> Result<Self> {
         Ok(match auth {
             ProxmoxAuth::Token { id, secret } => {
                 let header = sensitive(&format!("PVEAPIToken={id}={}", secret.expose()));
@@ -68,9 +67,7 @@ impl Auth {
             ProxmoxAuth::Password { username, password } => Auth::Ticket(TicketAuth {
                 username: username.clone(),
                 password: password.clone(),
-                session: RwLock::new(None),
-                login: Mutex::new(()),
-                renew_after: TICKET_RENEW_AFTER,
+                session: Mutex::new(None),
             }),
         })
     }
@@ -78,30 +75,24 @@ impl Auth {
 
 impl ProxmoxClient {
     /// The current ticket session, logging in (or renewing) first when needed.
-    pub(super) async fn session(&self, call: &Call) -> Result<Option<Arc<Session>>, ProxmoxError> {
+    pub(super) async fn session(&self, call: &Call) -> Result<Option<Arc<Session>>> {
         let Auth::Ticket(t) = &self.inner.auth else {
             return Ok(None);
         };
-        if let Some(s) = t.session.read().await.as_ref()
-            && s.obtained.elapsed() < t.renew_after
-        {
-            return Ok(Some(s.clone()));
-        }
-        let _one_login = t.login.lock().await;
-        // Another task may have logged in while we waited.
-        if let Some(s) = t.session.read().await.as_ref()
-            && s.obtained.elapsed() < t.renew_after
+        let mut current = t.session.lock().await;
+        if let Some(s) = current.as_ref()
+            && s.obtained.elapsed() < TICKET_RENEW_AFTER
         {
             return Ok(Some(s.clone()));
         }
         let session = Arc::new(self.login(t, call).await?);
-        *t.session.write().await = Some(session.clone());
+        *current = Some(session.clone());
         Ok(Some(session))
     }
 
     pub(super) async fn invalidate(&self, used: Option<&Arc<Session>>) {
         if let Auth::Ticket(t) = &self.inner.auth {
-            let mut guard = t.session.write().await;
+            let mut guard = t.session.lock().await;
             // Only drop the session that failed; a newer one from a concurrent login stays.
             if let (Some(current), Some(used)) = (guard.as_ref(), used)
                 && Arc::ptr_eq(current, used)
@@ -111,7 +102,7 @@ impl ProxmoxClient {
         }
     }
 
-    async fn login(&self, t: &TicketAuth, during: &Call) -> Result<Session, ProxmoxError> {
+    async fn login(&self, t: &TicketAuth, during: &Call) -> Result<Session> {
         let call = Call {
             method: "POST",
             path: "/access/ticket".into(),
@@ -133,9 +124,7 @@ impl ProxmoxClient {
             }
             e => e,
         })?;
-        if answer.need_tfa.as_ref().is_some_and(|v| {
-            v.as_u64() == Some(1) || v.as_bool() == Some(true) || v.as_str() == Some("1")
-        }) {
+        if answer.need_tfa {
             return Err(ProxmoxError::Unauthorized {
                 call,
                 message: format!(

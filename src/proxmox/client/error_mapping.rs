@@ -4,8 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use reqwest::StatusCode;
-
 use crate::proxmox::error::{Call, ProxmoxError};
 
 #[derive(serde::Deserialize, Default)]
@@ -42,12 +40,7 @@ pub(super) fn reason_phrase(response: &reqwest::Response) -> String {
 }
 
 /// Maps a non-2xx answer to the error kind the caller acts on.
-pub(super) fn status_error(
-    call: &Call,
-    status: StatusCode,
-    reason: &str,
-    body: &[u8],
-) -> ProxmoxError {
+pub(super) fn status_error(call: &Call, status: u16, reason: &str, body: &[u8]) -> ProxmoxError {
     let json: Option<ErrorBody> = serde_json::from_slice(body).ok();
     let is_json = json.is_some();
     let parsed = json.unwrap_or_default();
@@ -67,7 +60,7 @@ pub(super) fn status_error(
             }
         });
     let call = call.clone();
-    match status.as_u16() {
+    match status {
         401 => ProxmoxError::Unauthorized { call, message },
         403 => {
             let message = match unnamed_privilege(&call, &message) {
@@ -179,34 +172,24 @@ mod tests {
     fn status_mapping() {
         let e = status_error(
             &call(),
-            StatusCode::INTERNAL_SERVER_ERROR,
+            500,
             "",
             br#"{"data":null,"message":"Configuration file 'nodes/pve1/qemu-server/9999.conf' does not exist\n"}"#,
         );
         assert!(e.is_not_found(), "{e}");
-        let e = status_error(
-            &call(),
-            StatusCode::from_u16(595).unwrap(),
-            "No route to host",
-            b"",
-        );
+        let e = status_error(&call(), 595, "No route to host", b"");
         assert!(e.is_transient(), "{e}");
         assert!(e.to_string().contains("No route to host"));
         let e = status_error(
             &call(),
-            StatusCode::BAD_REQUEST,
+            400,
             "Parameter verification failed.",
             br#"{"data":null,"message":"Parameter verification failed.\n","errors":{"vmid":"invalid"}}"#,
         );
         assert!(
             matches!(&e, ProxmoxError::Api { status: 400, field_errors, .. } if field_errors["vmid"] == "invalid")
         );
-        let e = status_error(
-            &call(),
-            StatusCode::UNAUTHORIZED,
-            "authentication failure",
-            b"",
-        );
+        let e = status_error(&call(), 401, "authentication failure", b"");
         assert!(
             matches!(e, ProxmoxError::Unauthorized { ref message, .. } if message == "authentication failure")
         );
@@ -221,7 +204,7 @@ mod tests {
                 method: "POST",
                 path: "/nodes/pve1/qemu".into(),
             },
-            StatusCode::FORBIDDEN,
+            403,
             "",
             br#"{"data":null,"message":"Permission check failed (pool 'workers' does not exist)\n"}"#,
         );
@@ -237,7 +220,7 @@ mod tests {
                 method: "POST",
                 path: "/pools".into(),
             },
-            StatusCode::INTERNAL_SERVER_ERROR,
+            500,
             "",
             br#"{"data":null,"message":"create pool failed: cfs-lock 'file-user_cfg' error: got lock request timeout\n"}"#,
         );
@@ -253,7 +236,7 @@ mod tests {
         );
         let e = status_error(
             &call(),
-            StatusCode::INTERNAL_SERVER_ERROR,
+            500,
             "",
             br#"{"data":null,"message":"'file-user_cfg'-locked command timed out - aborting\n"}"#,
         );
@@ -268,7 +251,7 @@ mod tests {
                 method: "POST",
                 path: "/pools".into(),
             },
-            StatusCode::INTERNAL_SERVER_ERROR,
+            500,
             "pool 'workers' already exists",
             br#"{"data":null}"#,
         );
@@ -278,7 +261,7 @@ mod tests {
         );
         let e = status_error(
             &call(),
-            StatusCode::INTERNAL_SERVER_ERROR,
+            500,
             "Configuration file 'nodes/pve1/qemu-server/9.conf' does not exist",
             br#"{"data":null}"#,
         );
@@ -289,7 +272,7 @@ mod tests {
     fn lock_timeouts_are_transient_and_safe_to_resend() {
         let e = status_error(
             &call(),
-            StatusCode::INTERNAL_SERVER_ERROR,
+            500,
             "",
             br#"{"data":null,"message":"can't lock file '/var/lock/qemu-server/lock-104.conf' - got timeout\n"}"#,
         );
@@ -304,21 +287,21 @@ mod tests {
         };
         let e = status_error(
             &create,
-            StatusCode::FORBIDDEN,
+            403,
             "",
             br#"{"data":null,"message":"Permission check failed\n"}"#,
         );
         assert!(e.to_string().contains("VM.Allocate"), "{e}");
         let e = status_error(
             &create,
-            StatusCode::FORBIDDEN,
+            403,
             "",
             br#"{"data":null,"message":"Permission check failed (/, Sys.Modify for modifying tag 'talos')\n"}"#,
         );
         assert!(e.to_string().contains("user-tag-access"), "{e}");
         let e = status_error(
             &create,
-            StatusCode::FORBIDDEN,
+            403,
             "",
             br#"{"data":null,"message":"Permission check failed (/storage/local, Datastore.AllocateSpace)\n"}"#,
         );

@@ -14,22 +14,20 @@
 
 mod auth;
 mod error_mapping;
-mod task_times;
 mod tls;
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use reqwest::multipart::{Form, Part};
 use serde::de::DeserializeOwned;
 
-use super::error::{Call, ProxmoxError};
+use super::error::{Call, ProxmoxError, Result};
 use crate::proxmox::settings::{ProxmoxSettings, TlsTrust};
 use auth::{Auth, Session};
 use error_mapping::{reason_phrase, status_error, transport_error};
-pub(crate) use task_times::TaskTimes;
 pub(crate) use tls::tls_config;
 
 /// A cheap-to-clone handle to one Proxmox VE API endpoint.
@@ -53,22 +51,24 @@ pub(super) struct Inner {
     base: url::Url,
     auth: Auth,
     retry: RetryPolicy,
-    requests: AtomicU64,
     observer: std::sync::OnceLock<RequestObserver>,
     /// Asked before every write; unset, every write may start.
     fence: std::sync::OnceLock<crate::fence::Fence>,
     /// The last full `/cluster/resources` listing and when its request was sent: concurrent
-    /// readers share one ([`ProxmoxClient::cluster_resources`]).
+    /// readers share one ([`ProxmoxClient::cluster_listing`]).
     pub(super) listing: tokio::sync::Mutex<Option<super::listing::Listing>>,
-    /// How long tasks took lately, by node and type ([`ProxmoxClient::wait_for_task`]).
+    /// How long tasks took lately, by node and task type: a moving average that
+    /// [`ProxmoxClient::wait_for_task`] times its polls by.
     pub(super) task_times: TaskTimes,
 }
 
 /// The methods of the API, for the calls the areas make.
-pub(crate) const GET: Method = Method::GET;
 pub(crate) const POST: Method = Method::POST;
 pub(crate) const PUT: Method = Method::PUT;
 pub(crate) const DELETE: Method = Method::DELETE;
+
+/// How long tasks took lately, by node and task type.
+pub(crate) type TaskTimes = std::sync::Mutex<HashMap<(String, String), Duration>>;
 
 /// Which connections a call goes over.
 ///
@@ -98,16 +98,6 @@ pub struct RetryPolicy {
     pub attempts: u32,
     pub initial_delay: Duration,
     pub max_delay: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            attempts: 5,
-            initial_delay: Duration::from_millis(200),
-            max_delay: Duration::from_secs(5),
-        }
-    }
 }
 
 impl RetryPolicy {
@@ -158,9 +148,10 @@ impl Params {
 
 /// A file sent as `multipart/form-data` (storage upload).
 pub struct Upload {
-    pub fields: Vec<(String, String)>,
+    /// The content type of the storage's directory it goes to (`iso`, `import`).
+    pub content: String,
     pub file_name: String,
-    pub content: UploadContent,
+    pub body: UploadContent,
 }
 
 pub enum UploadContent {
@@ -174,6 +165,19 @@ pub enum UploadContent {
     },
 }
 
+impl From<Vec<u8>> for UploadContent {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::Bytes(bytes)
+    }
+}
+
+impl UploadContent {
+    pub fn stream(body: reqwest::Body, length: u64) -> Self {
+        let body = std::sync::Mutex::new(Some(body));
+        Self::Stream { body, length }
+    }
+}
+
 enum Body<'a> {
     Params(&'a Params),
     Upload(&'a Upload),
@@ -181,7 +185,7 @@ enum Body<'a> {
 
 impl Body<'_> {
     fn is_stream(&self) -> bool {
-        matches!(self, Body::Upload(u) if matches!(u.content, UploadContent::Stream { .. }))
+        matches!(self, Body::Upload(u) if matches!(u.body, UploadContent::Stream { .. }))
     }
 }
 
@@ -198,14 +202,16 @@ const STREAMED_UPLOAD_TIMEOUT: Duration = Duration::from_secs(1800);
 pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 impl ProxmoxClient {
-    pub fn new(settings: &ProxmoxSettings) -> Result<Self, ProxmoxError> {
-        Self::with_retry(settings, RetryPolicy::default())
+    pub fn new(settings: &ProxmoxSettings) -> Result<Self> {
+        let retry = RetryPolicy {
+            attempts: 5,
+            initial_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(5),
+        };
+        Self::with_retry(settings, retry)
     }
 
-    pub fn with_retry(
-        settings: &ProxmoxSettings,
-        retry: RetryPolicy,
-    ) -> Result<Self, ProxmoxError> {
+    pub fn with_retry(settings: &ProxmoxSettings, retry: RetryPolicy) -> Result<Self> {
         let tls = tls_config(&settings.tls)?;
         if settings.tls == TlsTrust::InsecureSkipVerify {
             tracing::warn!(
@@ -224,7 +230,6 @@ impl ProxmoxClient {
                 base: settings.api_url.clone(),
                 auth,
                 retry,
-                requests: AtomicU64::new(0),
                 observer: std::sync::OnceLock::new(),
                 fence: std::sync::OnceLock::new(),
                 listing: tokio::sync::Mutex::new(None),
@@ -249,16 +254,8 @@ impl ProxmoxClient {
         let _ = self.inner.fence.set(fence);
     }
 
-    /// HTTP requests sent so far (logins and retries included): the benchmark's cost measure.
-    pub fn request_count(&self) -> u64 {
-        self.inner.requests.load(Ordering::Relaxed)
-    }
-
-    pub(crate) async fn get<T: DeserializeOwned>(
-        &self,
-        path: &[&str],
-        params: Params,
-    ) -> Result<T, ProxmoxError> {
+    /// `GET <path>`, read into `T`.
+    pub async fn get<T: DeserializeOwned>(&self, path: &[&str], params: Params) -> Result<T> {
         self.get_over(Pool::Small, path, params).await
     }
 
@@ -268,7 +265,7 @@ impl ProxmoxClient {
         pool: Pool,
         path: &[&str],
         params: Params,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         self.call(pool, Method::GET, path, Body::Params(&params), Replay::Safe)
             .await
     }
@@ -282,7 +279,7 @@ impl ProxmoxClient {
         path: &[&str],
         params: Params,
         replay: Replay,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         let body = Body::Params(&params);
         self.call(Pool::Small, method, path, body, replay).await
     }
@@ -294,7 +291,7 @@ impl ProxmoxClient {
         path: &[&str],
         params: Params,
         replay: Replay,
-    ) -> Result<(), ProxmoxError> {
+    ) -> Result<()> {
         let answer = self.send::<serde_json::Value>(method, path, params, replay);
         answer.await.map(drop)
     }
@@ -305,8 +302,8 @@ impl ProxmoxClient {
         &self,
         path: &[&str],
         upload: &Upload,
-    ) -> Result<T, ProxmoxError> {
-        let pool = match upload.content {
+    ) -> Result<T> {
+        let pool = match upload.body {
             UploadContent::Bytes(_) => Pool::Small,
             UploadContent::Stream { .. } => Pool::Large,
         };
@@ -322,7 +319,7 @@ impl ProxmoxClient {
         path: &[&str],
         body: Body<'_>,
         replay: Replay,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         let call = Call {
             method: method_name(&method),
             path: format!("/{}", path.join("/")),
@@ -365,7 +362,7 @@ impl ProxmoxClient {
         body: &Body<'_>,
         call: &Call,
         session: Option<&Session>,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         if *method != Method::GET
             && let Some(Err(source)) = self.inner.fence.get().map(crate::fence::Fence::check)
         {
@@ -380,17 +377,14 @@ impl ProxmoxClient {
             Pool::Large => &self.inner.large,
         };
         let mut req = http.request(method.clone(), url);
-        match &self.inner.auth {
-            Auth::Token(header) => {
-                req = req.header(reqwest::header::AUTHORIZATION, header.clone());
-            }
-            Auth::Ticket(_) => {
-                if let Some(s) = session {
-                    req = req.header(reqwest::header::COOKIE, s.cookie.clone());
-                    if method != Method::GET {
-                        req = req.header("CSRFPreventionToken", s.csrf.clone());
-                    }
-                }
+        if let Auth::Token(header) = &self.inner.auth {
+            req = req.header(reqwest::header::AUTHORIZATION, header.clone());
+        }
+        // Only a ticket login has a session.
+        if let Some(s) = session {
+            req = req.header(reqwest::header::COOKIE, s.cookie.clone());
+            if method != Method::GET {
+                req = req.header("CSRFPreventionToken", s.csrf.clone());
             }
         }
         req = match body {
@@ -399,7 +393,7 @@ impl ProxmoxClient {
             }
             Body::Params(p) => req.form(&p.0),
             Body::Upload(u) => {
-                let part = match &u.content {
+                let part = match &u.body {
                     UploadContent::Bytes(bytes) => Part::bytes(bytes.clone()),
                     UploadContent::Stream { body, length } => {
                         let taken = body.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -417,10 +411,7 @@ impl ProxmoxClient {
                     .file_name(u.file_name.clone())
                     .mime_str("application/octet-stream")
                     .map_err(|e| ProxmoxError::Setup(format!("multipart: {e}")))?;
-                let form = u
-                    .fields
-                    .iter()
-                    .fold(Form::new(), |form, (k, v)| form.text(k.clone(), v.clone()));
+                let form = Form::new().text("content", u.content.clone());
                 req.multipart(form.part("filename", part))
             }
         };
@@ -431,9 +422,8 @@ impl ProxmoxClient {
         &self,
         req: reqwest::RequestBuilder,
         call: &Call,
-    ) -> Result<T, ProxmoxError> {
+    ) -> Result<T> {
         let started = Instant::now();
-        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         let response = req.send().await;
         let elapsed = started.elapsed();
         let elapsed_ms = elapsed.as_millis() as u64;
@@ -466,7 +456,7 @@ impl ProxmoxClient {
                     message: e.to_string(),
                 });
         }
-        Err(status_error(call, status, &reason, &bytes))
+        Err(status_error(call, status.as_u16(), &reason, &bytes))
     }
 
     fn url(&self, path: &[&str]) -> url::Url {
@@ -478,7 +468,7 @@ impl ProxmoxClient {
     }
 }
 
-fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client, ProxmoxError> {
+fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client> {
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .connect_timeout(Duration::from_secs(10))

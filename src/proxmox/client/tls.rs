@@ -5,12 +5,12 @@ use std::sync::Arc;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
-use crate::proxmox::error::ProxmoxError;
+use crate::proxmox::error::{ProxmoxError, Result};
 use crate::proxmox::settings::TlsTrust;
 use crate::tls::AcceptAnyServerCert;
 
 /// The rustls configuration for a trust setting (also used for the Image Factory).
-pub(crate) fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig, ProxmoxError> {
+pub(crate) fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -23,26 +23,24 @@ pub(crate) fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig, Proxm
             .with_no_client_auth(),
         TlsTrust::CaFile(path) => {
             let shown = path.display();
+            let wrong =
+                |what: String| ProxmoxError::Setup(format!("proxmox.caFile {shown} {what}"));
             let mut roots = webpki();
             let certs = CertificateDer::pem_file_iter(path)
                 .map_err(|e| {
                     ProxmoxError::Setup(format!("cannot read proxmox.caFile {shown}: {e}"))
                 })?
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| {
-                    ProxmoxError::Setup(format!("proxmox.caFile {shown} is not valid PEM: {e}"))
-                })?;
+                .map_err(|e| wrong(format!("is not valid PEM: {e}")))?;
             if certs.is_empty() {
-                return Err(ProxmoxError::Setup(format!(
-                    "proxmox.caFile {shown} contains no PEM certificate (expected -----BEGIN CERTIFICATE-----)"
-                )));
+                let what = "contains no PEM certificate (expected -----BEGIN CERTIFICATE-----)";
+                return Err(wrong(what.into()));
             }
             for cert in certs {
-                roots.add(cert).map_err(|e| {
-                    ProxmoxError::Setup(format!(
-                        "proxmox.caFile {shown} holds a certificate rustls cannot use as a trust anchor: {e}"
-                    ))
-                })?;
+                let unusable = "holds a certificate rustls cannot use as a trust anchor";
+                roots
+                    .add(cert)
+                    .map_err(|e| wrong(format!("{unusable}: {e}")))?;
             }
             builder.with_root_certificates(roots).with_no_client_auth()
         }

@@ -100,7 +100,7 @@ fn full_create_request() {
          pci_devices: [{mapping: gpu1, pcie: true}]\nusb_devices: [{mapping: sdr, usb3: true}]\n",
     );
     let mut t = target(1);
-    t.macs = vec![MacAddr::parse("BC:24:11:AA:BB:CC").unwrap()];
+    t.macs = vec![MacAddr([0xBC, 0x24, 0x11, 0xAA, 0xBB, 0xCC])];
     let params = render(&d, &identity(), &t).unwrap();
     for (k, v) in [
         ("balloon", "0"),
