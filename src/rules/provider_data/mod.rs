@@ -28,17 +28,11 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-pub use data::{AdditionalDisk, AdditionalNic, HaSettings, ProviderData};
+pub use data::{AdditionalDisk, HaSettings, ProviderData};
 pub use layers::ConfigLayers;
-pub use values::{
-    Bios, BootMode, CloneMode, MachineType, PlacementStrategy, ResourceAffinity, TemplateRef,
-};
+pub use values::{Bios, BootMode, CloneMode, PlacementStrategy, ResourceAffinity, TemplateRef};
 
 use layers::{Layer, Stack};
-
-/// The JSON schema registered with Omni (shown for machine classes); a test keeps it what the key
-/// declarations generate ([`schema::schema_text`]).
-pub const SCHEMA_JSON: &str = include_str!("../../../schema/provider-data.schema.json");
 
 /// Default bridge of the first NIC, as upstream.
 pub const DEFAULT_NETWORK_BRIDGE: &str = "vmbr0";
@@ -151,13 +145,6 @@ impl ProviderDataSchema {
             .map(|(name, map)| Map::from_iter([(name.to_owned(), Value::Object(map.clone()))]));
         let layers = ConfigLayers::read(defaults, &nodes.unwrap_or_default());
         self.resolve_with(class_yaml, node_override.map(|(name, _)| name), &layers)
-    }
-
-    /// Validates and types one complete document: schema, unknown keys, semantics, required keys.
-    pub fn parse_merged(&self, merged: &Map<String, Value>) -> Result<ProviderData, Vec<Problem>> {
-        let layer = Layer::read(merged);
-        let none = Layer::default();
-        effective::resolve(&Stack::new(&layer, None, &none), self.strict)
     }
 
     /// Checks one layer on its own (no required keys): the machine class, `defaults`, or a node

@@ -204,7 +204,7 @@ proptest! {
                 &Value::Object(defaults.clone()),
             )?;
         }
-        if let Err(problems) = schema.parse_merged(&class) {
+        if let Err(problems) = schema.resolve(&class_yaml, None, &Map::new()) {
             check_named(&problems, &Value::Object(class.clone()), None, &Value::Null)?;
         }
         let check = schema.check_layer("", &Value::Object(class.clone()));

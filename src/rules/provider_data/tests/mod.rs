@@ -7,6 +7,7 @@ use serde_json::{Map, Value, json};
 
 use super::layers::pointer_to_key;
 use super::schema::{inner_keys, top_keys};
+use super::values::MachineType;
 use super::*;
 use crate::proxmox::property::{DiskCache, Hugepages, NodeName, VlanTag};
 
@@ -181,7 +182,8 @@ ip_discovery_timeout: 0
 
 #[test]
 fn schema_lists_every_key_the_parser_knows() {
-    let schema: Value = serde_json::from_str(SCHEMA_JSON).unwrap();
+    let schema: Value =
+        serde_json::from_str(include_str!("../../../../schema/provider-data.schema.json")).unwrap();
     let props = schema["properties"].as_object().unwrap();
     let mut listed: Vec<&str> = props.keys().map(String::as_str).collect();
     let mut known = top_keys().to_vec();
@@ -647,7 +649,7 @@ proptest! {
     ) {
         let mut map: Map<String, Value> = serde_json::from_str(r#"{"cores":2,"memory":4096,"disk_size":20,"storage_selector":"true"}"#).unwrap();
         map.insert(key.to_string(), value);
-        if let Err(problems) = schema().parse_merged(&map) {
+        if let Err(problems) = schema().resolve(&Value::Object(map).to_string(), None, &Map::new()) {
             prop_assert!(!problems.is_empty());
             for p in &problems {
                 prop_assert!(!p.key.is_empty());
