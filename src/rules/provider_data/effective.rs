@@ -7,7 +7,7 @@ use super::data::{AdditionalDisk, AdditionalNic, HaSettings, ProviderData};
 use super::keys::{DiskKeys, HaKeys, Keys, NicKeys, PciKeys, UsbKeys};
 use super::layers::{Finding, Findings, Phase, Stack};
 use super::schema::required_keys;
-use super::values::{BootMode, MachineType, Parsed, ResourceAffinity, UpTo};
+use super::values::{BootMode, MachineType, ResourceAffinity, UpTo};
 use super::{
     DEFAULT_CPU_TYPE, DEFAULT_IP_DISCOVERY_TIMEOUT, DEFAULT_NETWORK_BRIDGE, LayerCheck, Problem,
 };
@@ -96,8 +96,8 @@ fn rules(k: &Keys) -> Vec<Finding> {
                 .into(),
         );
     }
-    let allowed = values(k.allowed_nodes.clone());
-    if let Some(Parsed(node)) = &k.node
+    let allowed = k.allowed_nodes.clone().unwrap_or_default();
+    if let Some(node) = &k.node
         && !allowed.is_empty()
         && !allowed.contains(node)
     {
@@ -121,7 +121,7 @@ fn rules(k: &Keys) -> Vec<Finding> {
                 .into(),
         );
     }
-    if let Some(Parsed(pages)) = k.hugepages {
+    if let Some(pages) = k.hugepages {
         let sockets = k.sockets.map_or(1, UpTo::small);
         for (key, message) in hugepages_problems(pages, k.numa, k.memory.map(|m| m.0), sockets) {
             f.push(key, message);
@@ -137,21 +137,16 @@ fn rules(k: &Keys) -> Vec<Finding> {
     f.list
 }
 
-/// The values of a list of checked strings.
-fn values<T>(list: Option<Vec<Parsed<T>>>) -> Vec<T> {
-    list.into_iter().flatten().map(|Parsed(v)| v).collect()
-}
-
 /// The merged keys with every default filled in; `None` when a required value is missing or wrong
 /// (its problem is reported).
 fn provider_data(k: Keys) -> Option<ProviderData> {
     let keys = k.clone();
     let network_bridge = match k.network_bridge {
-        Some(Parsed(bridge)) => bridge,
+        Some(bridge) => bridge,
         None => BridgeName::new(DEFAULT_NETWORK_BRIDGE).ok()?,
     };
     let cpu_type = match k.cpu_type {
-        Some(Parsed(cpu)) => cpu,
+        Some(cpu) => cpu,
         None => CpuType::new(DEFAULT_CPU_TYPE).ok()?,
     };
     Some(ProviderData {
@@ -159,8 +154,8 @@ fn provider_data(k: Keys) -> Option<ProviderData> {
         sockets: k.sockets.map_or(1, UpTo::small),
         memory_mb: k.memory?.0,
         disk_size_gb: k.disk_size?.0,
-        storage_selector: k.storage_selector?.0,
-        node: k.node.map(|Parsed(n)| n),
+        storage_selector: k.storage_selector?,
+        node: k.node,
         placement_strategy: k.placement_strategy.unwrap_or_default(),
         network_bridge,
         vlan: k.vlan.and_then(|v| v.0),
@@ -169,18 +164,18 @@ fn provider_data(k: Keys) -> Option<ProviderData> {
             ssd: k.disk_ssd.unwrap_or(false),
             discard: k.disk_discard.unwrap_or(false),
             iothread: k.disk_iothread.unwrap_or(false),
-            cache: k.disk_cache.map(|Parsed(c)| c),
-            aio: k.disk_aio.map(|Parsed(a)| a),
+            cache: k.disk_cache,
+            aio: k.disk_aio,
         },
         cpu_type,
         machine_type: k.machine_type,
         bios: k.bios.unwrap_or_default(),
-        vga: k.vga.map(|Parsed(v)| v),
+        vga: k.vga,
         numa: k.numa.unwrap_or(false),
-        hugepages: k.hugepages.map(|Parsed(h)| h),
+        hugepages: k.hugepages,
         balloon: k.balloon,
-        pool: k.pool.map(|Parsed(p)| p),
-        tags: values(k.tags),
+        pool: k.pool,
+        tags: k.tags.into_iter().flatten().map(|t| t.0).collect(),
         topology_labels: k.topology_labels.unwrap_or(true),
         ha: k.ha.map(ha),
         additional_nics: k
@@ -210,12 +205,12 @@ fn provider_data(k: Keys) -> Option<ProviderData> {
         boot: k.boot.unwrap_or_default(),
         template: k.template,
         clone_mode: k.clone_mode.unwrap_or_default(),
-        allowed_nodes: values(k.allowed_nodes),
-        iso_storage_selector: k.iso_storage_selector.map(|Parsed(s)| s),
+        allowed_nodes: k.allowed_nodes.unwrap_or_default(),
+        iso_storage_selector: k.iso_storage_selector,
         ip_discovery_timeout: k
             .ip_discovery_timeout
             .map_or(DEFAULT_IP_DISCOVERY_TIMEOUT, |t| Duration::from_secs(t.0)),
-        ip_pool: k.ip_pool.map(|Parsed(p)| p.0),
+        ip_pool: k.ip_pool.map(|p| p.0),
         keys,
         warnings: Vec::new(),
     })
@@ -230,7 +225,7 @@ fn ha(h: HaKeys) -> HaSettings {
         max_relocate: h.max_relocate.map(UpTo::small),
         failback: h.failback,
         rules: h.rules.unwrap_or_default(),
-        node_affinity_nodes: values(h.node_affinity_nodes),
+        node_affinity_nodes: h.node_affinity_nodes.unwrap_or_default(),
         node_affinity_strict: h.node_affinity_strict.unwrap_or(false),
         resource_affinity: match h.spread {
             Some(true) => Some(ResourceAffinity::Negative),
@@ -241,24 +236,24 @@ fn ha(h: HaKeys) -> HaSettings {
 
 fn nic(n: NicKeys) -> Option<AdditionalNic> {
     Some(AdditionalNic {
-        bridge: n.bridge?.0,
+        bridge: n.bridge?,
         vlan: n.vlan.and_then(|v| v.0),
         firewall: n.firewall.unwrap_or(false),
-        ip_pool: n.ip_pool.map(|Parsed(p)| p.0),
+        ip_pool: n.ip_pool.map(|p| p.0),
     })
 }
 
 fn usb(u: UsbKeys) -> Option<Usb> {
     Some(Usb {
-        mapping: u.mapping?.0,
+        mapping: u.mapping?,
         usb3: u.usb3.unwrap_or(false),
     })
 }
 
 fn pci(p: PciKeys) -> Option<HostPci> {
     Some(HostPci {
-        mapping: p.mapping?.0,
-        mdev: p.mdev.map(|Parsed(m)| m),
+        mapping: p.mapping?,
+        mdev: p.mdev,
         pcie: p.pcie.unwrap_or(false),
         // Upstream only ever writes rombar=1 when true; unset or false leaves Proxmox's default.
         rombar: p.rombar.filter(|on| *on),
@@ -269,13 +264,13 @@ fn pci(p: PciKeys) -> Option<HostPci> {
 fn disk(d: DiskKeys) -> Option<AdditionalDisk> {
     Some(AdditionalDisk {
         size_gb: d.disk_size?.0,
-        storage_selector: d.storage_selector?.0,
+        storage_selector: d.storage_selector?,
         options: DiskOptions {
             ssd: d.disk_ssd.unwrap_or(false),
             discard: d.disk_discard.unwrap_or(false),
             iothread: d.disk_iothread.unwrap_or(false),
-            cache: d.disk_cache.map(|Parsed(c)| c),
-            aio: d.disk_aio.map(|Parsed(a)| a),
+            cache: d.disk_cache,
+            aio: d.disk_aio,
         },
     })
 }

@@ -17,12 +17,11 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::values::{
-    Bios, BootMode, CloneMode, HaState, IpPoolName, MachineType, Parsed, PlacementStrategy,
-    ResourceAffinity, TemplateRef, UpTo, Vlan,
+    Bios, BootMode, CloneMode, HaState, IpPoolName, MachineType, PlacementStrategy,
+    ResourceAffinity, TemplateRef, UpTo, UserTag, Vlan,
 };
 use crate::proxmox::property::{
-    BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Tag,
-    Vga,
+    BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Vga,
 };
 use crate::rules::storage_selector::StorageSelector;
 
@@ -66,7 +65,7 @@ pub struct Keys {
         "x-type" = "CEL",
         "x-required" = ", e.g. `storage_selector: name == \"local-lvm\"`"
     ))]
-    pub storage_selector: Option<Parsed<StorageSelector>>,
+    pub storage_selector: Option<StorageSelector>,
 
     /// Put the VM on this Proxmox node. It must exist and be online. Leave unset to let the
     /// provider pick a node.
@@ -74,7 +73,7 @@ pub struct Keys {
         "x-readme" = "Put the VM on this node (must exist and be online).",
         "x-per-node" = false
     ))]
-    pub node: Option<Parsed<NodeName>>,
+    pub node: Option<NodeName>,
 
     /// How a node is picked when 'node' is unset. 'spread' (default): fewest VMs of the same
     /// machine set, then most free memory. 'fewer-vms': fewest VMs overall. 'round-robin': fewest
@@ -89,7 +88,7 @@ pub struct Keys {
 
     /// Bridge for the first NIC (default vmbr0).
     #[schemars(extend("x-readme" = "Bridge of the first NIC.", "x-default" = "`vmbr0`"))]
-    pub network_bridge: Option<Parsed<BridgeName>>,
+    pub network_bridge: Option<BridgeName>,
 
     /// VLAN tag for the first NIC; 0 (default) for untagged.
     #[schemars(range(min = 0, max = 4094))]
@@ -116,21 +115,21 @@ pub struct Keys {
 
     /// Cache mode of the boot disk (Proxmox default: none).
     #[schemars(extend("x-readme" = "Cache mode of the boot disk.", "x-default" = "Proxmox's"))]
-    pub disk_cache: Option<Parsed<DiskCache>>,
+    pub disk_cache: Option<DiskCache>,
 
     /// Asynchronous IO mode of the boot disk (Proxmox default: io_uring).
     #[schemars(extend(
         "x-readme" = "Asynchronous IO mode of the boot disk.",
         "x-default" = "Proxmox's"
     ))]
-    pub disk_aio: Option<Parsed<DiskAio>>,
+    pub disk_aio: Option<DiskAio>,
 
     /// CPU model (default x86-64-v2-AES). 'host' passes the host CPU through.
     #[schemars(extend(
         "x-readme" = "CPU model; `host` passes the host CPU through.",
         "x-default" = "`x86-64-v2-AES`"
     ))]
-    pub cpu_type: Option<Parsed<CpuType>>,
+    pub cpu_type: Option<CpuType>,
 
     /// QEMU machine type. 'q35' for PCIe passthrough.
     #[schemars(extend("x-readme" = "`q35` or `i440fx`.", "x-default" = "Proxmox's"))]
@@ -146,7 +145,7 @@ pub struct Keys {
 
     /// Display adapter, e.g. 'std', 'serial0' or 'none'.
     #[schemars(extend("x-readme" = "Display adapter."))]
-    pub vga: Option<Parsed<Vga>>,
+    pub vga: Option<Vga>,
 
     /// Enable NUMA.
     #[schemars(extend("x-readme" = "NUMA."))]
@@ -156,7 +155,7 @@ pub struct Keys {
     #[schemars(extend(
         "x-readme" = "`2MB` or `1GB`. Needs `numa: true`, and `memory` split over the sockets (one NUMA node each) must be whole pages: Proxmox refuses to start the VM otherwise, so this is checked up front."
     ))]
-    pub hugepages: Option<Parsed<Hugepages>>,
+    pub hugepages: Option<Hugepages>,
 
     /// Memory ballooning. Set false to turn the balloon device off (for passthrough or
     /// hugepages); unset leaves the Proxmox default.
@@ -171,7 +170,7 @@ pub struct Keys {
         "x-readme" = "Proxmox resource pool. Unset: a pool named after the machine-request set, created on demand and removed with the set's last machine (as upstream). A pool you name must exist.",
         "x-default" = "the set's ID"
     ))]
-    pub pool: Option<Parsed<PoolId>>,
+    pub pool: Option<PoolId>,
 
     /// Extra Proxmox tags for the VM (letters, digits, '_', '-', '+', '.'). The provider adds
     /// machine-request.<set> and omni-provider.<id> itself.
@@ -179,7 +178,7 @@ pub struct Keys {
     #[schemars(extend(
         "x-readme" = "Extra tags; `machine-request.*`, `omni-provider.*` and `omni-request.*` are ours."
     ))]
-    pub tags: Option<Vec<Parsed<Tag>>>,
+    pub tags: Option<Vec<UserTag>>,
 
     /// Register the VM as a Proxmox HA resource and keep the machine set's HA rules (rules need
     /// Proxmox VE 9+).
@@ -261,7 +260,7 @@ pub struct Keys {
         "x-ours" = true,
         "x-per-node" = false
     ))]
-    pub allowed_nodes: Option<Vec<Parsed<NodeName>>>,
+    pub allowed_nodes: Option<Vec<NodeName>>,
 
     /// CEL condition choosing the storage for the Talos ISO and the seed ISO (same variables as
     /// storage_selector; default: the first storage that holds ISO images).
@@ -272,7 +271,7 @@ pub struct Keys {
         "x-default" = "first ISO storage",
         "x-ours" = true
     ))]
-    pub iso_storage_selector: Option<Parsed<StorageSelector>>,
+    pub iso_storage_selector: Option<StorageSelector>,
 
     /// Seconds to wait for the guest agent to report an address after start (default 300); 0
     /// skips IP discovery.
@@ -293,7 +292,7 @@ pub struct Keys {
         "x-default" = "DHCP",
         "x-ours" = true
     ))]
-    pub ip_pool: Option<Parsed<IpPoolName>>,
+    pub ip_pool: Option<IpPoolName>,
 }
 
 /// `ha:`. `spread: true` is the short way to ask for `resource_affinity: negative`.
@@ -322,7 +321,7 @@ pub struct HaKeys {
     /// set's VMs on these nodes, and placement prefers them. The rule is made once; edit its nodes
     /// in Proxmox.
     #[schemars(inner(length(max = 63), pattern("^[A-Za-z0-9][A-Za-z0-9-]*$")))]
-    pub node_affinity_nodes: Option<Vec<Parsed<NodeName>>>,
+    pub node_affinity_nodes: Option<Vec<NodeName>>,
     /// Make that node-affinity rule strict (default false): the VMs may run on the listed nodes
     /// only, and placement picks only among them.
     pub node_affinity_strict: Option<bool>,
@@ -341,7 +340,7 @@ pub struct HaKeys {
 pub struct NicKeys {
     /// Bridge, e.g. vmbr1.
     #[schemars(required)]
-    pub bridge: Option<Parsed<BridgeName>>,
+    pub bridge: Option<BridgeName>,
     /// VLAN tag; 0 or unset for untagged.
     #[schemars(range(min = 0, max = 4094))]
     pub vlan: Option<Vlan>,
@@ -349,7 +348,7 @@ pub struct NicKeys {
     pub firewall: Option<bool>,
     /// Name of a static IP pool from the provider config's ipPools for this NIC (default: DHCP).
     #[schemars(length(min = 1))]
-    pub ip_pool: Option<Parsed<IpPoolName>>,
+    pub ip_pool: Option<IpPoolName>,
 }
 
 /// An item of `usb_devices:`.
@@ -358,7 +357,7 @@ pub struct NicKeys {
 pub struct UsbKeys {
     /// USB resource mapping ID.
     #[schemars(required, length(min = 1))]
-    pub mapping: Option<Parsed<MappingId>>,
+    pub mapping: Option<MappingId>,
     /// Attach to the USB 3 controller.
     pub usb3: Option<bool>,
 }
@@ -369,9 +368,9 @@ pub struct UsbKeys {
 pub struct PciKeys {
     /// PCI resource mapping ID, e.g. nvidia-gpu-1.
     #[schemars(required)]
-    pub mapping: Option<Parsed<MappingId>>,
+    pub mapping: Option<MappingId>,
     /// Mediated device type, e.g. nvidia-180.
-    pub mdev: Option<Parsed<MdevType>>,
+    pub mdev: Option<MdevType>,
     /// Attach as PCIe (needs machine_type q35).
     pub pcie: Option<bool>,
     /// Use as the primary GPU (x-vga=1).
@@ -389,7 +388,7 @@ pub struct DiskKeys {
     pub disk_size: Option<UpTo<{ 1024 * 1024 }>>,
     /// CEL condition choosing this disk's storage (same variables as storage_selector).
     #[schemars(required, length(max = 1024))]
-    pub storage_selector: Option<Parsed<StorageSelector>>,
+    pub storage_selector: Option<StorageSelector>,
     /// Present as an SSD.
     pub disk_ssd: Option<bool>,
     /// Pass TRIM/discard through.
@@ -397,7 +396,7 @@ pub struct DiskKeys {
     /// Own IO thread.
     pub disk_iothread: Option<bool>,
     /// Cache mode.
-    pub disk_cache: Option<Parsed<DiskCache>>,
+    pub disk_cache: Option<DiskCache>,
     /// Asynchronous IO mode.
-    pub disk_aio: Option<Parsed<DiskAio>>,
+    pub disk_aio: Option<DiskAio>,
 }
