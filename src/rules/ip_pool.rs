@@ -273,7 +273,7 @@ pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), V
             }
         };
         let (bridge, vlan) = match nic {
-            0 => (&mut data.network_bridge, &mut data.vlan),
+            0 => (&mut data.network_bridge, &mut data.keys.vlan),
             n => match data.additional_nics.get_mut(usize::from(n) - 1) {
                 Some(extra) => (&mut extra.bridge, &mut extra.vlan),
                 None => continue,

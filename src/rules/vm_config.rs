@@ -183,7 +183,7 @@ fn devices(
         let new = NewDisk {
             storage: storage.clone(),
             size_gb: disk.size_gb,
-            options: disk.options,
+            options: disk.options(),
         };
         out.push((
             slot(Slot::Scsi(index(i + 1, "disk")?), "disk")?,
@@ -227,7 +227,7 @@ pub fn render(
             let disk = ImportedDisk {
                 storage: target.storage.clone(),
                 source,
-                options: data.disk,
+                options: data.disk(),
             };
             out.push(("scsi0".into(), disk.render()));
             None
@@ -237,7 +237,7 @@ pub fn render(
             let disk = NewDisk {
                 storage: target.storage.clone(),
                 size_gb: data.disk_size_gb,
-                options: data.disk,
+                options: data.disk(),
             };
             out.push(("scsi0".into(), disk.render()));
             Some(boot_iso)
@@ -278,8 +278,8 @@ pub fn render_after_clone(
     common(data, identity, target, &mut out)?;
     let slot = cloned_boot.map_or("scsi0", |b| b.slot.as_str());
     if let Some(boot) = cloned_boot
-        && data.disk != DiskOptions::default()
-        && let Ok(disk) = ExistingDisk::new(boot.volume(), data.disk)
+        && data.disk() != DiskOptions::default()
+        && let Ok(disk) = ExistingDisk::new(boot.volume(), data.disk())
     {
         out.push((boot.slot.clone(), disk.render()));
     }

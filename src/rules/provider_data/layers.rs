@@ -335,7 +335,10 @@ fn read_key(key: &str, value: &Value, refused: &[String], findings: &mut Finding
             } else {
                 piece
             };
-            if let Err((path, message)) = read(piece) {
+            // A required key missing from an item is the schema's to report.
+            if let Err((path, message)) = read(piece)
+                && !message.starts_with("missing field")
+            {
                 found = true;
                 let path = path.replacen(&format!("{key}[0]"), at, 1);
                 if !covered(&path) {
@@ -382,7 +385,7 @@ fn layer_rules(keys: &Keys) -> Vec<(&'static str, String)> {
     {
         found.push(("ha.spread", "keeps the set's VMs on different nodes, but `resource_affinity: positive` keeps them together: remove one of the two".to_string()));
     }
-    if keys.additional_nics.as_ref().is_some_and(|n| n.len() > 31) {
+    if keys.additional_nics.len() > 31 {
         found.push((
             "additional_nics",
             "at most 31 additional NICs fit (net1 to net31)".to_string(),
@@ -427,9 +430,9 @@ impl<'a> Stack<'a> {
             .collect()
     }
 
-    /// The keys that take effect: each from the highest layer writing it, `None` when that layer's
-    /// value is wrong (its problem is reported).
-    pub fn keys(&self) -> Keys {
+    /// The keys that take effect: each from the highest layer writing it, left to its default when
+    /// that layer's value is wrong (its problem is reported).
+    pub fn keys(&self) -> Result<Keys, Vec<Problem>> {
         let mut merged = Map::new();
         for (_, layer) in self.layers.iter().rev() {
             for key in &layer.written {
@@ -440,7 +443,10 @@ impl<'a> Stack<'a> {
             }
         }
         // Every value read on its own already, so reading them together cannot fail.
-        serde_json::from_value(Value::Object(merged)).unwrap_or_default()
+        serde_json::from_value(Value::Object(merged)).map_err(|e| {
+            let (key, message) = ("provider_data".into(), e.to_string());
+            vec![Problem { key, message }]
+        })
     }
 
     /// The findings of `phase` about the values that take effect (those of the highest layer writing

@@ -28,7 +28,8 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-pub use data::{AdditionalDisk, HaSettings, ProviderData};
+pub use data::ProviderData;
+pub use keys::{AdditionalDisk, HaSettings};
 pub use layers::ConfigLayers;
 pub use values::{Bios, BootMode, CloneMode, PlacementStrategy, ResourceAffinity, TemplateRef};
 

@@ -9,7 +9,7 @@ use schemars::generate::SchemaSettings;
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 use serde_json::{Map, Value};
 
-use super::keys::{DiskKeys, HaKeys, Keys, NicKeys, PciKeys, UsbKeys};
+use super::keys::{AdditionalDisk, AdditionalNic, HaSettings, Keys, PciKeys, UsbKeys};
 
 /// The schema with the README's and the reader's `x-` extensions, generated once.
 static DECLARED: LazyLock<Value> = LazyLock::new(|| {
@@ -22,8 +22,9 @@ static DECLARED: LazyLock<Value> = LazyLock::new(|| {
     value
 });
 
-/// Joins the doc comment's lines (Omni shows each description as one paragraph) and drops the
-/// `null` schemars allows in an optional field: a key written as `null` is a mistake.
+/// Joins the doc comment's lines (Omni shows each description as one paragraph), drops the `null`
+/// schemars allows in an optional field (a key written as `null` is a mistake) and the Rust value
+/// of a field's default (the description says it in the user's words).
 fn tidy(value: &mut Value) {
     match value {
         Value::Object(map) => {
@@ -41,6 +42,7 @@ fn tidy(value: &mut Value) {
                 }
             }
             map.remove("format");
+            map.remove("default");
             map.values_mut().for_each(tidy);
         }
         Value::Array(items) => items.iter_mut().for_each(tidy),
@@ -104,11 +106,11 @@ pub fn per_node(name: &str) -> bool {
 /// in declaration order.
 pub fn inner_keys(key: &str) -> &'static [&'static str] {
     match key {
-        "ha" => field_names::<HaKeys>(),
-        "additional_nics" => field_names::<NicKeys>(),
+        "ha" => field_names::<HaSettings>(),
+        "additional_nics" => field_names::<AdditionalNic>(),
         "usb_devices" => field_names::<UsbKeys>(),
         "pci_devices" => field_names::<PciKeys>(),
-        "additional_disks" => field_names::<DiskKeys>(),
+        "additional_disks" => field_names::<AdditionalDisk>(),
         _ => &[],
     }
 }

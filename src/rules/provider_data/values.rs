@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::time::Duration;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::Error as _;
@@ -13,7 +14,7 @@ use serde::{Deserialize, Deserializer};
 
 use serde_json::Value;
 
-use super::{RESERVED_TAG_PREFIXES, json_kind};
+use super::{DEFAULT_IP_DISCOVERY_TIMEOUT, RESERVED_TAG_PREFIXES, json_kind};
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Tag,
     Vga, VlanTag, str_enum,
@@ -154,7 +155,6 @@ string_schema! {
     PoolId => vec![],
     StorageSelector => vec![],
     UserTag => vec![],
-    IpPoolName => vec![],
     Vga => Vga::TYPES.to_vec(),
     DiskCache => DiskCache::ALL.iter().map(|c| c.as_str()).collect(),
     DiskAio => DiskAio::ALL.iter().map(|a| a.as_str()).collect(),
@@ -183,10 +183,6 @@ from_text! {
         _ => Err(format!("{text:?} is not one of 2MB, 1GB")),
     };
     UserTag => user_tag;
-    IpPoolName => |text: &str| match text.trim().is_empty() {
-        true => Err("is empty: name a pool of the config file's `ipPools:`, or remove the key for DHCP"),
-        false => Ok(IpPoolName(text.to_string())),
-    };
 }
 
 /// A user's tag: valid for Proxmox, and not one of the prefixes placement and ownership checks count.
@@ -207,32 +203,40 @@ fn user_tag(text: &str) -> Result<UserTag, String> {
     }
 }
 
-/// The name of an IP pool: which pools exist is the config's to say (checked when the class is
-/// used with it), only an empty name is wrong on its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpPoolName(pub String);
-
 /// A whole number up to `MAX`: more would overflow what Proxmox or the provider computes with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
-#[schemars(with = "u64")]
-pub struct UpTo<const MAX: u64>(pub u64);
-
-impl<const MAX: u64> UpTo<MAX> {
-    /// The number as a `u32`; every `MAX` used with it fits.
-    pub fn small(self) -> u32 {
-        u32::try_from(self.0).unwrap_or(u32::MAX)
+pub fn up_to<'de, const MAX: u64, D: Deserializer<'de>, T: TryFrom<u64>>(
+    d: D,
+) -> Result<T, D::Error> {
+    match whole_number(d)? {
+        n if n <= MAX => T::try_from(n).map_err(|_| D::Error::custom(format!("{n} is too large"))),
+        n => Err(D::Error::custom(format!(
+            "{n} is too large (at most {MAX})"
+        ))),
     }
 }
 
-impl<'de, const MAX: u64> Deserialize<'de> for UpTo<MAX> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match whole_number(d)? {
-            n if n <= MAX => Ok(Self(n)),
-            n => Err(D::Error::custom(format!(
-                "{n} is too large (at most {MAX})"
-            ))),
-        }
-    }
+/// [`up_to`] for a key with no default.
+pub fn some_up_to<'de, const MAX: u64, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u32>, D::Error> {
+    up_to::<MAX, D, u32>(d).map(Some)
+}
+
+/// Seconds.
+pub fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    up_to::<{ 7 * 24 * 3600 }, D, u64>(d).map(Duration::from_secs)
+}
+
+pub fn ip_discovery_timeout() -> Duration {
+    DEFAULT_IP_DISCOVERY_TIMEOUT
+}
+
+pub fn one() -> u32 {
+    1
+}
+
+pub fn yes() -> bool {
+    true
 }
 
 fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
@@ -243,16 +247,31 @@ fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 }
 
 /// A VLAN tag; 0 is untagged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
-#[schemars(with = "u64")]
-pub struct Vlan(pub Option<VlanTag>);
+pub fn vlan<'de, D: Deserializer<'de>>(d: D) -> Result<Option<VlanTag>, D::Error> {
+    VlanTag::optional(whole_number(d)?).map_err(D::Error::custom)
+}
 
-impl<'de> Deserialize<'de> for Vlan {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        VlanTag::optional(whole_number(d)?)
-            .map(Vlan)
-            .map_err(D::Error::custom)
+/// The name of an IP pool: which pools exist is the config's to say (checked when the class is
+/// used with it), only an empty name is wrong on its own.
+pub fn pool_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    match String::deserialize(d)? {
+        name if name.trim().is_empty() => Err(D::Error::custom(
+            "is empty: name a pool of the config file's `ipPools:`, or remove the key for DHCP",
+        )),
+        name => Ok(Some(name)),
     }
+}
+
+pub fn user_tags<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Tag>, D::Error> {
+    let tags = Vec::<UserTag>::deserialize(d)?;
+    Ok(tags.into_iter().map(|t| t.0).collect())
+}
+
+/// Devices read as their keys say.
+pub fn devices<'de, K: Deserialize<'de>, T: From<K>, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<T>, D::Error> {
+    Ok(Vec::<K>::deserialize(d)?.into_iter().map(T::from).collect())
 }
 
 /// A template's VMID (a number or a numeric string) or its name.

@@ -79,7 +79,7 @@ fn ha_rule_keys_are_read_and_spread_is_negative_affinity() {
         "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nha:\n  rules: [r1]\n  node_affinity_nodes: [pve1]\n  resource_affinity: positive\n",
     )
     .unwrap();
-    let ha = data.ha.unwrap();
+    let ha = data.ha.clone().unwrap();
     assert_eq!(ha.rules, ["r1"]);
     assert_eq!(ha.node_affinity_nodes[0].as_str(), "pve1");
     assert_eq!(ha.resource_affinity, Some(ResourceAffinity::Positive));
@@ -89,7 +89,7 @@ fn ha_rule_keys_are_read_and_spread_is_negative_affinity() {
     )
     .unwrap();
     assert_eq!(
-        spread.ha.unwrap().resource_affinity,
+        spread.ha.clone().unwrap().resource_affinity,
         Some(ResourceAffinity::Negative)
     );
     let problems = parse(
@@ -164,7 +164,7 @@ ip_discovery_timeout: 0
     assert_eq!(data.node.as_ref().map(NodeName::as_str), Some("pve2"));
     assert_eq!(data.vlan.map(VlanTag::get), Some(20));
     assert!(!data.network_firewall);
-    assert_eq!(data.disk.cache, Some(DiskCache::Writeback));
+    assert_eq!(data.disk_cache, Some(DiskCache::Writeback));
     assert_eq!(data.machine_type, Some(MachineType::Q35));
     assert_eq!(data.bios, Bios::Ovmf);
     assert_eq!(data.hugepages, Some(Hugepages::OneGb));
@@ -685,7 +685,7 @@ fn a_value_outside_its_list_names_the_list_and_the_closest_value() {
     assert_eq!(message("bios"), "\"uefi\" is not one of seabios, ovmf");
 }
 
-/// A key the pipeline reads as it is comes through `ProviderData::keys`, taken whole from the
+/// A key comes whole from the
 /// highest layer that writes it; a wrong value there hides the lower layers' value too.
 #[test]
 fn keys_as_written_come_from_the_highest_layer() {
@@ -696,7 +696,7 @@ fn keys_as_written_come_from_the_highest_layer() {
         .unwrap();
     assert_eq!(
         (data.keys.numa, data.keys.disk_ssd, data.keys.balloon),
-        (Some(false), Some(true), None)
+        (false, true, None)
     );
     assert_eq!(data.tags.len(), 1);
     let problems = schema()
