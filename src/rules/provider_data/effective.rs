@@ -3,7 +3,7 @@
 
 use super::data::ProviderData;
 use super::keys::Keys;
-use super::layers::{Finding, Findings, Phase, Stack};
+use super::layers::{Finding, Stack};
 use super::schema::required_keys;
 use super::values::{BootMode, MachineType, ResourceAffinity};
 use super::{DEFAULT_CPU_TYPE, DEFAULT_NETWORK_BRIDGE, LayerCheck, Problem};
@@ -15,13 +15,13 @@ use crate::proxmox::property::{BridgeName, CpuType, Hugepages, NodeName};
 pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, Vec<Problem>> {
     let keys = stack.keys()?;
     let mut report = LayerCheck::default();
-    for (prefix, finding) in stack.findings(Phase::Schema) {
+    for (prefix, finding) in stack.findings(false) {
         report.add(prefix, finding, strict);
     }
     for finding in required(stack) {
         report.add("", &finding, strict);
     }
-    for (prefix, finding) in stack.findings(Phase::Read) {
+    for (prefix, finding) in stack.findings(true) {
         report.add(prefix, finding, strict);
     }
     for finding in rules(&keys, stack) {
@@ -52,7 +52,7 @@ pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, V
 /// The required keys no layer writes.
 fn required(stack: &Stack<'_>) -> Vec<Finding> {
     let unknown = stack.unknown_keys();
-    let mut findings = Findings::new(Phase::Required);
+    let mut findings = Vec::new();
     for (key, example) in required_keys().filter(|(k, _)| !stack.writes(k)) {
         // A misspelling of it is only a warning, so point at it here where it matters.
         let near_miss = unknown
@@ -60,31 +60,32 @@ fn required(stack: &Stack<'_>) -> Vec<Finding> {
             .find(|k| did_you_mean::suggest(k, &[key]).is_some())
             .map(|k| format!(" (`{k}` is set: did you mean `{key}`?)"))
             .unwrap_or_default();
-        findings.push(
+        findings.push(Finding::problem(
             key,
             format!(
                 "is required: set it in the machine class (or under `defaults:` in the provider config){example}{near_miss}"
             ),
-        );
+        ));
     }
-    findings.list
+    findings
 }
 
 /// The rules between keys, on the merged keys.
 fn rules(k: &Keys, stack: &Stack<'_>) -> Vec<Finding> {
-    let mut f = Findings::new(Phase::Rules);
+    let mut found = Vec::new();
+    let mut f = |path: &str, message: String| found.push(Finding::problem(path, message));
     let boot = k.boot;
     if boot == BootMode::Clone && k.template.is_none() {
-        f.push("template", "is required with `boot: clone`: give the template's VMID or name, e.g. `template: 9000`".into());
+        f("template", "is required with `boot: clone`: give the template's VMID or name, e.g. `template: 9000`".into());
     }
     if boot != BootMode::Clone && k.template.is_some() {
-        f.push(
+        f(
             "template",
             "is only used with `boot: clone`; add `boot: clone` or remove `template`".into(),
         );
     }
     if boot == BootMode::Iso && stack.writes("clone_mode") {
-        f.push(
+        f(
             "clone_mode",
             "is only used with `boot: clone`; add `boot: clone` and `template`, or remove `clone_mode`"
                 .into(),
@@ -95,7 +96,7 @@ fn rules(k: &Keys, stack: &Stack<'_>) -> Vec<Finding> {
         && !allowed.is_empty()
         && !allowed.contains(node)
     {
-        f.push(
+        f(
             "node",
             format!(
                 "{:?} is not in allowed_nodes ({}); add it there or pick another node",
@@ -109,7 +110,7 @@ fn rules(k: &Keys, stack: &Stack<'_>) -> Vec<Finding> {
         );
     }
     if k.hugepages.is_some() && k.balloon == Some(true) {
-        f.push(
+        f(
             "balloon",
             "cannot be true together with hugepages; set `balloon: false` or remove hugepages"
                 .into(),
@@ -119,17 +120,17 @@ fn rules(k: &Keys, stack: &Stack<'_>) -> Vec<Finding> {
         // Memory is 0 when it is missing or wrong (its problem is reported).
         let memory = Some(k.memory_mb).filter(|m| *m > 0);
         for (key, message) in hugepages_problems(pages, Some(k.numa), memory, k.sockets) {
-            f.push(key, message);
+            f(key, message);
         }
     }
     let pcie = k.pci_devices.iter().any(|p| p.pcie);
     if pcie && k.machine_type != Some(MachineType::Q35) {
-        f.push(
+        f(
             "machine_type",
             "must be q35 when a PCI device uses `pcie: true`".into(),
         );
     }
-    f.list
+    found
 }
 
 /// The merged keys with the defaults that are no constant filled in; `None` when a required value
