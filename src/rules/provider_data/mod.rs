@@ -154,15 +154,6 @@ impl ProviderDataSchema {
         Layer::read_value(layer).check(prefix, self.strict)
     }
 
-    /// Checks the provider config's `defaults:` and `nodes:`: problems and warnings.
-    pub fn check_config_overrides(
-        &self,
-        defaults: &Map<String, Value>,
-        nodes: &Map<String, Value>,
-    ) -> LayerCheck {
-        self.check_config(&ConfigLayers::read(defaults, nodes))
-    }
-
     /// Checks the config's layers as read at load: problems and warnings.
     pub fn check_config(&self, layers: &ConfigLayers) -> LayerCheck {
         layers.check(self.strict)
@@ -264,12 +255,10 @@ pub fn release_problems(data: &ProviderData, pve_version: &str) -> Vec<Problem> 
     .collect()
 }
 
-/// Whether `data` uses a key [`release_problems`] checks, so the release must be known first.
+/// Whether `data` uses a key [`release_problems`] checks, so the release must be known first: a
+/// release older than every one they name finds each such key.
 pub fn needs_release_check(data: &ProviderData) -> bool {
-    data.ha
-        .as_ref()
-        .is_some_and(|ha| ha.failback.is_some() || ha.uses_rules())
-        || data.boot == BootMode::Image
+    !release_problems(data, "0").is_empty()
 }
 
 #[cfg(test)]

@@ -236,7 +236,7 @@ fn config_layers_read_at_load_resolve_as_the_maps() {
     }
     assert_eq!(
         schema().check_config(&layers),
-        schema().check_config_overrides(defaults, nodes)
+        schema().check_config(&ConfigLayers::read(defaults, nodes))
     );
 }
 
@@ -417,7 +417,10 @@ fn config_overrides_are_validated_at_load() {
     // Strict, so the misspelled key is a problem too (by default it is a warning).
     let problems = schema()
         .strict(true)
-        .check_config_overrides(defaults.as_object().unwrap(), nodes.as_object().unwrap())
+        .check_config(&ConfigLayers::read(
+            defaults.as_object().unwrap(),
+            nodes.as_object().unwrap(),
+        ))
         .problems;
     let keys = keys_of(&problems);
     for expected in [
@@ -436,7 +439,7 @@ fn config_overrides_are_validated_at_load() {
     assert!(describe(&problems).contains("did you mean `cores`?"));
     assert!(
         schema()
-            .check_config_overrides(&Map::new(), &Map::new())
+            .check_config(&ConfigLayers::read(&Map::new(), &Map::new()))
             .problems
             .is_empty()
     );
@@ -503,10 +506,10 @@ fn unknown_keys_in_lower_layers_are_warnings_with_their_layer_path() {
         keys_of(&data.warnings),
         vec!["defaults.coers", "nodes.pve2.network_bridg"]
     );
-    let found = schema().check_config_overrides(
+    let found = schema().check_config(&ConfigLayers::read(
         defaults.as_object().unwrap(),
-        &json!({"pve2": node}).as_object().unwrap().clone(),
-    );
+        json!({"pve2": node}).as_object().unwrap(),
+    ));
     assert!(found.problems.is_empty(), "{found:?}");
     assert_eq!(
         keys_of(&found.warnings),
@@ -610,7 +613,7 @@ fn an_empty_key_is_named_quoted() {
     let problems = parse_strict(&format!("{MINIMAL}\"\": 1\n")).unwrap_err();
     assert_eq!(keys_of(&problems), ["\"\""], "{problems:?}");
     let defaults: Map<String, Value> = serde_json::from_str(r#"{"": null}"#).unwrap();
-    let check = schema().check_config_overrides(&defaults, &Map::new());
+    let check = schema().check_config(&ConfigLayers::read(&defaults, &Map::new()));
     assert_eq!(keys_of(&check.warnings), ["defaults.\"\""], "{check:?}");
     let nested = parse(&format!(
         "{MINIMAL}additional_disks: [{{disk_size: 1, storage_selector: 'true', \"\": 2}}]\n"
