@@ -117,9 +117,7 @@ fn rules(k: &Keys, stack: &Stack<'_>) -> Vec<Finding> {
         );
     }
     if let Some(pages) = k.hugepages {
-        // Memory is 0 when it is missing or wrong (its problem is reported).
-        let memory = Some(k.memory_mb).filter(|m| *m > 0);
-        for (key, message) in hugepages_problems(pages, Some(k.numa), memory, k.sockets) {
+        for (key, message) in hugepages_problems(pages, k) {
             f(key, message);
         }
     }
@@ -162,14 +160,9 @@ fn provider_data(mut keys: Keys) -> Option<ProviderData> {
 /// Proxmox accepts `hugepages` in any VM config but refuses to start the VM unless NUMA is on, and
 /// backs each NUMA node (one per socket, the memory split evenly) with whole pages; a class that
 /// breaks either rule would create a VM that never starts.
-pub(super) fn hugepages_problems(
-    pages: Hugepages,
-    numa: Option<bool>,
-    memory_mb: Option<u64>,
-    sockets: u32,
-) -> Vec<(&'static str, String)> {
+fn hugepages_problems(pages: Hugepages, k: &Keys) -> Vec<(&'static str, String)> {
     let mut problems = Vec::new();
-    if numa != Some(true) {
+    if !k.numa {
         problems.push((
             "numa",
             "must be true with hugepages: Proxmox refuses to start a VM that has hugepages without NUMA; set `numa: true` or remove hugepages".to_string(),
@@ -181,19 +174,17 @@ pub(super) fn hugepages_problems(
         // Proxmox picks 1GB pages when they divide the memory, else 2MB: even is the least it needs.
         Hugepages::Any => (2, "2MB (the smallest `any` may choose)"),
     };
-    let sockets = u64::from(sockets.max(1));
-    if let Some(memory) = memory_mb {
-        let per_node = memory / sockets;
-        if memory % sockets != 0 || per_node % page_mb != 0 {
-            let step = page_mb * sockets;
-            let suggestion = (memory / step).max(1) * step;
-            problems.push((
-                "memory",
-                format!(
-                    "{memory} MB split over {sockets} NUMA node(s) (one per socket) is not a whole number of {page_name} hugepages per node; use a multiple of {step} MB, e.g. `memory: {suggestion}`"
-                ),
-            ));
-        }
+    let (memory, sockets) = (k.memory_mb, u64::from(k.sockets.max(1)));
+    // Memory is 0 when it is missing or wrong (its problem is reported).
+    if memory > 0 && (memory % sockets != 0 || (memory / sockets) % page_mb != 0) {
+        let step = page_mb * sockets;
+        let suggestion = (memory / step).max(1) * step;
+        problems.push((
+            "memory",
+            format!(
+                "{memory} MB split over {sockets} NUMA node(s) (one per socket) is not a whole number of {page_name} hugepages per node; use a multiple of {step} MB, e.g. `memory: {suggestion}`"
+            ),
+        ));
     }
     problems
 }
