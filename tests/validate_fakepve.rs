@@ -501,9 +501,7 @@ fn example_config_loads_and_its_overrides_are_valid() {
     let text = std::fs::read_to_string(examples_dir().join("config.yaml")).unwrap();
     let config = ProviderConfig::parse(&text).unwrap_or_else(|e| panic!("{e:?}"));
     let schema = ProviderDataSchema::new().unwrap();
-    let problems = schema
-        .check_config_overrides(&config.defaults, &config.nodes)
-        .problems;
+    let problems = schema.check_config(&config.layers).problems;
     assert!(problems.is_empty(), "{problems:?}");
     assert!(!config.defaults.is_empty() && !config.nodes.is_empty());
 }

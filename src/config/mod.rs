@@ -40,7 +40,7 @@ use crate::rules::provider_data::ConfigLayers;
 use ip_pools::Pools;
 use policy::PolicyFile;
 use proxmox::ProxmoxFile;
-pub use proxmox::{ProxmoxAuth, ProxmoxSettings, TlsTrust, normalize_api_url};
+pub use proxmox::{ProxmoxSettings, TlsTrust};
 
 use read::{Expecting, Found, Section, kind, value_type};
 
@@ -229,6 +229,7 @@ impl File {
 #[cfg(test)]
 mod tests {
     use super::ip_pools::PoolFile;
+    use super::proxmox::ProxmoxAuth;
     use super::*;
 
     // The keys a derived struct reads, as the file writes them.

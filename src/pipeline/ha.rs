@@ -28,7 +28,7 @@ pub async fn join(ctx: &mut StepContext<'_>, vmid: VmId) -> Result<(), StepError
         return Ok(());
     };
     let resource = HaResource {
-        state: ha.state.clone(),
+        state: ha.state.map(|s| s.as_str().to_string()),
         comment: ha.comment.clone(),
         max_restart: ha.max_restart,
         max_relocate: ha.max_relocate,

@@ -169,7 +169,7 @@ fn devices(
         let new = NewDisk {
             storage: storage.clone(),
             size_gb: disk.size_gb,
-            options: disk.options,
+            options: disk.options(),
         };
         out.push((slot(Slot::Scsi, i + 1, "disk")?, new.render()));
     }
@@ -198,7 +198,7 @@ pub fn render(
     common(data, identity, target, &mut out)?;
     // `image`: the disk is the Talos disk image (grown to `disk_size` by configure_vm), nothing to
     // install; `iso`: an empty disk the ISO installs Talos onto.
-    let (storage, options) = (target.storage.clone(), data.disk);
+    let (storage, options) = (target.storage.clone(), data.disk());
     let (disk, talos_cdrom) = match data.boot {
         BootMode::Image => {
             let source = target.boot_image.clone();
@@ -251,8 +251,8 @@ pub fn render_after_clone(
     common(data, identity, target, &mut out)?;
     let slot = cloned_boot.map_or("scsi0", |b| b.slot.as_str());
     if let Some(boot) = cloned_boot
-        && data.disk != DiskOptions::default()
-        && let Ok(disk) = ExistingDisk::new(boot.volume(), data.disk)
+        && data.disk() != DiskOptions::default()
+        && let Ok(disk) = ExistingDisk::new(boot.volume(), data.disk())
     {
         out.push((boot.slot.clone(), disk.render()));
     }

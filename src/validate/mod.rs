@@ -40,7 +40,7 @@ pub(crate) use report::findings_of;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
-use crate::rules::provider_data::{ProviderData, ProviderDataSchema};
+use crate::rules::provider_data::{ConfigLayers, ProviderData, ProviderDataSchema};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
 /// overrides). `Ok` carries the data as it is before any per-node override, for the cluster checks.
@@ -48,7 +48,7 @@ pub fn check_schema(
     schema: &ProviderDataSchema,
     layers: &Layers<'_>,
 ) -> (Vec<Finding>, Option<ProviderData>) {
-    let overrides = schema.check_config_overrides(layers.defaults, layers.nodes);
+    let overrides = schema.check_config(&ConfigLayers::read(layers.defaults, layers.nodes));
     let mut findings: Vec<Finding> = findings_of(Outcome::Problem, None, overrides.problems)
         .chain(findings_of(Outcome::Warning, None, overrides.warnings))
         .collect();

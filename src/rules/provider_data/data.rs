@@ -1,35 +1,12 @@
-//! The typed provider data the pipeline works from, every default filled in.
+//! The typed provider data the pipeline works from: the keys that take effect, every default
+//! filled in.
 
-use std::time::Duration;
+use std::ops::{Deref, DerefMut};
 
 use super::Problem;
-use super::keys::Keys;
-use super::values::{
-    Bios, BootMode, CloneMode, MachineType, PlacementStrategy, ResourceAffinity, TemplateRef,
-};
-use crate::proxmox::property::{
-    BridgeName, CpuType, DiskOptions, HostPci, Hugepages, NodeName, PoolId, Tag, Usb, Vga, VlanTag,
-};
+use super::keys::{HaSettings, Keys};
+use crate::proxmox::property::{BridgeName, CpuType, DiskOptions};
 use crate::rules::storage_selector::StorageSelector;
-
-/// `ha:`: the HA resource's settings, and the HA rules the VM joins (Proxmox VE 9's
-/// `/cluster/ha/rules`): named existing ones, and the machine set's own node- and
-/// resource-affinity rules, which the provider keeps.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HaSettings {
-    pub state: Option<String>,
-    pub comment: Option<String>,
-    pub max_restart: Option<u32>,
-    pub max_relocate: Option<u32>,
-    pub failback: Option<bool>,
-    /// Existing rules (made by someone else) the VM is added to.
-    pub rules: Vec<String>,
-    /// The set's node-affinity rule: where its VMs run (empty: no such rule).
-    pub node_affinity_nodes: Vec<NodeName>,
-    pub node_affinity_strict: bool,
-    /// The set's resource-affinity rule; `spread: true` is `negative`.
-    pub resource_affinity: Option<ResourceAffinity>,
-}
 
 impl HaSettings {
     /// Whether the VM joins any HA rule: keys Proxmox VE 8 has no API for.
@@ -40,73 +17,31 @@ impl HaSettings {
     }
 }
 
-/// `additional_nics[]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdditionalNic {
-    pub bridge: BridgeName,
-    pub vlan: Option<VlanTag>,
-    /// Default false (upstream: storage networks usually bypass the firewall).
-    pub firewall: bool,
-    /// The config's IP pool this NIC takes a static address from (`None`: DHCP).
-    pub ip_pool: Option<String>,
-}
-
-/// `additional_disks[]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdditionalDisk {
-    pub size_gb: u64,
-    pub storage_selector: StorageSelector,
-    pub options: DiskOptions,
-}
-
-/// Validated provider data with every default filled in.
+/// Validated provider data: the merged [`Keys`] (read through `Deref`), and the keys that are
+/// required or whose default is not a constant of their type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderData {
-    pub cores: u32,
-    pub sockets: u32,
-    pub memory_mb: u64,
-    pub disk_size_gb: u64,
-    pub storage_selector: StorageSelector,
-    pub node: Option<NodeName>,
-    pub placement_strategy: PlacementStrategy,
-    pub network_bridge: BridgeName,
-    pub vlan: Option<VlanTag>,
-    pub network_firewall: bool,
-    pub disk: DiskOptions,
-    pub cpu_type: CpuType,
-    pub machine_type: Option<MachineType>,
-    pub bios: Bios,
-    pub vga: Option<Vga>,
-    pub numa: bool,
-    pub hugepages: Option<Hugepages>,
-    /// `Some(false)` turns the balloon device off; `None` leaves Proxmox's default.
-    pub balloon: Option<bool>,
-    pub pool: Option<PoolId>,
-    pub tags: Vec<Tag>,
-    /// Kubernetes topology labels (zone = Proxmox node, region = Proxmox cluster) through a config
-    /// patch the provider keeps in step with where the VM runs.
-    pub topology_labels: bool,
-    pub ha: Option<HaSettings>,
-    pub additional_nics: Vec<AdditionalNic>,
-    pub usb_devices: Vec<Usb>,
-    pub pci_devices: Vec<HostPci>,
-    pub additional_disks: Vec<AdditionalDisk>,
-    pub boot: BootMode,
-    pub template: Option<TemplateRef>,
-    /// Only used with `boot: clone`.
-    pub clone_mode: CloneMode,
-    pub allowed_nodes: Vec<NodeName>,
-    pub iso_storage_selector: Option<StorageSelector>,
-    /// Zero turns IP discovery off.
-    pub ip_discovery_timeout: Duration,
-    /// The config's IP pool the first NIC takes a static address from (`None`: DHCP).
-    pub ip_pool: Option<String>,
-    /// The keys that take effect, as written (each from the highest layer writing it): a key the
-    /// pipeline reads as it is needs no field of its own (`data.keys.numa.unwrap_or(false)`).
     pub keys: Keys,
+    pub storage_selector: StorageSelector,
+    pub network_bridge: BridgeName,
+    pub cpu_type: CpuType,
     /// Keys that were ignored (unknown ones, each with a suggestion when one is close): not fatal, as
     /// with the official provider, but shown in the machine's status, the log and `validate`.
     pub warnings: Vec<Problem>,
+}
+
+impl Deref for ProviderData {
+    type Target = Keys;
+
+    fn deref(&self) -> &Keys {
+        &self.keys
+    }
+}
+
+impl DerefMut for ProviderData {
+    fn deref_mut(&mut self) -> &mut Keys {
+        &mut self.keys
+    }
 }
 
 impl ProviderData {
@@ -123,5 +58,16 @@ impl ProviderData {
                 .map(|d| d.size_gb)
                 .fold(0, u64::saturating_add),
         )
+    }
+
+    /// The boot disk's options.
+    pub fn disk(&self) -> DiskOptions {
+        DiskOptions {
+            ssd: self.disk_ssd,
+            discard: self.disk_discard,
+            iothread: self.disk_iothread,
+            cache: self.disk_cache,
+            aio: self.disk_aio,
+        }
     }
 }

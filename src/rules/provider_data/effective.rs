@@ -1,36 +1,30 @@
 //! The provider data that takes effect for one request: the layers merged, the required keys checked,
 //! the rules between keys applied, and every default filled in.
 
-use std::time::Duration;
-
-use super::data::{AdditionalDisk, AdditionalNic, HaSettings, ProviderData};
-use super::keys::{DiskKeys, HaKeys, Keys, NicKeys, PciKeys, UsbKeys};
-use super::layers::{Finding, Findings, Phase, Stack};
+use super::data::ProviderData;
+use super::keys::Keys;
+use super::layers::{Finding, Stack};
 use super::schema::required_keys;
-use super::values::{BootMode, MachineType, Parsed, ResourceAffinity, UpTo};
-use super::{
-    DEFAULT_CPU_TYPE, DEFAULT_IP_DISCOVERY_TIMEOUT, DEFAULT_NETWORK_BRIDGE, LayerCheck, Problem,
-};
+use super::values::{BootMode, MachineType, ResourceAffinity};
+use super::{DEFAULT_CPU_TYPE, DEFAULT_NETWORK_BRIDGE, LayerCheck, Problem};
 use crate::did_you_mean;
-use crate::proxmox::property::{
-    BridgeName, CpuType, DiskOptions, HostPci, Hugepages, NodeName, Usb,
-};
+use crate::proxmox::property::{BridgeName, CpuType, Hugepages, NodeName};
 
 /// Merges the layers and checks the result; a problem is reported under the path of the layer its
 /// value came from.
 pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, Vec<Problem>> {
-    let keys = stack.keys();
+    let keys = stack.keys()?;
     let mut report = LayerCheck::default();
-    for (prefix, finding) in stack.findings(Phase::Schema) {
+    for (prefix, finding) in stack.findings(false) {
         report.add(prefix, finding, strict);
     }
     for finding in required(stack) {
         report.add("", &finding, strict);
     }
-    for (prefix, finding) in stack.findings(Phase::Read) {
+    for (prefix, finding) in stack.findings(true) {
         report.add(prefix, finding, strict);
     }
-    for finding in rules(&keys) {
+    for finding in rules(&keys, stack) {
         report.add(stack.prefix_of(&finding.path), &finding, strict);
     }
     match provider_data(keys) {
@@ -58,7 +52,7 @@ pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, V
 /// The required keys no layer writes.
 fn required(stack: &Stack<'_>) -> Vec<Finding> {
     let unknown = stack.unknown_keys();
-    let mut findings = Findings::new(Phase::Required);
+    let mut findings = Vec::new();
     for (key, example) in required_keys().filter(|(k, _)| !stack.writes(k)) {
         // A misspelling of it is only a warning, so point at it here where it matters.
         let near_miss = unknown
@@ -66,42 +60,43 @@ fn required(stack: &Stack<'_>) -> Vec<Finding> {
             .find(|k| did_you_mean::suggest(k, &[key]).is_some())
             .map(|k| format!(" (`{k}` is set: did you mean `{key}`?)"))
             .unwrap_or_default();
-        findings.push(
+        findings.push(Finding::problem(
             key,
             format!(
                 "is required: set it in the machine class (or under `defaults:` in the provider config){example}{near_miss}"
             ),
-        );
+        ));
     }
-    findings.list
+    findings
 }
 
 /// The rules between keys, on the merged keys.
-fn rules(k: &Keys) -> Vec<Finding> {
-    let mut f = Findings::new(Phase::Rules);
-    let boot = k.boot.unwrap_or_default();
+fn rules(k: &Keys, stack: &Stack<'_>) -> Vec<Finding> {
+    let mut found = Vec::new();
+    let mut f = |path: &str, message: String| found.push(Finding::problem(path, message));
+    let boot = k.boot;
     if boot == BootMode::Clone && k.template.is_none() {
-        f.push("template", "is required with `boot: clone`: give the template's VMID or name, e.g. `template: 9000`".into());
+        f("template", "is required with `boot: clone`: give the template's VMID or name, e.g. `template: 9000`".into());
     }
     if boot != BootMode::Clone && k.template.is_some() {
-        f.push(
+        f(
             "template",
             "is only used with `boot: clone`; add `boot: clone` or remove `template`".into(),
         );
     }
-    if boot == BootMode::Iso && k.clone_mode.is_some() {
-        f.push(
+    if boot == BootMode::Iso && stack.writes("clone_mode") {
+        f(
             "clone_mode",
             "is only used with `boot: clone`; add `boot: clone` and `template`, or remove `clone_mode`"
                 .into(),
         );
     }
-    let allowed = values(k.allowed_nodes.clone());
-    if let Some(Parsed(node)) = &k.node
+    let allowed = &k.allowed_nodes;
+    if let Some(node) = &k.node
         && !allowed.is_empty()
         && !allowed.contains(node)
     {
-        f.push(
+        f(
             "node",
             format!(
                 "{:?} is not in allowed_nodes ({}); add it there or pick another node",
@@ -115,182 +110,59 @@ fn rules(k: &Keys) -> Vec<Finding> {
         );
     }
     if k.hugepages.is_some() && k.balloon == Some(true) {
-        f.push(
+        f(
             "balloon",
             "cannot be true together with hugepages; set `balloon: false` or remove hugepages"
                 .into(),
         );
     }
-    if let Some(Parsed(pages)) = k.hugepages {
-        let sockets = k.sockets.map_or(1, UpTo::small);
-        for (key, message) in hugepages_problems(pages, k.numa, k.memory.map(|m| m.0), sockets) {
-            f.push(key, message);
+    if let Some(pages) = k.hugepages {
+        for (key, message) in hugepages_problems(pages, k) {
+            f(key, message);
         }
     }
-    let pcie = k.pci_devices.iter().flatten().any(|p| p.pcie == Some(true));
+    let pcie = k.pci_devices.iter().any(|p| p.pcie);
     if pcie && k.machine_type != Some(MachineType::Q35) {
-        f.push(
+        f(
             "machine_type",
             "must be q35 when a PCI device uses `pcie: true`".into(),
         );
     }
-    f.list
+    found
 }
 
-/// The values of a list of checked strings.
-fn values<T>(list: Option<Vec<Parsed<T>>>) -> Vec<T> {
-    list.into_iter().flatten().map(|Parsed(v)| v).collect()
-}
-
-/// The merged keys with every default filled in; `None` when a required value is missing or wrong
-/// (its problem is reported).
-fn provider_data(k: Keys) -> Option<ProviderData> {
-    let keys = k.clone();
-    let network_bridge = match k.network_bridge {
-        Some(Parsed(bridge)) => bridge,
+/// The merged keys with the defaults that are no constant filled in; `None` when a required value
+/// is missing or wrong (its problem is reported).
+fn provider_data(mut keys: Keys) -> Option<ProviderData> {
+    // `spread: true` is the short way to ask for `resource_affinity: negative`.
+    if let Some(ha) = &mut keys.ha
+        && ha.spread == Some(true)
+    {
+        ha.resource_affinity = Some(ResourceAffinity::Negative);
+    }
+    let network_bridge = match &keys.network_bridge {
+        Some(bridge) => bridge.clone(),
         None => BridgeName::new(DEFAULT_NETWORK_BRIDGE).ok()?,
     };
-    let cpu_type = match k.cpu_type {
-        Some(Parsed(cpu)) => cpu,
+    let cpu_type = match &keys.cpu_type {
+        Some(cpu) => cpu.clone(),
         None => CpuType::new(DEFAULT_CPU_TYPE).ok()?,
     };
     Some(ProviderData {
-        cores: k.cores?.small(),
-        sockets: k.sockets.map_or(1, UpTo::small),
-        memory_mb: k.memory?.0,
-        disk_size_gb: k.disk_size?.0,
-        storage_selector: k.storage_selector?.0,
-        node: k.node.map(|Parsed(n)| n),
-        placement_strategy: k.placement_strategy.unwrap_or_default(),
+        storage_selector: keys.storage_selector.clone()?,
         network_bridge,
-        vlan: k.vlan.and_then(|v| v.0),
-        network_firewall: k.network_firewall.unwrap_or(true),
-        disk: DiskOptions {
-            ssd: k.disk_ssd.unwrap_or(false),
-            discard: k.disk_discard.unwrap_or(false),
-            iothread: k.disk_iothread.unwrap_or(false),
-            cache: k.disk_cache.map(|Parsed(c)| c),
-            aio: k.disk_aio.map(|Parsed(a)| a),
-        },
         cpu_type,
-        machine_type: k.machine_type,
-        bios: k.bios.unwrap_or_default(),
-        vga: k.vga.map(|Parsed(v)| v),
-        numa: k.numa.unwrap_or(false),
-        hugepages: k.hugepages.map(|Parsed(h)| h),
-        balloon: k.balloon,
-        pool: k.pool.map(|Parsed(p)| p),
-        tags: values(k.tags),
-        topology_labels: k.topology_labels.unwrap_or(true),
-        ha: k.ha.map(ha),
-        additional_nics: k
-            .additional_nics
-            .into_iter()
-            .flatten()
-            .filter_map(nic)
-            .collect(),
-        usb_devices: k
-            .usb_devices
-            .into_iter()
-            .flatten()
-            .filter_map(usb)
-            .collect(),
-        pci_devices: k
-            .pci_devices
-            .into_iter()
-            .flatten()
-            .filter_map(pci)
-            .collect(),
-        additional_disks: k
-            .additional_disks
-            .into_iter()
-            .flatten()
-            .filter_map(disk)
-            .collect(),
-        boot: k.boot.unwrap_or_default(),
-        template: k.template,
-        clone_mode: k.clone_mode.unwrap_or_default(),
-        allowed_nodes: values(k.allowed_nodes),
-        iso_storage_selector: k.iso_storage_selector.map(|Parsed(s)| s),
-        ip_discovery_timeout: k
-            .ip_discovery_timeout
-            .map_or(DEFAULT_IP_DISCOVERY_TIMEOUT, |t| Duration::from_secs(t.0)),
-        ip_pool: k.ip_pool.map(|Parsed(p)| p.0),
         keys,
         warnings: Vec::new(),
-    })
-}
-
-/// `spread: true` is the short way to ask for `resource_affinity: negative`.
-fn ha(h: HaKeys) -> HaSettings {
-    HaSettings {
-        state: h.state.map(|s| s.as_str().to_string()),
-        comment: h.comment,
-        max_restart: h.max_restart.map(UpTo::small),
-        max_relocate: h.max_relocate.map(UpTo::small),
-        failback: h.failback,
-        rules: h.rules.unwrap_or_default(),
-        node_affinity_nodes: values(h.node_affinity_nodes),
-        node_affinity_strict: h.node_affinity_strict.unwrap_or(false),
-        resource_affinity: match h.spread {
-            Some(true) => Some(ResourceAffinity::Negative),
-            _ => h.resource_affinity,
-        },
-    }
-}
-
-fn nic(n: NicKeys) -> Option<AdditionalNic> {
-    Some(AdditionalNic {
-        bridge: n.bridge?.0,
-        vlan: n.vlan.and_then(|v| v.0),
-        firewall: n.firewall.unwrap_or(false),
-        ip_pool: n.ip_pool.map(|Parsed(p)| p.0),
-    })
-}
-
-fn usb(u: UsbKeys) -> Option<Usb> {
-    Some(Usb {
-        mapping: u.mapping?.0,
-        usb3: u.usb3.unwrap_or(false),
-    })
-}
-
-fn pci(p: PciKeys) -> Option<HostPci> {
-    Some(HostPci {
-        mapping: p.mapping?.0,
-        mdev: p.mdev.map(|Parsed(m)| m),
-        pcie: p.pcie.unwrap_or(false),
-        // Upstream only ever writes rombar=1 when true; unset or false leaves Proxmox's default.
-        rombar: p.rombar.filter(|on| *on),
-        primary_gpu: p.primary_gpu.unwrap_or(false),
-    })
-}
-
-fn disk(d: DiskKeys) -> Option<AdditionalDisk> {
-    Some(AdditionalDisk {
-        size_gb: d.disk_size?.0,
-        storage_selector: d.storage_selector?.0,
-        options: DiskOptions {
-            ssd: d.disk_ssd.unwrap_or(false),
-            discard: d.disk_discard.unwrap_or(false),
-            iothread: d.disk_iothread.unwrap_or(false),
-            cache: d.disk_cache.map(|Parsed(c)| c),
-            aio: d.disk_aio.map(|Parsed(a)| a),
-        },
     })
 }
 
 /// Proxmox accepts `hugepages` in any VM config but refuses to start the VM unless NUMA is on, and
 /// backs each NUMA node (one per socket, the memory split evenly) with whole pages; a class that
 /// breaks either rule would create a VM that never starts.
-pub(super) fn hugepages_problems(
-    pages: Hugepages,
-    numa: Option<bool>,
-    memory_mb: Option<u64>,
-    sockets: u32,
-) -> Vec<(&'static str, String)> {
+fn hugepages_problems(pages: Hugepages, k: &Keys) -> Vec<(&'static str, String)> {
     let mut problems = Vec::new();
-    if numa != Some(true) {
+    if !k.numa {
         problems.push((
             "numa",
             "must be true with hugepages: Proxmox refuses to start a VM that has hugepages without NUMA; set `numa: true` or remove hugepages".to_string(),
@@ -302,19 +174,17 @@ pub(super) fn hugepages_problems(
         // Proxmox picks 1GB pages when they divide the memory, else 2MB: even is the least it needs.
         Hugepages::Any => (2, "2MB (the smallest `any` may choose)"),
     };
-    let sockets = u64::from(sockets.max(1));
-    if let Some(memory) = memory_mb {
-        let per_node = memory / sockets;
-        if memory % sockets != 0 || per_node % page_mb != 0 {
-            let step = page_mb * sockets;
-            let suggestion = (memory / step).max(1) * step;
-            problems.push((
-                "memory",
-                format!(
-                    "{memory} MB split over {sockets} NUMA node(s) (one per socket) is not a whole number of {page_name} hugepages per node; use a multiple of {step} MB, e.g. `memory: {suggestion}`"
-                ),
-            ));
-        }
+    let (memory, sockets) = (k.memory_mb, u64::from(k.sockets.max(1)));
+    // Memory is 0 when it is missing or wrong (its problem is reported).
+    if memory > 0 && (memory % sockets != 0 || (memory / sockets) % page_mb != 0) {
+        let step = page_mb * sockets;
+        let suggestion = (memory / step).max(1) * step;
+        problems.push((
+            "memory",
+            format!(
+                "{memory} MB split over {sockets} NUMA node(s) (one per socket) is not a whole number of {page_name} hugepages per node; use a multiple of {step} MB, e.g. `memory: {suggestion}`"
+            ),
+        ));
     }
     problems
 }

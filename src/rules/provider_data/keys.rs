@@ -13,49 +13,65 @@
 //! - `x-per-node: false`: the key decides which node is chosen, so a `nodes.<name>:` override (applied
 //!   after placement) may not set it.
 
+use std::time::Duration;
+
 use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::values::{
-    Bios, BootMode, CloneMode, HaState, IpPoolName, MachineType, Parsed, PlacementStrategy,
-    ResourceAffinity, TemplateRef, UpTo, Vlan,
+    Bios, BootMode, CloneMode, HaState, MachineType, PlacementStrategy, ResourceAffinity,
+    TemplateRef, UserTag, devices, ip_discovery_timeout, one, pool_name, seconds, some_up_to,
+    up_to, user_tags, vlan, yes,
 };
 use crate::proxmox::property::{
-    BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Tag,
-    Vga,
+    BridgeName, CpuType, DiskAio, DiskCache, DiskOptions, HostPci, Hugepages, MappingId, MdevType,
+    NodeName, PoolId, Tag, Usb, Vga, VlanTag,
 };
 use crate::rules::storage_selector::StorageSelector;
 
-/// One layer of provider data as written (the machine class, the config's `defaults:` or a
-/// `nodes.<name>:` override), every key optional: the layers together must set the required ones.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+/// Provider data: one layer as written (the machine class, the config's `defaults:` or a
+/// `nodes.<name>:` override) or the layers merged, every key optional and read with its default:
+/// which keys a layer writes is told by its map, and the layers together must set the required ones.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(title = "Proxmox VE machine class", description = "")]
 pub struct Keys {
     /// CPU cores per socket. Required (here or in the provider config's defaults).
-    #[schemars(range(min = 1))]
+    #[schemars(with = "u64", range(min = 1))]
     #[schemars(extend("x-readme" = "CPU cores per socket.", "x-required" = ", e.g. `cores: 2`"))]
-    pub cores: Option<UpTo<65_535>>,
+    #[serde(default, deserialize_with = "up_to::<65_535, _, _>")]
+    pub cores: u32,
 
     /// CPU sockets (default 1).
-    #[schemars(range(min = 1), extend("x-readme" = "CPU sockets.", "x-default" = "1"))]
-    pub sockets: Option<UpTo<64>>,
+    #[schemars(with = "u64", range(min = 1), extend("x-readme" = "CPU sockets.", "x-default" = "1"))]
+    #[serde(default = "one", deserialize_with = "up_to::<64, _, _>")]
+    pub sockets: u32,
 
     /// Memory in MB (at least 2048). Required.
-    #[schemars(range(min = 2048))]
+    #[schemars(with = "u64", range(min = 2048))]
     #[schemars(extend(
         "x-readme" = "Memory in MB (at least 2048).",
         "x-required" = ", e.g. `memory: 4096` (MB)"
     ))]
-    pub memory: Option<UpTo<{ 64 * 1024 * 1024 }>>,
+    #[serde(
+        rename = "memory",
+        default,
+        deserialize_with = "up_to::<67_108_864, _, _>"
+    )]
+    pub memory_mb: u64,
 
     /// Size of the boot disk in GB (at least 5). Required. With boot: clone the template's disk is
     /// grown to this size.
-    #[schemars(range(min = 5))]
+    #[schemars(with = "u64", range(min = 5))]
     #[schemars(extend(
         "x-readme" = "Boot disk in GB (at least 5); with `boot: clone` the template's disk is grown to it.",
         "x-required" = ", e.g. `disk_size: 20` (GB)"
     ))]
-    pub disk_size: Option<UpTo<{ 1024 * 1024 }>>,
+    #[serde(
+        rename = "disk_size",
+        default,
+        deserialize_with = "up_to::<1_048_576, _, _>"
+    )]
+    pub disk_size_gb: u64,
 
     /// CEL condition choosing the storage for the VM's disks, evaluated for each storage of the
     /// node in API order; the first match wins. Variables: name, node, storageType (strings) and
@@ -66,7 +82,7 @@ pub struct Keys {
         "x-type" = "CEL",
         "x-required" = ", e.g. `storage_selector: name == \"local-lvm\"`"
     ))]
-    pub storage_selector: Option<Parsed<StorageSelector>>,
+    pub storage_selector: Option<StorageSelector>,
 
     /// Put the VM on this Proxmox node. It must exist and be online. Leave unset to let the
     /// provider pick a node.
@@ -74,7 +90,7 @@ pub struct Keys {
         "x-readme" = "Put the VM on this node (must exist and be online).",
         "x-per-node" = false
     ))]
-    pub node: Option<Parsed<NodeName>>,
+    pub node: Option<NodeName>,
 
     /// How a node is picked when 'node' is unset. 'spread' (default): fewest VMs of the same
     /// machine set, then most free memory. 'fewer-vms': fewest VMs overall. 'round-robin': fewest
@@ -85,52 +101,58 @@ pub struct Keys {
         "x-default" = "`spread`",
         "x-per-node" = false
     ))]
-    pub placement_strategy: Option<PlacementStrategy>,
+    #[serde(default)]
+    pub placement_strategy: PlacementStrategy,
 
     /// Bridge for the first NIC (default vmbr0).
     #[schemars(extend("x-readme" = "Bridge of the first NIC.", "x-default" = "`vmbr0`"))]
-    pub network_bridge: Option<Parsed<BridgeName>>,
+    pub network_bridge: Option<BridgeName>,
 
     /// VLAN tag for the first NIC; 0 (default) for untagged.
-    #[schemars(range(min = 0, max = 4094))]
+    #[schemars(with = "u64", range(min = 0, max = 4094))]
     #[schemars(extend("x-readme" = "VLAN tag of the first NIC.", "x-default" = "untagged"))]
-    pub vlan: Option<Vlan>,
+    #[serde(default, deserialize_with = "vlan")]
+    pub vlan: Option<VlanTag>,
 
     /// Enable the Proxmox firewall on the first NIC (default true).
     #[schemars(extend("x-readme" = "Proxmox firewall on the first NIC.", "x-default" = "true"))]
-    pub network_firewall: Option<bool>,
+    #[serde(default = "yes")]
+    pub network_firewall: bool,
 
     /// Present the boot disk as an SSD (ssd=1).
     #[schemars(extend("x-readme" = "Present the boot disk as an SSD (`ssd=1`)."))]
-    pub disk_ssd: Option<bool>,
+    #[serde(default)]
+    pub disk_ssd: bool,
 
     /// Pass TRIM/discard through to the storage (discard=on).
     #[schemars(extend(
         "x-readme" = "Pass TRIM/discard of the boot disk through to the storage (`discard=on`)."
     ))]
-    pub disk_discard: Option<bool>,
+    #[serde(default)]
+    pub disk_discard: bool,
 
     /// Give the boot disk its own IO thread (iothread=1).
     #[schemars(extend("x-readme" = "Give the boot disk its own IO thread (`iothread=1`)."))]
-    pub disk_iothread: Option<bool>,
+    #[serde(default)]
+    pub disk_iothread: bool,
 
     /// Cache mode of the boot disk (Proxmox default: none).
     #[schemars(extend("x-readme" = "Cache mode of the boot disk.", "x-default" = "Proxmox's"))]
-    pub disk_cache: Option<Parsed<DiskCache>>,
+    pub disk_cache: Option<DiskCache>,
 
     /// Asynchronous IO mode of the boot disk (Proxmox default: io_uring).
     #[schemars(extend(
         "x-readme" = "Asynchronous IO mode of the boot disk.",
         "x-default" = "Proxmox's"
     ))]
-    pub disk_aio: Option<Parsed<DiskAio>>,
+    pub disk_aio: Option<DiskAio>,
 
     /// CPU model (default x86-64-v2-AES). 'host' passes the host CPU through.
     #[schemars(extend(
         "x-readme" = "CPU model; `host` passes the host CPU through.",
         "x-default" = "`x86-64-v2-AES`"
     ))]
-    pub cpu_type: Option<Parsed<CpuType>>,
+    pub cpu_type: Option<CpuType>,
 
     /// QEMU machine type. 'q35' for PCIe passthrough.
     #[schemars(extend("x-readme" = "`q35` or `i440fx`.", "x-default" = "Proxmox's"))]
@@ -142,21 +164,23 @@ pub struct Keys {
         "x-readme" = "`ovmf` also adds a 4 MB EFI disk without pre-enrolled keys.",
         "x-default" = "`seabios`"
     ))]
-    pub bios: Option<Bios>,
+    #[serde(default)]
+    pub bios: Bios,
 
     /// Display adapter, e.g. 'std', 'serial0' or 'none'.
     #[schemars(extend("x-readme" = "Display adapter."))]
-    pub vga: Option<Parsed<Vga>>,
+    pub vga: Option<Vga>,
 
     /// Enable NUMA.
     #[schemars(extend("x-readme" = "NUMA."))]
-    pub numa: Option<bool>,
+    #[serde(default)]
+    pub numa: bool,
 
     /// Back the VM's memory with hugepages of this size.
     #[schemars(extend(
         "x-readme" = "`2MB` or `1GB`. Needs `numa: true`, and `memory` split over the sockets (one NUMA node each) must be whole pages: Proxmox refuses to start the VM otherwise, so this is checked up front."
     ))]
-    pub hugepages: Option<Parsed<Hugepages>>,
+    pub hugepages: Option<Hugepages>,
 
     /// Memory ballooning. Set false to turn the balloon device off (for passthrough or
     /// hugepages); unset leaves the Proxmox default.
@@ -171,15 +195,16 @@ pub struct Keys {
         "x-readme" = "Proxmox resource pool. Unset: a pool named after the machine-request set, created on demand and removed with the set's last machine (as upstream). A pool you name must exist.",
         "x-default" = "the set's ID"
     ))]
-    pub pool: Option<Parsed<PoolId>>,
+    pub pool: Option<PoolId>,
 
     /// Extra Proxmox tags for the VM (letters, digits, '_', '-', '+', '.'). The provider adds
     /// machine-request.<set> and omni-provider.<id> itself.
-    #[schemars(inner(length(min = 1)))]
+    #[schemars(with = "Vec<UserTag>", inner(length(min = 1)))]
     #[schemars(extend(
         "x-readme" = "Extra tags; `machine-request.*`, `omni-provider.*` and `omni-request.*` are ours."
     ))]
-    pub tags: Option<Vec<Parsed<Tag>>>,
+    #[serde(default, deserialize_with = "user_tags")]
+    pub tags: Vec<Tag>,
 
     /// Register the VM as a Proxmox HA resource and keep the machine set's HA rules (rules need
     /// Proxmox VE 9+).
@@ -187,30 +212,34 @@ pub struct Keys {
     #[schemars(extend(
         "x-readme" = "Register the VM with Proxmox HA after start: `state`, `comment`, `max_restart`, `max_relocate`, `failback`; and HA rules (Proxmox VE 9): `rules` (existing rules to join), `node_affinity_nodes` + `node_affinity_strict` (the set's node-affinity rule), `resource_affinity`, or `spread` as its short form for `negative` (the set's resource-affinity rule). See [HA](#high-availability). `failback` and the rules are refused before anything is created on an older cluster."
     ))]
-    pub ha: Option<HaKeys>,
+    pub ha: Option<HaSettings>,
 
     /// More NICs (net1, net2, …).
     #[schemars(extend("x-readme" = "More NICs: `bridge`, `vlan`, `firewall`, `ip_pool`."))]
-    pub additional_nics: Option<Vec<NicKeys>>,
+    #[serde(default)]
+    pub additional_nics: Vec<AdditionalNic>,
 
     /// USB devices passed through by resource mapping (usb0, usb1, …).
-    #[schemars(length(max = 15))]
+    #[schemars(with = "Vec<UsbKeys>", length(max = 15))]
     #[schemars(extend("x-readme" = "USB passthrough by resource mapping: `mapping`, `usb3`."))]
-    pub usb_devices: Option<Vec<UsbKeys>>,
+    #[serde(default, deserialize_with = "devices::<UsbKeys, _, _>")]
+    pub usb_devices: Vec<Usb>,
 
     /// PCI devices passed through by resource mapping (hostpci0, hostpci1, …).
-    #[schemars(length(max = 16))]
+    #[schemars(with = "Vec<PciKeys>", length(max = 16))]
     #[schemars(extend(
         "x-readme" = "PCI passthrough by resource mapping: `mapping`, `mdev`, `pcie`, `primary_gpu`, `rombar`."
     ))]
-    pub pci_devices: Option<Vec<PciKeys>>,
+    #[serde(default, deserialize_with = "devices::<PciKeys, _, _>")]
+    pub pci_devices: Vec<HostPci>,
 
     /// More disks (scsi1, scsi2, …).
     #[schemars(length(max = 30))]
     #[schemars(extend(
         "x-readme" = "More disks: `disk_size`, `storage_selector`, `disk_ssd`, `disk_discard`, `disk_iothread`, `disk_cache`, `disk_aio`."
     ))]
-    pub additional_disks: Option<Vec<DiskKeys>>,
+    #[serde(default)]
+    pub additional_disks: Vec<AdditionalDisk>,
 
     /// Label the Kubernetes node with topology.kubernetes.io/zone (its Proxmox node, kept current
     /// when the VM migrates) and topology.kubernetes.io/region (the Proxmox cluster name), through
@@ -220,7 +249,8 @@ pub struct Keys {
         "x-default" = "`true`",
         "x-ours" = true
     ))]
-    pub topology_labels: Option<bool>,
+    #[serde(default = "yes")]
+    pub topology_labels: bool,
 
     /// How the VM gets Talos: 'iso' (default) boots the Image Factory nocloud ISO; 'clone' clones
     /// 'template'; 'image' creates the boot disk from the Image Factory nocloud disk image
@@ -230,7 +260,8 @@ pub struct Keys {
         "x-default" = "`iso`",
         "x-ours" = true
     ))]
-    pub boot: Option<BootMode>,
+    #[serde(default)]
+    pub boot: BootMode,
 
     /// Template to clone when boot is 'clone': its VMID or its name.
     #[schemars(range(min = 100), length(min = 1))]
@@ -251,7 +282,8 @@ pub struct Keys {
         "x-ours" = true,
         "x-per-node" = false
     ))]
-    pub clone_mode: Option<CloneMode>,
+    #[serde(default)]
+    pub clone_mode: CloneMode,
 
     /// Nodes automatic placement may choose from (default: all).
     #[schemars(inner(length(min = 1)))]
@@ -261,7 +293,8 @@ pub struct Keys {
         "x-ours" = true,
         "x-per-node" = false
     ))]
-    pub allowed_nodes: Option<Vec<Parsed<NodeName>>>,
+    #[serde(default)]
+    pub allowed_nodes: Vec<NodeName>,
 
     /// CEL condition choosing the storage for the Talos ISO and the seed ISO (same variables as
     /// storage_selector; default: the first storage that holds ISO images).
@@ -272,60 +305,67 @@ pub struct Keys {
         "x-default" = "first ISO storage",
         "x-ours" = true
     ))]
-    pub iso_storage_selector: Option<Parsed<StorageSelector>>,
+    pub iso_storage_selector: Option<StorageSelector>,
 
     /// Seconds to wait for the guest agent to report an address after start (default 300); 0
     /// skips IP discovery.
-    #[schemars(range(min = 0))]
+    #[schemars(with = "u64", range(min = 0))]
     #[schemars(extend(
         "x-readme" = "seconds to wait for the guest agent to report an address; 0 skips the step.",
         "x-default" = "300",
         "x-ours" = true
     ))]
-    pub ip_discovery_timeout: Option<UpTo<{ 7 * 24 * 3600 }>>,
+    #[serde(default = "ip_discovery_timeout", deserialize_with = "seconds")]
+    pub ip_discovery_timeout: Duration,
 
     /// Name of a static IP pool from the provider config's ipPools: the first NIC gets the lowest
     /// free address of the pool, written into the NoCloud network-config with the pool's gateway
     /// and nameservers, instead of DHCP.
-    #[schemars(length(min = 1))]
+    #[schemars(with = "String", length(min = 1))]
     #[schemars(extend(
         "x-readme" = "a static IP pool of the config file's `ipPools:` for the first NIC: its lowest free address, allocated before the VM is created, written into the seed's network-config with the pool's gateway and nameservers (instead of DHCP), and released after the VM is destroyed. `additional_nics[].ip_pool` does the same for another NIC. See [IP pools](docs/ip-pools.md).",
         "x-default" = "DHCP",
         "x-ours" = true
     ))]
-    pub ip_pool: Option<Parsed<IpPoolName>>,
+    #[serde(default, deserialize_with = "pool_name")]
+    pub ip_pool: Option<String>,
 }
 
 /// `ha:`. `spread: true` is the short way to ask for `resource_affinity: negative`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(description = "")]
-pub struct HaKeys {
+pub struct HaSettings {
     /// HA target state (default started).
     pub state: Option<HaState>,
     /// Comment on the HA resource.
     #[schemars(length(max = 4096))]
     pub comment: Option<String>,
     /// Restart attempts on the current node (Proxmox default 1).
-    #[schemars(range(min = 0))]
-    pub max_restart: Option<UpTo<{ u32::MAX as u64 }>>,
+    #[schemars(with = "u64", range(min = 0))]
+    #[serde(default, deserialize_with = "some_up_to::<{ u32::MAX as u64 }, _>")]
+    pub max_restart: Option<u32>,
     /// Relocation attempts after the restarts (Proxmox default 1).
-    #[schemars(range(min = 0))]
-    pub max_relocate: Option<UpTo<{ u32::MAX as u64 }>>,
+    #[schemars(with = "u64", range(min = 0))]
+    #[serde(default, deserialize_with = "some_up_to::<{ u32::MAX as u64 }, _>")]
+    pub max_relocate: Option<u32>,
     /// Move the VM back to its preferred node when that node returns.
     pub failback: Option<bool>,
     /// Names of existing Proxmox HA rules (Proxmox VE 9+) the VM is added to once it is
     /// HA-managed.
     // An HA rule ID (pve-configid) is wholly checked by the schema's pattern and length.
     #[schemars(inner(length(max = 64), pattern("^[A-Za-z0-9][A-Za-z0-9_-]*$")))]
-    pub rules: Option<Vec<String>>,
+    #[serde(default)]
+    pub rules: Vec<String>,
     /// Nodes of the machine set's node-affinity rule omni-<set>-naff (Proxmox VE 9+): HA keeps the
     /// set's VMs on these nodes, and placement prefers them. The rule is made once; edit its nodes
     /// in Proxmox.
     #[schemars(inner(length(max = 63), pattern("^[A-Za-z0-9][A-Za-z0-9-]*$")))]
-    pub node_affinity_nodes: Option<Vec<Parsed<NodeName>>>,
+    #[serde(default)]
+    pub node_affinity_nodes: Vec<NodeName>,
     /// Make that node-affinity rule strict (default false): the VMs may run on the listed nodes
     /// only, and placement picks only among them.
-    pub node_affinity_strict: Option<bool>,
+    #[serde(default)]
+    pub node_affinity_strict: bool,
     /// Resource-affinity rule omni-<set>-raff between the machine set's VMs (Proxmox VE 9+):
     /// 'negative' keeps them on different nodes, 'positive' on one node. Placement follows it too.
     pub resource_affinity: Option<ResourceAffinity>,
@@ -338,18 +378,21 @@ pub struct HaKeys {
 /// item can be read on its own; the schema says it is required.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(description = "")]
-pub struct NicKeys {
+pub struct AdditionalNic {
     /// Bridge, e.g. vmbr1.
     #[schemars(required)]
-    pub bridge: Option<Parsed<BridgeName>>,
+    pub bridge: BridgeName,
     /// VLAN tag; 0 or unset for untagged.
-    #[schemars(range(min = 0, max = 4094))]
-    pub vlan: Option<Vlan>,
+    #[schemars(with = "u64", range(min = 0, max = 4094))]
+    #[serde(default, deserialize_with = "vlan")]
+    pub vlan: Option<VlanTag>,
     /// Enable the Proxmox firewall on this NIC (default false).
-    pub firewall: Option<bool>,
+    #[serde(default)]
+    pub firewall: bool,
     /// Name of a static IP pool from the provider config's ipPools for this NIC (default: DHCP).
-    #[schemars(length(min = 1))]
-    pub ip_pool: Option<Parsed<IpPoolName>>,
+    #[schemars(with = "String", length(min = 1))]
+    #[serde(default, deserialize_with = "pool_name")]
+    pub ip_pool: Option<String>,
 }
 
 /// An item of `usb_devices:`.
@@ -358,7 +401,7 @@ pub struct NicKeys {
 pub struct UsbKeys {
     /// USB resource mapping ID.
     #[schemars(required, length(min = 1))]
-    pub mapping: Option<Parsed<MappingId>>,
+    pub mapping: MappingId,
     /// Attach to the USB 3 controller.
     pub usb3: Option<bool>,
 }
@@ -369,9 +412,9 @@ pub struct UsbKeys {
 pub struct PciKeys {
     /// PCI resource mapping ID, e.g. nvidia-gpu-1.
     #[schemars(required)]
-    pub mapping: Option<Parsed<MappingId>>,
+    pub mapping: MappingId,
     /// Mediated device type, e.g. nvidia-180.
-    pub mdev: Option<Parsed<MdevType>>,
+    pub mdev: Option<MdevType>,
     /// Attach as PCIe (needs machine_type q35).
     pub pcie: Option<bool>,
     /// Use as the primary GPU (x-vga=1).
@@ -383,21 +426,62 @@ pub struct PciKeys {
 /// An item of `additional_disks:`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(description = "")]
-pub struct DiskKeys {
+pub struct AdditionalDisk {
     /// Size in GB.
-    #[schemars(required, range(min = 1))]
-    pub disk_size: Option<UpTo<{ 1024 * 1024 }>>,
+    #[schemars(with = "u64", required, range(min = 1))]
+    #[serde(
+        rename = "disk_size",
+        deserialize_with = "up_to::<{ 1024 * 1024 }, _, _>"
+    )]
+    pub size_gb: u64,
     /// CEL condition choosing this disk's storage (same variables as storage_selector).
     #[schemars(required, length(max = 1024))]
-    pub storage_selector: Option<Parsed<StorageSelector>>,
+    pub storage_selector: StorageSelector,
     /// Present as an SSD.
-    pub disk_ssd: Option<bool>,
+    #[serde(default)]
+    pub disk_ssd: bool,
     /// Pass TRIM/discard through.
-    pub disk_discard: Option<bool>,
+    #[serde(default)]
+    pub disk_discard: bool,
     /// Own IO thread.
-    pub disk_iothread: Option<bool>,
+    #[serde(default)]
+    pub disk_iothread: bool,
     /// Cache mode.
-    pub disk_cache: Option<Parsed<DiskCache>>,
+    pub disk_cache: Option<DiskCache>,
     /// Asynchronous IO mode.
-    pub disk_aio: Option<Parsed<DiskAio>>,
+    pub disk_aio: Option<DiskAio>,
+}
+
+impl AdditionalDisk {
+    pub fn options(&self) -> DiskOptions {
+        DiskOptions {
+            ssd: self.disk_ssd,
+            discard: self.disk_discard,
+            iothread: self.disk_iothread,
+            cache: self.disk_cache,
+            aio: self.disk_aio,
+        }
+    }
+}
+
+impl From<UsbKeys> for Usb {
+    fn from(u: UsbKeys) -> Self {
+        Usb {
+            mapping: u.mapping,
+            usb3: u.usb3.unwrap_or(false),
+        }
+    }
+}
+
+impl From<PciKeys> for HostPci {
+    fn from(p: PciKeys) -> Self {
+        HostPci {
+            mapping: p.mapping,
+            mdev: p.mdev,
+            pcie: p.pcie.unwrap_or(false),
+            // Upstream only ever writes rombar=1 when true; unset or false leaves Proxmox's default.
+            rombar: p.rombar.filter(|on| *on),
+            primary_gpu: p.primary_gpu.unwrap_or(false),
+        }
+    }
 }

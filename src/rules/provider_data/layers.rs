@@ -19,17 +19,6 @@ use super::{LayerCheck, Problem, json_kind};
 use crate::did_you_mean;
 use crate::proxmox::property::NodeName;
 
-/// When a finding was made; findings are reported in this order, as one reading of the merged
-/// document would: the schema's, the missing required keys, each key as it is read, then the rules
-/// between keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Phase {
-    Schema,
-    Required,
-    Read,
-    Rules,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Note {
     Problem(String),
@@ -40,15 +29,34 @@ pub(super) enum Note {
     },
 }
 
-/// One finding, its path relative to the layer (`additional_disks[1].disk_size`).
+/// One finding, its path relative to the layer (`additional_disks[1].disk_size`). Findings are
+/// reported as one reading of the merged document would make them: the schema's, the missing
+/// required keys, each key as it is read, then the rules between keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Finding {
-    pub phase: Phase,
     pub path: String,
     pub note: Note,
 }
 
 impl Finding {
+    pub fn problem(path: &str, message: String) -> Self {
+        Self::new(path, Note::Problem(message))
+    }
+
+    fn unknown(path: &str, key: &str, known: &[&str]) -> Self {
+        Self::new(
+            path,
+            Note::Unknown {
+                hint: did_you_mean::hint(key, known),
+            },
+        )
+    }
+
+    fn new(path: &str, note: Note) -> Self {
+        let path = path.to_string();
+        Self { path, note }
+    }
+
     /// The top-level key the finding is about, which decides the layer it is reported from.
     fn top(&self) -> &str {
         top_key(&self.path)
@@ -57,35 +65,6 @@ impl Finding {
 
 fn top_key(path: &str) -> &str {
     path.split(['.', '[']).next().unwrap_or_default()
-}
-
-/// Collects the findings of one reading.
-pub(super) struct Findings {
-    pub list: Vec<Finding>,
-    pub phase: Phase,
-}
-
-impl Findings {
-    pub fn new(phase: Phase) -> Self {
-        Self {
-            list: Vec::new(),
-            phase,
-        }
-    }
-
-    fn note(&mut self, path: &str, note: Note) {
-        let (phase, path) = (self.phase, path.to_string());
-        self.list.push(Finding { phase, path, note });
-    }
-
-    pub fn push(&mut self, path: &str, message: String) {
-        self.note(path, Note::Problem(message));
-    }
-
-    pub fn unknown_key(&mut self, path: &str, key: &str, known: &[&str]) {
-        let hint = did_you_mean::hint(key, known);
-        self.note(path, Note::Unknown { hint });
-    }
 }
 
 /// A report adds problems once per key path (the schema and the typed reading could both complain
@@ -126,11 +105,12 @@ pub(super) fn validator_ready() -> Result<(), String> {
     VALIDATOR.as_ref().map(|_| ()).map_err(Clone::clone)
 }
 
-fn schema_findings(value: &Value, findings: &mut Findings) {
+fn schema_findings(value: &Value, findings: &mut Vec<Finding>) {
     let validator = match VALIDATOR.as_ref() {
         Ok(v) => v,
         Err(e) => {
-            findings.push("", format!("the provider-data JSON schema is invalid: {e}"));
+            let message = format!("the provider-data JSON schema is invalid: {e}");
+            findings.push(Finding::problem("", message));
             return;
         }
     };
@@ -157,7 +137,7 @@ fn schema_findings(value: &Value, findings: &mut Findings) {
             Kind::Enum { options } => (key, not_one_of(error.instance(), options)),
             _ => (key, shortened(error.to_string())),
         };
-        findings.push(&key, message);
+        findings.push(Finding::problem(&key, message));
     }
 }
 
@@ -214,7 +194,9 @@ pub(super) struct Layer {
     written: BTreeSet<String>,
     /// The known top-level keys whose values read without a problem.
     valid: Map<String, Value>,
-    findings: Vec<Finding>,
+    /// The schema's findings, then the reading's.
+    schema: Vec<Finding>,
+    read: Vec<Finding>,
     /// What the layer was instead of a mapping (`"a list"`), when it was not one.
     not_a_mapping: Option<&'static str>,
 }
@@ -223,13 +205,13 @@ impl Layer {
     /// Reads one layer on its own: the schema, then each key (no required keys, no rules between
     /// keys: those need every layer).
     pub(super) fn read(map: &Map<String, Value>) -> Self {
-        let mut findings = Findings::new(Phase::Schema);
-        schema_findings(&Value::Object(map.clone()), &mut findings);
-        let refused: Vec<String> = findings.list.iter().map(|f| f.path.clone()).collect();
-        findings.phase = Phase::Read;
+        let mut schema = Vec::new();
+        schema_findings(&Value::Object(map.clone()), &mut schema);
+        let refused: Vec<String> = schema.iter().map(|f| f.path.clone()).collect();
+        let mut findings = Vec::new();
         let mut valid = Map::new();
         for key in map.keys().filter(|k| !top_keys().contains(&k.as_str())) {
-            findings.unknown_key(shown(key), key, top_keys());
+            findings.push(Finding::unknown(shown(key), key, top_keys()));
         }
         // In declaration order, as one reading of the document goes.
         for (key, value) in top_keys().iter().filter_map(|k| map.get_key_value(*k)) {
@@ -237,14 +219,15 @@ impl Layer {
                 continue;
             };
             for (path, message) in layer_rules(&keys) {
-                findings.push(path, message);
+                findings.push(Finding::problem(path, message));
             }
             valid.insert(key.clone(), value.clone());
         }
         Self {
             written: map.keys().cloned().collect(),
             valid,
-            findings: findings.list,
+            schema,
+            read: findings,
             not_a_mapping: None,
         }
     }
@@ -282,7 +265,7 @@ impl Layer {
                 format!("must be a mapping of provider-data keys, not {kind}"),
             );
         }
-        for finding in &self.findings {
+        for finding in self.schema.iter().chain(&self.read) {
             report.add(prefix, finding, strict);
         }
         report
@@ -304,7 +287,12 @@ fn shown(key: &str) -> &str {
 /// `findings` the keys inside it the provider does not know and what is wrong (unless the schema
 /// found it already: `refused`). serde stops at the first problem, so after one each item of a list
 /// and each key of a mapping is read on its own, to name every wrong one.
-fn read_key(key: &str, value: &Value, refused: &[String], findings: &mut Findings) -> Option<Keys> {
+fn read_key(
+    key: &str,
+    value: &Value,
+    refused: &[String],
+    findings: &mut Vec<Finding>,
+) -> Option<Keys> {
     let read = |value: Value| {
         let layer = Value::Object(Map::from_iter([(key.to_string(), value)]));
         serde_path_to_error::deserialize::<_, Keys>(layer)
@@ -326,7 +314,8 @@ fn read_key(key: &str, value: &Value, refused: &[String], findings: &mut Finding
     for (at, part) in &parts {
         if let (Value::Object(map), false) = (part, known.is_empty()) {
             for name in map.keys().filter(|k| !known.contains(&k.as_str())) {
-                findings.unknown_key(&format!("{at}.{}", shown(name)), name, known);
+                let path = format!("{at}.{}", shown(name));
+                findings.push(Finding::unknown(&path, name, known));
             }
         }
         for piece in one_by_one(part, known).filter(|_| whole.is_err()) {
@@ -335,11 +324,14 @@ fn read_key(key: &str, value: &Value, refused: &[String], findings: &mut Finding
             } else {
                 piece
             };
-            if let Err((path, message)) = read(piece) {
+            // A required key missing from an item is the schema's to report.
+            if let Err((path, message)) = read(piece)
+                && !message.starts_with("missing field")
+            {
                 found = true;
                 let path = path.replacen(&format!("{key}[0]"), at, 1);
                 if !covered(&path) {
-                    findings.push(&path, message);
+                    findings.push(Finding::problem(&path, message));
                 }
             }
         }
@@ -348,7 +340,7 @@ fn read_key(key: &str, value: &Value, refused: &[String], findings: &mut Finding
         Ok(keys) => (!refused.iter().any(|r| within(r, key))).then_some(keys),
         Err((path, message)) => {
             if !found && !covered(&path) {
-                findings.push(&path, message);
+                findings.push(Finding::problem(&path, message));
             }
             None
         }
@@ -382,7 +374,7 @@ fn layer_rules(keys: &Keys) -> Vec<(&'static str, String)> {
     {
         found.push(("ha.spread", "keeps the set's VMs on different nodes, but `resource_affinity: positive` keeps them together: remove one of the two".to_string()));
     }
-    if keys.additional_nics.as_ref().is_some_and(|n| n.len() > 31) {
+    if keys.additional_nics.len() > 31 {
         found.push((
             "additional_nics",
             "at most 31 additional NICs fit (net1 to net31)".to_string(),
@@ -427,9 +419,9 @@ impl<'a> Stack<'a> {
             .collect()
     }
 
-    /// The keys that take effect: each from the highest layer writing it, `None` when that layer's
-    /// value is wrong (its problem is reported).
-    pub fn keys(&self) -> Keys {
+    /// The keys that take effect: each from the highest layer writing it, left to its default when
+    /// that layer's value is wrong (its problem is reported).
+    pub fn keys(&self) -> Result<Keys, Vec<Problem>> {
         let mut merged = Map::new();
         for (_, layer) in self.layers.iter().rev() {
             for key in &layer.written {
@@ -440,32 +432,35 @@ impl<'a> Stack<'a> {
             }
         }
         // Every value read on its own already, so reading them together cannot fail.
-        serde_json::from_value(Value::Object(merged)).unwrap_or_default()
+        serde_json::from_value(Value::Object(merged)).map_err(|e| {
+            let (key, message) = ("provider_data".into(), e.to_string());
+            vec![Problem { key, message }]
+        })
     }
 
-    /// The findings of `phase` about the values that take effect (those of the highest layer writing
-    /// each key), in the order one reading of the merged document would make them.
-    pub fn findings(&self, phase: Phase) -> Vec<(&str, &Finding)> {
+    /// The reading's (`read`) or the schema's findings about the values that take effect (those of
+    /// the highest layer writing each key), in the order one reading of the merged document would
+    /// make them.
+    pub fn findings(&self, read: bool) -> Vec<(&str, &Finding)> {
         let mut out: Vec<(&str, &Finding)> = self
             .layers
             .iter()
             .flat_map(|(prefix, layer)| {
-                layer
-                    .findings
+                let findings = if read { &layer.read } else { &layer.schema };
+                findings
                     .iter()
-                    .filter(move |f| f.phase == phase && self.prefix_of(f.top()) == prefix)
+                    .filter(move |f| self.prefix_of(f.top()) == prefix)
                     .map(move |f| (prefix.as_str(), f))
             })
             .collect();
         // The schema reports keys in name order; reading goes through unknown keys (in name order),
         // then the known ones in declaration order.
-        out.sort_by_key(|(_, f)| match phase {
-            Phase::Read => match top_keys().iter().position(|k| *k == f.top()) {
-                None => (0, 0, f.top().to_string()),
-                Some(n) => (1, n, String::new()),
+        out.sort_by_key(
+            |(_, f)| match top_keys().iter().position(|k| *k == f.top()) {
+                Some(n) if read => (1, n, String::new()),
+                _ => (0, 0, f.top().to_string()),
             },
-            _ => (0, 0, f.top().to_string()),
-        });
+        );
         out
     }
 }

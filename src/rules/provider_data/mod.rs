@@ -28,17 +28,12 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-pub use data::{AdditionalDisk, AdditionalNic, HaSettings, ProviderData};
+pub use data::ProviderData;
+pub use keys::{AdditionalDisk, HaSettings};
 pub use layers::ConfigLayers;
-pub use values::{
-    Bios, BootMode, CloneMode, MachineType, PlacementStrategy, ResourceAffinity, TemplateRef,
-};
+pub use values::{Bios, BootMode, CloneMode, PlacementStrategy, ResourceAffinity, TemplateRef};
 
 use layers::{Layer, Stack};
-
-/// The JSON schema registered with Omni (shown for machine classes); a test keeps it what the key
-/// declarations generate ([`schema::schema_text`]).
-pub const SCHEMA_JSON: &str = include_str!("../../../schema/provider-data.schema.json");
 
 /// Default bridge of the first NIC, as upstream.
 pub const DEFAULT_NETWORK_BRIDGE: &str = "vmbr0";
@@ -153,26 +148,10 @@ impl ProviderDataSchema {
         self.resolve_with(class_yaml, node_override.map(|(name, _)| name), &layers)
     }
 
-    /// Validates and types one complete document: schema, unknown keys, semantics, required keys.
-    pub fn parse_merged(&self, merged: &Map<String, Value>) -> Result<ProviderData, Vec<Problem>> {
-        let layer = Layer::read(merged);
-        let none = Layer::default();
-        effective::resolve(&Stack::new(&layer, None, &none), self.strict)
-    }
-
     /// Checks one layer on its own (no required keys): the machine class, `defaults`, or a node
     /// override. `prefix` is put before every key path (e.g. `nodes.pve2.`).
     pub fn check_layer(&self, prefix: &str, layer: &Value) -> LayerCheck {
         Layer::read_value(layer).check(prefix, self.strict)
-    }
-
-    /// Checks the provider config's `defaults:` and `nodes:`: problems and warnings.
-    pub fn check_config_overrides(
-        &self,
-        defaults: &Map<String, Value>,
-        nodes: &Map<String, Value>,
-    ) -> LayerCheck {
-        self.check_config(&ConfigLayers::read(defaults, nodes))
     }
 
     /// Checks the config's layers as read at load: problems and warnings.
@@ -276,12 +255,10 @@ pub fn release_problems(data: &ProviderData, pve_version: &str) -> Vec<Problem> 
     .collect()
 }
 
-/// Whether `data` uses a key [`release_problems`] checks, so the release must be known first.
+/// Whether `data` uses a key [`release_problems`] checks, so the release must be known first: a
+/// release older than every one they name finds each such key.
 pub fn needs_release_check(data: &ProviderData) -> bool {
-    data.ha
-        .as_ref()
-        .is_some_and(|ha| ha.failback.is_some() || ha.uses_rules())
-        || data.boot == BootMode::Image
+    !release_problems(data, "0").is_empty()
 }
 
 #[cfg(test)]

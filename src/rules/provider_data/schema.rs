@@ -7,10 +7,9 @@ use std::sync::LazyLock;
 
 use schemars::generate::SchemaSettings;
 use serde::de::{self, Deserialize, Deserializer, Visitor};
-use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
-use super::keys::{DiskKeys, HaKeys, Keys, NicKeys, PciKeys, UsbKeys};
+use super::keys::{AdditionalDisk, AdditionalNic, HaSettings, Keys, PciKeys, UsbKeys};
 
 /// The schema with the README's and the reader's `x-` extensions, generated once.
 static DECLARED: LazyLock<Value> = LazyLock::new(|| {
@@ -23,8 +22,9 @@ static DECLARED: LazyLock<Value> = LazyLock::new(|| {
     value
 });
 
-/// Joins the doc comment's lines (Omni shows each description as one paragraph) and drops the
-/// `null` schemars allows in an optional field: a key written as `null` is a mistake.
+/// Joins the doc comment's lines (Omni shows each description as one paragraph), drops the `null`
+/// schemars allows in an optional field (a key written as `null` is a mistake) and the Rust value
+/// of a field's default (the description says it in the user's words).
 fn tidy(value: &mut Value) {
     match value {
         Value::Object(map) => {
@@ -42,6 +42,7 @@ fn tidy(value: &mut Value) {
                 }
             }
             map.remove("format");
+            map.remove("default");
             map.values_mut().for_each(tidy);
         }
         Value::Array(items) => items.iter_mut().for_each(tidy),
@@ -67,79 +68,13 @@ pub fn schema() -> Value {
     schema
 }
 
-/// The schema as the text of `schema/provider-data.schema.json`: properties in declaration order.
-pub fn schema_text() -> String {
-    let schema = schema();
-    let mut text = serde_json::to_string_pretty(&Ordered {
-        value: &schema,
-        fields: top_keys(),
-        properties: false,
-    })
-    .unwrap_or_default();
-    text.push('\n');
-    text
-}
-
-/// The order of a schema's keywords in the file, as a reader expects them.
-const KEYWORDS: &[&str] = &[
-    "type",
-    "title",
-    "description",
-    "enum",
-    "minimum",
-    "maximum",
-    "maxItems",
-    "minLength",
-    "maxLength",
-    "pattern",
-    "properties",
-    "items",
-    "required",
-];
-
-/// A schema written with its keywords in [`KEYWORDS`] order, or (`properties`) a schema's
-/// properties in declaration order (`fields`).
-struct Ordered<'a> {
-    value: &'a Value,
-    fields: &'static [&'static str],
-    properties: bool,
-}
-
-impl Serialize for Ordered<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let Value::Object(map) = self.value else {
-            return self.value.serialize(s);
-        };
-        let order = match (self.properties, map.contains_key("$schema")) {
-            (true, _) => self.fields,
-            (false, true) => &["$schema", "title", "type", "properties"],
-            (false, false) => KEYWORDS,
-        };
-        let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-        entries.sort_by_key(|(k, _)| order.iter().position(|o| o == k).unwrap_or(usize::MAX));
-        let mut out = s.serialize_map(Some(entries.len()))?;
-        for (key, value) in entries {
-            let child = match (self.properties, key.as_str()) {
-                (true, name) => (inner_keys(name), false),
-                (false, "properties") => (self.fields, true),
-                (false, _) => (self.fields, false),
-            };
-            let (fields, properties) = child;
-            out.serialize_entry(
-                key,
-                &Ordered {
-                    value,
-                    fields,
-                    properties,
-                },
-            )?;
-        }
-        out.end()
-    }
+/// The schema with its `x-` extensions (the README's table is generated from them).
+pub fn declared() -> &'static Value {
+    &DECLARED
 }
 
 /// The declaration of top-level key `name`, with its extensions.
-fn declared(name: &str) -> Option<&'static Map<String, Value>> {
+fn key(name: &str) -> Option<&'static Map<String, Value>> {
     DECLARED["properties"].get(name)?.as_object()
 }
 
@@ -152,60 +87,30 @@ pub fn top_keys() -> &'static [&'static str] {
 /// (", e.g. `cores: 2`").
 pub fn required_keys() -> impl Iterator<Item = (&'static str, &'static str)> {
     top_keys().iter().filter_map(|name| {
-        let example = declared(name)?.get("x-required")?.as_str()?;
+        let example = key(name)?.get("x-required")?.as_str()?;
         Some((*name, example))
     })
 }
 
 /// Whether top-level key `name` holds a mapping (`ha`), not a value or a list.
 pub fn is_mapping(name: &str) -> bool {
-    declared(name).and_then(|k| k.get("type")) == Some(&Value::String("object".into()))
+    key(name).and_then(|k| k.get("type")) == Some(&Value::String("object".into()))
 }
 
 /// Whether a `nodes.<name>:` override may set top-level key `name`.
 pub fn per_node(name: &str) -> bool {
-    declared(name).and_then(|k| k.get("x-per-node")) != Some(&Value::Bool(false))
-}
-
-/// The README's provider-data table: header and one row per top-level key.
-pub fn readme_table() -> String {
-    let mut table = String::from("| Key | Type | Default | Meaning |\n|---|---|---|---|\n");
-    for name in top_keys() {
-        let key = declared(name).cloned().unwrap_or_default();
-        let text = |k: &str| key.get(k).and_then(Value::as_str).unwrap_or_default();
-        let kind = match (text("x-type"), text("type")) {
-            ("", "array") => "list",
-            ("", "object") => "mapping",
-            ("", kind) => kind,
-            (kind, _) => kind,
-        };
-        let default = match key.contains_key("x-required") {
-            true => "required",
-            false => text("x-default"),
-        };
-        let ours = match key.get("x-ours") {
-            Some(Value::Bool(true)) => "*ours*: ",
-            _ => "",
-        };
-        let row = format!(
-            "| `{name}` | {kind} | {default} | {ours}{} |",
-            text("x-readme")
-        );
-        table.push_str(&row.replace("|  |", "| |"));
-        table.push('\n');
-    }
-    table
+    key(name).and_then(|k| k.get("x-per-node")) != Some(&Value::Bool(false))
 }
 
 /// The keys of the mappings inside the top-level key `key` (`ha`, the items of `additional_nics`, …),
 /// in declaration order.
 pub fn inner_keys(key: &str) -> &'static [&'static str] {
     match key {
-        "ha" => field_names::<HaKeys>(),
-        "additional_nics" => field_names::<NicKeys>(),
+        "ha" => field_names::<HaSettings>(),
+        "additional_nics" => field_names::<AdditionalNic>(),
         "usb_devices" => field_names::<UsbKeys>(),
         "pci_devices" => field_names::<PciKeys>(),
-        "additional_disks" => field_names::<DiskKeys>(),
+        "additional_disks" => field_names::<AdditionalDisk>(),
         _ => &[],
     }
 }
@@ -243,8 +148,82 @@ pub fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
 mod tests {
     use serde_json::Value;
 
-    use super::super::SCHEMA_JSON;
+    use serde::ser::{Serialize, SerializeMap, Serializer};
+
     use super::*;
+
+    const SCHEMA_JSON: &str = include_str!("../../../schema/provider-data.schema.json");
+
+    /// The schema as the text of `schema/provider-data.schema.json`: properties in declaration order.
+    pub fn schema_text() -> String {
+        let schema = schema();
+        let mut text = serde_json::to_string_pretty(&Ordered {
+            value: &schema,
+            fields: top_keys(),
+            properties: false,
+        })
+        .unwrap_or_default();
+        text.push('\n');
+        text
+    }
+
+    /// The order of a schema's keywords in the file, as a reader expects them.
+    const KEYWORDS: &[&str] = &[
+        "type",
+        "title",
+        "description",
+        "enum",
+        "minimum",
+        "maximum",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "properties",
+        "items",
+        "required",
+    ];
+
+    /// A schema written with its keywords in [`KEYWORDS`] order, or (`properties`) a schema's
+    /// properties in declaration order (`fields`).
+    struct Ordered<'a> {
+        value: &'a Value,
+        fields: &'static [&'static str],
+        properties: bool,
+    }
+
+    impl Serialize for Ordered<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let Value::Object(map) = self.value else {
+                return self.value.serialize(s);
+            };
+            let order = match (self.properties, map.contains_key("$schema")) {
+                (true, _) => self.fields,
+                (false, true) => &["$schema", "title", "type", "properties"],
+                (false, false) => KEYWORDS,
+            };
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by_key(|(k, _)| order.iter().position(|o| o == k).unwrap_or(usize::MAX));
+            let mut out = s.serialize_map(Some(entries.len()))?;
+            for (key, value) in entries {
+                let child = match (self.properties, key.as_str()) {
+                    (true, name) => (inner_keys(name), false),
+                    (false, "properties") => (self.fields, true),
+                    (false, _) => (self.fields, false),
+                };
+                let (fields, properties) = child;
+                out.serialize_entry(
+                    key,
+                    &Ordered {
+                        value,
+                        fields,
+                        properties,
+                    },
+                )?;
+            }
+            out.end()
+        }
+    }
 
     /// The schema Omni is given (the file `controller/registration.rs` embeds) is the one the key
     /// declarations generate, and validation uses the same one.

@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::time::Duration;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::de::Error as _;
@@ -13,7 +14,7 @@ use serde::{Deserialize, Deserializer};
 
 use serde_json::Value;
 
-use super::{RESERVED_TAG_PREFIXES, json_kind};
+use super::{DEFAULT_IP_DISCOVERY_TIMEOUT, RESERVED_TAG_PREFIXES, json_kind};
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Tag,
     Vga, VlanTag, str_enum,
@@ -121,178 +122,121 @@ str_enum! {
     }
 }
 
-/// A value written as a string and checked by its type's constructor.
-pub trait FromText: Sized {
-    fn from_text(text: &str) -> Result<Self, String>;
+/// The schema of a type read from a string (serde's `try_from = "String"`, or [`from_text!`]):
+/// a string, one of `$words` when it is a choice.
+macro_rules! string_schema {
+    ($($name:ty => $words:expr),* $(,)?) => {$(
+        impl JsonSchema for $name {
+            fn inline_schema() -> bool {
+                true
+            }
 
-    /// The only values it takes, when it is a choice (the schema's `enum`).
-    fn one_of() -> Vec<&'static str> {
-        Vec::new()
-    }
-}
+            fn schema_name() -> Cow<'static, str> {
+                "string".into()
+            }
 
-/// A [`FromText`] value as a key holds it: a string to the schema.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Parsed<T>(pub T);
-
-impl<'de, T: FromText> Deserialize<'de> for Parsed<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        T::from_text(&text).map(Parsed).map_err(D::Error::custom)
-    }
-}
-
-impl<T: FromText> JsonSchema for Parsed<T> {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "string".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        match T::one_of() {
-            words if words.is_empty() => json_schema!({"type": "string"}),
-            words => json_schema!({"type": "string", "enum": words}),
-        }
-    }
-}
-
-fn checked<T, E: ToString>(made: Result<T, E>) -> Result<T, String> {
-    made.map_err(|e| e.to_string())
-}
-
-macro_rules! from_constructor {
-    ($($name:ty => $make:expr),* $(,)?) => {$(
-        impl FromText for $name {
-            fn from_text(text: &str) -> Result<Self, String> {
-                checked($make(text))
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                let words: Vec<&str> = $words;
+                match words.is_empty() {
+                    true => json_schema!({"type": "string"}),
+                    false => json_schema!({"type": "string", "enum": words}),
+                }
             }
         }
     )*};
 }
 
-from_constructor! {
-    BridgeName => BridgeName::parse,
-    CpuType => CpuType::parse,
-    MappingId => MappingId::parse,
-    MdevType => MdevType::parse,
-    NodeName => NodeName::parse,
-    PoolId => PoolId::parse,
-    StorageSelector => StorageSelector::new,
+string_schema! {
+    BridgeName => vec![],
+    CpuType => vec![],
+    MappingId => vec![],
+    MdevType => vec![],
+    NodeName => vec![],
+    PoolId => vec![],
+    StorageSelector => vec![],
+    UserTag => vec![],
+    Vga => Vga::TYPES.to_vec(),
+    DiskCache => DiskCache::ALL.iter().map(|c| c.as_str()).collect(),
+    DiskAio => DiskAio::ALL.iter().map(|a| a.as_str()).collect(),
+    // Provider data names page sizes as upstream does, not as Proxmox does; `Any` is Proxmox's own
+    // default, never asked for.
+    Hugepages => vec!["2MB", "1GB"],
 }
 
-impl FromText for Vga {
-    fn from_text(text: &str) -> Result<Self, String> {
-        checked(Vga::new(text))
-    }
+/// A type read from a string by its checking constructor `$make`.
+macro_rules! from_text {
+    ($($name:ty => $make:expr;)*) => {$(
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                $make(String::deserialize(d)?.as_str()).map_err(D::Error::custom)
+            }
+        }
+    )*};
+}
 
-    fn one_of() -> Vec<&'static str> {
-        Vga::TYPES.to_vec()
-    }
+from_text! {
+    StorageSelector => StorageSelector::new;
+    Vga => Vga::new;
+    Hugepages => |text: &str| match text {
+        "2MB" => Ok(Hugepages::TwoMb),
+        "1GB" => Ok(Hugepages::OneGb),
+        _ => Err(format!("{text:?} is not one of 2MB, 1GB")),
+    };
+    UserTag => user_tag;
 }
 
 /// A user's tag: valid for Proxmox, and not one of the prefixes placement and ownership checks count.
-impl FromText for Tag {
-    fn from_text(text: &str) -> Result<Self, String> {
-        let tag = checked(Tag::parse(text))?;
-        let lowered = text.to_ascii_lowercase();
-        match RESERVED_TAG_PREFIXES
-            .iter()
-            .find(|p| lowered.starts_with(**p))
-        {
-            Some(prefix) => Err(format!(
-                "tags starting with `{prefix}` are set by the provider itself; choose another tag"
-            )),
-            None => Ok(tag),
-        }
-    }
-}
-
-/// One of `all`, by the name `name` gives it.
-fn choice<T: Copy>(text: &str, all: &[T], name: fn(T) -> &'static str) -> Result<T, String> {
-    all.iter()
-        .copied()
-        .find(|v| name(*v) == text)
-        .ok_or_else(|| {
-            let names: Vec<&str> = all.iter().map(|v| name(*v)).collect();
-            let hint = crate::did_you_mean::hint(text, &names);
-            format!("{text:?} is not one of {}{hint}", names.join(", "))
-        })
-}
-
-/// The page sizes provider data may name (`Any` is Proxmox's own default, never asked for).
-const HUGEPAGES: &[Hugepages] = &[Hugepages::TwoMb, Hugepages::OneGb];
-
-/// Provider data names page sizes as upstream does, not as Proxmox does.
-fn hugepages_name(pages: Hugepages) -> &'static str {
-    match pages {
-        Hugepages::TwoMb => "2MB",
-        Hugepages::OneGb => "1GB",
-        Hugepages::Any => "any",
-    }
-}
-
-/// Proxmox's choices, each by the name provider data gives it.
-macro_rules! from_choices {
-    ($($name:ty => $all:expr, $word:expr;)*) => {$(
-        impl FromText for $name {
-            fn from_text(text: &str) -> Result<Self, String> {
-                choice(text, $all, $word)
-            }
-
-            fn one_of() -> Vec<&'static str> {
-                $all.iter().map(|v| $word(*v)).collect()
-            }
-        }
-    )*};
-}
-
-from_choices! {
-    DiskCache => DiskCache::ALL, DiskCache::as_str;
-    DiskAio => DiskAio::ALL, DiskAio::as_str;
-    Hugepages => HUGEPAGES, hugepages_name;
-}
-
-/// The name of an IP pool: which pools exist is the config's to say (checked when the class is
-/// used with it), only an empty name is wrong on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpPoolName(pub String);
+pub struct UserTag(pub Tag);
 
-impl FromText for IpPoolName {
-    fn from_text(text: &str) -> Result<Self, String> {
-        if text.trim().is_empty() {
-            return Err(
-                "is empty: name a pool of the config file's `ipPools:`, or remove the key for DHCP"
-                    .into(),
-            );
-        }
-        Ok(Self(text.to_string()))
+fn user_tag(text: &str) -> Result<UserTag, String> {
+    let tag = Tag::parse(text).map_err(|e| e.to_string())?;
+    let lowered = text.to_ascii_lowercase();
+    match RESERVED_TAG_PREFIXES
+        .iter()
+        .find(|p| lowered.starts_with(**p))
+    {
+        Some(prefix) => Err(format!(
+            "tags starting with `{prefix}` are set by the provider itself; choose another tag"
+        )),
+        None => Ok(UserTag(tag)),
     }
 }
 
 /// A whole number up to `MAX`: more would overflow what Proxmox or the provider computes with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
-#[schemars(with = "u64")]
-pub struct UpTo<const MAX: u64>(pub u64);
-
-impl<const MAX: u64> UpTo<MAX> {
-    /// The number as a `u32`; every `MAX` used with it fits.
-    pub fn small(self) -> u32 {
-        u32::try_from(self.0).unwrap_or(u32::MAX)
+pub fn up_to<'de, const MAX: u64, D: Deserializer<'de>, T: TryFrom<u64>>(
+    d: D,
+) -> Result<T, D::Error> {
+    match whole_number(d)? {
+        n if n <= MAX => T::try_from(n).map_err(|_| D::Error::custom(format!("{n} is too large"))),
+        n => Err(D::Error::custom(format!(
+            "{n} is too large (at most {MAX})"
+        ))),
     }
 }
 
-impl<'de, const MAX: u64> Deserialize<'de> for UpTo<MAX> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match whole_number(d)? {
-            n if n <= MAX => Ok(Self(n)),
-            n => Err(D::Error::custom(format!(
-                "{n} is too large (at most {MAX})"
-            ))),
-        }
-    }
+/// [`up_to`] for a key with no default.
+pub fn some_up_to<'de, const MAX: u64, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<u32>, D::Error> {
+    up_to::<MAX, D, u32>(d).map(Some)
+}
+
+/// Seconds.
+pub fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    up_to::<{ 7 * 24 * 3600 }, D, u64>(d).map(Duration::from_secs)
+}
+
+pub fn ip_discovery_timeout() -> Duration {
+    DEFAULT_IP_DISCOVERY_TIMEOUT
+}
+
+pub fn one() -> u32 {
+    1
+}
+
+pub fn yes() -> bool {
+    true
 }
 
 fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
@@ -303,16 +247,31 @@ fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 }
 
 /// A VLAN tag; 0 is untagged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
-#[schemars(with = "u64")]
-pub struct Vlan(pub Option<VlanTag>);
+pub fn vlan<'de, D: Deserializer<'de>>(d: D) -> Result<Option<VlanTag>, D::Error> {
+    VlanTag::optional(whole_number(d)?).map_err(D::Error::custom)
+}
 
-impl<'de> Deserialize<'de> for Vlan {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        VlanTag::optional(whole_number(d)?)
-            .map(Vlan)
-            .map_err(D::Error::custom)
+/// The name of an IP pool: which pools exist is the config's to say (checked when the class is
+/// used with it), only an empty name is wrong on its own.
+pub fn pool_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    match String::deserialize(d)? {
+        name if name.trim().is_empty() => Err(D::Error::custom(
+            "is empty: name a pool of the config file's `ipPools:`, or remove the key for DHCP",
+        )),
+        name => Ok(Some(name)),
     }
+}
+
+pub fn user_tags<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Tag>, D::Error> {
+    let tags = Vec::<UserTag>::deserialize(d)?;
+    Ok(tags.into_iter().map(|t| t.0).collect())
+}
+
+/// Devices read as their keys say.
+pub fn devices<'de, K: Deserialize<'de>, T: From<K>, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<T>, D::Error> {
+    Ok(Vec::<K>::deserialize(d)?.into_iter().map(T::from).collect())
 }
 
 /// A template's VMID (a number or a numeric string) or its name.

@@ -204,7 +204,7 @@ proptest! {
                 &Value::Object(defaults.clone()),
             )?;
         }
-        if let Err(problems) = schema.parse_merged(&class) {
+        if let Err(problems) = schema.resolve(&class_yaml, None, &Map::new()) {
             check_named(&problems, &Value::Object(class.clone()), None, &Value::Null)?;
         }
         let check = schema.check_layer("", &Value::Object(class.clone()));
@@ -215,7 +215,7 @@ proptest! {
             );
         }
         let nodes: Map<String, Value> = node.iter().map(|n| ("pve1".to_string(), Value::Object(n.clone()))).collect();
-        let check = schema.check_config_overrides(&defaults, &nodes);
+        let check = schema.check_config(&ConfigLayers::read(&defaults, &nodes));
         for p in check.problems.iter().chain(&check.warnings) {
             prop_assert!(!p.key.is_empty(), "{p:?}");
             prop_assert!(p.key.starts_with("defaults.") || p.key.starts_with("nodes.pve1"), "{p:?}");

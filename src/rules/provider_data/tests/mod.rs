@@ -7,6 +7,7 @@ use serde_json::{Map, Value, json};
 
 use super::layers::pointer_to_key;
 use super::schema::{inner_keys, top_keys};
+use super::values::MachineType;
 use super::*;
 use crate::proxmox::property::{DiskCache, Hugepages, NodeName, VlanTag};
 
@@ -78,7 +79,7 @@ fn ha_rule_keys_are_read_and_spread_is_negative_affinity() {
         "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nha:\n  rules: [r1]\n  node_affinity_nodes: [pve1]\n  resource_affinity: positive\n",
     )
     .unwrap();
-    let ha = data.ha.unwrap();
+    let ha = data.ha.clone().unwrap();
     assert_eq!(ha.rules, ["r1"]);
     assert_eq!(ha.node_affinity_nodes[0].as_str(), "pve1");
     assert_eq!(ha.resource_affinity, Some(ResourceAffinity::Positive));
@@ -88,7 +89,7 @@ fn ha_rule_keys_are_read_and_spread_is_negative_affinity() {
     )
     .unwrap();
     assert_eq!(
-        spread.ha.unwrap().resource_affinity,
+        spread.ha.clone().unwrap().resource_affinity,
         Some(ResourceAffinity::Negative)
     );
     let problems = parse(
@@ -163,7 +164,7 @@ ip_discovery_timeout: 0
     assert_eq!(data.node.as_ref().map(NodeName::as_str), Some("pve2"));
     assert_eq!(data.vlan.map(VlanTag::get), Some(20));
     assert!(!data.network_firewall);
-    assert_eq!(data.disk.cache, Some(DiskCache::Writeback));
+    assert_eq!(data.disk_cache, Some(DiskCache::Writeback));
     assert_eq!(data.machine_type, Some(MachineType::Q35));
     assert_eq!(data.bios, Bios::Ovmf);
     assert_eq!(data.hugepages, Some(Hugepages::OneGb));
@@ -181,7 +182,8 @@ ip_discovery_timeout: 0
 
 #[test]
 fn schema_lists_every_key_the_parser_knows() {
-    let schema: Value = serde_json::from_str(SCHEMA_JSON).unwrap();
+    let schema: Value =
+        serde_json::from_str(include_str!("../../../../schema/provider-data.schema.json")).unwrap();
     let props = schema["properties"].as_object().unwrap();
     let mut listed: Vec<&str> = props.keys().map(String::as_str).collect();
     let mut known = top_keys().to_vec();
@@ -234,7 +236,7 @@ fn config_layers_read_at_load_resolve_as_the_maps() {
     }
     assert_eq!(
         schema().check_config(&layers),
-        schema().check_config_overrides(defaults, nodes)
+        schema().check_config(&ConfigLayers::read(defaults, nodes))
     );
 }
 
@@ -415,7 +417,10 @@ fn config_overrides_are_validated_at_load() {
     // Strict, so the misspelled key is a problem too (by default it is a warning).
     let problems = schema()
         .strict(true)
-        .check_config_overrides(defaults.as_object().unwrap(), nodes.as_object().unwrap())
+        .check_config(&ConfigLayers::read(
+            defaults.as_object().unwrap(),
+            nodes.as_object().unwrap(),
+        ))
         .problems;
     let keys = keys_of(&problems);
     for expected in [
@@ -434,7 +439,7 @@ fn config_overrides_are_validated_at_load() {
     assert!(describe(&problems).contains("did you mean `cores`?"));
     assert!(
         schema()
-            .check_config_overrides(&Map::new(), &Map::new())
+            .check_config(&ConfigLayers::read(&Map::new(), &Map::new()))
             .problems
             .is_empty()
     );
@@ -501,10 +506,10 @@ fn unknown_keys_in_lower_layers_are_warnings_with_their_layer_path() {
         keys_of(&data.warnings),
         vec!["defaults.coers", "nodes.pve2.network_bridg"]
     );
-    let found = schema().check_config_overrides(
+    let found = schema().check_config(&ConfigLayers::read(
         defaults.as_object().unwrap(),
-        &json!({"pve2": node}).as_object().unwrap().clone(),
-    );
+        json!({"pve2": node}).as_object().unwrap(),
+    ));
     assert!(found.problems.is_empty(), "{found:?}");
     assert_eq!(
         keys_of(&found.warnings),
@@ -608,7 +613,7 @@ fn an_empty_key_is_named_quoted() {
     let problems = parse_strict(&format!("{MINIMAL}\"\": 1\n")).unwrap_err();
     assert_eq!(keys_of(&problems), ["\"\""], "{problems:?}");
     let defaults: Map<String, Value> = serde_json::from_str(r#"{"": null}"#).unwrap();
-    let check = schema().check_config_overrides(&defaults, &Map::new());
+    let check = schema().check_config(&ConfigLayers::read(&defaults, &Map::new()));
     assert_eq!(keys_of(&check.warnings), ["defaults.\"\""], "{check:?}");
     let nested = parse(&format!(
         "{MINIMAL}additional_disks: [{{disk_size: 1, storage_selector: 'true', \"\": 2}}]\n"
@@ -647,7 +652,7 @@ proptest! {
     ) {
         let mut map: Map<String, Value> = serde_json::from_str(r#"{"cores":2,"memory":4096,"disk_size":20,"storage_selector":"true"}"#).unwrap();
         map.insert(key.to_string(), value);
-        if let Err(problems) = schema().parse_merged(&map) {
+        if let Err(problems) = schema().resolve(&Value::Object(map).to_string(), None, &Map::new()) {
             prop_assert!(!problems.is_empty());
             for p in &problems {
                 prop_assert!(!p.key.is_empty());
@@ -683,7 +688,7 @@ fn a_value_outside_its_list_names_the_list_and_the_closest_value() {
     assert_eq!(message("bios"), "\"uefi\" is not one of seabios, ovmf");
 }
 
-/// A key the pipeline reads as it is comes through `ProviderData::keys`, taken whole from the
+/// A key comes whole from the
 /// highest layer that writes it; a wrong value there hides the lower layers' value too.
 #[test]
 fn keys_as_written_come_from_the_highest_layer() {
@@ -694,7 +699,7 @@ fn keys_as_written_come_from_the_highest_layer() {
         .unwrap();
     assert_eq!(
         (data.keys.numa, data.keys.disk_ssd, data.keys.balloon),
-        (Some(false), Some(true), None)
+        (false, true, None)
     );
     assert_eq!(data.tags.len(), 1);
     let problems = schema()
