@@ -36,7 +36,9 @@ macro_rules! metrics {
         pub struct Metrics {
             registry: Registry,
             $($(#[$doc])* pub $field: $ty,)*
-            ready: Readiness,
+            /// Whether the last Proxmox health check passed, for `/readyz` (Omni's side is
+            /// `omni_connected`).
+            proxmox_ok: AtomicBool,
         }
 
         impl Metrics {
@@ -46,7 +48,7 @@ macro_rules! metrics {
                     let $field: $ty = $init;
                     registry.register($name, $help, $field.clone());
                 )*
-                Self { registry, $($field,)* ready: Readiness::default() }
+                Self { registry, $($field,)* proxmox_ok: AtomicBool::new(false) }
             }
         }
     };
@@ -61,14 +63,16 @@ metrics! {
         "Things a finished teardown had to leave behind (kind=seed_iso: its delete failed); the `orphans` command lists and deletes them",
         Family::default();
     step_seconds: HistogramFamily<Label> = "step_duration_seconds",
-        "Time spent in each pipeline step run", Family::new_with_constructor(step_buckets);
+        "Time spent in each pipeline step run",
+        Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 2.0, 16)));
     step_failures: Family<Label, Counter> = "step_failures",
         "Provisioning step runs that failed, by step (each failure is retried with backoff)",
         Family::default();
     proxmox_requests: Family<ApiLabels, Counter> = "proxmox_api_requests",
         "Proxmox API requests by method and HTTP status", Family::default();
     proxmox_seconds: HistogramFamily<Label> = "proxmox_api_request_duration_seconds",
-        "Proxmox API request latency", Family::new_with_constructor(api_buckets);
+        "Proxmox API request latency",
+        Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 16)));
     requests_in_flight: Gauge = "machine_requests_in_flight",
         "Machine requests waiting for or in a reconcile", Gauge::default();
     omni_connected: Gauge = "omni_connected", "1 when the last heartbeat reached Omni",
@@ -82,21 +86,6 @@ metrics! {
     /// How often this replica became leader or stopped being it.
     leader_transitions: Counter = "leader_transitions",
         "How often this replica became the leader or stopped being it", Counter::default();
-}
-
-/// What `/readyz` answers from: updated by every heartbeat.
-#[derive(Default)]
-struct Readiness {
-    omni: AtomicBool,
-    proxmox: AtomicBool,
-}
-
-fn step_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.005, 2.0, 16))
-}
-
-fn api_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
 impl Default for Metrics {
@@ -159,13 +148,12 @@ impl Metrics {
     /// Whether Omni answered the last call that tells (a heartbeat, or a standby's look at the
     /// leader lease).
     pub fn omni_reachable(&self, ok: bool) {
-        self.ready.omni.store(ok, Ordering::Relaxed);
         self.omni_connected.set(i64::from(ok));
     }
 
     /// Whether the last Proxmox health check passed.
     pub fn proxmox_checked(&self, ok: bool) {
-        self.ready.proxmox.store(ok, Ordering::Relaxed);
+        self.proxmox_ok.store(ok, Ordering::Relaxed);
     }
 
     pub fn set_leader(&self, leader: bool) {
@@ -188,10 +176,10 @@ impl Metrics {
     /// `None` when ready, else why not.
     pub fn not_ready(&self) -> Option<String> {
         let mut why = Vec::new();
-        if !self.ready.omni.load(Ordering::Relaxed) {
+        if self.omni_connected.get() != 1 {
             why.push("not connected to Omni (no heartbeat accepted yet, or the last one failed)");
         }
-        if !self.ready.proxmox.load(Ordering::Relaxed) {
+        if !self.proxmox_ok.load(Ordering::Relaxed) {
             why.push("the Proxmox API does not answer or refuses the credentials");
         }
         (!why.is_empty()).then(|| why.join("; "))
