@@ -1,10 +1,10 @@
-//! What a Talos machine needs to join Omni: the extended join token, the kernel arguments and the
-//! three-document join config.
+//! What a Talos machine needs to join Omni: the three-document join config, which carries the
+//! extended join token in its SideroLink API URL.
 //!
 //! Omni checks the token's signature by re-marshalling the extra data with Go's `encoding/json` and
 //! comparing MACs, so the bytes we sign must equal Go's output exactly (sorted keys, compact, Go's HTML
-//! escaping). That is why the JSON here is serde_json's with Go's HTML escaping added. Everything that embeds the token (kernel args, join config) is a [`Secret`], so none of it
-//! can reach a log line or a `Debug` dump.
+//! escaping). That is why the JSON here is serde_json's with Go's HTML escaping added. The join
+//! config embeds the token, so it is a [`Secret`] and cannot reach a log line or a `Debug` dump.
 
 mod render;
 mod token;
@@ -89,18 +89,14 @@ pub enum JoinError {
     EmptyProviderId,
 }
 
-/// The rendered connection parameters. All of it contains the join token, hence all of it is secret.
+/// The rendered connection parameters. They contain the join token, hence they are secret.
 #[derive(Clone, Debug)]
 pub struct ConnectionParams {
-    /// The extended (`v1:`/`v2:`) join token.
-    pub join_token: Secret,
-    /// `siderolink.api=…`, `talos.events.sink=…`, `talos.logging.kernel=…`, in that order.
-    pub kernel_args: Vec<Secret>,
     /// The multi-document Talos config, delivered as NoCloud user-data.
     pub join_config: Secret,
 }
 
-/// Builds the join token, kernel args and join config (§4).
+/// Builds the join token and the join config that carries it (§4).
 pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinError> {
     if inputs.join_token.is_empty() {
         return Err(JoinError::EmptyToken);
@@ -131,18 +127,8 @@ pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinEr
     let events_sink = format!("[{SIDEROLINK_HOST}]:{events_port}");
     let logs_url = format!("tcp://[{SIDEROLINK_HOST}]:{logs_port}");
 
-    let kernel_args = vec![
-        Secret::new(format!("siderolink.api={api_url}")),
-        Secret::new(format!("talos.events.sink={events_sink}")),
-        Secret::new(format!("talos.logging.kernel={logs_url}")),
-    ];
     let join_config = Secret::new(render_join_config(&api_url, &events_sink, &logs_url));
-
-    Ok(ConnectionParams {
-        join_token: token,
-        kernel_args,
-        join_config,
-    })
+    Ok(ConnectionParams { join_config })
 }
 
 fn check_port(port: u32, which: &'static str) -> Result<u16, JoinError> {
@@ -174,6 +160,20 @@ mod tests {
         }
     }
 
+    /// The SideroLink API URL of the join config.
+    fn api_url(params: &ConnectionParams) -> String {
+        let text = params.join_config.expose();
+        let first = crate::yaml::from_str(text.split("\n---\n").next().unwrap()).unwrap();
+        first["apiUrl"].as_str().unwrap().to_owned()
+    }
+
+    /// The extended token in the join config.
+    fn token(params: &ConnectionParams) -> Secret {
+        let url = url::Url::parse(&api_url(params)).unwrap();
+        let (_, token) = url.query_pairs().find(|(k, _)| k == "jointoken").unwrap();
+        Secret::new(token.into_owned())
+    }
+
     fn json_of(token: &Secret) -> String {
         let text = token.expose();
         String::from_utf8(BASE64.decode(&text[3..]).unwrap()).unwrap()
@@ -181,10 +181,10 @@ mod tests {
 
     #[test]
     fn reference_vector_provider_only() {
-        let params = connection_params(&inputs()).unwrap();
-        assert!(params.join_token.expose().starts_with("v2:"));
+        let token = token(&connection_params(&inputs()).unwrap());
+        assert!(token.expose().starts_with("v2:"));
         assert_eq!(
-            json_of(&params.join_token),
+            json_of(&token),
             r#"{"extra_data":{"omni.sidero.dev/infra-provider-id":"test"},"signature":"Y3igo9WlIIVNYjWfh2ZX96zgYnTB9pY27dBZVrp42Lg="}"#
         );
     }
@@ -196,7 +196,8 @@ mod tests {
             ..inputs()
         })
         .unwrap();
-        let decoded = decode(&params.join_token).unwrap();
+        let token = token(&params);
+        let decoded = decode(&token).unwrap();
         assert_eq!(
             decoded.signature,
             "zYkLTp9EHjypLlkdmff5vgP5HDWFKTQpFGo5DJvL5x0="
@@ -208,8 +209,8 @@ mod tests {
                 .map(String::as_str),
             Some("request1")
         );
-        assert!(verify(&params.join_token, &Secret::new("abcd")));
-        assert!(!verify(&params.join_token, &Secret::new("abce")));
+        assert!(verify(&token, &Secret::new("abcd")));
+        assert!(!verify(&token, &Secret::new("abce")));
     }
 
     #[test]
@@ -219,8 +220,8 @@ mod tests {
             ..inputs()
         })
         .unwrap();
-        assert!(params.join_token.expose().starts_with("v1:"));
-        assert_eq!(decode(&params.join_token).unwrap().version, 1);
+        assert!(token(&params).expose().starts_with("v1:"));
+        assert_eq!(decode(&token(&params)).unwrap().version, 1);
         assert_eq!(JoinMode::detect(true), JoinMode::V2);
         assert_eq!(JoinMode::detect(false), JoinMode::Legacy);
     }
@@ -234,7 +235,7 @@ mod tests {
                 ..inputs()
             })
             .unwrap();
-            assert_eq!(params.join_token.expose(), t);
+            assert_eq!(token(&params).expose(), t);
         }
     }
 
@@ -246,24 +247,14 @@ mod tests {
             ..inputs()
         })
         .unwrap();
-        let token = params.join_token.expose().to_string();
-        let api = params.kernel_args[0].expose();
-        let escaped: String = query_escape(&token);
+        let escaped: String = query_escape(token(&params).expose());
         assert_eq!(
-            api,
+            api_url(&params),
             format!(
-                "siderolink.api=https://omni.example.com:8090/some/path?a=1&b=x+y&grpc_tunnel=true&jointoken={escaped}"
+                "https://omni.example.com:8090/some/path?a=1&b=x+y&grpc_tunnel=true&jointoken={escaped}"
             )
         );
         assert!(escaped.starts_with("v2%3A"));
-        assert_eq!(
-            params.kernel_args[1].expose(),
-            "talos.events.sink=[fdae:41e4:649b:9303::1]:8091"
-        );
-        assert_eq!(
-            params.kernel_args[2].expose(),
-            "talos.logging.kernel=tcp://[fdae:41e4:649b:9303::1]:8092"
-        );
     }
 
     #[test]
@@ -283,13 +274,7 @@ mod tests {
             "apiVersion: v1alpha1\nkind: KmsgLogConfig\nname: omni-kmsg\nurl: tcp://[fdae:41e4:649b:9303::1]:8092\n"
         );
         // Parses as YAML documents with the values we meant.
-        let first = crate::yaml::from_str(docs[0]).unwrap();
-        assert_eq!(
-            first["apiUrl"].as_str().unwrap(),
-            params.kernel_args[0]
-                .expose()
-                .trim_start_matches("siderolink.api=")
-        );
+        assert!(api_url(&params).starts_with("https://127.0.0.1:8099?jointoken=v2%3A"));
         let second = crate::yaml::from_str(docs[1]).unwrap();
         assert_eq!(second["endpoint"], "[fdae:41e4:649b:9303::1]:8091");
     }
@@ -336,6 +321,6 @@ mod tests {
         .unwrap();
         let dump = format!("{params:?} {:?}", inputs());
         assert!(!dump.contains("hunter2"));
-        assert!(!dump.contains(&params.join_token.expose()[3..20]));
+        assert!(!dump.contains(&token(&params).expose()[3..20]));
     }
 }
