@@ -121,16 +121,6 @@ impl LabelSelector {
         self
     }
 
-    pub fn exists(mut self, key: &str) -> Self {
-        self.0.terms.push(pb::LabelTerm {
-            key: key.to_owned(),
-            op: pb::label_term::Operation::Exists as i32,
-            value: vec![],
-            invert: false,
-        });
-        self
-    }
-
     pub fn into_query(self) -> pb::LabelQuery {
         self.0
     }
@@ -149,12 +139,12 @@ pub struct StateClient {
     /// Set once the server answered `Unimplemented` to Teardown (Omni < 1.8): from then on the
     /// Get+Update path is used directly, as the Go adapter does.
     teardown_unsupported: Arc<AtomicBool>,
-    /// Backoff bounds for watch reconnects.
-    reconnect: (Duration, Duration),
+    /// Backoff bounds for watch reconnects (initial, max); tests shorten them.
+    pub reconnect: (Duration, Duration),
     /// Asked before every write (create, update, teardown, destroy).
     fence: Fence,
-    /// How long one call may wait for Omni's answer.
-    deadline: Duration,
+    /// How long one call may wait for Omni's answer ([`CALL_DEADLINE`]); tests shorten it.
+    pub deadline: Duration,
 }
 
 /// How long one State call may wait for Omni's answer by default: far beyond a healthy answer
@@ -192,12 +182,6 @@ impl StateClient {
         })
     }
 
-    /// Overrides [`CALL_DEADLINE`]; tests shorten it.
-    pub fn with_call_deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
     /// One unary call (boxed where it is made, see [`StateClient`]) within the deadline, its status
     /// turned into a [`StateError`] about `what`.
     async fn unary<T, F>(&self, what: &ResourceRef, call: Pin<Box<F>>) -> Result<T, StateError>
@@ -226,12 +210,6 @@ impl StateClient {
                     message: format!("no answer within {:?}", self.deadline),
                 })
             })
-    }
-
-    /// Overrides the watch reconnect backoff (initial, max); tests shorten it.
-    pub fn with_reconnect_backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.reconnect = (initial, max);
-        self
     }
 
     // ---- raw resources -------------------------------------------------------------------------
@@ -285,30 +263,6 @@ impl StateClient {
             Ok(out)
         })
         .await
-    }
-
-    /// Creates `resource` (version and phase are set as the server expects); returns what was stored.
-    pub async fn create_raw(
-        &self,
-        mut resource: pb::Resource,
-        owner: &str,
-    ) -> Result<pb::Resource, StateError> {
-        let md = resource.metadata.get_or_insert_with(Default::default);
-        md.version = "undefined".into();
-        md.phase = PHASE_RUNNING.into();
-        md.owner = owner.to_owned();
-        let what = ResourceRef::from_metadata(md);
-        self.check_fence(&what)?;
-        resource.spec.get_or_insert_with(Default::default);
-        let req = pb::CreateRequest {
-            resource: Some(resource),
-            options: Some(pb::CreateOptions {
-                owner: owner.to_owned(),
-            }),
-        };
-        let mut raw = self.raw.clone();
-        let resp = self.unary(&what, Box::pin(raw.create(req))).await?;
-        returned(&what, "Create", resp.resource)
     }
 
     /// Updates `resource`, whose metadata version must be the stored one. `owner` is the owner the
@@ -457,15 +411,14 @@ impl StateClient {
         what: &ResourceRef,
         finalizer: &str,
     ) -> Result<(), StateError> {
-        self.edit_finalizers(what, |f| {
-            if f.iter().any(|x| x == finalizer) {
-                false
-            } else {
-                f.push(finalizer.to_owned());
-                true
+        let edit = |md: &mut pb::Metadata| {
+            let absent = !md.finalizers.iter().any(|f| f == finalizer);
+            if absent {
+                md.finalizers.push(finalizer.to_owned());
             }
-        })
-        .await
+            absent
+        };
+        self.edit_metadata(what, None, None, edit).await.map(drop)
     }
 
     /// Removes a finalizer (same rules as [`Self::add_finalizer`]).
@@ -474,12 +427,12 @@ impl StateClient {
         what: &ResourceRef,
         finalizer: &str,
     ) -> Result<(), StateError> {
-        self.edit_finalizers(what, |f| {
-            let before = f.len();
-            f.retain(|x| x != finalizer);
-            f.len() != before
-        })
-        .await
+        let edit = |md: &mut pb::Metadata| {
+            let before = md.finalizers.len();
+            md.finalizers.retain(|f| f != finalizer);
+            md.finalizers.len() != before
+        };
+        self.edit_metadata(what, None, None, edit).await.map(drop)
     }
 
     /// Removes a finalizer from the copy of a resource a watch delivered, echoing its spec as
@@ -507,16 +460,6 @@ impl StateClient {
             Err(e) if e.is_conflict() => self.remove_finalizer(&what, finalizer).await,
             other => other.map(drop),
         }
-    }
-
-    async fn edit_finalizers(
-        &self,
-        what: &ResourceRef,
-        mut edit: impl FnMut(&mut Vec<String>) -> bool,
-    ) -> Result<(), StateError> {
-        self.edit_metadata(what, None, None, |md| edit(&mut md.finalizers))
-            .await
-            .map(drop)
     }
 
     /// Get → `edit` the metadata → Update (as `owner`, else as the stored owner), retrying version
@@ -589,8 +532,9 @@ impl StateClient {
         self.create_typed(kind, &fresh, owner).await
     }
 
-    /// Creates `fresh` with its labels and annotations: a resource's first version carries
-    /// everything a reader of it needs (the step annotation of the provider state, for one).
+    /// Creates `fresh` with its labels and annotations (version and phase as the server expects): a
+    /// resource's first version carries everything a reader of it needs (the step annotation of the
+    /// provider state, for one).
     async fn create_typed<K: Kind>(
         &self,
         kind: &K,
@@ -601,12 +545,24 @@ impl StateClient {
             namespace: kind.namespace(),
             r#type: kind.resource_type(),
             id: fresh.metadata.id.clone(),
+            version: "undefined".into(),
+            owner: owner.to_owned(),
+            phase: PHASE_RUNNING.into(),
             labels: fresh.metadata.labels.clone(),
             annotations: fresh.metadata.annotations.clone(),
             ..Default::default()
         };
-        let resource = fresh.encode(kind, metadata);
-        Typed::decode(self.create_raw(resource, owner).await?)
+        let what = ResourceRef::from_metadata(&metadata);
+        self.check_fence(&what)?;
+        let req = pb::CreateRequest {
+            resource: Some(fresh.encode(kind, metadata)),
+            options: Some(pb::CreateOptions {
+                owner: owner.to_owned(),
+            }),
+        };
+        let mut raw = self.raw.clone();
+        let resp = self.unary(&what, Box::pin(raw.create(req))).await?;
+        Typed::decode(returned(&what, "Create", resp.resource)?)
     }
 
     /// Writes a typed resource back (metadata as read, so the version check applies).
