@@ -104,16 +104,11 @@ impl ProviderKey {
             .pgp_key
             .filter(|k| !k.trim().is_empty())
             .ok_or(KeyError::NoKey)?;
-        Self::from_armored(identity, &armored)
-    }
-
-    /// Builds a key from an identity and an armored private key.
-    pub fn from_armored(identity: String, armored: &str) -> Result<Self, KeyError> {
         if armored.contains("BEGIN PGP PUBLIC KEY BLOCK") {
             return Err(KeyError::PublicOnly);
         }
-        let (key, _) = SignedSecretKey::from_string(armored).map_err(|e| {
-            if SignedPublicKey::from_string(armored).is_ok() {
+        let (key, _) = SignedSecretKey::from_string(&armored).map_err(|e| {
+            if SignedPublicKey::from_string(&armored).is_ok() {
                 KeyError::PublicOnly
             } else {
                 KeyError::InvalidKey(e.to_string())

@@ -11,14 +11,10 @@ mod token;
 
 use std::collections::BTreeMap;
 
+use super::resources::label;
 use crate::secret::Secret;
 use render::{render_join_config, siderolink_api_url};
 pub use token::extended_token;
-
-/// Extra-data key carrying our provider ID; Omni labels the machine's Link with it.
-pub const PROVIDER_ID_KEY: &str = "omni.sidero.dev/infra-provider-id";
-/// Extra-data key carrying the MachineRequest ID ("encode request IDs into tokens").
-pub const MACHINE_REQUEST_KEY: &str = "omni.sidero.dev/machine-request";
 
 /// First host of the SideroLink ULA /64 for an empty installation ID: where Talos sends events and logs.
 const SIDEROLINK_HOST: &str = "fdae:41e4:649b:9303::1";
@@ -116,10 +112,15 @@ pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinEr
         });
     }
 
+    // The extra data carries our provider ID (Omni labels the machine's Link with it) and the
+    // MachineRequest ID ("encode request IDs into tokens"), under the label keys.
     let mut extra = BTreeMap::new();
-    extra.insert(PROVIDER_ID_KEY.to_string(), inputs.provider_id.clone());
+    extra.insert(
+        label::INFRA_PROVIDER_ID.to_string(),
+        inputs.provider_id.clone(),
+    );
     if let Some(request_id) = &inputs.request_id {
-        extra.insert(MACHINE_REQUEST_KEY.to_string(), request_id.clone());
+        extra.insert(label::MACHINE_REQUEST.to_string(), request_id.clone());
     }
     let token = extended_token(inputs.mode, &inputs.join_token, &extra);
 
@@ -205,7 +206,7 @@ mod tests {
         assert_eq!(
             decoded
                 .extra_data
-                .get(MACHINE_REQUEST_KEY)
+                .get(label::MACHINE_REQUEST)
                 .map(String::as_str),
             Some("request1")
         );

@@ -323,14 +323,18 @@ impl StateClient {
             let call = Box::pin(raw.teardown(req));
             match self.bounded(what, async { Ok(call.await) }).await? {
                 Ok(resp) => return Ok(resp.into_inner().destroy_ready),
-                Err(s) if s.code() == Code::Unimplemented => {
-                    tracing::info!("Omni has no Teardown RPC (older than 1.8); using Get+Update");
-                    self.teardown_unsupported.store(true, Ordering::Relaxed);
-                }
-                Err(s) => return Err(StateError::from_status(what.clone(), &s)),
+                Err(s) => self.unless_unimplemented(what, "Teardown", &s)?,
             }
         }
-        self.teardown_by_update(what, owner).await
+        let edit = |md: &mut pb::Metadata| {
+            let running = md.phase != PHASE_TEARING_DOWN;
+            md.phase = PHASE_TEARING_DOWN.into();
+            running
+        };
+        let md = self
+            .edit_metadata(what, Some(owner), Some(PHASE_RUNNING), edit)
+            .await?;
+        Ok(md.finalizers.is_empty())
     }
 
     /// Tears `what` down and destroys it once no finalizer holds it: `Ok(true)` when it is gone (or
@@ -363,45 +367,36 @@ impl StateClient {
                 Err(_) => return Ok(false),
                 Ok(Ok(_)) => return Ok(true),
                 Ok(Err(s)) if s.code() == Code::NotFound => return Ok(true),
-                // Teardown and TeardownAndDestroy came in the same COSI release (Omni 1.8).
-                Ok(Err(s)) if s.code() == Code::Unimplemented => {
-                    tracing::info!(
-                        "Omni has no TeardownAndDestroy RPC (older than 1.8); using Get+Update"
-                    );
-                    self.teardown_unsupported.store(true, Ordering::Relaxed);
-                }
-                Ok(Err(s)) => return Err(StateError::from_status(what.clone(), &s)),
+                Ok(Err(s)) => self.unless_unimplemented(what, "TeardownAndDestroy", &s)?,
             }
         }
-        let ready = match self.teardown(what, owner).await {
-            Ok(ready) => ready,
+        match self.teardown(what, owner).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
             Err(e) if e.is_not_found() => return Ok(true),
             Err(e) => return Err(e),
-        };
-        if !ready {
-            return Ok(false);
         }
         match self.destroy(what, owner).await {
-            Ok(()) => Ok(true),
             Err(e) if e.is_not_found() => Ok(true),
-            Err(e) => Err(e),
+            other => other.map(|()| true),
         }
     }
 
-    async fn teardown_by_update(
+    /// An error about `what` for `status`, unless it says Omni lacks the `rpc` (Teardown and
+    /// TeardownAndDestroy came in the same COSI release, Omni 1.8): then the Get+Update path is
+    /// used from now on, as the Go adapter does.
+    fn unless_unimplemented(
         &self,
         what: &ResourceRef,
-        owner: &str,
-    ) -> Result<bool, StateError> {
-        let edit = |md: &mut pb::Metadata| {
-            let running = md.phase != PHASE_TEARING_DOWN;
-            md.phase = PHASE_TEARING_DOWN.into();
-            running
-        };
-        let md = self
-            .edit_metadata(what, Some(owner), Some(PHASE_RUNNING), edit)
-            .await?;
-        Ok(md.finalizers.is_empty())
+        rpc: &str,
+        status: &tonic::Status,
+    ) -> Result<(), StateError> {
+        if status.code() != Code::Unimplemented {
+            return Err(StateError::from_status(what.clone(), status));
+        }
+        tracing::info!("Omni has no {rpc} RPC (older than 1.8); using Get+Update");
+        self.teardown_unsupported.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Adds a finalizer, echoing the received spec bytes and acting as the resource's current
