@@ -30,7 +30,7 @@ pub struct ApiLabels {
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Declares each metric once: its field, its name (after the `omni_proxmox` prefix), its help text
-/// and how it starts; `Metrics::new` registers them all.
+/// and how it starts; `Metrics::default` registers them all.
 macro_rules! metrics {
     ($($(#[$doc:meta])* $field:ident: $ty:ty = $name:literal, $help:literal, $init:expr;)*) => {
         pub struct Metrics {
@@ -41,8 +41,8 @@ macro_rules! metrics {
             proxmox_ok: AtomicBool,
         }
 
-        impl Metrics {
-            pub fn new() -> Self {
+        impl Default for Metrics {
+            fn default() -> Self {
                 let mut registry = Registry::with_prefix("omni_proxmox");
                 $(
                     let $field: $ty = $init;
@@ -86,12 +86,6 @@ metrics! {
     /// How often this replica became leader or stopped being it.
     leader_transitions: Counter = "leader_transitions",
         "How often this replica became the leader or stopped being it", Counter::default();
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 impl Metrics {
@@ -242,7 +236,7 @@ mod tests {
 
     #[test]
     fn counts_and_readiness() {
-        let m = Metrics::new();
+        let m = Metrics::default();
         m.proxmox_request("GET", Some(200), Duration::from_millis(3));
         m.proxmox_request("POST", None, Duration::from_millis(3));
         m.provision("success");
