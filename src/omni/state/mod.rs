@@ -13,7 +13,6 @@ mod unknown;
 mod watch;
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -183,11 +182,20 @@ impl StateClient {
     }
 
     /// One unary call (boxed where it is made, see [`StateClient`]) within the deadline, its status
-    /// turned into a [`StateError`] about `what`.
-    async fn unary<T, F>(&self, what: &ResourceRef, call: Pin<Box<F>>) -> Result<T, StateError>
+    /// turned into a [`StateError`] about `what`; a `write` is sent only while the fence is open.
+    async fn unary<T, F>(
+        &self,
+        what: &ResourceRef,
+        write: bool,
+        call: impl FnOnce(RawClient<SignedChannel>) -> F,
+    ) -> Result<T, StateError>
     where
         F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        if write {
+            self.check_fence(what)?;
+        }
+        let call = Box::pin(call(self.raw.clone()));
         self.bounded(what, async {
             call.await
                 .map(tonic::Response::into_inner)
@@ -221,8 +229,7 @@ impl StateClient {
             id: what.id.clone(),
             options: Some(pb::GetOptions {}),
         };
-        let mut raw = self.raw.clone();
-        let resp = self.unary(what, Box::pin(raw.get(req))).await?;
+        let resp = (self.unary(what, false, |mut raw| async move { raw.get(req).await })).await?;
         returned(what, "Get", resp.resource)
     }
 
@@ -278,7 +285,6 @@ impl StateClient {
             .as_ref()
             .map(ResourceRef::from_metadata)
             .unwrap_or_else(|| ResourceRef::new("", "", ""));
-        self.check_fence(&what)?;
         let req = pb::UpdateRequest {
             new_resource: Some(resource),
             options: Some(pb::UpdateOptions {
@@ -286,13 +292,12 @@ impl StateClient {
                 expected_phase: expected_phase.map(str::to_owned),
             }),
         };
-        let mut raw = self.raw.clone();
-        let resp = self.unary(&what, Box::pin(raw.update(req))).await?;
+        let update = |mut raw: RawClient<_>| async move { raw.update(req).await };
+        let resp = self.unary(&what, true, update).await?;
         returned(&what, "Update", resp.resource)
     }
 
     pub async fn destroy(&self, what: &ResourceRef, owner: &str) -> Result<(), StateError> {
-        self.check_fence(what)?;
         let req = pb::DestroyRequest {
             namespace: what.namespace.clone(),
             r#type: what.resource_type.clone(),
@@ -301,9 +306,8 @@ impl StateClient {
                 owner: owner.to_owned(),
             }),
         };
-        let mut raw = self.raw.clone();
-        self.unary(what, Box::pin(raw.destroy(req))).await?;
-        Ok(())
+        let destroy = |mut raw: RawClient<_>| async move { raw.destroy(req).await };
+        self.unary(what, true, destroy).await.map(drop)
     }
 
     /// Moves a resource to `tearingDown`; returns whether it can be destroyed now (no finalizers).
@@ -548,15 +552,14 @@ impl StateClient {
             ..Default::default()
         };
         let what = ResourceRef::from_metadata(&metadata);
-        self.check_fence(&what)?;
         let req = pb::CreateRequest {
             resource: Some(fresh.encode(kind, metadata)),
             options: Some(pb::CreateOptions {
                 owner: owner.to_owned(),
             }),
         };
-        let mut raw = self.raw.clone();
-        let resp = self.unary(&what, Box::pin(raw.create(req))).await?;
+        let create = |mut raw: RawClient<_>| async move { raw.create(req).await };
+        let resp = self.unary(&what, true, create).await?;
         Typed::decode(returned(&what, "Create", resp.resource)?)
     }
 
