@@ -94,16 +94,6 @@ impl Target {
         let port = url.port().unwrap_or(if tls { 443 } else { 80 });
         Ok(Self { tls, host, port })
     }
-
-    fn uri(&self) -> String {
-        let scheme = if self.tls { "https" } else { "http" };
-        format!("{scheme}://{}:{}", self.host, self.port)
-    }
-
-    /// Host without IPv6 brackets, for SNI.
-    fn server_name(&self) -> &str {
-        self.host.trim_start_matches('[').trim_end_matches(']')
-    }
 }
 
 /// Builds a lazily connecting channel to Omni.
@@ -116,7 +106,8 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
         url: endpoint.url.clone(),
         source,
     };
-    let mut ep = Endpoint::from_shared(target.uri())
+    let scheme = if target.tls { "https" } else { "http" };
+    let mut ep = Endpoint::from_shared(format!("{scheme}://{}:{}", target.host, target.port))
         .map_err(transport)?
         .connect_timeout(Duration::from_secs(10))
         .tcp_keepalive(Some(Duration::from_secs(60)))
@@ -130,13 +121,12 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
         ))
         .map_err(transport)?;
     if target.tls {
+        // SNI names the host without IPv6 brackets.
+        let server_name = target.host.trim_start_matches('[').trim_end_matches(']');
         let base = ClientTlsConfig::new()
-            .domain_name(target.server_name())
+            .domain_name(server_name)
             .assume_http2(true);
-        let roots = || {
-            let public = base.clone().with_webpki_roots();
-            public.trust_anchors(system_trust_anchors())
-        };
+        let roots = || (base.clone().with_webpki_roots()).trust_anchors(system_trust_anchors());
         ep = match &endpoint.tls {
             OmniTls::SystemAndPublicRoots => ep.tls_config(roots()),
             OmniTls::CaFile(path) => {
@@ -148,7 +138,9 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
             }
             OmniTls::InsecureSkipVerify => ep.tls_config_with_verifier(
                 base,
-                Arc::new(crate::tls::AcceptAnyServerCert::with_ring()),
+                Arc::new(crate::tls::AcceptAnyServerCert::new(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))),
             ),
         }
         .map_err(transport)?;
