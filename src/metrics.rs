@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -20,12 +19,9 @@ use prometheus_client::registry::Registry;
 /// The labels of a family with one label: its name and value (`outcome`, `kind`, `step`, `method`).
 type Label = [(&'static str, &'static str); 1];
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ApiLabels {
-    pub method: &'static str,
-    /// HTTP status, or `error` when there was no answer.
-    pub status: String,
-}
+/// The labels of a Proxmox API request: `method`, and `status` (the HTTP status, or `error` when
+/// there was no answer).
+type ApiLabels = [(&'static str, String); 2];
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -93,7 +89,7 @@ impl Metrics {
     pub fn proxmox_request(&self, method: &'static str, status: Option<u16>, took: Duration) {
         let status = status.map_or_else(|| "error".to_owned(), |s| s.to_string());
         self.proxmox_requests
-            .get_or_create(&ApiLabels { method, status })
+            .get_or_create(&[("method", method.to_owned()), ("status", status)])
             .inc();
         self.proxmox_seconds
             .get_or_create(&[("method", method)])
@@ -158,15 +154,6 @@ impl Metrics {
         self.leader_transitions.inc();
     }
 
-    /// `leader` or `standby`, for `/readyz`.
-    pub fn role(&self) -> &'static str {
-        if self.leader.get() == 1 {
-            "leader"
-        } else {
-            "standby"
-        }
-    }
-
     /// `None` when ready, else why not.
     pub fn not_ready(&self) -> Option<String> {
         let mut why = Vec::new();
@@ -210,11 +197,16 @@ pub async fn serve(
         )
     }
     async fn ready(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
+        let role = if m.leader.get() == 1 {
+            "leader"
+        } else {
+            "standby"
+        };
         match m.not_ready() {
-            None => (StatusCode::OK, format!("ready ({})\n", m.role())),
+            None => (StatusCode::OK, format!("ready ({role})\n")),
             Some(why) => (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready ({}): {why}\n", m.role()),
+                format!("not ready ({role}): {why}\n"),
             ),
         }
     }
