@@ -10,17 +10,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-#[derive(Clone, Debug)]
-pub struct Fence(Arc<Mutex<Gate>>);
-
-#[derive(Debug, Clone, Copy)]
-enum Gate {
-    /// Single-process mode: nothing to coordinate with.
-    AlwaysOpen,
-    /// Writes may start until this instant.
-    OpenUntil(Instant),
-    Shut,
-}
+/// The instant until which writes may start (`None`: shut), shared by every clone; no gate at all
+/// for a fence that never shuts (single-process mode: nothing to coordinate with).
+#[derive(Clone, Debug, Default)]
+pub struct Fence(Option<Arc<Mutex<Option<Instant>>>>);
 
 /// A write refused because this process does not hold the leader lease (any more).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -31,47 +24,39 @@ impl Fence {
     /// A fence that never shuts: `--leader-elect=false`, the one-shot commands and the tests of a
     /// single process.
     pub fn open() -> Self {
-        Self(Arc::new(Mutex::new(Gate::AlwaysOpen)))
+        Self(None)
     }
 
     /// A fence that stays shut until the lease is acquired.
     pub fn shut() -> Self {
-        Self(Arc::new(Mutex::new(Gate::Shut)))
+        Self(Some(Arc::default()))
     }
 
-    fn gate(&self) -> std::sync::MutexGuard<'_, Gate> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn set(&self, until: Option<Instant>) {
+        if let Some(gate) = &self.0 {
+            *gate.lock().unwrap_or_else(|p| p.into_inner()) = until;
+        }
     }
 
     /// Lets writes start until `deadline`; an always-open fence stays open.
     pub fn open_until(&self, deadline: Instant) {
-        let mut gate = self.gate();
-        if !matches!(*gate, Gate::AlwaysOpen) {
-            *gate = Gate::OpenUntil(deadline);
-        }
+        self.set(Some(deadline));
     }
 
     /// Refuses every write from now on (until the next [`Fence::open_until`]).
     pub fn shut_now(&self) {
-        let mut gate = self.gate();
-        if !matches!(*gate, Gate::AlwaysOpen) {
-            *gate = Gate::Shut;
-        }
+        self.set(None);
     }
 
     /// Whether a write may start now.
     pub fn check(&self) -> Result<(), Fenced> {
-        match *self.gate() {
-            Gate::AlwaysOpen => Ok(()),
-            Gate::OpenUntil(deadline) if Instant::now() < deadline => Ok(()),
-            Gate::OpenUntil(_) | Gate::Shut => Err(Fenced),
+        let Some(gate) = &self.0 else {
+            return Ok(());
+        };
+        match *gate.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(deadline) if Instant::now() < deadline => Ok(()),
+            _ => Err(Fenced),
         }
-    }
-}
-
-impl Default for Fence {
-    fn default() -> Self {
-        Self::open()
     }
 }
 

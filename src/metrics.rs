@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -20,33 +19,32 @@ use prometheus_client::registry::Registry;
 /// The labels of a family with one label: its name and value (`outcome`, `kind`, `step`, `method`).
 type Label = [(&'static str, &'static str); 1];
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ApiLabels {
-    pub method: &'static str,
-    /// HTTP status, or `error` when there was no answer.
-    pub status: String,
-}
+/// The labels of a Proxmox API request: `method`, and `status` (the HTTP status, or `error` when
+/// there was no answer).
+type ApiLabels = [(&'static str, String); 2];
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Declares each metric once: its field, its name (after the `omni_proxmox` prefix), its help text
-/// and how it starts; `Metrics::new` registers them all.
+/// and how it starts; `Metrics::default` registers them all.
 macro_rules! metrics {
     ($($(#[$doc:meta])* $field:ident: $ty:ty = $name:literal, $help:literal, $init:expr;)*) => {
         pub struct Metrics {
             registry: Registry,
             $($(#[$doc])* pub $field: $ty,)*
-            ready: Readiness,
+            /// Whether the last Proxmox health check passed, for `/readyz` (Omni's side is
+            /// `omni_connected`).
+            proxmox_ok: AtomicBool,
         }
 
-        impl Metrics {
-            pub fn new() -> Self {
+        impl Default for Metrics {
+            fn default() -> Self {
                 let mut registry = Registry::with_prefix("omni_proxmox");
                 $(
                     let $field: $ty = $init;
                     registry.register($name, $help, $field.clone());
                 )*
-                Self { registry, $($field,)* ready: Readiness::default() }
+                Self { registry, $($field,)* proxmox_ok: AtomicBool::new(false) }
             }
         }
     };
@@ -61,14 +59,16 @@ metrics! {
         "Things a finished teardown had to leave behind (kind=seed_iso: its delete failed); the `orphans` command lists and deletes them",
         Family::default();
     step_seconds: HistogramFamily<Label> = "step_duration_seconds",
-        "Time spent in each pipeline step run", Family::new_with_constructor(step_buckets);
+        "Time spent in each pipeline step run",
+        Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 2.0, 16)));
     step_failures: Family<Label, Counter> = "step_failures",
         "Provisioning step runs that failed, by step (each failure is retried with backoff)",
         Family::default();
     proxmox_requests: Family<ApiLabels, Counter> = "proxmox_api_requests",
         "Proxmox API requests by method and HTTP status", Family::default();
     proxmox_seconds: HistogramFamily<Label> = "proxmox_api_request_duration_seconds",
-        "Proxmox API request latency", Family::new_with_constructor(api_buckets);
+        "Proxmox API request latency",
+        Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 16)));
     requests_in_flight: Gauge = "machine_requests_in_flight",
         "Machine requests waiting for or in a reconcile", Gauge::default();
     omni_connected: Gauge = "omni_connected", "1 when the last heartbeat reached Omni",
@@ -84,33 +84,12 @@ metrics! {
         "How often this replica became the leader or stopped being it", Counter::default();
 }
 
-/// What `/readyz` answers from: updated by every heartbeat.
-#[derive(Default)]
-struct Readiness {
-    omni: AtomicBool,
-    proxmox: AtomicBool,
-}
-
-fn step_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.005, 2.0, 16))
-}
-
-fn api_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.001, 2.0, 16))
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Metrics {
     /// Records one Proxmox API request (the client's observer).
     pub fn proxmox_request(&self, method: &'static str, status: Option<u16>, took: Duration) {
         let status = status.map_or_else(|| "error".to_owned(), |s| s.to_string());
         self.proxmox_requests
-            .get_or_create(&ApiLabels { method, status })
+            .get_or_create(&[("method", method.to_owned()), ("status", status)])
             .inc();
         self.proxmox_seconds
             .get_or_create(&[("method", method)])
@@ -159,13 +138,12 @@ impl Metrics {
     /// Whether Omni answered the last call that tells (a heartbeat, or a standby's look at the
     /// leader lease).
     pub fn omni_reachable(&self, ok: bool) {
-        self.ready.omni.store(ok, Ordering::Relaxed);
         self.omni_connected.set(i64::from(ok));
     }
 
     /// Whether the last Proxmox health check passed.
     pub fn proxmox_checked(&self, ok: bool) {
-        self.ready.proxmox.store(ok, Ordering::Relaxed);
+        self.proxmox_ok.store(ok, Ordering::Relaxed);
     }
 
     pub fn set_leader(&self, leader: bool) {
@@ -176,22 +154,13 @@ impl Metrics {
         self.leader_transitions.inc();
     }
 
-    /// `leader` or `standby`, for `/readyz`.
-    pub fn role(&self) -> &'static str {
-        if self.leader.get() == 1 {
-            "leader"
-        } else {
-            "standby"
-        }
-    }
-
     /// `None` when ready, else why not.
     pub fn not_ready(&self) -> Option<String> {
         let mut why = Vec::new();
-        if !self.ready.omni.load(Ordering::Relaxed) {
+        if self.omni_connected.get() != 1 {
             why.push("not connected to Omni (no heartbeat accepted yet, or the last one failed)");
         }
-        if !self.ready.proxmox.load(Ordering::Relaxed) {
+        if !self.proxmox_ok.load(Ordering::Relaxed) {
             why.push("the Proxmox API does not answer or refuses the credentials");
         }
         (!why.is_empty()).then(|| why.join("; "))
@@ -228,11 +197,16 @@ pub async fn serve(
         )
     }
     async fn ready(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
+        let role = if m.leader.get() == 1 {
+            "leader"
+        } else {
+            "standby"
+        };
         match m.not_ready() {
-            None => (StatusCode::OK, format!("ready ({})\n", m.role())),
+            None => (StatusCode::OK, format!("ready ({role})\n")),
             Some(why) => (
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready ({}): {why}\n", m.role()),
+                format!("not ready ({role}): {why}\n"),
             ),
         }
     }
@@ -254,7 +228,7 @@ mod tests {
 
     #[test]
     fn counts_and_readiness() {
-        let m = Metrics::new();
+        let m = Metrics::default();
         m.proxmox_request("GET", Some(200), Duration::from_millis(3));
         m.proxmox_request("POST", None, Duration::from_millis(3));
         m.provision("success");

@@ -19,11 +19,6 @@ impl AcceptAnyServerCert {
     pub fn new(provider: Arc<CryptoProvider>) -> Self {
         Self(provider)
     }
-
-    /// With the ring provider, the one the whole crate uses.
-    pub fn with_ring() -> Self {
-        Self(Arc::new(rustls::crypto::ring::default_provider()))
-    }
 }
 
 impl ServerCertVerifier for AcceptAnyServerCert {

@@ -4,12 +4,12 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::proto::specs::FeaturesConfigSpec;
 use omni_infra_provider_proxmox::omni::resources::{
     FEATURES_CONFIG_ID, FeaturesConfig, InfraProviderHealthStatus, InfraProviderStatus,
 };
 use omni_infra_provider_proxmox::omni::transport;
+use testkit::keys::NewKey;
 use testkit::memstate::{MemServer, MemState};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -176,19 +176,13 @@ async fn binary_registers_beats_and_stops_over_plaintext() {
 fn binary_refuses_a_plaintext_omni_unless_told() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
-    let key = ProviderKey::generate("proxmox")
-        .unwrap()
-        .to_encoded()
+    let key = NewKey::generate("proxmox").encoded();
+    let out = provider_command("http://127.0.0.1:1", &[("OMNI_SERVICE_ACCOUNT_KEY", &key)])
+        .env_remove("OMNI_INSECURE_HTTP")
+        .arg("--config-file")
+        .arg(&config)
+        .output()
         .unwrap();
-    let out = provider_command(
-        "http://127.0.0.1:1",
-        &[("OMNI_SERVICE_ACCOUNT_KEY", key.expose())],
-    )
-    .env_remove("OMNI_INSECURE_HTTP")
-    .arg("--config-file")
-    .arg(&config)
-    .output()
-    .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -316,17 +310,14 @@ async fn binary_takes_a_ui_made_key_from_sidero_service_account_key() {
     transport::install_crypto_provider();
     let state = MemState::new();
     let omnictl_key = state.register_provider("proxmox").unwrap();
-    let ui_key = ProviderKey::parse(&omnictl_key)
-        .unwrap()
-        .to_encoded_as("proxmox")
-        .unwrap();
+    let ui_key = testkit::keys::renamed(omnictl_key.expose(), "proxmox");
     let (server, addr) = serve(&state, None).await;
     let dir = tempfile::tempdir().unwrap();
     run_provider_with_env(
         &state,
         &format!("http://{addr}"),
-        ui_key.expose(),
-        &[("SIDERO_SERVICE_ACCOUNT_KEY", ui_key.expose())],
+        &ui_key,
+        &[("SIDERO_SERVICE_ACCOUNT_KEY", &ui_key)],
         &[],
         dir.path(),
     )
@@ -340,13 +331,10 @@ async fn binary_takes_a_ui_made_key_from_sidero_service_account_key() {
 fn binary_refuses_a_ui_made_key_for_another_id_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
-    let ui_key = ProviderKey::generate("proxmox")
-        .unwrap()
-        .to_encoded_as("proxmox")
-        .unwrap();
+    let ui_key = NewKey::generate("proxmox").encoded_as("proxmox");
     let mut child = provider_command(
         "http://127.0.0.1:1",
-        &[("OMNI_SERVICE_ACCOUNT_KEY", ui_key.expose())],
+        &[("OMNI_SERVICE_ACCOUNT_KEY", &ui_key)],
     )
     .arg("--config-file")
     .arg(&config)
@@ -377,7 +365,7 @@ fn binary_refuses_a_ui_made_key_for_another_id_at_start() {
         stderr.contains("\"proxmox\"") && stderr.contains("--id"),
         "{stderr}"
     );
-    assert!(!stderr.contains(ui_key.expose()), "key leaked: {stderr}");
+    assert!(!stderr.contains(&ui_key), "key leaked: {stderr}");
 }
 
 #[tokio::test]

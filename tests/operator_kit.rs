@@ -30,7 +30,7 @@ fn documents(text: &str) -> Vec<Value> {
 /// Metrics after the provider did each thing once: a labelled family shows up in `/metrics` only
 /// from its first observation on.
 fn busy_metrics() -> Metrics {
-    let m = Metrics::new();
+    let m = Metrics::default();
     m.proxmox_request("GET", Some(200), Duration::from_millis(5));
     m.step("create_vm", Duration::from_millis(50));
     m.step_failure("start_vm");

@@ -171,6 +171,7 @@ impl OmniArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use testkit::keys::NewKey;
 
     fn args(omni: Option<&Secret>, sidero: Option<&Secret>, id: &str) -> OmniArgs {
         OmniArgs {
@@ -190,8 +191,8 @@ mod tests {
     /// OMNI_SERVICE_ACCOUNT_KEY): SIDERO_SERVICE_ACCOUNT_KEY is the fallback.
     #[test]
     fn sidero_service_account_key_is_the_fallback() {
-        let a = ProviderKey::generate("a").unwrap().to_encoded().unwrap();
-        let b = ProviderKey::generate("b").unwrap().to_encoded().unwrap();
+        let a = Secret::new(NewKey::generate("a").encoded());
+        let b = Secret::new(NewKey::generate("b").encoded());
         let (_, key) = args(None, Some(&b), "b").connection().unwrap();
         assert_eq!(key.provider_id(), Some("b"));
         let (_, key) = args(Some(&a), Some(&b), "a").connection().unwrap();
@@ -209,10 +210,7 @@ mod tests {
 
     #[test]
     fn a_ui_made_key_is_checked_against_the_id() {
-        let ui = ProviderKey::generate("proxmox")
-            .unwrap()
-            .to_encoded_as("proxmox")
-            .unwrap();
+        let ui = Secret::new(NewKey::generate("proxmox").encoded_as("proxmox"));
         assert!(args(Some(&ui), None, "proxmox").connection().is_ok());
         let err = args(Some(&ui), None, "other").connection().unwrap_err();
         assert!(
@@ -223,7 +221,7 @@ mod tests {
 
     #[test]
     fn a_plaintext_endpoint_needs_the_opt_in_and_is_warned_about() {
-        let key = ProviderKey::generate("a").unwrap().to_encoded().unwrap();
+        let key = Secret::new(NewKey::generate("a").encoded());
         for url in ["http://127.0.0.1:8080", "grpc://omni.example:8090"] {
             let mut a = args(Some(&key), None, "a");
             a.omni_api_endpoint = Some(url.into());
@@ -240,7 +238,7 @@ mod tests {
 
     #[test]
     fn the_key_comes_from_a_file_once_and_never_into_a_message() {
-        let key = ProviderKey::generate("a").unwrap().to_encoded().unwrap();
+        let key = Secret::new(NewKey::generate("a").encoded());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("omni-key");
         std::fs::write(&path, format!("{}\n", key.expose())).unwrap();

@@ -541,7 +541,7 @@ fn start_metrics(
     listen: Option<SocketAddr>,
     stop: &watch::Receiver<bool>,
 ) -> (Arc<Metrics>, Option<JoinHandle<()>>) {
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::default());
     {
         let metrics = metrics.clone();
         pve.set_observer(Arc::new(move |method, status, took| {

@@ -3,16 +3,18 @@
 
 use std::sync::Arc;
 
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
 use super::auth::ProviderKey;
 use super::management::ManagementClient;
 use super::state::StateClient;
-use super::transport::{self, ConnectError, OmniEndpoint, SignedChannel};
+use super::transport::{self, ConnectError, OmniEndpoint, Signer};
 
 #[derive(Clone)]
 pub struct OmniClient {
     pub state: StateClient,
     pub management: ManagementClient,
-    pub provider_id: String,
 }
 
 impl OmniClient {
@@ -22,24 +24,24 @@ impl OmniClient {
         key: Arc<ProviderKey>,
         provider_id: &str,
     ) -> Result<Self, ConnectError> {
-        let channel = transport::channel(endpoint)?;
-        Ok(Self::from_channels(
-            SignedChannel::new(channel.clone(), key.clone(), Some(provider_id.to_owned())),
-            SignedChannel::new(channel, key, None),
-            provider_id,
-        ))
+        let signer = Signer {
+            key,
+            provider_id: Some(provider_id.to_owned()),
+            clock_offset_secs: 0,
+        };
+        Ok(Self::over(transport::channel(endpoint)?, signer))
     }
 
-    /// From already signed channels (tests use this to skew the clock).
-    pub fn from_channels(
-        state: SignedChannel,
-        management: SignedChannel,
-        provider_id: &str,
-    ) -> Self {
+    /// Over `channel`, signed by `signer` (tests skew its clock); the management calls without
+    /// the provider ID.
+    pub fn over(channel: Channel, signer: Signer) -> Self {
+        let management = Signer {
+            provider_id: None,
+            ..signer.clone()
+        };
         Self {
-            state: StateClient::new(state),
-            management: ManagementClient::new(management),
-            provider_id: provider_id.to_owned(),
+            state: StateClient::new(InterceptedService::new(channel.clone(), signer)),
+            management: ManagementClient::new(InterceptedService::new(channel, management)),
         }
     }
 }

@@ -11,6 +11,8 @@
 use super::proto::management as pb;
 use super::proto::management::management_service_client::ManagementServiceClient;
 use super::transport::{MAX_MESSAGE_BYTES, SignedChannel};
+/// Which boot asset of a schematic: `Iso` (`nocloud-amd64.iso`) or `Disk` (`nocloud-amd64.qcow2`).
+pub use pb::boot_asset_url_request::BootAssetKind;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ManagementError {
@@ -20,15 +22,6 @@ pub enum ManagementError {
     OmniTooOld,
     #[error("Omni refused: {code:?}: {message}")]
     Refused { code: tonic::Code, message: String },
-}
-
-/// Which boot asset of a schematic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BootAssetKind {
-    /// `nocloud-amd64.iso`.
-    Iso,
-    /// `nocloud-amd64.qcow2`.
-    Disk,
 }
 
 /// Where Omni says a boot asset is, and the headers to send with the download (the factory's
@@ -62,19 +55,19 @@ impl ManagementClient {
         schematic: &str,
         kind: BootAssetKind,
     ) -> Result<Option<BootAsset>, ManagementError> {
-        use pb::boot_asset_url_request::BootAssetKind as Kind;
-        let (boot_asset_kind, format) = match kind {
-            BootAssetKind::Iso => (Kind::Iso, ""),
-            BootAssetKind::Disk => (Kind::Disk, "qcow2"),
-        };
         let req = pb::BootAssetUrlRequest {
             talos_version: talos_version.to_owned(),
             schematic_id: schematic.to_owned(),
             standalone_url: false,
-            boot_asset_kind: boot_asset_kind as i32,
+            boot_asset_kind: kind as i32,
             platform: "nocloud".into(),
             architecture: "amd64".into(),
-            format: format.into(),
+            format: if kind == BootAssetKind::Disk {
+                "qcow2"
+            } else {
+                ""
+            }
+            .into(),
             secure_boot: false,
         };
         let mut raw = self.raw.clone();

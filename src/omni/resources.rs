@@ -27,8 +27,6 @@ pub mod label {
     pub const MACHINE_REQUEST_SET: &str = "omni.sidero.dev/machine-request-set";
     /// Provider-specific machine ID (note: not "machine-infra-id").
     pub const INFRA_ID: &str = "omni.sidero.dev/infra-id";
-    pub const MACHINE: &str = "omni.sidero.dev/machine";
-    pub const SYSTEM_PATCH: &str = "omni.sidero.dev/system-patch";
 }
 
 /// Annotation keys (§2).
@@ -108,9 +106,6 @@ omni_kinds! {
     /// Heartbeat; ID = provider ID; lost when Omni restarts.
     InfraProviderHealthStatus: INFRA_PROVIDER_EPHEMERAL,
         "InfraProviderHealthStatuses.omni.sidero.dev", InfraProviderHealthStatusSpec;
-    /// Created by Omni when a provider-requested machine joins; ID = machine UUID.
-    MachineRegistration: INFRA_PROVIDER, "InfraMachineRegistrations.omni.sidero.dev",
-        MachineRegistrationSpec;
     /// A config patch the provider asks Omni to apply to a machine.
     ConfigPatchRequest: INFRA_PROVIDER, "ConfigPatchRequests.omni.sidero.dev", ConfigPatchSpec;
     /// Per-provider join token (Omni ≥ 1.0); ID = provider ID.
@@ -120,8 +115,6 @@ omni_kinds! {
     SiderolinkApiConfig: DEFAULT, "SiderolinkAPIConfigs.omni.sidero.dev", SiderolinkApiConfigSpec;
     /// Legacy join parameters (Omni < 1.0); ID `siderolink-config`.
     ConnectionParams: DEFAULT, "ConnectionParams.omni.sidero.dev", ConnectionParamsSpec;
-    /// Admin-created registration of the provider ID (`omnictl infraprovider create`).
-    InfraProvider: INFRA_PROVIDER, "InfraProviders.omni.sidero.dev", InfraProviderSpec;
     /// Omni's features configuration; ID [`FEATURES_CONFIG_ID`]. Readable by any signed caller,
     /// infra providers included; it names the Image Factory Omni uses.
     FeaturesConfig: DEFAULT, "FeaturesConfigs.omni.sidero.dev", FeaturesConfigSpec;

@@ -1,23 +1,20 @@
 //! Dialing Omni and signing every call on the way out.
 //!
-//! Signing happens in a tower service wrapped around the tonic [`Channel`] rather than in a tonic
-//! `Interceptor`, because the signed payload names the full gRPC method path and only the HTTP
-//! request carries it. Every generated client (State, Management) is built on a [`SignedChannel`],
-//! so no call can leave unsigned, and streams are signed at their start like unary calls.
+//! Signing is a tonic interceptor ([`Signer`]): the signed payload names the full gRPC method, which
+//! the generated clients put in every request's extensions ([`GrpcMethod`]). Every generated client
+//! (State, Management) is built on a [`SignedChannel`], so no call can leave unsigned, and streams
+//! are signed at their start like unary calls.
 //!
 //! The channel is lazy: it connects on first use and reconnects by itself after a failure; callers
 //! that hold long streams (watch) add their own backoff on top.
 
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tonic::body::Body;
-use tonic::codegen::Service;
-use tonic::codegen::http::{self, HeaderValue};
+use tonic::service::{Interceptor, interceptor::InterceptedService};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::{GrpcMethod, Status};
 
 use super::auth::{PAYLOAD_HEADER, ProviderKey, SIGNATURE_HEADER, TIMESTAMP_HEADER};
 
@@ -97,16 +94,6 @@ impl Target {
         let port = url.port().unwrap_or(if tls { 443 } else { 80 });
         Ok(Self { tls, host, port })
     }
-
-    fn uri(&self) -> String {
-        let scheme = if self.tls { "https" } else { "http" };
-        format!("{scheme}://{}:{}", self.host, self.port)
-    }
-
-    /// Host without IPv6 brackets, for SNI.
-    fn server_name(&self) -> &str {
-        self.host.trim_start_matches('[').trim_end_matches(']')
-    }
 }
 
 /// Builds a lazily connecting channel to Omni.
@@ -119,7 +106,8 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
         url: endpoint.url.clone(),
         source,
     };
-    let mut ep = Endpoint::from_shared(target.uri())
+    let scheme = if target.tls { "https" } else { "http" };
+    let mut ep = Endpoint::from_shared(format!("{scheme}://{}:{}", target.host, target.port))
         .map_err(transport)?
         .connect_timeout(Duration::from_secs(10))
         .tcp_keepalive(Some(Duration::from_secs(60)))
@@ -133,13 +121,12 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
         ))
         .map_err(transport)?;
     if target.tls {
+        // SNI names the host without IPv6 brackets.
+        let server_name = target.host.trim_start_matches('[').trim_end_matches(']');
         let base = ClientTlsConfig::new()
-            .domain_name(target.server_name())
+            .domain_name(server_name)
             .assume_http2(true);
-        let roots = || {
-            let public = base.clone().with_webpki_roots();
-            public.trust_anchors(system_trust_anchors())
-        };
+        let roots = || (base.clone().with_webpki_roots()).trust_anchors(system_trust_anchors());
         ep = match &endpoint.tls {
             OmniTls::SystemAndPublicRoots => ep.tls_config(roots()),
             OmniTls::CaFile(path) => {
@@ -151,7 +138,9 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
             }
             OmniTls::InsecureSkipVerify => ep.tls_config_with_verifier(
                 base,
-                Arc::new(crate::tls::AcceptAnyServerCert::with_ring()),
+                Arc::new(crate::tls::AcceptAnyServerCert::new(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))),
             ),
         }
         .map_err(transport)?;
@@ -177,72 +166,47 @@ fn system_trust_anchors() -> Vec<rustls::pki_types::TrustAnchor<'static>> {
     store.roots
 }
 
-/// A channel that signs every request with the provider key and, for COSI calls, adds the
-/// `providerid` header.
+/// Signs every call with the provider key and, for COSI calls, adds the `providerid` header.
 #[derive(Clone)]
-pub struct SignedChannel {
-    inner: Channel,
-    key: Arc<ProviderKey>,
-    provider_id: Option<String>,
+pub struct Signer {
+    pub key: Arc<ProviderKey>,
+    /// Sent as `providerid` (State calls; the management calls carry none).
+    pub provider_id: Option<String>,
     /// Added to the clock when signing; zero except in tests that simulate a skewed clock.
-    clock_offset_secs: i64,
+    pub clock_offset_secs: i64,
 }
 
-impl SignedChannel {
-    pub fn new(inner: Channel, key: Arc<ProviderKey>, provider_id: Option<String>) -> Self {
-        Self {
-            inner,
-            key,
-            provider_id,
-            clock_offset_secs: 0,
-        }
-    }
+/// A channel to Omni whose every call is signed.
+pub type SignedChannel = InterceptedService<Channel, Signer>;
 
-    /// The same channel signing with a clock that is `secs` off (tests of Omni's skew check).
-    pub fn with_clock_offset(mut self, secs: i64) -> Self {
-        self.clock_offset_secs = secs;
-        self
-    }
-
-    fn sign(&self, req: &mut http::Request<Body>) -> Result<(), tonic::codegen::StdError> {
+impl Interceptor for Signer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        let method = req
+            .extensions()
+            .get::<GrpcMethod<'static>>()
+            .map(|m| format!("/{}/{}", m.service(), m.method()))
+            .ok_or_else(|| Status::unknown("cannot sign a call that names no gRPC method"))?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)
             .unwrap_or(0)
             + self.clock_offset_secs;
-        let method = req.uri().path().to_owned();
-        let signed = self.key.sign_call(&method, now)?;
-        // `insert` replaces whatever the request carried under these names.
-        let headers = req.headers_mut();
-        headers.insert(TIMESTAMP_HEADER, HeaderValue::from_str(&signed.timestamp)?);
-        headers.insert(PAYLOAD_HEADER, HeaderValue::from_str(&signed.payload)?);
-        headers.insert(SIGNATURE_HEADER, HeaderValue::from_str(&signed.signature)?);
-        if let Some(id) = &self.provider_id {
-            headers.insert(PROVIDER_ID_HEADER, HeaderValue::from_str(id)?);
+        let (payload, signature) =
+            (self.key.sign_call(&method, now)).map_err(|e| Status::unknown(e.to_string()))?;
+        let headers = [
+            (TIMESTAMP_HEADER, now.to_string()),
+            (PAYLOAD_HEADER, payload),
+            (SIGNATURE_HEADER, signature),
+        ];
+        let provider_id = self.provider_id.clone().map(|id| (PROVIDER_ID_HEADER, id));
+        for (name, value) in headers.into_iter().chain(provider_id) {
+            let value = value
+                .parse()
+                .map_err(|_| Status::unknown(format!("cannot send the {name} header")))?;
+            // `insert` replaces whatever the request carried under this name.
+            req.metadata_mut().insert(name, value);
         }
-        Ok(())
-    }
-}
-
-impl Service<http::Request<Body>> for SignedChannel {
-    type Response = http::Response<Body>;
-    type Error = tonic::codegen::StdError;
-    type Future =
-        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Service::poll_ready(&mut self.inner, cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
-        // Keep the instance that was polled ready; leave a fresh clone in its place.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let signed = self.sign(&mut req);
-        Box::pin(async move {
-            signed?;
-            inner.call(req).await.map_err(Into::into)
-        })
+        Ok(req)
     }
 }
 

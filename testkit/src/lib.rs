@@ -1,10 +1,10 @@
 //! Test doubles and the shared test harness of `omni-infra-provider-proxmox`, kept out of the
-//! shipped binary: the in-memory Omni ([`memstate`]) with Omni's signature check ([`verify`]) and a
-//! served instance of it for tests ([`omni`]), fakepve, the fake Proxmox VE ([`fakepve`], its
-//! certificates in [`certs`], the cluster of `make sandbox` in [`sandbox`]), the provider in-process
-//! against both ([`harness`]) or as a process ([`process`]), one [`eventually`] (and [`until`] over
-//! it), and hostile input for property tests ([`junk`]). The `dev-omni` binary serves [`memstate`]
-//! for local development.
+//! shipped binary: the in-memory Omni ([`memstate`]) with Omni's signature check ([`verify`]), the
+//! keys it registers ([`keys`]) and a served instance of it for tests ([`omni`]), fakepve, the fake
+//! Proxmox VE ([`fakepve`], its certificates in [`certs`], the cluster of `make sandbox` in
+//! [`sandbox`]), the provider in-process against both ([`harness`]) or as a process ([`process`]),
+//! one [`eventually`] (and [`until`] over it), and hostile input for property tests ([`junk`]). The
+//! `dev-omni` binary serves [`memstate`] for local development.
 //!
 //! The provider crate depends on this one only as a dev-dependency (its integration tests and
 //! examples); this crate depends on the provider crate for the resource kinds, the protobuf types and
@@ -14,6 +14,7 @@ pub mod certs;
 pub mod fakepve;
 pub mod harness;
 pub mod junk;
+pub mod keys;
 pub mod memstate;
 pub mod omni;
 pub mod process;

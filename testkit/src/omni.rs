@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::memstate::{ControllersTask, MemServer, MemState, OmniControllers};
 use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::client::OmniClient;
-use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls, SignedChannel};
+use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls, Signer};
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -79,12 +79,12 @@ impl Omni {
             tls: OmniTls::SystemAndPublicRoots,
         })
         .unwrap();
-        OmniClient::from_channels(
-            SignedChannel::new(channel.clone(), self.key.clone(), Some(provider_id.into()))
-                .with_clock_offset(offset),
-            SignedChannel::new(channel, self.key.clone(), None).with_clock_offset(offset),
-            provider_id,
-        )
+        let signer = Signer {
+            key: self.key.clone(),
+            provider_id: Some(provider_id.into()),
+            clock_offset_secs: offset,
+        };
+        OmniClient::over(channel, signer)
     }
 
     pub async fn stop(&mut self) {

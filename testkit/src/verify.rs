@@ -233,32 +233,35 @@ fn check_pgp_signature(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use omni_infra_provider_proxmox::omni::auth::ProviderKey;
+    use crate::keys::NewKey;
 
     #[test]
     fn generated_key_round_trips_signs_and_verifies() {
-        let key = ProviderKey::generate("proxmox").unwrap();
-        let encoded = key.to_encoded().unwrap();
-        let parsed = ProviderKey::parse(&encoded).unwrap();
-        assert_eq!(parsed.fingerprint(), key.fingerprint());
+        let key = NewKey::generate("proxmox");
+        let parsed = key.parsed();
         assert_eq!(parsed.provider_id(), Some("proxmox"));
-        assert_eq!(parsed.fingerprint().len(), 40);
+        assert_eq!(key.fingerprint().len(), 40);
         assert!(!format!("{parsed:?}").contains("PRIVATE"));
 
         let mut verifier = Verifier::default();
-        verifier
-            .register("infra-provider:proxmox", &key.public_key_armored().unwrap())
+        let registered = verifier
+            .register("infra-provider:proxmox", &key.public_armored())
             .unwrap();
+        assert_eq!(registered, key.fingerprint());
         let method = "/cosi.resource.State/Get";
         let t0 = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs() as i64;
-        let signed = parsed.sign_call(method, t0).unwrap();
+        let (payload, signature) = parsed.sign_call(method, t0).unwrap();
+        assert_eq!(
+            signature.split(' ').nth(2),
+            Some(key.fingerprint().as_str())
+        );
         let mut md = MetadataMap::new();
-        md.insert(TIMESTAMP_HEADER, signed.timestamp.parse().unwrap());
-        md.insert(PAYLOAD_HEADER, signed.payload.parse().unwrap());
-        md.insert(SIGNATURE_HEADER, signed.signature.parse().unwrap());
+        md.insert(TIMESTAMP_HEADER, t0.to_string().parse().unwrap());
+        md.insert(PAYLOAD_HEADER, payload.parse().unwrap());
+        md.insert(SIGNATURE_HEADER, signature.parse().unwrap());
         assert_eq!(
             verifier.verify(method, &md, t0 + 10).unwrap(),
             "infra-provider:proxmox"

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::client::OmniClient;
 use omni_infra_provider_proxmox::omni::resources::ProviderJoinConfig;
-use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls, SignedChannel};
+use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls};
 use omni_infra_provider_proxmox::secret::Secret;
 
 /// The child, killed when the test ends however it ends.
@@ -47,16 +47,11 @@ async fn dev_omni_serves_the_provider_it_registered() {
         ProviderKey::parse(&Secret::new(printed["OMNI_SERVICE_ACCOUNT_KEY"].clone())).unwrap(),
     );
     assert_eq!(key.provider_id(), Some("dev"));
-    let channel = transport::channel(&OmniEndpoint {
+    let endpoint = OmniEndpoint {
         url: printed["OMNI_ENDPOINT"].clone(),
         tls: OmniTls::SystemAndPublicRoots,
-    })
-    .unwrap();
-    let client = OmniClient::from_channels(
-        SignedChannel::new(channel.clone(), key.clone(), Some("dev".into())),
-        SignedChannel::new(channel, key, None),
-        "dev",
-    );
+    };
+    let client = OmniClient::connect(&endpoint, key, "dev").unwrap();
     let join = client.state.get(&ProviderJoinConfig, "dev").await.unwrap();
     assert_eq!(join.spec.join_token, "dev-join-token");
 }

@@ -162,21 +162,21 @@ async fn bad_signatures_are_rejected() {
         req
     };
     // Correct hand-made signature is accepted (control).
-    let good = omni.key.sign_call(method, now).unwrap();
-    raw.get(send(good.payload.clone(), good.signature.clone()))
+    let (payload, signature) = omni.key.sign_call(method, now).unwrap();
+    raw.get(send(payload.clone(), signature.clone()))
         .await
         .unwrap();
     // Tampered payload: signature no longer matches.
-    let tampered = good.payload.replace("\"authorization\":null,", "");
-    assert_ne!(tampered, good.payload);
+    let tampered = payload.replace("\"authorization\":null,", "");
+    assert_ne!(tampered, payload);
     let st = raw
-        .get(send(tampered, good.signature.clone()))
+        .get(send(tampered, signature.clone()))
         .await
         .unwrap_err();
     assert_eq!(st.code(), Code::Unauthenticated);
     assert_eq!(st.message(), "invalid signature");
     // `[]` for an absent header, correctly signed: still rejected.
-    let empty_array = good.payload.replace("\"cluster\":null", "\"cluster\":[]");
+    let empty_array = payload.replace("\"cluster\":null", "\"cluster\":[]");
     let sig = omni.key.signature_header(&empty_array).unwrap();
     let st = raw.get(send(empty_array, sig)).await.unwrap_err();
     assert_eq!(st.code(), Code::Unauthenticated);
@@ -189,9 +189,9 @@ async fn bad_signatures_are_rejected() {
     let st = raw.get(get()).await.unwrap_err();
     assert_eq!(st.code(), Code::Unauthenticated);
     // A key Omni does not know.
-    let stranger = auth::ProviderKey::generate("proxmox").unwrap();
-    let s = stranger.sign_call(method, now).unwrap();
-    let st = raw.get(send(s.payload, s.signature)).await.unwrap_err();
+    let stranger = testkit::keys::NewKey::generate("proxmox").parsed();
+    let (payload, signature) = stranger.sign_call(method, now).unwrap();
+    let st = raw.get(send(payload, signature)).await.unwrap_err();
     assert_eq!(st.code(), Code::Unauthenticated);
 }
 
@@ -239,18 +239,18 @@ async fn gpg_verifies_our_signature_with_an_omni_style_key() {
     );
     let armored = gpg(&["--armor", "--export-secret-keys"]);
     let armored = String::from_utf8(armored.stdout).unwrap();
-    let encoded = auth::encode_key_json("infra-provider:proxmox", &armored);
+    let encoded = testkit::keys::encode_key_json("infra-provider:proxmox", &armored);
     let key = auth::ProviderKey::parse(&omni_infra_provider_proxmox::secret::Secret::new(encoded))
         .unwrap();
-    let signed = key
+    let (payload, signature) = key
         .sign_call("/cosi.resource.State/List", 1_767_225_600)
         .unwrap();
-    let b64 = signed.signature.split(' ').nth(3).unwrap();
+    let b64 = signature.split(' ').nth(3).unwrap();
     use base64::Engine as _;
     let sig = base64::engine::general_purpose::STANDARD
         .decode(b64)
         .unwrap();
-    std::fs::write(home.path().join("payload"), &signed.payload).unwrap();
+    std::fs::write(home.path().join("payload"), &payload).unwrap();
     std::fs::write(home.path().join("payload.sig"), &sig).unwrap();
     let sig_path = home.path().join("payload.sig");
     let payload_path = home.path().join("payload");
@@ -265,7 +265,7 @@ async fn gpg_verifies_our_signature_with_an_omni_style_key() {
         String::from_utf8_lossy(&out.stderr)
     );
     // And a tampered payload fails gpg too.
-    std::fs::write(&payload_path, signed.payload.replace("List", "Get")).unwrap();
+    std::fs::write(&payload_path, payload.replace("List", "Get")).unwrap();
     let out = gpg(&[
         "--verify",
         sig_path.to_str().unwrap(),
@@ -273,7 +273,7 @@ async fn gpg_verifies_our_signature_with_an_omni_style_key() {
     ]);
     assert!(!out.status.success());
     // The fingerprint in the header is gpg's, lower-cased.
-    let fp = signed.signature.split(' ').nth(2).unwrap();
+    let fp = signature.split(' ').nth(2).unwrap();
     let listing = String::from_utf8(gpg(&["--with-colons", "--list-keys"]).stdout).unwrap();
     assert!(listing.to_lowercase().contains(fp), "{fp} not in {listing}");
 }
@@ -297,7 +297,7 @@ async fn silent_omni() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
 
 fn client_of(addr: std::net::SocketAddr) -> omni_infra_provider_proxmox::omni::client::OmniClient {
     transport::install_crypto_provider();
-    let key = auth::ProviderKey::generate("proxmox").unwrap();
+    let key = testkit::keys::NewKey::generate("proxmox").parsed();
     omni_infra_provider_proxmox::omni::client::OmniClient::connect(
         &transport::OmniEndpoint {
             url: format!("http://{addr}"),
@@ -313,9 +313,8 @@ fn client_of(addr: std::net::SocketAddr) -> omni_infra_provider_proxmox::omni::c
 #[tokio::test]
 async fn a_call_omni_never_answers_ends_at_its_deadline() {
     let (addr, server) = silent_omni().await;
-    let state = client_of(addr)
-        .state
-        .with_call_deadline(Duration::from_millis(200));
+    let mut state = client_of(addr).state;
+    state.deadline = Duration::from_millis(200);
     let started = std::time::Instant::now();
     let err = state
         .get(&MachineRequest, "never-answered")

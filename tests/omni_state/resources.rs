@@ -110,28 +110,26 @@ async fn finalizer_edit_echoes_unknown_spec_fields() {
     let client = omni.client("proxmox");
     // Our own state type: the in-process API stores whatever bytes we give it via gRPC create.
     let kind = ProviderMachine::new("proxmox");
-    let mut bytes = prost::Message::encode_to_vec(&MachineSpec {
+    let unknown = [0x9a, 0x06, 0x02, b'h', b'i']; // field 99, unknown to us
+    let mut bytes = unknown.to_vec();
+    let spec = MachineSpec {
         node: "pve1".into(),
         ..Default::default()
-    });
-    bytes.extend_from_slice(&[0x9a, 0x06, 0x02, b'h', b'i']); // field 99, unknown to us
-    let resource = pb::Resource {
-        metadata: Some(pb::Metadata {
-            namespace: kind.namespace(),
-            r#type: kind.resource_type(),
-            id: "m1".into(),
-            ..Default::default()
-        }),
-        spec: Some(pb::Spec {
-            proto_spec: bytes.clone(),
-            yaml_spec: String::new(),
-        }),
     };
+    prost::Message::encode_raw(&spec, &mut bytes);
     client
         .state
-        .create_raw(resource, "proxmox.ProvisionController")
+        .modify(&kind, "m1", "proxmox.ProvisionController", |m| {
+            m.spec = spec.clone();
+            m.unknown_fields = unknown.to_vec();
+        })
         .await
         .unwrap();
+    let created = omni
+        .state
+        .get_raw(&kind.namespace(), &kind.resource_type(), "m1")
+        .unwrap();
+    assert_eq!(created.spec.unwrap().proto_spec, bytes);
     let what = ResourceRef::of(&kind, "m1");
     client.state.add_finalizer(&what, "x").await.unwrap();
     client.state.remove_finalizer(&what, "x").await.unwrap();

@@ -5,11 +5,8 @@ use super::*;
 /// A watch of the `proxmox` provider's MachineRequests, as the controller holds it but reconnecting
 /// within 200 ms, past its first listing (empty).
 async fn provider_watch(omni: &Omni) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
-    let state = omni
-        .client("proxmox")
-        .state
-        .clone()
-        .with_reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
+    let mut state = omni.client("proxmox").state;
+    state.reconnect = (Duration::from_millis(20), Duration::from_millis(200));
     let mut rx = state.watch_kind(
         MachineRequest::NAMESPACE,
         MachineRequest::TYPE,
@@ -45,10 +42,8 @@ async fn watch_survives_a_server_restart() {
 async fn watch_rebootstraps_when_the_bookmark_is_unknown() {
     let mut omni = Omni::start("proxmox").await;
     let client = omni.client("proxmox");
-    let state = client
-        .state
-        .clone()
-        .with_reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200));
+    let mut state = client.state.clone();
+    state.reconnect = (Duration::from_millis(20), Duration::from_millis(200));
     omni.state
         .create_machine_request("r1", "proxmox", "set", &request_spec("v1"));
     let mut rx = state.watch_kind(MachineRequest::NAMESPACE, MachineRequest::TYPE, vec![]);
@@ -57,9 +52,9 @@ async fn watch_rebootstraps_when_the_bookmark_is_unknown() {
     // A brand-new Omni on the same port: our bookmark means nothing there.
     omni.stop().await;
     let fresh = testkit::memstate::MemState::new();
-    fresh.register_key(&omni.key).unwrap();
+    fresh.register_key(&omni.encoded_key).unwrap();
     fresh.put(
-        &InfraProvider,
+        &testkit::memstate::InfraProvider,
         "proxmox",
         &specs::InfraProviderSpec {},
         BTreeMap::new(),
@@ -80,11 +75,12 @@ fn raw_state(omni: &Omni) -> pb::state_client::StateClient<transport::SignedChan
         tls: transport::OmniTls::SystemAndPublicRoots,
     })
     .unwrap();
-    pb::state_client::StateClient::new(transport::SignedChannel::new(
-        channel,
-        omni.key.clone(),
-        Some("proxmox".into()),
-    ))
+    let signer = transport::Signer {
+        key: omni.key.clone(),
+        provider_id: Some("proxmox".into()),
+        clock_offset_secs: 0,
+    };
+    pb::state_client::StateClient::with_interceptor(channel, signer)
 }
 
 fn resume_request(bookmark: Vec<u8>) -> pb::WatchRequest {

@@ -1,26 +1,21 @@
-//! Loading the infra-provider key as `omnictl` and the Omni UI hand it out, and generating one the
-//! way `omnictl` does. Every refusal says what to do and none carries key material.
+//! Loading the infra-provider key as `omnictl` and the Omni UI hand it out. Every refusal says what
+//! to do and none carries key material.
 
 use std::fmt;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
-use pgp::composed::{
-    ArmorOptions, Deserializable, EncryptionCaps, KeyType, SecretKeyParamsBuilder, SignedPublicKey,
-    SignedSecretKey, SubkeyParamsBuilder,
-};
-use pgp::crypto::ecc_curve::ECCCurve;
+use pgp::composed::{Deserializable, SignedPublicKey, SignedSecretKey};
 use pgp::types::KeyDetails;
 
-use super::SignError;
 use crate::secret::Secret;
 
 /// Prefix of the service-account name of an infra-provider key as `omnictl infraprovider create`
 /// writes it (`infra-provider:<id>`).
-pub const INFRA_PROVIDER_NAME_PREFIX: &str = "infra-provider:";
+const INFRA_PROVIDER_NAME_PREFIX: &str = "infra-provider:";
 /// Domain of the e-mail in an infra-provider key's OpenPGP user ID (`<id>@<this>`), the same from
 /// `omnictl` and from the Omni UI.
-pub const INFRA_PROVIDER_EMAIL_DOMAIN: &str = "infra-provider.serviceaccount.omni.sidero.dev";
+const INFRA_PROVIDER_EMAIL_DOMAIN: &str = "infra-provider.serviceaccount.omni.sidero.dev";
 
 /// Why an infra-provider key was refused. The messages say what to do; none carries key material.
 #[derive(Debug, thiserror::Error)]
@@ -109,16 +104,11 @@ impl ProviderKey {
             .pgp_key
             .filter(|k| !k.trim().is_empty())
             .ok_or(KeyError::NoKey)?;
-        Self::from_armored(identity, &armored)
-    }
-
-    /// Builds a key from an identity and an armored private key.
-    pub fn from_armored(identity: String, armored: &str) -> Result<Self, KeyError> {
         if armored.contains("BEGIN PGP PUBLIC KEY BLOCK") {
             return Err(KeyError::PublicOnly);
         }
-        let (key, _) = SignedSecretKey::from_string(armored).map_err(|e| {
-            if SignedPublicKey::from_string(armored).is_ok() {
+        let (key, _) = SignedSecretKey::from_string(&armored).map_err(|e| {
+            if SignedPublicKey::from_string(&armored).is_ok() {
                 KeyError::PublicOnly
             } else {
                 KeyError::InvalidKey(e.to_string())
@@ -127,16 +117,12 @@ impl ProviderKey {
         if key.primary_key.secret_params().is_encrypted() {
             return Err(KeyError::PassphraseProtected);
         }
-        Ok(Self::from_key(identity, key))
-    }
-
-    fn from_key(identity: String, key: SignedSecretKey) -> Self {
-        Self {
+        Ok(Self {
             identity,
             fingerprint: format!("{:x}", key.primary_key.fingerprint()),
             email: primary_email(&key),
             key,
-        }
+        })
     }
 
     /// The name the key was issued under: `infra-provider:<id>` from `omnictl`, `<id>` from the UI.
@@ -158,46 +144,6 @@ impl ProviderKey {
         let domain = self.email.as_deref()?.rsplit_once('@')?.1;
         (domain == INFRA_PROVIDER_EMAIL_DOMAIN).then_some(self.identity.as_str())
     }
-
-    /// Lower-case hex v4 fingerprint of the primary key, as sent in the signature header.
-    pub fn fingerprint(&self) -> &str {
-        &self.fingerprint
-    }
-
-    /// The armored public key, as Omni stores it in its `PublicKeys` resource.
-    pub fn public_key_armored(&self) -> Result<String, SignError> {
-        SignedPublicKey::from(self.key.clone())
-            .to_armored_string(ArmorOptions::default())
-            .map_err(|e| SignError(e.to_string()))
-    }
-
-    /// Generates a key the way `omnictl infraprovider create` does: EdDSA (Ed25519, legacy EdDSA)
-    /// signing primary key plus a cv25519 encryption subkey, no passphrase; user ID
-    /// `<id> (<os>/<arch>) <id>@infra-provider.serviceaccount.omni.sidero.dev`.
-    pub fn generate(provider_id: &str) -> Result<Self, SignError> {
-        let identity = format!("infra-provider:{provider_id}");
-        let uid = format!(
-            "{provider_id} ({}/{}) <{provider_id}@infra-provider.serviceaccount.omni.sidero.dev>",
-            std::env::consts::OS,
-            std::env::consts::ARCH
-        );
-        Ok(Self::from_key(identity, generate_key(&uid, None)?))
-    }
-
-    /// The key in `omnictl`'s transport form: base64 of `{"name", "pgp_key"}`.
-    pub fn to_encoded(&self) -> Result<Secret, SignError> {
-        self.to_encoded_as(&self.identity)
-    }
-
-    /// The same key in transport form under another `name`: the Omni UI writes the bare provider
-    /// ID where `omnictl` writes `infra-provider:<id>`.
-    pub fn to_encoded_as(&self, name: &str) -> Result<Secret, SignError> {
-        let armored = self
-            .key
-            .to_armored_string(ArmorOptions::default())
-            .map_err(|e| SignError(e.to_string()))?;
-        Ok(Secret::new(encode_key_json(name, &armored)))
-    }
 }
 
 /// The e-mail of the first user ID (`Name (comment) <e-mail>` or a bare `<e-mail>`), if any.
@@ -208,34 +154,6 @@ fn primary_email(key: &SignedSecretKey) -> Option<String> {
         _ => uid.trim(),
     };
     email.contains('@').then(|| email.to_owned())
-}
-
-/// base64 of the key JSON; also used by tests to build deliberately broken keys.
-pub fn encode_key_json(name: &str, armored: &str) -> String {
-    let json = serde_json::json!({ "name": name, "pgp_key": armored });
-    STANDARD.encode(json.to_string())
-}
-
-/// Generates an Ed25519 (legacy EdDSA) signing key with a cv25519 encryption subkey, optionally
-/// passphrase-protected (tests use that to check the refusal).
-pub fn generate_key(uid: &str, passphrase: Option<&str>) -> Result<SignedSecretKey, SignError> {
-    let err = |e: &dyn fmt::Display| SignError(format!("key generation failed: {e}"));
-    let mut encrypt = SubkeyParamsBuilder::default();
-    encrypt
-        .key_type(KeyType::ECDH(ECCCurve::Curve25519Legacy))
-        .can_sign(false)
-        .can_encrypt(EncryptionCaps::All)
-        .passphrase(passphrase.map(str::to_owned));
-    let mut params = SecretKeyParamsBuilder::default();
-    params
-        .key_type(KeyType::Ed25519Legacy)
-        .can_certify(true)
-        .can_sign(true)
-        .primary_user_id(uid.to_owned())
-        .passphrase(passphrase.map(str::to_owned))
-        .subkeys(vec![encrypt.build().map_err(|e| err(&e))?]);
-    let params = params.build().map_err(|e| err(&e))?;
-    params.generate(rand::rngs::OsRng).map_err(|e| err(&e))
 }
 
 #[cfg(test)]
@@ -258,53 +176,13 @@ mod tests {
             ProviderKey::parse(&Secret::new(no_key)),
             Err(KeyError::NoKey)
         ));
-        let garbage = encode_key_json(
+        let garbage = testkit::keys::encode_key_json(
             "infra-provider:x",
             "-----BEGIN PGP PRIVATE KEY BLOCK-----\nxx",
         );
         assert!(matches!(
             ProviderKey::parse(&Secret::new(garbage)),
             Err(KeyError::InvalidKey(_))
-        ));
-    }
-
-    /// omni frontend/src/methods/user.ts, createServiceAccount: the UI names the key with the bare
-    /// name and gives the OpenPGP key only an e-mail user ID, `<name>@infra-provider.<domain>` for
-    /// the InfraProvider role and `<name>@serviceaccount.omni.sidero.dev` otherwise.
-    #[test]
-    fn ui_made_keys_have_a_bare_name_and_still_name_their_provider() {
-        let ui_key = |email: &str| {
-            let key = generate_key(&format!("<{email}>"), None).unwrap();
-            let armored = key.to_armored_string(ArmorOptions::default()).unwrap();
-            ProviderKey::parse(&Secret::new(encode_key_json("proxmox", &armored))).unwrap()
-        };
-        let provider = ui_key("proxmox@infra-provider.serviceaccount.omni.sidero.dev");
-        assert_eq!(provider.identity(), "proxmox");
-        assert_eq!(provider.provider_id(), Some("proxmox"));
-        let plain = ui_key("proxmox@serviceaccount.omni.sidero.dev");
-        assert_eq!(plain.provider_id(), None);
-        // An omnictl key keeps working, and renaming it as the UI does changes nothing.
-        let omnictl = ProviderKey::generate("proxmox").unwrap();
-        let renamed = ProviderKey::parse(&omnictl.to_encoded_as("proxmox").unwrap()).unwrap();
-        assert_eq!(renamed.identity(), "proxmox");
-        assert_eq!(renamed.provider_id(), Some("proxmox"));
-    }
-
-    #[test]
-    fn passphrase_and_public_only_keys_refused() {
-        let protected = generate_key("x <x@example.com>", Some("pw")).unwrap();
-        let armored = protected
-            .to_armored_string(ArmorOptions::default())
-            .unwrap();
-        assert!(matches!(
-            ProviderKey::parse(&Secret::new(encode_key_json("infra-provider:x", &armored))),
-            Err(KeyError::PassphraseProtected)
-        ));
-        let key = ProviderKey::generate("x").unwrap();
-        let public = key.public_key_armored().unwrap();
-        assert!(matches!(
-            ProviderKey::parse(&Secret::new(encode_key_json("infra-provider:x", &public))),
-            Err(KeyError::PublicOnly)
         ));
     }
 }

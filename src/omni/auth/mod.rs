@@ -2,7 +2,7 @@
 //!
 //! Omni authenticates every gRPC call by an OpenPGP detached signature over a small JSON payload that
 //! names the method and ten metadata headers. [`ProviderKey`] parses the key the user got from
-//! `omnictl infraprovider create` and produces the three signature headers. The server half, Omni's
+//! `omnictl infraprovider create` and signs the payload of each call. The server half, Omni's
 //! check, lives with the in-memory Omni in the `testkit` crate and builds the payload with the same
 //! [`payload_json`], so a mismatch between the halves cannot hide a bug in one: the tests also check
 //! our signatures with `gpg`.
@@ -11,15 +11,17 @@
 //! identity and fingerprint, and no error carries key bytes or the key JSON.
 
 mod key;
-mod sign;
 
 use std::collections::BTreeMap;
 
-pub use key::{
-    INFRA_PROVIDER_EMAIL_DOMAIN, INFRA_PROVIDER_NAME_PREFIX, KeyError, ProviderKey,
-    encode_key_json, generate_key,
-};
-pub use sign::SignedHeaders;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use pgp::composed::DetachedSignature;
+use pgp::crypto::hash::HashAlgorithm;
+use pgp::ser::Serialize as _;
+use pgp::types::Password;
+
+pub use key::{KeyError, ProviderKey};
 
 /// Metadata key carrying the signing time (Unix seconds).
 pub const TIMESTAMP_HEADER: &str = "x-sidero-timestamp";
@@ -60,6 +62,37 @@ pub fn payload_json(method: &str, present: &BTreeMap<&str, Vec<String>>) -> Stri
         .map(|&k| (k, present.get(k).filter(|v| !v.is_empty())))
         .collect();
     serde_json::json!({ "headers": headers, "method": method }).to_string()
+}
+
+impl ProviderKey {
+    /// The `x-sidero-signature` value for an exact payload string: a binary detached signature
+    /// (SHA-512 like gopenpgp: the server accepts any SHA-2, we pick the gopenpgp v2 default).
+    pub fn signature_header(&self, payload: &str) -> Result<String, SignError> {
+        let sig = DetachedSignature::sign_binary_data(
+            rand::rngs::OsRng,
+            &self.key.primary_key,
+            &Password::empty(),
+            HashAlgorithm::Sha512,
+            payload.as_bytes(),
+        )
+        .and_then(|sig| sig.to_bytes())
+        .map_err(|e| SignError(e.to_string()))?;
+        Ok(format!(
+            "{SIGNATURE_VERSION} {} {} {}",
+            self.identity,
+            self.fingerprint,
+            STANDARD.encode(sig)
+        ))
+    }
+
+    /// Signs a call to `method` (full gRPC path) made at `unix_secs`, whose only signed header is the
+    /// timestamp (a provider never sends the other nine): the payload and the signature headers.
+    pub fn sign_call(&self, method: &str, unix_secs: i64) -> Result<(String, String), SignError> {
+        let headers = BTreeMap::from([(TIMESTAMP_HEADER, vec![unix_secs.to_string()])]);
+        let payload = payload_json(method, &headers);
+        let signature = self.signature_header(&payload)?;
+        Ok((payload, signature))
+    }
 }
 
 #[cfg(test)]

@@ -1,24 +1,20 @@
-//! What a Talos machine needs to join Omni: the extended join token, the kernel arguments and the
-//! three-document join config.
+//! What a Talos machine needs to join Omni: the three-document join config, which carries the
+//! extended join token in its SideroLink API URL.
 //!
 //! Omni checks the token's signature by re-marshalling the extra data with Go's `encoding/json` and
 //! comparing MACs, so the bytes we sign must equal Go's output exactly (sorted keys, compact, Go's HTML
-//! escaping). That is why the JSON here is serde_json's with Go's HTML escaping added. Everything that embeds the token (kernel args, join config) is a [`Secret`], so none of it
-//! can reach a log line or a `Debug` dump.
+//! escaping). That is why the JSON here is serde_json's with Go's HTML escaping added. The join
+//! config embeds the token, so it is a [`Secret`] and cannot reach a log line or a `Debug` dump.
 
 mod render;
 mod token;
 
 use std::collections::BTreeMap;
 
+use super::resources::label;
 use crate::secret::Secret;
 use render::{render_join_config, siderolink_api_url};
 pub use token::extended_token;
-
-/// Extra-data key carrying our provider ID; Omni labels the machine's Link with it.
-pub const PROVIDER_ID_KEY: &str = "omni.sidero.dev/infra-provider-id";
-/// Extra-data key carrying the MachineRequest ID ("encode request IDs into tokens").
-pub const MACHINE_REQUEST_KEY: &str = "omni.sidero.dev/machine-request";
 
 /// First host of the SideroLink ULA /64 for an empty installation ID: where Talos sends events and logs.
 const SIDEROLINK_HOST: &str = "fdae:41e4:649b:9303::1";
@@ -89,18 +85,14 @@ pub enum JoinError {
     EmptyProviderId,
 }
 
-/// The rendered connection parameters. All of it contains the join token, hence all of it is secret.
+/// The rendered connection parameters. They contain the join token, hence they are secret.
 #[derive(Clone, Debug)]
 pub struct ConnectionParams {
-    /// The extended (`v1:`/`v2:`) join token.
-    pub join_token: Secret,
-    /// `siderolink.api=…`, `talos.events.sink=…`, `talos.logging.kernel=…`, in that order.
-    pub kernel_args: Vec<Secret>,
     /// The multi-document Talos config, delivered as NoCloud user-data.
     pub join_config: Secret,
 }
 
-/// Builds the join token, kernel args and join config (§4).
+/// Builds the join token and the join config that carries it (§4).
 pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinError> {
     if inputs.join_token.is_empty() {
         return Err(JoinError::EmptyToken);
@@ -120,10 +112,15 @@ pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinEr
         });
     }
 
+    // The extra data carries our provider ID (Omni labels the machine's Link with it) and the
+    // MachineRequest ID ("encode request IDs into tokens"), under the label keys.
     let mut extra = BTreeMap::new();
-    extra.insert(PROVIDER_ID_KEY.to_string(), inputs.provider_id.clone());
+    extra.insert(
+        label::INFRA_PROVIDER_ID.to_string(),
+        inputs.provider_id.clone(),
+    );
     if let Some(request_id) = &inputs.request_id {
-        extra.insert(MACHINE_REQUEST_KEY.to_string(), request_id.clone());
+        extra.insert(label::MACHINE_REQUEST.to_string(), request_id.clone());
     }
     let token = extended_token(inputs.mode, &inputs.join_token, &extra);
 
@@ -131,18 +128,8 @@ pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinEr
     let events_sink = format!("[{SIDEROLINK_HOST}]:{events_port}");
     let logs_url = format!("tcp://[{SIDEROLINK_HOST}]:{logs_port}");
 
-    let kernel_args = vec![
-        Secret::new(format!("siderolink.api={api_url}")),
-        Secret::new(format!("talos.events.sink={events_sink}")),
-        Secret::new(format!("talos.logging.kernel={logs_url}")),
-    ];
     let join_config = Secret::new(render_join_config(&api_url, &events_sink, &logs_url));
-
-    Ok(ConnectionParams {
-        join_token: token,
-        kernel_args,
-        join_config,
-    })
+    Ok(ConnectionParams { join_config })
 }
 
 fn check_port(port: u32, which: &'static str) -> Result<u16, JoinError> {
@@ -174,6 +161,20 @@ mod tests {
         }
     }
 
+    /// The SideroLink API URL of the join config.
+    fn api_url(params: &ConnectionParams) -> String {
+        let text = params.join_config.expose();
+        let first = crate::yaml::from_str(text.split("\n---\n").next().unwrap()).unwrap();
+        first["apiUrl"].as_str().unwrap().to_owned()
+    }
+
+    /// The extended token in the join config.
+    fn token(params: &ConnectionParams) -> Secret {
+        let url = url::Url::parse(&api_url(params)).unwrap();
+        let (_, token) = url.query_pairs().find(|(k, _)| k == "jointoken").unwrap();
+        Secret::new(token.into_owned())
+    }
+
     fn json_of(token: &Secret) -> String {
         let text = token.expose();
         String::from_utf8(BASE64.decode(&text[3..]).unwrap()).unwrap()
@@ -181,10 +182,10 @@ mod tests {
 
     #[test]
     fn reference_vector_provider_only() {
-        let params = connection_params(&inputs()).unwrap();
-        assert!(params.join_token.expose().starts_with("v2:"));
+        let token = token(&connection_params(&inputs()).unwrap());
+        assert!(token.expose().starts_with("v2:"));
         assert_eq!(
-            json_of(&params.join_token),
+            json_of(&token),
             r#"{"extra_data":{"omni.sidero.dev/infra-provider-id":"test"},"signature":"Y3igo9WlIIVNYjWfh2ZX96zgYnTB9pY27dBZVrp42Lg="}"#
         );
     }
@@ -196,7 +197,8 @@ mod tests {
             ..inputs()
         })
         .unwrap();
-        let decoded = decode(&params.join_token).unwrap();
+        let token = token(&params);
+        let decoded = decode(&token).unwrap();
         assert_eq!(
             decoded.signature,
             "zYkLTp9EHjypLlkdmff5vgP5HDWFKTQpFGo5DJvL5x0="
@@ -204,12 +206,12 @@ mod tests {
         assert_eq!(
             decoded
                 .extra_data
-                .get(MACHINE_REQUEST_KEY)
+                .get(label::MACHINE_REQUEST)
                 .map(String::as_str),
             Some("request1")
         );
-        assert!(verify(&params.join_token, &Secret::new("abcd")));
-        assert!(!verify(&params.join_token, &Secret::new("abce")));
+        assert!(verify(&token, &Secret::new("abcd")));
+        assert!(!verify(&token, &Secret::new("abce")));
     }
 
     #[test]
@@ -219,8 +221,8 @@ mod tests {
             ..inputs()
         })
         .unwrap();
-        assert!(params.join_token.expose().starts_with("v1:"));
-        assert_eq!(decode(&params.join_token).unwrap().version, 1);
+        assert!(token(&params).expose().starts_with("v1:"));
+        assert_eq!(decode(&token(&params)).unwrap().version, 1);
         assert_eq!(JoinMode::detect(true), JoinMode::V2);
         assert_eq!(JoinMode::detect(false), JoinMode::Legacy);
     }
@@ -234,7 +236,7 @@ mod tests {
                 ..inputs()
             })
             .unwrap();
-            assert_eq!(params.join_token.expose(), t);
+            assert_eq!(token(&params).expose(), t);
         }
     }
 
@@ -246,24 +248,14 @@ mod tests {
             ..inputs()
         })
         .unwrap();
-        let token = params.join_token.expose().to_string();
-        let api = params.kernel_args[0].expose();
-        let escaped: String = query_escape(&token);
+        let escaped: String = query_escape(token(&params).expose());
         assert_eq!(
-            api,
+            api_url(&params),
             format!(
-                "siderolink.api=https://omni.example.com:8090/some/path?a=1&b=x+y&grpc_tunnel=true&jointoken={escaped}"
+                "https://omni.example.com:8090/some/path?a=1&b=x+y&grpc_tunnel=true&jointoken={escaped}"
             )
         );
         assert!(escaped.starts_with("v2%3A"));
-        assert_eq!(
-            params.kernel_args[1].expose(),
-            "talos.events.sink=[fdae:41e4:649b:9303::1]:8091"
-        );
-        assert_eq!(
-            params.kernel_args[2].expose(),
-            "talos.logging.kernel=tcp://[fdae:41e4:649b:9303::1]:8092"
-        );
     }
 
     #[test]
@@ -283,13 +275,7 @@ mod tests {
             "apiVersion: v1alpha1\nkind: KmsgLogConfig\nname: omni-kmsg\nurl: tcp://[fdae:41e4:649b:9303::1]:8092\n"
         );
         // Parses as YAML documents with the values we meant.
-        let first = crate::yaml::from_str(docs[0]).unwrap();
-        assert_eq!(
-            first["apiUrl"].as_str().unwrap(),
-            params.kernel_args[0]
-                .expose()
-                .trim_start_matches("siderolink.api=")
-        );
+        assert!(api_url(&params).starts_with("https://127.0.0.1:8099?jointoken=v2%3A"));
         let second = crate::yaml::from_str(docs[1]).unwrap();
         assert_eq!(second["endpoint"], "[fdae:41e4:649b:9303::1]:8091");
     }
@@ -336,6 +322,6 @@ mod tests {
         .unwrap();
         let dump = format!("{params:?} {:?}", inputs());
         assert!(!dump.contains("hunter2"));
-        assert!(!dump.contains(&params.join_token.expose()[3..20]));
+        assert!(!dump.contains(&token(&params).expose()[3..20]));
     }
 }

@@ -1,8 +1,6 @@
 //! How the token reaches the machine: the SideroLink API URL with the token in its query, encoded
 //! as Go's `net/url` encodes it, and the three Talos documents of the join config.
 
-use std::collections::BTreeMap;
-
 use crate::secret::Secret;
 
 /// The API URL with `jointoken` (and `grpc_tunnel=true`) added to its query, re-encoded the way Go's
@@ -15,36 +13,20 @@ pub(super) fn siderolink_api_url(api_url: &str, token: &Secret, grpc_tunnel: boo
         .split_once('?')
         .unwrap_or((without_fragment, ""));
     // Go's `url.ParseQuery`, lenient: a malformed escape is kept as written.
-    let mut values: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
-        values
-            .entry(k.into_owned())
-            .or_default()
-            .push(v.into_owned());
-    }
-    values
-        .entry("jointoken".into())
-        .or_default()
-        .push(token.expose().to_string());
-    if grpc_tunnel {
-        values
-            .entry("grpc_tunnel".into())
-            .or_default()
-            .push("true".into());
-    }
-    let encoded: Vec<String> = values
-        .iter()
-        .flat_map(|(k, vs)| {
-            vs.iter()
-                .map(move |v| format!("{}={}", query_escape(k), query_escape(v)))
-        })
+    let mut values: Vec<(String, String)> = url::form_urlencoded::parse(query.as_bytes())
+        .into_owned()
         .collect();
-    let mut out = format!("{base}?{}", encoded.join("&"));
-    if let Some(f) = fragment {
-        out.push('#');
-        out.push_str(f);
+    values.push(("jointoken".into(), token.expose().to_owned()));
+    if grpc_tunnel {
+        values.push(("grpc_tunnel".into(), "true".into()));
     }
-    out
+    // Keys sorted, the values of one key in their order (a stable sort), as Go's map of lists.
+    values.sort_by(|a, b| a.0.cmp(&b.0));
+    let encoded: Vec<String> = (values.iter())
+        .map(|(k, v)| format!("{}={}", query_escape(k), query_escape(v)))
+        .collect();
+    let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
+    format!("{base}?{}{fragment}", encoded.join("&"))
 }
 
 /// Go's `url.QueryEscape`. The form encoding differs from it in two bytes only: it keeps `*`, which
@@ -89,6 +71,16 @@ fn yaml_scalar(s: &str) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Go's `url.Values.Encode`: keys sorted, the values of one key in the order they came.
+    #[test]
+    fn repeated_keys_keep_their_order_and_the_fragment_stays() {
+        let url = siderolink_api_url("https://o/p?b=2&a=1&b=1#frag", &Secret::new("t"), true);
+        assert_eq!(
+            url,
+            "https://o/p?a=1&b=2&b=1&grpc_tunnel=true&jointoken=t#frag"
+        );
+    }
 
     /// Go's `shouldEscape` for a query component (net/url): letters, digits and `-_.~` stay, a
     /// space becomes `+`, every other byte `%XX` in upper-case hex.

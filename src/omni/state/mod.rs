@@ -13,7 +13,6 @@ mod unknown;
 mod watch;
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -121,16 +120,6 @@ impl LabelSelector {
         self
     }
 
-    pub fn exists(mut self, key: &str) -> Self {
-        self.0.terms.push(pb::LabelTerm {
-            key: key.to_owned(),
-            op: pb::label_term::Operation::Exists as i32,
-            value: vec![],
-            invert: false,
-        });
-        self
-    }
-
     pub fn into_query(self) -> pb::LabelQuery {
         self.0
     }
@@ -149,12 +138,12 @@ pub struct StateClient {
     /// Set once the server answered `Unimplemented` to Teardown (Omni < 1.8): from then on the
     /// Get+Update path is used directly, as the Go adapter does.
     teardown_unsupported: Arc<AtomicBool>,
-    /// Backoff bounds for watch reconnects.
-    reconnect: (Duration, Duration),
+    /// Backoff bounds for watch reconnects (initial, max); tests shorten them.
+    pub reconnect: (Duration, Duration),
     /// Asked before every write (create, update, teardown, destroy).
     fence: Fence,
-    /// How long one call may wait for Omni's answer.
-    deadline: Duration,
+    /// How long one call may wait for Omni's answer ([`CALL_DEADLINE`]); tests shorten it.
+    pub deadline: Duration,
 }
 
 /// How long one State call may wait for Omni's answer by default: far beyond a healthy answer
@@ -192,18 +181,21 @@ impl StateClient {
         })
     }
 
-    /// Overrides [`CALL_DEADLINE`]; tests shorten it.
-    pub fn with_call_deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
     /// One unary call (boxed where it is made, see [`StateClient`]) within the deadline, its status
-    /// turned into a [`StateError`] about `what`.
-    async fn unary<T, F>(&self, what: &ResourceRef, call: Pin<Box<F>>) -> Result<T, StateError>
+    /// turned into a [`StateError`] about `what`; a `write` is sent only while the fence is open.
+    async fn unary<T, F>(
+        &self,
+        what: &ResourceRef,
+        write: bool,
+        call: impl FnOnce(RawClient<SignedChannel>) -> F,
+    ) -> Result<T, StateError>
     where
         F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        if write {
+            self.check_fence(what)?;
+        }
+        let call = Box::pin(call(self.raw.clone()));
         self.bounded(what, async {
             call.await
                 .map(tonic::Response::into_inner)
@@ -228,12 +220,6 @@ impl StateClient {
             })
     }
 
-    /// Overrides the watch reconnect backoff (initial, max); tests shorten it.
-    pub fn with_reconnect_backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.reconnect = (initial, max);
-        self
-    }
-
     // ---- raw resources -------------------------------------------------------------------------
 
     pub async fn get_raw(&self, what: &ResourceRef) -> Result<pb::Resource, StateError> {
@@ -243,8 +229,7 @@ impl StateClient {
             id: what.id.clone(),
             options: Some(pb::GetOptions {}),
         };
-        let mut raw = self.raw.clone();
-        let resp = self.unary(what, Box::pin(raw.get(req))).await?;
+        let resp = (self.unary(what, false, |mut raw| async move { raw.get(req).await })).await?;
         returned(what, "Get", resp.resource)
     }
 
@@ -287,30 +272,6 @@ impl StateClient {
         .await
     }
 
-    /// Creates `resource` (version and phase are set as the server expects); returns what was stored.
-    pub async fn create_raw(
-        &self,
-        mut resource: pb::Resource,
-        owner: &str,
-    ) -> Result<pb::Resource, StateError> {
-        let md = resource.metadata.get_or_insert_with(Default::default);
-        md.version = "undefined".into();
-        md.phase = PHASE_RUNNING.into();
-        md.owner = owner.to_owned();
-        let what = ResourceRef::from_metadata(md);
-        self.check_fence(&what)?;
-        resource.spec.get_or_insert_with(Default::default);
-        let req = pb::CreateRequest {
-            resource: Some(resource),
-            options: Some(pb::CreateOptions {
-                owner: owner.to_owned(),
-            }),
-        };
-        let mut raw = self.raw.clone();
-        let resp = self.unary(&what, Box::pin(raw.create(req))).await?;
-        returned(&what, "Create", resp.resource)
-    }
-
     /// Updates `resource`, whose metadata version must be the stored one. `owner` is the owner the
     /// caller acts as (must equal the stored owner); `expected_phase` None accepts any phase.
     pub async fn update_raw(
@@ -324,7 +285,6 @@ impl StateClient {
             .as_ref()
             .map(ResourceRef::from_metadata)
             .unwrap_or_else(|| ResourceRef::new("", "", ""));
-        self.check_fence(&what)?;
         let req = pb::UpdateRequest {
             new_resource: Some(resource),
             options: Some(pb::UpdateOptions {
@@ -332,13 +292,12 @@ impl StateClient {
                 expected_phase: expected_phase.map(str::to_owned),
             }),
         };
-        let mut raw = self.raw.clone();
-        let resp = self.unary(&what, Box::pin(raw.update(req))).await?;
+        let update = |mut raw: RawClient<_>| async move { raw.update(req).await };
+        let resp = self.unary(&what, true, update).await?;
         returned(&what, "Update", resp.resource)
     }
 
     pub async fn destroy(&self, what: &ResourceRef, owner: &str) -> Result<(), StateError> {
-        self.check_fence(what)?;
         let req = pb::DestroyRequest {
             namespace: what.namespace.clone(),
             r#type: what.resource_type.clone(),
@@ -347,9 +306,8 @@ impl StateClient {
                 owner: owner.to_owned(),
             }),
         };
-        let mut raw = self.raw.clone();
-        self.unary(what, Box::pin(raw.destroy(req))).await?;
-        Ok(())
+        let destroy = |mut raw: RawClient<_>| async move { raw.destroy(req).await };
+        self.unary(what, true, destroy).await.map(drop)
     }
 
     /// Moves a resource to `tearingDown`; returns whether it can be destroyed now (no finalizers).
@@ -369,14 +327,18 @@ impl StateClient {
             let call = Box::pin(raw.teardown(req));
             match self.bounded(what, async { Ok(call.await) }).await? {
                 Ok(resp) => return Ok(resp.into_inner().destroy_ready),
-                Err(s) if s.code() == Code::Unimplemented => {
-                    tracing::info!("Omni has no Teardown RPC (older than 1.8); using Get+Update");
-                    self.teardown_unsupported.store(true, Ordering::Relaxed);
-                }
-                Err(s) => return Err(StateError::from_status(what.clone(), &s)),
+                Err(s) => self.unless_unimplemented(what, "Teardown", &s)?,
             }
         }
-        self.teardown_by_update(what, owner).await
+        let edit = |md: &mut pb::Metadata| {
+            let running = md.phase != PHASE_TEARING_DOWN;
+            md.phase = PHASE_TEARING_DOWN.into();
+            running
+        };
+        let md = self
+            .edit_metadata(what, Some(owner), Some(PHASE_RUNNING), edit)
+            .await?;
+        Ok(md.finalizers.is_empty())
     }
 
     /// Tears `what` down and destroys it once no finalizer holds it: `Ok(true)` when it is gone (or
@@ -409,45 +371,36 @@ impl StateClient {
                 Err(_) => return Ok(false),
                 Ok(Ok(_)) => return Ok(true),
                 Ok(Err(s)) if s.code() == Code::NotFound => return Ok(true),
-                // Teardown and TeardownAndDestroy came in the same COSI release (Omni 1.8).
-                Ok(Err(s)) if s.code() == Code::Unimplemented => {
-                    tracing::info!(
-                        "Omni has no TeardownAndDestroy RPC (older than 1.8); using Get+Update"
-                    );
-                    self.teardown_unsupported.store(true, Ordering::Relaxed);
-                }
-                Ok(Err(s)) => return Err(StateError::from_status(what.clone(), &s)),
+                Ok(Err(s)) => self.unless_unimplemented(what, "TeardownAndDestroy", &s)?,
             }
         }
-        let ready = match self.teardown(what, owner).await {
-            Ok(ready) => ready,
+        match self.teardown(what, owner).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
             Err(e) if e.is_not_found() => return Ok(true),
             Err(e) => return Err(e),
-        };
-        if !ready {
-            return Ok(false);
         }
         match self.destroy(what, owner).await {
-            Ok(()) => Ok(true),
             Err(e) if e.is_not_found() => Ok(true),
-            Err(e) => Err(e),
+            other => other.map(|()| true),
         }
     }
 
-    async fn teardown_by_update(
+    /// An error about `what` for `status`, unless it says Omni lacks the `rpc` (Teardown and
+    /// TeardownAndDestroy came in the same COSI release, Omni 1.8): then the Get+Update path is
+    /// used from now on, as the Go adapter does.
+    fn unless_unimplemented(
         &self,
         what: &ResourceRef,
-        owner: &str,
-    ) -> Result<bool, StateError> {
-        let edit = |md: &mut pb::Metadata| {
-            let running = md.phase != PHASE_TEARING_DOWN;
-            md.phase = PHASE_TEARING_DOWN.into();
-            running
-        };
-        let md = self
-            .edit_metadata(what, Some(owner), Some(PHASE_RUNNING), edit)
-            .await?;
-        Ok(md.finalizers.is_empty())
+        rpc: &str,
+        status: &tonic::Status,
+    ) -> Result<(), StateError> {
+        if status.code() != Code::Unimplemented {
+            return Err(StateError::from_status(what.clone(), status));
+        }
+        tracing::info!("Omni has no {rpc} RPC (older than 1.8); using Get+Update");
+        self.teardown_unsupported.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Adds a finalizer, echoing the received spec bytes and acting as the resource's current
@@ -457,15 +410,14 @@ impl StateClient {
         what: &ResourceRef,
         finalizer: &str,
     ) -> Result<(), StateError> {
-        self.edit_finalizers(what, |f| {
-            if f.iter().any(|x| x == finalizer) {
-                false
-            } else {
-                f.push(finalizer.to_owned());
-                true
+        let edit = |md: &mut pb::Metadata| {
+            let absent = !md.finalizers.iter().any(|f| f == finalizer);
+            if absent {
+                md.finalizers.push(finalizer.to_owned());
             }
-        })
-        .await
+            absent
+        };
+        self.edit_metadata(what, None, None, edit).await.map(drop)
     }
 
     /// Removes a finalizer (same rules as [`Self::add_finalizer`]).
@@ -474,12 +426,12 @@ impl StateClient {
         what: &ResourceRef,
         finalizer: &str,
     ) -> Result<(), StateError> {
-        self.edit_finalizers(what, |f| {
-            let before = f.len();
-            f.retain(|x| x != finalizer);
-            f.len() != before
-        })
-        .await
+        let edit = |md: &mut pb::Metadata| {
+            let before = md.finalizers.len();
+            md.finalizers.retain(|f| f != finalizer);
+            md.finalizers.len() != before
+        };
+        self.edit_metadata(what, None, None, edit).await.map(drop)
     }
 
     /// Removes a finalizer from the copy of a resource a watch delivered, echoing its spec as
@@ -507,16 +459,6 @@ impl StateClient {
             Err(e) if e.is_conflict() => self.remove_finalizer(&what, finalizer).await,
             other => other.map(drop),
         }
-    }
-
-    async fn edit_finalizers(
-        &self,
-        what: &ResourceRef,
-        mut edit: impl FnMut(&mut Vec<String>) -> bool,
-    ) -> Result<(), StateError> {
-        self.edit_metadata(what, None, None, |md| edit(&mut md.finalizers))
-            .await
-            .map(drop)
     }
 
     /// Get → `edit` the metadata → Update (as `owner`, else as the stored owner), retrying version
@@ -589,8 +531,9 @@ impl StateClient {
         self.create_typed(kind, &fresh, owner).await
     }
 
-    /// Creates `fresh` with its labels and annotations: a resource's first version carries
-    /// everything a reader of it needs (the step annotation of the provider state, for one).
+    /// Creates `fresh` with its labels and annotations (version and phase as the server expects): a
+    /// resource's first version carries everything a reader of it needs (the step annotation of the
+    /// provider state, for one).
     async fn create_typed<K: Kind>(
         &self,
         kind: &K,
@@ -601,12 +544,23 @@ impl StateClient {
             namespace: kind.namespace(),
             r#type: kind.resource_type(),
             id: fresh.metadata.id.clone(),
+            version: "undefined".into(),
+            owner: owner.to_owned(),
+            phase: PHASE_RUNNING.into(),
             labels: fresh.metadata.labels.clone(),
             annotations: fresh.metadata.annotations.clone(),
             ..Default::default()
         };
-        let resource = fresh.encode(kind, metadata);
-        Typed::decode(self.create_raw(resource, owner).await?)
+        let what = ResourceRef::from_metadata(&metadata);
+        let req = pb::CreateRequest {
+            resource: Some(fresh.encode(kind, metadata)),
+            options: Some(pb::CreateOptions {
+                owner: owner.to_owned(),
+            }),
+        };
+        let create = |mut raw: RawClient<_>| async move { raw.create(req).await };
+        let resp = self.unary(&what, true, create).await?;
+        Typed::decode(returned(&what, "Create", resp.resource)?)
     }
 
     /// Writes a typed resource back (metadata as read, so the version check applies).

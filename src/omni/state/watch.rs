@@ -65,11 +65,11 @@ impl StateClient {
                 return;
             }
             first = false;
-            let req = watch_request(&what, &queries, resume.clone());
-            let result = self
+            let req = watch_request(&what, &queries, resume);
+            match self
                 .stream_events(&what, req, &mut bookmark, tx, &mut backoff)
-                .await;
-            match result {
+                .await
+            {
                 StreamEnd::ReceiverGone => return,
                 StreamEnd::BookmarkRefused => {
                     tracing::info!(watch = %what, "Omni refused the watch bookmark; re-bootstrapping");
@@ -105,12 +105,13 @@ impl StateClient {
             .options
             .as_ref()
             .is_some_and(|o| o.start_from_bookmark.is_some());
+        let end = |s: tonic::Status| match s.code() {
+            Code::FailedPrecondition if resuming => StreamEnd::BookmarkRefused,
+            _ => StreamEnd::Broken(StateError::from_status(what.clone(), &s)),
+        };
         let mut stream = match self.raw.clone().watch(req).await {
             Ok(s) => s.into_inner(),
-            Err(s) if resuming && s.code() == Code::FailedPrecondition => {
-                return StreamEnd::BookmarkRefused;
-            }
-            Err(s) => return StreamEnd::Broken(StateError::from_status(what.clone(), &s)),
+            Err(s) => return end(s),
         };
         loop {
             let msg = match stream.message().await {
@@ -121,10 +122,7 @@ impl StateClient {
                         message: "watch stream ended".into(),
                     });
                 }
-                Err(s) if resuming && s.code() == Code::FailedPrecondition => {
-                    return StreamEnd::BookmarkRefused;
-                }
-                Err(s) => return StreamEnd::Broken(StateError::from_status(what.clone(), &s)),
+                Err(s) => return end(s),
             };
             // The first message is empty ("established"); aggregated messages may also be empty
             // after Omni's per-provider filtering. Neither is an error.

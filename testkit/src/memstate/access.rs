@@ -4,10 +4,11 @@
 
 use tonic::Status;
 
+use super::InfraProvider;
 use super::store::{Store, md};
 use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::resources::{
-    InfraProvider, PHASE_RUNNING, PHASE_TEARING_DOWN, label, namespace,
+    PHASE_RUNNING, PHASE_TEARING_DOWN, label, namespace,
 };
 
 /// Who is calling, as established by the signature.

@@ -36,6 +36,10 @@ use omni_infra_provider_proxmox::omni::resources::{
     ConfigPatchRequest, MachineRequestStatus, PHASE_RUNNING, PHASE_TEARING_DOWN, label, namespace,
 };
 
+/// Labels Omni's ConfigPatchRequestController puts on the ConfigPatch it derives.
+const MACHINE_LABEL: &str = "omni.sidero.dev/machine";
+const SYSTEM_PATCH_LABEL: &str = "omni.sidero.dev/system-patch";
+
 /// The finalizer (controller name) of Omni's cleanup controller on MachineRequestStatuses.
 pub const STATUS_CLEANUP_CONTROLLER: &str = "MachineRequestStatusCleanupController";
 /// The finalizer (controller name) of Omni's controller on ConfigPatchRequests.
@@ -190,8 +194,8 @@ impl MemState {
             return;
         };
         let mut labels = m.labels.clone();
-        labels.insert(label::SYSTEM_PATCH.into(), String::new());
-        labels.insert(label::MACHINE.into(), machine);
+        labels.insert(SYSTEM_PATCH_LABEL.into(), String::new());
+        labels.insert(MACHINE_LABEL.into(), machine);
         let spec = request.spec.clone().unwrap_or_default();
         self.write_config_patch(store, id, labels, spec);
     }

@@ -28,19 +28,37 @@ pub use controllers::{
     CONFIG_PATCH_CONTROLLER, CONFIG_PATCH_TYPE, ControllersTask, OmniControllers,
     STATUS_CLEANUP_CONTROLLER,
 };
-use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::proto::cosi::resource::meta::ResourceDefinitionSpec;
 use omni_infra_provider_proxmox::omni::proto::specs;
 use omni_infra_provider_proxmox::omni::resources::{
-    self, InfraProvider, Kind, MachineRequest, PHASE_RUNNING, PHASE_TEARING_DOWN,
-    ProviderJoinConfig, ResourceDefinition, SiderolinkApiConfig, label, namespace,
+    self, Kind, MachineRequest, PHASE_RUNNING, PHASE_TEARING_DOWN, ProviderJoinConfig,
+    ResourceDefinition, SiderolinkApiConfig, label, namespace,
 };
 use omni_infra_provider_proxmox::omni::state::Typed;
 use omni_infra_provider_proxmox::secret::Secret;
 pub use service::MemServer;
 pub use store::{COMPACTED_ERROR, FUTURE_REVISION_ERROR};
 use store::{Key, LoggedEvent, Store, key_of, md, next_version, now_ts};
+
+/// Admin-created registration of the provider ID (`omnictl infraprovider create`): Omni lets a
+/// provider act only once it exists.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InfraProvider;
+
+impl InfraProvider {
+    pub const TYPE: &'static str = "InfraProviders.omni.sidero.dev";
+}
+
+impl Kind for InfraProvider {
+    type Spec = specs::InfraProviderSpec;
+    fn namespace(&self) -> String {
+        namespace::INFRA_PROVIDER.to_owned()
+    }
+    fn resource_type(&self) -> String {
+        Self::TYPE.to_owned()
+    }
+}
 
 /// The in-memory Omni state. Cheap to clone; all clones share the same store.
 #[derive(Clone)]
@@ -78,8 +96,8 @@ impl MemState {
     /// the ProviderJoinConfig, the SideroLink API config and the resource definition that signals
     /// v2 join tokens.
     pub fn register_provider(&self, provider_id: &str) -> Result<Secret, String> {
-        let key = ProviderKey::generate(provider_id).map_err(|e| e.to_string())?;
-        self.register_key(&key)?;
+        let key = crate::keys::NewKey::generate(provider_id);
+        self.register_key(&key.encoded())?;
         let mut labels = BTreeMap::new();
         labels.insert(label::INFRA_PROVIDER_ID.to_owned(), provider_id.to_owned());
         self.put(
@@ -119,7 +137,7 @@ impl MemState {
             },
             BTreeMap::new(),
         );
-        key.to_encoded().map_err(|e| e.to_string())
+        Ok(Secret::new(key.encoded()))
     }
 
     /// Drops the whole event history, as etcd's periodic compaction does (Omni keeps about five
@@ -139,12 +157,13 @@ impl MemState {
         self.cuts.send_modify(|c| *c += 1);
     }
 
-    /// Trusts an existing key (its identity decides the provider ID it acts as).
-    pub fn register_key(&self, key: &ProviderKey) -> Result<(), String> {
-        let public = key.public_key_armored().map_err(|e| e.to_string())?;
+    /// Trusts an existing key, given in `omnictl`'s transport form (its name decides the provider
+    /// ID it acts as).
+    pub fn register_key(&self, encoded: &str) -> Result<(), String> {
+        let (identity, public) = crate::keys::public_of(encoded)?;
         self.lock()
             .verifier
-            .register(key.identity(), &public)
+            .register(&identity, &public)
             .map(|_| ())
             .map_err(|e| e.to_string())
     }

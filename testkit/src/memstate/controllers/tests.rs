@@ -137,8 +137,8 @@ async fn the_config_patch_follows_the_status_id_and_goes_with_the_request() {
     );
     let patch = config_patch(&state, "100-topology-r1").unwrap();
     assert_eq!(patch.spec.data, "machine: {}");
-    assert_eq!(patch.label(label::MACHINE), Some("uuid-1"));
-    assert_eq!(patch.label(label::SYSTEM_PATCH), Some(""));
+    assert_eq!(patch.label(MACHINE_LABEL), Some("uuid-1"));
+    assert_eq!(patch.label(SYSTEM_PATCH_LABEL), Some(""));
     assert_eq!(patch.label(label::MACHINE_REQUEST), Some("r1"));
     assert_eq!(patch.label(label::INFRA_PROVIDER_ID), Some("proxmox"));
 
