@@ -15,6 +15,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::pipeline::ledgers::entry;
+
 pub struct WorkQueue<K> {
     state: Mutex<State<K>>,
     changed: Notify,
@@ -30,12 +32,6 @@ struct State<K> {
     closed: bool,
 }
 
-impl<K: Clone + Eq + Hash> Default for WorkQueue<K> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl<K: Clone + Eq + Hash> WorkQueue<K> {
     pub fn new() -> Self {
         Self {
@@ -49,25 +45,18 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
-        // A panic while holding this lock cannot leave the maps inconsistent (every update is a single
-        // insert or remove), so a poisoned lock is safe to keep using.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Schedules `key` now.
     pub fn add(&self, key: K) {
-        self.add_at(key, Instant::now());
+        self.add_after(key, Duration::ZERO);
     }
 
     /// Schedules `key` after `delay` (or earlier, if it is already due earlier).
     pub fn add_after(&self, key: K, delay: Duration) {
-        self.add_at(key, Instant::now() + delay);
-    }
-
-    pub fn add_at(&self, key: K, due: Instant) {
+        let due = Instant::now() + delay;
         {
-            let mut s = self.lock();
+            // A panic while holding this lock cannot leave the maps inconsistent (every update is
+            // a single insert or remove), so a poisoned lock is safe to keep using.
+            let mut s = entry(&self.state);
             if s.closed {
                 return;
             }
@@ -91,7 +80,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let wake_at = {
-                let mut s = self.lock();
+                let mut s = entry(&self.state);
                 if s.closed {
                     return None;
                 }
@@ -126,7 +115,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     /// Releases a key a worker got from [`WorkQueue::next`]; an add that arrived meanwhile takes effect.
     pub fn done(&self, key: &K) {
         {
-            let mut s = self.lock();
+            let mut s = entry(&self.state);
             s.active.remove(key);
             if let Some(due) = s.again.remove(key) {
                 s.waiting
@@ -140,18 +129,14 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
 
     /// Wakes every waiting worker with `None`; pending keys are dropped.
     pub fn close(&self) {
-        self.lock().closed = true;
+        entry(&self.state).closed = true;
         self.changed.notify_waiters();
     }
 
     /// Keys waiting or active (for metrics and tests).
     pub fn len(&self) -> usize {
-        let s = self.lock();
+        let s = entry(&self.state);
         s.waiting.len() + s.active.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
