@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 use crate::omni::resources::Kind;
 use crate::omni::state::{StateClient, StateError, Typed};
+use crate::pipeline::ledgers::entry;
 
 pub struct WriteCache<K: Kind> {
     kind: K,
@@ -39,25 +40,18 @@ impl<K: Kind> WriteCache<K> {
 
     /// The copy of `id` this process wrote last, if it remembers one.
     pub fn last_written(&self, id: &str) -> Option<Typed<K::Spec>> {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned()
+        entry(&self.last).get(id).cloned()
     }
 
     fn remember(&self, id: &str, resource: &Typed<K::Spec>) {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_owned(), resource.clone());
+        entry(&self.last).insert(id.to_owned(), resource.clone());
     }
 
     /// A newer version of a resource this process wrote, as a watch delivered it (Omni's
     /// controllers add their finalizers right after our create): remembered instead, so the next
     /// update carries the version Omni holds and costs one call, not a refused update and a read.
     pub fn observe(&self, resource: Typed<K::Spec>) {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = entry(&self.last);
         let version = |r: &Typed<K::Spec>| r.metadata.version.parse::<u64>().unwrap_or(0);
         if let Some(known) = last.get_mut(resource.id())
             && version(&resource) > version(known)
@@ -67,10 +61,7 @@ impl<K: Kind> WriteCache<K> {
     }
 
     pub fn forget(&self, id: &str) {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        entry(&self.last).remove(id);
     }
 
     /// Like [`StateClient::modify`] (creates when missing, skips unchanged writes), starting from the

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::pipeline::ledgers::entry;
 use crate::proxmox::types::NodeName;
 
 /// Where a request's Proxmox work goes.
@@ -67,15 +68,6 @@ impl Lanes {
         }
     }
 
-    /// A slot in `lane` if one is free now.
-    pub fn try_enter(&self, lane: Lane) -> Option<Slot> {
-        let permit = self.semaphore(&lane).try_acquire_owned().ok()?;
-        Some(Slot {
-            lane,
-            _permit: Some(permit),
-        })
-    }
-
     /// Moves `held` to `lane`: kept when it is there already, else given back first (a request
     /// never holds two slots, so two requests cannot wait on each other) and a slot in `lane` taken.
     /// `before_waiting` runs when no slot is free at once, before the wait.
@@ -89,19 +81,21 @@ impl Lanes {
             return;
         }
         *held = None;
-        *held = Some(match self.try_enter(lane.clone()) {
-            Some(slot) => slot,
-            None => {
+        let permit = match self.semaphore(&lane).try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
                 before_waiting();
-                self.enter(lane).await
+                self.semaphore(&lane).acquire_owned().await.ok()
             }
+        };
+        *held = Some(Slot {
+            lane,
+            _permit: permit,
         });
     }
 
     fn semaphore(&self, lane: &Lane) -> Arc<Semaphore> {
-        self.lanes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        entry(&self.lanes)
             .entry(lane.clone())
             .or_insert_with(|| Arc::new(Semaphore::new(self.per_lane)))
             .clone()
