@@ -122,7 +122,7 @@ impl Context {
         }))
         .await
         .map(|_| ())
-        .map_err(ReconcileError::omni("writing the machine request status"))
+        .map_err(error_policy::omni("writing the machine request status"))
     }
 
     /// Shows a failure in the status as the error policy words it. Best effort: the retry comes
@@ -181,7 +181,7 @@ impl Context {
         self.state
             .find(&self.machine_kind(), id)
             .await
-            .map_err(ReconcileError::omni("reading the provider state"))
+            .map_err(error_policy::omni("reading the provider state"))
     }
 
     /// The Image Factory Omni uses for `talos_version` when it names one

@@ -52,12 +52,11 @@ pub enum ReconcileError {
     Panicked(crate::contain::Panic),
 }
 
-impl ReconcileError {
-    pub fn omni(doing: &'static str) -> impl FnOnce(StateError) -> ReconcileError {
-        move |source| ReconcileError::Omni {
-            doing,
-            source: Box::new(source),
-        }
+/// A failed call to Omni while `doing`, for `map_err`.
+pub fn omni(doing: &'static str) -> impl FnOnce(StateError) -> ReconcileError {
+    move |source| ReconcileError::Omni {
+        doing,
+        source: Box::new(source),
     }
 }
 
@@ -316,7 +315,7 @@ mod tests {
     }
 
     fn omni(source: StateError) -> ReconcileError {
-        ReconcileError::omni("recording the provider state")(source)
+        super::omni("recording the provider state")(source)
     }
 
     fn what() -> ResourceRef {

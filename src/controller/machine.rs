@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use super::context::Context;
-use super::error_policy::{ReconcileError, error_policy};
+use super::error_policy::{ReconcileError, error_policy, omni};
 use super::outputs::OutputOf;
 use super::requests::{Request, RequestQueueEvent};
 use super::runner::{Action, Reconcile};
@@ -154,7 +154,7 @@ async fn reconcile(
             .state
             .find(&MachineRequest, id)
             .await
-            .map_err(ReconcileError::omni("reading the machine request"))?
+            .map_err(omni("reading the machine request"))?
             .map(Arc::new),
     };
     let Some(request) = request else {

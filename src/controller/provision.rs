@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use tracing::Instrument;
 
 use super::context::{self, Context};
-use super::error_policy::ReconcileError;
+use super::error_policy::{ReconcileError, omni};
 use super::lanes::Lane;
 use super::progress::{Phase, StateStore, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
@@ -42,10 +42,6 @@ use crate::rules::provider_data::{ProviderData, describe, needs_release_check, r
 
 /// How long a step may work without saying what it does before its bare line is written.
 const SILENT_STEP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
-
-fn omni(doing: &'static str) -> impl FnOnce(crate::omni::state::StateError) -> ReconcileError {
-    ReconcileError::omni(doing)
-}
 
 /// Applies `request`; a failure is shown in its status before it goes to the error policy.
 pub async fn apply(ctx: &Context, request: &Request) -> Result<Action, ReconcileError> {
