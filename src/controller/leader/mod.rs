@@ -73,7 +73,7 @@ impl Election {
         metrics: Arc<Metrics>,
     ) -> (Self, watch::Receiver<Role>) {
         let me = Holder::this_process();
-        let claim = claim.map_or_else(LocalClaim::none, |path| LocalClaim::take(path, &me));
+        let claim = claim.map_or_else(LocalClaim::default, |path| LocalClaim::take(path, &me));
         fence.shut_now();
         metrics.set_leader(false);
         let (role, rx) = watch::channel(Role::Standby);
@@ -152,9 +152,10 @@ impl Election {
             Ok(outcome) => outcome,
             Err(_) => Err(format!("no answer from Omni within {budget:?}")),
         };
+        self.metrics.omni_reachable(outcome.is_ok());
         match outcome {
             Ok(held) => {
-                self.omni_reached(None);
+                self.reachable = true;
                 if held {
                     self.renewed_at = Some(sent);
                     self.fence.open_until(sent + self.timings.renew_deadline);
@@ -164,7 +165,11 @@ impl Election {
                     self.lose(&format!("the lease is held by {holder}"));
                 }
             }
-            Err(e) => self.omni_reached(Some(e)),
+            // A streak of failures is logged once.
+            Err(e) if std::mem::replace(&mut self.reachable, false) => {
+                tracing::warn!(error = %e, "cannot read or renew the leader lease");
+            }
+            Err(_) => {}
         }
         if self.is_leader() && self.deadline().is_none_or(|d| Instant::now() >= d) {
             self.lose(&format!(
@@ -215,7 +220,11 @@ impl Election {
         );
         let written = match (&attempt, current) {
             (Attempt::Wait, _) => {
-                self.announce_holder();
+                let holder = self.last_holder();
+                if holder != self.announced {
+                    tracing::info!(%holder, "standing by: another replica holds the leader lease");
+                    self.announced = holder;
+                }
                 return Ok(false);
             }
             (Attempt::Create, _) | (_, None) => {
@@ -234,7 +243,9 @@ impl Election {
         match written {
             Ok(stored) => {
                 if let Some(how) = how_acquired(&attempt) {
-                    self.announce_acquired(how);
+                    let from = self.last_holder();
+                    tracing::info!(holder = %self.me.id(), previous = %from, "acquired the leader lease: {how}");
+                    self.announced = self.me.id();
                 }
                 self.saw(stored, now);
                 Ok(true)
@@ -282,32 +293,6 @@ impl Election {
             .map(|l| l.spec.holder.clone())
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "nobody".to_owned())
-    }
-
-    fn announce_holder(&mut self) {
-        let holder = self.last_holder();
-        if holder != self.announced {
-            tracing::info!(%holder, "standing by: another replica holds the leader lease");
-            self.announced = holder;
-        }
-    }
-
-    fn announce_acquired(&mut self, how: &str) {
-        let from = self.last_holder();
-        tracing::info!(holder = %self.me.id(), previous = %from, "acquired the leader lease: {how}");
-        self.announced = self.me.id();
-    }
-
-    fn omni_reached(&mut self, error: Option<String>) {
-        self.metrics.omni_reachable(error.is_none());
-        match error {
-            None => self.reachable = true,
-            Some(e) => {
-                if std::mem::replace(&mut self.reachable, false) {
-                    tracing::warn!(error = %e, "cannot read or renew the leader lease");
-                }
-            }
-        }
     }
 
     fn set_role(&mut self, role: Role) {
