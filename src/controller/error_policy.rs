@@ -47,6 +47,9 @@ pub enum ReconcileError {
     Join(#[from] JoinError),
     #[error("deprovisioning: {0}")]
     Deprovision(#[from] Box<DeprovisionError>),
+    /// The cluster listing a housekeeping round reads.
+    #[error("listing the Proxmox cluster: {0}")]
+    Listing(#[from] ProxmoxError),
     /// The reconcile panicked: a bug of ours, contained to this request.
     #[error("{0}")]
     Panicked(crate::contain::Panic),
@@ -77,16 +80,6 @@ pub struct Report {
     pub error: String,
 }
 
-/// The policy's answer for one failure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
-    pub kind: ErrorKind,
-    pub retry_after: Duration,
-    /// `None`: the status is left alone (the failure was talking to Omni itself, where a status write
-    /// would fail the same way).
-    pub report: Option<Report>,
-}
-
 /// First retry after a transient failure; doubles per consecutive failure up to
 /// [`TRANSIENT_MAX`].
 const TRANSIENT_FIRST: Duration = Duration::from_secs(1);
@@ -97,14 +90,10 @@ const WAITING_MAX: Duration = Duration::from_secs(120);
 /// Long enough not to matter to Proxmox or Omni, short enough that a fix is noticed within minutes.
 const NEEDS_HUMAN: Duration = Duration::from_secs(300);
 
-/// The policy. `attempt` counts this request's consecutive failures, this one included (1 = first).
-pub fn error_policy(error: &ReconcileError, attempt: u32) -> Verdict {
-    let kind = kind(error);
-    Verdict {
-        kind,
-        retry_after: retry_after(kind, attempt),
-        report: report(error),
-    }
+/// When to try again. `attempt` counts this request's consecutive failures, this one included
+/// (1 = first). What the status says meanwhile is [`report`]'s.
+pub fn error_policy(error: &ReconcileError, attempt: u32) -> Duration {
+    retry_after(kind(error), attempt)
 }
 
 pub fn retry_after(kind: ErrorKind, attempt: u32) -> Duration {
@@ -121,7 +110,8 @@ pub fn retry_after(kind: ErrorKind, attempt: u32) -> Duration {
 }
 
 /// What the status says after `error`; the same whatever the attempt, so a failure repeating itself
-/// costs no status write.
+/// costs no status write. `None`: the status is left alone (the failure was talking to Omni
+/// itself, where a status write would fail the same way).
 pub fn report(error: &ReconcileError) -> Option<Report> {
     let kind = kind(error);
     let (doing, text): (&str, String) = match error {
@@ -143,6 +133,7 @@ pub fn report(error: &ReconcileError) -> Option<Report> {
         ReconcileError::Step { step, source } => (step.name(), source.to_string()),
         ReconcileError::Refused { doing, problem } => (doing, problem.clone()),
         ReconcileError::Join(e) => ("building the join configuration", e.to_string()),
+        ReconcileError::Listing(e) => ("listing the Proxmox cluster", e.to_string()),
         ReconcileError::Omni { .. } => return None,
         // The stage is left as it is: a bug is neither the request's failure nor the cluster's,
         // and a request being torn down has no stage to show.
@@ -199,6 +190,7 @@ pub fn kind(error: &ReconcileError) -> ErrorKind {
         }
         ReconcileError::Omni { source, .. } => omni_kind(source),
         ReconcileError::Deprovision(e) => deprovision_kind(e),
+        ReconcileError::Listing(e) => proxmox_kind(e),
     }
 }
 
@@ -609,12 +601,12 @@ mod tests {
             status,
         } in table
         {
-            let verdict = error_policy(&error, 1);
-            assert_eq!(verdict.kind, kind, "{error}");
-            assert!(first.contains(&verdict.retry_after), "{error}: {verdict:?}");
-            let later = error_policy(&error, 10).retry_after;
+            assert_eq!(super::kind(&error), kind, "{error}");
+            let soon = error_policy(&error, 1);
+            assert!(first.contains(&soon), "{error}: {soon:?}");
+            let later = error_policy(&error, 10);
             assert!(tenth.contains(&later), "{error}: {later:?}");
-            match verdict.report {
+            match report(&error) {
                 None => assert!(stage.is_none() && status.is_empty(), "{error}: no report"),
                 Some(report) => {
                     assert_eq!(report.stage, stage, "{error}");

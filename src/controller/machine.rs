@@ -110,7 +110,7 @@ impl Reconcile for Context {
     }
 
     fn error_policy(&self, error: &ReconcileError, attempt: u32) -> Duration {
-        error_policy(error, attempt).retry_after
+        error_policy(error, attempt)
     }
 
     fn queue_depth(&self, depth: usize) {
