@@ -179,80 +179,75 @@ impl Election {
         }
     }
 
-    /// One look: renew what this replica holds, or read the lease and act as [`decide`] says.
-    /// `Ok(true)` while this replica holds the lease.
+    /// One look: read the lease and act as [`decide`] says. A leader renews from its own last
+    /// write without reading first; should someone have written since (a conflict), it reads the
+    /// lease and decides again. `Ok(true)` while this replica holds the lease.
     async fn try_acquire_or_renew(
         &mut self,
         now: Instant,
-        delivered: Option<Typed<LeaseSpec>>,
+        mut delivered: Option<Typed<LeaseSpec>>,
     ) -> Result<bool, String> {
-        if self.is_leader()
-            && let Some(mine) = self.last.clone().filter(|l| l.spec.holder == self.me.id())
-        {
-            let mut next = mine;
-            next.spec.renew_time_ms = unix_ms();
-            match self.state.update(&self.kind, &next, OWNER, None).await {
+        let mut from_last_write = self.is_leader();
+        loop {
+            let mine =
+                (self.last.clone()).filter(|l| from_last_write && l.spec.holder == self.me.id());
+            from_last_write = mine.is_some();
+            let current = match mine.or_else(|| delivered.take()) {
+                Some(lease) => Some(lease),
+                None => self
+                    .state
+                    .find(&self.kind, ProviderLease::ID)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            };
+            if let Some(current) = &current {
+                self.saw(current.clone(), now);
+            }
+            let attempt = decide(
+                current.as_ref().map(|c| &c.spec),
+                &self.me.id(),
+                self.claim.predecessor.as_deref(),
+                now.saturating_duration_since(self.seen_at),
+            );
+            let written = match (&attempt, current) {
+                (Attempt::Wait, _) => {
+                    let holder = self.last_holder();
+                    if holder != self.announced {
+                        tracing::info!(%holder, "standing by: another replica holds the leader lease");
+                        self.announced = holder;
+                    }
+                    return Ok(false);
+                }
+                (Attempt::Create, _) | (_, None) => {
+                    let spec = self.record(None, true);
+                    self.state
+                        .create(&self.kind, ProviderLease::ID, &spec, BTreeMap::new(), OWNER)
+                        .await
+                }
+                (Attempt::Renew | Attempt::Take(_), Some(current)) => {
+                    let taking = attempt != Attempt::Renew;
+                    let mut next = current.clone();
+                    next.spec = self.record(Some(&current.spec), taking);
+                    self.state.update(&self.kind, &next, OWNER, None).await
+                }
+            };
+            match written {
                 Ok(stored) => {
+                    if let Some(how) = how_acquired(&attempt) {
+                        let from = self.last_holder();
+                        tracing::info!(holder = %self.me.id(), previous = %from, "acquired the leader lease: {how}");
+                        self.announced = self.me.id();
+                    }
                     self.saw(stored, now);
                     return Ok(true);
                 }
-                // Someone wrote since: read it and decide below.
-                Err(e) if e.is_conflict() => {}
+                Err(e) if e.is_conflict() && std::mem::take(&mut from_last_write) => {}
+                // Another replica wrote first: it won this round.
+                Err(e) if e.is_conflict() || matches!(e, StateError::AlreadyExists { .. }) => {
+                    return Ok(false);
+                }
                 Err(e) => return Err(e.to_string()),
             }
-        }
-        let current = match delivered {
-            Some(lease) => Some(lease),
-            None => self
-                .state
-                .find(&self.kind, ProviderLease::ID)
-                .await
-                .map_err(|e| e.to_string())?,
-        };
-        if let Some(current) = &current {
-            self.saw(current.clone(), now);
-        }
-        let attempt = decide(
-            current.as_ref().map(|c| &c.spec),
-            &self.me.id(),
-            self.claim.predecessor.as_deref(),
-            now.saturating_duration_since(self.seen_at),
-        );
-        let written = match (&attempt, current) {
-            (Attempt::Wait, _) => {
-                let holder = self.last_holder();
-                if holder != self.announced {
-                    tracing::info!(%holder, "standing by: another replica holds the leader lease");
-                    self.announced = holder;
-                }
-                return Ok(false);
-            }
-            (Attempt::Create, _) | (_, None) => {
-                let spec = self.record(None, true);
-                self.state
-                    .create(&self.kind, ProviderLease::ID, &spec, BTreeMap::new(), OWNER)
-                    .await
-            }
-            (Attempt::Renew | Attempt::Take(_), Some(current)) => {
-                let taking = attempt != Attempt::Renew;
-                let mut next = current.clone();
-                next.spec = self.record(Some(&current.spec), taking);
-                self.state.update(&self.kind, &next, OWNER, None).await
-            }
-        };
-        match written {
-            Ok(stored) => {
-                if let Some(how) = how_acquired(&attempt) {
-                    let from = self.last_holder();
-                    tracing::info!(holder = %self.me.id(), previous = %from, "acquired the leader lease: {how}");
-                    self.announced = self.me.id();
-                }
-                self.saw(stored, now);
-                Ok(true)
-            }
-            // Another replica wrote first: it won this round.
-            Err(e) if e.is_conflict() || matches!(e, StateError::AlreadyExists { .. }) => Ok(false),
-            Err(e) => Err(e.to_string()),
         }
     }
 
