@@ -114,68 +114,57 @@ pub fn retry_after(kind: ErrorKind, attempt: u32) -> Duration {
 /// itself, where a status write would fail the same way).
 pub fn report(error: &ReconcileError) -> Option<Report> {
     let kind = kind(error);
-    let (doing, text): (&str, String) = match error {
+    let failed_in = |doing: &str| match kind {
+        ErrorKind::Transient => (Some(Stage::Failed), format!("Failed in {doing}; retrying")),
+        ErrorKind::WaitingOnCluster => (
+            Some(Stage::Provisioning),
+            format!("Waiting in {doing} for the cluster; retrying until it is back"),
+        ),
+        ErrorKind::NeedsHuman => (
+            Some(Stage::Failed),
+            format!(
+                "Failed in {doing}; needs attention, retrying every 5 minutes and when the request changes"
+            ),
+        ),
+    };
+    let ((stage, status), text) = match error {
+        ReconcileError::Omni { .. } => return None,
         // FAILED, as the request cannot go on by itself, but retried at the waiting pace: a machine
         // on the pool going away heals it without anyone touching the request.
         ReconcileError::Step {
             step,
             source: StepError::PoolFull(_),
         } => {
-            return Some(Report {
-                stage: Some(Stage::Failed),
-                status: format!(
-                    "Failed in {}: IP pool full; retrying until an address frees up",
-                    step.name()
-                ),
-                error: error.to_string(),
-            });
+            let status = format!(
+                "Failed in {}: IP pool full; retrying until an address frees up",
+                step.name()
+            );
+            ((Some(Stage::Failed), status), error.to_string())
         }
-        ReconcileError::Step { step, source } => (step.name(), source.to_string()),
-        ReconcileError::Refused { doing, problem } => (doing, problem.clone()),
-        ReconcileError::Join(e) => ("building the join configuration", e.to_string()),
-        ReconcileError::Listing(e) => ("listing the Proxmox cluster", e.to_string()),
-        ReconcileError::Omni { .. } => return None,
+        ReconcileError::Step { step, source } => (failed_in(step.name()), source.to_string()),
+        ReconcileError::Refused { doing, problem } => (failed_in(doing), problem.clone()),
+        ReconcileError::Join(e) => (failed_in("building the join configuration"), e.to_string()),
+        ReconcileError::Listing(e) => (failed_in("listing the Proxmox cluster"), e.to_string()),
         // The stage is left as it is: a bug is neither the request's failure nor the cluster's,
         // and a request being torn down has no stage to show.
         ReconcileError::Panicked(panic) => {
-            return Some(Report {
-                stage: None,
-                status: "Internal error; retrying every 5 minutes and when the request changes"
-                    .into(),
-                error: panic.to_string(),
-            });
+            let status = "Internal error; retrying every 5 minutes and when the request changes";
+            ((None, status.to_owned()), panic.to_string())
         }
         ReconcileError::Deprovision(_) => {
-            return Some(Report {
-                stage: None,
-                status: match kind {
-                    ErrorKind::Transient => "Deprovisioning: retrying".into(),
-                    ErrorKind::WaitingOnCluster => {
-                        "Deprovisioning: waiting for the cluster; retrying until it is back".into()
-                    }
-                    ErrorKind::NeedsHuman => {
-                        "Deprovisioning: needs attention; retrying every 5 minutes".into()
-                    }
-                },
-                error: error.to_string(),
-            });
+            let status = match kind {
+                ErrorKind::Transient => "retrying",
+                ErrorKind::WaitingOnCluster => "waiting for the cluster; retrying until it is back",
+                ErrorKind::NeedsHuman => "needs attention; retrying every 5 minutes",
+            };
+            (
+                (None, format!("Deprovisioning: {status}")),
+                error.to_string(),
+            )
         }
     };
-    let (stage, status) = match kind {
-        ErrorKind::Transient => (Stage::Failed, format!("Failed in {doing}; retrying")),
-        ErrorKind::WaitingOnCluster => (
-            Stage::Provisioning,
-            format!("Waiting in {doing} for the cluster; retrying until it is back"),
-        ),
-        ErrorKind::NeedsHuman => (
-            Stage::Failed,
-            format!(
-                "Failed in {doing}; needs attention, retrying every 5 minutes and when the request changes"
-            ),
-        ),
-    };
     Some(Report {
-        stage: Some(stage),
+        stage,
         status,
         error: text,
     })
