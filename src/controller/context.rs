@@ -62,13 +62,13 @@ pub const DEFAULT_CONCURRENCY: usize = 4;
 impl Context {
     pub fn new(services: Arc<Services>, state: StateClient, join_mode: JoinMode) -> Self {
         let owner = provision_controller_name(&services.provider_id);
-        let machines = WriteCache::new(ProviderMachine::new(&services.provider_id));
+        let machines = WriteCache::new(ProviderMachine::new(&services.provider_id), false);
         Self {
             services,
             state,
             join_mode,
             owner,
-            statuses: Arc::new(WriteCache::new(MachineRequestStatus).omni_adds_finalizers()),
+            statuses: Arc::new(WriteCache::new(MachineRequestStatus, true)),
             machines,
             finalized: Mutex::new(HashSet::new()),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
@@ -182,6 +182,15 @@ impl Context {
             .find(&self.machine_kind(), id)
             .await
             .map_err(error_policy::omni("reading the provider state"))
+    }
+
+    /// Every provider state of ours, as Omni has it.
+    pub async fn machine_states(&self) -> Result<Vec<(String, MachineState)>, StateError> {
+        let machines = self.state.list(&self.machine_kind(), vec![]).await?;
+        Ok(machines
+            .iter()
+            .map(|m| (m.id().to_owned(), MachineState::from_spec(&m.spec)))
+            .collect())
     }
 
     /// The Image Factory Omni uses for `talos_version` when it names one

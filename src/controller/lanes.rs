@@ -56,12 +56,19 @@ impl Lanes {
         }
     }
 
-    /// Waits for a slot in `lane`; first come, first served.
-    pub async fn enter(&self, lane: Lane) -> Slot {
+    /// Waits for a slot in `lane`; first come, first served. `before_waiting` runs when no slot is
+    /// free at once, before the wait.
+    pub async fn enter(&self, lane: Lane, before_waiting: impl FnOnce()) -> Slot {
         let semaphore = self.semaphore(&lane);
         // The semaphores are never closed, so the acquire cannot fail; were it to, the request
         // would go ahead without a slot rather than stop.
-        let permit = semaphore.acquire_owned().await.ok();
+        let permit = match semaphore.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                before_waiting();
+                semaphore.acquire_owned().await.ok()
+            }
+        };
         Slot {
             lane,
             _permit: permit,
@@ -70,7 +77,6 @@ impl Lanes {
 
     /// Moves `held` to `lane`: kept when it is there already, else given back first (a request
     /// never holds two slots, so two requests cannot wait on each other) and a slot in `lane` taken.
-    /// `before_waiting` runs when no slot is free at once, before the wait.
     pub async fn keep_or_enter(
         &self,
         held: &mut Option<Slot>,
@@ -81,17 +87,7 @@ impl Lanes {
             return;
         }
         *held = None;
-        let permit = match self.semaphore(&lane).try_acquire_owned() {
-            Ok(permit) => Some(permit),
-            Err(_) => {
-                before_waiting();
-                self.semaphore(&lane).acquire_owned().await.ok()
-            }
-        };
-        *held = Some(Slot {
-            lane,
-            _permit: permit,
-        });
+        *held = Some(self.enter(lane, before_waiting).await);
     }
 
     fn semaphore(&self, lane: &Lane) -> Arc<Semaphore> {
@@ -112,7 +108,7 @@ mod tests {
     }
 
     async fn enters_soon(lanes: &Lanes, lane: Lane) -> Option<Slot> {
-        tokio::time::timeout(Duration::from_millis(50), lanes.enter(lane))
+        tokio::time::timeout(Duration::from_millis(50), lanes.enter(lane, || {}))
             .await
             .ok()
     }
@@ -121,8 +117,8 @@ mod tests {
     async fn a_node_with_every_slot_taken_does_not_hold_up_the_others() {
         let lanes = Lanes::new(2);
         let busy = [
-            lanes.enter(node("pve1")).await,
-            lanes.enter(node("pve1")).await,
+            lanes.enter(node("pve1"), || {}).await,
+            lanes.enter(node("pve1"), || {}).await,
         ];
         assert!(enters_soon(&lanes, node("pve1")).await.is_none());
         let other = enters_soon(&lanes, node("pve2")).await;
@@ -156,7 +152,7 @@ mod tests {
     #[tokio::test]
     async fn what_must_not_be_held_through_a_wait_is_let_go_before_it() {
         let lanes = Arc::new(Lanes::new(1));
-        let busy = lanes.enter(node("pve1")).await;
+        let busy = lanes.enter(node("pve1"), || {}).await;
         let waiting = {
             let lanes = lanes.clone();
             tokio::spawn(async move {

@@ -73,8 +73,8 @@ impl Reconcile for Context {
 
     fn dangling_keys(&self) -> BoxFuture<'_, Vec<String>> {
         Box::pin(async move {
-            match self.state.list(&self.machine_kind(), vec![]).await {
-                Ok(machines) => machines.iter().map(|m| m.id().to_owned()).collect(),
+            match self.machine_states().await {
+                Ok(machines) => machines.into_iter().map(|(id, _)| id).collect(),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot list provider state; orphaned state is cleaned up when its request is seen");
                     Vec::new()

@@ -265,20 +265,15 @@ impl Provisioning<'_> {
         let data = services
             .provider_data(info, node)
             .map_err(|source| ReconcileError::Step { step, source })?;
-        let mut progress = StatusSink::new(
-            self.ctx,
-            self.id,
-            &self.labels,
-            Phase::Step {
-                step,
-                warnings: warnings_text(&data.warnings),
-            },
-        );
-        if state.vmid.is_some() {
-            // Status `id` = SMBIOS UUID (Omni links the machine by it), label `infra-id` = VMID,
-            // written with the first line of the step after the VM came to exist.
-            progress = progress.with_vm(text(&state.uuid), with_infra_id(&self.labels, state));
-        }
+        // Status `id` = SMBIOS UUID (Omni links the machine by it), label `infra-id` = VMID,
+        // written with the first line of the step after the VM came to exist.
+        let (labels, machine_id) = match state.vmid {
+            Some(_) => (with_infra_id(&self.labels, state), Some(text(&state.uuid))),
+            None => (self.labels.clone(), None),
+        };
+        let warnings = warnings_text(&data.warnings);
+        let phase = Phase::Step { step, warnings };
+        let progress = StatusSink::new(self.ctx, self.id, labels, machine_id, phase);
         let mut step_ctx = StepContext {
             services,
             request: info,

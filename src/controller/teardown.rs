@@ -158,7 +158,7 @@ async fn remove_vm_and_state(
         return Ok(());
     };
     // The node the VM was recorded on: a slow node holds up only the teardowns of its own VMs.
-    let slot = ctx.lanes.enter(Lane::of(state.node.as_ref())).await;
+    let slot = ctx.lanes.enter(Lane::of(state.node.as_ref()), || {}).await;
     // On the heap while it runs, as the provisioning steps are: a teardown waiting for a slot
     // weighs little.
     let deprovisioned = Box::pin(deprovision_vm(ctx, id, &state, status_labels)).await;
@@ -282,7 +282,7 @@ async fn show_progress(
     let Some(labels) = status_labels else {
         return;
     };
-    let sink = StatusSink::new(ctx, id, labels, Phase::Deprovisioning);
+    let sink = StatusSink::new(ctx, id, labels.clone(), None, Phase::Deprovisioning);
     let sink = &sink;
     show_while_slow(&mut texts, PROGRESS_EVERY, |text| async move {
         sink.show(&text).await;

@@ -195,12 +195,10 @@ async fn wanted_for_live(
     live: &[&Request],
 ) -> Result<BTreeMap<String, Wanted>, ReconcileError> {
     let states: BTreeMap<String, MachineState> = ctx
-        .state
-        .list(&ctx.machine_kind(), Vec::new())
+        .machine_states()
         .await
         .map_err(omni("listing the provider states"))?
         .into_iter()
-        .map(|m| (m.metadata.id.clone(), MachineState::from_spec(&m.spec)))
         .collect();
     let vms: Vec<VmResource> = ctx.services.pve.vms().await?;
     // Without the region this round writes nothing: a patch without it would be rewritten with it
