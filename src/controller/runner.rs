@@ -170,15 +170,10 @@ impl<R: Reconcile> Controller<R> {
     /// reconciled meanwhile would be reconciled twice, and after a restart with a thousand machines
     /// that is a thousand reconciles more.
     async fn enqueue_dangling(&self) {
-        let keys = self.reconciler.dangling_keys().await;
-        let delivered = entry(&self.delivered);
-        let gone: Vec<String> = keys
-            .into_iter()
-            .filter(|id| !delivered.contains_key(id))
-            .collect();
-        drop(delivered);
-        for id in gone {
-            self.queue.add(id);
+        for id in self.reconciler.dangling_keys().await {
+            if !entry(&self.delivered).contains_key(&id) {
+                self.queue.add(id);
+            }
         }
     }
 

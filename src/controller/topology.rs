@@ -128,13 +128,9 @@ pub fn wanted(
 
 /// Labels a machine just provisioned on `node`: its patch, without waiting for the next round.
 pub async fn label(ctx: &Context, request_id: &str, node: &str) -> Result<(), ReconcileError> {
-    let region = region(ctx).await?;
-    let yaml = patch_yaml(node, region.as_deref());
-    let change = Change::Write {
-        request_id: request_id.to_owned(),
-        yaml,
-    };
-    apply(ctx, &change).await
+    let yaml = patch_yaml(node, region(ctx).await?.as_deref());
+    let request_id = request_id.to_owned();
+    apply(ctx, &Change::Write { request_id, yaml }).await
 }
 
 /// The Proxmox cluster's name, for the `region` label.

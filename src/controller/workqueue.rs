@@ -23,12 +23,11 @@ pub struct WorkQueue<K> {
 }
 
 struct State<K> {
-    /// Keys waiting, with the instant they become due.
+    /// Keys waiting, with the instant they become due; one that is also active is due again once
+    /// its reconcile ends.
     waiting: HashMap<K, Instant>,
     /// Keys a worker holds right now.
     active: HashSet<K>,
-    /// Keys added while active: due again when their reconcile ends.
-    again: HashMap<K, Instant>,
     closed: bool,
 }
 
@@ -38,7 +37,6 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             state: Mutex::new(State {
                 waiting: HashMap::new(),
                 active: HashSet::new(),
-                again: HashMap::new(),
                 closed: false,
             }),
             changed: Notify::new(),
@@ -60,12 +58,8 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             if s.closed {
                 return;
             }
-            let slot = if s.active.contains(&key) {
-                &mut s.again
-            } else {
-                &mut s.waiting
-            };
-            slot.entry(key)
+            s.waiting
+                .entry(key)
                 .and_modify(|d| *d = (*d).min(due))
                 .or_insert(due);
         }
@@ -88,6 +82,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                 let earliest = s
                     .waiting
                     .iter()
+                    .filter(|(k, _)| !s.active.contains(*k))
                     .min_by_key(|(_, due)| **due)
                     .map(|(k, due)| (k.clone(), *due));
                 match earliest {
@@ -114,16 +109,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
 
     /// Releases a key a worker got from [`WorkQueue::next`]; an add that arrived meanwhile takes effect.
     pub fn done(&self, key: &K) {
-        {
-            let mut s = entry(&self.state);
-            s.active.remove(key);
-            if let Some(due) = s.again.remove(key) {
-                s.waiting
-                    .entry(key.clone())
-                    .and_modify(|d| *d = (*d).min(due))
-                    .or_insert(due);
-            }
-        }
+        entry(&self.state).active.remove(key);
         self.changed.notify_waiters();
     }
 
@@ -136,7 +122,8 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     /// Keys waiting or active (for metrics and tests).
     pub fn len(&self) -> usize {
         let s = entry(&self.state);
-        s.waiting.len() + s.active.len()
+        let waiting_only = s.waiting.keys().filter(|k| !s.active.contains(*k));
+        waiting_only.count() + s.active.len()
     }
 }
 
