@@ -10,54 +10,43 @@ use std::sync::Mutex;
 
 use crate::omni::resources::Kind;
 use crate::omni::state::{StateClient, StateError, Typed};
+use crate::pipeline::ledgers::entry;
 
 pub struct WriteCache<K: Kind> {
     kind: K,
     last: Mutex<HashMap<String, Typed<K::Spec>>>,
-    /// Omni's controllers put a finalizer on every resource of this kind right after its creation,
-    /// so the created version is outdated at once (see [`Self::omni_adds_finalizers`]).
+    /// Omni's controllers put a finalizer on every resource of this kind right after its creation
+    /// (MachineRequestStatus: siderolabs/omni `machine_request_cleanup.go`), so the created
+    /// version is outdated at once: it is not remembered, since an update with it would only be
+    /// refused; the next write reads the resource first, unless the watch delivered the newer
+    /// version meanwhile ([`Self::observe`]).
     omni_adds_finalizers: bool,
 }
 
 impl<K: Kind> WriteCache<K> {
-    pub fn new(kind: K) -> Self {
+    /// `omni_adds_finalizers`: see the field.
+    pub fn new(kind: K, omni_adds_finalizers: bool) -> Self {
         Self {
             kind,
             last: Mutex::new(HashMap::new()),
-            omni_adds_finalizers: false,
+            omni_adds_finalizers,
         }
-    }
-
-    /// For a kind Omni's controllers put a finalizer on as soon as it exists (MachineRequestStatus:
-    /// siderolabs/omni `machine_request_cleanup.go`): the created version is not remembered, since
-    /// an update with it would only be refused; the next write reads the resource first, unless
-    /// the watch delivered the newer version meanwhile ([`Self::observe`]).
-    pub fn omni_adds_finalizers(mut self) -> Self {
-        self.omni_adds_finalizers = true;
-        self
     }
 
     /// The copy of `id` this process wrote last, if it remembers one.
     pub fn last_written(&self, id: &str) -> Option<Typed<K::Spec>> {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned()
+        entry(&self.last).get(id).cloned()
     }
 
     fn remember(&self, id: &str, resource: &Typed<K::Spec>) {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_owned(), resource.clone());
+        entry(&self.last).insert(id.to_owned(), resource.clone());
     }
 
     /// A newer version of a resource this process wrote, as a watch delivered it (Omni's
     /// controllers add their finalizers right after our create): remembered instead, so the next
     /// update carries the version Omni holds and costs one call, not a refused update and a read.
     pub fn observe(&self, resource: Typed<K::Spec>) {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = entry(&self.last);
         let version = |r: &Typed<K::Spec>| r.metadata.version.parse::<u64>().unwrap_or(0);
         if let Some(known) = last.get_mut(resource.id())
             && version(&resource) > version(known)
@@ -67,10 +56,7 @@ impl<K: Kind> WriteCache<K> {
     }
 
     pub fn forget(&self, id: &str) {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        entry(&self.last).remove(id);
     }
 
     /// Like [`StateClient::modify`] (creates when missing, skips unchanged writes), starting from the
@@ -130,7 +116,7 @@ mod tests {
 
     #[test]
     fn a_newer_version_from_the_watch_replaces_what_we_wrote_and_an_older_one_does_not() {
-        let cache = WriteCache::new(MachineRequestStatus);
+        let cache = WriteCache::new(MachineRequestStatus, true);
         cache.observe(status("9", "never written by us"));
         assert!(
             cache.last_written("r1").is_none(),

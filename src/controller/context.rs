@@ -21,6 +21,7 @@ use crate::omni::resources::provision_controller_name;
 use crate::omni::resources::{MachineRequestStatus, ProviderMachine, annotation};
 use crate::omni::state::{StateClient, StateError, Typed};
 use crate::pipeline::image_factory;
+use crate::pipeline::ledgers::entry;
 use crate::pipeline::step::{Services, Step};
 
 pub struct Context {
@@ -61,13 +62,13 @@ pub const DEFAULT_CONCURRENCY: usize = 4;
 impl Context {
     pub fn new(services: Arc<Services>, state: StateClient, join_mode: JoinMode) -> Self {
         let owner = provision_controller_name(&services.provider_id);
-        let machines = WriteCache::new(ProviderMachine::new(&services.provider_id));
+        let machines = WriteCache::new(ProviderMachine::new(&services.provider_id), false);
         Self {
             services,
             state,
             join_mode,
             owner,
-            statuses: Arc::new(WriteCache::new(MachineRequestStatus).omni_adds_finalizers()),
+            statuses: Arc::new(WriteCache::new(MachineRequestStatus, true)),
             machines,
             finalized: Mutex::new(HashSet::new()),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
@@ -97,16 +98,12 @@ impl Context {
     /// the delivered copy can be behind on is our own write, the finalizer, and a copy without our
     /// finalizer after we added it is older than that write.
     pub fn is_current(&self, delivered: &Request) -> bool {
-        let we_added = self.finalized_set().contains(delivered.id());
+        let we_added = entry(&self.finalized).contains(delivered.id());
         delivered_is_current(delivered, &self.owner, we_added)
     }
 
     pub fn finalizer_added(&self, id: &str) {
-        self.finalized_set().insert(id.to_owned());
-    }
-
-    fn finalized_set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.finalized.lock().unwrap_or_else(|p| p.into_inner())
+        entry(&self.finalized).insert(id.to_owned());
     }
 
     /// Modifies the status (creating it with the request's labels); labels we add are kept.
@@ -125,7 +122,7 @@ impl Context {
         }))
         .await
         .map(|_| ())
-        .map_err(ReconcileError::omni("writing the machine request status"))
+        .map_err(error_policy::omni("writing the machine request status"))
     }
 
     /// Shows a failure in the status as the error policy words it. Best effort: the retry comes
@@ -184,16 +181,22 @@ impl Context {
         self.state
             .find(&self.machine_kind(), id)
             .await
-            .map_err(ReconcileError::omni("reading the provider state"))
+            .map_err(error_policy::omni("reading the provider state"))
+    }
+
+    /// Every provider state of ours, as Omni has it.
+    pub async fn machine_states(&self) -> Result<Vec<(String, MachineState)>, StateError> {
+        let machines = self.state.list(&self.machine_kind(), vec![]).await?;
+        Ok(machines
+            .iter()
+            .map(|m| (m.id().to_owned(), MachineState::from_spec(&m.spec)))
+            .collect())
     }
 
     /// The Image Factory Omni uses for `talos_version` when it names one
     /// ([`image_factory::factory_for_version`]), read at most every ten minutes per version.
     pub async fn talos_factory(&self, talos_version: &str) -> Option<String> {
-        let cached = self
-            .talos_factories
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let cached = entry(&self.talos_factories)
             .get(talos_version)
             .filter(|(_, read)| read.elapsed() < TALOS_FACTORY_TTL)
             .map(|(factory, _)| factory.clone());
@@ -201,35 +204,27 @@ impl Context {
             return factory;
         }
         let factory = image_factory::factory_for_version(&self.state, talos_version).await;
-        self.talos_factories
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        entry(&self.talos_factories)
             .insert(talos_version.to_owned(), (factory.clone(), Instant::now()));
         factory
     }
 
-    /// Drops in-memory bookkeeping for a request that is gone.
     /// The teardown of `id` is finished: its status, provider state and our finalizer are gone.
     pub fn torn_down(&self, id: &str) {
         self.forget(id);
-        self.torn_down
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_owned());
+        entry(&self.torn_down).insert(id.to_owned());
     }
 
     /// Whether this process finished the teardown of `id` (asked once, when the request is gone).
     pub fn take_torn_down(&self, id: &str) -> bool {
-        self.torn_down
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id)
+        entry(&self.torn_down).remove(id)
     }
 
+    /// Drops in-memory bookkeeping for a request that is gone.
     pub fn forget(&self, id: &str) {
         self.statuses.forget(id);
         self.machines.forget(id);
-        self.finalized_set().remove(id);
+        entry(&self.finalized).remove(id);
         self.services.ledgers.placements.release(id);
     }
 }

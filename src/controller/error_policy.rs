@@ -47,17 +47,19 @@ pub enum ReconcileError {
     Join(#[from] JoinError),
     #[error("deprovisioning: {0}")]
     Deprovision(#[from] Box<DeprovisionError>),
+    /// The cluster listing a housekeeping round reads.
+    #[error("listing the Proxmox cluster: {0}")]
+    Listing(#[from] ProxmoxError),
     /// The reconcile panicked: a bug of ours, contained to this request.
     #[error("{0}")]
     Panicked(crate::contain::Panic),
 }
 
-impl ReconcileError {
-    pub fn omni(doing: &'static str) -> impl FnOnce(StateError) -> ReconcileError {
-        move |source| ReconcileError::Omni {
-            doing,
-            source: Box::new(source),
-        }
+/// A failed call to Omni while `doing`, for `map_err`.
+pub fn omni(doing: &'static str) -> impl FnOnce(StateError) -> ReconcileError {
+    move |source| ReconcileError::Omni {
+        doing,
+        source: Box::new(source),
     }
 }
 
@@ -78,16 +80,6 @@ pub struct Report {
     pub error: String,
 }
 
-/// The policy's answer for one failure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
-    pub kind: ErrorKind,
-    pub retry_after: Duration,
-    /// `None`: the status is left alone (the failure was talking to Omni itself, where a status write
-    /// would fail the same way).
-    pub report: Option<Report>,
-}
-
 /// First retry after a transient failure; doubles per consecutive failure up to
 /// [`TRANSIENT_MAX`].
 const TRANSIENT_FIRST: Duration = Duration::from_secs(1);
@@ -98,14 +90,10 @@ const WAITING_MAX: Duration = Duration::from_secs(120);
 /// Long enough not to matter to Proxmox or Omni, short enough that a fix is noticed within minutes.
 const NEEDS_HUMAN: Duration = Duration::from_secs(300);
 
-/// The policy. `attempt` counts this request's consecutive failures, this one included (1 = first).
-pub fn error_policy(error: &ReconcileError, attempt: u32) -> Verdict {
-    let kind = kind(error);
-    Verdict {
-        kind,
-        retry_after: retry_after(kind, attempt),
-        report: report(error),
-    }
+/// When to try again. `attempt` counts this request's consecutive failures, this one included
+/// (1 = first). What the status says meanwhile is [`report`]'s.
+pub fn error_policy(error: &ReconcileError, attempt: u32) -> Duration {
+    retry_after(kind(error), attempt)
 }
 
 pub fn retry_after(kind: ErrorKind, attempt: u32) -> Duration {
@@ -122,70 +110,61 @@ pub fn retry_after(kind: ErrorKind, attempt: u32) -> Duration {
 }
 
 /// What the status says after `error`; the same whatever the attempt, so a failure repeating itself
-/// costs no status write.
+/// costs no status write. `None`: the status is left alone (the failure was talking to Omni
+/// itself, where a status write would fail the same way).
 pub fn report(error: &ReconcileError) -> Option<Report> {
     let kind = kind(error);
-    let (doing, text): (&str, String) = match error {
+    let failed_in = |doing: &str| match kind {
+        ErrorKind::Transient => (Some(Stage::Failed), format!("Failed in {doing}; retrying")),
+        ErrorKind::WaitingOnCluster => (
+            Some(Stage::Provisioning),
+            format!("Waiting in {doing} for the cluster; retrying until it is back"),
+        ),
+        ErrorKind::NeedsHuman => (
+            Some(Stage::Failed),
+            format!(
+                "Failed in {doing}; needs attention, retrying every 5 minutes and when the request changes"
+            ),
+        ),
+    };
+    let ((stage, status), text) = match error {
+        ReconcileError::Omni { .. } => return None,
         // FAILED, as the request cannot go on by itself, but retried at the waiting pace: a machine
         // on the pool going away heals it without anyone touching the request.
         ReconcileError::Step {
             step,
             source: StepError::PoolFull(_),
         } => {
-            return Some(Report {
-                stage: Some(Stage::Failed),
-                status: format!(
-                    "Failed in {}: IP pool full; retrying until an address frees up",
-                    step.as_str()
-                ),
-                error: error.to_string(),
-            });
+            let status = format!(
+                "Failed in {}: IP pool full; retrying until an address frees up",
+                step.as_str()
+            );
+            ((Some(Stage::Failed), status), error.to_string())
         }
-        ReconcileError::Step { step, source } => (step.as_str(), source.to_string()),
-        ReconcileError::Refused { doing, problem } => (doing, problem.clone()),
-        ReconcileError::Join(e) => ("building the join configuration", e.to_string()),
-        ReconcileError::Omni { .. } => return None,
+        ReconcileError::Step { step, source } => (failed_in(step.as_str()), source.to_string()),
+        ReconcileError::Refused { doing, problem } => (failed_in(doing), problem.clone()),
+        ReconcileError::Join(e) => (failed_in("building the join configuration"), e.to_string()),
+        ReconcileError::Listing(e) => (failed_in("listing the Proxmox cluster"), e.to_string()),
         // The stage is left as it is: a bug is neither the request's failure nor the cluster's,
         // and a request being torn down has no stage to show.
         ReconcileError::Panicked(panic) => {
-            return Some(Report {
-                stage: None,
-                status: "Internal error; retrying every 5 minutes and when the request changes"
-                    .into(),
-                error: panic.to_string(),
-            });
+            let status = "Internal error; retrying every 5 minutes and when the request changes";
+            ((None, status.to_owned()), panic.to_string())
         }
         ReconcileError::Deprovision(_) => {
-            return Some(Report {
-                stage: None,
-                status: match kind {
-                    ErrorKind::Transient => "Deprovisioning: retrying".into(),
-                    ErrorKind::WaitingOnCluster => {
-                        "Deprovisioning: waiting for the cluster; retrying until it is back".into()
-                    }
-                    ErrorKind::NeedsHuman => {
-                        "Deprovisioning: needs attention; retrying every 5 minutes".into()
-                    }
-                },
-                error: error.to_string(),
-            });
+            let status = match kind {
+                ErrorKind::Transient => "retrying",
+                ErrorKind::WaitingOnCluster => "waiting for the cluster; retrying until it is back",
+                ErrorKind::NeedsHuman => "needs attention; retrying every 5 minutes",
+            };
+            (
+                (None, format!("Deprovisioning: {status}")),
+                error.to_string(),
+            )
         }
     };
-    let (stage, status) = match kind {
-        ErrorKind::Transient => (Stage::Failed, format!("Failed in {doing}; retrying")),
-        ErrorKind::WaitingOnCluster => (
-            Stage::Provisioning,
-            format!("Waiting in {doing} for the cluster; retrying until it is back"),
-        ),
-        ErrorKind::NeedsHuman => (
-            Stage::Failed,
-            format!(
-                "Failed in {doing}; needs attention, retrying every 5 minutes and when the request changes"
-            ),
-        ),
-    };
     Some(Report {
-        stage: Some(stage),
+        stage,
         status,
         error: text,
     })
@@ -200,6 +179,7 @@ pub fn kind(error: &ReconcileError) -> ErrorKind {
         }
         ReconcileError::Omni { source, .. } => omni_kind(source),
         ReconcileError::Deprovision(e) => deprovision_kind(e),
+        ReconcileError::Listing(e) => proxmox_kind(e),
     }
 }
 
@@ -316,7 +296,7 @@ mod tests {
     }
 
     fn omni(source: StateError) -> ReconcileError {
-        ReconcileError::omni("recording the provider state")(source)
+        super::omni("recording the provider state")(source)
     }
 
     fn what() -> ResourceRef {
@@ -610,12 +590,12 @@ mod tests {
             status,
         } in table
         {
-            let verdict = error_policy(&error, 1);
-            assert_eq!(verdict.kind, kind, "{error}");
-            assert!(first.contains(&verdict.retry_after), "{error}: {verdict:?}");
-            let later = error_policy(&error, 10).retry_after;
+            assert_eq!(super::kind(&error), kind, "{error}");
+            let soon = error_policy(&error, 1);
+            assert!(first.contains(&soon), "{error}: {soon:?}");
+            let later = error_policy(&error, 10);
             assert!(tenth.contains(&later), "{error}: {later:?}");
-            match verdict.report {
+            match report(&error) {
                 None => assert!(stage.is_none() && status.is_empty(), "{error}: no report"),
                 Some(report) => {
                     assert_eq!(report.stage, stage, "{error}");

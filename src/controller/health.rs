@@ -21,11 +21,6 @@ use crate::omni::state::{StateClient, StateError};
 pub type HealthCheck =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Option<String>> + Send>> + Send + Sync>;
 
-/// A check that always reports healthy.
-pub fn always_healthy() -> HealthCheck {
-    Arc::new(|| Box::pin(async { None }))
-}
-
 /// Builds a [`HealthCheck`] from an async closure.
 pub fn health_check<F, Fut>(f: F) -> HealthCheck
 where

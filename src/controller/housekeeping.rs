@@ -9,12 +9,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::context::Context;
-use super::error_policy::ReconcileError;
-use super::teardown::teardown_error;
+use super::error_policy::{ReconcileError, omni};
 use crate::model::identity;
 use crate::omni::resources::MachineRequest;
 use crate::pipeline::deprovision::{
-    DeprovisionError, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget,
+    DeprovisionError, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned,
     deprovision_reporting,
 };
 use crate::proxmox::types::VmResource;
@@ -108,15 +107,7 @@ async fn retry_leftovers(
     released: &DeprovisionTarget,
 ) -> Result<(), ReconcileError> {
     let id = released.request_id.as_str();
-    let progress = |text: &str| tracing::info!(request = %id, "{text}");
-    let done = deprovision_reporting(
-        &ctx.services.pve,
-        released,
-        &DeprovisionOptions::default(),
-        &progress,
-    )
-    .await
-    .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
+    let done = deprovision_logged(ctx, released).await?;
     if done.leftover_seed_iso.is_none() && !done.leftover_pool {
         tracing::info!(request = %id, "what the teardown left behind is deleted now");
         ctx.services.ledgers.releases.complete(id);
@@ -135,7 +126,7 @@ async fn delete_late_vms(
         .state
         .find(&MachineRequest, id)
         .await
-        .map_err(|e| teardown_error("looking for the released machine request", e))?;
+        .map_err(omni("looking for the released machine request"))?;
     if back.is_some() {
         // The same ID was requested again: its own reconcile adopts or replaces the VM.
         ctx.services.ledgers.releases.forget(id);
@@ -150,15 +141,7 @@ async fn delete_late_vms(
             seed_iso_volume: None,
             ..released.clone()
         };
-        let progress = |text: &str| tracing::info!(request = %id, "{text}");
-        let done = deprovision_reporting(
-            &ctx.services.pve,
-            &target,
-            &DeprovisionOptions::default(),
-            &progress,
-        )
-        .await
-        .map_err(|e| ReconcileError::Deprovision(Box::new(e)))?;
+        let done = deprovision_logged(ctx, &target).await?;
         if let Some(pool) = &target.set_pool {
             ctx.services.ledgers.pools.forget(pool.as_str());
         }
@@ -167,4 +150,16 @@ async fn delete_late_vms(
         }
     }
     Ok(())
+}
+
+/// Deprovisions `target`, its progress only logged: no status is left to show it.
+async fn deprovision_logged(
+    ctx: &Context,
+    target: &DeprovisionTarget,
+) -> Result<Deprovisioned, ReconcileError> {
+    let progress = |text: &str| tracing::info!(request = %target.request_id, "{text}");
+    let options = DeprovisionOptions::default();
+    deprovision_reporting(&ctx.services.pve, target, &options, &progress)
+        .await
+        .map_err(|e| ReconcileError::Deprovision(Box::new(e)))
 }

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::pipeline::ledgers::entry;
 use crate::proxmox::types::NodeName;
 
 /// Where a request's Proxmox work goes.
@@ -55,30 +56,27 @@ impl Lanes {
         }
     }
 
-    /// Waits for a slot in `lane`; first come, first served.
-    pub async fn enter(&self, lane: Lane) -> Slot {
+    /// Waits for a slot in `lane`; first come, first served. `before_waiting` runs when no slot is
+    /// free at once, before the wait.
+    pub async fn enter(&self, lane: Lane, before_waiting: impl FnOnce()) -> Slot {
         let semaphore = self.semaphore(&lane);
         // The semaphores are never closed, so the acquire cannot fail; were it to, the request
         // would go ahead without a slot rather than stop.
-        let permit = semaphore.acquire_owned().await.ok();
+        let permit = match semaphore.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                before_waiting();
+                semaphore.acquire_owned().await.ok()
+            }
+        };
         Slot {
             lane,
             _permit: permit,
         }
     }
 
-    /// A slot in `lane` if one is free now.
-    pub fn try_enter(&self, lane: Lane) -> Option<Slot> {
-        let permit = self.semaphore(&lane).try_acquire_owned().ok()?;
-        Some(Slot {
-            lane,
-            _permit: Some(permit),
-        })
-    }
-
     /// Moves `held` to `lane`: kept when it is there already, else given back first (a request
     /// never holds two slots, so two requests cannot wait on each other) and a slot in `lane` taken.
-    /// `before_waiting` runs when no slot is free at once, before the wait.
     pub async fn keep_or_enter(
         &self,
         held: &mut Option<Slot>,
@@ -89,19 +87,11 @@ impl Lanes {
             return;
         }
         *held = None;
-        *held = Some(match self.try_enter(lane.clone()) {
-            Some(slot) => slot,
-            None => {
-                before_waiting();
-                self.enter(lane).await
-            }
-        });
+        *held = Some(self.enter(lane, before_waiting).await);
     }
 
     fn semaphore(&self, lane: &Lane) -> Arc<Semaphore> {
-        self.lanes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        entry(&self.lanes)
             .entry(lane.clone())
             .or_insert_with(|| Arc::new(Semaphore::new(self.per_lane)))
             .clone()
@@ -118,7 +108,7 @@ mod tests {
     }
 
     async fn enters_soon(lanes: &Lanes, lane: Lane) -> Option<Slot> {
-        tokio::time::timeout(Duration::from_millis(50), lanes.enter(lane))
+        tokio::time::timeout(Duration::from_millis(50), lanes.enter(lane, || {}))
             .await
             .ok()
     }
@@ -127,8 +117,8 @@ mod tests {
     async fn a_node_with_every_slot_taken_does_not_hold_up_the_others() {
         let lanes = Lanes::new(2);
         let busy = [
-            lanes.enter(node("pve1")).await,
-            lanes.enter(node("pve1")).await,
+            lanes.enter(node("pve1"), || {}).await,
+            lanes.enter(node("pve1"), || {}).await,
         ];
         assert!(enters_soon(&lanes, node("pve1")).await.is_none());
         let other = enters_soon(&lanes, node("pve2")).await;
@@ -162,7 +152,7 @@ mod tests {
     #[tokio::test]
     async fn what_must_not_be_held_through_a_wait_is_let_go_before_it() {
         let lanes = Arc::new(Lanes::new(1));
-        let busy = lanes.enter(node("pve1")).await;
+        let busy = lanes.enter(node("pve1"), || {}).await;
         let waiting = {
             let lanes = lanes.clone();
             tokio::spawn(async move {

@@ -9,52 +9,59 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use super::context::Context;
-use super::error_policy::{ReconcileError, error_policy};
-use super::requests::{self, OutputEvent, Request, RequestQueueEvent};
+use super::error_policy::{ReconcileError, error_policy, omni};
+use super::outputs::OutputOf;
+use super::requests::{Request, RequestQueueEvent};
 use super::runner::{Action, Reconcile};
 use super::{provision, teardown};
 use crate::contain::Panic;
-use crate::omni::resources::{MachineRequest, label};
-use crate::omni::state::Typed;
+use crate::omni::resources::{
+    ConfigPatchRequest, Kind, MachineRequest, MachineRequestStatus, label,
+};
+use crate::omni::state::{LabelSelector, StateError, Typed, WatchEvent};
+use tokio::sync::mpsc;
 
 impl Reconcile for Context {
     type Error = ReconcileError;
 
     /// The MachineRequest watch, with [`RequestQueueEvent::Retry`] for the requests waiting on a
     /// full IP pool each time this process frees an address, and for a teardown each time Omni
-    /// lets go of what it tore down.
-    fn watch(&self) -> tokio::sync::mpsc::Receiver<RequestQueueEvent> {
-        let mut watched = requests::watch(&self.state, self.provider_id());
-        let mut released =
-            requests::watch_released_outputs(&self.state, self.provider_id(), self.outputs.clone());
-        let services = self.services.clone();
-        let statuses = self.statuses.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(256);
+    /// lets go of what it tore down: our MachineRequestStatuses (its cleanup controller) and
+    /// ConfigPatchRequests (its config-patch controller), whose watch keeps [`Context::outputs`] up
+    /// to date (docs/omni-protocol.md §3.6) and hands every updated status to the write cache. A
+    /// teardown waits for this instead of asking Omni again and again; it only looks again on its
+    /// own after [`super::outputs::WAIT_FOR_OMNI`], in case an event was lost. Dropping the
+    /// receiver stops the watches.
+    fn watch(&self) -> mpsc::Receiver<RequestQueueEvent> {
+        let mut requests = watch_ours(self, &MachineRequest);
+        let mut statuses = watch_ours(self, &MachineRequestStatus);
+        let mut patches = watch_ours(self, &ConfigPatchRequest);
+        let (services, outputs) = (self.services.clone(), self.outputs.clone());
+        let written = self.statuses.clone();
+        let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             loop {
-                let event = tokio::select! {
-                    event = watched.recv() => match event {
-                        Some(event) => vec![event],
+                let events = tokio::select! {
+                    event = requests.recv() => match event {
+                        Some(event) => vec![event.into()],
                         None => return,
                     },
-                    Some(output) = released.recv() => match output {
-                        OutputEvent::Released(id) => vec![RequestQueueEvent::Retry { id }],
-                        OutputEvent::StatusSeen(status) => {
-                            if let Ok(status) = Typed::decode(*status) {
-                                statuses.observe(status);
-                            }
-                            Vec::new()
+                    Some(Ok(event)) = statuses.recv() => {
+                        let released = outputs.observe(OutputOf::Status, &event);
+                        if let WatchEvent::Updated(status) = event
+                            && let Ok(status) = Typed::decode(status)
+                        {
+                            written.observe(status);
                         }
-                    },
-                    () = services.ledgers.ip.freed() => services
-                        .ledgers
-                        .ip
-                        .take_waiting()
-                        .into_iter()
-                        .map(|id| RequestQueueEvent::Retry { id })
-                        .collect(),
+                        retry(released)
+                    }
+                    Some(Ok(event)) = patches.recv() => {
+                        retry(outputs.observe(OutputOf::PatchRequest, &event))
+                    }
+                    () = services.ledgers.ip.freed() => retry(services.ledgers.ip.take_waiting()),
+                    () = tx.closed() => return,
                 };
-                for event in event {
+                for event in events {
                     if tx.send(event).await.is_err() {
                         return;
                     }
@@ -66,8 +73,8 @@ impl Reconcile for Context {
 
     fn dangling_keys(&self) -> BoxFuture<'_, Vec<String>> {
         Box::pin(async move {
-            match self.state.list(&self.machine_kind(), vec![]).await {
-                Ok(machines) => machines.iter().map(|m| m.id().to_owned()).collect(),
+            match self.machine_states().await {
+                Ok(machines) => machines.into_iter().map(|(id, _)| id).collect(),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot list provider state; orphaned state is cleaned up when its request is seen");
                     Vec::new()
@@ -103,7 +110,7 @@ impl Reconcile for Context {
     }
 
     fn error_policy(&self, error: &ReconcileError, attempt: u32) -> Duration {
-        error_policy(error, attempt).retry_after
+        error_policy(error, attempt)
     }
 
     fn queue_depth(&self, depth: usize) {
@@ -112,6 +119,19 @@ impl Reconcile for Context {
             .requests_in_flight
             .set(i64::try_from(depth).unwrap_or(i64::MAX));
     }
+}
+
+/// The resources of `kind` labelled with our provider ID, as they change.
+fn watch_ours<K: Kind>(ctx: &Context, kind: &K) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
+    let ours = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, ctx.provider_id());
+    ctx.state
+        .watch_kind(&kind.namespace(), &kind.resource_type(), vec![ours])
+}
+
+fn retry(ids: impl IntoIterator<Item = String>) -> Vec<RequestQueueEvent> {
+    ids.into_iter()
+        .map(|id| RequestQueueEvent::Retry { id })
+        .collect()
 }
 
 async fn reconcile(
@@ -134,7 +154,7 @@ async fn reconcile(
             .state
             .find(&MachineRequest, id)
             .await
-            .map_err(ReconcileError::omni("reading the machine request"))?
+            .map_err(omni("reading the machine request"))?
             .map(Arc::new),
     };
     let Some(request) = request else {

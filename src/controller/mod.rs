@@ -32,7 +32,7 @@ pub mod requests;
 pub mod runner;
 pub mod teardown;
 pub mod topology;
-pub mod workqueue;
+mod workqueue;
 
 use crate::omni::join::JoinMode;
 use crate::omni::resources::{PROVIDER_JOIN_CONFIG_DEFINITION_ID, ResourceDefinition};

@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 use crate::omni::proto::cosi::resource::Resource;
 use crate::omni::resources::{PHASE_TEARING_DOWN, label};
 use crate::omni::state::WatchEvent;
+use crate::pipeline::ledgers::entry;
 
 /// How long to wait before looking again on our own while Omni still holds a finalizer on
 /// something we tore down. The wait normally ends earlier, when the watch of our outputs sees the
-/// finalizer go ([`super::requests::watch_released_outputs`]); this only bounds a lost event. A
+/// finalizer go (the watch in [`super::machine`]); this only bounds a lost event. A
 /// drain of a thousand machines so costs Omni no call per machine while it lasts.
 pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(60);
 
@@ -56,7 +57,7 @@ impl Hold {
 }
 
 /// Which output a watch event is about, and so how it names its machine request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OutputOf {
     /// The status has the request's ID.
     Status,
@@ -74,9 +75,8 @@ struct Seen {
 struct Known {
     /// The patch watch has listed every patch request: one missing here does not exist.
     patches_listed: bool,
-    /// Patch request ID → (its machine request, where it stands).
-    patches: HashMap<String, (String, Seen)>,
-    statuses: HashMap<String, Seen>,
+    /// (what, its ID) → (its machine request, where it stands).
+    outputs: HashMap<(OutputOf, String), (String, Seen)>,
 }
 
 /// The outputs of every request, as the watch of our outputs shows them.
@@ -94,56 +94,39 @@ impl Outputs {
         }
     }
 
-    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
-        self.known.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Takes in one event of the watch of `of`; returns the machine request whose teardown may go
     /// on because an output of it is released now.
     pub fn observe(&self, of: OutputOf, event: &WatchEvent) -> Option<String> {
-        let mut known = self.known();
-        let now = Instant::now();
+        let mut known = entry(&self.known);
         match event {
             WatchEvent::Created(r) | WatchEvent::Updated(r) => {
                 let md = r.metadata.as_ref()?;
                 let hold = Hold::of(r)?;
-                let seen = Seen { hold, at: now };
                 let request = match of {
-                    OutputOf::Status => {
-                        known.statuses.insert(md.id.clone(), seen);
-                        md.id.clone()
-                    }
-                    OutputOf::PatchRequest => {
-                        let request = md.labels.get(label::MACHINE_REQUEST)?.clone();
-                        known.patches.insert(md.id.clone(), (request.clone(), seen));
-                        request
-                    }
+                    OutputOf::Status => md.id.clone(),
+                    OutputOf::PatchRequest => md.labels.get(label::MACHINE_REQUEST)?.clone(),
                 };
+                let seen = Seen {
+                    hold,
+                    at: Instant::now(),
+                };
+                known
+                    .outputs
+                    .insert((of, md.id.clone()), (request.clone(), seen));
                 (hold == Hold::Released).then_some(request)
             }
             WatchEvent::Destroyed(r) => {
-                let id = &r.metadata.as_ref()?.id;
-                match of {
-                    OutputOf::Status => known.statuses.remove(id),
-                    OutputOf::PatchRequest => known.patches.remove(id).map(|(_, s)| s),
-                };
+                known.outputs.remove(&(of, r.metadata.as_ref()?.id.clone()));
                 None
             }
             WatchEvent::Bootstrapped => {
-                if let OutputOf::PatchRequest = of {
-                    known.patches_listed = true;
-                }
+                known.patches_listed |= of == OutputOf::PatchRequest;
                 None
             }
             // A fresh listing follows; until it is complete, nothing missing can be trusted.
             WatchEvent::Resync => {
-                match of {
-                    OutputOf::Status => known.statuses.clear(),
-                    OutputOf::PatchRequest => {
-                        known.patches.clear();
-                        known.patches_listed = false;
-                    }
-                }
+                known.outputs.retain(|(what, _), _| *what != of);
+                known.patches_listed &= of != OutputOf::PatchRequest;
                 None
             }
         }
@@ -153,27 +136,25 @@ impl Outputs {
     /// `None` before (the teardown lists them itself). A patch whose news is older than we trust
     /// counts as [`Hold::Live`]: tearing it down again tells where it stands.
     pub fn patches_of(&self, request: &str) -> Option<Vec<(String, Hold)>> {
-        let known = self.known();
+        let known = entry(&self.known);
         if !known.patches_listed {
             return None;
         }
         Some(
             known
-                .patches
+                .outputs
                 .iter()
-                .filter(|(_, (r, _))| r == request)
-                .map(|(id, (_, seen))| (id.clone(), self.trusted(*seen).unwrap_or(Hold::Live)))
+                .filter(|((what, _), (of, _))| *what == OutputOf::PatchRequest && of == request)
+                .map(|((_, id), (_, seen))| (id.clone(), self.trusted(*seen).unwrap_or(Hold::Live)))
                 .collect(),
         )
     }
 
     /// Where the status of `request` stands, if the watch said so recently enough.
     pub fn status(&self, request: &str) -> Option<Hold> {
-        let known = self.known();
-        known
-            .statuses
-            .get(request)
-            .and_then(|seen| self.trusted(*seen))
+        let key = (OutputOf::Status, request.to_owned());
+        let seen = entry(&self.known).outputs.get(&key).map(|(_, seen)| *seen);
+        seen.and_then(|seen| self.trusted(seen))
     }
 
     /// A patch request this process just wrote: a teardown that starts before the watch delivers
@@ -183,24 +164,27 @@ impl Outputs {
             hold: Hold::Live,
             at: Instant::now(),
         };
-        self.known()
-            .patches
-            .entry(patch.to_owned())
+        entry(&self.known)
+            .outputs
+            .entry((OutputOf::PatchRequest, patch.to_owned()))
             .or_insert_with(|| (request.to_owned(), seen));
     }
 
     /// An output this process tore down and found held: a teardown that runs again before the
     /// watch delivers the teardown waits for the release instead of tearing down again. A release
-    /// the watch has already delivered stands.
+    /// the watch has already delivered stands. A patch request not seen is left to the listing.
     pub fn held(&self, of: OutputOf, id: &str) {
         let held = Seen {
             hold: Hold::Held,
             at: Instant::now(),
         };
-        let mut known = self.known();
+        let mut known = entry(&self.known);
+        let key = (of, id.to_owned());
         let seen = match of {
-            OutputOf::Status => Some(known.statuses.entry(id.to_owned()).or_insert(held)),
-            OutputOf::PatchRequest => known.patches.get_mut(id).map(|(_, seen)| seen),
+            OutputOf::Status => {
+                Some(&mut known.outputs.entry(key).or_insert((id.to_owned(), held)).1)
+            }
+            OutputOf::PatchRequest => known.outputs.get_mut(&key).map(|(_, seen)| seen),
         };
         if let Some(seen) = seen.filter(|seen| seen.hold == Hold::Live) {
             *seen = held;
@@ -209,11 +193,7 @@ impl Outputs {
 
     /// An output this process destroyed: gone before its Destroyed event arrives.
     pub fn destroyed(&self, of: OutputOf, id: &str) {
-        let mut known = self.known();
-        match of {
-            OutputOf::Status => known.statuses.remove(id).map(|_| ()),
-            OutputOf::PatchRequest => known.patches.remove(id).map(|_| ()),
-        };
+        entry(&self.known).outputs.remove(&(of, id.to_owned()));
     }
 
     fn trusted(&self, seen: Seen) -> Option<Hold> {

@@ -3,7 +3,6 @@
 //! template 9000 to VM 104 on pve2", "Deprovisioning: shutting down VM 104 on pve2"):
 //! [`StatusSink`]. Its decisions go to the provider state: [`StateStore`].
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -30,10 +29,10 @@ pub enum Phase {
 pub struct StatusSink<'a> {
     ctx: &'a Context,
     id: &'a str,
-    labels: Cow<'a, BTreeMap<String, String>>,
+    labels: BTreeMap<String, String>,
     phase: Phase,
     /// The status `id` (the VM's SMBIOS UUID) every write of this sink sets, once the VM exists, so
-    /// linking the machine costs no write of its own.
+    /// linking the machine costs no write of its own; `labels` then carry `infra-id` too.
     machine_id: Option<String>,
     /// Some text of this sink was written (see [`StatusSink::ensure_shown`]).
     shown: AtomicBool,
@@ -43,25 +42,18 @@ impl<'a> StatusSink<'a> {
     pub fn new(
         ctx: &'a Context,
         id: &'a str,
-        labels: &'a BTreeMap<String, String>,
+        labels: BTreeMap<String, String>,
+        machine_id: Option<String>,
         phase: Phase,
     ) -> Self {
         Self {
             ctx,
             id,
-            labels: Cow::Borrowed(labels),
+            labels,
             phase,
-            machine_id: None,
+            machine_id,
             shown: AtomicBool::new(false),
         }
-    }
-
-    /// Once the VM exists: every write also sets the status `id` (`machine_id`) and these labels
-    /// (the request's plus `infra-id`).
-    pub fn with_vm(mut self, machine_id: String, labels: BTreeMap<String, String>) -> Self {
-        self.machine_id = Some(machine_id);
-        self.labels = Cow::Owned(labels);
-        self
     }
 
     /// Writes the bare line ("Running step 4/6 configure_vm") unless this sink wrote a line already:
@@ -136,17 +128,7 @@ impl StatePort for StateStore<'_> {
     }
 
     fn machine_states(&self) -> BoxFuture<'_, Result<Vec<(String, MachineState)>, StateError>> {
-        Box::pin(async move {
-            let machines = self
-                .ctx
-                .state
-                .list(&self.ctx.machine_kind(), vec![])
-                .await?;
-            Ok(machines
-                .iter()
-                .map(|m| (m.id().to_owned(), MachineState::from_spec(&m.spec)))
-                .collect())
-        })
+        Box::pin(self.ctx.machine_states())
     }
 }
 

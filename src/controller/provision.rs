@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use tracing::Instrument;
 
 use super::context::{self, Context};
-use super::error_policy::ReconcileError;
+use super::error_policy::{ReconcileError, omni};
 use super::lanes::Lane;
 use super::progress::{Phase, StateStore, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
@@ -43,10 +43,6 @@ use crate::rules::provider_data::{ProviderData, describe, needs_release_check, r
 /// How long a step may work without saying what it does before its bare line is written.
 const SILENT_STEP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
-fn omni(doing: &'static str) -> impl FnOnce(crate::omni::state::StateError) -> ReconcileError {
-    ReconcileError::omni(doing)
-}
-
 /// Applies `request`; a failure is shown in its status before it goes to the error policy.
 pub async fn apply(ctx: &Context, request: &Request) -> Result<Action, ReconcileError> {
     let run = Provisioning {
@@ -68,13 +64,14 @@ struct Provisioning<'a> {
     labels: BTreeMap<String, String>,
 }
 
-/// What the steps need, read before the first of them runs.
+/// What the steps need, read before the first of them runs, and the cluster listing they share.
 struct Ready {
     info: RequestInfo,
     join: ConnectionParams,
     state: MachineState,
     /// The index in [`Step::ALL`] of the step to run first.
     start: usize,
+    cluster: Option<Listing>,
 }
 
 impl Provisioning<'_> {
@@ -86,8 +83,7 @@ impl Provisioning<'_> {
         let Some(mut ready) = Box::pin(self.prepare(request)).await? else {
             return Ok(Action::Done);
         };
-        self.run_steps(&ready.info, &ready.join, &mut ready.state, ready.start)
-            .await
+        self.run_steps(&mut ready).await
     }
 
     /// What the steps need, read from Omni: `None` when the request is PROVISIONED already.
@@ -137,6 +133,7 @@ impl Provisioning<'_> {
             join,
             state,
             start,
+            cluster: None,
         }))
     }
 
@@ -176,44 +173,36 @@ impl Provisioning<'_> {
     /// step, its status writes, the end), and a waiting request holds its own state and little
     /// more. Measured in a release build: a reconcile's future is 3.1 KiB like this, 11.7 KiB with
     /// the step and its Omni writes part of it; a thousand requests at once wait.
-    async fn run_steps(
-        &self,
-        info: &RequestInfo,
-        join: &ConnectionParams,
-        state: &mut MachineState,
-        start: usize,
-    ) -> Result<Action, ReconcileError> {
-        let mut cluster: Option<Listing> = None;
+    async fn run_steps(&self, ready: &mut Ready) -> Result<Action, ReconcileError> {
         // A slot in the lane of the node the request is on (placement until it has one), held
         // while it stays there.
         let mut slot = None;
-        for step in &Step::ALL[start.min(Step::ALL.len())..] {
-            let step = *step;
+        for step in &Step::ALL[ready.start.min(Step::ALL.len())..] {
             // A listing kept through a wait for a slot would be stale after it, and a thousand
             // requests waiting would each hold one.
+            let lane = Lane::of(ready.state.node.as_ref());
+            let forget_listing = || ready.cluster = None;
             self.ctx
                 .lanes
-                .keep_or_enter(&mut slot, Lane::of(state.node.as_ref()), || cluster = None)
+                .keep_or_enter(&mut slot, lane, forget_listing)
                 .await;
-            if let Some(action) = Box::pin(self.step(step, info, join, state, &mut cluster)).await?
-            {
+            if let Some(action) = Box::pin(self.step(*step, ready)).await? {
                 return Ok(action);
             }
         }
-        Box::pin(self.finish(info, state)).await
+        // After the last step: the topology labels, then PROVISIONED.
+        Box::pin(async {
+            self.label_topology(&ready.info, &ready.state).await;
+            self.provisioned(&ready.state).await
+        })
+        .await
     }
 
     /// Runs `step` and acts on its outcome: `None` to go on with the next step, else what the
     /// reconcile ends with.
-    async fn step(
-        &self,
-        step: Step,
-        info: &RequestInfo,
-        join: &ConnectionParams,
-        state: &mut MachineState,
-        cluster: &mut Option<Listing>,
-    ) -> Result<Option<Action>, ReconcileError> {
-        let (outcome, progress) = self.run_step(step, info, join, state, cluster).await?;
+    async fn step(&self, step: Step, ready: &mut Ready) -> Result<Option<Action>, ReconcileError> {
+        let (outcome, progress) = self.run_step(step, ready).await?;
+        let state = &mut ready.state;
         match outcome {
             Ok(StepOutcome::Done) => {
                 self.step_done(step, state).await?;
@@ -236,16 +225,6 @@ impl Provisioning<'_> {
                 Err(e)
             }
         }
-    }
-
-    /// After the last step: the topology labels, then PROVISIONED.
-    async fn finish(
-        &self,
-        info: &RequestInfo,
-        state: &MachineState,
-    ) -> Result<Action, ReconcileError> {
-        self.label_topology(info, state).await;
-        self.provisioned(state).await
     }
 
     /// The machine's topology labels (zone = its node), unless its provider data turns them off. A
@@ -272,30 +251,29 @@ impl Provisioning<'_> {
     async fn run_step(
         &self,
         step: Step,
-        info: &RequestInfo,
-        join: &ConnectionParams,
-        state: &mut MachineState,
-        cluster: &mut Option<Listing>,
+        ready: &mut Ready,
     ) -> Result<(Result<StepOutcome, StepError>, StatusSink<'_>), ReconcileError> {
+        let Ready {
+            info,
+            join,
+            state,
+            cluster,
+            ..
+        } = ready;
         let services = &self.ctx.services;
         let node = state.node.as_ref().map(|n| n.as_str());
         let data = services
             .provider_data(info, node)
             .map_err(|source| ReconcileError::Step { step, source })?;
-        let mut progress = StatusSink::new(
-            self.ctx,
-            self.id,
-            &self.labels,
-            Phase::Step {
-                step,
-                warnings: warnings_text(&data.warnings),
-            },
-        );
-        if state.vmid.is_some() {
-            // Status `id` = SMBIOS UUID (Omni links the machine by it), label `infra-id` = VMID,
-            // written with the first line of the step after the VM came to exist.
-            progress = progress.with_vm(text(&state.uuid), with_infra_id(&self.labels, state));
-        }
+        // Status `id` = SMBIOS UUID (Omni links the machine by it), label `infra-id` = VMID,
+        // written with the first line of the step after the VM came to exist.
+        let (labels, machine_id) = match state.vmid {
+            Some(_) => (with_infra_id(&self.labels, state), Some(text(&state.uuid))),
+            None => (self.labels.clone(), None),
+        };
+        let warnings = warnings_text(&data.warnings);
+        let phase = Phase::Step { step, warnings };
+        let progress = StatusSink::new(self.ctx, self.id, labels, machine_id, phase);
         let mut step_ctx = StepContext {
             services,
             request: info,

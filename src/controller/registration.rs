@@ -9,41 +9,36 @@ use crate::omni::state::{StateClient, StateError};
 
 /// Our icon, shipped in the repository.
 pub const ICON_SVG: &str = include_str!("../../assets/icon.svg");
-/// JSON schema of the provider data a machine class may carry.
+/// JSON schema of the provider data a machine class may carry (a test keeps it what the key
+/// declarations generate).
 pub const PROVIDER_DATA_SCHEMA: &str = include_str!("../../schema/provider-data.schema.json");
 
-/// What Omni shows about the provider.
+/// What Omni shows about the provider, as the flags name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderInfo {
     pub id: String,
     pub name: String,
     pub description: String,
-    pub icon_svg: String,
-    pub schema: String,
-    pub version: String,
 }
 
 impl ProviderInfo {
-    /// Our defaults for a provider ID, name and description (the flags' values).
     pub fn new(id: &str, name: &str, description: &str) -> Self {
         Self {
             id: id.to_owned(),
             name: name.to_owned(),
             description: description.to_owned(),
-            icon_svg: ICON_SVG.to_owned(),
-            schema: PROVIDER_DATA_SCHEMA.to_owned(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
         }
     }
 
-    /// The status spec; the icon is unpadded standard base64 like the Go provider's.
+    /// The status spec: with our icon (unpadded standard base64 like the Go provider's), the JSON
+    /// schema of the provider data a machine class may carry, and our version.
     pub fn status_spec(&self) -> InfraProviderStatusSpec {
         InfraProviderStatusSpec {
-            schema: self.schema.clone(),
+            schema: PROVIDER_DATA_SCHEMA.to_owned(),
             name: self.name.clone(),
             description: self.description.clone(),
-            icon: base64::engine::general_purpose::STANDARD_NO_PAD.encode(&self.icon_svg),
-            version: self.version.clone(),
+            icon: base64::engine::general_purpose::STANDARD_NO_PAD.encode(ICON_SVG),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
         }
     }
 }

@@ -4,19 +4,11 @@
 //! collapse into one key, and a re-bootstrap after a lost watch says "everything may have changed".
 //! That is what [`RequestQueueEvent`] carries; the provisioning controller consumes it.
 
-use tokio::sync::mpsc;
-
-use crate::pipeline::step::RequestInfo;
 use crate::rules::schematic::{Overlay, SchematicRequest};
-
 use crate::omni::proto::specs::MachineRequestSpec;
-use std::sync::Arc;
-
-use super::outputs::{OutputOf, Outputs};
-use crate::omni::resources::{
-    ConfigPatchRequest, Kind, MachineRequest, MachineRequestStatus, label,
-};
-use crate::omni::state::{LabelSelector, StateClient, StateError, Typed, WatchEvent};
+use crate::omni::resources::label;
+use crate::omni::state::{StateError, Typed, WatchEvent};
+use crate::pipeline::step::RequestInfo;
 
 /// A MachineRequest as the watch delivers it.
 pub type Request = Typed<MachineRequestSpec>;
@@ -65,97 +57,25 @@ pub enum RequestQueueEvent {
     /// The watch reported an error that needs a human (permission, signature).
     Error(StateError),
     /// Not from the watch: something this process did may let the request go on (an address of
-    /// the IP pool it waits on was freed). Look again now, with a fresh backoff.
+    /// the IP pool it waits on was freed, or Omni let go of what its teardown tore down). Look
+    /// again now, with a fresh backoff.
     Retry { id: String },
 }
 
-/// Watches the MachineRequests labelled with our provider ID. Dropping the receiver stops it.
-pub fn watch(state: &StateClient, provider_id: &str) -> mpsc::Receiver<RequestQueueEvent> {
-    let mut events = state.watch_kind(
-        &MachineRequest.namespace(),
-        &MachineRequest.resource_type(),
-        vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id)],
-    );
-    let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(async move {
-        while let Some(ev) = events.recv().await {
-            let item = match ev {
-                Ok(WatchEvent::Created(r)) | Ok(WatchEvent::Updated(r)) => match Typed::decode(r) {
-                    Ok(t) => RequestQueueEvent::Changed(Box::new(t)),
-                    Err(e) => RequestQueueEvent::Error(e),
-                },
-                Ok(WatchEvent::Destroyed(r)) => RequestQueueEvent::Destroyed {
-                    id: r.metadata.map(|m| m.id).unwrap_or_default(),
-                },
-                Ok(WatchEvent::Bootstrapped) => RequestQueueEvent::Synced,
-                Ok(WatchEvent::Resync) => RequestQueueEvent::Resync,
+impl From<Result<WatchEvent, StateError>> for RequestQueueEvent {
+    /// One event of the MachineRequest watch.
+    fn from(event: Result<WatchEvent, StateError>) -> Self {
+        match event {
+            Ok(WatchEvent::Created(r) | WatchEvent::Updated(r)) => match Typed::decode(r) {
+                Ok(t) => RequestQueueEvent::Changed(Box::new(t)),
                 Err(e) => RequestQueueEvent::Error(e),
-            };
-            if tx.send(item).await.is_err() {
-                return;
-            }
+            },
+            Ok(WatchEvent::Destroyed(r)) => RequestQueueEvent::Destroyed {
+                id: r.metadata.map(|m| m.id).unwrap_or_default(),
+            },
+            Ok(WatchEvent::Bootstrapped) => RequestQueueEvent::Synced,
+            Ok(WatchEvent::Resync) => RequestQueueEvent::Resync,
+            Err(e) => RequestQueueEvent::Error(e),
         }
-    });
-    rx
-}
-
-/// Watches what we tear down and Omni holds with its finalizers: our MachineRequestStatuses (its
-/// cleanup controller) and ConfigPatchRequests (its config-patch controller), keeping `outputs` up
-/// to date. Sends the ID of the machine request whose teardown may go on, each time one of them is
-/// left tearing down with no finalizer (docs/omni-protocol.md §3.6), and every updated status. A
-/// teardown waits for this instead of asking Omni again and again; it only looks again on its own
-/// after [`super::outputs::WAIT_FOR_OMNI`], in case an event was lost. Dropping the receiver stops
-/// both watches.
-pub fn watch_released_outputs(
-    state: &StateClient,
-    provider_id: &str,
-    outputs: Arc<Outputs>,
-) -> mpsc::Receiver<OutputEvent> {
-    let selector = || vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id)];
-    let mut statuses = state.watch_kind(
-        &MachineRequestStatus.namespace(),
-        &MachineRequestStatus.resource_type(),
-        selector(),
-    );
-    let mut patches = state.watch_kind(
-        &ConfigPatchRequest.namespace(),
-        &ConfigPatchRequest.resource_type(),
-        selector(),
-    );
-    let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(async move {
-        loop {
-            let (event, of) = tokio::select! {
-                Some(event) = statuses.recv() => (event, OutputOf::Status),
-                Some(event) = patches.recv() => (event, OutputOf::PatchRequest),
-                () = tx.closed() => return,
-                else => return,
-            };
-            let Ok(event) = event else {
-                continue;
-            };
-            let mut out = Vec::with_capacity(2);
-            if let Some(id) = outputs.observe(of, &event) {
-                out.push(OutputEvent::Released(id));
-            }
-            if let (OutputOf::Status, WatchEvent::Updated(r)) = (of, event) {
-                out.push(OutputEvent::StatusSeen(Box::new(r)));
-            }
-            for item in out {
-                if tx.send(item).await.is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    rx
-}
-
-/// What the watch of our outputs reports.
-#[derive(Debug, Clone)]
-pub enum OutputEvent {
-    /// The teardown of this machine request may go on.
-    Released(String),
-    /// A status of ours changed (by us, or by Omni adding or removing its finalizer).
-    StatusSeen(Box<crate::omni::proto::cosi::resource::Resource>),
+    }
 }

@@ -27,6 +27,7 @@ use tracing::Instrument;
 use super::requests::{Request, RequestQueueEvent};
 use super::workqueue::WorkQueue;
 use crate::contain::{self, Panic};
+use crate::pipeline::ledgers::entry;
 
 /// How long workers may finish their current reconcile at shutdown, by default. Everything is
 /// resumable, so cutting a reconcile short loses nothing but time.
@@ -86,10 +87,6 @@ pub struct Controller<R: Reconcile> {
 }
 
 impl<R: Reconcile> Controller<R> {
-    pub fn new(reconciler: Arc<R>, max_in_flight: usize) -> Arc<Self> {
-        Self::with_shutdown_grace(reconciler, max_in_flight, SHUTDOWN_GRACE)
-    }
-
     /// A controller whose reconciles still running at shutdown get `grace` to finish, and are then
     /// cut short (they resume wherever they stopped, in this process or another).
     pub fn with_shutdown_grace(
@@ -173,15 +170,10 @@ impl<R: Reconcile> Controller<R> {
     /// reconciled meanwhile would be reconciled twice, and after a restart with a thousand machines
     /// that is a thousand reconciles more.
     async fn enqueue_dangling(&self) {
-        let keys = self.reconciler.dangling_keys().await;
-        let delivered = self.delivered_map();
-        let gone: Vec<String> = keys
-            .into_iter()
-            .filter(|id| !delivered.contains_key(id))
-            .collect();
-        drop(delivered);
-        for id in gone {
-            self.queue.add(id);
+        for id in self.reconciler.dangling_keys().await {
+            if !entry(&self.delivered).contains_key(&id) {
+                self.queue.add(id);
+            }
         }
     }
 
@@ -195,7 +187,7 @@ impl<R: Reconcile> Controller<R> {
             // Normally our finalizer kept it until we cleaned up; if it was removed by force, the
             // reconcile finds the provider state without a request and deletes the VM.
             RequestQueueEvent::Destroyed { id } => {
-                self.delivered_map().remove(&id);
+                entry(&self.delivered).remove(&id);
                 self.reset(&id);
                 self.queue.add(id);
             }
@@ -211,7 +203,7 @@ impl<R: Reconcile> Controller<R> {
                 tracing::info!("machine request watch re-established; relisting");
                 // What was delivered before may have been deleted in the gap without an event: until
                 // the listing delivers a request again, reconciles read it from Omni.
-                self.delivered_map().clear();
+                entry(&self.delivered).clear();
                 *relisting = true;
             }
             RequestQueueEvent::Error(e) => tracing::error!(error = %e, "machine request watch"),
@@ -224,7 +216,7 @@ impl<R: Reconcile> Controller<R> {
 
     /// Keeps `request` unless a newer version was delivered already (a relisting racing an update).
     fn remember(&self, request: Arc<Request>) {
-        let mut delivered = self.delivered_map();
+        let mut delivered = entry(&self.delivered);
         let newer_known = delivered
             .get(request.id())
             .is_some_and(|known| version(known) > version(&request));
@@ -233,14 +225,11 @@ impl<R: Reconcile> Controller<R> {
         }
     }
 
-    fn delivered_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Request>>> {
-        self.delivered.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     async fn reconcile_one(&self, id: String) {
-        self.gauge();
+        let depth = || self.reconciler.queue_depth(self.queue.len());
+        depth();
         let span = tracing::info_span!("reconcile", request = %id);
-        let delivered = self.delivered_map().get(&id).cloned();
+        let delivered = entry(&self.delivered).get(&id).cloned();
         // A panic is contained here, so that the key is handed back to the queue like any failure:
         // otherwise the queue would hold it as in progress for ever.
         let result =
@@ -265,23 +254,16 @@ impl<R: Reconcile> Controller<R> {
             }
         }
         self.queue.done(&id);
-        self.gauge();
-    }
-
-    fn gauge(&self) {
-        self.reconciler.queue_depth(self.queue.len());
+        depth();
     }
 
     fn reset(&self, id: &str) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        entry(&self.failures).remove(id);
     }
 
     /// This failure's number in the request's run of consecutive failures (1 = the first).
     fn count_failure(&self, id: &str) -> u32 {
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let mut failures = entry(&self.failures);
         let n = failures.entry(id.to_owned()).or_insert(0);
         *n = n.saturating_add(1);
         *n
@@ -394,7 +376,7 @@ mod tests {
             events: Mutex::new(Some(rx)),
             ..Default::default()
         });
-        let controller = Controller::new(recorder.clone(), 1);
+        let controller = Controller::with_shutdown_grace(recorder.clone(), 1, SHUTDOWN_GRACE);
         // A relisting's older copy arriving after a newer one does not replace it.
         controller.remember(Arc::from(request("3")));
         controller.remember(Arc::from(request("2")));
@@ -432,7 +414,7 @@ mod tests {
             succeed_after: Some(Duration::from_millis(50)),
             ..Default::default()
         });
-        let controller = Controller::new(recorder.clone(), 8);
+        let controller = Controller::with_shutdown_grace(recorder.clone(), 8, SHUTDOWN_GRACE);
         let (stop_tx, stop) = watch::channel(false);
         let running = tokio::spawn(controller.clone().run(stop));
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -465,7 +447,7 @@ mod tests {
             panic_first: true,
             ..Default::default()
         });
-        let controller = Controller::new(recorder.clone(), 8);
+        let controller = Controller::with_shutdown_grace(recorder.clone(), 8, SHUTDOWN_GRACE);
         let (stop_tx, stop) = watch::channel(false);
         let running = tokio::spawn(controller.clone().run(stop));
         tx.send(RequestQueueEvent::Changed(request("1")))

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::context::{self, Context};
-use super::error_policy::ReconcileError;
+use super::error_policy::{ReconcileError, omni};
 use super::lanes::Lane;
 use super::outputs::{Hold, OutputOf, PATCH_RELEASE_WAIT, WAIT_FOR_OMNI};
 use super::progress::{Phase, StatusSink};
@@ -59,20 +59,22 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
                 return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
             }
             Err(e) if e.is_not_found() => false,
-            Err(e) => return Err(teardown_error("tearing down the machine request status", e)),
+            Err(e) => return Err(omni("tearing down the machine request status")(e)),
         },
     };
     let labels = context::labels(request);
     remove_vm_and_state(ctx, id, status_exists.then_some(&labels)).await?;
     if status_exists {
-        destroy(ctx, &status_ref).await?;
+        destroy(ctx, &status_ref)
+            .await
+            .map_err(omni("destroying"))?;
         ctx.outputs.destroyed(OutputOf::Status, id);
     }
     ctx.state
         .remove_finalizer_from(request, &ctx.owner)
         .await
         .or_else(|e| if e.is_not_found() { Ok(()) } else { Err(e) })
-        .map_err(|e| teardown_error("removing our finalizer from the machine request", e))?;
+        .map_err(omni("removing our finalizer from the machine request"))?;
     ctx.torn_down(id);
     ctx.services.metrics.deprovision("success");
     tracing::info!(request = %id, "machine request torn down");
@@ -97,7 +99,7 @@ async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, Reconcil
                 ],
             )
             .await
-            .map_err(|e| teardown_error("listing the config patch requests of the request", e))?
+            .map_err(omni("listing the config patch requests of the request"))?
             .iter()
             .map(|patch| (patch.id().to_owned(), Hold::Live))
             .collect(),
@@ -107,18 +109,17 @@ async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, Reconcil
         let what = ResourceRef::of(&ConfigPatchRequest, &patch);
         let gone = match hold {
             Hold::Held => false,
-            Hold::Released => match ctx.state.destroy(&what, &ctx.owner).await {
+            Hold::Released => match destroy(ctx, &what).await {
                 Ok(()) => true,
-                Err(e) if e.is_not_found() => true,
                 // A finalizer came back: the watch says when it goes.
                 Err(e) if e.is_conflict() => false,
-                Err(e) => return Err(teardown_error("removing a config patch request", e)),
+                Err(e) => return Err(omni("removing a config patch request")(e)),
             },
             Hold::Live => ctx
                 .state
                 .teardown_and_destroy(&what, &ctx.owner, PATCH_RELEASE_WAIT)
                 .await
-                .map_err(|e| teardown_error("removing a config patch request", e))?,
+                .map_err(omni("removing a config patch request"))?,
         };
         if gone {
             ctx.outputs.destroyed(OutputOf::PatchRequest, &patch);
@@ -157,7 +158,7 @@ async fn remove_vm_and_state(
         return Ok(());
     };
     // The node the VM was recorded on: a slow node holds up only the teardowns of its own VMs.
-    let slot = ctx.lanes.enter(Lane::of(state.node.as_ref())).await;
+    let slot = ctx.lanes.enter(Lane::of(state.node.as_ref()), || {}).await;
     // On the heap while it runs, as the provisioning steps are: a teardown waiting for a slot
     // weighs little.
     let deprovisioned = Box::pin(deprovision_vm(ctx, id, &state, status_labels)).await;
@@ -175,17 +176,17 @@ async fn remove_vm_and_state(
     // `internal/backend/runtime/omni/infraprovider/state.go` Destroy adds the provider check): one
     // call. Should something hold it after all, it is torn down and destroyed on a later attempt.
     let machine_ref = ResourceRef::of(&ctx.machine_kind(), id);
-    match ctx.state.destroy(&machine_ref, &ctx.owner).await {
-        Ok(()) => {}
-        Err(e) if e.is_not_found() => {}
+    match destroy(ctx, &machine_ref).await {
         Err(e) if e.is_conflict() => {
             ctx.state
                 .teardown(&machine_ref, &ctx.owner)
                 .await
-                .map_err(|e| teardown_error("tearing down the provider state", e))?;
-            destroy(ctx, &machine_ref).await?;
+                .map_err(omni("tearing down the provider state"))?;
+            destroy(ctx, &machine_ref)
+                .await
+                .map_err(omni("destroying"))?;
         }
-        Err(e) => return Err(teardown_error("destroying the provider state", e)),
+        destroyed => destroyed.map_err(omni("destroying the provider state"))?,
     }
     // Only now, with the VM deleted and the state that recorded them gone, are its static
     // addresses and VMIDs free: a crash before this point leaves them in the state for the next
@@ -277,11 +278,11 @@ async fn show_progress(
     status_labels: Option<&BTreeMap<String, String>>,
     mut texts: tokio::sync::mpsc::UnboundedReceiver<String>,
 ) {
+    // Without a status, the texts are only logged.
     let Some(labels) = status_labels else {
-        while texts.recv().await.is_some() {}
         return;
     };
-    let sink = StatusSink::new(ctx, id, labels, Phase::Deprovisioning);
+    let sink = StatusSink::new(ctx, id, labels.clone(), None, Phase::Deprovisioning);
     let sink = &sink;
     show_while_slow(&mut texts, PROGRESS_EVERY, |text| async move {
         sink.show(&text).await;
@@ -332,16 +333,11 @@ pub fn target(id: &str, provider_id: &str, state: &MachineState) -> DeprovisionT
 }
 
 /// Destroys a torn-down resource; gone already is fine, a finalizer that is still there is retried.
-async fn destroy(ctx: &Context, what: &ResourceRef) -> Result<(), ReconcileError> {
+async fn destroy(ctx: &Context, what: &ResourceRef) -> Result<(), StateError> {
     match ctx.state.destroy(what, &ctx.owner).await {
-        Ok(()) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(teardown_error("destroying", e)),
+        destroyed => destroyed,
     }
-}
-
-pub(super) fn teardown_error(doing: &'static str, e: StateError) -> ReconcileError {
-    ReconcileError::omni(doing)(e)
 }
 
 #[cfg(test)]

@@ -21,12 +21,13 @@
 use std::collections::BTreeMap;
 
 use super::context::Context;
+use super::error_policy::{ReconcileError, omni};
 use super::requests::Request;
 use super::requests::request_info;
 use crate::model::MachineState;
 use crate::model::identity::{self, Claim, ListingVerdict};
 use crate::omni::resources::{ConfigPatchRequest, MachineRequest, label};
-use crate::omni::state::{LabelSelector, ResourceRef, StateError};
+use crate::omni::state::{LabelSelector, ResourceRef};
 use crate::proxmox::types::VmResource;
 
 /// Our patch IDs: `<prefix><request id>`. Omni's patch of the machine is machine-level, and Omni
@@ -126,18 +127,14 @@ pub fn wanted(
 }
 
 /// Labels a machine just provisioned on `node`: its patch, without waiting for the next round.
-pub async fn label(ctx: &Context, request_id: &str, node: &str) -> Result<(), RoundError> {
-    let region = region(ctx).await?;
-    let yaml = patch_yaml(node, region.as_deref());
-    let change = Change::Write {
-        request_id: request_id.to_owned(),
-        yaml,
-    };
-    apply(ctx, &change).await
+pub async fn label(ctx: &Context, request_id: &str, node: &str) -> Result<(), ReconcileError> {
+    let yaml = patch_yaml(node, region(ctx).await?.as_deref());
+    let request_id = request_id.to_owned();
+    apply(ctx, &Change::Write { request_id, yaml }).await
 }
 
 /// The Proxmox cluster's name, for the `region` label.
-async fn region(ctx: &Context) -> Result<Option<String>, RoundError> {
+async fn region(ctx: &Context) -> Result<Option<String>, ReconcileError> {
     Ok(ctx
         .services
         .ledgers
@@ -146,25 +143,8 @@ async fn region(ctx: &Context) -> Result<Option<String>, RoundError> {
         .await?)
 }
 
-/// Why a round stopped short.
-#[derive(Debug, thiserror::Error)]
-pub enum RoundError {
-    #[error("{doing}: {source}")]
-    Omni {
-        doing: &'static str,
-        #[source]
-        source: StateError,
-    },
-    #[error("listing the Proxmox cluster: {0}")]
-    Proxmox(#[from] crate::proxmox::ProxmoxError),
-}
-
-fn omni(doing: &'static str) -> impl FnOnce(StateError) -> RoundError {
-    move |source| RoundError::Omni { doing, source }
-}
-
 /// One round.
-pub async fn round(ctx: &Context) -> Result<Vec<Change>, RoundError> {
+pub async fn round(ctx: &Context) -> Result<Vec<Change>, ReconcileError> {
     let ours = || vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, ctx.provider_id())];
     let requests: Vec<Request> = ctx
         .state
@@ -209,14 +189,12 @@ pub async fn round(ctx: &Context) -> Result<Vec<Change>, RoundError> {
 async fn wanted_for_live(
     ctx: &Context,
     live: &[&Request],
-) -> Result<BTreeMap<String, Wanted>, RoundError> {
+) -> Result<BTreeMap<String, Wanted>, ReconcileError> {
     let states: BTreeMap<String, MachineState> = ctx
-        .state
-        .list(&ctx.machine_kind(), Vec::new())
+        .machine_states()
         .await
         .map_err(omni("listing the provider states"))?
         .into_iter()
-        .map(|m| (m.metadata.id.clone(), MachineState::from_spec(&m.spec)))
         .collect();
     let vms: Vec<VmResource> = ctx.services.pve.vms().await?;
     // Without the region this round writes nothing: a patch without it would be rewritten with it
@@ -265,7 +243,7 @@ fn wanted_for(
 /// Carries out one change of a round. A patch is written only while its request is live, checked
 /// again under [`Context::topology_writes`]: the round's listing may be older than a teardown that
 /// began since and removed the patch, and the write would make it again.
-pub async fn apply(ctx: &Context, change: &Change) -> Result<(), RoundError> {
+pub async fn apply(ctx: &Context, change: &Change) -> Result<(), ReconcileError> {
     match change {
         Change::Write { request_id, yaml } => {
             let _writing = ctx.topology_writes.lock().await;

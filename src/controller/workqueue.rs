@@ -15,25 +15,20 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::pipeline::ledgers::entry;
+
 pub struct WorkQueue<K> {
     state: Mutex<State<K>>,
     changed: Notify,
 }
 
 struct State<K> {
-    /// Keys waiting, with the instant they become due.
+    /// Keys waiting, with the instant they become due; one that is also active is due again once
+    /// its reconcile ends.
     waiting: HashMap<K, Instant>,
     /// Keys a worker holds right now.
     active: HashSet<K>,
-    /// Keys added while active: due again when their reconcile ends.
-    again: HashMap<K, Instant>,
     closed: bool,
-}
-
-impl<K: Clone + Eq + Hash> Default for WorkQueue<K> {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 impl<K: Clone + Eq + Hash> WorkQueue<K> {
@@ -42,41 +37,29 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             state: Mutex::new(State {
                 waiting: HashMap::new(),
                 active: HashSet::new(),
-                again: HashMap::new(),
                 closed: false,
             }),
             changed: Notify::new(),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
-        // A panic while holding this lock cannot leave the maps inconsistent (every update is a single
-        // insert or remove), so a poisoned lock is safe to keep using.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Schedules `key` now.
     pub fn add(&self, key: K) {
-        self.add_at(key, Instant::now());
+        self.add_after(key, Duration::ZERO);
     }
 
     /// Schedules `key` after `delay` (or earlier, if it is already due earlier).
     pub fn add_after(&self, key: K, delay: Duration) {
-        self.add_at(key, Instant::now() + delay);
-    }
-
-    pub fn add_at(&self, key: K, due: Instant) {
+        let due = Instant::now() + delay;
         {
-            let mut s = self.lock();
+            // A panic while holding this lock cannot leave the maps inconsistent (every update is
+            // a single insert or remove), so a poisoned lock is safe to keep using.
+            let mut s = entry(&self.state);
             if s.closed {
                 return;
             }
-            let slot = if s.active.contains(&key) {
-                &mut s.again
-            } else {
-                &mut s.waiting
-            };
-            slot.entry(key)
+            s.waiting
+                .entry(key)
                 .and_modify(|d| *d = (*d).min(due))
                 .or_insert(due);
         }
@@ -91,7 +74,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let wake_at = {
-                let mut s = self.lock();
+                let mut s = entry(&self.state);
                 if s.closed {
                     return None;
                 }
@@ -99,6 +82,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                 let earliest = s
                     .waiting
                     .iter()
+                    .filter(|(k, _)| !s.active.contains(*k))
                     .min_by_key(|(_, due)| **due)
                     .map(|(k, due)| (k.clone(), *due));
                 match earliest {
@@ -125,33 +109,21 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
 
     /// Releases a key a worker got from [`WorkQueue::next`]; an add that arrived meanwhile takes effect.
     pub fn done(&self, key: &K) {
-        {
-            let mut s = self.lock();
-            s.active.remove(key);
-            if let Some(due) = s.again.remove(key) {
-                s.waiting
-                    .entry(key.clone())
-                    .and_modify(|d| *d = (*d).min(due))
-                    .or_insert(due);
-            }
-        }
+        entry(&self.state).active.remove(key);
         self.changed.notify_waiters();
     }
 
     /// Wakes every waiting worker with `None`; pending keys are dropped.
     pub fn close(&self) {
-        self.lock().closed = true;
+        entry(&self.state).closed = true;
         self.changed.notify_waiters();
     }
 
     /// Keys waiting or active (for metrics and tests).
     pub fn len(&self) -> usize {
-        let s = self.lock();
-        s.waiting.len() + s.active.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        let s = entry(&self.state);
+        let waiting_only = s.waiting.keys().filter(|k| !s.active.contains(*k));
+        waiting_only.count() + s.active.len()
     }
 }
 

@@ -90,9 +90,13 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
         .unwrap();
     assert_eq!(hs.spec.error, "proxmox unreachable");
     assert_eq!(hs.metadata.owner, "proxmox.ProviderHealthStatusController");
-    health::beat(&client.state, "proxmox", &health::always_healthy())
-        .await
-        .unwrap();
+    health::beat(
+        &client.state,
+        "proxmox",
+        &health::health_check(|| async { None }),
+    )
+    .await
+    .unwrap();
     let hs = omni
         .state
         .get(&InfraProviderHealthStatus, "proxmox")
@@ -101,9 +105,13 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     assert!(hs.spec.last_heartbeat_timestamp.is_some());
     // Ephemeral namespace lost (Omni restart): the next beat recreates it.
     omni.state.remove(&InfraProviderHealthStatus, "proxmox");
-    health::beat(&client.state, "proxmox", &health::always_healthy())
-        .await
-        .unwrap();
+    health::beat(
+        &client.state,
+        "proxmox",
+        &health::health_check(|| async { None }),
+    )
+    .await
+    .unwrap();
     assert!(
         omni.state
             .get(&InfraProviderHealthStatus, "proxmox")

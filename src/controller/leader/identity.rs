@@ -58,8 +58,9 @@ pub fn default_claim_path(provider_id: &str) -> PathBuf {
     std::env::temp_dir().join(format!("omni-infra-provider-proxmox.{provider_id}.leader"))
 }
 
-/// The claim file, locked for the life of the process (the lock goes with the open file).
-#[derive(Debug)]
+/// The claim file, locked for the life of the process (the lock goes with the open file). The
+/// default is no claim file: no fast takeover after a restart.
+#[derive(Debug, Default)]
 pub struct LocalClaim {
     _file: Option<File>,
     /// The identity of the process that held this claim before and has exited.
@@ -67,28 +68,17 @@ pub struct LocalClaim {
 }
 
 impl LocalClaim {
-    /// No claim file: no fast takeover after a restart.
-    pub fn none() -> Self {
-        Self {
-            _file: None,
-            predecessor: None,
-        }
-    }
-
     /// Locks `path` and records `me` in it. Without the lock (another replica here holds it) or
     /// without the file (a read-only file system), there is no predecessor: the replica waits
     /// out a lease like any other.
     pub fn take(path: &Path, me: &Holder) -> Self {
-        match Self::try_take(path, me) {
-            Ok(claim) => claim,
-            Err(why) => {
-                tracing::info!(
-                    path = %path.display(),
-                    "{why}: a lease this replica held before a restart is waited out, not taken back at once"
-                );
-                Self::none()
-            }
-        }
+        Self::try_take(path, me).unwrap_or_else(|why| {
+            tracing::info!(
+                path = %path.display(),
+                "{why}: a lease this replica held before a restart is waited out, not taken back at once"
+            );
+            Self::default()
+        })
     }
 
     fn try_take(path: &Path, me: &Holder) -> Result<Self, String> {

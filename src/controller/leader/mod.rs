@@ -73,7 +73,7 @@ impl Election {
         metrics: Arc<Metrics>,
     ) -> (Self, watch::Receiver<Role>) {
         let me = Holder::this_process();
-        let claim = claim.map_or_else(LocalClaim::none, |path| LocalClaim::take(path, &me));
+        let claim = claim.map_or_else(LocalClaim::default, |path| LocalClaim::take(path, &me));
         fence.shut_now();
         metrics.set_leader(false);
         let (role, rx) = watch::channel(Role::Standby);
@@ -152,9 +152,10 @@ impl Election {
             Ok(outcome) => outcome,
             Err(_) => Err(format!("no answer from Omni within {budget:?}")),
         };
+        self.metrics.omni_reachable(outcome.is_ok());
         match outcome {
             Ok(held) => {
-                self.omni_reached(None);
+                self.reachable = true;
                 if held {
                     self.renewed_at = Some(sent);
                     self.fence.open_until(sent + self.timings.renew_deadline);
@@ -164,7 +165,11 @@ impl Election {
                     self.lose(&format!("the lease is held by {holder}"));
                 }
             }
-            Err(e) => self.omni_reached(Some(e)),
+            // A streak of failures is logged once.
+            Err(e) if std::mem::replace(&mut self.reachable, false) => {
+                tracing::warn!(error = %e, "cannot read or renew the leader lease");
+            }
+            Err(_) => {}
         }
         if self.is_leader() && self.deadline().is_none_or(|d| Instant::now() >= d) {
             self.lose(&format!(
@@ -174,74 +179,75 @@ impl Election {
         }
     }
 
-    /// One look: renew what this replica holds, or read the lease and act as [`decide`] says.
-    /// `Ok(true)` while this replica holds the lease.
+    /// One look: read the lease and act as [`decide`] says. A leader renews from its own last
+    /// write without reading first; should someone have written since (a conflict), it reads the
+    /// lease and decides again. `Ok(true)` while this replica holds the lease.
     async fn try_acquire_or_renew(
         &mut self,
         now: Instant,
-        delivered: Option<Typed<LeaseSpec>>,
+        mut delivered: Option<Typed<LeaseSpec>>,
     ) -> Result<bool, String> {
-        if self.is_leader()
-            && let Some(mine) = self.last.clone().filter(|l| l.spec.holder == self.me.id())
-        {
-            let mut next = mine;
-            next.spec.renew_time_ms = unix_ms();
-            match self.state.update(&self.kind, &next, OWNER, None).await {
+        let mut from_last_write = self.is_leader();
+        loop {
+            let mine =
+                (self.last.clone()).filter(|l| from_last_write && l.spec.holder == self.me.id());
+            from_last_write = mine.is_some();
+            let current = match mine.or_else(|| delivered.take()) {
+                Some(lease) => Some(lease),
+                None => self
+                    .state
+                    .find(&self.kind, ProviderLease::ID)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            };
+            if let Some(current) = &current {
+                self.saw(current.clone(), now);
+            }
+            let attempt = decide(
+                current.as_ref().map(|c| &c.spec),
+                &self.me.id(),
+                self.claim.predecessor.as_deref(),
+                now.saturating_duration_since(self.seen_at),
+            );
+            let written = match (&attempt, current) {
+                (Attempt::Wait, _) => {
+                    let holder = self.last_holder();
+                    if holder != self.announced {
+                        tracing::info!(%holder, "standing by: another replica holds the leader lease");
+                        self.announced = holder;
+                    }
+                    return Ok(false);
+                }
+                (Attempt::Create, _) | (_, None) => {
+                    let spec = self.record(None, true);
+                    self.state
+                        .create(&self.kind, ProviderLease::ID, &spec, BTreeMap::new(), OWNER)
+                        .await
+                }
+                (Attempt::Renew | Attempt::Take(_), Some(current)) => {
+                    let taking = attempt != Attempt::Renew;
+                    let mut next = current.clone();
+                    next.spec = self.record(Some(&current.spec), taking);
+                    self.state.update(&self.kind, &next, OWNER, None).await
+                }
+            };
+            match written {
                 Ok(stored) => {
+                    if let Some(how) = how_acquired(&attempt) {
+                        let from = self.last_holder();
+                        tracing::info!(holder = %self.me.id(), previous = %from, "acquired the leader lease: {how}");
+                        self.announced = self.me.id();
+                    }
                     self.saw(stored, now);
                     return Ok(true);
                 }
-                // Someone wrote since: read it and decide below.
-                Err(e) if e.is_conflict() => {}
+                Err(e) if e.is_conflict() && std::mem::take(&mut from_last_write) => {}
+                // Another replica wrote first: it won this round.
+                Err(e) if e.is_conflict() || matches!(e, StateError::AlreadyExists { .. }) => {
+                    return Ok(false);
+                }
                 Err(e) => return Err(e.to_string()),
             }
-        }
-        let current = match delivered {
-            Some(lease) => Some(lease),
-            None => self
-                .state
-                .find(&self.kind, ProviderLease::ID)
-                .await
-                .map_err(|e| e.to_string())?,
-        };
-        if let Some(current) = &current {
-            self.saw(current.clone(), now);
-        }
-        let attempt = decide(
-            current.as_ref().map(|c| &c.spec),
-            &self.me.id(),
-            self.claim.predecessor.as_deref(),
-            now.saturating_duration_since(self.seen_at),
-        );
-        let written = match (&attempt, current) {
-            (Attempt::Wait, _) => {
-                self.announce_holder();
-                return Ok(false);
-            }
-            (Attempt::Create, _) | (_, None) => {
-                let spec = self.record(None, true);
-                self.state
-                    .create(&self.kind, ProviderLease::ID, &spec, BTreeMap::new(), OWNER)
-                    .await
-            }
-            (Attempt::Renew | Attempt::Take(_), Some(current)) => {
-                let taking = attempt != Attempt::Renew;
-                let mut next = current.clone();
-                next.spec = self.record(Some(&current.spec), taking);
-                self.state.update(&self.kind, &next, OWNER, None).await
-            }
-        };
-        match written {
-            Ok(stored) => {
-                if let Some(how) = how_acquired(&attempt) {
-                    self.announce_acquired(how);
-                }
-                self.saw(stored, now);
-                Ok(true)
-            }
-            // Another replica wrote first: it won this round.
-            Err(e) if e.is_conflict() || matches!(e, StateError::AlreadyExists { .. }) => Ok(false),
-            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -282,32 +288,6 @@ impl Election {
             .map(|l| l.spec.holder.clone())
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "nobody".to_owned())
-    }
-
-    fn announce_holder(&mut self) {
-        let holder = self.last_holder();
-        if holder != self.announced {
-            tracing::info!(%holder, "standing by: another replica holds the leader lease");
-            self.announced = holder;
-        }
-    }
-
-    fn announce_acquired(&mut self, how: &str) {
-        let from = self.last_holder();
-        tracing::info!(holder = %self.me.id(), previous = %from, "acquired the leader lease: {how}");
-        self.announced = self.me.id();
-    }
-
-    fn omni_reached(&mut self, error: Option<String>) {
-        self.metrics.omni_reachable(error.is_none());
-        match error {
-            None => self.reachable = true,
-            Some(e) => {
-                if std::mem::replace(&mut self.reachable, false) {
-                    tracing::warn!(error = %e, "cannot read or renew the leader lease");
-                }
-            }
-        }
     }
 
     fn set_role(&mut self, role: Role) {
