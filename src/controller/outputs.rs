@@ -95,7 +95,7 @@ impl Outputs {
     }
 
     /// Takes in one event of the watch of `of`; returns the machine request whose teardown may go
-    /// on because an output of it is released now.
+    /// on because an output of it has just been released.
     pub fn observe(&self, of: OutputOf, event: &WatchEvent) -> Option<String> {
         let mut known = entry(&self.known);
         match event {
@@ -110,10 +110,13 @@ impl Outputs {
                     hold,
                     at: Instant::now(),
                 };
-                known
+                let before = known
                     .outputs
                     .insert((of, md.id.clone()), (request.clone(), seen));
-                (hold == Hold::Released).then_some(request)
+                // Only the change to released lets a teardown go on: our own writes to a released
+                // status (the deprovision's progress) must not wake its teardown again.
+                let was_released = before.is_some_and(|(_, seen)| seen.hold == Hold::Released);
+                (hold == Hold::Released && !was_released).then_some(request)
             }
             WatchEvent::Destroyed(r) => {
                 known.outputs.remove(&(of, r.metadata.as_ref()?.id.clone()));
@@ -253,6 +256,27 @@ mod tests {
         assert_eq!(
             outputs.observe(patch, &WatchEvent::Updated(unlabelled)),
             None
+        );
+    }
+
+    #[test]
+    fn a_released_output_wakes_its_teardown_once_not_at_each_later_write() {
+        let outputs = Outputs::new(Duration::from_secs(60));
+        let free = output("r1", PHASE_TEARING_DOWN, &[], None);
+        let event = WatchEvent::Updated(free);
+        assert_eq!(
+            outputs.observe(OutputOf::Status, &event).as_deref(),
+            Some("r1")
+        );
+        // The deprovision's progress written to the released status comes back as an update: the
+        // teardown it belongs to is running already and must not be queued again.
+        assert_eq!(outputs.observe(OutputOf::Status, &event), None);
+        assert_eq!(outputs.status("r1"), Some(Hold::Released));
+        // After a resync the listing is news again.
+        outputs.observe(OutputOf::Status, &WatchEvent::Resync);
+        assert_eq!(
+            outputs.observe(OutputOf::Status, &event).as_deref(),
+            Some("r1")
         );
     }
 

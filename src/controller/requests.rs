@@ -4,11 +4,11 @@
 //! collapse into one key, and a re-bootstrap after a lost watch says "everything may have changed".
 //! That is what [`RequestQueueEvent`] carries; the provisioning controller consumes it.
 
-use crate::rules::schematic::{Overlay, SchematicRequest};
 use crate::omni::proto::specs::MachineRequestSpec;
 use crate::omni::resources::label;
 use crate::omni::state::{StateError, Typed, WatchEvent};
 use crate::pipeline::step::RequestInfo;
+use crate::rules::schematic::{Overlay, SchematicRequest};
 
 /// A MachineRequest as the watch delivers it.
 pub type Request = Typed<MachineRequestSpec>;
