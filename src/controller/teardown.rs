@@ -29,7 +29,7 @@ use crate::model::MachineState;
 use crate::omni::resources::{ConfigPatchRequest, MachineRequestStatus, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
 use crate::pipeline::deprovision::{
-    DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned, deprovision_reporting,
+    DeprovisionOptions, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
 use crate::pipeline::ledgers::HA_RULES_LOCK;
 
@@ -246,25 +246,10 @@ async fn deprovision_vm(
                 .releases
                 .released(target.clone(), leftover);
         }
-        d.outcome
     });
     ctx.services.ledgers.releases.teardown_ended(id);
-    match result {
-        Ok(DeprovisionOutcome::Deleted { node, vmid }) => {
-            tracing::info!(request = %id, %vmid, %node, "VM deleted");
-        }
-        Ok(DeprovisionOutcome::NotOurs { vmid, reason }) => {
-            tracing::warn!(request = %id, %vmid, %reason, "VMID now belongs to another VM; ours is gone, theirs was left alone");
-        }
-        Ok(DeprovisionOutcome::AlreadyGone) => {
-            tracing::info!(request = %id, "VM already gone");
-        }
-        Ok(DeprovisionOutcome::NothingRecorded) => {
-            tracing::info!(request = %id, "no VM was ever created for this request");
-        }
-        Err(e) => return Err(ReconcileError::Deprovision(Box::new(e))),
-    }
-    Ok(())
+    // The deprovision logs what it did with the VM.
+    result.map_err(|e| ReconcileError::Deprovision(Box::new(e)))
 }
 
 /// How often at most a deprovision's progress is written to the status.
