@@ -6,8 +6,7 @@ use futures_util::future::OptionFuture;
 use serde_json::{Map, Value};
 
 use super::check_schema;
-use super::checks::check_cluster;
-use super::cluster::{ClusterFacts, candidate_nodes};
+use super::cluster::{ClusterFacts, candidate_nodes, check_cluster};
 use super::layers::Layers;
 use super::report::Report;
 use crate::model::ClusterSnapshot;
@@ -31,15 +30,11 @@ pub async fn gather(
 ) -> Result<ClusterFacts, ProxmoxError> {
     let resources = pve.cluster_listing().await?;
     let cluster = ClusterSnapshot::from_resources(&resources);
-    let online: Vec<NodeName> = candidate_nodes(data, &cluster)
-        .into_iter()
-        .filter(|(_, online)| *online)
-        .filter_map(|(n, _)| NodeName::new(n).ok())
-        .collect();
+    let online = candidate_nodes(data, &cluster).into_iter();
     let answers = futures_util::future::join_all(
         online
-            .iter()
-            .map(|node| async move { (node.to_string(), bridges(pve, node).await) }),
+            .filter(|n| n.online)
+            .map(|n| async { (n.name.to_string(), bridges(pve, &n.name).await) }),
     )
     .await;
     let uses = |key: &str, list_empty: bool| {

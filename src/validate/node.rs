@@ -4,7 +4,7 @@
 //! the reason for every storage passed over.
 
 use super::cluster::ClusterCheck;
-use super::report::{Finding, Outcome, findings_of, list_or_none};
+use super::report::{Finding, Outcome, list_or_none};
 use crate::model::{GIB, NodeSnapshot};
 use crate::pipeline::prepare_image::BootImage;
 use crate::proxmox::network::mapping::ResourceMapping;
@@ -28,21 +28,15 @@ pub(crate) fn check_node(
     node: &NodeSnapshot,
     out: &mut Vec<Finding>,
 ) -> Option<NodeOutcome> {
-    let here = match check
-        .layers
-        .resolve_on(check.schema, Some(node.name.as_str()))
-    {
+    let n = node.name.as_str();
+    let here = match check.layers.resolve_on(check.schema, Some(n)) {
         Ok(d) => d,
         Err(problems) => {
-            out.extend(findings_of(
-                Outcome::Problem,
-                Some(node.name.as_str()),
-                problems,
-            ));
+            out.extend(Outcome::Problem.findings(problems).map(|f| f.on(n)));
             return None;
         }
     };
-    let request = check.class.request(&here);
+    let request = check.request(&here);
     let main = placement::boot_disk_storage(node, &request);
     disk_findings(check, node, &here, &main, out);
     iso_findings(check, node, &here, out);
@@ -82,10 +76,10 @@ fn disk_findings(
     out: &mut Vec<Finding>,
 ) {
     let n = node.name.as_str();
-    let origin = &check.origin;
-    if !origin.is_stand_in("storage_selector", Some(n)) {
+    let layers = check.layers;
+    if !layers.is_stand_in("storage_selector", Some(n)) {
         let mut finding = storage_finding(
-            origin.key("storage_selector", Some(n)),
+            layers.key("storage_selector", Some(n)),
             n,
             Some(&here.storage_selector),
             here.total_disk_gb(),
@@ -107,7 +101,7 @@ fn disk_findings(
         out.push(storage_finding(
             format!(
                 "{}[{i}].storage_selector",
-                origin.key("additional_disks", Some(n))
+                layers.key("additional_disks", Some(n))
             ),
             n,
             Some(&disk.storage_selector),
@@ -126,15 +120,15 @@ fn iso_findings(
     out: &mut Vec<Finding>,
 ) {
     let n = node.name.as_str();
-    let origin = &check.origin;
+    let layers = check.layers;
     if let Some(kind) = BootImage::of(here.boot)
-        && !origin.is_stand_in("iso_storage_selector", Some(n))
+        && !layers.is_stand_in("iso_storage_selector", Some(n))
     {
         let selector = here.iso_storage_selector.as_ref();
         let content = kind.content();
         let choice = storage::choose(node, &StorageNeed::download(content, selector));
         out.push(storage_finding(
-            origin.key("iso_storage_selector", Some(n)),
+            layers.key("iso_storage_selector", Some(n)),
             n,
             selector,
             0,
@@ -164,7 +158,7 @@ fn storage_finding(
         } else {
             format!("{what} go to {}", s.name)
         };
-        return Finding::new(Outcome::Pass, key, Some(node), message);
+        return Outcome::Pass.finding(key, message).on(node);
     }
     let reasons = if choice.rejected.is_empty() {
         "the node reports no storages".to_string()
@@ -185,12 +179,8 @@ fn storage_finding(
     } else {
         String::new()
     };
-    Finding::new(
-        Outcome::Problem,
-        key,
-        Some(node),
-        format!("{matched} active storage for {what} on {node}{room}: {reasons}"),
-    )
+    let message = format!("{matched} active storage for {what} on {node}{room}: {reasons}");
+    Outcome::Problem.finding(key, message).on(node)
 }
 
 /// The bridges of the NICs, when the node's bridges could be read.
@@ -201,7 +191,7 @@ fn network_findings(
     out: &mut Vec<Finding>,
 ) {
     let n = node.name.as_str();
-    let origin = &check.origin;
+    let layers = check.layers;
     // A NIC on an IP pool that names a bridge goes on that bridge (the data is resolved with it):
     // the key to change is the pool's.
     let pool_bridge = |pool: Option<&str>| {
@@ -217,45 +207,38 @@ fn network_findings(
     let mut wanted = Vec::new();
     if let Some(key) = pool_bridge(here.ip_pool.as_deref()) {
         wanted.push((key, here.network_bridge.to_string()));
-    } else if !origin.is_stand_in("network_bridge", Some(n)) {
+    } else if !layers.is_stand_in("network_bridge", Some(n)) {
         wanted.push((
-            origin.key("network_bridge", Some(n)),
+            layers.key("network_bridge", Some(n)),
             here.network_bridge.to_string(),
         ));
     }
     for (i, nic) in here.additional_nics.iter().enumerate() {
         let key = pool_bridge(nic.ip_pool.as_deref())
-            .unwrap_or_else(|| format!("{}[{i}].bridge", origin.key("additional_nics", Some(n))));
+            .unwrap_or_else(|| format!("{}[{i}].bridge", layers.key("additional_nics", Some(n))));
         wanted.push((key, nic.bridge.to_string()));
     }
     match check.view.bridges.get(n) {
         None => {}
-        Some(Err(why)) => out.push(Finding::new(
-            Outcome::Warning,
-            origin.key("network_bridge", Some(n)),
-            Some(n),
-            format!("bridges not checked: {why}"),
-        )),
+        Some(Err(why)) => {
+            let key = layers.key("network_bridge", Some(n));
+            out.push(
+                Outcome::Warning
+                    .finding(key, format!("bridges not checked: {why}"))
+                    .on(n),
+            );
+        }
         Some(Ok(bridges)) => {
             for (key, bridge) in wanted {
-                out.push(if bridges.iter().any(|b| b == &bridge) {
-                    Finding::new(
-                        Outcome::Pass,
-                        key,
-                        Some(n),
-                        format!("bridge {bridge} exists"),
-                    )
+                let finding = if bridges.iter().any(|b| b == &bridge) {
+                    Outcome::Pass.finding(key, format!("bridge {bridge} exists"))
                 } else {
-                    Finding::new(
-                        Outcome::Problem,
-                        key,
-                        Some(n),
-                        format!(
-                            "bridge {bridge:?} does not exist on {n}; its bridges: {}",
-                            list_or_none(bridges)
-                        ),
-                    )
-                });
+                    let list = list_or_none(bridges);
+                    let message =
+                        format!("bridge {bridge:?} does not exist on {n}; its bridges: {list}");
+                    Outcome::Problem.finding(key, message)
+                };
+                out.push(finding.on(n));
             }
         }
     }
@@ -286,9 +269,9 @@ fn device_findings(
             continue;
         };
         for (i, id) in ids.iter().enumerate() {
-            let key = format!("{}[{i}].mapping", check.origin.key(list, Some(n)));
+            let key = format!("{}[{i}].mapping", check.layers.key(list, Some(n)));
             let (outcome, message) = mapping_verdict(n, kind, id, known);
-            out.push(Finding::new(outcome, key, Some(n), message));
+            out.push(outcome.finding(key, message).on(n));
         }
     }
 }
