@@ -27,10 +27,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::CliResult;
-use super::cluster::OutputFormat;
 use super::omni_args::OmniArgs;
 use super::pools::{holding_row, omni_records};
+use super::{CliResult, OutputFormat};
 use crate::model::Listing;
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, FoundIso, Orphans,
@@ -118,7 +117,6 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     let (live, states) = omni_records(&omni, &args.omni.id, reads).await?;
     // Those whose MachineRequest is gone (the same counting as the `pools` command).
     let (_, left) = ip_pool::report(&[], &states, &BTreeSet::new(), &live);
-    let allocations = left.gone_requests;
 
     let pve = ProxmoxClient::new(&config.proxmox)?;
     let orphans = scan(&pve, &args.omni.id, &live).await?;
@@ -133,23 +131,15 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     } else {
         None
     };
-    match args.output {
-        OutputFormat::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&JsonReport {
-                orphans: &orphans,
-                ip_allocations: &allocations,
-                deletion: deletion.as_ref(),
-            })?
-        ),
-        OutputFormat::Table => {
-            print!(
-                "{}",
-                render_table(&args.omni.id, &orphans, deletion.as_ref(), live.len())
-            );
-            print!("{}", render_allocations(&allocations));
-        }
-    }
+    let report = JsonReport {
+        orphans: &orphans,
+        ip_allocations: &left.gone_requests,
+        deletion: deletion.as_ref(),
+    };
+    args.output.print(&report, |r| {
+        let table = render_table(&args.omni.id, r.orphans, r.deletion, live.len());
+        table + &render_allocations(r.ip_allocations)
+    })?;
     match deletion {
         Some(d) if !d.failures.is_empty() => {
             Err(OrphansError::DeleteFailed(d.failures.len()).into())

@@ -16,9 +16,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::CliResult;
-use super::cluster::OutputFormat;
 use super::omni_args::OmniArgs;
+use super::{CliResult, OutputFormat};
 use crate::model::MachineState;
 use crate::model::machine::IpAllocation;
 use crate::omni::client::OmniClient;
@@ -74,17 +73,12 @@ pub async fn run(args: PoolsArgs) -> CliResult {
         crate::pipeline::ip_pool::reported_by_agents(&pve).await?
     };
     let (uses, left) = ip_pool::report(&config.ip_pools, &states, &reported, &live);
-    match args.output {
-        OutputFormat::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&JsonReport {
-                pools: &uses,
-                left_over: &left,
-            })?
-        ),
-        OutputFormat::Table => print!("{}", render_table(&uses, &left)),
-    }
-    Ok(())
+    let report = JsonReport {
+        pools: &uses,
+        left_over: &left,
+    };
+    args.output
+        .print(&report, |r| render_table(r.pools, r.left_over))
 }
 
 /// The table: one block per pool, then what is left over.

@@ -17,8 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::CliResult;
-use super::cluster::OutputFormat;
+use super::{CliResult, OutputFormat};
 use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::ProviderDataSchema;
@@ -80,10 +79,7 @@ pub async fn run(args: ValidateArgs) -> CliResult {
             .chain(reach)
             .collect(),
     );
-    match args.output {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        OutputFormat::Table => print!("{}", report.render_text()),
-    }
+    args.output.print(&report, Report::render_text)?;
     if report.ok {
         Ok(())
     } else {
