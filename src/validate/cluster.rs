@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use super::layers::Layers;
-use super::node::check_node;
 use super::report::{Finding, Outcome, list_or_none};
 use crate::model::{ClusterSnapshot, Listing, MIB, NodeSnapshot};
 use crate::proxmox::cluster::ClusterHealth;
@@ -76,7 +75,7 @@ fn allowed_names(data: &ProviderData) -> Vec<String> {
 }
 
 /// The nodes placement could choose for `data`. A pinned node that does not exist yields nothing
-/// (reported by [`check_cluster`]).
+/// (reported by [`super::checks::check_cluster`]).
 pub fn candidate_nodes<'c>(
     data: &ProviderData,
     cluster: &'c ClusterSnapshot,
@@ -99,46 +98,35 @@ pub(crate) struct ClusterCheck<'a> {
     existing: String,
 }
 
-/// Step 2, pure: `data` (the class resolved without a node override) against the cluster: the
-/// findings about the cluster as a whole, then each node placement could choose
-/// ([`super::node`]), then what the nodes' verdicts together say.
-pub fn check_cluster(
-    schema: &ProviderDataSchema,
-    layers: &Layers<'_>,
-    data: &ProviderData,
-    view: &ClusterFacts,
-) -> Vec<Finding> {
-    let cluster = ClusterSnapshot::from_resources(&view.resources);
-    let check = ClusterCheck {
-        existing: list_or_none(&cluster.node_names()),
-        allowed: allowed_names(data),
-        schema,
-        layers,
-        data,
-        view,
-        cluster,
-    };
-    let mut out = release_findings(data, view);
-    out.extend(health_finding(view));
-    check.ha_rule_findings(&mut out);
-    check.clone_disk_findings(&mut out);
-    check.placement_findings(&mut out);
-    check.template(&mut out);
-    let request = check.request(data);
-    let (mut clones, mut capacity) = (Vec::new(), Vec::new());
-    for node in check.cluster.nodes.iter() {
-        if !node.online || !request.considers(&node.name) {
-            continue;
-        }
-        if let Some(outcome) = check_node(&check, node, &mut out) {
-            let name = node.name.as_str();
-            clones.extend(outcome.clone.map(|c| (name, c)));
-            capacity.push((name.to_string(), outcome.capacity));
+impl<'a> ClusterCheck<'a> {
+    pub(crate) fn new(
+        schema: &'a ProviderDataSchema,
+        layers: &'a Layers<'a>,
+        data: &'a ProviderData,
+        view: &'a ClusterFacts,
+    ) -> Self {
+        let cluster = ClusterSnapshot::from_resources(&view.resources);
+        Self {
+            existing: list_or_none(&cluster.node_names()),
+            allowed: allowed_names(data),
+            schema,
+            layers,
+            data,
+            view,
+            cluster,
         }
     }
-    check.clone_findings(&clones, &mut out);
-    check.memory_findings(&capacity, &mut out);
-    out
+
+    /// The findings about the cluster as a whole that need no node's verdicts.
+    pub(crate) fn cluster_findings(&self) -> Vec<Finding> {
+        let mut out = release_findings(self.data, self.view);
+        out.extend(health_finding(self.view));
+        self.ha_rule_findings(&mut out);
+        self.clone_disk_findings(&mut out);
+        self.placement_findings(&mut out);
+        self.template(&mut out);
+        out
+    }
 }
 
 impl ClusterCheck<'_> {
@@ -357,7 +345,7 @@ impl ClusterCheck<'_> {
     /// `boot: clone`: what each candidate node's clone would be, or why there is none. A pinned
     /// node that cannot take one is a problem; otherwise a node left out is a warning, and no node
     /// at all the problem.
-    fn clone_findings(
+    pub(crate) fn clone_findings(
         &self,
         verdicts: &[(&str, Result<String, CloneRefusal>)],
         out: &mut Vec<Finding>,
@@ -390,7 +378,11 @@ impl ClusterCheck<'_> {
     /// ([`placement::capacity_fit`]: free memory, then memory and vCPUs given to VMs against the
     /// config's `placement:` limits), so those are warnings and "nowhere" is the problem. A node
     /// left out for its vCPUs is reported under `cores`, for memory under `memory`.
-    fn memory_findings(&self, fits: &[(String, Result<u64, LeftOut>)], out: &mut Vec<Finding>) {
+    pub(crate) fn memory_findings(
+        &self,
+        fits: &[(String, Result<u64, LeftOut>)],
+        out: &mut Vec<Finding>,
+    ) {
         if fits.is_empty() || self.layers.is_stand_in("memory", None) {
             return;
         }
@@ -448,41 +440,34 @@ impl ClusterCheck<'_> {
         fits: &[(String, Result<u64, LeftOut>)],
         vcpus: u64,
     ) -> (String, String) {
-        let data = self.data;
-        let short: Vec<(&str, u64)> = fits
-            .iter()
-            .filter_map(|(n, fit)| match fit {
-                Err(LeftOut::MemoryShort { free_memory, .. }) => Some((n.as_str(), *free_memory)),
-                _ => None,
-            })
+        let memory_mb = self.data.memory_mb;
+        let short = |fit: &Result<u64, LeftOut>| match fit {
+            Err(LeftOut::MemoryShort { free_memory, .. }) => Some(*free_memory),
+            _ => None,
+        };
+        // Every node short of memory, or the reasons as they come.
+        let free: Option<Vec<String>> = (fits.iter())
+            .map(|(n, fit)| Some(format!("{n} {} MiB", short(fit)? / MIB)))
             .collect();
-        if short.len() == fits.len() {
-            let all: Vec<String> = short
-                .iter()
-                .map(|(n, free)| format!("{n} {} MiB", free / MIB))
-                .collect();
-            return (
-                self.key("memory"),
-                format!(
-                    "{} MiB fits on no candidate node (free memory: {})",
-                    data.memory_mb,
-                    all.join(", ")
-                ),
-            );
+        if let Some(free) = free {
+            let free = free.join(", ");
+            let message =
+                format!("{memory_mb} MiB fits on no candidate node (free memory: {free})");
+            return (self.key("memory"), message);
         }
-        let all: Vec<String> = fits
+        let left_out = fits
             .iter()
-            .filter_map(|(n, fit)| fit.as_ref().err().map(|why| format!("{n}: {why}")))
+            .filter_map(|(n, fit)| Some((n, fit.as_ref().err()?)));
+        let all: Vec<String> = left_out
+            .clone()
+            .map(|(n, why)| format!("{n}: {why}"))
             .collect();
-        let key = fits
-            .iter()
-            .find_map(|(_, fit)| fit.as_ref().err().map(|why| self.key_for(why)))
+        let key = (left_out.map(|(_, why)| self.key_for(why)).next())
             .unwrap_or_else(|| self.key("memory"));
         (
             key,
             format!(
-                "{} MiB and {vcpus} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
-                data.memory_mb,
+                "{memory_mb} MiB and {vcpus} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
                 all.join("; ")
             ),
         )

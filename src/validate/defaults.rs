@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::cluster::check_cluster;
+use super::checks::check_cluster;
 use super::gather::gather;
 use super::layers::Layers;
 use super::report::{Finding, Outcome};

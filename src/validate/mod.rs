@@ -6,7 +6,7 @@
 //! through the live cluster, node by node for every node placement could choose, and every finding is
 //! reported with the key to change and the node it concerns.
 //!
-//! The decisions are pure ([`check_schema`], [`cluster::check_cluster`]): they take parsed data and
+//! The decisions are pure ([`check_schema`], [`checks::check_cluster`]): they take parsed data and
 //! a [`cluster::ClusterFacts`] and return findings, so they are tested without a network. They
 //! do not re-derive placement: which node is considered, whether memory fits and which storage takes
 //! a disk or an ISO are the verdicts of [`crate::rules`], the same functions the pipeline acts on,
@@ -15,6 +15,7 @@
 //! mappings only when the data uses them. The `validate` command and the provider's health check
 //! ([`check_defaults`]) share all of it.
 
+mod checks;
 mod cluster;
 mod defaults;
 mod gather;

@@ -2,7 +2,8 @@
 
 use serde_json::{Map, Value, json};
 
-use super::cluster::{ClusterFacts, check_cluster};
+use super::checks::check_cluster;
+use super::cluster::ClusterFacts;
 use super::defaults::{HEALTH_TEXT_MAX, summarize};
 use super::*;
 use crate::config::ProviderConfig;
