@@ -42,7 +42,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::CliResult;
+use super::{CliResult, OutputFormat};
 use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::HaRule;
@@ -50,12 +50,6 @@ use crate::proxmox::types::{NodeName, NodeState, NodeStorage};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::is_set_rule;
 use crate::rules::placement::{self, PlacementLimits, Reservations};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
-    Table,
-    Json,
-}
 
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
@@ -177,11 +171,7 @@ pub async fn run(args: ClusterArgs) -> CliResult {
     let (config, _) = super::load_config(&args.config_file)?;
     let client = ProxmoxClient::new(&config.proxmox)?;
     let report = gather(&client, &config.placement).await?;
-    match args.output {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        OutputFormat::Table => print!("{}", render_table(&report)),
-    }
-    Ok(())
+    args.output.print(&report, render_table)
 }
 
 /// Reads the cluster: one `/cluster/resources`, then the storages of each online node in parallel.
@@ -209,25 +199,21 @@ pub async fn gather(
         &storages,
         limits,
     );
-    match client.cluster_health().await {
-        Ok(health) => report.cluster_health = Some(health),
-        Err(e) => report.cluster_health_error = Some(e.to_string()),
-    }
-    match client.ha_rules().await {
-        Ok(rules) => {
-            report.ha_rules = Some(
-                rules
-                    .iter()
-                    .filter(|r| is_set_rule(&r.rule))
-                    .map(HaRuleReport::of)
-                    .collect(),
-            )
-        }
+    let health = client.cluster_health().await.map_err(|e| e.to_string());
+    (report.cluster_health, report.cluster_health_error) =
+        (health.as_ref().ok().cloned(), health.err());
+    let rules = match client.ha_rules().await {
         Err(ProxmoxError::Api { status: 501, .. }) => {
-            report.ha_rules_error = Some("this Proxmox VE release has no HA rules".into())
+            Err("this Proxmox VE release has no HA rules".to_string())
         }
-        Err(e) => report.ha_rules_error = Some(e.to_string()),
-    }
+        read => read.map_err(|e| e.to_string()),
+    };
+    let set_rules = |rules: Vec<HaRule>| {
+        let rules = rules.iter().filter(|r| is_set_rule(&r.rule));
+        rules.map(HaRuleReport::of).collect()
+    };
+    (report.ha_rules, report.ha_rules_error) =
+        (rules.as_ref().ok().cloned().map(set_rules), rules.err());
     Ok(report)
 }
 

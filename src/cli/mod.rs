@@ -15,8 +15,28 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub use crate::error_chain::render as render_error;
 
+/// `--output`: `table` for people, `json` for scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+impl OutputFormat {
+    /// Prints `report` as pretty JSON, or as the text `table` makes of it.
+    fn print<T: Serialize>(self, report: &T, table: impl FnOnce(&T) -> String) -> CliResult {
+        match self {
+            Self::Json => println!("{}", serde_json::to_string_pretty(report)?),
+            Self::Table => print!("{}", table(report)),
+        }
+        Ok(())
+    }
+}
+
 use std::path::Path;
 use std::sync::Arc;
+
+use serde::Serialize;
 
 use crate::config::ProviderConfig;
 use crate::omni::client::OmniClient;

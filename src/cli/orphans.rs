@@ -27,12 +27,10 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::CliResult;
-use super::cluster::OutputFormat;
 use super::omni_args::OmniArgs;
-use super::pools::{holding_row, live_requests, recorded_allocations};
+use super::pools::{holding_row, omni_records};
+use super::{CliResult, OutputFormat};
 use crate::model::Listing;
-use crate::omni::state::StateError;
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, OrphanIso, Orphans,
     deprovision_reporting, find_orphans, iso_volumes_in,
@@ -70,11 +68,6 @@ pub enum OrphansError {
         "orphans needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): without the list of live MachineRequests every VM of ours would look orphaned"
     )]
     NoOmni,
-    #[error("cannot list the MachineRequests of provider {provider_id} in Omni: {message}")]
-    Omni {
-        provider_id: String,
-        message: String,
-    },
     #[error("{0} orphan(s) could not be deleted (see above)")]
     DeleteFailed(usize),
     #[error(
@@ -121,19 +114,10 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     telemetry::init_logging(LogFormat::Text, "warn")?;
     let (config, omni) =
         super::omni_and_config(&args.omni, &args.config_file, OrphansError::NoOmni)?;
-    let omni_error = |e: StateError| OrphansError::Omni {
-        provider_id: args.omni.id.clone(),
-        message: super::render_error(&e),
-    };
-    let live = live_requests(&omni, &args.omni.id)
-        .await
-        .map_err(omni_error)?;
-    let states = recorded_allocations(&omni, &args.omni.id)
-        .await
-        .map_err(omni_error)?;
+    let reads = ["list the MachineRequests"; 2];
+    let (live, states) = omni_records(&omni, &args.omni.id, reads).await?;
     // Those whose MachineRequest is gone (the same counting as the `pools` command).
     let (_, left) = ip_pool::report(&[], &states, &BTreeSet::new(), &live);
-    let allocations = left.gone_requests;
 
     let pve = ProxmoxClient::new(&config.proxmox)?;
     let orphans = scan(&pve, &args.omni.id, &live).await?;
@@ -148,23 +132,15 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     } else {
         None
     };
-    match args.output {
-        OutputFormat::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&JsonReport {
-                orphans: &orphans,
-                ip_allocations: &allocations,
-                deletion: deletion.as_ref(),
-            })?
-        ),
-        OutputFormat::Table => {
-            print!(
-                "{}",
-                render_table(&args.omni.id, &orphans, deletion.as_ref(), live.len())
-            );
-            print!("{}", render_allocations(&allocations));
-        }
-    }
+    let report = JsonReport {
+        orphans: &orphans,
+        ip_allocations: &left.gone_requests,
+        deletion: deletion.as_ref(),
+    };
+    args.output.print(&report, |r| {
+        let table = render_table(&args.omni.id, r.orphans, r.deletion, live.len());
+        table + &render_allocations(r.ip_allocations)
+    })?;
     match deletion {
         Some(d) if !d.failures.is_empty() => {
             Err(OrphansError::DeleteFailed(d.failures.len()).into())

@@ -16,9 +16,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::CliResult;
-use super::cluster::OutputFormat;
 use super::omni_args::OmniArgs;
+use super::{CliResult, OutputFormat};
 use crate::model::MachineState;
 use crate::model::machine::IpAllocation;
 use crate::omni::client::OmniClient;
@@ -42,17 +41,18 @@ pub struct PoolsArgs {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum PoolsError {
-    #[error(
-        "pools needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): the allocations are recorded in the provider states there"
-    )]
-    NoOmni,
-    #[error("cannot read {what} of provider {provider_id} in Omni: {message}")]
-    Omni {
-        what: &'static str,
-        provider_id: String,
-        message: String,
-    },
+#[error(
+    "pools needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): the allocations are recorded in the provider states there"
+)]
+pub struct NoOmni;
+
+/// A read of Omni failed: which, for which provider, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {what} of provider {provider_id} in Omni: {message}")]
+pub struct OmniReadError {
+    what: &'static str,
+    provider_id: String,
+    message: String,
 }
 
 #[derive(Serialize)]
@@ -63,21 +63,9 @@ struct JsonReport<'a> {
 
 pub async fn run(args: PoolsArgs) -> CliResult {
     telemetry::init_logging(LogFormat::Text, "warn")?;
-    let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, PoolsError::NoOmni)?;
-    let id = &args.omni.id;
-    let omni_error = |what: &'static str| {
-        move |e: StateError| PoolsError::Omni {
-            what,
-            provider_id: id.clone(),
-            message: super::render_error(&e),
-        }
-    };
-    let states = recorded_allocations(&omni, id)
-        .await
-        .map_err(omni_error("the provider states"))?;
-    let live = live_requests(&omni, id)
-        .await
-        .map_err(omni_error("the machine requests"))?;
+    let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, NoOmni)?;
+    let reads = ["read the machine requests", "read the provider states"];
+    let (live, states) = omni_records(&omni, &args.omni.id, reads).await?;
     let reported = if config.ip_pools.is_empty() {
         BTreeSet::new()
     } else {
@@ -85,17 +73,12 @@ pub async fn run(args: PoolsArgs) -> CliResult {
         crate::pipeline::ip_pool::reported_by_agents(&pve).await?
     };
     let (uses, left) = ip_pool::report(&config.ip_pools, &states, &reported, &live);
-    match args.output {
-        OutputFormat::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&JsonReport {
-                pools: &uses,
-                left_over: &left,
-            })?
-        ),
-        OutputFormat::Table => print!("{}", render_table(&uses, &left)),
-    }
-    Ok(())
+    let report = JsonReport {
+        pools: &uses,
+        left_over: &left,
+    };
+    args.output
+        .print(&report, |r| render_table(r.pools, r.left_over))
 }
 
 /// The table: one block per pool, then what is left over.
@@ -150,32 +133,34 @@ pub(super) fn holding_row(h: &Holding) -> Vec<String> {
     ]
 }
 
-/// The static IP allocations each provider state of `provider_id` records, by its request's ID.
-pub(super) async fn recorded_allocations(
+/// What Omni holds of `provider_id`'s machines: the IDs of its MachineRequests, whatever their
+/// phase (one being torn down is the controller's to finish), and the static IP allocations each
+/// provider state records, by its request's ID. `reads` name the two reads in an error.
+pub(super) async fn omni_records(
     omni: &OmniClient,
     provider_id: &str,
-) -> Result<Vec<(String, Vec<IpAllocation>)>, StateError> {
+    reads: [&'static str; 2],
+) -> Result<(BTreeSet<String>, Vec<(String, Vec<IpAllocation>)>), OmniReadError> {
+    let failed = |what| {
+        move |e: StateError| OmniReadError {
+            what,
+            provider_id: provider_id.to_owned(),
+            message: super::render_error(&e),
+        }
+    };
+    let selector = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id);
+    let requests = omni.state.list(&MachineRequest, vec![selector]).await;
+    let requests = requests.map_err(failed(reads[0]))?;
+    tracing::debug!(namespace = %MachineRequest.namespace(), count = requests.len(), "live machine requests");
     let states = omni
         .state
         .list(&ProviderMachine::new(provider_id), vec![])
-        .await?;
-    Ok(states
-        .iter()
-        .map(|m| {
-            let state = MachineState::from_spec(&m.spec);
-            (m.id().to_owned(), state.ip_allocations)
-        })
-        .collect())
-}
-
-/// IDs of the MachineRequests meant for `provider_id`, whatever their phase (one being torn down
-/// is the controller's to finish).
-pub(super) async fn live_requests(
-    omni: &OmniClient,
-    provider_id: &str,
-) -> Result<BTreeSet<String>, StateError> {
-    let selector = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id);
-    let requests = omni.state.list(&MachineRequest, vec![selector]).await?;
-    tracing::debug!(namespace = %MachineRequest.namespace(), count = requests.len(), "live machine requests");
-    Ok(requests.iter().map(|r| r.id().to_owned()).collect())
+        .await;
+    let states = states.map_err(failed(reads[1]))?;
+    let allocations = states.iter().map(|m| {
+        let state = MachineState::from_spec(&m.spec);
+        (m.id().to_owned(), state.ip_allocations)
+    });
+    let live = requests.iter().map(|r| r.id().to_owned()).collect();
+    Ok((live, allocations.collect()))
 }

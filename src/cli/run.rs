@@ -126,49 +126,32 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error(
-        "--config-file (or CONFIG_FILE) is required: the provider needs the Proxmox connection settings"
-    )]
-    NoConfigFile,
-}
-
 /// Everything the provider needs, checked; built before any network call.
-pub struct Settings {
-    pub args: RunArgs,
-    pub config: ProviderConfig,
+struct Settings {
+    args: RunArgs,
+    config: ProviderConfig,
     /// What the config file got wrong without stopping the provider (unknown keys in it or in
     /// `defaults:` and `nodes:`, a token and a password both set): logged once, at start.
-    pub config_warnings: Vec<String>,
-    pub factory_auth: FactoryAuth,
-    pub endpoint: OmniEndpoint,
-    pub key: Arc<ProviderKey>,
-    pub info: ProviderInfo,
-    /// `None` with `--leader-elect=false`.
-    pub leader_election: Option<LeaderElection>,
-}
-
-/// How this replica takes part in the leader election.
-#[derive(Debug, Clone)]
-pub struct LeaderElection {
-    pub timings: Timings,
-    pub claim_file: PathBuf,
+    config_warnings: Vec<String>,
+    factory_auth: FactoryAuth,
+    endpoint: OmniEndpoint,
+    key: Arc<ProviderKey>,
+    info: ProviderInfo,
+    /// The lease's timings; `None` with `--leader-elect=false`.
+    leader_election: Option<Timings>,
 }
 
 impl Settings {
-    pub fn from_args(args: RunArgs) -> Result<Self, BoxError> {
-        let path = args.config_file.as_ref().ok_or(RunError::NoConfigFile)?;
+    fn from_args(args: RunArgs) -> Result<Self, BoxError> {
+        let path = (args.config_file.as_ref()).ok_or(
+            "--config-file (or CONFIG_FILE) is required: the provider needs the Proxmox connection settings",
+        )?;
         let config = ProviderConfig::load(path)?;
         let schema = ProviderDataSchema::new()?.strict(config.strict);
         let overrides = schema.check_config(&config.layers);
         if !overrides.problems.is_empty() {
-            return Err(format!(
-                "config file {}: {}",
-                path.display(),
-                crate::rules::provider_data::describe(&overrides.problems)
-            )
-            .into());
+            let problems = crate::rules::provider_data::describe(&overrides.problems);
+            return Err(format!("config file {}: {problems}", path.display()).into());
         }
         let config_warnings = config
             .warnings
@@ -177,23 +160,13 @@ impl Settings {
             .chain(overrides.warnings.iter().map(|w| w.to_string()))
             .collect();
         let (endpoint, key) = args.omni.connection()?;
-        let leader_election = args
-            .leader_elect
-            .then(|| {
-                let timings = Timings {
-                    lease_duration: args.leader_elect_lease_duration,
-                    renew_deadline: args.leader_elect_renew_deadline,
-                    retry_period: args.leader_elect_retry_period,
-                };
-                timings.check().map(|()| LeaderElection {
-                    timings,
-                    claim_file: args
-                        .leader_elect_claim_file
-                        .clone()
-                        .unwrap_or_else(|| default_claim_path(&args.omni.id)),
-                })
-            })
-            .transpose()?;
+        let timings = Timings {
+            lease_duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+        };
+        let leader_election = args.leader_elect.then_some(timings);
+        leader_election.as_ref().map(Timings::check).transpose()?;
         Ok(Self {
             config,
             config_warnings,
@@ -272,7 +245,7 @@ fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration
     health::health_check(move || std::future::ready(last.borrow().clone()))
 }
 
-pub async fn run_with(
+async fn run_with(
     settings: Settings,
     pve: ProxmoxClient,
     health_check: HealthCheck,
@@ -312,15 +285,15 @@ pub async fn run_with(
     };
     pve.set_fence(fence.clone());
     let state = omni.state.fenced(fence.clone());
-    let (roles, election, _single) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
+    let (roles, part) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
     let heartbeat = health::Heartbeat {
         state: state.clone(),
-        provider_id: provider_id.clone(),
+        provider_id,
         interval: settings.args.health_interval,
         check: health_check,
         metrics: metrics.clone(),
     };
-    let heartbeat = tokio::spawn(heartbeat.run(stop_rx.clone(), roles.clone()));
+    let heartbeat = tokio::spawn(heartbeat.run(stop_rx, roles.clone()));
     let duties = Duties {
         state,
         pve,
@@ -334,12 +307,11 @@ pub async fn run_with(
     let outcome = duties.while_leading(roles, &mut shutdown).await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    if let Some(election) = election {
-        let _ = election.await;
-    }
-    let _ = heartbeat.await;
-    if let Some(server) = metrics_server {
-        let _ = server.await;
+    for task in [Some(part), Some(heartbeat), metrics_server]
+        .into_iter()
+        .flatten()
+    {
+        let _ = task.await;
     }
     tracing::info!("stopped");
     outcome
@@ -356,38 +328,37 @@ fn announce_start(settings: &Settings) {
     );
 }
 
-/// This process's part: a replica in the leader election (its role changes as the lease goes), or
-/// with `--leader-elect=false` the leader for good (the sender keeps that role for the process's
-/// life).
+/// This process's part until `stop`: a replica in the leader election (its role changes as the
+/// lease goes), or with `--leader-elect=false` the leader for good.
 fn take_part(
     settings: &Settings,
     unfenced: &StateClient,
     fence: Fence,
     metrics: &Arc<Metrics>,
     stop: &watch::Receiver<bool>,
-) -> (
-    watch::Receiver<Role>,
-    Option<tokio::task::JoinHandle<()>>,
-    Option<watch::Sender<Role>>,
-) {
-    match &settings.leader_election {
-        Some(le) => {
-            let (election, roles) = Election::new(
-                unfenced.clone(),
-                &settings.info.id,
-                le.timings,
-                Some(&le.claim_file),
-                fence,
-                metrics.clone(),
-            );
-            (roles, Some(tokio::spawn(election.run(stop.clone()))), None)
-        }
-        None => {
-            metrics.set_leader(true);
-            let (single, roles) = watch::channel(Role::Leader);
-            (roles, None, Some(single))
-        }
-    }
+) -> (watch::Receiver<Role>, JoinHandle<()>) {
+    let Some(timings) = settings.leader_election else {
+        metrics.set_leader(true);
+        let (single, roles) = watch::channel(Role::Leader);
+        let mut stop = stop.clone();
+        let part = tokio::spawn(async move {
+            let _ = stop.wait_for(|s| *s).await;
+            drop(single);
+        });
+        return (roles, part);
+    };
+    let args = &settings.args;
+    let claim_file =
+        (args.leader_elect_claim_file.clone()).unwrap_or_else(|| default_claim_path(&args.omni.id));
+    let (election, roles) = Election::new(
+        unfenced.clone(),
+        &settings.info.id,
+        timings,
+        Some(&claim_file),
+        fence,
+        metrics.clone(),
+    );
+    (roles, tokio::spawn(election.run(stop.clone())))
 }
 
 /// What the leader does, and what it needs to do it.
@@ -430,19 +401,26 @@ impl Duties<'_> {
                 Err(StateError::Fenced { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
-            let term = self.start_term()?;
+            let (stop, tasks) = self.start_term()?;
             let done = tokio::select! {
                 _ = roles.wait_for(|r| *r != Role::Leader) => false,
                 () = &mut *shutdown => true,
             };
-            term.stop().await;
+            // Reconciles in flight finish within the runner's grace (a fenced write fails at once,
+            // which is where a term that lost the lease stops), then the term's state goes.
+            let _ = stop.send(true);
+            for task in tasks {
+                let _ = task.await;
+            }
             if done {
                 return Ok(());
             }
         }
     }
 
-    fn start_term(&self) -> Result<Term, SchemaError> {
+    /// One term of leadership: the reconcile workers and the housekeeping round, until the sender
+    /// sends `true`.
+    fn start_term(&self) -> Result<(watch::Sender<bool>, [JoinHandle<()>; 2]), SchemaError> {
         let settings = self.settings;
         let services = Arc::new(Services {
             provider_id: settings.info.id.clone(),
@@ -464,10 +442,7 @@ impl Duties<'_> {
         let (stop, stop_rx) = watch::channel(false);
         // With replicas, a standby waits for this one's in-flight work: it gets a moment to finish,
         // then stops where it is, and the next leader resumes it from the provider state.
-        let grace = match settings.leader_election {
-            Some(_) => HANDOVER_GRACE,
-            None => runner::SHUTDOWN_GRACE,
-        };
+        let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
         let controller =
             Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
         let topology = tokio::spawn(crate::controller::housekeeping::run(
@@ -480,33 +455,13 @@ impl Duties<'_> {
             concurrency = settings.args.concurrency,
             "watching machine requests"
         );
-        Ok(Term {
-            stop,
-            tasks: vec![reconciling, topology],
-        })
+        Ok((stop, [reconciling, topology]))
     }
 }
 
 /// How long a leader's in-flight reconciles may run on when it stops leading or shuts down, before
 /// they are cut short and the lease goes to a standby.
 const HANDOVER_GRACE: Duration = Duration::from_secs(1);
-
-/// One term of leadership: the reconcile workers and the housekeeping round.
-struct Term {
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl Term {
-    /// Stops the term: reconciles in flight finish within the runner's grace (a fenced write fails
-    /// at once, which is where a term that lost the lease stops), then the term's state goes.
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
-    }
-}
 
 /// Longest wait between two tries to reach Omni at start.
 const START_RETRY_MAX: Duration = Duration::from_secs(30);
@@ -542,12 +497,10 @@ fn start_metrics(
     stop: &watch::Receiver<bool>,
 ) -> (Arc<Metrics>, Option<JoinHandle<()>>) {
     let metrics = Arc::new(Metrics::default());
-    {
-        let metrics = metrics.clone();
-        pve.set_observer(Arc::new(move |method, status, took| {
-            metrics.proxmox_request(method, status, took)
-        }));
-    }
+    let observer = metrics.clone();
+    pve.set_observer(Arc::new(move |method, status, took| {
+        observer.proxmox_request(method, status, took)
+    }));
     let server = listen.map(|listen| {
         let mut stop = stop.clone();
         let metrics = metrics.clone();
@@ -563,26 +516,18 @@ fn start_metrics(
     (metrics, server)
 }
 
-/// Resolves on SIGTERM or SIGINT.
+/// Resolves on SIGTERM or SIGINT (on SIGINT only where SIGTERM cannot be listened for).
 pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+        return;
     }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 #[cfg(test)]

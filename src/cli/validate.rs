@@ -17,14 +17,12 @@
 
 use std::path::{Path, PathBuf};
 
-use super::CliResult;
-use super::cluster::OutputFormat;
+use super::{CliResult, OutputFormat};
 use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::ProviderDataSchema;
 use crate::validate::{
-    Finding, Layers, Outcome, Report, config_file_findings, findings_of, pool_findings,
-    validate_class,
+    Finding, Layers, Outcome, Report, config_file_findings, pool_findings, validate_class,
 };
 
 #[derive(Debug, clap::Args)]
@@ -64,12 +62,14 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     let pools = pool_findings(&client, &schema, &layers, &config.ip_pools).await?;
     // The config's `policy:`, as provisioning checks it.
     let refused: Vec<Finding> = match layers.resolve_on(&schema, None) {
-        Ok(data) => findings_of(Outcome::Problem, None, config.policy.check(&data)).collect(),
+        Ok(data) => Outcome::Problem
+            .findings(config.policy.check(&data))
+            .collect(),
         Err(_) => Vec::new(),
     };
     let reach = crate::validate::root_reach_warning(&client)
         .await
-        .map(|w| Finding::new(Outcome::Warning, "proxmox.tokenID", None, w));
+        .map(|w| Outcome::Warning.finding("proxmox.tokenID", w));
     let report = Report::new(
         config_file_findings(&config)
             .into_iter()
@@ -79,10 +79,7 @@ pub async fn run(args: ValidateArgs) -> CliResult {
             .chain(reach)
             .collect(),
     );
-    match args.output {
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        OutputFormat::Table => print!("{}", report.render_text()),
-    }
+    args.output.print(&report, Report::render_text)?;
     if report.ok {
         Ok(())
     } else {

@@ -3,10 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::layers::{Layers, Origin};
+use super::layers::Layers;
 use super::report::{Finding, Outcome, list_or_none};
-use crate::model::Listing;
-use crate::model::{ClusterSnapshot, MIB};
+use crate::model::{ClusterSnapshot, Listing, MIB, NodeSnapshot};
 use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::HaRule;
 use crate::proxmox::network::mapping::ResourceMapping;
@@ -42,102 +41,79 @@ pub struct ClusterFacts {
     pub health: Option<Result<ClusterHealth, String>>,
 }
 
-/// What placement is asked for a class. The data checked on a node is already resolved with that
-/// node's `nodes:` override, so no per-node selectors are passed on top.
-pub(crate) struct ClassPlacement {
-    allowed: Vec<String>,
-    no_overrides: BTreeMap<String, StorageSelector>,
+/// The data checked on a node is already resolved with that node's `nodes:` override, so placement
+/// gets no per-node selectors on top.
+static NO_OVERRIDES: BTreeMap<String, StorageSelector> = BTreeMap::new();
+
+/// The request placement would get for `data` (a class has no request ID or set yet); `allowed` are
+/// `data`'s allowed nodes.
+pub(crate) fn class_request<'a>(
+    data: &'a ProviderData,
+    allowed: &'a [String],
     limits: PlacementLimits,
-    clone: Option<CloneSource>,
-}
-
-impl ClassPlacement {
-    pub(crate) fn new(
-        data: &ProviderData,
-        limits: PlacementLimits,
-        clone: Option<CloneSource>,
-    ) -> Self {
-        Self {
-            allowed: data.allowed_nodes.iter().map(|n| n.to_string()).collect(),
-            no_overrides: BTreeMap::new(),
-            limits,
-            clone,
-        }
-    }
-
-    /// The request placement would get for `data` (a class has no request ID or set yet).
-    pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
-        PlacementRequest {
-            request_id: "",
-            memory_mb: data.memory_mb,
-            disk_gb: data.total_disk_gb(),
-            selector: &data.storage_selector,
-            node_selectors: &self.no_overrides,
-            pinned_node: data.node.as_ref().map(|n| n.as_str()),
-            allowed_nodes: &self.allowed,
-            set_id: None,
-            strategy: data.placement_strategy,
-            vcpus: data.vcpus(),
-            limits: self.limits,
-            clone: self.clone.as_ref(),
-            ha: data.ha.as_ref(),
-        }
+    clone: Option<&'a CloneSource>,
+) -> PlacementRequest<'a> {
+    PlacementRequest {
+        request_id: "",
+        memory_mb: data.memory_mb,
+        disk_gb: data.total_disk_gb(),
+        selector: &data.storage_selector,
+        node_selectors: &NO_OVERRIDES,
+        pinned_node: data.node.as_ref().map(|n| n.as_str()),
+        allowed_nodes: allowed,
+        set_id: None,
+        strategy: data.placement_strategy,
+        vcpus: data.vcpus(),
+        limits,
+        clone,
+        ha: data.ha.as_ref(),
     }
 }
 
-/// The nodes placement could choose for `data`, as (name, online). A pinned node that does not exist
-/// yields nothing (reported by [`check_cluster`]).
-pub fn candidate_nodes(data: &ProviderData, cluster: &ClusterSnapshot) -> Vec<(String, bool)> {
-    let class = ClassPlacement::new(data, PlacementLimits::default(), None);
-    let request = class.request(data);
-    cluster
-        .nodes
-        .iter()
-        .filter(|n| request.considers(&n.name))
-        .map(|n| (n.name.to_string(), n.online))
-        .collect()
+fn allowed_names(data: &ProviderData) -> Vec<String> {
+    data.allowed_nodes.iter().map(|n| n.to_string()).collect()
+}
+
+/// The nodes placement could choose for `data`. A pinned node that does not exist yields nothing
+/// (reported by [`super::checks::check_cluster`]).
+pub fn candidate_nodes<'c>(
+    data: &ProviderData,
+    cluster: &'c ClusterSnapshot,
+) -> Vec<&'c NodeSnapshot> {
+    let allowed = allowed_names(data);
+    let request = class_request(data, &allowed, PlacementLimits::default(), None);
+    let considered = cluster.nodes.iter().filter(|n| request.considers(&n.name));
+    considered.collect()
 }
 
 /// Everything one check of the cluster works from.
 pub(crate) struct ClusterCheck<'a> {
     pub schema: &'a ProviderDataSchema,
-    /// The layers that resolve the data (with stand-ins when `defaults:` are checked).
     pub layers: &'a Layers<'a>,
-    /// The layers as the user wrote them, for key paths.
-    pub origin: Origin<'a, 'a>,
     pub data: &'a ProviderData,
     pub view: &'a ClusterFacts,
     pub cluster: ClusterSnapshot,
-    pub class: ClassPlacement,
+    allowed: Vec<String>,
     /// "pve1, pve2", or "none".
     existing: String,
 }
 
 impl<'a> ClusterCheck<'a> {
-    /// `layers` resolve the data; `written` are the layers as the user wrote them (they differ by
-    /// the `stand_ins` when `defaults:` are checked), for key paths.
     pub(crate) fn new(
         schema: &'a ProviderDataSchema,
         layers: &'a Layers<'a>,
-        origin: Origin<'a, 'a>,
         data: &'a ProviderData,
         view: &'a ClusterFacts,
     ) -> Self {
         let cluster = ClusterSnapshot::from_resources(&view.resources);
-        let existing = list_or_none(&cluster.node_names());
         Self {
+            existing: list_or_none(&cluster.node_names()),
+            allowed: allowed_names(data),
             schema,
             layers,
-            origin,
             data,
             view,
-            class: ClassPlacement::new(
-                data,
-                view.placement,
-                view.clone_source.clone().and_then(Result::ok),
-            ),
             cluster,
-            existing,
         }
     }
 
@@ -153,41 +129,53 @@ impl<'a> ClusterCheck<'a> {
     }
 }
 
+impl ClusterCheck<'_> {
+    /// The request placement would get for `data` (resolved on some node, or not).
+    pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
+        let clone = self
+            .view
+            .clone_source
+            .as_ref()
+            .and_then(|c| c.as_ref().ok());
+        class_request(data, &self.allowed, self.view.placement, clone)
+    }
+
+    /// `key` as the user must change it ([`Layers::key`]), for the class as a whole.
+    fn key(&self, key: &str) -> String {
+        self.layers.key(key, None)
+    }
+}
+
 /// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
 /// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
 fn health_finding(view: &ClusterFacts) -> Option<Finding> {
-    let finding = match view.health.as_ref()? {
-        Ok(h) if h.can_write() => Finding::new(Outcome::Pass, "cluster.quorum", None, h.summary()),
-        Ok(h) => Finding::new(Outcome::Problem, "cluster.quorum", None, h.summary()),
-        Err(why) => Finding::new(
-            Outcome::Skipped,
-            "cluster.quorum",
-            None,
+    let key = "cluster.quorum";
+    Some(match view.health.as_ref()? {
+        Ok(h) if h.can_write() => Outcome::Pass.finding(key, h.summary()),
+        Ok(h) => Outcome::Problem.finding(key, h.summary()),
+        Err(why) => Outcome::Skipped.finding(
+            key,
             format!("cannot read the cluster's quorum and membership: {why}"),
         ),
-    };
-    Some(finding)
+    })
 }
 
 /// Keys the cluster's Proxmox VE release must support.
 fn release_findings(data: &ProviderData, view: &ClusterFacts) -> Vec<Finding> {
     match &view.pve_version {
-        Some(Ok(version)) => release_problems(data, version)
-            .into_iter()
-            .map(|p| Finding::new(Outcome::Problem, p.key, None, p.message))
+        Some(Ok(version)) => Outcome::Problem
+            .findings(release_problems(data, version))
             .collect(),
-        Some(Err(why)) => vec![Finding::new(
-            Outcome::Skipped,
-            if data.boot == BootMode::Image {
-                "boot"
-            } else {
-                "ha.failback"
-            },
-            None,
-            format!(
+        Some(Err(why)) => {
+            let key = match data.boot {
+                BootMode::Image => "boot",
+                _ => "ha.failback",
+            };
+            let message = format!(
                 "cannot read the Proxmox VE version to check that the cluster supports it: {why}"
-            ),
-        )],
+            );
+            vec![Outcome::Skipped.finding(key, message)]
+        }
         None => Vec::new(),
     }
 }
@@ -204,10 +192,8 @@ impl ClusterCheck<'_> {
             if let Some((i, slot)) =
                 crate::rules::vm_config::additional_disk_clash(self.data, &slots)
             {
-                out.push(Finding::new(
-                    Outcome::Problem,
-                    format!("{}[{i}]", self.origin.key("additional_disks", None)),
-                    None,
+                out.push(Outcome::Problem.finding(
+                    format!("{}[{i}]", self.key("additional_disks")),
                     format!(
                         "goes to {slot}, which template {} (VM {} on {}) already fills: the clone keeps the template's drive there and this disk would never be made",
                         source.wanted, template.vmid, template.node
@@ -234,12 +220,7 @@ impl ClusterCheck<'_> {
             comment: "",
         };
         if let Err(why) = crate::rules::ha::check_join(&membership, rules) {
-            out.push(Finding::new(
-                Outcome::Problem,
-                self.origin.key("ha", None),
-                None,
-                why,
-            ));
+            out.push(Outcome::Problem.finding(self.key("ha"), why));
         }
     }
 
@@ -248,38 +229,30 @@ impl ClusterCheck<'_> {
     fn placement_findings(&self, out: &mut Vec<Finding>) {
         let data = self.data;
         let existing = &self.existing;
+        let missing = |key: String, node: &dyn std::fmt::Display, why: &str| {
+            let message =
+                format!("node \"{node}\" does not exist{why}; the cluster has: {existing}");
+            Outcome::Problem.finding(key, message)
+        };
         if let Some(pinned) = &data.node {
-            let key = self.origin.key("node", None);
+            let key = self.key("node");
             out.push(match placement::pinned_node(&self.cluster, pinned.as_str()) {
-                Ok(n) => Finding::new(
-                    Outcome::Pass,
+                Ok(n) => Outcome::Pass.finding(key, "exists and is online").on(n.name.as_str()),
+                Err(PlacementError::PinnedNodeOffline { node }) => Outcome::Problem.finding(
                     key,
-                    Some(n.name.as_str()),
-                    "exists and is online".into(),
-                ),
-                Err(PlacementError::PinnedNodeOffline { node }) => Finding::new(
-                    Outcome::Problem,
-                    key,
-                    Some(&node),
                     format!(
                         "node \"{pinned}\" is offline: nothing can be created until it is back (or pin another node: {existing})"
                     ),
-                ),
-                Err(_) => Finding::new(
-                    Outcome::Problem,
-                    key,
-                    None,
-                    format!("node \"{pinned}\" does not exist; the cluster has: {existing}"),
-                ),
+                ).on(node),
+                Err(_) => missing(key, pinned, ""),
             });
         } else {
             for (i, allowed) in data.allowed_nodes.iter().enumerate() {
                 if self.cluster.node(allowed.as_str()).is_none() {
-                    out.push(Finding::new(
-                        Outcome::Problem,
-                        format!("{}[{i}]", self.origin.key("allowed_nodes", None)),
-                        None,
-                        format!("node \"{allowed}\" does not exist; the cluster has: {existing}"),
+                    out.push(missing(
+                        format!("{}[{i}]", self.key("allowed_nodes")),
+                        allowed,
+                        "",
                     ));
                 }
             }
@@ -289,22 +262,18 @@ impl ClusterCheck<'_> {
         let ha_nodes = data.ha.iter().flat_map(|ha| ha.node_affinity_nodes.iter());
         for (i, ha_node) in ha_nodes.enumerate() {
             if self.cluster.node(ha_node.as_str()).is_none() {
-                out.push(Finding::new(
-                    Outcome::Problem,
-                    format!("{}.node_affinity_nodes[{i}]", self.origin.key("ha", None)),
-                    None,
-                    format!(
-                        "node \"{ha_node}\" does not exist (Proxmox refuses an HA rule naming it); the cluster has: {existing}"
-                    ),
+                let key = format!("{}.node_affinity_nodes[{i}]", self.key("ha"));
+                out.push(missing(
+                    key,
+                    ha_node,
+                    " (Proxmox refuses an HA rule naming it)",
                 ));
             }
         }
-        for name in self.origin.layers.nodes.keys() {
+        for name in self.layers.nodes.keys() {
             if self.cluster.node(name).is_none() {
-                out.push(Finding::new(
-                    Outcome::Warning,
+                out.push(Outcome::Warning.finding(
                     format!("nodes.{name}"),
-                    None,
                     format!(
                         "the provider config has overrides for node {name:?}, which is not in the cluster ({existing})"
                     ),
@@ -322,27 +291,23 @@ impl ClusterCheck<'_> {
         let key = if self.data.allowed_nodes.is_empty() {
             "node".to_string()
         } else {
-            self.origin.key("allowed_nodes", None)
+            self.key("allowed_nodes")
         };
         let candidates = candidate_nodes(self.data, &self.cluster);
-        for (name, online) in &candidates {
-            if !online {
-                out.push(Finding::new(
-                    Outcome::Warning,
-                    key.clone(),
-                    Some(name),
-                    format!(
-                        "node is {}: it will not be chosen until it is back; the online nodes are checked",
-                        LeftOut::Offline
-                    ),
-                ));
-            }
+        for node in candidates.iter().filter(|n| !n.online) {
+            let message = format!(
+                "node is {}: it will not be chosen until it is back; the online nodes are checked",
+                LeftOut::Offline
+            );
+            out.push(
+                Outcome::Warning
+                    .finding(&key, message)
+                    .on(node.name.as_str()),
+            );
         }
-        if !candidates.iter().any(|(_, online)| *online) {
-            out.push(Finding::new(
-                Outcome::Problem,
+        if !candidates.iter().any(|n| n.online) {
+            out.push(Outcome::Problem.finding(
                 key,
-                None,
                 format!(
                     "no online node can be chosen (cluster: {}); nothing can be created",
                     self.existing
@@ -356,75 +321,55 @@ impl ClusterCheck<'_> {
         let Some(found) = &self.view.clone_source else {
             return;
         };
-        let key = self.origin.key("template", None);
-        match found {
-            Ok(source) => {
-                let copies: Vec<String> = source
-                    .templates
-                    .iter()
-                    .map(|t| {
-                        format!(
-                            "{} ({}) on {}",
-                            t.vmid,
-                            t.name.as_deref().unwrap_or("unnamed"),
-                            t.node
-                        )
-                    })
-                    .collect();
-                if !copies.is_empty() {
-                    out.push(Finding::new(
-                        Outcome::Pass,
-                        key.clone(),
-                        None,
-                        format!("template {}", copies.join(", ")),
-                    ));
-                }
-                for node in &source.offline {
-                    out.push(Finding::new(
-                        Outcome::Warning,
-                        key.clone(),
-                        Some(node),
-                        "a copy of the template is on this node, which is offline: it cannot be cloned until the node is back".into(),
-                    ));
-                }
-            }
-            Err(why) => out.push(Finding::new(Outcome::Problem, key, None, why.clone())),
+        let key = self.key("template");
+        let source = match found {
+            Ok(source) => source,
+            Err(why) => return out.push(Outcome::Problem.finding(key, why)),
+        };
+        let copies: Vec<String> = source
+            .templates
+            .iter()
+            .map(|t| {
+                let name = t.name.as_deref().unwrap_or("unnamed");
+                format!("{} ({name}) on {}", t.vmid, t.node)
+            })
+            .collect();
+        if !copies.is_empty() {
+            out.push(Outcome::Pass.finding(&key, format!("template {}", copies.join(", "))));
+        }
+        for node in &source.offline {
+            out.push(Outcome::Warning.finding(&key, "a copy of the template is on this node, which is offline: it cannot be cloned until the node is back").on(node.as_str()));
         }
     }
 
-    /// Which nodes a clone of the template reaches, by placement's rule: a pinned node that cannot is
-    /// a problem; otherwise a node left out is a warning, and no node at all the problem.
-    /// `boot: clone`: what each candidate node's clone would be, or why there is none.
+    /// `boot: clone`: what each candidate node's clone would be, or why there is none. A pinned
+    /// node that cannot take one is a problem; otherwise a node left out is a warning, and no node
+    /// at all the problem.
     pub(crate) fn clone_findings(
         &self,
-        verdicts: &[(&str, &Result<String, CloneRefusal>)],
+        verdicts: &[(&str, Result<String, CloneRefusal>)],
         out: &mut Vec<Finding>,
     ) {
         if verdicts.is_empty() {
             return;
         }
-        let key = self.origin.key("template", None);
+        let key = self.key("template");
         let pinned = self.data.node.is_some();
         for (node, verdict) in verdicts {
-            out.push(match verdict {
-                Ok(how) => Finding::new(Outcome::Pass, key.clone(), Some(node), how.clone()),
-                Err(why) if pinned => {
-                    Finding::new(Outcome::Problem, key.clone(), Some(node), why.to_string())
+            out.push(
+                match verdict {
+                    Ok(how) => Outcome::Pass.finding(&key, how),
+                    Err(why) if pinned => Outcome::Problem.finding(&key, why.to_string()),
+                    Err(why) => Outcome::Warning
+                        .finding(&key, format!("placement leaves {node} out: {why}")),
                 }
-                Err(why) => Finding::new(
-                    Outcome::Warning,
-                    key.clone(),
-                    Some(node),
-                    format!("placement leaves {node} out: {why}"),
-                ),
-            });
+                .on(*node),
+            );
         }
         if !pinned && verdicts.iter().all(|(_, v)| v.is_err()) {
-            out.push(Finding::new(
-                Outcome::Problem,
+            out.push(Outcome::Problem.finding(
                 key,
-                None,
-                "no candidate node can take a clone of the template (see the warnings per node); keep a copy of the template on a node, or put it and the selected storage on shared storage".into(),
+                "no candidate node can take a clone of the template (see the warnings per node); keep a copy of the template on a node, or put it and the selected storage on shared storage",
             ));
         }
     }
@@ -438,7 +383,7 @@ impl ClusterCheck<'_> {
         fits: &[(String, Result<u64, LeftOut>)],
         out: &mut Vec<Finding>,
     ) {
-        if fits.is_empty() || self.origin.is_stand_in("memory", None) {
+        if fits.is_empty() || self.layers.is_stand_in("memory", None) {
             return;
         }
         let data = self.data;
@@ -447,53 +392,45 @@ impl ClusterCheck<'_> {
             .filter(|(_, fit)| fit.is_ok())
             .map(|(n, _)| n.as_str())
             .collect();
-        let vcpus = self.class.request(data).vcpus;
+        let vcpus = self.request(data).vcpus;
         if fitting.is_empty() {
             let (key, message) = self.fits_nowhere(fits, vcpus);
-            out.push(Finding::new(
-                Outcome::Problem,
-                key,
-                data.node.as_ref().map(|n| n.as_str()),
-                message,
-            ));
+            let finding = Outcome::Problem.finding(key, message);
+            out.push(Finding {
+                node: data.node.as_ref().map(|n| n.to_string()),
+                ..finding
+            });
             return;
         }
-        out.push(Finding::new(
-            Outcome::Pass,
-            self.origin.key("memory", None),
-            None,
-            format!(
-                "{} MiB and {vcpus} vCPUs fit on {}",
-                data.memory_mb,
-                fitting.join(", ")
-            ),
-        ));
+        let fit = format!(
+            "{} MiB and {vcpus} vCPUs fit on {}",
+            data.memory_mb,
+            fitting.join(", ")
+        );
+        out.push(Outcome::Pass.finding(self.key("memory"), fit));
         for (node, fit) in fits {
-            let message = match fit {
-                Ok(_) => continue,
-                Err(LeftOut::MemoryShort { free_memory, .. }) => format!(
+            let Err(why) = fit else { continue };
+            let message = match why {
+                LeftOut::MemoryShort { free_memory, .. } => format!(
                     "only {} MiB free now, {} MiB needed: this node will be skipped",
                     free_memory / MIB,
                     data.memory_mb
                 ),
-                Err(why) => format!("{why}: this node will be skipped"),
+                why => format!("{why}: this node will be skipped"),
             };
-            let key = fit
-                .as_ref()
-                .err()
-                .map(|why| self.key_for(why))
-                .unwrap_or_default();
-            out.push(Finding::new(Outcome::Warning, key, Some(node), message));
+            out.push(
+                Outcome::Warning
+                    .finding(self.key_for(why), message)
+                    .on(node),
+            );
         }
     }
 
     /// The key a node's verdict is about: `cores` for too few CPUs, else `memory`.
     fn key_for(&self, why: &LeftOut) -> String {
         match why {
-            LeftOut::CpusCommitted { .. } | LeftOut::TooFewCpus { .. } => {
-                self.origin.key("cores", None)
-            }
-            _ => self.origin.key("memory", None),
+            LeftOut::CpusCommitted { .. } | LeftOut::TooFewCpus { .. } => self.key("cores"),
+            _ => self.key("memory"),
         }
     }
 
@@ -503,41 +440,34 @@ impl ClusterCheck<'_> {
         fits: &[(String, Result<u64, LeftOut>)],
         vcpus: u64,
     ) -> (String, String) {
-        let data = self.data;
-        let short: Vec<(&str, u64)> = fits
-            .iter()
-            .filter_map(|(n, fit)| match fit {
-                Err(LeftOut::MemoryShort { free_memory, .. }) => Some((n.as_str(), *free_memory)),
-                _ => None,
-            })
+        let memory_mb = self.data.memory_mb;
+        let short = |fit: &Result<u64, LeftOut>| match fit {
+            Err(LeftOut::MemoryShort { free_memory, .. }) => Some(*free_memory),
+            _ => None,
+        };
+        // Every node short of memory, or the reasons as they come.
+        let free: Option<Vec<String>> = (fits.iter())
+            .map(|(n, fit)| Some(format!("{n} {} MiB", short(fit)? / MIB)))
             .collect();
-        if short.len() == fits.len() {
-            let all: Vec<String> = short
-                .iter()
-                .map(|(n, free)| format!("{n} {} MiB", free / MIB))
-                .collect();
-            return (
-                self.origin.key("memory", None),
-                format!(
-                    "{} MiB fits on no candidate node (free memory: {})",
-                    data.memory_mb,
-                    all.join(", ")
-                ),
-            );
+        if let Some(free) = free {
+            let free = free.join(", ");
+            let message =
+                format!("{memory_mb} MiB fits on no candidate node (free memory: {free})");
+            return (self.key("memory"), message);
         }
-        let all: Vec<String> = fits
+        let left_out = fits
             .iter()
-            .filter_map(|(n, fit)| fit.as_ref().err().map(|why| format!("{n}: {why}")))
+            .filter_map(|(n, fit)| Some((n, fit.as_ref().err()?)));
+        let all: Vec<String> = left_out
+            .clone()
+            .map(|(n, why)| format!("{n}: {why}"))
             .collect();
-        let key = fits
-            .iter()
-            .find_map(|(_, fit)| fit.as_ref().err().map(|why| self.key_for(why)))
-            .unwrap_or_else(|| self.origin.key("memory", None));
+        let key = (left_out.map(|(_, why)| self.key_for(why)).next())
+            .unwrap_or_else(|| self.key("memory"));
         (
             key,
             format!(
-                "{} MiB and {vcpus} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
-                data.memory_mb,
+                "{memory_mb} MiB and {vcpus} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
                 all.join("; ")
             ),
         )

@@ -2,34 +2,13 @@
 
 use std::fmt::Write as _;
 
-use super::checks::check_cluster_inner;
-use super::cluster::ClusterFacts;
+use super::checks::check_cluster;
 use super::gather::gather;
-use super::layers::{Layers, with_stand_ins};
-use super::report::{Finding, Outcome, findings_of};
+use super::layers::Layers;
+use super::report::{Finding, Outcome};
 use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::ProviderDataSchema;
-
-/// The config's `defaults:` (with its `nodes:` overrides) against the cluster, pure. `defaults` may
-/// lack keys a machine class must have, so stand-ins fill them and checks of stand-ins are dropped:
-/// only what is actually set is judged.
-pub fn check_defaults_against(
-    schema: &ProviderDataSchema,
-    config: &ProviderConfig,
-    view: &ClusterFacts,
-) -> Vec<Finding> {
-    let (filled, stand_ins) = with_stand_ins(&config.defaults);
-    let written = Layers::new("{}", config);
-    let layers = Layers {
-        defaults: &filled,
-        ..written
-    };
-    match layers.resolve_on(schema, None) {
-        Ok(data) => check_cluster_inner(schema, &layers, &written, &data, view, &stand_ins),
-        Err(problems) => findings_of(Outcome::Problem, None, problems).collect(),
-    }
-}
 
 /// The longest health text [`check_defaults`] returns; Omni shows it in one line.
 pub(crate) const HEALTH_TEXT_MAX: usize = 480;
@@ -45,29 +24,26 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
         Ok(s) => s.strict(config.strict),
         Err(e) => return Some(e.to_string()),
     };
-    let (filled, _) = with_stand_ins(&config.defaults);
-    let layers = Layers {
-        defaults: &filled,
-        ..Layers::new("{}", config)
-    };
-    // Data that does not resolve gets no cluster read: its problems are the findings.
-    let view = match layers.resolve_on(&schema, None) {
+    // The config's `defaults:` may lack keys a machine class must have: stand-ins fill them and
+    // checks of stand-ins are dropped, so only what is actually set is judged. Data that does not
+    // resolve gets no cluster read: its problems are the findings.
+    let layers = Layers::of_defaults(config);
+    let findings = match layers.resolve_on(&schema, None) {
         Ok(data) => match gather(pve, &data, &config.nodes, config.placement).await {
-            Ok(v) => v,
+            Ok(view) => check_cluster(&schema, &layers, &data, &view),
             Err(e) => {
                 return Some(format!(
                     "cannot check the config defaults against Proxmox: {e}"
                 ));
             }
         },
-        Err(_) => ClusterFacts::default(),
+        Err(problems) => Outcome::Problem.findings(problems).collect(),
     };
-    let findings = check_defaults_against(&schema, config, &view);
-    let problems: Vec<Finding> = findings
+    let mut problems = findings
         .into_iter()
         .filter(|f| f.outcome == Outcome::Problem)
-        .collect();
-    (!problems.is_empty()).then(|| summarize(problems.into_iter()))
+        .peekable();
+    problems.peek().is_some().then(|| summarize(problems))
 }
 
 /// `provider config: KEY (on NODE): MESSAGE; ... and N more`, cut to [`HEALTH_TEXT_MAX`].

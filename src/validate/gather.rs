@@ -12,7 +12,6 @@ use super::layers::Layers;
 use super::report::Report;
 use crate::model::ClusterSnapshot;
 use crate::pipeline::template::clone_source;
-use crate::proxmox::network::mapping::ResourceMapping;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
@@ -31,30 +30,25 @@ pub async fn gather(
 ) -> Result<ClusterFacts, ProxmoxError> {
     let resources = pve.cluster_listing().await?;
     let cluster = ClusterSnapshot::from_resources(&resources);
-    let online: Vec<NodeName> = candidate_nodes(data, &cluster)
-        .into_iter()
-        .filter(|(_, online)| *online)
-        .filter_map(|(n, _)| NodeName::new(n).ok())
-        .collect();
+    let online = candidate_nodes(data, &cluster).into_iter();
     let answers = futures_util::future::join_all(
         online
-            .iter()
-            .map(|node| async move { (node.to_string(), bridges(pve, node).await) }),
+            .filter(|n| n.online)
+            .map(|n| async { (n.name.to_string(), bridges(pve, &n.name).await) }),
     )
     .await;
-    let uses = |key: &str, list_empty: bool| {
-        !list_empty
-            || config_nodes.values().any(|v| {
-                v.get(key)
-                    .is_some_and(|l| l.as_array().is_some_and(|a| !a.is_empty()))
-            })
+    let uses = |key: &str, in_data: bool| {
+        // A missing key (or a node override that is not a map) indexes as null.
+        in_data || (config_nodes.values()).any(|v| v[key].as_array().is_some_and(|a| !a.is_empty()))
     };
-    let pci =
-        uses("pci_devices", data.pci_devices.is_empty()).then(|| mappings(pve, MappingKind::Pci));
-    let pci_mappings = OptionFuture::from(pci).await;
-    let usb =
-        uses("usb_devices", data.usb_devices.is_empty()).then(|| mappings(pve, MappingKind::Usb));
-    let usb_mappings = OptionFuture::from(usb).await;
+    let mappings = |kind, used: bool| {
+        let read = async move { pve.resource_mappings(kind).await.map_err(|e| e.to_string()) };
+        OptionFuture::from(used.then_some(read))
+    };
+    let pci_used = uses("pci_devices", !data.pci_devices.is_empty());
+    let pci_mappings = mappings(MappingKind::Pci, pci_used).await;
+    let usb_used = uses("usb_devices", !data.usb_devices.is_empty());
+    let usb_mappings = mappings(MappingKind::Usb, usb_used).await;
     let version = needs_release_check(data).then_some(async {
         let version = pve.version().await;
         version.map(|v| v.version).map_err(|e| e.to_string())
@@ -113,10 +107,6 @@ async fn bridges(pve: &ProxmoxClient, node: &NodeName) -> Result<Vec<String>, St
         .filter(|i| i.is_guest_bridge())
         .map(|i| i.iface)
         .collect())
-}
-
-async fn mappings(pve: &ProxmoxClient, kind: MappingKind) -> Result<Vec<ResourceMapping>, String> {
-    pve.resource_mappings(kind).await.map_err(|e| e.to_string())
 }
 
 /// The whole check of one machine class's provider data: schema, then (if that passes) the cluster.

@@ -15,7 +15,26 @@ pub struct Layers<'a> {
     pub nodes: &'a Map<String, Value>,
     /// The config's static IP pools: a pool's bridge and VLAN replace the NIC's, as provisioning does.
     pub ip_pools: &'a [IpPool],
+    /// The config's `defaults:` on their own, without a class: the keys a class must set that
+    /// `defaults:` leave out get stand-ins ([`STAND_INS`]), and findings about stand-ins are dropped.
+    pub stand_ins: bool,
 }
+
+/// A key and its stand-in value.
+type StandIn = (&'static str, fn() -> Value);
+
+/// Values that satisfy the schema for the keys a machine class must set, used when `defaults:` leaves
+/// them out.
+const STAND_INS: [StandIn; 4] = [
+    ("cores", || json!(1)),
+    ("memory", || json!(2048)),
+    ("disk_size", || json!(5)),
+    ("storage_selector", || json!("true")),
+];
+
+/// Keys whose built-in default a machine class usually relies on; checked for `defaults:` only when
+/// set there (or in a node override).
+const CHECKED_ONLY_WHEN_SET: [&str; 2] = ["network_bridge", "iso_storage_selector"];
 
 impl<'a> Layers<'a> {
     pub fn new(class_yaml: &'a str, config: &'a ProviderConfig) -> Self {
@@ -24,10 +43,19 @@ impl<'a> Layers<'a> {
             defaults: &config.defaults,
             nodes: &config.nodes,
             ip_pools: &config.ip_pools,
+            stand_ins: false,
         }
     }
 
-    pub(crate) fn node_override(&self, node: &str) -> Option<&'a Map<String, Value>> {
+    /// The config's `defaults:` (with its `nodes:` overrides) on their own.
+    pub fn of_defaults(config: &'a ProviderConfig) -> Self {
+        Self {
+            stand_ins: true,
+            ..Self::new("{}", config)
+        }
+    }
+
+    fn node_override(&self, node: &str) -> Option<&'a Map<String, Value>> {
         self.nodes.get(node).and_then(Value::as_object)
     }
 
@@ -39,22 +67,18 @@ impl<'a> Layers<'a> {
         schema: &ProviderDataSchema,
         node: Option<&str>,
     ) -> Result<ProviderData, Vec<Problem>> {
+        let mut filled = self.defaults.clone();
+        for (key, value) in STAND_INS.iter().filter(|_| self.stand_ins) {
+            filled.entry(*key).or_insert_with(value);
+        }
         let over = node.and_then(|n| self.node_override(n).map(|m| (n, m)));
-        let mut data = schema.resolve(self.class_yaml, over, self.defaults)?;
+        let mut data = schema.resolve(self.class_yaml, over, &filled)?;
         let _unknown_pools = ip_pool::apply_networks(&mut data, self.ip_pools);
         Ok(data)
     }
-}
 
-/// Which layer a key's value comes from, for the key path of a finding.
-pub(crate) struct Origin<'a, 'b> {
-    pub layers: &'b Layers<'a>,
-    pub stand_ins: &'b [&'b str],
-}
-
-impl Origin<'_, '_> {
     fn class_has(&self, key: &str) -> bool {
-        ProviderDataSchema::class_map(self.layers.class_yaml)
+        ProviderDataSchema::class_map(self.class_yaml)
             .map(|m| m.contains_key(key))
             .unwrap_or(false)
     }
@@ -65,14 +89,11 @@ impl Origin<'_, '_> {
             return key.to_string();
         }
         if let Some(n) = node
-            && self
-                .layers
-                .node_override(n)
-                .is_some_and(|m| m.contains_key(key))
+            && self.node_override(n).is_some_and(|m| m.contains_key(key))
         {
             return format!("nodes.{n}.{key}");
         }
-        if self.layers.defaults.contains_key(key) {
+        if self.defaults.contains_key(key) {
             return format!("defaults.{key}");
         }
         key.to_string()
@@ -80,40 +101,7 @@ impl Origin<'_, '_> {
 
     /// True when the value is a stand-in (checking `defaults:`, the key is set nowhere real).
     pub(crate) fn is_stand_in(&self, key: &str, node: Option<&str>) -> bool {
-        self.stand_ins.contains(&key)
-            && !self.class_has(key)
-            && !node
-                .and_then(|n| self.layers.node_override(n))
-                .is_some_and(|m| m.contains_key(key))
-            && !self.layers.defaults.contains_key(key)
+        let stand_in = CHECKED_ONLY_WHEN_SET.contains(&key) || STAND_INS.iter().any(|s| s.0 == key);
+        self.stand_ins && stand_in && self.key(key, node) == key && !self.class_has(key)
     }
-}
-
-/// Values that satisfy the schema for the keys a machine class must set, used when `defaults:` leaves
-/// them out; findings about them are dropped.
-fn required_stand_ins() -> [(&'static str, Value); 4] {
-    [
-        ("cores", json!(1)),
-        ("memory", json!(2048)),
-        ("disk_size", json!(5)),
-        ("storage_selector", json!("true")),
-    ]
-}
-
-/// Keys whose built-in default a machine class usually relies on; checked for `defaults:` only when
-/// set there (or in a node override).
-const CHECKED_ONLY_WHEN_SET: [&str; 2] = ["network_bridge", "iso_storage_selector"];
-
-pub(crate) fn with_stand_ins(
-    defaults: &Map<String, Value>,
-) -> (Map<String, Value>, Vec<&'static str>) {
-    let mut filled = defaults.clone();
-    let mut stand_ins: Vec<&'static str> = CHECKED_ONLY_WHEN_SET.to_vec();
-    for (key, value) in required_stand_ins() {
-        if !defaults.contains_key(key) {
-            filled.insert(key.to_string(), value);
-            stand_ins.push(key);
-        }
-    }
-    (filled, stand_ins)
 }

@@ -6,11 +6,11 @@
 //! through the live cluster, node by node for every node placement could choose, and every finding is
 //! reported with the key to change and the node it concerns.
 //!
-//! The decisions are pure ([`check_schema`], [`check_cluster`], [`check_defaults_against`]): they take
-//! parsed data and a [`ClusterFacts`] and return findings, so they are tested without a network. They
+//! The decisions are pure ([`check_schema`], [`checks::check_cluster`]): they take parsed data and
+//! a [`cluster::ClusterFacts`] and return findings, so they are tested without a network. They
 //! do not re-derive placement: which node is considered, whether memory fits and which storage takes
 //! a disk or an ISO are the verdicts of [`crate::rules`], the same functions the pipeline acts on,
-//! rendered here with the key to change. The reads ([`gather`]) are at the edge: one
+//! rendered here with the key to change. The reads ([`gather::gather`]) are at the edge: one
 //! `/cluster/resources`, the bridges of the candidate nodes (in parallel), and the PCI/USB resource
 //! mappings only when the data uses them. The `validate` command and the provider's health check
 //! ([`check_defaults`]) share all of it.
@@ -29,14 +29,11 @@ mod tests;
 
 use serde_json::Value;
 
-pub use checks::check_cluster;
-pub use cluster::{ClusterFacts, candidate_nodes};
-pub use defaults::{check_defaults, check_defaults_against};
-pub use gather::{gather, validate_class};
+pub use defaults::check_defaults;
+pub use gather::validate_class;
 pub use layers::Layers;
-pub use pools::{check_pools, pool_findings};
+pub use pools::pool_findings;
 pub use privileges::root_reach_warning;
-pub(crate) use report::findings_of;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
@@ -49,35 +46,28 @@ pub fn check_schema(
     layers: &Layers<'_>,
 ) -> (Vec<Finding>, Option<ProviderData>) {
     let overrides = schema.check_config(&ConfigLayers::read(layers.defaults, layers.nodes));
-    let mut findings: Vec<Finding> = findings_of(Outcome::Problem, None, overrides.problems)
-        .chain(findings_of(Outcome::Warning, None, overrides.warnings))
+    let mut findings: Vec<Finding> = Outcome::Problem
+        .findings(overrides.problems)
+        .chain(Outcome::Warning.findings(overrides.warnings))
         .collect();
     // The class's own warnings (those of `defaults:` and `nodes:` came with the overrides above),
     // also when the class fails: an ignored misspelling often explains a missing key.
     if let Ok(class) = ProviderDataSchema::class_map(layers.class_yaml) {
         let check = schema.check_layer("", &Value::Object(class));
-        findings.extend(findings_of(Outcome::Warning, None, check.warnings));
+        findings.extend(Outcome::Warning.findings(check.warnings));
     }
     match layers.resolve_on(schema, None) {
         Ok(data) => {
             if !findings.iter().any(|f| f.outcome == Outcome::Problem) {
-                findings.push(Finding::new(
-                    Outcome::Pass,
-                    "provider_data",
-                    None,
-                    "matches the schema and the pipeline's rules".into(),
-                ));
+                let message = "matches the schema and the pipeline's rules";
+                findings.push(Outcome::Pass.finding("provider_data", message));
             }
             (findings, Some(data))
         }
         Err(problems) => {
-            findings.extend(findings_of(Outcome::Problem, None, problems));
-            findings.push(Finding::new(
-                Outcome::Skipped,
-                "cluster",
-                None,
-                "not checked against the cluster until the problems above are fixed".into(),
-            ));
+            findings.extend(Outcome::Problem.findings(problems));
+            let message = "not checked against the cluster until the problems above are fixed";
+            findings.push(Outcome::Skipped.finding("cluster", message));
             (findings, None)
         }
     }
@@ -89,6 +79,6 @@ pub fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
     config
         .warnings
         .iter()
-        .map(|w| Finding::new(Outcome::Warning, "config", None, w.clone()))
+        .map(|w| Outcome::Warning.finding("config", w))
         .collect()
 }

@@ -4,7 +4,7 @@
 //! the reason for every storage passed over.
 
 use super::cluster::ClusterCheck;
-use super::report::{Finding, Outcome, findings_of, list_or_none};
+use super::report::{Finding, Outcome, list_or_none};
 use crate::model::{GIB, NodeSnapshot};
 use crate::pipeline::prepare_image::BootImage;
 use crate::proxmox::network::mapping::ResourceMapping;
@@ -21,6 +21,15 @@ pub(crate) struct NodeOutcome {
     pub clone: Option<Result<String, CloneRefusal>>,
 }
 
+/// One node's check: the node, and the data as it resolves there.
+struct NodeCheck<'a> {
+    check: &'a ClusterCheck<'a>,
+    node: &'a NodeSnapshot,
+    /// The node's name.
+    n: &'a str,
+    here: ProviderData,
+}
+
 /// Checks `node` into `out`; returns placement's verdicts there, or `None` when the data does not
 /// even resolve on this node (those problems are in `out`).
 pub(crate) fn check_node(
@@ -28,26 +37,25 @@ pub(crate) fn check_node(
     node: &NodeSnapshot,
     out: &mut Vec<Finding>,
 ) -> Option<NodeOutcome> {
-    let here = match check
-        .layers
-        .resolve_on(check.schema, Some(node.name.as_str()))
-    {
+    let n = node.name.as_str();
+    let here = match check.layers.resolve_on(check.schema, Some(n)) {
         Ok(d) => d,
         Err(problems) => {
-            out.extend(findings_of(
-                Outcome::Problem,
-                Some(node.name.as_str()),
-                problems,
-            ));
+            out.extend(Outcome::Problem.findings(problems).map(|f| f.on(n)));
             return None;
         }
     };
-    let request = check.class.request(&here);
-    let main = placement::boot_disk_storage(node, &request);
-    disk_findings(check, node, &here, &main, out);
-    iso_findings(check, node, &here, out);
-    network_findings(check, node, &here, out);
-    device_findings(check, node, &here, out);
+    let at = NodeCheck {
+        check,
+        node,
+        n,
+        here,
+    };
+    let request = check.request(&at.here);
+    at.disks(&placement::boot_disk_storage(node, &request), out);
+    at.isos(out);
+    at.network(out);
+    at.devices(out);
     // The clone verdict is placement's own (`disk_verdict`); a plain storage shortfall or a
     // failing selector is already reported by the disk findings above.
     let clone = request
@@ -73,222 +81,163 @@ pub(crate) fn check_node(
     })
 }
 
-/// The boot disk (with the additional disks, as placement wants them) and each additional disk.
-fn disk_findings(
-    check: &ClusterCheck<'_>,
-    node: &NodeSnapshot,
-    here: &ProviderData,
-    main: &StorageChoice,
-    out: &mut Vec<Finding>,
-) {
-    let n = node.name.as_str();
-    let origin = &check.origin;
-    if !origin.is_stand_in("storage_selector", Some(n)) {
-        let mut finding = storage_finding(
-            origin.key("storage_selector", Some(n)),
-            n,
-            Some(&here.storage_selector),
-            here.total_disk_gb(),
-            main,
-            Content::VmDisks,
-        );
-        if check.data.node.is_none() && main.chosen.is_none() {
-            finding.message.push_str(&format!(
-                " (placement would skip {n}; fix the selector, add a `nodes.{n}.storage_selector` override, or leave {n} out of `allowed_nodes`)"
-            ));
-        }
-        out.push(finding);
+impl NodeCheck<'_> {
+    /// `key` as the user must change it for this node.
+    fn key(&self, key: &str) -> String {
+        self.check.layers.key(key, Some(self.n))
     }
-    for (i, disk) in here.additional_disks.iter().enumerate() {
-        let choice = storage::choose(
-            node,
-            &StorageNeed::boot_disk(&disk.storage_selector, disk.size_gb),
-        );
-        out.push(storage_finding(
-            format!(
-                "{}[{i}].storage_selector",
-                origin.key("additional_disks", Some(n))
-            ),
-            n,
-            Some(&disk.storage_selector),
-            disk.size_gb,
-            &choice,
-            Content::VmDisks,
-        ));
-    }
-}
 
-/// ISO (or disk image) storage for boot modes `iso` and `image`.
-fn iso_findings(
-    check: &ClusterCheck<'_>,
-    node: &NodeSnapshot,
-    here: &ProviderData,
-    out: &mut Vec<Finding>,
-) {
-    let n = node.name.as_str();
-    let origin = &check.origin;
-    if let Some(kind) = BootImage::of(here.boot)
-        && !origin.is_stand_in("iso_storage_selector", Some(n))
-    {
-        let selector = here.iso_storage_selector.as_ref();
-        let content = kind.content();
-        let choice = storage::choose(node, &StorageNeed::download(content, selector));
-        out.push(storage_finding(
-            origin.key("iso_storage_selector", Some(n)),
-            n,
-            selector,
-            0,
-            &choice,
-            content,
-        ));
+    fn is_stand_in(&self, key: &str) -> bool {
+        self.check.layers.is_stand_in(key, Some(self.n))
     }
-}
 
-/// The chosen storage, or why each storage on the node was passed over.
-fn storage_finding(
-    key: String,
-    node: &str,
-    selector: Option<&StorageSelector>,
-    need_gb: u64,
-    choice: &StorageChoice,
-    content: Content,
-) -> Finding {
-    let what = content.describe();
-    if let Some(s) = &choice.chosen {
-        let message = if need_gb > 0 {
-            format!(
-                "{what} go to {} ({} GiB free, {need_gb} GiB needed)",
-                s.name,
-                s.available / GIB
-            )
-        } else {
-            format!("{what} go to {}", s.name)
-        };
-        return Finding::new(Outcome::Pass, key, Some(node), message);
-    }
-    let reasons = if choice.rejected.is_empty() {
-        "the node reports no storages".to_string()
-    } else {
-        choice
-            .rejected
-            .iter()
-            .map(|(s, why)| format!("{s}: {why}"))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
-    let matched = match selector {
-        Some(sel) => format!("`{}` matches no", sel.expression()),
-        None => "there is no".to_string(),
-    };
-    let room = if need_gb > 0 {
-        format!(" with {need_gb} GiB free")
-    } else {
-        String::new()
-    };
-    Finding::new(
-        Outcome::Problem,
-        key,
-        Some(node),
-        format!("{matched} active storage for {what} on {node}{room}: {reasons}"),
-    )
-}
-
-/// The bridges of the NICs, when the node's bridges could be read.
-fn network_findings(
-    check: &ClusterCheck<'_>,
-    node: &NodeSnapshot,
-    here: &ProviderData,
-    out: &mut Vec<Finding>,
-) {
-    let n = node.name.as_str();
-    let origin = &check.origin;
-    // A NIC on an IP pool that names a bridge goes on that bridge (the data is resolved with it):
-    // the key to change is the pool's.
-    let pool_bridge = |pool: Option<&str>| {
-        pool.and_then(|name| {
-            check
-                .layers
-                .ip_pools
-                .iter()
-                .find(|p| p.name == name && p.bridge.is_some())
-                .map(|p| format!("ipPools.{}.bridge", p.name))
-        })
-    };
-    let mut wanted = Vec::new();
-    if let Some(key) = pool_bridge(here.ip_pool.as_deref()) {
-        wanted.push((key, here.network_bridge.to_string()));
-    } else if !origin.is_stand_in("network_bridge", Some(n)) {
-        wanted.push((
-            origin.key("network_bridge", Some(n)),
-            here.network_bridge.to_string(),
-        ));
-    }
-    for (i, nic) in here.additional_nics.iter().enumerate() {
-        let key = pool_bridge(nic.ip_pool.as_deref())
-            .unwrap_or_else(|| format!("{}[{i}].bridge", origin.key("additional_nics", Some(n))));
-        wanted.push((key, nic.bridge.to_string()));
-    }
-    match check.view.bridges.get(n) {
-        None => {}
-        Some(Err(why)) => out.push(Finding::new(
-            Outcome::Warning,
-            origin.key("network_bridge", Some(n)),
-            Some(n),
-            format!("bridges not checked: {why}"),
-        )),
-        Some(Ok(bridges)) => {
-            for (key, bridge) in wanted {
-                out.push(if bridges.iter().any(|b| b == &bridge) {
-                    Finding::new(
-                        Outcome::Pass,
-                        key,
-                        Some(n),
-                        format!("bridge {bridge} exists"),
-                    )
-                } else {
-                    Finding::new(
-                        Outcome::Problem,
-                        key,
-                        Some(n),
-                        format!(
-                            "bridge {bridge:?} does not exist on {n}; its bridges: {}",
-                            list_or_none(bridges)
-                        ),
-                    )
-                });
+    /// The boot disk (with the additional disks, as placement wants them) and each additional disk.
+    fn disks(&self, main: &StorageChoice, out: &mut Vec<Finding>) {
+        let (n, here) = (self.n, &self.here);
+        if !self.is_stand_in("storage_selector") {
+            let (selector, need) = (Some(&here.storage_selector), here.total_disk_gb());
+            let key = self.key("storage_selector");
+            let mut finding = self.storage(key, selector, need, main, Content::VmDisks);
+            if self.check.data.node.is_none() && main.chosen.is_none() {
+                finding.message.push_str(&format!(
+                    " (placement would skip {n}; fix the selector, add a `nodes.{n}.storage_selector` override, or leave {n} out of `allowed_nodes`)"
+                ));
             }
+            out.push(finding);
+        }
+        for (i, disk) in here.additional_disks.iter().enumerate() {
+            let selector = &disk.storage_selector;
+            let need = StorageNeed::boot_disk(selector, disk.size_gb);
+            let choice = storage::choose(self.node, &need);
+            let key = format!("{}[{i}].storage_selector", self.key("additional_disks"));
+            let content = Content::VmDisks;
+            out.push(self.storage(key, Some(selector), disk.size_gb, &choice, content));
         }
     }
-}
 
-/// PCI and USB passthrough: the resource mappings must exist and have a device on this node.
-fn device_findings(
-    check: &ClusterCheck<'_>,
-    node: &NodeSnapshot,
-    here: &ProviderData,
-    out: &mut Vec<Finding>,
-) {
-    let n = node.name.as_str();
-    let pci = here.pci_devices.iter().map(|d| d.mapping.to_string());
-    let usb = here.usb_devices.iter().map(|d| d.mapping.to_string());
-    let view = check.view;
-    let devices = [
-        (
-            "pci_devices",
-            "PCI",
-            pci.collect::<Vec<_>>(),
-            &view.pci_mappings,
-        ),
-        ("usb_devices", "USB", usb.collect(), &view.usb_mappings),
-    ];
-    for (list, kind, ids, known) in devices {
-        let Some(known) = known else {
-            continue;
+    /// ISO (or disk image) storage for boot modes `iso` and `image`.
+    fn isos(&self, out: &mut Vec<Finding>) {
+        if let Some(kind) = BootImage::of(self.here.boot)
+            && !self.is_stand_in("iso_storage_selector")
+        {
+            let selector = self.here.iso_storage_selector.as_ref();
+            let content = kind.content();
+            let choice = storage::choose(self.node, &StorageNeed::download(content, selector));
+            let key = self.key("iso_storage_selector");
+            out.push(self.storage(key, selector, 0, &choice, content));
+        }
+    }
+
+    /// The chosen storage, or why each storage on the node was passed over.
+    fn storage(
+        &self,
+        key: String,
+        selector: Option<&StorageSelector>,
+        need_gb: u64,
+        choice: &StorageChoice,
+        content: Content,
+    ) -> Finding {
+        let (what, node) = (content.describe(), self.n);
+        if let Some(s) = &choice.chosen {
+            let message = if need_gb > 0 {
+                let free = s.available / GIB;
+                format!(
+                    "{what} go to {} ({free} GiB free, {need_gb} GiB needed)",
+                    s.name
+                )
+            } else {
+                format!("{what} go to {}", s.name)
+            };
+            return Outcome::Pass.finding(key, message).on(node);
+        }
+        let reasons = if choice.rejected.is_empty() {
+            "the node reports no storages".to_string()
+        } else {
+            let reasons = choice.rejected.iter().map(|(s, why)| format!("{s}: {why}"));
+            reasons.collect::<Vec<_>>().join("; ")
         };
-        for (i, id) in ids.iter().enumerate() {
-            let key = format!("{}[{i}].mapping", check.origin.key(list, Some(n)));
-            let (outcome, message) = mapping_verdict(n, kind, id, known);
-            out.push(Finding::new(outcome, key, Some(n), message));
+        let matched = match selector {
+            Some(sel) => format!("`{}` matches no", sel.expression()),
+            None => "there is no".to_string(),
+        };
+        let room = match need_gb {
+            0 => String::new(),
+            _ => format!(" with {need_gb} GiB free"),
+        };
+        let message = format!("{matched} active storage for {what} on {node}{room}: {reasons}");
+        Outcome::Problem.finding(key, message).on(node)
+    }
+
+    /// The bridges of the NICs, when the node's bridges could be read.
+    fn network(&self, out: &mut Vec<Finding>) {
+        let (n, here) = (self.n, &self.here);
+        // A NIC on an IP pool that names a bridge goes on that bridge (the data is resolved with
+        // it): the key to change is the pool's.
+        let pool_bridge = |pool: Option<&str>| {
+            let pools = self.check.layers.ip_pools.iter();
+            let mut with_bridge = pools.filter(|p| p.bridge.is_some());
+            let pool = with_bridge.find(|p| Some(p.name.as_str()) == pool)?;
+            Some(format!("ipPools.{}.bridge", pool.name))
+        };
+        let mut wanted = Vec::new();
+        if let Some(key) = pool_bridge(here.ip_pool.as_deref()) {
+            wanted.push((key, here.network_bridge.to_string()));
+        } else if !self.is_stand_in("network_bridge") {
+            wanted.push((self.key("network_bridge"), here.network_bridge.to_string()));
+        }
+        for (i, nic) in here.additional_nics.iter().enumerate() {
+            let key = pool_bridge(nic.ip_pool.as_deref())
+                .unwrap_or_else(|| format!("{}[{i}].bridge", self.key("additional_nics")));
+            wanted.push((key, nic.bridge.to_string()));
+        }
+        let bridges = match self.check.view.bridges.get(n) {
+            None => return,
+            Some(Ok(bridges)) => bridges,
+            Some(Err(why)) => {
+                let message = format!("bridges not checked: {why}");
+                return out.push(
+                    Outcome::Warning
+                        .finding(self.key("network_bridge"), message)
+                        .on(n),
+                );
+            }
+        };
+        for (key, bridge) in wanted {
+            let finding = if bridges.iter().any(|b| b == &bridge) {
+                Outcome::Pass.finding(key, format!("bridge {bridge} exists"))
+            } else {
+                let list = list_or_none(bridges);
+                let message =
+                    format!("bridge {bridge:?} does not exist on {n}; its bridges: {list}");
+                Outcome::Problem.finding(key, message)
+            };
+            out.push(finding.on(n));
+        }
+    }
+
+    /// PCI and USB passthrough: the resource mappings must exist and have a device on this node.
+    fn devices(&self, out: &mut Vec<Finding>) {
+        let (here, view) = (&self.here, self.check.view);
+        let pci = here.pci_devices.iter().map(|d| d.mapping.to_string());
+        let usb = here.usb_devices.iter().map(|d| d.mapping.to_string());
+        let devices = [
+            (
+                "pci_devices",
+                "PCI",
+                pci.collect::<Vec<_>>(),
+                &view.pci_mappings,
+            ),
+            ("usb_devices", "USB", usb.collect(), &view.usb_mappings),
+        ];
+        for (list, kind, ids, known) in devices {
+            let Some(known) = known else {
+                continue;
+            };
+            for (i, id) in ids.iter().enumerate() {
+                let key = format!("{}[{i}].mapping", self.key(list));
+                let (outcome, message) = mapping_verdict(self.n, kind, id, known);
+                out.push(outcome.finding(key, message).on(self.n));
+            }
         }
     }
 }

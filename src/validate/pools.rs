@@ -26,15 +26,13 @@ pub fn check_pools(
             let key = ip_pool::key_of(nic);
             let pool = match ip_pool::find(pools, &key, name) {
                 Ok(p) => p,
-                Err(p) => return Finding::new(Outcome::Problem, p.key, None, p.message),
+                Err(p) => return Outcome::Problem.finding(p.key, p.message),
             };
             match ip_pool::allocate(pool, in_use) {
                 Ok(next) => {
                     let (used, size) = ip_pool::usage(pool, in_use);
-                    Finding::new(
-                        Outcome::Pass,
+                    Outcome::Pass.finding(
                         key,
-                        None,
                         format!(
                             "pool {name} ({}): {} of {size} free, next {next} (counting addresses running VMs report; `pools` also counts machines still provisioning)",
                             pool.cidr,
@@ -42,10 +40,8 @@ pub fn check_pools(
                         ),
                     )
                 }
-                Err(full) => Finding::new(
-                    Outcome::Problem,
+                Err(full) => Outcome::Problem.finding(
                     key,
-                    None,
                     format!("{full}: widen its `range` in the config file or remove a machine on it"),
                 ),
             }

@@ -29,6 +29,23 @@ impl Outcome {
             Outcome::Problem => "FAIL",
         }
     }
+
+    /// A finding of this outcome about `key`, on no node in particular (see [`Finding::on`]).
+    pub(crate) fn finding(self, key: impl Into<String>, message: impl Into<String>) -> Finding {
+        Finding {
+            outcome: self,
+            key: key.into(),
+            node: None,
+            message: message.into(),
+        }
+    }
+
+    /// The provider data's `problems` (or warnings) as findings of this outcome.
+    pub(crate) fn findings(self, problems: Vec<Problem>) -> impl Iterator<Item = Finding> {
+        problems
+            .into_iter()
+            .map(move |p| self.finding(p.key, p.message))
+    }
 }
 
 /// One result: which key, on which node, and what was found.
@@ -44,30 +61,13 @@ pub struct Finding {
 }
 
 impl Finding {
-    pub(crate) fn new(
-        outcome: Outcome,
-        key: impl Into<String>,
-        node: Option<&str>,
-        message: String,
-    ) -> Self {
+    /// The finding about `node`.
+    pub(crate) fn on(self, node: impl Into<String>) -> Self {
         Self {
-            outcome,
-            key: key.into(),
-            node: node.map(str::to_owned),
-            message,
+            node: Some(node.into()),
+            ..self
         }
     }
-}
-
-/// The provider data's `problems` (or warnings) as findings of `outcome`, on `node` if given.
-pub(crate) fn findings_of<'a>(
-    outcome: Outcome,
-    node: Option<&'a str>,
-    problems: Vec<Problem>,
-) -> impl Iterator<Item = Finding> + 'a {
-    problems
-        .into_iter()
-        .map(move |p| Finding::new(outcome, p.key, node, p.message))
 }
 
 /// `a, b, c`, or `none`.

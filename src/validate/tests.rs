@@ -2,6 +2,8 @@
 
 use serde_json::{Map, Value, json};
 
+use super::checks::check_cluster;
+use super::cluster::ClusterFacts;
 use super::defaults::{HEALTH_TEXT_MAX, summarize};
 use super::*;
 use crate::config::ProviderConfig;
@@ -77,6 +79,7 @@ fn run(class: &str, defaults: Value, nodes: Value) -> Report {
         defaults: &defaults,
         nodes: &nodes,
         ip_pools: &[],
+        stand_ins: false,
     };
     let (mut findings, data) = check_schema(&schema, &layers);
     if let Some(data) = data {
@@ -144,6 +147,7 @@ fn on_release(class: &str, version: Result<&str, &str>) -> Report {
         defaults: &empty,
         nodes: &nodes,
         ip_pools: &[],
+        stand_ins: false,
     };
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
@@ -204,6 +208,7 @@ fn strict_mode_fails_unknown_keys() {
         defaults: &empty,
         nodes: &nodes,
         ip_pools: &[],
+        stand_ins: false,
     };
     let (findings, data) = check_schema(&schema, &layers);
     assert!(data.is_none());
@@ -327,6 +332,7 @@ fn unknown_bridges_and_mappings_are_not_guessed() {
         defaults: &empty,
         nodes: &empty,
         ip_pools: &[],
+        stand_ins: false,
     };
     let (_, data) = check_schema(&schema, &layers);
     let findings = check_cluster(&schema, &layers, &data.unwrap(), &v);
@@ -347,24 +353,16 @@ fn unknown_bridges_and_mappings_are_not_guessed() {
 #[test]
 fn defaults_are_judged_only_on_what_they_set() {
     let schema = ProviderDataSchema::new().unwrap();
-    let empty = Map::new();
     let check = |defaults: Value| {
-        let defaults = defaults.as_object().unwrap().clone();
-        // What `gather` reads for the data `defaults:` resolve to (a template's copies).
-        let data = Layers {
-            class_yaml: "{}",
-            defaults: &super::layers::with_stand_ins(&defaults).0,
-            nodes: &empty,
-            ip_pools: &[],
-        }
-        .resolve_on(&schema, None)
-        .unwrap();
         let mut config = ProviderConfig::parse(
             "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\n",
         )
         .unwrap();
-        config.defaults = defaults.clone();
-        check_defaults_against(&schema, &config, &view_for(&data))
+        config.defaults = defaults.as_object().unwrap().clone();
+        let layers = Layers::of_defaults(&config);
+        // What `gather` reads for the data `defaults:` resolve to (a template's copies).
+        let data = layers.resolve_on(&schema, None).unwrap();
+        check_cluster(&schema, &layers, &data, &view_for(&data))
             .into_iter()
             .filter(|f| f.outcome == Outcome::Problem)
             .map(|f| f.to_string())
@@ -390,12 +388,8 @@ fn defaults_are_judged_only_on_what_they_set() {
 #[test]
 fn health_text_is_short() {
     let many = (0..40).map(|i| {
-        Finding::new(
-            Outcome::Problem,
-            format!("additional_disks[{i}].storage_selector"),
-            Some("pve1"),
-            "x".repeat(60),
-        )
+        let key = format!("additional_disks[{i}].storage_selector");
+        Outcome::Problem.finding(key, "x".repeat(60)).on("pve1")
     });
     let text = summarize(many);
     assert!(text.len() < HEALTH_TEXT_MAX + 60, "{}", text.len());
@@ -447,11 +441,12 @@ fn validate_and_placement_give_the_same_verdict() {
             defaults: &empty,
             nodes: &nodes,
             ip_pools: &[],
+            stand_ins: false,
         };
         let data = schema.resolve(class, None, &empty).unwrap();
         let report = Report::new(check_cluster(&schema, &layers, &data, &view));
-        let facts = super::cluster::ClassPlacement::new(&data, Default::default(), None);
-        let request = facts.request(&data);
+        let allowed: Vec<String> = data.allowed_nodes.iter().map(|n| n.to_string()).collect();
+        let request = super::cluster::class_request(&data, &allowed, Default::default(), None);
         let placed = placement::pick(&cluster, &request, &Reservations::default());
         let rejected = match &placed {
             Ok(p) => match &p.reason {
@@ -514,6 +509,7 @@ fn a_pools_bridge_is_the_one_checked() {
             defaults: &defaults,
             nodes: &nodes,
             ip_pools: &config.ip_pools,
+            stand_ins: false,
         };
         let (mut findings, data) = check_schema(&schema, &layers);
         findings.extend(check_cluster(&schema, &layers, &data.unwrap(), &view()));
@@ -542,6 +538,7 @@ fn with_ha_rules(class: &str, rules: serde_json::Value) -> Report {
         defaults: &empty,
         nodes: &nodes,
         ip_pools: &[],
+        stand_ins: false,
     };
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
@@ -597,6 +594,7 @@ fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
         defaults: &empty,
         nodes: &nodes,
         ip_pools: &[],
+        stand_ins: false,
     };
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
@@ -642,6 +640,7 @@ fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
         defaults: &empty,
         nodes: &nodes,
         ip_pools: &[],
+        stand_ins: false,
     };
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
