@@ -10,7 +10,7 @@
 //! What the watch showed is trusted for [`WAIT_FOR_OMNI`] at most: after that, a
 //! teardown asks Omni, so a lost event delays it and never stops it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -77,6 +77,9 @@ struct Known {
     patches_listed: bool,
     /// (what, its ID) → (its machine request, where it stands).
     outputs: HashMap<(OutputOf, String), (String, Seen)>,
+    /// Outputs this process destroyed whose Destroyed event has not come yet: a late event of
+    /// their release must not bring them back as released (a teardown would destroy them again).
+    destroyed: HashSet<(OutputOf, String)>,
 }
 
 /// The outputs of every request, as the watch of our outputs shows them.
@@ -102,6 +105,9 @@ impl Outputs {
             WatchEvent::Created(r) | WatchEvent::Updated(r) => {
                 let md = r.metadata.as_ref()?;
                 let hold = Hold::of(r)?;
+                if known.destroyed.contains(&(of, md.id.clone())) {
+                    return None;
+                }
                 let request = match of {
                     OutputOf::Status => md.id.clone(),
                     OutputOf::PatchRequest => md.labels.get(label::MACHINE_REQUEST)?.clone(),
@@ -119,7 +125,9 @@ impl Outputs {
                 (hold == Hold::Released && !was_released).then_some(request)
             }
             WatchEvent::Destroyed(r) => {
-                known.outputs.remove(&(of, r.metadata.as_ref()?.id.clone()));
+                let key = (of, r.metadata.as_ref()?.id.clone());
+                known.outputs.remove(&key);
+                known.destroyed.remove(&key);
                 None
             }
             WatchEvent::Bootstrapped => {
@@ -129,6 +137,7 @@ impl Outputs {
             // A fresh listing follows; until it is complete, nothing missing can be trusted.
             WatchEvent::Resync => {
                 known.outputs.retain(|(what, _), _| *what != of);
+                known.destroyed.retain(|(what, _)| *what != of);
                 known.patches_listed &= of != OutputOf::PatchRequest;
                 None
             }
@@ -196,7 +205,10 @@ impl Outputs {
 
     /// An output this process destroyed: gone before its Destroyed event arrives.
     pub fn destroyed(&self, of: OutputOf, id: &str) {
-        entry(&self.known).outputs.remove(&(of, id.to_owned()));
+        let mut known = entry(&self.known);
+        let key = (of, id.to_owned());
+        known.outputs.remove(&key);
+        known.destroyed.insert(key);
     }
 
     fn trusted(&self, seen: Seen) -> Option<Hold> {
@@ -278,6 +290,27 @@ mod tests {
             outputs.observe(OutputOf::Status, &event).as_deref(),
             Some("r1")
         );
+    }
+
+    #[test]
+    fn an_output_we_destroyed_is_not_brought_back_by_a_late_event_of_its_release() {
+        let outputs = Outputs::new(Duration::from_secs(60));
+        let patch = OutputOf::PatchRequest;
+        outputs.observe(patch, &WatchEvent::Bootstrapped);
+        // TeardownAndDestroy answered before the watch delivered the release and the destroy.
+        outputs.destroyed(patch, "p1");
+        let released = output("p1", PHASE_TEARING_DOWN, &[], Some("r1"));
+        let late = WatchEvent::Updated(released.clone());
+        assert_eq!(outputs.observe(patch, &late), None, "no teardown is woken");
+        assert_eq!(
+            outputs.patches_of("r1"),
+            Some(vec![]),
+            "nothing left to destroy"
+        );
+        // Once its Destroyed event has come, the same ID is news again.
+        outputs.observe(patch, &WatchEvent::Destroyed(released.clone()));
+        let again = WatchEvent::Created(released);
+        assert_eq!(outputs.observe(patch, &again).as_deref(), Some("r1"));
     }
 
     #[test]
