@@ -207,8 +207,11 @@ impl Outputs {
     pub fn destroyed(&self, of: OutputOf, id: &str) {
         let mut known = entry(&self.known);
         let key = (of, id.to_owned());
-        known.outputs.remove(&key);
-        known.destroyed.insert(key);
+        // Only an output the watch still shows has a Destroyed event to come, which ends the
+        // entry: one already delivered would leave it for ever.
+        if known.outputs.remove(&key).is_some() {
+            known.destroyed.insert(key);
+        }
     }
 
     fn trusted(&self, seen: Seen) -> Option<Hold> {
@@ -297,6 +300,13 @@ mod tests {
         let outputs = Outputs::new(Duration::from_secs(60));
         let patch = OutputOf::PatchRequest;
         outputs.observe(patch, &WatchEvent::Bootstrapped);
+        let held = output(
+            "p1",
+            PHASE_TEARING_DOWN,
+            &["ConfigPatchRequestController"],
+            Some("r1"),
+        );
+        outputs.observe(patch, &WatchEvent::Updated(held));
         // TeardownAndDestroy answered before the watch delivered the release and the destroy.
         outputs.destroyed(patch, "p1");
         let released = output("p1", PHASE_TEARING_DOWN, &[], Some("r1"));
@@ -309,7 +319,11 @@ mod tests {
         );
         // Once its Destroyed event has come, the same ID is news again.
         outputs.observe(patch, &WatchEvent::Destroyed(released.clone()));
-        let again = WatchEvent::Created(released);
+        let again = WatchEvent::Created(released.clone());
+        assert_eq!(outputs.observe(patch, &again).as_deref(), Some("r1"));
+        // An answer that comes after the Destroyed event leaves nothing behind to wait for.
+        outputs.observe(patch, &WatchEvent::Destroyed(released.clone()));
+        outputs.destroyed(patch, "p1");
         assert_eq!(outputs.observe(patch, &again).as_deref(), Some("r1"));
     }
 
