@@ -139,15 +139,11 @@ impl NodeCheck<'_> {
     ) -> Finding {
         let (what, node) = (content.describe(), self.n);
         if let Some(s) = &choice.chosen {
-            let message = if need_gb > 0 {
-                let free = s.available / GIB;
-                format!(
-                    "{what} go to {} ({free} GiB free, {need_gb} GiB needed)",
-                    s.name
-                )
-            } else {
-                format!("{what} go to {}", s.name)
+            let room = match need_gb {
+                0 => String::new(),
+                _ => format!(" ({} GiB free, {need_gb} GiB needed)", s.available / GIB),
             };
+            let message = format!("{what} go to {}{room}", s.name);
             return Outcome::Pass.finding(key, message).on(node);
         }
         let reasons = if choice.rejected.is_empty() {
@@ -218,21 +214,14 @@ impl NodeCheck<'_> {
     /// PCI and USB passthrough: the resource mappings must exist and have a device on this node.
     fn devices(&self, out: &mut Vec<Finding>) {
         let (here, view) = (&self.here, self.check.view);
-        let pci = here.pci_devices.iter().map(|d| d.mapping.to_string());
-        let usb = here.usb_devices.iter().map(|d| d.mapping.to_string());
-        let devices = [
-            (
-                "pci_devices",
-                "PCI",
-                pci.collect::<Vec<_>>(),
-                &view.pci_mappings,
-            ),
+        let pci = here.pci_devices.iter().map(|d| d.mapping.as_str());
+        let usb = here.usb_devices.iter().map(|d| d.mapping.as_str());
+        let devices: [(_, _, Vec<&str>, _); 2] = [
+            ("pci_devices", "PCI", pci.collect(), &view.pci_mappings),
             ("usb_devices", "USB", usb.collect(), &view.usb_mappings),
         ];
         for (list, kind, ids, known) in devices {
-            let Some(known) = known else {
-                continue;
-            };
+            let Some(known) = known else { continue };
             for (i, id) in ids.iter().enumerate() {
                 let key = format!("{}[{i}].mapping", self.key(list));
                 let (outcome, message) = mapping_verdict(self.n, kind, id, known);
