@@ -19,14 +19,14 @@ pub fn check_cluster(
     let mut out = check.cluster_findings();
     let request = check.request(data);
     let (mut clones, mut capacity) = (Vec::new(), Vec::new());
-    for node in check.cluster.nodes.iter() {
+    for node in view.cluster.nodes.iter() {
         if !node.online || !request.considers(&node.name) {
             continue;
         }
         if let Some(outcome) = check_node(&check, node, &mut out) {
             let name = node.name.as_str();
             clones.extend(outcome.clone.map(|c| (name, c)));
-            capacity.push((name.to_string(), outcome.capacity));
+            capacity.push((name, outcome.capacity.err()));
         }
     }
     check.clone_findings(&clones, &mut out);

@@ -32,7 +32,6 @@ use serde_json::Value;
 pub use defaults::check_defaults;
 pub use gather::validate_class;
 pub use layers::Layers;
-pub use pools::pool_findings;
 pub use privileges::root_reach_warning;
 pub use report::{Finding, Outcome, Report};
 
