@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::layers::Layers;
-use super::report::{Finding, Outcome, list_or_none};
+use super::report::{Finding, Outcome};
 use crate::model::{ClusterSnapshot, MIB, NodeSnapshot};
 use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::HaRule;
@@ -77,20 +77,23 @@ pub(crate) fn class_request<'a>(
     }
 }
 
-fn allowed_names(data: &ProviderData) -> Vec<String> {
+pub(crate) fn allowed_names(data: &ProviderData) -> Vec<String> {
     data.allowed_nodes.iter().map(|n| n.to_string()).collect()
 }
 
 /// The nodes placement could choose for `data`. A pinned node that does not exist yields nothing
-/// (reported by [`super::checks::check_cluster`]).
+/// (reported by [`super::check_cluster`]).
 pub fn candidate_nodes<'c>(
     data: &ProviderData,
     cluster: &'c ClusterSnapshot,
 ) -> Vec<&'c NodeSnapshot> {
     let allowed = allowed_names(data);
     let request = class_request(data, &allowed, PlacementLimits::default(), None);
-    let considered = cluster.nodes.iter().filter(|n| request.considers(&n.name));
-    considered.collect()
+    cluster
+        .nodes
+        .iter()
+        .filter(|n| request.considers(&n.name))
+        .collect()
 }
 
 /// Everything one check of the cluster works from.
@@ -99,41 +102,24 @@ pub(crate) struct ClusterCheck<'a> {
     pub layers: &'a Layers<'a>,
     pub data: &'a ProviderData,
     pub view: &'a ClusterFacts,
-    allowed: Vec<String>,
+    /// `data`'s allowed nodes, as placement takes them.
+    pub allowed: Vec<String>,
     /// "pve1, pve2", or "none".
-    existing: String,
+    pub existing: String,
 }
 
-impl<'a> ClusterCheck<'a> {
-    pub(crate) fn new(
-        schema: &'a ProviderDataSchema,
-        layers: &'a Layers<'a>,
-        data: &'a ProviderData,
-        view: &'a ClusterFacts,
-    ) -> Self {
-        Self {
-            existing: list_or_none(&view.cluster.node_names()),
-            allowed: allowed_names(data),
-            schema,
-            layers,
-            data,
-            view,
-        }
-    }
-
+impl ClusterCheck<'_> {
     /// The findings about the cluster as a whole that need no node's verdicts.
     pub(crate) fn cluster_findings(&self) -> Vec<Finding> {
-        let mut out = release_findings(self.data, self.view);
-        out.extend(health_finding(self.view));
+        let mut out = self.release_findings();
+        out.extend(self.health_finding());
         self.ha_rule_findings(&mut out);
         self.clone_disk_findings(&mut out);
         self.placement_findings(&mut out);
         self.template(&mut out);
         out
     }
-}
 
-impl ClusterCheck<'_> {
     /// The request placement would get for `data` (resolved on some node, or not).
     pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
         let clone = self.view.clone_source();
@@ -144,63 +130,62 @@ impl ClusterCheck<'_> {
     fn key(&self, key: &str) -> String {
         self.layers.key(key, None)
     }
-}
 
-/// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
-/// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
-fn health_finding(view: &ClusterFacts) -> Option<Finding> {
-    let key = "cluster.quorum";
-    Some(match view.health.as_ref()? {
-        Ok(h) if h.can_write() => Outcome::Pass.finding(key, h.summary()),
-        Ok(h) => Outcome::Problem.finding(key, h.summary()),
-        Err(why) => Outcome::Skipped.finding(
-            key,
-            format!("cannot read the cluster's quorum and membership: {why}"),
-        ),
-    })
-}
-
-/// Keys the cluster's Proxmox VE release must support.
-fn release_findings(data: &ProviderData, view: &ClusterFacts) -> Vec<Finding> {
-    match &view.pve_version {
-        Some(Ok(version)) => Outcome::Problem
-            .findings(release_problems(data, version))
-            .collect(),
-        Some(Err(why)) => {
-            let key = match data.boot {
-                BootMode::Image => "boot",
-                _ => "ha.failback",
-            };
-            let message = format!(
-                "cannot read the Proxmox VE version to check that the cluster supports it: {why}"
-            );
-            vec![Outcome::Skipped.finding(key, message)]
-        }
-        None => Vec::new(),
+    /// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
+    /// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
+    fn health_finding(&self) -> Option<Finding> {
+        let (outcome, message) = match self.view.health.as_ref()? {
+            Ok(h) if h.can_write() => (Outcome::Pass, h.summary()),
+            Ok(h) => (Outcome::Problem, h.summary()),
+            Err(why) => (
+                Outcome::Skipped,
+                format!("cannot read the cluster's quorum and membership: {why}"),
+            ),
+        };
+        Some(outcome.finding("cluster.quorum", message))
     }
-}
 
-impl ClusterCheck<'_> {
+    /// Keys the cluster's Proxmox VE release must support.
+    fn release_findings(&self) -> Vec<Finding> {
+        let data = self.data;
+        match &self.view.pve_version {
+            Some(Ok(version)) => Outcome::Problem
+                .findings(release_problems(data, version))
+                .collect(),
+            Some(Err(why)) => {
+                let key = match data.boot {
+                    BootMode::Image => "boot",
+                    _ => "ha.failback",
+                };
+                let message = format!(
+                    "cannot read the Proxmox VE version to check that the cluster supports it: {why}"
+                );
+                vec![Outcome::Skipped.finding(key, message)]
+            }
+            None => Vec::new(),
+        }
+    }
     /// Boot mode `clone`: an additional disk whose slot a copy of the template fills would never be
     /// made ([`crate::rules::vm_config::additional_disk_clash`]).
     fn clone_disk_findings(&self, out: &mut Vec<Finding>) {
         let Some(source) = self.view.clone_source() else {
             return;
         };
-        for template in &source.templates {
-            let slots: Vec<&str> = template.drives.iter().map(|d| d.slot.as_str()).collect();
-            if let Some((i, slot)) =
-                crate::rules::vm_config::additional_disk_clash(self.data, &slots)
-            {
-                out.push(Outcome::Problem.finding(
-                    format!("{}[{i}]", self.key("additional_disks")),
-                    format!(
-                        "goes to {slot}, which template {} (VM {} on {}) already fills: the clone keeps the template's drive there and this disk would never be made",
-                        source.wanted, template.vmid, template.node
-                    ),
-                ));
-                return;
-            }
+        let clash = source.templates.iter().find_map(|t| {
+            let slots: Vec<&str> = t.drives.iter().map(|d| d.slot.as_str()).collect();
+            Some((
+                t,
+                crate::rules::vm_config::additional_disk_clash(self.data, &slots)?,
+            ))
+        });
+        if let Some((template, (i, slot))) = clash {
+            out.push(Outcome::Problem.finding(
+                format!("{}[{i}]", self.key("additional_disks")),
+                format!(
+                    "goes to {slot}, which template {} (VM {} on {}) already fills: the clone keeps the template's drive there and this disk would never be made",
+                    source.wanted, template.vmid, template.node
+                ),
+            ));
         }
     }
 
@@ -294,11 +279,8 @@ impl ClusterCheck<'_> {
                 "node is {}: it will not be chosen until it is back; the online nodes are checked",
                 LeftOut::Offline
             );
-            out.push(
-                Outcome::Warning
-                    .finding(&key, message)
-                    .on(node.name.as_str()),
-            );
+            let finding = Outcome::Warning.finding(&key, message);
+            out.push(finding.on(node.name.as_str()));
         }
         if !candidates.iter().any(|n| n.online) {
             out.push(Outcome::Problem.finding(
@@ -319,13 +301,9 @@ impl ClusterCheck<'_> {
             Some(Err(why)) => return out.push(Outcome::Problem.finding(key, why)),
             Some(Ok(source)) => source,
         };
-        let copies: Vec<String> = source
-            .templates
-            .iter()
-            .map(|t| {
-                let name = t.name.as_deref().unwrap_or("unnamed");
-                format!("{} ({name}) on {}", t.vmid, t.node)
-            })
+        let copies: Vec<String> = (source.templates.iter())
+            .map(|t| (t, t.name.as_deref().unwrap_or("unnamed")))
+            .map(|(t, name)| format!("{} ({name}) on {}", t.vmid, t.node))
             .collect();
         if !copies.is_empty() {
             out.push(Outcome::Pass.finding(&key, format!("template {}", copies.join(", "))));

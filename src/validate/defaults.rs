@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::checks::check_cluster;
+use super::check_cluster;
 use super::gather::gather;
 use super::layers::Layers;
 use super::report::{Finding, Outcome};

@@ -5,12 +5,11 @@
 use futures_util::future::OptionFuture;
 use serde_json::{Map, Value};
 
-use super::check_schema;
-use super::checks::check_cluster;
 use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
 use super::pools::pool_findings;
 use super::report::Report;
+use super::{check_cluster, check_schema};
 use crate::model::ClusterSnapshot;
 use crate::pipeline::template::clone_source;
 use crate::proxmox::network::{MappingKind, NetworkFilter};

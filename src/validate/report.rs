@@ -21,13 +21,9 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The word of the text report, in the order of the variants.
     fn label(self) -> &'static str {
-        match self {
-            Outcome::Pass => "ok",
-            Outcome::Skipped => "skip",
-            Outcome::Warning => "warn",
-            Outcome::Problem => "FAIL",
-        }
+        ["ok", "skip", "warn", "FAIL"][self as usize]
     }
 
     /// A finding of this outcome about `key`, on no node in particular (see [`Finding::on`]).

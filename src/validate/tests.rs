@@ -2,7 +2,6 @@
 
 use serde_json::{Map, Value, json};
 
-use super::checks::check_cluster;
 use super::cluster::ClusterFacts;
 use super::defaults::{HEALTH_TEXT_MAX, summarize};
 use super::*;
