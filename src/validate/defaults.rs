@@ -39,17 +39,18 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
         },
         Err(problems) => Outcome::Problem.findings(problems).collect(),
     };
-    let mut problems = findings
-        .into_iter()
-        .filter(|f| f.outcome == Outcome::Problem)
-        .peekable();
-    problems.peek().is_some().then(|| summarize(problems))
+    summarize(&findings)
 }
 
-/// `provider config: KEY (on NODE): MESSAGE; ... and N more`, cut to [`HEALTH_TEXT_MAX`].
-pub(crate) fn summarize(problems: impl Iterator<Item = Finding>) -> String {
+/// The problems among `findings` as `provider config: KEY (on NODE): MESSAGE; ... and N more`, cut
+/// to [`HEALTH_TEXT_MAX`]; `None` when there is none.
+pub(crate) fn summarize(findings: &[Finding]) -> Option<String> {
     const PREFIX: &str = "provider config: ";
+    let problems = findings.iter().filter(|f| f.outcome == Outcome::Problem);
     let all: Vec<String> = problems.map(|f| f.to_string()).collect();
+    if all.is_empty() {
+        return None;
+    }
     // The first problem always shows (cut below when it alone is too long), the others while
     // they fit.
     let fits = |n: usize| n == 1 || PREFIX.len() + all[..n].join("; ").len() <= HEALTH_TEXT_MAX;
@@ -65,5 +66,5 @@ pub(crate) fn summarize(problems: impl Iterator<Item = Finding>) -> String {
         text.truncate(cut.unwrap_or(0));
         text.push('…');
     }
-    text
+    Some(text)
 }

@@ -393,7 +393,7 @@ fn health_text_is_short() {
         let key = format!("additional_disks[{i}].storage_selector");
         Outcome::Problem.finding(key, "x".repeat(60)).on("pve1")
     });
-    let text = summarize(many);
+    let text = summarize(&many.collect::<Vec<_>>()).unwrap();
     assert!(text.len() < HEALTH_TEXT_MAX + 60, "{}", text.len());
     assert!(text.contains("more (run `validate`)"), "{text}");
 }
