@@ -283,13 +283,11 @@ impl ClusterCheck<'_> {
             out.push(finding.on(node.name.as_str()));
         }
         if !candidates.iter().any(|n| n.online) {
-            out.push(Outcome::Problem.finding(
-                key,
-                format!(
-                    "no online node can be chosen (cluster: {}); nothing can be created",
-                    self.existing
-                ),
-            ));
+            let existing = &self.existing;
+            let message = format!(
+                "no online node can be chosen (cluster: {existing}); nothing can be created"
+            );
+            out.push(Outcome::Problem.finding(key, message));
         }
     }
 
@@ -327,15 +325,15 @@ impl ClusterCheck<'_> {
         let key = self.key("template");
         let pinned = self.data.node.is_some();
         for (node, verdict) in verdicts {
-            out.push(
-                match verdict {
-                    Ok(how) => Outcome::Pass.finding(&key, how),
-                    Err(why) if pinned => Outcome::Problem.finding(&key, why.to_string()),
-                    Err(why) => Outcome::Warning
-                        .finding(&key, format!("placement leaves {node} out: {why}")),
-                }
-                .on(*node),
-            );
+            let (outcome, message) = match verdict {
+                Ok(how) => (Outcome::Pass, how.clone()),
+                Err(why) if pinned => (Outcome::Problem, why.to_string()),
+                Err(why) => (
+                    Outcome::Warning,
+                    format!("placement leaves {node} out: {why}"),
+                ),
+            };
+            out.push(outcome.finding(&key, message).on(*node));
         }
         if !pinned && verdicts.iter().all(|(_, v)| v.is_err()) {
             out.push(Outcome::Problem.finding(

@@ -78,9 +78,7 @@ impl<'a> Layers<'a> {
     }
 
     fn class_has(&self, key: &str) -> bool {
-        ProviderDataSchema::class_map(self.class_yaml)
-            .map(|m| m.contains_key(key))
-            .unwrap_or(false)
+        ProviderDataSchema::class_map(self.class_yaml).is_ok_and(|m| m.contains_key(key))
     }
 
     /// `key` as the user must change it: in the class, under `nodes.<node>.`, or under `defaults.`.
