@@ -21,9 +21,7 @@ use super::{CliResult, OutputFormat};
 use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::provider_data::ProviderDataSchema;
-use crate::validate::{
-    Finding, Layers, Outcome, Report, config_file_findings, pool_findings, validate_class,
-};
+use crate::validate::{Finding, Layers, Outcome, Report, config_file_findings, validate_class};
 
 #[derive(Debug, clap::Args)]
 pub struct ValidateArgs {
@@ -59,7 +57,6 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     let client = ProxmoxClient::new(&config.proxmox)?;
     let layers = Layers::new(&class_yaml, &config);
     let report = validate_class(&client, &schema, &layers, config.placement).await?;
-    let pools = pool_findings(&client, &schema, &layers, &config.ip_pools).await?;
     // The config's `policy:`, as provisioning checks it.
     let refused: Vec<Finding> = match layers.resolve_on(&schema, None) {
         Ok(data) => Outcome::Problem
@@ -74,7 +71,6 @@ pub async fn run(args: ValidateArgs) -> CliResult {
         config_file_findings(&config)
             .into_iter()
             .chain(report.findings)
-            .chain(pools)
             .chain(refused)
             .chain(reach)
             .collect(),

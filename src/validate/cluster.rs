@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::layers::Layers;
-use super::report::{Finding, Outcome, list_or_none};
-use crate::model::{ClusterSnapshot, Listing, MIB, NodeSnapshot};
+use super::report::{Finding, Outcome};
+use crate::model::{ClusterSnapshot, MIB, NodeSnapshot};
 use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::HaRule;
 use crate::proxmox::network::mapping::ResourceMapping;
@@ -18,8 +18,8 @@ use crate::rules::storage_selector::StorageSelector;
 /// The cluster as the checks see it.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterFacts {
-    /// One `/cluster/resources` read: nodes, guests (templates), storages per node.
-    pub resources: Listing,
+    /// One `/cluster/resources` read: the nodes with their storages and guests.
+    pub cluster: ClusterSnapshot,
     /// Bridge (and SDN VNet) names per node that was asked; `Err` says why a node could not be asked.
     /// Nodes missing here are not checked.
     pub bridges: BTreeMap<String, Result<Vec<String>, String>>,
@@ -39,6 +39,13 @@ pub struct ClusterFacts {
     pub ha_rules: Option<Result<Vec<HaRule>, String>>,
     /// Quorum and membership (`GET /cluster/status`; `None`: not read).
     pub health: Option<Result<ClusterHealth, String>>,
+}
+
+impl ClusterFacts {
+    /// The copies of the template, when `boot: clone` found them.
+    fn clone_source(&self) -> Option<&CloneSource> {
+        self.clone_source.as_ref()?.as_ref().ok()
+    }
 }
 
 /// The data checked on a node is already resolved with that node's `nodes:` override, so placement
@@ -70,20 +77,23 @@ pub(crate) fn class_request<'a>(
     }
 }
 
-fn allowed_names(data: &ProviderData) -> Vec<String> {
+pub(crate) fn allowed_names(data: &ProviderData) -> Vec<String> {
     data.allowed_nodes.iter().map(|n| n.to_string()).collect()
 }
 
 /// The nodes placement could choose for `data`. A pinned node that does not exist yields nothing
-/// (reported by [`super::checks::check_cluster`]).
+/// (reported by [`super::check_cluster`]).
 pub fn candidate_nodes<'c>(
     data: &ProviderData,
     cluster: &'c ClusterSnapshot,
 ) -> Vec<&'c NodeSnapshot> {
     let allowed = allowed_names(data);
     let request = class_request(data, &allowed, PlacementLimits::default(), None);
-    let considered = cluster.nodes.iter().filter(|n| request.considers(&n.name));
-    considered.collect()
+    cluster
+        .nodes
+        .iter()
+        .filter(|n| request.considers(&n.name))
+        .collect()
 }
 
 /// Everything one check of the cluster works from.
@@ -92,51 +102,27 @@ pub(crate) struct ClusterCheck<'a> {
     pub layers: &'a Layers<'a>,
     pub data: &'a ProviderData,
     pub view: &'a ClusterFacts,
-    pub cluster: ClusterSnapshot,
-    allowed: Vec<String>,
+    /// `data`'s allowed nodes, as placement takes them.
+    pub allowed: Vec<String>,
     /// "pve1, pve2", or "none".
-    existing: String,
+    pub existing: String,
 }
 
-impl<'a> ClusterCheck<'a> {
-    pub(crate) fn new(
-        schema: &'a ProviderDataSchema,
-        layers: &'a Layers<'a>,
-        data: &'a ProviderData,
-        view: &'a ClusterFacts,
-    ) -> Self {
-        let cluster = ClusterSnapshot::from_resources(&view.resources);
-        Self {
-            existing: list_or_none(&cluster.node_names()),
-            allowed: allowed_names(data),
-            schema,
-            layers,
-            data,
-            view,
-            cluster,
-        }
-    }
-
+impl ClusterCheck<'_> {
     /// The findings about the cluster as a whole that need no node's verdicts.
     pub(crate) fn cluster_findings(&self) -> Vec<Finding> {
-        let mut out = release_findings(self.data, self.view);
-        out.extend(health_finding(self.view));
+        let mut out = self.release_findings();
+        out.extend(self.health_finding());
         self.ha_rule_findings(&mut out);
         self.clone_disk_findings(&mut out);
         self.placement_findings(&mut out);
         self.template(&mut out);
         out
     }
-}
 
-impl ClusterCheck<'_> {
     /// The request placement would get for `data` (resolved on some node, or not).
     pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
-        let clone = self
-            .view
-            .clone_source
-            .as_ref()
-            .and_then(|c| c.as_ref().ok());
+        let clone = self.view.clone_source();
         class_request(data, &self.allowed, self.view.placement, clone)
     }
 
@@ -144,63 +130,62 @@ impl ClusterCheck<'_> {
     fn key(&self, key: &str) -> String {
         self.layers.key(key, None)
     }
-}
 
-/// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
-/// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
-fn health_finding(view: &ClusterFacts) -> Option<Finding> {
-    let key = "cluster.quorum";
-    Some(match view.health.as_ref()? {
-        Ok(h) if h.can_write() => Outcome::Pass.finding(key, h.summary()),
-        Ok(h) => Outcome::Problem.finding(key, h.summary()),
-        Err(why) => Outcome::Skipped.finding(
-            key,
-            format!("cannot read the cluster's quorum and membership: {why}"),
-        ),
-    })
-}
-
-/// Keys the cluster's Proxmox VE release must support.
-fn release_findings(data: &ProviderData, view: &ClusterFacts) -> Vec<Finding> {
-    match &view.pve_version {
-        Some(Ok(version)) => Outcome::Problem
-            .findings(release_problems(data, version))
-            .collect(),
-        Some(Err(why)) => {
-            let key = match data.boot {
-                BootMode::Image => "boot",
-                _ => "ha.failback",
-            };
-            let message = format!(
-                "cannot read the Proxmox VE version to check that the cluster supports it: {why}"
-            );
-            vec![Outcome::Skipped.finding(key, message)]
-        }
-        None => Vec::new(),
+    /// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
+    /// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
+    fn health_finding(&self) -> Option<Finding> {
+        let (outcome, message) = match self.view.health.as_ref()? {
+            Ok(h) if h.can_write() => (Outcome::Pass, h.summary()),
+            Ok(h) => (Outcome::Problem, h.summary()),
+            Err(why) => (
+                Outcome::Skipped,
+                format!("cannot read the cluster's quorum and membership: {why}"),
+            ),
+        };
+        Some(outcome.finding("cluster.quorum", message))
     }
-}
 
-impl ClusterCheck<'_> {
+    /// Keys the cluster's Proxmox VE release must support.
+    fn release_findings(&self) -> Vec<Finding> {
+        let data = self.data;
+        match &self.view.pve_version {
+            Some(Ok(version)) => Outcome::Problem
+                .findings(release_problems(data, version))
+                .collect(),
+            Some(Err(why)) => {
+                let key = match data.boot {
+                    BootMode::Image => "boot",
+                    _ => "ha.failback",
+                };
+                let message = format!(
+                    "cannot read the Proxmox VE version to check that the cluster supports it: {why}"
+                );
+                vec![Outcome::Skipped.finding(key, message)]
+            }
+            None => Vec::new(),
+        }
+    }
     /// Boot mode `clone`: an additional disk whose slot a copy of the template fills would never be
     /// made ([`crate::rules::vm_config::additional_disk_clash`]).
     fn clone_disk_findings(&self, out: &mut Vec<Finding>) {
-        let Some(Ok(source)) = &self.view.clone_source else {
+        let Some(source) = self.view.clone_source() else {
             return;
         };
-        for template in &source.templates {
-            let slots: Vec<&str> = template.drives.iter().map(|d| d.slot.as_str()).collect();
-            if let Some((i, slot)) =
-                crate::rules::vm_config::additional_disk_clash(self.data, &slots)
-            {
-                out.push(Outcome::Problem.finding(
-                    format!("{}[{i}]", self.key("additional_disks")),
-                    format!(
-                        "goes to {slot}, which template {} (VM {} on {}) already fills: the clone keeps the template's drive there and this disk would never be made",
-                        source.wanted, template.vmid, template.node
-                    ),
-                ));
-                return;
-            }
+        let clash = source.templates.iter().find_map(|t| {
+            let slots: Vec<&str> = t.drives.iter().map(|d| d.slot.as_str()).collect();
+            Some((
+                t,
+                crate::rules::vm_config::additional_disk_clash(self.data, &slots)?,
+            ))
+        });
+        if let Some((template, (i, slot))) = clash {
+            out.push(Outcome::Problem.finding(
+                format!("{}[{i}]", self.key("additional_disks")),
+                format!(
+                    "goes to {slot}, which template {} (VM {} on {}) already fills: the clone keeps the template's drive there and this disk would never be made",
+                    source.wanted, template.vmid, template.node
+                ),
+            ));
         }
     }
 
@@ -216,7 +201,7 @@ impl ClusterCheck<'_> {
             set: Some("(this set)"),
             sid: "",
             set_members: &[],
-            cluster_nodes: self.cluster.nodes.len(),
+            cluster_nodes: self.view.cluster.nodes.len(),
             comment: "",
         };
         if let Err(why) = crate::rules::ha::check_join(&membership, rules) {
@@ -225,53 +210,48 @@ impl ClusterCheck<'_> {
     }
 
     /// Which nodes could be chosen: the pinned node's verdict, or the allowed nodes and which of them
-    /// placement would leave out for being offline.
+    /// placement would leave out for being offline; every node the data or the config names must
+    /// exist.
     fn placement_findings(&self, out: &mut Vec<Finding>) {
-        let data = self.data;
-        let existing = &self.existing;
-        let missing = |key: String, node: &dyn std::fmt::Display, why: &str| {
-            let message =
-                format!("node \"{node}\" does not exist{why}; the cluster has: {existing}");
-            Outcome::Problem.finding(key, message)
-        };
+        let (data, existing) = (self.data, &self.existing);
+        let key = self.key("node");
         if let Some(pinned) = &data.node {
-            let key = self.key("node");
-            out.push(match placement::pinned_node(&self.cluster, pinned.as_str()) {
-                Ok(n) => Outcome::Pass.finding(key, "exists and is online").on(n.name.as_str()),
-                Err(PlacementError::PinnedNodeOffline { node }) => Outcome::Problem.finding(
-                    key,
-                    format!(
+            match placement::pinned_node(&self.view.cluster, pinned.as_str()) {
+                Ok(n) => out.push(
+                    Outcome::Pass
+                        .finding(&key, "exists and is online")
+                        .on(n.name.as_str()),
+                ),
+                Err(PlacementError::PinnedNodeOffline { node }) => {
+                    let message = format!(
                         "node \"{pinned}\" is offline: nothing can be created until it is back (or pin another node: {existing})"
-                    ),
-                ).on(node),
-                Err(_) => missing(key, pinned, ""),
-            });
-        } else {
-            for (i, allowed) in data.allowed_nodes.iter().enumerate() {
-                if self.cluster.node(allowed.as_str()).is_none() {
-                    out.push(missing(
-                        format!("{}[{i}]", self.key("allowed_nodes")),
-                        allowed,
-                        "",
-                    ));
+                    );
+                    out.push(Outcome::Problem.finding(&key, message).on(node));
                 }
+                // A missing node is reported below, with the other names.
+                Err(_) => {}
             }
         }
+        let pinned = data.node.iter().map(|n| (key.clone(), n, ""));
+        let allowed = data.allowed_nodes.iter().filter(|_| data.node.is_none());
+        let allowed = (allowed.enumerate())
+            .map(|(i, n)| (format!("{}[{i}]", self.key("allowed_nodes")), n, ""));
         // pve-ha-manager src/PVE/API2/HA/Rules.pm `assert_valid_nodes_param`: a rule naming a node that
         // does not exist is refused ("cannot use non-existent node(s)").
         let ha_nodes = data.ha.iter().flat_map(|ha| ha.node_affinity_nodes.iter());
-        for (i, ha_node) in ha_nodes.enumerate() {
-            if self.cluster.node(ha_node.as_str()).is_none() {
-                let key = format!("{}.node_affinity_nodes[{i}]", self.key("ha"));
-                out.push(missing(
-                    key,
-                    ha_node,
-                    " (Proxmox refuses an HA rule naming it)",
-                ));
+        let ha_nodes = ha_nodes.enumerate().map(|(i, n)| {
+            let key = format!("{}.node_affinity_nodes[{i}]", self.key("ha"));
+            (key, n, " (Proxmox refuses an HA rule naming it)")
+        });
+        for (key, node, why) in pinned.chain(allowed).chain(ha_nodes) {
+            if self.view.cluster.node(node.as_str()).is_none() {
+                let message =
+                    format!("node \"{node}\" does not exist{why}; the cluster has: {existing}");
+                out.push(Outcome::Problem.finding(key, message));
             }
         }
         for name in self.layers.nodes.keys() {
-            if self.cluster.node(name).is_none() {
+            if self.view.cluster.node(name).is_none() {
                 out.push(Outcome::Warning.finding(
                     format!("nodes.{name}"),
                     format!(
@@ -293,46 +273,35 @@ impl ClusterCheck<'_> {
         } else {
             self.key("allowed_nodes")
         };
-        let candidates = candidate_nodes(self.data, &self.cluster);
+        let candidates = candidate_nodes(self.data, &self.view.cluster);
         for node in candidates.iter().filter(|n| !n.online) {
             let message = format!(
                 "node is {}: it will not be chosen until it is back; the online nodes are checked",
                 LeftOut::Offline
             );
-            out.push(
-                Outcome::Warning
-                    .finding(&key, message)
-                    .on(node.name.as_str()),
-            );
+            let finding = Outcome::Warning.finding(&key, message);
+            out.push(finding.on(node.name.as_str()));
         }
         if !candidates.iter().any(|n| n.online) {
-            out.push(Outcome::Problem.finding(
-                key,
-                format!(
-                    "no online node can be chosen (cluster: {}); nothing can be created",
-                    self.existing
-                ),
-            ));
+            let existing = &self.existing;
+            let message = format!(
+                "no online node can be chosen (cluster: {existing}); nothing can be created"
+            );
+            out.push(Outcome::Problem.finding(key, message));
         }
     }
 
     /// The template for the whole cluster: its copies, or why there are none.
     fn template(&self, out: &mut Vec<Finding>) {
-        let Some(found) = &self.view.clone_source else {
-            return;
-        };
         let key = self.key("template");
-        let source = match found {
-            Ok(source) => source,
-            Err(why) => return out.push(Outcome::Problem.finding(key, why)),
+        let source = match &self.view.clone_source {
+            None => return,
+            Some(Err(why)) => return out.push(Outcome::Problem.finding(key, why)),
+            Some(Ok(source)) => source,
         };
-        let copies: Vec<String> = source
-            .templates
-            .iter()
-            .map(|t| {
-                let name = t.name.as_deref().unwrap_or("unnamed");
-                format!("{} ({name}) on {}", t.vmid, t.node)
-            })
+        let copies: Vec<String> = (source.templates.iter())
+            .map(|t| (t, t.name.as_deref().unwrap_or("unnamed")))
+            .map(|(t, name)| format!("{} ({name}) on {}", t.vmid, t.node))
             .collect();
         if !copies.is_empty() {
             out.push(Outcome::Pass.finding(&key, format!("template {}", copies.join(", "))));
@@ -356,15 +325,15 @@ impl ClusterCheck<'_> {
         let key = self.key("template");
         let pinned = self.data.node.is_some();
         for (node, verdict) in verdicts {
-            out.push(
-                match verdict {
-                    Ok(how) => Outcome::Pass.finding(&key, how),
-                    Err(why) if pinned => Outcome::Problem.finding(&key, why.to_string()),
-                    Err(why) => Outcome::Warning
-                        .finding(&key, format!("placement leaves {node} out: {why}")),
-                }
-                .on(*node),
-            );
+            let (outcome, message) = match verdict {
+                Ok(how) => (Outcome::Pass, how.clone()),
+                Err(why) if pinned => (Outcome::Problem, why.to_string()),
+                Err(why) => (
+                    Outcome::Warning,
+                    format!("placement leaves {node} out: {why}"),
+                ),
+            };
+            out.push(outcome.finding(&key, message).on(*node));
         }
         if !pinned && verdicts.iter().all(|(_, v)| v.is_err()) {
             out.push(Outcome::Problem.finding(
@@ -378,46 +347,45 @@ impl ClusterCheck<'_> {
     /// ([`placement::capacity_fit`]: free memory, then memory and vCPUs given to VMs against the
     /// config's `placement:` limits), so those are warnings and "nowhere" is the problem. A node
     /// left out for its vCPUs is reported under `cores`, for memory under `memory`.
-    pub(crate) fn memory_findings(
-        &self,
-        fits: &[(String, Result<u64, LeftOut>)],
-        out: &mut Vec<Finding>,
-    ) {
+    pub(crate) fn memory_findings(&self, fits: &[(&str, Option<LeftOut>)], out: &mut Vec<Finding>) {
         if fits.is_empty() || self.layers.is_stand_in("memory", None) {
             return;
         }
         let data = self.data;
         let fitting: Vec<&str> = fits
             .iter()
-            .filter(|(_, fit)| fit.is_ok())
-            .map(|(n, _)| n.as_str())
+            .filter(|(_, why)| why.is_none())
+            .map(|(n, _)| *n)
             .collect();
-        let vcpus = self.request(data).vcpus;
+        let left_out: Vec<(&str, &LeftOut)> = fits
+            .iter()
+            .filter_map(|(n, why)| Some((*n, why.as_ref()?)))
+            .collect();
         if fitting.is_empty() {
-            let (key, message) = self.fits_nowhere(fits, vcpus);
-            let finding = Outcome::Problem.finding(key, message);
-            out.push(Finding {
-                node: data.node.as_ref().map(|n| n.to_string()),
-                ..finding
+            let (key, message) = self.fits_nowhere(&left_out);
+            let node = data.node.as_ref().map(|n| n.to_string());
+            return out.push(Finding {
+                node,
+                ..Outcome::Problem.finding(key, message)
             });
-            return;
         }
         let fit = format!(
-            "{} MiB and {vcpus} vCPUs fit on {}",
+            "{} MiB and {} vCPUs fit on {}",
             data.memory_mb,
+            data.vcpus(),
             fitting.join(", ")
         );
         out.push(Outcome::Pass.finding(self.key("memory"), fit));
-        for (node, fit) in fits {
-            let Err(why) = fit else { continue };
+        for (node, why) in left_out {
             let message = match why {
                 LeftOut::MemoryShort { free_memory, .. } => format!(
-                    "only {} MiB free now, {} MiB needed: this node will be skipped",
+                    "only {} MiB free now, {} MiB needed",
                     free_memory / MIB,
                     data.memory_mb
                 ),
-                why => format!("{why}: this node will be skipped"),
+                why => why.to_string(),
             };
+            let message = format!("{message}: this node will be skipped");
             out.push(
                 Outcome::Warning
                     .finding(self.key_for(why), message)
@@ -434,20 +402,18 @@ impl ClusterCheck<'_> {
         }
     }
 
-    /// The problem when no candidate node fits the memory and vCPUs: its key and its words.
-    fn fits_nowhere(
-        &self,
-        fits: &[(String, Result<u64, LeftOut>)],
-        vcpus: u64,
-    ) -> (String, String) {
+    /// The problem when every candidate node is left out for its memory or vCPUs: its key and its
+    /// words.
+    fn fits_nowhere(&self, left_out: &[(&str, &LeftOut)]) -> (String, String) {
         let memory_mb = self.data.memory_mb;
-        let short = |fit: &Result<u64, LeftOut>| match fit {
-            Err(LeftOut::MemoryShort { free_memory, .. }) => Some(*free_memory),
-            _ => None,
-        };
         // Every node short of memory, or the reasons as they come.
-        let free: Option<Vec<String>> = (fits.iter())
-            .map(|(n, fit)| Some(format!("{n} {} MiB", short(fit)? / MIB)))
+        let free: Option<Vec<String>> = (left_out.iter())
+            .map(|(n, why)| match why {
+                LeftOut::MemoryShort { free_memory, .. } => {
+                    Some(format!("{n} {} MiB", free_memory / MIB))
+                }
+                _ => None,
+            })
             .collect();
         if let Some(free) = free {
             let free = free.join(", ");
@@ -455,21 +421,16 @@ impl ClusterCheck<'_> {
                 format!("{memory_mb} MiB fits on no candidate node (free memory: {free})");
             return (self.key("memory"), message);
         }
-        let left_out = fits
-            .iter()
-            .filter_map(|(n, fit)| Some((n, fit.as_ref().err()?)));
-        let all: Vec<String> = left_out
-            .clone()
+        let all: Vec<String> = (left_out.iter())
             .map(|(n, why)| format!("{n}: {why}"))
             .collect();
-        let key = (left_out.map(|(_, why)| self.key_for(why)).next())
-            .unwrap_or_else(|| self.key("memory"));
-        (
-            key,
-            format!(
-                "{memory_mb} MiB and {vcpus} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
-                all.join("; ")
-            ),
-        )
+        let key =
+            (left_out.first()).map_or_else(|| self.key("memory"), |(_, why)| self.key_for(why));
+        let message = format!(
+            "{memory_mb} MiB and {} vCPUs fit on no candidate node ({}); raise the config's `placement:` limits, or make room",
+            self.data.vcpus(),
+            all.join("; ")
+        );
+        (key, message)
     }
 }

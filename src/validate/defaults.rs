@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::checks::check_cluster;
+use super::check_cluster;
 use super::gather::gather;
 use super::layers::Layers;
 use super::report::{Finding, Outcome};
@@ -39,37 +39,32 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
         },
         Err(problems) => Outcome::Problem.findings(problems).collect(),
     };
-    let mut problems = findings
-        .into_iter()
-        .filter(|f| f.outcome == Outcome::Problem)
-        .peekable();
-    problems.peek().is_some().then(|| summarize(problems))
+    summarize(&findings)
 }
 
-/// `provider config: KEY (on NODE): MESSAGE; ... and N more`, cut to [`HEALTH_TEXT_MAX`].
-pub(crate) fn summarize(problems: impl Iterator<Item = Finding>) -> String {
+/// The problems among `findings` as `provider config: KEY (on NODE): MESSAGE; ... and N more`, cut
+/// to [`HEALTH_TEXT_MAX`]; `None` when there is none.
+pub(crate) fn summarize(findings: &[Finding]) -> Option<String> {
+    const PREFIX: &str = "provider config: ";
+    let problems = findings.iter().filter(|f| f.outcome == Outcome::Problem);
     let all: Vec<String> = problems.map(|f| f.to_string()).collect();
-    let mut text = String::from("provider config: ");
-    let mut shown = 0;
-    for (i, p) in all.iter().enumerate() {
-        let sep = if i == 0 { "" } else { "; " };
-        if text.len() + sep.len() + p.len() > HEALTH_TEXT_MAX && shown > 0 {
-            break;
-        }
-        text.push_str(sep);
-        text.push_str(p);
-        shown += 1;
+    if all.is_empty() {
+        return None;
     }
+    // The first problem always shows (cut below when it alone is too long), the others while
+    // they fit.
+    let fits = |n: usize| n == 1 || PREFIX.len() + all[..n].join("; ").len() <= HEALTH_TEXT_MAX;
+    let shown = (1..=all.len()).take_while(|&n| fits(n)).count();
+    let mut text = format!("{PREFIX}{}", all[..shown].join("; "));
     if shown < all.len() {
         let _ = write!(text, "; and {} more (run `validate`)", all.len() - shown);
     }
     if text.len() > HEALTH_TEXT_MAX + 40 {
-        let mut cut = HEALTH_TEXT_MAX;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
+        let cut = (0..=HEALTH_TEXT_MAX)
+            .rev()
+            .find(|&i| text.is_char_boundary(i));
+        text.truncate(cut.unwrap_or(0));
         text.push('…');
     }
-    text
+    Some(text)
 }

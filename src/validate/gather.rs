@@ -5,11 +5,11 @@
 use futures_util::future::OptionFuture;
 use serde_json::{Map, Value};
 
-use super::check_schema;
-use super::checks::check_cluster;
 use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
+use super::pools::pool_findings;
 use super::report::Report;
+use super::{check_cluster, check_schema};
 use crate::model::ClusterSnapshot;
 use crate::pipeline::template::clone_source;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
@@ -30,86 +30,69 @@ pub async fn gather(
 ) -> Result<ClusterFacts, ProxmoxError> {
     let resources = pve.cluster_listing().await?;
     let cluster = ClusterSnapshot::from_resources(&resources);
-    let online = candidate_nodes(data, &cluster).into_iter();
-    let answers = futures_util::future::join_all(
-        online
-            .filter(|n| n.online)
-            .map(|n| async { (n.name.to_string(), bridges(pve, &n.name).await) }),
-    )
-    .await;
-    let uses = |key: &str, in_data: bool| {
+    let candidates = candidate_nodes(data, &cluster);
+    let online = candidates.iter().filter(|n| n.online);
+    let answers = online.map(|n| async { (n.name.to_string(), bridges(pve, &n.name).await) });
+    let answers = futures_util::future::join_all(answers).await;
+    let mappings = |kind, key: &str, in_data: bool| {
         // A missing key (or a node override that is not a map) indexes as null.
-        in_data || (config_nodes.values()).any(|v| v[key].as_array().is_some_and(|a| !a.is_empty()))
+        let in_nodes =
+            (config_nodes.values()).any(|v| v[key].as_array().is_some_and(|a| !a.is_empty()));
+        let read = async move { text(pve.resource_mappings(kind).await) };
+        OptionFuture::from((in_data || in_nodes).then_some(read))
     };
-    let mappings = |kind, used: bool| {
-        let read = async move { pve.resource_mappings(kind).await.map_err(|e| e.to_string()) };
-        OptionFuture::from(used.then_some(read))
-    };
-    let pci_used = uses("pci_devices", !data.pci_devices.is_empty());
-    let pci_mappings = mappings(MappingKind::Pci, pci_used).await;
-    let usb_used = uses("usb_devices", !data.usb_devices.is_empty());
-    let usb_mappings = mappings(MappingKind::Usb, usb_used).await;
-    let version = needs_release_check(data).then_some(async {
-        let version = pve.version().await;
-        version.map(|v| v.version).map_err(|e| e.to_string())
-    });
-    let pve_version = OptionFuture::from(version).await;
-    let clone_source = match (data.boot, &data.template) {
-        (BootMode::Clone, Some(wanted)) => Some(
-            clone_source(pve, &resources, &cluster, wanted, data.clone_mode)
-                .await
-                .map_err(|e| e.to_string()),
-        ),
-        _ => None,
-    };
-    // Proxmox VE 8 has no HA rules (501): the release check says so.
-    let ha_rules = match data.ha.as_ref().filter(|ha| ha.uses_rules()) {
-        Some(_) => match pve.ha_rules().await {
-            Err(ProxmoxError::Api { status: 501, .. }) => None,
-            read => Some(read.map_err(|e| e.to_string())),
-        },
-        None => None,
-    };
-    let health = Some(pve.cluster_health().await.map_err(|e| e.to_string()));
+    let (pci, usb) = (!data.pci_devices.is_empty(), !data.usb_devices.is_empty());
+    let version = async { text(pve.version().await).map(|v| v.version) };
+    let uses_ha_rules = data.ha.as_ref().is_some_and(|ha| ha.uses_rules());
+    // The reads run one after the other, in the order of the fields.
     Ok(ClusterFacts {
-        health,
-        ha_rules,
-        clone_source,
-        placement,
-        resources,
         bridges: answers.into_iter().collect(),
-        pci_mappings,
-        usb_mappings,
-        pve_version,
+        pci_mappings: mappings(MappingKind::Pci, "pci_devices", pci).await,
+        usb_mappings: mappings(MappingKind::Usb, "usb_devices", usb).await,
+        pve_version: OptionFuture::from(needs_release_check(data).then_some(version)).await,
+        clone_source: match (data.boot, &data.template) {
+            (BootMode::Clone, Some(wanted)) => Some(text(
+                clone_source(pve, &resources, &cluster, wanted, data.clone_mode).await,
+            )),
+            _ => None,
+        },
+        // Proxmox VE 8 has no HA rules (501): the release check says so.
+        ha_rules: match OptionFuture::from(uses_ha_rules.then(|| pve.ha_rules())).await {
+            Some(Err(ProxmoxError::Api { status: 501, .. })) => None,
+            read => read.map(text),
+        },
+        health: Some(text(pve.cluster_health().await)),
+        placement,
+        cluster,
     })
+}
+
+/// A failed read as the words the findings show.
+fn text<T>(read: Result<T, impl std::fmt::Display>) -> Result<T, String> {
+    read.map_err(|e| e.to_string())
 }
 
 /// Bridges and SDN VNets of a node; Proxmox before 9.0 does not know `include_sdn` (a parameter error
 /// on `type`), so that refusal falls back to plain bridges.
 async fn bridges(pve: &ProxmoxClient, node: &NodeName) -> Result<Vec<String>, String> {
-    let list = match pve
-        .node_networks(node, Some(NetworkFilter::BridgesAndVnets))
-        .await
-    {
+    let read = |filter| pve.node_networks(node, Some(filter));
+    let list = match read(NetworkFilter::BridgesAndVnets).await {
         Err(ProxmoxError::Api {
             status: 400,
             field_errors,
             ..
-        }) if field_errors.contains_key("type") => {
-            pve.node_networks(node, Some(NetworkFilter::AnyBridge))
-                .await
-        }
+        }) if field_errors.contains_key("type") => read(NetworkFilter::AnyBridge).await,
         other => other,
-    }
-    .map_err(|e| e.to_string())?;
+    };
+    let list = text(list)?.into_iter();
     Ok(list
-        .into_iter()
         .filter(|i| i.is_guest_bridge())
         .map(|i| i.iface)
         .collect())
 }
 
-/// The whole check of one machine class's provider data: schema, then (if that passes) the cluster.
+/// The whole check of one machine class's provider data: schema, then (if that passes) the cluster
+/// and the IP pools it names.
 /// `Err` only when the cluster cannot be read.
 pub async fn validate_class(
     pve: &ProxmoxClient,
@@ -121,6 +104,7 @@ pub async fn validate_class(
     if let Some(data) = data {
         let view = gather(pve, &data, layers.nodes, placement).await?;
         findings.extend(check_cluster(schema, layers, &data, &view));
+        findings.extend(pool_findings(pve, &data, layers.ip_pools).await?);
     }
     Ok(Report::new(findings))
 }

@@ -78,25 +78,18 @@ impl<'a> Layers<'a> {
     }
 
     fn class_has(&self, key: &str) -> bool {
-        ProviderDataSchema::class_map(self.class_yaml)
-            .map(|m| m.contains_key(key))
-            .unwrap_or(false)
+        ProviderDataSchema::class_map(self.class_yaml).is_ok_and(|m| m.contains_key(key))
     }
 
     /// `key` as the user must change it: in the class, under `nodes.<node>.`, or under `defaults.`.
     pub(crate) fn key(&self, key: &str, node: Option<&str>) -> String {
-        if self.class_has(key) {
-            return key.to_string();
+        let in_node = node.filter(|n| self.node_override(n).is_some_and(|m| m.contains_key(key)));
+        match in_node {
+            _ if self.class_has(key) => key.to_string(),
+            Some(n) => format!("nodes.{n}.{key}"),
+            None if self.defaults.contains_key(key) => format!("defaults.{key}"),
+            None => key.to_string(),
         }
-        if let Some(n) = node
-            && self.node_override(n).is_some_and(|m| m.contains_key(key))
-        {
-            return format!("nodes.{n}.{key}");
-        }
-        if self.defaults.contains_key(key) {
-            return format!("defaults.{key}");
-        }
-        key.to_string()
     }
 
     /// True when the value is a stand-in (checking `defaults:`, the key is set nowhere real).

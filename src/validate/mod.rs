@@ -6,7 +6,7 @@
 //! through the live cluster, node by node for every node placement could choose, and every finding is
 //! reported with the key to change and the node it concerns.
 //!
-//! The decisions are pure ([`check_schema`], [`checks::check_cluster`]): they take parsed data and
+//! The decisions are pure ([`check_schema`], [`check_cluster`]): they take parsed data and
 //! a [`cluster::ClusterFacts`] and return findings, so they are tested without a network. They
 //! do not re-derive placement: which node is considered, whether memory fits and which storage takes
 //! a disk or an ISO are the verdicts of [`crate::rules`], the same functions the pipeline acts on,
@@ -15,7 +15,6 @@
 //! mappings only when the data uses them. The `validate` command and the provider's health check
 //! ([`check_defaults`]) share all of it.
 
-mod checks;
 mod cluster;
 mod defaults;
 mod gather;
@@ -24,20 +23,18 @@ mod node;
 mod pools;
 mod privileges;
 mod report;
-#[cfg(test)]
-mod tests;
 
 use serde_json::Value;
 
 pub use defaults::check_defaults;
 pub use gather::validate_class;
 pub use layers::Layers;
-pub use pools::pool_findings;
 pub use privileges::root_reach_warning;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
 use crate::rules::provider_data::{ConfigLayers, ProviderData, ProviderDataSchema};
+use cluster::{ClusterCheck, ClusterFacts, allowed_names, candidate_nodes};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
 /// overrides). `Ok` carries the data as it is before any per-node override, for the cluster checks.
@@ -73,6 +70,40 @@ pub fn check_schema(
     }
 }
 
+/// Step 2, pure: `data` (the class resolved without a node override) against the cluster: the
+/// findings about the cluster as a whole ([`cluster`]), then each node placement could choose
+/// ([`node`]), then what the nodes' verdicts together say.
+pub(crate) fn check_cluster(
+    schema: &ProviderDataSchema,
+    layers: &Layers<'_>,
+    data: &ProviderData,
+    view: &ClusterFacts,
+) -> Vec<Finding> {
+    let check = ClusterCheck {
+        existing: report::list_or_none(&view.cluster.node_names()),
+        allowed: allowed_names(data),
+        schema,
+        layers,
+        data,
+        view,
+    };
+    let mut out = check.cluster_findings();
+    let (mut clones, mut capacity) = (Vec::new(), Vec::new());
+    for node in candidate_nodes(data, &view.cluster)
+        .into_iter()
+        .filter(|n| n.online)
+    {
+        if let Some(outcome) = node::check_node(&check, node, &mut out) {
+            let name = node.name.as_str();
+            clones.extend(outcome.clone.map(|c| (name, c)));
+            capacity.push((name, outcome.capacity.err()));
+        }
+    }
+    check.clone_findings(&clones, &mut out);
+    check.memory_findings(&capacity, &mut out);
+    out
+}
+
 /// The config file's own warnings (unknown keys, a token and a password both set), as findings to
 /// show before the provider data's.
 pub fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
@@ -82,3 +113,6 @@ pub fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
         .map(|w| Outcome::Warning.finding("config", w))
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

@@ -61,17 +61,14 @@ pub(crate) fn check_node(
     let clone = request
         .clone
         .and_then(|source| match placement::disk_verdict(node, &request) {
-            Ok(Ok((storage, Some(vmid)))) => Some(Ok(format!(
-                "a {} clone of template {} ({vmid} on {}) goes to {}",
-                source.mode.as_str(),
-                source.wanted,
-                source
-                    .templates
-                    .iter()
-                    .find(|t| t.vmid == vmid)
-                    .map_or("?", |t| t.node.as_str()),
-                storage.name
-            ))),
+            Ok(Ok((storage, Some(vmid)))) => {
+                let copy = source.templates.iter().find(|t| t.vmid == vmid);
+                let (mode, on) = (source.mode.as_str(), copy.map_or("?", |t| t.node.as_str()));
+                let (wanted, to) = (&source.wanted, &storage.name);
+                Some(Ok(format!(
+                    "a {mode} clone of template {wanted} ({vmid} on {on}) goes to {to}"
+                )))
+            }
             Ok(Err(LeftOut::Clone(refusal))) => Some(Err(*refusal)),
             _ => None,
         });
@@ -106,12 +103,10 @@ impl NodeCheck<'_> {
             out.push(finding);
         }
         for (i, disk) in here.additional_disks.iter().enumerate() {
-            let selector = &disk.storage_selector;
-            let need = StorageNeed::boot_disk(selector, disk.size_gb);
-            let choice = storage::choose(self.node, &need);
+            let (selector, need_gb) = (&disk.storage_selector, disk.size_gb);
+            let choice = storage::choose(self.node, &StorageNeed::boot_disk(selector, need_gb));
             let key = format!("{}[{i}].storage_selector", self.key("additional_disks"));
-            let content = Content::VmDisks;
-            out.push(self.storage(key, Some(selector), disk.size_gb, &choice, content));
+            out.push(self.storage(key, Some(selector), need_gb, &choice, Content::VmDisks));
         }
     }
 
@@ -120,8 +115,7 @@ impl NodeCheck<'_> {
         if let Some(kind) = BootImage::of(self.here.boot)
             && !self.is_stand_in("iso_storage_selector")
         {
-            let selector = self.here.iso_storage_selector.as_ref();
-            let content = kind.content();
+            let (selector, content) = (self.here.iso_storage_selector.as_ref(), kind.content());
             let choice = storage::choose(self.node, &StorageNeed::download(content, selector));
             let key = self.key("iso_storage_selector");
             out.push(self.storage(key, selector, 0, &choice, content));
@@ -139,15 +133,11 @@ impl NodeCheck<'_> {
     ) -> Finding {
         let (what, node) = (content.describe(), self.n);
         if let Some(s) = &choice.chosen {
-            let message = if need_gb > 0 {
-                let free = s.available / GIB;
-                format!(
-                    "{what} go to {} ({free} GiB free, {need_gb} GiB needed)",
-                    s.name
-                )
-            } else {
-                format!("{what} go to {}", s.name)
+            let room = match need_gb {
+                0 => String::new(),
+                _ => format!(" ({} GiB free, {need_gb} GiB needed)", s.available / GIB),
             };
+            let message = format!("{what} go to {}{room}", s.name);
             return Outcome::Pass.finding(key, message).on(node);
         }
         let reasons = if choice.rejected.is_empty() {
@@ -174,9 +164,8 @@ impl NodeCheck<'_> {
         // A NIC on an IP pool that names a bridge goes on that bridge (the data is resolved with
         // it): the key to change is the pool's.
         let pool_bridge = |pool: Option<&str>| {
-            let pools = self.check.layers.ip_pools.iter();
-            let mut with_bridge = pools.filter(|p| p.bridge.is_some());
-            let pool = with_bridge.find(|p| Some(p.name.as_str()) == pool)?;
+            let mut pools = self.check.layers.ip_pools.iter();
+            let pool = pools.find(|p| p.bridge.is_some() && Some(p.name.as_str()) == pool)?;
             Some(format!("ipPools.{}.bridge", pool.name))
         };
         let mut wanted = Vec::new();
@@ -218,21 +207,14 @@ impl NodeCheck<'_> {
     /// PCI and USB passthrough: the resource mappings must exist and have a device on this node.
     fn devices(&self, out: &mut Vec<Finding>) {
         let (here, view) = (&self.here, self.check.view);
-        let pci = here.pci_devices.iter().map(|d| d.mapping.to_string());
-        let usb = here.usb_devices.iter().map(|d| d.mapping.to_string());
-        let devices = [
-            (
-                "pci_devices",
-                "PCI",
-                pci.collect::<Vec<_>>(),
-                &view.pci_mappings,
-            ),
+        let pci = here.pci_devices.iter().map(|d| d.mapping.as_str());
+        let usb = here.usb_devices.iter().map(|d| d.mapping.as_str());
+        let devices: [(_, _, Vec<&str>, _); 2] = [
+            ("pci_devices", "PCI", pci.collect(), &view.pci_mappings),
             ("usb_devices", "USB", usb.collect(), &view.usb_mappings),
         ];
         for (list, kind, ids, known) in devices {
-            let Some(known) = known else {
-                continue;
-            };
+            let Some(known) = known else { continue };
             for (i, id) in ids.iter().enumerate() {
                 let key = format!("{}[{i}].mapping", self.key(list));
                 let (outcome, message) = mapping_verdict(self.n, kind, id, known);

@@ -8,11 +8,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use super::layers::Layers;
 use super::report::{Finding, Outcome};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, IpPool};
-use crate::rules::provider_data::{ProviderData, ProviderDataSchema};
+use crate::rules::provider_data::ProviderData;
 
 /// Pure: one finding per NIC that names a pool, given the addresses in use.
 pub fn check_pools(
@@ -49,27 +48,23 @@ pub fn check_pools(
         .collect()
 }
 
-/// The pool findings for a class: nothing (and no request) when it names no pool.
-pub async fn pool_findings(
+/// The pool findings for `data`: nothing (and no request) when it names no pool.
+pub(crate) async fn pool_findings(
     pve: &ProxmoxClient,
-    schema: &ProviderDataSchema,
-    layers: &Layers<'_>,
+    data: &ProviderData,
     pools: &[IpPool],
 ) -> Result<Vec<Finding>, ProxmoxError> {
-    let Ok(data) = layers.resolve_on(schema, None) else {
-        // The schema findings say what is wrong.
-        return Ok(Vec::new());
-    };
-    if ip_pool::wanted(&data).is_empty() {
+    if ip_pool::wanted(data).is_empty() {
         return Ok(Vec::new());
     }
     let in_use = crate::pipeline::ip_pool::reported_by_agents(pve).await?;
-    Ok(check_pools(&data, pools, &in_use))
+    Ok(check_pools(data, pools, &in_use))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::provider_data::ProviderDataSchema;
 
     fn data(yaml: &str) -> ProviderData {
         ProviderDataSchema::new()

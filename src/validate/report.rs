@@ -21,13 +21,10 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The word of the text report, in the order of the variants; four wide whatever the findings,
+    /// so reports line up with each other.
     fn label(self) -> &'static str {
-        match self {
-            Outcome::Pass => "ok",
-            Outcome::Skipped => "skip",
-            Outcome::Warning => "warn",
-            Outcome::Problem => "FAIL",
-        }
+        ["ok  ", "skip", "warn", "FAIL"][self as usize]
     }
 
     /// A finding of this outcome about `key`, on no node in particular (see [`Finding::on`]).
@@ -112,10 +109,8 @@ impl Report {
     /// The report for people: one line per finding, then a verdict.
     pub fn render_text(&self) -> String {
         let rows = self.findings.iter().map(|f| {
-            let node = f.node.as_deref().unwrap_or("-");
-            // Four wide whatever the findings, so reports line up with each other.
-            let label = format!("{:<4}", f.outcome.label());
-            vec![label, f.key.clone(), node.into(), f.message.clone()]
+            let (label, node) = (f.outcome.label(), f.node.as_deref().unwrap_or("-"));
+            vec![label.into(), f.key.clone(), node.into(), f.message.clone()]
         });
         let mut out = String::new();
         crate::table::render(&mut out, "", &[], rows);

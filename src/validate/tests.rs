@@ -2,7 +2,6 @@
 
 use serde_json::{Map, Value, json};
 
-use super::checks::check_cluster;
 use super::cluster::ClusterFacts;
 use super::defaults::{HEALTH_TEXT_MAX, summarize};
 use super::*;
@@ -11,9 +10,9 @@ use crate::proxmox::types::ClusterResource;
 use crate::rules::provider_data::ProviderDataSchema;
 use crate::rules::provider_data::needs_release_check;
 
-/// pve1 (online, 6 GiB free, local-lvm + iso storage, vmbr0/vmbr1), pve2 (online, 1 GiB free,
-/// local-lvm only, vmbr0), pve3 offline; template 9000 on pve1, VM 100 on pve2.
-fn view() -> ClusterFacts {
+/// pve1 (online, 6 GiB free, local-lvm + iso storage), pve2 (online, 1 GiB free, local-lvm only),
+/// pve3 offline; template 9000 on pve1, VM 100 on pve2.
+fn listing() -> crate::model::Listing {
     let resources: Vec<ClusterResource> = serde_json::from_value(json!([
         {"type":"node","node":"pve1","status":"online","mem":2147483648u64,"maxmem":8589934592u64},
         {"type":"node","node":"pve2","status":"online","mem":7516192768u64,"maxmem":8589934592u64},
@@ -25,8 +24,13 @@ fn view() -> ClusterFacts {
         {"type":"storage","storage":"local-lvm","node":"pve2","content":"images,rootdir","status":"available","disk":0,"maxdisk":10737418240u64,"plugintype":"lvmthin"}
     ]))
     .unwrap();
+    resources.into()
+}
+
+/// [`listing`], with vmbr0/vmbr1 on pve1 and vmbr0 on pve2.
+fn view() -> ClusterFacts {
     ClusterFacts {
-        resources: resources.into(),
+        cluster: crate::model::ClusterSnapshot::from_resources(&listing()),
         bridges: [
             ("pve1".to_string(), Ok(vec!["vmbr0".into(), "vmbr1".into()])),
             ("pve2".to_string(), Ok(vec!["vmbr0".into()])),
@@ -51,20 +55,18 @@ fn view_for(data: &crate::rules::provider_data::ProviderData) -> ClusterFacts {
     let (BootMode::Clone, Some(wanted)) = (data.boot, &data.template) else {
         return view;
     };
-    let cluster = crate::model::ClusterSnapshot::from_resources(&view.resources);
+    let cluster = view.cluster.clone();
     let config: crate::proxmox::types::VmConfig =
         serde_json::from_value(json!({"scsi0": "local-lvm:base-9000-disk-0,size=8G"})).unwrap();
     view.clone_source = Some(
-        crate::pipeline::template::matching_templates(&view.resources, wanted).map(|vms| {
-            CloneSource {
-                wanted: wanted.to_string(),
-                mode: data.clone_mode,
-                templates: vms
-                    .into_iter()
-                    .map(|vm| crate::model::TemplateFacts::from_config(vm, &config, &cluster))
-                    .collect(),
-                offline: Vec::new(),
-            }
+        crate::pipeline::template::matching_templates(&listing(), wanted).map(|vms| CloneSource {
+            wanted: wanted.to_string(),
+            mode: data.clone_mode,
+            templates: vms
+                .into_iter()
+                .map(|vm| crate::model::TemplateFacts::from_config(vm, &config, &cluster))
+                .collect(),
+            offline: Vec::new(),
         }),
     );
     view
@@ -391,7 +393,7 @@ fn health_text_is_short() {
         let key = format!("additional_disks[{i}].storage_selector");
         Outcome::Problem.finding(key, "x".repeat(60)).on("pve1")
     });
-    let text = summarize(many);
+    let text = summarize(&many.collect::<Vec<_>>()).unwrap();
     assert!(text.len() < HEALTH_TEXT_MAX + 60, "{}", text.len());
     assert!(text.contains("more (run `validate`)"), "{text}");
 }
@@ -409,7 +411,7 @@ fn validate_and_placement_give_the_same_verdict() {
     let schema = ProviderDataSchema::new().unwrap();
     // As `view()`, but pve2 has 4 GiB free.
     let mut view = view();
-    view.resources = serde_json::from_value::<Vec<crate::proxmox::types::ClusterResource>>(json!([
+    view.cluster = ClusterSnapshot::from_resources(&serde_json::from_value::<Vec<crate::proxmox::types::ClusterResource>>(json!([
         {"type":"node","node":"pve1","status":"online","mem":2147483648u64,"maxmem":8589934592u64},
         {"type":"node","node":"pve2","status":"online","mem":4294967296u64,"maxmem":8589934592u64},
         {"type":"node","node":"pve3","status":"offline"},
@@ -417,8 +419,7 @@ fn validate_and_placement_give_the_same_verdict() {
         {"type":"storage","storage":"local-lvm","node":"pve1","content":"images,rootdir","status":"available","disk":0,"maxdisk":107374182400u64,"plugintype":"lvmthin"},
         {"type":"storage","storage":"local-lvm","node":"pve2","content":"images,rootdir","status":"available","disk":0,"maxdisk":10737418240u64,"plugintype":"lvmthin"}
     ]))
-    .unwrap()
-    .into();
+    .unwrap());
     let base =
         "cores: 1\nstorage_selector: name == \"local-lvm\"\niso_storage_selector: \"true\"\n";
     let classes = [
@@ -433,7 +434,7 @@ fn validate_and_placement_give_the_same_verdict() {
         // pve2 short of memory and disk, pve3 allowed but offline: pve1.
         format!("{base}memory: 5000\ndisk_size: 20\nallowed_nodes: [pve1, pve2, pve3]\n"),
     ];
-    let cluster = ClusterSnapshot::from_resources(&view.resources);
+    let cluster = view.cluster.clone();
     let (empty, nodes) = (Map::new(), Map::new());
     for class in &classes {
         let layers = Layers {
@@ -645,7 +646,7 @@ fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
     let mut v = view_for(&data);
-    let cluster = crate::model::ClusterSnapshot::from_resources(&v.resources);
+    let cluster = v.cluster.clone();
     let config: crate::proxmox::types::VmConfig = serde_json::from_value(json!({
         "scsi0": "local-lvm:base-9000-disk-0,size=8G",
         "scsi1": "local-lvm:base-9000-disk-1,size=2G"
@@ -653,7 +654,7 @@ fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
     .unwrap();
     if let Some(Ok(source)) = v.clone_source.as_mut() {
         let vm = crate::pipeline::template::matching_templates(
-            &v.resources,
+            &listing(),
             data.template.as_ref().unwrap(),
         )
         .unwrap()[0]
