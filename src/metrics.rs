@@ -71,6 +71,8 @@ metrics! {
         Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 16)));
     requests_in_flight: Gauge = "machine_requests_in_flight",
         "Machine requests waiting for or in a reconcile", Gauge::default();
+    /// Whether Omni answered the last call that tells (a heartbeat, or a standby's look at the
+    /// leader lease).
     omni_connected: Gauge = "omni_connected", "1 when the last heartbeat reached Omni",
         Gauge::default();
     last_heartbeat: Gauge = "last_heartbeat_timestamp_seconds",
@@ -124,7 +126,7 @@ impl Metrics {
 
     /// Called after every heartbeat: did Omni take it, and did the Proxmox check pass?
     pub fn heartbeat(&self, omni_ok: bool, proxmox_ok: bool) {
-        self.omni_reachable(omni_ok);
+        self.omni_connected.set(i64::from(omni_ok));
         self.proxmox_checked(proxmox_ok);
         if omni_ok {
             let now = SystemTime::now()
@@ -135,23 +137,9 @@ impl Metrics {
         }
     }
 
-    /// Whether Omni answered the last call that tells (a heartbeat, or a standby's look at the
-    /// leader lease).
-    pub fn omni_reachable(&self, ok: bool) {
-        self.omni_connected.set(i64::from(ok));
-    }
-
     /// Whether the last Proxmox health check passed.
     pub fn proxmox_checked(&self, ok: bool) {
         self.proxmox_ok.store(ok, Ordering::Relaxed);
-    }
-
-    pub fn set_leader(&self, leader: bool) {
-        self.leader.set(i64::from(leader));
-    }
-
-    pub fn leader_transition(&self) {
-        self.leader_transitions.inc();
     }
 
     /// `None` when ready, else why not.

@@ -16,9 +16,10 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum TelemetryError {
-    #[error("invalid log level {level:?}: {message}")]
-    BadLevel { level: String, message: String },
+#[error("invalid log level {level:?}: {message}")]
+pub struct TelemetryError {
+    level: String,
+    message: String,
 }
 
 /// A bare level (`debug`) applies to the provider; libraries stay at `info` at most, so `debug` shows
@@ -45,7 +46,7 @@ pub fn init_logging(format: LogFormat, level: &str) -> Result<(), TelemetryError
         Ok(v) if !v.is_empty() => EnvFilter::try_new(v),
         _ => EnvFilter::try_new(directives(level)),
     }
-    .map_err(|e| TelemetryError::BadLevel {
+    .map_err(|e| TelemetryError {
         level: level.to_owned(),
         message: e.to_string(),
     })?;
