@@ -85,15 +85,9 @@ pub enum JoinError {
     EmptyProviderId,
 }
 
-/// The rendered connection parameters. They contain the join token, hence they are secret.
-#[derive(Clone, Debug)]
-pub struct ConnectionParams {
-    /// The multi-document Talos config, delivered as NoCloud user-data.
-    pub join_config: Secret,
-}
-
-/// Builds the join token and the join config that carries it (§4).
-pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinError> {
+/// Builds the join token and the join config that carries it (§4): the multi-document Talos config,
+/// delivered as NoCloud user-data, secret because of the token.
+pub fn connection_params(inputs: &JoinInputs) -> Result<Secret, JoinError> {
     if inputs.join_token.is_empty() {
         return Err(JoinError::EmptyToken);
     }
@@ -128,8 +122,8 @@ pub fn connection_params(inputs: &JoinInputs) -> Result<ConnectionParams, JoinEr
     let events_sink = format!("[{SIDEROLINK_HOST}]:{events_port}");
     let logs_url = format!("tcp://[{SIDEROLINK_HOST}]:{logs_port}");
 
-    let join_config = Secret::new(render_join_config(&api_url, &events_sink, &logs_url));
-    Ok(ConnectionParams { join_config })
+    let join_config = render_join_config(&api_url, &events_sink, &logs_url);
+    Ok(Secret::new(join_config))
 }
 
 fn check_port(port: u32, which: &'static str) -> Result<u16, JoinError> {
@@ -162,14 +156,14 @@ mod tests {
     }
 
     /// The SideroLink API URL of the join config.
-    fn api_url(params: &ConnectionParams) -> String {
-        let text = params.join_config.expose();
+    fn api_url(join_config: &Secret) -> String {
+        let text = join_config.expose();
         let first = crate::yaml::from_str(text.split("\n---\n").next().unwrap()).unwrap();
         first["apiUrl"].as_str().unwrap().to_owned()
     }
 
     /// The extended token in the join config.
-    fn token(params: &ConnectionParams) -> Secret {
+    fn token(params: &Secret) -> Secret {
         let url = url::Url::parse(&api_url(params)).unwrap();
         let (_, token) = url.query_pairs().find(|(k, _)| k == "jointoken").unwrap();
         Secret::new(token.into_owned())
@@ -261,7 +255,7 @@ mod tests {
     #[test]
     fn join_config_has_three_documents() {
         let params = connection_params(&inputs()).unwrap();
-        let text = params.join_config.expose();
+        let text = params.expose();
         let docs: Vec<&str> = text.split("\n---\n").collect();
         assert_eq!(docs.len(), 3);
         assert!(text.ends_with('\n'));

@@ -376,9 +376,8 @@ impl StateClient {
         }
         match self.teardown(what, owner).await {
             Ok(true) => {}
-            Ok(false) => return Ok(false),
             Err(e) if e.is_not_found() => return Ok(true),
-            Err(e) => return Err(e),
+            other => return other,
         }
         match self.destroy(what, owner).await {
             Err(e) if e.is_not_found() => Ok(true),
@@ -403,39 +402,28 @@ impl StateClient {
         Ok(())
     }
 
-    /// Adds a finalizer, echoing the received spec bytes and acting as the resource's current
-    /// owner, with no expected phase, as Omni allows providers on read-only resources. Retries version conflicts.
-    pub async fn add_finalizer(
+    /// Adds (`present`) or removes a finalizer, echoing the received spec bytes and acting as the
+    /// resource's current owner, with no expected phase, as Omni allows providers on read-only
+    /// resources. Retries version conflicts; writes nothing when the finalizer already is as asked.
+    pub async fn set_finalizer(
         &self,
         what: &ResourceRef,
         finalizer: &str,
+        present: bool,
     ) -> Result<(), StateError> {
         let edit = |md: &mut pb::Metadata| {
-            let absent = !md.finalizers.iter().any(|f| f == finalizer);
-            if absent {
-                md.finalizers.push(finalizer.to_owned());
+            let had = md.finalizers.iter().any(|f| f == finalizer);
+            if had != present {
+                md.finalizers.retain(|f| f != finalizer);
+                md.finalizers.extend(present.then(|| finalizer.to_owned()));
             }
-            absent
-        };
-        self.edit_metadata(what, None, None, edit).await.map(drop)
-    }
-
-    /// Removes a finalizer (same rules as [`Self::add_finalizer`]).
-    pub async fn remove_finalizer(
-        &self,
-        what: &ResourceRef,
-        finalizer: &str,
-    ) -> Result<(), StateError> {
-        let edit = |md: &mut pb::Metadata| {
-            let before = md.finalizers.len();
-            md.finalizers.retain(|f| f != finalizer);
-            md.finalizers.len() != before
+            had != present
         };
         self.edit_metadata(what, None, None, edit).await.map(drop)
     }
 
     /// Removes a finalizer from the copy of a resource a watch delivered, echoing its spec as
-    /// received and acting as its owner: one Update where [`Self::remove_finalizer`] needs a Get
+    /// received and acting as its owner: one Update where [`Self::set_finalizer`] needs a Get
     /// first. Should the resource have changed since (a version conflict), the Get+Update loop
     /// runs.
     pub async fn remove_finalizer_from<S>(
@@ -448,7 +436,7 @@ impl StateClient {
         metadata.finalizers.retain(|f| f != finalizer);
         let removed = metadata.finalizers.len() < delivered.metadata.finalizers.len();
         let Some(spec) = delivered.received_spec.clone().filter(|_| removed) else {
-            return self.remove_finalizer(&what, finalizer).await;
+            return self.set_finalizer(&what, finalizer, false).await;
         };
         let owner = metadata.owner.clone();
         let echo = pb::Resource {
@@ -456,7 +444,7 @@ impl StateClient {
             spec: Some(spec),
         };
         match self.update_raw(echo, &owner, None).await {
-            Err(e) if e.is_conflict() => self.remove_finalizer(&what, finalizer).await,
+            Err(e) if e.is_conflict() => self.set_finalizer(&what, finalizer, false).await,
             other => other.map(drop),
         }
     }
@@ -541,15 +529,10 @@ impl StateClient {
         owner: &str,
     ) -> Result<Typed<K::Spec>, StateError> {
         let metadata = pb::Metadata {
-            namespace: kind.namespace(),
-            r#type: kind.resource_type(),
-            id: fresh.metadata.id.clone(),
             version: "undefined".into(),
             owner: owner.to_owned(),
             phase: PHASE_RUNNING.into(),
-            labels: fresh.metadata.labels.clone(),
-            annotations: fresh.metadata.annotations.clone(),
-            ..Default::default()
+            ..fresh.metadata.clone()
         };
         let what = ResourceRef::from_metadata(&metadata);
         let req = pb::CreateRequest {
