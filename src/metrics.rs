@@ -175,14 +175,9 @@ pub async fn serve(
     use axum::http::{StatusCode, header};
     use axum::routing::get;
 
+    const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl axum::response::IntoResponse {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            m.encode(),
-        )
+        ([(header::CONTENT_TYPE, OPENMETRICS)], m.encode())
     }
     async fn ready(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
         let role = if m.leader.get() == 1 {

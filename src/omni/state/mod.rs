@@ -17,8 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tonic::Code;
-
 use super::proto::cosi::resource as pb;
 use super::proto::cosi::resource::state_client::StateClient as RawClient;
 use super::resources::{Kind, PHASE_RUNNING, PHASE_TEARING_DOWN};
@@ -323,11 +321,10 @@ impl StateClient {
                     owner: owner.to_owned(),
                 }),
             };
-            let mut raw = self.raw.clone();
-            let call = Box::pin(raw.teardown(req));
-            match self.bounded(what, async { Ok(call.await) }).await? {
-                Ok(resp) => return Ok(resp.into_inner().destroy_ready),
-                Err(s) => self.unless_unimplemented(what, "Teardown", &s)?,
+            let teardown = |mut raw: RawClient<_>| async move { raw.teardown(req).await };
+            match self.unary(what, false, teardown).await {
+                Ok(resp) => return Ok(resp.destroy_ready),
+                Err(e) => self.unless_unimplemented("Teardown", e)?,
             }
         }
         let edit = |md: &mut pb::Metadata| {
@@ -367,11 +364,14 @@ impl StateClient {
             };
             let mut raw = self.raw.clone();
             let call = Box::pin(raw.teardown_and_destroy(req));
-            match tokio::time::timeout(wait.min(self.deadline), call).await {
-                Err(_) => return Ok(false),
-                Ok(Ok(_)) => return Ok(true),
-                Ok(Err(s)) if s.code() == Code::NotFound => return Ok(true),
-                Ok(Err(s)) => self.unless_unimplemented(what, "TeardownAndDestroy", &s)?,
+            let Ok(answer) = tokio::time::timeout(wait.min(self.deadline), call).await else {
+                return Ok(false);
+            };
+            match answer.map_err(|s| StateError::from_status(what.clone(), &s)) {
+                Err(e) if !e.is_not_found() => {
+                    self.unless_unimplemented("TeardownAndDestroy", e)?
+                }
+                _ => return Ok(true),
             }
         }
         match self.teardown(what, owner).await {
@@ -385,17 +385,12 @@ impl StateClient {
         }
     }
 
-    /// An error about `what` for `status`, unless it says Omni lacks the `rpc` (Teardown and
-    /// TeardownAndDestroy came in the same COSI release, Omni 1.8): then the Get+Update path is
-    /// used from now on, as the Go adapter does.
-    fn unless_unimplemented(
-        &self,
-        what: &ResourceRef,
-        rpc: &str,
-        status: &tonic::Status,
-    ) -> Result<(), StateError> {
-        if status.code() != Code::Unimplemented {
-            return Err(StateError::from_status(what.clone(), status));
+    /// `error`, unless it says Omni lacks the `rpc` (Teardown and TeardownAndDestroy came in the
+    /// same COSI release, Omni 1.8): then the Get+Update path is used from now on, as the Go
+    /// adapter does.
+    fn unless_unimplemented(&self, rpc: &str, error: StateError) -> Result<(), StateError> {
+        if !matches!(error, StateError::Unimplemented { .. }) {
+            return Err(error);
         }
         tracing::info!("Omni has no {rpc} RPC (older than 1.8); using Get+Update");
         self.teardown_unsupported.store(true, Ordering::Relaxed);
@@ -488,9 +483,8 @@ impl StateClient {
         id: &str,
     ) -> Result<Option<Typed<K::Spec>>, StateError> {
         match self.get(kind, id).await {
-            Ok(r) => Ok(Some(r)),
             Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
+            other => other.map(Some),
         }
     }
 
