@@ -25,10 +25,12 @@ type ApiLabels = [(&'static str, String); 2];
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
-/// Declares each metric once: its field, its name (after the `omni_proxmox` prefix), its help text
-/// and how it starts; `Metrics::default` registers them all.
+/// Declares each metric once: its field, its name (after the `omni_proxmox` prefix), its help text,
+/// how it starts and, for a counter family with one label, the method that counts one more by that
+/// label's value; `Metrics::default` registers them all.
 macro_rules! metrics {
-    ($($(#[$doc:meta])* $field:ident: $ty:ty = $name:literal, $help:literal, $init:expr;)*) => {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $name:literal, $help:literal, $init:expr
+        $(, $count:ident($label:literal))?;)*) => {
         pub struct Metrics {
             registry: Registry,
             $($(#[$doc])* pub $field: $ty,)*
@@ -47,23 +49,36 @@ macro_rules! metrics {
                 Self { registry, $($field,)* proxmox_ok: AtomicBool::new(false) }
             }
         }
+
+        impl Metrics {
+            $($(
+                /// Counts one more, by the value of the family's one label.
+                pub fn $count(&self, value: &'static str) {
+                    self.$field.get_or_create(&[($label, value)]).inc();
+                }
+            )?)*
+        }
     };
 }
 
 metrics! {
     provisions: Family<Label, Counter> = "provisions",
-        "Machine requests provisioned (success) or failed in a step (failure)", Family::default();
+        "Machine requests provisioned (success) or failed in a step (failure)", Family::default(),
+        provision("outcome");
     deprovisions: Family<Label, Counter> = "deprovisions",
-        "Machine requests torn down (success) or failing to tear down (failure)", Family::default();
+        "Machine requests torn down (success) or failing to tear down (failure)", Family::default(),
+        deprovision("outcome");
+    /// What a finished teardown left behind (see the `orphans` command).
     leftovers: Family<Label, Counter> = "teardown_leftovers",
         "Things a finished teardown had to leave behind (kind=seed_iso: its delete failed); the `orphans` command lists and deletes them",
-        Family::default();
+        Family::default(), leftover("kind");
     step_seconds: HistogramFamily<Label> = "step_duration_seconds",
         "Time spent in each pipeline step run",
         Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 2.0, 16)));
+    /// Failed step runs (and `provision("failure")` counts each as a failed attempt).
     step_failures: Family<Label, Counter> = "step_failures",
         "Provisioning step runs that failed, by step (each failure is retried with backoff)",
-        Family::default();
+        Family::default(), step_failure("step");
     proxmox_requests: Family<ApiLabels, Counter> = "proxmox_api_requests",
         "Proxmox API requests by method and HTTP status", Family::default();
     proxmox_seconds: HistogramFamily<Label> = "proxmox_api_request_duration_seconds",
@@ -102,26 +117,6 @@ impl Metrics {
         self.step_seconds
             .get_or_create(&[("step", step)])
             .observe(took.as_secs_f64());
-    }
-
-    /// A provisioning step failed (and `provision("failure")` counts it as a failed attempt).
-    pub fn step_failure(&self, step: &'static str) {
-        self.step_failures.get_or_create(&[("step", step)]).inc();
-    }
-
-    pub fn provision(&self, outcome: &'static str) {
-        self.provisions.get_or_create(&[("outcome", outcome)]).inc();
-    }
-
-    pub fn deprovision(&self, outcome: &'static str) {
-        self.deprovisions
-            .get_or_create(&[("outcome", outcome)])
-            .inc();
-    }
-
-    /// A teardown finished but left `kind` behind (see the `orphans` command).
-    pub fn leftover(&self, kind: &'static str) {
-        self.leftovers.get_or_create(&[("kind", kind)]).inc();
     }
 
     /// Called after every heartbeat: did Omni take it, and did the Proxmox check pass?
