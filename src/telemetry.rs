@@ -16,10 +16,9 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("invalid log level {level:?}: {message}")]
-pub struct TelemetryError {
-    level: String,
-    message: String,
+pub enum TelemetryError {
+    #[error("invalid log level {level:?}: {message}")]
+    BadLevel { level: String, message: String },
 }
 
 /// A bare level (`debug`) applies to the provider; libraries stay at `info` at most, so `debug` shows
@@ -46,7 +45,7 @@ pub fn init_logging(format: LogFormat, level: &str) -> Result<(), TelemetryError
         Ok(v) if !v.is_empty() => EnvFilter::try_new(v),
         _ => EnvFilter::try_new(directives(level)),
     }
-    .map_err(|e| TelemetryError {
+    .map_err(|e| TelemetryError::BadLevel {
         level: level.to_owned(),
         message: e.to_string(),
     })?;
