@@ -25,10 +25,12 @@ type ApiLabels = [(&'static str, String); 2];
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
-/// Declares each metric once: its field, its name (after the `omni_proxmox` prefix), its help text
-/// and how it starts; `Metrics::default` registers them all.
+/// Declares each metric once: its field, its name (after the `omni_proxmox` prefix), its help text,
+/// how it starts and, for a counter family with one label, the method that counts one more by that
+/// label's value; `Metrics::default` registers them all.
 macro_rules! metrics {
-    ($($(#[$doc:meta])* $field:ident: $ty:ty = $name:literal, $help:literal, $init:expr;)*) => {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $name:literal, $help:literal, $init:expr
+        $(, $count:ident($label:literal))?;)*) => {
         pub struct Metrics {
             registry: Registry,
             $($(#[$doc])* pub $field: $ty,)*
@@ -47,23 +49,36 @@ macro_rules! metrics {
                 Self { registry, $($field,)* proxmox_ok: AtomicBool::new(false) }
             }
         }
+
+        impl Metrics {
+            $($(
+                /// Counts one more, by the value of the family's one label.
+                pub fn $count(&self, value: &'static str) {
+                    self.$field.get_or_create(&[($label, value)]).inc();
+                }
+            )?)*
+        }
     };
 }
 
 metrics! {
     provisions: Family<Label, Counter> = "provisions",
-        "Machine requests provisioned (success) or failed in a step (failure)", Family::default();
+        "Machine requests provisioned (success) or failed in a step (failure)", Family::default(),
+        provision("outcome");
     deprovisions: Family<Label, Counter> = "deprovisions",
-        "Machine requests torn down (success) or failing to tear down (failure)", Family::default();
+        "Machine requests torn down (success) or failing to tear down (failure)", Family::default(),
+        deprovision("outcome");
+    /// What a finished teardown left behind (see the `orphans` command).
     leftovers: Family<Label, Counter> = "teardown_leftovers",
         "Things a finished teardown had to leave behind (kind=seed_iso: its delete failed); the `orphans` command lists and deletes them",
-        Family::default();
+        Family::default(), leftover("kind");
     step_seconds: HistogramFamily<Label> = "step_duration_seconds",
         "Time spent in each pipeline step run",
         Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 2.0, 16)));
+    /// Failed step runs (and `provision("failure")` counts each as a failed attempt).
     step_failures: Family<Label, Counter> = "step_failures",
         "Provisioning step runs that failed, by step (each failure is retried with backoff)",
-        Family::default();
+        Family::default(), step_failure("step");
     proxmox_requests: Family<ApiLabels, Counter> = "proxmox_api_requests",
         "Proxmox API requests by method and HTTP status", Family::default();
     proxmox_seconds: HistogramFamily<Label> = "proxmox_api_request_duration_seconds",
@@ -71,6 +86,8 @@ metrics! {
         Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 16)));
     requests_in_flight: Gauge = "machine_requests_in_flight",
         "Machine requests waiting for or in a reconcile", Gauge::default();
+    /// Whether Omni answered the last call that tells (a heartbeat, or a standby's look at the
+    /// leader lease).
     omni_connected: Gauge = "omni_connected", "1 when the last heartbeat reached Omni",
         Gauge::default();
     last_heartbeat: Gauge = "last_heartbeat_timestamp_seconds",
@@ -102,29 +119,9 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// A provisioning step failed (and `provision("failure")` counts it as a failed attempt).
-    pub fn step_failure(&self, step: &'static str) {
-        self.step_failures.get_or_create(&[("step", step)]).inc();
-    }
-
-    pub fn provision(&self, outcome: &'static str) {
-        self.provisions.get_or_create(&[("outcome", outcome)]).inc();
-    }
-
-    pub fn deprovision(&self, outcome: &'static str) {
-        self.deprovisions
-            .get_or_create(&[("outcome", outcome)])
-            .inc();
-    }
-
-    /// A teardown finished but left `kind` behind (see the `orphans` command).
-    pub fn leftover(&self, kind: &'static str) {
-        self.leftovers.get_or_create(&[("kind", kind)]).inc();
-    }
-
     /// Called after every heartbeat: did Omni take it, and did the Proxmox check pass?
     pub fn heartbeat(&self, omni_ok: bool, proxmox_ok: bool) {
-        self.omni_reachable(omni_ok);
+        self.omni_connected.set(i64::from(omni_ok));
         self.proxmox_checked(proxmox_ok);
         if omni_ok {
             let now = SystemTime::now()
@@ -135,23 +132,9 @@ impl Metrics {
         }
     }
 
-    /// Whether Omni answered the last call that tells (a heartbeat, or a standby's look at the
-    /// leader lease).
-    pub fn omni_reachable(&self, ok: bool) {
-        self.omni_connected.set(i64::from(ok));
-    }
-
     /// Whether the last Proxmox health check passed.
     pub fn proxmox_checked(&self, ok: bool) {
         self.proxmox_ok.store(ok, Ordering::Relaxed);
-    }
-
-    pub fn set_leader(&self, leader: bool) {
-        self.leader.set(i64::from(leader));
-    }
-
-    pub fn leader_transition(&self) {
-        self.leader_transitions.inc();
     }
 
     /// `None` when ready, else why not.
@@ -187,14 +170,9 @@ pub async fn serve(
     use axum::http::{StatusCode, header};
     use axum::routing::get;
 
+    const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl axum::response::IntoResponse {
-        (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            m.encode(),
-        )
+        ([(header::CONTENT_TYPE, OPENMETRICS)], m.encode())
     }
     async fn ready(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
         let role = if m.leader.get() == 1 {

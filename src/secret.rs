@@ -1,7 +1,8 @@
 //! A string that must never be printed: Proxmox passwords and token secrets, the Omni key, join tokens.
 //!
-//! `Debug` and `Display` both print a fixed placeholder, so a secret that ends up inside a struct that is
-//! logged, or inside an error, cannot leak. Code that really needs the value calls [`Secret::expose`],
+//! `Debug` prints a fixed placeholder and there is no `Display`, so a secret that ends up inside a
+//! struct that is logged, or inside an error, cannot leak, and one formatted on its own does not
+//! compile. Code that really needs the value calls [`Secret::expose`],
 //! which makes every such place easy to find.
 
 use std::fmt;
@@ -45,12 +46,6 @@ impl fmt::Debug for Secret {
     }
 }
 
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,7 +54,6 @@ mod tests {
     fn never_prints_the_value() {
         let s = Secret::new("hunter2");
         assert!(!format!("{s:?}").contains("hunter2"));
-        assert!(!format!("{s}").contains("hunter2"));
         assert_eq!(s.expose(), "hunter2");
     }
 }

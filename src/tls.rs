@@ -13,13 +13,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 /// `insecureSkipVerify` / `--insecure-skip-verify`: accepts any server certificate, but still checks
 /// the handshake signatures, so the session is at least bound to the key the server presented.
 #[derive(Debug)]
-pub struct AcceptAnyServerCert(Arc<CryptoProvider>);
-
-impl AcceptAnyServerCert {
-    pub fn new(provider: Arc<CryptoProvider>) -> Self {
-        Self(provider)
-    }
-}
+pub struct AcceptAnyServerCert(pub Arc<CryptoProvider>);
 
 impl ServerCertVerifier for AcceptAnyServerCert {
     fn verify_server_cert(

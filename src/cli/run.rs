@@ -338,7 +338,7 @@ fn take_part(
     stop: &watch::Receiver<bool>,
 ) -> (watch::Receiver<Role>, JoinHandle<()>) {
     let Some(timings) = settings.leader_election else {
-        metrics.set_leader(true);
+        metrics.leader.set(1);
         let (single, roles) = watch::channel(Role::Leader);
         let mut stop = stop.clone();
         let part = tokio::spawn(async move {

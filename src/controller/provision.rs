@@ -27,7 +27,7 @@ use super::runner::Action;
 use super::topology;
 use crate::model::Listing;
 use crate::model::MachineState;
-use crate::omni::join::{self, ConnectionParams, JoinInputs, JoinMode};
+use crate::omni::join::{self, JoinInputs, JoinMode};
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
 use crate::omni::resources::{
     ConnectionParams as LegacyConnectionParams, MachineRequest, MachineRequestStatus,
@@ -67,7 +67,8 @@ struct Provisioning<'a> {
 /// What the steps need, read before the first of them runs, and the cluster listing they share.
 struct Ready {
     info: RequestInfo,
-    join: ConnectionParams,
+    /// The Talos join config, carrying the join token.
+    join: crate::secret::Secret,
     state: MachineState,
     /// The index in [`Step::ALL`] of the step to run first.
     start: usize,
@@ -91,7 +92,7 @@ impl Provisioning<'_> {
         let (ctx, id) = (self.ctx, self.id);
         if !request.has_finalizer(&ctx.owner) {
             ctx.state
-                .add_finalizer(&ResourceRef::of(&MachineRequest, id), &ctx.owner)
+                .set_finalizer(&ResourceRef::of(&MachineRequest, id), &ctx.owner, true)
                 .await
                 .map_err(omni("adding our finalizer to the machine request"))?;
             ctx.finalizer_added(id);
@@ -373,7 +374,7 @@ impl Provisioning<'_> {
     async fn connection_params(
         &self,
         request: &Request,
-    ) -> Result<ConnectionParams, ReconcileError> {
+    ) -> Result<crate::secret::Secret, ReconcileError> {
         let ctx = self.ctx;
         let (token, api_url, events_port, logs_port) = match ctx.join_mode {
             JoinMode::V2 => {

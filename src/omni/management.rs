@@ -58,7 +58,6 @@ impl ManagementClient {
         let req = pb::BootAssetUrlRequest {
             talos_version: talos_version.to_owned(),
             schematic_id: schematic.to_owned(),
-            standalone_url: false,
             boot_asset_kind: kind as i32,
             platform: "nocloud".into(),
             architecture: "amd64".into(),
@@ -68,7 +67,7 @@ impl ManagementClient {
                 ""
             }
             .into(),
-            secure_boot: false,
+            ..Default::default()
         };
         let mut raw = self.raw.clone();
         match bounded(raw.get_boot_asset_url(req)).await {

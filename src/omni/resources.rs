@@ -55,10 +55,6 @@ pub fn health_controller_name(provider_id: &str) -> String {
     format!("{provider_id}.ProviderHealthStatusController")
 }
 
-pub fn provider_namespace(provider_id: &str) -> String {
-    format!("{}{provider_id}", namespace::PROVIDER_PRIVATE_PREFIX)
-}
-
 /// A resource kind: where it lives and what its spec is.
 pub trait Kind: Send + Sync {
     type Spec: prost::Message + Default + Clone + PartialEq + Send + Sync + 'static;
@@ -145,7 +141,7 @@ macro_rules! provider_kinds {
         impl Kind for $name {
             type Spec = $spec;
             fn namespace(&self) -> String {
-                provider_namespace(&self.provider_id)
+                format!("{}{}", namespace::PROVIDER_PRIVATE_PREFIX, self.provider_id)
             }
             fn resource_type(&self) -> String {
                 format!(concat!($word, ".{}.infraprovider.sidero.dev"), self.provider_id)

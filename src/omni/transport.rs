@@ -138,7 +138,7 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
             }
             OmniTls::InsecureSkipVerify => ep.tls_config_with_verifier(
                 base,
-                Arc::new(crate::tls::AcceptAnyServerCert::new(Arc::new(
+                Arc::new(crate::tls::AcceptAnyServerCert(Arc::new(
                     rustls::crypto::ring::default_provider(),
                 ))),
             ),

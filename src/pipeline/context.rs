@@ -6,7 +6,6 @@ use std::time::Duration;
 use super::error::StepError;
 use super::services::{RequestInfo, Services};
 use crate::model::{Listing, MachineState};
-use crate::omni::join::ConnectionParams;
 use crate::omni::state::StateError;
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::types::{NodeName, Upid, VmId};
@@ -37,7 +36,8 @@ pub struct StepContext<'a> {
     pub request: &'a RequestInfo,
     /// Provider data, resolved with the chosen node's override once there is a node.
     pub data: ProviderData,
-    pub join: &'a ConnectionParams,
+    /// The Talos join config (the seed's user-data), carrying the join token.
+    pub join: &'a crate::secret::Secret,
     pub state: &'a mut MachineState,
     pub status: &'a dyn StatusPort,
     pub store: &'a dyn StatePort,

@@ -37,8 +37,7 @@ pub async fn upload_seed(
         &ctx.services.config.ip_pools,
     )
     .map_err(|p| StepError::config(format!("the recorded static address: {p}")))?;
-    let join_config = &ctx.join.join_config;
-    let bytes = seed_iso::build_seed(join_config, instance_id, &ctx.request.id, &network)
+    let bytes = seed_iso::build_seed(ctx.join, instance_id, &ctx.request.id, &network)
         .map_err(|e| StepError::Cluster(e.to_string()))?;
     let file_name = seed_iso_file_name(&ctx.request.id);
     let file = IsoFileName::new(file_name.as_str()).map_err(|e| {

@@ -11,8 +11,22 @@ use pgp::types::KeyDetails;
 use tonic::metadata::MetadataMap;
 
 use omni_infra_provider_proxmox::omni::auth::{
-    KeyError, PAYLOAD_HEADER, SIGNATURE_HEADER, SIGNATURE_VERSION, SIGNED_HEADERS, TIMESTAMP_HEADER,
+    KeyError, PAYLOAD_HEADER, SIGNATURE_HEADER, SIGNATURE_VERSION, TIMESTAMP_HEADER,
 };
+
+/// The ten metadata keys whose values are part of the signed payload (`docs/omni-protocol.md`).
+const SIGNED_HEADERS: [&str; 10] = [
+    "authorization",
+    "cluster",
+    "context",
+    "fieldSelectors",
+    "namespace",
+    "nodes",
+    "runtime",
+    "selectors",
+    "uid",
+    TIMESTAMP_HEADER,
+];
 
 /// Timestamps and signature creation times may be this far from the server clock.
 pub const MAX_CLOCK_SKEW_SECS: i64 = 5 * 60;

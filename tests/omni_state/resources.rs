@@ -66,7 +66,7 @@ async fn finalizers_are_added_and_removed_without_touching_the_spec() {
         .create_machine_request("r1", "proxmox", "set", &request_spec("v1.11.0"));
     let what = ResourceRef::of(&MachineRequest, "r1");
     let fin = provision_controller_name("proxmox");
-    client.state.add_finalizer(&what, &fin).await.unwrap();
+    client.state.set_finalizer(&what, &fin, true).await.unwrap();
     let stored = omni
         .state
         .get_raw(MachineRequest::NAMESPACE, MachineRequest::TYPE, "r1")
@@ -77,8 +77,12 @@ async fn finalizers_are_added_and_removed_without_touching_the_spec() {
     );
     let spec_after_add = stored.spec.as_ref().unwrap().proto_spec.clone();
     // Adding again is a no-op.
-    client.state.add_finalizer(&what, &fin).await.unwrap();
-    client.state.remove_finalizer(&what, &fin).await.unwrap();
+    client.state.set_finalizer(&what, &fin, true).await.unwrap();
+    client
+        .state
+        .set_finalizer(&what, &fin, false)
+        .await
+        .unwrap();
     let stored = omni
         .state
         .get_raw(MachineRequest::NAMESPACE, MachineRequest::TYPE, "r1")
@@ -98,7 +102,7 @@ async fn finalizers_are_added_and_removed_without_touching_the_spec() {
     // A missing request is NotFound.
     let err = client
         .state
-        .add_finalizer(&ResourceRef::of(&MachineRequest, "missing"), &fin)
+        .set_finalizer(&ResourceRef::of(&MachineRequest, "missing"), &fin, true)
         .await
         .unwrap_err();
     assert!(err.is_not_found());
@@ -131,8 +135,8 @@ async fn finalizer_edit_echoes_unknown_spec_fields() {
         .unwrap();
     assert_eq!(created.spec.unwrap().proto_spec, bytes);
     let what = ResourceRef::of(&kind, "m1");
-    client.state.add_finalizer(&what, "x").await.unwrap();
-    client.state.remove_finalizer(&what, "x").await.unwrap();
+    client.state.set_finalizer(&what, "x", true).await.unwrap();
+    client.state.set_finalizer(&what, "x", false).await.unwrap();
     let stored = omni
         .state
         .get_raw(&kind.namespace(), &kind.resource_type(), "m1")
@@ -156,7 +160,7 @@ async fn teardown_by_rpc_and_by_fallback() {
     }
     client
         .state
-        .add_finalizer(&ResourceRef::of(&kind, "a"), "keep")
+        .set_finalizer(&ResourceRef::of(&kind, "a"), "keep", true)
         .await
         .unwrap();
     // RPC path: not ready while a finalizer is pending.
@@ -177,7 +181,7 @@ async fn teardown_by_rpc_and_by_fallback() {
     assert!(err.is_conflict(), "{err}");
     client
         .state
-        .remove_finalizer(&ResourceRef::of(&kind, "a"), "keep")
+        .set_finalizer(&ResourceRef::of(&kind, "a"), "keep", false)
         .await
         .unwrap();
     assert!(
@@ -497,7 +501,7 @@ async fn teardown_and_destroy_is_one_call_for_a_prompt_release() {
     for id in ["prompt", "held"] {
         client
             .state
-            .add_finalizer(&ResourceRef::of(&kind, id), "keep")
+            .set_finalizer(&ResourceRef::of(&kind, id), "keep", true)
             .await
             .unwrap();
     }
@@ -521,7 +525,7 @@ async fn teardown_and_destroy_is_one_call_for_a_prompt_release() {
         }
         releaser
             .state
-            .remove_finalizer(&what, "keep")
+            .set_finalizer(&what, "keep", false)
             .await
             .unwrap();
     });
@@ -566,7 +570,7 @@ async fn a_finalizer_leaves_the_delivered_copy_in_one_update() {
         .create_machine_request("r1", "proxmox", "set", &request_spec("v1.11.0"));
     let what = ResourceRef::of(&MachineRequest, "r1");
     let fin = provision_controller_name("proxmox");
-    client.state.add_finalizer(&what, &fin).await.unwrap();
+    client.state.set_finalizer(&what, &fin, true).await.unwrap();
     let delivered = client.state.get(&MachineRequest, "r1").await.unwrap();
     let calls = |m: &str| omni.state.calls(&format!("/cosi.resource.State/{m}"));
     let (gets, updates) = (calls("Get"), calls("Update"));
@@ -580,11 +584,11 @@ async fn a_finalizer_leaves_the_delivered_copy_in_one_update() {
     assert!(stored.metadata.finalizers.is_empty());
     assert_eq!(stored.received_spec, delivered.received_spec);
 
-    client.state.add_finalizer(&what, &fin).await.unwrap();
+    client.state.set_finalizer(&what, &fin, true).await.unwrap();
     let stale = client.state.get(&MachineRequest, "r1").await.unwrap();
     client
         .state
-        .add_finalizer(&what, "Omni.Other")
+        .set_finalizer(&what, "Omni.Other", true)
         .await
         .unwrap();
     client

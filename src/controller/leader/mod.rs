@@ -75,7 +75,7 @@ impl Election {
         let me = Holder::this_process();
         let claim = claim.map_or_else(LocalClaim::default, |path| LocalClaim::take(path, &me));
         fence.shut_now();
-        metrics.set_leader(false);
+        metrics.leader.set(0);
         let (role, rx) = watch::channel(Role::Standby);
         let election = Self {
             state,
@@ -152,7 +152,7 @@ impl Election {
             Ok(outcome) => outcome,
             Err(_) => Err(format!("no answer from Omni within {budget:?}")),
         };
-        self.metrics.omni_reachable(outcome.is_ok());
+        self.metrics.omni_connected.set(i64::from(outcome.is_ok()));
         match outcome {
             Ok(held) => {
                 self.reachable = true;
@@ -295,8 +295,8 @@ impl Election {
             .role
             .send_if_modified(|r| std::mem::replace(r, role) != role);
         if changed {
-            self.metrics.set_leader(role == Role::Leader);
-            self.metrics.leader_transition();
+            self.metrics.leader.set(i64::from(role == Role::Leader));
+            self.metrics.leader_transitions.inc();
         }
     }
 

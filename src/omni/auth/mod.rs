@@ -3,9 +3,8 @@
 //! Omni authenticates every gRPC call by an OpenPGP detached signature over a small JSON payload that
 //! names the method and ten metadata headers. [`ProviderKey`] parses the key the user got from
 //! `omnictl infraprovider create` and signs the payload of each call. The server half, Omni's
-//! check, lives with the in-memory Omni in the `testkit` crate and builds the payload with the same
-//! [`payload_json`], so a mismatch between the halves cannot hide a bug in one: the tests also check
-//! our signatures with `gpg`.
+//! check, lives with the in-memory Omni in the `testkit` crate and reads the payload as Omni does;
+//! the tests also check our signatures with `gpg`.
 //!
 //! The key never leaves this module in printable form: [`ProviderKey`]'s `Debug` shows only the
 //! identity and fingerprint, and no error carries key bytes or the key JSON.
@@ -32,37 +31,10 @@ pub const SIGNATURE_HEADER: &str = "x-sidero-signature";
 /// The only signature scheme Omni knows.
 pub const SIGNATURE_VERSION: &str = "siderov1";
 
-/// The ten metadata keys whose values are part of the signed payload.
-///
-/// Go serialises the payload's header map with sorted keys; this list is in that order so the
-/// payload we sign is byte-identical to the Go client's.
-pub const SIGNED_HEADERS: [&str; 10] = [
-    "authorization",
-    "cluster",
-    "context",
-    "fieldSelectors",
-    "namespace",
-    "nodes",
-    "runtime",
-    "selectors",
-    "uid",
-    TIMESTAMP_HEADER,
-];
-
 /// Could not produce a signature (never expected with a key that parsed; reported, not panicked on).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot sign the Omni request: {0}")]
 pub struct SignError(String);
-
-/// The signed payload: compact JSON, `headers` keys sorted, absent headers as `null` (never `[]`,
-/// which Omni rejects), then `method`. Pure, shared by the signer and the verifier's tests.
-pub fn payload_json(method: &str, present: &BTreeMap<&str, Vec<String>>) -> String {
-    let headers: BTreeMap<&str, Option<&Vec<String>>> = SIGNED_HEADERS
-        .iter()
-        .map(|&k| (k, present.get(k).filter(|v| !v.is_empty())))
-        .collect();
-    serde_json::json!({ "headers": headers, "method": method }).to_string()
-}
 
 impl ProviderKey {
     /// The `x-sidero-signature` value for an exact payload string: a binary detached signature
@@ -88,11 +60,23 @@ impl ProviderKey {
     /// Signs a call to `method` (full gRPC path) made at `unix_secs`, whose only signed header is the
     /// timestamp (a provider never sends the other nine): the payload and the signature headers.
     pub fn sign_call(&self, method: &str, unix_secs: i64) -> Result<(String, String), SignError> {
-        let headers = BTreeMap::from([(TIMESTAMP_HEADER, vec![unix_secs.to_string()])]);
-        let payload = payload_json(method, &headers);
+        let payload = payload_json(method, unix_secs);
         let signature = self.signature_header(&payload)?;
         Ok((payload, signature))
     }
+}
+
+/// The signed payload: compact JSON, `headers` then `method`. The headers are the ten Omni signs,
+/// keys sorted as Go serialises a map, the nine a provider never sends as `null` (never `[]`, which
+/// Omni rejects).
+fn payload_json(method: &str, unix_secs: i64) -> String {
+    let absent =
+        "authorization cluster context fieldSelectors namespace nodes runtime selectors uid";
+    let mut headers: BTreeMap<&str, serde_json::Value> = (absent.split(' '))
+        .map(|k| (k, serde_json::Value::Null))
+        .collect();
+    headers.insert(TIMESTAMP_HEADER, [unix_secs.to_string()].into());
+    serde_json::json!({ "headers": headers, "method": method }).to_string()
 }
 
 #[cfg(test)]
@@ -101,10 +85,8 @@ mod tests {
 
     #[test]
     fn payload_matches_go_layout() {
-        let mut h = BTreeMap::new();
-        h.insert(TIMESTAMP_HEADER, vec!["1767225600".to_owned()]);
         assert_eq!(
-            payload_json("/cosi.resource.State/List", &h),
+            payload_json("/cosi.resource.State/List", 1767225600),
             r#"{"headers":{"authorization":null,"cluster":null,"context":null,"fieldSelectors":null,"namespace":null,"nodes":null,"runtime":null,"selectors":null,"uid":null,"x-sidero-timestamp":["1767225600"]},"method":"/cosi.resource.State/List"}"#
         );
     }

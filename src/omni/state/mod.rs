@@ -17,8 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tonic::Code;
-
 use super::proto::cosi::resource as pb;
 use super::proto::cosi::resource::state_client::StateClient as RawClient;
 use super::resources::{Kind, PHASE_RUNNING, PHASE_TEARING_DOWN};
@@ -323,11 +321,10 @@ impl StateClient {
                     owner: owner.to_owned(),
                 }),
             };
-            let mut raw = self.raw.clone();
-            let call = Box::pin(raw.teardown(req));
-            match self.bounded(what, async { Ok(call.await) }).await? {
-                Ok(resp) => return Ok(resp.into_inner().destroy_ready),
-                Err(s) => self.unless_unimplemented(what, "Teardown", &s)?,
+            let teardown = |mut raw: RawClient<_>| async move { raw.teardown(req).await };
+            match self.unary(what, false, teardown).await {
+                Ok(resp) => return Ok(resp.destroy_ready),
+                Err(e) => self.unless_unimplemented("Teardown", e)?,
             }
         }
         let edit = |md: &mut pb::Metadata| {
@@ -367,18 +364,20 @@ impl StateClient {
             };
             let mut raw = self.raw.clone();
             let call = Box::pin(raw.teardown_and_destroy(req));
-            match tokio::time::timeout(wait.min(self.deadline), call).await {
-                Err(_) => return Ok(false),
-                Ok(Ok(_)) => return Ok(true),
-                Ok(Err(s)) if s.code() == Code::NotFound => return Ok(true),
-                Ok(Err(s)) => self.unless_unimplemented(what, "TeardownAndDestroy", &s)?,
+            let Ok(answer) = tokio::time::timeout(wait.min(self.deadline), call).await else {
+                return Ok(false);
+            };
+            match answer.map_err(|s| StateError::from_status(what.clone(), &s)) {
+                Err(e) if !e.is_not_found() => {
+                    self.unless_unimplemented("TeardownAndDestroy", e)?
+                }
+                _ => return Ok(true),
             }
         }
         match self.teardown(what, owner).await {
             Ok(true) => {}
-            Ok(false) => return Ok(false),
             Err(e) if e.is_not_found() => return Ok(true),
-            Err(e) => return Err(e),
+            other => return other,
         }
         match self.destroy(what, owner).await {
             Err(e) if e.is_not_found() => Ok(true),
@@ -386,56 +385,40 @@ impl StateClient {
         }
     }
 
-    /// An error about `what` for `status`, unless it says Omni lacks the `rpc` (Teardown and
-    /// TeardownAndDestroy came in the same COSI release, Omni 1.8): then the Get+Update path is
-    /// used from now on, as the Go adapter does.
-    fn unless_unimplemented(
-        &self,
-        what: &ResourceRef,
-        rpc: &str,
-        status: &tonic::Status,
-    ) -> Result<(), StateError> {
-        if status.code() != Code::Unimplemented {
-            return Err(StateError::from_status(what.clone(), status));
+    /// `error`, unless it says Omni lacks the `rpc` (Teardown and TeardownAndDestroy came in the
+    /// same COSI release, Omni 1.8): then the Get+Update path is used from now on, as the Go
+    /// adapter does.
+    fn unless_unimplemented(&self, rpc: &str, error: StateError) -> Result<(), StateError> {
+        if !matches!(error, StateError::Unimplemented { .. }) {
+            return Err(error);
         }
         tracing::info!("Omni has no {rpc} RPC (older than 1.8); using Get+Update");
         self.teardown_unsupported.store(true, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Adds a finalizer, echoing the received spec bytes and acting as the resource's current
-    /// owner, with no expected phase, as Omni allows providers on read-only resources. Retries version conflicts.
-    pub async fn add_finalizer(
+    /// Adds (`present`) or removes a finalizer, echoing the received spec bytes and acting as the
+    /// resource's current owner, with no expected phase, as Omni allows providers on read-only
+    /// resources. Retries version conflicts; writes nothing when the finalizer already is as asked.
+    pub async fn set_finalizer(
         &self,
         what: &ResourceRef,
         finalizer: &str,
+        present: bool,
     ) -> Result<(), StateError> {
         let edit = |md: &mut pb::Metadata| {
-            let absent = !md.finalizers.iter().any(|f| f == finalizer);
-            if absent {
-                md.finalizers.push(finalizer.to_owned());
+            let had = md.finalizers.iter().any(|f| f == finalizer);
+            if had != present {
+                md.finalizers.retain(|f| f != finalizer);
+                md.finalizers.extend(present.then(|| finalizer.to_owned()));
             }
-            absent
-        };
-        self.edit_metadata(what, None, None, edit).await.map(drop)
-    }
-
-    /// Removes a finalizer (same rules as [`Self::add_finalizer`]).
-    pub async fn remove_finalizer(
-        &self,
-        what: &ResourceRef,
-        finalizer: &str,
-    ) -> Result<(), StateError> {
-        let edit = |md: &mut pb::Metadata| {
-            let before = md.finalizers.len();
-            md.finalizers.retain(|f| f != finalizer);
-            md.finalizers.len() != before
+            had != present
         };
         self.edit_metadata(what, None, None, edit).await.map(drop)
     }
 
     /// Removes a finalizer from the copy of a resource a watch delivered, echoing its spec as
-    /// received and acting as its owner: one Update where [`Self::remove_finalizer`] needs a Get
+    /// received and acting as its owner: one Update where [`Self::set_finalizer`] needs a Get
     /// first. Should the resource have changed since (a version conflict), the Get+Update loop
     /// runs.
     pub async fn remove_finalizer_from<S>(
@@ -448,7 +431,7 @@ impl StateClient {
         metadata.finalizers.retain(|f| f != finalizer);
         let removed = metadata.finalizers.len() < delivered.metadata.finalizers.len();
         let Some(spec) = delivered.received_spec.clone().filter(|_| removed) else {
-            return self.remove_finalizer(&what, finalizer).await;
+            return self.set_finalizer(&what, finalizer, false).await;
         };
         let owner = metadata.owner.clone();
         let echo = pb::Resource {
@@ -456,7 +439,7 @@ impl StateClient {
             spec: Some(spec),
         };
         match self.update_raw(echo, &owner, None).await {
-            Err(e) if e.is_conflict() => self.remove_finalizer(&what, finalizer).await,
+            Err(e) if e.is_conflict() => self.set_finalizer(&what, finalizer, false).await,
             other => other.map(drop),
         }
     }
@@ -500,9 +483,8 @@ impl StateClient {
         id: &str,
     ) -> Result<Option<Typed<K::Spec>>, StateError> {
         match self.get(kind, id).await {
-            Ok(r) => Ok(Some(r)),
             Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
+            other => other.map(Some),
         }
     }
 
@@ -541,15 +523,10 @@ impl StateClient {
         owner: &str,
     ) -> Result<Typed<K::Spec>, StateError> {
         let metadata = pb::Metadata {
-            namespace: kind.namespace(),
-            r#type: kind.resource_type(),
-            id: fresh.metadata.id.clone(),
             version: "undefined".into(),
             owner: owner.to_owned(),
             phase: PHASE_RUNNING.into(),
-            labels: fresh.metadata.labels.clone(),
-            annotations: fresh.metadata.annotations.clone(),
-            ..Default::default()
+            ..fresh.metadata.clone()
         };
         let what = ResourceRef::from_metadata(&metadata);
         let req = pb::CreateRequest {

@@ -71,16 +71,7 @@ impl StateClient {
                 .await
             {
                 StreamEnd::ReceiverGone => return,
-                StreamEnd::BookmarkRefused => {
-                    tracing::info!(watch = %what, "Omni refused the watch bookmark; re-bootstrapping");
-                    bookmark = None;
-                }
-                StreamEnd::Errored(message) => {
-                    // Resuming would only replay the same error (a compacted revision stays
-                    // compacted): start over with a full listing.
-                    tracing::warn!(watch = %what, error = %message, "Omni ended the watch with an error; re-bootstrapping");
-                    bookmark = None;
-                }
+                StreamEnd::Rebootstrap => bookmark = None,
                 StreamEnd::Broken(e) => {
                     tracing::warn!(watch = %what, error = %e, retry_in = ?backoff, "watch broken; reconnecting");
                     if e.is_permanent() && tx.send(Err(e)).await.is_err() {
@@ -106,7 +97,10 @@ impl StateClient {
             .as_ref()
             .is_some_and(|o| o.start_from_bookmark.is_some());
         let end = |s: tonic::Status| match s.code() {
-            Code::FailedPrecondition if resuming => StreamEnd::BookmarkRefused,
+            Code::FailedPrecondition if resuming => {
+                tracing::info!(watch = %what, "Omni refused the watch bookmark; re-bootstrapping");
+                StreamEnd::Rebootstrap
+            }
             _ => StreamEnd::Broken(StateError::from_status(what.clone(), &s)),
         };
         let mut stream = match self.raw.clone().watch(req).await {
@@ -137,8 +131,11 @@ impl StateClient {
                         // The backend's watch has ended; the server keeps the stream open but sends
                         // nothing more. On Omni's etcd store this is how an expired bookmark is
                         // reported ("required revision has been compacted"), so the bookmark must
-                        // go with the stream.
-                        return StreamEnd::Errored(event.error.unwrap_or_default());
+                        // go with the stream: resuming would only replay the same error (a
+                        // compacted revision stays compacted), so a full listing starts over.
+                        let error = event.error.unwrap_or_default();
+                        tracing::warn!(watch = %what, %error, "Omni ended the watch with an error; re-bootstrapping");
+                        return StreamEnd::Rebootstrap;
                     }
                 };
                 // A working stream: the next break starts its backoff afresh.
@@ -158,10 +155,9 @@ impl StateClient {
 
 enum StreamEnd {
     ReceiverGone,
-    /// The call itself was refused because of the bookmark (FailedPrecondition).
-    BookmarkRefused,
-    /// An ERRORED event: the stream is dead and its bookmark is not to be trusted.
-    Errored(String),
+    /// The bookmark is not to be trusted: Omni refused it (FailedPrecondition), or the stream
+    /// ended with an ERRORED event. A full listing starts over.
+    Rebootstrap,
     Broken(StateError),
 }
 
@@ -183,19 +179,15 @@ fn watch_request(
     queries: &[pb::LabelQuery],
     resume: Option<Vec<u8>>,
 ) -> pb::WatchRequest {
-    let bootstrap = resume.is_none();
     pb::WatchRequest {
         namespace: what.namespace.clone(),
         r#type: what.resource_type.clone(),
         id: None,
         options: Some(pb::WatchOptions {
-            bootstrap_contents: bootstrap,
-            tail_events: 0,
+            bootstrap_contents: resume.is_none(),
             label_query: queries.to_vec(),
-            id_query: None,
-            aggregated: false,
             start_from_bookmark: resume,
-            bootstrap_bookmark: false,
+            ..Default::default()
         }),
         // 0 would make the server drop BOOTSTRAPPED and ERRORED events.
         api_version: 1,

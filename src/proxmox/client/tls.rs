@@ -46,7 +46,7 @@ pub(crate) fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig> {
         }
         TlsTrust::InsecureSkipVerify => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCert::new(provider)))
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCert(provider)))
             .with_no_client_auth(),
     };
     Ok(config)
