@@ -349,11 +349,9 @@ async fn task_wait_polls_until_done_and_tolerates_an_invisible_task() {
         .mount(&server)
         .await;
     let pve = token_client(&server);
-    let outcome = pve
-        .wait_for_task(&Upid::parse(UPID).unwrap(), Duration::from_secs(10))
+    pve.wait_for_task(&Upid::parse(UPID).unwrap(), Duration::from_secs(10))
         .await
         .unwrap();
-    assert_eq!(outcome.exit_status, "OK");
     let polls = server.received_requests().await.unwrap().len();
     assert_eq!(polls, 4, "invisible, running, running, stopped");
 }
@@ -458,11 +456,10 @@ async fn a_task_not_yet_visible_is_a_400_with_the_reason_in_errors_upid() {
         .respond_with(data(json!({"status": "stopped", "exitstatus": "OK"})))
         .mount(&server)
         .await;
-    let outcome = token_client(&server)
+    token_client(&server)
         .wait_for_task(&Upid::parse(UPID).unwrap(), Duration::from_secs(10))
         .await
         .unwrap();
-    assert_eq!(outcome.exit_status, "OK");
 }
 
 // pve-common src/PVE/Tools.pm, lock_file_full/run_with_timeout: another worker holding the guest's lock

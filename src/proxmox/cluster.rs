@@ -144,13 +144,6 @@ impl ProxmoxClient {
         }
     }
 
-    /// The cluster's name from `GET /cluster/status` (Sys.Audit on `/`), or `None` for a standalone
-    /// node: pve-manager PVE/API2/Cluster.pm `get_status` lists a `type: cluster` entry only when
-    /// pmxcfs knows a corosync cluster, and just the local node otherwise.
-    pub async fn cluster_name(&self) -> Result<Option<String>> {
-        Ok(self.cluster_health().await?.name)
-    }
-
     /// Quorum and membership from `GET /cluster/status` (Sys.Audit on `/`).
     pub async fn cluster_health(&self) -> Result<ClusterHealth> {
         let entries: Vec<ClusterStatusEntry> =
