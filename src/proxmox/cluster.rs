@@ -18,13 +18,8 @@ impl ProxmoxClient {
     /// The provider's health as Omni shows it: `None` when the API answers and accepts our credentials,
     /// else a sentence saying what is wrong (never a secret).
     pub async fn health(&self) -> Option<String> {
-        match self.version().await {
-            Ok(_) => None,
-            Err(e) => Some(format!(
-                "Proxmox API at {} is not usable: {e}",
-                self.api_url()
-            )),
-        }
+        let unusable = |e| format!("Proxmox API at {} is not usable: {e}", self.api_url());
+        self.version().await.err().map(unusable)
     }
 
     /// `GET /cluster/resources`, shared by callers that ask while one is being read: each gets a

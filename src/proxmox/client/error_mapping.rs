@@ -41,32 +41,22 @@ pub(super) fn reason_phrase(response: &reqwest::Response) -> String {
 
 /// Maps a non-2xx answer to the error kind the caller acts on.
 pub(super) fn status_error(call: &Call, status: u16, reason: &str, body: &[u8]) -> ProxmoxError {
-    let json: Option<ErrorBody> = serde_json::from_slice(body).ok();
-    let is_json = json.is_some();
-    let parsed = json.unwrap_or_default();
-    let message = parsed
-        .message
-        .map(|m| m.trim().to_owned())
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| {
-            let text = String::from_utf8_lossy(body);
-            let text = text.trim();
-            // A JSON body without `message` (old PVE 8) has its text in the reason phrase; so has
-            // an empty or HTML answer.
-            if is_json || text.is_empty() || text.starts_with('<') || text.len() > 300 {
-                reason.trim().to_owned()
-            } else {
-                text.to_owned()
-            }
-        });
+    let parsed: Option<ErrorBody> = serde_json::from_slice(body).ok();
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    // A JSON body without `message` (old PVE 8) has its text in the reason phrase; so has an empty
+    // or HTML answer.
+    let plain = parsed.is_none() && !text.is_empty() && !text.starts_with('<') && text.len() <= 300;
+    let parsed = parsed.unwrap_or_default();
+    let message = parsed.message.map(|m| m.trim().to_owned());
+    let message = message.filter(|m| !m.is_empty());
+    let message = message.unwrap_or_else(|| if plain { text } else { reason.trim() }.to_owned());
     let call = call.clone();
     match status {
         401 => ProxmoxError::Unauthorized { call, message },
         403 => {
-            let message = match unnamed_privilege(&call, &message) {
-                Some(hint) => format!("{message} ({hint})"),
-                None => message,
-            };
+            let hint = unnamed_privilege(&call, &message).map(|hint| format!(" ({hint})"));
+            let message = message + &hint.unwrap_or_default();
             ProxmoxError::PermissionDenied { call, message }
         }
         404 => ProxmoxError::NotFound { call, message },

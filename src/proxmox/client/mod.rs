@@ -36,14 +36,6 @@ pub struct ProxmoxClient {
     pub(super) inner: Arc<Inner>,
 }
 
-impl std::fmt::Debug for ProxmoxClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxmoxClient")
-            .field("api_url", &self.inner.base.as_str())
-            .finish_non_exhaustive()
-    }
-}
-
 pub(super) struct Inner {
     http: reqwest::Client,
     /// The connections for answers that grow with the cluster ([`Pool::Large`]).
