@@ -61,10 +61,8 @@ impl ProxmoxClient {
     pub async fn vms(&self) -> Result<Vec<super::types::VmResource>> {
         let params = Params::new().with("type", "vm");
         let path = ["cluster", "resources"];
-        let listing: Listing = self
-            .get_over(Pool::Large, &path, params)
-            .await
-            .map(Vec::into)?;
+        let read = self.get_over(Pool::Large, &path, params).await;
+        let listing: Listing = read.map(Vec::into)?;
         Ok(listing.vms().cloned().collect())
     }
 

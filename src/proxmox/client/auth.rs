@@ -56,13 +56,9 @@ impl Auth {
     pub(super) fn from_settings(auth: &ProxmoxAuth) -> Result<Self> {
         Ok(match auth {
             ProxmoxAuth::Token { id, secret } => {
+                let bad = "proxmox.tokenID or proxmox.tokenSecret contains characters not allowed in an HTTP header";
                 let header = sensitive(&format!("PVEAPIToken={id}={}", secret.expose()));
-                Auth::Token(header.ok_or_else(|| {
-                    ProxmoxError::Setup(
-                        "proxmox.tokenID or proxmox.tokenSecret contains characters not allowed in an HTTP header"
-                            .into(),
-                    )
-                })?)
+                Auth::Token(header.ok_or_else(|| ProxmoxError::Setup(bad.into()))?)
             }
             ProxmoxAuth::Password { username, password } => Auth::Ticket(TicketAuth {
                 username: username.clone(),

@@ -358,10 +358,8 @@ impl ProxmoxClient {
         if *method != Method::GET
             && let Some(Err(source)) = self.inner.fence.get().map(crate::fence::Fence::check)
         {
-            return Err(ProxmoxError::Fenced {
-                call: call.clone(),
-                source,
-            });
+            let call = call.clone();
+            return Err(ProxmoxError::Fenced { call, source });
         }
         let url = self.url(path);
         let http = match pool {
@@ -420,19 +418,13 @@ impl ProxmoxClient {
         let elapsed = started.elapsed();
         let elapsed_ms = elapsed.as_millis() as u64;
         if let Some(observe) = self.inner.observer.get() {
-            observe(
-                call.method,
-                response.as_ref().ok().map(|r| r.status().as_u16()),
-                elapsed,
-            );
+            let status = response.as_ref().ok().map(|r| r.status().as_u16());
+            observe(call.method, status, elapsed);
         }
-        let response = match response {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(method = call.method, path = %call.path, elapsed_ms, error = %e, "proxmox request failed");
-                return Err(transport_error(call, &e));
-            }
-        };
+        let response = response.map_err(|e| {
+            tracing::debug!(method = call.method, path = %call.path, elapsed_ms, error = %e, "proxmox request failed");
+            transport_error(call, &e)
+        })?;
         let status = response.status();
         tracing::debug!(method = call.method, path = %call.path, status = status.as_u16(), elapsed_ms, "proxmox request");
         let reason = reason_phrase(&response);
