@@ -140,24 +140,20 @@ pub fn poll_delay(expected: Option<Duration>, polls: u32) -> Duration {
 }
 
 fn not_visible_yet(e: &ProxmoxError) -> bool {
+    let says = |text: &str| {
+        let t = text.to_ascii_lowercase();
+        t.contains("unable to parse worker upid") || t.contains("no such task")
+    };
     match e {
         ProxmoxError::NotFound { .. } => true,
         // pve-manager answers a task whose status file is not written yet with a parameter error on
         // `upid` (400 "Parameter verification failed.", the reason in `errors.upid`).
         ProxmoxError::Api {
-            status,
+            status: 400 | 500,
             message,
             field_errors,
             ..
-        } if *status == 400 || *status == 500 => field_errors
-            .get("upid")
-            .map(String::as_str)
-            .into_iter()
-            .chain([message.as_str()])
-            .any(|text| {
-                let t = text.to_ascii_lowercase();
-                t.contains("unable to parse worker upid") || t.contains("no such task")
-            }),
+        } => field_errors.get("upid").is_some_and(|t| says(t)) || says(message),
         _ => false,
     }
 }

@@ -13,7 +13,6 @@
 //! [`Secret`](crate::secret::Secret)s; nothing here logs a request body.
 
 mod auth;
-mod error_mapping;
 mod tls;
 
 use std::collections::HashMap;
@@ -24,10 +23,9 @@ use reqwest::Method;
 use reqwest::multipart::{Form, Part};
 use serde::de::DeserializeOwned;
 
-use super::error::{Call, ProxmoxError, Result};
+use super::error::{Call, ProxmoxError, Result, reason_phrase, status_error, transport_error};
 use crate::proxmox::settings::{ProxmoxSettings, TlsTrust};
 use auth::{Auth, Session};
-use error_mapping::{reason_phrase, status_error, transport_error};
 pub(crate) use tls::tls_config;
 
 /// A cheap-to-clone handle to one Proxmox VE API endpoint.
@@ -531,5 +529,16 @@ mod tests {
         assert!(p.delay(1) >= Duration::from_millis(50));
         assert!(p.delay(9) <= Duration::from_millis(800));
         assert!(p.delay(9) >= Duration::from_millis(400));
+    }
+
+    #[test]
+    fn lock_timeouts_are_transient_and_safe_to_resend() {
+        let e = crate::proxmox::error::status_error(
+            &call(),
+            500,
+            "",
+            br#"{"data":null,"message":"can't lock file '/var/lock/qemu-server/lock-104.conf' - got timeout\n"}"#,
+        );
+        assert!(may_retry(&e, Replay::OnlyIfUnsent), "{e:?}");
     }
 }
