@@ -239,15 +239,12 @@ struct ErrorBody {
 }
 
 pub(super) fn transport_error(call: &Call, e: &reqwest::Error) -> ProxmoxError {
-    let message = crate::error_chain::render(e);
+    let (call, message) = (call.clone(), crate::error_chain::render(e));
     if e.is_decode() {
-        return ProxmoxError::Decode {
-            call: call.clone(),
-            message,
-        };
+        return ProxmoxError::Decode { call, message };
     }
     ProxmoxError::Transient {
-        call: call.clone(),
+        call,
         status: None,
         message,
         request_sent: !e.is_connect(),

@@ -206,14 +206,11 @@ impl<F: VolumeFile> Volume<F> {
     pub fn parse(volid: &str) -> Result<Self, PropertyError> {
         let wrong = || invalid(F::WHAT, volid, F::EXPECTED);
         let (storage, rest) = volid.split_once(':').ok_or_else(wrong)?;
-        let file = rest
-            .strip_prefix(F::DIR)
-            .and_then(|r| r.strip_prefix('/'))
-            .ok_or_else(wrong)?;
-        Ok(Self {
-            storage: StorageId::new(storage)?,
-            file: F::try_from(file.to_owned())?,
-        })
+        let file = rest.strip_prefix(F::DIR).and_then(|r| r.strip_prefix('/'));
+        let file = file.ok_or_else(wrong)?;
+        let storage = StorageId::new(storage)?;
+        let file = F::try_from(file.to_owned())?;
+        Ok(Self { storage, file })
     }
 }
 
