@@ -106,9 +106,8 @@ async fn clone_configure_start_delete_with_real_task_polling() {
     let new = pve.next_vmid().await.unwrap();
 
     let clone = pve
-        .clone_vm_with(
-            &node("pve1"),
-            vmid(9100),
+        .vm(&node("pve1"), vmid(9100))
+        .clone_with(
             Params::new()
                 .with("newid", new)
                 .with("name", "talos-cp-1")
@@ -131,41 +130,36 @@ async fn clone_configure_start_delete_with_real_task_polling() {
     assert_eq!(vm["node"], json!("pve2"), "{vm}");
     assert_eq!(vm["name"], json!("talos-cp-1"));
 
-    pve.update_vm_config(
-        &node("pve2"),
-        new,
-        vec![
+    pve.vm(&node("pve2"), new)
+        .update_config(vec![
             ("cores".into(), "4".into()),
             ("memory".into(), "4096".into()),
             ("tags".into(), "omni;talos".into()),
-        ],
-    )
-    .await
-    .unwrap();
+        ])
+        .await
+        .unwrap();
     let task = pve
-        .update_vm_config_async(
-            &node("pve2"),
-            new,
-            vec![("description".into(), "made by a test".into())],
-        )
+        .vm(&node("pve2"), new)
+        .update_config_async(vec![("description".into(), "made by a test".into())])
         .await
         .unwrap();
     pve.wait_for_task(&task, TASK_TIMEOUT).await.unwrap();
-    let config = pve.vm_config(&node("pve2"), new).await.unwrap();
+    let config = pve.vm(&node("pve2"), new).config().await.unwrap();
     assert_eq!(config.get("cores").as_deref(), Some("4"));
     assert_eq!(config.get("memory").as_deref(), Some("4096"));
     assert_eq!(config.get("description").as_deref(), Some("made by a test"));
     assert!(config.get("digest").is_some());
 
     if let Some(task) = pve
-        .resize_disk(&node("pve2"), new, "scsi0", "20G")
+        .vm(&node("pve2"), new)
+        .resize_disk("scsi0", "20G")
         .await
         .unwrap()
     {
         pve.wait_for_task(&task, TASK_TIMEOUT).await.unwrap();
     }
 
-    let start = pve.start_vm(&node("pve2"), new).await.unwrap();
+    let start = pve.vm(&node("pve2"), new).start().await.unwrap();
     pve.wait_for_task(&start, TASK_TIMEOUT).await.unwrap();
     let path = [
         "nodes",
@@ -179,7 +173,8 @@ async fn clone_configure_start_delete_with_real_task_polling() {
     assert_eq!(status["status"], "running");
 
     let interfaces = pve
-        .agent_network_interfaces(&node("pve2"), new)
+        .vm(&node("pve2"), new)
+        .agent_network_interfaces()
         .await
         .unwrap();
     assert!(
@@ -192,7 +187,7 @@ async fn clone_configure_start_delete_with_real_task_polling() {
     );
 
     // Proxmox refuses to destroy a running VM: the error says so.
-    let refused = pve.delete_vm(&node("pve2"), new, true).await;
+    let refused = pve.vm(&node("pve2"), new).delete(true).await;
     match refused {
         Err(e) => assert!(e.to_string().contains("running"), "{e}"),
         Ok(task) => {
@@ -201,9 +196,9 @@ async fn clone_configure_start_delete_with_real_task_polling() {
         }
     }
 
-    let stop = pve.stop_vm(&node("pve2"), new).await.unwrap();
+    let stop = pve.vm(&node("pve2"), new).stop().await.unwrap();
     pve.wait_for_task(&stop, TASK_TIMEOUT).await.unwrap();
-    let destroy = pve.delete_vm(&node("pve2"), new, true).await.unwrap();
+    let destroy = pve.vm(&node("pve2"), new).delete(true).await.unwrap();
     pve.wait_for_task(&destroy, TASK_TIMEOUT).await.unwrap();
     assert!(fake.vm(new.get()).is_null());
     let requests = fake.requests();
@@ -219,7 +214,11 @@ async fn missing_vm_and_failed_task_errors_say_what_happened() {
     let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake, Login::Token, Trust::CaFile);
 
-    let missing = pve.vm_config(&node("pve1"), vmid(4242)).await.unwrap_err();
+    let missing = pve
+        .vm(&node("pve1"), vmid(4242))
+        .config()
+        .await
+        .unwrap_err();
     assert!(missing.is_not_found(), "{missing:?}");
     assert!(missing.to_string().contains("4242"), "{missing}");
 
@@ -228,7 +227,8 @@ async fn missing_vm_and_failed_task_errors_say_what_happened() {
 
     // A bad parameter: Proxmox's per-field error comes through.
     let bad = pve
-        .update_vm_config(&node("pve2"), vmid(100), vec![("cores".into(), "0".into())])
+        .vm(&node("pve2"), vmid(100))
+        .update_config(vec![("cores".into(), "0".into())])
         .await
         .unwrap_err();
     match &bad {
@@ -243,7 +243,7 @@ async fn missing_vm_and_failed_task_errors_say_what_happened() {
     }
 
     // Starting a template fails inside the task: the error carries the task log.
-    let task = pve.start_vm(&node("pve1"), vmid(9000)).await;
+    let task = pve.vm(&node("pve1"), vmid(9000)).start().await;
     let err = match task {
         Ok(upid) => pve.wait_for_task(&upid, TASK_TIMEOUT).await.unwrap_err(),
         Err(e) => e,
@@ -255,7 +255,7 @@ async fn missing_vm_and_failed_task_errors_say_what_happened() {
         json!({"op": "fail", "method": "POST", "suffix": "/nodes/pve2/qemu/100/status/start",
                         "error": "qemu_exited_code", "times": 1}),
     );
-    let upid = pve.start_vm(&node("pve2"), vmid(100)).await.unwrap();
+    let upid = pve.vm(&node("pve2"), vmid(100)).start().await.unwrap();
     let err = pve.wait_for_task(&upid, TASK_TIMEOUT).await.unwrap_err();
     match &err {
         ProxmoxError::TaskFailed {
@@ -309,13 +309,10 @@ async fn password_login_relogs_after_the_ticket_is_revoked() {
         .unwrap();
     fake.control(json!({"op": "revoke_tickets"}));
     // A write needs the CSRF token of the new session too.
-    pve.update_vm_config(
-        &node("pve2"),
-        vmid(100),
-        vec![("description".into(), "x".into())],
-    )
-    .await
-    .unwrap();
+    pve.vm(&node("pve2"), vmid(100))
+        .update_config(vec![("description".into(), "x".into())])
+        .await
+        .unwrap();
     let logins = fake.count("POST", "/access/ticket");
     assert_eq!(logins, 2, "one login at start, one after the revocation");
 }

@@ -113,16 +113,13 @@ async fn ticket_cookie_on_reads_and_csrf_on_writes() {
         .unwrap();
     assert_eq!(storages[0].avail, Some(1000));
     assert!(storages[0].holds("images"));
-    pve.update_vm_config(
-        &pve1(),
-        VmId::new(105).unwrap(),
-        vec![
+    pve.vm(&pve1(), VmId::new(105).unwrap())
+        .update_config(vec![
             ("cores".into(), "4".into()),
             ("memory".into(), "4096".into()),
-        ],
-    )
-    .await
-    .unwrap();
+        ])
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -203,9 +200,8 @@ async fn clone_create_delete_send_exact_requests() {
     let pve = token_client(&server);
     let pve2 = NodeName::new("pve2").unwrap();
     let upid = pve
-        .clone_vm_with(
-            &pve1(),
-            VmId::new(9000).unwrap(),
+        .vm(&pve1(), VmId::new(9000).unwrap())
+        .clone_with(
             Params::new()
                 .with("newid", 105)
                 .with("name", "req-abc")
@@ -218,17 +214,15 @@ async fn clone_create_delete_send_exact_requests() {
         .await
         .unwrap();
     assert_eq!(upid, Upid::parse(UPID).unwrap());
-    pve.create_vm(
-        &pve2,
-        VmId::new(106).unwrap(),
-        vec![
+    pve.vm(&pve2, VmId::new(106).unwrap())
+        .create(vec![
             ("name".into(), "req-def".into()),
             ("net0".into(), "virtio,bridge=vmbr0,tag=10".into()),
-        ],
-    )
-    .await
-    .unwrap();
-    pve.delete_vm(&pve2, VmId::new(106).unwrap(), true)
+        ])
+        .await
+        .unwrap();
+    pve.vm(&pve2, VmId::new(106).unwrap())
+        .delete(true)
         .await
         .unwrap();
     assert_eq!(
@@ -275,12 +269,14 @@ async fn no_retry_on_400_nor_of_a_post_that_may_have_taken_effect() {
         .await;
     let pve = token_client(&server);
     let err = pve
-        .vm_config(&pve1(), VmId::new(105).unwrap())
+        .vm(&pve1(), VmId::new(105).unwrap())
+        .config()
         .await
         .unwrap_err();
     assert!(err.to_string().contains("vmid: invalid format"), "{err}");
     let err = pve
-        .start_vm(&pve1(), VmId::new(105).unwrap())
+        .vm(&pve1(), VmId::new(105).unwrap())
+        .start()
         .await
         .unwrap_err();
     assert!(err.is_transient(), "{err:?}");
@@ -322,7 +318,8 @@ async fn error_kinds() {
     assert!(matches!(e, ProxmoxError::PermissionDenied { .. }), "{e:?}");
     assert!(e.to_string().contains("VM.Audit"));
     let e = pve
-        .create_vm(&pve1(), VmId::new(105).unwrap(), vec![])
+        .vm(&pve1(), VmId::new(105).unwrap())
+        .create(vec![])
         .await
         .unwrap_err();
     assert!(e.is_vmid_taken(), "{e:?}");
@@ -352,11 +349,9 @@ async fn task_wait_polls_until_done_and_tolerates_an_invisible_task() {
         .mount(&server)
         .await;
     let pve = token_client(&server);
-    let outcome = pve
-        .wait_for_task(&Upid::parse(UPID).unwrap(), Duration::from_secs(10))
+    pve.wait_for_task(&Upid::parse(UPID).unwrap(), Duration::from_secs(10))
         .await
         .unwrap();
-    assert_eq!(outcome.exit_status, "OK");
     let polls = server.received_requests().await.unwrap().len();
     assert_eq!(polls, 4, "invisible, running, running, stopped");
 }
@@ -461,11 +456,10 @@ async fn a_task_not_yet_visible_is_a_400_with_the_reason_in_errors_upid() {
         .respond_with(data(json!({"status": "stopped", "exitstatus": "OK"})))
         .mount(&server)
         .await;
-    let outcome = token_client(&server)
+    token_client(&server)
         .wait_for_task(&Upid::parse(UPID).unwrap(), Duration::from_secs(10))
         .await
         .unwrap();
-    assert_eq!(outcome.exit_status, "OK");
 }
 
 // pve-common src/PVE/Tools.pm, lock_file_full/run_with_timeout: another worker holding the guest's lock
@@ -491,7 +485,8 @@ async fn a_lock_timeout_is_retried_even_for_a_create() {
         .mount(&server)
         .await;
     let upid = token_client(&server)
-        .create_vm(&pve1(), VmId::new(105).unwrap(), vec![])
+        .vm(&pve1(), VmId::new(105).unwrap())
+        .create(vec![])
         .await
         .unwrap();
     assert_eq!(upid.as_str(), UPID);

@@ -41,7 +41,8 @@ async fn old_pve8_errors_are_read_from_the_reason_phrase() {
 
     // A missing VM is NotFound (500 "Configuration file … does not exist"), and the message says so.
     let err = pve
-        .vm_config(&pve1(), VmId::new(4242).unwrap())
+        .vm(&pve1(), VmId::new(4242).unwrap())
+        .config()
         .await
         .unwrap_err();
     assert!(err.is_not_found(), "{err}");
@@ -319,16 +320,13 @@ async fn clones_are_refused_where_proxmox_refuses_them() {
     let fake = FakePve::start(clone_scenario(), 0.0);
     let pve = client(&fake);
     let err = pve
-        .clone_vm_with(
-            &pve1(),
-            VmId::new(9000).unwrap(),
-            params(&[
-                ("newid", "200"),
-                ("target", "pve2"),
-                ("full", "1"),
-                ("storage", "shared-nfs"),
-            ]),
-        )
+        .vm(&pve1(), VmId::new(9000).unwrap())
+        .clone_with(params(&[
+            ("newid", "200"),
+            ("target", "pve2"),
+            ("full", "1"),
+            ("storage", "shared-nfs"),
+        ]))
         .await
         .unwrap_err();
     assert!(
@@ -337,11 +335,8 @@ async fn clones_are_refused_where_proxmox_refuses_them() {
         "{err}"
     );
     let err = pve
-        .clone_vm_with(
-            &NodeName::new("pve3").unwrap(),
-            VmId::new(9005).unwrap(),
-            params(&[("newid", "201"), ("full", "0")]),
-        )
+        .vm(&NodeName::new("pve3").unwrap(), VmId::new(9005).unwrap())
+        .clone_with(params(&[("newid", "201"), ("full", "0")]))
         .await
         .unwrap_err();
     assert!(
@@ -351,11 +346,12 @@ async fn clones_are_refused_where_proxmox_refuses_them() {
     );
     // A linked clone of a template on lvmthin on its own node works.
     let task = pve
-        .clone_vm_with(
-            &pve1(),
-            VmId::new(9000).unwrap(),
-            params(&[("newid", "202"), ("full", "0"), ("name", "linked")]),
-        )
+        .vm(&pve1(), VmId::new(9000).unwrap())
+        .clone_with(params(&[
+            ("newid", "202"),
+            ("full", "0"),
+            ("name", "linked"),
+        ]))
         .await
         .unwrap();
     pve.wait_for_task(&task, TASK_TIMEOUT).await.unwrap();

@@ -246,7 +246,7 @@ async fn iso_usage(
             ));
             continue;
         }
-        match pve.vm_config(&vm.node, vm.vmid).await {
+        match pve.vm(&vm.node, vm.vmid).config().await {
             Ok(config) => {
                 used.insert(vm.vmid, iso_volumes_in(&config));
             }

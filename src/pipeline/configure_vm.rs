@@ -61,11 +61,11 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
         ctx.run_task(
             doing,
             ctx.services.timeouts.task,
-            pve.update_vm_config_async(node, vmid, params),
+            pve.vm(node, vmid).update_config_async(params),
         )
         .await?;
     } else {
-        ctx.call(doing, pve.update_vm_config(node, vmid, params))
+        ctx.call(doing, pve.vm(node, vmid).update_config(params))
             .await?;
     }
 
@@ -76,7 +76,7 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
 async fn read_config(ctx: &StepContext<'_>, vm: &VmAt) -> Result<VmConfig, StepError> {
     let (node, vmid) = (&vm.node, vm.vmid);
     let doing = format!("reading VM {vmid} on {node}");
-    let read = ctx.services.pve.vm_config(node, vmid).await;
+    let read = ctx.services.pve.vm(node, vmid).config().await;
     read.map_err(StepError::proxmox(doing))
 }
 
@@ -96,7 +96,8 @@ async fn grow_boot_disk(
     let doing = format!("growing the boot disk of VM {vmid} to {wanted_gb} GB");
     let slot = boot.as_ref().map_or("scsi0", |b| b.slot.as_str());
     let [disk, size] = vm_config::boot_disk_resize(&ctx.data, slot);
-    let resize = ctx.services.pve.resize_disk(node, vmid, &disk.1, &size.1);
+    let pve = &ctx.services.pve;
+    let resize = pve.vm(node, vmid).resize_disk(&disk.1, &size.1);
     // Proxmox answers with a task only where the resize takes one (storage-dependent).
     if let Some(upid) = ctx.call(doing.clone(), resize).await? {
         let task = StartedTask { upid, doing };
@@ -113,7 +114,7 @@ async fn attach_seed(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome
         vm_config::SEED_CDROM.to_string(),
         crate::proxmox::property::cdrom(&seed),
     )];
-    ctx.call(doing, ctx.services.pve.update_vm_config(node, vmid, params))
+    ctx.call(doing, ctx.services.pve.vm(node, vmid).update_config(params))
         .await?;
     Ok(StepOutcome::Done)
 }

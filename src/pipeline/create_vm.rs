@@ -368,7 +368,7 @@ async fn make(
             "cloning template {template_id} on {} to VM {vmid} on {node}",
             template.node
         );
-        let call = pve.clone_vm_with(&template.node, template_id, params);
+        let call = pve.vm(&template.node, template_id).clone_with(params);
         ctx.start_task(doing, call).await?
     } else {
         let seed = upload_seed(ctx, node).await?;
@@ -378,7 +378,7 @@ async fn make(
             .into_iter()
             .filter(|(k, _)| k != "vmid")
             .collect();
-        let call = pve.create_vm(node, vmid, params);
+        let call = pve.vm(node, vmid).create(params);
         ctx.start_task(format!("creating VM {vmid} on {node}"), call)
             .await?
     };

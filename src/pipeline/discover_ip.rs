@@ -27,7 +27,8 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
         .unwrap_or(0);
     let started = *ctx.state.ip_discovery_started.get_or_insert(now);
     let waited = Duration::from_secs(now.saturating_sub(started).max(0) as u64);
-    let answer = ctx.services.pve.agent_network_interfaces(node, vmid).await;
+    let pve = &ctx.services.pve;
+    let answer = pve.vm(node, vmid).agent_network_interfaces().await;
     let why = match answer {
         Ok(interfaces) => {
             let addresses = usable_addresses(&interfaces);

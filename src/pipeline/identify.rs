@@ -38,7 +38,7 @@ pub async fn identify(
     if !node_online {
         return Ok(Identified::NodeAway);
     }
-    let config = match pve.vm_config(&vm.node, vm.vmid).await {
+    let config = match pve.vm(&vm.node, vm.vmid).config().await {
         Ok(c) => c,
         Err(e) if e.is_not_found() => return Ok(Identified::Gone),
         Err(e) => return Err(e),

@@ -187,7 +187,7 @@ pub async fn agent_addresses(
     for batch in running.chunks(AGENT_READS_AT_ONCE) {
         let reads = batch
             .iter()
-            .map(|vm| pve.agent_network_interfaces(&vm.node, vm.vmid));
+            .map(|vm| pve.vm(&vm.node, vm.vmid).agent_network_interfaces());
         let results = futures_util::future::join_all(reads).await;
         for (vm, result) in batch.iter().zip(results) {
             let addresses = match result {

@@ -33,7 +33,7 @@ async fn start(ctx: &mut StepContext<'_>, node: &NodeName, vmid: VmId) -> Result
     let task = ctx
         .start_task(
             format!("starting VM {vmid} on {node}"),
-            ctx.services.pve.start_vm(node, vmid),
+            ctx.services.pve.vm(node, vmid).start(),
         )
         .await?;
     match ctx.finish_task(task, ctx.services.timeouts.task).await {

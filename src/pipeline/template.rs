@@ -99,7 +99,8 @@ pub async fn clone_source(
         }
         let doing = format!("reading the config of template {} on {}", vm.vmid, vm.node);
         let config = pve
-            .vm_config(&vm.node, vm.vmid)
+            .vm(&vm.node, vm.vmid)
+            .config()
             .await
             .map_err(StepError::proxmox(doing))?;
         templates.push(TemplateFacts::from_config(vm, &config, cluster));

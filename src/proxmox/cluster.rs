@@ -18,13 +18,8 @@ impl ProxmoxClient {
     /// The provider's health as Omni shows it: `None` when the API answers and accepts our credentials,
     /// else a sentence saying what is wrong (never a secret).
     pub async fn health(&self) -> Option<String> {
-        match self.version().await {
-            Ok(_) => None,
-            Err(e) => Some(format!(
-                "Proxmox API at {} is not usable: {e}",
-                self.api_url()
-            )),
-        }
+        let unusable = |e| format!("Proxmox API at {} is not usable: {e}", self.api_url());
+        self.version().await.err().map(unusable)
     }
 
     /// `GET /cluster/resources`, shared by callers that ask while one is being read: each gets a
@@ -66,10 +61,8 @@ impl ProxmoxClient {
     pub async fn vms(&self) -> Result<Vec<super::types::VmResource>> {
         let params = Params::new().with("type", "vm");
         let path = ["cluster", "resources"];
-        let listing: Listing = self
-            .get_over(Pool::Large, &path, params)
-            .await
-            .map(Vec::into)?;
+        let read = self.get_over(Pool::Large, &path, params).await;
+        let listing: Listing = read.map(Vec::into)?;
         Ok(listing.vms().cloned().collect())
     }
 
@@ -142,13 +135,6 @@ impl ProxmoxClient {
             }) if field_errors.contains_key("vmid") => Ok(false),
             Err(e) => Err(e),
         }
-    }
-
-    /// The cluster's name from `GET /cluster/status` (Sys.Audit on `/`), or `None` for a standalone
-    /// node: pve-manager PVE/API2/Cluster.pm `get_status` lists a `type: cluster` entry only when
-    /// pmxcfs knows a corosync cluster, and just the local node otherwise.
-    pub async fn cluster_name(&self) -> Result<Option<String>> {
-        Ok(self.cluster_health().await?.name)
     }
 
     /// Quorum and membership from `GET /cluster/status` (Sys.Audit on `/`).

@@ -49,10 +49,8 @@ impl std::ops::Deref for Listing {
 impl Listing {
     /// The listing whose request was sent at `read_at`.
     pub fn read(resources: Vec<ClusterResource>, read_at: Instant) -> Self {
-        Self {
-            resources: Arc::new(resources),
-            read_at,
-        }
+        let resources = Arc::new(resources);
+        Self { resources, read_at }
     }
 
     /// Every QEMU guest, templates included.

@@ -8,7 +8,6 @@ use super::client::{Params, ProxmoxClient};
 use super::error::Result;
 use super::property::str_enum;
 use super::types::NodeName;
-use mapping::ResourceMapping;
 
 str_enum!(
     /// The `type` filter of `GET /nodes/{node}/network`: Linux and OVS bridges (every Proxmox VE
@@ -63,43 +62,39 @@ str_enum!(
     }
 );
 
-pub mod mapping {
-    use serde::Deserialize;
+/// One resource mapping: its ID and one `map` entry per node (`node=pve1,path=0000:01:00.0,...`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResourceMapping {
+    pub id: String,
+    #[serde(default)]
+    pub map: Vec<String>,
+}
 
-    /// One resource mapping: its ID and one `map` entry per node (`node=pve1,path=0000:01:00.0,...`).
-    #[derive(Debug, Clone, Deserialize)]
-    pub struct ResourceMapping {
-        pub id: String,
-        #[serde(default)]
-        pub map: Vec<String>,
+impl ResourceMapping {
+    /// The nodes the mapping has a device on.
+    pub fn nodes(&self) -> Vec<String> {
+        self.map
+            .iter()
+            .filter_map(|entry| {
+                entry
+                    .split(',')
+                    .find_map(|kv| kv.trim().strip_prefix("node="))
+                    .map(str::to_owned)
+            })
+            .collect()
     }
+}
 
-    impl ResourceMapping {
-        /// The nodes the mapping has a device on.
-        pub fn nodes(&self) -> Vec<String> {
-            self.map
-                .iter()
-                .filter_map(|entry| {
-                    entry
-                        .split(',')
-                        .find_map(|kv| kv.trim().strip_prefix("node="))
-                        .map(str::to_owned)
-                })
-                .collect()
-        }
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn mapping_nodes() {
-            let m: ResourceMapping = serde_json::from_str(
-                r#"{"id":"gpu","map":["node=pve1,path=0000:01:00.0,id=10de:2204","id=1:2,node=pve2"]}"#,
-            )
-            .unwrap();
-            assert_eq!(m.nodes(), ["pve1", "pve2"]);
-        }
+    #[test]
+    fn mapping_nodes() {
+        let m: ResourceMapping = serde_json::from_str(
+            r#"{"id":"gpu","map":["node=pve1,path=0000:01:00.0,id=10de:2204","id=1:2,node=pve2"]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.nodes(), ["pve1", "pve2"]);
     }
 }

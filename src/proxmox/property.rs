@@ -206,14 +206,11 @@ impl<F: VolumeFile> Volume<F> {
     pub fn parse(volid: &str) -> Result<Self, PropertyError> {
         let wrong = || invalid(F::WHAT, volid, F::EXPECTED);
         let (storage, rest) = volid.split_once(':').ok_or_else(wrong)?;
-        let file = rest
-            .strip_prefix(F::DIR)
-            .and_then(|r| r.strip_prefix('/'))
-            .ok_or_else(wrong)?;
-        Ok(Self {
-            storage: StorageId::new(storage)?,
-            file: F::try_from(file.to_owned())?,
-        })
+        let file = rest.strip_prefix(F::DIR).and_then(|r| r.strip_prefix('/'));
+        let file = file.ok_or_else(wrong)?;
+        let storage = StorageId::new(storage)?;
+        let file = F::try_from(file.to_owned())?;
+        Ok(Self { storage, file })
     }
 }
 
@@ -246,14 +243,11 @@ pub struct VlanTag(u16);
 
 impl VlanTag {
     pub fn new(tag: u64) -> Result<Self, PropertyError> {
-        match u16::try_from(tag) {
-            Ok(t) if (1..=4094).contains(&t) => Ok(Self(t)),
-            _ => Err(invalid(
-                "VLAN tag",
-                &tag.to_string(),
-                "1 to 4094 (or 0 for untagged)",
-            )),
-        }
+        let valid = u16::try_from(tag).ok().filter(|t| (1..=4094).contains(t));
+        let expected = "1 to 4094 (or 0 for untagged)";
+        valid
+            .map(Self)
+            .ok_or_else(|| invalid("VLAN tag", &tag.to_string(), expected))
     }
 
     /// `0` means untagged.
@@ -489,11 +483,8 @@ pub struct Usb {
 
 impl Usb {
     pub fn render(&self) -> String {
-        format!(
-            "mapping={}{}",
-            self.mapping,
-            opt("usb3", self.usb3.then_some(1))
-        )
+        let usb3 = opt("usb3", self.usb3.then_some(1));
+        format!("mapping={}{usb3}", self.mapping)
     }
 }
 
@@ -509,14 +500,8 @@ pub fn tags(tags: &[Tag]) -> String {
 
 /// `boot`: `order=<slot>;<slot>…`.
 pub fn boot_order(slots: &[Slot]) -> String {
-    format!(
-        "order={}",
-        slots
-            .iter()
-            .map(Slot::to_string)
-            .collect::<Vec<_>>()
-            .join(";")
-    )
+    let slots: Vec<String> = slots.iter().map(Slot::to_string).collect();
+    format!("order={}", slots.join(";"))
 }
 
 /// `hugepages`.
@@ -561,17 +546,12 @@ impl Vga {
     ];
 
     pub fn new(s: &str) -> Result<Self, PropertyError> {
-        Self::TYPES
-            .iter()
-            .find(|t| **t == s)
+        let expected =
+            "one of cirrus, none, qxl, qxl2-4, serial0-3, std, virtio, virtio-gl, vmware";
+        let known = Self::TYPES.iter().find(|t| **t == s);
+        known
             .map(|t| Vga(t))
-            .ok_or_else(|| {
-                invalid(
-                    "display type",
-                    s,
-                    "one of cirrus, none, qxl, qxl2-4, serial0-3, std, virtio, virtio-gl, vmware",
-                )
-            })
+            .ok_or_else(|| invalid("display type", s, expected))
     }
 
     pub fn render(self) -> &'static str {

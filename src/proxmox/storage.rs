@@ -2,6 +2,7 @@
 
 use super::client::{DELETE, POST, Params, Pool, ProxmoxClient, Replay, Upload, UploadContent};
 use super::error::{ProxmoxError, Result};
+use super::property::StorageId;
 use super::types::{NodeName, NodeStorage, StorageVolume, Upid};
 
 /// A file for the node to fetch itself (`download-url`), so large images never pass through us.
@@ -29,10 +30,9 @@ impl ProxmoxClient {
         storage: &str,
         content: Option<&str>,
     ) -> Result<Vec<StorageVolume>> {
-        check_storage(storage)?;
         let params = Params::new().with_opt("content", content);
         // A storage holds a seed ISO per machine: the answer grows with the cluster.
-        let path = ["nodes", node.as_str(), "storage", storage, "content"];
+        let path = storage_path(node, storage, &["content"])?;
         self.get_over(Pool::Large, &path, params).await
     }
 
@@ -43,7 +43,6 @@ impl ProxmoxClient {
         storage: &str,
         request: &DownloadRequest,
     ) -> Result<Upid> {
-        check_storage(storage)?;
         let (algorithm, sum) = request.checksum.clone().unzip();
         let params = Params::new()
             .with("content", &request.content)
@@ -51,7 +50,7 @@ impl ProxmoxClient {
             .with("url", &request.url)
             .with_opt("checksum-algorithm", algorithm)
             .with_opt("checksum", sum);
-        let path = ["nodes", node.as_str(), "storage", storage, "download-url"];
+        let path = storage_path(node, storage, &["download-url"])?;
         self.send(POST, &path, params, Replay::OnlyIfUnsent).await
     }
 
@@ -64,13 +63,12 @@ impl ProxmoxClient {
         file_name: &str,
         body: impl Into<UploadContent>,
     ) -> Result<Upid> {
-        check_storage(storage)?;
+        let path = storage_path(node, storage, &["upload"])?;
         let upload = Upload {
             content: content.into(),
             file_name: file_name.into(),
             body: body.into(),
         };
-        let path = ["nodes", node.as_str(), "storage", storage, "upload"];
         self.upload(&path, &upload).await
     }
 
@@ -81,26 +79,21 @@ impl ProxmoxClient {
         storage: &str,
         volume_id: &str,
     ) -> Result<Option<Upid>> {
-        check_storage(storage)?;
         // Retried even when the first try may have reached Proxmox (a connection reset mid-answer):
         // the second finds the file gone ("does not exist"), which every caller counts as deleted.
         // Without the retry, one reset would leave the seed ISO behind.
-        let path = [
-            "nodes",
-            node.as_str(),
-            "storage",
-            storage,
-            "content",
-            volume_id,
-        ];
+        let path = storage_path(node, storage, &["content", volume_id])?;
         self.send(DELETE, &path, Params::new(), Replay::Safe).await
     }
 }
 
-/// A storage ID goes into URL paths: checked first.
-fn check_storage(storage: &str) -> Result<()> {
-    let checked = super::property::StorageId::new(storage);
-    checked
-        .map(drop)
-        .map_err(|e| ProxmoxError::Setup(e.to_string()))
+/// `/nodes/{node}/storage/{storage}/<rest>`: the storage ID goes into the path, so it is checked
+/// first.
+fn storage_path<'a>(
+    node: &'a NodeName,
+    storage: &'a str,
+    rest: &[&'a str],
+) -> Result<Vec<&'a str>> {
+    StorageId::new(storage).map_err(|e| ProxmoxError::Setup(e.to_string()))?;
+    Ok([&["nodes", node.as_str(), "storage", storage], rest].concat())
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::client::{Params, ProxmoxClient, TaskTimes};
 use super::error::{ProxmoxError, Result};
-use super::types::{TaskLogLine, TaskOutcome, TaskStatus, Upid};
+use super::types::{TaskLogLine, TaskStatus, Upid};
 
 const FIRST_POLL_DELAY: Duration = Duration::from_millis(50);
 const MAX_POLL_DELAY: Duration = Duration::from_secs(1);
@@ -36,13 +36,14 @@ impl ProxmoxClient {
         &self,
         call: impl Future<Output = Result<Upid>>,
         timeout: Duration,
-    ) -> Result<TaskOutcome> {
+    ) -> Result<()> {
         let upid = call.await?;
         self.wait_for_task(&upid, timeout).await
     }
 
-    /// Waits until the task ends or `timeout` passes. `Ok` for `OK` and `WARNINGS: n`.
-    pub async fn wait_for_task(&self, upid: &Upid, timeout: Duration) -> Result<TaskOutcome> {
+    /// Waits until the task ends or `timeout` passes. `Ok` for `OK` and `WARNINGS: n` (success with
+    /// warnings); any other exit status is Proxmox's error text.
+    pub async fn wait_for_task(&self, upid: &Upid, timeout: Duration) -> Result<()> {
         let started = Instant::now();
         let node = upid.node();
         // `GET /nodes/{node}/tasks/{upid}/status`, on the node the UPID names.
@@ -87,12 +88,12 @@ impl ProxmoxClient {
         }
     }
 
-    async fn finish(&self, upid: &Upid, exit_status: String) -> Result<TaskOutcome> {
+    async fn finish(&self, upid: &Upid, exit_status: String) -> Result<()> {
         if exit_status == "OK" || exit_status.starts_with("WARNINGS") {
             if exit_status != "OK" {
                 tracing::warn!(%upid, %exit_status, "Proxmox task finished with warnings");
             }
-            return Ok(TaskOutcome { exit_status });
+            return Ok(());
         }
         // The last lines of the log (`GET /nodes/{node}/tasks/{upid}/log`) say why; best effort.
         let node = upid.node();
@@ -139,24 +140,20 @@ pub fn poll_delay(expected: Option<Duration>, polls: u32) -> Duration {
 }
 
 fn not_visible_yet(e: &ProxmoxError) -> bool {
+    let says = |text: &str| {
+        let t = text.to_ascii_lowercase();
+        t.contains("unable to parse worker upid") || t.contains("no such task")
+    };
     match e {
         ProxmoxError::NotFound { .. } => true,
         // pve-manager answers a task whose status file is not written yet with a parameter error on
         // `upid` (400 "Parameter verification failed.", the reason in `errors.upid`).
         ProxmoxError::Api {
-            status,
+            status: 400 | 500,
             message,
             field_errors,
             ..
-        } if *status == 400 || *status == 500 => field_errors
-            .get("upid")
-            .map(String::as_str)
-            .into_iter()
-            .chain([message.as_str()])
-            .any(|text| {
-                let t = text.to_ascii_lowercase();
-                t.contains("unable to parse worker upid") || t.contains("no such task")
-            }),
+        } => field_errors.get("upid").is_some_and(|t| says(t)) || says(message),
         _ => false,
     }
 }

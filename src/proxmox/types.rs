@@ -19,16 +19,13 @@ impl VmId {
     pub const MIN: u32 = 100;
     pub const MAX: u32 = 999_999_999;
 
-    pub fn new(id: u32) -> Result<Self, InvalidId> {
-        if (Self::MIN..=Self::MAX).contains(&id) {
-            Ok(Self(id))
-        } else {
-            Err(InvalidId(format!(
-                "VMID {id} is outside Proxmox's range {}..={}",
-                Self::MIN,
-                Self::MAX
-            )))
-        }
+    pub fn new(id: u32) -> Result<Self, String> {
+        let (min, max) = (Self::MIN, Self::MAX);
+        let outside = || format!("VMID {id} is outside Proxmox's range {min}..={max}");
+        (min..=max)
+            .contains(&id)
+            .then_some(Self(id))
+            .ok_or_else(outside)
     }
 
     pub fn get(self) -> u32 {
@@ -46,15 +43,11 @@ impl<'de> Deserialize<'de> for VmId {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let n = lenient::u64(d)?;
         u32::try_from(n)
-            .map_err(|_| InvalidId(format!("VMID {n} is too large")))
+            .map_err(|_| format!("VMID {n} is too large"))
             .and_then(VmId::new)
             .map_err(serde::de::Error::custom)
     }
 }
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct InvalidId(pub String);
 
 pub use super::property::NodeName;
 
@@ -68,8 +61,8 @@ pub struct Upid {
 }
 
 impl Upid {
-    pub fn parse(raw: &str) -> Result<Self, InvalidId> {
-        let invalid = || InvalidId(format!("{raw:?} is not a Proxmox task ID (UPID)"));
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let invalid = || format!("{raw:?} is not a Proxmox task ID (UPID)");
         let mut parts = raw.split(':');
         match (parts.next(), parts.next()) {
             (Some("UPID"), Some(node)) if parts.count() >= 6 => Ok(Self {
@@ -96,8 +89,8 @@ impl Upid {
 }
 
 impl TryFrom<String> for Upid {
-    type Error = InvalidId;
-    fn try_from(raw: String) -> Result<Self, InvalidId> {
+    type Error = String;
+    fn try_from(raw: String) -> Result<Self, String> {
         Self::parse(&raw)
     }
 }
@@ -297,13 +290,6 @@ pub struct TaskLogLine {
     pub t: String,
 }
 
-/// How a finished task ended. Proxmox ends tasks with `OK`, `WARNINGS: n` (success with warnings) or an
-/// error text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskOutcome {
-    pub exit_status: String,
-}
-
 /// The guest agent's answer to `network-get-interfaces`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct AgentInterfaces {
@@ -370,22 +356,13 @@ pub mod lenient {
 
     pub fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
         let v = Value::deserialize(d)?;
-        let exact = match &v {
-            Value::Number(n) => n.as_u64(),
-            Value::String(s) => s.trim().parse().ok(),
-            _ => None,
-        };
+        let exact = v.as_u64().or_else(|| v.as_str()?.trim().parse().ok());
         if exact.is_some() {
             return Ok(exact);
         }
-        Ok(opt_f64(v).map_err(D::Error::custom)?.map(|f| {
-            // Usage figures may be fractional or (briefly) negative; clamp into u64.
-            if f.is_finite() && f > 0.0 {
-                f as u64
-            } else {
-                0
-            }
-        }))
+        // Usage figures may be fractional or (briefly) negative: `as` clamps them into u64.
+        let finite = |f: f64| if f.is_finite() { f as u64 } else { 0 };
+        Ok(opt_f64(v).map_err(D::Error::custom)?.map(finite))
     }
 
     pub fn u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {

@@ -173,7 +173,8 @@ async fn mixed_case_provider_and_request_ids_survive_lowercased_tags() {
         .iter()
         .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
         .collect();
-    pve.update_vm_config(&node("pve1"), vmid(153), form)
+    pve.vm(&node("pve1"), vmid(153))
+        .update_config(form)
         .await
         .unwrap();
     let live: BTreeSet<String> = ["Req-X".to_string()].into();

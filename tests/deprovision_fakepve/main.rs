@@ -124,10 +124,10 @@ async fn provision(
         .into_iter()
         .filter(|(k, _)| k != "vmid")
         .collect();
-    let upid = pve.create_vm(&node(on), vmid(id), params).await.unwrap();
+    let upid = pve.vm(&node(on), vmid(id)).create(params).await.unwrap();
     pve.wait_for_task(&upid, TASK_TIMEOUT).await.unwrap();
     if start {
-        let upid = pve.start_vm(&node(on), vmid(id)).await.unwrap();
+        let upid = pve.vm(&node(on), vmid(id)).start().await.unwrap();
         pve.wait_for_task(&upid, TASK_TIMEOUT).await.unwrap();
     }
     DeprovisionTarget {

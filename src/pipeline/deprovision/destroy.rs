@@ -159,7 +159,7 @@ async fn shut_down(
     progress(&format!(
         "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
     ));
-    let mut task = pve.shutdown_vm(node, vmid, secs, true).await;
+    let mut task = pve.vm(node, vmid).shutdown(secs, true).await;
     if let Ok(upid) = &task
         && upid.task_type() == "hastop"
     {
@@ -171,7 +171,7 @@ async fn shut_down(
             Err(e) if e.is_not_found() => return Ok(Some(DeprovisionOutcome::AlreadyGone)),
             Err(e) => return Err(fail(Action::RemoveFromHa, e)),
         }
-        task = pve.shutdown_vm(node, vmid, secs, true).await;
+        task = pve.vm(node, vmid).shutdown(secs, true).await;
     }
     let shutdown = pve
         .run_task(
@@ -188,7 +188,7 @@ async fn shut_down(
             tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
             progress(&format!("stopping VM {vmid} on {node}"));
             let stop = pve
-                .run_task(pve.stop_vm(node, vmid), options.task_timeout)
+                .run_task(pve.vm(node, vmid).stop(), options.task_timeout)
                 .await;
             match stop {
                 Ok(_) => Ok(None),
@@ -208,7 +208,7 @@ async fn destroy_once(
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
     (run.progress)(&format!("destroying VM {vmid} on {node} with its disks"));
     let pve = run.pve;
-    let delete = pve.delete_vm(node, vmid, destroy_unreferenced_disks);
+    let delete = pve.vm(node, vmid).delete(destroy_unreferenced_disks);
     let destroyed = pve.run_task(delete, run.options.task_timeout).await;
     match destroyed {
         Ok(_) => Ok(DeprovisionOutcome::Deleted {

@@ -142,7 +142,7 @@ impl PveFacts {
         let name = self
             .name
             .get_or_try_init(|| async {
-                match pve.cluster_name().await {
+                match pve.cluster_health().await.map(|h| h.name) {
                     Err(ProxmoxError::PermissionDenied { message, .. }) => {
                         tracing::warn!(%message, "cannot read the cluster name (GET /cluster/status needs Sys.Audit on /): topology labels go without the region");
                         Ok(None)

@@ -56,13 +56,9 @@ impl Auth {
     pub(super) fn from_settings(auth: &ProxmoxAuth) -> Result<Self> {
         Ok(match auth {
             ProxmoxAuth::Token { id, secret } => {
+                let bad = "proxmox.tokenID or proxmox.tokenSecret contains characters not allowed in an HTTP header";
                 let header = sensitive(&format!("PVEAPIToken={id}={}", secret.expose()));
-                Auth::Token(header.ok_or_else(|| {
-                    ProxmoxError::Setup(
-                        "proxmox.tokenID or proxmox.tokenSecret contains characters not allowed in an HTTP header"
-                            .into(),
-                    )
-                })?)
+                Auth::Token(header.ok_or_else(|| ProxmoxError::Setup(bad.into()))?)
             }
             ProxmoxAuth::Password { username, password } => Auth::Ticket(TicketAuth {
                 username: username.clone(),
@@ -107,32 +103,27 @@ impl ProxmoxClient {
             method: "POST",
             path: "/access/ticket".into(),
         };
-        tracing::debug!(user = %t.username, during = %during, "logging in to Proxmox");
+        let user = &t.username;
+        tracing::debug!(%user, during = %during, "logging in to Proxmox");
         let form = [
-            ("username", t.username.as_str()),
+            ("username", user.as_str()),
             ("password", t.password.expose()),
         ];
-        let req = self
-            .inner
-            .http
-            .post(self.url(&["access", "ticket"]))
-            .form(&form);
+        let url = self.url(&["access", "ticket"]);
+        let req = self.inner.http.post(url).form(&form);
         let answer: TicketAnswer = self.execute(req, &call).await.map_err(|e| match e {
             ProxmoxError::Unauthorized { call, message } => {
-                let message = format!("login as {} failed: {message}", t.username);
+                let message = format!("login as {user} failed: {message}");
                 ProxmoxError::Unauthorized { call, message }
             }
             e => e,
         })?;
         if answer.need_tfa {
-            return Err(ProxmoxError::Unauthorized {
-                call,
-                message: format!(
-                    "{} has two-factor authentication (TOTP/WebAuthn), which a daemon cannot answer; \
-                     use an API token (proxmox.tokenID/tokenSecret) or a user without a second factor",
-                    t.username
-                ),
-            });
+            let message = format!(
+                "{user} has two-factor authentication (TOTP/WebAuthn), which a daemon cannot answer; \
+                 use an API token (proxmox.tokenID/tokenSecret) or a user without a second factor"
+            );
+            return Err(ProxmoxError::Unauthorized { call, message });
         }
         let unusable = || ProxmoxError::Decode {
             call: call.clone(),

@@ -13,7 +13,6 @@
 //! [`Secret`](crate::secret::Secret)s; nothing here logs a request body.
 
 mod auth;
-mod error_mapping;
 mod tls;
 
 use std::collections::HashMap;
@@ -24,24 +23,15 @@ use reqwest::Method;
 use reqwest::multipart::{Form, Part};
 use serde::de::DeserializeOwned;
 
-use super::error::{Call, ProxmoxError, Result};
+use super::error::{Call, ProxmoxError, Result, reason_phrase, status_error, transport_error};
 use crate::proxmox::settings::{ProxmoxSettings, TlsTrust};
 use auth::{Auth, Session};
-use error_mapping::{reason_phrase, status_error, transport_error};
 pub(crate) use tls::tls_config;
 
 /// A cheap-to-clone handle to one Proxmox VE API endpoint.
 #[derive(Clone)]
 pub struct ProxmoxClient {
     pub(super) inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for ProxmoxClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxmoxClient")
-            .field("api_url", &self.inner.base.as_str())
-            .finish_non_exhaustive()
-    }
 }
 
 pub(super) struct Inner {
@@ -366,10 +356,8 @@ impl ProxmoxClient {
         if *method != Method::GET
             && let Some(Err(source)) = self.inner.fence.get().map(crate::fence::Fence::check)
         {
-            return Err(ProxmoxError::Fenced {
-                call: call.clone(),
-                source,
-            });
+            let call = call.clone();
+            return Err(ProxmoxError::Fenced { call, source });
         }
         let url = self.url(path);
         let http = match pool {
@@ -428,19 +416,13 @@ impl ProxmoxClient {
         let elapsed = started.elapsed();
         let elapsed_ms = elapsed.as_millis() as u64;
         if let Some(observe) = self.inner.observer.get() {
-            observe(
-                call.method,
-                response.as_ref().ok().map(|r| r.status().as_u16()),
-                elapsed,
-            );
+            let status = response.as_ref().ok().map(|r| r.status().as_u16());
+            observe(call.method, status, elapsed);
         }
-        let response = match response {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(method = call.method, path = %call.path, elapsed_ms, error = %e, "proxmox request failed");
-                return Err(transport_error(call, &e));
-            }
-        };
+        let response = response.map_err(|e| {
+            tracing::debug!(method = call.method, path = %call.path, elapsed_ms, error = %e, "proxmox request failed");
+            transport_error(call, &e)
+        })?;
         let status = response.status();
         tracing::debug!(method = call.method, path = %call.path, status = status.as_u16(), elapsed_ms, "proxmox request");
         let reason = reason_phrase(&response);
@@ -547,5 +529,16 @@ mod tests {
         assert!(p.delay(1) >= Duration::from_millis(50));
         assert!(p.delay(9) <= Duration::from_millis(800));
         assert!(p.delay(9) >= Duration::from_millis(400));
+    }
+
+    #[test]
+    fn lock_timeouts_are_transient_and_safe_to_resend() {
+        let e = crate::proxmox::error::status_error(
+            &call(),
+            500,
+            "",
+            br#"{"data":null,"message":"can't lock file '/var/lock/qemu-server/lock-104.conf' - got timeout\n"}"#,
+        );
+        assert!(may_retry(&e, Replay::OnlyIfUnsent), "{e:?}");
     }
 }
