@@ -12,7 +12,7 @@ use serde_json::Value;
 use serde_path_to_error::Segment;
 
 use crate::did_you_mean;
-use crate::rules::provider_data::read_leaving_out;
+use crate::rules::provider_data::{json_kind, read_leaving_out};
 
 /// A newtype of the file read from any value through `TryFrom<Value>`: `$parse` gives the inner
 /// value, or the message that reads on from the key path (`: …` or ` must …`).
@@ -174,14 +174,7 @@ fn shown_key(key: &str) -> String {
 
 /// A short name for a JSON value's type, for error messages.
 pub(super) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "nothing",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
-    }
+    if v.is_null() { "nothing" } else { json_kind(v) }
 }
 
 /// One value or a list of them (`nameservers: 10.0.0.1` or `nameservers: [10.0.0.1, 10.0.0.2]`).

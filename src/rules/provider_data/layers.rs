@@ -25,10 +25,8 @@ use crate::proxmox::property::NodeName;
 pub(super) enum Note {
     Problem(String),
     /// A key the provider does not know: ignored with a warning, as the official provider ignores it
-    /// silently, or refused when the config says `strict: true`. `hint` is the "did you mean".
-    Unknown {
-        hint: String,
-    },
+    /// silently, or refused when the config says `strict: true`. The text is the "did you mean".
+    Unknown(String),
 }
 
 /// One finding, its path relative to the layer (`additional_disks[1].disk_size`). Findings are
@@ -42,19 +40,12 @@ pub(super) struct Finding {
 
 impl Finding {
     pub fn problem(path: &str, message: String) -> Self {
-        Self::new(path, Note::Problem(message))
+        let (path, note) = (path.to_string(), Note::Problem(message));
+        Self { path, note }
     }
 
     fn unknown(path: &str, key: &str, known: &[&str]) -> Self {
-        Self::new(
-            path,
-            Note::Unknown {
-                hint: did_you_mean::hint(key, known),
-            },
-        )
-    }
-
-    fn new(path: &str, note: Note) -> Self {
+        let note = Note::Unknown(did_you_mean::hint(key, known));
         let path = path.to_string();
         Self { path, note }
     }
@@ -80,11 +71,11 @@ impl LayerCheck {
         };
         match &finding.note {
             Note::Problem(message) => self.problem(key, message.clone()),
-            Note::Unknown { hint } if strict => self.problem(
+            Note::Unknown(hint) if strict => self.problem(
                 key,
                 format!("is not a known key{hint} (refused because the provider config has `strict: true`)"),
             ),
-            Note::Unknown { hint } => self.warnings.push(Problem {
+            Note::Unknown(hint) => self.warnings.push(Problem {
                 key,
                 message: format!("is not a known key and is ignored{hint}"),
             }),

@@ -38,8 +38,10 @@ pub fn read_leaving_out<T: DeserializeOwned>(
     root: &mut Value,
     mut refused: impl FnMut(Refused),
 ) -> Option<T> {
-    // Items left out, as written, by the path of their list as written.
-    let mut removed: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    // How many items were left out, by the path of their list as written. serde reads a list in
+    // order and each item before the one it refuses reads the same in every later round, so every
+    // item left out came before the one it names now.
+    let mut removed: BTreeMap<String, usize> = BTreeMap::new();
     loop {
         let error = match serde_path_to_error::deserialize::<_, T>(&*root) {
             Ok(read) => return Some(read),
@@ -49,23 +51,16 @@ pub fn read_leaving_out<T: DeserializeOwned>(
         let mut path: Vec<Segment> = Vec::new();
         for segment in &segments {
             let segment = match segment {
-                Segment::Seq { index } => {
-                    let gone = removed
-                        .get(&format!("{path:?}"))
-                        .map_or(&[][..], Vec::as_slice);
-                    Segment::Seq {
-                        index: as_written(gone, *index),
-                    }
-                }
+                Segment::Seq { index } => Segment::Seq {
+                    index: index + removed.get(&format!("{path:?}")).unwrap_or(&0),
+                },
                 other => other.clone(),
             };
             path.push(segment);
         }
         let value = take(root, &segments);
-        if let (Some(_), Some((Segment::Seq { index }, list))) = (&value, path.split_last()) {
-            let gone = removed.entry(format!("{list:?}")).or_default();
-            gone.push(*index);
-            gone.sort_unstable();
+        if let (Some(_), Some((Segment::Seq { .. }, list))) = (&value, path.split_last()) {
+            *removed.entry(format!("{list:?}")).or_default() += 1;
         }
         let done = value.is_none();
         let said = error.into_inner().to_string();
@@ -95,11 +90,4 @@ fn take(root: &mut Value, path: &[Segment]) -> Option<Value> {
         }
         _ => None,
     }
-}
-
-/// The index a list item had as written, given the items before it that were left out.
-fn as_written(removed: &[usize], index: usize) -> usize {
-    removed
-        .iter()
-        .fold(index, |at, gone| if *gone <= at { at + 1 } else { at })
 }

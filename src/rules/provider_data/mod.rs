@@ -12,8 +12,9 @@
 //! - `keys.rs`: every key, declared once as a field of a `#[derive(Deserialize, JsonSchema)]`
 //!   struct; `values.rs`: how its values read (the choices, the validated newtypes); `schema.rs`
 //!   generates from them the JSON schema, the README table and what the reader knows of each key.
-//! - `layers.rs`: one layer read (the schema, unknown keys, each key typed) with its findings, the
-//!   layers of a request, and the config's `defaults:` / `nodes:` read once at load.
+//! - `layers.rs`: one layer read (the schema, then the keys typed, by `leave_out.rs`, which names
+//!   every value serde refuses and every unknown key) with its findings, the layers of a request,
+//!   and the config's `defaults:` / `nodes:` read once at load.
 //! - `effective.rs`: the layers merged, rules between keys, defaults filled in: the typed
 //!   [`ProviderData`] of `data.rs`.
 
@@ -153,7 +154,8 @@ impl ProviderDataSchema {
     }
 }
 
-fn json_kind(v: &Value) -> &'static str {
+/// A short name for a JSON value's type, for error messages.
+pub fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
