@@ -303,7 +303,8 @@ fn key_path(path: &[Segment]) -> String {
 
 /// Where a finding of the reading goes in a layer's report, as one reading of the document goes:
 /// the unknown top-level keys, then the known ones in declaration order, each item of a list in
-/// turn, its unknown keys before its wrong values, those in declaration order.
+/// turn, its unknown keys before its wrong values, those in declaration order; what is about a key
+/// as a whole (a rule within its value) after its items.
 fn reading_order(f: &Finding) -> (Option<usize>, usize, bool, Option<usize>) {
     let top = f.top();
     let rest = &f.path[top.len()..];
@@ -311,7 +312,7 @@ fn reading_order(f: &Finding) -> (Option<usize>, usize, bool, Option<usize>) {
     let inner = rest.split('.').nth(1).and_then(|k| k.split('[').next());
     (
         top_keys().iter().position(|k| *k == top),
-        item.and_then(|i| i.parse().ok()).unwrap_or(0),
+        item.and_then(|i| i.parse().ok()).unwrap_or(usize::MAX),
         matches!(f.note, Note::Problem(_)),
         inner.and_then(|k| inner_keys(top).iter().position(|n| *n == k)),
     )

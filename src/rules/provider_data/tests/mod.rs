@@ -741,3 +741,20 @@ fn every_wrong_item_is_named_once() {
         "{problems:#?}"
     );
 }
+
+/// Within one key, each item's findings come in turn, as one reading of the list goes, and a rule
+/// about the whole list after them.
+#[test]
+fn a_rule_about_a_list_comes_after_its_items() {
+    let nic = |i| match i {
+        1 => "  - {bridge: vmbr1, firewal: true}\n",
+        _ => "  - {bridge: vmbr1}\n",
+    };
+    let nics: String = (0..32).map(nic).collect();
+    let problems = parse_strict(&format!("{MINIMAL}additional_nics:\n{nics}")).unwrap_err();
+    assert_eq!(
+        keys_of(&problems),
+        ["additional_nics[1].firewal", "additional_nics"],
+        "{problems:#?}"
+    );
+}
