@@ -1,18 +1,18 @@
 //! Reading the file into its derived structs so that every problem is found at once, each with its
 //! key path.
 //!
-//! serde stops at the first value it refuses. That value is reported at its key path and left out,
-//! and the file is read again, until a read succeeds: one load names every wrong value. Unknown keys
-//! are named by serde too, with the keys their struct declares, and kept apart: warnings, or problems
-//! under `strict: true` ([`Found::unknown_keys`]).
+//! Each value serde refuses is reported at its key path and left out ([`read_leaving_out`]): one
+//! load names every wrong value. Unknown keys are named by serde too, with the keys their struct
+//! declares, and kept apart: warnings, or problems under `strict: true` ([`Found::unknown_keys`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde::de::{self, Deserialize, DeserializeOwned, Deserializer, Visitor};
 use serde_json::Value;
 use serde_path_to_error::Segment;
 
 use crate::did_you_mean;
+use crate::rules::provider_data::{json_kind, read_leaving_out};
 
 /// A newtype of the file read from any value through `TryFrom<Value>`: `$parse` gives the inner
 /// value, or the message that reads on from the key path (`: …` or ` must …`).
@@ -64,43 +64,23 @@ impl Found {
 
     /// Reads `root` into `T`; each value serde refuses is a problem at its key path.
     pub fn read<T: DeserializeOwned>(&mut self, mut root: Value) -> Option<T> {
-        // Indices of list items left out, by the list's path: later paths name items as written.
-        let mut removed: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-        loop {
-            let error = match serde_path_to_error::deserialize::<_, T>(&root) {
-                Ok(read) => return Some(read),
-                Err(e) => e,
-            };
-            let segments: Vec<Segment> = error.path().iter().cloned().collect();
-            let said = error.inner().to_string();
-            if let Some((Segment::Map { key }, parent)) = segments.split_last()
-                && let Some(known) = said.strip_prefix(&format!("unknown field `{key}`, expected "))
-            {
+        read_leaving_out(&mut root, |refused| {
+            if let Some((key, known)) = refused.unknown() {
                 // Every struct denies unknown fields so that serde names each with the keys it
                 // knows; it is left out and the file read again, so it is never fatal here.
-                let known: Vec<&str> = known.split('`').skip(1).step_by(2).collect();
-                let parent = shown_path(parent, &removed);
-                let shown = format!(
-                    "{parent}{}{}",
-                    if parent.is_empty() { "" } else { "." },
-                    shown_key(key)
-                );
+                let parent = shown_path(&refused.path[..refused.path.len() - 1]);
+                let dot = if parent.is_empty() { "" } else { "." };
+                let shown = format!("{parent}{dot}{}", shown_key(key));
                 self.unknown.push((shown, did_you_mean::hint(key, &known)));
-                // Each round takes a value out of the file, so the rounds end.
-                take(&mut root, &segments, &mut removed)?;
-                continue;
+                return;
             }
-            let path = shown_path(&segments, &removed);
-            let Some(value) = take(&mut root, &segments, &mut removed) else {
-                // Nothing to leave out (serde's own structure failed): reported, never quoting.
-                self.problems
-                    .push(format!("`{path}`{}", reads_on(&said, &Value::Null)));
-                return None;
-            };
-            self.problems
-                .push(format!("`{path}`{}", reads_on(&said, &value)));
+            // Nothing left out (serde's own structure failed): reported, never quoting.
+            let value = refused.value.unwrap_or(Value::Null);
+            let path = shown_path(&refused.path);
+            let reads_on = reads_on(&refused.said, &value);
+            self.problems.push(format!("`{path}`{reads_on}"));
             self.failed.insert(path);
-        }
+        })
     }
 
     /// The unknown keys: warnings, as the official provider ignores them (so a file that works
@@ -141,50 +121,12 @@ fn reads_on(said: &str, value: &Value) -> String {
     format!("{expected}, found {}", kind(value))
 }
 
-/// Takes the value at `path` out of `root`; `None` when the path names no value that can go.
-fn take(
-    root: &mut Value,
-    path: &[Segment],
-    removed: &mut BTreeMap<String, Vec<usize>>,
-) -> Option<Value> {
-    let (last, parents) = path.split_last()?;
-    let mut at = root;
-    for segment in parents {
-        at = match (segment, at) {
-            (Segment::Map { key }, Value::Object(m)) => m.get_mut(key)?,
-            (Segment::Seq { index }, Value::Array(items)) => items.get_mut(*index)?,
-            _ => return None,
-        };
-    }
-    match (last, at) {
-        (Segment::Map { key }, Value::Object(m)) => m.remove(key),
-        (Segment::Seq { index }, Value::Array(items)) if *index < items.len() => {
-            let list = shown_path(parents, removed);
-            let gone = removed.entry(list).or_default();
-            gone.push(as_written(gone, *index));
-            gone.sort_unstable();
-            Some(items.remove(*index))
-        }
-        _ => None,
-    }
-}
-
-/// The index a list item had in the file, given the items before it that were left out.
-fn as_written(removed: &[usize], index: usize) -> usize {
-    removed
-        .iter()
-        .fold(index, |at, gone| if *gone <= at { at + 1 } else { at })
-}
-
 /// `ipPools.talos-net.range[1]`; a key that is not a plain name is quoted (`ipPools."a."`).
-fn shown_path(path: &[Segment], removed: &BTreeMap<String, Vec<usize>>) -> String {
+fn shown_path(path: &[Segment]) -> String {
     let mut shown = String::new();
     for segment in path {
         match segment {
-            Segment::Seq { index } => {
-                let gone = removed.get(&shown).map_or(&[][..], Vec::as_slice);
-                shown = format!("{shown}[{}]", as_written(gone, *index));
-            }
+            Segment::Seq { index } => shown = format!("{shown}[{index}]"),
             Segment::Map { key } => shown = child(&shown, key),
             Segment::Enum { .. } | Segment::Unknown => shown.push_str(".?"),
         }
@@ -232,14 +174,7 @@ fn shown_key(key: &str) -> String {
 
 /// A short name for a JSON value's type, for error messages.
 pub(super) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "nothing",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
-    }
+    if v.is_null() { "nothing" } else { json_kind(v) }
 }
 
 /// One value or a list of them (`nameservers: 10.0.0.1` or `nameservers: [10.0.0.1, 10.0.0.2]`).

@@ -55,6 +55,11 @@ macro_rules! name_type {
                 if check(&value) { Ok(Self(value)) } else { Err(invalid($what, &value, $expected)) }
             }
 
+            /// A name the provider itself chooses (a default), which needs no check.
+            pub fn known(value: &'static str) -> Self {
+                Self(value.to_owned())
+            }
+
             /// [`Self::new`] for a borrowed string.
             pub fn parse(value: &str) -> Result<Self, PropertyError> {
                 Self::new(value)

@@ -261,12 +261,12 @@ pub fn wanted(data: &ProviderData) -> Vec<(u8, &str)> {
 /// VLAN when the pool names them: a pool's addresses only work on its network.
 pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), Vec<Problem>> {
     let mut problems = Vec::new();
-    let ProviderData {
-        keys,
-        network_bridge,
-        ..
-    } = data;
-    let first = (keys.ip_pool.as_deref(), network_bridge, &mut keys.vlan);
+    let keys = &mut data.keys;
+    let first = (
+        keys.ip_pool.as_deref(),
+        &mut keys.network_bridge,
+        &mut keys.vlan,
+    );
     let more = keys.additional_nics.iter_mut();
     let more = more.map(|n| (n.ip_pool.as_deref(), &mut n.bridge, &mut n.vlan));
     for (nic, (name, bridge, vlan)) in std::iter::once(first).chain(more).enumerate() {

@@ -5,7 +5,7 @@ use std::ops::{Deref, DerefMut};
 
 use super::Problem;
 use super::keys::{HaSettings, Keys};
-use crate::proxmox::property::{BridgeName, CpuType, DiskOptions};
+use crate::proxmox::property::DiskOptions;
 use crate::rules::storage_selector::StorageSelector;
 
 impl HaSettings {
@@ -17,14 +17,12 @@ impl HaSettings {
     }
 }
 
-/// Validated provider data: the merged [`Keys`] (read through `Deref`), and the keys that are
-/// required or whose default is not a constant of their type.
+/// Validated provider data: the merged [`Keys`] (read through `Deref`), and the required storage
+/// selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderData {
     pub keys: Keys,
     pub storage_selector: StorageSelector,
-    pub network_bridge: BridgeName,
-    pub cpu_type: CpuType,
     /// Keys that were ignored (unknown ones, each with a suggestion when one is close): not fatal, as
     /// with the official provider, but shown in the machine's status, the log and `validate`.
     pub warnings: Vec<Problem>,

@@ -6,9 +6,9 @@ use super::keys::Keys;
 use super::layers::{Finding, Stack};
 use super::schema::required_keys;
 use super::values::{BootMode, MachineType, ResourceAffinity};
-use super::{DEFAULT_CPU_TYPE, DEFAULT_NETWORK_BRIDGE, LayerCheck, Problem};
+use super::{LayerCheck, Problem};
 use crate::did_you_mean;
-use crate::proxmox::property::{BridgeName, CpuType, Hugepages, NodeName};
+use crate::proxmox::property::{Hugepages, NodeName};
 
 /// Merges the layers and checks the result; a problem is reported under the path of the layer its
 /// value came from.
@@ -131,8 +131,8 @@ fn rules(k: &Keys, stack: &Stack<'_>) -> Vec<Finding> {
     found
 }
 
-/// The merged keys with the defaults that are no constant filled in; `None` when a required value
-/// is missing or wrong (its problem is reported).
+/// The merged keys with the required storage selector; `None` when it is missing or wrong (its
+/// problem is reported).
 fn provider_data(mut keys: Keys) -> Option<ProviderData> {
     // `spread: true` is the short way to ask for `resource_affinity: negative`.
     if let Some(ha) = &mut keys.ha
@@ -140,18 +140,8 @@ fn provider_data(mut keys: Keys) -> Option<ProviderData> {
     {
         ha.resource_affinity = Some(ResourceAffinity::Negative);
     }
-    let network_bridge = match &keys.network_bridge {
-        Some(bridge) => bridge.clone(),
-        None => BridgeName::new(DEFAULT_NETWORK_BRIDGE).ok()?,
-    };
-    let cpu_type = match &keys.cpu_type {
-        Some(cpu) => cpu.clone(),
-        None => CpuType::new(DEFAULT_CPU_TYPE).ok()?,
-    };
     Some(ProviderData {
         storage_selector: keys.storage_selector.clone()?,
-        network_bridge,
-        cpu_type,
         keys,
         warnings: Vec::new(),
     })

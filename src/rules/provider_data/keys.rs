@@ -21,7 +21,7 @@ use serde::Deserialize;
 use super::values::{
     Bios, BootMode, CloneMode, HaState, MachineType, PlacementStrategy, ResourceAffinity,
     TemplateRef, UserTag, devices, ip_discovery_timeout, one, pool_name, seconds, some_up_to,
-    up_to, user_tags, vlan, yes,
+    up_to, user_tags, vlan, vmbr0, x86_64_v2_aes, yes,
 };
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, DiskOptions, HostPci, Hugepages, MappingId, MdevType,
@@ -33,6 +33,7 @@ use crate::rules::storage_selector::StorageSelector;
 /// `nodes.<name>:` override) or the layers merged, every key optional and read with its default:
 /// which keys a layer writes is told by its map, and the layers together must set the required ones.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 #[schemars(title = "Proxmox VE machine class", description = "")]
 pub struct Keys {
     /// CPU cores per socket. Required (here or in the provider config's defaults).
@@ -106,7 +107,8 @@ pub struct Keys {
 
     /// Bridge for the first NIC (default vmbr0).
     #[schemars(extend("x-readme" = "Bridge of the first NIC.", "x-default" = "`vmbr0`"))]
-    pub network_bridge: Option<BridgeName>,
+    #[serde(default = "vmbr0")]
+    pub network_bridge: BridgeName,
 
     /// VLAN tag for the first NIC; 0 (default) for untagged.
     #[schemars(with = "u64", range(min = 0, max = 4094))]
@@ -152,7 +154,8 @@ pub struct Keys {
         "x-readme" = "CPU model; `host` passes the host CPU through.",
         "x-default" = "`x86-64-v2-AES`"
     ))]
-    pub cpu_type: Option<CpuType>,
+    #[serde(default = "x86_64_v2_aes")]
+    pub cpu_type: CpuType,
 
     /// QEMU machine type. 'q35' for PCIe passthrough.
     #[schemars(extend("x-readme" = "`q35` or `i440fx`.", "x-default" = "Proxmox's"))]
@@ -333,6 +336,7 @@ pub struct Keys {
 
 /// `ha:`. `spread: true` is the short way to ask for `resource_affinity: negative`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 #[schemars(description = "")]
 pub struct HaSettings {
     /// HA target state (default started).
@@ -377,6 +381,7 @@ pub struct HaSettings {
 /// An item of `additional_nics:`. A required key is an `Option` all the same, so that each key of an
 /// item can be read on its own; the schema says it is required.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 #[schemars(description = "")]
 pub struct AdditionalNic {
     /// Bridge, e.g. vmbr1.
@@ -397,6 +402,7 @@ pub struct AdditionalNic {
 
 /// An item of `usb_devices:`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 #[schemars(description = "")]
 pub struct UsbKeys {
     /// USB resource mapping ID.
@@ -408,6 +414,7 @@ pub struct UsbKeys {
 
 /// An item of `pci_devices:`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 #[schemars(description = "")]
 pub struct PciKeys {
     /// PCI resource mapping ID, e.g. nvidia-gpu-1.
@@ -425,6 +432,7 @@ pub struct PciKeys {
 
 /// An item of `additional_disks:`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 #[schemars(description = "")]
 pub struct AdditionalDisk {
     /// Size in GB.

@@ -5,15 +5,17 @@
 //! never merged), and a finding about a value is reported under the path of the layer it came from
 //! (`nodes.pve2.network_bridge`, `defaults.cores`).
 //!
-//! A layer is checked against the schema (every problem at once, with its key path), then each
-//! top-level key is read into [`Keys`] on its own, so one wrong key does not hide the next.
+//! A layer is checked against the schema (every problem at once, with its key path), then read
+//! into [`Keys`] leaving out each wrong value, so one wrong value does not hide the next.
 
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use serde_json::{Map, Value};
+use serde_path_to_error::Segment;
 
 use super::keys::Keys;
+use super::leave_out::read_leaving_out;
 use super::schema::{self, inner_keys, top_keys};
 use super::{LayerCheck, Problem, json_kind};
 use crate::did_you_mean;
@@ -23,10 +25,8 @@ use crate::proxmox::property::NodeName;
 pub(super) enum Note {
     Problem(String),
     /// A key the provider does not know: ignored with a warning, as the official provider ignores it
-    /// silently, or refused when the config says `strict: true`. `hint` is the "did you mean".
-    Unknown {
-        hint: String,
-    },
+    /// silently, or refused when the config says `strict: true`. The text is the "did you mean".
+    Unknown(String),
 }
 
 /// One finding, its path relative to the layer (`additional_disks[1].disk_size`). Findings are
@@ -40,19 +40,12 @@ pub(super) struct Finding {
 
 impl Finding {
     pub fn problem(path: &str, message: String) -> Self {
-        Self::new(path, Note::Problem(message))
+        let (path, note) = (path.to_string(), Note::Problem(message));
+        Self { path, note }
     }
 
     fn unknown(path: &str, key: &str, known: &[&str]) -> Self {
-        Self::new(
-            path,
-            Note::Unknown {
-                hint: did_you_mean::hint(key, known),
-            },
-        )
-    }
-
-    fn new(path: &str, note: Note) -> Self {
+        let note = Note::Unknown(did_you_mean::hint(key, known));
         let path = path.to_string();
         Self { path, note }
     }
@@ -78,11 +71,11 @@ impl LayerCheck {
         };
         match &finding.note {
             Note::Problem(message) => self.problem(key, message.clone()),
-            Note::Unknown { hint } if strict => self.problem(
+            Note::Unknown(hint) if strict => self.problem(
                 key,
                 format!("is not a known key{hint} (refused because the provider config has `strict: true`)"),
             ),
-            Note::Unknown { hint } => self.warnings.push(Problem {
+            Note::Unknown(hint) => self.warnings.push(Problem {
                 key,
                 message: format!("is not a known key and is ignored{hint}"),
             }),
@@ -202,32 +195,44 @@ pub(super) struct Layer {
 }
 
 impl Layer {
-    /// Reads one layer on its own: the schema, then each key (no required keys, no rules between
+    /// Reads one layer on its own: the schema, then the keys (no required keys, no rules between
     /// keys: those need every layer).
     pub(super) fn read(map: &Map<String, Value>) -> Self {
+        let mut root = Value::Object(map.clone());
         let mut schema = Vec::new();
-        schema_findings(&Value::Object(map.clone()), &mut schema);
-        let refused: Vec<String> = schema.iter().map(|f| f.path.clone()).collect();
-        let mut findings = Vec::new();
-        let mut valid = Map::new();
-        for key in map.keys().filter(|k| !top_keys().contains(&k.as_str())) {
-            findings.push(Finding::unknown(shown(key), key, top_keys()));
-        }
-        // In declaration order, as one reading of the document goes.
-        for (key, value) in top_keys().iter().filter_map(|k| map.get_key_value(*k)) {
-            let Some(keys) = read_key(key, value, &refused, &mut findings) else {
-                continue;
-            };
-            for (path, message) in layer_rules(&keys) {
-                findings.push(Finding::problem(path, message));
+        schema_findings(&root, &mut schema);
+        let covered =
+            |path: &str| (schema.iter()).any(|r| within(&r.path, path) || within(path, &r.path));
+        let (mut read, mut wrong) = (Vec::new(), BTreeSet::new());
+        let keys: Option<Keys> = read_leaving_out(&mut root, |refused| {
+            if let Some((key, known)) = refused.unknown() {
+                let parent = key_path(&refused.path[..refused.path.len() - 1]);
+                let dot = if parent.is_empty() { "" } else { "." };
+                let path = format!("{parent}{dot}{}", shown(key));
+                read.push(Finding::unknown(&path, key, &known));
+                return;
             }
-            valid.insert(key.clone(), value.clone());
+            let path = key_path(&refused.path);
+            wrong.insert(top_key(&path).to_owned());
+            // A required key missing from an item is the schema's to report (or left so by a value
+            // refused in it).
+            if !refused.said.starts_with("missing field") && !covered(&path) {
+                read.push(Finding::problem(&path, refused.said));
+            }
+        });
+        let mut valid = root.as_object_mut().map(std::mem::take).unwrap_or_default();
+        valid.retain(|key, _| !wrong.contains(key) && !covered(key));
+        for (path, message) in keys.as_ref().map(layer_rules).unwrap_or_default() {
+            if valid.contains_key(top_key(path)) {
+                read.push(Finding::problem(path, message));
+            }
         }
+        read.sort_by_key(reading_order);
         Self {
             written: map.keys().cloned().collect(),
             valid,
             schema,
-            read: findings,
+            read,
             not_a_mapping: None,
         }
     }
@@ -283,85 +288,34 @@ fn shown(key: &str) -> &str {
     if key.is_empty() { "\"\"" } else { key }
 }
 
-/// Reads one known top-level key: its value typed when nothing is wrong with it, and into
-/// `findings` the keys inside it the provider does not know and what is wrong (unless the schema
-/// found it already: `refused`). serde stops at the first problem, so after one each item of a list
-/// and each key of a mapping is read on its own, to name every wrong one.
-fn read_key(
-    key: &str,
-    value: &Value,
-    refused: &[String],
-    findings: &mut Vec<Finding>,
-) -> Option<Keys> {
-    let read = |value: Value| {
-        let layer = Value::Object(Map::from_iter([(key.to_string(), value)]));
-        serde_path_to_error::deserialize::<_, Keys>(layer)
-            .map_err(|e| (e.path().to_string(), e.into_inner().to_string()))
-    };
-    let whole = read(value.clone());
-    let known = inner_keys(key);
-    let parts: Vec<(String, &Value)> = match value {
-        Value::Array(items) => items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| (format!("{key}[{i}]"), item))
-            .collect(),
-        Value::Object(_) if schema::is_mapping(key) => vec![(key.to_string(), value)],
-        _ => Vec::new(),
-    };
-    let covered = |path: &str| refused.iter().any(|r| within(r, path) || within(path, r));
-    let mut found = false;
-    for (at, part) in &parts {
-        if let (Value::Object(map), false) = (part, known.is_empty()) {
-            for name in map.keys().filter(|k| !known.contains(&k.as_str())) {
-                let path = format!("{at}.{}", shown(name));
-                findings.push(Finding::unknown(&path, name, known));
-            }
-        }
-        for piece in one_by_one(part, known).filter(|_| whole.is_err()) {
-            let piece = if value.is_array() {
-                Value::Array(vec![piece])
-            } else {
-                piece
-            };
-            // A required key missing from an item is the schema's to report.
-            if let Err((path, message)) = read(piece)
-                && !message.starts_with("missing field")
-            {
-                found = true;
-                let path = path.replacen(&format!("{key}[0]"), at, 1);
-                if !covered(&path) {
-                    findings.push(Finding::problem(&path, message));
-                }
-            }
+/// `additional_disks[1].disk_size`, as serde names a path.
+fn key_path(path: &[Segment]) -> String {
+    let mut shown = String::new();
+    for segment in path {
+        match segment {
+            Segment::Seq { index } => shown.push_str(&format!("[{index}]")),
+            other if shown.is_empty() => shown = other.to_string(),
+            other => shown.push_str(&format!(".{other}")),
         }
     }
-    match whole {
-        Ok(keys) => (!refused.iter().any(|r| within(r, key))).then_some(keys),
-        Err((path, message)) => {
-            if !found && !covered(&path) {
-                findings.push(Finding::problem(&path, message));
-            }
-            None
-        }
-    }
+    shown
 }
 
-/// A mapping as one mapping per known key, in declaration order; anything else as it is.
-fn one_by_one(part: &Value, known: &[&str]) -> impl Iterator<Item = Value> {
-    let pieces: Vec<Value> = match part {
-        Value::Object(map) if !known.is_empty() => known
-            .iter()
-            .filter_map(|k| {
-                Some(Value::Object(Map::from_iter([(
-                    k.to_string(),
-                    map.get(*k)?.clone(),
-                )])))
-            })
-            .collect(),
-        other => vec![other.clone()],
-    };
-    pieces.into_iter()
+/// Where a finding of the reading goes in a layer's report, as one reading of the document goes:
+/// the unknown top-level keys, then the known ones in declaration order, each item of a list in
+/// turn, its unknown keys before its wrong values, those in declaration order; what is about a key
+/// as a whole (a rule within its value) after its items.
+fn reading_order(f: &Finding) -> (Option<usize>, usize, bool, Option<usize>) {
+    let top = f.top();
+    let rest = &f.path[top.len()..];
+    let item = rest.strip_prefix('[').and_then(|r| r.split(']').next());
+    let inner = rest.split('.').nth(1).and_then(|k| k.split('[').next());
+    (
+        top_keys().iter().position(|k| *k == top),
+        item.and_then(|i| i.parse().ok()).unwrap_or(usize::MAX),
+        matches!(f.note, Note::Problem(_)),
+        inner.and_then(|k| inner_keys(top).iter().position(|n| *n == k)),
+    )
 }
 
 /// The rules within one key's value: `spread: true` is `resource_affinity: negative`, so the two

@@ -12,8 +12,9 @@
 //! - `keys.rs`: every key, declared once as a field of a `#[derive(Deserialize, JsonSchema)]`
 //!   struct; `values.rs`: how its values read (the choices, the validated newtypes); `schema.rs`
 //!   generates from them the JSON schema, the README table and what the reader knows of each key.
-//! - `layers.rs`: one layer read (the schema, unknown keys, each key typed) with its findings, the
-//!   layers of a request, and the config's `defaults:` / `nodes:` read once at load.
+//! - `layers.rs`: one layer read (the schema, then the keys typed, by `leave_out.rs`, which names
+//!   every value serde refuses and every unknown key) with its findings, the layers of a request,
+//!   and the config's `defaults:` / `nodes:` read once at load.
 //! - `effective.rs`: the layers merged, rules between keys, defaults filled in: the typed
 //!   [`ProviderData`] of `data.rs`.
 
@@ -21,26 +22,19 @@ mod data;
 mod effective;
 pub mod keys;
 mod layers;
+mod leave_out;
 pub mod schema;
 mod values;
-
-use std::time::Duration;
 
 use serde_json::{Map, Value};
 
 pub use data::ProviderData;
 pub use keys::{AdditionalDisk, HaSettings};
 pub use layers::ConfigLayers;
+pub use leave_out::{Refused, read_leaving_out};
 pub use values::{Bios, BootMode, CloneMode, PlacementStrategy, ResourceAffinity, TemplateRef};
 
 use layers::{Layer, Stack};
-
-/// Default bridge of the first NIC, as upstream.
-pub const DEFAULT_NETWORK_BRIDGE: &str = "vmbr0";
-/// Default CPU model, as upstream.
-pub const DEFAULT_CPU_TYPE: &str = "x86-64-v2-AES";
-/// Default time to wait for the guest agent to report an address.
-pub const DEFAULT_IP_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Tag prefixes the provider sets itself; user tags may not use them (placement and ownership checks
 /// count them).
@@ -160,7 +154,8 @@ impl ProviderDataSchema {
     }
 }
 
-fn json_kind(v: &Value) -> &'static str {
+/// A short name for a JSON value's type, for error messages.
+pub fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -180,19 +175,10 @@ fn release(pve_version: &str) -> Option<(u32, u32)> {
 }
 
 /// The first Proxmox VE major release whose HA resources have `failback` (pve-ha-manager 5.0.2, the
-/// PVE 9 series); older clusters answer 400 to it.
-pub const HA_FAILBACK_SINCE_PVE: u32 = 9;
-
-/// `ha.failback` on a cluster that does not know it.
-pub fn ha_failback_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
-    data.ha.as_ref()?.failback?;
-    (release(pve_version)?.0 < HA_FAILBACK_SINCE_PVE).then(|| Problem {
-        key: "ha.failback".into(),
-        message: format!(
-            "needs Proxmox VE {HA_FAILBACK_SINCE_PVE} or later; this cluster runs {pve_version}: remove `failback` (on PVE 8, set it on an HA group instead) or upgrade"
-        ),
-    })
-}
+/// PVE 9 series; older clusters answer 400 to it), and HA rules (pve-ha-manager 5.0,
+/// src/PVE/API2/HA/Rules.pm; Proxmox VE 8 has HA groups instead and answers 501 for
+/// `/cluster/ha/rules`).
+pub const HA_RULES_SINCE_PVE: u32 = 9;
 
 /// `boot: image` downloads the disk image into `import` storage and creates the boot disk from it
 /// with `import-from`: download-url takes `.qcow2` into `import` from libpve-storage-perl 8.3.6
@@ -200,59 +186,57 @@ pub fn ha_failback_problem(data: &ProviderData, pve_version: &str) -> Option<Pro
 /// Proxmox VE 8.4 is the first release to require (pve-manager debian/control).
 pub const BOOT_IMAGE_SINCE_PVE: (u32, u32) = (8, 4);
 
-/// `boot: image` on a Proxmox VE release before 8.4, as a problem naming the release.
-pub fn boot_image_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
-    if data.boot != BootMode::Image {
-        return None;
-    }
-    let (since_major, since_minor) = BOOT_IMAGE_SINCE_PVE;
-    (release(pve_version)? < BOOT_IMAGE_SINCE_PVE).then(|| Problem {
-        key: "boot".into(),
-        message: format!(
-            "`image` needs Proxmox VE {since_major}.{since_minor} or later (disk images downloaded into `import` storage); this cluster runs {pve_version}: use `boot: iso` or upgrade"
-        ),
-    })
-}
-
-/// HA rules came with pve-ha-manager 5.0 (Proxmox VE 9): src/PVE/API2/HA/Rules.pm. Proxmox VE 8
-/// has HA groups instead and answers 501 for `/cluster/ha/rules`.
-pub const HA_RULES_SINCE_PVE: u32 = 9;
-
-/// `ha.rules`, `ha.node_affinity_nodes`, `ha.resource_affinity` or `ha.spread` on a cluster without
-/// HA rules, as one problem naming the keys used. The official provider lets such a machine be
-/// created and then fails at its rule step; refusing first leaves nothing behind.
-fn ha_rules_problem(data: &ProviderData, pve_version: &str) -> Option<Problem> {
-    let ha = data.ha.as_ref().filter(|ha| ha.uses_rules())?;
-    if release(pve_version)?.0 >= HA_RULES_SINCE_PVE {
-        return None;
-    }
-    let keys: Vec<&str> = [
-        (!ha.rules.is_empty(), "rules"),
-        (!ha.node_affinity_nodes.is_empty(), "node_affinity_nodes"),
-        (ha.resource_affinity.is_some(), "resource_affinity/spread"),
-    ]
-    .into_iter()
-    .filter_map(|(used, key)| used.then_some(key))
-    .collect();
-    Some(Problem {
-        key: "ha".into(),
-        message: format!(
-            "HA rules ({}) need Proxmox VE {HA_RULES_SINCE_PVE} or later; this cluster runs {pve_version}: remove them (on PVE 8, use an HA group) or upgrade",
-            keys.join(", ")
-        ),
-    })
-}
-
-/// Every key the cluster's Proxmox VE release does not accept.
+/// Every key the cluster's Proxmox VE release does not accept: `ha.failback`; `ha.rules`,
+/// `ha.node_affinity_nodes`, `ha.resource_affinity` or `ha.spread`, as one problem naming the keys
+/// used (the official provider lets such a machine be created and then fails at its rule step;
+/// refusing first leaves nothing behind); `boot: image`.
 pub fn release_problems(data: &ProviderData, pve_version: &str) -> Vec<Problem> {
-    [
-        ha_failback_problem(data, pve_version),
-        ha_rules_problem(data, pve_version),
-        boot_image_problem(data, pve_version),
-    ]
-    .into_iter()
-    .flatten()
-    .collect()
+    let mut found = Vec::new();
+    let Some(release) = release(pve_version) else {
+        return found;
+    };
+    let mut problem = |key: &str, message| {
+        found.push(Problem {
+            key: key.into(),
+            message,
+        })
+    };
+    let old_ha = data.ha.as_ref().filter(|_| release.0 < HA_RULES_SINCE_PVE);
+    if old_ha.is_some_and(|ha| ha.failback.is_some()) {
+        problem(
+            "ha.failback",
+            format!(
+                "needs Proxmox VE {HA_RULES_SINCE_PVE} or later; this cluster runs {pve_version}: remove `failback` (on PVE 8, set it on an HA group instead) or upgrade"
+            ),
+        );
+    }
+    if let Some(ha) = old_ha.filter(|ha| ha.uses_rules()) {
+        let keys: Vec<&str> = [
+            (!ha.rules.is_empty(), "rules"),
+            (!ha.node_affinity_nodes.is_empty(), "node_affinity_nodes"),
+            (ha.resource_affinity.is_some(), "resource_affinity/spread"),
+        ]
+        .into_iter()
+        .filter_map(|(used, key)| used.then_some(key))
+        .collect();
+        problem(
+            "ha",
+            format!(
+                "HA rules ({}) need Proxmox VE {HA_RULES_SINCE_PVE} or later; this cluster runs {pve_version}: remove them (on PVE 8, use an HA group) or upgrade",
+                keys.join(", ")
+            ),
+        );
+    }
+    if data.boot == BootMode::Image && release < BOOT_IMAGE_SINCE_PVE {
+        let (since_major, since_minor) = BOOT_IMAGE_SINCE_PVE;
+        problem(
+            "boot",
+            format!(
+                "`image` needs Proxmox VE {since_major}.{since_minor} or later (disk images downloaded into `import` storage); this cluster runs {pve_version}: use `boot: iso` or upgrade"
+            ),
+        );
+    }
+    found
 }
 
 /// Whether `data` uses a key [`release_problems`] checks, so the release must be known first: a

@@ -42,6 +42,8 @@ fn tidy(value: &mut Value) {
                 }
             }
             map.remove("format");
+            // Unknown keys are ignored with a warning, as the official provider ignores them.
+            map.remove("additionalProperties");
             map.remove("default");
             map.values_mut().for_each(tidy);
         }
@@ -90,11 +92,6 @@ pub fn required_keys() -> impl Iterator<Item = (&'static str, &'static str)> {
         let example = key(name)?.get("x-required")?.as_str()?;
         Some((*name, example))
     })
-}
-
-/// Whether top-level key `name` holds a mapping (`ha`), not a value or a list.
-pub fn is_mapping(name: &str) -> bool {
-    key(name).and_then(|k| k.get("type")) == Some(&Value::String("object".into()))
 }
 
 /// Whether a `nodes.<name>:` override may set top-level key `name`.

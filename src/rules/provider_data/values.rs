@@ -14,7 +14,7 @@ use serde::{Deserialize, Deserializer};
 
 use serde_json::Value;
 
-use super::{DEFAULT_IP_DISCOVERY_TIMEOUT, RESERVED_TAG_PREFIXES, json_kind};
+use super::{RESERVED_TAG_PREFIXES, json_kind};
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, Hugepages, MappingId, MdevType, NodeName, PoolId, Tag,
     Vga, VlanTag, str_enum,
@@ -227,8 +227,19 @@ pub fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     up_to::<{ 7 * 24 * 3600 }, D, u64>(d).map(Duration::from_secs)
 }
 
+/// How long to wait for the guest agent to report an address.
 pub fn ip_discovery_timeout() -> Duration {
-    DEFAULT_IP_DISCOVERY_TIMEOUT
+    Duration::from_secs(300)
+}
+
+/// Upstream's bridge of the first NIC.
+pub fn vmbr0() -> BridgeName {
+    BridgeName::known("vmbr0")
+}
+
+/// Upstream's CPU model.
+pub fn x86_64_v2_aes() -> CpuType {
+    CpuType::known("x86-64-v2-AES")
 }
 
 pub fn one() -> u32 {

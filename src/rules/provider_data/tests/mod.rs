@@ -555,6 +555,13 @@ fn hugepages_need_numa_and_whole_pages_per_numa_node() {
     );
 }
 
+/// The problem [`release_problems`] finds with `key`.
+fn release_problem(key: &str, data: &ProviderData, pve_version: &str) -> Option<Problem> {
+    release_problems(data, pve_version)
+        .into_iter()
+        .find(|p| p.key == key)
+}
+
 /// pve-ha-manager src/PVE/HA/Resources.pm: the `failback` property of an HA resource came with
 /// commit "resources: introduce failback property in ha resource config" (version 5.0.2, the
 /// trixie-based PVE 9 series); PVE 8 (4.0.x, bookworm) rejects the unknown parameter with a 400.
@@ -564,18 +571,21 @@ fn ha_failback_is_refused_before_pve_9() {
         "{MINIMAL}ha:\n  state: started\n  failback: false\n"
     ))
     .unwrap();
-    let p = ha_failback_problem(&with, "8.4.1").unwrap();
+    let p = release_problem("ha.failback", &with, "8.4.1").unwrap();
     assert_eq!(p.key, "ha.failback");
     assert!(
         p.message.contains("Proxmox VE 9") && p.message.contains("8.4.1"),
         "{p}"
     );
-    assert_eq!(ha_failback_problem(&with, "9.0.10"), None);
-    assert_eq!(ha_failback_problem(&with, "10.1"), None);
-    assert_eq!(ha_failback_problem(&with, "garbage"), None);
+    assert_eq!(release_problem("ha.failback", &with, "9.0.10"), None);
+    assert_eq!(release_problem("ha.failback", &with, "10.1"), None);
+    assert_eq!(release_problem("ha.failback", &with, "garbage"), None);
     let without = parse(&format!("{MINIMAL}ha:\n  state: started\n")).unwrap();
-    assert_eq!(ha_failback_problem(&without, "8.4.1"), None);
-    assert_eq!(ha_failback_problem(&parse(MINIMAL).unwrap(), "7.4"), None);
+    assert_eq!(release_problem("ha.failback", &without, "8.4.1"), None);
+    assert_eq!(
+        release_problem("ha.failback", &parse(MINIMAL).unwrap(), "7.4"),
+        None
+    );
 }
 
 /// `boot: image` needs download-url to take `.qcow2` into `import` storage: libpve-storage-perl
@@ -585,17 +595,20 @@ fn ha_failback_is_refused_before_pve_9() {
 fn boot_image_is_refused_before_pve_8_4() {
     let image = parse(&format!("{MINIMAL}boot: image\n")).unwrap();
     assert_eq!(image.boot, BootMode::Image);
-    let p = boot_image_problem(&image, "8.3.5").unwrap();
+    let p = release_problem("boot", &image, "8.3.5").unwrap();
     assert_eq!(p.key, "boot");
     assert!(
         p.message.contains("8.4") && p.message.contains("8.3.5"),
         "{p}"
     );
-    assert!(boot_image_problem(&image, "7.4").is_some());
-    assert_eq!(boot_image_problem(&image, "8.4.0"), None);
-    assert_eq!(boot_image_problem(&image, "9.1.2"), None);
-    assert_eq!(boot_image_problem(&image, "garbage"), None);
-    assert_eq!(boot_image_problem(&parse(MINIMAL).unwrap(), "7.4"), None);
+    assert!(release_problem("boot", &image, "7.4").is_some());
+    assert_eq!(release_problem("boot", &image, "8.4.0"), None);
+    assert_eq!(release_problem("boot", &image, "9.1.2"), None);
+    assert_eq!(release_problem("boot", &image, "garbage"), None);
+    assert_eq!(
+        release_problem("boot", &parse(MINIMAL).unwrap(), "7.4"),
+        None
+    );
     assert_eq!(release_problems(&image, "8.3.5").len(), 1);
     let with_template = parse(&format!("{MINIMAL}boot: image\ntemplate: 9000\n")).unwrap_err();
     assert!(
@@ -725,6 +738,23 @@ fn every_wrong_item_is_named_once() {
             "additional_nics[0].bridge",
             "additional_nics[1].ip_pool"
         ],
+        "{problems:#?}"
+    );
+}
+
+/// Within one key, each item's findings come in turn, as one reading of the list goes, and a rule
+/// about the whole list after them.
+#[test]
+fn a_rule_about_a_list_comes_after_its_items() {
+    let nic = |i| match i {
+        1 => "  - {bridge: vmbr1, firewal: true}\n",
+        _ => "  - {bridge: vmbr1}\n",
+    };
+    let nics: String = (0..32).map(nic).collect();
+    let problems = parse_strict(&format!("{MINIMAL}additional_nics:\n{nics}")).unwrap_err();
+    assert_eq!(
+        keys_of(&problems),
+        ["additional_nics[1].firewal", "additional_nics"],
         "{problems:#?}"
     );
 }
