@@ -66,7 +66,7 @@ pub fn load_config(path: &Path) -> Result<(ProviderConfig, ProviderDataSchema), 
 fn omni_and_config(
     omni: &OmniArgs,
     config_file: &Path,
-    missing: impl std::error::Error + Send + Sync + 'static,
+    missing: &str,
 ) -> Result<(ProviderConfig, OmniClient), BoxError> {
     if !omni.is_set() {
         return Err(missing.into());

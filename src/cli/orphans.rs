@@ -62,12 +62,10 @@ pub struct OrphansArgs {
     pub omni: OmniArgs,
 }
 
+const NEEDS_OMNI: &str = "orphans needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): without the list of live MachineRequests every VM of ours would look orphaned";
+
 #[derive(Debug, thiserror::Error)]
 pub enum OrphansError {
-    #[error(
-        "orphans needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): without the list of live MachineRequests every VM of ours would look orphaned"
-    )]
-    NoOmni,
     #[error("{0} orphan(s) could not be deleted (see above)")]
     DeleteFailed(usize),
     #[error(
@@ -112,8 +110,7 @@ struct JsonReport<'a> {
 
 pub async fn run(args: OrphansArgs) -> CliResult {
     telemetry::init_logging(LogFormat::Text, "warn")?;
-    let (config, omni) =
-        super::omni_and_config(&args.omni, &args.config_file, OrphansError::NoOmni)?;
+    let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, NEEDS_OMNI)?;
     let reads = ["list the MachineRequests"; 2];
     let (live, states) = omni_records(&omni, &args.omni.id, reads).await?;
     // Those whose MachineRequest is gone (the same counting as the `pools` command).
@@ -438,7 +435,7 @@ mod tests {
             args: OrphansArgs,
         }
         let refusal = |args: &OrphansArgs| {
-            super::super::omni_and_config(&args.omni, &args.config_file, OrphansError::NoOmni)
+            super::super::omni_and_config(&args.omni, &args.config_file, NEEDS_OMNI)
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default()
