@@ -115,7 +115,7 @@ pub struct TemplateReport {
 pub async fn run(args: ClusterArgs) -> CliResult {
     // Warnings (such as TLS verification being off) go to stderr; stdout stays clean for `--output json`.
     crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
-    let (config, _) = super::load_config(&args.config_file)?;
+    let config = super::load_config(&args.config_file)?;
     let client = ProxmoxClient::new(&config.proxmox)?;
     let report = gather(&client, &config.placement).await?;
     args.output.print(&report, render_table)

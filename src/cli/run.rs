@@ -146,19 +146,11 @@ impl Settings {
         let path = (args.config_file.as_ref()).ok_or(
             "--config-file (or CONFIG_FILE) is required: the provider needs the Proxmox connection settings",
         )?;
-        let config = ProviderConfig::load(path)?;
-        let schema = ProviderDataSchema::new()?.strict(config.strict);
-        let overrides = schema.check_config(&config.layers);
-        if !overrides.problems.is_empty() {
-            let problems = crate::rules::provider_data::describe(&overrides.problems);
+        let (config, config_warnings, problems) = super::read_config(path)?;
+        if !problems.is_empty() {
+            let problems = crate::rules::provider_data::describe(&problems);
             return Err(format!("config file {}: {problems}", path.display()).into());
         }
-        let config_warnings = config
-            .warnings
-            .iter()
-            .cloned()
-            .chain(overrides.warnings.iter().map(|w| w.to_string()))
-            .collect();
         let (endpoint, key) = args.omni.connection()?;
         let timings = Timings {
             lease_duration: args.leader_elect_lease_duration,
