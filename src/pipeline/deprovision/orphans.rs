@@ -69,8 +69,8 @@ pub fn is_seed_iso(volume: &str) -> bool {
 /// may not have been readable; such a seed goes with its VM). `used_isos` maps VMIDs of every VM
 /// read (ours and anyone else's: a seed attached anywhere is in use) to the ISO volumes their
 /// configs use.
-pub fn find_orphans<'a>(
-    vms: impl IntoIterator<Item = &'a VmResource>,
+pub fn find_orphans(
+    vms: &[VmResource],
     live_requests: &BTreeSet<String>,
     provider_id: &str,
     isos: &[OrphanIso],
@@ -88,10 +88,7 @@ pub fn find_orphans<'a>(
         .iter()
         .map(|r| seed_iso_file_name(r).to_ascii_lowercase())
         .collect();
-    for vm in vms
-        .into_iter()
-        .filter(|vm| identity::made_by(vm, provider_id))
-    {
+    for vm in vms.iter().filter(|vm| identity::made_by(vm, provider_id)) {
         let tags = vm.tag_list();
         let tagged = identity::tagged_request(&tags);
         for named in [tagged, vm.name.as_deref()].into_iter().flatten() {
