@@ -295,8 +295,12 @@ async fn offline_node_is_transient_and_cluster_still_lists_it() {
     let report = omni_infra_provider_proxmox::cli::cluster::gather(&pve, &Default::default())
         .await
         .unwrap();
-    let pve3 = report.nodes.iter().find(|n| n.name == "pve3").unwrap();
-    assert_eq!(pve3.status, NodeState::Offline);
+    let pve3 = report
+        .nodes
+        .iter()
+        .find(|n| n.node.node.as_str() == "pve3")
+        .unwrap();
+    assert_eq!(pve3.node.status, NodeState::Offline);
     assert!(pve3.storages.is_none());
 }
 

@@ -45,8 +45,8 @@ use serde::Serialize;
 use super::{CliResult, OutputFormat};
 use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::cluster::ClusterHealth;
-use crate::proxmox::ha::HaRule;
-use crate::proxmox::types::{NodeName, NodeState, NodeStorage};
+use crate::proxmox::ha::{HaRule, problems_line};
+use crate::proxmox::types::{NodeName, NodeResource, NodeState, NodeStorage, content_types};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::is_set_rule;
 use crate::rules::placement::{self, PlacementLimits, Reservations};
@@ -61,7 +61,7 @@ pub struct ClusterArgs {
     pub output: OutputFormat,
 }
 
-#[derive(Debug, Serialize, PartialEq)]
+#[derive(Debug, Serialize)]
 pub struct ClusterReport {
     pub api_url: String,
     pub version: String,
@@ -70,7 +70,8 @@ pub struct ClusterReport {
     /// The config's `placement:` limits the nodes' `vcpus_limit` and `memory_limit` come from.
     pub cpu_overcommit: f64,
     pub memory_overcommit: f64,
-    pub ha_rules: Option<Vec<HaRuleReport>>,
+    /// The machine sets' own HA rules.
+    pub ha_rules: Option<Vec<HaRule>>,
     pub ha_rules_error: Option<String>,
     /// Quorum and corosync membership (`GET /cluster/status`); `null` with the reason in
     /// `cluster_health_error` when it cannot be read.
@@ -78,56 +79,10 @@ pub struct ClusterReport {
     pub cluster_health_error: Option<String>,
 }
 
-/// A machine set's HA rule as Proxmox holds it.
-#[derive(Debug, Serialize, PartialEq)]
-pub struct HaRuleReport {
-    pub rule: String,
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub resources: Vec<String>,
-    pub nodes: Option<String>,
-    pub strict: bool,
-    pub affinity: Option<String>,
-    /// Why the HA manager does not apply it, as Proxmox says.
-    pub problems: Option<String>,
-}
-
-impl HaRuleReport {
-    fn of(rule: &HaRule) -> Self {
-        Self {
-            rule: rule.rule.clone(),
-            kind: rule.kind.clone(),
-            resources: rule
-                .resource_list()
-                .into_iter()
-                .map(str::to_owned)
-                .collect(),
-            nodes: rule.nodes.clone(),
-            strict: rule.strict,
-            affinity: rule.affinity.clone(),
-            problems: rule.errors.as_ref().map(|e| match e {
-                serde_json::Value::Object(m) => m
-                    .iter()
-                    .map(|(k, v)| {
-                        format!("{k}: {}", v.as_str().map_or(v.to_string(), str::to_owned))
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; "),
-                other => other.to_string(),
-            }),
-        }
-    }
-}
-
-#[derive(Debug, Serialize, PartialEq)]
+#[derive(Debug, Serialize)]
 pub struct NodeReport {
-    pub name: String,
-    pub status: NodeState,
-    pub cpu_usage: Option<f64>,
-    pub cpus: Option<u64>,
-    pub memory_used: Option<u64>,
-    pub memory_total: Option<u64>,
-    pub uptime: Option<u64>,
+    #[serde(flatten)]
+    pub node: NodeResource,
     pub vms: usize,
     pub running_vms: usize,
     /// vCPUs given to the node's VMs, running or stopped (placement's count).
@@ -142,23 +97,15 @@ pub struct NodeReport {
     pub storage_error: Option<String>,
 }
 
-#[derive(Debug, Serialize, PartialEq)]
+#[derive(Debug, Serialize)]
 pub struct StorageReport {
-    pub name: String,
-    #[serde(rename = "type")]
-    pub storage_type: String,
-    pub content: Vec<String>,
-    pub shared: bool,
-    pub active: bool,
-    pub enabled: bool,
-    pub used: Option<u64>,
-    pub total: Option<u64>,
-    pub available: Option<u64>,
+    #[serde(flatten)]
+    pub storage: NodeStorage,
     pub holds_vm_disks: bool,
     pub holds_iso: bool,
 }
 
-#[derive(Debug, Serialize, PartialEq)]
+#[derive(Debug, Serialize)]
 pub struct TemplateReport {
     pub vmid: u32,
     pub name: Option<String>,
@@ -168,7 +115,7 @@ pub struct TemplateReport {
 pub async fn run(args: ClusterArgs) -> CliResult {
     // Warnings (such as TLS verification being off) go to stderr; stdout stays clean for `--output json`.
     crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
-    let (config, _) = super::load_config(&args.config_file)?;
+    let config = super::load_config(&args.config_file)?;
     let client = ProxmoxClient::new(&config.proxmox)?;
     let report = gather(&client, &config.placement).await?;
     args.output.print(&report, render_table)
@@ -208,12 +155,11 @@ pub async fn gather(
         }
         read => read.map_err(|e| e.to_string()),
     };
-    let set_rules = |rules: Vec<HaRule>| {
-        let rules = rules.iter().filter(|r| is_set_rule(&r.rule));
-        rules.map(HaRuleReport::of).collect()
-    };
-    (report.ha_rules, report.ha_rules_error) =
-        (rules.as_ref().ok().cloned().map(set_rules), rules.err());
+    let set_rules = |rules: Vec<HaRule>| rules.into_iter().filter(|r| is_set_rule(&r.rule));
+    (report.ha_rules, report.ha_rules_error) = (
+        rules.as_ref().ok().cloned().map(|r| set_rules(r).collect()),
+        rules.err(),
+    );
     Ok(report)
 }
 
@@ -239,13 +185,7 @@ pub fn build_report(
                 .node(n.node.as_str())
                 .map(|node| placement::allocation(node, limits, &Reservations::default(), ""));
             NodeReport {
-                name: n.node.to_string(),
-                status: n.status,
-                cpu_usage: n.cpu,
-                cpus: n.maxcpu,
-                memory_used: n.mem,
-                memory_total: n.maxmem,
-                uptime: n.uptime,
+                node: n.clone(),
                 vms: on_node().count(),
                 running_vms: on_node().filter(|vm| vm.is_running()).count(),
                 vcpus_allocated: given.map_or(0, |a| a.cpus_allocated),
@@ -257,7 +197,7 @@ pub fn build_report(
             }
         })
         .collect();
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    nodes.sort_by(|a, b| a.node.node.cmp(&b.node.node));
     let mut templates: Vec<TemplateReport> = resources
         .templates()
         .map(|vm| TemplateReport {
@@ -283,21 +223,7 @@ pub fn build_report(
 
 fn storage_report(s: &NodeStorage) -> StorageReport {
     StorageReport {
-        name: s.storage.clone(),
-        storage_type: s.storage_type.clone(),
-        content: s
-            .content
-            .split(',')
-            .map(str::trim)
-            .filter(|c| !c.is_empty())
-            .map(str::to_owned)
-            .collect(),
-        shared: s.shared,
-        active: s.active,
-        enabled: s.enabled,
-        used: s.used,
-        total: s.total,
-        available: s.avail,
+        storage: s.clone(),
         holds_vm_disks: s.holds("images"),
         holds_iso: s.holds("iso"),
     }
@@ -365,8 +291,8 @@ fn render_ha_rules(out: &mut String, r: &ClusterReport) {
             h.rule.clone(),
             h.kind.clone(),
             what,
-            h.resources.join(","),
-            h.problems.clone().unwrap_or_default(),
+            h.resource_list().join(","),
+            problems_line(&h.errors).unwrap_or_default(),
         ]
     });
     let header = ["HA RULE", "TYPE", "KEEPS", "VMS", "PROBLEMS"];
@@ -397,14 +323,15 @@ fn render_nodes(out: &mut String, r: &ClusterReport) {
 }
 
 fn node_row(n: &NodeReport) -> Vec<String> {
+    let node = &n.node;
     vec![
-        n.name.clone(),
-        state_word(n.status).to_owned(),
-        match (n.cpu_usage, n.cpus) {
+        node.node.to_string(),
+        state_word(node.status).to_owned(),
+        match (node.cpu, node.maxcpu) {
             (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
             _ => "-".into(),
         },
-        match (n.memory_used, n.memory_total) {
+        match (node.mem, node.maxmem) {
             (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
             _ => "-".into(),
         },
@@ -440,9 +367,10 @@ fn render_storages(out: &mut String, nodes: &[NodeReport]) {
 }
 
 fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
+    let name = n.node.node.to_string();
     let Some(list) = &n.storages else {
         return vec![vec![
-            n.name.clone(),
+            name,
             format!(
                 "(storages not shown: {})",
                 n.storage_error.as_deref().unwrap_or("unknown")
@@ -450,19 +378,20 @@ fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
         ]];
     };
     list.iter()
-        .map(|s| {
+        .map(|report| {
+            let s = &report.storage;
             vec![
-                n.name.clone(),
-                s.name.clone(),
+                name.clone(),
+                s.storage.clone(),
                 s.storage_type.clone(),
-                s.content.join(","),
+                content_types(&s.content).collect::<Vec<_>>().join(","),
                 yes_no(s.shared),
                 yes_no(s.active && s.enabled),
                 match (s.used, s.total) {
                     (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
                     _ => "-".into(),
                 },
-                yes_no(s.holds_vm_disks),
+                yes_no(report.holds_vm_disks),
             ]
         })
         .collect()
@@ -546,7 +475,7 @@ mod tests {
             "an offline node reports no CPUs"
         );
         assert_eq!(r.nodes[0].running_vms, 1);
-        assert_eq!(r.nodes[1].status, NodeState::Offline);
+        assert_eq!(r.nodes[1].node.status, NodeState::Offline);
         assert_eq!(r.nodes[1].storage_error.as_deref(), Some("node is offline"));
         assert!(r.nodes[0].storages.as_ref().unwrap()[0].holds_vm_disks);
         assert_eq!(r.templates[0].vmid, 9000);

@@ -41,24 +41,31 @@ use serde::Serialize;
 use crate::config::ProviderConfig;
 use crate::omni::client::OmniClient;
 use crate::omni::transport;
-use crate::rules::provider_data::ProviderDataSchema;
+use crate::rules::provider_data::{Problem, ProviderDataSchema};
 use omni_args::OmniArgs;
 
-/// Loads the config file for a command and logs, once, what it got wrong without being refused:
-/// unknown keys with their "did you mean" (in the file and in `defaults:` and `nodes:`), a token and
-/// a password both set. Every command that reads the file says so, so that a misspelt
-/// `insecureSkipVerify` is named instead of surfacing as a certificate error.
-pub fn load_config(path: &Path) -> Result<(ProviderConfig, ProviderDataSchema), BoxError> {
+/// Reads the config file: the config, what it got wrong without being refused (unknown keys with
+/// their "did you mean", in the file and in `defaults:` and `nodes:`; a token and a password both
+/// set), and the problems of its `defaults:` and `nodes:` as provider data.
+fn read_config(path: &Path) -> Result<(ProviderConfig, Vec<String>, Vec<Problem>), BoxError> {
     let config = ProviderConfig::load(path)?;
-    let schema = ProviderDataSchema::new()?.strict(config.strict);
-    let overrides = schema.check_config(&config.layers);
-    for warning in &config.warnings {
+    let overrides = ProviderDataSchema::new()?
+        .strict(config.strict)
+        .check_config(&config.layers);
+    let mut warnings = config.warnings.clone();
+    warnings.extend(overrides.warnings.iter().map(ToString::to_string));
+    Ok((config, warnings, overrides.problems))
+}
+
+/// Loads the config file for a command and logs, once, what it got wrong. Every command that reads
+/// the file says so, so that a misspelt `insecureSkipVerify` is named instead of surfacing as a
+/// certificate error.
+pub fn load_config(path: &Path) -> Result<ProviderConfig, BoxError> {
+    let (config, warnings, _) = read_config(path)?;
+    for warning in &warnings {
         tracing::warn!("config file {}: {warning}", path.display());
     }
-    for warning in &overrides.warnings {
-        tracing::warn!("config file {}: {warning}", path.display());
-    }
-    Ok((config, schema))
+    Ok(config)
 }
 
 /// What the commands that read Omni start with: the connection from the flags (refused with
@@ -66,13 +73,13 @@ pub fn load_config(path: &Path) -> Result<(ProviderConfig, ProviderDataSchema), 
 fn omni_and_config(
     omni: &OmniArgs,
     config_file: &Path,
-    missing: impl std::error::Error + Send + Sync + 'static,
+    missing: &str,
 ) -> Result<(ProviderConfig, OmniClient), BoxError> {
     if !omni.is_set() {
         return Err(missing.into());
     }
     let (endpoint, key) = omni.connection()?;
-    let (config, _) = load_config(config_file)?;
+    let config = load_config(config_file)?;
     transport::install_crypto_provider();
     let client = OmniClient::connect(&endpoint, Arc::new(key), &omni.id)?;
     Ok((config, client))

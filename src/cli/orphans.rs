@@ -36,7 +36,7 @@ use crate::pipeline::deprovision::{
     deprovision_reporting, find_orphans, iso_volumes_in,
 };
 use crate::proxmox::property::IsoVolume;
-use crate::proxmox::types::{NodeName, VmId, VmResource};
+use crate::proxmox::types::{NodeName, VmId, VmResource, content_types};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
 use crate::telemetry::{self, LogFormat};
@@ -62,12 +62,10 @@ pub struct OrphansArgs {
     pub omni: OmniArgs,
 }
 
+const NEEDS_OMNI: &str = "orphans needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): without the list of live MachineRequests every VM of ours would look orphaned";
+
 #[derive(Debug, thiserror::Error)]
 pub enum OrphansError {
-    #[error(
-        "orphans needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): without the list of live MachineRequests every VM of ours would look orphaned"
-    )]
-    NoOmni,
     #[error("{0} orphan(s) could not be deleted (see above)")]
     DeleteFailed(usize),
     #[error(
@@ -112,8 +110,7 @@ struct JsonReport<'a> {
 
 pub async fn run(args: OrphansArgs) -> CliResult {
     telemetry::init_logging(LogFormat::Text, "warn")?;
-    let (config, omni) =
-        super::omni_and_config(&args.omni, &args.config_file, OrphansError::NoOmni)?;
+    let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, NEEDS_OMNI)?;
     let reads = ["list the MachineRequests"; 2];
     let (live, states) = omni_records(&omni, &args.omni.id, reads).await?;
     // Those whose MachineRequest is gone (the same counting as the `pools` command).
@@ -178,10 +175,8 @@ pub async fn scan(
     let mut shared_done = BTreeSet::new();
     let mut offline_nodes = BTreeSet::new();
     for storage in view.storages() {
-        let holds_iso = storage
-            .content
-            .as_deref()
-            .is_some_and(|c| c.split(',').any(|c| c.trim() == "iso"));
+        let content = storage.content.as_deref().unwrap_or_default();
+        let holds_iso = content_types(content).any(|c| c == "iso");
         if !holds_iso || (storage.shared && shared_done.contains(&storage.storage)) {
             continue;
         }
@@ -438,7 +433,7 @@ mod tests {
             args: OrphansArgs,
         }
         let refusal = |args: &OrphansArgs| {
-            super::super::omni_and_config(&args.omni, &args.config_file, OrphansError::NoOmni)
+            super::super::omni_and_config(&args.omni, &args.config_file, NEEDS_OMNI)
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default()

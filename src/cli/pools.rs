@@ -40,21 +40,6 @@ pub struct PoolsArgs {
     pub omni: OmniArgs,
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "pools needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): the allocations are recorded in the provider states there"
-)]
-pub struct NoOmni;
-
-/// A read of Omni failed: which, for which provider, and why.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot {what} of provider {provider_id} in Omni: {message}")]
-pub struct OmniReadError {
-    what: &'static str,
-    provider_id: String,
-    message: String,
-}
-
 #[derive(Serialize)]
 struct JsonReport<'a> {
     pools: &'a [PoolUse],
@@ -63,7 +48,8 @@ struct JsonReport<'a> {
 
 pub async fn run(args: PoolsArgs) -> CliResult {
     telemetry::init_logging(LogFormat::Text, "warn")?;
-    let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, NoOmni)?;
+    let needs = "pools needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): the allocations are recorded in the provider states there";
+    let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, needs)?;
     let reads = ["read the machine requests", "read the provider states"];
     let (live, states) = omni_records(&omni, &args.omni.id, reads).await?;
     let reported = if config.ip_pools.is_empty() {
@@ -139,24 +125,21 @@ pub(super) fn holding_row(h: &Holding) -> Vec<String> {
 pub(super) async fn omni_records(
     omni: &OmniClient,
     provider_id: &str,
-    reads: [&'static str; 2],
-) -> Result<(BTreeSet<String>, Vec<(String, Vec<IpAllocation>)>), OmniReadError> {
-    let failed = |what| {
-        move |e: StateError| OmniReadError {
-            what,
-            provider_id: provider_id.to_owned(),
-            message: super::render_error(&e),
-        }
+    reads: [&str; 2],
+) -> Result<(BTreeSet<String>, Vec<(String, Vec<IpAllocation>)>), String> {
+    let failed = |what: &str, e: StateError| {
+        let why = super::render_error(&e);
+        format!("cannot {what} of provider {provider_id} in Omni: {why}")
     };
     let selector = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id);
     let requests = omni.state.list(&MachineRequest, vec![selector]).await;
-    let requests = requests.map_err(failed(reads[0]))?;
+    let requests = requests.map_err(|e| failed(reads[0], e))?;
     tracing::debug!(namespace = %MachineRequest.namespace(), count = requests.len(), "live machine requests");
     let states = omni
         .state
         .list(&ProviderMachine::new(provider_id), vec![])
         .await;
-    let states = states.map_err(failed(reads[1]))?;
+    let states = states.map_err(|e| failed(reads[1], e))?;
     let allocations = states.iter().map(|m| {
         let state = MachineState::from_spec(&m.spec);
         (m.id().to_owned(), state.ip_allocations)

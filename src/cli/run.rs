@@ -146,19 +146,11 @@ impl Settings {
         let path = (args.config_file.as_ref()).ok_or(
             "--config-file (or CONFIG_FILE) is required: the provider needs the Proxmox connection settings",
         )?;
-        let config = ProviderConfig::load(path)?;
-        let schema = ProviderDataSchema::new()?.strict(config.strict);
-        let overrides = schema.check_config(&config.layers);
-        if !overrides.problems.is_empty() {
-            let problems = crate::rules::provider_data::describe(&overrides.problems);
+        let (config, config_warnings, problems) = super::read_config(path)?;
+        if !problems.is_empty() {
+            let problems = crate::rules::provider_data::describe(&problems);
             return Err(format!("config file {}: {problems}", path.display()).into());
         }
-        let config_warnings = config
-            .warnings
-            .iter()
-            .cloned()
-            .chain(overrides.warnings.iter().map(|w| w.to_string()))
-            .collect();
         let (endpoint, key) = args.omni.connection()?;
         let timings = Timings {
             lease_duration: args.leader_elect_lease_duration,
@@ -253,9 +245,6 @@ async fn run_with(
 ) -> CliResult {
     announce_start(&settings);
     let provider_id = settings.info.id.clone();
-    for warning in &settings.config_warnings {
-        tracing::warn!("config file: {warning}");
-    }
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
     // Polled from here on, so a SIGTERM during the start stops the provider cleanly too.
     tokio::pin!(shutdown);
@@ -294,17 +283,25 @@ async fn run_with(
         metrics: metrics.clone(),
     };
     let heartbeat = tokio::spawn(heartbeat.run(stop_rx, roles.clone()));
-    let duties = Duties {
-        state,
-        pve,
-        management: omni.management.clone(),
-        image_factory_url,
-        factory_http,
-        mode,
-        metrics,
-        settings: &settings,
+    // Each term of leadership starts with fresh ledgers and caches: another replica may have
+    // changed anything meanwhile.
+    let term_context = || -> Result<Context, SchemaError> {
+        let services = Services {
+            provider_id: settings.info.id.clone(),
+            pve: pve.clone(),
+            management: omni.management.clone(),
+            schema: ProviderDataSchema::new()?.strict(settings.config.strict),
+            config: settings.config.clone(),
+            ledgers: Default::default(),
+            image_factory_url: image_factory_url.clone(),
+            factory_http: factory_http.clone(),
+            factory_auth: settings.factory_auth.clone(),
+            timeouts: Timeouts::default(),
+            metrics: metrics.clone(),
+        };
+        Ok(Context::new(Arc::new(services), state.clone(), mode))
     };
-    let outcome = duties.while_leading(roles, &mut shutdown).await;
+    let outcome = while_leading(&settings, &state, roles, &mut shutdown, term_context).await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     for task in [Some(part), Some(heartbeat), metrics_server]
@@ -326,6 +323,9 @@ fn announce_start(settings: &Settings) {
         leader_election = settings.leader_election.is_some(),
         "starting"
     );
+    for warning in &settings.config_warnings {
+        tracing::warn!("config file: {warning}");
+    }
 }
 
 /// This process's part until `stop`: a replica in the leader election (its role changes as the
@@ -361,102 +361,71 @@ fn take_part(
     (roles, tokio::spawn(election.run(stop.clone())))
 }
 
-/// What the leader does, and what it needs to do it.
-struct Duties<'a> {
-    /// Fenced: writes only while this replica leads.
-    state: StateClient,
-    pve: ProxmoxClient,
-    management: crate::omni::management::ManagementClient,
-    image_factory_url: String,
-    factory_http: reqwest::Client,
-    mode: crate::omni::join::JoinMode,
-    metrics: Arc<Metrics>,
-    settings: &'a Settings,
-}
-
-impl Duties<'_> {
-    /// Works through every term of leadership until `shutdown`: registers, then reconciles and
-    /// keeps the topology labels, each term with fresh ledgers and caches (another replica may
-    /// have changed anything meanwhile), stopped when the lease is lost.
-    async fn while_leading(
-        &self,
-        mut roles: watch::Receiver<Role>,
-        shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
-    ) -> CliResult {
-        loop {
-            tokio::select! {
-                leading = roles.wait_for(|r| *r == Role::Leader) => if leading.is_err() { return Ok(()) },
-                () = &mut *shutdown => return Ok(()),
-            }
-            let register = until_reachable("registering the provider status", || {
-                registration::register(&self.state, &self.settings.info)
-            });
-            let registered = tokio::select! {
-                r = register => r,
-                _ = roles.wait_for(|r| *r != Role::Leader) => continue,
-                () = &mut *shutdown => return Ok(()),
-            };
-            match registered {
-                Ok(()) => tracing::info!("registered provider status"),
-                Err(StateError::Fenced { .. }) => continue,
-                Err(e) => return Err(e.into()),
-            }
-            let (stop, tasks) = self.start_term()?;
-            let done = tokio::select! {
-                _ = roles.wait_for(|r| *r != Role::Leader) => false,
-                () = &mut *shutdown => true,
-            };
-            // Reconciles in flight finish within the runner's grace (a fenced write fails at once,
-            // which is where a term that lost the lease stops), then the term's state goes.
-            let _ = stop.send(true);
-            for task in tasks {
-                let _ = task.await;
-            }
-            if done {
-                return Ok(());
-            }
+/// Works through every term of leadership until `shutdown`: registers, then reconciles and keeps
+/// the topology labels, each term with the context `term_context` makes, stopped when the lease is
+/// lost.
+async fn while_leading(
+    settings: &Settings,
+    state: &StateClient,
+    mut roles: watch::Receiver<Role>,
+    shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    term_context: impl Fn() -> Result<Context, SchemaError>,
+) -> CliResult {
+    loop {
+        tokio::select! {
+            leading = roles.wait_for(|r| *r == Role::Leader) => if leading.is_err() { return Ok(()) },
+            () = &mut *shutdown => return Ok(()),
+        }
+        let register = until_reachable("registering the provider status", || {
+            registration::register(state, &settings.info)
+        });
+        let registered = tokio::select! {
+            r = register => r,
+            _ = roles.wait_for(|r| *r != Role::Leader) => continue,
+            () = &mut *shutdown => return Ok(()),
+        };
+        match registered {
+            Ok(()) => tracing::info!("registered provider status"),
+            Err(StateError::Fenced { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        let (stop, tasks) = start_term(settings, term_context()?);
+        let done = tokio::select! {
+            _ = roles.wait_for(|r| *r != Role::Leader) => false,
+            () = &mut *shutdown => true,
+        };
+        // Reconciles in flight finish within the runner's grace (a fenced write fails at once,
+        // which is where a term that lost the lease stops), then the term's state goes.
+        let _ = stop.send(true);
+        for task in tasks {
+            let _ = task.await;
+        }
+        if done {
+            return Ok(());
         }
     }
+}
 
-    /// One term of leadership: the reconcile workers and the housekeeping round, until the sender
-    /// sends `true`.
-    fn start_term(&self) -> Result<(watch::Sender<bool>, [JoinHandle<()>; 2]), SchemaError> {
-        let settings = self.settings;
-        let services = Arc::new(Services {
-            provider_id: settings.info.id.clone(),
-            pve: self.pve.clone(),
-            management: self.management.clone(),
-            schema: ProviderDataSchema::new()?.strict(settings.config.strict),
-            config: settings.config.clone(),
-            ledgers: Default::default(),
-            image_factory_url: self.image_factory_url.clone(),
-            factory_http: self.factory_http.clone(),
-            factory_auth: settings.factory_auth.clone(),
-            timeouts: Timeouts::default(),
-            metrics: self.metrics.clone(),
-        });
-        let context = Arc::new(
-            Context::new(services, self.state.clone(), self.mode)
-                .with_concurrency(settings.args.concurrency),
-        );
-        let (stop, stop_rx) = watch::channel(false);
-        // With replicas, a standby waits for this one's in-flight work: it gets a moment to finish,
-        // then stops where it is, and the next leader resumes it from the provider state.
-        let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
-        let controller =
-            Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
-        let topology = tokio::spawn(crate::controller::housekeeping::run(
-            context,
-            settings.args.topology_interval,
-            stop_rx.clone(),
-        ));
-        let reconciling = tokio::spawn(controller.run(stop_rx));
-        tracing::info!(
-            concurrency = settings.args.concurrency,
-            "watching machine requests"
-        );
-        Ok((stop, [reconciling, topology]))
-    }
+/// One term of leadership: the reconcile workers and the housekeeping round, until the sender
+/// sends `true`.
+fn start_term(settings: &Settings, context: Context) -> (watch::Sender<bool>, [JoinHandle<()>; 2]) {
+    let context = Arc::new(context.with_concurrency(settings.args.concurrency));
+    let (stop, stop_rx) = watch::channel(false);
+    // With replicas, a standby waits for this one's in-flight work: it gets a moment to finish,
+    // then stops where it is, and the next leader resumes it from the provider state.
+    let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
+    let controller = Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
+    let topology = tokio::spawn(crate::controller::housekeeping::run(
+        context,
+        settings.args.topology_interval,
+        stop_rx.clone(),
+    ));
+    let reconciling = tokio::spawn(controller.run(stop_rx));
+    tracing::info!(
+        concurrency = settings.args.concurrency,
+        "watching machine requests"
+    );
+    (stop, [reconciling, topology])
 }
 
 /// How long a leader's in-flight reconciles may run on when it stops leading or shuts down, before

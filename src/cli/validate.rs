@@ -35,20 +35,6 @@ pub struct ValidateArgs {
     pub provider_data: PathBuf,
 }
 
-/// The provider data has problems; the report above says which.
-#[derive(Debug, thiserror::Error)]
-#[error("the provider data has {problems} problem(s); see the report")]
-pub struct ValidationFailed {
-    pub problems: usize,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("cannot read provider data from {path}: {source}")]
-pub struct ReadError {
-    path: String,
-    source: std::io::Error,
-}
-
 pub async fn run(args: ValidateArgs) -> CliResult {
     crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
     let class_yaml = read_provider_data(&args.provider_data)?;
@@ -77,22 +63,17 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     );
     args.output.print(&report, Report::render_text)?;
     if report.ok {
-        Ok(())
-    } else {
-        Err(Box::new(ValidationFailed {
-            problems: report.problems,
-        }))
+        return Ok(());
     }
+    let problems = report.problems;
+    Err(format!("the provider data has {problems} problem(s); see the report").into())
 }
 
-fn read_provider_data(path: &Path) -> Result<String, ReadError> {
+fn read_provider_data(path: &Path) -> Result<String, String> {
     let (shown, read) = if path == Path::new("-") {
         ("stdin".into(), std::io::read_to_string(std::io::stdin()))
     } else {
         (path.display().to_string(), std::fs::read_to_string(path))
     };
-    read.map_err(|source| ReadError {
-        path: shown,
-        source,
-    })
+    read.map_err(|e| format!("cannot read provider data from {shown}: {e}"))
 }

@@ -16,7 +16,8 @@
 //!   The parameter is never sent: PVE 8 and 9.0 with an older pve-ha-manager refuse it as not in
 //!   their schema (`additionalProperties 0`), and where it exists its default is what we want.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::client::Replay::{OnlyIfUnsent, Safe};
 use super::client::{DELETE, POST, PUT, Params, ProxmoxClient};
@@ -50,13 +51,15 @@ pub fn vm_sid(vmid: VmId) -> String {
     format!("vm:{vmid}")
 }
 
-/// An HA rule as `GET /cluster/ha/rules` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// An HA rule as `GET /cluster/ha/rules` lists it, serialized as the `cluster` command's report
+/// shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct HaRule {
     pub rule: String,
     #[serde(rename = "type")]
     pub kind: String,
-    /// Comma-separated sids, sorted (pve-ha-manager Rules.pm `encode_value`).
+    /// Comma-separated sids, sorted (pve-ha-manager Rules.pm `encode_value`); written as a list.
+    #[serde(serialize_with = "sid_list")]
     pub resources: Option<String>,
     /// Node-affinity rules: comma-separated `node[:priority]`.
     pub nodes: Option<String>,
@@ -65,10 +68,33 @@ pub struct HaRule {
     /// Resource-affinity rules: `positive` or `negative`.
     pub affinity: Option<String>,
     /// The digest of the whole rules file, the same on every rule of one answer.
+    #[serde(skip_serializing)]
     pub digest: Option<String>,
     /// Why the HA manager does not apply the rule, by property (`check_feasibility`), e.g.
-    /// `{"resources": "rule is ineffective as there are less than two resources"}`.
-    pub errors: Option<serde_json::Value>,
+    /// `{"resources": "rule is ineffective as there are less than two resources"}`; written as
+    /// `problems`, in one line.
+    #[serde(rename(serialize = "problems"), serialize_with = "problems")]
+    pub errors: Option<Value>,
+}
+
+fn sid_list<S: serde::Serializer>(sids: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(split_list(sids.as_deref().unwrap_or_default()))
+}
+
+fn problems<S: serde::Serializer>(errors: &Option<Value>, s: S) -> Result<S::Ok, S::Error> {
+    problems_line(errors).serialize(s)
+}
+
+/// A rule's errors in one line: `property: reason; …`.
+pub fn problems_line(errors: &Option<Value>) -> Option<String> {
+    errors.as_ref().map(|e| match e {
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", v.as_str().map_or(v.to_string(), str::to_owned)))
+            .collect::<Vec<_>>()
+            .join("; "),
+        other => other.to_string(),
+    })
 }
 
 impl HaRule {

@@ -180,19 +180,25 @@ pub fn split_list(list: &str) -> Vec<&str> {
         .collect()
 }
 
-/// A node; usage figures are absent for offline nodes.
-#[derive(Debug, Clone, Deserialize)]
+/// A node; usage figures are absent for offline nodes. Serialized under the names the `cluster`
+/// command's report gives them.
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct NodeResource {
+    #[serde(rename(serialize = "name"))]
     pub node: NodeName,
     #[serde(default)]
     pub status: NodeState,
     #[serde(default, deserialize_with = "lenient::opt_f64")]
+    #[serde(rename(serialize = "cpu_usage"))]
     pub cpu: Option<f64>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
+    #[serde(rename(serialize = "cpus"))]
     pub maxcpu: Option<u64>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
+    #[serde(rename(serialize = "memory_used"))]
     pub mem: Option<u64>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
+    #[serde(rename(serialize = "memory_total"))]
     pub maxmem: Option<u64>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub uptime: Option<u64>,
@@ -213,14 +219,16 @@ pub struct StorageResource {
     pub maxdisk: Option<u64>,
 }
 
-/// One entry of `GET /nodes/{node}/storage`: the storages as seen from that node, with real free space.
-#[derive(Debug, Clone, Deserialize)]
+/// One entry of `GET /nodes/{node}/storage`: the storages as seen from that node, with real free
+/// space. Serialized under the names the `cluster` command's report gives them.
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct NodeStorage {
+    #[serde(rename(serialize = "name"))]
     pub storage: String,
     #[serde(rename = "type")]
     pub storage_type: String,
-    /// Comma-separated content types (`images,rootdir`, `iso,vztmpl,backup`).
-    #[serde(default)]
+    /// Comma-separated content types (`images,rootdir`, `iso,vztmpl,backup`), written as a list.
+    #[serde(default, serialize_with = "content_list")]
     pub content: String,
     #[serde(default, deserialize_with = "lenient::bool")]
     pub shared: bool,
@@ -229,20 +237,30 @@ pub struct NodeStorage {
     #[serde(default = "yes", deserialize_with = "lenient::bool")]
     pub enabled: bool,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub avail: Option<u64>,
+    pub used: Option<u64>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
     pub total: Option<u64>,
     #[serde(default, deserialize_with = "lenient::opt_u64")]
-    pub used: Option<u64>,
+    #[serde(rename(serialize = "available"))]
+    pub avail: Option<u64>,
 }
 
 fn yes() -> bool {
     true
 }
 
+fn content_list<S: serde::Serializer>(content: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(content_types(content))
+}
+
+/// The types of a storage's comma-separated `content`.
+pub fn content_types(content: &str) -> impl Iterator<Item = &str> {
+    content.split(',').map(str::trim).filter(|c| !c.is_empty())
+}
+
 impl NodeStorage {
     pub fn holds(&self, content: &str) -> bool {
-        self.content.split(',').any(|c| c.trim() == content)
+        content_types(&self.content).any(|c| c == content)
     }
 }
 
