@@ -200,6 +200,7 @@ pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ow
     if vm.template || config.get("template").as_deref() == Some("1") {
         return Ownership::NotOurs("it is a template".into());
     }
+    let expected = claim.smbios_uuid.map(str::trim).filter(|u| !u.is_empty());
     let name = config
         .get("name")
         .or_else(|| vm.name.clone())
@@ -220,7 +221,9 @@ pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ow
         Marked::Legacy if claim.recorded_vmid == Some(vm.vmid) => Ownership::Ours,
         // The official provider records the UUID before its create, the VMID only after: a VM it
         // made whose answer was lost is known by the UUID alone, which a copy cannot carry.
-        Marked::Legacy if carries_recorded_uuid(config, claim) => Ownership::Ours,
+        Marked::Legacy if expected.is_some_and(|e| uuid_verdict(config, e).is_none()) => {
+            Ownership::Ours
+        }
         Marked::Legacy => {
             return Ownership::NotOurs(
                 "it has no ownership marker (made by the official provider?) and its VMID was not recorded for this request".into(),
@@ -231,18 +234,10 @@ pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ow
     // A clone not configured yet carries the UUID Proxmox gave it at clone time; ours is set with our
     // tags, so the UUID is checked only once the VM carries them.
     let configured = has_tag(&tag_refs, &provider_tag(claim.provider_id));
-    match claim.smbios_uuid.map(str::trim).filter(|u| !u.is_empty()) {
+    match expected {
         Some(expected) if configured => uuid_verdict(config, expected).unwrap_or(verdict),
         _ => verdict,
     }
-}
-
-/// Whether the VM's SMBIOS UUID is the one recorded for the claim.
-fn carries_recorded_uuid(config: &VmConfig, claim: &Claim<'_>) -> bool {
-    let expected = claim.smbios_uuid.map(str::trim).filter(|u| !u.is_empty());
-    let smbios1 = config.get("smbios1");
-    let actual = smbios1.as_deref().and_then(smbios_uuid);
-    matches!((expected, actual), (Some(e), Some(a)) if a.eq_ignore_ascii_case(e))
 }
 
 /// `Some(NotOurs)` when the VM's SMBIOS UUID is not the one recorded: a VM cloned from ours by hand

@@ -366,13 +366,10 @@ pub fn clone_params(
             identity::description_marker(identity.provider_id, identity.request_id),
         ),
         ("target".to_string(), node.to_string()),
+        ("full".to_string(), u8::from(mode == CloneMode::Full).to_string()),
     ];
-    match mode {
-        CloneMode::Full => {
-            out.push(("full".to_string(), "1".to_string()));
-            out.push(("storage".to_string(), storage.to_string()));
-        }
-        CloneMode::Linked => out.push(("full".to_string(), "0".to_string())),
+    if mode == CloneMode::Full {
+        out.push(("storage".to_string(), storage.to_string()));
     }
     if let Some(pool) = &data.pool {
         out.push(("pool".into(), pool.to_string()));
