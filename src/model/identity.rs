@@ -30,13 +30,9 @@ const REQUEST_TAG_PREFIX: &str = "omni-request.";
 
 /// The tag naming the request a VM was made for: `omni-request.<request id>`. `None` when the ID is not
 /// a valid Proxmox tag (Omni's IDs always are; the VM then simply goes without it).
-pub fn request_tag(request_id: &str) -> Option<String> {
-    if request_id.is_empty() {
-        return None;
-    }
-    Tag::new(format!("{REQUEST_TAG_PREFIX}{request_id}"))
-        .ok()
-        .map(|t| t.as_str().to_owned())
+pub fn request_tag(request_id: &str) -> Option<Tag> {
+    let tag = Tag::new(format!("{REQUEST_TAG_PREFIX}{request_id}"));
+    tag.ok().filter(|_| !request_id.is_empty())
 }
 
 /// The request a VM's tags name (`omni-request.<id>`), if any.
@@ -133,18 +129,6 @@ pub enum Ownership {
     NotOurs(String),
 }
 
-/// What the listing (name + tags) says about a VM.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ListingVerdict {
-    /// Named after the request, with our provider tag and the request tag: ours, no config read.
-    Ours,
-    /// A template, or named otherwise: neither our marker nor the official provider's naming can make
-    /// it ours, so no config read either.
-    NotOurs(String),
-    /// Named after the request (or not named yet) but not tagged conclusively: the config decides.
-    NeedsConfig,
-}
-
 /// The VMs worth judging for a claim: the one at the recorded VMID first (whatever the listing shows
 /// of it), then any other that looks like the request's (see [`looks_like`]).
 pub fn candidates<'a>(
@@ -160,25 +144,29 @@ pub fn candidates<'a>(
     recorded.into_iter().chain(lookalikes).collect()
 }
 
-/// Ownership as far as the listing can decide it: enough for what changes nothing in Proxmox (the
-/// topology labels); adoption and deletion ask [`judge_listing_to_act`].
-pub fn judge_listing(vm: &VmResource, claim: &Claim<'_>) -> ListingVerdict {
+/// Ownership as far as the listing (name + tags) can decide it: enough for what changes nothing in
+/// Proxmox (the topology labels); adoption and deletion ask [`judge_listing_to_act`]. Ours when
+/// named after the request with our provider tag and the request tag; not ours when a template or
+/// named otherwise (neither our marker nor the official provider's naming can make it ours); `None`
+/// when named after the request (or not named yet) but not tagged conclusively: the config decides.
+pub fn judge_listing(vm: &VmResource, claim: &Claim<'_>) -> Option<Ownership> {
     if vm.template {
-        return ListingVerdict::NotOurs("it is a template".into());
+        return Some(Ownership::NotOurs("it is a template".into()));
     }
     let tags = vm.tag_list();
     let tagged = request_tag(claim.request_id).is_some_and(|request| {
-        has_tag(&tags, &provider_tag(claim.provider_id)) && has_tag(&tags, &request)
+        has_tag(&tags, &provider_tag(claim.provider_id)) && has_tag(&tags, request.as_str())
     });
     match vm.name.as_deref() {
-        Some(name) if name == claim.request_id && tagged => ListingVerdict::Ours,
-        Some(name) if name == claim.request_id => ListingVerdict::NeedsConfig,
-        Some(name) => {
-            ListingVerdict::NotOurs(format!("it is named {name:?}, not {:?}", claim.request_id))
-        }
+        Some(name) if name == claim.request_id && tagged => Some(Ownership::Ours),
+        Some(name) if name == claim.request_id => None,
+        Some(name) => Some(Ownership::NotOurs(format!(
+            "it is named {name:?}, not {:?}",
+            claim.request_id
+        ))),
         // pvestatd has not reported the VM yet (created seconds ago, or its node has been away for
         // minutes and its RRD entry expired): the listing cannot tell, the config can.
-        None => ListingVerdict::NeedsConfig,
+        None => None,
     }
 }
 
@@ -186,12 +174,9 @@ pub fn judge_listing(vm: &VmResource, claim: &Claim<'_>) -> ListingVerdict {
 /// tags are copied by anyone who may edit a VM's options (`VM.Config.Options`); the SMBIOS UUID we
 /// gave the VM is not in the listing, and a copy never carries it. So when one was recorded, only
 /// the config ([`judge_config`]) decides; the listing alone still rules a VM out.
-pub fn judge_listing_to_act(vm: &VmResource, claim: &Claim<'_>) -> ListingVerdict {
+pub fn judge_listing_to_act(vm: &VmResource, claim: &Claim<'_>) -> Option<Ownership> {
     let uuid_recorded = claim.smbios_uuid.is_some_and(|u| !u.trim().is_empty());
-    match judge_listing(vm, claim) {
-        ListingVerdict::Ours if uuid_recorded => ListingVerdict::NeedsConfig,
-        other => other,
-    }
+    judge_listing(vm, claim).filter(|o| !(uuid_recorded && *o == Ownership::Ours))
 }
 
 /// Ownership from the VM's config, for when [`judge_listing`] could not decide. The listing's name

@@ -70,10 +70,7 @@ fn tags(data: &ProviderData, identity: &VmIdentity<'_>) -> Result<String, Render
     all.push(Tag::new(identity::provider_tag(identity.provider_id)).map_err(RenderError::Tag)?);
     // Skipped, not an error, for an ID Proxmox would not take as a tag: the marker still identifies
     // the VM, only the one-listing ownership check is lost.
-    if let Some(request) = identity::request_tag(identity.request_id).and_then(|t| Tag::new(t).ok())
-    {
-        all.push(request);
-    }
+    all.extend(identity::request_tag(identity.request_id));
     all.extend(data.tags.iter().cloned());
     Ok(property::tags(&all))
 }
