@@ -278,11 +278,7 @@ pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), V
             Err(p) => problems.push(p),
         }
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems)
-    }
+    problems.is_empty().then_some(()).ok_or(problems)
 }
 
 /// A deterministic MAC per NIC of a request: net0 keeps [`mac_for_request`]'s, the others differ by
