@@ -271,9 +271,7 @@ pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), V
                 if let Some(pool_bridge) = &pool.bridge {
                     *bridge = pool_bridge.clone();
                 }
-                if pool.vlan.is_some() {
-                    *vlan = pool.vlan;
-                }
+                *vlan = pool.vlan.or(*vlan);
             }
             Err(p) => problems.push(p),
         }

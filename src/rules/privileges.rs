@@ -24,8 +24,10 @@ pub const NEEDED_ON_ROOT: [&str; 4] = [
 /// The warning naming the privileges held on `/` beyond [`NEEDED_ON_ROOT`] (sorted), `None` when
 /// there are none.
 pub fn root_warning<'a>(held_on_root: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let held = held_on_root.into_iter().filter(|p| !NEEDED_ON_ROOT.contains(p));
-    let excess: Vec<&str> = held.collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let mut excess: Vec<&str> = held_on_root.into_iter().collect();
+    excess.retain(|p| !NEEDED_ON_ROOT.contains(p));
+    excess.sort_unstable();
+    excess.dedup();
     if excess.is_empty() {
         return None;
     }

@@ -91,6 +91,8 @@ fn common(
     out: &mut Vec<(String, String)>,
 ) -> Result<(), RenderError> {
     let marker = identity::description_marker(identity.provider_id, identity.request_id);
+    // The SMBIOS UUID, which Talos reports as its machine UUID.
+    let uuid = format!("uuid={}", target.smbios_uuid.hyphenated());
     let params = [
         ("description", Some(marker)),
         ("tags", Some(tags(data, identity)?)),
@@ -109,10 +111,11 @@ fn common(
         ("vga", data.vga.map(|v| v.render().into())),
         ("numa", data.numa.then(|| "1".into())),
         ("hugepages", data.hugepages.map(|h| h.render().into())),
-        // The SMBIOS UUID, which Talos reports as its machine UUID.
-        ("smbios1", Some(format!("uuid={}", target.smbios_uuid.hyphenated()))),
+        ("smbios1", Some(uuid)),
     ];
-    out.extend(params.into_iter().filter_map(|(k, v)| Some((k.to_owned(), v?))));
+    for (key, value) in params {
+        out.extend(value.map(|v| (key.to_owned(), v)));
+    }
     devices(data, target, out)?;
     out.push((SEED_CDROM.to_string(), property::cdrom(&target.seed_iso)));
     Ok(())
@@ -340,6 +343,7 @@ pub fn clone_params(
     // The clone call takes no tags, but it takes a description: the marker goes on at clone time, so
     // a crash (or a clone task outliving our wait) before `configure_vm` leaves a VM we can still
     // prove is ours from its config.
+    let full = u8::from(mode == CloneMode::Full);
     let mut out = vec![
         ("newid".to_string(), newid.to_string()),
         ("name".to_string(), identity.request_id.to_string()),
@@ -348,7 +352,7 @@ pub fn clone_params(
             identity::description_marker(identity.provider_id, identity.request_id),
         ),
         ("target".to_string(), node.to_string()),
-        ("full".to_string(), u8::from(mode == CloneMode::Full).to_string()),
+        ("full".to_string(), full.to_string()),
     ];
     if mode == CloneMode::Full {
         out.push(("storage".to_string(), storage.to_string()));

@@ -43,11 +43,7 @@ fn the_listing_alone_decides_when_name_and_both_tags_match() {
         "",
     ] {
         let vm = listed(json!({"vmid": 104, "node": "pve1", "name": "req-1", "tags": tags}));
-        assert_eq!(
-            judge_listing(&vm, &claim(None)),
-            None,
-            "{tags}"
-        );
+        assert_eq!(judge_listing(&vm, &claim(None)), None, "{tags}");
     }
 }
 
@@ -81,10 +77,7 @@ fn a_listing_without_a_name_proves_nothing() {
     // only vmid/node/type plus tags and lock from the config.
     for tags in ["", "omni-provider.proxmox;omni-request.req-1"] {
         let vm = listed(json!({"vmid": 104, "node": "pve1", "tags": tags}));
-        assert_eq!(
-            judge_listing(&vm, &claim(Some(104))),
-            None
-        );
+        assert_eq!(judge_listing(&vm, &claim(Some(104))), None);
     }
 }
 
@@ -321,10 +314,7 @@ fn a_recorded_uuid_makes_the_config_decide_before_acting() {
         ..claim(Some(180))
     };
     assert_eq!(judge_listing(&copy, &with_uuid), Some(Ownership::Ours));
-    assert_eq!(
-        judge_listing_to_act(&copy, &with_uuid),
-        None
-    );
+    assert_eq!(judge_listing_to_act(&copy, &with_uuid), None);
     assert_eq!(
         judge_listing_to_act(&copy, &claim(Some(180))),
         Some(Ownership::Ours),

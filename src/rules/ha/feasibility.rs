@@ -41,7 +41,9 @@ pub fn check_join(m: &HaMembership<'_>, rules: &[HaRule]) -> Result<(), String> 
             keys.join(", ")
         ));
     }
-    let joins = after.iter().filter(|r| r.kind == "resource-affinity" && r.has(NEW));
+    let joins = after
+        .iter()
+        .filter(|r| r.kind == "resource-affinity" && r.has(NEW));
     for rule in joins {
         let members = rule.resource_list();
         let key = key(m, rule).unwrap_or_default();
@@ -87,21 +89,18 @@ pub fn check_join(m: &HaMembership<'_>, rules: &[HaRule]) -> Result<(), String> 
 
 /// The provider-data key that puts the VM in `rule`, `None` for a rule the class does not name.
 fn key(m: &HaMembership<'_>, rule: &HaRule) -> Option<String> {
-    let own = |name: fn(&str) -> String, wanted: bool, key: &str| {
-        let own = m.set.filter(|_| wanted).map(name);
-        (own.as_deref() == Some(rule.rule.as_str())).then(|| key.to_owned())
-    };
     let settings = m.settings;
-    let node_affinity = !settings.node_affinity_nodes.is_empty();
-    own(node_affinity_rule, node_affinity, "ha.node_affinity_nodes")
-        .or_else(|| {
-            let affinity = settings.resource_affinity.is_some();
-            own(resource_affinity_rule, affinity, "ha.spread/ha.resource_affinity")
-        })
-        .or_else(|| {
-            let named = settings.rules.iter().position(|n| *n == rule.rule);
-            named.map(|i| format!("ha.rules[{i}]"))
-        })
+    let own = |name: fn(&str) -> String, wanted: bool| {
+        wanted && m.set.map(name).as_deref() == Some(rule.rule.as_str())
+    };
+    if own(node_affinity_rule, !settings.node_affinity_nodes.is_empty()) {
+        return Some("ha.node_affinity_nodes".into());
+    }
+    if own(resource_affinity_rule, settings.resource_affinity.is_some()) {
+        return Some("ha.spread/ha.resource_affinity".into());
+    }
+    let named = settings.rules.iter().position(|n| *n == rule.rule);
+    named.map(|i| format!("ha.rules[{i}]"))
 }
 
 /// The cluster's rules once the new VM, then the set's other VMs (`set_members`: HA-managed, made
@@ -127,7 +126,8 @@ fn joined(m: &HaMembership<'_>, rules: &[HaRule]) -> Vec<HaRule> {
             sid,
             ..m.clone()
         };
-        for change in plan_join(&member, &after).map(|p| p.changes).unwrap_or_default() {
+        let changes = plan_join(&member, &after).map(|p| p.changes);
+        for change in changes.unwrap_or_default() {
             apply(&mut after, change);
         }
     }
@@ -138,10 +138,8 @@ fn joined(m: &HaMembership<'_>, rules: &[HaRule]) -> Vec<HaRule> {
 fn apply(rules: &mut Vec<HaRule>, change: RuleChange) {
     let new = match change {
         RuleChange::Join { rule, resources } => {
-            let found = rules.iter_mut().find(|r| r.rule == rule.rule);
-            if let Some(r) = found {
-                r.resources = Some(resources.join(","));
-            }
+            let found = rules.iter_mut().filter(|r| r.rule == rule.rule);
+            found.for_each(|r| r.resources = Some(resources.join(",")));
             return;
         }
         RuleChange::Create(new) => new,
