@@ -25,7 +25,7 @@ use super::error_policy::{ReconcileError, omni};
 use super::requests::Request;
 use super::requests::request_info;
 use crate::model::MachineState;
-use crate::model::identity::{self, Claim, ListingVerdict};
+use crate::model::identity::{self, Claim, Ownership};
 use crate::omni::resources::{ConfigPatchRequest, MachineRequest, label};
 use crate::omni::state::{LabelSelector, ResourceRef};
 use crate::proxmox::types::VmResource;
@@ -119,7 +119,7 @@ pub fn wanted(
     };
     match vms.iter().find(|vm| vm.vmid == vmid) {
         // Only a VM the listing alone proves ours: a round never spends a config read per machine.
-        Some(vm) if identity::judge_listing(vm, claim) == ListingVerdict::Ours => {
+        Some(vm) if identity::judge_listing(vm, claim) == Some(Ownership::Ours) => {
             Wanted::Patch(patch_yaml(vm.node.as_str(), region))
         }
         _ => Wanted::Unknown,

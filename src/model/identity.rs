@@ -30,13 +30,9 @@ const REQUEST_TAG_PREFIX: &str = "omni-request.";
 
 /// The tag naming the request a VM was made for: `omni-request.<request id>`. `None` when the ID is not
 /// a valid Proxmox tag (Omni's IDs always are; the VM then simply goes without it).
-pub fn request_tag(request_id: &str) -> Option<String> {
-    if request_id.is_empty() {
-        return None;
-    }
-    Tag::new(format!("{REQUEST_TAG_PREFIX}{request_id}"))
-        .ok()
-        .map(|t| t.as_str().to_owned())
+pub fn request_tag(request_id: &str) -> Option<Tag> {
+    let tag = Tag::new(format!("{REQUEST_TAG_PREFIX}{request_id}"));
+    tag.ok().filter(|_| !request_id.is_empty())
 }
 
 /// The request a VM's tags name (`omni-request.<id>`), if any.
@@ -133,18 +129,6 @@ pub enum Ownership {
     NotOurs(String),
 }
 
-/// What the listing (name + tags) says about a VM.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ListingVerdict {
-    /// Named after the request, with our provider tag and the request tag: ours, no config read.
-    Ours,
-    /// A template, or named otherwise: neither our marker nor the official provider's naming can make
-    /// it ours, so no config read either.
-    NotOurs(String),
-    /// Named after the request (or not named yet) but not tagged conclusively: the config decides.
-    NeedsConfig,
-}
-
 /// The VMs worth judging for a claim: the one at the recorded VMID first (whatever the listing shows
 /// of it), then any other that looks like the request's (see [`looks_like`]).
 pub fn candidates<'a>(
@@ -160,25 +144,29 @@ pub fn candidates<'a>(
     recorded.into_iter().chain(lookalikes).collect()
 }
 
-/// Ownership as far as the listing can decide it: enough for what changes nothing in Proxmox (the
-/// topology labels); adoption and deletion ask [`judge_listing_to_act`].
-pub fn judge_listing(vm: &VmResource, claim: &Claim<'_>) -> ListingVerdict {
+/// Ownership as far as the listing (name + tags) can decide it: enough for what changes nothing in
+/// Proxmox (the topology labels); adoption and deletion ask [`judge_listing_to_act`]. Ours when
+/// named after the request with our provider tag and the request tag; not ours when a template or
+/// named otherwise (neither our marker nor the official provider's naming can make it ours); `None`
+/// when named after the request (or not named yet) but not tagged conclusively: the config decides.
+pub fn judge_listing(vm: &VmResource, claim: &Claim<'_>) -> Option<Ownership> {
     if vm.template {
-        return ListingVerdict::NotOurs("it is a template".into());
+        return Some(Ownership::NotOurs("it is a template".into()));
     }
     let tags = vm.tag_list();
     let tagged = request_tag(claim.request_id).is_some_and(|request| {
-        has_tag(&tags, &provider_tag(claim.provider_id)) && has_tag(&tags, &request)
+        has_tag(&tags, &provider_tag(claim.provider_id)) && has_tag(&tags, request.as_str())
     });
     match vm.name.as_deref() {
-        Some(name) if name == claim.request_id && tagged => ListingVerdict::Ours,
-        Some(name) if name == claim.request_id => ListingVerdict::NeedsConfig,
-        Some(name) => {
-            ListingVerdict::NotOurs(format!("it is named {name:?}, not {:?}", claim.request_id))
-        }
+        Some(name) if name == claim.request_id && tagged => Some(Ownership::Ours),
+        Some(name) if name == claim.request_id => None,
+        Some(name) => Some(Ownership::NotOurs(format!(
+            "it is named {name:?}, not {:?}",
+            claim.request_id
+        ))),
         // pvestatd has not reported the VM yet (created seconds ago, or its node has been away for
         // minutes and its RRD entry expired): the listing cannot tell, the config can.
-        None => ListingVerdict::NeedsConfig,
+        None => None,
     }
 }
 
@@ -186,12 +174,9 @@ pub fn judge_listing(vm: &VmResource, claim: &Claim<'_>) -> ListingVerdict {
 /// tags are copied by anyone who may edit a VM's options (`VM.Config.Options`); the SMBIOS UUID we
 /// gave the VM is not in the listing, and a copy never carries it. So when one was recorded, only
 /// the config ([`judge_config`]) decides; the listing alone still rules a VM out.
-pub fn judge_listing_to_act(vm: &VmResource, claim: &Claim<'_>) -> ListingVerdict {
+pub fn judge_listing_to_act(vm: &VmResource, claim: &Claim<'_>) -> Option<Ownership> {
     let uuid_recorded = claim.smbios_uuid.is_some_and(|u| !u.trim().is_empty());
-    match judge_listing(vm, claim) {
-        ListingVerdict::Ours if uuid_recorded => ListingVerdict::NeedsConfig,
-        other => other,
-    }
+    judge_listing(vm, claim).filter(|o| !(uuid_recorded && *o == Ownership::Ours))
 }
 
 /// Ownership from the VM's config, for when [`judge_listing`] could not decide. The listing's name
@@ -200,6 +185,7 @@ pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ow
     if vm.template || config.get("template").as_deref() == Some("1") {
         return Ownership::NotOurs("it is a template".into());
     }
+    let expected = claim.smbios_uuid.map(str::trim).filter(|u| !u.is_empty());
     let name = config
         .get("name")
         .or_else(|| vm.name.clone())
@@ -220,7 +206,9 @@ pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ow
         Marked::Legacy if claim.recorded_vmid == Some(vm.vmid) => Ownership::Ours,
         // The official provider records the UUID before its create, the VMID only after: a VM it
         // made whose answer was lost is known by the UUID alone, which a copy cannot carry.
-        Marked::Legacy if carries_recorded_uuid(config, claim) => Ownership::Ours,
+        Marked::Legacy if expected.is_some_and(|e| uuid_verdict(config, e).is_none()) => {
+            Ownership::Ours
+        }
         Marked::Legacy => {
             return Ownership::NotOurs(
                 "it has no ownership marker (made by the official provider?) and its VMID was not recorded for this request".into(),
@@ -231,18 +219,10 @@ pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ow
     // A clone not configured yet carries the UUID Proxmox gave it at clone time; ours is set with our
     // tags, so the UUID is checked only once the VM carries them.
     let configured = has_tag(&tag_refs, &provider_tag(claim.provider_id));
-    match claim.smbios_uuid.map(str::trim).filter(|u| !u.is_empty()) {
+    match expected {
         Some(expected) if configured => uuid_verdict(config, expected).unwrap_or(verdict),
         _ => verdict,
     }
-}
-
-/// Whether the VM's SMBIOS UUID is the one recorded for the claim.
-fn carries_recorded_uuid(config: &VmConfig, claim: &Claim<'_>) -> bool {
-    let expected = claim.smbios_uuid.map(str::trim).filter(|u| !u.is_empty());
-    let smbios1 = config.get("smbios1");
-    let actual = smbios1.as_deref().and_then(smbios_uuid);
-    matches!((expected, actual), (Some(e), Some(a)) if a.eq_ignore_ascii_case(e))
 }
 
 /// `Some(NotOurs)` when the VM's SMBIOS UUID is not the one recorded: a VM cloned from ours by hand

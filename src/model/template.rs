@@ -4,7 +4,7 @@
 //! those storages is shared, and of which type).
 
 use super::cluster::ClusterSnapshot;
-use super::vm::{BootDisk, cloud_init_drives, is_drive_key};
+use super::vm::{BootDisk, cloud_init_drives, is_cdrom, is_drive_key};
 use crate::proxmox::property::StorageId;
 use crate::proxmox::types::{NodeName, VmConfig, VmResource};
 
@@ -51,13 +51,12 @@ impl TemplateFacts {
             .filter(|slot| is_drive_key(slot))
             .filter_map(|slot| {
                 let value = config.get(slot)?;
-                let mut parts = value.split(',');
-                let volume = parts.next()?.trim();
+                let volume = value.split(',').next()?.trim();
                 let (storage, _) = volume.split_once(':')?;
                 if storage.is_empty() || volume.starts_with('/') {
                     return None;
                 }
-                let cdrom = value.split(',').any(|p| p.trim() == "media=cdrom");
+                let cdrom = is_cdrom(&value);
                 let listed = node.and_then(|n| n.storage(storage));
                 Some(TemplateDrive {
                     slot: slot.clone(),

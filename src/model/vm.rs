@@ -36,15 +36,11 @@ impl BootDisk {
             b.split(',')
                 .find_map(|p| p.trim().strip_prefix("order=").map(str::to_owned))
         });
-        if let Some(found) = order
-            .iter()
-            .flat_map(|o| o.split(';'))
-            .find_map(|slot| disk(slot.trim()))
-        {
-            return Some(found);
-        }
-        if let Some(found) = config.get("bootdisk").and_then(|s| disk(&s)) {
-            return Some(found);
+        let mut ordered = order.iter().flat_map(|o| o.split(';'));
+        let found = ordered.find_map(|slot| disk(slot.trim()));
+        let found = found.or_else(|| config.get("bootdisk").and_then(|s| disk(&s)));
+        if found.is_some() {
+            return found;
         }
         let mut slots: Vec<(usize, u32, &String)> = config
             .0

@@ -2,7 +2,7 @@
 //! (`model::identity` decides; this only fetches what it needs). Adoption and teardown both come
 //! through here, so they read the same evidence and wait on the same things.
 
-use crate::model::identity::{self, Claim, ListingVerdict, Ownership};
+use crate::model::identity::{self, Claim, Ownership};
 use crate::proxmox::types::VmResource;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 
@@ -31,9 +31,9 @@ pub async fn identify(
     claim: &Claim<'_>,
 ) -> Result<Identified, ProxmoxError> {
     match identity::judge_listing_to_act(vm, claim) {
-        ListingVerdict::Ours => return Ok(Identified::Ours),
-        ListingVerdict::NotOurs(reason) => return Ok(Identified::NotOurs(reason)),
-        ListingVerdict::NeedsConfig => {}
+        Some(Ownership::Ours) => return Ok(Identified::Ours),
+        Some(Ownership::NotOurs(reason)) => return Ok(Identified::NotOurs(reason)),
+        None => {}
     }
     if !node_online {
         return Ok(Identified::NodeAway);

@@ -133,16 +133,10 @@ pub fn plan_join(m: &HaMembership<'_>, rules: &[HaRule]) -> Result<JoinPlan, HaR
 }
 
 fn join(rule: &HaRule, sid: &str) -> RuleChange {
-    let mut resources: BTreeSet<String> = rule
-        .resource_list()
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    resources.insert(sid.to_owned());
-    RuleChange::Join {
-        rule: rule.clone(),
-        resources: resources.into_iter().collect(),
-    }
+    let resources: BTreeSet<&str> = rule.resource_list().into_iter().chain([sid]).collect();
+    let resources = resources.into_iter().map(str::to_owned).collect();
+    let rule = rule.clone();
+    RuleChange::Join { rule, resources }
 }
 
 fn check_kind(rule: &HaRule, wanted: &'static str) -> Result<(), HaRuleError> {

@@ -10,7 +10,6 @@
 //! [`IpLedger`], and the addresses running VMs report through their guest agent); the pipeline,
 //! `validate` and the `pools` command all count with [`usage`].
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
@@ -92,15 +91,15 @@ impl AddressRange {
         if first.is_ipv4() != last.is_ipv4() {
             return Err(format!("{s:?} mixes IPv4 and IPv6"));
         }
-        if number(first) > number(last) {
+        if first > last {
             return Err(format!("{s:?} ends before it starts; write first-last"));
         }
         Ok(Self { first, last })
     }
 
+    /// (`IpAddr` orders every IPv4 address before every IPv6 one, so a range holds one family.)
     pub fn contains(&self, addr: IpAddr) -> bool {
-        addr.is_ipv4() == self.first.is_ipv4()
-            && (number(self.first)..=number(self.last)).contains(&number(addr))
+        (self.first..=self.last).contains(&addr)
     }
 
     /// How many addresses (saturating: an IPv6 range may hold 2^128).
@@ -109,9 +108,7 @@ impl AddressRange {
     }
 
     pub fn overlaps(&self, other: &AddressRange) -> bool {
-        self.first.is_ipv4() == other.first.is_ipv4()
-            && number(self.first) <= number(other.last)
-            && number(other.first) <= number(self.last)
+        self.first <= other.last && other.first <= self.last
     }
 }
 
@@ -165,13 +162,9 @@ pub struct PoolFull {
 }
 
 /// `taken`, with the pool's gateway when it lies inside a range: it is never handed out.
-fn with_gateway<'t>(pool: &IpPool, taken: &'t BTreeSet<IpAddr>) -> Cow<'t, BTreeSet<IpAddr>> {
-    match pool.gateway {
-        Some(g) if pool.contains(g) && !taken.contains(&g) => {
-            Cow::Owned(taken.iter().copied().chain([g]).collect())
-        }
-        _ => Cow::Borrowed(taken),
-    }
+fn with_gateway(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> BTreeSet<IpAddr> {
+    let gateway = pool.gateway.filter(|g| pool.contains(*g));
+    taken.iter().copied().chain(gateway).collect()
 }
 
 /// How many of the pool's addresses are in `taken`, and how many it has.
@@ -278,18 +271,12 @@ pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), V
                 if let Some(pool_bridge) = &pool.bridge {
                     *bridge = pool_bridge.clone();
                 }
-                if pool.vlan.is_some() {
-                    *vlan = pool.vlan;
-                }
+                *vlan = pool.vlan.or(*vlan);
             }
             Err(p) => problems.push(p),
         }
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems)
-    }
+    problems.is_empty().then_some(()).ok_or(problems)
 }
 
 /// A deterministic MAC per NIC of a request: net0 keeps [`mac_for_request`]'s, the others differ by

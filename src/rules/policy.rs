@@ -58,18 +58,11 @@ impl Policy {
                 }
             }
         }
-        if let Some(pools) = &self.pools {
-            let what = match &data.pool {
-                Some(pool) if pools.iter().any(|p| p == pool.as_str()) => None,
-                Some(pool) => Some(format!("pool {:?}", pool.as_str())),
-                None => Some(
-                    "no pool (the VM would go to a pool named after its machine-request set)"
-                        .to_string(),
-                ),
-            };
-            if let Some(what) = what {
-                refused.push(refusal("pool".into(), what, pools.join(", ")));
-            }
+        let pool = data.pool.iter().map(|p| ("pool".into(), p.as_str()));
+        not_listed(&self.pools, "pool", pool, &mut refused);
+        if let (Some(pools), None) = (&self.pools, &data.pool) {
+            let what = "no pool (the VM would go to a pool named after its machine-request set)";
+            refused.push(refusal("pool".into(), what.into(), pools.join(", ")));
         }
         let template = data
             .template

@@ -21,17 +21,13 @@ pub const NEEDED_ON_ROOT: [&str; 4] = [
     "Sys.AccessNetwork",
 ];
 
-/// The privileges held on `/` beyond [`NEEDED_ON_ROOT`], sorted.
-pub fn beyond_need_on_root<'a>(held_on_root: impl IntoIterator<Item = &'a str>) -> Vec<String> {
-    let excess: std::collections::BTreeSet<&str> = held_on_root
-        .into_iter()
-        .filter(|p| !NEEDED_ON_ROOT.contains(p))
-        .collect();
-    excess.into_iter().map(str::to_owned).collect()
-}
-
-/// The warning for `excess`, `None` when there is none.
-pub fn root_warning(excess: &[String]) -> Option<String> {
+/// The warning naming the privileges held on `/` beyond [`NEEDED_ON_ROOT`] (sorted), `None` when
+/// there are none.
+pub fn root_warning<'a>(held_on_root: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut excess: Vec<&str> = held_on_root.into_iter().collect();
+    excess.retain(|p| !NEEDED_ON_ROOT.contains(p));
+    excess.sort_unstable();
+    excess.dedup();
     if excess.is_empty() {
         return None;
     }
@@ -47,11 +43,9 @@ mod tests {
 
     #[test]
     fn only_system_reads_are_expected_on_the_root() {
-        assert!(beyond_need_on_root(["Sys.Audit", "Sys.Console"]).is_empty());
-        assert_eq!(root_warning(&[]), None);
-        let excess = beyond_need_on_root(["VM.Allocate", "Sys.Audit", "Datastore.Allocate"]);
-        assert_eq!(excess, ["Datastore.Allocate", "VM.Allocate"]);
-        let warning = root_warning(&excess).unwrap();
+        assert_eq!(root_warning(["Sys.Audit", "Sys.Console"]), None);
+        assert_eq!(root_warning([]), None);
+        let warning = root_warning(["VM.Allocate", "Sys.Audit", "Datastore.Allocate"]).unwrap();
         assert!(
             warning.contains("Datastore.Allocate, VM.Allocate on `/`"),
             "{warning}"

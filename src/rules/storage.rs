@@ -9,7 +9,9 @@ use crate::rules::storage_selector::{SelectorError, StorageSelector};
 
 crate::proxmox::property::str_enum!(
     /// What a storage must be able to hold: the Proxmox content type.
+    #[derive(Default)]
     Content {
+        #[default]
         VmDisks = "images",
         IsoImages = "iso",
         /// Disk images to import (`boot: image`): pve-storage's `import` content type.
@@ -30,7 +32,7 @@ impl Content {
 
 /// One thing to store. No selector means any storage that holds the content will do (ISO storage
 /// without `iso_storage_selector`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct StorageNeed<'a> {
     pub content: Content,
     pub selector: Option<&'a StorageSelector>,
@@ -48,12 +50,11 @@ impl<'a> StorageNeed<'a> {
     /// The boot disk together with the additional disks (placement wants all of them on one
     /// storage), or an additional disk with its own selector on the node placement picked.
     pub fn boot_disk(selector: &'a StorageSelector, size_gb: u64) -> Self {
+        let selector = Some(selector);
         Self {
-            content: Content::VmDisks,
-            selector: Some(selector),
+            selector,
             size_gb,
-            shared_only: false,
-            also_on: None,
+            ..Self::default()
         }
     }
 
@@ -73,9 +74,7 @@ impl<'a> StorageNeed<'a> {
         Self {
             content,
             selector,
-            size_gb: 0,
-            shared_only: false,
-            also_on: None,
+            ..Self::default()
         }
     }
 }

@@ -70,10 +70,7 @@ fn tags(data: &ProviderData, identity: &VmIdentity<'_>) -> Result<String, Render
     all.push(Tag::new(identity::provider_tag(identity.provider_id)).map_err(RenderError::Tag)?);
     // Skipped, not an error, for an ID Proxmox would not take as a tag: the marker still identifies
     // the VM, only the one-listing ownership check is lost.
-    if let Some(request) = identity::request_tag(identity.request_id).and_then(|t| Tag::new(t).ok())
-    {
-        all.push(request);
-    }
+    all.extend(identity::request_tag(identity.request_id));
     all.extend(data.tags.iter().cloned());
     Ok(property::tags(&all))
 }
@@ -93,42 +90,32 @@ fn common(
     target: &VmTarget,
     out: &mut Vec<(String, String)>,
 ) -> Result<(), RenderError> {
-    let mut push = |k: &str, v: String| out.push((k.to_string(), v));
-    push(
-        "description",
-        identity::description_marker(identity.provider_id, identity.request_id),
-    );
-    push("tags", tags(data, identity)?);
-    push("ostype", "l26".into());
-    push("cores", data.cores.to_string());
-    push("sockets", data.sockets.to_string());
-    push("memory", data.memory_mb.to_string());
-    if data.balloon == Some(false) {
-        push("balloon", "0".into());
-    }
-    push("cpu", data.cpu_type.to_string());
-    if let Some(machine) = data.machine_type {
-        push("machine", machine.as_str().into());
-    }
-    push("bios", data.bios.as_str().into());
-    push("scsihw", "virtio-scsi-single".into());
-    push("agent", "enabled=1".into());
-    push("onboot", "1".into());
-    push("serial0", "socket".into());
-    if let Some(vga) = data.vga {
-        push("vga", vga.render().into());
-    }
-    if data.numa {
-        push("numa", "1".into());
-    }
-    if let Some(h) = data.hugepages {
-        push("hugepages", h.render().into());
-    }
+    let marker = identity::description_marker(identity.provider_id, identity.request_id);
     // The SMBIOS UUID, which Talos reports as its machine UUID.
-    push(
-        "smbios1",
-        format!("uuid={}", target.smbios_uuid.hyphenated()),
-    );
+    let uuid = format!("uuid={}", target.smbios_uuid.hyphenated());
+    let params = [
+        ("description", Some(marker)),
+        ("tags", Some(tags(data, identity)?)),
+        ("ostype", Some("l26".into())),
+        ("cores", Some(data.cores.to_string())),
+        ("sockets", Some(data.sockets.to_string())),
+        ("memory", Some(data.memory_mb.to_string())),
+        ("balloon", (data.balloon == Some(false)).then(|| "0".into())),
+        ("cpu", Some(data.cpu_type.to_string())),
+        ("machine", data.machine_type.map(|m| m.as_str().into())),
+        ("bios", Some(data.bios.as_str().into())),
+        ("scsihw", Some("virtio-scsi-single".into())),
+        ("agent", Some("enabled=1".into())),
+        ("onboot", Some("1".into())),
+        ("serial0", Some("socket".into())),
+        ("vga", data.vga.map(|v| v.render().into())),
+        ("numa", data.numa.then(|| "1".into())),
+        ("hugepages", data.hugepages.map(|h| h.render().into())),
+        ("smbios1", Some(uuid)),
+    ];
+    for (key, value) in params {
+        out.extend(value.map(|v| (key.to_owned(), v)));
+    }
     devices(data, target, out)?;
     out.push((SEED_CDROM.to_string(), property::cdrom(&target.seed_iso)));
     Ok(())
@@ -192,9 +179,7 @@ pub fn render(
         ("vmid".to_string(), target.vmid.to_string()),
         ("name".to_string(), identity.request_id.to_string()),
     ];
-    if let Some(pool) = &data.pool {
-        out.push(("pool".into(), pool.to_string()));
-    }
+    out.extend(data.pool.iter().map(|p| ("pool".into(), p.to_string())));
     common(data, identity, target, &mut out)?;
     // `image`: the disk is the Talos disk image (grown to `disk_size` by configure_vm), nothing to
     // install; `iso`: an empty disk the ISO installs Talos onto.
@@ -358,6 +343,7 @@ pub fn clone_params(
     // The clone call takes no tags, but it takes a description: the marker goes on at clone time, so
     // a crash (or a clone task outliving our wait) before `configure_vm` leaves a VM we can still
     // prove is ours from its config.
+    let full = u8::from(mode == CloneMode::Full);
     let mut out = vec![
         ("newid".to_string(), newid.to_string()),
         ("name".to_string(), identity.request_id.to_string()),
@@ -366,17 +352,12 @@ pub fn clone_params(
             identity::description_marker(identity.provider_id, identity.request_id),
         ),
         ("target".to_string(), node.to_string()),
+        ("full".to_string(), full.to_string()),
     ];
-    match mode {
-        CloneMode::Full => {
-            out.push(("full".to_string(), "1".to_string()));
-            out.push(("storage".to_string(), storage.to_string()));
-        }
-        CloneMode::Linked => out.push(("full".to_string(), "0".to_string())),
+    if mode == CloneMode::Full {
+        out.push(("storage".to_string(), storage.to_string()));
     }
-    if let Some(pool) = &data.pool {
-        out.push(("pool".into(), pool.to_string()));
-    }
+    out.extend(data.pool.iter().map(|p| ("pool".into(), p.to_string())));
     out
 }
 

@@ -16,39 +16,24 @@
 
 use std::collections::BTreeSet;
 
-use super::{HaMembership, node_affinity_rule, resource_affinity_rule};
-use crate::proxmox::ha::HaRule;
-use crate::rules::provider_data::ResourceAffinity;
+use super::{HaMembership, RuleChange, node_affinity_rule, plan_join, resource_affinity_rule};
+use crate::proxmox::ha::{HaRule, HaRuleKind};
+use crate::rules::provider_data::HaSettings;
 
 /// The sid the checks give the VM not yet created.
-const NEW: &str = "(new VM)";
-
-/// A node-affinity rule as the new VM would see it: its name, nodes and members.
-struct NodeRule<'a> {
-    name: String,
-    /// The provider-data key that puts the VM in it (`None` for someone else's rule).
-    key: Option<String>,
-    nodes: BTreeSet<&'a str>,
-    members: BTreeSet<&'a str>,
-}
-
-/// A resource-affinity rule the new VM joins.
-struct AffinityRule<'a> {
-    name: String,
-    key: String,
-    negative: bool,
-    members: BTreeSet<&'a str>,
-}
+const NEW: &str = "vm:new";
 
 /// `Err` with what Proxmox would refuse, naming the keys and what to change.
 pub fn check_join(m: &HaMembership<'_>, rules: &[HaRule]) -> Result<(), String> {
-    let node_rules = node_rules(m, rules);
-    let mine: Vec<&NodeRule<'_>> = node_rules
-        .iter()
-        .filter(|r| r.members.contains(NEW))
-        .collect();
+    let after = joined(m, rules);
+    let node_rules: Vec<&HaRule> = after.iter().filter(|r| r.kind == "node-affinity").collect();
+    let describe = |r: &&HaRule| match key(m, r) {
+        Some(key) => format!("{key}: {}", r.rule),
+        None => r.rule.clone(),
+    };
+    let mine: Vec<&HaRule> = node_rules.iter().copied().filter(|r| r.has(NEW)).collect();
     if mine.len() > 1 {
-        let keys: Vec<String> = mine.iter().map(|r| describe(r)).collect();
+        let keys: Vec<String> = mine.iter().map(describe).collect();
         return Err(format!(
             "the VM would be in {} node-affinity rules ({}); Proxmox allows one per resource: keep \
              ha.node_affinity_nodes or the node-affinity rule in ha.rules, not both",
@@ -56,40 +41,42 @@ pub fn check_join(m: &HaMembership<'_>, rules: &[HaRule]) -> Result<(), String> 
             keys.join(", ")
         ));
     }
-    for rule in affinity_rules(m, rules) {
-        let touching: Vec<&NodeRule<'_>> = node_rules
+    let joins = after
+        .iter()
+        .filter(|r| r.kind == "resource-affinity" && r.has(NEW));
+    for rule in joins {
+        let members = rule.resource_list();
+        let key = key(m, rule).unwrap_or_default();
+        let touching: Vec<&HaRule> = node_rules
             .iter()
-            .filter(|n| !n.members.is_disjoint(&rule.members))
+            .copied()
+            .filter(|n| n.resource_list().iter().any(|s| members.contains(s)))
             .collect();
-        if !rule.negative && touching.len() > 1 {
-            let names: Vec<String> = touching.iter().map(|r| describe(r)).collect();
+        let names: Vec<String> = touching.iter().map(describe).collect();
+        let negative = rule.affinity.as_deref() == Some("negative");
+        if !negative && touching.len() > 1 {
             return Err(format!(
-                "{} is a positive resource-affinity rule ({}) whose VMs would be in {} node-affinity \
+                "{key} is a positive resource-affinity rule ({}) whose VMs would be in {} node-affinity \
                  rules ({}); Proxmox needs them in at most one: put the set's VMs under one \
                  node-affinity rule or drop the positive affinity",
-                rule.key,
-                rule.name,
+                rule.rule,
                 touching.len(),
                 names.join(", ")
             ));
         }
         let located: BTreeSet<&str> = touching
             .iter()
-            .flat_map(|n| n.members.intersection(&rule.members).copied())
+            .flat_map(|n| n.resource_list())
+            .filter(|s| members.contains(s))
             .collect();
-        let allowed: BTreeSet<&str> = touching
-            .iter()
-            .flat_map(|n| n.nodes.iter().copied())
-            .collect();
-        if rule.negative && located.len() > allowed.len() {
-            let names: Vec<String> = touching.iter().map(|r| describe(r)).collect();
+        let allowed: BTreeSet<&str> = touching.iter().flat_map(|n| n.node_names()).collect();
+        if negative && located.len() > allowed.len() {
             let nodes: Vec<&str> = allowed.into_iter().collect();
             return Err(format!(
-                "{} keeps the set's VMs apart ({}), but {} limits them to {} node(s) ({}): a VM \
+                "{key} keeps the set's VMs apart ({}), but {} limits them to {} node(s) ({}): a VM \
                  more than that cannot be kept apart, and Proxmox refuses the rule; add nodes to \
                  the node-affinity rule, or keep the set at {} machine(s)",
-                rule.key,
-                rule.name,
+                rule.rule,
                 names.join(", "),
                 nodes.len(),
                 nodes.join(", "),
@@ -100,119 +87,80 @@ pub fn check_join(m: &HaMembership<'_>, rules: &[HaRule]) -> Result<(), String> 
     Ok(())
 }
 
-fn describe(rule: &NodeRule<'_>) -> String {
-    match &rule.key {
-        Some(key) => format!("{key}: {}", rule.name),
-        None => rule.name.clone(),
+/// The provider-data key that puts the VM in `rule`, `None` for a rule the class does not name.
+fn key(m: &HaMembership<'_>, rule: &HaRule) -> Option<String> {
+    let settings = m.settings;
+    let own = |name: fn(&str) -> String, wanted: bool| {
+        wanted && m.set.map(name).as_deref() == Some(rule.rule.as_str())
+    };
+    if own(node_affinity_rule, !settings.node_affinity_nodes.is_empty()) {
+        return Some("ha.node_affinity_nodes".into());
     }
+    if own(resource_affinity_rule, settings.resource_affinity.is_some()) {
+        return Some("ha.spread/ha.resource_affinity".into());
+    }
+    let named = settings.rules.iter().position(|n| *n == rule.rule);
+    named.map(|i| format!("ha.rules[{i}]"))
 }
 
-/// Every node-affinity rule in the cluster, with the new VM in those the class puts it in (the
-/// set's own rule made from the class when it does not exist yet).
-fn node_rules<'a>(m: &'a HaMembership<'a>, rules: &'a [HaRule]) -> Vec<NodeRule<'a>> {
-    let set_rule = m
-        .set
-        .filter(|_| !m.settings.node_affinity_nodes.is_empty())
-        .map(node_affinity_rule);
-    let mut out: Vec<NodeRule<'a>> = rules
-        .iter()
-        .filter(|r| r.kind == "node-affinity")
-        .map(|r| {
-            let named = m.settings.rules.iter().position(|n| *n == r.rule);
-            let ours = set_rule.as_deref() == Some(r.rule.as_str());
-            let key = if ours {
-                Some("ha.node_affinity_nodes".to_owned())
-            } else {
-                named.map(|i| format!("ha.rules[{i}]"))
-            };
-            let mut members: BTreeSet<&str> = r.resource_list().into_iter().collect();
-            if key.is_some() {
-                members.insert(NEW);
-            }
-            if ours {
-                members.extend(m.set_members.iter().map(String::as_str));
-            }
-            NodeRule {
-                name: r.rule.clone(),
-                key,
-                nodes: r.node_names().into_iter().collect(),
-                members,
-            }
-        })
-        .collect();
-    if let Some(name) = set_rule
-        && !out.iter().any(|r| r.name == name)
-    {
-        out.push(NodeRule {
-            name,
-            key: Some("ha.node_affinity_nodes".to_owned()),
-            nodes: m
-                .settings
-                .node_affinity_nodes
-                .iter()
-                .map(|n| n.as_str())
-                .collect(),
-            members: std::iter::once(NEW)
-                .chain(m.set_members.iter().map(String::as_str))
-                .collect(),
-        });
+/// The cluster's rules once the new VM, then the set's other VMs (`set_members`: HA-managed, made
+/// or placed), joined them as [`plan_join`] makes them join: the new VM every rule the class puts
+/// it in that exists, the others the set's own rules (those named in `ha.rules` they join later,
+/// each on its own). A plan refused (a rule of another kind under the set's rule name) leaves the
+/// rules as they are: the join reports it.
+fn joined(m: &HaMembership<'_>, rules: &[HaRule]) -> Vec<HaRule> {
+    let existing = |name: &&String| rules.iter().any(|r| r.rule == **name);
+    let named = HaSettings {
+        rules: m.settings.rules.iter().filter(existing).cloned().collect(),
+        ..m.settings.clone()
+    };
+    let own_only = HaSettings {
+        rules: Vec::new(),
+        ..m.settings.clone()
+    };
+    let others = m.set_members.iter().map(|s| (s.as_str(), &own_only));
+    let mut after = rules.to_vec();
+    for (sid, settings) in std::iter::once((NEW, &named)).chain(others) {
+        let member = HaMembership {
+            settings,
+            sid,
+            ..m.clone()
+        };
+        let changes = plan_join(&member, &after).map(|p| p.changes);
+        for change in changes.unwrap_or_default() {
+            apply(&mut after, change);
+        }
     }
-    out
+    after
 }
 
-/// The resource-affinity rules the new VM joins, with their members once it and the set's other
-/// VMs (`set_members`: HA-managed, made, or placed) have: the set's own (a negative one already as
-/// large as the cluster takes no more, see [`super::plan_join`]) and those named in `ha.rules`.
-fn affinity_rules<'a>(m: &'a HaMembership<'a>, rules: &'a [HaRule]) -> Vec<AffinityRule<'a>> {
-    let mut out = Vec::new();
-    if let (Some(set), Some(affinity)) = (m.set, m.settings.resource_affinity) {
-        let name = resource_affinity_rule(set);
-        let negative = affinity == ResourceAffinity::Negative;
-        let existing: Option<BTreeSet<&str>> = rules
-            .iter()
-            .find(|r| r.rule == name)
-            .map(|r| r.resource_list().into_iter().collect());
-        let full = negative && existing.as_ref().map_or(0, BTreeSet::len) >= m.cluster_nodes;
-        if !full {
-            // The set's other VMs join too (those placed and not yet HA-managed included); a new
-            // negative rule starts with as many as the cluster has nodes.
-            let mut members: BTreeSet<&str> = existing.unwrap_or_default();
-            let room = if negative {
-                m.cluster_nodes.saturating_sub(1)
-            } else {
-                usize::MAX
-            };
-            let others: Vec<&str> = m
-                .set_members
-                .iter()
-                .map(String::as_str)
-                .filter(|s| !members.contains(s))
-                .collect();
-            let left = room.saturating_sub(members.len());
-            members.extend(others.into_iter().take(left));
-            members.insert(NEW);
-            out.push(AffinityRule {
-                name,
-                key: "ha.spread/ha.resource_affinity".to_owned(),
-                negative,
-                members,
-            });
+/// `rules` as they read once `change` is made.
+fn apply(rules: &mut Vec<HaRule>, change: RuleChange) {
+    let new = match change {
+        RuleChange::Join { rule, resources } => {
+            let found = rules.iter_mut().filter(|r| r.rule == rule.rule);
+            found.for_each(|r| r.resources = Some(resources.join(",")));
+            return;
         }
-    }
-    for (i, wanted) in m.settings.rules.iter().enumerate() {
-        if let Some(rule) = rules
-            .iter()
-            .find(|r| r.rule == *wanted && r.kind == "resource-affinity")
-        {
-            let mut members: BTreeSet<&str> = rule.resource_list().into_iter().collect();
-            members.insert(NEW);
-            out.push(AffinityRule {
-                name: rule.rule.clone(),
-                key: format!("ha.rules[{i}]"),
-                negative: rule.affinity.as_deref() == Some("negative"),
-                members,
-            });
+        RuleChange::Create(new) => new,
+    };
+    let (kind, nodes, strict, affinity) = match new.kind {
+        HaRuleKind::NodeAffinity { nodes, strict } => {
+            let nodes: Vec<&str> = nodes.iter().map(|n| n.as_str()).collect();
+            ("node-affinity", Some(nodes.join(",")), strict, None)
         }
-    }
-    out
+        HaRuleKind::ResourceAffinity { affinity } => {
+            ("resource-affinity", None, false, Some(affinity.to_owned()))
+        }
+    };
+    rules.push(HaRule {
+        rule: new.rule,
+        kind: kind.to_owned(),
+        resources: Some(new.resources.join(",")),
+        nodes,
+        strict,
+        affinity,
+        digest: None,
+        errors: None,
+    });
 }

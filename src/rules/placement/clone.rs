@@ -45,8 +45,8 @@ pub enum CloneRefusal {
     NoCopy {
         template: String,
         node: String,
-        /// (node of a copy, its storages that are not shared, the drives on them)
-        elsewhere: Vec<(String, Vec<String>, Vec<String>)>,
+        /// The copies on other nodes.
+        elsewhere: Vec<TemplateFacts>,
         /// Nodes with a copy that are offline.
         offline: Vec<String>,
     },
@@ -88,17 +88,16 @@ pub enum CloneRefusal {
 }
 
 /// Where the copies elsewhere are, and why none can be cloned here.
-fn copies_elsewhere(
-    elsewhere: &[(String, Vec<String>, Vec<String>)],
-    offline: &[String],
-) -> String {
+fn copies_elsewhere(elsewhere: &[TemplateFacts], offline: &[String]) -> String {
     let mut out: String = elsewhere
         .iter()
-        .map(|(copy_node, local, slots)| {
+        .map(|t| {
+            let slots = t.drives.iter().filter(|d| !d.shared).map(|d| &*d.slot);
             format!(
-                "; its disks are on {} (local to {copy_node}: {})",
-                local.join(", "),
-                slots.join(", ")
+                "; its disks are on {} (local to {}: {})",
+                t.local_storages().join(", "),
+                t.node,
+                slots.collect::<Vec<_>>().join(", ")
             )
         })
         .chain(
@@ -230,21 +229,7 @@ fn no_copy(node: &NodeSnapshot, source: &CloneSource) -> CloneRefusal {
     CloneRefusal::NoCopy {
         template: source.wanted.clone(),
         node: node.name.to_string(),
-        elsewhere: source
-            .templates
-            .iter()
-            .map(|t| {
-                (
-                    t.node.to_string(),
-                    t.local_storages().into_iter().map(str::to_owned).collect(),
-                    t.drives
-                        .iter()
-                        .filter(|d| !d.shared)
-                        .map(|d| d.slot.clone())
-                        .collect(),
-                )
-            })
-            .collect(),
+        elsewhere: source.templates.clone(),
         offline: source.offline.clone(),
     }
 }

@@ -74,25 +74,13 @@ pub(super) fn best(
     let top = candidates.iter().map(|c| c.ha_rank).min()?;
     let iter = candidates.into_iter().filter(|c| c.ha_rank == top);
     match strategy {
-        PlacementStrategy::Spread => iter.min_by(|a, b| {
-            (a.same_set, Reverse(a.free_memory), &a.node.name).cmp(&(
-                b.same_set,
-                Reverse(b.free_memory),
-                &b.node.name,
-            ))
-        }),
-        PlacementStrategy::FewerVms => iter.min_by(|a, b| {
-            (a.total_vms, Reverse(a.free_memory), &a.node.name).cmp(&(
-                b.total_vms,
-                Reverse(b.free_memory),
-                &b.node.name,
-            ))
-        }),
-        PlacementStrategy::RoundRobin => {
-            iter.min_by(|a, b| (a.same_set, &a.node.name).cmp(&(b.same_set, &b.node.name)))
+        PlacementStrategy::Spread => {
+            iter.min_by_key(|c| (c.same_set, Reverse(c.free_memory), &c.node.name))
         }
-        PlacementStrategy::Binpack => {
-            iter.min_by(|a, b| (a.free_memory, &a.node.name).cmp(&(b.free_memory, &b.node.name)))
+        PlacementStrategy::FewerVms => {
+            iter.min_by_key(|c| (c.total_vms, Reverse(c.free_memory), &c.node.name))
         }
+        PlacementStrategy::RoundRobin => iter.min_by_key(|c| (c.same_set, &c.node.name)),
+        PlacementStrategy::Binpack => iter.min_by_key(|c| (c.free_memory, &c.node.name)),
     }
 }

@@ -71,22 +71,12 @@ fn submit<T: Send + 'static>(
 ) -> Option<T> {
     let (reply, answer) = mpsc::sync_channel(1);
     // Every answer is sent even when the caller stopped waiting: a failed send is no matter.
-    let mut job: Job = Box::new(move |env| {
+    let job: Job = Box::new(move |env| {
         let _ = reply.send(catch_unwind(AssertUnwindSafe(|| work(env))).unwrap_or(panicked));
     });
-    // A worker that died (it cannot: every job is unwound inside it) is replaced once.
-    let mut generation = 0;
-    for _ in 0..2 {
-        let (g, jobs) = worker();
-        generation = g;
-        match jobs.send(job) {
-            Ok(()) => break,
-            Err(mpsc::SendError(back)) => {
-                retire(g);
-                job = back;
-            }
-        }
-    }
+    // The send fails only when no thread could be started: the answer is then `lost`.
+    let (generation, jobs) = worker();
+    let _ = jobs.send(job);
     match answer.recv_timeout(budget) {
         Ok(outcome) => Some(outcome),
         Err(RecvTimeoutError::Timeout) => {
