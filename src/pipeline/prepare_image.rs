@@ -114,58 +114,37 @@ async fn download(
     let url = boot_image_url(ctx, &schematic, kind);
     let file_name = image_file_name(&url, kind);
     let (storage, shared) = download_storage(ctx, node, kind.content()).await?;
-    let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
-    let unusable =
-        |e: PropertyError| StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()));
-    // Where the image goes: a volume in ISO storage, or one in `import` storage.
-    let (iso, image) = match kind {
-        BootImage::Iso => {
-            let file = IsoFileName::new(file_name.as_str()).map_err(unusable)?;
-            let storage = storage.clone();
-            (Some(IsoVolume { storage, file }), None)
-        }
-        BootImage::Disk => {
-            let file = ImportFileName::new(file_name.as_str()).map_err(unusable)?;
-            let storage = storage.clone();
-            (None, Some(ImportVolume { storage, file }))
-        }
-    };
-    let recorded = match kind {
-        BootImage::Iso => {
-            ctx.state.boot_iso == iso && ctx.state.iso_file.as_deref() == Some(&file_name)
-        }
-        BootImage::Disk => ctx.state.boot_image == image,
-    };
-    if recorded {
-        return Ok(StepOutcome::Done);
-    }
-    // One download per image and storage, however many requests want it at once.
-    let lock_key = if shared {
-        volid.clone()
-    } else {
-        format!("{node}/{volid}")
-    };
-    let _guard = ctx
-        .services
-        .ledgers
-        .locks
-        .hold(&image_lock_key(&lock_key))
-        .await;
     let wanted = Wanted {
         kind,
         schematic: &schematic,
         node,
         storage: storage.as_str(),
-        volid: &volid,
         file_name: &file_name,
         url: &url,
+        shared,
     };
-    fetch(ctx, &wanted).await?;
-    if kind == BootImage::Iso {
-        ctx.state.iso_file = Some(file_name);
-        ctx.state.boot_iso = iso;
-    } else {
-        ctx.state.boot_image = image;
+    let volid = wanted.volid();
+    let unusable =
+        |e: PropertyError| StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()));
+    // Where the image goes: a volume in ISO storage, or one in `import` storage.
+    match kind {
+        BootImage::Iso => {
+            let file = IsoFileName::new(file_name.as_str()).map_err(unusable)?;
+            let iso = Some(IsoVolume { storage: storage.clone(), file });
+            if ctx.state.boot_iso != iso || ctx.state.iso_file.as_deref() != Some(&file_name) {
+                fetch(ctx, &wanted).await?;
+                ctx.state.iso_file = Some(file_name.clone());
+                ctx.state.boot_iso = iso;
+            }
+        }
+        BootImage::Disk => {
+            let file = ImportFileName::new(file_name.as_str()).map_err(unusable)?;
+            let image = Some(ImportVolume { storage: storage.clone(), file });
+            if ctx.state.boot_image != image {
+                fetch(ctx, &wanted).await?;
+                ctx.state.boot_image = image;
+            }
+        }
     }
     Ok(StepOutcome::Done)
 }
@@ -234,16 +213,32 @@ struct Wanted<'a> {
     schematic: &'a str,
     node: &'a NodeName,
     storage: &'a str,
-    volid: &'a str,
     file_name: &'a str,
     /// Where the Image Factory serves it.
     url: &'a str,
+    /// The storage is shared: one download serves every node.
+    shared: bool,
+}
+
+impl Wanted<'_> {
+    fn volid(&self) -> String {
+        let content = self.kind.content();
+        format!("{}:{}/{}", self.storage, content.as_str(), self.file_name)
+    }
 }
 
 /// Makes sure the image is in the storage: there already (another request, another provider, an
 /// earlier try), or downloaded by the node now, its task recorded before it is waited for.
 async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), StepError> {
-    let (kind, node, storage) = (wanted.kind, wanted.node, wanted.storage);
+    let (kind, node, storage, volid) = (wanted.kind, wanted.node, wanted.storage, wanted.volid());
+    // One download per image and storage, however many requests want it at once.
+    let lock_key = if wanted.shared {
+        volid.clone()
+    } else {
+        format!("{node}/{volid}")
+    };
+    let locks = &ctx.services.ledgers.locks;
+    let _guard = locks.hold(&image_lock_key(&lock_key)).await;
     let pve = &ctx.services.pve;
     // A download the official provider (or an earlier run) started may still be running: wait for it
     // rather than start a second one into the same file. How it ended is read from the storage below.
@@ -254,8 +249,7 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
     }
     // A boot ISO seen lately needs no listing per VM: a start that finds it gone puts it back
     // (`put_back_if_missing`). A disk image is only read by the create, which cannot do that.
-    let presence =
-        (kind == BootImage::Iso).then(|| image_presence_key(node.as_str(), wanted.volid));
+    let presence = (kind == BootImage::Iso).then(|| image_presence_key(node.as_str(), &volid));
     let ledgers = &ctx.services.ledgers;
     if ctx.state.iso_download_task.is_none()
         && presence.as_deref().is_some_and(|k| ledgers.images.known(k))
@@ -271,7 +265,7 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
             kind.content().describe()
         )))?
         .iter()
-        .any(|v| v.volid == wanted.volid);
+        .any(|v| v.volid == volid);
     if !present {
         put_in_place(ctx, wanted).await?;
     }
@@ -382,19 +376,15 @@ pub(super) async fn put_back_if_missing(
     // expects it.
     let (file_name, storage) = (volume.file.to_string(), volume.storage.to_string());
     let url = boot_image_url(ctx, &schematic, BootImage::Iso);
-    let locks = &ctx.services.ledgers.locks;
-    let _guard = locks
-        .hold(&image_lock_key(&format!("{node}/{volid}")))
-        .await;
     ctx.state.iso_download_task = None;
     let wanted = Wanted {
         kind: BootImage::Iso,
         schematic: &schematic,
         node,
         storage: &storage,
-        volid: &volid,
         file_name: &file_name,
         url: &url,
+        shared: false,
     };
     fetch(ctx, &wanted).await?;
     Ok(true)
