@@ -12,7 +12,7 @@ use super::ledgers::HA_RULES_LOCK;
 use crate::model::Listing;
 use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;
-use crate::proxmox::ha::{HaResource, vm_sid};
+use crate::proxmox::ha::{HaResource, NewHaRule, vm_sid};
 use crate::proxmox::types::{VmId, VmResource};
 use crate::rules::ha::{
     HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
@@ -68,12 +68,11 @@ async fn join_rules(
             .ha_rules()
             .await
             .map_err(StepError::proxmox(doing.clone()))?;
-        let needs_members = set.as_deref().is_some_and(|s| {
-            ha.resource_affinity.is_some() && {
+        let needs_members = ha.resource_affinity.is_some()
+            && set.as_deref().is_some_and(|s| {
                 let name = resource_affinity_rule(s);
                 rules.iter().all(|r| r.rule != name)
-            }
-        });
+            });
         // A new rule starts with the set's HA-managed VMs, seen fresh: tags and `hastate` come from
         // the config files on every read, so a VM registered moments ago is in. Only the set's
         // resource-affinity rule is bounded by the node count (a negative one); node-affinity and
@@ -101,7 +100,11 @@ async fn join_rules(
         let Some(change) = plan.changes.first() else {
             return Ok(());
         };
-        let change = without(change, &gone);
+        // Sids in `gone` are left out.
+        let mut change = change.clone();
+        let (RuleChange::Create(NewHaRule { resources, .. }) | RuleChange::Join { resources, .. }) =
+            &mut change;
+        resources.retain(|s| !gone.contains(s));
         let last = plan.changes.len() == 1;
         match apply(&ctx.services.pve, &change).await {
             Ok(()) if last => return Ok(()),
@@ -155,15 +158,6 @@ fn read_again_after(
         ))),
         e => Err(StepError::proxmox(doing)(e)),
     }
-}
-
-/// `change` with the sids in `gone` left out of its resources.
-fn without(change: &RuleChange, gone: &[String]) -> RuleChange {
-    let mut change = change.clone();
-    let (RuleChange::Create(crate::proxmox::ha::NewHaRule { resources, .. })
-    | RuleChange::Join { resources, .. }) = &mut change;
-    resources.retain(|s| !gone.contains(s));
-    change
 }
 
 async fn apply(

@@ -190,13 +190,8 @@ pub async fn agent_addresses(
             .map(|vm| pve.agent_network_interfaces(&vm.node, vm.vmid));
         let results = futures_util::future::join_all(reads).await;
         for (vm, result) in batch.iter().zip(results) {
-            let addresses = match result {
-                Ok(interfaces) => usable_addresses(&interfaces)
-                    .iter()
-                    .filter_map(|a| a.parse().ok())
-                    .collect(),
-                Err(_) => Vec::new(),
-            };
+            let reported = result.map(|i| usable_addresses(&i)).unwrap_or_default();
+            let addresses = reported.iter().filter_map(|a| a.parse().ok()).collect();
             answers.insert(vm.vmid.get(), addresses);
         }
     }

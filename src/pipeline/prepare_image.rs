@@ -130,7 +130,10 @@ async fn download(
     match kind {
         BootImage::Iso => {
             let file = IsoFileName::new(file_name.as_str()).map_err(unusable)?;
-            let iso = Some(IsoVolume { storage: storage.clone(), file });
+            let iso = Some(IsoVolume {
+                storage: storage.clone(),
+                file,
+            });
             if ctx.state.boot_iso != iso || ctx.state.iso_file.as_deref() != Some(&file_name) {
                 fetch(ctx, &wanted).await?;
                 ctx.state.iso_file = Some(file_name.clone());
@@ -139,7 +142,10 @@ async fn download(
         }
         BootImage::Disk => {
             let file = ImportFileName::new(file_name.as_str()).map_err(unusable)?;
-            let image = Some(ImportVolume { storage: storage.clone(), file });
+            let image = Some(ImportVolume {
+                storage: storage.clone(),
+                file,
+            });
             if ctx.state.boot_image != image {
                 fetch(ctx, &wanted).await?;
                 ctx.state.boot_image = image;
