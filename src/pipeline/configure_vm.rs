@@ -74,9 +74,8 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
 }
 
 async fn read_config(ctx: &StepContext<'_>, vm: &VmAt) -> Result<VmConfig, StepError> {
-    let (node, vmid) = (&vm.node, vm.vmid);
-    let doing = format!("reading VM {vmid} on {node}");
-    let read = ctx.services.pve.vm_config(node, vmid).await;
+    let doing = format!("reading VM {} on {}", vm.vmid, vm.node);
+    let read = ctx.services.pve.vm_config(&vm.node, vm.vmid).await;
     read.map_err(StepError::proxmox(doing))
 }
 

@@ -42,14 +42,12 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         return Ok(());
     }
     // A class changed before the VM existed: an allocation for a pool it no longer names goes.
-    let stale: Vec<IpAllocation> = ctx
-        .state
-        .ip_allocations
-        .iter()
-        .filter(|a| !wanted.iter().any(|(n, p)| *n == a.nic && *p == a.pool))
-        .cloned()
+    let allocations = &mut ctx.state.ip_allocations;
+    let stale: Vec<IpAllocation> = allocations
+        .extract_if(.., |a| {
+            !wanted.iter().any(|(n, p)| *n == a.nic && *p == a.pool)
+        })
         .collect();
-    ctx.state.ip_allocations.retain(|a| !stale.contains(a));
     let missing: Vec<(u8, String)> = wanted
         .into_iter()
         .filter(|(nic, _)| ctx.state.allocation(*nic).is_none())
@@ -58,11 +56,12 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         return Ok(());
     }
     seed_ledgers(ctx).await?;
-    {
-        let mut held = ctx.services.ledgers.ip.held();
-        for a in &stale {
-            held.release_nic(&ctx.request.id, a.nic);
-        }
+    for a in &stale {
+        ctx.services
+            .ledgers
+            .ip
+            .held()
+            .release_nic(&ctx.request.id, a.nic);
     }
     let reported = if missing.is_empty() {
         BTreeSet::new()

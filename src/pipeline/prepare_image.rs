@@ -41,7 +41,7 @@ use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::NodeName;
 use crate::rules::provider_data::BootMode;
 use crate::rules::schematic::schematic_yaml;
-use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
+use crate::rules::storage::{self, Content, StorageNeed};
 
 pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
     match BootImage::of(ctx.data.boot) {
@@ -193,12 +193,9 @@ async fn image_source(ctx: &StepContext<'_>, wanted: &Wanted<'_>) -> Source {
         BootImage::Iso => BootAssetKind::Iso,
         BootImage::Disk => BootAssetKind::Disk,
     };
-    let talos_version = &ctx.request.talos_version;
-    match services
-        .management
-        .boot_asset(talos_version, wanted.schematic, asset_kind)
-        .await
-    {
+    let management = &services.management;
+    let asset = management.boot_asset(&ctx.request.talos_version, wanted.schematic, asset_kind);
+    match asset.await {
         Ok(Some(asset)) if !asset.headers.is_empty() => Source::Provider {
             url: asset.url,
             headers: asset.headers,
@@ -406,22 +403,19 @@ pub(super) async fn download_storage(
 ) -> Result<(StorageId, bool), StepError> {
     let selector = ctx.data.iso_storage_selector.clone();
     let cluster = ClusterSnapshot::from_resources(&ctx.cluster(false).await?);
-    let choice = match cluster.node(node.as_str()) {
-        Some(n) => storage::choose(n, &StorageNeed::download(content, selector.as_ref())),
-        None => StorageChoice {
-            chosen: None,
-            rejected: Vec::new(),
-        },
-    };
-    if let Some(e) = choice.selector_error() {
+    let need = StorageNeed::download(content, selector.as_ref());
+    let choice = cluster
+        .node(node.as_str())
+        .map(|n| storage::choose(n, &need));
+    if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {
         return Err(StepError::key("iso_storage_selector", e));
     }
-    if let Some(s) = choice.chosen {
-        return Ok((s.name, s.shared));
+    if let Some(s) = choice.as_ref().and_then(|c| c.chosen.as_ref()) {
+        return Ok((s.name.clone(), s.shared));
     }
     // Without a selector the first storage with the content was taken, so reaching here means a
     // selector rejected every one, or there is none.
-    let seen: Vec<&str> = choice.usable().collect();
+    let seen: Vec<&str> = choice.iter().flat_map(|c| c.usable()).collect();
     let (kind, what) = (content.as_str(), content.describe());
     Err(StepError::Cluster(match selector {
         Some(sel) if !seen.is_empty() => format!(
@@ -446,11 +440,10 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
     let yaml = schematic_yaml(&ctx.request.schematic)
         .map_err(|e| StepError::config(format!("cannot build the image schematic: {e}")))?;
     let services = ctx.services;
-    match services
+    let made = services
         .management
-        .create_schematic_from_raw(&yaml, version)
-        .await
-    {
+        .create_schematic_from_raw(&yaml, version);
+    match made.await {
         Ok(id) => Ok(id),
         // Omni before 1.8: ask the factory ourselves, as the older Go library did.
         Err(ManagementError::OmniTooOld) => image_factory::create_schematic(
