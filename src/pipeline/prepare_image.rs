@@ -32,7 +32,7 @@ use super::context::StepContext;
 use super::error::StepError;
 use super::factory_auth;
 use super::image_factory::{self, FactoryError};
-use super::ledgers::{image_lock_key, image_presence_key};
+use super::ledgers::image_presence_key;
 use super::step::StepOutcome;
 use crate::model::ClusterSnapshot;
 use crate::omni::management::{BootAssetKind, ManagementError};
@@ -236,12 +236,11 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
     let (kind, node, storage, volid) = (wanted.kind, wanted.node, wanted.storage, wanted.volid());
     // One download per image and storage, however many requests want it at once.
     let lock_key = if wanted.shared {
-        volid.clone()
+        format!("image:{volid}")
     } else {
-        format!("{node}/{volid}")
+        format!("image:{node}/{volid}")
     };
-    let locks = &ctx.services.ledgers.locks;
-    let _guard = locks.hold(&image_lock_key(&lock_key)).await;
+    let _guard = ctx.services.ledgers.locks.hold(&lock_key).await;
     let pve = &ctx.services.pve;
     // A download the official provider (or an earlier run) started may still be running: wait for it
     // rather than start a second one into the same file. How it ended is read from the storage below.
