@@ -60,8 +60,7 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
         let vmid = choose_vmid(ctx, &listing, &refused).await?;
         ctx.state.reserved_vmid = Some(vmid);
         ctx.persist().await?;
-        let result = make(ctx, node, vmid, &listing).await;
-        match result {
+        match make(ctx, node, vmid, &listing).await {
             Ok(()) => {
                 ctx.services.ledgers.vmids.made(vmid.get());
                 if first_create_ever && attempt == 0 {

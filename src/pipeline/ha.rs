@@ -6,6 +6,8 @@
 //! the digest it was planned from; a change someone else made in between makes Proxmox refuse ours,
 //! and the rules are read and planned again.
 
+use futures_util::future::OptionFuture;
+
 use super::context::StepContext;
 use super::error::StepError;
 use super::ledgers::HA_RULES_LOCK;
@@ -236,10 +238,12 @@ pub(super) async fn check_rules_in_turn(
         return Ok(None);
     };
     let locks = &ctx.services.ledgers.locks;
-    let turn = match ctx.request.set_id.as_deref() {
-        Some(set) => Some(locks.hold(&format!("ha-placement:{set}")).await),
-        None => None,
-    };
+    let key = ctx
+        .request
+        .set_id
+        .as_ref()
+        .map(|set| format!("ha-placement:{set}"));
+    let turn = OptionFuture::from(key.as_deref().map(|key| locks.hold(key))).await;
     let rules = match ctx.services.pve.ha_rules().await {
         Ok(rules) => rules,
         Err(ProxmoxError::Api { status: 501, .. } | ProxmoxError::PermissionDenied { .. }) => {

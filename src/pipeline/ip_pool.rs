@@ -72,13 +72,10 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         let pool = ip_pool::find(&ctx.services.config.ip_pools, &ip_pool::key_of(nic), &name)
             .map_err(|p| StepError::config(format!("invalid provider data: {p}")))?
             .clone();
-        let address = take(ctx, nic, &pool, &reported)?;
+        let allocation = take(ctx, nic, &pool, &reported)?;
+        let address = allocation.address;
         tracing::info!(request = %ctx.request.id, pool = %pool.name, %address, nic = %format!("net{nic}"), "allocated a static address");
-        ctx.state.ip_allocations.push(IpAllocation {
-            nic,
-            pool: pool.name.clone(),
-            address,
-        });
+        ctx.state.ip_allocations.push(allocation);
     }
     ctx.services.ledgers.ip.stop_waiting(&ctx.request.id);
     // Something was allocated or released: neither `missing` nor `stale` is empty.
@@ -105,31 +102,25 @@ fn take(
     nic: u8,
     pool: &IpPool,
     reported: &BTreeSet<IpAddr>,
-) -> Result<IpAddr, StepError> {
+) -> Result<IpAllocation, StepError> {
     let mut held = ctx.services.ledgers.ip.held();
-    if let Some((_, address)) = held
-        .of(&ctx.request.id)
-        .into_iter()
-        .find(|(n, a)| *n == nic && pool.contains(*a))
-    {
-        return Ok(address);
-    }
-    held.release_nic(&ctx.request.id, nic);
-    let mut taken = held.taken();
-    taken.extend(reported.iter().copied());
-    let address = ip_pool::allocate(pool, &taken).map_err(|full| {
-        ctx.services.ledgers.ip.wait_for_address(&ctx.request.id);
-        StepError::PoolFull(full)
-    })?;
-    held.hold(
-        &ctx.request.id,
-        &[IpAllocation {
-            nic,
-            pool: pool.name.clone(),
-            address,
-        }],
-    );
-    Ok(address)
+    let this_nics = |(n, a): &(u8, IpAddr)| *n == nic && pool.contains(*a);
+    let address = match held.of(&ctx.request.id).into_iter().find(this_nics) {
+        Some((_, address)) => address,
+        None => {
+            held.release_nic(&ctx.request.id, nic);
+            let mut taken = held.taken();
+            taken.extend(reported.iter().copied());
+            ip_pool::allocate(pool, &taken).map_err(|full| {
+                ctx.services.ledgers.ip.wait_for_address(&ctx.request.id);
+                StepError::PoolFull(full)
+            })?
+        }
+    };
+    let pool = pool.name.clone();
+    let allocation = IpAllocation { nic, pool, address };
+    held.hold(&ctx.request.id, std::slice::from_ref(&allocation));
+    Ok(allocation)
 }
 
 /// The addresses the guest agents of the VMs the current listing shows reported, read again when

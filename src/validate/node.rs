@@ -121,7 +121,7 @@ impl NodeCheck<'_> {
             && !self.is_stand_in("iso_storage_selector")
         {
             let selector = self.here.iso_storage_selector.as_ref();
-            let content = kind.content();
+            let content = kind.content;
             let choice = storage::choose(self.node, &StorageNeed::download(content, selector));
             let key = self.key("iso_storage_selector");
             out.push(self.storage(key, selector, 0, &choice, content));
