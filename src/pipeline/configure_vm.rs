@@ -14,6 +14,7 @@ use super::error::StepError;
 use super::seed::upload_seed;
 use super::step::StepOutcome;
 use crate::model::vm::{BootDisk, cloud_init_drives};
+use crate::proxmox::property::cdrom;
 use crate::proxmox::types::VmConfig;
 use crate::rules::provider_data::BootMode;
 use crate::rules::vm_config;
@@ -108,10 +109,7 @@ async fn attach_seed(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome
     let (node, vmid) = (&vm.node, vm.vmid);
     let seed = upload_seed(ctx, node).await?;
     let doing = format!("attaching the NoCloud seed to VM {vmid} on {node}");
-    let params = vec![(
-        vm_config::SEED_CDROM.to_string(),
-        crate::proxmox::property::cdrom(&seed),
-    )];
+    let params = vec![(vm_config::SEED_CDROM.to_string(), cdrom(&seed))];
     ctx.call(doing, ctx.services.pve.update_vm_config(node, vmid, params))
         .await?;
     Ok(StepOutcome::Done)
