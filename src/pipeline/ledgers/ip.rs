@@ -10,6 +10,9 @@ use super::vmids::Vmids;
 use crate::model::MachineState;
 use crate::rules::ip_pool::IpLedger;
 
+/// When the guest agents were asked, and what each VM (by VMID) reported.
+pub type AgentAnswers = (Instant, BTreeMap<u32, Vec<IpAddr>>);
+
 /// The static IP allocations this process knows of, and what running VMs report.
 ///
 /// Unlike the other ledgers this one must not start empty: an address recorded in a provider state
@@ -28,7 +31,7 @@ pub struct IpLedgers {
     released_before_seed: Mutex<HashSet<String>>,
     /// Addresses running VMs reported through their guest agent, by VMID, and when they were read;
     /// locked while they are read again.
-    pub agent: tokio::sync::Mutex<Option<(Instant, BTreeMap<u32, Vec<IpAddr>>)>>,
+    pub agent: tokio::sync::Mutex<Option<AgentAnswers>>,
     /// Requests that found their pool full, to be looked at again as soon as an address is freed
     /// (instead of at their next backoff, which may be minutes away).
     waiting: Mutex<BTreeSet<String>>,

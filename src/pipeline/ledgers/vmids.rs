@@ -106,9 +106,9 @@ impl Vmids {
     /// again after [`PVE_VERSION_MAX_AGE`]; a read that fails means asking Proxmox until the next.
     pub async fn source(&self, pve: &ProxmoxClient) -> VmidSource {
         let mut facts = self.facts.lock().await;
-        if !facts
+        if facts
             .as_ref()
-            .is_some_and(|(_, at)| at.elapsed() < PVE_VERSION_MAX_AGE)
+            .is_none_or(|(_, at)| at.elapsed() >= PVE_VERSION_MAX_AGE)
         {
             let read = read_facts(pve).await;
             *facts = Some((read, Instant::now()));
