@@ -14,6 +14,7 @@ use super::error::StepError;
 use super::seed::upload_seed;
 use super::step::StepOutcome;
 use crate::model::vm::{BootDisk, cloud_init_drives};
+use crate::proxmox::property::cdrom;
 use crate::proxmox::types::VmConfig;
 use crate::rules::provider_data::BootMode;
 use crate::rules::vm_config;
@@ -74,9 +75,8 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
 }
 
 async fn read_config(ctx: &StepContext<'_>, vm: &VmAt) -> Result<VmConfig, StepError> {
-    let (node, vmid) = (&vm.node, vm.vmid);
-    let doing = format!("reading VM {vmid} on {node}");
-    let read = ctx.services.pve.vm(node, vmid).config().await;
+    let doing = format!("reading VM {} on {}", vm.vmid, vm.node);
+    let read = ctx.services.pve.vm(&vm.node, vm.vmid).config().await;
     read.map_err(StepError::proxmox(doing))
 }
 
@@ -110,10 +110,7 @@ async fn attach_seed(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome
     let (node, vmid) = (&vm.node, vm.vmid);
     let seed = upload_seed(ctx, node).await?;
     let doing = format!("attaching the NoCloud seed to VM {vmid} on {node}");
-    let params = vec![(
-        vm_config::SEED_CDROM.to_string(),
-        crate::proxmox::property::cdrom(&seed),
-    )];
+    let params = vec![(vm_config::SEED_CDROM.to_string(), cdrom(&seed))];
     ctx.call(doing, ctx.services.pve.vm(node, vmid).update_config(params))
         .await?;
     Ok(StepOutcome::Done)

@@ -159,10 +159,9 @@ impl StepContext<'_> {
         task: StartedTask,
         timeout: Duration,
     ) -> Result<Upid, StepError> {
-        match self.services.pve.wait_for_task(&task.upid, timeout).await {
-            Ok(_) => Ok(task.upid),
-            Err(e) => Err(StepError::proxmox(task.doing)(e)),
-        }
+        let waited = self.services.pve.wait_for_task(&task.upid, timeout).await;
+        waited.map_err(StepError::proxmox(task.doing))?;
+        Ok(task.upid)
     }
 
     /// [`Self::start_task`] and [`Self::finish_task`], for a task with nothing to record in between.

@@ -60,8 +60,7 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
         let vmid = choose_vmid(ctx, &listing, &refused).await?;
         ctx.state.reserved_vmid = Some(vmid);
         ctx.persist().await?;
-        let result = make(ctx, node, vmid, &listing).await;
-        match result {
+        match make(ctx, node, vmid, &listing).await {
             Ok(()) => {
                 ctx.services.ledgers.vmids.made(vmid.get());
                 if first_create_ever && attempt == 0 {
@@ -435,17 +434,13 @@ fn disk_storage(
     index: usize,
 ) -> Result<StorageId, StepError> {
     let cluster = ClusterSnapshot::from_resources(listing);
-    let choice = cluster.node(node.as_str()).map(|n| {
-        storage::choose(
-            n,
-            &StorageNeed::boot_disk(&disk.storage_selector, disk.size_gb),
-        )
-    });
+    let need = StorageNeed::boot_disk(&disk.storage_selector, disk.size_gb);
+    let choice = cluster
+        .node(node.as_str())
+        .map(|n| storage::choose(n, &need));
     if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {
-        return Err(StepError::key(
-            format!("additional_disks[{index}].storage_selector"),
-            e,
-        ));
+        let key = format!("additional_disks[{index}].storage_selector");
+        return Err(StepError::key(key, e));
     }
     match choice.and_then(|c| c.chosen) {
         Some(s) => Ok(s.name),

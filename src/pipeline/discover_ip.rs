@@ -90,23 +90,16 @@ pub fn missing_static(
 
 /// Pure: global and private addresses, without loopback, link-local and unspecified ones.
 pub fn usable_addresses(interfaces: &AgentInterfaces) -> Vec<String> {
-    let mut out = Vec::new();
-    for iface in &interfaces.result {
-        for a in &iface.ip_addresses {
-            let Ok(ip) = a.ip_address.parse::<IpAddr>() else {
-                continue;
-            };
-            let usable = match ip {
-                IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified(),
-                IpAddr::V6(v6) => {
-                    !v6.is_loopback()
-                        && !v6.is_unspecified()
-                        && (v6.segments()[0] & 0xffc0) != 0xfe80
-                }
-            };
-            if usable && !out.contains(&a.ip_address) {
-                out.push(a.ip_address.clone());
-            }
+    let usable = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified(),
+        IpAddr::V6(v6) => {
+            !v6.is_loopback() && !v6.is_unspecified() && (v6.segments()[0] & 0xffc0) != 0xfe80
+        }
+    };
+    let mut out: Vec<String> = Vec::new();
+    for a in interfaces.result.iter().flat_map(|i| &i.ip_addresses) {
+        if a.ip_address.parse().is_ok_and(usable) && !out.contains(&a.ip_address) {
+            out.push(a.ip_address.clone());
         }
     }
     out

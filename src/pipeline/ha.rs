@@ -6,13 +6,15 @@
 //! the digest it was planned from; a change someone else made in between makes Proxmox refuse ours,
 //! and the rules are read and planned again.
 
+use futures_util::future::OptionFuture;
+
 use super::context::StepContext;
 use super::error::StepError;
 use super::ledgers::HA_RULES_LOCK;
 use crate::model::Listing;
 use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;
-use crate::proxmox::ha::{HaResource, vm_sid};
+use crate::proxmox::ha::{HaResource, NewHaRule, vm_sid};
 use crate::proxmox::types::{VmId, VmResource};
 use crate::rules::ha::{
     HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
@@ -68,12 +70,11 @@ async fn join_rules(
             .ha_rules()
             .await
             .map_err(StepError::proxmox(doing.clone()))?;
-        let needs_members = set.as_deref().is_some_and(|s| {
-            ha.resource_affinity.is_some() && {
+        let needs_members = ha.resource_affinity.is_some()
+            && set.as_deref().is_some_and(|s| {
                 let name = resource_affinity_rule(s);
                 rules.iter().all(|r| r.rule != name)
-            }
-        });
+            });
         // A new rule starts with the set's HA-managed VMs, seen fresh: tags and `hastate` come from
         // the config files on every read, so a VM registered moments ago is in. Only the set's
         // resource-affinity rule is bounded by the node count (a negative one); node-affinity and
@@ -101,7 +102,11 @@ async fn join_rules(
         let Some(change) = plan.changes.first() else {
             return Ok(());
         };
-        let change = without(change, &gone);
+        // Sids in `gone` are left out.
+        let mut change = change.clone();
+        let (RuleChange::Create(NewHaRule { resources, .. }) | RuleChange::Join { resources, .. }) =
+            &mut change;
+        resources.retain(|s| !gone.contains(s));
         let last = plan.changes.len() == 1;
         match apply(&ctx.services.pve, &change).await {
             Ok(()) if last => return Ok(()),
@@ -155,15 +160,6 @@ fn read_again_after(
         ))),
         e => Err(StepError::proxmox(doing)(e)),
     }
-}
-
-/// `change` with the sids in `gone` left out of its resources.
-fn without(change: &RuleChange, gone: &[String]) -> RuleChange {
-    let mut change = change.clone();
-    let (RuleChange::Create(crate::proxmox::ha::NewHaRule { resources, .. })
-    | RuleChange::Join { resources, .. }) = &mut change;
-    resources.retain(|s| !gone.contains(s));
-    change
 }
 
 async fn apply(
@@ -242,10 +238,12 @@ pub(super) async fn check_rules_in_turn(
         return Ok(None);
     };
     let locks = &ctx.services.ledgers.locks;
-    let turn = match ctx.request.set_id.as_deref() {
-        Some(set) => Some(locks.hold(&format!("ha-placement:{set}")).await),
-        None => None,
-    };
+    let key = ctx
+        .request
+        .set_id
+        .as_ref()
+        .map(|set| format!("ha-placement:{set}"));
+    let turn = OptionFuture::from(key.as_deref().map(|key| locks.hold(key))).await;
     let rules = match ctx.services.pve.ha_rules().await {
         Ok(rules) => rules,
         Err(ProxmoxError::Api { status: 501, .. } | ProxmoxError::PermissionDenied { .. }) => {

@@ -14,7 +14,7 @@
 //! answered with `{"id": "..."}`.
 
 use crate::omni::resources::{FEATURES_CONFIG_ID, FeaturesConfig, TalosVersion};
-use crate::omni::state::StateClient;
+use crate::omni::state::{StateClient, StateError};
 
 use std::time::Duration;
 
@@ -47,32 +47,23 @@ pub fn choose_factory(published: Option<&str>, flag: &str) -> (String, bool) {
 /// URL means the primary. A failed read falls back to the primary too, and says so.
 pub async fn factory_for_version(state: &StateClient, talos_version: &str) -> Option<String> {
     let id = talos_version.trim_start_matches('v');
-    match state.find(&TalosVersion, id).await {
-        Ok(found) => found
-            .map(|v| {
-                v.spec
-                    .image_factory_url
-                    .trim()
-                    .trim_end_matches('/')
-                    .to_owned()
-            })
-            .filter(|u| !u.is_empty()),
-        Err(e) => {
-            tracing::warn!(error = %e, talos_version, "cannot read Omni's Talos version; using its primary Image Factory");
-            None
-        }
-    }
+    let read = state.find(&TalosVersion, id).await;
+    let warn = |e: &StateError| {
+        tracing::warn!(error = %e, talos_version, "cannot read Omni's Talos version; using its primary Image Factory");
+    };
+    let found = read.inspect_err(warn).ok()??;
+    let url = found.spec.image_factory_url.trim().trim_end_matches('/');
+    (!url.is_empty()).then(|| url.to_owned())
 }
 
 /// Reads Omni's features configuration and chooses the factory, saying in the log which one and why.
 pub async fn resolve_factory(state: &StateClient, flag: &str) -> String {
-    let published = match state.find(&FeaturesConfig, FEATURES_CONFIG_ID).await {
-        Ok(found) => found.map(|f| f.spec.image_factory_base_url),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read Omni's features configuration; using --image-factory-url");
-            None
-        }
+    let read = state.find(&FeaturesConfig, FEATURES_CONFIG_ID).await;
+    let warn = |e: &StateError| {
+        tracing::warn!(error = %e, "cannot read Omni's features configuration; using --image-factory-url");
     };
+    let published = read.inspect_err(warn).ok().flatten();
+    let published = published.map(|f| f.spec.image_factory_base_url);
     let (url, from_omni) = choose_factory(published.as_deref(), flag);
     if from_omni {
         tracing::info!(image_factory = %url, "boot ISOs come from the Image Factory Omni is configured with (its features configuration)");

@@ -42,14 +42,12 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         return Ok(());
     }
     // A class changed before the VM existed: an allocation for a pool it no longer names goes.
-    let stale: Vec<IpAllocation> = ctx
-        .state
-        .ip_allocations
-        .iter()
-        .filter(|a| !wanted.iter().any(|(n, p)| *n == a.nic && *p == a.pool))
-        .cloned()
+    let allocations = &mut ctx.state.ip_allocations;
+    let stale: Vec<IpAllocation> = allocations
+        .extract_if(.., |a| {
+            !wanted.iter().any(|(n, p)| *n == a.nic && *p == a.pool)
+        })
         .collect();
-    ctx.state.ip_allocations.retain(|a| !stale.contains(a));
     let missing: Vec<(u8, String)> = wanted
         .into_iter()
         .filter(|(nic, _)| ctx.state.allocation(*nic).is_none())
@@ -58,11 +56,12 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         return Ok(());
     }
     seed_ledgers(ctx).await?;
-    {
-        let mut held = ctx.services.ledgers.ip.held();
-        for a in &stale {
-            held.release_nic(&ctx.request.id, a.nic);
-        }
+    for a in &stale {
+        ctx.services
+            .ledgers
+            .ip
+            .held()
+            .release_nic(&ctx.request.id, a.nic);
     }
     let reported = if missing.is_empty() {
         BTreeSet::new()
@@ -73,13 +72,10 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         let pool = ip_pool::find(&ctx.services.config.ip_pools, &ip_pool::key_of(nic), &name)
             .map_err(|p| StepError::config(format!("invalid provider data: {p}")))?
             .clone();
-        let address = take(ctx, nic, &pool, &reported)?;
+        let allocation = take(ctx, nic, &pool, &reported)?;
+        let address = allocation.address;
         tracing::info!(request = %ctx.request.id, pool = %pool.name, %address, nic = %format!("net{nic}"), "allocated a static address");
-        ctx.state.ip_allocations.push(IpAllocation {
-            nic,
-            pool: pool.name.clone(),
-            address,
-        });
+        ctx.state.ip_allocations.push(allocation);
     }
     ctx.services.ledgers.ip.stop_waiting(&ctx.request.id);
     // Something was allocated or released: neither `missing` nor `stale` is empty.
@@ -106,31 +102,25 @@ fn take(
     nic: u8,
     pool: &IpPool,
     reported: &BTreeSet<IpAddr>,
-) -> Result<IpAddr, StepError> {
+) -> Result<IpAllocation, StepError> {
     let mut held = ctx.services.ledgers.ip.held();
-    if let Some((_, address)) = held
-        .of(&ctx.request.id)
-        .into_iter()
-        .find(|(n, a)| *n == nic && pool.contains(*a))
-    {
-        return Ok(address);
-    }
-    held.release_nic(&ctx.request.id, nic);
-    let mut taken = held.taken();
-    taken.extend(reported.iter().copied());
-    let address = ip_pool::allocate(pool, &taken).map_err(|full| {
-        ctx.services.ledgers.ip.wait_for_address(&ctx.request.id);
-        StepError::PoolFull(full)
-    })?;
-    held.hold(
-        &ctx.request.id,
-        &[IpAllocation {
-            nic,
-            pool: pool.name.clone(),
-            address,
-        }],
-    );
-    Ok(address)
+    let this_nics = |(n, a): &(u8, IpAddr)| *n == nic && pool.contains(*a);
+    let address = match held.of(&ctx.request.id).into_iter().find(this_nics) {
+        Some((_, address)) => address,
+        None => {
+            held.release_nic(&ctx.request.id, nic);
+            let mut taken = held.taken();
+            taken.extend(reported.iter().copied());
+            ip_pool::allocate(pool, &taken).map_err(|full| {
+                ctx.services.ledgers.ip.wait_for_address(&ctx.request.id);
+                StepError::PoolFull(full)
+            })?
+        }
+    };
+    let pool = pool.name.clone();
+    let allocation = IpAllocation { nic, pool, address };
+    held.hold(&ctx.request.id, std::slice::from_ref(&allocation));
+    Ok(allocation)
 }
 
 /// The addresses the guest agents of the VMs the current listing shows reported, read again when
@@ -190,13 +180,8 @@ pub async fn agent_addresses(
             .map(|vm| pve.vm(&vm.node, vm.vmid).agent_network_interfaces());
         let results = futures_util::future::join_all(reads).await;
         for (vm, result) in batch.iter().zip(results) {
-            let addresses = match result {
-                Ok(interfaces) => usable_addresses(&interfaces)
-                    .iter()
-                    .filter_map(|a| a.parse().ok())
-                    .collect(),
-                Err(_) => Vec::new(),
-            };
+            let reported = result.map(|i| usable_addresses(&i)).unwrap_or_default();
+            let addresses = reported.iter().filter_map(|a| a.parse().ok()).collect();
             answers.insert(vm.vmid.get(), addresses);
         }
     }

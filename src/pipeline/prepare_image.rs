@@ -4,7 +4,7 @@
 //! agent, never connection parameters: those are per request and go in the NoCloud seed) is created
 //! through Omni, and the chosen node downloads the Image Factory's nocloud ISO into ISO storage itself,
 //! so the image never passes through the provider; only a factory that asks for credentials is
-//! fetched from by the provider, which streams the image into the storage ([`image_source`]). The URL and the file name are built exactly as the
+//! fetched from by the provider, which streams the image into the storage ([`fetched_by_provider`]). The URL and the file name are built exactly as the
 //! official provider builds them: `<factory>/image/<schematic>/<Talos version as the request gives
 //! it>/nocloud-amd64.iso` (no `v` added: auto-provisioned requests carry `1.11.4`), named by the hex
 //! SHA-256 of that URL, so ISOs it already downloaded are reused and none is downloaded twice.
@@ -15,7 +15,7 @@
 //! is ours (field 31).
 //!
 //! Boot mode `image` (ours): the same schematic, but the node downloads the nocloud *disk* image
-//! (`nocloud-amd64.qcow2`, see [`BootImage::Disk`]) into a storage with the `import` content type,
+//! (`nocloud-amd64.qcow2`, see [`BootImage::DISK`]) into a storage with the `import` content type,
 //! named by the SHA-256 of its URL with a `.qcow2` extension, once per storage; `create_vm` makes the
 //! boot disk from it. Its volume ID is ours (field 32); fields 4 and 31 stay empty.
 //!
@@ -32,7 +32,7 @@ use super::context::StepContext;
 use super::error::StepError;
 use super::factory_auth;
 use super::image_factory::{self, FactoryError};
-use super::ledgers::{image_lock_key, image_presence_key};
+use super::ledgers::image_presence_key;
 use super::step::StepOutcome;
 use crate::model::ClusterSnapshot;
 use crate::omni::management::{BootAssetKind, ManagementError};
@@ -41,7 +41,7 @@ use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::NodeName;
 use crate::rules::provider_data::BootMode;
 use crate::rules::schematic::schematic_yaml;
-use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
+use crate::rules::storage::{self, Content, StorageNeed};
 
 pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
     match BootImage::of(ctx.data.boot) {
@@ -52,46 +52,44 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
 
 /// What the node downloads from the Image Factory for the VM to boot from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BootImage {
+pub struct BootImage {
+    /// The storage content it goes into.
+    pub content: Content,
+    /// The file the Image Factory serves.
+    file: &'static str,
+    /// What the status text calls it.
+    what: &'static str,
+    /// What Omni calls it.
+    asset: BootAssetKind,
+}
+
+impl BootImage {
     /// `nocloud-amd64.iso` into ISO storage (`boot: iso`).
-    Iso,
+    pub const ISO: BootImage = BootImage {
+        content: Content::IsoImages,
+        file: "nocloud-amd64.iso",
+        what: "ISO",
+        asset: BootAssetKind::Iso,
+    };
+
     /// `nocloud-amd64.qcow2` into `import` storage (`boot: image`): qcow2 because download-url
     /// decompresses only ISOs (pve-storage Status.pm `download_url`: "decompression not supported"
     /// for other content, and never `xz`), and the raw image is the full 8 GiB disk; the Image
     /// Factory serves any platform image as `.qcow2` (image-factory internal/profile/profile.go
     /// `ParseFromPath`).
-    Disk,
-}
+    pub const DISK: BootImage = BootImage {
+        content: Content::DiskImages,
+        file: "nocloud-amd64.qcow2",
+        what: "disk image",
+        asset: BootAssetKind::Disk,
+    };
 
-impl BootImage {
     /// What a boot mode downloads; `clone` downloads nothing.
     pub fn of(boot: BootMode) -> Option<BootImage> {
         match boot {
-            BootMode::Iso => Some(BootImage::Iso),
-            BootMode::Image => Some(BootImage::Disk),
+            BootMode::Iso => Some(BootImage::ISO),
+            BootMode::Image => Some(BootImage::DISK),
             BootMode::Clone => None,
-        }
-    }
-
-    /// The storage content it goes into.
-    pub fn content(self) -> Content {
-        match self {
-            BootImage::Iso => Content::IsoImages,
-            BootImage::Disk => Content::DiskImages,
-        }
-    }
-
-    fn file(self) -> &'static str {
-        match self {
-            BootImage::Iso => "nocloud-amd64.iso",
-            BootImage::Disk => "nocloud-amd64.qcow2",
-        }
-    }
-
-    fn what(self) -> &'static str {
-        match self {
-            BootImage::Iso => "ISO",
-            BootImage::Disk => "disk image",
         }
     }
 }
@@ -113,119 +111,91 @@ async fn download(
     ctx.state.talos_version = Some(ctx.request.talos_version.clone());
     let url = boot_image_url(ctx, &schematic, kind);
     let file_name = image_file_name(&url, kind);
-    let (storage, shared) = download_storage(ctx, node, kind.content()).await?;
-    let volid = format!("{storage}:{}/{file_name}", kind.content().as_str());
-    let unusable =
-        |e: PropertyError| StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what()));
-    // Where the image goes: a volume in ISO storage, or one in `import` storage.
-    let (iso, image) = match kind {
-        BootImage::Iso => {
-            let file = IsoFileName::new(file_name.as_str()).map_err(unusable)?;
-            let storage = storage.clone();
-            (Some(IsoVolume { storage, file }), None)
-        }
-        BootImage::Disk => {
-            let file = ImportFileName::new(file_name.as_str()).map_err(unusable)?;
-            let storage = storage.clone();
-            (None, Some(ImportVolume { storage, file }))
-        }
-    };
-    let recorded = match kind {
-        BootImage::Iso => {
-            ctx.state.boot_iso == iso && ctx.state.iso_file.as_deref() == Some(&file_name)
-        }
-        BootImage::Disk => ctx.state.boot_image == image,
-    };
-    if recorded {
-        return Ok(StepOutcome::Done);
-    }
-    // One download per image and storage, however many requests want it at once.
-    let lock_key = if shared {
-        volid.clone()
-    } else {
-        format!("{node}/{volid}")
-    };
-    let _guard = ctx
-        .services
-        .ledgers
-        .locks
-        .hold(&image_lock_key(&lock_key))
-        .await;
+    let (storage, shared) = download_storage(ctx, node, kind.content).await?;
     let wanted = Wanted {
         kind,
         schematic: &schematic,
         node,
         storage: storage.as_str(),
-        volid: &volid,
         file_name: &file_name,
         url: &url,
+        shared,
     };
-    fetch(ctx, &wanted).await?;
-    if kind == BootImage::Iso {
-        ctx.state.iso_file = Some(file_name);
-        ctx.state.boot_iso = iso;
+    let volid = wanted.volid();
+    let unusable =
+        |e: PropertyError| StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what));
+    // Where the image goes: a volume in ISO storage, or one in `import` storage.
+    if kind == BootImage::ISO {
+        let file = IsoFileName::new(file_name.as_str()).map_err(unusable)?;
+        let iso = Some(IsoVolume {
+            storage: storage.clone(),
+            file,
+        });
+        if ctx.state.boot_iso != iso || ctx.state.iso_file.as_deref() != Some(&file_name) {
+            fetch(ctx, &wanted).await?;
+            ctx.state.iso_file = Some(file_name.clone());
+            ctx.state.boot_iso = iso;
+        }
     } else {
-        ctx.state.boot_image = image;
+        let file = ImportFileName::new(file_name.as_str()).map_err(unusable)?;
+        let image = Some(ImportVolume {
+            storage: storage.clone(),
+            file,
+        });
+        if ctx.state.boot_image != image {
+            fetch(ctx, &wanted).await?;
+            ctx.state.boot_image = image;
+        }
     }
     Ok(StepOutcome::Done)
 }
 
-/// How the boot image gets into the storage.
-enum Source {
-    /// The node downloads it (`download-url`): the factory needs no credentials.
-    Node,
-    /// The provider downloads it with `headers` and uploads it: the factory needs credentials,
-    /// which never reach the node.
-    Provider {
-        url: String,
-        headers: Vec<(String, crate::secret::Secret)>,
-        /// Whose credentials they are, as the status text names them.
-        named: &'static str,
-        /// What to check when the factory refuses them.
-        advice: &'static str,
-    },
+/// A boot image the provider downloads with `headers` and uploads: the factory needs credentials,
+/// which never reach the node.
+struct Fetched {
+    url: String,
+    headers: Vec<(String, crate::secret::Secret)>,
+    /// Whose credentials they are, as the status text names them.
+    named: &'static str,
+    /// What to check when the factory refuses them.
+    advice: &'static str,
 }
 
-/// Where the image comes from. Credentials the operator gives for the factory come first; else
+/// Where the image comes from: `None` when the node downloads it itself (`download-url`), the
+/// factory needing no credentials. Credentials the operator gives for the factory come first; else
 /// Omni is asked where the asset is and with which headers (Omni from August 2026: siderolabs/omni
 /// `client/pkg/imagefactory/bootasset.go` `ResolveBootAsset`, which puts the factory's credentials
 /// in an `Authorization` header); a factory that needs none is left to the node, as the official
 /// provider does. An Omni that cannot tell (older, or failing) leaves it to the node too.
-async fn image_source(ctx: &StepContext<'_>, wanted: &Wanted<'_>) -> Source {
+async fn fetched_by_provider(ctx: &StepContext<'_>, wanted: &Wanted<'_>) -> Option<Fetched> {
     let services = ctx.services;
     if let Some(credentials) = services
         .factory_auth
         .for_factory(ctx.request.factory(services))
     {
-        return Source::Provider {
+        return Some(Fetched {
             url: wanted.url.to_owned(),
             headers: credentials.headers(),
             named: "the credentials of --image-factory-auth-file",
             advice: "the factory refuses the credentials --image-factory-auth-file gives for it: check its username and password",
-        };
+        });
     }
-    let asset_kind = match wanted.kind {
-        BootImage::Iso => BootAssetKind::Iso,
-        BootImage::Disk => BootAssetKind::Disk,
+    let management = &services.management;
+    let asset = management.boot_asset(
+        &ctx.request.talos_version,
+        wanted.schematic,
+        wanted.kind.asset,
+    );
+    let warn = |e: &ManagementError| {
+        tracing::warn!(error = %e, "cannot ask Omni how to fetch the boot image; the node downloads it");
     };
-    let talos_version = &ctx.request.talos_version;
-    match services
-        .management
-        .boot_asset(talos_version, wanted.schematic, asset_kind)
-        .await
-    {
-        Ok(Some(asset)) if !asset.headers.is_empty() => Source::Provider {
-            url: asset.url,
-            headers: asset.headers,
-            named: "the credentials Omni holds for it",
-            advice: "the factory refuses the credentials Omni holds for it: check Omni's image factory settings",
-        },
-        Ok(_) => Source::Node,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot ask Omni how to fetch the boot image; the node downloads it");
-            Source::Node
-        }
-    }
+    let asset = asset.await.inspect_err(warn).ok()??;
+    (!asset.headers.is_empty()).then_some(Fetched {
+        url: asset.url,
+        headers: asset.headers,
+        named: "the credentials Omni holds for it",
+        advice: "the factory refuses the credentials Omni holds for it: check Omni's image factory settings",
+    })
 }
 
 /// The boot image a download must put in place.
@@ -234,16 +204,31 @@ struct Wanted<'a> {
     schematic: &'a str,
     node: &'a NodeName,
     storage: &'a str,
-    volid: &'a str,
     file_name: &'a str,
     /// Where the Image Factory serves it.
     url: &'a str,
+    /// The storage is shared: one download serves every node.
+    shared: bool,
+}
+
+impl Wanted<'_> {
+    fn volid(&self) -> String {
+        let content = self.kind.content;
+        format!("{}:{}/{}", self.storage, content.as_str(), self.file_name)
+    }
 }
 
 /// Makes sure the image is in the storage: there already (another request, another provider, an
 /// earlier try), or downloaded by the node now, its task recorded before it is waited for.
 async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), StepError> {
-    let (kind, node, storage) = (wanted.kind, wanted.node, wanted.storage);
+    let (kind, node, storage, volid) = (wanted.kind, wanted.node, wanted.storage, wanted.volid());
+    // One download per image and storage, however many requests want it at once.
+    let lock_key = if wanted.shared {
+        format!("image:{volid}")
+    } else {
+        format!("image:{node}/{volid}")
+    };
+    let _guard = ctx.services.ledgers.locks.hold(&lock_key).await;
     let pve = &ctx.services.pve;
     // A download the official provider (or an earlier run) started may still be running: wait for it
     // rather than start a second one into the same file. How it ended is read from the storage below.
@@ -254,24 +239,23 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
     }
     // A boot ISO seen lately needs no listing per VM: a start that finds it gone puts it back
     // (`put_back_if_missing`). A disk image is only read by the create, which cannot do that.
-    let presence =
-        (kind == BootImage::Iso).then(|| image_presence_key(node.as_str(), wanted.volid));
+    let presence = (kind == BootImage::ISO).then(|| image_presence_key(node.as_str(), &volid));
     let ledgers = &ctx.services.ledgers;
     if ctx.state.iso_download_task.is_none()
         && presence.as_deref().is_some_and(|k| ledgers.images.known(k))
     {
         return Ok(());
     }
-    let content = kind.content().as_str();
+    let content = kind.content.as_str();
     let present = pve
         .storage_content(node, storage, Some(content))
         .await
         .map_err(StepError::proxmox(format!(
             "listing {} in storage {storage} on {node}",
-            kind.content().describe()
+            kind.content.describe()
         )))?
         .iter()
-        .any(|v| v.volid == wanted.volid);
+        .any(|v| v.volid == volid);
     if !present {
         put_in_place(ctx, wanted).await?;
     }
@@ -282,19 +266,19 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
 }
 
 /// Puts the image into the storage: downloaded by the node, or by the provider and uploaded when
-/// the factory needs credentials ([`image_source`]); the task is recorded before it is waited for.
+/// the factory needs credentials ([`fetched_by_provider`]); the task is recorded before it is waited for.
 async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), StepError> {
     let (kind, node, storage, file_name) =
         (wanted.kind, wanted.node, wanted.storage, wanted.file_name);
     let pve = &ctx.services.pve;
-    let content = kind.content().as_str();
+    let content = kind.content.as_str();
     let what = format!(
         "the Talos {} {} to {storage} on {node}",
         talos_version(&ctx.request.talos_version),
-        kind.what()
+        kind.what
     );
-    let task = match image_source(ctx, wanted).await {
-        Source::Node => {
+    let task = match fetched_by_provider(ctx, wanted).await {
+        None => {
             let download = DownloadRequest {
                 url: wanted.url.to_owned(),
                 file_name: file_name.to_owned(),
@@ -307,12 +291,12 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
             )
             .await?
         }
-        Source::Provider {
+        Some(Fetched {
             url,
             headers,
             named,
             advice,
-        } => {
+        }) => {
             let services = ctx.services;
             let image = factory_auth::download(
                 &services.factory_http,
@@ -340,7 +324,7 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
             .await?
         }
     };
-    if kind == BootImage::Iso {
+    if kind == BootImage::ISO {
         ctx.state.iso_file = Some(file_name.to_owned());
     }
     ctx.state.iso_download_task = Some(task.upid.clone());
@@ -381,20 +365,16 @@ pub(super) async fn put_back_if_missing(
     // The same file name in the same storage, downloaded from the same URL: where the VM's config
     // expects it.
     let (file_name, storage) = (volume.file.to_string(), volume.storage.to_string());
-    let url = boot_image_url(ctx, &schematic, BootImage::Iso);
-    let locks = &ctx.services.ledgers.locks;
-    let _guard = locks
-        .hold(&image_lock_key(&format!("{node}/{volid}")))
-        .await;
+    let url = boot_image_url(ctx, &schematic, BootImage::ISO);
     ctx.state.iso_download_task = None;
     let wanted = Wanted {
-        kind: BootImage::Iso,
+        kind: BootImage::ISO,
         schematic: &schematic,
         node,
         storage: &storage,
-        volid: &volid,
         file_name: &file_name,
         url: &url,
+        shared: false,
     };
     fetch(ctx, &wanted).await?;
     Ok(true)
@@ -410,22 +390,19 @@ pub(super) async fn download_storage(
 ) -> Result<(StorageId, bool), StepError> {
     let selector = ctx.data.iso_storage_selector.clone();
     let cluster = ClusterSnapshot::from_resources(&ctx.cluster(false).await?);
-    let choice = match cluster.node(node.as_str()) {
-        Some(n) => storage::choose(n, &StorageNeed::download(content, selector.as_ref())),
-        None => StorageChoice {
-            chosen: None,
-            rejected: Vec::new(),
-        },
-    };
-    if let Some(e) = choice.selector_error() {
+    let need = StorageNeed::download(content, selector.as_ref());
+    let choice = cluster
+        .node(node.as_str())
+        .map(|n| storage::choose(n, &need));
+    if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {
         return Err(StepError::key("iso_storage_selector", e));
     }
-    if let Some(s) = choice.chosen {
-        return Ok((s.name, s.shared));
+    if let Some(s) = choice.as_ref().and_then(|c| c.chosen.as_ref()) {
+        return Ok((s.name.clone(), s.shared));
     }
     // Without a selector the first storage with the content was taken, so reaching here means a
     // selector rejected every one, or there is none.
-    let seen: Vec<&str> = choice.usable().collect();
+    let seen: Vec<&str> = choice.iter().flat_map(|c| c.usable()).collect();
     let (kind, what) = (content.as_str(), content.describe());
     Err(StepError::Cluster(match selector {
         Some(sel) if !seen.is_empty() => format!(
@@ -450,11 +427,10 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
     let yaml = schematic_yaml(&ctx.request.schematic)
         .map_err(|e| StepError::config(format!("cannot build the image schematic: {e}")))?;
     let services = ctx.services;
-    match services
+    let made = services
         .management
-        .create_schematic_from_raw(&yaml, version)
-        .await
-    {
+        .create_schematic_from_raw(&yaml, version);
+    match made.await {
         Ok(id) => Ok(id),
         // Omni before 1.8: ask the factory ourselves, as the older Go library did.
         Err(ManagementError::OmniTooOld) => image_factory::create_schematic(
@@ -477,7 +453,7 @@ async fn create_schematic(ctx: &StepContext<'_>, version: &str) -> Result<String
 /// Where the request's factory serves its boot image of `kind`.
 fn boot_image_url(ctx: &StepContext<'_>, schematic: &str, kind: BootImage) -> String {
     let factory = ctx.request.factory(ctx.services);
-    image_url(factory, schematic, &ctx.request.talos_version, kind.file())
+    image_url(factory, schematic, &ctx.request.talos_version, kind.file)
 }
 
 /// `<factory>/image/<schematic>/<version>/<file>`. The factory adds a missing `v` itself
@@ -492,7 +468,7 @@ pub fn image_url(factory: &str, schematic: &str, talos_version: &str, file: &str
 /// A boot image's file name in storage: the hex SHA-256 of its URL, with the extension Proxmox
 /// wants for the content (`.iso`, `.qcow2`), so the same image is found again by name.
 pub fn image_file_name(url: &str, kind: BootImage) -> String {
-    let ext = kind.file().rsplit('.').next().unwrap_or_default();
+    let ext = kind.file.rsplit('.').next().unwrap_or_default();
     format!("{:x}.{ext}", Sha256::digest(url.as_bytes()))
 }
 
@@ -521,14 +497,14 @@ mod tests {
             "https://factory.talos.dev/",
             schematic,
             "1.11.4",
-            BootImage::Iso.file(),
+            BootImage::ISO.file,
         );
         assert_eq!(
             url,
             format!("https://factory.talos.dev/image/{schematic}/1.11.4/nocloud-amd64.iso")
         );
         assert_eq!(
-            image_file_name(&url, BootImage::Iso),
+            image_file_name(&url, BootImage::ISO),
             "9d4a60553b0968e85b3fb1b2a532d5903df42db7eaf708b1b663b44a3cb6caee.iso"
         );
     }

@@ -115,7 +115,7 @@ impl NodeCheck<'_> {
         if let Some(kind) = BootImage::of(self.here.boot)
             && !self.is_stand_in("iso_storage_selector")
         {
-            let (selector, content) = (self.here.iso_storage_selector.as_ref(), kind.content());
+            let (selector, content) = (self.here.iso_storage_selector.as_ref(), kind.content);
             let choice = storage::choose(self.node, &StorageNeed::download(content, selector));
             let key = self.key("iso_storage_selector");
             out.push(self.storage(key, selector, 0, &choice, content));

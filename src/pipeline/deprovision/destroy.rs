@@ -1,5 +1,7 @@
 //! Shutting a VM down and destroying it with its disks, once it is known to be ours.
 
+use futures_util::future::OptionFuture;
+
 use super::error::Action;
 use super::{DeprovisionError, DeprovisionOutcome, Run, node_offline};
 use crate::model::Listing;
@@ -71,10 +73,8 @@ async fn leave_ha(run: &Run<'_>, vm: &VmResource) -> Result<(), DeprovisionError
     (run.progress)(&format!(
         "taking VM {vmid} out of Proxmox HA and its HA rules"
     ));
-    let _rules_held = match &run.options.ha_rules_lock {
-        Some(lock) => Some(lock.lock().await),
-        None => None,
-    };
+    let held = run.options.ha_rules_lock.as_ref().map(|lock| lock.lock());
+    let _rules_held = OptionFuture::from(held).await;
     let tags = vm.tag_list();
     if let Some(set) = identity::tagged_set(&tags) {
         let rules = match pve.ha_rules().await {
@@ -91,13 +91,7 @@ async fn leave_ha(run: &Run<'_>, vm: &VmResource) -> Result<(), DeprovisionError
             Err(e) => return Err(fail(e)),
         };
         let sid = vm_sid(vmid);
-        let listed = |view: &Listing, member: &str| {
-            member
-                .strip_prefix("vm:")
-                .and_then(|id| id.parse().ok())
-                .and_then(|id| VmId::new(id).ok())
-                .is_some_and(|id| view.vm(id).is_some())
-        };
+        let listed = |view: &Listing, member: &str| view.vms().any(|vm| vm_sid(vm.vmid) == member);
         let mut delete = rules_to_delete(set, &sid, &rules, |m| listed(view, m));
         // A member the listing (read before the lock was taken) does not show may be a machine that
         // joined since, not a deleted one: look again before deleting a rule it is in.
@@ -238,8 +232,5 @@ fn refused_as_running(e: &ProxmoxError) -> bool {
 
 /// A destroy task that failed because the VM vanished meanwhile.
 pub(super) fn task_says_gone(e: &ProxmoxError) -> bool {
-    match e {
-        ProxmoxError::TaskFailed { exit_status, .. } => exit_status.contains("does not exist"),
-        _ => false,
-    }
+    matches!(e, ProxmoxError::TaskFailed { exit_status, .. } if exit_status.contains("does not exist"))
 }

@@ -151,13 +151,6 @@ struct Run<'a> {
     progress: &'a (dyn Fn(&str) + Send + Sync),
 }
 
-/// What to do with a VM after the ownership check.
-enum Verdict {
-    Delete,
-    NotOurs(String),
-    Gone,
-}
-
 /// Deletes the request's VM and seed ISO, saying what was left behind (see
 /// [`Deprovisioned::leftover_seed_iso`]). See the module docs for the rules; `progress` gets readable
 /// status lines ("shutting down VM 104 on pve2 …") for the MachineRequestStatus.
@@ -313,9 +306,9 @@ async fn deprovision_in(
     if let Some(id) = target.vmid {
         if let Some(vm) = view.vm(id) {
             match verdict(run, vm, &claim).await? {
-                Verdict::Delete => return destroy(run, vm).await,
-                Verdict::Gone => return Ok(DeprovisionOutcome::AlreadyGone),
-                Verdict::NotOurs(reason) => foreign = Some((id, reason)),
+                Identified::Ours => return destroy(run, vm).await,
+                Identified::NotOurs(reason) => foreign = Some((id, reason)),
+                _gone => return Ok(DeprovisionOutcome::AlreadyGone),
             }
         } else if view.containers().any(|ct| ct.vmid == id) {
             foreign = Some((id, "it is now a container".into()));
@@ -331,12 +324,12 @@ async fn deprovision_in(
     match candidates.as_slice() {
         [] => {}
         [vm] => match verdict(run, vm, &claim).await? {
-            Verdict::Delete => return destroy(run, vm).await,
-            Verdict::Gone => {}
-            Verdict::NotOurs(reason) => {
+            Identified::Ours => return destroy(run, vm).await,
+            Identified::NotOurs(reason) => {
                 tracing::warn!(request = %target.request_id, vmid = %vm.vmid, %reason,
                     "a VM named after the request is not ours; left alone");
             }
+            _gone => {}
         },
         many => {
             return Err(DeprovisionError::Ambiguous {
@@ -363,30 +356,25 @@ fn node_offline(view: &Listing, vm: &VmResource) -> DeprovisionError {
 
 /// Whether `vm` is the request's, by `model::identity` (the rule adoption uses too). A VM whose
 /// node is away or that is locked mid-create cannot be ruled out: an error, so the teardown waits.
+/// What is returned is `Ours`, `NotOurs` or `Gone`.
 async fn verdict(
     run: &Run<'_>,
     vm: &VmResource,
     claim: &Claim<'_>,
-) -> Result<Verdict, DeprovisionError> {
+) -> Result<Identified, DeprovisionError> {
     let online = run.view.node_online(&vm.node);
-    let identified =
-        identify(run.pve, online, vm, claim)
-            .await
-            .map_err(DeprovisionError::proxmox(
-                Action::ReadConfig,
-                &vm.node,
-                vm.vmid,
-            ))?;
-    match identified {
-        Identified::Ours => Ok(Verdict::Delete),
-        Identified::NotOurs(reason) => Ok(Verdict::NotOurs(reason)),
-        Identified::Gone => Ok(Verdict::Gone),
+    let reading = DeprovisionError::proxmox(Action::ReadConfig, &vm.node, vm.vmid);
+    match identify(run.pve, online, vm, claim)
+        .await
+        .map_err(reading)?
+    {
         Identified::NodeAway => Err(node_offline(run.view, vm)),
         Identified::Locked(lock) => Err(DeprovisionError::Locked {
             node: vm.node.clone(),
             vmid: vm.vmid,
             lock,
         }),
+        ours_not_ours_or_gone => Ok(ours_not_ours_or_gone),
     }
 }
 

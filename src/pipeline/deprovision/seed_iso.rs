@@ -44,24 +44,20 @@ pub(super) async fn delete_seed_iso(
     match pve.delete_volume(&node, &storage, volume).await {
         Ok(Some(upid)) if options.wait_for_seed_iso => {
             match pve.wait_for_task(&upid, options.task_timeout).await {
-                Ok(_) => Ok(()),
-                Err(e) if task_says_gone(&e) => Ok(()),
-                Err(e) => Err(fail(e)),
+                Err(e) if !task_says_gone(&e) => Err(fail(e)),
+                _ => Ok(()),
             }
         }
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() || volume_gone(&e) => Ok(()),
-        Err(e) => Err(fail(e)),
+        Err(e) if !e.is_not_found() && !volume_gone(&e) => Err(fail(e)),
+        _ => Ok(()),
     }
 }
 
 /// Proxmox words a missing volume in several ways, not all of which map to "not found".
 fn volume_gone(e: &ProxmoxError) -> bool {
-    match e {
-        ProxmoxError::Api { message, .. } => {
-            let m = message.to_ascii_lowercase();
-            m.contains("does not exist") || m.contains("no such volume")
-        }
-        _ => false,
-    }
+    let ProxmoxError::Api { message, .. } = e else {
+        return false;
+    };
+    let m = message.to_ascii_lowercase();
+    m.contains("does not exist") || m.contains("no such volume")
 }

@@ -42,11 +42,6 @@ pub(crate) fn entry<T>(ledger: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     ledger.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The key of [`Locks::exclusive`] for an image download.
-pub fn image_lock_key(volume: &str) -> String {
-    format!("image:{volume}")
-}
-
 /// The key of [`Ledgers::images`] for a boot ISO on a node.
 pub fn image_presence_key(node: &str, volid: &str) -> String {
     format!("{node}/{volid}")
@@ -95,7 +90,7 @@ pub struct Locks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 
 impl Locks {
     /// A lock shared by everyone handling this key: concurrent requests for one image download it
-    /// once ([`image_lock_key`]), this process edits HA rules one change at a time
+    /// once, this process edits HA rules one change at a time
     /// ([`HA_RULES_LOCK`]), and the machines of a set in HA rules are checked and placed one at a
     /// time. Entries live as long as the process (a handful: one per image and node, one per such
     /// set).

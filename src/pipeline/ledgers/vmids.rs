@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{PVE_VERSION_MAX_AGE, entry};
-use crate::proxmox::ProxmoxClient;
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::vmid::{self, VmidFacts, VmidSource};
 
 /// VMIDs chosen by requests in flight, made lately and perhaps not yet in the listing a request
@@ -106,10 +106,10 @@ impl Vmids {
     /// again after [`PVE_VERSION_MAX_AGE`]; a read that fails means asking Proxmox until the next.
     pub async fn source(&self, pve: &ProxmoxClient) -> VmidSource {
         let mut facts = self.facts.lock().await;
-        let known = facts
+        if facts
             .as_ref()
-            .filter(|(_, at)| at.elapsed() < PVE_VERSION_MAX_AGE);
-        if known.is_none() {
+            .is_none_or(|(_, at)| at.elapsed() >= PVE_VERSION_MAX_AGE)
+        {
             let read = read_facts(pve).await;
             *facts = Some((read, Instant::now()));
         }
@@ -132,13 +132,10 @@ async fn read_facts(pve: &ProxmoxClient) -> Option<VmidFacts> {
         }
     };
     let range = if privileges.holds("/", "Sys.Audit") {
-        match pve.next_id_range().await {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::info!(error = %e, "cannot read the datacenter's next-id range; VMIDs come from /cluster/nextid");
-                None
-            }
-        }
+        let say = |e: &ProxmoxError| {
+            tracing::info!(error = %e, "cannot read the datacenter's next-id range; VMIDs come from /cluster/nextid");
+        };
+        pve.next_id_range().await.inspect_err(say).ok()
     } else {
         None
     };
