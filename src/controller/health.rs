@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 
@@ -39,13 +39,7 @@ pub async fn beat(
 ) -> Result<Option<String>, StateError> {
     let problem = check().await;
     let error = problem.clone().unwrap_or_default();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let ts = prost_types::Timestamp {
-        seconds: now.as_secs() as i64,
-        nanos: now.subsec_nanos() as i32,
-    };
+    let ts = prost_types::Timestamp::from(SystemTime::now());
     state
         .modify(
             &InfraProviderHealthStatus,

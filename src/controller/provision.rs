@@ -20,7 +20,6 @@ use tracing::Instrument;
 
 use super::context::{self, Context};
 use super::error_policy::{ReconcileError, omni};
-use super::lanes::Lane;
 use super::progress::{Phase, StateStore, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
 use super::runner::Action;
@@ -180,7 +179,7 @@ impl Provisioning<'_> {
         for step in &Step::ALL[ready.start.min(Step::ALL.len())..] {
             // A listing kept through a wait for a slot would be stale after it, and a thousand
             // requests waiting would each hold one.
-            let lane = Lane::of(ready.state.node.as_ref());
+            let lane = ready.state.node.clone();
             let forget_listing = || ready.cluster = None;
             self.ctx
                 .lanes
