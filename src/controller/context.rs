@@ -231,12 +231,7 @@ impl Context {
 
 /// The request's labels, which its status carries too.
 pub fn labels(request: &Request) -> BTreeMap<String, String> {
-    request
-        .metadata
-        .labels
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+    request.metadata.labels.clone().into_iter().collect()
 }
 
 fn delivered_is_current(delivered: &Request, owner: &str, we_added_finalizer: bool) -> bool {

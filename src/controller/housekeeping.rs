@@ -72,8 +72,13 @@ pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
     })?;
     for (released, leftover) in released {
         let id = released.request_id.as_str();
+        // Tries again to delete the seed ISO or set pool the teardown could not.
         if leftover {
-            retry_leftovers(ctx, &released).await?;
+            let done = deprovision_logged(ctx, &released).await?;
+            if done.leftover_seed_iso.is_none() && !done.leftover_pool {
+                tracing::info!(request = %id, "what the teardown left behind is deleted now");
+                ctx.services.ledgers.releases.complete(id);
+            }
         }
         // Templates are left out.
         let late: Vec<&VmResource> = listing
@@ -89,20 +94,6 @@ pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
         if !late.is_empty() {
             delete_late_vms(ctx, &released, &late).await?;
         }
-    }
-    Ok(())
-}
-
-/// Tries again to delete the seed ISO or set pool the teardown of `released` could not.
-async fn retry_leftovers(
-    ctx: &Context,
-    released: &DeprovisionTarget,
-) -> Result<(), ReconcileError> {
-    let id = released.request_id.as_str();
-    let done = deprovision_logged(ctx, released).await?;
-    if done.leftover_seed_iso.is_none() && !done.leftover_pool {
-        tracing::info!(request = %id, "what the teardown left behind is deleted now");
-        ctx.services.ledgers.releases.complete(id);
     }
     Ok(())
 }

@@ -49,7 +49,15 @@ pub async fn apply(ctx: &Context, request: &Request) -> Result<Action, Reconcile
         id: request.id(),
         labels: context::labels(request),
     };
-    let result = run.provision(request).await;
+    // The reads before the steps are on the heap while they run, so that what the reconcile
+    // keeps while it waits for a slot is only what the steps need (see `run_steps`).
+    let result = match Box::pin(run.prepare(request)).await {
+        Ok(Some(mut ready)) => run.run_steps(&mut ready).await,
+        // PROVISIONED already.
+        Ok(None) => Ok(Action::Done),
+        Err(e) => Err(e),
+    };
+    // What the status says about the failure is the error policy's to decide.
     if let Err(e) = &result {
         ctx.report_failure(run.id, &run.labels, e).await;
     }
@@ -74,17 +82,6 @@ struct Ready {
 }
 
 impl Provisioning<'_> {
-    /// Up to the first failure; what the status says about the failure is the error policy's to
-    /// decide.
-    async fn provision(&self, request: &Request) -> Result<Action, ReconcileError> {
-        // The reads before the steps are on the heap while they run, so that what the reconcile
-        // keeps while it waits for a slot is only what the steps need (see `run_steps`).
-        let Some(mut ready) = Box::pin(self.prepare(request)).await? else {
-            return Ok(Action::Done);
-        };
-        self.run_steps(&mut ready).await
-    }
-
     /// What the steps need, read from Omni: `None` when the request is PROVISIONED already.
     async fn prepare(&self, request: &Request) -> Result<Option<Ready>, ReconcileError> {
         let (ctx, id) = (self.ctx, self.id);
@@ -156,13 +153,13 @@ impl Provisioning<'_> {
                 tracing::warn!(request = %self.id, "provider data: {warning}");
             }
         }
-        match release_problem(&services.pve, &data, &services.ledgers).await {
-            Some(problem) => Err(ReconcileError::Refused {
+        let problem = release_problem(&services.pve, &data, &services.ledgers).await;
+        problem.map_or(Ok(()), |problem| {
+            Err(ReconcileError::Refused {
                 doing: "checking the Proxmox VE release",
                 problem,
-            }),
-            None => Ok(()),
-        }
+            })
+        })
     }
 
     /// The steps from `start`, each in the lane of the node the request is on.
@@ -232,15 +229,10 @@ impl Provisioning<'_> {
         let Some(node) = state.node.as_ref() else {
             return;
         };
-        let enabled = self
-            .ctx
-            .services
-            .provider_data(info, Some(node.as_str()))
-            .is_ok_and(|data| data.topology_labels);
-        if !enabled {
-            return;
-        }
-        if let Err(e) = topology::label(self.ctx, self.id, node.as_str()).await {
+        let data = self.ctx.services.provider_data(info, Some(node.as_str()));
+        if data.is_ok_and(|data| data.topology_labels)
+            && let Err(e) = topology::label(self.ctx, self.id, node.as_str()).await
+        {
             tracing::warn!(request = %self.id, error = %e, "cannot write the topology labels now; the next housekeeping round will");
         }
     }

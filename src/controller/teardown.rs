@@ -195,6 +195,7 @@ async fn deprovision_vm(
     state: &MachineState,
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
+    let (services, ledgers) = (&ctx.services, &ctx.services.ledgers);
     let target = target(id, ctx.provider_id(), state);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let progress = move |text: &str| {
@@ -204,14 +205,14 @@ async fn deprovision_vm(
     // The seed ISO delete is sent but not waited for (DeprovisionOptions' default): deleting a file is
     // near instant, the poll would be a seventh request per machine, and an ISO left behind is
     // harmless and listed by `orphans`.
-    ctx.services.ledgers.releases.teardown_started(id);
+    ledgers.releases.teardown_started(id);
     let options = DeprovisionOptions {
-        departing: Some(ctx.services.ledgers.releases.departing()),
-        ha_rules_lock: Some(ctx.services.ledgers.locks.exclusive(HA_RULES_LOCK)),
+        departing: Some(ledgers.releases.departing()),
+        ha_rules_lock: Some(ledgers.locks.exclusive(HA_RULES_LOCK)),
         ..DeprovisionOptions::default()
     };
     let work = async {
-        let result = deprovision_reporting(&ctx.services.pve, &target, &options, &progress).await;
+        let result = deprovision_reporting(&services.pve, &target, &options, &progress).await;
         drop(progress);
         result
     };
@@ -220,40 +221,33 @@ async fn deprovision_vm(
         .map(|labels| StatusSink::new(ctx, id, labels.clone(), None, Phase::Deprovisioning));
     let show = async {
         if let Some(sink) = &sink {
-            show_while_slow(
-                rx,
-                PROGRESS_EVERY,
-                |text| async move { sink.show(&text).await },
-            )
-            .await;
+            let show = |text: String| async move { sink.show(&text).await };
+            show_while_slow(rx, PROGRESS_EVERY, show).await;
         }
     };
     let (result, ()) = tokio::join!(work, show);
     if let Some(pool) = &state.default_pool {
         // Made again on demand if the set comes back.
-        ctx.services.ledgers.pools.forget(pool.as_str());
+        ledgers.pools.forget(pool.as_str());
     }
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
-    // counted and logged, tried again by the housekeeping round for a while, and the `orphans` command
-    // lists it once the request is gone.
+    // counted and logged, tried again by the housekeeping round for a while, and the `orphans`
+    // command lists it once the request is gone.
     let result = result.map(|d: Deprovisioned| {
         if d.leftover_seed_iso.is_some() {
-            ctx.services.metrics.leftover("seed_iso");
+            services.metrics.leftover("seed_iso");
         }
         let leftover = d.leftover_seed_iso.is_some() || d.leftover_pool;
         // A create sent before a crash, or whose answer was lost, may still be applied by Proxmox:
-        // see `housekeeping::remove_late_vms`. A VM this process made with the request's only create cannot come
-        // back, so such releases are not kept: a provider running thousands of machines would
-        // otherwise hold one for each.
-        let clean = ctx.services.ledgers.releases.take_created_cleanly(id);
+        // see `housekeeping::remove_late_vms`. A VM this process made with the request's only
+        // create cannot come back, so such releases are not kept: a provider running thousands of
+        // machines would otherwise hold one for each.
+        let clean = ledgers.releases.take_created_cleanly(id);
         if leftover || (target.vmid.is_some() && !clean) {
-            ctx.services
-                .ledgers
-                .releases
-                .released(target.clone(), leftover);
+            ledgers.releases.released(target.clone(), leftover);
         }
     });
-    ctx.services.ledgers.releases.teardown_ended(id);
+    ledgers.releases.teardown_ended(id);
     // The deprovision logs what it did with the VM.
     result.map_err(|e| ReconcileError::Deprovision(Box::new(e)))
 }
