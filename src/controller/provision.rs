@@ -244,17 +244,10 @@ impl Provisioning<'_> {
         step: Step,
         ready: &mut Ready,
     ) -> Result<(Result<StepOutcome, StepError>, StatusSink<'_>), ReconcileError> {
-        let Ready {
-            info,
-            join,
-            state,
-            cluster,
-            ..
-        } = ready;
-        let services = &self.ctx.services;
+        let (services, state) = (&self.ctx.services, &ready.state);
         let node = state.node.as_ref().map(|n| n.as_str());
         let data = services
-            .provider_data(info, node)
+            .provider_data(&ready.info, node)
             .map_err(|source| ReconcileError::Step { step, source })?;
         // Status `id` = SMBIOS UUID (Omni links the machine by it), label `infra-id` = VMID,
         // written with the first line of the step after the VM came to exist.
@@ -267,17 +260,17 @@ impl Provisioning<'_> {
         let progress = StatusSink::new(self.ctx, self.id, labels, machine_id, phase);
         let mut step_ctx = StepContext {
             services,
-            request: info,
+            request: &ready.info,
             data,
-            join,
-            state,
+            join: &ready.join,
+            state: &mut ready.state,
             status: &progress,
             store: &StateStore {
                 ctx: self.ctx,
                 id: self.id,
                 step,
             },
-            cluster,
+            cluster: &mut ready.cluster,
         };
         let started = std::time::Instant::now();
         // Every log line inside the step carries the step and node (the reconcile span around it
