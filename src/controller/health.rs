@@ -5,11 +5,10 @@
 //! The health check is a plain async closure so the Proxmox check (reachable, credentials
 //! accepted) plugs in without this module knowing about Proxmox.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 
 use super::leader::Role;
@@ -18,8 +17,7 @@ use crate::omni::resources::{InfraProviderHealthStatus, health_controller_name};
 use crate::omni::state::{StateClient, StateError};
 
 /// Returns `None` when healthy, or the error text Omni should show.
-pub type HealthCheck =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Option<String>> + Send>> + Send + Sync>;
+pub type HealthCheck = Arc<dyn Fn() -> BoxFuture<'static, Option<String>> + Send + Sync>;
 
 /// Builds a [`HealthCheck`] from an async closure.
 pub fn health_check<F, Fut>(f: F) -> HealthCheck
