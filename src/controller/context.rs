@@ -61,14 +61,13 @@ pub const DEFAULT_CONCURRENCY: usize = 4;
 impl Context {
     pub fn new(services: Arc<Services>, state: StateClient, join_mode: JoinMode) -> Self {
         let owner = provision_controller_name(&services.provider_id);
-        let machines = WriteCache::new(ProviderMachine::new(&services.provider_id), false);
         Self {
+            machines: WriteCache::new(ProviderMachine::new(&services.provider_id), false),
             services,
             state,
             join_mode,
             owner,
             statuses: Arc::new(WriteCache::new(MachineRequestStatus, true)),
-            machines,
             finalized: Mutex::new(HashSet::new()),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
             topology_writes: tokio::sync::Mutex::new(()),
