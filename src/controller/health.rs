@@ -5,11 +5,10 @@
 //! The health check is a plain async closure so the Proxmox check (reachable, credentials
 //! accepted) plugs in without this module knowing about Proxmox.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
+use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 
 use super::leader::Role;
@@ -18,8 +17,7 @@ use crate::omni::resources::{InfraProviderHealthStatus, health_controller_name};
 use crate::omni::state::{StateClient, StateError};
 
 /// Returns `None` when healthy, or the error text Omni should show.
-pub type HealthCheck =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Option<String>> + Send>> + Send + Sync>;
+pub type HealthCheck = Arc<dyn Fn() -> BoxFuture<'static, Option<String>> + Send + Sync>;
 
 /// Builds a [`HealthCheck`] from an async closure.
 pub fn health_check<F, Fut>(f: F) -> HealthCheck
@@ -39,13 +37,7 @@ pub async fn beat(
 ) -> Result<Option<String>, StateError> {
     let problem = check().await;
     let error = problem.clone().unwrap_or_default();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let ts = prost_types::Timestamp {
-        seconds: now.as_secs() as i64,
-        nanos: now.subsec_nanos() as i32,
-    };
+    let ts = prost_types::Timestamp::from(SystemTime::now());
     state
         .modify(
             &InfraProviderHealthStatus,

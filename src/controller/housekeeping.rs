@@ -60,14 +60,29 @@ pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
     if released.is_empty() {
         return Ok(());
     }
-    let vms = listed_vms(ctx, &released).await?;
+    let listing = ctx.services.pve.cluster_listing().await.map_err(|source| {
+        ReconcileError::Deprovision(Box::new(DeprovisionError::Listing {
+            request_id: released
+                .iter()
+                .map(|(t, _)| t.request_id.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            source,
+        }))
+    })?;
     for (released, leftover) in released {
         let id = released.request_id.as_str();
+        // Tries again to delete the seed ISO or set pool the teardown could not.
         if leftover {
-            retry_leftovers(ctx, &released).await?;
+            let done = deprovision_logged(ctx, &released).await?;
+            if done.leftover_seed_iso.is_none() && !done.leftover_pool {
+                tracing::info!(request = %id, "what the teardown left behind is deleted now");
+                ctx.services.ledgers.releases.complete(id);
+            }
         }
-        let late: Vec<&VmResource> = vms
-            .iter()
+        // Templates are left out.
+        let late: Vec<&VmResource> = listing
+            .guests()
             .filter(|vm| {
                 vm.name
                     .as_deref()
@@ -79,38 +94,6 @@ pub async fn remove_late_vms(ctx: &Context) -> Result<(), ReconcileError> {
         if !late.is_empty() {
             delete_late_vms(ctx, &released, &late).await?;
         }
-    }
-    Ok(())
-}
-
-/// The cluster's VMs (templates left out), for the sweep of `released`.
-async fn listed_vms(
-    ctx: &Context,
-    released: &[(DeprovisionTarget, bool)],
-) -> Result<Vec<VmResource>, ReconcileError> {
-    let resources = ctx.services.pve.cluster_listing().await.map_err(|source| {
-        ReconcileError::Deprovision(Box::new(DeprovisionError::Listing {
-            request_id: released
-                .iter()
-                .map(|(t, _)| t.request_id.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            source,
-        }))
-    })?;
-    Ok(resources.guests().cloned().collect())
-}
-
-/// Tries again to delete the seed ISO or set pool the teardown of `released` could not.
-async fn retry_leftovers(
-    ctx: &Context,
-    released: &DeprovisionTarget,
-) -> Result<(), ReconcileError> {
-    let id = released.request_id.as_str();
-    let done = deprovision_logged(ctx, released).await?;
-    if done.leftover_seed_iso.is_none() && !done.leftover_pool {
-        tracing::info!(request = %id, "what the teardown left behind is deleted now");
-        ctx.services.ledgers.releases.complete(id);
     }
     Ok(())
 }

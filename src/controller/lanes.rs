@@ -18,21 +18,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::pipeline::ledgers::entry;
 use crate::proxmox::types::NodeName;
 
-/// Where a request's Proxmox work goes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Lane {
-    /// Before the request has a node: placement, which reads the cluster as a whole.
-    Placement,
-    /// Everything on one node: the VM, its seed ISO, its tasks.
-    Node(NodeName),
-}
-
-impl Lane {
-    /// The lane of a request whose state names `node` (none yet: placement).
-    pub fn of(node: Option<&NodeName>) -> Lane {
-        node.map_or(Lane::Placement, |n| Lane::Node(n.clone()))
-    }
-}
+/// Where a request's Proxmox work goes: the node its state names, where everything on that node
+/// happens (the VM, its seed ISO, its tasks); `None` before it has one, for placement, which reads
+/// the cluster as a whole.
+pub type Lane = Option<NodeName>;
 
 /// The slots of every lane, made as lanes are first used.
 pub struct Lanes {
@@ -103,8 +92,10 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    const PLACEMENT: Lane = None;
+
     fn node(name: &str) -> Lane {
-        Lane::Node(NodeName::new(name).unwrap())
+        Some(NodeName::new(name).unwrap())
     }
 
     async fn enters_soon(lanes: &Lanes, lane: Lane) -> Option<Slot> {
@@ -123,7 +114,7 @@ mod tests {
         assert!(enters_soon(&lanes, node("pve1")).await.is_none());
         let other = enters_soon(&lanes, node("pve2")).await;
         assert!(other.is_some(), "pve2 waited for pve1's slots");
-        assert!(enters_soon(&lanes, Lane::Placement).await.is_some());
+        assert!(enters_soon(&lanes, PLACEMENT).await.is_some());
         drop(busy);
         assert!(enters_soon(&lanes, node("pve1")).await.is_some());
     }
@@ -134,18 +125,18 @@ mod tests {
         let mut held = None;
         let mut waited = 0;
         lanes
-            .keep_or_enter(&mut held, Lane::Placement, || waited += 1)
+            .keep_or_enter(&mut held, PLACEMENT, || waited += 1)
             .await;
         lanes
-            .keep_or_enter(&mut held, Lane::Placement, || waited += 1)
+            .keep_or_enter(&mut held, PLACEMENT, || waited += 1)
             .await;
-        assert_eq!(held.as_ref().map(|s| &s.lane), Some(&Lane::Placement));
+        assert_eq!(held.as_ref().map(|s| &s.lane), Some(&PLACEMENT));
         lanes
             .keep_or_enter(&mut held, node("pve1"), || waited += 1)
             .await;
         assert_eq!(waited, 0, "every slot was free");
         // The placement slot is free for the next request.
-        assert!(enters_soon(&lanes, Lane::Placement).await.is_some());
+        assert!(enters_soon(&lanes, PLACEMENT).await.is_some());
         assert!(enters_soon(&lanes, node("pve1")).await.is_none());
     }
 
@@ -167,12 +158,5 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(busy);
         assert_eq!(waiting.await.unwrap(), None);
-    }
-
-    #[test]
-    fn a_request_without_a_node_is_in_placement() {
-        assert_eq!(Lane::of(None), Lane::Placement);
-        let pve3 = NodeName::new("pve3").unwrap();
-        assert_eq!(Lane::of(Some(&pve3)), node("pve3"));
     }
 }

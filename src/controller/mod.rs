@@ -14,9 +14,8 @@
 //!   with the node its VM runs on;
 //! - [`leader`] is the lease in Omni that lets one of any number of replicas do the work;
 //! - [`progress`] is where progress goes (the status text); [`context`] holds the clients, the
-//!   ledgers and the write caches ([`cache`]) every reconcile shares.
+//!   ledgers and the write caches ([`context::WriteCache`]) every reconcile shares.
 
-pub mod cache;
 pub mod context;
 pub mod error_policy;
 pub mod health;

@@ -71,6 +71,15 @@ struct Seen {
     at: Instant,
 }
 
+impl Seen {
+    fn now(hold: Hold) -> Self {
+        Self {
+            hold,
+            at: Instant::now(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Known {
     /// The patch watch has listed every patch request: one missing here does not exist.
@@ -112,13 +121,8 @@ impl Outputs {
                     OutputOf::Status => md.id.clone(),
                     OutputOf::PatchRequest => md.labels.get(label::MACHINE_REQUEST)?.clone(),
                 };
-                let seen = Seen {
-                    hold,
-                    at: Instant::now(),
-                };
-                let before = known
-                    .outputs
-                    .insert((of, md.id.clone()), (request.clone(), seen));
+                let seen = (request.clone(), Seen::now(hold));
+                let before = known.outputs.insert((of, md.id.clone()), seen);
                 // Only the change to released lets a teardown go on: our own writes to a released
                 // status (the deprovision's progress) must not wake its teardown again.
                 let was_released = before.is_some_and(|(_, seen)| seen.hold == Hold::Released);
@@ -172,24 +176,17 @@ impl Outputs {
     /// A patch request this process just wrote: a teardown that starts before the watch delivers
     /// it still removes it.
     pub fn patch_written(&self, request: &str, patch: &str) {
-        let seen = Seen {
-            hold: Hold::Live,
-            at: Instant::now(),
-        };
         entry(&self.known)
             .outputs
             .entry((OutputOf::PatchRequest, patch.to_owned()))
-            .or_insert_with(|| (request.to_owned(), seen));
+            .or_insert_with(|| (request.to_owned(), Seen::now(Hold::Live)));
     }
 
     /// An output this process tore down and found held: a teardown that runs again before the
     /// watch delivers the teardown waits for the release instead of tearing down again. A release
     /// the watch has already delivered stands. A patch request not seen is left to the listing.
     pub fn held(&self, of: OutputOf, id: &str) {
-        let held = Seen {
-            hold: Hold::Held,
-            at: Instant::now(),
-        };
+        let held = Seen::now(Hold::Held);
         let mut known = entry(&self.known);
         let key = (of, id.to_owned());
         let seen = match of {

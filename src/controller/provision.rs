@@ -20,7 +20,6 @@ use tracing::Instrument;
 
 use super::context::{self, Context};
 use super::error_policy::{ReconcileError, omni};
-use super::lanes::Lane;
 use super::progress::{Phase, StateStore, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
 use super::runner::Action;
@@ -50,7 +49,15 @@ pub async fn apply(ctx: &Context, request: &Request) -> Result<Action, Reconcile
         id: request.id(),
         labels: context::labels(request),
     };
-    let result = run.provision(request).await;
+    // The reads before the steps are on the heap while they run, so that what the reconcile
+    // keeps while it waits for a slot is only what the steps need (see `run_steps`).
+    let result = match Box::pin(run.prepare(request)).await {
+        Ok(Some(mut ready)) => run.run_steps(&mut ready).await,
+        // PROVISIONED already.
+        Ok(None) => Ok(Action::Done),
+        Err(e) => Err(e),
+    };
+    // What the status says about the failure is the error policy's to decide.
     if let Err(e) = &result {
         ctx.report_failure(run.id, &run.labels, e).await;
     }
@@ -76,17 +83,6 @@ struct Ready {
 }
 
 impl Provisioning<'_> {
-    /// Up to the first failure; what the status says about the failure is the error policy's to
-    /// decide.
-    async fn provision(&self, request: &Request) -> Result<Action, ReconcileError> {
-        // The reads before the steps are on the heap while they run, so that what the reconcile
-        // keeps while it waits for a slot is only what the steps need (see `run_steps`).
-        let Some(mut ready) = Box::pin(self.prepare(request)).await? else {
-            return Ok(Action::Done);
-        };
-        self.run_steps(&mut ready).await
-    }
-
     /// What the steps need, read from Omni: `None` when the request is PROVISIONED already.
     async fn prepare(&self, request: &Request) -> Result<Option<Ready>, ReconcileError> {
         let (ctx, id) = (self.ctx, self.id);
@@ -158,13 +154,13 @@ impl Provisioning<'_> {
                 tracing::warn!(request = %self.id, "provider data: {warning}");
             }
         }
-        match release_problem(&services.pve, &data, &services.ledgers).await {
-            Some(problem) => Err(ReconcileError::Refused {
+        let problem = release_problem(&services.pve, &data, &services.ledgers).await;
+        problem.map_or(Ok(()), |problem| {
+            Err(ReconcileError::Refused {
                 doing: "checking the Proxmox VE release",
                 problem,
-            }),
-            None => Ok(()),
-        }
+            })
+        })
     }
 
     /// The steps from `start`, each in the lane of the node the request is on.
@@ -181,7 +177,7 @@ impl Provisioning<'_> {
         for step in &Step::ALL[ready.start.min(Step::ALL.len())..] {
             // A listing kept through a wait for a slot would be stale after it, and a thousand
             // requests waiting would each hold one.
-            let lane = Lane::of(ready.state.node.as_ref());
+            let lane = ready.state.node.clone();
             let forget_listing = || ready.cluster = None;
             self.ctx
                 .lanes
@@ -234,15 +230,10 @@ impl Provisioning<'_> {
         let Some(node) = state.node.as_ref() else {
             return;
         };
-        let enabled = self
-            .ctx
-            .services
-            .provider_data(info, Some(node.as_str()))
-            .is_ok_and(|data| data.topology_labels);
-        if !enabled {
-            return;
-        }
-        if let Err(e) = topology::label(self.ctx, self.id, node.as_str()).await {
+        let data = self.ctx.services.provider_data(info, Some(node.as_str()));
+        if data.is_ok_and(|data| data.topology_labels)
+            && let Err(e) = topology::label(self.ctx, self.id, node.as_str()).await
+        {
             tracing::warn!(request = %self.id, error = %e, "cannot write the topology labels now; the next housekeeping round will");
         }
     }
@@ -254,17 +245,10 @@ impl Provisioning<'_> {
         step: Step,
         ready: &mut Ready,
     ) -> Result<(Result<StepOutcome, StepError>, StatusSink<'_>), ReconcileError> {
-        let Ready {
-            info,
-            join,
-            state,
-            cluster,
-            ..
-        } = ready;
-        let services = &self.ctx.services;
+        let (services, state) = (&self.ctx.services, &ready.state);
         let node = state.node.as_ref().map(|n| n.as_str());
         let data = services
-            .provider_data(info, node)
+            .provider_data(&ready.info, node)
             .map_err(|source| ReconcileError::Step { step, source })?;
         // Status `id` = SMBIOS UUID (Omni links the machine by it), label `infra-id` = VMID,
         // written with the first line of the step after the VM came to exist.
@@ -277,17 +261,17 @@ impl Provisioning<'_> {
         let progress = StatusSink::new(self.ctx, self.id, labels, machine_id, phase);
         let mut step_ctx = StepContext {
             services,
-            request: info,
+            request: &ready.info,
             data,
-            join,
-            state,
+            join: &ready.join,
+            state: &mut ready.state,
             status: &progress,
             store: &StateStore {
                 ctx: self.ctx,
                 id: self.id,
                 step,
             },
-            cluster,
+            cluster: &mut ready.cluster,
         };
         let started = std::time::Instant::now();
         // Every log line inside the step carries the step and node (the reconcile span around it

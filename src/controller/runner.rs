@@ -24,6 +24,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
+use super::context::version;
 use super::requests::{Request, RequestQueueEvent};
 use super::workqueue::WorkQueue;
 use crate::contain::{self, Panic};
@@ -268,12 +269,6 @@ impl<R: Reconcile> Controller<R> {
         *n = n.saturating_add(1);
         *n
     }
-}
-
-/// COSI versions count up from 1 per resource; one that does not parse sorts first, so a delivery
-/// always replaces it.
-fn version(request: &Request) -> u64 {
-    request.metadata.version.parse().unwrap_or(0)
 }
 
 #[cfg(test)]

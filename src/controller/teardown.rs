@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use super::context::{self, Context};
 use super::error_policy::{ReconcileError, omni};
-use super::lanes::Lane;
 use super::outputs::{Hold, OutputOf, PATCH_RELEASE_WAIT, WAIT_FOR_OMNI};
 use super::progress::{Phase, StatusSink};
 use super::requests::Request;
@@ -147,50 +146,44 @@ async fn remove_vm_and_state(
     id: &str,
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
-    let Some(state) = ctx
-        .find_machine(id)
-        .await?
-        .map(|machine| MachineState::from_spec(&machine.spec))
-    else {
-        // No state, so no allocation or VMID anything still depends on.
-        ctx.services.ledgers.ip.release(id);
-        ctx.services.ledgers.vmids.forget_of(id);
-        return Ok(());
-    };
-    // The node the VM was recorded on: a slow node holds up only the teardowns of its own VMs.
-    let slot = ctx.lanes.enter(Lane::of(state.node.as_ref()), || {}).await;
-    // On the heap while it runs, as the provisioning steps are: a teardown waiting for a slot
-    // weighs little.
-    let deprovisioned = Box::pin(deprovision_vm(ctx, id, &state, status_labels)).await;
-    drop(slot);
-    if let Err(e) = deprovisioned {
-        ctx.services.metrics.deprovision("failure");
-        if let Some(labels) = status_labels {
-            ctx.report_failure(id, labels, &e).await;
+    // Without a state there is no VM to delete, and no allocation or VMID anything depends on.
+    let state = ctx.find_machine(id).await?;
+    if let Some(state) = state.map(|machine| MachineState::from_spec(&machine.spec)) {
+        // The node the VM was recorded on: a slow node holds up only the teardowns of its own VMs.
+        let slot = ctx.lanes.enter(state.node.clone(), || {}).await;
+        // On the heap while it runs, as the provisioning steps are: a teardown waiting for a slot
+        // weighs little.
+        let deprovisioned = Box::pin(deprovision_vm(ctx, id, &state, status_labels)).await;
+        drop(slot);
+        if let Err(e) = deprovisioned {
+            ctx.services.metrics.deprovision("failure");
+            if let Some(labels) = status_labels {
+                ctx.report_failure(id, labels, &e).await;
+            }
+            return Err(e);
         }
-        return Err(e);
-    }
-    // No controller of Omni's puts a finalizer on a provider's own state, and COSI destroys a
-    // resource in any phase once no finalizer holds it (cosi-project/runtime
-    // `pkg/state/impl/inmem/collection.go` Destroy; siderolabs/omni
-    // `internal/backend/runtime/omni/infraprovider/state.go` Destroy adds the provider check): one
-    // call. Should something hold it after all, it is torn down and destroyed on a later attempt.
-    let machine_ref = ResourceRef::of(&ctx.machine_kind(), id);
-    match destroy(ctx, &machine_ref).await {
-        Err(e) if e.is_conflict() => {
-            ctx.state
-                .teardown(&machine_ref, &ctx.owner)
-                .await
-                .map_err(omni("tearing down the provider state"))?;
-            destroy(ctx, &machine_ref)
-                .await
-                .map_err(omni("destroying"))?;
+        // No controller of Omni's puts a finalizer on a provider's own state, and COSI destroys a
+        // resource in any phase once no finalizer holds it (cosi-project/runtime
+        // `pkg/state/impl/inmem/collection.go` Destroy; siderolabs/omni
+        // `internal/backend/runtime/omni/infraprovider/state.go` Destroy adds the provider
+        // check): one call. Should something hold it after all, it is torn down and destroyed.
+        let machine_ref = ResourceRef::of(&ctx.machine_kind(), id);
+        match destroy(ctx, &machine_ref).await {
+            Err(e) if e.is_conflict() => {
+                ctx.state
+                    .teardown(&machine_ref, &ctx.owner)
+                    .await
+                    .map_err(omni("tearing down the provider state"))?;
+                destroy(ctx, &machine_ref)
+                    .await
+                    .map_err(omni("destroying"))?;
+            }
+            destroyed => destroyed.map_err(omni("destroying the provider state"))?,
         }
-        destroyed => destroyed.map_err(omni("destroying the provider state"))?,
     }
-    // Only now, with the VM deleted and the state that recorded them gone, are its static
-    // addresses and VMIDs free: a crash before this point leaves them in the state for the next
-    // process.
+    // Only now, with the VM deleted and the state that recorded them gone (if there was one), are
+    // its static addresses and VMIDs free: a crash before this point leaves them in the state for
+    // the next process.
     ctx.services.ledgers.ip.release(id);
     ctx.services.ledgers.vmids.forget_of(id);
     Ok(())
@@ -202,6 +195,7 @@ async fn deprovision_vm(
     state: &MachineState,
     status_labels: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ReconcileError> {
+    let (services, ledgers) = (&ctx.services, &ctx.services.ledgers);
     let target = target(id, ctx.provider_id(), state);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let progress = move |text: &str| {
@@ -211,43 +205,49 @@ async fn deprovision_vm(
     // The seed ISO delete is sent but not waited for (DeprovisionOptions' default): deleting a file is
     // near instant, the poll would be a seventh request per machine, and an ISO left behind is
     // harmless and listed by `orphans`.
-    ctx.services.ledgers.releases.teardown_started(id);
+    ledgers.releases.teardown_started(id);
     let options = DeprovisionOptions {
-        departing: Some(ctx.services.ledgers.releases.departing()),
-        ha_rules_lock: Some(ctx.services.ledgers.locks.exclusive(HA_RULES_LOCK)),
+        departing: Some(ledgers.releases.departing()),
+        ha_rules_lock: Some(ledgers.locks.exclusive(HA_RULES_LOCK)),
         ..DeprovisionOptions::default()
     };
     let work = async {
-        let result = deprovision_reporting(&ctx.services.pve, &target, &options, &progress).await;
+        let result = deprovision_reporting(&services.pve, &target, &options, &progress).await;
         drop(progress);
         result
     };
-    let (result, ()) = tokio::join!(work, show_progress(ctx, id, status_labels, rx));
+    // Without a status, the texts are only logged.
+    let sink = status_labels
+        .map(|labels| StatusSink::new(ctx, id, labels.clone(), None, Phase::Deprovisioning));
+    let show = async {
+        if let Some(sink) = &sink {
+            let show = |text: String| async move { sink.show(&text).await };
+            show_while_slow(rx, PROGRESS_EVERY, show).await;
+        }
+    };
+    let (result, ()) = tokio::join!(work, show);
     if let Some(pool) = &state.default_pool {
         // Made again on demand if the set comes back.
-        ctx.services.ledgers.pools.forget(pool.as_str());
+        ledgers.pools.forget(pool.as_str());
     }
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
-    // counted and logged, tried again by the housekeeping round for a while, and the `orphans` command
-    // lists it once the request is gone.
+    // counted and logged, tried again by the housekeeping round for a while, and the `orphans`
+    // command lists it once the request is gone.
     let result = result.map(|d: Deprovisioned| {
         if d.leftover_seed_iso.is_some() {
-            ctx.services.metrics.leftover("seed_iso");
+            services.metrics.leftover("seed_iso");
         }
         let leftover = d.leftover_seed_iso.is_some() || d.leftover_pool;
         // A create sent before a crash, or whose answer was lost, may still be applied by Proxmox:
-        // see `housekeeping::remove_late_vms`. A VM this process made with the request's only create cannot come
-        // back, so such releases are not kept: a provider running thousands of machines would
-        // otherwise hold one for each.
-        let clean = ctx.services.ledgers.releases.take_created_cleanly(id);
+        // see `housekeeping::remove_late_vms`. A VM this process made with the request's only
+        // create cannot come back, so such releases are not kept: a provider running thousands of
+        // machines would otherwise hold one for each.
+        let clean = ledgers.releases.take_created_cleanly(id);
         if leftover || (target.vmid.is_some() && !clean) {
-            ctx.services
-                .ledgers
-                .releases
-                .released(target.clone(), leftover);
+            ledgers.releases.released(target.clone(), leftover);
         }
     });
-    ctx.services.ledgers.releases.teardown_ended(id);
+    ledgers.releases.teardown_ended(id);
     // The deprovision logs what it did with the VM.
     result.map_err(|e| ReconcileError::Deprovision(Box::new(e)))
 }
@@ -255,31 +255,11 @@ async fn deprovision_vm(
 /// How often at most a deprovision's progress is written to the status.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
-/// Shows a deprovision's progress in the request's status, if it still has one, while the
-/// deprovision is slow ([`show_while_slow`]).
-async fn show_progress(
-    ctx: &Context,
-    id: &str,
-    status_labels: Option<&BTreeMap<String, String>>,
-    mut texts: tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
-    // Without a status, the texts are only logged.
-    let Some(labels) = status_labels else {
-        return;
-    };
-    let sink = StatusSink::new(ctx, id, labels.clone(), None, Phase::Deprovisioning);
-    let sink = &sink;
-    show_while_slow(&mut texts, PROGRESS_EVERY, |text| async move {
-        sink.show(&text).await;
-    })
-    .await;
-}
-
 /// Shows the latest of `texts` once the work has gone on for `every`, then at most once per
 /// `every`. A deprovision that ends quickly writes no progress (its status goes right after); one
 /// that takes long (a guest that shuts down slowly, an offline node) shows where it is.
 async fn show_while_slow<F: Future<Output = ()>>(
-    texts: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    mut texts: tokio::sync::mpsc::UnboundedReceiver<String>,
     every: Duration,
     mut show: impl FnMut(String) -> F,
 ) {
@@ -333,7 +313,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn progress_shows_only_while_the_work_is_slow_and_at_most_once_a_second() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let shown = std::sync::Mutex::new(Vec::new());
         let show = |text: String| {
             shown.lock().unwrap().push(text);
@@ -348,7 +328,7 @@ mod tests {
             tx.send("done".to_owned()).unwrap();
             drop(tx);
         };
-        tokio::join!(work, show_while_slow(&mut rx, Duration::from_secs(1), show));
+        tokio::join!(work, show_while_slow(rx, Duration::from_secs(1), show));
         assert_eq!(
             *shown.lock().unwrap(),
             ["deleting"],

@@ -128,19 +128,11 @@ pub fn wanted(
 
 /// Labels a machine just provisioned on `node`: its patch, without waiting for the next round.
 pub async fn label(ctx: &Context, request_id: &str, node: &str) -> Result<(), ReconcileError> {
-    let yaml = patch_yaml(node, region(ctx).await?.as_deref());
+    let services = &ctx.services;
+    let region = services.ledgers.facts.cluster_name(&services.pve).await?;
+    let yaml = patch_yaml(node, region.as_deref());
     let request_id = request_id.to_owned();
     apply(ctx, &Change::Write { request_id, yaml }).await
-}
-
-/// The Proxmox cluster's name, for the `region` label.
-async fn region(ctx: &Context) -> Result<Option<String>, ReconcileError> {
-    Ok(ctx
-        .services
-        .ledgers
-        .facts
-        .cluster_name(&ctx.services.pve)
-        .await?)
 }
 
 /// One round.
@@ -196,10 +188,11 @@ async fn wanted_for_live(
         .map_err(omni("listing the provider states"))?
         .into_iter()
         .collect();
-    let vms: Vec<VmResource> = ctx.services.pve.vms().await?;
+    let services = &ctx.services;
+    let vms: Vec<VmResource> = services.pve.vms().await?;
     // Without the region this round writes nothing: a patch without it would be rewritten with it
     // next round, relabelling every node twice.
-    let region = region(ctx).await?;
+    let region = services.ledgers.facts.cluster_name(&services.pve).await?;
     Ok(live
         .iter()
         .map(|request| {
