@@ -32,7 +32,7 @@ use crate::model::identity::{self, Claim, Ownership};
 use crate::pipeline::identify::identify;
 use crate::proxmox::ProxmoxClient;
 use crate::proxmox::property::{IsoVolume, PoolId};
-use crate::proxmox::types::{NodeName, VmId, VmResource};
+use crate::proxmox::types::{NodeName, NodeState, VmId, VmResource};
 
 mod destroy;
 mod error;
@@ -40,7 +40,6 @@ mod orphans;
 mod seed_iso;
 
 use destroy::destroy;
-use error::state_word;
 pub use error::{Action, DeprovisionError};
 pub use orphans::*;
 use seed_iso::delete_seed_iso;
@@ -350,7 +349,7 @@ fn node_offline(view: &Listing, vm: &VmResource) -> DeprovisionError {
     DeprovisionError::NodeOffline {
         node: vm.node.clone(),
         vmid: vm.vmid,
-        state: state_word(view.node_state(&vm.node)),
+        state: NodeState::word(view.node_state(&vm.node)),
     }
 }
 
