@@ -179,7 +179,10 @@ pub fn build_report(
             let (storages, storage_error) = match storages.get(&n.node) {
                 Some(Ok(list)) => (Some(list.iter().map(storage_report).collect()), None),
                 Some(Err(e)) => (None, Some(e.clone())),
-                None => (None, Some(format!("node is {}", state_word(n.status)))),
+                None => (
+                    None,
+                    Some(format!("node is {}", NodeState::word(Some(n.status)))),
+                ),
             };
             let given = snapshot
                 .node(n.node.as_str())
@@ -226,14 +229,6 @@ fn storage_report(s: &NodeStorage) -> StorageReport {
         storage: s.clone(),
         holds_vm_disks: s.holds("images"),
         holds_iso: s.holds("iso"),
-    }
-}
-
-fn state_word(s: NodeState) -> &'static str {
-    match s {
-        NodeState::Online => "online",
-        NodeState::Offline => "offline",
-        NodeState::Unknown => "in an unknown state",
     }
 }
 
@@ -326,7 +321,7 @@ fn node_row(n: &NodeReport) -> Vec<String> {
     let node = &n.node;
     vec![
         node.node.to_string(),
-        state_word(node.status).to_owned(),
+        NodeState::word(Some(node.status)).to_owned(),
         match (node.cpu, node.maxcpu) {
             (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
             _ => "-".into(),

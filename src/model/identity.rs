@@ -121,12 +121,21 @@ pub struct Claim<'a> {
     pub smbios_uuid: Option<&'a str>,
 }
 
-/// Whether a VM is the request's.
+/// Whether a VM is the request's. The listing and the config answer `Ours` or `NotOurs`; asking
+/// for the config (`pipeline::identify`) can also find the VM gone, its node away, or it locked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ownership {
     Ours,
     /// Not the request's VM; the reason is for people (logs, status).
     NotOurs(String),
+    /// Listed a moment ago, gone when its config was asked for.
+    Gone,
+    /// The listing cannot tell and the VM's node is not online to be asked: wait for it rather than
+    /// act on a guess (a second VM, or leaving ours behind).
+    NodeAway,
+    /// The config does not show our marker, but the VM is locked (`create`, `clone`): its config may
+    /// not be complete yet, so it cannot be ruled out.
+    Locked(String),
 }
 
 /// The VMs worth judging for a claim: the one at the recorded VMID first (whatever the listing shows

@@ -97,86 +97,68 @@ fn parsed<T, E>(raw: &str, parse: impl FnOnce(&str) -> Result<T, E>) -> Option<T
     (!raw.is_empty()).then(|| parse(raw).ok()).flatten()
 }
 
-/// How a typed field is saved (`R`: its protobuf form), "none" as the empty string or zero.
-trait Saved<R> {
-    fn saved(&self) -> R;
+/// How a typed field is saved where "none" is the empty string.
+fn or_empty<T: ToString>(value: &Option<T>) -> String {
+    value.as_ref().map(T::to_string).unwrap_or_default()
 }
 
-impl<T: ToString> Saved<String> for Option<T> {
-    fn saved(&self) -> String {
-        self.as_ref().map(T::to_string).unwrap_or_default()
-    }
+/// How a VMID is saved, "none" as zero.
+fn or_zero(vmid: &Option<VmId>) -> i32 {
+    vmid.and_then(|v| i32::try_from(v.get()).ok()).unwrap_or(0)
 }
 
-impl Saved<i32> for Option<VmId> {
-    fn saved(&self) -> i32 {
-        self.and_then(|v| i32::try_from(v.get()).ok()).unwrap_or(0)
-    }
+fn raw_allocations(allocations: &[IpAllocation]) -> Vec<RawIpAllocation> {
+    allocations
+        .iter()
+        .map(|a| RawIpAllocation {
+            nic: u32::from(a.nic),
+            pool: a.pool.clone(),
+            address: a.address.to_string(),
+        })
+        .collect()
 }
 
-impl Saved<i64> for Option<i64> {
-    fn saved(&self) -> i64 {
-        self.unwrap_or(0)
-    }
-}
-
-impl Saved<Vec<RawIpAllocation>> for Vec<IpAllocation> {
-    fn saved(&self) -> Vec<RawIpAllocation> {
-        self.iter()
-            .map(|a| RawIpAllocation {
-                nic: u32::from(a.nic),
-                pool: a.pool.clone(),
-                address: a.address.to_string(),
-            })
-            .collect()
-    }
-}
-
-/// Writes `now` into `raw` unless it equals what `raw` reads as (then `raw` stays byte for byte).
-fn merge<T: PartialEq + Saved<R>, R>(raw: &mut R, now: &T, read: impl Fn(&R) -> T) {
-    if read(raw) != *now {
-        *raw = now.saved();
-    }
-}
-
-/// Every typed field with the protobuf field it is saved in and how that reads: reading a state
-/// and writing it back go through this one list.
+/// Every typed field with the protobuf field it is saved in, how that reads and how it is written:
+/// reading a state and writing it back go through this one list. A field is written only when it
+/// differs from what its protobuf field reads as, so an unchanged one stays byte for byte.
 macro_rules! saved_fields {
-    ($($field:ident <- $raw:ident: $read:expr,)*) => {
+    ($($field:ident <- $raw:ident: $read:expr => $write:expr,)*) => {
         fn read_fields(state: &mut MachineState, spec: &MachineSpec) {
             $(state.$field = $read(&spec.$raw);)*
         }
 
         fn write_fields(state: &MachineState, spec: &mut MachineSpec) {
-            $(merge(&mut spec.$raw, &state.$field, |r| $read(r));)*
+            $(if $read(&spec.$raw) != state.$field {
+                spec.$raw = $write(&state.$field);
+            })*
         }
     };
 }
 
 saved_fields! {
-    uuid <- uuid: |r| parsed(r, uuid::Uuid::parse_str),
-    schematic <- schematic: text,
-    talos_version <- talos_version: text,
-    iso_file <- volume_id: text,
-    node <- node: |r| parsed(r, NodeName::parse),
-    iso_download_task <- volume_upload_task: |r| parsed(r, Upid::parse),
-    vm_create_task <- vm_create_task: |r| parsed(r, Upid::parse),
-    vm_start_task <- vm_start_task: |r| parsed(r, Upid::parse),
-    vmid <- vmid: vmid,
-    reserved_vmid <- reserved_vmid: vmid,
-    step <- step: text,
-    seed_iso <- seed_iso_volume: |r| parsed(r, IsoVolume::parse),
-    ip_allocations <- ip_allocations: allocations,
-    boot_mode <- boot_mode: text,
-    template_vmid <- template_vmid: vmid,
-    storage <- storage: |r| parsed(r, StorageId::parse),
-    last_error <- last_error: text,
-    request_set <- request_set: text,
-    ip_discovery_started <- ip_discovery_started: |r: &i64| (*r > 0).then_some(*r),
-    default_pool <- default_pool: |r| parsed(r, PoolId::parse),
-    pool <- pool: |r| parsed(r, PoolId::parse),
-    boot_iso <- boot_iso_volume: |r| parsed(r, IsoVolume::parse),
-    boot_image <- boot_image_volume: |r| parsed(r, ImportVolume::parse),
+    uuid <- uuid: |r| parsed(r, uuid::Uuid::parse_str) => or_empty,
+    schematic <- schematic: text => or_empty,
+    talos_version <- talos_version: text => or_empty,
+    iso_file <- volume_id: text => or_empty,
+    node <- node: |r| parsed(r, NodeName::parse) => or_empty,
+    iso_download_task <- volume_upload_task: |r| parsed(r, Upid::parse) => or_empty,
+    vm_create_task <- vm_create_task: |r| parsed(r, Upid::parse) => or_empty,
+    vm_start_task <- vm_start_task: |r| parsed(r, Upid::parse) => or_empty,
+    vmid <- vmid: vmid => or_zero,
+    reserved_vmid <- reserved_vmid: vmid => or_zero,
+    step <- step: text => or_empty,
+    seed_iso <- seed_iso_volume: |r| parsed(r, IsoVolume::parse) => or_empty,
+    ip_allocations <- ip_allocations: allocations => raw_allocations,
+    boot_mode <- boot_mode: text => or_empty,
+    template_vmid <- template_vmid: vmid => or_zero,
+    storage <- storage: |r| parsed(r, StorageId::parse) => or_empty,
+    last_error <- last_error: text => or_empty,
+    request_set <- request_set: text => or_empty,
+    ip_discovery_started <- ip_discovery_started: |r: &i64| (*r > 0).then_some(*r) => |v: &Option<i64>| v.unwrap_or(0),
+    default_pool <- default_pool: |r| parsed(r, PoolId::parse) => or_empty,
+    pool <- pool: |r| parsed(r, PoolId::parse) => or_empty,
+    boot_iso <- boot_iso_volume: |r| parsed(r, IsoVolume::parse) => or_empty,
+    boot_image <- boot_image_volume: |r| parsed(r, ImportVolume::parse) => or_empty,
 }
 
 impl MachineState {

@@ -16,10 +16,10 @@
 
 use super::context::StepContext;
 use super::error::StepError;
-use super::identify::{Identified, identify};
+use super::identify::identify;
 use super::seed::upload_seed;
 use super::step::StepOutcome;
-use crate::model::identity::{self, Claim};
+use crate::model::identity::{self, Claim, Ownership};
 use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{NodeName, VmId};
@@ -197,23 +197,23 @@ async fn adopt(
             .await
             .map_err(StepError::proxmox(doing))?
         {
-            Identified::Ours => {
+            Ownership::Ours => {
                 tracing::info!(request = %claim.request_id, vmid = %vm.vmid, node = %vm.node, "adopting the VM made for this request earlier");
                 ctx.state.vmid = Some(vm.vmid);
                 ctx.state.node = Some(vm.node.clone());
                 ctx.services.ledgers.vmids.release(vm.vmid.get());
                 return Ok(Some(StepOutcome::Done));
             }
-            Identified::NotOurs(reason) => {
+            Ownership::NotOurs(reason) => {
                 tracing::debug!(request = %claim.request_id, vmid = %vm.vmid, %reason, "not this request's VM");
                 continue;
             }
-            Identified::Gone => continue,
-            Identified::NodeAway => format!(
+            Ownership::Gone => continue,
+            Ownership::NodeAway => format!(
                 "VM {} may be this request's, but its node {} is not online and the listing cannot say whose it is; waiting for the node rather than creating a second VM",
                 vm.vmid, vm.node
             ),
-            Identified::Locked(lock) => format!(
+            Ownership::Locked(lock) => format!(
                 "VM {} may be this request's, but it is locked ({lock}) on {}; waiting for it rather than creating a second VM",
                 vm.vmid, vm.node
             ),

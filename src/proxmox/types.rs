@@ -117,6 +117,18 @@ pub enum NodeState {
     Unknown,
 }
 
+impl NodeState {
+    /// How messages name a node's state; `None` is a node not in the cluster.
+    pub fn word(state: Option<NodeState>) -> &'static str {
+        match state {
+            Some(NodeState::Online) => "online",
+            Some(NodeState::Offline) => "offline",
+            Some(NodeState::Unknown) => "in an unknown state",
+            None => "not in the cluster",
+        }
+    }
+}
+
 /// `GET /cluster/resources`: one call that describes the whole cluster (nodes, guests, storages).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type")]

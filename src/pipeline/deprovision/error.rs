@@ -1,7 +1,7 @@
 //! What can stop a deprovision, worded for the status text, and whether a retry can help.
 
 use crate::proxmox::ProxmoxError;
-use crate::proxmox::types::{NodeName, NodeState, VmId};
+use crate::proxmox::types::{NodeName, VmId};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeprovisionError {
@@ -102,14 +102,5 @@ fn retry_hint(source: &ProxmoxError) -> &'static str {
         " (the VM may still exist; will retry)"
     } else {
         ""
-    }
-}
-
-pub(super) fn state_word(state: Option<NodeState>) -> &'static str {
-    match state {
-        Some(NodeState::Online) => "online",
-        Some(NodeState::Offline) => "offline",
-        Some(NodeState::Unknown) => "in an unknown state",
-        None => "not in the cluster",
     }
 }

@@ -28,11 +28,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::model::Listing;
-use crate::model::identity::{self, Claim};
-use crate::pipeline::identify::{Identified, identify};
+use crate::model::identity::{self, Claim, Ownership};
+use crate::pipeline::identify::identify;
 use crate::proxmox::ProxmoxClient;
 use crate::proxmox::property::{IsoVolume, PoolId};
-use crate::proxmox::types::{NodeName, VmId, VmResource};
+use crate::proxmox::types::{NodeName, NodeState, VmId, VmResource};
 
 mod destroy;
 mod error;
@@ -40,7 +40,6 @@ mod orphans;
 mod seed_iso;
 
 use destroy::destroy;
-use error::state_word;
 pub use error::{Action, DeprovisionError};
 pub use orphans::*;
 use seed_iso::delete_seed_iso;
@@ -306,8 +305,8 @@ async fn deprovision_in(
     if let Some(id) = target.vmid {
         if let Some(vm) = view.vm(id) {
             match verdict(run, vm, &claim).await? {
-                Identified::Ours => return destroy(run, vm).await,
-                Identified::NotOurs(reason) => foreign = Some((id, reason)),
+                Ownership::Ours => return destroy(run, vm).await,
+                Ownership::NotOurs(reason) => foreign = Some((id, reason)),
                 _gone => return Ok(DeprovisionOutcome::AlreadyGone),
             }
         } else if view.containers().any(|ct| ct.vmid == id) {
@@ -324,8 +323,8 @@ async fn deprovision_in(
     match candidates.as_slice() {
         [] => {}
         [vm] => match verdict(run, vm, &claim).await? {
-            Identified::Ours => return destroy(run, vm).await,
-            Identified::NotOurs(reason) => {
+            Ownership::Ours => return destroy(run, vm).await,
+            Ownership::NotOurs(reason) => {
                 tracing::warn!(request = %target.request_id, vmid = %vm.vmid, %reason,
                     "a VM named after the request is not ours; left alone");
             }
@@ -350,7 +349,7 @@ fn node_offline(view: &Listing, vm: &VmResource) -> DeprovisionError {
     DeprovisionError::NodeOffline {
         node: vm.node.clone(),
         vmid: vm.vmid,
-        state: state_word(view.node_state(&vm.node)),
+        state: NodeState::word(view.node_state(&vm.node)),
     }
 }
 
@@ -361,15 +360,15 @@ async fn verdict(
     run: &Run<'_>,
     vm: &VmResource,
     claim: &Claim<'_>,
-) -> Result<Identified, DeprovisionError> {
+) -> Result<Ownership, DeprovisionError> {
     let online = run.view.node_online(&vm.node);
     let reading = DeprovisionError::proxmox(Action::ReadConfig, &vm.node, vm.vmid);
     match identify(run.pve, online, vm, claim)
         .await
         .map_err(reading)?
     {
-        Identified::NodeAway => Err(node_offline(run.view, vm)),
-        Identified::Locked(lock) => Err(DeprovisionError::Locked {
+        Ownership::NodeAway => Err(node_offline(run.view, vm)),
+        Ownership::Locked(lock) => Err(DeprovisionError::Locked {
             node: vm.node.clone(),
             vmid: vm.vmid,
             lock,

@@ -1,10 +1,9 @@
 //! Deleting the request's NoCloud seed ISO after its VM.
 
 use super::destroy::task_says_gone;
-use super::error::state_word;
 use super::{DeprovisionError, DeprovisionTarget, Run};
 use crate::proxmox::ProxmoxError;
-use crate::proxmox::types::NodeName;
+use crate::proxmox::types::{NodeName, NodeState};
 
 /// Deletes the recorded seed ISO, from the first online node among the recorded node (where the seed
 /// was uploaded) and the node the VM was deleted on (or any node, for shared storage).
@@ -27,7 +26,7 @@ pub(super) async fn delete_seed_iso(
             return Err(DeprovisionError::SeedIsoNodeOffline {
                 volume: volume.to_owned(),
                 node: n.clone(),
-                state: state_word(view.node_state(n)),
+                state: NodeState::word(view.node_state(n)),
             });
         }
         // The node is no longer in the cluster: the ISO went with it.
