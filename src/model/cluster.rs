@@ -176,6 +176,16 @@ fn owned_list(list: &Option<String>) -> Vec<String> {
         .collect()
 }
 
+/// The variables a selector sees, one storage of one node at a time (same names as the Go provider).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageFacts {
+    pub name: String,
+    pub node: String,
+    pub storage_type: String,
+    /// Free bytes (`avail`), a CEL `uint`.
+    pub available_space: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,14 +220,4 @@ mod tests {
         assert!(lvm.active && lvm.holds("images"));
         assert!(!s.node("pve2").unwrap().online);
     }
-}
-
-/// The variables a selector sees, one storage of one node at a time (same names as the Go provider).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageFacts {
-    pub name: String,
-    pub node: String,
-    pub storage_type: String,
-    /// Free bytes (`avail`), a CEL `uint`.
-    pub available_space: u64,
 }
