@@ -39,7 +39,9 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
     let class_yaml = read_provider_data(&args.provider_data)?;
     let config = ProviderConfig::load(&args.config_file)?;
-    let schema = ProviderDataSchema::new()?.strict(config.strict);
+    let schema = ProviderDataSchema {
+        strict: config.strict,
+    };
     let client = ProxmoxClient::new(&config.proxmox)?;
     let layers = Layers::new(&class_yaml, &config);
     let report = validate_class(&client, &schema, &layers, config.placement).await?;

@@ -5,7 +5,7 @@ use serde_json::{Map, Value, json};
 
 use crate::config::ProviderConfig;
 use crate::rules::ip_pool::{self, IpPool};
-use crate::rules::provider_data::{Problem, ProviderData, ProviderDataSchema};
+use crate::rules::provider_data::{ConfigLayers, Problem, ProviderData, ProviderDataSchema};
 
 /// Where the provider data comes from: the class's YAML over the config's `nodes:` and `defaults:`.
 #[derive(Debug, Clone, Copy)]
@@ -71,8 +71,8 @@ impl<'a> Layers<'a> {
         for (key, value) in STAND_INS.iter().filter(|_| self.stand_ins) {
             filled.entry(*key).or_insert_with(value);
         }
-        let over = node.and_then(|n| self.node_override(n).map(|m| (n, m)));
-        let mut data = schema.resolve(self.class_yaml, over, &filled)?;
+        let config = ConfigLayers::read(&filled, self.nodes);
+        let mut data = schema.resolve_with(self.class_yaml, node, &config)?;
         let _unknown_pools = ip_pool::apply_networks(&mut data, self.ip_pools);
         Ok(data)
     }

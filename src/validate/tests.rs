@@ -73,7 +73,7 @@ fn view_for(data: &crate::rules::provider_data::ProviderData) -> ClusterFacts {
 }
 
 fn run(class: &str, defaults: Value, nodes: Value) -> Report {
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let defaults = defaults.as_object().unwrap().clone();
     let nodes = nodes.as_object().unwrap().clone();
     let layers = Layers {
@@ -142,7 +142,7 @@ fn unknown_keys_are_warnings_with_a_suggestion_and_the_class_still_passes() {
 
 /// `class` checked against a cluster whose `GET /version` gave `version` (an error: unreadable).
 fn on_release(class: &str, version: Result<&str, &str>) -> Report {
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let (empty, nodes) = (Map::new(), Map::new());
     let layers = Layers {
         class_yaml: class,
@@ -202,7 +202,7 @@ fn ha_rules_need_pve_9_and_existing_nodes() {
 
 #[test]
 fn strict_mode_fails_unknown_keys() {
-    let schema = ProviderDataSchema::new().unwrap().strict(true);
+    let schema = ProviderDataSchema { strict: true };
     let class = format!("{BASE}disk_sise: 5\n");
     let (empty, nodes) = (Map::new(), Map::new());
     let layers = Layers {
@@ -326,7 +326,7 @@ fn unknown_bridges_and_mappings_are_not_guessed() {
     v.bridges
         .insert("pve1".into(), Err("permission denied".into()));
     v.pci_mappings = Some(Err("501 not implemented".into()));
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let empty = Map::new();
     let class = format!("{BASE}pci_devices:\n  - mapping: gpu\n");
     let layers = Layers {
@@ -354,7 +354,7 @@ fn unknown_bridges_and_mappings_are_not_guessed() {
 
 #[test]
 fn defaults_are_judged_only_on_what_they_set() {
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let check = |defaults: Value| {
         let mut config = ProviderConfig::parse(
             "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\n",
@@ -408,7 +408,7 @@ fn validate_and_placement_give_the_same_verdict() {
     use crate::model::ClusterSnapshot;
     use crate::rules::placement::{self, LeftOut, PlacementError, PlacementReason, Reservations};
 
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     // As `view()`, but pve2 has 4 GiB free.
     let mut view = view();
     view.cluster = ClusterSnapshot::from_resources(&serde_json::from_value::<Vec<crate::proxmox::types::ClusterResource>>(json!([
@@ -444,7 +444,9 @@ fn validate_and_placement_give_the_same_verdict() {
             ip_pools: &[],
             stand_ins: false,
         };
-        let data = schema.resolve(class, None, &empty).unwrap();
+        let data = schema
+            .resolve_with(class, None, &Default::default())
+            .unwrap();
         let report = Report::new(check_cluster(&schema, &layers, &data, &view));
         let allowed: Vec<String> = data.allowed_nodes.iter().map(|n| n.to_string()).collect();
         let request = super::cluster::class_request(&data, &allowed, Default::default(), None);
@@ -495,7 +497,7 @@ fn validate_and_placement_give_the_same_verdict() {
 /// which provisioning resolves the data with): the bridge check looks at it and names the pool's key.
 #[test]
 fn a_pools_bridge_is_the_one_checked() {
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let config = ProviderConfig::parse(
         "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\nipPools:\n  storage-net:\n    cidr: 10.9.0.0/24\n    range: 10.9.0.10-10.9.0.20\n    bridge: vmbr1\n",
     )
@@ -532,7 +534,7 @@ fn a_pools_bridge_is_the_one_checked() {
 
 /// `class` checked against `view()` whose HA rules are `rules`.
 fn with_ha_rules(class: &str, rules: serde_json::Value) -> Report {
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let (empty, nodes) = (Map::new(), Map::new());
     let layers = Layers {
         class_yaml: class,
@@ -588,7 +590,7 @@ fn validate_refuses_ha_rule_shapes_proxmox_calls_infeasible() {
 #[test]
 fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
     use crate::proxmox::cluster::ClusterHealth;
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let (empty, nodes) = (Map::new(), Map::new());
     let layers = Layers {
         class_yaml: BASE,
@@ -634,7 +636,7 @@ fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
 #[test]
 fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
     let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\nboot: clone\ntemplate: 9000\nadditional_disks: [{disk_size: 4, storage_selector: 'true'}]\n";
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let (empty, nodes) = (Map::new(), Map::new());
     let layers = Layers {
         class_yaml: class,

@@ -93,11 +93,6 @@ impl LayerCheck {
 static VALIDATOR: LazyLock<Result<jsonschema::Validator, String>> =
     LazyLock::new(|| jsonschema::validator_for(&schema::schema()).map_err(|e| e.to_string()));
 
-/// Compiles the schema (if not yet), for a start-up error instead of a finding on every layer.
-pub(super) fn validator_ready() -> Result<(), String> {
-    VALIDATOR.as_ref().map(|_| ()).map_err(Clone::clone)
-}
-
 fn schema_findings(value: &Value, findings: &mut Vec<Finding>) {
     let validator = match VALIDATOR.as_ref() {
         Ok(v) => v,
