@@ -106,7 +106,7 @@ pub(crate) fn check_cluster(
 
 /// The config file's own warnings (unknown keys, a token and a password both set), as findings to
 /// show before the provider data's.
-pub fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
+fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
     config
         .warnings
         .iter()
