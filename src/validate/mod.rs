@@ -34,7 +34,7 @@ pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
 use crate::rules::provider_data::{ConfigLayers, ProviderData, ProviderDataSchema};
-use cluster::{ClusterCheck, ClusterFacts, allowed_names, candidate_nodes};
+use cluster::{ClusterCheck, ClusterFacts, candidate_nodes};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
 /// overrides). `Ok` carries the data as it is before any per-node override, for the cluster checks.
@@ -81,7 +81,6 @@ pub(crate) fn check_cluster(
 ) -> Vec<Finding> {
     let check = ClusterCheck {
         existing: report::list_or_none(&view.cluster.node_names()),
-        allowed: allowed_names(data),
         schema,
         layers,
         data,

@@ -448,8 +448,7 @@ fn validate_and_placement_give_the_same_verdict() {
             .resolve_with(class, None, &Default::default())
             .unwrap();
         let report = Report::new(check_cluster(&schema, &layers, &data, &view));
-        let allowed: Vec<String> = data.allowed_nodes.iter().map(|n| n.to_string()).collect();
-        let request = super::cluster::class_request(&data, &allowed, Default::default(), None);
+        let request = super::cluster::class_request(&data, Default::default(), None);
         let placed = placement::pick(&cluster, &request, &Reservations::default());
         let rejected = match &placed {
             Ok(p) => match &p.reason {
