@@ -241,7 +241,7 @@ impl ClusterCheck<'_> {
                 out.push(Outcome::Problem.finding(key, message));
             }
         }
-        for name in self.layers.nodes.keys() {
+        for name in self.layers.config.nodes.keys() {
             if self.view.cluster.node(name).is_none() {
                 out.push(Outcome::Warning.finding(
                     format!("nodes.{name}"),

@@ -109,9 +109,9 @@ pub async fn validate_class(
     let mut findings = config_file_findings(config);
     findings.extend(schema_findings);
     if let Some(data) = data {
-        let view = gather(pve, &data, layers.nodes, config.placement).await?;
+        let view = gather(pve, &data, &config.nodes, config.placement).await?;
         findings.extend(check_cluster(&schema, &layers, &data, &view));
-        findings.extend(pool_findings(pve, &data, layers.ip_pools).await?);
+        findings.extend(pool_findings(pve, &data, &config.ip_pools).await?);
         findings.extend(Outcome::Problem.findings(config.policy.check(&data)));
     }
     let reach = root_reach_warning(pve).await;

@@ -33,7 +33,7 @@ pub use privileges::root_reach_warning;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
-use crate::rules::provider_data::{ConfigLayers, ProviderData, ProviderDataSchema};
+use crate::rules::provider_data::{ProviderData, ProviderDataSchema};
 use cluster::{ClusterCheck, ClusterFacts, candidate_nodes};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
@@ -42,7 +42,7 @@ pub fn check_schema(
     schema: &ProviderDataSchema,
     layers: &Layers<'_>,
 ) -> (Vec<Finding>, Option<ProviderData>) {
-    let overrides = schema.check_config(&ConfigLayers::read(layers.defaults, layers.nodes));
+    let overrides = schema.check_config(&layers.config.layers);
     let mut findings: Vec<Finding> = Outcome::Problem
         .findings(overrides.problems)
         .chain(Outcome::Warning.findings(overrides.warnings))

@@ -438,6 +438,18 @@ impl ConfigLayers {
         self.nodes.iter().find(|(n, _)| n == node).map(|(_, l)| l)
     }
 
+    /// Top-level `key` under the path of the highest layer writing it (`nodes.pve2.memory`,
+    /// `defaults.memory`), for a class writing the keys of `class` on `node`: where the user changes it.
+    pub fn key_path(&self, class: &Map<String, Value>, key: &str, node: Option<&str>) -> String {
+        let class_layer = Layer {
+            written: class.keys().cloned().collect(),
+            ..Layer::default()
+        };
+        let node = node.and_then(|n| self.node(n).map(|layer| (n, layer)));
+        let stack = Stack::new(&class_layer, node, &self.defaults);
+        format!("{}{key}", stack.prefix_of(key))
+    }
+
     /// Problems and warnings of `defaults:` and every `nodes.<name>:`.
     pub fn check(&self, strict: bool) -> LayerCheck {
         let mut found = self.defaults.check("defaults.", strict);
