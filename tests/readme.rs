@@ -188,11 +188,9 @@ fn readme_machine_class_is_one_omni_and_this_provider_take() {
     }
     assert_eq!(auto["providerid"], "proxmox");
     let provider_data = auto["providerdata"].as_str().unwrap();
-    let schema = omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema::new()
-        .unwrap()
-        .strict(true);
-    schema
-        .resolve(provider_data, None, &serde_json::Map::new())
+    use omni_infra_provider_proxmox::rules::provider_data::{ConfigLayers, ProviderDataSchema};
+    ProviderDataSchema { strict: true }
+        .resolve_with(provider_data, None, &ConfigLayers::default())
         .unwrap_or_else(|p| panic!("README provider data: {p:?}"));
     // The cluster template asks for a number of machines of each class.
     let template = &readme[readme.find("kind: Workers\n").expect("a Workers example")..];

@@ -500,7 +500,7 @@ fn example_config_loads_and_its_overrides_are_valid() {
     use omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema;
     let text = std::fs::read_to_string(examples_dir().join("config.yaml")).unwrap();
     let config = ProviderConfig::parse(&text).unwrap_or_else(|e| panic!("{e:?}"));
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let problems = schema.check_config(&config.layers).problems;
     assert!(problems.is_empty(), "{problems:?}");
     assert!(!config.defaults.is_empty() && !config.nodes.is_empty());
@@ -509,7 +509,7 @@ fn example_config_loads_and_its_overrides_are_valid() {
 #[test]
 fn example_machine_classes_pass_the_schema_alone_and_with_the_example_config() {
     use omni_infra_provider_proxmox::rules::provider_data::{ProviderDataSchema, describe};
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let config = ProviderConfig::parse(
         &std::fs::read_to_string(examples_dir().join("config.yaml")).unwrap(),
     )
@@ -519,12 +519,11 @@ fn example_machine_classes_pass_the_schema_alone_and_with_the_example_config() {
         let path = entry.unwrap().path();
         let yaml = std::fs::read_to_string(&path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if let Err(problems) = schema.resolve(&yaml, None, &serde_json::Map::new()) {
+        if let Err(problems) = schema.resolve_with(&yaml, None, &Default::default()) {
             panic!("{name}: {}", describe(&problems));
         }
-        for (node, over) in &config.nodes {
-            let over = over.as_object().unwrap();
-            match schema.resolve(&yaml, Some((node, over)), &config.defaults) {
+        for node in config.nodes.keys() {
+            match schema.resolve_with(&yaml, Some(node), &config.layers) {
                 Err(problems) => panic!("{name} on {node}: {}", describe(&problems)),
                 // Every IP pool a class names is one of the example config's.
                 Ok(mut data) => {

@@ -32,7 +32,7 @@ use crate::omni::state::{StateClient, StateError};
 use crate::omni::transport::{self, OmniEndpoint};
 use crate::pipeline::step::{Services, Timeouts};
 use crate::proxmox::ProxmoxClient;
-use crate::rules::provider_data::{ProviderDataSchema, SchemaError};
+use crate::rules::provider_data::ProviderDataSchema;
 use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
@@ -285,12 +285,14 @@ async fn run_with(
     let heartbeat = tokio::spawn(heartbeat.run(stop_rx, roles.clone()));
     // Each term of leadership starts with fresh ledgers and caches: another replica may have
     // changed anything meanwhile.
-    let term_context = || -> Result<Context, SchemaError> {
+    let term_context = || -> Context {
         let services = Services {
             provider_id: settings.info.id.clone(),
             pve: pve.clone(),
             management: omni.management.clone(),
-            schema: ProviderDataSchema::new()?.strict(settings.config.strict),
+            schema: ProviderDataSchema {
+                strict: settings.config.strict,
+            },
             config: settings.config.clone(),
             ledgers: Default::default(),
             image_factory_url: image_factory_url.clone(),
@@ -299,7 +301,7 @@ async fn run_with(
             timeouts: Timeouts::default(),
             metrics: metrics.clone(),
         };
-        Ok(Context::new(Arc::new(services), state.clone(), mode))
+        Context::new(Arc::new(services), state.clone(), mode)
     };
     let outcome = while_leading(&settings, &state, roles, &mut shutdown, term_context).await;
     tracing::info!("shutting down");
@@ -369,7 +371,7 @@ async fn while_leading(
     state: &StateClient,
     mut roles: watch::Receiver<Role>,
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
-    term_context: impl Fn() -> Result<Context, SchemaError>,
+    term_context: impl Fn() -> Context,
 ) -> CliResult {
     loop {
         tokio::select! {
@@ -389,7 +391,7 @@ async fn while_leading(
             Err(StateError::Fenced { .. }) => continue,
             Err(e) => return Err(e.into()),
         }
-        let (stop, tasks) = start_term(settings, term_context()?);
+        let (stop, tasks) = start_term(settings, term_context());
         let done = tokio::select! {
             _ = roles.wait_for(|r| *r != Role::Leader) => false,
             () = &mut *shutdown => true,

@@ -20,8 +20,7 @@ use std::path::{Path, PathBuf};
 use super::{CliResult, OutputFormat};
 use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
-use crate::rules::provider_data::ProviderDataSchema;
-use crate::validate::{Finding, Layers, Outcome, Report, config_file_findings, validate_class};
+use crate::validate::{Report, validate_class};
 
 #[derive(Debug, clap::Args)]
 pub struct ValidateArgs {
@@ -39,28 +38,8 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
     let class_yaml = read_provider_data(&args.provider_data)?;
     let config = ProviderConfig::load(&args.config_file)?;
-    let schema = ProviderDataSchema::new()?.strict(config.strict);
     let client = ProxmoxClient::new(&config.proxmox)?;
-    let layers = Layers::new(&class_yaml, &config);
-    let report = validate_class(&client, &schema, &layers, config.placement).await?;
-    // The config's `policy:`, as provisioning checks it.
-    let refused: Vec<Finding> = match layers.resolve_on(&schema, None) {
-        Ok(data) => Outcome::Problem
-            .findings(config.policy.check(&data))
-            .collect(),
-        Err(_) => Vec::new(),
-    };
-    let reach = crate::validate::root_reach_warning(&client)
-        .await
-        .map(|w| Outcome::Warning.finding("proxmox.tokenID", w));
-    let report = Report::new(
-        config_file_findings(&config)
-            .into_iter()
-            .chain(report.findings)
-            .chain(refused)
-            .chain(reach)
-            .collect(),
-    );
+    let report = validate_class(&client, &class_yaml, &config).await?;
     args.output.print(&report, Report::render_text)?;
     if report.ok {
         return Ok(());

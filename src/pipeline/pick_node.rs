@@ -46,12 +46,6 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         additional_disks_fit(&ctx.data, source)?;
     }
     let node_selectors = node_selectors(ctx)?;
-    let allowed: Vec<String> = ctx
-        .data
-        .allowed_nodes
-        .iter()
-        .map(|n| n.to_string())
-        .collect();
     let pinned = ctx.data.node.as_ref().map(|n| n.to_string());
     let request = PlacementRequest {
         request_id: &ctx.request.id,
@@ -60,7 +54,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         selector: &ctx.data.storage_selector,
         node_selectors: &node_selectors,
         pinned_node: pinned.as_deref(),
-        allowed_nodes: &allowed,
+        allowed_nodes: &ctx.data.allowed_nodes,
         set_id: ctx.request.set_id.as_deref(),
         strategy: ctx.data.placement_strategy,
         vcpus: ctx.data.vcpus(),

@@ -124,15 +124,14 @@ fn render_ranges(ranges: &[(u16, u16)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::provider_data::ProviderDataSchema;
+    use crate::rules::provider_data::{ConfigLayers, ProviderDataSchema};
 
     fn data(extra: &str) -> ProviderData {
-        ProviderDataSchema::new()
-            .unwrap()
-            .resolve(
+        ProviderDataSchema::default()
+            .resolve_with(
                 &format!("cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\n{extra}"),
                 None,
-                &serde_json::Map::new(),
+                &ConfigLayers::default(),
             )
             .unwrap()
     }

@@ -52,11 +52,9 @@ impl ClusterFacts {
 /// gets no per-node selectors on top.
 static NO_OVERRIDES: BTreeMap<String, StorageSelector> = BTreeMap::new();
 
-/// The request placement would get for `data` (a class has no request ID or set yet); `allowed` are
-/// `data`'s allowed nodes.
+/// The request placement would get for `data` (a class has no request ID or set yet).
 pub(crate) fn class_request<'a>(
     data: &'a ProviderData,
-    allowed: &'a [String],
     limits: PlacementLimits,
     clone: Option<&'a CloneSource>,
 ) -> PlacementRequest<'a> {
@@ -67,7 +65,7 @@ pub(crate) fn class_request<'a>(
         selector: &data.storage_selector,
         node_selectors: &NO_OVERRIDES,
         pinned_node: data.node.as_ref().map(|n| n.as_str()),
-        allowed_nodes: allowed,
+        allowed_nodes: &data.allowed_nodes,
         set_id: None,
         strategy: data.placement_strategy,
         vcpus: data.vcpus(),
@@ -77,18 +75,13 @@ pub(crate) fn class_request<'a>(
     }
 }
 
-pub(crate) fn allowed_names(data: &ProviderData) -> Vec<String> {
-    data.allowed_nodes.iter().map(|n| n.to_string()).collect()
-}
-
 /// The nodes placement could choose for `data`. A pinned node that does not exist yields nothing
 /// (reported by [`super::check_cluster`]).
 pub fn candidate_nodes<'c>(
     data: &ProviderData,
     cluster: &'c ClusterSnapshot,
 ) -> Vec<&'c NodeSnapshot> {
-    let allowed = allowed_names(data);
-    let request = class_request(data, &allowed, PlacementLimits::default(), None);
+    let request = class_request(data, PlacementLimits::default(), None);
     cluster
         .nodes
         .iter()
@@ -102,8 +95,6 @@ pub(crate) struct ClusterCheck<'a> {
     pub layers: &'a Layers<'a>,
     pub data: &'a ProviderData,
     pub view: &'a ClusterFacts,
-    /// `data`'s allowed nodes, as placement takes them.
-    pub allowed: Vec<String>,
     /// "pve1, pve2", or "none".
     pub existing: String,
 }
@@ -123,7 +114,7 @@ impl ClusterCheck<'_> {
     /// The request placement would get for `data` (resolved on some node, or not).
     pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
         let clone = self.view.clone_source();
-        class_request(data, &self.allowed, self.view.placement, clone)
+        class_request(data, self.view.placement, clone)
     }
 
     /// `key` as the user must change it ([`Layers::key`]), for the class as a whole.
@@ -250,7 +241,7 @@ impl ClusterCheck<'_> {
                 out.push(Outcome::Problem.finding(key, message));
             }
         }
-        for name in self.layers.nodes.keys() {
+        for name in self.layers.config.nodes.keys() {
             if self.view.cluster.node(name).is_none() {
                 out.push(Outcome::Warning.finding(
                     format!("nodes.{name}"),

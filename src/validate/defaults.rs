@@ -20,9 +20,8 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
     if config.defaults.is_empty() && config.nodes.is_empty() {
         return None;
     }
-    let schema = match ProviderDataSchema::new() {
-        Ok(s) => s.strict(config.strict),
-        Err(e) => return Some(e.to_string()),
+    let schema = ProviderDataSchema {
+        strict: config.strict,
     };
     // The config's `defaults:` may lack keys a machine class must have: stand-ins fill them and
     // checks of stand-ins are dropped, so only what is actually set is judged. Data that does not

@@ -8,8 +8,9 @@ use serde_json::{Map, Value};
 use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
 use super::pools::pool_findings;
-use super::report::Report;
-use super::{check_cluster, check_schema};
+use super::report::{Outcome, Report};
+use super::{check_cluster, check_schema, config_file_findings, root_reach_warning};
+use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
 use crate::pipeline::template::clone_source;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
@@ -91,20 +92,29 @@ async fn bridges(pve: &ProxmoxClient, node: &NodeName) -> Result<Vec<String>, St
         .collect())
 }
 
-/// The whole check of one machine class's provider data: schema, then (if that passes) the cluster
-/// and the IP pools it names.
+/// The whole check of one machine class's provider data over `config`: the config file's own
+/// warnings, the schema, then (if that passes) the cluster, the IP pools it names and the config's
+/// `policy:` (as provisioning checks it), and last what the token reaches beyond the provider's need.
 /// `Err` only when the cluster cannot be read.
 pub async fn validate_class(
     pve: &ProxmoxClient,
-    schema: &ProviderDataSchema,
-    layers: &Layers<'_>,
-    placement: PlacementLimits,
+    class_yaml: &str,
+    config: &ProviderConfig,
 ) -> Result<Report, ProxmoxError> {
-    let (mut findings, data) = check_schema(schema, layers);
+    let schema = ProviderDataSchema {
+        strict: config.strict,
+    };
+    let layers = Layers::new(class_yaml, config);
+    let (schema_findings, data) = check_schema(&schema, &layers);
+    let mut findings = config_file_findings(config);
+    findings.extend(schema_findings);
     if let Some(data) = data {
-        let view = gather(pve, &data, layers.nodes, placement).await?;
-        findings.extend(check_cluster(schema, layers, &data, &view));
-        findings.extend(pool_findings(pve, &data, layers.ip_pools).await?);
+        let view = gather(pve, &data, &config.nodes, config.placement).await?;
+        findings.extend(check_cluster(&schema, &layers, &data, &view));
+        findings.extend(pool_findings(pve, &data, &config.ip_pools).await?);
+        findings.extend(Outcome::Problem.findings(config.policy.check(&data)));
     }
+    let reach = root_reach_warning(pve).await;
+    findings.extend(reach.map(|w| Outcome::Warning.finding("proxmox.tokenID", w)));
     Ok(Report::new(findings))
 }

@@ -33,8 +33,8 @@ pub use privileges::root_reach_warning;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
-use crate::rules::provider_data::{ConfigLayers, ProviderData, ProviderDataSchema};
-use cluster::{ClusterCheck, ClusterFacts, allowed_names, candidate_nodes};
+use crate::rules::provider_data::{ProviderData, ProviderDataSchema};
+use cluster::{ClusterCheck, ClusterFacts, candidate_nodes};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
 /// overrides). `Ok` carries the data as it is before any per-node override, for the cluster checks.
@@ -42,7 +42,7 @@ pub fn check_schema(
     schema: &ProviderDataSchema,
     layers: &Layers<'_>,
 ) -> (Vec<Finding>, Option<ProviderData>) {
-    let overrides = schema.check_config(&ConfigLayers::read(layers.defaults, layers.nodes));
+    let overrides = schema.check_config(&layers.config.layers);
     let mut findings: Vec<Finding> = Outcome::Problem
         .findings(overrides.problems)
         .chain(Outcome::Warning.findings(overrides.warnings))
@@ -81,7 +81,6 @@ pub(crate) fn check_cluster(
 ) -> Vec<Finding> {
     let check = ClusterCheck {
         existing: report::list_or_none(&view.cluster.node_names()),
-        allowed: allowed_names(data),
         schema,
         layers,
         data,
@@ -106,7 +105,7 @@ pub(crate) fn check_cluster(
 
 /// The config file's own warnings (unknown keys, a token and a password both set), as findings to
 /// show before the provider data's.
-pub fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
+fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
     config
         .warnings
         .iter()

@@ -164,7 +164,7 @@ impl NodeCheck<'_> {
         // A NIC on an IP pool that names a bridge goes on that bridge (the data is resolved with
         // it): the key to change is the pool's.
         let pool_bridge = |pool: Option<&str>| {
-            let mut pools = self.check.layers.ip_pools.iter();
+            let mut pools = self.check.layers.config.ip_pools.iter();
             let pool = pools.find(|p| p.bridge.is_some() && Some(p.name.as_str()) == pool)?;
             Some(format!("ipPools.{}.bridge", pool.name))
         };

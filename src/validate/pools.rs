@@ -64,15 +64,14 @@ pub(crate) async fn pool_findings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::provider_data::ProviderDataSchema;
+    use crate::rules::provider_data::{ConfigLayers, ProviderDataSchema};
 
     fn data(yaml: &str) -> ProviderData {
-        ProviderDataSchema::new()
-            .unwrap()
-            .resolve(
+        ProviderDataSchema::default()
+            .resolve_with(
                 &format!("cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\n{yaml}"),
                 None,
-                &Default::default(),
+                &ConfigLayers::default(),
             )
             .unwrap()
     }

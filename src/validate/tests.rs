@@ -1,14 +1,14 @@
 //! The checks against a fixed cluster, without a network.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::cluster::ClusterFacts;
 use super::defaults::{HEALTH_TEXT_MAX, summarize};
 use super::*;
 use crate::config::ProviderConfig;
 use crate::proxmox::types::ClusterResource;
-use crate::rules::provider_data::ProviderDataSchema;
 use crate::rules::provider_data::needs_release_check;
+use crate::rules::provider_data::{ConfigLayers, ProviderDataSchema};
 
 /// pve1 (online, 6 GiB free, local-lvm + iso storage), pve2 (online, 1 GiB free, local-lvm only),
 /// pve3 offline; template 9000 on pve1, VM 100 on pve2.
@@ -72,17 +72,22 @@ fn view_for(data: &crate::rules::provider_data::ProviderData) -> ClusterFacts {
     view
 }
 
+/// A config with these `defaults:` and `nodes:`.
+fn config_with(defaults: Value, nodes: Value) -> ProviderConfig {
+    let mut config = ProviderConfig::parse(
+        "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\n",
+    )
+    .unwrap();
+    config.defaults = defaults.as_object().unwrap().clone();
+    config.nodes = nodes.as_object().unwrap().clone();
+    config.layers = ConfigLayers::read(&config.defaults, &config.nodes);
+    config
+}
+
 fn run(class: &str, defaults: Value, nodes: Value) -> Report {
-    let schema = ProviderDataSchema::new().unwrap();
-    let defaults = defaults.as_object().unwrap().clone();
-    let nodes = nodes.as_object().unwrap().clone();
-    let layers = Layers {
-        class_yaml: class,
-        defaults: &defaults,
-        nodes: &nodes,
-        ip_pools: &[],
-        stand_ins: false,
-    };
+    let schema = ProviderDataSchema::default();
+    let config = config_with(defaults, nodes);
+    let layers = Layers::new(class, &config);
     let (mut findings, data) = check_schema(&schema, &layers);
     if let Some(data) = data {
         findings.extend(check_cluster(&schema, &layers, &data, &view_for(&data)));
@@ -142,15 +147,9 @@ fn unknown_keys_are_warnings_with_a_suggestion_and_the_class_still_passes() {
 
 /// `class` checked against a cluster whose `GET /version` gave `version` (an error: unreadable).
 fn on_release(class: &str, version: Result<&str, &str>) -> Report {
-    let schema = ProviderDataSchema::new().unwrap();
-    let (empty, nodes) = (Map::new(), Map::new());
-    let layers = Layers {
-        class_yaml: class,
-        defaults: &empty,
-        nodes: &nodes,
-        ip_pools: &[],
-        stand_ins: false,
-    };
+    let schema = ProviderDataSchema::default();
+    let config = config_with(json!({}), json!({}));
+    let layers = Layers::new(class, &config);
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
     assert!(needs_release_check(&data));
@@ -202,16 +201,10 @@ fn ha_rules_need_pve_9_and_existing_nodes() {
 
 #[test]
 fn strict_mode_fails_unknown_keys() {
-    let schema = ProviderDataSchema::new().unwrap().strict(true);
+    let schema = ProviderDataSchema { strict: true };
     let class = format!("{BASE}disk_sise: 5\n");
-    let (empty, nodes) = (Map::new(), Map::new());
-    let layers = Layers {
-        class_yaml: &class,
-        defaults: &empty,
-        nodes: &nodes,
-        ip_pools: &[],
-        stand_ins: false,
-    };
+    let config = config_with(json!({}), json!({}));
+    let layers = Layers::new(&class, &config);
     let (findings, data) = check_schema(&schema, &layers);
     assert!(data.is_none());
     let r = Report::new(findings);
@@ -326,16 +319,10 @@ fn unknown_bridges_and_mappings_are_not_guessed() {
     v.bridges
         .insert("pve1".into(), Err("permission denied".into()));
     v.pci_mappings = Some(Err("501 not implemented".into()));
-    let schema = ProviderDataSchema::new().unwrap();
-    let empty = Map::new();
+    let schema = ProviderDataSchema::default();
+    let config = config_with(json!({}), json!({}));
     let class = format!("{BASE}pci_devices:\n  - mapping: gpu\n");
-    let layers = Layers {
-        class_yaml: &class,
-        defaults: &empty,
-        nodes: &empty,
-        ip_pools: &[],
-        stand_ins: false,
-    };
+    let layers = Layers::new(&class, &config);
     let (_, data) = check_schema(&schema, &layers);
     let findings = check_cluster(&schema, &layers, &data.unwrap(), &v);
     let r = Report::new(findings);
@@ -354,13 +341,14 @@ fn unknown_bridges_and_mappings_are_not_guessed() {
 
 #[test]
 fn defaults_are_judged_only_on_what_they_set() {
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let check = |defaults: Value| {
         let mut config = ProviderConfig::parse(
             "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\n",
         )
         .unwrap();
         config.defaults = defaults.as_object().unwrap().clone();
+        config.layers = ConfigLayers::read(&config.defaults, &config.nodes);
         let layers = Layers::of_defaults(&config);
         // What `gather` reads for the data `defaults:` resolve to (a template's copies).
         let data = layers.resolve_on(&schema, None).unwrap();
@@ -408,7 +396,7 @@ fn validate_and_placement_give_the_same_verdict() {
     use crate::model::ClusterSnapshot;
     use crate::rules::placement::{self, LeftOut, PlacementError, PlacementReason, Reservations};
 
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     // As `view()`, but pve2 has 4 GiB free.
     let mut view = view();
     view.cluster = ClusterSnapshot::from_resources(&serde_json::from_value::<Vec<crate::proxmox::types::ClusterResource>>(json!([
@@ -435,19 +423,14 @@ fn validate_and_placement_give_the_same_verdict() {
         format!("{base}memory: 5000\ndisk_size: 20\nallowed_nodes: [pve1, pve2, pve3]\n"),
     ];
     let cluster = view.cluster.clone();
-    let (empty, nodes) = (Map::new(), Map::new());
+    let config = config_with(json!({}), json!({}));
     for class in &classes {
-        let layers = Layers {
-            class_yaml: class,
-            defaults: &empty,
-            nodes: &nodes,
-            ip_pools: &[],
-            stand_ins: false,
-        };
-        let data = schema.resolve(class, None, &empty).unwrap();
+        let layers = Layers::new(class, &config);
+        let data = schema
+            .resolve_with(class, None, &Default::default())
+            .unwrap();
         let report = Report::new(check_cluster(&schema, &layers, &data, &view));
-        let allowed: Vec<String> = data.allowed_nodes.iter().map(|n| n.to_string()).collect();
-        let request = super::cluster::class_request(&data, &allowed, Default::default(), None);
+        let request = super::cluster::class_request(&data, Default::default(), None);
         let placed = placement::pick(&cluster, &request, &Reservations::default());
         let rejected = match &placed {
             Ok(p) => match &p.reason {
@@ -495,23 +478,16 @@ fn validate_and_placement_give_the_same_verdict() {
 /// which provisioning resolves the data with): the bridge check looks at it and names the pool's key.
 #[test]
 fn a_pools_bridge_is_the_one_checked() {
-    let schema = ProviderDataSchema::new().unwrap();
+    let schema = ProviderDataSchema::default();
     let config = ProviderConfig::parse(
         "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\nipPools:\n  storage-net:\n    cidr: 10.9.0.0/24\n    range: 10.9.0.10-10.9.0.20\n    bridge: vmbr1\n",
     )
     .unwrap();
-    let (defaults, nodes) = (Map::new(), Map::new());
     let report = |node: &str| {
         let class = format!(
             "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: {node}\nip_pool: storage-net\n"
         );
-        let layers = Layers {
-            class_yaml: &class,
-            defaults: &defaults,
-            nodes: &nodes,
-            ip_pools: &config.ip_pools,
-            stand_ins: false,
-        };
+        let layers = Layers::new(&class, &config);
         let (mut findings, data) = check_schema(&schema, &layers);
         findings.extend(check_cluster(&schema, &layers, &data.unwrap(), &view()));
         Report::new(findings)
@@ -532,15 +508,9 @@ fn a_pools_bridge_is_the_one_checked() {
 
 /// `class` checked against `view()` whose HA rules are `rules`.
 fn with_ha_rules(class: &str, rules: serde_json::Value) -> Report {
-    let schema = ProviderDataSchema::new().unwrap();
-    let (empty, nodes) = (Map::new(), Map::new());
-    let layers = Layers {
-        class_yaml: class,
-        defaults: &empty,
-        nodes: &nodes,
-        ip_pools: &[],
-        stand_ins: false,
-    };
+    let schema = ProviderDataSchema::default();
+    let config = config_with(json!({}), json!({}));
+    let layers = Layers::new(class, &config);
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
     let mut v = view();
@@ -588,15 +558,9 @@ fn validate_refuses_ha_rule_shapes_proxmox_calls_infeasible() {
 #[test]
 fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
     use crate::proxmox::cluster::ClusterHealth;
-    let schema = ProviderDataSchema::new().unwrap();
-    let (empty, nodes) = (Map::new(), Map::new());
-    let layers = Layers {
-        class_yaml: BASE,
-        defaults: &empty,
-        nodes: &nodes,
-        ip_pools: &[],
-        stand_ins: false,
-    };
+    let schema = ProviderDataSchema::default();
+    let config = config_with(json!({}), json!({}));
+    let layers = Layers::new(BASE, &config);
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
     use crate::proxmox::cluster::ClusterMember;
@@ -634,15 +598,9 @@ fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
 #[test]
 fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
     let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\nboot: clone\ntemplate: 9000\nadditional_disks: [{disk_size: 4, storage_selector: 'true'}]\n";
-    let schema = ProviderDataSchema::new().unwrap();
-    let (empty, nodes) = (Map::new(), Map::new());
-    let layers = Layers {
-        class_yaml: class,
-        defaults: &empty,
-        nodes: &nodes,
-        ip_pools: &[],
-        stand_ins: false,
-    };
+    let schema = ProviderDataSchema::default();
+    let config = config_with(json!({}), json!({}));
+    let layers = Layers::new(class, &config);
     let (_, data) = check_schema(&schema, &layers);
     let data = data.unwrap();
     let mut v = view_for(&data);

@@ -119,9 +119,9 @@ impl Harness {
             pve: ProxmoxClient::new(&self.config.proxmox).unwrap(),
             management: client.management.clone(),
             config: self.config.clone(),
-            schema: ProviderDataSchema::new()
-                .unwrap()
-                .strict(self.config.strict),
+            schema: ProviderDataSchema {
+                strict: self.config.strict,
+            },
             ledgers: Default::default(),
             image_factory_url: self.image_factory_url.clone(),
             factory_http: omni_infra_provider_proxmox::pipeline::image_factory::http_client()

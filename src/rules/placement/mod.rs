@@ -44,7 +44,7 @@ pub struct PlacementRequest<'a> {
     pub node_selectors: &'a BTreeMap<String, StorageSelector>,
     pub pinned_node: Option<&'a str>,
     /// Empty means every node.
-    pub allowed_nodes: &'a [String],
+    pub allowed_nodes: &'a [NodeName],
     pub set_id: Option<&'a str>,
     pub strategy: PlacementStrategy,
     /// vCPUs the VM gets (sockets × cores).
@@ -95,7 +95,7 @@ impl PlacementRequest<'_> {
     }
 
     fn allowed(&self, node: &NodeName) -> bool {
-        self.allowed_nodes.is_empty() || self.allowed_nodes.iter().any(|a| node == a.as_str())
+        self.allowed_nodes.is_empty() || self.allowed_nodes.contains(node)
     }
 
     fn selector_for(&self, node: &NodeName) -> &StorageSelector {

@@ -93,11 +93,6 @@ impl LayerCheck {
 static VALIDATOR: LazyLock<Result<jsonschema::Validator, String>> =
     LazyLock::new(|| jsonschema::validator_for(&schema::schema()).map_err(|e| e.to_string()));
 
-/// Compiles the schema (if not yet), for a start-up error instead of a finding on every layer.
-pub(super) fn validator_ready() -> Result<(), String> {
-    VALIDATOR.as_ref().map(|_| ()).map_err(Clone::clone)
-}
-
 fn schema_findings(value: &Value, findings: &mut Vec<Finding>) {
     let validator = match VALIDATOR.as_ref() {
         Ok(v) => v,
@@ -441,6 +436,18 @@ impl ConfigLayers {
     /// The override of `node`, if the config has one.
     pub(super) fn node(&self, node: &str) -> Option<&Layer> {
         self.nodes.iter().find(|(n, _)| n == node).map(|(_, l)| l)
+    }
+
+    /// Top-level `key` under the path of the highest layer writing it (`nodes.pve2.memory`,
+    /// `defaults.memory`), for a class writing the keys of `class` on `node`: where the user changes it.
+    pub fn key_path(&self, class: &Map<String, Value>, key: &str, node: Option<&str>) -> String {
+        let class_layer = Layer {
+            written: class.keys().cloned().collect(),
+            ..Layer::default()
+        };
+        let node = node.and_then(|n| self.node(n).map(|layer| (n, layer)));
+        let stack = Stack::new(&class_layer, node, &self.defaults);
+        format!("{}{key}", stack.prefix_of(key))
     }
 
     /// Problems and warnings of `defaults:` and every `nodes.<name>:`.

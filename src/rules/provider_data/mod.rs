@@ -59,17 +59,11 @@ pub fn describe(problems: &[Problem]) -> String {
         .join("\n")
 }
 
-/// The embedded schema could not be compiled (a bug caught by the tests).
-#[derive(Debug, thiserror::Error)]
-#[error("the provider-data JSON schema is invalid: {0}")]
-pub struct SchemaError(String);
-
-/// How provider data is checked: the compiled schema (shared by the process) and whether unknown keys
-/// are refused. Build once at start-up and share.
-#[derive(Debug)]
+/// How provider data is checked: whether unknown keys are refused. Build once at start-up and share.
+#[derive(Debug, Default)]
 pub struct ProviderDataSchema {
     /// `strict: true` in the config: unknown keys are problems instead of warnings.
-    strict: bool,
+    pub strict: bool,
 }
 
 /// What checking one layer (or the config's overrides) found.
@@ -82,18 +76,6 @@ pub struct LayerCheck {
 }
 
 impl ProviderDataSchema {
-    pub fn new() -> Result<Self, SchemaError> {
-        layers::validator_ready().map_err(SchemaError)?;
-        Ok(Self { strict: false })
-    }
-
-    /// With `true` (the config's `strict: true`), unknown keys are refused instead of ignored with a
-    /// warning.
-    pub fn strict(mut self, strict: bool) -> Self {
-        self.strict = strict;
-        self
-    }
-
     /// Parses a machine class's provider-data YAML into a map, or explains why it is not one.
     pub fn class_map(yaml: &str) -> Result<Map<String, Value>, Vec<Problem>> {
         let root = |message: String| {
@@ -124,22 +106,6 @@ impl ProviderDataSchema {
         let class = Layer::read(&Self::class_map(class_yaml)?);
         let node = node.and_then(|n| config.node(n).map(|layer| (n, layer)));
         effective::resolve(&Stack::new(&class, node, &config.defaults), self.strict)
-    }
-
-    /// As [`Self::resolve_with`], from the layers as raw maps: the class YAML, the chosen node's
-    /// override (`(node name, override)`, once the node is known) and the config defaults. A problem
-    /// with a value that came from a lower layer is reported under that layer's key path
-    /// (`nodes.pve2.network_bridge`, `defaults.cores`).
-    pub fn resolve(
-        &self,
-        class_yaml: &str,
-        node_override: Option<(&str, &Map<String, Value>)>,
-        defaults: &Map<String, Value>,
-    ) -> Result<ProviderData, Vec<Problem>> {
-        let nodes = node_override
-            .map(|(name, map)| Map::from_iter([(name.to_owned(), Value::Object(map.clone()))]));
-        let layers = ConfigLayers::read(defaults, &nodes.unwrap_or_default());
-        self.resolve_with(class_yaml, node_override.map(|(name, _)| name), &layers)
     }
 
     /// Checks one layer on its own (no required keys): the machine class, `defaults`, or a node

@@ -1,12 +1,10 @@
 use super::*;
-use crate::rules::provider_data::ProviderDataSchema;
-use serde_json::Map;
+use crate::rules::provider_data::{ConfigLayers, ProviderDataSchema};
 
 fn data(extra: &str) -> ProviderData {
     let yaml = format!("cores: 2\nmemory: 4096\ndisk_size: 20\nstorage_selector: 'true'\n{extra}");
-    ProviderDataSchema::new()
-        .unwrap()
-        .resolve(&yaml, None, &Map::new())
+    ProviderDataSchema::default()
+        .resolve_with(&yaml, None, &ConfigLayers::default())
         .unwrap()
 }
 
@@ -336,7 +334,7 @@ mod fuzz {
                 q(&bridge), q(&nic_bridge), q(&tag), q(&cpu), q(&pool), q(&mapping), q(&mdev), q(&usb),
             );
             let yaml = format!("cores: 2\nmemory: 4096\ndisk_size: 20\nstorage_selector: 'true'\n{extra}");
-            let Ok(data) = ProviderDataSchema::new().unwrap().resolve(&yaml, None, &Map::new()) else {
+            let Ok(data) = ProviderDataSchema::default().resolve_with(&yaml, None, &ConfigLayers::default()) else {
                 return Ok(());
             };
             let params = render(&data, &identity(), &target(0)).unwrap();

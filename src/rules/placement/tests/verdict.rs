@@ -11,7 +11,7 @@ fn node_verdicts_say_why_with_numbers() {
     let sel = any_storage();
     let ceph = StorageSelector::new("name == \"ceph\"").unwrap();
     let empty = BTreeMap::new();
-    let allowed = vec!["pve1".to_string()];
+    let allowed = vec![node_name("pve1")];
     let mut reserved = Reservations::default();
     reserved.reserve("other", &node_name("pve1"), None, 30 * 1024, 2);
     let small_disk = {
@@ -113,7 +113,7 @@ fn rejects_nodes_that_do_not_fit_and_says_why() {
         ..node("pve3", 64)
     };
     let outside = node("pve4", 64);
-    let allowed = vec!["pve1".to_string(), "pve2".to_string(), "pve3".to_string()];
+    let allowed = ["pve1", "pve2", "pve3"].map(node_name);
     let mut req = request(&sel, &empty);
     req.allowed_nodes = &allowed;
     let err = pick(

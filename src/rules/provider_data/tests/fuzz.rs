@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::super::schema::{inner_keys, top_keys};
 use super::super::*;
-use super::{MINIMAL, parse, parse_strict, schema};
+use super::{MINIMAL, parse, parse_strict, resolve};
 
 /// [`testkit::junk::junk_scalar`] with the values provider-data keys take.
 fn junk_scalar() -> impl Strategy<Value = Value> {
@@ -193,10 +193,10 @@ proptest! {
         defaults in layer(),
         strict in any::<bool>(),
     ) {
-        let schema = schema().strict(strict);
+        let schema = ProviderDataSchema { strict };
         let class_yaml = Value::Object(class.clone()).to_string();
         let node_ref = node.as_ref().map(|n| ("pve1", n));
-        if let Err(problems) = schema.resolve(&class_yaml, node_ref, &defaults) {
+        if let Err(problems) = resolve(&schema, &class_yaml, node_ref, &defaults) {
             check_named(
                 &problems,
                 &Value::Object(class.clone()),
@@ -204,7 +204,7 @@ proptest! {
                 &Value::Object(defaults.clone()),
             )?;
         }
-        if let Err(problems) = schema.resolve(&class_yaml, None, &Map::new()) {
+        if let Err(problems) = resolve(&schema, &class_yaml, None, &Map::new()) {
             check_named(&problems, &Value::Object(class.clone()), None, &Value::Null)?;
         }
         let check = schema.check_layer("", &Value::Object(class.clone()));

@@ -12,15 +12,28 @@ use super::*;
 use crate::proxmox::property::{DiskCache, Hugepages, NodeName, VlanTag};
 
 fn schema() -> ProviderDataSchema {
-    ProviderDataSchema::new().unwrap()
+    ProviderDataSchema::default()
 }
 
 fn parse(yaml: &str) -> Result<ProviderData, Vec<Problem>> {
-    schema().resolve(yaml, None, &Map::new())
+    schema().resolve_with(yaml, None, &ConfigLayers::default())
 }
 
 fn parse_strict(yaml: &str) -> Result<ProviderData, Vec<Problem>> {
-    schema().strict(true).resolve(yaml, None, &Map::new())
+    let schema = ProviderDataSchema { strict: true };
+    schema.resolve_with(yaml, None, &ConfigLayers::default())
+}
+
+/// The class YAML over one node's override (`(name, override)`) over `defaults`.
+fn resolve(
+    schema: &ProviderDataSchema,
+    class_yaml: &str,
+    node: Option<(&str, &Map<String, Value>)>,
+    defaults: &Map<String, Value>,
+) -> Result<ProviderData, Vec<Problem>> {
+    let nodes = node.map(|(n, over)| Map::from_iter([(n.to_owned(), Value::Object(over.clone()))]));
+    let layers = ConfigLayers::read(defaults, &nodes.unwrap_or_default());
+    schema.resolve_with(class_yaml, node.map(|(n, _)| n), &layers)
 }
 
 fn keys_of(problems: &[Problem]) -> Vec<&str> {
@@ -217,29 +230,6 @@ fn schema_lists_every_key_the_parser_knows() {
     );
 }
 
-/// Layers read once at load give what reading them from the maps on every call gives.
-#[test]
-fn config_layers_read_at_load_resolve_as_the_maps() {
-    let defaults = json!({"cores": 1, "memory": 2048, "disk_size": 10, "storage_selector": "name == \"local-lvm\"", "coers": 3, "network_bridge": "vmbr9"});
-    let nodes = json!({"pve2": {"network_bridge": "vmbr5", "memory": 3072, "vlan": 5000}, "pve3": {"network_bridge": "vmbr6"}});
-    let (defaults, nodes) = (defaults.as_object().unwrap(), nodes.as_object().unwrap());
-    let layers = ConfigLayers::read(defaults, nodes);
-    for class in ["memory: 8192\n", "", "cores: 0\nbogus: 1\n", "- a\n"] {
-        for node in [None, Some("pve2"), Some("pve3"), Some("pve9")] {
-            let over = node.and_then(|n| nodes.get(n).and_then(Value::as_object).map(|m| (n, m)));
-            assert_eq!(
-                schema().resolve_with(class, node, &layers),
-                schema().resolve(class, over, defaults),
-                "{class:?} on {node:?}"
-            );
-        }
-    }
-    assert_eq!(
-        schema().check_config(&layers),
-        schema().check_config(&ConfigLayers::read(defaults, nodes))
-    );
-}
-
 #[test]
 fn reports_every_problem_at_once() {
     let yaml = r#"
@@ -369,43 +359,41 @@ fn cross_field_rules() {
 fn layers_merge_with_the_right_precedence() {
     let defaults = json!({"cores": 1, "memory": 2048, "disk_size": 10, "storage_selector": "name == \"local-lvm\"", "network_bridge": "vmbr9"});
     let node = json!({"network_bridge": "vmbr5", "memory": 3072});
-    let data = schema()
-        .resolve(
-            "memory: 8192\n",
-            Some(("pve2", node.as_object().unwrap())),
-            defaults.as_object().unwrap(),
-        )
-        .unwrap();
+    let data = resolve(
+        &schema(),
+        "memory: 8192\n",
+        Some(("pve2", node.as_object().unwrap())),
+        defaults.as_object().unwrap(),
+    )
+    .unwrap();
     assert_eq!(data.memory_mb, 8192);
     assert_eq!(data.network_bridge.as_str(), "vmbr5");
     assert_eq!(data.cores, 1);
-    let data = schema()
-        .resolve("", None, defaults.as_object().unwrap())
-        .unwrap();
+    let data = resolve(&schema(), "", None, defaults.as_object().unwrap()).unwrap();
     assert_eq!(data.network_bridge.as_str(), "vmbr9");
-    let problems = schema().resolve("", None, &Map::new()).unwrap_err();
+    let problems = resolve(&schema(), "", None, &Map::new()).unwrap_err();
     assert_eq!(
         keys_of(&problems),
         vec!["cores", "memory", "disk_size", "storage_selector"]
     );
     assert!(problems[3].message.contains("defaults"));
     let bad_node = json!({"network_bridge": "a,b"});
-    let problems = schema()
-        .resolve(
-            MINIMAL,
-            Some(("pve2", bad_node.as_object().unwrap())),
-            &Map::new(),
-        )
-        .unwrap_err();
+    let problems = resolve(
+        &schema(),
+        MINIMAL,
+        Some(("pve2", bad_node.as_object().unwrap())),
+        &Map::new(),
+    )
+    .unwrap_err();
     assert_eq!(keys_of(&problems), vec!["nodes.pve2.network_bridge"]);
     let bad_default = json!({"cores": 0});
-    let problems = schema()
-        .resolve(
-            "memory: 4096\ndisk_size: 5\nstorage_selector: 'true'\n",
-            None,
-            bad_default.as_object().unwrap(),
-        )
-        .unwrap_err();
+    let problems = resolve(
+        &schema(),
+        "memory: 4096\ndisk_size: 5\nstorage_selector: 'true'\n",
+        None,
+        bad_default.as_object().unwrap(),
+    )
+    .unwrap_err();
     assert_eq!(keys_of(&problems), vec!["defaults.cores"]);
 }
 
@@ -415,8 +403,7 @@ fn config_overrides_are_validated_at_load() {
     let nodes =
         json!({"pve2": {"node": "pve2", "storage_selector": "ceph"}, "pve3": "x", "bad_node!": {}});
     // Strict, so the misspelled key is a problem too (by default it is a warning).
-    let problems = schema()
-        .strict(true)
+    let problems = ProviderDataSchema { strict: true }
         .check_config(&ConfigLayers::read(
             defaults.as_object().unwrap(),
             nodes.as_object().unwrap(),
@@ -495,13 +482,13 @@ fn unknown_keys_are_warnings_unless_strict() {
 fn unknown_keys_in_lower_layers_are_warnings_with_their_layer_path() {
     let defaults = json!({"coers": 2});
     let node = json!({"network_bridg": "vmbr1"});
-    let data = schema()
-        .resolve(
-            MINIMAL,
-            Some(("pve2", node.as_object().unwrap())),
-            defaults.as_object().unwrap(),
-        )
-        .unwrap();
+    let data = resolve(
+        &schema(),
+        MINIMAL,
+        Some(("pve2", node.as_object().unwrap())),
+        defaults.as_object().unwrap(),
+    )
+    .unwrap();
     assert_eq!(
         keys_of(&data.warnings),
         vec!["defaults.coers", "nodes.pve2.network_bridg"]
@@ -665,7 +652,7 @@ proptest! {
     ) {
         let mut map: Map<String, Value> = serde_json::from_str(r#"{"cores":2,"memory":4096,"disk_size":20,"storage_selector":"true"}"#).unwrap();
         map.insert(key.to_string(), value);
-        if let Err(problems) = schema().resolve(&Value::Object(map).to_string(), None, &Map::new()) {
+        if let Err(problems) = resolve(&schema(), &Value::Object(map).to_string(), None, &Map::new()) {
             prop_assert!(!problems.is_empty());
             for p in &problems {
                 prop_assert!(!p.key.is_empty());
@@ -707,17 +694,25 @@ fn a_value_outside_its_list_names_the_list_and_the_closest_value() {
 fn keys_as_written_come_from_the_highest_layer() {
     let defaults = json!({"numa": true, "disk_ssd": true, "tags": ["a"]});
     let defaults = defaults.as_object().unwrap();
-    let data = schema()
-        .resolve(&format!("{MINIMAL}numa: false\n"), None, defaults)
-        .unwrap();
+    let data = resolve(
+        &schema(),
+        &format!("{MINIMAL}numa: false\n"),
+        None,
+        defaults,
+    )
+    .unwrap();
     assert_eq!(
         (data.keys.numa, data.keys.disk_ssd, data.keys.balloon),
         (false, true, None)
     );
     assert_eq!(data.tags.len(), 1);
-    let problems = schema()
-        .resolve(&format!("{MINIMAL}tags: [ok, 'a;b']\n"), None, defaults)
-        .unwrap_err();
+    let problems = resolve(
+        &schema(),
+        &format!("{MINIMAL}tags: [ok, 'a;b']\n"),
+        None,
+        defaults,
+    )
+    .unwrap_err();
     assert_eq!(keys_of(&problems), ["tags[1]"]);
 }
 
