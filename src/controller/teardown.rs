@@ -23,7 +23,7 @@ use super::error_policy::{ReconcileError, omni};
 use super::outputs::{Hold, OutputOf, PATCH_RELEASE_WAIT, WAIT_FOR_OMNI};
 use super::progress::{Phase, StatusSink};
 use super::requests::Request;
-use super::runner::Action;
+use super::workqueue::Action;
 use crate::model::MachineState;
 use crate::omni::resources::{ConfigPatchRequest, MachineRequestStatus, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
