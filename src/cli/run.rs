@@ -414,7 +414,7 @@ fn start_term(settings: &Settings, context: Context) -> (watch::Sender<bool>, [J
     // With replicas, a standby waits for this one's in-flight work: it gets a moment to finish,
     // then stops where it is, and the next leader resumes it from the provider state.
     let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
-    let controller = Controller::with_shutdown_grace(runner::MAX_IN_FLIGHT, grace);
+    let controller = Controller::with_shutdown_grace(grace);
     let topology = tokio::spawn(crate::controller::housekeeping::run(
         context.clone(),
         settings.args.topology_interval,

@@ -1,5 +1,5 @@
 //! The controller loop: the MachineRequest watch feeds the [`WorkQueue`], each key taken from it is
-//! reconciled in a task of its own (at most `max_in_flight` at once), and the outcome decides when
+//! reconciled in a task of its own (at most [`MAX_IN_FLIGHT`] at once), and the outcome decides when
 //! the key comes back.
 //!
 //! Shaped like kube-runtime's controller: the reconcile returns an [`Action`], failures go through an
@@ -40,27 +40,25 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Reconciles in flight at most, by default: more requests than any Proxmox cluster is asked for at
 /// once, each a few KiB while it waits.
-pub const MAX_IN_FLIGHT: usize = 4096;
+const MAX_IN_FLIGHT: usize = 4096;
 
 pub struct Controller {
     queue: Arc<WorkQueue<String>>,
     failures: Mutex<HashMap<String, u32>>,
     /// The last version of each request the watch delivered.
     delivered: Mutex<HashMap<String, Arc<Request>>>,
-    max_in_flight: usize,
     shutdown_grace: Duration,
 }
 
 impl Controller {
     /// A controller whose reconciles still running at shutdown get `grace` to finish, and are then
     /// cut short (they resume wherever they stopped, in this process or another).
-    pub fn with_shutdown_grace(max_in_flight: usize, shutdown_grace: Duration) -> Arc<Self> {
+    pub fn with_shutdown_grace(shutdown_grace: Duration) -> Arc<Self> {
         contain::install_hook();
         Arc::new(Self {
             queue: Arc::new(WorkQueue::new()),
             failures: Mutex::new(HashMap::new()),
             delivered: Mutex::new(HashMap::new()),
-            max_in_flight: max_in_flight.max(1),
             shutdown_grace,
         })
     }
@@ -120,9 +118,9 @@ impl Controller {
     }
 
     /// Takes keys from the queue as they come due and reconciles each in a task of its own, at most
-    /// `max_in_flight` at once; once the queue is closed, hands back the reconciles still running.
+    /// [`MAX_IN_FLIGHT`] at once; once the queue is closed, hands back the reconciles still running.
     async fn dispatch(self: Arc<Self>, ctx: Arc<Context>) -> tokio::task::JoinSet<()> {
-        let places = Arc::new(tokio::sync::Semaphore::new(self.max_in_flight));
+        let places = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
         let mut running = tokio::task::JoinSet::new();
         loop {
             let Ok(place) = places.clone().acquire_owned().await else {
@@ -309,7 +307,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_delivered_request_is_handed_over_and_failures_are_counted() {
-        let c = Controller::with_shutdown_grace(1, SHUTDOWN_GRACE);
+        let c = Controller::with_shutdown_grace(SHUTDOWN_GRACE);
         // A relisting's older copy arriving after a newer one does not replace it.
         c.remember(Arc::new(Typed::decode(resource("req-1", "3")).unwrap()));
         let mut relisting = true;
@@ -337,7 +335,7 @@ mod tests {
     /// a request still being reconciled when its listing arrived was reconciled twice).
     #[tokio::test(start_paused = true)]
     async fn a_request_the_listing_delivered_is_not_queued_again_as_dangling() {
-        let c = Controller::with_shutdown_grace(8, SHUTDOWN_GRACE);
+        let c = Controller::with_shutdown_grace(SHUTDOWN_GRACE);
         let mut relisting = true;
         c.on_event(created("req-1", "1"), &mut relisting);
         assert!(c.on_event(Ok(WatchEvent::Bootstrapped), &mut relisting));
@@ -357,7 +355,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_panicking_reconcile_is_a_failure_of_its_request_and_the_loop_goes_on() {
         contain::install_hook();
-        let c = Controller::with_shutdown_grace(8, SHUTDOWN_GRACE);
+        let c = Controller::with_shutdown_grace(SHUTDOWN_GRACE);
         let mut relisting = true;
         c.on_event(created("req-1", "1"), &mut relisting);
         let id = next(&c).await.unwrap();

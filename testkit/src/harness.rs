@@ -93,8 +93,7 @@ impl Harness {
         self.metrics = Default::default();
         let context = self.context();
         self.services = Some(context.services.clone());
-        let controller =
-            Controller::with_shutdown_grace(runner::MAX_IN_FLIGHT, runner::SHUTDOWN_GRACE);
+        let controller = Controller::with_shutdown_grace(runner::SHUTDOWN_GRACE);
         let (tx, rx) = watch::channel(false);
         if let Some(every) = self.topology_every {
             self.topology = Some(tokio::spawn(housekeeping::run(
