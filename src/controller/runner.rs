@@ -221,16 +221,8 @@ impl Controller {
         depth();
         let span = tracing::info_span!("reconcile", request = %id);
         let delivered = entry(&self.delivered).get(&id).cloned();
-        // A panic is contained here, so that the key is handed back to the queue like any failure:
-        // otherwise the queue would hold it as in progress for ever.
-        let result =
-            match contain::future(machine::reconcile(ctx, &id, delivered).instrument(span)).await {
-                Ok(result) => result,
-                Err(panic) => {
-                    tracing::error!(request = %id, "reconcile panicked: {}", panic.message);
-                    Err(machine::panicked(ctx, &id, panic).await)
-                }
-            };
+        let reconcile = machine::reconcile(ctx, &id, delivered).instrument(span);
+        let result = contained(&id, reconcile, |panic| machine::panicked(ctx, &id, panic)).await;
         self.settle(id, result);
         depth();
     }
@@ -259,6 +251,23 @@ impl Controller {
         let n = failures.entry(id.to_owned()).or_insert(0);
         *n = n.saturating_add(1);
         *n
+    }
+}
+
+/// Awaits `reconcile`, a panic in it contained and turned by `panicked` into the failure it is (shown
+/// on the request), so that the key is handed back to the queue like any failure: otherwise the
+/// queue would hold it as in progress for ever.
+async fn contained<P: Future<Output = ReconcileError>>(
+    id: &str,
+    reconcile: impl Future<Output = Result<Action, ReconcileError>>,
+    panicked: impl FnOnce(contain::Panic) -> P,
+) -> Result<Action, ReconcileError> {
+    match contain::future(reconcile).await {
+        Ok(result) => result,
+        Err(panic) => {
+            tracing::error!(request = %id, "reconcile panicked: {}", panic.message);
+            Err(panicked(panic).await)
+        }
     }
 }
 
@@ -350,8 +359,8 @@ mod tests {
         assert_eq!(next(&c).await.as_deref(), Some("gone"));
     }
 
-    /// A reconcile that panics is a failure of that request: retried, and the loop goes on with
-    /// every other request. Uncontained, the key stayed "in progress" for ever.
+    /// A reconcile that panics is a failure of that request: reported once, retried, and the loop
+    /// goes on with every other request. Uncontained, the key stayed "in progress" for ever.
     #[tokio::test(start_paused = true)]
     async fn a_panicking_reconcile_is_a_failure_of_its_request_and_the_loop_goes_on() {
         contain::install_hook();
@@ -359,17 +368,27 @@ mod tests {
         let mut relisting = true;
         c.on_event(created("req-1", "1"), &mut relisting);
         let id = next(&c).await.unwrap();
-        let panic = contain::future(async {
+        let panics = Mutex::new(Vec::new());
+        let reconcile = async {
             tokio::task::yield_now().await;
             panic!("selector parser blew up on req-1")
+        };
+        let result = contained(&id, reconcile, |panic: Panic| {
+            entry(&panics).push(panic.message.clone());
+            async { ReconcileError::Panicked(panic) }
         })
-        .await
-        .unwrap_err();
+        .await;
+        let panics = panics.into_inner().unwrap();
+        assert_eq!(panics.len(), 1, "reported once: {panics:?}");
         assert!(
-            panic.message.contains("selector parser blew up on req-1"),
-            "{panic:?}"
+            panics[0].contains("selector parser blew up on req-1"),
+            "{panics:?}"
         );
-        c.settle(id, Err(ReconcileError::Panicked(panic)));
+        assert!(
+            matches!(result, Err(ReconcileError::Panicked(_))),
+            "{result:?}"
+        );
+        c.settle(id, result);
         assert_eq!(failures(&c, "req-1"), Some(1));
         c.on_event(created("req-2", "1"), &mut relisting);
         assert_eq!(next(&c).await.as_deref(), Some("req-2"), "the loop goes on");
