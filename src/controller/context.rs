@@ -331,15 +331,10 @@ impl<K: Kind> WriteCache<K> {
 mod tests {
     use super::*;
     use crate::omni::proto::specs::MachineRequestSpec;
+    use crate::omni::resources::MachineRequest;
 
     fn request(finalizers: &[&str]) -> Request {
-        let mut r = Typed {
-            metadata: Default::default(),
-            spec: MachineRequestSpec::default(),
-            unknown_fields: Vec::new(),
-            received_spec: None,
-        };
-        r.metadata.id = "req-1".into();
+        let mut r = Typed::fresh(&MachineRequest, "req-1", MachineRequestSpec::default());
         r.metadata.finalizers = finalizers.iter().map(|f| f.to_string()).collect();
         r
     }
@@ -361,13 +356,11 @@ mod tests {
         version: &str,
         text: &str,
     ) -> Typed<crate::omni::proto::specs::MachineRequestStatusSpec> {
-        let mut s = Typed {
-            metadata: Default::default(),
-            spec: MachineRequestStatusSpec::default(),
-            unknown_fields: Vec::new(),
-            received_spec: None,
-        };
-        s.metadata.id = "r1".into();
+        let mut s = Typed::fresh(
+            &MachineRequestStatus,
+            "r1",
+            MachineRequestStatusSpec::default(),
+        );
         s.metadata.version = version.into();
         s.spec.status = text.into();
         s

@@ -275,6 +275,7 @@ impl<R: Reconcile> Controller<R> {
 mod tests {
     use super::*;
     use crate::omni::proto::specs::MachineRequestSpec;
+    use crate::omni::resources::MachineRequest;
     use crate::omni::state::Typed;
 
     /// Fails every reconcile, recording what it was handed and the attempts the policy saw.
@@ -353,13 +354,7 @@ mod tests {
     }
 
     fn request(version: &str) -> Box<Request> {
-        let mut r = Typed {
-            metadata: Default::default(),
-            spec: MachineRequestSpec::default(),
-            unknown_fields: Vec::new(),
-            received_spec: None,
-        };
-        r.metadata.id = "req-1".into();
+        let mut r = Typed::fresh(&MachineRequest, "req-1", MachineRequestSpec::default());
         r.metadata.version = version.into();
         Box::new(r)
     }
