@@ -416,13 +416,13 @@ fn start_term(settings: &Settings, context: Context) -> (watch::Sender<bool>, [J
     // With replicas, a standby waits for this one's in-flight work: it gets a moment to finish,
     // then stops where it is, and the next leader resumes it from the provider state.
     let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
-    let controller = Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
+    let controller = Controller::with_shutdown_grace(grace);
     let topology = tokio::spawn(crate::controller::housekeeping::run(
-        context,
+        context.clone(),
         settings.args.topology_interval,
         stop_rx.clone(),
     ));
-    let reconciling = tokio::spawn(controller.run(stop_rx));
+    let reconciling = tokio::spawn(controller.run(context, stop_rx));
     tracing::info!(
         concurrency = settings.args.concurrency,
         "watching machine requests"

@@ -4,137 +4,73 @@
 //! ([`teardown::orphan`], docs/omni-protocol.md §3.7).
 
 use std::sync::Arc;
-use std::time::Duration;
-
-use futures_util::future::BoxFuture;
 
 use super::context::Context;
-use super::error_policy::{ReconcileError, error_policy, omni};
+use super::error_policy::{ReconcileError, omni};
 use super::outputs::OutputOf;
-use super::requests::{Request, RequestQueueEvent};
-use super::runner::{Action, Reconcile};
+use super::requests::Request;
+use super::workqueue::Action;
 use super::{provision, teardown};
 use crate::contain::Panic;
-use crate::omni::resources::{
-    ConfigPatchRequest, Kind, MachineRequest, MachineRequestStatus, label,
-};
+use crate::omni::resources::{Kind, MachineRequest, label};
 use crate::omni::state::{LabelSelector, StateError, Typed, WatchEvent};
 use tokio::sync::mpsc;
 
-impl Reconcile for Context {
-    type Error = ReconcileError;
-
-    /// The MachineRequest watch, with [`RequestQueueEvent::Retry`] for the requests waiting on a
-    /// full IP pool each time this process frees an address, and for a teardown each time Omni
-    /// lets go of what it tore down: our MachineRequestStatuses (its cleanup controller) and
-    /// ConfigPatchRequests (its config-patch controller), whose watch keeps [`Context::outputs`] up
-    /// to date (docs/omni-protocol.md §3.6) and hands every updated status to the write cache. A
-    /// teardown waits for this instead of asking Omni again and again; it only looks again on its
-    /// own after [`super::outputs::WAIT_FOR_OMNI`], in case an event was lost. Dropping the
-    /// receiver stops the watches.
-    fn watch(&self) -> mpsc::Receiver<RequestQueueEvent> {
-        let mut requests = watch_ours(self, &MachineRequest);
-        let mut statuses = watch_ours(self, &MachineRequestStatus);
-        let mut patches = watch_ours(self, &ConfigPatchRequest);
-        let (services, outputs) = (self.services.clone(), self.outputs.clone());
-        let written = self.statuses.clone();
-        let (tx, rx) = mpsc::channel(256);
-        tokio::spawn(async move {
-            loop {
-                let events = tokio::select! {
-                    event = requests.recv() => match event {
-                        Some(event) => vec![event.into()],
-                        None => return,
-                    },
-                    Some(Ok(event)) = statuses.recv() => {
-                        let released = outputs.observe(OutputOf::Status, &event);
-                        if let WatchEvent::Updated(status) = event
-                            && let Ok(status) = Typed::decode(status)
-                        {
-                            written.observe(status);
-                        }
-                        retry(released)
-                    }
-                    Some(Ok(event)) = patches.recv() => {
-                        retry(outputs.observe(OutputOf::PatchRequest, &event))
-                    }
-                    () = services.ledgers.ip.freed() => retry(services.ledgers.ip.take_waiting()),
-                    () = tx.closed() => return,
-                };
-                for event in events {
-                    if tx.send(event).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        rx
-    }
-
-    fn dangling_keys(&self) -> BoxFuture<'_, Vec<String>> {
-        Box::pin(async move {
-            match self.machine_states().await {
-                Ok(machines) => machines.into_iter().map(|(id, _)| id).collect(),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot list provider state; orphaned state is cleaned up when its request is seen");
-                    Vec::new()
-                }
-            }
-        })
-    }
-
-    fn reconcile<'a>(
-        &'a self,
-        id: &'a str,
-        delivered: Option<Arc<Request>>,
-    ) -> BoxFuture<'a, Result<Action, ReconcileError>> {
-        Box::pin(reconcile(self, id, delivered))
-    }
-
-    /// Shown on the request, when it still exists, like any failure.
-    fn panicked<'a>(&'a self, id: &'a str, panic: Panic) -> BoxFuture<'a, ReconcileError> {
-        Box::pin(async move {
-            let error = ReconcileError::Panicked(panic);
-            match self.state.find(&MachineRequest, id).await {
-                Ok(Some(request)) => {
-                    self.report_failure(id, &super::context::labels(&request), &error)
-                        .await;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(request = %id, error = %e, "cannot show the internal error in Omni");
-                }
-            }
-            error
-        })
-    }
-
-    fn error_policy(&self, error: &ReconcileError, attempt: u32) -> Duration {
-        error_policy(error, attempt)
-    }
-
-    fn queue_depth(&self, depth: usize) {
-        self.services
-            .metrics
-            .requests_in_flight
-            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+/// Keys the watch cannot announce: state left by requests that may be gone (§3.7).
+pub async fn dangling_keys(ctx: &Context) -> Vec<String> {
+    match ctx.machine_states().await {
+        Ok(machines) => machines.into_iter().map(|(id, _)| id).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list provider state; orphaned state is cleaned up when its request is seen");
+            Vec::new()
+        }
     }
 }
 
-/// The resources of `kind` labelled with our provider ID, as they change.
-fn watch_ours<K: Kind>(ctx: &Context, kind: &K) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
+/// A reconcile of `id` that panicked, as the failure the error policy sees; shown on the request,
+/// when it still exists, like any failure.
+pub async fn panicked(ctx: &Context, id: &str, panic: Panic) -> ReconcileError {
+    let error = ReconcileError::Panicked(panic);
+    match ctx.state.find(&MachineRequest, id).await {
+        Ok(Some(request)) => {
+            ctx.report_failure(id, &super::context::labels(&request), &error)
+                .await;
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(request = %id, error = %e, "cannot show the internal error in Omni");
+        }
+    }
+    error
+}
+
+/// One event of our MachineRequestStatuses' watch: kept in [`Context::outputs`] and, updated, in
+/// the write cache; answers the teardown Omni let go of, if any.
+pub fn status_seen(ctx: &Context, event: WatchEvent) -> Option<String> {
+    let released = ctx.outputs.observe(OutputOf::Status, &event);
+    if let WatchEvent::Updated(status) = event
+        && let Ok(status) = Typed::decode(status)
+    {
+        ctx.statuses.observe(status);
+    }
+    released
+}
+
+/// The resources of `kind` labelled with our provider ID, as they change; dropping the receiver
+/// stops the watch.
+pub fn watch_ours<K: Kind>(
+    ctx: &Context,
+    kind: &K,
+) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
     let ours = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, ctx.provider_id());
     ctx.state
         .watch_kind(&kind.namespace(), &kind.resource_type(), vec![ours])
 }
 
-fn retry(ids: impl IntoIterator<Item = String>) -> Vec<RequestQueueEvent> {
-    ids.into_iter()
-        .map(|id| RequestQueueEvent::Retry { id })
-        .collect()
-}
-
-async fn reconcile(
+/// One reconcile of `id`. `delivered` is the request as the watch last delivered it, if it did
+/// since the last relisting; it is the newest version the watch has seen, not necessarily the
+/// newest that exists, and the reconcile decides whether that suffices.
+pub async fn reconcile(
     ctx: &Context,
     id: &str,
     delivered: Option<Arc<Request>>,

@@ -2,12 +2,13 @@
 //! MachineRequests.
 //!
 //! How a request travels, and where each part lives:
-//! - [`requests`] turns the MachineRequest watch into keys and the requests it delivered;
-//! - [`workqueue`] hands each key to one reconcile at a time, at its due time;
+//! - [`requests`] is a MachineRequest as the watch delivers it, and what the steps need of it;
+//! - [`workqueue`] hands each key to one reconcile at a time, at the due time the last reconcile's
+//!   [`workqueue::Action`] or the error policy set;
 //! - [`lanes`] limits how many requests talk to each Proxmox node at once (`--concurrency`);
-//! - [`runner`] is the generic loop (watch → queue → workers → [`runner::Action`]), driving anything
-//!   that implements [`runner::Reconcile`];
-//! - [`machine`] is that implementation for [`context::Context`]: it dispatches a key to
+//! - [`runner`] is the loop (watches → queue → workers), which turns the watch into keys and hands
+//!   each key with the request the watch delivered to [`machine`];
+//! - [`machine`] is one reconcile of one key: it dispatches it to
 //!   [`provision::apply`], [`teardown::cleanup`] or [`teardown::orphan`];
 //! - [`error_policy`] decides, from the kind of a failure, when to retry and what the status says;
 //! - [`topology`] keeps each machine's Kubernetes zone/region labels (an Omni config patch) in step

@@ -1,12 +1,8 @@
-//! Turns the MachineRequest watch into reconcile work items.
-//!
-//! A reconcile loop wants keys, not events: "look at request X again". Events for the same request
-//! collapse into one key, and a re-bootstrap after a lost watch says "everything may have changed".
-//! That is what [`RequestQueueEvent`] carries; the provisioning controller consumes it.
+//! A MachineRequest as the watch delivers it, and what the steps need of it.
 
 use crate::omni::proto::specs::MachineRequestSpec;
 use crate::omni::resources::label;
-use crate::omni::state::{StateError, Typed, WatchEvent};
+use crate::omni::state::Typed;
 use crate::pipeline::step::RequestInfo;
 use crate::rules::schematic::{Overlay, SchematicRequest};
 
@@ -39,43 +35,5 @@ pub fn request_info(request: &Request) -> RequestInfo {
         },
         provider_data: spec.provider_data.clone(),
         image_factory: None,
-    }
-}
-
-/// Something the reconcile loop must look at.
-#[derive(Debug, Clone)]
-pub enum RequestQueueEvent {
-    /// Request created or changed (including entering `tearingDown`).
-    Changed(Box<Request>),
-    /// Request gone from Omni.
-    Destroyed { id: String },
-    /// The initial listing is complete: requests not announced since the last `Resync` no longer
-    /// exist.
-    Synced,
-    /// The watch lost its place; a fresh listing follows.
-    Resync,
-    /// The watch reported an error that needs a human (permission, signature).
-    Error(StateError),
-    /// Not from the watch: something this process did may let the request go on (an address of
-    /// the IP pool it waits on was freed, or Omni let go of what its teardown tore down). Look
-    /// again now, with a fresh backoff.
-    Retry { id: String },
-}
-
-impl From<Result<WatchEvent, StateError>> for RequestQueueEvent {
-    /// One event of the MachineRequest watch.
-    fn from(event: Result<WatchEvent, StateError>) -> Self {
-        match event {
-            Ok(WatchEvent::Created(r) | WatchEvent::Updated(r)) => match Typed::decode(r) {
-                Ok(t) => RequestQueueEvent::Changed(Box::new(t)),
-                Err(e) => RequestQueueEvent::Error(e),
-            },
-            Ok(WatchEvent::Destroyed(r)) => RequestQueueEvent::Destroyed {
-                id: r.metadata.map(|m| m.id).unwrap_or_default(),
-            },
-            Ok(WatchEvent::Bootstrapped) => RequestQueueEvent::Synced,
-            Ok(WatchEvent::Resync) => RequestQueueEvent::Resync,
-            Err(e) => RequestQueueEvent::Error(e),
-        }
     }
 }

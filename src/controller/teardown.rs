@@ -23,7 +23,7 @@ use super::error_policy::{ReconcileError, omni};
 use super::outputs::{Hold, OutputOf, PATCH_RELEASE_WAIT, WAIT_FOR_OMNI};
 use super::progress::{Phase, StatusSink};
 use super::requests::Request;
-use super::runner::Action;
+use super::workqueue::Action;
 use crate::model::MachineState;
 use crate::omni::resources::{ConfigPatchRequest, MachineRequestStatus, label};
 use crate::omni::state::{LabelSelector, ResourceRef, StateError};
@@ -233,23 +233,17 @@ async fn deprovision_vm(
     // A seed ISO that could not be deleted does not hold the teardown (the VM is gone): it is
     // counted and logged, tried again by the housekeeping round for a while, and the `orphans`
     // command lists it once the request is gone.
-    let result = result.map(|d: Deprovisioned| {
+    let leftover = result.as_ref().ok().map(|d: &Deprovisioned| {
         if d.leftover_seed_iso.is_some() {
             services.metrics.leftover("seed_iso");
         }
-        let leftover = d.leftover_seed_iso.is_some() || d.leftover_pool;
-        // A create sent before a crash, or whose answer was lost, may still be applied by Proxmox:
-        // see `housekeeping::remove_late_vms`. A VM this process made with the request's only
-        // create cannot come back, so such releases are not kept: a provider running thousands of
-        // machines would otherwise hold one for each.
-        let clean = ledgers.releases.take_created_cleanly(id);
-        if leftover || (target.vmid.is_some() && !clean) {
-            ledgers.releases.released(target.clone(), leftover);
-        }
+        d.leftover_seed_iso.is_some() || d.leftover_pool
     });
-    ledgers.releases.teardown_ended(id);
+    ledgers.releases.teardown_ended(&target, leftover);
     // The deprovision logs what it did with the VM.
-    result.map_err(|e| ReconcileError::Deprovision(Box::new(e)))
+    result
+        .map(drop)
+        .map_err(|e| ReconcileError::Deprovision(Box::new(e)))
 }
 
 /// How often at most a deprovision's progress is written to the status.

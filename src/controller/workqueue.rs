@@ -17,6 +17,15 @@ use tokio::time::Instant;
 
 use crate::pipeline::ledgers::entry;
 
+/// What the work queue should do with the request after a reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing more until the request changes.
+    Done,
+    /// Look again after this long.
+    RequeueAfter(Duration),
+}
+
 pub struct WorkQueue<K> {
     state: Mutex<State<K>>,
     changed: Notify,

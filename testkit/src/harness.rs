@@ -93,11 +93,7 @@ impl Harness {
         self.metrics = Default::default();
         let context = self.context();
         self.services = Some(context.services.clone());
-        let controller = Controller::with_shutdown_grace(
-            context.clone(),
-            runner::MAX_IN_FLIGHT,
-            runner::SHUTDOWN_GRACE,
-        );
+        let controller = Controller::with_shutdown_grace(runner::SHUTDOWN_GRACE);
         let (tx, rx) = watch::channel(false);
         if let Some(every) = self.topology_every {
             self.topology = Some(tokio::spawn(housekeeping::run(
@@ -106,7 +102,7 @@ impl Harness {
                 rx.clone(),
             )));
         }
-        self.running = Some(tokio::spawn(controller.run(rx)));
+        self.running = Some(tokio::spawn(controller.run(context, rx)));
         self.stop = Some(tx);
     }
 

@@ -33,20 +33,29 @@ struct Released {
 }
 
 impl Releases {
-    /// Remembers that the request's VM (as `target` describes it) was deleted and the request let go;
-    /// `leftover`: its seed ISO or its set's pool could not be deleted yet.
-    pub fn released(&self, target: DeprovisionTarget, leftover: bool) {
-        let mut released = entry(&self.released);
-        // Bounded by the window whether or not the housekeeping round runs.
-        released.retain(|_, r| r.at.elapsed() < RELEASED_KEPT_FOR);
-        released.insert(
-            target.request_id.clone(),
-            Released {
-                target,
-                at: Instant::now(),
-                leftover,
-            },
-        );
+    /// The request's teardown ended: `leftover` is `None` when its deprovision failed (it is tried
+    /// again), else whether its seed ISO or its set's pool could not be deleted yet. A create sent
+    /// before a crash, or whose answer was lost, may still be applied by Proxmox: the release is kept
+    /// for `housekeeping::remove_late_vms`. A VM this process made with the request's only create
+    /// cannot come back, so such releases are not kept: a provider running thousands of machines
+    /// would otherwise hold one for each.
+    pub fn teardown_ended(&self, target: &DeprovisionTarget, leftover: Option<bool>) {
+        let id = &target.request_id;
+        if let Some(leftover) = leftover {
+            let clean = entry(&self.created_cleanly).remove(id);
+            if leftover || (target.vmid.is_some() && !clean) {
+                let mut released = entry(&self.released);
+                // Bounded by the window whether or not the housekeeping round runs.
+                released.retain(|_, r| r.at.elapsed() < RELEASED_KEPT_FOR);
+                let release = Released {
+                    target: target.clone(),
+                    at: Instant::now(),
+                    leftover,
+                };
+                released.insert(id.clone(), release);
+            }
+        }
+        entry(&self.tearing_down).remove(id);
     }
 
     /// The requests released within `window` (oldest forgotten), each with whether something it
@@ -65,19 +74,9 @@ impl Releases {
         entry(&self.created_cleanly).insert(request_id.to_owned());
     }
 
-    /// Whether the request's VM was made cleanly ([`Releases::created_cleanly`]), forgetting it: its
-    /// release is the last thing this process does for it.
-    pub fn take_created_cleanly(&self, request_id: &str) -> bool {
-        entry(&self.created_cleanly).remove(request_id)
-    }
-
     /// The request's VM is being deprovisioned (until [`Releases::teardown_ended`]).
     pub fn teardown_started(&self, request_id: &str) {
         entry(&self.tearing_down).insert(request_id.to_owned());
-    }
-
-    pub fn teardown_ended(&self, request_id: &str) {
-        entry(&self.tearing_down).remove(request_id);
     }
 
     /// The requests being torn down or released by this process: their VMs are going, or gone.
