@@ -2,7 +2,7 @@
 //! storage, so placement and VM lookup never cost one call per node, and a VM is always found on the
 //! node it is on now (after a live migration too).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::client::{Params, Pool, ProxmoxClient};
 use super::error::{ProxmoxError, Result};
@@ -84,12 +84,7 @@ impl ProxmoxClient {
     /// them: inherited ones included, paths without any privilege left out. Every token may read its
     /// own.
     pub async fn effective_privileges(&self) -> Result<EffectivePrivileges> {
-        let paths: BTreeMap<String, BTreeMap<String, serde_json::Value>> =
-            self.get(&["access", "permissions"], Params::new()).await?;
-        let held = paths
-            .into_iter()
-            .map(|(path, p)| (path, p.into_keys().collect()));
-        Ok(EffectivePrivileges(held.collect()))
+        self.get(&["access", "permissions"], Params::new()).await
     }
 
     /// The datacenter's `next-id` range from `GET /cluster/options` (pve-manager `PVE/API2/Cluster.pm`,
@@ -236,18 +231,22 @@ struct ClusterStatusEntry {
     online: bool,
 }
 
-/// What [`ProxmoxClient::effective_privileges`] read: privileges by ACL path.
-#[derive(Debug, Clone, Default)]
-pub struct EffectivePrivileges(BTreeMap<String, BTreeSet<String>>);
+/// What [`ProxmoxClient::effective_privileges`] read: by ACL path, the privileges held there (each
+/// with its "propagate" flag, which is not read).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct EffectivePrivileges(BTreeMap<String, BTreeMap<String, serde_json::Value>>);
 
 impl EffectivePrivileges {
     /// Whether the token holds `privilege` on `path` (a path missing from the answer holds none).
     pub fn holds(&self, path: &str, privilege: &str) -> bool {
-        self.0.get(path).is_some_and(|p| p.contains(privilege))
+        self.0.get(path).is_some_and(|p| p.contains_key(privilege))
     }
 
     /// The privileges held on `path`.
     pub fn on(&self, path: &str) -> impl Iterator<Item = &str> {
-        self.0.get(path).into_iter().flatten().map(String::as_str)
+        self.0
+            .get(path)
+            .into_iter()
+            .flat_map(|p| p.keys().map(String::as_str))
     }
 }

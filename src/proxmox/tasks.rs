@@ -61,7 +61,7 @@ impl ProxmoxClient {
         loop {
             let asked = started.elapsed();
             match self.get::<TaskStatus>(&status, Params::new()).await {
-                Ok(status) if !status.is_running() => {
+                Ok(status) if status.status != "running" => {
                     // It ended between the last poll that saw it running and this one.
                     record(times, kind, (last_running + asked) / 2);
                     let exit_status = status.exitstatus.unwrap_or_else(|| "unknown".into());

@@ -308,12 +308,6 @@ pub struct TaskStatus {
     pub exitstatus: Option<String>,
 }
 
-impl TaskStatus {
-    pub fn is_running(&self) -> bool {
-        self.status == "running"
-    }
-}
-
 #[derive(Debug, Clone, Deserialize)]
 pub struct TaskLogLine {
     #[serde(default)]

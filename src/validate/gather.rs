@@ -1,6 +1,7 @@
 //! The reads, at the edge: one `/cluster/resources`, the bridges of the candidate nodes (in parallel),
 //! the PCI/USB resource mappings and the Proxmox VE version only when the data needs them, and with
-//! `boot: clone` the config of each copy of the template (where its drives are).
+//! `boot: clone` the config of each copy of the template (where its drives are); last, the token's
+//! privileges on `/`.
 
 use futures_util::future::OptionFuture;
 use serde_json::{Map, Value};
@@ -9,7 +10,7 @@ use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
 use super::pools::pool_findings;
 use super::report::{Outcome, Report};
-use super::{check_cluster, check_schema, config_file_findings, root_reach_warning};
+use super::{check_cluster, check_schema, config_file_findings};
 use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
 use crate::pipeline::template::clone_source;
@@ -17,6 +18,7 @@ use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::PlacementLimits;
+use crate::rules::privileges::root_warning;
 use crate::rules::provider_data::{
     BootMode, ProviderData, ProviderDataSchema, needs_release_check,
 };
@@ -117,4 +119,17 @@ pub async fn validate_class(
     let reach = root_reach_warning(pve).await;
     findings.extend(reach.map(|w| Outcome::Warning.finding("proxmox.tokenID", w)));
     Ok(Report::new(findings))
+}
+
+/// The warning about what the token holds on `/` beyond the provider's need
+/// ([`crate::rules::privileges`]), if any. A token whose privileges cannot be read gets no
+/// warning: the calls that need them say what is missing.
+pub async fn root_reach_warning(pve: &ProxmoxClient) -> Option<String> {
+    match pve.effective_privileges().await {
+        Ok(privileges) => root_warning(privileges.on("/")),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the token's privileges");
+            None
+        }
+    }
 }

@@ -21,15 +21,13 @@ mod gather;
 mod layers;
 mod node;
 mod pools;
-mod privileges;
 mod report;
 
 use serde_json::Value;
 
 pub use defaults::check_defaults;
-pub use gather::validate_class;
+pub use gather::{root_reach_warning, validate_class};
 pub use layers::Layers;
-pub use privileges::root_reach_warning;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
@@ -92,10 +90,10 @@ pub(crate) fn check_cluster(
         .into_iter()
         .filter(|n| n.online)
     {
-        if let Some(outcome) = node::check_node(&check, node, &mut out) {
+        if let Some((left_out, clone)) = node::check_node(&check, node, &mut out) {
             let name = node.name.as_str();
-            clones.extend(outcome.clone.map(|c| (name, c)));
-            capacity.push((name, outcome.capacity.err()));
+            clones.extend(clone.map(|c| (name, c)));
+            capacity.push((name, left_out));
         }
     }
     check.clone_findings(&clones, &mut out);

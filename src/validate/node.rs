@@ -13,14 +13,6 @@ use crate::rules::provider_data::ProviderData;
 use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
 use crate::rules::storage_selector::StorageSelector;
 
-/// Placement's verdicts on one node, for the findings about the cluster as a whole.
-pub(crate) struct NodeOutcome {
-    /// Memory and vCPUs ([`placement::capacity_fit`]).
-    pub capacity: Result<u64, LeftOut>,
-    /// `boot: clone`: what a clone onto this node would be (a sentence), or why there is none.
-    pub clone: Option<Result<String, CloneRefusal>>,
-}
-
 /// One node's check: the node, and the data as it resolves there.
 struct NodeCheck<'a> {
     check: &'a ClusterCheck<'a>,
@@ -30,13 +22,18 @@ struct NodeCheck<'a> {
     here: ProviderData,
 }
 
+/// Placement's verdicts on one node, for the findings about the cluster as a whole: why memory and
+/// vCPUs leave it out ([`placement::capacity_fit`]), if they do, and with `boot: clone` what a clone
+/// onto it would be (a sentence), or why there is none.
+type NodeVerdicts = (Option<LeftOut>, Option<Result<String, CloneRefusal>>);
+
 /// Checks `node` into `out`; returns placement's verdicts there, or `None` when the data does not
 /// even resolve on this node (those problems are in `out`).
 pub(crate) fn check_node(
     check: &ClusterCheck<'_>,
     node: &NodeSnapshot,
     out: &mut Vec<Finding>,
-) -> Option<NodeOutcome> {
+) -> Option<NodeVerdicts> {
     let n = node.name.as_str();
     let here = match check.layers.resolve_on(check.schema, Some(n)) {
         Ok(d) => d,
@@ -72,10 +69,8 @@ pub(crate) fn check_node(
             Ok(Err(LeftOut::Clone(refusal))) => Some(Err(*refusal)),
             _ => None,
         });
-    Some(NodeOutcome {
-        capacity: placement::capacity_fit(node, &request, &Reservations::default()),
-        clone,
-    })
+    let capacity = placement::capacity_fit(node, &request, &Reservations::default());
+    Some((capacity.err(), clone))
 }
 
 impl NodeCheck<'_> {
