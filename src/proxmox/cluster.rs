@@ -105,11 +105,12 @@ impl ProxmoxClient {
         }
         let options: Options = self.get(&["cluster", "options"], Params::new()).await?;
         let next_id = options.next_id.unwrap_or_default();
-        let default = NextIdRange::default();
         let bound = |v: Option<u64>, or: u32| v.map_or(Some(or), |v| u32::try_from(v).ok());
-        let lower = bound(next_id.lower, default.lower);
+        // pve-cluster `DataCenterConfig.pm`, `$next_id_format`: 100 up to (not including) one
+        // million when unset, which is below the largest VMID on purpose.
+        let lower = bound(next_id.lower, 100);
         lower
-            .zip(bound(next_id.upper, default.upper))
+            .zip(bound(next_id.upper, 1_000_000))
             .map(|(lower, upper)| NextIdRange { lower, upper })
             .ok_or_else(|| bad_answer("/cluster/options", "next-id bounds out of range".into()))
     }
@@ -189,11 +190,6 @@ impl ClusterHealth {
             quorate: cluster.map(|c| c.quorate),
             members,
         }
-    }
-
-    /// Whether changes can be made: quorate, or a standalone node.
-    pub fn can_write(&self) -> bool {
-        self.quorate != Some(false)
     }
 
     /// "quorate, 3 of 3 members online", "NO QUORUM, 1 of 3 members online (pve1)", or

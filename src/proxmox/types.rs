@@ -342,17 +342,6 @@ pub struct NextIdRange {
     pub upper: u32,
 }
 
-impl Default for NextIdRange {
-    /// pve-cluster `DataCenterConfig.pm`, `$next_id_format`: 100 up to (not including) one million
-    /// when unset, which is below the largest VMID on purpose.
-    fn default() -> Self {
-        Self {
-            lower: 100,
-            upper: 1_000_000,
-        }
-    }
-}
-
 pub mod lenient {
     use serde::Deserialize;
     use serde::de::{Deserializer, Error};

@@ -126,7 +126,8 @@ impl ClusterCheck<'_> {
     /// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
     fn health_finding(&self) -> Option<Finding> {
         let (outcome, message) = match self.view.health.as_ref()? {
-            Ok(h) if h.can_write() => (Outcome::Pass, h.summary()),
+            // A standalone node needs no quorum.
+            Ok(h) if h.quorate != Some(false) => (Outcome::Pass, h.summary()),
             Ok(h) => (Outcome::Problem, h.summary()),
             Err(why) => (
                 Outcome::Skipped,
@@ -338,22 +339,18 @@ impl ClusterCheck<'_> {
     /// ([`placement::capacity_fit`]: free memory, then memory and vCPUs given to VMs against the
     /// config's `placement:` limits), so those are warnings and "nowhere" is the problem. A node
     /// left out for its vCPUs is reported under `cores`, for memory under `memory`.
-    pub(crate) fn memory_findings(&self, fits: &[(&str, Option<LeftOut>)], out: &mut Vec<Finding>) {
-        if fits.is_empty() || self.layers.is_stand_in("memory", None) {
+    pub(crate) fn memory_findings(
+        &self,
+        fitting: &[&str],
+        left_out: &[(&str, LeftOut)],
+        out: &mut Vec<Finding>,
+    ) {
+        if (fitting.is_empty() && left_out.is_empty()) || self.layers.is_stand_in("memory", None) {
             return;
         }
         let data = self.data;
-        let fitting: Vec<&str> = fits
-            .iter()
-            .filter(|(_, why)| why.is_none())
-            .map(|(n, _)| *n)
-            .collect();
-        let left_out: Vec<(&str, &LeftOut)> = fits
-            .iter()
-            .filter_map(|(n, why)| Some((*n, why.as_ref()?)))
-            .collect();
         if fitting.is_empty() {
-            let (key, message) = self.fits_nowhere(&left_out);
+            let (key, message) = self.fits_nowhere(left_out);
             let node = data.node.as_ref().map(|n| n.to_string());
             return out.push(Finding {
                 node,
@@ -377,11 +374,8 @@ impl ClusterCheck<'_> {
                 why => why.to_string(),
             };
             let message = format!("{message}: this node will be skipped");
-            out.push(
-                Outcome::Warning
-                    .finding(self.key_for(why), message)
-                    .on(node),
-            );
+            let finding = Outcome::Warning.finding(self.key_for(why), message);
+            out.push(finding.on(*node));
         }
     }
 
@@ -395,7 +389,7 @@ impl ClusterCheck<'_> {
 
     /// The problem when every candidate node is left out for its memory or vCPUs: its key and its
     /// words.
-    fn fits_nowhere(&self, left_out: &[(&str, &LeftOut)]) -> (String, String) {
+    fn fits_nowhere(&self, left_out: &[(&str, LeftOut)]) -> (String, String) {
         let memory_mb = self.data.memory_mb;
         // Every node short of memory, or the reasons as they come.
         let free: Option<Vec<String>> = (left_out.iter())

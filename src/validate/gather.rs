@@ -8,15 +8,17 @@ use serde_json::{Map, Value};
 
 use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
-use super::pools::pool_findings;
+use super::pools::check_pools;
 use super::report::{Outcome, Report};
 use super::{check_cluster, check_schema, config_file_findings};
 use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
+use crate::pipeline::ip_pool::reported_by_agents;
 use crate::pipeline::template::clone_source;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
+use crate::rules::ip_pool;
 use crate::rules::placement::PlacementLimits;
 use crate::rules::privileges::root_warning;
 use crate::rules::provider_data::{
@@ -89,7 +91,8 @@ async fn bridges(pve: &ProxmoxClient, node: &NodeName) -> Result<Vec<String>, St
     };
     let list = text(list)?.into_iter();
     Ok(list
-        .filter(|i| i.is_guest_bridge())
+        // The interfaces a guest NIC can be attached to (`net0: ...,bridge=<iface>`).
+        .filter(|i| matches!(i.kind.as_str(), "bridge" | "OVSBridge" | "vnet"))
         .map(|i| i.iface)
         .collect())
 }
@@ -113,7 +116,11 @@ pub async fn validate_class(
     if let Some(data) = data {
         let view = gather(pve, &data, &config.nodes, config.placement).await?;
         findings.extend(check_cluster(&schema, &layers, &data, &view));
-        findings.extend(pool_findings(pve, &data, &config.ip_pools).await?);
+        // The addresses in use are read only when the data names a pool.
+        if !ip_pool::wanted(&data).is_empty() {
+            let in_use = reported_by_agents(pve).await?;
+            findings.extend(check_pools(&data, &config.ip_pools, &in_use));
+        }
         findings.extend(Outcome::Problem.findings(config.policy.check(&data)));
     }
     let reach = root_reach_warning(pve).await;

@@ -85,19 +85,22 @@ pub(crate) fn check_cluster(
         view,
     };
     let mut out = check.cluster_findings();
-    let (mut clones, mut capacity) = (Vec::new(), Vec::new());
+    let (mut clones, mut fitting, mut left_out) = (Vec::new(), Vec::new(), Vec::new());
     for node in candidate_nodes(data, &view.cluster)
         .into_iter()
         .filter(|n| n.online)
     {
-        if let Some((left_out, clone)) = node::check_node(&check, node, &mut out) {
+        if let Some((capacity, clone)) = node::check_node(&check, node, &mut out) {
             let name = node.name.as_str();
             clones.extend(clone.map(|c| (name, c)));
-            capacity.push((name, left_out));
+            match capacity {
+                None => fitting.push(name),
+                Some(why) => left_out.push((name, why)),
+            }
         }
     }
     check.clone_findings(&clones, &mut out);
-    check.memory_findings(&capacity, &mut out);
+    check.memory_findings(&fitting, &left_out, &mut out);
     out
 }
 
