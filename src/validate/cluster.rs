@@ -100,17 +100,6 @@ pub(crate) struct ClusterCheck<'a> {
 }
 
 impl ClusterCheck<'_> {
-    /// The findings about the cluster as a whole that need no node's verdicts.
-    pub(crate) fn cluster_findings(&self) -> Vec<Finding> {
-        let mut out = self.release_findings();
-        out.extend(self.health_finding());
-        self.ha_rule_findings(&mut out);
-        self.clone_disk_findings(&mut out);
-        self.placement_findings(&mut out);
-        self.template(&mut out);
-        out
-    }
-
     /// The request placement would get for `data` (resolved on some node, or not).
     pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
         let clone = self.view.clone_source();
@@ -124,7 +113,7 @@ impl ClusterCheck<'_> {
 
     /// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
     /// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
-    fn health_finding(&self) -> Option<Finding> {
+    pub(super) fn health_finding(&self) -> Option<Finding> {
         let (outcome, message) = match self.view.health.as_ref()? {
             // A standalone node needs no quorum.
             Ok(h) if h.quorate != Some(false) => (Outcome::Pass, h.summary()),
@@ -138,7 +127,7 @@ impl ClusterCheck<'_> {
     }
 
     /// Keys the cluster's Proxmox VE release must support.
-    fn release_findings(&self) -> Vec<Finding> {
+    pub(super) fn release_findings(&self) -> Vec<Finding> {
         let data = self.data;
         match &self.view.pve_version {
             Some(Ok(version)) => Outcome::Problem
@@ -159,7 +148,7 @@ impl ClusterCheck<'_> {
     }
     /// Boot mode `clone`: an additional disk whose slot a copy of the template fills would never be
     /// made ([`crate::rules::vm_config::additional_disk_clash`]).
-    fn clone_disk_findings(&self, out: &mut Vec<Finding>) {
+    pub(super) fn clone_disk_findings(&self, out: &mut Vec<Finding>) {
         let Some(source) = self.view.clone_source() else {
             return;
         };
@@ -184,7 +173,7 @@ impl ClusterCheck<'_> {
     /// The HA rules the class puts its VMs in, against the cluster's rules: shapes Proxmox calls
     /// infeasible whatever the set's size ([`crate::rules::ha::check_join`] for a VM of a set that
     /// has none yet), so every VM of the class would fail its join after being made and started.
-    fn ha_rule_findings(&self, out: &mut Vec<Finding>) {
+    pub(super) fn ha_rule_findings(&self, out: &mut Vec<Finding>) {
         let (Some(ha), Some(Ok(rules))) = (&self.data.ha, &self.view.ha_rules) else {
             return;
         };
@@ -204,7 +193,7 @@ impl ClusterCheck<'_> {
     /// Which nodes could be chosen: the pinned node's verdict, or the allowed nodes and which of them
     /// placement would leave out for being offline; every node the data or the config names must
     /// exist.
-    fn placement_findings(&self, out: &mut Vec<Finding>) {
+    pub(super) fn placement_findings(&self, out: &mut Vec<Finding>) {
         let (data, existing) = (self.data, &self.existing);
         let key = self.key("node");
         if let Some(pinned) = &data.node {
@@ -244,12 +233,10 @@ impl ClusterCheck<'_> {
         }
         for name in self.layers.config.nodes.keys() {
             if self.view.cluster.node(name).is_none() {
-                out.push(Outcome::Warning.finding(
-                    format!("nodes.{name}"),
-                    format!(
-                        "the provider config has overrides for node {name:?}, which is not in the cluster ({existing})"
-                    ),
-                ));
+                let message = format!(
+                    "the provider config has overrides for node {name:?}, which is not in the cluster ({existing})"
+                );
+                out.push(Outcome::Warning.finding(format!("nodes.{name}"), message));
             }
         }
         if data.node.is_none() {
@@ -284,7 +271,7 @@ impl ClusterCheck<'_> {
     }
 
     /// The template for the whole cluster: its copies, or why there are none.
-    fn template(&self, out: &mut Vec<Finding>) {
+    pub(super) fn template(&self, out: &mut Vec<Finding>) {
         let key = self.key("template");
         let source = match &self.view.clone_source {
             None => return,

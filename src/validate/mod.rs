@@ -84,7 +84,13 @@ pub(crate) fn check_cluster(
         data,
         view,
     };
-    let mut out = check.cluster_findings();
+    // The cluster as a whole first, then each node, then what the nodes' verdicts say together.
+    let mut out = check.release_findings();
+    out.extend(check.health_finding());
+    check.ha_rule_findings(&mut out);
+    check.clone_disk_findings(&mut out);
+    check.placement_findings(&mut out);
+    check.template(&mut out);
     let (mut clones, mut fitting, mut left_out) = (Vec::new(), Vec::new(), Vec::new());
     for node in candidate_nodes(data, &view.cluster)
         .into_iter()

@@ -35,13 +35,12 @@ pub(crate) fn check_node(
     out: &mut Vec<Finding>,
 ) -> Option<NodeVerdicts> {
     let n = node.name.as_str();
-    let here = match check.layers.resolve_on(check.schema, Some(n)) {
-        Ok(d) => d,
-        Err(problems) => {
-            out.extend(Outcome::Problem.findings(problems).map(|f| f.on(n)));
-            return None;
-        }
-    };
+    let problems = |problems| out.extend(Outcome::Problem.findings(problems).map(|f| f.on(n)));
+    let here = check
+        .layers
+        .resolve_on(check.schema, Some(n))
+        .map_err(problems)
+        .ok()?;
     let at = NodeCheck {
         check,
         node,
@@ -179,11 +178,8 @@ impl NodeCheck<'_> {
             Some(Ok(bridges)) => bridges,
             Some(Err(why)) => {
                 let message = format!("bridges not checked: {why}");
-                return out.push(
-                    Outcome::Warning
-                        .finding(self.key("network_bridge"), message)
-                        .on(n),
-                );
+                let finding = Outcome::Warning.finding(self.key("network_bridge"), message);
+                return out.push(finding.on(n));
             }
         };
         for (key, bridge) in wanted {
