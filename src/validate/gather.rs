@@ -21,9 +21,7 @@ use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool;
 use crate::rules::placement::PlacementLimits;
 use crate::rules::privileges::root_warning;
-use crate::rules::provider_data::{
-    BootMode, ProviderData, ProviderDataSchema, needs_release_check,
-};
+use crate::rules::provider_data::{BootMode, ProviderData, needs_release_check};
 
 /// Reads what the checks need for `data`: `/cluster/resources`, the bridges of every online candidate
 /// node (in parallel), and the PCI/USB mappings when the data (or a node override) names devices.
@@ -106,16 +104,13 @@ pub async fn validate_class(
     class_yaml: &str,
     config: &ProviderConfig,
 ) -> Result<Report, ProxmoxError> {
-    let schema = ProviderDataSchema {
-        strict: config.strict,
-    };
     let layers = Layers::new(class_yaml, config);
-    let (schema_findings, data) = check_schema(&schema, &layers);
+    let (schema_findings, data) = check_schema(&layers);
     let mut findings = config_file_findings(config);
     findings.extend(schema_findings);
     if let Some(data) = data {
         let view = gather(pve, &data, &config.nodes, config.placement).await?;
-        findings.extend(check_cluster(&schema, &layers, &data, &view));
+        findings.extend(check_cluster(&layers, &data, &view));
         // The addresses in use are read only when the data names a pool.
         if !ip_pool::wanted(&data).is_empty() {
             let in_use = reported_by_agents(pve).await?;

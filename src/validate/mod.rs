@@ -36,10 +36,8 @@ use cluster::{ClusterCheck, ClusterFacts, candidate_nodes};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
 /// overrides). `Ok` carries the data as it is before any per-node override, for the cluster checks.
-pub fn check_schema(
-    schema: &ProviderDataSchema,
-    layers: &Layers<'_>,
-) -> (Vec<Finding>, Option<ProviderData>) {
+pub fn check_schema(layers: &Layers<'_>) -> (Vec<Finding>, Option<ProviderData>) {
+    let schema = layers.schema();
     let overrides = schema.check_config(&layers.config.layers);
     let mut findings: Vec<Finding> = Outcome::Problem
         .findings(overrides.problems)
@@ -51,7 +49,7 @@ pub fn check_schema(
         let check = schema.check_layer("", &Value::Object(class));
         findings.extend(Outcome::Warning.findings(check.warnings));
     }
-    match layers.resolve_on(schema, None) {
+    match layers.resolve_on(None) {
         Ok(data) => {
             if !findings.iter().any(|f| f.outcome == Outcome::Problem) {
                 let message = "matches the schema and the pipeline's rules";
@@ -72,14 +70,12 @@ pub fn check_schema(
 /// findings about the cluster as a whole ([`cluster`]), then each node placement could choose
 /// ([`node`]), then what the nodes' verdicts together say.
 pub(crate) fn check_cluster(
-    schema: &ProviderDataSchema,
     layers: &Layers<'_>,
     data: &ProviderData,
     view: &ClusterFacts,
 ) -> Vec<Finding> {
     let check = ClusterCheck {
         existing: report::list_or_none(&view.cluster.node_names()),
-        schema,
         layers,
         data,
         view,

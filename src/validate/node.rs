@@ -36,11 +36,7 @@ pub(crate) fn check_node(
 ) -> Option<NodeVerdicts> {
     let n = node.name.as_str();
     let problems = |problems| out.extend(Outcome::Problem.findings(problems).map(|f| f.on(n)));
-    let here = check
-        .layers
-        .resolve_on(check.schema, Some(n))
-        .map_err(problems)
-        .ok()?;
+    let here = check.layers.resolve_on(Some(n)).map_err(problems).ok()?;
     let at = NodeCheck {
         check,
         node,
