@@ -32,8 +32,6 @@ pub struct ClusterFacts {
     /// `boot: clone`: every copy of the template with where its drives are (`None`: not a clone;
     /// `Some(Err)`: not found, or a copy could not be read).
     pub clone_source: Option<Result<CloneSource, String>>,
-    /// The config's `placement:` limits, which placement's verdicts count against.
-    pub placement: PlacementLimits,
     /// `GET /cluster/ha/rules`, read when the class puts its VMs in HA rules (`None`: not read;
     /// `Some(Err)`: could not be read).
     pub ha_rules: Option<Result<Vec<HaRule>, String>>,
@@ -102,7 +100,8 @@ impl ClusterCheck<'_> {
     /// The request placement would get for `data` (resolved on some node, or not).
     pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
         let clone = self.view.clone_source();
-        class_request(data, self.view.placement, clone)
+        // The config's `placement:` limits, which placement's verdicts count against.
+        class_request(data, self.layers.config.placement, clone)
     }
 
     /// `key` as the user must change it ([`Layers::key`]), for the class as a whole.

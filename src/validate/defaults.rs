@@ -24,7 +24,7 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
     // resolve gets no cluster read: its problems are the findings.
     let layers = Layers::of_defaults(config);
     let findings = match layers.resolve_on(None) {
-        Ok(data) => match gather(pve, &data, &config.nodes, config.placement).await {
+        Ok(data) => match gather(pve, &data, config).await {
             Ok(view) => check_cluster(&layers, &data, &view),
             Err(e) => {
                 return Some(format!(

@@ -4,7 +4,6 @@
 //! privileges on `/`.
 
 use futures_util::future::OptionFuture;
-use serde_json::{Map, Value};
 
 use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
@@ -19,7 +18,6 @@ use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool;
-use crate::rules::placement::PlacementLimits;
 use crate::rules::privileges::root_warning;
 use crate::rules::provider_data::{BootMode, ProviderData, needs_release_check};
 
@@ -28,8 +26,7 @@ use crate::rules::provider_data::{BootMode, ProviderData, needs_release_check};
 pub async fn gather(
     pve: &ProxmoxClient,
     data: &ProviderData,
-    config_nodes: &Map<String, Value>,
-    placement: PlacementLimits,
+    config: &ProviderConfig,
 ) -> Result<ClusterFacts, ProxmoxError> {
     let resources = pve.cluster_listing().await?;
     let cluster = ClusterSnapshot::from_resources(&resources);
@@ -40,7 +37,7 @@ pub async fn gather(
     let mappings = |kind, key: &str, in_data: bool| {
         // A missing key (or a node override that is not a map) indexes as null.
         let in_nodes =
-            (config_nodes.values()).any(|v| v[key].as_array().is_some_and(|a| !a.is_empty()));
+            (config.nodes.values()).any(|v| v[key].as_array().is_some_and(|a| !a.is_empty()));
         let read = async move { text(pve.resource_mappings(kind).await) };
         OptionFuture::from((in_data || in_nodes).then_some(read))
     };
@@ -65,7 +62,6 @@ pub async fn gather(
             read => read.map(text),
         },
         health: Some(text(pve.cluster_health().await)),
-        placement,
         cluster,
     })
 }
@@ -109,7 +105,7 @@ pub async fn validate_class(
     let mut findings = config_file_findings(config);
     findings.extend(schema_findings);
     if let Some(data) = data {
-        let view = gather(pve, &data, &config.nodes, config.placement).await?;
+        let view = gather(pve, &data, config).await?;
         findings.extend(check_cluster(&layers, &data, &view));
         // The addresses in use are read only when the data names a pool.
         if !ip_pool::wanted(&data).is_empty() {

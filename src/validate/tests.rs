@@ -40,7 +40,6 @@ fn view() -> ClusterFacts {
         usb_mappings: None,
         pve_version: None,
         clone_source: None,
-        placement: Default::default(),
         ha_rules: None,
         health: None,
     }
