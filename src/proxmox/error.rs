@@ -62,13 +62,13 @@ pub enum ProxmoxError {
 
     /// A task ran and ended with an error.
     #[error(
-        "Proxmox task {task_type} on {} failed: {exit_status}{}",
+        "Proxmox task {} on {} failed: {exit_status}{}",
+        upid.task_type(),
         upid.node(),
         log_lines(log_tail)
     )]
     TaskFailed {
         upid: Upid,
-        task_type: String,
         exit_status: String,
         log_tail: Vec<String>,
     },
@@ -376,7 +376,6 @@ mod tests {
     fn task_failed(exit_status: &str) -> ProxmoxError {
         ProxmoxError::TaskFailed {
             upid: Upid::parse("UPID:pve2:1:2:3:qmstart:104:root@pam:").unwrap(),
-            task_type: "qmstart".into(),
             exit_status: exit_status.into(),
             log_tail: vec![format!("TASK ERROR: {exit_status}")],
         }
@@ -433,7 +432,6 @@ mod tests {
         );
         let t = ProxmoxError::TaskFailed {
             upid: Upid::parse("UPID:pve2:1:2:3:qmstart:104:root@pam:").unwrap(),
-            task_type: "qmstart".into(),
             exit_status: "start failed".into(),
             log_tail: vec!["kvm: no memory".into(), "TASK ERROR: start failed".into()],
         };

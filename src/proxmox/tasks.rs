@@ -105,7 +105,6 @@ impl ProxmoxClient {
         let lines = lines.unwrap_or_default();
         let skip = lines.len().saturating_sub(LOG_TAIL_LINES);
         Err(ProxmoxError::TaskFailed {
-            task_type: upid.task_type().to_owned(),
             log_tail: lines.into_iter().skip(skip).map(|l| l.t).collect(),
             upid: upid.clone(),
             exit_status,
