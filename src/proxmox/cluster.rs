@@ -61,9 +61,8 @@ impl ProxmoxClient {
     pub async fn vms(&self) -> Result<Vec<super::types::VmResource>> {
         let params = Params::new().with("type", "vm");
         let path = ["cluster", "resources"];
-        let read = self.get_over(Pool::Large, &path, params).await;
-        let listing: Listing = read.map(Vec::into)?;
-        Ok(listing.vms().cloned().collect())
+        let listing: Vec<ClusterResource> = self.get_over(Pool::Large, &path, params).await?;
+        Ok(Listing::from(listing).vms().cloned().collect())
     }
 
     /// `GET /cluster/nextid`: the lowest free VMID at this instant (Proxmox sends it as a string). Not a
