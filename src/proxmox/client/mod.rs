@@ -513,6 +513,8 @@ mod tests {
         assert!(may_retry(&sent, Replay::Safe));
         assert!(!may_retry(&sent, Replay::OnlyIfUnsent));
         assert!(may_retry(&unsent, Replay::OnlyIfUnsent));
+        // A streamed body is gone once sent, even when the connection failed before it left.
+        assert!(!may_retry(&unsent, Replay::Never));
     }
 
     #[test]
