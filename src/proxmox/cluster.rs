@@ -136,7 +136,25 @@ impl ProxmoxClient {
     pub async fn cluster_health(&self) -> Result<ClusterHealth> {
         let entries: Vec<ClusterStatusEntry> =
             self.get(&["cluster", "status"], Params::new()).await?;
-        Ok(ClusterHealth::from_entries(entries))
+        let cluster = entries.iter().find(|e| e.kind == "cluster");
+        let mut members: Vec<ClusterMember> = entries
+            .iter()
+            .filter(|e| e.kind == "node")
+            .filter_map(|e| {
+                Some(ClusterMember {
+                    name: e.name.clone()?,
+                    online: e.online,
+                })
+            })
+            .collect();
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(ClusterHealth {
+            name: cluster
+                .and_then(|c| c.name.clone())
+                .filter(|n| !n.is_empty()),
+            quorate: cluster.map(|c| c.quorate),
+            members,
+        })
     }
 }
 
@@ -169,28 +187,6 @@ pub struct ClusterMember {
 }
 
 impl ClusterHealth {
-    fn from_entries(entries: Vec<ClusterStatusEntry>) -> Self {
-        let cluster = entries.iter().find(|e| e.kind == "cluster");
-        let mut members: Vec<ClusterMember> = entries
-            .iter()
-            .filter(|e| e.kind == "node")
-            .filter_map(|e| {
-                Some(ClusterMember {
-                    name: e.name.clone()?,
-                    online: e.online,
-                })
-            })
-            .collect();
-        members.sort_by(|a, b| a.name.cmp(&b.name));
-        Self {
-            name: cluster
-                .and_then(|c| c.name.clone())
-                .filter(|n| !n.is_empty()),
-            quorate: cluster.map(|c| c.quorate),
-            members,
-        }
-    }
-
     /// "quorate, 3 of 3 members online", "NO QUORUM, 1 of 3 members online (pve1)", or
     /// "standalone node".
     pub fn summary(&self) -> String {
