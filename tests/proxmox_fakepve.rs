@@ -396,12 +396,9 @@ async fn iso_upload_and_download() {
         .download_url(
             &node("pve1"),
             "local",
-            &omni_infra_provider_proxmox::proxmox::storage::DownloadRequest {
-                url: "https://factory.talos.dev/image/abc/v1.11.0/nocloud-amd64.iso".into(),
-                file_name: "talos-abc.iso".into(),
-                content: "iso".into(),
-                checksum: None,
-            },
+            "iso",
+            "talos-abc.iso",
+            "https://factory.talos.dev/image/abc/v1.11.0/nocloud-amd64.iso",
         )
         .await
         .unwrap();

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
-use omni_infra_provider_proxmox::proxmox::storage::DownloadRequest;
 use omni_infra_provider_proxmox::proxmox::types::{NodeName, VmId};
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError};
 use serde_json::json;
@@ -56,15 +55,12 @@ async fn old_pve8_errors_are_read_from_the_reason_phrase() {
 async fn download_url_refusing_an_existing_file_means_it_is_present() {
     let fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
-    let request = DownloadRequest {
-        url: "https://factory.talos.dev/image/abc/v1.11.0/nocloud-amd64.iso".into(),
-        file_name: "talos-abc.iso".into(),
-        content: "iso".into(),
-        checksum: None,
-    };
-    let first = pve.download_url(&pve1(), "local", &request).await.unwrap();
+    let url = "https://factory.talos.dev/image/abc/v1.11.0/nocloud-amd64.iso";
+    let node = pve1();
+    let download = || pve.download_url(&node, "local", "iso", "talos-abc.iso", url);
+    let first = download().await.unwrap();
     pve.wait_for_task(&first, TASK_TIMEOUT).await.unwrap();
-    let again = pve.download_url(&pve1(), "local", &request).await.unwrap();
+    let again = download().await.unwrap();
     let err = pve.wait_for_task(&again, TASK_TIMEOUT).await.unwrap_err();
     assert!(
         matches!(err, ProxmoxError::TaskFailed { .. }) && err.is_file_already_present(),

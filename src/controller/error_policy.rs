@@ -370,7 +370,6 @@ mod tests {
                     Step::StartVm,
                     ProxmoxError::TaskFailed {
                         upid: Upid::parse("UPID:pve2:1:2:3:qmstart:104:root@pam:").unwrap(),
-                        task_type: "qmstart".into(),
                         exit_status: "start failed".into(),
                         log_tail: vec![],
                     },

@@ -37,7 +37,6 @@ use super::step::StepOutcome;
 use crate::model::ClusterSnapshot;
 use crate::omni::management::{BootAssetKind, ManagementError};
 use crate::proxmox::client::UploadContent;
-use crate::proxmox::storage::DownloadRequest;
 use crate::proxmox::types::NodeName;
 use crate::rules::provider_data::BootMode;
 use crate::rules::schematic::schematic_yaml;
@@ -279,17 +278,9 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
     );
     let task = match fetched_by_provider(ctx, wanted).await {
         None => {
-            let download = DownloadRequest {
-                url: wanted.url.to_owned(),
-                file_name: file_name.to_owned(),
-                content: content.into(),
-                checksum: None,
-            };
-            ctx.start_task(
-                format!("downloading {what}"),
-                pve.download_url(node, storage, &download),
-            )
-            .await?
+            let download = pve.download_url(node, storage, content, file_name, wanted.url);
+            ctx.start_task(format!("downloading {what}"), download)
+                .await?
         }
         Some(Fetched {
             url,

@@ -183,7 +183,8 @@ mod tests {
         assert!(e.contains("not a template"), "{e}");
         let e = ids(TemplateRef::Name("nope".into())).unwrap_err();
         assert!(e.contains("9000 (talos), 9001 (talos)"), "{e}");
-        let none = matching_templates(&Listing::default(), &TemplateRef::VmId(1)).unwrap_err();
+        let none =
+            matching_templates(&Listing::from(Vec::new()), &TemplateRef::VmId(1)).unwrap_err();
         assert!(none.ends_with("templates there: none"), "{none}");
     }
 }

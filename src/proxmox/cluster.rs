@@ -2,7 +2,7 @@
 //! storage, so placement and VM lookup never cost one call per node, and a VM is always found on the
 //! node it is on now (after a live migration too).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::client::{Params, Pool, ProxmoxClient};
 use super::error::{ProxmoxError, Result};
@@ -61,9 +61,8 @@ impl ProxmoxClient {
     pub async fn vms(&self) -> Result<Vec<super::types::VmResource>> {
         let params = Params::new().with("type", "vm");
         let path = ["cluster", "resources"];
-        let read = self.get_over(Pool::Large, &path, params).await;
-        let listing: Listing = read.map(Vec::into)?;
-        Ok(listing.vms().cloned().collect())
+        let listing: Vec<ClusterResource> = self.get_over(Pool::Large, &path, params).await?;
+        Ok(Listing::from(listing).vms().cloned().collect())
     }
 
     /// `GET /cluster/nextid`: the lowest free VMID at this instant (Proxmox sends it as a string). Not a
@@ -84,12 +83,7 @@ impl ProxmoxClient {
     /// them: inherited ones included, paths without any privilege left out. Every token may read its
     /// own.
     pub async fn effective_privileges(&self) -> Result<EffectivePrivileges> {
-        let paths: BTreeMap<String, BTreeMap<String, serde_json::Value>> =
-            self.get(&["access", "permissions"], Params::new()).await?;
-        let held = paths
-            .into_iter()
-            .map(|(path, p)| (path, p.into_keys().collect()));
-        Ok(EffectivePrivileges(held.collect()))
+        self.get(&["access", "permissions"], Params::new()).await
     }
 
     /// The datacenter's `next-id` range from `GET /cluster/options` (pve-manager `PVE/API2/Cluster.pm`,
@@ -110,11 +104,12 @@ impl ProxmoxClient {
         }
         let options: Options = self.get(&["cluster", "options"], Params::new()).await?;
         let next_id = options.next_id.unwrap_or_default();
-        let default = NextIdRange::default();
         let bound = |v: Option<u64>, or: u32| v.map_or(Some(or), |v| u32::try_from(v).ok());
-        let lower = bound(next_id.lower, default.lower);
+        // pve-cluster `DataCenterConfig.pm`, `$next_id_format`: 100 up to (not including) one
+        // million when unset, which is below the largest VMID on purpose.
+        let lower = bound(next_id.lower, 100);
         lower
-            .zip(bound(next_id.upper, default.upper))
+            .zip(bound(next_id.upper, 1_000_000))
             .map(|(lower, upper)| NextIdRange { lower, upper })
             .ok_or_else(|| bad_answer("/cluster/options", "next-id bounds out of range".into()))
     }
@@ -141,7 +136,25 @@ impl ProxmoxClient {
     pub async fn cluster_health(&self) -> Result<ClusterHealth> {
         let entries: Vec<ClusterStatusEntry> =
             self.get(&["cluster", "status"], Params::new()).await?;
-        Ok(ClusterHealth::from_entries(entries))
+        let cluster = entries.iter().find(|e| e.kind == "cluster");
+        let mut members: Vec<ClusterMember> = entries
+            .iter()
+            .filter(|e| e.kind == "node")
+            .filter_map(|e| {
+                Some(ClusterMember {
+                    name: e.name.clone()?,
+                    online: e.online,
+                })
+            })
+            .collect();
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(ClusterHealth {
+            name: cluster
+                .and_then(|c| c.name.clone())
+                .filter(|n| !n.is_empty()),
+            quorate: cluster.map(|c| c.quorate),
+            members,
+        })
     }
 }
 
@@ -174,33 +187,6 @@ pub struct ClusterMember {
 }
 
 impl ClusterHealth {
-    fn from_entries(entries: Vec<ClusterStatusEntry>) -> Self {
-        let cluster = entries.iter().find(|e| e.kind == "cluster");
-        let mut members: Vec<ClusterMember> = entries
-            .iter()
-            .filter(|e| e.kind == "node")
-            .filter_map(|e| {
-                Some(ClusterMember {
-                    name: e.name.clone()?,
-                    online: e.online,
-                })
-            })
-            .collect();
-        members.sort_by(|a, b| a.name.cmp(&b.name));
-        Self {
-            name: cluster
-                .and_then(|c| c.name.clone())
-                .filter(|n| !n.is_empty()),
-            quorate: cluster.map(|c| c.quorate),
-            members,
-        }
-    }
-
-    /// Whether changes can be made: quorate, or a standalone node.
-    pub fn can_write(&self) -> bool {
-        self.quorate != Some(false)
-    }
-
     /// "quorate, 3 of 3 members online", "NO QUORUM, 1 of 3 members online (pve1)", or
     /// "standalone node".
     pub fn summary(&self) -> String {
@@ -236,18 +222,22 @@ struct ClusterStatusEntry {
     online: bool,
 }
 
-/// What [`ProxmoxClient::effective_privileges`] read: privileges by ACL path.
-#[derive(Debug, Clone, Default)]
-pub struct EffectivePrivileges(BTreeMap<String, BTreeSet<String>>);
+/// What [`ProxmoxClient::effective_privileges`] read: by ACL path, the privileges held there (each
+/// with its "propagate" flag, which is not read).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct EffectivePrivileges(BTreeMap<String, BTreeMap<String, serde_json::Value>>);
 
 impl EffectivePrivileges {
     /// Whether the token holds `privilege` on `path` (a path missing from the answer holds none).
     pub fn holds(&self, path: &str, privilege: &str) -> bool {
-        self.0.get(path).is_some_and(|p| p.contains(privilege))
+        self.0.get(path).is_some_and(|p| p.contains_key(privilege))
     }
 
     /// The privileges held on `path`.
     pub fn on(&self, path: &str) -> impl Iterator<Item = &str> {
-        self.0.get(path).into_iter().flatten().map(String::as_str)
+        self.0
+            .get(path)
+            .into_iter()
+            .flat_map(|p| p.keys().map(String::as_str))
     }
 }

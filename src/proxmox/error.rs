@@ -62,13 +62,13 @@ pub enum ProxmoxError {
 
     /// A task ran and ended with an error.
     #[error(
-        "Proxmox task {task_type} on {} failed: {exit_status}{}",
+        "Proxmox task {} on {} failed: {exit_status}{}",
+        upid.task_type(),
         upid.node(),
         log_lines(log_tail)
     )]
     TaskFailed {
         upid: Upid,
-        task_type: String,
         exit_status: String,
         log_tail: Vec<String>,
     },
@@ -187,6 +187,17 @@ impl ProxmoxError {
     /// running"), which is what a start sent again after a lost answer meets.
     pub fn is_already_running(&self) -> bool {
         self.says(|t| t.contains("already running"))
+    }
+
+    /// pve-ha-manager src/PVE/API2/HA/Rules.pm, `create_rule`: "HA rule '<rule>' already defined".
+    pub fn is_ha_rule_defined(&self) -> bool {
+        matches!(self, Self::Api { message, .. } if message.contains("already defined"))
+    }
+
+    /// pve-common src/PVE/Tools.pm, `assert_if_modified`: "detected modified configuration - file
+    /// changed by other user? Try again."
+    pub fn is_ha_rules_changed(&self) -> bool {
+        matches!(self, Self::Api { message, .. } if message.contains("detected modified configuration"))
     }
 
     /// Proxmox's own words (the answer's message, or a task's exit status and log tail) say `what`.
@@ -376,7 +387,6 @@ mod tests {
     fn task_failed(exit_status: &str) -> ProxmoxError {
         ProxmoxError::TaskFailed {
             upid: Upid::parse("UPID:pve2:1:2:3:qmstart:104:root@pam:").unwrap(),
-            task_type: "qmstart".into(),
             exit_status: exit_status.into(),
             log_tail: vec![format!("TASK ERROR: {exit_status}")],
         }
@@ -433,7 +443,6 @@ mod tests {
         );
         let t = ProxmoxError::TaskFailed {
             upid: Upid::parse("UPID:pve2:1:2:3:qmstart:104:root@pam:").unwrap(),
-            task_type: "qmstart".into(),
             exit_status: "start failed".into(),
             log_tail: vec!["kvm: no memory".into(), "TASK ERROR: start failed".into()],
         };

@@ -219,16 +219,3 @@ impl ProxmoxClient {
         }
     }
 }
-
-impl ProxmoxError {
-    /// pve-ha-manager src/PVE/API2/HA/Rules.pm, `create_rule`: "HA rule '<rule>' already defined".
-    pub fn is_ha_rule_defined(&self) -> bool {
-        matches!(self, Self::Api { message, .. } if message.contains("already defined"))
-    }
-
-    /// pve-common src/PVE/Tools.pm, `assert_if_modified`: "detected modified configuration - file
-    /// changed by other user? Try again."
-    pub fn is_ha_rules_changed(&self) -> bool {
-        matches!(self, Self::Api { message, .. } if message.contains("detected modified configuration"))
-    }
-}

@@ -27,12 +27,6 @@ pub struct Listing {
     pub read_at: Instant,
 }
 
-impl Default for Listing {
-    fn default() -> Self {
-        Vec::new().into()
-    }
-}
-
 impl From<Vec<ClusterResource>> for Listing {
     fn from(resources: Vec<ClusterResource>) -> Self {
         Self::read(resources, Instant::now())

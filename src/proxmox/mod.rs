@@ -20,4 +20,3 @@ pub mod vms;
 
 pub use client::{ProxmoxClient, RetryPolicy};
 pub use error::ProxmoxError;
-pub use types::{NodeName, Upid, VmId};

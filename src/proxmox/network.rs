@@ -28,13 +28,6 @@ pub struct NetworkInterface {
     pub kind: String,
 }
 
-impl NetworkInterface {
-    /// Whether a guest NIC can be attached to it (`net0: ...,bridge=<iface>`).
-    pub fn is_guest_bridge(&self) -> bool {
-        matches!(self.kind.as_str(), "bridge" | "OVSBridge" | "vnet")
-    }
-}
-
 impl ProxmoxClient {
     /// `GET /nodes/{node}/network[?type=…]`.
     pub async fn node_networks(

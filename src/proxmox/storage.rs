@@ -5,17 +5,6 @@ use super::error::{ProxmoxError, Result};
 use super::property::StorageId;
 use super::types::{NodeName, NodeStorage, StorageVolume, Upid};
 
-/// A file for the node to fetch itself (`download-url`), so large images never pass through us.
-#[derive(Debug, Clone)]
-pub struct DownloadRequest {
-    pub url: String,
-    pub file_name: String,
-    /// `iso` or `vztmpl` or `import`.
-    pub content: String,
-    /// (`sha256`, hex) to have Proxmox verify the download.
-    pub checksum: Option<(String, String)>,
-}
-
 impl ProxmoxClient {
     /// `GET /nodes/{node}/storage`: storages as the node sees them, with real free space.
     pub async fn node_storages(&self, node: &NodeName) -> Result<Vec<NodeStorage>> {
@@ -36,20 +25,21 @@ impl ProxmoxClient {
         self.get_over(Pool::Large, &path, params).await
     }
 
-    /// `POST /nodes/{node}/storage/{storage}/download-url`: returns the download task.
+    /// `POST /nodes/{node}/storage/{storage}/download-url`: the node fetches `url` itself into its
+    /// `content` directory (`iso`, `import`) as `file_name`, so large images never pass through us.
+    /// Returns the download task.
     pub async fn download_url(
         &self,
         node: &NodeName,
         storage: &str,
-        request: &DownloadRequest,
+        content: &str,
+        file_name: &str,
+        url: &str,
     ) -> Result<Upid> {
-        let (algorithm, sum) = request.checksum.clone().unzip();
         let params = Params::new()
-            .with("content", &request.content)
-            .with("filename", &request.file_name)
-            .with("url", &request.url)
-            .with_opt("checksum-algorithm", algorithm)
-            .with_opt("checksum", sum);
+            .with("content", content)
+            .with("filename", file_name)
+            .with("url", url);
         let path = storage_path(node, storage, &["download-url"])?;
         self.send(POST, &path, params, Replay::OnlyIfUnsent).await
     }

@@ -61,7 +61,7 @@ impl ProxmoxClient {
         loop {
             let asked = started.elapsed();
             match self.get::<TaskStatus>(&status, Params::new()).await {
-                Ok(status) if !status.is_running() => {
+                Ok(status) if status.status != "running" => {
                     // It ended between the last poll that saw it running and this one.
                     record(times, kind, (last_running + asked) / 2);
                     let exit_status = status.exitstatus.unwrap_or_else(|| "unknown".into());
@@ -105,7 +105,6 @@ impl ProxmoxClient {
         let lines = lines.unwrap_or_default();
         let skip = lines.len().saturating_sub(LOG_TAIL_LINES);
         Err(ProxmoxError::TaskFailed {
-            task_type: upid.task_type().to_owned(),
             log_tail: lines.into_iter().skip(skip).map(|l| l.t).collect(),
             upid: upid.clone(),
             exit_status,

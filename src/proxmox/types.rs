@@ -308,12 +308,6 @@ pub struct TaskStatus {
     pub exitstatus: Option<String>,
 }
 
-impl TaskStatus {
-    pub fn is_running(&self) -> bool {
-        self.status == "running"
-    }
-}
-
 #[derive(Debug, Clone, Deserialize)]
 pub struct TaskLogLine {
     #[serde(default)]
@@ -346,17 +340,6 @@ pub struct GuestAddress {
 pub struct NextIdRange {
     pub lower: u32,
     pub upper: u32,
-}
-
-impl Default for NextIdRange {
-    /// pve-cluster `DataCenterConfig.pm`, `$next_id_format`: 100 up to (not including) one million
-    /// when unset, which is below the largest VMID on purpose.
-    fn default() -> Self {
-        Self {
-            lower: 100,
-            upper: 1_000_000,
-        }
-    }
 }
 
 pub mod lenient {

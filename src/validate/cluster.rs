@@ -12,7 +12,7 @@ use crate::proxmox::network::ResourceMapping;
 use crate::rules::placement::{
     self, CloneRefusal, CloneSource, LeftOut, PlacementError, PlacementLimits, PlacementRequest,
 };
-use crate::rules::provider_data::{BootMode, ProviderData, ProviderDataSchema, release_problems};
+use crate::rules::provider_data::{BootMode, ProviderData, release_problems};
 use crate::rules::storage_selector::StorageSelector;
 
 /// The cluster as the checks see it.
@@ -32,8 +32,6 @@ pub struct ClusterFacts {
     /// `boot: clone`: every copy of the template with where its drives are (`None`: not a clone;
     /// `Some(Err)`: not found, or a copy could not be read).
     pub clone_source: Option<Result<CloneSource, String>>,
-    /// The config's `placement:` limits, which placement's verdicts count against.
-    pub placement: PlacementLimits,
     /// `GET /cluster/ha/rules`, read when the class puts its VMs in HA rules (`None`: not read;
     /// `Some(Err)`: could not be read).
     pub ha_rules: Option<Result<Vec<HaRule>, String>>,
@@ -91,7 +89,6 @@ pub fn candidate_nodes<'c>(
 
 /// Everything one check of the cluster works from.
 pub(crate) struct ClusterCheck<'a> {
-    pub schema: &'a ProviderDataSchema,
     pub layers: &'a Layers<'a>,
     pub data: &'a ProviderData,
     pub view: &'a ClusterFacts,
@@ -100,21 +97,11 @@ pub(crate) struct ClusterCheck<'a> {
 }
 
 impl ClusterCheck<'_> {
-    /// The findings about the cluster as a whole that need no node's verdicts.
-    pub(crate) fn cluster_findings(&self) -> Vec<Finding> {
-        let mut out = self.release_findings();
-        out.extend(self.health_finding());
-        self.ha_rule_findings(&mut out);
-        self.clone_disk_findings(&mut out);
-        self.placement_findings(&mut out);
-        self.template(&mut out);
-        out
-    }
-
     /// The request placement would get for `data` (resolved on some node, or not).
     pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
         let clone = self.view.clone_source();
-        class_request(data, self.view.placement, clone)
+        // The config's `placement:` limits, which placement's verdicts count against.
+        class_request(data, self.layers.config.placement, clone)
     }
 
     /// `key` as the user must change it ([`Layers::key`]), for the class as a whole.
@@ -124,9 +111,10 @@ impl ClusterCheck<'_> {
 
     /// Quorum and membership: without quorum Proxmox refuses every change (pve-cluster
     /// src/PVE/Cluster.pm `check_cfs_quorum`), so nothing of the class can be made until it is back.
-    fn health_finding(&self) -> Option<Finding> {
+    pub(super) fn health_finding(&self) -> Option<Finding> {
         let (outcome, message) = match self.view.health.as_ref()? {
-            Ok(h) if h.can_write() => (Outcome::Pass, h.summary()),
+            // A standalone node needs no quorum.
+            Ok(h) if h.quorate != Some(false) => (Outcome::Pass, h.summary()),
             Ok(h) => (Outcome::Problem, h.summary()),
             Err(why) => (
                 Outcome::Skipped,
@@ -137,7 +125,7 @@ impl ClusterCheck<'_> {
     }
 
     /// Keys the cluster's Proxmox VE release must support.
-    fn release_findings(&self) -> Vec<Finding> {
+    pub(super) fn release_findings(&self) -> Vec<Finding> {
         let data = self.data;
         match &self.view.pve_version {
             Some(Ok(version)) => Outcome::Problem
@@ -158,7 +146,7 @@ impl ClusterCheck<'_> {
     }
     /// Boot mode `clone`: an additional disk whose slot a copy of the template fills would never be
     /// made ([`crate::rules::vm_config::additional_disk_clash`]).
-    fn clone_disk_findings(&self, out: &mut Vec<Finding>) {
+    pub(super) fn clone_disk_findings(&self, out: &mut Vec<Finding>) {
         let Some(source) = self.view.clone_source() else {
             return;
         };
@@ -183,7 +171,7 @@ impl ClusterCheck<'_> {
     /// The HA rules the class puts its VMs in, against the cluster's rules: shapes Proxmox calls
     /// infeasible whatever the set's size ([`crate::rules::ha::check_join`] for a VM of a set that
     /// has none yet), so every VM of the class would fail its join after being made and started.
-    fn ha_rule_findings(&self, out: &mut Vec<Finding>) {
+    pub(super) fn ha_rule_findings(&self, out: &mut Vec<Finding>) {
         let (Some(ha), Some(Ok(rules))) = (&self.data.ha, &self.view.ha_rules) else {
             return;
         };
@@ -203,7 +191,7 @@ impl ClusterCheck<'_> {
     /// Which nodes could be chosen: the pinned node's verdict, or the allowed nodes and which of them
     /// placement would leave out for being offline; every node the data or the config names must
     /// exist.
-    fn placement_findings(&self, out: &mut Vec<Finding>) {
+    pub(super) fn placement_findings(&self, out: &mut Vec<Finding>) {
         let (data, existing) = (self.data, &self.existing);
         let key = self.key("node");
         if let Some(pinned) = &data.node {
@@ -243,12 +231,10 @@ impl ClusterCheck<'_> {
         }
         for name in self.layers.config.nodes.keys() {
             if self.view.cluster.node(name).is_none() {
-                out.push(Outcome::Warning.finding(
-                    format!("nodes.{name}"),
-                    format!(
-                        "the provider config has overrides for node {name:?}, which is not in the cluster ({existing})"
-                    ),
-                ));
+                let message = format!(
+                    "the provider config has overrides for node {name:?}, which is not in the cluster ({existing})"
+                );
+                out.push(Outcome::Warning.finding(format!("nodes.{name}"), message));
             }
         }
         if data.node.is_none() {
@@ -283,7 +269,7 @@ impl ClusterCheck<'_> {
     }
 
     /// The template for the whole cluster: its copies, or why there are none.
-    fn template(&self, out: &mut Vec<Finding>) {
+    pub(super) fn template(&self, out: &mut Vec<Finding>) {
         let key = self.key("template");
         let source = match &self.view.clone_source {
             None => return,
@@ -338,22 +324,18 @@ impl ClusterCheck<'_> {
     /// ([`placement::capacity_fit`]: free memory, then memory and vCPUs given to VMs against the
     /// config's `placement:` limits), so those are warnings and "nowhere" is the problem. A node
     /// left out for its vCPUs is reported under `cores`, for memory under `memory`.
-    pub(crate) fn memory_findings(&self, fits: &[(&str, Option<LeftOut>)], out: &mut Vec<Finding>) {
-        if fits.is_empty() || self.layers.is_stand_in("memory", None) {
+    pub(crate) fn memory_findings(
+        &self,
+        fitting: &[&str],
+        left_out: &[(&str, LeftOut)],
+        out: &mut Vec<Finding>,
+    ) {
+        if (fitting.is_empty() && left_out.is_empty()) || self.layers.is_stand_in("memory", None) {
             return;
         }
         let data = self.data;
-        let fitting: Vec<&str> = fits
-            .iter()
-            .filter(|(_, why)| why.is_none())
-            .map(|(n, _)| *n)
-            .collect();
-        let left_out: Vec<(&str, &LeftOut)> = fits
-            .iter()
-            .filter_map(|(n, why)| Some((*n, why.as_ref()?)))
-            .collect();
         if fitting.is_empty() {
-            let (key, message) = self.fits_nowhere(&left_out);
+            let (key, message) = self.fits_nowhere(left_out);
             let node = data.node.as_ref().map(|n| n.to_string());
             return out.push(Finding {
                 node,
@@ -377,11 +359,8 @@ impl ClusterCheck<'_> {
                 why => why.to_string(),
             };
             let message = format!("{message}: this node will be skipped");
-            out.push(
-                Outcome::Warning
-                    .finding(self.key_for(why), message)
-                    .on(node),
-            );
+            let finding = Outcome::Warning.finding(self.key_for(why), message);
+            out.push(finding.on(*node));
         }
     }
 
@@ -395,7 +374,7 @@ impl ClusterCheck<'_> {
 
     /// The problem when every candidate node is left out for its memory or vCPUs: its key and its
     /// words.
-    fn fits_nowhere(&self, left_out: &[(&str, &LeftOut)]) -> (String, String) {
+    fn fits_nowhere(&self, left_out: &[(&str, LeftOut)]) -> (String, String) {
         let memory_mb = self.data.memory_mb;
         // Every node short of memory, or the reasons as they come.
         let free: Option<Vec<String>> = (left_out.iter())

@@ -1,33 +1,32 @@
 //! The reads, at the edge: one `/cluster/resources`, the bridges of the candidate nodes (in parallel),
 //! the PCI/USB resource mappings and the Proxmox VE version only when the data needs them, and with
-//! `boot: clone` the config of each copy of the template (where its drives are).
+//! `boot: clone` the config of each copy of the template (where its drives are); last, the token's
+//! privileges on `/`.
 
 use futures_util::future::OptionFuture;
-use serde_json::{Map, Value};
 
 use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
-use super::pools::pool_findings;
+use super::pools::check_pools;
 use super::report::{Outcome, Report};
-use super::{check_cluster, check_schema, config_file_findings, root_reach_warning};
+use super::{check_cluster, check_schema, config_file_findings};
 use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
+use crate::pipeline::ip_pool::reported_by_agents;
 use crate::pipeline::template::clone_source;
 use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
-use crate::rules::placement::PlacementLimits;
-use crate::rules::provider_data::{
-    BootMode, ProviderData, ProviderDataSchema, needs_release_check,
-};
+use crate::rules::ip_pool;
+use crate::rules::privileges::root_warning;
+use crate::rules::provider_data::{BootMode, ProviderData, needs_release_check};
 
 /// Reads what the checks need for `data`: `/cluster/resources`, the bridges of every online candidate
 /// node (in parallel), and the PCI/USB mappings when the data (or a node override) names devices.
 pub async fn gather(
     pve: &ProxmoxClient,
     data: &ProviderData,
-    config_nodes: &Map<String, Value>,
-    placement: PlacementLimits,
+    config: &ProviderConfig,
 ) -> Result<ClusterFacts, ProxmoxError> {
     let resources = pve.cluster_listing().await?;
     let cluster = ClusterSnapshot::from_resources(&resources);
@@ -38,7 +37,7 @@ pub async fn gather(
     let mappings = |kind, key: &str, in_data: bool| {
         // A missing key (or a node override that is not a map) indexes as null.
         let in_nodes =
-            (config_nodes.values()).any(|v| v[key].as_array().is_some_and(|a| !a.is_empty()));
+            (config.nodes.values()).any(|v| v[key].as_array().is_some_and(|a| !a.is_empty()));
         let read = async move { text(pve.resource_mappings(kind).await) };
         OptionFuture::from((in_data || in_nodes).then_some(read))
     };
@@ -63,7 +62,6 @@ pub async fn gather(
             read => read.map(text),
         },
         health: Some(text(pve.cluster_health().await)),
-        placement,
         cluster,
     })
 }
@@ -87,7 +85,8 @@ async fn bridges(pve: &ProxmoxClient, node: &NodeName) -> Result<Vec<String>, St
     };
     let list = text(list)?.into_iter();
     Ok(list
-        .filter(|i| i.is_guest_bridge())
+        // The interfaces a guest NIC can be attached to (`net0: ...,bridge=<iface>`).
+        .filter(|i| matches!(i.kind.as_str(), "bridge" | "OVSBridge" | "vnet"))
         .map(|i| i.iface)
         .collect())
 }
@@ -101,20 +100,34 @@ pub async fn validate_class(
     class_yaml: &str,
     config: &ProviderConfig,
 ) -> Result<Report, ProxmoxError> {
-    let schema = ProviderDataSchema {
-        strict: config.strict,
-    };
     let layers = Layers::new(class_yaml, config);
-    let (schema_findings, data) = check_schema(&schema, &layers);
+    let (schema_findings, data) = check_schema(&layers);
     let mut findings = config_file_findings(config);
     findings.extend(schema_findings);
     if let Some(data) = data {
-        let view = gather(pve, &data, &config.nodes, config.placement).await?;
-        findings.extend(check_cluster(&schema, &layers, &data, &view));
-        findings.extend(pool_findings(pve, &data, &config.ip_pools).await?);
+        let view = gather(pve, &data, config).await?;
+        findings.extend(check_cluster(&layers, &data, &view));
+        // The addresses in use are read only when the data names a pool.
+        if !ip_pool::wanted(&data).is_empty() {
+            let in_use = reported_by_agents(pve).await?;
+            findings.extend(check_pools(&data, &config.ip_pools, &in_use));
+        }
         findings.extend(Outcome::Problem.findings(config.policy.check(&data)));
     }
     let reach = root_reach_warning(pve).await;
     findings.extend(reach.map(|w| Outcome::Warning.finding("proxmox.tokenID", w)));
     Ok(Report::new(findings))
+}
+
+/// The warning about what the token holds on `/` beyond the provider's need
+/// ([`crate::rules::privileges`]), if any. A token whose privileges cannot be read gets no
+/// warning: the calls that need them say what is missing.
+pub async fn root_reach_warning(pve: &ProxmoxClient) -> Option<String> {
+    match pve.effective_privileges().await {
+        Ok(privileges) => root_warning(privileges.on("/")),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the token's privileges");
+            None
+        }
+    }
 }

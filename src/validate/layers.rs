@@ -54,19 +54,22 @@ impl<'a> Layers<'a> {
     /// The provider data as it would be on `node` (its override applied, and the NICs on their IP
     /// pools' networks: `ip_pool::apply_networks`, as provisioning resolves it), or the problems. A pool
     /// that does not exist is left to the pool findings, which name it once.
-    pub(crate) fn resolve_on(
-        &self,
-        schema: &ProviderDataSchema,
-        node: Option<&str>,
-    ) -> Result<ProviderData, Vec<Problem>> {
+    pub(crate) fn resolve_on(&self, node: Option<&str>) -> Result<ProviderData, Vec<Problem>> {
         let mut filled = self.config.defaults.clone();
         for (key, value) in STAND_INS.iter().filter(|_| self.stand_ins) {
             filled.entry(*key).or_insert_with(value);
         }
         let config = ConfigLayers::read(&filled, &self.config.nodes);
-        let mut data = schema.resolve_with(self.class_yaml, node, &config)?;
+        let mut data = self.schema().resolve_with(self.class_yaml, node, &config)?;
         let _unknown_pools = ip_pool::apply_networks(&mut data, &self.config.ip_pools);
         Ok(data)
+    }
+
+    /// The schema as strict as the config file asks.
+    pub(crate) fn schema(&self) -> ProviderDataSchema {
+        ProviderDataSchema {
+            strict: self.config.strict,
+        }
     }
 
     /// `key` as the user must change it: in the class, under `nodes.<node>.`, or under `defaults.`.

@@ -21,15 +21,13 @@ mod gather;
 mod layers;
 mod node;
 mod pools;
-mod privileges;
 mod report;
 
 use serde_json::Value;
 
 pub use defaults::check_defaults;
-pub use gather::validate_class;
+pub use gather::{root_reach_warning, validate_class};
 pub use layers::Layers;
-pub use privileges::root_reach_warning;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
@@ -38,10 +36,8 @@ use cluster::{ClusterCheck, ClusterFacts, candidate_nodes};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
 /// overrides). `Ok` carries the data as it is before any per-node override, for the cluster checks.
-pub fn check_schema(
-    schema: &ProviderDataSchema,
-    layers: &Layers<'_>,
-) -> (Vec<Finding>, Option<ProviderData>) {
+pub fn check_schema(layers: &Layers<'_>) -> (Vec<Finding>, Option<ProviderData>) {
+    let schema = layers.schema();
     let overrides = schema.check_config(&layers.config.layers);
     let mut findings: Vec<Finding> = Outcome::Problem
         .findings(overrides.problems)
@@ -53,7 +49,7 @@ pub fn check_schema(
         let check = schema.check_layer("", &Value::Object(class));
         findings.extend(Outcome::Warning.findings(check.warnings));
     }
-    match layers.resolve_on(schema, None) {
+    match layers.resolve_on(None) {
         Ok(data) => {
             if !findings.iter().any(|f| f.outcome == Outcome::Problem) {
                 let message = "matches the schema and the pipeline's rules";
@@ -74,32 +70,39 @@ pub fn check_schema(
 /// findings about the cluster as a whole ([`cluster`]), then each node placement could choose
 /// ([`node`]), then what the nodes' verdicts together say.
 pub(crate) fn check_cluster(
-    schema: &ProviderDataSchema,
     layers: &Layers<'_>,
     data: &ProviderData,
     view: &ClusterFacts,
 ) -> Vec<Finding> {
     let check = ClusterCheck {
         existing: report::list_or_none(&view.cluster.node_names()),
-        schema,
         layers,
         data,
         view,
     };
-    let mut out = check.cluster_findings();
-    let (mut clones, mut capacity) = (Vec::new(), Vec::new());
+    // The cluster as a whole first, then each node, then what the nodes' verdicts say together.
+    let mut out = check.release_findings();
+    out.extend(check.health_finding());
+    check.ha_rule_findings(&mut out);
+    check.clone_disk_findings(&mut out);
+    check.placement_findings(&mut out);
+    check.template(&mut out);
+    let (mut clones, mut fitting, mut left_out) = (Vec::new(), Vec::new(), Vec::new());
     for node in candidate_nodes(data, &view.cluster)
         .into_iter()
         .filter(|n| n.online)
     {
-        if let Some(outcome) = node::check_node(&check, node, &mut out) {
+        if let Some((capacity, clone)) = node::check_node(&check, node, &mut out) {
             let name = node.name.as_str();
-            clones.extend(outcome.clone.map(|c| (name, c)));
-            capacity.push((name, outcome.capacity.err()));
+            clones.extend(clone.map(|c| (name, c)));
+            match capacity {
+                None => fitting.push(name),
+                Some(why) => left_out.push((name, why)),
+            }
         }
     }
     check.clone_findings(&clones, &mut out);
-    check.memory_findings(&capacity, &mut out);
+    check.memory_findings(&fitting, &left_out, &mut out);
     out
 }
 

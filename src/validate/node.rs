@@ -10,16 +10,7 @@ use crate::pipeline::prepare_image::BootImage;
 use crate::proxmox::network::ResourceMapping;
 use crate::rules::placement::{self, CloneRefusal, LeftOut, Reservations};
 use crate::rules::provider_data::ProviderData;
-use crate::rules::storage::{self, Content, StorageChoice, StorageNeed};
-use crate::rules::storage_selector::StorageSelector;
-
-/// Placement's verdicts on one node, for the findings about the cluster as a whole.
-pub(crate) struct NodeOutcome {
-    /// Memory and vCPUs ([`placement::capacity_fit`]).
-    pub capacity: Result<u64, LeftOut>,
-    /// `boot: clone`: what a clone onto this node would be (a sentence), or why there is none.
-    pub clone: Option<Result<String, CloneRefusal>>,
-}
+use crate::rules::storage::{self, StorageChoice, StorageNeed};
 
 /// One node's check: the node, and the data as it resolves there.
 struct NodeCheck<'a> {
@@ -30,21 +21,21 @@ struct NodeCheck<'a> {
     here: ProviderData,
 }
 
+/// Placement's verdicts on one node, for the findings about the cluster as a whole: why memory and
+/// vCPUs leave it out ([`placement::capacity_fit`]), if they do, and with `boot: clone` what a clone
+/// onto it would be (a sentence), or why there is none.
+type NodeVerdicts = (Option<LeftOut>, Option<Result<String, CloneRefusal>>);
+
 /// Checks `node` into `out`; returns placement's verdicts there, or `None` when the data does not
 /// even resolve on this node (those problems are in `out`).
 pub(crate) fn check_node(
     check: &ClusterCheck<'_>,
     node: &NodeSnapshot,
     out: &mut Vec<Finding>,
-) -> Option<NodeOutcome> {
+) -> Option<NodeVerdicts> {
     let n = node.name.as_str();
-    let here = match check.layers.resolve_on(check.schema, Some(n)) {
-        Ok(d) => d,
-        Err(problems) => {
-            out.extend(Outcome::Problem.findings(problems).map(|f| f.on(n)));
-            return None;
-        }
-    };
+    let problems = |problems| out.extend(Outcome::Problem.findings(problems).map(|f| f.on(n)));
+    let here = check.layers.resolve_on(Some(n)).map_err(problems).ok()?;
     let at = NodeCheck {
         check,
         node,
@@ -72,10 +63,8 @@ pub(crate) fn check_node(
             Ok(Err(LeftOut::Clone(refusal))) => Some(Err(*refusal)),
             _ => None,
         });
-    Some(NodeOutcome {
-        capacity: placement::capacity_fit(node, &request, &Reservations::default()),
-        clone,
-    })
+    let capacity = placement::capacity_fit(node, &request, &Reservations::default());
+    Some((capacity.err(), clone))
 }
 
 impl NodeCheck<'_> {
@@ -92,9 +81,8 @@ impl NodeCheck<'_> {
     fn disks(&self, main: &StorageChoice, out: &mut Vec<Finding>) {
         let (n, here) = (self.n, &self.here);
         if !self.is_stand_in("storage_selector") {
-            let (selector, need) = (Some(&here.storage_selector), here.total_disk_gb());
-            let key = self.key("storage_selector");
-            let mut finding = self.storage(key, selector, need, main, Content::VmDisks);
+            let need = StorageNeed::boot_disk(&here.storage_selector, here.total_disk_gb());
+            let mut finding = self.storage(self.key("storage_selector"), &need, main);
             if self.check.data.node.is_none() && main.chosen.is_none() {
                 finding.message.push_str(&format!(
                     " (placement would skip {n}; fix the selector, add a `nodes.{n}.storage_selector` override, or leave {n} out of `allowed_nodes`)"
@@ -103,10 +91,10 @@ impl NodeCheck<'_> {
             out.push(finding);
         }
         for (i, disk) in here.additional_disks.iter().enumerate() {
-            let (selector, need_gb) = (&disk.storage_selector, disk.size_gb);
-            let choice = storage::choose(self.node, &StorageNeed::boot_disk(selector, need_gb));
+            let need = StorageNeed::boot_disk(&disk.storage_selector, disk.size_gb);
+            let choice = storage::choose(self.node, &need);
             let key = format!("{}[{i}].storage_selector", self.key("additional_disks"));
-            out.push(self.storage(key, Some(selector), need_gb, &choice, Content::VmDisks));
+            out.push(self.storage(key, &need, &choice));
         }
     }
 
@@ -115,23 +103,16 @@ impl NodeCheck<'_> {
         if let Some(kind) = BootImage::of(self.here.boot)
             && !self.is_stand_in("iso_storage_selector")
         {
-            let (selector, content) = (self.here.iso_storage_selector.as_ref(), kind.content);
-            let choice = storage::choose(self.node, &StorageNeed::download(content, selector));
-            let key = self.key("iso_storage_selector");
-            out.push(self.storage(key, selector, 0, &choice, content));
+            let selector = self.here.iso_storage_selector.as_ref();
+            let need = StorageNeed::download(kind.content, selector);
+            let choice = storage::choose(self.node, &need);
+            out.push(self.storage(self.key("iso_storage_selector"), &need, &choice));
         }
     }
 
-    /// The chosen storage, or why each storage on the node was passed over.
-    fn storage(
-        &self,
-        key: String,
-        selector: Option<&StorageSelector>,
-        need_gb: u64,
-        choice: &StorageChoice,
-        content: Content,
-    ) -> Finding {
-        let (what, node) = (content.describe(), self.n);
+    /// The storage chosen for `need`, or why each storage on the node was passed over.
+    fn storage(&self, key: String, need: &StorageNeed, choice: &StorageChoice) -> Finding {
+        let (what, node, need_gb) = (need.content.describe(), self.n, need.size_gb);
         if let Some(s) = &choice.chosen {
             let room = match need_gb {
                 0 => String::new(),
@@ -146,7 +127,7 @@ impl NodeCheck<'_> {
             let reasons = choice.rejected.iter().map(|(s, why)| format!("{s}: {why}"));
             reasons.collect::<Vec<_>>().join("; ")
         };
-        let matched = match selector {
+        let matched = match need.selector {
             Some(sel) => format!("`{}` matches no", sel.expression()),
             None => "there is no".to_string(),
         };
@@ -184,11 +165,8 @@ impl NodeCheck<'_> {
             Some(Ok(bridges)) => bridges,
             Some(Err(why)) => {
                 let message = format!("bridges not checked: {why}");
-                return out.push(
-                    Outcome::Warning
-                        .finding(self.key("network_bridge"), message)
-                        .on(n),
-                );
+                let finding = Outcome::Warning.finding(self.key("network_bridge"), message);
+                return out.push(finding.on(n));
             }
         };
         for (key, bridge) in wanted {

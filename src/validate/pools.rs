@@ -9,7 +9,6 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use super::report::{Finding, Outcome};
-use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, IpPool};
 use crate::rules::provider_data::ProviderData;
 
@@ -46,19 +45,6 @@ pub fn check_pools(
             }
         })
         .collect()
-}
-
-/// The pool findings for `data`: nothing (and no request) when it names no pool.
-pub(crate) async fn pool_findings(
-    pve: &ProxmoxClient,
-    data: &ProviderData,
-    pools: &[IpPool],
-) -> Result<Vec<Finding>, ProxmoxError> {
-    if ip_pool::wanted(data).is_empty() {
-        return Ok(Vec::new());
-    }
-    let in_use = crate::pipeline::ip_pool::reported_by_agents(pve).await?;
-    Ok(check_pools(data, pools, &in_use))
 }
 
 #[cfg(test)]

@@ -109,6 +109,8 @@ pub enum Replay {
     Safe,
     /// Creates, clones, starts, deletes: only retried when the request never left.
     OnlyIfUnsent,
+    /// A streamed upload: its body is gone once sent, so the caller starts over.
+    Never,
 }
 
 /// Parameters of a call: query string for GET/DELETE, form body for POST/PUT.
@@ -171,12 +173,6 @@ impl UploadContent {
 enum Body<'a> {
     Params(&'a Params),
     Upload(&'a Upload),
-}
-
-impl Body<'_> {
-    fn is_stream(&self) -> bool {
-        matches!(self, Body::Upload(u) if matches!(u.body, UploadContent::Stream { .. }))
-    }
 }
 
 #[derive(serde::Deserialize)]
@@ -286,20 +282,19 @@ impl ProxmoxClient {
         answer.await.map(drop)
     }
 
-    /// A multipart POST, sent again only if it never left; a streamed one goes over the
-    /// connections for large bodies.
+    /// A multipart POST, sent again only if it never left; a streamed one is never sent again
+    /// and goes over the connections for large bodies.
     pub(crate) async fn upload<T: DeserializeOwned>(
         &self,
         path: &[&str],
         upload: &Upload,
     ) -> Result<T> {
-        let pool = match upload.body {
-            UploadContent::Bytes(_) => Pool::Small,
-            UploadContent::Stream { .. } => Pool::Large,
+        let (pool, replay) = match upload.body {
+            UploadContent::Bytes(_) => (Pool::Small, Replay::OnlyIfUnsent),
+            UploadContent::Stream { .. } => (Pool::Large, Replay::Never),
         };
         let body = Body::Upload(upload);
-        self.call(pool, Method::POST, path, body, Replay::OnlyIfUnsent)
-            .await
+        self.call(pool, Method::POST, path, body, replay).await
     }
 
     async fn call<T: DeserializeOwned>(
@@ -331,8 +326,6 @@ impl ProxmoxClient {
                     tracing::info!(%call, "Proxmox ticket refused; logging in again");
                     self.invalidate(session.as_ref()).await;
                 }
-                // A streamed body is gone once sent: the caller starts over.
-                other @ Err(_) if body.is_stream() => return other,
                 Err(e) if attempt < self.inner.retry.attempts && may_retry(&e, replay) => {
                     let delay = self.inner.retry.delay(attempt);
                     tracing::debug!(%call, attempt, ?delay, error = %e, "retrying Proxmox call");
@@ -477,7 +470,11 @@ fn method_name(m: &Method) -> &'static str {
 
 fn may_retry(e: &ProxmoxError, replay: Replay) -> bool {
     match e {
-        ProxmoxError::Transient { request_sent, .. } => replay == Replay::Safe || !request_sent,
+        ProxmoxError::Transient { request_sent, .. } => match replay {
+            Replay::Safe => true,
+            Replay::OnlyIfUnsent => !request_sent,
+            Replay::Never => false,
+        },
         _ => false,
     }
 }
@@ -516,6 +513,8 @@ mod tests {
         assert!(may_retry(&sent, Replay::Safe));
         assert!(!may_retry(&sent, Replay::OnlyIfUnsent));
         assert!(may_retry(&unsent, Replay::OnlyIfUnsent));
+        // A streamed body is gone once sent, even when the connection failed before it left.
+        assert!(!may_retry(&unsent, Replay::Never));
     }
 
     #[test]
