@@ -50,6 +50,7 @@ use crate::proxmox::types::{NodeName, NodeResource, NodeState, NodeStorage, cont
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::is_set_rule;
 use crate::rules::placement::{self, PlacementLimits, Reservations};
+use crate::table::or_dash;
 
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
@@ -139,16 +140,16 @@ pub async fn gather(
         .await
         .into_iter()
         .collect();
+    let api_url = client.api_url();
     let mut report = build_report(
-        client.api_url().as_str(),
+        api_url.as_str(),
         &version.version,
         &resources,
         &storages,
         limits,
     );
     let health = client.cluster_health().await.map_err(|e| e.to_string());
-    (report.cluster_health, report.cluster_health_error) =
-        (health.as_ref().ok().cloned(), health.err());
+    (report.cluster_health, report.cluster_health_error) = split(health);
     let rules = match client.ha_rules().await {
         Err(ProxmoxError::Api { status: 501, .. }) => {
             Err("this Proxmox VE release has no HA rules".to_string())
@@ -156,11 +157,16 @@ pub async fn gather(
         read => read.map_err(|e| e.to_string()),
     };
     let set_rules = |rules: Vec<HaRule>| rules.into_iter().filter(|r| is_set_rule(&r.rule));
-    (report.ha_rules, report.ha_rules_error) = (
-        rules.as_ref().ok().cloned().map(|r| set_rules(r).collect()),
-        rules.err(),
-    );
+    (report.ha_rules, report.ha_rules_error) = split(rules.map(|r| set_rules(r).collect()));
     Ok(report)
+}
+
+/// A read that may fail as the report's pair of fields: the value, or the reason it is missing.
+fn split<T>(read: Result<T, String>) -> (Option<T>, Option<String>) {
+    match read {
+        Ok(value) => (Some(value), None),
+        Err(e) => (None, Some(e)),
+    }
 }
 
 /// Pure: turns the API answers into the report.
@@ -176,14 +182,16 @@ pub fn build_report(
         .nodes()
         .map(|n| {
             let on_node = || resources.guests().filter(|vm| vm.node == n.node);
-            let (storages, storage_error) = match storages.get(&n.node) {
-                Some(Ok(list)) => (Some(list.iter().map(storage_report).collect()), None),
-                Some(Err(e)) => (None, Some(e.clone())),
-                None => (
-                    None,
-                    Some(format!("node is {}", NodeState::word(Some(n.status)))),
-                ),
-            };
+            let read = (storages.get(&n.node).cloned())
+                .unwrap_or_else(|| Err(format!("node is {}", NodeState::word(Some(n.status)))));
+            let (storages, storage_error) = split(read.map(|list| {
+                let report = |storage: NodeStorage| StorageReport {
+                    holds_vm_disks: storage.holds("images"),
+                    holds_iso: storage.holds("iso"),
+                    storage,
+                };
+                list.into_iter().map(report).collect()
+            }));
             let given = snapshot
                 .node(n.node.as_str())
                 .map(|node| placement::allocation(node, limits, &Reservations::default(), ""));
@@ -221,14 +229,6 @@ pub fn build_report(
         ha_rules_error: None,
         cluster_health: None,
         cluster_health_error: None,
-    }
-}
-
-fn storage_report(s: &NodeStorage) -> StorageReport {
-    StorageReport {
-        storage: s.clone(),
-        holds_vm_disks: s.holds("images"),
-        holds_iso: s.holds("iso"),
     }
 }
 
@@ -326,18 +326,13 @@ fn node_row(n: &NodeReport) -> Vec<String> {
             (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
             _ => "-".into(),
         },
-        match (node.mem, node.maxmem) {
-            (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
-            _ => "-".into(),
-        },
-        match n.vcpus_limit {
-            Some(limit) => format!("{} / {limit}", n.vcpus_allocated),
-            None => format!("{} / -", n.vcpus_allocated),
-        },
-        match n.memory_limit {
-            Some(limit) => format!("{} / {}", bytes(n.memory_allocated), bytes(limit)),
-            None => format!("{} / -", bytes(n.memory_allocated)),
-        },
+        used_of(node.mem, node.maxmem),
+        format!("{} / {}", n.vcpus_allocated, or_dash(n.vcpus_limit)),
+        format!(
+            "{} / {}",
+            bytes(n.memory_allocated),
+            or_dash(n.memory_limit.map(bytes))
+        ),
         format!("{} ({} running)", n.vms, n.running_vms),
     ]
 }
@@ -382,10 +377,7 @@ fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
                 content_types(&s.content).collect::<Vec<_>>().join(","),
                 yes_no(s.shared),
                 yes_no(s.active && s.enabled),
-                match (s.used, s.total) {
-                    (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
-                    _ => "-".into(),
-                },
+                used_of(s.used, s.total),
                 yes_no(report.holds_vm_disks),
             ]
         })
@@ -402,6 +394,14 @@ fn render_templates(out: &mut String, templates: &[TemplateReport]) {
         vec![t.vmid.to_string(), name, t.node.clone()]
     });
     crate::table::render(out, "", &["TEMPLATE VMID", "NAME", "NODE"], rows);
+}
+
+/// `used / total` in bytes, or `-` when either is not reported.
+fn used_of(used: Option<u64>, total: Option<u64>) -> String {
+    match (used, total) {
+        (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
+        _ => "-".into(),
+    }
 }
 
 fn yes_no(b: bool) -> String {

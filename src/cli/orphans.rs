@@ -39,6 +39,7 @@ use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::{NodeName, VmId, VmResource, content_types};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
+use crate::table::or_dash;
 use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
@@ -325,13 +326,10 @@ async fn delete_iso(
 ) {
     let storage = volume.split(':').next().unwrap_or_default();
     progress(&format!("deleting seed ISO {volume} on {node}"));
+    let timeout = DeprovisionOptions::default().task_timeout;
     let result = match pve.delete_volume(node, storage, volume).await {
-        Ok(Some(upid)) => pve
-            .wait_for_task(&upid, DeprovisionOptions::default().task_timeout)
-            .await
-            .map(|_| ()),
-        Ok(None) => Ok(()),
-        Err(e) => Err(e),
+        Ok(Some(upid)) => pve.wait_for_task(&upid, timeout).await.map(|_| ()),
+        deleted => deleted.map(|_| ()),
     };
     match result {
         Ok(()) => report.deleted_isos.push(volume.to_owned()),
@@ -359,13 +357,12 @@ fn render_table(
     } else {
         let _ = writeln!(out, "VMs tagged {tag} whose MachineRequest is gone:");
         let rows = orphans.vms.iter().map(|vm| {
-            let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
             vec![
                 vm.vmid.to_string(),
                 vm.node.to_string(),
-                or_dash(&vm.status),
-                or_dash(&vm.name),
-                or_dash(&vm.request_id),
+                or_dash(vm.status.as_ref()),
+                or_dash(vm.name.as_ref()),
+                or_dash(vm.request_id.as_ref()),
             ]
         });
         let header = ["VMID", "NODE", "STATUS", "NAME", "REQUEST"];
@@ -375,10 +372,8 @@ fn render_table(
         let _ = writeln!(out, "No orphan seed ISOs.");
     } else {
         let _ = writeln!(out, "Seed ISOs no VM uses:");
-        let rows = orphans.seed_isos.iter().map(|iso| {
-            let size = iso.size.map_or_else(|| "-".into(), |s| s.to_string());
-            vec![iso.node.to_string(), size, iso.volume.clone()]
-        });
+        let rows = (orphans.seed_isos.iter())
+            .map(|iso| vec![iso.node.to_string(), or_dash(iso.size), iso.volume.clone()]);
         crate::table::render(&mut out, "", &["NODE", "SIZE", "VOLUME"], rows);
     }
     for problem in &orphans.problems {
