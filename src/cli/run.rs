@@ -107,16 +107,13 @@ pub struct RunArgs {
 /// `10s`, `500ms`, `1m`, or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = num
         .parse()
         .map_err(|_| format!("{s:?} is not a duration like 10s, 500ms or 1m"))?;
     let d = match unit {
         "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
+        "s" | "" => Duration::from_secs(n),
         "m" => Duration::from_secs(n * 60),
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
     };
@@ -162,10 +159,10 @@ impl Settings {
         Ok(Self {
             config,
             config_warnings,
-            factory_auth: match &args.image_factory_auth_file {
-                Some(path) => FactoryAuth::read(path)?,
-                None => FactoryAuth::default(),
-            },
+            factory_auth: (args.image_factory_auth_file.as_deref())
+                .map(FactoryAuth::read)
+                .transpose()?
+                .unwrap_or_default(),
             endpoint,
             key: Arc::new(key),
             info: ProviderInfo::new(
@@ -217,10 +214,9 @@ fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration
         let mut defaults_checked: Option<tokio::time::Instant> = None;
         loop {
             ticker.tick().await;
-            let api = match tokio::time::timeout(limit, pve.health()).await {
-                Ok(r) => r,
-                Err(_) => Some(format!("Proxmox API at {} does not answer", pve.api_url())),
-            };
+            let api = (tokio::time::timeout(limit, pve.health()).await).unwrap_or_else(|_| {
+                Some(format!("Proxmox API at {} does not answer", pve.api_url()))
+            });
             if api.is_none() && defaults_checked.is_none_or(|t| t.elapsed() >= DEFAULTS_EVERY) {
                 defaults_problem =
                     tokio::time::timeout(limit * 3, crate::validate::check_defaults(&pve, &config))
@@ -306,10 +302,7 @@ async fn run_with(
     let outcome = while_leading(&settings, &state, roles, &mut shutdown, term_context).await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    for task in [Some(part), Some(heartbeat), metrics_server]
-        .into_iter()
-        .flatten()
-    {
+    for task in [part, heartbeat].into_iter().chain(metrics_server) {
         let _ = task.await;
     }
     tracing::info!("stopped");
