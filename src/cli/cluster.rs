@@ -40,6 +40,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use futures_util::future::join_all;
 use serde::Serialize;
 
 use super::{CliResult, OutputFormat};
@@ -127,7 +128,7 @@ pub async fn gather(
     client: &ProxmoxClient,
     limits: &PlacementLimits,
 ) -> Result<ClusterReport, ProxmoxError> {
-    let version = client.version().await?;
+    let version = client.version().await?.version;
     let resources = client.cluster_listing().await?;
     let answers = resources
         .nodes()
@@ -136,18 +137,9 @@ pub async fn gather(
             let read = client.node_storages(&n.node).await;
             (n.node.clone(), read.map_err(|e| e.to_string()))
         });
-    let storages = futures_util::future::join_all(answers)
-        .await
-        .into_iter()
-        .collect();
-    let api_url = client.api_url();
-    let mut report = build_report(
-        api_url.as_str(),
-        &version.version,
-        &resources,
-        &storages,
-        limits,
-    );
+    let storages = join_all(answers).await.into_iter().collect();
+    let url = client.api_url();
+    let mut report = build_report(url.as_str(), &version, &resources, &storages, limits);
     let health = client.cluster_health().await.map_err(|e| e.to_string());
     (report.cluster_health, report.cluster_health_error) = split(health);
     let rules = match client.ha_rules().await {
@@ -235,20 +227,11 @@ pub fn build_report(
 /// Pure: the human-readable view.
 pub fn render_table(r: &ClusterReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "Proxmox VE {} at {}", r.version, r.api_url);
-    let _ = match (&r.cluster_health, &r.cluster_health_error) {
-        (Some(h), _) => writeln!(
-            out,
-            "Cluster {}: {}\n",
-            h.name.as_deref().unwrap_or("-"),
-            h.summary()
-        ),
-        (None, e) => writeln!(
-            out,
-            "Cluster health not read: {}\n",
-            e.as_deref().unwrap_or("unknown")
-        ),
+    let health = match &r.cluster_health {
+        Some(h) => format!("Cluster {}: {}", or_dash(h.name.as_ref()), h.summary()),
+        None => format!("Cluster health not read: {}", why(&r.cluster_health_error)),
     };
+    let _ = writeln!(out, "Proxmox VE {} at {}\n{health}\n", r.version, r.api_url);
     render_nodes(&mut out, r);
     out.push('\n');
     render_storages(&mut out, &r.nodes);
@@ -260,21 +243,13 @@ pub fn render_table(r: &ClusterReport) -> String {
 }
 
 fn render_ha_rules(out: &mut String, r: &ClusterReport) {
-    let rules = match (&r.ha_rules, &r.ha_rules_error) {
-        (Some(rules), _) if !rules.is_empty() => rules,
-        (Some(_), _) => {
-            out.push_str("No HA rules of machine sets.\n");
-            return;
-        }
-        (None, error) => {
-            let _ = writeln!(
-                out,
-                "HA rules not read: {}",
-                error.as_deref().unwrap_or("unknown")
-            );
-            return;
-        }
+    let Some(rules) = &r.ha_rules else {
+        let _ = writeln!(out, "HA rules not read: {}", why(&r.ha_rules_error));
+        return;
     };
+    if rules.is_empty() {
+        return out.push_str("No HA rules of machine sets.\n");
+    }
     let rows = rules.iter().map(|h| {
         let what = match (&h.affinity, &h.nodes) {
             (Some(affinity), _) => affinity.clone(),
@@ -296,20 +271,16 @@ fn render_ha_rules(out: &mut String, r: &ClusterReport) {
 
 /// One row per node, what it has and what it has given to VMs, then what the limits are made of.
 fn render_nodes(out: &mut String, r: &ClusterReport) {
-    crate::table::render(
-        out,
-        "",
-        &[
-            "NODE",
-            "STATUS",
-            "CPU",
-            "MEMORY",
-            "VCPUS GIVEN / LIMIT",
-            "MEMORY GIVEN / LIMIT",
-            "VMS",
-        ],
-        r.nodes.iter().map(node_row),
-    );
+    let header = [
+        "NODE",
+        "STATUS",
+        "CPU",
+        "MEMORY",
+        "VCPUS GIVEN / LIMIT",
+        "MEMORY GIVEN / LIMIT",
+        "VMS",
+    ];
+    crate::table::render(out, "", &header, r.nodes.iter().map(node_row));
     let _ = writeln!(
         out,
         "(given: to the node's VMs, running or stopped; limit: CPUs × placement.cpuOvercommit {}, memory × placement.memoryOvercommit {})",
@@ -319,53 +290,42 @@ fn render_nodes(out: &mut String, r: &ClusterReport) {
 
 fn node_row(n: &NodeReport) -> Vec<String> {
     let node = &n.node;
+    let cpu = match (node.cpu, node.maxcpu) {
+        (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
+        _ => "-".into(),
+    };
+    let memory_limit = or_dash(n.memory_limit.map(bytes));
     vec![
         node.node.to_string(),
         NodeState::word(Some(node.status)).to_owned(),
-        match (node.cpu, node.maxcpu) {
-            (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
-            _ => "-".into(),
-        },
+        cpu,
         used_of(node.mem, node.maxmem),
         format!("{} / {}", n.vcpus_allocated, or_dash(n.vcpus_limit)),
-        format!(
-            "{} / {}",
-            bytes(n.memory_allocated),
-            or_dash(n.memory_limit.map(bytes))
-        ),
+        format!("{} / {memory_limit}", bytes(n.memory_allocated)),
         format!("{} ({} running)", n.vms, n.running_vms),
     ]
 }
 
 /// Every storage of every node; a node whose storages could not be read says why in their place.
 fn render_storages(out: &mut String, nodes: &[NodeReport]) {
-    crate::table::render(
-        out,
-        "",
-        &[
-            "NODE",
-            "STORAGE",
-            "TYPE",
-            "CONTENT",
-            "SHARED",
-            "ACTIVE",
-            "USED / TOTAL",
-            "VM DISKS",
-        ],
-        nodes.iter().flat_map(storage_rows),
-    );
+    let header = [
+        "NODE",
+        "STORAGE",
+        "TYPE",
+        "CONTENT",
+        "SHARED",
+        "ACTIVE",
+        "USED / TOTAL",
+        "VM DISKS",
+    ];
+    crate::table::render(out, "", &header, nodes.iter().flat_map(storage_rows));
 }
 
 fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
     let name = n.node.node.to_string();
     let Some(list) = &n.storages else {
-        return vec![vec![
-            name,
-            format!(
-                "(storages not shown: {})",
-                n.storage_error.as_deref().unwrap_or("unknown")
-            ),
-        ]];
+        let why = why(&n.storage_error);
+        return vec![vec![name, format!("(storages not shown: {why})")]];
     };
     list.iter()
         .map(|report| {
@@ -386,8 +346,7 @@ fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
 
 fn render_templates(out: &mut String, templates: &[TemplateReport]) {
     if templates.is_empty() {
-        out.push_str("No VM templates (boot mode `clone` needs one).\n");
-        return;
+        return out.push_str("No VM templates (boot mode `clone` needs one).\n");
     }
     let rows = templates.iter().map(|t| {
         let name = t.name.clone().unwrap_or_default();
@@ -402,6 +361,11 @@ fn used_of(used: Option<u64>, total: Option<u64>) -> String {
         (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
         _ => "-".into(),
     }
+}
+
+/// Why a part of the report is missing.
+fn why(error: &Option<String>) -> &str {
+    error.as_deref().unwrap_or("unknown")
 }
 
 fn yes_no(b: bool) -> String {
