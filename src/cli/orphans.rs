@@ -102,8 +102,9 @@ pub struct DeletionReport {
     pub failures: Vec<String>,
 }
 
+/// What the command prints, as JSON or as the table.
 #[derive(Serialize)]
-struct JsonReport<'a> {
+struct Report<'a> {
     orphans: &'a Orphans,
     ip_allocations: &'a [Holding],
     deletion: Option<&'a DeletionReport>,
@@ -130,20 +131,15 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     } else {
         None
     };
-    let report = JsonReport {
+    let report = Report {
         orphans: &orphans,
         ip_allocations: &left.gone_requests,
         deletion: deletion.as_ref(),
     };
-    args.output.print(&report, |r| {
-        let table = render_table(&args.omni.id, r.orphans, r.deletion, live.len());
-        table + &render_allocations(r.ip_allocations)
-    })?;
-    match deletion {
-        Some(d) if !d.failures.is_empty() => {
-            Err(OrphansError::DeleteFailed(d.failures.len()).into())
-        }
-        _ => Ok(()),
+    (args.output).print(&report, |r| render_table(&args.omni.id, r, live.len()))?;
+    match deletion.map_or(0, |d| d.failures.len()) {
+        0 => Ok(()),
+        failed => Err(OrphansError::DeleteFailed(failed).into()),
     }
 }
 
@@ -340,17 +336,12 @@ async fn delete_iso(
     }
 }
 
-fn render_table(
-    provider_id: &str,
-    orphans: &Orphans,
-    deletion: Option<&DeletionReport>,
-    live: usize,
-) -> String {
-    let mut out = String::new();
-    let tag = crate::model::identity::provider_tag(provider_id);
+fn render_table(provider: &str, report: &Report, live: usize) -> String {
+    let (orphans, mut out) = (report.orphans, String::new());
+    let tag = crate::model::identity::provider_tag(provider);
     let _ = writeln!(
         out,
-        "{live} live MachineRequest(s) for provider {provider_id}."
+        "{live} live MachineRequest(s) for provider {provider}."
     );
     if orphans.vms.is_empty() {
         let _ = writeln!(out, "No orphan VMs (tag {tag}).");
@@ -379,18 +370,14 @@ fn render_table(
     for problem in &orphans.problems {
         let _ = writeln!(out, "not checked: {problem}");
     }
-    match deletion {
+    match report.deletion {
         None if !orphans.vms.is_empty() || !orphans.seed_isos.is_empty() => {
             let _ = writeln!(out, "Run again with --delete to delete them.");
         }
         None => {}
         Some(d) => {
-            let _ = writeln!(
-                out,
-                "Deleted {} VM(s) and {} ISO(s).",
-                d.deleted_vms.len(),
-                d.deleted_isos.len()
-            );
+            let (vms, isos) = (d.deleted_vms.len(), d.deleted_isos.len());
+            let _ = writeln!(out, "Deleted {vms} VM(s) and {isos} ISO(s).");
             for (vmid, why) in &d.left_alone {
                 let _ = writeln!(out, "left VM {vmid} alone: {why}");
             }
@@ -399,7 +386,7 @@ fn render_table(
             }
         }
     }
-    out
+    out + &render_allocations(report.ip_allocations)
 }
 
 #[cfg(test)]
@@ -472,12 +459,17 @@ mod tests {
             }],
             problems: vec!["node pve4 is not online: its ISO storages were not searched".into()],
         };
-        let text = render_table("proxmox", &orphans, None, 1);
+        let report = |orphans| Report {
+            orphans,
+            ip_allocations: &[],
+            deletion: None,
+        };
+        let text = render_table("proxmox", &report(&orphans), 1);
         assert!(text.contains("141") && text.contains("req-dead"), "{text}");
         assert!(text.contains("local:iso/omni-seed-x.iso"), "{text}");
         assert!(text.contains("not checked: node pve4"), "{text}");
         assert!(text.contains("--delete"), "{text}");
-        let empty = render_table("proxmox", &Orphans::default(), None, 0);
+        let empty = render_table("proxmox", &report(&Orphans::default()), 0);
         assert!(!empty.contains("--delete"), "{empty}");
     }
 }
