@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::pipeline::factory_auth::FactoryAuth;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -190,11 +191,7 @@ pub async fn run(args: RunArgs) -> CliResult {
             tracing::warn!("{warning}");
         }
     });
-    let health_check = proxmox_health(
-        pve.clone(),
-        settings.config.clone(),
-        settings.args.health_interval,
-    );
+    let health_check = proxmox_health(pve.clone(), &settings);
     run_with(settings, pve, health_check, shutdown_signal()).await
 }
 
@@ -203,8 +200,9 @@ pub async fn run(args: RunArgs) -> CliResult {
 /// 31 s without one). Every interval: the Proxmox API answers and accepts our credentials. Every few
 /// minutes (and at start): the config's `defaults:` and `nodes:` still fit the cluster (storages,
 /// bridges, template), which costs a few more requests.
-fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration) -> HealthCheck {
+fn proxmox_health(pve: ProxmoxClient, settings: &Settings) -> HealthCheck {
     const DEFAULTS_EVERY: Duration = Duration::from_secs(300);
+    let (config, interval) = (settings.config.clone(), settings.args.health_interval);
     let (writer, last) = watch::channel(None);
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
@@ -264,10 +262,9 @@ async fn run_with(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (metrics, metrics_server) = start_metrics(&pve, settings.args.metrics_listen, &stop_rx);
-    let fence = match settings.leader_election {
-        Some(_) => Fence::shut(),
-        None => Fence::open(),
-    };
+    let fence = settings
+        .leader_election
+        .map_or_else(Fence::open, |_| Fence::shut());
     pve.set_fence(fence.clone());
     let state = omni.state.fenced(fence.clone());
     let (roles, part) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
@@ -302,9 +299,7 @@ async fn run_with(
     let outcome = while_leading(&settings, &state, roles, &mut shutdown, term_context).await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    for task in [part, heartbeat].into_iter().chain(metrics_server) {
-        let _ = task.await;
-    }
+    join_all([part, heartbeat].into_iter().chain(metrics_server)).await;
     tracing::info!("stopped");
     outcome
 }
@@ -392,9 +387,7 @@ async fn while_leading(
         // Reconciles in flight finish within the runner's grace (a fenced write fails at once,
         // which is where a term that lost the lease stops), then the term's state goes.
         let _ = stop.send(true);
-        for task in tasks {
-            let _ = task.await;
-        }
+        join_all(tasks).await;
         if done {
             return Ok(());
         }
@@ -410,16 +403,11 @@ fn start_term(settings: &Settings, context: Context) -> (watch::Sender<bool>, [J
     // then stops where it is, and the next leader resumes it from the provider state.
     let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
     let controller = Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
-    let topology = tokio::spawn(crate::controller::housekeeping::run(
-        context,
-        settings.args.topology_interval,
-        stop_rx.clone(),
-    ));
+    let (interval, concurrency) = (settings.args.topology_interval, settings.args.concurrency);
+    let housekeeping = crate::controller::housekeeping::run(context, interval, stop_rx.clone());
+    let topology = tokio::spawn(housekeeping);
     let reconciling = tokio::spawn(controller.run(stop_rx));
-    tracing::info!(
-        concurrency = settings.args.concurrency,
-        "watching machine requests"
-    );
+    tracing::info!(concurrency, "watching machine requests");
     (stop, [reconciling, topology])
 }
 
