@@ -126,9 +126,8 @@ impl Metrics {
         if omni_ok {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0);
-            self.last_heartbeat.set(now);
+                .unwrap_or_default();
+            self.last_heartbeat.set(now.as_secs() as i64);
         }
     }
 
@@ -175,11 +174,8 @@ pub async fn serve(
         ([(header::CONTENT_TYPE, OPENMETRICS)], m.encode())
     }
     async fn ready(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
-        let role = if m.leader.get() == 1 {
-            "leader"
-        } else {
-            "standby"
-        };
+        let leading = m.leader.get() == 1;
+        let role = if leading { "leader" } else { "standby" };
         match m.not_ready() {
             None => (StatusCode::OK, format!("ready ({role})\n")),
             Some(why) => (

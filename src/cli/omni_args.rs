@@ -127,11 +127,8 @@ impl OmniArgs {
         let Some(path) = &self.omni_service_account_key_file else {
             return Ok(self.inline_key().cloned());
         };
-        if self
-            .omni_service_account_key
-            .as_ref()
-            .is_some_and(|k| !k.is_empty())
-        {
+        let inline = self.omni_service_account_key.as_ref();
+        if inline.is_some_and(|k| !k.is_empty()) {
             return Err(OmniArgsError::KeyTwice);
         }
         crate::secret::read_file(path)
@@ -143,13 +140,11 @@ impl OmniArgs {
     }
 
     fn inline_key(&self) -> Option<&Secret> {
-        [
+        let keys = [
             &self.omni_service_account_key,
             &self.sidero_service_account_key,
-        ]
-        .into_iter()
-        .flatten()
-        .find(|k| !k.is_empty())
+        ];
+        keys.into_iter().flatten().find(|k| !k.is_empty())
     }
 }
 
