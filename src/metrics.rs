@@ -138,13 +138,11 @@ impl Metrics {
 
     /// `None` when ready, else why not.
     pub fn not_ready(&self) -> Option<String> {
-        let mut why = Vec::new();
-        if self.omni_connected.get() != 1 {
-            why.push("not connected to Omni (no heartbeat accepted yet, or the last one failed)");
-        }
-        if !self.proxmox_ok.load(Ordering::Relaxed) {
-            why.push("the Proxmox API does not answer or refuses the credentials");
-        }
+        let omni = (self.omni_connected.get() != 1)
+            .then_some("not connected to Omni (no heartbeat accepted yet, or the last one failed)");
+        let proxmox = (!self.proxmox_ok.load(Ordering::Relaxed))
+            .then_some("the Proxmox API does not answer or refuses the credentials");
+        let why: Vec<&str> = [omni, proxmox].into_iter().flatten().collect();
         (!why.is_empty()).then(|| why.join("; "))
     }
 
@@ -164,10 +162,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), std::io::Error> {
-    use axum::Router;
-    use axum::extract::State;
-    use axum::http::{StatusCode, header};
-    use axum::routing::get;
+    use axum::{Router, extract::State, http::StatusCode, http::header, routing::get};
 
     const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl axum::response::IntoResponse {

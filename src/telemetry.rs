@@ -43,10 +43,8 @@ pub fn init_logging(format: LogFormat, level: &str) -> Result<(), BadLevel> {
     let rust_log = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
     let filter = EnvFilter::try_new(rust_log.unwrap_or_else(|| directives(level)))
         .map_err(|e| BadLevel(level.to_owned(), e.to_string()))?;
-    let ansi = colour(
-        std::io::stderr().is_terminal(),
-        std::env::var_os("NO_COLOR").as_deref(),
-    );
+    let no_color = std::env::var_os("NO_COLOR");
+    let ansi = colour(std::io::stderr().is_terminal(), no_color.as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
