@@ -159,13 +159,12 @@ impl Settings {
         };
         let leader_election = args.leader_elect.then_some(timings);
         leader_election.as_ref().map(Timings::check).transpose()?;
+        let auth_file = args.image_factory_auth_file.as_deref();
+        let factory_auth = auth_file.map(FactoryAuth::read).transpose()?;
         Ok(Self {
             config,
             config_warnings,
-            factory_auth: (args.image_factory_auth_file.as_deref())
-                .map(FactoryAuth::read)
-                .transpose()?
-                .unwrap_or_default(),
+            factory_auth: factory_auth.unwrap_or_default(),
             endpoint,
             key: Arc::new(key),
             info: ProviderInfo::new(&args.omni.id, name, description),
@@ -189,8 +188,7 @@ pub async fn run(args: RunArgs) -> CliResult {
             tracing::warn!("{warning}");
         }
     });
-    let health_check = proxmox_health(pve.clone(), &settings);
-    run_with(settings, pve, health_check, shutdown_signal()).await
+    run_with(settings, pve).await
 }
 
 /// The heartbeat's health check: the last result of checks that run on their own schedule, so a
@@ -229,16 +227,13 @@ fn proxmox_health(pve: ProxmoxClient, settings: &Settings) -> HealthCheck {
     health::health_check(move || std::future::ready(last.borrow().clone()))
 }
 
-async fn run_with(
-    settings: Settings,
-    pve: ProxmoxClient,
-    health_check: HealthCheck,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> CliResult {
+async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
+    let health_check = proxmox_health(pve.clone(), &settings);
     announce_start(&settings);
     let provider_id = settings.info.id.clone();
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
     // Polled from here on, so a SIGTERM during the start stops the provider cleanly too.
+    let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let detect = until_reachable("detecting Omni's join mode", || {
         crate::controller::detect_join_mode(&omni.state)
@@ -257,9 +252,8 @@ async fn run_with(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (metrics, metrics_server) = start_metrics(&pve, settings.args.metrics_listen, &stop_rx);
-    let fence = settings
-        .leader_election
-        .map_or_else(Fence::open, |_| Fence::shut());
+    let elect = settings.leader_election;
+    let fence = elect.map_or_else(Fence::open, |_| Fence::shut());
     pve.set_fence(fence.clone());
     let state = omni.state.fenced(fence.clone());
     let (roles, part) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
@@ -273,14 +267,13 @@ async fn run_with(
     let heartbeat = tokio::spawn(heartbeat.run(stop_rx, roles.clone()));
     // Each term of leadership starts with fresh ledgers and caches: another replica may have
     // changed anything meanwhile.
+    let strict = settings.config.strict;
     let term_context = || -> Context {
         let services = Services {
             provider_id: settings.info.id.clone(),
             pve: pve.clone(),
             management: omni.management.clone(),
-            schema: ProviderDataSchema {
-                strict: settings.config.strict,
-            },
+            schema: ProviderDataSchema { strict },
             config: settings.config.clone(),
             ledgers: Default::default(),
             image_factory_url: image_factory_url.clone(),
@@ -444,12 +437,12 @@ fn start_metrics(
     }));
     let server = listen.map(|listen| {
         let mut stop = stop.clone();
-        let metrics = metrics.clone();
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        let serving = crate::metrics::serve(listen, metrics.clone(), shutdown);
         tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            if let Err(e) = crate::metrics::serve(listen, metrics, shutdown).await {
+            if let Err(e) = serving.await {
                 tracing::error!(%listen, error = %e, "cannot serve metrics");
             }
         })
