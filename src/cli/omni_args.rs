@@ -80,13 +80,10 @@ impl OmniArgs {
             return Err(OmniArgsError::Plaintext { url });
         }
         let key = ProviderKey::parse(&self.key()?.unwrap_or_default())?;
-        if let Some(key_id) = key.provider_id()
-            && key_id != self.id
-        {
-            return Err(OmniArgsError::IdMismatch {
-                key_id: key_id.to_owned(),
-                flag_id: self.id.clone(),
-            });
+        let other_id = key.provider_id().filter(|id| *id != self.id);
+        if let Some(key_id) = other_id.map(str::to_owned) {
+            let flag_id = self.id.clone();
+            return Err(OmniArgsError::IdMismatch { key_id, flag_id });
         }
         let tls = match (&self.omni_ca_file, self.insecure_skip_verify) {
             (Some(_), true) => return Err(OmniArgsError::TlsFlags),
@@ -131,12 +128,9 @@ impl OmniArgs {
         if inline.is_some_and(|k| !k.is_empty()) {
             return Err(OmniArgsError::KeyTwice);
         }
-        crate::secret::read_file(path)
-            .map(Some)
-            .map_err(|source| OmniArgsError::KeyFile {
-                path: path.clone(),
-                source,
-            })
+        let read = crate::secret::read_file(path).map(Some);
+        let path = path.clone();
+        read.map_err(|source| OmniArgsError::KeyFile { path, source })
     }
 
     fn inline_key(&self) -> Option<&Secret> {
