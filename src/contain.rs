@@ -64,8 +64,7 @@ pub fn call<T>(f: impl FnOnce() -> T) -> Result<T, Panic> {
 pub async fn future<F: Future>(future: F) -> Result<F::Output, Panic> {
     let mut future = Box::pin(future);
     std::future::poll_fn(|cx| match call(|| future.as_mut().poll(cx)) {
-        Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-        Ok(Poll::Pending) => Poll::Pending,
+        Ok(poll) => poll.map(Ok),
         Err(panic) => Poll::Ready(Err(panic)),
     })
     .await

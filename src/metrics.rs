@@ -105,18 +105,15 @@ impl Metrics {
     /// Records one Proxmox API request (the client's observer).
     pub fn proxmox_request(&self, method: &'static str, status: Option<u16>, took: Duration) {
         let status = status.map_or_else(|| "error".to_owned(), |s| s.to_string());
-        self.proxmox_requests
-            .get_or_create(&[("method", method.to_owned()), ("status", status)])
-            .inc();
-        self.proxmox_seconds
-            .get_or_create(&[("method", method)])
-            .observe(took.as_secs_f64());
+        let labels = [("method", method.to_owned()), ("status", status)];
+        self.proxmox_requests.get_or_create(&labels).inc();
+        let seconds = self.proxmox_seconds.get_or_create(&[("method", method)]);
+        seconds.observe(took.as_secs_f64());
     }
 
     pub fn step(&self, step: &'static str, took: Duration) {
-        self.step_seconds
-            .get_or_create(&[("step", step)])
-            .observe(took.as_secs_f64());
+        let seconds = self.step_seconds.get_or_create(&[("step", step)]);
+        seconds.observe(took.as_secs_f64());
     }
 
     /// Called after every heartbeat: did Omni take it, and did the Proxmox check pass?
@@ -124,10 +121,9 @@ impl Metrics {
         self.omni_connected.set(i64::from(omni_ok));
         self.proxmox_checked(proxmox_ok);
         if omni_ok {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            self.last_heartbeat.set(now.as_secs() as i64);
+            let now = SystemTime::now().duration_since(UNIX_EPOCH);
+            self.last_heartbeat
+                .set(now.unwrap_or_default().as_secs() as i64);
         }
     }
 
@@ -156,11 +152,11 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves.
+/// Serves `/metrics`, `/healthz` and `/readyz` until `stop` resolves.
 pub async fn serve(
     listen: SocketAddr,
     metrics: Arc<Metrics>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), std::io::Error> {
     use axum::{Router, extract::State, http::StatusCode, http::header, routing::get};
 
@@ -171,13 +167,11 @@ pub async fn serve(
     async fn ready(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
         let leading = m.leader.get() == 1;
         let role = if leading { "leader" } else { "standby" };
-        match m.not_ready() {
-            None => (StatusCode::OK, format!("ready ({role})\n")),
-            Some(why) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready ({role}): {why}\n"),
-            ),
-        }
+        let Some(why) = m.not_ready() else {
+            return (StatusCode::OK, format!("ready ({role})\n"));
+        };
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        (status, format!("not ready ({role}): {why}\n"))
     }
     let app = Router::new()
         .route("/metrics", get(metrics_text))
@@ -187,7 +181,7 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(stop)
         .await
 }
 

@@ -31,8 +31,7 @@ pub fn render(
             let width = if i + 1 == row.len() { 0 } else { widths[i] };
             let _ = write!(line, "{cell:<width$}  ");
         }
-        out.push_str(line.trim_end());
-        out.push('\n');
+        let _ = writeln!(out, "{}", line.trim_end());
     }
 }
 
