@@ -63,7 +63,7 @@ pub struct ClusterArgs {
     pub output: OutputFormat,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Serialize)]
 pub struct ClusterReport {
     pub api_url: String,
     pub version: String,
@@ -211,7 +211,10 @@ pub fn build_report(
         templates,
         cpu_overcommit: limits.cpu_overcommit,
         memory_overcommit: limits.memory_overcommit,
-        ..ClusterReport::default()
+        ha_rules: None,
+        ha_rules_error: None,
+        cluster_health: None,
+        cluster_health_error: None,
     }
 }
 
@@ -318,20 +321,21 @@ fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
         let why = why(&n.storage_error);
         return vec![vec![name, format!("(storages not shown: {why})")]];
     };
-    let rows = list.iter().map(|report| {
-        let s = &report.storage;
-        vec![
-            name.clone(),
-            s.storage.clone(),
-            s.storage_type.clone(),
-            content_types(&s.content).collect::<Vec<_>>().join(","),
-            yes_no(s.shared),
-            yes_no(s.active && s.enabled),
-            used_of(s.used, s.total),
-            yes_no(report.holds_vm_disks),
-        ]
-    });
-    rows.collect()
+    list.iter()
+        .map(|report| {
+            let s = &report.storage;
+            vec![
+                name.clone(),
+                s.storage.clone(),
+                s.storage_type.clone(),
+                content_types(&s.content).collect::<Vec<_>>().join(","),
+                yes_no(s.shared),
+                yes_no(s.active && s.enabled),
+                used_of(s.used, s.total),
+                yes_no(report.holds_vm_disks),
+            ]
+        })
+        .collect()
 }
 
 fn render_templates(out: &mut String, templates: &[TemplateReport]) {

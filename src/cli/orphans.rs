@@ -191,9 +191,11 @@ pub async fn scan(
             Err(e) => problems.push(format!("cannot list storage {name} on {node}: {e}")),
         }
     }
-    let not_searched =
-        |node: NodeName| format!("node {node} is not online: its ISO storages were not searched");
-    problems.extend(offline_nodes.into_iter().map(not_searched));
+    for node in offline_nodes {
+        problems.push(format!(
+            "node {node} is not online: its ISO storages were not searched"
+        ));
+    }
     let vms: Vec<VmResource> = view.vms().cloned().collect();
     let mut orphans = find_orphans(&vms, live_requests, provider_id, &isos, &used);
     if !attachments_known && !orphans.seed_isos.is_empty() {
