@@ -210,17 +210,17 @@ pub async fn scan(
 }
 
 /// The ISO volumes each VM's config uses (every VM's: a seed attached to another provider
-/// instance's VM is in use too), and whether every config could be read (a config that could not
-/// is a problem it adds, so: whether it added none).
+/// instance's VM is in use too), and whether every config could be read.
 async fn iso_usage(
     pve: &ProxmoxClient,
     view: &Listing,
     problems: &mut Vec<String>,
 ) -> (BTreeMap<VmId, Vec<String>>, bool) {
     let mut used: BTreeMap<VmId, Vec<String>> = BTreeMap::new();
-    let known = problems.len();
+    let mut all_read = true;
     for vm in view.guests() {
         if !view.node_online(&vm.node) {
+            all_read = false;
             problems.push(format!(
                 "node {} is not online: cannot read the config of VM {}",
                 vm.node, vm.vmid
@@ -232,10 +232,13 @@ async fn iso_usage(
                 used.insert(vm.vmid, iso_volumes_in(&config));
             }
             Err(e) if e.is_not_found() => {}
-            Err(e) => problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid)),
+            Err(e) => {
+                all_read = false;
+                problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid));
+            }
         }
     }
-    (used, problems.len() == known)
+    (used, all_read)
 }
 
 /// Deletes what [`scan`] found: VMs through [`deprovision_reporting`] (ownership checked again, official

@@ -92,8 +92,11 @@ fn render_table(report: &Report) -> String {
     }
     if !left.unknown_pools.is_empty() {
         out.push_str("\nAllocations from pools the config file no longer has:\n");
-        let rows = (left.unknown_pools.iter())
-            .map(|(pool, h)| [holding_row(h), vec![format!("(pool {pool})")]].concat());
+        let rows = left.unknown_pools.iter().map(|(pool, h)| {
+            let mut row = holding_row(h);
+            row.push(format!("(pool {pool})"));
+            row
+        });
         crate::table::render(&mut out, "  ", &[], rows);
     }
     out

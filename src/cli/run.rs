@@ -212,8 +212,10 @@ fn proxmox_health(pve: ProxmoxClient, settings: &Settings) -> HealthCheck {
                 Some(format!("Proxmox API at {} does not answer", pve.api_url()))
             });
             if api.is_none() && defaults_checked.is_none_or(|t| t.elapsed() >= DEFAULTS_EVERY) {
-                let check = crate::validate::check_defaults(&pve, &config);
-                defaults_problem = tokio::time::timeout(limit * 3, check).await.unwrap_or(None);
+                defaults_problem =
+                    tokio::time::timeout(limit * 3, crate::validate::check_defaults(&pve, &config))
+                        .await
+                        .unwrap_or(None);
                 if let Some(p) = &defaults_problem {
                     tracing::warn!(problem = %p, "the config's defaults do not fit the cluster");
                 }
