@@ -130,11 +130,13 @@ pub async fn gather(
 ) -> Result<ClusterReport, ProxmoxError> {
     let version = client.version().await?.version;
     let resources = client.cluster_listing().await?;
-    let online = resources.nodes().filter(|n| n.status == NodeState::Online);
-    let answers = online.map(|n| async {
-        let read = client.node_storages(&n.node).await;
-        (n.node.clone(), read.map_err(|e| e.to_string()))
-    });
+    let answers = resources
+        .nodes()
+        .filter(|n| n.status == NodeState::Online)
+        .map(|n| async {
+            let read = client.node_storages(&n.node).await;
+            (n.node.clone(), read.map_err(|e| e.to_string()))
+        });
     let storages = join_all(answers).await.into_iter().collect();
     let url = client.api_url();
     let mut report = build_report(url.as_str(), &version, &resources, &storages, limits);
@@ -168,41 +170,45 @@ pub fn build_report(
     limits: &PlacementLimits,
 ) -> ClusterReport {
     let snapshot = ClusterSnapshot::from_resources(resources);
-    let nodes = resources.nodes().map(|n| {
-        let on_node = || resources.guests().filter(|vm| vm.node == n.node);
-        let read = (storages.get(&n.node).cloned())
-            .unwrap_or_else(|| Err(format!("node is {}", NodeState::word(Some(n.status)))));
-        let (storages, storage_error) = split(read.map(|list| {
-            let report = |storage: NodeStorage| StorageReport {
-                holds_vm_disks: storage.holds("images"),
-                holds_iso: storage.holds("iso"),
-                storage,
-            };
-            list.into_iter().map(report).collect()
-        }));
-        let given = snapshot
-            .node(n.node.as_str())
-            .map(|node| placement::allocation(node, limits, &Reservations::default(), ""));
-        NodeReport {
-            node: n.clone(),
-            vms: on_node().count(),
-            running_vms: on_node().filter(|vm| vm.is_running()).count(),
-            vcpus_allocated: given.map_or(0, |a| a.cpus_allocated),
-            vcpus_limit: given.and_then(|a| a.cpus_limit),
-            memory_allocated: given.map_or(0, |a| a.memory_allocated),
-            memory_limit: given.and_then(|a| a.memory_limit),
-            storages,
-            storage_error,
-        }
-    });
-    let mut nodes: Vec<NodeReport> = nodes.collect();
+    let mut nodes: Vec<NodeReport> = resources
+        .nodes()
+        .map(|n| {
+            let on_node = || resources.guests().filter(|vm| vm.node == n.node);
+            let read = (storages.get(&n.node).cloned())
+                .unwrap_or_else(|| Err(format!("node is {}", NodeState::word(Some(n.status)))));
+            let (storages, storage_error) = split(read.map(|list| {
+                let report = |storage: NodeStorage| StorageReport {
+                    holds_vm_disks: storage.holds("images"),
+                    holds_iso: storage.holds("iso"),
+                    storage,
+                };
+                list.into_iter().map(report).collect()
+            }));
+            let given = snapshot
+                .node(n.node.as_str())
+                .map(|node| placement::allocation(node, limits, &Reservations::default(), ""));
+            NodeReport {
+                node: n.clone(),
+                vms: on_node().count(),
+                running_vms: on_node().filter(|vm| vm.is_running()).count(),
+                vcpus_allocated: given.map_or(0, |a| a.cpus_allocated),
+                vcpus_limit: given.and_then(|a| a.cpus_limit),
+                memory_allocated: given.map_or(0, |a| a.memory_allocated),
+                memory_limit: given.and_then(|a| a.memory_limit),
+                storages,
+                storage_error,
+            }
+        })
+        .collect();
     nodes.sort_by(|a, b| a.node.node.cmp(&b.node.node));
-    let templates = resources.templates().map(|vm| TemplateReport {
-        vmid: vm.vmid.get(),
-        name: vm.name.clone(),
-        node: vm.node.to_string(),
-    });
-    let mut templates: Vec<TemplateReport> = templates.collect();
+    let mut templates: Vec<TemplateReport> = resources
+        .templates()
+        .map(|vm| TemplateReport {
+            vmid: vm.vmid.get(),
+            name: vm.name.clone(),
+            node: vm.node.to_string(),
+        })
+        .collect();
     templates.sort_by_key(|t| t.vmid);
     ClusterReport {
         api_url: api_url.to_owned(),

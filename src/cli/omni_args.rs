@@ -80,10 +80,13 @@ impl OmniArgs {
             return Err(OmniArgsError::Plaintext { url });
         }
         let key = ProviderKey::parse(&self.key()?.unwrap_or_default())?;
-        let other_id = key.provider_id().filter(|id| *id != self.id);
-        if let Some(key_id) = other_id.map(str::to_owned) {
-            let flag_id = self.id.clone();
-            return Err(OmniArgsError::IdMismatch { key_id, flag_id });
+        if let Some(key_id) = key.provider_id()
+            && key_id != self.id
+        {
+            return Err(OmniArgsError::IdMismatch {
+                key_id: key_id.to_owned(),
+                flag_id: self.id.clone(),
+            });
         }
         let tls = match (&self.omni_ca_file, self.insecure_skip_verify) {
             (Some(_), true) => return Err(OmniArgsError::TlsFlags),
@@ -128,9 +131,12 @@ impl OmniArgs {
         if inline.is_some_and(|k| !k.is_empty()) {
             return Err(OmniArgsError::KeyTwice);
         }
-        let read = crate::secret::read_file(path).map(Some);
-        let path = path.clone();
-        read.map_err(|source| OmniArgsError::KeyFile { path, source })
+        crate::secret::read_file(path)
+            .map(Some)
+            .map_err(|source| OmniArgsError::KeyFile {
+                path: path.clone(),
+                source,
+            })
     }
 
     fn inline_key(&self) -> Option<&Secret> {

@@ -77,16 +77,17 @@ pub enum OrphansError {
 
 /// Whether `--delete` may go ahead: an empty request list while VMs of ours exist looks more like
 /// the wrong Omni (or provider ID, or a restored backup) than like every machine gone at once.
-/// `id` is the provider ID, `live` the count of its live requests, `vms` of its orphan VMs.
 pub fn deletion_allowed(
-    id: &str,
-    live: usize,
-    vms: usize,
+    provider_id: &str,
+    live_requests: usize,
+    orphan_vms: usize,
     force: bool,
 ) -> Result<(), OrphansError> {
-    if live == 0 && vms > 0 && !force {
-        let provider_id = id.to_owned();
-        return Err(OrphansError::NoLiveRequests { provider_id, vms });
+    if live_requests == 0 && orphan_vms > 0 && !force {
+        return Err(OrphansError::NoLiveRequests {
+            provider_id: provider_id.to_owned(),
+            vms: orphan_vms,
+        });
     }
     Ok(())
 }
@@ -119,16 +120,17 @@ pub async fn run(args: OrphansArgs) -> CliResult {
 
     let pve = ProxmoxClient::new(&config.proxmox)?;
     let orphans = scan(&pve, &args.omni.id, &live).await?;
-    let mut deletion = None;
-    if args.delete {
+    let deletion = if args.delete {
         deletion_allowed(&args.omni.id, live.len(), orphans.vms.len(), args.force)?;
         let report_line = |line: &str| {
             if args.output == OutputFormat::Table {
                 println!("{line}");
             }
         };
-        deletion = Some(delete(&pve, &args.omni.id, &orphans, &report_line).await);
-    }
+        Some(delete(&pve, &args.omni.id, &orphans, &report_line).await)
+    } else {
+        None
+    };
     let report = Report {
         orphans: &orphans,
         ip_allocations: &left.gone_requests,

@@ -40,9 +40,8 @@ pub struct PoolsArgs {
     pub omni: OmniArgs,
 }
 
-/// What the command prints, as JSON or as the table.
 #[derive(Serialize)]
-struct Report<'a> {
+struct JsonReport<'a> {
     pools: &'a [PoolUse],
     left_over: &'a LeftOver,
 }
@@ -60,16 +59,17 @@ pub async fn run(args: PoolsArgs) -> CliResult {
         crate::pipeline::ip_pool::reported_by_agents(&pve).await?
     };
     let (uses, left) = ip_pool::report(&config.ip_pools, &states, &reported, &live);
-    let report = Report {
+    let report = JsonReport {
         pools: &uses,
         left_over: &left,
     };
-    args.output.print(&report, render_table)
+    args.output
+        .print(&report, |r| render_table(r.pools, r.left_over))
 }
 
 /// The table: one block per pool, then what is left over.
-fn render_table(report: &Report) -> String {
-    let (uses, left, mut out) = (report.pools, report.left_over, String::new());
+pub fn render_table(uses: &[PoolUse], left: &LeftOver) -> String {
+    let mut out = String::new();
     if uses.is_empty() {
         out.push_str("The config file defines no IP pools (`ipPools:`).\n");
     }
