@@ -143,13 +143,13 @@ pub async fn gather(
     let health = client.cluster_health().await.map_err(|e| e.to_string());
     (report.cluster_health, report.cluster_health_error) = split(health);
     let rules = match client.ha_rules().await {
-        Ok(rules) => Ok(rules.into_iter().filter(|r| is_set_rule(&r.rule)).collect()),
         Err(ProxmoxError::Api { status: 501, .. }) => {
             Err("this Proxmox VE release has no HA rules".to_string())
         }
-        Err(e) => Err(e.to_string()),
+        read => read.map_err(|e| e.to_string()),
     };
-    (report.ha_rules, report.ha_rules_error) = split(rules);
+    let set_rules = |rules: Vec<HaRule>| rules.into_iter().filter(|r| is_set_rule(&r.rule));
+    (report.ha_rules, report.ha_rules_error) = split(rules.map(|r| set_rules(r).collect()));
     Ok(report)
 }
 

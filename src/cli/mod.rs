@@ -47,8 +47,10 @@ use omni_args::OmniArgs;
 /// set), and the problems of its `defaults:` and `nodes:` as provider data.
 fn read_config(path: &Path) -> Result<(ProviderConfig, Vec<String>, Vec<Problem>), BoxError> {
     let config = ProviderConfig::load(path)?;
-    let strict = config.strict;
-    let overrides = ProviderDataSchema { strict }.check_config(&config.layers);
+    let schema = ProviderDataSchema {
+        strict: config.strict,
+    };
+    let overrides = schema.check_config(&config.layers);
     let mut warnings = config.warnings.clone();
     warnings.extend(overrides.warnings.iter().map(ToString::to_string));
     Ok((config, warnings, overrides.problems))

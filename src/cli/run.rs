@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::pipeline::factory_auth::FactoryAuth;
-use crate::pipeline::image_factory;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -151,7 +150,6 @@ impl Settings {
             return Err(format!("config file {}: {problems}", path.display()).into());
         }
         let (endpoint, key) = args.omni.connection()?;
-        let (name, description) = (&args.provider_name, &args.provider_description);
         let timings = Timings {
             lease_duration: args.leader_elect_lease_duration,
             renew_deadline: args.leader_elect_renew_deadline,
@@ -167,7 +165,11 @@ impl Settings {
             factory_auth: factory_auth.unwrap_or_default(),
             endpoint,
             key: Arc::new(key),
-            info: ProviderInfo::new(&args.omni.id, name, description),
+            info: ProviderInfo::new(
+                &args.omni.id,
+                &args.provider_name,
+                &args.provider_description,
+            ),
             leader_election,
             args,
         })
@@ -246,9 +248,12 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
         }
     };
     tracing::info!(?mode, "detected Omni join mode");
-    let factory = &settings.args.image_factory_url;
-    let image_factory_url = image_factory::resolve_factory(&omni.state, factory).await;
-    let factory_http = image_factory::http_client()?;
+    let image_factory_url = crate::pipeline::image_factory::resolve_factory(
+        &omni.state,
+        &settings.args.image_factory_url,
+    )
+    .await;
+    let factory_http = crate::pipeline::image_factory::http_client()?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (metrics, metrics_server) = start_metrics(&pve, settings.args.metrics_listen, &stop_rx);
@@ -326,10 +331,16 @@ fn take_part(
         return (roles, part);
     };
     let args = &settings.args;
-    let claim =
+    let claim_file =
         (args.leader_elect_claim_file.clone()).unwrap_or_else(|| default_claim_path(&args.omni.id));
-    let (state, id) = (unfenced.clone(), &settings.info.id);
-    let (election, roles) = Election::new(state, id, timings, Some(&claim), fence, metrics.clone());
+    let (election, roles) = Election::new(
+        unfenced.clone(),
+        &settings.info.id,
+        timings,
+        Some(&claim_file),
+        fence,
+        metrics.clone(),
+    );
     (roles, tokio::spawn(election.run(stop.clone())))
 }
 
