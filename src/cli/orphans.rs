@@ -143,12 +143,16 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     }
 }
 
-fn render_allocations(out: &mut String, allocations: &[Holding]) {
+fn render_allocations(allocations: &[Holding]) -> String {
     if allocations.is_empty() {
-        return out.push_str("No static IP allocations of gone MachineRequests.\n");
+        return "No static IP allocations of gone MachineRequests.\n".into();
     }
-    out.push_str("Static IP allocations whose MachineRequest is gone (released when the provider deletes the VM):\n");
-    crate::table::render(out, "  ", &[], allocations.iter().map(holding_row));
+    let mut out = String::from(
+        "Static IP allocations whose MachineRequest is gone (released when the provider deletes the VM):\n",
+    );
+    let rows = allocations.iter().map(holding_row);
+    crate::table::render(&mut out, "  ", &[], rows);
+    out
 }
 
 /// Lists the orphans: one cluster listing, the config of every VM (for the ISOs it uses: a seed ISO
@@ -168,29 +172,34 @@ pub async fn scan(
     let mut shared_done = BTreeSet::new();
     let mut offline_nodes = BTreeSet::new();
     for storage in view.storages() {
-        let (node, name) = (&storage.node, &storage.storage);
         let content = storage.content.as_deref().unwrap_or_default();
         let holds_iso = content_types(content).any(|c| c == "iso");
-        if !holds_iso || (storage.shared && shared_done.contains(name)) {
+        if !holds_iso || (storage.shared && shared_done.contains(&storage.storage)) {
             continue;
         }
-        if !view.node_online(node) {
-            offline_nodes.insert(node.clone());
+        if !view.node_online(&storage.node) {
+            offline_nodes.insert(storage.node.clone());
             continue;
         }
-        match pve.storage_content(node, name, Some("iso")).await {
+        match pve
+            .storage_content(&storage.node, &storage.storage, Some("iso"))
+            .await
+        {
             Ok(volumes) => {
                 if storage.shared {
-                    shared_done.insert(name.clone());
+                    shared_done.insert(storage.storage.clone());
                 }
                 isos.extend(volumes.into_iter().map(|volume| OrphanIso {
-                    node: node.clone(),
-                    storage: name.clone(),
+                    node: storage.node.clone(),
+                    storage: storage.storage.clone(),
                     volume: volume.volid,
                     size: volume.size,
                 }));
             }
-            Err(e) => problems.push(format!("cannot list storage {name} on {node}: {e}")),
+            Err(e) => problems.push(format!(
+                "cannot list storage {} on {}: {e}",
+                storage.storage, storage.node
+            )),
         }
     }
     for node in offline_nodes {
@@ -258,8 +267,9 @@ pub async fn delete(
     };
     for vm in &orphans.vms {
         let Some(request_id) = vm.request_id.clone() else {
-            let why = "it names no request".to_string();
-            report.left_alone.push((vm.vmid, why));
+            report
+                .left_alone
+                .push((vm.vmid, "it names no request".into()));
             continue;
         };
         let mut seeds = vm.seed_isos.iter();
@@ -287,10 +297,11 @@ pub async fn delete(
             }
             DeprovisionOutcome::AlreadyGone | DeprovisionOutcome::NothingRecorded => {}
         }
-        let seed = target.seed_iso_volume.as_ref().map(ToString::to_string);
         match done.leftover_seed_iso {
             Some(why) => report.failures.push(why.to_string()),
-            None => report.deleted_isos.extend(seed),
+            None => report
+                .deleted_isos
+                .extend(target.seed_iso_volume.as_ref().map(ToString::to_string)),
         }
         for volume in seeds {
             delete_iso(pve, &vm.node, volume, progress, &mut report).await;
@@ -375,8 +386,7 @@ fn render_table(provider: &str, report: &Report, live: usize) -> String {
             }
         }
     }
-    render_allocations(&mut out, report.ip_allocations);
-    out
+    out + &render_allocations(report.ip_allocations)
 }
 
 #[cfg(test)]

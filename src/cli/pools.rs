@@ -74,14 +74,22 @@ pub fn render_table(uses: &[PoolUse], left: &LeftOver) -> String {
         out.push_str("The config file defines no IP pools (`ipPools:`).\n");
     }
     for u in uses {
-        let (name, cidr, ranges) = (&u.name, &u.cidr, u.ranges.join(", "));
-        let (in_use, size, free) = (u.in_use, u.size, u.free);
         let _ = writeln!(
             out,
-            "{name}  {cidr}  ranges {ranges}  {in_use} of {size} in use, {free} free"
+            "{}  {}  ranges {}  {} of {} in use, {} free",
+            u.name,
+            u.cidr,
+            u.ranges.join(", "),
+            u.in_use,
+            u.size,
+            u.free
         );
-        let agent = "(reported by a running VM's guest agent)";
-        let reported = (u.reported_by_vms.iter()).map(|a| vec![a.to_string(), agent.into()]);
+        let reported = u.reported_by_vms.iter().map(|a| {
+            vec![
+                a.to_string(),
+                "(reported by a running VM's guest agent)".into(),
+            ]
+        });
         let rows = u.held.iter().map(holding_row).chain(reported);
         crate::table::render(&mut out, "  ", &[], rows);
     }
@@ -127,8 +135,10 @@ pub(super) async fn omni_records(
     let requests = omni.state.list(&MachineRequest, vec![selector]).await;
     let requests = requests.map_err(|e| failed(reads[0], e))?;
     tracing::debug!(namespace = %MachineRequest.namespace(), count = requests.len(), "live machine requests");
-    let machines = ProviderMachine::new(provider_id);
-    let states = omni.state.list(&machines, vec![]).await;
+    let states = omni
+        .state
+        .list(&ProviderMachine::new(provider_id), vec![])
+        .await;
     let states = states.map_err(|e| failed(reads[1], e))?;
     let allocations = states.iter().map(|m| {
         let state = MachineState::from_spec(&m.spec);
