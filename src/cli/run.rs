@@ -157,12 +157,13 @@ impl Settings {
         };
         let leader_election = args.leader_elect.then_some(timings);
         leader_election.as_ref().map(Timings::check).transpose()?;
-        let auth_file = args.image_factory_auth_file.as_deref();
-        let factory_auth = auth_file.map(FactoryAuth::read).transpose()?;
         Ok(Self {
             config,
             config_warnings,
-            factory_auth: factory_auth.unwrap_or_default(),
+            factory_auth: (args.image_factory_auth_file.as_deref())
+                .map(FactoryAuth::read)
+                .transpose()?
+                .unwrap_or_default(),
             endpoint,
             key: Arc::new(key),
             info: ProviderInfo::new(
@@ -257,8 +258,7 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (metrics, metrics_server) = start_metrics(&pve, settings.args.metrics_listen, &stop_rx);
-    let elect = settings.leader_election;
-    let fence = elect.map_or_else(Fence::open, |_| Fence::shut());
+    let fence = (settings.leader_election).map_or_else(Fence::open, |_| Fence::shut());
     pve.set_fence(fence.clone());
     let state = omni.state.fenced(fence.clone());
     let (roles, part) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
@@ -272,13 +272,14 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
     let heartbeat = tokio::spawn(heartbeat.run(stop_rx, roles.clone()));
     // Each term of leadership starts with fresh ledgers and caches: another replica may have
     // changed anything meanwhile.
-    let strict = settings.config.strict;
     let term_context = || -> Context {
         let services = Services {
             provider_id: settings.info.id.clone(),
             pve: pve.clone(),
             management: omni.management.clone(),
-            schema: ProviderDataSchema { strict },
+            schema: ProviderDataSchema {
+                strict: settings.config.strict,
+            },
             config: settings.config.clone(),
             ledgers: Default::default(),
             image_factory_url: image_factory_url.clone(),
@@ -396,11 +397,16 @@ fn start_term(settings: &Settings, context: Context) -> (watch::Sender<bool>, [J
     // then stops where it is, and the next leader resumes it from the provider state.
     let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
     let controller = Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
-    let (interval, concurrency) = (settings.args.topology_interval, settings.args.concurrency);
-    let housekeeping = crate::controller::housekeeping::run(context, interval, stop_rx.clone());
-    let topology = tokio::spawn(housekeeping);
+    let topology = tokio::spawn(crate::controller::housekeeping::run(
+        context,
+        settings.args.topology_interval,
+        stop_rx.clone(),
+    ));
     let reconciling = tokio::spawn(controller.run(stop_rx));
-    tracing::info!(concurrency, "watching machine requests");
+    tracing::info!(
+        concurrency = settings.args.concurrency,
+        "watching machine requests"
+    );
     (stop, [reconciling, topology])
 }
 
