@@ -63,7 +63,7 @@ pub struct ClusterArgs {
     pub output: OutputFormat,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct ClusterReport {
     pub api_url: String,
     pub version: String,
@@ -143,13 +143,13 @@ pub async fn gather(
     let health = client.cluster_health().await.map_err(|e| e.to_string());
     (report.cluster_health, report.cluster_health_error) = split(health);
     let rules = match client.ha_rules().await {
+        Ok(rules) => Ok(rules.into_iter().filter(|r| is_set_rule(&r.rule)).collect()),
         Err(ProxmoxError::Api { status: 501, .. }) => {
             Err("this Proxmox VE release has no HA rules".to_string())
         }
-        read => read.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
     };
-    let set_rules = |rules: Vec<HaRule>| rules.into_iter().filter(|r| is_set_rule(&r.rule));
-    (report.ha_rules, report.ha_rules_error) = split(rules.map(|r| set_rules(r).collect()));
+    (report.ha_rules, report.ha_rules_error) = split(rules);
     Ok(report)
 }
 
@@ -217,10 +217,7 @@ pub fn build_report(
         templates,
         cpu_overcommit: limits.cpu_overcommit,
         memory_overcommit: limits.memory_overcommit,
-        ha_rules: None,
-        ha_rules_error: None,
-        cluster_health: None,
-        cluster_health_error: None,
+        ..ClusterReport::default()
     }
 }
 
