@@ -166,7 +166,9 @@ pub async fn scan(
 ) -> Result<Orphans, ProxmoxError> {
     let view = pve.cluster_listing().await?;
     let mut problems = Vec::new();
-    let (used, attachments_known) = iso_usage(pve, &view, &mut problems).await;
+    let used = iso_usage(pve, &view, &mut problems).await;
+    // Every VM config was read when reading them added no problem.
+    let attachments_known = problems.is_empty();
 
     let mut isos = Vec::new();
     let mut shared_done = BTreeSet::new();
@@ -221,17 +223,15 @@ pub async fn scan(
 }
 
 /// The ISO volumes each VM's config uses (every VM's: a seed attached to another provider
-/// instance's VM is in use too), and whether every config could be read.
+/// instance's VM is in use too); a config it cannot read is a problem it adds.
 async fn iso_usage(
     pve: &ProxmoxClient,
     view: &Listing,
     problems: &mut Vec<String>,
-) -> (BTreeMap<VmId, Vec<String>>, bool) {
-    let mut used: BTreeMap<VmId, Vec<String>> = BTreeMap::new();
-    let mut all_read = true;
+) -> BTreeMap<VmId, Vec<String>> {
+    let mut used = BTreeMap::new();
     for vm in view.guests() {
         if !view.node_online(&vm.node) {
-            all_read = false;
             problems.push(format!(
                 "node {} is not online: cannot read the config of VM {}",
                 vm.node, vm.vmid
@@ -243,13 +243,10 @@ async fn iso_usage(
                 used.insert(vm.vmid, iso_volumes_in(&config));
             }
             Err(e) if e.is_not_found() => {}
-            Err(e) => {
-                all_read = false;
-                problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid));
-            }
+            Err(e) => problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid)),
         }
     }
-    (used, all_read)
+    used
 }
 
 /// Deletes what [`scan`] found: VMs through [`deprovision_reporting`] (ownership checked again, official
