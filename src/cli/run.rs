@@ -373,7 +373,24 @@ async fn while_leading(
             Err(StateError::Fenced { .. }) => continue,
             Err(e) => return Err(e.into()),
         }
-        let (stop, tasks) = start_term(settings, term_context());
+        // The term: the reconcile workers and the housekeeping round, until `stop`.
+        let context = Arc::new(term_context().with_concurrency(settings.args.concurrency));
+        let (stop, stop_rx) = watch::channel(false);
+        // With replicas, a standby waits for this one's in-flight work: it gets a moment to
+        // finish, then stops where it is, and the next leader resumes it from the provider state.
+        let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
+        let controller =
+            Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
+        let topology = tokio::spawn(crate::controller::housekeeping::run(
+            context,
+            settings.args.topology_interval,
+            stop_rx.clone(),
+        ));
+        let reconciling = tokio::spawn(controller.run(stop_rx));
+        tracing::info!(
+            concurrency = settings.args.concurrency,
+            "watching machine requests"
+        );
         let done = tokio::select! {
             _ = roles.wait_for(|r| *r != Role::Leader) => false,
             () = &mut *shutdown => true,
@@ -381,33 +398,11 @@ async fn while_leading(
         // Reconciles in flight finish within the runner's grace (a fenced write fails at once,
         // which is where a term that lost the lease stops), then the term's state goes.
         let _ = stop.send(true);
-        join_all(tasks).await;
+        join_all([reconciling, topology]).await;
         if done {
             return Ok(());
         }
     }
-}
-
-/// One term of leadership: the reconcile workers and the housekeeping round, until the sender
-/// sends `true`.
-fn start_term(settings: &Settings, context: Context) -> (watch::Sender<bool>, [JoinHandle<()>; 2]) {
-    let context = Arc::new(context.with_concurrency(settings.args.concurrency));
-    let (stop, stop_rx) = watch::channel(false);
-    // With replicas, a standby waits for this one's in-flight work: it gets a moment to finish,
-    // then stops where it is, and the next leader resumes it from the provider state.
-    let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
-    let controller = Controller::with_shutdown_grace(context.clone(), runner::MAX_IN_FLIGHT, grace);
-    let topology = tokio::spawn(crate::controller::housekeeping::run(
-        context,
-        settings.args.topology_interval,
-        stop_rx.clone(),
-    ));
-    let reconciling = tokio::spawn(controller.run(stop_rx));
-    tracing::info!(
-        concurrency = settings.args.concurrency,
-        "watching machine requests"
-    );
-    (stop, [reconciling, topology])
 }
 
 /// How long a leader's in-flight reconciles may run on when it stops leading or shuts down, before
