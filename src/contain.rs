@@ -54,25 +54,20 @@ pub fn call<T>(f: impl FnOnce() -> T) -> Result<T, Panic> {
     let was = CONTAINING.with(|c| c.replace(true));
     let result = catch_unwind(AssertUnwindSafe(f));
     CONTAINING.with(|c| c.set(was));
-    result.map_err(|payload| panic_of(&*payload))
+    let message = LAST.with(|last| last.borrow_mut().take());
+    result.map_err(|payload| Panic {
+        message: message.unwrap_or_else(|| payload_text(&*payload)),
+    })
 }
 
 /// Runs `future`, turning a panic in any of its polls into an error.
 pub async fn future<F: Future>(future: F) -> Result<F::Output, Panic> {
     let mut future = Box::pin(future);
     std::future::poll_fn(|cx| match call(|| future.as_mut().poll(cx)) {
-        Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-        Ok(Poll::Pending) => Poll::Pending,
+        Ok(poll) => poll.map(Ok),
         Err(panic) => Poll::Ready(Err(panic)),
     })
     .await
-}
-
-fn panic_of(payload: &(dyn Any + Send)) -> Panic {
-    let message = LAST
-        .with(|last| last.borrow_mut().take())
-        .unwrap_or_else(|| payload_text(payload));
-    Panic { message }
 }
 
 fn payload_text(payload: &(dyn Any + Send)) -> String {

@@ -6,14 +6,10 @@
 /// `outer: cause: root cause`, skipping causes whose text the outer message already contains.
 pub fn render(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
+    for part in std::iter::successors(e.source(), |s| s.source()).map(ToString::to_string) {
         if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
+            text = format!("{text}: {part}");
         }
-        source = s.source();
     }
     text
 }

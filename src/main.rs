@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use omni_infra_provider_proxmox::cli;
+use omni_infra_provider_proxmox::{cli, error_chain};
 
 #[derive(Parser)]
 #[command(name = "omni-infra-provider-proxmox", version, about, long_about = None)]
@@ -34,29 +34,23 @@ fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     keep_large_buffers_off_the_heap();
     let args = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async move {
-        match args.command {
-            None => cli::run::run(args.run).await,
-            Some(Command::Cluster(a)) => cli::cluster::run(a).await,
-            Some(Command::Orphans(a)) => cli::orphans::run(a).await,
-            Some(Command::Pools(a)) => cli::pools::run(a).await,
-            Some(Command::Validate(a)) => cli::validate::run(a).await,
-        }
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| cli::BoxError::from(format!("cannot start the async runtime: {e}")));
+    let result = runtime.and_then(|runtime| {
+        runtime.block_on(async move {
+            match args.command {
+                None => cli::run::run(args.run).await,
+                Some(Command::Cluster(a)) => cli::cluster::run(a).await,
+                Some(Command::Orphans(a)) => cli::orphans::run(a).await,
+                Some(Command::Pools(a)) => cli::pools::run(a).await,
+                Some(Command::Validate(a)) => cli::validate::run(a).await,
+            }
+        })
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", cli::render_error(e.as_ref()));
+            eprintln!("error: {}", error_chain::render(e.as_ref()));
             ExitCode::FAILURE
         }
     }

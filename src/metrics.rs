@@ -105,18 +105,15 @@ impl Metrics {
     /// Records one Proxmox API request (the client's observer).
     pub fn proxmox_request(&self, method: &'static str, status: Option<u16>, took: Duration) {
         let status = status.map_or_else(|| "error".to_owned(), |s| s.to_string());
-        self.proxmox_requests
-            .get_or_create(&[("method", method.to_owned()), ("status", status)])
-            .inc();
-        self.proxmox_seconds
-            .get_or_create(&[("method", method)])
-            .observe(took.as_secs_f64());
+        let labels = [("method", method.to_owned()), ("status", status)];
+        self.proxmox_requests.get_or_create(&labels).inc();
+        let seconds = self.proxmox_seconds.get_or_create(&[("method", method)]);
+        seconds.observe(took.as_secs_f64());
     }
 
     pub fn step(&self, step: &'static str, took: Duration) {
-        self.step_seconds
-            .get_or_create(&[("step", step)])
-            .observe(took.as_secs_f64());
+        let seconds = self.step_seconds.get_or_create(&[("step", step)]);
+        seconds.observe(took.as_secs_f64());
     }
 
     /// Called after every heartbeat: did Omni take it, and did the Proxmox check pass?
@@ -124,11 +121,9 @@ impl Metrics {
         self.omni_connected.set(i64::from(omni_ok));
         self.proxmox_checked(proxmox_ok);
         if omni_ok {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0);
-            self.last_heartbeat.set(now);
+            let now = SystemTime::now().duration_since(UNIX_EPOCH);
+            self.last_heartbeat
+                .set(now.unwrap_or_default().as_secs() as i64);
         }
     }
 
@@ -139,13 +134,11 @@ impl Metrics {
 
     /// `None` when ready, else why not.
     pub fn not_ready(&self) -> Option<String> {
-        let mut why = Vec::new();
-        if self.omni_connected.get() != 1 {
-            why.push("not connected to Omni (no heartbeat accepted yet, or the last one failed)");
-        }
-        if !self.proxmox_ok.load(Ordering::Relaxed) {
-            why.push("the Proxmox API does not answer or refuses the credentials");
-        }
+        let omni = (self.omni_connected.get() != 1)
+            .then_some("not connected to Omni (no heartbeat accepted yet, or the last one failed)");
+        let proxmox = (!self.proxmox_ok.load(Ordering::Relaxed))
+            .then_some("the Proxmox API does not answer or refuses the credentials");
+        let why: Vec<&str> = [omni, proxmox].into_iter().flatten().collect();
         (!why.is_empty()).then(|| why.join("; "))
     }
 
@@ -159,34 +152,26 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves.
+/// Serves `/metrics`, `/healthz` and `/readyz` until `stop` resolves.
 pub async fn serve(
     listen: SocketAddr,
     metrics: Arc<Metrics>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), std::io::Error> {
-    use axum::Router;
-    use axum::extract::State;
-    use axum::http::{StatusCode, header};
-    use axum::routing::get;
+    use axum::{Router, extract::State, http::StatusCode, http::header, routing::get};
 
     const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
     async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl axum::response::IntoResponse {
         ([(header::CONTENT_TYPE, OPENMETRICS)], m.encode())
     }
     async fn ready(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
-        let role = if m.leader.get() == 1 {
-            "leader"
-        } else {
-            "standby"
+        let leading = m.leader.get() == 1;
+        let role = if leading { "leader" } else { "standby" };
+        let Some(why) = m.not_ready() else {
+            return (StatusCode::OK, format!("ready ({role})\n"));
         };
-        match m.not_ready() {
-            None => (StatusCode::OK, format!("ready ({role})\n")),
-            Some(why) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready ({role}): {why}\n"),
-            ),
-        }
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        (status, format!("not ready ({role}): {why}\n"))
     }
     let app = Router::new()
         .route("/metrics", get(metrics_text))
@@ -196,7 +181,7 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(address = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(stop)
         .await
 }
 

@@ -32,10 +32,7 @@ pub fn read_file(path: &std::path::Path) -> std::io::Result<Secret> {
     let text = std::fs::read_to_string(path)?;
     let value = text.trim_end_matches(['\n', '\r']);
     if value.is_empty() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "the file is empty",
-        ));
+        return Err(std::io::Error::other("the file is empty"));
     }
     Ok(Secret::new(value))
 }

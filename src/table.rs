@@ -19,25 +19,25 @@ pub fn render(
         .chain(&rows);
     let mut widths: Vec<usize> = Vec::new();
     for row in lines.clone() {
-        for (i, cell) in row.iter().enumerate().take(row.len().saturating_sub(1)) {
-            if widths.len() <= i {
-                widths.push(0);
-            }
-            widths[i] = widths[i].max(cell.chars().count());
+        let padded = &row[..row.len().saturating_sub(1)];
+        widths.resize(widths.len().max(padded.len()), 0);
+        for (width, cell) in widths.iter_mut().zip(padded) {
+            *width = (*width).max(cell.chars().count());
         }
     }
     for row in lines {
         let mut line = indent.to_string();
         for (i, cell) in row.iter().enumerate() {
-            if i + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                let _ = write!(line, "{cell:<w$}  ", w = widths[i]);
-            }
+            let width = if i + 1 == row.len() { 0 } else { widths[i] };
+            let _ = write!(line, "{cell:<width$}  ");
         }
-        out.push_str(line.trim_end());
-        out.push('\n');
+        let _ = writeln!(out, "{}", line.trim_end());
     }
+}
+
+/// A cell for a value that may be missing: the value, or `-`.
+pub fn or_dash(value: Option<impl ToString>) -> String {
+    value.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
 #[cfg(test)]

@@ -15,11 +15,10 @@ pub enum LogFormat {
     Json,
 }
 
+/// `--log-level` (or `RUST_LOG`) is no filter: the level given, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
-pub enum TelemetryError {
-    #[error("invalid log level {level:?}: {message}")]
-    BadLevel { level: String, message: String },
-}
+#[error("invalid log level {0:?}: {1}")]
+pub struct BadLevel(String, String);
 
 /// A bare level (`debug`) applies to the provider; libraries stay at `info` at most, so `debug` shows
 /// what the provider does rather than every packet the OpenPGP or HTTP/2 crates handle. A full filter
@@ -40,19 +39,12 @@ pub fn colour(to_terminal: bool, no_color: Option<&OsStr>) -> bool {
 
 /// Installs the global tracing subscriber (once; later calls are ignored, which keeps tests that
 /// run several commands in one process working).
-pub fn init_logging(format: LogFormat, level: &str) -> Result<(), TelemetryError> {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(v) if !v.is_empty() => EnvFilter::try_new(v),
-        _ => EnvFilter::try_new(directives(level)),
-    }
-    .map_err(|e| TelemetryError::BadLevel {
-        level: level.to_owned(),
-        message: e.to_string(),
-    })?;
-    let ansi = colour(
-        std::io::stderr().is_terminal(),
-        std::env::var_os("NO_COLOR").as_deref(),
-    );
+pub fn init_logging(format: LogFormat, level: &str) -> Result<(), BadLevel> {
+    let rust_log = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
+    let filter = EnvFilter::try_new(rust_log.unwrap_or_else(|| directives(level)))
+        .map_err(|e| BadLevel(level.to_owned(), e.to_string()))?;
+    let no_color = std::env::var_os("NO_COLOR");
+    let ansi = colour(std::io::stderr().is_terminal(), no_color.as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

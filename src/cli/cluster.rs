@@ -40,6 +40,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use futures_util::future::join_all;
 use serde::Serialize;
 
 use super::{CliResult, OutputFormat};
@@ -50,6 +51,7 @@ use crate::proxmox::types::{NodeName, NodeResource, NodeState, NodeStorage, cont
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::is_set_rule;
 use crate::rules::placement::{self, PlacementLimits, Reservations};
+use crate::table::or_dash;
 
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
@@ -61,7 +63,7 @@ pub struct ClusterArgs {
     pub output: OutputFormat,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct ClusterReport {
     pub api_url: String,
     pub version: String,
@@ -126,7 +128,7 @@ pub async fn gather(
     client: &ProxmoxClient,
     limits: &PlacementLimits,
 ) -> Result<ClusterReport, ProxmoxError> {
-    let version = client.version().await?;
+    let version = client.version().await?.version;
     let resources = client.cluster_listing().await?;
     let answers = resources
         .nodes()
@@ -135,32 +137,28 @@ pub async fn gather(
             let read = client.node_storages(&n.node).await;
             (n.node.clone(), read.map_err(|e| e.to_string()))
         });
-    let storages = futures_util::future::join_all(answers)
-        .await
-        .into_iter()
-        .collect();
-    let mut report = build_report(
-        client.api_url().as_str(),
-        &version.version,
-        &resources,
-        &storages,
-        limits,
-    );
+    let storages = join_all(answers).await.into_iter().collect();
+    let url = client.api_url();
+    let mut report = build_report(url.as_str(), &version, &resources, &storages, limits);
     let health = client.cluster_health().await.map_err(|e| e.to_string());
-    (report.cluster_health, report.cluster_health_error) =
-        (health.as_ref().ok().cloned(), health.err());
+    (report.cluster_health, report.cluster_health_error) = split(health);
     let rules = match client.ha_rules().await {
+        Ok(rules) => Ok(rules.into_iter().filter(|r| is_set_rule(&r.rule)).collect()),
         Err(ProxmoxError::Api { status: 501, .. }) => {
             Err("this Proxmox VE release has no HA rules".to_string())
         }
-        read => read.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
     };
-    let set_rules = |rules: Vec<HaRule>| rules.into_iter().filter(|r| is_set_rule(&r.rule));
-    (report.ha_rules, report.ha_rules_error) = (
-        rules.as_ref().ok().cloned().map(|r| set_rules(r).collect()),
-        rules.err(),
-    );
+    (report.ha_rules, report.ha_rules_error) = split(rules);
     Ok(report)
+}
+
+/// A read that may fail as the report's pair of fields: the value, or the reason it is missing.
+fn split<T>(read: Result<T, String>) -> (Option<T>, Option<String>) {
+    match read {
+        Ok(value) => (Some(value), None),
+        Err(e) => (None, Some(e)),
+    }
 }
 
 /// Pure: turns the API answers into the report.
@@ -176,14 +174,16 @@ pub fn build_report(
         .nodes()
         .map(|n| {
             let on_node = || resources.guests().filter(|vm| vm.node == n.node);
-            let (storages, storage_error) = match storages.get(&n.node) {
-                Some(Ok(list)) => (Some(list.iter().map(storage_report).collect()), None),
-                Some(Err(e)) => (None, Some(e.clone())),
-                None => (
-                    None,
-                    Some(format!("node is {}", NodeState::word(Some(n.status)))),
-                ),
-            };
+            let read = (storages.get(&n.node).cloned())
+                .unwrap_or_else(|| Err(format!("node is {}", NodeState::word(Some(n.status)))));
+            let (storages, storage_error) = split(read.map(|list| {
+                let report = |storage: NodeStorage| StorageReport {
+                    holds_vm_disks: storage.holds("images"),
+                    holds_iso: storage.holds("iso"),
+                    storage,
+                };
+                list.into_iter().map(report).collect()
+            }));
             let given = snapshot
                 .node(n.node.as_str())
                 .map(|node| placement::allocation(node, limits, &Reservations::default(), ""));
@@ -217,38 +217,18 @@ pub fn build_report(
         templates,
         cpu_overcommit: limits.cpu_overcommit,
         memory_overcommit: limits.memory_overcommit,
-        ha_rules: None,
-        ha_rules_error: None,
-        cluster_health: None,
-        cluster_health_error: None,
-    }
-}
-
-fn storage_report(s: &NodeStorage) -> StorageReport {
-    StorageReport {
-        storage: s.clone(),
-        holds_vm_disks: s.holds("images"),
-        holds_iso: s.holds("iso"),
+        ..ClusterReport::default()
     }
 }
 
 /// Pure: the human-readable view.
 pub fn render_table(r: &ClusterReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "Proxmox VE {} at {}", r.version, r.api_url);
-    let _ = match (&r.cluster_health, &r.cluster_health_error) {
-        (Some(h), _) => writeln!(
-            out,
-            "Cluster {}: {}\n",
-            h.name.as_deref().unwrap_or("-"),
-            h.summary()
-        ),
-        (None, e) => writeln!(
-            out,
-            "Cluster health not read: {}\n",
-            e.as_deref().unwrap_or("unknown")
-        ),
+    let health = match &r.cluster_health {
+        Some(h) => format!("Cluster {}: {}", or_dash(h.name.as_ref()), h.summary()),
+        None => format!("Cluster health not read: {}", why(&r.cluster_health_error)),
     };
+    let _ = writeln!(out, "Proxmox VE {} at {}\n{health}\n", r.version, r.api_url);
     render_nodes(&mut out, r);
     out.push('\n');
     render_storages(&mut out, &r.nodes);
@@ -260,21 +240,13 @@ pub fn render_table(r: &ClusterReport) -> String {
 }
 
 fn render_ha_rules(out: &mut String, r: &ClusterReport) {
-    let rules = match (&r.ha_rules, &r.ha_rules_error) {
-        (Some(rules), _) if !rules.is_empty() => rules,
-        (Some(_), _) => {
-            out.push_str("No HA rules of machine sets.\n");
-            return;
-        }
-        (None, error) => {
-            let _ = writeln!(
-                out,
-                "HA rules not read: {}",
-                error.as_deref().unwrap_or("unknown")
-            );
-            return;
-        }
+    let Some(rules) = &r.ha_rules else {
+        let _ = writeln!(out, "HA rules not read: {}", why(&r.ha_rules_error));
+        return;
     };
+    if rules.is_empty() {
+        return out.push_str("No HA rules of machine sets.\n");
+    }
     let rows = rules.iter().map(|h| {
         let what = match (&h.affinity, &h.nodes) {
             (Some(affinity), _) => affinity.clone(),
@@ -296,20 +268,16 @@ fn render_ha_rules(out: &mut String, r: &ClusterReport) {
 
 /// One row per node, what it has and what it has given to VMs, then what the limits are made of.
 fn render_nodes(out: &mut String, r: &ClusterReport) {
-    crate::table::render(
-        out,
-        "",
-        &[
-            "NODE",
-            "STATUS",
-            "CPU",
-            "MEMORY",
-            "VCPUS GIVEN / LIMIT",
-            "MEMORY GIVEN / LIMIT",
-            "VMS",
-        ],
-        r.nodes.iter().map(node_row),
-    );
+    let header = [
+        "NODE",
+        "STATUS",
+        "CPU",
+        "MEMORY",
+        "VCPUS GIVEN / LIMIT",
+        "MEMORY GIVEN / LIMIT",
+        "VMS",
+    ];
+    crate::table::render(out, "", &header, r.nodes.iter().map(node_row));
     let _ = writeln!(
         out,
         "(given: to the node's VMs, running or stopped; limit: CPUs × placement.cpuOvercommit {}, memory × placement.memoryOvercommit {})",
@@ -319,58 +287,42 @@ fn render_nodes(out: &mut String, r: &ClusterReport) {
 
 fn node_row(n: &NodeReport) -> Vec<String> {
     let node = &n.node;
+    let cpu = match (node.cpu, node.maxcpu) {
+        (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
+        _ => "-".into(),
+    };
+    let memory_limit = or_dash(n.memory_limit.map(bytes));
     vec![
         node.node.to_string(),
         NodeState::word(Some(node.status)).to_owned(),
-        match (node.cpu, node.maxcpu) {
-            (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
-            _ => "-".into(),
-        },
-        match (node.mem, node.maxmem) {
-            (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
-            _ => "-".into(),
-        },
-        match n.vcpus_limit {
-            Some(limit) => format!("{} / {limit}", n.vcpus_allocated),
-            None => format!("{} / -", n.vcpus_allocated),
-        },
-        match n.memory_limit {
-            Some(limit) => format!("{} / {}", bytes(n.memory_allocated), bytes(limit)),
-            None => format!("{} / -", bytes(n.memory_allocated)),
-        },
+        cpu,
+        used_of(node.mem, node.maxmem),
+        format!("{} / {}", n.vcpus_allocated, or_dash(n.vcpus_limit)),
+        format!("{} / {memory_limit}", bytes(n.memory_allocated)),
         format!("{} ({} running)", n.vms, n.running_vms),
     ]
 }
 
 /// Every storage of every node; a node whose storages could not be read says why in their place.
 fn render_storages(out: &mut String, nodes: &[NodeReport]) {
-    crate::table::render(
-        out,
-        "",
-        &[
-            "NODE",
-            "STORAGE",
-            "TYPE",
-            "CONTENT",
-            "SHARED",
-            "ACTIVE",
-            "USED / TOTAL",
-            "VM DISKS",
-        ],
-        nodes.iter().flat_map(storage_rows),
-    );
+    let header = [
+        "NODE",
+        "STORAGE",
+        "TYPE",
+        "CONTENT",
+        "SHARED",
+        "ACTIVE",
+        "USED / TOTAL",
+        "VM DISKS",
+    ];
+    crate::table::render(out, "", &header, nodes.iter().flat_map(storage_rows));
 }
 
 fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
     let name = n.node.node.to_string();
     let Some(list) = &n.storages else {
-        return vec![vec![
-            name,
-            format!(
-                "(storages not shown: {})",
-                n.storage_error.as_deref().unwrap_or("unknown")
-            ),
-        ]];
+        let why = why(&n.storage_error);
+        return vec![vec![name, format!("(storages not shown: {why})")]];
     };
     list.iter()
         .map(|report| {
@@ -382,10 +334,7 @@ fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
                 content_types(&s.content).collect::<Vec<_>>().join(","),
                 yes_no(s.shared),
                 yes_no(s.active && s.enabled),
-                match (s.used, s.total) {
-                    (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
-                    _ => "-".into(),
-                },
+                used_of(s.used, s.total),
                 yes_no(report.holds_vm_disks),
             ]
         })
@@ -394,14 +343,26 @@ fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
 
 fn render_templates(out: &mut String, templates: &[TemplateReport]) {
     if templates.is_empty() {
-        out.push_str("No VM templates (boot mode `clone` needs one).\n");
-        return;
+        return out.push_str("No VM templates (boot mode `clone` needs one).\n");
     }
     let rows = templates.iter().map(|t| {
         let name = t.name.clone().unwrap_or_default();
         vec![t.vmid.to_string(), name, t.node.clone()]
     });
     crate::table::render(out, "", &["TEMPLATE VMID", "NAME", "NODE"], rows);
+}
+
+/// `used / total` in bytes, or `-` when either is not reported.
+fn used_of(used: Option<u64>, total: Option<u64>) -> String {
+    match (used, total) {
+        (Some(u), Some(t)) => format!("{} / {}", bytes(u), bytes(t)),
+        _ => "-".into(),
+    }
+}
+
+/// Why a part of the report is missing.
+fn why(error: &Option<String>) -> &str {
+    error.as_deref().unwrap_or("unknown")
 }
 
 fn yes_no(b: bool) -> String {

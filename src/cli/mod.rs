@@ -13,8 +13,6 @@ pub type CliResult = Result<(), BoxError>;
 /// Any error a subcommand may end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-pub use crate::error_chain::render as render_error;
-
 /// `--output`: `table` for people, `json` for scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {

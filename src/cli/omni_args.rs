@@ -19,7 +19,7 @@ pub struct OmniArgs {
     /// a key: the Go client library reads it too (go-api-signature
     /// pkg/serviceaccount/serviceaccount.go, GetFromEnv), so a deployment made for the official
     /// provider may carry the key there.
-    #[arg(skip = sidero_key_from_env())]
+    #[arg(skip = std::env::var("SIDERO_SERVICE_ACCOUNT_KEY").ok().map(Secret::new))]
     pub sidero_service_account_key: Option<Secret>,
     /// A file holding the key (ours): a Docker or Kubernetes secret mounted as a file keeps the
     /// key out of `ps`, `docker inspect` and the environment. Read once, at start.
@@ -43,13 +43,6 @@ pub struct OmniArgs {
 
 fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
     Ok(Secret::new(s))
-}
-
-/// The environment variable go-api-signature also reads a service-account key from.
-pub const SIDERO_KEY_ENV: &str = "SIDERO_SERVICE_ACCOUNT_KEY";
-
-fn sidero_key_from_env() -> Option<Secret> {
-    std::env::var(SIDERO_KEY_ENV).ok().map(Secret::new)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,11 +75,7 @@ pub enum OmniArgsError {
 impl OmniArgs {
     /// The endpoint and the parsed key, with every mistake in the flags reported clearly.
     pub fn connection(&self) -> Result<(OmniEndpoint, ProviderKey), OmniArgsError> {
-        let url = self
-            .omni_api_endpoint
-            .clone()
-            .filter(|u| !u.is_empty())
-            .ok_or(OmniArgsError::NoEndpoint)?;
+        let url = self.endpoint().ok_or(OmniArgsError::NoEndpoint)?.to_owned();
         if self.is_plaintext() && !self.omni_insecure_http {
             return Err(OmniArgsError::Plaintext { url });
         }
@@ -110,30 +99,26 @@ impl OmniArgs {
 
     /// Whether both the endpoint and the key were given (commands that can refuse early).
     pub fn is_set(&self) -> bool {
-        self.omni_api_endpoint
-            .as_deref()
-            .is_some_and(|u| !u.is_empty())
-            && (self.omni_service_account_key_file.is_some() || self.inline_key().is_some())
+        let key = self.omni_service_account_key_file.is_some() || self.inline_key().is_some();
+        self.endpoint().is_some() && key
+    }
+
+    fn endpoint(&self) -> Option<&str> {
+        self.omni_api_endpoint.as_deref().filter(|u| !u.is_empty())
     }
 
     /// Whether the endpoint is plaintext (`http://`, `grpc://`).
-    pub fn is_plaintext(&self) -> bool {
-        self.omni_api_endpoint
-            .as_deref()
-            .and_then(|u| crate::omni::transport::Target::parse(u).ok())
-            .is_some_and(|t| !t.tls)
+    fn is_plaintext(&self) -> bool {
+        let target = self.endpoint().map(crate::omni::transport::Target::parse);
+        target.is_some_and(|t| t.is_ok_and(|t| !t.tls))
     }
 
     /// What start-up says every time about an endpoint accepted against the default.
-    pub fn warnings(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.is_plaintext() && self.omni_insecure_http {
-            out.push("the Omni endpoint is plaintext (--omni-insecure-http): anyone on the network path can read the provider's requests and forge Omni's answers; use https:// outside a test setup".to_string());
-        }
-        if self.insecure_skip_verify {
-            out.push("--insecure-skip-verify: Omni's certificate is not checked, so anyone on the network path can pose as Omni".to_string());
-        }
-        out
+    pub fn warnings(&self) -> Vec<&'static str> {
+        let plaintext = self.is_plaintext() && self.omni_insecure_http;
+        let plaintext = plaintext.then_some("the Omni endpoint is plaintext (--omni-insecure-http): anyone on the network path can read the provider's requests and forge Omni's answers; use https:// outside a test setup");
+        let unverified = self.insecure_skip_verify.then_some("--insecure-skip-verify: Omni's certificate is not checked, so anyone on the network path can pose as Omni");
+        [plaintext, unverified].into_iter().flatten().collect()
     }
 
     /// The key to use: from the key file, else the flag or `OMNI_SERVICE_ACCOUNT_KEY`, else
@@ -142,11 +127,8 @@ impl OmniArgs {
         let Some(path) = &self.omni_service_account_key_file else {
             return Ok(self.inline_key().cloned());
         };
-        if self
-            .omni_service_account_key
-            .as_ref()
-            .is_some_and(|k| !k.is_empty())
-        {
+        let inline = self.omni_service_account_key.as_ref();
+        if inline.is_some_and(|k| !k.is_empty()) {
             return Err(OmniArgsError::KeyTwice);
         }
         crate::secret::read_file(path)
@@ -158,13 +140,11 @@ impl OmniArgs {
     }
 
     fn inline_key(&self) -> Option<&Secret> {
-        [
+        let keys = [
             &self.omni_service_account_key,
             &self.sidero_service_account_key,
-        ]
-        .into_iter()
-        .flatten()
-        .find(|k| !k.is_empty())
+        ];
+        keys.into_iter().flatten().find(|k| !k.is_empty())
     }
 }
 

@@ -39,6 +39,7 @@ use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::{NodeName, VmId, VmResource, content_types};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
+use crate::table::or_dash;
 use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
@@ -101,8 +102,9 @@ pub struct DeletionReport {
     pub failures: Vec<String>,
 }
 
+/// What the command prints, as JSON or as the table.
 #[derive(Serialize)]
-struct JsonReport<'a> {
+struct Report<'a> {
     orphans: &'a Orphans,
     ip_allocations: &'a [Holding],
     deletion: Option<&'a DeletionReport>,
@@ -129,20 +131,15 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     } else {
         None
     };
-    let report = JsonReport {
+    let report = Report {
         orphans: &orphans,
         ip_allocations: &left.gone_requests,
         deletion: deletion.as_ref(),
     };
-    args.output.print(&report, |r| {
-        let table = render_table(&args.omni.id, r.orphans, r.deletion, live.len());
-        table + &render_allocations(r.ip_allocations)
-    })?;
-    match deletion {
-        Some(d) if !d.failures.is_empty() => {
-            Err(OrphansError::DeleteFailed(d.failures.len()).into())
-        }
-        _ => Ok(()),
+    (args.output).print(&report, |r| render_table(&args.omni.id, r, live.len()))?;
+    match deletion.map_or(0, |d| d.failures.len()) {
+        0 => Ok(()),
+        failed => Err(OrphansError::DeleteFailed(failed).into()),
     }
 }
 
@@ -169,7 +166,9 @@ pub async fn scan(
 ) -> Result<Orphans, ProxmoxError> {
     let view = pve.cluster_listing().await?;
     let mut problems = Vec::new();
-    let (used, attachments_known) = iso_usage(pve, &view, &mut problems).await;
+    let used = iso_usage(pve, &view, &mut problems).await;
+    // Every VM config was read when reading them added no problem.
+    let attachments_known = problems.is_empty();
 
     let mut isos = Vec::new();
     let mut shared_done = BTreeSet::new();
@@ -224,17 +223,15 @@ pub async fn scan(
 }
 
 /// The ISO volumes each VM's config uses (every VM's: a seed attached to another provider
-/// instance's VM is in use too), and whether every config could be read.
+/// instance's VM is in use too); a config it cannot read is a problem it adds.
 async fn iso_usage(
     pve: &ProxmoxClient,
     view: &Listing,
     problems: &mut Vec<String>,
-) -> (BTreeMap<VmId, Vec<String>>, bool) {
-    let mut used: BTreeMap<VmId, Vec<String>> = BTreeMap::new();
-    let mut all_read = true;
+) -> BTreeMap<VmId, Vec<String>> {
+    let mut used = BTreeMap::new();
     for vm in view.guests() {
         if !view.node_online(&vm.node) {
-            all_read = false;
             problems.push(format!(
                 "node {} is not online: cannot read the config of VM {}",
                 vm.node, vm.vmid
@@ -246,13 +243,10 @@ async fn iso_usage(
                 used.insert(vm.vmid, iso_volumes_in(&config));
             }
             Err(e) if e.is_not_found() => {}
-            Err(e) => {
-                all_read = false;
-                problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid));
-            }
+            Err(e) => problems.push(format!("cannot read the config of VM {}: {e}", vm.vmid)),
         }
     }
-    (used, all_read)
+    used
 }
 
 /// Deletes what [`scan`] found: VMs through [`deprovision_reporting`] (ownership checked again, official
@@ -325,13 +319,10 @@ async fn delete_iso(
 ) {
     let storage = volume.split(':').next().unwrap_or_default();
     progress(&format!("deleting seed ISO {volume} on {node}"));
+    let timeout = DeprovisionOptions::default().task_timeout;
     let result = match pve.delete_volume(node, storage, volume).await {
-        Ok(Some(upid)) => pve
-            .wait_for_task(&upid, DeprovisionOptions::default().task_timeout)
-            .await
-            .map(|_| ()),
-        Ok(None) => Ok(()),
-        Err(e) => Err(e),
+        Ok(Some(upid)) => pve.wait_for_task(&upid, timeout).await.map(|_| ()),
+        deleted => deleted.map(|_| ()),
     };
     match result {
         Ok(()) => report.deleted_isos.push(volume.to_owned()),
@@ -342,30 +333,24 @@ async fn delete_iso(
     }
 }
 
-fn render_table(
-    provider_id: &str,
-    orphans: &Orphans,
-    deletion: Option<&DeletionReport>,
-    live: usize,
-) -> String {
-    let mut out = String::new();
-    let tag = crate::model::identity::provider_tag(provider_id);
+fn render_table(provider: &str, report: &Report, live: usize) -> String {
+    let (orphans, mut out) = (report.orphans, String::new());
+    let tag = crate::model::identity::provider_tag(provider);
     let _ = writeln!(
         out,
-        "{live} live MachineRequest(s) for provider {provider_id}."
+        "{live} live MachineRequest(s) for provider {provider}."
     );
     if orphans.vms.is_empty() {
         let _ = writeln!(out, "No orphan VMs (tag {tag}).");
     } else {
         let _ = writeln!(out, "VMs tagged {tag} whose MachineRequest is gone:");
         let rows = orphans.vms.iter().map(|vm| {
-            let or_dash = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".into());
             vec![
                 vm.vmid.to_string(),
                 vm.node.to_string(),
-                or_dash(&vm.status),
-                or_dash(&vm.name),
-                or_dash(&vm.request_id),
+                or_dash(vm.status.as_ref()),
+                or_dash(vm.name.as_ref()),
+                or_dash(vm.request_id.as_ref()),
             ]
         });
         let header = ["VMID", "NODE", "STATUS", "NAME", "REQUEST"];
@@ -375,27 +360,21 @@ fn render_table(
         let _ = writeln!(out, "No orphan seed ISOs.");
     } else {
         let _ = writeln!(out, "Seed ISOs no VM uses:");
-        let rows = orphans.seed_isos.iter().map(|iso| {
-            let size = iso.size.map_or_else(|| "-".into(), |s| s.to_string());
-            vec![iso.node.to_string(), size, iso.volume.clone()]
-        });
+        let rows = (orphans.seed_isos.iter())
+            .map(|iso| vec![iso.node.to_string(), or_dash(iso.size), iso.volume.clone()]);
         crate::table::render(&mut out, "", &["NODE", "SIZE", "VOLUME"], rows);
     }
     for problem in &orphans.problems {
         let _ = writeln!(out, "not checked: {problem}");
     }
-    match deletion {
+    match report.deletion {
         None if !orphans.vms.is_empty() || !orphans.seed_isos.is_empty() => {
             let _ = writeln!(out, "Run again with --delete to delete them.");
         }
         None => {}
         Some(d) => {
-            let _ = writeln!(
-                out,
-                "Deleted {} VM(s) and {} ISO(s).",
-                d.deleted_vms.len(),
-                d.deleted_isos.len()
-            );
+            let (vms, isos) = (d.deleted_vms.len(), d.deleted_isos.len());
+            let _ = writeln!(out, "Deleted {vms} VM(s) and {isos} ISO(s).");
             for (vmid, why) in &d.left_alone {
                 let _ = writeln!(out, "left VM {vmid} alone: {why}");
             }
@@ -404,7 +383,7 @@ fn render_table(
             }
         }
     }
-    out
+    out + &render_allocations(report.ip_allocations)
 }
 
 #[cfg(test)]
@@ -477,12 +456,17 @@ mod tests {
             }],
             problems: vec!["node pve4 is not online: its ISO storages were not searched".into()],
         };
-        let text = render_table("proxmox", &orphans, None, 1);
+        let report = |orphans| Report {
+            orphans,
+            ip_allocations: &[],
+            deletion: None,
+        };
+        let text = render_table("proxmox", &report(&orphans), 1);
         assert!(text.contains("141") && text.contains("req-dead"), "{text}");
         assert!(text.contains("local:iso/omni-seed-x.iso"), "{text}");
         assert!(text.contains("not checked: node pve4"), "{text}");
         assert!(text.contains("--delete"), "{text}");
-        let empty = render_table("proxmox", &Orphans::default(), None, 0);
+        let empty = render_table("proxmox", &report(&Orphans::default()), 0);
         assert!(!empty.contains("--delete"), "{empty}");
     }
 }

@@ -128,7 +128,7 @@ pub(super) async fn omni_records(
     reads: [&str; 2],
 ) -> Result<(BTreeSet<String>, Vec<(String, Vec<IpAllocation>)>), String> {
     let failed = |what: &str, e: StateError| {
-        let why = super::render_error(&e);
+        let why = crate::error_chain::render(&e);
         format!("cannot {what} of provider {provider_id} in Omni: {why}")
     };
     let selector = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id);

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::pipeline::factory_auth::FactoryAuth;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -107,16 +108,13 @@ pub struct RunArgs {
 /// `10s`, `500ms`, `1m`, or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = num
         .parse()
         .map_err(|_| format!("{s:?} is not a duration like 10s, 500ms or 1m"))?;
     let d = match unit {
         "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
+        "s" | "" => Duration::from_secs(n),
         "m" => Duration::from_secs(n * 60),
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
     };
@@ -162,10 +160,10 @@ impl Settings {
         Ok(Self {
             config,
             config_warnings,
-            factory_auth: match &args.image_factory_auth_file {
-                Some(path) => FactoryAuth::read(path)?,
-                None => FactoryAuth::default(),
-            },
+            factory_auth: (args.image_factory_auth_file.as_deref())
+                .map(FactoryAuth::read)
+                .transpose()?
+                .unwrap_or_default(),
             endpoint,
             key: Arc::new(key),
             info: ProviderInfo::new(
@@ -193,12 +191,7 @@ pub async fn run(args: RunArgs) -> CliResult {
             tracing::warn!("{warning}");
         }
     });
-    let health_check = proxmox_health(
-        pve.clone(),
-        settings.config.clone(),
-        settings.args.health_interval,
-    );
-    run_with(settings, pve, health_check, shutdown_signal()).await
+    run_with(settings, pve).await
 }
 
 /// The heartbeat's health check: the last result of checks that run on their own schedule, so a
@@ -206,8 +199,9 @@ pub async fn run(args: RunArgs) -> CliResult {
 /// 31 s without one). Every interval: the Proxmox API answers and accepts our credentials. Every few
 /// minutes (and at start): the config's `defaults:` and `nodes:` still fit the cluster (storages,
 /// bridges, template), which costs a few more requests.
-fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration) -> HealthCheck {
+fn proxmox_health(pve: ProxmoxClient, settings: &Settings) -> HealthCheck {
     const DEFAULTS_EVERY: Duration = Duration::from_secs(300);
+    let (config, interval) = (settings.config.clone(), settings.args.health_interval);
     let (writer, last) = watch::channel(None);
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
@@ -217,10 +211,9 @@ fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration
         let mut defaults_checked: Option<tokio::time::Instant> = None;
         loop {
             ticker.tick().await;
-            let api = match tokio::time::timeout(limit, pve.health()).await {
-                Ok(r) => r,
-                Err(_) => Some(format!("Proxmox API at {} does not answer", pve.api_url())),
-            };
+            let api = (tokio::time::timeout(limit, pve.health()).await).unwrap_or_else(|_| {
+                Some(format!("Proxmox API at {} does not answer", pve.api_url()))
+            });
             if api.is_none() && defaults_checked.is_none_or(|t| t.elapsed() >= DEFAULTS_EVERY) {
                 defaults_problem =
                     tokio::time::timeout(limit * 3, crate::validate::check_defaults(&pve, &config))
@@ -237,16 +230,13 @@ fn proxmox_health(pve: ProxmoxClient, config: ProviderConfig, interval: Duration
     health::health_check(move || std::future::ready(last.borrow().clone()))
 }
 
-async fn run_with(
-    settings: Settings,
-    pve: ProxmoxClient,
-    health_check: HealthCheck,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> CliResult {
+async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
+    let health_check = proxmox_health(pve.clone(), &settings);
     announce_start(&settings);
     let provider_id = settings.info.id.clone();
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
     // Polled from here on, so a SIGTERM during the start stops the provider cleanly too.
+    let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let detect = until_reachable("detecting Omni's join mode", || {
         crate::controller::detect_join_mode(&omni.state)
@@ -268,10 +258,7 @@ async fn run_with(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (metrics, metrics_server) = start_metrics(&pve, settings.args.metrics_listen, &stop_rx);
-    let fence = match settings.leader_election {
-        Some(_) => Fence::shut(),
-        None => Fence::open(),
-    };
+    let fence = (settings.leader_election).map_or_else(Fence::open, |_| Fence::shut());
     pve.set_fence(fence.clone());
     let state = omni.state.fenced(fence.clone());
     let (roles, part) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
@@ -306,12 +293,7 @@ async fn run_with(
     let outcome = while_leading(&settings, &state, roles, &mut shutdown, term_context).await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    for task in [Some(part), Some(heartbeat), metrics_server]
-        .into_iter()
-        .flatten()
-    {
-        let _ = task.await;
-    }
+    join_all([part, heartbeat].into_iter().chain(metrics_server)).await;
     tracing::info!("stopped");
     outcome
 }
@@ -391,7 +373,23 @@ async fn while_leading(
             Err(StateError::Fenced { .. }) => continue,
             Err(e) => return Err(e.into()),
         }
-        let (stop, tasks) = start_term(settings, term_context());
+        // The term: the reconcile workers and the housekeeping round, until `stop`.
+        let context = Arc::new(term_context().with_concurrency(settings.args.concurrency));
+        let (stop, stop_rx) = watch::channel(false);
+        // With replicas, a standby waits for this one's in-flight work: it gets a moment to
+        // finish, then stops where it is, and the next leader resumes it from the provider state.
+        let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
+        let controller = Controller::with_shutdown_grace(grace);
+        let topology = tokio::spawn(crate::controller::housekeeping::run(
+            context.clone(),
+            settings.args.topology_interval,
+            stop_rx.clone(),
+        ));
+        let reconciling = tokio::spawn(controller.run(context, stop_rx));
+        tracing::info!(
+            concurrency = settings.args.concurrency,
+            "watching machine requests"
+        );
         let done = tokio::select! {
             _ = roles.wait_for(|r| *r != Role::Leader) => false,
             () = &mut *shutdown => true,
@@ -399,35 +397,11 @@ async fn while_leading(
         // Reconciles in flight finish within the runner's grace (a fenced write fails at once,
         // which is where a term that lost the lease stops), then the term's state goes.
         let _ = stop.send(true);
-        for task in tasks {
-            let _ = task.await;
-        }
+        join_all([reconciling, topology]).await;
         if done {
             return Ok(());
         }
     }
-}
-
-/// One term of leadership: the reconcile workers and the housekeeping round, until the sender
-/// sends `true`.
-fn start_term(settings: &Settings, context: Context) -> (watch::Sender<bool>, [JoinHandle<()>; 2]) {
-    let context = Arc::new(context.with_concurrency(settings.args.concurrency));
-    let (stop, stop_rx) = watch::channel(false);
-    // With replicas, a standby waits for this one's in-flight work: it gets a moment to finish,
-    // then stops where it is, and the next leader resumes it from the provider state.
-    let grace = (settings.leader_election).map_or(runner::SHUTDOWN_GRACE, |_| HANDOVER_GRACE);
-    let controller = Controller::with_shutdown_grace(grace);
-    let topology = tokio::spawn(crate::controller::housekeeping::run(
-        context.clone(),
-        settings.args.topology_interval,
-        stop_rx.clone(),
-    ));
-    let reconciling = tokio::spawn(controller.run(context, stop_rx));
-    tracing::info!(
-        concurrency = settings.args.concurrency,
-        "watching machine requests"
-    );
-    (stop, [reconciling, topology])
 }
 
 /// How long a leader's in-flight reconciles may run on when it stops leading or shuts down, before
@@ -474,12 +448,12 @@ fn start_metrics(
     }));
     let server = listen.map(|listen| {
         let mut stop = stop.clone();
-        let metrics = metrics.clone();
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        let serving = crate::metrics::serve(listen, metrics.clone(), shutdown);
         tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            if let Err(e) = crate::metrics::serve(listen, metrics, shutdown).await {
+            if let Err(e) = serving.await {
                 tracing::error!(%listen, error = %e, "cannot serve metrics");
             }
         })

@@ -342,3 +342,36 @@ async fn a_hibernated_vm_is_destroyed_and_a_backup_is_waited_for() {
     assert!(err.to_string().contains("locked (backup)"), "{err}");
     assert_ne!(fake.vm(154), Value::Null);
 }
+
+/// qemu-server PVE/API2/Qemu.pm, `vm_config`: `GET {vmid}/config` needs `VM.Audit` on
+/// `/vms/{vmid}`, so a token without it cannot read a VM's config. Such a VM may use any seed ISO:
+/// the search names that VM and lists no loose seed ISO, rather than offer one in use for deletion.
+#[tokio::test]
+async fn an_unreadable_vm_config_keeps_loose_seed_isos_off_the_list() {
+    let mut fake = FakePve::start(three_node_scenario(), 0.0);
+    let pve = client(&fake);
+    provision(&pve, "req-kept", 161, "pve1", false).await;
+    upload_iso(&pve, "pve1", &seed_iso_file_name("req-loose")).await;
+    let live: BTreeSet<String> = ["req-kept".to_string()].into();
+    let found = orphans::scan(&pve, PROVIDER, &live).await.unwrap();
+    let isos: BTreeSet<&str> = found.seed_isos.iter().map(|i| i.volume.as_str()).collect();
+    assert_eq!(
+        isos,
+        ["local:iso/omni-seed-req-loose.iso"].into(),
+        "{found:?}"
+    );
+    assert!(found.problems.is_empty(), "{found:?}");
+
+    fake.control(
+        json!({"op": "fail", "method": "GET", "suffix": "/qemu/161/config",
+                        "status": 403, "message": "Permission check failed (/vms/161, VM.Audit)"}),
+    );
+    let found = orphans::scan(&pve, PROVIDER, &live).await.unwrap();
+    assert!(found.seed_isos.is_empty(), "{found:?}");
+    let problems = found.problems.join("\n");
+    assert!(
+        problems.contains("cannot read the config of VM 161")
+            && problems.contains("seed ISO(s) no readable VM uses were not listed"),
+        "{problems}"
+    );
+}

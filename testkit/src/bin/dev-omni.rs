@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use omni_infra_provider_proxmox::cli::{CliResult, render_error, run::shutdown_signal};
+use omni_infra_provider_proxmox::cli::{CliResult, run::shutdown_signal};
+use omni_infra_provider_proxmox::error_chain::render as render_error;
 use omni_infra_provider_proxmox::omni::transport;
 use testkit::memstate::{MemState, OmniControllers};
 
