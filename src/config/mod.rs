@@ -53,10 +53,9 @@ pub struct ProviderConfig {
     /// `nodes:`: per-node provider-data overrides, applied after the node is chosen.
     pub nodes: Map<String, Value>,
     /// `defaults:` and `nodes:` read into typed provider-data layers once, here, so that resolving a
-    /// request's provider data only reads the machine class.
+    /// request's provider data only reads the machine class; with `strict: true` (unknown keys, here
+    /// and in provider data, are errors, not warnings).
     pub layers: ConfigLayers,
-    /// `strict: true`: unknown keys (here and in provider data) are errors, not warnings.
-    pub strict: bool,
     /// `placement:`: how far automatic placement may commit a node's CPUs and memory.
     pub placement: PlacementLimits,
     /// `ipPools:`: the static IP pools provider data may name (`ip_pool`), checked.
@@ -217,10 +216,9 @@ impl File {
             placement,
             ip_pools,
             policy: self.policy.map(|p| Policy::from(p.0)).unwrap_or_default(),
-            layers: ConfigLayers::read(&defaults, &nodes),
+            layers: ConfigLayers::read(&defaults, &nodes, self.strict.unwrap_or(false)),
             defaults,
             nodes,
-            strict: self.strict.unwrap_or(false),
             warnings: Vec::new(),
         })
     }
@@ -300,7 +298,7 @@ mod tests {
     fn unknown_keys_are_warnings_unless_strict() {
         let text = "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n  insecureSkipVerfy: true\nlogLevel: debug\n";
         let c = ProviderConfig::parse(text).unwrap();
-        assert!(!c.strict);
+        assert!(!c.layers.strict);
         assert_eq!(
             c.warnings,
             vec![
@@ -323,7 +321,7 @@ mod tests {
             "strict: true\nproxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n",
         )
         .unwrap();
-        assert!(strict_ok.strict && strict_ok.warnings.is_empty());
+        assert!(strict_ok.layers.strict && strict_ok.warnings.is_empty());
         assert!(problems("strict: yes please\nproxmox:\n  url: https://x\n  tokenID: a@b!c\n  tokenSecret: s\n")
             .join("")
             .contains("`strict` must be true or false"));

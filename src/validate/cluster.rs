@@ -12,7 +12,7 @@ use crate::proxmox::network::ResourceMapping;
 use crate::rules::placement::{
     self, CloneRefusal, CloneSource, LeftOut, PlacementError, PlacementLimits, PlacementRequest,
 };
-use crate::rules::provider_data::{BootMode, ProviderData, ProviderDataSchema, release_problems};
+use crate::rules::provider_data::{BootMode, ProviderData, release_problems};
 use crate::rules::storage_selector::StorageSelector;
 
 /// The cluster as the checks see it.
@@ -91,7 +91,6 @@ pub fn candidate_nodes<'c>(
 
 /// Everything one check of the cluster works from.
 pub(crate) struct ClusterCheck<'a> {
-    pub schema: &'a ProviderDataSchema,
     pub layers: &'a Layers<'a>,
     pub data: &'a ProviderData,
     pub view: &'a ClusterFacts,

@@ -8,7 +8,6 @@ use super::layers::Layers;
 use super::report::{Finding, Outcome};
 use crate::config::ProviderConfig;
 use crate::proxmox::ProxmoxClient;
-use crate::rules::provider_data::ProviderDataSchema;
 
 /// The longest health text [`check_defaults`] returns; Omni shows it in one line.
 pub(crate) const HEALTH_TEXT_MAX: usize = 480;
@@ -20,16 +19,13 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
     if config.defaults.is_empty() && config.nodes.is_empty() {
         return None;
     }
-    let schema = ProviderDataSchema {
-        strict: config.strict,
-    };
     // The config's `defaults:` may lack keys a machine class must have: stand-ins fill them and
     // checks of stand-ins are dropped, so only what is actually set is judged. Data that does not
     // resolve gets no cluster read: its problems are the findings.
     let layers = Layers::of_defaults(config);
-    let findings = match layers.resolve_on(&schema, None) {
+    let findings = match layers.resolve_on(None) {
         Ok(data) => match gather(pve, &data, &config.nodes, config.placement).await {
-            Ok(view) => check_cluster(&schema, &layers, &data, &view),
+            Ok(view) => check_cluster(&layers, &data, &view),
             Err(e) => {
                 return Some(format!(
                     "cannot check the config defaults against Proxmox: {e}"

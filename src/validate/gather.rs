@@ -17,9 +17,7 @@ use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::placement::PlacementLimits;
-use crate::rules::provider_data::{
-    BootMode, ProviderData, ProviderDataSchema, needs_release_check,
-};
+use crate::rules::provider_data::{BootMode, ProviderData, needs_release_check};
 
 /// Reads what the checks need for `data`: `/cluster/resources`, the bridges of every online candidate
 /// node (in parallel), and the PCI/USB mappings when the data (or a node override) names devices.
@@ -101,16 +99,13 @@ pub async fn validate_class(
     class_yaml: &str,
     config: &ProviderConfig,
 ) -> Result<Report, ProxmoxError> {
-    let schema = ProviderDataSchema {
-        strict: config.strict,
-    };
     let layers = Layers::new(class_yaml, config);
-    let (schema_findings, data) = check_schema(&schema, &layers);
+    let (schema_findings, data) = check_schema(&layers);
     let mut findings = config_file_findings(config);
     findings.extend(schema_findings);
     if let Some(data) = data {
         let view = gather(pve, &data, &config.nodes, config.placement).await?;
-        findings.extend(check_cluster(&schema, &layers, &data, &view));
+        findings.extend(check_cluster(&layers, &data, &view));
         findings.extend(pool_findings(pve, &data, &config.ip_pools).await?);
         findings.extend(Outcome::Problem.findings(config.policy.check(&data)));
     }

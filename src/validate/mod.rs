@@ -24,8 +24,6 @@ mod pools;
 mod privileges;
 mod report;
 
-use serde_json::Value;
-
 pub use defaults::check_defaults;
 pub use gather::validate_class;
 pub use layers::Layers;
@@ -33,27 +31,24 @@ pub use privileges::root_reach_warning;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
-use crate::rules::provider_data::{ProviderData, ProviderDataSchema};
+use crate::rules::provider_data::{ProviderData, class_map};
 use cluster::{ClusterCheck, ClusterFacts, candidate_nodes};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
 /// overrides). `Ok` carries the data as it is before any per-node override, for the cluster checks.
-pub fn check_schema(
-    schema: &ProviderDataSchema,
-    layers: &Layers<'_>,
-) -> (Vec<Finding>, Option<ProviderData>) {
-    let overrides = schema.check_config(&layers.config.layers);
+pub fn check_schema(layers: &Layers<'_>) -> (Vec<Finding>, Option<ProviderData>) {
+    let overrides = layers.config.layers.check();
     let mut findings: Vec<Finding> = Outcome::Problem
         .findings(overrides.problems)
         .chain(Outcome::Warning.findings(overrides.warnings))
         .collect();
     // The class's own warnings (those of `defaults:` and `nodes:` came with the overrides above),
     // also when the class fails: an ignored misspelling often explains a missing key.
-    if let Ok(class) = ProviderDataSchema::class_map(layers.class_yaml) {
-        let check = schema.check_layer("", &Value::Object(class));
+    if let Ok(class) = class_map(layers.class_yaml) {
+        let check = layers.config.layers.check_class(&class);
         findings.extend(Outcome::Warning.findings(check.warnings));
     }
-    match layers.resolve_on(schema, None) {
+    match layers.resolve_on(None) {
         Ok(data) => {
             if !findings.iter().any(|f| f.outcome == Outcome::Problem) {
                 let message = "matches the schema and the pipeline's rules";
@@ -74,14 +69,12 @@ pub fn check_schema(
 /// findings about the cluster as a whole ([`cluster`]), then each node placement could choose
 /// ([`node`]), then what the nodes' verdicts together say.
 pub(crate) fn check_cluster(
-    schema: &ProviderDataSchema,
     layers: &Layers<'_>,
     data: &ProviderData,
     view: &ClusterFacts,
 ) -> Vec<Finding> {
     let check = ClusterCheck {
         existing: report::list_or_none(&view.cluster.node_names()),
-        schema,
         layers,
         data,
         view,

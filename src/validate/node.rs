@@ -38,7 +38,7 @@ pub(crate) fn check_node(
     out: &mut Vec<Finding>,
 ) -> Option<NodeOutcome> {
     let n = node.name.as_str();
-    let here = match check.layers.resolve_on(check.schema, Some(n)) {
+    let here = match check.layers.resolve_on(Some(n)) {
         Ok(d) => d,
         Err(problems) => {
             out.extend(Outcome::Problem.findings(problems).map(|f| f.on(n)));

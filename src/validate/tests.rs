@@ -7,8 +7,8 @@ use super::defaults::{HEALTH_TEXT_MAX, summarize};
 use super::*;
 use crate::config::ProviderConfig;
 use crate::proxmox::types::ClusterResource;
+use crate::rules::provider_data::ConfigLayers;
 use crate::rules::provider_data::needs_release_check;
-use crate::rules::provider_data::{ConfigLayers, ProviderDataSchema};
 
 /// pve1 (online, 6 GiB free, local-lvm + iso storage), pve2 (online, 1 GiB free, local-lvm only),
 /// pve3 offline; template 9000 on pve1, VM 100 on pve2.
@@ -80,17 +80,16 @@ fn config_with(defaults: Value, nodes: Value) -> ProviderConfig {
     .unwrap();
     config.defaults = defaults.as_object().unwrap().clone();
     config.nodes = nodes.as_object().unwrap().clone();
-    config.layers = ConfigLayers::read(&config.defaults, &config.nodes);
+    config.layers = ConfigLayers::read(&config.defaults, &config.nodes, false);
     config
 }
 
 fn run(class: &str, defaults: Value, nodes: Value) -> Report {
-    let schema = ProviderDataSchema::default();
     let config = config_with(defaults, nodes);
     let layers = Layers::new(class, &config);
-    let (mut findings, data) = check_schema(&schema, &layers);
+    let (mut findings, data) = check_schema(&layers);
     if let Some(data) = data {
-        findings.extend(check_cluster(&schema, &layers, &data, &view_for(&data)));
+        findings.extend(check_cluster(&layers, &data, &view_for(&data)));
     }
     Report::new(findings)
 }
@@ -147,15 +146,14 @@ fn unknown_keys_are_warnings_with_a_suggestion_and_the_class_still_passes() {
 
 /// `class` checked against a cluster whose `GET /version` gave `version` (an error: unreadable).
 fn on_release(class: &str, version: Result<&str, &str>) -> Report {
-    let schema = ProviderDataSchema::default();
     let config = config_with(json!({}), json!({}));
     let layers = Layers::new(class, &config);
-    let (_, data) = check_schema(&schema, &layers);
+    let (_, data) = check_schema(&layers);
     let data = data.unwrap();
     assert!(needs_release_check(&data));
     let mut v = view();
     v.pve_version = Some(version.map(str::to_owned).map_err(str::to_owned));
-    Report::new(check_cluster(&schema, &layers, &data, &v))
+    Report::new(check_cluster(&layers, &data, &v))
 }
 
 /// pve-ha-manager src/PVE/HA/Resources.pm: `failback` exists on HA resources only from 5.0.2
@@ -201,11 +199,11 @@ fn ha_rules_need_pve_9_and_existing_nodes() {
 
 #[test]
 fn strict_mode_fails_unknown_keys() {
-    let schema = ProviderDataSchema { strict: true };
     let class = format!("{BASE}disk_sise: 5\n");
-    let config = config_with(json!({}), json!({}));
+    let mut config = config_with(json!({}), json!({}));
+    config.layers.strict = true;
     let layers = Layers::new(&class, &config);
-    let (findings, data) = check_schema(&schema, &layers);
+    let (findings, data) = check_schema(&layers);
     assert!(data.is_none());
     let r = Report::new(findings);
     assert!(
@@ -319,12 +317,11 @@ fn unknown_bridges_and_mappings_are_not_guessed() {
     v.bridges
         .insert("pve1".into(), Err("permission denied".into()));
     v.pci_mappings = Some(Err("501 not implemented".into()));
-    let schema = ProviderDataSchema::default();
     let config = config_with(json!({}), json!({}));
     let class = format!("{BASE}pci_devices:\n  - mapping: gpu\n");
     let layers = Layers::new(&class, &config);
-    let (_, data) = check_schema(&schema, &layers);
-    let findings = check_cluster(&schema, &layers, &data.unwrap(), &v);
+    let (_, data) = check_schema(&layers);
+    let findings = check_cluster(&layers, &data.unwrap(), &v);
     let r = Report::new(findings);
     assert!(r.ok, "{}", r.render_text());
     assert!(
@@ -341,18 +338,17 @@ fn unknown_bridges_and_mappings_are_not_guessed() {
 
 #[test]
 fn defaults_are_judged_only_on_what_they_set() {
-    let schema = ProviderDataSchema::default();
     let check = |defaults: Value| {
         let mut config = ProviderConfig::parse(
             "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\n",
         )
         .unwrap();
         config.defaults = defaults.as_object().unwrap().clone();
-        config.layers = ConfigLayers::read(&config.defaults, &config.nodes);
+        config.layers = ConfigLayers::read(&config.defaults, &config.nodes, false);
         let layers = Layers::of_defaults(&config);
         // What `gather` reads for the data `defaults:` resolve to (a template's copies).
-        let data = layers.resolve_on(&schema, None).unwrap();
-        check_cluster(&schema, &layers, &data, &view_for(&data))
+        let data = layers.resolve_on(None).unwrap();
+        check_cluster(&layers, &data, &view_for(&data))
             .into_iter()
             .filter(|f| f.outcome == Outcome::Problem)
             .map(|f| f.to_string())
@@ -396,7 +392,6 @@ fn validate_and_placement_give_the_same_verdict() {
     use crate::model::ClusterSnapshot;
     use crate::rules::placement::{self, LeftOut, PlacementError, PlacementReason, Reservations};
 
-    let schema = ProviderDataSchema::default();
     // As `view()`, but pve2 has 4 GiB free.
     let mut view = view();
     view.cluster = ClusterSnapshot::from_resources(&serde_json::from_value::<Vec<crate::proxmox::types::ClusterResource>>(json!([
@@ -426,10 +421,8 @@ fn validate_and_placement_give_the_same_verdict() {
     let config = config_with(json!({}), json!({}));
     for class in &classes {
         let layers = Layers::new(class, &config);
-        let data = schema
-            .resolve_with(class, None, &Default::default())
-            .unwrap();
-        let report = Report::new(check_cluster(&schema, &layers, &data, &view));
+        let data = ConfigLayers::default().resolve(class, None).unwrap();
+        let report = Report::new(check_cluster(&layers, &data, &view));
         let request = super::cluster::class_request(&data, Default::default(), None);
         let placed = placement::pick(&cluster, &request, &Reservations::default());
         let rejected = match &placed {
@@ -478,7 +471,6 @@ fn validate_and_placement_give_the_same_verdict() {
 /// which provisioning resolves the data with): the bridge check looks at it and names the pool's key.
 #[test]
 fn a_pools_bridge_is_the_one_checked() {
-    let schema = ProviderDataSchema::default();
     let config = ProviderConfig::parse(
         "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\nipPools:\n  storage-net:\n    cidr: 10.9.0.0/24\n    range: 10.9.0.10-10.9.0.20\n    bridge: vmbr1\n",
     )
@@ -488,8 +480,8 @@ fn a_pools_bridge_is_the_one_checked() {
             "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: {node}\nip_pool: storage-net\n"
         );
         let layers = Layers::new(&class, &config);
-        let (mut findings, data) = check_schema(&schema, &layers);
-        findings.extend(check_cluster(&schema, &layers, &data.unwrap(), &view()));
+        let (mut findings, data) = check_schema(&layers);
+        findings.extend(check_cluster(&layers, &data.unwrap(), &view()));
         Report::new(findings)
     };
     // pve2 has only vmbr0: the VM would go on the pool's vmbr1, which is not there.
@@ -508,14 +500,13 @@ fn a_pools_bridge_is_the_one_checked() {
 
 /// `class` checked against `view()` whose HA rules are `rules`.
 fn with_ha_rules(class: &str, rules: serde_json::Value) -> Report {
-    let schema = ProviderDataSchema::default();
     let config = config_with(json!({}), json!({}));
     let layers = Layers::new(class, &config);
-    let (_, data) = check_schema(&schema, &layers);
+    let (_, data) = check_schema(&layers);
     let data = data.unwrap();
     let mut v = view();
     v.ha_rules = Some(Ok(serde_json::from_value(rules).unwrap()));
-    Report::new(check_cluster(&schema, &layers, &data, &v))
+    Report::new(check_cluster(&layers, &data, &v))
 }
 
 /// pve-ha-manager src/PVE/HA/Rules/NodeAffinity.pm `check_single_resource_reference`: a class with
@@ -558,10 +549,9 @@ fn validate_refuses_ha_rule_shapes_proxmox_calls_infeasible() {
 #[test]
 fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
     use crate::proxmox::cluster::ClusterHealth;
-    let schema = ProviderDataSchema::default();
     let config = config_with(json!({}), json!({}));
     let layers = Layers::new(BASE, &config);
-    let (_, data) = check_schema(&schema, &layers);
+    let (_, data) = check_schema(&layers);
     let data = data.unwrap();
     use crate::proxmox::cluster::ClusterMember;
     let health = |quorate: bool| ClusterHealth {
@@ -580,7 +570,7 @@ fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
     };
     let mut v = view();
     v.health = Some(Ok(health(false)));
-    let r = Report::new(check_cluster(&schema, &layers, &data, &v));
+    let r = Report::new(check_cluster(&layers, &data, &v));
     let f = problem(&r, "cluster.quorum", None).expect("a problem");
     assert!(
         f.message
@@ -588,7 +578,7 @@ fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
         "{f}"
     );
     v.health = Some(Ok(health(true)));
-    let r = Report::new(check_cluster(&schema, &layers, &data, &v));
+    let r = Report::new(check_cluster(&layers, &data, &v));
     assert!(problem(&r, "cluster.quorum", None).is_none());
 }
 
@@ -598,10 +588,9 @@ fn validate_shows_quorum_and_refuses_a_cluster_without_it() {
 #[test]
 fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
     let class = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\nboot: clone\ntemplate: 9000\nadditional_disks: [{disk_size: 4, storage_selector: 'true'}]\n";
-    let schema = ProviderDataSchema::default();
     let config = config_with(json!({}), json!({}));
     let layers = Layers::new(class, &config);
-    let (_, data) = check_schema(&schema, &layers);
+    let (_, data) = check_schema(&layers);
     let data = data.unwrap();
     let mut v = view_for(&data);
     let cluster = v.cluster.clone();
@@ -621,7 +610,7 @@ fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
             &vm, &config, &cluster,
         )];
     }
-    let r = Report::new(check_cluster(&schema, &layers, &data, &v));
+    let r = Report::new(check_cluster(&layers, &data, &v));
     let f = problem(&r, "additional_disks[0]", None).expect("a problem");
     assert!(
         f.message.contains("goes to scsi1, which template 9000"),

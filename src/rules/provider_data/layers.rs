@@ -14,10 +14,11 @@ use std::sync::LazyLock;
 use serde_json::{Map, Value};
 use serde_path_to_error::Segment;
 
+use super::data::ProviderData;
 use super::keys::Keys;
 use super::leave_out::read_leaving_out;
 use super::schema::{self, inner_keys, top_keys};
-use super::{LayerCheck, Problem, json_kind};
+use super::{LayerCheck, Problem, class_map, effective, json_kind};
 use crate::did_you_mean;
 use crate::proxmox::property::NodeName;
 
@@ -414,28 +415,52 @@ impl<'a> Stack<'a> {
     }
 }
 
-/// The provider config's `defaults:` and `nodes:`, read once when the config is loaded.
+/// The provider config's `defaults:` and `nodes:`, read once when the config is loaded, and how
+/// every layer is checked.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigLayers {
-    pub(super) defaults: Layer,
+    defaults: Layer,
     /// In the config's order.
     nodes: Vec<(String, Layer)>,
+    /// `strict: true` in the config: unknown keys are problems instead of warnings.
+    pub strict: bool,
 }
 
 impl ConfigLayers {
-    pub fn read(defaults: &Map<String, Value>, nodes: &Map<String, Value>) -> Self {
+    pub fn read(defaults: &Map<String, Value>, nodes: &Map<String, Value>, strict: bool) -> Self {
         Self {
             defaults: Layer::read(defaults),
             nodes: nodes
                 .iter()
                 .map(|(name, value)| (name.clone(), Layer::read_value(value)))
                 .collect(),
+            strict,
         }
     }
 
     /// The override of `node`, if the config has one.
-    pub(super) fn node(&self, node: &str) -> Option<&Layer> {
-        self.nodes.iter().find(|(n, _)| n == node).map(|(_, l)| l)
+    fn node(&self, node: &str) -> Option<(&str, &Layer)> {
+        self.nodes
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(n, l)| (n.as_str(), l))
+    }
+
+    /// The provider data for one request: the class YAML over `node`'s override (once the node is
+    /// known) over `defaults:`.
+    pub fn resolve(
+        &self,
+        class_yaml: &str,
+        node: Option<&str>,
+    ) -> Result<ProviderData, Vec<Problem>> {
+        let class = Layer::read(&class_map(class_yaml)?);
+        let node = node.and_then(|n| self.node(n));
+        effective::resolve(&Stack::new(&class, node, &self.defaults), self.strict)
+    }
+
+    /// What checking the machine class on its own finds.
+    pub fn check_class(&self, class: &Map<String, Value>) -> LayerCheck {
+        Layer::read(class).check("", self.strict)
     }
 
     /// Top-level `key` under the path of the highest layer writing it (`nodes.pve2.memory`,
@@ -445,13 +470,14 @@ impl ConfigLayers {
             written: class.keys().cloned().collect(),
             ..Layer::default()
         };
-        let node = node.and_then(|n| self.node(n).map(|layer| (n, layer)));
+        let node = node.and_then(|n| self.node(n));
         let stack = Stack::new(&class_layer, node, &self.defaults);
         format!("{}{key}", stack.prefix_of(key))
     }
 
     /// Problems and warnings of `defaults:` and every `nodes.<name>:`.
-    pub fn check(&self, strict: bool) -> LayerCheck {
+    pub fn check(&self) -> LayerCheck {
+        let strict = self.strict;
         let mut found = self.defaults.check("defaults.", strict);
         for (node, layer) in &self.nodes {
             let prefix = format!("nodes.{node}.");
