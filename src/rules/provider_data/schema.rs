@@ -9,7 +9,8 @@ use schemars::generate::SchemaSettings;
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 use serde_json::{Map, Value};
 
-use super::keys::{AdditionalDisk, AdditionalNic, HaSettings, Keys, PciKeys, UsbKeys};
+use super::keys::{AdditionalDisk, AdditionalNic, HaSettings, Keys};
+use crate::proxmox::property::{HostPci, Usb};
 
 /// The schema with the README's and the reader's `x-` extensions, generated once.
 static DECLARED: LazyLock<Value> = LazyLock::new(|| {
@@ -105,8 +106,8 @@ pub fn inner_keys(key: &str) -> &'static [&'static str] {
     match key {
         "ha" => field_names::<HaSettings>(),
         "additional_nics" => field_names::<AdditionalNic>(),
-        "usb_devices" => field_names::<UsbKeys>(),
-        "pci_devices" => field_names::<PciKeys>(),
+        "usb_devices" => field_names::<Usb>(),
+        "pci_devices" => field_names::<HostPci>(),
         "additional_disks" => field_names::<AdditionalDisk>(),
         _ => &[],
     }

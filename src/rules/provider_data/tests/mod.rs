@@ -181,7 +181,7 @@ ip_discovery_timeout: 0
     assert_eq!(data.ha.as_ref().unwrap().max_restart, Some(2));
     assert_eq!(data.additional_nics[0].bridge.as_str(), "vmbr2");
     assert!(data.usb_devices[0].usb3);
-    assert_eq!(data.pci_devices[0].rombar, Some(true));
+    assert!(data.pci_devices[0].rombar);
     assert_eq!(data.additional_disks[0].size_gb, 100);
     assert_eq!(data.template, Some(TemplateRef::VmId(9000)));
     assert_eq!(data.clone_mode, CloneMode::Linked);
