@@ -3,7 +3,7 @@
 
 use super::data::ProviderData;
 use super::keys::Keys;
-use super::layers::{Finding, Stack};
+use super::layers::Stack;
 use super::schema::required_keys;
 use super::values::{BootMode, MachineType, ResourceAffinity};
 use super::{LayerCheck, Problem};
@@ -18,15 +18,11 @@ pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, V
     for (prefix, finding) in stack.findings(false) {
         report.add(prefix, finding, strict);
     }
-    for finding in required(stack) {
-        report.add("", &finding, strict);
-    }
+    required(stack, &mut report);
     for (prefix, finding) in stack.findings(true) {
         report.add(prefix, finding, strict);
     }
-    for finding in rules(&keys, stack) {
-        report.add(stack.prefix_of(&finding.path), &finding, strict);
-    }
+    rules(&keys, stack, &mut report);
     match provider_data(keys) {
         Some(mut data) if report.problems.is_empty() => {
             data.warnings = report.warnings;
@@ -50,9 +46,8 @@ pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, V
 }
 
 /// The required keys no layer writes.
-fn required(stack: &Stack<'_>) -> Vec<Finding> {
+fn required(stack: &Stack<'_>, report: &mut LayerCheck) {
     let unknown = stack.unknown_keys();
-    let mut findings = Vec::new();
     for (key, example) in required_keys().filter(|(k, _)| !stack.writes(k)) {
         // A misspelling of it is only a warning, so point at it here where it matters.
         let near_miss = unknown
@@ -60,20 +55,19 @@ fn required(stack: &Stack<'_>) -> Vec<Finding> {
             .find(|k| did_you_mean::suggest(k, &[key]).is_some())
             .map(|k| format!(" (`{k}` is set: did you mean `{key}`?)"))
             .unwrap_or_default();
-        findings.push(Finding::problem(
-            key,
+        report.problem(
+            key.to_string(),
             format!(
                 "is required: set it in the machine class (or under `defaults:` in the provider config){example}{near_miss}"
             ),
-        ));
+        );
     }
-    findings
 }
 
 /// The rules between keys, on the merged keys.
-fn rules(k: &Keys, stack: &Stack<'_>) -> Vec<Finding> {
-    let mut found = Vec::new();
-    let mut f = |path: &str, message: String| found.push(Finding::problem(path, message));
+fn rules(k: &Keys, stack: &Stack<'_>, report: &mut LayerCheck) {
+    let mut f =
+        |path: &str, message| report.problem(format!("{}{path}", stack.prefix_of(path)), message);
     let boot = k.boot;
     if boot == BootMode::Clone && k.template.is_none() {
         f("template", "is required with `boot: clone`: give the template's VMID or name, e.g. `template: 9000`".into());
@@ -117,9 +111,7 @@ fn rules(k: &Keys, stack: &Stack<'_>) -> Vec<Finding> {
         );
     }
     if let Some(pages) = k.hugepages {
-        for (key, message) in hugepages_problems(pages, k) {
-            f(key, message);
-        }
+        hugepages_problems(pages, k, &mut f);
     }
     let pcie = k.pci_devices.iter().any(|p| p.pcie);
     if pcie && k.machine_type != Some(MachineType::Q35) {
@@ -128,7 +120,6 @@ fn rules(k: &Keys, stack: &Stack<'_>) -> Vec<Finding> {
             "must be q35 when a PCI device uses `pcie: true`".into(),
         );
     }
-    found
 }
 
 /// The merged keys with the required storage selector; `None` when it is missing or wrong (its
@@ -150,13 +141,12 @@ fn provider_data(mut keys: Keys) -> Option<ProviderData> {
 /// Proxmox accepts `hugepages` in any VM config but refuses to start the VM unless NUMA is on, and
 /// backs each NUMA node (one per socket, the memory split evenly) with whole pages; a class that
 /// breaks either rule would create a VM that never starts.
-fn hugepages_problems(pages: Hugepages, k: &Keys) -> Vec<(&'static str, String)> {
-    let mut problems = Vec::new();
+fn hugepages_problems(pages: Hugepages, k: &Keys, f: &mut impl FnMut(&str, String)) {
     if !k.numa {
-        problems.push((
+        f(
             "numa",
             "must be true with hugepages: Proxmox refuses to start a VM that has hugepages without NUMA; set `numa: true` or remove hugepages".to_string(),
-        ));
+        );
     }
     let (page_mb, page_name) = match pages {
         Hugepages::TwoMb => (2, "2MB"),
@@ -169,12 +159,11 @@ fn hugepages_problems(pages: Hugepages, k: &Keys) -> Vec<(&'static str, String)>
     if memory > 0 && (memory % sockets != 0 || (memory / sockets) % page_mb != 0) {
         let step = page_mb * sockets;
         let suggestion = (memory / step).max(1) * step;
-        problems.push((
+        f(
             "memory",
             format!(
                 "{memory} MB split over {sockets} NUMA node(s) (one per socket) is not a whole number of {page_name} hugepages per node; use a multiple of {step} MB, e.g. `memory: {suggestion}`"
             ),
-        ));
+        );
     }
-    problems
 }

@@ -83,7 +83,7 @@ impl LayerCheck {
         }
     }
 
-    fn problem(&mut self, key: String, message: String) {
+    pub(super) fn problem(&mut self, key: String, message: String) {
         if !self.problems.iter().any(|p| p.key == key) {
             self.problems.push(Problem { key, message });
         }
@@ -104,17 +104,19 @@ fn schema_findings(value: &Value, findings: &mut Vec<Finding>) {
         }
     };
     use jsonschema::error::ValidationErrorKind as Kind;
+    use jsonschema::paths::LocationSegment;
     for error in validator.iter_errors(value) {
-        let key = pointer_to_key(error.instance_path().as_str());
+        let key = error
+            .instance_path()
+            .iter()
+            .fold(String::new(), |key, s| match s {
+                LocationSegment::Index(index) => join(&key, Ok(index)),
+                LocationSegment::Property(name) => join(&key, Err(&name)),
+            });
         let (key, message) = match error.kind() {
             Kind::Required { property } => {
                 let property = property.as_str().unwrap_or_default();
-                let key = if key.is_empty() {
-                    property.to_string()
-                } else {
-                    format!("{key}.{property}")
-                };
-                (key, "is required here".to_string())
+                (join(&key, Err(property)), "is required here".to_string())
             }
             // The validator's own message quotes the value: a class author's 70 KB string would
             // land whole in the status and the log.
@@ -159,21 +161,13 @@ fn not_one_of(value: &Value, options: &Value) -> String {
     format!("{value} is not one of {}{hint}", known.join(", "))
 }
 
-/// `/additional_disks/1/disk_size` → `additional_disks[1].disk_size`.
-pub(super) fn pointer_to_key(pointer: &str) -> String {
-    let mut key = String::new();
-    for segment in pointer.split('/').skip(1) {
-        let segment = segment.replace("~1", "/").replace("~0", "~");
-        if !segment.is_empty() && segment.chars().all(|c| c.is_ascii_digit()) {
-            key.push_str(&format!("[{segment}]"));
-        } else {
-            if !key.is_empty() {
-                key.push('.');
-            }
-            key.push_str(&segment);
-        }
+/// `additional_disks[1].disk_size`: `path` with a list index or a key name after it.
+fn join(path: &str, next: Result<usize, &str>) -> String {
+    match next {
+        Ok(index) => format!("{path}[{index}]"),
+        Err(name) if path.is_empty() => name.to_string(),
+        Err(name) => format!("{path}.{name}"),
     }
-    key
 }
 
 /// One layer of provider data, read.
@@ -203,8 +197,7 @@ impl Layer {
         let keys: Option<Keys> = read_leaving_out(&mut root, |refused| {
             if let Some((key, known)) = refused.unknown() {
                 let parent = key_path(&refused.path[..refused.path.len() - 1]);
-                let dot = if parent.is_empty() { "" } else { "." };
-                let path = format!("{parent}{dot}{}", shown(key));
+                let path = join(&parent, Err(shown(key)));
                 read.push(Finding::unknown(&path, key, &known));
                 return;
             }
@@ -286,15 +279,11 @@ fn shown(key: &str) -> &str {
 
 /// `additional_disks[1].disk_size`, as serde names a path.
 fn key_path(path: &[Segment]) -> String {
-    let mut shown = String::new();
-    for segment in path {
-        match segment {
-            Segment::Seq { index } => shown.push_str(&format!("[{index}]")),
-            other if shown.is_empty() => shown = other.to_string(),
-            other => shown.push_str(&format!(".{other}")),
-        }
-    }
-    shown
+    path.iter()
+        .fold(String::new(), |key, segment| match segment {
+            Segment::Seq { index } => join(&key, Ok(*index)),
+            other => join(&key, Err(&other.to_string())),
+        })
 }
 
 /// Where a finding of the reading goes in a layer's report, as one reading of the document goes:

@@ -5,7 +5,6 @@ use std::time::Duration;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use super::layers::pointer_to_key;
 use super::schema::{inner_keys, top_keys};
 use super::values::MachineType;
 use super::*;
@@ -620,16 +619,6 @@ fn an_empty_key_is_named_quoted() {
     ))
     .unwrap();
     assert_eq!(keys_of(&nested.warnings), ["additional_disks[0].\"\""]);
-}
-
-#[test]
-fn pointer_paths_become_key_paths() {
-    assert_eq!(
-        pointer_to_key("/additional_disks/1/disk_size"),
-        "additional_disks[1].disk_size"
-    );
-    assert_eq!(pointer_to_key(""), "");
-    assert_eq!(pointer_to_key("/a~1b"), "a/b");
 }
 
 proptest! {
