@@ -123,15 +123,12 @@ fn reads_on(said: &str, value: &Value) -> String {
 
 /// `ipPools.talos-net.range[1]`; a key that is not a plain name is quoted (`ipPools."a."`).
 fn shown_path(path: &[Segment]) -> String {
-    let mut shown = String::new();
-    for segment in path {
-        match segment {
-            Segment::Seq { index } => shown = format!("{shown}[{index}]"),
-            Segment::Map { key } => shown = child(&shown, key),
-            Segment::Enum { .. } | Segment::Unknown => shown.push_str(".?"),
-        }
-    }
-    shown
+    path.iter()
+        .fold(String::new(), |shown, segment| match segment {
+            Segment::Seq { index } => format!("{shown}[{index}]"),
+            Segment::Map { key } => child(&shown, key),
+            Segment::Enum { .. } | Segment::Unknown => shown + ".?",
+        })
 }
 
 /// The path of `key` under `parent`.

@@ -1,27 +1,26 @@
 //! The provider data that takes effect for one request: the layers merged, the required keys checked,
-//! the rules between keys applied, and every default filled in.
+//! the rules between keys applied, and every default filled in: the typed [`ProviderData`] the
+//! pipeline works from.
 
-use super::data::ProviderData;
-use super::keys::Keys;
+use std::ops::{Deref, DerefMut};
+
+use super::keys::{HaSettings, Keys};
 use super::layers::Stack;
 use super::schema::required_keys;
 use super::values::{BootMode, MachineType, ResourceAffinity};
 use super::{LayerCheck, Problem};
 use crate::did_you_mean;
-use crate::proxmox::property::{Hugepages, NodeName};
+use crate::proxmox::property::{DiskOptions, Hugepages, NodeName};
+use crate::rules::storage_selector::StorageSelector;
 
 /// Merges the layers and checks the result; a problem is reported under the path of the layer its
 /// value came from.
 pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, Vec<Problem>> {
     let keys = stack.keys()?;
     let mut report = LayerCheck::default();
-    for (prefix, finding) in stack.findings(false) {
-        report.add(prefix, finding, strict);
-    }
+    stack.report(false, &mut report, strict);
     required(stack, &mut report);
-    for (prefix, finding) in stack.findings(true) {
-        report.add(prefix, finding, strict);
-    }
+    stack.report(true, &mut report, strict);
     rules(&keys, stack, &mut report);
     match provider_data(keys) {
         Some(mut data) if report.problems.is_empty() => {
@@ -165,5 +164,67 @@ fn hugepages_problems(pages: Hugepages, k: &Keys, f: &mut impl FnMut(&str, Strin
                 "{memory} MB split over {sockets} NUMA node(s) (one per socket) is not a whole number of {page_name} hugepages per node; use a multiple of {step} MB, e.g. `memory: {suggestion}`"
             ),
         );
+    }
+}
+
+impl HaSettings {
+    /// Whether the VM joins any HA rule: keys Proxmox VE 8 has no API for.
+    pub fn uses_rules(&self) -> bool {
+        !self.rules.is_empty()
+            || !self.node_affinity_nodes.is_empty()
+            || self.resource_affinity.is_some()
+    }
+}
+
+/// Validated provider data: the merged [`Keys`] (read through `Deref`), and the required storage
+/// selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderData {
+    pub keys: Keys,
+    pub storage_selector: StorageSelector,
+    /// Keys that were ignored (unknown ones, each with a suggestion when one is close): not fatal, as
+    /// with the official provider, but shown in the machine's status, the log and `validate`.
+    pub warnings: Vec<Problem>,
+}
+
+impl Deref for ProviderData {
+    type Target = Keys;
+
+    fn deref(&self) -> &Keys {
+        &self.keys
+    }
+}
+
+impl DerefMut for ProviderData {
+    fn deref_mut(&mut self) -> &mut Keys {
+        &mut self.keys
+    }
+}
+
+impl ProviderData {
+    /// The VM's vCPUs (cores per socket times sockets), as placement counts them against a node.
+    pub fn vcpus(&self) -> u64 {
+        u64::from(self.cores).saturating_mul(u64::from(self.sockets.max(1)))
+    }
+
+    /// Disk space the VM needs on its main storage: boot disk plus additional disks, in GB.
+    pub fn total_disk_gb(&self) -> u64 {
+        self.disk_size_gb.saturating_add(
+            self.additional_disks
+                .iter()
+                .map(|d| d.size_gb)
+                .fold(0, u64::saturating_add),
+        )
+    }
+
+    /// The boot disk's options.
+    pub fn disk(&self) -> DiskOptions {
+        DiskOptions {
+            ssd: self.disk_ssd,
+            discard: self.disk_discard,
+            iothread: self.disk_iothread,
+            cache: self.disk_cache,
+            aio: self.disk_aio,
+        }
     }
 }

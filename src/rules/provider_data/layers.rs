@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 use serde_json::{Map, Value};
 use serde_path_to_error::Segment;
 
-use super::data::ProviderData;
+use super::effective::ProviderData;
 use super::keys::Keys;
 use super::leave_out::read_leaving_out;
 use super::schema::{self, inner_keys, top_keys};
@@ -377,10 +377,10 @@ impl<'a> Stack<'a> {
         })
     }
 
-    /// The reading's (`read`) or the schema's findings about the values that take effect (those of
-    /// the highest layer writing each key), in the order one reading of the merged document would
-    /// make them.
-    pub fn findings(&self, read: bool) -> Vec<(&str, &Finding)> {
+    /// Adds to `report` the reading's (`read`) or the schema's findings about the values that take
+    /// effect (those of the highest layer writing each key), in the order one reading of the merged
+    /// document would make them.
+    pub fn report(&self, read: bool, report: &mut LayerCheck, strict: bool) {
         let mut out: Vec<(&str, &Finding)> = self
             .layers
             .iter()
@@ -400,7 +400,9 @@ impl<'a> Stack<'a> {
                 _ => (0, 0, f.top().to_string()),
             },
         );
-        out
+        for (prefix, finding) in out {
+            report.add(prefix, finding, strict);
+        }
     }
 }
 

@@ -16,9 +16,8 @@
 //!   every value serde refuses and every unknown key) with its findings, the layers of a request,
 //!   and the config's `defaults:` / `nodes:` read once at load.
 //! - `effective.rs`: the layers merged, rules between keys, defaults filled in: the typed
-//!   [`ProviderData`] of `data.rs`.
+//!   [`ProviderData`].
 
-mod data;
 mod effective;
 pub mod keys;
 mod layers;
@@ -28,7 +27,7 @@ mod values;
 
 use serde_json::{Map, Value};
 
-pub use data::ProviderData;
+pub use effective::ProviderData;
 pub use keys::{AdditionalDisk, HaSettings};
 pub use layers::ConfigLayers;
 pub use leave_out::{Refused, read_leaving_out};
