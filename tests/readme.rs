@@ -51,7 +51,7 @@ fn readme_table(readme: &str) -> Vec<&str> {
 fn generated_table() -> String {
     let mut table = String::from("| Key | Type | Default | Meaning |\n|---|---|---|---|\n");
     for name in schema::top_keys() {
-        let key = &schema::declared()["properties"][name];
+        let key = &schema::DECLARED["properties"][name];
         let text = |k: &str| key[k].as_str().unwrap_or_default();
         let kind = match (text("x-type"), text("type")) {
             ("", "array") => "list",

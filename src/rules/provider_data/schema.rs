@@ -12,8 +12,9 @@ use serde_json::{Map, Value};
 use super::keys::{AdditionalDisk, AdditionalNic, HaSettings, Keys};
 use crate::proxmox::property::{HostPci, Usb};
 
-/// The schema with the README's and the reader's `x-` extensions, generated once.
-static DECLARED: LazyLock<Value> = LazyLock::new(|| {
+/// The schema with the README's and the reader's `x-` extensions (the README's table is generated
+/// from them), generated once.
+pub static DECLARED: LazyLock<Value> = LazyLock::new(|| {
     let schema = SchemaSettings::draft07()
         .with(|s| s.inline_subschemas = true)
         .into_generator()
@@ -66,11 +67,6 @@ pub fn schema() -> Value {
         map.retain(|k, _| !k.starts_with("x-"))
     });
     schema
-}
-
-/// The schema with its `x-` extensions (the README's table is generated from them).
-pub fn declared() -> &'static Value {
-    &DECLARED
 }
 
 /// The declaration of top-level key `name`, with its extensions.
