@@ -167,8 +167,7 @@ impl ProviderConfig {
         let mut found = Found::default();
         let file: Option<File> = found.read(Value::Object(root));
         found.unknown_keys(file.as_ref().and_then(|f| f.strict).unwrap_or(false));
-        let config = file.and_then(|f| f.check(&mut found));
-        match config {
+        match file.and_then(|f| f.check(&mut found)) {
             Some(config) if found.problems.is_empty() => Ok(Self {
                 warnings: found.warnings,
                 ..config

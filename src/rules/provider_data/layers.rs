@@ -145,15 +145,13 @@ fn shortened(message: String) -> String {
 /// A value outside a key's list of values: the whole list, and the closest value when the given one
 /// looks like a typo of it.
 fn not_one_of(value: &Value, options: &Value) -> String {
-    let names: Vec<String> = options
+    // Every choice the declarations make is a string.
+    let known: Vec<&str> = options
         .as_array()
-        .map(|all| {
-            all.iter()
-                .map(|o| o.as_str().map_or_else(|| o.to_string(), str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    let known: Vec<&str> = names.iter().map(String::as_str).collect();
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
     let hint = value
         .as_str()
         .map(|v| crate::did_you_mean::hint(v, &known))
@@ -185,10 +183,21 @@ pub(super) struct Layer {
 }
 
 impl Layer {
-    /// Reads one layer on its own: the schema, then the keys (no required keys, no rules between
-    /// keys: those need every layer).
-    pub(super) fn read(map: &Map<String, Value>) -> Self {
-        let mut root = Value::Object(map.clone());
+    /// Reads one layer on its own, as it is given: a mapping, nothing (`null`, in the config), or a
+    /// mistake. The schema, then the keys (no required keys, no rules between keys: those need
+    /// every layer).
+    pub(super) fn read(mut root: Value) -> Self {
+        let written = match &root {
+            Value::Object(map) => map.keys().cloned().collect(),
+            Value::Null => return Self::default(),
+            other => {
+                let not_a_mapping = Some(json_kind(other));
+                return Self {
+                    not_a_mapping,
+                    ..Self::default()
+                };
+            }
+        };
         let mut schema = Vec::new();
         schema_findings(&root, &mut schema);
         let covered =
@@ -218,23 +227,11 @@ impl Layer {
         }
         read.sort_by_key(reading_order);
         Self {
-            written: map.keys().cloned().collect(),
+            written,
             valid,
             schema,
             read,
             not_a_mapping: None,
-        }
-    }
-
-    /// A layer as the config file gives it: a mapping, nothing (`null`), or a mistake.
-    pub(super) fn read_value(value: &Value) -> Self {
-        match value {
-            Value::Object(map) => Self::read(map),
-            Value::Null => Self::default(),
-            other => Self {
-                not_a_mapping: Some(json_kind(other)),
-                ..Self::default()
-            },
         }
     }
 
@@ -420,10 +417,10 @@ pub struct ConfigLayers {
 impl ConfigLayers {
     pub fn read(defaults: &Map<String, Value>, nodes: &Map<String, Value>, strict: bool) -> Self {
         Self {
-            defaults: Layer::read(defaults),
+            defaults: Layer::read(Value::Object(defaults.clone())),
             nodes: nodes
                 .iter()
-                .map(|(name, value)| (name.clone(), Layer::read_value(value)))
+                .map(|(name, value)| (name.clone(), Layer::read(value.clone())))
                 .collect(),
             strict,
         }
@@ -444,14 +441,14 @@ impl ConfigLayers {
         class_yaml: &str,
         node: Option<&str>,
     ) -> Result<ProviderData, Vec<Problem>> {
-        let class = Layer::read(&class_map(class_yaml)?);
+        let class = Layer::read(Value::Object(class_map(class_yaml)?));
         let node = node.and_then(|n| self.node(n));
         effective::resolve(&Stack::new(&class, node, &self.defaults), self.strict)
     }
 
     /// What checking the machine class on its own finds.
     pub fn check_class(&self, class: &Map<String, Value>) -> LayerCheck {
-        Layer::read(class).check("", self.strict)
+        Layer::read(Value::Object(class.clone())).check("", self.strict)
     }
 
     /// Top-level `key` under the path of the highest layer writing it (`nodes.pve2.memory`,
