@@ -165,8 +165,8 @@ impl ProviderConfig {
             }
         };
         let mut found = Found::default();
+        found.strict = root.get("strict") == Some(&Value::Bool(true));
         let file: Option<File> = found.read(Value::Object(root));
-        found.unknown_keys(file.as_ref().and_then(|f| f.strict).unwrap_or(false));
         match file.and_then(|f| f.check(&mut found)) {
             Some(config) if found.problems.is_empty() => Ok(Self {
                 warnings: found.warnings,
@@ -201,15 +201,11 @@ impl File {
             .map(|p| ip_pools::check(p.0, found))
             .unwrap_or_default();
         ip_pools::check_references(&defaults, &nodes, &ip_pools, found);
-        let default = PlacementLimits::default();
-        let placement = self
-            .placement
-            .map_or(default, |Section(p)| PlacementLimits {
-                cpu_overcommit: p.cpu_overcommit.map_or(default.cpu_overcommit, |r| r.0),
-                memory_overcommit: p
-                    .memory_overcommit
-                    .map_or(default.memory_overcommit, |r| r.0),
-            });
+        let base = PlacementLimits::default();
+        let placement = self.placement.map_or(base, |Section(p)| PlacementLimits {
+            cpu_overcommit: p.cpu_overcommit.map_or(base.cpu_overcommit, |r| r.0),
+            memory_overcommit: p.memory_overcommit.map_or(base.memory_overcommit, |r| r.0),
+        });
         Some(ProviderConfig {
             proxmox: proxmox?,
             placement,
