@@ -187,12 +187,8 @@ fn ranges(
     }
     let mut ranges: Vec<AddressRange> = Vec::new();
     for text in &texts {
-        let r = match AddressRange::parse(text) {
-            Ok(r) => r,
-            Err(e) => {
-                problem("range", e);
-                continue;
-            }
+        let Ok(r) = AddressRange::parse(text).map_err(|e| problem("range", e)) else {
+            continue;
         };
         if let Some(c) = cidr {
             if !c.contains(r.first) || !c.contains(r.last) {
