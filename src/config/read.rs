@@ -75,13 +75,13 @@ impl Found {
                 let dot = if parent.is_empty() { "" } else { "." };
                 let shown = format!("{parent}{dot}{}", shown_key(key));
                 let hint = did_you_mean::hint(key, &known);
-                match self.strict {
-                    true => self.unknown.push(format!(
-                        "unknown key `{shown}`{hint} (refused because of `strict: true`)"
-                    )),
-                    false => {
-                        (self.warnings).push(format!("unknown key `{shown}` is ignored{hint}"))
-                    }
+                if self.strict {
+                    let refused = "(refused because of `strict: true`)";
+                    self.unknown
+                        .push(format!("unknown key `{shown}`{hint} {refused}"));
+                } else {
+                    let warning = format!("unknown key `{shown}` is ignored{hint}");
+                    self.warnings.push(warning);
                 }
                 return;
             }
