@@ -4,42 +4,55 @@
 
 use std::ops::{Deref, DerefMut};
 
+use serde_json::Value;
+
 use super::keys::{HaSettings, Keys};
-use super::layers::Stack;
+use super::layers::{ConfigLayers, Layer, Stack};
 use super::schema::required_keys;
 use super::values::{BootMode, MachineType, ResourceAffinity};
-use super::{LayerCheck, Problem};
+use super::{LayerCheck, Problem, class_map};
 use crate::did_you_mean;
 use crate::proxmox::property::{DiskOptions, Hugepages, NodeName};
 use crate::rules::storage_selector::StorageSelector;
 
-/// Merges the layers and checks the result; a problem is reported under the path of the layer its
-/// value came from.
-pub(super) fn resolve(stack: &Stack<'_>, strict: bool) -> Result<ProviderData, Vec<Problem>> {
-    let keys = stack.keys()?;
-    let mut report = LayerCheck::default();
-    stack.report(false, &mut report, strict);
-    required(stack, &mut report);
-    stack.report(true, &mut report, strict);
-    rules(&keys, stack, &mut report);
-    match provider_data(keys) {
-        Some(mut data) if report.problems.is_empty() => {
-            data.warnings = report.warnings;
-            Ok(data)
-        }
-        // A mistyped key is often why the rest fails (its value was ignored): the keys ignored, each
-        // with its "did you mean", are shown after what failed, unless a problem names them already.
-        _ => {
-            let named = |key: &str| {
-                let quoted = format!("`{key}`");
-                report.problems.iter().any(|p| p.message.contains(&quoted))
-            };
-            let ignored: Vec<Problem> = report
-                .warnings
-                .into_iter()
-                .filter(|w| !named(&w.key))
-                .collect();
-            Err(report.problems.into_iter().chain(ignored).collect())
+impl ConfigLayers {
+    /// The provider data for one request: the class YAML over `node`'s override (once the node is
+    /// known) over `defaults:`, merged and checked; a problem is reported under the path of the
+    /// layer its value came from.
+    pub fn resolve(
+        &self,
+        class_yaml: &str,
+        node: Option<&str>,
+    ) -> Result<ProviderData, Vec<Problem>> {
+        let class = Layer::read(Value::Object(class_map(class_yaml)?));
+        let node = node.and_then(|n| self.node(n));
+        let stack = &Stack::new(&class, node, &self.defaults);
+        let keys = stack.keys()?;
+        let mut report = LayerCheck::default();
+        stack.report(false, &mut report, self.strict);
+        required(stack, &mut report);
+        stack.report(true, &mut report, self.strict);
+        rules(&keys, stack, &mut report);
+        match provider_data(keys) {
+            Some(mut data) if report.problems.is_empty() => {
+                data.warnings = report.warnings;
+                Ok(data)
+            }
+            // A mistyped key is often why the rest fails (its value was ignored): the keys ignored,
+            // each with its "did you mean", are shown after what failed, unless a problem names
+            // them already.
+            _ => {
+                let named = |key: &str| {
+                    let quoted = format!("`{key}`");
+                    report.problems.iter().any(|p| p.message.contains(&quoted))
+                };
+                let ignored: Vec<Problem> = report
+                    .warnings
+                    .into_iter()
+                    .filter(|w| !named(&w.key))
+                    .collect();
+                Err(report.problems.into_iter().chain(ignored).collect())
+            }
         }
     }
 }

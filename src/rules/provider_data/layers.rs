@@ -14,11 +14,10 @@ use std::sync::LazyLock;
 use serde_json::{Map, Value};
 use serde_path_to_error::Segment;
 
-use super::effective::ProviderData;
 use super::keys::Keys;
 use super::leave_out::read_leaving_out;
 use super::schema::{self, inner_keys, top_keys};
-use super::{LayerCheck, Problem, class_map, effective, json_kind};
+use super::{LayerCheck, Problem, json_kind};
 use crate::did_you_mean;
 use crate::proxmox::property::NodeName;
 
@@ -407,7 +406,7 @@ impl<'a> Stack<'a> {
 /// every layer is checked.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigLayers {
-    defaults: Layer,
+    pub(super) defaults: Layer,
     /// In the config's order.
     nodes: Vec<(String, Layer)>,
     /// `strict: true` in the config: unknown keys are problems instead of warnings.
@@ -427,23 +426,11 @@ impl ConfigLayers {
     }
 
     /// The override of `node`, if the config has one.
-    fn node(&self, node: &str) -> Option<(&str, &Layer)> {
+    pub(super) fn node(&self, node: &str) -> Option<(&str, &Layer)> {
         self.nodes
             .iter()
             .find(|(n, _)| n == node)
             .map(|(n, l)| (n.as_str(), l))
-    }
-
-    /// The provider data for one request: the class YAML over `node`'s override (once the node is
-    /// known) over `defaults:`.
-    pub fn resolve(
-        &self,
-        class_yaml: &str,
-        node: Option<&str>,
-    ) -> Result<ProviderData, Vec<Problem>> {
-        let class = Layer::read(Value::Object(class_map(class_yaml)?));
-        let node = node.and_then(|n| self.node(n));
-        effective::resolve(&Stack::new(&class, node, &self.defaults), self.strict)
     }
 
     /// What checking the machine class on its own finds.
