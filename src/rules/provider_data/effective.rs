@@ -27,17 +27,25 @@ impl ConfigLayers {
         let class = Layer::read(Value::Object(class_map(class_yaml)?));
         let node = node.and_then(|n| self.node(n));
         let stack = &Stack::new(&class, node, &self.defaults);
-        let keys = stack.keys()?;
+        let mut keys = stack.keys()?;
         let mut report = LayerCheck::default();
         stack.report(false, &mut report, self.strict);
         required(stack, &mut report);
         stack.report(true, &mut report, self.strict);
         rules(&keys, stack, &mut report);
-        match provider_data(keys) {
-            Some(mut data) if report.problems.is_empty() => {
-                data.warnings = report.warnings;
-                Ok(data)
-            }
+        // `spread: true` is the short way to ask for `resource_affinity: negative`.
+        if let Some(ha) = &mut keys.ha
+            && ha.spread == Some(true)
+        {
+            ha.resource_affinity = Some(ResourceAffinity::Negative);
+        }
+        // The required storage selector is missing or wrong only with its problem reported.
+        match keys.storage_selector.clone() {
+            Some(storage_selector) if report.problems.is_empty() => Ok(ProviderData {
+                storage_selector,
+                keys,
+                warnings: report.warnings,
+            }),
             // A mistyped key is often why the rest fails (its value was ignored): the keys ignored,
             // each with its "did you mean", are shown after what failed, unless a problem names
             // them already.
@@ -132,22 +140,6 @@ fn rules(k: &Keys, stack: &Stack<'_>, report: &mut LayerCheck) {
             "must be q35 when a PCI device uses `pcie: true`".into(),
         );
     }
-}
-
-/// The merged keys with the required storage selector; `None` when it is missing or wrong (its
-/// problem is reported).
-fn provider_data(mut keys: Keys) -> Option<ProviderData> {
-    // `spread: true` is the short way to ask for `resource_affinity: negative`.
-    if let Some(ha) = &mut keys.ha
-        && ha.spread == Some(true)
-    {
-        ha.resource_affinity = Some(ResourceAffinity::Negative);
-    }
-    Some(ProviderData {
-        storage_selector: keys.storage_selector.clone()?,
-        keys,
-        warnings: Vec::new(),
-    })
 }
 
 /// Proxmox accepts `hugepages` in any VM config but refuses to start the VM unless NUMA is on, and
