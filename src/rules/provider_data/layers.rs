@@ -452,8 +452,7 @@ impl ConfigLayers {
 
     /// Problems and warnings of `defaults:` and every `nodes.<name>:`.
     pub fn check(&self) -> LayerCheck {
-        let strict = self.strict;
-        let mut found = self.defaults.check("defaults.", strict);
+        let mut found = self.defaults.check("defaults.", self.strict);
         for (node, layer) in &self.nodes {
             let prefix = format!("nodes.{node}.");
             if let Err(e) = NodeName::new(node.clone()) {
@@ -462,7 +461,7 @@ impl ConfigLayers {
                     message: e.to_string(),
                 });
             }
-            let layer_found = layer.check(&prefix, strict);
+            let layer_found = layer.check(&prefix, self.strict);
             found.problems.extend(layer_found.problems);
             found.warnings.extend(layer_found.warnings);
             for key in top_keys()
