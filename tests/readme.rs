@@ -51,7 +51,7 @@ fn readme_table(readme: &str) -> Vec<&str> {
 fn generated_table() -> String {
     let mut table = String::from("| Key | Type | Default | Meaning |\n|---|---|---|---|\n");
     for name in schema::top_keys() {
-        let key = &schema::declared()["properties"][name];
+        let key = &schema::DECLARED["properties"][name];
         let text = |k: &str| key[k].as_str().unwrap_or_default();
         let kind = match (text("x-type"), text("type")) {
             ("", "array") => "list",
@@ -188,9 +188,10 @@ fn readme_machine_class_is_one_omni_and_this_provider_take() {
     }
     assert_eq!(auto["providerid"], "proxmox");
     let provider_data = auto["providerdata"].as_str().unwrap();
-    use omni_infra_provider_proxmox::rules::provider_data::{ConfigLayers, ProviderDataSchema};
-    ProviderDataSchema { strict: true }
-        .resolve_with(provider_data, None, &ConfigLayers::default())
+    use omni_infra_provider_proxmox::rules::provider_data::ConfigLayers;
+    let strict = ConfigLayers::read(&Default::default(), &Default::default(), true);
+    strict
+        .resolve(provider_data, None)
         .unwrap_or_else(|p| panic!("README provider data: {p:?}"));
     // The cluster template asks for a number of machines of each class.
     let template = &readme[readme.find("kind: Workers\n").expect("a Workers example")..];

@@ -497,19 +497,16 @@ fn examples_dir() -> PathBuf {
 
 #[test]
 fn example_config_loads_and_its_overrides_are_valid() {
-    use omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema;
     let text = std::fs::read_to_string(examples_dir().join("config.yaml")).unwrap();
     let config = ProviderConfig::parse(&text).unwrap_or_else(|e| panic!("{e:?}"));
-    let schema = ProviderDataSchema::default();
-    let problems = schema.check_config(&config.layers).problems;
+    let problems = config.layers.check().problems;
     assert!(problems.is_empty(), "{problems:?}");
     assert!(!config.defaults.is_empty() && !config.nodes.is_empty());
 }
 
 #[test]
 fn example_machine_classes_pass_the_schema_alone_and_with_the_example_config() {
-    use omni_infra_provider_proxmox::rules::provider_data::{ProviderDataSchema, describe};
-    let schema = ProviderDataSchema::default();
+    use omni_infra_provider_proxmox::rules::provider_data::{ConfigLayers, describe};
     let config = ProviderConfig::parse(
         &std::fs::read_to_string(examples_dir().join("config.yaml")).unwrap(),
     )
@@ -519,11 +516,11 @@ fn example_machine_classes_pass_the_schema_alone_and_with_the_example_config() {
         let path = entry.unwrap().path();
         let yaml = std::fs::read_to_string(&path).unwrap();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if let Err(problems) = schema.resolve_with(&yaml, None, &Default::default()) {
+        if let Err(problems) = ConfigLayers::default().resolve(&yaml, None) {
             panic!("{name}: {}", describe(&problems));
         }
         for node in config.nodes.keys() {
-            match schema.resolve_with(&yaml, Some(node), &config.layers) {
+            match config.layers.resolve(&yaml, Some(node)) {
                 Err(problems) => panic!("{name} on {node}: {}", describe(&problems)),
                 // Every IP pool a class names is one of the example config's.
                 Ok(mut data) => {

@@ -39,7 +39,7 @@ use serde::Serialize;
 use crate::config::ProviderConfig;
 use crate::omni::client::OmniClient;
 use crate::omni::transport;
-use crate::rules::provider_data::{Problem, ProviderDataSchema};
+use crate::rules::provider_data::Problem;
 use omni_args::OmniArgs;
 
 /// Reads the config file: the config, what it got wrong without being refused (unknown keys with
@@ -47,10 +47,7 @@ use omni_args::OmniArgs;
 /// set), and the problems of its `defaults:` and `nodes:` as provider data.
 fn read_config(path: &Path) -> Result<(ProviderConfig, Vec<String>, Vec<Problem>), BoxError> {
     let config = ProviderConfig::load(path)?;
-    let schema = ProviderDataSchema {
-        strict: config.strict,
-    };
-    let overrides = schema.check_config(&config.layers);
+    let overrides = config.layers.check();
     let mut warnings = config.warnings.clone();
     warnings.extend(overrides.warnings.iter().map(ToString::to_string));
     Ok((config, warnings, overrides.problems))

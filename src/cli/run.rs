@@ -33,7 +33,6 @@ use crate::omni::state::{StateClient, StateError};
 use crate::omni::transport::{self, OmniEndpoint};
 use crate::pipeline::step::{Services, Timeouts};
 use crate::proxmox::ProxmoxClient;
-use crate::rules::provider_data::ProviderDataSchema;
 use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
@@ -277,9 +276,6 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
             provider_id: settings.info.id.clone(),
             pve: pve.clone(),
             management: omni.management.clone(),
-            schema: ProviderDataSchema {
-                strict: settings.config.strict,
-            },
             config: settings.config.clone(),
             ledgers: Default::default(),
             image_factory_url: image_factory_url.clone(),

@@ -187,12 +187,8 @@ fn ranges(
     }
     let mut ranges: Vec<AddressRange> = Vec::new();
     for text in &texts {
-        let r = match AddressRange::parse(text) {
-            Ok(r) => r,
-            Err(e) => {
-                problem("range", e);
-                continue;
-            }
+        let Ok(r) = AddressRange::parse(text).map_err(|e| problem("range", e)) else {
+            continue;
         };
         if let Some(c) = cidr {
             if !c.contains(r.first) || !c.contains(r.last) {
@@ -231,18 +227,14 @@ pub(super) fn check_references(
             .filter_map(|(n, v)| v.as_object().map(|m| (format!("nodes.{n}"), m))),
     );
     for (prefix, layer) in layers {
-        let mut named: Vec<(String, &str)> = Vec::new();
-        if let Some(Value::String(name)) = layer.get("ip_pool") {
-            named.push((format!("{prefix}.ip_pool"), name));
-        }
-        if let Some(Value::Array(nics)) = layer.get("additional_nics") {
-            for (i, nic) in nics.iter().enumerate() {
-                if let Some(Value::String(name)) = nic.get("ip_pool") {
-                    named.push((format!("{prefix}.additional_nics[{i}].ip_pool"), name));
-                }
-            }
-        }
-        for (key, name) in named {
+        let nics = layer.get("additional_nics").and_then(Value::as_array);
+        let named = std::iter::once((format!("{prefix}.ip_pool"), layer.get("ip_pool"))).chain(
+            nics.into_iter().flatten().enumerate().map(|(i, nic)| {
+                let key = format!("{prefix}.additional_nics[{i}].ip_pool");
+                (key, nic.get("ip_pool"))
+            }),
+        );
+        for (key, name) in named.filter_map(|(key, name)| Some((key, name?.as_str()?))) {
             if let Err(p) = crate::rules::ip_pool::find(pools, &key, name) {
                 found.problems.push(format!("`{}`: {}", p.key, p.message));
             }

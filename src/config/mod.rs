@@ -53,10 +53,9 @@ pub struct ProviderConfig {
     /// `nodes:`: per-node provider-data overrides, applied after the node is chosen.
     pub nodes: Map<String, Value>,
     /// `defaults:` and `nodes:` read into typed provider-data layers once, here, so that resolving a
-    /// request's provider data only reads the machine class.
+    /// request's provider data only reads the machine class; with `strict: true` (unknown keys, here
+    /// and in provider data, are errors, not warnings).
     pub layers: ConfigLayers,
-    /// `strict: true`: unknown keys (here and in provider data) are errors, not warnings.
-    pub strict: bool,
     /// `placement:`: how far automatic placement may commit a node's CPUs and memory.
     pub placement: PlacementLimits,
     /// `ipPools:`: the static IP pools provider data may name (`ip_pool`), checked.
@@ -166,10 +165,9 @@ impl ProviderConfig {
             }
         };
         let mut found = Found::default();
+        found.strict = root.get("strict") == Some(&Value::Bool(true));
         let file: Option<File> = found.read(Value::Object(root));
-        found.unknown_keys(file.as_ref().and_then(|f| f.strict).unwrap_or(false));
-        let config = file.and_then(|f| f.check(&mut found));
-        match config {
+        match file.and_then(|f| f.check(&mut found)) {
             Some(config) if found.problems.is_empty() => Ok(Self {
                 warnings: found.warnings,
                 ..config
@@ -203,24 +201,19 @@ impl File {
             .map(|p| ip_pools::check(p.0, found))
             .unwrap_or_default();
         ip_pools::check_references(&defaults, &nodes, &ip_pools, found);
-        let default = PlacementLimits::default();
-        let placement = self
-            .placement
-            .map_or(default, |Section(p)| PlacementLimits {
-                cpu_overcommit: p.cpu_overcommit.map_or(default.cpu_overcommit, |r| r.0),
-                memory_overcommit: p
-                    .memory_overcommit
-                    .map_or(default.memory_overcommit, |r| r.0),
-            });
+        let base = PlacementLimits::default();
+        let placement = self.placement.map_or(base, |Section(p)| PlacementLimits {
+            cpu_overcommit: p.cpu_overcommit.map_or(base.cpu_overcommit, |r| r.0),
+            memory_overcommit: p.memory_overcommit.map_or(base.memory_overcommit, |r| r.0),
+        });
         Some(ProviderConfig {
             proxmox: proxmox?,
             placement,
             ip_pools,
             policy: self.policy.map(|p| Policy::from(p.0)).unwrap_or_default(),
-            layers: ConfigLayers::read(&defaults, &nodes),
+            layers: ConfigLayers::read(&defaults, &nodes, self.strict.unwrap_or(false)),
             defaults,
             nodes,
-            strict: self.strict.unwrap_or(false),
             warnings: Vec::new(),
         })
     }
@@ -300,7 +293,7 @@ mod tests {
     fn unknown_keys_are_warnings_unless_strict() {
         let text = "proxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n  insecureSkipVerfy: true\nlogLevel: debug\n";
         let c = ProviderConfig::parse(text).unwrap();
-        assert!(!c.strict);
+        assert!(!c.layers.strict);
         assert_eq!(
             c.warnings,
             vec![
@@ -323,7 +316,7 @@ mod tests {
             "strict: true\nproxmox:\n  url: https://pve:8006\n  tokenID: omni@pve!p\n  tokenSecret: abc\n",
         )
         .unwrap();
-        assert!(strict_ok.strict && strict_ok.warnings.is_empty());
+        assert!(strict_ok.layers.strict && strict_ok.warnings.is_empty());
         assert!(problems("strict: yes please\nproxmox:\n  url: https://x\n  tokenID: a@b!c\n  tokenSecret: s\n")
             .join("")
             .contains("`strict` must be true or false"));

@@ -59,8 +59,6 @@ impl ProxmoxFile {
             problems, warnings, ..
         } = found;
         let before = problems.len();
-        let secret =
-            |inline, file, key, problems: &mut _| secret(text(inline), text(file), key, problems);
         let token_secret = secret(
             self.token_secret,
             self.token_secret_file,
@@ -104,16 +102,16 @@ impl ProxmoxFile {
 /// A secret written inline (`tokenSecret`) or kept in a file (`tokenSecretFile`), read here, once.
 /// Messages name the key and the file, never what either holds.
 fn secret(
-    inline: Option<String>,
-    file: Option<String>,
+    inline: Option<Text>,
+    file: Option<Text>,
     key: &str,
     problems: &mut Vec<String>,
 ) -> Option<String> {
-    let Some(path) = file else {
-        return inline;
+    let Some(path) = text(file) else {
+        return text(inline);
     };
     let file_key = format!("{key}File");
-    if inline.is_some() {
+    if text(inline).is_some() {
         problems.push(format!(
             "`proxmox.{key}` and `proxmox.{file_key}` are both set: keep one"
         ));

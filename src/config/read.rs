@@ -3,7 +3,7 @@
 //!
 //! Each value serde refuses is reported at its key path and left out ([`read_leaving_out`]): one
 //! load names every wrong value. Unknown keys are named by serde too, with the keys their struct
-//! declares, and kept apart: warnings, or problems under `strict: true` ([`Found::unknown_keys`]).
+//! declares: warnings, or problems under `strict: true` (after the values refused).
 
 use std::collections::BTreeSet;
 
@@ -52,8 +52,11 @@ pub(super) struct Found {
     pub warnings: Vec<String>,
     /// Key paths whose value was refused and left out: what would call them missing keeps quiet.
     failed: BTreeSet<String>,
-    /// Keys no struct declares, as shown, each with its suggestion: see [`Found::unknown_keys`].
-    unknown: Vec<(String, String)>,
+    /// `strict: true` in the file: unknown keys are problems, else warnings (the official provider
+    /// ignores them, so a file that works there loads here).
+    pub strict: bool,
+    /// The problems of unknown keys, reported after the values refused.
+    unknown: Vec<String>,
 }
 
 impl Found {
@@ -64,14 +67,22 @@ impl Found {
 
     /// Reads `root` into `T`; each value serde refuses is a problem at its key path.
     pub fn read<T: DeserializeOwned>(&mut self, mut root: Value) -> Option<T> {
-        read_leaving_out(&mut root, |refused| {
+        let read = read_leaving_out(&mut root, |refused| {
             if let Some((key, known)) = refused.unknown() {
                 // Every struct denies unknown fields so that serde names each with the keys it
                 // knows; it is left out and the file read again, so it is never fatal here.
                 let parent = shown_path(&refused.path[..refused.path.len() - 1]);
                 let dot = if parent.is_empty() { "" } else { "." };
                 let shown = format!("{parent}{dot}{}", shown_key(key));
-                self.unknown.push((shown, did_you_mean::hint(key, &known)));
+                let hint = did_you_mean::hint(key, &known);
+                if self.strict {
+                    let refused = "(refused because of `strict: true`)";
+                    self.unknown
+                        .push(format!("unknown key `{shown}`{hint} {refused}"));
+                } else {
+                    let warning = format!("unknown key `{shown}` is ignored{hint}");
+                    self.warnings.push(warning);
+                }
                 return;
             }
             // Nothing left out (serde's own structure failed): reported, never quoting.
@@ -80,22 +91,9 @@ impl Found {
             let reads_on = reads_on(&refused.said, &value);
             self.problems.push(format!("`{path}`{reads_on}"));
             self.failed.insert(path);
-        })
-    }
-
-    /// The unknown keys: warnings, as the official provider ignores them (so a file that works
-    /// there loads here), or problems when `strict`.
-    pub fn unknown_keys(&mut self, strict: bool) {
-        for (key, hint) in std::mem::take(&mut self.unknown) {
-            if strict {
-                self.problems.push(format!(
-                    "unknown key `{key}`{hint} (refused because of `strict: true`)"
-                ));
-            } else {
-                self.warnings
-                    .push(format!("unknown key `{key}` is ignored{hint}"));
-            }
-        }
+        });
+        self.problems.append(&mut self.unknown);
+        read
     }
 }
 
@@ -123,15 +121,12 @@ fn reads_on(said: &str, value: &Value) -> String {
 
 /// `ipPools.talos-net.range[1]`; a key that is not a plain name is quoted (`ipPools."a."`).
 fn shown_path(path: &[Segment]) -> String {
-    let mut shown = String::new();
-    for segment in path {
-        match segment {
-            Segment::Seq { index } => shown = format!("{shown}[{index}]"),
-            Segment::Map { key } => shown = child(&shown, key),
-            Segment::Enum { .. } | Segment::Unknown => shown.push_str(".?"),
-        }
-    }
-    shown
+    path.iter()
+        .fold(String::new(), |shown, segment| match segment {
+            Segment::Seq { index } => format!("{shown}[{index}]"),
+            Segment::Map { key } => child(&shown, key),
+            Segment::Enum { .. } | Segment::Unknown => shown + ".?",
+        })
 }
 
 /// The path of `key` under `parent`.

@@ -451,7 +451,6 @@ async fn release_problem(
 mod tests {
     use super::*;
     use crate::config::ProviderConfig;
-    use crate::rules::provider_data::ProviderDataSchema;
     use serde_json::json;
 
     const BASE: &str = "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: name == \"local-lvm\"\nnode: pve1\n";
@@ -478,8 +477,7 @@ mod tests {
         ))
         .unwrap();
         let pve = ProxmoxClient::new(&config.proxmox).unwrap();
-        let schema = ProviderDataSchema::default();
-        let resolve = |yaml: String| schema.resolve_with(&yaml, None, &config.layers).unwrap();
+        let resolve = |yaml: String| config.layers.resolve(&yaml, None).unwrap();
         let plain = resolve(format!("{BASE}ha:\n  state: started\n"));
         let known = Ledgers::default();
         assert_eq!(release_problem(&pve, &plain, &known).await, None);

@@ -9,7 +9,7 @@ use super::ledgers::Ledgers;
 use crate::config::ProviderConfig;
 use crate::omni::management::ManagementClient;
 use crate::proxmox::ProxmoxClient;
-use crate::rules::provider_data::{ProviderData, ProviderDataSchema, describe};
+use crate::rules::provider_data::{ProviderData, describe};
 use crate::rules::schematic::SchematicRequest;
 
 /// The MachineRequest as the steps need it.
@@ -42,7 +42,6 @@ pub struct Services {
     pub pve: ProxmoxClient,
     pub management: ManagementClient,
     pub config: ProviderConfig,
-    pub schema: ProviderDataSchema,
     pub ledgers: Ledgers,
     /// Image factory base URL for boot ISOs.
     pub image_factory_url: String,
@@ -85,9 +84,8 @@ impl Services {
         let invalid = |problems: Vec<crate::rules::provider_data::Problem>| {
             StepError::config(format!("invalid provider data: {}", describe(&problems)))
         };
-        let mut data = self
-            .schema
-            .resolve_with(&request.provider_data, node, &self.config.layers)
+        let mut data = (self.config.layers)
+            .resolve(&request.provider_data, node)
             .map_err(invalid)?;
         crate::rules::ip_pool::apply_networks(&mut data, &self.config.ip_pools).map_err(invalid)?;
         let refused = self.config.policy.check(&data);

@@ -456,15 +456,26 @@ pub fn efi_disk(storage: &StorageId) -> String {
     format!("{storage}:1,efitype=4m,pre-enrolled-keys=0")
 }
 
-/// `hostpciN` through a resource mapping.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `hostpciN` through a resource mapping, as an item of provider data's `pci_devices:` asks for it
+/// (the doc comments are what Omni shows for its keys).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(description = "")]
 pub struct HostPci {
+    /// PCI resource mapping ID, e.g. nvidia-gpu-1.
     pub mapping: MappingId,
+    /// Mediated device type, e.g. nvidia-180.
     pub mdev: Option<MdevType>,
+    /// Attach as PCIe (needs machine_type q35).
+    #[serde(default)]
     pub pcie: bool,
-    /// `None` leaves Proxmox's default (on).
-    pub rombar: Option<bool>,
+    /// Use as the primary GPU (x-vga=1).
+    #[serde(default)]
     pub primary_gpu: bool,
+    /// Expose the device ROM (Proxmox default on).
+    // As upstream, only `true` is written (`rombar=1`); false leaves Proxmox's default.
+    #[serde(default)]
+    pub rombar: bool,
 }
 
 impl HostPci {
@@ -472,17 +483,23 @@ impl HostPci {
         let options = [
             opt("mdev", self.mdev.as_ref()),
             opt("pcie", self.pcie.then_some(1)),
-            opt("rombar", self.rombar.map(flag)),
+            opt("rombar", self.rombar.then_some(1)),
             opt("x-vga", self.primary_gpu.then_some(1)),
         ];
         format!("mapping={}{}", self.mapping, options.concat())
     }
 }
 
-/// `usbN` through a resource mapping.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `usbN` through a resource mapping, as an item of provider data's `usb_devices:` asks for it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(description = "")]
 pub struct Usb {
+    /// USB resource mapping ID.
+    #[schemars(length(min = 1))]
     pub mapping: MappingId,
+    /// Attach to the USB 3 controller.
+    #[serde(default)]
     pub usb3: bool,
 }
 
@@ -643,12 +660,12 @@ mod tests {
             mapping: MappingId::new("nvidia-gpu-1").unwrap(),
             mdev: Some(MdevType::new("nvidia-180").unwrap()),
             pcie: true,
-            rombar: Some(false),
+            rombar: true,
             primary_gpu: true,
         };
         assert_eq!(
             pci.render(),
-            "mapping=nvidia-gpu-1,mdev=nvidia-180,pcie=1,rombar=0,x-vga=1"
+            "mapping=nvidia-gpu-1,mdev=nvidia-180,pcie=1,rombar=1,x-vga=1"
         );
         let usb = Usb {
             mapping: MappingId::new("rtl-sdr").unwrap(),
@@ -725,7 +742,7 @@ mod tests {
             }
             if let Ok(mapping) = MappingId::new(s.clone()) {
                 prop_assert_eq!(keys(&Usb { mapping: mapping.clone(), usb3: false }.render()), vec!["mapping"]);
-                let pci = HostPci { mapping, mdev: MdevType::new(s.clone()).ok(), pcie: false, rombar: None, primary_gpu: false };
+                let pci = HostPci { mapping, mdev: MdevType::new(s.clone()).ok(), pcie: false, rombar: false, primary_gpu: false };
                 let k = keys(&pci.render());
                 prop_assert!(k.len() <= 2 && k[0] == "mapping");
             }

@@ -124,14 +124,13 @@ fn render_ranges(ranges: &[(u16, u16)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::provider_data::{ConfigLayers, ProviderDataSchema};
+    use crate::rules::provider_data::ConfigLayers;
 
     fn data(extra: &str) -> ProviderData {
-        ProviderDataSchema::default()
-            .resolve_with(
+        ConfigLayers::default()
+            .resolve(
                 &format!("cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\n{extra}"),
                 None,
-                &ConfigLayers::default(),
             )
             .unwrap()
     }

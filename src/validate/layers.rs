@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use crate::config::ProviderConfig;
 use crate::rules::ip_pool;
-use crate::rules::provider_data::{ConfigLayers, Problem, ProviderData, ProviderDataSchema};
+use crate::rules::provider_data::{ConfigLayers, Problem, ProviderData, class_map};
 
 /// Where the provider data comes from: the class's YAML over the config's `nodes:` and `defaults:`;
 /// the config's static IP pools, whose bridge and VLAN replace the NIC's, as provisioning does.
@@ -59,22 +59,15 @@ impl<'a> Layers<'a> {
         for (key, value) in STAND_INS.iter().filter(|_| self.stand_ins) {
             filled.entry(*key).or_insert_with(value);
         }
-        let config = ConfigLayers::read(&filled, &self.config.nodes);
-        let mut data = self.schema().resolve_with(self.class_yaml, node, &config)?;
+        let config = ConfigLayers::read(&filled, &self.config.nodes, self.config.layers.strict);
+        let mut data = config.resolve(self.class_yaml, node)?;
         let _unknown_pools = ip_pool::apply_networks(&mut data, &self.config.ip_pools);
         Ok(data)
     }
 
-    /// The schema as strict as the config file asks.
-    pub(crate) fn schema(&self) -> ProviderDataSchema {
-        ProviderDataSchema {
-            strict: self.config.strict,
-        }
-    }
-
     /// `key` as the user must change it: in the class, under `nodes.<node>.`, or under `defaults.`.
     pub(crate) fn key(&self, key: &str, node: Option<&str>) -> String {
-        let class = ProviderDataSchema::class_map(self.class_yaml).unwrap_or_default();
+        let class = class_map(self.class_yaml).unwrap_or_default();
         self.config.layers.key_path(&class, key, node)
     }
 

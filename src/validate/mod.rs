@@ -23,30 +23,27 @@ mod node;
 mod pools;
 mod report;
 
-use serde_json::Value;
-
 pub use defaults::check_defaults;
 pub use gather::{root_reach_warning, validate_class};
 pub use layers::Layers;
 pub use report::{Finding, Outcome, Report};
 
 use crate::config::ProviderConfig;
-use crate::rules::provider_data::{ProviderData, ProviderDataSchema};
+use crate::rules::provider_data::{ProviderData, class_map};
 use cluster::{ClusterCheck, ClusterFacts, candidate_nodes};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
 /// overrides). `Ok` carries the data as it is before any per-node override, for the cluster checks.
 pub fn check_schema(layers: &Layers<'_>) -> (Vec<Finding>, Option<ProviderData>) {
-    let schema = layers.schema();
-    let overrides = schema.check_config(&layers.config.layers);
+    let overrides = layers.config.layers.check();
     let mut findings: Vec<Finding> = Outcome::Problem
         .findings(overrides.problems)
         .chain(Outcome::Warning.findings(overrides.warnings))
         .collect();
     // The class's own warnings (those of `defaults:` and `nodes:` came with the overrides above),
     // also when the class fails: an ignored misspelling often explains a missing key.
-    if let Ok(class) = ProviderDataSchema::class_map(layers.class_yaml) {
-        let check = schema.check_layer("", &Value::Object(class));
+    if let Ok(class) = class_map(layers.class_yaml) {
+        let check = layers.config.layers.check_class(&class);
         findings.extend(Outcome::Warning.findings(check.warnings));
     }
     match layers.resolve_on(None) {

@@ -50,14 +50,13 @@ pub fn check_pools(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::provider_data::{ConfigLayers, ProviderDataSchema};
+    use crate::rules::provider_data::ConfigLayers;
 
     fn data(yaml: &str) -> ProviderData {
-        ProviderDataSchema::default()
-            .resolve_with(
+        ConfigLayers::default()
+            .resolve(
                 &format!("cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\n{yaml}"),
                 None,
-                &ConfigLayers::default(),
             )
             .unwrap()
     }

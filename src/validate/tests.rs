@@ -7,8 +7,8 @@ use super::defaults::{HEALTH_TEXT_MAX, summarize};
 use super::*;
 use crate::config::ProviderConfig;
 use crate::proxmox::types::ClusterResource;
+use crate::rules::provider_data::ConfigLayers;
 use crate::rules::provider_data::needs_release_check;
-use crate::rules::provider_data::{ConfigLayers, ProviderDataSchema};
 
 /// pve1 (online, 6 GiB free, local-lvm + iso storage), pve2 (online, 1 GiB free, local-lvm only),
 /// pve3 offline; template 9000 on pve1, VM 100 on pve2.
@@ -79,7 +79,7 @@ fn config_with(defaults: Value, nodes: Value) -> ProviderConfig {
     .unwrap();
     config.defaults = defaults.as_object().unwrap().clone();
     config.nodes = nodes.as_object().unwrap().clone();
-    config.layers = ConfigLayers::read(&config.defaults, &config.nodes);
+    config.layers = ConfigLayers::read(&config.defaults, &config.nodes, false);
     config
 }
 
@@ -200,7 +200,7 @@ fn ha_rules_need_pve_9_and_existing_nodes() {
 fn strict_mode_fails_unknown_keys() {
     let class = format!("{BASE}disk_sise: 5\n");
     let mut config = config_with(json!({}), json!({}));
-    config.strict = true;
+    config.layers.strict = true;
     let layers = Layers::new(&class, &config);
     let (findings, data) = check_schema(&layers);
     assert!(data.is_none());
@@ -343,7 +343,7 @@ fn defaults_are_judged_only_on_what_they_set() {
         )
         .unwrap();
         config.defaults = defaults.as_object().unwrap().clone();
-        config.layers = ConfigLayers::read(&config.defaults, &config.nodes);
+        config.layers = ConfigLayers::read(&config.defaults, &config.nodes, false);
         let layers = Layers::of_defaults(&config);
         // What `gather` reads for the data `defaults:` resolve to (a template's copies).
         let data = layers.resolve_on(None).unwrap();
@@ -391,7 +391,6 @@ fn validate_and_placement_give_the_same_verdict() {
     use crate::model::ClusterSnapshot;
     use crate::rules::placement::{self, LeftOut, PlacementError, PlacementReason, Reservations};
 
-    let schema = ProviderDataSchema::default();
     // As `view()`, but pve2 has 4 GiB free.
     let mut view = view();
     view.cluster = ClusterSnapshot::from_resources(&serde_json::from_value::<Vec<crate::proxmox::types::ClusterResource>>(json!([
@@ -421,9 +420,7 @@ fn validate_and_placement_give_the_same_verdict() {
     let config = config_with(json!({}), json!({}));
     for class in &classes {
         let layers = Layers::new(class, &config);
-        let data = schema
-            .resolve_with(class, None, &Default::default())
-            .unwrap();
+        let data = ConfigLayers::default().resolve(class, None).unwrap();
         let report = Report::new(check_cluster(&layers, &data, &view));
         let request = super::cluster::class_request(&data, Default::default(), None);
         let placed = placement::pick(&cluster, &request, &Reservations::default());

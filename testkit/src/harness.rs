@@ -18,7 +18,6 @@ use omni_infra_provider_proxmox::omni::resources::{
 use omni_infra_provider_proxmox::omni::state::Typed;
 use omni_infra_provider_proxmox::pipeline::step::{Services, Timeouts};
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
-use omni_infra_provider_proxmox::rules::provider_data::ProviderDataSchema;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -115,9 +114,6 @@ impl Harness {
             pve: ProxmoxClient::new(&self.config.proxmox).unwrap(),
             management: client.management.clone(),
             config: self.config.clone(),
-            schema: ProviderDataSchema {
-                strict: self.config.strict,
-            },
             ledgers: Default::default(),
             image_factory_url: self.image_factory_url.clone(),
             factory_http: omni_infra_provider_proxmox::pipeline::image_factory::http_client()

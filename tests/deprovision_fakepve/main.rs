@@ -17,7 +17,7 @@ use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
 use omni_infra_provider_proxmox::proxmox::property::{IsoVolume, StorageId};
 use omni_infra_provider_proxmox::proxmox::types::{ClusterResource, NodeName, VmId};
 use omni_infra_provider_proxmox::rules::cloud_init::seed_iso_file_name;
-use omni_infra_provider_proxmox::rules::provider_data::{ConfigLayers, ProviderDataSchema};
+use omni_infra_provider_proxmox::rules::provider_data::ConfigLayers;
 use omni_infra_provider_proxmox::rules::vm_config::{self, VmIdentity, VmTarget};
 use serde_json::{Value, json};
 use testkit::fakepve::{FakePve, Login, Trust, three_node_scenario};
@@ -94,12 +94,7 @@ async fn provision(
     upload_iso(pve, on, "talos.iso").await;
     let seed_file = seed_iso_file_name(request_id);
     upload_iso(pve, on, &seed_file).await;
-    let data = ProviderDataSchema::default()
-        .resolve_with(
-            "cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nadditional_disks: [{disk_size: 2, storage_selector: 'true'}]\n",
-            None,
-            &ConfigLayers::default(),
-        )
+    let data = ConfigLayers::default().resolve("cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\nadditional_disks: [{disk_size: 2, storage_selector: 'true'}]\n", None)
         .unwrap();
     let identity = VmIdentity {
         request_id,

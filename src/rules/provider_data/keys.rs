@@ -20,12 +20,12 @@ use serde::Deserialize;
 
 use super::values::{
     Bios, BootMode, CloneMode, HaState, MachineType, PlacementStrategy, ResourceAffinity,
-    TemplateRef, UserTag, devices, ip_discovery_timeout, one, pool_name, seconds, some_up_to,
-    up_to, user_tags, vlan, vmbr0, x86_64_v2_aes, yes,
+    TemplateRef, UserTag, ip_discovery_timeout, one, pool_name, seconds, some_up_to, up_to,
+    user_tags, vlan, vmbr0, x86_64_v2_aes, yes,
 };
 use crate::proxmox::property::{
-    BridgeName, CpuType, DiskAio, DiskCache, DiskOptions, HostPci, Hugepages, MappingId, MdevType,
-    NodeName, PoolId, Tag, Usb, Vga, VlanTag,
+    BridgeName, CpuType, DiskAio, DiskCache, DiskOptions, HostPci, Hugepages, NodeName, PoolId,
+    Tag, Usb, Vga, VlanTag,
 };
 use crate::rules::storage_selector::StorageSelector;
 
@@ -223,17 +223,17 @@ pub struct Keys {
     pub additional_nics: Vec<AdditionalNic>,
 
     /// USB devices passed through by resource mapping (usb0, usb1, …).
-    #[schemars(with = "Vec<UsbKeys>", length(max = 15))]
+    #[schemars(length(max = 15))]
     #[schemars(extend("x-readme" = "USB passthrough by resource mapping: `mapping`, `usb3`."))]
-    #[serde(default, deserialize_with = "devices::<UsbKeys, _, _>")]
+    #[serde(default)]
     pub usb_devices: Vec<Usb>,
 
     /// PCI devices passed through by resource mapping (hostpci0, hostpci1, …).
-    #[schemars(with = "Vec<PciKeys>", length(max = 16))]
+    #[schemars(length(max = 16))]
     #[schemars(extend(
         "x-readme" = "PCI passthrough by resource mapping: `mapping`, `mdev`, `pcie`, `primary_gpu`, `rombar`."
     ))]
-    #[serde(default, deserialize_with = "devices::<PciKeys, _, _>")]
+    #[serde(default)]
     pub pci_devices: Vec<HostPci>,
 
     /// More disks (scsi1, scsi2, …).
@@ -400,36 +400,6 @@ pub struct AdditionalNic {
     pub ip_pool: Option<String>,
 }
 
-/// An item of `usb_devices:`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(description = "")]
-pub struct UsbKeys {
-    /// USB resource mapping ID.
-    #[schemars(required, length(min = 1))]
-    pub mapping: MappingId,
-    /// Attach to the USB 3 controller.
-    pub usb3: Option<bool>,
-}
-
-/// An item of `pci_devices:`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(description = "")]
-pub struct PciKeys {
-    /// PCI resource mapping ID, e.g. nvidia-gpu-1.
-    #[schemars(required)]
-    pub mapping: MappingId,
-    /// Mediated device type, e.g. nvidia-180.
-    pub mdev: Option<MdevType>,
-    /// Attach as PCIe (needs machine_type q35).
-    pub pcie: Option<bool>,
-    /// Use as the primary GPU (x-vga=1).
-    pub primary_gpu: Option<bool>,
-    /// Expose the device ROM (Proxmox default on).
-    pub rombar: Option<bool>,
-}
-
 /// An item of `additional_disks:`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -468,28 +438,6 @@ impl AdditionalDisk {
             iothread: self.disk_iothread,
             cache: self.disk_cache,
             aio: self.disk_aio,
-        }
-    }
-}
-
-impl From<UsbKeys> for Usb {
-    fn from(u: UsbKeys) -> Self {
-        Usb {
-            mapping: u.mapping,
-            usb3: u.usb3.unwrap_or(false),
-        }
-    }
-}
-
-impl From<PciKeys> for HostPci {
-    fn from(p: PciKeys) -> Self {
-        HostPci {
-            mapping: p.mapping,
-            mdev: p.mdev,
-            pcie: p.pcie.unwrap_or(false),
-            // Upstream only ever writes rombar=1 when true; unset or false leaves Proxmox's default.
-            rombar: p.rombar.filter(|on| *on),
-            primary_gpu: p.primary_gpu.unwrap_or(false),
         }
     }
 }

@@ -82,7 +82,7 @@ impl LayerCheck {
         }
     }
 
-    fn problem(&mut self, key: String, message: String) {
+    pub(super) fn problem(&mut self, key: String, message: String) {
         if !self.problems.iter().any(|p| p.key == key) {
             self.problems.push(Problem { key, message });
         }
@@ -103,17 +103,19 @@ fn schema_findings(value: &Value, findings: &mut Vec<Finding>) {
         }
     };
     use jsonschema::error::ValidationErrorKind as Kind;
+    use jsonschema::paths::LocationSegment;
     for error in validator.iter_errors(value) {
-        let key = pointer_to_key(error.instance_path().as_str());
+        let key = error
+            .instance_path()
+            .iter()
+            .fold(String::new(), |key, s| match s {
+                LocationSegment::Index(index) => join(&key, Ok(index)),
+                LocationSegment::Property(name) => join(&key, Err(&name)),
+            });
         let (key, message) = match error.kind() {
             Kind::Required { property } => {
                 let property = property.as_str().unwrap_or_default();
-                let key = if key.is_empty() {
-                    property.to_string()
-                } else {
-                    format!("{key}.{property}")
-                };
-                (key, "is required here".to_string())
+                (join(&key, Err(property)), "is required here".to_string())
             }
             // The validator's own message quotes the value: a class author's 70 KB string would
             // land whole in the status and the log.
@@ -142,15 +144,13 @@ fn shortened(message: String) -> String {
 /// A value outside a key's list of values: the whole list, and the closest value when the given one
 /// looks like a typo of it.
 fn not_one_of(value: &Value, options: &Value) -> String {
-    let names: Vec<String> = options
+    // Every choice the declarations make is a string.
+    let known: Vec<&str> = options
         .as_array()
-        .map(|all| {
-            all.iter()
-                .map(|o| o.as_str().map_or_else(|| o.to_string(), str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    let known: Vec<&str> = names.iter().map(String::as_str).collect();
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
     let hint = value
         .as_str()
         .map(|v| crate::did_you_mean::hint(v, &known))
@@ -158,21 +158,13 @@ fn not_one_of(value: &Value, options: &Value) -> String {
     format!("{value} is not one of {}{hint}", known.join(", "))
 }
 
-/// `/additional_disks/1/disk_size` → `additional_disks[1].disk_size`.
-pub(super) fn pointer_to_key(pointer: &str) -> String {
-    let mut key = String::new();
-    for segment in pointer.split('/').skip(1) {
-        let segment = segment.replace("~1", "/").replace("~0", "~");
-        if !segment.is_empty() && segment.chars().all(|c| c.is_ascii_digit()) {
-            key.push_str(&format!("[{segment}]"));
-        } else {
-            if !key.is_empty() {
-                key.push('.');
-            }
-            key.push_str(&segment);
-        }
+/// `additional_disks[1].disk_size`: `path` with a list index or a key name after it.
+fn join(path: &str, next: Result<usize, &str>) -> String {
+    match next {
+        Ok(index) => format!("{path}[{index}]"),
+        Err(name) if path.is_empty() => name.to_string(),
+        Err(name) => format!("{path}.{name}"),
     }
-    key
 }
 
 /// One layer of provider data, read.
@@ -190,10 +182,21 @@ pub(super) struct Layer {
 }
 
 impl Layer {
-    /// Reads one layer on its own: the schema, then the keys (no required keys, no rules between
-    /// keys: those need every layer).
-    pub(super) fn read(map: &Map<String, Value>) -> Self {
-        let mut root = Value::Object(map.clone());
+    /// Reads one layer on its own, as it is given: a mapping, nothing (`null`, in the config), or a
+    /// mistake. The schema, then the keys (no required keys, no rules between keys: those need
+    /// every layer).
+    pub(super) fn read(mut root: Value) -> Self {
+        let written = match &root {
+            Value::Object(map) => map.keys().cloned().collect(),
+            Value::Null => return Self::default(),
+            other => {
+                let not_a_mapping = Some(json_kind(other));
+                return Self {
+                    not_a_mapping,
+                    ..Self::default()
+                };
+            }
+        };
         let mut schema = Vec::new();
         schema_findings(&root, &mut schema);
         let covered =
@@ -202,8 +205,7 @@ impl Layer {
         let keys: Option<Keys> = read_leaving_out(&mut root, |refused| {
             if let Some((key, known)) = refused.unknown() {
                 let parent = key_path(&refused.path[..refused.path.len() - 1]);
-                let dot = if parent.is_empty() { "" } else { "." };
-                let path = format!("{parent}{dot}{}", shown(key));
+                let path = join(&parent, Err(shown(key)));
                 read.push(Finding::unknown(&path, key, &known));
                 return;
             }
@@ -224,23 +226,11 @@ impl Layer {
         }
         read.sort_by_key(reading_order);
         Self {
-            written: map.keys().cloned().collect(),
+            written,
             valid,
             schema,
             read,
             not_a_mapping: None,
-        }
-    }
-
-    /// A layer as the config file gives it: a mapping, nothing (`null`), or a mistake.
-    pub(super) fn read_value(value: &Value) -> Self {
-        match value {
-            Value::Object(map) => Self::read(map),
-            Value::Null => Self::default(),
-            other => Self {
-                not_a_mapping: Some(json_kind(other)),
-                ..Self::default()
-            },
         }
     }
 
@@ -285,15 +275,11 @@ fn shown(key: &str) -> &str {
 
 /// `additional_disks[1].disk_size`, as serde names a path.
 fn key_path(path: &[Segment]) -> String {
-    let mut shown = String::new();
-    for segment in path {
-        match segment {
-            Segment::Seq { index } => shown.push_str(&format!("[{index}]")),
-            other if shown.is_empty() => shown = other.to_string(),
-            other => shown.push_str(&format!(".{other}")),
-        }
-    }
-    shown
+    path.iter()
+        .fold(String::new(), |key, segment| match segment {
+            Segment::Seq { index } => join(&key, Ok(*index)),
+            other => join(&key, Err(&other.to_string())),
+        })
 }
 
 /// Where a finding of the reading goes in a layer's report, as one reading of the document goes:
@@ -387,10 +373,10 @@ impl<'a> Stack<'a> {
         })
     }
 
-    /// The reading's (`read`) or the schema's findings about the values that take effect (those of
-    /// the highest layer writing each key), in the order one reading of the merged document would
-    /// make them.
-    pub fn findings(&self, read: bool) -> Vec<(&str, &Finding)> {
+    /// Adds to `report` the reading's (`read`) or the schema's findings about the values that take
+    /// effect (those of the highest layer writing each key), in the order one reading of the merged
+    /// document would make them.
+    pub fn report(&self, read: bool, report: &mut LayerCheck, strict: bool) {
         let mut out: Vec<(&str, &Finding)> = self
             .layers
             .iter()
@@ -410,32 +396,46 @@ impl<'a> Stack<'a> {
                 _ => (0, 0, f.top().to_string()),
             },
         );
-        out
+        for (prefix, finding) in out {
+            report.add(prefix, finding, strict);
+        }
     }
 }
 
-/// The provider config's `defaults:` and `nodes:`, read once when the config is loaded.
+/// The provider config's `defaults:` and `nodes:`, read once when the config is loaded, and how
+/// every layer is checked.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigLayers {
     pub(super) defaults: Layer,
     /// In the config's order.
     nodes: Vec<(String, Layer)>,
+    /// `strict: true` in the config: unknown keys are problems instead of warnings.
+    pub strict: bool,
 }
 
 impl ConfigLayers {
-    pub fn read(defaults: &Map<String, Value>, nodes: &Map<String, Value>) -> Self {
+    pub fn read(defaults: &Map<String, Value>, nodes: &Map<String, Value>, strict: bool) -> Self {
         Self {
-            defaults: Layer::read(defaults),
+            defaults: Layer::read(Value::Object(defaults.clone())),
             nodes: nodes
                 .iter()
-                .map(|(name, value)| (name.clone(), Layer::read_value(value)))
+                .map(|(name, value)| (name.clone(), Layer::read(value.clone())))
                 .collect(),
+            strict,
         }
     }
 
     /// The override of `node`, if the config has one.
-    pub(super) fn node(&self, node: &str) -> Option<&Layer> {
-        self.nodes.iter().find(|(n, _)| n == node).map(|(_, l)| l)
+    pub(super) fn node(&self, node: &str) -> Option<(&str, &Layer)> {
+        self.nodes
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(n, l)| (n.as_str(), l))
+    }
+
+    /// What checking the machine class on its own finds.
+    pub fn check_class(&self, class: &Map<String, Value>) -> LayerCheck {
+        Layer::read(Value::Object(class.clone())).check("", self.strict)
     }
 
     /// Top-level `key` under the path of the highest layer writing it (`nodes.pve2.memory`,
@@ -445,14 +445,14 @@ impl ConfigLayers {
             written: class.keys().cloned().collect(),
             ..Layer::default()
         };
-        let node = node.and_then(|n| self.node(n).map(|layer| (n, layer)));
+        let node = node.and_then(|n| self.node(n));
         let stack = Stack::new(&class_layer, node, &self.defaults);
         format!("{}{key}", stack.prefix_of(key))
     }
 
     /// Problems and warnings of `defaults:` and every `nodes.<name>:`.
-    pub fn check(&self, strict: bool) -> LayerCheck {
-        let mut found = self.defaults.check("defaults.", strict);
+    pub fn check(&self) -> LayerCheck {
+        let mut found = self.defaults.check("defaults.", self.strict);
         for (node, layer) in &self.nodes {
             let prefix = format!("nodes.{node}.");
             if let Err(e) = NodeName::new(node.clone()) {
@@ -461,7 +461,7 @@ impl ConfigLayers {
                     message: e.to_string(),
                 });
             }
-            let layer_found = layer.check(&prefix, strict);
+            let layer_found = layer.check(&prefix, self.strict);
             found.problems.extend(layer_found.problems);
             found.warnings.extend(layer_found.warnings);
             for key in top_keys()

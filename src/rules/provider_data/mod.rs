@@ -16,9 +16,8 @@
 //!   every value serde refuses and every unknown key) with its findings, the layers of a request,
 //!   and the config's `defaults:` / `nodes:` read once at load.
 //! - `effective.rs`: the layers merged, rules between keys, defaults filled in: the typed
-//!   [`ProviderData`] of `data.rs`.
+//!   [`ProviderData`].
 
-mod data;
 mod effective;
 pub mod keys;
 mod layers;
@@ -28,13 +27,11 @@ mod values;
 
 use serde_json::{Map, Value};
 
-pub use data::ProviderData;
+pub use effective::ProviderData;
 pub use keys::{AdditionalDisk, HaSettings};
 pub use layers::ConfigLayers;
 pub use leave_out::{Refused, read_leaving_out};
 pub use values::{Bios, BootMode, CloneMode, PlacementStrategy, ResourceAffinity, TemplateRef};
-
-use layers::{Layer, Stack};
 
 /// Tag prefixes the provider sets itself; user tags may not use them (placement and ownership checks
 /// count them).
@@ -59,13 +56,6 @@ pub fn describe(problems: &[Problem]) -> String {
         .join("\n")
 }
 
-/// How provider data is checked: whether unknown keys are refused. Build once at start-up and share.
-#[derive(Debug, Default)]
-pub struct ProviderDataSchema {
-    /// `strict: true` in the config: unknown keys are problems instead of warnings.
-    pub strict: bool,
-}
-
 /// What checking one layer (or the config's overrides) found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LayerCheck {
@@ -75,48 +65,22 @@ pub struct LayerCheck {
     pub warnings: Vec<Problem>,
 }
 
-impl ProviderDataSchema {
-    /// Parses a machine class's provider-data YAML into a map, or explains why it is not one.
-    pub fn class_map(yaml: &str) -> Result<Map<String, Value>, Vec<Problem>> {
-        let root = |message: String| {
-            vec![Problem {
-                key: "provider_data".into(),
-                message,
-            }]
-        };
-        match crate::yaml::from_str(yaml) {
-            Ok(Value::Null) => Ok(Map::new()),
-            Ok(Value::Object(map)) => Ok(map),
-            Ok(other) => Err(root(format!(
-                "must be a mapping of keys to values, not {}",
-                json_kind(&other)
-            ))),
-            Err(e) => Err(root(format!("is not valid YAML: {e}"))),
-        }
-    }
-
-    /// The provider data for one request from the config's layers as read at load: the class YAML
-    /// over `node`'s override (once the node is known) over `defaults:`.
-    pub fn resolve_with(
-        &self,
-        class_yaml: &str,
-        node: Option<&str>,
-        config: &ConfigLayers,
-    ) -> Result<ProviderData, Vec<Problem>> {
-        let class = Layer::read(&Self::class_map(class_yaml)?);
-        let node = node.and_then(|n| config.node(n).map(|layer| (n, layer)));
-        effective::resolve(&Stack::new(&class, node, &config.defaults), self.strict)
-    }
-
-    /// Checks one layer on its own (no required keys): the machine class, `defaults`, or a node
-    /// override. `prefix` is put before every key path (e.g. `nodes.pve2.`).
-    pub fn check_layer(&self, prefix: &str, layer: &Value) -> LayerCheck {
-        Layer::read_value(layer).check(prefix, self.strict)
-    }
-
-    /// Checks the config's layers as read at load: problems and warnings.
-    pub fn check_config(&self, layers: &ConfigLayers) -> LayerCheck {
-        layers.check(self.strict)
+/// Parses a machine class's provider-data YAML into a map, or explains why it is not one.
+pub fn class_map(yaml: &str) -> Result<Map<String, Value>, Vec<Problem>> {
+    let root = |message: String| {
+        vec![Problem {
+            key: "provider_data".into(),
+            message,
+        }]
+    };
+    match crate::yaml::from_str(yaml) {
+        Ok(Value::Null) => Ok(Map::new()),
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(root(format!(
+            "must be a mapping of keys to values, not {}",
+            json_kind(&other)
+        ))),
+        Err(e) => Err(root(format!("is not valid YAML: {e}"))),
     }
 }
 

@@ -9,70 +9,64 @@ use schemars::generate::SchemaSettings;
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 use serde_json::{Map, Value};
 
-use super::keys::{AdditionalDisk, AdditionalNic, HaSettings, Keys, PciKeys, UsbKeys};
+use super::keys::{AdditionalDisk, AdditionalNic, HaSettings, Keys};
+use crate::proxmox::property::{HostPci, Usb};
 
-/// The schema with the README's and the reader's `x-` extensions, generated once.
-static DECLARED: LazyLock<Value> = LazyLock::new(|| {
+/// The schema with the README's and the reader's `x-` extensions (the README's table is generated
+/// from them), generated once.
+pub static DECLARED: LazyLock<Value> = LazyLock::new(|| {
     let schema = SchemaSettings::draft07()
         .with(|s| s.inline_subschemas = true)
         .into_generator()
         .into_root_schema_for::<Keys>();
     let mut value = schema.to_value();
-    tidy(&mut value);
+    each_schema(&mut value, &mut tidy);
     value
 });
+
+/// Calls `f` on every mapping in `value`, outermost first.
+fn each_schema(value: &mut Value, f: &mut impl FnMut(&mut Map<String, Value>)) {
+    match value {
+        Value::Object(map) => {
+            f(map);
+            map.values_mut().for_each(|v| each_schema(v, f));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| each_schema(v, f)),
+        _ => {}
+    }
+}
 
 /// Joins the doc comment's lines (Omni shows each description as one paragraph), drops the `null`
 /// schemars allows in an optional field (a key written as `null` is a mistake) and the Rust value
 /// of a field's default (the description says it in the user's words).
-fn tidy(value: &mut Value) {
-    match value {
-        Value::Object(map) => {
-            if let Some(Value::String(text)) = map.get_mut("description") {
-                *text = text.replace('\n', " ");
-            }
-            if let Some(Value::Array(words)) = map.get_mut("enum") {
-                words.retain(|w| !w.is_null());
-            }
-            if let Some(Value::Array(types)) = map.get_mut("type") {
-                types.retain(|t| t != "null");
-                if let [one] = types.as_slice() {
-                    let one = one.clone();
-                    map.insert("type".into(), one);
-                }
-            }
-            map.remove("format");
-            // Unknown keys are ignored with a warning, as the official provider ignores them.
-            map.remove("additionalProperties");
-            map.remove("default");
-            map.values_mut().for_each(tidy);
-        }
-        Value::Array(items) => items.iter_mut().for_each(tidy),
-        _ => {}
+fn tidy(map: &mut Map<String, Value>) {
+    if let Some(Value::String(text)) = map.get_mut("description") {
+        *text = text.replace('\n', " ");
     }
+    if let Some(Value::Array(words)) = map.get_mut("enum") {
+        words.retain(|w| !w.is_null());
+    }
+    if let Some(Value::Array(types)) = map.get_mut("type") {
+        types.retain(|t| t != "null");
+        if let [one] = types.as_slice() {
+            let one = one.clone();
+            map.insert("type".into(), one);
+        }
+    }
+    map.remove("format");
+    // Unknown keys are ignored with a warning, as the official provider ignores them.
+    map.remove("additionalProperties");
+    map.remove("default");
 }
 
 /// The JSON schema registered with Omni (it shows it for machine classes) and used for validation:
 /// the declarations without their `x-` extensions.
 pub fn schema() -> Value {
-    fn strip(value: &mut Value) {
-        match value {
-            Value::Object(map) => {
-                map.retain(|k, _| !k.starts_with("x-"));
-                map.values_mut().for_each(strip);
-            }
-            Value::Array(items) => items.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
     let mut schema = DECLARED.clone();
-    strip(&mut schema);
+    each_schema(&mut schema, &mut |map| {
+        map.retain(|k, _| !k.starts_with("x-"))
+    });
     schema
-}
-
-/// The schema with its `x-` extensions (the README's table is generated from them).
-pub fn declared() -> &'static Value {
-    &DECLARED
 }
 
 /// The declaration of top-level key `name`, with its extensions.
@@ -105,8 +99,8 @@ pub fn inner_keys(key: &str) -> &'static [&'static str] {
     match key {
         "ha" => field_names::<HaSettings>(),
         "additional_nics" => field_names::<AdditionalNic>(),
-        "usb_devices" => field_names::<UsbKeys>(),
-        "pci_devices" => field_names::<PciKeys>(),
+        "usb_devices" => field_names::<Usb>(),
+        "pci_devices" => field_names::<HostPci>(),
         "additional_disks" => field_names::<AdditionalDisk>(),
         _ => &[],
     }

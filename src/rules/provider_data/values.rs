@@ -278,13 +278,6 @@ pub fn user_tags<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Tag>, D::Error> 
     Ok(tags.into_iter().map(|t| t.0).collect())
 }
 
-/// Devices read as their keys say.
-pub fn devices<'de, K: Deserialize<'de>, T: From<K>, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Vec<T>, D::Error> {
-    Ok(Vec::<K>::deserialize(d)?.into_iter().map(T::from).collect())
-}
-
 /// A template's VMID (a number or a numeric string) or its name.
 impl<'de> Deserialize<'de> for TemplateRef {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -1,11 +1,9 @@
 use super::*;
-use crate::rules::provider_data::{ConfigLayers, ProviderDataSchema};
+use crate::rules::provider_data::ConfigLayers;
 
 fn data(extra: &str) -> ProviderData {
     let yaml = format!("cores: 2\nmemory: 4096\ndisk_size: 20\nstorage_selector: 'true'\n{extra}");
-    ProviderDataSchema::default()
-        .resolve_with(&yaml, None, &ConfigLayers::default())
-        .unwrap()
+    ConfigLayers::default().resolve(&yaml, None).unwrap()
 }
 
 fn identity() -> VmIdentity<'static> {
@@ -334,7 +332,7 @@ mod fuzz {
                 q(&bridge), q(&nic_bridge), q(&tag), q(&cpu), q(&pool), q(&mapping), q(&mdev), q(&usb),
             );
             let yaml = format!("cores: 2\nmemory: 4096\ndisk_size: 20\nstorage_selector: 'true'\n{extra}");
-            let Ok(data) = ProviderDataSchema::default().resolve_with(&yaml, None, &ConfigLayers::default()) else {
+            let Ok(data) = ConfigLayers::default().resolve(&yaml, None) else {
                 return Ok(());
             };
             let params = render(&data, &identity(), &target(0)).unwrap();

@@ -193,10 +193,9 @@ proptest! {
         defaults in layer(),
         strict in any::<bool>(),
     ) {
-        let schema = ProviderDataSchema { strict };
         let class_yaml = Value::Object(class.clone()).to_string();
         let node_ref = node.as_ref().map(|n| ("pve1", n));
-        if let Err(problems) = resolve(&schema, &class_yaml, node_ref, &defaults) {
+        if let Err(problems) = resolve(strict, &class_yaml, node_ref, &defaults) {
             check_named(
                 &problems,
                 &Value::Object(class.clone()),
@@ -204,10 +203,11 @@ proptest! {
                 &Value::Object(defaults.clone()),
             )?;
         }
-        if let Err(problems) = resolve(&schema, &class_yaml, None, &Map::new()) {
+        if let Err(problems) = resolve(strict, &class_yaml, None, &Map::new()) {
             check_named(&problems, &Value::Object(class.clone()), None, &Value::Null)?;
         }
-        let check = schema.check_layer("", &Value::Object(class.clone()));
+        let layers = ConfigLayers::read(&Map::new(), &Map::new(), strict);
+        let check = layers.check_class(&class);
         for p in check.problems.iter().chain(&check.warnings) {
             prop_assert!(
                 !p.key.is_empty() && names_a_key(&p.key, &Value::Object(class.clone()), top_keys()),
@@ -215,13 +215,13 @@ proptest! {
             );
         }
         let nodes: Map<String, Value> = node.iter().map(|n| ("pve1".to_string(), Value::Object(n.clone()))).collect();
-        let check = schema.check_config(&ConfigLayers::read(&defaults, &nodes));
+        let layers = ConfigLayers::read(&defaults, &nodes, strict);
+        let check = layers.check();
         for p in check.problems.iter().chain(&check.warnings) {
             prop_assert!(!p.key.is_empty(), "{p:?}");
             prop_assert!(p.key.starts_with("defaults.") || p.key.starts_with("nodes.pve1"), "{p:?}");
         }
-        let layers = ConfigLayers::read(&defaults, &nodes);
-        let _ = schema.resolve_with(&class_yaml, Some("pve1"), &layers);
+        let _ = layers.resolve(&class_yaml, Some("pve1"));
     }
 
     /// YAML-only shapes: anchors, aliases and merge keys, tags, non-string keys, numbers past any

@@ -5,35 +5,31 @@ use std::time::Duration;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use super::layers::pointer_to_key;
 use super::schema::{inner_keys, top_keys};
 use super::values::MachineType;
 use super::*;
 use crate::proxmox::property::{DiskCache, Hugepages, NodeName, VlanTag};
 
-fn schema() -> ProviderDataSchema {
-    ProviderDataSchema::default()
-}
-
 fn parse(yaml: &str) -> Result<ProviderData, Vec<Problem>> {
-    schema().resolve_with(yaml, None, &ConfigLayers::default())
+    ConfigLayers::default().resolve(yaml, None)
 }
 
 fn parse_strict(yaml: &str) -> Result<ProviderData, Vec<Problem>> {
-    let schema = ProviderDataSchema { strict: true };
-    schema.resolve_with(yaml, None, &ConfigLayers::default())
+    let mut strict = ConfigLayers::default();
+    strict.strict = true;
+    strict.resolve(yaml, None)
 }
 
 /// The class YAML over one node's override (`(name, override)`) over `defaults`.
 fn resolve(
-    schema: &ProviderDataSchema,
+    strict: bool,
     class_yaml: &str,
     node: Option<(&str, &Map<String, Value>)>,
     defaults: &Map<String, Value>,
 ) -> Result<ProviderData, Vec<Problem>> {
     let nodes = node.map(|(n, over)| Map::from_iter([(n.to_owned(), Value::Object(over.clone()))]));
-    let layers = ConfigLayers::read(defaults, &nodes.unwrap_or_default());
-    schema.resolve_with(class_yaml, node.map(|(n, _)| n), &layers)
+    let layers = ConfigLayers::read(defaults, &nodes.unwrap_or_default(), strict);
+    layers.resolve(class_yaml, node.map(|(n, _)| n))
 }
 
 fn keys_of(problems: &[Problem]) -> Vec<&str> {
@@ -184,7 +180,7 @@ ip_discovery_timeout: 0
     assert_eq!(data.ha.as_ref().unwrap().max_restart, Some(2));
     assert_eq!(data.additional_nics[0].bridge.as_str(), "vmbr2");
     assert!(data.usb_devices[0].usb3);
-    assert_eq!(data.pci_devices[0].rombar, Some(true));
+    assert!(data.pci_devices[0].rombar);
     assert_eq!(data.additional_disks[0].size_gb, 100);
     assert_eq!(data.template, Some(TemplateRef::VmId(9000)));
     assert_eq!(data.clone_mode, CloneMode::Linked);
@@ -360,7 +356,7 @@ fn layers_merge_with_the_right_precedence() {
     let defaults = json!({"cores": 1, "memory": 2048, "disk_size": 10, "storage_selector": "name == \"local-lvm\"", "network_bridge": "vmbr9"});
     let node = json!({"network_bridge": "vmbr5", "memory": 3072});
     let data = resolve(
-        &schema(),
+        false,
         "memory: 8192\n",
         Some(("pve2", node.as_object().unwrap())),
         defaults.as_object().unwrap(),
@@ -369,9 +365,9 @@ fn layers_merge_with_the_right_precedence() {
     assert_eq!(data.memory_mb, 8192);
     assert_eq!(data.network_bridge.as_str(), "vmbr5");
     assert_eq!(data.cores, 1);
-    let data = resolve(&schema(), "", None, defaults.as_object().unwrap()).unwrap();
+    let data = resolve(false, "", None, defaults.as_object().unwrap()).unwrap();
     assert_eq!(data.network_bridge.as_str(), "vmbr9");
-    let problems = resolve(&schema(), "", None, &Map::new()).unwrap_err();
+    let problems = resolve(false, "", None, &Map::new()).unwrap_err();
     assert_eq!(
         keys_of(&problems),
         vec!["cores", "memory", "disk_size", "storage_selector"]
@@ -379,7 +375,7 @@ fn layers_merge_with_the_right_precedence() {
     assert!(problems[3].message.contains("defaults"));
     let bad_node = json!({"network_bridge": "a,b"});
     let problems = resolve(
-        &schema(),
+        false,
         MINIMAL,
         Some(("pve2", bad_node.as_object().unwrap())),
         &Map::new(),
@@ -388,7 +384,7 @@ fn layers_merge_with_the_right_precedence() {
     assert_eq!(keys_of(&problems), vec!["nodes.pve2.network_bridge"]);
     let bad_default = json!({"cores": 0});
     let problems = resolve(
-        &schema(),
+        false,
         "memory: 4096\ndisk_size: 5\nstorage_selector: 'true'\n",
         None,
         bad_default.as_object().unwrap(),
@@ -403,12 +399,13 @@ fn config_overrides_are_validated_at_load() {
     let nodes =
         json!({"pve2": {"node": "pve2", "storage_selector": "ceph"}, "pve3": "x", "bad_node!": {}});
     // Strict, so the misspelled key is a problem too (by default it is a warning).
-    let problems = ProviderDataSchema { strict: true }
-        .check_config(&ConfigLayers::read(
-            defaults.as_object().unwrap(),
-            nodes.as_object().unwrap(),
-        ))
-        .problems;
+    let problems = ConfigLayers::read(
+        defaults.as_object().unwrap(),
+        nodes.as_object().unwrap(),
+        true,
+    )
+    .check()
+    .problems;
     let keys = keys_of(&problems);
     for expected in [
         "defaults.coers",
@@ -425,8 +422,8 @@ fn config_overrides_are_validated_at_load() {
     }
     assert!(describe(&problems).contains("did you mean `cores`?"));
     assert!(
-        schema()
-            .check_config(&ConfigLayers::read(&Map::new(), &Map::new()))
+        ConfigLayers::read(&Map::new(), &Map::new(), false)
+            .check()
             .problems
             .is_empty()
     );
@@ -483,7 +480,7 @@ fn unknown_keys_in_lower_layers_are_warnings_with_their_layer_path() {
     let defaults = json!({"coers": 2});
     let node = json!({"network_bridg": "vmbr1"});
     let data = resolve(
-        &schema(),
+        false,
         MINIMAL,
         Some(("pve2", node.as_object().unwrap())),
         defaults.as_object().unwrap(),
@@ -493,10 +490,12 @@ fn unknown_keys_in_lower_layers_are_warnings_with_their_layer_path() {
         keys_of(&data.warnings),
         vec!["defaults.coers", "nodes.pve2.network_bridg"]
     );
-    let found = schema().check_config(&ConfigLayers::read(
+    let found = ConfigLayers::read(
         defaults.as_object().unwrap(),
         json!({"pve2": node}).as_object().unwrap(),
-    ));
+        false,
+    )
+    .check();
     assert!(found.problems.is_empty(), "{found:?}");
     assert_eq!(
         keys_of(&found.warnings),
@@ -613,23 +612,13 @@ fn an_empty_key_is_named_quoted() {
     let problems = parse_strict(&format!("{MINIMAL}\"\": 1\n")).unwrap_err();
     assert_eq!(keys_of(&problems), ["\"\""], "{problems:?}");
     let defaults: Map<String, Value> = serde_json::from_str(r#"{"": null}"#).unwrap();
-    let check = schema().check_config(&ConfigLayers::read(&defaults, &Map::new()));
+    let check = ConfigLayers::read(&defaults, &Map::new(), false).check();
     assert_eq!(keys_of(&check.warnings), ["defaults.\"\""], "{check:?}");
     let nested = parse(&format!(
         "{MINIMAL}additional_disks: [{{disk_size: 1, storage_selector: 'true', \"\": 2}}]\n"
     ))
     .unwrap();
     assert_eq!(keys_of(&nested.warnings), ["additional_disks[0].\"\""]);
-}
-
-#[test]
-fn pointer_paths_become_key_paths() {
-    assert_eq!(
-        pointer_to_key("/additional_disks/1/disk_size"),
-        "additional_disks[1].disk_size"
-    );
-    assert_eq!(pointer_to_key(""), "");
-    assert_eq!(pointer_to_key("/a~1b"), "a/b");
 }
 
 proptest! {
@@ -652,7 +641,7 @@ proptest! {
     ) {
         let mut map: Map<String, Value> = serde_json::from_str(r#"{"cores":2,"memory":4096,"disk_size":20,"storage_selector":"true"}"#).unwrap();
         map.insert(key.to_string(), value);
-        if let Err(problems) = resolve(&schema(), &Value::Object(map).to_string(), None, &Map::new()) {
+        if let Err(problems) = resolve(false, &Value::Object(map).to_string(), None, &Map::new()) {
             prop_assert!(!problems.is_empty());
             for p in &problems {
                 prop_assert!(!p.key.is_empty());
@@ -694,20 +683,14 @@ fn a_value_outside_its_list_names_the_list_and_the_closest_value() {
 fn keys_as_written_come_from_the_highest_layer() {
     let defaults = json!({"numa": true, "disk_ssd": true, "tags": ["a"]});
     let defaults = defaults.as_object().unwrap();
-    let data = resolve(
-        &schema(),
-        &format!("{MINIMAL}numa: false\n"),
-        None,
-        defaults,
-    )
-    .unwrap();
+    let data = resolve(false, &format!("{MINIMAL}numa: false\n"), None, defaults).unwrap();
     assert_eq!(
         (data.keys.numa, data.keys.disk_ssd, data.keys.balloon),
         (false, true, None)
     );
     assert_eq!(data.tags.len(), 1);
     let problems = resolve(
-        &schema(),
+        false,
         &format!("{MINIMAL}tags: [ok, 'a;b']\n"),
         None,
         defaults,
