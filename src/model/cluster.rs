@@ -4,23 +4,10 @@
 use std::collections::BTreeMap;
 
 use crate::proxmox::property::StorageId;
-use crate::proxmox::types::{ClusterResource, NodeName, NodeState, split_list};
+use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmResource, split_list};
 
 pub const GIB: u64 = 1024 * 1024 * 1024;
 pub const MIB: u64 = 1024 * 1024;
-
-/// A VM as `/cluster/resources` lists it (templates are not counted: they are not VMs of a set, and
-/// they never run).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VmSummary {
-    pub name: String,
-    pub tags: Vec<String>,
-    /// vCPUs as Proxmox counts them (`maxcpu`: sockets × cores capped at the host's CPUs, or
-    /// `vcpus`); 0 when the listing has no figures for the VM yet.
-    pub cpus: u64,
-    /// Configured memory in bytes (`maxmem`); 0 when the listing has no figures yet.
-    pub memory: u64,
-}
 
 /// A storage of one node, as `/cluster/resources` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +16,6 @@ pub struct StorageSnapshot {
     pub storage_type: String,
     /// Content types (`images`, `iso`, …).
     pub content: Vec<String>,
-    pub enabled: bool,
     pub active: bool,
     pub shared: bool,
     /// Free bytes.
@@ -61,7 +47,8 @@ pub struct NodeSnapshot {
     pub memory_max: u64,
     /// Logical CPUs (`maxcpu`); 0 when the node reports none (offline).
     pub cpus: u64,
-    pub vms: Vec<VmSummary>,
+    /// The VMs on the node, templates left out: they are not VMs of a set, and they never run.
+    pub vms: Vec<VmResource>,
     pub storages: Vec<StorageSnapshot>,
 }
 
@@ -79,7 +66,7 @@ impl NodeSnapshot {
     pub fn allocated_cpus(&self) -> u64 {
         self.vms
             .iter()
-            .map(|vm| vm.cpus)
+            .map(|vm| vm.maxcpu.unwrap_or(0))
             .fold(0, u64::saturating_add)
     }
 
@@ -87,7 +74,7 @@ impl NodeSnapshot {
     pub fn allocated_memory(&self) -> u64 {
         self.vms
             .iter()
-            .map(|vm| vm.memory)
+            .map(|vm| vm.maxmem.unwrap_or(0))
             .fold(0, u64::saturating_add)
     }
 }
@@ -123,12 +110,7 @@ impl ClusterSnapshot {
             match r {
                 ClusterResource::Vm(vm) if !vm.template => {
                     if let Some(node) = nodes.get_mut(&vm.node) {
-                        node.vms.push(VmSummary {
-                            name: vm.name.clone().unwrap_or_default(),
-                            tags: owned_list(&vm.tags),
-                            cpus: vm.maxcpu.unwrap_or(0),
-                            memory: vm.maxmem.unwrap_or(0),
-                        });
+                        node.vms.push(vm.clone());
                     }
                 }
                 ClusterResource::Storage(s) => {
@@ -142,8 +124,6 @@ impl ClusterSnapshot {
                             name,
                             storage_type: s.plugintype.clone().unwrap_or_default(),
                             content: owned_list(&s.content),
-                            // `/cluster/resources` lists only storages enabled on that node.
-                            enabled: true,
                             active: s.status.as_deref() == Some("available"),
                             shared: s.shared,
                             available: total.saturating_sub(s.disk.unwrap_or(0)),
@@ -207,7 +187,7 @@ mod tests {
         assert_eq!(s.node_names(), ["pve1", "pve2"]);
         let pve1 = s.node("pve1").unwrap();
         assert_eq!(pve1.vms.len(), 1, "templates are not VMs of a set");
-        assert_eq!(pve1.vms[0].tags, ["machine-request.s", "x"]);
+        assert_eq!(pve1.vms[0].tag_list(), ["machine-request.s", "x"]);
         assert_eq!(pve1.free_memory(), 900);
         assert_eq!((pve1.cpus, pve1.allocated_cpus()), (8, 2));
         assert_eq!(

@@ -182,20 +182,15 @@ pub fn usage(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> (u128, u128) {
 pub fn allocate(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> Result<IpAddr, PoolFull> {
     let taken = with_gateway(pool, taken);
     for range in &pool.ranges {
-        let last = number(range.last);
-        // `None` once the range's last address is taken too.
+        // The taken addresses of the range come in order: the first gap is the answer.
         let mut candidate = Some(number(range.first));
         for t in taken.range(range.first..=range.last) {
-            let Some(c) = candidate else { break };
-            let n = number(*t);
-            if n > c {
+            if candidate != Some(number(*t)) {
                 break;
             }
-            if n == c {
-                candidate = (c < last).then(|| c + 1);
-            }
+            candidate = candidate.and_then(|c| c.checked_add(1));
         }
-        if let Some(c) = candidate {
+        if let Some(c) = candidate.filter(|c| *c <= number(range.last)) {
             return Ok(from_number(range.first, c));
         }
     }

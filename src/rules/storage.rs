@@ -181,7 +181,7 @@ fn judge(
             wanted: need.content,
         });
     }
-    if !storage.enabled || !storage.active {
+    if !storage.active {
         return Some(Rejection::Inactive);
     }
     if let Some(selector) = need.selector {
@@ -249,7 +249,6 @@ mod tests {
             name: StorageId::new(name).unwrap(),
             storage_type: "lvmthin".into(),
             content: content.iter().map(|c| c.to_string()).collect(),
-            enabled: true,
             active: true,
             shared: false,
             available: available_gib * GIB,

@@ -69,7 +69,7 @@ impl Reservations {
             .filter(move |(id, r)| {
                 r.node == node.name
                     && id.as_str() != except
-                    && !node.vms.iter().any(|vm| &vm.name == *id)
+                    && !node.vms.iter().any(|vm| vm.name.as_ref() == Some(*id))
             })
             .map(|(_, r)| r)
     }

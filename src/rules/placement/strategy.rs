@@ -35,10 +35,7 @@ impl<'n> Eligible<'n> {
         let same_set = match request.set_id {
             Some(set) => {
                 let tag = set_tag(set);
-                node.vms
-                    .iter()
-                    .filter(|vm| vm.tags.iter().any(|t| t.eq_ignore_ascii_case(&tag)))
-                    .count()
+                node.vms.iter().filter(|vm| vm.has_tag(&tag)).count()
                     + pending()
                         .filter(|r| r.set_id.as_deref() == Some(set))
                         .count()
