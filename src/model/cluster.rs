@@ -26,16 +26,6 @@ impl StorageSnapshot {
     pub fn holds(&self, content: &str) -> bool {
         self.content.iter().any(|c| c == content)
     }
-
-    /// What a CEL storage selector sees of this storage on `node`.
-    pub fn facts(&self, node: &str) -> StorageFacts {
-        StorageFacts {
-            name: self.name.to_string(),
-            node: node.to_owned(),
-            storage_type: self.storage_type.clone(),
-            available_space: self.available,
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,16 +144,6 @@ fn owned_list(list: &Option<String>) -> Vec<String> {
         .into_iter()
         .map(str::to_owned)
         .collect()
-}
-
-/// The variables a selector sees, one storage of one node at a time (same names as the Go provider).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageFacts {
-    pub name: String,
-    pub node: String,
-    pub storage_type: String,
-    /// Free bytes (`avail`), a CEL `uint`.
-    pub available_space: u64,
 }
 
 #[cfg(test)]

@@ -224,10 +224,9 @@ pub fn find<'a>(pools: &'a [IpPool], key: &str, name: &str) -> Result<&'a IpPool
 
 /// Where a NIC's pool is named in provider data.
 pub fn key_of(nic: u8) -> String {
-    if nic == 0 {
-        "ip_pool".into()
-    } else {
-        format!("additional_nics[{}].ip_pool", nic - 1)
+    match nic {
+        0 => "ip_pool".into(),
+        _ => format!("additional_nics[{}].ip_pool", nic - 1),
     }
 }
 
@@ -278,10 +277,9 @@ pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), V
 /// their index. Set on every NIC once one has a static address, so the seed's network-config can
 /// name each NIC by its MAC.
 pub fn mac_for_nic(request_id: &str, nic: u8) -> MacAddr {
-    if nic == 0 {
-        mac_for_request(request_id)
-    } else {
-        mac_for_request(&format!("{request_id}#net{nic}"))
+    match nic {
+        0 => mac_for_request(request_id),
+        _ => mac_for_request(&format!("{request_id}#net{nic}")),
     }
 }
 
@@ -420,28 +418,27 @@ pub fn report(
         request: request.to_owned(),
         nic: format!("net{}", a.nic),
     };
+    let all = || {
+        states
+            .iter()
+            .flat_map(|(r, list)| list.iter().map(move |a| (r, a)))
+    };
     let mut left = LeftOver::default();
-    for (request, allocations) in states {
-        for a in allocations {
-            if !live.contains(request) {
-                left.gone_requests.push(holding(request, a));
-            }
-            if !pools.iter().any(|p| p.name == a.pool) {
-                left.unknown_pools
-                    .push((a.pool.clone(), holding(request, a)));
-            }
+    for (request, a) in all() {
+        if !live.contains(request) {
+            left.gone_requests.push(holding(request, a));
+        }
+        if !pools.iter().any(|p| p.name == a.pool) {
+            left.unknown_pools
+                .push((a.pool.clone(), holding(request, a)));
         }
     }
     let uses = pools
         .iter()
         .map(|pool| {
-            let held: Vec<Holding> = states
-                .iter()
-                .flat_map(|(r, list)| {
-                    list.iter()
-                        .filter(|a| a.pool == pool.name)
-                        .map(move |a| holding(r, a))
-                })
+            let held: Vec<Holding> = all()
+                .filter(|(_, a)| a.pool == pool.name)
+                .map(|(r, a)| holding(r, a))
                 .collect();
             let mut taken: BTreeSet<IpAddr> = held.iter().map(|h| h.address).collect();
             let reported_by_vms: Vec<IpAddr> = reported

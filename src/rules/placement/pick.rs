@@ -146,15 +146,10 @@ pub fn pinned_node<'c>(
     pinned: &str,
 ) -> Result<&'c NodeSnapshot, PlacementError> {
     let Some(node) = cluster.node(pinned) else {
-        let mut existing: Vec<String> = cluster
-            .node_names()
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        existing.sort();
+        let existing = cluster.node_names().into_iter().map(str::to_owned);
         return Err(PlacementError::PinnedNodeMissing {
             node: pinned.to_string(),
-            existing,
+            existing: existing.collect(),
         });
     };
     if !node.online {
