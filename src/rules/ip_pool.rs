@@ -20,55 +20,25 @@ use crate::rules::cloud_init::{NetworkConfig, StaticNic, mac_for_request};
 use crate::rules::provider_data::{Problem, ProviderData};
 
 /// An address with a prefix length: a pool's network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    /// The network address (host bits zero).
-    pub network: IpAddr,
-    pub prefix: u8,
-}
+pub type Cidr = ipnet::IpNet;
 
-impl Cidr {
-    /// Parses `10.10.0.0/24` or `fd00:10::/64`; the host bits must be zero.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let (addr, prefix) = s.trim().split_once('/').ok_or_else(|| {
-            format!("{s:?} is not a CIDR; write it as network/prefix, e.g. 10.10.0.0/24")
-        })?;
-        let network: IpAddr = addr
-            .parse()
-            .map_err(|_| format!("{addr:?} is not an IPv4 or IPv6 address"))?;
-        let max = bits(network);
-        let prefix: u8 = prefix
-            .parse()
-            .ok()
-            .filter(|p| u32::from(*p) <= max)
-            .ok_or_else(|| format!("prefix length {prefix:?} must be a number from 0 to {max}"))?;
-        let cidr = Self { network, prefix };
-        if number(network) & !cidr.mask() != 0 {
-            let base = from_number(network, number(network) & cidr.mask());
-            return Err(format!(
-                "{s} has host bits set; the network is {base}/{prefix}"
-            ));
-        }
-        Ok(cidr)
+/// Parses `10.10.0.0/24` or `fd00:10::/64`; the host bits must be zero.
+pub fn parse_cidr(s: &str) -> Result<Cidr, String> {
+    let (addr, prefix) = s.trim().split_once('/').ok_or_else(|| {
+        format!("{s:?} is not a CIDR; write it as network/prefix, e.g. 10.10.0.0/24")
+    })?;
+    let network: IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{addr:?} is not an IPv4 or IPv6 address"))?;
+    let max = bits(network);
+    let invalid = || format!("prefix length {prefix:?} must be a number from 0 to {max}");
+    let prefix: u8 = prefix.parse().map_err(|_| invalid())?;
+    let cidr = Cidr::new(network, prefix).map_err(|_| invalid())?;
+    if cidr.trunc() != cidr {
+        let base = cidr.trunc();
+        return Err(format!("{s} has host bits set; the network is {base}"));
     }
-
-    /// The network bits of the family's width set (`/0` has none).
-    fn mask(&self) -> u128 {
-        let width = bits(self.network);
-        let host = width - u32::from(self.prefix).min(width);
-        u128::MAX.checked_shl(host).unwrap_or(0) & (u128::MAX >> (128 - width))
-    }
-
-    pub fn contains(&self, addr: IpAddr) -> bool {
-        addr.is_ipv4() == self.network.is_ipv4()
-            && number(addr) & self.mask() == number(self.network)
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
-    }
+    Ok(cidr)
 }
 
 /// Addresses `first` to `last`, both included, of one family.
@@ -308,7 +278,7 @@ pub fn network_config(
         };
         if let Some(a) = allocations.iter().find(|a| a.nic == index) {
             let pool = find(pools, &key_of(index), &a.pool)?;
-            nic.address = Some((a.address, pool.cidr.prefix));
+            nic.address = Some((a.address, pool.cidr.prefix_len()));
             nic.gateway = pool.gateway;
             for ns in &pool.nameservers {
                 if !nameservers.contains(ns) {
@@ -496,7 +466,7 @@ mod tests {
         ranges.sort();
         IpPool {
             name: "talos-net".into(),
-            cidr: Cidr::parse(cidr).unwrap(),
+            cidr: parse_cidr(cidr).unwrap(),
             ranges,
             gateway: None,
             nameservers: vec![],
@@ -511,37 +481,37 @@ mod tests {
 
     #[test]
     fn cidrs_parse_and_refuse_host_bits() {
-        let c = Cidr::parse("10.10.0.0/24").unwrap();
-        assert!(c.contains("10.10.0.255".parse().unwrap()));
-        assert!(!c.contains("10.10.1.0".parse().unwrap()));
-        assert!(!c.contains("::1".parse().unwrap()));
+        let c = parse_cidr("10.10.0.0/24").unwrap();
+        assert!(c.contains(&"10.10.0.255".parse::<IpAddr>().unwrap()));
+        assert!(!c.contains(&"10.10.1.0".parse::<IpAddr>().unwrap()));
+        assert!(!c.contains(&"::1".parse::<IpAddr>().unwrap()));
         assert!(
-            Cidr::parse("0.0.0.0/0")
+            parse_cidr("0.0.0.0/0")
                 .unwrap()
-                .contains("255.1.2.3".parse().unwrap())
+                .contains(&"255.1.2.3".parse::<IpAddr>().unwrap())
         );
         assert!(
-            Cidr::parse("fd00::/64")
+            parse_cidr("fd00::/64")
                 .unwrap()
-                .contains("fd00::ffff".parse().unwrap())
+                .contains(&"fd00::ffff".parse::<IpAddr>().unwrap())
         );
         assert!(
-            Cidr::parse("::/0")
+            parse_cidr("::/0")
                 .unwrap()
-                .contains("fd00::1".parse().unwrap())
+                .contains(&"fd00::1".parse::<IpAddr>().unwrap())
         );
         assert_eq!(
-            Cidr::parse("10.10.0.5/24").unwrap_err(),
+            parse_cidr("10.10.0.5/24").unwrap_err(),
             "10.10.0.5/24 has host bits set; the network is 10.10.0.0/24"
         );
-        assert!(Cidr::parse("10.10.0.0/33").unwrap_err().contains("0 to 32"));
+        assert!(parse_cidr("10.10.0.0/33").unwrap_err().contains("0 to 32"));
         assert!(
-            Cidr::parse("10.10.0.0")
+            parse_cidr("10.10.0.0")
                 .unwrap_err()
                 .contains("network/prefix")
         );
         assert!(
-            Cidr::parse("10.10.0/24")
+            parse_cidr("10.10.0/24")
                 .unwrap_err()
                 .contains("not an IPv4")
         );
@@ -766,7 +736,7 @@ mod tests {
             let taken: BTreeSet<IpAddr> = taken.into_iter().map(|n| IpAddr::V4(n.into())).collect();
             match allocate(&p, &taken) {
                 Ok(a) => {
-                    prop_assert!(p.contains(a) && p.cidr.contains(a));
+                    prop_assert!(p.contains(a) && p.cidr.contains(&a));
                     prop_assert!(!taken.contains(&a));
                     let lower_free = p.ranges.iter().any(|r| {
                         (number(r.first)..number(a).min(number(r.last) + 1))
