@@ -110,10 +110,11 @@ impl ClusterSnapshot {
                         (nodes.get_mut(&s.node), StorageId::new(s.storage.as_str()))
                     {
                         let total = s.maxdisk.unwrap_or(0);
+                        let content = split_list(s.content.as_deref().unwrap_or_default());
                         node.storages.push(StorageSnapshot {
                             name,
                             storage_type: s.plugintype.clone().unwrap_or_default(),
-                            content: owned_list(&s.content),
+                            content: content.into_iter().map(str::to_owned).collect(),
                             active: s.status.as_deref() == Some("available"),
                             shared: s.shared,
                             available: total.saturating_sub(s.disk.unwrap_or(0)),
@@ -136,14 +137,6 @@ impl ClusterSnapshot {
     pub fn node_names(&self) -> Vec<&str> {
         self.nodes.iter().map(|n| n.name.as_str()).collect()
     }
-}
-
-/// A listing's list (tags, content types), each item once trimmed.
-fn owned_list(list: &Option<String>) -> Vec<String> {
-    split_list(list.as_deref().unwrap_or_default())
-        .into_iter()
-        .map(str::to_owned)
-        .collect()
 }
 
 #[cfg(test)]
