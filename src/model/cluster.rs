@@ -51,22 +51,6 @@ impl NodeSnapshot {
     pub fn free_memory(&self) -> u64 {
         self.memory_max.saturating_sub(self.memory_used)
     }
-
-    /// vCPUs given to the node's VMs, running or stopped (a stopped VM may be started at any time).
-    pub fn allocated_cpus(&self) -> u64 {
-        self.vms
-            .iter()
-            .map(|vm| vm.maxcpu.unwrap_or(0))
-            .fold(0, u64::saturating_add)
-    }
-
-    /// Memory given to the node's VMs, running or stopped, in bytes.
-    pub fn allocated_memory(&self) -> u64 {
-        self.vms
-            .iter()
-            .map(|vm| vm.maxmem.unwrap_or(0))
-            .fold(0, u64::saturating_add)
-    }
 }
 
 /// Every node of the cluster, sorted by name.
@@ -162,9 +146,10 @@ mod tests {
         assert_eq!(pve1.vms.len(), 1, "templates are not VMs of a set");
         assert_eq!(pve1.vms[0].tag_list(), ["machine-request.s", "x"]);
         assert_eq!(pve1.free_memory(), 900);
-        assert_eq!((pve1.cpus, pve1.allocated_cpus()), (8, 2));
+        let given = |of: fn(&VmResource) -> Option<u64>| pve1.vms.iter().filter_map(of).sum();
+        assert_eq!((pve1.cpus, given(|vm| vm.maxcpu)), (8, 2));
         assert_eq!(
-            pve1.allocated_memory(),
+            given(|vm| vm.maxmem),
             400,
             "the template's memory is not counted"
         );

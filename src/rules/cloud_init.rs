@@ -38,12 +38,9 @@ pub struct StaticNic {
 
 /// `meta-data`: the instance ID (the SMBIOS UUID) and the request ID as hostname.
 pub fn meta_data(instance_id: uuid::Uuid, hostname: &str) -> String {
-    format!(
-        "instance-id: {}\nlocal-hostname: {}\nhostname: {}\n",
-        quoted(&instance_id.hyphenated().to_string()),
-        quoted(hostname),
-        quoted(hostname)
-    )
+    let id = quoted(&instance_id.hyphenated().to_string());
+    let host = quoted(hostname);
+    format!("instance-id: {id}\nlocal-hostname: {host}\nhostname: {host}\n")
 }
 
 /// `network-config` (version 1), in the shape Talos reads it: a `physical` entry per NIC matched by

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use super::{LeftOut, PlacementRequest};
 use crate::model::{MIB, NodeSnapshot};
 use crate::proxmox::property::NodeName;
+use crate::proxmox::types::VmResource;
 
 /// How far placement may commit a node (the config's `placement:`): vCPUs given to VMs up to the
 /// node's CPUs times `cpu_overcommit`, memory given to VMs up to its memory times
@@ -56,16 +57,14 @@ pub fn allocation(
         // Whole units: 4 CPUs × 1.5 allow 6 vCPUs, 8 GiB × 1.0 allow 8 GiB.
         (total > 0).then(|| (total as f64 * ratio).floor() as u64)
     };
+    // Every VM on the node counts, running or stopped: a stopped VM may be started at any time.
+    let vms = |given: fn(&VmResource) -> Option<u64>| node.vms.iter().filter_map(given);
+    let cpus = vms(|vm| vm.maxcpu).chain(pending.iter().map(|r| r.vcpus));
+    let memory = vms(|vm| vm.maxmem).chain(pending.iter().map(|r| r.memory_bytes));
     Allocation {
-        cpus_allocated: pending
-            .iter()
-            .map(|r| r.vcpus)
-            .fold(node.allocated_cpus(), u64::saturating_add),
+        cpus_allocated: cpus.fold(0, u64::saturating_add),
         cpus_limit: scaled(node.cpus, limits.cpu_overcommit),
-        memory_allocated: pending
-            .iter()
-            .map(|r| r.memory_bytes)
-            .fold(node.allocated_memory(), u64::saturating_add),
+        memory_allocated: memory.fold(0, u64::saturating_add),
         memory_limit: scaled(node.memory_max, limits.memory_overcommit),
     }
 }
