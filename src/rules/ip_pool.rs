@@ -203,14 +203,8 @@ pub fn key_of(nic: u8) -> String {
 /// The pools the provider data asks for, by NIC: `(0, ip_pool)`, `(n, additional_nics[n-1].ip_pool)`.
 pub fn wanted(data: &ProviderData) -> Vec<(u8, &str)> {
     let first = data.ip_pool.as_deref().map(|p| (0, p));
-    let more = data
-        .additional_nics
-        .iter()
-        .enumerate()
-        .filter_map(|(i, nic)| {
-            let index = u8::try_from(i + 1).ok()?;
-            nic.ip_pool.as_deref().map(|p| (index, p))
-        });
+    let more = (1..=u8::MAX).zip(&data.additional_nics);
+    let more = more.filter_map(|(nic, n)| Some((nic, n.ip_pool.as_deref()?)));
     first.into_iter().chain(more).collect()
 }
 
@@ -226,10 +220,8 @@ pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), V
     );
     let more = keys.additional_nics.iter_mut();
     let more = more.map(|n| (n.ip_pool.as_deref(), &mut n.bridge, &mut n.vlan));
-    for (nic, (name, bridge, vlan)) in std::iter::once(first).chain(more).enumerate() {
-        let (Some(name), Ok(nic)) = (name, u8::try_from(nic)) else {
-            continue;
-        };
+    for (nic, (name, bridge, vlan)) in (0..=u8::MAX).zip(std::iter::once(first).chain(more)) {
+        let Some(name) = name else { continue };
         match find(pools, &key_of(nic), name) {
             Ok(pool) => {
                 if let Some(pool_bridge) = &pool.bridge {
@@ -268,10 +260,9 @@ pub fn network_config(
     }
     let mut nics = Vec::new();
     let mut nameservers: Vec<IpAddr> = Vec::new();
-    for i in 0..nic_count {
-        let Ok(index) = u8::try_from(i) else { break };
+    for index in (0..=u8::MAX).take(nic_count) {
         let mut nic = StaticNic {
-            name: format!("eth{i}"),
+            name: format!("eth{index}"),
             mac: mac_for_nic(request_id, index),
             address: None,
             gateway: None,
