@@ -20,6 +20,7 @@ use omni_infra_provider_proxmox::proxmox::types::{
     AgentInterfaces, ClusterResource, NodeResource, NodeStorage, StorageVolume, TaskLogLine,
     TaskStatus, Upid, Version, VmConfig, VmId, VmResource,
 };
+use omni_infra_provider_proxmox::rules::placement;
 
 /// Stand-ins replaced in the JSON text by numbers `serde_json::Value` cannot hold.
 const HUGE_INT: &str = "\"@huge-int@\"";
@@ -208,7 +209,8 @@ proptest! {
         all.extend(single);
         let snapshot = ClusterSnapshot::from_resources(&all);
         for node in &snapshot.nodes {
-            let _ = (node.free_memory(), node.allocated_cpus(), node.allocated_memory());
+            let limits = placement::PlacementLimits::default();
+            let _ = (node.free_memory(), placement::allocation(node, &limits, &Default::default(), ""));
         }
 
         let config: Option<VmConfig> = decode(&text);

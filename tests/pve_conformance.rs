@@ -361,20 +361,21 @@ async fn the_listing_counts_vcpus_as_proxmox_does() {
     let fake = FakePve::start(clone_scenario(), 0.0);
     let pve = client(&fake);
     let resources = pve.cluster_listing().await.unwrap();
-    let cluster = omni_infra_provider_proxmox::model::ClusterSnapshot::from_resources(&resources);
+    use omni_infra_provider_proxmox::model::{ClusterSnapshot, NodeSnapshot};
+    let cluster = ClusterSnapshot::from_resources(&resources);
     let pve1 = cluster.node("pve1").unwrap();
     assert_eq!((pve1.cpus, pve1.memory_max), (2, 4294967296));
-    assert_eq!(pve1.vms.iter().find(|v| v.name == "wide").unwrap().cpus, 2);
+    let vm = |node: &NodeSnapshot, name: &str| {
+        node.vms
+            .iter()
+            .find(|v| v.name.as_deref() == Some(name))
+            .unwrap()
+            .maxcpu
+    };
+    assert_eq!(vm(pve1, "wide"), Some(2));
     let pve2 = cluster.node("pve2").unwrap();
     assert_eq!(pve2.cpus, 4);
-    assert_eq!(
-        pve2.vms
-            .iter()
-            .find(|v| v.name == "pinned-vcpus")
-            .unwrap()
-            .cpus,
-        3
-    );
+    assert_eq!(vm(pve2, "pinned-vcpus"), Some(3));
 }
 
 /// The launcher judges every request by the official API schema of the release it emulates

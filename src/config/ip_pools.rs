@@ -24,7 +24,7 @@ use super::read::{
     Expecting, Found, OneOrList, Section, child, kind, plain_name, string, value_type,
 };
 use crate::proxmox::property::{BridgeName, VlanTag};
-use crate::rules::ip_pool::{AddressRange, Cidr, IpPool};
+use crate::rules::ip_pool::{AddressRange, Cidr, IpPool, parse_cidr};
 
 /// `ipPools:` as written, by pool name.
 pub(super) type Pools = BTreeMap<String, Section<PoolFile>>;
@@ -55,7 +55,7 @@ impl Expecting for PoolFile {
 value_type!(PoolCidr(Cidr), |v| string(
     v,
     ": must be a string like 10.10.0.0/24",
-    |s| Cidr::parse(&s).map_err(|e| format!(": {e}"))
+    |s| parse_cidr(&s).map_err(|e| format!(": {e}"))
 ));
 
 value_type!(
@@ -137,7 +137,7 @@ impl PoolFile {
         };
         let gateway = self.gateway.map(|g| g.0);
         if let (Some(g), Some(c)) = (gateway, cidr)
-            && !c.contains(g)
+            && !c.contains(&g)
         {
             problem(
                 "gateway",
@@ -191,7 +191,7 @@ fn ranges(
             continue;
         };
         if let Some(c) = cidr {
-            if !c.contains(r.first) || !c.contains(r.last) {
+            if !c.contains(&r.first) || !c.contains(&r.last) {
                 problem("range", format!("{r} is outside the pool's cidr {c}"));
                 continue;
             }
@@ -245,14 +245,14 @@ pub(super) fn check_references(
 /// An IPv4 range that includes its network's own address or its broadcast address (networks of
 /// /31 and /32 have neither).
 fn network_or_broadcast(cidr: &Cidr, range: &AddressRange) -> Option<String> {
-    let IpAddr::V4(net) = cidr.network else {
+    let IpAddr::V4(net) = cidr.network() else {
         return None;
     };
-    if cidr.prefix >= 31 {
+    if cidr.prefix_len() >= 31 {
         return None;
     }
     let base = u32::from(net);
-    let broadcast = base | (u32::MAX >> cidr.prefix);
+    let broadcast = base | (u32::MAX >> cidr.prefix_len());
     let has = |n: u32| range.contains(IpAddr::V4(n.into()));
     if has(base) {
         Some(format!("the network address {net}"))

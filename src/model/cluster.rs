@@ -4,23 +4,10 @@
 use std::collections::BTreeMap;
 
 use crate::proxmox::property::StorageId;
-use crate::proxmox::types::{ClusterResource, NodeName, NodeState, split_list};
+use crate::proxmox::types::{ClusterResource, NodeName, NodeState, VmResource, split_list};
 
 pub const GIB: u64 = 1024 * 1024 * 1024;
 pub const MIB: u64 = 1024 * 1024;
-
-/// A VM as `/cluster/resources` lists it (templates are not counted: they are not VMs of a set, and
-/// they never run).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VmSummary {
-    pub name: String,
-    pub tags: Vec<String>,
-    /// vCPUs as Proxmox counts them (`maxcpu`: sockets × cores capped at the host's CPUs, or
-    /// `vcpus`); 0 when the listing has no figures for the VM yet.
-    pub cpus: u64,
-    /// Configured memory in bytes (`maxmem`); 0 when the listing has no figures yet.
-    pub memory: u64,
-}
 
 /// A storage of one node, as `/cluster/resources` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +16,6 @@ pub struct StorageSnapshot {
     pub storage_type: String,
     /// Content types (`images`, `iso`, …).
     pub content: Vec<String>,
-    pub enabled: bool,
     pub active: bool,
     pub shared: bool,
     /// Free bytes.
@@ -39,16 +25,6 @@ pub struct StorageSnapshot {
 impl StorageSnapshot {
     pub fn holds(&self, content: &str) -> bool {
         self.content.iter().any(|c| c == content)
-    }
-
-    /// What a CEL storage selector sees of this storage on `node`.
-    pub fn facts(&self, node: &str) -> StorageFacts {
-        StorageFacts {
-            name: self.name.to_string(),
-            node: node.to_owned(),
-            storage_type: self.storage_type.clone(),
-            available_space: self.available,
-        }
     }
 }
 
@@ -61,7 +37,8 @@ pub struct NodeSnapshot {
     pub memory_max: u64,
     /// Logical CPUs (`maxcpu`); 0 when the node reports none (offline).
     pub cpus: u64,
-    pub vms: Vec<VmSummary>,
+    /// The VMs on the node, templates left out: they are not VMs of a set, and they never run.
+    pub vms: Vec<VmResource>,
     pub storages: Vec<StorageSnapshot>,
 }
 
@@ -73,22 +50,6 @@ impl NodeSnapshot {
     /// Memory not in use now, before any reservation.
     pub fn free_memory(&self) -> u64 {
         self.memory_max.saturating_sub(self.memory_used)
-    }
-
-    /// vCPUs given to the node's VMs, running or stopped (a stopped VM may be started at any time).
-    pub fn allocated_cpus(&self) -> u64 {
-        self.vms
-            .iter()
-            .map(|vm| vm.cpus)
-            .fold(0, u64::saturating_add)
-    }
-
-    /// Memory given to the node's VMs, running or stopped, in bytes.
-    pub fn allocated_memory(&self) -> u64 {
-        self.vms
-            .iter()
-            .map(|vm| vm.memory)
-            .fold(0, u64::saturating_add)
     }
 }
 
@@ -123,12 +84,7 @@ impl ClusterSnapshot {
             match r {
                 ClusterResource::Vm(vm) if !vm.template => {
                     if let Some(node) = nodes.get_mut(&vm.node) {
-                        node.vms.push(VmSummary {
-                            name: vm.name.clone().unwrap_or_default(),
-                            tags: owned_list(&vm.tags),
-                            cpus: vm.maxcpu.unwrap_or(0),
-                            memory: vm.maxmem.unwrap_or(0),
-                        });
+                        node.vms.push(vm.clone());
                     }
                 }
                 ClusterResource::Storage(s) => {
@@ -138,12 +94,11 @@ impl ClusterSnapshot {
                         (nodes.get_mut(&s.node), StorageId::new(s.storage.as_str()))
                     {
                         let total = s.maxdisk.unwrap_or(0);
+                        let content = split_list(s.content.as_deref().unwrap_or_default());
                         node.storages.push(StorageSnapshot {
                             name,
                             storage_type: s.plugintype.clone().unwrap_or_default(),
-                            content: owned_list(&s.content),
-                            // `/cluster/resources` lists only storages enabled on that node.
-                            enabled: true,
+                            content: content.into_iter().map(str::to_owned).collect(),
                             active: s.status.as_deref() == Some("available"),
                             shared: s.shared,
                             available: total.saturating_sub(s.disk.unwrap_or(0)),
@@ -168,24 +123,6 @@ impl ClusterSnapshot {
     }
 }
 
-/// A listing's list (tags, content types), each item once trimmed.
-fn owned_list(list: &Option<String>) -> Vec<String> {
-    split_list(list.as_deref().unwrap_or_default())
-        .into_iter()
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The variables a selector sees, one storage of one node at a time (same names as the Go provider).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageFacts {
-    pub name: String,
-    pub node: String,
-    pub storage_type: String,
-    /// Free bytes (`avail`), a CEL `uint`.
-    pub available_space: u64,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,11 +144,12 @@ mod tests {
         assert_eq!(s.node_names(), ["pve1", "pve2"]);
         let pve1 = s.node("pve1").unwrap();
         assert_eq!(pve1.vms.len(), 1, "templates are not VMs of a set");
-        assert_eq!(pve1.vms[0].tags, ["machine-request.s", "x"]);
+        assert_eq!(pve1.vms[0].tag_list(), ["machine-request.s", "x"]);
         assert_eq!(pve1.free_memory(), 900);
-        assert_eq!((pve1.cpus, pve1.allocated_cpus()), (8, 2));
+        let given = |of: fn(&VmResource) -> Option<u64>| pve1.vms.iter().filter_map(of).sum();
+        assert_eq!((pve1.cpus, given(|vm| vm.maxcpu)), (8, 2));
         assert_eq!(
-            pve1.allocated_memory(),
+            given(|vm| vm.maxmem),
             400,
             "the template's memory is not counted"
         );

@@ -21,11 +21,6 @@ pub fn provider_tag(provider_id: &str) -> String {
     format!("omni-provider.{provider_id}")
 }
 
-/// Whether `tags` carry `wanted`, in any case.
-pub fn has_tag(tags: &[&str], wanted: &str) -> bool {
-    tags.iter().any(|t| t.eq_ignore_ascii_case(wanted))
-}
-
 const REQUEST_TAG_PREFIX: &str = "omni-request.";
 
 /// The tag naming the request a VM was made for: `omni-request.<request id>`. `None` when the ID is not
@@ -72,7 +67,7 @@ fn tagged<'a>(tags: &[&'a str], prefix: &str) -> Option<&'a str> {
 /// Whether this provider made the VM, for whichever request: not a template and carrying our
 /// provider tag. The `orphans` search starts from these (and still judges each one per request).
 pub fn made_by(vm: &VmResource, provider_id: &str) -> bool {
-    !vm.template && has_tag(&vm.tag_list(), &provider_tag(provider_id))
+    !vm.template && vm.has_tag(&provider_tag(provider_id))
 }
 
 /// Whether the listing shows a VM dressed as the request's: made by us and named after the request.
@@ -162,9 +157,8 @@ pub fn judge_listing(vm: &VmResource, claim: &Claim<'_>) -> Option<Ownership> {
     if vm.template {
         return Some(Ownership::NotOurs("it is a template".into()));
     }
-    let tags = vm.tag_list();
     let tagged = request_tag(claim.request_id).is_some_and(|request| {
-        has_tag(&tags, &provider_tag(claim.provider_id)) && has_tag(&tags, request.as_str())
+        vm.has_tag(&provider_tag(claim.provider_id)) && vm.has_tag(request.as_str())
     });
     match vm.name.as_deref() {
         Some(name) if name == claim.request_id && tagged => Some(Ownership::Ours),
@@ -227,7 +221,8 @@ pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ow
     };
     // A clone not configured yet carries the UUID Proxmox gave it at clone time; ours is set with our
     // tags, so the UUID is checked only once the VM carries them.
-    let configured = has_tag(&tag_refs, &provider_tag(claim.provider_id));
+    let ours = provider_tag(claim.provider_id);
+    let configured = tag_refs.iter().any(|t| t.eq_ignore_ascii_case(&ours));
     match expected {
         Some(expected) if configured => uuid_verdict(config, expected).unwrap_or(verdict),
         _ => verdict,

@@ -9,6 +9,6 @@ pub mod template;
 pub mod vm;
 
 pub use crate::proxmox::listing::Listing;
-pub use cluster::{ClusterSnapshot, GIB, MIB, NodeSnapshot, StorageFacts, StorageSnapshot};
+pub use cluster::{ClusterSnapshot, GIB, MIB, NodeSnapshot, StorageSnapshot};
 pub use machine::MachineState;
 pub use template::TemplateFacts;

@@ -146,7 +146,7 @@ pub enum ClusterResource {
     Other,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct VmResource {
     pub vmid: VmId,
     pub node: NodeName,

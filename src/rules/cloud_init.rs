@@ -38,12 +38,9 @@ pub struct StaticNic {
 
 /// `meta-data`: the instance ID (the SMBIOS UUID) and the request ID as hostname.
 pub fn meta_data(instance_id: uuid::Uuid, hostname: &str) -> String {
-    format!(
-        "instance-id: {}\nlocal-hostname: {}\nhostname: {}\n",
-        quoted(&instance_id.hyphenated().to_string()),
-        quoted(hostname),
-        quoted(hostname)
-    )
+    let id = quoted(&instance_id.hyphenated().to_string());
+    let host = quoted(hostname);
+    format!("instance-id: {id}\nlocal-hostname: {host}\nhostname: {host}\n")
 }
 
 /// `network-config` (version 1), in the shape Talos reads it: a `physical` entry per NIC matched by
@@ -142,8 +139,21 @@ pub mod seed_iso {
     #[error("cannot build the seed ISO: {0}")]
     pub struct SeedIsoError(String);
 
-    /// Builds an ISO holding `files` (name, contents) at its root.
-    pub fn build(files: &[(&str, &[u8])]) -> Result<Vec<u8>, SeedIsoError> {
+    /// The seed ISO with the three NoCloud files at its root: `user-data` is the join config as is
+    /// (it holds the join token, so it is exposed only here), `meta-data` and `network-config` say
+    /// who the machine is and how its NICs get their addresses.
+    pub fn build_seed(
+        join_config: &Secret,
+        instance_id: uuid::Uuid,
+        hostname: &str,
+        network: &NetworkConfig,
+    ) -> Result<Vec<u8>, SeedIsoError> {
+        let (meta, net) = (meta_data(instance_id, hostname), network_config(network));
+        let files: [(&str, &[u8]); 3] = [
+            ("meta-data", meta.as_bytes()),
+            ("network-config", net.as_bytes()),
+            ("user-data", join_config.expose().as_bytes()),
+        ];
         let input = InputFiles {
             path_separator: PathSeparator::ForwardSlash,
             files: files
@@ -186,22 +196,6 @@ pub mod seed_iso {
                 image.truncate(size);
             }
         }
-    }
-
-    /// The seed ISO with the three NoCloud files: `user-data` is the join config as is (it holds
-    /// the join token, so it is exposed only here), `meta-data` and `network-config` say who the
-    /// machine is and how its NICs get their addresses.
-    pub fn build_seed(
-        join_config: &Secret,
-        instance_id: uuid::Uuid,
-        hostname: &str,
-        network: &NetworkConfig,
-    ) -> Result<Vec<u8>, SeedIsoError> {
-        build(&[
-            ("meta-data", meta_data(instance_id, hostname).as_bytes()),
-            ("network-config", network_config(network).as_bytes()),
-            ("user-data", join_config.expose().as_bytes()),
-        ])
     }
 }
 

@@ -140,15 +140,14 @@ fn join(rule: &HaRule, sid: &str) -> RuleChange {
 }
 
 fn check_kind(rule: &HaRule, wanted: &'static str) -> Result<(), HaRuleError> {
-    if rule.kind == wanted {
-        Ok(())
-    } else {
-        Err(HaRuleError::WrongKind {
-            rule: rule.rule.clone(),
-            found: rule.kind.clone(),
+    let (found, rule) = (rule.kind.clone(), rule.rule.clone());
+    (found == wanted)
+        .then_some(())
+        .ok_or(HaRuleError::WrongKind {
+            rule,
+            found,
             wanted,
         })
-    }
 }
 
 /// The rule is made once, by the set's first VM; a class edited since then does not rewrite it

@@ -20,55 +20,25 @@ use crate::rules::cloud_init::{NetworkConfig, StaticNic, mac_for_request};
 use crate::rules::provider_data::{Problem, ProviderData};
 
 /// An address with a prefix length: a pool's network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    /// The network address (host bits zero).
-    pub network: IpAddr,
-    pub prefix: u8,
-}
+pub type Cidr = ipnet::IpNet;
 
-impl Cidr {
-    /// Parses `10.10.0.0/24` or `fd00:10::/64`; the host bits must be zero.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let (addr, prefix) = s.trim().split_once('/').ok_or_else(|| {
-            format!("{s:?} is not a CIDR; write it as network/prefix, e.g. 10.10.0.0/24")
-        })?;
-        let network: IpAddr = addr
-            .parse()
-            .map_err(|_| format!("{addr:?} is not an IPv4 or IPv6 address"))?;
-        let max = bits(network);
-        let prefix: u8 = prefix
-            .parse()
-            .ok()
-            .filter(|p| u32::from(*p) <= max)
-            .ok_or_else(|| format!("prefix length {prefix:?} must be a number from 0 to {max}"))?;
-        let cidr = Self { network, prefix };
-        if number(network) & !cidr.mask() != 0 {
-            let base = from_number(network, number(network) & cidr.mask());
-            return Err(format!(
-                "{s} has host bits set; the network is {base}/{prefix}"
-            ));
-        }
-        Ok(cidr)
+/// Parses `10.10.0.0/24` or `fd00:10::/64`; the host bits must be zero.
+pub fn parse_cidr(s: &str) -> Result<Cidr, String> {
+    let (addr, prefix) = s.trim().split_once('/').ok_or_else(|| {
+        format!("{s:?} is not a CIDR; write it as network/prefix, e.g. 10.10.0.0/24")
+    })?;
+    let network: IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{addr:?} is not an IPv4 or IPv6 address"))?;
+    let max = bits(network);
+    let invalid = || format!("prefix length {prefix:?} must be a number from 0 to {max}");
+    let prefix: u8 = prefix.parse().map_err(|_| invalid())?;
+    let cidr = Cidr::new(network, prefix).map_err(|_| invalid())?;
+    if cidr.trunc() != cidr {
+        let base = cidr.trunc();
+        return Err(format!("{s} has host bits set; the network is {base}"));
     }
-
-    /// The network bits of the family's width set (`/0` has none).
-    fn mask(&self) -> u128 {
-        let width = bits(self.network);
-        let host = width - u32::from(self.prefix).min(width);
-        u128::MAX.checked_shl(host).unwrap_or(0) & (u128::MAX >> (128 - width))
-    }
-
-    pub fn contains(&self, addr: IpAddr) -> bool {
-        addr.is_ipv4() == self.network.is_ipv4()
-            && number(addr) & self.mask() == number(self.network)
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
-    }
+    Ok(cidr)
 }
 
 /// Addresses `first` to `last`, both included, of one family.
@@ -182,20 +152,15 @@ pub fn usage(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> (u128, u128) {
 pub fn allocate(pool: &IpPool, taken: &BTreeSet<IpAddr>) -> Result<IpAddr, PoolFull> {
     let taken = with_gateway(pool, taken);
     for range in &pool.ranges {
-        let last = number(range.last);
-        // `None` once the range's last address is taken too.
+        // The taken addresses of the range come in order: the first gap is the answer.
         let mut candidate = Some(number(range.first));
         for t in taken.range(range.first..=range.last) {
-            let Some(c) = candidate else { break };
-            let n = number(*t);
-            if n > c {
+            if candidate != Some(number(*t)) {
                 break;
             }
-            if n == c {
-                candidate = (c < last).then(|| c + 1);
-            }
+            candidate = candidate.and_then(|c| c.checked_add(1));
         }
-        if let Some(c) = candidate {
+        if let Some(c) = candidate.filter(|c| *c <= number(range.last)) {
             return Ok(from_number(range.first, c));
         }
     }
@@ -229,24 +194,17 @@ pub fn find<'a>(pools: &'a [IpPool], key: &str, name: &str) -> Result<&'a IpPool
 
 /// Where a NIC's pool is named in provider data.
 pub fn key_of(nic: u8) -> String {
-    if nic == 0 {
-        "ip_pool".into()
-    } else {
-        format!("additional_nics[{}].ip_pool", nic - 1)
+    match nic {
+        0 => "ip_pool".into(),
+        _ => format!("additional_nics[{}].ip_pool", nic - 1),
     }
 }
 
 /// The pools the provider data asks for, by NIC: `(0, ip_pool)`, `(n, additional_nics[n-1].ip_pool)`.
 pub fn wanted(data: &ProviderData) -> Vec<(u8, &str)> {
     let first = data.ip_pool.as_deref().map(|p| (0, p));
-    let more = data
-        .additional_nics
-        .iter()
-        .enumerate()
-        .filter_map(|(i, nic)| {
-            let index = u8::try_from(i + 1).ok()?;
-            nic.ip_pool.as_deref().map(|p| (index, p))
-        });
+    let more = (1..=u8::MAX).zip(&data.additional_nics);
+    let more = more.filter_map(|(nic, n)| Some((nic, n.ip_pool.as_deref()?)));
     first.into_iter().chain(more).collect()
 }
 
@@ -262,10 +220,8 @@ pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), V
     );
     let more = keys.additional_nics.iter_mut();
     let more = more.map(|n| (n.ip_pool.as_deref(), &mut n.bridge, &mut n.vlan));
-    for (nic, (name, bridge, vlan)) in std::iter::once(first).chain(more).enumerate() {
-        let (Some(name), Ok(nic)) = (name, u8::try_from(nic)) else {
-            continue;
-        };
+    for (nic, (name, bridge, vlan)) in (0..=u8::MAX).zip(std::iter::once(first).chain(more)) {
+        let Some(name) = name else { continue };
         match find(pools, &key_of(nic), name) {
             Ok(pool) => {
                 if let Some(pool_bridge) = &pool.bridge {
@@ -283,10 +239,9 @@ pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), V
 /// their index. Set on every NIC once one has a static address, so the seed's network-config can
 /// name each NIC by its MAC.
 pub fn mac_for_nic(request_id: &str, nic: u8) -> MacAddr {
-    if nic == 0 {
-        mac_for_request(request_id)
-    } else {
-        mac_for_request(&format!("{request_id}#net{nic}"))
+    match nic {
+        0 => mac_for_request(request_id),
+        _ => mac_for_request(&format!("{request_id}#net{nic}")),
     }
 }
 
@@ -305,17 +260,16 @@ pub fn network_config(
     }
     let mut nics = Vec::new();
     let mut nameservers: Vec<IpAddr> = Vec::new();
-    for i in 0..nic_count {
-        let Ok(index) = u8::try_from(i) else { break };
+    for index in (0..=u8::MAX).take(nic_count) {
         let mut nic = StaticNic {
-            name: format!("eth{i}"),
+            name: format!("eth{index}"),
             mac: mac_for_nic(request_id, index),
             address: None,
             gateway: None,
         };
         if let Some(a) = allocations.iter().find(|a| a.nic == index) {
             let pool = find(pools, &key_of(index), &a.pool)?;
-            nic.address = Some((a.address, pool.cidr.prefix));
+            nic.address = Some((a.address, pool.cidr.prefix_len()));
             nic.gateway = pool.gateway;
             for ns in &pool.nameservers {
                 if !nameservers.contains(ns) {
@@ -425,28 +379,27 @@ pub fn report(
         request: request.to_owned(),
         nic: format!("net{}", a.nic),
     };
+    let all = || {
+        states
+            .iter()
+            .flat_map(|(r, list)| list.iter().map(move |a| (r, a)))
+    };
     let mut left = LeftOver::default();
-    for (request, allocations) in states {
-        for a in allocations {
-            if !live.contains(request) {
-                left.gone_requests.push(holding(request, a));
-            }
-            if !pools.iter().any(|p| p.name == a.pool) {
-                left.unknown_pools
-                    .push((a.pool.clone(), holding(request, a)));
-            }
+    for (request, a) in all() {
+        if !live.contains(request) {
+            left.gone_requests.push(holding(request, a));
+        }
+        if !pools.iter().any(|p| p.name == a.pool) {
+            left.unknown_pools
+                .push((a.pool.clone(), holding(request, a)));
         }
     }
     let uses = pools
         .iter()
         .map(|pool| {
-            let held: Vec<Holding> = states
-                .iter()
-                .flat_map(|(r, list)| {
-                    list.iter()
-                        .filter(|a| a.pool == pool.name)
-                        .map(move |a| holding(r, a))
-                })
+            let held: Vec<Holding> = all()
+                .filter(|(_, a)| a.pool == pool.name)
+                .map(|(r, a)| holding(r, a))
                 .collect();
             let mut taken: BTreeSet<IpAddr> = held.iter().map(|h| h.address).collect();
             let reported_by_vms: Vec<IpAddr> = reported
@@ -504,7 +457,7 @@ mod tests {
         ranges.sort();
         IpPool {
             name: "talos-net".into(),
-            cidr: Cidr::parse(cidr).unwrap(),
+            cidr: parse_cidr(cidr).unwrap(),
             ranges,
             gateway: None,
             nameservers: vec![],
@@ -519,37 +472,37 @@ mod tests {
 
     #[test]
     fn cidrs_parse_and_refuse_host_bits() {
-        let c = Cidr::parse("10.10.0.0/24").unwrap();
-        assert!(c.contains("10.10.0.255".parse().unwrap()));
-        assert!(!c.contains("10.10.1.0".parse().unwrap()));
-        assert!(!c.contains("::1".parse().unwrap()));
+        let c = parse_cidr("10.10.0.0/24").unwrap();
+        assert!(c.contains(&"10.10.0.255".parse::<IpAddr>().unwrap()));
+        assert!(!c.contains(&"10.10.1.0".parse::<IpAddr>().unwrap()));
+        assert!(!c.contains(&"::1".parse::<IpAddr>().unwrap()));
         assert!(
-            Cidr::parse("0.0.0.0/0")
+            parse_cidr("0.0.0.0/0")
                 .unwrap()
-                .contains("255.1.2.3".parse().unwrap())
+                .contains(&"255.1.2.3".parse::<IpAddr>().unwrap())
         );
         assert!(
-            Cidr::parse("fd00::/64")
+            parse_cidr("fd00::/64")
                 .unwrap()
-                .contains("fd00::ffff".parse().unwrap())
+                .contains(&"fd00::ffff".parse::<IpAddr>().unwrap())
         );
         assert!(
-            Cidr::parse("::/0")
+            parse_cidr("::/0")
                 .unwrap()
-                .contains("fd00::1".parse().unwrap())
+                .contains(&"fd00::1".parse::<IpAddr>().unwrap())
         );
         assert_eq!(
-            Cidr::parse("10.10.0.5/24").unwrap_err(),
+            parse_cidr("10.10.0.5/24").unwrap_err(),
             "10.10.0.5/24 has host bits set; the network is 10.10.0.0/24"
         );
-        assert!(Cidr::parse("10.10.0.0/33").unwrap_err().contains("0 to 32"));
+        assert!(parse_cidr("10.10.0.0/33").unwrap_err().contains("0 to 32"));
         assert!(
-            Cidr::parse("10.10.0.0")
+            parse_cidr("10.10.0.0")
                 .unwrap_err()
                 .contains("network/prefix")
         );
         assert!(
-            Cidr::parse("10.10.0/24")
+            parse_cidr("10.10.0/24")
                 .unwrap_err()
                 .contains("not an IPv4")
         );
@@ -774,7 +727,7 @@ mod tests {
             let taken: BTreeSet<IpAddr> = taken.into_iter().map(|n| IpAddr::V4(n.into())).collect();
             match allocate(&p, &taken) {
                 Ok(a) => {
-                    prop_assert!(p.contains(a) && p.cidr.contains(a));
+                    prop_assert!(p.contains(a) && p.cidr.contains(&a));
                     prop_assert!(!taken.contains(&a));
                     let lower_free = p.ranges.iter().any(|r| {
                         (number(r.first)..number(a).min(number(r.last) + 1))

@@ -108,17 +108,11 @@ fn refusal(key: String, what: String, allowed: String) -> Problem {
 }
 
 fn render_ranges(ranges: &[(u16, u16)]) -> String {
-    ranges
-        .iter()
-        .map(|(lo, hi)| {
-            if lo == hi {
-                lo.to_string()
-            } else {
-                format!("{lo}-{hi}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    let range = |(lo, hi): &(u16, u16)| match lo == hi {
+        true => lo.to_string(),
+        false => format!("{lo}-{hi}"),
+    };
+    ranges.iter().map(range).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]

@@ -29,19 +29,17 @@ pub struct Overlay {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SchematicError {
-    #[error("META key {0} is out of range: Talos META keys are 0 to 255")]
-    MetaKeyOutOfRange(u32),
-}
+#[error("META key {0} is out of range: Talos META keys are 0 to 255")]
+pub struct MetaKeyOutOfRange(u32);
 
 /// The schematic YAML to hand to `CreateSchematicFromRaw` (or `POST /schematics` on the factory).
 ///
 /// Extensions are the request's plus [`GUEST_AGENT_EXTENSION`], deduplicated and sorted; kernel args are
 /// sorted (as the Go library does); meta values keep their order; empty sections are left out. Every
 /// string is double-quoted, so no value can change the document's structure.
-pub fn schematic_yaml(request: &SchematicRequest) -> Result<String, SchematicError> {
+pub fn schematic_yaml(request: &SchematicRequest) -> Result<String, MetaKeyOutOfRange> {
     if let Some((key, _)) = request.meta_values.iter().find(|(k, _)| *k > 255) {
-        return Err(SchematicError::MetaKeyOutOfRange(*key));
+        return Err(MetaKeyOutOfRange(*key));
     }
     let extensions: BTreeSet<&str> = request
         .extensions
@@ -138,10 +136,7 @@ mod tests {
             meta_values: vec![(256, "x".into())],
             ..Default::default()
         };
-        assert_eq!(
-            schematic_yaml(&request),
-            Err(SchematicError::MetaKeyOutOfRange(256))
-        );
+        assert_eq!(schematic_yaml(&request), Err(MetaKeyOutOfRange(256)));
     }
 
     proptest! {

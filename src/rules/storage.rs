@@ -153,19 +153,18 @@ pub fn selector_error(rejected: &[(String, Rejection)]) -> Option<&SelectorError
 /// The first storage on `node` that takes `need`, with the reason for every storage before it.
 pub fn choose(node: &NodeSnapshot, need: &StorageNeed<'_>) -> StorageChoice {
     let mut rejected = Vec::new();
-    for storage in &node.storages {
-        match judge(node, storage, need) {
-            None => {
-                return StorageChoice {
-                    chosen: Some(storage.clone()),
-                    rejected,
-                };
+    let chosen = node
+        .storages
+        .iter()
+        .find(|storage| match judge(node, storage, need) {
+            Some(why) => {
+                rejected.push((storage.name.to_string(), why));
+                false
             }
-            Some(why) => rejected.push((storage.name.to_string(), why)),
-        }
-    }
+            None => true,
+        });
     StorageChoice {
-        chosen: None,
+        chosen: chosen.cloned(),
         rejected,
     }
 }
@@ -181,11 +180,11 @@ fn judge(
             wanted: need.content,
         });
     }
-    if !storage.enabled || !storage.active {
+    if !storage.active {
         return Some(Rejection::Inactive);
     }
     if let Some(selector) = need.selector {
-        match selector.matches(&storage.facts(node.name.as_str())) {
+        match selector.matches(storage, node.name.as_str()) {
             Err(e) => return Some(Rejection::SelectorFailed(e)),
             Ok(false) => return Some(Rejection::NotSelected),
             Ok(true) => {}
@@ -217,13 +216,8 @@ pub fn judge_named(
     name: &str,
     need: &StorageNeed<'_>,
 ) -> Result<StorageSnapshot, Rejection> {
-    let Some(storage) = node.storage(name) else {
-        return Err(Rejection::NotOnNode);
-    };
-    match judge(node, storage, need) {
-        None => Ok(storage.clone()),
-        Some(why) => Err(why),
-    }
+    let storage = node.storage(name).ok_or(Rejection::NotOnNode)?;
+    judge(node, storage, need).map_or_else(|| Ok(storage.clone()), Err)
 }
 
 /// Whether a storage of this plugin type can hold a linked clone of a template's disk. pve-storage
@@ -249,7 +243,6 @@ mod tests {
             name: StorageId::new(name).unwrap(),
             storage_type: "lvmthin".into(),
             content: content.iter().map(|c| c.to_string()).collect(),
-            enabled: true,
             active: true,
             shared: false,
             available: available_gib * GIB,

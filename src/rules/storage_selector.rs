@@ -16,14 +16,15 @@
 mod evaluator;
 pub mod grammar;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cel::Program;
 
-pub use crate::model::StorageFacts;
+use crate::model::StorageSnapshot;
+use crate::proxmox::property::StorageId;
 use evaluator::{Outcome, Refusal};
 
 /// The longest selector accepted, in characters: real selectors are a line; the limit keeps the
@@ -86,17 +87,14 @@ pub enum SelectorError {
 const VARIABLES: [&str; 4] = ["name", "node", "storageType", "availableSpace"];
 
 /// Compiled selectors (and refusals) by text, so a class read again costs a lookup.
-type Cache = HashMap<Arc<str>, Result<StorageSelector, SelectorError>>;
+type Cache = BTreeMap<Arc<str>, Result<StorageSelector, SelectorError>>;
 
 /// Distinct selectors kept; past it the cache starts over (classes rarely hold more than a few).
 const CACHE_ENTRIES: usize = 512;
 
 fn cache() -> std::sync::MutexGuard<'static, Cache> {
-    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
-    CACHE
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    static CACHE: Mutex<Cache> = Mutex::new(BTreeMap::new());
+    CACHE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl StorageSelector {
@@ -152,15 +150,17 @@ impl StorageSelector {
     /// Runs the selector on a dummy storage, where a mistake that only evaluation finds shows.
     fn check_on_dummy(self) -> Result<Self, SelectorError> {
         let expression = &*self.source;
-        let dummy = StorageFacts {
-            name: "local-lvm".into(),
-            node: "pve".into(),
+        let dummy = StorageSnapshot {
+            name: StorageId::known("local-lvm"),
             storage_type: "lvmthin".into(),
-            available_space: 1 << 40,
+            content: Vec::new(),
+            active: true,
+            shared: false,
+            available: 1 << 40,
         };
         let bare_name =
             looks_like_storage_name(expression) && !VARIABLES.contains(&expression.trim());
-        match self.matches(&dummy) {
+        match self.matches(&dummy, "pve") {
             Ok(_) => Ok(self),
             Err(SelectorError::NotBoolean { expression, .. })
             | Err(SelectorError::Evaluation { expression, .. })
@@ -179,10 +179,11 @@ impl StorageSelector {
         &self.source
     }
 
-    /// Whether the storage is selected. A runtime error is a configuration error.
-    pub fn matches(&self, storage: &StorageFacts) -> Result<bool, SelectorError> {
+    /// Whether `storage` of `node` is selected. A runtime error is a configuration error.
+    pub fn matches(&self, storage: &StorageSnapshot, node: &str) -> Result<bool, SelectorError> {
         let expression = self.source.to_string();
-        match evaluator::run(self.program.clone(), storage.clone(), BUDGET) {
+        let (program, storage) = (self.program.clone(), storage.clone());
+        match evaluator::run(program, storage, node.to_owned(), BUDGET) {
             Some(Outcome::Bool(b)) => Ok(b),
             Some(Outcome::Other(kind)) => Err(SelectorError::NotBoolean { expression, kind }),
             Some(Outcome::Failed(reason)) => Err(SelectorError::Evaluation { expression, reason }),
@@ -241,12 +242,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn facts() -> StorageFacts {
-        StorageFacts {
-            name: "local-lvm".into(),
-            node: "pve1".into(),
+    /// A storage as the selector sees it, on node `pve1`.
+    fn facts() -> StorageSnapshot {
+        StorageSnapshot {
+            name: StorageId::known("local-lvm"),
             storage_type: "lvmthin".into(),
-            available_space: 73_014_444_032,
+            content: Vec::new(),
+            active: true,
+            shared: false,
+            available: 73_014_444_032,
         }
     }
 
@@ -264,7 +268,7 @@ mod tests {
             ("true", true),
         ] {
             let selector = StorageSelector::new(expr).unwrap();
-            assert_eq!(selector.matches(&facts()), Ok(expected), "{expr}");
+            assert_eq!(selector.matches(&facts(), "pve1"), Ok(expected), "{expr}");
             assert_eq!(selector.expression(), expr);
         }
     }
@@ -312,7 +316,7 @@ mod tests {
     #[test]
     fn runtime_errors_are_configuration_errors() {
         let selector = StorageSelector::new("availableSpace - 100000000000u > 0u").unwrap();
-        let err = selector.matches(&facts()).unwrap_err();
+        let err = selector.matches(&facts(), "pve1").unwrap_err();
         assert!(matches!(err, SelectorError::Evaluation { .. }));
         assert!(err.to_string().contains("availableSpace - 100000000000u"));
     }
@@ -437,7 +441,7 @@ mod tests {
         // Built past the grammar on purpose: only the budget stands between it and a minute of CPU.
         let slow = Arc::new(Program::compile(NESTED_MACROS).unwrap());
         let started = std::time::Instant::now();
-        let outcome = evaluator::run(slow, facts(), Duration::from_millis(50));
+        let outcome = evaluator::run(slow, facts(), "pve1".into(), Duration::from_millis(50));
         assert_eq!(outcome, None);
         assert!(
             started.elapsed() < Duration::from_secs(2),
@@ -445,15 +449,15 @@ mod tests {
             started.elapsed()
         );
         let quick = StorageSelector::new("name == \"local-lvm\"").unwrap();
-        assert_eq!(quick.matches(&facts()), Ok(true));
+        assert_eq!(quick.matches(&facts(), "pve1"), Ok(true));
     }
 
     proptest! {
         #[test]
-        fn name_equality_selects_exactly_that_name(wanted in "[a-z][a-z0-9-]{0,10}", actual in "[a-z][a-z0-9-]{0,10}", space: u64) {
+        fn name_equality_selects_exactly_that_name(wanted in "[a-z][a-z0-9-]{0,9}[a-z0-9]", actual in "[a-z][a-z0-9-]{0,9}[a-z0-9]", space: u64) {
             let selector = StorageSelector::new(&format!("name == {wanted:?}")).unwrap();
-            let storage = StorageFacts { name: actual.clone(), available_space: space, ..facts() };
-            prop_assert_eq!(selector.matches(&storage), Ok(wanted == actual));
+            let storage = StorageSnapshot { name: StorageId::new(actual.clone()).unwrap(), available: space, ..facts() };
+            prop_assert_eq!(selector.matches(&storage, "pve1"), Ok(wanted == actual));
         }
 
         /// Selectors of every length up to past the limit, nested, with macros among them: each is
@@ -463,7 +467,7 @@ mod tests {
             let started = std::time::Instant::now();
             let verdict = StorageSelector::new(&expr);
             if let Ok(selector) = &verdict {
-                let _ = selector.matches(&facts());
+                let _ = selector.matches(&facts(), "pve1");
             }
             prop_assert!(started.elapsed() < Duration::from_secs(2), "{:?} for {expr}", started.elapsed());
             if fuzz::MACROS.iter().any(|m| expr.contains(m)) {
@@ -478,7 +482,7 @@ mod tests {
         #[test]
         fn arbitrary_input_never_panics(expr in "\\PC{0,40}") {
             if let Ok(selector) = StorageSelector::new(&expr) {
-                let _ = selector.matches(&facts());
+                let _ = selector.matches(&facts(), "pve1");
             }
         }
     }

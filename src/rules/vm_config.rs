@@ -186,8 +186,10 @@ pub fn render(
     let (storage, options) = (target.storage.clone(), data.disk());
     let (disk, talos_cdrom) = match data.boot {
         BootMode::Image => {
-            let source = target.boot_image.clone();
-            let source = source.ok_or(RenderError::MissingBootImage)?;
+            let source = target
+                .boot_image
+                .clone()
+                .ok_or(RenderError::MissingBootImage)?;
             let disk = ImportedDisk {
                 storage,
                 source,
@@ -275,14 +277,11 @@ pub fn allocates(key: &str, value: &str) -> bool {
     if !is_drive_key(key) {
         return false;
     }
-    match first.split_once(':') {
-        Some((storage, size)) => {
-            !storage.is_empty()
-                && !size.is_empty()
-                && size.chars().all(|c| c.is_ascii_digit() || c == '.')
-        }
-        None => false,
-    }
+    first.split_once(':').is_some_and(|(storage, size)| {
+        !storage.is_empty()
+            && !size.is_empty()
+            && size.chars().all(|c| c.is_ascii_digit() || c == '.')
+    })
 }
 
 /// Makes a config update safe to apply a second time (a step retried after an answer that was lost

@@ -2,9 +2,17 @@
 //! start later (by a person, by HA, by Omni), so placement also counts what every VM on the node
 //! was given, and the requests still in flight, against the config's overcommit limits; `validate`
 //! and `cluster` show the same figures, so they come from here.
+//!
+//! Requests decided but not yet listed count as [`Reservations`]: concurrent requests of one machine
+//! set all see the same snapshot, and without these they would all pile onto the node that looked
+//! best.
 
-use super::{LeftOut, PlacementRequest, Reservation, Reservations};
-use crate::model::NodeSnapshot;
+use std::collections::BTreeMap;
+
+use super::{LeftOut, PlacementRequest};
+use crate::model::{MIB, NodeSnapshot};
+use crate::proxmox::property::NodeName;
+use crate::proxmox::types::VmResource;
 
 /// How far placement may commit a node (the config's `placement:`): vCPUs given to VMs up to the
 /// node's CPUs times `cpu_overcommit`, memory given to VMs up to its memory times
@@ -49,16 +57,14 @@ pub fn allocation(
         // Whole units: 4 CPUs × 1.5 allow 6 vCPUs, 8 GiB × 1.0 allow 8 GiB.
         (total > 0).then(|| (total as f64 * ratio).floor() as u64)
     };
+    // Every VM on the node counts, running or stopped: a stopped VM may be started at any time.
+    let vms = |given: fn(&VmResource) -> Option<u64>| node.vms.iter().filter_map(given);
+    let cpus = vms(|vm| vm.maxcpu).chain(pending.iter().map(|r| r.vcpus));
+    let memory = vms(|vm| vm.maxmem).chain(pending.iter().map(|r| r.memory_bytes));
     Allocation {
-        cpus_allocated: pending
-            .iter()
-            .map(|r| r.vcpus)
-            .fold(node.allocated_cpus(), u64::saturating_add),
+        cpus_allocated: cpus.fold(0, u64::saturating_add),
         cpus_limit: scaled(node.cpus, limits.cpu_overcommit),
-        memory_allocated: pending
-            .iter()
-            .map(|r| r.memory_bytes)
-            .fold(node.allocated_memory(), u64::saturating_add),
+        memory_allocated: memory.fold(0, u64::saturating_add),
         memory_limit: scaled(node.memory_max, limits.memory_overcommit),
     }
 }
@@ -119,4 +125,73 @@ pub(super) fn cpus_fit(node: &NodeSnapshot, request: &PlacementRequest<'_>) -> R
         });
     }
     Ok(())
+}
+
+/// In-flight placements: decided but not yet visible as VMs in the snapshot. Keyed by request ID so
+/// reserving twice is harmless and releasing is exact.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reservations {
+    by_request: BTreeMap<String, Reservation>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub node: NodeName,
+    pub set_id: Option<String>,
+    pub memory_bytes: u64,
+    pub vcpus: u64,
+}
+
+impl Reservations {
+    pub fn reserve(
+        &mut self,
+        request_id: &str,
+        node: &NodeName,
+        set_id: Option<&str>,
+        memory_mb: u64,
+        vcpus: u64,
+    ) {
+        self.by_request.insert(
+            request_id.to_string(),
+            Reservation {
+                node: node.clone(),
+                set_id: set_id.map(str::to_string),
+                memory_bytes: memory_mb.saturating_mul(MIB),
+                vcpus,
+            },
+        );
+    }
+
+    pub fn release(&mut self, request_id: &str) -> Option<Reservation> {
+        self.by_request.remove(request_id)
+    }
+
+    /// The requests of `set` holding a reservation, but `except`.
+    pub fn in_set(&self, set: &str, except: &str) -> Vec<String> {
+        self.by_request
+            .iter()
+            .filter(|(id, r)| id.as_str() != except && r.set_id.as_deref() == Some(set))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    pub fn get(&self, request_id: &str) -> Option<&Reservation> {
+        self.by_request.get(request_id)
+    }
+
+    /// Reservations on `node` whose VM is not in the snapshot yet (once it is, the tag counts it).
+    pub(super) fn pending<'a>(
+        &'a self,
+        node: &'a NodeSnapshot,
+        except: &'a str,
+    ) -> impl Iterator<Item = &'a Reservation> + 'a {
+        self.by_request
+            .iter()
+            .filter(move |(id, r)| {
+                r.node == node.name
+                    && id.as_str() != except
+                    && !node.vms.iter().any(|vm| vm.name.as_ref() == Some(*id))
+            })
+            .map(|(_, r)| r)
+    }
 }

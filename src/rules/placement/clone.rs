@@ -157,7 +157,12 @@ pub fn clone_verdict(
             .find(|t| t.node != node.name && t.all_shared())
     };
     let Some(template) = here.or_else(reachable) else {
-        return Err(refused(no_copy(node, source)));
+        return Err(refused(CloneRefusal::NoCopy {
+            template: source.wanted.clone(),
+            node: node.name.to_string(),
+            elsewhere: source.templates.clone(),
+            offline: source.offline.clone(),
+        }));
     };
     match source.mode {
         CloneMode::Full => {
@@ -222,14 +227,5 @@ fn linked(
             selector: selector.to_string(),
             why,
         })),
-    }
-}
-
-fn no_copy(node: &NodeSnapshot, source: &CloneSource) -> CloneRefusal {
-    CloneRefusal::NoCopy {
-        template: source.wanted.clone(),
-        node: node.name.to_string(),
-        elsewhere: source.templates.clone(),
-        offline: source.offline.clone(),
     }
 }

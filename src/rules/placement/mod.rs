@@ -14,8 +14,6 @@
 mod capacity;
 pub mod clone;
 mod pick;
-mod reservations;
-mod strategy;
 mod verdict;
 
 use std::collections::BTreeMap;
@@ -25,11 +23,9 @@ use crate::proxmox::property::NodeName;
 use crate::rules::provider_data::{HaSettings, PlacementStrategy};
 use crate::rules::storage_selector::StorageSelector;
 
-pub use capacity::{PlacementLimits, allocation, capacity_fit};
+pub use capacity::{PlacementLimits, Reservation, Reservations, allocation, capacity_fit};
 pub use clone::{CloneRefusal, CloneSource, clone_verdict};
-pub use pick::{Placement, PlacementError, PlacementReason, pick, pinned_node};
-pub use reservations::{Reservation, Reservations};
-pub use strategy::Eligible;
+pub use pick::{Eligible, Placement, PlacementError, PlacementReason, pick, pinned_node};
 pub use verdict::{LeftOut, boot_disk_storage, disk_verdict, node_verdict};
 
 /// What the request needs.

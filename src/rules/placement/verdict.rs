@@ -77,9 +77,6 @@ fn short_of_storage(need_gb: u64, selector: &str, rejected: &[(String, Rejection
     }
 }
 
-/// The verdict on one node.
-pub type NodeVerdict<'n> = Result<Eligible<'n>, LeftOut>;
-
 impl LeftOut {
     /// Whether the node could take the VM later without anyone changing the class.
     pub fn may_heal(&self) -> bool {
@@ -157,7 +154,7 @@ pub fn node_verdict<'n>(
     node: &'n NodeSnapshot,
     request: &PlacementRequest<'_>,
     reservations: &Reservations,
-) -> Result<NodeVerdict<'n>, SelectorError> {
+) -> Result<Result<Eligible<'n>, LeftOut>, SelectorError> {
     if !request.allowed(&node.name) {
         return Ok(Err(LeftOut::NotAllowed));
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cel::{Context, Env, Program, Value};
 
-use super::StorageFacts;
+use crate::model::StorageSnapshot;
 
 /// What an evaluation gave, in terms that cross threads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,9 +22,6 @@ pub(super) enum Outcome {
     /// CEL's runtime error.
     Failed(String),
 }
-
-/// What the parse of a selector gave: a program within the grammar, or why not.
-pub(super) type Parsed = Result<Program, Refusal>;
 
 /// Why the parse refused a selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,17 +43,18 @@ static WORKER: Mutex<Option<(u64, Sender<Job>)>> = Mutex::new(None);
 /// Evaluates `program` for `storage`, or `None` when that takes longer than `budget`.
 pub(super) fn run(
     program: Arc<Program>,
-    storage: StorageFacts,
+    storage: StorageSnapshot,
+    node: String,
     budget: Duration,
 ) -> Option<Outcome> {
     let failed = |why: &str| Outcome::Failed(format!("the CEL evaluator failed{why}"));
-    let work = move |env: &Arc<Env>| evaluate(env, &program, &storage);
+    let work = move |env: &Arc<Env>| evaluate(env, &program, &storage, node);
     submit(work, budget, failed(" on it"), || failed(""))
 }
 
 /// Parses `source` and checks it against the grammar, or `None` when that takes longer than
 /// `budget`.
-pub(super) fn parse(source: Arc<str>, budget: Duration) -> Option<Parsed> {
+pub(super) fn parse(source: Arc<str>, budget: Duration) -> Option<Result<Program, Refusal>> {
     let unreadable = || Err(Refusal::Syntax("the CEL parser cannot read it".to_string()));
     submit(move |_| compile(&source), budget, unreadable(), unreadable)
 }
@@ -128,7 +126,7 @@ fn serve(queue: mpsc::Receiver<Job>) {
 /// Parses and checks `source`. The parser's own message quotes the source line with a marker
 /// under the column, and panics formatting it past column 65,535: the message is made here from
 /// the position and the reason alone.
-fn compile(source: &str) -> Parsed {
+fn compile(source: &str) -> Result<Program, Refusal> {
     let program = Program::compile(source).map_err(|errors| {
         let reasons: Vec<String> = errors
             .errors
@@ -138,16 +136,18 @@ fn compile(source: &str) -> Parsed {
             .collect();
         Refusal::Syntax(reasons.join("; "))
     })?;
-    super::grammar::check(program.expression()).map_err(Refusal::NotAllowed)?;
+    super::grammar::walk(program.expression(), 0).map_err(Refusal::NotAllowed)?;
     Ok(program)
 }
 
-fn evaluate(env: &Arc<Env>, program: &Program, storage: &StorageFacts) -> Outcome {
+/// Runs `program` with the variables a selector sees of `storage` on `node` (the Go provider's
+/// names).
+fn evaluate(env: &Arc<Env>, program: &Program, storage: &StorageSnapshot, node: String) -> Outcome {
     let mut context = Context::with_env(env.clone());
-    context.add_variable_from_value("name", storage.name.clone());
-    context.add_variable_from_value("node", storage.node.clone());
+    context.add_variable_from_value("name", storage.name.to_string());
+    context.add_variable_from_value("node", node);
     context.add_variable_from_value("storageType", storage.storage_type.clone());
-    context.add_variable_from_value("availableSpace", Value::UInt(storage.available_space));
+    context.add_variable_from_value("availableSpace", Value::UInt(storage.available));
     match program.execute(&context) {
         Ok(Value::Bool(b)) => Outcome::Bool(b),
         Ok(other) => Outcome::Other(kind_of(&other)),

@@ -24,12 +24,9 @@ const OPERATORS: [&str; 16] = [
 
 const FUNCTIONS: [&str; 5] = ["startsWith", "endsWith", "contains", "matches", "size"];
 
-/// Checks `expression` against the grammar; the error names the first thing outside it.
-pub fn check(expression: &Expression) -> Result<(), String> {
-    walk(expression, 0)
-}
-
-fn walk(expression: &Expression, depth: usize) -> Result<(), String> {
+/// Checks `expression` (nested `depth` deep) against the grammar; the error names the first thing
+/// outside it.
+pub fn walk(expression: &Expression, depth: usize) -> Result<(), String> {
     if depth > MAX_DEPTH {
         return Err(format!("more than {MAX_DEPTH} levels of nesting"));
     }

@@ -1,7 +1,6 @@
 //! vCPUs and memory given to VMs against the overcommit limits.
 
 use super::*;
-use crate::model::cluster::VmSummary;
 
 /// CPU- and memory-aware placement: vCPUs (`maxcpu`) and memory (`maxmem`) of every VM on the
 /// node, plus reservations in flight, against the node's CPUs and memory times the overcommit.
@@ -9,12 +8,7 @@ use crate::model::cluster::VmSummary;
 fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
     let sel = any_storage();
     let empty = BTreeMap::new();
-    let vm = |cpus: u64, memory_gib: u64| VmSummary {
-        name: "vm".into(),
-        cpus,
-        memory: memory_gib * GIB,
-        ..Default::default()
-    };
+    let vm = |cpus: u64, memory_gib: u64| listed_vm("vm", "", cpus, memory_gib * GIB);
     let mut full = node("pve1", 64);
     full.cpus = 4;
     full.vms = vec![vm(8, 4), vm(6, 4)];

@@ -42,11 +42,17 @@ fn storage(name: &str, available_gib: u64) -> StorageSnapshot {
         name: sid(name),
         storage_type: "lvmthin".into(),
         content: vec!["images".into(), "rootdir".into()],
-        enabled: true,
         active: true,
         shared: false,
         available: available_gib * GIB,
     }
+}
+
+/// A VM as the listing shows it on a node.
+fn listed_vm(name: &str, tags: &str, cpus: u64, memory: u64) -> crate::proxmox::types::VmResource {
+    let vm = serde_json::json!({"vmid": 100, "node": "pve1", "name": name, "tags": tags,
+        "maxcpu": cpus, "maxmem": memory});
+    serde_json::from_value(vm).unwrap()
 }
 
 fn node(name: &str, free_gib: u64) -> NodeSnapshot {

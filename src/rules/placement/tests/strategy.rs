@@ -1,18 +1,13 @@
 //! How eligible nodes are ranked, and how reservations keep concurrent requests of one set apart.
 
 use super::*;
-use crate::model::cluster::VmSummary;
 use proptest::prelude::*;
 
 #[test]
 fn prefers_fewest_of_the_set_then_most_memory_then_name() {
     let sel = any_storage();
     let empty = BTreeMap::new();
-    let tagged = |n: &str| VmSummary {
-        name: n.into(),
-        tags: vec!["machine-request.workers".into()],
-        ..Default::default()
-    };
+    let tagged = |n: &str| listed_vm(n, "machine-request.workers", 0, 0);
     let mut a = node("pve1", 64);
     a.vms.push(tagged("w1"));
     let b = node("pve2", 16);
@@ -78,16 +73,12 @@ fn reservations_count_until_the_vm_appears() {
     );
     // Once the VM is visible with its tag, the reservation is not counted twice.
     let mut with_vm = nodes.clone();
-    with_vm[0].vms.push(VmSummary {
-        name: "other".into(),
-        tags: vec!["machine-request.workers".into()],
-        ..Default::default()
-    });
-    with_vm[1].vms.push(VmSummary {
-        name: "x".into(),
-        tags: vec!["machine-request.workers".into()],
-        ..Default::default()
-    });
+    with_vm[0]
+        .vms
+        .push(listed_vm("other", "machine-request.workers", 0, 0));
+    with_vm[1]
+        .vms
+        .push(listed_vm("x", "machine-request.workers", 0, 0));
     assert_eq!(
         pick(&with_vm, &request(&sel, &empty), &reservations)
             .unwrap()

@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::model::MIB;
-use crate::model::cluster::VmSummary;
 use proptest::prelude::*;
 
 /// The rule for one node, as a table: (case, node, request changes, verdict as placement says it).
@@ -207,7 +206,7 @@ proptest! {
             let mut n = node(&format!("n{i}"), *mem);
             n.online = *online;
             n.storages[1].available = disk * GIB;
-            n.vms = (0..*vms).map(|v| VmSummary { name: format!("vm{i}-{v}"), ..Default::default() }).collect();
+            n.vms = (0..*vms).map(|v| listed_vm(&format!("vm{i}-{v}"), "", 0, 0)).collect();
             n
         }).collect();
         let req = PlacementRequest { memory_mb, disk_gb, ..request(&sel, &empty) };
