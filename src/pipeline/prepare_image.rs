@@ -23,9 +23,7 @@
 //! a clone reaches is `rules::placement::clone_verdict`); a state recorded before placement knew
 //! templates gets the same rule applied here, before anything is written.
 
-use crate::proxmox::property::{
-    ImportFileName, ImportVolume, IsoFileName, IsoVolume, PropertyError, StorageId,
-};
+use crate::proxmox::property::{ImportVolume, IsoVolume, PropertyError, StorageId};
 use sha2::{Digest, Sha256};
 
 use super::context::StepContext;
@@ -126,22 +124,14 @@ async fn download(
         |e: PropertyError| StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what));
     // Where the image goes: a volume in ISO storage, or one in `import` storage.
     if kind == BootImage::ISO {
-        let file = IsoFileName::new(file_name.as_str()).map_err(unusable)?;
-        let iso = Some(IsoVolume {
-            storage: storage.clone(),
-            file,
-        });
+        let iso = Some(IsoVolume::parse(&volid).map_err(unusable)?);
         if ctx.state.boot_iso != iso || ctx.state.iso_file.as_deref() != Some(&file_name) {
             fetch(ctx, &wanted).await?;
             ctx.state.iso_file = Some(file_name.clone());
             ctx.state.boot_iso = iso;
         }
     } else {
-        let file = ImportFileName::new(file_name.as_str()).map_err(unusable)?;
-        let image = Some(ImportVolume {
-            storage: storage.clone(),
-            file,
-        });
+        let image = Some(ImportVolume::parse(&volid).map_err(unusable)?);
         if ctx.state.boot_image != image {
             fetch(ctx, &wanted).await?;
             ctx.state.boot_image = image;
@@ -475,11 +465,7 @@ pub fn image_file_name(url: &str, kind: BootImage) -> String {
 /// The version for Omni's schematic call, which wants the `v` prefix; Omni may send the version with or without it.
 pub fn talos_version(v: &str) -> String {
     let v = v.trim();
-    if v.starts_with('v') {
-        v.to_owned()
-    } else {
-        format!("v{v}")
-    }
+    format!("v{}", v.strip_prefix('v').unwrap_or(v))
 }
 
 #[cfg(test)]
