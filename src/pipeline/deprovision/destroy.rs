@@ -231,6 +231,6 @@ fn refused_as_running(e: &ProxmoxError) -> bool {
 }
 
 /// A destroy task that failed because the VM vanished meanwhile.
-pub(super) fn task_says_gone(e: &ProxmoxError) -> bool {
+fn task_says_gone(e: &ProxmoxError) -> bool {
     matches!(e, ProxmoxError::TaskFailed { exit_status, .. } if exit_status.contains("does not exist"))
 }

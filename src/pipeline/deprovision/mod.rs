@@ -20,9 +20,9 @@
 //! Cost (docs/performance.md; target ≤ 7 requests per deprovision whatever the node count): one listing,
 //! the VM's config when a SMBIOS UUID was recorded (only the config shows it, and a copy of our VM
 //! carries everything else of ours), then one call plus one poll per task (shutdown, destroy), then
-//! the seed ISO delete, whose task is not polled by default (see
-//! [`DeprovisionOptions::wait_for_seed_iso`]): 7 requests for a running VM whose tasks finish at
-//! once, 5 for a stopped one.
+//! the seed ISO delete, whose task is not polled (deleting a file is near instant, the poll would
+//! be the 7th request, and an ISO left behind is harmless and listed by the `orphans` command): 7
+//! requests for a running VM whose tasks finish at once, 5 for a stopped one.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -72,10 +72,6 @@ pub struct DeprovisionOptions {
     pub shutdown_timeout: Duration,
     /// How long to wait for a task (on top of `shutdown_timeout` for the shutdown).
     pub task_timeout: Duration,
-    /// Poll the seed ISO delete task until it ends. Off by default: deleting a file is near instant,
-    /// the poll would be the 7th request, and an ISO left behind is harmless and listed by the
-    /// `orphans` command.
-    pub wait_for_seed_iso: bool,
     /// Accept a VM without our marker but named and tagged as the official provider makes them, when
     /// it sits at the recorded VMID. The `orphans` command turns this off: its VMIDs come from a
     /// listing, not from a provider state.
@@ -94,7 +90,6 @@ impl Default for DeprovisionOptions {
         Self {
             shutdown_timeout: Duration::from_secs(60),
             task_timeout: Duration::from_secs(120),
-            wait_for_seed_iso: false,
             accept_legacy: true,
             departing: None,
             ha_rules_lock: None,

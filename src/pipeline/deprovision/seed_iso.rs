@@ -1,6 +1,5 @@
 //! Deleting the request's NoCloud seed ISO after its VM.
 
-use super::destroy::task_says_gone;
 use super::{DeprovisionError, DeprovisionTarget, Run};
 use crate::proxmox::ProxmoxError;
 use crate::proxmox::types::{NodeName, NodeState};
@@ -12,7 +11,7 @@ pub(super) async fn delete_seed_iso(
     target: &DeprovisionTarget,
     vm_node: Option<NodeName>,
 ) -> Result<(), DeprovisionError> {
-    let (pve, view, options) = (run.pve, run.view, run.options);
+    let (pve, view) = (run.pve, run.view);
     let Some(iso) = &target.seed_iso_volume else {
         return Ok(());
     };
@@ -41,12 +40,6 @@ pub(super) async fn delete_seed_iso(
         source,
     };
     match pve.delete_volume(&node, &storage, volume).await {
-        Ok(Some(upid)) if options.wait_for_seed_iso => {
-            match pve.wait_for_task(&upid, options.task_timeout).await {
-                Err(e) if !task_says_gone(&e) => Err(fail(e)),
-                _ => Ok(()),
-            }
-        }
         Err(e) if !e.is_not_found() && !volume_gone(&e) => Err(fail(e)),
         _ => Ok(()),
     }
