@@ -210,24 +210,15 @@ async fn destroy_once(
             vmid,
         }),
         Err(e) if e.is_not_found() || task_says_gone(&e) => Ok(DeprovisionOutcome::AlreadyGone),
-        Err(source) => Err(DeprovisionError::proxmox(Action::Destroy, node, vmid)(
-            source,
-        )),
+        Err(e) => Err(DeprovisionError::proxmox(Action::Destroy, node, vmid)(e)),
     }
 }
 
 /// qemu-server src/PVE/API2/Qemu.pm, `destroy_vm`'s early check: "VM <id> is running - destroy
 /// failed".
 fn refused_as_running(e: &ProxmoxError) -> bool {
-    let (ProxmoxError::Api { message, .. }
-    | ProxmoxError::TaskFailed {
-        exit_status: message,
-        ..
-    }) = e
-    else {
-        return false;
-    };
-    message.contains("is running - destroy failed")
+    matches!(e, ProxmoxError::Api { message, .. } | ProxmoxError::TaskFailed { exit_status: message, .. }
+        if message.contains("is running - destroy failed"))
 }
 
 /// A destroy task that failed because the VM vanished meanwhile.

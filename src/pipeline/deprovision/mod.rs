@@ -175,11 +175,10 @@ pub async fn deprovision_reporting(
         progress,
     };
     let outcome = deprovision_in(&run, target).await?;
-    let deleted = match &outcome {
-        DeprovisionOutcome::Deleted { node, vmid } => Some((node.clone(), *vmid)),
-        _ => None,
+    let (vm_node, deleted) = match &outcome {
+        DeprovisionOutcome::Deleted { node, vmid } => (Some(node.clone()), Some(*vmid)),
+        _ => (None, None),
     };
-    let vm_node = deleted.as_ref().map(|(node, _)| node.clone());
     let leftover_seed_iso = delete_seed_iso(&run, target, vm_node).await.err();
     if let Some(e) = &leftover_seed_iso {
         tracing::warn!(request = %target.request_id, error = %e,
@@ -191,7 +190,7 @@ pub async fn deprovision_reporting(
         let ask = pool_may_be_empty(
             &view,
             pool,
-            deleted.map(|(_, vmid)| vmid),
+            deleted,
             &target.provider_id,
             options.departing.as_ref(),
         );

@@ -57,10 +57,7 @@ pub fn iso_volumes_in(config: &VmConfig) -> Vec<String> {
 
 /// Whether a file name is one of our seed ISOs.
 pub fn is_seed_iso(volume: &str) -> bool {
-    IsoVolume::parse(volume).is_ok_and(|iso| {
-        let f = iso.file.to_string();
-        f.starts_with("omni-seed-") && f.ends_with(".iso")
-    })
+    IsoVolume::parse(volume).is_ok_and(|iso| iso.file.as_str().starts_with("omni-seed-"))
 }
 
 /// Decides what is orphaned: VMs with our provider tag whose request is not live, and seed ISOs that
