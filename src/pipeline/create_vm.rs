@@ -300,6 +300,9 @@ async fn ask_proxmox(
     let mut probes = 0;
     for id in first.get()..=VmId::MAX {
         let Ok(id) = VmId::new(id) else { break };
+        if probes == VMID_PROBES {
+            break;
+        }
         // Taken before it is checked: requests choosing at the same moment (they got the same
         // answer from nextid) each check a different VMID, instead of all checking the same one,
         // one winning, and the rest checking the next.
@@ -310,19 +313,13 @@ async fn ask_proxmox(
         if id == first {
             return Ok(id);
         }
-        if probes == VMID_PROBES {
-            ctx.services.ledgers.vmids.release(id.get());
-            break;
-        }
         probes += 1;
-        match pve.vmid_is_free(id).await {
-            Ok(true) => return Ok(id),
-            Ok(false) => ctx.services.ledgers.vmids.release(id.get()),
-            Err(e) => {
-                ctx.services.ledgers.vmids.release(id.get());
-                return Err(StepError::proxmox(asking)(e));
-            }
+        let free = pve.vmid_is_free(id).await;
+        if free.as_ref().is_ok_and(|free| *free) {
+            return Ok(id);
         }
+        ctx.services.ledgers.vmids.release(id.get());
+        free.map_err(StepError::proxmox(asking))?;
     }
     Err(StepError::Cluster(format!(
         "no free VMID among the {VMID_PROBES} from {first} on (Proxmox's next free VMID); \
