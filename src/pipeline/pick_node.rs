@@ -62,16 +62,11 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         clone: clone.as_ref(),
         ha: ctx.data.ha.as_ref(),
     };
-    let choice = ctx
-        .services
-        .ledgers
-        .placements
-        .place(
-            &ctx.request.id,
-            ctx.request.set_id.as_deref(),
-            (ctx.data.memory_mb, ctx.data.vcpus()),
-            |reservations| placement::pick(&cluster, &request, reservations),
-        )
+    let placements = &ctx.services.ledgers.placements;
+    let choice = placements
+        .place(&request, |reservations| {
+            placement::pick(&cluster, &request, reservations)
+        })
         .map_err(StepError::Placement)?;
     let how = match choice.reason {
         placement::PlacementReason::Pinned => "using configured node",
