@@ -194,20 +194,17 @@ pub async fn deprovision_reporting(
         );
         leftover_pool = ask && !remove_pool_if_ours(pve, pool, &target.request_id).await;
     }
+    let request = &target.request_id;
     match &outcome {
         DeprovisionOutcome::Deleted { node, vmid } => {
-            tracing::info!(request = %target.request_id, %vmid, %node, "VM deleted");
+            tracing::info!(%request, %vmid, %node, "VM deleted")
         }
-        DeprovisionOutcome::NotOurs { vmid, reason } => tracing::warn!(
-            request = %target.request_id, %vmid, %reason,
-            "the recorded VMID now belongs to a VM that is not ours; ours is gone, theirs was left alone"
-        ),
+        DeprovisionOutcome::NotOurs { vmid, reason } => tracing::warn!(%request, %vmid, %reason,
+            "the recorded VMID now belongs to a VM that is not ours; ours is gone, theirs was left alone"),
         DeprovisionOutcome::AlreadyGone => {
-            tracing::info!(request = %target.request_id, vmid = ?target.vmid, "VM already gone")
+            tracing::info!(%request, vmid = ?target.vmid, "VM already gone")
         }
-        DeprovisionOutcome::NothingRecorded => {
-            tracing::info!(request = %target.request_id, "no VM was ever created")
-        }
+        DeprovisionOutcome::NothingRecorded => tracing::info!(%request, "no VM was ever created"),
     }
     Ok(Deprovisioned {
         outcome,
