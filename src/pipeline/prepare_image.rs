@@ -107,8 +107,7 @@ async fn download(
     };
     ctx.state.schematic = Some(schematic.clone());
     ctx.state.talos_version = Some(ctx.request.talos_version.clone());
-    let url = boot_image_url(ctx, &schematic, kind);
-    let file_name = image_file_name(&url, kind);
+    let file_name = image_file_name(&boot_image_url(ctx, &schematic, kind), kind);
     let (storage, shared) = download_storage(ctx, node, kind.content).await?;
     let wanted = Wanted {
         kind,
@@ -116,7 +115,6 @@ async fn download(
         node,
         storage: storage.as_str(),
         file_name: &file_name,
-        url: &url,
         shared,
     };
     let volid = wanted.volid();
@@ -164,7 +162,7 @@ async fn fetched_by_provider(ctx: &StepContext<'_>, wanted: &Wanted<'_>) -> Opti
         .for_factory(ctx.request.factory(services))
     {
         return Some(Fetched {
-            url: wanted.url.to_owned(),
+            url: boot_image_url(ctx, wanted.schematic, wanted.kind),
             headers: credentials.headers(),
             named: "the credentials of --image-factory-auth-file",
             advice: "the factory refuses the credentials --image-factory-auth-file gives for it: check its username and password",
@@ -195,8 +193,6 @@ struct Wanted<'a> {
     node: &'a NodeName,
     storage: &'a str,
     file_name: &'a str,
-    /// Where the Image Factory serves it.
-    url: &'a str,
     /// The storage is shared: one download serves every node.
     shared: bool,
 }
@@ -270,7 +266,7 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
     let task = match fetched_by_provider(ctx, wanted).await {
         None => {
             let download = DownloadRequest {
-                url: wanted.url.to_owned(),
+                url: boot_image_url(ctx, wanted.schematic, kind),
                 file_name: file_name.to_owned(),
                 content: content.into(),
                 checksum: None,
@@ -355,7 +351,6 @@ pub(super) async fn put_back_if_missing(
     // The same file name in the same storage, downloaded from the same URL: where the VM's config
     // expects it.
     let (file_name, storage) = (volume.file.to_string(), volume.storage.to_string());
-    let url = boot_image_url(ctx, &schematic, BootImage::ISO);
     ctx.state.iso_download_task = None;
     let wanted = Wanted {
         kind: BootImage::ISO,
@@ -363,7 +358,6 @@ pub(super) async fn put_back_if_missing(
         node,
         storage: &storage,
         file_name: &file_name,
-        url: &url,
         shared: false,
     };
     fetch(ctx, &wanted).await?;
