@@ -368,7 +368,7 @@ async fn make(
         ctx.start_task(doing, call).await?
     } else {
         let seed = upload_seed(ctx, node).await?;
-        let target = target(ctx, node, vmid, listing, Some(seed))?;
+        let target = target(ctx, node, vmid, listing, seed)?;
         let params: Vec<(String, String)> = vm_config::render(&ctx.data, &ctx.identity(), &target)
             .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?
             .into_iter()
@@ -400,12 +400,10 @@ pub fn target(
     node: &NodeName,
     vmid: VmId,
     listing: &Listing,
-    seed_iso: Option<IsoVolume>,
+    seed_iso: IsoVolume,
 ) -> Result<VmTarget, StepError> {
     let missing = |what: &str| StepError::Cluster(format!("the provider state records no {what}"));
     let storage = recorded_storage(ctx)?;
-    let seed_iso = seed_iso.or_else(|| ctx.state.seed_iso.clone());
-    let seed_iso = seed_iso.ok_or_else(|| missing("seed ISO"))?;
     let smbios_uuid = ctx.state.uuid.ok_or_else(|| missing("SMBIOS UUID"))?;
     let disks = ctx.data.additional_disks.iter().enumerate();
     let additional_disk_storages = disks
