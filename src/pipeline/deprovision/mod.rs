@@ -125,13 +125,11 @@ pub struct Deprovisioned {
 /// An online node that can reach `storage`: the preferred ones first, then any node where a shared
 /// storage of that name is listed.
 fn online_node_for(listing: &Listing, storage: &str, preferred: &[NodeName]) -> Option<NodeName> {
-    if let Some(n) = preferred.iter().find(|n| listing.node_online(n)) {
-        return Some(n.clone());
-    }
-    listing
+    let shared = listing
         .storages()
-        .find(|s| s.storage == storage && s.shared && listing.node_online(&s.node))
-        .map(|s| s.node.clone())
+        .filter(|s| s.storage == storage && s.shared);
+    let mut nodes = preferred.iter().chain(shared.map(|s| &s.node));
+    nodes.find(|n| listing.node_online(n)).cloned()
 }
 
 /// What every part of one deprovision works with: the client, the listing it started from, the
