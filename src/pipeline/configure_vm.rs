@@ -38,7 +38,7 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
     let (node, vmid) = (&vm.node, vm.vmid);
     let seed = upload_seed(ctx, node).await?;
     let listing = ctx.cluster(false).await?;
-    let target = target(ctx, node, vmid, &listing, Some(seed))?;
+    let target = target(ctx, node, vmid, &listing, seed)?;
     let pve = &ctx.services.pve;
     let current = read_config(ctx, vm).await?;
     let boot = BootDisk::of(&current);

@@ -300,6 +300,9 @@ async fn ask_proxmox(
     let mut probes = 0;
     for id in first.get()..=VmId::MAX {
         let Ok(id) = VmId::new(id) else { break };
+        if probes == VMID_PROBES {
+            break;
+        }
         // Taken before it is checked: requests choosing at the same moment (they got the same
         // answer from nextid) each check a different VMID, instead of all checking the same one,
         // one winning, and the rest checking the next.
@@ -310,19 +313,13 @@ async fn ask_proxmox(
         if id == first {
             return Ok(id);
         }
-        if probes == VMID_PROBES {
-            ctx.services.ledgers.vmids.release(id.get());
-            break;
-        }
         probes += 1;
-        match pve.vmid_is_free(id).await {
-            Ok(true) => return Ok(id),
-            Ok(false) => ctx.services.ledgers.vmids.release(id.get()),
-            Err(e) => {
-                ctx.services.ledgers.vmids.release(id.get());
-                return Err(StepError::proxmox(asking)(e));
-            }
+        let free = pve.vmid_is_free(id).await;
+        if free.as_ref().is_ok_and(|free| *free) {
+            return Ok(id);
         }
+        ctx.services.ledgers.vmids.release(id.get());
+        free.map_err(StepError::proxmox(asking))?;
     }
     Err(StepError::Cluster(format!(
         "no free VMID among the {VMID_PROBES} from {first} on (Proxmox's next free VMID); \
@@ -371,7 +368,7 @@ async fn make(
         ctx.start_task(doing, call).await?
     } else {
         let seed = upload_seed(ctx, node).await?;
-        let target = target(ctx, node, vmid, listing, Some(seed))?;
+        let target = target(ctx, node, vmid, listing, seed)?;
         let params: Vec<(String, String)> = vm_config::render(&ctx.data, &ctx.identity(), &target)
             .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?
             .into_iter()
@@ -403,12 +400,10 @@ pub fn target(
     node: &NodeName,
     vmid: VmId,
     listing: &Listing,
-    seed_iso: Option<IsoVolume>,
+    seed_iso: IsoVolume,
 ) -> Result<VmTarget, StepError> {
     let missing = |what: &str| StepError::Cluster(format!("the provider state records no {what}"));
     let storage = recorded_storage(ctx)?;
-    let seed_iso = seed_iso.or_else(|| ctx.state.seed_iso.clone());
-    let seed_iso = seed_iso.ok_or_else(|| missing("seed ISO"))?;
     let smbios_uuid = ctx.state.uuid.ok_or_else(|| missing("SMBIOS UUID"))?;
     let disks = ctx.data.additional_disks.iter().enumerate();
     let additional_disk_storages = disks

@@ -166,6 +166,7 @@ async fn spool(
     url: &str,
     mut response: reqwest::Response,
 ) -> Result<Download, super::image_factory::FactoryError> {
+    use super::image_factory::unreachable;
     use tokio::io::AsyncWriteExt;
     let failed = |message: String| super::image_factory::FactoryError::Unreachable {
         url: url.to_owned(),
@@ -179,11 +180,7 @@ async fn spool(
     let local = |e: std::io::Error| failed(format!("keeping the image in {}: {e}", path.display()));
     let mut file = tokio::fs::File::create(&path).await.map_err(local)?;
     let mut length = 0u64;
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| failed(crate::error_chain::render(&e)))?
-    {
+    while let Some(chunk) = response.chunk().await.map_err(unreachable(url))? {
         file.write_all(&chunk).await.map_err(local)?;
         length += chunk.len() as u64;
     }

@@ -238,11 +238,8 @@ pub(super) async fn check_rules_in_turn(
         return Ok(None);
     };
     let locks = &ctx.services.ledgers.locks;
-    let key = ctx
-        .request
-        .set_id
-        .as_ref()
-        .map(|set| format!("ha-placement:{set}"));
+    let set = ctx.request.set_id.as_deref();
+    let key = set.map(|set| format!("ha-placement:{set}"));
     let turn = OptionFuture::from(key.as_deref().map(|key| locks.hold(key))).await;
     let rules = match ctx.services.pve.ha_rules().await {
         Ok(rules) => rules,
@@ -251,14 +248,13 @@ pub(super) async fn check_rules_in_turn(
         }
         Err(e) => return Err(StepError::proxmox("reading the HA rules")(e)),
     };
-    let set = ctx.request.set_id.clone();
-    let (mut members, cluster_nodes) = set_members_in(listing, set.as_deref());
-    if let Some(set) = set.as_deref() {
+    let (mut members, cluster_nodes) = set_members_in(listing, set);
+    if let Some(set) = set {
         members.extend(prospective_members(ctx, listing, set, &members));
     }
     let membership = HaMembership {
         settings: &ha,
-        set: set.as_deref(),
+        set,
         sid: "",
         set_members: &members,
         cluster_nodes,

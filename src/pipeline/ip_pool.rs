@@ -44,9 +44,7 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     // A class changed before the VM existed: an allocation for a pool it no longer names goes.
     let allocations = &mut ctx.state.ip_allocations;
     let stale: Vec<IpAllocation> = allocations
-        .extract_if(.., |a| {
-            !wanted.iter().any(|(n, p)| *n == a.nic && *p == a.pool)
-        })
+        .extract_if(.., |a| !wanted.contains(&(a.nic, a.pool.clone())))
         .collect();
     let missing: Vec<(u8, String)> = wanted
         .into_iter()
@@ -56,8 +54,9 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         return Ok(());
     }
     seed_ledgers(ctx).await?;
+    let services = ctx.services;
     for a in &stale {
-        ctx.services
+        services
             .ledgers
             .ip
             .held()
@@ -69,15 +68,13 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         reported_addresses(ctx).await?
     };
     for (nic, name) in missing {
-        let pool = ip_pool::find(&ctx.services.config.ip_pools, &ip_pool::key_of(nic), &name)
-            .map_err(|p| StepError::config(format!("invalid provider data: {p}")))?
-            .clone();
-        let allocation = take(ctx, nic, &pool, &reported)?;
-        let address = allocation.address;
-        tracing::info!(request = %ctx.request.id, pool = %pool.name, %address, nic = %format!("net{nic}"), "allocated a static address");
+        let pool = ip_pool::find(&services.config.ip_pools, &ip_pool::key_of(nic), &name)
+            .map_err(|p| StepError::config(format!("invalid provider data: {p}")))?;
+        let allocation = take(ctx, nic, pool, &reported)?;
+        tracing::info!(request = %ctx.request.id, pool = %pool.name, address = %allocation.address, nic = %format!("net{nic}"), "allocated a static address");
         ctx.state.ip_allocations.push(allocation);
     }
-    ctx.services.ledgers.ip.stop_waiting(&ctx.request.id);
+    services.ledgers.ip.stop_waiting(&ctx.request.id);
     // Something was allocated or released: neither `missing` nor `stale` is empty.
     ctx.report("recording the static addresses").await;
     ctx.persist().await
@@ -129,24 +126,18 @@ async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr
     let listing = ctx.cluster(false).await?;
     let vms: Vec<_> = listing.guests().cloned().collect();
     let mut cache = ctx.services.ledgers.ip.agent.lock().await;
-    let fresh = cache
-        .as_ref()
-        .is_some_and(|(at, _)| at.elapsed() < AGENT_ADDRESSES_MAX_AGE);
-    if !fresh {
-        let answers = agent_addresses(&ctx.services.pve, &vms).await;
-        *cache = Some((Instant::now(), answers));
-    }
+    let (_, by_vm) = match &mut *cache {
+        Some(answers) if answers.0.elapsed() < AGENT_ADDRESSES_MAX_AGE => answers,
+        stale => {
+            let answers = agent_addresses(&ctx.services.pve, &vms).await;
+            stale.insert((Instant::now(), answers))
+        }
+    };
     let present: BTreeSet<u32> = vms.iter().map(|vm| vm.vmid.get()).collect();
-    Ok(cache
-        .as_ref()
-        .map(|(_, by_vm)| {
-            by_vm
-                .iter()
-                .filter(|(vmid, _)| present.contains(vmid))
-                .flat_map(|(_, addresses)| addresses.iter().copied())
-                .collect()
-        })
-        .unwrap_or_default())
+    let reported = by_vm.iter().filter(|(vmid, _)| present.contains(vmid));
+    Ok(reported
+        .flat_map(|(_, addresses)| addresses.clone())
+        .collect())
 }
 
 /// Every address the guest agents of the cluster's running VMs report (one listing, then one
@@ -155,11 +146,8 @@ pub async fn reported_by_agents(
     pve: &crate::proxmox::ProxmoxClient,
 ) -> Result<BTreeSet<IpAddr>, crate::proxmox::ProxmoxError> {
     let vms = pve.vms().await?;
-    Ok(agent_addresses(pve, &vms)
-        .await
-        .into_values()
-        .flatten()
-        .collect())
+    let reported = agent_addresses(pve, &vms).await;
+    Ok(reported.into_values().flatten().collect())
 }
 
 /// What the guest agent of each running VM among `vms` reports, by VMID: one request per running VM,

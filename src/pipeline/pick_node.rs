@@ -62,29 +62,17 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         clone: clone.as_ref(),
         ha: ctx.data.ha.as_ref(),
     };
-    let choice = ctx
-        .services
-        .ledgers
-        .placements
-        .place(
-            &ctx.request.id,
-            ctx.request.set_id.as_deref(),
-            (ctx.data.memory_mb, ctx.data.vcpus()),
-            |reservations| placement::pick(&cluster, &request, reservations),
-        )
+    let placements = &ctx.services.ledgers.placements;
+    let choice = placements
+        .place(&request, |reservations| {
+            placement::pick(&cluster, &request, reservations)
+        })
         .map_err(StepError::Placement)?;
-    tracing::info!(
-        request = %ctx.request.id,
-        node = %choice.node,
-        storage = %choice.storage,
-        reason = %choice.reason,
-        "{}",
-        if matches!(choice.reason, placement::PlacementReason::Pinned) {
-            "using configured node"
-        } else {
-            "automatically picked node"
-        }
-    );
+    let how = match choice.reason {
+        placement::PlacementReason::Pinned => "using configured node",
+        _ => "automatically picked node",
+    };
+    tracing::info!(request = %ctx.request.id, node = %choice.node, storage = %choice.storage, reason = %choice.reason, "{how}");
     ctx.state.node = Some(choice.node);
     ctx.state.storage = Some(choice.storage);
     ctx.state.request_set = ctx.request.set_id.clone();

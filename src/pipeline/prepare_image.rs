@@ -23,9 +23,7 @@
 //! a clone reaches is `rules::placement::clone_verdict`); a state recorded before placement knew
 //! templates gets the same rule applied here, before anything is written.
 
-use crate::proxmox::property::{
-    ImportFileName, ImportVolume, IsoFileName, IsoVolume, PropertyError, StorageId,
-};
+use crate::proxmox::property::{ImportVolume, IsoVolume, PropertyError, StorageId};
 use sha2::{Digest, Sha256};
 
 use super::context::StepContext;
@@ -108,8 +106,7 @@ async fn download(
     };
     ctx.state.schematic = Some(schematic.clone());
     ctx.state.talos_version = Some(ctx.request.talos_version.clone());
-    let url = boot_image_url(ctx, &schematic, kind);
-    let file_name = image_file_name(&url, kind);
+    let file_name = image_file_name(&boot_image_url(ctx, &schematic, kind), kind);
     let (storage, shared) = download_storage(ctx, node, kind.content).await?;
     let wanted = Wanted {
         kind,
@@ -117,7 +114,6 @@ async fn download(
         node,
         storage: storage.as_str(),
         file_name: &file_name,
-        url: &url,
         shared,
     };
     let volid = wanted.volid();
@@ -125,22 +121,14 @@ async fn download(
         |e: PropertyError| StepError::Cluster(format!("Talos {} volume {volid}: {e}", kind.what));
     // Where the image goes: a volume in ISO storage, or one in `import` storage.
     if kind == BootImage::ISO {
-        let file = IsoFileName::new(file_name.as_str()).map_err(unusable)?;
-        let iso = Some(IsoVolume {
-            storage: storage.clone(),
-            file,
-        });
+        let iso = Some(IsoVolume::parse(&volid).map_err(unusable)?);
         if ctx.state.boot_iso != iso || ctx.state.iso_file.as_deref() != Some(&file_name) {
             fetch(ctx, &wanted).await?;
             ctx.state.iso_file = Some(file_name.clone());
             ctx.state.boot_iso = iso;
         }
     } else {
-        let file = ImportFileName::new(file_name.as_str()).map_err(unusable)?;
-        let image = Some(ImportVolume {
-            storage: storage.clone(),
-            file,
-        });
+        let image = Some(ImportVolume::parse(&volid).map_err(unusable)?);
         if ctx.state.boot_image != image {
             fetch(ctx, &wanted).await?;
             ctx.state.boot_image = image;
@@ -173,7 +161,7 @@ async fn fetched_by_provider(ctx: &StepContext<'_>, wanted: &Wanted<'_>) -> Opti
         .for_factory(ctx.request.factory(services))
     {
         return Some(Fetched {
-            url: wanted.url.to_owned(),
+            url: boot_image_url(ctx, wanted.schematic, wanted.kind),
             headers: credentials.headers(),
             named: "the credentials of --image-factory-auth-file",
             advice: "the factory refuses the credentials --image-factory-auth-file gives for it: check its username and password",
@@ -204,8 +192,6 @@ struct Wanted<'a> {
     node: &'a NodeName,
     storage: &'a str,
     file_name: &'a str,
-    /// Where the Image Factory serves it.
-    url: &'a str,
     /// The storage is shared: one download serves every node.
     shared: bool,
 }
@@ -278,7 +264,8 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
     );
     let task = match fetched_by_provider(ctx, wanted).await {
         None => {
-            let download = pve.download_url(node, storage, content, file_name, wanted.url);
+            let url = boot_image_url(ctx, wanted.schematic, kind);
+            let download = pve.download_url(node, storage, content, file_name, &url);
             ctx.start_task(format!("downloading {what}"), download)
                 .await?
         }
@@ -356,7 +343,6 @@ pub(super) async fn put_back_if_missing(
     // The same file name in the same storage, downloaded from the same URL: where the VM's config
     // expects it.
     let (file_name, storage) = (volume.file.to_string(), volume.storage.to_string());
-    let url = boot_image_url(ctx, &schematic, BootImage::ISO);
     ctx.state.iso_download_task = None;
     let wanted = Wanted {
         kind: BootImage::ISO,
@@ -364,7 +350,6 @@ pub(super) async fn put_back_if_missing(
         node,
         storage: &storage,
         file_name: &file_name,
-        url: &url,
         shared: false,
     };
     fetch(ctx, &wanted).await?;
@@ -466,11 +451,7 @@ pub fn image_file_name(url: &str, kind: BootImage) -> String {
 /// The version for Omni's schematic call, which wants the `v` prefix; Omni may send the version with or without it.
 pub fn talos_version(v: &str) -> String {
     let v = v.trim();
-    if v.starts_with('v') {
-        v.to_owned()
-    } else {
-        format!("v{v}")
-    }
+    format!("v{}", v.strip_prefix('v').unwrap_or(v))
 }
 
 #[cfg(test)]

@@ -118,7 +118,12 @@ pub fn matching_templates<'a>(
     listing: &'a Listing,
     wanted: &TemplateRef,
 ) -> Result<Vec<&'a VmResource>, String> {
-    let matching: Vec<&VmResource> = listing.vms().filter(|vm| names(wanted, vm)).collect();
+    // `vm` is the one `wanted` names, by VMID or name.
+    let named = |vm: &&VmResource| match wanted {
+        TemplateRef::VmId(id) => vm.vmid.get() == *id,
+        TemplateRef::Name(name) => vm.name.as_ref() == Some(name),
+    };
+    let matching: Vec<&VmResource> = listing.vms().filter(named).collect();
     let templates: Vec<&VmResource> = matching.iter().copied().filter(|vm| vm.template).collect();
     if !templates.is_empty() {
         return Ok(templates);
@@ -144,14 +149,6 @@ pub fn matching_templates<'a>(
             available.join(", ")
         }
     ))
-}
-
-/// Whether `vm` is the one `wanted` names, by VMID or name.
-fn names(wanted: &TemplateRef, vm: &VmResource) -> bool {
-    match wanted {
-        TemplateRef::VmId(id) => vm.vmid.get() == *id,
-        TemplateRef::Name(name) => vm.name.as_deref() == Some(name.as_str()),
-    }
 }
 
 #[cfg(test)]

@@ -148,48 +148,40 @@ async fn shut_down(
     vmid: VmId,
 ) -> Result<Option<DeprovisionOutcome>, DeprovisionError> {
     let (pve, options, progress) = (run.pve, run.options, run.progress);
-    let fail = |action, source| DeprovisionError::proxmox(action, node, vmid)(source);
     let secs = u32::try_from(options.shutdown_timeout.as_secs()).unwrap_or(u32::MAX);
     progress(&format!(
         "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
     ));
-    let mut task = pve.vm(node, vmid).shutdown(secs, true).await;
-    if let Ok(upid) = &task
-        && upid.task_type() == "hastop"
-    {
-        progress(&format!(
-            "VM {vmid} is HA-managed: taking it out of HA so it can be shut down and destroyed"
-        ));
-        match pve.remove_ha_resource(vmid).await {
-            Ok(()) => {}
-            Err(e) if e.is_not_found() => return Ok(Some(DeprovisionOutcome::AlreadyGone)),
-            Err(e) => return Err(fail(Action::RemoveFromHa, e)),
+    let stopped = async {
+        let mut task = pve.vm(node, vmid).shutdown(secs, true).await;
+        if let Ok(upid) = &task
+            && upid.task_type() == "hastop"
+        {
+            progress(&format!(
+                "VM {vmid} is HA-managed: taking it out of HA so it can be shut down and destroyed"
+            ));
+            let left = pve.remove_ha_resource(vmid).await;
+            left.map_err(|e| (Action::RemoveFromHa, e))?;
+            task = pve.vm(node, vmid).shutdown(secs, true).await;
         }
-        task = pve.vm(node, vmid).shutdown(secs, true).await;
-    }
-    let shutdown = pve
-        .run_task(
-            std::future::ready(task),
-            options.shutdown_timeout + options.task_timeout,
-        )
-        .await;
-    match shutdown {
-        Ok(_) => Ok(None),
-        Err(e) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
-        Err(e) if e.is_transient() => Err(fail(Action::ShutDown, e)),
-        // Paused VMs refuse a shutdown, a guest can make it fail: power off instead.
-        Err(e) => {
-            tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
-            progress(&format!("stopping VM {vmid} on {node}"));
-            let stop = pve
-                .run_task(pve.vm(node, vmid).stop(), options.task_timeout)
-                .await;
-            match stop {
-                Ok(_) => Ok(None),
-                Err(e) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
-                Err(e) => Err(fail(Action::Stop, e)),
+        let timeout = options.shutdown_timeout + options.task_timeout;
+        match pve.run_task(std::future::ready(task), timeout).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() || e.is_transient() => Err((Action::ShutDown, e)),
+            // Paused VMs refuse a shutdown, a guest can make it fail: power off instead.
+            Err(e) => {
+                tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
+                progress(&format!("stopping VM {vmid} on {node}"));
+                let stop = pve.vm(node, vmid).stop();
+                let stop = pve.run_task(stop, options.task_timeout).await;
+                stop.map(drop).map_err(|e| (Action::Stop, e))
             }
         }
+    };
+    match stopped.await {
+        Ok(()) => Ok(None),
+        Err((_, e)) if e.is_not_found() => Ok(Some(DeprovisionOutcome::AlreadyGone)),
+        Err((action, e)) => Err(DeprovisionError::proxmox(action, node, vmid)(e)),
     }
 }
 
@@ -210,27 +202,18 @@ async fn destroy_once(
             vmid,
         }),
         Err(e) if e.is_not_found() || task_says_gone(&e) => Ok(DeprovisionOutcome::AlreadyGone),
-        Err(source) => Err(DeprovisionError::proxmox(Action::Destroy, node, vmid)(
-            source,
-        )),
+        Err(e) => Err(DeprovisionError::proxmox(Action::Destroy, node, vmid)(e)),
     }
 }
 
 /// qemu-server src/PVE/API2/Qemu.pm, `destroy_vm`'s early check: "VM <id> is running - destroy
 /// failed".
 fn refused_as_running(e: &ProxmoxError) -> bool {
-    let (ProxmoxError::Api { message, .. }
-    | ProxmoxError::TaskFailed {
-        exit_status: message,
-        ..
-    }) = e
-    else {
-        return false;
-    };
-    message.contains("is running - destroy failed")
+    matches!(e, ProxmoxError::Api { message, .. } | ProxmoxError::TaskFailed { exit_status: message, .. }
+        if message.contains("is running - destroy failed"))
 }
 
 /// A destroy task that failed because the VM vanished meanwhile.
-pub(super) fn task_says_gone(e: &ProxmoxError) -> bool {
+fn task_says_gone(e: &ProxmoxError) -> bool {
     matches!(e, ProxmoxError::TaskFailed { exit_status, .. } if exit_status.contains("does not exist"))
 }

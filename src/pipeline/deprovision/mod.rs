@@ -20,9 +20,9 @@
 //! Cost (docs/performance.md; target ≤ 7 requests per deprovision whatever the node count): one listing,
 //! the VM's config when a SMBIOS UUID was recorded (only the config shows it, and a copy of our VM
 //! carries everything else of ours), then one call plus one poll per task (shutdown, destroy), then
-//! the seed ISO delete, whose task is not polled by default (see
-//! [`DeprovisionOptions::wait_for_seed_iso`]): 7 requests for a running VM whose tasks finish at
-//! once, 5 for a stopped one.
+//! the seed ISO delete, whose task is not polled (deleting a file is near instant, the poll would
+//! be the 7th request, and an ISO left behind is harmless and listed by the `orphans` command): 7
+//! requests for a running VM whose tasks finish at once, 5 for a stopped one.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -30,19 +30,17 @@ use std::time::Duration;
 use crate::model::Listing;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::pipeline::identify::identify;
-use crate::proxmox::ProxmoxClient;
 use crate::proxmox::property::{IsoVolume, PoolId};
 use crate::proxmox::types::{NodeName, NodeState, VmId, VmResource};
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
 
 mod destroy;
 mod error;
 mod orphans;
-mod seed_iso;
 
 use destroy::destroy;
 pub use error::{Action, DeprovisionError};
 pub use orphans::*;
-use seed_iso::delete_seed_iso;
 
 /// What the provider state knows about a request's VM. Every field but the IDs may be missing: a
 /// crash can come before anything was recorded, and the official provider records only `vmid` and
@@ -72,10 +70,6 @@ pub struct DeprovisionOptions {
     pub shutdown_timeout: Duration,
     /// How long to wait for a task (on top of `shutdown_timeout` for the shutdown).
     pub task_timeout: Duration,
-    /// Poll the seed ISO delete task until it ends. Off by default: deleting a file is near instant,
-    /// the poll would be the 7th request, and an ISO left behind is harmless and listed by the
-    /// `orphans` command.
-    pub wait_for_seed_iso: bool,
     /// Accept a VM without our marker but named and tagged as the official provider makes them, when
     /// it sits at the recorded VMID. The `orphans` command turns this off: its VMIDs come from a
     /// listing, not from a provider state.
@@ -94,7 +88,6 @@ impl Default for DeprovisionOptions {
         Self {
             shutdown_timeout: Duration::from_secs(60),
             task_timeout: Duration::from_secs(120),
-            wait_for_seed_iso: false,
             accept_legacy: true,
             departing: None,
             ha_rules_lock: None,
@@ -132,13 +125,11 @@ pub struct Deprovisioned {
 /// An online node that can reach `storage`: the preferred ones first, then any node where a shared
 /// storage of that name is listed.
 fn online_node_for(listing: &Listing, storage: &str, preferred: &[NodeName]) -> Option<NodeName> {
-    if let Some(n) = preferred.iter().find(|n| listing.node_online(n)) {
-        return Some(n.clone());
-    }
-    listing
+    let shared = listing
         .storages()
-        .find(|s| s.storage == storage && s.shared && listing.node_online(&s.node))
-        .map(|s| s.node.clone())
+        .filter(|s| s.storage == storage && s.shared);
+    let mut nodes = preferred.iter().chain(shared.map(|s| &s.node));
+    nodes.find(|n| listing.node_online(n)).cloned()
 }
 
 /// What every part of one deprovision works with: the client, the listing it started from, the
@@ -180,11 +171,10 @@ pub async fn deprovision_reporting(
         progress,
     };
     let outcome = deprovision_in(&run, target).await?;
-    let deleted = match &outcome {
-        DeprovisionOutcome::Deleted { node, vmid } => Some((node.clone(), *vmid)),
-        _ => None,
+    let (vm_node, deleted) = match &outcome {
+        DeprovisionOutcome::Deleted { node, vmid } => (Some(node.clone()), Some(*vmid)),
+        _ => (None, None),
     };
-    let vm_node = deleted.as_ref().map(|(node, _)| node.clone());
     let leftover_seed_iso = delete_seed_iso(&run, target, vm_node).await.err();
     if let Some(e) = &leftover_seed_iso {
         tracing::warn!(request = %target.request_id, error = %e,
@@ -196,26 +186,23 @@ pub async fn deprovision_reporting(
         let ask = pool_may_be_empty(
             &view,
             pool,
-            deleted.map(|(_, vmid)| vmid),
+            deleted,
             &target.provider_id,
             options.departing.as_ref(),
         );
         leftover_pool = ask && !remove_pool_if_ours(pve, pool, &target.request_id).await;
     }
+    let request = &target.request_id;
     match &outcome {
         DeprovisionOutcome::Deleted { node, vmid } => {
-            tracing::info!(request = %target.request_id, %vmid, %node, "VM deleted");
+            tracing::info!(%request, %vmid, %node, "VM deleted")
         }
-        DeprovisionOutcome::NotOurs { vmid, reason } => tracing::warn!(
-            request = %target.request_id, %vmid, %reason,
-            "the recorded VMID now belongs to a VM that is not ours; ours is gone, theirs was left alone"
-        ),
+        DeprovisionOutcome::NotOurs { vmid, reason } => tracing::warn!(%request, %vmid, %reason,
+            "the recorded VMID now belongs to a VM that is not ours; ours is gone, theirs was left alone"),
         DeprovisionOutcome::AlreadyGone => {
-            tracing::info!(request = %target.request_id, vmid = ?target.vmid, "VM already gone")
+            tracing::info!(%request, vmid = ?target.vmid, "VM already gone")
         }
-        DeprovisionOutcome::NothingRecorded => {
-            tracing::info!(request = %target.request_id, "no VM was ever created")
-        }
+        DeprovisionOutcome::NothingRecorded => tracing::info!(%request, "no VM was ever created"),
     }
     Ok(Deprovisioned {
         outcome,
@@ -375,6 +362,56 @@ async fn verdict(
         }),
         ours_not_ours_or_gone => Ok(ours_not_ours_or_gone),
     }
+}
+
+/// Deletes the recorded seed ISO, from the first online node among the recorded node (where the seed
+/// was uploaded) and the node the VM was deleted on (or any node, for shared storage).
+async fn delete_seed_iso(
+    run: &Run<'_>,
+    target: &DeprovisionTarget,
+    vm_node: Option<NodeName>,
+) -> Result<(), DeprovisionError> {
+    let (pve, view) = (run.pve, run.view);
+    let Some(iso) = &target.seed_iso_volume else {
+        return Ok(());
+    };
+    let (volume, storage) = (&iso.to_string(), iso.storage.to_string());
+    let mut preferred: Vec<NodeName> = target.recorded_node.iter().cloned().collect();
+    if let Some(n) = vm_node.filter(|n| !preferred.contains(n)) {
+        preferred.push(n);
+    }
+    let Some(node) = online_node_for(view, &storage, &preferred) else {
+        if let Some(n) = preferred.iter().find(|n| view.node_state(n).is_some()) {
+            return Err(DeprovisionError::SeedIsoNodeOffline {
+                volume: volume.to_owned(),
+                node: n.clone(),
+                state: NodeState::word(view.node_state(n)),
+            });
+        }
+        // The node is no longer in the cluster: the ISO went with it.
+        tracing::warn!(request = %target.request_id, %volume, nodes = ?preferred,
+            "no node that could hold the seed ISO is in the cluster; skipping it");
+        return Ok(());
+    };
+    (run.progress)(&format!("deleting seed ISO {volume} on {node}"));
+    let fail = |source| DeprovisionError::SeedIso {
+        volume: volume.to_owned(),
+        node: node.clone(),
+        source,
+    };
+    match pve.delete_volume(&node, &storage, volume).await {
+        Err(e) if !e.is_not_found() && !volume_gone(&e) => Err(fail(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Proxmox words a missing volume in several ways, not all of which map to "not found".
+fn volume_gone(e: &ProxmoxError) -> bool {
+    let ProxmoxError::Api { message, .. } = e else {
+        return false;
+    };
+    let m = message.to_ascii_lowercase();
+    m.contains("does not exist") || m.contains("no such volume")
 }
 
 #[cfg(test)]

@@ -57,10 +57,7 @@ pub fn iso_volumes_in(config: &VmConfig) -> Vec<String> {
 
 /// Whether a file name is one of our seed ISOs.
 pub fn is_seed_iso(volume: &str) -> bool {
-    IsoVolume::parse(volume).is_ok_and(|iso| {
-        let f = iso.file.to_string();
-        f.starts_with("omni-seed-") && f.ends_with(".iso")
-    })
+    IsoVolume::parse(volume).is_ok_and(|iso| iso.file.as_str().starts_with("omni-seed-"))
 }
 
 /// Decides what is orphaned: VMs with our provider tag whose request is not live, and seed ISOs that
@@ -90,18 +87,15 @@ pub fn find_orphans(
         .collect();
     for vm in vms.iter().filter(|vm| identity::made_by(vm, provider_id)) {
         let tags = vm.tag_list();
-        let tagged = identity::tagged_request(&tags);
-        for named in [tagged, vm.name.as_deref()].into_iter().flatten() {
+        let (tagged, name) = (identity::tagged_request(&tags), vm.name.as_deref());
+        for named in [tagged, name].into_iter().flatten() {
             protected_seeds.insert(seed_iso_file_name(named).to_ascii_lowercase());
         }
-        let request = match (tagged, vm.name.as_deref()) {
-            (Some(tagged), Some(name)) if tagged.eq_ignore_ascii_case(name) => {
-                Some(name.to_owned())
-            }
-            (Some(tagged), _) => Some(tagged.to_owned()),
-            (None, name) => name.map(str::to_owned),
+        let request = match (tagged, name) {
+            (Some(tagged), Some(name)) if tagged.eq_ignore_ascii_case(name) => Some(name),
+            (tagged, name) => tagged.or(name),
         };
-        let live = [request.as_deref(), vm.name.as_deref()]
+        let live = [request, name]
             .into_iter()
             .flatten()
             .any(|id| live_lower.contains(&id.to_ascii_lowercase()));
@@ -112,7 +106,7 @@ pub fn find_orphans(
             vmid: vm.vmid,
             node: vm.node.clone(),
             name: vm.name.clone(),
-            request_id: request,
+            request_id: request.map(str::to_owned),
             status: vm.status.clone(),
             seed_isos: used_isos
                 .get(&vm.vmid)

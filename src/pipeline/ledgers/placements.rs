@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::entry;
 use crate::proxmox::property::NodeName;
-use crate::rules::placement::{Placement, PlacementError, Reservations};
+use crate::rules::placement::{Placement, PlacementError, PlacementRequest, Reservations};
 
 /// The nodes requests in flight were placed on, until the listing shows their VMs.
 #[derive(Default)]
@@ -22,14 +22,18 @@ impl Placements {
     /// room on a node.
     pub fn place(
         &self,
-        request_id: &str,
-        set_id: Option<&str>,
-        (memory_mb, vcpus): (u64, u64),
+        r: &PlacementRequest,
         decide: impl FnOnce(&Reservations) -> Result<Placement, PlacementError>,
     ) -> Result<Placement, PlacementError> {
         let mut reservations = entry(&self.reservations);
         let placement = decide(&reservations)?;
-        reservations.reserve(request_id, &placement.node, set_id, memory_mb, vcpus);
+        reservations.reserve(
+            r.request_id,
+            &placement.node,
+            r.set_id,
+            r.memory_mb,
+            r.vcpus,
+        );
         Ok(placement)
     }
 
@@ -67,12 +71,30 @@ impl Placements {
 mod tests {
     use super::*;
     use crate::proxmox::property::StorageId;
+    use crate::rules::storage_selector::StorageSelector;
 
     #[test]
     fn a_placement_is_reserved_under_the_lock_it_was_decided_with() {
         let placements = Placements::default();
-        let place = |id: &str| {
-            placements.place(id, Some("set"), (1024, 2), |reservations| {
+        let (selector, node_selectors) =
+            (StorageSelector::new("true").unwrap(), Default::default());
+        let request = |request_id: &'static str, set_id| PlacementRequest {
+            request_id,
+            memory_mb: 1024,
+            disk_gb: 10,
+            selector: &selector,
+            node_selectors: &node_selectors,
+            pinned_node: None,
+            allowed_nodes: &[],
+            set_id,
+            strategy: Default::default(),
+            vcpus: 2,
+            limits: Default::default(),
+            clone: None,
+            ha: None,
+        };
+        let place = |id: &'static str| {
+            placements.place(&request(id, Some("set")), |reservations| {
                 // What the next decision sees already holds every earlier one.
                 let node = format!("pve{}", reservations.in_set("set", "").len() + 1);
                 Ok(Placement {
@@ -91,7 +113,7 @@ mod tests {
             place("b").map(|p| p.node.to_string()).ok().as_deref(),
             Some("pve2")
         );
-        let _ = placements.place("c", None, (1024, 2), |r| {
+        let _ = placements.place(&request("c", None), |r| {
             assert_eq!(r.get("b").map(|r| r.node.as_str()), Some("pve2"));
             assert_eq!(r.get("b").map(|r| r.memory_bytes), Some(1024 * 1024 * 1024));
             Ok(Placement {

@@ -47,12 +47,10 @@ impl Vmids {
     /// Whether `vmid` is not `request`'s to choose: a request of this process is creating a VM
     /// there or made one lately, or another request's provider state records it.
     pub fn held(&self, vmid: u32, request: &str) -> bool {
-        let held = entry(&self.held);
-        held.by_another(vmid, request)
-            || held
-                .made
-                .get(&vmid)
-                .is_some_and(|at| at.elapsed() < MADE_HELD_FOR)
+        let (held, lately) = (entry(&self.held), |at: &Instant| {
+            at.elapsed() < MADE_HELD_FOR
+        });
+        held.by_another(vmid, request) || held.made.get(&vmid).is_some_and(lately)
     }
 
     /// Marks `vmid` as in flight and recorded by `request`; false when another request holds it.
@@ -110,8 +108,7 @@ impl Vmids {
             .as_ref()
             .is_none_or(|(_, at)| at.elapsed() >= PVE_VERSION_MAX_AGE)
         {
-            let read = read_facts(pve).await;
-            *facts = Some((read, Instant::now()));
+            *facts = Some((read_facts(pve).await, Instant::now()));
         }
         let refused_lately = entry(&self.held)
             .refused_at
@@ -124,13 +121,10 @@ impl Vmids {
 /// cannot be read. Without `Sys.Audit` on `/` the range is not asked for: `/cluster/options` then
 /// answers without it as if it were unset.
 async fn read_facts(pve: &ProxmoxClient) -> Option<VmidFacts> {
-    let privileges = match pve.effective_privileges().await {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::info!(error = %e, "cannot read the token's privileges; VMIDs come from /cluster/nextid");
-            return None;
-        }
+    let say = |e: &ProxmoxError| {
+        tracing::info!(error = %e, "cannot read the token's privileges; VMIDs come from /cluster/nextid");
     };
+    let privileges = pve.effective_privileges().await.inspect_err(say).ok()?;
     let range = if privileges.holds("/", "Sys.Audit") {
         let say = |e: &ProxmoxError| {
             tracing::info!(error = %e, "cannot read the datacenter's next-id range; VMIDs come from /cluster/nextid");
