@@ -16,7 +16,7 @@ use super::runner::{Action, Reconcile};
 use super::{provision, teardown};
 use crate::contain::Panic;
 use crate::omni::resources::{
-    ConfigPatchRequest, Kind, MachineRequest, MachineRequestStatus, label,
+    CONFIG_PATCH_REQUEST, Kind, MACHINE_REQUEST, MACHINE_REQUEST_STATUS, label,
 };
 use crate::omni::state::{LabelSelector, StateError, Typed, WatchEvent};
 use tokio::sync::mpsc;
@@ -33,9 +33,9 @@ impl Reconcile for Context {
     /// own after [`super::outputs::WAIT_FOR_OMNI`], in case an event was lost. Dropping the
     /// receiver stops the watches.
     fn watch(&self) -> mpsc::Receiver<RequestQueueEvent> {
-        let mut requests = watch_ours(self, &MachineRequest);
-        let mut statuses = watch_ours(self, &MachineRequestStatus);
-        let mut patches = watch_ours(self, &ConfigPatchRequest);
+        let mut requests = watch_ours(self, &MACHINE_REQUEST);
+        let mut statuses = watch_ours(self, &MACHINE_REQUEST_STATUS);
+        let mut patches = watch_ours(self, &CONFIG_PATCH_REQUEST);
         let (services, outputs) = (self.services.clone(), self.outputs.clone());
         let written = self.statuses.clone();
         let (tx, rx) = mpsc::channel(256);
@@ -95,7 +95,7 @@ impl Reconcile for Context {
     fn panicked<'a>(&'a self, id: &'a str, panic: Panic) -> BoxFuture<'a, ReconcileError> {
         Box::pin(async move {
             let error = ReconcileError::Panicked(panic);
-            match self.state.find(&MachineRequest, id).await {
+            match self.state.find(&MACHINE_REQUEST, id).await {
                 Ok(Some(request)) => {
                     self.report_failure(id, &super::context::labels(&request), &error)
                         .await;
@@ -122,10 +122,10 @@ impl Reconcile for Context {
 }
 
 /// The resources of `kind` labelled with our provider ID, as they change.
-fn watch_ours<K: Kind>(ctx: &Context, kind: &K) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
+fn watch_ours<S>(ctx: &Context, kind: &Kind<S>) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
     let ours = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, ctx.provider_id());
     ctx.state
-        .watch_kind(&kind.namespace(), &kind.resource_type(), vec![ours])
+        .watch_kind(&kind.namespace, &kind.resource_type, vec![ours])
 }
 
 fn retry(ids: impl IntoIterator<Item = String>) -> Vec<RequestQueueEvent> {
@@ -152,7 +152,7 @@ async fn reconcile(
         Some(r) => Some(r),
         None => ctx
             .state
-            .find(&MachineRequest, id)
+            .find(&MACHINE_REQUEST, id)
             .await
             .map_err(omni("reading the machine request"))?
             .map(Arc::new),

@@ -34,12 +34,12 @@ pub mod topology;
 mod workqueue;
 
 use crate::omni::join::JoinMode;
-use crate::omni::resources::{PROVIDER_JOIN_CONFIG_DEFINITION_ID, ResourceDefinition};
+use crate::omni::resources::{PROVIDER_JOIN_CONFIG_DEFINITION_ID, RESOURCE_DEFINITION};
 use crate::omni::state::{StateClient, StateError};
 
 /// Lists resource definitions: if Omni knows ProviderJoinConfigs, it is v2 mode.
 pub async fn detect_join_mode(state: &StateClient) -> Result<JoinMode, StateError> {
-    let defs = state.list(&ResourceDefinition, vec![]).await?;
+    let defs = state.list(&RESOURCE_DEFINITION, vec![]).await?;
     Ok(JoinMode::detect(
         defs.iter()
             .any(|d| d.id() == PROVIDER_JOIN_CONFIG_DEFINITION_ID),

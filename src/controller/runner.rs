@@ -275,7 +275,7 @@ impl<R: Reconcile> Controller<R> {
 mod tests {
     use super::*;
     use crate::omni::proto::specs::MachineRequestSpec;
-    use crate::omni::resources::MachineRequest;
+    use crate::omni::resources::MACHINE_REQUEST;
     use crate::omni::state::Typed;
 
     /// Fails every reconcile, recording what it was handed and the attempts the policy saw.
@@ -354,7 +354,7 @@ mod tests {
     }
 
     fn request(version: &str) -> Box<Request> {
-        let mut r = Typed::fresh(&MachineRequest, "req-1", MachineRequestSpec::default());
+        let mut r = Typed::fresh(&MACHINE_REQUEST, "req-1", MachineRequestSpec::default());
         r.metadata.version = version.into();
         Box::new(r)
     }

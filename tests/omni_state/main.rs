@@ -63,7 +63,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     );
     let mut info = ProviderInfo::new("proxmox", "Proxmox", "first");
     registration::register(&client.state, &info).await.unwrap();
-    let stored = omni.state.get(&InfraProviderStatus, "proxmox").unwrap();
+    let stored = omni.state.get(&INFRA_PROVIDER_STATUS, "proxmox").unwrap();
     assert_eq!(stored.spec.description, "first");
     assert_eq!(stored.metadata.version, "1");
     assert_eq!(
@@ -76,7 +76,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     );
     info.description = "second".into();
     registration::register(&client.state, &info).await.unwrap();
-    let stored = omni.state.get(&InfraProviderStatus, "proxmox").unwrap();
+    let stored = omni.state.get(&INFRA_PROVIDER_STATUS, "proxmox").unwrap();
     assert_eq!(stored.spec.description, "second");
     assert_eq!(stored.metadata.version, "2");
 
@@ -86,7 +86,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
         .unwrap();
     let hs = omni
         .state
-        .get(&InfraProviderHealthStatus, "proxmox")
+        .get(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox")
         .unwrap();
     assert_eq!(hs.spec.error, "proxmox unreachable");
     assert_eq!(hs.metadata.owner, "proxmox.ProviderHealthStatusController");
@@ -99,12 +99,12 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     .unwrap();
     let hs = omni
         .state
-        .get(&InfraProviderHealthStatus, "proxmox")
+        .get(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox")
         .unwrap();
     assert_eq!(hs.spec.error, "");
     assert!(hs.spec.last_heartbeat_timestamp.is_some());
     // Ephemeral namespace lost (Omni restart): the next beat recreates it.
-    omni.state.remove(&InfraProviderHealthStatus, "proxmox");
+    omni.state.remove(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox");
     health::beat(
         &client.state,
         "proxmox",
@@ -114,7 +114,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     .unwrap();
     assert!(
         omni.state
-            .get(&InfraProviderHealthStatus, "proxmox")
+            .get(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox")
             .is_some()
     );
 
@@ -133,13 +133,16 @@ async fn bad_signatures_are_rejected() {
     let skewed = omni.client_with_offset("proxmox", 6 * 60);
     let err = skewed
         .state
-        .get(&ProviderJoinConfig, "proxmox")
+        .get(&PROVIDER_JOIN_CONFIG, "proxmox")
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::Unauthenticated { .. }), "{err}");
     // Within the window it works.
     let ok = omni.client_with_offset("proxmox", -4 * 60);
-    ok.state.get(&ProviderJoinConfig, "proxmox").await.unwrap();
+    ok.state
+        .get(&PROVIDER_JOIN_CONFIG, "proxmox")
+        .await
+        .unwrap();
 
     // Hand-made requests over a plain channel.
     let channel = tonic::transport::Endpoint::from_shared(omni.url())
@@ -155,7 +158,7 @@ async fn bad_signatures_are_rejected() {
         .as_secs() as i64;
     let get = || pb::GetRequest {
         namespace: "infra-provider".into(),
-        r#type: ProviderJoinConfig::TYPE.into(),
+        r#type: PROVIDER_JOIN_CONFIG.resource_type.into(),
         id: "proxmox".into(),
         options: Some(pb::GetOptions {}),
     };
@@ -325,13 +328,13 @@ async fn a_call_omni_never_answers_ends_at_its_deadline() {
     state.deadline = Duration::from_millis(200);
     let started = std::time::Instant::now();
     let err = state
-        .get(&MachineRequest, "never-answered")
+        .get(&MACHINE_REQUEST, "never-answered")
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::Transport { .. }), "{err}");
     assert!(err.to_string().contains("no answer within"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(2));
-    let listed = state.list(&MachineRequest, vec![]).await;
+    let listed = state.list(&MACHINE_REQUEST, vec![]).await;
     assert!(matches!(listed, Err(StateError::Transport { .. })));
     server.abort();
 }

@@ -8,8 +8,8 @@ async fn provider_watch(omni: &Omni) -> mpsc::Receiver<Result<WatchEvent, StateE
     let mut state = omni.client("proxmox").state;
     state.reconnect = (Duration::from_millis(20), Duration::from_millis(200));
     let mut rx = state.watch_kind(
-        MachineRequest::NAMESPACE,
-        MachineRequest::TYPE,
+        &MACHINE_REQUEST.namespace,
+        &MACHINE_REQUEST.resource_type,
         vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, "proxmox")],
     );
     assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
@@ -46,7 +46,11 @@ async fn watch_rebootstraps_when_the_bookmark_is_unknown() {
     state.reconnect = (Duration::from_millis(20), Duration::from_millis(200));
     omni.state
         .create_machine_request("r1", "proxmox", "set", &request_spec("v1"));
-    let mut rx = state.watch_kind(MachineRequest::NAMESPACE, MachineRequest::TYPE, vec![]);
+    let mut rx = state.watch_kind(
+        &MACHINE_REQUEST.namespace,
+        &MACHINE_REQUEST.resource_type,
+        vec![],
+    );
     assert_eq!(id_of(&next_event(&mut rx).await), "r1");
     assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
     // A brand-new Omni on the same port: our bookmark means nothing there.
@@ -54,7 +58,7 @@ async fn watch_rebootstraps_when_the_bookmark_is_unknown() {
     let fresh = testkit::memstate::MemState::new();
     fresh.register_key(&omni.encoded_key).unwrap();
     fresh.put(
-        &testkit::memstate::InfraProvider,
+        &testkit::memstate::INFRA_PROVIDER,
         "proxmox",
         &specs::InfraProviderSpec {},
         BTreeMap::new(),
@@ -85,8 +89,8 @@ fn raw_state(omni: &Omni) -> pb::state_client::StateClient<transport::SignedChan
 
 fn resume_request(bookmark: Vec<u8>) -> pb::WatchRequest {
     pb::WatchRequest {
-        namespace: MachineRequest::NAMESPACE.into(),
-        r#type: MachineRequest::TYPE.into(),
+        namespace: MACHINE_REQUEST.namespace.into(),
+        r#type: MACHINE_REQUEST.resource_type.into(),
         id: None,
         options: Some(pb::WatchOptions {
             start_from_bookmark: Some(bookmark),
@@ -176,7 +180,7 @@ async fn watch_resumed_from_a_compacted_bookmark_rebootstraps() {
     // both happened in is compacted away.
     omni.state
         .create_machine_request("during", "proxmox", "set", &request_spec("v1"));
-    assert!(omni.state.remove(&MachineRequest, "before"));
+    assert!(omni.state.remove(&MACHINE_REQUEST, "before"));
     omni.state.compact();
     omni.restart().await;
     assert_eq!(next_event(&mut rx).await, WatchEvent::Resync);

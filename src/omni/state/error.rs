@@ -26,8 +26,8 @@ impl ResourceRef {
         }
     }
 
-    pub fn of<K: Kind>(kind: &K, id: &str) -> Self {
-        Self::new(kind.namespace(), kind.resource_type(), id)
+    pub fn of<S>(kind: &Kind<S>, id: &str) -> Self {
+        Self::new(&*kind.namespace, &*kind.resource_type, id)
     }
 
     pub fn from_metadata(md: &pb::Metadata) -> Self {
