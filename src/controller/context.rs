@@ -184,7 +184,7 @@ impl Context {
 
     /// Every provider state of ours, as Omni has it.
     pub async fn machine_states(&self) -> Result<Vec<(String, MachineState)>, StateError> {
-        let machines = self.state.list(&self.machine_kind(), vec![]).await?;
+        let machines = self.state.list(&self.machine_kind(), &[]).await?;
         Ok(machines
             .iter()
             .map(|m| (m.id().to_owned(), MachineState::from_spec(&m.spec)))

@@ -18,7 +18,7 @@ use crate::contain::Panic;
 use crate::omni::resources::{
     CONFIG_PATCH_REQUEST, Kind, MACHINE_REQUEST, MACHINE_REQUEST_STATUS, label,
 };
-use crate::omni::state::{LabelSelector, StateError, Typed, WatchEvent};
+use crate::omni::state::{StateError, Typed, WatchEvent};
 use tokio::sync::mpsc;
 
 impl Reconcile for Context {
@@ -123,9 +123,11 @@ impl Reconcile for Context {
 
 /// The resources of `kind` labelled with our provider ID, as they change.
 fn watch_ours<S>(ctx: &Context, kind: &Kind<S>) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
-    let ours = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, ctx.provider_id());
-    ctx.state
-        .watch_kind(&kind.namespace, &kind.resource_type, vec![ours])
+    ctx.state.watch_kind(
+        &kind.namespace,
+        &kind.resource_type,
+        &[(label::INFRA_PROVIDER_ID, ctx.provider_id())],
+    )
 }
 
 fn retry(ids: impl IntoIterator<Item = String>) -> Vec<RequestQueueEvent> {

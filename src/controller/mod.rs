@@ -39,7 +39,7 @@ use crate::omni::state::{StateClient, StateError};
 
 /// Lists resource definitions: if Omni knows ProviderJoinConfigs, it is v2 mode.
 pub async fn detect_join_mode(state: &StateClient) -> Result<JoinMode, StateError> {
-    let defs = state.list(&RESOURCE_DEFINITION, vec![]).await?;
+    let defs = state.list(&RESOURCE_DEFINITION, &[]).await?;
     Ok(JoinMode::detect(
         defs.iter()
             .any(|d| d.id() == PROVIDER_JOIN_CONFIG_DEFINITION_ID),

@@ -48,13 +48,7 @@ impl ProviderInfo {
 pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), StateError> {
     let spec = info.status_spec();
     match state
-        .create(
-            &INFRA_PROVIDER_STATUS,
-            &info.id,
-            &spec,
-            Default::default(),
-            "",
-        )
+        .create(&INFRA_PROVIDER_STATUS, &info.id, &spec, "")
         .await
     {
         Ok(_) => return Ok(()),

@@ -26,7 +26,7 @@ use super::requests::Request;
 use super::runner::Action;
 use crate::model::MachineState;
 use crate::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST_STATUS, label};
-use crate::omni::state::{LabelSelector, ResourceRef, StateError};
+use crate::omni::state::{ResourceRef, StateError};
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
@@ -91,10 +91,9 @@ async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, Reconcil
             .state
             .list(
                 &CONFIG_PATCH_REQUEST,
-                vec![
-                    LabelSelector::new()
-                        .equal(label::INFRA_PROVIDER_ID, ctx.provider_id())
-                        .equal(label::MACHINE_REQUEST, id),
+                &[
+                    (label::INFRA_PROVIDER_ID, ctx.provider_id()),
+                    (label::MACHINE_REQUEST, id),
                 ],
             )
             .await

@@ -27,7 +27,7 @@ use super::requests::request_info;
 use crate::model::MachineState;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST, label};
-use crate::omni::state::{LabelSelector, ResourceRef};
+use crate::omni::state::ResourceRef;
 use crate::proxmox::types::VmResource;
 
 /// Our patch IDs: `<prefix><request id>`. Omni's patch of the machine is machine-level, and Omni
@@ -137,15 +137,15 @@ pub async fn label(ctx: &Context, request_id: &str, node: &str) -> Result<(), Re
 
 /// One round.
 pub async fn round(ctx: &Context) -> Result<Vec<Change>, ReconcileError> {
-    let ours = || vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, ctx.provider_id())];
+    let ours = [(label::INFRA_PROVIDER_ID, ctx.provider_id())];
     let requests: Vec<Request> = ctx
         .state
-        .list(&MACHINE_REQUEST, ours())
+        .list(&MACHINE_REQUEST, &ours)
         .await
         .map_err(omni("listing the machine requests"))?;
     let existing: BTreeMap<String, String> = ctx
         .state
-        .list(&CONFIG_PATCH_REQUEST, ours())
+        .list(&CONFIG_PATCH_REQUEST, &ours)
         .await
         .map_err(omni("listing our config patch requests"))?
         .into_iter()

@@ -15,9 +15,7 @@ use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
 use omni_infra_provider_proxmox::omni::proto::specs::{self, MachineRequestSpec};
 use omni_infra_provider_proxmox::omni::resources::*;
-use omni_infra_provider_proxmox::omni::state::{
-    LabelSelector, ResourceRef, StateError, WatchEvent,
-};
+use omni_infra_provider_proxmox::omni::state::{ResourceRef, StateError, WatchEvent, label_query};
 use omni_infra_provider_proxmox::omni::transport;
 use testkit::memstate;
 use testkit::omni::{Omni, WAIT};
@@ -334,7 +332,7 @@ async fn a_call_omni_never_answers_ends_at_its_deadline() {
     assert!(matches!(err, StateError::Transport { .. }), "{err}");
     assert!(err.to_string().contains("no answer within"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(2));
-    let listed = state.list(&MACHINE_REQUEST, vec![]).await;
+    let listed = state.list(&MACHINE_REQUEST, &[]).await;
     assert!(matches!(listed, Err(StateError::Transport { .. })));
     server.abort();
 }

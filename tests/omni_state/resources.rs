@@ -14,7 +14,7 @@ async fn watch_sees_create_update_destroy_and_only_our_requests() {
     let mut rx = client.state.watch_kind(
         &MACHINE_REQUEST.namespace,
         &MACHINE_REQUEST.resource_type,
-        vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, "proxmox")],
+        &[(label::INFRA_PROVIDER_ID, "proxmox")],
     );
     let ev = next_event(&mut rx).await;
     assert!(
@@ -51,7 +51,7 @@ async fn watch_sees_create_update_destroy_and_only_our_requests() {
         .await
         .unwrap_err();
     assert!(err.is_not_found(), "{err}");
-    let listed = client.state.list(&MACHINE_REQUEST, vec![]).await.unwrap();
+    let listed = client.state.list(&MACHINE_REQUEST, &[]).await.unwrap();
     assert_eq!(
         listed.iter().map(|r| r.id()).collect::<Vec<_>>(),
         vec!["existing-1"]
@@ -162,7 +162,7 @@ async fn teardown_by_rpc_and_by_fallback() {
     for id in ["a", "b"] {
         client
             .state
-            .create(&kind, id, &MachineSpec::default(), BTreeMap::new(), &owner)
+            .create(&kind, id, &MachineSpec::default(), &owner)
             .await
             .unwrap();
     }
@@ -275,7 +275,7 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
     // Other providers' private namespaces and wrong type suffixes.
     let err = client
         .state
-        .list(&provider_machine("other"), vec![])
+        .list(&provider_machine("other"), &[])
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
@@ -284,7 +284,7 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
         .list_raw(
             "infra-provider:proxmox",
             "Machine.other.infraprovider.sidero.dev",
-            vec![],
+            &[],
         )
         .await
         .unwrap_err();
@@ -356,10 +356,7 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
     assert_eq!(patch.label(label::INFRA_PROVIDER_ID), Some("proxmox"));
     let found = client
         .state
-        .list(
-            &CONFIG_PATCH_REQUEST,
-            vec![LabelSelector::new().equal(label::MACHINE_REQUEST, "r1")],
-        )
+        .list(&CONFIG_PATCH_REQUEST, &[(label::MACHINE_REQUEST, "r1")])
         .await
         .unwrap();
     assert_eq!(found.len(), 1);
@@ -389,7 +386,7 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
 
     let err = client
         .state
-        .list_raw("infra-provider", "Clusters.omni.sidero.dev", vec![])
+        .list_raw("infra-provider", "Clusters.omni.sidero.dev", &[])
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
@@ -438,13 +435,13 @@ async fn the_leader_lease_lives_in_the_providers_namespace_and_changes_only_by_v
     };
     let created = client
         .state
-        .create(&lease, LEASE_ID, &spec, BTreeMap::new(), "")
+        .create(&lease, LEASE_ID, &spec, "")
         .await
         .unwrap();
     // A second create loses: the lease exists.
     let err = client
         .state
-        .create(&lease, LEASE_ID, &spec, BTreeMap::new(), "")
+        .create(&lease, LEASE_ID, &spec, "")
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::AlreadyExists { .. }), "{err}");
@@ -470,13 +467,7 @@ async fn the_leader_lease_lives_in_the_providers_namespace_and_changes_only_by_v
     // Another provider's lease type in our namespace is refused.
     let err = client
         .state
-        .create(
-            &provider_lease("other"),
-            LEASE_ID,
-            &spec,
-            BTreeMap::new(),
-            "",
-        )
+        .create(&provider_lease("other"), LEASE_ID, &spec, "")
         .await
         .unwrap_err();
     assert!(
@@ -502,7 +493,7 @@ async fn teardown_and_destroy_is_one_call_for_a_prompt_release() {
     for id in ["prompt", "held", "old"] {
         client
             .state
-            .create(&kind, id, &MachineSpec::default(), BTreeMap::new(), &owner)
+            .create(&kind, id, &MachineSpec::default(), &owner)
             .await
             .unwrap();
     }

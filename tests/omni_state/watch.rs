@@ -10,7 +10,7 @@ async fn provider_watch(omni: &Omni) -> mpsc::Receiver<Result<WatchEvent, StateE
     let mut rx = state.watch_kind(
         &MACHINE_REQUEST.namespace,
         &MACHINE_REQUEST.resource_type,
-        vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, "proxmox")],
+        &[(label::INFRA_PROVIDER_ID, "proxmox")],
     );
     assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
     rx
@@ -49,7 +49,7 @@ async fn watch_rebootstraps_when_the_bookmark_is_unknown() {
     let mut rx = state.watch_kind(
         &MACHINE_REQUEST.namespace,
         &MACHINE_REQUEST.resource_type,
-        vec![],
+        &[],
     );
     assert_eq!(id_of(&next_event(&mut rx).await), "r1");
     assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
@@ -94,11 +94,7 @@ fn resume_request(bookmark: Vec<u8>) -> pb::WatchRequest {
         id: None,
         options: Some(pb::WatchOptions {
             start_from_bookmark: Some(bookmark),
-            label_query: vec![
-                LabelSelector::new()
-                    .equal(label::INFRA_PROVIDER_ID, "proxmox")
-                    .into_query(),
-            ],
+            label_query: label_query(&[(label::INFRA_PROVIDER_ID, "proxmox")]),
             ..Default::default()
         }),
         api_version: 1,

@@ -19,7 +19,6 @@
 
 pub mod identity;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -117,7 +116,7 @@ impl Election {
         );
         let mut changes =
             self.state
-                .watch_kind(&self.kind.namespace, &self.kind.resource_type, vec![]);
+                .watch_kind(&self.kind.namespace, &self.kind.resource_type, &[]);
         loop {
             let wait = self.next_look();
             // A change the watch delivers carries the lease: no need to read it again.
@@ -224,9 +223,7 @@ impl Election {
                 }
                 (Attempt::Create, _) | (_, None) => {
                     let spec = self.record(None, true);
-                    self.state
-                        .create(&self.kind, LEASE_ID, &spec, BTreeMap::new(), OWNER)
-                        .await
+                    self.state.create(&self.kind, LEASE_ID, &spec, OWNER).await
                 }
                 (Attempt::Renew | Attempt::Take(_), Some(current)) => {
                     let taking = attempt != Attempt::Renew;

@@ -12,7 +12,6 @@ mod error;
 mod unknown;
 mod watch;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -98,29 +97,19 @@ impl<S: prost::Message + Default> Typed<S> {
     }
 }
 
-/// Builds label queries: terms inside one query are AND-ed; several queries are OR-ed.
-#[derive(Debug, Clone, Default)]
-pub struct LabelSelector(pb::LabelQuery);
-
-impl LabelSelector {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn equal(mut self, key: &str, value: &str) -> Self {
-        self.0.terms.push(pb::LabelTerm {
-            key: key.to_owned(),
+/// The label query asking that every `(key, value)` of `labels` be set as given; none (every
+/// resource) when `labels` is empty.
+pub fn label_query(labels: &[(&str, &str)]) -> Vec<pb::LabelQuery> {
+    let terms: Vec<pb::LabelTerm> = (labels.iter())
+        .map(|(key, value)| pb::LabelTerm {
+            key: (*key).to_owned(),
             op: pb::label_term::Operation::Equal as i32,
             // The server reads value[0]; always send exactly one.
-            value: vec![value.to_owned()],
+            value: vec![(*value).to_owned()],
             invert: false,
-        });
-        self
-    }
-
-    pub fn into_query(self) -> pb::LabelQuery {
-        self.0
-    }
+        })
+        .collect();
+    Vec::from_iter((!terms.is_empty()).then_some(pb::LabelQuery { terms }))
 }
 
 /// Cheap to clone; share one per process.
@@ -235,17 +224,14 @@ impl StateClient {
         &self,
         namespace: &str,
         resource_type: &str,
-        selectors: Vec<LabelSelector>,
+        labels: &[(&str, &str)],
     ) -> Result<Vec<pb::Resource>, StateError> {
         let what = ResourceRef::new(namespace, resource_type, "");
         let req = pb::ListRequest {
             namespace: namespace.to_owned(),
             r#type: resource_type.to_owned(),
             options: Some(pb::ListOptions {
-                label_query: selectors
-                    .into_iter()
-                    .map(LabelSelector::into_query)
-                    .collect(),
+                label_query: label_query(labels),
                 id_query: None,
             }),
         };
@@ -491,9 +477,9 @@ impl StateClient {
     pub async fn list<S: Spec>(
         &self,
         kind: &Kind<S>,
-        selectors: Vec<LabelSelector>,
+        labels: &[(&str, &str)],
     ) -> Result<Vec<Typed<S>>, StateError> {
-        self.list_raw(&kind.namespace, &kind.resource_type, selectors)
+        self.list_raw(&kind.namespace, &kind.resource_type, labels)
             .await?
             .into_iter()
             .map(Typed::decode)
@@ -505,12 +491,10 @@ impl StateClient {
         kind: &Kind<S>,
         id: &str,
         spec: &S,
-        labels: BTreeMap<String, String>,
         owner: &str,
     ) -> Result<Typed<S>, StateError> {
-        let mut fresh = Typed::fresh(kind, id, spec.clone());
-        fresh.metadata.labels = labels.into_iter().collect();
-        self.create_typed(kind, &fresh, owner).await
+        self.create_typed(kind, &Typed::fresh(kind, id, spec.clone()), owner)
+            .await
     }
 
     /// Creates `fresh` with its labels and annotations (version and phase as the server expects): a

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::Code;
 
-use super::{LabelSelector, ResourceRef, StateClient, StateError};
+use super::{ResourceRef, StateClient, StateError, label_query};
 use crate::omni::proto::cosi::resource as pb;
 
 /// What a watch delivers, already reduced to what a reconcile queue needs.
@@ -23,7 +23,7 @@ pub enum WatchEvent {
 }
 
 impl StateClient {
-    /// Watches all resources of a kind matching `selectors` (bootstrap first). Events arrive on the
+    /// Watches all resources of a kind carrying `labels` (bootstrap first). Events arrive on the
     /// returned receiver; dropping it stops the watch. Broken streams are re-established with
     /// backoff, resuming from the last bookmark, or re-bootstrapping (after a
     /// [`WatchEvent::Resync`]) when there is none, Omni refuses it, or the stream ended with an
@@ -32,15 +32,12 @@ impl StateClient {
         &self,
         namespace: &str,
         resource_type: &str,
-        selectors: Vec<LabelSelector>,
+        labels: &[(&str, &str)],
     ) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
         let (tx, rx) = mpsc::channel(256);
         let client = self.clone();
         let what = ResourceRef::new(namespace, resource_type, "");
-        let queries: Vec<pb::LabelQuery> = selectors
-            .into_iter()
-            .map(LabelSelector::into_query)
-            .collect();
+        let queries = label_query(labels);
         tokio::spawn(async move {
             tokio::select! {
                 _ = tx.closed() => {}
