@@ -123,11 +123,8 @@ impl Reconcile for Context {
 
 /// The resources of `kind` labelled with our provider ID, as they change.
 fn watch_ours<S>(ctx: &Context, kind: &Kind<S>) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
-    ctx.state.watch_kind(
-        &kind.namespace,
-        &kind.resource_type,
-        &[(label::INFRA_PROVIDER_ID, ctx.provider_id())],
-    )
+    ctx.state
+        .watch_kind(kind, &[(label::INFRA_PROVIDER_ID, ctx.provider_id())])
 }
 
 fn retry(ids: impl IntoIterator<Item = String>) -> Vec<RequestQueueEvent> {

@@ -11,11 +11,9 @@ async fn watch_sees_create_update_destroy_and_only_our_requests() {
         .create_machine_request("existing-1", "proxmox", "set", &request_spec("v1.11.0"));
     omni.state
         .create_machine_request("foreign-1", "other", "set", &request_spec("v1.11.0"));
-    let mut rx = client.state.watch_kind(
-        &MACHINE_REQUEST.namespace,
-        &MACHINE_REQUEST.resource_type,
-        &[(label::INFRA_PROVIDER_ID, "proxmox")],
-    );
+    let mut rx = client
+        .state
+        .watch_kind(&MACHINE_REQUEST, &[(label::INFRA_PROVIDER_ID, "proxmox")]);
     let ev = next_event(&mut rx).await;
     assert!(
         matches!(ev, WatchEvent::Created(_)) && id_of(&ev) == "existing-1",

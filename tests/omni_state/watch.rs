@@ -7,11 +7,7 @@ use super::*;
 async fn provider_watch(omni: &Omni) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
     let mut state = omni.client("proxmox").state;
     state.reconnect = (Duration::from_millis(20), Duration::from_millis(200));
-    let mut rx = state.watch_kind(
-        &MACHINE_REQUEST.namespace,
-        &MACHINE_REQUEST.resource_type,
-        &[(label::INFRA_PROVIDER_ID, "proxmox")],
-    );
+    let mut rx = state.watch_kind(&MACHINE_REQUEST, &[(label::INFRA_PROVIDER_ID, "proxmox")]);
     assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
     rx
 }
@@ -46,11 +42,7 @@ async fn watch_rebootstraps_when_the_bookmark_is_unknown() {
     state.reconnect = (Duration::from_millis(20), Duration::from_millis(200));
     omni.state
         .create_machine_request("r1", "proxmox", "set", &request_spec("v1"));
-    let mut rx = state.watch_kind(
-        &MACHINE_REQUEST.namespace,
-        &MACHINE_REQUEST.resource_type,
-        &[],
-    );
+    let mut rx = state.watch_kind(&MACHINE_REQUEST, &[]);
     assert_eq!(id_of(&next_event(&mut rx).await), "r1");
     assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
     // A brand-new Omni on the same port: our bookmark means nothing there.

@@ -114,9 +114,7 @@ impl Election {
             predecessor = self.claim.predecessor.as_deref().unwrap_or(""),
             "standing by for the leader lease"
         );
-        let mut changes =
-            self.state
-                .watch_kind(&self.kind.namespace, &self.kind.resource_type, &[]);
+        let mut changes = self.state.watch_kind(&self.kind, &[]);
         loop {
             let wait = self.next_look();
             // A change the watch delivers carries the lease: no need to read it again.

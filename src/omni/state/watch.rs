@@ -8,6 +8,7 @@ use tonic::Code;
 
 use super::{ResourceRef, StateClient, StateError, label_query};
 use crate::omni::proto::cosi::resource as pb;
+use crate::omni::resources::Kind;
 
 /// What a watch delivers, already reduced to what a reconcile queue needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,15 +29,14 @@ impl StateClient {
     /// backoff, resuming from the last bookmark, or re-bootstrapping (after a
     /// [`WatchEvent::Resync`]) when there is none, Omni refuses it, or the stream ended with an
     /// ERRORED event (how Omni's etcd store reports a bookmark older than its compacted history).
-    pub fn watch_kind(
+    pub fn watch_kind<S>(
         &self,
-        namespace: &str,
-        resource_type: &str,
+        kind: &Kind<S>,
         labels: &[(&str, &str)],
     ) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
         let (tx, rx) = mpsc::channel(256);
         let client = self.clone();
-        let what = ResourceRef::new(namespace, resource_type, "");
+        let what = ResourceRef::of(kind, "");
         let queries = label_query(labels);
         tokio::spawn(async move {
             tokio::select! {
