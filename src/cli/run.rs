@@ -249,7 +249,7 @@ async fn run_with(
     // Polled from here on, so a SIGTERM during the start stops the provider cleanly too.
     tokio::pin!(shutdown);
     let detect = until_reachable("detecting Omni's join mode", || {
-        crate::controller::detect_join_mode(&omni.state)
+        crate::omni::join::JoinMode::detect(&omni.state)
     });
     let mode = tokio::select! {
         mode = detect => mode?,

@@ -35,14 +35,10 @@ where
     type Decoder = ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstEncoder::new(settings())
+        ProstEncoder::new(BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD))
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstDecoder::new(settings())
+        ProstDecoder::new(BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD))
     }
-}
-
-fn settings() -> BufferSettings {
-    BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD)
 }

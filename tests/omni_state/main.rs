@@ -54,7 +54,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     let omni = Omni::start("proxmox").await;
     let client = omni.client("proxmox");
     assert_eq!(
-        omni_infra_provider_proxmox::controller::detect_join_mode(&client.state)
+        omni_infra_provider_proxmox::omni::join::JoinMode::detect(&client.state)
             .await
             .unwrap(),
         omni_infra_provider_proxmox::omni::join::JoinMode::V2

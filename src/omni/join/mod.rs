@@ -15,7 +15,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::resources::label;
+use super::resources::{PROVIDER_JOIN_CONFIG_DEFINITION_ID, RESOURCE_DEFINITION, label};
+use super::state::{StateClient, StateError};
 use crate::secret::Secret;
 use render::{render_join_config, siderolink_api_url};
 
@@ -38,12 +39,10 @@ pub enum JoinMode {
 impl JoinMode {
     /// The Go library's rule: v2 exactly when the resource definition
     /// `providerjoinconfigs.omni.sidero.dev` exists in namespace `meta`.
-    pub fn detect(provider_join_config_definition_exists: bool) -> Self {
-        if provider_join_config_definition_exists {
-            JoinMode::V2
-        } else {
-            JoinMode::Legacy
-        }
+    pub async fn detect(state: &StateClient) -> Result<Self, StateError> {
+        let defs = state.list(&RESOURCE_DEFINITION, &[]).await?;
+        let v2 = (defs.iter()).any(|d| d.id() == PROVIDER_JOIN_CONFIG_DEFINITION_ID);
+        Ok(if v2 { JoinMode::V2 } else { JoinMode::Legacy })
     }
 
     fn token_prefix(self) -> &'static str {
@@ -309,8 +308,6 @@ mod tests {
         .unwrap();
         assert!(token(&params).expose().starts_with("v1:"));
         assert_eq!(decode(&token(&params)).unwrap().version, 1);
-        assert_eq!(JoinMode::detect(true), JoinMode::V2);
-        assert_eq!(JoinMode::detect(false), JoinMode::Legacy);
     }
 
     #[test]

@@ -71,7 +71,15 @@ impl StateClient {
                 StreamEnd::Rebootstrap => bookmark = None,
                 StreamEnd::Broken(e) => {
                     tracing::warn!(watch = %what, error = %e, retry_in = ?backoff, "watch broken; reconnecting");
-                    if e.is_permanent() && tx.send(Err(e)).await.is_err() {
+                    // Errors a reconnect will not fix go to the watcher (the watch still retries,
+                    // since e.g. a key registration may be fixed while we run).
+                    let permanent = matches!(
+                        e,
+                        StateError::PermissionDenied { .. }
+                            | StateError::Unauthenticated { .. }
+                            | StateError::InvalidArgument { .. }
+                    );
+                    if permanent && tx.send(Err(e)).await.is_err() {
                         return;
                     }
                 }
@@ -156,19 +164,6 @@ enum StreamEnd {
     /// ended with an ERRORED event. A full listing starts over.
     Rebootstrap,
     Broken(StateError),
-}
-
-impl StateError {
-    /// Errors a reconnect will not fix; reported to the watcher (the watch still retries, since
-    /// e.g. a key registration may be fixed while we run).
-    fn is_permanent(&self) -> bool {
-        matches!(
-            self,
-            Self::PermissionDenied { .. }
-                | Self::Unauthenticated { .. }
-                | Self::InvalidArgument { .. }
-        )
-    }
 }
 
 fn watch_request(
