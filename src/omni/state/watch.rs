@@ -54,17 +54,10 @@ impl StateClient {
         tx: &mpsc::Sender<Result<WatchEvent, StateError>>,
     ) {
         let mut bookmark: Option<Vec<u8>> = None;
-        let mut first = true;
         let mut backoff = self.reconnect.0;
         loop {
-            let resume = bookmark.clone();
-            if resume.is_none() && !first && tx.send(Ok(WatchEvent::Resync)).await.is_err() {
-                return;
-            }
-            first = false;
-            let req = watch_request(&what, &queries, resume);
             match self
-                .stream_events(&what, req, &mut bookmark, tx, &mut backoff)
+                .stream_events(&what, &queries, &mut bookmark, tx, &mut backoff)
                 .await
             {
                 StreamEnd::ReceiverGone => return,
@@ -86,21 +79,22 @@ impl StateClient {
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(self.reconnect.1);
+            if bookmark.is_none() && tx.send(Ok(WatchEvent::Resync)).await.is_err() {
+                return;
+            }
         }
     }
 
     async fn stream_events(
         &self,
         what: &ResourceRef,
-        req: pb::WatchRequest,
+        queries: &[pb::LabelQuery],
         bookmark: &mut Option<Vec<u8>>,
         tx: &mpsc::Sender<Result<WatchEvent, StateError>>,
         backoff: &mut Duration,
     ) -> StreamEnd {
-        let resuming = req
-            .options
-            .as_ref()
-            .is_some_and(|o| o.start_from_bookmark.is_some());
+        let resuming = bookmark.is_some();
+        let req = watch_request(what, queries, bookmark.clone());
         let end = |s: tonic::Status| match s.code() {
             Code::FailedPrecondition if resuming => {
                 tracing::info!(watch = %what, "Omni refused the watch bookmark; re-bootstrapping");
