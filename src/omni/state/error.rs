@@ -6,7 +6,7 @@ use crate::omni::proto::cosi::resource as pb;
 use crate::omni::resources::Kind;
 
 /// `namespace/type/id`, for error messages and logs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ResourceRef {
     pub namespace: String,
     pub resource_type: String,

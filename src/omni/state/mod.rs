@@ -267,8 +267,7 @@ impl StateClient {
         let what = resource
             .metadata
             .as_ref()
-            .map(ResourceRef::from_metadata)
-            .unwrap_or_else(|| ResourceRef::new("", "", ""));
+            .map_or_else(Default::default, ResourceRef::from_metadata);
         let req = pb::UpdateRequest {
             new_resource: Some(resource),
             options: Some(pb::UpdateOptions {

@@ -139,9 +139,7 @@ impl StateClient {
                 };
                 // A working stream: the next break starts its backoff afresh.
                 *backoff = self.reconnect.0;
-                if let Some(b) = &event.bookmark {
-                    *bookmark = Some(b.clone());
-                }
+                *bookmark = event.bookmark.or_else(|| bookmark.take());
                 if let Some(ev) = mapped
                     && tx.send(Ok(ev)).await.is_err()
                 {
