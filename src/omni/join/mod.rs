@@ -20,9 +20,6 @@ use super::state::{StateClient, StateError};
 use crate::secret::Secret;
 use render::{render_join_config, siderolink_api_url};
 
-/// First host of the SideroLink ULA /64 for an empty installation ID: where Talos sends events and logs.
-const SIDEROLINK_HOST: &str = "fdae:41e4:649b:9303::1";
-
 /// Which join-token flavour Omni expects.
 ///
 /// Omni 1.0 and later have a per-provider join token (the `ProviderJoinConfig` resource) and accept
@@ -101,31 +98,24 @@ pub fn connection_params(inputs: &JoinInputs) -> Result<Secret, JoinError> {
     }
     let events_port = check_port(inputs.events_port, "events")?;
     let logs_port = check_port(inputs.logs_port, "logs")?;
-    if let Err(e) = url::Url::parse(&inputs.api_url) {
-        return Err(JoinError::InvalidApiUrl {
-            url: inputs.api_url.clone(),
-            reason: e.to_string(),
-        });
-    }
+    url::Url::parse(&inputs.api_url).map_err(|e| JoinError::InvalidApiUrl {
+        url: inputs.api_url.clone(),
+        reason: e.to_string(),
+    })?;
 
     // The extra data carries our provider ID (Omni labels the machine's Link with it) and the
     // MachineRequest ID ("encode request IDs into tokens"), under the label keys.
-    let mut extra = BTreeMap::new();
-    extra.insert(
-        label::INFRA_PROVIDER_ID.to_string(),
+    let mut extra = BTreeMap::from([(
+        label::INFRA_PROVIDER_ID.to_owned(),
         inputs.provider_id.clone(),
-    );
+    )]);
     if let Some(request_id) = &inputs.request_id {
         extra.insert(label::MACHINE_REQUEST.to_string(), request_id.clone());
     }
     let token = extended_token(inputs.mode, &inputs.join_token, &extra);
 
     let api_url = siderolink_api_url(&inputs.api_url, &token, inputs.grpc_tunnel);
-    let events_sink = format!("[{SIDEROLINK_HOST}]:{events_port}");
-    let logs_url = format!("tcp://[{SIDEROLINK_HOST}]:{logs_port}");
-
-    let join_config = render_join_config(&api_url, &events_sink, &logs_url);
-    Ok(Secret::new(join_config))
+    Ok(render_join_config(&api_url, events_port, logs_port))
 }
 
 fn check_port(port: u32, which: &'static str) -> Result<u16, JoinError> {
