@@ -74,7 +74,6 @@ fn raw_state(omni: &Omni) -> pb::state_client::StateClient<transport::SignedChan
     let signer = transport::Signer {
         key: omni.key.clone(),
         provider_id: Some("proxmox".into()),
-        clock_offset_secs: 0,
     };
     pb::state_client::StateClient::with_interceptor(channel, signer)
 }
