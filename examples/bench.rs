@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::{MachineRequestStatus, PHASE_TEARING_DOWN};
+use omni_infra_provider_proxmox::omni::resources::{MACHINE_REQUEST_STATUS, PHASE_TEARING_DOWN};
 use scale::Row;
 use stack::Stack;
 use testkit::memstate::MemState;
@@ -307,8 +307,8 @@ async fn drain(stack: &mut Stack) -> Result<Vec<Row>, String> {
     }
     let held = |s: &MemState, id: &String| {
         s.get_raw(
-            MachineRequestStatus::NAMESPACE,
-            MachineRequestStatus::TYPE,
+            &MACHINE_REQUEST_STATUS.namespace,
+            &MACHINE_REQUEST_STATUS.resource_type,
             id,
         )
         .and_then(|r| r.metadata)
@@ -509,7 +509,7 @@ async fn wait_provisioned(stack: &Stack, ids: &[String]) -> Result<(), String> {
         .omni
         .wait_for(DEADLINE, |s| {
             ids.iter().all(|id| {
-                s.get(&MachineRequestStatus, id)
+                s.get(&MACHINE_REQUEST_STATUS, id)
                     .is_some_and(|st| st.spec.stage == Stage::Provisioned as i32)
             })
         })

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::{MachineRequestStatus, ProviderMachine};
+use omni_infra_provider_proxmox::omni::resources::{MACHINE_REQUEST_STATUS, provider_machine};
 use stack::{PROVIDER, Stack};
 
 /// Two machine classes, as a user would write them in Omni.
@@ -177,7 +177,7 @@ fn new_machine(stack: &Stack, id: &str, class: &'static str, data: &str) -> Mach
 fn observe(stack: &Stack, machines: &mut [Machine]) -> bool {
     let mut all = true;
     for m in machines.iter_mut() {
-        let Some(status) = stack.omni.get(&MachineRequestStatus, &m.id) else {
+        let Some(status) = stack.omni.get(&MACHINE_REQUEST_STATUS, &m.id) else {
             all = false;
             continue;
         };
@@ -224,7 +224,7 @@ fn draw(
 ) {
     let mut out = std::io::stdout().lock();
     for m in machines {
-        let status = stack.omni.get(&MachineRequestStatus, &m.id);
+        let status = stack.omni.get(&MACHINE_REQUEST_STATUS, &m.id);
         let stage = match status.as_ref().map(|s| s.spec.stage) {
             Some(s) if s == Stage::Provisioned as i32 => "provisioned",
             Some(s) if s == Stage::Failed as i32 => "FAILED",
@@ -233,7 +233,7 @@ fn draw(
         };
         let node = stack
             .omni
-            .get(&ProviderMachine::new(PROVIDER), &m.id)
+            .get(&provider_machine(PROVIDER), &m.id)
             .map(|s| s.spec.node)
             .unwrap_or_default();
         let line = format!(
@@ -252,7 +252,7 @@ fn placements(stack: &Stack, machines: &[Machine]) -> BTreeMap<String, (String, 
     machines
         .iter()
         .filter_map(|m| {
-            let s = stack.omni.get(&ProviderMachine::new(PROVIDER), &m.id)?;
+            let s = stack.omni.get(&provider_machine(PROVIDER), &m.id)?;
             Some((m.id.clone(), (s.spec.node, s.spec.vmid, s.spec.addresses)))
         })
         .collect()

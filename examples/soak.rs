@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
+use omni_infra_provider_proxmox::omni::resources::MACHINE_REQUEST_STATUS;
 use scale::Row;
 use stack::Stack;
 
@@ -228,7 +228,7 @@ fn provisioned_at(
     done: &mut HashMap<String, Duration>,
     since: Instant,
 ) -> usize {
-    for status in stack.omni.list(&MachineRequestStatus) {
+    for status in stack.omni.list(&MACHINE_REQUEST_STATUS) {
         if status.spec.stage == Stage::Provisioned as i32 && ids.iter().any(|id| id == status.id())
         {
             done.entry(status.id().to_owned())

@@ -286,11 +286,11 @@ async fn an_image_of_unknown_length_is_spooled_and_refused_credentials_are_named
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_credentials_omni_holds_for_its_factory_fetch_the_image() {
     use omni_infra_provider_proxmox::omni::proto::specs::FeaturesConfigSpec;
-    use omni_infra_provider_proxmox::omni::resources::{FEATURES_CONFIG_ID, FeaturesConfig};
+    use omni_infra_provider_proxmox::omni::resources::{FEATURES_CONFIG, FEATURES_CONFIG_ID};
     let mut h = Harness::start("").await;
     let factory = PrivateFactory::start(false).await;
     h.omni.state.put(
-        &FeaturesConfig,
+        &FEATURES_CONFIG,
         FEATURES_CONFIG_ID,
         &FeaturesConfigSpec {
             image_factory_base_url: factory.url.clone(),

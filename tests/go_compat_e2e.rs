@@ -12,8 +12,8 @@ use omni_infra_provider_proxmox::omni::proto::specs::{
     machine_request_status_spec::Stage,
 };
 use omni_infra_provider_proxmox::omni::resources::{
-    ConfigPatchRequest, FEATURES_CONFIG_ID, FeaturesConfig, MachineRequest, ProviderMachine,
-    TalosVersion, annotation, label, provision_controller_name,
+    CONFIG_PATCH_REQUEST, FEATURES_CONFIG, FEATURES_CONFIG_ID, MACHINE_REQUEST, TALOS_VERSION,
+    annotation, label, provider_machine, provision_controller_name,
 };
 use omni_infra_provider_proxmox::pipeline::image_factory::resolve_factory;
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
@@ -134,7 +134,7 @@ async fn where_we_stop_the_go_provider_reads_its_own_step_names_and_fields() {
         .omni
         .state
         .wait_for(WAIT, |s| {
-            s.get(&ProviderMachine::new(PROVIDER), "stop-1")
+            s.get(&provider_machine(PROVIDER), "stop-1")
                 .is_some_and(|m| m.spec.vmid != 0)
         })
         .await;
@@ -189,7 +189,7 @@ async fn write_go_state_with(
     client
         .state
         .modify(
-            &ProviderMachine::new(PROVIDER),
+            &provider_machine(PROVIDER),
             id,
             &provision_controller_name(PROVIDER),
             |m| {
@@ -325,7 +325,7 @@ async fn teardown_removes_the_config_patches_of_the_request() {
         client
             .state
             .modify(
-                &ConfigPatchRequest,
+                &CONFIG_PATCH_REQUEST,
                 &format!("000-hostname-%s{id}"),
                 &provision_controller_name(PROVIDER),
                 |p| {
@@ -346,19 +346,19 @@ async fn teardown_removes_the_config_patches_of_the_request() {
     }
     // client/pkg/infra/controllers/provision.go, reconcileTearingDown: removePatches lists them by
     // those two labels and tears them down and destroys them before anything else.
-    assert!(h.omni.state.teardown(&MachineRequest, "patched"));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, "patched"));
     h.wait_released("patched").await;
     assert!(
         h.omni
             .state
-            .get(&ConfigPatchRequest, "000-hostname-%spatched")
+            .get(&CONFIG_PATCH_REQUEST, "000-hostname-%spatched")
             .is_none(),
         "the request's patch is removed"
     );
     assert!(
         h.omni
             .state
-            .get(&ConfigPatchRequest, "000-hostname-%sother")
+            .get(&CONFIG_PATCH_REQUEST, "000-hostname-%sother")
             .is_some(),
         "another request's patch stays"
     );
@@ -375,7 +375,7 @@ async fn boot_isos_come_from_the_factory_omni_publishes() {
     // valid signature, so an infra provider may read it; its image_factory_base_url (field 5 of
     // FeaturesConfigSpec, client/api/omni/specs/omni.proto) is the factory Omni creates schematics on.
     h.omni.state.put(
-        &FeaturesConfig,
+        &FEATURES_CONFIG,
         FEATURES_CONFIG_ID,
         &FeaturesConfigSpec {
             image_factory_base_url: "https://factory.internal.example/".into(),
@@ -446,7 +446,7 @@ async fn set_pools_are_recorded_and_removed_as_the_official_provider_does() {
     }
     h.start_controller();
     for id in ["pool-ours", "pool-go-1", "pool-go-2"] {
-        assert!(h.omni.state.teardown(&MachineRequest, id));
+        assert!(h.omni.state.teardown(&MACHINE_REQUEST, id));
     }
     for id in ["pool-ours", "pool-go-1", "pool-go-2"] {
         h.wait_released(id).await;
@@ -516,11 +516,7 @@ async fn we_continue_a_request_the_newest_official_release_left_after_its_ha_ste
     assert_eq!(vms.len(), 1, "no second VM: {vms:?}");
     assert_eq!(vms[0]["vmid"], json!(151));
     let before_start = ["pick_node", "prepare_image", "create_vm", "configure_vm"];
-    for version in h
-        .omni
-        .state
-        .history(&ProviderMachine::new(PROVIDER), "go-ha")
-    {
+    for version in h.omni.state.history(&provider_machine(PROVIDER), "go-ha") {
         assert!(
             !before_start.contains(&version.spec.step.as_str()),
             "resumed at {:?}, before the start step",
@@ -583,10 +579,7 @@ async fn after_an_adopted_vm_the_official_provider_is_sent_to_its_start_step() {
         1,
         "adopted, not created again"
     );
-    let history = h
-        .omni
-        .state
-        .history(&ProviderMachine::new(PROVIDER), "adopt-1");
+    let history = h.omni.state.history(&provider_machine(PROVIDER), "adopt-1");
     for version in &history {
         let step = version.metadata.annotations.get(annotation::STEP);
         assert!(
@@ -615,7 +608,7 @@ async fn the_first_state_write_carries_the_step_annotation() {
     let history = h
         .omni
         .state
-        .history(&ProviderMachine::new(PROVIDER), "first-write");
+        .history(&provider_machine(PROVIDER), "first-write");
     let first = history.first().expect("the state was written");
     assert_eq!(first.metadata.version, "1");
     assert!(
@@ -635,7 +628,7 @@ async fn a_talos_version_on_the_secondary_factory_downloads_from_it() {
     let h = Harness::start("").await;
     let secondary = "https://factory.secondary.example";
     h.omni.state.put(
-        &TalosVersion,
+        &TALOS_VERSION,
         TALOS,
         &TalosVersionSpec {
             version: TALOS.into(),

@@ -9,7 +9,7 @@
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use std::time::Duration;
 
-use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
+use omni_infra_provider_proxmox::omni::resources::{MACHINE_REQUEST, MACHINE_REQUEST_STATUS};
 use omni_infra_provider_proxmox::pipeline::ledgers::HA_RULES_LOCK;
 use serde_json::{Value, json};
 use testkit::fakepve::three_node_scenario;
@@ -50,7 +50,7 @@ fn members(rule: &Value) -> Vec<String> {
 }
 
 async fn remove(h: &mut Harness, id: &str) {
-    assert!(h.omni.state.teardown(&MachineRequest, id));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, id));
     h.wait_released(id).await;
     assert!(h.vms_named(id).is_empty(), "{id} left a VM");
 }
@@ -296,12 +296,12 @@ async fn a_rule_a_machine_joins_during_a_teardown_is_kept() {
         .locks
         .exclusive(HA_RULES_LOCK);
     let held = lock.lock().await;
-    assert!(h.omni.state.teardown(&MachineRequest, "join-0"));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, "join-0"));
     let waiting = h
         .omni
         .state
         .wait_for(Duration::from_secs(30), |s| {
-            s.get(&MachineRequestStatus, "join-0")
+            s.get(&MACHINE_REQUEST_STATUS, "join-0")
                 .is_some_and(|st| st.spec.status.contains("out of Proxmox HA"))
         })
         .await;
@@ -455,7 +455,7 @@ async fn burst_beyond_the_node_affinity_nodes(mut h: Harness) {
         .state
         .wait_for(Duration::from_secs(60), |s| {
             ids.iter().all(|id| {
-                s.get(&MachineRequestStatus, id).is_some_and(|st| {
+                s.get(&MACHINE_REQUEST_STATUS, id).is_some_and(|st| {
                     st.spec.stage() == Stage::Provisioned
                         || (st.spec.stage() == Stage::Failed
                             && st.spec.error.contains("ha.node_affinity_nodes"))

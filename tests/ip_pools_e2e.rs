@@ -9,7 +9,7 @@ use std::time::Duration;
 use omni_infra_provider_proxmox::omni::proto::provider::{IpAllocation, MachineSpec};
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{
-    MachineRequest, MachineRequestStatus, ProviderMachine,
+    MACHINE_REQUEST, MACHINE_REQUEST_STATUS, provider_machine,
 };
 use omni_infra_provider_proxmox::omni::state::Typed;
 use omni_infra_provider_proxmox::rules::ip_pool::mac_for_nic;
@@ -29,7 +29,7 @@ fn class(pool: &str) -> String {
 }
 
 fn machine(h: &Harness, id: &str) -> Option<Typed<MachineSpec>> {
-    h.omni.state.get(&ProviderMachine::new(PROVIDER), id)
+    h.omni.state.get(&provider_machine(PROVIDER), id)
 }
 
 /// `(nic, pool, address)` of every allocation the provider state of `id` records.
@@ -146,7 +146,7 @@ fn allocated(state: &testkit::memstate::MemState, ids: &[String]) -> usize {
     ids.iter()
         .filter(|id| {
             state
-                .get(&ProviderMachine::new(PROVIDER), id)
+                .get(&provider_machine(PROVIDER), id)
                 .is_some_and(|m| !m.spec.ip_allocations.is_empty())
         })
         .count()
@@ -189,7 +189,7 @@ async fn twenty_concurrent_requests_get_twenty_distinct_addresses_through_sigkil
             .omni
             .state
             .wait_for(Duration::from_secs(120), |s| {
-                s.get(&MachineRequestStatus, id)
+                s.get(&MACHINE_REQUEST_STATUS, id)
                     .is_some_and(|st| st.spec.stage == Stage::Provisioned as i32)
             })
             .await;
@@ -309,7 +309,7 @@ async fn a_full_pool_fails_readably_and_heals_when_a_machine_is_torn_down() {
         json!({"op": "fail", "method": "DELETE", "suffix": format!("/qemu/{vmid}"),
         "status": 500, "message": "storage busy"}),
     );
-    assert!(h.omni.state.teardown(&MachineRequest, "tiny-a"));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, "tiny-a"));
     tokio::time::sleep(Duration::from_secs(22)).await;
     assert!(!h.pve.vm(vmid as u32).is_null(), "the VM is still there");
     assert!(
@@ -328,7 +328,7 @@ async fn a_full_pool_fails_readably_and_heals_when_a_machine_is_torn_down() {
         .omni
         .state
         .wait_for(HEAL, |s| {
-            s.get(&MachineRequestStatus, "tiny-c")
+            s.get(&MACHINE_REQUEST_STATUS, "tiny-c")
                 .is_some_and(|st| st.spec.stage == Stage::Provisioned as i32)
         })
         .await;
@@ -348,7 +348,7 @@ async fn a_full_pool_fails_readably_and_heals_when_a_machine_is_torn_down() {
         ..MachineSpec::default()
     };
     h.omni.state.put(
-        &ProviderMachine::new(PROVIDER),
+        &provider_machine(PROVIDER),
         "ghost-1",
         &ghost,
         Default::default(),
@@ -410,7 +410,7 @@ async fn ipv6_and_a_second_nic_get_their_own_pools_and_teardown_releases_them() 
         "{reported:?}"
     );
 
-    assert!(h.omni.state.teardown(&MachineRequest, "dual-1"));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, "dual-1"));
     h.wait_released("dual-1").await;
     h.request("dual-2", "dual", &data);
     h.wait_stage("dual-2", Stage::Provisioned).await;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::proto::specs::FeaturesConfigSpec;
 use omni_infra_provider_proxmox::omni::resources::{
-    FEATURES_CONFIG_ID, FeaturesConfig, InfraProviderHealthStatus, InfraProviderStatus,
+    FEATURES_CONFIG, FEATURES_CONFIG_ID, INFRA_PROVIDER_HEALTH_STATUS, INFRA_PROVIDER_STATUS,
 };
 use omni_infra_provider_proxmox::omni::transport;
 use testkit::keys::NewKey;
@@ -98,8 +98,8 @@ async fn run_provider_with_env(
     let mut child = Killer(Some(child));
     let registered = state
         .wait_for(WAIT, |s| {
-            s.get(&InfraProviderStatus, "proxmox").is_some()
-                && s.get(&InfraProviderHealthStatus, "proxmox")
+            s.get(&INFRA_PROVIDER_STATUS, "proxmox").is_some()
+                && s.get(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox")
                     .is_some_and(|h| h.metadata.version.parse::<u64>().unwrap_or(0) >= 3)
         })
         .await;
@@ -113,7 +113,7 @@ async fn run_provider_with_env(
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let status = state.get(&InfraProviderStatus, "proxmox").unwrap();
+    let status = state.get(&INFRA_PROVIDER_STATUS, "proxmox").unwrap();
     assert_eq!(status.spec.name, "Proxmox");
     assert_eq!(status.spec.version, env!("CARGO_PKG_VERSION"));
     assert!(!status.spec.icon.is_empty());
@@ -223,7 +223,7 @@ async fn binary_takes_the_image_factory_from_omni_and_says_so() {
     // (omni client/api/omni/specs/omni.proto, FeaturesConfigSpec.image_factory_base_url), readable by
     // infra providers (internal/backend/runtime/omni/state_access.go, filterAccess: valid signature).
     state.put(
-        &FeaturesConfig,
+        &FEATURES_CONFIG,
         FEATURES_CONFIG_ID,
         &FeaturesConfigSpec {
             image_factory_base_url: "https://factory.internal.example".into(),

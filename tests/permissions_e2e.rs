@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
+use omni_infra_provider_proxmox::omni::resources::{MACHINE_REQUEST, MACHINE_REQUEST_STATUS};
 use serde_json::{Value, json};
 use testkit::fakepve::{TOKEN_ID, readme_role, three_node_scenario};
 use testkit::harness::Harness;
@@ -27,11 +27,11 @@ async fn wait_status_containing(h: &Harness, id: &str, needle: &str) -> String {
         .omni
         .state
         .wait_for(Duration::from_secs(30), |s| {
-            s.get(&MachineRequestStatus, id)
+            s.get(&MACHINE_REQUEST_STATUS, id)
                 .is_some_and(|st| st.spec.error.contains(needle) || st.spec.status.contains(needle))
         })
         .await;
-    let status = h.omni.state.get(&MachineRequestStatus, id);
+    let status = h.omni.state.get(&MACHINE_REQUEST_STATUS, id);
     assert!(found, "{id}: no status naming {needle}: {status:?}");
     let spec = status.unwrap().spec;
     format!("{} {}", spec.status, spec.error)
@@ -56,7 +56,7 @@ async fn the_documented_role_provisions_and_deprovisions() {
     assert_eq!(vms.len(), 1, "{vms:?}");
     let vmid = vms[0]["vmid"].as_u64().unwrap();
     assert_eq!(vms[0]["pool"], json!("perms"));
-    assert!(h.omni.state.teardown(&MachineRequest, "perm-1"));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, "perm-1"));
     h.wait_released("perm-1").await;
     assert!(h.pve.vm(vmid as u32).is_null(), "VM deleted");
     let local = h
@@ -84,7 +84,7 @@ async fn the_documented_role_clones_too() {
     );
     h.wait_stage("perm-clone", Stage::Provisioned).await;
     assert_eq!(h.vms_named("perm-clone").len(), 1);
-    assert!(h.omni.state.teardown(&MachineRequest, "perm-clone"));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, "perm-clone"));
     h.wait_released("perm-clone").await;
     assert!(h.vms_named("perm-clone").is_empty(), "clone deleted");
     h.stop_controller().await;
@@ -132,7 +132,7 @@ async fn deprovision_without_datastore_allocate_names_it() {
         .collect();
     h.pve
         .control(json!({"op": "set_acl", "who": TOKEN_ID, "entries": [["/", fewer]]}));
-    assert!(h.omni.state.teardown(&MachineRequest, "perm-3"));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, "perm-3"));
     h.wait_released("perm-3").await;
     assert!(h.vms_named("perm-3").is_empty(), "VM deleted");
     let metrics = h.metrics.encode();
@@ -210,7 +210,7 @@ async fn an_ha_vm_is_torn_down_by_a_token_that_cannot_read_ha_rules() {
     let without_audit: Vec<String> = role.into_iter().filter(|p| p != "Sys.Audit").collect();
     h.pve
         .control(json!({"op": "set_acl", "who": TOKEN_ID, "entries": [["/", without_audit]]}));
-    assert!(h.omni.state.teardown(&MachineRequest, "perm-ha"));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, "perm-ha"));
     h.wait_released("perm-ha").await;
     assert!(h.vms_named("perm-ha").is_empty());
     assert_eq!(h.pve.control(json!({"op": "ha_resources"})), json!([]));

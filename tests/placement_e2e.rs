@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
+use omni_infra_provider_proxmox::omni::resources::MACHINE_REQUEST_STATUS;
 use serde_json::{Value, json};
 use testkit::cli;
 use testkit::fakepve::{FakePve, three_node_scenario};
@@ -194,7 +194,7 @@ async fn cpu_overcommit_keeps_a_full_node_out() {
         .omni
         .state
         .wait_for(WAIT, |s| {
-            s.get(&MachineRequestStatus, "cpu-3").is_some_and(|st| {
+            s.get(&MACHINE_REQUEST_STATUS, "cpu-3").is_some_and(|st| {
                 st.spec
                     .error
                     .contains("pve2: 4 vCPUs given to VMs, 2 more would pass the limit of 4 (4 CPUs × cpuOvercommit 1)")

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
+use omni_infra_provider_proxmox::omni::resources::MACHINE_REQUEST_STATUS;
 use omni_infra_provider_proxmox::proxmox::types::{NodeName, VmId};
 use omni_infra_provider_proxmox::proxmox::{ProxmoxClient, ProxmoxError};
 use serde_json::json;
@@ -256,7 +256,7 @@ async fn a_talos_iso_deleted_after_it_was_seen_is_put_back_by_the_next_create_or
     );
     let vms = h.vms_named("seen-4");
     assert_eq!(vms[0]["status"], json!("running"), "{vms:?}");
-    let status = h.omni.state.get(&MachineRequestStatus, "seen-4").unwrap();
+    let status = h.omni.state.get(&MACHINE_REQUEST_STATUS, "seen-4").unwrap();
     assert!(status.spec.error.is_empty(), "{status:?}");
     h.stop_controller().await;
 }
@@ -473,7 +473,7 @@ async fn a_cluster_without_quorum_is_waited_for_not_failed() {
         .omni
         .state
         .wait_for(Duration::from_secs(30), |s| {
-            s.get(&MachineRequestStatus, "quorum-0")
+            s.get(&MACHINE_REQUEST_STATUS, "quorum-0")
                 .is_some_and(|st| st.spec.error.contains("no quorum"))
         })
         .await;

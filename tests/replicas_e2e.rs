@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{
-    InfraProviderHealthStatus, MachineRequestStatus,
+    INFRA_PROVIDER_HEALTH_STATUS, MACHINE_REQUEST_STATUS,
 };
 use serde_json::{Value, json};
 use stack::{PROVIDER, Stack, three_node_scenario};
@@ -78,7 +78,7 @@ fn provisioned(stack: &Stack, ids: &[String]) -> bool {
     ids.iter().all(|id| {
         stack
             .omni
-            .get(&MachineRequestStatus, id)
+            .get(&MACHINE_REQUEST_STATUS, id)
             .is_some_and(|s| s.spec.stage == Stage::Provisioned as i32)
     })
 }
@@ -134,7 +134,7 @@ async fn request_and_wait_for_creates(stack: &Stack, prefix: &str, n: usize) -> 
     let machines = ids(prefix, n);
     request_all(stack, &machines);
     until(WAIT, "the first creates", || {
-        stack.omni.list(&MachineRequestStatus).iter().any(|s| {
+        stack.omni.list(&MACHINE_REQUEST_STATUS).iter().any(|s| {
             s.spec.status.contains("create_vm") || s.spec.stage == Stage::Provisioned as i32
         })
     })
@@ -235,7 +235,7 @@ async fn three_replicas_make_one_vm_per_request_all_by_the_leader_and_leave_noth
     assert!(
         stack
             .omni
-            .get(&InfraProviderHealthStatus, PROVIDER)
+            .get(&INFRA_PROVIDER_HEALTH_STATUS, PROVIDER)
             .is_some()
     );
     tear_down_and_check(&mut stack, &machines).await;

@@ -27,7 +27,7 @@ use std::time::Duration;
 use omni_infra_provider_proxmox::omni::proto::specs::{
     MachineRequestSpec, machine_request_status_spec::Stage,
 };
-use omni_infra_provider_proxmox::omni::resources::{MachineRequest, MachineRequestStatus};
+use omni_infra_provider_proxmox::omni::resources::{MACHINE_REQUEST, MACHINE_REQUEST_STATUS};
 use testkit::fakepve::{FakePve, TOKEN_ID, TOKEN_SECRET, three_node_scenario};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -122,7 +122,7 @@ async fn binary_runs_in_the_runtime_image_as_its_nonroot_user() {
     let provisioned = omni
         .state
         .wait_for(WAIT, |s| {
-            s.get(&MachineRequestStatus, "in-image")
+            s.get(&MACHINE_REQUEST_STATUS, "in-image")
                 .is_some_and(|st| st.spec.stage == Stage::Provisioned as i32)
         })
         .await;
@@ -137,13 +137,13 @@ async fn binary_runs_in_the_runtime_image_as_its_nonroot_user() {
             "uid map: {uid_map:?}"
         );
     }
-    omni.state.teardown(&MachineRequest, "in-image");
+    omni.state.teardown(&MACHINE_REQUEST, "in-image");
     let released = provisioned
         && omni
             .state
             .wait_for(WAIT, |s| {
-                s.collect_torn_down(&MachineRequest);
-                s.get(&MachineRequest, "in-image").is_none()
+                s.collect_torn_down(&MACHINE_REQUEST);
+                s.get(&MACHINE_REQUEST, "in-image").is_none()
             })
             .await;
     let _ = Command::new("kill")

@@ -8,7 +8,7 @@ use omni_infra_provider_proxmox::omni::proto::specs::{
     MachineRequestSpec, machine_request_status_spec::Stage,
 };
 use omni_infra_provider_proxmox::omni::resources::{
-    MachineRequest, MachineRequestStatus, ProviderJoinConfig,
+    MACHINE_REQUEST, MACHINE_REQUEST_STATUS, PROVIDER_JOIN_CONFIG,
 };
 use testkit::fakepve::{FakePve, Login, PASSWORD, TOKEN_SECRET, Trust, three_node_scenario};
 
@@ -20,7 +20,7 @@ async fn run_and_collect_output(login: Login) -> (String, Vec<String>) {
     let key = omni.state.register_provider("proxmox").unwrap();
     let join_token = omni
         .state
-        .get(&ProviderJoinConfig, "proxmox")
+        .get(&PROVIDER_JOIN_CONFIG, "proxmox")
         .unwrap()
         .spec
         .join_token;
@@ -48,16 +48,16 @@ async fn run_and_collect_output(login: Login) -> (String, Vec<String>) {
     let provisioned = omni
         .state
         .wait_for(WAIT, |s| {
-            s.get(&MachineRequestStatus, "secret-check")
+            s.get(&MACHINE_REQUEST_STATUS, "secret-check")
                 .is_some_and(|st| st.spec.stage == Stage::Provisioned as i32)
         })
         .await;
-    omni.state.teardown(&MachineRequest, "secret-check");
+    omni.state.teardown(&MACHINE_REQUEST, "secret-check");
     let released = omni
         .state
         .wait_for(WAIT, |s| {
-            s.collect_torn_down(&MachineRequest);
-            s.get(&MachineRequest, "secret-check").is_none()
+            s.collect_torn_down(&MACHINE_REQUEST);
+            s.get(&MACHINE_REQUEST, "secret-check").is_none()
         })
         .await;
     let _ = Command::new("kill")

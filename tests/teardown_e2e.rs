@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{
-    MachineRequest, MachineRequestStatus, ProviderMachine,
+    MACHINE_REQUEST, MACHINE_REQUEST_STATUS, provider_machine,
 };
 use serde_json::{Value, json};
 use testkit::harness::{Harness, PROVIDER, WAIT};
@@ -32,7 +32,7 @@ impl TeardownSteps for Harness {
     }
 
     fn tear_down(&self, id: &str) {
-        assert!(self.omni.state.teardown(&MachineRequest, id));
+        assert!(self.omni.state.teardown(&MACHINE_REQUEST, id));
     }
 
     fn vm(&mut self, vmid: u64) -> Value {
@@ -134,7 +134,7 @@ async fn gone_vm_never_created_vm_and_missing_state_all_finish() {
     assert!(
         h.omni
             .state
-            .remove(&ProviderMachine::new(PROVIDER), "td-nostate")
+            .remove(&provider_machine(PROVIDER), "td-nostate")
     );
     h.tear_down("td-nostate");
     h.wait_released("td-nostate").await;
@@ -152,7 +152,7 @@ async fn an_offline_node_keeps_the_request_waiting_with_a_readable_error() {
         .omni
         .state
         .wait_for(WAIT, |s| {
-            s.get(&MachineRequestStatus, "td-offline")
+            s.get(&MACHINE_REQUEST_STATUS, "td-offline")
                 .is_some_and(|st| st.spec.error.contains("pve2"))
         })
         .await;
@@ -164,7 +164,7 @@ async fn an_offline_node_keeps_the_request_waiting_with_a_readable_error() {
         "{error}"
     );
     assert!(
-        h.omni.state.get(&MachineRequest, "td-offline").is_some(),
+        h.omni.state.get(&MACHINE_REQUEST, "td-offline").is_some(),
         "still held"
     );
     assert!(
@@ -201,14 +201,13 @@ async fn state_left_without_its_request_is_cleaned_up_at_start() {
     let vmid = h.provisioned("td-dangling").await;
     h.stop_controller().await;
     // The request disappears while the provider is down (deleted by force).
-    assert!(h.omni.state.remove(&MachineRequest, "td-dangling"));
+    assert!(h.omni.state.remove(&MACHINE_REQUEST, "td-dangling"));
     h.start_controller();
     let cleaned = h
         .omni
         .state
         .wait_for(WAIT, |s| {
-            s.get(&ProviderMachine::new(PROVIDER), "td-dangling")
-                .is_none()
+            s.get(&provider_machine(PROVIDER), "td-dangling").is_none()
         })
         .await;
     assert!(cleaned, "provider state torn down");
@@ -467,7 +466,7 @@ async fn a_seed_iso_whose_delete_failed_once_is_deleted_later() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teardown_under_omni_drain_costs_few_omni_calls_per_machine() {
     use omni_infra_provider_proxmox::controller::topology;
-    use omni_infra_provider_proxmox::omni::resources::ConfigPatchRequest;
+    use omni_infra_provider_proxmox::omni::resources::CONFIG_PATCH_REQUEST;
     let mut h = Harness::start("").await;
     let ids: Vec<String> = (0..8).map(|i| format!("drain-{i}")).collect();
     for id in &ids {
@@ -481,7 +480,7 @@ async fn a_teardown_under_omni_drain_costs_few_omni_calls_per_machine() {
         assert!(
             h.omni
                 .state
-                .list(&ConfigPatchRequest)
+                .list(&CONFIG_PATCH_REQUEST)
                 .iter()
                 .any(|p| { p.metadata.labels.get("omni.sidero.dev/machine-request") == Some(id) }),
             "{id} has its topology patch request"
@@ -499,8 +498,8 @@ async fn a_teardown_under_omni_drain_costs_few_omni_calls_per_machine() {
         .wait_for(WAIT, |s| {
             ids.iter().all(|id| {
                 s.get_raw(
-                    MachineRequestStatus::NAMESPACE,
-                    MachineRequestStatus::TYPE,
+                    &MACHINE_REQUEST_STATUS.namespace,
+                    &MACHINE_REQUEST_STATUS.resource_type,
                     id,
                 )
                 .and_then(|r| r.metadata)

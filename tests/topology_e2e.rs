@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::controller::topology::{self, Change, PATCH_PREFIX, patch_yaml};
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::{ConfigPatchRequest, MachineRequest, label};
+use omni_infra_provider_proxmox::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST, label};
 use serde_json::json;
 use testkit::fakepve::three_node_scenario;
 use testkit::harness::{Harness, PROVIDER, WAIT};
@@ -37,7 +37,7 @@ impl TopologyPatch for Harness {
         self.omni
             .state
             .wait_for(WAIT, |s| {
-                let patch = s.get(&ConfigPatchRequest, &patch_id);
+                let patch = s.get(&CONFIG_PATCH_REQUEST, &patch_id);
                 patch.map(|p| p.spec.data).as_deref() == want
             })
             .await
@@ -60,7 +60,7 @@ async fn zone_and_region_follow_the_vm_and_go_with_the_request() {
     let patch = h
         .omni
         .state
-        .get(&ConfigPatchRequest, "100-topology-topo-1")
+        .get(&CONFIG_PATCH_REQUEST, "100-topology-topo-1")
         .unwrap();
     let labels = &patch.metadata.labels;
     assert_eq!(
@@ -83,7 +83,7 @@ async fn zone_and_region_follow_the_vm_and_go_with_the_request() {
     );
 
     // Torn down: the patch goes with the request (first, as the Go library does).
-    assert!(h.omni.state.teardown(&MachineRequest, "topo-1"));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, "topo-1"));
     h.wait_released("topo-1").await;
     assert!(h.patch_becomes("topo-1", None).await, "patch removed");
 }
@@ -112,12 +112,12 @@ async fn labels_can_be_turned_off_and_a_standalone_node_has_no_region() {
     assert!(
         h.omni
             .state
-            .get(&ConfigPatchRequest, "100-topology-topo-off")
+            .get(&CONFIG_PATCH_REQUEST, "100-topology-topo-off")
             .is_none()
     );
 
     // A request removed by force (no teardown ran): its patch request is not left behind.
-    assert!(h.omni.state.remove(&MachineRequest, "topo-solo"));
+    assert!(h.omni.state.remove(&MACHINE_REQUEST, "topo-solo"));
     assert!(
         h.patch_becomes("topo-solo", None).await,
         "leftover patch removed"
@@ -162,7 +162,7 @@ async fn a_round_older_than_a_teardown_does_not_write_the_patch_again() {
     let written = h
         .omni
         .state
-        .wait_for(WAIT, |s| s.get(&ConfigPatchRequest, &patch_id).is_some())
+        .wait_for(WAIT, |s| s.get(&CONFIG_PATCH_REQUEST, &patch_id).is_some())
         .await;
     assert!(
         written,
@@ -170,8 +170,8 @@ async fn a_round_older_than_a_teardown_does_not_write_the_patch_again() {
     );
     h.stop_controller().await;
     // The teardown began after the round's listing, and removed the patch.
-    assert!(h.omni.state.teardown(&MachineRequest, "topo-race"));
-    assert!(h.omni.state.remove(&ConfigPatchRequest, &patch_id));
+    assert!(h.omni.state.teardown(&MACHINE_REQUEST, "topo-race"));
+    assert!(h.omni.state.remove(&CONFIG_PATCH_REQUEST, &patch_id));
     // The round goes on with what it listed: the request live, its zone moved.
     let stale = Change::Write {
         request_id: "topo-race".into(),
@@ -179,7 +179,7 @@ async fn a_round_older_than_a_teardown_does_not_write_the_patch_again() {
     };
     topology::apply(&h.context(), &stale).await.unwrap();
     assert!(
-        h.omni.state.get(&ConfigPatchRequest, &patch_id).is_none(),
+        h.omni.state.get(&CONFIG_PATCH_REQUEST, &patch_id).is_none(),
         "the patch was written again for a request being torn down"
     );
 }

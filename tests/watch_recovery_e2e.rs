@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::{MachineRequest, ProviderMachine};
+use omni_infra_provider_proxmox::omni::resources::{MACHINE_REQUEST, provider_machine};
 use testkit::harness::{Harness, PROVIDER, WAIT};
 
 const PINNED_PVE2: &str = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'name == \"local-lvm\"'\nnode: pve2\nip_discovery_timeout: 0\n";
@@ -37,7 +37,7 @@ async fn a_compacted_bookmark_relists_cleans_up_and_keeps_provisioning() {
     // Omni goes away; meanwhile the request is removed by force (finalizer ignored, so no teardown
     // reaches us) and the history is compacted.
     h.omni.stop().await;
-    assert!(h.omni.state.remove(&MachineRequest, "wr-gone"));
+    assert!(h.omni.state.remove(&MACHINE_REQUEST, "wr-gone"));
     h.omni.state.compact();
     h.omni.restart().await;
 
@@ -46,7 +46,7 @@ async fn a_compacted_bookmark_relists_cleans_up_and_keeps_provisioning() {
         .omni
         .state
         .wait_for(WAIT, |s| {
-            s.get(&ProviderMachine::new(PROVIDER), "wr-gone").is_none()
+            s.get(&provider_machine(PROVIDER), "wr-gone").is_none()
         })
         .await;
     assert!(cleaned, "provider state of the vanished request torn down");

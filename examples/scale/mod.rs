@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
+use omni_infra_provider_proxmox::omni::resources::MACHINE_REQUEST_STATUS;
 
 use crate::stack::{self, Stack};
 
@@ -364,7 +364,7 @@ pub fn by_kind(requests: &[(String, String)]) -> Vec<(String, usize)> {
 
 /// How many of `ids` are PROVISIONED.
 fn provisioned(stack: &Stack, ids: &[String]) -> usize {
-    let statuses = stack.omni.list(&MachineRequestStatus);
+    let statuses = stack.omni.list(&MACHINE_REQUEST_STATUS);
     let done: std::collections::HashSet<&str> = statuses
         .iter()
         .filter(|s| s.spec.stage == Stage::Provisioned as i32)

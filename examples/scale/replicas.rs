@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
+use omni_infra_provider_proxmox::omni::resources::MACHINE_REQUEST_STATUS;
 
 use super::Row;
 use crate::stack::{self, Stack};
@@ -98,7 +98,7 @@ pub async fn rows() -> Result<Vec<Row>, String> {
     until("machines under way", Duration::from_secs(60), || {
         stack
             .omni
-            .list(&MachineRequestStatus)
+            .list(&MACHINE_REQUEST_STATUS)
             .iter()
             .any(|s| s.spec.status.contains("create_vm"))
     })
@@ -124,7 +124,7 @@ pub async fn rows() -> Result<Vec<Row>, String> {
             ids.iter().all(|id| {
                 stack
                     .omni
-                    .get(&MachineRequestStatus, id)
+                    .get(&MACHINE_REQUEST_STATUS, id)
                     .is_some_and(|s| s.spec.stage == Stage::Provisioned as i32)
             })
         },

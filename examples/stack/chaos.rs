@@ -11,7 +11,7 @@ use serde_json::json;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{
-    MachineRequest, MachineRequestStatus, ProviderMachine,
+    MACHINE_REQUEST, MACHINE_REQUEST_STATUS, provider_machine,
 };
 
 use super::{PROVIDER, Stack, three_node_scenario};
@@ -631,7 +631,7 @@ impl Run {
     fn status_text(&self, id: &str) -> String {
         self.stack
             .omni
-            .get(&MachineRequestStatus, id)
+            .get(&MACHINE_REQUEST_STATUS, id)
             .map(|s| {
                 format!(
                     " ({:?}: {} {})",
@@ -749,7 +749,7 @@ impl Run {
             self.log_event("Proxmox network back to normal");
         }
         self.late_create().await?;
-        self.stack.omni.collect_torn_down(&MachineRequest);
+        self.stack.omni.collect_torn_down(&MACHINE_REQUEST);
         let elapsed = self.started.elapsed();
         for m in &schedule.machines {
             let phase = self.phases[&m.id];
@@ -758,7 +758,7 @@ impl Run {
                     self.stack.request(&m.id, m.set, m.class);
                     Phase::Requested
                 }
-                Phase::Requested => match self.stack.omni.get(&MachineRequestStatus, &m.id) {
+                Phase::Requested => match self.stack.omni.get(&MACHINE_REQUEST_STATUS, &m.id) {
                     Some(s) if s.spec.stage == Stage::Provisioned as i32 => {
                         self.log_event(&format!("{} provisioned", m.id));
                         Phase::Provisioned(Instant::now())
@@ -769,7 +769,7 @@ impl Run {
                     self.stack.tear_down(&m.id);
                     Phase::TornDown
                 }
-                Phase::TornDown if self.stack.omni.get(&MachineRequest, &m.id).is_none() => {
+                Phase::TornDown if self.stack.omni.get(&MACHINE_REQUEST, &m.id).is_none() => {
                     self.log_event(&format!("{} released", m.id));
                     Phase::Released
                 }
@@ -884,10 +884,10 @@ impl Run {
         {
             left.push(format!("HA resource left: {sid}"));
         }
-        for s in self.stack.omni.list(&MachineRequestStatus) {
+        for s in self.stack.omni.list(&MACHINE_REQUEST_STATUS) {
             left.push(format!("MachineRequestStatus left: {}", s.id()));
         }
-        for s in self.stack.omni.list(&ProviderMachine::new(PROVIDER)) {
+        for s in self.stack.omni.list(&provider_machine(PROVIDER)) {
             left.push(format!("provider state left: {}", s.id()));
         }
         left

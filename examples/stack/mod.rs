@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::proto::specs::MachineRequestSpec;
-use omni_infra_provider_proxmox::omni::resources::MachineRequest;
+use omni_infra_provider_proxmox::omni::resources::MACHINE_REQUEST;
 use omni_infra_provider_proxmox::omni::transport;
 use omni_infra_provider_proxmox::pipeline::step::Step;
 use testkit::memstate::{ControllersTask, MemServer, MemState, OmniControllers};
@@ -327,7 +327,7 @@ impl Stack {
             .omni
             .wait_for(Duration::from_secs(20), |s| {
                 s.get(
-                    &omni_infra_provider_proxmox::omni::resources::InfraProviderHealthStatus,
+                    &omni_infra_provider_proxmox::omni::resources::INFRA_PROVIDER_HEALTH_STATUS,
                     PROVIDER,
                 )
                 .is_some()
@@ -365,9 +365,9 @@ impl Stack {
 
     /// The leader lease as the in-memory Omni holds it.
     pub fn lease(&self) -> Option<omni_infra_provider_proxmox::omni::proto::provider::LeaseSpec> {
-        use omni_infra_provider_proxmox::omni::resources::ProviderLease;
+        use omni_infra_provider_proxmox::omni::resources::{LEASE_ID, provider_lease};
         self.omni
-            .get(&ProviderLease::new(PROVIDER), ProviderLease::ID)
+            .get(&provider_lease(PROVIDER), LEASE_ID)
             .map(|l| l.spec)
     }
 
@@ -389,14 +389,14 @@ impl Stack {
 
     /// Omni tears the request down and deletes it once our finalizer is gone.
     pub fn tear_down(&self, id: &str) {
-        self.omni.teardown(&MachineRequest, id);
+        self.omni.teardown(&MACHINE_REQUEST, id);
     }
 
     /// Deletes released requests as Omni does; true when none of `ids` is left.
     pub fn all_released(&self, ids: &[String]) -> bool {
-        self.omni.collect_torn_down(&MachineRequest);
+        self.omni.collect_torn_down(&MACHINE_REQUEST);
         ids.iter()
-            .all(|id| self.omni.get(&MachineRequest, id).is_none())
+            .all(|id| self.omni.get(&MACHINE_REQUEST, id).is_none())
     }
 
     /// Resident memory of the provider process, in KiB.
@@ -536,7 +536,9 @@ impl Stack {
     /// provider's VM is named after its request; the scenario's template and foreign VM are not
     /// counted), seed ISOs on any storage, and Omni requests, statuses and provider states.
     pub fn leftovers(&mut self, kept: &[String]) -> Vec<String> {
-        use omni_infra_provider_proxmox::omni::resources::{MachineRequestStatus, ProviderMachine};
+        use omni_infra_provider_proxmox::omni::resources::{
+            MACHINE_REQUEST_STATUS, provider_machine,
+        };
         let kept: std::collections::HashSet<&str> = kept.iter().map(String::as_str).collect();
         let mut found = Vec::new();
         let vms = self.pve.control(serde_json::json!({"op": "vms"}));
@@ -567,7 +569,7 @@ impl Stack {
             (
                 "MachineRequest",
                 self.omni
-                    .list(&MachineRequest)
+                    .list(&MACHINE_REQUEST)
                     .iter()
                     .map(|r| r.id().to_owned())
                     .collect::<Vec<_>>(),
@@ -575,7 +577,7 @@ impl Stack {
             (
                 "MachineRequestStatus",
                 self.omni
-                    .list(&MachineRequestStatus)
+                    .list(&MACHINE_REQUEST_STATUS)
                     .iter()
                     .map(|r| r.id().to_owned())
                     .collect(),
@@ -583,7 +585,7 @@ impl Stack {
             (
                 "provider state",
                 self.omni
-                    .list(&ProviderMachine::new(PROVIDER))
+                    .list(&provider_machine(PROVIDER))
                     .iter()
                     .map(|r| r.id().to_owned())
                     .collect(),

@@ -21,8 +21,8 @@ use super::{CliResult, OutputFormat};
 use crate::model::MachineState;
 use crate::model::machine::IpAllocation;
 use crate::omni::client::OmniClient;
-use crate::omni::resources::{Kind, MachineRequest, ProviderMachine, label};
-use crate::omni::state::{LabelSelector, StateError};
+use crate::omni::resources::{MACHINE_REQUEST, label, provider_machine};
+use crate::omni::state::StateError;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::ip_pool::{self, Holding, LeftOver, PoolUse};
 use crate::telemetry::{self, LogFormat};
@@ -131,14 +131,13 @@ pub(super) async fn omni_records(
         let why = crate::error_chain::render(&e);
         format!("cannot {what} of provider {provider_id} in Omni: {why}")
     };
-    let selector = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, provider_id);
-    let requests = omni.state.list(&MachineRequest, vec![selector]).await;
-    let requests = requests.map_err(|e| failed(reads[0], e))?;
-    tracing::debug!(namespace = %MachineRequest.namespace(), count = requests.len(), "live machine requests");
-    let states = omni
+    let requests = omni
         .state
-        .list(&ProviderMachine::new(provider_id), vec![])
+        .list(&MACHINE_REQUEST, &[(label::INFRA_PROVIDER_ID, provider_id)])
         .await;
+    let requests = requests.map_err(|e| failed(reads[0], e))?;
+    tracing::debug!(namespace = %MACHINE_REQUEST.namespace, count = requests.len(), "live machine requests");
+    let states = omni.state.list(&provider_machine(provider_id), &[]).await;
     let states = states.map_err(|e| failed(reads[1], e))?;
     let allocations = states.iter().map(|m| {
         let state = MachineState::from_spec(&m.spec);

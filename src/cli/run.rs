@@ -238,7 +238,7 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let detect = until_reachable("detecting Omni's join mode", || {
-        crate::controller::detect_join_mode(&omni.state)
+        crate::omni::join::JoinMode::detect(&omni.state)
     });
     let mode = tokio::select! {
         mode = detect => mode?,

@@ -17,7 +17,7 @@ use crate::omni::join::JoinMode;
 use crate::omni::proto::provider::MachineSpec;
 use crate::omni::proto::specs::MachineRequestStatusSpec;
 use crate::omni::resources::provision_controller_name;
-use crate::omni::resources::{Kind, MachineRequestStatus, ProviderMachine, annotation};
+use crate::omni::resources::{Kind, MACHINE_REQUEST_STATUS, Spec, annotation, provider_machine};
 use crate::omni::state::{StateClient, StateError, Typed};
 use crate::pipeline::image_factory;
 use crate::pipeline::ledgers::entry;
@@ -31,8 +31,8 @@ pub struct Context {
     pub owner: String,
     /// Shared with the watch of our outputs, which tells it of Omni's changes
     /// ([`WriteCache::observe`]).
-    pub(super) statuses: Arc<WriteCache<MachineRequestStatus>>,
-    machines: WriteCache<ProviderMachine>,
+    pub(super) statuses: Arc<WriteCache<MachineRequestStatusSpec>>,
+    machines: WriteCache<MachineSpec>,
     /// Requests this process added its finalizer to: a delivered version without it predates that
     /// write (see [`Context::is_current`]).
     finalized: Mutex<HashSet<String>>,
@@ -62,12 +62,12 @@ impl Context {
     pub fn new(services: Arc<Services>, state: StateClient, join_mode: JoinMode) -> Self {
         let owner = provision_controller_name(&services.provider_id);
         Self {
-            machines: WriteCache::new(ProviderMachine::new(&services.provider_id), false),
+            machines: WriteCache::new(provider_machine(&services.provider_id), false),
             services,
             state,
             join_mode,
             owner,
-            statuses: Arc::new(WriteCache::new(MachineRequestStatus, true)),
+            statuses: Arc::new(WriteCache::new(MACHINE_REQUEST_STATUS, true)),
             finalized: Mutex::new(HashSet::new()),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
             topology_writes: tokio::sync::Mutex::new(()),
@@ -87,8 +87,8 @@ impl Context {
         &self.services.provider_id
     }
 
-    pub fn machine_kind(&self) -> ProviderMachine {
-        ProviderMachine::new(self.provider_id())
+    pub fn machine_kind(&self) -> Kind<MachineSpec> {
+        provider_machine(self.provider_id())
     }
 
     /// Whether a request the watch delivered may stand in for reading it again. The watch delivers
@@ -184,7 +184,7 @@ impl Context {
 
     /// Every provider state of ours, as Omni has it.
     pub async fn machine_states(&self) -> Result<Vec<(String, MachineState)>, StateError> {
-        let machines = self.state.list(&self.machine_kind(), vec![]).await?;
+        let machines = self.state.list(&self.machine_kind(), &[]).await?;
         Ok(machines
             .iter()
             .map(|m| (m.id().to_owned(), MachineState::from_spec(&m.spec)))
@@ -248,9 +248,9 @@ fn delivered_is_current(delivered: &Request, owner: &str, we_added_finalizer: bo
 /// first to learn its version; but we wrote it ourselves a moment ago and know that version. The
 /// cache tries the update with the remembered copy and falls back to read-modify-write when someone
 /// else wrote in between (a version conflict, e.g. Omni adding its finalizer) or the copy is gone.
-pub struct WriteCache<K: Kind> {
-    kind: K,
-    last: Mutex<HashMap<String, Typed<K::Spec>>>,
+pub struct WriteCache<S: Spec> {
+    kind: Kind<S>,
+    last: Mutex<HashMap<String, Typed<S>>>,
     /// Omni's controllers put a finalizer on every resource of this kind right after its creation
     /// (MachineRequestStatus: siderolabs/omni `machine_request_cleanup.go`), so the created
     /// version is outdated at once: it is not remembered, since an update with it would only be
@@ -259,9 +259,9 @@ pub struct WriteCache<K: Kind> {
     omni_adds_finalizers: bool,
 }
 
-impl<K: Kind> WriteCache<K> {
+impl<S: Spec> WriteCache<S> {
     /// `omni_adds_finalizers`: see the field.
-    pub fn new(kind: K, omni_adds_finalizers: bool) -> Self {
+    pub fn new(kind: Kind<S>, omni_adds_finalizers: bool) -> Self {
         Self {
             kind,
             last: Mutex::new(HashMap::new()),
@@ -270,18 +270,18 @@ impl<K: Kind> WriteCache<K> {
     }
 
     /// The copy of `id` this process wrote last, if it remembers one.
-    pub fn last_written(&self, id: &str) -> Option<Typed<K::Spec>> {
+    pub fn last_written(&self, id: &str) -> Option<Typed<S>> {
         entry(&self.last).get(id).cloned()
     }
 
-    fn remember(&self, id: &str, resource: &Typed<K::Spec>) {
+    fn remember(&self, id: &str, resource: &Typed<S>) {
         entry(&self.last).insert(id.to_owned(), resource.clone());
     }
 
     /// A newer version of a resource this process wrote, as a watch delivered it (Omni's
     /// controllers add their finalizers right after our create): remembered instead, so the next
     /// update carries the version Omni holds and costs one call, not a refused update and a read.
-    pub fn observe(&self, resource: Typed<K::Spec>) {
+    pub fn observe(&self, resource: Typed<S>) {
         let mut last = entry(&self.last);
         if let Some(known) = last.get_mut(resource.id())
             && version(&resource) > version(known)
@@ -301,8 +301,8 @@ impl<K: Kind> WriteCache<K> {
         state: &StateClient,
         id: &str,
         owner: &str,
-        mut mutate: impl FnMut(&mut Typed<K::Spec>),
-    ) -> Result<Typed<K::Spec>, StateError> {
+        mut mutate: impl FnMut(&mut Typed<S>),
+    ) -> Result<Typed<S>, StateError> {
         if let Some(current) = self.last_written(id) {
             let mut next = current.clone();
             mutate(&mut next);
@@ -331,10 +331,10 @@ impl<K: Kind> WriteCache<K> {
 mod tests {
     use super::*;
     use crate::omni::proto::specs::MachineRequestSpec;
-    use crate::omni::resources::MachineRequest;
+    use crate::omni::resources::MACHINE_REQUEST;
 
     fn request(finalizers: &[&str]) -> Request {
-        let mut r = Typed::fresh(&MachineRequest, "req-1", MachineRequestSpec::default());
+        let mut r = Typed::fresh(&MACHINE_REQUEST, "req-1", MachineRequestSpec::default());
         r.metadata.finalizers = finalizers.iter().map(|f| f.to_string()).collect();
         r
     }
@@ -357,7 +357,7 @@ mod tests {
         text: &str,
     ) -> Typed<crate::omni::proto::specs::MachineRequestStatusSpec> {
         let mut s = Typed::fresh(
-            &MachineRequestStatus,
+            &MACHINE_REQUEST_STATUS,
             "r1",
             MachineRequestStatusSpec::default(),
         );
@@ -368,7 +368,7 @@ mod tests {
 
     #[test]
     fn a_newer_version_from_the_watch_replaces_what_we_wrote_and_an_older_one_does_not() {
-        let cache = WriteCache::new(MachineRequestStatus, true);
+        let cache = WriteCache::new(MACHINE_REQUEST_STATUS, true);
         cache.observe(status("9", "never written by us"));
         assert!(
             cache.last_written("r1").is_none(),

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::leader::Role;
 use crate::metrics::Metrics;
-use crate::omni::resources::{InfraProviderHealthStatus, health_controller_name};
+use crate::omni::resources::{INFRA_PROVIDER_HEALTH_STATUS, health_controller_name};
 use crate::omni::state::{StateClient, StateError};
 
 /// Returns `None` when healthy, or the error text Omni should show.
@@ -40,7 +40,7 @@ pub async fn beat(
     let ts = prost_types::Timestamp::from(SystemTime::now());
     state
         .modify(
-            &InfraProviderHealthStatus,
+            &INFRA_PROVIDER_HEALTH_STATUS,
             provider_id,
             &health_controller_name(provider_id),
             |r| {

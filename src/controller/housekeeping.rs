@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use super::context::Context;
 use super::error_policy::{ReconcileError, omni};
 use crate::model::identity;
-use crate::omni::resources::MachineRequest;
+use crate::omni::resources::MACHINE_REQUEST;
 use crate::pipeline::deprovision::{
     DeprovisionError, DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, Deprovisioned,
     deprovision_reporting,
@@ -107,7 +107,7 @@ async fn delete_late_vms(
     let id = released.request_id.as_str();
     let back = ctx
         .state
-        .find(&MachineRequest, id)
+        .find(&MACHINE_REQUEST, id)
         .await
         .map_err(omni("looking for the released machine request"))?;
     if back.is_some() {

@@ -12,8 +12,8 @@ use super::requests::Request;
 use super::workqueue::Action;
 use super::{provision, teardown};
 use crate::contain::Panic;
-use crate::omni::resources::{Kind, MachineRequest, label};
-use crate::omni::state::{LabelSelector, StateError, Typed, WatchEvent};
+use crate::omni::resources::{Kind, MACHINE_REQUEST, label};
+use crate::omni::state::{StateError, Typed, WatchEvent};
 use tokio::sync::mpsc;
 
 /// Keys the watch cannot announce: state left by requests that may be gone (§3.7).
@@ -31,7 +31,7 @@ pub async fn dangling_keys(ctx: &Context) -> Vec<String> {
 /// when it still exists, like any failure.
 pub async fn panicked(ctx: &Context, id: &str, panic: Panic) -> ReconcileError {
     let error = ReconcileError::Panicked(panic);
-    match ctx.state.find(&MachineRequest, id).await {
+    match ctx.state.find(&MACHINE_REQUEST, id).await {
         Ok(Some(request)) => {
             ctx.report_failure(id, &super::context::labels(&request), &error)
                 .await;
@@ -58,13 +58,12 @@ pub fn status_seen(ctx: &Context, event: WatchEvent) -> Option<String> {
 
 /// The resources of `kind` labelled with our provider ID, as they change; dropping the receiver
 /// stops the watch.
-pub fn watch_ours<K: Kind>(
+pub fn watch_ours<S>(
     ctx: &Context,
-    kind: &K,
+    kind: &Kind<S>,
 ) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
-    let ours = LabelSelector::new().equal(label::INFRA_PROVIDER_ID, ctx.provider_id());
     ctx.state
-        .watch_kind(&kind.namespace(), &kind.resource_type(), vec![ours])
+        .watch_kind(kind, &[(label::INFRA_PROVIDER_ID, ctx.provider_id())])
 }
 
 /// One reconcile of `id`. `delivered` is the request as the watch last delivered it, if it did
@@ -88,7 +87,7 @@ pub async fn reconcile(
         Some(r) => Some(r),
         None => ctx
             .state
-            .find(&MachineRequest, id)
+            .find(&MACHINE_REQUEST, id)
             .await
             .map_err(omni("reading the machine request"))?
             .map(Arc::new),

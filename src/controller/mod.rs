@@ -33,16 +33,3 @@ pub mod runner;
 pub mod teardown;
 pub mod topology;
 mod workqueue;
-
-use crate::omni::join::JoinMode;
-use crate::omni::resources::{PROVIDER_JOIN_CONFIG_DEFINITION_ID, ResourceDefinition};
-use crate::omni::state::{StateClient, StateError};
-
-/// Lists resource definitions: if Omni knows ProviderJoinConfigs, it is v2 mode.
-pub async fn detect_join_mode(state: &StateClient) -> Result<JoinMode, StateError> {
-    let defs = state.list(&ResourceDefinition, vec![]).await?;
-    Ok(JoinMode::detect(
-        defs.iter()
-            .any(|d| d.id() == PROVIDER_JOIN_CONFIG_DEFINITION_ID),
-    ))
-}

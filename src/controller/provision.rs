@@ -29,8 +29,8 @@ use crate::model::MachineState;
 use crate::omni::join::{self, JoinInputs, JoinMode};
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
 use crate::omni::resources::{
-    ConnectionParams as LegacyConnectionParams, MachineRequest, MachineRequestStatus,
-    ProviderJoinConfig, SIDEROLINK_CONFIG_ID, SiderolinkApiConfig, annotation, label,
+    CONNECTION_PARAMS as LegacyConnectionParams, MACHINE_REQUEST, MACHINE_REQUEST_STATUS,
+    PROVIDER_JOIN_CONFIG, SIDEROLINK_API_CONFIG, SIDEROLINK_CONFIG_ID, annotation, label,
 };
 use crate::omni::state::ResourceRef;
 use crate::pipeline::ledgers::Ledgers;
@@ -88,14 +88,14 @@ impl Provisioning<'_> {
         let (ctx, id) = (self.ctx, self.id);
         if !request.has_finalizer(&ctx.owner) {
             ctx.state
-                .set_finalizer(&ResourceRef::of(&MachineRequest, id), &ctx.owner, true)
+                .set_finalizer(&ResourceRef::of(&MACHINE_REQUEST, id), &ctx.owner, true)
                 .await
                 .map_err(omni("adding our finalizer to the machine request"))?;
             ctx.finalizer_added(id);
         }
         let status = ctx
             .state
-            .find(&MachineRequestStatus, id)
+            .find(&MACHINE_REQUEST_STATUS, id)
             .await
             .map_err(omni("reading the machine request status"))?;
         if status
@@ -364,12 +364,12 @@ impl Provisioning<'_> {
             JoinMode::V2 => {
                 let join = ctx
                     .state
-                    .get(&ProviderJoinConfig, ctx.provider_id())
+                    .get(&PROVIDER_JOIN_CONFIG, ctx.provider_id())
                     .await
                     .map_err(omni("reading the provider join config"))?;
                 let api = ctx
                     .state
-                    .get(&SiderolinkApiConfig, SIDEROLINK_CONFIG_ID)
+                    .get(&SIDEROLINK_API_CONFIG, SIDEROLINK_CONFIG_ID)
                     .await
                     .map_err(omni("reading the SideroLink API config"))?;
                 (

@@ -4,7 +4,7 @@
 use base64::Engine as _;
 
 use crate::omni::proto::specs::InfraProviderStatusSpec;
-use crate::omni::resources::{InfraProviderStatus, PHASE_RUNNING};
+use crate::omni::resources::{INFRA_PROVIDER_STATUS, PHASE_RUNNING};
 use crate::omni::state::{StateClient, StateError};
 
 /// Our icon, shipped in the repository.
@@ -48,13 +48,7 @@ impl ProviderInfo {
 pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), StateError> {
     let spec = info.status_spec();
     match state
-        .create(
-            &InfraProviderStatus,
-            &info.id,
-            &spec,
-            Default::default(),
-            "",
-        )
+        .create(&INFRA_PROVIDER_STATUS, &info.id, &spec, "")
         .await
     {
         Ok(_) => return Ok(()),
@@ -62,14 +56,19 @@ pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), St
         Err(e) => return Err(e),
     }
     loop {
-        let mut current = state.get(&InfraProviderStatus, &info.id).await?;
+        let mut current = state.get(&INFRA_PROVIDER_STATUS, &info.id).await?;
         if current.spec == spec {
             return Ok(());
         }
         current.spec = spec.clone();
         let owner = current.metadata.owner.clone();
         match state
-            .update(&InfraProviderStatus, &current, &owner, Some(PHASE_RUNNING))
+            .update(
+                &INFRA_PROVIDER_STATUS,
+                &current,
+                &owner,
+                Some(PHASE_RUNNING),
+            )
             .await
         {
             Err(e) if e.is_conflict() => continue,

@@ -30,7 +30,7 @@ use super::outputs::OutputOf;
 use super::requests::Request;
 use super::workqueue::{Action, WorkQueue};
 use crate::contain;
-use crate::omni::resources::{ConfigPatchRequest, MachineRequest, MachineRequestStatus};
+use crate::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST, MACHINE_REQUEST_STATUS};
 use crate::omni::state::{StateError, Typed, WatchEvent};
 use crate::pipeline::ledgers::entry;
 
@@ -71,9 +71,9 @@ impl Controller {
     /// to the write cache. A teardown waits for this instead of asking Omni again and again; it only
     /// looks again on its own after [`super::outputs::WAIT_FOR_OMNI`], in case an event was lost.
     pub async fn run(self: Arc<Self>, ctx: Arc<Context>, mut stop: watch::Receiver<bool>) {
-        let mut requests = watch_ours(&ctx, &MachineRequest);
-        let mut statuses = watch_ours(&ctx, &MachineRequestStatus);
-        let mut patches = watch_ours(&ctx, &ConfigPatchRequest);
+        let mut requests = watch_ours(&ctx, &MACHINE_REQUEST);
+        let mut statuses = watch_ours(&ctx, &MACHINE_REQUEST_STATUS);
+        let mut patches = watch_ours(&ctx, &CONFIG_PATCH_REQUEST);
         let ip = &ctx.services.ledgers.ip;
         // Set at start and by a Resync, cleared by the Bootstrapped that completes the listing: then
         // the provider states whose requests the listing did not deliver are looked at.

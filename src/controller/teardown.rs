@@ -25,8 +25,8 @@ use super::progress::{Phase, StatusSink};
 use super::requests::Request;
 use super::workqueue::Action;
 use crate::model::MachineState;
-use crate::omni::resources::{ConfigPatchRequest, MachineRequestStatus, label};
-use crate::omni::state::{LabelSelector, ResourceRef, StateError};
+use crate::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST_STATUS, label};
+use crate::omni::state::{ResourceRef, StateError};
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
@@ -46,7 +46,7 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
     if !remove_config_patches(ctx, id).await? {
         return Ok(Action::RequeueAfter(WAIT_FOR_OMNI));
     }
-    let status_ref = ResourceRef::of(&MachineRequestStatus, id);
+    let status_ref = ResourceRef::of(&MACHINE_REQUEST_STATUS, id);
     let status_exists = match ctx.outputs.status(id) {
         // Omni still drains the machine; the watch of our outputs says when it lets go.
         Some(Hold::Held) => return Ok(Action::RequeueAfter(WAIT_FOR_OMNI)),
@@ -90,11 +90,10 @@ async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, Reconcil
         None => ctx
             .state
             .list(
-                &ConfigPatchRequest,
-                vec![
-                    LabelSelector::new()
-                        .equal(label::INFRA_PROVIDER_ID, ctx.provider_id())
-                        .equal(label::MACHINE_REQUEST, id),
+                &CONFIG_PATCH_REQUEST,
+                &[
+                    (label::INFRA_PROVIDER_ID, ctx.provider_id()),
+                    (label::MACHINE_REQUEST, id),
                 ],
             )
             .await
@@ -105,7 +104,7 @@ async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, Reconcil
     };
     let mut all_gone = true;
     for (patch, hold) in patches {
-        let what = ResourceRef::of(&ConfigPatchRequest, &patch);
+        let what = ResourceRef::of(&CONFIG_PATCH_REQUEST, &patch);
         let gone = match hold {
             Hold::Held => false,
             Hold::Released => match destroy(ctx, &what).await {

@@ -26,8 +26,8 @@ use super::requests::Request;
 use super::requests::request_info;
 use crate::model::MachineState;
 use crate::model::identity::{self, Claim, Ownership};
-use crate::omni::resources::{ConfigPatchRequest, MachineRequest, label};
-use crate::omni::state::{LabelSelector, ResourceRef};
+use crate::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST, label};
+use crate::omni::state::ResourceRef;
 use crate::proxmox::types::VmResource;
 
 /// Our patch IDs: `<prefix><request id>`. Omni's patch of the machine is machine-level, and Omni
@@ -137,15 +137,15 @@ pub async fn label(ctx: &Context, request_id: &str, node: &str) -> Result<(), Re
 
 /// One round.
 pub async fn round(ctx: &Context) -> Result<Vec<Change>, ReconcileError> {
-    let ours = || vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, ctx.provider_id())];
+    let ours = [(label::INFRA_PROVIDER_ID, ctx.provider_id())];
     let requests: Vec<Request> = ctx
         .state
-        .list(&MachineRequest, ours())
+        .list(&MACHINE_REQUEST, &ours)
         .await
         .map_err(omni("listing the machine requests"))?;
     let existing: BTreeMap<String, String> = ctx
         .state
-        .list(&ConfigPatchRequest, ours())
+        .list(&CONFIG_PATCH_REQUEST, &ours)
         .await
         .map_err(omni("listing our config patch requests"))?
         .into_iter()
@@ -242,7 +242,7 @@ pub async fn apply(ctx: &Context, change: &Change) -> Result<(), ReconcileError>
             let _writing = ctx.topology_writes.lock().await;
             let request = ctx
                 .state
-                .find(&MachineRequest, request_id)
+                .find(&MACHINE_REQUEST, request_id)
                 .await
                 .map_err(omni("reading the machine request before writing its patch"))?;
             if !request.is_some_and(|r| !r.is_tearing_down() && r.has_finalizer(&ctx.owner)) {
@@ -251,7 +251,7 @@ pub async fn apply(ctx: &Context, change: &Change) -> Result<(), ReconcileError>
             let provider_id = ctx.provider_id().to_owned();
             ctx.state
                 .modify(
-                    &ConfigPatchRequest,
+                    &CONFIG_PATCH_REQUEST,
                     &patch_id(request_id),
                     &ctx.owner,
                     |patch| {
@@ -269,7 +269,7 @@ pub async fn apply(ctx: &Context, change: &Change) -> Result<(), ReconcileError>
             tracing::info!(request = %request_id, "topology labels written: {}", yaml.replace('\n', " "));
         }
         Change::Remove { request_id } => {
-            let what = ResourceRef::of(&ConfigPatchRequest, &patch_id(request_id));
+            let what = ResourceRef::of(&CONFIG_PATCH_REQUEST, &patch_id(request_id));
             // `false`: Omni still holds a finalizer; destroyed in a later round.
             let gone = ctx
                 .state

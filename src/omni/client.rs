@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 use super::auth::ProviderKey;
 use super::management::ManagementClient;
@@ -24,24 +23,19 @@ impl OmniClient {
         key: Arc<ProviderKey>,
         provider_id: &str,
     ) -> Result<Self, ConnectError> {
+        let channel = transport::channel(endpoint)?;
         let signer = Signer {
             key,
             provider_id: Some(provider_id.to_owned()),
-            clock_offset_secs: 0,
         };
-        Ok(Self::over(transport::channel(endpoint)?, signer))
-    }
-
-    /// Over `channel`, signed by `signer` (tests skew its clock); the management calls without
-    /// the provider ID.
-    pub fn over(channel: Channel, signer: Signer) -> Self {
+        // The management calls carry no provider ID.
         let management = Signer {
             provider_id: None,
             ..signer.clone()
         };
-        Self {
+        Ok(Self {
             state: StateClient::new(InterceptedService::new(channel.clone(), signer)),
             management: ManagementClient::new(InterceptedService::new(channel, management)),
-        }
+        })
     }
 }

@@ -21,14 +21,8 @@ const YIELD_THRESHOLD: usize = 32 * 1024;
 
 /// tonic's `ProstCodec`, with [`BUFFER_BYTES`] buffers. Named by `build.rs` as the codec of the
 /// generated stubs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SmallBufferCodec<T, U>(PhantomData<(T, U)>);
-
-impl<T, U> Default for SmallBufferCodec<T, U> {
-    fn default() -> Self {
-        Self(PhantomData)
-    }
-}
 
 impl<T, U> Codec for SmallBufferCodec<T, U>
 where
@@ -41,14 +35,10 @@ where
     type Decoder = ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstEncoder::new(settings())
+        ProstEncoder::new(BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD))
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstDecoder::new(settings())
+        ProstDecoder::new(BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD))
     }
-}
-
-fn settings() -> BufferSettings {
-    BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD)
 }

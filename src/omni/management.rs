@@ -69,8 +69,7 @@ impl ManagementClient {
             .into(),
             ..Default::default()
         };
-        let mut raw = self.raw.clone();
-        match bounded(raw.get_boot_asset_url(req)).await {
+        match bounded(self.raw.clone().get_boot_asset_url(req)).await {
             Ok(resp) => Ok(Some(BootAsset {
                 url: resp.url,
                 headers: resp
@@ -94,9 +93,9 @@ impl ManagementClient {
             raw_schematic: raw_schematic.as_bytes().to_vec(),
             talos_version: talos_version.to_owned(),
         };
-        let mut raw = self.raw.clone();
-        let resp = bounded(raw.create_schematic_from_raw(req)).await?;
-        Ok(resp.schematic_id)
+        bounded(self.raw.clone().create_schematic_from_raw(req))
+            .await
+            .map(|resp| resp.schematic_id)
     }
 }
 

@@ -2,8 +2,10 @@
 //!
 //! A [`Kind`] ties a namespace and a type string to its spec message, so the state client can hand
 //! out decoded specs and nobody spells `MachineRequestStatuses.omni.sidero.dev` twice. The provider's
-//! own state kind ([`ProviderMachine`]) is a value, not a constant, because its namespace and type
-//! carry the provider ID.
+//! own kinds ([`provider_machine`]) are made at run time, because their namespace and type carry
+//! the provider ID.
+
+use std::borrow::Cow;
 
 use crate::omni::proto::cosi::resource::meta::ResourceDefinitionSpec;
 use crate::omni::proto::provider::{LeaseSpec, MachineSpec};
@@ -55,15 +57,45 @@ pub fn health_controller_name(provider_id: &str) -> String {
     format!("{provider_id}.ProviderHealthStatusController")
 }
 
-/// A resource kind: where it lives and what its spec is.
-pub trait Kind: Send + Sync {
-    type Spec: prost::Message + Default + Clone + PartialEq + Send + Sync + 'static;
-    fn namespace(&self) -> String;
-    fn resource_type(&self) -> String;
+/// What a spec message must be to travel in a [`Kind`]'s resources.
+pub trait Spec: prost::Message + Default + Clone + PartialEq + Send + Sync + 'static {}
+impl<S: prost::Message + Default + Clone + PartialEq + Send + Sync + 'static> Spec for S {}
+
+/// A resource kind: where its resources live and the spec message `S` they carry.
+#[derive(Debug, Clone)]
+pub struct Kind<S> {
+    pub namespace: Cow<'static, str>,
+    pub resource_type: Cow<'static, str>,
     /// Best-effort YAML of the spec (§1.6). Omni regenerates it for its own types, so only kinds
-    /// Omni does not know (our provider state) need one.
-    fn yaml(&self, _spec: &Self::Spec) -> String {
-        String::new()
+    /// Omni does not know (the provider's own) have a writer.
+    yaml: Option<fn(&S) -> String>,
+}
+
+impl<S> Kind<S> {
+    /// One of Omni's kinds: `namespace` (of [`namespace`]) and type.
+    pub const fn omni(namespace: &'static str, resource_type: &'static str) -> Self {
+        Self {
+            namespace: Cow::Borrowed(namespace),
+            resource_type: Cow::Borrowed(resource_type),
+            yaml: None,
+        }
+    }
+
+    /// One of the provider's own kinds, named by the first `word` of its type. They live in the
+    /// provider's namespace `infra-provider:<id>` with the type
+    /// `<word>.<id>.infraprovider.sidero.dev`, where Omni lets a provider create any type with that
+    /// suffix (`internal/backend/runtime/omni/infraprovider/state.go`, `checkNamespaceAndType`).
+    /// Omni does not know these types, so it keeps our YAML verbatim for `omnictl get`.
+    fn provider(word: &str, provider_id: &str, yaml: fn(&S) -> String) -> Self {
+        Self {
+            namespace: format!("{}{provider_id}", namespace::PROVIDER_PRIVATE_PREFIX).into(),
+            resource_type: format!("{word}.{provider_id}.infraprovider.sidero.dev").into(),
+            yaml: Some(yaml),
+        }
+    }
+
+    pub fn yaml(&self, spec: &S) -> String {
+        self.yaml.map(|write| write(spec)).unwrap_or_default()
     }
 }
 
@@ -72,99 +104,54 @@ pub trait Kind: Send + Sync {
 macro_rules! omni_kinds {
     ($($(#[$doc:meta])* $name:ident: $ns:ident, $ty:literal, $spec:ident;)*) => {$(
         $(#[$doc])*
-        #[derive(Debug, Clone, Copy, Default)]
-        pub struct $name;
-        impl $name {
-            pub const TYPE: &'static str = $ty;
-            pub const NAMESPACE: &'static str = namespace::$ns;
-        }
-        impl Kind for $name {
-            type Spec = $spec;
-            fn namespace(&self) -> String {
-                namespace::$ns.to_owned()
-            }
-            fn resource_type(&self) -> String {
-                $ty.to_owned()
-            }
-        }
+        pub const $name: Kind<$spec> = Kind::omni(namespace::$ns, $ty);
     )*};
 }
 
 omni_kinds! {
     /// What Omni wants provisioned. Read-only for providers except finalizers.
-    MachineRequest: INFRA_PROVIDER, "MachineRequests.omni.sidero.dev", MachineRequestSpec;
+    MACHINE_REQUEST: INFRA_PROVIDER, "MachineRequests.omni.sidero.dev", MachineRequestSpec;
     /// Progress of one request as Omni shows it; ID = MachineRequest ID.
-    MachineRequestStatus: INFRA_PROVIDER, "MachineRequestStatuses.omni.sidero.dev",
+    MACHINE_REQUEST_STATUS: INFRA_PROVIDER, "MachineRequestStatuses.omni.sidero.dev",
         MachineRequestStatusSpec;
     /// Provider registration (name, icon, schema); ID = provider ID.
-    InfraProviderStatus: INFRA_PROVIDER, "InfraProviderStatuses.omni.sidero.dev",
+    INFRA_PROVIDER_STATUS: INFRA_PROVIDER, "InfraProviderStatuses.omni.sidero.dev",
         InfraProviderStatusSpec;
     /// Heartbeat; ID = provider ID; lost when Omni restarts.
-    InfraProviderHealthStatus: INFRA_PROVIDER_EPHEMERAL,
+    INFRA_PROVIDER_HEALTH_STATUS: INFRA_PROVIDER_EPHEMERAL,
         "InfraProviderHealthStatuses.omni.sidero.dev", InfraProviderHealthStatusSpec;
     /// A config patch the provider asks Omni to apply to a machine.
-    ConfigPatchRequest: INFRA_PROVIDER, "ConfigPatchRequests.omni.sidero.dev", ConfigPatchSpec;
+    CONFIG_PATCH_REQUEST: INFRA_PROVIDER, "ConfigPatchRequests.omni.sidero.dev", ConfigPatchSpec;
     /// Per-provider join token (Omni ≥ 1.0); ID = provider ID.
-    ProviderJoinConfig: INFRA_PROVIDER, "ProviderJoinConfigs.omni.sidero.dev",
+    PROVIDER_JOIN_CONFIG: INFRA_PROVIDER, "ProviderJoinConfigs.omni.sidero.dev",
         ProviderJoinConfigSpec;
     /// SideroLink endpoints (Omni ≥ 1.0); ID `siderolink-config`.
-    SiderolinkApiConfig: DEFAULT, "SiderolinkAPIConfigs.omni.sidero.dev", SiderolinkApiConfigSpec;
+    SIDEROLINK_API_CONFIG: DEFAULT, "SiderolinkAPIConfigs.omni.sidero.dev", SiderolinkApiConfigSpec;
     /// Legacy join parameters (Omni < 1.0); ID `siderolink-config`.
-    ConnectionParams: DEFAULT, "ConnectionParams.omni.sidero.dev", ConnectionParamsSpec;
+    CONNECTION_PARAMS: DEFAULT, "ConnectionParams.omni.sidero.dev", ConnectionParamsSpec;
     /// Omni's features configuration; ID [`FEATURES_CONFIG_ID`]. Readable by any signed caller,
     /// infra providers included; it names the Image Factory Omni uses.
-    FeaturesConfig: DEFAULT, "FeaturesConfigs.omni.sidero.dev", FeaturesConfigSpec;
+    FEATURES_CONFIG: DEFAULT, "FeaturesConfigs.omni.sidero.dev", FeaturesConfigSpec;
     /// A Talos version Omni offers; ID = the version without a leading `v`. Names the Image Factory
     /// that serves it when Omni has a secondary one.
-    TalosVersion: DEFAULT, "TalosVersions.omni.sidero.dev", TalosVersionSpec;
+    TALOS_VERSION: DEFAULT, "TalosVersions.omni.sidero.dev", TalosVersionSpec;
     /// COSI resource definitions; listing them tells which Omni features exist.
-    ResourceDefinition: META, "ResourceDefinitions.meta.cosi.dev", ResourceDefinitionSpec;
+    RESOURCE_DEFINITION: META, "ResourceDefinitions.meta.cosi.dev", ResourceDefinitionSpec;
 }
 
-/// Declares the provider's own kinds, one row each: name, first word of the type, spec message,
-/// YAML writer. They live in the provider's namespace `infra-provider:<id>` with the type
-/// `<word>.<id>.infraprovider.sidero.dev`, where Omni lets a provider create any type with that
-/// suffix (`internal/backend/runtime/omni/infraprovider/state.go`, `checkNamespaceAndType`). Omni
-/// does not know these types, so it keeps our YAML verbatim for `omnictl get`.
-macro_rules! provider_kinds {
-    ($($(#[$doc:meta])* $name:ident: $word:literal, $spec:ident, $yaml:ident;)*) => {$(
-        $(#[$doc])*
-        #[derive(Debug, Clone)]
-        pub struct $name {
-            pub provider_id: String,
-        }
-        impl $name {
-            pub fn new(provider_id: impl Into<String>) -> Self {
-                Self { provider_id: provider_id.into() }
-            }
-        }
-        impl Kind for $name {
-            type Spec = $spec;
-            fn namespace(&self) -> String {
-                format!("{}{}", namespace::PROVIDER_PRIVATE_PREFIX, self.provider_id)
-            }
-            fn resource_type(&self) -> String {
-                format!(concat!($word, ".{}.infraprovider.sidero.dev"), self.provider_id)
-            }
-            fn yaml(&self, spec: &$spec) -> String {
-                $yaml(spec)
-            }
-        }
-    )*};
+/// Our provider state: `Machine.<id>.infraprovider.sidero.dev`, same type and namespace as the
+/// official provider so its state is found.
+pub fn provider_machine(provider_id: &str) -> Kind<MachineSpec> {
+    Kind::provider("Machine", provider_id, machine_yaml)
 }
 
-provider_kinds! {
-    /// Our provider state: `Machine.<id>.infraprovider.sidero.dev`, same type and namespace as the
-    /// official provider so its state is found.
-    ProviderMachine: "Machine", MachineSpec, machine_yaml;
-    /// The leader lease the replicas of one provider ID share: `Lease.<id>.infraprovider.sidero.dev`,
-    /// ID [`ProviderLease::ID`]. The official provider never reads it.
-    ProviderLease: "Lease", LeaseSpec, lease_yaml;
+/// The leader lease the replicas of one provider ID share: `Lease.<id>.infraprovider.sidero.dev`,
+/// ID [`LEASE_ID`]. The official provider never reads it.
+pub fn provider_lease(provider_id: &str) -> Kind<LeaseSpec> {
+    Kind::provider("Lease", provider_id, lease_yaml)
 }
 
-impl ProviderLease {
-    pub const ID: &'static str = "leader";
-}
+pub const LEASE_ID: &str = "leader";
 
 /// Field names are the Go provider's lower-cased ones.
 fn machine_yaml(s: &MachineSpec) -> String {
@@ -208,12 +195,9 @@ mod tests {
 
     #[test]
     fn provider_machine_kind_carries_the_id() {
-        let k = ProviderMachine::new("proxmox");
-        assert_eq!(k.namespace(), "infra-provider:proxmox");
-        assert_eq!(
-            k.resource_type(),
-            "Machine.proxmox.infraprovider.sidero.dev"
-        );
+        let k = provider_machine("proxmox");
+        assert_eq!(k.namespace, "infra-provider:proxmox");
+        assert_eq!(k.resource_type, "Machine.proxmox.infraprovider.sidero.dev");
         let yaml = k.yaml(&MachineSpec {
             node: "pve1".into(),
             vmid: 104,

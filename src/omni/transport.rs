@@ -172,8 +172,6 @@ pub struct Signer {
     pub key: Arc<ProviderKey>,
     /// Sent as `providerid` (State calls; the management calls carry none).
     pub provider_id: Option<String>,
-    /// Added to the clock when signing; zero except in tests that simulate a skewed clock.
-    pub clock_offset_secs: i64,
 }
 
 /// A channel to Omni whose every call is signed.
@@ -189,8 +187,7 @@ impl Interceptor for Signer {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)
-            .unwrap_or(0)
-            + self.clock_offset_secs;
+            .unwrap_or(0);
         let (payload, signature) =
             (self.key.sign_call(&method, now)).map_err(|e| Status::unknown(e.to_string()))?;
         let headers = [

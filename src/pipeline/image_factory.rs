@@ -13,7 +13,7 @@
 //! The direct fallback is what the older Go library did: `POST <factory>/schematics` with the YAML,
 //! answered with `{"id": "..."}`.
 
-use crate::omni::resources::{FEATURES_CONFIG_ID, FeaturesConfig, TalosVersion};
+use crate::omni::resources::{FEATURES_CONFIG, FEATURES_CONFIG_ID, TALOS_VERSION};
 use crate::omni::state::{StateClient, StateError};
 
 use std::time::Duration;
@@ -47,7 +47,7 @@ pub fn choose_factory(published: Option<&str>, flag: &str) -> (String, bool) {
 /// URL means the primary. A failed read falls back to the primary too, and says so.
 pub async fn factory_for_version(state: &StateClient, talos_version: &str) -> Option<String> {
     let id = talos_version.trim_start_matches('v');
-    let read = state.find(&TalosVersion, id).await;
+    let read = state.find(&TALOS_VERSION, id).await;
     let warn = |e: &StateError| {
         tracing::warn!(error = %e, talos_version, "cannot read Omni's Talos version; using its primary Image Factory");
     };
@@ -58,7 +58,7 @@ pub async fn factory_for_version(state: &StateClient, talos_version: &str) -> Op
 
 /// Reads Omni's features configuration and chooses the factory, saying in the log which one and why.
 pub async fn resolve_factory(state: &StateClient, flag: &str) -> String {
-    let read = state.find(&FeaturesConfig, FEATURES_CONFIG_ID).await;
+    let read = state.find(&FEATURES_CONFIG, FEATURES_CONFIG_ID).await;
     let warn = |e: &StateError| {
         tracing::warn!(error = %e, "cannot read Omni's features configuration; using --image-factory-url");
     };

@@ -13,7 +13,7 @@ use omni_infra_provider_proxmox::omni::proto::specs::{
     MachineRequestSpec, MachineRequestStatusSpec, machine_request_status_spec::Stage,
 };
 use omni_infra_provider_proxmox::omni::resources::{
-    MachineRequest, MachineRequestStatus, ProviderMachine,
+    MACHINE_REQUEST, MACHINE_REQUEST_STATUS, provider_machine,
 };
 use omni_infra_provider_proxmox::omni::state::Typed;
 use omni_infra_provider_proxmox::pipeline::step::{Services, Timeouts};
@@ -163,7 +163,7 @@ impl Harness {
     }
 
     pub fn status(&self, id: &str) -> Option<Typed<MachineRequestStatusSpec>> {
-        self.omni.state.get(&MachineRequestStatus, id)
+        self.omni.state.get(&MACHINE_REQUEST_STATUS, id)
     }
 
     pub async fn wait_stage(&self, id: &str, stage: Stage) -> Typed<MachineRequestStatusSpec> {
@@ -171,7 +171,7 @@ impl Harness {
             .omni
             .state
             .wait_for(WAIT, |s| {
-                s.get(&MachineRequestStatus, id)
+                s.get(&MACHINE_REQUEST_STATUS, id)
                     .is_some_and(|st| st.spec.stage == stage as i32)
             })
             .await;
@@ -187,18 +187,18 @@ impl Harness {
             .omni
             .state
             .wait_for(WAIT, |s| {
-                s.collect_torn_down(&MachineRequest);
-                s.get(&MachineRequest, id).is_none()
+                s.collect_torn_down(&MACHINE_REQUEST);
+                s.get(&MACHINE_REQUEST, id).is_none()
             })
             .await;
-        let status = state.get(&MachineRequestStatus, id);
+        let status = state.get(&MACHINE_REQUEST_STATUS, id);
         assert!(released, "{id} was not released; status: {status:?}");
         assert!(
-            state.get(&MachineRequestStatus, id).is_none(),
+            state.get(&MACHINE_REQUEST_STATUS, id).is_none(),
             "status destroyed"
         );
         assert!(
-            state.get(&ProviderMachine::new(PROVIDER), id).is_none(),
+            state.get(&provider_machine(PROVIDER), id).is_none(),
             "provider state destroyed"
         );
     }
@@ -229,7 +229,7 @@ impl Harness {
     ) -> Typed<omni_infra_provider_proxmox::omni::proto::provider::MachineSpec> {
         self.omni
             .state
-            .get(&ProviderMachine::new(PROVIDER), id)
+            .get(&provider_machine(PROVIDER), id)
             .unwrap()
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::memstate::{ControllersTask, MemServer, MemState, OmniControllers};
 use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::client::OmniClient;
-use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls, Signer};
+use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls};
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -70,21 +70,11 @@ impl Omni {
     }
 
     pub fn client(&self, provider_id: &str) -> OmniClient {
-        self.client_with_offset(provider_id, 0)
-    }
-
-    pub fn client_with_offset(&self, provider_id: &str, offset: i64) -> OmniClient {
-        let channel = transport::channel(&OmniEndpoint {
+        let endpoint = OmniEndpoint {
             url: self.url(),
             tls: OmniTls::SystemAndPublicRoots,
-        })
-        .unwrap();
-        let signer = Signer {
-            key: self.key.clone(),
-            provider_id: Some(provider_id.into()),
-            clock_offset_secs: offset,
         };
-        OmniClient::over(channel, signer)
+        OmniClient::connect(&endpoint, self.key.clone(), provider_id).unwrap()
     }
 
     pub async fn stop(&mut self) {

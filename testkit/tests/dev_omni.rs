@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use omni_infra_provider_proxmox::omni::auth::ProviderKey;
 use omni_infra_provider_proxmox::omni::client::OmniClient;
-use omni_infra_provider_proxmox::omni::resources::ProviderJoinConfig;
+use omni_infra_provider_proxmox::omni::resources::PROVIDER_JOIN_CONFIG;
 use omni_infra_provider_proxmox::omni::transport::{self, OmniEndpoint, OmniTls};
 use omni_infra_provider_proxmox::secret::Secret;
 
@@ -52,6 +52,10 @@ async fn dev_omni_serves_the_provider_it_registered() {
         tls: OmniTls::SystemAndPublicRoots,
     };
     let client = OmniClient::connect(&endpoint, key, "dev").unwrap();
-    let join = client.state.get(&ProviderJoinConfig, "dev").await.unwrap();
+    let join = client
+        .state
+        .get(&PROVIDER_JOIN_CONFIG, "dev")
+        .await
+        .unwrap();
     assert_eq!(join.spec.join_token, "dev-join-token");
 }

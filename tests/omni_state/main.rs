@@ -15,9 +15,7 @@ use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
 use omni_infra_provider_proxmox::omni::proto::specs::{self, MachineRequestSpec};
 use omni_infra_provider_proxmox::omni::resources::*;
-use omni_infra_provider_proxmox::omni::state::{
-    LabelSelector, ResourceRef, StateError, WatchEvent,
-};
+use omni_infra_provider_proxmox::omni::state::{ResourceRef, StateError, WatchEvent, label_query};
 use omni_infra_provider_proxmox::omni::transport;
 use testkit::memstate;
 use testkit::omni::{Omni, WAIT};
@@ -56,14 +54,14 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     let omni = Omni::start("proxmox").await;
     let client = omni.client("proxmox");
     assert_eq!(
-        omni_infra_provider_proxmox::controller::detect_join_mode(&client.state)
+        omni_infra_provider_proxmox::omni::join::JoinMode::detect(&client.state)
             .await
             .unwrap(),
         omni_infra_provider_proxmox::omni::join::JoinMode::V2
     );
     let mut info = ProviderInfo::new("proxmox", "Proxmox", "first");
     registration::register(&client.state, &info).await.unwrap();
-    let stored = omni.state.get(&InfraProviderStatus, "proxmox").unwrap();
+    let stored = omni.state.get(&INFRA_PROVIDER_STATUS, "proxmox").unwrap();
     assert_eq!(stored.spec.description, "first");
     assert_eq!(stored.metadata.version, "1");
     assert_eq!(
@@ -76,7 +74,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     );
     info.description = "second".into();
     registration::register(&client.state, &info).await.unwrap();
-    let stored = omni.state.get(&InfraProviderStatus, "proxmox").unwrap();
+    let stored = omni.state.get(&INFRA_PROVIDER_STATUS, "proxmox").unwrap();
     assert_eq!(stored.spec.description, "second");
     assert_eq!(stored.metadata.version, "2");
 
@@ -86,7 +84,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
         .unwrap();
     let hs = omni
         .state
-        .get(&InfraProviderHealthStatus, "proxmox")
+        .get(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox")
         .unwrap();
     assert_eq!(hs.spec.error, "proxmox unreachable");
     assert_eq!(hs.metadata.owner, "proxmox.ProviderHealthStatusController");
@@ -99,12 +97,12 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     .unwrap();
     let hs = omni
         .state
-        .get(&InfraProviderHealthStatus, "proxmox")
+        .get(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox")
         .unwrap();
     assert_eq!(hs.spec.error, "");
     assert!(hs.spec.last_heartbeat_timestamp.is_some());
     // Ephemeral namespace lost (Omni restart): the next beat recreates it.
-    omni.state.remove(&InfraProviderHealthStatus, "proxmox");
+    omni.state.remove(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox");
     health::beat(
         &client.state,
         "proxmox",
@@ -114,7 +112,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     .unwrap();
     assert!(
         omni.state
-            .get(&InfraProviderHealthStatus, "proxmox")
+            .get(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox")
             .is_some()
     );
 
@@ -129,18 +127,6 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
 #[tokio::test]
 async fn bad_signatures_are_rejected() {
     let omni = Omni::start("proxmox").await;
-    // Skewed clock (> 5 min).
-    let skewed = omni.client_with_offset("proxmox", 6 * 60);
-    let err = skewed
-        .state
-        .get(&ProviderJoinConfig, "proxmox")
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StateError::Unauthenticated { .. }), "{err}");
-    // Within the window it works.
-    let ok = omni.client_with_offset("proxmox", -4 * 60);
-    ok.state.get(&ProviderJoinConfig, "proxmox").await.unwrap();
-
     // Hand-made requests over a plain channel.
     let channel = tonic::transport::Endpoint::from_shared(omni.url())
         .unwrap()
@@ -155,20 +141,34 @@ async fn bad_signatures_are_rejected() {
         .as_secs() as i64;
     let get = || pb::GetRequest {
         namespace: "infra-provider".into(),
-        r#type: ProviderJoinConfig::TYPE.into(),
+        r#type: PROVIDER_JOIN_CONFIG.resource_type.into(),
         id: "proxmox".into(),
         options: Some(pb::GetOptions {}),
     };
-    let send = |payload: String, sig: String| {
+    let send_at = |at: i64, payload: String, sig: String| {
         let mut req = tonic::Request::new(get());
         req.metadata_mut()
-            .insert(TIMESTAMP_HEADER, now.to_string().parse().unwrap());
+            .insert(TIMESTAMP_HEADER, at.to_string().parse().unwrap());
         req.metadata_mut()
             .insert(PAYLOAD_HEADER, payload.parse().unwrap());
         req.metadata_mut()
             .insert(SIGNATURE_HEADER, sig.parse().unwrap());
         req
     };
+    let send = |payload, sig| send_at(now, payload, sig);
+    // A clock more than 5 minutes off is refused, as the client reports it.
+    let (payload, signature) = omni.key.sign_call(method, now + 6 * 60).unwrap();
+    let st = raw
+        .get(send_at(now + 6 * 60, payload, signature))
+        .await
+        .unwrap_err();
+    let err = StateError::from_status(ResourceRef::default(), &st);
+    assert!(matches!(err, StateError::Unauthenticated { .. }), "{err}");
+    // Within the window it works.
+    let (payload, signature) = omni.key.sign_call(method, now - 4 * 60).unwrap();
+    raw.get(send_at(now - 4 * 60, payload, signature))
+        .await
+        .unwrap();
     // Correct hand-made signature is accepted (control).
     let (payload, signature) = omni.key.sign_call(method, now).unwrap();
     raw.get(send(payload.clone(), signature.clone()))
@@ -325,13 +325,13 @@ async fn a_call_omni_never_answers_ends_at_its_deadline() {
     state.deadline = Duration::from_millis(200);
     let started = std::time::Instant::now();
     let err = state
-        .get(&MachineRequest, "never-answered")
+        .get(&MACHINE_REQUEST, "never-answered")
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::Transport { .. }), "{err}");
     assert!(err.to_string().contains("no answer within"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(2));
-    let listed = state.list(&MachineRequest, vec![]).await;
+    let listed = state.list(&MACHINE_REQUEST, &[]).await;
     assert!(matches!(listed, Err(StateError::Transport { .. })));
     server.abort();
 }

@@ -11,11 +11,9 @@ async fn watch_sees_create_update_destroy_and_only_our_requests() {
         .create_machine_request("existing-1", "proxmox", "set", &request_spec("v1.11.0"));
     omni.state
         .create_machine_request("foreign-1", "other", "set", &request_spec("v1.11.0"));
-    let mut rx = client.state.watch_kind(
-        MachineRequest::NAMESPACE,
-        MachineRequest::TYPE,
-        vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, "proxmox")],
-    );
+    let mut rx = client
+        .state
+        .watch_kind(&MACHINE_REQUEST, &[(label::INFRA_PROVIDER_ID, "proxmox")]);
     let ev = next_event(&mut rx).await;
     assert!(
         matches!(ev, WatchEvent::Created(_)) && id_of(&ev) == "existing-1",
@@ -31,13 +29,13 @@ async fn watch_sees_create_update_destroy_and_only_our_requests() {
         matches!(ev, WatchEvent::Created(_)) && id_of(&ev) == "r1",
         "{ev:?}"
     );
-    omni.state.teardown(&MachineRequest, "r1");
+    omni.state.teardown(&MACHINE_REQUEST, "r1");
     let ev = next_event(&mut rx).await;
     assert!(
         matches!(ev, WatchEvent::Updated(_)) && id_of(&ev) == "r1",
         "{ev:?}"
     );
-    omni.state.collect_torn_down(&MachineRequest);
+    omni.state.collect_torn_down(&MACHINE_REQUEST);
     let ev = next_event(&mut rx).await;
     assert!(
         matches!(ev, WatchEvent::Destroyed(_)) && id_of(&ev) == "r1",
@@ -47,11 +45,11 @@ async fn watch_sees_create_update_destroy_and_only_our_requests() {
     // Reads are filtered by provider label too.
     let err = client
         .state
-        .get(&MachineRequest, "foreign-1")
+        .get(&MACHINE_REQUEST, "foreign-1")
         .await
         .unwrap_err();
     assert!(err.is_not_found(), "{err}");
-    let listed = client.state.list(&MachineRequest, vec![]).await.unwrap();
+    let listed = client.state.list(&MACHINE_REQUEST, &[]).await.unwrap();
     assert_eq!(
         listed.iter().map(|r| r.id()).collect::<Vec<_>>(),
         vec!["existing-1"]
@@ -64,12 +62,16 @@ async fn finalizers_are_added_and_removed_without_touching_the_spec() {
     let client = omni.client("proxmox");
     omni.state
         .create_machine_request("r1", "proxmox", "set", &request_spec("v1.11.0"));
-    let what = ResourceRef::of(&MachineRequest, "r1");
+    let what = ResourceRef::of(&MACHINE_REQUEST, "r1");
     let fin = provision_controller_name("proxmox");
     client.state.set_finalizer(&what, &fin, true).await.unwrap();
     let stored = omni
         .state
-        .get_raw(MachineRequest::NAMESPACE, MachineRequest::TYPE, "r1")
+        .get_raw(
+            &MACHINE_REQUEST.namespace,
+            &MACHINE_REQUEST.resource_type,
+            "r1",
+        )
         .unwrap();
     assert_eq!(
         stored.metadata.as_ref().unwrap().finalizers,
@@ -85,24 +87,28 @@ async fn finalizers_are_added_and_removed_without_touching_the_spec() {
         .unwrap();
     let stored = omni
         .state
-        .get_raw(MachineRequest::NAMESPACE, MachineRequest::TYPE, "r1")
+        .get_raw(
+            &MACHINE_REQUEST.namespace,
+            &MACHINE_REQUEST.resource_type,
+            "r1",
+        )
         .unwrap();
     assert!(stored.metadata.as_ref().unwrap().finalizers.is_empty());
     assert_eq!(stored.spec.as_ref().unwrap().proto_spec, spec_after_add);
 
     // Changing the spec of a MachineRequest is refused (finalizers only).
-    let mut req = client.state.get(&MachineRequest, "r1").await.unwrap();
+    let mut req = client.state.get(&MACHINE_REQUEST, "r1").await.unwrap();
     req.spec.talos_version = "v9".into();
     let err = client
         .state
-        .update(&MachineRequest, &req, "", None)
+        .update(&MACHINE_REQUEST, &req, "", None)
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
     // A missing request is NotFound.
     let err = client
         .state
-        .set_finalizer(&ResourceRef::of(&MachineRequest, "missing"), &fin, true)
+        .set_finalizer(&ResourceRef::of(&MACHINE_REQUEST, "missing"), &fin, true)
         .await
         .unwrap_err();
     assert!(err.is_not_found());
@@ -113,7 +119,7 @@ async fn finalizer_edit_echoes_unknown_spec_fields() {
     let omni = Omni::start("proxmox").await;
     let client = omni.client("proxmox");
     // Our own state type: the in-process API stores whatever bytes we give it via gRPC create.
-    let kind = ProviderMachine::new("proxmox");
+    let kind = provider_machine("proxmox");
     let unknown = [0x9a, 0x06, 0x02, b'h', b'i']; // field 99, unknown to us
     let mut bytes = unknown.to_vec();
     let spec = MachineSpec {
@@ -131,7 +137,7 @@ async fn finalizer_edit_echoes_unknown_spec_fields() {
         .unwrap();
     let created = omni
         .state
-        .get_raw(&kind.namespace(), &kind.resource_type(), "m1")
+        .get_raw(&kind.namespace, &kind.resource_type, "m1")
         .unwrap();
     assert_eq!(created.spec.unwrap().proto_spec, bytes);
     let what = ResourceRef::of(&kind, "m1");
@@ -139,7 +145,7 @@ async fn finalizer_edit_echoes_unknown_spec_fields() {
     client.state.set_finalizer(&what, "x", false).await.unwrap();
     let stored = omni
         .state
-        .get_raw(&kind.namespace(), &kind.resource_type(), "m1")
+        .get_raw(&kind.namespace, &kind.resource_type, "m1")
         .unwrap();
     assert_eq!(stored.spec.unwrap().proto_spec, bytes);
     assert_eq!(stored.metadata.unwrap().version, "3");
@@ -150,11 +156,11 @@ async fn teardown_by_rpc_and_by_fallback() {
     let omni = Omni::start("proxmox").await;
     let client = omni.client("proxmox");
     let owner = provision_controller_name("proxmox");
-    let kind = ProviderMachine::new("proxmox");
+    let kind = provider_machine("proxmox");
     for id in ["a", "b"] {
         client
             .state
-            .create(&kind, id, &MachineSpec::default(), BTreeMap::new(), &owner)
+            .create(&kind, id, &MachineSpec::default(), &owner)
             .await
             .unwrap();
     }
@@ -224,7 +230,7 @@ async fn teardown_by_rpc_and_by_fallback() {
         .create_machine_request("r1", "proxmox", "set", &request_spec("v1"));
     let err = client
         .state
-        .teardown(&ResourceRef::of(&MachineRequest, "r1"), "")
+        .teardown(&ResourceRef::of(&MACHINE_REQUEST, "r1"), "")
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
@@ -237,7 +243,7 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
     let owner = provision_controller_name("proxmox");
     let status = client
         .state
-        .modify(&MachineRequestStatus, "r1", &owner, |r| {
+        .modify(&MACHINE_REQUEST_STATUS, "r1", &owner, |r| {
             r.spec.stage = specs::machine_request_status_spec::Stage::Provisioning as i32;
         })
         .await
@@ -246,18 +252,18 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
     // Omni adds its finalizer behind our back: our stale copy conflicts.
     let err = client
         .state
-        .update(&MachineRequestStatus, &status, &owner, None)
+        .update(&MACHINE_REQUEST_STATUS, &status, &owner, None)
         .await;
     assert!(err.is_ok());
     let err = client
         .state
-        .update(&MachineRequestStatus, &status, &owner, None)
+        .update(&MACHINE_REQUEST_STATUS, &status, &owner, None)
         .await
         .unwrap_err();
     assert!(err.is_conflict(), "{err}");
     let done = client
         .state
-        .modify(&MachineRequestStatus, "r1", &owner, |r| {
+        .modify(&MACHINE_REQUEST_STATUS, "r1", &owner, |r| {
             r.spec.status = "Provision Complete".into()
         })
         .await
@@ -267,7 +273,7 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
     // Other providers' private namespaces and wrong type suffixes.
     let err = client
         .state
-        .list(&ProviderMachine::new("other"), vec![])
+        .list(&provider_machine("other"), &[])
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
@@ -276,7 +282,7 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
         .list_raw(
             "infra-provider:proxmox",
             "Machine.other.infraprovider.sidero.dev",
-            vec![],
+            &[],
         )
         .await
         .unwrap_err();
@@ -284,19 +290,19 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
     // Read-only elsewhere.
     let cfg = client
         .state
-        .get(&SiderolinkApiConfig, SIDEROLINK_CONFIG_ID)
+        .get(&SIDEROLINK_API_CONFIG, SIDEROLINK_CONFIG_ID)
         .await
         .unwrap();
     assert_eq!(cfg.spec.events_port, 8091);
     let err = client
         .state
-        .update(&SiderolinkApiConfig, &cfg, "", None)
+        .update(&SIDEROLINK_API_CONFIG, &cfg, "", None)
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
     let join = client
         .state
-        .get(&ProviderJoinConfig, "proxmox")
+        .get(&PROVIDER_JOIN_CONFIG, "proxmox")
         .await
         .unwrap();
     assert!(!join.spec.join_token.is_empty());
@@ -310,7 +316,7 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
     // (read and write, label-checked); any other type there is refused.
     let omni = Omni::start("proxmox").await;
     omni.state.put(
-        &FeaturesConfig,
+        &FEATURES_CONFIG,
         FEATURES_CONFIG_ID,
         &specs::FeaturesConfigSpec {
             image_factory_base_url: "https://factory.internal.example".into(),
@@ -320,7 +326,7 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
     let client = omni.client("proxmox");
     let features = client
         .state
-        .get(&FeaturesConfig, FEATURES_CONFIG_ID)
+        .get(&FEATURES_CONFIG, FEATURES_CONFIG_ID)
         .await
         .unwrap();
     assert_eq!(
@@ -329,7 +335,7 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
     );
     let err = client
         .state
-        .update(&FeaturesConfig, &features, "", None)
+        .update(&FEATURES_CONFIG, &features, "", None)
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
@@ -337,7 +343,7 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
     let owner = provision_controller_name("proxmox");
     let patch = client
         .state
-        .modify(&ConfigPatchRequest, "000-hostname-r1", &owner, |p| {
+        .modify(&CONFIG_PATCH_REQUEST, "000-hostname-r1", &owner, |p| {
             p.metadata
                 .labels
                 .insert(label::MACHINE_REQUEST.into(), "r1".into());
@@ -348,10 +354,7 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
     assert_eq!(patch.label(label::INFRA_PROVIDER_ID), Some("proxmox"));
     let found = client
         .state
-        .list(
-            &ConfigPatchRequest,
-            vec![LabelSelector::new().equal(label::MACHINE_REQUEST, "r1")],
-        )
+        .list(&CONFIG_PATCH_REQUEST, &[(label::MACHINE_REQUEST, "r1")])
         .await
         .unwrap();
     assert_eq!(found.len(), 1);
@@ -359,7 +362,7 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
         client
             .state
             .teardown(
-                &ResourceRef::of(&ConfigPatchRequest, "000-hostname-r1"),
+                &ResourceRef::of(&CONFIG_PATCH_REQUEST, "000-hostname-r1"),
                 &owner
             )
             .await
@@ -368,20 +371,20 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
     client
         .state
         .destroy(
-            &ResourceRef::of(&ConfigPatchRequest, "000-hostname-r1"),
+            &ResourceRef::of(&CONFIG_PATCH_REQUEST, "000-hostname-r1"),
             &owner,
         )
         .await
         .unwrap();
     assert!(
         omni.state
-            .get(&ConfigPatchRequest, "000-hostname-r1")
+            .get(&CONFIG_PATCH_REQUEST, "000-hostname-r1")
             .is_none()
     );
 
     let err = client
         .state
-        .list_raw("infra-provider", "Clusters.omni.sidero.dev", vec![])
+        .list_raw("infra-provider", "Clusters.omni.sidero.dev", &[])
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
@@ -421,8 +424,8 @@ async fn the_leader_lease_lives_in_the_providers_namespace_and_changes_only_by_v
     use omni_infra_provider_proxmox::omni::proto::provider::LeaseSpec;
     let omni = Omni::start("proxmox").await;
     let client = omni.client("proxmox");
-    let lease = ProviderLease::new("proxmox");
-    assert_eq!(lease.namespace(), "infra-provider:proxmox");
+    let lease = provider_lease("proxmox");
+    assert_eq!(lease.namespace, "infra-provider:proxmox");
     let spec = LeaseSpec {
         holder: "a/1/x".into(),
         lease_duration_ms: 15_000,
@@ -430,13 +433,13 @@ async fn the_leader_lease_lives_in_the_providers_namespace_and_changes_only_by_v
     };
     let created = client
         .state
-        .create(&lease, ProviderLease::ID, &spec, BTreeMap::new(), "")
+        .create(&lease, LEASE_ID, &spec, "")
         .await
         .unwrap();
     // A second create loses: the lease exists.
     let err = client
         .state
-        .create(&lease, ProviderLease::ID, &spec, BTreeMap::new(), "")
+        .create(&lease, LEASE_ID, &spec, "")
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::AlreadyExists { .. }), "{err}");
@@ -452,23 +455,17 @@ async fn the_leader_lease_lives_in_the_providers_namespace_and_changes_only_by_v
         .await
         .unwrap_err();
     assert!(err.is_conflict(), "{err}");
-    let stored = client.state.get(&lease, ProviderLease::ID).await.unwrap();
+    let stored = client.state.get(&lease, LEASE_ID).await.unwrap();
     assert_eq!(stored.spec.holder, "b/2/y");
     assert!(
         omni.state
-            .get(&lease, ProviderLease::ID)
+            .get(&lease, LEASE_ID)
             .is_some_and(|l| l.spec.holder == "b/2/y")
     );
     // Another provider's lease type in our namespace is refused.
     let err = client
         .state
-        .create(
-            &ProviderLease::new("other"),
-            ProviderLease::ID,
-            &spec,
-            BTreeMap::new(),
-            "",
-        )
+        .create(&provider_lease("other"), LEASE_ID, &spec, "")
         .await
         .unwrap_err();
     assert!(
@@ -490,11 +487,11 @@ async fn teardown_and_destroy_is_one_call_for_a_prompt_release() {
     let omni = Omni::start("proxmox").await;
     let client = omni.client("proxmox");
     let owner = provision_controller_name("proxmox");
-    let kind = ProviderMachine::new("proxmox");
+    let kind = provider_machine("proxmox");
     for id in ["prompt", "held", "old"] {
         client
             .state
-            .create(&kind, id, &MachineSpec::default(), BTreeMap::new(), &owner)
+            .create(&kind, id, &MachineSpec::default(), &owner)
             .await
             .unwrap();
     }
@@ -507,7 +504,7 @@ async fn teardown_and_destroy_is_one_call_for_a_prompt_release() {
     }
     let releaser = omni.client("proxmox");
     let release = tokio::spawn(async move {
-        let what = ResourceRef::of(&ProviderMachine::new("proxmox"), "prompt");
+        let what = ResourceRef::of(&provider_machine("proxmox"), "prompt");
         for _ in 0..100 {
             if releaser
                 .state
@@ -568,10 +565,10 @@ async fn a_finalizer_leaves_the_delivered_copy_in_one_update() {
     let client = omni.client("proxmox");
     omni.state
         .create_machine_request("r1", "proxmox", "set", &request_spec("v1.11.0"));
-    let what = ResourceRef::of(&MachineRequest, "r1");
+    let what = ResourceRef::of(&MACHINE_REQUEST, "r1");
     let fin = provision_controller_name("proxmox");
     client.state.set_finalizer(&what, &fin, true).await.unwrap();
-    let delivered = client.state.get(&MachineRequest, "r1").await.unwrap();
+    let delivered = client.state.get(&MACHINE_REQUEST, "r1").await.unwrap();
     let calls = |m: &str| omni.state.calls(&format!("/cosi.resource.State/{m}"));
     let (gets, updates) = (calls("Get"), calls("Update"));
     client
@@ -580,12 +577,12 @@ async fn a_finalizer_leaves_the_delivered_copy_in_one_update() {
         .await
         .unwrap();
     assert_eq!((calls("Get"), calls("Update")), (gets, updates + 1));
-    let stored = omni.state.get(&MachineRequest, "r1").unwrap();
+    let stored = omni.state.get(&MACHINE_REQUEST, "r1").unwrap();
     assert!(stored.metadata.finalizers.is_empty());
     assert_eq!(stored.received_spec, delivered.received_spec);
 
     client.state.set_finalizer(&what, &fin, true).await.unwrap();
-    let stale = client.state.get(&MachineRequest, "r1").await.unwrap();
+    let stale = client.state.get(&MACHINE_REQUEST, "r1").await.unwrap();
     client
         .state
         .set_finalizer(&what, "Omni.Other", true)
@@ -596,6 +593,6 @@ async fn a_finalizer_leaves_the_delivered_copy_in_one_update() {
         .remove_finalizer_from(&stale, &fin)
         .await
         .unwrap();
-    let stored = omni.state.get(&MachineRequest, "r1").unwrap();
+    let stored = omni.state.get(&MACHINE_REQUEST, "r1").unwrap();
     assert_eq!(stored.metadata.finalizers, vec!["Omni.Other".to_owned()]);
 }

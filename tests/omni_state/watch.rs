@@ -7,11 +7,7 @@ use super::*;
 async fn provider_watch(omni: &Omni) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
     let mut state = omni.client("proxmox").state;
     state.reconnect = (Duration::from_millis(20), Duration::from_millis(200));
-    let mut rx = state.watch_kind(
-        MachineRequest::NAMESPACE,
-        MachineRequest::TYPE,
-        vec![LabelSelector::new().equal(label::INFRA_PROVIDER_ID, "proxmox")],
-    );
+    let mut rx = state.watch_kind(&MACHINE_REQUEST, &[(label::INFRA_PROVIDER_ID, "proxmox")]);
     assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
     rx
 }
@@ -46,7 +42,7 @@ async fn watch_rebootstraps_when_the_bookmark_is_unknown() {
     state.reconnect = (Duration::from_millis(20), Duration::from_millis(200));
     omni.state
         .create_machine_request("r1", "proxmox", "set", &request_spec("v1"));
-    let mut rx = state.watch_kind(MachineRequest::NAMESPACE, MachineRequest::TYPE, vec![]);
+    let mut rx = state.watch_kind(&MACHINE_REQUEST, &[]);
     assert_eq!(id_of(&next_event(&mut rx).await), "r1");
     assert_eq!(next_event(&mut rx).await, WatchEvent::Bootstrapped);
     // A brand-new Omni on the same port: our bookmark means nothing there.
@@ -54,7 +50,7 @@ async fn watch_rebootstraps_when_the_bookmark_is_unknown() {
     let fresh = testkit::memstate::MemState::new();
     fresh.register_key(&omni.encoded_key).unwrap();
     fresh.put(
-        &testkit::memstate::InfraProvider,
+        &testkit::memstate::INFRA_PROVIDER,
         "proxmox",
         &specs::InfraProviderSpec {},
         BTreeMap::new(),
@@ -78,23 +74,18 @@ fn raw_state(omni: &Omni) -> pb::state_client::StateClient<transport::SignedChan
     let signer = transport::Signer {
         key: omni.key.clone(),
         provider_id: Some("proxmox".into()),
-        clock_offset_secs: 0,
     };
     pb::state_client::StateClient::with_interceptor(channel, signer)
 }
 
 fn resume_request(bookmark: Vec<u8>) -> pb::WatchRequest {
     pb::WatchRequest {
-        namespace: MachineRequest::NAMESPACE.into(),
-        r#type: MachineRequest::TYPE.into(),
+        namespace: MACHINE_REQUEST.namespace.into(),
+        r#type: MACHINE_REQUEST.resource_type.into(),
         id: None,
         options: Some(pb::WatchOptions {
             start_from_bookmark: Some(bookmark),
-            label_query: vec![
-                LabelSelector::new()
-                    .equal(label::INFRA_PROVIDER_ID, "proxmox")
-                    .into_query(),
-            ],
+            label_query: label_query(&[(label::INFRA_PROVIDER_ID, "proxmox")]),
             ..Default::default()
         }),
         api_version: 1,
@@ -176,7 +167,7 @@ async fn watch_resumed_from_a_compacted_bookmark_rebootstraps() {
     // both happened in is compacted away.
     omni.state
         .create_machine_request("during", "proxmox", "set", &request_spec("v1"));
-    assert!(omni.state.remove(&MachineRequest, "before"));
+    assert!(omni.state.remove(&MACHINE_REQUEST, "before"));
     omni.state.compact();
     omni.restart().await;
     assert_eq!(next_event(&mut rx).await, WatchEvent::Resync);

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use omni_infra_provider_proxmox::controller::health;
-use omni_infra_provider_proxmox::omni::resources::{InfraProviderHealthStatus, MachineRequest};
+use omni_infra_provider_proxmox::omni::resources::{INFRA_PROVIDER_HEALTH_STATUS, MACHINE_REQUEST};
 
 use super::*;
 use testkit::harness::PROVIDER;
@@ -32,7 +32,7 @@ async fn widest_heartbeat_gap(
         let mut widest = Duration::ZERO;
         loop {
             let beat = state
-                .get(&InfraProviderHealthStatus, PROVIDER)
+                .get(&INFRA_PROVIDER_HEALTH_STATUS, PROVIDER)
                 .and_then(|s| s.spec.last_heartbeat_timestamp)
                 .map(|t| t.seconds * 1_000_000_000 + i64::from(t.nanos));
             if let Some(beat) = beat {
@@ -102,7 +102,7 @@ async fn hostile_selectors_fail_their_own_requests_while_the_heartbeat_beats() {
     );
 
     for id in ["hostile-macros-1", "hostile-macros-2", "hostile-long"] {
-        assert!(h.omni.state.teardown(&MachineRequest, id));
+        assert!(h.omni.state.teardown(&MACHINE_REQUEST, id));
     }
     for id in ["hostile-macros-1", "hostile-macros-2", "hostile-long"] {
         h.wait_released(id).await;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
 use omni_infra_provider_proxmox::omni::resources::{
-    Kind, MachineRequestStatus, ProviderMachine, label,
+    MACHINE_REQUEST_STATUS, label, provider_machine,
 };
 use serde_json::json;
 use testkit::harness::Harness;

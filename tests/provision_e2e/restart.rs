@@ -174,7 +174,7 @@ async fn a_vmid_another_requests_state_records_is_never_chosen() {
     client
         .state
         .modify(
-            &ProviderMachine::new(PROVIDER),
+            &provider_machine(PROVIDER),
             "held",
             &provision_controller_name(PROVIDER),
             |m| {

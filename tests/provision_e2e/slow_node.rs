@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use omni_infra_provider_proxmox::omni::proto::specs::machine_request_status_spec::Stage;
-use omni_infra_provider_proxmox::omni::resources::MachineRequestStatus;
+use omni_infra_provider_proxmox::omni::resources::MACHINE_REQUEST_STATUS;
 use serde_json::json;
 
 use testkit::fakepve::three_node_scenario;
@@ -40,7 +40,7 @@ async fn a_node_answering_slowly_does_not_hold_up_machines_on_other_nodes() {
         .state
         .wait_for(Duration::from_secs(8), |s| {
             ["beside-pve2", "beside-pve3"].iter().all(|id| {
-                s.get(&MachineRequestStatus, id)
+                s.get(&MACHINE_REQUEST_STATUS, id)
                     .is_some_and(|st| st.spec.stage == Stage::Provisioned as i32)
             })
         })

@@ -59,7 +59,7 @@ fn record_statuses(
             loop {
                 state
                     .wait_for(Duration::from_millis(200), |s| {
-                        if let Some(st) = s.get(&MachineRequestStatus, id) {
+                        if let Some(st) = s.get(&MACHINE_REQUEST_STATUS, id) {
                             let mut seen = seen.lock().unwrap();
                             if seen.last() != Some(&st.spec.status) {
                                 seen.push(st.spec.status.clone());
@@ -157,7 +157,7 @@ async fn statuses_show_each_step_and_a_failure_stays_visible_until_it_heals() {
             loop {
                 state
                     .wait_for(Duration::from_millis(200), |s| {
-                        if let Some(st) = s.get(&MachineRequestStatus, "steps-1") {
+                        if let Some(st) = s.get(&MACHINE_REQUEST_STATUS, "steps-1") {
                             let mut seen = seen.lock().unwrap();
                             if seen.last() != Some(&st.spec.status) {
                                 seen.push(st.spec.status.clone());
@@ -232,8 +232,8 @@ fn calls_since(
 
 /// Status and provider-state writes (Create and Update) among `calls`.
 fn writes(calls: &BTreeMap<(String, String), u64>) -> (u64, u64) {
-    let status_type = MachineRequestStatus.resource_type();
-    let state_type = ProviderMachine::new(testkit::harness::PROVIDER).resource_type();
+    let status_type = MACHINE_REQUEST_STATUS.resource_type;
+    let state_type = provider_machine(testkit::harness::PROVIDER).resource_type;
     let of = |ty: &str| -> u64 {
         calls
             .iter()
@@ -268,7 +268,7 @@ async fn one_machine_costs_at_most_twelve_status_and_state_writes_and_shows_ever
     let history: Vec<String> = h
         .omni
         .state
-        .history(&MachineRequestStatus, "writes-1")
+        .history(&MACHINE_REQUEST_STATUS, "writes-1")
         .into_iter()
         .map(|s| s.spec.status)
         .collect();

@@ -1,7 +1,7 @@
 //! Active/standby replicas: one leader does everything, the others wait, coordinated through a lease
 //! resource in Omni, the store every replica already shares.
 //!
-//! The lease ([`ProviderLease`]) changes only by versioned writes, so of two replicas trying at
+//! The lease ([`provider_lease`]) changes only by versioned writes, so of two replicas trying at
 //! once one wins and the other gets a conflict. The leader renews it every [`Timings::renew_every`]
 //! and opens the [`Fence`] until the instant each successful renew was sent plus the renew deadline:
 //! a leader that cannot reach Omni stops writing to Proxmox and Omni by itself, before a standby,
@@ -19,7 +19,6 @@
 
 pub mod identity;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -29,7 +28,7 @@ use tokio::sync::watch;
 use crate::fence::Fence;
 use crate::metrics::Metrics;
 use crate::omni::proto::provider::LeaseSpec;
-use crate::omni::resources::{Kind, ProviderLease};
+use crate::omni::resources::{Kind, LEASE_ID, provider_lease};
 use crate::omni::state::{StateClient, StateError, Typed};
 use identity::{Holder, LocalClaim};
 
@@ -46,7 +45,7 @@ const OWNER: &str = "";
 pub struct Election {
     /// Unfenced: the lease itself is how the fence opens.
     state: StateClient,
-    kind: ProviderLease,
+    kind: Kind<LeaseSpec>,
     me: Holder,
     claim: LocalClaim,
     timings: Timings,
@@ -83,7 +82,7 @@ impl Election {
         let (role, rx) = watch::channel(Role::Standby);
         let election = Self {
             state,
-            kind: ProviderLease::new(provider_id),
+            kind: provider_lease(provider_id),
             me,
             claim,
             timings,
@@ -115,9 +114,7 @@ impl Election {
             predecessor = self.claim.predecessor.as_deref().unwrap_or(""),
             "standing by for the leader lease"
         );
-        let mut changes =
-            self.state
-                .watch_kind(&self.kind.namespace(), &self.kind.resource_type(), vec![]);
+        let mut changes = self.state.watch_kind(&self.kind, &[]);
         loop {
             let wait = self.next_look();
             // A change the watch delivers carries the lease: no need to read it again.
@@ -200,7 +197,7 @@ impl Election {
                 Some(lease) => Some(lease),
                 None => self
                     .state
-                    .find(&self.kind, ProviderLease::ID)
+                    .find(&self.kind, LEASE_ID)
                     .await
                     .map_err(|e| e.to_string())?,
             };
@@ -224,9 +221,7 @@ impl Election {
                 }
                 (Attempt::Create, _) | (_, None) => {
                     let spec = self.record(None, true);
-                    self.state
-                        .create(&self.kind, ProviderLease::ID, &spec, BTreeMap::new(), OWNER)
-                        .await
+                    self.state.create(&self.kind, LEASE_ID, &spec, OWNER).await
                 }
                 (Attempt::Renew | Attempt::Take(_), Some(current)) => {
                     let taking = attempt != Attempt::Renew;
@@ -356,9 +351,7 @@ fn lease_of(event: Result<crate::omni::state::WatchEvent, StateError>) -> Option
     use crate::omni::state::WatchEvent;
     match event {
         Ok(WatchEvent::Created(r) | WatchEvent::Updated(r))
-            if r.metadata
-                .as_ref()
-                .is_some_and(|m| m.id == ProviderLease::ID) =>
+            if r.metadata.as_ref().is_some_and(|m| m.id == LEASE_ID) =>
         {
             Typed::decode(r).ok()
         }

@@ -15,12 +15,10 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::resources::label;
+use super::resources::{PROVIDER_JOIN_CONFIG_DEFINITION_ID, RESOURCE_DEFINITION, label};
+use super::state::{StateClient, StateError};
 use crate::secret::Secret;
 use render::{render_join_config, siderolink_api_url};
-
-/// First host of the SideroLink ULA /64 for an empty installation ID: where Talos sends events and logs.
-const SIDEROLINK_HOST: &str = "fdae:41e4:649b:9303::1";
 
 /// Which join-token flavour Omni expects.
 ///
@@ -38,12 +36,10 @@ pub enum JoinMode {
 impl JoinMode {
     /// The Go library's rule: v2 exactly when the resource definition
     /// `providerjoinconfigs.omni.sidero.dev` exists in namespace `meta`.
-    pub fn detect(provider_join_config_definition_exists: bool) -> Self {
-        if provider_join_config_definition_exists {
-            JoinMode::V2
-        } else {
-            JoinMode::Legacy
-        }
+    pub async fn detect(state: &StateClient) -> Result<Self, StateError> {
+        let defs = state.list(&RESOURCE_DEFINITION, &[]).await?;
+        let v2 = (defs.iter()).any(|d| d.id() == PROVIDER_JOIN_CONFIG_DEFINITION_ID);
+        Ok(if v2 { JoinMode::V2 } else { JoinMode::Legacy })
     }
 
     fn token_prefix(self) -> &'static str {
@@ -102,31 +98,24 @@ pub fn connection_params(inputs: &JoinInputs) -> Result<Secret, JoinError> {
     }
     let events_port = check_port(inputs.events_port, "events")?;
     let logs_port = check_port(inputs.logs_port, "logs")?;
-    if let Err(e) = url::Url::parse(&inputs.api_url) {
-        return Err(JoinError::InvalidApiUrl {
-            url: inputs.api_url.clone(),
-            reason: e.to_string(),
-        });
-    }
+    url::Url::parse(&inputs.api_url).map_err(|e| JoinError::InvalidApiUrl {
+        url: inputs.api_url.clone(),
+        reason: e.to_string(),
+    })?;
 
     // The extra data carries our provider ID (Omni labels the machine's Link with it) and the
     // MachineRequest ID ("encode request IDs into tokens"), under the label keys.
-    let mut extra = BTreeMap::new();
-    extra.insert(
-        label::INFRA_PROVIDER_ID.to_string(),
+    let mut extra = BTreeMap::from([(
+        label::INFRA_PROVIDER_ID.to_owned(),
         inputs.provider_id.clone(),
-    );
+    )]);
     if let Some(request_id) = &inputs.request_id {
         extra.insert(label::MACHINE_REQUEST.to_string(), request_id.clone());
     }
     let token = extended_token(inputs.mode, &inputs.join_token, &extra);
 
     let api_url = siderolink_api_url(&inputs.api_url, &token, inputs.grpc_tunnel);
-    let events_sink = format!("[{SIDEROLINK_HOST}]:{events_port}");
-    let logs_url = format!("tcp://[{SIDEROLINK_HOST}]:{logs_port}");
-
-    let join_config = render_join_config(&api_url, &events_sink, &logs_url);
-    Ok(Secret::new(join_config))
+    Ok(render_join_config(&api_url, events_port, logs_port))
 }
 
 fn check_port(port: u32, which: &'static str) -> Result<u16, JoinError> {
@@ -165,10 +154,8 @@ struct Body {
 }
 
 fn sign(key: &[u8], message: &[u8]) -> Vec<u8> {
-    // HMAC accepts keys of any length, so construction cannot fail.
-    let mut mac = match <Hmac<Sha256> as Mac>::new_from_slice(key) {
-        Ok(mac) => mac,
-        Err(_) => unreachable!("HMAC-SHA256 accepts keys of every length"),
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(key) else {
+        unreachable!("HMAC-SHA256 accepts keys of every length")
     };
     mac.update(message);
     mac.finalize().into_bytes().to_vec()
@@ -180,16 +167,11 @@ fn sign(key: &[u8], message: &[u8]) -> Vec<u8> {
 /// escapes; they can only occur inside strings, so escaping them afterwards is exact.
 fn go_json(value: &impl serde::Serialize) -> String {
     let json = serde_json::to_string(value).unwrap_or_default();
-    let mut out = String::with_capacity(json.len());
-    for c in json.chars() {
-        match c {
-            '<' | '>' | '&' | '\u{2028}' | '\u{2029}' => {
-                out.push_str(&format!("\\u{:04x}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out
+    ['<', '>', '&', '\u{2028}', '\u{2029}']
+        .into_iter()
+        .fold(json, |json, c| {
+            json.replace(c, &format!("\\u{:04x}", c as u32))
+        })
 }
 
 /// Reading a token back, the way Omni does: only the tests check our tokens with it.
@@ -316,8 +298,6 @@ mod tests {
         .unwrap();
         assert!(token(&params).expose().starts_with("v1:"));
         assert_eq!(decode(&token(&params)).unwrap().version, 1);
-        assert_eq!(JoinMode::detect(true), JoinMode::V2);
-        assert_eq!(JoinMode::detect(false), JoinMode::Legacy);
     }
 
     #[test]

@@ -39,16 +39,21 @@ pub(super) fn query_escape(s: &str) -> String {
         .replace("%7E", "~")
 }
 
-/// The three Talos documents, apiVersion and kind first, `---` between them, trailing newline.
-pub(super) fn render_join_config(api_url: &str, events_sink: &str, logs_url: &str) -> String {
-    format!(
+/// First host of the SideroLink ULA /64 for an empty installation ID: where Talos sends events and logs.
+const SIDEROLINK_HOST: &str = "fdae:41e4:649b:9303::1";
+
+/// The three Talos documents, apiVersion and kind first, `---` between them, trailing newline:
+/// Omni's API at `api_url` (with the token, so the whole is secret), events and kernel logs to the
+/// SideroLink host on their ports.
+pub(super) fn render_join_config(api_url: &str, events_port: u16, logs_port: u16) -> Secret {
+    Secret::new(format!(
         "apiVersion: v1alpha1\nkind: SideroLinkConfig\napiUrl: {}\n---\n\
          apiVersion: v1alpha1\nkind: EventSinkConfig\nendpoint: {}\n---\n\
          apiVersion: v1alpha1\nkind: KmsgLogConfig\nname: omni-kmsg\nurl: {}\n",
         yaml_scalar(api_url),
-        yaml_scalar(events_sink),
-        yaml_scalar(logs_url)
-    )
+        yaml_scalar(&format!("[{SIDEROLINK_HOST}]:{events_port}")),
+        yaml_scalar(&format!("tcp://[{SIDEROLINK_HOST}]:{logs_port}"))
+    ))
 }
 
 /// A YAML scalar: plain when it is unambiguous, else single-quoted (as the Go emitter does for

@@ -6,7 +6,7 @@ use crate::omni::proto::cosi::resource as pb;
 use crate::omni::resources::Kind;
 
 /// `namespace/type/id`, for error messages and logs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ResourceRef {
     pub namespace: String,
     pub resource_type: String,
@@ -26,8 +26,8 @@ impl ResourceRef {
         }
     }
 
-    pub fn of<K: Kind>(kind: &K, id: &str) -> Self {
-        Self::new(kind.namespace(), kind.resource_type(), id)
+    pub fn of<S>(kind: &Kind<S>, id: &str) -> Self {
+        Self::new(&*kind.namespace, &*kind.resource_type, id)
     }
 
     pub fn from_metadata(md: &pb::Metadata) -> Self {

@@ -12,14 +12,13 @@ mod error;
 mod unknown;
 mod watch;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::proto::cosi::resource as pb;
 use super::proto::cosi::resource::state_client::StateClient as RawClient;
-use super::resources::{Kind, PHASE_RUNNING, PHASE_TEARING_DOWN};
+use super::resources::{Kind, PHASE_RUNNING, PHASE_TEARING_DOWN, Spec};
 use super::transport::{MAX_MESSAGE_BYTES, SignedChannel};
 use crate::fence::Fence;
 pub use error::{ResourceRef, StateError};
@@ -56,11 +55,11 @@ impl<S: prost::Message + Default> Typed<S> {
     }
 
     /// A resource of `kind` not yet stored: its ID and spec, nothing else.
-    pub fn fresh<K: Kind<Spec = S>>(kind: &K, id: &str, spec: S) -> Self {
+    pub fn fresh(kind: &Kind<S>, id: &str, spec: S) -> Self {
         Self {
             metadata: pb::Metadata {
-                namespace: kind.namespace(),
-                r#type: kind.resource_type(),
+                namespace: kind.namespace.clone().into(),
+                r#type: kind.resource_type.clone().into(),
                 id: id.to_owned(),
                 ..Default::default()
             },
@@ -71,7 +70,7 @@ impl<S: prost::Message + Default> Typed<S> {
     }
 
     /// The resource to send with `metadata`: the spec with its kept unknown fields, and its YAML.
-    fn encode<K: Kind<Spec = S>>(&self, kind: &K, metadata: pb::Metadata) -> pb::Resource {
+    fn encode(&self, kind: &Kind<S>, metadata: pb::Metadata) -> pb::Resource {
         pb::Resource {
             metadata: Some(metadata),
             spec: Some(pb::Spec {
@@ -98,29 +97,19 @@ impl<S: prost::Message + Default> Typed<S> {
     }
 }
 
-/// Builds label queries: terms inside one query are AND-ed; several queries are OR-ed.
-#[derive(Debug, Clone, Default)]
-pub struct LabelSelector(pb::LabelQuery);
-
-impl LabelSelector {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn equal(mut self, key: &str, value: &str) -> Self {
-        self.0.terms.push(pb::LabelTerm {
-            key: key.to_owned(),
+/// The label query asking that every `(key, value)` of `labels` be set as given; none (every
+/// resource) when `labels` is empty.
+pub fn label_query(labels: &[(&str, &str)]) -> Vec<pb::LabelQuery> {
+    let terms: Vec<pb::LabelTerm> = (labels.iter())
+        .map(|(key, value)| pb::LabelTerm {
+            key: (*key).to_owned(),
             op: pb::label_term::Operation::Equal as i32,
             // The server reads value[0]; always send exactly one.
-            value: vec![value.to_owned()],
+            value: vec![(*value).to_owned()],
             invert: false,
-        });
-        self
-    }
-
-    pub fn into_query(self) -> pb::LabelQuery {
-        self.0
-    }
+        })
+        .collect();
+    Vec::from_iter((!terms.is_empty()).then_some(pb::LabelQuery { terms }))
 }
 
 /// Cheap to clone; share one per process.
@@ -235,17 +224,14 @@ impl StateClient {
         &self,
         namespace: &str,
         resource_type: &str,
-        selectors: Vec<LabelSelector>,
+        labels: &[(&str, &str)],
     ) -> Result<Vec<pb::Resource>, StateError> {
         let what = ResourceRef::new(namespace, resource_type, "");
         let req = pb::ListRequest {
             namespace: namespace.to_owned(),
             r#type: resource_type.to_owned(),
             options: Some(pb::ListOptions {
-                label_query: selectors
-                    .into_iter()
-                    .map(LabelSelector::into_query)
-                    .collect(),
+                label_query: label_query(labels),
                 id_query: None,
             }),
         };
@@ -281,8 +267,7 @@ impl StateClient {
         let what = resource
             .metadata
             .as_ref()
-            .map(ResourceRef::from_metadata)
-            .unwrap_or_else(|| ResourceRef::new("", "", ""));
+            .map_or_else(Default::default, ResourceRef::from_metadata);
         let req = pb::UpdateRequest {
             new_resource: Some(resource),
             options: Some(pb::UpdateOptions {
@@ -472,56 +457,54 @@ impl StateClient {
 
     // ---- typed -----------------------------------------------------------------------------------
 
-    pub async fn get<K: Kind>(&self, kind: &K, id: &str) -> Result<Typed<K::Spec>, StateError> {
+    pub async fn get<S: Spec>(&self, kind: &Kind<S>, id: &str) -> Result<Typed<S>, StateError> {
         Typed::decode(self.get_raw(&ResourceRef::of(kind, id)).await?)
     }
 
     /// `get` that maps NotFound to `None`.
-    pub async fn find<K: Kind>(
+    pub async fn find<S: Spec>(
         &self,
-        kind: &K,
+        kind: &Kind<S>,
         id: &str,
-    ) -> Result<Option<Typed<K::Spec>>, StateError> {
+    ) -> Result<Option<Typed<S>>, StateError> {
         match self.get(kind, id).await {
             Err(e) if e.is_not_found() => Ok(None),
             other => other.map(Some),
         }
     }
 
-    pub async fn list<K: Kind>(
+    pub async fn list<S: Spec>(
         &self,
-        kind: &K,
-        selectors: Vec<LabelSelector>,
-    ) -> Result<Vec<Typed<K::Spec>>, StateError> {
-        self.list_raw(&kind.namespace(), &kind.resource_type(), selectors)
+        kind: &Kind<S>,
+        labels: &[(&str, &str)],
+    ) -> Result<Vec<Typed<S>>, StateError> {
+        self.list_raw(&kind.namespace, &kind.resource_type, labels)
             .await?
             .into_iter()
             .map(Typed::decode)
             .collect()
     }
 
-    pub async fn create<K: Kind>(
+    pub async fn create<S: Spec>(
         &self,
-        kind: &K,
+        kind: &Kind<S>,
         id: &str,
-        spec: &K::Spec,
-        labels: BTreeMap<String, String>,
+        spec: &S,
         owner: &str,
-    ) -> Result<Typed<K::Spec>, StateError> {
-        let mut fresh = Typed::fresh(kind, id, spec.clone());
-        fresh.metadata.labels = labels.into_iter().collect();
-        self.create_typed(kind, &fresh, owner).await
+    ) -> Result<Typed<S>, StateError> {
+        self.create_typed(kind, &Typed::fresh(kind, id, spec.clone()), owner)
+            .await
     }
 
     /// Creates `fresh` with its labels and annotations (version and phase as the server expects): a
     /// resource's first version carries everything a reader of it needs (the step annotation of the
     /// provider state, for one).
-    async fn create_typed<K: Kind>(
+    async fn create_typed<S: Spec>(
         &self,
-        kind: &K,
-        fresh: &Typed<K::Spec>,
+        kind: &Kind<S>,
+        fresh: &Typed<S>,
         owner: &str,
-    ) -> Result<Typed<K::Spec>, StateError> {
+    ) -> Result<Typed<S>, StateError> {
         let metadata = pb::Metadata {
             version: "undefined".into(),
             owner: owner.to_owned(),
@@ -541,30 +524,30 @@ impl StateClient {
     }
 
     /// Writes a typed resource back (metadata as read, so the version check applies).
-    pub async fn update<K: Kind>(
+    pub async fn update<S: Spec>(
         &self,
-        kind: &K,
-        resource: &Typed<K::Spec>,
+        kind: &Kind<S>,
+        resource: &Typed<S>,
         owner: &str,
         expected_phase: Option<&str>,
-    ) -> Result<Typed<K::Spec>, StateError> {
+    ) -> Result<Typed<S>, StateError> {
         let raw = resource.encode(kind, resource.metadata.clone());
         Typed::decode(self.update_raw(raw, owner, expected_phase).await?)
     }
 
     /// Get → mutate → Update, retrying version conflicts; creates (with `owner`) when absent.
     /// Skips the write when `mutate` changed nothing. Returns the stored resource.
-    pub async fn modify<K: Kind>(
+    pub async fn modify<S: Spec>(
         &self,
-        kind: &K,
+        kind: &Kind<S>,
         id: &str,
         owner: &str,
-        mut mutate: impl FnMut(&mut Typed<K::Spec>),
-    ) -> Result<Typed<K::Spec>, StateError> {
+        mut mutate: impl FnMut(&mut Typed<S>),
+    ) -> Result<Typed<S>, StateError> {
         loop {
             match self.find(kind, id).await? {
                 None => {
-                    let mut fresh = Typed::fresh(kind, id, K::Spec::default());
+                    let mut fresh = Typed::fresh(kind, id, S::default());
                     mutate(&mut fresh);
                     match self.create_typed(kind, &fresh, owner).await {
                         Err(StateError::AlreadyExists { .. }) => continue,

@@ -6,8 +6,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::Code;
 
-use super::{LabelSelector, ResourceRef, StateClient, StateError};
+use super::{ResourceRef, StateClient, StateError, label_query};
 use crate::omni::proto::cosi::resource as pb;
+use crate::omni::resources::Kind;
 
 /// What a watch delivers, already reduced to what a reconcile queue needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,24 +24,20 @@ pub enum WatchEvent {
 }
 
 impl StateClient {
-    /// Watches all resources of a kind matching `selectors` (bootstrap first). Events arrive on the
+    /// Watches all resources of a kind carrying `labels` (bootstrap first). Events arrive on the
     /// returned receiver; dropping it stops the watch. Broken streams are re-established with
     /// backoff, resuming from the last bookmark, or re-bootstrapping (after a
     /// [`WatchEvent::Resync`]) when there is none, Omni refuses it, or the stream ended with an
     /// ERRORED event (how Omni's etcd store reports a bookmark older than its compacted history).
-    pub fn watch_kind(
+    pub fn watch_kind<S>(
         &self,
-        namespace: &str,
-        resource_type: &str,
-        selectors: Vec<LabelSelector>,
+        kind: &Kind<S>,
+        labels: &[(&str, &str)],
     ) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
         let (tx, rx) = mpsc::channel(256);
         let client = self.clone();
-        let what = ResourceRef::new(namespace, resource_type, "");
-        let queries: Vec<pb::LabelQuery> = selectors
-            .into_iter()
-            .map(LabelSelector::into_query)
-            .collect();
+        let what = ResourceRef::of(kind, "");
+        let queries = label_query(labels);
         tokio::spawn(async move {
             tokio::select! {
                 _ = tx.closed() => {}
@@ -57,45 +54,47 @@ impl StateClient {
         tx: &mpsc::Sender<Result<WatchEvent, StateError>>,
     ) {
         let mut bookmark: Option<Vec<u8>> = None;
-        let mut first = true;
         let mut backoff = self.reconnect.0;
         loop {
-            let resume = bookmark.clone();
-            if resume.is_none() && !first && tx.send(Ok(WatchEvent::Resync)).await.is_err() {
-                return;
-            }
-            first = false;
-            let req = watch_request(&what, &queries, resume);
             match self
-                .stream_events(&what, req, &mut bookmark, tx, &mut backoff)
+                .stream_events(&what, &queries, &mut bookmark, tx, &mut backoff)
                 .await
             {
                 StreamEnd::ReceiverGone => return,
                 StreamEnd::Rebootstrap => bookmark = None,
                 StreamEnd::Broken(e) => {
                     tracing::warn!(watch = %what, error = %e, retry_in = ?backoff, "watch broken; reconnecting");
-                    if e.is_permanent() && tx.send(Err(e)).await.is_err() {
+                    // Errors a reconnect will not fix go to the watcher (the watch still retries,
+                    // since e.g. a key registration may be fixed while we run).
+                    let permanent = matches!(
+                        e,
+                        StateError::PermissionDenied { .. }
+                            | StateError::Unauthenticated { .. }
+                            | StateError::InvalidArgument { .. }
+                    );
+                    if permanent && tx.send(Err(e)).await.is_err() {
                         return;
                     }
                 }
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(self.reconnect.1);
+            if bookmark.is_none() && tx.send(Ok(WatchEvent::Resync)).await.is_err() {
+                return;
+            }
         }
     }
 
     async fn stream_events(
         &self,
         what: &ResourceRef,
-        req: pb::WatchRequest,
+        queries: &[pb::LabelQuery],
         bookmark: &mut Option<Vec<u8>>,
         tx: &mpsc::Sender<Result<WatchEvent, StateError>>,
         backoff: &mut Duration,
     ) -> StreamEnd {
-        let resuming = req
-            .options
-            .as_ref()
-            .is_some_and(|o| o.start_from_bookmark.is_some());
+        let resuming = bookmark.is_some();
+        let req = watch_request(what, queries, bookmark.clone());
         let end = |s: tonic::Status| match s.code() {
             Code::FailedPrecondition if resuming => {
                 tracing::info!(watch = %what, "Omni refused the watch bookmark; re-bootstrapping");
@@ -140,9 +139,7 @@ impl StateClient {
                 };
                 // A working stream: the next break starts its backoff afresh.
                 *backoff = self.reconnect.0;
-                if let Some(b) = &event.bookmark {
-                    *bookmark = Some(b.clone());
-                }
+                *bookmark = event.bookmark.or_else(|| bookmark.take());
                 if let Some(ev) = mapped
                     && tx.send(Ok(ev)).await.is_err()
                 {
@@ -159,19 +156,6 @@ enum StreamEnd {
     /// ended with an ERRORED event. A full listing starts over.
     Rebootstrap,
     Broken(StateError),
-}
-
-impl StateError {
-    /// Errors a reconnect will not fix; reported to the watcher (the watch still retries, since
-    /// e.g. a key registration may be fixed while we run).
-    fn is_permanent(&self) -> bool {
-        matches!(
-            self,
-            Self::PermissionDenied { .. }
-                | Self::Unauthenticated { .. }
-                | Self::InvalidArgument { .. }
-        )
-    }
 }
 
 fn watch_request(

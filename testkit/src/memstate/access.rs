@@ -4,7 +4,7 @@
 
 use tonic::Status;
 
-use super::InfraProvider;
+use super::INFRA_PROVIDER;
 use super::store::{Store, md};
 use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::resources::{
@@ -114,7 +114,7 @@ impl Caller {
         };
         let registered = (
             namespace::INFRA_PROVIDER.to_owned(),
-            InfraProvider::TYPE.to_owned(),
+            INFRA_PROVIDER.resource_type.to_string(),
             self.provider_id.clone(),
         );
         if !store.resources.contains_key(&registered) {

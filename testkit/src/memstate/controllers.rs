@@ -33,7 +33,8 @@ use super::store::{Key, LoggedEvent, Store, md, next_version, now_ts};
 use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::proto::specs;
 use omni_infra_provider_proxmox::omni::resources::{
-    ConfigPatchRequest, MachineRequestStatus, PHASE_RUNNING, PHASE_TEARING_DOWN, label, namespace,
+    CONFIG_PATCH_REQUEST, MACHINE_REQUEST_STATUS, PHASE_RUNNING, PHASE_TEARING_DOWN, label,
+    namespace,
 };
 
 /// Labels Omni's ConfigPatchRequestController puts on the ConfigPatch it derives.
@@ -100,19 +101,19 @@ impl MemState {
             return;
         }
         let mut store = self.lock();
-        if m.r#type == MachineRequestStatus::TYPE {
+        if m.r#type == MACHINE_REQUEST_STATUS.resource_type {
             self.reconcile_status(&mut store, &m.id, drains);
-        } else if m.r#type == ConfigPatchRequest::TYPE {
+        } else if m.r#type == CONFIG_PATCH_REQUEST.resource_type {
             self.reconcile_patch_request(&mut store, &m.id);
         }
     }
 
     fn reconcile_everything(&self, drains: &mut Drains) {
         let mut store = self.lock();
-        for id in ids_of(&store, MachineRequestStatus::TYPE) {
+        for id in ids_of(&store, &MACHINE_REQUEST_STATUS.resource_type) {
             self.reconcile_status(&mut store, &id, drains);
         }
-        for id in ids_of(&store, ConfigPatchRequest::TYPE) {
+        for id in ids_of(&store, &CONFIG_PATCH_REQUEST.resource_type) {
             self.reconcile_patch_request(&mut store, &id);
         }
     }
@@ -120,7 +121,7 @@ impl MemState {
     /// The cleanup controller on one status, then the patch requests that name its machine request
     /// (the config-patch controller's extra mapped input).
     fn reconcile_status(&self, store: &mut Store, id: &str, drains: &mut Drains) {
-        let key = shared_key(MachineRequestStatus::TYPE, id);
+        let key = shared_key(&MACHINE_REQUEST_STATUS.resource_type, id);
         match store.resources.get(&key).map(|r| md(r).clone()) {
             None => drains.forget(id),
             Some(m) if m.phase == PHASE_RUNNING => {
@@ -144,7 +145,7 @@ impl MemState {
             // Let go already (or never held): nothing to wait for.
             Some(_) => drains.forget(id),
         }
-        let requests: Vec<String> = of_type(store, ConfigPatchRequest::TYPE)
+        let requests: Vec<String> = of_type(store, &CONFIG_PATCH_REQUEST.resource_type)
             .filter(|(_, r)| {
                 md(r).labels.get(label::MACHINE_REQUEST).map(String::as_str) == Some(id)
             })
@@ -157,7 +158,7 @@ impl MemState {
 
     /// The config-patch controller on one ConfigPatchRequest.
     fn reconcile_patch_request(&self, store: &mut Store, id: &str) {
-        let key = shared_key(ConfigPatchRequest::TYPE, id);
+        let key = shared_key(&CONFIG_PATCH_REQUEST.resource_type, id);
         let Some(request) = store.resources.get(&key).cloned() else {
             return;
         };
@@ -181,7 +182,7 @@ impl MemState {
             self.destroy_config_patch(store, id);
             return;
         };
-        let status_key = shared_key(MachineRequestStatus::TYPE, request_id);
+        let status_key = shared_key(&MACHINE_REQUEST_STATUS.resource_type, request_id);
         if !store.resources.contains_key(&status_key) {
             self.destroy_config_patch(store, id);
             return;

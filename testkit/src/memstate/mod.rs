@@ -32,8 +32,8 @@ use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::proto::cosi::resource::meta::ResourceDefinitionSpec;
 use omni_infra_provider_proxmox::omni::proto::specs;
 use omni_infra_provider_proxmox::omni::resources::{
-    self, Kind, MachineRequest, PHASE_RUNNING, PHASE_TEARING_DOWN, ProviderJoinConfig,
-    ResourceDefinition, SiderolinkApiConfig, label, namespace,
+    self, Kind, MACHINE_REQUEST, PHASE_RUNNING, PHASE_TEARING_DOWN, PROVIDER_JOIN_CONFIG,
+    RESOURCE_DEFINITION, SIDEROLINK_API_CONFIG, Spec, label, namespace,
 };
 use omni_infra_provider_proxmox::omni::state::Typed;
 use omni_infra_provider_proxmox::secret::Secret;
@@ -43,22 +43,8 @@ use store::{Key, LoggedEvent, Store, key_of, md, next_version, now_ts};
 
 /// Admin-created registration of the provider ID (`omnictl infraprovider create`): Omni lets a
 /// provider act only once it exists.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct InfraProvider;
-
-impl InfraProvider {
-    pub const TYPE: &'static str = "InfraProviders.omni.sidero.dev";
-}
-
-impl Kind for InfraProvider {
-    type Spec = specs::InfraProviderSpec;
-    fn namespace(&self) -> String {
-        namespace::INFRA_PROVIDER.to_owned()
-    }
-    fn resource_type(&self) -> String {
-        Self::TYPE.to_owned()
-    }
-}
+pub const INFRA_PROVIDER: Kind<specs::InfraProviderSpec> =
+    Kind::omni(namespace::INFRA_PROVIDER, "InfraProviders.omni.sidero.dev");
 
 /// The in-memory Omni state. Cheap to clone; all clones share the same store.
 #[derive(Clone)]
@@ -101,13 +87,13 @@ impl MemState {
         let mut labels = BTreeMap::new();
         labels.insert(label::INFRA_PROVIDER_ID.to_owned(), provider_id.to_owned());
         self.put(
-            &InfraProvider,
+            &INFRA_PROVIDER,
             provider_id,
             &specs::InfraProviderSpec {},
             BTreeMap::new(),
         );
         self.put(
-            &ProviderJoinConfig,
+            &PROVIDER_JOIN_CONFIG,
             provider_id,
             &specs::ProviderJoinConfigSpec {
                 config: None,
@@ -116,7 +102,7 @@ impl MemState {
             labels,
         );
         self.put(
-            &SiderolinkApiConfig,
+            &SIDEROLINK_API_CONFIG,
             resources::SIDEROLINK_CONFIG_ID,
             &specs::SiderolinkApiConfigSpec {
                 machine_api_advertised_url: "grpc://127.0.0.1:8090".into(),
@@ -128,10 +114,10 @@ impl MemState {
             BTreeMap::new(),
         );
         self.put(
-            &ResourceDefinition,
+            &RESOURCE_DEFINITION,
             resources::PROVIDER_JOIN_CONFIG_DEFINITION_ID,
             &ResourceDefinitionSpec {
-                resource_type: ProviderJoinConfig::TYPE.into(),
+                resource_type: PROVIDER_JOIN_CONFIG.resource_type.into(),
                 default_namespace: namespace::INFRA_PROVIDER.into(),
                 ..Default::default()
             },
@@ -169,17 +155,17 @@ impl MemState {
     }
 
     /// Creates or replaces a resource as Omni itself (no access rules, owner `""`).
-    pub fn put<K: Kind>(
+    pub fn put<S: Spec>(
         &self,
-        kind: &K,
+        kind: &Kind<S>,
         id: &str,
-        spec: &K::Spec,
+        spec: &S,
         labels: BTreeMap<String, String>,
     ) {
         let resource = pb::Resource {
             metadata: Some(pb::Metadata {
-                namespace: kind.namespace(),
-                r#type: kind.resource_type(),
+                namespace: kind.namespace.to_string(),
+                r#type: kind.resource_type.to_string(),
                 id: id.to_owned(),
                 phase: PHASE_RUNNING.into(),
                 labels: labels.into_iter().collect(),
@@ -233,14 +219,18 @@ impl MemState {
             label::MACHINE_REQUEST_SET.to_owned(),
             request_set.to_owned(),
         );
-        self.put(&MachineRequest, id, spec, labels);
+        self.put(&MACHINE_REQUEST, id, spec, labels);
     }
 
     /// Starts tearing a resource down as Omni would; it is destroyed once its finalizers are gone
     /// (see [`Self::collect_torn_down`]).
-    pub fn teardown<K: Kind>(&self, kind: &K, id: &str) -> bool {
+    pub fn teardown<S: Spec>(&self, kind: &Kind<S>, id: &str) -> bool {
         let mut store = self.lock();
-        let k = (kind.namespace(), kind.resource_type(), id.to_owned());
+        let k = (
+            kind.namespace.to_string(),
+            kind.resource_type.to_string(),
+            id.to_owned(),
+        );
         let Some(old) = store.resources.get(&k).cloned() else {
             return false;
         };
@@ -257,9 +247,9 @@ impl MemState {
 
     /// Destroys every torn-down resource of `kind` whose finalizers are gone, as Omni's
     /// controllers do; returns how many were destroyed.
-    pub fn collect_torn_down<K: Kind>(&self, kind: &K) -> usize {
+    pub fn collect_torn_down<S: Spec>(&self, kind: &Kind<S>) -> usize {
         let mut store = self.lock();
-        let (ns, ty) = (kind.namespace(), kind.resource_type());
+        let (ns, ty) = (kind.namespace.to_string(), kind.resource_type.to_string());
         let ready: Vec<Key> = store
             .resources
             .iter()
@@ -280,9 +270,13 @@ impl MemState {
     }
 
     /// Destroys a resource as Omni (ignores finalizers and owners).
-    pub fn remove<K: Kind>(&self, kind: &K, id: &str) -> bool {
+    pub fn remove<S: Spec>(&self, kind: &Kind<S>, id: &str) -> bool {
         let mut store = self.lock();
-        let k = (kind.namespace(), kind.resource_type(), id.to_owned());
+        let k = (
+            kind.namespace.to_string(),
+            kind.resource_type.to_string(),
+            id.to_owned(),
+        );
         match store.resources.remove(&k) {
             Some(r) => {
                 self.emit(&mut store, pb::EventType::Destroyed, r, None);
@@ -303,15 +297,15 @@ impl MemState {
             .cloned()
     }
 
-    pub fn get<K: Kind>(&self, kind: &K, id: &str) -> Option<Typed<K::Spec>> {
-        self.get_raw(&kind.namespace(), &kind.resource_type(), id)
+    pub fn get<S: Spec>(&self, kind: &Kind<S>, id: &str) -> Option<Typed<S>> {
+        self.get_raw(&kind.namespace, &kind.resource_type, id)
             .and_then(|r| Typed::decode(r).ok())
     }
 
     /// Every version of one resource that was created or updated, oldest first, as far back as the
     /// event log reaches (the last 10,000 changes): what a watcher of it would have seen.
-    pub fn history<K: Kind>(&self, kind: &K, id: &str) -> Vec<Typed<K::Spec>> {
-        let (ns, ty) = (kind.namespace(), kind.resource_type());
+    pub fn history<S: Spec>(&self, kind: &Kind<S>, id: &str) -> Vec<Typed<S>> {
+        let (ns, ty) = (kind.namespace.to_string(), kind.resource_type.to_string());
         self.lock()
             .log
             .iter()
@@ -323,8 +317,8 @@ impl MemState {
             .collect()
     }
 
-    pub fn list<K: Kind>(&self, kind: &K) -> Vec<Typed<K::Spec>> {
-        let (ns, ty) = (kind.namespace(), kind.resource_type());
+    pub fn list<S: Spec>(&self, kind: &Kind<S>) -> Vec<Typed<S>> {
+        let (ns, ty) = (kind.namespace.to_string(), kind.resource_type.to_string());
         self.lock()
             .resources
             .iter()

@@ -23,7 +23,7 @@ use crate::proto::state::state_server::{State, StateServer};
 use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::proto::management as mpb;
 use omni_infra_provider_proxmox::omni::resources::{
-    FEATURES_CONFIG_ID, FeaturesConfig, PHASE_TEARING_DOWN, TalosVersion, label,
+    FEATURES_CONFIG, FEATURES_CONFIG_ID, PHASE_TEARING_DOWN, TALOS_VERSION, label,
 };
 
 impl MemState {
@@ -495,12 +495,12 @@ impl MgmtService {
         let version = r.talos_version.trim_start_matches('v');
         let talos = self
             .state
-            .get(&TalosVersion, version)
+            .get(&TALOS_VERSION, version)
             .map(|v| v.spec.image_factory_url)
             .filter(|u| !u.is_empty());
         let features = self
             .state
-            .get(&FeaturesConfig, FEATURES_CONFIG_ID)
+            .get(&FEATURES_CONFIG, FEATURES_CONFIG_ID)
             .map(|f| f.spec.image_factory_base_url)
             .filter(|u| !u.is_empty());
         let factory = talos

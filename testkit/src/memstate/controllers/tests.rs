@@ -16,7 +16,7 @@ fn status(state: &MemState, id: &str, machine: &str) {
     let mut labels = BTreeMap::new();
     labels.insert(label::INFRA_PROVIDER_ID.to_owned(), "proxmox".to_owned());
     state.put(
-        &MachineRequestStatus,
+        &MACHINE_REQUEST_STATUS,
         id,
         &specs::MachineRequestStatusSpec {
             id: machine.into(),
@@ -31,7 +31,7 @@ fn patch_request(state: &MemState, id: &str, request: &str) {
     labels.insert(label::INFRA_PROVIDER_ID.to_owned(), "proxmox".to_owned());
     labels.insert(label::MACHINE_REQUEST.to_owned(), request.to_owned());
     state.put(
-        &ConfigPatchRequest,
+        &CONFIG_PATCH_REQUEST,
         id,
         &specs::ConfigPatchSpec {
             data: "machine: {}".into(),
@@ -64,7 +64,7 @@ fn running(drain: Duration) -> (MemState, ControllersTask) {
 async fn the_cleanup_finalizer_holds_a_torn_down_status_for_the_drain_time() {
     let (state, _task) = running(DRAIN);
     status(&state, "r1", "uuid-1");
-    let ty = MachineRequestStatus::TYPE;
+    let ty = &*MACHINE_REQUEST_STATUS.resource_type;
     assert!(
         state
             .wait_for(SOON, |s| finalizers(s, ty, "r1")
@@ -77,7 +77,7 @@ async fn the_cleanup_finalizer_holds_a_torn_down_status_for_the_drain_time() {
         md(&state.get_raw(namespace::INFRA_PROVIDER, ty, "r1").unwrap()).version,
         "2"
     );
-    state.teardown(&MachineRequestStatus, "r1");
+    state.teardown(&MACHINE_REQUEST_STATUS, "r1");
     tokio::time::sleep(DRAIN - SOON).await;
     assert_eq!(
         finalizers(&state, ty, "r1"),
@@ -90,20 +90,20 @@ async fn the_cleanup_finalizer_holds_a_torn_down_status_for_the_drain_time() {
             .await,
         "released once the drain time is over"
     );
-    assert_eq!(state.collect_torn_down(&MachineRequestStatus), 1);
+    assert_eq!(state.collect_torn_down(&MACHINE_REQUEST_STATUS), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_status_without_a_machine_is_released_at_once() {
     let (state, _task) = running(DRAIN);
     status(&state, "r1", "");
-    let ty = MachineRequestStatus::TYPE;
+    let ty = &*MACHINE_REQUEST_STATUS.resource_type;
     assert!(
         state
             .wait_for(SOON, |s| !finalizers(s, ty, "r1").is_empty())
             .await
     );
-    state.teardown(&MachineRequestStatus, "r1");
+    state.teardown(&MACHINE_REQUEST_STATUS, "r1");
     assert!(
         state
             .wait_for(SOON, |s| finalizers(s, ty, "r1").is_empty())
@@ -115,7 +115,7 @@ async fn a_status_without_a_machine_is_released_at_once() {
 #[tokio::test(start_paused = true)]
 async fn the_config_patch_follows_the_status_id_and_goes_with_the_request() {
     let (state, _task) = running(DRAIN);
-    let ty = ConfigPatchRequest::TYPE;
+    let ty = &*CONFIG_PATCH_REQUEST.resource_type;
     status(&state, "r1", "");
     patch_request(&state, "100-topology-r1", "r1");
     assert!(
@@ -142,7 +142,7 @@ async fn the_config_patch_follows_the_status_id_and_goes_with_the_request() {
     assert_eq!(patch.label(label::MACHINE_REQUEST), Some("r1"));
     assert_eq!(patch.label(label::INFRA_PROVIDER_ID), Some("proxmox"));
 
-    state.teardown(&ConfigPatchRequest, "100-topology-r1");
+    state.teardown(&CONFIG_PATCH_REQUEST, "100-topology-r1");
     assert!(
         state
             .wait_for(SOON, |s| finalizers(s, ty, "100-topology-r1").is_empty())
@@ -162,7 +162,7 @@ async fn the_config_patch_is_destroyed_when_the_status_goes() {
             .wait_for(SOON, |s| config_patch(s, "p1").is_some())
             .await
     );
-    state.remove(&MachineRequestStatus, "r1");
+    state.remove(&MACHINE_REQUEST_STATUS, "r1");
     assert!(
         state
             .wait_for(SOON, |s| config_patch(s, "p1").is_none())
@@ -170,7 +170,7 @@ async fn the_config_patch_is_destroyed_when_the_status_goes() {
         "a missing status is the transform's DestroyOutputTag"
     );
     assert_eq!(
-        finalizers(&state, ConfigPatchRequest::TYPE, "p1"),
+        finalizers(&state, &CONFIG_PATCH_REQUEST.resource_type, "p1"),
         [CONFIG_PATCH_CONTROLLER],
         "the request itself is still running, so its finalizer stays"
     );
