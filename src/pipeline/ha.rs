@@ -14,7 +14,7 @@ use super::ledgers::HA_RULES_LOCK;
 use crate::model::Listing;
 use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;
-use crate::proxmox::ha::{HaResource, NewHaRule, vm_sid};
+use crate::proxmox::ha::{HaResource, vm_sid};
 use crate::proxmox::types::{VmId, VmResource};
 use crate::rules::ha::{
     HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
@@ -104,7 +104,7 @@ async fn join_rules(
         };
         // Sids in `gone` are left out.
         let mut change = change.clone();
-        let (RuleChange::Create(NewHaRule { resources, .. }) | RuleChange::Join { resources, .. }) =
+        let (RuleChange::Create { resources, .. } | RuleChange::Join { resources, .. }) =
             &mut change;
         resources.retain(|s| !gone.contains(s));
         let last = plan.changes.len() == 1;
@@ -167,9 +167,9 @@ async fn apply(
     change: &RuleChange,
 ) -> Result<(), ProxmoxError> {
     match change {
-        RuleChange::Create(rule) => {
-            tracing::info!(rule = %rule.rule, resources = ?rule.resources, "creating HA rule");
-            pve.create_ha_rule(rule).await
+        RuleChange::Create { rule, resources } => {
+            tracing::info!(rule = %rule.rule, resources = ?resources, "creating HA rule");
+            pve.create_ha_rule(rule, resources).await
         }
         RuleChange::Join { rule, resources } => {
             tracing::info!(rule = %rule.rule, resources = ?resources, "adding a VM to HA rule");

@@ -22,7 +22,7 @@ use serde_json::Value;
 use super::client::Replay::{OnlyIfUnsent, Safe};
 use super::client::{DELETE, POST, PUT, Params, ProxmoxClient};
 use super::error::{ProxmoxError, Result};
-use super::types::{NodeName, VmId, lenient, split_list};
+use super::types::{VmId, lenient, split_list};
 
 /// An HA resource registration (`POST /cluster/ha/resources`).
 #[derive(Debug, Clone, Default)]
@@ -53,7 +53,7 @@ pub fn vm_sid(vmid: VmId) -> String {
 
 /// An HA rule as `GET /cluster/ha/rules` lists it, serialized as the `cluster` command's report
 /// shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 pub struct HaRule {
     pub rule: String,
     #[serde(rename = "type")]
@@ -75,6 +75,9 @@ pub struct HaRule {
     /// `problems`, in one line.
     #[serde(rename(serialize = "problems"), serialize_with = "problems")]
     pub errors: Option<Value>,
+    /// Why the rule is there; the report leaves it out.
+    #[serde(skip_serializing)]
+    pub comment: Option<String>,
 }
 
 fn sid_list<S: serde::Serializer>(sids: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -113,22 +116,6 @@ impl HaRule {
     pub fn has(&self, sid: &str) -> bool {
         self.resource_list().contains(&sid)
     }
-}
-
-/// What a new rule says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HaRuleKind {
-    NodeAffinity { nodes: Vec<NodeName>, strict: bool },
-    ResourceAffinity { affinity: &'static str },
-}
-
-/// A rule to create (`POST /cluster/ha/rules`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewHaRule {
-    pub rule: String,
-    pub kind: HaRuleKind,
-    pub resources: Vec<String>,
-    pub comment: String,
 }
 
 impl ProxmoxClient {
@@ -174,26 +161,17 @@ impl ProxmoxClient {
         self.get(&["cluster", "ha", "rules"], Params::new()).await
     }
 
-    /// `POST /cluster/ha/rules`. A rule of that name existing already fails (see
-    /// [`ProxmoxError::is_ha_rule_defined`]).
-    pub async fn create_ha_rule(&self, rule: &NewHaRule) -> Result<()> {
-        let (kind, own) = match &rule.kind {
-            HaRuleKind::NodeAffinity { nodes, strict } => {
-                let names: Vec<&str> = nodes.iter().map(NodeName::as_str).collect();
-                let own = Params::new().with("nodes", names.join(","));
-                ("node-affinity", own.with("strict", u8::from(*strict)))
-            }
-            HaRuleKind::ResourceAffinity { affinity } => (
-                "resource-affinity",
-                Params::new().with("affinity", *affinity),
-            ),
-        };
+    /// `POST /cluster/ha/rules`: `rule` with `resources`. A rule of that name existing already fails
+    /// (see [`ProxmoxError::is_ha_rule_defined`]).
+    pub async fn create_ha_rule(&self, rule: &HaRule, resources: &[String]) -> Result<()> {
         let params = Params::new()
-            .with("rule", rule.rule.as_str())
-            .with("type", kind)
-            .with("resources", rule.resources.join(","))
-            .with("comment", rule.comment.as_str())
-            .extend(own.0);
+            .with("rule", &rule.rule)
+            .with("type", &rule.kind)
+            .with("resources", resources.join(","))
+            .with_opt("comment", rule.comment.as_deref())
+            .with_opt("nodes", rule.nodes.as_deref())
+            .with_opt("strict", rule.nodes.as_ref().map(|_| u8::from(rule.strict)))
+            .with_opt("affinity", rule.affinity.as_deref());
         let path = ["cluster", "ha", "rules"];
         self.write(POST, &path, params, OnlyIfUnsent).await
     }

@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 
 use super::{HaMembership, RuleChange, node_affinity_rule, plan_join, resource_affinity_rule};
-use crate::proxmox::ha::{HaRule, HaRuleKind};
+use crate::proxmox::ha::HaRule;
 use crate::rules::provider_data::HaSettings;
 
 /// The sid the checks give the VM not yet created.
@@ -136,31 +136,13 @@ fn joined(m: &HaMembership<'_>, rules: &[HaRule]) -> Vec<HaRule> {
 
 /// `rules` as they read once `change` is made.
 fn apply(rules: &mut Vec<HaRule>, change: RuleChange) {
-    let new = match change {
-        RuleChange::Join { rule, resources } => {
-            let found = rules.iter_mut().filter(|r| r.rule == rule.rule);
-            found.for_each(|r| r.resources = Some(resources.join(",")));
-            return;
-        }
-        RuleChange::Create(new) => new,
+    let (RuleChange::Create { rule, resources } | RuleChange::Join { rule, resources }) = change;
+    let rule = HaRule {
+        resources: Some(resources.join(",")),
+        ..rule
     };
-    let (kind, nodes, strict, affinity) = match new.kind {
-        HaRuleKind::NodeAffinity { nodes, strict } => {
-            let nodes: Vec<&str> = nodes.iter().map(|n| n.as_str()).collect();
-            ("node-affinity", Some(nodes.join(",")), strict, None)
-        }
-        HaRuleKind::ResourceAffinity { affinity } => {
-            ("resource-affinity", None, false, Some(affinity.to_owned()))
-        }
-    };
-    rules.push(HaRule {
-        rule: new.rule,
-        kind: kind.to_owned(),
-        resources: Some(new.resources.join(",")),
-        nodes,
-        strict,
-        affinity,
-        digest: None,
-        errors: None,
-    });
+    match rules.iter_mut().find(|r| r.rule == rule.rule) {
+        Some(found) => *found = rule,
+        None => rules.push(rule),
+    }
 }
