@@ -14,7 +14,8 @@ use super::ledgers::HA_RULES_LOCK;
 use crate::model::Listing;
 use crate::model::identity::set_tag;
 use crate::proxmox::ProxmoxError;
-use crate::proxmox::ha::{HaResource, vm_sid};
+use crate::proxmox::client::Params;
+use crate::proxmox::ha::vm_sid;
 use crate::proxmox::types::{VmId, VmResource};
 use crate::rules::ha::{
     HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
@@ -29,15 +30,14 @@ pub async fn join(ctx: &mut StepContext<'_>, vmid: VmId) -> Result<(), StepError
     let Some(ha) = ctx.data.ha.clone() else {
         return Ok(());
     };
-    let resource = HaResource {
-        state: ha.state.map(|s| s.as_str().to_string()),
-        comment: ha.comment.clone(),
-        max_restart: ha.max_restart,
-        max_relocate: ha.max_relocate,
-        failback: ha.failback,
-    };
+    let settings = Params::new()
+        .with_opt("state", ha.state.map(|s| s.as_str()))
+        .with_opt("comment", ha.comment.as_deref())
+        .with_opt("max_restart", ha.max_restart)
+        .with_opt("max_relocate", ha.max_relocate)
+        .with_opt("failback", ha.failback.map(u8::from));
     let doing = format!("registering VM {vmid} with Proxmox HA");
-    ctx.call(doing, ctx.services.pve.add_ha_resource(vmid, &resource))
+    ctx.call(doing, ctx.services.pve.add_ha_resource(vmid, settings))
         .await?;
     // For the official provider, whose teardown leaves HA only when its state says so.
     ctx.state.ha_registered = true;

@@ -24,28 +24,6 @@ use super::client::{DELETE, POST, PUT, Params, ProxmoxClient};
 use super::error::{ProxmoxError, Result};
 use super::types::{VmId, lenient, split_list};
 
-/// An HA resource registration (`POST /cluster/ha/resources`).
-#[derive(Debug, Clone, Default)]
-pub struct HaResource {
-    pub state: Option<String>,
-    pub comment: Option<String>,
-    pub max_restart: Option<u32>,
-    pub max_relocate: Option<u32>,
-    pub failback: Option<bool>,
-}
-
-impl HaResource {
-    /// The settings the class gives, added to `params`.
-    fn params(&self, params: Params) -> Params {
-        params
-            .with_opt("state", self.state.as_deref())
-            .with_opt("comment", self.comment.as_deref())
-            .with_opt("max_restart", self.max_restart)
-            .with_opt("max_relocate", self.max_relocate)
-            .with_opt("failback", self.failback.map(u8::from))
-    }
-}
-
 /// The HA manager's name for a VM.
 pub fn vm_sid(vmid: VmId) -> String {
     format!("vm:{vmid}")
@@ -119,18 +97,18 @@ impl HaRule {
 }
 
 impl ProxmoxClient {
-    /// Registers the VM with the HA manager. Already registered (a re-run, or an operator made it
-    /// first) has the settings the class gives written over it, as the official provider does, so
-    /// an edited `ha:` takes effect.
-    pub async fn add_ha_resource(&self, vmid: VmId, resource: &HaResource) -> Result<()> {
+    /// Registers the VM with the HA manager, with `settings` (`state`, `comment`, `max_restart`, …
+    /// as `POST /cluster/ha/resources` names them). Already registered (a re-run, or an operator
+    /// made it first) has the settings written over it, as the official provider does, so an
+    /// edited `ha:` takes effect.
+    pub async fn add_ha_resource(&self, vmid: VmId, settings: Params) -> Result<()> {
         let sid = vm_sid(vmid);
-        let params = resource.params(Params::new().with("sid", &sid));
+        let params = Params::new().with("sid", &sid).extend(settings.0.clone());
         let path = ["cluster", "ha", "resources"];
         match self.write(POST, &path, params, OnlyIfUnsent).await {
             // pve-ha-manager src/PVE/API2/HA/Resources.pm, `create`: "resource ID '<sid>' already
             // defined"; `update` takes the same settings but `sid` from the path.
             Err(ProxmoxError::Api { message, .. }) if message.contains("already defined") => {
-                let settings = resource.params(Params::new());
                 if settings.0.is_empty() {
                     return Ok(());
                 }
