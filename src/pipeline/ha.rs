@@ -13,10 +13,10 @@ use super::error::StepError;
 use super::ledgers::HA_RULES_LOCK;
 use crate::model::Listing;
 use crate::model::identity::set_tag;
-use crate::proxmox::ProxmoxError;
 use crate::proxmox::client::Params;
 use crate::proxmox::ha::vm_sid;
 use crate::proxmox::types::{VmId, VmResource};
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::{
     HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
 };
@@ -99,15 +99,14 @@ async fn join_rules(
         for note in &plan.notes {
             tracing::warn!(request = %ctx.request.id, %vmid, "{note}");
         }
-        let Some(change) = plan.changes.first() else {
+        let last = plan.changes.len() == 1;
+        let Some(mut change) = plan.changes.into_iter().next() else {
             return Ok(());
         };
         // Sids in `gone` are left out.
-        let mut change = change.clone();
         let (RuleChange::Create { resources, .. } | RuleChange::Join { resources, .. }) =
             &mut change;
         resources.retain(|s| !gone.contains(s));
-        let last = plan.changes.len() == 1;
         match apply(&ctx.services.pve, &change).await {
             Ok(()) if last => return Ok(()),
             Ok(()) => {}
@@ -162,10 +161,7 @@ fn read_again_after(
     }
 }
 
-async fn apply(
-    pve: &crate::proxmox::ProxmoxClient,
-    change: &RuleChange,
-) -> Result<(), ProxmoxError> {
+async fn apply(pve: &ProxmoxClient, change: &RuleChange) -> Result<(), ProxmoxError> {
     match change {
         RuleChange::Create { rule, resources } => {
             tracing::info!(rule = %rule.rule, resources = ?resources, "creating HA rule");

@@ -264,11 +264,9 @@ fn new_rule(m: &HaMembership<'_>, rule: String, kind: &str) -> HaRule {
 /// does not purge (pve-ha-manager before 5.0.7, early PVE 9.0), and every later write of the whole
 /// member list names it again: those sids are left out of the next write.
 pub fn unmanaged_sids(message: &str) -> Vec<String> {
-    const SAYS: &str = "cannot use unmanaged resource(s) ";
-    let Some(at) = message.find(SAYS) else {
+    let Some((_, rest)) = message.split_once("cannot use unmanaged resource(s) ") else {
         return Vec::new();
     };
-    let rest = &message[at + SAYS.len()..];
     let list = rest.split(['.', '\n']).next().unwrap_or_default();
     list.split(',')
         .map(str::trim)
