@@ -18,7 +18,6 @@ use std::collections::BTreeSet;
 
 use super::{HaMembership, RuleChange, node_affinity_rule, plan_join, resource_affinity_rule};
 use crate::proxmox::ha::HaRule;
-use crate::rules::provider_data::HaSettings;
 
 /// The sid the checks give the VM not yet created.
 const NEW: &str = "vm:new";
@@ -109,15 +108,12 @@ fn key(m: &HaMembership<'_>, rule: &HaRule) -> Option<String> {
 /// each on its own). A plan refused (a rule of another kind under the set's rule name) leaves the
 /// rules as they are: the join reports it.
 fn joined(m: &HaMembership<'_>, rules: &[HaRule]) -> Vec<HaRule> {
-    let existing = |name: &&String| rules.iter().any(|r| r.rule == **name);
-    let named = HaSettings {
-        rules: m.settings.rules.iter().filter(existing).cloned().collect(),
-        ..m.settings.clone()
-    };
-    let own_only = HaSettings {
-        rules: Vec::new(),
-        ..m.settings.clone()
-    };
+    let mut named = m.settings.clone();
+    named
+        .rules
+        .retain(|name| rules.iter().any(|r| r.rule == *name));
+    let mut own_only = m.settings.clone();
+    own_only.rules.clear();
     let others = m.set_members.iter().map(|s| (s.as_str(), &own_only));
     let mut after = rules.to_vec();
     for (sid, settings) in std::iter::once((NEW, &named)).chain(others) {
