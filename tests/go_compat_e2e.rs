@@ -369,7 +369,17 @@ async fn teardown_removes_the_config_patches_of_the_request() {
 async fn boot_isos_come_from_the_factory_omni_publishes() {
     let mut h = Harness::start("").await;
     let client = h.omni.client(PROVIDER);
-    // Without a features configuration: the flag.
+    // Without a features configuration, or with an empty factory URL in it: the flag.
+    assert_eq!(resolve_factory(&client.state, FACTORY).await, FACTORY);
+    let empty = FeaturesConfigSpec {
+        image_factory_base_url: " ".into(),
+    };
+    h.omni.state.put(
+        &FEATURES_CONFIG,
+        FEATURES_CONFIG_ID,
+        &empty,
+        BTreeMap::new(),
+    );
     assert_eq!(resolve_factory(&client.state, FACTORY).await, FACTORY);
     // Omni's internal/backend/runtime/omni/state_access.go, filterAccess: FeaturesConfigs need only a
     // valid signature, so an infra provider may read it; its image_factory_base_url (field 5 of

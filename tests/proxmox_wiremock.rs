@@ -541,7 +541,7 @@ async fn a_tfa_user_is_told_to_use_a_token() {
 /// src/PVE/API2/HA/Rules.pm (rules listed with the file's digest; `update_rule` needs the `type`).
 #[tokio::test]
 async fn ha_resources_and_rules_exact_requests() {
-    use omni_infra_provider_proxmox::proxmox::ha::{HaResource, HaRuleKind, NewHaRule};
+    use omni_infra_provider_proxmox::proxmox::{client::Params, ha::HaRule};
     let server = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/api2/json/cluster/ha/resources"))
@@ -594,26 +594,22 @@ async fn ha_resources_and_rules_exact_requests() {
         .await;
     let c = token_client(&server);
     let vmid = VmId::new(104).unwrap();
-    let resource = HaResource {
-        state: Some("started".into()),
-        max_relocate: Some(2),
-        ..HaResource::default()
-    };
-    c.add_ha_resource(vmid, &resource).await.unwrap();
+    let settings = Params::new()
+        .with("state", "started")
+        .with("max_relocate", 2);
+    c.add_ha_resource(vmid, settings).await.unwrap();
     c.remove_ha_resource(vmid).await.unwrap();
     let rules = c.ha_rules().await.unwrap();
     assert_eq!(rules[0].resource_list(), ["vm:101", "vm:102"]);
-    c.create_ha_rule(&NewHaRule {
+    let naff = HaRule {
         rule: "omni-cp-naff".into(),
-        kind: HaRuleKind::NodeAffinity {
-            nodes: vec![pve1(), NodeName::new("pve2").unwrap()],
-            strict: true,
-        },
-        resources: vec!["vm:104".into()],
-        comment: "kept".into(),
-    })
-    .await
-    .unwrap();
+        kind: "node-affinity".into(),
+        nodes: Some("pve1,pve2".into()),
+        strict: true,
+        comment: Some("kept".into()),
+        ..HaRule::default()
+    };
+    c.create_ha_rule(&naff, &["vm:104".into()]).await.unwrap();
     let joined = ["vm:101", "vm:102", "vm:104"].map(String::from);
     c.set_ha_rule_resources(&rules[0], &joined).await.unwrap();
 }

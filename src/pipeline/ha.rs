@@ -13,9 +13,10 @@ use super::error::StepError;
 use super::ledgers::HA_RULES_LOCK;
 use crate::model::Listing;
 use crate::model::identity::set_tag;
-use crate::proxmox::ProxmoxError;
-use crate::proxmox::ha::{HaResource, NewHaRule, vm_sid};
+use crate::proxmox::client::Params;
+use crate::proxmox::ha::vm_sid;
 use crate::proxmox::types::{VmId, VmResource};
+use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::{
     HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
 };
@@ -29,15 +30,14 @@ pub async fn join(ctx: &mut StepContext<'_>, vmid: VmId) -> Result<(), StepError
     let Some(ha) = ctx.data.ha.clone() else {
         return Ok(());
     };
-    let resource = HaResource {
-        state: ha.state.map(|s| s.as_str().to_string()),
-        comment: ha.comment.clone(),
-        max_restart: ha.max_restart,
-        max_relocate: ha.max_relocate,
-        failback: ha.failback,
-    };
+    let settings = Params::new()
+        .with_opt("state", ha.state.map(|s| s.as_str()))
+        .with_opt("comment", ha.comment.as_deref())
+        .with_opt("max_restart", ha.max_restart)
+        .with_opt("max_relocate", ha.max_relocate)
+        .with_opt("failback", ha.failback.map(u8::from));
     let doing = format!("registering VM {vmid} with Proxmox HA");
-    ctx.call(doing, ctx.services.pve.add_ha_resource(vmid, &resource))
+    ctx.call(doing, ctx.services.pve.add_ha_resource(vmid, settings))
         .await?;
     // For the official provider, whose teardown leaves HA only when its state says so.
     ctx.state.ha_registered = true;
@@ -99,15 +99,14 @@ async fn join_rules(
         for note in &plan.notes {
             tracing::warn!(request = %ctx.request.id, %vmid, "{note}");
         }
-        let Some(change) = plan.changes.first() else {
+        let last = plan.changes.len() == 1;
+        let Some(mut change) = plan.changes.into_iter().next() else {
             return Ok(());
         };
         // Sids in `gone` are left out.
-        let mut change = change.clone();
-        let (RuleChange::Create(NewHaRule { resources, .. }) | RuleChange::Join { resources, .. }) =
+        let (RuleChange::Create { resources, .. } | RuleChange::Join { resources, .. }) =
             &mut change;
         resources.retain(|s| !gone.contains(s));
-        let last = plan.changes.len() == 1;
         match apply(&ctx.services.pve, &change).await {
             Ok(()) if last => return Ok(()),
             Ok(()) => {}
@@ -162,14 +161,11 @@ fn read_again_after(
     }
 }
 
-async fn apply(
-    pve: &crate::proxmox::ProxmoxClient,
-    change: &RuleChange,
-) -> Result<(), ProxmoxError> {
+async fn apply(pve: &ProxmoxClient, change: &RuleChange) -> Result<(), ProxmoxError> {
     match change {
-        RuleChange::Create(rule) => {
-            tracing::info!(rule = %rule.rule, resources = ?rule.resources, "creating HA rule");
-            pve.create_ha_rule(rule).await
+        RuleChange::Create { rule, resources } => {
+            tracing::info!(rule = %rule.rule, resources = ?resources, "creating HA rule");
+            pve.create_ha_rule(rule, resources).await
         }
         RuleChange::Join { rule, resources } => {
             tracing::info!(rule = %rule.rule, resources = ?resources, "adding a VM to HA rule");

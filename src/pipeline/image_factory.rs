@@ -32,14 +32,6 @@ pub enum FactoryError {
     Decode { url: String, message: String },
 }
 
-/// Omni's factory when it publishes one (`true`), else the flag's.
-pub fn choose_factory(published: Option<&str>, flag: &str) -> (String, bool) {
-    match published.map(str::trim).filter(|u| !u.is_empty()) {
-        Some(url) => (url.trim_end_matches('/').to_owned(), true),
-        None => (flag.trim_end_matches('/').to_owned(), false),
-    }
-}
-
 /// The factory Omni uses for `talos_version`, when its `TalosVersions` resource names one.
 /// siderolabs/omni `client/pkg/imagefactory/clients.go`, `ForTalosVersion` (what
 /// `CreateSchematicFromRaw` uses): the resource's ID is the version without a leading `v`, and its
@@ -56,7 +48,8 @@ pub async fn factory_for_version(state: &StateClient, talos_version: &str) -> Op
     (!url.is_empty()).then(|| url.to_owned())
 }
 
-/// Reads Omni's features configuration and chooses the factory, saying in the log which one and why.
+/// Reads Omni's features configuration and chooses the factory: Omni's when it publishes one, else
+/// the flag's, saying in the log which one and why.
 pub async fn resolve_factory(state: &StateClient, flag: &str) -> String {
     let read = state.find(&FEATURES_CONFIG, FEATURES_CONFIG_ID).await;
     let warn = |e: &StateError| {
@@ -64,13 +57,18 @@ pub async fn resolve_factory(state: &StateClient, flag: &str) -> String {
     };
     let published = read.inspect_err(warn).ok().flatten();
     let published = published.map(|f| f.spec.image_factory_base_url);
-    let (url, from_omni) = choose_factory(published.as_deref(), flag);
-    if from_omni {
-        tracing::info!(image_factory = %url, "boot ISOs come from the Image Factory Omni is configured with (its features configuration)");
-    } else {
+    let Some(url) = published
+        .as_deref()
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+    else {
+        let url = flag.trim_end_matches('/');
         tracing::info!(image_factory = %url, "Omni does not publish its Image Factory; boot ISOs come from --image-factory-url");
-    }
-    url
+        return url.to_owned();
+    };
+    let url = url.trim_end_matches('/');
+    tracing::info!(image_factory = %url, "boot ISOs come from the Image Factory Omni is configured with (its features configuration)");
+    url.to_owned()
 }
 
 /// A client for the factory, with the public web PKI roots.
@@ -145,17 +143,6 @@ pub async fn create_schematic(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn omni_factory_wins_over_the_flag() {
-        let flag = "https://factory.talos.dev";
-        assert_eq!(
-            choose_factory(Some("https://factory.internal.example/"), flag),
-            ("https://factory.internal.example".to_owned(), true)
-        );
-        assert_eq!(choose_factory(Some(""), flag), (flag.to_owned(), false));
-        assert_eq!(choose_factory(None, flag), (flag.to_owned(), false));
-    }
     use wiremock::matchers::{body_string, header, method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};
 

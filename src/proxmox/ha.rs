@@ -22,29 +22,7 @@ use serde_json::Value;
 use super::client::Replay::{OnlyIfUnsent, Safe};
 use super::client::{DELETE, POST, PUT, Params, ProxmoxClient};
 use super::error::{ProxmoxError, Result};
-use super::types::{NodeName, VmId, lenient, split_list};
-
-/// An HA resource registration (`POST /cluster/ha/resources`).
-#[derive(Debug, Clone, Default)]
-pub struct HaResource {
-    pub state: Option<String>,
-    pub comment: Option<String>,
-    pub max_restart: Option<u32>,
-    pub max_relocate: Option<u32>,
-    pub failback: Option<bool>,
-}
-
-impl HaResource {
-    /// The settings the class gives, added to `params`.
-    fn params(&self, params: Params) -> Params {
-        params
-            .with_opt("state", self.state.as_deref())
-            .with_opt("comment", self.comment.as_deref())
-            .with_opt("max_restart", self.max_restart)
-            .with_opt("max_relocate", self.max_relocate)
-            .with_opt("failback", self.failback.map(u8::from))
-    }
-}
+use super::types::{VmId, lenient, split_list};
 
 /// The HA manager's name for a VM.
 pub fn vm_sid(vmid: VmId) -> String {
@@ -53,7 +31,7 @@ pub fn vm_sid(vmid: VmId) -> String {
 
 /// An HA rule as `GET /cluster/ha/rules` lists it, serialized as the `cluster` command's report
 /// shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 pub struct HaRule {
     pub rule: String,
     #[serde(rename = "type")]
@@ -75,6 +53,9 @@ pub struct HaRule {
     /// `problems`, in one line.
     #[serde(rename(serialize = "problems"), serialize_with = "problems")]
     pub errors: Option<Value>,
+    /// Why the rule is there; the report leaves it out.
+    #[serde(skip_serializing)]
+    pub comment: Option<String>,
 }
 
 fn sid_list<S: serde::Serializer>(sids: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -115,35 +96,19 @@ impl HaRule {
     }
 }
 
-/// What a new rule says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HaRuleKind {
-    NodeAffinity { nodes: Vec<NodeName>, strict: bool },
-    ResourceAffinity { affinity: &'static str },
-}
-
-/// A rule to create (`POST /cluster/ha/rules`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewHaRule {
-    pub rule: String,
-    pub kind: HaRuleKind,
-    pub resources: Vec<String>,
-    pub comment: String,
-}
-
 impl ProxmoxClient {
-    /// Registers the VM with the HA manager. Already registered (a re-run, or an operator made it
-    /// first) has the settings the class gives written over it, as the official provider does, so
-    /// an edited `ha:` takes effect.
-    pub async fn add_ha_resource(&self, vmid: VmId, resource: &HaResource) -> Result<()> {
+    /// Registers the VM with the HA manager, with `settings` (`state`, `comment`, `max_restart`, …
+    /// as `POST /cluster/ha/resources` names them). Already registered (a re-run, or an operator
+    /// made it first) has the settings written over it, as the official provider does, so an
+    /// edited `ha:` takes effect.
+    pub async fn add_ha_resource(&self, vmid: VmId, settings: Params) -> Result<()> {
         let sid = vm_sid(vmid);
-        let params = resource.params(Params::new().with("sid", &sid));
+        let params = Params::new().with("sid", &sid).extend(settings.0.clone());
         let path = ["cluster", "ha", "resources"];
         match self.write(POST, &path, params, OnlyIfUnsent).await {
             // pve-ha-manager src/PVE/API2/HA/Resources.pm, `create`: "resource ID '<sid>' already
             // defined"; `update` takes the same settings but `sid` from the path.
             Err(ProxmoxError::Api { message, .. }) if message.contains("already defined") => {
-                let settings = resource.params(Params::new());
                 if settings.0.is_empty() {
                     return Ok(());
                 }
@@ -174,26 +139,17 @@ impl ProxmoxClient {
         self.get(&["cluster", "ha", "rules"], Params::new()).await
     }
 
-    /// `POST /cluster/ha/rules`. A rule of that name existing already fails (see
-    /// [`ProxmoxError::is_ha_rule_defined`]).
-    pub async fn create_ha_rule(&self, rule: &NewHaRule) -> Result<()> {
-        let (kind, own) = match &rule.kind {
-            HaRuleKind::NodeAffinity { nodes, strict } => {
-                let names: Vec<&str> = nodes.iter().map(NodeName::as_str).collect();
-                let own = Params::new().with("nodes", names.join(","));
-                ("node-affinity", own.with("strict", u8::from(*strict)))
-            }
-            HaRuleKind::ResourceAffinity { affinity } => (
-                "resource-affinity",
-                Params::new().with("affinity", *affinity),
-            ),
-        };
+    /// `POST /cluster/ha/rules`: `rule` with `resources`. A rule of that name existing already fails
+    /// (see [`ProxmoxError::is_ha_rule_defined`]).
+    pub async fn create_ha_rule(&self, rule: &HaRule, resources: &[String]) -> Result<()> {
         let params = Params::new()
-            .with("rule", rule.rule.as_str())
-            .with("type", kind)
-            .with("resources", rule.resources.join(","))
-            .with("comment", rule.comment.as_str())
-            .extend(own.0);
+            .with("rule", &rule.rule)
+            .with("type", &rule.kind)
+            .with("resources", resources.join(","))
+            .with_opt("comment", rule.comment.as_deref())
+            .with_opt("nodes", rule.nodes.as_deref())
+            .with_opt("strict", rule.nodes.as_ref().map(|_| u8::from(rule.strict)))
+            .with_opt("affinity", rule.affinity.as_deref());
         let path = ["cluster", "ha", "rules"];
         self.write(POST, &path, params, OnlyIfUnsent).await
     }

@@ -30,17 +30,6 @@ const INVISIBLE_GRACE: Duration = Duration::from_secs(30);
 const LOG_TAIL_LINES: usize = 8;
 
 impl ProxmoxClient {
-    /// Makes `call`, which starts a task, then waits for the task. One error for both halves: callers
-    /// decide by what the error says (gone, locked, already running), not by which half it came from.
-    pub async fn run_task(
-        &self,
-        call: impl Future<Output = Result<Upid>>,
-        timeout: Duration,
-    ) -> Result<()> {
-        let upid = call.await?;
-        self.wait_for_task(&upid, timeout).await
-    }
-
     /// Waits until the task ends or `timeout` passes. `Ok` for `OK` and `WARNINGS: n` (success with
     /// warnings); any other exit status is Proxmox's error text.
     pub async fn wait_for_task(&self, upid: &Upid, timeout: Duration) -> Result<()> {

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 mod feasibility;
 pub use feasibility::check_join;
 
-use crate::proxmox::ha::{HaRule, HaRuleKind, NewHaRule};
+use crate::proxmox::ha::HaRule;
 use crate::rules::provider_data::{HaSettings, ResourceAffinity};
 
 /// The set's node-affinity rule.
@@ -61,7 +61,11 @@ pub struct HaMembership<'a> {
 /// The next write that brings the VM into its rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuleChange {
-    Create(NewHaRule),
+    /// Create `rule` with `resources`.
+    Create {
+        rule: HaRule,
+        resources: Vec<String>,
+    },
     /// Set the rule's resources to `resources` (the rule as read carries the digest).
     Join {
         rule: HaRule,
@@ -104,15 +108,16 @@ pub fn plan_join(m: &HaMembership<'_>, rules: &[HaRule]) -> Result<JoinPlan, HaR
             let name = node_affinity_rule(set);
             match find(&name) {
                 Some(rule) => join_node_affinity(m, rule, &mut plan)?,
-                None => plan.changes.push(RuleChange::Create(NewHaRule {
-                    rule: name,
-                    kind: HaRuleKind::NodeAffinity {
-                        nodes: m.settings.node_affinity_nodes.clone(),
+                None => {
+                    let nodes = m.settings.node_affinity_nodes.iter().map(|n| n.as_str());
+                    let rule = HaRule {
+                        nodes: Some(nodes.collect::<Vec<_>>().join(",")),
                         strict: m.settings.node_affinity_strict,
-                    },
-                    resources: vec![m.sid.to_owned()],
-                    comment: m.comment.to_owned(),
-                })),
+                        ..new_rule(m, name, "node-affinity")
+                    };
+                    let resources = vec![m.sid.to_owned()];
+                    plan.changes.push(RuleChange::Create { rule, resources });
+                }
             }
         }
         if let Some(affinity) = m.settings.resource_affinity {
@@ -236,14 +241,21 @@ fn create_resource_affinity(
         return;
     }
     resources.sort();
-    plan.changes.push(RuleChange::Create(NewHaRule {
-        rule: name,
-        kind: HaRuleKind::ResourceAffinity {
-            affinity: affinity.as_str(),
-        },
-        resources,
-        comment: m.comment.to_owned(),
-    }));
+    let rule = HaRule {
+        affinity: Some(affinity.as_str().to_owned()),
+        ..new_rule(m, name, "resource-affinity")
+    };
+    plan.changes.push(RuleChange::Create { rule, resources });
+}
+
+/// A rule the provider creates: named, of `kind`, with the membership's comment.
+fn new_rule(m: &HaMembership<'_>, rule: String, kind: &str) -> HaRule {
+    HaRule {
+        rule,
+        kind: kind.to_owned(),
+        comment: Some(m.comment.to_owned()),
+        ..HaRule::default()
+    }
 }
 
 /// The sids a rule write was refused for as not HA-managed (pve-ha-manager
@@ -252,11 +264,9 @@ fn create_resource_affinity(
 /// does not purge (pve-ha-manager before 5.0.7, early PVE 9.0), and every later write of the whole
 /// member list names it again: those sids are left out of the next write.
 pub fn unmanaged_sids(message: &str) -> Vec<String> {
-    const SAYS: &str = "cannot use unmanaged resource(s) ";
-    let Some(at) = message.find(SAYS) else {
+    let Some((_, rest)) = message.split_once("cannot use unmanaged resource(s) ") else {
         return Vec::new();
     };
-    let rest = &message[at + SAYS.len()..];
     let list = rest.split(['.', '\n']).next().unwrap_or_default();
     list.split(',')
         .map(str::trim)

@@ -207,15 +207,9 @@ async fn ha_managed_vm_leaves_ha_then_is_shut_down_and_destroyed() {
     let mut fake = FakePve::start(three_node_scenario(), 0.0);
     let pve = client(&fake);
     let target = provision(&pve, "req-ha", 154, "pve1", true).await;
-    pve.add_ha_resource(
-        vmid(154),
-        &omni_infra_provider_proxmox::proxmox::ha::HaResource {
-            state: Some("started".into()),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let started =
+        omni_infra_provider_proxmox::proxmox::client::Params::new().with("state", "started");
+    pve.add_ha_resource(vmid(154), started).await.unwrap();
     fake.control(json!({"op": "reset_requests"}));
 
     let (result, progress) = run(&pve, &target).await;

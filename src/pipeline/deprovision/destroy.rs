@@ -165,16 +165,19 @@ async fn shut_down(
             task = pve.vm(node, vmid).shutdown(secs, true).await;
         }
         let timeout = options.shutdown_timeout + options.task_timeout;
-        match pve.run_task(std::future::ready(task), timeout).await {
+        let shut_down = async { pve.wait_for_task(&task?, timeout).await };
+        match shut_down.await {
             Ok(_) => Ok(()),
             Err(e) if e.is_not_found() || e.is_transient() => Err((Action::ShutDown, e)),
             // Paused VMs refuse a shutdown, a guest can make it fail: power off instead.
             Err(e) => {
                 tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
                 progress(&format!("stopping VM {vmid} on {node}"));
-                let stop = pve.vm(node, vmid).stop();
-                let stop = pve.run_task(stop, options.task_timeout).await;
-                stop.map(drop).map_err(|e| (Action::Stop, e))
+                let stop = async {
+                    pve.wait_for_task(&pve.vm(node, vmid).stop().await?, options.task_timeout)
+                        .await
+                };
+                stop.await.map_err(|e| (Action::Stop, e))
             }
         }
     };
@@ -194,9 +197,9 @@ async fn destroy_once(
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
     (run.progress)(&format!("destroying VM {vmid} on {node} with its disks"));
     let pve = run.pve;
-    let delete = pve.vm(node, vmid).delete(destroy_unreferenced_disks);
-    let destroyed = pve.run_task(delete, run.options.task_timeout).await;
-    match destroyed {
+    let delete = pve.vm(node, vmid).delete(destroy_unreferenced_disks).await;
+    let destroyed = async { pve.wait_for_task(&delete?, run.options.task_timeout).await };
+    match destroyed.await {
         Ok(_) => Ok(DeprovisionOutcome::Deleted {
             node: node.clone(),
             vmid,

@@ -17,8 +17,7 @@
 use std::collections::BTreeSet;
 
 use super::{HaMembership, RuleChange, node_affinity_rule, plan_join, resource_affinity_rule};
-use crate::proxmox::ha::{HaRule, HaRuleKind};
-use crate::rules::provider_data::HaSettings;
+use crate::proxmox::ha::HaRule;
 
 /// The sid the checks give the VM not yet created.
 const NEW: &str = "vm:new";
@@ -109,15 +108,12 @@ fn key(m: &HaMembership<'_>, rule: &HaRule) -> Option<String> {
 /// each on its own). A plan refused (a rule of another kind under the set's rule name) leaves the
 /// rules as they are: the join reports it.
 fn joined(m: &HaMembership<'_>, rules: &[HaRule]) -> Vec<HaRule> {
-    let existing = |name: &&String| rules.iter().any(|r| r.rule == **name);
-    let named = HaSettings {
-        rules: m.settings.rules.iter().filter(existing).cloned().collect(),
-        ..m.settings.clone()
-    };
-    let own_only = HaSettings {
-        rules: Vec::new(),
-        ..m.settings.clone()
-    };
+    let mut named = m.settings.clone();
+    named
+        .rules
+        .retain(|name| rules.iter().any(|r| r.rule == *name));
+    let mut own_only = m.settings.clone();
+    own_only.rules.clear();
     let others = m.set_members.iter().map(|s| (s.as_str(), &own_only));
     let mut after = rules.to_vec();
     for (sid, settings) in std::iter::once((NEW, &named)).chain(others) {
@@ -136,31 +132,13 @@ fn joined(m: &HaMembership<'_>, rules: &[HaRule]) -> Vec<HaRule> {
 
 /// `rules` as they read once `change` is made.
 fn apply(rules: &mut Vec<HaRule>, change: RuleChange) {
-    let new = match change {
-        RuleChange::Join { rule, resources } => {
-            let found = rules.iter_mut().filter(|r| r.rule == rule.rule);
-            found.for_each(|r| r.resources = Some(resources.join(",")));
-            return;
-        }
-        RuleChange::Create(new) => new,
+    let (RuleChange::Create { rule, resources } | RuleChange::Join { rule, resources }) = change;
+    let rule = HaRule {
+        resources: Some(resources.join(",")),
+        ..rule
     };
-    let (kind, nodes, strict, affinity) = match new.kind {
-        HaRuleKind::NodeAffinity { nodes, strict } => {
-            let nodes: Vec<&str> = nodes.iter().map(|n| n.as_str()).collect();
-            ("node-affinity", Some(nodes.join(",")), strict, None)
-        }
-        HaRuleKind::ResourceAffinity { affinity } => {
-            ("resource-affinity", None, false, Some(affinity.to_owned()))
-        }
-    };
-    rules.push(HaRule {
-        rule: new.rule,
-        kind: kind.to_owned(),
-        resources: Some(new.resources.join(",")),
-        nodes,
-        strict,
-        affinity,
-        digest: None,
-        errors: None,
-    });
+    match rules.iter_mut().find(|r| r.rule == rule.rule) {
+        Some(found) => *found = rule,
+        None => rules.push(rule),
+    }
 }

@@ -6,11 +6,9 @@ fn rule(name: &str, kind: &str, resources: &str) -> HaRule {
         rule: name.into(),
         kind: kind.into(),
         resources: Some(resources.into()),
-        nodes: None,
-        strict: false,
         affinity: (kind == "resource-affinity").then(|| "negative".into()),
         digest: Some("d1".into()),
-        errors: None,
+        ..HaRule::default()
     }
 }
 
@@ -56,17 +54,20 @@ fn the_second_vm_creates_the_rule_with_both() {
     let settings = spread();
     let members = vec!["vm:101".to_string(), "vm:102".to_string()];
     let plan = plan_join(&member(&settings, "vm:102", &members), &[]).unwrap();
-    let [RuleChange::Create(new)] = plan.changes.as_slice() else {
+    let [
+        RuleChange::Create {
+            rule: new,
+            resources,
+        },
+    ] = plan.changes.as_slice()
+    else {
         panic!("{plan:?}")
     };
     assert_eq!(new.rule, "omni-cp-set-raff");
-    assert_eq!(new.resources, ["vm:101", "vm:102"]);
-    assert_eq!(
-        new.kind,
-        HaRuleKind::ResourceAffinity {
-            affinity: "negative"
-        }
-    );
+    assert_eq!(resources, &["vm:101", "vm:102"]);
+    assert_eq!(new.kind, "resource-affinity");
+    assert_eq!(new.affinity.as_deref(), Some("negative"));
+    assert_eq!(new.comment.as_deref(), Some("managed by test"));
 }
 
 #[test]
@@ -117,11 +118,11 @@ fn a_negative_rule_never_holds_more_vms_than_nodes() {
     assert!(plan.notes[0].contains("3 nodes"), "{:?}", plan.notes);
     let members: Vec<String> = (1..=5).map(|i| format!("vm:{i}")).collect();
     let plan = plan_join(&member(&settings, "vm:5", &members), &[]).unwrap();
-    let [RuleChange::Create(new)] = plan.changes.as_slice() else {
+    let [RuleChange::Create { resources, .. }] = plan.changes.as_slice() else {
         panic!("{plan:?}")
     };
-    assert_eq!(new.resources.len(), 3);
-    assert!(new.resources.contains(&"vm:5".to_string()));
+    assert_eq!(resources.len(), 3);
+    assert!(resources.contains(&"vm:5".to_string()));
 }
 
 #[test]
@@ -135,14 +136,20 @@ fn node_affinity_is_made_with_the_first_vm_and_joined_by_the_rest() {
         ..HaSettings::default()
     };
     let plan = plan_join(&member(&settings, "vm:101", &[]), &[]).unwrap();
-    let [RuleChange::Create(new)] = plan.changes.as_slice() else {
+    let [
+        RuleChange::Create {
+            rule: new,
+            resources,
+        },
+    ] = plan.changes.as_slice()
+    else {
         panic!("{plan:?}")
     };
     assert_eq!(new.rule, "omni-cp-set-naff");
-    assert_eq!(new.resources, ["vm:101"]);
-    assert!(
-        matches!(&new.kind, HaRuleKind::NodeAffinity { nodes, strict: true } if nodes.len() == 2)
-    );
+    assert_eq!(resources, &["vm:101"]);
+    assert_eq!(new.kind, "node-affinity");
+    assert_eq!(new.nodes.as_deref(), Some("pve1,pve2"));
+    assert!(new.strict);
     let mut existing = rule("omni-cp-set-naff", "node-affinity", "vm:101");
     existing.nodes = Some("pve1,pve3:2".into());
     let plan = plan_join(&member(&settings, "vm:102", &[]), &[existing]).unwrap();
