@@ -324,12 +324,8 @@ impl IpLedger {
         self.held.retain(|_, (r, n)| !(r == request && *n == nic));
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.held.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
     }
 }
 

@@ -175,10 +175,6 @@ impl Reservations {
             .collect()
     }
 
-    pub fn get(&self, request_id: &str) -> Option<&Reservation> {
-        self.by_request.get(request_id)
-    }
-
     /// Reservations on `node` whose VM is not in the snapshot yet (once it is, the tag counts it).
     pub(super) fn pending<'a>(
         &'a self,
@@ -193,5 +189,13 @@ impl Reservations {
                     && !node.vms.iter().any(|vm| vm.name.as_ref() == Some(*id))
             })
             .map(|(_, r)| r)
+    }
+}
+
+/// What a reservation holds, for tests that look into the ledger.
+#[cfg(test)]
+impl Reservations {
+    pub(crate) fn get(&self, request_id: &str) -> Option<&Reservation> {
+        self.by_request.get(request_id)
     }
 }
