@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::{LeftOut, PlacementRequest};
-use crate::model::{MIB, NodeSnapshot};
+use crate::model::NodeSnapshot;
 use crate::proxmox::property::NodeName;
 use crate::proxmox::types::VmResource;
 
@@ -143,23 +143,8 @@ pub struct Reservation {
 }
 
 impl Reservations {
-    pub fn reserve(
-        &mut self,
-        request_id: &str,
-        node: &NodeName,
-        set_id: Option<&str>,
-        memory_mb: u64,
-        vcpus: u64,
-    ) {
-        self.by_request.insert(
-            request_id.to_string(),
-            Reservation {
-                node: node.clone(),
-                set_id: set_id.map(str::to_string),
-                memory_bytes: memory_mb.saturating_mul(MIB),
-                vcpus,
-            },
-        );
+    pub fn reserve(&mut self, request_id: &str, reservation: Reservation) {
+        self.by_request.insert(request_id.to_string(), reservation);
     }
 
     pub fn release(&mut self, request_id: &str) -> Option<Reservation> {
