@@ -100,11 +100,6 @@ impl StorageSelector {
         Self::program(expression).map(|_| Self(Arc::from(expression)))
     }
 
-    /// The expression as written.
-    pub fn expression(&self) -> &str {
-        &self.0
-    }
-
     /// Whether `storage` of `node` is selected. A runtime error is a configuration error.
     pub fn matches(&self, storage: &StorageSnapshot, node: &str) -> Result<bool, SelectorError> {
         run(&self.0, Self::program(&self.0)?, storage, node)
@@ -259,7 +254,7 @@ mod tests {
         ] {
             let selector = StorageSelector::new(expr).unwrap();
             assert_eq!(selector.matches(&facts(), "pve1"), Ok(expected), "{expr}");
-            assert_eq!(selector.expression(), expr);
+            assert_eq!(selector.to_string(), expr);
         }
     }
 
