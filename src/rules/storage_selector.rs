@@ -34,9 +34,12 @@ pub const MAX_LEN: usize = 1024;
 /// How long one evaluation may take. A selector within the grammar takes microseconds.
 pub const BUDGET: Duration = Duration::from_millis(250);
 
-/// A checked selector, by its text: its compiled program is kept in the cache. Cheap to clone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageSelector(Arc<str>);
+/// A compiled, checked selector. Cheap to clone.
+#[derive(Clone)]
+pub struct StorageSelector {
+    source: Arc<str>,
+    program: Arc<Program>,
+}
 
 /// Why a selector is unusable. Always names the expression (shortened when it is too long).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,7 +87,7 @@ pub enum SelectorError {
 const VARIABLES: [&str; 4] = ["name", "node", "storageType", "availableSpace"];
 
 /// Compiled selectors (and refusals) by text, so a class read again costs a lookup.
-type Cache = BTreeMap<Arc<str>, Result<Arc<Program>, SelectorError>>;
+type Cache = BTreeMap<Arc<str>, Result<StorageSelector, SelectorError>>;
 
 /// Distinct selectors kept; past it the cache starts over (classes rarely hold more than a few).
 const CACHE_ENTRIES: usize = 512;
@@ -97,16 +100,6 @@ fn cache() -> std::sync::MutexGuard<'static, Cache> {
 impl StorageSelector {
     /// Compiles `expression` and checks it against a dummy storage (once per distinct text).
     pub fn new(expression: &str) -> Result<Self, SelectorError> {
-        Self::program(expression).map(|_| Self(Arc::from(expression)))
-    }
-
-    /// Whether `storage` of `node` is selected. A runtime error is a configuration error.
-    pub fn matches(&self, storage: &StorageSnapshot, node: &str) -> Result<bool, SelectorError> {
-        run(&self.0, Self::program(&self.0)?, storage, node)
-    }
-
-    /// The compiled program of `expression`, from the cache when it is there.
-    fn program(expression: &str) -> Result<Arc<Program>, SelectorError> {
         if let Some(known) = cache().get(expression) {
             return known.clone();
         }
@@ -124,7 +117,7 @@ impl StorageSelector {
         verdict
     }
 
-    fn compile(text: &str) -> Result<Arc<Program>, SelectorError> {
+    fn compile(text: &str) -> Result<Self, SelectorError> {
         let expression = shorten(text);
         if text.trim().is_empty() {
             return Err(SelectorError::Empty { expression });
@@ -138,7 +131,10 @@ impl StorageSelector {
             });
         }
         Err(match evaluator::parse(Arc::from(text), BUDGET) {
-            Some(Ok(program)) => return check_on_dummy(text, Arc::new(program)),
+            Some(Ok(program)) => {
+                let (source, program) = (Arc::from(text), Arc::new(program));
+                return Self { source, program }.check_on_dummy();
+            }
             Some(Err(Refusal::Syntax(_))) if looks_like_storage_name(text) => {
                 SelectorError::BareName { expression }
             }
@@ -150,49 +146,47 @@ impl StorageSelector {
             },
         })
     }
-}
 
-/// Runs the selector on a dummy storage, where a mistake that only evaluation finds shows.
-fn check_on_dummy(expression: &str, program: Arc<Program>) -> Result<Arc<Program>, SelectorError> {
-    let dummy = StorageSnapshot {
-        name: StorageId::known("local-lvm"),
-        storage_type: "lvmthin".into(),
-        content: Vec::new(),
-        active: true,
-        shared: false,
-        available: 1 << 40,
-    };
-    let bare_name = looks_like_storage_name(expression) && !VARIABLES.contains(&expression.trim());
-    match run(expression, program.clone(), &dummy, "pve") {
-        Ok(_) => Ok(program),
-        Err(SelectorError::NotBoolean { expression, .. })
-        | Err(SelectorError::Evaluation { expression, .. })
-            if bare_name =>
-        {
-            Err(SelectorError::BareName { expression })
+    /// Runs the selector on a dummy storage, where a mistake that only evaluation finds shows.
+    fn check_on_dummy(self) -> Result<Self, SelectorError> {
+        let expression = &*self.source;
+        let dummy = StorageSnapshot {
+            name: StorageId::known("local-lvm"),
+            storage_type: "lvmthin".into(),
+            content: Vec::new(),
+            active: true,
+            shared: false,
+            available: 1 << 40,
+        };
+        let bare_name =
+            looks_like_storage_name(expression) && !VARIABLES.contains(&expression.trim());
+        match self.matches(&dummy, "pve") {
+            Ok(_) => Ok(self),
+            Err(SelectorError::NotBoolean { expression, .. })
+            | Err(SelectorError::Evaluation { expression, .. })
+                if bare_name =>
+            {
+                Err(SelectorError::BareName { expression })
+            }
+            // Arithmetic overflow depends on the real numbers; everything else is a mistake.
+            Err(SelectorError::Evaluation { reason, .. }) if reason.contains("verflow") => Ok(self),
+            Err(e) => Err(e),
         }
-        // Arithmetic overflow depends on the real numbers; everything else is a mistake.
-        Err(SelectorError::Evaluation { reason, .. }) if reason.contains("verflow") => Ok(program),
-        Err(e) => Err(e),
     }
-}
 
-/// Runs `program` (of `expression`) for `storage` of `node`.
-fn run(
-    expression: &str,
-    program: Arc<Program>,
-    storage: &StorageSnapshot,
-    node: &str,
-) -> Result<bool, SelectorError> {
-    let expression = expression.to_string();
-    match evaluator::run(program, storage.clone(), node.to_owned(), BUDGET) {
-        Some(Outcome::Bool(b)) => Ok(b),
-        Some(Outcome::Other(kind)) => Err(SelectorError::NotBoolean { expression, kind }),
-        Some(Outcome::Failed(reason)) => Err(SelectorError::Evaluation { expression, reason }),
-        None => Err(SelectorError::TooSlow {
-            expression,
-            budget: BUDGET,
-        }),
+    /// Whether `storage` of `node` is selected. A runtime error is a configuration error.
+    pub fn matches(&self, storage: &StorageSnapshot, node: &str) -> Result<bool, SelectorError> {
+        let expression = self.source.to_string();
+        let (program, storage) = (self.program.clone(), storage.clone());
+        match evaluator::run(program, storage, node.to_owned(), BUDGET) {
+            Some(Outcome::Bool(b)) => Ok(b),
+            Some(Outcome::Other(kind)) => Err(SelectorError::NotBoolean { expression, kind }),
+            Some(Outcome::Failed(reason)) => Err(SelectorError::Evaluation { expression, reason }),
+            None => Err(SelectorError::TooSlow {
+                expression,
+                budget: BUDGET,
+            }),
+        }
     }
 }
 
@@ -216,11 +210,27 @@ fn looks_like_storage_name(expression: &str) -> bool {
         && !matches!(e, "true" | "false")
 }
 
-impl fmt::Display for StorageSelector {
+impl fmt::Debug for StorageSelector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.debug_tuple("StorageSelector")
+            .field(&&*self.source)
+            .finish()
     }
 }
+
+impl fmt::Display for StorageSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+impl PartialEq for StorageSelector {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for StorageSelector {}
 
 #[cfg(test)]
 mod tests {
@@ -416,12 +426,9 @@ mod tests {
 
     #[test]
     fn compiled_selectors_are_cached_by_text() {
-        let text = "name == \"cached-once\"";
-        let (a, b) = (
-            StorageSelector::program(text),
-            StorageSelector::program(text),
-        );
-        assert!(Arc::ptr_eq(&a.unwrap(), &b.unwrap()));
+        let a = StorageSelector::new("name == \"cached-once\"").unwrap();
+        let b = StorageSelector::new("name == \"cached-once\"").unwrap();
+        assert!(Arc::ptr_eq(&a.program, &b.program));
     }
 
     #[test]
