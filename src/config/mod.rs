@@ -35,10 +35,9 @@ use serde_json::{Map, Value};
 
 use crate::rules::ip_pool::IpPool;
 use crate::rules::placement::PlacementLimits;
-use crate::rules::policy::Policy;
 use crate::rules::provider_data::ConfigLayers;
 use ip_pools::Pools;
-use policy::PolicyFile;
+use policy::Policy;
 use proxmox::ProxmoxFile;
 pub use proxmox::{ProxmoxSettings, TlsTrust};
 
@@ -98,7 +97,7 @@ struct File {
     strict: Option<bool>,
     placement: Option<Section<PlacementFile>>,
     ip_pools: Option<Section<Pools>>,
-    policy: Option<Section<PolicyFile>>,
+    policy: Option<Section<Policy>>,
 }
 
 /// `placement:` as written.
@@ -210,7 +209,7 @@ impl File {
             proxmox: proxmox?,
             placement,
             ip_pools,
-            policy: self.policy.map(|p| Policy::from(p.0)).unwrap_or_default(),
+            policy: self.policy.map(|p| p.0).unwrap_or_default(),
             layers: ConfigLayers::read(&defaults, &nodes, self.strict.unwrap_or(false)),
             defaults,
             nodes,
@@ -508,13 +507,10 @@ mod tests {
             "{base}policy:\n  bridges: [vmbr0]\n  vlans: [0, 100-199, '300']\n  templates: [9000, talos]\n"
         ))
         .unwrap();
-        assert_eq!(c.policy.bridges, Some(vec!["vmbr0".to_string()]));
-        assert_eq!(c.policy.vlans, Some(vec![(0, 0), (100, 199), (300, 300)]));
         assert_eq!(
-            c.policy.templates,
-            Some(vec!["9000".to_string(), "talos".to_string()])
+            format!("{:?}", c.policy),
+            r#"Policy { bridges: Some([Name("vmbr0")]), vlans: Some([VlanRange((0, 0)), VlanRange((100, 199)), VlanRange((300, 300))]), pools: None, templates: Some([Name("9000"), Name("talos")]), mappings: None, ha_rules: None }"#
         );
-        assert_eq!(c.policy.pools, None);
         let all = problems(&format!(
             "{base}policy:\n  bridges: vmbr0\n  vlans: [5000, 9-3]\n  pools: [{{a: 1}}]\n  bridgez: []\n"
         ))

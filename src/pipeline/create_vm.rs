@@ -441,8 +441,7 @@ fn disk_storage(
         Some(s) => Ok(s.name),
         None => Err(StepError::Cluster(format!(
             "additional_disks[{index}]: no storage on {node} matches `{}` with {} GB free",
-            disk.storage_selector.expression(),
-            disk.size_gb
+            disk.storage_selector, disk.size_gb
         ))),
     }
 }

@@ -15,9 +15,9 @@ use super::context::StepContext;
 use super::error::StepError;
 use super::step::StepOutcome;
 use super::template::copies_of;
-use crate::model::ClusterSnapshot;
+use crate::model::{ClusterSnapshot, MIB};
 use crate::proxmox::types::VmId;
-use crate::rules::placement::{self, PlacementRequest};
+use crate::rules::placement::{self, PlacementRequest, Reservation};
 use crate::rules::provider_data::BootMode;
 use crate::rules::storage_selector::StorageSelector;
 use crate::rules::vm_config;
@@ -28,9 +28,14 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         && ctx.state.storage.is_some()
     {
         // Decided before a restart: keep the decision (and the ledger entry that spreads others).
-        let (data, set) = (&ctx.data, ctx.request.set_id.as_deref());
+        let reservation = Reservation {
+            node: node.clone(),
+            set_id: ctx.request.set_id.clone(),
+            memory_bytes: ctx.data.memory_mb.saturating_mul(MIB),
+            vcpus: ctx.data.vcpus(),
+        };
         let placements = &ctx.services.ledgers.placements;
-        placements.reserve(&ctx.request.id, node, set, data.memory_mb, data.vcpus());
+        placements.reserve(&ctx.request.id, reservation);
         return Ok(StepOutcome::Done);
     }
     ctx.report("reading nodes and storages").await;

@@ -383,7 +383,7 @@ pub(super) async fn download_storage(
     Err(StepError::Cluster(match selector {
         Some(sel) if !seen.is_empty() => format!(
             "iso_storage_selector `{}` matches none of the storages for {what} on {node}: {}",
-            sel.expression(),
+            sel,
             seen.join(", ")
         ),
         _ if content == Content::DiskImages => format!(

@@ -7,10 +7,10 @@
 //!
 //! The decision is [`allocate`]: the lowest address of the pool's ranges that is not taken. What is
 //! taken is the caller's to gather (the provider states' allocations, kept in the in-process
-//! [`IpLedger`], and the addresses running VMs report through their guest agent); the pipeline,
+//! `IpLedger` of the pipeline's ledgers, and the addresses running VMs report through their guest agent); the pipeline,
 //! `validate` and the `pools` command all count with [`usage`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
 
@@ -280,57 +280,6 @@ pub fn network_config(
         nics.push(nic);
     }
     Ok(NetworkConfig::Static { nics, nameservers })
-}
-
-/// What this process knows is allocated, by address: seeded once from every provider state in
-/// Omni, then kept by the allocations and releases of this process. Lost at a restart by design:
-/// the provider states hold every allocation that anything depends on, and the next process reads
-/// them again before it allocates.
-#[derive(Debug, Default, Clone)]
-pub struct IpLedger {
-    /// Address → (request ID, NIC).
-    held: BTreeMap<IpAddr, (String, u8)>,
-}
-
-impl IpLedger {
-    /// Counts `request`'s recorded allocations.
-    pub fn hold(&mut self, request: &str, allocations: &[IpAllocation]) {
-        for a in allocations {
-            self.held.insert(a.address, (request.to_owned(), a.nic));
-        }
-    }
-
-    /// Every address held, by anyone.
-    pub fn taken(&self) -> BTreeSet<IpAddr> {
-        self.held.keys().copied().collect()
-    }
-
-    /// What `request` holds, by NIC.
-    pub fn of(&self, request: &str) -> Vec<(u8, IpAddr)> {
-        self.held
-            .iter()
-            .filter(|(_, (r, _))| r == request)
-            .map(|(a, (_, n))| (*n, *a))
-            .collect()
-    }
-
-    /// Forgets `request`'s allocations (its provider state is gone).
-    pub fn release(&mut self, request: &str) {
-        self.held.retain(|_, (r, _)| r != request);
-    }
-
-    /// Forgets one NIC's allocation of `request` (replaced before its VM existed).
-    pub fn release_nic(&mut self, request: &str, nic: u8) {
-        self.held.retain(|_, (r, n)| !(r == request && *n == nic));
-    }
-
-    pub fn len(&self) -> usize {
-        self.held.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
-    }
 }
 
 /// One address held by one machine, for reports.
@@ -608,25 +557,6 @@ mod tests {
             "{}",
             none.message
         );
-    }
-
-    #[test]
-    fn the_ledger_holds_releases_and_answers_by_request() {
-        let mut l = IpLedger::default();
-        let a = |nic, addr: &str| IpAllocation {
-            nic,
-            pool: "p".into(),
-            address: addr.parse().unwrap(),
-        };
-        l.hold("r1", &[a(0, "10.0.0.1"), a(1, "10.0.1.1")]);
-        l.hold("r2", &[a(0, "10.0.0.2")]);
-        assert_eq!(l.len(), 3);
-        assert_eq!(l.of("r2"), [(0, "10.0.0.2".parse().unwrap())]);
-        assert_eq!(l.of("r1").len(), 2);
-        l.release_nic("r1", 1);
-        assert_eq!(l.of("r1").len(), 1);
-        l.release("r1");
-        assert_eq!(l.taken(), set(&["10.0.0.2"]));
     }
 
     #[test]

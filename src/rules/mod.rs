@@ -14,8 +14,6 @@ pub mod cloud_init;
 pub mod ha;
 pub mod ip_pool;
 pub mod placement;
-pub mod policy;
-pub mod privileges;
 pub mod provider_data;
 pub mod schematic;
 pub mod storage;

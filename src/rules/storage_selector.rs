@@ -174,11 +174,6 @@ impl StorageSelector {
         }
     }
 
-    /// The expression as written.
-    pub fn expression(&self) -> &str {
-        &self.source
-    }
-
     /// Whether `storage` of `node` is selected. A runtime error is a configuration error.
     pub fn matches(&self, storage: &StorageSnapshot, node: &str) -> Result<bool, SelectorError> {
         let expression = self.source.to_string();
@@ -269,7 +264,7 @@ mod tests {
         ] {
             let selector = StorageSelector::new(expr).unwrap();
             assert_eq!(selector.matches(&facts(), "pve1"), Ok(expected), "{expr}");
-            assert_eq!(selector.expression(), expr);
+            assert_eq!(selector.to_string(), expr);
         }
     }
 

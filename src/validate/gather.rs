@@ -18,7 +18,6 @@ use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool;
-use crate::rules::privileges::root_warning;
 use crate::rules::provider_data::{BootMode, ProviderData, needs_release_check};
 
 /// Reads what the checks need for `data`: `/cluster/resources`, the bridges of every online candidate
@@ -120,7 +119,7 @@ pub async fn validate_class(
 }
 
 /// The warning about what the token holds on `/` beyond the provider's need
-/// ([`crate::rules::privileges`]), if any. A token whose privileges cannot be read gets no
+/// ([`root_warning`]), if any. A token whose privileges cannot be read gets no
 /// warning: the calls that need them say what is missing.
 pub async fn root_reach_warning(pve: &ProxmoxClient) -> Option<String> {
     match pve.effective_privileges().await {
@@ -130,4 +129,43 @@ pub async fn root_reach_warning(pve: &ProxmoxClient) -> Option<String> {
             None
         }
     }
+}
+
+// Whether the Proxmox token holds more on `/` than the provider needs there.
+//
+// A privilege granted on `/` (with propagation, as `pveum acl modify /` grants it) reaches every
+// VM, storage, pool and node of the datacenter, not only the provider's: with `VM.Allocate` there
+// the token can delete any VM, and the provider's ownership checks become the only fence. On `/`
+// itself the provider needs only what is read or decided there: `Sys.Audit` (the cluster's name
+// from `/cluster/status`, the next-id range from `/cluster/options`, HA rules), and, when the
+// features are used, `Sys.Console` (HA resources and rules), `Sys.Modify` (tags under a restrictive
+// `user-tag-access`) and `Sys.AccessNetwork` (`download-url` probes). Everything else belongs on
+// the provider's pool, storages, nodes and SDN zones (docs/security.md).
+//
+// The privileges on `/` are read from `GET /access/permissions`, which pve-access-control
+// (src/PVE/RPCEnvironment.pm, `get_effective_permissions`) answers with the privileges effective
+// on each path, inherited ones included.
+
+/// What the provider may hold on `/` without a warning.
+const NEEDED_ON_ROOT: [&str; 4] = [
+    "Sys.Audit",
+    "Sys.Console",
+    "Sys.Modify",
+    "Sys.AccessNetwork",
+];
+
+/// The warning naming the privileges held on `/` beyond [`NEEDED_ON_ROOT`] (sorted), `None` when
+/// there are none.
+pub(super) fn root_warning<'a>(held_on_root: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut excess: Vec<&str> = held_on_root.into_iter().collect();
+    excess.retain(|p| !NEEDED_ON_ROOT.contains(p));
+    excess.sort_unstable();
+    excess.dedup();
+    if excess.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the Proxmox token holds {} on `/`, which reaches every VM and storage of the datacenter, not only the provider's: grant them on the provider's pool, storages, nodes and SDN zones instead, with a privilege-separated token (see docs/security.md)",
+        excess.join(", ")
+    ))
 }

@@ -128,7 +128,7 @@ impl NodeCheck<'_> {
             reasons.collect::<Vec<_>>().join("; ")
         };
         let matched = match need.selector {
-            Some(sel) => format!("`{}` matches no", sel.expression()),
+            Some(sel) => format!("`{sel}` matches no"),
             None => "there is no".to_string(),
         };
         let room = match need_gb {

@@ -616,3 +616,14 @@ fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
         "{f}"
     );
 }
+
+#[test]
+fn only_system_reads_are_expected_on_the_root() {
+    assert_eq!(gather::root_warning(["Sys.Audit", "Sys.Console"]), None);
+    assert_eq!(gather::root_warning([]), None);
+    let warning = gather::root_warning(["VM.Allocate", "Sys.Audit", "Datastore.Allocate"]).unwrap();
+    assert!(
+        warning.contains("Datastore.Allocate, VM.Allocate on `/`"),
+        "{warning}"
+    );
+}

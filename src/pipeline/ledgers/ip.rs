@@ -7,8 +7,50 @@ use std::time::Instant;
 
 use super::entry;
 use super::vmids::Vmids;
-use crate::model::MachineState;
-use crate::rules::ip_pool::IpLedger;
+use crate::model::{MachineState, machine::IpAllocation};
+
+/// What this process knows is allocated, by address: seeded once from every provider state in
+/// Omni, then kept by the allocations and releases of this process. Lost at a restart by design:
+/// the provider states hold every allocation that anything depends on, and the next process reads
+/// them again before it allocates.
+#[derive(Default)]
+pub struct IpLedger {
+    /// Address → (request ID, NIC).
+    held: BTreeMap<IpAddr, (String, u8)>,
+}
+
+impl IpLedger {
+    /// Counts `request`'s recorded allocations.
+    pub fn hold(&mut self, request: &str, allocations: &[IpAllocation]) {
+        for a in allocations {
+            self.held.insert(a.address, (request.to_owned(), a.nic));
+        }
+    }
+
+    /// Every address held, by anyone.
+    pub fn taken(&self) -> BTreeSet<IpAddr> {
+        self.held.keys().copied().collect()
+    }
+
+    /// What `request` holds, by NIC.
+    pub fn of(&self, request: &str) -> Vec<(u8, IpAddr)> {
+        self.held
+            .iter()
+            .filter(|(_, (r, _))| r == request)
+            .map(|(a, (_, n))| (*n, *a))
+            .collect()
+    }
+
+    /// Forgets `request`'s allocations (its provider state is gone).
+    pub fn release(&mut self, request: &str) {
+        self.held.retain(|_, (r, _)| r != request);
+    }
+
+    /// Forgets one NIC's allocation of `request` (replaced before its VM existed).
+    pub fn release_nic(&mut self, request: &str, nic: u8) {
+        self.held.retain(|_, (r, n)| !(r == request && *n == nic));
+    }
+}
 
 /// When the guest agents were asked, and what each VM (by VMID) reported.
 pub type AgentAnswers = (Instant, BTreeMap<u32, Vec<IpAddr>>);
@@ -69,7 +111,7 @@ impl IpLedgers {
                         .map(move |id| (id.get(), request.clone()))
                 }));
                 tracing::info!(
-                    allocations = held.len(),
+                    allocations = held.held.len(),
                     states = states.len(),
                     "IP and VMID ledgers loaded from the provider states"
                 );
@@ -113,5 +155,29 @@ impl IpLedgers {
         std::mem::take(&mut *entry(&self.waiting))
             .into_iter()
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ledger_holds_releases_and_answers_by_request() {
+        let mut l = IpLedger::default();
+        let a = |nic, addr: &str| IpAllocation {
+            nic,
+            pool: "p".into(),
+            address: addr.parse().unwrap(),
+        };
+        l.hold("r1", &[a(0, "10.0.0.1"), a(1, "10.0.1.1")]);
+        l.hold("r2", &[a(0, "10.0.0.2")]);
+        assert_eq!(l.held.len(), 3);
+        assert_eq!(l.of("r2"), [(0, "10.0.0.2".parse().unwrap())]);
+        assert_eq!(l.of("r1").len(), 2);
+        l.release_nic("r1", 1);
+        assert_eq!(l.of("r1").len(), 1);
+        l.release("r1");
+        assert_eq!(l.taken(), BTreeSet::from(["10.0.0.2".parse().unwrap()]));
     }
 }

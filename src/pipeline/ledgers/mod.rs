@@ -118,12 +118,10 @@ pub struct PveFacts {
 impl PveFacts {
     /// The Proxmox VE version (`GET /version`), read again after [`PVE_VERSION_MAX_AGE`].
     pub async fn pve_version(&self, pve: &ProxmoxClient) -> Result<String, ProxmoxError> {
-        let known = entry(&self.version)
-            .as_ref()
-            .filter(|(_, at)| at.elapsed() < PVE_VERSION_MAX_AGE)
-            .map(|(v, _)| v.clone());
-        if let Some(version) = known {
-            return Ok(version);
+        if let Some((version, at)) = &*entry(&self.version)
+            && at.elapsed() < PVE_VERSION_MAX_AGE
+        {
+            return Ok(version.clone());
         }
         let version = pve.version().await?.version;
         *entry(&self.version) = Some((version.clone(), Instant::now()));

@@ -4,8 +4,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::entry;
-use crate::proxmox::property::NodeName;
-use crate::rules::placement::{Placement, PlacementError, PlacementRequest, Reservations};
+use crate::rules::placement::{
+    Placement, PlacementError, PlacementRequest, Reservation, Reservations,
+};
 
 /// The nodes requests in flight were placed on, until the listing shows their VMs.
 #[derive(Default)]
@@ -27,25 +28,18 @@ impl Placements {
     ) -> Result<Placement, PlacementError> {
         let mut reservations = entry(&self.reservations);
         let placement = decide(&reservations)?;
-        reservations.reserve(
-            r.request_id,
-            &placement.node,
-            r.set_id,
-            r.memory_mb,
-            r.vcpus,
-        );
+        let reservation = Reservation {
+            node: placement.node.clone(),
+            set_id: r.set_id.map(str::to_string),
+            memory_bytes: r.memory_bytes(),
+            vcpus: r.vcpus,
+        };
+        reservations.reserve(r.request_id, reservation);
         Ok(placement)
     }
 
-    pub fn reserve(
-        &self,
-        request_id: &str,
-        node: &NodeName,
-        set_id: Option<&str>,
-        memory_mb: u64,
-        vcpus: u64,
-    ) {
-        entry(&self.reservations).reserve(request_id, node, set_id, memory_mb, vcpus);
+    pub fn reserve(&self, request_id: &str, reservation: Reservation) {
+        entry(&self.reservations).reserve(request_id, reservation);
     }
 
     /// Requests of `set` other than `request_id` placed by this process whose VMs the listing may
@@ -70,7 +64,7 @@ impl Placements {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxmox::property::StorageId;
+    use crate::proxmox::property::{NodeName, StorageId};
     use crate::rules::storage_selector::StorageSelector;
 
     #[test]

@@ -47,9 +47,8 @@ impl Vmids {
     /// Whether `vmid` is not `request`'s to choose: a request of this process is creating a VM
     /// there or made one lately, or another request's provider state records it.
     pub fn held(&self, vmid: u32, request: &str) -> bool {
-        let (held, lately) = (entry(&self.held), |at: &Instant| {
-            at.elapsed() < MADE_HELD_FOR
-        });
+        let held = entry(&self.held);
+        let lately = |at: &Instant| at.elapsed() < MADE_HELD_FOR;
         held.by_another(vmid, request) || held.made.get(&vmid).is_some_and(lately)
     }
 

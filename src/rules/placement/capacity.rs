@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use super::{LeftOut, PlacementRequest};
-use crate::model::{MIB, NodeSnapshot};
+use crate::model::NodeSnapshot;
 use crate::proxmox::property::NodeName;
 use crate::proxmox::types::VmResource;
 
@@ -143,23 +143,8 @@ pub struct Reservation {
 }
 
 impl Reservations {
-    pub fn reserve(
-        &mut self,
-        request_id: &str,
-        node: &NodeName,
-        set_id: Option<&str>,
-        memory_mb: u64,
-        vcpus: u64,
-    ) {
-        self.by_request.insert(
-            request_id.to_string(),
-            Reservation {
-                node: node.clone(),
-                set_id: set_id.map(str::to_string),
-                memory_bytes: memory_mb.saturating_mul(MIB),
-                vcpus,
-            },
-        );
+    pub fn reserve(&mut self, request_id: &str, reservation: Reservation) {
+        self.by_request.insert(request_id.to_string(), reservation);
     }
 
     pub fn release(&mut self, request_id: &str) -> Option<Reservation> {
@@ -173,10 +158,6 @@ impl Reservations {
             .filter(|(id, r)| id.as_str() != except && r.set_id.as_deref() == Some(set))
             .map(|(id, _)| id.clone())
             .collect()
-    }
-
-    pub fn get(&self, request_id: &str) -> Option<&Reservation> {
-        self.by_request.get(request_id)
     }
 
     /// Reservations on `node` whose VM is not in the snapshot yet (once it is, the tag counts it).
@@ -193,5 +174,13 @@ impl Reservations {
                     && !node.vms.iter().any(|vm| vm.name.as_ref() == Some(*id))
             })
             .map(|(_, r)| r)
+    }
+}
+
+/// What a reservation holds, for tests that look into the ledger.
+#[cfg(test)]
+impl Reservations {
+    pub(crate) fn get(&self, request_id: &str) -> Option<&Reservation> {
+        self.by_request.get(request_id)
     }
 }

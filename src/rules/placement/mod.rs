@@ -100,7 +100,7 @@ impl PlacementRequest<'_> {
             .unwrap_or(self.selector)
     }
 
-    fn memory_bytes(&self) -> u64 {
+    pub fn memory_bytes(&self) -> u64 {
         self.memory_mb.saturating_mul(MIB)
     }
 }

@@ -31,7 +31,7 @@ fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
     assert!(capacity_fit(&full, &req, &Reservations::default()).is_ok());
     // A reservation in flight counts until its VM is listed.
     let mut reserved = Reservations::default();
-    reserved.reserve("other", &node_name("pve1"), None, 2048, 2);
+    reserve(&mut reserved, "other", &node_name("pve1"), None, 2048, 2);
     assert!(matches!(
         capacity_fit(&full, &req, &reserved),
         Err(LeftOut::CpusCommitted { allocated: 16, .. })

@@ -15,6 +15,24 @@ mod strategy;
 mod template;
 mod verdict;
 
+/// Reserves `memory_mb` and `vcpus` on `node` for `request_id` of `set_id`.
+fn reserve(
+    reservations: &mut Reservations,
+    request_id: &str,
+    node: &NodeName,
+    set_id: Option<&str>,
+    memory_mb: u64,
+    vcpus: u64,
+) {
+    let reservation = Reservation {
+        node: node.clone(),
+        set_id: set_id.map(str::to_string),
+        memory_bytes: memory_mb * crate::model::MIB,
+        vcpus,
+    };
+    reservations.reserve(request_id, reservation);
+}
+
 fn pick(
     nodes: &[NodeSnapshot],
     request: &PlacementRequest<'_>,

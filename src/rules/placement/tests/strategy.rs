@@ -62,7 +62,14 @@ fn reservations_count_until_the_vm_appears() {
     let sel = any_storage();
     let empty = BTreeMap::new();
     let mut reservations = Reservations::default();
-    reservations.reserve("other", &node_name("pve1"), Some("workers"), 4096, 2);
+    reserve(
+        &mut reservations,
+        "other",
+        &node_name("pve1"),
+        Some("workers"),
+        4096,
+        2,
+    );
     let nodes = [node("pve1", 64), node("pve2", 32)];
     assert_eq!(
         pick(&nodes, &request(&sel, &empty), &reservations)
@@ -102,7 +109,7 @@ proptest! {
             let id = format!("req-{r}");
             let req = PlacementRequest { request_id: &id, memory_mb: memory, ..request(&sel, &empty) };
             let placed = pick(&nodes, &req, &reservations).unwrap();
-            reservations.reserve(&id, &placed.node, Some("workers"), memory, 2);
+            reserve(&mut reservations, &id, &placed.node, Some("workers"), memory, 2);
             *counts.entry(placed.node.to_string()).or_default() += 1;
         }
         prop_assert_eq!(counts.len(), nodes_n);
@@ -124,7 +131,14 @@ fn six_requests_of_one_set_spread_two_per_node() {
             ..request(&sel, &empty)
         };
         let placed = pick(&nodes, &req, &reservations).unwrap();
-        reservations.reserve(&id, &placed.node, Some("workers"), 4096, 2);
+        reserve(
+            &mut reservations,
+            &id,
+            &placed.node,
+            Some("workers"),
+            4096,
+            2,
+        );
         *counts.entry(placed.node.to_string()).or_default() += 1;
     }
     assert_eq!(counts.into_values().collect::<Vec<_>>(), vec![2, 2, 2]);
@@ -203,7 +217,14 @@ fn negative_resource_affinity_avoids_nodes_holding_the_set_whatever_the_strategy
             ..request(&sel, &empty)
         };
         let placed = pick(&nodes, &req, &reservations).unwrap();
-        reservations.reserve(&id, &placed.node, Some("workers"), 4096, 2);
+        reserve(
+            &mut reservations,
+            &id,
+            &placed.node,
+            Some("workers"),
+            4096,
+            2,
+        );
         chosen.push(placed.node.to_string());
     }
     chosen.sort();

@@ -12,7 +12,14 @@ fn node_verdicts_say_why_with_numbers() {
     let empty = BTreeMap::new();
     let allowed = vec![node_name("pve1")];
     let mut reserved = Reservations::default();
-    reserved.reserve("other", &node_name("pve1"), None, 30 * 1024, 2);
+    reserve(
+        &mut reserved,
+        "other",
+        &node_name("pve1"),
+        None,
+        30 * 1024,
+        2,
+    );
     let small_disk = {
         let mut n = node("pve1", 64);
         n.storages[1].available = 10 * GIB;
