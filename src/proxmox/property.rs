@@ -531,7 +531,6 @@ pub fn boot_order(slots: &[Slot]) -> String {
 pub enum Hugepages {
     TwoMb,
     OneGb,
-    Any,
 }
 
 impl Hugepages {
@@ -539,7 +538,6 @@ impl Hugepages {
         match self {
             Hugepages::TwoMb => "2",
             Hugepages::OneGb => "1024",
-            Hugepages::Any => "any",
         }
     }
 }

@@ -156,7 +156,6 @@ fn hugepages_problems(pages: Hugepages, k: &Keys, f: &mut impl FnMut(&str, Strin
         Hugepages::TwoMb => (2, "2MB"),
         Hugepages::OneGb => (1024, "1GB"),
         // Proxmox picks 1GB pages when they divide the memory, else 2MB: even is the least it needs.
-        Hugepages::Any => (2, "2MB (the smallest `any` may choose)"),
     };
     let (memory, sockets) = (k.memory_mb, u64::from(k.sockets.max(1)));
     // Memory is 0 when it is missing or wrong (its problem is reported).
