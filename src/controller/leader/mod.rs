@@ -77,7 +77,7 @@ impl Election {
     ) -> (Self, watch::Receiver<Role>) {
         let me = Holder::this_process();
         let claim = claim.map_or_else(LocalClaim::default, |path| LocalClaim::take(path, &me));
-        fence.shut_now();
+        fence.set(None);
         metrics.leader.set(0);
         let (role, rx) = watch::channel(Role::Standby);
         let election = Self {
@@ -159,7 +159,7 @@ impl Election {
                 self.reachable = true;
                 if held {
                     self.renewed_at = Some(sent);
-                    self.fence.open_until(sent + self.timings.renew_deadline);
+                    self.fence.set(Some(sent + self.timings.renew_deadline));
                     self.set_role(Role::Leader);
                 } else if self.is_leader() {
                     let holder = self.last_holder();
@@ -300,7 +300,7 @@ impl Election {
     }
 
     fn lose(&mut self, why: &str) {
-        self.fence.shut_now();
+        self.fence.set(None);
         self.renewed_at = None;
         tracing::warn!(holder = %self.me.id(), "lost the leader lease ({why}); every write stopped; standing by");
         self.announced = String::new();
@@ -310,7 +310,7 @@ impl Election {
     /// Gives the lease up (at shutdown), so that a standby takes it at once instead of waiting
     /// it out.
     async fn release(&mut self) {
-        self.fence.shut_now();
+        self.fence.set(None);
         if !self.is_leader() {
             return;
         }
