@@ -68,12 +68,12 @@ impl Context {
             join_mode,
             owner,
             statuses: Arc::new(WriteCache::new(MACHINE_REQUEST_STATUS, true)),
-            finalized: Mutex::new(HashSet::new()),
+            finalized: Mutex::default(),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
-            topology_writes: tokio::sync::Mutex::new(()),
-            talos_factories: Mutex::new(HashMap::new()),
+            topology_writes: Default::default(),
+            talos_factories: Mutex::default(),
             outputs: Arc::new(Outputs::new(super::outputs::WAIT_FOR_OMNI)),
-            torn_down: Mutex::new(HashSet::new()),
+            torn_down: Mutex::default(),
         }
     }
 
@@ -264,7 +264,7 @@ impl<S: Spec> WriteCache<S> {
     pub fn new(kind: Kind<S>, omni_adds_finalizers: bool) -> Self {
         Self {
             kind,
-            last: Mutex::new(HashMap::new()),
+            last: Mutex::default(),
             omni_adds_finalizers,
         }
     }

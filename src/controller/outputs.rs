@@ -101,7 +101,7 @@ impl Outputs {
     /// What the watch showed is believed for `trusted_for`; after that a teardown asks Omni.
     pub fn new(trusted_for: Duration) -> Self {
         Self {
-            known: Mutex::new(Known::default()),
+            known: Mutex::default(),
             trusted_for,
         }
     }

@@ -56,9 +56,9 @@ impl Controller {
     pub fn with_shutdown_grace(shutdown_grace: Duration) -> Arc<Self> {
         contain::install_hook();
         Arc::new(Self {
-            queue: Arc::new(WorkQueue::new()),
-            failures: Mutex::new(HashMap::new()),
-            delivered: Mutex::new(HashMap::new()),
+            queue: Arc::default(),
+            failures: Mutex::default(),
+            delivered: Mutex::default(),
             shutdown_grace,
         })
     }
