@@ -289,7 +289,7 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
     let outcome = while_leading(&settings, &state, roles, &mut shutdown, term_context).await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    join_all([part, heartbeat].into_iter().chain(metrics_server)).await;
+    join_all([heartbeat].into_iter().chain(part).chain(metrics_server)).await;
     tracing::info!("stopped");
     outcome
 }
@@ -309,23 +309,18 @@ fn announce_start(settings: &Settings) {
 }
 
 /// This process's part until `stop`: a replica in the leader election (its role changes as the
-/// lease goes), or with `--leader-elect=false` the leader for good.
+/// lease goes), or with `--leader-elect=false` the leader for good (a role whose channel is closed
+/// at once: no task keeps it, and a closed channel ends no term).
 fn take_part(
     settings: &Settings,
     unfenced: &StateClient,
     fence: Fence,
     metrics: &Arc<Metrics>,
     stop: &watch::Receiver<bool>,
-) -> (watch::Receiver<Role>, JoinHandle<()>) {
+) -> (watch::Receiver<Role>, Option<JoinHandle<()>>) {
     let Some(timings) = settings.leader_election else {
         metrics.leader.set(1);
-        let (single, roles) = watch::channel(Role::Leader);
-        let mut stop = stop.clone();
-        let part = tokio::spawn(async move {
-            let _ = stop.wait_for(|s| *s).await;
-            drop(single);
-        });
-        return (roles, part);
+        return (watch::channel(Role::Leader).1, None);
     };
     let args = &settings.args;
     let claim_file =
@@ -338,12 +333,12 @@ fn take_part(
         fence,
         metrics.clone(),
     );
-    (roles, tokio::spawn(election.run(stop.clone())))
+    (roles, Some(tokio::spawn(election.run(stop.clone()))))
 }
 
 /// Works through every term of leadership until `shutdown`: registers, then reconciles and keeps
 /// the topology labels, each term with the context `term_context` makes, stopped when the lease is
-/// lost.
+/// lost (a role channel closed while leading, as without an election, loses nothing).
 async fn while_leading(
     settings: &Settings,
     state: &StateClient,
@@ -361,7 +356,7 @@ async fn while_leading(
         });
         let registered = tokio::select! {
             r = register => r,
-            _ = roles.wait_for(|r| *r != Role::Leader) => continue,
+            Ok(_) = roles.wait_for(|r| *r != Role::Leader) => continue,
             () = &mut *shutdown => return Ok(()),
         };
         match registered {
@@ -387,7 +382,7 @@ async fn while_leading(
             "watching machine requests"
         );
         let done = tokio::select! {
-            _ = roles.wait_for(|r| *r != Role::Leader) => false,
+            Ok(_) = roles.wait_for(|r| *r != Role::Leader) => false,
             () = &mut *shutdown => true,
         };
         // Reconciles in flight finish within the runner's grace (a fenced write fails at once,
