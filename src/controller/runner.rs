@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use super::context::{Context, version};
-use super::error_policy::{ReconcileError, error_policy, omni};
+use super::error_policy::{ReconcileError, kind, omni, retry_after};
 use super::outputs::OutputOf;
 use super::requests::Request;
 use super::workqueue::{Action, WorkQueue};
@@ -246,7 +246,7 @@ impl Controller {
                 }
             }
             Err(e) => {
-                let delay = error_policy(&e, self.count_failure(&id));
+                let delay = retry_after(kind(&e), self.count_failure(&id));
                 tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
                 self.queue.add_after(id.clone(), delay);
             }
