@@ -274,10 +274,6 @@ impl<S: Spec> WriteCache<S> {
         entry(&self.last).get(id).cloned()
     }
 
-    fn remember(&self, id: &str, resource: &Typed<S>) {
-        entry(&self.last).insert(id.to_owned(), resource.clone());
-    }
-
     /// A newer version of a resource this process wrote, as a watch delivered it (Omni's
     /// controllers add their finalizers right after our create): remembered instead, so the next
     /// update carries the version Omni holds and costs one call, not a refused update and a read.
@@ -311,7 +307,7 @@ impl<S: Spec> WriteCache<S> {
             }
             match state.update(&self.kind, &next, owner, None).await {
                 Ok(stored) => {
-                    self.remember(id, &stored);
+                    entry(&self.last).insert(id.to_owned(), stored.clone());
                     return Ok(stored);
                 }
                 Err(e) if e.is_conflict() || e.is_not_found() => self.forget(id),
@@ -321,7 +317,7 @@ impl<S: Spec> WriteCache<S> {
         let stored = state.modify(&self.kind, id, owner, mutate).await?;
         let created = stored.metadata.version == "1";
         if !(created && self.omni_adds_finalizers) {
-            self.remember(id, &stored);
+            entry(&self.last).insert(id.to_owned(), stored.clone());
         }
         Ok(stored)
     }
@@ -374,7 +370,7 @@ mod tests {
             cache.last_written("r1").is_none(),
             "only what we wrote is kept"
         );
-        cache.remember("r1", &status("3", "ours"));
+        entry(&cache.last).insert("r1".into(), status("3", "ours"));
         cache.observe(status("2", "older echo"));
         assert_eq!(cache.last_written("r1").unwrap().spec.status, "ours");
         cache.observe(status("4", "with Omni's finalizer"));

@@ -53,9 +53,8 @@ pub async fn apply(ctx: &Context, request: &Request) -> Result<Action, Reconcile
     // keeps while it waits for a slot is only what the steps need (see `run_steps`).
     let result = match Box::pin(run.prepare(request)).await {
         Ok(Some(mut ready)) => run.run_steps(&mut ready).await,
-        // PROVISIONED already.
-        Ok(None) => Ok(Action::Done),
-        Err(e) => Err(e),
+        // PROVISIONED already, or a failure.
+        prepared => prepared.map(|_| Action::Done),
     };
     // What the status says about the failure is the error policy's to decide.
     if let Err(e) = &result {

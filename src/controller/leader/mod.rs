@@ -149,10 +149,8 @@ impl Election {
             _ => self.timings.renew_deadline,
         };
         let attempt = self.try_acquire_or_renew(sent, delivered);
-        let outcome = match tokio::time::timeout(budget, attempt).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(format!("no answer from Omni within {budget:?}")),
-        };
+        let outcome = (tokio::time::timeout(budget, attempt).await)
+            .unwrap_or_else(|_| Err(format!("no answer from Omni within {budget:?}")));
         self.metrics.omni_connected.set(i64::from(outcome.is_ok()));
         match outcome {
             Ok(held) => {
