@@ -32,13 +32,6 @@ use crate::omni::resources::{Kind, LEASE_ID, provider_lease};
 use crate::omni::state::{StateClient, StateError, Typed};
 use identity::{Holder, LocalClaim};
 
-/// What this replica is now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Standby,
-    Leader,
-}
-
 /// The lease has no owner: any replica of the provider may write it.
 const OWNER: &str = "";
 
@@ -51,7 +44,8 @@ pub struct Election {
     timings: Timings,
     fence: Fence,
     metrics: Arc<Metrics>,
-    role: watch::Sender<Role>,
+    /// Whether this replica leads now (else it stands by).
+    leading: watch::Sender<bool>,
     /// The lease as last read or written.
     last: Option<Typed<LeaseSpec>>,
     /// When this replica first saw the version in `last`: expiry counts from here.
@@ -74,12 +68,12 @@ impl Election {
         claim: Option<&Path>,
         fence: Fence,
         metrics: Arc<Metrics>,
-    ) -> (Self, watch::Receiver<Role>) {
+    ) -> (Self, watch::Receiver<bool>) {
         let me = Holder::this_process();
         let claim = claim.map_or_else(LocalClaim::default, |path| LocalClaim::take(path, &me));
         fence.set(None);
         metrics.leader.set(0);
-        let (role, rx) = watch::channel(Role::Standby);
+        let (leading, rx) = watch::channel(false);
         let election = Self {
             state,
             kind: provider_lease(provider_id),
@@ -88,7 +82,7 @@ impl Election {
             timings,
             fence,
             metrics,
-            role,
+            leading,
             last: None,
             seen_at: Instant::now(),
             renewed_at: None,
@@ -99,7 +93,7 @@ impl Election {
     }
 
     fn is_leader(&self) -> bool {
-        *self.role.borrow() == Role::Leader
+        *self.leading.borrow()
     }
 
     /// Until when the fence stays open.
@@ -158,7 +152,7 @@ impl Election {
                 if held {
                     self.renewed_at = Some(sent);
                     self.fence.set(Some(sent + self.timings.renew_deadline));
-                    self.set_role(Role::Leader);
+                    self.set_leading(true);
                 } else if self.is_leader() {
                     let holder = self.last_holder();
                     self.lose(&format!("the lease is held by {holder}"));
@@ -287,12 +281,12 @@ impl Election {
             .unwrap_or_else(|| "nobody".to_owned())
     }
 
-    fn set_role(&mut self, role: Role) {
+    fn set_leading(&mut self, leading: bool) {
         let changed = self
-            .role
-            .send_if_modified(|r| std::mem::replace(r, role) != role);
+            .leading
+            .send_if_modified(|l| std::mem::replace(l, leading) != leading);
         if changed {
-            self.metrics.leader.set(i64::from(role == Role::Leader));
+            self.metrics.leader.set(i64::from(leading));
             self.metrics.leader_transitions.inc();
         }
     }
@@ -302,7 +296,7 @@ impl Election {
         self.renewed_at = None;
         tracing::warn!(holder = %self.me.id(), "lost the leader lease ({why}); every write stopped; standing by");
         self.announced = String::new();
-        self.set_role(Role::Standby);
+        self.set_leading(false);
     }
 
     /// Gives the lease up (at shutdown), so that a standby takes it at once instead of waiting
@@ -312,7 +306,7 @@ impl Election {
         if !self.is_leader() {
             return;
         }
-        self.set_role(Role::Standby);
+        self.set_leading(false);
         let Some(mut next) = self.last.clone().filter(|l| l.spec.holder == self.me.id()) else {
             return;
         };
