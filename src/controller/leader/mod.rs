@@ -331,9 +331,7 @@ impl Election {
 fn how_acquired(attempt: &Attempt) -> Option<&'static str> {
     match attempt {
         Attempt::Create => Some("no replica had held it yet"),
-        Attempt::Take(Why::Released) => Some("it was released"),
-        Attempt::Take(Why::Expired) => Some("its holder stopped renewing it"),
-        Attempt::Take(Why::Predecessor) => Some("it named this replica's exited predecessor"),
+        Attempt::Take(why) => Some(why),
         Attempt::Renew | Attempt::Wait => None,
     }
 }
@@ -414,17 +412,11 @@ pub enum Attempt {
     Create,
     /// Held by this replica: renew it.
     Renew,
-    /// Free (released, expired, or held by this replica's exited predecessor): take it.
-    Take(Why),
+    /// Free (released, expired, or held by this replica's exited predecessor): take it, for the
+    /// reason the log gives.
+    Take(&'static str),
     /// Held by someone else, who may still be alive.
     Wait,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Why {
-    Released,
-    Expired,
-    Predecessor,
 }
 
 /// The decision on `record` for the replica `me`, whose exited predecessor on this host (if any) is
@@ -441,11 +433,11 @@ pub fn decide(
     if record.holder == me {
         Attempt::Renew
     } else if record.holder.is_empty() {
-        Attempt::Take(Why::Released)
+        Attempt::Take("it was released")
     } else if predecessor == Some(record.holder.as_str()) {
-        Attempt::Take(Why::Predecessor)
+        Attempt::Take("it named this replica's exited predecessor")
     } else if unchanged_for >= Duration::from_millis(record.lease_duration_ms) {
-        Attempt::Take(Why::Expired)
+        Attempt::Take("its holder stopped renewing it")
     } else {
         Attempt::Wait
     }
@@ -473,7 +465,7 @@ mod tests {
         );
         assert_eq!(
             decide(Some(&held_by("")), "me", None, s(0)),
-            Attempt::Take(Why::Released)
+            Attempt::Take("it was released")
         );
         assert_eq!(
             decide(Some(&held_by("other")), "me", None, s(14)),
@@ -481,11 +473,11 @@ mod tests {
         );
         assert_eq!(
             decide(Some(&held_by("other")), "me", None, s(15)),
-            Attempt::Take(Why::Expired)
+            Attempt::Take("its holder stopped renewing it")
         );
         assert_eq!(
             decide(Some(&held_by("old")), "me", Some("old"), s(0)),
-            Attempt::Take(Why::Predecessor)
+            Attempt::Take("it named this replica's exited predecessor")
         );
         assert_eq!(
             decide(Some(&held_by("other")), "me", Some("old"), s(0)),
@@ -500,7 +492,7 @@ mod tests {
         short.lease_duration_ms = 1_000;
         assert_eq!(
             decide(Some(&short), "me", None, Duration::from_secs(1)),
-            Attempt::Take(Why::Expired)
+            Attempt::Take("its holder stopped renewing it")
         );
     }
 
