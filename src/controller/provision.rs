@@ -200,8 +200,21 @@ impl Provisioning<'_> {
         let (outcome, progress) = self.run_step(step, ready).await?;
         let state = &mut ready.state;
         match outcome {
+            // The state is written here only after a retry healed a failure; otherwise the next
+            // write takes it along: a decision a step must keep before acting on Proxmox is
+            // written by the step itself ([`StepContext::persist`]), a requeue, a failure and the
+            // end write the state, and a crash in between re-runs steps that find their work done.
             Ok(StepOutcome::Done) => {
-                self.step_done(step, state).await?;
+                state.step = Some(step.as_str().to_owned());
+                if state.last_error.take().is_some() {
+                    self.save_state(step, state).await?;
+                    self.ctx
+                        .write_status(self.id, &self.labels, |s| {
+                            s.stage = Stage::Provisioning as i32;
+                            s.error.clear();
+                        })
+                        .await?;
+                }
                 Ok(None)
             }
             Ok(StepOutcome::Requeue { after, why }) => {
@@ -297,25 +310,6 @@ impl Provisioning<'_> {
         }
         services.metrics.step(step.as_str(), started.elapsed());
         Ok((outcome, progress))
-    }
-
-    /// Marks `step` done in the state. The state is written here only after a retry healed a
-    /// failure; otherwise the next write takes it along: a decision a step must keep before acting
-    /// on Proxmox is written by the step itself ([`StepContext::persist`]), a requeue, a failure and
-    /// the end write the state, and a crash in between re-runs steps that find their work done.
-    async fn step_done(&self, step: Step, state: &mut MachineState) -> Result<(), ReconcileError> {
-        state.step = Some(step.as_str().to_owned());
-        let recovered = state.last_error.take().is_some();
-        if recovered {
-            self.save_state(step, state).await?;
-            self.ctx
-                .write_status(self.id, &self.labels, |s| {
-                    s.stage = Stage::Provisioning as i32;
-                    s.error.clear();
-                })
-                .await?;
-        }
-        Ok(())
     }
 
     async fn provisioned(&self, state: &MachineState) -> Result<Action, ReconcileError> {
