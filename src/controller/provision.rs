@@ -186,12 +186,7 @@ impl Provisioning<'_> {
                 return Ok(action);
             }
         }
-        // After the last step: the topology labels, then PROVISIONED.
-        Box::pin(async {
-            self.label_topology(&ready.info, &ready.state).await;
-            self.provisioned(&ready.state).await
-        })
-        .await
+        Box::pin(self.provisioned(ready)).await
     }
 
     /// Runs `step` and acts on its outcome: `None` to go on with the next step, else what the
@@ -233,20 +228,6 @@ impl Provisioning<'_> {
                 self.ctx.services.metrics.step_failure(step.as_str());
                 Err(e)
             }
-        }
-    }
-
-    /// The machine's topology labels (zone = its node), unless its provider data turns them off. A
-    /// failure here does not fail the machine: the housekeeping round writes the patch on its next round.
-    async fn label_topology(&self, info: &RequestInfo, state: &MachineState) {
-        let Some(node) = state.node.as_ref() else {
-            return;
-        };
-        let data = self.ctx.services.provider_data(info, Some(node.as_str()));
-        if data.is_ok_and(|data| data.topology_labels)
-            && let Err(e) = topology::label(self.ctx, self.id, node.as_str()).await
-        {
-            tracing::warn!(request = %self.id, error = %e, "cannot write the topology labels now; the next housekeeping round will");
         }
     }
 
@@ -312,8 +293,21 @@ impl Provisioning<'_> {
         Ok((outcome, progress))
     }
 
-    async fn provisioned(&self, state: &MachineState) -> Result<Action, ReconcileError> {
+    /// After the last step: the machine's topology labels (zone = its node), unless its provider
+    /// data turns them off, then PROVISIONED. A failure to label does not fail the machine: the
+    /// housekeeping round writes the patch on its next round.
+    async fn provisioned(&self, ready: &Ready) -> Result<Action, ReconcileError> {
         let (ctx, id) = (self.ctx, self.id);
+        let state = &ready.state;
+        if let Some(node) = state.node.as_ref()
+            && ctx
+                .services
+                .provider_data(&ready.info, Some(node.as_str()))
+                .is_ok_and(|data| data.topology_labels)
+            && let Err(e) = topology::label(ctx, id, node.as_str()).await
+        {
+            tracing::warn!(request = %id, error = %e, "cannot write the topology labels now; the next housekeeping round will");
+        }
         self.save_state(Step::ALL[Step::ALL.len() - 1], state)
             .await?;
         ctx.services.ledgers.placements.release(id);
