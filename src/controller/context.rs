@@ -4,7 +4,7 @@
 //! Writes to the two resources the provider owns per request (its MachineRequestStatus and its
 //! provider state) go through here, so that every part of the controller writes them the same way.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -108,7 +108,7 @@ impl Context {
     pub async fn write_status(
         &self,
         id: &str,
-        labels: &BTreeMap<String, String>,
+        labels: &HashMap<String, String>,
         mut mutate: impl FnMut(&mut MachineRequestStatusSpec),
     ) -> Result<(), ReconcileError> {
         // Boxed, as every Omni write here: see `run_steps` in `provision.rs`.
@@ -128,7 +128,7 @@ impl Context {
     pub async fn report_failure(
         &self,
         id: &str,
-        labels: &BTreeMap<String, String>,
+        labels: &HashMap<String, String>,
         error: &ReconcileError,
     ) {
         let Some(report) = error_policy::report(error) else {
@@ -225,11 +225,6 @@ impl Context {
         entry(&self.finalized).remove(id);
         self.services.ledgers.placements.release(id);
     }
-}
-
-/// The request's labels, which its status carries too.
-pub fn labels(request: &Request) -> BTreeMap<String, String> {
-    request.metadata.labels.clone().into_iter().collect()
 }
 
 /// COSI versions count up from 1 per resource; one that does not parse sorts first, so a newer

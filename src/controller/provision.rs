@@ -14,11 +14,11 @@
 //! - the status `id` is set to the SMBIOS UUID with the first line after the VM exists, and the request ID is encoded
 //!   in the join token, so Omni links the machine to its request either way (§3.5).
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use tracing::Instrument;
 
-use super::context::{self, Context};
+use super::context::Context;
 use super::error_policy::{ReconcileError, omni};
 use super::progress::{Phase, StateStore, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
@@ -47,7 +47,7 @@ pub async fn apply(ctx: &Context, request: &Request) -> Result<Action, Reconcile
     let run = Provisioning {
         ctx,
         id: request.id(),
-        labels: context::labels(request),
+        labels: request.metadata.labels.clone(),
     };
     // The reads before the steps are on the heap while they run, so that what the reconcile
     // keeps while it waits for a slot is only what the steps need (see `run_steps`).
@@ -67,7 +67,7 @@ pub async fn apply(ctx: &Context, request: &Request) -> Result<Action, Reconcile
 struct Provisioning<'a> {
     ctx: &'a Context,
     id: &'a str,
-    labels: BTreeMap<String, String>,
+    labels: HashMap<String, String>,
 }
 
 /// What the steps need, read before the first of them runs, and the cluster listing they share.
@@ -397,9 +397,9 @@ impl Provisioning<'_> {
 /// The request's labels plus `omni.sidero.dev/infra-id` = VMID (kept at PROVISIONED, unlike the Go
 /// library, which dropped it).
 fn with_infra_id(
-    labels: &BTreeMap<String, String>,
+    labels: &HashMap<String, String>,
     state: &MachineState,
-) -> BTreeMap<String, String> {
+) -> HashMap<String, String> {
     let mut with = labels.clone();
     let vmid = state.vmid.map_or(0, |v| v.get());
     with.insert(label::INFRA_ID.to_owned(), vmid.to_string());

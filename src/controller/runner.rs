@@ -297,7 +297,7 @@ pub async fn panicked(ctx: &Context, id: &str, panic: Panic) -> ReconcileError {
     let error = ReconcileError::Panicked(panic);
     match ctx.state.find(&MACHINE_REQUEST, id).await {
         Ok(Some(request)) => {
-            ctx.report_failure(id, &super::context::labels(&request), &error)
+            ctx.report_failure(id, &request.metadata.labels, &error)
                 .await;
         }
         Ok(None) => {}
