@@ -100,7 +100,15 @@ impl Controller {
                     }
                     None => break,
                 },
-                Some(Ok(event)) = statuses.recv() => self.retry(status_seen(&ctx, event)),
+                // Kept in the outputs and, updated, in the write cache.
+                Some(Ok(event)) = statuses.recv() => {
+                    self.retry(ctx.outputs.observe(OutputOf::Status, &event));
+                    if let WatchEvent::Updated(status) = event
+                        && let Ok(status) = Typed::decode(status)
+                    {
+                        ctx.statuses.observe(status);
+                    }
+                }
                 Some(Ok(event)) = patches.recv() => {
                     self.retry(ctx.outputs.observe(OutputOf::PatchRequest, &event));
                 }
@@ -306,18 +314,6 @@ pub async fn panicked(ctx: &Context, id: &str, panic: Panic) -> ReconcileError {
         }
     }
     error
-}
-
-/// One event of our MachineRequestStatuses' watch: kept in [`Context::outputs`] and, updated, in
-/// the write cache; answers the teardown Omni let go of, if any.
-pub fn status_seen(ctx: &Context, event: WatchEvent) -> Option<String> {
-    let released = ctx.outputs.observe(OutputOf::Status, &event);
-    if let WatchEvent::Updated(status) = event
-        && let Ok(status) = Typed::decode(status)
-    {
-        ctx.statuses.observe(status);
-    }
-    released
 }
 
 /// The resources of `kind` labelled with our provider ID, as they change; dropping the receiver
