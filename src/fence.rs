@@ -32,20 +32,12 @@ impl Fence {
         Self(Some(Arc::default()))
     }
 
-    fn set(&self, until: Option<Instant>) {
+    /// Lets writes start until `until`, or refuses every write from now on (`None`); an
+    /// always-open fence stays open.
+    pub fn set(&self, until: Option<Instant>) {
         if let Some(gate) = &self.0 {
             *gate.lock().unwrap_or_else(|p| p.into_inner()) = until;
         }
-    }
-
-    /// Lets writes start until `deadline`; an always-open fence stays open.
-    pub fn open_until(&self, deadline: Instant) {
-        self.set(Some(deadline));
-    }
-
-    /// Refuses every write from now on (until the next [`Fence::open_until`]).
-    pub fn shut_now(&self) {
-        self.set(None);
     }
 
     /// Whether a write may start now.
@@ -70,22 +62,22 @@ mod tests {
     fn a_fence_opens_until_its_deadline_and_shuts_on_demand() {
         let fence = Fence::shut();
         assert_eq!(fence.check(), Err(Fenced));
-        fence.open_until(Instant::now() + Duration::from_secs(60));
+        fence.set(Some(Instant::now() + Duration::from_secs(60)));
         assert_eq!(fence.check(), Ok(()));
-        fence.shut_now();
+        fence.set(None);
         assert_eq!(fence.check(), Err(Fenced));
-        fence.open_until(Instant::now());
+        fence.set(Some(Instant::now()));
         assert_eq!(fence.check(), Err(Fenced), "the deadline is exclusive");
         let clone = fence.clone();
-        clone.open_until(Instant::now() + Duration::from_secs(60));
+        clone.set(Some(Instant::now() + Duration::from_secs(60)));
         assert_eq!(fence.check(), Ok(()), "clones share one gate");
     }
 
     #[test]
     fn an_open_fence_never_shuts() {
         let fence = Fence::open();
-        fence.shut_now();
-        fence.open_until(Instant::now());
+        fence.set(None);
+        fence.set(Some(Instant::now()));
         assert_eq!(fence.check(), Ok(()));
     }
 }

@@ -5,8 +5,8 @@
 //! - [`omni`]: everything that speaks Omni (signing, the State client and its watch, join configs,
 //!   schematics). The in-memory Omni the tests and the demo run against is the `testkit` crate's.
 //! - [`controller`]: the long-running duties. [`controller::runner`] drives the watch, the queue and
-//!   the workers; [`controller::machine`] dispatches a key to apply, cleanup or orphan;
-//!   "what after this error" is [`controller::error_policy::error_policy`].
+//!   the workers, and dispatches a key to apply, cleanup or orphan; "what after this error" is
+//!   [`controller::error_policy`].
 //! - [`pipeline`]: the provisioning steps (one module each, [`pipeline::step`] for what they share)
 //!   and [`pipeline::deprovision`].
 //! - [`model`]: the world as plain values ([`model::ClusterSnapshot`], built once per listing; the

@@ -22,7 +22,7 @@ use crate::config::ProviderConfig;
 use crate::controller::context::Context;
 use crate::controller::health::{self, HealthCheck};
 use crate::controller::leader::identity::default_claim_path;
-use crate::controller::leader::{Election, Role, Timings};
+use crate::controller::leader::{Election, Timings};
 use crate::controller::registration::{self, ProviderInfo};
 use crate::controller::runner::{self, Controller};
 use crate::fence::Fence;
@@ -260,7 +260,7 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
     let fence = (settings.leader_election).map_or_else(Fence::open, |_| Fence::shut());
     pve.set_fence(fence.clone());
     let state = omni.state.fenced(fence.clone());
-    let (roles, part) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
+    let (leading, part) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
     let heartbeat = health::Heartbeat {
         state: state.clone(),
         provider_id,
@@ -268,7 +268,7 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
         check: health_check,
         metrics: metrics.clone(),
     };
-    let heartbeat = tokio::spawn(heartbeat.run(stop_rx, roles.clone()));
+    let heartbeat = tokio::spawn(heartbeat.run(stop_rx, leading.clone()));
     // Each term of leadership starts with fresh ledgers and caches: another replica may have
     // changed anything meanwhile.
     let term_context = || -> Context {
@@ -286,10 +286,10 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
         };
         Context::new(Arc::new(services), state.clone(), mode)
     };
-    let outcome = while_leading(&settings, &state, roles, &mut shutdown, term_context).await;
+    let outcome = while_leading(&settings, &state, leading, &mut shutdown, term_context).await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    join_all([part, heartbeat].into_iter().chain(metrics_server)).await;
+    join_all([heartbeat].into_iter().chain(part).chain(metrics_server)).await;
     tracing::info!("stopped");
     outcome
 }
@@ -309,28 +309,23 @@ fn announce_start(settings: &Settings) {
 }
 
 /// This process's part until `stop`: a replica in the leader election (its role changes as the
-/// lease goes), or with `--leader-elect=false` the leader for good.
+/// lease goes), or with `--leader-elect=false` the leader for good (a role whose channel is closed
+/// at once: no task keeps it, and a closed channel ends no term).
 fn take_part(
     settings: &Settings,
     unfenced: &StateClient,
     fence: Fence,
     metrics: &Arc<Metrics>,
     stop: &watch::Receiver<bool>,
-) -> (watch::Receiver<Role>, JoinHandle<()>) {
+) -> (watch::Receiver<bool>, Option<JoinHandle<()>>) {
     let Some(timings) = settings.leader_election else {
         metrics.leader.set(1);
-        let (single, roles) = watch::channel(Role::Leader);
-        let mut stop = stop.clone();
-        let part = tokio::spawn(async move {
-            let _ = stop.wait_for(|s| *s).await;
-            drop(single);
-        });
-        return (roles, part);
+        return (watch::channel(true).1, None);
     };
     let args = &settings.args;
     let claim_file =
         (args.leader_elect_claim_file.clone()).unwrap_or_else(|| default_claim_path(&args.omni.id));
-    let (election, roles) = Election::new(
+    let (election, leading) = Election::new(
         unfenced.clone(),
         &settings.info.id,
         timings,
@@ -338,22 +333,22 @@ fn take_part(
         fence,
         metrics.clone(),
     );
-    (roles, tokio::spawn(election.run(stop.clone())))
+    (leading, Some(tokio::spawn(election.run(stop.clone()))))
 }
 
 /// Works through every term of leadership until `shutdown`: registers, then reconciles and keeps
 /// the topology labels, each term with the context `term_context` makes, stopped when the lease is
-/// lost.
+/// lost (a role channel closed while leading, as without an election, loses nothing).
 async fn while_leading(
     settings: &Settings,
     state: &StateClient,
-    mut roles: watch::Receiver<Role>,
+    mut leading: watch::Receiver<bool>,
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
     term_context: impl Fn() -> Context,
 ) -> CliResult {
     loop {
         tokio::select! {
-            leading = roles.wait_for(|r| *r == Role::Leader) => if leading.is_err() { return Ok(()) },
+            led = leading.wait_for(|l| *l) => if led.is_err() { return Ok(()) },
             () = &mut *shutdown => return Ok(()),
         }
         let register = until_reachable("registering the provider status", || {
@@ -361,7 +356,7 @@ async fn while_leading(
         });
         let registered = tokio::select! {
             r = register => r,
-            _ = roles.wait_for(|r| *r != Role::Leader) => continue,
+            Ok(_) = leading.wait_for(|l| !l) => continue,
             () = &mut *shutdown => return Ok(()),
         };
         match registered {
@@ -387,7 +382,7 @@ async fn while_leading(
             "watching machine requests"
         );
         let done = tokio::select! {
-            _ = roles.wait_for(|r| *r != Role::Leader) => false,
+            Ok(_) = leading.wait_for(|l| !l) => false,
             () = &mut *shutdown => true,
         };
         // Reconciles in flight finish within the runner's grace (a fenced write fails at once,

@@ -4,7 +4,7 @@
 //! Writes to the two resources the provider owns per request (its MachineRequestStatus and its
 //! provider state) go through here, so that every part of the controller writes them the same way.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,12 +68,12 @@ impl Context {
             join_mode,
             owner,
             statuses: Arc::new(WriteCache::new(MACHINE_REQUEST_STATUS, true)),
-            finalized: Mutex::new(HashSet::new()),
+            finalized: Mutex::default(),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
-            topology_writes: tokio::sync::Mutex::new(()),
-            talos_factories: Mutex::new(HashMap::new()),
+            topology_writes: Default::default(),
+            talos_factories: Mutex::default(),
             outputs: Arc::new(Outputs::new(super::outputs::WAIT_FOR_OMNI)),
-            torn_down: Mutex::new(HashSet::new()),
+            torn_down: Mutex::default(),
         }
     }
 
@@ -108,7 +108,7 @@ impl Context {
     pub async fn write_status(
         &self,
         id: &str,
-        labels: &BTreeMap<String, String>,
+        labels: &HashMap<String, String>,
         mut mutate: impl FnMut(&mut MachineRequestStatusSpec),
     ) -> Result<(), ReconcileError> {
         // Boxed, as every Omni write here: see `run_steps` in `provision.rs`.
@@ -128,7 +128,7 @@ impl Context {
     pub async fn report_failure(
         &self,
         id: &str,
-        labels: &BTreeMap<String, String>,
+        labels: &HashMap<String, String>,
         error: &ReconcileError,
     ) {
         let Some(report) = error_policy::report(error) else {
@@ -227,11 +227,6 @@ impl Context {
     }
 }
 
-/// The request's labels, which its status carries too.
-pub fn labels(request: &Request) -> BTreeMap<String, String> {
-    request.metadata.labels.clone().into_iter().collect()
-}
-
 /// COSI versions count up from 1 per resource; one that does not parse sorts first, so a newer
 /// copy always replaces it.
 pub fn version<S>(resource: &Typed<S>) -> u64 {
@@ -264,7 +259,7 @@ impl<S: Spec> WriteCache<S> {
     pub fn new(kind: Kind<S>, omni_adds_finalizers: bool) -> Self {
         Self {
             kind,
-            last: Mutex::new(HashMap::new()),
+            last: Mutex::default(),
             omni_adds_finalizers,
         }
     }
@@ -272,10 +267,6 @@ impl<S: Spec> WriteCache<S> {
     /// The copy of `id` this process wrote last, if it remembers one.
     pub fn last_written(&self, id: &str) -> Option<Typed<S>> {
         entry(&self.last).get(id).cloned()
-    }
-
-    fn remember(&self, id: &str, resource: &Typed<S>) {
-        entry(&self.last).insert(id.to_owned(), resource.clone());
     }
 
     /// A newer version of a resource this process wrote, as a watch delivered it (Omni's
@@ -311,7 +302,7 @@ impl<S: Spec> WriteCache<S> {
             }
             match state.update(&self.kind, &next, owner, None).await {
                 Ok(stored) => {
-                    self.remember(id, &stored);
+                    entry(&self.last).insert(id.to_owned(), stored.clone());
                     return Ok(stored);
                 }
                 Err(e) if e.is_conflict() || e.is_not_found() => self.forget(id),
@@ -321,7 +312,7 @@ impl<S: Spec> WriteCache<S> {
         let stored = state.modify(&self.kind, id, owner, mutate).await?;
         let created = stored.metadata.version == "1";
         if !(created && self.omni_adds_finalizers) {
-            self.remember(id, &stored);
+            entry(&self.last).insert(id.to_owned(), stored.clone());
         }
         Ok(stored)
     }
@@ -374,7 +365,7 @@ mod tests {
             cache.last_written("r1").is_none(),
             "only what we wrote is kept"
         );
-        cache.remember("r1", &status("3", "ours"));
+        entry(&cache.last).insert("r1".into(), status("3", "ours"));
         cache.observe(status("2", "older echo"));
         assert_eq!(cache.last_written("r1").unwrap().spec.status, "ours");
         cache.observe(status("4", "with Omni's finalizer"));

@@ -90,12 +90,8 @@ const WAITING_MAX: Duration = Duration::from_secs(120);
 /// Long enough not to matter to Proxmox or Omni, short enough that a fix is noticed within minutes.
 const NEEDS_HUMAN: Duration = Duration::from_secs(300);
 
-/// When to try again. `attempt` counts this request's consecutive failures, this one included
-/// (1 = first). What the status says meanwhile is [`report`]'s.
-pub fn error_policy(error: &ReconcileError, attempt: u32) -> Duration {
-    retry_after(kind(error), attempt)
-}
-
+/// When to try again after a failure of this kind. `attempt` counts this request's consecutive
+/// failures, this one included (1 = first). What the status says meanwhile is [`report`]'s.
 pub fn retry_after(kind: ErrorKind, attempt: u32) -> Duration {
     let doubling = |first: Duration, max: Duration| {
         first
@@ -590,9 +586,9 @@ mod tests {
         } in table
         {
             assert_eq!(super::kind(&error), kind, "{error}");
-            let soon = error_policy(&error, 1);
+            let soon = retry_after(kind, 1);
             assert!(first.contains(&soon), "{error}: {soon:?}");
-            let later = error_policy(&error, 10);
+            let later = retry_after(kind, 10);
             assert!(tenth.contains(&later), "{error}: {later:?}");
             match report(&error) {
                 None => assert!(stage.is_none() && status.is_empty(), "{error}: no report"),

@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime};
 use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 
-use super::leader::Role;
 use crate::metrics::Metrics;
 use crate::omni::resources::{INFRA_PROVIDER_HEALTH_STATUS, health_controller_name};
 use crate::omni::state::{StateClient, StateError};
@@ -75,7 +74,11 @@ impl Heartbeat {
     /// A beat never takes longer than `interval` (at least [`BEAT_DEADLINE_FLOOR`]): one that Omni
     /// (or the health check) leaves unanswered is given up, counted as failed, and the next beat
     /// is sent on time, so one hung call cannot silence the provider for longer than one interval.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>, mut role: watch::Receiver<Role>) {
+    pub async fn run(
+        self,
+        mut shutdown: watch::Receiver<bool>,
+        mut leading: watch::Receiver<bool>,
+    ) {
         crate::contain::install_hook();
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -85,15 +88,15 @@ impl Heartbeat {
                 biased;
                 _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => return,
                 _ = ticker.tick() => {}
-                Ok(()) = role.changed() => {
-                    if *role.borrow() == Role::Leader {
+                Ok(()) = leading.changed() => {
+                    if *leading.borrow() {
                         ticker.reset();
                     } else {
                         continue;
                     }
                 }
             }
-            if *role.borrow() == Role::Leader {
+            if *leading.borrow() {
                 self.beat_once().await;
             } else {
                 self.metrics.proxmox_checked((self.check)().await.is_none());

@@ -41,7 +41,7 @@ impl Lanes {
     pub fn new(per_lane: usize) -> Lanes {
         Lanes {
             per_lane: per_lane.max(1),
-            lanes: Mutex::new(HashMap::new()),
+            lanes: Mutex::default(),
         }
     }
 

@@ -6,9 +6,8 @@
 //! - [`workqueue`] hands each key to one reconcile at a time, at the due time the last reconcile's
 //!   [`workqueue::Action`] or the error policy set;
 //! - [`lanes`] limits how many requests talk to each Proxmox node at once (`--concurrency`);
-//! - [`runner`] is the loop (watches → queue → workers), which turns the watch into keys and hands
-//!   each key with the request the watch delivered to [`machine`];
-//! - [`machine`] is one reconcile of one key: it dispatches it to
+//! - [`runner`] is the loop (watches → queue → workers), which turns the watch into keys, and one
+//!   reconcile of one key with the request the watch delivered: it dispatches it to
 //!   [`provision::apply`], [`teardown::cleanup`] or [`teardown::orphan`];
 //! - [`error_policy`] decides, from the kind of a failure, when to retry and what the status says;
 //! - [`topology`] keeps each machine's Kubernetes zone/region labels (an Omni config patch) in step
@@ -23,7 +22,6 @@ pub mod health;
 pub mod housekeeping;
 pub mod lanes;
 pub mod leader;
-pub mod machine;
 pub mod outputs;
 pub mod progress;
 pub mod provision;

@@ -21,7 +21,7 @@ use crate::pipeline::ledgers::entry;
 
 /// How long to wait before looking again on our own while Omni still holds a finalizer on
 /// something we tore down. The wait normally ends earlier, when the watch of our outputs sees the
-/// finalizer go (the watch in [`super::machine`]); this only bounds a lost event. A
+/// finalizer go (the watch in [`super::runner`]); this only bounds a lost event. A
 /// drain of a thousand machines so costs Omni no call per machine while it lasts.
 pub const WAIT_FOR_OMNI: Duration = Duration::from_secs(60);
 
@@ -101,7 +101,7 @@ impl Outputs {
     /// What the watch showed is believed for `trusted_for`; after that a teardown asks Omni.
     pub fn new(trusted_for: Duration) -> Self {
         Self {
-            known: Mutex::new(Known::default()),
+            known: Mutex::default(),
             trusted_for,
         }
     }

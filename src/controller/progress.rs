@@ -3,7 +3,7 @@
 //! template 9000 to VM 104 on pve2", "Deprovisioning: shutting down VM 104 on pve2"):
 //! [`StatusSink`]. Its decisions go to the provider state: [`StateStore`].
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::BoxFuture;
@@ -29,7 +29,7 @@ pub enum Phase {
 pub struct StatusSink<'a> {
     ctx: &'a Context,
     id: &'a str,
-    labels: BTreeMap<String, String>,
+    labels: HashMap<String, String>,
     phase: Phase,
     /// The status `id` (the VM's SMBIOS UUID) every write of this sink sets, once the VM exists, so
     /// linking the machine costs no write of its own; `labels` then carry `infra-id` too.
@@ -42,7 +42,7 @@ impl<'a> StatusSink<'a> {
     pub fn new(
         ctx: &'a Context,
         id: &'a str,
-        labels: BTreeMap<String, String>,
+        labels: HashMap<String, String>,
         machine_id: Option<String>,
         phase: Phase,
     ) -> Self {

@@ -14,11 +14,11 @@
 //! - the status `id` is set to the SMBIOS UUID with the first line after the VM exists, and the request ID is encoded
 //!   in the join token, so Omni links the machine to its request either way (§3.5).
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use tracing::Instrument;
 
-use super::context::{self, Context};
+use super::context::Context;
 use super::error_policy::{ReconcileError, omni};
 use super::progress::{Phase, StateStore, StatusSink, warnings_text};
 use super::requests::{Request, request_info};
@@ -47,15 +47,14 @@ pub async fn apply(ctx: &Context, request: &Request) -> Result<Action, Reconcile
     let run = Provisioning {
         ctx,
         id: request.id(),
-        labels: context::labels(request),
+        labels: request.metadata.labels.clone(),
     };
     // The reads before the steps are on the heap while they run, so that what the reconcile
     // keeps while it waits for a slot is only what the steps need (see `run_steps`).
     let result = match Box::pin(run.prepare(request)).await {
         Ok(Some(mut ready)) => run.run_steps(&mut ready).await,
-        // PROVISIONED already.
-        Ok(None) => Ok(Action::Done),
-        Err(e) => Err(e),
+        // PROVISIONED already, or a failure.
+        prepared => prepared.map(|_| Action::Done),
     };
     // What the status says about the failure is the error policy's to decide.
     if let Err(e) = &result {
@@ -68,7 +67,7 @@ pub async fn apply(ctx: &Context, request: &Request) -> Result<Action, Reconcile
 struct Provisioning<'a> {
     ctx: &'a Context,
     id: &'a str,
-    labels: BTreeMap<String, String>,
+    labels: HashMap<String, String>,
 }
 
 /// What the steps need, read before the first of them runs, and the cluster listing they share.
@@ -187,12 +186,7 @@ impl Provisioning<'_> {
                 return Ok(action);
             }
         }
-        // After the last step: the topology labels, then PROVISIONED.
-        Box::pin(async {
-            self.label_topology(&ready.info, &ready.state).await;
-            self.provisioned(&ready.state).await
-        })
-        .await
+        Box::pin(self.provisioned(ready)).await
     }
 
     /// Runs `step` and acts on its outcome: `None` to go on with the next step, else what the
@@ -201,8 +195,21 @@ impl Provisioning<'_> {
         let (outcome, progress) = self.run_step(step, ready).await?;
         let state = &mut ready.state;
         match outcome {
+            // The state is written here only after a retry healed a failure; otherwise the next
+            // write takes it along: a decision a step must keep before acting on Proxmox is
+            // written by the step itself ([`StepContext::persist`]), a requeue, a failure and the
+            // end write the state, and a crash in between re-runs steps that find their work done.
             Ok(StepOutcome::Done) => {
-                self.step_done(step, state).await?;
+                state.step = Some(step.as_str().to_owned());
+                if state.last_error.take().is_some() {
+                    self.save_state(step, state).await?;
+                    self.ctx
+                        .write_status(self.id, &self.labels, |s| {
+                            s.stage = Stage::Provisioning as i32;
+                            s.error.clear();
+                        })
+                        .await?;
+                }
                 Ok(None)
             }
             Ok(StepOutcome::Requeue { after, why }) => {
@@ -221,20 +228,6 @@ impl Provisioning<'_> {
                 self.ctx.services.metrics.step_failure(step.as_str());
                 Err(e)
             }
-        }
-    }
-
-    /// The machine's topology labels (zone = its node), unless its provider data turns them off. A
-    /// failure here does not fail the machine: the housekeeping round writes the patch on its next round.
-    async fn label_topology(&self, info: &RequestInfo, state: &MachineState) {
-        let Some(node) = state.node.as_ref() else {
-            return;
-        };
-        let data = self.ctx.services.provider_data(info, Some(node.as_str()));
-        if data.is_ok_and(|data| data.topology_labels)
-            && let Err(e) = topology::label(self.ctx, self.id, node.as_str()).await
-        {
-            tracing::warn!(request = %self.id, error = %e, "cannot write the topology labels now; the next housekeeping round will");
         }
     }
 
@@ -300,27 +293,21 @@ impl Provisioning<'_> {
         Ok((outcome, progress))
     }
 
-    /// Marks `step` done in the state. The state is written here only after a retry healed a
-    /// failure; otherwise the next write takes it along: a decision a step must keep before acting
-    /// on Proxmox is written by the step itself ([`StepContext::persist`]), a requeue, a failure and
-    /// the end write the state, and a crash in between re-runs steps that find their work done.
-    async fn step_done(&self, step: Step, state: &mut MachineState) -> Result<(), ReconcileError> {
-        state.step = Some(step.as_str().to_owned());
-        let recovered = state.last_error.take().is_some();
-        if recovered {
-            self.save_state(step, state).await?;
-            self.ctx
-                .write_status(self.id, &self.labels, |s| {
-                    s.stage = Stage::Provisioning as i32;
-                    s.error.clear();
-                })
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn provisioned(&self, state: &MachineState) -> Result<Action, ReconcileError> {
+    /// After the last step: the machine's topology labels (zone = its node), unless its provider
+    /// data turns them off, then PROVISIONED. A failure to label does not fail the machine: the
+    /// housekeeping round writes the patch on its next round.
+    async fn provisioned(&self, ready: &Ready) -> Result<Action, ReconcileError> {
         let (ctx, id) = (self.ctx, self.id);
+        let state = &ready.state;
+        if let Some(node) = state.node.as_ref()
+            && ctx
+                .services
+                .provider_data(&ready.info, Some(node.as_str()))
+                .is_ok_and(|data| data.topology_labels)
+            && let Err(e) = topology::label(ctx, id, node.as_str()).await
+        {
+            tracing::warn!(request = %id, error = %e, "cannot write the topology labels now; the next housekeeping round will");
+        }
         self.save_state(Step::ALL[Step::ALL.len() - 1], state)
             .await?;
         ctx.services.ledgers.placements.release(id);
@@ -410,9 +397,9 @@ impl Provisioning<'_> {
 /// The request's labels plus `omni.sidero.dev/infra-id` = VMID (kept at PROVISIONED, unlike the Go
 /// library, which dropped it).
 fn with_infra_id(
-    labels: &BTreeMap<String, String>,
+    labels: &HashMap<String, String>,
     state: &MachineState,
-) -> BTreeMap<String, String> {
+) -> HashMap<String, String> {
     let mut with = labels.clone();
     let vmid = state.vmid.map_or(0, |v| v.get());
     with.insert(label::INFRA_ID.to_owned(), vmid.to_string());

@@ -4,9 +4,13 @@
 //!
 //! Shaped like kube-runtime's controller: the reconcile returns an [`Action`], failures go through an
 //! error policy (its delay grows with the request's consecutive failures, reset on success), and the
-//! loop knows nothing about provisioning: what a key means is [`machine`]'s business. Reconciles of
-//! different requests run concurrently; one request is never reconciled twice at once (the queue
-//! guarantees it).
+//! loop knows nothing about provisioning. Reconciles of different requests run concurrently; one
+//! request is never reconciled twice at once (the queue guarantees it).
+//!
+//! One reconcile of one key is dispatched the way kube-runtime's `finalizer()` does ([`reconcile`]):
+//! a live request is **applied** ([`provision`]), a request being torn down is **cleaned up**
+//! ([`teardown::cleanup`]), and provider state whose request is gone is an **orphan**
+//! ([`teardown::orphan`], docs/omni-protocol.md §3.7).
 //!
 //! The loop's bound is a memory bound, not the Proxmox one: a reconcile mostly waits (for Proxmox,
 //! for Omni, for a slot), and how many may talk to each Proxmox node at once is the reconciler's
@@ -20,17 +24,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use super::context::{Context, version};
-use super::error_policy::{ReconcileError, error_policy};
-use super::machine::{self, watch_ours};
+use super::error_policy::{ReconcileError, kind, omni, retry_after};
 use super::outputs::OutputOf;
 use super::requests::Request;
 use super::workqueue::{Action, WorkQueue};
-use crate::contain;
-use crate::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST, MACHINE_REQUEST_STATUS};
+use super::{provision, teardown};
+use crate::contain::{self, Panic};
+use crate::omni::resources::{
+    CONFIG_PATCH_REQUEST, Kind, MACHINE_REQUEST, MACHINE_REQUEST_STATUS, label,
+};
 use crate::omni::state::{StateError, Typed, WatchEvent};
 use crate::pipeline::ledgers::entry;
 
@@ -56,9 +62,9 @@ impl Controller {
     pub fn with_shutdown_grace(shutdown_grace: Duration) -> Arc<Self> {
         contain::install_hook();
         Arc::new(Self {
-            queue: Arc::new(WorkQueue::new()),
-            failures: Mutex::new(HashMap::new()),
-            delivered: Mutex::new(HashMap::new()),
+            queue: Arc::default(),
+            failures: Mutex::default(),
+            delivered: Mutex::default(),
             shutdown_grace,
         })
     }
@@ -89,12 +95,20 @@ impl Controller {
                 event = requests.recv() => match event {
                     Some(event) => {
                         if self.on_event(event, &mut relisting) {
-                            self.enqueue_dangling(machine::dangling_keys(&ctx).await);
+                            self.enqueue_dangling(dangling_keys(&ctx).await);
                         }
                     }
                     None => break,
                 },
-                Some(Ok(event)) = statuses.recv() => self.retry(machine::status_seen(&ctx, event)),
+                // Kept in the outputs and, updated, in the write cache.
+                Some(Ok(event)) = statuses.recv() => {
+                    self.retry(ctx.outputs.observe(OutputOf::Status, &event));
+                    if let WatchEvent::Updated(status) = event
+                        && let Ok(status) = Typed::decode(status)
+                    {
+                        ctx.statuses.observe(status);
+                    }
+                }
                 Some(Ok(event)) = patches.recv() => {
                     self.retry(ctx.outputs.observe(OutputOf::PatchRequest, &event));
                 }
@@ -224,8 +238,8 @@ impl Controller {
         // Boxed because a reconcile is the provider's largest future and a thousand may be in
         // flight: moved by value into `contained`, its state would be laid out again in each
         // wrapper around it, and every task would carry that size for as long as it waits.
-        let reconcile = Box::pin(machine::reconcile(ctx, &id, delivered).instrument(span));
-        let result = contained(&id, reconcile, |panic| machine::panicked(ctx, &id, panic)).await;
+        let reconcile = Box::pin(reconcile(ctx, &id, delivered).instrument(span));
+        let result = contained(&id, reconcile, |panic| panicked(ctx, &id, panic)).await;
         self.settle(id, result);
         depth();
     }
@@ -240,7 +254,7 @@ impl Controller {
                 }
             }
             Err(e) => {
-                let delay = error_policy(&e, self.count_failure(&id));
+                let delay = retry_after(kind(&e), self.count_failure(&id));
                 tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
                 self.queue.add_after(id.clone(), delay);
             }
@@ -263,7 +277,7 @@ impl Controller {
 async fn contained<P: Future<Output = ReconcileError>>(
     id: &str,
     reconcile: impl Future<Output = Result<Action, ReconcileError>>,
-    panicked: impl FnOnce(contain::Panic) -> P,
+    panicked: impl FnOnce(Panic) -> P,
 ) -> Result<Action, ReconcileError> {
     match contain::future(reconcile).await {
         Ok(result) => result,
@@ -274,10 +288,90 @@ async fn contained<P: Future<Output = ReconcileError>>(
     }
 }
 
+/// Keys the watch cannot announce: state left by requests that may be gone (§3.7).
+pub async fn dangling_keys(ctx: &Context) -> Vec<String> {
+    match ctx.machine_states().await {
+        Ok(machines) => machines.into_iter().map(|(id, _)| id).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list provider state; orphaned state is cleaned up when its request is seen");
+            Vec::new()
+        }
+    }
+}
+
+/// A reconcile of `id` that panicked, as the failure the error policy sees; shown on the request,
+/// when it still exists, like any failure.
+pub async fn panicked(ctx: &Context, id: &str, panic: Panic) -> ReconcileError {
+    let error = ReconcileError::Panicked(panic);
+    match ctx.state.find(&MACHINE_REQUEST, id).await {
+        Ok(Some(request)) => {
+            ctx.report_failure(id, &request.metadata.labels, &error)
+                .await;
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(request = %id, error = %e, "cannot show the internal error in Omni");
+        }
+    }
+    error
+}
+
+/// The resources of `kind` labelled with our provider ID, as they change; dropping the receiver
+/// stops the watch.
+pub fn watch_ours<S>(
+    ctx: &Context,
+    kind: &Kind<S>,
+) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
+    ctx.state
+        .watch_kind(kind, &[(label::INFRA_PROVIDER_ID, ctx.provider_id())])
+}
+
+/// One reconcile of `id`. `delivered` is the request as the watch last delivered it, if it did
+/// since the last relisting; it is the newest version the watch has seen, not necessarily the
+/// newest that exists, and the reconcile decides whether that suffices.
+pub async fn reconcile(
+    ctx: &Context,
+    id: &str,
+    delivered: Option<Arc<Request>>,
+) -> Result<Action, ReconcileError> {
+    // Deleted after this process tore it down: nothing is left to look for. A live delivery means
+    // the request was made again, and its deletion is then looked into as usual.
+    match &delivered {
+        None if ctx.take_torn_down(id) => return Ok(Action::Done),
+        Some(request) if !request.is_tearing_down() => {
+            ctx.take_torn_down(id);
+        }
+        _ => {}
+    }
+    let request = match delivered.filter(|r| ctx.is_current(r)) {
+        Some(r) => Some(r),
+        None => ctx
+            .state
+            .find(&MACHINE_REQUEST, id)
+            .await
+            .map_err(omni("reading the machine request"))?
+            .map(Arc::new),
+    };
+    let Some(request) = request else {
+        if ctx.find_machine(id).await?.is_some() {
+            return teardown::orphan(ctx, id).await;
+        }
+        ctx.forget(id);
+        return Ok(Action::Done);
+    };
+    if request.label(label::INFRA_PROVIDER_ID) != Some(ctx.provider_id()) {
+        return Ok(Action::Done);
+    }
+    if request.is_tearing_down() {
+        teardown::cleanup(ctx, &request).await
+    } else {
+        provision::apply(ctx, &request).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contain::Panic;
     use crate::omni::proto::cosi::resource as pb;
 
     fn resource(id: &str, version: &str) -> pb::Resource {

@@ -15,10 +15,10 @@
 //! The same path cleans up provider state whose MachineRequest is gone (docs/omni-protocol.md §3.7): at start
 //! every state is reconciled, and one without a request is deprovisioned and destroyed ([`orphan`]).
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::time::Duration;
 
-use super::context::{self, Context};
+use super::context::Context;
 use super::error_policy::{ReconcileError, omni};
 use super::outputs::{Hold, OutputOf, PATCH_RELEASE_WAIT, WAIT_FOR_OMNI};
 use super::progress::{Phase, StatusSink};
@@ -61,8 +61,7 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
             Err(e) => return Err(omni("tearing down the machine request status")(e)),
         },
     };
-    let labels = context::labels(request);
-    remove_vm_and_state(ctx, id, status_exists.then_some(&labels)).await?;
+    remove_vm_and_state(ctx, id, status_exists.then_some(&request.metadata.labels)).await?;
     if status_exists {
         destroy(ctx, &status_ref)
             .await
@@ -143,7 +142,7 @@ pub async fn orphan(ctx: &Context, id: &str) -> Result<Action, ReconcileError> {
 async fn remove_vm_and_state(
     ctx: &Context,
     id: &str,
-    status_labels: Option<&BTreeMap<String, String>>,
+    status_labels: Option<&HashMap<String, String>>,
 ) -> Result<(), ReconcileError> {
     // Without a state there is no VM to delete, and no allocation or VMID anything depends on.
     let state = ctx.find_machine(id).await?;
@@ -192,7 +191,7 @@ async fn deprovision_vm(
     ctx: &Context,
     id: &str,
     state: &MachineState,
-    status_labels: Option<&BTreeMap<String, String>>,
+    status_labels: Option<&HashMap<String, String>>,
 ) -> Result<(), ReconcileError> {
     let (services, ledgers) = (&ctx.services, &ctx.services.ledgers);
     let target = target(id, ctx.provider_id(), state);

@@ -196,41 +196,33 @@ async fn wanted_for_live(
     Ok(live
         .iter()
         .map(|request| {
-            let id = request.id().to_owned();
-            let want = match states.get(&id) {
-                Some(state) => wanted_for(ctx, request, state, &vms, region.as_deref()),
-                None => Wanted::Unknown,
+            let id = request.id();
+            let Some(state) = states.get(id) else {
+                return (id.to_owned(), Wanted::Unknown);
             };
-            (id, want)
+            let uuid = state.uuid.map(|u| u.to_string());
+            let claim = Claim {
+                request_id: id,
+                provider_id: ctx.provider_id(),
+                recorded_vmid: state.vmid,
+                smbios_uuid: uuid.as_deref(),
+            };
+            // The node the VM is on now decides which `nodes:` override applies, as for every
+            // other key.
+            let node = state
+                .vmid
+                .and_then(|vmid| vms.iter().find(|vm| vm.vmid == vmid))
+                .map(|vm| vm.node.as_str());
+            let enabled = services
+                .provider_data(&request_info(request), node)
+                .ok()
+                .map(|data| data.topology_labels);
+            (
+                id.to_owned(),
+                wanted(enabled, &claim, &vms, region.as_deref()),
+            )
         })
         .collect())
-}
-
-fn wanted_for(
-    ctx: &Context,
-    request: &Request,
-    state: &MachineState,
-    vms: &[VmResource],
-    region: Option<&str>,
-) -> Wanted {
-    let uuid = state.uuid.map(|u| u.to_string());
-    let claim = Claim {
-        request_id: request.id(),
-        provider_id: ctx.provider_id(),
-        recorded_vmid: state.vmid,
-        smbios_uuid: uuid.as_deref(),
-    };
-    // The node the VM is on now decides which `nodes:` override applies, as for every other key.
-    let node = state
-        .vmid
-        .and_then(|id| vms.iter().find(|vm| vm.vmid == id))
-        .map(|vm| vm.node.to_string());
-    let enabled = ctx
-        .services
-        .provider_data(&request_info(request), node.as_deref())
-        .ok()
-        .map(|data| data.topology_labels);
-    wanted(enabled, &claim, vms, region)
 }
 
 /// Carries out one change of a round. A patch is written only while its request is live, checked

@@ -26,11 +26,13 @@ pub enum Action {
     RequeueAfter(Duration),
 }
 
+#[derive(Default)]
 pub struct WorkQueue<K> {
     state: Mutex<State<K>>,
     changed: Notify,
 }
 
+#[derive(Default)]
 struct State<K> {
     /// Keys waiting, with the instant they become due; one that is also active is due again once
     /// its reconcile ends.
@@ -41,17 +43,6 @@ struct State<K> {
 }
 
 impl<K: Clone + Eq + Hash> WorkQueue<K> {
-    pub fn new() -> Self {
-        Self {
-            state: Mutex::new(State {
-                waiting: HashMap::new(),
-                active: HashSet::new(),
-                closed: false,
-            }),
-            changed: Notify::new(),
-        }
-    }
-
     /// Schedules `key` now.
     pub fn add(&self, key: K) {
         self.add_after(key, Duration::ZERO);
@@ -144,7 +135,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn earliest_due_time_wins_and_delays_are_honoured() {
-        let q = WorkQueue::new();
+        let q = WorkQueue::default();
         q.add_after("a", Duration::from_secs(60));
         q.add_after("b", Duration::from_secs(10));
         q.add_after("a", Duration::from_secs(5));
@@ -157,7 +148,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_active_key_is_not_handed_out_twice_and_events_are_kept() {
-        let q = Arc::new(WorkQueue::new());
+        let q = Arc::new(WorkQueue::default());
         q.add("k");
         assert_eq!(q.next().await, Some("k"));
         q.add("k"); // an event while the key is being reconciled
@@ -174,7 +165,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_event_brings_a_requeue_forward() {
-        let q = Arc::new(WorkQueue::new());
+        let q = Arc::new(WorkQueue::default());
         q.add_after("k", Duration::from_secs(300));
         let q2 = q.clone();
         let waiter = tokio::spawn(async move { q2.next().await });
@@ -187,7 +178,7 @@ mod tests {
 
     #[tokio::test]
     async fn close_releases_workers() {
-        let q: Arc<WorkQueue<&str>> = Arc::new(WorkQueue::new());
+        let q: Arc<WorkQueue<&str>> = Arc::new(WorkQueue::default());
         let q2 = q.clone();
         let waiter = tokio::spawn(async move { q2.next().await });
         tokio::task::yield_now().await;

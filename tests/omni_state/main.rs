@@ -350,8 +350,7 @@ async fn the_heartbeat_never_waits_longer_than_its_interval() {
         async { None }
     });
     let (stop, shutdown) = tokio::sync::watch::channel(false);
-    let (_lead, leader) =
-        tokio::sync::watch::channel(omni_infra_provider_proxmox::controller::leader::Role::Leader);
+    let (_lead, leader) = tokio::sync::watch::channel(true);
     let heartbeat = health::Heartbeat {
         state,
         provider_id: "proxmox".into(),

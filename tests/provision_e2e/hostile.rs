@@ -60,8 +60,7 @@ async fn widest_heartbeat_gap(
 async fn hostile_selectors_fail_their_own_requests_while_the_heartbeat_beats() {
     let mut h = Harness::start("").await;
     let (stop_beating, beating) = tokio::sync::watch::channel(false);
-    let (_lead, leader) =
-        tokio::sync::watch::channel(omni_infra_provider_proxmox::controller::leader::Role::Leader);
+    let (_lead, leader) = tokio::sync::watch::channel(true);
     let heartbeat = health::Heartbeat {
         state: h.omni.client(PROVIDER).state,
         provider_id: PROVIDER.into(),

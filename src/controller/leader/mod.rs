@@ -32,13 +32,6 @@ use crate::omni::resources::{Kind, LEASE_ID, provider_lease};
 use crate::omni::state::{StateClient, StateError, Typed};
 use identity::{Holder, LocalClaim};
 
-/// What this replica is now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Standby,
-    Leader,
-}
-
 /// The lease has no owner: any replica of the provider may write it.
 const OWNER: &str = "";
 
@@ -51,7 +44,8 @@ pub struct Election {
     timings: Timings,
     fence: Fence,
     metrics: Arc<Metrics>,
-    role: watch::Sender<Role>,
+    /// Whether this replica leads now (else it stands by).
+    leading: watch::Sender<bool>,
     /// The lease as last read or written.
     last: Option<Typed<LeaseSpec>>,
     /// When this replica first saw the version in `last`: expiry counts from here.
@@ -74,12 +68,12 @@ impl Election {
         claim: Option<&Path>,
         fence: Fence,
         metrics: Arc<Metrics>,
-    ) -> (Self, watch::Receiver<Role>) {
+    ) -> (Self, watch::Receiver<bool>) {
         let me = Holder::this_process();
         let claim = claim.map_or_else(LocalClaim::default, |path| LocalClaim::take(path, &me));
-        fence.shut_now();
+        fence.set(None);
         metrics.leader.set(0);
-        let (role, rx) = watch::channel(Role::Standby);
+        let (leading, rx) = watch::channel(false);
         let election = Self {
             state,
             kind: provider_lease(provider_id),
@@ -88,7 +82,7 @@ impl Election {
             timings,
             fence,
             metrics,
-            role,
+            leading,
             last: None,
             seen_at: Instant::now(),
             renewed_at: None,
@@ -99,7 +93,7 @@ impl Election {
     }
 
     fn is_leader(&self) -> bool {
-        *self.role.borrow() == Role::Leader
+        *self.leading.borrow()
     }
 
     /// Until when the fence stays open.
@@ -149,18 +143,16 @@ impl Election {
             _ => self.timings.renew_deadline,
         };
         let attempt = self.try_acquire_or_renew(sent, delivered);
-        let outcome = match tokio::time::timeout(budget, attempt).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(format!("no answer from Omni within {budget:?}")),
-        };
+        let outcome = (tokio::time::timeout(budget, attempt).await)
+            .unwrap_or_else(|_| Err(format!("no answer from Omni within {budget:?}")));
         self.metrics.omni_connected.set(i64::from(outcome.is_ok()));
         match outcome {
             Ok(held) => {
                 self.reachable = true;
                 if held {
                     self.renewed_at = Some(sent);
-                    self.fence.open_until(sent + self.timings.renew_deadline);
-                    self.set_role(Role::Leader);
+                    self.fence.set(Some(sent + self.timings.renew_deadline));
+                    self.set_leading(true);
                 } else if self.is_leader() {
                     let holder = self.last_holder();
                     self.lose(&format!("the lease is held by {holder}"));
@@ -289,32 +281,32 @@ impl Election {
             .unwrap_or_else(|| "nobody".to_owned())
     }
 
-    fn set_role(&mut self, role: Role) {
+    fn set_leading(&mut self, leading: bool) {
         let changed = self
-            .role
-            .send_if_modified(|r| std::mem::replace(r, role) != role);
+            .leading
+            .send_if_modified(|l| std::mem::replace(l, leading) != leading);
         if changed {
-            self.metrics.leader.set(i64::from(role == Role::Leader));
+            self.metrics.leader.set(i64::from(leading));
             self.metrics.leader_transitions.inc();
         }
     }
 
     fn lose(&mut self, why: &str) {
-        self.fence.shut_now();
+        self.fence.set(None);
         self.renewed_at = None;
         tracing::warn!(holder = %self.me.id(), "lost the leader lease ({why}); every write stopped; standing by");
         self.announced = String::new();
-        self.set_role(Role::Standby);
+        self.set_leading(false);
     }
 
     /// Gives the lease up (at shutdown), so that a standby takes it at once instead of waiting
     /// it out.
     async fn release(&mut self) {
-        self.fence.shut_now();
+        self.fence.set(None);
         if !self.is_leader() {
             return;
         }
-        self.set_role(Role::Standby);
+        self.set_leading(false);
         let Some(mut next) = self.last.clone().filter(|l| l.spec.holder == self.me.id()) else {
             return;
         };
@@ -339,9 +331,7 @@ impl Election {
 fn how_acquired(attempt: &Attempt) -> Option<&'static str> {
     match attempt {
         Attempt::Create => Some("no replica had held it yet"),
-        Attempt::Take(Why::Released) => Some("it was released"),
-        Attempt::Take(Why::Expired) => Some("its holder stopped renewing it"),
-        Attempt::Take(Why::Predecessor) => Some("it named this replica's exited predecessor"),
+        Attempt::Take(why) => Some(why),
         Attempt::Renew | Attempt::Wait => None,
     }
 }
@@ -422,17 +412,11 @@ pub enum Attempt {
     Create,
     /// Held by this replica: renew it.
     Renew,
-    /// Free (released, expired, or held by this replica's exited predecessor): take it.
-    Take(Why),
+    /// Free (released, expired, or held by this replica's exited predecessor): take it, for the
+    /// reason the log gives.
+    Take(&'static str),
     /// Held by someone else, who may still be alive.
     Wait,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Why {
-    Released,
-    Expired,
-    Predecessor,
 }
 
 /// The decision on `record` for the replica `me`, whose exited predecessor on this host (if any) is
@@ -449,11 +433,11 @@ pub fn decide(
     if record.holder == me {
         Attempt::Renew
     } else if record.holder.is_empty() {
-        Attempt::Take(Why::Released)
+        Attempt::Take("it was released")
     } else if predecessor == Some(record.holder.as_str()) {
-        Attempt::Take(Why::Predecessor)
+        Attempt::Take("it named this replica's exited predecessor")
     } else if unchanged_for >= Duration::from_millis(record.lease_duration_ms) {
-        Attempt::Take(Why::Expired)
+        Attempt::Take("its holder stopped renewing it")
     } else {
         Attempt::Wait
     }
@@ -481,7 +465,7 @@ mod tests {
         );
         assert_eq!(
             decide(Some(&held_by("")), "me", None, s(0)),
-            Attempt::Take(Why::Released)
+            Attempt::Take("it was released")
         );
         assert_eq!(
             decide(Some(&held_by("other")), "me", None, s(14)),
@@ -489,11 +473,11 @@ mod tests {
         );
         assert_eq!(
             decide(Some(&held_by("other")), "me", None, s(15)),
-            Attempt::Take(Why::Expired)
+            Attempt::Take("its holder stopped renewing it")
         );
         assert_eq!(
             decide(Some(&held_by("old")), "me", Some("old"), s(0)),
-            Attempt::Take(Why::Predecessor)
+            Attempt::Take("it named this replica's exited predecessor")
         );
         assert_eq!(
             decide(Some(&held_by("other")), "me", Some("old"), s(0)),
@@ -508,7 +492,7 @@ mod tests {
         short.lease_duration_ms = 1_000;
         assert_eq!(
             decide(Some(&short), "me", None, Duration::from_secs(1)),
-            Attempt::Take(Why::Expired)
+            Attempt::Take("its holder stopped renewing it")
         );
     }
 
