@@ -87,8 +87,9 @@ impl Context {
         &self.services.provider_id
     }
 
-    pub fn machine_kind(&self) -> Kind<MachineSpec> {
-        provider_machine(self.provider_id())
+    /// Our provider state's kind, as the write cache of it holds it.
+    pub fn machine_kind(&self) -> &Kind<MachineSpec> {
+        &self.machines.kind
     }
 
     /// Whether a request the watch delivered may stand in for reading it again. The watch delivers
@@ -177,14 +178,14 @@ impl Context {
             return Ok(Some(written));
         }
         self.state
-            .find(&self.machine_kind(), id)
+            .find(self.machine_kind(), id)
             .await
             .map_err(error_policy::omni("reading the provider state"))
     }
 
     /// Every provider state of ours, as Omni has it.
     pub async fn machine_states(&self) -> Result<Vec<(String, MachineState)>, StateError> {
-        let machines = self.state.list(&self.machine_kind(), &[]).await?;
+        let machines = self.state.list(self.machine_kind(), &[]).await?;
         Ok(machines
             .iter()
             .map(|m| (m.id().to_owned(), MachineState::from_spec(&m.spec)))

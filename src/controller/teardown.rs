@@ -165,7 +165,7 @@ async fn remove_vm_and_state(
         // `pkg/state/impl/inmem/collection.go` Destroy; siderolabs/omni
         // `internal/backend/runtime/omni/infraprovider/state.go` Destroy adds the provider
         // check): one call. Should something hold it after all, it is torn down and destroyed.
-        let machine_ref = ResourceRef::of(&ctx.machine_kind(), id);
+        let machine_ref = ResourceRef::of(ctx.machine_kind(), id);
         match destroy(ctx, &machine_ref).await {
             Err(e) if e.is_conflict() => {
                 ctx.state
