@@ -145,14 +145,14 @@ fn join(rule: &HaRule, sid: &str) -> RuleChange {
 }
 
 fn check_kind(rule: &HaRule, wanted: &'static str) -> Result<(), HaRuleError> {
-    let (found, rule) = (rule.kind.clone(), rule.rule.clone());
-    (found == wanted)
-        .then_some(())
-        .ok_or(HaRuleError::WrongKind {
-            rule,
-            found,
-            wanted,
-        })
+    if rule.kind == wanted {
+        return Ok(());
+    }
+    Err(HaRuleError::WrongKind {
+        rule: rule.rule.clone(),
+        found: rule.kind.clone(),
+        wanted,
+    })
 }
 
 /// The rule is made once, by the set's first VM; a class edited since then does not rewrite it
