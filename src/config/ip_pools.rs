@@ -106,7 +106,19 @@ pub(super) fn check(pools: Pools, found: &mut Found) -> Vec<IpPool> {
         .into_iter()
         .filter_map(|(name, pool)| pool.0.check(name, found))
         .collect();
-    overlaps(&pools, found);
+    // Two pools handing out the same address would hand it out twice.
+    for (i, a) in pools.iter().enumerate() {
+        for b in &pools[i + 1..] {
+            for ra in &a.ranges {
+                if let Some(rb) = b.ranges.iter().find(|rb| rb.overlaps(ra)) {
+                    found.problems.push(format!(
+                        "`ipPools.{}.range` {ra} overlaps `ipPools.{}.range` {rb}: two pools must never hand out the same address",
+                        a.name, b.name
+                    ));
+                }
+            }
+        }
+    }
     pools
 }
 
@@ -245,41 +257,15 @@ pub(super) fn check_references(
 /// An IPv4 range that includes its network's own address or its broadcast address (networks of
 /// /31 and /32 have neither).
 fn network_or_broadcast(cidr: &Cidr, range: &AddressRange) -> Option<String> {
-    let IpAddr::V4(net) = cidr.network() else {
-        return None;
-    };
-    if cidr.prefix_len() >= 31 {
+    let Cidr::V4(net) = cidr else { return None };
+    if net.prefix_len() >= 31 {
         return None;
     }
-    let base = u32::from(net);
-    let broadcast = base | (u32::MAX >> cidr.prefix_len());
-    let has = |n: u32| range.contains(IpAddr::V4(n.into()));
-    if has(base) {
-        Some(format!("the network address {net}"))
-    } else if has(broadcast) {
-        Some(format!(
-            "the broadcast address {}",
-            std::net::Ipv4Addr::from(broadcast)
-        ))
-    } else {
-        None
-    }
-}
-
-/// Two pools handing out the same address would hand it out twice.
-fn overlaps(pools: &[IpPool], found: &mut Found) {
-    for (i, a) in pools.iter().enumerate() {
-        for b in &pools[i + 1..] {
-            for ra in &a.ranges {
-                if let Some(rb) = b.ranges.iter().find(|rb| rb.overlaps(ra)) {
-                    found.problems.push(format!(
-                        "`ipPools.{}.range` {ra} overlaps `ipPools.{}.range` {rb}: two pools must never hand out the same address",
-                        a.name, b.name
-                    ));
-                }
-            }
-        }
-    }
+    let edges = [("network", net.network()), ("broadcast", net.broadcast())];
+    let (what, address) = edges
+        .into_iter()
+        .find(|(_, a)| range.contains(IpAddr::V4(*a)))?;
+    Some(format!("the {what} address {address}"))
 }
 
 #[cfg(test)]
