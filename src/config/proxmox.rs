@@ -168,7 +168,17 @@ fn login(
             if id.is_some() || secret.is_some() {
                 warnings.push("`proxmox` has both an API token (`tokenID`/`tokenSecret`) and a password login (`username`/`password`): using the password login, as the official provider does; remove the one you do not want".into());
             }
-            password_login(user, password, realm, problems)
+            // Upstream takes `username` and `realm` separately; accept "root@pam" too.
+            let username = match (user.contains('@'), realm) {
+                (true, None) => user,
+                (true, Some(r)) => {
+                    problems.push(format!("`proxmox.username` {user:?} already names a realm, and `proxmox.realm` is {r:?}: keep only one"));
+                    user
+                }
+                (false, r) => format!("{user}@{}", r.unwrap_or_else(|| "pam".into())),
+            };
+            let password = Secret::new(password);
+            Some(ProxmoxAuth::Password { username, password })
         }
         (Some(id), Some(secret), user, password) => {
             // Only one of username and password (both is the arm above).
@@ -200,25 +210,6 @@ fn login(
             None
         }
     }
-}
-
-fn password_login(
-    user: String,
-    password: String,
-    realm: Option<String>,
-    problems: &mut Vec<String>,
-) -> Option<ProxmoxAuth> {
-    // Upstream takes `username` and `realm` separately; accept "root@pam" too.
-    let username = match (user.contains('@'), realm) {
-        (true, None) => user,
-        (true, Some(r)) => {
-            problems.push(format!("`proxmox.username` {user:?} already names a realm, and `proxmox.realm` is {r:?}: keep only one"));
-            user
-        }
-        (false, r) => format!("{user}@{}", r.unwrap_or_else(|| "pam".into())),
-    };
-    let password = Secret::new(password);
-    Some(ProxmoxAuth::Password { username, password })
 }
 
 /// Accepts `https://host:8006`, `https://host:8006/`, `https://host:8006/api2/json[/]`.
