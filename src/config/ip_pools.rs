@@ -131,7 +131,7 @@ impl PoolFile {
                 "`{at}`: a pool name is 1 to 63 letters, digits, '-' or '_', starting with a letter or digit"
             ));
         }
-        let refused = |key: &str| found.failed(&format!("{at}.{key}"));
+        let refused = |key: &str| found.failed.contains(&format!("{at}.{key}"));
         let (cidr_refused, range_refused) = (refused("cidr"), refused("range"));
         let mut problem = |key: &str, message: String| {
             found.problems.push(format!("`{at}.{key}`: {message}"));

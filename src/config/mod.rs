@@ -184,7 +184,7 @@ impl File {
     fn check(self, found: &mut Found) -> Option<ProviderConfig> {
         let proxmox = match self.proxmox {
             Some(p) => p.0.check(found),
-            None if found.failed("proxmox") => None,
+            None if found.failed.contains("proxmox") => None,
             None => {
                 found.problems.push(
                     "missing `proxmox:` section (needs at least `url` and either `tokenID`+`tokenSecret` or `username`+`password`)"

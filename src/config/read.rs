@@ -51,7 +51,7 @@ pub(super) struct Found {
     pub problems: Vec<String>,
     pub warnings: Vec<String>,
     /// Key paths whose value was refused and left out: what would call them missing keeps quiet.
-    failed: BTreeSet<String>,
+    pub failed: BTreeSet<String>,
     /// `strict: true` in the file: unknown keys are problems, else warnings (the official provider
     /// ignores them, so a file that works there loads here).
     pub strict: bool,
@@ -60,11 +60,6 @@ pub(super) struct Found {
 }
 
 impl Found {
-    /// Whether the value at `path` was refused (and so is absent from what was read).
-    pub fn failed(&self, path: &str) -> bool {
-        self.failed.contains(path)
-    }
-
     /// Reads `root` into `T`; each value serde refuses is a problem at its key path.
     pub fn read<T: DeserializeOwned>(&mut self, mut root: Value) -> Option<T> {
         let read = read_leaving_out(&mut root, |refused| {
