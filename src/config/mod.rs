@@ -28,7 +28,7 @@ mod policy;
 mod proxmox;
 mod read;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -64,17 +64,6 @@ pub struct ProviderConfig {
     /// What was ignored or chosen for the user (unknown keys, a token and a password both set): logged
     /// at start and shown by `validate`.
     pub warnings: Vec<String>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("config file {path}{error}")]
-    Parse { path: PathBuf, error: ParseError },
 }
 
 /// What is wrong with the text of a config file, worded to follow its path.
@@ -140,15 +129,11 @@ fn overcommit(v: Value, what: &str) -> Result<f64, String> {
 }
 
 impl ProviderConfig {
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::parse(&text).map_err(|error| ConfigError::Parse {
-            path: path.to_owned(),
-            error,
-        })
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let shown = path.display();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {shown}: {e}"))?;
+        Self::parse(&text).map_err(|error| format!("config file {shown}{error}"))
     }
 
     /// Parses the text of a config file; all problems are reported together.
