@@ -65,29 +65,11 @@ pub struct OrphansArgs {
 
 const NEEDS_OMNI: &str = "orphans needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): without the list of live MachineRequests every VM of ours would look orphaned";
 
-#[derive(Debug, thiserror::Error)]
-pub enum OrphansError {
-    #[error("{0} orphan(s) could not be deleted (see above)")]
-    DeleteFailed(usize),
-    #[error(
-        "Omni lists no MachineRequest for provider {provider_id} at all, yet {vms} VM(s) of ours exist: refusing to delete them all. Check --id and the Omni endpoint; if every one of them really is an orphan, run again with --force"
-    )]
-    NoLiveRequests { provider_id: String, vms: usize },
-}
-
 /// Whether `--delete` may go ahead: an empty request list while VMs of ours exist looks more like
 /// the wrong Omni (or provider ID, or a restored backup) than like every machine gone at once.
-pub fn deletion_allowed(
-    provider_id: &str,
-    live_requests: usize,
-    orphan_vms: usize,
-    force: bool,
-) -> Result<(), OrphansError> {
-    if live_requests == 0 && orphan_vms > 0 && !force {
-        return Err(OrphansError::NoLiveRequests {
-            provider_id: provider_id.to_owned(),
-            vms: orphan_vms,
-        });
+fn deletion_allowed(provider_id: &str, live_requests: usize, vms: usize, force: bool) -> CliResult {
+    if live_requests == 0 && vms > 0 && !force {
+        return Err(format!("Omni lists no MachineRequest for provider {provider_id} at all, yet {vms} VM(s) of ours exist: refusing to delete them all. Check --id and the Omni endpoint; if every one of them really is an orphan, run again with --force").into());
     }
     Ok(())
 }
@@ -139,20 +121,8 @@ pub async fn run(args: OrphansArgs) -> CliResult {
     (args.output).print(&report, |r| render_table(&args.omni.id, r, live.len()))?;
     match deletion.map_or(0, |d| d.failures.len()) {
         0 => Ok(()),
-        failed => Err(OrphansError::DeleteFailed(failed).into()),
+        failed => Err(format!("{failed} orphan(s) could not be deleted (see above)").into()),
     }
-}
-
-fn render_allocations(allocations: &[Holding]) -> String {
-    if allocations.is_empty() {
-        return "No static IP allocations of gone MachineRequests.\n".into();
-    }
-    let mut out = String::from(
-        "Static IP allocations whose MachineRequest is gone (released when the provider deletes the VM):\n",
-    );
-    let rows = allocations.iter().map(holding_row);
-    crate::table::render(&mut out, "  ", &[], rows);
-    out
 }
 
 /// Lists the orphans: one cluster listing, the config of every VM (for the ISOs it uses: a seed ISO
@@ -383,7 +353,13 @@ fn render_table(provider: &str, report: &Report, live: usize) -> String {
             }
         }
     }
-    out + &render_allocations(report.ip_allocations)
+    if report.ip_allocations.is_empty() {
+        return out + "No static IP allocations of gone MachineRequests.\n";
+    }
+    out.push_str("Static IP allocations whose MachineRequest is gone (released when the provider deletes the VM):\n");
+    let rows = report.ip_allocations.iter().map(holding_row);
+    crate::table::render(&mut out, "  ", &[], rows);
+    out
 }
 
 #[cfg(test)]
@@ -396,7 +372,7 @@ mod tests {
     #[test]
     fn deleting_everything_on_an_empty_request_list_needs_force() {
         let err = deletion_allowed("proxmox", 0, 3, false).unwrap_err();
-        assert!(matches!(err, OrphansError::NoLiveRequests { vms: 3, .. }));
+        assert!(err.to_string().contains("yet 3 VM(s) of ours"), "{err}");
         assert!(err.to_string().contains("--force"), "{err}");
         assert!(deletion_allowed("proxmox", 0, 3, true).is_ok());
         assert!(deletion_allowed("proxmox", 1, 3, false).is_ok());
