@@ -231,7 +231,17 @@ fn proxmox_health(pve: ProxmoxClient, settings: &Settings) -> HealthCheck {
 
 async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
     let health_check = proxmox_health(pve.clone(), &settings);
-    announce_start(&settings);
+    tracing::info!(
+        endpoint = %settings.endpoint.url,
+        provider_id = %settings.info.id,
+        identity = settings.key.identity(),
+        proxmox = %settings.config.proxmox.api_url,
+        leader_election = settings.leader_election.is_some(),
+        "starting"
+    );
+    for warning in &settings.config_warnings {
+        tracing::warn!("config file: {warning}");
+    }
     let provider_id = settings.info.id.clone();
     let omni = OmniClient::connect(&settings.endpoint, settings.key.clone(), &provider_id)?;
     // Polled from here on, so a SIGTERM during the start stops the provider cleanly too.
@@ -292,20 +302,6 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
     join_all([heartbeat].into_iter().chain(part).chain(metrics_server)).await;
     tracing::info!("stopped");
     outcome
-}
-
-fn announce_start(settings: &Settings) {
-    tracing::info!(
-        endpoint = %settings.endpoint.url,
-        provider_id = %settings.info.id,
-        identity = settings.key.identity(),
-        proxmox = %settings.config.proxmox.api_url,
-        leader_election = settings.leader_election.is_some(),
-        "starting"
-    );
-    for warning in &settings.config_warnings {
-        tracing::warn!("config file: {warning}");
-    }
 }
 
 /// This process's part until `stop`: a replica in the leader election (its role changes as the
