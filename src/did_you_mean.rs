@@ -16,8 +16,7 @@ pub fn suggest<'a>(unknown: &str, known: &[&'a str]) -> Option<&'a str> {
 
 /// A sentence fragment for an error message: `" (did you mean `x`?)"` or empty.
 pub fn hint(unknown: &str, known: &[&str]) -> String {
-    let suggestion = suggest(unknown, known);
-    suggestion.map_or_else(String::new, |k| format!(" (did you mean `{k}`?)"))
+    suggest(unknown, known).map_or_else(String::new, |k| format!(" (did you mean `{k}`?)"))
 }
 
 #[cfg(test)]
