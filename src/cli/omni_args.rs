@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use crate::omni::auth::{KeyError, ProviderKey};
+use super::BoxError;
+use crate::omni::auth::ProviderKey;
 use crate::omni::transport::{OmniEndpoint, OmniTls};
 use crate::secret::Secret;
 
@@ -45,51 +46,24 @@ fn parse_secret(s: &str) -> Result<Secret, std::convert::Infallible> {
     Ok(Secret::new(s))
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum OmniArgsError {
-    #[error("--omni-api-endpoint (or OMNI_ENDPOINT) is required")]
-    NoEndpoint,
-    #[error(transparent)]
-    Key(#[from] KeyError),
-    #[error(
-        "the key was made for provider {key_id:?} but --id is {flag_id:?}; run with --id {key_id} or create a key for {flag_id:?} with `omnictl infraprovider create {flag_id}`"
-    )]
-    IdMismatch { key_id: String, flag_id: String },
-    #[error("--insecure-skip-verify and --omni-ca-file cannot be used together")]
-    TlsFlags,
-    #[error(
-        "the Omni endpoint {url:?} is plaintext: the provider's signed requests and Omni's answers (which decide what VMs are deleted) would cross the network unprotected; use https://, or pass --omni-insecure-http (OMNI_INSECURE_HTTP=true) for a local test Omni"
-    )]
-    Plaintext { url: String },
-    #[error(
-        "the Omni key is given twice: use either --omni-service-account-key (OMNI_SERVICE_ACCOUNT_KEY) or --omni-service-account-key-file (OMNI_SERVICE_ACCOUNT_KEY_FILE)"
-    )]
-    KeyTwice,
-    #[error("cannot read the Omni key file {path}: {source}")]
-    KeyFile {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-}
-
 impl OmniArgs {
     /// The endpoint and the parsed key, with every mistake in the flags reported clearly.
-    pub fn connection(&self) -> Result<(OmniEndpoint, ProviderKey), OmniArgsError> {
-        let url = self.endpoint().ok_or(OmniArgsError::NoEndpoint)?.to_owned();
+    pub fn connection(&self) -> Result<(OmniEndpoint, ProviderKey), BoxError> {
+        let url = (self.endpoint().map(str::to_owned))
+            .ok_or("--omni-api-endpoint (or OMNI_ENDPOINT) is required")?;
         if self.is_plaintext() && !self.omni_insecure_http {
-            return Err(OmniArgsError::Plaintext { url });
+            return Err(format!("the Omni endpoint {url:?} is plaintext: the provider's signed requests and Omni's answers (which decide what VMs are deleted) would cross the network unprotected; use https://, or pass --omni-insecure-http (OMNI_INSECURE_HTTP=true) for a local test Omni").into());
         }
         let key = ProviderKey::parse(&self.key()?.unwrap_or_default())?;
         if let Some(key_id) = key.provider_id()
             && key_id != self.id
         {
-            return Err(OmniArgsError::IdMismatch {
-                key_id: key_id.to_owned(),
-                flag_id: self.id.clone(),
-            });
+            return Err(format!("the key was made for provider {key_id:?} but --id is {flag_id:?}; run with --id {key_id} or create a key for {flag_id:?} with `omnictl infraprovider create {flag_id}`", flag_id = self.id).into());
         }
         let tls = match (&self.omni_ca_file, self.insecure_skip_verify) {
-            (Some(_), true) => return Err(OmniArgsError::TlsFlags),
+            (Some(_), true) => {
+                Err("--insecure-skip-verify and --omni-ca-file cannot be used together")?
+            }
             (Some(p), false) => OmniTls::CaFile(p.clone()),
             (None, true) => OmniTls::InsecureSkipVerify,
             (None, false) => OmniTls::SystemAndPublicRoots,
@@ -123,20 +97,17 @@ impl OmniArgs {
 
     /// The key to use: from the key file, else the flag or `OMNI_SERVICE_ACCOUNT_KEY`, else
     /// `SIDERO_SERVICE_ACCOUNT_KEY`. The file is read here, once per call: callers call once.
-    fn key(&self) -> Result<Option<Secret>, OmniArgsError> {
+    fn key(&self) -> Result<Option<Secret>, String> {
         let Some(path) = &self.omni_service_account_key_file else {
             return Ok(self.inline_key().cloned());
         };
         let inline = self.omni_service_account_key.as_ref();
         if inline.is_some_and(|k| !k.is_empty()) {
-            return Err(OmniArgsError::KeyTwice);
+            return Err("the Omni key is given twice: use either --omni-service-account-key (OMNI_SERVICE_ACCOUNT_KEY) or --omni-service-account-key-file (OMNI_SERVICE_ACCOUNT_KEY_FILE)".into());
         }
         crate::secret::read_file(path)
             .map(Some)
-            .map_err(|source| OmniArgsError::KeyFile {
-                path: path.clone(),
-                source,
-            })
+            .map_err(|e| format!("cannot read the Omni key file {}: {e}", path.display()))
     }
 
     fn inline_key(&self) -> Option<&Secret> {
@@ -151,6 +122,7 @@ impl OmniArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::omni::auth::KeyError;
     use testkit::keys::NewKey;
 
     fn args(omni: Option<&Secret>, sidero: Option<&Secret>, id: &str) -> OmniArgs {
@@ -182,10 +154,8 @@ mod tests {
             .unwrap();
         assert_eq!(key.provider_id(), Some("b"));
         assert!(args(None, Some(&b), "b").is_set());
-        assert!(matches!(
-            args(None, None, "b").connection(),
-            Err(OmniArgsError::Key(KeyError::Empty))
-        ));
+        let err = args(None, None, "b").connection().unwrap_err();
+        assert!(matches!(err.downcast_ref(), Some(KeyError::Empty)), "{err}");
     }
 
     #[test]
@@ -193,10 +163,8 @@ mod tests {
         let ui = Secret::new(NewKey::generate("proxmox").encoded_as("proxmox"));
         assert!(args(Some(&ui), None, "proxmox").connection().is_ok());
         let err = args(Some(&ui), None, "other").connection().unwrap_err();
-        assert!(
-            matches!(&err, OmniArgsError::IdMismatch { key_id, .. } if key_id == "proxmox"),
-            "{err}"
-        );
+        let wanted = "the key was made for provider \"proxmox\" but --id is \"other\"";
+        assert!(err.to_string().starts_with(wanted), "{err}");
     }
 
     #[test]
@@ -206,7 +174,7 @@ mod tests {
             let mut a = args(Some(&key), None, "a");
             a.omni_api_endpoint = Some(url.into());
             let err = a.connection().unwrap_err();
-            assert!(matches!(err, OmniArgsError::Plaintext { .. }), "{err}");
+            assert!(err.to_string().contains("is plaintext"), "{err}");
             assert!(err.to_string().contains("--omni-insecure-http"), "{err}");
             assert!(a.warnings().is_empty());
             a.omni_insecure_http = true;
@@ -229,7 +197,8 @@ mod tests {
         assert_eq!(parsed.provider_id(), Some("a"));
 
         a.omni_service_account_key = Some(key.clone());
-        assert!(matches!(a.connection(), Err(OmniArgsError::KeyTwice)));
+        let err = a.connection().unwrap_err().to_string();
+        assert!(err.contains("the Omni key is given twice"), "{err}");
 
         a.omni_service_account_key = None;
         a.omni_service_account_key_file = Some(dir.path().join("missing"));
