@@ -15,11 +15,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// `--log-level` (or `RUST_LOG`) is no filter: the level given, and what is wrong with it.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid log level {0:?}: {1}")]
-pub struct BadLevel(String, String);
-
 /// A bare level (`debug`) applies to the provider; libraries stay at `info` at most, so `debug` shows
 /// what the provider does rather than every packet the OpenPGP or HTTP/2 crates handle. A full filter
 /// (`info,h2=debug`) is used as given.
@@ -38,11 +33,12 @@ pub fn colour(to_terminal: bool, no_color: Option<&OsStr>) -> bool {
 }
 
 /// Installs the global tracing subscriber (once; later calls are ignored, which keeps tests that
-/// run several commands in one process working).
-pub fn init_logging(format: LogFormat, level: &str) -> Result<(), BadLevel> {
+/// run several commands in one process working). The error says when `--log-level` (or
+/// `RUST_LOG`) is no filter.
+pub fn init_logging(format: LogFormat, level: &str) -> Result<(), String> {
     let rust_log = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
     let filter = EnvFilter::try_new(rust_log.unwrap_or_else(|| directives(level)))
-        .map_err(|e| BadLevel(level.to_owned(), e.to_string()))?;
+        .map_err(|e| format!("invalid log level {level:?}: {e}"))?;
     let no_color = std::env::var_os("NO_COLOR");
     let ansi = colour(std::io::stderr().is_terminal(), no_color.as_deref());
     let builder = tracing_subscriber::fmt()
