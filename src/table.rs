@@ -12,20 +12,17 @@ pub fn render(
     header: &[&str],
     rows: impl IntoIterator<Item = Vec<String>>,
 ) {
-    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
-    let rows: Vec<Vec<String>> = rows.into_iter().collect();
-    let lines = std::iter::once(&header)
-        .filter(|h| !h.is_empty())
-        .chain(&rows);
+    let header = (!header.is_empty()).then(|| header.iter().map(|h| h.to_string()).collect());
+    let lines: Vec<Vec<String>> = header.into_iter().chain(rows).collect();
     let mut widths: Vec<usize> = Vec::new();
-    for row in lines.clone() {
+    for row in &lines {
         let padded = &row[..row.len().saturating_sub(1)];
         widths.resize(widths.len().max(padded.len()), 0);
         for (width, cell) in widths.iter_mut().zip(padded) {
             *width = (*width).max(cell.chars().count());
         }
     }
-    for row in lines {
+    for row in &lines {
         let mut line = indent.to_string();
         for (i, cell) in row.iter().enumerate() {
             let width = if i + 1 == row.len() { 0 } else { widths[i] };
