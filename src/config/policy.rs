@@ -51,6 +51,11 @@ impl Policy {
             &mut refused,
         );
         if let Some(allowed) = &self.vlans {
+            let range = |VlanRange((lo, hi)): &VlanRange| match lo == hi {
+                true => lo.to_string(),
+                false => format!("{lo}-{hi}"),
+            };
+            let shown = allowed.iter().map(range).collect::<Vec<_>>().join(", ");
             let tags = nics.map(|(i, nic)| (format!("additional_nics[{i}].vlan"), nic.vlan));
             for (key, tag) in std::iter::once(("vlan".to_string(), data.vlan)).chain(tags) {
                 let tag = tag.map_or(0, |v| v.get());
@@ -62,7 +67,7 @@ impl Policy {
                         0 => "no VLAN (untagged)".to_string(),
                         _ => format!("VLAN {tag}"),
                     };
-                    refused.push(refusal(key, what, render_ranges(allowed)));
+                    refused.push(refusal(key, what, shown.clone()));
                 }
             }
         }
@@ -160,14 +165,6 @@ fn refusal(key: String, what: String, allowed: String) -> Problem {
             "{what} is not allowed by the provider's policy (allowed: {allowed}); ask the operator or choose an allowed one"
         ),
     }
-}
-
-fn render_ranges(ranges: &[VlanRange]) -> String {
-    let range = |VlanRange((lo, hi)): &VlanRange| match lo == hi {
-        true => lo.to_string(),
-        false => format!("{lo}-{hi}"),
-    };
-    ranges.iter().map(range).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]
