@@ -233,7 +233,15 @@ pub fn render_table(r: &ClusterReport) -> String {
     out.push('\n');
     render_storages(&mut out, &r.nodes);
     out.push('\n');
-    render_templates(&mut out, &r.templates);
+    if r.templates.is_empty() {
+        out.push_str("No VM templates (boot mode `clone` needs one).\n");
+    } else {
+        let rows = r.templates.iter().map(|t| {
+            let name = t.name.clone().unwrap_or_default();
+            vec![t.vmid.to_string(), name, t.node.clone()]
+        });
+        crate::table::render(&mut out, "", &["TEMPLATE VMID", "NAME", "NODE"], rows);
+    }
     out.push('\n');
     render_ha_rules(&mut out, r);
     out
@@ -339,17 +347,6 @@ fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
             ]
         })
         .collect()
-}
-
-fn render_templates(out: &mut String, templates: &[TemplateReport]) {
-    if templates.is_empty() {
-        return out.push_str("No VM templates (boot mode `clone` needs one).\n");
-    }
-    let rows = templates.iter().map(|t| {
-        let name = t.name.clone().unwrap_or_default();
-        vec![t.vmid.to_string(), name, t.node.clone()]
-    });
-    crate::table::render(out, "", &["TEMPLATE VMID", "NAME", "NODE"], rows);
 }
 
 /// `used / total` in bytes, or `-` when either is not reported.
