@@ -229,9 +229,34 @@ pub fn render_table(r: &ClusterReport) -> String {
         None => format!("Cluster health not read: {}", why(&r.cluster_health_error)),
     };
     let _ = writeln!(out, "Proxmox VE {} at {}\n{health}\n", r.version, r.api_url);
-    render_nodes(&mut out, r);
-    out.push('\n');
-    render_storages(&mut out, &r.nodes);
+    // One row per node, what it has and what it has given to VMs, then what the limits are made of.
+    let header = [
+        "NODE",
+        "STATUS",
+        "CPU",
+        "MEMORY",
+        "VCPUS GIVEN / LIMIT",
+        "MEMORY GIVEN / LIMIT",
+        "VMS",
+    ];
+    crate::table::render(&mut out, "", &header, r.nodes.iter().map(node_row));
+    let _ = writeln!(
+        out,
+        "(given: to the node's VMs, running or stopped; limit: CPUs × placement.cpuOvercommit {}, memory × placement.memoryOvercommit {})\n",
+        r.cpu_overcommit, r.memory_overcommit
+    );
+    // Every storage of every node; a node whose storages could not be read says why in their place.
+    let header = [
+        "NODE",
+        "STORAGE",
+        "TYPE",
+        "CONTENT",
+        "SHARED",
+        "ACTIVE",
+        "USED / TOTAL",
+        "VM DISKS",
+    ];
+    crate::table::render(&mut out, "", &header, r.nodes.iter().flat_map(storage_rows));
     out.push('\n');
     if r.templates.is_empty() {
         out.push_str("No VM templates (boot mode `clone` needs one).\n");
@@ -274,25 +299,6 @@ fn render_ha_rules(out: &mut String, r: &ClusterReport) {
     crate::table::render(out, "", &header, rows);
 }
 
-/// One row per node, what it has and what it has given to VMs, then what the limits are made of.
-fn render_nodes(out: &mut String, r: &ClusterReport) {
-    let header = [
-        "NODE",
-        "STATUS",
-        "CPU",
-        "MEMORY",
-        "VCPUS GIVEN / LIMIT",
-        "MEMORY GIVEN / LIMIT",
-        "VMS",
-    ];
-    crate::table::render(out, "", &header, r.nodes.iter().map(node_row));
-    let _ = writeln!(
-        out,
-        "(given: to the node's VMs, running or stopped; limit: CPUs × placement.cpuOvercommit {}, memory × placement.memoryOvercommit {})",
-        r.cpu_overcommit, r.memory_overcommit
-    );
-}
-
 fn node_row(n: &NodeReport) -> Vec<String> {
     let node = &n.node;
     let cpu = match (node.cpu, node.maxcpu) {
@@ -309,21 +315,6 @@ fn node_row(n: &NodeReport) -> Vec<String> {
         format!("{} / {memory_limit}", bytes(n.memory_allocated)),
         format!("{} ({} running)", n.vms, n.running_vms),
     ]
-}
-
-/// Every storage of every node; a node whose storages could not be read says why in their place.
-fn render_storages(out: &mut String, nodes: &[NodeReport]) {
-    let header = [
-        "NODE",
-        "STORAGE",
-        "TYPE",
-        "CONTENT",
-        "SHARED",
-        "ACTIVE",
-        "USED / TOTAL",
-        "VM DISKS",
-    ];
-    crate::table::render(out, "", &header, nodes.iter().flat_map(storage_rows));
 }
 
 fn storage_rows(n: &NodeReport) -> Vec<Vec<String>> {
