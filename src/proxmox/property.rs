@@ -312,10 +312,6 @@ impl fmt::Display for Slot {
     }
 }
 
-fn flag(on: bool) -> &'static str {
-    if on { "1" } else { "0" }
-}
-
 /// `,<key>=<value>` when there is a value.
 fn opt(key: &str, value: Option<impl fmt::Display>) -> String {
     value.map(|v| format!(",{key}={v}")).unwrap_or_default()
@@ -334,7 +330,7 @@ impl Nic {
     /// `virtio[=<mac>],bridge=<bridge>,firewall=<0|1>[,tag=<vlan>]`
     pub fn render(&self) -> String {
         let mac = self.mac.map(|mac| format!("={mac}")).unwrap_or_default();
-        let (bridge, firewall) = (&self.bridge, flag(self.firewall));
+        let (bridge, firewall) = (&self.bridge, u8::from(self.firewall));
         let tag = opt("tag", self.vlan.map(VlanTag::get));
         format!("virtio{mac},bridge={bridge},firewall={firewall}{tag}")
     }
