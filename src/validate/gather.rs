@@ -8,8 +8,8 @@ use futures_util::future::OptionFuture;
 use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
 use super::pools::check_pools;
-use super::report::{Outcome, Report};
-use super::{check_cluster, check_schema, config_file_findings};
+use super::report::{Finding, Outcome, Report};
+use super::{check_cluster, check_schema};
 use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
 use crate::pipeline::ip_pool::reported_by_agents;
@@ -101,8 +101,11 @@ pub async fn validate_class(
 ) -> Result<Report, ProxmoxError> {
     let layers = Layers::new(class_yaml, config);
     let (schema_findings, data) = check_schema(&layers);
-    let mut findings = config_file_findings(config);
-    findings.extend(schema_findings);
+    // The config file's own warnings (unknown keys, a token and a password both set) come first.
+    let mut findings: Vec<Finding> = (config.warnings.iter())
+        .map(|w| Outcome::Warning.finding("config", w))
+        .chain(schema_findings)
+        .collect();
     if let Some(data) = data {
         let view = gather(pve, &data, config).await?;
         findings.extend(check_cluster(&layers, &data, &view));
