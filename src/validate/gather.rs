@@ -14,7 +14,6 @@ use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
 use crate::pipeline::ip_pool::reported_by_agents;
 use crate::pipeline::template::clone_source;
-use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool;
@@ -46,8 +45,8 @@ pub async fn gather(
     // The reads run one after the other, in the order of the fields.
     Ok(ClusterFacts {
         bridges: answers.into_iter().collect(),
-        pci_mappings: mappings(MappingKind::Pci, "pci_devices", pci).await,
-        usb_mappings: mappings(MappingKind::Usb, "usb_devices", usb).await,
+        pci_mappings: mappings("pci", "pci_devices", pci).await,
+        usb_mappings: mappings("usb", "usb_devices", usb).await,
         pve_version: OptionFuture::from(needs_release_check(data).then_some(version)).await,
         clone_source: match (data.boot, &data.template) {
             (BootMode::Clone, Some(wanted)) => Some(text(
@@ -73,13 +72,13 @@ fn text<T>(read: Result<T, impl std::fmt::Display>) -> Result<T, String> {
 /// Bridges and SDN VNets of a node; Proxmox before 9.0 does not know `include_sdn` (a parameter error
 /// on `type`), so that refusal falls back to plain bridges.
 async fn bridges(pve: &ProxmoxClient, node: &NodeName) -> Result<Vec<String>, String> {
-    let read = |filter| pve.node_networks(node, Some(filter));
-    let list = match read(NetworkFilter::BridgesAndVnets).await {
+    let read = |kind| pve.node_networks(node, kind);
+    let list = match read("include_sdn").await {
         Err(ProxmoxError::Api {
             status: 400,
             field_errors,
             ..
-        }) if field_errors.contains_key("type") => read(NetworkFilter::AnyBridge).await,
+        }) if field_errors.contains_key("type") => read("any_bridge").await,
         other => other,
     };
     let list = text(list)?.into_iter();
