@@ -144,12 +144,6 @@ name_type!(
     |s| made_of(s, 1..=63, "-") && !s.starts_with('-') && !s.ends_with('-')
 );
 
-impl PartialEq<str> for NodeName {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
-
 name_type!(
     /// The file part of a volume in ISO storage (`<storage>:iso/<file>`).
     IsoFileName,
