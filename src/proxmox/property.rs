@@ -255,8 +255,8 @@ pub struct MacAddr(pub [u8; 6]);
 
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let pairs: Vec<String> = self.0.iter().map(|b| format!("{b:02X}")).collect();
-        f.write_str(&pairs.join(":"))
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02X}:{b:02X}:{c:02X}:{d:02X}:{e:02X}:{g:02X}")
     }
 }
 
