@@ -124,13 +124,12 @@ pub async fn validate_class(
 /// ([`root_warning`]), if any. A token whose privileges cannot be read gets no
 /// warning: the calls that need them say what is missing.
 pub async fn root_reach_warning(pve: &ProxmoxClient) -> Option<String> {
-    match pve.effective_privileges().await {
-        Ok(privileges) => root_warning(privileges.on("/")),
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot read the token's privileges");
-            None
-        }
-    }
+    let privileges = pve
+        .effective_privileges()
+        .await
+        .inspect_err(|e| tracing::debug!(error = %e, "cannot read the token's privileges"))
+        .ok()?;
+    root_warning(privileges.on("/"))
 }
 
 // Whether the Proxmox token holds more on `/` than the provider needs there.
@@ -159,14 +158,12 @@ const NEEDED_ON_ROOT: [&str; 4] = [
 /// The warning naming the privileges held on `/` beyond [`NEEDED_ON_ROOT`] (sorted), `None` when
 /// there are none.
 pub(super) fn root_warning<'a>(held_on_root: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let mut excess: Vec<&str> = held_on_root.into_iter().collect();
-    excess.retain(|p| !NEEDED_ON_ROOT.contains(p));
+    let mut excess: Vec<&str> = (held_on_root.into_iter())
+        .filter(|p| !NEEDED_ON_ROOT.contains(p))
+        .collect();
     excess.sort_unstable();
     excess.dedup();
-    if excess.is_empty() {
-        return None;
-    }
-    Some(format!(
+    (!excess.is_empty()).then(|| format!(
         "the Proxmox token holds {} on `/`, which reaches every VM and storage of the datacenter, not only the provider's: grant them on the provider's pool, storages, nodes and SDN zones instead, with a privilege-separated token (see docs/security.md)",
         excess.join(", ")
     ))
