@@ -147,7 +147,7 @@ impl ProxmoxClient {
                 })
             })
             .collect();
-        members.sort_by(|a, b| a.name.cmp(&b.name));
+        members.sort();
         Ok(ClusterHealth {
             name: cluster
                 .and_then(|c| c.name.clone())
@@ -180,7 +180,8 @@ pub struct ClusterHealth {
     pub members: Vec<ClusterMember>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// Ordered by name first.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub struct ClusterMember {
     pub name: String,
     pub online: bool,
