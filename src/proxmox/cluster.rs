@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::client::{Params, Pool, ProxmoxClient};
 use super::error::{ProxmoxError, Result};
 use super::listing::Listing;
-use super::types::{ClusterResource, NextIdRange, Version, VmId, lenient};
+use super::types::{ClusterResource, Version, VmId, lenient};
 
 impl ProxmoxClient {
     /// `GET /version`: cheap, and needs valid credentials: the health check.
@@ -89,7 +89,9 @@ impl ProxmoxClient {
     /// The datacenter's `next-id` range from `GET /cluster/options` (pve-manager `PVE/API2/Cluster.pm`,
     /// `get_options`: the whole datacenter.cfg with `Sys.Audit` on `/`, only a few display options
     /// without it, so the caller must know the token has it). An unset range is the default one.
-    pub async fn next_id_range(&self) -> Result<NextIdRange> {
+    /// The range is where new VMIDs go (datacenter.cfg; Datacenter > Options > Next Free VMID
+    /// Range); its upper end is exclusive.
+    pub async fn next_id_range(&self) -> Result<std::ops::Range<u32>> {
         #[derive(serde::Deserialize)]
         struct Options {
             #[serde(rename = "next-id")]
@@ -103,14 +105,13 @@ impl ProxmoxClient {
             upper: Option<u64>,
         }
         let options: Options = self.get(&["cluster", "options"], Params::new()).await?;
-        let next_id = options.next_id.unwrap_or_default();
+        let NextId { lower, upper } = options.next_id.unwrap_or_default();
         let bound = |v: Option<u64>, or: u32| v.map_or(Some(or), |v| u32::try_from(v).ok());
         // pve-cluster `DataCenterConfig.pm`, `$next_id_format`: 100 up to (not including) one
         // million when unset, which is below the largest VMID on purpose.
-        let lower = bound(next_id.lower, 100);
-        lower
-            .zip(bound(next_id.upper, 1_000_000))
-            .map(|(lower, upper)| NextIdRange { lower, upper })
+        bound(lower, 100)
+            .zip(bound(upper, 1_000_000))
+            .map(|(lower, upper)| lower..upper)
             .ok_or_else(|| bad_answer("/cluster/options", "next-id bounds out of range".into()))
     }
 
