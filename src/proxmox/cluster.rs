@@ -61,8 +61,9 @@ impl ProxmoxClient {
     pub async fn vms(&self) -> Result<Vec<super::types::VmResource>> {
         let params = Params::new().with("type", "vm");
         let path = ["cluster", "resources"];
+        let sent = std::time::Instant::now();
         let listing: Vec<ClusterResource> = self.get_over(Pool::Large, &path, params).await?;
-        Ok(Listing::from(listing).vms().cloned().collect())
+        Ok(Listing::read(listing, sent).vms().cloned().collect())
     }
 
     /// `GET /cluster/nextid`: the lowest free VMID at this instant (Proxmox sends it as a string). Not a

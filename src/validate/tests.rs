@@ -24,7 +24,7 @@ fn listing() -> crate::model::Listing {
         {"type":"storage","storage":"local-lvm","node":"pve2","content":"images,rootdir","status":"available","disk":0,"maxdisk":10737418240u64,"plugintype":"lvmthin"}
     ]))
     .unwrap();
-    resources.into()
+    crate::model::Listing::read(resources, std::time::Instant::now())
 }
 
 /// [`listing`], with vmbr0/vmbr1 on pve1 and vmbr0 on pve2.
