@@ -39,13 +39,6 @@ pub struct ClusterFacts {
     pub health: Option<Result<ClusterHealth, String>>,
 }
 
-impl ClusterFacts {
-    /// The copies of the template, when `boot: clone` found them.
-    fn clone_source(&self) -> Option<&CloneSource> {
-        self.clone_source.as_ref()?.as_ref().ok()
-    }
-}
-
 /// The data checked on a node is already resolved with that node's `nodes:` override, so placement
 /// gets no per-node selectors on top.
 static NO_OVERRIDES: BTreeMap<String, StorageSelector> = BTreeMap::new();
@@ -99,7 +92,11 @@ pub(crate) struct ClusterCheck<'a> {
 impl ClusterCheck<'_> {
     /// The request placement would get for `data` (resolved on some node, or not).
     pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
-        let clone = self.view.clone_source();
+        let clone = self
+            .view
+            .clone_source
+            .as_ref()
+            .and_then(|c| c.as_ref().ok());
         // The config's `placement:` limits, which placement's verdicts count against.
         class_request(data, self.layers.config.placement, clone)
     }
@@ -147,7 +144,7 @@ impl ClusterCheck<'_> {
     /// Boot mode `clone`: an additional disk whose slot a copy of the template fills would never be
     /// made ([`crate::rules::vm_config::additional_disk_clash`]).
     pub(super) fn clone_disk_findings(&self, out: &mut Vec<Finding>) {
-        let Some(source) = self.view.clone_source() else {
+        let Some(Ok(source)) = &self.view.clone_source else {
             return;
         };
         let clash = source.templates.iter().find_map(|t| {
