@@ -332,11 +332,10 @@ impl ClusterCheck<'_> {
         }
         let data = self.data;
         if fitting.is_empty() {
-            let (key, message) = self.fits_nowhere(left_out);
             let node = data.node.as_ref().map(|n| n.to_string());
             return out.push(Finding {
                 node,
-                ..Outcome::Problem.finding(key, message)
+                ..self.fits_nowhere(left_out)
             });
         }
         let fit = format!(
@@ -369,9 +368,8 @@ impl ClusterCheck<'_> {
         }
     }
 
-    /// The problem when every candidate node is left out for its memory or vCPUs: its key and its
-    /// words.
-    fn fits_nowhere(&self, left_out: &[(&str, LeftOut)]) -> (String, String) {
+    /// The problem when every candidate node is left out for its memory or vCPUs.
+    fn fits_nowhere(&self, left_out: &[(&str, LeftOut)]) -> Finding {
         let memory_mb = self.data.memory_mb;
         // Every node short of memory, or the reasons as they come.
         let free: Option<Vec<String>> = (left_out.iter())
@@ -383,10 +381,11 @@ impl ClusterCheck<'_> {
             })
             .collect();
         if let Some(free) = free {
-            let free = free.join(", ");
-            let message =
-                format!("{memory_mb} MiB fits on no candidate node (free memory: {free})");
-            return (self.key("memory"), message);
+            let message = format!(
+                "{memory_mb} MiB fits on no candidate node (free memory: {})",
+                free.join(", ")
+            );
+            return Outcome::Problem.finding(self.key("memory"), message);
         }
         let all: Vec<String> = (left_out.iter())
             .map(|(n, why)| format!("{n}: {why}"))
@@ -398,6 +397,6 @@ impl ClusterCheck<'_> {
             self.data.vcpus(),
             all.join("; ")
         );
-        (key, message)
+        Outcome::Problem.finding(key, message)
     }
 }
