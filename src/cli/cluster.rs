@@ -400,7 +400,7 @@ mod tests {
         let r = build_report(
             "https://x/api2/json",
             "9.0",
-            &resources.into(),
+            &crate::proxmox::listing::Listing::read(resources, std::time::Instant::now()),
             &storages,
             &limits,
         );

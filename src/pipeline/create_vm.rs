@@ -258,11 +258,11 @@ async fn choose_vmid(
             loop {
                 let held =
                     |id: u32| refused.contains(&id) || ledgers.vmids.held(id, &ctx.request.id);
-                let Some(id) = vmid::lowest_free(range, &listed, held) else {
+                let Some(id) = vmid::lowest_free(&range, &listed, held) else {
                     return Err(StepError::Cluster(format!(
                         "no free VMID in the datacenter's next-id range {}..{}; widen it \
                          (Datacenter > Options > Next Free VMID Range)",
-                        range.lower, range.upper
+                        range.start, range.end
                     )));
                 };
                 // Another request may take the same one between the look and the mark.

@@ -157,15 +157,14 @@ mod tests {
     use crate::proxmox::types::ClusterResource;
 
     fn resources() -> Listing {
-        serde_json::from_str::<Vec<ClusterResource>>(
+        let resources = serde_json::from_str::<Vec<ClusterResource>>(
             r#"[
             {"type":"qemu","vmid":9000,"node":"pve1","name":"talos","template":1},
             {"type":"qemu","vmid":9001,"node":"pve2","name":"talos","template":1},
             {"type":"qemu","vmid":105,"node":"pve2","name":"plain"}
         ]"#,
-        )
-        .unwrap()
-        .into()
+        );
+        Listing::read(resources.unwrap(), std::time::Instant::now())
     }
 
     #[test]
@@ -180,8 +179,11 @@ mod tests {
         assert!(e.contains("not a template"), "{e}");
         let e = ids(TemplateRef::Name("nope".into())).unwrap_err();
         assert!(e.contains("9000 (talos), 9001 (talos)"), "{e}");
-        let none =
-            matching_templates(&Listing::from(Vec::new()), &TemplateRef::VmId(1)).unwrap_err();
+        let none = matching_templates(
+            &Listing::read(Vec::new(), std::time::Instant::now()),
+            &TemplateRef::VmId(1),
+        )
+        .unwrap_err();
         assert!(none.ends_with("templates there: none"), "{none}");
     }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::client::{Params, Pool, ProxmoxClient};
 use super::error::{ProxmoxError, Result};
 use super::listing::Listing;
-use super::types::{ClusterResource, NextIdRange, Version, VmId, lenient};
+use super::types::{ClusterResource, Version, VmId, lenient};
 
 impl ProxmoxClient {
     /// `GET /version`: cheap, and needs valid credentials: the health check.
@@ -61,8 +61,9 @@ impl ProxmoxClient {
     pub async fn vms(&self) -> Result<Vec<super::types::VmResource>> {
         let params = Params::new().with("type", "vm");
         let path = ["cluster", "resources"];
+        let sent = std::time::Instant::now();
         let listing: Vec<ClusterResource> = self.get_over(Pool::Large, &path, params).await?;
-        Ok(Listing::from(listing).vms().cloned().collect())
+        Ok(Listing::read(listing, sent).vms().cloned().collect())
     }
 
     /// `GET /cluster/nextid`: the lowest free VMID at this instant (Proxmox sends it as a string). Not a
@@ -89,7 +90,9 @@ impl ProxmoxClient {
     /// The datacenter's `next-id` range from `GET /cluster/options` (pve-manager `PVE/API2/Cluster.pm`,
     /// `get_options`: the whole datacenter.cfg with `Sys.Audit` on `/`, only a few display options
     /// without it, so the caller must know the token has it). An unset range is the default one.
-    pub async fn next_id_range(&self) -> Result<NextIdRange> {
+    /// The range is where new VMIDs go (datacenter.cfg; Datacenter > Options > Next Free VMID
+    /// Range); its upper end is exclusive.
+    pub async fn next_id_range(&self) -> Result<std::ops::Range<u32>> {
         #[derive(serde::Deserialize)]
         struct Options {
             #[serde(rename = "next-id")]
@@ -103,14 +106,13 @@ impl ProxmoxClient {
             upper: Option<u64>,
         }
         let options: Options = self.get(&["cluster", "options"], Params::new()).await?;
-        let next_id = options.next_id.unwrap_or_default();
+        let NextId { lower, upper } = options.next_id.unwrap_or_default();
         let bound = |v: Option<u64>, or: u32| v.map_or(Some(or), |v| u32::try_from(v).ok());
         // pve-cluster `DataCenterConfig.pm`, `$next_id_format`: 100 up to (not including) one
         // million when unset, which is below the largest VMID on purpose.
-        let lower = bound(next_id.lower, 100);
-        lower
-            .zip(bound(next_id.upper, 1_000_000))
-            .map(|(lower, upper)| NextIdRange { lower, upper })
+        bound(lower, 100)
+            .zip(bound(upper, 1_000_000))
+            .map(|(lower, upper)| lower..upper)
             .ok_or_else(|| bad_answer("/cluster/options", "next-id bounds out of range".into()))
     }
 
@@ -147,7 +149,7 @@ impl ProxmoxClient {
                 })
             })
             .collect();
-        members.sort_by(|a, b| a.name.cmp(&b.name));
+        members.sort();
         Ok(ClusterHealth {
             name: cluster
                 .and_then(|c| c.name.clone())
@@ -180,7 +182,8 @@ pub struct ClusterHealth {
     pub members: Vec<ClusterMember>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// Ordered by name first.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub struct ClusterMember {
     pub name: String,
     pub online: bool,

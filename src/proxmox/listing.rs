@@ -27,12 +27,6 @@ pub struct Listing {
     pub read_at: Instant,
 }
 
-impl From<Vec<ClusterResource>> for Listing {
-    fn from(resources: Vec<ClusterResource>) -> Self {
-        Self::read(resources, Instant::now())
-    }
-}
-
 impl std::ops::Deref for Listing {
     type Target = [ClusterResource];
     fn deref(&self) -> &[ClusterResource] {

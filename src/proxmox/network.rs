@@ -6,18 +6,7 @@ use serde::Deserialize;
 
 use super::client::{Params, ProxmoxClient};
 use super::error::Result;
-use super::property::str_enum;
 use super::types::NodeName;
-
-str_enum!(
-    /// The `type` filter of `GET /nodes/{node}/network`: Linux and OVS bridges (every Proxmox VE
-    /// version), or those plus SDN VNets, which guests can use as a `bridge=` too (Proxmox VE 9.0
-    /// and later).
-    NetworkFilter {
-        AnyBridge = "any_bridge",
-        BridgesAndVnets = "include_sdn",
-    }
-);
 
 /// One entry of `GET /nodes/{node}/network`.
 #[derive(Debug, Clone, Deserialize)]
@@ -29,31 +18,24 @@ pub struct NetworkInterface {
 }
 
 impl ProxmoxClient {
-    /// `GET /nodes/{node}/network[?type=…]`.
+    /// `GET /nodes/{node}/network?type=…`: `type` is `any_bridge` (Linux and OVS bridges, every
+    /// Proxmox VE version) or `include_sdn` (those plus SDN VNets, which guests can use as a
+    /// `bridge=` too; Proxmox VE 9.0 and later).
     pub async fn node_networks(
         &self,
         node: &NodeName,
-        filter: Option<NetworkFilter>,
+        kind: &str,
     ) -> Result<Vec<NetworkInterface>> {
-        let params = Params::new().with_opt("type", filter.map(NetworkFilter::as_str));
+        let params = Params::new().with("type", kind);
         self.get(&["nodes", node.as_str(), "network"], params).await
     }
 
-    /// `GET /cluster/mapping/pci` or `/cluster/mapping/usb`: the resource mappings that
+    /// `GET /cluster/mapping/<kind>`, `pci` or `usb`: the resource mappings that
     /// `pci_devices[].mapping` and `usb_devices[].mapping` name.
-    pub async fn resource_mappings(&self, kind: MappingKind) -> Result<Vec<ResourceMapping>> {
-        self.get(&["cluster", "mapping", kind.as_str()], Params::new())
-            .await
+    pub async fn resource_mappings(&self, kind: &str) -> Result<Vec<ResourceMapping>> {
+        self.get(&["cluster", "mapping", kind], Params::new()).await
     }
 }
-
-str_enum!(
-    /// Which mapping list.
-    MappingKind {
-        Pci = "pci",
-        Usb = "usb",
-    }
-);
 
 /// One resource mapping: its ID and one `map` entry per node (`node=pve1,path=0000:01:00.0,...`).
 #[derive(Debug, Clone, Deserialize)]

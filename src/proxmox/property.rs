@@ -144,12 +144,6 @@ name_type!(
     |s| made_of(s, 1..=63, "-") && !s.starts_with('-') && !s.ends_with('-')
 );
 
-impl PartialEq<str> for NodeName {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
-
 name_type!(
     /// The file part of a volume in ISO storage (`<storage>:iso/<file>`).
     IsoFileName,
@@ -228,18 +222,8 @@ impl<F: VolumeFile> fmt::Display for Volume<F> {
 /// A new disk made from a disk image: `<storage>:0,import-from=<volume>,<options>`. qemu-server
 /// src/PVE/API2/Qemu.pm `$check_drive_param` refuses any size but `0` with `import-from`; the disk
 /// takes the image's virtual size and is grown afterwards.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImportedDisk {
-    pub storage: StorageId,
-    pub source: ImportVolume,
-    pub options: DiskOptions,
-}
-
-impl ImportedDisk {
-    pub fn render(&self) -> String {
-        let options = self.options.render();
-        format!("{}:0,import-from={}{options}", self.storage, self.source)
-    }
+pub fn imported_disk(storage: &StorageId, source: &ImportVolume, options: DiskOptions) -> String {
+    format!("{storage}:0,import-from={source}{}", options.render())
 }
 
 /// A VLAN tag, 1 to 4094 (0 means "untagged" and is represented by `None` where a VLAN is optional).
@@ -271,8 +255,8 @@ pub struct MacAddr(pub [u8; 6]);
 
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let pairs: Vec<String> = self.0.iter().map(|b| format!("{b:02X}")).collect();
-        f.write_str(&pairs.join(":"))
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02X}:{b:02X}:{c:02X}:{d:02X}:{e:02X}:{g:02X}")
     }
 }
 
@@ -312,32 +296,24 @@ impl fmt::Display for Slot {
     }
 }
 
-fn flag(on: bool) -> &'static str {
-    if on { "1" } else { "0" }
-}
-
 /// `,<key>=<value>` when there is a value.
 fn opt(key: &str, value: Option<impl fmt::Display>) -> String {
     value.map(|v| format!(",{key}={v}")).unwrap_or_default()
 }
 
-/// `netN`: a virtio NIC.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Nic {
-    pub bridge: BridgeName,
-    pub firewall: bool,
-    pub vlan: Option<VlanTag>,
-    pub mac: Option<MacAddr>,
-}
-
-impl Nic {
-    /// `virtio[=<mac>],bridge=<bridge>,firewall=<0|1>[,tag=<vlan>]`
-    pub fn render(&self) -> String {
-        let mac = self.mac.map(|mac| format!("={mac}")).unwrap_or_default();
-        let (bridge, firewall) = (&self.bridge, flag(self.firewall));
-        let tag = opt("tag", self.vlan.map(VlanTag::get));
-        format!("virtio{mac},bridge={bridge},firewall={firewall}{tag}")
-    }
+/// `netN`, a virtio NIC: `virtio[=<mac>],bridge=<bridge>,firewall=<0|1>[,tag=<vlan>]`.
+pub fn nic(
+    bridge: &BridgeName,
+    firewall: bool,
+    vlan: Option<VlanTag>,
+    mac: Option<MacAddr>,
+) -> String {
+    let mac = mac.map(|mac| format!("={mac}")).unwrap_or_default();
+    let tag = opt("tag", vlan.map(VlanTag::get));
+    format!(
+        "virtio{mac},bridge={bridge},firewall={}{tag}",
+        u8::from(firewall)
+    )
 }
 
 /// An enum whose every value is one word (of Proxmox's, or of provider data's): one table gives
@@ -410,40 +386,18 @@ impl DiskOptions {
 }
 
 /// A disk to allocate on create: `<storage>:<size GiB>[,cache=…][,aio=…][,iothread=1][,discard=on][,ssd=1]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewDisk {
-    pub storage: StorageId,
-    pub size_gb: u64,
-    pub options: DiskOptions,
-}
-
-impl NewDisk {
-    pub fn render(&self) -> String {
-        format!("{}:{}{}", self.storage, self.size_gb, self.options.render())
-    }
+pub fn new_disk(storage: &StorageId, size_gb: u64, options: DiskOptions) -> String {
+    format!("{storage}:{size_gb}{}", options.render())
 }
 
 /// Options for a disk that already exists (a cloned template's disk): `<volume>,<options>`.
 /// The volume ID comes from Proxmox's own config, so it is checked for separators only.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExistingDisk {
-    volume: String,
-    pub options: DiskOptions,
-}
-
-impl ExistingDisk {
-    pub fn new(volume: &str, options: DiskOptions) -> Result<Self, PropertyError> {
-        let expected = "<storage>:<volume name> (e.g. local-lvm:vm-104-disk-0)";
-        if !(volume.contains(':') && made_of(volume, 1..=usize::MAX, "-_.:/+")) {
-            return Err(invalid("disk volume", volume, expected));
-        }
-        let volume = volume.to_string();
-        Ok(Self { volume, options })
+pub fn existing_disk(volume: &str, options: DiskOptions) -> Result<String, PropertyError> {
+    let expected = "<storage>:<volume name> (e.g. local-lvm:vm-104-disk-0)";
+    if !(volume.contains(':') && made_of(volume, 1..=usize::MAX, "-_.:/+")) {
+        return Err(invalid("disk volume", volume, expected));
     }
-
-    pub fn render(&self) -> String {
-        format!("{}{}", self.volume, self.options.render())
-    }
+    Ok(format!("{volume}{}", options.render()))
 }
 
 /// `ideN` as a CD-ROM drive holding `volume`.
@@ -598,23 +552,17 @@ mod tests {
 
     #[test]
     fn renders_every_property() {
-        let nic = Nic {
-            bridge: BridgeName::new("vmbr0").unwrap(),
-            firewall: true,
-            vlan: VlanTag::optional(10).unwrap(),
-            mac: Some(MacAddr([0xbc, 0x24, 0x11, 0, 0, 1])),
-        };
+        let vmbr0 = BridgeName::new("vmbr0").unwrap();
+        let mac = Some(MacAddr([0xbc, 0x24, 0x11, 0, 0, 1]));
         assert_eq!(
-            nic.render(),
+            nic(&vmbr0, true, VlanTag::optional(10).unwrap(), mac),
             "virtio=BC:24:11:00:00:01,bridge=vmbr0,firewall=1,tag=10"
         );
-        let plain = Nic {
-            bridge: BridgeName::new("vmbr1").unwrap(),
-            firewall: false,
-            vlan: None,
-            mac: None,
-        };
-        assert_eq!(plain.render(), "virtio,bridge=vmbr1,firewall=0");
+        let vmbr1 = BridgeName::new("vmbr1").unwrap();
+        assert_eq!(
+            nic(&vmbr1, false, None, None),
+            "virtio,bridge=vmbr1,firewall=0"
+        );
 
         let options = DiskOptions {
             ssd: true,
@@ -623,29 +571,21 @@ mod tests {
             cache: Some(DiskCache::Writeback),
             aio: Some(DiskAio::IoUring),
         };
-        let disk = NewDisk {
-            storage: StorageId::new("local-lvm").unwrap(),
-            size_gb: 20,
-            options,
-        };
+        let local_lvm = StorageId::new("local-lvm").unwrap();
         assert_eq!(
-            disk.render(),
+            new_disk(&local_lvm, 20, options),
             "local-lvm:20,cache=writeback,aio=io_uring,iothread=1,discard=on,ssd=1"
         );
-        let bare = NewDisk {
-            storage: StorageId::new("ceph").unwrap(),
-            size_gb: 5,
-            options: DiskOptions::default(),
-        };
-        assert_eq!(bare.render(), "ceph:5");
-        let existing = ExistingDisk::new(
+        let ceph = StorageId::new("ceph").unwrap();
+        assert_eq!(new_disk(&ceph, 5, DiskOptions::default()), "ceph:5");
+        let existing = existing_disk(
             "local-lvm:vm-104-disk-0",
             DiskOptions {
                 ssd: true,
                 ..Default::default()
             },
         );
-        assert_eq!(existing.unwrap().render(), "local-lvm:vm-104-disk-0,ssd=1");
+        assert_eq!(existing.unwrap(), "local-lvm:vm-104-disk-0,ssd=1");
 
         let iso = IsoVolume::parse("local:iso/talos-1.iso").unwrap();
         assert_eq!(cdrom(&iso), "local:iso/talos-1.iso,media=cdrom");
@@ -706,7 +646,7 @@ mod tests {
         assert!(IsoVolume::parse("local:iso/x.iso,media=disk").is_err());
         assert!(IsoVolume::parse("local:images/x.iso").is_err());
         assert!(VlanTag::new(4095).is_err());
-        assert!(ExistingDisk::new("local-lvm:vm-1,ssd=1", DiskOptions::default()).is_err());
+        assert!(existing_disk("local-lvm:vm-1,ssd=1", DiskOptions::default()).is_err());
     }
 
     fn arb_options() -> impl Strategy<Value = DiskOptions> {
@@ -726,14 +666,13 @@ mod tests {
         fn arbitrary_names_never_yield_extra_keys(s in "\\PC{0,24}|[a-z0-9,=;_.+-]{0,16}", vlan in 0u64..5000, opts in arb_options()) {
             if let Ok(bridge) = BridgeName::new(s.clone()) {
                 let vlan = VlanTag::optional(vlan).ok().flatten();
-                let nic = Nic { bridge, firewall: true, vlan, mac: None };
+                let nic = nic(&bridge, true, vlan, None);
                 let mut expected = vec!["<default>", "bridge", "firewall"];
                 if vlan.is_some() { expected.push("tag"); }
-                prop_assert_eq!(keys(&nic.render()), expected);
+                prop_assert_eq!(keys(&nic), expected);
             }
             if let Ok(storage) = StorageId::new(s.clone()) {
-                let disk = NewDisk { storage, size_gb: 1, options: opts };
-                let rendered = disk.render();
+                let rendered = new_disk(&storage, 1, opts);
                 prop_assert_eq!(rendered.matches(',').count(), keys(&rendered).len() - 1);
                 prop_assert!(keys(&rendered).iter().all(|k| ["<default>", "cache", "aio", "iothread", "discard", "ssd"].contains(&k.as_str())));
                 prop_assert_eq!(rendered.split(',').next().unwrap().matches(':').count(), 1);
@@ -786,7 +725,7 @@ mod tests {
                 IsoVolume::parse(&format!("local:iso/{s}.iso")).err(),
                 IsoVolume::parse(&format!("{s}:iso/a.iso")).err(),
                 ImportVolume::parse(&format!("{s}:import/a.qcow2")).err(),
-                ExistingDisk::new(&format!("local:{s}"), DiskOptions::default()).err(),
+                existing_disk(&format!("local:{s}"), DiskOptions::default()).err(),
                 Vga::new(&s).err(),
             ];
             for (i, e) in results.iter().enumerate() {
@@ -813,15 +752,14 @@ mod tests {
                 let efi = efi_disk(&storage);
                 prop_assert_eq!(keys(&efi), vec!["<default>", "efitype", "pre-enrolled-keys"]);
                 if let Ok(source) = ImportVolume::parse(&format!("{storage}:import/{file}.qcow2")) {
-                    let rendered = ImportedDisk { storage, source, options: opts }.render();
+                    let rendered = imported_disk(&storage, &source, opts);
                     let k = keys(&rendered);
                     prop_assert_eq!(&k[..2], &["<default>", "import-from"]);
                     prop_assert!(k[2..].iter().all(|k| options.contains(&k.as_str())), "{}", rendered);
                     prop_assert!(!rendered.contains('\n'));
                 }
             }
-            if let Ok(disk) = ExistingDisk::new(&volume, opts) {
-                let rendered = disk.render();
+            if let Ok(rendered) = existing_disk(&volume, opts) {
                 prop_assert!(keys(&rendered).iter().all(|k| options.contains(&k.as_str())), "{}", rendered);
                 prop_assert!(!volume.contains([',', '=']));
             }

@@ -334,14 +334,6 @@ pub struct GuestAddress {
 }
 
 /// Deserializers that accept what Proxmox actually sends.
-/// The datacenter's `next-id` range (datacenter.cfg; Datacenter > Options > Next Free VMID Range):
-/// where new VMIDs go. `upper` is exclusive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NextIdRange {
-    pub lower: u32,
-    pub upper: u32,
-}
-
 pub mod lenient {
     use serde::Deserialize;
     use serde::de::{Deserializer, Error};

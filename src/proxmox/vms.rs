@@ -72,12 +72,12 @@ impl Vm<'_> {
             .await
     }
 
-    /// `POST …/status/shutdown`: ACPI (or guest agent) shutdown; with `force_stop` Proxmox stops the VM
-    /// when `timeout` seconds pass.
-    pub async fn shutdown(self, timeout_secs: u32, force_stop: bool) -> Result<Upid> {
+    /// `POST …/status/shutdown`: ACPI (or guest agent) shutdown; Proxmox stops the VM when
+    /// `timeout` seconds pass.
+    pub async fn shutdown(self, timeout_secs: u32) -> Result<Upid> {
         let params = Params::new()
             .with("timeout", timeout_secs)
-            .with("forceStop", u8::from(force_stop));
+            .with("forceStop", 1);
         self.call(Method::POST, &["status", "shutdown"], params)
             .await
     }

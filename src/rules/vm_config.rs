@@ -9,8 +9,8 @@ use crate::model::identity;
 use crate::model::identity::set_tag;
 use crate::model::vm::{BootDisk, is_drive_key, is_numbered};
 use crate::proxmox::property::{
-    self, DiskOptions, ExistingDisk, HostPci, ImportVolume, ImportedDisk, IsoVolume, MacAddr,
-    NewDisk, Nic, PropertyError, Slot, StorageId, Tag, Usb,
+    self, DiskOptions, HostPci, ImportVolume, IsoVolume, MacAddr, PropertyError, Slot, StorageId,
+    Tag, Usb,
 };
 use crate::rules::provider_data::{Bios, BootMode, CloneMode, ProviderData};
 
@@ -133,13 +133,10 @@ fn devices(
         .iter()
         .map(|n| (&n.bridge, n.firewall, n.vlan));
     for (i, (bridge, firewall, vlan)) in std::iter::once(first).chain(more).enumerate() {
-        let nic = Nic {
-            bridge: bridge.clone(),
-            firewall,
-            vlan,
-            mac: target.macs.get(i).copied(),
-        };
-        out.push((slot(Slot::Net, i, "network")?, nic.render()));
+        out.push((
+            slot(Slot::Net, i, "network")?,
+            property::nic(bridge, firewall, vlan, target.macs.get(i).copied()),
+        ));
     }
     if data.additional_disks.len() != target.additional_disk_storages.len() {
         return Err(RenderError::DiskStorageCount {
@@ -153,12 +150,10 @@ fn devices(
         .zip(&target.additional_disk_storages)
         .enumerate()
     {
-        let new = NewDisk {
-            storage: storage.clone(),
-            size_gb: disk.size_gb,
-            options: disk.options(),
-        };
-        out.push((slot(Slot::Scsi, i + 1, "disk")?, new.render()));
+        out.push((
+            slot(Slot::Scsi, i + 1, "disk")?,
+            property::new_disk(storage, disk.size_gb, disk.options()),
+        ));
     }
     for (i, pci) in data.pci_devices.iter().enumerate() {
         out.push((slot(Slot::HostPci, i, "PCI")?, HostPci::render(pci)));
@@ -183,29 +178,21 @@ pub fn render(
     common(data, identity, target, &mut out)?;
     // `image`: the disk is the Talos disk image (grown to `disk_size` by configure_vm), nothing to
     // install; `iso`: an empty disk the ISO installs Talos onto.
-    let (storage, options) = (target.storage.clone(), data.disk());
+    let (storage, options) = (&target.storage, data.disk());
     let (disk, talos_cdrom) = match data.boot {
         BootMode::Image => {
             let source = target
                 .boot_image
-                .clone()
+                .as_ref()
                 .ok_or(RenderError::MissingBootImage)?;
-            let disk = ImportedDisk {
-                storage,
-                source,
-                options,
-            };
-            (disk.render(), None)
+            (property::imported_disk(storage, source, options), None)
         }
         BootMode::Iso | BootMode::Clone => {
             let iso = target.boot_iso.clone().ok_or(RenderError::MissingBootIso)?;
-            let size_gb = data.disk_size_gb;
-            let disk = NewDisk {
-                storage,
-                size_gb,
-                options,
-            };
-            (disk.render(), Some(iso))
+            (
+                property::new_disk(storage, data.disk_size_gb, options),
+                Some(iso),
+            )
         }
     };
     out.push(("scsi0".into(), disk));
@@ -239,9 +226,9 @@ pub fn render_after_clone(
     let slot = cloned_boot.map_or("scsi0", |b| b.slot.as_str());
     if let Some(boot) = cloned_boot
         && data.disk() != DiskOptions::default()
-        && let Ok(disk) = ExistingDisk::new(boot.volume(), data.disk())
+        && let Ok(disk) = property::existing_disk(boot.volume(), data.disk())
     {
-        out.push((boot.slot.clone(), disk.render()));
+        out.push((boot.slot.clone(), disk));
     }
     out.push(("boot".into(), format!("order={slot};{}", Slot::Net(0))));
     Ok(out)

@@ -15,7 +15,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::proxmox::types::{NextIdRange, VmId};
+use std::ops::Range;
+
+use crate::proxmox::types::VmId;
 
 /// What the provider knows of the token and the datacenter, for [`source`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,14 +25,14 @@ pub struct VmidFacts {
     /// The token has `VM.Audit` on `/vms`: the cluster listing shows every guest.
     pub audits_every_guest: bool,
     /// The datacenter's range, `None` when it cannot be read (no `Sys.Audit` on `/`).
-    pub range: Option<NextIdRange>,
+    pub range: Option<Range<u32>>,
 }
 
 /// Where the VMID of the next VM comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VmidSource {
     /// The lowest VMID of the range that neither the listing nor this process holds.
-    Listing(NextIdRange),
+    Listing(Range<u32>),
     /// `GET /cluster/nextid`, with the reason the listing cannot be used.
     AskProxmox(&'static str),
 }
@@ -50,8 +52,8 @@ pub fn source(facts: Option<&VmidFacts>, refused_lately: bool) -> VmidSource {
             "the token lacks VM.Audit on /vms, so the listing may not show every guest",
         );
     }
-    match facts.range {
-        Some(range) => VmidSource::Listing(range),
+    match &facts.range {
+        Some(range) => VmidSource::Listing(range.clone()),
         None => VmidSource::AskProxmox(
             "the datacenter's next-id range is unreadable without Sys.Audit on /",
         ),
@@ -61,11 +63,11 @@ pub fn source(facts: Option<&VmidFacts>, refused_lately: bool) -> VmidSource {
 /// The lowest VMID of `range` that is not `listed` and that `held` (VMIDs this process is creating
 /// or just made) does not claim; `None` when the range is full.
 pub fn lowest_free(
-    range: NextIdRange,
+    range: &Range<u32>,
     listed: &BTreeSet<u32>,
     held: impl Fn(u32) -> bool,
 ) -> Option<VmId> {
-    (range.lower.max(VmId::MIN)..range.upper.min(VmId::MAX.saturating_add(1)))
+    (range.start.max(VmId::MIN)..range.end.min(VmId::MAX.saturating_add(1)))
         .find(|id| !listed.contains(id) && !held(*id))
         .and_then(|id| VmId::new(id).ok())
 }
@@ -74,7 +76,7 @@ pub fn lowest_free(
 mod tests {
     use super::*;
 
-    fn facts(audits_every_guest: bool, range: Option<NextIdRange>) -> VmidFacts {
+    fn facts(audits_every_guest: bool, range: Option<Range<u32>>) -> VmidFacts {
         VmidFacts {
             audits_every_guest,
             range,
@@ -83,18 +85,15 @@ mod tests {
 
     #[test]
     fn the_listing_is_used_only_when_it_shows_every_guest_and_the_range_is_known() {
-        let range = NextIdRange {
-            lower: 5000,
-            upper: 6000,
-        };
+        let range = 5000..6000;
         assert_eq!(
-            source(Some(&facts(true, Some(range))), false),
-            VmidSource::Listing(range)
+            source(Some(&facts(true, Some(range.clone()))), false),
+            VmidSource::Listing(range.clone())
         );
         for (facts, refused) in [
-            (Some(facts(false, Some(range))), false),
+            (Some(facts(false, Some(range.clone()))), false),
             (Some(facts(true, None)), false),
-            (Some(facts(true, Some(range))), true),
+            (Some(facts(true, Some(range.clone()))), true),
             (None, false),
         ] {
             assert!(
@@ -106,29 +105,22 @@ mod tests {
 
     #[test]
     fn lowest_free_steps_over_listed_and_held_vmids_inside_the_range() {
-        let range = NextIdRange {
-            lower: 100,
-            upper: 105,
-        };
+        let range = 100..105;
         let listed: BTreeSet<u32> = [100, 101, 103].into();
         assert_eq!(
-            lowest_free(range, &listed, |_| false).map(VmId::get),
+            lowest_free(&range, &listed, |_| false).map(VmId::get),
             Some(102)
         );
         assert_eq!(
-            lowest_free(range, &listed, |id| id == 102).map(VmId::get),
+            lowest_free(&range, &listed, |id| id == 102).map(VmId::get),
             Some(104)
         );
         assert_eq!(
-            lowest_free(range, &listed, |id| id >= 102),
+            lowest_free(&range, &listed, |id| id >= 102),
             None,
             "range full"
         );
         // The upper bound is exclusive, as pve-manager's nextid loop has it.
-        let narrow = NextIdRange {
-            lower: 104,
-            upper: 104,
-        };
-        assert_eq!(lowest_free(narrow, &BTreeSet::new(), |_| false), None);
+        assert_eq!(lowest_free(&(104..104), &BTreeSet::new(), |_| false), None);
     }
 }

@@ -39,13 +39,6 @@ pub struct ClusterFacts {
     pub health: Option<Result<ClusterHealth, String>>,
 }
 
-impl ClusterFacts {
-    /// The copies of the template, when `boot: clone` found them.
-    fn clone_source(&self) -> Option<&CloneSource> {
-        self.clone_source.as_ref()?.as_ref().ok()
-    }
-}
-
 /// The data checked on a node is already resolved with that node's `nodes:` override, so placement
 /// gets no per-node selectors on top.
 static NO_OVERRIDES: BTreeMap<String, StorageSelector> = BTreeMap::new();
@@ -99,7 +92,11 @@ pub(crate) struct ClusterCheck<'a> {
 impl ClusterCheck<'_> {
     /// The request placement would get for `data` (resolved on some node, or not).
     pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
-        let clone = self.view.clone_source();
+        let clone = self
+            .view
+            .clone_source
+            .as_ref()
+            .and_then(|c| c.as_ref().ok());
         // The config's `placement:` limits, which placement's verdicts count against.
         class_request(data, self.layers.config.placement, clone)
     }
@@ -147,7 +144,7 @@ impl ClusterCheck<'_> {
     /// Boot mode `clone`: an additional disk whose slot a copy of the template fills would never be
     /// made ([`crate::rules::vm_config::additional_disk_clash`]).
     pub(super) fn clone_disk_findings(&self, out: &mut Vec<Finding>) {
-        let Some(source) = self.view.clone_source() else {
+        let Some(Ok(source)) = &self.view.clone_source else {
             return;
         };
         let clash = source.templates.iter().find_map(|t| {
@@ -335,11 +332,10 @@ impl ClusterCheck<'_> {
         }
         let data = self.data;
         if fitting.is_empty() {
-            let (key, message) = self.fits_nowhere(left_out);
             let node = data.node.as_ref().map(|n| n.to_string());
             return out.push(Finding {
                 node,
-                ..Outcome::Problem.finding(key, message)
+                ..self.fits_nowhere(left_out)
             });
         }
         let fit = format!(
@@ -372,9 +368,8 @@ impl ClusterCheck<'_> {
         }
     }
 
-    /// The problem when every candidate node is left out for its memory or vCPUs: its key and its
-    /// words.
-    fn fits_nowhere(&self, left_out: &[(&str, LeftOut)]) -> (String, String) {
+    /// The problem when every candidate node is left out for its memory or vCPUs.
+    fn fits_nowhere(&self, left_out: &[(&str, LeftOut)]) -> Finding {
         let memory_mb = self.data.memory_mb;
         // Every node short of memory, or the reasons as they come.
         let free: Option<Vec<String>> = (left_out.iter())
@@ -386,10 +381,11 @@ impl ClusterCheck<'_> {
             })
             .collect();
         if let Some(free) = free {
-            let free = free.join(", ");
-            let message =
-                format!("{memory_mb} MiB fits on no candidate node (free memory: {free})");
-            return (self.key("memory"), message);
+            let message = format!(
+                "{memory_mb} MiB fits on no candidate node (free memory: {})",
+                free.join(", ")
+            );
+            return Outcome::Problem.finding(self.key("memory"), message);
         }
         let all: Vec<String> = (left_out.iter())
             .map(|(n, why)| format!("{n}: {why}"))
@@ -401,6 +397,6 @@ impl ClusterCheck<'_> {
             self.data.vcpus(),
             all.join("; ")
         );
-        (key, message)
+        Outcome::Problem.finding(key, message)
     }
 }

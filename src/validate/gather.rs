@@ -8,13 +8,12 @@ use futures_util::future::OptionFuture;
 use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
 use super::pools::check_pools;
-use super::report::{Outcome, Report};
-use super::{check_cluster, check_schema, config_file_findings};
+use super::report::{Finding, Outcome, Report};
+use super::{check_cluster, check_schema};
 use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
 use crate::pipeline::ip_pool::reported_by_agents;
 use crate::pipeline::template::clone_source;
-use crate::proxmox::network::{MappingKind, NetworkFilter};
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool;
@@ -46,8 +45,8 @@ pub async fn gather(
     // The reads run one after the other, in the order of the fields.
     Ok(ClusterFacts {
         bridges: answers.into_iter().collect(),
-        pci_mappings: mappings(MappingKind::Pci, "pci_devices", pci).await,
-        usb_mappings: mappings(MappingKind::Usb, "usb_devices", usb).await,
+        pci_mappings: mappings("pci", "pci_devices", pci).await,
+        usb_mappings: mappings("usb", "usb_devices", usb).await,
         pve_version: OptionFuture::from(needs_release_check(data).then_some(version)).await,
         clone_source: match (data.boot, &data.template) {
             (BootMode::Clone, Some(wanted)) => Some(text(
@@ -73,13 +72,13 @@ fn text<T>(read: Result<T, impl std::fmt::Display>) -> Result<T, String> {
 /// Bridges and SDN VNets of a node; Proxmox before 9.0 does not know `include_sdn` (a parameter error
 /// on `type`), so that refusal falls back to plain bridges.
 async fn bridges(pve: &ProxmoxClient, node: &NodeName) -> Result<Vec<String>, String> {
-    let read = |filter| pve.node_networks(node, Some(filter));
-    let list = match read(NetworkFilter::BridgesAndVnets).await {
+    let read = |kind| pve.node_networks(node, kind);
+    let list = match read("include_sdn").await {
         Err(ProxmoxError::Api {
             status: 400,
             field_errors,
             ..
-        }) if field_errors.contains_key("type") => read(NetworkFilter::AnyBridge).await,
+        }) if field_errors.contains_key("type") => read("any_bridge").await,
         other => other,
     };
     let list = text(list)?.into_iter();
@@ -101,8 +100,11 @@ pub async fn validate_class(
 ) -> Result<Report, ProxmoxError> {
     let layers = Layers::new(class_yaml, config);
     let (schema_findings, data) = check_schema(&layers);
-    let mut findings = config_file_findings(config);
-    findings.extend(schema_findings);
+    // The config file's own warnings (unknown keys, a token and a password both set) come first.
+    let mut findings: Vec<Finding> = (config.warnings.iter())
+        .map(|w| Outcome::Warning.finding("config", w))
+        .chain(schema_findings)
+        .collect();
     if let Some(data) = data {
         let view = gather(pve, &data, config).await?;
         findings.extend(check_cluster(&layers, &data, &view));
@@ -122,13 +124,12 @@ pub async fn validate_class(
 /// ([`root_warning`]), if any. A token whose privileges cannot be read gets no
 /// warning: the calls that need them say what is missing.
 pub async fn root_reach_warning(pve: &ProxmoxClient) -> Option<String> {
-    match pve.effective_privileges().await {
-        Ok(privileges) => root_warning(privileges.on("/")),
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot read the token's privileges");
-            None
-        }
-    }
+    let privileges = pve
+        .effective_privileges()
+        .await
+        .inspect_err(|e| tracing::debug!(error = %e, "cannot read the token's privileges"))
+        .ok()?;
+    root_warning(privileges.on("/"))
 }
 
 // Whether the Proxmox token holds more on `/` than the provider needs there.
@@ -157,14 +158,12 @@ const NEEDED_ON_ROOT: [&str; 4] = [
 /// The warning naming the privileges held on `/` beyond [`NEEDED_ON_ROOT`] (sorted), `None` when
 /// there are none.
 pub(super) fn root_warning<'a>(held_on_root: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let mut excess: Vec<&str> = held_on_root.into_iter().collect();
-    excess.retain(|p| !NEEDED_ON_ROOT.contains(p));
+    let mut excess: Vec<&str> = (held_on_root.into_iter())
+        .filter(|p| !NEEDED_ON_ROOT.contains(p))
+        .collect();
     excess.sort_unstable();
     excess.dedup();
-    if excess.is_empty() {
-        return None;
-    }
-    Some(format!(
+    (!excess.is_empty()).then(|| format!(
         "the Proxmox token holds {} on `/`, which reaches every VM and storage of the datacenter, not only the provider's: grant them on the provider's pool, storages, nodes and SDN zones instead, with a privilege-separated token (see docs/security.md)",
         excess.join(", ")
     ))

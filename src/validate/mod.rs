@@ -28,7 +28,6 @@ pub use gather::{root_reach_warning, validate_class};
 pub use layers::Layers;
 pub use report::{Finding, Outcome, Report};
 
-use crate::config::ProviderConfig;
 use crate::rules::provider_data::{ProviderData, class_map};
 use cluster::{ClusterCheck, ClusterFacts, candidate_nodes};
 
@@ -101,16 +100,6 @@ pub(crate) fn check_cluster(
     check.clone_findings(&clones, &mut out);
     check.memory_findings(&fitting, &left_out, &mut out);
     out
-}
-
-/// The config file's own warnings (unknown keys, a token and a password both set), as findings to
-/// show before the provider data's.
-fn config_file_findings(config: &ProviderConfig) -> Vec<Finding> {
-    config
-        .warnings
-        .iter()
-        .map(|w| Outcome::Warning.finding("config", w))
-        .collect()
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ fn listing() -> crate::model::Listing {
         {"type":"storage","storage":"local-lvm","node":"pve2","content":"images,rootdir","status":"available","disk":0,"maxdisk":10737418240u64,"plugintype":"lvmthin"}
     ]))
     .unwrap();
-    resources.into()
+    crate::model::Listing::read(resources, std::time::Instant::now())
 }
 
 /// [`listing`], with vmbr0/vmbr1 on pve1 and vmbr0 on pve2.
@@ -134,13 +134,9 @@ fn unknown_keys_are_warnings_with_a_suggestion_and_the_class_still_passes() {
         "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!t\n  tokenSecret: s\n  urll: x\n",
     )
     .unwrap();
-    let found = config_file_findings(&config);
+    let found = &config.warnings;
     assert_eq!(found.len(), 1);
-    assert_eq!(found[0].outcome, Outcome::Warning);
-    assert!(
-        found[0].message.contains("did you mean `url`?"),
-        "{found:?}"
-    );
+    assert!(found[0].contains("did you mean `url`?"), "{found:?}");
 }
 
 /// `class` checked against a cluster whose `GET /version` gave `version` (an error: unreadable).

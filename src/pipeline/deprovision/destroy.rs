@@ -153,7 +153,7 @@ async fn shut_down(
         "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
     ));
     let stopped = async {
-        let mut task = pve.vm(node, vmid).shutdown(secs, true).await;
+        let mut task = pve.vm(node, vmid).shutdown(secs).await;
         if let Ok(upid) = &task
             && upid.task_type() == "hastop"
         {
@@ -162,7 +162,7 @@ async fn shut_down(
             ));
             let left = pve.remove_ha_resource(vmid).await;
             left.map_err(|e| (Action::RemoveFromHa, e))?;
-            task = pve.vm(node, vmid).shutdown(secs, true).await;
+            task = pve.vm(node, vmid).shutdown(secs).await;
         }
         let timeout = options.shutdown_timeout + options.task_timeout;
         let shut_down = async { pve.wait_for_task(&task?, timeout).await };

@@ -127,7 +127,7 @@ fn view_finds_identity_and_nodes_for_shared_storage() {
         {"type": "lxc", "vmid": 200, "node": "pve2", "name": "ct"}
     ]))
     .unwrap();
-    let view = Listing::from(resources);
+    let view = Listing::read(resources, std::time::Instant::now());
     let found: Vec<u32> = view
         .vms()
         .filter(|vm| identity::looks_like(vm, "r", "p"))
@@ -200,7 +200,7 @@ fn the_sets_pool_is_asked_for_only_when_every_other_vm_in_it_is_going() {
         }
         resource(vm)
     };
-    let view = |listing: Vec<ClusterResource>| Listing::from(listing);
+    let view = |listing: Vec<ClusterResource>| Listing::read(listing, std::time::Instant::now());
     let deleted = VmId::new(101).ok();
     let departing: BTreeSet<String> = ["req-b".to_string()].into();
     let ask = |listing: Vec<ClusterResource>, departing: Option<&BTreeSet<String>>| {

@@ -69,7 +69,7 @@ impl PlacementRequest<'_> {
     /// Whether placement looks at `node` at all: the pinned node only, else the allowed ones.
     pub fn considers(&self, node: &NodeName) -> bool {
         match self.pinned_node {
-            Some(pinned) => node == pinned,
+            Some(pinned) => node.as_str() == pinned,
             None => self.allowed(node) && self.ha_preference(node) != HaPreference::Forbidden,
         }
     }
