@@ -5,7 +5,7 @@ use base64::Engine as _;
 
 use crate::omni::proto::specs::InfraProviderStatusSpec;
 use crate::omni::resources::{INFRA_PROVIDER_STATUS, PHASE_RUNNING};
-use crate::omni::state::{StateClient, StateError};
+use crate::omni::state::{StateClient, StateError, Typed};
 
 /// Our icon, shipped in the repository.
 pub const ICON_SVG: &str = include_str!("../../assets/icon.svg");
@@ -47,10 +47,8 @@ impl ProviderInfo {
 /// retrying version conflicts.
 pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), StateError> {
     let spec = info.status_spec();
-    match state
-        .create(&INFRA_PROVIDER_STATUS, &info.id, &spec, "")
-        .await
-    {
+    let fresh = Typed::fresh(&INFRA_PROVIDER_STATUS, &info.id, spec.clone());
+    match state.create(&INFRA_PROVIDER_STATUS, &fresh, "").await {
         Ok(_) => return Ok(()),
         Err(StateError::AlreadyExists { .. }) => {}
         Err(e) => return Err(e),

@@ -15,7 +15,9 @@ use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
 use omni_infra_provider_proxmox::omni::proto::specs::{self, MachineRequestSpec};
 use omni_infra_provider_proxmox::omni::resources::*;
-use omni_infra_provider_proxmox::omni::state::{ResourceRef, StateError, WatchEvent, label_query};
+use omni_infra_provider_proxmox::omni::state::{
+    ResourceRef, StateError, Typed, WatchEvent, label_query,
+};
 use omni_infra_provider_proxmox::omni::transport;
 use testkit::memstate;
 use testkit::omni::{Omni, WAIT};

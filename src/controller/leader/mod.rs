@@ -212,8 +212,8 @@ impl Election {
                     return Ok(false);
                 }
                 (_, None) => {
-                    let spec = self.record(None, true);
-                    self.state.create(&self.kind, LEASE_ID, &spec, OWNER).await
+                    let fresh = Typed::fresh(&self.kind, LEASE_ID, self.record(None, true));
+                    self.state.create(&self.kind, &fresh, OWNER).await
                 }
                 (_, Some(current)) => {
                     let taking = attempt != Attempt::Renew;

@@ -485,21 +485,10 @@ impl StateClient {
             .collect()
     }
 
+    /// Creates `fresh` ([`Typed::fresh`]) with its labels and annotations (version and phase as the
+    /// server expects): a resource's first version carries everything a reader of it needs (the
+    /// step annotation of the provider state, for one).
     pub async fn create<S: Spec>(
-        &self,
-        kind: &Kind<S>,
-        id: &str,
-        spec: &S,
-        owner: &str,
-    ) -> Result<Typed<S>, StateError> {
-        self.create_typed(kind, &Typed::fresh(kind, id, spec.clone()), owner)
-            .await
-    }
-
-    /// Creates `fresh` with its labels and annotations (version and phase as the server expects): a
-    /// resource's first version carries everything a reader of it needs (the step annotation of the
-    /// provider state, for one).
-    async fn create_typed<S: Spec>(
         &self,
         kind: &Kind<S>,
         fresh: &Typed<S>,
@@ -549,7 +538,7 @@ impl StateClient {
                 None => {
                     let mut fresh = Typed::fresh(kind, id, S::default());
                     mutate(&mut fresh);
-                    match self.create_typed(kind, &fresh, owner).await {
+                    match self.create(kind, &fresh, owner).await {
                         Err(StateError::AlreadyExists { .. }) => continue,
                         other => return other,
                     }
