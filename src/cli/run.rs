@@ -165,11 +165,11 @@ impl Settings {
                 .unwrap_or_default(),
             endpoint,
             key: Arc::new(key),
-            info: ProviderInfo::new(
-                &args.omni.id,
-                &args.provider_name,
-                &args.provider_description,
-            ),
+            info: ProviderInfo {
+                id: args.omni.id.clone(),
+                name: args.provider_name.clone(),
+                description: args.provider_description.clone(),
+            },
             leader_election,
             args,
         })

@@ -22,14 +22,6 @@ pub struct ProviderInfo {
 }
 
 impl ProviderInfo {
-    pub fn new(id: &str, name: &str, description: &str) -> Self {
-        Self {
-            id: id.to_owned(),
-            name: name.to_owned(),
-            description: description.to_owned(),
-        }
-    }
-
     /// The status spec: with our icon (unpadded standard base64 like the Go provider's), the JSON
     /// schema of the provider data a machine class may carry, and our version.
     pub fn status_spec(&self) -> InfraProviderStatusSpec {
@@ -81,7 +73,11 @@ mod tests {
 
     #[test]
     fn status_spec_carries_everything() {
-        let info = ProviderInfo::new("proxmox", "Proxmox", "Proxmox infrastructure provider");
+        let info = ProviderInfo {
+            id: "proxmox".into(),
+            name: "Proxmox".into(),
+            description: "Proxmox infrastructure provider".into(),
+        };
         let spec = info.status_spec();
         assert_eq!(spec.name, "Proxmox");
         assert!(!spec.icon.ends_with('='));

@@ -61,7 +61,11 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
             .unwrap(),
         omni_infra_provider_proxmox::omni::join::JoinMode::V2
     );
-    let mut info = ProviderInfo::new("proxmox", "Proxmox", "first");
+    let mut info = ProviderInfo {
+        id: "proxmox".into(),
+        name: "Proxmox".into(),
+        description: "first".into(),
+    };
     registration::register(&client.state, &info).await.unwrap();
     let stored = omni.state.get(&INFRA_PROVIDER_STATUS, "proxmox").unwrap();
     assert_eq!(stored.spec.description, "first");
@@ -107,7 +111,11 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     );
 
     // The ID of checkID types must be ours.
-    let other = ProviderInfo::new("other", "x", "y");
+    let other = ProviderInfo {
+        id: "other".into(),
+        name: "x".into(),
+        description: "y".into(),
+    };
     let err = registration::register(&client.state, &other)
         .await
         .unwrap_err();
