@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::context::{Context, version};
@@ -35,7 +35,7 @@ use super::workqueue::{Action, WorkQueue};
 use super::{provision, teardown};
 use crate::contain::{self, Panic};
 use crate::omni::resources::{
-    CONFIG_PATCH_REQUEST, Kind, MACHINE_REQUEST, MACHINE_REQUEST_STATUS, label,
+    CONFIG_PATCH_REQUEST, MACHINE_REQUEST, MACHINE_REQUEST_STATUS, label,
 };
 use crate::omni::state::{StateError, Typed, WatchEvent};
 use crate::pipeline::ledgers::entry;
@@ -77,9 +77,11 @@ impl Controller {
     /// to the write cache. A teardown waits for this instead of asking Omni again and again; it only
     /// looks again on its own after [`super::outputs::WAIT_FOR_OMNI`], in case an event was lost.
     pub async fn run(self: Arc<Self>, ctx: Arc<Context>, mut stop: watch::Receiver<bool>) {
-        let mut requests = watch_ours(&ctx, &MACHINE_REQUEST);
-        let mut statuses = watch_ours(&ctx, &MACHINE_REQUEST_STATUS);
-        let mut patches = watch_ours(&ctx, &CONFIG_PATCH_REQUEST);
+        // Ours: labelled with our provider ID.
+        let ours = [(label::INFRA_PROVIDER_ID, ctx.provider_id())];
+        let mut requests = ctx.state.watch_kind(&MACHINE_REQUEST, &ours);
+        let mut statuses = ctx.state.watch_kind(&MACHINE_REQUEST_STATUS, &ours);
+        let mut patches = ctx.state.watch_kind(&CONFIG_PATCH_REQUEST, &ours);
         let ip = &ctx.services.ledgers.ip;
         // Set at start and by a Resync, cleared by the Bootstrapped that completes the listing: then
         // the provider states whose requests the listing did not deliver are looked at.
@@ -314,16 +316,6 @@ pub async fn panicked(ctx: &Context, id: &str, panic: Panic) -> ReconcileError {
         }
     }
     error
-}
-
-/// The resources of `kind` labelled with our provider ID, as they change; dropping the receiver
-/// stops the watch.
-pub fn watch_ours<S>(
-    ctx: &Context,
-    kind: &Kind<S>,
-) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
-    ctx.state
-        .watch_kind(kind, &[(label::INFRA_PROVIDER_ID, ctx.provider_id())])
 }
 
 /// One reconcile of `id`. `delivered` is the request as the watch last delivered it, if it did
