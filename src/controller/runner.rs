@@ -256,20 +256,17 @@ impl Controller {
                 }
             }
             Err(e) => {
-                let delay = retry_after(kind(&e), self.count_failure(&id));
+                // This failure's number in the request's run of consecutive failures.
+                let failures = *entry(&self.failures)
+                    .entry(id.clone())
+                    .and_modify(|n| *n = n.saturating_add(1))
+                    .or_insert(1);
+                let delay = retry_after(kind(&e), failures);
                 tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
                 self.queue.add_after(id.clone(), delay);
             }
         }
         self.queue.done(&id);
-    }
-
-    /// This failure's number in the request's run of consecutive failures (1 = the first).
-    fn count_failure(&self, id: &str) -> u32 {
-        let mut failures = entry(&self.failures);
-        let n = failures.entry(id.to_owned()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
     }
 }
 
