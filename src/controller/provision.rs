@@ -388,7 +388,7 @@ impl Provisioning<'_> {
             logs_port: u32::try_from(logs_port).unwrap_or(0),
             grpc_tunnel: request.spec.grpc_tunnel == 1,
             provider_id: ctx.provider_id().to_owned(),
-            request_id: Some(request.id().to_owned()),
+            request_id: request.id().to_owned(),
         })
         .map_err(ReconcileError::Join)
     }
