@@ -386,6 +386,7 @@ impl StateClient {
         returned(&what, "Update", resp.resource)
     }
 
+    /// Destroys `what`; gone already is fine.
     pub async fn destroy(&self, what: &ResourceRef, owner: &str) -> Result<(), StateError> {
         let req = pb::DestroyRequest {
             namespace: what.namespace.clone(),
@@ -396,7 +397,10 @@ impl StateClient {
             }),
         };
         let destroy = |mut raw: RawClient<_>| async move { raw.destroy(req).await };
-        self.unary(what, true, destroy).await.map(drop)
+        match self.unary(what, true, destroy).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            destroyed => destroyed.map(drop),
+        }
     }
 
     /// Moves a resource to `tearingDown`; returns whether it can be destroyed now (no finalizers).
@@ -470,10 +474,7 @@ impl StateClient {
             Err(e) if e.is_not_found() => return Ok(true),
             other => return other,
         }
-        match self.destroy(what, owner).await {
-            Err(e) if e.is_not_found() => Ok(true),
-            other => other.map(|()| true),
-        }
+        self.destroy(what, owner).await.map(|()| true)
     }
 
     /// `error`, unless it says Omni lacks the `rpc` (Teardown and TeardownAndDestroy came in the
