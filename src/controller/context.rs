@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::error_policy::{self, ReconcileError};
 use super::lanes::Lanes;
-use super::outputs::Outputs;
+use super::outputs::{Outputs, WAIT_FOR_OMNI};
 use super::requests::Request;
 use crate::model::MachineState;
 use crate::omni::join::JoinMode;
@@ -31,7 +31,7 @@ pub struct Context {
     pub owner: String,
     /// Shared with the watch of our outputs, which tells it of Omni's changes
     /// ([`WriteCache::observe`]).
-    pub(super) statuses: Arc<WriteCache<MachineRequestStatusSpec>>,
+    pub(super) statuses: WriteCache<MachineRequestStatusSpec>,
     machines: WriteCache<MachineSpec>,
     /// Requests this process added its finalizer to: a delivered version without it predates that
     /// write (see [`Context::is_current`]).
@@ -45,7 +45,7 @@ pub struct Context {
     /// The Image Factory Omni names for each Talos version, and when it was read.
     talos_factories: Mutex<HashMap<String, (Option<String>, Instant)>>,
     /// What Omni holds of our statuses and patch requests, as the watch of them shows it.
-    pub outputs: Arc<Outputs>,
+    pub outputs: Outputs,
     /// Requests whose teardown this process finished: the reconcile that follows their deletion
     /// has nothing to look for.
     torn_down: Mutex<HashSet<String>>,
@@ -67,12 +67,12 @@ impl Context {
             state,
             join_mode,
             owner,
-            statuses: Arc::new(WriteCache::new(MACHINE_REQUEST_STATUS, true)),
+            statuses: WriteCache::new(MACHINE_REQUEST_STATUS, true),
             finalized: Mutex::default(),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
             topology_writes: Default::default(),
             talos_factories: Mutex::default(),
-            outputs: Arc::new(Outputs::new(super::outputs::WAIT_FOR_OMNI)),
+            outputs: Outputs::new(WAIT_FOR_OMNI),
             torn_down: Mutex::default(),
         }
     }
