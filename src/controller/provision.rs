@@ -329,8 +329,8 @@ impl Provisioning<'_> {
             s.error.clear();
             s.id = uuid.clone();
         })
-        .await?;
-        Ok(Action::Done)
+        .await
+        .map(|()| Action::Done)
     }
 
     async fn save_state(&self, step: Step, state: &MachineState) -> Result<(), ReconcileError> {

@@ -41,9 +41,8 @@ pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), St
     let spec = info.status_spec();
     let fresh = Typed::fresh(&INFRA_PROVIDER_STATUS, &info.id, spec.clone());
     match state.create(&INFRA_PROVIDER_STATUS, &fresh, "").await {
-        Ok(_) => return Ok(()),
         Err(StateError::AlreadyExists { .. }) => {}
-        Err(e) => return Err(e),
+        created => return created.map(drop),
     }
     loop {
         let mut current = state.get(&INFRA_PROVIDER_STATUS, &info.id).await?;
@@ -51,18 +50,13 @@ pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), St
             return Ok(());
         }
         current.spec = spec.clone();
-        let owner = current.metadata.owner.clone();
+        let owner = &current.metadata.owner;
         match state
-            .update(
-                &INFRA_PROVIDER_STATUS,
-                &current,
-                &owner,
-                Some(PHASE_RUNNING),
-            )
+            .update(&INFRA_PROVIDER_STATUS, &current, owner, Some(PHASE_RUNNING))
             .await
         {
             Err(e) if e.is_conflict() => continue,
-            other => return other.map(|_| ()),
+            other => return other.map(drop),
         }
     }
 }

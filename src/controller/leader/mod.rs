@@ -29,7 +29,7 @@ use crate::fence::Fence;
 use crate::metrics::Metrics;
 use crate::omni::proto::provider::LeaseSpec;
 use crate::omni::resources::{Kind, LEASE_ID, provider_lease};
-use crate::omni::state::{StateClient, StateError, Typed};
+use crate::omni::state::{StateClient, StateError, Typed, WatchEvent};
 use identity::{Holder, LocalClaim};
 
 /// The lease has no owner: any replica of the provider may write it.
@@ -328,8 +328,7 @@ impl Election {
 }
 
 /// The lease a watch event carries, when it is a created or changed lease that decodes.
-fn lease_of(event: Result<crate::omni::state::WatchEvent, StateError>) -> Option<Typed<LeaseSpec>> {
-    use crate::omni::state::WatchEvent;
+fn lease_of(event: Result<WatchEvent, StateError>) -> Option<Typed<LeaseSpec>> {
     match event {
         Ok(WatchEvent::Created(r) | WatchEvent::Updated(r))
             if r.metadata.as_ref().is_some_and(|m| m.id == LEASE_ID) =>

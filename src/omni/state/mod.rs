@@ -427,10 +427,9 @@ impl StateClient {
             md.phase = PHASE_TEARING_DOWN.into();
             running
         };
-        let md = self
-            .edit_metadata(what, Some(owner), Some(PHASE_RUNNING), edit)
-            .await?;
-        Ok(md.finalizers.is_empty())
+        self.edit_metadata(what, Some(owner), Some(PHASE_RUNNING), edit)
+            .await
+            .map(|md| md.finalizers.is_empty())
     }
 
     /// Tears `what` down and destroys it once no finalizer holds it: `Ok(true)` when it is gone (or
@@ -555,9 +554,8 @@ impl StateClient {
             }
             let owner = owner.map_or_else(|| md.owner.clone(), str::to_owned);
             match self.update_raw(current, &owner, expected_phase).await {
-                Ok(stored) => return Ok(stored.metadata.unwrap_or_default()),
                 Err(e) if e.is_conflict() => continue,
-                Err(e) => return Err(e),
+                stored => return stored.map(|s| s.metadata.unwrap_or_default()),
             }
         }
     }
