@@ -423,13 +423,9 @@ async fn release_problem(
     if !needs_release_check(data) {
         return None;
     }
-    let version = match known.facts.pve_version(pve).await {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot read the Proxmox VE version");
-            return None;
-        }
-    };
+    let version = (known.facts.pve_version(pve).await)
+        .inspect_err(|e| tracing::debug!(error = %e, "cannot read the Proxmox VE version"))
+        .ok()?;
     let problems = release_problems(data, &version);
     (!problems.is_empty()).then(|| describe(&problems))
 }

@@ -78,7 +78,6 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                 if s.closed {
                     return None;
                 }
-                let now = Instant::now();
                 let earliest = s
                     .waiting
                     .iter()
@@ -86,13 +85,12 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                     .min_by_key(|(_, due)| **due)
                     .map(|(k, due)| (k.clone(), *due));
                 match earliest {
-                    Some((key, due)) if due <= now => {
+                    Some((key, due)) if due <= Instant::now() => {
                         s.waiting.remove(&key);
                         s.active.insert(key.clone());
                         return Some(key);
                     }
-                    Some((_, due)) => Some(due),
-                    None => None,
+                    later => later.map(|(_, due)| due),
                 }
             };
             match wake_at {
