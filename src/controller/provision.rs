@@ -18,10 +18,9 @@ use std::collections::HashMap;
 
 use tracing::Instrument;
 
-use super::context::Context;
+use super::context::{Context, Request, request_info};
 use super::error_policy::{ReconcileError, omni};
 use super::progress::{Phase, StateStore, StatusSink, warnings_text};
-use super::requests::{Request, request_info};
 use super::topology;
 use super::workqueue::Action;
 use crate::model::Listing;

@@ -27,10 +27,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::context::{Context, version};
+use super::context::{Context, Request, version};
 use super::error_policy::{ReconcileError, kind, omni, retry_after};
 use super::outputs::OutputOf;
-use super::requests::Request;
 use super::workqueue::{Action, WorkQueue};
 use super::{provision, teardown};
 use crate::contain::{self, Panic};

@@ -18,11 +18,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::context::Context;
+use super::context::{Context, Request};
 use super::error_policy::{ReconcileError, omni};
 use super::outputs::{Hold, OutputOf, PATCH_RELEASE_WAIT, WAIT_FOR_OMNI};
 use super::progress::{Phase, StatusSink};
-use super::requests::Request;
 use super::workqueue::Action;
 use crate::model::MachineState;
 use crate::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST_STATUS, label};

@@ -20,10 +20,8 @@
 
 use std::collections::BTreeMap;
 
-use super::context::Context;
+use super::context::{Context, Request, request_info};
 use super::error_policy::{ReconcileError, omni};
-use super::requests::Request;
-use super::requests::request_info;
 use crate::model::MachineState;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST, label};
