@@ -23,8 +23,7 @@ use super::error_policy::{ReconcileError, omni};
 use super::progress::{Phase, StateStore, StatusSink, warnings_text};
 use super::topology;
 use super::workqueue::Action;
-use crate::model::Listing;
-use crate::model::MachineState;
+use crate::model::{Listing, MachineState};
 use crate::omni::join::{self, JoinInputs, JoinMode};
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
 use crate::omni::resources::{
