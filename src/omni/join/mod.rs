@@ -151,11 +151,10 @@ struct Body {
 }
 
 fn sign(key: &[u8], message: &[u8]) -> Vec<u8> {
-    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(key) else {
+    let Ok(mac) = <Hmac<Sha256> as Mac>::new_from_slice(key) else {
         unreachable!("HMAC-SHA256 accepts keys of every length")
     };
-    mac.update(message);
-    mac.finalize().into_bytes().to_vec()
+    mac.chain_update(message).finalize().into_bytes().to_vec()
 }
 
 /// `value` as Go's `json.Marshal` writes it (Go ≥ 1.22): compact, map keys sorted (a BTreeMap
