@@ -48,7 +48,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const MAX_IN_FLIGHT: usize = 4096;
 
 pub struct Controller {
-    queue: Arc<WorkQueue<String>>,
+    queue: Arc<WorkQueue>,
     failures: Mutex<HashMap<String, u32>>,
     /// The last version of each request the watch delivered.
     delivered: Mutex<HashMap<String, Arc<Request>>>,
