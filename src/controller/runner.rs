@@ -185,8 +185,7 @@ impl Controller {
             Ok(WatchEvent::Destroyed(r)) => {
                 let id = r.metadata.map(|m| m.id).unwrap_or_default();
                 entry(&self.delivered).remove(&id);
-                entry(&self.failures).remove(&id);
-                self.queue.add(id);
+                self.retry([id]);
             }
             // Every request of the listing came as `Created` and is queued already.
             Ok(WatchEvent::Bootstrapped) if std::mem::take(relisting) => {
@@ -208,8 +207,8 @@ impl Controller {
         false
     }
 
-    /// Something this process did may let these requests go on: look again now, with a fresh
-    /// backoff.
+    /// Something may let these requests go on (this process freed what they wait on, or the
+    /// request is gone): look again now, with a fresh backoff.
     fn retry(&self, ids: impl IntoIterator<Item = String>) {
         for id in ids {
             entry(&self.failures).remove(&id);
