@@ -20,7 +20,7 @@ use super::omni_args::OmniArgs;
 use super::{BoxError, CliResult};
 use crate::config::ProviderConfig;
 use crate::controller::context::Context;
-use crate::controller::health::{self, HealthCheck};
+use crate::controller::health;
 use crate::controller::leader::identity::default_claim_path;
 use crate::controller::leader::{Election, Timings};
 use crate::controller::registration::{self, ProviderInfo};
@@ -165,11 +165,11 @@ impl Settings {
                 .unwrap_or_default(),
             endpoint,
             key: Arc::new(key),
-            info: ProviderInfo::new(
-                &args.omni.id,
-                &args.provider_name,
-                &args.provider_description,
-            ),
+            info: ProviderInfo {
+                id: args.omni.id.clone(),
+                name: args.provider_name.clone(),
+                description: args.provider_description.clone(),
+            },
             leader_election,
             args,
         })
@@ -198,7 +198,7 @@ pub async fn run(args: RunArgs) -> CliResult {
 /// 31 s without one). Every interval: the Proxmox API answers and accepts our credentials. Every few
 /// minutes (and at start): the config's `defaults:` and `nodes:` still fit the cluster (storages,
 /// bridges, template), which costs a few more requests.
-fn proxmox_health(pve: ProxmoxClient, settings: &Settings) -> HealthCheck {
+fn proxmox_health(pve: ProxmoxClient, settings: &Settings) -> watch::Receiver<Option<String>> {
     const DEFAULTS_EVERY: Duration = Duration::from_secs(300);
     let (config, interval) = (settings.config.clone(), settings.args.health_interval);
     let (writer, last) = watch::channel(None);
@@ -226,7 +226,7 @@ fn proxmox_health(pve: ProxmoxClient, settings: &Settings) -> HealthCheck {
             writer.send_replace(api.or(defaults_problem.clone()));
         }
     });
-    health::health_check(move || std::future::ready(last.borrow().clone()))
+    last
 }
 
 async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {

@@ -1,5 +1,6 @@
 //! What every reconcile of every request shares: the Proxmox and Omni clients, the in-memory ledgers
-//! (in [`Services`]), and the copies of what this process wrote to Omni last.
+//! (in [`Services`]), the copies of what this process wrote to Omni last, and a MachineRequest as
+//! the watch delivers it ([`Request`]) with what the steps need of it ([`request_info`]).
 //!
 //! Writes to the two resources the provider owns per request (its MachineRequestStatus and its
 //! provider state) go through here, so that every part of the controller writes them the same way.
@@ -10,18 +11,20 @@ use std::time::{Duration, Instant};
 
 use super::error_policy::{self, ReconcileError};
 use super::lanes::Lanes;
-use super::outputs::Outputs;
-use super::requests::Request;
+use super::outputs::{Outputs, WAIT_FOR_OMNI};
 use crate::model::MachineState;
 use crate::omni::join::JoinMode;
 use crate::omni::proto::provider::MachineSpec;
-use crate::omni::proto::specs::MachineRequestStatusSpec;
-use crate::omni::resources::provision_controller_name;
-use crate::omni::resources::{Kind, MACHINE_REQUEST_STATUS, Spec, annotation, provider_machine};
+use crate::omni::proto::specs::{MachineRequestSpec, MachineRequestStatusSpec};
+use crate::omni::resources::{
+    Kind, MACHINE_REQUEST_STATUS, Spec, annotation, label, provider_machine,
+    provision_controller_name,
+};
 use crate::omni::state::{StateClient, StateError, Typed};
 use crate::pipeline::image_factory;
 use crate::pipeline::ledgers::entry;
-use crate::pipeline::step::{Services, Step};
+use crate::pipeline::step::{RequestInfo, Services, Step};
+use crate::rules::schematic::{Overlay, SchematicRequest};
 
 pub struct Context {
     pub services: Arc<Services>,
@@ -31,7 +34,7 @@ pub struct Context {
     pub owner: String,
     /// Shared with the watch of our outputs, which tells it of Omni's changes
     /// ([`WriteCache::observe`]).
-    pub(super) statuses: Arc<WriteCache<MachineRequestStatusSpec>>,
+    pub(super) statuses: WriteCache<MachineRequestStatusSpec>,
     machines: WriteCache<MachineSpec>,
     /// Requests this process added its finalizer to: a delivered version without it predates that
     /// write (see [`Context::is_current`]).
@@ -45,7 +48,7 @@ pub struct Context {
     /// The Image Factory Omni names for each Talos version, and when it was read.
     talos_factories: Mutex<HashMap<String, (Option<String>, Instant)>>,
     /// What Omni holds of our statuses and patch requests, as the watch of them shows it.
-    pub outputs: Arc<Outputs>,
+    pub outputs: Outputs,
     /// Requests whose teardown this process finished: the reconcile that follows their deletion
     /// has nothing to look for.
     torn_down: Mutex<HashSet<String>>,
@@ -67,12 +70,12 @@ impl Context {
             state,
             join_mode,
             owner,
-            statuses: Arc::new(WriteCache::new(MACHINE_REQUEST_STATUS, true)),
+            statuses: WriteCache::new(MACHINE_REQUEST_STATUS, true),
             finalized: Mutex::default(),
             lanes: Lanes::new(DEFAULT_CONCURRENCY),
             topology_writes: Default::default(),
             talos_factories: Mutex::default(),
-            outputs: Arc::new(Outputs::new(super::outputs::WAIT_FOR_OMNI)),
+            outputs: Outputs::new(WAIT_FOR_OMNI),
             torn_down: Mutex::default(),
         }
     }
@@ -225,6 +228,38 @@ impl Context {
         self.machines.forget(id);
         entry(&self.finalized).remove(id);
         self.services.ledgers.placements.release(id);
+    }
+}
+
+/// A MachineRequest as the watch delivers it.
+pub type Request = Typed<MachineRequestSpec>;
+
+/// What the steps need of a request, taken from the copy the watch delivered.
+pub fn request_info(request: &Request) -> RequestInfo {
+    let spec = &request.spec;
+    RequestInfo {
+        id: request.id().to_owned(),
+        set_id: request.label(label::MACHINE_REQUEST_SET).map(str::to_owned),
+        talos_version: spec.talos_version.clone(),
+        schematic: SchematicRequest {
+            extensions: spec.extensions.clone(),
+            kernel_args: spec.kernel_args.clone(),
+            meta_values: spec
+                .meta_values
+                .iter()
+                .map(|m| (m.key, m.value.clone()))
+                .collect(),
+            overlay: spec
+                .overlay
+                .as_ref()
+                .filter(|o| !o.image.is_empty() || !o.name.is_empty())
+                .map(|o| Overlay {
+                    image: o.image.clone(),
+                    name: o.name.clone(),
+                }),
+        },
+        provider_data: spec.provider_data.clone(),
+        image_factory: None,
     }
 }
 

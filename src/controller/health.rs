@@ -2,39 +2,26 @@
 //! every `--health-interval` (10 s by default, well inside that window: Omni's window is its own
 //! constant, so a longer interval would not widen it) and report what the health check says.
 //!
-//! The health check is a plain async closure so the Proxmox check (reachable, credentials
-//! accepted) plugs in without this module knowing about Proxmox.
+//! The health check is the latest result of checks that run on their own schedule, as a watch
+//! receiver, so the Proxmox check (reachable, credentials accepted) plugs in without this module
+//! knowing about Proxmox, and a slow check never delays a beat.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 use crate::omni::resources::{INFRA_PROVIDER_HEALTH_STATUS, health_controller_name};
 use crate::omni::state::{StateClient, StateError};
 
-/// Returns `None` when healthy, or the error text Omni should show.
-pub type HealthCheck = Arc<dyn Fn() -> BoxFuture<'static, Option<String>> + Send + Sync>;
-
-/// Builds a [`HealthCheck`] from an async closure.
-pub fn health_check<F, Fut>(f: F) -> HealthCheck
-where
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Option<String>> + Send + 'static,
-{
-    Arc::new(move || Box::pin(f()))
-}
-
-/// One beat: run the check, then Modify the health status (created when missing, e.g. after an
-/// Omni restart wiped the ephemeral namespace).
+/// One beat: Modify the health status (created when missing, e.g. after an Omni restart wiped the
+/// ephemeral namespace) with `problem`, the error text Omni should show (`None` when healthy).
 pub async fn beat(
     state: &StateClient,
     provider_id: &str,
-    check: &HealthCheck,
+    problem: Option<String>,
 ) -> Result<Option<String>, StateError> {
-    let problem = check().await;
     let error = problem.clone().unwrap_or_default();
     let ts = prost_types::Timestamp::from(SystemTime::now());
     state
@@ -62,18 +49,19 @@ pub struct Heartbeat {
     pub state: StateClient,
     pub provider_id: String,
     pub interval: Duration,
-    pub check: HealthCheck,
+    /// The latest health check: `None` when healthy, else the error text Omni should show.
+    pub check: watch::Receiver<Option<String>>,
     pub metrics: Arc<Metrics>,
 }
 
 impl Heartbeat {
     /// Beats every `interval` until `shutdown` turns true; a beat in progress is finished first.
     /// Only the leader beats (at once when it becomes leader, so Omni does not count the takeover
-    /// against it); a standby runs the check for `/readyz` and writes nothing.
+    /// against it); a standby reads the check for `/readyz` and writes nothing.
     ///
     /// A beat never takes longer than `interval` (at least [`BEAT_DEADLINE_FLOOR`]): one that Omni
-    /// (or the health check) leaves unanswered is given up, counted as failed, and the next beat
-    /// is sent on time, so one hung call cannot silence the provider for longer than one interval.
+    /// leaves unanswered is given up, counted as failed, and the next beat is sent on time, so one
+    /// hung call cannot silence the provider for longer than one interval.
     pub async fn run(
         self,
         mut shutdown: watch::Receiver<bool>,
@@ -99,7 +87,7 @@ impl Heartbeat {
             if *leading.borrow() {
                 self.beat_once().await;
             } else {
-                self.metrics.proxmox_checked((self.check)().await.is_none());
+                self.metrics.proxmox_checked(self.check.borrow().is_none());
             }
         }
     }
@@ -107,7 +95,11 @@ impl Heartbeat {
     /// One beat, given up after the interval, its outcome logged and counted.
     async fn beat_once(&self) {
         let deadline = self.interval.max(BEAT_DEADLINE_FLOOR);
-        let beating = crate::contain::future(beat(&self.state, &self.provider_id, &self.check));
+        let beating = crate::contain::future(beat(
+            &self.state,
+            &self.provider_id,
+            self.check.borrow().clone(),
+        ));
         let (omni_ok, proxmox_ok) = match tokio::time::timeout(deadline, beating).await {
             Ok(Ok(Ok(None))) => {
                 tracing::debug!("heartbeat sent");

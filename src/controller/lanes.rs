@@ -48,7 +48,9 @@ impl Lanes {
     /// Waits for a slot in `lane`; first come, first served. `before_waiting` runs when no slot is
     /// free at once, before the wait.
     pub async fn enter(&self, lane: Lane, before_waiting: impl FnOnce()) -> Slot {
-        let semaphore = self.semaphore(&lane);
+        let semaphore = (entry(&self.lanes).entry(lane.clone()))
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_lane)))
+            .clone();
         // The semaphores are never closed, so the acquire cannot fail; were it to, the request
         // would go ahead without a slot rather than stop.
         let permit = match semaphore.clone().try_acquire_owned() {
@@ -77,13 +79,6 @@ impl Lanes {
         }
         *held = None;
         *held = Some(self.enter(lane, before_waiting).await);
-    }
-
-    fn semaphore(&self, lane: &Lane) -> Arc<Semaphore> {
-        entry(&self.lanes)
-            .entry(lane.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.per_lane)))
-            .clone()
     }
 }
 

@@ -2,7 +2,6 @@
 //! MachineRequests.
 //!
 //! How a request travels, and where each part lives:
-//! - [`requests`] is a MachineRequest as the watch delivers it, and what the steps need of it;
 //! - [`workqueue`] hands each key to one reconcile at a time, at the due time the last reconcile's
 //!   [`workqueue::Action`] or the error policy set;
 //! - [`lanes`] limits how many requests talk to each Proxmox node at once (`--concurrency`);
@@ -14,7 +13,8 @@
 //!   with the node its VM runs on;
 //! - [`leader`] is the lease in Omni that lets one of any number of replicas do the work;
 //! - [`progress`] is where progress goes (the status text); [`context`] holds the clients, the
-//!   ledgers and the write caches ([`context::WriteCache`]) every reconcile shares.
+//!   ledgers and the write caches ([`context::WriteCache`]) every reconcile shares, and a
+//!   MachineRequest as the watch delivers it ([`context::Request`]).
 
 pub mod context;
 pub mod error_policy;
@@ -26,7 +26,6 @@ pub mod outputs;
 pub mod progress;
 pub mod provision;
 pub mod registration;
-pub mod requests;
 pub mod runner;
 pub mod teardown;
 pub mod topology;

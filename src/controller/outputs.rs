@@ -14,7 +14,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::omni::proto::cosi::resource::Resource;
 use crate::omni::resources::{PHASE_TEARING_DOWN, label};
 use crate::omni::state::WatchEvent;
 use crate::pipeline::ledgers::entry;
@@ -41,19 +40,6 @@ pub enum Hold {
     Held,
     /// Torn down and held by nothing: it can be destroyed.
     Released,
-}
-
-impl Hold {
-    fn of(resource: &Resource) -> Option<Self> {
-        let md = resource.metadata.as_ref()?;
-        Some(
-            match (md.phase == PHASE_TEARING_DOWN, md.finalizers.is_empty()) {
-                (false, _) => Hold::Live,
-                (true, false) => Hold::Held,
-                (true, true) => Hold::Released,
-            },
-        )
-    }
 }
 
 /// Which output a watch event is about, and so how it names its machine request.
@@ -113,7 +99,11 @@ impl Outputs {
         match event {
             WatchEvent::Created(r) | WatchEvent::Updated(r) => {
                 let md = r.metadata.as_ref()?;
-                let hold = Hold::of(r)?;
+                let hold = match (md.phase == PHASE_TEARING_DOWN, md.finalizers.is_empty()) {
+                    (false, _) => Hold::Live,
+                    (true, false) => Hold::Held,
+                    (true, true) => Hold::Released,
+                };
                 if known.destroyed.contains(&(of, md.id.clone())) {
                     return None;
                 }

@@ -18,14 +18,12 @@ use std::collections::HashMap;
 
 use tracing::Instrument;
 
-use super::context::Context;
+use super::context::{Context, Request, request_info};
 use super::error_policy::{ReconcileError, omni};
 use super::progress::{Phase, StateStore, StatusSink, warnings_text};
-use super::requests::{Request, request_info};
 use super::topology;
 use super::workqueue::Action;
-use crate::model::Listing;
-use crate::model::MachineState;
+use crate::model::{Listing, MachineState};
 use crate::omni::join::{self, JoinInputs, JoinMode};
 use crate::omni::proto::specs::machine_request_status_spec::Stage;
 use crate::omni::resources::{
@@ -329,8 +327,8 @@ impl Provisioning<'_> {
             s.error.clear();
             s.id = uuid.clone();
         })
-        .await?;
-        Ok(Action::Done)
+        .await
+        .map(|()| Action::Done)
     }
 
     async fn save_state(&self, step: Step, state: &MachineState) -> Result<(), ReconcileError> {
@@ -388,7 +386,7 @@ impl Provisioning<'_> {
             logs_port: u32::try_from(logs_port).unwrap_or(0),
             grpc_tunnel: request.spec.grpc_tunnel == 1,
             provider_id: ctx.provider_id().to_owned(),
-            request_id: Some(request.id().to_owned()),
+            request_id: request.id().to_owned(),
         })
         .map_err(ReconcileError::Join)
     }
@@ -423,13 +421,9 @@ async fn release_problem(
     if !needs_release_check(data) {
         return None;
     }
-    let version = match known.facts.pve_version(pve).await {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot read the Proxmox VE version");
-            return None;
-        }
-    };
+    let version = (known.facts.pve_version(pve).await)
+        .inspect_err(|e| tracing::debug!(error = %e, "cannot read the Proxmox VE version"))
+        .ok()?;
     let problems = release_problems(data, &version);
     (!problems.is_empty()).then(|| describe(&problems))
 }

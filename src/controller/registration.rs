@@ -5,7 +5,7 @@ use base64::Engine as _;
 
 use crate::omni::proto::specs::InfraProviderStatusSpec;
 use crate::omni::resources::{INFRA_PROVIDER_STATUS, PHASE_RUNNING};
-use crate::omni::state::{StateClient, StateError};
+use crate::omni::state::{StateClient, StateError, Typed};
 
 /// Our icon, shipped in the repository.
 pub const ICON_SVG: &str = include_str!("../../assets/icon.svg");
@@ -22,14 +22,6 @@ pub struct ProviderInfo {
 }
 
 impl ProviderInfo {
-    pub fn new(id: &str, name: &str, description: &str) -> Self {
-        Self {
-            id: id.to_owned(),
-            name: name.to_owned(),
-            description: description.to_owned(),
-        }
-    }
-
     /// The status spec: with our icon (unpadded standard base64 like the Go provider's), the JSON
     /// schema of the provider data a machine class may carry, and our version.
     pub fn status_spec(&self) -> InfraProviderStatusSpec {
@@ -47,13 +39,10 @@ impl ProviderInfo {
 /// retrying version conflicts.
 pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), StateError> {
     let spec = info.status_spec();
-    match state
-        .create(&INFRA_PROVIDER_STATUS, &info.id, &spec, "")
-        .await
-    {
-        Ok(_) => return Ok(()),
+    let fresh = Typed::fresh(&INFRA_PROVIDER_STATUS, &info.id, spec.clone());
+    match state.create(&INFRA_PROVIDER_STATUS, &fresh, "").await {
         Err(StateError::AlreadyExists { .. }) => {}
-        Err(e) => return Err(e),
+        created => return created.map(drop),
     }
     loop {
         let mut current = state.get(&INFRA_PROVIDER_STATUS, &info.id).await?;
@@ -61,18 +50,13 @@ pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), St
             return Ok(());
         }
         current.spec = spec.clone();
-        let owner = current.metadata.owner.clone();
+        let owner = &current.metadata.owner;
         match state
-            .update(
-                &INFRA_PROVIDER_STATUS,
-                &current,
-                &owner,
-                Some(PHASE_RUNNING),
-            )
+            .update(&INFRA_PROVIDER_STATUS, &current, owner, Some(PHASE_RUNNING))
             .await
         {
             Err(e) if e.is_conflict() => continue,
-            other => return other.map(|_| ()),
+            other => return other.map(drop),
         }
     }
 }
@@ -83,7 +67,11 @@ mod tests {
 
     #[test]
     fn status_spec_carries_everything() {
-        let info = ProviderInfo::new("proxmox", "Proxmox", "Proxmox infrastructure provider");
+        let info = ProviderInfo {
+            id: "proxmox".into(),
+            name: "Proxmox".into(),
+            description: "Proxmox infrastructure provider".into(),
+        };
         let spec = info.status_spec();
         assert_eq!(spec.name, "Proxmox");
         assert!(!spec.icon.ends_with('='));

@@ -24,18 +24,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::context::{Context, version};
+use super::context::{Context, Request, version};
 use super::error_policy::{ReconcileError, kind, omni, retry_after};
 use super::outputs::OutputOf;
-use super::requests::Request;
 use super::workqueue::{Action, WorkQueue};
 use super::{provision, teardown};
 use crate::contain::{self, Panic};
 use crate::omni::resources::{
-    CONFIG_PATCH_REQUEST, Kind, MACHINE_REQUEST, MACHINE_REQUEST_STATUS, label,
+    CONFIG_PATCH_REQUEST, MACHINE_REQUEST, MACHINE_REQUEST_STATUS, label,
 };
 use crate::omni::state::{StateError, Typed, WatchEvent};
 use crate::pipeline::ledgers::entry;
@@ -49,7 +48,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const MAX_IN_FLIGHT: usize = 4096;
 
 pub struct Controller {
-    queue: Arc<WorkQueue<String>>,
+    queue: Arc<WorkQueue>,
     failures: Mutex<HashMap<String, u32>>,
     /// The last version of each request the watch delivered.
     delivered: Mutex<HashMap<String, Arc<Request>>>,
@@ -77,9 +76,11 @@ impl Controller {
     /// to the write cache. A teardown waits for this instead of asking Omni again and again; it only
     /// looks again on its own after [`super::outputs::WAIT_FOR_OMNI`], in case an event was lost.
     pub async fn run(self: Arc<Self>, ctx: Arc<Context>, mut stop: watch::Receiver<bool>) {
-        let mut requests = watch_ours(&ctx, &MACHINE_REQUEST);
-        let mut statuses = watch_ours(&ctx, &MACHINE_REQUEST_STATUS);
-        let mut patches = watch_ours(&ctx, &CONFIG_PATCH_REQUEST);
+        // Ours: labelled with our provider ID.
+        let ours = [(label::INFRA_PROVIDER_ID, ctx.provider_id())];
+        let mut requests = ctx.state.watch_kind(&MACHINE_REQUEST, &ours);
+        let mut statuses = ctx.state.watch_kind(&MACHINE_REQUEST_STATUS, &ours);
+        let mut patches = ctx.state.watch_kind(&CONFIG_PATCH_REQUEST, &ours);
         let ip = &ctx.services.ledgers.ip;
         // Set at start and by a Resync, cleared by the Bootstrapped that completes the listing: then
         // the provider states whose requests the listing did not deliver are looked at.
@@ -184,8 +185,7 @@ impl Controller {
             Ok(WatchEvent::Destroyed(r)) => {
                 let id = r.metadata.map(|m| m.id).unwrap_or_default();
                 entry(&self.delivered).remove(&id);
-                entry(&self.failures).remove(&id);
-                self.queue.add(id);
+                self.retry([id]);
             }
             // Every request of the listing came as `Created` and is queued already.
             Ok(WatchEvent::Bootstrapped) if std::mem::take(relisting) => {
@@ -207,8 +207,8 @@ impl Controller {
         false
     }
 
-    /// Something this process did may let these requests go on: look again now, with a fresh
-    /// backoff.
+    /// Something may let these requests go on (this process freed what they wait on, or the
+    /// request is gone): look again now, with a fresh backoff.
     fn retry(&self, ids: impl IntoIterator<Item = String>) {
         for id in ids {
             entry(&self.failures).remove(&id);
@@ -254,20 +254,17 @@ impl Controller {
                 }
             }
             Err(e) => {
-                let delay = retry_after(kind(&e), self.count_failure(&id));
+                // This failure's number in the request's run of consecutive failures.
+                let failures = *entry(&self.failures)
+                    .entry(id.clone())
+                    .and_modify(|n| *n = n.saturating_add(1))
+                    .or_insert(1);
+                let delay = retry_after(kind(&e), failures);
                 tracing::warn!(request = %id, error = %e, retry_in = ?delay, "reconcile failed");
                 self.queue.add_after(id.clone(), delay);
             }
         }
         self.queue.done(&id);
-    }
-
-    /// This failure's number in the request's run of consecutive failures (1 = the first).
-    fn count_failure(&self, id: &str) -> u32 {
-        let mut failures = entry(&self.failures);
-        let n = failures.entry(id.to_owned()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
     }
 }
 
@@ -314,16 +311,6 @@ pub async fn panicked(ctx: &Context, id: &str, panic: Panic) -> ReconcileError {
         }
     }
     error
-}
-
-/// The resources of `kind` labelled with our provider ID, as they change; dropping the receiver
-/// stops the watch.
-pub fn watch_ours<S>(
-    ctx: &Context,
-    kind: &Kind<S>,
-) -> mpsc::Receiver<Result<WatchEvent, StateError>> {
-    ctx.state
-        .watch_kind(kind, &[(label::INFRA_PROVIDER_ID, ctx.provider_id())])
 }
 
 /// One reconcile of `id`. `delivered` is the request as the watch last delivered it, if it did

@@ -18,15 +18,14 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::context::Context;
+use super::context::{Context, Request};
 use super::error_policy::{ReconcileError, omni};
 use super::outputs::{Hold, OutputOf, PATCH_RELEASE_WAIT, WAIT_FOR_OMNI};
 use super::progress::{Phase, StatusSink};
-use super::requests::Request;
 use super::workqueue::Action;
 use crate::model::MachineState;
 use crate::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST_STATUS, label};
-use crate::omni::state::{ResourceRef, StateError};
+use crate::omni::state::ResourceRef;
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionTarget, Deprovisioned, deprovision_reporting,
 };
@@ -63,7 +62,8 @@ pub async fn cleanup(ctx: &Context, request: &Request) -> Result<Action, Reconci
     };
     remove_vm_and_state(ctx, id, status_exists.then_some(&request.metadata.labels)).await?;
     if status_exists {
-        destroy(ctx, &status_ref)
+        ctx.state
+            .destroy(&status_ref, &ctx.owner)
             .await
             .map_err(omni("destroying"))?;
         ctx.outputs.destroyed(OutputOf::Status, id);
@@ -106,7 +106,7 @@ async fn remove_config_patches(ctx: &Context, id: &str) -> Result<bool, Reconcil
         let what = ResourceRef::of(&CONFIG_PATCH_REQUEST, &patch);
         let gone = match hold {
             Hold::Held => false,
-            Hold::Released => match destroy(ctx, &what).await {
+            Hold::Released => match ctx.state.destroy(&what, &ctx.owner).await {
                 Ok(()) => true,
                 // A finalizer came back: the watch says when it goes.
                 Err(e) if e.is_conflict() => false,
@@ -166,13 +166,14 @@ async fn remove_vm_and_state(
         // `internal/backend/runtime/omni/infraprovider/state.go` Destroy adds the provider
         // check): one call. Should something hold it after all, it is torn down and destroyed.
         let machine_ref = ResourceRef::of(ctx.machine_kind(), id);
-        match destroy(ctx, &machine_ref).await {
+        match ctx.state.destroy(&machine_ref, &ctx.owner).await {
             Err(e) if e.is_conflict() => {
                 ctx.state
                     .teardown(&machine_ref, &ctx.owner)
                     .await
                     .map_err(omni("tearing down the provider state"))?;
-                destroy(ctx, &machine_ref)
+                ctx.state
+                    .destroy(&machine_ref, &ctx.owner)
                     .await
                     .map_err(omni("destroying"))?;
             }
@@ -286,14 +287,6 @@ pub fn target(id: &str, provider_id: &str, state: &MachineState) -> DeprovisionT
             .default_pool
             .clone()
             .or(state.official_pool().cloned()),
-    }
-}
-
-/// Destroys a torn-down resource; gone already is fine, a finalizer that is still there is retried.
-async fn destroy(ctx: &Context, what: &ResourceRef) -> Result<(), StateError> {
-    match ctx.state.destroy(what, &ctx.owner).await {
-        Err(e) if e.is_not_found() => Ok(()),
-        destroyed => destroyed,
     }
 }
 

@@ -20,10 +20,8 @@
 
 use std::collections::BTreeMap;
 
-use super::context::Context;
+use super::context::{Context, Request, request_info};
 use super::error_policy::{ReconcileError, omni};
-use super::requests::Request;
-use super::requests::request_info;
 use crate::model::MachineState;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::omni::resources::{CONFIG_PATCH_REQUEST, MACHINE_REQUEST, label};
@@ -240,7 +238,6 @@ pub async fn apply(ctx: &Context, change: &Change) -> Result<(), ReconcileError>
             if !request.is_some_and(|r| !r.is_tearing_down() && r.has_finalizer(&ctx.owner)) {
                 return Ok(());
             }
-            let provider_id = ctx.provider_id().to_owned();
             ctx.state
                 .modify(
                     &CONFIG_PATCH_REQUEST,
@@ -248,7 +245,7 @@ pub async fn apply(ctx: &Context, change: &Change) -> Result<(), ReconcileError>
                     &ctx.owner,
                     |patch| {
                         let labels = &mut patch.metadata.labels;
-                        labels.insert(label::INFRA_PROVIDER_ID.into(), provider_id.clone());
+                        labels.insert(label::INFRA_PROVIDER_ID.into(), ctx.provider_id().into());
                         labels.insert(label::MACHINE_REQUEST.into(), request_id.clone());
                         patch.spec.data = yaml.clone();
                         patch.spec.compressed_data.clear();

@@ -8,7 +8,6 @@
 //! - Workers sleep until the earliest due time or until something is added; nothing polls.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -27,29 +26,29 @@ pub enum Action {
 }
 
 #[derive(Default)]
-pub struct WorkQueue<K> {
-    state: Mutex<State<K>>,
+pub struct WorkQueue {
+    state: Mutex<State>,
     changed: Notify,
 }
 
 #[derive(Default)]
-struct State<K> {
+struct State {
     /// Keys waiting, with the instant they become due; one that is also active is due again once
     /// its reconcile ends.
-    waiting: HashMap<K, Instant>,
+    waiting: HashMap<String, Instant>,
     /// Keys a worker holds right now.
-    active: HashSet<K>,
+    active: HashSet<String>,
     closed: bool,
 }
 
-impl<K: Clone + Eq + Hash> WorkQueue<K> {
+impl WorkQueue {
     /// Schedules `key` now.
-    pub fn add(&self, key: K) {
+    pub fn add(&self, key: String) {
         self.add_after(key, Duration::ZERO);
     }
 
     /// Schedules `key` after `delay` (or earlier, if it is already due earlier).
-    pub fn add_after(&self, key: K, delay: Duration) {
+    pub fn add_after(&self, key: String, delay: Duration) {
         let due = Instant::now() + delay;
         {
             // A panic while holding this lock cannot leave the maps inconsistent (every update is
@@ -67,7 +66,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     }
 
     /// Waits for the next due key and marks it active; `None` once the queue is closed.
-    pub async fn next(&self) -> Option<K> {
+    pub async fn next(&self) -> Option<String> {
         loop {
             // Register interest before looking, so an add between the look and the wait is not missed.
             let notified = self.changed.notified();
@@ -78,7 +77,6 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                 if s.closed {
                     return None;
                 }
-                let now = Instant::now();
                 let earliest = s
                     .waiting
                     .iter()
@@ -86,13 +84,12 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
                     .min_by_key(|(_, due)| **due)
                     .map(|(k, due)| (k.clone(), *due));
                 match earliest {
-                    Some((key, due)) if due <= now => {
+                    Some((key, due)) if due <= Instant::now() => {
                         s.waiting.remove(&key);
                         s.active.insert(key.clone());
                         return Some(key);
                     }
-                    Some((_, due)) => Some(due),
-                    None => None,
+                    later => later.map(|(_, due)| due),
                 }
             };
             match wake_at {
@@ -108,7 +105,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     }
 
     /// Releases a key a worker got from [`WorkQueue::next`]; an add that arrived meanwhile takes effect.
-    pub fn done(&self, key: &K) {
+    pub fn done(&self, key: &str) {
         entry(&self.state).active.remove(key);
         self.changed.notify_waiters();
     }
@@ -136,22 +133,22 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn earliest_due_time_wins_and_delays_are_honoured() {
         let q = WorkQueue::default();
-        q.add_after("a", Duration::from_secs(60));
-        q.add_after("b", Duration::from_secs(10));
-        q.add_after("a", Duration::from_secs(5));
+        q.add_after("a".into(), Duration::from_secs(60));
+        q.add_after("b".into(), Duration::from_secs(10));
+        q.add_after("a".into(), Duration::from_secs(5));
         let t0 = Instant::now();
-        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(q.next().await.as_deref(), Some("a"));
         assert!(t0.elapsed() >= Duration::from_secs(5));
-        assert_eq!(q.next().await, Some("b"));
+        assert_eq!(q.next().await.as_deref(), Some("b"));
         assert!(t0.elapsed() >= Duration::from_secs(10) && t0.elapsed() < Duration::from_secs(60));
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_active_key_is_not_handed_out_twice_and_events_are_kept() {
         let q = Arc::new(WorkQueue::default());
-        q.add("k");
-        assert_eq!(q.next().await, Some("k"));
-        q.add("k"); // an event while the key is being reconciled
+        q.add("k".into());
+        assert_eq!(q.next().await.as_deref(), Some("k"));
+        q.add("k".into()); // an event while the key is being reconciled
         let q2 = q.clone();
         let second = tokio::spawn(async move { q2.next().await });
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -159,26 +156,26 @@ mod tests {
             !second.is_finished(),
             "must wait until the first reconcile is done"
         );
-        q.done(&"k");
-        assert_eq!(second.await.unwrap(), Some("k"));
+        q.done("k");
+        assert_eq!(second.await.unwrap().as_deref(), Some("k"));
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_event_brings_a_requeue_forward() {
         let q = Arc::new(WorkQueue::default());
-        q.add_after("k", Duration::from_secs(300));
+        q.add_after("k".into(), Duration::from_secs(300));
         let q2 = q.clone();
         let waiter = tokio::spawn(async move { q2.next().await });
         tokio::time::sleep(Duration::from_secs(1)).await;
-        q.add("k");
+        q.add("k".into());
         let t0 = Instant::now();
-        assert_eq!(waiter.await.unwrap(), Some("k"));
+        assert_eq!(waiter.await.unwrap().as_deref(), Some("k"));
         assert!(t0.elapsed() < Duration::from_secs(1));
     }
 
     #[tokio::test]
     async fn close_releases_workers() {
-        let q: Arc<WorkQueue<&str>> = Arc::new(WorkQueue::default());
+        let q = Arc::new(WorkQueue::default());
         let q2 = q.clone();
         let waiter = tokio::spawn(async move { q2.next().await });
         tokio::task::yield_now().await;

@@ -70,16 +70,15 @@ impl ManagementClient {
             ..Default::default()
         };
         match bounded(self.raw.clone().get_boot_asset_url(req)).await {
-            Ok(resp) => Ok(Some(BootAsset {
-                url: resp.url,
-                headers: resp
-                    .headers
-                    .into_iter()
-                    .map(|(k, v)| (k, crate::secret::Secret::new(v)))
-                    .collect(),
-            })),
             Err(ManagementError::OmniTooOld) => Ok(None),
-            Err(e) => Err(e),
+            answer => answer.map(|resp| {
+                Some(BootAsset {
+                    url: resp.url,
+                    headers: (resp.headers.into_iter())
+                        .map(|(k, v)| (k, crate::secret::Secret::new(v)))
+                        .collect(),
+                })
+            }),
         }
     }
 

@@ -15,7 +15,9 @@ use omni_infra_provider_proxmox::omni::proto::cosi::resource as pb;
 use omni_infra_provider_proxmox::omni::proto::provider::MachineSpec;
 use omni_infra_provider_proxmox::omni::proto::specs::{self, MachineRequestSpec};
 use omni_infra_provider_proxmox::omni::resources::*;
-use omni_infra_provider_proxmox::omni::state::{ResourceRef, StateError, WatchEvent, label_query};
+use omni_infra_provider_proxmox::omni::state::{
+    ResourceRef, StateError, Typed, WatchEvent, label_query,
+};
 use omni_infra_provider_proxmox::omni::transport;
 use testkit::memstate;
 use testkit::omni::{Omni, WAIT};
@@ -59,7 +61,11 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
             .unwrap(),
         omni_infra_provider_proxmox::omni::join::JoinMode::V2
     );
-    let mut info = ProviderInfo::new("proxmox", "Proxmox", "first");
+    let mut info = ProviderInfo {
+        id: "proxmox".into(),
+        name: "Proxmox".into(),
+        description: "first".into(),
+    };
     registration::register(&client.state, &info).await.unwrap();
     let stored = omni.state.get(&INFRA_PROVIDER_STATUS, "proxmox").unwrap();
     assert_eq!(stored.spec.description, "first");
@@ -78,8 +84,8 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     assert_eq!(stored.spec.description, "second");
     assert_eq!(stored.metadata.version, "2");
 
-    let check = health::health_check(|| async { Some("proxmox unreachable".to_owned()) });
-    health::beat(&client.state, "proxmox", &check)
+    let problem = Some("proxmox unreachable".to_owned());
+    health::beat(&client.state, "proxmox", problem)
         .await
         .unwrap();
     let hs = omni
@@ -88,13 +94,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
         .unwrap();
     assert_eq!(hs.spec.error, "proxmox unreachable");
     assert_eq!(hs.metadata.owner, "proxmox.ProviderHealthStatusController");
-    health::beat(
-        &client.state,
-        "proxmox",
-        &health::health_check(|| async { None }),
-    )
-    .await
-    .unwrap();
+    health::beat(&client.state, "proxmox", None).await.unwrap();
     let hs = omni
         .state
         .get(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox")
@@ -103,13 +103,7 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     assert!(hs.spec.last_heartbeat_timestamp.is_some());
     // Ephemeral namespace lost (Omni restart): the next beat recreates it.
     omni.state.remove(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox");
-    health::beat(
-        &client.state,
-        "proxmox",
-        &health::health_check(|| async { None }),
-    )
-    .await
-    .unwrap();
+    health::beat(&client.state, "proxmox", None).await.unwrap();
     assert!(
         omni.state
             .get(&INFRA_PROVIDER_HEALTH_STATUS, "proxmox")
@@ -117,7 +111,11 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     );
 
     // The ID of checkID types must be ours.
-    let other = ProviderInfo::new("other", "x", "y");
+    let other = ProviderInfo {
+        id: "other".into(),
+        name: "x".into(),
+        description: "y".into(),
+    };
     let err = registration::register(&client.state, &other)
         .await
         .unwrap_err();
@@ -338,24 +336,25 @@ async fn a_call_omni_never_answers_ends_at_its_deadline() {
 
 /// One hung heartbeat call must not silence the provider: each beat is given up after one interval
 /// (here the 1 s floor) and the next one is sent on time (without it, the first beat waited for
-/// ever).
+/// ever). The beats given up are counted in the log, which this test's thread keeps.
 #[tokio::test]
 async fn the_heartbeat_never_waits_longer_than_its_interval() {
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || LogWriter(kept.clone()))
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
     let (addr, server) = silent_omni().await;
     let state = client_of(addr).state;
-    let attempts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = attempts.clone();
-    let check = health::health_check(move || {
-        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        async { None }
-    });
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let (_lead, leader) = tokio::sync::watch::channel(true);
     let heartbeat = health::Heartbeat {
         state,
         provider_id: "proxmox".into(),
         interval: Duration::from_millis(100),
-        check,
+        check: tokio::sync::watch::channel(None).1,
         metrics: Default::default(),
     };
     let beating = tokio::spawn(heartbeat.run(shutdown, leader.clone()));
@@ -365,10 +364,24 @@ async fn the_heartbeat_never_waits_longer_than_its_interval() {
         .await
         .expect("the heartbeat stops within an interval")
         .unwrap();
-    let attempts = attempts.load(std::sync::atomic::Ordering::Relaxed);
+    let log = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+    let given_up = log.matches("heartbeat not answered").count();
     assert!(
-        attempts >= 2,
-        "{attempts} beats in 2.5 s with each given up after 1 s"
+        given_up >= 2,
+        "{given_up} beats given up in 2.5 s with each given up after 1 s: {log}"
     );
     server.abort();
+}
+
+struct LogWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -160,7 +160,11 @@ async fn teardown_by_rpc_and_by_fallback() {
     for id in ["a", "b"] {
         client
             .state
-            .create(&kind, id, &MachineSpec::default(), &owner)
+            .create(
+                &kind,
+                &Typed::fresh(&kind, id, MachineSpec::default()),
+                &owner,
+            )
             .await
             .unwrap();
     }
@@ -433,13 +437,13 @@ async fn the_leader_lease_lives_in_the_providers_namespace_and_changes_only_by_v
     };
     let created = client
         .state
-        .create(&lease, LEASE_ID, &spec, "")
+        .create(&lease, &Typed::fresh(&lease, LEASE_ID, spec.clone()), "")
         .await
         .unwrap();
     // A second create loses: the lease exists.
     let err = client
         .state
-        .create(&lease, LEASE_ID, &spec, "")
+        .create(&lease, &Typed::fresh(&lease, LEASE_ID, spec.clone()), "")
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::AlreadyExists { .. }), "{err}");
@@ -463,9 +467,10 @@ async fn the_leader_lease_lives_in_the_providers_namespace_and_changes_only_by_v
             .is_some_and(|l| l.spec.holder == "b/2/y")
     );
     // Another provider's lease type in our namespace is refused.
+    let other = provider_lease("other");
     let err = client
         .state
-        .create(&provider_lease("other"), LEASE_ID, &spec, "")
+        .create(&other, &Typed::fresh(&other, LEASE_ID, spec.clone()), "")
         .await
         .unwrap_err();
     assert!(
@@ -491,7 +496,11 @@ async fn teardown_and_destroy_is_one_call_for_a_prompt_release() {
     for id in ["prompt", "held", "old"] {
         client
             .state
-            .create(&kind, id, &MachineSpec::default(), &owner)
+            .create(
+                &kind,
+                &Typed::fresh(&kind, id, MachineSpec::default()),
+                &owner,
+            )
             .await
             .unwrap();
     }

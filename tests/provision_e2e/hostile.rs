@@ -65,7 +65,7 @@ async fn hostile_selectors_fail_their_own_requests_while_the_heartbeat_beats() {
         state: h.omni.client(PROVIDER).state,
         provider_id: PROVIDER.into(),
         interval: Duration::from_millis(100),
-        check: health::health_check(|| async { None }),
+        check: tokio::sync::watch::channel(None).1,
         metrics: h.metrics.clone(),
     };
     let heartbeat = tokio::spawn(heartbeat.run(beating, leader.clone()));

@@ -89,13 +89,10 @@ impl LocalClaim {
             .truncate(false)
             .open(path)
             .map_err(|e| format!("cannot open the claim file: {e}"))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                return Err("another replica on this host holds the claim file".into());
-            }
-            Err(TryLockError::Error(e)) => return Err(format!("cannot lock the claim file: {e}")),
-        }
+        file.try_lock().map_err(|e| match e {
+            TryLockError::WouldBlock => "another replica on this host holds the claim file".into(),
+            TryLockError::Error(e) => format!("cannot lock the claim file: {e}"),
+        })?;
         let mut before = String::new();
         file.read_to_string(&mut before)
             .map_err(|e| format!("cannot read the claim file: {e}"))?;

@@ -29,7 +29,7 @@ use crate::fence::Fence;
 use crate::metrics::Metrics;
 use crate::omni::proto::provider::LeaseSpec;
 use crate::omni::resources::{Kind, LEASE_ID, provider_lease};
-use crate::omni::state::{StateClient, StateError, Typed};
+use crate::omni::state::{StateClient, StateError, Typed, WatchEvent};
 use identity::{Holder, LocalClaim};
 
 /// The lease has no owner: any replica of the provider may write it.
@@ -211,11 +211,11 @@ impl Election {
                     }
                     return Ok(false);
                 }
-                (Attempt::Create, _) | (_, None) => {
-                    let spec = self.record(None, true);
-                    self.state.create(&self.kind, LEASE_ID, &spec, OWNER).await
+                (_, None) => {
+                    let fresh = Typed::fresh(&self.kind, LEASE_ID, self.record(None, true));
+                    self.state.create(&self.kind, &fresh, OWNER).await
                 }
-                (Attempt::Renew | Attempt::Take(_), Some(current)) => {
+                (_, Some(current)) => {
                     let taking = attempt != Attempt::Renew;
                     let mut next = current.clone();
                     next.spec = self.record(Some(&current.spec), taking);
@@ -224,7 +224,7 @@ impl Election {
             };
             match written {
                 Ok(stored) => {
-                    if let Some(how) = how_acquired(&attempt) {
+                    if let Attempt::Take(how) = attempt {
                         let from = self.last_holder();
                         tracing::info!(holder = %self.me.id(), previous = %from, "acquired the leader lease: {how}");
                         self.announced = self.me.id();
@@ -327,18 +327,8 @@ impl Election {
     }
 }
 
-/// Why a successful write of `attempt` made this replica the leader; `None` for a renew.
-fn how_acquired(attempt: &Attempt) -> Option<&'static str> {
-    match attempt {
-        Attempt::Create => Some("no replica had held it yet"),
-        Attempt::Take(why) => Some(why),
-        Attempt::Renew | Attempt::Wait => None,
-    }
-}
-
 /// The lease a watch event carries, when it is a created or changed lease that decodes.
-fn lease_of(event: Result<crate::omni::state::WatchEvent, StateError>) -> Option<Typed<LeaseSpec>> {
-    use crate::omni::state::WatchEvent;
+fn lease_of(event: Result<WatchEvent, StateError>) -> Option<Typed<LeaseSpec>> {
     match event {
         Ok(WatchEvent::Created(r) | WatchEvent::Updated(r))
             if r.metadata.as_ref().is_some_and(|m| m.id == LEASE_ID) =>
@@ -408,12 +398,10 @@ impl Timings {
 /// What a replica does with the lease it just read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attempt {
-    /// No lease yet: create it.
-    Create,
     /// Held by this replica: renew it.
     Renew,
-    /// Free (released, expired, or held by this replica's exited predecessor): take it, for the
-    /// reason the log gives.
+    /// Free (none yet, released, expired, or held by this replica's exited predecessor): take it
+    /// (create it when there is none), for the reason the log gives.
     Take(&'static str),
     /// Held by someone else, who may still be alive.
     Wait,
@@ -428,7 +416,7 @@ pub fn decide(
     unchanged_for: Duration,
 ) -> Attempt {
     let Some(record) = record else {
-        return Attempt::Create;
+        return Attempt::Take("no replica had held it yet");
     };
     if record.holder == me {
         Attempt::Renew
@@ -458,7 +446,10 @@ mod tests {
     #[test]
     fn a_lease_is_taken_only_when_free_expired_or_left_by_a_dead_predecessor() {
         let s = Duration::from_secs;
-        assert_eq!(decide(None, "me", None, s(0)), Attempt::Create);
+        assert_eq!(
+            decide(None, "me", None, s(0)),
+            Attempt::Take("no replica had held it yet")
+        );
         assert_eq!(
             decide(Some(&held_by("me")), "me", None, s(0)),
             Attempt::Renew

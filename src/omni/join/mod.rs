@@ -41,13 +41,6 @@ impl JoinMode {
         let v2 = (defs.iter()).any(|d| d.id() == PROVIDER_JOIN_CONFIG_DEFINITION_ID);
         Ok(if v2 { JoinMode::V2 } else { JoinMode::Legacy })
     }
-
-    fn token_prefix(self) -> &'static str {
-        match self {
-            JoinMode::V2 => "v2:",
-            JoinMode::Legacy => "v1:",
-        }
-    }
 }
 
 /// Everything the connection parameters are made of, as read from Omni and the MachineRequest.
@@ -63,8 +56,8 @@ pub struct JoinInputs {
     /// `MachineRequest.grpc_tunnel == ENABLED`.
     pub grpc_tunnel: bool,
     pub provider_id: String,
-    /// Set to encode the request ID into the token (we always do, like the official provider).
-    pub request_id: Option<String>,
+    /// Encoded into the token, as the official provider does.
+    pub request_id: String,
 }
 
 /// Why connection parameters cannot be built. Never contains the token.
@@ -105,13 +98,13 @@ pub fn connection_params(inputs: &JoinInputs) -> Result<Secret, JoinError> {
 
     // The extra data carries our provider ID (Omni labels the machine's Link with it) and the
     // MachineRequest ID ("encode request IDs into tokens"), under the label keys.
-    let mut extra = BTreeMap::from([(
-        label::INFRA_PROVIDER_ID.to_owned(),
-        inputs.provider_id.clone(),
-    )]);
-    if let Some(request_id) = &inputs.request_id {
-        extra.insert(label::MACHINE_REQUEST.to_string(), request_id.clone());
-    }
+    let extra = BTreeMap::from([
+        (
+            label::INFRA_PROVIDER_ID.to_owned(),
+            inputs.provider_id.clone(),
+        ),
+        (label::MACHINE_REQUEST.to_owned(), inputs.request_id.clone()),
+    ]);
     let token = extended_token(inputs.mode, &inputs.join_token, &extra);
 
     let api_url = siderolink_api_url(&inputs.api_url, &token, inputs.grpc_tunnel);
@@ -142,7 +135,11 @@ fn extended_token(mode: JoinMode, plain: &Secret, extra_data: &BTreeMap<String, 
         extra_data: extra_data.clone(),
         signature,
     });
-    Secret::new(format!("{}{}", mode.token_prefix(), BASE64.encode(body)))
+    let prefix = match mode {
+        JoinMode::V2 => "v2:",
+        JoinMode::Legacy => "v1:",
+    };
+    Secret::new(format!("{prefix}{}", BASE64.encode(body)))
 }
 
 /// The token's JSON body; fields in Go's order (the struct's, which is also sorted).
@@ -154,11 +151,10 @@ struct Body {
 }
 
 fn sign(key: &[u8], message: &[u8]) -> Vec<u8> {
-    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(key) else {
+    let Ok(mac) = <Hmac<Sha256> as Mac>::new_from_slice(key) else {
         unreachable!("HMAC-SHA256 accepts keys of every length")
     };
-    mac.update(message);
-    mac.finalize().into_bytes().to_vec()
+    mac.chain_update(message).finalize().into_bytes().to_vec()
 }
 
 /// `value` as Go's `json.Marshal` writes it (Go ≥ 1.22): compact, map keys sorted (a BTreeMap
@@ -232,7 +228,7 @@ mod tests {
             logs_port: 8092,
             grpc_tunnel: false,
             provider_id: "test".into(),
-            request_id: None,
+            request_id: "request1".into(),
         }
     }
 
@@ -257,7 +253,8 @@ mod tests {
 
     #[test]
     fn reference_vector_provider_only() {
-        let token = token(&connection_params(&inputs()).unwrap());
+        let extra = BTreeMap::from([(label::INFRA_PROVIDER_ID.to_owned(), "test".to_owned())]);
+        let token = extended_token(JoinMode::V2, &Secret::new("abcd"), &extra);
         assert!(token.expose().starts_with("v2:"));
         assert_eq!(
             json_of(&token),
@@ -267,12 +264,7 @@ mod tests {
 
     #[test]
     fn reference_vector_with_request_id() {
-        let params = connection_params(&JoinInputs {
-            request_id: Some("request1".into()),
-            ..inputs()
-        })
-        .unwrap();
-        let token = token(&params);
+        let token = token(&connection_params(&inputs()).unwrap());
         let decoded = decode(&token).unwrap();
         assert_eq!(
             decoded.signature,
@@ -305,7 +297,6 @@ mod tests {
         for t in ["v1:already", "v2:eyJ4Ijp9"] {
             let params = connection_params(&JoinInputs {
                 join_token: Secret::new(t),
-                request_id: Some("r".into()),
                 ..inputs()
             })
             .unwrap();

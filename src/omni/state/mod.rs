@@ -8,28 +8,134 @@
 //!
 //! Every error names the resource it was about, so a log line is enough to go and look.
 
-mod error;
-mod unknown;
 mod watch;
 
+use std::collections::HashSet;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use prost::encoding::{DecodeContext, decode_key, skip_field};
+use tonic::Code;
 
 use super::proto::cosi::resource as pb;
 use super::proto::cosi::resource::state_client::StateClient as RawClient;
 use super::resources::{Kind, PHASE_RUNNING, PHASE_TEARING_DOWN, Spec};
 use super::transport::{MAX_MESSAGE_BYTES, SignedChannel};
 use crate::fence::Fence;
-pub use error::{ResourceRef, StateError};
 pub use watch::WatchEvent;
+
+/// `namespace/type/id`, for error messages and logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResourceRef {
+    pub namespace: String,
+    pub resource_type: String,
+    pub id: String,
+}
+
+impl ResourceRef {
+    pub fn new(
+        namespace: impl Into<String>,
+        resource_type: impl Into<String>,
+        id: impl Into<String>,
+    ) -> Self {
+        Self {
+            namespace: namespace.into(),
+            resource_type: resource_type.into(),
+            id: id.into(),
+        }
+    }
+
+    pub fn of<S>(kind: &Kind<S>, id: &str) -> Self {
+        Self::new(&*kind.namespace, &*kind.resource_type, id)
+    }
+
+    pub fn from_metadata(md: &pb::Metadata) -> Self {
+        Self::new(&md.namespace, &md.r#type, &md.id)
+    }
+}
+
+impl std::fmt::Display for ResourceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.id.is_empty() {
+            write!(f, "{}({})", self.resource_type, self.namespace)
+        } else {
+            write!(f, "{}({})/{}", self.resource_type, self.namespace, self.id)
+        }
+    }
+}
+
+/// What went wrong talking to the State service, by what the caller can do about it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StateError {
+    #[error("{what} not found")]
+    NotFound { what: ResourceRef },
+    /// Version conflict (someone else wrote first) or pending finalizers on destroy.
+    #[error("{what}: conflict: {message}")]
+    Conflict { what: ResourceRef, message: String },
+    #[error("{what} already exists")]
+    AlreadyExists { what: ResourceRef },
+    #[error(
+        "{what}: permission denied by Omni: {message} (is the key an infra-provider key for this provider ID?)"
+    )]
+    PermissionDenied { what: ResourceRef, message: String },
+    #[error("{what}: Omni rejected the request signature: {message} (check the key and the clock)")]
+    Unauthenticated { what: ResourceRef, message: String },
+    #[error("{what}: invalid request: {message}")]
+    InvalidArgument { what: ResourceRef, message: String },
+    #[error("{what}: not supported by this Omni: {message}")]
+    Unimplemented { what: ResourceRef, message: String },
+    #[error("{what}: cannot reach Omni: {message}")]
+    Transport { what: ResourceRef, message: String },
+    #[error("{what}: {message}")]
+    Other { what: ResourceRef, message: String },
+    #[error("{what}: spec does not decode: {message}")]
+    Decode { what: ResourceRef, message: String },
+    /// Not sent: this replica does not hold the leader lease (see [`crate::fence`]).
+    #[error("{what}: {source}")]
+    Fenced {
+        what: ResourceRef,
+        source: crate::fence::Fenced,
+    },
+}
+
+impl StateError {
+    pub fn from_status(what: ResourceRef, status: &tonic::Status) -> Self {
+        let message = status.message().to_owned();
+        match status.code() {
+            Code::NotFound => Self::NotFound { what },
+            Code::FailedPrecondition => Self::Conflict { what, message },
+            Code::AlreadyExists => Self::AlreadyExists { what },
+            Code::PermissionDenied => Self::PermissionDenied { what, message },
+            Code::Unauthenticated => Self::Unauthenticated { what, message },
+            Code::InvalidArgument => Self::InvalidArgument { what, message },
+            Code::Unimplemented => Self::Unimplemented { what, message },
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
+                Self::Transport { what, message }
+            }
+            _ => Self::Other {
+                what,
+                message: format!("{:?}: {message}", status.code()),
+            },
+        }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound { .. })
+    }
+
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Conflict { .. })
+    }
+}
 
 /// A resource with its spec decoded, keeping the raw form to echo back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Typed<S> {
     pub metadata: pb::Metadata,
     pub spec: S,
-    /// The spec's fields `S` does not define, as read, written back with it ([`unknown`]).
+    /// The spec's fields `S` does not define, as read, written back with it ([`unknown_fields`]).
     pub unknown_fields: Vec<u8>,
     /// The spec exactly as Omni sent it (`None` for a resource built here): a finalizer-only
     /// update echoes it unchanged ([`StateClient::remove_finalizer_from`]).
@@ -45,7 +151,7 @@ impl<S: prost::Message + Default> Typed<S> {
             what: ResourceRef::from_metadata(&metadata),
             message: e.to_string(),
         })?;
-        let unknown_fields = unknown::unknown_fields(bytes, &spec);
+        let unknown_fields = unknown_fields(bytes, &spec);
         Ok(Self {
             metadata,
             spec,
@@ -74,7 +180,7 @@ impl<S: prost::Message + Default> Typed<S> {
         pb::Resource {
             metadata: Some(metadata),
             spec: Some(pb::Spec {
-                proto_spec: unknown::encode_keeping(&self.spec, &self.unknown_fields),
+                proto_spec: encode_keeping(&self.spec, &self.unknown_fields),
                 yaml_spec: kind.yaml(&self.spec),
             }),
         }
@@ -280,6 +386,7 @@ impl StateClient {
         returned(&what, "Update", resp.resource)
     }
 
+    /// Destroys `what`; gone already is fine.
     pub async fn destroy(&self, what: &ResourceRef, owner: &str) -> Result<(), StateError> {
         let req = pb::DestroyRequest {
             namespace: what.namespace.clone(),
@@ -290,7 +397,10 @@ impl StateClient {
             }),
         };
         let destroy = |mut raw: RawClient<_>| async move { raw.destroy(req).await };
-        self.unary(what, true, destroy).await.map(drop)
+        match self.unary(what, true, destroy).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            destroyed => destroyed.map(drop),
+        }
     }
 
     /// Moves a resource to `tearingDown`; returns whether it can be destroyed now (no finalizers).
@@ -317,10 +427,9 @@ impl StateClient {
             md.phase = PHASE_TEARING_DOWN.into();
             running
         };
-        let md = self
-            .edit_metadata(what, Some(owner), Some(PHASE_RUNNING), edit)
-            .await?;
-        Ok(md.finalizers.is_empty())
+        self.edit_metadata(what, Some(owner), Some(PHASE_RUNNING), edit)
+            .await
+            .map(|md| md.finalizers.is_empty())
     }
 
     /// Tears `what` down and destroys it once no finalizer holds it: `Ok(true)` when it is gone (or
@@ -364,10 +473,7 @@ impl StateClient {
             Err(e) if e.is_not_found() => return Ok(true),
             other => return other,
         }
-        match self.destroy(what, owner).await {
-            Err(e) if e.is_not_found() => Ok(true),
-            other => other.map(|()| true),
-        }
+        self.destroy(what, owner).await.map(|()| true)
     }
 
     /// `error`, unless it says Omni lacks the `rpc` (Teardown and TeardownAndDestroy came in the
@@ -448,9 +554,8 @@ impl StateClient {
             }
             let owner = owner.map_or_else(|| md.owner.clone(), str::to_owned);
             match self.update_raw(current, &owner, expected_phase).await {
-                Ok(stored) => return Ok(stored.metadata.unwrap_or_default()),
                 Err(e) if e.is_conflict() => continue,
-                Err(e) => return Err(e),
+                stored => return stored.map(|s| s.metadata.unwrap_or_default()),
             }
         }
     }
@@ -485,21 +590,10 @@ impl StateClient {
             .collect()
     }
 
+    /// Creates `fresh` ([`Typed::fresh`]) with its labels and annotations (version and phase as the
+    /// server expects): a resource's first version carries everything a reader of it needs (the
+    /// step annotation of the provider state, for one).
     pub async fn create<S: Spec>(
-        &self,
-        kind: &Kind<S>,
-        id: &str,
-        spec: &S,
-        owner: &str,
-    ) -> Result<Typed<S>, StateError> {
-        self.create_typed(kind, &Typed::fresh(kind, id, spec.clone()), owner)
-            .await
-    }
-
-    /// Creates `fresh` with its labels and annotations (version and phase as the server expects): a
-    /// resource's first version carries everything a reader of it needs (the step annotation of the
-    /// provider state, for one).
-    async fn create_typed<S: Spec>(
         &self,
         kind: &Kind<S>,
         fresh: &Typed<S>,
@@ -549,7 +643,7 @@ impl StateClient {
                 None => {
                     let mut fresh = Typed::fresh(kind, id, S::default());
                     mutate(&mut fresh);
-                    match self.create_typed(kind, &fresh, owner).await {
+                    match self.create(kind, &fresh, owner).await {
                         Err(StateError::AlreadyExists { .. }) => continue,
                         other => return other,
                     }
@@ -580,4 +674,123 @@ fn returned(
         what: what.clone(),
         message: format!("{call} returned no resource"),
     })
+}
+
+// ---- unknown fields ---------------------------------------------------------------------------
+// Spec fields our message definitions do not know, kept so that writing a resource back does not
+// erase them. prost drops unknown fields when it decodes; a newer Omni or a newer official
+// provider may have written fields we lack (the official provider's `start_attempts`, field 14 of
+// the provider state, is one), and both read them again after our write.
+//
+// The fields are kept as their raw bytes and written in front of our encoding. Protobuf readers
+// accept fields in any order and the last value of a singular field wins, so a field we learn to
+// know later, or one we set ourselves, is never shadowed by a kept copy.
+
+/// The raw bytes of the fields of `raw` that re-encoding `decoded` (decoded from `raw`) leaves out:
+/// fields the message does not define (and, harmlessly, explicitly encoded default values).
+fn unknown_fields<S: prost::Message>(raw: &[u8], decoded: &S) -> Vec<u8> {
+    let encoded = decoded.encode_to_vec();
+    let known: HashSet<u32> = fields(&encoded).map(|(tag, _)| tag).collect();
+    let mut kept = Vec::new();
+    for (tag, range) in fields(raw) {
+        if !known.contains(&tag) {
+            kept.extend_from_slice(&raw[range]);
+        }
+    }
+    kept
+}
+
+/// `spec` encoded after the kept `unknown` fields.
+fn encode_keeping<S: prost::Message>(spec: &S, unknown: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(unknown.len() + spec.encoded_len());
+    out.extend_from_slice(unknown);
+    spec.encode_raw(&mut out);
+    out
+}
+
+/// Each top-level field of a message: its tag and where its bytes are. Stops at the first malformed
+/// field (the message decoded, so there is none).
+fn fields(bytes: &[u8]) -> impl Iterator<Item = (u32, Range<usize>)> + '_ {
+    let mut rest = bytes;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let start = bytes.len() - rest.len();
+        let (tag, wire_type) = decode_key(&mut rest).ok()?;
+        skip_field(wire_type, tag, &mut rest, DecodeContext::default()).ok()?;
+        Some((tag, start..bytes.len() - rest.len()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::omni::proto::provider::MachineSpec;
+
+    #[test]
+    fn status_codes_map_to_typed_errors() {
+        let what = ResourceRef::new("infra-provider", "MachineRequests.omni.sidero.dev", "r1");
+        let e = StateError::from_status(what.clone(), &tonic::Status::not_found("x"));
+        assert!(e.is_not_found());
+        assert!(
+            e.to_string()
+                .contains("MachineRequests.omni.sidero.dev(infra-provider)/r1")
+        );
+        let e =
+            StateError::from_status(what.clone(), &tonic::Status::failed_precondition("version"));
+        assert!(e.is_conflict());
+        let e = StateError::from_status(what, &tonic::Status::permission_denied("nope"));
+        assert!(matches!(e, StateError::PermissionDenied { .. }));
+    }
+
+    /// The official provider's state with a field we do not define: `start_attempts`, field 14 of
+    /// its MachineSpec (siderolabs/omni-infra-provider-proxmox `api/specs/specs.proto`), and a
+    /// length-delimited field from a release yet to come.
+    fn official_state() -> Vec<u8> {
+        let known = MachineSpec {
+            uuid: "u-1".into(),
+            vmid: 150,
+            ..Default::default()
+        };
+        let mut raw = prost::Message::encode_to_vec(&known);
+        raw.extend_from_slice(&[14 << 3, 3]); // start_attempts = 3 (varint)
+        raw.extend_from_slice(&[(15 << 3) | 2, 2, b'h', b'i']); // field 15 = "hi"
+        raw
+    }
+
+    #[test]
+    fn unknown_fields_survive_a_rewrite() {
+        let raw = official_state();
+        let decoded: MachineSpec = prost::Message::decode(raw.as_slice()).unwrap();
+        let unknown = unknown_fields(&raw, &decoded);
+        assert_eq!(unknown, [14 << 3, 3, (15 << 3) | 2, 2, b'h', b'i']);
+        let mut changed = decoded.clone();
+        changed.vmid = 151;
+        changed.node = "pve2".into();
+        let written = encode_keeping(&changed, &unknown);
+        let reread: MachineSpec = prost::Message::decode(written.as_slice()).unwrap();
+        assert_eq!(reread, changed, "our fields as we set them");
+        assert_eq!(
+            unknown_fields(&written, &reread),
+            unknown,
+            "the unknown fields are still there after our write"
+        );
+    }
+
+    #[test]
+    fn a_kept_field_never_shadows_what_we_write() {
+        // A known field explicitly encoded with its default value looks unknown; written in front,
+        // our later value for it wins.
+        let raw = [11 << 3, 0];
+        let decoded: MachineSpec = prost::Message::decode(raw.as_slice()).unwrap();
+        let unknown = unknown_fields(&raw, &decoded);
+        let set = MachineSpec {
+            vmid: 104,
+            ..Default::default()
+        };
+        let written = encode_keeping(&set, &unknown);
+        let reread: MachineSpec = prost::Message::decode(written.as_slice()).unwrap();
+        assert_eq!(reread.vmid, 104);
+    }
 }
