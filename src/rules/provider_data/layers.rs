@@ -49,13 +49,9 @@ impl Finding {
         let path = path.to_string();
         Self { path, note }
     }
-
-    /// The top-level key the finding is about, which decides the layer it is reported from.
-    fn top(&self) -> &str {
-        top_key(&self.path)
-    }
 }
 
+/// The top-level key a path is in, which decides the layer a finding about it is reported from.
 fn top_key(path: &str) -> &str {
     path.split(['.', '[']).next().unwrap_or_default()
 }
@@ -234,18 +230,6 @@ impl Layer {
         }
     }
 
-    pub(super) fn writes(&self, key: &str) -> bool {
-        self.written.contains(key)
-    }
-
-    /// The written keys the provider does not know.
-    pub(super) fn unknown_keys(&self) -> impl Iterator<Item = &str> {
-        self.written
-            .iter()
-            .map(String::as_str)
-            .filter(|k| !top_keys().contains(k))
-    }
-
     /// What is wrong with the layer on its own, under `prefix` (`nodes.pve2.`).
     pub(super) fn check(&self, prefix: &str, strict: bool) -> LayerCheck {
         let mut report = LayerCheck::default();
@@ -287,7 +271,7 @@ fn key_path(path: &[Segment]) -> String {
 /// turn, its unknown keys before its wrong values, those in declaration order; what is about a key
 /// as a whole (a rule within its value) after its items.
 fn reading_order(f: &Finding) -> (Option<usize>, usize, bool, Option<usize>) {
-    let top = f.top();
+    let top = top_key(&f.path);
     let rest = &f.path[top.len()..];
     let item = rest.strip_prefix('[').and_then(|r| r.split(']').next());
     let inner = rest.split('.').nth(1).and_then(|k| k.split('[').next());
@@ -338,19 +322,20 @@ impl<'a> Stack<'a> {
     pub fn prefix_of(&self, key: &str) -> &str {
         self.layers
             .iter()
-            .find(|(_, l)| l.writes(top_key(key)))
+            .find(|(_, l)| l.written.contains(top_key(key)))
             .map_or("", |(p, _)| p.as_str())
     }
 
     pub fn writes(&self, key: &str) -> bool {
-        self.layers.iter().any(|(_, l)| l.writes(key))
+        self.layers.iter().any(|(_, l)| l.written.contains(key))
     }
 
     /// Unknown keys written in any layer (each once), in name order.
     pub fn unknown_keys(&self) -> BTreeSet<&str> {
-        self.layers
-            .iter()
-            .flat_map(|(_, l)| l.unknown_keys())
+        let written = self.layers.iter().flat_map(|(_, l)| &l.written);
+        written
+            .map(String::as_str)
+            .filter(|k| !top_keys().contains(k))
             .collect()
     }
 
@@ -384,16 +369,16 @@ impl<'a> Stack<'a> {
                 let findings = if read { &layer.read } else { &layer.schema };
                 findings
                     .iter()
-                    .filter(move |f| self.prefix_of(f.top()) == prefix)
+                    .filter(move |f| self.prefix_of(top_key(&f.path)) == prefix)
                     .map(move |f| (prefix.as_str(), f))
             })
             .collect();
         // The schema reports keys in name order; reading goes through unknown keys (in name order),
         // then the known ones in declaration order.
         out.sort_by_key(
-            |(_, f)| match top_keys().iter().position(|k| *k == f.top()) {
+            |(_, f)| match top_keys().iter().position(|k| *k == top_key(&f.path)) {
                 Some(n) if read => (1, n, String::new()),
-                _ => (0, 0, f.top().to_string()),
+                _ => (0, 0, top_key(&f.path).to_string()),
             },
         );
         for (prefix, finding) in out {
@@ -466,7 +451,7 @@ impl ConfigLayers {
             found.warnings.extend(layer_found.warnings);
             for key in top_keys()
                 .iter()
-                .filter(|k| !schema::per_node(k) && layer.writes(k))
+                .filter(|k| !schema::per_node(k) && layer.written.contains(**k))
             {
                 found.problems.push(Problem {
                     key: format!("{prefix}{key}"),
