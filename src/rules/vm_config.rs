@@ -71,7 +71,7 @@ fn tags(data: &ProviderData, identity: &VmIdentity<'_>) -> Result<String, Render
     // Skipped, not an error, for an ID Proxmox would not take as a tag: the marker still identifies
     // the VM, only the one-listing ownership check is lost.
     all.extend(identity::request_tag(identity.request_id));
-    all.extend(data.tags.iter().cloned());
+    all.extend(data.tags.iter().map(|t| t.0.clone()));
     Ok(property::tags(&all))
 }
 
