@@ -92,8 +92,8 @@ pub fn pick(
     request: &PlacementRequest<'_>,
     reservations: &Reservations,
 ) -> Result<Placement, PlacementError> {
-    if let Some(pinned) = request.pinned_node {
-        return pick_pinned(cluster, request, pinned);
+    if let Some(pinned) = &request.data.node {
+        return pick_pinned(cluster, request, pinned.as_str());
     }
     let mut rejected = Vec::new();
     let mut candidates = Vec::new();
@@ -104,7 +104,7 @@ pub fn pick(
         }
     }
     let count = candidates.len();
-    match best(candidates, request.strategy) {
+    match best(candidates, request.data.placement_strategy) {
         Some(c) => Ok(Placement {
             node: c.node.name.clone(),
             storage: c.storage.name,
@@ -200,7 +200,7 @@ impl<'n> Eligible<'n> {
             }
             None => 0,
         };
-        let against_affinity = match request.ha.and_then(|ha| ha.resource_affinity) {
+        let against_affinity = match request.data.ha.as_ref().and_then(|ha| ha.resource_affinity) {
             Some(ResourceAffinity::Negative) => same_set > 0,
             Some(ResourceAffinity::Positive) => same_set == 0,
             None => false,

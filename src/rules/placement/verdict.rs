@@ -115,7 +115,10 @@ impl LeftOut {
 pub fn boot_disk_storage(node: &NodeSnapshot, request: &PlacementRequest<'_>) -> StorageChoice {
     storage::choose(
         node,
-        &StorageNeed::boot_disk(request.selector_for(&node.name), request.disk_gb),
+        &StorageNeed::boot_disk(
+            request.selector_for(&node.name),
+            request.data.total_disk_gb(),
+        ),
     )
 }
 
@@ -125,16 +128,19 @@ pub fn disk_verdict(
     node: &NodeSnapshot,
     request: &PlacementRequest<'_>,
 ) -> Result<Result<(StorageSnapshot, Option<u32>), LeftOut>, SelectorError> {
-    let selector = request.selector_for(&node.name);
+    let (selector, disk_gb) = (
+        request.selector_for(&node.name),
+        request.data.total_disk_gb(),
+    );
     let verdict = match request.clone {
-        Some(source) => clone_verdict(node, source, selector, request.disk_gb)
+        Some(source) => clone_verdict(node, source, selector, disk_gb)
             .map(|(storage, template)| (storage, Some(template))),
         None => {
             let choice = boot_disk_storage(node, request);
             match choice.chosen {
                 Some(storage) if choice.selector_error().is_none() => Ok((storage, None)),
                 _ => Err(LeftOut::NoStorage {
-                    need_gb: request.disk_gb,
+                    need_gb: disk_gb,
                     selector: selector.to_string(),
                     rejected: choice.rejected,
                 }),
