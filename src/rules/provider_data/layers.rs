@@ -43,12 +43,6 @@ impl Finding {
         let (path, note) = (path.to_string(), Note::Problem(message));
         Self { path, note }
     }
-
-    fn unknown(path: &str, key: &str, known: &[&str]) -> Self {
-        let note = Note::Unknown(did_you_mean::hint(key, known));
-        let path = path.to_string();
-        Self { path, note }
-    }
 }
 
 /// The top-level key a path is in, which decides the layer a finding about it is reported from.
@@ -89,18 +83,17 @@ impl LayerCheck {
 static VALIDATOR: LazyLock<Result<jsonschema::Validator, String>> =
     LazyLock::new(|| jsonschema::validator_for(&schema::schema()).map_err(|e| e.to_string()));
 
-fn schema_findings(value: &Value, findings: &mut Vec<Finding>) {
+fn schema_findings(value: &Value) -> Vec<Finding> {
     let validator = match VALIDATOR.as_ref() {
         Ok(v) => v,
         Err(e) => {
             let message = format!("the provider-data JSON schema is invalid: {e}");
-            findings.push(Finding::problem("", message));
-            return;
+            return vec![Finding::problem("", message)];
         }
     };
     use jsonschema::error::ValidationErrorKind as Kind;
     use jsonschema::paths::LocationSegment;
-    for error in validator.iter_errors(value) {
+    let finding = |error: jsonschema::ValidationError<'_>| {
         let key = error
             .instance_path()
             .iter()
@@ -123,8 +116,9 @@ fn schema_findings(value: &Value, findings: &mut Vec<Finding>) {
             Kind::Enum { options } => (key, not_one_of(error.instance(), options)),
             _ => (key, shortened(error.to_string())),
         };
-        findings.push(Finding::problem(&key, message));
-    }
+        Finding::problem(&key, message)
+    };
+    validator.iter_errors(value).map(finding).collect()
 }
 
 /// A message cut to a length a status line can show.
@@ -193,8 +187,7 @@ impl Layer {
                 };
             }
         };
-        let mut schema = Vec::new();
-        schema_findings(&root, &mut schema);
+        let schema = schema_findings(&root);
         let covered =
             |path: &str| (schema.iter()).any(|r| within(&r.path, path) || within(path, &r.path));
         let (mut read, mut wrong) = (Vec::new(), BTreeSet::new());
@@ -202,7 +195,8 @@ impl Layer {
             if let Some((key, known)) = refused.unknown() {
                 let parent = key_path(&refused.path[..refused.path.len() - 1]);
                 let path = join(&parent, Err(shown(key)));
-                read.push(Finding::unknown(&path, key, &known));
+                let note = Note::Unknown(did_you_mean::hint(key, &known));
+                read.push(Finding { path, note });
                 return;
             }
             let path = key_path(&refused.path);
