@@ -9,10 +9,9 @@
 
 use super::capacity::cpus_fit;
 use super::{HaPreference, LeftOut, PlacementRequest, Reservations, disk_verdict, node_verdict};
-use crate::model::identity::set_tag;
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot, StorageSnapshot};
 use crate::proxmox::property::{NodeName, StorageId};
-use crate::rules::provider_data::{PlacementStrategy, ResourceAffinity};
+use crate::rules::provider_data::PlacementStrategy;
 use crate::rules::storage_selector::SelectorError;
 
 /// The decision.
@@ -178,43 +177,6 @@ pub struct Eligible<'n> {
     pub total_vms: usize,
     /// What the set's HA rules make of the node; ranks before the strategy.
     pub ha_rank: (HaPreference, bool),
-}
-
-impl<'n> Eligible<'n> {
-    pub(super) fn new(
-        node: &'n NodeSnapshot,
-        storage: StorageSnapshot,
-        template: Option<u32>,
-        free_memory: u64,
-        request: &PlacementRequest<'_>,
-        reservations: &Reservations,
-    ) -> Self {
-        let pending = || reservations.pending(node, request.request_id);
-        let same_set = match request.set_id {
-            Some(set) => {
-                let tag = set_tag(set);
-                node.vms.iter().filter(|vm| vm.has_tag(&tag)).count()
-                    + pending()
-                        .filter(|r| r.set_id.as_deref() == Some(set))
-                        .count()
-            }
-            None => 0,
-        };
-        let against_affinity = match request.data.ha.as_ref().and_then(|ha| ha.resource_affinity) {
-            Some(ResourceAffinity::Negative) => same_set > 0,
-            Some(ResourceAffinity::Positive) => same_set == 0,
-            None => false,
-        };
-        Self {
-            ha_rank: (request.ha_preference(&node.name), against_affinity),
-            node,
-            storage,
-            template,
-            same_set,
-            total_vms: node.vms.len() + pending().count(),
-            free_memory,
-        }
-    }
 }
 
 /// The best candidate by strategy among those the set's HA rules like best (a node-affinity rule's

@@ -6,7 +6,9 @@ use super::{
     CloneRefusal, Eligible, HaPreference, PlacementRequest, Reservations, capacity_fit,
     clone_verdict,
 };
+use crate::model::identity::set_tag;
 use crate::model::{GIB, MIB, NodeSnapshot, StorageSnapshot};
+use crate::rules::provider_data::ResourceAffinity;
 use crate::rules::storage::{self, Rejection, StorageChoice, StorageNeed};
 use crate::rules::storage_selector::SelectorError;
 
@@ -174,7 +176,33 @@ pub fn node_verdict<'n>(
         Ok(free) => free,
         Err(short) => return Ok(Err(short)),
     };
-    Ok(disk_verdict(node, request)?.map(|(storage, template)| {
-        Eligible::new(node, storage, template, free_memory, request, reservations)
+    let (storage, template) = match disk_verdict(node, request)? {
+        Ok(found) => found,
+        Err(why) => return Ok(Err(why)),
+    };
+    let pending = || reservations.pending(node, request.request_id);
+    let same_set = match request.set_id {
+        Some(set) => {
+            let tag = set_tag(set);
+            node.vms.iter().filter(|vm| vm.has_tag(&tag)).count()
+                + pending()
+                    .filter(|r| r.set_id.as_deref() == Some(set))
+                    .count()
+        }
+        None => 0,
+    };
+    let against_affinity = match request.data.ha.as_ref().and_then(|ha| ha.resource_affinity) {
+        Some(ResourceAffinity::Negative) => same_set > 0,
+        Some(ResourceAffinity::Positive) => same_set == 0,
+        None => false,
+    };
+    Ok(Ok(Eligible {
+        ha_rank: (request.ha_preference(&node.name), against_affinity),
+        node,
+        storage,
+        template,
+        same_set,
+        total_vms: node.vms.len() + pending().count(),
+        free_memory,
     }))
 }
