@@ -91,8 +91,24 @@ pub fn pick(
     request: &PlacementRequest<'_>,
     reservations: &Reservations,
 ) -> Result<Placement, PlacementError> {
+    // A pinned node is the user's choice: it must exist, be online, have as many CPUs as the VM
+    // has vCPUs, have a storage, and (with `boot: clone`) be reachable by a clone of the template.
+    // Free memory and the overcommit limits are not checked here (there is nowhere else to go,
+    // and they change); `validate` reports a shortfall.
     if let Some(pinned) = &request.data.node {
-        return pick_pinned(cluster, request, pinned.as_str());
+        let node = pinned_node(cluster, pinned.as_str())?;
+        let refused = |reason| PlacementError::PinnedNodeRefused {
+            node: pinned.to_string(),
+            reason,
+        };
+        cpus_fit(node, request).map_err(refused)?;
+        let (storage, template) = disk_verdict(node, request)?.map_err(refused)?;
+        return Ok(Placement {
+            node: node.name.clone(),
+            storage: storage.name,
+            template,
+            reason: PlacementReason::Pinned,
+        });
     }
     let mut rejected = Vec::new();
     let mut candidates = Vec::new();
@@ -117,30 +133,6 @@ pub fn pick(
         }),
         None => Err(PlacementError::NothingFits { rejected }),
     }
-}
-
-/// A pinned node is the user's choice: it must exist, be online, have as many CPUs as the VM has
-/// vCPUs, have a storage, and (with `boot: clone`) be reachable by a clone of the template. Free
-/// memory and the overcommit limits are not checked here (there is nowhere else to go, and they
-/// change); `validate` reports a shortfall.
-fn pick_pinned(
-    cluster: &ClusterSnapshot,
-    request: &PlacementRequest<'_>,
-    pinned: &str,
-) -> Result<Placement, PlacementError> {
-    let node = pinned_node(cluster, pinned)?;
-    let refused = |reason| PlacementError::PinnedNodeRefused {
-        node: pinned.to_string(),
-        reason,
-    };
-    cpus_fit(node, request).map_err(refused)?;
-    let (storage, template) = disk_verdict(node, request)?.map_err(refused)?;
-    Ok(Placement {
-        node: node.name.clone(),
-        storage: storage.name,
-        template,
-        reason: PlacementReason::Pinned,
-    })
 }
 
 /// The pinned node, if it exists and is online; else [`PlacementError::PinnedNodeMissing`] or

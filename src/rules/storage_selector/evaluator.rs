@@ -78,7 +78,8 @@ fn submit<T: Send + 'static>(
     match answer.recv_timeout(budget) {
         Ok(outcome) => Some(outcome),
         Err(RecvTimeoutError::Timeout) => {
-            retire(generation);
+            // The thread is let go: it ends once it has drained what it was given.
+            lock().take_if(|(g, _)| *g == generation);
             None
         }
         Err(RecvTimeoutError::Disconnected) => Some(lost()),
@@ -106,14 +107,6 @@ fn worker() -> (u64, Sender<Job>) {
     }
     // Without a thread the queue is dropped and the send fails: the caller reports a failure.
     (generation, jobs)
-}
-
-/// Lets the thread of `generation` go: it ends once it has drained what it was given.
-fn retire(generation: u64) {
-    let mut slot = lock();
-    if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
-        *slot = None;
-    }
 }
 
 fn serve(queue: mpsc::Receiver<Job>) {
