@@ -92,24 +92,6 @@ impl LeftOut {
             LeftOut::NoStorage { rejected, .. } => rejected.iter().any(|(_, why)| why.may_heal()),
         }
     }
-
-    /// A selector that failed on a storage on the way: a configuration error, not a fact about the
-    /// node.
-    fn selector_error(&self) -> Option<&SelectorError> {
-        let rejected = match self {
-            LeftOut::NoStorage { rejected, .. } => rejected,
-            LeftOut::Clone(refusal) => match &**refusal {
-                CloneRefusal::NoSharedTarget { rejected, .. } => rejected,
-                CloneRefusal::LinkedStorage {
-                    why: Rejection::SelectorFailed(e),
-                    ..
-                } => return Some(e),
-                _ => return None,
-            },
-            _ => return None,
-        };
-        storage::selector_error(rejected)
-    }
 }
 
 /// The storage the boot disk (with the additional disks) would get on `node`, with the node's own
@@ -149,10 +131,23 @@ pub fn disk_verdict(
             }
         }
     };
-    match verdict {
-        Err(why) => why.selector_error().cloned().map_or(Ok(Err(why)), Err),
-        Ok(found) => Ok(Ok(found)),
-    }
+    // A selector that failed on a storage on the way: a configuration error, not a fact about the
+    // node.
+    let rejected = match &verdict {
+        Err(LeftOut::NoStorage { rejected, .. }) => rejected,
+        Err(LeftOut::Clone(refusal)) => match &**refusal {
+            CloneRefusal::NoSharedTarget { rejected, .. } => rejected,
+            CloneRefusal::LinkedStorage {
+                why: Rejection::SelectorFailed(e),
+                ..
+            } => return Err(e.clone()),
+            _ => return Ok(verdict),
+        },
+        _ => return Ok(verdict),
+    };
+    storage::selector_error(rejected)
+        .cloned()
+        .map_or(Ok(verdict), Err)
 }
 
 /// The rule for one node when placement chooses: allowed, online, enough memory and vCPUs
