@@ -156,7 +156,13 @@ fn devices(
         let new = NewDisk {
             storage: storage.clone(),
             size_gb: disk.size_gb,
-            options: disk.options(),
+            options: DiskOptions {
+                ssd: disk.disk_ssd,
+                discard: disk.disk_discard,
+                iothread: disk.disk_iothread,
+                cache: disk.disk_cache,
+                aio: disk.disk_aio,
+            },
         };
         out.push((slot(Slot::Scsi, i + 1, "disk")?, new.render()));
     }

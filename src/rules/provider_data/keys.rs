@@ -24,8 +24,8 @@ use super::values::{
     vmbr0, x86_64_v2_aes, yes,
 };
 use crate::proxmox::property::{
-    BridgeName, CpuType, DiskAio, DiskCache, DiskOptions, HostPci, Hugepages, NodeName, PoolId,
-    Usb, Vga, VlanTag,
+    BridgeName, CpuType, DiskAio, DiskCache, HostPci, Hugepages, NodeName, PoolId, Usb, Vga,
+    VlanTag,
 };
 use crate::rules::storage_selector::StorageSelector;
 
@@ -428,16 +428,4 @@ pub struct AdditionalDisk {
     pub disk_cache: Option<DiskCache>,
     /// Asynchronous IO mode.
     pub disk_aio: Option<DiskAio>,
-}
-
-impl AdditionalDisk {
-    pub fn options(&self) -> DiskOptions {
-        DiskOptions {
-            ssd: self.disk_ssd,
-            discard: self.disk_discard,
-            iothread: self.disk_iothread,
-            cache: self.disk_cache,
-            aio: self.disk_aio,
-        }
-    }
 }
