@@ -143,20 +143,16 @@ fn evaluate(env: &Arc<Env>, program: &Program, storage: &StorageSnapshot, node: 
     context.add_variable_from_value("availableSpace", Value::UInt(storage.available));
     match program.execute(&context) {
         Ok(Value::Bool(b)) => Outcome::Bool(b),
-        Ok(other) => Outcome::Other(kind_of(&other)),
+        Ok(other) => Outcome::Other(match other {
+            Value::String(s) => format!("the string {:?}", s.as_str()),
+            Value::Int(i) => format!("the number {i}"),
+            Value::UInt(u) => format!("the number {u}"),
+            Value::Float(f) => format!("the number {f}"),
+            Value::Null => "null".to_string(),
+            Value::List(_) => "a list".to_string(),
+            Value::Map(_) => "a map".to_string(),
+            _ => "a non-boolean value".to_string(),
+        }),
         Err(e) => Outcome::Failed(e.to_string()),
-    }
-}
-
-fn kind_of(value: &Value) -> String {
-    match value {
-        Value::String(s) => format!("the string {:?}", s.as_str()),
-        Value::Int(i) => format!("the number {i}"),
-        Value::UInt(u) => format!("the number {u}"),
-        Value::Float(f) => format!("the number {f}"),
-        Value::Null => "null".to_string(),
-        Value::List(_) => "a list".to_string(),
-        Value::Map(_) => "a map".to_string(),
-        _ => "a non-boolean value".to_string(),
     }
 }
