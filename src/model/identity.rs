@@ -198,27 +198,23 @@ pub fn judge_config(vm: &VmResource, config: &VmConfig, claim: &Claim<'_>) -> Ow
         Some(tags) => split_list(tags),
         None => vm.tag_list(),
     };
-    let verdict = by_marker(
-        &name,
-        &tag_refs,
-        &config.get("description").unwrap_or_default(),
-        claim,
-    );
-    let verdict = match verdict {
-        Marked::Ours => Ownership::Ours,
-        Marked::Legacy if claim.recorded_vmid == Some(vm.vmid) => Ownership::Ours,
-        // The official provider records the UUID before its create, the VMID only after: a VM it
-        // made whose answer was lost is known by the UUID alone, which a copy cannot carry.
-        Marked::Legacy if expected.is_some_and(|e| uuid_verdict(config, e).is_none()) => {
-            Ownership::Ours
+    // No marker, but named after the request and tagged with a machine-request set, as the official
+    // provider makes VMs: the request's only at the VMID its state recorded. That provider records
+    // the UUID before its create, the VMID only after: a VM it made whose answer was lost is known
+    // by the UUID alone, which a copy cannot carry.
+    let legacy = || {
+        if claim.recorded_vmid == Some(vm.vmid)
+            || expected.is_some_and(|e| uuid_verdict(config, e).is_none())
+        {
+            return Ownership::Ours;
         }
-        Marked::Legacy => {
-            return Ownership::NotOurs(
-                "it has no ownership marker (made by the official provider?) and its VMID was not recorded for this request".into(),
-            );
-        }
-        Marked::NotOurs(reason) => return Ownership::NotOurs(reason),
+        Ownership::NotOurs("it has no ownership marker (made by the official provider?) and its VMID was not recorded for this request".into())
     };
+    let description = config.get("description").unwrap_or_default();
+    let verdict = by_marker(&name, &tag_refs, &description, claim).unwrap_or_else(legacy);
+    if verdict != Ownership::Ours {
+        return verdict;
+    }
     // A clone not configured yet carries the UUID Proxmox gave it at clone time; ours is set with our
     // tags, so the UUID is checked only once the VM carries them.
     let ours = provider_tag(claim.provider_id);
@@ -244,49 +240,42 @@ fn uuid_verdict(config: &VmConfig, expected: &str) -> Option<Ownership> {
     }
 }
 
-/// What the description marker (or its absence) says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Marked {
-    /// Our marker names this request and provider, and the name matches.
-    Ours,
-    /// No marker, but named after the request and tagged with a machine-request set, as the official
-    /// provider makes VMs: the request's only at the VMID its state recorded.
-    Legacy,
-    NotOurs(String),
-}
-
-fn by_marker(name: &str, tags: &[&str], description: &str, claim: &Claim<'_>) -> Marked {
+/// What the description marker says: `None` when there is none and the VM is named and tagged as
+/// the official provider makes them.
+fn by_marker(name: &str, tags: &[&str], description: &str, claim: &Claim<'_>) -> Option<Ownership> {
     let (request_id, provider_id) = (claim.request_id, claim.provider_id);
     let marker_provider = marked(description, MARKER_PROVIDER);
     let marker_request = marked(description, MARKER_REQUEST);
     if marker_provider.is_some() || marker_request.is_some() {
         if marker_provider != Some(provider_id) {
-            return Marked::NotOurs(format!(
+            return Some(Ownership::NotOurs(format!(
                 "its description marker names provider {:?}, not {provider_id:?}",
                 marker_provider.unwrap_or_default()
-            ));
+            )));
         }
         if marker_request != Some(request_id) {
-            return Marked::NotOurs(format!(
+            return Some(Ownership::NotOurs(format!(
                 "its description marker names request {:?}, not {request_id:?}",
                 marker_request.unwrap_or_default()
-            ));
+            )));
         }
         if name != request_id {
-            return Marked::NotOurs(format!("it is named {name:?}, not {request_id:?}"));
+            return Some(Ownership::NotOurs(format!(
+                "it is named {name:?}, not {request_id:?}"
+            )));
         }
-        return Marked::Ours;
+        return Some(Ownership::Ours);
     }
     if name == request_id
         && tags
             .iter()
             .any(|t| t.to_ascii_lowercase().starts_with(SET_TAG_PREFIX))
     {
-        return Marked::Legacy;
+        return None;
     }
-    Marked::NotOurs(format!(
+    Some(Ownership::NotOurs(format!(
         "it has no ownership marker and is named {name:?}, not {request_id:?}"
-    ))
+    )))
 }
 
 #[cfg(test)]

@@ -159,14 +159,14 @@ saved_fields! {
     pool <- pool: |r| parsed(r, PoolId::parse) => or_empty,
     boot_iso <- boot_iso_volume: |r| parsed(r, IsoVolume::parse) => or_empty,
     boot_image <- boot_image_volume: |r| parsed(r, ImportVolume::parse) => or_empty,
+    addresses <- addresses: Vec::clone => Vec::clone,
+    ha_registered <- ha_registered: |r: &bool| *r => |v: &bool| *v,
 }
 
 impl MachineState {
     /// Reads a saved state. Never fails: what does not parse reads as absent (and is kept on write).
     pub fn from_spec(spec: &MachineSpec) -> Self {
         let mut state = Self {
-            addresses: spec.addresses.clone(),
-            ha_registered: spec.ha_registered,
             read_from: spec.clone(),
             ..Self::default()
         };
@@ -178,8 +178,6 @@ impl MachineState {
     pub fn to_spec(&self) -> MachineSpec {
         let mut spec = self.read_from.clone();
         write_fields(self, &mut spec);
-        spec.addresses.clone_from(&self.addresses);
-        spec.ha_registered = self.ha_registered;
         spec
     }
 

@@ -37,15 +37,8 @@ impl BootDisk {
                 .find_map(|p| p.trim().strip_prefix("order=").map(str::to_owned))
         });
         let mut ordered = order.iter().flat_map(|o| o.split(';'));
-        let found = ordered.find_map(|slot| disk(slot.trim()));
-        let found = found.or_else(|| config.get("bootdisk").and_then(|s| disk(&s)));
-        if found.is_some() {
-            return found;
-        }
-        let mut slots: Vec<(usize, u32, &String)> = config
-            .0
-            .keys()
-            .filter_map(|k| {
+        let first_disk = || {
+            let disks = config.0.keys().filter_map(|k| {
                 let rank = ["scsi", "virtio", "sata", "ide"]
                     .iter()
                     .position(|p| k.starts_with(p))?;
@@ -53,11 +46,14 @@ impl BootDisk {
                     .trim_start_matches(|c: char| c.is_ascii_alphabetic())
                     .parse()
                     .ok()?;
-                Some((rank, n, k))
-            })
-            .collect();
-        slots.sort();
-        slots.into_iter().find_map(|(_, _, k)| disk(k))
+                Some(((rank, n), disk(k)?))
+            });
+            disks.min_by_key(|(order, _)| *order).map(|(_, d)| d)
+        };
+        ordered
+            .find_map(|slot| disk(slot.trim()))
+            .or_else(|| config.get("bootdisk").and_then(|s| disk(&s)))
+            .or_else(first_disk)
     }
 }
 

@@ -51,21 +51,13 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
         additional_disks_fit(&ctx.data, source)?;
     }
     let node_selectors = node_selectors(ctx)?;
-    let pinned = ctx.data.node.as_ref().map(|n| n.to_string());
     let request = PlacementRequest {
         request_id: &ctx.request.id,
-        memory_mb: ctx.data.memory_mb,
-        disk_gb: ctx.data.total_disk_gb(),
-        selector: &ctx.data.storage_selector,
+        data: &ctx.data,
         node_selectors: &node_selectors,
-        pinned_node: pinned.as_deref(),
-        allowed_nodes: &ctx.data.allowed_nodes,
         set_id: ctx.request.set_id.as_deref(),
-        strategy: ctx.data.placement_strategy,
-        vcpus: ctx.data.vcpus(),
         limits: ctx.services.config.placement,
         clone: clone.as_ref(),
-        ha: ctx.data.ha.as_ref(),
     };
     let placements = &ctx.services.ledgers.placements;
     let choice = placements

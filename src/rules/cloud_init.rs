@@ -181,12 +181,7 @@ pub mod seed_iso {
         IsoImageWriter::create(&mut cursor, input, options)
             .map_err(|e| SeedIsoError(format!("{e:?}")))?;
         let mut image = cursor.into_inner();
-        trim_to_volume(&mut image);
-        Ok(image)
-    }
-
-    /// Cuts the buffer to the volume size recorded in the primary volume descriptor.
-    fn trim_to_volume(image: &mut Vec<u8>) {
+        // Cut to the volume size recorded in the primary volume descriptor.
         const PVD: usize = 16 * 2048;
         if image.len() >= PVD + 88 && image[PVD] == 1 && &image[PVD + 1..PVD + 6] == b"CD001" {
             let blocks =
@@ -196,6 +191,7 @@ pub mod seed_iso {
                 image.truncate(size);
             }
         }
+        Ok(image)
     }
 }
 

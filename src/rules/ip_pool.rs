@@ -30,7 +30,7 @@ pub fn parse_cidr(s: &str) -> Result<Cidr, String> {
     let network: IpAddr = addr
         .parse()
         .map_err(|_| format!("{addr:?} is not an IPv4 or IPv6 address"))?;
-    let max = bits(network);
+    let max = if network.is_ipv4() { 32 } else { 128 };
     let invalid = || format!("prefix length {prefix:?} must be a number from 0 to {max}");
     let prefix: u8 = prefix.parse().map_err(|_| invalid())?;
     let cidr = Cidr::new(network, prefix).map_err(|_| invalid())?;
@@ -372,10 +372,6 @@ pub fn report(
         })
         .collect();
     (uses, left)
-}
-
-fn bits(addr: IpAddr) -> u32 {
-    if addr.is_ipv4() { 32 } else { 128 }
 }
 
 fn number(addr: IpAddr) -> u128 {

@@ -37,13 +37,11 @@ pub struct StorageNeed<'a> {
     pub content: Content,
     pub selector: Option<&'a StorageSelector>,
     pub size_gb: u64,
-    /// Only shared storage will do: a full clone from a template on another node (qemu-server
-    /// src/PVE/API2/Qemu.pm `clone_vm` refuses a `target` node with a non-shared `storage`).
-    pub shared_only: bool,
-    /// A full clone from a template on another node: the target storage must also be enabled on
-    /// that node (qemu-server src/PVE/API2/Qemu.pm `clone_vm` checks `storage_check_enabled` on the
-    /// node it runs on, the template's, before the `target` node): (node, its storages).
-    pub also_on: Option<(&'a str, &'a [StorageId])>,
+    /// A full clone from a template on another node: only shared storage will do (qemu-server
+    /// src/PVE/API2/Qemu.pm `clone_vm` refuses a `target` node with a non-shared `storage`), and it
+    /// must also be enabled on the template's node (`clone_vm` checks `storage_check_enabled` on the
+    /// node it runs on, the template's, before the `target` node): (that node, its storages).
+    pub shared_from: Option<(&'a str, &'a [StorageId])>,
 }
 
 impl<'a> StorageNeed<'a> {
@@ -55,16 +53,6 @@ impl<'a> StorageNeed<'a> {
             selector,
             size_gb,
             ..Self::default()
-        }
-    }
-
-    /// The same need, on shared storage also enabled on `node` (whose storages are `storages`): the
-    /// target of a full clone from a template on `node`.
-    pub fn shared_from(self, node: &'a str, storages: &'a [StorageId]) -> Self {
-        Self {
-            shared_only: true,
-            also_on: Some((node, storages)),
-            ..self
         }
     }
 
@@ -190,15 +178,14 @@ fn judge(
             Ok(true) => {}
         }
     }
-    if need.shared_only && !storage.shared {
-        return Some(Rejection::NotShared);
-    }
-    if let Some((source, storages)) = need.also_on
-        && !storages.contains(&storage.name)
-    {
-        return Some(Rejection::NotOnTemplateNode {
-            node: source.to_owned(),
-        });
+    if let Some((source, storages)) = need.shared_from {
+        if !storage.shared {
+            return Some(Rejection::NotShared);
+        }
+        if !storages.contains(&storage.name) {
+            let node = source.to_owned();
+            return Some(Rejection::NotOnTemplateNode { node });
+        }
     }
     if storage.available < need.size_gb.saturating_mul(GIB) {
         return Some(Rejection::TooSmall {
@@ -403,7 +390,10 @@ mod tests {
         let choice = choose(
             &n,
             &StorageNeed {
-                shared_only: true,
+                shared_from: Some((
+                    "pve2",
+                    &[n.storages[0].name.clone(), n.storages[1].name.clone()],
+                )),
                 ..StorageNeed::boot_disk(&any, 10)
             },
         );

@@ -49,7 +49,7 @@ pub struct VmTarget {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RenderError {
     #[error("cannot build the VM's tags: {0}")]
-    Tag(PropertyError),
+    Tag(#[from] PropertyError),
     #[error(
         "{expected} additional disk(s) are configured but {got} storage(s) were chosen for them"
     )]
@@ -65,13 +65,13 @@ pub enum RenderError {
 fn tags(data: &ProviderData, identity: &VmIdentity<'_>) -> Result<String, RenderError> {
     let mut all = Vec::new();
     if let Some(set) = identity.set_id {
-        all.push(Tag::new(set_tag(set)).map_err(RenderError::Tag)?);
+        all.push(Tag::new(set_tag(set))?);
     }
-    all.push(Tag::new(identity::provider_tag(identity.provider_id)).map_err(RenderError::Tag)?);
+    all.push(Tag::new(identity::provider_tag(identity.provider_id))?);
     // Skipped, not an error, for an ID Proxmox would not take as a tag: the marker still identifies
     // the VM, only the one-listing ownership check is lost.
     all.extend(identity::request_tag(identity.request_id));
-    all.extend(data.tags.iter().cloned());
+    all.extend(data.tags.iter().map(|t| t.0.clone()));
     Ok(property::tags(&all))
 }
 
@@ -150,10 +150,15 @@ fn devices(
         .zip(&target.additional_disk_storages)
         .enumerate()
     {
-        out.push((
-            slot(Slot::Scsi, i + 1, "disk")?,
-            property::new_disk(storage, disk.size_gb, disk.options()),
-        ));
+        let options = DiskOptions {
+            ssd: disk.disk_ssd,
+            discard: disk.disk_discard,
+            iothread: disk.disk_iothread,
+            cache: disk.disk_cache,
+            aio: disk.disk_aio,
+        };
+        let new = property::new_disk(storage, disk.size_gb, options);
+        out.push((slot(Slot::Scsi, i + 1, "disk")?, new));
     }
     for (i, pci) in data.pci_devices.iter().enumerate() {
         out.push((slot(Slot::HostPci, i, "PCI")?, HostPci::render(pci)));

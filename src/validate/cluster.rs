@@ -51,18 +51,11 @@ pub(crate) fn class_request<'a>(
 ) -> PlacementRequest<'a> {
     PlacementRequest {
         request_id: "",
-        memory_mb: data.memory_mb,
-        disk_gb: data.total_disk_gb(),
-        selector: &data.storage_selector,
+        data,
         node_selectors: &NO_OVERRIDES,
-        pinned_node: data.node.as_ref().map(|n| n.as_str()),
-        allowed_nodes: &data.allowed_nodes,
         set_id: None,
-        strategy: data.placement_strategy,
-        vcpus: data.vcpus(),
         limits,
         clone,
-        ha: data.ha.as_ref(),
     }
 }
 

@@ -32,7 +32,7 @@ impl Placements {
             node: placement.node.clone(),
             set_id: r.set_id.map(str::to_string),
             memory_bytes: r.memory_bytes(),
-            vcpus: r.vcpus,
+            vcpus: r.data.vcpus(),
         };
         reservations.reserve(r.request_id, reservation);
         Ok(placement)
@@ -65,27 +65,22 @@ impl Placements {
 mod tests {
     use super::*;
     use crate::proxmox::property::{NodeName, StorageId};
-    use crate::rules::storage_selector::StorageSelector;
+    use crate::rules::provider_data::ConfigLayers;
 
     #[test]
     fn a_placement_is_reserved_under_the_lock_it_was_decided_with() {
         let placements = Placements::default();
-        let (selector, node_selectors) =
-            (StorageSelector::new("true").unwrap(), Default::default());
+        let node_selectors = Default::default();
+        let yaml = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'true'";
+        let mut data = ConfigLayers::default().resolve(yaml, None).unwrap();
+        data.memory_mb = 1024;
         let request = |request_id: &'static str, set_id| PlacementRequest {
             request_id,
-            memory_mb: 1024,
-            disk_gb: 10,
-            selector: &selector,
+            data: &data,
             node_selectors: &node_selectors,
-            pinned_node: None,
-            allowed_nodes: &[],
             set_id,
-            strategy: Default::default(),
-            vcpus: 2,
             limits: Default::default(),
             clone: None,
-            ha: None,
         };
         let place = |id: &'static str| {
             placements.place(&request(id, Some("set")), |reservations| {

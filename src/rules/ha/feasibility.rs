@@ -123,22 +123,16 @@ fn joined(m: &HaMembership<'_>, rules: &[HaRule]) -> Vec<HaRule> {
             ..m.clone()
         };
         let changes = plan_join(&member, &after).map(|p| p.changes);
+        // Each change made: the rule as it reads afterwards.
         for change in changes.unwrap_or_default() {
-            apply(&mut after, change);
+            let (RuleChange::Create { rule, resources } | RuleChange::Join { rule, resources }) =
+                change;
+            let resources = Some(resources.join(","));
+            match after.iter_mut().find(|r| r.rule == rule.rule) {
+                Some(found) => *found = HaRule { resources, ..rule },
+                None => after.push(HaRule { resources, ..rule }),
+            }
         }
     }
     after
-}
-
-/// `rules` as they read once `change` is made.
-fn apply(rules: &mut Vec<HaRule>, change: RuleChange) {
-    let (RuleChange::Create { rule, resources } | RuleChange::Join { rule, resources }) = change;
-    let rule = HaRule {
-        resources: Some(resources.join(",")),
-        ..rule
-    };
-    match rules.iter_mut().find(|r| r.rule == rule.rule) {
-        Some(found) => *found = rule,
-        None => rules.push(rule),
-    }
 }

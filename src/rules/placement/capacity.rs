@@ -85,7 +85,7 @@ pub fn capacity_fit(
     if free_memory < request.memory_bytes() {
         return Err(LeftOut::MemoryShort {
             free_memory,
-            needed_mb: request.memory_mb,
+            needed_mb: request.data.memory_mb,
         });
     }
     let limits = &request.limits;
@@ -95,13 +95,13 @@ pub fn capacity_fit(
     {
         return Err(LeftOut::MemoryCommitted {
             allocated: a.memory_allocated,
-            needed_mb: request.memory_mb,
+            needed_mb: request.data.memory_mb,
             limit,
             ratio: limits.memory_overcommit,
         });
     }
     cpus_fit(node, request)?;
-    let needed = request.vcpus;
+    let needed = request.data.vcpus();
     if let Some(limit) = a.cpus_limit
         && a.cpus_allocated.saturating_add(needed) > limit
     {
@@ -118,9 +118,10 @@ pub fn capacity_fit(
 
 /// Whether the node has as many CPUs as the VM has vCPUs (a node that reports none is not judged).
 pub(super) fn cpus_fit(node: &NodeSnapshot, request: &PlacementRequest<'_>) -> Result<(), LeftOut> {
-    if node.cpus > 0 && request.vcpus > node.cpus {
+    let vcpus = request.data.vcpus();
+    if node.cpus > 0 && vcpus > node.cpus {
         return Err(LeftOut::TooFewCpus {
-            vcpus: request.vcpus,
+            vcpus,
             cpus: node.cpus,
         });
     }

@@ -166,10 +166,11 @@ pub fn clone_verdict(
     };
     match source.mode {
         CloneMode::Full => {
-            let need = StorageNeed::boot_disk(selector, disk_gb);
-            let need = match here {
-                Some(_) => need,
-                None => need.shared_from(template.node.as_str(), &template.node_storages),
+            let need = StorageNeed {
+                shared_from: here
+                    .is_none()
+                    .then_some((template.node.as_str(), template.node_storages.as_slice())),
+                ..StorageNeed::boot_disk(selector, disk_gb)
             };
             let choice = storage::choose(node, &need);
             match (choice.chosen, here) {

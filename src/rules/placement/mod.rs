@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use crate::model::MIB;
 use crate::proxmox::property::NodeName;
-use crate::rules::provider_data::{HaSettings, PlacementStrategy};
+use crate::rules::provider_data::ProviderData;
 use crate::rules::storage_selector::StorageSelector;
 
 pub use capacity::{PlacementLimits, Reservation, Reservations, allocation, capacity_fit};
@@ -28,30 +28,19 @@ pub use clone::{CloneRefusal, CloneSource, clone_verdict};
 pub use pick::{Eligible, Placement, PlacementError, PlacementReason, pick, pinned_node};
 pub use verdict::{LeftOut, boot_disk_storage, disk_verdict, node_verdict};
 
-/// What the request needs.
+/// What the request needs: the class's provider data (sizes, selector, pinned and allowed nodes,
+/// strategy, HA rules) and what the request and the config add.
 #[derive(Debug, Clone)]
 pub struct PlacementRequest<'a> {
     pub request_id: &'a str,
-    pub memory_mb: u64,
-    /// Boot disk plus additional disks.
-    pub disk_gb: u64,
-    pub selector: &'a StorageSelector,
+    pub data: &'a ProviderData,
     /// Per-node selectors from the config's `nodes:` overrides.
     pub node_selectors: &'a BTreeMap<String, StorageSelector>,
-    pub pinned_node: Option<&'a str>,
-    /// Empty means every node.
-    pub allowed_nodes: &'a [NodeName],
     pub set_id: Option<&'a str>,
-    pub strategy: PlacementStrategy,
-    /// vCPUs the VM gets (sockets × cores).
-    pub vcpus: u64,
     /// The config's `placement:` limits.
     pub limits: PlacementLimits,
     /// `boot: clone`: the template and every copy of it; `None` for an ISO boot.
     pub clone: Option<&'a CloneSource>,
-    /// `ha:`: the set's HA rules say where its VMs should run; placement puts them there first, so
-    /// the HA manager does not move a VM right after it starts.
-    pub ha: Option<&'a HaSettings>,
 }
 
 /// How the set's node-affinity rule sees a node.
@@ -68,15 +57,17 @@ pub enum HaPreference {
 impl PlacementRequest<'_> {
     /// Whether placement looks at `node` at all: the pinned node only, else the allowed ones.
     pub fn considers(&self, node: &NodeName) -> bool {
-        match self.pinned_node {
-            Some(pinned) => node.as_str() == pinned,
+        match &self.data.node {
+            Some(pinned) => node == pinned,
             None => self.allowed(node) && self.ha_preference(node) != HaPreference::Forbidden,
         }
     }
 
-    /// What `ha.node_affinity_nodes` says of `node`.
+    /// What `ha.node_affinity_nodes` says of `node`: the set's HA rules say where its VMs should
+    /// run, and placement puts them there first, so the HA manager does not move a VM right after
+    /// it starts.
     pub fn ha_preference(&self, node: &NodeName) -> HaPreference {
-        match self.ha {
+        match &self.data.ha {
             Some(ha)
                 if !ha.node_affinity_nodes.is_empty() && !ha.node_affinity_nodes.contains(node) =>
             {
@@ -91,17 +82,17 @@ impl PlacementRequest<'_> {
     }
 
     fn allowed(&self, node: &NodeName) -> bool {
-        self.allowed_nodes.is_empty() || self.allowed_nodes.contains(node)
+        self.data.allowed_nodes.is_empty() || self.data.allowed_nodes.contains(node)
     }
 
     fn selector_for(&self, node: &NodeName) -> &StorageSelector {
         self.node_selectors
             .get(node.as_str())
-            .unwrap_or(self.selector)
+            .unwrap_or(&self.data.storage_selector)
     }
 
     pub fn memory_bytes(&self) -> u64 {
-        self.memory_mb.saturating_mul(MIB)
+        self.data.memory_mb.saturating_mul(MIB)
     }
 }
 

@@ -9,10 +9,9 @@
 
 use super::capacity::cpus_fit;
 use super::{HaPreference, LeftOut, PlacementRequest, Reservations, disk_verdict, node_verdict};
-use crate::model::identity::set_tag;
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot, StorageSnapshot};
 use crate::proxmox::property::{NodeName, StorageId};
-use crate::rules::provider_data::{PlacementStrategy, ResourceAffinity};
+use crate::rules::provider_data::PlacementStrategy;
 use crate::rules::storage_selector::SelectorError;
 
 /// The decision.
@@ -92,8 +91,24 @@ pub fn pick(
     request: &PlacementRequest<'_>,
     reservations: &Reservations,
 ) -> Result<Placement, PlacementError> {
-    if let Some(pinned) = request.pinned_node {
-        return pick_pinned(cluster, request, pinned);
+    // A pinned node is the user's choice: it must exist, be online, have as many CPUs as the VM
+    // has vCPUs, have a storage, and (with `boot: clone`) be reachable by a clone of the template.
+    // Free memory and the overcommit limits are not checked here (there is nowhere else to go,
+    // and they change); `validate` reports a shortfall.
+    if let Some(pinned) = &request.data.node {
+        let node = pinned_node(cluster, pinned.as_str())?;
+        let refused = |reason| PlacementError::PinnedNodeRefused {
+            node: pinned.to_string(),
+            reason,
+        };
+        cpus_fit(node, request).map_err(refused)?;
+        let (storage, template) = disk_verdict(node, request)?.map_err(refused)?;
+        return Ok(Placement {
+            node: node.name.clone(),
+            storage: storage.name,
+            template,
+            reason: PlacementReason::Pinned,
+        });
     }
     let mut rejected = Vec::new();
     let mut candidates = Vec::new();
@@ -104,7 +119,7 @@ pub fn pick(
         }
     }
     let count = candidates.len();
-    match best(candidates, request.strategy) {
+    match best(candidates, request.data.placement_strategy) {
         Some(c) => Ok(Placement {
             node: c.node.name.clone(),
             storage: c.storage.name,
@@ -118,30 +133,6 @@ pub fn pick(
         }),
         None => Err(PlacementError::NothingFits { rejected }),
     }
-}
-
-/// A pinned node is the user's choice: it must exist, be online, have as many CPUs as the VM has
-/// vCPUs, have a storage, and (with `boot: clone`) be reachable by a clone of the template. Free
-/// memory and the overcommit limits are not checked here (there is nowhere else to go, and they
-/// change); `validate` reports a shortfall.
-fn pick_pinned(
-    cluster: &ClusterSnapshot,
-    request: &PlacementRequest<'_>,
-    pinned: &str,
-) -> Result<Placement, PlacementError> {
-    let node = pinned_node(cluster, pinned)?;
-    let refused = |reason| PlacementError::PinnedNodeRefused {
-        node: pinned.to_string(),
-        reason,
-    };
-    cpus_fit(node, request).map_err(refused)?;
-    let (storage, template) = disk_verdict(node, request)?.map_err(refused)?;
-    Ok(Placement {
-        node: node.name.clone(),
-        storage: storage.name,
-        template,
-        reason: PlacementReason::Pinned,
-    })
 }
 
 /// The pinned node, if it exists and is online; else [`PlacementError::PinnedNodeMissing`] or
@@ -178,43 +169,6 @@ pub struct Eligible<'n> {
     pub total_vms: usize,
     /// What the set's HA rules make of the node; ranks before the strategy.
     pub ha_rank: (HaPreference, bool),
-}
-
-impl<'n> Eligible<'n> {
-    pub(super) fn new(
-        node: &'n NodeSnapshot,
-        storage: StorageSnapshot,
-        template: Option<u32>,
-        free_memory: u64,
-        request: &PlacementRequest<'_>,
-        reservations: &Reservations,
-    ) -> Self {
-        let pending = || reservations.pending(node, request.request_id);
-        let same_set = match request.set_id {
-            Some(set) => {
-                let tag = set_tag(set);
-                node.vms.iter().filter(|vm| vm.has_tag(&tag)).count()
-                    + pending()
-                        .filter(|r| r.set_id.as_deref() == Some(set))
-                        .count()
-            }
-            None => 0,
-        };
-        let against_affinity = match request.ha.and_then(|ha| ha.resource_affinity) {
-            Some(ResourceAffinity::Negative) => same_set > 0,
-            Some(ResourceAffinity::Positive) => same_set == 0,
-            None => false,
-        };
-        Self {
-            ha_rank: (request.ha_preference(&node.name), against_affinity),
-            node,
-            storage,
-            template,
-            same_set,
-            total_vms: node.vms.len() + pending().count(),
-            free_memory,
-        }
-    }
 }
 
 /// The best candidate by strategy among those the set's HA rules like best (a node-affinity rule's

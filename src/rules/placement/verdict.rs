@@ -6,7 +6,9 @@ use super::{
     CloneRefusal, Eligible, HaPreference, PlacementRequest, Reservations, capacity_fit,
     clone_verdict,
 };
+use crate::model::identity::set_tag;
 use crate::model::{GIB, MIB, NodeSnapshot, StorageSnapshot};
+use crate::rules::provider_data::ResourceAffinity;
 use crate::rules::storage::{self, Rejection, StorageChoice, StorageNeed};
 use crate::rules::storage_selector::SelectorError;
 
@@ -90,24 +92,6 @@ impl LeftOut {
             LeftOut::NoStorage { rejected, .. } => rejected.iter().any(|(_, why)| why.may_heal()),
         }
     }
-
-    /// A selector that failed on a storage on the way: a configuration error, not a fact about the
-    /// node.
-    fn selector_error(&self) -> Option<&SelectorError> {
-        let rejected = match self {
-            LeftOut::NoStorage { rejected, .. } => rejected,
-            LeftOut::Clone(refusal) => match &**refusal {
-                CloneRefusal::NoSharedTarget { rejected, .. } => rejected,
-                CloneRefusal::LinkedStorage {
-                    why: Rejection::SelectorFailed(e),
-                    ..
-                } => return Some(e),
-                _ => return None,
-            },
-            _ => return None,
-        };
-        storage::selector_error(rejected)
-    }
 }
 
 /// The storage the boot disk (with the additional disks) would get on `node`, with the node's own
@@ -115,7 +99,10 @@ impl LeftOut {
 pub fn boot_disk_storage(node: &NodeSnapshot, request: &PlacementRequest<'_>) -> StorageChoice {
     storage::choose(
         node,
-        &StorageNeed::boot_disk(request.selector_for(&node.name), request.disk_gb),
+        &StorageNeed::boot_disk(
+            request.selector_for(&node.name),
+            request.data.total_disk_gb(),
+        ),
     )
 }
 
@@ -125,26 +112,42 @@ pub fn disk_verdict(
     node: &NodeSnapshot,
     request: &PlacementRequest<'_>,
 ) -> Result<Result<(StorageSnapshot, Option<u32>), LeftOut>, SelectorError> {
-    let selector = request.selector_for(&node.name);
+    let (selector, disk_gb) = (
+        request.selector_for(&node.name),
+        request.data.total_disk_gb(),
+    );
     let verdict = match request.clone {
-        Some(source) => clone_verdict(node, source, selector, request.disk_gb)
+        Some(source) => clone_verdict(node, source, selector, disk_gb)
             .map(|(storage, template)| (storage, Some(template))),
         None => {
             let choice = boot_disk_storage(node, request);
             match choice.chosen {
                 Some(storage) if choice.selector_error().is_none() => Ok((storage, None)),
                 _ => Err(LeftOut::NoStorage {
-                    need_gb: request.disk_gb,
+                    need_gb: disk_gb,
                     selector: selector.to_string(),
                     rejected: choice.rejected,
                 }),
             }
         }
     };
-    match verdict {
-        Err(why) => why.selector_error().cloned().map_or(Ok(Err(why)), Err),
-        Ok(found) => Ok(Ok(found)),
-    }
+    // A selector that failed on a storage on the way: a configuration error, not a fact about the
+    // node.
+    let rejected = match &verdict {
+        Err(LeftOut::NoStorage { rejected, .. }) => rejected,
+        Err(LeftOut::Clone(refusal)) => match &**refusal {
+            CloneRefusal::NoSharedTarget { rejected, .. } => rejected,
+            CloneRefusal::LinkedStorage {
+                why: Rejection::SelectorFailed(e),
+                ..
+            } => return Err(e.clone()),
+            _ => return Ok(verdict),
+        },
+        _ => return Ok(verdict),
+    };
+    storage::selector_error(rejected)
+        .cloned()
+        .map_or(Ok(verdict), Err)
 }
 
 /// The rule for one node when placement chooses: allowed, online, enough memory and vCPUs
@@ -168,7 +171,33 @@ pub fn node_verdict<'n>(
         Ok(free) => free,
         Err(short) => return Ok(Err(short)),
     };
-    Ok(disk_verdict(node, request)?.map(|(storage, template)| {
-        Eligible::new(node, storage, template, free_memory, request, reservations)
+    let (storage, template) = match disk_verdict(node, request)? {
+        Ok(found) => found,
+        Err(why) => return Ok(Err(why)),
+    };
+    let pending = || reservations.pending(node, request.request_id);
+    let same_set = match request.set_id {
+        Some(set) => {
+            let tag = set_tag(set);
+            node.vms.iter().filter(|vm| vm.has_tag(&tag)).count()
+                + pending()
+                    .filter(|r| r.set_id.as_deref() == Some(set))
+                    .count()
+        }
+        None => 0,
+    };
+    let against_affinity = match request.data.ha.as_ref().and_then(|ha| ha.resource_affinity) {
+        Some(ResourceAffinity::Negative) => same_set > 0,
+        Some(ResourceAffinity::Positive) => same_set == 0,
+        None => false,
+    };
+    Ok(Ok(Eligible {
+        ha_rank: (request.ha_preference(&node.name), against_affinity),
+        node,
+        storage,
+        template,
+        same_set,
+        total_vms: node.vms.len() + pending().count(),
+        free_memory,
     }))
 }

@@ -30,7 +30,22 @@ impl ConfigLayers {
         let mut keys = stack.keys()?;
         let mut report = LayerCheck::default();
         stack.report(false, &mut report, self.strict);
-        required(stack, &mut report);
+        // The required keys no layer writes.
+        let unknown = stack.unknown_keys();
+        for (key, example) in required_keys().filter(|(k, _)| !stack.writes(k)) {
+            // A misspelling of it is only a warning, so point at it here where it matters.
+            let near_miss = unknown
+                .iter()
+                .find(|k| did_you_mean::suggest(k, &[key]).is_some())
+                .map(|k| format!(" (`{k}` is set: did you mean `{key}`?)"))
+                .unwrap_or_default();
+            report.problem(
+                key.to_string(),
+                format!(
+                    "is required: set it in the machine class (or under `defaults:` in the provider config){example}{near_miss}"
+                ),
+            );
+        }
         stack.report(true, &mut report, self.strict);
         rules(&keys, stack, &mut report);
         // `spread: true` is the short way to ask for `resource_affinity: negative`.
@@ -62,25 +77,6 @@ impl ConfigLayers {
                 Err(report.problems.into_iter().chain(ignored).collect())
             }
         }
-    }
-}
-
-/// The required keys no layer writes.
-fn required(stack: &Stack<'_>, report: &mut LayerCheck) {
-    let unknown = stack.unknown_keys();
-    for (key, example) in required_keys().filter(|(k, _)| !stack.writes(k)) {
-        // A misspelling of it is only a warning, so point at it here where it matters.
-        let near_miss = unknown
-            .iter()
-            .find(|k| did_you_mean::suggest(k, &[key]).is_some())
-            .map(|k| format!(" (`{k}` is set: did you mean `{key}`?)"))
-            .unwrap_or_default();
-        report.problem(
-            key.to_string(),
-            format!(
-                "is required: set it in the machine class (or under `defaults:` in the provider config){example}{near_miss}"
-            ),
-        );
     }
 }
 

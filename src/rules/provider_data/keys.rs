@@ -20,12 +20,12 @@ use serde::Deserialize;
 
 use super::values::{
     Bios, BootMode, CloneMode, HaState, MachineType, PlacementStrategy, ResourceAffinity,
-    TemplateRef, UserTag, ip_discovery_timeout, one, pool_name, seconds, some_up_to, up_to,
-    user_tags, vlan, vmbr0, x86_64_v2_aes, yes,
+    TemplateRef, UserTag, ip_discovery_timeout, one, pool_name, seconds, some_up_to, up_to, vlan,
+    vmbr0, x86_64_v2_aes, yes,
 };
 use crate::proxmox::property::{
-    BridgeName, CpuType, DiskAio, DiskCache, DiskOptions, HostPci, Hugepages, NodeName, PoolId,
-    Tag, Usb, Vga, VlanTag,
+    BridgeName, CpuType, DiskAio, DiskCache, HostPci, Hugepages, NodeName, PoolId, Usb, Vga,
+    VlanTag,
 };
 use crate::rules::storage_selector::StorageSelector;
 
@@ -202,12 +202,12 @@ pub struct Keys {
 
     /// Extra Proxmox tags for the VM (letters, digits, '_', '-', '+', '.'). The provider adds
     /// machine-request.<set> and omni-provider.<id> itself.
-    #[schemars(with = "Vec<UserTag>", inner(length(min = 1)))]
+    #[schemars(inner(length(min = 1)))]
     #[schemars(extend(
         "x-readme" = "Extra tags; `machine-request.*`, `omni-provider.*` and `omni-request.*` are ours."
     ))]
-    #[serde(default, deserialize_with = "user_tags")]
-    pub tags: Vec<Tag>,
+    #[serde(default)]
+    pub tags: Vec<UserTag>,
 
     /// Register the VM as a Proxmox HA resource and keep the machine set's HA rules (rules need
     /// Proxmox VE 9+).
@@ -428,16 +428,4 @@ pub struct AdditionalDisk {
     pub disk_cache: Option<DiskCache>,
     /// Asynchronous IO mode.
     pub disk_aio: Option<DiskAio>,
-}
-
-impl AdditionalDisk {
-    pub fn options(&self) -> DiskOptions {
-        DiskOptions {
-            ssd: self.disk_ssd,
-            discard: self.disk_discard,
-            iothread: self.disk_iothread,
-            cache: self.disk_cache,
-            aio: self.disk_aio,
-        }
-    }
 }

@@ -43,19 +43,9 @@ impl Finding {
         let (path, note) = (path.to_string(), Note::Problem(message));
         Self { path, note }
     }
-
-    fn unknown(path: &str, key: &str, known: &[&str]) -> Self {
-        let note = Note::Unknown(did_you_mean::hint(key, known));
-        let path = path.to_string();
-        Self { path, note }
-    }
-
-    /// The top-level key the finding is about, which decides the layer it is reported from.
-    fn top(&self) -> &str {
-        top_key(&self.path)
-    }
 }
 
+/// The top-level key a path is in, which decides the layer a finding about it is reported from.
 fn top_key(path: &str) -> &str {
     path.split(['.', '[']).next().unwrap_or_default()
 }
@@ -93,18 +83,17 @@ impl LayerCheck {
 static VALIDATOR: LazyLock<Result<jsonschema::Validator, String>> =
     LazyLock::new(|| jsonschema::validator_for(&schema::schema()).map_err(|e| e.to_string()));
 
-fn schema_findings(value: &Value, findings: &mut Vec<Finding>) {
+fn schema_findings(value: &Value) -> Vec<Finding> {
     let validator = match VALIDATOR.as_ref() {
         Ok(v) => v,
         Err(e) => {
             let message = format!("the provider-data JSON schema is invalid: {e}");
-            findings.push(Finding::problem("", message));
-            return;
+            return vec![Finding::problem("", message)];
         }
     };
     use jsonschema::error::ValidationErrorKind as Kind;
     use jsonschema::paths::LocationSegment;
-    for error in validator.iter_errors(value) {
+    let finding = |error: jsonschema::ValidationError<'_>| {
         let key = error
             .instance_path()
             .iter()
@@ -127,8 +116,9 @@ fn schema_findings(value: &Value, findings: &mut Vec<Finding>) {
             Kind::Enum { options } => (key, not_one_of(error.instance(), options)),
             _ => (key, shortened(error.to_string())),
         };
-        findings.push(Finding::problem(&key, message));
-    }
+        Finding::problem(&key, message)
+    };
+    validator.iter_errors(value).map(finding).collect()
 }
 
 /// A message cut to a length a status line can show.
@@ -197,8 +187,7 @@ impl Layer {
                 };
             }
         };
-        let mut schema = Vec::new();
-        schema_findings(&root, &mut schema);
+        let schema = schema_findings(&root);
         let covered =
             |path: &str| (schema.iter()).any(|r| within(&r.path, path) || within(path, &r.path));
         let (mut read, mut wrong) = (Vec::new(), BTreeSet::new());
@@ -206,7 +195,8 @@ impl Layer {
             if let Some((key, known)) = refused.unknown() {
                 let parent = key_path(&refused.path[..refused.path.len() - 1]);
                 let path = join(&parent, Err(shown(key)));
-                read.push(Finding::unknown(&path, key, &known));
+                let note = Note::Unknown(did_you_mean::hint(key, &known));
+                read.push(Finding { path, note });
                 return;
             }
             let path = key_path(&refused.path);
@@ -232,18 +222,6 @@ impl Layer {
             read,
             not_a_mapping: None,
         }
-    }
-
-    pub(super) fn writes(&self, key: &str) -> bool {
-        self.written.contains(key)
-    }
-
-    /// The written keys the provider does not know.
-    pub(super) fn unknown_keys(&self) -> impl Iterator<Item = &str> {
-        self.written
-            .iter()
-            .map(String::as_str)
-            .filter(|k| !top_keys().contains(k))
     }
 
     /// What is wrong with the layer on its own, under `prefix` (`nodes.pve2.`).
@@ -287,7 +265,7 @@ fn key_path(path: &[Segment]) -> String {
 /// turn, its unknown keys before its wrong values, those in declaration order; what is about a key
 /// as a whole (a rule within its value) after its items.
 fn reading_order(f: &Finding) -> (Option<usize>, usize, bool, Option<usize>) {
-    let top = f.top();
+    let top = top_key(&f.path);
     let rest = &f.path[top.len()..];
     let item = rest.strip_prefix('[').and_then(|r| r.split(']').next());
     let inner = rest.split('.').nth(1).and_then(|k| k.split('[').next());
@@ -338,19 +316,20 @@ impl<'a> Stack<'a> {
     pub fn prefix_of(&self, key: &str) -> &str {
         self.layers
             .iter()
-            .find(|(_, l)| l.writes(top_key(key)))
+            .find(|(_, l)| l.written.contains(top_key(key)))
             .map_or("", |(p, _)| p.as_str())
     }
 
     pub fn writes(&self, key: &str) -> bool {
-        self.layers.iter().any(|(_, l)| l.writes(key))
+        self.layers.iter().any(|(_, l)| l.written.contains(key))
     }
 
     /// Unknown keys written in any layer (each once), in name order.
     pub fn unknown_keys(&self) -> BTreeSet<&str> {
-        self.layers
-            .iter()
-            .flat_map(|(_, l)| l.unknown_keys())
+        let written = self.layers.iter().flat_map(|(_, l)| &l.written);
+        written
+            .map(String::as_str)
+            .filter(|k| !top_keys().contains(k))
             .collect()
     }
 
@@ -384,16 +363,16 @@ impl<'a> Stack<'a> {
                 let findings = if read { &layer.read } else { &layer.schema };
                 findings
                     .iter()
-                    .filter(move |f| self.prefix_of(f.top()) == prefix)
+                    .filter(move |f| self.prefix_of(top_key(&f.path)) == prefix)
                     .map(move |f| (prefix.as_str(), f))
             })
             .collect();
         // The schema reports keys in name order; reading goes through unknown keys (in name order),
         // then the known ones in declaration order.
         out.sort_by_key(
-            |(_, f)| match top_keys().iter().position(|k| *k == f.top()) {
+            |(_, f)| match top_keys().iter().position(|k| *k == top_key(&f.path)) {
                 Some(n) if read => (1, n, String::new()),
-                _ => (0, 0, f.top().to_string()),
+                _ => (0, 0, top_key(&f.path).to_string()),
             },
         );
         for (prefix, finding) in out {
@@ -466,7 +445,7 @@ impl ConfigLayers {
             found.warnings.extend(layer_found.warnings);
             for key in top_keys()
                 .iter()
-                .filter(|k| !schema::per_node(k) && layer.writes(k))
+                .filter(|k| !schema::per_node(k) && layer.written.contains(**k))
             {
                 found.problems.push(Problem {
                     key: format!("{prefix}{key}"),

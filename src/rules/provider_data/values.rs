@@ -273,11 +273,6 @@ pub fn pool_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::E
     }
 }
 
-pub fn user_tags<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Tag>, D::Error> {
-    let tags = Vec::<UserTag>::deserialize(d)?;
-    Ok(tags.into_iter().map(|t| t.0).collect())
-}
-
 /// A template's VMID (a number or a numeric string) or its name.
 impl<'de> Deserialize<'de> for TemplateRef {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -78,7 +78,8 @@ fn submit<T: Send + 'static>(
     match answer.recv_timeout(budget) {
         Ok(outcome) => Some(outcome),
         Err(RecvTimeoutError::Timeout) => {
-            retire(generation);
+            // The thread is let go: it ends once it has drained what it was given.
+            lock().take_if(|(g, _)| *g == generation);
             None
         }
         Err(RecvTimeoutError::Disconnected) => Some(lost()),
@@ -106,14 +107,6 @@ fn worker() -> (u64, Sender<Job>) {
     }
     // Without a thread the queue is dropped and the send fails: the caller reports a failure.
     (generation, jobs)
-}
-
-/// Lets the thread of `generation` go: it ends once it has drained what it was given.
-fn retire(generation: u64) {
-    let mut slot = lock();
-    if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
-        *slot = None;
-    }
 }
 
 fn serve(queue: mpsc::Receiver<Job>) {
@@ -150,20 +143,16 @@ fn evaluate(env: &Arc<Env>, program: &Program, storage: &StorageSnapshot, node: 
     context.add_variable_from_value("availableSpace", Value::UInt(storage.available));
     match program.execute(&context) {
         Ok(Value::Bool(b)) => Outcome::Bool(b),
-        Ok(other) => Outcome::Other(kind_of(&other)),
+        Ok(other) => Outcome::Other(match other {
+            Value::String(s) => format!("the string {:?}", s.as_str()),
+            Value::Int(i) => format!("the number {i}"),
+            Value::UInt(u) => format!("the number {u}"),
+            Value::Float(f) => format!("the number {f}"),
+            Value::Null => "null".to_string(),
+            Value::List(_) => "a list".to_string(),
+            Value::Map(_) => "a map".to_string(),
+            _ => "a non-boolean value".to_string(),
+        }),
         Err(e) => Outcome::Failed(e.to_string()),
-    }
-}
-
-fn kind_of(value: &Value) -> String {
-    match value {
-        Value::String(s) => format!("the string {:?}", s.as_str()),
-        Value::Int(i) => format!("the number {i}"),
-        Value::UInt(u) => format!("the number {u}"),
-        Value::Float(f) => format!("the number {f}"),
-        Value::Null => "null".to_string(),
-        Value::List(_) => "a list".to_string(),
-        Value::Map(_) => "a map".to_string(),
-        _ => "a non-boolean value".to_string(),
     }
 }

@@ -14,8 +14,7 @@ fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
     full.vms = vec![vm(8, 4), vm(6, 4)];
     let mut roomy = node("pve2", 64);
     roomy.cpus = 4;
-    let mut req = request(&sel, &empty);
-    req.vcpus = 4;
+    let mut req = with(&request(&sel, &empty), |d| d.cores = 4);
     let nodes = vec![full.clone(), roomy.clone()];
     let placed = pick(&nodes, &req, &Reservations::default()).unwrap();
     assert_eq!(placed.node.as_str(), "pve2");
@@ -27,7 +26,7 @@ fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
         "14 vCPUs given to VMs, 4 more would pass the limit of 16 (4 CPUs × cpuOvercommit 4)"
     );
     // Within the limit exactly: 14 + 2 = 16.
-    req.vcpus = 2;
+    req = with(&req, |d| d.cores = 2);
     assert!(capacity_fit(&full, &req, &Reservations::default()).is_ok());
     // A reservation in flight counts until its VM is listed.
     let mut reserved = Reservations::default();
@@ -37,14 +36,14 @@ fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
         Err(LeftOut::CpusCommitted { allocated: 16, .. })
     ));
     // More vCPUs than the node has CPUs never starts there (qemu-server `config_to_command`).
-    req.vcpus = 8;
+    req = with(&req, |d| d.cores = 8);
     assert_eq!(
         capacity_fit(&roomy, &req, &Reservations::default())
             .unwrap_err()
             .to_string(),
         "8 vCPUs are more than its 4 CPUs (Proxmox will not start the VM there)"
     );
-    req.pinned_node = Some("pve2");
+    req = with(&req, |d| d.node = Some(node_name("pve2")));
     let err = pick(&nodes, &req, &Reservations::default()).unwrap_err();
     assert!(
         matches!(
@@ -56,9 +55,9 @@ fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
         ) && !err.may_heal(),
         "{err}"
     );
-    req.pinned_node = None;
+    req = with(&req, |d| d.node = None);
     // A larger ratio lets more in.
-    req.vcpus = 4;
+    req = with(&req, |d| d.cores = 4);
     req.limits.cpu_overcommit = 5.0;
     assert!(capacity_fit(&full, &req, &Reservations::default()).is_ok());
 
@@ -66,7 +65,7 @@ fn vcpus_and_memory_given_to_vms_keep_a_full_node_out() {
     // 64 × 1.0, but within 64 × 1.5.
     let mut committed = node("pve1", 64);
     committed.vms = vec![vm(1, 60)];
-    req.memory_mb = 8192;
+    req = with(&req, |d| d.memory_mb = 8192);
     assert_eq!(
         capacity_fit(&committed, &req, &Reservations::default())
             .unwrap_err()

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot, StorageSnapshot};
 use crate::proxmox::property::{NodeName, StorageId};
-use crate::rules::provider_data::PlacementStrategy;
+use crate::rules::provider_data::{ConfigLayers, ProviderData};
 use crate::rules::storage_selector::StorageSelector;
 
 mod capacity;
@@ -91,24 +91,36 @@ fn node(name: &str, free_gib: u64) -> NodeSnapshot {
     }
 }
 
+/// A request of set `workers` for 2 vCPUs, 4096 MB and a 20 GB disk on the storage `selector`
+/// picks.
 fn request<'a>(
-    selector: &'a StorageSelector,
+    selector: &StorageSelector,
     empty: &'a BTreeMap<String, StorageSelector>,
 ) -> PlacementRequest<'a> {
-    PlacementRequest {
+    let yaml = "cores: 2\nmemory: 4096\ndisk_size: 20\nstorage_selector: 'true'";
+    let data = ConfigLayers::default().resolve(yaml, None).unwrap();
+    let req = PlacementRequest {
         request_id: "req-1",
-        memory_mb: 4096,
-        disk_gb: 20,
-        selector,
+        data: Box::leak(Box::new(data)),
         node_selectors: empty,
-        pinned_node: None,
-        allowed_nodes: &[],
         set_id: Some("workers"),
-        strategy: PlacementStrategy::Spread,
-        vcpus: 2,
         limits: PlacementLimits::default(),
         clone: None,
-        ha: None,
+    };
+    with(&req, |d| d.storage_selector = selector.clone())
+}
+
+/// `req` with its provider data changed by `change` (leaked: a test's few requests live as long as
+/// the test).
+fn with<'a>(
+    req: &PlacementRequest<'a>,
+    change: impl FnOnce(&mut ProviderData),
+) -> PlacementRequest<'a> {
+    let mut data = req.data.clone();
+    change(&mut data);
+    PlacementRequest {
+        data: Box::leak(Box::new(data)),
+        ..req.clone()
     }
 }
 

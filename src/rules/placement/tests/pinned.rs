@@ -6,10 +6,7 @@ use super::*;
 fn a_pinned_node_is_used_even_when_its_memory_is_short() {
     let sel = any_storage();
     let empty = BTreeMap::new();
-    let req = PlacementRequest {
-        pinned_node: Some("pve1"),
-        ..request(&sel, &empty)
-    };
+    let req = with(&request(&sel, &empty), |d| d.node = Some(node_name("pve1")));
     let tight = node("pve1", 2);
     assert!(matches!(
         node_verdict(&tight, &req, &Reservations::default()).unwrap(),
@@ -31,7 +28,7 @@ fn pinned_node_must_exist_be_online_and_have_storage() {
         },
     ];
     let mut req = request(&sel, &empty);
-    req.pinned_node = Some("pve9");
+    req = with(&req, |d| d.node = Some(node_name("pve9")));
     let err = pick(&nodes, &req, &Reservations::default()).unwrap_err();
     assert_eq!(
         err,
@@ -41,12 +38,12 @@ fn pinned_node_must_exist_be_online_and_have_storage() {
         }
     );
     assert!(err.to_string().contains("pve1, pve2"));
-    req.pinned_node = Some("pve2");
+    req = with(&req, |d| d.node = Some(node_name("pve2")));
     assert!(matches!(
         pick(&nodes, &req, &Reservations::default()),
         Err(PlacementError::PinnedNodeOffline { .. })
     ));
-    req.pinned_node = Some("pve1");
+    req = with(&req, |d| d.node = Some(node_name("pve1")));
     let placed = pick(&nodes, &req, &Reservations::default()).unwrap();
     assert_eq!(
         (
@@ -57,10 +54,7 @@ fn pinned_node_must_exist_be_online_and_have_storage() {
         ("pve1", "local-lvm", PlacementReason::Pinned)
     );
     let ceph = StorageSelector::new("name == \"ceph\"").unwrap();
-    let req = PlacementRequest {
-        selector: &ceph,
-        ..req
-    };
+    let req = with(&req, |d| d.storage_selector = ceph);
     let err = pick(&nodes, &req, &Reservations::default()).unwrap_err();
     assert!(matches!(
         err,

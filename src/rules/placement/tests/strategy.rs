@@ -1,6 +1,7 @@
 //! How eligible nodes are ranked, and how reservations keep concurrent requests of one set apart.
 
 use super::*;
+use crate::rules::provider_data::PlacementStrategy;
 use proptest::prelude::*;
 
 #[test]
@@ -33,8 +34,9 @@ fn prefers_fewest_of_the_set_then_most_memory_then_name() {
             .as_str(),
         "pvea"
     );
-    let mut binpack = request(&sel, &empty);
-    binpack.strategy = PlacementStrategy::Binpack;
+    let binpack = with(&request(&sel, &empty), |d| {
+        d.placement_strategy = PlacementStrategy::Binpack
+    });
     assert_eq!(
         pick(
             &[a.clone(), b.clone(), c.clone()],
@@ -46,8 +48,9 @@ fn prefers_fewest_of_the_set_then_most_memory_then_name() {
         .as_str(),
         "pve2"
     );
-    let mut fewer = request(&sel, &empty);
-    fewer.strategy = PlacementStrategy::FewerVms;
+    let fewer = with(&request(&sel, &empty), |d| {
+        d.placement_strategy = PlacementStrategy::FewerVms
+    });
     assert_eq!(
         pick(&[a, b, c], &fewer, &Reservations::default())
             .unwrap()
@@ -107,7 +110,7 @@ proptest! {
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for r in 0..nodes_n * per_node {
             let id = format!("req-{r}");
-            let req = PlacementRequest { request_id: &id, memory_mb: memory, ..request(&sel, &empty) };
+            let req = PlacementRequest { request_id: &id, ..with(&request(&sel, &empty), |d| d.memory_mb = memory) };
             let placed = pick(&nodes, &req, &reservations).unwrap();
             reserve(&mut reservations, &id, &placed.node, Some("workers"), memory, 2);
             *counts.entry(placed.node.to_string()).or_default() += 1;
@@ -162,10 +165,7 @@ fn node_affinity_nodes_come_first_and_strict_ones_are_the_only_ones() {
     // pve1 has the most free memory, so without HA rules it would win.
     let nodes = [node("pve1", 128), node("pve2", 64), node("pve3", 32)];
     let loose = ha_settings(&["pve3"], false);
-    let req = PlacementRequest {
-        ha: Some(&loose),
-        ..request(&sel, &empty)
-    };
+    let req = with(&request(&sel, &empty), |d| d.ha = Some(loose));
     assert_eq!(
         pick(&nodes, &req, &Reservations::default())
             .unwrap()
@@ -184,10 +184,7 @@ fn node_affinity_nodes_come_first_and_strict_ones_are_the_only_ones() {
     );
     // ...a strict one does not, and says why.
     let strict = ha_settings(&["pve3"], true);
-    let req = PlacementRequest {
-        ha: Some(&strict),
-        ..request(&sel, &empty)
-    };
+    let req = with(&request(&sel, &empty), |d| d.ha = Some(strict));
     let err = pick(&nodes_full, &req, &Reservations::default()).unwrap_err();
     let text = err.to_string();
     assert!(
@@ -212,9 +209,10 @@ fn negative_resource_affinity_avoids_nodes_holding_the_set_whatever_the_strategy
         // binpack alone would put all three on one node.
         let req = PlacementRequest {
             request_id: &id,
-            strategy: PlacementStrategy::Binpack,
-            ha: Some(&spread),
-            ..request(&sel, &empty)
+            ..with(&request(&sel, &empty), |d| {
+                d.placement_strategy = PlacementStrategy::Binpack;
+                d.ha = Some(spread.clone());
+            })
         };
         let placed = pick(&nodes, &req, &reservations).unwrap();
         reserve(

@@ -178,7 +178,7 @@ fn a_clone_goes_only_where_proxmox_can_make_it() {
     );
     // Pinned to a node that cannot clone: refused up front with the same reason, as a problem for a
     // person (nothing heals it).
-    req.pinned_node = Some("pve2");
+    req = with(&req, |d| d.node = Some(node_name("pve2")));
     let err = placement::pick(&cluster, &req, &Reservations::default()).unwrap_err();
     assert_eq!(
         err.to_string(),

@@ -45,10 +45,7 @@ fn node_verdicts_say_why_with_numbers() {
         (
             "not allowed",
             node("pve2", 64),
-            PlacementRequest {
-                allowed_nodes: &allowed,
-                ..base.clone()
-            },
+            with(&base, |d| d.allowed_nodes = allowed.clone()),
             &none,
             "not in allowed_nodes",
         ),
@@ -79,10 +76,7 @@ fn node_verdicts_say_why_with_numbers() {
         (
             "no storage matching",
             node("pve1", 64),
-            PlacementRequest {
-                selector: &ceph,
-                ..base.clone()
-            },
+            with(&base, |d| d.storage_selector = ceph.clone()),
             &none,
             "no active storage for VM images matches the storage selector `name == \"ceph\"`",
         ),
@@ -121,7 +115,7 @@ fn rejects_nodes_that_do_not_fit_and_says_why() {
     let outside = node("pve4", 64);
     let allowed = ["pve1", "pve2", "pve3"].map(node_name);
     let mut req = request(&sel, &empty);
-    req.allowed_nodes = &allowed;
+    req = with(&req, |d| d.allowed_nodes = allowed.to_vec());
     let err = pick(
         &[small_disk, low_memory, offline, outside],
         &req,
@@ -216,7 +210,7 @@ proptest! {
             n.vms = (0..*vms).map(|v| listed_vm(&format!("vm{i}-{v}"), "", 0, 0)).collect();
             n
         }).collect();
-        let req = PlacementRequest { memory_mb, disk_gb, ..request(&sel, &empty) };
+        let req = with(&request(&sel, &empty), |d| { d.memory_mb = memory_mb; d.disk_size_gb = disk_gb; });
         match pick(&nodes, &req, &Reservations::default()) {
             Ok(p) => {
                 let n = nodes.iter().find(|n| n.name == p.node).unwrap();
