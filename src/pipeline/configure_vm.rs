@@ -12,6 +12,7 @@ use super::context::{StartedTask, StepContext, VmAt};
 use super::create_vm::target;
 use super::error::StepError;
 use super::seed::upload_seed;
+use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::model::vm::{BootDisk, cloud_init_drives};
 use crate::proxmox::property::cdrom;
@@ -59,12 +60,8 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
     let doing = format!("configuring VM {vmid} on {node}");
     if params.iter().any(|(k, v)| vm_config::allocates(k, v)) {
         // Never replayed by the client: a second delivery would allocate a second time.
-        ctx.run_task(
-            doing,
-            ctx.services.timeouts.task,
-            pve.vm(node, vmid).update_config_async(params),
-        )
-        .await?;
+        ctx.run_task(doing, pve.vm(node, vmid).update_config_async(params))
+            .await?;
     } else {
         ctx.call(doing, pve.vm(node, vmid).update_config(params))
             .await?;
@@ -101,7 +98,7 @@ async fn grow_boot_disk(
     // Proxmox answers with a task only where the resize takes one (storage-dependent).
     if let Some(upid) = ctx.call(doing.clone(), resize).await? {
         let task = StartedTask { upid, doing };
-        ctx.finish_task(task, ctx.services.timeouts.task).await?;
+        ctx.finish_task(task, TASK_TIMEOUT).await?;
     }
     Ok(())
 }

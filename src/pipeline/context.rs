@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::error::StepError;
-use super::services::{RequestInfo, Services};
+use super::services::{RequestInfo, Services, TASK_TIMEOUT};
 use crate::model::{Listing, MachineState};
 use crate::omni::state::StateError;
 use crate::proxmox::ProxmoxError;
@@ -168,11 +168,10 @@ impl StepContext<'_> {
     pub async fn run_task(
         &self,
         doing: String,
-        timeout: Duration,
         call: impl Future<Output = Result<Upid, ProxmoxError>>,
     ) -> Result<Upid, StepError> {
         let task = self.start_task(doing, call).await?;
-        self.finish_task(task, timeout).await
+        self.finish_task(task, TASK_TIMEOUT).await
     }
 
     pub async fn persist(&self) -> Result<(), StepError> {

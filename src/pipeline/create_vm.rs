@@ -18,6 +18,7 @@ use super::context::StepContext;
 use super::error::StepError;
 use super::identify::identify;
 use super::seed::upload_seed;
+use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::model::{ClusterSnapshot, Listing};
@@ -383,7 +384,7 @@ async fn make(
     ctx.state.vm_create_task = Some(task.upid.clone());
     ctx.state.vmid = Some(vmid);
     ctx.persist().await?;
-    ctx.finish_task(task, ctx.services.timeouts.task).await?;
+    ctx.finish_task(task, TASK_TIMEOUT).await?;
     Ok(())
 }
 

@@ -15,7 +15,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
 use crate::secret::Secret;
 
@@ -138,10 +137,11 @@ pub async fn download(
     http: &reqwest::Client,
     url: &str,
     headers: &[(String, Secret)],
-    timeout: Duration,
 ) -> Result<Download, super::image_factory::FactoryError> {
     use super::image_factory::{refused, unreachable};
-    let mut request = http.get(url).timeout(timeout);
+    let mut request = http
+        .get(url)
+        .timeout(super::image_factory::DOWNLOAD_TIMEOUT);
     for (name, value) in headers {
         request = request.header(name.as_str(), value.expose());
     }

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use super::context::StepContext;
 use super::error::StepError;
 use super::factory_auth;
-use super::image_factory::{self, FactoryError};
+use super::image_factory::{self, DOWNLOAD_TIMEOUT, FactoryError};
 use super::ledgers::image_presence_key;
 use super::step::StepOutcome;
 use crate::model::ClusterSnapshot;
@@ -218,9 +218,7 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
     // A download the official provider (or an earlier run) started may still be running: wait for it
     // rather than start a second one into the same file. How it ended is read from the storage below.
     if let Some(task) = ctx.state.iso_download_task.clone() {
-        let _ = pve
-            .wait_for_task(&task, ctx.services.timeouts.download)
-            .await;
+        let _ = pve.wait_for_task(&task, DOWNLOAD_TIMEOUT).await;
     }
     // A boot ISO seen lately needs no listing per VM: a start that finds it gone puts it back
     // (`put_back_if_missing`). A disk image is only read by the create, which cannot do that.
@@ -276,19 +274,14 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
             advice,
         }) => {
             let services = ctx.services;
-            let image = factory_auth::download(
-                &services.factory_http,
-                &url,
-                &headers,
-                services.timeouts.download,
-            )
-            .await
-            .map_err(|e| match e {
-                FactoryError::Refused {
-                    status: 401 | 403, ..
-                } => StepError::config(format!("{e} ({advice})")),
-                other => StepError::Cluster(other.to_string()),
-            })?;
+            let image = factory_auth::download(&services.factory_http, &url, &headers)
+                .await
+                .map_err(|e| match e {
+                    FactoryError::Refused {
+                        status: 401 | 403, ..
+                    } => StepError::config(format!("{e} ({advice})")),
+                    other => StepError::Cluster(other.to_string()),
+                })?;
             ctx.start_task(
                 format!("uploading {what}, fetched from the Image Factory with {named}"),
                 pve.upload_file(
@@ -307,7 +300,7 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
     }
     ctx.state.iso_download_task = Some(task.upid.clone());
     ctx.persist().await?;
-    match ctx.finish_task(task, ctx.services.timeouts.download).await {
+    match ctx.finish_task(task, DOWNLOAD_TIMEOUT).await {
         // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
         Err(StepError::Proxmox { source, .. }) if source.is_file_already_present() => Ok(()),
         other => other.map(|_| ()),

@@ -46,7 +46,6 @@ pub async fn upload_seed(
     let volume = IsoVolume { storage, file };
     ctx.run_task(
         format!("uploading the NoCloud seed to {} on {node}", volume.storage),
-        ctx.services.timeouts.task,
         ctx.services
             .pve
             .upload_file(node, volume.storage.as_str(), "iso", &file_name, bytes),

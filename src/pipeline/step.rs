@@ -11,7 +11,7 @@ use std::time::Duration;
 
 pub use super::context::{StatePort, StatusPort, StepContext};
 pub use super::error::StepError;
-pub use super::services::{RequestInfo, Services, Timeouts};
+pub use super::services::{AGENT_POLL, RequestInfo, Services};
 use crate::model::MachineState;
 
 crate::proxmox::property::str_enum!(
