@@ -3,7 +3,10 @@
 use futures_util::future::OptionFuture;
 
 use super::error::Action;
-use super::{DeprovisionError, DeprovisionOutcome, Run, node_offline};
+use super::{
+    DeprovisionError, DeprovisionOutcome, Run, SHUTDOWN_TIMEOUT, TEARDOWN_TASK_TIMEOUT,
+    node_offline,
+};
 use crate::model::Listing;
 use crate::model::identity;
 use crate::proxmox::ProxmoxError;
@@ -147,8 +150,8 @@ async fn shut_down(
     node: &NodeName,
     vmid: VmId,
 ) -> Result<Option<DeprovisionOutcome>, DeprovisionError> {
-    let (pve, options, progress) = (run.pve, run.options, run.progress);
-    let secs = u32::try_from(options.shutdown_timeout.as_secs()).unwrap_or(u32::MAX);
+    let (pve, progress) = (run.pve, run.progress);
+    let secs = u32::try_from(SHUTDOWN_TIMEOUT.as_secs()).unwrap_or(u32::MAX);
     progress(&format!(
         "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
     ));
@@ -164,7 +167,7 @@ async fn shut_down(
             left.map_err(|e| (Action::RemoveFromHa, e))?;
             task = pve.vm(node, vmid).shutdown(secs, true).await;
         }
-        let timeout = options.shutdown_timeout + options.task_timeout;
+        let timeout = SHUTDOWN_TIMEOUT + TEARDOWN_TASK_TIMEOUT;
         let shut_down = async { pve.wait_for_task(&task?, timeout).await };
         match shut_down.await {
             Ok(_) => Ok(()),
@@ -174,7 +177,7 @@ async fn shut_down(
                 tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
                 progress(&format!("stopping VM {vmid} on {node}"));
                 let stop = async {
-                    pve.wait_for_task(&pve.vm(node, vmid).stop().await?, options.task_timeout)
+                    pve.wait_for_task(&pve.vm(node, vmid).stop().await?, TEARDOWN_TASK_TIMEOUT)
                         .await
                 };
                 stop.await.map_err(|e| (Action::Stop, e))
@@ -198,7 +201,7 @@ async fn destroy_once(
     (run.progress)(&format!("destroying VM {vmid} on {node} with its disks"));
     let pve = run.pve;
     let delete = pve.vm(node, vmid).delete(destroy_unreferenced_disks).await;
-    let destroyed = async { pve.wait_for_task(&delete?, run.options.task_timeout).await };
+    let destroyed = async { pve.wait_for_task(&delete?, TEARDOWN_TASK_TIMEOUT).await };
     match destroyed.await {
         Ok(_) => Ok(DeprovisionOutcome::Deleted {
             node: node.clone(),
