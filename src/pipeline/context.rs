@@ -59,6 +59,12 @@ pub struct StartedTask {
     pub doing: String,
 }
 
+/// What an earlier step recorded in the provider state; `what` names it when it is missing.
+pub fn recorded<T: Clone>(field: &Option<T>, what: &str) -> Result<T, StepError> {
+    let missing = || StepError::Cluster(format!("the provider state records no {what}"));
+    field.clone().ok_or_else(missing)
+}
+
 /// Reads reused within one reconcile are this fresh at most.
 const CLUSTER_VIEW_MAX_AGE: Duration = Duration::from_secs(2);
 

@@ -14,7 +14,7 @@
 //! Boot mode `iso` creates the VM with its whole configuration in one call, so the NoCloud seed is
 //! uploaded first; boot mode `clone` clones here and configures in the next step.
 
-use super::context::StepContext;
+use super::context::{StepContext, recorded};
 use super::error::StepError;
 use super::identify::identify;
 use super::seed::upload_seed;
@@ -24,6 +24,7 @@ use crate::model::identity::{self, Claim, Ownership};
 use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{NodeName, VmId};
+use crate::rules::ip_pool;
 use crate::rules::provider_data::BootMode;
 use crate::rules::storage::{self, StorageNeed};
 use crate::rules::vm_config::{self, VmTarget};
@@ -358,7 +359,7 @@ async fn make(
             &ctx.identity(),
             vmid.get(),
             node.as_str(),
-            &recorded_storage(ctx)?,
+            &recorded(&ctx.state.storage, "storage for the boot disk")?,
             ctx.data.clone_mode,
         );
         let doing = format!(
@@ -388,13 +389,6 @@ async fn make(
     Ok(())
 }
 
-/// The boot disk's storage `pick_node` recorded.
-fn recorded_storage(ctx: &StepContext<'_>) -> Result<StorageId, StepError> {
-    ctx.state.storage.clone().ok_or_else(|| {
-        StepError::Cluster("the provider state records no storage for the boot disk".into())
-    })
-}
-
 /// Everything `vm_config::render` needs that earlier steps decided.
 pub fn target(
     ctx: &StepContext<'_>,
@@ -403,10 +397,13 @@ pub fn target(
     listing: &Listing,
     seed_iso: IsoVolume,
 ) -> Result<VmTarget, StepError> {
-    let missing = |what: &str| StepError::Cluster(format!("the provider state records no {what}"));
-    let storage = recorded_storage(ctx)?;
-    let smbios_uuid = ctx.state.uuid.ok_or_else(|| missing("SMBIOS UUID"))?;
+    let storage = recorded(&ctx.state.storage, "storage for the boot disk")?;
+    let smbios_uuid = recorded(&ctx.state.uuid, "SMBIOS UUID")?;
     let disks = ctx.data.additional_disks.iter().enumerate();
+    let nics = match ctx.state.ip_allocations.len() {
+        0 => 0,
+        _ => 1 + ctx.data.additional_nics.len(),
+    };
     let additional_disk_storages = disks
         .map(|(i, disk)| disk_storage(listing, node, disk, i))
         .collect::<Result<_, _>>()?;
@@ -418,7 +415,12 @@ pub fn target(
         boot_iso: ctx.state.boot_iso.clone(),
         boot_image: ctx.state.boot_image.clone(),
         seed_iso,
-        macs: super::seed::nic_macs(ctx),
+        // Every NIC gets a deterministic MAC once one has a static address (the seed names each
+        // NIC by its MAC); none otherwise (Proxmox chooses, as for the official provider).
+        macs: (0..nics)
+            .filter_map(|i| u8::try_from(i).ok())
+            .map(|i| ip_pool::mac_for_nic(&ctx.request.id, i))
+            .collect(),
     })
 }
 

@@ -3,7 +3,7 @@
 //! the VM's node. Boot mode `iso` needs it before the create call, boot mode `clone` in the config
 //! write after the clone, so both steps use this module rather than each other.
 
-use super::context::StepContext;
+use super::context::{StepContext, recorded};
 use super::error::StepError;
 use super::prepare_image::download_storage;
 use crate::proxmox::property::{IsoFileName, IsoVolume};
@@ -25,10 +25,7 @@ pub async fn upload_seed(
         Some(boot) => boot.storage.clone(),
         None => download_storage(ctx, node, Content::IsoImages).await?.0,
     };
-    let instance_id = ctx
-        .state
-        .uuid
-        .ok_or_else(|| StepError::Cluster("the provider state records no SMBIOS UUID".into()))?;
+    let instance_id = recorded(&ctx.state.uuid, "SMBIOS UUID")?;
     // DHCP, or every NIC by its MAC with the static addresses the provider state records.
     let network = ip_pool::network_config(
         &ctx.request.id,
@@ -54,16 +51,4 @@ pub async fn upload_seed(
     ctx.state.seed_iso = Some(volume.clone());
     ctx.persist().await?;
     Ok(volume)
-}
-
-/// The MACs the VM's NICs get: deterministic ones on every NIC once one has a static address (the
-/// seed names each NIC by its MAC), none otherwise (Proxmox chooses, as for the official provider).
-pub fn nic_macs(ctx: &StepContext<'_>) -> Vec<crate::proxmox::property::MacAddr> {
-    if ctx.state.ip_allocations.is_empty() {
-        return Vec::new();
-    }
-    (0..=ctx.data.additional_nics.len())
-        .filter_map(|i| u8::try_from(i).ok())
-        .map(|i| ip_pool::mac_for_nic(&ctx.request.id, i))
-        .collect()
 }
