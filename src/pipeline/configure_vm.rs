@@ -43,8 +43,7 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
     let pve = &ctx.services.pve;
     let current = read_config(ctx, vm).await?;
     let boot = BootDisk::of(&current);
-    let identity = ctx.identity();
-    let params = vm_config::render_after_clone(&ctx.data, &identity, &target, boot.as_ref())
+    let params = vm_config::render_after_clone(&ctx.data, &ctx.identity(), &target, boot.as_ref())
         .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?;
     // A retry of this step (the first answer lost, a crash) must not allocate disks or MACs again.
     let mut params = vm_config::without_repeated_allocations(params, &current);
@@ -97,8 +96,8 @@ async fn grow_boot_disk(
     let resize = pve.vm(node, vmid).resize_disk(&disk.1, &size.1);
     // Proxmox answers with a task only where the resize takes one (storage-dependent).
     if let Some(upid) = ctx.call(doing.clone(), resize).await? {
-        let task = StartedTask { upid, doing };
-        ctx.finish_task(task, TASK_TIMEOUT).await?;
+        ctx.finish_task(StartedTask { upid, doing }, TASK_TIMEOUT)
+            .await?;
     }
     Ok(())
 }

@@ -113,7 +113,7 @@ impl StepContext<'_> {
                 .since_dropped()
                 .map_or(SHARED_LISTING_MAX_AGE, |d| d.min(SHARED_LISTING_MAX_AGE))
         };
-        let listing: Listing = self
+        let listing = self
             .services
             .pve
             .cluster_listing_within(shared)

@@ -190,12 +190,11 @@ async fn adopt(
         smbios_uuid: uuid.as_deref(),
     };
     for vm in identity::candidates(listing.vms(), &claim) {
-        let online = listing.node_online(&vm.node);
         let doing = format!(
             "reading the config of VM {} on {} to see whether it is this request's",
             vm.vmid, vm.node
         );
-        let why = match identify(&ctx.services.pve, online, vm, &claim)
+        let why = match identify(&ctx.services.pve, listing, vm, &claim)
             .await
             .map_err(StepError::proxmox(doing))?
         {
@@ -260,13 +259,13 @@ async fn choose_vmid(
             loop {
                 let held =
                     |id: u32| refused.contains(&id) || ledgers.vmids.held(id, &ctx.request.id);
-                let Some(id) = vmid::lowest_free(range, &listed, held) else {
-                    return Err(StepError::Cluster(format!(
+                let id = vmid::lowest_free(range, &listed, held).ok_or_else(|| {
+                    StepError::Cluster(format!(
                         "no free VMID in the datacenter's next-id range {}..{}; widen it \
                          (Datacenter > Options > Next Free VMID Range)",
                         range.lower, range.upper
-                    )));
-                };
+                    ))
+                })?;
                 // Another request may take the same one between the look and the mark.
                 if take_vmid(ctx, id) {
                     return Ok(id);

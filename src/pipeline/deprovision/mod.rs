@@ -337,9 +337,8 @@ async fn verdict(
     vm: &VmResource,
     claim: &Claim<'_>,
 ) -> Result<Ownership, DeprovisionError> {
-    let online = run.view.node_online(&vm.node);
     let reading = DeprovisionError::proxmox(Action::ReadConfig, &vm.node, vm.vmid);
-    match identify(run.pve, online, vm, claim)
+    match identify(run.pve, run.view, vm, claim)
         .await
         .map_err(reading)?
     {
