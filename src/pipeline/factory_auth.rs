@@ -21,9 +21,9 @@ use crate::secret::Secret;
 /// Username and password of one factory.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Credentials {
-    pub username: String,
-    pub password: Secret,
+struct Credentials {
+    username: String,
+    password: Secret,
 }
 
 /// The credentials of each factory that needs them, by URL (without a trailing `/`, as Omni
@@ -79,9 +79,17 @@ impl FactoryAuth {
         Ok(Self(auth))
     }
 
-    /// The credentials for the factory at `factory_url`, if it needs any.
-    pub fn for_factory(&self, factory_url: &str) -> Option<&Credentials> {
-        self.0.get(factory_url.trim_end_matches('/'))
+    /// The basic `Authorization` header Omni sends the factory at `factory_url` too, if that
+    /// factory needs credentials.
+    pub fn for_factory(&self, factory_url: &str) -> Option<Vec<(String, Secret)>> {
+        use base64::Engine;
+        let credentials = self.0.get(factory_url.trim_end_matches('/'))?;
+        let pair = format!("{}:{}", credentials.username, credentials.password.expose());
+        let basic = base64::engine::general_purpose::STANDARD.encode(pair);
+        Some(vec![(
+            "Authorization".into(),
+            Secret::new(format!("Basic {basic}")),
+        )])
     }
 }
 
@@ -114,21 +122,6 @@ struct Spooled(std::path::PathBuf);
 impl Drop for Spooled {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-impl Credentials {
-    /// The basic `Authorization` header Omni sends the factory too.
-    pub fn headers(&self) -> Vec<(String, Secret)> {
-        use base64::Engine;
-        let pair = format!("{}:{}", self.username, self.password.expose());
-        vec![(
-            "Authorization".into(),
-            Secret::new(format!(
-                "Basic {}",
-                base64::engine::general_purpose::STANDARD.encode(pair)
-            )),
-        )]
     }
 }
 
@@ -205,8 +198,9 @@ mod tests {
         )
         .unwrap();
         let found = auth.for_factory("https://factory.example.com").unwrap();
-        assert_eq!(found.username, "omni");
-        assert_eq!(found.password.expose(), "hunter2");
+        // base64 of `omni:hunter2`
+        assert_eq!(found[0].0, "Authorization");
+        assert_eq!(found[0].1.expose(), "Basic b21uaTpodW50ZXIy");
         assert!(auth.for_factory("http://127.0.0.1:8080/").is_some());
         assert!(auth.for_factory("https://factory.talos.dev").is_none());
         assert!(!format!("{auth:?}").contains("hunter2"));

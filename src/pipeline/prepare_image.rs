@@ -156,13 +156,13 @@ struct Fetched {
 /// provider does. An Omni that cannot tell (older, or failing) leaves it to the node too.
 async fn fetched_by_provider(ctx: &StepContext<'_>, wanted: &Wanted<'_>) -> Option<Fetched> {
     let services = ctx.services;
-    if let Some(credentials) = services
+    if let Some(headers) = services
         .factory_auth
         .for_factory(ctx.request.factory(services))
     {
         return Some(Fetched {
             url: boot_image_url(ctx, wanted.schematic, wanted.kind),
-            headers: credentials.headers(),
+            headers,
             named: "the credentials of --image-factory-auth-file",
             advice: "the factory refuses the credentials --image-factory-auth-file gives for it: check its username and password",
         });
