@@ -31,23 +31,13 @@ struct Credentials {
 #[derive(Debug, Clone, Default)]
 pub struct FactoryAuth(BTreeMap<String, Credentials>);
 
-/// The auth file cannot be used; the message names the file and what to change, never a password.
-#[derive(Debug, thiserror::Error)]
-#[error("--image-factory-auth-file {path}: {message}")]
-pub struct AuthFileError {
-    path: String,
-    message: String,
-}
-
 impl FactoryAuth {
-    /// Reads the file: a map from factory URL to `username` and `password`.
-    pub fn read(path: &Path) -> Result<Self, AuthFileError> {
-        let error = |message: String| AuthFileError {
-            path: path.display().to_string(),
-            message,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
-        Self::parse(&text).map_err(error)
+    /// Reads the file: a map from factory URL to `username` and `password`. An error names the
+    /// file and what to change, never a password.
+    pub fn read(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| e.to_string());
+        let auth = text.and_then(|text| Self::parse(&text));
+        auth.map_err(|message| format!("--image-factory-auth-file {}: {message}", path.display()))
     }
 
     fn parse(text: &str) -> Result<Self, String> {
