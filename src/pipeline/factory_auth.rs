@@ -16,6 +16,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use super::image_factory::{DOWNLOAD_TIMEOUT, FactoryError, refused, unreachable};
 use crate::secret::Secret;
 
 /// Username and password of one factory.
@@ -101,18 +102,6 @@ fn sends_safely(url: &url::Url) -> bool {
 pub struct Download {
     pub body: reqwest::Body,
     pub length: u64,
-    /// The file the image was spooled to when the factory did not say its length; deleted when
-    /// the upload is done with it.
-    _spooled: Option<Spooled>,
-}
-
-/// A file in the temporary directory, deleted when dropped.
-struct Spooled(std::path::PathBuf);
-
-impl Drop for Spooled {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// Starts downloading `url` with `headers`; the body is read as the upload sends it on.
@@ -120,11 +109,8 @@ pub async fn download(
     http: &reqwest::Client,
     url: &str,
     headers: &[(String, Secret)],
-) -> Result<Download, super::image_factory::FactoryError> {
-    use super::image_factory::{refused, unreachable};
-    let mut request = http
-        .get(url)
-        .timeout(super::image_factory::DOWNLOAD_TIMEOUT);
+) -> Result<Download, FactoryError> {
+    let mut request = http.get(url).timeout(DOWNLOAD_TIMEOUT);
     for (name, value) in headers {
         request = request.header(name.as_str(), value.expose());
     }
@@ -136,7 +122,6 @@ pub async fn download(
         Some(length) => Ok(Download {
             body: reqwest::Body::wrap_stream(response.bytes_stream()),
             length,
-            _spooled: None,
         }),
         // pveproxy takes no chunked upload (pve-http-server `src/PVE/APIServer/AnyEvent.pm`:
         // 501 "chunked transfer encoding not supported"), so an image of unknown length goes to a
@@ -145,34 +130,31 @@ pub async fn download(
     }
 }
 
-async fn spool(
-    url: &str,
-    mut response: reqwest::Response,
-) -> Result<Download, super::image_factory::FactoryError> {
-    use super::image_factory::unreachable;
+async fn spool(url: &str, mut response: reqwest::Response) -> Result<Download, FactoryError> {
     use tokio::io::AsyncWriteExt;
-    let failed = |message: String| super::image_factory::FactoryError::Unreachable {
-        url: url.to_owned(),
-        message,
-    };
     let path = std::env::temp_dir().join(format!(
         "omni-infra-provider-proxmox-{}.image",
         uuid::Uuid::new_v4()
     ));
-    let spooled = Spooled(path.clone());
-    let local = |e: std::io::Error| failed(format!("keeping the image in {}: {e}", path.display()));
+    let local = |e: std::io::Error| FactoryError::Unreachable {
+        url: url.to_owned(),
+        message: format!("keeping the image in {}: {e}", path.display()),
+    };
     let mut file = tokio::fs::File::create(&path).await.map_err(local)?;
+    // Read through a second handle and unlinked at once: the data lives as long as the handles do,
+    // and nothing is left behind, whatever happens next (a failed download, a crash).
+    let reader = tokio::fs::File::open(&path).await;
+    let _ = std::fs::remove_file(&path);
+    let reader = reader.map_err(local)?;
     let mut length = 0u64;
     while let Some(chunk) = response.chunk().await.map_err(unreachable(url))? {
         file.write_all(&chunk).await.map_err(local)?;
         length += chunk.len() as u64;
     }
     file.flush().await.map_err(local)?;
-    let file = tokio::fs::File::open(&path).await.map_err(local)?;
     Ok(Download {
-        body: reqwest::Body::from(file),
+        body: reqwest::Body::from(reader),
         length,
-        _spooled: Some(spooled),
     })
 }
 
