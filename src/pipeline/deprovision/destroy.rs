@@ -115,29 +115,6 @@ async fn leave_ha(run: &Run<'_>, vm: &VmResource) -> Result<(), DeprovisionError
     pve.remove_ha_resource(vmid).await.map_err(fail)
 }
 
-/// Destroys with `destroy-unreferenced-disks` (a disk Proxmox lost track of goes too), and when an
-/// offline storage makes that fail, again without it.
-///
-/// qemu-server src/PVE/QemuServer.pm, `destroy_vm`: the referenced disks are freed first; then the
-/// unreferenced-disk search lists every image storage of the cluster, and one that is offline fails
-/// the task before the config is removed. Retried as is, the destroy would fail for as long as any
-/// storage anywhere is down. The second call destroys the VM (its referenced disks are already
-/// gone); a leftover on the offline storage is logged.
-async fn destroy_tolerating_offline_storage(
-    run: &Run<'_>,
-    node: &NodeName,
-    vmid: VmId,
-) -> Result<DeprovisionOutcome, DeprovisionError> {
-    match destroy_once(run, node, vmid, true).await {
-        Err(DeprovisionError::Proxmox { source, .. }) if source.is_storage_offline() => {
-            tracing::warn!(%vmid, %node, error = %source,
-                "destroy with the search for unreferenced disks failed on an offline storage; destroying without it (a disk of this VM on that storage may be left behind)");
-            destroy_once(run, node, vmid, false).await
-        }
-        other => other,
-    }
-}
-
 /// Shuts the VM down (stopping it if the guest does not), taking it out of the HA manager first when
 /// it is HA-managed. `Some` when the VM turned out to be gone.
 ///
@@ -191,24 +168,42 @@ async fn shut_down(
     }
 }
 
-/// One destroy call, with its disks, waited for.
-async fn destroy_once(
+/// Destroys the VM with its disks, waited for: with `destroy-unreferenced-disks` (a disk Proxmox
+/// lost track of goes too), and when an offline storage makes that fail, again without it.
+///
+/// qemu-server src/PVE/QemuServer.pm, `destroy_vm`: the referenced disks are freed first; then the
+/// unreferenced-disk search lists every image storage of the cluster, and one that is offline fails
+/// the task before the config is removed. Retried as is, the destroy would fail for as long as any
+/// storage anywhere is down. The second call destroys the VM (its referenced disks are already
+/// gone); a leftover on the offline storage is logged.
+async fn destroy_tolerating_offline_storage(
     run: &Run<'_>,
     node: &NodeName,
     vmid: VmId,
-    destroy_unreferenced_disks: bool,
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
-    (run.progress)(&format!("destroying VM {vmid} on {node} with its disks"));
     let pve = run.pve;
-    let delete = pve.vm(node, vmid).delete(destroy_unreferenced_disks).await;
-    let destroyed = async { pve.wait_for_task(&delete?, TEARDOWN_TASK_TIMEOUT).await };
-    match destroyed.await {
-        Ok(_) => Ok(DeprovisionOutcome::Deleted {
-            node: node.clone(),
-            vmid,
-        }),
-        Err(e) if e.is_not_found() || task_says_gone(&e) => Ok(DeprovisionOutcome::AlreadyGone),
-        Err(e) => Err(DeprovisionError::proxmox(Action::Destroy, node, vmid)(e)),
+    let mut unreferenced_disks = true;
+    loop {
+        (run.progress)(&format!("destroying VM {vmid} on {node} with its disks"));
+        let delete = pve.vm(node, vmid).delete(unreferenced_disks).await;
+        let destroyed = async { pve.wait_for_task(&delete?, TEARDOWN_TASK_TIMEOUT).await };
+        match destroyed.await {
+            Ok(_) => {
+                return Ok(DeprovisionOutcome::Deleted {
+                    node: node.clone(),
+                    vmid,
+                });
+            }
+            Err(e) if e.is_not_found() || task_says_gone(&e) => {
+                return Ok(DeprovisionOutcome::AlreadyGone);
+            }
+            Err(e) if unreferenced_disks && e.is_storage_offline() => {
+                tracing::warn!(%vmid, %node, error = %e,
+                    "destroy with the search for unreferenced disks failed on an offline storage; destroying without it (a disk of this VM on that storage may be left behind)");
+                unreferenced_disks = false;
+            }
+            Err(e) => return Err(DeprovisionError::proxmox(Action::Destroy, node, vmid)(e)),
+        }
     }
 }
 
