@@ -1,6 +1,6 @@
 //! Step 4, `configure_vm`: the VM's settings and its NoCloud seed.
 //!
-//! The seed ISO ([`super::seed`]: label `cidata`, `user-data` = the join config, `meta-data` = instance ID and
+//! The seed ISO ([`super::create_vm::upload_seed`]: label `cidata`, `user-data` = the join config, `meta-data` = instance ID and
 //! hostname, `network-config`) is built in memory and uploaded to ISO storage on the VM's node, then
 //! attached as a CD-ROM. Boot mode `iso` needs the seed at creation, so `create_vm` uploads it and
 //! creates the VM fully configured; this step then has nothing left to do. Boot mode `image` creates
@@ -9,9 +9,8 @@
 //! cloned boot disk.
 
 use super::context::{StartedTask, StepContext, VmAt};
-use super::create_vm::target;
+use super::create_vm::{target, upload_seed};
 use super::error::StepError;
-use super::seed::upload_seed;
 use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::model::vm::{BootDisk, cloud_init_drives};

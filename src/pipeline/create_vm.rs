@@ -12,21 +12,23 @@
 //!   means: choose another.
 //!
 //! Boot mode `iso` creates the VM with its whole configuration in one call, so the NoCloud seed is
-//! uploaded first; boot mode `clone` clones here and configures in the next step.
+//! uploaded first; boot mode `clone` clones here and configures in the next step, with the same
+//! seed upload ([`upload_seed`]) and VM settings ([`target`]).
 
 use super::context::{StepContext, recorded};
 use super::error::StepError;
 use super::identify::identify;
-use super::seed::upload_seed;
+use super::prepare_image::download_storage;
 use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::model::{ClusterSnapshot, Listing};
-use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
+use crate::proxmox::property::{IsoFileName, IsoVolume, PoolId, StorageId};
 use crate::proxmox::types::{NodeName, VmId};
+use crate::rules::cloud_init::{seed_iso, seed_iso_file_name};
 use crate::rules::ip_pool;
 use crate::rules::provider_data::BootMode;
-use crate::rules::storage::{self, StorageNeed};
+use crate::rules::storage::{self, Content, StorageNeed};
 use crate::rules::vm_config::{self, VmTarget};
 use crate::rules::vmid::{self, VmidSource};
 use std::collections::BTreeSet;
@@ -446,4 +448,48 @@ fn disk_storage(
             disk.storage_selector, disk.size_gb
         ))),
     }
+}
+
+/// Builds and uploads this request's NoCloud seed ISO (label `cidata`: `user-data` = the join
+/// config, `meta-data` = instance ID and hostname, `network-config`) to ISO storage on the VM's
+/// node, once (the state records it), returning its volume. Boot mode `iso` needs it before the
+/// create call, boot mode `clone` in the config write after the clone.
+pub async fn upload_seed(
+    ctx: &mut StepContext<'_>,
+    node: &NodeName,
+) -> Result<IsoVolume, StepError> {
+    if let Some(v) = &ctx.state.seed_iso {
+        return Ok(v.clone());
+    }
+    // Beside the boot ISO when there is one, else on the ISO storage the selector picks.
+    let storage = match &ctx.state.boot_iso {
+        Some(boot) => boot.storage.clone(),
+        None => download_storage(ctx, node, Content::IsoImages).await?.0,
+    };
+    let instance_id = recorded(&ctx.state.uuid, "SMBIOS UUID")?;
+    // DHCP, or every NIC by its MAC with the static addresses the provider state records.
+    let network = ip_pool::network_config(
+        &ctx.request.id,
+        1 + ctx.data.additional_nics.len(),
+        &ctx.state.ip_allocations,
+        &ctx.services.config.ip_pools,
+    )
+    .map_err(|p| StepError::config(format!("the recorded static address: {p}")))?;
+    let bytes = seed_iso::build_seed(ctx.join, instance_id, &ctx.request.id, &network)
+        .map_err(|e| StepError::Cluster(e.to_string()))?;
+    let file_name = seed_iso_file_name(&ctx.request.id);
+    let file = IsoFileName::new(file_name.as_str()).map_err(|e| {
+        StepError::Cluster(format!("seed ISO volume {storage}:iso/{file_name}: {e}"))
+    })?;
+    let volume = IsoVolume { storage, file };
+    ctx.run_task(
+        format!("uploading the NoCloud seed to {} on {node}", volume.storage),
+        ctx.services
+            .pve
+            .upload_file(node, volume.storage.as_str(), "iso", &file_name, bytes),
+    )
+    .await?;
+    ctx.state.seed_iso = Some(volume.clone());
+    ctx.persist().await?;
+    Ok(volume)
 }
