@@ -20,11 +20,17 @@ use crate::rules::provider_data::BootMode;
 use crate::rules::vm_config;
 
 pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
+    let (node, vmid) = (&vm.node, vm.vmid);
     if ctx.data.boot == BootMode::Iso {
         if ctx.state.seed_iso.is_none() {
             // A VM the official provider created (its create step does not attach the join config;
             // its start step would): attach our NoCloud seed now.
-            return attach_seed(ctx, vm).await;
+            let seed = upload_seed(ctx, node).await?;
+            let doing = format!("attaching the NoCloud seed to VM {vmid} on {node}");
+            let params = vec![(vm_config::SEED_CDROM.to_string(), cdrom(&seed))];
+            ctx.call(doing, ctx.services.pve.vm(node, vmid).update_config(params))
+                .await?;
+            return Ok(StepOutcome::Done);
         }
         ctx.report("configured at creation").await;
         return Ok(StepOutcome::Done);
@@ -35,7 +41,6 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
         grow_boot_disk(ctx, vm, BootDisk::of(&current)).await?;
         return Ok(StepOutcome::Done);
     }
-    let (node, vmid) = (&vm.node, vm.vmid);
     let seed = upload_seed(ctx, node).await?;
     let listing = ctx.cluster(false).await?;
     let target = target(ctx, node, vmid, &listing, seed)?;
@@ -99,16 +104,6 @@ async fn grow_boot_disk(
             .await?;
     }
     Ok(())
-}
-
-async fn attach_seed(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
-    let (node, vmid) = (&vm.node, vm.vmid);
-    let seed = upload_seed(ctx, node).await?;
-    let doing = format!("attaching the NoCloud seed to VM {vmid} on {node}");
-    let params = vec![(vm_config::SEED_CDROM.to_string(), cdrom(&seed))];
-    ctx.call(doing, ctx.services.pve.vm(node, vmid).update_config(params))
-        .await?;
-    Ok(StepOutcome::Done)
 }
 
 /// The `size=` of a drive string in whole GB (rounded up), if present.
