@@ -23,11 +23,11 @@ use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::model::{ClusterSnapshot, Listing};
-use crate::proxmox::property::{IsoFileName, IsoVolume, PoolId, StorageId};
+use crate::proxmox::property::{IsoFileName, IsoVolume, PoolId};
 use crate::proxmox::types::{NodeName, VmId};
 use crate::rules::cloud_init::{seed_iso, seed_iso_file_name};
 use crate::rules::ip_pool;
-use crate::rules::provider_data::BootMode;
+use crate::rules::provider_data::{AdditionalDisk, BootMode};
 use crate::rules::storage::{self, Content, StorageNeed};
 use crate::rules::vm_config::{self, VmTarget};
 use crate::rules::vmid::{self, VmidSource};
@@ -405,9 +405,26 @@ pub fn target(
         0 => 0,
         _ => 1 + ctx.data.additional_nics.len(),
     };
-    let additional_disk_storages = disks
-        .map(|(i, disk)| disk_storage(listing, node, disk, i))
-        .collect::<Result<_, _>>()?;
+    let cluster = ClusterSnapshot::from_resources(listing);
+    // An additional disk's storage, by the disk's own selector, on the node placement picked.
+    let disk_storage = |(index, disk): (usize, &AdditionalDisk)| {
+        let need = StorageNeed::boot_disk(&disk.storage_selector, disk.size_gb);
+        let choice = cluster
+            .node(node.as_str())
+            .map(|n| storage::choose(n, &need));
+        if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {
+            let key = format!("additional_disks[{index}].storage_selector");
+            return Err(StepError::key(key, e));
+        }
+        match choice.and_then(|c| c.chosen) {
+            Some(s) => Ok(s.name),
+            None => Err(StepError::Cluster(format!(
+                "additional_disks[{index}]: no storage on {node} matches `{}` with {} GB free",
+                disk.storage_selector, disk.size_gb
+            ))),
+        }
+    };
+    let additional_disk_storages = disks.map(disk_storage).collect::<Result<_, _>>()?;
     Ok(VmTarget {
         vmid: vmid.get(),
         storage,
@@ -423,31 +440,6 @@ pub fn target(
             .map(|i| ip_pool::mac_for_nic(&ctx.request.id, i))
             .collect(),
     })
-}
-
-/// The storage for an additional disk, by the disk's own selector, on the node placement picked.
-fn disk_storage(
-    listing: &Listing,
-    node: &NodeName,
-    disk: &crate::rules::provider_data::AdditionalDisk,
-    index: usize,
-) -> Result<StorageId, StepError> {
-    let cluster = ClusterSnapshot::from_resources(listing);
-    let need = StorageNeed::boot_disk(&disk.storage_selector, disk.size_gb);
-    let choice = cluster
-        .node(node.as_str())
-        .map(|n| storage::choose(n, &need));
-    if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {
-        let key = format!("additional_disks[{index}].storage_selector");
-        return Err(StepError::key(key, e));
-    }
-    match choice.and_then(|c| c.chosen) {
-        Some(s) => Ok(s.name),
-        None => Err(StepError::Cluster(format!(
-            "additional_disks[{index}]: no storage on {node} matches `{}` with {} GB free",
-            disk.storage_selector, disk.size_gb
-        ))),
-    }
 }
 
 /// Builds and uploads this request's NoCloud seed ISO (label `cidata`: `user-data` = the join
