@@ -40,13 +40,6 @@ use crate::rules::provider_data::BootMode;
 use crate::rules::schematic::schematic_yaml;
 use crate::rules::storage::{self, Content, StorageNeed};
 
-pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
-    match BootImage::of(ctx.data.boot) {
-        Some(kind) => download(ctx, node, kind).await,
-        None => super::template::find_template(ctx, node).await,
-    }
-}
-
 /// What the node downloads from the Image Factory for the VM to boot from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BootImage {
@@ -92,12 +85,11 @@ impl BootImage {
 }
 
 /// Downloads the boot image once per storage (the node fetches it itself, so it never passes through
-/// the provider), and records where it is.
-async fn download(
-    ctx: &mut StepContext<'_>,
-    node: &NodeName,
-    kind: BootImage,
-) -> Result<StepOutcome, StepError> {
+/// the provider), and records where it is; boot mode `clone` finds its template instead.
+pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
+    let Some(kind) = BootImage::of(ctx.data.boot) else {
+        return super::template::find_template(ctx, node).await;
+    };
     ctx.state.boot_mode = Some(ctx.data.boot.as_str().into());
     let version = talos_version(&ctx.request.talos_version);
     let schematic = match ctx.state.schematic.clone() {
