@@ -16,6 +16,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use tokio::io::AsyncWriteExt;
+
 use super::image_factory::{DOWNLOAD_TIMEOUT, FactoryError, refused, unreachable};
 use crate::secret::Secret;
 
@@ -114,24 +116,19 @@ pub async fn download(
     for (name, value) in headers {
         request = request.header(name.as_str(), value.expose());
     }
-    let response = request.send().await.map_err(unreachable(url))?;
+    let mut response = request.send().await.map_err(unreachable(url))?;
     if !response.status().is_success() {
         return Err(refused(url, response).await);
     }
-    match response.content_length() {
-        Some(length) => Ok(Download {
+    if let Some(length) = response.content_length() {
+        return Ok(Download {
             body: reqwest::Body::wrap_stream(response.bytes_stream()),
             length,
-        }),
-        // pveproxy takes no chunked upload (pve-http-server `src/PVE/APIServer/AnyEvent.pm`:
-        // 501 "chunked transfer encoding not supported"), so an image of unknown length goes to a
-        // file first, never into memory.
-        None => spool(url, response).await,
+        });
     }
-}
-
-async fn spool(url: &str, mut response: reqwest::Response) -> Result<Download, FactoryError> {
-    use tokio::io::AsyncWriteExt;
+    // pveproxy takes no chunked upload (pve-http-server `src/PVE/APIServer/AnyEvent.pm`: 501
+    // "chunked transfer encoding not supported"), so an image of unknown length goes to a file
+    // first, never into memory.
     let path = std::env::temp_dir().join(format!(
         "omni-infra-provider-proxmox-{}.image",
         uuid::Uuid::new_v4()
