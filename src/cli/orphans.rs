@@ -33,7 +33,7 @@ use super::{CliResult, OutputFormat};
 use crate::model::Listing;
 use crate::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, OrphanIso, Orphans,
-    deprovision_reporting, find_orphans, iso_volumes_in,
+    TEARDOWN_TASK_TIMEOUT, deprovision_reporting, find_orphans, iso_volumes_in,
 };
 use crate::proxmox::property::IsoVolume;
 use crate::proxmox::types::{NodeName, VmId, VmResource, content_types};
@@ -229,7 +229,7 @@ pub async fn delete(
 ) -> DeletionReport {
     let mut report = DeletionReport::default();
     let options = DeprovisionOptions {
-        accept_legacy: false,
+        listed_vmid: true,
         ..DeprovisionOptions::default()
     };
     for vm in &orphans.vms {
@@ -289,7 +289,7 @@ async fn delete_iso(
 ) {
     let storage = volume.split(':').next().unwrap_or_default();
     progress(&format!("deleting seed ISO {volume} on {node}"));
-    let timeout = DeprovisionOptions::default().task_timeout;
+    let timeout = TEARDOWN_TASK_TIMEOUT;
     let result = match pve.delete_volume(node, storage, volume).await {
         Ok(Some(upid)) => pve.wait_for_task(&upid, timeout).await.map(|_| ()),
         deleted => deleted.map(|_| ()),

@@ -31,7 +31,7 @@ use crate::omni::auth::ProviderKey;
 use crate::omni::client::OmniClient;
 use crate::omni::state::{StateClient, StateError};
 use crate::omni::transport::{self, OmniEndpoint};
-use crate::pipeline::step::{Services, Timeouts};
+use crate::pipeline::step::{AGENT_POLL, Services};
 use crate::proxmox::ProxmoxClient;
 use crate::telemetry::{self, LogFormat};
 
@@ -291,7 +291,7 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
             image_factory_url: image_factory_url.clone(),
             factory_http: factory_http.clone(),
             factory_auth: settings.factory_auth.clone(),
-            timeouts: Timeouts::default(),
+            agent_poll: AGENT_POLL,
             metrics: metrics.clone(),
         };
         Context::new(Arc::new(services), state.clone(), mode)

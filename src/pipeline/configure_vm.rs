@@ -1,6 +1,6 @@
 //! Step 4, `configure_vm`: the VM's settings and its NoCloud seed.
 //!
-//! The seed ISO ([`super::seed`]: label `cidata`, `user-data` = the join config, `meta-data` = instance ID and
+//! The seed ISO ([`super::create_vm::upload_seed`]: label `cidata`, `user-data` = the join config, `meta-data` = instance ID and
 //! hostname, `network-config`) is built in memory and uploaded to ISO storage on the VM's node, then
 //! attached as a CD-ROM. Boot mode `iso` needs the seed at creation, so `create_vm` uploads it and
 //! creates the VM fully configured; this step then has nothing left to do. Boot mode `image` creates
@@ -9,9 +9,9 @@
 //! cloned boot disk.
 
 use super::context::{StartedTask, StepContext, VmAt};
-use super::create_vm::target;
+use super::create_vm::{target, upload_seed};
 use super::error::StepError;
-use super::seed::upload_seed;
+use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::model::vm::{BootDisk, cloud_init_drives};
 use crate::proxmox::property::cdrom;
@@ -20,11 +20,17 @@ use crate::rules::provider_data::BootMode;
 use crate::rules::vm_config;
 
 pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
+    let (node, vmid) = (&vm.node, vm.vmid);
     if ctx.data.boot == BootMode::Iso {
         if ctx.state.seed_iso.is_none() {
             // A VM the official provider created (its create step does not attach the join config;
             // its start step would): attach our NoCloud seed now.
-            return attach_seed(ctx, vm).await;
+            let seed = upload_seed(ctx, node).await?;
+            let doing = format!("attaching the NoCloud seed to VM {vmid} on {node}");
+            let params = vec![(vm_config::SEED_CDROM.to_string(), cdrom(&seed))];
+            ctx.call(doing, ctx.services.pve.vm(node, vmid).update_config(params))
+                .await?;
+            return Ok(StepOutcome::Done);
         }
         ctx.report("configured at creation").await;
         return Ok(StepOutcome::Done);
@@ -35,15 +41,13 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
         grow_boot_disk(ctx, vm, BootDisk::of(&current)).await?;
         return Ok(StepOutcome::Done);
     }
-    let (node, vmid) = (&vm.node, vm.vmid);
     let seed = upload_seed(ctx, node).await?;
     let listing = ctx.cluster(false).await?;
     let target = target(ctx, node, vmid, &listing, seed)?;
     let pve = &ctx.services.pve;
     let current = read_config(ctx, vm).await?;
     let boot = BootDisk::of(&current);
-    let identity = ctx.identity();
-    let params = vm_config::render_after_clone(&ctx.data, &identity, &target, boot.as_ref())
+    let params = vm_config::render_after_clone(&ctx.data, &ctx.identity(), &target, boot.as_ref())
         .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?;
     // A retry of this step (the first answer lost, a crash) must not allocate disks or MACs again.
     let mut params = vm_config::without_repeated_allocations(params, &current);
@@ -59,12 +63,8 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
     let doing = format!("configuring VM {vmid} on {node}");
     if params.iter().any(|(k, v)| vm_config::allocates(k, v)) {
         // Never replayed by the client: a second delivery would allocate a second time.
-        ctx.run_task(
-            doing,
-            ctx.services.timeouts.task,
-            pve.vm(node, vmid).update_config_async(params),
-        )
-        .await?;
+        ctx.run_task(doing, pve.vm(node, vmid).update_config_async(params))
+            .await?;
     } else {
         ctx.call(doing, pve.vm(node, vmid).update_config(params))
             .await?;
@@ -100,20 +100,10 @@ async fn grow_boot_disk(
     let resize = pve.vm(node, vmid).resize_disk(&disk.1, &size.1);
     // Proxmox answers with a task only where the resize takes one (storage-dependent).
     if let Some(upid) = ctx.call(doing.clone(), resize).await? {
-        let task = StartedTask { upid, doing };
-        ctx.finish_task(task, ctx.services.timeouts.task).await?;
+        ctx.finish_task(StartedTask { upid, doing }, TASK_TIMEOUT)
+            .await?;
     }
     Ok(())
-}
-
-async fn attach_seed(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
-    let (node, vmid) = (&vm.node, vm.vmid);
-    let seed = upload_seed(ctx, node).await?;
-    let doing = format!("attaching the NoCloud seed to VM {vmid} on {node}");
-    let params = vec![(vm_config::SEED_CDROM.to_string(), cdrom(&seed))];
-    ctx.call(doing, ctx.services.pve.vm(node, vmid).update_config(params))
-        .await?;
-    Ok(StepOutcome::Done)
 }
 
 /// The `size=` of a drive string in whole GB (rounded up), if present.

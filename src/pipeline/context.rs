@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::error::StepError;
-use super::services::{RequestInfo, Services};
+use super::services::{RequestInfo, Services, TASK_TIMEOUT};
 use crate::model::{Listing, MachineState};
 use crate::omni::state::StateError;
 use crate::proxmox::ProxmoxError;
@@ -59,6 +59,12 @@ pub struct StartedTask {
     pub doing: String,
 }
 
+/// What an earlier step recorded in the provider state; `what` names it when it is missing.
+pub fn recorded<T: Clone>(field: &Option<T>, what: &str) -> Result<T, StepError> {
+    let missing = || StepError::Cluster(format!("the provider state records no {what}"));
+    field.clone().ok_or_else(missing)
+}
+
 /// Reads reused within one reconcile are this fresh at most.
 const CLUSTER_VIEW_MAX_AGE: Duration = Duration::from_secs(2);
 
@@ -107,7 +113,7 @@ impl StepContext<'_> {
                 .since_dropped()
                 .map_or(SHARED_LISTING_MAX_AGE, |d| d.min(SHARED_LISTING_MAX_AGE))
         };
-        let listing: Listing = self
+        let listing = self
             .services
             .pve
             .cluster_listing_within(shared)
@@ -168,11 +174,10 @@ impl StepContext<'_> {
     pub async fn run_task(
         &self,
         doing: String,
-        timeout: Duration,
         call: impl Future<Output = Result<Upid, ProxmoxError>>,
     ) -> Result<Upid, StepError> {
         let task = self.start_task(doing, call).await?;
-        self.finish_task(task, timeout).await
+        self.finish_task(task, TASK_TIMEOUT).await
     }
 
     pub async fn persist(&self) -> Result<(), StepError> {

@@ -12,19 +12,23 @@
 //!   means: choose another.
 //!
 //! Boot mode `iso` creates the VM with its whole configuration in one call, so the NoCloud seed is
-//! uploaded first; boot mode `clone` clones here and configures in the next step.
+//! uploaded first; boot mode `clone` clones here and configures in the next step, with the same
+//! seed upload ([`upload_seed`]) and VM settings ([`target`]).
 
-use super::context::StepContext;
+use super::context::{StepContext, recorded};
 use super::error::StepError;
 use super::identify::identify;
-use super::seed::upload_seed;
+use super::prepare_image::download_storage;
+use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::model::{ClusterSnapshot, Listing};
-use crate::proxmox::property::{IsoVolume, PoolId, StorageId};
+use crate::proxmox::property::{IsoFileName, IsoVolume, PoolId};
 use crate::proxmox::types::{NodeName, VmId};
-use crate::rules::provider_data::BootMode;
-use crate::rules::storage::{self, StorageNeed};
+use crate::rules::cloud_init::{seed_iso, seed_iso_file_name};
+use crate::rules::ip_pool;
+use crate::rules::provider_data::{AdditionalDisk, BootMode};
+use crate::rules::storage::{self, Content, StorageNeed};
 use crate::rules::vm_config::{self, VmTarget};
 use crate::rules::vmid::{self, VmidSource};
 use std::collections::BTreeSet;
@@ -188,12 +192,11 @@ async fn adopt(
         smbios_uuid: uuid.as_deref(),
     };
     for vm in identity::candidates(listing.vms(), &claim) {
-        let online = listing.node_online(&vm.node);
         let doing = format!(
             "reading the config of VM {} on {} to see whether it is this request's",
             vm.vmid, vm.node
         );
-        let why = match identify(&ctx.services.pve, online, vm, &claim)
+        let why = match identify(&ctx.services.pve, listing, vm, &claim)
             .await
             .map_err(StepError::proxmox(doing))?
         {
@@ -258,13 +261,13 @@ async fn choose_vmid(
             loop {
                 let held =
                     |id: u32| refused.contains(&id) || ledgers.vmids.held(id, &ctx.request.id);
-                let Some(id) = vmid::lowest_free(&range, &listed, held) else {
-                    return Err(StepError::Cluster(format!(
+                let id = vmid::lowest_free(&range, &listed, held).ok_or_else(|| {
+                    StepError::Cluster(format!(
                         "no free VMID in the datacenter's next-id range {}..{}; widen it \
                          (Datacenter > Options > Next Free VMID Range)",
                         range.start, range.end
-                    )));
-                };
+                    ))
+                })?;
                 // Another request may take the same one between the look and the mark.
                 if take_vmid(ctx, id) {
                     return Ok(id);
@@ -357,7 +360,7 @@ async fn make(
             &ctx.identity(),
             vmid.get(),
             node.as_str(),
-            &recorded_storage(ctx)?,
+            &recorded(&ctx.state.storage, "storage for the boot disk")?,
             ctx.data.clone_mode,
         );
         let doing = format!(
@@ -383,15 +386,8 @@ async fn make(
     ctx.state.vm_create_task = Some(task.upid.clone());
     ctx.state.vmid = Some(vmid);
     ctx.persist().await?;
-    ctx.finish_task(task, ctx.services.timeouts.task).await?;
+    ctx.finish_task(task, TASK_TIMEOUT).await?;
     Ok(())
-}
-
-/// The boot disk's storage `pick_node` recorded.
-fn recorded_storage(ctx: &StepContext<'_>) -> Result<StorageId, StepError> {
-    ctx.state.storage.clone().ok_or_else(|| {
-        StepError::Cluster("the provider state records no storage for the boot disk".into())
-    })
 }
 
 /// Everything `vm_config::render` needs that earlier steps decided.
@@ -402,13 +398,33 @@ pub fn target(
     listing: &Listing,
     seed_iso: IsoVolume,
 ) -> Result<VmTarget, StepError> {
-    let missing = |what: &str| StepError::Cluster(format!("the provider state records no {what}"));
-    let storage = recorded_storage(ctx)?;
-    let smbios_uuid = ctx.state.uuid.ok_or_else(|| missing("SMBIOS UUID"))?;
+    let storage = recorded(&ctx.state.storage, "storage for the boot disk")?;
+    let smbios_uuid = recorded(&ctx.state.uuid, "SMBIOS UUID")?;
     let disks = ctx.data.additional_disks.iter().enumerate();
-    let additional_disk_storages = disks
-        .map(|(i, disk)| disk_storage(listing, node, disk, i))
-        .collect::<Result<_, _>>()?;
+    let nics = match ctx.state.ip_allocations.len() {
+        0 => 0,
+        _ => 1 + ctx.data.additional_nics.len(),
+    };
+    let cluster = ClusterSnapshot::from_resources(listing);
+    // An additional disk's storage, by the disk's own selector, on the node placement picked.
+    let disk_storage = |(index, disk): (usize, &AdditionalDisk)| {
+        let need = StorageNeed::boot_disk(&disk.storage_selector, disk.size_gb);
+        let choice = cluster
+            .node(node.as_str())
+            .map(|n| storage::choose(n, &need));
+        if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {
+            let key = format!("additional_disks[{index}].storage_selector");
+            return Err(StepError::key(key, e));
+        }
+        match choice.and_then(|c| c.chosen) {
+            Some(s) => Ok(s.name),
+            None => Err(StepError::Cluster(format!(
+                "additional_disks[{index}]: no storage on {node} matches `{}` with {} GB free",
+                disk.storage_selector, disk.size_gb
+            ))),
+        }
+    };
+    let additional_disk_storages = disks.map(disk_storage).collect::<Result<_, _>>()?;
     Ok(VmTarget {
         vmid: vmid.get(),
         storage,
@@ -417,31 +433,55 @@ pub fn target(
         boot_iso: ctx.state.boot_iso.clone(),
         boot_image: ctx.state.boot_image.clone(),
         seed_iso,
-        macs: super::seed::nic_macs(ctx),
+        // Every NIC gets a deterministic MAC once one has a static address (the seed names each
+        // NIC by its MAC); none otherwise (Proxmox chooses, as for the official provider).
+        macs: (0..nics)
+            .filter_map(|i| u8::try_from(i).ok())
+            .map(|i| ip_pool::mac_for_nic(&ctx.request.id, i))
+            .collect(),
     })
 }
 
-/// The storage for an additional disk, by the disk's own selector, on the node placement picked.
-fn disk_storage(
-    listing: &Listing,
+/// Builds and uploads this request's NoCloud seed ISO (label `cidata`: `user-data` = the join
+/// config, `meta-data` = instance ID and hostname, `network-config`) to ISO storage on the VM's
+/// node, once (the state records it), returning its volume. Boot mode `iso` needs it before the
+/// create call, boot mode `clone` in the config write after the clone.
+pub async fn upload_seed(
+    ctx: &mut StepContext<'_>,
     node: &NodeName,
-    disk: &crate::rules::provider_data::AdditionalDisk,
-    index: usize,
-) -> Result<StorageId, StepError> {
-    let cluster = ClusterSnapshot::from_resources(listing);
-    let need = StorageNeed::boot_disk(&disk.storage_selector, disk.size_gb);
-    let choice = cluster
-        .node(node.as_str())
-        .map(|n| storage::choose(n, &need));
-    if let Some(e) = choice.as_ref().and_then(|c| c.selector_error()) {
-        let key = format!("additional_disks[{index}].storage_selector");
-        return Err(StepError::key(key, e));
+) -> Result<IsoVolume, StepError> {
+    if let Some(v) = &ctx.state.seed_iso {
+        return Ok(v.clone());
     }
-    match choice.and_then(|c| c.chosen) {
-        Some(s) => Ok(s.name),
-        None => Err(StepError::Cluster(format!(
-            "additional_disks[{index}]: no storage on {node} matches `{}` with {} GB free",
-            disk.storage_selector, disk.size_gb
-        ))),
-    }
+    // Beside the boot ISO when there is one, else on the ISO storage the selector picks.
+    let storage = match &ctx.state.boot_iso {
+        Some(boot) => boot.storage.clone(),
+        None => download_storage(ctx, node, Content::IsoImages).await?.0,
+    };
+    let instance_id = recorded(&ctx.state.uuid, "SMBIOS UUID")?;
+    // DHCP, or every NIC by its MAC with the static addresses the provider state records.
+    let network = ip_pool::network_config(
+        &ctx.request.id,
+        1 + ctx.data.additional_nics.len(),
+        &ctx.state.ip_allocations,
+        &ctx.services.config.ip_pools,
+    )
+    .map_err(|p| StepError::config(format!("the recorded static address: {p}")))?;
+    let bytes = seed_iso::build_seed(ctx.join, instance_id, &ctx.request.id, &network)
+        .map_err(|e| StepError::Cluster(e.to_string()))?;
+    let file_name = seed_iso_file_name(&ctx.request.id);
+    let file = IsoFileName::new(file_name.as_str()).map_err(|e| {
+        StepError::Cluster(format!("seed ISO volume {storage}:iso/{file_name}: {e}"))
+    })?;
+    let volume = IsoVolume { storage, file };
+    ctx.run_task(
+        format!("uploading the NoCloud seed to {} on {node}", volume.storage),
+        ctx.services
+            .pve
+            .upload_file(node, volume.storage.as_str(), "iso", &file_name, bytes),
+    )
+    .await?;
+    ctx.state.seed_iso = Some(volume.clone());
+    ctx.persist().await?;
+    Ok(volume)
 }

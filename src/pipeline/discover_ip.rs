@@ -69,7 +69,7 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
     }
     let left = timeout - waited;
     Ok(StepOutcome::Requeue {
-        after: ctx.services.timeouts.agent_poll.min(left),
+        after: ctx.services.agent_poll.min(left),
         why: format!("{why}; {}s left", left.as_secs()),
     })
 }

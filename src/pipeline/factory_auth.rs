@@ -15,16 +15,18 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
+use tokio::io::AsyncWriteExt;
+
+use super::image_factory::{DOWNLOAD_TIMEOUT, FactoryError, refused, unreachable};
 use crate::secret::Secret;
 
 /// Username and password of one factory.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Credentials {
-    pub username: String,
-    pub password: Secret,
+struct Credentials {
+    username: String,
+    password: Secret,
 }
 
 /// The credentials of each factory that needs them, by URL (without a trailing `/`, as Omni
@@ -32,23 +34,13 @@ pub struct Credentials {
 #[derive(Debug, Clone, Default)]
 pub struct FactoryAuth(BTreeMap<String, Credentials>);
 
-/// The auth file cannot be used; the message names the file and what to change, never a password.
-#[derive(Debug, thiserror::Error)]
-#[error("--image-factory-auth-file {path}: {message}")]
-pub struct AuthFileError {
-    path: String,
-    message: String,
-}
-
 impl FactoryAuth {
-    /// Reads the file: a map from factory URL to `username` and `password`.
-    pub fn read(path: &Path) -> Result<Self, AuthFileError> {
-        let error = |message: String| AuthFileError {
-            path: path.display().to_string(),
-            message,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
-        Self::parse(&text).map_err(error)
+    /// Reads the file: a map from factory URL to `username` and `password`. An error names the
+    /// file and what to change, never a password.
+    pub fn read(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| e.to_string());
+        let auth = text.and_then(|text| Self::parse(&text));
+        auth.map_err(|message| format!("--image-factory-auth-file {}: {message}", path.display()))
     }
 
     fn parse(text: &str) -> Result<Self, String> {
@@ -80,9 +72,17 @@ impl FactoryAuth {
         Ok(Self(auth))
     }
 
-    /// The credentials for the factory at `factory_url`, if it needs any.
-    pub fn for_factory(&self, factory_url: &str) -> Option<&Credentials> {
-        self.0.get(factory_url.trim_end_matches('/'))
+    /// The basic `Authorization` header Omni sends the factory at `factory_url` too, if that
+    /// factory needs credentials.
+    pub fn for_factory(&self, factory_url: &str) -> Option<Vec<(String, Secret)>> {
+        use base64::Engine;
+        let credentials = self.0.get(factory_url.trim_end_matches('/'))?;
+        let pair = format!("{}:{}", credentials.username, credentials.password.expose());
+        let basic = base64::engine::general_purpose::STANDARD.encode(pair);
+        Some(vec![(
+            "Authorization".into(),
+            Secret::new(format!("Basic {basic}")),
+        )])
     }
 }
 
@@ -104,33 +104,6 @@ fn sends_safely(url: &url::Url) -> bool {
 pub struct Download {
     pub body: reqwest::Body,
     pub length: u64,
-    /// The file the image was spooled to when the factory did not say its length; deleted when
-    /// the upload is done with it.
-    _spooled: Option<Spooled>,
-}
-
-/// A file in the temporary directory, deleted when dropped.
-struct Spooled(std::path::PathBuf);
-
-impl Drop for Spooled {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-impl Credentials {
-    /// The basic `Authorization` header Omni sends the factory too.
-    pub fn headers(&self) -> Vec<(String, Secret)> {
-        use base64::Engine;
-        let pair = format!("{}:{}", self.username, self.password.expose());
-        vec![(
-            "Authorization".into(),
-            Secret::new(format!(
-                "Basic {}",
-                base64::engine::general_purpose::STANDARD.encode(pair)
-            )),
-        )]
-    }
 }
 
 /// Starts downloading `url` with `headers`; the body is read as the upload sends it on.
@@ -138,58 +111,47 @@ pub async fn download(
     http: &reqwest::Client,
     url: &str,
     headers: &[(String, Secret)],
-    timeout: Duration,
-) -> Result<Download, super::image_factory::FactoryError> {
-    use super::image_factory::{refused, unreachable};
-    let mut request = http.get(url).timeout(timeout);
+) -> Result<Download, FactoryError> {
+    let mut request = http.get(url).timeout(DOWNLOAD_TIMEOUT);
     for (name, value) in headers {
         request = request.header(name.as_str(), value.expose());
     }
-    let response = request.send().await.map_err(unreachable(url))?;
+    let mut response = request.send().await.map_err(unreachable(url))?;
     if !response.status().is_success() {
         return Err(refused(url, response).await);
     }
-    match response.content_length() {
-        Some(length) => Ok(Download {
+    if let Some(length) = response.content_length() {
+        return Ok(Download {
             body: reqwest::Body::wrap_stream(response.bytes_stream()),
             length,
-            _spooled: None,
-        }),
-        // pveproxy takes no chunked upload (pve-http-server `src/PVE/APIServer/AnyEvent.pm`:
-        // 501 "chunked transfer encoding not supported"), so an image of unknown length goes to a
-        // file first, never into memory.
-        None => spool(url, response).await,
+        });
     }
-}
-
-async fn spool(
-    url: &str,
-    mut response: reqwest::Response,
-) -> Result<Download, super::image_factory::FactoryError> {
-    use super::image_factory::unreachable;
-    use tokio::io::AsyncWriteExt;
-    let failed = |message: String| super::image_factory::FactoryError::Unreachable {
-        url: url.to_owned(),
-        message,
-    };
+    // pveproxy takes no chunked upload (pve-http-server `src/PVE/APIServer/AnyEvent.pm`: 501
+    // "chunked transfer encoding not supported"), so an image of unknown length goes to a file
+    // first, never into memory.
     let path = std::env::temp_dir().join(format!(
         "omni-infra-provider-proxmox-{}.image",
         uuid::Uuid::new_v4()
     ));
-    let spooled = Spooled(path.clone());
-    let local = |e: std::io::Error| failed(format!("keeping the image in {}: {e}", path.display()));
+    let local = |e: std::io::Error| FactoryError::Unreachable {
+        url: url.to_owned(),
+        message: format!("keeping the image in {}: {e}", path.display()),
+    };
     let mut file = tokio::fs::File::create(&path).await.map_err(local)?;
+    // Read through a second handle and unlinked at once: the data lives as long as the handles do,
+    // and nothing is left behind, whatever happens next (a failed download, a crash).
+    let reader = tokio::fs::File::open(&path).await;
+    let _ = std::fs::remove_file(&path);
+    let reader = reader.map_err(local)?;
     let mut length = 0u64;
     while let Some(chunk) = response.chunk().await.map_err(unreachable(url))? {
         file.write_all(&chunk).await.map_err(local)?;
         length += chunk.len() as u64;
     }
     file.flush().await.map_err(local)?;
-    let file = tokio::fs::File::open(&path).await.map_err(local)?;
     Ok(Download {
-        body: reqwest::Body::from(file),
+        body: reqwest::Body::from(reader),
         length,
-        _spooled: Some(spooled),
     })
 }
 
@@ -205,8 +167,9 @@ mod tests {
         )
         .unwrap();
         let found = auth.for_factory("https://factory.example.com").unwrap();
-        assert_eq!(found.username, "omni");
-        assert_eq!(found.password.expose(), "hunter2");
+        // base64 of `omni:hunter2`
+        assert_eq!(found[0].0, "Authorization");
+        assert_eq!(found[0].1.expose(), "Basic b21uaTpodW50ZXIy");
         assert!(auth.for_factory("http://127.0.0.1:8080/").is_some());
         assert!(auth.for_factory("https://factory.talos.dev").is_none());
         assert!(!format!("{auth:?}").contains("hunter2"));

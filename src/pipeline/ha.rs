@@ -176,46 +176,12 @@ async fn apply(pve: &ProxmoxClient, change: &RuleChange) -> Result<(), ProxmoxEr
 
 /// The HA-managed VMs of `set` in a listing (as sids; none without a set) and its number of nodes.
 pub(super) fn set_members_in(listing: &Listing, set: Option<&str>) -> (Vec<String>, usize) {
-    let nodes = listing.nodes().count();
-    let Some(set) = set else {
-        return (Vec::new(), nodes);
-    };
-    let tag = set_tag(set);
-    let members = listing
-        .tagged(&tag)
+    let tag = set.map(set_tag);
+    let members = (tag.iter().flat_map(|tag| listing.tagged(tag)))
         .filter(|vm| vm.hastate.is_some())
         .map(|vm| vm_sid(vm.vmid))
         .collect();
-    (members, nodes)
-}
-
-/// The set's VMs that will join its rules but are not HA-managed yet: made (tagged in the listing)
-/// or placed by this process and not listed yet (by request ID), so machines of a burst are
-/// counted together.
-fn prospective_members(
-    ctx: &StepContext<'_>,
-    listing: &Listing,
-    set: &str,
-    managed: &[String],
-) -> Vec<String> {
-    let tag = set_tag(set);
-    let listed: Vec<&VmResource> = listing.tagged(&tag).collect();
-    let made = listed
-        .iter()
-        .map(|vm| vm_sid(vm.vmid))
-        .filter(|sid| !managed.contains(sid));
-    let placed = ctx
-        .services
-        .ledgers
-        .placements
-        .in_set(set, &ctx.request.id)
-        .into_iter()
-        .filter(|id| {
-            !listed
-                .iter()
-                .any(|vm| vm.name.as_deref() == Some(id.as_str()))
-        });
-    made.chain(placed).collect()
+    (members, listing.nodes().count())
 }
 
 /// Before anything is made: whether the VM can join the HA rules its class puts it in without
@@ -245,8 +211,29 @@ pub(super) async fn check_rules_in_turn(
         Err(e) => return Err(StepError::proxmox("reading the HA rules")(e)),
     };
     let (mut members, cluster_nodes) = set_members_in(listing, set);
+    // The set's VMs that will join its rules but are not HA-managed yet count too: made (tagged in
+    // the listing) or placed by this process and not listed yet (by request ID), so machines of a
+    // burst are counted together.
     if let Some(set) = set {
-        members.extend(prospective_members(ctx, listing, set, &members));
+        let tag = set_tag(set);
+        let listed: Vec<&VmResource> = listing.tagged(&tag).collect();
+        let made = listed.iter().map(|vm| vm_sid(vm.vmid));
+        let placed = ctx
+            .services
+            .ledgers
+            .placements
+            .in_set(set, &ctx.request.id)
+            .into_iter()
+            .filter(|id| {
+                !listed
+                    .iter()
+                    .any(|vm| vm.name.as_deref() == Some(id.as_str()))
+            });
+        let prospective: Vec<String> = made
+            .filter(|sid| !members.contains(sid))
+            .chain(placed)
+            .collect();
+        members.extend(prospective);
     }
     let membership = HaMembership {
         settings: &ha,

@@ -2,23 +2,24 @@
 //! (`model::identity` decides; this only fetches what it needs). Adoption and teardown both come
 //! through here, so they read the same evidence and wait on the same things.
 
+use crate::model::Listing;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::proxmox::types::VmResource;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 
 /// Judges `vm` for `claim`: from the listing when that is conclusive (no request), else from the
 /// config (one request): always from the config when a SMBIOS UUID was recorded, which only the
-/// config shows. `node_online` is the listing's word on the VM's node.
+/// config shows. `listing` says whether the VM's node is online.
 pub async fn identify(
     pve: &ProxmoxClient,
-    node_online: bool,
+    listing: &Listing,
     vm: &VmResource,
     claim: &Claim<'_>,
 ) -> Result<Ownership, ProxmoxError> {
     if let Some(ownership) = identity::judge_listing_to_act(vm, claim) {
         return Ok(ownership);
     }
-    if !node_online {
+    if !listing.node_online(&vm.node) {
         return Ok(Ownership::NodeAway);
     }
     let config = match pve.vm(&vm.node, vm.vmid).config().await {

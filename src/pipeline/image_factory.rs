@@ -18,6 +18,9 @@ use crate::omni::state::{StateClient, StateError};
 
 use std::time::Duration;
 
+/// How long a boot image download from the factory (by the node, or by the provider) may take.
+pub const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(1800);
+
 #[derive(Debug, thiserror::Error)]
 pub enum FactoryError {
     #[error("cannot reach the Image Factory at {url}: {message}")]

@@ -16,7 +16,6 @@ pub mod ip_pool;
 pub mod ledgers;
 pub mod pick_node;
 pub mod prepare_image;
-pub mod seed;
 pub mod services;
 pub mod start_vm;
 pub mod step;

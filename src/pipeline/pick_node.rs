@@ -19,7 +19,6 @@ use crate::model::{ClusterSnapshot, MIB};
 use crate::proxmox::types::VmId;
 use crate::rules::placement::{self, PlacementRequest, Reservation};
 use crate::rules::provider_data::BootMode;
-use crate::rules::storage_selector::StorageSelector;
 use crate::rules::vm_config;
 
 pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
@@ -50,7 +49,17 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     if let Some(source) = &clone {
         additional_disks_fit(&ctx.data, source)?;
     }
-    let node_selectors = node_selectors(ctx)?;
+    // The storage selector each node with a `nodes:` override would use, by the same precedence as
+    // every other key (the class, then the node's override, then `defaults:`): resolving the
+    // provider data for that node is the one rule, so placement cannot prefer an override the class
+    // outranks.
+    let selector_of = |node: &String| {
+        let data = ctx.services.provider_data(ctx.request, Some(node))?;
+        Ok((node.clone(), data.storage_selector))
+    };
+    let node_selectors: BTreeMap<_, _> = (ctx.services.config.nodes.keys())
+        .map(selector_of)
+        .collect::<Result<_, StepError>>()?;
     let request = PlacementRequest {
         request_id: &ctx.request.id,
         data: &ctx.data,
@@ -97,16 +106,4 @@ fn additional_disks_fit(
         }
     }
     Ok(())
-}
-
-/// The storage selector each node with a `nodes:` override would use, by the same precedence as
-/// every other key (the class, then the node's override, then `defaults:`): resolving the provider
-/// data for that node is the one rule, so placement cannot prefer an override the class outranks.
-fn node_selectors(ctx: &StepContext<'_>) -> Result<BTreeMap<String, StorageSelector>, StepError> {
-    let mut out = BTreeMap::new();
-    for node in ctx.services.config.nodes.keys() {
-        let data = ctx.services.provider_data(ctx.request, Some(node))?;
-        out.insert(node.clone(), data.storage_selector);
-    }
-    Ok(out)
 }

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use super::context::StepContext;
 use super::error::StepError;
 use super::factory_auth;
-use super::image_factory::{self, FactoryError};
+use super::image_factory::{self, DOWNLOAD_TIMEOUT, FactoryError};
 use super::ledgers::image_presence_key;
 use super::step::StepOutcome;
 use crate::model::ClusterSnapshot;
@@ -39,13 +39,6 @@ use crate::proxmox::types::NodeName;
 use crate::rules::provider_data::BootMode;
 use crate::rules::schematic::schematic_yaml;
 use crate::rules::storage::{self, Content, StorageNeed};
-
-pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
-    match BootImage::of(ctx.data.boot) {
-        Some(kind) => download(ctx, node, kind).await,
-        None => super::template::find_template(ctx, node).await,
-    }
-}
 
 /// What the node downloads from the Image Factory for the VM to boot from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,12 +85,11 @@ impl BootImage {
 }
 
 /// Downloads the boot image once per storage (the node fetches it itself, so it never passes through
-/// the provider), and records where it is.
-async fn download(
-    ctx: &mut StepContext<'_>,
-    node: &NodeName,
-    kind: BootImage,
-) -> Result<StepOutcome, StepError> {
+/// the provider), and records where it is; boot mode `clone` finds its template instead.
+pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
+    let Some(kind) = BootImage::of(ctx.data.boot) else {
+        return super::template::find_template(ctx, node).await;
+    };
     ctx.state.boot_mode = Some(ctx.data.boot.as_str().into());
     let version = talos_version(&ctx.request.talos_version);
     let schematic = match ctx.state.schematic.clone() {
@@ -156,13 +148,13 @@ struct Fetched {
 /// provider does. An Omni that cannot tell (older, or failing) leaves it to the node too.
 async fn fetched_by_provider(ctx: &StepContext<'_>, wanted: &Wanted<'_>) -> Option<Fetched> {
     let services = ctx.services;
-    if let Some(credentials) = services
+    if let Some(headers) = services
         .factory_auth
         .for_factory(ctx.request.factory(services))
     {
         return Some(Fetched {
             url: boot_image_url(ctx, wanted.schematic, wanted.kind),
-            headers: credentials.headers(),
+            headers,
             named: "the credentials of --image-factory-auth-file",
             advice: "the factory refuses the credentials --image-factory-auth-file gives for it: check its username and password",
         });
@@ -218,9 +210,7 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
     // A download the official provider (or an earlier run) started may still be running: wait for it
     // rather than start a second one into the same file. How it ended is read from the storage below.
     if let Some(task) = ctx.state.iso_download_task.clone() {
-        let _ = pve
-            .wait_for_task(&task, ctx.services.timeouts.download)
-            .await;
+        let _ = pve.wait_for_task(&task, DOWNLOAD_TIMEOUT).await;
     }
     // A boot ISO seen lately needs no listing per VM: a start that finds it gone puts it back
     // (`put_back_if_missing`). A disk image is only read by the create, which cannot do that.
@@ -276,19 +266,14 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
             advice,
         }) => {
             let services = ctx.services;
-            let image = factory_auth::download(
-                &services.factory_http,
-                &url,
-                &headers,
-                services.timeouts.download,
-            )
-            .await
-            .map_err(|e| match e {
-                FactoryError::Refused {
-                    status: 401 | 403, ..
-                } => StepError::config(format!("{e} ({advice})")),
-                other => StepError::Cluster(other.to_string()),
-            })?;
+            let image = factory_auth::download(&services.factory_http, &url, &headers)
+                .await
+                .map_err(|e| match e {
+                    FactoryError::Refused {
+                        status: 401 | 403, ..
+                    } => StepError::config(format!("{e} ({advice})")),
+                    other => StepError::Cluster(other.to_string()),
+                })?;
             ctx.start_task(
                 format!("uploading {what}, fetched from the Image Factory with {named}"),
                 pve.upload_file(
@@ -307,7 +292,7 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
     }
     ctx.state.iso_download_task = Some(task.upid.clone());
     ctx.persist().await?;
-    match ctx.finish_task(task, ctx.services.timeouts.download).await {
+    match ctx.finish_task(task, DOWNLOAD_TIMEOUT).await {
         // Another provider (or an earlier try whose answer we lost) put it there meanwhile.
         Err(StepError::Proxmox { source, .. }) if source.is_file_already_present() => Ok(()),
         other => other.map(|_| ()),

@@ -50,29 +50,15 @@ pub struct Services {
     pub factory_http: reqwest::Client,
     /// Credentials of the factories that need them (`--image-factory-auth-file`).
     pub factory_auth: super::factory_auth::FactoryAuth,
-    pub timeouts: Timeouts,
+    /// How often to ask the guest agent while waiting for an address ([`AGENT_POLL`]).
+    pub agent_poll: Duration,
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
-#[derive(Debug, Clone)]
-pub struct Timeouts {
-    /// Create, clone, config, upload, start tasks.
-    pub task: Duration,
-    /// Image downloads by the node.
-    pub download: Duration,
-    /// How often to ask the guest agent while waiting for an address.
-    pub agent_poll: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Self {
-            task: Duration::from_secs(600),
-            download: Duration::from_secs(1800),
-            agent_poll: Duration::from_secs(5),
-        }
-    }
-}
+/// How long a create, clone, config, upload or start task may take.
+pub const TASK_TIMEOUT: Duration = Duration::from_secs(600);
+/// How often the guest agent is asked while waiting for an address.
+pub const AGENT_POLL: Duration = Duration::from_secs(5);
 
 impl Services {
     /// Resolves provider data for `request`, with the chosen node's override once it is known.

@@ -8,6 +8,7 @@
 use super::context::{StepContext, VmAt};
 use super::error::StepError;
 use super::ledgers::image_presence_key;
+use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::proxmox::types::{NodeName, VmId};
 
@@ -36,7 +37,7 @@ async fn start(ctx: &mut StepContext<'_>, node: &NodeName, vmid: VmId) -> Result
             ctx.services.pve.vm(node, vmid).start(),
         )
         .await?;
-    match ctx.finish_task(task, ctx.services.timeouts.task).await {
+    match ctx.finish_task(task, TASK_TIMEOUT).await {
         // Recorded like the official provider does: re-running its start step, it checks this task.
         // A task that failed because the VM already ran is not recorded (it would read as a failure).
         Ok(upid) => ctx.state.vm_start_task = Some(upid),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 pub use super::context::{StatePort, StatusPort, StepContext};
 pub use super::error::StepError;
-pub use super::services::{RequestInfo, Services, Timeouts};
+pub use super::services::{AGENT_POLL, RequestInfo, Services};
 use crate::model::MachineState;
 
 crate::proxmox::property::str_enum!(
@@ -76,14 +76,13 @@ impl Step {
         let Some(annotation) = annotation else {
             return ours.map_or(0, |i| i + 1);
         };
-        if let Some(i) = ours {
-            let agrees = Self::ALL[i].go_name(state) == annotation
-                || Self::ALL
-                    .get(i + 1)
-                    .is_some_and(|next| next.go_name(state) == annotation);
-            if agrees {
-                return i + 1;
-            }
+        if let Some(i) = ours
+            && Self::ALL[i..]
+                .iter()
+                .take(2)
+                .any(|s| s.go_name(state) == annotation)
+        {
+            return i + 1;
         }
         let go = GO_STEPS
             .iter()
@@ -94,7 +93,7 @@ impl Step {
             // it (the boot disk's storage, the copy to clone); before a VM exists `pick_node` runs
             // again, and keeps the node when the rest of the decision fits it.
             (Some(_), _) if state.storage.is_none() && state.recorded_vmid().is_none() => 0,
-            (Some(step), _) => step.number() - 1,
+            (Some(step), _) => step as usize,
             // Our own step names: a state this provider wrote with them is read as it was meant.
             (None, Some(i)) => i + 1,
             (None, None) => 0,

@@ -17,11 +17,9 @@ pub(super) async fn find_template(
     node: &NodeName,
 ) -> Result<StepOutcome, StepError> {
     ctx.state.boot_mode = Some(BootMode::Clone.as_str().into());
-    let Some(wanted) = ctx.data.template.clone() else {
-        return Err(StepError::config(
-            "boot mode `clone` needs `template` (a VMID or a template name)",
-        ));
-    };
+    let wanted = ctx.data.template.clone().ok_or_else(|| {
+        StepError::config("boot mode `clone` needs `template` (a VMID or a template name)")
+    })?;
     let listing = ctx.cluster(false).await?;
     let recorded = ctx.state.template_vmid;
     if listing.templates().any(|vm| Some(vm.vmid) == recorded) {
@@ -30,11 +28,11 @@ pub(super) async fn find_template(
     }
     let cluster = ClusterSnapshot::from_resources(&listing);
     let source = copies_of(ctx, &wanted, &listing, &cluster).await?;
-    let Some(here) = cluster.node(node.as_str()) else {
-        return Err(StepError::Cluster(format!(
+    let here = cluster.node(node.as_str()).ok_or_else(|| {
+        StepError::Cluster(format!(
             "node {node} recorded for this machine is not in the cluster"
-        )));
-    };
+        ))
+    })?;
     match clone_verdict(
         here,
         &source,

@@ -16,7 +16,7 @@ use omni_infra_provider_proxmox::omni::resources::{
     MACHINE_REQUEST, MACHINE_REQUEST_STATUS, provider_machine,
 };
 use omni_infra_provider_proxmox::omni::state::Typed;
-use omni_infra_provider_proxmox::pipeline::step::{Services, Timeouts};
+use omni_infra_provider_proxmox::pipeline::step::Services;
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -119,10 +119,7 @@ impl Harness {
             factory_http: omni_infra_provider_proxmox::pipeline::image_factory::http_client()
                 .unwrap(),
             factory_auth: self.factory_auth.clone(),
-            timeouts: Timeouts {
-                agent_poll: Duration::from_millis(50),
-                ..Timeouts::default()
-            },
+            agent_poll: Duration::from_millis(50),
             metrics: self.metrics.clone(),
         });
         Arc::new(

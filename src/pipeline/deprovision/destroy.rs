@@ -3,7 +3,10 @@
 use futures_util::future::OptionFuture;
 
 use super::error::Action;
-use super::{DeprovisionError, DeprovisionOutcome, Run, node_offline};
+use super::{
+    DeprovisionError, DeprovisionOutcome, Run, SHUTDOWN_TIMEOUT, TEARDOWN_TASK_TIMEOUT,
+    node_offline,
+};
 use crate::model::Listing;
 use crate::model::identity;
 use crate::proxmox::ProxmoxError;
@@ -112,29 +115,6 @@ async fn leave_ha(run: &Run<'_>, vm: &VmResource) -> Result<(), DeprovisionError
     pve.remove_ha_resource(vmid).await.map_err(fail)
 }
 
-/// Destroys with `destroy-unreferenced-disks` (a disk Proxmox lost track of goes too), and when an
-/// offline storage makes that fail, again without it.
-///
-/// qemu-server src/PVE/QemuServer.pm, `destroy_vm`: the referenced disks are freed first; then the
-/// unreferenced-disk search lists every image storage of the cluster, and one that is offline fails
-/// the task before the config is removed. Retried as is, the destroy would fail for as long as any
-/// storage anywhere is down. The second call destroys the VM (its referenced disks are already
-/// gone); a leftover on the offline storage is logged.
-async fn destroy_tolerating_offline_storage(
-    run: &Run<'_>,
-    node: &NodeName,
-    vmid: VmId,
-) -> Result<DeprovisionOutcome, DeprovisionError> {
-    match destroy_once(run, node, vmid, true).await {
-        Err(DeprovisionError::Proxmox { source, .. }) if source.is_storage_offline() => {
-            tracing::warn!(%vmid, %node, error = %source,
-                "destroy with the search for unreferenced disks failed on an offline storage; destroying without it (a disk of this VM on that storage may be left behind)");
-            destroy_once(run, node, vmid, false).await
-        }
-        other => other,
-    }
-}
-
 /// Shuts the VM down (stopping it if the guest does not), taking it out of the HA manager first when
 /// it is HA-managed. `Some` when the VM turned out to be gone.
 ///
@@ -147,8 +127,8 @@ async fn shut_down(
     node: &NodeName,
     vmid: VmId,
 ) -> Result<Option<DeprovisionOutcome>, DeprovisionError> {
-    let (pve, options, progress) = (run.pve, run.options, run.progress);
-    let secs = u32::try_from(options.shutdown_timeout.as_secs()).unwrap_or(u32::MAX);
+    let (pve, progress) = (run.pve, run.progress);
+    let secs = u32::try_from(SHUTDOWN_TIMEOUT.as_secs()).unwrap_or(u32::MAX);
     progress(&format!(
         "shutting down VM {vmid} on {node} (stopped after {secs} s if the guest does not shut down)"
     ));
@@ -164,7 +144,7 @@ async fn shut_down(
             left.map_err(|e| (Action::RemoveFromHa, e))?;
             task = pve.vm(node, vmid).shutdown(secs).await;
         }
-        let timeout = options.shutdown_timeout + options.task_timeout;
+        let timeout = SHUTDOWN_TIMEOUT + TEARDOWN_TASK_TIMEOUT;
         let shut_down = async { pve.wait_for_task(&task?, timeout).await };
         match shut_down.await {
             Ok(_) => Ok(()),
@@ -174,7 +154,7 @@ async fn shut_down(
                 tracing::warn!(%vmid, %node, error = %e, "shutdown failed; stopping the VM");
                 progress(&format!("stopping VM {vmid} on {node}"));
                 let stop = async {
-                    pve.wait_for_task(&pve.vm(node, vmid).stop().await?, options.task_timeout)
+                    pve.wait_for_task(&pve.vm(node, vmid).stop().await?, TEARDOWN_TASK_TIMEOUT)
                         .await
                 };
                 stop.await.map_err(|e| (Action::Stop, e))
@@ -188,24 +168,42 @@ async fn shut_down(
     }
 }
 
-/// One destroy call, with its disks, waited for.
-async fn destroy_once(
+/// Destroys the VM with its disks, waited for: with `destroy-unreferenced-disks` (a disk Proxmox
+/// lost track of goes too), and when an offline storage makes that fail, again without it.
+///
+/// qemu-server src/PVE/QemuServer.pm, `destroy_vm`: the referenced disks are freed first; then the
+/// unreferenced-disk search lists every image storage of the cluster, and one that is offline fails
+/// the task before the config is removed. Retried as is, the destroy would fail for as long as any
+/// storage anywhere is down. The second call destroys the VM (its referenced disks are already
+/// gone); a leftover on the offline storage is logged.
+async fn destroy_tolerating_offline_storage(
     run: &Run<'_>,
     node: &NodeName,
     vmid: VmId,
-    destroy_unreferenced_disks: bool,
 ) -> Result<DeprovisionOutcome, DeprovisionError> {
-    (run.progress)(&format!("destroying VM {vmid} on {node} with its disks"));
     let pve = run.pve;
-    let delete = pve.vm(node, vmid).delete(destroy_unreferenced_disks).await;
-    let destroyed = async { pve.wait_for_task(&delete?, run.options.task_timeout).await };
-    match destroyed.await {
-        Ok(_) => Ok(DeprovisionOutcome::Deleted {
-            node: node.clone(),
-            vmid,
-        }),
-        Err(e) if e.is_not_found() || task_says_gone(&e) => Ok(DeprovisionOutcome::AlreadyGone),
-        Err(e) => Err(DeprovisionError::proxmox(Action::Destroy, node, vmid)(e)),
+    let mut unreferenced_disks = true;
+    loop {
+        (run.progress)(&format!("destroying VM {vmid} on {node} with its disks"));
+        let delete = pve.vm(node, vmid).delete(unreferenced_disks).await;
+        let destroyed = async { pve.wait_for_task(&delete?, TEARDOWN_TASK_TIMEOUT).await };
+        match destroyed.await {
+            Ok(_) => {
+                return Ok(DeprovisionOutcome::Deleted {
+                    node: node.clone(),
+                    vmid,
+                });
+            }
+            Err(e) if e.is_not_found() || task_says_gone(&e) => {
+                return Ok(DeprovisionOutcome::AlreadyGone);
+            }
+            Err(e) if unreferenced_disks && e.is_storage_offline() => {
+                tracing::warn!(%vmid, %node, error = %e,
+                    "destroy with the search for unreferenced disks failed on an offline storage; destroying without it (a disk of this VM on that storage may be left behind)");
+                unreferenced_disks = false;
+            }
+            Err(e) => return Err(DeprovisionError::proxmox(Action::Destroy, node, vmid)(e)),
+        }
     }
 }
 

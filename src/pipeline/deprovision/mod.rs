@@ -64,16 +64,17 @@ pub struct DeprovisionTarget {
     pub set_pool: Option<PoolId>,
 }
 
-#[derive(Debug, Clone)]
+/// How long the guest gets to shut down before Proxmox stops it (`forceStop`).
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long to wait for a teardown task (on top of [`SHUTDOWN_TIMEOUT`] for the shutdown).
+pub const TEARDOWN_TASK_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, Default)]
 pub struct DeprovisionOptions {
-    /// How long the guest gets to shut down before Proxmox stops it (`forceStop`).
-    pub shutdown_timeout: Duration,
-    /// How long to wait for a task (on top of `shutdown_timeout` for the shutdown).
-    pub task_timeout: Duration,
-    /// Accept a VM without our marker but named and tagged as the official provider makes them, when
-    /// it sits at the recorded VMID. The `orphans` command turns this off: its VMIDs come from a
-    /// listing, not from a provider state.
-    pub accept_legacy: bool,
+    /// The VMID comes from a listing, not from a provider state (the `orphans` command): a VM
+    /// without our marker, named and tagged as the official provider makes them, is not accepted
+    /// at that VMID.
+    pub listed_vmid: bool,
     /// The requests this process is tearing down or has released: their VMs in the set's pool are
     /// going too, so the pool may be empty once ours is gone. `None` (the `orphans` command): every
     /// VM of ours may be going.
@@ -81,18 +82,6 @@ pub struct DeprovisionOptions {
     /// Held while the set's HA rules are read and deleted: the lock under which this process joins
     /// VMs to them (`pipeline::ha`). `None` (the `orphans` command): no joins run meanwhile.
     pub ha_rules_lock: Option<std::sync::Arc<tokio::sync::Mutex<()>>>,
-}
-
-impl Default for DeprovisionOptions {
-    fn default() -> Self {
-        Self {
-            shutdown_timeout: Duration::from_secs(60),
-            task_timeout: Duration::from_secs(120),
-            accept_legacy: true,
-            departing: None,
-            ha_rules_lock: None,
-        }
-    }
 }
 
 /// How a deprovision ended. Every variant means the request's VM no longer exists on Proxmox.
@@ -285,7 +274,7 @@ async fn deprovision_in(
     let claim = Claim {
         request_id: &target.request_id,
         provider_id: &target.provider_id,
-        recorded_vmid: target.vmid.filter(|_| run.options.accept_legacy),
+        recorded_vmid: target.vmid.filter(|_| !run.options.listed_vmid),
         smbios_uuid: target.smbios_uuid.as_deref(),
     };
     let mut foreign: Option<(VmId, String)> = None;
@@ -348,9 +337,8 @@ async fn verdict(
     vm: &VmResource,
     claim: &Claim<'_>,
 ) -> Result<Ownership, DeprovisionError> {
-    let online = run.view.node_online(&vm.node);
     let reading = DeprovisionError::proxmox(Action::ReadConfig, &vm.node, vm.vmid);
-    match identify(run.pve, online, vm, claim)
+    match identify(run.pve, run.view, vm, claim)
         .await
         .map_err(reading)?
     {

@@ -115,21 +115,19 @@ pub fn find_orphans(
         });
     }
     let used: BTreeSet<&str> = used_isos.values().flatten().map(String::as_str).collect();
+    // A shared storage lists the same volume on every node; node-local ones are distinct files.
     let mut seen = BTreeSet::new();
-    for found in isos {
-        let volume = found.volume.as_str();
-        if !is_seed_iso(volume) || used.contains(volume) {
-            continue;
-        }
-        let file = volume.rsplit('/').next().unwrap_or(volume);
-        if protected_seeds.contains(&file.to_ascii_lowercase()) {
-            continue;
-        }
-        // A shared storage lists the same volume on every node; node-local ones are distinct files.
-        if !seen.insert((found.node.clone(), volume.to_owned())) {
-            continue;
-        }
-        orphans.seed_isos.push(found.clone());
-    }
+    orphans.seed_isos = isos
+        .iter()
+        .filter(|found| {
+            let volume = found.volume.as_str();
+            let file = volume.rsplit('/').next().unwrap_or(volume);
+            is_seed_iso(volume)
+                && !used.contains(volume)
+                && !protected_seeds.contains(&file.to_ascii_lowercase())
+                && seen.insert((&found.node, volume))
+        })
+        .cloned()
+        .collect();
     orphans
 }
