@@ -118,7 +118,7 @@ impl StorageSelector {
     }
 
     fn compile(text: &str) -> Result<Self, SelectorError> {
-        let expression = shorten(text);
+        let expression = super::shortened(text, 160, 80);
         if text.trim().is_empty() {
             return Err(SelectorError::Empty { expression });
         }
@@ -188,16 +188,6 @@ impl StorageSelector {
             }),
         }
     }
-}
-
-/// The expression for a message: whole when it is short, its start when it is not.
-fn shorten(expression: &str) -> String {
-    const SHOWN: usize = 80;
-    if expression.chars().count() <= SHOWN * 2 {
-        return expression.to_string();
-    }
-    let start: String = expression.chars().take(SHOWN).collect();
-    format!("{start}…")
 }
 
 /// `local-lvm`, `ceph_pool`, `local`: something that reads as a storage ID rather than a condition.
