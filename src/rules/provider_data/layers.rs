@@ -425,10 +425,7 @@ impl ConfigLayers {
         for (node, layer) in &self.nodes {
             let prefix = format!("nodes.{node}.");
             if let Err(e) = NodeName::new(node.clone()) {
-                found.problems.push(Problem {
-                    key: format!("nodes.{node}"),
-                    message: e.to_string(),
-                });
+                found.problem(format!("nodes.{node}"), e.to_string());
             }
             let layer_found = layer.check(&prefix, self.strict);
             found.problems.extend(layer_found.problems);
