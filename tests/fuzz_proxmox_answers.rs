@@ -210,7 +210,7 @@ proptest! {
         let snapshot = ClusterSnapshot::from_resources(&all);
         for node in &snapshot.nodes {
             let limits = placement::PlacementLimits::default();
-            let _ = (node.free_memory(), placement::allocation(node, &limits, &Default::default(), ""));
+            let _ = (node.memory_max.saturating_sub(node.memory_used), placement::allocation(node, &limits, &Default::default(), ""));
         }
 
         let config: Option<VmConfig> = decode(&text);

@@ -46,11 +46,6 @@ impl NodeSnapshot {
     pub fn storage(&self, name: &str) -> Option<&StorageSnapshot> {
         self.storages.iter().find(|s| s.name.as_str() == name)
     }
-
-    /// Memory not in use now, before any reservation.
-    pub fn free_memory(&self) -> u64 {
-        self.memory_max.saturating_sub(self.memory_used)
-    }
 }
 
 /// Every node of the cluster, sorted by name.
@@ -145,7 +140,7 @@ mod tests {
         let pve1 = s.node("pve1").unwrap();
         assert_eq!(pve1.vms.len(), 1, "templates are not VMs of a set");
         assert_eq!(pve1.vms[0].tag_list(), ["machine-request.s", "x"]);
-        assert_eq!(pve1.free_memory(), 900);
+        assert_eq!(pve1.memory_max - pve1.memory_used, 900);
         let given = |of: fn(&VmResource) -> Option<u64>| pve1.vms.iter().filter_map(of).sum();
         assert_eq!((pve1.cpus, given(|vm| vm.maxcpu)), (8, 2));
         assert_eq!(

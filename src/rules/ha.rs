@@ -130,18 +130,17 @@ pub fn plan_join(m: &HaMembership<'_>, rules: &[HaRule]) -> Result<JoinPlan, HaR
     }
     for name in &m.settings.rules {
         let rule = find(name).ok_or_else(|| HaRuleError::Missing { rule: name.clone() })?;
-        if !rule.has(m.sid) {
-            plan.changes.push(join(rule, m.sid));
-        }
+        plan.changes.extend(join(rule, m.sid));
     }
     Ok(plan)
 }
 
-fn join(rule: &HaRule, sid: &str) -> RuleChange {
+/// The write that adds `sid` to `rule`, unless it is in it already.
+fn join(rule: &HaRule, sid: &str) -> Option<RuleChange> {
     let resources: BTreeSet<&str> = rule.resource_list().into_iter().chain([sid]).collect();
     let resources = resources.into_iter().map(str::to_owned).collect();
     let rule = rule.clone();
-    RuleChange::Join { rule, resources }
+    (!rule.has(sid)).then_some(RuleChange::Join { rule, resources })
 }
 
 fn check_kind(rule: &HaRule, wanted: &'static str) -> Result<(), HaRuleError> {
@@ -178,9 +177,7 @@ fn join_node_affinity(
             wanted.into_iter().collect::<Vec<_>>().join(", "),
         ));
     }
-    if !rule.has(m.sid) {
-        plan.changes.push(join(rule, m.sid));
-    }
+    plan.changes.extend(join(rule, m.sid));
     Ok(())
 }
 
@@ -213,7 +210,7 @@ fn join_resource_affinity(
         ));
         return Ok(());
     }
-    plan.changes.push(join(rule, m.sid));
+    plan.changes.extend(join(rule, m.sid));
     Ok(())
 }
 

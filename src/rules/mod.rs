@@ -20,3 +20,12 @@ pub mod storage;
 pub mod storage_selector;
 pub mod vm_config;
 pub mod vmid;
+
+/// `text` for a message: whole when it has at most `max` characters, else its first `shown` ones.
+pub fn shortened(text: &str, max: usize, shown: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let start: String = text.chars().take(shown).collect();
+    format!("{start}…")
+}

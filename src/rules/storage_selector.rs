@@ -49,13 +49,9 @@ pub enum SelectorError {
     )]
     Empty { expression: String },
     #[error(
-        "storage selector {expression:?} is {length} characters long, more than the {max} allowed: write a shorter condition"
+        "storage selector {expression:?} is {length} characters long, more than the {MAX_LEN} allowed: write a shorter condition"
     )]
-    TooLong {
-        expression: String,
-        length: usize,
-        max: usize,
-    },
+    TooLong { expression: String, length: usize },
     #[error("storage selector {expression:?} does not compile: {reason}")]
     Syntax { expression: String, reason: String },
     #[error(
@@ -76,12 +72,9 @@ pub enum SelectorError {
     )]
     Evaluation { expression: String, reason: String },
     #[error(
-        "storage selector {expression:?} took longer than {budget:?} to evaluate: write a simpler condition"
+        "storage selector {expression:?} took longer than {BUDGET:?} to evaluate: write a simpler condition"
     )]
-    TooSlow {
-        expression: String,
-        budget: Duration,
-    },
+    TooSlow { expression: String },
 }
 
 const VARIABLES: [&str; 4] = ["name", "node", "storageType", "availableSpace"];
@@ -118,17 +111,13 @@ impl StorageSelector {
     }
 
     fn compile(text: &str) -> Result<Self, SelectorError> {
-        let expression = shorten(text);
+        let expression = super::shortened(text, 160, 80);
         if text.trim().is_empty() {
             return Err(SelectorError::Empty { expression });
         }
         let length = text.chars().count();
         if length > MAX_LEN {
-            return Err(SelectorError::TooLong {
-                expression,
-                length,
-                max: MAX_LEN,
-            });
+            return Err(SelectorError::TooLong { expression, length });
         }
         Err(match evaluator::parse(Arc::from(text), BUDGET) {
             Some(Ok(program)) => {
@@ -140,10 +129,7 @@ impl StorageSelector {
             }
             Some(Err(Refusal::Syntax(reason))) => SelectorError::Syntax { expression, reason },
             Some(Err(Refusal::NotAllowed(what))) => SelectorError::NotAllowed { expression, what },
-            None => SelectorError::TooSlow {
-                expression,
-                budget: BUDGET,
-            },
+            None => SelectorError::TooSlow { expression },
         })
     }
 
@@ -182,22 +168,9 @@ impl StorageSelector {
             Some(Outcome::Bool(b)) => Ok(b),
             Some(Outcome::Other(kind)) => Err(SelectorError::NotBoolean { expression, kind }),
             Some(Outcome::Failed(reason)) => Err(SelectorError::Evaluation { expression, reason }),
-            None => Err(SelectorError::TooSlow {
-                expression,
-                budget: BUDGET,
-            }),
+            None => Err(SelectorError::TooSlow { expression }),
         }
     }
-}
-
-/// The expression for a message: whole when it is short, its start when it is not.
-fn shorten(expression: &str) -> String {
-    const SHOWN: usize = 80;
-    if expression.chars().count() <= SHOWN * 2 {
-        return expression.to_string();
-    }
-    let start: String = expression.chars().take(SHOWN).collect();
-    format!("{start}…")
 }
 
 /// `local-lvm`, `ceph_pool`, `local`: something that reads as a storage ID rather than a condition.
@@ -331,7 +304,7 @@ mod tests {
         let expression = past_the_parsers_columns();
         let err = StorageSelector::new(&expression).unwrap_err();
         assert!(
-            matches!(err, SelectorError::TooLong { length, max: MAX_LEN, .. } if length == expression.len()),
+            matches!(err, SelectorError::TooLong { length, .. } if length == expression.len()),
             "{err:?}"
         );
         let message = err.to_string();

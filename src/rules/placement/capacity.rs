@@ -77,11 +77,13 @@ pub fn capacity_fit(
     request: &PlacementRequest<'_>,
     reservations: &Reservations,
 ) -> Result<u64, LeftOut> {
-    let reserved: u64 = reservations
+    let free_memory = reservations
         .pending(node, request.request_id)
         .map(|r| r.memory_bytes)
-        .sum();
-    let free_memory = node.free_memory().saturating_sub(reserved);
+        .fold(
+            node.memory_max.saturating_sub(node.memory_used),
+            u64::saturating_sub,
+        );
     if free_memory < request.memory_bytes() {
         return Err(LeftOut::MemoryShort {
             free_memory,

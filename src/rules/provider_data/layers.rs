@@ -114,21 +114,11 @@ fn schema_findings(value: &Value) -> Vec<Finding> {
                 (key, message)
             }
             Kind::Enum { options } => (key, not_one_of(error.instance(), options)),
-            _ => (key, shortened(error.to_string())),
+            _ => (key, crate::rules::shortened(&error.to_string(), 400, 400)),
         };
         Finding::problem(&key, message)
     };
     validator.iter_errors(value).map(finding).collect()
-}
-
-/// A message cut to a length a status line can show.
-fn shortened(message: String) -> String {
-    const SHOWN: usize = 400;
-    if message.chars().count() <= SHOWN {
-        return message;
-    }
-    let start: String = message.chars().take(SHOWN).collect();
-    format!("{start}…")
 }
 
 /// A value outside a key's list of values: the whole list, and the closest value when the given one
@@ -435,10 +425,7 @@ impl ConfigLayers {
         for (node, layer) in &self.nodes {
             let prefix = format!("nodes.{node}.");
             if let Err(e) = NodeName::new(node.clone()) {
-                found.problems.push(Problem {
-                    key: format!("nodes.{node}"),
-                    message: e.to_string(),
-                });
+                found.problem(format!("nodes.{node}"), e.to_string());
             }
             let layer_found = layer.check(&prefix, self.strict);
             found.problems.extend(layer_found.problems);
