@@ -1,6 +1,8 @@
 //! Storage calls: what a node can store, what is stored, and putting ISOs there.
 
-use super::client::{DELETE, POST, Params, Pool, ProxmoxClient, Replay, Upload, UploadContent};
+use super::client::{
+    Body, DELETE, POST, Params, Pool, ProxmoxClient, Replay, Upload, UploadContent,
+};
 use super::error::{ProxmoxError, Result};
 use super::property::StorageId;
 use super::types::{NodeName, NodeStorage, StorageVolume, Upid};
@@ -59,7 +61,14 @@ impl ProxmoxClient {
             file_name: file_name.into(),
             body: body.into(),
         };
-        self.upload(&path, &upload).await
+        // Sent again only if it never left; a streamed one is never sent again and goes over the
+        // connections for large bodies.
+        let (pool, replay) = match upload.body {
+            UploadContent::Bytes(_) => (Pool::Small, Replay::OnlyIfUnsent),
+            UploadContent::Stream { .. } => (Pool::Large, Replay::Never),
+        };
+        let body = Body::Upload(&upload);
+        self.call(pool, POST, &path, body, replay).await
     }
 
     /// `DELETE /nodes/{node}/storage/{storage}/content/{volume}`. Proxmox answers with a task or nothing.

@@ -170,7 +170,7 @@ impl UploadContent {
     }
 }
 
-enum Body<'a> {
+pub(super) enum Body<'a> {
     Params(&'a Params),
     Upload(&'a Upload),
 }
@@ -282,22 +282,7 @@ impl ProxmoxClient {
         answer.await.map(drop)
     }
 
-    /// A multipart POST, sent again only if it never left; a streamed one is never sent again
-    /// and goes over the connections for large bodies.
-    pub(crate) async fn upload<T: DeserializeOwned>(
-        &self,
-        path: &[&str],
-        upload: &Upload,
-    ) -> Result<T> {
-        let (pool, replay) = match upload.body {
-            UploadContent::Bytes(_) => (Pool::Small, Replay::OnlyIfUnsent),
-            UploadContent::Stream { .. } => (Pool::Large, Replay::Never),
-        };
-        let body = Body::Upload(upload);
-        self.call(pool, Method::POST, path, body, replay).await
-    }
-
-    async fn call<T: DeserializeOwned>(
+    pub(super) async fn call<T: DeserializeOwned>(
         &self,
         pool: Pool,
         method: Method,
