@@ -7,9 +7,8 @@ use futures_util::future::OptionFuture;
 
 use super::cluster::{ClusterFacts, candidate_nodes};
 use super::layers::Layers;
-use super::pools::check_pools;
 use super::report::{Finding, Outcome, Report};
-use super::{check_cluster, check_schema};
+use super::{check_cluster, check_pools, check_schema};
 use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
 use crate::pipeline::ip_pool::reported_by_agents;

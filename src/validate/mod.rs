@@ -20,7 +20,6 @@ mod defaults;
 mod gather;
 mod layers;
 mod node;
-mod pools;
 mod report;
 
 pub use defaults::check_defaults;
@@ -28,6 +27,10 @@ pub use gather::{root_reach_warning, validate_class};
 pub use layers::Layers;
 pub use report::{Finding, Outcome, Report};
 
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use crate::rules::ip_pool::{self, IpPool};
 use crate::rules::provider_data::{ProviderData, class_map};
 use cluster::{ClusterCheck, ClusterFacts, candidate_nodes};
 
@@ -100,6 +103,48 @@ pub(crate) fn check_cluster(
     check.clone_findings(&clones, &mut out);
     check.memory_findings(&fitting, &left_out, &mut out);
     out
+}
+
+/// The static IP pools a class names (`ip_pool`, `additional_nics[].ip_pool`): each must exist in the
+/// config file and have a free address.
+///
+/// `validate` reads Proxmox only, not Omni, so "free" counts what the cluster shows: the addresses the
+/// guest agents of running VMs report (machines on the pool report theirs once booted). A machine
+/// still provisioning holds its address in Omni only; the `pools` command counts those too.
+///
+/// Pure: one finding per NIC that names a pool, given the addresses in use.
+pub fn check_pools(
+    data: &ProviderData,
+    pools: &[IpPool],
+    in_use: &BTreeSet<IpAddr>,
+) -> Vec<Finding> {
+    ip_pool::wanted(data)
+        .into_iter()
+        .map(|(nic, name)| {
+            let key = ip_pool::key_of(nic);
+            let pool = match ip_pool::find(pools, &key, name) {
+                Ok(p) => p,
+                Err(p) => return Outcome::Problem.finding(p.key, p.message),
+            };
+            match ip_pool::allocate(pool, in_use) {
+                Ok(next) => {
+                    let (used, size) = ip_pool::usage(pool, in_use);
+                    Outcome::Pass.finding(
+                        key,
+                        format!(
+                            "pool {name} ({}): {} of {size} free, next {next} (counting addresses running VMs report; `pools` also counts machines still provisioning)",
+                            pool.cidr,
+                            size - used
+                        ),
+                    )
+                }
+                Err(full) => Outcome::Problem.finding(
+                    key,
+                    format!("{full}: widen its `range` in the config file or remove a machine on it"),
+                ),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
