@@ -16,14 +16,12 @@
 //! ([`check_defaults`]) share all of it.
 
 mod cluster;
-mod defaults;
 mod gather;
 mod layers;
 mod node;
 mod report;
 
-pub use defaults::check_defaults;
-pub use gather::{root_reach_warning, validate_class};
+pub use gather::{check_defaults, root_reach_warning, validate_class};
 pub use layers::Layers;
 pub use report::{Finding, Outcome, Report};
 

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::cluster::ClusterFacts;
-use super::defaults::{HEALTH_TEXT_MAX, summarize};
+use super::gather::{HEALTH_TEXT_MAX, summarize};
 use super::*;
 use crate::config::ProviderConfig;
 use crate::proxmox::types::ClusterResource;
