@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::layers::Layers;
+use super::Layers;
 use super::report::{Finding, Outcome};
 use crate::model::{ClusterSnapshot, MIB, NodeSnapshot};
 use crate::proxmox::cluster::ClusterHealth;
