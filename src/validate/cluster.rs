@@ -7,8 +7,8 @@ use super::Layers;
 use super::report::{Finding, Outcome};
 use crate::model::{ClusterSnapshot, MIB, NodeSnapshot};
 use crate::proxmox::cluster::ClusterHealth;
+use crate::proxmox::cluster::ResourceMapping;
 use crate::proxmox::ha::HaRule;
-use crate::proxmox::network::ResourceMapping;
 use crate::rules::placement::{
     self, CloneRefusal, CloneSource, LeftOut, PlacementError, PlacementLimits, PlacementRequest,
 };
