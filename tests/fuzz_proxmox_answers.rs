@@ -14,8 +14,7 @@ use omni_infra_provider_proxmox::model::cluster::ClusterSnapshot;
 use omni_infra_provider_proxmox::model::template::TemplateFacts;
 use omni_infra_provider_proxmox::model::vm::{BootDisk, cloud_init_drives};
 use omni_infra_provider_proxmox::pipeline::discover_ip::usable_addresses;
-use omni_infra_provider_proxmox::proxmox::network::NetworkInterface;
-use omni_infra_provider_proxmox::proxmox::network::ResourceMapping;
+use omni_infra_provider_proxmox::proxmox::cluster::{NetworkInterface, ResourceMapping};
 use omni_infra_provider_proxmox::proxmox::types::{
     AgentInterfaces, ClusterResource, NodeResource, NodeStorage, StorageVolume, TaskLogLine,
     TaskStatus, Upid, Version, VmConfig, VmId, VmResource,

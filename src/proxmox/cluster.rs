@@ -1,13 +1,15 @@
 //! Cluster-wide reads. `/cluster/resources` is the workhorse: one call gives every node, guest and
 //! storage, so placement and VM lookup never cost one call per node, and a VM is always found on the
-//! node it is on now (after a live migration too).
+//! node it is on now (after a live migration too). Beside them, what a machine class names and only
+//! the cluster can confirm: a node's bridges (a NIC on a bridge missing there fails only at start
+//! time, on that one node) and the PCI and USB resource mappings.
 
 use std::collections::BTreeMap;
 
 use super::client::{Params, Pool, ProxmoxClient};
 use super::error::{ProxmoxError, Result};
 use super::listing::Listing;
-use super::types::{ClusterResource, Version, VmId, lenient};
+use super::types::{ClusterResource, NodeName, Version, VmId, lenient};
 
 impl ProxmoxClient {
     /// `GET /version`: cheap, and needs valid credentials: the health check.
@@ -158,6 +160,24 @@ impl ProxmoxClient {
             members,
         })
     }
+
+    /// `GET /nodes/{node}/network?type=…`: `type` is `any_bridge` (Linux and OVS bridges, every
+    /// Proxmox VE version) or `include_sdn` (those plus SDN VNets, which guests can use as a
+    /// `bridge=` too; Proxmox VE 9.0 and later).
+    pub async fn node_networks(
+        &self,
+        node: &NodeName,
+        kind: &str,
+    ) -> Result<Vec<NetworkInterface>> {
+        let params = Params::new().with("type", kind);
+        self.get(&["nodes", node.as_str(), "network"], params).await
+    }
+
+    /// `GET /cluster/mapping/<kind>`, `pci` or `usb`: the resource mappings that
+    /// `pci_devices[].mapping` and `usb_devices[].mapping` name.
+    pub async fn resource_mappings(&self, kind: &str) -> Result<Vec<ResourceMapping>> {
+        self.get(&["cluster", "mapping", kind], Params::new()).await
+    }
 }
 
 /// An answer to `GET <path>` that is not what the API documents.
@@ -242,5 +262,51 @@ impl EffectivePrivileges {
             .get(path)
             .into_iter()
             .flat_map(|p| p.keys().map(String::as_str))
+    }
+}
+
+/// One entry of `GET /nodes/{node}/network`.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct NetworkInterface {
+    pub iface: String,
+    /// `bridge`, `OVSBridge`, `vnet`, `eth`, `bond`, ...
+    #[serde(rename = "type", default)]
+    pub kind: String,
+}
+
+/// One resource mapping: its ID and one `map` entry per node (`node=pve1,path=0000:01:00.0,...`).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ResourceMapping {
+    pub id: String,
+    #[serde(default)]
+    pub map: Vec<String>,
+}
+
+impl ResourceMapping {
+    /// The nodes the mapping has a device on.
+    pub fn nodes(&self) -> Vec<String> {
+        self.map
+            .iter()
+            .filter_map(|entry| {
+                entry
+                    .split(',')
+                    .find_map(|kv| kv.trim().strip_prefix("node="))
+                    .map(str::to_owned)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapping_nodes() {
+        let m: ResourceMapping = serde_json::from_str(
+            r#"{"id":"gpu","map":["node=pve1,path=0000:01:00.0,id=10de:2204","id=1:2,node=pve2"]}"#,
+        )
+        .unwrap();
+        assert_eq!(m.nodes(), ["pve1", "pve2"]);
     }
 }

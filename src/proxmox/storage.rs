@@ -1,6 +1,6 @@
 //! Storage calls: what a node can store, what is stored, and putting ISOs there.
 
-use super::client::{DELETE, POST, Params, Pool, ProxmoxClient, Replay, Upload, UploadContent};
+use super::client::{Body, DELETE, POST, Params, Pool, ProxmoxClient, Replay, UploadContent};
 use super::error::{ProxmoxError, Result};
 use super::property::StorageId;
 use super::types::{NodeName, NodeStorage, StorageVolume, Upid};
@@ -54,12 +54,15 @@ impl ProxmoxClient {
         body: impl Into<UploadContent>,
     ) -> Result<Upid> {
         let path = storage_path(node, storage, &["upload"])?;
-        let upload = Upload {
-            content: content.into(),
-            file_name: file_name.into(),
-            body: body.into(),
+        let body = body.into();
+        // Sent again only if it never left; a streamed one is never sent again and goes over the
+        // connections for large bodies.
+        let (pool, replay) = match body {
+            UploadContent::Bytes(_) => (Pool::Small, Replay::OnlyIfUnsent),
+            UploadContent::Stream { .. } => (Pool::Large, Replay::Never),
         };
-        self.upload(&path, &upload).await
+        let body = Body::Upload(content, file_name, &body);
+        self.call(pool, POST, &path, body, replay).await
     }
 
     /// `DELETE /nodes/{node}/storage/{storage}/content/{volume}`. Proxmox answers with a task or nothing.

@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use super::layers::Layers;
+use super::Layers;
 use super::report::{Finding, Outcome};
 use crate::model::{ClusterSnapshot, MIB, NodeSnapshot};
 use crate::proxmox::cluster::ClusterHealth;
+use crate::proxmox::cluster::ResourceMapping;
 use crate::proxmox::ha::HaRule;
-use crate::proxmox::network::ResourceMapping;
 use crate::rules::placement::{
     self, CloneRefusal, CloneSource, LeftOut, PlacementError, PlacementLimits, PlacementRequest,
 };
@@ -116,13 +116,12 @@ impl ClusterCheck<'_> {
 
     /// Keys the cluster's Proxmox VE release must support.
     pub(super) fn release_findings(&self) -> Vec<Finding> {
-        let data = self.data;
         match &self.view.pve_version {
             Some(Ok(version)) => Outcome::Problem
-                .findings(release_problems(data, version))
+                .findings(release_problems(self.data, version))
                 .collect(),
             Some(Err(why)) => {
-                let key = match data.boot {
+                let key = match self.data.boot {
                     BootMode::Image => "boot",
                     _ => "ha.failback",
                 };
@@ -250,9 +249,9 @@ impl ClusterCheck<'_> {
             out.push(finding.on(node.name.as_str()));
         }
         if !candidates.iter().any(|n| n.online) {
-            let existing = &self.existing;
             let message = format!(
-                "no online node can be chosen (cluster: {existing}); nothing can be created"
+                "no online node can be chosen (cluster: {}); nothing can be created",
+                self.existing
             );
             out.push(Outcome::Problem.finding(key, message));
         }

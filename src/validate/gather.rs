@@ -1,15 +1,16 @@
 //! The reads, at the edge: one `/cluster/resources`, the bridges of the candidate nodes (in parallel),
 //! the PCI/USB resource mappings and the Proxmox VE version only when the data needs them, and with
 //! `boot: clone` the config of each copy of the template (where its drives are); last, the token's
-//! privileges on `/`.
+//! privileges on `/`. Around them, the two whole checks: of a machine class ([`validate_class`]) and
+//! of the config's `defaults:` and `nodes:` for the provider's health status ([`check_defaults`]).
+
+use std::fmt::Write as _;
 
 use futures_util::future::OptionFuture;
 
 use super::cluster::{ClusterFacts, candidate_nodes};
-use super::layers::Layers;
-use super::pools::check_pools;
 use super::report::{Finding, Outcome, Report};
-use super::{check_cluster, check_schema};
+use super::{Layers, check_cluster, check_pools, check_schema};
 use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
 use crate::pipeline::ip_pool::reported_by_agents;
@@ -167,4 +168,59 @@ pub(super) fn root_warning<'a>(held_on_root: impl IntoIterator<Item = &'a str>) 
         "the Proxmox token holds {} on `/`, which reaches every VM and storage of the datacenter, not only the provider's: grant them on the provider's pool, storages, nodes and SDN zones instead, with a privilege-separated token (see docs/security.md)",
         excess.join(", ")
     ))
+}
+
+/// The longest health text [`check_defaults`] returns; Omni shows it in one line.
+pub(crate) const HEALTH_TEXT_MAX: usize = 480;
+
+/// The config's `defaults:` and `nodes:` checked against the live cluster, for the provider's health
+/// status: `None` when nothing is wrong (or nothing is set), else a short text naming the keys and
+/// nodes to fix. Only problems count; warnings (an offline node) do not make the provider unhealthy.
+pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Option<String> {
+    if config.defaults.is_empty() && config.nodes.is_empty() {
+        return None;
+    }
+    // The config's `defaults:` may lack keys a machine class must have: stand-ins fill them and
+    // checks of stand-ins are dropped, so only what is actually set is judged. Data that does not
+    // resolve gets no cluster read: its problems are the findings.
+    let layers = Layers::of_defaults(config);
+    let findings = match layers.resolve_on(None) {
+        Ok(data) => match gather(pve, &data, config).await {
+            Ok(view) => check_cluster(&layers, &data, &view),
+            Err(e) => {
+                return Some(format!(
+                    "cannot check the config defaults against Proxmox: {e}"
+                ));
+            }
+        },
+        Err(problems) => Outcome::Problem.findings(problems).collect(),
+    };
+    summarize(&findings)
+}
+
+/// The problems among `findings` as `provider config: KEY (on NODE): MESSAGE; ... and N more`, cut
+/// to [`HEALTH_TEXT_MAX`]; `None` when there is none.
+pub(crate) fn summarize(findings: &[Finding]) -> Option<String> {
+    const PREFIX: &str = "provider config: ";
+    let problems = findings.iter().filter(|f| f.outcome == Outcome::Problem);
+    let all: Vec<String> = problems.map(|f| f.to_string()).collect();
+    if all.is_empty() {
+        return None;
+    }
+    // The first problem always shows (cut below when it alone is too long), the others while
+    // they fit.
+    let fits = |n: usize| n == 1 || PREFIX.len() + all[..n].join("; ").len() <= HEALTH_TEXT_MAX;
+    let shown = (1..=all.len()).take_while(|&n| fits(n)).count();
+    let mut text = format!("{PREFIX}{}", all[..shown].join("; "));
+    if shown < all.len() {
+        let _ = write!(text, "; and {} more (run `validate`)", all.len() - shown);
+    }
+    if text.len() > HEALTH_TEXT_MAX + 40 {
+        let cut = (0..=HEALTH_TEXT_MAX)
+            .rev()
+            .find(|&i| text.is_char_boundary(i));
+        text.truncate(cut.unwrap_or(0));
+        text.push('…');
+    }
+    Some(text)
 }

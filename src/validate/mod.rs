@@ -16,19 +16,21 @@
 //! ([`check_defaults`]) share all of it.
 
 mod cluster;
-mod defaults;
 mod gather;
-mod layers;
 mod node;
-mod pools;
 mod report;
 
-pub use defaults::check_defaults;
-pub use gather::{root_reach_warning, validate_class};
-pub use layers::Layers;
+pub use gather::{check_defaults, root_reach_warning, validate_class};
 pub use report::{Finding, Outcome, Report};
 
-use crate::rules::provider_data::{ProviderData, class_map};
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use serde_json::{Value, json};
+
+use crate::config::ProviderConfig;
+use crate::rules::ip_pool::{self, IpPool};
+use crate::rules::provider_data::{ConfigLayers, Problem, ProviderData, class_map};
 use cluster::{ClusterCheck, ClusterFacts, candidate_nodes};
 
 /// Step 1, pure: the provider data against the schema and the pipeline's rules (and the config's
@@ -100,6 +102,123 @@ pub(crate) fn check_cluster(
     check.clone_findings(&clones, &mut out);
     check.memory_findings(&fitting, &left_out, &mut out);
     out
+}
+
+/// The static IP pools a class names (`ip_pool`, `additional_nics[].ip_pool`): each must exist in the
+/// config file and have a free address.
+///
+/// `validate` reads Proxmox only, not Omni, so "free" counts what the cluster shows: the addresses the
+/// guest agents of running VMs report (machines on the pool report theirs once booted). A machine
+/// still provisioning holds its address in Omni only; the `pools` command counts those too.
+///
+/// Pure: one finding per NIC that names a pool, given the addresses in use.
+pub fn check_pools(
+    data: &ProviderData,
+    pools: &[IpPool],
+    in_use: &BTreeSet<IpAddr>,
+) -> Vec<Finding> {
+    ip_pool::wanted(data)
+        .into_iter()
+        .map(|(nic, name)| {
+            let key = ip_pool::key_of(nic);
+            let pool = match ip_pool::find(pools, &key, name) {
+                Ok(p) => p,
+                Err(p) => return Outcome::Problem.finding(p.key, p.message),
+            };
+            match ip_pool::allocate(pool, in_use) {
+                Ok(next) => {
+                    let (used, size) = ip_pool::usage(pool, in_use);
+                    Outcome::Pass.finding(
+                        key,
+                        format!(
+                            "pool {name} ({}): {} of {size} free, next {next} (counting addresses running VMs report; `pools` also counts machines still provisioning)",
+                            pool.cidr,
+                            size - used
+                        ),
+                    )
+                }
+                Err(full) => Outcome::Problem.finding(
+                    key,
+                    format!("{full}: widen its `range` in the config file or remove a machine on it"),
+                ),
+            }
+        })
+        .collect()
+}
+
+/// Where a value comes from: the class's YAML over the config's `nodes:` and `defaults:`, so each
+/// finding names the key where the user must change it.
+///
+/// Where the provider data comes from: the class's YAML over the config's `nodes:` and `defaults:`;
+/// the config's static IP pools, whose bridge and VLAN replace the NIC's, as provisioning does.
+#[derive(Debug, Clone, Copy)]
+pub struct Layers<'a> {
+    pub class_yaml: &'a str,
+    pub config: &'a ProviderConfig,
+    /// The config's `defaults:` on their own, without a class: the keys a class must set that
+    /// `defaults:` leave out get stand-ins ([`STAND_INS`]), and findings about stand-ins are dropped.
+    stand_ins: bool,
+}
+
+/// A key and its stand-in value.
+type StandIn = (&'static str, fn() -> Value);
+
+/// Values that satisfy the schema for the keys a machine class must set, used when `defaults:` leaves
+/// them out.
+const STAND_INS: [StandIn; 4] = [
+    ("cores", || json!(1)),
+    ("memory", || json!(2048)),
+    ("disk_size", || json!(5)),
+    ("storage_selector", || json!("true")),
+];
+
+/// Keys whose built-in default a machine class usually relies on; checked for `defaults:` only when
+/// set there (or in a node override).
+const CHECKED_ONLY_WHEN_SET: [&str; 2] = ["network_bridge", "iso_storage_selector"];
+
+impl<'a> Layers<'a> {
+    pub fn new(class_yaml: &'a str, config: &'a ProviderConfig) -> Self {
+        Self {
+            class_yaml,
+            config,
+            stand_ins: false,
+        }
+    }
+
+    /// The config's `defaults:` (with its `nodes:` overrides) on their own.
+    pub fn of_defaults(config: &'a ProviderConfig) -> Self {
+        Self {
+            stand_ins: true,
+            ..Self::new("{}", config)
+        }
+    }
+
+    /// The provider data as it would be on `node` (its override applied, and the NICs on their IP
+    /// pools' networks: `ip_pool::apply_networks`, as provisioning resolves it), or the problems. A pool
+    /// that does not exist is left to the pool findings, which name it once.
+    pub(crate) fn resolve_on(&self, node: Option<&str>) -> Result<ProviderData, Vec<Problem>> {
+        let mut filled = self.config.defaults.clone();
+        for (key, value) in STAND_INS.iter().filter(|_| self.stand_ins) {
+            filled.entry(*key).or_insert_with(value);
+        }
+        let config = ConfigLayers::read(&filled, &self.config.nodes, self.config.layers.strict);
+        let mut data = config.resolve(self.class_yaml, node)?;
+        let _unknown_pools = ip_pool::apply_networks(&mut data, &self.config.ip_pools);
+        Ok(data)
+    }
+
+    /// `key` as the user must change it: in the class, under `nodes.<node>.`, or under `defaults.`.
+    pub(crate) fn key(&self, key: &str, node: Option<&str>) -> String {
+        let class = class_map(self.class_yaml).unwrap_or_default();
+        self.config.layers.key_path(&class, key, node)
+    }
+
+    /// True when the value is a stand-in (checking `defaults:`, which have no class, the key is set
+    /// in no layer).
+    pub(crate) fn is_stand_in(&self, key: &str, node: Option<&str>) -> bool {
+        let stand_in = CHECKED_ONLY_WHEN_SET.contains(&key) || STAND_INS.iter().any(|s| s.0 == key);
+        self.stand_ins && stand_in && self.key(key, node) == key
+    }
 }
 
 #[cfg(test)]

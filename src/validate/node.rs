@@ -7,7 +7,7 @@ use super::cluster::ClusterCheck;
 use super::report::{Finding, Outcome, list_or_none};
 use crate::model::{GIB, NodeSnapshot};
 use crate::pipeline::prepare_image::BootImage;
-use crate::proxmox::network::ResourceMapping;
+use crate::proxmox::cluster::ResourceMapping;
 use crate::rules::placement::{self, CloneRefusal, LeftOut, Reservations};
 use crate::rules::provider_data::ProviderData;
 use crate::rules::storage::{self, StorageChoice, StorageNeed};

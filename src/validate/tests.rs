@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::cluster::ClusterFacts;
-use super::defaults::{HEALTH_TEXT_MAX, summarize};
+use super::gather::{HEALTH_TEXT_MAX, summarize};
 use super::*;
 use crate::config::ProviderConfig;
 use crate::proxmox::types::ClusterResource;
@@ -622,4 +622,62 @@ fn only_system_reads_are_expected_on_the_root() {
         warning.contains("Datastore.Allocate, VM.Allocate on `/`"),
         "{warning}"
     );
+}
+
+/// The IP pool checks ([`super::check_pools`]).
+mod pools {
+    use super::*;
+    use crate::rules::provider_data::ConfigLayers;
+
+    fn data(yaml: &str) -> ProviderData {
+        ConfigLayers::default()
+            .resolve(
+                &format!("cores: 1\nmemory: 2048\ndisk_size: 5\nstorage_selector: 'true'\n{yaml}"),
+                None,
+            )
+            .unwrap()
+    }
+
+    fn pools() -> Vec<IpPool> {
+        crate::config::ProviderConfig::parse(
+            "proxmox:\n  url: https://pve:8006\n  tokenID: a@pve!b\n  tokenSecret: c\nipPools:\n  two:\n    cidr: 10.0.0.0/24\n    range: 10.0.0.10-10.0.0.11\n",
+        )
+        .unwrap()
+        .ip_pools
+    }
+
+    #[test]
+    fn a_pool_must_exist_and_have_room() {
+        let d = data("ip_pool: two\nadditional_nics:\n  - bridge: vmbr1\n    ip_pool: tow\n");
+        let none = BTreeSet::new();
+        let f = check_pools(&d, &pools(), &none);
+        assert_eq!(f.len(), 2);
+        assert_eq!(f[0].outcome, Outcome::Pass);
+        assert!(
+            f[0].message.contains("2 of 2 free, next 10.0.0.10"),
+            "{}",
+            f[0].message
+        );
+        assert_eq!(f[1].outcome, Outcome::Problem);
+        assert_eq!(f[1].key, "additional_nics[0].ip_pool");
+        assert!(
+            f[1].message.contains("did you mean `two`"),
+            "{}",
+            f[1].message
+        );
+
+        let full: BTreeSet<IpAddr> = ["10.0.0.10", "10.0.0.11"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let f = check_pools(&data("ip_pool: two\n"), &pools(), &full);
+        assert_eq!(f[0].outcome, Outcome::Problem);
+        assert!(
+            f[0].message
+                .contains("pool two has no free address: 2 of 2 in use"),
+            "{}",
+            f[0].message
+        );
+        assert!(check_pools(&data(""), &pools(), &full).is_empty());
+    }
 }

@@ -138,14 +138,7 @@ impl Params {
     }
 }
 
-/// A file sent as `multipart/form-data` (storage upload).
-pub struct Upload {
-    /// The content type of the storage's directory it goes to (`iso`, `import`).
-    pub content: String,
-    pub file_name: String,
-    pub body: UploadContent,
-}
-
+/// The bytes of a file sent as `multipart/form-data` (storage upload).
 pub enum UploadContent {
     Bytes(Vec<u8>),
     /// A file streamed into a storage as it arrives from elsewhere (a boot image from a factory
@@ -170,9 +163,11 @@ impl UploadContent {
     }
 }
 
-enum Body<'a> {
+pub(super) enum Body<'a> {
     Params(&'a Params),
-    Upload(&'a Upload),
+    /// The content type of the storage's directory it goes to (`iso`, `import`), the file's
+    /// name, and its bytes.
+    Upload(&'a str, &'a str, &'a UploadContent),
 }
 
 #[derive(serde::Deserialize)]
@@ -282,22 +277,7 @@ impl ProxmoxClient {
         answer.await.map(drop)
     }
 
-    /// A multipart POST, sent again only if it never left; a streamed one is never sent again
-    /// and goes over the connections for large bodies.
-    pub(crate) async fn upload<T: DeserializeOwned>(
-        &self,
-        path: &[&str],
-        upload: &Upload,
-    ) -> Result<T> {
-        let (pool, replay) = match upload.body {
-            UploadContent::Bytes(_) => (Pool::Small, Replay::OnlyIfUnsent),
-            UploadContent::Stream { .. } => (Pool::Large, Replay::Never),
-        };
-        let body = Body::Upload(upload);
-        self.call(pool, Method::POST, path, body, replay).await
-    }
-
-    async fn call<T: DeserializeOwned>(
+    pub(super) async fn call<T: DeserializeOwned>(
         &self,
         pool: Pool,
         method: Method,
@@ -373,15 +353,14 @@ impl ProxmoxClient {
                 req.query(&p.0)
             }
             Body::Params(p) => req.form(&p.0),
-            Body::Upload(u) => {
-                let part = match &u.body {
+            Body::Upload(content, file_name, body) => {
+                let part = match body {
                     UploadContent::Bytes(bytes) => Part::bytes(bytes.clone()),
                     UploadContent::Stream { body, length } => {
                         let taken = body.lock().unwrap_or_else(|p| p.into_inner()).take();
                         let Some(stream) = taken else {
                             return Err(ProxmoxError::Setup(format!(
-                                "{call}: the streamed upload of {} was sent already",
-                                u.file_name
+                                "{call}: the streamed upload of {file_name} was sent already"
                             )));
                         };
                         req = req.timeout(STREAMED_UPLOAD_TIMEOUT);
@@ -389,10 +368,10 @@ impl ProxmoxClient {
                     }
                 };
                 let part = part
-                    .file_name(u.file_name.clone())
+                    .file_name(file_name.to_string())
                     .mime_str("application/octet-stream")
                     .map_err(|e| ProxmoxError::Setup(format!("multipart: {e}")))?;
-                let form = Form::new().text("content", u.content.clone());
+                let form = Form::new().text("content", content.to_string());
                 req.multipart(form.part("filename", part))
             }
         };
