@@ -8,7 +8,6 @@ pub mod context;
 pub mod create_vm;
 pub mod discover_ip;
 pub mod error;
-pub mod factory_auth;
 pub mod ha;
 pub mod identify;
 pub mod image_factory;

@@ -28,7 +28,6 @@ use sha2::{Digest, Sha256};
 
 use super::context::StepContext;
 use super::error::StepError;
-use super::factory_auth;
 use super::image_factory::{self, DOWNLOAD_TIMEOUT, FactoryError};
 use super::ledgers::image_presence_key;
 use super::step::StepOutcome;
@@ -266,7 +265,7 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
             advice,
         }) => {
             let services = ctx.services;
-            let image = factory_auth::download(&services.factory_http, &url, &headers)
+            let image = image_factory::download(&services.factory_http, &url, &headers)
                 .await
                 .map_err(|e| match e {
                     FactoryError::Refused {
