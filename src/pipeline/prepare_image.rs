@@ -306,10 +306,8 @@ pub(super) async fn put_back_if_missing(
     node: &NodeName,
     error: &StepError,
 ) -> Result<bool, StepError> {
-    let StepError::Proxmox { source, .. } = error else {
-        return Ok(false);
-    };
-    let Some(volume) = ctx.state.boot_iso.clone() else {
+    let (StepError::Proxmox { source, .. }, Some(volume)) = (error, ctx.state.boot_iso.clone())
+    else {
         return Ok(false);
     };
     let volid = volume.to_string();
