@@ -264,8 +264,7 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
             named,
             advice,
         }) => {
-            let services = ctx.services;
-            let image = image_factory::download(&services.factory_http, &url, &headers)
+            let image = image_factory::download(&ctx.services.factory_http, &url, &headers)
                 .await
                 .map_err(|e| match e {
                     FactoryError::Refused {
