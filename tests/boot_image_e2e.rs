@@ -209,7 +209,7 @@ async fn use_private_factory(h: &mut Harness, factory: &PrivateFactory, password
     )
     .unwrap();
     h.factory_auth =
-        omni_infra_provider_proxmox::pipeline::factory_auth::FactoryAuth::read(&file).unwrap();
+        omni_infra_provider_proxmox::pipeline::image_factory::FactoryAuth::read(&file).unwrap();
     h.image_factory_url = factory.url.clone();
     h.stop_controller().await;
     h.start_controller();

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::pipeline::factory_auth::FactoryAuth;
+use crate::pipeline::image_factory::FactoryAuth;
 use std::time::Duration;
 
 use futures_util::future::join_all;

@@ -8,19 +8,19 @@
 //! `disk_size`. Boot mode `clone` sets everything here in one synchronous config write and grows the
 //! cloned boot disk.
 
-use super::context::{StartedTask, StepContext, VmAt};
+use super::context::{StartedTask, StepContext};
 use super::create_vm::{target, upload_seed};
 use super::error::StepError;
 use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::model::vm::{BootDisk, cloud_init_drives};
 use crate::proxmox::property::cdrom;
-use crate::proxmox::types::VmConfig;
+use crate::proxmox::types::{NodeName, VmConfig, VmId};
 use crate::rules::provider_data::BootMode;
 use crate::rules::vm_config;
 
-pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
-    let (node, vmid) = (&vm.node, vm.vmid);
+pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    let (ref node, vmid) = ctx.made()?;
     if ctx.data.boot == BootMode::Iso {
         if ctx.state.seed_iso.is_none() {
             // A VM the official provider created (its create step does not attach the join config;
@@ -37,15 +37,15 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
     }
     if ctx.data.boot == BootMode::Image {
         // Created fully configured, its disk the size of the Talos image: only the growing is left.
-        let current = read_config(ctx, vm).await?;
-        grow_boot_disk(ctx, vm, BootDisk::of(&current)).await?;
+        let current = read_config(ctx, node, vmid).await?;
+        grow_boot_disk(ctx, node, vmid, BootDisk::of(&current)).await?;
         return Ok(StepOutcome::Done);
     }
     let seed = upload_seed(ctx, node).await?;
     let listing = ctx.cluster(false).await?;
     let target = target(ctx, node, vmid, &listing, seed)?;
     let pve = &ctx.services.pve;
-    let current = read_config(ctx, vm).await?;
+    let current = read_config(ctx, node, vmid).await?;
     let boot = BootDisk::of(&current);
     let params = vm_config::render_after_clone(&ctx.data, &ctx.identity(), &target, boot.as_ref())
         .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?;
@@ -70,13 +70,17 @@ pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, St
             .await?;
     }
 
-    grow_boot_disk(ctx, vm, boot).await?;
+    grow_boot_disk(ctx, node, vmid, boot).await?;
     Ok(StepOutcome::Done)
 }
 
-async fn read_config(ctx: &StepContext<'_>, vm: &VmAt) -> Result<VmConfig, StepError> {
-    let doing = format!("reading VM {} on {}", vm.vmid, vm.node);
-    let read = ctx.services.pve.vm(&vm.node, vm.vmid).config().await;
+async fn read_config(
+    ctx: &StepContext<'_>,
+    node: &NodeName,
+    vmid: VmId,
+) -> Result<VmConfig, StepError> {
+    let doing = format!("reading VM {vmid} on {node}");
+    let read = ctx.services.pve.vm(node, vmid).config().await;
     read.map_err(StepError::proxmox(doing))
 }
 
@@ -84,10 +88,10 @@ async fn read_config(ctx: &StepContext<'_>, vm: &VmAt) -> Result<VmConfig, StepE
 /// is smaller; never shrinks (Proxmox cannot).
 async fn grow_boot_disk(
     ctx: &StepContext<'_>,
-    vm: &VmAt,
+    node: &NodeName,
+    vmid: VmId,
     boot: Option<BootDisk>,
 ) -> Result<(), StepError> {
-    let (node, vmid) = (&vm.node, vm.vmid);
     let wanted_gb = ctx.data.disk_size_gb;
     let current_gb = boot.as_ref().and_then(|b| size_gb(&b.drive)).unwrap_or(0);
     if wanted_gb <= current_gb {

@@ -45,13 +45,6 @@ pub struct StepContext<'a> {
     pub cluster: &'a mut Option<Listing>,
 }
 
-/// The request's VM and the node it is on.
-#[derive(Debug, Clone)]
-pub struct VmAt {
-    pub node: NodeName,
-    pub vmid: VmId,
-}
-
 /// A Proxmox task a step started, with the words its progress line and errors use.
 #[derive(Debug)]
 pub struct StartedTask {
@@ -83,13 +76,13 @@ impl StepContext<'_> {
     }
 
     /// The VM `create_vm` recorded and where it is: what the steps after it act on.
-    pub fn made(&self) -> Result<VmAt, StepError> {
+    pub fn made(&self) -> Result<(NodeName, VmId), StepError> {
         let node = self.placed()?;
         let vmid = self
             .state
             .vmid
             .ok_or_else(|| StepError::Cluster("the provider state has no VMID yet".into()))?;
-        Ok(VmAt { node, vmid })
+        Ok((node, vmid))
     }
 
     /// The cluster as `/cluster/resources` shows it; re-read unless read moments ago in this

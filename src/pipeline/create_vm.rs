@@ -114,10 +114,7 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
 /// Without a `pool` in the class, the VM goes into a pool named after its machine-request set, created
 /// on demand (as the official provider does). Created once per set and process.
 async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
-    if ctx.data.pool.is_some() {
-        return Ok(());
-    }
-    let Some(set) = ctx.request.set_id.clone() else {
+    let (None, Some(set)) = (&ctx.data.pool, ctx.request.set_id.clone()) else {
         return Ok(());
     };
     let pool = match PoolId::new(set.clone()) {

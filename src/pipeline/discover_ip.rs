@@ -10,17 +10,17 @@
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::context::{StepContext, VmAt};
+use super::context::StepContext;
 use super::error::StepError;
 use super::step::StepOutcome;
 use crate::proxmox::types::AgentInterfaces;
 
-pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
+pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    let (ref node, vmid) = ctx.made()?;
     let timeout = ctx.data.ip_discovery_timeout;
     if timeout.is_zero() || !ctx.state.addresses.is_empty() {
         return Ok(StepOutcome::Done);
     }
-    let (node, vmid) = (&vm.node, vm.vmid);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)

@@ -13,10 +13,10 @@ use super::error::StepError;
 use super::ledgers::HA_RULES_LOCK;
 use crate::model::Listing;
 use crate::model::identity::set_tag;
+use crate::proxmox::ProxmoxError;
 use crate::proxmox::client::Params;
 use crate::proxmox::ha::vm_sid;
 use crate::proxmox::types::{VmId, VmResource};
-use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::{
     HaMembership, RuleChange, check_join, plan_join, resource_affinity_rule, unmanaged_sids,
 };
@@ -107,7 +107,17 @@ async fn join_rules(
         let (RuleChange::Create { resources, .. } | RuleChange::Join { resources, .. }) =
             &mut change;
         resources.retain(|s| !gone.contains(s));
-        match apply(&ctx.services.pve, &change).await {
+        let applied = match &change {
+            RuleChange::Create { rule, resources } => {
+                tracing::info!(rule = %rule.rule, resources = ?resources, "creating HA rule");
+                pve.create_ha_rule(rule, resources).await
+            }
+            RuleChange::Join { rule, resources } => {
+                tracing::info!(rule = %rule.rule, resources = ?resources, "adding a VM to HA rule");
+                pve.set_ha_rule_resources(rule, resources).await
+            }
+        };
+        match applied {
             Ok(()) if last => return Ok(()),
             Ok(()) => {}
             Err(e) => read_again_after(e, vmid, &mut gone, &doing)?,
@@ -158,19 +168,6 @@ fn read_again_after(
              (Datacenter > HA > Groups); retried until then"
         ))),
         e => Err(StepError::proxmox(doing)(e)),
-    }
-}
-
-async fn apply(pve: &ProxmoxClient, change: &RuleChange) -> Result<(), ProxmoxError> {
-    match change {
-        RuleChange::Create { rule, resources } => {
-            tracing::info!(rule = %rule.rule, resources = ?resources, "creating HA rule");
-            pve.create_ha_rule(rule, resources).await
-        }
-        RuleChange::Join { rule, resources } => {
-            tracing::info!(rule = %rule.rule, resources = ?resources, "adding a VM to HA rule");
-            pve.set_ha_rule_resources(rule, resources).await
-        }
     }
 }
 

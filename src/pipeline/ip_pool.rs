@@ -17,7 +17,7 @@ use super::context::StepContext;
 use super::discover_ip::usable_addresses;
 use super::error::StepError;
 use crate::model::machine::IpAllocation;
-use crate::rules::ip_pool::{self, IpPool};
+use crate::rules::ip_pool;
 
 /// How long the addresses running VMs reported through their guest agent are trusted.
 ///
@@ -70,7 +70,28 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     for (nic, name) in missing {
         let pool = ip_pool::find(&services.config.ip_pools, &ip_pool::key_of(nic), &name)
             .map_err(|p| StepError::config(format!("invalid provider data: {p}")))?;
-        let allocation = take(ctx, nic, pool, &reported)?;
+        // Decided and held under the ledger's lock. An address this request already holds in the
+        // ledger (taken by an attempt whose state write failed) is taken again.
+        let mut held = services.ledgers.ip.held();
+        let this_nic = |(n, a): &(u8, IpAddr)| *n == nic && pool.contains(*a);
+        let address = match held.of(&ctx.request.id).into_iter().find(this_nic) {
+            Some((_, address)) => address,
+            None => {
+                held.release_nic(&ctx.request.id, nic);
+                let mut taken = held.taken();
+                taken.extend(reported.iter().copied());
+                ip_pool::allocate(pool, &taken).map_err(|full| {
+                    services.ledgers.ip.wait_for_address(&ctx.request.id);
+                    StepError::PoolFull(full)
+                })?
+            }
+        };
+        let allocation = IpAllocation {
+            nic,
+            pool: pool.name.clone(),
+            address,
+        };
+        held.hold(&ctx.request.id, std::slice::from_ref(&allocation));
         tracing::info!(request = %ctx.request.id, pool = %pool.name, address = %allocation.address, nic = %format!("net{nic}"), "allocated a static address");
         ctx.state.ip_allocations.push(allocation);
     }
@@ -90,34 +111,6 @@ pub(super) async fn seed_ledgers(ctx: &StepContext<'_>) -> Result<(), StepError>
         ))
     };
     ledgers.ip.seed_once(&ledgers.vmids, load).await
-}
-
-/// Decides and holds one address under the ledger's lock. An address this request already holds
-/// in the ledger (taken by an attempt whose state write failed) is taken again.
-fn take(
-    ctx: &StepContext<'_>,
-    nic: u8,
-    pool: &IpPool,
-    reported: &BTreeSet<IpAddr>,
-) -> Result<IpAllocation, StepError> {
-    let mut held = ctx.services.ledgers.ip.held();
-    let this_nics = |(n, a): &(u8, IpAddr)| *n == nic && pool.contains(*a);
-    let address = match held.of(&ctx.request.id).into_iter().find(this_nics) {
-        Some((_, address)) => address,
-        None => {
-            held.release_nic(&ctx.request.id, nic);
-            let mut taken = held.taken();
-            taken.extend(reported.iter().copied());
-            ip_pool::allocate(pool, &taken).map_err(|full| {
-                ctx.services.ledgers.ip.wait_for_address(&ctx.request.id);
-                StepError::PoolFull(full)
-            })?
-        }
-    };
-    let pool = pool.name.clone();
-    let allocation = IpAllocation { nic, pool, address };
-    held.hold(&ctx.request.id, std::slice::from_ref(&allocation));
-    Ok(allocation)
 }
 
 /// The addresses the guest agents of the VMs the current listing shows reported, read again when

@@ -8,7 +8,6 @@ pub mod context;
 pub mod create_vm;
 pub mod discover_ip;
 pub mod error;
-pub mod factory_auth;
 pub mod ha;
 pub mod identify;
 pub mod image_factory;
@@ -29,8 +28,8 @@ pub async fn run_step(step: Step, ctx: &mut StepContext<'_>) -> Result<StepOutco
         Step::PickNode => pick_node::run(ctx).await,
         Step::PrepareImage => prepare_image::run(ctx, &ctx.placed()?).await,
         Step::CreateVm => create_vm::run(ctx, &ctx.placed()?).await,
-        Step::ConfigureVm => configure_vm::run(ctx, &ctx.made()?).await,
-        Step::StartVm => start_vm::run(ctx, &ctx.made()?).await,
-        Step::DiscoverIp => discover_ip::run(ctx, &ctx.made()?).await,
+        Step::ConfigureVm => configure_vm::run(ctx).await,
+        Step::StartVm => start_vm::run(ctx).await,
+        Step::DiscoverIp => discover_ip::run(ctx).await,
     }
 }

@@ -28,7 +28,6 @@ use sha2::{Digest, Sha256};
 
 use super::context::StepContext;
 use super::error::StepError;
-use super::factory_auth;
 use super::image_factory::{self, DOWNLOAD_TIMEOUT, FactoryError};
 use super::ledgers::image_presence_key;
 use super::step::StepOutcome;
@@ -265,8 +264,7 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
             named,
             advice,
         }) => {
-            let services = ctx.services;
-            let image = factory_auth::download(&services.factory_http, &url, &headers)
+            let image = image_factory::download(&ctx.services.factory_http, &url, &headers)
                 .await
                 .map_err(|e| match e {
                     FactoryError::Refused {
@@ -307,10 +305,8 @@ pub(super) async fn put_back_if_missing(
     node: &NodeName,
     error: &StepError,
 ) -> Result<bool, StepError> {
-    let StepError::Proxmox { source, .. } = error else {
-        return Ok(false);
-    };
-    let Some(volume) = ctx.state.boot_iso.clone() else {
+    let (StepError::Proxmox { source, .. }, Some(volume)) = (error, ctx.state.boot_iso.clone())
+    else {
         return Ok(false);
     };
     let volid = volume.to_string();

@@ -49,7 +49,7 @@ pub struct Services {
     /// factory that needs credentials).
     pub factory_http: reqwest::Client,
     /// Credentials of the factories that need them (`--image-factory-auth-file`).
-    pub factory_auth: super::factory_auth::FactoryAuth,
+    pub factory_auth: super::image_factory::FactoryAuth,
     /// How often to ask the guest agent while waiting for an address ([`AGENT_POLL`]).
     pub agent_poll: Duration,
     pub metrics: Arc<crate::metrics::Metrics>,

@@ -5,15 +5,15 @@
 //! The boot ISO is not looked for before the start: `prepare_image` lists its storage only now and
 //! then. A start that finds it gone (deleted by hand meanwhile) puts it back and starts again.
 
-use super::context::{StepContext, VmAt};
+use super::context::StepContext;
 use super::error::StepError;
 use super::ledgers::image_presence_key;
 use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::proxmox::types::{NodeName, VmId};
 
-pub async fn run(ctx: &mut StepContext<'_>, vm: &VmAt) -> Result<StepOutcome, StepError> {
-    let (node, vmid) = (&vm.node, vm.vmid);
+pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
+    let (ref node, vmid) = ctx.made()?;
     if let Err(e) = start(ctx, node, vmid).await {
         if !super::prepare_image::put_back_if_missing(ctx, node, &e).await? {
             return Err(e);

@@ -47,7 +47,7 @@ pub struct Harness {
     /// The Image Factory boot images come from, and the credentials of factories that need them,
     /// from the next `start_controller` on.
     pub image_factory_url: String,
-    pub factory_auth: omni_infra_provider_proxmox::pipeline::factory_auth::FactoryAuth,
+    pub factory_auth: omni_infra_provider_proxmox::pipeline::image_factory::FactoryAuth,
 }
 
 impl Harness {
