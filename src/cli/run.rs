@@ -263,7 +263,7 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (metrics, metrics_server) = start_metrics(&pve, settings.args.metrics_listen, &stop_rx);
-    let fence = (settings.leader_election).map_or_else(Fence::open, |_| Fence::shut());
+    let fence = (settings.leader_election).map_or_else(Fence::default, |_| Fence::shut());
     pve.set_fence(fence.clone());
     let state = omni.state.fenced(fence.clone());
     let (leading, part) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);
