@@ -40,7 +40,6 @@ use crate::proxmox::types::{NodeName, VmId, VmResource, content_types};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
 use crate::table::or_dash;
-use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
 pub struct OrphansArgs {
@@ -93,7 +92,6 @@ struct Report<'a> {
 }
 
 pub async fn run(args: OrphansArgs) -> CliResult {
-    telemetry::init_logging(LogFormat::Text, "warn")?;
     let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, NEEDS_OMNI)?;
     let reads = ["list the MachineRequests"; 2];
     let (live, states) = omni_records(&omni, &args.omni.id, reads).await?;

@@ -35,7 +35,6 @@ pub struct ValidateArgs {
 }
 
 pub async fn run(args: ValidateArgs) -> CliResult {
-    crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
     let class_yaml = read_provider_data(&args.provider_data)?;
     let config = ProviderConfig::load(&args.config_file)?;
     let client = ProxmoxClient::new(&config.proxmox)?;
