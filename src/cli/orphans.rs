@@ -85,10 +85,10 @@ pub struct DeletionReport {
 
 /// What the command prints, as JSON or as the table.
 #[derive(Serialize)]
-struct Report<'a> {
-    orphans: &'a Orphans,
-    ip_allocations: &'a [Holding],
-    deletion: Option<&'a DeletionReport>,
+struct Report {
+    orphans: Orphans,
+    ip_allocations: Vec<Holding>,
+    deletion: Option<DeletionReport>,
 }
 
 pub async fn run(args: OrphansArgs) -> CliResult {
@@ -112,12 +112,12 @@ pub async fn run(args: OrphansArgs) -> CliResult {
         None
     };
     let report = Report {
-        orphans: &orphans,
-        ip_allocations: &left.gone_requests,
-        deletion: deletion.as_ref(),
+        orphans,
+        ip_allocations: left.gone_requests,
+        deletion,
     };
     (args.output).print(&report, |r| render_table(&args.omni.id, r, live.len()))?;
-    match deletion.map_or(0, |d| d.failures.len()) {
+    match report.deletion.map_or(0, |d| d.failures.len()) {
         0 => Ok(()),
         failed => Err(format!("{failed} orphan(s) could not be deleted (see above)").into()),
     }
@@ -302,7 +302,7 @@ async fn delete_iso(
 }
 
 fn render_table(provider: &str, report: &Report, live: usize) -> String {
-    let (orphans, mut out) = (report.orphans, String::new());
+    let (orphans, mut out) = (&report.orphans, String::new());
     let tag = crate::model::identity::provider_tag(provider);
     let _ = writeln!(
         out,
@@ -335,7 +335,7 @@ fn render_table(provider: &str, report: &Report, live: usize) -> String {
     for problem in &orphans.problems {
         let _ = writeln!(out, "not checked: {problem}");
     }
-    match report.deletion {
+    match &report.deletion {
         None if !orphans.vms.is_empty() || !orphans.seed_isos.is_empty() => {
             let _ = writeln!(out, "Run again with --delete to delete them.");
         }
@@ -432,15 +432,15 @@ mod tests {
         };
         let report = |orphans| Report {
             orphans,
-            ip_allocations: &[],
+            ip_allocations: Vec::new(),
             deletion: None,
         };
-        let text = render_table("proxmox", &report(&orphans), 1);
+        let text = render_table("proxmox", &report(orphans), 1);
         assert!(text.contains("141") && text.contains("req-dead"), "{text}");
         assert!(text.contains("local:iso/omni-seed-x.iso"), "{text}");
         assert!(text.contains("not checked: node pve4"), "{text}");
         assert!(text.contains("--delete"), "{text}");
-        let empty = render_table("proxmox", &report(&Orphans::default()), 0);
+        let empty = render_table("proxmox", &report(Orphans::default()), 0);
         assert!(!empty.contains("--delete"), "{empty}");
     }
 }
