@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// The instant until which writes may start (`None`: shut), shared by every clone; no gate at all
-/// for a fence that never shuts (single-process mode: nothing to coordinate with).
+/// for a fence that never shuts, the default (single-process mode: `--leader-elect=false`, the
+/// one-shot commands and the tests of a single process have nothing to coordinate with).
 #[derive(Clone, Debug, Default)]
 pub struct Fence(Option<Arc<Mutex<Option<Instant>>>>);
 
@@ -21,12 +22,6 @@ pub struct Fence(Option<Arc<Mutex<Option<Instant>>>>);
 pub struct Fenced;
 
 impl Fence {
-    /// A fence that never shuts: `--leader-elect=false`, the one-shot commands and the tests of a
-    /// single process.
-    pub fn open() -> Self {
-        Self(None)
-    }
-
     /// A fence that stays shut until the lease is acquired.
     pub fn shut() -> Self {
         Self(Some(Arc::default()))
@@ -75,7 +70,7 @@ mod tests {
 
     #[test]
     fn an_open_fence_never_shuts() {
-        let fence = Fence::open();
+        let fence = Fence::default();
         fence.set(None);
         fence.set(Some(Instant::now()));
         assert_eq!(fence.check(), Ok(()));

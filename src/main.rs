@@ -6,6 +6,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use omni_infra_provider_proxmox::telemetry::{self, LogFormat};
 use omni_infra_provider_proxmox::{cli, error_chain};
 
 #[derive(Parser)]
@@ -38,12 +39,16 @@ fn main() -> ExitCode {
         .map_err(|e| cli::BoxError::from(format!("cannot start the async runtime: {e}")));
     let result = runtime.and_then(|runtime| {
         runtime.block_on(async move {
-            match args.command {
-                None => cli::run::run(args.run).await,
-                Some(Command::Cluster(a)) => cli::cluster::run(a).await,
-                Some(Command::Orphans(a)) => cli::orphans::run(a).await,
-                Some(Command::Pools(a)) => cli::pools::run(a).await,
-                Some(Command::Validate(a)) => cli::validate::run(a).await,
+            let Some(command) = args.command else {
+                return cli::run::run(args.run).await;
+            };
+            // The one-shot commands print their findings; only warnings are logged.
+            telemetry::init_logging(LogFormat::Text, "warn")?;
+            match command {
+                Command::Cluster(a) => cli::cluster::run(a).await,
+                Command::Orphans(a) => cli::orphans::run(a).await,
+                Command::Pools(a) => cli::pools::run(a).await,
+                Command::Validate(a) => cli::validate::run(a).await,
             }
         })
     });

@@ -116,7 +116,6 @@ pub struct TemplateReport {
 
 pub async fn run(args: ClusterArgs) -> CliResult {
     // Warnings (such as TLS verification being off) go to stderr; stdout stays clean for `--output json`.
-    crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
     let config = super::load_config(&args.config_file)?;
     let client = ProxmoxClient::new(&config.proxmox)?;
     let report = gather(&client, &config.placement).await?;

@@ -42,23 +42,24 @@ use crate::omni::transport;
 use crate::rules::provider_data::Problem;
 use omni_args::OmniArgs;
 
-/// Reads the config file: the config, what it got wrong without being refused (unknown keys with
-/// their "did you mean", in the file and in `defaults:` and `nodes:`; a token and a password both
-/// set), and the problems of its `defaults:` and `nodes:` as provider data.
-fn read_config(path: &Path) -> Result<(ProviderConfig, Vec<String>, Vec<Problem>), BoxError> {
-    let config = ProviderConfig::load(path)?;
+/// Reads the config file: the config, its warnings joined by those of its `defaults:` and `nodes:`
+/// (unknown keys with their "did you mean", a token and a password both set), and the problems of
+/// its `defaults:` and `nodes:` as provider data.
+fn read_config(path: &Path) -> Result<(ProviderConfig, Vec<Problem>), BoxError> {
+    let mut config = ProviderConfig::load(path)?;
     let overrides = config.layers.check();
-    let mut warnings = config.warnings.clone();
-    warnings.extend(overrides.warnings.iter().map(ToString::to_string));
-    Ok((config, warnings, overrides.problems))
+    config
+        .warnings
+        .extend(overrides.warnings.iter().map(ToString::to_string));
+    Ok((config, overrides.problems))
 }
 
 /// Loads the config file for a command and logs, once, what it got wrong. Every command that reads
 /// the file says so, so that a misspelt `insecureSkipVerify` is named instead of surfacing as a
 /// certificate error.
 pub fn load_config(path: &Path) -> Result<ProviderConfig, BoxError> {
-    let (config, warnings, _) = read_config(path)?;
-    for warning in &warnings {
+    let (config, _) = read_config(path)?;
+    for warning in &config.warnings {
         tracing::warn!("config file {}: {warning}", path.display());
     }
     Ok(config)

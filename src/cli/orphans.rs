@@ -40,7 +40,6 @@ use crate::proxmox::types::{NodeName, VmId, VmResource, content_types};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
 use crate::table::or_dash;
-use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
 pub struct OrphansArgs {
@@ -86,14 +85,13 @@ pub struct DeletionReport {
 
 /// What the command prints, as JSON or as the table.
 #[derive(Serialize)]
-struct Report<'a> {
-    orphans: &'a Orphans,
-    ip_allocations: &'a [Holding],
-    deletion: Option<&'a DeletionReport>,
+struct Report {
+    orphans: Orphans,
+    ip_allocations: Vec<Holding>,
+    deletion: Option<DeletionReport>,
 }
 
 pub async fn run(args: OrphansArgs) -> CliResult {
-    telemetry::init_logging(LogFormat::Text, "warn")?;
     let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, NEEDS_OMNI)?;
     let reads = ["list the MachineRequests"; 2];
     let (live, states) = omni_records(&omni, &args.omni.id, reads).await?;
@@ -114,12 +112,12 @@ pub async fn run(args: OrphansArgs) -> CliResult {
         None
     };
     let report = Report {
-        orphans: &orphans,
-        ip_allocations: &left.gone_requests,
-        deletion: deletion.as_ref(),
+        orphans,
+        ip_allocations: left.gone_requests,
+        deletion,
     };
     (args.output).print(&report, |r| render_table(&args.omni.id, r, live.len()))?;
-    match deletion.map_or(0, |d| d.failures.len()) {
+    match report.deletion.map_or(0, |d| d.failures.len()) {
         0 => Ok(()),
         failed => Err(format!("{failed} orphan(s) could not be deleted (see above)").into()),
     }
@@ -304,7 +302,7 @@ async fn delete_iso(
 }
 
 fn render_table(provider: &str, report: &Report, live: usize) -> String {
-    let (orphans, mut out) = (report.orphans, String::new());
+    let (orphans, mut out) = (&report.orphans, String::new());
     let tag = crate::model::identity::provider_tag(provider);
     let _ = writeln!(
         out,
@@ -337,7 +335,7 @@ fn render_table(provider: &str, report: &Report, live: usize) -> String {
     for problem in &orphans.problems {
         let _ = writeln!(out, "not checked: {problem}");
     }
-    match report.deletion {
+    match &report.deletion {
         None if !orphans.vms.is_empty() || !orphans.seed_isos.is_empty() => {
             let _ = writeln!(out, "Run again with --delete to delete them.");
         }
@@ -434,15 +432,15 @@ mod tests {
         };
         let report = |orphans| Report {
             orphans,
-            ip_allocations: &[],
+            ip_allocations: Vec::new(),
             deletion: None,
         };
-        let text = render_table("proxmox", &report(&orphans), 1);
+        let text = render_table("proxmox", &report(orphans), 1);
         assert!(text.contains("141") && text.contains("req-dead"), "{text}");
         assert!(text.contains("local:iso/omni-seed-x.iso"), "{text}");
         assert!(text.contains("not checked: node pve4"), "{text}");
         assert!(text.contains("--delete"), "{text}");
-        let empty = render_table("proxmox", &report(&Orphans::default()), 0);
+        let empty = render_table("proxmox", &report(Orphans::default()), 0);
         assert!(!empty.contains("--delete"), "{empty}");
     }
 }

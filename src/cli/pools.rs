@@ -25,7 +25,6 @@ use crate::omni::resources::{MACHINE_REQUEST, label, provider_machine};
 use crate::omni::state::StateError;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::ip_pool::{self, Holding, LeftOver, PoolUse};
-use crate::telemetry::{self, LogFormat};
 
 #[derive(Debug, clap::Args)]
 pub struct PoolsArgs {
@@ -41,13 +40,12 @@ pub struct PoolsArgs {
 }
 
 #[derive(Serialize)]
-struct JsonReport<'a> {
-    pools: &'a [PoolUse],
-    left_over: &'a LeftOver,
+struct JsonReport {
+    pools: Vec<PoolUse>,
+    left_over: LeftOver,
 }
 
 pub async fn run(args: PoolsArgs) -> CliResult {
-    telemetry::init_logging(LogFormat::Text, "warn")?;
     let needs = "pools needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): the allocations are recorded in the provider states there";
     let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, needs)?;
     let reads = ["read the machine requests", "read the provider states"];
@@ -58,22 +56,18 @@ pub async fn run(args: PoolsArgs) -> CliResult {
         let pve = ProxmoxClient::new(&config.proxmox)?;
         crate::pipeline::ip_pool::reported_by_agents(&pve).await?
     };
-    let (uses, left) = ip_pool::report(&config.ip_pools, &states, &reported, &live);
-    let report = JsonReport {
-        pools: &uses,
-        left_over: &left,
-    };
-    args.output
-        .print(&report, |r| render_table(r.pools, r.left_over))
+    let (pools, left_over) = ip_pool::report(&config.ip_pools, &states, &reported, &live);
+    let report = JsonReport { pools, left_over };
+    args.output.print(&report, render_table)
 }
 
 /// The table: one block per pool, then what is left over.
-pub fn render_table(uses: &[PoolUse], left: &LeftOver) -> String {
+fn render_table(JsonReport { pools, left_over }: &JsonReport) -> String {
     let mut out = String::new();
-    if uses.is_empty() {
+    if pools.is_empty() {
         out.push_str("The config file defines no IP pools (`ipPools:`).\n");
     }
-    for u in uses {
+    for u in pools {
         let _ = writeln!(
             out,
             "{}  {}  ranges {}  {} of {} in use, {} free",
@@ -93,14 +87,14 @@ pub fn render_table(uses: &[PoolUse], left: &LeftOver) -> String {
         let rows = u.held.iter().map(holding_row).chain(reported);
         crate::table::render(&mut out, "  ", &[], rows);
     }
-    if !left.gone_requests.is_empty() {
+    if !left_over.gone_requests.is_empty() {
         out.push_str("\nAllocations whose machine request is gone (the provider releases them once it has deleted the VM):\n");
-        let rows = left.gone_requests.iter().map(holding_row);
+        let rows = left_over.gone_requests.iter().map(holding_row);
         crate::table::render(&mut out, "  ", &[], rows);
     }
-    if !left.unknown_pools.is_empty() {
+    if !left_over.unknown_pools.is_empty() {
         out.push_str("\nAllocations from pools the config file no longer has:\n");
-        let rows = left.unknown_pools.iter().map(|(pool, h)| {
+        let rows = left_over.unknown_pools.iter().map(|(pool, h)| {
             let mut row = holding_row(h);
             row.push(format!("(pool {pool})"));
             row

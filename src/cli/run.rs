@@ -127,9 +127,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 struct Settings {
     args: RunArgs,
     config: ProviderConfig,
-    /// What the config file got wrong without stopping the provider (unknown keys in it or in
-    /// `defaults:` and `nodes:`, a token and a password both set): logged once, at start.
-    config_warnings: Vec<String>,
     factory_auth: FactoryAuth,
     endpoint: OmniEndpoint,
     key: Arc<ProviderKey>,
@@ -143,7 +140,7 @@ impl Settings {
         let path = (args.config_file.as_ref()).ok_or(
             "--config-file (or CONFIG_FILE) is required: the provider needs the Proxmox connection settings",
         )?;
-        let (config, config_warnings, problems) = super::read_config(path)?;
+        let (config, problems) = super::read_config(path)?;
         if !problems.is_empty() {
             let problems = crate::rules::provider_data::describe(&problems);
             return Err(format!("config file {}: {problems}", path.display()).into());
@@ -158,7 +155,6 @@ impl Settings {
         leader_election.as_ref().map(Timings::check).transpose()?;
         Ok(Self {
             config,
-            config_warnings,
             factory_auth: (args.image_factory_auth_file.as_deref())
                 .map(FactoryAuth::read)
                 .transpose()?
@@ -239,7 +235,7 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
         leader_election = settings.leader_election.is_some(),
         "starting"
     );
-    for warning in &settings.config_warnings {
+    for warning in &settings.config.warnings {
         tracing::warn!("config file: {warning}");
     }
     let provider_id = settings.info.id.clone();
@@ -267,7 +263,7 @@ async fn run_with(settings: Settings, pve: ProxmoxClient) -> CliResult {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let (metrics, metrics_server) = start_metrics(&pve, settings.args.metrics_listen, &stop_rx);
-    let fence = (settings.leader_election).map_or_else(Fence::open, |_| Fence::shut());
+    let fence = (settings.leader_election).map_or_else(Fence::default, |_| Fence::shut());
     pve.set_fence(fence.clone());
     let state = omni.state.fenced(fence.clone());
     let (leading, part) = take_part(&settings, &omni.state, fence, &metrics, &stop_rx);

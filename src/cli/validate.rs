@@ -35,8 +35,13 @@ pub struct ValidateArgs {
 }
 
 pub async fn run(args: ValidateArgs) -> CliResult {
-    crate::telemetry::init_logging(crate::telemetry::LogFormat::Text, "warn")?;
-    let class_yaml = read_provider_data(&args.provider_data)?;
+    let path = &args.provider_data;
+    let (shown, read) = if path == Path::new("-") {
+        ("stdin".into(), std::io::read_to_string(std::io::stdin()))
+    } else {
+        (path.display().to_string(), std::fs::read_to_string(path))
+    };
+    let class_yaml = read.map_err(|e| format!("cannot read provider data from {shown}: {e}"))?;
     let config = ProviderConfig::load(&args.config_file)?;
     let client = ProxmoxClient::new(&config.proxmox)?;
     let report = validate_class(&client, &class_yaml, &config).await?;
@@ -46,13 +51,4 @@ pub async fn run(args: ValidateArgs) -> CliResult {
     }
     let problems = report.problems;
     Err(format!("the provider data has {problems} problem(s); see the report").into())
-}
-
-fn read_provider_data(path: &Path) -> Result<String, String> {
-    let (shown, read) = if path == Path::new("-") {
-        ("stdin".into(), std::io::read_to_string(std::io::stdin()))
-    } else {
-        (path.display().to_string(), std::fs::read_to_string(path))
-    };
-    read.map_err(|e| format!("cannot read provider data from {shown}: {e}"))
 }

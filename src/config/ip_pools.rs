@@ -24,7 +24,7 @@ use super::read::{
     Expecting, Found, OneOrList, Section, child, kind, plain_name, string, value_type,
 };
 use crate::proxmox::property::{BridgeName, VlanTag};
-use crate::rules::ip_pool::{AddressRange, Cidr, IpPool, parse_cidr};
+use crate::rules::ip_pool::{AddressRange, Cidr, IpPool, find, parse_cidr};
 
 /// `ipPools:` as written, by pool name.
 pub(super) type Pools = BTreeMap<String, Section<PoolFile>>;
@@ -233,21 +233,17 @@ pub(super) fn check_references(
     pools: &[IpPool],
     found: &mut Found,
 ) {
-    let layers = std::iter::once(("defaults".to_string(), defaults)).chain(
-        nodes
-            .iter()
-            .filter_map(|(n, v)| v.as_object().map(|m| (format!("nodes.{n}"), m))),
-    );
-    for (prefix, layer) in layers {
-        let nics = layer.get("additional_nics").and_then(Value::as_array);
-        let named = std::iter::once((format!("{prefix}.ip_pool"), layer.get("ip_pool"))).chain(
-            nics.into_iter().flatten().enumerate().map(|(i, nic)| {
-                let key = format!("{prefix}.additional_nics[{i}].ip_pool");
-                (key, nic.get("ip_pool"))
-            }),
-        );
-        for (key, name) in named.filter_map(|(key, name)| Some((key, name?.as_str()?))) {
-            if let Err(p) = crate::rules::ip_pool::find(pools, &key, name) {
+    let defaults = Value::Object(defaults.clone());
+    let nodes = nodes.iter().map(|(n, v)| (format!("nodes.{n}"), v));
+    for (prefix, layer) in std::iter::once(("defaults".into(), &defaults)).chain(nodes) {
+        let nics = layer["additional_nics"].as_array().into_iter().flatten();
+        let nics = nics
+            .enumerate()
+            .map(|(i, n)| (format!(".additional_nics[{i}]"), n));
+        for (at, holder) in std::iter::once((String::new(), layer)).chain(nics) {
+            if let Some(name) = holder["ip_pool"].as_str()
+                && let Err(p) = find(pools, &format!("{prefix}{at}.ip_pool"), name)
+            {
                 found.problems.push(format!("`{}`: {}", p.key, p.message));
             }
         }

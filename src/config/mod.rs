@@ -139,8 +139,8 @@ impl ProviderConfig {
     /// Parses the text of a config file; all problems are reported together.
     pub fn parse(text: &str) -> Result<Self, ParseError> {
         let root = match crate::yaml::from_str(text).map_err(ParseError::Yaml)? {
-            Value::Object(map) => map,
-            Value::Null => Map::new(),
+            Value::Null => Value::Object(Map::new()),
+            root @ Value::Object(_) => root,
             other => {
                 return Err(ParseError::Invalid(vec![format!(
                     "the file must be a mapping with a `proxmox:` section, found {}",
@@ -149,8 +149,8 @@ impl ProviderConfig {
             }
         };
         let mut found = Found::default();
-        found.strict = root.get("strict") == Some(&Value::Bool(true));
-        let file: Option<File> = found.read(Value::Object(root));
+        found.strict = root["strict"] == true;
+        let file: Option<File> = found.read(root);
         match file.and_then(|f| f.check(&mut found)) {
             Some(config) if found.problems.is_empty() => Ok(Self {
                 warnings: found.warnings,

@@ -106,9 +106,9 @@ fn secret(
     file: Option<Text>,
     key: &str,
     problems: &mut Vec<String>,
-) -> Option<String> {
+) -> Option<Secret> {
     let Some(path) = text(file) else {
-        return text(inline);
+        return text(inline).map(Secret::new);
     };
     let file_key = format!("{key}File");
     if text(inline).is_some() {
@@ -118,7 +118,6 @@ fn secret(
         return None;
     }
     crate::secret::read_file(std::path::Path::new(&path))
-        .map(|secret| secret.expose().to_owned())
         .map_err(|e| problems.push(format!("cannot read `proxmox.{file_key}` {path}: {e}")))
         .ok()
 }
@@ -151,8 +150,8 @@ fn api_url(
 /// The login the keys make, chosen as the official provider chooses: username and password both set
 /// win, else the token pair; the realm only goes with the password.
 fn login(
-    (token_id, token_secret): (Option<String>, Option<String>),
-    (username, password): (Option<String>, Option<String>),
+    (token_id, token_secret): (Option<String>, Option<Secret>),
+    (username, password): (Option<String>, Option<Secret>),
     realm: Option<String>,
     warnings: &mut Vec<String>,
     problems: &mut Vec<String>,
@@ -177,7 +176,6 @@ fn login(
                 }
                 (false, r) => format!("{user}@{}", r.unwrap_or_else(|| "pam".into())),
             };
-            let password = Secret::new(password);
             Some(ProxmoxAuth::Password { username, password })
         }
         (Some(id), Some(secret), user, password) => {
@@ -198,7 +196,6 @@ fn login(
                 // The official provider ignores it too, so a file that works there is not refused.
                 warnings.push("`proxmox.realm` is ignored with an API token: the token's realm is part of `tokenID`".into());
             }
-            let secret = Secret::new(secret);
             Some(ProxmoxAuth::Token { id, secret })
         }
         (Some(_), None, _, _) => missing("tokenID", "tokenSecret"),

@@ -253,7 +253,7 @@ impl StateClient {
             raw,
             teardown_unsupported: Arc::new(AtomicBool::new(false)),
             reconnect: (Duration::from_millis(100), Duration::from_secs(30)),
-            fence: Fence::open(),
+            fence: Fence::default(),
             deadline: CALL_DEADLINE,
         }
     }
