@@ -67,17 +67,15 @@ impl<'a> StatusSink<'a> {
 
     fn text(&self, detail: &str) -> String {
         match &self.phase {
-            Phase::Step { step, warnings } => format!(
-                "Running step {}/{} {}{}{warnings}",
-                step.number(),
-                Step::ALL.len(),
-                step.as_str(),
-                if detail.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {detail}")
-                },
-            ),
+            Phase::Step { step, warnings } => {
+                let colon = if detail.is_empty() { "" } else { ": " };
+                format!(
+                    "Running step {}/{} {}{colon}{detail}{warnings}",
+                    step.number(),
+                    Step::ALL.len(),
+                    step.as_str(),
+                )
+            }
             Phase::Deprovisioning => format!("Deprovisioning: {detail}"),
         }
     }
