@@ -135,19 +135,17 @@ impl Context {
         labels: &HashMap<String, String>,
         error: &ReconcileError,
     ) {
-        let Some(report) = error_policy::report(error) else {
-            return;
-        };
-        let written = self
-            .write_status(id, labels, |s| {
-                if let Some(stage) = report.stage {
-                    s.stage = stage as i32;
-                }
-                s.status = report.status.clone();
-                s.error = report.error.clone();
-            })
-            .await;
-        if let Err(e) = written {
+        if let Some(report) = error_policy::report(error)
+            && let Err(e) = self
+                .write_status(id, labels, |s| {
+                    if let Some(stage) = report.stage {
+                        s.stage = stage as i32;
+                    }
+                    s.status = report.status.clone();
+                    s.error = report.error.clone();
+                })
+                .await
+        {
             tracing::warn!(request = %id, error = %e, "cannot show the failure in Omni");
         }
     }
