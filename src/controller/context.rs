@@ -344,8 +344,8 @@ impl<S: Spec> WriteCache<S> {
             }
         }
         let stored = state.modify(&self.kind, id, owner, mutate).await?;
-        let created = stored.metadata.version == "1";
-        if !(created && self.omni_adds_finalizers) {
+        // Version 1: just created.
+        if !(stored.metadata.version == "1" && self.omni_adds_finalizers) {
             entry(&self.last).insert(id.to_owned(), stored.clone());
         }
         Ok(stored)
