@@ -131,17 +131,14 @@ impl Outputs {
     /// counts as [`Hold::Live`]: tearing it down again tells where it stands.
     pub fn patches_of(&self, request: &str) -> Option<Vec<(String, Hold)>> {
         let known = entry(&self.known);
-        if !known.patches_listed {
-            return None;
-        }
-        Some(
+        known.patches_listed.then(|| {
             known
                 .outputs
                 .iter()
                 .filter(|((what, _), (of, _))| *what == OutputOf::PatchRequest && of == request)
                 .map(|((_, id), (_, seen))| (id.clone(), self.trusted(*seen).unwrap_or(Hold::Live)))
-                .collect(),
-        )
+                .collect()
+        })
     }
 
     /// Where the status of `request` stands, if the watch said so recently enough.
