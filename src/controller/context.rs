@@ -196,12 +196,11 @@ impl Context {
     /// The Image Factory Omni uses for `talos_version` when it names one
     /// ([`image_factory::factory_for_version`]), read at most every ten minutes per version.
     pub async fn talos_factory(&self, talos_version: &str) -> Option<String> {
-        let cached = entry(&self.talos_factories)
+        if let Some((factory, _)) = entry(&self.talos_factories)
             .get(talos_version)
             .filter(|(_, read)| read.elapsed() < TALOS_FACTORY_TTL)
-            .map(|(factory, _)| factory.clone());
-        if let Some(factory) = cached {
-            return factory;
+        {
+            return factory.clone();
         }
         let factory = image_factory::factory_for_version(&self.state, talos_version).await;
         entry(&self.talos_factories)
