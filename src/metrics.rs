@@ -19,11 +19,7 @@ use prometheus_client::registry::Registry;
 /// The labels of a family with one label: its name and value (`outcome`, `kind`, `step`, `method`).
 type Label = [(&'static str, &'static str); 1];
 
-/// The labels of a Proxmox API request: `method`, and `status` (the HTTP status, or `error` when
-/// there was no answer).
-type ApiLabels = [(&'static str, String); 2];
-
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+type HistogramFamily = Family<Label, Histogram, fn() -> Histogram>;
 
 /// Declares each metric once: its field, its name (after the `omni_proxmox` prefix), its help text,
 /// how it starts and, for a counter family with one label, the method that counts one more by that
@@ -72,16 +68,17 @@ metrics! {
     leftovers: Family<Label, Counter> = "teardown_leftovers",
         "Things a finished teardown had to leave behind (kind=seed_iso: its delete failed); the `orphans` command lists and deletes them",
         Family::default(), leftover("kind");
-    step_seconds: HistogramFamily<Label> = "step_duration_seconds",
+    step_seconds: HistogramFamily = "step_duration_seconds",
         "Time spent in each pipeline step run",
         Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 2.0, 16)));
     /// Failed step runs (and `provision("failure")` counts each as a failed attempt).
     step_failures: Family<Label, Counter> = "step_failures",
         "Provisioning step runs that failed, by step (each failure is retried with backoff)",
         Family::default(), step_failure("step");
-    proxmox_requests: Family<ApiLabels, Counter> = "proxmox_api_requests",
+    /// By `method`, and `status` (the HTTP status, or `error` when there was no answer).
+    proxmox_requests: Family<[(&'static str, String); 2], Counter> = "proxmox_api_requests",
         "Proxmox API requests by method and HTTP status", Family::default();
-    proxmox_seconds: HistogramFamily<Label> = "proxmox_api_request_duration_seconds",
+    proxmox_seconds: HistogramFamily = "proxmox_api_request_duration_seconds",
         "Proxmox API request latency",
         Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 16)));
     requests_in_flight: Gauge = "machine_requests_in_flight",
@@ -107,13 +104,11 @@ impl Metrics {
         let status = status.map_or_else(|| "error".to_owned(), |s| s.to_string());
         let labels = [("method", method.to_owned()), ("status", status)];
         self.proxmox_requests.get_or_create(&labels).inc();
-        let seconds = self.proxmox_seconds.get_or_create(&[("method", method)]);
-        seconds.observe(took.as_secs_f64());
+        (self.proxmox_seconds.get_or_create(&[("method", method)])).observe(took.as_secs_f64());
     }
 
     pub fn step(&self, step: &'static str, took: Duration) {
-        let seconds = self.step_seconds.get_or_create(&[("step", step)]);
-        seconds.observe(took.as_secs_f64());
+        (self.step_seconds.get_or_create(&[("step", step)])).observe(took.as_secs_f64());
     }
 
     /// Called after every heartbeat: did Omni take it, and did the Proxmox check pass?

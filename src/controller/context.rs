@@ -135,19 +135,17 @@ impl Context {
         labels: &HashMap<String, String>,
         error: &ReconcileError,
     ) {
-        let Some(report) = error_policy::report(error) else {
-            return;
-        };
-        let written = self
-            .write_status(id, labels, |s| {
-                if let Some(stage) = report.stage {
-                    s.stage = stage as i32;
-                }
-                s.status = report.status.clone();
-                s.error = report.error.clone();
-            })
-            .await;
-        if let Err(e) = written {
+        if let Some(report) = error_policy::report(error)
+            && let Err(e) = self
+                .write_status(id, labels, |s| {
+                    if let Some(stage) = report.stage {
+                        s.stage = stage as i32;
+                    }
+                    s.status = report.status.clone();
+                    s.error = report.error.clone();
+                })
+                .await
+        {
             tracing::warn!(request = %id, error = %e, "cannot show the failure in Omni");
         }
     }
@@ -198,12 +196,11 @@ impl Context {
     /// The Image Factory Omni uses for `talos_version` when it names one
     /// ([`image_factory::factory_for_version`]), read at most every ten minutes per version.
     pub async fn talos_factory(&self, talos_version: &str) -> Option<String> {
-        let cached = entry(&self.talos_factories)
+        if let Some((factory, _)) = entry(&self.talos_factories)
             .get(talos_version)
             .filter(|(_, read)| read.elapsed() < TALOS_FACTORY_TTL)
-            .map(|(factory, _)| factory.clone());
-        if let Some(factory) = cached {
-            return factory;
+        {
+            return factory.clone();
         }
         let factory = image_factory::factory_for_version(&self.state, talos_version).await;
         entry(&self.talos_factories)
@@ -346,8 +343,8 @@ impl<S: Spec> WriteCache<S> {
             }
         }
         let stored = state.modify(&self.kind, id, owner, mutate).await?;
-        let created = stored.metadata.version == "1";
-        if !(created && self.omni_adds_finalizers) {
+        // Version 1: just created.
+        if !(stored.metadata.version == "1" && self.omni_adds_finalizers) {
             entry(&self.last).insert(id.to_owned(), stored.clone());
         }
         Ok(stored)

@@ -22,7 +22,6 @@ pub async fn beat(
     provider_id: &str,
     problem: Option<String>,
 ) -> Result<Option<String>, StateError> {
-    let error = problem.clone().unwrap_or_default();
     let ts = prost_types::Timestamp::from(SystemTime::now());
     state
         .modify(
@@ -31,7 +30,7 @@ pub async fn beat(
             &health_controller_name(provider_id),
             |r| {
                 r.spec.last_heartbeat_timestamp = Some(ts);
-                r.spec.error = error.clone();
+                r.spec.error = problem.clone().unwrap_or_default();
             },
         )
         .await

@@ -51,18 +51,17 @@ impl Lanes {
         let semaphore = (entry(&self.lanes).entry(lane.clone()))
             .or_insert_with(|| Arc::new(Semaphore::new(self.per_lane)))
             .clone();
-        // The semaphores are never closed, so the acquire cannot fail; were it to, the request
-        // would go ahead without a slot rather than stop.
-        let permit = match semaphore.clone().try_acquire_owned() {
-            Ok(permit) => Some(permit),
-            Err(_) => {
-                before_waiting();
-                semaphore.acquire_owned().await.ok()
-            }
-        };
         Slot {
             lane,
-            _permit: permit,
+            // The semaphores are never closed, so the acquire cannot fail; were it to, the request
+            // would go ahead without a slot rather than stop.
+            _permit: match semaphore.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    before_waiting();
+                    semaphore.acquire_owned().await.ok()
+                }
+            },
         }
     }
 

@@ -51,20 +51,8 @@ pub enum OutputOf {
     PatchRequest,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Seen {
-    hold: Hold,
-    at: Instant,
-}
-
-impl Seen {
-    fn now(hold: Hold) -> Self {
-        Self {
-            hold,
-            at: Instant::now(),
-        }
-    }
-}
+/// Where an output stands, and when the watch said so.
+type Seen = (Hold, Instant);
 
 #[derive(Default)]
 struct Known {
@@ -111,11 +99,11 @@ impl Outputs {
                     OutputOf::Status => md.id.clone(),
                     OutputOf::PatchRequest => md.labels.get(label::MACHINE_REQUEST)?.clone(),
                 };
-                let seen = (request.clone(), Seen::now(hold));
+                let seen = (request.clone(), (hold, Instant::now()));
                 let before = known.outputs.insert((of, md.id.clone()), seen);
                 // Only the change to released lets a teardown go on: our own writes to a released
                 // status (the deprovision's progress) must not wake its teardown again.
-                let was_released = before.is_some_and(|(_, seen)| seen.hold == Hold::Released);
+                let was_released = before.is_some_and(|(_, (hold, _))| hold == Hold::Released);
                 (hold == Hold::Released && !was_released).then_some(request)
             }
             WatchEvent::Destroyed(r) => {
@@ -143,24 +131,20 @@ impl Outputs {
     /// counts as [`Hold::Live`]: tearing it down again tells where it stands.
     pub fn patches_of(&self, request: &str) -> Option<Vec<(String, Hold)>> {
         let known = entry(&self.known);
-        if !known.patches_listed {
-            return None;
-        }
-        Some(
+        known.patches_listed.then(|| {
             known
                 .outputs
                 .iter()
                 .filter(|((what, _), (of, _))| *what == OutputOf::PatchRequest && of == request)
                 .map(|((_, id), (_, seen))| (id.clone(), self.trusted(*seen).unwrap_or(Hold::Live)))
-                .collect(),
-        )
+                .collect()
+        })
     }
 
     /// Where the status of `request` stands, if the watch said so recently enough.
     pub fn status(&self, request: &str) -> Option<Hold> {
         let key = (OutputOf::Status, request.to_owned());
-        let seen = entry(&self.known).outputs.get(&key).map(|(_, seen)| *seen);
-        seen.and_then(|seen| self.trusted(seen))
+        (entry(&self.known).outputs.get(&key)).and_then(|&(_, seen)| self.trusted(seen))
     }
 
     /// A patch request this process just wrote: a teardown that starts before the watch delivers
@@ -169,14 +153,14 @@ impl Outputs {
         entry(&self.known)
             .outputs
             .entry((OutputOf::PatchRequest, patch.to_owned()))
-            .or_insert_with(|| (request.to_owned(), Seen::now(Hold::Live)));
+            .or_insert_with(|| (request.to_owned(), (Hold::Live, Instant::now())));
     }
 
     /// An output this process tore down and found held: a teardown that runs again before the
     /// watch delivers the teardown waits for the release instead of tearing down again. A release
     /// the watch has already delivered stands. A patch request not seen is left to the listing.
     pub fn held(&self, of: OutputOf, id: &str) {
-        let held = Seen::now(Hold::Held);
+        let held = (Hold::Held, Instant::now());
         let mut known = entry(&self.known);
         let key = (of, id.to_owned());
         let seen = match of {
@@ -185,7 +169,7 @@ impl Outputs {
             }
             OutputOf::PatchRequest => known.outputs.get_mut(&key).map(|(_, seen)| seen),
         };
-        if let Some(seen) = seen.filter(|seen| seen.hold == Hold::Live) {
+        if let Some(seen) = seen.filter(|(hold, _)| *hold == Hold::Live) {
             *seen = held;
         }
     }
@@ -201,8 +185,8 @@ impl Outputs {
         }
     }
 
-    fn trusted(&self, seen: Seen) -> Option<Hold> {
-        (seen.at.elapsed() < self.trusted_for).then_some(seen.hold)
+    fn trusted(&self, (hold, at): Seen) -> Option<Hold> {
+        (at.elapsed() < self.trusted_for).then_some(hold)
     }
 }
 

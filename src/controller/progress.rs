@@ -67,17 +67,15 @@ impl<'a> StatusSink<'a> {
 
     fn text(&self, detail: &str) -> String {
         match &self.phase {
-            Phase::Step { step, warnings } => format!(
-                "Running step {}/{} {}{}{warnings}",
-                step.number(),
-                Step::ALL.len(),
-                step.as_str(),
-                if detail.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {detail}")
-                },
-            ),
+            Phase::Step { step, warnings } => {
+                let colon = if detail.is_empty() { "" } else { ": " };
+                format!(
+                    "Running step {}/{} {}{colon}{detail}{warnings}",
+                    step.number(),
+                    Step::ALL.len(),
+                    step.as_str(),
+                )
+            }
             Phase::Deprovisioning => format!("Deprovisioning: {detail}"),
         }
     }
@@ -88,7 +86,7 @@ impl<'a> StatusSink<'a> {
         tracing::debug!(request = %self.id, "{text}");
         let provisioning = matches!(self.phase, Phase::Step { .. });
         self.shown.store(true, Ordering::Relaxed);
-        let written = self
+        if let Err(e) = self
             .ctx
             .write_status(self.id, &self.labels, |s| {
                 // The error of an earlier failed attempt stays until this step succeeds; the stage
@@ -101,8 +99,8 @@ impl<'a> StatusSink<'a> {
                     s.id = id.clone();
                 }
             })
-            .await;
-        if let Err(e) = written {
+            .await
+        {
             tracing::warn!(request = %self.id, error = %e, "cannot write progress to Omni");
         }
     }

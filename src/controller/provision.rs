@@ -310,14 +310,10 @@ impl Provisioning<'_> {
             .await?;
         ctx.services.ledgers.placements.release(id);
         let (vmid, node) = (text(&state.vmid), text(&state.node));
-        let summary = format!(
-            "Provisioned: VM {vmid} on {node}{}",
-            if state.addresses.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", state.addresses.join(", "))
-            }
-        );
+        let mut summary = format!("Provisioned: VM {vmid} on {node}");
+        if !state.addresses.is_empty() {
+            summary += &format!(" ({})", state.addresses.join(", "));
+        }
         tracing::info!(request = %id, %vmid, %node, addresses = ?state.addresses, "provisioned");
         ctx.services.metrics.provision("success");
         let uuid = text(&state.uuid);

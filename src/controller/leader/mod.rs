@@ -96,9 +96,11 @@ impl Election {
         *self.leading.borrow()
     }
 
-    /// Until when the fence stays open.
-    fn deadline(&self) -> Option<Instant> {
-        self.renewed_at.map(|t| t + self.timings.renew_deadline)
+    /// How long from `now` the fence stays open while this replica leads.
+    fn left(&self, now: Instant) -> Option<Duration> {
+        self.renewed_at
+            .filter(|_| self.is_leader())
+            .map(|t| (t + self.timings.renew_deadline).saturating_duration_since(now))
     }
 
     /// Looks at the lease until `stop` turns true, then releases it if held.
@@ -126,22 +128,15 @@ impl Election {
     /// A leader looks again at the next renew, or at its deadline if that comes first; a standby
     /// every retry period (and at every change the watch reports).
     fn next_look(&self) -> Duration {
-        match self.deadline() {
-            Some(deadline) if self.is_leader() => self
-                .timings
-                .renew_every()
-                .min(deadline.saturating_duration_since(Instant::now())),
-            _ => self.timings.retry_period,
-        }
+        (self.left(Instant::now())).map_or(self.timings.retry_period, |left| {
+            self.timings.renew_every().min(left)
+        })
     }
 
     /// `delivered`: the lease as the watch just delivered it, if it did.
     async fn look(&mut self, delivered: Option<Typed<LeaseSpec>>) {
         let sent = Instant::now();
-        let budget = match self.deadline() {
-            Some(deadline) if self.is_leader() => deadline.saturating_duration_since(sent),
-            _ => self.timings.renew_deadline,
-        };
+        let budget = self.left(sent).unwrap_or(self.timings.renew_deadline);
         let attempt = self.try_acquire_or_renew(sent, delivered);
         let outcome = (tokio::time::timeout(budget, attempt).await)
             .unwrap_or_else(|_| Err(format!("no answer from Omni within {budget:?}")));
@@ -164,7 +159,7 @@ impl Election {
             }
             Err(_) => {}
         }
-        if self.is_leader() && self.deadline().is_none_or(|d| Instant::now() >= d) {
+        if self.is_leader() && self.left(Instant::now()).is_none_or(|left| left.is_zero()) {
             self.lose(&format!(
                 "not renewed within the renew deadline ({:?})",
                 self.timings.renew_deadline
