@@ -160,24 +160,11 @@ fn captured_log() -> Arc<Mutex<Vec<u8>>> {
         let _ = tracing_subscriber::fmt()
             .with_ansi(false)
             .with_max_level(tracing::Level::WARN)
-            .with_writer(move || LogWriter(kept.clone()))
+            .with_writer(move || testkit::LogWriter(kept.clone()))
             .try_init();
         buffer
     })
     .clone()
-}
-
-struct LogWriter(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 // pve-guest-common src/PVE/GuestHelpers.pm, assert_tag_permissions/get_allowed_tags: without Sys.Modify

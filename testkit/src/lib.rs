@@ -74,3 +74,23 @@ pub async fn until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool
     })
     .await
 }
+
+/// A log sink for a test that checks a message only the provider's log carries: every
+/// `LogWriter` over one buffer appends to it (a `tracing_subscriber` writer is `move ||
+/// LogWriter(buffer.clone())`).
+pub struct LogWriter(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut buffer = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        buffer.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -343,7 +343,7 @@ async fn the_heartbeat_never_waits_longer_than_its_interval() {
     let kept = log.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_ansi(false)
-        .with_writer(move || LogWriter(kept.clone()))
+        .with_writer(move || testkit::LogWriter(kept.clone()))
         .finish();
     let _logging = tracing::subscriber::set_default(subscriber);
     let (addr, server) = silent_omni().await;
@@ -371,17 +371,4 @@ async fn the_heartbeat_never_waits_longer_than_its_interval() {
         "{given_up} beats given up in 2.5 s with each given up after 1 s: {log}"
     );
     server.abort();
-}
-
-struct LogWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
