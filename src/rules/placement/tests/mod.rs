@@ -33,6 +33,26 @@ fn reserve(
     reservations.reserve(request_id, reservation);
 }
 
+/// Places `request` and reserves what it asks for on the node chosen, as the pipeline does after a
+/// pick; the node's name.
+fn place(
+    nodes: &[NodeSnapshot],
+    request: &PlacementRequest<'_>,
+    reservations: &mut Reservations,
+) -> String {
+    let placed = pick(nodes, request, reservations).unwrap();
+    let (memory_mb, vcpus) = (request.data.memory_mb, request.data.vcpus());
+    reserve(
+        reservations,
+        request.request_id,
+        &placed.node,
+        request.set_id,
+        memory_mb,
+        vcpus,
+    );
+    placed.node.to_string()
+}
+
 fn pick(
     nodes: &[NodeSnapshot],
     request: &PlacementRequest<'_>,

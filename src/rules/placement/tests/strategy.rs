@@ -111,9 +111,7 @@ proptest! {
         for r in 0..nodes_n * per_node {
             let id = format!("req-{r}");
             let req = PlacementRequest { request_id: &id, ..with(&request(&sel, &empty), |d| d.memory_mb = memory) };
-            let placed = pick(&nodes, &req, &reservations).unwrap();
-            reserve(&mut reservations, &id, &placed.node, Some("workers"), memory, 2);
-            *counts.entry(placed.node.to_string()).or_default() += 1;
+            *counts.entry(place(&nodes, &req, &mut reservations)).or_default() += 1;
         }
         prop_assert_eq!(counts.len(), nodes_n);
         prop_assert!(counts.values().all(|c| *c == per_node), "{:?}", counts);
@@ -133,16 +131,9 @@ fn six_requests_of_one_set_spread_two_per_node() {
             request_id: &id,
             ..request(&sel, &empty)
         };
-        let placed = pick(&nodes, &req, &reservations).unwrap();
-        reserve(
-            &mut reservations,
-            &id,
-            &placed.node,
-            Some("workers"),
-            4096,
-            2,
-        );
-        *counts.entry(placed.node.to_string()).or_default() += 1;
+        *counts
+            .entry(place(&nodes, &req, &mut reservations))
+            .or_default() += 1;
     }
     assert_eq!(counts.into_values().collect::<Vec<_>>(), vec![2, 2, 2]);
 }
@@ -214,16 +205,7 @@ fn negative_resource_affinity_avoids_nodes_holding_the_set_whatever_the_strategy
                 d.ha = Some(spread.clone());
             })
         };
-        let placed = pick(&nodes, &req, &reservations).unwrap();
-        reserve(
-            &mut reservations,
-            &id,
-            &placed.node,
-            Some("workers"),
-            4096,
-            2,
-        );
-        chosen.push(placed.node.to_string());
+        chosen.push(place(&nodes, &req, &mut reservations));
     }
     chosen.sort();
     assert_eq!(chosen, ["pve1", "pve2", "pve3"]);
