@@ -107,32 +107,33 @@ impl Vmids {
             .as_ref()
             .is_none_or(|(_, at)| at.elapsed() >= PVE_VERSION_MAX_AGE)
         {
-            // The token's view and the datacenter's range; `None` when the privileges cannot be
-            // read. Without `Sys.Audit` on `/` the range is not asked for: `/cluster/options` then
-            // answers without it as if it were unset.
-            let read = async {
-                let say = |e: &ProxmoxError| {
-                    tracing::info!(error = %e, "cannot read the token's privileges; VMIDs come from /cluster/nextid");
-                };
-                let privileges = pve.effective_privileges().await.inspect_err(say).ok()?;
-                let range = if privileges.holds("/", "Sys.Audit") {
-                    let say = |e: &ProxmoxError| {
-                        tracing::info!(error = %e, "cannot read the datacenter's next-id range; VMIDs come from /cluster/nextid");
-                    };
-                    pve.next_id_range().await.inspect_err(say).ok()
-                } else {
-                    None
-                };
-                Some(VmidFacts {
-                    audits_every_guest: privileges.holds("/vms", "VM.Audit"),
-                    range,
-                })
-            };
-            *facts = Some((read.await, Instant::now()));
+            *facts = Some((read_facts(pve).await, Instant::now()));
         }
         let refused_lately = entry(&self.held)
             .refused_at
             .is_some_and(|at| at.elapsed() < ASK_AFTER_REFUSAL_FOR);
         vmid::source(facts.as_ref().and_then(|(f, _)| f.as_ref()), refused_lately)
     }
+}
+
+/// The token's view and the datacenter's range, for [`vmid::source`]; `None` when the privileges
+/// cannot be read. Without `Sys.Audit` on `/` the range is not asked for: `/cluster/options` then
+/// answers without it as if it were unset.
+async fn read_facts(pve: &ProxmoxClient) -> Option<VmidFacts> {
+    let say = |e: &ProxmoxError| {
+        tracing::info!(error = %e, "cannot read the token's privileges; VMIDs come from /cluster/nextid");
+    };
+    let privileges = pve.effective_privileges().await.inspect_err(say).ok()?;
+    let range = if privileges.holds("/", "Sys.Audit") {
+        let say = |e: &ProxmoxError| {
+            tracing::info!(error = %e, "cannot read the datacenter's next-id range; VMIDs come from /cluster/nextid");
+        };
+        pve.next_id_range().await.inspect_err(say).ok()
+    } else {
+        None
+    };
+    Some(VmidFacts {
+        audits_every_guest: privileges.holds("/vms", "VM.Audit"),
+        range,
+    })
 }
