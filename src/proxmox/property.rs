@@ -480,19 +480,16 @@ pub fn boot_order(slots: &[Slot]) -> String {
     format!("order={}", slots.join(";"))
 }
 
-/// `hugepages`.
+/// `hugepages`: the page size in MiB, which is how Proxmox names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hugepages {
-    TwoMb,
-    OneGb,
+    TwoMb = 2,
+    OneGb = 1024,
 }
 
 impl Hugepages {
-    pub fn render(self) -> &'static str {
-        match self {
-            Hugepages::TwoMb => "2",
-            Hugepages::OneGb => "1024",
-        }
+    pub fn render(self) -> String {
+        (self as u16).to_string()
     }
 }
 

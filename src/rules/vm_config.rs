@@ -110,7 +110,7 @@ fn common(
         ("serial0", Some("socket".into())),
         ("vga", data.vga.map(|v| v.render().into())),
         ("numa", data.numa.then(|| "1".into())),
-        ("hugepages", data.hugepages.map(|h| h.render().into())),
+        ("hugepages", data.hugepages.map(|h| h.render())),
         ("smbios1", Some(uuid)),
     ];
     for (key, value) in params {
