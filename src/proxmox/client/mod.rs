@@ -440,22 +440,17 @@ fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client> {
 }
 
 fn method_name(m: &Method) -> &'static str {
-    let known = ["GET", "POST", "PUT", "DELETE"];
-    known
+    ["GET", "POST", "PUT", "DELETE"]
         .into_iter()
         .find(|name| *name == m.as_str())
         .unwrap_or("OTHER")
 }
 
 fn may_retry(e: &ProxmoxError, replay: Replay) -> bool {
-    match e {
-        ProxmoxError::Transient { request_sent, .. } => match replay {
-            Replay::Safe => true,
-            Replay::OnlyIfUnsent => !request_sent,
-            Replay::Never => false,
-        },
-        _ => false,
-    }
+    let ProxmoxError::Transient { request_sent, .. } = e else {
+        return false;
+    };
+    replay == Replay::Safe || (replay == Replay::OnlyIfUnsent && !request_sent)
 }
 
 #[cfg(test)]
