@@ -284,14 +284,13 @@ pub struct ResourceMapping {
 
 impl ResourceMapping {
     /// The nodes the mapping has a device on.
-    pub fn nodes(&self) -> Vec<String> {
+    pub fn nodes(&self) -> Vec<&str> {
         self.map
             .iter()
             .filter_map(|entry| {
                 entry
                     .split(',')
                     .find_map(|kv| kv.trim().strip_prefix("node="))
-                    .map(str::to_owned)
             })
             .collect()
     }

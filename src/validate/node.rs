@@ -224,7 +224,7 @@ fn mapping_verdict(
                 list_or_none(&list.iter().map(|m| m.id.clone()).collect::<Vec<_>>())
             ),
         ),
-        Some(m) if !m.nodes().iter().any(|n| n == node) => (
+        Some(m) if !m.nodes().contains(&node) => (
             Outcome::Problem,
             format!(
                 "{kind} resource mapping {id:?} has no device on {node} (it has: {})",
