@@ -3,11 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::Layers;
-use super::report::{Finding, Outcome};
+use super::{Finding, Layers, Outcome};
 use crate::model::{ClusterSnapshot, MIB, NodeSnapshot};
-use crate::proxmox::cluster::ClusterHealth;
-use crate::proxmox::cluster::ResourceMapping;
+use crate::proxmox::cluster::{ClusterHealth, ResourceMapping};
 use crate::proxmox::ha::HaRule;
 use crate::rules::placement::{
     self, CloneRefusal, CloneSource, LeftOut, PlacementError, PlacementLimits, PlacementRequest,

@@ -9,8 +9,7 @@ use std::fmt::Write as _;
 use futures_util::future::OptionFuture;
 
 use super::cluster::{ClusterFacts, candidate_nodes};
-use super::report::{Finding, Outcome, Report};
-use super::{Layers, check_cluster, check_pools, check_schema};
+use super::{Finding, Layers, Outcome, Report, check_cluster, check_pools, check_schema};
 use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
 use crate::pipeline::ip_pool::reported_by_agents;

@@ -4,7 +4,7 @@
 //! the reason for every storage passed over.
 
 use super::cluster::ClusterCheck;
-use super::report::{Finding, Outcome, list_or_none};
+use super::{Finding, Outcome, list_or_none};
 use crate::model::{GIB, NodeSnapshot};
 use crate::pipeline::prepare_image::BootImage;
 use crate::proxmox::cluster::ResourceMapping;
