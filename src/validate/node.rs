@@ -170,7 +170,7 @@ impl NodeCheck<'_> {
             }
         };
         for (key, bridge) in wanted {
-            let finding = if bridges.iter().any(|b| b == &bridge) {
+            let finding = if bridges.contains(&bridge) {
                 Outcome::Pass.finding(key, format!("bridge {bridge} exists"))
             } else {
                 let list = list_or_none(bridges);
