@@ -11,7 +11,6 @@ pub mod ha;
 pub mod listing;
 pub mod pools;
 pub mod property;
-pub mod settings;
 pub mod storage;
 pub mod tasks;
 pub mod types;

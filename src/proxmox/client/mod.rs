@@ -24,7 +24,7 @@ use rustls::pki_types::{CertificateDer, pem::PemObject};
 use serde::de::DeserializeOwned;
 
 use super::error::{Call, ProxmoxError, Result, reason_phrase, status_error, transport_error};
-use crate::proxmox::settings::{ProxmoxSettings, TlsTrust};
+use crate::secret::Secret;
 use crate::tls::AcceptAnyServerCert;
 use auth::{Auth, Session};
 
@@ -80,6 +80,37 @@ pub(crate) enum Pool {
 
 /// Called after every HTTP request with its method, status (`None`: no answer) and duration.
 pub type RequestObserver = Arc<dyn Fn(&'static str, Option<u16>, Duration) + Send + Sync>;
+
+// What the client needs to reach and log in to the Proxmox VE API. The config file's `proxmox:`
+// section is read into these (`config::proxmox`); the client depends on them, not on the config.
+
+/// How to reach and log in to the Proxmox VE API.
+#[derive(Debug, Clone)]
+pub struct ProxmoxSettings {
+    /// Base URL ending in `/api2/json`, whatever the user wrote.
+    pub api_url: url::Url,
+    pub auth: ProxmoxAuth,
+    pub tls: TlsTrust,
+}
+
+#[derive(Debug, Clone)]
+pub enum ProxmoxAuth {
+    /// `Authorization: PVEAPIToken=<id>=<secret>`; no CSRF token, never expires.
+    Token { id: String, secret: Secret },
+    /// Ticket login at `/access/ticket` as `<username>@<realm>`.
+    Password { username: String, password: Secret },
+}
+
+/// Which server certificates to accept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsTrust {
+    /// Public web PKI roots.
+    WebPki,
+    /// Public roots plus the certificates in this PEM file (a private CA or a pinned self-signed cert).
+    CaFile(std::path::PathBuf),
+    /// No verification at all (`insecureSkipVerify: true`); logged as a warning at start.
+    InsecureSkipVerify,
+}
 
 /// How often and how patiently to retry transient failures.
 #[derive(Debug, Clone)]
