@@ -9,7 +9,6 @@ pub mod cluster;
 pub mod error;
 pub mod ha;
 pub mod listing;
-pub mod pools;
 pub mod property;
 pub mod storage;
 pub mod tasks;
