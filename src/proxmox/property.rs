@@ -149,6 +149,12 @@ name_types! {
     |s| made_of(s, 0..=200, "-_.+")
         && !s.starts_with('.')
         && [".qcow2", ".raw", ".vmdk"].iter().any(|ext| s.len() > ext.len() && s.ends_with(ext));
+
+    /// `vga`: the display type (no options), one of [`Vga::TYPES`].
+    Vga,
+    "display type",
+    "one of cirrus, none, qxl, qxl2-4, serial0-3, std, virtio, virtio-gl, vmware",
+    |s| Vga::TYPES.contains(&s);
 }
 
 /// A file in a storage's directory of one content type: `<storage>:<dir>/<file>` (pve-storage
@@ -477,10 +483,6 @@ impl Hugepages {
     }
 }
 
-/// `vga`: the display type (no options).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Vga(&'static str);
-
 impl Vga {
     /// The display adapters qemu-server accepts for `vga: type=` (also the provider-data schema enum).
     pub const TYPES: &'static [&'static str] = &[
@@ -499,19 +501,6 @@ impl Vga {
         "virtio-gl",
         "vmware",
     ];
-
-    pub fn new(s: &str) -> Result<Self, PropertyError> {
-        let expected =
-            "one of cirrus, none, qxl, qxl2-4, serial0-3, std, virtio, virtio-gl, vmware";
-        let known = Self::TYPES.iter().find(|t| **t == s);
-        known
-            .map(|t| Vga(t))
-            .ok_or_else(|| invalid("display type", s, expected))
-    }
-
-    pub fn render(self) -> &'static str {
-        self.0
-    }
 }
 
 #[cfg(test)]
@@ -606,7 +595,7 @@ mod tests {
         );
         assert_eq!(Hugepages::TwoMb.render(), "2");
         assert_eq!(Hugepages::OneGb.render(), "1024");
-        assert_eq!(Vga::new("serial0").unwrap().render(), "serial0");
+        assert_eq!(Vga::new("serial0").unwrap().as_str(), "serial0");
         assert!(Vga::new("std,memory=4").is_err());
         assert_eq!(Slot::HostPci(16).checked(), None);
         assert_eq!(Slot::Usb(3).to_string(), "usb3");
