@@ -181,7 +181,10 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
     // The config's `defaults:` may lack keys a machine class must have: stand-ins fill them and
     // checks of stand-ins are dropped, so only what is actually set is judged. Data that does not
     // resolve gets no cluster read: its problems are the findings.
-    let layers = Layers::of_defaults(config);
+    let layers = Layers {
+        stand_ins: true,
+        ..Layers::new("{}", config)
+    };
     let findings = match layers.resolve_on(None) {
         Ok(data) => match gather(pve, &data, config).await {
             Ok(view) => check_cluster(&layers, &data, &view),

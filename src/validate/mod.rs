@@ -185,14 +185,6 @@ impl<'a> Layers<'a> {
         }
     }
 
-    /// The config's `defaults:` (with its `nodes:` overrides) on their own.
-    pub fn of_defaults(config: &'a ProviderConfig) -> Self {
-        Self {
-            stand_ins: true,
-            ..Self::new("{}", config)
-        }
-    }
-
     /// The provider data as it would be on `node` (its override applied, and the NICs on their IP
     /// pools' networks: `ip_pool::apply_networks`, as provisioning resolves it), or the problems. A pool
     /// that does not exist is left to the pool findings, which name it once.

@@ -340,7 +340,10 @@ fn defaults_are_judged_only_on_what_they_set() {
         .unwrap();
         config.defaults = defaults.as_object().unwrap().clone();
         config.layers = ConfigLayers::read(&config.defaults, &config.nodes, false);
-        let layers = Layers::of_defaults(&config);
+        let layers = Layers {
+            stand_ins: true,
+            ..Layers::new("{}", &config)
+        };
         // What `gather` reads for the data `defaults:` resolve to (a template's copies).
         let data = layers.resolve_on(None).unwrap();
         check_cluster(&layers, &data, &view_for(&data))
