@@ -81,17 +81,6 @@ pub(crate) struct ClusterCheck<'a> {
 }
 
 impl ClusterCheck<'_> {
-    /// The request placement would get for `data` (resolved on some node, or not).
-    pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
-        let clone = self
-            .view
-            .clone_source
-            .as_ref()
-            .and_then(|c| c.as_ref().ok());
-        // The config's `placement:` limits, which placement's verdicts count against.
-        class_request(data, self.layers.config.placement, clone)
-    }
-
     /// `key` as the user must change it ([`Layers::key`]), for the class as a whole.
     fn key(&self, key: &str) -> String {
         self.layers.key(key, None)

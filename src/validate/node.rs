@@ -3,7 +3,7 @@
 //! are those of [`crate::rules::storage::choose`] and [`placement::boot_disk_storage`], rendered with
 //! the reason for every storage passed over.
 
-use super::cluster::ClusterCheck;
+use super::cluster::{ClusterCheck, class_request};
 use super::{Finding, Outcome, list_or_none};
 use crate::model::{GIB, NodeSnapshot};
 use crate::pipeline::prepare_image::BootImage;
@@ -42,7 +42,14 @@ pub(crate) fn check_node(
         n,
         here,
     };
-    let request = check.request(&at.here);
+    // The request placement would get for the data here, with the config's `placement:` limits,
+    // which placement's verdicts count against.
+    let clone = check
+        .view
+        .clone_source
+        .as_ref()
+        .and_then(|c| c.as_ref().ok());
+    let request = class_request(&at.here, check.layers.config.placement, clone);
     at.disks(&placement::boot_disk_storage(node, &request), out);
     at.isos(out);
     at.network(out);
