@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::read::{Expecting, Found, kind, value_type};
 use crate::secret::Secret;
 
-pub use crate::proxmox::settings::{ProxmoxAuth, ProxmoxSettings, TlsTrust};
+pub use crate::proxmox::client::{ProxmoxAuth, ProxmoxSettings, TlsTrust};
 
 /// The `proxmox:` section as written.
 #[derive(Deserialize)]

@@ -34,8 +34,10 @@ fn made_of(s: &str, len: std::ops::RangeInclusive<usize>, extra: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
 }
 
-macro_rules! name_type {
-    ($(#[$doc:meta])* $name:ident, $what:literal, $expected:literal, $check:expr) => {
+/// The name types, one entry each: the doc, the type, what it is and what Proxmox accepts (for the
+/// message), and the check.
+macro_rules! name_types {
+    ($($(#[$doc:meta])* $name:ident, $what:literal, $expected:literal, $check:expr;)+) => {$(
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
         #[serde(try_from = "String")]
@@ -75,84 +77,66 @@ macro_rules! name_type {
                 f.write_str(&self.0)
             }
         }
-    };
+    )+};
 }
 
-name_type!(
+name_types! {
     /// A storage ID (`pve-storage-id`): `local-lvm`, `ceph_pool.1`.
     StorageId,
     "storage",
     "a letter, then letters, digits, '-', '_' or '.', ending in a letter or digit (e.g. local-lvm)",
     |s| made_of(s, 2..=64, "-_.")
         && s.starts_with(|c: char| c.is_ascii_alphabetic())
-        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
-);
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric());
 
-name_type!(
     /// A Linux bridge name (`pve-bridge-id`), at most 15 characters like every interface name.
     BridgeName,
     "network bridge",
     "1 to 15 letters, digits, '-', '_' or '.' (e.g. vmbr0)",
-    |s| made_of(s, 1..=15, "-_.")
-);
+    |s| made_of(s, 1..=15, "-_.");
 
-name_type!(
     /// A resource-mapping ID (`pve-configid`) for PCI or USB passthrough.
     MappingId,
     "resource mapping",
     "a letter, then letters, digits, '-' or '_' (e.g. nvidia-gpu-1)",
-    |s| made_of(s, 2..=128, "-_") && s.starts_with(|c: char| c.is_ascii_alphabetic())
-);
+    |s| made_of(s, 2..=128, "-_") && s.starts_with(|c: char| c.is_ascii_alphabetic());
 
-name_type!(
     /// A mediated-device type (`mdev`), e.g. `nvidia-180` or `i915-GVTg_V5_4`.
     MdevType,
     "mediated device type",
     "letters, digits, '-', '_' or '.' (e.g. nvidia-180)",
-    |s| made_of(s, 1..=128, "-_.")
-);
+    |s| made_of(s, 1..=128, "-_.");
 
-name_type!(
     /// A VM tag (`pve-tag`).
     Tag,
     "tag",
     "a letter, digit or '_', then letters, digits, '_', '-', '+' or '.' (e.g. talos)",
-    |s| made_of(s, 1..=128, "_-+.") && s.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
-);
+    |s| made_of(s, 1..=128, "_-+.") && s.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
 
-name_type!(
     /// A resource pool ID (`pve-poolid`; `/` separates nested pools).
     PoolId,
     "pool",
     "letters, digits, '-', '_' or '.', with '/' between nested pools (e.g. omni)",
-    |s| made_of(s, 1..=64, "-_./") && !s.starts_with('/') && !s.ends_with('/') && !s.contains("//")
-);
+    |s| made_of(s, 1..=64, "-_./") && !s.starts_with('/') && !s.ends_with('/') && !s.contains("//");
 
-name_type!(
     /// A CPU model (`cpu` option's `cputype`): a built-in model or `custom-<name>`.
     CpuType,
     "CPU type",
     "a CPU model name made of letters, digits, '-', '_', '.' or '+' (e.g. x86-64-v2-AES or host)",
-    |s| made_of(s, 1..=64, "-_.+")
-);
+    |s| made_of(s, 1..=64, "-_.+");
 
-name_type!(
     /// A cluster node name (`pve-node`): a DNS label.
     NodeName,
     "node",
     "a host name: letters, digits and '-', not starting or ending with '-' (e.g. pve1)",
-    |s| made_of(s, 1..=63, "-") && !s.starts_with('-') && !s.ends_with('-')
-);
+    |s| made_of(s, 1..=63, "-") && !s.starts_with('-') && !s.ends_with('-');
 
-name_type!(
     /// The file part of a volume in ISO storage (`<storage>:iso/<file>`).
     IsoFileName,
     "ISO file name",
     "letters, digits, '-', '_', '.' or '+', ending in .iso",
-    |s| made_of(s, 5..=200, "-_.+") && s.ends_with(".iso") && !s.starts_with('.')
-);
+    |s| made_of(s, 5..=200, "-_.+") && s.ends_with(".iso") && !s.starts_with('.');
 
-name_type!(
     /// The file part of a disk image in `import` storage (`<storage>:import/<file>`). pve-storage
     /// src/PVE/API2/Storage/Status.pm `download_url` takes for `import` content only names of
     /// `[a-zA-Z0-9-.+=_]` ending in `.ova`, `.qcow2`, `.raw` or `.vmdk` (Storage.pm
@@ -164,8 +148,14 @@ name_type!(
     "letters, digits, '-', '_', '.' or '+', ending in .qcow2, .raw or .vmdk",
     |s| made_of(s, 0..=200, "-_.+")
         && !s.starts_with('.')
-        && [".qcow2", ".raw", ".vmdk"].iter().any(|ext| s.len() > ext.len() && s.ends_with(ext))
-);
+        && [".qcow2", ".raw", ".vmdk"].iter().any(|ext| s.len() > ext.len() && s.ends_with(ext));
+
+    /// `vga`: the display type (no options), one of [`Vga::TYPES`].
+    Vga,
+    "display type",
+    "one of cirrus, none, qxl, qxl2-4, serial0-3, std, virtio, virtio-gl, vmware",
+    |s| Vga::TYPES.contains(&s);
+}
 
 /// A file in a storage's directory of one content type: `<storage>:<dir>/<file>` (pve-storage
 /// Plugin.pm `parse_volname`).
@@ -480,25 +470,18 @@ pub fn boot_order(slots: &[Slot]) -> String {
     format!("order={}", slots.join(";"))
 }
 
-/// `hugepages`.
+/// `hugepages`: the page size in MiB, which is how Proxmox names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hugepages {
-    TwoMb,
-    OneGb,
+    TwoMb = 2,
+    OneGb = 1024,
 }
 
 impl Hugepages {
-    pub fn render(self) -> &'static str {
-        match self {
-            Hugepages::TwoMb => "2",
-            Hugepages::OneGb => "1024",
-        }
+    pub fn render(self) -> String {
+        (self as u16).to_string()
     }
 }
-
-/// `vga`: the display type (no options).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Vga(&'static str);
 
 impl Vga {
     /// The display adapters qemu-server accepts for `vga: type=` (also the provider-data schema enum).
@@ -518,19 +501,6 @@ impl Vga {
         "virtio-gl",
         "vmware",
     ];
-
-    pub fn new(s: &str) -> Result<Self, PropertyError> {
-        let expected =
-            "one of cirrus, none, qxl, qxl2-4, serial0-3, std, virtio, virtio-gl, vmware";
-        let known = Self::TYPES.iter().find(|t| **t == s);
-        known
-            .map(|t| Vga(t))
-            .ok_or_else(|| invalid("display type", s, expected))
-    }
-
-    pub fn render(self) -> &'static str {
-        self.0
-    }
 }
 
 #[cfg(test)]
@@ -625,7 +595,7 @@ mod tests {
         );
         assert_eq!(Hugepages::TwoMb.render(), "2");
         assert_eq!(Hugepages::OneGb.render(), "1024");
-        assert_eq!(Vga::new("serial0").unwrap().render(), "serial0");
+        assert_eq!(Vga::new("serial0").unwrap().as_str(), "serial0");
         assert!(Vga::new("std,memory=4").is_err());
         assert_eq!(Slot::HostPci(16).checked(), None);
         assert_eq!(Slot::Usb(3).to_string(), "usb3");

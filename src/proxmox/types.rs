@@ -339,24 +339,19 @@ pub mod lenient {
     use serde::de::{Deserializer, Error};
     use serde_json::Value;
 
-    fn number(v: &Value) -> Option<f64> {
-        match v {
+    pub fn opt_f64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        let v = Value::deserialize(d)?;
+        let number = match &v {
+            Value::Null => return Ok(None),
+            Value::String(s) if s.trim().is_empty() => return Ok(None),
             Value::Number(n) => n.as_f64(),
             Value::String(s) => s.trim().parse().ok(),
             Value::Bool(b) => Some(f64::from(u8::from(*b))),
             _ => None,
-        }
-    }
-
-    pub fn opt_f64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-        let v = Value::deserialize(d)?;
-        match v {
-            Value::Null => Ok(None),
-            Value::String(ref s) if s.trim().is_empty() => Ok(None),
-            other => number(&other)
-                .map(Some)
-                .ok_or_else(|| D::Error::custom(format!("expected a number, found {other}"))),
-        }
+        };
+        number
+            .map(Some)
+            .ok_or_else(|| D::Error::custom(format!("expected a number, found {v}")))
     }
 
     pub fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {

@@ -108,9 +108,9 @@ fn common(
         ("agent", Some("enabled=1".into())),
         ("onboot", Some("1".into())),
         ("serial0", Some("socket".into())),
-        ("vga", data.vga.map(|v| v.render().into())),
+        ("vga", data.vga.as_ref().map(|v| v.to_string())),
         ("numa", data.numa.then(|| "1".into())),
-        ("hugepages", data.hugepages.map(|h| h.render().into())),
+        ("hugepages", data.hugepages.map(|h| h.render())),
         ("smbios1", Some(uuid)),
     ];
     for (key, value) in params {

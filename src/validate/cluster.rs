@@ -3,11 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::Layers;
-use super::report::{Finding, Outcome};
+use super::{Finding, Layers, Outcome};
 use crate::model::{ClusterSnapshot, MIB, NodeSnapshot};
-use crate::proxmox::cluster::ClusterHealth;
-use crate::proxmox::cluster::ResourceMapping;
+use crate::proxmox::cluster::{ClusterHealth, ResourceMapping};
 use crate::proxmox::ha::HaRule;
 use crate::rules::placement::{
     self, CloneRefusal, CloneSource, LeftOut, PlacementError, PlacementLimits, PlacementRequest,
@@ -83,17 +81,6 @@ pub(crate) struct ClusterCheck<'a> {
 }
 
 impl ClusterCheck<'_> {
-    /// The request placement would get for `data` (resolved on some node, or not).
-    pub(crate) fn request<'a>(&'a self, data: &'a ProviderData) -> PlacementRequest<'a> {
-        let clone = self
-            .view
-            .clone_source
-            .as_ref()
-            .and_then(|c| c.as_ref().ok());
-        // The config's `placement:` limits, which placement's verdicts count against.
-        class_request(data, self.layers.config.placement, clone)
-    }
-
     /// `key` as the user must change it ([`Layers::key`]), for the class as a whole.
     fn key(&self, key: &str) -> String {
         self.layers.key(key, None)

@@ -9,12 +9,12 @@ use std::fmt::Write as _;
 use futures_util::future::OptionFuture;
 
 use super::cluster::{ClusterFacts, candidate_nodes};
-use super::report::{Finding, Outcome, Report};
-use super::{Layers, check_cluster, check_pools, check_schema};
+use super::{Finding, Layers, Outcome, Report, check_cluster, check_pools, check_schema};
 use crate::config::ProviderConfig;
 use crate::model::ClusterSnapshot;
 use crate::pipeline::ip_pool::reported_by_agents;
 use crate::pipeline::template::clone_source;
+use crate::proxmox::cluster::EffectivePrivileges;
 use crate::proxmox::types::NodeName;
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool;
@@ -130,7 +130,7 @@ pub async fn root_reach_warning(pve: &ProxmoxClient) -> Option<String> {
         .await
         .inspect_err(|e| tracing::debug!(error = %e, "cannot read the token's privileges"))
         .ok()?;
-    root_warning(privileges.on("/"))
+    root_warning(&privileges)
 }
 
 // Whether the Proxmox token holds more on `/` than the provider needs there.
@@ -156,14 +156,12 @@ const NEEDED_ON_ROOT: [&str; 4] = [
     "Sys.AccessNetwork",
 ];
 
-/// The warning naming the privileges held on `/` beyond [`NEEDED_ON_ROOT`] (sorted), `None` when
-/// there are none.
-pub(super) fn root_warning<'a>(held_on_root: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let mut excess: Vec<&str> = (held_on_root.into_iter())
+/// The warning naming the privileges held on `/` beyond [`NEEDED_ON_ROOT`] (sorted, as
+/// [`EffectivePrivileges::on`] lists them), `None` when there are none.
+pub(super) fn root_warning(privileges: &EffectivePrivileges) -> Option<String> {
+    let excess: Vec<&str> = (privileges.on("/"))
         .filter(|p| !NEEDED_ON_ROOT.contains(p))
         .collect();
-    excess.sort_unstable();
-    excess.dedup();
     (!excess.is_empty()).then(|| format!(
         "the Proxmox token holds {} on `/`, which reaches every VM and storage of the datacenter, not only the provider's: grant them on the provider's pool, storages, nodes and SDN zones instead, with a privilege-separated token (see docs/security.md)",
         excess.join(", ")
@@ -183,7 +181,10 @@ pub async fn check_defaults(pve: &ProxmoxClient, config: &ProviderConfig) -> Opt
     // The config's `defaults:` may lack keys a machine class must have: stand-ins fill them and
     // checks of stand-ins are dropped, so only what is actually set is judged. Data that does not
     // resolve gets no cluster read: its problems are the findings.
-    let layers = Layers::of_defaults(config);
+    let layers = Layers {
+        stand_ins: true,
+        ..Layers::new("{}", config)
+    };
     let findings = match layers.resolve_on(None) {
         Ok(data) => match gather(pve, &data, config).await {
             Ok(view) => check_cluster(&layers, &data, &view),

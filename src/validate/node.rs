@@ -3,8 +3,8 @@
 //! are those of [`crate::rules::storage::choose`] and [`placement::boot_disk_storage`], rendered with
 //! the reason for every storage passed over.
 
-use super::cluster::ClusterCheck;
-use super::report::{Finding, Outcome, list_or_none};
+use super::cluster::{ClusterCheck, class_request};
+use super::{Finding, Outcome, list_or_none};
 use crate::model::{GIB, NodeSnapshot};
 use crate::pipeline::prepare_image::BootImage;
 use crate::proxmox::cluster::ResourceMapping;
@@ -42,7 +42,14 @@ pub(crate) fn check_node(
         n,
         here,
     };
-    let request = check.request(&at.here);
+    // The request placement would get for the data here, with the config's `placement:` limits,
+    // which placement's verdicts count against.
+    let clone = check
+        .view
+        .clone_source
+        .as_ref()
+        .and_then(|c| c.as_ref().ok());
+    let request = class_request(&at.here, check.layers.config.placement, clone);
     at.disks(&placement::boot_disk_storage(node, &request), out);
     at.isos(out);
     at.network(out);
@@ -170,7 +177,7 @@ impl NodeCheck<'_> {
             }
         };
         for (key, bridge) in wanted {
-            let finding = if bridges.iter().any(|b| b == &bridge) {
+            let finding = if bridges.contains(&bridge) {
                 Outcome::Pass.finding(key, format!("bridge {bridge} exists"))
             } else {
                 let list = list_or_none(bridges);
@@ -224,7 +231,7 @@ fn mapping_verdict(
                 list_or_none(&list.iter().map(|m| m.id.clone()).collect::<Vec<_>>())
             ),
         ),
-        Some(m) if !m.nodes().iter().any(|n| n == node) => (
+        Some(m) if !m.nodes().contains(&node) => (
             Outcome::Problem,
             format!(
                 "{kind} resource mapping {id:?} has no device on {node} (it has: {})",

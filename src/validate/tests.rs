@@ -340,7 +340,10 @@ fn defaults_are_judged_only_on_what_they_set() {
         .unwrap();
         config.defaults = defaults.as_object().unwrap().clone();
         config.layers = ConfigLayers::read(&config.defaults, &config.nodes, false);
-        let layers = Layers::of_defaults(&config);
+        let layers = Layers {
+            stand_ins: true,
+            ..Layers::new("{}", &config)
+        };
         // What `gather` reads for the data `defaults:` resolve to (a template's copies).
         let data = layers.resolve_on(None).unwrap();
         check_cluster(&layers, &data, &view_for(&data))
@@ -615,9 +618,16 @@ fn validate_refuses_an_additional_disk_on_a_slot_the_template_fills() {
 
 #[test]
 fn only_system_reads_are_expected_on_the_root() {
-    assert_eq!(gather::root_warning(["Sys.Audit", "Sys.Console"]), None);
-    assert_eq!(gather::root_warning([]), None);
-    let warning = gather::root_warning(["VM.Allocate", "Sys.Audit", "Datastore.Allocate"]).unwrap();
+    // `GET /access/permissions`: privileges by path, each with its propagate flag.
+    let on_root = |held: &[&str]| {
+        let held: serde_json::Map<String, Value> =
+            held.iter().map(|p| (p.to_string(), json!(1))).collect();
+        let privileges = serde_json::from_value(json!({ "/": held, "/vms": {"VM.Audit": 1} }));
+        gather::root_warning(&privileges.unwrap())
+    };
+    assert_eq!(on_root(&["Sys.Audit", "Sys.Console"]), None);
+    assert_eq!(on_root(&[]), None);
+    let warning = on_root(&["VM.Allocate", "Sys.Audit", "Datastore.Allocate"]).unwrap();
     assert!(
         warning.contains("Datastore.Allocate, VM.Allocate on `/`"),
         "{warning}"

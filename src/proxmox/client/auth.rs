@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 use reqwest::header::HeaderValue;
 use tokio::sync::Mutex;
 
-use super::ProxmoxClient;
+use super::{ProxmoxAuth, ProxmoxClient};
 use crate::proxmox::error::{Call, ProxmoxError, Result};
-use crate::proxmox::settings::ProxmoxAuth;
 use crate::proxmox::types::lenient;
 use crate::secret::Secret;
 

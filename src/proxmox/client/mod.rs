@@ -13,7 +13,6 @@
 //! [`Secret`](crate::secret::Secret)s; nothing here logs a request body.
 
 mod auth;
-mod tls;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,12 +20,13 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use reqwest::multipart::{Form, Part};
+use rustls::pki_types::{CertificateDer, pem::PemObject};
 use serde::de::DeserializeOwned;
 
 use super::error::{Call, ProxmoxError, Result, reason_phrase, status_error, transport_error};
-use crate::proxmox::settings::{ProxmoxSettings, TlsTrust};
+use crate::secret::Secret;
+use crate::tls::AcceptAnyServerCert;
 use auth::{Auth, Session};
-pub(crate) use tls::tls_config;
 
 /// A cheap-to-clone handle to one Proxmox VE API endpoint.
 #[derive(Clone)]
@@ -80,6 +80,37 @@ pub(crate) enum Pool {
 
 /// Called after every HTTP request with its method, status (`None`: no answer) and duration.
 pub type RequestObserver = Arc<dyn Fn(&'static str, Option<u16>, Duration) + Send + Sync>;
+
+// What the client needs to reach and log in to the Proxmox VE API. The config file's `proxmox:`
+// section is read into these (`config::proxmox`); the client depends on them, not on the config.
+
+/// How to reach and log in to the Proxmox VE API.
+#[derive(Debug, Clone)]
+pub struct ProxmoxSettings {
+    /// Base URL ending in `/api2/json`, whatever the user wrote.
+    pub api_url: url::Url,
+    pub auth: ProxmoxAuth,
+    pub tls: TlsTrust,
+}
+
+#[derive(Debug, Clone)]
+pub enum ProxmoxAuth {
+    /// `Authorization: PVEAPIToken=<id>=<secret>`; no CSRF token, never expires.
+    Token { id: String, secret: Secret },
+    /// Ticket login at `/access/ticket` as `<username>@<realm>`.
+    Password { username: String, password: Secret },
+}
+
+/// Which server certificates to accept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsTrust {
+    /// Public web PKI roots.
+    WebPki,
+    /// Public roots plus the certificates in this PEM file (a private CA or a pinned self-signed cert).
+    CaFile(std::path::PathBuf),
+    /// No verification at all (`insecureSkipVerify: true`); logged as a warning at start.
+    InsecureSkipVerify,
+}
 
 /// How often and how patiently to retry transient failures.
 #[derive(Debug, Clone)]
@@ -439,23 +470,63 @@ fn http_client(tls: rustls::ClientConfig) -> Result<reqwest::Client> {
         .map_err(|e| ProxmoxError::Setup(format!("cannot build the HTTP client: {e}")))
 }
 
+// Which Proxmox certificates to trust: public roots, a private CA, or (warned about) none.
+
+/// The rustls configuration for a trust setting (also used for the Image Factory).
+pub(crate) fn tls_config(trust: &TlsTrust) -> Result<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ProxmoxError::Setup(format!("TLS setup failed: {e}")))?;
+    let webpki =
+        || rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    let config = match trust {
+        TlsTrust::WebPki => builder
+            .with_root_certificates(webpki())
+            .with_no_client_auth(),
+        TlsTrust::CaFile(path) => {
+            let shown = path.display();
+            let wrong =
+                |what: String| ProxmoxError::Setup(format!("proxmox.caFile {shown} {what}"));
+            let mut roots = webpki();
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| {
+                    ProxmoxError::Setup(format!("cannot read proxmox.caFile {shown}: {e}"))
+                })?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| wrong(format!("is not valid PEM: {e}")))?;
+            if certs.is_empty() {
+                let what = "contains no PEM certificate (expected -----BEGIN CERTIFICATE-----)";
+                return Err(wrong(what.into()));
+            }
+            for cert in certs {
+                let unusable = "holds a certificate rustls cannot use as a trust anchor";
+                roots
+                    .add(cert)
+                    .map_err(|e| wrong(format!("{unusable}: {e}")))?;
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+        TlsTrust::InsecureSkipVerify => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCert(provider)))
+            .with_no_client_auth(),
+    };
+    Ok(config)
+}
+
 fn method_name(m: &Method) -> &'static str {
-    let known = ["GET", "POST", "PUT", "DELETE"];
-    known
+    ["GET", "POST", "PUT", "DELETE"]
         .into_iter()
         .find(|name| *name == m.as_str())
         .unwrap_or("OTHER")
 }
 
 fn may_retry(e: &ProxmoxError, replay: Replay) -> bool {
-    match e {
-        ProxmoxError::Transient { request_sent, .. } => match replay {
-            Replay::Safe => true,
-            Replay::OnlyIfUnsent => !request_sent,
-            Replay::Never => false,
-        },
-        _ => false,
-    }
+    let ProxmoxError::Transient { request_sent, .. } = e else {
+        return false;
+    };
+    replay == Replay::Safe || (replay == Replay::OnlyIfUnsent && !request_sent)
 }
 
 #[cfg(test)]

@@ -176,7 +176,6 @@ macro_rules! from_text {
 
 from_text! {
     StorageSelector => StorageSelector::new;
-    Vga => Vga::new;
     Hugepages => |text: &str| match text {
         "2MB" => Ok(Hugepages::TwoMb),
         "1GB" => Ok(Hugepages::OneGb),
