@@ -44,7 +44,7 @@ use futures_util::future::join_all;
 use serde::Serialize;
 
 use super::{CliResult, OutputFormat};
-use crate::model::{ClusterSnapshot, Listing};
+use crate::model::{ClusterSnapshot, GIB, Listing, MIB};
 use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::{HaRule, problems_line};
 use crate::proxmox::types::{NodeName, NodeResource, NodeState, NodeStorage, content_types};
@@ -357,13 +357,10 @@ fn yes_no(b: bool) -> String {
 }
 
 fn bytes(n: u64) -> String {
-    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-    const MIB: f64 = 1024.0 * 1024.0;
-    let f = n as f64;
-    if f >= GIB {
-        format!("{:.1} GiB", f / GIB)
+    if n >= GIB {
+        format!("{:.1} GiB", n as f64 / GIB as f64)
     } else {
-        format!("{:.0} MiB", f / MIB)
+        format!("{:.0} MiB", n as f64 / MIB as f64)
     }
 }
 
