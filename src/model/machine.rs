@@ -119,18 +119,27 @@ fn raw_allocations(allocations: &[IpAllocation]) -> Vec<RawIpAllocation> {
 }
 
 /// Every typed field with the protobuf field it is saved in, how that reads and how it is written:
-/// reading a state and writing it back go through this one list. A field is written only when it
-/// differs from what its protobuf field reads as, so an unchanged one stays byte for byte.
+/// reading a state and writing it back go through this one list, which names every field. A field
+/// is written only when it differs from what its protobuf field reads as, so an unchanged one stays
+/// byte for byte.
 macro_rules! saved_fields {
     ($($field:ident <- $raw:ident: $read:expr => $write:expr,)*) => {
-        fn read_fields(state: &mut MachineState, spec: &MachineSpec) {
-            $(state.$field = $read(&spec.$raw);)*
-        }
+        impl MachineState {
+            /// Reads a saved state. Never fails: what does not parse reads as absent (and is kept
+            /// on write).
+            pub fn from_spec(spec: &MachineSpec) -> Self {
+                Self { $($field: $read(&spec.$raw),)* read_from: spec.clone() }
+            }
 
-        fn write_fields(state: &MachineState, spec: &mut MachineSpec) {
-            $(if $read(&spec.$raw) != state.$field {
-                spec.$raw = $write(&state.$field);
-            })*
+            /// The state to save: what it was read from, with every field a step changed written
+            /// over it.
+            pub fn to_spec(&self) -> MachineSpec {
+                let mut spec = self.read_from.clone();
+                $(if $read(&spec.$raw) != self.$field {
+                    spec.$raw = $write(&self.$field);
+                })*
+                spec
+            }
         }
     };
 }
@@ -164,23 +173,6 @@ saved_fields! {
 }
 
 impl MachineState {
-    /// Reads a saved state. Never fails: what does not parse reads as absent (and is kept on write).
-    pub fn from_spec(spec: &MachineSpec) -> Self {
-        let mut state = Self {
-            read_from: spec.clone(),
-            ..Self::default()
-        };
-        read_fields(&mut state, spec);
-        state
-    }
-
-    /// The state to save: what it was read from, with every field a step changed written over it.
-    pub fn to_spec(&self) -> MachineSpec {
-        let mut spec = self.read_from.clone();
-        write_fields(self, &mut spec);
-        spec
-    }
-
     /// The set pool of a VM the official provider made (its field 12, with nothing of ours recorded
     /// about the VM's creation: we write `reserved_vmid` before every create, and `default_pool` for
     /// the set pools we make). Removed like that provider removes it: empty, and carrying
