@@ -93,8 +93,9 @@ fn vmid(raw: &i32) -> Option<VmId> {
     u32::try_from(*raw).ok().and_then(|v| VmId::new(v).ok())
 }
 
-fn parsed<T, E>(raw: &str, parse: impl FnOnce(&str) -> Result<T, E>) -> Option<T> {
-    (!raw.is_empty()).then(|| parse(raw).ok()).flatten()
+/// How a typed field is read where "none" is the empty string; one that does not parse is absent.
+fn parsed<T, E>(parse: impl Fn(&str) -> Result<T, E>) -> impl Fn(&String) -> Option<T> {
+    move |raw| (!raw.is_empty()).then(|| parse(raw).ok()).flatten()
 }
 
 /// How a typed field is saved where "none" is the empty string.
@@ -145,29 +146,29 @@ macro_rules! saved_fields {
 }
 
 saved_fields! {
-    uuid <- uuid: |r| parsed(r, uuid::Uuid::parse_str) => or_empty,
+    uuid <- uuid: parsed(uuid::Uuid::parse_str) => or_empty,
     schematic <- schematic: text => or_empty,
     talos_version <- talos_version: text => or_empty,
     iso_file <- volume_id: text => or_empty,
-    node <- node: |r| parsed(r, NodeName::parse) => or_empty,
-    iso_download_task <- volume_upload_task: |r| parsed(r, Upid::parse) => or_empty,
-    vm_create_task <- vm_create_task: |r| parsed(r, Upid::parse) => or_empty,
-    vm_start_task <- vm_start_task: |r| parsed(r, Upid::parse) => or_empty,
+    node <- node: parsed(NodeName::parse) => or_empty,
+    iso_download_task <- volume_upload_task: parsed(Upid::parse) => or_empty,
+    vm_create_task <- vm_create_task: parsed(Upid::parse) => or_empty,
+    vm_start_task <- vm_start_task: parsed(Upid::parse) => or_empty,
     vmid <- vmid: vmid => or_zero,
     reserved_vmid <- reserved_vmid: vmid => or_zero,
     step <- step: text => or_empty,
-    seed_iso <- seed_iso_volume: |r| parsed(r, IsoVolume::parse) => or_empty,
+    seed_iso <- seed_iso_volume: parsed(IsoVolume::parse) => or_empty,
     ip_allocations <- ip_allocations: allocations => raw_allocations,
     boot_mode <- boot_mode: text => or_empty,
     template_vmid <- template_vmid: vmid => or_zero,
-    storage <- storage: |r| parsed(r, StorageId::parse) => or_empty,
+    storage <- storage: parsed(StorageId::parse) => or_empty,
     last_error <- last_error: text => or_empty,
     request_set <- request_set: text => or_empty,
     ip_discovery_started <- ip_discovery_started: |r: &i64| (*r > 0).then_some(*r) => |v: &Option<i64>| v.unwrap_or(0),
-    default_pool <- default_pool: |r| parsed(r, PoolId::parse) => or_empty,
-    pool <- pool: |r| parsed(r, PoolId::parse) => or_empty,
-    boot_iso <- boot_iso_volume: |r| parsed(r, IsoVolume::parse) => or_empty,
-    boot_image <- boot_image_volume: |r| parsed(r, ImportVolume::parse) => or_empty,
+    default_pool <- default_pool: parsed(PoolId::parse) => or_empty,
+    pool <- pool: parsed(PoolId::parse) => or_empty,
+    boot_iso <- boot_iso_volume: parsed(IsoVolume::parse) => or_empty,
+    boot_image <- boot_image_volume: parsed(ImportVolume::parse) => or_empty,
     addresses <- addresses: Vec::clone => Vec::clone,
     ha_registered <- ha_registered: |r: &bool| *r => |v: &bool| *v,
 }
