@@ -36,7 +36,7 @@ use crate::pipeline::deprovision::{
     TEARDOWN_TASK_TIMEOUT, deprovision_reporting, find_orphans, iso_volumes_in,
 };
 use crate::proxmox::property::IsoVolume;
-use crate::proxmox::types::{NodeName, VmId, VmResource, content_types};
+use crate::proxmox::types::{NodeName, VmId, content_types};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
 use crate::table::or_dash;
@@ -177,8 +177,7 @@ pub async fn scan(
             "node {node} is not online: its ISO storages were not searched"
         ));
     }
-    let vms: Vec<VmResource> = view.vms().cloned().collect();
-    let mut orphans = find_orphans(&vms, live_requests, provider_id, &isos, &used);
+    let mut orphans = find_orphans(view.vms(), live_requests, provider_id, &isos, &used);
     if !attachments_known && !orphans.seed_isos.is_empty() {
         problems.push(format!(
             "{} seed ISO(s) no readable VM uses were not listed: a VM whose config could not be read may use them",
