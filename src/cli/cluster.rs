@@ -44,13 +44,13 @@ use futures_util::future::join_all;
 use serde::Serialize;
 
 use super::{CliResult, OutputFormat};
-use crate::model::{ClusterSnapshot, Listing};
+use crate::model::{ClusterSnapshot, GIB, Listing, MIB};
 use crate::proxmox::cluster::ClusterHealth;
 use crate::proxmox::ha::{HaRule, problems_line};
 use crate::proxmox::types::{NodeName, NodeResource, NodeState, NodeStorage, content_types};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ha::is_set_rule;
-use crate::rules::placement::{self, PlacementLimits, Reservations};
+use crate::rules::placement::{self, Allocation, PlacementLimits, Reservations};
 use crate::table::or_dash;
 
 #[derive(Debug, clap::Args)]
@@ -87,14 +87,12 @@ pub struct NodeReport {
     pub node: NodeResource,
     pub vms: usize,
     pub running_vms: usize,
-    /// vCPUs given to the node's VMs, running or stopped (placement's count).
-    pub vcpus_allocated: u64,
-    /// The node's CPUs × `placement.cpuOvercommit`.
-    pub vcpus_limit: Option<u64>,
-    /// Memory given to the node's VMs, in bytes.
-    pub memory_allocated: u64,
-    /// The node's memory × `placement.memoryOvercommit`, in bytes.
-    pub memory_limit: Option<u64>,
+    /// vCPUs and memory (bytes) given to the node's VMs, running or stopped, as placement counts
+    /// them, against the node's CPUs × `placement.cpuOvercommit` and memory ×
+    /// `placement.memoryOvercommit` (`vcpus_allocated`, `vcpus_limit`, `memory_allocated`,
+    /// `memory_limit`).
+    #[serde(flatten)]
+    pub given: Allocation,
     pub storages: Option<Vec<StorageReport>>,
     pub storage_error: Option<String>,
 }
@@ -169,37 +167,28 @@ pub fn build_report(
     limits: &PlacementLimits,
 ) -> ClusterReport {
     let snapshot = ClusterSnapshot::from_resources(resources);
-    let mut nodes: Vec<NodeReport> = resources
-        .nodes()
-        .map(|n| {
-            let on_node = || resources.guests().filter(|vm| vm.node == n.node);
-            let read = (storages.get(&n.node).cloned())
-                .unwrap_or_else(|| Err(format!("node is {}", NodeState::word(Some(n.status)))));
-            let (storages, storage_error) = split(read.map(|list| {
-                let report = |storage: NodeStorage| StorageReport {
-                    holds_vm_disks: storage.holds("images"),
-                    holds_iso: storage.holds("iso"),
-                    storage,
-                };
-                list.into_iter().map(report).collect()
-            }));
-            let given = snapshot
-                .node(n.node.as_str())
-                .map(|node| placement::allocation(node, limits, &Reservations::default(), ""));
-            NodeReport {
-                node: n.clone(),
-                vms: on_node().count(),
-                running_vms: on_node().filter(|vm| vm.is_running()).count(),
-                vcpus_allocated: given.map_or(0, |a| a.cpus_allocated),
-                vcpus_limit: given.and_then(|a| a.cpus_limit),
-                memory_allocated: given.map_or(0, |a| a.memory_allocated),
-                memory_limit: given.and_then(|a| a.memory_limit),
-                storages,
-                storage_error,
-            }
+    // In name order, as the snapshot keeps them.
+    let nodes = snapshot.nodes.iter().filter_map(|node| {
+        let n = resources.nodes().find(|n| n.node == node.name)?;
+        let read = (storages.get(&n.node).cloned())
+            .unwrap_or_else(|| Err(format!("node is {}", NodeState::word(Some(n.status)))));
+        let (storages, storage_error) = split(read.map(|list| {
+            let report = |storage: NodeStorage| StorageReport {
+                holds_vm_disks: storage.holds("images"),
+                holds_iso: storage.holds("iso"),
+                storage,
+            };
+            list.into_iter().map(report).collect()
+        }));
+        Some(NodeReport {
+            node: n.clone(),
+            vms: node.vms.len(),
+            running_vms: node.vms.iter().filter(|vm| vm.is_running()).count(),
+            given: placement::allocation(node, limits, &Reservations::default(), ""),
+            storages,
+            storage_error,
         })
-        .collect();
-    nodes.sort_by(|a, b| a.node.node.cmp(&b.node.node));
+    });
     let mut templates: Vec<TemplateReport> = resources
         .templates()
         .map(|vm| TemplateReport {
@@ -212,7 +201,7 @@ pub fn build_report(
     ClusterReport {
         api_url: api_url.to_owned(),
         version: version.to_owned(),
-        nodes,
+        nodes: nodes.collect(),
         templates,
         cpu_overcommit: limits.cpu_overcommit,
         memory_overcommit: limits.memory_overcommit,
@@ -304,14 +293,18 @@ fn node_row(n: &NodeReport) -> Vec<String> {
         (Some(u), Some(c)) => format!("{:.0}% of {c}", u * 100.0),
         _ => "-".into(),
     };
-    let memory_limit = or_dash(n.memory_limit.map(bytes));
+    let memory_limit = or_dash(n.given.memory_limit.map(bytes));
     vec![
         node.node.to_string(),
         NodeState::word(Some(node.status)).to_owned(),
         cpu,
         used_of(node.mem, node.maxmem),
-        format!("{} / {}", n.vcpus_allocated, or_dash(n.vcpus_limit)),
-        format!("{} / {memory_limit}", bytes(n.memory_allocated)),
+        format!(
+            "{} / {}",
+            n.given.cpus_allocated,
+            or_dash(n.given.cpus_limit)
+        ),
+        format!("{} / {memory_limit}", bytes(n.given.memory_allocated)),
         format!("{} ({} running)", n.vms, n.running_vms),
     ]
 }
@@ -357,13 +350,10 @@ fn yes_no(b: bool) -> String {
 }
 
 fn bytes(n: u64) -> String {
-    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-    const MIB: f64 = 1024.0 * 1024.0;
-    let f = n as f64;
-    if f >= GIB {
-        format!("{:.1} GiB", f / GIB)
+    if n >= GIB {
+        format!("{:.1} GiB", n as f64 / GIB as f64)
     } else {
-        format!("{:.0} MiB", f / MIB)
+        format!("{:.0} MiB", n as f64 / MIB as f64)
     }
 }
 
@@ -406,18 +396,26 @@ mod tests {
         assert_eq!(r.nodes[0].vms, 2);
         // Running or stopped, every VM's vCPUs and memory count; the template's do not.
         assert_eq!(
-            (r.nodes[0].vcpus_allocated, r.nodes[0].vcpus_limit),
+            (r.nodes[0].given.cpus_allocated, r.nodes[0].given.cpus_limit),
             (6, Some(6))
         );
         assert_eq!(
-            (r.nodes[0].memory_allocated, r.nodes[0].memory_limit),
+            (
+                r.nodes[0].given.memory_allocated,
+                r.nodes[0].given.memory_limit
+            ),
             (3 * 1073741824, Some(8589934592))
         );
         assert_eq!(
-            r.nodes[1].vcpus_limit, None,
+            r.nodes[1].given.cpus_limit, None,
             "an offline node reports no CPUs"
         );
         assert_eq!(r.nodes[0].running_vms, 1);
+        // The JSON document names them as it always has.
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["nodes"][0]["vcpus_allocated"], 6);
+        assert_eq!(json["nodes"][0]["memory_limit"], 8589934592u64);
+        assert!(json["nodes"][1]["vcpus_limit"].is_null());
         assert_eq!(r.nodes[1].node.status, NodeState::Offline);
         assert_eq!(r.nodes[1].storage_error.as_deref(), Some("node is offline"));
         assert!(r.nodes[0].storages.as_ref().unwrap()[0].holds_vm_disks);

@@ -31,13 +31,18 @@ impl OutputFormat {
     }
 }
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::config::ProviderConfig;
+use crate::model::MachineState;
+use crate::model::machine::IpAllocation;
 use crate::omni::client::OmniClient;
+use crate::omni::resources::{MACHINE_REQUEST, label, provider_machine};
+use crate::omni::state::StateError;
 use crate::omni::transport;
 use crate::rules::provider_data::Problem;
 use omni_args::OmniArgs;
@@ -65,13 +70,20 @@ pub fn load_config(path: &Path) -> Result<ProviderConfig, BoxError> {
     Ok(config)
 }
 
+/// The static IP allocations of each provider state, by its request's ID.
+type Allocations = Vec<(String, Vec<IpAllocation>)>;
+
 /// What the commands that read Omni start with: the connection from the flags (refused with
-/// `missing` when the endpoint or the key is not given), the config file, and the client.
-fn omni_and_config(
+/// `missing` when the endpoint or the key is not given), the config file, and what Omni holds of the
+/// provider's machines: the IDs of its MachineRequests, whatever their phase (one being torn down is
+/// the controller's to finish), and the static IP allocations of its provider states. `reads` name
+/// the two reads in an error.
+async fn omni_records(
     omni: &OmniArgs,
     config_file: &Path,
     missing: &str,
-) -> Result<(ProviderConfig, OmniClient), BoxError> {
+    reads: [&str; 2],
+) -> Result<(ProviderConfig, BTreeSet<String>, Allocations), BoxError> {
     if !omni.is_set() {
         return Err(missing.into());
     }
@@ -79,5 +91,22 @@ fn omni_and_config(
     let config = load_config(config_file)?;
     transport::install_crypto_provider();
     let client = OmniClient::connect(&endpoint, Arc::new(key), &omni.id)?;
-    Ok((config, client))
+    let failed = |what: &str, e: StateError| {
+        let why = crate::error_chain::render(&e);
+        format!("cannot {what} of provider {} in Omni: {why}", omni.id)
+    };
+    let requests = client
+        .state
+        .list(&MACHINE_REQUEST, &[(label::INFRA_PROVIDER_ID, &omni.id)])
+        .await;
+    let requests = requests.map_err(|e| failed(reads[0], e))?;
+    tracing::debug!(namespace = %MACHINE_REQUEST.namespace, count = requests.len(), "live machine requests");
+    let states = client.state.list(&provider_machine(&omni.id), &[]).await;
+    let states = states.map_err(|e| failed(reads[1], e))?;
+    let allocations = states.iter().map(|m| {
+        let state = MachineState::from_spec(&m.spec);
+        (m.id().to_owned(), state.ip_allocations)
+    });
+    let live = requests.iter().map(|r| r.id().to_owned()).collect();
+    Ok((config, live, allocations.collect()))
 }

@@ -54,7 +54,7 @@ impl OmniArgs {
         if self.is_plaintext() && !self.omni_insecure_http {
             return Err(format!("the Omni endpoint {url:?} is plaintext: the provider's signed requests and Omni's answers (which decide what VMs are deleted) would cross the network unprotected; use https://, or pass --omni-insecure-http (OMNI_INSECURE_HTTP=true) for a local test Omni").into());
         }
-        let key = ProviderKey::parse(&self.key()?.unwrap_or_default())?;
+        let key = ProviderKey::parse(&self.key()?)?;
         if let Some(key_id) = key.provider_id()
             && key_id != self.id
         {
@@ -96,17 +96,17 @@ impl OmniArgs {
     }
 
     /// The key to use: from the key file, else the flag or `OMNI_SERVICE_ACCOUNT_KEY`, else
-    /// `SIDERO_SERVICE_ACCOUNT_KEY`. The file is read here, once per call: callers call once.
-    fn key(&self) -> Result<Option<Secret>, String> {
+    /// `SIDERO_SERVICE_ACCOUNT_KEY`, else empty (which the key parser refuses). The file is read
+    /// here, once per call: callers call once.
+    fn key(&self) -> Result<Secret, String> {
         let Some(path) = &self.omni_service_account_key_file else {
-            return Ok(self.inline_key().cloned());
+            return Ok(self.inline_key().cloned().unwrap_or_default());
         };
         let inline = self.omni_service_account_key.as_ref();
         if inline.is_some_and(|k| !k.is_empty()) {
             return Err("the Omni key is given twice: use either --omni-service-account-key (OMNI_SERVICE_ACCOUNT_KEY) or --omni-service-account-key-file (OMNI_SERVICE_ACCOUNT_KEY_FILE)".into());
         }
         crate::secret::read_file(path)
-            .map(Some)
             .map_err(|e| format!("cannot read the Omni key file {}: {e}", path.display()))
     }
 

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::omni_args::OmniArgs;
-use super::pools::{holding_row, omni_records};
+use super::pools::holding_row;
 use super::{CliResult, OutputFormat};
 use crate::model::Listing;
 use crate::pipeline::deprovision::{
@@ -36,7 +36,7 @@ use crate::pipeline::deprovision::{
     TEARDOWN_TASK_TIMEOUT, deprovision_reporting, find_orphans, iso_volumes_in,
 };
 use crate::proxmox::property::IsoVolume;
-use crate::proxmox::types::{NodeName, VmId, VmResource, content_types};
+use crate::proxmox::types::{NodeName, VmId, content_types};
 use crate::proxmox::{ProxmoxClient, ProxmoxError};
 use crate::rules::ip_pool::{self, Holding};
 use crate::table::or_dash;
@@ -92,9 +92,9 @@ struct Report {
 }
 
 pub async fn run(args: OrphansArgs) -> CliResult {
-    let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, NEEDS_OMNI)?;
     let reads = ["list the MachineRequests"; 2];
-    let (live, states) = omni_records(&omni, &args.omni.id, reads).await?;
+    let (config, live, states) =
+        super::omni_records(&args.omni, &args.config_file, NEEDS_OMNI, reads).await?;
     // Those whose MachineRequest is gone (the same counting as the `pools` command).
     let (_, left) = ip_pool::report(&[], &states, &BTreeSet::new(), &live);
 
@@ -177,8 +177,7 @@ pub async fn scan(
             "node {node} is not online: its ISO storages were not searched"
         ));
     }
-    let vms: Vec<VmResource> = view.vms().cloned().collect();
-    let mut orphans = find_orphans(&vms, live_requests, provider_id, &isos, &used);
+    let mut orphans = find_orphans(view.vms(), live_requests, provider_id, &isos, &used);
     if !attachments_known && !orphans.seed_isos.is_empty() {
         problems.push(format!(
             "{} seed ISO(s) no readable VM uses were not listed: a VM whose config could not be read may use them",
@@ -377,22 +376,24 @@ mod tests {
         assert!(deletion_allowed("proxmox", 0, 0, false).is_ok());
     }
 
-    #[test]
-    fn refuses_without_omni() {
+    #[tokio::test]
+    async fn refuses_without_omni() {
         use clap::Parser;
         #[derive(Parser)]
         struct Cli {
             #[command(flatten)]
             args: OrphansArgs,
         }
-        let refusal = |args: &OrphansArgs| {
-            super::super::omni_and_config(&args.omni, &args.config_file, NEEDS_OMNI)
+        let refusal = async |args: &OrphansArgs| {
+            let reads = ["list the MachineRequests"; 2];
+            super::super::omni_records(&args.omni, &args.config_file, NEEDS_OMNI, reads)
+                .await
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default()
         };
         let cli = Cli::try_parse_from(["x", "--config-file", "c.yaml", "--delete"]).unwrap();
-        let err = refusal(&cli.args);
+        let err = refusal(&cli.args).await;
         assert!(
             err.contains("--omni-api-endpoint") && err.contains("live MachineRequests"),
             "{err}"
@@ -406,7 +407,7 @@ mod tests {
         ])
         .unwrap();
         assert!(
-            refusal(&cli.args).contains("live MachineRequests"),
+            refusal(&cli.args).await.contains("live MachineRequests"),
             "a key is needed too"
         );
     }

@@ -18,11 +18,6 @@ use serde::Serialize;
 
 use super::omni_args::OmniArgs;
 use super::{CliResult, OutputFormat};
-use crate::model::MachineState;
-use crate::model::machine::IpAllocation;
-use crate::omni::client::OmniClient;
-use crate::omni::resources::{MACHINE_REQUEST, label, provider_machine};
-use crate::omni::state::StateError;
 use crate::proxmox::ProxmoxClient;
 use crate::rules::ip_pool::{self, Holding, LeftOver, PoolUse};
 
@@ -47,9 +42,9 @@ struct JsonReport {
 
 pub async fn run(args: PoolsArgs) -> CliResult {
     let needs = "pools needs the Omni connection (--omni-api-endpoint and --omni-service-account-key, or OMNI_ENDPOINT and OMNI_SERVICE_ACCOUNT_KEY): the allocations are recorded in the provider states there";
-    let (config, omni) = super::omni_and_config(&args.omni, &args.config_file, needs)?;
     let reads = ["read the machine requests", "read the provider states"];
-    let (live, states) = omni_records(&omni, &args.omni.id, reads).await?;
+    let (config, live, states) =
+        super::omni_records(&args.omni, &args.config_file, needs, reads).await?;
     let reported = if config.ip_pools.is_empty() {
         BTreeSet::new()
     } else {
@@ -111,32 +106,4 @@ pub(super) fn holding_row(h: &Holding) -> Vec<String> {
         h.request.to_string(),
         h.nic.to_string(),
     ]
-}
-
-/// What Omni holds of `provider_id`'s machines: the IDs of its MachineRequests, whatever their
-/// phase (one being torn down is the controller's to finish), and the static IP allocations each
-/// provider state records, by its request's ID. `reads` name the two reads in an error.
-pub(super) async fn omni_records(
-    omni: &OmniClient,
-    provider_id: &str,
-    reads: [&str; 2],
-) -> Result<(BTreeSet<String>, Vec<(String, Vec<IpAllocation>)>), String> {
-    let failed = |what: &str, e: StateError| {
-        let why = crate::error_chain::render(&e);
-        format!("cannot {what} of provider {provider_id} in Omni: {why}")
-    };
-    let requests = omni
-        .state
-        .list(&MACHINE_REQUEST, &[(label::INFRA_PROVIDER_ID, provider_id)])
-        .await;
-    let requests = requests.map_err(|e| failed(reads[0], e))?;
-    tracing::debug!(namespace = %MACHINE_REQUEST.namespace, count = requests.len(), "live machine requests");
-    let states = omni.state.list(&provider_machine(provider_id), &[]).await;
-    let states = states.map_err(|e| failed(reads[1], e))?;
-    let allocations = states.iter().map(|m| {
-        let state = MachineState::from_spec(&m.spec);
-        (m.id().to_owned(), state.ip_allocations)
-    });
-    let live = requests.iter().map(|r| r.id().to_owned()).collect();
-    Ok((live, allocations.collect()))
 }

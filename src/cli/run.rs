@@ -398,11 +398,10 @@ const START_RETRY_MAX: Duration = Duration::from_secs(30);
 /// a second doubling to half a minute between tries, instead of ending the process: once running,
 /// the provider rides out the same trouble. Any other answer (a refused key, a missing permission)
 /// ends the start with its error.
-async fn until_reachable<T, F, Fut>(doing: &str, mut call: F) -> Result<T, StateError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, StateError>>,
-{
+async fn until_reachable<T>(
+    doing: &str,
+    mut call: impl AsyncFnMut() -> Result<T, StateError>,
+) -> Result<T, StateError> {
     let mut delay = Duration::from_secs(1);
     loop {
         match call().await {

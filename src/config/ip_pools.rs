@@ -185,12 +185,12 @@ fn ranges(
     cidr: Option<Cidr>,
     problem: &mut impl FnMut(&str, String),
 ) -> Vec<AddressRange> {
-    let texts: Vec<String> = match written {
+    let mut texts: Vec<String> = match written {
         None => Vec::new(),
         Some(OneOrList::One(t)) => t.0.split(',').map(|t| t.trim().to_owned()).collect(),
         Some(OneOrList::List(all)) => all.into_iter().map(|t| t.0).collect(),
     };
-    let texts: Vec<String> = texts.into_iter().filter(|t| !t.is_empty()).collect();
+    texts.retain(|t| !t.is_empty());
     if texts.is_empty() {
         problem(
             "range",

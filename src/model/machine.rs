@@ -93,8 +93,9 @@ fn vmid(raw: &i32) -> Option<VmId> {
     u32::try_from(*raw).ok().and_then(|v| VmId::new(v).ok())
 }
 
-fn parsed<T, E>(raw: &str, parse: impl FnOnce(&str) -> Result<T, E>) -> Option<T> {
-    (!raw.is_empty()).then(|| parse(raw).ok()).flatten()
+/// How a typed field is read where "none" is the empty string; one that does not parse is absent.
+fn parsed<T, E>(parse: impl Fn(&str) -> Result<T, E>) -> impl Fn(&String) -> Option<T> {
+    move |raw| (!raw.is_empty()).then(|| parse(raw).ok()).flatten()
 }
 
 /// How a typed field is saved where "none" is the empty string.
@@ -119,68 +120,60 @@ fn raw_allocations(allocations: &[IpAllocation]) -> Vec<RawIpAllocation> {
 }
 
 /// Every typed field with the protobuf field it is saved in, how that reads and how it is written:
-/// reading a state and writing it back go through this one list. A field is written only when it
-/// differs from what its protobuf field reads as, so an unchanged one stays byte for byte.
+/// reading a state and writing it back go through this one list, which names every field. A field
+/// is written only when it differs from what its protobuf field reads as, so an unchanged one stays
+/// byte for byte.
 macro_rules! saved_fields {
     ($($field:ident <- $raw:ident: $read:expr => $write:expr,)*) => {
-        fn read_fields(state: &mut MachineState, spec: &MachineSpec) {
-            $(state.$field = $read(&spec.$raw);)*
-        }
+        impl MachineState {
+            /// Reads a saved state. Never fails: what does not parse reads as absent (and is kept
+            /// on write).
+            pub fn from_spec(spec: &MachineSpec) -> Self {
+                Self { $($field: $read(&spec.$raw),)* read_from: spec.clone() }
+            }
 
-        fn write_fields(state: &MachineState, spec: &mut MachineSpec) {
-            $(if $read(&spec.$raw) != state.$field {
-                spec.$raw = $write(&state.$field);
-            })*
+            /// The state to save: what it was read from, with every field a step changed written
+            /// over it.
+            pub fn to_spec(&self) -> MachineSpec {
+                let mut spec = self.read_from.clone();
+                $(if $read(&spec.$raw) != self.$field {
+                    spec.$raw = $write(&self.$field);
+                })*
+                spec
+            }
         }
     };
 }
 
 saved_fields! {
-    uuid <- uuid: |r| parsed(r, uuid::Uuid::parse_str) => or_empty,
+    uuid <- uuid: parsed(uuid::Uuid::parse_str) => or_empty,
     schematic <- schematic: text => or_empty,
     talos_version <- talos_version: text => or_empty,
     iso_file <- volume_id: text => or_empty,
-    node <- node: |r| parsed(r, NodeName::parse) => or_empty,
-    iso_download_task <- volume_upload_task: |r| parsed(r, Upid::parse) => or_empty,
-    vm_create_task <- vm_create_task: |r| parsed(r, Upid::parse) => or_empty,
-    vm_start_task <- vm_start_task: |r| parsed(r, Upid::parse) => or_empty,
+    node <- node: parsed(NodeName::parse) => or_empty,
+    iso_download_task <- volume_upload_task: parsed(Upid::parse) => or_empty,
+    vm_create_task <- vm_create_task: parsed(Upid::parse) => or_empty,
+    vm_start_task <- vm_start_task: parsed(Upid::parse) => or_empty,
     vmid <- vmid: vmid => or_zero,
     reserved_vmid <- reserved_vmid: vmid => or_zero,
     step <- step: text => or_empty,
-    seed_iso <- seed_iso_volume: |r| parsed(r, IsoVolume::parse) => or_empty,
+    seed_iso <- seed_iso_volume: parsed(IsoVolume::parse) => or_empty,
     ip_allocations <- ip_allocations: allocations => raw_allocations,
     boot_mode <- boot_mode: text => or_empty,
     template_vmid <- template_vmid: vmid => or_zero,
-    storage <- storage: |r| parsed(r, StorageId::parse) => or_empty,
+    storage <- storage: parsed(StorageId::parse) => or_empty,
     last_error <- last_error: text => or_empty,
     request_set <- request_set: text => or_empty,
     ip_discovery_started <- ip_discovery_started: |r: &i64| (*r > 0).then_some(*r) => |v: &Option<i64>| v.unwrap_or(0),
-    default_pool <- default_pool: |r| parsed(r, PoolId::parse) => or_empty,
-    pool <- pool: |r| parsed(r, PoolId::parse) => or_empty,
-    boot_iso <- boot_iso_volume: |r| parsed(r, IsoVolume::parse) => or_empty,
-    boot_image <- boot_image_volume: |r| parsed(r, ImportVolume::parse) => or_empty,
+    default_pool <- default_pool: parsed(PoolId::parse) => or_empty,
+    pool <- pool: parsed(PoolId::parse) => or_empty,
+    boot_iso <- boot_iso_volume: parsed(IsoVolume::parse) => or_empty,
+    boot_image <- boot_image_volume: parsed(ImportVolume::parse) => or_empty,
     addresses <- addresses: Vec::clone => Vec::clone,
     ha_registered <- ha_registered: |r: &bool| *r => |v: &bool| *v,
 }
 
 impl MachineState {
-    /// Reads a saved state. Never fails: what does not parse reads as absent (and is kept on write).
-    pub fn from_spec(spec: &MachineSpec) -> Self {
-        let mut state = Self {
-            read_from: spec.clone(),
-            ..Self::default()
-        };
-        read_fields(&mut state, spec);
-        state
-    }
-
-    /// The state to save: what it was read from, with every field a step changed written over it.
-    pub fn to_spec(&self) -> MachineSpec {
-        let mut spec = self.read_from.clone();
-        write_fields(self, &mut spec);
-        spec
-    }
-
     /// The set pool of a VM the official provider made (its field 12, with nothing of ours recorded
     /// about the VM's creation: we write `reserved_vmid` before every create, and `default_pool` for
     /// the set pools we make). Removed like that provider removes it: empty, and carrying

@@ -66,8 +66,8 @@ pub fn is_seed_iso(volume: &str) -> bool {
 /// may not have been readable; such a seed goes with its VM). `used_isos` maps VMIDs of every VM
 /// read (ours and anyone else's: a seed attached anywhere is in use) to the ISO volumes their
 /// configs use.
-pub fn find_orphans(
-    vms: &[VmResource],
+pub fn find_orphans<'a>(
+    vms: impl Iterator<Item = &'a VmResource>,
     live_requests: &BTreeSet<String>,
     provider_id: &str,
     isos: &[OrphanIso],
@@ -85,7 +85,7 @@ pub fn find_orphans(
         .iter()
         .map(|r| seed_iso_file_name(r).to_ascii_lowercase())
         .collect();
-    for vm in vms.iter().filter(|vm| identity::made_by(vm, provider_id)) {
+    for vm in vms.filter(|vm| identity::made_by(vm, provider_id)) {
         let tags = vm.tag_list();
         let (tagged, name) = (identity::tagged_request(&tags), vm.name.as_deref());
         for named in [tagged, name].into_iter().flatten() {

@@ -19,7 +19,7 @@ fn iso(node: &str, volid: &str) -> OrphanIso {
 
 #[test]
 fn orphans_are_our_vms_of_dead_requests_and_unused_seeds() {
-    let vms = vec![
+    let vms = [
         vm(
             serde_json::json!({"vmid": 104, "node": "pve1", "name": "live-1", "tags": "omni-provider.proxmox;omni-request.live-1"}),
         ),
@@ -72,7 +72,7 @@ fn orphans_are_our_vms_of_dead_requests_and_unused_seeds() {
         iso("pve1", "local:iso/talos.iso"),
         iso("pve3", "local:iso/omni-seed-dead-4.iso"),
     ];
-    let orphans = find_orphans(&vms, &live, "proxmox", &isos, &used);
+    let orphans = find_orphans(vms.iter(), &live, "proxmox", &isos, &used);
     let ids: Vec<u32> = orphans.vms.iter().map(|v| v.vmid.get()).collect();
     assert_eq!(ids, [105, 109], "{orphans:?}");
     assert!(orphans.vms[1].seed_isos.is_empty());

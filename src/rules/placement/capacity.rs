@@ -36,9 +36,11 @@ impl Default for PlacementLimits {
 /// What a node has given to VMs (with the reservations of requests in flight) against what the
 /// limits allow. A limit of `None`: the node reports no figure (offline, or no stats yet), so
 /// there is nothing to count against.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Allocation {
+    #[serde(rename = "vcpus_allocated")]
     pub cpus_allocated: u64,
+    #[serde(rename = "vcpus_limit")]
     pub cpus_limit: Option<u64>,
     pub memory_allocated: u64,
     pub memory_limit: Option<u64>,

@@ -23,6 +23,7 @@ use crate::proxmox::property::NodeName;
 use crate::rules::provider_data::ProviderData;
 use crate::rules::storage_selector::StorageSelector;
 
+pub use capacity::Allocation;
 pub use capacity::{PlacementLimits, Reservation, Reservations, allocation, capacity_fit};
 pub use clone::{CloneRefusal, CloneSource, clone_verdict};
 pub use pick::{Eligible, Placement, PlacementError, PlacementReason, pick, pinned_node};
