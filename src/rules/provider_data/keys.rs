@@ -267,8 +267,10 @@ pub struct Keys {
     pub boot: BootMode,
 
     /// Template to clone when boot is 'clone': its VMID or its name.
-    #[schemars(range(min = 100), length(min = 1))]
+    #[schemars(with = "Option<u64>", range(min = 100))]
     #[schemars(extend(
+        "type" = ["integer", "string"],
+        "minLength" = 1,
         "x-readme" = "the template to clone with `boot: clone`.",
         "x-type" = "VMID or name",
         "x-ours" = true

@@ -305,17 +305,3 @@ impl<'de> Deserialize<'de> for TemplateRef {
         }
     }
 }
-
-impl JsonSchema for TemplateRef {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "TemplateRef".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": ["integer", "string"]})
-    }
-}
