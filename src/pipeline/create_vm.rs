@@ -132,7 +132,7 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         make_set_pool(ctx, &pool, doing).await?;
     }
     ctx.state.default_pool = Some(pool.clone());
-    ctx.data.pool = Some(pool);
+    ctx.data.keys.pool = Some(pool);
     Ok(())
 }
 

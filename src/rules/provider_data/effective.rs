@@ -2,7 +2,7 @@
 //! the rules between keys applied, and every default filled in: the typed [`ProviderData`] the
 //! pipeline works from.
 
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 
 use serde_json::Value;
 
@@ -192,12 +192,6 @@ impl Deref for ProviderData {
 
     fn deref(&self) -> &Keys {
         &self.keys
-    }
-}
-
-impl DerefMut for ProviderData {
-    fn deref_mut(&mut self) -> &mut Keys {
-        &mut self.keys
     }
 }
 
