@@ -154,11 +154,9 @@ pub(super) struct Layer {
     written: BTreeSet<String>,
     /// The known top-level keys whose values read without a problem.
     valid: Map<String, Value>,
-    /// The schema's findings, then the reading's.
+    /// The schema's findings (or that the layer is not a mapping), then the reading's.
     schema: Vec<Finding>,
     read: Vec<Finding>,
-    /// What the layer was instead of a mapping (`"a list"`), when it was not one.
-    not_a_mapping: Option<&'static str>,
 }
 
 impl Layer {
@@ -170,9 +168,11 @@ impl Layer {
             Value::Object(map) => map.keys().cloned().collect(),
             Value::Null => return Self::default(),
             other => {
-                let not_a_mapping = Some(json_kind(other));
+                let kind = json_kind(other);
+                let message = format!("must be a mapping of provider-data keys, not {kind}");
+                let schema = vec![Finding::problem("", message)];
                 return Self {
-                    not_a_mapping,
+                    schema,
                     ..Self::default()
                 };
             }
@@ -210,19 +210,12 @@ impl Layer {
             valid,
             schema,
             read,
-            not_a_mapping: None,
         }
     }
 
     /// What is wrong with the layer on its own, under `prefix` (`nodes.pve2.`).
     pub(super) fn check(&self, prefix: &str, strict: bool) -> LayerCheck {
         let mut report = LayerCheck::default();
-        if let Some(kind) = self.not_a_mapping {
-            report.problem(
-                prefix.trim_end_matches('.').to_string(),
-                format!("must be a mapping of provider-data keys, not {kind}"),
-            );
-        }
         for finding in self.schema.iter().chain(&self.read) {
             report.add(prefix, finding, strict);
         }

@@ -736,3 +736,19 @@ fn a_rule_about_a_list_comes_after_its_items() {
         "{problems:#?}"
     );
 }
+
+/// A `nodes.<name>:` override that is not a mapping is one problem under the node's path, and
+/// resolving the class on another node does not repeat it.
+#[test]
+fn an_override_that_is_not_a_mapping_is_one_problem_under_its_node() {
+    let nodes = Map::from_iter([("pve2".to_owned(), json!([1, 2]))]);
+    let layers = ConfigLayers::read(&Map::new(), &nodes, false);
+    let found = layers.check();
+    let problems: Vec<String> = found.problems.iter().map(Problem::to_string).collect();
+    assert_eq!(
+        problems,
+        ["nodes.pve2: must be a mapping of provider-data keys, not a list"]
+    );
+    assert!(layers.resolve(MINIMAL, Some("pve1")).is_ok());
+    assert!(layers.resolve(MINIMAL, Some("pve2")).is_ok());
+}
