@@ -752,3 +752,22 @@ fn an_override_that_is_not_a_mapping_is_one_problem_under_its_node() {
     assert!(layers.resolve(MINIMAL, Some("pve1")).is_ok());
     assert!(layers.resolve(MINIMAL, Some("pve2")).is_ok());
 }
+
+/// A number past what Proxmox or the provider computes with is refused with its limit.
+#[test]
+fn numbers_past_their_limit_are_refused_with_the_limit() {
+    let problems = parse(&format!(
+        "{MINIMAL}sockets: 65\nha:\n  max_restart: 4294967296\n  max_relocate: 4294967295\n"
+    ))
+    .unwrap_err();
+    let problems = problems.iter().map(Problem::to_string).collect::<Vec<_>>();
+    assert_eq!(
+        problems,
+        [
+            "sockets: 65 is too large (at most 64)",
+            "ha.max_restart: 4294967296 is too large (at most 4294967295)",
+        ]
+    );
+    let data = parse(&MINIMAL.replace("4096", "67108864")).unwrap();
+    assert_eq!(data.memory_mb, 67_108_864);
+}
