@@ -25,8 +25,7 @@ impl ConfigLayers {
         node: Option<&str>,
     ) -> Result<ProviderData, Vec<Problem>> {
         let class = Layer::read(Value::Object(class_map(class_yaml)?));
-        let node = node.and_then(|n| self.node(n));
-        let stack = &Stack::new(&class, node, &self.defaults);
+        let stack = &Stack::new(&class, self, node);
         let mut keys = stack.keys()?;
         let mut report = LayerCheck::default();
         stack.report(false, &mut report, self.strict);

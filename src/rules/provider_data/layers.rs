@@ -286,12 +286,15 @@ pub(super) struct Stack<'a> {
 }
 
 impl<'a> Stack<'a> {
-    pub fn new(class: &'a Layer, node: Option<(&str, &'a Layer)>, defaults: &'a Layer) -> Self {
+    /// The class over `node`'s override in `config` (once the node is known) over `defaults:`.
+    pub fn new(class: &'a Layer, config: &'a ConfigLayers, node: Option<&str>) -> Self {
         let mut layers = vec![(String::new(), class)];
-        if let Some((name, layer)) = node {
-            layers.push((format!("nodes.{name}."), layer));
-        }
-        layers.push(("defaults.".to_string(), defaults));
+        let over = config
+            .nodes
+            .iter()
+            .filter(|(n, _)| Some(n.as_str()) == node);
+        layers.extend(over.map(|(name, layer)| (format!("nodes.{name}."), layer)));
+        layers.push(("defaults.".to_string(), &config.defaults));
         Self { layers }
     }
 
@@ -368,7 +371,7 @@ impl<'a> Stack<'a> {
 /// every layer is checked.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigLayers {
-    pub(super) defaults: Layer,
+    defaults: Layer,
     /// In the config's order.
     nodes: Vec<(String, Layer)>,
     /// `strict: true` in the config: unknown keys are problems instead of warnings.
@@ -387,14 +390,6 @@ impl ConfigLayers {
         }
     }
 
-    /// The override of `node`, if the config has one.
-    pub(super) fn node(&self, node: &str) -> Option<(&str, &Layer)> {
-        self.nodes
-            .iter()
-            .find(|(n, _)| n == node)
-            .map(|(n, l)| (n.as_str(), l))
-    }
-
     /// What checking the machine class on its own finds.
     pub fn check_class(&self, class: &Map<String, Value>) -> LayerCheck {
         Layer::read(Value::Object(class.clone())).check("", self.strict)
@@ -407,8 +402,7 @@ impl ConfigLayers {
             written: class.keys().cloned().collect(),
             ..Layer::default()
         };
-        let node = node.and_then(|n| self.node(n));
-        let stack = Stack::new(&class_layer, node, &self.defaults);
+        let stack = Stack::new(&class_layer, self, node);
         format!("{}{key}", stack.prefix_of(key))
     }
 
