@@ -12,7 +12,7 @@ use omni_infra_provider_proxmox::omni::resources::{
     MACHINE_REQUEST, MACHINE_REQUEST_STATUS, provider_machine,
 };
 use omni_infra_provider_proxmox::omni::state::Typed;
-use omni_infra_provider_proxmox::rules::ip_pool::mac_for_nic;
+use omni_infra_provider_proxmox::rules::cloud_init::mac_for_nic;
 use serde_json::{Value, json};
 use testkit::fakepve::{FakePve, Login, Trust, three_node_scenario};
 use testkit::harness::{Harness, PROVIDER};

@@ -25,8 +25,7 @@ use crate::model::identity::{self, Claim, Ownership};
 use crate::model::{ClusterSnapshot, Listing};
 use crate::proxmox::property::{IsoFileName, IsoVolume, PoolId};
 use crate::proxmox::types::{NodeName, VmId};
-use crate::rules::cloud_init::{seed_iso, seed_iso_file_name};
-use crate::rules::ip_pool;
+use crate::rules::cloud_init::{self, seed_iso, seed_iso_file_name};
 use crate::rules::provider_data::{AdditionalDisk, BootMode};
 use crate::rules::storage::{self, Content, StorageNeed};
 use crate::rules::vm_config::{self, VmTarget};
@@ -132,7 +131,7 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
         make_set_pool(ctx, &pool, doing).await?;
     }
     ctx.state.default_pool = Some(pool.clone());
-    ctx.data.pool = Some(pool);
+    ctx.data.keys.pool = Some(pool);
     Ok(())
 }
 
@@ -434,7 +433,7 @@ pub fn target(
         // NIC by its MAC); none otherwise (Proxmox chooses, as for the official provider).
         macs: (0..nics)
             .filter_map(|i| u8::try_from(i).ok())
-            .map(|i| ip_pool::mac_for_nic(&ctx.request.id, i))
+            .map(|i| cloud_init::mac_for_nic(&ctx.request.id, i))
             .collect(),
     })
 }
@@ -457,7 +456,7 @@ pub async fn upload_seed(
     };
     let instance_id = recorded(&ctx.state.uuid, "SMBIOS UUID")?;
     // DHCP, or every NIC by its MAC with the static addresses the provider state records.
-    let network = ip_pool::network_config(
+    let network = cloud_init::network_config(
         &ctx.request.id,
         1 + ctx.data.additional_nics.len(),
         &ctx.state.ip_allocations,

@@ -9,32 +9,10 @@ use std::net::IpAddr;
 
 use sha2::{Digest, Sha256};
 
+use crate::model::machine::IpAllocation;
 use crate::proxmox::property::MacAddr;
-
-/// How the VM's NICs get their addresses.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum NetworkConfig {
-    /// DHCP on every interface (what the official provider does).
-    #[default]
-    Dhcp,
-    /// Every NIC by its MAC (set the same MACs on the VM's `netN`): a static address where one is
-    /// given, DHCP on the others; the nameservers apply to the machine.
-    Static {
-        nics: Vec<StaticNic>,
-        nameservers: Vec<IpAddr>,
-    },
-}
-
-/// One NIC in a static network config.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StaticNic {
-    /// The name Talos falls back to when no link has the MAC (`eth0`, `eth1`, …).
-    pub name: String,
-    pub mac: MacAddr,
-    /// The address and its prefix length; `None`: DHCP on this NIC.
-    pub address: Option<(IpAddr, u8)>,
-    pub gateway: Option<IpAddr>,
-}
+use crate::rules::ip_pool::{self, IpPool};
+use crate::rules::provider_data::Problem;
 
 /// `meta-data`: the instance ID (the SMBIOS UUID) and the request ID as hostname.
 pub fn meta_data(instance_id: uuid::Uuid, hostname: &str) -> String {
@@ -43,48 +21,65 @@ pub fn meta_data(instance_id: uuid::Uuid, hostname: &str) -> String {
     format!("instance-id: {id}\nlocal-hostname: {host}\nhostname: {host}\n")
 }
 
-/// `network-config` (version 1), in the shape Talos reads it: a `physical` entry per NIC matched by
-/// `mac_address` (its `name` only when no link has that MAC), `static`/`static6` subnets with the
-/// address as `address/prefix` and an optional `gateway`, `dhcp` subnets, and one `nameserver` entry
-/// with its `address` list.
-pub fn network_config(network: &NetworkConfig) -> String {
-    match network {
-        NetworkConfig::Dhcp => "version: 1\n".to_string(),
-        NetworkConfig::Static { nics, nameservers } => {
-            let mut s = String::from("version: 1\nconfig:\n");
-            for nic in nics {
-                s.push_str(&format!(
-                    "  - type: physical\n    name: {}\n    mac_address: {}\n    subnets:\n",
-                    quoted(&nic.name),
-                    quoted(&nic.mac.to_string().to_ascii_lowercase())
-                ));
-                match nic.address {
-                    Some((address, prefix)) => {
-                        let kind = if address.is_ipv6() {
-                            "static6"
-                        } else {
-                            "static"
-                        };
-                        s.push_str(&format!(
-                            "      - type: {kind}\n        address: {}\n",
-                            quoted(&format!("{address}/{prefix}"))
-                        ));
-                        if let Some(gw) = nic.gateway {
-                            s.push_str(&format!("        gateway: {}\n", quoted(&gw.to_string())));
-                        }
-                    }
-                    None => s.push_str("      - type: dhcp\n"),
-                }
+/// `network-config` (version 1), in the shape Talos reads it. Plain DHCP (as the official provider
+/// does) when no NIC has a pool; with at least one static address (`allocations`), each of the
+/// `nic_count` NICs as a `physical` entry matched by `mac_address` ([`mac_for_nic`]; its `name`
+/// only when no link has that MAC), with a `static`/`static6` subnet (the address as
+/// `address/prefix`, the pool's optional `gateway`) where an allocation is recorded and a `dhcp`
+/// one elsewhere, then one `nameserver` entry with the pools' `address` list. A recorded allocation
+/// whose pool is gone from the config is a problem under its key.
+pub fn network_config(
+    request_id: &str,
+    nic_count: usize,
+    allocations: &[IpAllocation],
+    pools: &[IpPool],
+) -> Result<String, Problem> {
+    let mut s = String::from("version: 1\n");
+    if allocations.is_empty() {
+        return Ok(s);
+    }
+    s.push_str("config:\n");
+    let mut nameservers: Vec<IpAddr> = Vec::new();
+    for index in (0..=u8::MAX).take(nic_count) {
+        s.push_str(&format!(
+            "  - type: physical\n    name: {}\n    mac_address: {}\n    subnets:\n",
+            quoted(&format!("eth{index}")),
+            quoted(
+                &mac_for_nic(request_id, index)
+                    .to_string()
+                    .to_ascii_lowercase()
+            )
+        ));
+        let Some(a) = allocations.iter().find(|a| a.nic == index) else {
+            s.push_str("      - type: dhcp\n");
+            continue;
+        };
+        let pool = ip_pool::find(pools, &ip_pool::key_of(index), &a.pool)?;
+        let kind = if a.address.is_ipv6() {
+            "static6"
+        } else {
+            "static"
+        };
+        s.push_str(&format!(
+            "      - type: {kind}\n        address: {}\n",
+            quoted(&format!("{}/{}", a.address, pool.cidr.prefix_len()))
+        ));
+        if let Some(gw) = pool.gateway {
+            s.push_str(&format!("        gateway: {}\n", quoted(&gw.to_string())));
+        }
+        for ns in &pool.nameservers {
+            if !nameservers.contains(ns) {
+                nameservers.push(*ns);
             }
-            if !nameservers.is_empty() {
-                s.push_str("  - type: nameserver\n    address:\n");
-                for ns in nameservers {
-                    s.push_str(&format!("      - {}\n", quoted(&ns.to_string())));
-                }
-            }
-            s
         }
     }
+    if !nameservers.is_empty() {
+        s.push_str("  - type: nameserver\n    address:\n");
+        for ns in nameservers {
+            s.push_str(&format!("      - {}\n", quoted(&ns.to_string())));
+        }
+    }
+    Ok(s)
 }
 
 /// A JSON string literal, which is also a valid YAML double-quoted scalar.
@@ -100,6 +95,16 @@ pub fn mac_for_request(request_id: &str) -> MacAddr {
     b.copy_from_slice(&digest[..6]);
     b[0] = (b[0] & 0b1111_1100) | 0b0000_0010;
     MacAddr(b)
+}
+
+/// A deterministic MAC per NIC of a request: net0 keeps [`mac_for_request`]'s, the others differ by
+/// their index. Set on every NIC once one has a static address, so the seed's network-config can
+/// name each NIC by its MAC.
+pub fn mac_for_nic(request_id: &str, nic: u8) -> MacAddr {
+    match nic {
+        0 => mac_for_request(request_id),
+        _ => mac_for_request(&format!("{request_id}#net{nic}")),
+    }
 }
 
 /// The seed ISO's file name in ISO storage: `omni-seed-<request id>.iso`, with anything Proxmox would
@@ -129,7 +134,7 @@ pub mod seed_iso {
     use hadris_iso::write::options::{CreationFeatures, IsoFormatOptions};
     use hadris_iso::write::{File as IsoFile, InputFiles, IsoImageWriter};
 
-    use super::{NetworkConfig, meta_data, network_config};
+    use super::meta_data;
     use crate::secret::Secret;
 
     /// The volume label NoCloud looks for.
@@ -140,18 +145,19 @@ pub mod seed_iso {
     pub struct SeedIsoError(String);
 
     /// The seed ISO with the three NoCloud files at its root: `user-data` is the join config as is
-    /// (it holds the join token, so it is exposed only here), `meta-data` and `network-config` say
-    /// who the machine is and how its NICs get their addresses.
+    /// (it holds the join token, so it is exposed only here), `meta-data` and `network-config`
+    /// (the text of [`super::network_config`]) say who the machine is and how its NICs get their
+    /// addresses.
     pub fn build_seed(
         join_config: &Secret,
         instance_id: uuid::Uuid,
         hostname: &str,
-        network: &NetworkConfig,
+        network_config: &str,
     ) -> Result<Vec<u8>, SeedIsoError> {
-        let (meta, net) = (meta_data(instance_id, hostname), network_config(network));
+        let meta = meta_data(instance_id, hostname);
         let files: [(&str, &[u8]); 3] = [
             ("meta-data", meta.as_bytes()),
-            ("network-config", net.as_bytes()),
+            ("network-config", network_config.as_bytes()),
             ("user-data", join_config.expose().as_bytes()),
         ];
         let input = InputFiles {
@@ -213,7 +219,8 @@ mod tests {
         assert_eq!(meta["instance-id"], "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0");
         assert_eq!(meta["local-hostname"], "req-1");
         assert_eq!(meta["hostname"], "req-1");
-        assert_eq!(network_config(&NetworkConfig::Dhcp), "version: 1\n");
+        let dhcp = network_config("req-1", 3, &[], &[]).unwrap();
+        assert_eq!(dhcp, "version: 1\n");
 
         // The shape pinned here is what Talos reads (siderolabs/talos
         // internal/app/machined/pkg/runtime/v1alpha1/platform/nocloud/metadata.go,
@@ -222,47 +229,64 @@ mod tests {
         // fallback; `static` and `static6` subnets take `address` as a prefix (or address plus
         // `netmask`) and an optional `gateway` that becomes a default route on that link; `dhcp`
         // starts DHCPv4 on it; a `nameserver` entry's `address` list sets the resolvers.
-        let mac = mac_for_request("req-1");
-        let net = NetworkConfig::Static {
-            nics: vec![
-                StaticNic {
-                    name: "eth0".into(),
-                    mac,
-                    address: Some(("10.0.0.5".parse().unwrap(), 24)),
-                    gateway: Some("10.0.0.1".parse().unwrap()),
-                },
-                StaticNic {
-                    name: "eth1".into(),
-                    mac: mac_for_request("other"),
-                    address: Some(("fd00::5".parse().unwrap(), 64)),
-                    gateway: None,
-                },
-                StaticNic {
-                    name: "eth2".into(),
-                    mac: mac_for_request("third"),
-                    address: None,
-                    gateway: None,
-                },
-            ],
-            nameservers: vec!["1.1.1.1".parse().unwrap()],
+        let (mut v4, v6) = (pool("v4", "10.0.0.0/24"), pool("v6", "fd00::/64"));
+        v4.gateway = "10.0.0.1".parse().ok();
+        v4.nameservers = vec!["1.1.1.1".parse().unwrap()];
+        let v6 = IpPool {
+            nameservers: vec!["1.1.1.1".parse().unwrap(), "2001:db8::53".parse().unwrap()],
+            ..v6
         };
-        let v = crate::yaml::from_str(&network_config(&net)).unwrap();
-        assert_eq!(v["version"], 1);
-        assert_eq!(v["config"][0]["type"], "physical");
-        assert_eq!(v["config"][0]["name"], "eth0");
+        let allocations = [
+            allocation(0, "v4", "10.0.0.5"),
+            allocation(1, "v6", "fd00::5"),
+        ];
+        let pools = [v4.clone(), v6];
+        let text = network_config("req-1", 3, &allocations, &pools).unwrap();
         assert_eq!(
-            v["config"][0]["mac_address"],
-            mac.to_string().to_ascii_lowercase()
+            text,
+            "version: 1\nconfig:\n  - type: physical\n    name: \"eth0\"\n    mac_address: \"96:56:bd:fa:12:ea\"\n    subnets:\n      - type: static\n        address: \"10.0.0.5/24\"\n        gateway: \"10.0.0.1\"\n  - type: physical\n    name: \"eth1\"\n    mac_address: \"ca:51:a6:8f:87:99\"\n    subnets:\n      - type: static6\n        address: \"fd00::5/64\"\n  - type: physical\n    name: \"eth2\"\n    mac_address: \"92:f8:87:84:c2:83\"\n    subnets:\n      - type: dhcp\n  - type: nameserver\n    address:\n      - \"1.1.1.1\"\n      - \"2001:db8::53\"\n"
         );
-        assert_eq!(v["config"][0]["subnets"][0]["type"], "static");
-        assert_eq!(v["config"][0]["subnets"][0]["address"], "10.0.0.5/24");
-        assert_eq!(v["config"][0]["subnets"][0]["gateway"], "10.0.0.1");
-        assert_eq!(v["config"][1]["subnets"][0]["type"], "static6");
-        assert_eq!(v["config"][1]["subnets"][0]["address"], "fd00::5/64");
-        assert!(v["config"][1]["subnets"][0].get("gateway").is_none());
+        let v = crate::yaml::from_str(&text).unwrap();
+        let mac = |nic| mac_for_nic("req-1", nic).to_string().to_ascii_lowercase();
+        assert_eq!(v["config"][0]["mac_address"], mac(0));
+        assert_eq!(v["config"][1]["mac_address"], mac(1));
         assert_eq!(v["config"][2]["subnets"][0]["type"], "dhcp");
-        assert_eq!(v["config"][3]["type"], "nameserver");
-        assert_eq!(v["config"][3]["address"][0], "1.1.1.1");
+        assert_eq!(v["config"][3]["address"][1], "2001:db8::53");
+        let empty = network_config("req-1", 0, &allocations, &pools).unwrap();
+        assert_eq!(empty, "version: 1\nconfig:\n");
+        v4.nameservers.clear();
+        let one = network_config("req-1", 1, &allocations[..1], &[v4]).unwrap();
+        assert_eq!(
+            one,
+            "version: 1\nconfig:\n  - type: physical\n    name: \"eth0\"\n    mac_address: \"96:56:bd:fa:12:ea\"\n    subnets:\n      - type: static\n        address: \"10.0.0.5/24\"\n        gateway: \"10.0.0.1\"\n"
+        );
+        // The pool was removed from the config since: named, with its key.
+        let gone = network_config("req-1", 2, &allocations, &pools[..1]).unwrap_err();
+        assert_eq!(gone.key, "additional_nics[0].ip_pool");
+    }
+
+    fn pool(name: &str, cidr: &str) -> IpPool {
+        IpPool {
+            name: name.into(),
+            cidr: ip_pool::parse_cidr(cidr).unwrap(),
+            ranges: Vec::new(),
+            gateway: None,
+            nameservers: Vec::new(),
+            bridge: None,
+            vlan: None,
+        }
+    }
+
+    fn allocation(nic: u8, pool: &str, address: &str) -> IpAllocation {
+        let (pool, address) = (pool.into(), address.parse().unwrap());
+        IpAllocation { nic, pool, address }
+    }
+
+    #[test]
+    fn every_nic_but_the_first_has_a_mac_of_its_own() {
+        assert_eq!(mac_for_nic("r", 0), mac_for_request("r"));
+        assert_ne!(mac_for_nic("r", 1), mac_for_nic("r", 0));
+        assert_ne!(mac_for_nic("r", 1), mac_for_nic("r", 2));
     }
 
     #[test]
@@ -279,8 +303,7 @@ mod tests {
     #[test]
     fn seed_iso_round_trip() {
         let secret = crate::secret::Secret::new(JOIN_CONFIG);
-        let image =
-            seed_iso::build_seed(&secret, instance_id(), "req-1", &NetworkConfig::Dhcp).unwrap();
+        let image = seed_iso::build_seed(&secret, instance_id(), "req-1", "version: 1\n").unwrap();
         assert_eq!(image.len() % 2048, 0);
         // Primary volume descriptor: "CD001" and the volume label.
         let pvd = &image[16 * 2048..17 * 2048];

@@ -103,11 +103,20 @@ pub struct JoinPlan {
 pub fn plan_join(m: &HaMembership<'_>, rules: &[HaRule]) -> Result<JoinPlan, HaRuleError> {
     let mut plan = JoinPlan::default();
     let find = |name: &str| rules.iter().find(|r| r.rule == name);
+    // The set's own rule, when one of that name exists: it must be of the kind the set keeps.
+    let own = |name: &str, wanted: &'static str| match find(name) {
+        Some(rule) if rule.kind != wanted => Err(HaRuleError::WrongKind {
+            rule: rule.rule.clone(),
+            found: rule.kind.clone(),
+            wanted,
+        }),
+        found => Ok(found),
+    };
     if let Some(set) = m.set {
         if !m.settings.node_affinity_nodes.is_empty() {
             let name = node_affinity_rule(set);
-            match find(&name) {
-                Some(rule) => join_node_affinity(m, rule, &mut plan)?,
+            match own(&name, "node-affinity")? {
+                Some(rule) => join_node_affinity(m, rule, &mut plan),
                 None => {
                     let nodes = m.settings.node_affinity_nodes.iter().map(|n| n.as_str());
                     let rule = HaRule {
@@ -122,8 +131,8 @@ pub fn plan_join(m: &HaMembership<'_>, rules: &[HaRule]) -> Result<JoinPlan, HaR
         }
         if let Some(affinity) = m.settings.resource_affinity {
             let name = resource_affinity_rule(set);
-            match find(&name) {
-                Some(rule) => join_resource_affinity(m, rule, affinity, &mut plan)?,
+            match own(&name, "resource-affinity")? {
+                Some(rule) => join_resource_affinity(m, rule, affinity, &mut plan),
                 None => create_resource_affinity(m, name, affinity, &mut plan),
             }
         }
@@ -143,25 +152,9 @@ fn join(rule: &HaRule, sid: &str) -> Option<RuleChange> {
     (!rule.has(sid)).then_some(RuleChange::Join { rule, resources })
 }
 
-fn check_kind(rule: &HaRule, wanted: &'static str) -> Result<(), HaRuleError> {
-    if rule.kind == wanted {
-        return Ok(());
-    }
-    Err(HaRuleError::WrongKind {
-        rule: rule.rule.clone(),
-        found: rule.kind.clone(),
-        wanted,
-    })
-}
-
 /// The rule is made once, by the set's first VM; a class edited since then does not rewrite it
 /// (the nodes are the operator's to change in Proxmox, as with the official provider), but says so.
-fn join_node_affinity(
-    m: &HaMembership<'_>,
-    rule: &HaRule,
-    plan: &mut JoinPlan,
-) -> Result<(), HaRuleError> {
-    check_kind(rule, "node-affinity")?;
+fn join_node_affinity(m: &HaMembership<'_>, rule: &HaRule, plan: &mut JoinPlan) {
     let wanted: BTreeSet<&str> = m
         .settings
         .node_affinity_nodes
@@ -178,7 +171,6 @@ fn join_node_affinity(
         ));
     }
     plan.changes.extend(join(rule, m.sid));
-    Ok(())
 }
 
 fn join_resource_affinity(
@@ -186,8 +178,7 @@ fn join_resource_affinity(
     rule: &HaRule,
     affinity: ResourceAffinity,
     plan: &mut JoinPlan,
-) -> Result<(), HaRuleError> {
-    check_kind(rule, "resource-affinity")?;
+) {
     if rule.affinity.as_deref() != Some(affinity.as_str()) {
         plan.notes.push(format!(
             "HA rule {} has affinity {}, the machine class says {}: the rule is made once, edit it in Proxmox",
@@ -197,7 +188,7 @@ fn join_resource_affinity(
         ));
     }
     if rule.has(m.sid) {
-        return Ok(());
+        return;
     }
     // pve-ha-manager src/PVE/HA/Rules/ResourceAffinity.pm,
     // `check_negative_resource_affinity_resources_count`: a negative rule may not hold more
@@ -208,10 +199,9 @@ fn join_resource_affinity(
             "HA rule {} already keeps {n} VMs apart on the cluster's {n} nodes; {} is not added (Proxmox refuses a negative resource-affinity rule with more VMs than nodes)",
             rule.rule, m.sid
         ));
-        return Ok(());
+        return;
     }
     plan.changes.extend(join(rule, m.sid));
-    Ok(())
 }
 
 /// Proxmox refuses a resource-affinity rule with fewer than two resources (pve-ha-manager

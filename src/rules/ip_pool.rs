@@ -15,8 +15,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::model::machine::IpAllocation;
-use crate::proxmox::property::{BridgeName, MacAddr, VlanTag};
-use crate::rules::cloud_init::{NetworkConfig, StaticNic, mac_for_request};
+use crate::proxmox::property::{BridgeName, VlanTag};
 use crate::rules::provider_data::{Problem, ProviderData};
 
 /// An address with a prefix length: a pool's network.
@@ -233,53 +232,6 @@ pub fn apply_networks(data: &mut ProviderData, pools: &[IpPool]) -> Result<(), V
         }
     }
     problems.is_empty().then_some(()).ok_or(problems)
-}
-
-/// A deterministic MAC per NIC of a request: net0 keeps [`mac_for_request`]'s, the others differ by
-/// their index. Set on every NIC once one has a static address, so the seed's network-config can
-/// name each NIC by its MAC.
-pub fn mac_for_nic(request_id: &str, nic: u8) -> MacAddr {
-    match nic {
-        0 => mac_for_request(request_id),
-        _ => mac_for_request(&format!("{request_id}#net{nic}")),
-    }
-}
-
-/// The seed's network config: with at least one static address, each NIC by its MAC, a static
-/// address where an allocation is recorded and DHCP elsewhere; plain DHCP (as the official provider
-/// does) when no NIC has a pool. A recorded allocation whose pool is gone from the config is a
-/// problem under its key.
-pub fn network_config(
-    request_id: &str,
-    nic_count: usize,
-    allocations: &[IpAllocation],
-    pools: &[IpPool],
-) -> Result<NetworkConfig, Problem> {
-    if allocations.is_empty() {
-        return Ok(NetworkConfig::Dhcp);
-    }
-    let mut nics = Vec::new();
-    let mut nameservers: Vec<IpAddr> = Vec::new();
-    for index in (0..=u8::MAX).take(nic_count) {
-        let mut nic = StaticNic {
-            name: format!("eth{index}"),
-            mac: mac_for_nic(request_id, index),
-            address: None,
-            gateway: None,
-        };
-        if let Some(a) = allocations.iter().find(|a| a.nic == index) {
-            let pool = find(pools, &key_of(index), &a.pool)?;
-            nic.address = Some((a.address, pool.cidr.prefix_len()));
-            nic.gateway = pool.gateway;
-            for ns in &pool.nameservers {
-                if !nameservers.contains(ns) {
-                    nameservers.push(*ns);
-                }
-            }
-        }
-        nics.push(nic);
-    }
-    Ok(NetworkConfig::Static { nics, nameservers })
 }
 
 /// One address held by one machine, for reports.
@@ -587,38 +539,6 @@ mod tests {
         assert_eq!(left.gone_requests[0].request, "gone-1");
         assert_eq!(left.gone_requests[0].nic, "net1");
         assert_eq!(left.unknown_pools[0].0, "old-pool");
-    }
-
-    #[test]
-    fn the_seed_names_every_nic_by_mac_with_dhcp_where_no_pool_is_named() {
-        let mut p = pool("10.10.0.0/24", &["10.10.0.100-10.10.0.110"]);
-        p.gateway = "10.10.0.1".parse().ok();
-        p.nameservers = vec!["10.10.0.53".parse().unwrap()];
-        let on_net1 = [IpAllocation {
-            nic: 1,
-            pool: "talos-net".into(),
-            address: "10.10.0.100".parse().unwrap(),
-        }];
-        assert_eq!(
-            network_config("r", 2, &[], std::slice::from_ref(&p)).unwrap(),
-            NetworkConfig::Dhcp
-        );
-        let NetworkConfig::Static { nics, nameservers } =
-            network_config("r", 2, &on_net1, std::slice::from_ref(&p)).unwrap()
-        else {
-            panic!("static expected");
-        };
-        assert_eq!(nics.len(), 2);
-        assert_eq!((nics[0].mac, nics[0].address), (mac_for_request("r"), None));
-        assert_eq!(nics[1].mac, mac_for_nic("r", 1));
-        assert_ne!(nics[1].mac, nics[0].mac);
-        assert_eq!(nics[1].name, "eth1");
-        assert_eq!(nics[1].address, Some(("10.10.0.100".parse().unwrap(), 24)));
-        assert_eq!(nics[1].gateway, p.gateway);
-        assert_eq!(nameservers, p.nameservers);
-        // The pool was removed from the config since: named, with its key.
-        let gone = network_config("r", 2, &on_net1, &[]).unwrap_err();
-        assert_eq!(gone.key, "additional_nics[0].ip_pool");
     }
 
     fn v4_pool() -> impl Strategy<Value = IpPool> {

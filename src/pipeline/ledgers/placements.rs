@@ -73,7 +73,7 @@ mod tests {
         let node_selectors = Default::default();
         let yaml = "cores: 2\nmemory: 2048\ndisk_size: 10\nstorage_selector: 'true'";
         let mut data = ConfigLayers::default().resolve(yaml, None).unwrap();
-        data.memory_mb = 1024;
+        data.keys.memory_mb = 1024;
         let request = |request_id: &'static str, set_id| PlacementRequest {
             request_id,
             data: &data,

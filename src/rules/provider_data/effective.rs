@@ -2,7 +2,7 @@
 //! the rules between keys applied, and every default filled in: the typed [`ProviderData`] the
 //! pipeline works from.
 
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 
 use serde_json::Value;
 
@@ -25,8 +25,7 @@ impl ConfigLayers {
         node: Option<&str>,
     ) -> Result<ProviderData, Vec<Problem>> {
         let class = Layer::read(Value::Object(class_map(class_yaml)?));
-        let node = node.and_then(|n| self.node(n));
-        let stack = &Stack::new(&class, node, &self.defaults);
+        let stack = &Stack::new(&class, self, node);
         let mut keys = stack.keys()?;
         let mut report = LayerCheck::default();
         stack.report(false, &mut report, self.strict);
@@ -192,12 +191,6 @@ impl Deref for ProviderData {
 
     fn deref(&self) -> &Keys {
         &self.keys
-    }
-}
-
-impl DerefMut for ProviderData {
-    fn deref_mut(&mut self) -> &mut Keys {
-        &mut self.keys
     }
 }
 

@@ -20,8 +20,8 @@ use serde::Deserialize;
 
 use super::values::{
     Bios, BootMode, CloneMode, HaState, MachineType, PlacementStrategy, ResourceAffinity,
-    TemplateRef, UserTag, ip_discovery_timeout, one, pool_name, seconds, some_up_to, up_to, vlan,
-    vmbr0, x86_64_v2_aes, yes,
+    TemplateRef, UserTag, ip_discovery_timeout, one, pool_name, seconds, up_to, vlan, vmbr0,
+    x86_64_v2_aes, yes,
 };
 use crate::proxmox::property::{
     BridgeName, CpuType, DiskAio, DiskCache, HostPci, Hugepages, NodeName, PoolId, Usb, Vga,
@@ -267,8 +267,10 @@ pub struct Keys {
     pub boot: BootMode,
 
     /// Template to clone when boot is 'clone': its VMID or its name.
-    #[schemars(range(min = 100), length(min = 1))]
+    #[schemars(with = "Option<u64>", range(min = 100))]
     #[schemars(extend(
+        "type" = ["integer", "string"],
+        "minLength" = 1,
         "x-readme" = "the template to clone with `boot: clone`.",
         "x-type" = "VMID or name",
         "x-ours" = true
@@ -346,11 +348,11 @@ pub struct HaSettings {
     pub comment: Option<String>,
     /// Restart attempts on the current node (Proxmox default 1).
     #[schemars(with = "u64", range(min = 0))]
-    #[serde(default, deserialize_with = "some_up_to::<{ u32::MAX as u64 }, _>")]
+    #[serde(default, deserialize_with = "up_to::<{ u32::MAX }, _, _>")]
     pub max_restart: Option<u32>,
     /// Relocation attempts after the restarts (Proxmox default 1).
     #[schemars(with = "u64", range(min = 0))]
-    #[serde(default, deserialize_with = "some_up_to::<{ u32::MAX as u64 }, _>")]
+    #[serde(default, deserialize_with = "up_to::<{ u32::MAX }, _, _>")]
     pub max_relocate: Option<u32>,
     /// Move the VM back to its preferred node when that node returns.
     pub failback: Option<bool>,

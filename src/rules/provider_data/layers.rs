@@ -154,11 +154,9 @@ pub(super) struct Layer {
     written: BTreeSet<String>,
     /// The known top-level keys whose values read without a problem.
     valid: Map<String, Value>,
-    /// The schema's findings, then the reading's.
+    /// The schema's findings (or that the layer is not a mapping), then the reading's.
     schema: Vec<Finding>,
     read: Vec<Finding>,
-    /// What the layer was instead of a mapping (`"a list"`), when it was not one.
-    not_a_mapping: Option<&'static str>,
 }
 
 impl Layer {
@@ -170,9 +168,11 @@ impl Layer {
             Value::Object(map) => map.keys().cloned().collect(),
             Value::Null => return Self::default(),
             other => {
-                let not_a_mapping = Some(json_kind(other));
+                let kind = json_kind(other);
+                let message = format!("must be a mapping of provider-data keys, not {kind}");
+                let schema = vec![Finding::problem("", message)];
                 return Self {
-                    not_a_mapping,
+                    schema,
                     ..Self::default()
                 };
             }
@@ -210,19 +210,12 @@ impl Layer {
             valid,
             schema,
             read,
-            not_a_mapping: None,
         }
     }
 
     /// What is wrong with the layer on its own, under `prefix` (`nodes.pve2.`).
     pub(super) fn check(&self, prefix: &str, strict: bool) -> LayerCheck {
         let mut report = LayerCheck::default();
-        if let Some(kind) = self.not_a_mapping {
-            report.problem(
-                prefix.trim_end_matches('.').to_string(),
-                format!("must be a mapping of provider-data keys, not {kind}"),
-            );
-        }
         for finding in self.schema.iter().chain(&self.read) {
             report.add(prefix, finding, strict);
         }
@@ -293,12 +286,15 @@ pub(super) struct Stack<'a> {
 }
 
 impl<'a> Stack<'a> {
-    pub fn new(class: &'a Layer, node: Option<(&str, &'a Layer)>, defaults: &'a Layer) -> Self {
+    /// The class over `node`'s override in `config` (once the node is known) over `defaults:`.
+    pub fn new(class: &'a Layer, config: &'a ConfigLayers, node: Option<&str>) -> Self {
         let mut layers = vec![(String::new(), class)];
-        if let Some((name, layer)) = node {
-            layers.push((format!("nodes.{name}."), layer));
-        }
-        layers.push(("defaults.".to_string(), defaults));
+        let over = config
+            .nodes
+            .iter()
+            .filter(|(n, _)| Some(n.as_str()) == node);
+        layers.extend(over.map(|(name, layer)| (format!("nodes.{name}."), layer)));
+        layers.push(("defaults.".to_string(), &config.defaults));
         Self { layers }
     }
 
@@ -375,7 +371,7 @@ impl<'a> Stack<'a> {
 /// every layer is checked.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigLayers {
-    pub(super) defaults: Layer,
+    defaults: Layer,
     /// In the config's order.
     nodes: Vec<(String, Layer)>,
     /// `strict: true` in the config: unknown keys are problems instead of warnings.
@@ -394,14 +390,6 @@ impl ConfigLayers {
         }
     }
 
-    /// The override of `node`, if the config has one.
-    pub(super) fn node(&self, node: &str) -> Option<(&str, &Layer)> {
-        self.nodes
-            .iter()
-            .find(|(n, _)| n == node)
-            .map(|(n, l)| (n.as_str(), l))
-    }
-
     /// What checking the machine class on its own finds.
     pub fn check_class(&self, class: &Map<String, Value>) -> LayerCheck {
         Layer::read(Value::Object(class.clone())).check("", self.strict)
@@ -414,8 +402,7 @@ impl ConfigLayers {
             written: class.keys().cloned().collect(),
             ..Layer::default()
         };
-        let node = node.and_then(|n| self.node(n));
-        let stack = Stack::new(&class_layer, node, &self.defaults);
+        let stack = Stack::new(&class_layer, self, node);
         format!("{}{key}", stack.prefix_of(key))
     }
 

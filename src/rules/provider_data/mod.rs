@@ -30,7 +30,7 @@ use serde_json::{Map, Value};
 pub use effective::ProviderData;
 pub use keys::{AdditionalDisk, HaSettings};
 pub use layers::ConfigLayers;
-pub use leave_out::{Refused, read_leaving_out};
+pub use leave_out::read_leaving_out;
 pub use values::{Bios, BootMode, CloneMode, PlacementStrategy, ResourceAffinity, TemplateRef};
 
 /// Tag prefixes the provider sets itself; user tags may not use them (placement and ownership checks

@@ -203,22 +203,14 @@ fn user_tag(text: &str) -> Result<UserTag, String> {
 }
 
 /// A whole number up to `MAX`: more would overflow what Proxmox or the provider computes with.
-pub fn up_to<'de, const MAX: u64, D: Deserializer<'de>, T: TryFrom<u64>>(
-    d: D,
-) -> Result<T, D::Error> {
-    match whole_number(d)? {
-        n if n <= MAX => T::try_from(n).map_err(|_| D::Error::custom(format!("{n} is too large"))),
-        n => Err(D::Error::custom(format!(
+pub fn up_to<'de, const MAX: u32, D: Deserializer<'de>, T: From<u32>>(d: D) -> Result<T, D::Error> {
+    let n = whole_number(d)?;
+    match u32::try_from(n) {
+        Ok(n) if n <= MAX => Ok(T::from(n)),
+        _ => Err(D::Error::custom(format!(
             "{n} is too large (at most {MAX})"
         ))),
     }
-}
-
-/// [`up_to`] for a key with no default.
-pub fn some_up_to<'de, const MAX: u64, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<u32>, D::Error> {
-    up_to::<MAX, D, u32>(d).map(Some)
 }
 
 /// Seconds.
@@ -302,19 +294,5 @@ impl<'de> Deserialize<'de> for TemplateRef {
                 json_kind(&other)
             ))),
         }
-    }
-}
-
-impl JsonSchema for TemplateRef {
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn schema_name() -> Cow<'static, str> {
-        "TemplateRef".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": ["integer", "string"]})
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::model::{ClusterSnapshot, GIB, NodeSnapshot, StorageSnapshot};
 use crate::proxmox::property::{NodeName, StorageId};
+use crate::rules::provider_data::keys::Keys;
 use crate::rules::provider_data::{ConfigLayers, ProviderData};
 use crate::rules::storage_selector::StorageSelector;
 
@@ -127,17 +128,27 @@ fn request<'a>(
         limits: PlacementLimits::default(),
         clone: None,
     };
-    with(&req, |d| d.storage_selector = selector.clone())
+    selecting(&req, selector)
+}
+
+/// `req` with its storage chosen by `selector`.
+fn selecting<'a>(req: &PlacementRequest<'a>, selector: &StorageSelector) -> PlacementRequest<'a> {
+    let storage_selector = selector.clone();
+    let data = ProviderData {
+        storage_selector,
+        ..req.data.clone()
+    };
+    PlacementRequest {
+        data: Box::leak(Box::new(data)),
+        ..req.clone()
+    }
 }
 
 /// `req` with its provider data changed by `change` (leaked: a test's few requests live as long as
 /// the test).
-fn with<'a>(
-    req: &PlacementRequest<'a>,
-    change: impl FnOnce(&mut ProviderData),
-) -> PlacementRequest<'a> {
+fn with<'a>(req: &PlacementRequest<'a>, change: impl FnOnce(&mut Keys)) -> PlacementRequest<'a> {
     let mut data = req.data.clone();
-    change(&mut data);
+    change(&mut data.keys);
     PlacementRequest {
         data: Box::leak(Box::new(data)),
         ..req.clone()

@@ -54,7 +54,7 @@ fn pinned_node_must_exist_be_online_and_have_storage() {
         ("pve1", "local-lvm", PlacementReason::Pinned)
     );
     let ceph = StorageSelector::new("name == \"ceph\"").unwrap();
-    let req = with(&req, |d| d.storage_selector = ceph);
+    let req = selecting(&req, &ceph);
     let err = pick(&nodes, &req, &Reservations::default()).unwrap_err();
     assert!(matches!(
         err,

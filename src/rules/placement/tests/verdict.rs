@@ -76,7 +76,7 @@ fn node_verdicts_say_why_with_numbers() {
         (
             "no storage matching",
             node("pve1", 64),
-            with(&base, |d| d.storage_selector = ceph.clone()),
+            selecting(&base, &ceph),
             &none,
             "no active storage for VM images matches the storage selector `name == \"ceph\"`",
         ),

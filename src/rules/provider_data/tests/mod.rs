@@ -736,3 +736,38 @@ fn a_rule_about_a_list_comes_after_its_items() {
         "{problems:#?}"
     );
 }
+
+/// A `nodes.<name>:` override that is not a mapping is one problem under the node's path, and
+/// resolving the class on another node does not repeat it.
+#[test]
+fn an_override_that_is_not_a_mapping_is_one_problem_under_its_node() {
+    let nodes = Map::from_iter([("pve2".to_owned(), json!([1, 2]))]);
+    let layers = ConfigLayers::read(&Map::new(), &nodes, false);
+    let found = layers.check();
+    let problems: Vec<String> = found.problems.iter().map(Problem::to_string).collect();
+    assert_eq!(
+        problems,
+        ["nodes.pve2: must be a mapping of provider-data keys, not a list"]
+    );
+    assert!(layers.resolve(MINIMAL, Some("pve1")).is_ok());
+    assert!(layers.resolve(MINIMAL, Some("pve2")).is_ok());
+}
+
+/// A number past what Proxmox or the provider computes with is refused with its limit.
+#[test]
+fn numbers_past_their_limit_are_refused_with_the_limit() {
+    let problems = parse(&format!(
+        "{MINIMAL}sockets: 65\nha:\n  max_restart: 4294967296\n  max_relocate: 4294967295\n"
+    ))
+    .unwrap_err();
+    let problems = problems.iter().map(Problem::to_string).collect::<Vec<_>>();
+    assert_eq!(
+        problems,
+        [
+            "sockets: 65 is too large (at most 64)",
+            "ha.max_restart: 4294967296 is too large (at most 4294967295)",
+        ]
+    );
+    let data = parse(&MINIMAL.replace("4096", "67108864")).unwrap();
+    assert_eq!(data.memory_mb, 67_108_864);
+}
