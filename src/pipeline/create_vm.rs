@@ -23,6 +23,7 @@ use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::model::{ClusterSnapshot, Listing};
+use crate::proxmox::client::UploadContent;
 use crate::proxmox::property::{IsoFileName, IsoVolume, PoolId};
 use crate::proxmox::types::{NodeName, VmId};
 use crate::rules::cloud_init::{seed_iso, seed_iso_file_name};
@@ -465,6 +466,7 @@ pub async fn upload_seed(
     )
     .map_err(|p| StepError::config(format!("the recorded static address: {p}")))?;
     let bytes = seed_iso::build_seed(ctx.join, instance_id, &ctx.request.id, &network)
+        .map(UploadContent::Bytes)
         .map_err(|e| StepError::Cluster(e.to_string()))?;
     let file_name = seed_iso_file_name(&ctx.request.id);
     let file = IsoFileName::new(file_name.as_str()).map_err(|e| {

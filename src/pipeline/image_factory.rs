@@ -34,6 +34,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::omni::resources::{FEATURES_CONFIG, FEATURES_CONFIG_ID, TALOS_VERSION};
 use crate::omni::state::{StateClient, StateError};
+use crate::proxmox::client::UploadContent;
 use crate::secret::Secret;
 
 /// How long a boot image download from the factory (by the node, or by the provider) may take.
@@ -240,18 +241,12 @@ fn sends_safely(url: &url::Url) -> bool {
     }
 }
 
-/// An image on its way from the factory: the body to stream on, and its length.
-pub struct Download {
-    pub body: reqwest::Body,
-    pub length: u64,
-}
-
-/// Starts downloading `url` with `headers`; the body is read as the upload sends it on.
+/// Starts downloading `url` with `headers`: the image as the upload streams it on, read as it goes.
 pub async fn download(
     http: &reqwest::Client,
     url: &str,
     headers: &[(String, Secret)],
-) -> Result<Download, FactoryError> {
+) -> Result<UploadContent, FactoryError> {
     let mut request = http.get(url).timeout(DOWNLOAD_TIMEOUT);
     for (name, value) in headers {
         request = request.header(name.as_str(), value.expose());
@@ -261,10 +256,8 @@ pub async fn download(
         return Err(refused(url, response).await);
     }
     if let Some(length) = response.content_length() {
-        return Ok(Download {
-            body: reqwest::Body::wrap_stream(response.bytes_stream()),
-            length,
-        });
+        let body = reqwest::Body::wrap_stream(response.bytes_stream());
+        return Ok(UploadContent::stream(body, length));
     }
     // pveproxy takes no chunked upload (pve-http-server `src/PVE/APIServer/AnyEvent.pm`: 501
     // "chunked transfer encoding not supported"), so an image of unknown length goes to a file
@@ -289,10 +282,7 @@ pub async fn download(
         length += chunk.len() as u64;
     }
     file.flush().await.map_err(local)?;
-    Ok(Download {
-        body: reqwest::Body::from(reader),
-        length,
-    })
+    Ok(UploadContent::stream(reqwest::Body::from(reader), length))
 }
 
 #[cfg(test)]

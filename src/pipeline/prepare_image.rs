@@ -33,7 +33,6 @@ use super::ledgers::image_presence_key;
 use super::step::StepOutcome;
 use crate::model::ClusterSnapshot;
 use crate::omni::management::{BootAssetKind, ManagementError};
-use crate::proxmox::client::UploadContent;
 use crate::proxmox::types::NodeName;
 use crate::rules::provider_data::BootMode;
 use crate::rules::schematic::schematic_yaml;
@@ -274,13 +273,7 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
                 })?;
             ctx.start_task(
                 format!("uploading {what}, fetched from the Image Factory with {named}"),
-                pve.upload_file(
-                    node,
-                    storage,
-                    content,
-                    file_name,
-                    UploadContent::stream(image.body, image.length),
-                ),
+                pve.upload_file(node, storage, content, file_name, image),
             )
             .await?
         }
