@@ -53,7 +53,8 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
         return Ok(outcome);
     }
 
-    super::ip_pool::seed_ledgers(ctx).await?;
+    let ledgers = &ctx.services.ledgers;
+    ledgers.ip.seed_once(&ledgers.vmids, ctx.store).await?;
     default_pool(ctx).await?;
     // Field 12, for the official provider's teardown after a takeover.
     ctx.state.pool = ctx.data.pool.clone();

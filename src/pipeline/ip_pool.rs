@@ -53,8 +53,12 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     if missing.is_empty() && stale.is_empty() {
         return Ok(());
     }
-    seed_ledgers(ctx).await?;
     let services = ctx.services;
+    services
+        .ledgers
+        .ip
+        .seed_once(&services.ledgers.vmids, ctx.store)
+        .await?;
     for a in &stale {
         services
             .ledgers
@@ -99,18 +103,6 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     // Something was allocated or released: neither `missing` nor `stale` is empty.
     ctx.report("recording the static addresses").await;
     ctx.persist().await
-}
-
-/// Fills the ledgers that must not start empty from every provider state in Omni, once per
-/// process ([`crate::pipeline::ledgers::IpLedgers::seed_once`]).
-pub(super) async fn seed_ledgers(ctx: &StepContext<'_>) -> Result<(), StepError> {
-    let ledgers = &ctx.services.ledgers;
-    let load = async {
-        ctx.store.machine_states().await.map_err(StepError::omni(
-            "reading every provider state (the IP addresses and VMIDs they hold)",
-        ))
-    };
-    ledgers.ip.seed_once(&ledgers.vmids, load).await
 }
 
 /// The addresses the guest agents of the VMs the current listing shows reported, read again when
