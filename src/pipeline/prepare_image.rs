@@ -316,14 +316,13 @@ pub(super) async fn put_back_if_missing(
     };
     // The same file name in the same storage, downloaded from the same URL: where the VM's config
     // expects it.
-    let (file_name, storage) = (volume.file.to_string(), volume.storage.to_string());
     ctx.state.iso_download_task = None;
     let wanted = Wanted {
         kind: BootImage::ISO,
         schematic: &schematic,
         node,
-        storage: &storage,
-        file_name: &file_name,
+        storage: volume.storage.as_str(),
+        file_name: volume.file.as_str(),
         shared: false,
     };
     fetch(ctx, &wanted).await?;
