@@ -79,17 +79,16 @@ pub async fn resolve_factory(state: &StateClient, flag: &str) -> String {
     };
     let published = read.inspect_err(warn).ok().flatten();
     let published = published.map(|f| f.spec.image_factory_base_url);
-    let Some(url) = published
+    let published = published
         .as_deref()
         .map(str::trim)
-        .filter(|u| !u.is_empty())
-    else {
-        let url = flag.trim_end_matches('/');
+        .filter(|u| !u.is_empty());
+    let url = published.unwrap_or(flag).trim_end_matches('/');
+    if published.is_some() {
+        tracing::info!(image_factory = %url, "boot ISOs come from the Image Factory Omni is configured with (its features configuration)");
+    } else {
         tracing::info!(image_factory = %url, "Omni does not publish its Image Factory; boot ISOs come from --image-factory-url");
-        return url.to_owned();
-    };
-    let url = url.trim_end_matches('/');
-    tracing::info!(image_factory = %url, "boot ISOs come from the Image Factory Omni is configured with (its features configuration)");
+    }
     url.to_owned()
 }
 
