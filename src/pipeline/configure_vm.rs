@@ -99,9 +99,9 @@ async fn grow_boot_disk(
     }
     let doing = format!("growing the boot disk of VM {vmid} to {wanted_gb} GB");
     let slot = boot.as_ref().map_or("scsi0", |b| b.slot.as_str());
-    let [disk, size] = vm_config::boot_disk_resize(&ctx.data, slot);
     let pve = &ctx.services.pve;
-    let resize = pve.vm(node, vmid).resize_disk(&disk.1, &size.1);
+    let size = format!("{wanted_gb}G");
+    let resize = pve.vm(node, vmid).resize_disk(slot, &size);
     // Proxmox answers with a task only where the resize takes one (storage-dependent).
     if let Some(upid) = ctx.call(doing.clone(), resize).await? {
         ctx.finish_task(StartedTask { upid, doing }, TASK_TIMEOUT)
