@@ -13,6 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+
 use super::context::StepContext;
 use super::discover_ip::usable_addresses;
 use super::error::StepError;
@@ -142,21 +144,18 @@ pub async fn agent_addresses(
     pve: &crate::proxmox::ProxmoxClient,
     vms: &[crate::proxmox::types::VmResource],
 ) -> BTreeMap<u32, Vec<IpAddr>> {
-    let running: Vec<_> = vms
+    let running = vms
         .iter()
-        .filter(|vm| !vm.template && vm.status.as_deref() == Some("running"))
-        .collect();
-    let mut answers = BTreeMap::new();
-    for batch in running.chunks(AGENT_READS_AT_ONCE) {
-        let reads = batch
-            .iter()
-            .map(|vm| pve.vm(&vm.node, vm.vmid).agent_network_interfaces());
-        let results = futures_util::future::join_all(reads).await;
-        for (vm, result) in batch.iter().zip(results) {
-            let reported = result.map(|i| usable_addresses(&i)).unwrap_or_default();
-            let addresses = reported.iter().filter_map(|a| a.parse().ok()).collect();
-            answers.insert(vm.vmid.get(), addresses);
-        }
-    }
-    answers
+        .filter(|vm| !vm.template && vm.status.as_deref() == Some("running"));
+    let reads = running.map(|vm| async move {
+        let result = pve.vm(&vm.node, vm.vmid).agent_network_interfaces().await;
+        let reported = result.map(|i| usable_addresses(&i)).unwrap_or_default();
+        let addresses = reported.iter().filter_map(|a| a.parse().ok()).collect();
+        (vm.vmid.get(), addresses)
+    });
+    // Collected first: the stream over the lazy iterator would not be `Send` for every lifetime the
+    // runner's spawn asks of it.
+    let reads: Vec<_> = reads.collect();
+    let answers = futures_util::stream::iter(reads).buffer_unordered(AGENT_READS_AT_ONCE);
+    answers.collect().await
 }
