@@ -214,7 +214,7 @@ pub(super) async fn check_rules_in_turn(
     if let Some(set) = set {
         let tag = set_tag(set);
         let listed: Vec<&VmResource> = listing.tagged(&tag).collect();
-        let made = listed.iter().map(|vm| vm_sid(vm.vmid));
+        let made = listed.iter().filter(|vm| vm.hastate.is_none());
         let placed = ctx
             .services
             .ledgers
@@ -226,11 +226,7 @@ pub(super) async fn check_rules_in_turn(
                     .iter()
                     .any(|vm| vm.name.as_deref() == Some(id.as_str()))
             });
-        let prospective: Vec<String> = made
-            .filter(|sid| !members.contains(sid))
-            .chain(placed)
-            .collect();
-        members.extend(prospective);
+        members.extend(made.map(|vm| vm_sid(vm.vmid)).chain(placed));
     }
     let membership = HaMembership {
         settings: &ha,
