@@ -141,12 +141,8 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
 /// The set's pool, known to this process as made, deleted behind its back (by hand, or by another
 /// replica's teardown of the set's last VM): the create was refused before anything was made, so
 /// the pool is made again and the create retried. `false` for any other error.
-async fn recreate_set_pool(
-    ctx: &mut StepContext<'_>,
-    error: &StepError,
-) -> Result<bool, StepError> {
-    let (StepError::Proxmox { source, .. }, Some(pool)) = (error, ctx.state.default_pool.clone())
-    else {
+async fn recreate_set_pool(ctx: &StepContext<'_>, error: &StepError) -> Result<bool, StepError> {
+    let (StepError::Proxmox { source, .. }, Some(pool)) = (error, &ctx.state.default_pool) else {
         return Ok(false);
     };
     if !source.is_pool_missing(pool.as_str()) {
@@ -155,13 +151,13 @@ async fn recreate_set_pool(
     tracing::warn!(request = %ctx.request.id, %pool, "the machine set's pool is gone; creating it again");
     ctx.services.ledgers.pools.forget(pool.as_str());
     let doing = format!("creating pool {pool} again (it was deleted since it was made)");
-    make_set_pool(ctx, &pool, doing).await?;
+    make_set_pool(ctx, pool, doing).await?;
     Ok(true)
 }
 
 /// Makes the set's pool with the comment that marks it as a provider's, saying `doing` meanwhile.
 async fn make_set_pool(
-    ctx: &mut StepContext<'_>,
+    ctx: &StepContext<'_>,
     pool: &PoolId,
     doing: String,
 ) -> Result<(), StepError> {

@@ -190,7 +190,7 @@ pub(super) fn set_members_in(listing: &Listing, set: Option<&str>) -> (Vec<Strin
 /// counts the machines of the set placed before this one, so two machines of a set checked at once
 /// would not count each other.
 pub(super) async fn check_rules_in_turn(
-    ctx: &mut StepContext<'_>,
+    ctx: &StepContext<'_>,
     listing: &Listing,
 ) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, StepError> {
     let Some(ha) = ctx.data.ha.clone().filter(HaSettings::uses_rules) else {
