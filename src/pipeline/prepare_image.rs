@@ -219,9 +219,8 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
     {
         return Ok(());
     }
-    let content = kind.content.as_str();
     let present = pve
-        .storage_content(node, storage, Some(content))
+        .storage_content(node, storage, Some(kind.content.as_str()))
         .await
         .map_err(StepError::proxmox(format!(
             "listing {} in storage {storage} on {node}",
