@@ -56,11 +56,11 @@ async fn join_rules(
     ctx.report(doing.clone()).await;
     let _one_change_at_a_time = ctx.services.ledgers.locks.hold(HA_RULES_LOCK).await;
     let sid = vm_sid(vmid);
-    let set = ctx.request.set_id.clone();
+    let set = ctx.request.set_id.as_deref();
     let comment = format!(
         "kept by omni-infra-provider-proxmox ({}) for machine set {}",
         ctx.services.provider_id,
-        set.as_deref().unwrap_or("-")
+        set.unwrap_or("-")
     );
     // Sids Proxmox refused as not HA-managed: left out of the next writes.
     let mut gone: Vec<String> = Vec::new();
@@ -71,10 +71,7 @@ async fn join_rules(
             .await
             .map_err(StepError::proxmox(doing.clone()))?;
         let needs_members = ha.resource_affinity.is_some()
-            && set.as_deref().is_some_and(|s| {
-                let name = resource_affinity_rule(s);
-                rules.iter().all(|r| r.rule != name)
-            });
+            && set.is_some_and(|s| rules.iter().all(|r| r.rule != resource_affinity_rule(s)));
         // A new rule starts with the set's HA-managed VMs, seen fresh: tags and `hastate` come from
         // the config files on every read, so a VM registered moments ago is in. Only the set's
         // resource-affinity rule is bounded by the node count (a negative one); node-affinity and
@@ -83,13 +80,13 @@ async fn join_rules(
         // reconcile's read.
         let (members, cluster_nodes) = if ha.resource_affinity.is_some() {
             let listing = ctx.cluster(needs_members).await?;
-            set_members_in(&listing, set.as_deref().filter(|_| needs_members))
+            set_members_in(&listing, set.filter(|_| needs_members))
         } else {
             (Vec::new(), usize::MAX)
         };
         let membership = HaMembership {
             settings: ha,
-            set: set.as_deref(),
+            set,
             sid: &sid,
             set_members: &members,
             cluster_nodes,
