@@ -42,7 +42,7 @@ const VMID_ATTEMPTS: usize = 5;
 
 pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
     ctx.state.uuid.get_or_insert_with(uuid::Uuid::new_v4);
-    let request_id = ctx.request.id.clone();
+    let request_id = &ctx.request.id;
     // A VM of this request can exist only if a VMID was recorded for it (ours is recorded before the
     // create call; the official provider records its own): only then must the listing be fresh to
     // adopt it. Otherwise the listing placement read moments ago in this reconcile will do, for
@@ -70,7 +70,7 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
             Ok(()) => {
                 ctx.services.ledgers.vmids.made(vmid.get());
                 if first_create_ever && attempt == 0 {
-                    ctx.services.ledgers.releases.created_cleanly(&request_id);
+                    ctx.services.ledgers.releases.created_cleanly(request_id);
                 }
                 ctx.state.vmid = Some(vmid);
                 ctx.persist().await?;
@@ -116,10 +116,10 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
 /// Without a `pool` in the class, the VM goes into a pool named after its machine-request set, created
 /// on demand (as the official provider does). Created once per set and process.
 async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
-    let (None, Some(set)) = (&ctx.data.pool, ctx.request.set_id.clone()) else {
+    let (None, Some(set)) = (&ctx.data.pool, ctx.request.set_id.as_deref()) else {
         return Ok(());
     };
-    let pool = match PoolId::new(set.clone()) {
+    let pool = match PoolId::new(set) {
         Ok(p) if set.starts_with(|c: char| c.is_ascii_alphabetic()) => p,
         _ => {
             tracing::info!(request = %ctx.request.id, set = %set, "set ID is not a valid pool name; no default pool");

@@ -336,9 +336,9 @@ pub(super) async fn download_storage(
     node: &NodeName,
     content: Content,
 ) -> Result<(StorageId, bool), StepError> {
-    let selector = ctx.data.iso_storage_selector.clone();
     let cluster = ClusterSnapshot::from_resources(&ctx.cluster(false).await?);
-    let need = StorageNeed::download(content, selector.as_ref());
+    let selector = ctx.data.iso_storage_selector.as_ref();
+    let need = StorageNeed::download(content, selector);
     let choice = cluster
         .node(node.as_str())
         .map(|n| storage::choose(n, &need));
