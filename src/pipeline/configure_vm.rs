@@ -99,9 +99,8 @@ async fn grow_boot_disk(
     }
     let doing = format!("growing the boot disk of VM {vmid} to {wanted_gb} GB");
     let slot = boot.as_ref().map_or("scsi0", |b| b.slot.as_str());
-    let pve = &ctx.services.pve;
     let size = format!("{wanted_gb}G");
-    let resize = pve.vm(node, vmid).resize_disk(slot, &size);
+    let resize = ctx.services.pve.vm(node, vmid).resize_disk(slot, &size);
     // Proxmox answers with a task only where the resize takes one (storage-dependent).
     if let Some(upid) = ctx.call(doing.clone(), resize).await? {
         ctx.finish_task(StartedTask { upid, doing }, TASK_TIMEOUT)
