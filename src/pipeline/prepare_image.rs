@@ -197,13 +197,12 @@ impl Wanted<'_> {
 /// earlier try), or downloaded by the node now, its task recorded before it is waited for.
 async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), StepError> {
     let (kind, node, storage, volid) = (wanted.kind, wanted.node, wanted.storage, wanted.volid());
-    // One download per image and storage, however many requests want it at once.
-    let lock_key = if wanted.shared {
-        format!("image:{volid}")
-    } else {
-        format!("image:{node}/{volid}")
-    };
-    let _guard = ctx.services.ledgers.locks.hold(&lock_key).await;
+    let ledgers = &ctx.services.ledgers;
+    let presence_key = image_presence_key(node.as_str(), &volid);
+    // One download per image and storage (and node, unless the storage is shared), however many
+    // requests want it at once.
+    let one_download = if wanted.shared { &volid } else { &presence_key };
+    let _guard = ledgers.locks.hold(&format!("image:{one_download}")).await;
     let pve = &ctx.services.pve;
     // A download the official provider (or an earlier run) started may still be running: wait for it
     // rather than start a second one into the same file. How it ended is read from the storage below.
@@ -212,8 +211,7 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
     }
     // A boot ISO seen lately needs no listing per VM: a start that finds it gone puts it back
     // (`put_back_if_missing`). A disk image is only read by the create, which cannot do that.
-    let presence = (kind == BootImage::ISO).then(|| image_presence_key(node.as_str(), &volid));
-    let ledgers = &ctx.services.ledgers;
+    let presence = (kind == BootImage::ISO).then_some(presence_key);
     if ctx.state.iso_download_task.is_none()
         && presence.as_deref().is_some_and(|k| ledgers.images.known(k))
     {
@@ -232,7 +230,7 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
         put_in_place(ctx, wanted).await?;
     }
     if let Some(key) = presence {
-        ctx.services.ledgers.images.seen(&key);
+        ledgers.images.seen(&key);
     }
     Ok(())
 }
