@@ -35,10 +35,7 @@ const AGENT_READS_AT_ONCE: usize = 8;
 
 /// Gives every NIC that names a pool its address, recorded in the provider state, unless it has one.
 pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
-    let wanted: Vec<(u8, String)> = ip_pool::wanted(&ctx.data)
-        .into_iter()
-        .map(|(nic, pool)| (nic, pool.to_owned()))
-        .collect();
+    let wanted = ip_pool::wanted(&ctx.data);
     if ctx.state.recorded_vmid().is_some() {
         // The VM exists (or may): its seed was written with what the state records.
         return Ok(());
@@ -46,11 +43,12 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     // A class changed before the VM existed: an allocation for a pool it no longer names goes.
     let allocations = &mut ctx.state.ip_allocations;
     let stale: Vec<IpAllocation> = allocations
-        .extract_if(.., |a| !wanted.contains(&(a.nic, a.pool.clone())))
+        .extract_if(.., |a| !wanted.contains(&(a.nic, a.pool.as_str())))
         .collect();
     let missing: Vec<(u8, String)> = wanted
         .into_iter()
         .filter(|(nic, _)| ctx.state.allocation(*nic).is_none())
+        .map(|(nic, pool)| (nic, pool.to_owned()))
         .collect();
     if missing.is_empty() && stale.is_empty() {
         return Ok(());
