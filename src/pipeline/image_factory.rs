@@ -30,6 +30,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use reqwest::{RequestBuilder, Response};
 use tokio::io::AsyncWriteExt;
 
 use crate::omni::resources::{FEATURES_CONFIG, FEATURES_CONFIG_ID, TALOS_VERSION};
@@ -115,16 +116,20 @@ fn unreachable(url: &str) -> impl FnOnce(reqwest::Error) -> FactoryError + '_ {
     }
 }
 
-/// The factory at `url` answered `response` with an error status: its status and the start of its
-/// body.
-async fn refused(url: &str, response: reqwest::Response) -> FactoryError {
+/// Sends `request` to the factory at `url`: its answer when successful, else the error status and
+/// the start of the body.
+async fn send(url: &str, request: RequestBuilder) -> Result<Response, FactoryError> {
+    let response = request.send().await.map_err(unreachable(url))?;
+    if response.status().is_success() {
+        return Ok(response);
+    }
     let status = response.status().as_u16();
     let body = response.text().await.unwrap_or_default();
-    FactoryError::Refused {
+    Err(FactoryError::Refused {
         url: url.to_owned(),
         status,
         body: body.chars().take(300).collect(),
-    }
+    })
 }
 
 pub async fn create_schematic(
@@ -137,16 +142,11 @@ pub async fn create_schematic(
         id: String,
     }
     let url = format!("{}/schematics", factory_url.trim_end_matches('/'));
-    let response = http
+    let request = http
         .post(&url)
         .header(reqwest::header::CONTENT_TYPE, "application/yaml")
-        .body(yaml.to_owned())
-        .send()
-        .await
-        .map_err(unreachable(&url))?;
-    if !response.status().is_success() {
-        return Err(refused(&url, response).await);
-    }
+        .body(yaml.to_owned());
+    let response = send(&url, request).await?;
     let body = response.text().await.unwrap_or_default();
     let answer: Answer = serde_json::from_str(&body).map_err(|e| FactoryError::Decode {
         url: url.clone(),
@@ -250,10 +250,7 @@ pub async fn download(
     for (name, value) in headers {
         request = request.header(name.as_str(), value.expose());
     }
-    let mut response = request.send().await.map_err(unreachable(url))?;
-    if !response.status().is_success() {
-        return Err(refused(url, response).await);
-    }
+    let mut response = send(url, request).await?;
     if let Some(length) = response.content_length() {
         let body = reqwest::Body::wrap_stream(response.bytes_stream());
         return Ok(UploadContent::stream(body, length));
