@@ -367,11 +367,9 @@ async fn make(
     } else {
         let seed = upload_seed(ctx, node).await?;
         let target = target(ctx, node, vmid, listing, seed)?;
-        let params: Vec<(String, String)> = vm_config::render(&ctx.data, &ctx.identity(), &target)
-            .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?
-            .into_iter()
-            .filter(|(k, _)| k != "vmid")
-            .collect();
+        let mut params = vm_config::render(&ctx.data, &ctx.identity(), &target)
+            .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?;
+        params.retain(|(k, _)| k != "vmid");
         let call = pve.vm(node, vmid).create(params);
         ctx.start_task(format!("creating VM {vmid} on {node}"), call)
             .await?
