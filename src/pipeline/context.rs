@@ -111,8 +111,7 @@ impl StepContext<'_> {
             .cluster_listing_within(shared)
             .await
             .map_err(StepError::proxmox("reading the cluster state"))?;
-        *self.cluster = Some(listing.clone());
-        Ok(listing)
+        Ok(self.cluster.insert(listing).clone())
     }
 
     /// How the request's VM is named and tagged.
