@@ -53,10 +53,8 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let mut params = vm_config::without_repeated_allocations(params, &current);
     // The template's own cloud-init drive would be a second `cidata` source: remove it (a slot we
     // set ourselves, e.g. the seed's, is simply replaced).
-    let inherited: Vec<String> = cloud_init_drives(&current)
-        .into_iter()
-        .filter(|slot| !params.iter().any(|(k, _)| k == slot))
-        .collect();
+    let mut inherited = cloud_init_drives(&current);
+    inherited.retain(|slot| !params.iter().any(|(k, _)| k == slot));
     if !inherited.is_empty() {
         params.push(("delete".into(), inherited.join(",")));
     }
