@@ -212,17 +212,8 @@ pub(super) async fn check_rules_in_turn(
         let tag = set_tag(set);
         let listed: Vec<&VmResource> = listing.tagged(&tag).collect();
         let made = listed.iter().filter(|vm| vm.hastate.is_none());
-        let placed = ctx
-            .services
-            .ledgers
-            .placements
-            .in_set(set, &ctx.request.id)
-            .into_iter()
-            .filter(|id| {
-                !listed
-                    .iter()
-                    .any(|vm| vm.name.as_deref() == Some(id.as_str()))
-            });
+        let mut placed = ctx.services.ledgers.placements.in_set(set, &ctx.request.id);
+        placed.retain(|id| !listed.iter().any(|vm| vm.name.as_ref() == Some(id)));
         members.extend(made.map(|vm| vm_sid(vm.vmid)).chain(placed));
     }
     let membership = HaMembership {
