@@ -109,16 +109,15 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
 /// older than [`AGENT_ADDRESSES_MAX_AGE`].
 async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr>, StepError> {
     let listing = ctx.cluster(false).await?;
-    let vms: Vec<_> = listing.guests().cloned().collect();
     let mut cache = ctx.services.ledgers.ip.agent.lock().await;
     let (_, by_vm) = match &mut *cache {
         Some(answers) if answers.0.elapsed() < AGENT_ADDRESSES_MAX_AGE => answers,
         stale => {
-            let answers = agent_addresses(&ctx.services.pve, &vms).await;
+            let answers = agent_addresses(&ctx.services.pve, listing.guests()).await;
             stale.insert((Instant::now(), answers))
         }
     };
-    let present: BTreeSet<u32> = vms.iter().map(|vm| vm.vmid.get()).collect();
+    let present: BTreeSet<u32> = listing.guests().map(|vm| vm.vmid.get()).collect();
     let reported = by_vm.iter().filter(|(vmid, _)| present.contains(vmid));
     Ok(reported
         .flat_map(|(_, addresses)| addresses.clone())
@@ -140,10 +139,10 @@ pub async fn reported_by_agents(
 /// nothing; that is not an error.
 pub async fn agent_addresses(
     pve: &crate::proxmox::ProxmoxClient,
-    vms: &[crate::proxmox::types::VmResource],
+    vms: impl IntoIterator<Item = &crate::proxmox::types::VmResource>,
 ) -> BTreeMap<u32, Vec<IpAddr>> {
     let running = vms
-        .iter()
+        .into_iter()
         .filter(|vm| !vm.template && vm.status.as_deref() == Some("running"));
     let reads = running.map(|vm| async move {
         let result = pve.vm(&vm.node, vm.vmid).agent_network_interfaces().await;
