@@ -63,7 +63,7 @@ async fn join_rules(
         set.unwrap_or("-")
     );
     // Sids Proxmox refused as not HA-managed: left out of the next writes.
-    let mut gone: Vec<String> = Vec::new();
+    let mut gone = Vec::new();
     for _ in 0..ATTEMPTS {
         let pve = &ctx.services.pve;
         let rules = pve
@@ -135,20 +135,17 @@ fn read_again_after(
     doing: &str,
 ) -> Result<(), StepError> {
     let sid = vm_sid(vmid);
+    let mut stale = match &e {
+        ProxmoxError::Api { message, .. } => unmanaged_sids(message),
+        _ => Vec::new(),
+    };
+    stale.retain(|s| *s != sid);
     match e {
         e if e.is_ha_rules_changed() || e.is_ha_rule_defined() => {
             tracing::debug!(%vmid, error = %e, "HA rules changed meanwhile; reading them again");
             Ok(())
         }
-        ProxmoxError::Api { ref message, .. }
-            if unmanaged_sids(message)
-                .iter()
-                .any(|s| *s != sid && !gone.contains(s)) =>
-        {
-            let stale: Vec<String> = unmanaged_sids(message)
-                .into_iter()
-                .filter(|s| *s != sid)
-                .collect();
+        _ if stale.iter().any(|s| !gone.contains(s)) => {
             tracing::info!(%vmid, ?stale, "HA rule names VMs no longer HA-managed; writing it without them");
             gone.extend(stale);
             Ok(())
