@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use omni_infra_provider_proxmox::proxmox::client::Params;
+use omni_infra_provider_proxmox::proxmox::client::{Params, UploadContent};
 use omni_infra_provider_proxmox::proxmox::types::{
     ClusterResource, NodeName, NodeResource, NodeState, NodeStorage, VmId,
 };
@@ -387,7 +387,7 @@ async fn iso_upload_and_download() {
             "local",
             "iso",
             "seed-test.iso",
-            vec![7u8; 4096],
+            UploadContent::Bytes(vec![7u8; 4096]),
         )
         .await
         .unwrap();

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use omni_infra_provider_proxmox::config::ProviderConfig;
-use omni_infra_provider_proxmox::proxmox::client::Params;
+use omni_infra_provider_proxmox::proxmox::client::{Params, UploadContent};
 use omni_infra_provider_proxmox::proxmox::types::{
     NodeName, NodeResource, NodeStorage, Upid, VmId,
 };
@@ -429,7 +429,13 @@ async fn upload_is_multipart_with_csrf() {
         .mount(&server)
         .await;
     password_client(&server)
-        .upload_file(&pve1(), "local", "iso", "seed.iso", b"ISO-BYTES".to_vec())
+        .upload_file(
+            &pve1(),
+            "local",
+            "iso",
+            "seed.iso",
+            UploadContent::Bytes(b"ISO-BYTES".to_vec()),
+        )
         .await
         .unwrap();
 }

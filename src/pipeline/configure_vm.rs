@@ -53,10 +53,8 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     let mut params = vm_config::without_repeated_allocations(params, &current);
     // The template's own cloud-init drive would be a second `cidata` source: remove it (a slot we
     // set ourselves, e.g. the seed's, is simply replaced).
-    let inherited: Vec<String> = cloud_init_drives(&current)
-        .into_iter()
-        .filter(|slot| !params.iter().any(|(k, _)| k == slot))
-        .collect();
+    let mut inherited = cloud_init_drives(&current);
+    inherited.retain(|slot| !params.iter().any(|(k, _)| k == slot));
     if !inherited.is_empty() {
         params.push(("delete".into(), inherited.join(",")));
     }
@@ -99,9 +97,8 @@ async fn grow_boot_disk(
     }
     let doing = format!("growing the boot disk of VM {vmid} to {wanted_gb} GB");
     let slot = boot.as_ref().map_or("scsi0", |b| b.slot.as_str());
-    let [disk, size] = vm_config::boot_disk_resize(&ctx.data, slot);
-    let pve = &ctx.services.pve;
-    let resize = pve.vm(node, vmid).resize_disk(&disk.1, &size.1);
+    let size = format!("{wanted_gb}G");
+    let resize = ctx.services.pve.vm(node, vmid).resize_disk(slot, &size);
     // Proxmox answers with a task only where the resize takes one (storage-dependent).
     if let Some(upid) = ctx.call(doing.clone(), resize).await? {
         ctx.finish_task(StartedTask { upid, doing }, TASK_TIMEOUT)

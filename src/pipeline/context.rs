@@ -77,12 +77,11 @@ impl StepContext<'_> {
 
     /// The VM `create_vm` recorded and where it is: what the steps after it act on.
     pub fn made(&self) -> Result<(NodeName, VmId), StepError> {
-        let node = self.placed()?;
         let vmid = self
             .state
             .vmid
-            .ok_or_else(|| StepError::Cluster("the provider state has no VMID yet".into()))?;
-        Ok((node, vmid))
+            .ok_or_else(|| StepError::Cluster("the provider state has no VMID yet".into()));
+        Ok((self.placed()?, vmid?))
     }
 
     /// The cluster as `/cluster/resources` shows it; re-read unless read moments ago in this
@@ -112,8 +111,7 @@ impl StepContext<'_> {
             .cluster_listing_within(shared)
             .await
             .map_err(StepError::proxmox("reading the cluster state"))?;
-        *self.cluster = Some(listing.clone());
-        Ok(listing)
+        Ok(self.cluster.insert(listing).clone())
     }
 
     /// How the request's VM is named and tagged.

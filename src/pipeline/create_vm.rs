@@ -23,6 +23,7 @@ use super::services::TASK_TIMEOUT;
 use super::step::StepOutcome;
 use crate::model::identity::{self, Claim, Ownership};
 use crate::model::{ClusterSnapshot, Listing};
+use crate::proxmox::client::UploadContent;
 use crate::proxmox::property::{IsoFileName, IsoVolume, PoolId};
 use crate::proxmox::types::{NodeName, VmId};
 use crate::rules::cloud_init::{self, seed_iso, seed_iso_file_name};
@@ -40,7 +41,7 @@ const VMID_ATTEMPTS: usize = 5;
 
 pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutcome, StepError> {
     ctx.state.uuid.get_or_insert_with(uuid::Uuid::new_v4);
-    let request_id = ctx.request.id.clone();
+    let request_id = &ctx.request.id;
     // A VM of this request can exist only if a VMID was recorded for it (ours is recorded before the
     // create call; the official provider records its own): only then must the listing be fresh to
     // adopt it. Otherwise the listing placement read moments ago in this reconcile will do, for
@@ -51,7 +52,8 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
         return Ok(outcome);
     }
 
-    super::ip_pool::seed_ledgers(ctx).await?;
+    let ledgers = &ctx.services.ledgers;
+    ledgers.ip.seed_once(&ledgers.vmids, ctx.store).await?;
     default_pool(ctx).await?;
     // Field 12, for the official provider's teardown after a takeover.
     ctx.state.pool = ctx.data.pool.clone();
@@ -67,7 +69,7 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
             Ok(()) => {
                 ctx.services.ledgers.vmids.made(vmid.get());
                 if first_create_ever && attempt == 0 {
-                    ctx.services.ledgers.releases.created_cleanly(&request_id);
+                    ctx.services.ledgers.releases.created_cleanly(request_id);
                 }
                 ctx.state.vmid = Some(vmid);
                 ctx.persist().await?;
@@ -113,10 +115,10 @@ pub async fn run(ctx: &mut StepContext<'_>, node: &NodeName) -> Result<StepOutco
 /// Without a `pool` in the class, the VM goes into a pool named after its machine-request set, created
 /// on demand (as the official provider does). Created once per set and process.
 async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
-    let (None, Some(set)) = (&ctx.data.pool, ctx.request.set_id.clone()) else {
+    let (None, Some(set)) = (&ctx.data.pool, ctx.request.set_id.as_deref()) else {
         return Ok(());
     };
-    let pool = match PoolId::new(set.clone()) {
+    let pool = match PoolId::new(set) {
         Ok(p) if set.starts_with(|c: char| c.is_ascii_alphabetic()) => p,
         _ => {
             tracing::info!(request = %ctx.request.id, set = %set, "set ID is not a valid pool name; no default pool");
@@ -138,12 +140,8 @@ async fn default_pool(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
 /// The set's pool, known to this process as made, deleted behind its back (by hand, or by another
 /// replica's teardown of the set's last VM): the create was refused before anything was made, so
 /// the pool is made again and the create retried. `false` for any other error.
-async fn recreate_set_pool(
-    ctx: &mut StepContext<'_>,
-    error: &StepError,
-) -> Result<bool, StepError> {
-    let (StepError::Proxmox { source, .. }, Some(pool)) = (error, ctx.state.default_pool.clone())
-    else {
+async fn recreate_set_pool(ctx: &StepContext<'_>, error: &StepError) -> Result<bool, StepError> {
+    let (StepError::Proxmox { source, .. }, Some(pool)) = (error, &ctx.state.default_pool) else {
         return Ok(false);
     };
     if !source.is_pool_missing(pool.as_str()) {
@@ -152,13 +150,13 @@ async fn recreate_set_pool(
     tracing::warn!(request = %ctx.request.id, %pool, "the machine set's pool is gone; creating it again");
     ctx.services.ledgers.pools.forget(pool.as_str());
     let doing = format!("creating pool {pool} again (it was deleted since it was made)");
-    make_set_pool(ctx, &pool, doing).await?;
+    make_set_pool(ctx, pool, doing).await?;
     Ok(true)
 }
 
 /// Makes the set's pool with the comment that marks it as a provider's, saying `doing` meanwhile.
 async fn make_set_pool(
-    ctx: &mut StepContext<'_>,
+    ctx: &StepContext<'_>,
     pool: &PoolId,
     doing: String,
 ) -> Result<(), StepError> {
@@ -368,11 +366,9 @@ async fn make(
     } else {
         let seed = upload_seed(ctx, node).await?;
         let target = target(ctx, node, vmid, listing, seed)?;
-        let params: Vec<(String, String)> = vm_config::render(&ctx.data, &ctx.identity(), &target)
-            .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?
-            .into_iter()
-            .filter(|(k, _)| k != "vmid")
-            .collect();
+        let mut params = vm_config::render(&ctx.data, &ctx.identity(), &target)
+            .map_err(|e| StepError::config(format!("cannot build the VM configuration: {e}")))?;
+        params.retain(|(k, _)| k != "vmid");
         let call = pve.vm(node, vmid).create(params);
         ctx.start_task(format!("creating VM {vmid} on {node}"), call)
             .await?
@@ -464,6 +460,7 @@ pub async fn upload_seed(
     )
     .map_err(|p| StepError::config(format!("the recorded static address: {p}")))?;
     let bytes = seed_iso::build_seed(ctx.join, instance_id, &ctx.request.id, &network)
+        .map(UploadContent::Bytes)
         .map_err(|e| StepError::Cluster(e.to_string()))?;
     let file_name = seed_iso_file_name(&ctx.request.id);
     let file = IsoFileName::new(file_name.as_str()).map_err(|e| {

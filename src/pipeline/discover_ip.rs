@@ -23,8 +23,7 @@ pub async fn run(ctx: &mut StepContext<'_>) -> Result<StepOutcome, StepError> {
     }
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+        .map_or(0, |d| d.as_secs() as i64);
     let started = *ctx.state.ip_discovery_started.get_or_insert(now);
     let waited = Duration::from_secs(now.saturating_sub(started).max(0) as u64);
     let pve = &ctx.services.pve;

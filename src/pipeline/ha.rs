@@ -56,14 +56,14 @@ async fn join_rules(
     ctx.report(doing.clone()).await;
     let _one_change_at_a_time = ctx.services.ledgers.locks.hold(HA_RULES_LOCK).await;
     let sid = vm_sid(vmid);
-    let set = ctx.request.set_id.clone();
+    let set = ctx.request.set_id.as_deref();
     let comment = format!(
         "kept by omni-infra-provider-proxmox ({}) for machine set {}",
         ctx.services.provider_id,
-        set.as_deref().unwrap_or("-")
+        set.unwrap_or("-")
     );
     // Sids Proxmox refused as not HA-managed: left out of the next writes.
-    let mut gone: Vec<String> = Vec::new();
+    let mut gone = Vec::new();
     for _ in 0..ATTEMPTS {
         let pve = &ctx.services.pve;
         let rules = pve
@@ -71,10 +71,7 @@ async fn join_rules(
             .await
             .map_err(StepError::proxmox(doing.clone()))?;
         let needs_members = ha.resource_affinity.is_some()
-            && set.as_deref().is_some_and(|s| {
-                let name = resource_affinity_rule(s);
-                rules.iter().all(|r| r.rule != name)
-            });
+            && set.is_some_and(|s| rules.iter().all(|r| r.rule != resource_affinity_rule(s)));
         // A new rule starts with the set's HA-managed VMs, seen fresh: tags and `hastate` come from
         // the config files on every read, so a VM registered moments ago is in. Only the set's
         // resource-affinity rule is bounded by the node count (a negative one); node-affinity and
@@ -83,13 +80,13 @@ async fn join_rules(
         // reconcile's read.
         let (members, cluster_nodes) = if ha.resource_affinity.is_some() {
             let listing = ctx.cluster(needs_members).await?;
-            set_members_in(&listing, set.as_deref().filter(|_| needs_members))
+            set_members_in(&listing, set.filter(|_| needs_members))
         } else {
             (Vec::new(), usize::MAX)
         };
         let membership = HaMembership {
             settings: ha,
-            set: set.as_deref(),
+            set,
             sid: &sid,
             set_members: &members,
             cluster_nodes,
@@ -138,20 +135,17 @@ fn read_again_after(
     doing: &str,
 ) -> Result<(), StepError> {
     let sid = vm_sid(vmid);
+    let mut stale = match &e {
+        ProxmoxError::Api { message, .. } => unmanaged_sids(message),
+        _ => Vec::new(),
+    };
+    stale.retain(|s| *s != sid);
     match e {
         e if e.is_ha_rules_changed() || e.is_ha_rule_defined() => {
             tracing::debug!(%vmid, error = %e, "HA rules changed meanwhile; reading them again");
             Ok(())
         }
-        ProxmoxError::Api { ref message, .. }
-            if unmanaged_sids(message)
-                .iter()
-                .any(|s| *s != sid && !gone.contains(s)) =>
-        {
-            let stale: Vec<String> = unmanaged_sids(message)
-                .into_iter()
-                .filter(|s| *s != sid)
-                .collect();
+        _ if stale.iter().any(|s| !gone.contains(s)) => {
             tracing::info!(%vmid, ?stale, "HA rule names VMs no longer HA-managed; writing it without them");
             gone.extend(stale);
             Ok(())
@@ -190,7 +184,7 @@ pub(super) fn set_members_in(listing: &Listing, set: Option<&str>) -> (Vec<Strin
 /// counts the machines of the set placed before this one, so two machines of a set checked at once
 /// would not count each other.
 pub(super) async fn check_rules_in_turn(
-    ctx: &mut StepContext<'_>,
+    ctx: &StepContext<'_>,
     listing: &Listing,
 ) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, StepError> {
     let Some(ha) = ctx.data.ha.clone().filter(HaSettings::uses_rules) else {
@@ -214,23 +208,10 @@ pub(super) async fn check_rules_in_turn(
     if let Some(set) = set {
         let tag = set_tag(set);
         let listed: Vec<&VmResource> = listing.tagged(&tag).collect();
-        let made = listed.iter().map(|vm| vm_sid(vm.vmid));
-        let placed = ctx
-            .services
-            .ledgers
-            .placements
-            .in_set(set, &ctx.request.id)
-            .into_iter()
-            .filter(|id| {
-                !listed
-                    .iter()
-                    .any(|vm| vm.name.as_deref() == Some(id.as_str()))
-            });
-        let prospective: Vec<String> = made
-            .filter(|sid| !members.contains(sid))
-            .chain(placed)
-            .collect();
-        members.extend(prospective);
+        let made = listed.iter().filter(|vm| vm.hastate.is_none());
+        let mut placed = ctx.services.ledgers.placements.in_set(set, &ctx.request.id);
+        placed.retain(|id| !listed.iter().any(|vm| vm.name.as_ref() == Some(id)));
+        members.extend(made.map(|vm| vm_sid(vm.vmid)).chain(placed));
     }
     let membership = HaMembership {
         settings: &ha,

@@ -30,10 +30,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use reqwest::{RequestBuilder, Response};
 use tokio::io::AsyncWriteExt;
 
 use crate::omni::resources::{FEATURES_CONFIG, FEATURES_CONFIG_ID, TALOS_VERSION};
 use crate::omni::state::{StateClient, StateError};
+use crate::proxmox::client::UploadContent;
 use crate::secret::Secret;
 
 /// How long a boot image download from the factory (by the node, or by the provider) may take.
@@ -78,17 +80,16 @@ pub async fn resolve_factory(state: &StateClient, flag: &str) -> String {
     };
     let published = read.inspect_err(warn).ok().flatten();
     let published = published.map(|f| f.spec.image_factory_base_url);
-    let Some(url) = published
+    let published = published
         .as_deref()
         .map(str::trim)
-        .filter(|u| !u.is_empty())
-    else {
-        let url = flag.trim_end_matches('/');
+        .filter(|u| !u.is_empty());
+    let url = published.unwrap_or(flag).trim_end_matches('/');
+    if published.is_some() {
+        tracing::info!(image_factory = %url, "boot ISOs come from the Image Factory Omni is configured with (its features configuration)");
+    } else {
         tracing::info!(image_factory = %url, "Omni does not publish its Image Factory; boot ISOs come from --image-factory-url");
-        return url.to_owned();
-    };
-    let url = url.trim_end_matches('/');
-    tracing::info!(image_factory = %url, "boot ISOs come from the Image Factory Omni is configured with (its features configuration)");
+    }
     url.to_owned()
 }
 
@@ -115,16 +116,20 @@ fn unreachable(url: &str) -> impl FnOnce(reqwest::Error) -> FactoryError + '_ {
     }
 }
 
-/// The factory at `url` answered `response` with an error status: its status and the start of its
-/// body.
-async fn refused(url: &str, response: reqwest::Response) -> FactoryError {
+/// Sends `request` to the factory at `url`: its answer when successful, else the error status and
+/// the start of the body.
+async fn send(url: &str, request: RequestBuilder) -> Result<Response, FactoryError> {
+    let response = request.send().await.map_err(unreachable(url))?;
+    if response.status().is_success() {
+        return Ok(response);
+    }
     let status = response.status().as_u16();
     let body = response.text().await.unwrap_or_default();
-    FactoryError::Refused {
+    Err(FactoryError::Refused {
         url: url.to_owned(),
         status,
         body: body.chars().take(300).collect(),
-    }
+    })
 }
 
 pub async fn create_schematic(
@@ -137,16 +142,11 @@ pub async fn create_schematic(
         id: String,
     }
     let url = format!("{}/schematics", factory_url.trim_end_matches('/'));
-    let response = http
+    let request = http
         .post(&url)
         .header(reqwest::header::CONTENT_TYPE, "application/yaml")
-        .body(yaml.to_owned())
-        .send()
-        .await
-        .map_err(unreachable(&url))?;
-    if !response.status().is_success() {
-        return Err(refused(&url, response).await);
-    }
+        .body(yaml.to_owned());
+    let response = send(&url, request).await?;
     let body = response.text().await.unwrap_or_default();
     let answer: Answer = serde_json::from_str(&body).map_err(|e| FactoryError::Decode {
         url: url.clone(),
@@ -240,31 +240,20 @@ fn sends_safely(url: &url::Url) -> bool {
     }
 }
 
-/// An image on its way from the factory: the body to stream on, and its length.
-pub struct Download {
-    pub body: reqwest::Body,
-    pub length: u64,
-}
-
-/// Starts downloading `url` with `headers`; the body is read as the upload sends it on.
+/// Starts downloading `url` with `headers`: the image as the upload streams it on, read as it goes.
 pub async fn download(
     http: &reqwest::Client,
     url: &str,
     headers: &[(String, Secret)],
-) -> Result<Download, FactoryError> {
+) -> Result<UploadContent, FactoryError> {
     let mut request = http.get(url).timeout(DOWNLOAD_TIMEOUT);
     for (name, value) in headers {
         request = request.header(name.as_str(), value.expose());
     }
-    let mut response = request.send().await.map_err(unreachable(url))?;
-    if !response.status().is_success() {
-        return Err(refused(url, response).await);
-    }
+    let mut response = send(url, request).await?;
     if let Some(length) = response.content_length() {
-        return Ok(Download {
-            body: reqwest::Body::wrap_stream(response.bytes_stream()),
-            length,
-        });
+        let body = reqwest::Body::wrap_stream(response.bytes_stream());
+        return Ok(UploadContent::stream(body, length));
     }
     // pveproxy takes no chunked upload (pve-http-server `src/PVE/APIServer/AnyEvent.pm`: 501
     // "chunked transfer encoding not supported"), so an image of unknown length goes to a file
@@ -289,10 +278,7 @@ pub async fn download(
         length += chunk.len() as u64;
     }
     file.flush().await.map_err(local)?;
-    Ok(Download {
-        body: reqwest::Body::from(reader),
-        length,
-    })
+    Ok(UploadContent::stream(reqwest::Body::from(reader), length))
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+
 use super::context::StepContext;
 use super::discover_ip::usable_addresses;
 use super::error::StepError;
@@ -33,10 +35,7 @@ const AGENT_READS_AT_ONCE: usize = 8;
 
 /// Gives every NIC that names a pool its address, recorded in the provider state, unless it has one.
 pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
-    let wanted: Vec<(u8, String)> = ip_pool::wanted(&ctx.data)
-        .into_iter()
-        .map(|(nic, pool)| (nic, pool.to_owned()))
-        .collect();
+    let wanted = ip_pool::wanted(&ctx.data);
     if ctx.state.recorded_vmid().is_some() {
         // The VM exists (or may): its seed was written with what the state records.
         return Ok(());
@@ -44,17 +43,22 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     // A class changed before the VM existed: an allocation for a pool it no longer names goes.
     let allocations = &mut ctx.state.ip_allocations;
     let stale: Vec<IpAllocation> = allocations
-        .extract_if(.., |a| !wanted.contains(&(a.nic, a.pool.clone())))
+        .extract_if(.., |a| !wanted.contains(&(a.nic, a.pool.as_str())))
         .collect();
     let missing: Vec<(u8, String)> = wanted
         .into_iter()
         .filter(|(nic, _)| ctx.state.allocation(*nic).is_none())
+        .map(|(nic, pool)| (nic, pool.to_owned()))
         .collect();
     if missing.is_empty() && stale.is_empty() {
         return Ok(());
     }
-    seed_ledgers(ctx).await?;
     let services = ctx.services;
+    services
+        .ledgers
+        .ip
+        .seed_once(&services.ledgers.vmids, ctx.store)
+        .await?;
     for a in &stale {
         services
             .ledgers
@@ -101,32 +105,19 @@ pub async fn allocate(ctx: &mut StepContext<'_>) -> Result<(), StepError> {
     ctx.persist().await
 }
 
-/// Fills the ledgers that must not start empty from every provider state in Omni, once per
-/// process ([`crate::pipeline::ledgers::IpLedgers::seed_once`]).
-pub(super) async fn seed_ledgers(ctx: &StepContext<'_>) -> Result<(), StepError> {
-    let ledgers = &ctx.services.ledgers;
-    let load = async {
-        ctx.store.machine_states().await.map_err(StepError::omni(
-            "reading every provider state (the IP addresses and VMIDs they hold)",
-        ))
-    };
-    ledgers.ip.seed_once(&ledgers.vmids, load).await
-}
-
 /// The addresses the guest agents of the VMs the current listing shows reported, read again when
 /// older than [`AGENT_ADDRESSES_MAX_AGE`].
 async fn reported_addresses(ctx: &mut StepContext<'_>) -> Result<BTreeSet<IpAddr>, StepError> {
     let listing = ctx.cluster(false).await?;
-    let vms: Vec<_> = listing.guests().cloned().collect();
     let mut cache = ctx.services.ledgers.ip.agent.lock().await;
     let (_, by_vm) = match &mut *cache {
         Some(answers) if answers.0.elapsed() < AGENT_ADDRESSES_MAX_AGE => answers,
         stale => {
-            let answers = agent_addresses(&ctx.services.pve, &vms).await;
+            let answers = agent_addresses(&ctx.services.pve, listing.guests()).await;
             stale.insert((Instant::now(), answers))
         }
     };
-    let present: BTreeSet<u32> = vms.iter().map(|vm| vm.vmid.get()).collect();
+    let present: BTreeSet<u32> = listing.guests().map(|vm| vm.vmid.get()).collect();
     let reported = by_vm.iter().filter(|(vmid, _)| present.contains(vmid));
     Ok(reported
         .flat_map(|(_, addresses)| addresses.clone())
@@ -148,23 +139,20 @@ pub async fn reported_by_agents(
 /// nothing; that is not an error.
 pub async fn agent_addresses(
     pve: &crate::proxmox::ProxmoxClient,
-    vms: &[crate::proxmox::types::VmResource],
+    vms: impl IntoIterator<Item = &crate::proxmox::types::VmResource>,
 ) -> BTreeMap<u32, Vec<IpAddr>> {
-    let running: Vec<_> = vms
-        .iter()
-        .filter(|vm| !vm.template && vm.status.as_deref() == Some("running"))
-        .collect();
-    let mut answers = BTreeMap::new();
-    for batch in running.chunks(AGENT_READS_AT_ONCE) {
-        let reads = batch
-            .iter()
-            .map(|vm| pve.vm(&vm.node, vm.vmid).agent_network_interfaces());
-        let results = futures_util::future::join_all(reads).await;
-        for (vm, result) in batch.iter().zip(results) {
-            let reported = result.map(|i| usable_addresses(&i)).unwrap_or_default();
-            let addresses = reported.iter().filter_map(|a| a.parse().ok()).collect();
-            answers.insert(vm.vmid.get(), addresses);
-        }
-    }
-    answers
+    let running = vms
+        .into_iter()
+        .filter(|vm| !vm.template && vm.status.as_deref() == Some("running"));
+    let reads = running.map(|vm| async move {
+        let result = pve.vm(&vm.node, vm.vmid).agent_network_interfaces().await;
+        let reported = result.map(|i| usable_addresses(&i)).unwrap_or_default();
+        let addresses = reported.iter().filter_map(|a| a.parse().ok()).collect();
+        (vm.vmid.get(), addresses)
+    });
+    // Collected first: the stream over the lazy iterator would not be `Send` for every lifetime the
+    // runner's spawn asks of it.
+    let reads: Vec<_> = reads.collect();
+    let answers = futures_util::stream::iter(reads).buffer_unordered(AGENT_READS_AT_ONCE);
+    answers.collect().await
 }

@@ -33,7 +33,6 @@ use super::ledgers::image_presence_key;
 use super::step::StepOutcome;
 use crate::model::ClusterSnapshot;
 use crate::omni::management::{BootAssetKind, ManagementError};
-use crate::proxmox::client::UploadContent;
 use crate::proxmox::types::NodeName;
 use crate::rules::provider_data::BootMode;
 use crate::rules::schematic::schematic_yaml;
@@ -198,13 +197,12 @@ impl Wanted<'_> {
 /// earlier try), or downloaded by the node now, its task recorded before it is waited for.
 async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), StepError> {
     let (kind, node, storage, volid) = (wanted.kind, wanted.node, wanted.storage, wanted.volid());
-    // One download per image and storage, however many requests want it at once.
-    let lock_key = if wanted.shared {
-        format!("image:{volid}")
-    } else {
-        format!("image:{node}/{volid}")
-    };
-    let _guard = ctx.services.ledgers.locks.hold(&lock_key).await;
+    let ledgers = &ctx.services.ledgers;
+    let presence_key = image_presence_key(node.as_str(), &volid);
+    // One download per image and storage (and node, unless the storage is shared), however many
+    // requests want it at once.
+    let one_download = if wanted.shared { &volid } else { &presence_key };
+    let _guard = ledgers.locks.hold(&format!("image:{one_download}")).await;
     let pve = &ctx.services.pve;
     // A download the official provider (or an earlier run) started may still be running: wait for it
     // rather than start a second one into the same file. How it ended is read from the storage below.
@@ -213,16 +211,14 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
     }
     // A boot ISO seen lately needs no listing per VM: a start that finds it gone puts it back
     // (`put_back_if_missing`). A disk image is only read by the create, which cannot do that.
-    let presence = (kind == BootImage::ISO).then(|| image_presence_key(node.as_str(), &volid));
-    let ledgers = &ctx.services.ledgers;
+    let presence = (kind == BootImage::ISO).then_some(presence_key);
     if ctx.state.iso_download_task.is_none()
         && presence.as_deref().is_some_and(|k| ledgers.images.known(k))
     {
         return Ok(());
     }
-    let content = kind.content.as_str();
     let present = pve
-        .storage_content(node, storage, Some(content))
+        .storage_content(node, storage, Some(kind.content.as_str()))
         .await
         .map_err(StepError::proxmox(format!(
             "listing {} in storage {storage} on {node}",
@@ -234,7 +230,7 @@ async fn fetch(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<(), Ste
         put_in_place(ctx, wanted).await?;
     }
     if let Some(key) = presence {
-        ctx.services.ledgers.images.seen(&key);
+        ledgers.images.seen(&key);
     }
     Ok(())
 }
@@ -274,13 +270,7 @@ async fn put_in_place(ctx: &mut StepContext<'_>, wanted: &Wanted<'_>) -> Result<
                 })?;
             ctx.start_task(
                 format!("uploading {what}, fetched from the Image Factory with {named}"),
-                pve.upload_file(
-                    node,
-                    storage,
-                    content,
-                    file_name,
-                    UploadContent::stream(image.body, image.length),
-                ),
+                pve.upload_file(node, storage, content, file_name, image),
             )
             .await?
         }
@@ -323,14 +313,13 @@ pub(super) async fn put_back_if_missing(
     };
     // The same file name in the same storage, downloaded from the same URL: where the VM's config
     // expects it.
-    let (file_name, storage) = (volume.file.to_string(), volume.storage.to_string());
     ctx.state.iso_download_task = None;
     let wanted = Wanted {
         kind: BootImage::ISO,
         schematic: &schematic,
         node,
-        storage: &storage,
-        file_name: &file_name,
+        storage: volume.storage.as_str(),
+        file_name: volume.file.as_str(),
         shared: false,
     };
     fetch(ctx, &wanted).await?;
@@ -345,9 +334,9 @@ pub(super) async fn download_storage(
     node: &NodeName,
     content: Content,
 ) -> Result<(StorageId, bool), StepError> {
-    let selector = ctx.data.iso_storage_selector.clone();
     let cluster = ClusterSnapshot::from_resources(&ctx.cluster(false).await?);
-    let need = StorageNeed::download(content, selector.as_ref());
+    let selector = ctx.data.iso_storage_selector.as_ref();
+    let need = StorageNeed::download(content, selector);
     let choice = cluster
         .node(node.as_str())
         .map(|n| storage::choose(n, &need));

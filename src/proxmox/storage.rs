@@ -51,10 +51,9 @@ impl ProxmoxClient {
         storage: &str,
         content: &str,
         file_name: &str,
-        body: impl Into<UploadContent>,
+        body: UploadContent,
     ) -> Result<Upid> {
         let path = storage_path(node, storage, &["upload"])?;
-        let body = body.into();
         // Sent again only if it never left; a streamed one is never sent again and goes over the
         // connections for large bodies.
         let (pool, replay) = match body {

@@ -219,7 +219,7 @@ pub fn render(
 /// Parameters for `POST /nodes/{node}/qemu/{vmid}/config` after cloning the template (boot mode
 /// `clone`). The name and pool go with the clone call; the boot disk keeps the template's volume
 /// (`cloned_boot_volume`, from the clone's config, gets the class's disk options when given) and is
-/// grown with [`boot_disk_resize`]. An EFI disk is expected to come with an OVMF template.
+/// grown to `disk_size` after the write. An EFI disk is expected to come with an OVMF template.
 pub fn render_after_clone(
     data: &ProviderData,
     identity: &VmIdentity<'_>,
@@ -309,15 +309,6 @@ pub fn without_repeated_allocations(
             Some((key, with_mac))
         })
         .collect()
-}
-
-/// `PUT /nodes/{node}/qemu/{vmid}/resize` parameters growing the cloned boot disk (in `slot`) to
-/// `disk_size`.
-pub fn boot_disk_resize(data: &ProviderData, slot: &str) -> [(String, String); 2] {
-    [
-        ("disk".into(), slot.to_owned()),
-        ("size".into(), format!("{}G", data.disk_size_gb)),
-    ]
 }
 
 /// Parameters for the clone call itself. A linked clone takes neither `storage` nor `format`

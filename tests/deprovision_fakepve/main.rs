@@ -14,6 +14,7 @@ use omni_infra_provider_proxmox::pipeline::deprovision::{
     DeprovisionOptions, DeprovisionOutcome, DeprovisionTarget, deprovision_reporting,
 };
 use omni_infra_provider_proxmox::proxmox::ProxmoxClient;
+use omni_infra_provider_proxmox::proxmox::client::UploadContent;
 use omni_infra_provider_proxmox::proxmox::property::{IsoVolume, StorageId};
 use omni_infra_provider_proxmox::proxmox::types::{ClusterResource, NodeName, VmId};
 use omni_infra_provider_proxmox::rules::cloud_init::seed_iso_file_name;
@@ -77,7 +78,13 @@ async fn run(
 
 async fn upload_iso(pve: &ProxmoxClient, on: &str, file: &str) {
     let upid = pve
-        .upload_file(&node(on), "local", "iso", file, vec![7u8; 2048])
+        .upload_file(
+            &node(on),
+            "local",
+            "iso",
+            file,
+            UploadContent::Bytes(vec![7u8; 2048]),
+        )
         .await
         .unwrap();
     pve.wait_for_task(&upid, TASK_TIMEOUT).await.unwrap();

@@ -35,6 +35,8 @@ async fn clone_mode_clones_the_template_and_configures_it() {
         .iter()
         .any(|(m, p)| m == "PUT" && p.ends_with(&format!("/qemu/{}/resize", vms[0]["vmid"])));
     assert!(resized, "the 8G template disk is grown to 16G");
+    let boot_disk = config["scsi0"].as_str().unwrap_or_default();
+    assert!(boot_disk.contains("size=16G"), "{boot_disk}");
     h.stop_controller().await;
 }
 

@@ -40,7 +40,11 @@ pub enum DeprovisionError {
         vmids: Vec<VmId>,
     },
 
-    #[error("cannot {} VM {vmid} on {node}: {source}{}", action.as_str(), retry_hint(source))]
+    #[error(
+        "cannot {} VM {vmid} on {node}: {source}{}",
+        action.as_str(),
+        if source.is_transient() { " (the VM may still exist; will retry)" } else { "" }
+    )]
     Proxmox {
         action: Action,
         vmid: VmId,
@@ -96,11 +100,3 @@ crate::proxmox::property::str_enum!(
         Destroy = "destroy",
     }
 );
-
-fn retry_hint(source: &ProxmoxError) -> &'static str {
-    if source.is_transient() {
-        " (the VM may still exist; will retry)"
-    } else {
-        ""
-    }
-}

@@ -365,9 +365,7 @@ async fn delete_seed_iso(
     };
     let (volume, storage) = (&iso.to_string(), iso.storage.to_string());
     let mut preferred: Vec<NodeName> = target.recorded_node.iter().cloned().collect();
-    if let Some(n) = vm_node.filter(|n| !preferred.contains(n)) {
-        preferred.push(n);
-    }
+    preferred.extend(vm_node.filter(|n| !preferred.contains(n)));
     let Some(node) = online_node_for(view, &storage, &preferred) else {
         if let Some(n) = preferred.iter().find(|n| view.node_state(n).is_some()) {
             return Err(DeprovisionError::SeedIsoNodeOffline {

@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use super::entry;
 use super::vmids::Vmids;
-use crate::model::{MachineState, machine::IpAllocation};
+use crate::model::machine::IpAllocation;
+use crate::pipeline::context::StatePort;
+use crate::pipeline::error::StepError;
 
 /// What this process knows is allocated, by address: seeded once from every provider state in
 /// Omni, then kept by the allocations and releases of this process. Lost at a restart by design:
@@ -88,17 +90,15 @@ impl IpLedgers {
     }
 
     /// Fills this ledger, and `vmids`, from every provider state in Omni, once per process (the
-    /// first request that needs them pays one listing, `load`): the static IP allocations, and the
+    /// first request that needs them pays one listing of `store`): the static IP allocations, and the
     /// VMIDs the states record (a create sent before a restart may still be applied at its VMID,
     /// which nothing in the cluster shows until then).
-    pub async fn seed_once<E>(
-        &self,
-        vmids: &Vmids,
-        load: impl Future<Output = Result<Vec<(String, MachineState)>, E>>,
-    ) -> Result<(), E> {
+    pub async fn seed_once(&self, vmids: &Vmids, store: &dyn StatePort) -> Result<(), StepError> {
         self.seeded
             .get_or_try_init(|| async {
-                let states = load.await?;
+                let states = store.machine_states().await.map_err(StepError::omni(
+                    "reading every provider state (the IP addresses and VMIDs they hold)",
+                ))?;
                 let released = entry(&self.released_before_seed).clone();
                 let mut held = entry(&self.held);
                 for (request, state) in states.iter().filter(|(r, _)| !released.contains(r)) {

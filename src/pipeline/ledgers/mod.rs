@@ -132,8 +132,7 @@ impl PveFacts {
     /// `Sys.Audit` on `/` cannot read it: that is remembered as no name (a warning says why, once),
     /// so the topology labels go without the region instead of failing every round.
     pub async fn cluster_name(&self, pve: &ProxmoxClient) -> Result<Option<String>, ProxmoxError> {
-        let name = self
-            .name
+        self.name
             .get_or_try_init(|| async {
                 match pve.cluster_health().await.map(|h| h.name) {
                     Err(ProxmoxError::PermissionDenied { message, .. }) => {
@@ -143,7 +142,7 @@ impl PveFacts {
                     other => other,
                 }
             })
-            .await?;
-        Ok(name.clone())
+            .await
+            .cloned()
     }
 }

@@ -181,12 +181,6 @@ pub enum UploadContent {
     },
 }
 
-impl From<Vec<u8>> for UploadContent {
-    fn from(bytes: Vec<u8>) -> Self {
-        Self::Bytes(bytes)
-    }
-}
-
 impl UploadContent {
     pub fn stream(body: reqwest::Body, length: u64) -> Self {
         let body = std::sync::Mutex::new(Some(body));
