@@ -283,9 +283,11 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
     let err = client
         .state
-        .list_raw(
-            "infra-provider:proxmox",
-            "Machine.other.infraprovider.sidero.dev",
+        .list(
+            &Kind::<MachineSpec>::omni(
+                "infra-provider:proxmox",
+                "Machine.other.infraprovider.sidero.dev",
+            ),
             &[],
         )
         .await
@@ -388,7 +390,10 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
 
     let err = client
         .state
-        .list_raw("infra-provider", "Clusters.omni.sidero.dev", &[])
+        .list(
+            &Kind::<MachineSpec>::omni("infra-provider", "Clusters.omni.sidero.dev"),
+            &[],
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");

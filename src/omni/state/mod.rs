@@ -326,42 +326,6 @@ impl StateClient {
         returned(what, "Get", resp.resource)
     }
 
-    pub async fn list_raw(
-        &self,
-        namespace: &str,
-        resource_type: &str,
-        labels: &[(&str, &str)],
-    ) -> Result<Vec<pb::Resource>, StateError> {
-        let what = ResourceRef::new(namespace, resource_type, "");
-        let req = pb::ListRequest {
-            namespace: namespace.to_owned(),
-            r#type: resource_type.to_owned(),
-            options: Some(pb::ListOptions {
-                label_query: label_query(labels),
-                id_query: None,
-            }),
-        };
-        let mut raw = self.raw.clone();
-        let call = Box::pin(raw.list(req));
-        // The whole listing, stream included, within the deadline.
-        self.bounded(&what, async {
-            let mut stream = call
-                .await
-                .map_err(|s| StateError::from_status(what.clone(), &s))?
-                .into_inner();
-            let mut out = Vec::new();
-            while let Some(msg) = stream
-                .message()
-                .await
-                .map_err(|s| StateError::from_status(what.clone(), &s))?
-            {
-                out.extend(msg.resource);
-            }
-            Ok(out)
-        })
-        .await
-    }
-
     /// Updates `resource`, whose metadata version must be the stored one. `owner` is the owner the
     /// caller acts as (must equal the stored owner); `expected_phase` None accepts any phase.
     pub async fn update_raw(
@@ -583,11 +547,34 @@ impl StateClient {
         kind: &Kind<S>,
         labels: &[(&str, &str)],
     ) -> Result<Vec<Typed<S>>, StateError> {
-        self.list_raw(&kind.namespace, &kind.resource_type, labels)
-            .await?
-            .into_iter()
-            .map(Typed::decode)
-            .collect()
+        let what = ResourceRef::of(kind, "");
+        let req = pb::ListRequest {
+            namespace: what.namespace.clone(),
+            r#type: what.resource_type.clone(),
+            options: Some(pb::ListOptions {
+                label_query: label_query(labels),
+                id_query: None,
+            }),
+        };
+        let mut raw = self.raw.clone();
+        let call = Box::pin(raw.list(req));
+        // The whole listing, stream included, within the deadline.
+        self.bounded(&what, async {
+            let mut stream = call
+                .await
+                .map_err(|s| StateError::from_status(what.clone(), &s))?
+                .into_inner();
+            let mut out = Vec::new();
+            while let Some(msg) = stream
+                .message()
+                .await
+                .map_err(|s| StateError::from_status(what.clone(), &s))?
+            {
+                out.extend(msg.resource.map(Typed::decode).transpose()?);
+            }
+            Ok(out)
+        })
+        .await
     }
 
     /// Creates `fresh` ([`Typed::fresh`]) with its labels and annotations (version and phase as the
