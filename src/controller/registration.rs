@@ -21,24 +21,18 @@ pub struct ProviderInfo {
     pub description: String,
 }
 
-impl ProviderInfo {
-    /// The status spec: with our icon (unpadded standard base64 like the Go provider's), the JSON
-    /// schema of the provider data a machine class may carry, and our version.
-    pub fn status_spec(&self) -> InfraProviderStatusSpec {
-        InfraProviderStatusSpec {
-            schema: PROVIDER_DATA_SCHEMA.to_owned(),
-            name: self.name.clone(),
-            description: self.description.clone(),
-            icon: base64::engine::general_purpose::STANDARD_NO_PAD.encode(ICON_SVG),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-        }
-    }
-}
-
-/// Creates `InfraProviderStatuses/<id>` (no owner) or, if it exists, replaces its spec,
-/// retrying version conflicts.
+/// Creates `InfraProviderStatuses/<id>` (no owner) or, if it exists, replaces its spec, retrying
+/// version conflicts: our name, description, icon, version, and the JSON schema of the provider
+/// data a machine class may carry.
 pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), StateError> {
-    let spec = info.status_spec();
+    // Our icon is unpadded standard base64, like the Go provider's.
+    let spec = InfraProviderStatusSpec {
+        schema: PROVIDER_DATA_SCHEMA.to_owned(),
+        name: info.name.clone(),
+        description: info.description.clone(),
+        icon: base64::engine::general_purpose::STANDARD_NO_PAD.encode(ICON_SVG),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
     let fresh = Typed::fresh(&INFRA_PROVIDER_STATUS, &info.id, spec.clone());
     match state.create(&INFRA_PROVIDER_STATUS, &fresh, "").await {
         Err(StateError::AlreadyExists { .. }) => {}
@@ -58,28 +52,5 @@ pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), St
             Err(e) if e.is_conflict() => continue,
             other => return other.map(drop),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_spec_carries_everything() {
-        let info = ProviderInfo {
-            id: "proxmox".into(),
-            name: "Proxmox".into(),
-            description: "Proxmox infrastructure provider".into(),
-        };
-        let spec = info.status_spec();
-        assert_eq!(spec.name, "Proxmox");
-        assert!(!spec.icon.ends_with('='));
-        let svg = base64::engine::general_purpose::STANDARD_NO_PAD
-            .decode(&spec.icon)
-            .unwrap();
-        assert!(String::from_utf8(svg).unwrap().contains("<svg"));
-        assert_eq!(spec.version, env!("CARGO_PKG_VERSION"));
-        assert_eq!(spec.schema, PROVIDER_DATA_SCHEMA);
     }
 }
