@@ -35,24 +35,20 @@ pub struct ResourceRef {
 }
 
 impl ResourceRef {
-    pub fn new(
-        namespace: impl Into<String>,
-        resource_type: impl Into<String>,
-        id: impl Into<String>,
-    ) -> Self {
+    pub fn of<S>(kind: &Kind<S>, id: &str) -> Self {
         Self {
-            namespace: namespace.into(),
-            resource_type: resource_type.into(),
-            id: id.into(),
+            namespace: kind.namespace.to_string(),
+            resource_type: kind.resource_type.to_string(),
+            id: id.to_owned(),
         }
     }
 
-    pub fn of<S>(kind: &Kind<S>, id: &str) -> Self {
-        Self::new(&*kind.namespace, &*kind.resource_type, id)
-    }
-
     pub fn from_metadata(md: &pb::Metadata) -> Self {
-        Self::new(&md.namespace, &md.r#type, &md.id)
+        Self {
+            namespace: md.namespace.clone(),
+            resource_type: md.r#type.clone(),
+            id: md.id.clone(),
+        }
     }
 }
 
@@ -717,7 +713,7 @@ mod tests {
 
     #[test]
     fn status_codes_map_to_typed_errors() {
-        let what = ResourceRef::new("infra-provider", "MachineRequests.omni.sidero.dev", "r1");
+        let what = ResourceRef::of(&crate::omni::resources::MACHINE_REQUEST, "r1");
         let e = StateError::from_status(what.clone(), &tonic::Status::not_found("x"));
         assert!(e.is_not_found());
         assert!(

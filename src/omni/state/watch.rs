@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn bootstrap_or_resume() {
-        let what = ResourceRef::new("ns", "T", "");
+        let what = ResourceRef::default();
         let r = watch_request(&what, &[], None);
         let o = r.options.unwrap();
         assert!(o.bootstrap_contents && o.start_from_bookmark.is_none());
