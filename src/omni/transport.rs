@@ -174,8 +174,7 @@ impl Interceptor for Signer {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)
             .unwrap_or(0);
-        let (payload, signature) =
-            (self.key.sign_call(&method, now)).map_err(|e| Status::unknown(e.to_string()))?;
+        let (payload, signature) = self.key.sign_call(&method, now)?;
         let headers = [
             (TIMESTAMP_HEADER, now.to_string()),
             (PAYLOAD_HEADER, payload),
