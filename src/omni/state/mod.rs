@@ -242,11 +242,10 @@ pub const CALL_DEADLINE: Duration = Duration::from_secs(30);
 
 impl StateClient {
     pub fn new(channel: SignedChannel) -> Self {
-        let raw = RawClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Self {
-            raw,
+            raw: RawClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
             teardown_unsupported: Arc::new(AtomicBool::new(false)),
             reconnect: (Duration::from_millis(100), Duration::from_secs(30)),
             fence: Fence::default(),
