@@ -175,10 +175,9 @@ impl Provisioning<'_> {
             // A listing kept through a wait for a slot would be stale after it, and a thousand
             // requests waiting would each hold one.
             let lane = ready.state.node.clone();
-            let forget_listing = || ready.cluster = None;
             self.ctx
                 .lanes
-                .keep_or_enter(&mut slot, lane, forget_listing)
+                .keep_or_enter(&mut slot, lane, || ready.cluster = None)
                 .await;
             if let Some(action) = Box::pin(self.step(*step, ready)).await? {
                 return Ok(action);
