@@ -14,7 +14,6 @@ pub const ICON_SVG: &str = include_str!("../../assets/icon.svg");
 pub const PROVIDER_DATA_SCHEMA: &str = include_str!("../../schema/provider-data.schema.json");
 
 /// What Omni shows about the provider, as the flags name it.
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderInfo {
     pub id: String,
     pub name: String,
