@@ -342,7 +342,7 @@ impl<S: Spec> WriteCache<S> {
                 Err(e) => return Err(e),
             }
         }
-        let stored = state.modify(&self.kind, id, owner, mutate).await?;
+        let stored = state.modify(&self.kind, id, owner, None, mutate).await?;
         // Version 1: just created.
         if !(stored.metadata.version == "1" && self.omni_adds_finalizers) {
             entry(&self.last).insert(id.to_owned(), stored.clone());

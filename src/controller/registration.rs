@@ -37,19 +37,16 @@ pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), St
         Err(StateError::AlreadyExists { .. }) => {}
         created => return created.map(drop),
     }
-    loop {
-        let mut current = state.get(&INFRA_PROVIDER_STATUS, &info.id).await?;
-        if current.spec == spec {
-            return Ok(());
-        }
-        current.spec = spec.clone();
-        let owner = &current.metadata.owner;
-        match state
-            .update(&INFRA_PROVIDER_STATUS, &current, owner, Some(PHASE_RUNNING))
-            .await
-        {
-            Err(e) if e.is_conflict() => continue,
-            other => return other.map(drop),
-        }
-    }
+    // Updated as the Go library does (`safe.StateUpdateWithConflicts`): no owner, as the status
+    // was created without one and COSI keeps an owner for good, and the running phase expected.
+    state
+        .modify(
+            &INFRA_PROVIDER_STATUS,
+            &info.id,
+            "",
+            Some(PHASE_RUNNING),
+            |status| status.spec = spec.clone(),
+        )
+        .await
+        .map(drop)
 }

@@ -243,6 +243,7 @@ pub async fn apply(ctx: &Context, change: &Change) -> Result<(), ReconcileError>
                     &CONFIG_PATCH_REQUEST,
                     &patch_id(request_id),
                     &ctx.owner,
+                    None,
                     |patch| {
                         let labels = &mut patch.metadata.labels;
                         labels.insert(label::INFRA_PROVIDER_ID.into(), ctx.provider_id().into());

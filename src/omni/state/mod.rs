@@ -611,13 +611,15 @@ impl StateClient {
         Typed::decode(self.update_raw(raw, owner, expected_phase).await?)
     }
 
-    /// Get → mutate → Update, retrying version conflicts; creates (with `owner`) when absent.
-    /// Skips the write when `mutate` changed nothing. Returns the stored resource.
+    /// Get → mutate → Update (expecting `expected_phase`, any when `None`), retrying version
+    /// conflicts; creates (with `owner`) when absent. Skips the write when `mutate` changed
+    /// nothing. Returns the stored resource.
     pub async fn modify<S: Spec>(
         &self,
         kind: &Kind<S>,
         id: &str,
         owner: &str,
+        expected_phase: Option<&str>,
         mut mutate: impl FnMut(&mut Typed<S>),
     ) -> Result<Typed<S>, StateError> {
         loop {
@@ -636,7 +638,7 @@ impl StateClient {
                     if next == current {
                         return Ok(current);
                     }
-                    match self.update(kind, &next, owner, None).await {
+                    match self.update(kind, &next, owner, expected_phase).await {
                         Err(e) if e.is_conflict() => continue,
                         other => return other,
                     }
