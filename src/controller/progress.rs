@@ -115,14 +115,11 @@ impl StatePort for StateStore<'_> {
 
 /// ` (warning: disk_sise: is not a known key and is ignored (did you mean `disk_size`?))`, or nothing.
 pub fn warnings_text(warnings: &[Problem]) -> String {
-    if warnings.is_empty() {
-        return String::new();
-    }
-    let list: Vec<String> = warnings.iter().map(ToString::to_string).collect();
-    let noun = if list.len() == 1 {
-        "warning"
-    } else {
-        "warnings"
+    let noun = match warnings.len() {
+        0 => return String::new(),
+        1 => "warning",
+        _ => "warnings",
     };
+    let list: Vec<String> = warnings.iter().map(ToString::to_string).collect();
     format!(" ({noun}: {})", list.join("; "))
 }
