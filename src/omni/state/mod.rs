@@ -147,11 +147,10 @@ impl<S: prost::Message + Default> Typed<S> {
             what: ResourceRef::from_metadata(&metadata),
             message: e.to_string(),
         })?;
-        let unknown_fields = unknown_fields(bytes, &spec);
         Ok(Self {
+            unknown_fields: unknown_fields(bytes, &spec),
             metadata,
             spec,
-            unknown_fields,
             received_spec: Some(received_spec),
         })
     }
