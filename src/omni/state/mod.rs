@@ -170,12 +170,15 @@ impl<S: prost::Message + Default> Typed<S> {
         }
     }
 
-    /// The resource to send with `metadata`: the spec with its kept unknown fields, and its YAML.
+    /// The resource to send with `metadata`: the spec encoded after its kept unknown fields, and
+    /// its YAML.
     fn encode(&self, kind: &Kind<S>, metadata: pb::Metadata) -> pb::Resource {
+        let mut proto_spec = self.unknown_fields.clone();
+        self.spec.encode_raw(&mut proto_spec);
         pb::Resource {
             metadata: Some(metadata),
             spec: Some(pb::Spec {
-                proto_spec: encode_keeping(&self.spec, &self.unknown_fields),
+                proto_spec,
                 yaml_spec: kind.yaml(&self.spec),
             }),
         }
@@ -683,14 +686,6 @@ fn unknown_fields<S: prost::Message>(raw: &[u8], decoded: &S) -> Vec<u8> {
     kept
 }
 
-/// `spec` encoded after the kept `unknown` fields.
-fn encode_keeping<S: prost::Message>(spec: &S, unknown: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(unknown.len() + spec.encoded_len());
-    out.extend_from_slice(unknown);
-    spec.encode_raw(&mut out);
-    out
-}
-
 /// Each top-level field of a message: its tag and where its bytes are. Stops at the first malformed
 /// field (the message decoded, so there is none).
 fn fields(bytes: &[u8]) -> impl Iterator<Item = (u32, Range<usize>)> + '_ {
@@ -725,6 +720,15 @@ mod tests {
         assert!(e.is_conflict());
         let e = StateError::from_status(what, &tonic::Status::permission_denied("nope"));
         assert!(matches!(e, StateError::PermissionDenied { .. }));
+    }
+
+    /// `spec` as a write sends it ([`Typed::encode`]), after the kept `unknown` fields.
+    fn encode_keeping(spec: &MachineSpec, unknown: &[u8]) -> Vec<u8> {
+        let kind = crate::omni::resources::provider_machine("proxmox");
+        let mut typed = Typed::fresh(&kind, "m1", spec.clone());
+        typed.unknown_fields = unknown.to_vec();
+        let written = typed.encode(&kind, pb::Metadata::default());
+        written.spec.unwrap().proto_spec
     }
 
     /// The official provider's state with a field we do not define: `start_attempts`, field 14 of
