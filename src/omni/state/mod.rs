@@ -675,15 +675,13 @@ fn returned(
 /// The raw bytes of the fields of `raw` that re-encoding `decoded` (decoded from `raw`) leaves out:
 /// fields the message does not define (and, harmlessly, explicitly encoded default values).
 fn unknown_fields<S: prost::Message>(raw: &[u8], decoded: &S) -> Vec<u8> {
-    let encoded = decoded.encode_to_vec();
-    let known: HashSet<u32> = fields(&encoded).map(|(tag, _)| tag).collect();
-    let mut kept = Vec::new();
-    for (tag, range) in fields(raw) {
-        if !known.contains(&tag) {
-            kept.extend_from_slice(&raw[range]);
-        }
-    }
-    kept
+    let known: HashSet<u32> = fields(&decoded.encode_to_vec())
+        .map(|(tag, _)| tag)
+        .collect();
+    fields(raw)
+        .filter(|(tag, _)| !known.contains(tag))
+        .flat_map(|(_, range)| raw[range].iter().copied())
+        .collect()
 }
 
 /// Each top-level field of a message: its tag and where its bytes are. Stops at the first malformed
