@@ -7,8 +7,6 @@ use crate::omni::proto::specs::InfraProviderStatusSpec;
 use crate::omni::resources::{INFRA_PROVIDER_STATUS, PHASE_RUNNING};
 use crate::omni::state::{StateClient, StateError, Typed};
 
-/// Our icon, shipped in the repository.
-pub const ICON_SVG: &str = include_str!("../../assets/icon.svg");
 /// JSON schema of the provider data a machine class may carry (a test keeps it what the key
 /// declarations generate).
 pub const PROVIDER_DATA_SCHEMA: &str = include_str!("../../schema/provider-data.schema.json");
@@ -24,12 +22,13 @@ pub struct ProviderInfo {
 /// version conflicts: our name, description, icon, version, and the JSON schema of the provider
 /// data a machine class may carry.
 pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), StateError> {
-    // Our icon is unpadded standard base64, like the Go provider's.
+    // Our icon, shipped in the repository, in unpadded standard base64 like the Go provider's.
     let spec = InfraProviderStatusSpec {
         schema: PROVIDER_DATA_SCHEMA.to_owned(),
         name: info.name.clone(),
         description: info.description.clone(),
-        icon: base64::engine::general_purpose::STANDARD_NO_PAD.encode(ICON_SVG),
+        icon: base64::engine::general_purpose::STANDARD_NO_PAD
+            .encode(include_str!("../../assets/icon.svg")),
         version: env!("CARGO_PKG_VERSION").to_owned(),
     };
     let fresh = Typed::fresh(&INFRA_PROVIDER_STATUS, &info.id, spec.clone());
