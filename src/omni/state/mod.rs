@@ -485,12 +485,11 @@ impl StateClient {
         let Some(spec) = delivered.received_spec.clone().filter(|_| removed) else {
             return self.set_finalizer(&what, finalizer, false).await;
         };
-        let owner = metadata.owner.clone();
         let echo = pb::Resource {
             metadata: Some(metadata),
             spec: Some(spec),
         };
-        match self.update_raw(echo, &owner, None).await {
+        match self.update_raw(echo, &delivered.metadata.owner, None).await {
             Err(e) if e.is_conflict() => self.set_finalizer(&what, finalizer, false).await,
             other => other.map(drop),
         }
