@@ -192,6 +192,7 @@ async fn write_go_state_with(
             &provider_machine(PROVIDER),
             id,
             &provision_controller_name(PROVIDER),
+            None,
             |m| {
                 m.spec = spec.clone();
                 m.unknown_fields = unknown_fields.to_vec();
@@ -328,6 +329,7 @@ async fn teardown_removes_the_config_patches_of_the_request() {
                 &CONFIG_PATCH_REQUEST,
                 &format!("000-hostname-%s{id}"),
                 &provision_controller_name(PROVIDER),
+                None,
                 |p| {
                     p.metadata
                         .labels

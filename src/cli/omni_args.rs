@@ -83,8 +83,8 @@ impl OmniArgs {
 
     /// Whether the endpoint is plaintext (`http://`, `grpc://`).
     fn is_plaintext(&self) -> bool {
-        let target = self.endpoint().map(crate::omni::transport::Target::parse);
-        target.is_some_and(|t| t.is_ok_and(|t| !t.tls))
+        let target = self.endpoint().map(crate::omni::transport::target);
+        target.is_some_and(|t| t.is_ok_and(|(_, server_name)| server_name.is_none()))
     }
 
     /// What start-up says every time about an endpoint accepted against the default.

@@ -296,7 +296,7 @@ mod tests {
     }
 
     fn what() -> ResourceRef {
-        ResourceRef::new("infra-provider", "ProxmoxProviderMachines", "req-1")
+        ResourceRef::of(&crate::omni::resources::MACHINE_REQUEST, "req-1")
     }
 
     fn node(name: &str) -> NodeName {

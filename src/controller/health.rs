@@ -28,6 +28,7 @@ pub async fn beat(
             &INFRA_PROVIDER_HEALTH_STATUS,
             provider_id,
             &health_controller_name(provider_id),
+            None,
             |r| {
                 r.spec.last_heartbeat_timestamp = Some(ts);
                 r.spec.error = problem.clone().unwrap_or_default();

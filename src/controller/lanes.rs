@@ -30,7 +30,6 @@ pub struct Lanes {
 }
 
 /// A slot in a lane, given back when dropped.
-#[derive(Debug)]
 pub struct Slot {
     lane: Lane,
     _permit: Option<OwnedSemaphorePermit>,

@@ -27,35 +27,18 @@ pub enum Phase {
 }
 
 pub struct StatusSink<'a> {
-    ctx: &'a Context,
-    id: &'a str,
-    labels: HashMap<String, String>,
-    phase: Phase,
+    pub ctx: &'a Context,
+    pub id: &'a str,
+    pub labels: HashMap<String, String>,
+    pub phase: Phase,
     /// The status `id` (the VM's SMBIOS UUID) every write of this sink sets, once the VM exists, so
     /// linking the machine costs no write of its own; `labels` then carry `infra-id` too.
-    machine_id: Option<String>,
-    /// Some text of this sink was written (see [`StatusSink::ensure_shown`]).
-    shown: AtomicBool,
+    pub machine_id: Option<String>,
+    /// Some text of this sink was written (see [`StatusSink::ensure_shown`]); false at first.
+    pub shown: AtomicBool,
 }
 
-impl<'a> StatusSink<'a> {
-    pub fn new(
-        ctx: &'a Context,
-        id: &'a str,
-        labels: HashMap<String, String>,
-        machine_id: Option<String>,
-        phase: Phase,
-    ) -> Self {
-        Self {
-            ctx,
-            id,
-            labels,
-            phase,
-            machine_id,
-            shown: AtomicBool::new(false),
-        }
-    }
-
+impl StatusSink<'_> {
     /// Writes the bare line ("Running step 4/6 configure_vm") unless this sink wrote a line already:
     /// a step that says what it is doing straight away costs one write, not two, and a step that
     /// says nothing still shows.
@@ -132,14 +115,11 @@ impl StatePort for StateStore<'_> {
 
 /// ` (warning: disk_sise: is not a known key and is ignored (did you mean `disk_size`?))`, or nothing.
 pub fn warnings_text(warnings: &[Problem]) -> String {
-    if warnings.is_empty() {
-        return String::new();
-    }
-    let list: Vec<String> = warnings.iter().map(ToString::to_string).collect();
-    let noun = if list.len() == 1 {
-        "warning"
-    } else {
-        "warnings"
+    let noun = match warnings.len() {
+        0 => return String::new(),
+        1 => "warning",
+        _ => "warnings",
     };
+    let list: Vec<String> = warnings.iter().map(ToString::to_string).collect();
     format!(" ({noun}: {})", list.join("; "))
 }

@@ -31,7 +31,7 @@ use crate::omni::resources::{
     PROVIDER_JOIN_CONFIG, SIDEROLINK_API_CONFIG, SIDEROLINK_CONFIG_ID, annotation, label,
 };
 use crate::omni::state::ResourceRef;
-use crate::pipeline::ledgers::Ledgers;
+use crate::pipeline::ledgers::{Ledgers, entry};
 use crate::pipeline::run_step;
 use crate::pipeline::step::{RequestInfo, Step, StepContext, StepError, StepOutcome};
 use crate::proxmox::ProxmoxClient;
@@ -88,7 +88,7 @@ impl Provisioning<'_> {
                 .set_finalizer(&ResourceRef::of(&MACHINE_REQUEST, id), &ctx.owner, true)
                 .await
                 .map_err(omni("adding our finalizer to the machine request"))?;
-            ctx.finalizer_added(id);
+            entry(&ctx.finalized).insert(id.to_owned());
         }
         let status = ctx
             .state
@@ -175,10 +175,9 @@ impl Provisioning<'_> {
             // A listing kept through a wait for a slot would be stale after it, and a thousand
             // requests waiting would each hold one.
             let lane = ready.state.node.clone();
-            let forget_listing = || ready.cluster = None;
             self.ctx
                 .lanes
-                .keep_or_enter(&mut slot, lane, forget_listing)
+                .keep_or_enter(&mut slot, lane, || ready.cluster = None)
                 .await;
             if let Some(action) = Box::pin(self.step(*step, ready)).await? {
                 return Ok(action);
@@ -248,8 +247,14 @@ impl Provisioning<'_> {
             None => (self.labels.clone(), None),
         };
         let warnings = warnings_text(&data.warnings);
-        let phase = Phase::Step { step, warnings };
-        let progress = StatusSink::new(self.ctx, self.id, labels, machine_id, phase);
+        let progress = StatusSink {
+            ctx: self.ctx,
+            id: self.id,
+            labels,
+            phase: Phase::Step { step, warnings },
+            machine_id,
+            shown: Default::default(),
+        };
         let mut step_ctx = StepContext {
             services,
             request: &ready.info,

@@ -7,79 +7,45 @@ use crate::omni::proto::specs::InfraProviderStatusSpec;
 use crate::omni::resources::{INFRA_PROVIDER_STATUS, PHASE_RUNNING};
 use crate::omni::state::{StateClient, StateError, Typed};
 
-/// Our icon, shipped in the repository.
-pub const ICON_SVG: &str = include_str!("../../assets/icon.svg");
 /// JSON schema of the provider data a machine class may carry (a test keeps it what the key
 /// declarations generate).
 pub const PROVIDER_DATA_SCHEMA: &str = include_str!("../../schema/provider-data.schema.json");
 
 /// What Omni shows about the provider, as the flags name it.
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderInfo {
     pub id: String,
     pub name: String,
     pub description: String,
 }
 
-impl ProviderInfo {
-    /// The status spec: with our icon (unpadded standard base64 like the Go provider's), the JSON
-    /// schema of the provider data a machine class may carry, and our version.
-    pub fn status_spec(&self) -> InfraProviderStatusSpec {
-        InfraProviderStatusSpec {
-            schema: PROVIDER_DATA_SCHEMA.to_owned(),
-            name: self.name.clone(),
-            description: self.description.clone(),
-            icon: base64::engine::general_purpose::STANDARD_NO_PAD.encode(ICON_SVG),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-        }
-    }
-}
-
-/// Creates `InfraProviderStatuses/<id>` (no owner) or, if it exists, replaces its spec,
-/// retrying version conflicts.
+/// Creates `InfraProviderStatuses/<id>` (no owner) or, if it exists, replaces its spec, retrying
+/// version conflicts: our name, description, icon, version, and the JSON schema of the provider
+/// data a machine class may carry.
 pub async fn register(state: &StateClient, info: &ProviderInfo) -> Result<(), StateError> {
-    let spec = info.status_spec();
+    // Our icon, shipped in the repository, in unpadded standard base64 like the Go provider's.
+    let spec = InfraProviderStatusSpec {
+        schema: PROVIDER_DATA_SCHEMA.to_owned(),
+        name: info.name.clone(),
+        description: info.description.clone(),
+        icon: base64::engine::general_purpose::STANDARD_NO_PAD
+            .encode(include_str!("../../assets/icon.svg")),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
     let fresh = Typed::fresh(&INFRA_PROVIDER_STATUS, &info.id, spec.clone());
     match state.create(&INFRA_PROVIDER_STATUS, &fresh, "").await {
         Err(StateError::AlreadyExists { .. }) => {}
         created => return created.map(drop),
     }
-    loop {
-        let mut current = state.get(&INFRA_PROVIDER_STATUS, &info.id).await?;
-        if current.spec == spec {
-            return Ok(());
-        }
-        current.spec = spec.clone();
-        let owner = &current.metadata.owner;
-        match state
-            .update(&INFRA_PROVIDER_STATUS, &current, owner, Some(PHASE_RUNNING))
-            .await
-        {
-            Err(e) if e.is_conflict() => continue,
-            other => return other.map(drop),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_spec_carries_everything() {
-        let info = ProviderInfo {
-            id: "proxmox".into(),
-            name: "Proxmox".into(),
-            description: "Proxmox infrastructure provider".into(),
-        };
-        let spec = info.status_spec();
-        assert_eq!(spec.name, "Proxmox");
-        assert!(!spec.icon.ends_with('='));
-        let svg = base64::engine::general_purpose::STANDARD_NO_PAD
-            .decode(&spec.icon)
-            .unwrap();
-        assert!(String::from_utf8(svg).unwrap().contains("<svg"));
-        assert_eq!(spec.version, env!("CARGO_PKG_VERSION"));
-        assert_eq!(spec.schema, PROVIDER_DATA_SCHEMA);
-    }
+    // Updated as the Go library does (`safe.StateUpdateWithConflicts`): no owner, as the status
+    // was created without one and COSI keeps an owner for good, and the running phase expected.
+    state
+        .modify(
+            &INFRA_PROVIDER_STATUS,
+            &info.id,
+            "",
+            Some(PHASE_RUNNING),
+            |status| status.spec = spec.clone(),
+        )
+        .await
+        .map(drop)
 }

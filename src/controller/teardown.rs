@@ -216,12 +216,18 @@ async fn deprovision_vm(
         result
     };
     // Without a status, the texts are only logged.
-    let sink = status_labels
-        .map(|labels| StatusSink::new(ctx, id, labels.clone(), None, Phase::Deprovisioning));
+    let sink = status_labels.map(|labels| StatusSink {
+        ctx,
+        id,
+        labels: labels.clone(),
+        phase: Phase::Deprovisioning,
+        machine_id: None,
+        shown: Default::default(),
+    });
     let show = async {
         if let Some(sink) = &sink {
             let show = |text: String| async move { sink.show(&text).await };
-            show_while_slow(rx, PROGRESS_EVERY, show).await;
+            show_while_slow(rx, show).await;
         }
     };
     let (result, ()) = tokio::join!(work, show);
@@ -248,15 +254,14 @@ async fn deprovision_vm(
 /// How often at most a deprovision's progress is written to the status.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
-/// Shows the latest of `texts` once the work has gone on for `every`, then at most once per
-/// `every`. A deprovision that ends quickly writes no progress (its status goes right after); one
+/// Shows the latest of `texts` once the work has gone on for [`PROGRESS_EVERY`], then at most once
+/// per [`PROGRESS_EVERY`]. A deprovision that ends quickly writes no progress (its status goes right after); one
 /// that takes long (a guest that shuts down slowly, an offline node) shows where it is.
 async fn show_while_slow<F: Future<Output = ()>>(
     mut texts: tokio::sync::mpsc::UnboundedReceiver<String>,
-    every: Duration,
     mut show: impl FnMut(String) -> F,
 ) {
-    let mut next = tokio::time::Instant::now() + every;
+    let mut next = tokio::time::Instant::now() + PROGRESS_EVERY;
     let mut pending: Option<String> = None;
     loop {
         tokio::select! {
@@ -268,7 +273,7 @@ async fn show_while_slow<F: Future<Output = ()>>(
                 if let Some(text) = pending.take() {
                     show(text).await;
                 }
-                next = tokio::time::Instant::now() + every;
+                next = tokio::time::Instant::now() + PROGRESS_EVERY;
             }
         }
     }
@@ -313,7 +318,7 @@ mod tests {
             tx.send("done".to_owned()).unwrap();
             drop(tx);
         };
-        tokio::join!(work, show_while_slow(rx, Duration::from_secs(1), show));
+        tokio::join!(work, show_while_slow(rx, show));
         assert_eq!(
             *shown.lock().unwrap(),
             ["deleting"],

@@ -45,17 +45,12 @@ pub fn patch_id(request_id: &str) -> String {
 /// identifiers (letters, digits, `-`, `.`, `_`), so they need no quoting; they are quoted anyway so
 /// a purely numeric name stays a string.
 pub fn patch_yaml(zone: &str, region: Option<&str>) -> String {
-    let mut yaml = format!(
-        "machine:\n  nodeLabels:\n    topology.kubernetes.io/zone: \"{}\"\n",
-        escape(zone)
-    );
-    if let Some(region) = region {
-        yaml.push_str(&format!(
-            "    topology.kubernetes.io/region: \"{}\"\n",
-            escape(region)
-        ));
-    }
-    yaml
+    let region = region.map(|r| format!("    topology.kubernetes.io/region: \"{}\"\n", escape(r)));
+    format!(
+        "machine:\n  nodeLabels:\n    topology.kubernetes.io/zone: \"{}\"\n{}",
+        escape(zone),
+        region.unwrap_or_default()
+    )
 }
 
 fn escape(value: &str) -> String {
@@ -243,6 +238,7 @@ pub async fn apply(ctx: &Context, change: &Change) -> Result<(), ReconcileError>
                     &CONFIG_PATCH_REQUEST,
                     &patch_id(request_id),
                     &ctx.owner,
+                    None,
                     |patch| {
                         let labels = &mut patch.metadata.labels;
                         labels.insert(label::INFRA_PROVIDER_ID.into(), ctx.provider_id().into());

@@ -92,14 +92,11 @@ impl WorkQueue {
                     later => later.map(|(_, due)| due),
                 }
             };
-            match wake_at {
-                Some(at) => {
-                    tokio::select! {
-                        _ = &mut notified => {}
-                        _ = tokio::time::sleep_until(at) => {}
-                    }
-                }
-                None => notified.await,
+            // Until the earliest due time, or until something is added.
+            if let Some(at) = wake_at {
+                let _ = tokio::time::timeout_at(at, notified).await;
+            } else {
+                notified.await;
             }
         }
     }

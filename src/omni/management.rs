@@ -26,7 +26,6 @@ pub enum ManagementError {
 
 /// Where Omni says a boot asset is, and the headers to send with the download (the factory's
 /// credentials, so their values are secrets).
-#[derive(Clone, Debug)]
 pub struct BootAsset {
     pub url: String,
     pub headers: Vec<(String, crate::secret::Secret)>,

@@ -65,40 +65,29 @@ pub enum ConnectError {
     },
 }
 
-/// The gRPC target derived from an Omni URL: the path is ignored, `http` means plaintext h2c.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    pub tls: bool,
-    pub host: String,
-    pub port: u16,
-}
-
-impl Target {
-    /// Parses `https://omni.example/any/path`, `http://127.0.0.1:8080`, `grpc://host:port`.
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let url = url::Url::parse(raw).map_err(|e| e.to_string())?;
-        let tls = match url.scheme() {
-            "https" => true,
-            "http" | "grpc" => false,
-            other => {
-                return Err(format!(
-                    "unsupported scheme {other:?} (use https, http or grpc)"
-                ));
-            }
-        };
-        let host = url
-            .host_str()
-            .filter(|h| !h.is_empty())
-            .ok_or("no host")?
-            .to_owned();
-        let port = url.port().unwrap_or(if tls { 443 } else { 80 });
-        Ok(Self { tls, host, port })
-    }
+/// The gRPC address of an Omni URL (`https://omni.example/any/path`, `http://127.0.0.1:8080`,
+/// `grpc://host:port`): the path is ignored, `http` and `grpc` mean plaintext h2c. With it, for
+/// `https`, the name TLS checks: the host without IPv6 brackets.
+pub fn target(raw: &str) -> Result<(String, Option<String>), String> {
+    let url = url::Url::parse(raw).map_err(|e| e.to_string())?;
+    let (scheme, port) = match url.scheme() {
+        "https" => ("https", 443),
+        "http" | "grpc" => ("http", 80),
+        other => {
+            return Err(format!(
+                "unsupported scheme {other:?} (use https, http or grpc)"
+            ));
+        }
+    };
+    let host = url.host_str().filter(|h| !h.is_empty()).ok_or("no host")?;
+    let address = format!("{scheme}://{host}:{}", url.port().unwrap_or(port));
+    let server_name = (scheme == "https").then(|| host.trim_matches(['[', ']']).to_owned());
+    Ok((address, server_name))
 }
 
 /// Builds a lazily connecting channel to Omni.
 pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
-    let target = Target::parse(&endpoint.url).map_err(|reason| ConnectError::BadUrl {
+    let (address, server_name) = target(&endpoint.url).map_err(|reason| ConnectError::BadUrl {
         url: endpoint.url.clone(),
         reason,
     })?;
@@ -106,8 +95,7 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
         url: endpoint.url.clone(),
         source,
     };
-    let scheme = if target.tls { "https" } else { "http" };
-    let mut ep = Endpoint::from_shared(format!("{scheme}://{}:{}", target.host, target.port))
+    let mut ep = Endpoint::from_shared(address)
         .map_err(transport)?
         .connect_timeout(Duration::from_secs(10))
         .tcp_keepalive(Some(Duration::from_secs(60)))
@@ -120,9 +108,7 @@ pub fn channel(endpoint: &OmniEndpoint) -> Result<Channel, ConnectError> {
             env!("CARGO_PKG_VERSION")
         ))
         .map_err(transport)?;
-    if target.tls {
-        // SNI names the host without IPv6 brackets.
-        let server_name = target.host.trim_start_matches('[').trim_end_matches(']');
+    if let Some(server_name) = server_name {
         let base = ClientTlsConfig::new()
             .domain_name(server_name)
             .assume_http2(true);
@@ -188,8 +174,7 @@ impl Interceptor for Signer {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)
             .unwrap_or(0);
-        let (payload, signature) =
-            (self.key.sign_call(&method, now)).map_err(|e| Status::unknown(e.to_string()))?;
+        let (payload, signature) = self.key.sign_call(&method, now)?;
         let headers = [
             (TIMESTAMP_HEADER, now.to_string()),
             (PAYLOAD_HEADER, payload),
@@ -213,20 +198,20 @@ mod tests {
 
     #[test]
     fn target_ignores_path_and_maps_schemes() {
-        let t = Target::parse("https://omni.example.com/some/path").unwrap();
-        assert_eq!(
-            t,
-            Target {
-                tls: true,
-                host: "omni.example.com".into(),
-                port: 443
-            }
+        let https = (
+            String::from("https://omni.example.com:443"),
+            Some("omni.example.com".into()),
         );
-        let t = Target::parse("http://127.0.0.1:8080").unwrap();
-        assert!(!t.tls);
-        assert_eq!(t.port, 8080);
-        assert_eq!(Target::parse("grpc://omni").unwrap().port, 80);
-        assert!(Target::parse("ftp://x").is_err());
-        assert!(Target::parse("not a url").is_err());
+        assert_eq!(target("https://omni.example.com/some/path").unwrap(), https);
+        let http = target("http://127.0.0.1:8080").unwrap();
+        assert_eq!(http, ("http://127.0.0.1:8080".into(), None));
+        assert_eq!(target("grpc://omni").unwrap().0, "http://omni:80");
+        let v6 = target("https://[fd00::1]:8443").unwrap();
+        assert_eq!(
+            v6,
+            ("https://[fd00::1]:8443".into(), Some("fd00::1".into()))
+        );
+        assert!(target("ftp://x").is_err());
+        assert!(target("not a url").is_err());
     }
 }

@@ -70,6 +70,16 @@ async fn registration_creates_then_updates_and_heartbeats_arrive() {
     let stored = omni.state.get(&INFRA_PROVIDER_STATUS, "proxmox").unwrap();
     assert_eq!(stored.spec.description, "first");
     assert_eq!(stored.metadata.version, "1");
+    // The icon in unpadded base64, the provider-data schema and our version.
+    use base64::Engine as _;
+    assert_eq!(stored.spec.name, "Proxmox");
+    assert!(!stored.spec.icon.ends_with('='));
+    let svg = base64::engine::general_purpose::STANDARD_NO_PAD
+        .decode(&stored.spec.icon)
+        .unwrap();
+    assert!(String::from_utf8(svg).unwrap().contains("<svg"));
+    assert_eq!(stored.spec.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(stored.spec.schema, registration::PROVIDER_DATA_SCHEMA);
     assert_eq!(
         stored
             .metadata

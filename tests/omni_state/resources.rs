@@ -129,7 +129,7 @@ async fn finalizer_edit_echoes_unknown_spec_fields() {
     prost::Message::encode_raw(&spec, &mut bytes);
     client
         .state
-        .modify(&kind, "m1", "proxmox.ProvisionController", |m| {
+        .modify(&kind, "m1", "proxmox.ProvisionController", None, |m| {
             m.spec = spec.clone();
             m.unknown_fields = unknown.to_vec();
         })
@@ -247,7 +247,7 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
     let owner = provision_controller_name("proxmox");
     let status = client
         .state
-        .modify(&MACHINE_REQUEST_STATUS, "r1", &owner, |r| {
+        .modify(&MACHINE_REQUEST_STATUS, "r1", &owner, None, |r| {
             r.spec.stage = specs::machine_request_status_spec::Stage::Provisioning as i32;
         })
         .await
@@ -267,7 +267,7 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
     assert!(err.is_conflict(), "{err}");
     let done = client
         .state
-        .modify(&MACHINE_REQUEST_STATUS, "r1", &owner, |r| {
+        .modify(&MACHINE_REQUEST_STATUS, "r1", &owner, None, |r| {
             r.spec.status = "Provision Complete".into()
         })
         .await
@@ -283,9 +283,11 @@ async fn modify_retries_version_conflicts_and_namespace_rules_apply() {
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");
     let err = client
         .state
-        .list_raw(
-            "infra-provider:proxmox",
-            "Machine.other.infraprovider.sidero.dev",
+        .list(
+            &Kind::<MachineSpec>::omni(
+                "infra-provider:proxmox",
+                "Machine.other.infraprovider.sidero.dev",
+            ),
             &[],
         )
         .await
@@ -347,12 +349,18 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
     let owner = provision_controller_name("proxmox");
     let patch = client
         .state
-        .modify(&CONFIG_PATCH_REQUEST, "000-hostname-r1", &owner, |p| {
-            p.metadata
-                .labels
-                .insert(label::MACHINE_REQUEST.into(), "r1".into());
-            p.spec.data = "machine: {}".into();
-        })
+        .modify(
+            &CONFIG_PATCH_REQUEST,
+            "000-hostname-r1",
+            &owner,
+            None,
+            |p| {
+                p.metadata
+                    .labels
+                    .insert(label::MACHINE_REQUEST.into(), "r1".into());
+                p.spec.data = "machine: {}".into();
+            },
+        )
         .await
         .unwrap();
     assert_eq!(patch.label(label::INFRA_PROVIDER_ID), Some("proxmox"));
@@ -388,7 +396,10 @@ async fn providers_read_the_features_config_and_manage_their_config_patch_reques
 
     let err = client
         .state
-        .list_raw("infra-provider", "Clusters.omni.sidero.dev", &[])
+        .list(
+            &Kind::<MachineSpec>::omni("infra-provider", "Clusters.omni.sidero.dev"),
+            &[],
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::PermissionDenied { .. }), "{err}");

@@ -177,6 +177,7 @@ async fn a_vmid_another_requests_state_records_is_never_chosen() {
             &provider_machine(PROVIDER),
             "held",
             &provision_controller_name(PROVIDER),
+            None,
             |m| {
                 m.spec = MachineSpec {
                     node: "pve2".into(),

@@ -21,7 +21,6 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 /// This process as the lease records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {
     pub host: String,
     pub pid: u32,

@@ -112,7 +112,11 @@ impl Election {
         );
         let mut changes = self.state.watch_kind(&self.kind, &[]);
         loop {
-            let wait = self.next_look();
+            // A leader looks again at the next renew, or at its deadline if that comes first; a
+            // standby every retry period (and at every change the watch reports).
+            let wait = (self.left(Instant::now())).map_or(self.timings.retry_period, |left| {
+                self.timings.renew_every().min(left)
+            });
             // A change the watch delivers carries the lease: no need to read it again.
             let delivered = tokio::select! {
                 biased;
@@ -123,14 +127,6 @@ impl Election {
             self.look(delivered).await;
         }
         self.release().await;
-    }
-
-    /// A leader looks again at the next renew, or at its deadline if that comes first; a standby
-    /// every retry period (and at every change the watch reports).
-    fn next_look(&self) -> Duration {
-        (self.left(Instant::now())).map_or(self.timings.retry_period, |left| {
-            self.timings.renew_every().min(left)
-        })
     }
 
     /// `delivered`: the lease as the watch just delivered it, if it did.

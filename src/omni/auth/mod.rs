@@ -19,6 +19,7 @@ use pgp::composed::DetachedSignature;
 use pgp::crypto::hash::HashAlgorithm;
 use pgp::ser::Serialize as _;
 use pgp::types::Password;
+use tonic::Status;
 
 pub use key::{KeyError, ProviderKey};
 
@@ -31,15 +32,12 @@ pub const SIGNATURE_HEADER: &str = "x-sidero-signature";
 /// The only signature scheme Omni knows.
 pub const SIGNATURE_VERSION: &str = "siderov1";
 
-/// Could not produce a signature (never expected with a key that parsed; reported, not panicked on).
-#[derive(Debug, thiserror::Error)]
-#[error("cannot sign the Omni request: {0}")]
-pub struct SignError(String);
-
 impl ProviderKey {
     /// The `x-sidero-signature` value for an exact payload string: a binary detached signature
     /// (SHA-512 like gopenpgp: the server accepts any SHA-2, we pick the gopenpgp v2 default).
-    pub fn signature_header(&self, payload: &str) -> Result<String, SignError> {
+    /// Failing to sign is never expected with a key that parsed: reported as the call's failure,
+    /// not panicked on.
+    pub fn signature_header(&self, payload: &str) -> Result<String, Status> {
         let sig = DetachedSignature::sign_binary_data(
             rand::rngs::OsRng,
             &self.key.primary_key,
@@ -48,7 +46,7 @@ impl ProviderKey {
             payload.as_bytes(),
         )
         .and_then(|sig| sig.to_bytes())
-        .map_err(|e| SignError(e.to_string()))?;
+        .map_err(|e| Status::unknown(format!("cannot sign the Omni request: {e}")))?;
         Ok(format!(
             "{SIGNATURE_VERSION} {} {} {}",
             self.identity,
@@ -59,7 +57,7 @@ impl ProviderKey {
 
     /// Signs a call to `method` (full gRPC path) made at `unix_secs`, whose only signed header is the
     /// timestamp (a provider never sends the other nine): the payload and the signature headers.
-    pub fn sign_call(&self, method: &str, unix_secs: i64) -> Result<(String, String), SignError> {
+    pub fn sign_call(&self, method: &str, unix_secs: i64) -> Result<(String, String), Status> {
         let payload = payload_json(method, unix_secs);
         let signature = self.signature_header(&payload)?;
         Ok((payload, signature))

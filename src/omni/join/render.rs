@@ -6,9 +6,8 @@ use crate::secret::Secret;
 /// The API URL with `jointoken` (and `grpc_tunnel=true`) added to its query, re-encoded the way Go's
 /// `url.Values.Encode` does (keys sorted, form escaping); everything before the query is kept verbatim.
 pub(super) fn siderolink_api_url(api_url: &str, token: &Secret, grpc_tunnel: bool) -> String {
-    let (without_fragment, fragment) = api_url
-        .split_once('#')
-        .map_or((api_url, None), |(a, f)| (a, Some(f)));
+    // The fragment with its `#`, if any.
+    let (without_fragment, fragment) = api_url.split_at(api_url.find('#').unwrap_or(api_url.len()));
     let (base, query) = without_fragment
         .split_once('?')
         .unwrap_or((without_fragment, ""));
@@ -25,7 +24,6 @@ pub(super) fn siderolink_api_url(api_url: &str, token: &Secret, grpc_tunnel: boo
     let encoded: Vec<String> = (values.iter())
         .map(|(k, v)| format!("{}={}", query_escape(k), query_escape(v)))
         .collect();
-    let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
     format!("{base}?{}{fragment}", encoded.join("&"))
 }
 

@@ -35,24 +35,20 @@ pub struct ResourceRef {
 }
 
 impl ResourceRef {
-    pub fn new(
-        namespace: impl Into<String>,
-        resource_type: impl Into<String>,
-        id: impl Into<String>,
-    ) -> Self {
+    pub fn of<S>(kind: &Kind<S>, id: &str) -> Self {
         Self {
-            namespace: namespace.into(),
-            resource_type: resource_type.into(),
-            id: id.into(),
+            namespace: kind.namespace.to_string(),
+            resource_type: kind.resource_type.to_string(),
+            id: id.to_owned(),
         }
     }
 
-    pub fn of<S>(kind: &Kind<S>, id: &str) -> Self {
-        Self::new(&*kind.namespace, &*kind.resource_type, id)
-    }
-
     pub fn from_metadata(md: &pb::Metadata) -> Self {
-        Self::new(&md.namespace, &md.r#type, &md.id)
+        Self {
+            namespace: md.namespace.clone(),
+            resource_type: md.r#type.clone(),
+            id: md.id.clone(),
+        }
     }
 }
 
@@ -151,11 +147,10 @@ impl<S: prost::Message + Default> Typed<S> {
             what: ResourceRef::from_metadata(&metadata),
             message: e.to_string(),
         })?;
-        let unknown_fields = unknown_fields(bytes, &spec);
         Ok(Self {
+            unknown_fields: unknown_fields(bytes, &spec),
             metadata,
             spec,
-            unknown_fields,
             received_spec: Some(received_spec),
         })
     }
@@ -175,12 +170,15 @@ impl<S: prost::Message + Default> Typed<S> {
         }
     }
 
-    /// The resource to send with `metadata`: the spec with its kept unknown fields, and its YAML.
+    /// The resource to send with `metadata`: the spec encoded after its kept unknown fields, and
+    /// its YAML.
     fn encode(&self, kind: &Kind<S>, metadata: pb::Metadata) -> pb::Resource {
+        let mut proto_spec = self.unknown_fields.clone();
+        self.spec.encode_raw(&mut proto_spec);
         pb::Resource {
             metadata: Some(metadata),
             spec: Some(pb::Spec {
-                proto_spec: encode_keeping(&self.spec, &self.unknown_fields),
+                proto_spec,
                 yaml_spec: kind.yaml(&self.spec),
             }),
         }
@@ -246,11 +244,10 @@ pub const CALL_DEADLINE: Duration = Duration::from_secs(30);
 
 impl StateClient {
     pub fn new(channel: SignedChannel) -> Self {
-        let raw = RawClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Self {
-            raw,
+            raw: RawClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
             teardown_unsupported: Arc::new(AtomicBool::new(false)),
             reconnect: (Duration::from_millis(100), Duration::from_secs(30)),
             fence: Fence::default(),
@@ -324,42 +321,6 @@ impl StateClient {
         };
         let resp = (self.unary(what, false, |mut raw| async move { raw.get(req).await })).await?;
         returned(what, "Get", resp.resource)
-    }
-
-    pub async fn list_raw(
-        &self,
-        namespace: &str,
-        resource_type: &str,
-        labels: &[(&str, &str)],
-    ) -> Result<Vec<pb::Resource>, StateError> {
-        let what = ResourceRef::new(namespace, resource_type, "");
-        let req = pb::ListRequest {
-            namespace: namespace.to_owned(),
-            r#type: resource_type.to_owned(),
-            options: Some(pb::ListOptions {
-                label_query: label_query(labels),
-                id_query: None,
-            }),
-        };
-        let mut raw = self.raw.clone();
-        let call = Box::pin(raw.list(req));
-        // The whole listing, stream included, within the deadline.
-        self.bounded(&what, async {
-            let mut stream = call
-                .await
-                .map_err(|s| StateError::from_status(what.clone(), &s))?
-                .into_inner();
-            let mut out = Vec::new();
-            while let Some(msg) = stream
-                .message()
-                .await
-                .map_err(|s| StateError::from_status(what.clone(), &s))?
-            {
-                out.extend(msg.resource);
-            }
-            Ok(out)
-        })
-        .await
     }
 
     /// Updates `resource`, whose metadata version must be the stored one. `owner` is the owner the
@@ -524,12 +485,11 @@ impl StateClient {
         let Some(spec) = delivered.received_spec.clone().filter(|_| removed) else {
             return self.set_finalizer(&what, finalizer, false).await;
         };
-        let owner = metadata.owner.clone();
         let echo = pb::Resource {
             metadata: Some(metadata),
             spec: Some(spec),
         };
-        match self.update_raw(echo, &owner, None).await {
+        match self.update_raw(echo, &delivered.metadata.owner, None).await {
             Err(e) if e.is_conflict() => self.set_finalizer(&what, finalizer, false).await,
             other => other.map(drop),
         }
@@ -583,11 +543,34 @@ impl StateClient {
         kind: &Kind<S>,
         labels: &[(&str, &str)],
     ) -> Result<Vec<Typed<S>>, StateError> {
-        self.list_raw(&kind.namespace, &kind.resource_type, labels)
-            .await?
-            .into_iter()
-            .map(Typed::decode)
-            .collect()
+        let what = ResourceRef::of(kind, "");
+        let req = pb::ListRequest {
+            namespace: what.namespace.clone(),
+            r#type: what.resource_type.clone(),
+            options: Some(pb::ListOptions {
+                label_query: label_query(labels),
+                id_query: None,
+            }),
+        };
+        let mut raw = self.raw.clone();
+        let call = Box::pin(raw.list(req));
+        // The whole listing, stream included, within the deadline.
+        self.bounded(&what, async {
+            let mut stream = call
+                .await
+                .map_err(|s| StateError::from_status(what.clone(), &s))?
+                .into_inner();
+            let mut out = Vec::new();
+            while let Some(msg) = stream
+                .message()
+                .await
+                .map_err(|s| StateError::from_status(what.clone(), &s))?
+            {
+                out.extend(msg.resource.map(Typed::decode).transpose()?);
+            }
+            Ok(out)
+        })
+        .await
     }
 
     /// Creates `fresh` ([`Typed::fresh`]) with its labels and annotations (version and phase as the
@@ -629,13 +612,15 @@ impl StateClient {
         Typed::decode(self.update_raw(raw, owner, expected_phase).await?)
     }
 
-    /// Get → mutate → Update, retrying version conflicts; creates (with `owner`) when absent.
-    /// Skips the write when `mutate` changed nothing. Returns the stored resource.
+    /// Get → mutate → Update (expecting `expected_phase`, any when `None`), retrying version
+    /// conflicts; creates (with `owner`) when absent. Skips the write when `mutate` changed
+    /// nothing. Returns the stored resource.
     pub async fn modify<S: Spec>(
         &self,
         kind: &Kind<S>,
         id: &str,
         owner: &str,
+        expected_phase: Option<&str>,
         mut mutate: impl FnMut(&mut Typed<S>),
     ) -> Result<Typed<S>, StateError> {
         loop {
@@ -654,7 +639,7 @@ impl StateClient {
                     if next == current {
                         return Ok(current);
                     }
-                    match self.update(kind, &next, owner, None).await {
+                    match self.update(kind, &next, owner, expected_phase).await {
                         Err(e) if e.is_conflict() => continue,
                         other => return other,
                     }
@@ -689,23 +674,13 @@ fn returned(
 /// The raw bytes of the fields of `raw` that re-encoding `decoded` (decoded from `raw`) leaves out:
 /// fields the message does not define (and, harmlessly, explicitly encoded default values).
 fn unknown_fields<S: prost::Message>(raw: &[u8], decoded: &S) -> Vec<u8> {
-    let encoded = decoded.encode_to_vec();
-    let known: HashSet<u32> = fields(&encoded).map(|(tag, _)| tag).collect();
-    let mut kept = Vec::new();
-    for (tag, range) in fields(raw) {
-        if !known.contains(&tag) {
-            kept.extend_from_slice(&raw[range]);
-        }
-    }
-    kept
-}
-
-/// `spec` encoded after the kept `unknown` fields.
-fn encode_keeping<S: prost::Message>(spec: &S, unknown: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(unknown.len() + spec.encoded_len());
-    out.extend_from_slice(unknown);
-    spec.encode_raw(&mut out);
-    out
+    let known: HashSet<u32> = fields(&decoded.encode_to_vec())
+        .map(|(tag, _)| tag)
+        .collect();
+    fields(raw)
+        .filter(|(tag, _)| !known.contains(tag))
+        .flat_map(|(_, range)| raw[range].iter().copied())
+        .collect()
 }
 
 /// Each top-level field of a message: its tag and where its bytes are. Stops at the first malformed
@@ -730,7 +705,7 @@ mod tests {
 
     #[test]
     fn status_codes_map_to_typed_errors() {
-        let what = ResourceRef::new("infra-provider", "MachineRequests.omni.sidero.dev", "r1");
+        let what = ResourceRef::of(&crate::omni::resources::MACHINE_REQUEST, "r1");
         let e = StateError::from_status(what.clone(), &tonic::Status::not_found("x"));
         assert!(e.is_not_found());
         assert!(
@@ -742,6 +717,15 @@ mod tests {
         assert!(e.is_conflict());
         let e = StateError::from_status(what, &tonic::Status::permission_denied("nope"));
         assert!(matches!(e, StateError::PermissionDenied { .. }));
+    }
+
+    /// `spec` as a write sends it ([`Typed::encode`]), after the kept `unknown` fields.
+    fn encode_keeping(spec: &MachineSpec, unknown: &[u8]) -> Vec<u8> {
+        let kind = crate::omni::resources::provider_machine("proxmox");
+        let mut typed = Typed::fresh(&kind, "m1", spec.clone());
+        typed.unknown_fields = unknown.to_vec();
+        let written = typed.encode(&kind, pb::Metadata::default());
+        written.spec.unwrap().proto_spec
     }
 
     /// The official provider's state with a field we do not define: `start_attempts`, field 14 of

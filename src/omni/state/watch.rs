@@ -66,13 +66,13 @@ impl StateClient {
                     tracing::warn!(watch = %what, error = %e, retry_in = ?backoff, "watch broken; reconnecting");
                     // Errors a reconnect will not fix go to the watcher (the watch still retries,
                     // since e.g. a key registration may be fixed while we run).
-                    let permanent = matches!(
+                    if matches!(
                         e,
                         StateError::PermissionDenied { .. }
                             | StateError::Unauthenticated { .. }
                             | StateError::InvalidArgument { .. }
-                    );
-                    if permanent && tx.send(Err(e)).await.is_err() {
+                    ) && tx.send(Err(e)).await.is_err()
+                    {
                         return;
                     }
                 }
@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn bootstrap_or_resume() {
-        let what = ResourceRef::new("ns", "T", "");
+        let what = ResourceRef::default();
         let r = watch_request(&what, &[], None);
         let o = r.options.unwrap();
         assert!(o.bootstrap_contents && o.start_from_bookmark.is_none());
