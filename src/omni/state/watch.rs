@@ -66,13 +66,13 @@ impl StateClient {
                     tracing::warn!(watch = %what, error = %e, retry_in = ?backoff, "watch broken; reconnecting");
                     // Errors a reconnect will not fix go to the watcher (the watch still retries,
                     // since e.g. a key registration may be fixed while we run).
-                    if matches!(
+                    let permanent = matches!(
                         e,
                         StateError::PermissionDenied { .. }
                             | StateError::Unauthenticated { .. }
                             | StateError::InvalidArgument { .. }
-                    ) && tx.send(Err(e)).await.is_err()
-                    {
+                    );
+                    if permanent && tx.send(Err(e)).await.is_err() {
                         return;
                     }
                 }
