@@ -38,7 +38,7 @@ pub struct Context {
     machines: WriteCache<MachineSpec>,
     /// Requests this process added its finalizer to: a delivered version without it predates that
     /// write (see [`Context::is_current`]).
-    pub(super) finalized: Mutex<HashSet<String>>,
+    finalized: Mutex<HashSet<String>>,
     /// How many requests work on each Proxmox node at once ([`Context::with_concurrency`]).
     pub lanes: Lanes,
     /// Held by the topology round while it checks that a request is live and writes its patch, and
@@ -102,6 +102,10 @@ impl Context {
     pub fn is_current(&self, delivered: &Request) -> bool {
         let we_added = entry(&self.finalized).contains(delivered.id());
         delivered_is_current(delivered, &self.owner, we_added)
+    }
+
+    pub fn finalizer_added(&self, id: &str) {
+        entry(&self.finalized).insert(id.to_owned());
     }
 
     /// Modifies the status (creating it with the request's labels); labels we add are kept.

@@ -31,7 +31,7 @@ use crate::omni::resources::{
     PROVIDER_JOIN_CONFIG, SIDEROLINK_API_CONFIG, SIDEROLINK_CONFIG_ID, annotation, label,
 };
 use crate::omni::state::ResourceRef;
-use crate::pipeline::ledgers::{Ledgers, entry};
+use crate::pipeline::ledgers::Ledgers;
 use crate::pipeline::run_step;
 use crate::pipeline::step::{RequestInfo, Step, StepContext, StepError, StepOutcome};
 use crate::proxmox::ProxmoxClient;
@@ -88,7 +88,7 @@ impl Provisioning<'_> {
                 .set_finalizer(&ResourceRef::of(&MACHINE_REQUEST, id), &ctx.owner, true)
                 .await
                 .map_err(omni("adding our finalizer to the machine request"))?;
-            entry(&ctx.finalized).insert(id.to_owned());
+            ctx.finalizer_added(id);
         }
         let status = ctx
             .state
