@@ -27,18 +27,35 @@ pub enum Phase {
 }
 
 pub struct StatusSink<'a> {
-    pub ctx: &'a Context,
-    pub id: &'a str,
-    pub labels: HashMap<String, String>,
-    pub phase: Phase,
+    ctx: &'a Context,
+    id: &'a str,
+    labels: HashMap<String, String>,
+    phase: Phase,
     /// The status `id` (the VM's SMBIOS UUID) every write of this sink sets, once the VM exists, so
     /// linking the machine costs no write of its own; `labels` then carry `infra-id` too.
-    pub machine_id: Option<String>,
-    /// Some text of this sink was written (see [`StatusSink::ensure_shown`]); false at first.
-    pub shown: AtomicBool,
+    machine_id: Option<String>,
+    /// Some text of this sink was written (see [`StatusSink::ensure_shown`]).
+    shown: AtomicBool,
 }
 
-impl StatusSink<'_> {
+impl<'a> StatusSink<'a> {
+    pub fn new(
+        ctx: &'a Context,
+        id: &'a str,
+        labels: HashMap<String, String>,
+        machine_id: Option<String>,
+        phase: Phase,
+    ) -> Self {
+        Self {
+            ctx,
+            id,
+            labels,
+            phase,
+            machine_id,
+            shown: AtomicBool::new(false),
+        }
+    }
+
     /// Writes the bare line ("Running step 4/6 configure_vm") unless this sink wrote a line already:
     /// a step that says what it is doing straight away costs one write, not two, and a step that
     /// says nothing still shows.

@@ -247,14 +247,8 @@ impl Provisioning<'_> {
             None => (self.labels.clone(), None),
         };
         let warnings = warnings_text(&data.warnings);
-        let progress = StatusSink {
-            ctx: self.ctx,
-            id: self.id,
-            labels,
-            phase: Phase::Step { step, warnings },
-            machine_id,
-            shown: Default::default(),
-        };
+        let phase = Phase::Step { step, warnings };
+        let progress = StatusSink::new(self.ctx, self.id, labels, machine_id, phase);
         let mut step_ctx = StepContext {
             services,
             request: &ready.info,

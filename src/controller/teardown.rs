@@ -216,14 +216,8 @@ async fn deprovision_vm(
         result
     };
     // Without a status, the texts are only logged.
-    let sink = status_labels.map(|labels| StatusSink {
-        ctx,
-        id,
-        labels: labels.clone(),
-        phase: Phase::Deprovisioning,
-        machine_id: None,
-        shown: Default::default(),
-    });
+    let sink = status_labels
+        .map(|labels| StatusSink::new(ctx, id, labels.clone(), None, Phase::Deprovisioning));
     let show = async {
         if let Some(sink) = &sink {
             let show = |text: String| async move { sink.show(&text).await };
