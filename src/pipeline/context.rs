@@ -77,11 +77,12 @@ impl StepContext<'_> {
 
     /// The VM `create_vm` recorded and where it is: what the steps after it act on.
     pub fn made(&self) -> Result<(NodeName, VmId), StepError> {
+        let node = self.placed()?;
         let vmid = self
             .state
             .vmid
-            .ok_or_else(|| StepError::Cluster("the provider state has no VMID yet".into()));
-        Ok((self.placed()?, vmid?))
+            .ok_or_else(|| StepError::Cluster("the provider state has no VMID yet".into()))?;
+        Ok((node, vmid))
     }
 
     /// The cluster as `/cluster/resources` shows it; re-read unless read moments ago in this
